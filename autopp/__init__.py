@@ -1,0 +1,1 @@
+"""autopp: automatic pipeline-parallelism planning for PyTorch."""

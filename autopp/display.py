@@ -1,0 +1,46 @@
+"""Human-readable tables of profiles and plans (the CLI prints these; the library never prints)."""
+
+from __future__ import annotations
+
+from .plan import Plan, Prediction
+from .profile import Profile
+from .sizes import format_size, format_time
+
+__all__ = ["format_profile", "format_plan"]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def format_profile(profile: Profile) -> str:
+    """One row per unit at each microbatch size."""
+    rows = [[str(r.unit), r.name, str(r.microbatch_size), format_time(r.forward_s), format_time(r.backward_s),
+             format_size(r.param_bytes), format_size(r.activation_bytes), format_size(r.output_bytes)]
+            for r in profile.units.sort_values(["microbatch_size", "unit"]).itertuples()]
+    header = ["unit", "name", "mb", "forward", "backward", "params", "activations", "output"]
+    return _table(header, rows)
+
+
+def _summary(name: str, pred: Prediction, ideal: float) -> list[str]:
+    return [name, format_time(pred.step_time_s), f"{pred.bubble_fraction:.1%}",
+            format_size(max(pred.peak_memory_bytes)), f"{ideal / pred.step_time_s:.1%}",
+            " | ".join(f"{a}-{b - 1}" for a, b in pred.stage_units)]
+
+
+def format_plan(plan: Plan) -> str:
+    """The stage table, then the plan's predicted figures next to each baseline's."""
+    rows = [[str(s.index), str(s.rank), f"{s.units[0]}-{s.units[1] - 1} ({', '.join(s.unit_names)})",
+             format_time(s.forward_s), format_time(s.backward_s), format_size(s.memory_bytes)] for s in plan.stages]
+    stages = _table(["stage", "rank", "units", "forward/mb", "backward/mb", "peak memory"], rows)
+    work = plan.num_microbatches * sum(s.forward_s + s.backward_s for s in plan.stages)
+    ideal = work / plan.num_ranks
+    summary = _table(["split", "step time", "bubble", "max memory", "efficiency", "stages (units)"],
+                     [_summary("autopp", plan.predicted, ideal)]
+                     + [_summary(k, v, ideal) for k, v in sorted(plan.baselines.items())])
+    head = (f"{plan.schedule} on {plan.num_ranks} ranks, {plan.num_microbatches} microbatches of "
+            f"{plan.microbatch_size} (global batch {plan.global_batch}), memory limit "
+            f"{format_size(plan.memory_limit_bytes)} per rank")
+    return f"{head}\n\n{stages}\n\n{summary}\n(efficiency = ideal step time (total work / ranks) / predicted step time)"

@@ -1,0 +1,125 @@
+"""The Plan: frozen dataclasses that round-trip through plan.json (format in docs/plan-format.md). No torch here."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PlanError
+
+__all__ = ["PLAN_VERSION", "StagePlan", "Prediction", "Plan", "load_plan"]
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlan:
+    """One pipeline stage: the units [first, end) of the profile, placed on `rank`."""
+
+    index: int
+    rank: int
+    units: tuple[int, int]
+    """Half-open range of unit indices."""
+    unit_names: tuple[str, ...]
+    split_point: str | None
+    """Module before which this stage begins (None for stage 0)."""
+    forward_s: float
+    """Predicted forward time of one microbatch."""
+    backward_s: float
+    """Predicted backward time of one microbatch."""
+    memory_bytes: int
+    """Predicted peak memory of this stage: static bytes plus in-flight activations."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """Predicted figures of a whole plan (or of a baseline split)."""
+
+    step_time_s: float
+    peak_memory_bytes: tuple[int, ...]
+    """One per rank."""
+    bubble_fraction: float
+    """Idle fraction of the pipeline: 1 - busy time / (ranks * step time)."""
+    stage_units: tuple[tuple[int, int], ...] = ()
+    """The split these figures belong to (used by baselines)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Everything `autopp run` needs to execute a pipeline, and what the planner predicted for it."""
+
+    model_path: str
+    fingerprint: str
+    schedule: str
+    """Name of a torch.distributed.pipelining schedule: "1F1B" or "GPipe"."""
+    num_ranks: int
+    num_microbatches: int
+    microbatch_size: int
+    memory_limit_bytes: int
+    stages: tuple[StagePlan, ...]
+    predicted: Prediction
+    baselines: dict[str, Prediction] = field(default_factory=dict)
+    seed: int = 0
+    version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        if self.num_ranks != len({s.rank for s in self.stages}):
+            raise PlanError(f"plan uses {len({s.rank for s in self.stages})} ranks but says num_ranks={self.num_ranks}")
+        ends = [s.units for s in self.stages]
+        if any(a[1] != b[0] for a, b in zip(ends, ends[1:])) or ends[0][0] != 0:
+            raise PlanError(f"stage unit ranges {ends} are not contiguous from unit 0")
+
+    @property
+    def global_batch(self) -> int:
+        return self.num_microbatches * self.microbatch_size
+
+    @property
+    def split_points(self) -> list[str]:
+        return [s.split_point for s in self.stages[1:] if s.split_point is not None]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {"version": data.pop("version"), **data}
+
+    def save(self, path: str | Path) -> Path:
+        """Write plan JSON atomically: a reader never sees a half-written file."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.to_json(), indent=2) + "\n")
+        os.replace(tmp, target)
+        return target
+
+    @staticmethod
+    def from_json(data: dict[str, Any], where: str = "plan") -> Plan:
+        if data.get("version") != PLAN_VERSION:
+            raise PlanError(f"{where}: plan version {data.get('version')!r} is not supported (expected {PLAN_VERSION})")
+        try:
+            stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"])})
+                           for s in data["stages"])
+            return Plan(**{**data, "stages": stages, "predicted": _prediction(data["predicted"]),
+                           "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()}})
+        except (KeyError, TypeError) as exc:
+            raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
+
+
+def _prediction(d: dict[str, Any]) -> Prediction:
+    return Prediction(**{**d, "peak_memory_bytes": tuple(d["peak_memory_bytes"]),
+                         "stage_units": tuple(tuple(u) for u in d.get("stage_units", ()))})
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and check a plan JSON file."""
+    p = Path(path)
+    if not p.is_file():
+        raise PlanError(f"{p}: no such plan file; create one with `autopp plan MODEL.py --devices N --memory SIZE`")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
+    return Plan.from_json(data, str(p))

@@ -1,0 +1,206 @@
+"""The Profile: a pandas table of per-unit costs at each microbatch size, its metadata, and its networkx graph.
+
+Stored as a directory (documented in docs/profile-format.md): `units.csv`, `edges.csv`, `meta.json`, `graph.json`.
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import pandas as pd
+
+from .errors import ProfileError
+
+__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "EDGE_COLUMNS", "ProfileMeta", "Profile", "UnitCost", "load_profile"]
+
+PROFILE_VERSION = 1
+
+#: Columns of units.csv, one row per (unit, microbatch size). Times in seconds, sizes in bytes.
+UNIT_COLUMNS: dict[str, str] = {
+    "unit": "int",  # unit index, 0-based, in execution order
+    "name": "str",  # unit name (its first module)
+    "modules": "str",  # module names in the unit, separated by ' '
+    "microbatch_size": "int",
+    "forward_s": "float",  # median forward time of one microbatch
+    "forward_spread_s": "float",  # max - min over the repeats
+    "backward_s": "float",  # median full backward time (input and weight gradients)
+    "backward_spread_s": "float",
+    "param_bytes": "int",
+    "grad_bytes": "int",
+    "optimizer_bytes": "int",  # optimizer state
+    "activation_bytes": "int",  # bytes autograd saves for backward, per microbatch (shared storage counted once)
+    "output_bytes": "int",  # bytes of the unit's outputs, per microbatch
+}
+#: Columns of edges.csv: tensors live across cuts. src -1 is the model input.
+EDGE_COLUMNS: dict[str, str] = {"src": "int", "dst": "int", "microbatch_size": "int", "bytes": "int"}
+
+
+@dataclass(frozen=True)
+class ProfileMeta:
+    """Where and how a profile was measured."""
+
+    model_path: str
+    fingerprint: str
+    unit_names: tuple[str, ...]
+    split_points: tuple[str, ...]  # split point of units 1..n-1 (unit 0 starts the model)
+    microbatch_sizes: tuple[int, ...]
+    device: str
+    torch_version: str
+    num_threads: int
+    optimizer: str
+    repeats: int
+    warmup: int
+    version: int = PROFILE_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any], where: str) -> ProfileMeta:
+        if data.get("version") != PROFILE_VERSION:
+            raise ProfileError(f"{where}: profile version {data.get('version')!r} is not {PROFILE_VERSION}")
+        try:
+            meta = ProfileMeta(**data)
+        except TypeError as exc:
+            raise ProfileError(f"{where}: bad metadata: {exc}") from exc
+        tuples = {k: tuple(getattr(meta, k)) for k in ("unit_names", "split_points", "microbatch_sizes")}
+        return ProfileMeta(**{**asdict(meta), **tuples})
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One unit's costs at one microbatch size (interpolated between profiled sizes)."""
+
+    forward_s: float
+    backward_s: float
+    param_bytes: int
+    static_bytes: int  # parameters + gradients + optimizer state
+    activation_bytes: int
+    output_bytes: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured costs of a model's units."""
+
+    meta: ProfileMeta
+    units: pd.DataFrame
+    edges: pd.DataFrame
+
+    def __post_init__(self) -> None:
+        _validate(self, f"profile of {self.meta.model_path}")
+
+    @property
+    def num_units(self) -> int:
+        return len(self.meta.unit_names)
+
+    def graph(self, microbatch_size: int | None = None) -> nx.DiGraph:
+        """Units as nodes (attributes: the table's columns), live tensors as edges (attribute `bytes`)."""
+        b = microbatch_size or self.meta.microbatch_sizes[0]
+        g = nx.DiGraph(fingerprint=self.meta.fingerprint, microbatch_size=b)
+        for row in self.units[self.units.microbatch_size == b].to_dict("records"):
+            g.add_node(int(row["unit"]), **row)
+        g.add_node(-1, name="input")
+        for row in self.edges[self.edges.microbatch_size == b].to_dict("records"):
+            g.add_edge(int(row["src"]), int(row["dst"]), bytes=int(row["bytes"]))
+        return g
+
+    def costs(self, microbatch_size: float) -> list[UnitCost]:
+        """Per-unit costs at `microbatch_size`: piecewise-linear in the profiled sizes, extrapolated from the end
+        segments (proportionally when only one size was profiled)."""
+        return [self._unit_cost(u, microbatch_size) for u in range(self.num_units)]
+
+    def cut_bytes(self, microbatch_size: float) -> list[int]:
+        """Bytes live across the cut before unit k, for k = 1..n-1 (index k-1): every edge from < k to >= k."""
+        sizes = self.meta.microbatch_sizes
+        out = []
+        for k in range(1, self.num_units):
+            per_size = [float(self.edges[(self.edges.microbatch_size == b) & (self.edges.src < k) & (self.edges.src >= 0)
+                                         & (self.edges.dst >= k)].bytes.sum()) for b in sizes]
+            out.append(int(round(_interp(sizes, per_size, microbatch_size))))
+        return out
+
+    def _unit_cost(self, unit: int, b: float) -> UnitCost:
+        rows = self.units[self.units.unit == unit].sort_values("microbatch_size")
+        sizes = [int(s) for s in rows.microbatch_size]
+        at = lambda col: _interp(sizes, [float(v) for v in rows[col]], b)  # noqa: E731
+        first = rows.iloc[0]
+        static = int(first.param_bytes + first.grad_bytes + first.optimizer_bytes)
+        return UnitCost(at("forward_s"), at("backward_s"), int(first.param_bytes), static,
+                        int(round(at("activation_bytes"))), int(round(at("output_bytes"))))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the four files into `directory` atomically (a temporary sibling renamed into place)."""
+        target = Path(directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            self.units.to_csv(tmp / "units.csv", index=False)
+            self.edges.to_csv(tmp / "edges.csv", index=False)
+            (tmp / "meta.json").write_text(json.dumps(self.meta.to_json(), indent=2, sort_keys=True) + "\n")
+            (tmp / "graph.json").write_text(json.dumps(nx.node_link_data(self.graph(), edges="edges"), sort_keys=True) + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+
+def _interp(xs: list[int], ys: list[float], x: float) -> float:
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]
+    i = 0
+    while i < len(xs) - 2 and x > xs[i + 1]:
+        i += 1
+    x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def _validate(p: Profile, where: str) -> None:
+    for table, columns, name in ((p.units, UNIT_COLUMNS, "units.csv"), (p.edges, EDGE_COLUMNS, "edges.csv")):
+        missing = [c for c in columns if c not in table.columns]
+        if missing:
+            raise ProfileError(f"{where}: {name} lacks column(s) {missing}")
+        numeric = [c for c, t in columns.items() if t != "str"]
+        if table[numeric].isna().any().any():
+            bad = [c for c in numeric if table[c].isna().any()]
+            raise ProfileError(f"{where}: {name} has missing/NaN values in {bad}")
+        negative = [c for c in numeric if c not in ("src",) and (table[c] < 0).any()]
+        if negative:
+            raise ProfileError(f"{where}: {name} has negative values in {negative}")
+    expected = {(u, b) for u in range(p.num_units) for b in p.meta.microbatch_sizes}
+    got = {(int(u), int(b)) for u, b in zip(p.units.unit, p.units.microbatch_size)}
+    if got != expected:
+        raise ProfileError(f"{where}: units.csv rows do not cover units 0..{p.num_units - 1} at microbatch sizes "
+                           f"{list(p.meta.microbatch_sizes)} exactly once each")
+    if len(p.meta.split_points) != p.num_units - 1:
+        raise ProfileError(f"{where}: {len(p.meta.split_points)} split points for {p.num_units} units")
+
+
+def load_profile(directory: str | Path, fingerprint: str | None = None) -> Profile:
+    """Read a profile directory; reject missing files, bad columns, NaN or negative values, a foreign fingerprint."""
+    d = Path(directory)
+    if not (d / "meta.json").is_file():
+        raise ProfileError(f"{d}: not a profile directory (no meta.json); create one with `autopp profile MODEL.py`")
+    try:
+        meta = ProfileMeta.from_json(json.loads((d / "meta.json").read_text()), str(d / "meta.json"))
+        units = pd.read_csv(d / "units.csv", keep_default_na=False, na_values=[""], dtype={"modules": str, "name": str})
+        edges = pd.read_csv(d / "edges.csv")
+    except (OSError, ValueError) as exc:
+        raise ProfileError(f"{d}: cannot read profile: {exc}") from exc
+    if fingerprint is not None and meta.fingerprint != fingerprint:
+        raise ProfileError(f"{d}: profile fingerprint {meta.fingerprint} does not match the model ({fingerprint}); "
+                           "the model changed since profiling: run `autopp profile` again")
+    profile = Profile(meta, units, edges)
+    return profile
