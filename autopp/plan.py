@@ -72,6 +72,8 @@ class Plan:
         ends = [s.units for s in self.stages]
         if any(a[1] != b[0] for a, b in zip(ends, ends[1:])) or ends[0][0] != 0:
             raise PlanError(f"stage unit ranges {ends} are not contiguous from unit 0")
+        if self.stages[0].split_point is not None or any(s.split_point is None for s in self.stages[1:]):
+            raise PlanError("stage 0 must have split_point null and every later stage a module name")
 
     @property
     def global_batch(self) -> int:

@@ -1,0 +1,67 @@
+"""The CLI: profile and plan end to end in-process; bad input is one line on stderr, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autopp.cli import main
+
+from .conftest import EXAMPLES, MODELS
+
+
+def test_profile_then_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prof, plan = tmp_path / "prof", tmp_path / "p.json"
+    assert main(["profile", str(MODELS / "linrelu.py"), "--microbatch-sizes", "1,2", "--repeats", "1",
+                 "-o", str(prof)]) == 0
+    assert sorted(p.name for p in prof.iterdir()) == ["edges.csv", "graph.json", "meta.json", "units.csv"]
+    assert main(["plan", "--profile", str(prof), "--devices", "2", "--memory", "1GiB", "--global-batch", "4",
+                 "-o", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "autopp" in out and "even" in out and "bubble" in out
+    assert json.loads(plan.read_text())["num_ranks"] == 2
+
+
+def _fails(args: list[str], capsys: pytest.CaptureFixture[str], pattern: str) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("autopp: error: ") and pattern in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_missing_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _fails(["profile", str(tmp_path / "nope.py"), "-o", str(tmp_path / "out")], capsys, "nope.py: no such file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_too_few_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prof = tmp_path / "prof"
+    assert main(["profile", str(MODELS / "linrelu.py"), "--microbatch-size", "2", "--repeats", "1", "-o", str(prof)]) == 0
+    _fails(["plan", "--profile", str(prof), "--devices", "6", "--memory", "1GiB", "-o", str(tmp_path / "p.json")],
+           capsys, "cannot split 5 units into 6 stages: use at most 5 devices")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_memory_too_small(gpt_profile, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    prof = tmp_path / "prof"
+    gpt_profile.save(prof)
+    _fails(["plan", "--profile", str(prof), "--devices", "2", "--memory", "1MiB", "-o", str(tmp_path / "p.json")],
+           capsys, "the smallest that works is")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_plan_needs_model_or_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    _fails(["plan", "--devices", "2", "--memory", "1GiB"], capsys, "give either MODEL.py or --profile")
+
+
+def test_bad_memory_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", str(EXAMPLES / "gpt.py"), "--devices", "2", "--memory", "lots"])
+    assert info.value.code == 2 and "cannot read 'lots' as a size" in capsys.readouterr().err
+
+
+def test_bad_model_file_in_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m.py").write_text("def build_model(:\n")
+    _fails(["plan", str(tmp_path / "m.py"), "--devices", "2", "--memory", "1GiB"], capsys, "m.py:1: syntax error")

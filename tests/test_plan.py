@@ -1,0 +1,56 @@
+"""Plan JSON: round trip, atomic save, and clear refusals of bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autopp.errors import PlanError
+from autopp.plan import Plan, Prediction, StagePlan, load_plan
+
+
+def _plan() -> Plan:
+    stages = tuple(StagePlan(index=i, rank=i, units=(a, b), unit_names=("x",) * (b - a), split_point="h.2" if i else None,
+                             forward_s=1.0, backward_s=2.0, memory_bytes=10) for i, (a, b) in enumerate([(0, 2), (2, 5)]))
+    pred = Prediction(step_time_s=3.0, peak_memory_bytes=(10, 10), bubble_fraction=0.25, stage_units=((0, 2), (2, 5)))
+    return Plan(model_path="m.py", fingerprint="abc", schedule="1F1B", num_ranks=2, num_microbatches=4,
+                microbatch_size=2, memory_limit_bytes=100, stages=stages, predicted=pred, baselines={"even": pred})
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    plan = _plan()
+    path = plan.save(tmp_path / "p.json")
+    assert load_plan(path) == plan
+    data = json.loads(path.read_text())
+    assert data["version"] == 1 and data["stages"][1]["units"] == [2, 5]
+    assert plan.global_batch == 8 and plan.split_points == ["h.2"]
+
+
+def test_bad_version(tmp_path: Path) -> None:
+    data = _plan().to_json() | {"version": 99}
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="plan version 99 is not supported"):
+        load_plan(tmp_path / "p.json")
+
+
+def test_not_json(tmp_path: Path) -> None:
+    (tmp_path / "p.json").write_text("{\n oops")
+    with pytest.raises(PlanError, match=r"p\.json:2: not valid JSON"):
+        load_plan(tmp_path / "p.json")
+
+
+def test_malformed(tmp_path: Path) -> None:
+    data = _plan().to_json()
+    del data["stages"][0]["rank"]
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="malformed plan"):
+        load_plan(tmp_path / "p.json")
+
+
+def test_gapped_stages_rejected() -> None:
+    plan = _plan()
+    bad = (plan.stages[0], StagePlan(**{**plan.stages[1].__dict__, "units": (3, 5)}))
+    with pytest.raises(PlanError, match="not contiguous"):
+        Plan(**{**plan.__dict__, "stages": bad})
