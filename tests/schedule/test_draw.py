@@ -1,0 +1,36 @@
+"""Pictures: the timeline PNG is written and the Chrome trace has one slice per simulated action."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autopp.schedule.draw import draw_timeline, write_chrome_trace
+from autopp.schedule.named import ScheduleName
+from autopp.schedule.simulate import SimResult, StageCost, simulate_named
+
+
+def _result() -> SimResult:
+    costs = [StageCost(forward_s=1e-3, backward_input_s=1e-3, backward_weight_s=5e-4, static_bytes=2**20,
+                       activation_bytes=2**18, input_bytes=2**10)] * 4
+    return simulate_named(ScheduleName.ZBV_ZERO_BUBBLE, 2, 4, costs, [1e-4] * 3)
+
+
+def test_draw_timeline_writes_png(tmp_path: Path) -> None:
+    path = tmp_path / "timeline.png"
+    draw_timeline(_result(), path, title="ZBV")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_chrome_trace_events(tmp_path: Path) -> None:
+    result = _result()
+    path = tmp_path / "trace.json"
+    write_chrome_trace(result, path)
+    events = json.loads(path.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == len(result.events)
+    first = min(slices, key=lambda e: (e["pid"], e["ts"]))
+    assert first["name"] == "0F0" and first["pid"] == 0 and first["ts"] == 0.0
+    assert first["dur"] == 1e-3 * 1e6
+    assert {e["pid"] for e in slices} == {0, 1}
+    assert {e["args"]["name"] for e in events if e["ph"] == "M"} == {"rank 0", "rank 1"}

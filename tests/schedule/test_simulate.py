@@ -1,0 +1,164 @@
+"""Simulator: agreement with pipeline theory, communication, memory, recomputation, deadlock and input errors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autopp.errors import ScheduleError
+from autopp.schedule.actions import Action, Kind
+from autopp.schedule.named import ScheduleName, build_schedule, stage_to_rank, stages_per_rank
+from autopp.schedule.simulate import SimResult, StageCost, simulate, simulate_named
+
+MB = 2**20
+
+
+def _uniform(stages: int, f: float = 1.0, i: float = 1.0, w: float = 1.0, act: int = MB) -> list[StageCost]:
+    return [StageCost(forward_s=f, backward_input_s=i, backward_weight_s=w, activation_bytes=act)] * stages
+
+
+def _run(name: ScheduleName, p: int, m: int, v: int = 1, scale: float = 1.0, w_share: float = 0.5) -> SimResult:
+    """Same model (F = 1, B = 2 per microbatch in total) split into p * v equal stages, free communication."""
+    v = stages_per_rank(name, v)
+    n = p * v
+    costs = _uniform(n, 1.0 / v * scale, 2.0 * (1 - w_share) / v * scale, 2.0 * w_share / v * scale)
+    return simulate_named(name, p, m, costs, [0.0] * (n - 1), v=v)
+
+
+def _idle(result: SimResult) -> float:
+    return max(result.bubble_fraction) * result.step_time_s
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (4, 4), (4, 8), (8, 32), (3, 7)])
+def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(p: int, m: int) -> None:
+    result = _run(ScheduleName.ONE_F_ONE_B, p, m)
+    assert result.step_time_s == pytest.approx(3.0 * (m + p - 1))
+    assert result.bubble_fraction == pytest.approx([(p - 1) / (m + p - 1)] * p)
+
+
+def test_gpipe_keeps_m_activations_1f1b_keeps_p_on_first_stage() -> None:
+    p, m = 4, 12
+    assert _run(ScheduleName.GPIPE, p, m).peak_memory_bytes == [m * MB] * p
+    assert _run(ScheduleName.ONE_F_ONE_B, p, m).peak_memory_bytes == [(p - r) * MB for r in range(p)]
+
+
+@pytest.mark.parametrize("v", [2, 4])
+def test_interleaving_cuts_bubble_about_v_times(v: int) -> None:
+    p, m = 4, 16
+    plain = _idle(_run(ScheduleName.ONE_F_ONE_B, p, m))
+    interleaved = _idle(_run(ScheduleName.INTERLEAVED_1F1B, p, m, v))
+    assert plain == pytest.approx(3.0 * (p - 1))
+    assert plain / interleaved == pytest.approx(v, rel=0.2)
+
+
+@pytest.mark.parametrize(
+    ("name", "v"),
+    [(ScheduleName.INTERLEAVED_ZERO_BUBBLE, 1), (ScheduleName.INTERLEAVED_ZERO_BUBBLE, 2),
+     (ScheduleName.ZBV_ZERO_BUBBLE, 2), (ScheduleName.DUAL_PIPE_V, 2)],
+)
+def test_zero_bubble_beats_1f1b_when_w_is_a_third_of_backward(name: ScheduleName, v: int) -> None:
+    p, m = 4, 16
+    baseline = _run(ScheduleName.ONE_F_ONE_B, p, m, w_share=1 / 3).step_time_s
+    assert _run(name, p, m, v, w_share=1 / 3).step_time_s < baseline
+
+
+def test_communication_only_between_ranks() -> None:
+    costs = _uniform(2, 1.0, 2.0, 0.0)
+    two_ranks = simulate({0: [Action(0, Kind.F, 0), Action(0, Kind.B, 0)], 1: [Action(1, Kind.F, 0), Action(1, Kind.B, 0)]},
+                         costs, [0, 1], [0.5])
+    assert two_ranks.step_time_s == pytest.approx(1 + 0.5 + 1 + 2 + 0.5 + 2)
+    one_rank = simulate({0: [Action(0, Kind.F, 0), Action(1, Kind.F, 0), Action(1, Kind.B, 0), Action(0, Kind.B, 0)]},
+                        costs, [0, 0], [0.5])
+    assert one_rank.step_time_s == pytest.approx(6.0)
+    assert one_rank.bubble_fraction == [0.0]
+
+
+def test_recompute_adds_forward_and_keeps_only_inputs() -> None:
+    cost = StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=1.0, static_bytes=100,
+                     activation_bytes=1000, input_bytes=10)
+    order = {0: [Action(0, Kind.F, 0), Action(0, Kind.F, 1), Action(0, Kind.B, 0), Action(0, Kind.B, 1)]}
+    plain = simulate(order, [cost], [0], [])
+    again = simulate(order, [cost], [0], [], recompute=[True])
+    assert plain.step_time_s == 8.0 and again.step_time_s == 10.0
+    assert plain.peak_memory_bytes == [100 + 2000]
+    assert again.peak_memory_bytes == [100 + 2 * 10 + 1000]
+    assert again.memory_timeline[0] == [(0.0, 110), (1.0, 120), (2.0, 1120), (6.0, 1110), (10.0, 100)]
+
+
+def test_split_backward_frees_activations_after_w() -> None:
+    cost = StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, activation_bytes=7)
+    result = simulate({0: [Action(0, Kind.F, 0), Action(0, Kind.I, 0), Action(0, Kind.W, 0)]}, [cost], [0], [])
+    assert result.memory_timeline[0] == [(0.0, 7), (3.0, 0)]
+
+
+@pytest.mark.parametrize("name", list(ScheduleName), ids=lambda n: n.value)
+def test_events_respect_dependencies_and_memory_returns_to_static(name: ScheduleName) -> None:
+    rng = random.Random(7)
+    p, m = 3, 6
+    v = 2 if name in (ScheduleName.INTERLEAVED_1F1B, ScheduleName.LOOPED_BFS) else stages_per_rank(name)
+    n = p * v
+    costs = [StageCost(forward_s=rng.uniform(0.5, 1.5), backward_input_s=rng.uniform(0.5, 1.5),
+                       backward_weight_s=rng.uniform(0.2, 1), static_bytes=5, activation_bytes=rng.randint(1, 9),
+                       input_bytes=1) for _ in range(n)]
+    comm = [rng.uniform(0, 0.3) for _ in range(n - 1)]
+    owner = stage_to_rank(name, p, v)
+    result = simulate_named(name, p, m, costs, comm, v=v, recompute=[s % 2 == 0 for s in range(n)])
+    end = {e.action: e.end_s for e in result.events}
+    for e in result.events:
+        a = e.action
+        if a.kind is Kind.F and a.stage > 0:
+            hop = comm[a.stage - 1] if owner[a.stage - 1] != owner[a.stage] else 0.0
+            assert e.start_s >= end[Action(a.stage - 1, Kind.F, a.microbatch)] + hop - 1e-12
+        if a.kind in (Kind.B, Kind.I):
+            assert e.start_s >= end[Action(a.stage, Kind.F, a.microbatch)] - 1e-12
+    for r in range(p):
+        spans = sorted((e.start_s, e.end_s) for e in result.events if e.rank == r)
+        assert all(b[0] >= a[1] - 1e-12 for a, b in zip(spans, spans[1:]))
+        assert result.memory_timeline[r][-1][1] == sum(c.static_bytes for s, c in enumerate(costs) if owner[s] == r)
+
+
+def test_idle_slots_and_comm_actions_are_ignored() -> None:
+    order = build_schedule(ScheduleName.ONE_F_ONE_B, 2, 2)
+    noisy = {0: [None, *order[0], Action(0, Kind.SEND_F, 0)], 1: [Action(1, Kind.RECV_F, 0), *order[1], None]}
+    costs = _uniform(2)
+    assert simulate(noisy, costs, [0, 1], [0.1]).step_time_s == simulate(order, costs, [0, 1], [0.1]).step_time_s
+
+
+def test_deadlock_names_missing_producer() -> None:
+    order = build_schedule(ScheduleName.GPIPE, 2, 4)
+    order[0] = [a for a in order[0] if a != Action(0, Kind.F, 3)]
+    with pytest.raises(ScheduleError, match=r"deadlock: rank 1 waits for 0F3 before 1F3 .*not scheduled on any rank"):
+        simulate(order, _uniform(2), [0, 1], [0.0])
+
+
+def test_deadlock_names_cycle_between_ranks() -> None:
+    order = {0: [Action(0, Kind.F, 0), Action(0, Kind.B, 0), Action(0, Kind.F, 1), Action(0, Kind.B, 1)],
+             1: [Action(1, Kind.F, 1), Action(1, Kind.B, 1), Action(1, Kind.F, 0), Action(1, Kind.B, 0)]}
+    with pytest.raises(ScheduleError, match=r"rank 0 waits for 1B0 before 0B0 at position 1 \(rank 1 has it at position 3"):
+        simulate(order, _uniform(2), [0, 1], [0.0])
+
+
+@pytest.mark.parametrize(
+    ("order", "owner", "comm", "message"),
+    [
+        ({0: [Action(1, Kind.F, 0)], 1: []}, [0, 1], [0.0], r"1F0 is on rank 0 but stage 1 lives on rank 1"),
+        ({0: [Action(0, Kind.F, 0), Action(0, Kind.F, 0)], 1: []}, [0, 1], [0.0], r"0F0 is scheduled twice"),
+        ({0: [Action(5, Kind.F, 0)], 1: []}, [0, 1], [0.0], r"stage 5 outside 0..1"),
+        ({0: [], 1: []}, [0, 1], [], r"one entry per stage boundary \(0 != 1\)"),
+        ({0: [], 2: []}, [0, 1], [0.0], r"ranks 0..1, got \[0, 2\]"),
+    ],
+)
+def test_malformed_inputs(order: dict[int, list[Action]], owner: list[int], comm: list[float], message: str) -> None:
+    with pytest.raises(ScheduleError, match=message):
+        simulate(order, _uniform(2), owner, comm)
+
+
+def test_stage_count_must_match_schedule() -> None:
+    with pytest.raises(ScheduleError, match=r"has 8 stages, but 4 stage costs"):
+        simulate_named(ScheduleName.ZBV_ZERO_BUBBLE, 4, 8, _uniform(4), [0.0] * 3)
+
+
+def test_negative_cost_rejected() -> None:
+    with pytest.raises(ScheduleError, match="finite and >= 0"):
+        StageCost(forward_s=-1.0, backward_input_s=1.0, backward_weight_s=1.0)
