@@ -1,0 +1,186 @@
+"""Start one worker process per rank on this machine, watch them, and kill them all on the first failure or timeout."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..errors import RunError
+
+__all__ = ["RankProcess", "free_port", "worker_env", "launch_ranks", "wait_ranks", "kill_ranks", "tail", "rank_failure"]
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+#: Seconds between checks of the ranks' exit status.
+POLL_S = 0.05
+#: Lines of a failed rank's stderr quoted in the error when it left no error file.
+TAIL_LINES = 6
+
+
+@dataclass
+class RankProcess:
+    """One rank's worker process and the files it writes into the run directory."""
+
+    rank: int
+    popen: subprocess.Popen[bytes]
+    run_dir: Path
+    _read: int = field(default=0)
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.run_dir / f"rank{self.rank}.out"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.run_dir / f"rank{self.rank}.err"
+
+    @property
+    def error_path(self) -> Path:
+        return self.run_dir / f"rank{self.rank}.error"
+
+    def new_lines(self) -> list[str]:
+        """Complete stdout lines written since the last call (the worker's progress messages)."""
+        try:
+            with self.stdout_path.open("rb") as f:
+                f.seek(self._read)
+                chunk = f.read()
+        except OSError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        self._read += end
+        return chunk[:end].decode(errors="replace").splitlines()
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The parent's environment plus torch.distributed's rendezvous variables and one thread per rank."""
+    env = dict(os.environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def launch_ranks(args: Sequence[str], world_size: int, run_dir: Path) -> list[RankProcess]:
+    """Start `python -m autopp.run.worker ARGS` once per rank, each in its own session (process group)."""
+    port = free_port()
+    procs: list[RankProcess] = []
+    try:
+        for rank in range(world_size):
+            with (run_dir / f"rank{rank}.out").open("wb") as out, (run_dir / f"rank{rank}.err").open("wb") as err:
+                popen = subprocess.Popen([sys.executable, "-m", "autopp.run.worker", *args],
+                                         env=worker_env(rank, world_size, port), stdout=out, stderr=err,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            procs.append(RankProcess(rank, popen, run_dir))
+    except BaseException:
+        kill_ranks(procs)
+        raise
+    logger.info("started %d ranks (pids %s, port %d)", world_size, [p.popen.pid for p in procs], port)
+    return procs
+
+
+def kill_ranks(procs: Sequence[RankProcess]) -> None:
+    """SIGKILL each rank's process group and reap it, so no process (or zombie) is left behind."""
+    for p in procs:
+        if p.popen.poll() is None:
+            try:
+                os.killpg(p.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.popen.wait()
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last `lines` non-blank lines of a text file ('' when it is missing)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
+
+
+def rank_failure(p: RankProcess) -> str:
+    """Why rank `p` failed: the exception its worker recorded, else how it died and the end of its stderr."""
+    code = p.popen.returncode
+    died = code is not None and code < 0
+    how = f"died from signal {signal.Signals(-code).name}" if died else f"exited with code {code}"
+    recorded = p.error_path.read_text(errors="replace").strip() if p.error_path.is_file() else ""
+    if recorded:
+        return f"rank {p.rank} failed: {recorded}"
+    stderr = tail(p.stderr_path)
+    return f"rank {p.rank} {how}" + (f"; last lines of its stderr:\n{stderr}" if stderr else " (no stderr)")
+
+
+def wait_ranks(procs: Sequence[RankProcess], timeout_s: float, progress: Progress | None = None) -> float:
+    """Wait for all ranks to exit 0; return the wall time. On a failure or timeout kill them all and raise RunError.
+
+    Whatever happens (including KeyboardInterrupt), no rank outlives this call.
+    """
+    start = time.monotonic()
+    try:
+        while True:
+            _forward_progress(procs, progress)
+            failed = [p for p in procs if p.popen.poll() not in (None, 0)]
+            if failed:
+                raise RunError(_failure_message(failed))
+            if all(p.popen.returncode == 0 for p in procs):
+                return time.monotonic() - start
+            elapsed = time.monotonic() - start
+            if elapsed > timeout_s:
+                raise RunError(_timeout_message(procs, timeout_s))
+            time.sleep(POLL_S)
+    finally:
+        kill_ranks(procs)
+
+
+def _root_cause(failed: list[RankProcess]) -> RankProcess:
+    """Of ranks that failed in the same poll, the one whose failure caused the others' (they lost a peer).
+
+    A rank that died without recording an exception (a signal, os._exit) failed on its own: peers that lose it
+    raise, and record that. Otherwise the earliest record wins: a worker writes its error file before it exits,
+    and its peers only notice when its sockets close at exit.
+    """
+    abrupt = [p for p in failed if not p.error_path.is_file()]
+    if abrupt:
+        return min(abrupt, key=lambda p: p.rank)
+    return min(failed, key=lambda p: p.error_path.stat().st_mtime_ns)
+
+
+def _failure_message(failed: list[RankProcess]) -> str:
+    """The root cause in full, then one line for each other rank that failed in the same poll."""
+    cause = _root_cause(failed)
+    others = [rank_failure(p).splitlines()[0][:200] for p in failed if p is not cause]
+    return "\n".join([rank_failure(cause)] + [f"(also {line})" for line in others])
+
+
+def _timeout_message(procs: Sequence[RankProcess], timeout_s: float) -> str:
+    running = [p.rank for p in procs if p.popen.poll() is None]
+    lines = [f"ranks {running} had not finished after {timeout_s:g} s (timeout); killed all ranks"]
+    for p in procs:
+        last = tail(p.stdout_path, 1) or "(no progress printed)"
+        lines.append(f"rank {p.rank} last said: {last}")
+    return "\n".join(lines)
+
+
+def _forward_progress(procs: Sequence[RankProcess], progress: Progress | None) -> None:
+    for p in procs:
+        for line in p.new_lines():
+            logger.debug("rank %d: %s", p.rank, line)
+            if progress is not None:
+                progress(f"rank {p.rank}: {line}")

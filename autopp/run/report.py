@@ -1,0 +1,157 @@
+"""RunReport: what a pipelined run measured and how it compared with the single-process reference (no torch here)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunError
+
+__all__ = [
+    "REPORT_VERSION",
+    "ParamDiff",
+    "RunReport",
+    "RunFailedError",
+    "median_step_time",
+    "relative_error",
+    "format_report",
+]
+
+REPORT_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParamDiff:
+    """Difference between one parameter's pipelined and reference gradient at the first step."""
+
+    name: str
+    stage: int
+    max_abs: float
+    """max |pipelined - reference| over the parameter's elements."""
+    max_rel: float
+    """max_abs / max |reference| (0 when both are all zeros, inf when only the reference is)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunReport:
+    """Measured vs predicted figures of one `run_plan` call, and its validation verdict."""
+
+    plan_path: str | None
+    model_path: str
+    fingerprint: str
+    schedule: str
+    num_ranks: int
+    num_microbatches: int
+    microbatch_size: int
+    steps: int
+    lr: float
+    backend: str
+    """"gloo" (CPU) or "nccl" (one CUDA device per rank)."""
+    losses: tuple[float, ...] = ()
+    """Pipelined loss per step: the mean of the microbatch losses."""
+    reference_losses: tuple[float, ...] = ()
+    """Single-process loss per step on the whole global batch."""
+    loss_max_abs_diff: float | None = None
+    loss_max_rel_diff: float | None = None
+    grad_diffs: tuple[ParamDiff, ...] = ()
+    """One entry per parameter of the model, in the model's named_parameters() order."""
+    grad_max_abs_diff: float | None = None
+    grad_max_rel_diff: float | None = None
+    worst_param: str | None = None
+    """The parameter with the largest relative gradient difference."""
+    grad_rtol: float
+    loss_rtol: float
+    passed: bool = False
+    step_times_s: tuple[float, ...] = ()
+    """Wall time of each step (barrier to barrier), the slowest rank's."""
+    measured_step_time_s: float | None = None
+    """Median of steps after the first (of all steps when only one ran)."""
+    predicted_step_time_s: float
+    step_time_ratio: float | None = None
+    """measured / predicted."""
+    relative_error: float | None = None
+    """(measured - predicted) / predicted."""
+    complete: bool = False
+    """True when every rank finished every step."""
+    error: str | None = None
+    """Why the run or its validation failed."""
+    version: int = field(default=REPORT_VERSION)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {"version": data.pop("version"), **{k: _finite(v) for k, v in data.items()}}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the report JSON atomically."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.to_json(), indent=2) + "\n")
+        os.replace(tmp, target)
+        return target
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no inf/nan: write them as strings ("inf"), recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+class RunFailedError(RunError):
+    """A RunError that carries the (partial) report, so the caller can still save it."""
+
+    def __init__(self, message: str, report: RunReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def median_step_time(step_times: list[float] | tuple[float, ...]) -> float | None:
+    """Median of the steps after the first (warm-up); of all steps when there is only one; None for none."""
+    if not step_times:
+        return None
+    steady = step_times[1:] if len(step_times) > 1 else step_times
+    return float(statistics.median(steady))
+
+
+def relative_error(measured: float | None, predicted: float) -> tuple[float | None, float | None]:
+    """(measured / predicted, (measured - predicted) / predicted); Nones when either is missing or predicted <= 0."""
+    if measured is None or predicted <= 0:
+        return None, None
+    return measured / predicted, (measured - predicted) / predicted
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_report(report: RunReport) -> str:
+    """A short human-readable table: timing, loss and gradient differences, verdict."""
+    r = report
+    lines = [
+        f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks, {r.num_microbatches} x {r.microbatch_size} "
+        f"microbatches, {r.steps} steps, {r.backend})",
+        f"  step time   measured {_fmt(r.measured_step_time_s, '.4f')} s   predicted {r.predicted_step_time_s:.4f} s"
+        f"   ratio {_fmt(r.step_time_ratio, '.2f')}",
+        f"  per step    {' '.join(format(t, '.4f') for t in r.step_times_s) or '-'} s",
+        f"  loss        pipelined {' '.join(format(v, '.6f') for v in r.losses) or '-'}",
+        f"              reference {' '.join(format(v, '.6f') for v in r.reference_losses) or '-'}",
+        f"              max diff abs {_fmt(r.loss_max_abs_diff, '.2e')} rel {_fmt(r.loss_max_rel_diff, '.2e')}"
+        f" (tolerance rel {r.loss_rtol:.0e})",
+        f"  gradients   max diff abs {_fmt(r.grad_max_abs_diff, '.2e')} rel {_fmt(r.grad_max_rel_diff, '.2e')}"
+        f" (worst {r.worst_param or '-'}; tolerance rel {r.grad_rtol:.0e}; {len(r.grad_diffs)} parameters)",
+    ]
+    verdict = "PASSED" if r.passed else ("FAILED: " + (r.error or "validation failed"))
+    lines.append(f"  verdict     {verdict}")
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""Helpers for the runner tests: two-stage plans built in code, a tiny model file that fails on demand, /proc scans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from autopp.modelfile import discover_units, fingerprint, load_model_file
+from autopp.plan import Plan, Prediction, StagePlan
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT = ROOT / "examples" / "gpt.py"
+
+#: A Sequential MLP whose loss_fn misbehaves on rank $AUTOPP_TEST_FAIL_RANK ($AUTOPP_TEST_FAIL_MODE: raise or die).
+FAULTY_MODEL = '''
+import os
+import signal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def sample_batch(batch_size):
+    return torch.randn(batch_size, 8), torch.randn(batch_size, 4)
+
+
+def loss_fn(output, target):
+    fail = os.environ.get("AUTOPP_TEST_FAIL_RANK")
+    if fail is not None and os.environ.get("RANK") == fail:
+        if os.environ.get("AUTOPP_TEST_FAIL_MODE") == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise ValueError("injected failure in loss_fn")
+    return F.mse_loss(output, target)
+'''
+
+MakePlan = Callable[..., Plan]
+
+
+def two_stage_plan(model_path: Path, split_point: str, schedule: str = "1F1B", num_microbatches: int = 2,
+                   microbatch_size: int = 2, predicted_s: float = 0.1) -> Plan:
+    """A plan with stage 0 on rank 0 up to `split_point` and stage 1 on rank 1, fingerprinted from the model file."""
+    mf = load_model_file(model_path)
+    model = mf.build(0)
+    units = discover_units(mf, model)
+    cut = next(u.index for u in units if u.split_point == split_point)
+    stages = tuple(
+        StagePlan(index=i, rank=i, units=span, unit_names=tuple(u.name for u in units[span[0]:span[1]]),
+                  split_point=None if i == 0 else split_point, forward_s=0.0, backward_s=0.0, memory_bytes=0)
+        for i, span in enumerate([(0, cut), (cut, len(units))])
+    )
+    return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=schedule, num_ranks=2,
+                num_microbatches=num_microbatches, microbatch_size=microbatch_size, memory_limit_bytes=2**30,
+                stages=stages, predicted=Prediction(step_time_s=predicted_s, peak_memory_bytes=(0, 0),
+                                                    bubble_fraction=0.0))
+
+
+@pytest.fixture
+def faulty_model(tmp_path: Path) -> Path:
+    path = tmp_path / "faulty.py"
+    path.write_text(FAULTY_MODEL)
+    return path
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line contains `text` (zombies have an empty command line)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def children_of(pid: int) -> set[int]:
+    """Pids (zombies included) whose parent is `pid`, from /proc/*/stat."""
+    kids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            kids.add(int(entry.name))
+    return kids

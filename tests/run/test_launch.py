@@ -1,0 +1,114 @@
+"""Unit tests of the launcher with stand-in processes (plain `python -c`), so no torch start-up is paid."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autopp.errors import RunError
+from autopp.run.launch import RankProcess, free_port, kill_ranks, rank_failure, tail, wait_ranks, worker_env
+
+from .conftest import processes_mentioning
+
+
+def _fake_rank(rank: int, run_dir: Path, code: str) -> RankProcess:
+    """A rank running `code` with the run dir on its command line, so /proc can find it."""
+    with (run_dir / f"rank{rank}.out").open("wb") as out, (run_dir / f"rank{rank}.err").open("wb") as err:
+        popen = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=out, stderr=err,
+                                 start_new_session=True)
+    return RankProcess(rank, popen, run_dir)
+
+
+SLEEPER = "import time; print('waiting', flush=True); time.sleep(60)"
+
+
+def test_all_ranks_succeed_and_progress_is_forwarded(tmp_path: Path) -> None:
+    procs = [_fake_rank(r, tmp_path, f"print('step 1/1 from {r}')") for r in range(2)]
+    seen: list[str] = []
+    assert wait_ranks(procs, timeout_s=20, progress=seen.append) < 20
+    assert sorted(seen) == ["rank 0: step 1/1 from 0", "rank 1: step 1/1 from 1"]
+
+
+def test_recorded_exception_is_reported_and_peer_is_killed(tmp_path: Path) -> None:
+    fail = ("import sys, pathlib; pathlib.Path(sys.argv[1], 'rank1.error').write_text('ValueError: boom (at m.py:3)');"
+            "sys.exit(1)")
+    procs = [_fake_rank(0, tmp_path, SLEEPER), _fake_rank(1, tmp_path, fail)]
+    start = time.monotonic()
+    with pytest.raises(RunError, match=r"^rank 1 failed: ValueError: boom \(at m.py:3\)$"):
+        wait_ranks(procs, timeout_s=30)
+    assert time.monotonic() - start < 10
+    assert all(p.popen.returncode is not None for p in procs)
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_crash_without_record_quotes_stderr(tmp_path: Path) -> None:
+    crash = "import sys; sys.stderr.write('first\\nSegmentation-ish fault\\n'); sys.exit(3)"
+    with pytest.raises(RunError, match=r"rank 0 exited with code 3; last lines of its stderr:\nfirst\nSegmentation"):
+        wait_ranks([_fake_rank(0, tmp_path, crash), _fake_rank(1, tmp_path, SLEEPER)], timeout_s=30)
+
+
+def test_abrupt_death_beats_a_peer_that_recorded_losing_it(tmp_path: Path) -> None:
+    peer = "import sys, pathlib; pathlib.Path(sys.argv[1], 'rank0.error').write_text('RuntimeError: peer reset')"
+    die = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    procs = [_fake_rank(0, tmp_path, peer + "; sys.exit(1)"), _fake_rank(1, tmp_path, die)]
+    for p in procs:
+        p.popen.wait()
+    with pytest.raises(RunError, match=r"^rank 1 died from signal SIGKILL \(no stderr\)\n\(also rank 0 failed"):
+        wait_ranks(procs, timeout_s=30)
+
+
+def test_timeout_kills_everything(tmp_path: Path) -> None:
+    procs = [_fake_rank(r, tmp_path, SLEEPER) for r in range(2)]
+    start = time.monotonic()
+    with pytest.raises(RunError, match=r"ranks \[0, 1\] had not finished after 1 s .*\nrank 0 last said: waiting"):
+        wait_ranks(procs, timeout_s=1)
+    assert time.monotonic() - start < 8
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_kill_ranks_reaps_grandchildren_in_the_group(tmp_path: Path) -> None:
+    spawner = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)',"
+               " sys.argv[1]]); time.sleep(60)")
+    procs = [_fake_rank(0, tmp_path, spawner)]
+    deadline = time.monotonic() + 10
+    while len(processes_mentioning(str(tmp_path))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kill_ranks(procs)
+    deadline = time.monotonic() + 5  # the orphaned grandchild is reaped by init, asynchronously
+    while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_helpers(tmp_path: Path) -> None:
+    assert 0 < free_port() < 65536
+    env = worker_env(1, 2, 12345)
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("1", "2", "127.0.0.1", "12345")
+    assert env["OMP_NUM_THREADS"] == "1" and env.get("PATH") == os.environ.get("PATH")
+    (tmp_path / "log").write_text("a\n\nb\nc\n")
+    assert tail(tmp_path / "log", 2) == "b\nc" and tail(tmp_path / "missing") == ""
+
+
+def test_rank_failure_prefers_the_record(tmp_path: Path) -> None:
+    proc = _fake_rank(2, tmp_path, "import sys; sys.stderr.write('noise'); sys.exit(1)")
+    proc.popen.wait()
+    assert rank_failure(proc) == "rank 2 exited with code 1; last lines of its stderr:\nnoise"
+    proc.error_path.write_text("KeyError: 'x'\n")
+    assert rank_failure(proc) == "rank 2 failed: KeyError: 'x'"
+
+
+def test_keyboard_interrupt_kills_every_rank(tmp_path: Path) -> None:
+    procs = [_fake_rank(r, tmp_path, SLEEPER) for r in range(2)]
+
+    def interrupt(_line: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        wait_ranks(procs, timeout_s=30, progress=interrupt)
+    assert all(p.popen.returncode is not None for p in procs)
+    assert processes_mentioning(str(tmp_path)) == []

@@ -1,0 +1,55 @@
+"""Unit tests of RunReport, its JSON and its table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autopp.errors import RunError
+from autopp.run.report import ParamDiff, RunFailedError, RunReport, format_report, median_step_time, relative_error
+
+
+def _report(**changes: object) -> RunReport:
+    base = RunReport(plan_path="plan.json", model_path="examples/gpt.py", fingerprint="abc", schedule="1F1B",
+                     num_ranks=2, num_microbatches=2, microbatch_size=2, steps=3, lr=0.01, backend="gloo",
+                     grad_rtol=1e-4, loss_rtol=1e-5, predicted_step_time_s=0.1)
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_median_skips_the_first_step() -> None:
+    assert median_step_time([5.0, 1.0, 3.0, 2.0]) == 2.0
+    assert median_step_time([5.0, 1.0]) == 1.0
+    assert median_step_time([4.0]) == 4.0
+    assert median_step_time([]) is None
+
+
+def test_relative_error() -> None:
+    assert relative_error(0.15, 0.1) == pytest.approx((1.5, 0.5))
+    assert relative_error(None, 0.1) == (None, None)
+    assert relative_error(0.1, 0.0) == (None, None)
+
+
+def test_json_round_trip_writes_inf_as_text(tmp_path: Path) -> None:
+    diff = ParamDiff(name="w", stage=1, max_abs=1e-3, max_rel=float("inf"))
+    report = _report(grad_diffs=(diff,), grad_max_rel_diff=float("inf"), losses=(1.0, 0.5), complete=True)
+    data = json.loads(report.save(tmp_path / "sub" / "report.json").read_text())
+    assert data["version"] == 1 and list(data)[0] == "version"
+    assert data["grad_max_rel_diff"] == "inf" and data["grad_diffs"][0]["max_rel"] == "inf"
+    assert data["losses"] == [1.0, 0.5] and data["complete"] is True and data["error"] is None
+
+
+def test_format_report_shows_verdict_and_numbers() -> None:
+    passed = _report(passed=True, measured_step_time_s=0.2, step_time_ratio=2.0, step_times_s=(0.3, 0.2),
+                     losses=(9.1,), reference_losses=(9.1,), grad_max_rel_diff=1e-6, worst_param="h.0.w")
+    text = format_report(passed)
+    assert "measured 0.2000 s   predicted 0.1000 s   ratio 2.00" in text
+    assert "worst h.0.w" in text and text.endswith("PASSED")
+    assert format_report(_report(error="rank 1 failed: boom")).endswith("FAILED: rank 1 failed: boom")
+
+
+def test_run_failed_error_carries_the_report() -> None:
+    exc = RunFailedError("boom", _report(error="boom"))
+    assert isinstance(exc, RunError) and exc.report.error == "boom" and str(exc) == "boom"

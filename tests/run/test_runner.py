@@ -1,0 +1,101 @@
+"""Integration tests of run_plan: real two-process gloo runs, a stale plan, and ranks that raise or die."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from autopp.errors import PlanError, RunError
+from autopp.run import GRAD_RTOL, RunFailedError, RunReport, format_report, run_plan
+from autopp.run.runner import _timing, _validation
+from autopp.run.validate import Reference
+
+from .conftest import GPT, children_of, processes_mentioning, two_stage_plan
+
+
+@pytest.mark.parametrize("schedule, num_microbatches, microbatch_size", [("1F1B", 2, 2), ("GPipe", 4, 1)])
+def test_gpt_two_ranks_match_reference(tmp_path: Path, schedule: str, num_microbatches: int,
+                                       microbatch_size: int) -> None:
+    plan = two_stage_plan(GPT, "h.2", schedule, num_microbatches, microbatch_size, predicted_s=0.05)
+    messages: list[str] = []
+    report = run_plan(plan, steps=2, timeout_s=120, progress=messages.append, plan_path="plan.json")
+    assert report.passed and report.complete and report.error is None
+    assert report.schedule == schedule and report.backend in ("gloo", "nccl")
+    assert len(report.losses) == len(report.reference_losses) == 2
+    assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    names = [d.name for d in report.grad_diffs]
+    assert "tok_emb.weight" in names and "head.weight" in names and len(names) == len(set(names))
+    assert {d.stage for d in report.grad_diffs} == {0, 1}
+    assert len(report.step_times_s) == 2 and report.measured_step_time_s == report.step_times_s[1]
+    assert report.step_time_ratio == pytest.approx(report.measured_step_time_s / 0.05)
+    assert any("step 2/2" in m for m in messages)
+    saved = json.loads(report.save(tmp_path / "report.json").read_text())
+    assert saved["passed"] is True and saved["plan_path"] == "plan.json" and len(saved["grad_diffs"]) == len(names)
+    assert "PASSED" in format_report(report)
+
+
+def test_stale_fingerprint_is_refused() -> None:
+    plan = replace(two_stage_plan(GPT, "h.2"), fingerprint="0123456789abcdef")
+    stale = r"made for model fingerprint 0123456789abcdef but .*gpt.py now has \w+: re-plan"
+    with pytest.raises(PlanError, match=stale):
+        run_plan(plan)
+
+
+@pytest.mark.parametrize("mode, expected", [("raise", r"rank 1 failed: ValueError: injected failure in loss_fn"),
+                                            ("die", r"rank 1 died from signal SIGKILL")])
+def test_failing_rank_raises_quickly_and_leaves_no_process(
+        faulty_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, expected: str) -> None:
+    # Rank 1 fails inside the schedule's step; rank 0 is then blocked waiting for gradients and must be killed.
+    monkeypatch.setenv("AUTOPP_TEST_FAIL_RANK", "1")
+    monkeypatch.setenv("AUTOPP_TEST_FAIL_MODE", mode)
+    plan = two_stage_plan(faulty_model, "2")
+    work = tmp_path / "run"
+    before = children_of(os.getpid())
+    start = time.monotonic()
+    with pytest.raises(RunFailedError, match=expected) as info:
+        run_plan(plan, steps=2, timeout_s=60, work_dir=work)
+    assert time.monotonic() - start < 45
+    assert isinstance(info.value, RunError) and info.value.report.complete is False
+    assert info.value.report.error == str(info.value)
+    assert processes_mentioning(str(work)) == []
+    assert children_of(os.getpid()) <= before
+
+
+def _fabricated(scale: float) -> tuple[list[dict[str, object]], dict[int, dict[str, torch.Tensor]], Reference]:
+    """Two stages' results whose stage-1 gradient is the reference's times `scale`."""
+    ref = Reference(losses=(2.0, 1.5), grads={"a": torch.ones(3), "b": torch.full((2,), 4.0)})
+    results: list[dict[str, object]] = [
+        {"stage": 0, "params": ["a"], "step_times_s": [0.3, 0.1], "losses": []},
+        {"stage": 1, "params": ["b"], "step_times_s": [0.2, 0.2], "losses": [[1.9, 2.1], [1.5, 1.5]]},
+    ]
+    return results, {0: {"a": torch.ones(3)}, 1: {"b": torch.full((2,), 4.0 * scale)}}, ref
+
+
+def _blank() -> RunReport:
+    return RunReport(plan_path=None, model_path="m.py", fingerprint="f", schedule="1F1B", num_ranks=2,
+                     num_microbatches=2, microbatch_size=1, steps=2, lr=0.01, backend="gloo",
+                     grad_rtol=GRAD_RTOL, loss_rtol=1e-5, predicted_step_time_s=0.1)
+
+
+def test_validation_passes_within_tolerance_and_times_the_slowest_rank() -> None:
+    results, grads, ref = _fabricated(1.0 + 1e-6)
+    report = _validation(_timing(_blank(), results), results, grads, ref)  # type: ignore[arg-type]
+    assert report.passed and report.error is None and report.losses == (2.0, 1.5)
+    assert report.step_times_s == (0.3, 0.2) and report.measured_step_time_s == 0.2
+    assert report.step_time_ratio == pytest.approx(2.0) and report.relative_error == pytest.approx(1.0)
+    assert report.worst_param == "b" and report.grad_max_rel_diff == pytest.approx(1e-6, rel=0.1)
+
+
+def test_validation_names_the_parameter_above_tolerance() -> None:
+    results, grads, ref = _fabricated(1.01)
+    report = _validation(_blank(), results, grads, ref)  # type: ignore[arg-type]
+    assert not report.passed
+    assert report.error == ("gradient of b (stage 1) differs from the single-process reference by 1.00e-02 relative "
+                            "(max abs 4.00e-02), above the tolerance 1e-04")
