@@ -1,4 +1,5 @@
-"""Measure each unit of a model (forward and backward time, parameter, activation and boundary bytes) into a Profile."""
+"""Measure each unit of a model (forward, backward split into input and weight gradients, recompute; parameter,
+activation and boundary bytes) into a Profile, and compare the units' sum with one whole-model step."""
 
 from __future__ import annotations
 
@@ -6,23 +7,29 @@ import platform
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
 import torch
 from torch import fx, nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from .modelfile import ModelFile, check_forward, discover_units, fingerprint, load_model_file
+from .modelfile import ModelFile, Unit, check_forward, discover_units, fingerprint, load_model_file
 from .profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
-from .split import split_model
+from .split import LiveValue, live_values, output_spec, rebuild_output, source_piece, split_model, tied_groups
 
-__all__ = ["OPTIMIZER_STATES", "profile_model", "tensors_in", "storage_bytes"]
+__all__ = ["OPTIMIZER_STATES", "DTYPES", "profile_model", "tensors_in", "storage_bytes"]
 
-#: Optimizer state kept per parameter, in multiples of the parameter's bytes (fp32 states).
+#: Optimizer state kept per parameter, in multiples of the parameter's element count (fp32 states).
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+#: Parameter dtypes that can be profiled; below float32, an fp32 master copy is counted with the optimizer state.
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 Progress = Callable[[str], None]
+#: Kinds of timed sample kept per unit: forward, full backward, input-gradient, weight-gradient, forward without saving.
+KINDS = ("forward", "backward", "backward_input", "backward_weight", "recompute")
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
@@ -69,42 +76,162 @@ def _saved_bytes(run: Callable[[], Any], params: set[int]) -> int:
     return storage_bytes(saved, exclude=params)
 
 
-def _time_unit(run: Callable[[], Any], warmup: int, repeats: int) -> tuple[list[float], list[float]]:
-    """Forward and backward wall times of `repeats` runs after `warmup` runs."""
-    fwd: list[float] = []
-    bwd: list[float] = []
-    for i in range(warmup + repeats):
+@dataclass
+class _Clock:
+    """Times a call: wall clock on CPU; CUDA events (and a synchronize) on a GPU."""
+
+    device: torch.device
+
+    def time(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = fn()
+            end.record()
+            torch.cuda.synchronize(self.device)
+            return result, start.elapsed_time(end) / 1e3
         t0 = time.perf_counter()
-        out = run()
-        t1 = time.perf_counter()
-        outs = [t for t in tensors_in(out) if t.requires_grad]
-        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-        t2 = time.perf_counter()
-        if i >= warmup:
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
-    return fwd, bwd
+        result = fn()
+        return result, time.perf_counter() - t0
 
 
-def _source(node: fx.Node, piece_index: dict[str, int]) -> int | None:
-    """The piece (or -1 for a model input) that produced `node`, following getitem."""
-    while node.op == "call_function":
-        node = node.args[0]  # type: ignore[assignment]
-    if node.op == "placeholder":
-        return -1
-    return piece_index.get(str(node.target))
+@dataclass(frozen=True)
+class _Budget:
+    """How many times to run: `warmup` untimed, then timed until `repeats` runs or `seconds` spent (at least 1)."""
+
+    warmup: int
+    repeats: int
+    seconds: float | None = None
+
+    def runs(self) -> Iterable[bool]:
+        """Yields True for each timed run, False for each warm-up run."""
+        for _ in range(self.warmup):
+            yield False
+        start = time.perf_counter()
+        for i in range(self.repeats):
+            if i and self.seconds is not None and time.perf_counter() - start >= self.seconds:
+                return
+            yield True
 
 
-def _measure_size(mf: ModelFile, model: nn.Module, points: list[str], b: int, optimizer: str,
-                  warmup: int, repeats: int, progress: Progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    inputs, target = mf.sample_batch(b)
-    pipe = split_model(model, inputs, points)
+@dataclass
+class _Piece:
+    """One unit's piece of the split model, with its real inputs and how to turn its output into what backward needs."""
+
+    module: nn.Module
+    args: tuple[Any, ...]
+    finish: Callable[[Any], Any]  # output -> loss for the last unit, identity otherwise
+    first: bool
+
+    def forward(self) -> tuple[tuple[Any, ...], Any]:
+        leaves = _leaf_inputs(self.args)
+        return leaves, self.finish(self.module(*leaves))
+
+
+def _outputs_and_grads(out: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    outs = [t for t in tensors_in(out) if t.requires_grad]
+    return outs, [torch.ones_like(t) for t in outs]
+
+
+def _backward(outs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    if outs:
+        torch.autograd.backward(outs, grads)
+
+
+def _backward_split(piece: _Piece, clock: _Clock) -> tuple[float, float]:
+    """Input- then weight-gradient time, as torch.distributed.pipelining's zero-bubble schedules compute them:
+    `stage_backward_input` (autograd.grad w.r.t. the inputs, graph kept) then `stage_backward_weight`. Like torch's
+    first stage, a unit none of whose inputs needs a gradient runs one full backward and counts it as weight time."""
+    leaves, out = piece.forward()
+    outs, grads = _outputs_and_grads(out)
+    if piece.first or not outs or not any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
+        _, w = clock.time(lambda: _backward(outs, grads))
+        return 0.0, w
+    params = list(piece.module.parameters())
+    (_, groups), i = clock.time(lambda: stage_backward_input(outs, grads, list(leaves), iter(params)))
+    _, w = clock.time(lambda: stage_backward_weight(iter(params), groups))
+    return i, w
+
+
+def _time_piece(piece: _Piece, budget: _Budget, clock: _Clock) -> dict[str, list[float]]:
+    """Timed samples of each kind in KINDS."""
+    samples: dict[str, list[float]] = {k: [] for k in KINDS}
+    for timed in budget.runs():
+        (_, out), f = clock.time(piece.forward)
+        outs, grads = _outputs_and_grads(out)
+        _, b = clock.time(lambda: _backward(outs, grads))
+        i, w = _backward_split(piece, clock)
+        with torch.no_grad():
+            _, r = clock.time(piece.forward)
+        if timed:
+            for kind, value in zip(KINDS, (f, b, i, w, r)):
+                samples[kind].append(value)
+    return samples
+
+
+def _summary(samples: dict[str, list[float]]) -> dict[str, float]:
+    row = {}
+    for kind, values in samples.items():
+        row[f"{kind}_s"] = statistics.median(values)
+        row[f"{kind}_spread_s"] = max(values) - min(values)
+    return row
+
+
+def _peak_bytes(piece: _Piece, clock: _Clock) -> int | None:
+    """On CUDA: the most memory allocated during one forward and backward, above what was allocated before."""
+    if clock.device.type != "cuda":
+        return None
+    torch.cuda.synchronize(clock.device)
+    torch.cuda.reset_peak_memory_stats(clock.device)
+    before = torch.cuda.memory_allocated(clock.device)
+    _, out = piece.forward()
+    _backward(*_outputs_and_grads(out))
+    torch.cuda.synchronize(clock.device)
+    return int(torch.cuda.max_memory_allocated(clock.device) - before)
+
+
+@dataclass
+class _Settings:
+    """What profile_model was asked for, passed down to the per-size measurement."""
+
+    optimizer: str
+    dtype: torch.dtype
+    budget: _Budget
+    clock: _Clock
+    progress: Progress
+    peaks: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _to(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, dtype) if value.is_floating_point() else value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_to(v, device, dtype) for v in value)
+    return value
+
+
+def _static_bytes(module: nn.Module, settings: _Settings) -> dict[str, int]:
+    params = list(module.parameters())
+    numel = sum(p.numel() for p in params if p.requires_grad)
+    master = 4 * numel if settings.dtype != torch.float32 else 0
+    return {"param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+            "optimizer_bytes": OPTIMIZER_STATES[settings.optimizer] * 4 * numel + master}
+
+
+def _measure_size(mf: ModelFile, model: nn.Module, units: list[Unit], b: int, settings: _Settings
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[LiveValue], dict[str, int]]:
+    """Unit rows, edge rows, live values and their bytes (by split-graph name) at microbatch size `b`."""
+    inputs, target = _to(mf.sample_batch(b), settings.clock.device, settings.dtype)
+    pipe = split_model(model, inputs, [u.split_point for u in units[1:] if u.split_point is not None])
+    spec = output_spec(model, inputs)
     gm = pipe.split_gm
     calls = [n for n in gm.graph.nodes if n.op == "call_module"]
     piece_index = {str(n.target): i for i, n in enumerate(calls)}
+    tied = {u: g.bytes for g in tied_groups(model, [u.modules for u in units]) for u in g.units if len(g.units) > 1}
     env: dict[fx.Node, Any] = {}
     placeholders = iter(inputs)
-    unit_rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     edges: dict[tuple[int, int], int] = defaultdict(int)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -113,69 +240,122 @@ def _measure_size(mf: ModelFile, model: nn.Module, points: list[str], b: int, op
             env[node] = node.target(*fx.node.map_arg(node.args, lambda a: env[a]))  # type: ignore[operator]
         elif node.op == "call_module":
             i = piece_index[str(node.target)]
-            progress(f"microbatch {b}: unit {i + 1}/{len(calls)}")
-            args = fx.node.map_arg(node.args, lambda a: env[a])
+            settings.progress(_bar(i, len(calls), f"microbatch {b}: unit {i + 1}/{len(calls)}"))
             for arg in node.all_input_nodes:
-                src = _source(arg, piece_index)
+                src = source_piece(arg, piece_index)
                 if src is not None:
                     edges[(src, i)] += storage_bytes(tensors_in(env[arg]))
-            piece = gm.get_submodule(str(node.target))
+            module = gm.get_submodule(str(node.target))
             last = i == len(calls) - 1
-            run = lambda: _run_piece(piece, args, last, mf, target)  # noqa: E731
-            fwd, bwd = _time_unit(run, warmup, repeats)
-            params = {p.untyped_storage().data_ptr() for p in piece.parameters()}
+            finish = (lambda out: mf.loss_fn(rebuild_output(spec, out), target)) if last else (lambda out: out)
+            piece = _Piece(module, fx.node.map_arg(node.args, lambda a: env[a]), finish, i == 0)
+            row = {"unit": i, "microbatch_size": b, **_summary(_time_piece(piece, settings.budget, settings.clock))}
+            params = {p.untyped_storage().data_ptr() for p in module.parameters()}
             with torch.no_grad():
-                out = piece(*args)
-            env[node] = out
-            param_bytes = sum(p.numel() * p.element_size() for p in piece.parameters())
-            grad_bytes = sum(p.numel() * p.element_size() for p in piece.parameters() if p.requires_grad)
-            unit_rows.append({
-                "unit": i, "microbatch_size": b,
-                "forward_s": statistics.median(fwd), "forward_spread_s": max(fwd) - min(fwd),
-                "backward_s": statistics.median(bwd), "backward_spread_s": max(bwd) - min(bwd),
-                "param_bytes": param_bytes, "grad_bytes": grad_bytes,
-                "optimizer_bytes": OPTIMIZER_STATES[optimizer] * grad_bytes,
-                "activation_bytes": _saved_bytes(run, params),
-                "output_bytes": 0 if last else storage_bytes(tensors_in(out)),
-            })
+                env[node] = out = module(*piece.args)
+            row.update(_static_bytes(module, settings))
+            row.update(tied_param_bytes=tied.get(i, 0),
+                       activation_bytes=_saved_bytes(lambda: piece.forward()[1], params),
+                       output_bytes=0 if last else storage_bytes(tensors_in(out)),
+                       recompute_keep_bytes=storage_bytes(tensors_in(piece.args)))
+            peak = _peak_bytes(piece, settings.clock)
+            if peak is not None:
+                settings.peaks.setdefault(str(i), {})[str(b)] = peak
+            rows.append(row)
+    live = live_values(pipe)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    value_bytes = {v.name: storage_bytes(tensors_in(env[by_name[v.name]])) for v in live}
     edge_rows = [{"src": s, "dst": d, "microbatch_size": b, "bytes": n} for (s, d), n in sorted(edges.items())]
-    return unit_rows, edge_rows
+    return rows, edge_rows, live, value_bytes
 
 
-def _run_piece(piece: nn.Module, args: tuple[Any, ...], last: bool, mf: ModelFile, target: Any) -> Any:
-    out = piece(*_leaf_inputs(args))
-    return mf.loss_fn(out, target) if last else out
+def _bar(done: int, total: int, text: str, width: int = 20) -> str:
+    filled = width * done // max(total, 1)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {text}"
+
+
+def _whole_model(mf: ModelFile, model: nn.Module, b: int, settings: _Settings) -> float:
+    """Median time of one forward, loss and backward of the unsplit model on a microbatch of `b`."""
+    inputs, target = _to(mf.sample_batch(b), settings.clock.device, settings.dtype)
+    times = []
+    for timed in settings.budget.runs():
+        _, t = settings.clock.time(lambda: mf.loss_fn(model(*inputs), target).backward())
+        if timed:
+            times.append(t)
+    model.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+def _live_meta(live: list[LiveValue], bytes_by_size: dict[int, dict[str, int]]) -> list[dict[str, Any]]:
+    """The live values of the split graph: producer, readers, what a runner should do with each, bytes per size."""
+    out = []
+    for v in live:
+        action = "recompute" if v.recomputable else ("relay" if v.relayed_over else "send")
+        out.append({"name": v.name, "src": v.src, "dsts": list(v.dsts), "action": action,
+                    "relayed_over": list(v.relayed_over),
+                    "bytes": {str(b): sizes.get(v.name, 0) for b, sizes in sorted(bytes_by_size.items())}})
+    return out
 
 
 def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), optimizer: str = "sgd",
                   warmup: int = 2, repeats: int = 5, threads: int = 1,
-                  progress: Progress = lambda _msg: None) -> Profile:
-    """Profile the model file at `path`: per-unit medians of `repeats` timed runs after `warmup`, on CPU."""
+                  progress: Progress = lambda _msg: None, time_budget_s: float | None = None,
+                  dtype: str = "float32", device: str = "cpu", compare_whole: bool = True) -> Profile:
+    """Profile the model file at `path`: per-unit medians of up to `repeats` timed runs after `warmup` (stopping
+    early once `time_budget_s` is spent on a unit), then one whole-model step to check the units add up."""
     sizes = sorted(set(int(b) for b in microbatch_sizes))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"microbatch sizes must be positive integers, got {sizes}")
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' asked for, but torch.cuda.is_available() is False")
     torch.set_num_threads(threads)
+    dev = torch.device(device)
     mf = load_model_file(path)
     model = mf.build()
     check_forward(mf, model)
     units = discover_units(mf, model)
     if len(units) < 2:
         raise mf.error(f"found {len(units)} unit(s); a pipeline needs >= 2: define SPLIT_POINTS (see README.md)")
-    points = [u.split_point for u in units[1:] if u.split_point is not None]
+    model_fingerprint = fingerprint(model, units)
+    model = model.to(dev, DTYPES[dtype])
+    settings = _Settings(optimizer, DTYPES[dtype], _Budget(warmup, repeats, time_budget_s), _Clock(dev), progress)
     rows: list[dict[str, Any]] = []
     edge_rows: list[dict[str, Any]] = []
+    value_bytes: dict[int, dict[str, int]] = {}
+    live: list[LiveValue] = []
     for b in sizes:
-        r, e = _measure_size(mf, model, points, b, optimizer, warmup, repeats, progress)
+        r, e, at_b, value_bytes[b] = _measure_size(mf, model, units, b, settings)
+        live = live or at_b
         rows += r
         edge_rows += e
     table = pd.DataFrame(rows)
     table.insert(1, "name", [units[i].name for i in table.unit])
     table.insert(2, "modules", [" ".join(units[i].modules) for i in table.unit])
+    whole = []
+    for b in sizes if compare_whole else []:
+        progress(_bar(1, 1, f"microbatch {b}: whole model"))
+        at_b = table[table.microbatch_size == b]
+        units_s = float((at_b.forward_s + at_b.backward_s).sum())
+        whole_s = _whole_model(mf, model, b, settings)
+        whole.append({"microbatch_size": b, "whole_s": whole_s, "units_s": units_s, "gap": units_s / whole_s - 1})
+    extra: dict[str, Any] = {"cuda_peak_bytes": settings.peaks} if settings.peaks else {}
     meta = ProfileMeta(
-        model_path=str(mf.path), fingerprint=fingerprint(model, units),
-        unit_names=tuple(u.name for u in units), split_points=tuple(points), microbatch_sizes=tuple(sizes),
-        device=f"cpu ({platform.processor() or platform.machine()})", torch_version=torch.__version__,
-        num_threads=threads, optimizer=optimizer, repeats=repeats, warmup=warmup)
+        model_path=str(mf.path), fingerprint=model_fingerprint,
+        unit_names=tuple(u.name for u in units), split_points=tuple(u.split_point or "" for u in units[1:]),
+        microbatch_sizes=tuple(sizes), device=_describe_device(dev), torch_version=torch.__version__,
+        num_threads=threads, optimizer=optimizer, repeats=repeats, warmup=warmup, extra=extra,
+        dtype=dtype, time_budget_s=time_budget_s, whole_model=tuple(whole),
+        live_values=tuple(_live_meta(live, value_bytes)),
+        tied_parameters=tuple({"names": list(g.names), "units": list(g.units), "bytes": g.bytes}
+                              for g in tied_groups(model, [u.modules for u in units])))
     return Profile(meta, table[list(UNIT_COLUMNS)], pd.DataFrame(edge_rows, columns=list(EDGE_COLUMNS)))
+
+
+def _describe_device(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(dev)})"
+    return f"cpu ({platform.processor() or platform.machine()})"

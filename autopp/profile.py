@@ -33,11 +33,19 @@ UNIT_COLUMNS: dict[str, str] = {
     "forward_spread_s": "float",  # max - min over the repeats
     "backward_s": "float",  # median full backward time (input and weight gradients)
     "backward_spread_s": "float",
+    "backward_input_s": "float",  # input gradients only (torch's stage_backward_input); 0 for the first unit
+    "backward_input_spread_s": "float",
+    "backward_weight_s": "float",  # weight gradients after the input ones (stage_backward_weight)
+    "backward_weight_spread_s": "float",
+    "recompute_s": "float",  # forward again without saving for backward (the cost of activation recomputation)
+    "recompute_spread_s": "float",
     "param_bytes": "int",
     "grad_bytes": "int",
-    "optimizer_bytes": "int",  # optimizer state
+    "optimizer_bytes": "int",  # optimizer state (and an fp32 master copy below float32)
+    "tied_param_bytes": "int",  # part of param_bytes that is a copy of a weight tied with another unit
     "activation_bytes": "int",  # bytes autograd saves for backward, per microbatch (shared storage counted once)
     "output_bytes": "int",  # bytes of the unit's outputs, per microbatch
+    "recompute_keep_bytes": "int",  # bytes kept per microbatch when the unit recomputes: its inputs
 }
 #: Columns of edges.csv: tensors live across cuts. src -1 is the model input.
 EDGE_COLUMNS: dict[str, str] = {"src": "int", "dst": "int", "microbatch_size": "int", "bytes": "int"}
@@ -60,6 +68,17 @@ class ProfileMeta:
     warmup: int
     version: int = PROFILE_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    """Parameter and activation dtype while measuring."""
+    time_budget_s: float | None = None
+    """Timed runs per unit stopped early once this much time was spent (None: always `repeats`)."""
+    whole_model: tuple[dict[str, Any], ...] = ()
+    """Per microbatch size: `whole_s` (one unsplit forward + loss + backward), `units_s` (sum of the units' forward
+    and backward medians) and `gap` (units_s / whole_s - 1)."""
+    live_values: tuple[dict[str, Any], ...] = ()
+    """Values read by a later unit: name, src, dsts, action (send / relay / recompute), relayed_over, bytes by size."""
+    tied_parameters: tuple[dict[str, Any], ...] = ()
+    """Parameters shared between units: names, units, bytes (held once in the model, a copy per unit when cut)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +91,8 @@ class ProfileMeta:
             meta = ProfileMeta(**data)
         except TypeError as exc:
             raise ProfileError(f"{where}: bad metadata: {exc}") from exc
-        tuples = {k: tuple(getattr(meta, k)) for k in ("unit_names", "split_points", "microbatch_sizes")}
+        tuples = {k: tuple(getattr(meta, k)) for k in ("unit_names", "split_points", "microbatch_sizes", "whole_model",
+                                                       "live_values", "tied_parameters")}
         return ProfileMeta(**{**asdict(meta), **tuples})
 
 
@@ -86,6 +106,11 @@ class UnitCost:
     static_bytes: int  # parameters + gradients + optimizer state
     activation_bytes: int
     output_bytes: int
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
+    recompute_s: float = 0.0
+    recompute_keep_bytes: int = 0
+    tied_param_bytes: int = 0  # part of param_bytes that other units hold a copy of too
 
 
 @dataclass(frozen=True)
@@ -119,15 +144,32 @@ class Profile:
         segments (proportionally when only one size was profiled)."""
         return [self._unit_cost(u, microbatch_size) for u in range(self.num_units)]
 
-    def cut_bytes(self, microbatch_size: float) -> list[int]:
-        """Bytes live across the cut before unit k, for k = 1..n-1 (index k-1): every edge from < k to >= k."""
+    def cut_bytes(self, microbatch_size: float, recompute: bool = False) -> list[int]:
+        """Bytes live across the cut before unit k, for k = 1..n-1 (index k-1): every value produced by a unit < k
+        and read by a unit >= k, counted once however many units read it (a non-neighbour value is relayed across
+        every cut it spans). With `recompute`, values the profile marks recomputable are left out."""
         sizes = self.meta.microbatch_sizes
         out = []
         for k in range(1, self.num_units):
-            per_size = [float(self.edges[(self.edges.microbatch_size == b) & (self.edges.src < k) & (self.edges.src >= 0)
-                                         & (self.edges.dst >= k)].bytes.sum()) for b in sizes]
+            if self.meta.live_values:
+                per_size = [float(sum(v["bytes"][str(b)] for v in self.meta.live_values
+                                      if 0 <= v["src"] < k <= max(v["dsts"])
+                                      and not (recompute and v["action"] == "recompute"))) for b in sizes]
+            else:
+                per_size = [float(self.edges[(self.edges.microbatch_size == b) & (self.edges.src < k)
+                                             & (self.edges.src >= 0) & (self.edges.dst >= k)].bytes.sum())
+                            for b in sizes]
             out.append(int(round(_interp(sizes, per_size, microbatch_size))))
         return out
+
+    def cut_values(self, k: int) -> list[dict[str, Any]]:
+        """The live values crossing the cut before unit k (entries of `meta.live_values`)."""
+        return [v for v in self.meta.live_values if v["src"] < k <= max(v["dsts"])]
+
+    def whole_model_gap(self) -> float | None:
+        """The largest |gap| between the units' sum and one whole-model step over the sizes measured, if measured."""
+        gaps = [abs(float(w["gap"])) for w in self.meta.whole_model]
+        return max(gaps) if gaps else None
 
     def _unit_cost(self, unit: int, b: float) -> UnitCost:
         rows = self.units[self.units.unit == unit].sort_values("microbatch_size")
@@ -136,7 +178,10 @@ class Profile:
         first = rows.iloc[0]
         static = int(first.param_bytes + first.grad_bytes + first.optimizer_bytes)
         return UnitCost(at("forward_s"), at("backward_s"), int(first.param_bytes), static,
-                        int(round(at("activation_bytes"))), int(round(at("output_bytes"))))
+                        int(round(at("activation_bytes"))), int(round(at("output_bytes"))),
+                        backward_input_s=at("backward_input_s"), backward_weight_s=at("backward_weight_s"),
+                        recompute_s=at("recompute_s"), recompute_keep_bytes=int(round(at("recompute_keep_bytes"))),
+                        tied_param_bytes=int(first.tied_param_bytes))
 
     def save(self, directory: str | Path) -> Path:
         """Write the four files into `directory` atomically (a temporary sibling renamed into place)."""

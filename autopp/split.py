@@ -1,18 +1,23 @@
-"""Cut a model into consecutive pieces at module boundaries with torch.distributed.pipelining.pipeline (torch.export)."""
+"""Cut a model into consecutive pieces at module boundaries with torch.distributed.pipelining.pipeline (torch.export),
+and read the split graph: which values are live across each cut, which of them could be recomputed, tied weights."""
 
 from __future__ import annotations
 
 import copy
+import operator
 import warnings
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.distributed.pipelining import Pipe, SplitPoint, pipeline
+from torch.utils import _pytree as pytree
 
 from .errors import ModelFileError
 
-__all__ = ["split_model", "piece_names"]
+__all__ = ["split_model", "piece_names", "LiveValue", "live_values", "source_piece", "TiedGroup", "tied_groups",
+           "output_spec", "rebuild_output"]
 
 
 def split_model(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], split_points: Sequence[str]) -> Pipe:
@@ -34,3 +39,135 @@ def split_model(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], spli
 def piece_names(pipe: Pipe) -> list[str]:
     """Names of the pieces' call_module nodes in the split graph, in execution order."""
     return [node.target for node in pipe.split_gm.graph.nodes if node.op == "call_module"]  # type: ignore[misc]
+
+
+def source_piece(node: fx.Node, piece_index: dict[str, int]) -> int | None:
+    """The piece (or -1 for a model input) that produced `node` in the split graph, following getitem."""
+    while node.op == "call_function":
+        node = node.args[0]  # type: ignore[assignment]
+    if node.op == "placeholder":
+        return -1
+    return piece_index.get(str(node.target))
+
+
+@dataclass(frozen=True)
+class LiveValue:
+    """One value of the split graph read by a later piece: produced by `src` (-1: a model input), read by `dsts`."""
+
+    name: str
+    """The value's node name in the split graph (e.g. `getitem_1`)."""
+    src: int
+    dsts: tuple[int, ...]
+    recomputable: bool
+    """True when the producer computes it from constants and buffers only (no parameter, no input, no activation),
+    so any stage can compute it locally instead of receiving it: causal masks and rotary tables of a fixed shape."""
+
+    @property
+    def relayed_over(self) -> tuple[int, ...]:
+        """Pieces strictly between the producer and the last reader: they must pass it on (if it is not recomputed)."""
+        return tuple(range(self.src + 1, max(self.dsts)))
+
+
+def live_values(pipe: Pipe) -> list[LiveValue]:
+    """Every value a piece reads from another piece or from the model inputs, once each, in graph order."""
+    gm = pipe.split_gm
+    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+    piece_index = {str(n.target): i for i, n in enumerate(calls)}
+    readers: dict[fx.Node, list[int]] = {}
+    for i, node in enumerate(calls):
+        for arg in node.all_input_nodes:
+            readers.setdefault(arg, []).append(i)
+    out = []
+    for value, dsts in readers.items():
+        src = source_piece(value, piece_index)
+        if src is None:
+            continue
+        recompute = src >= 0 and _constant_only(gm, value, calls[src])
+        out.append(LiveValue(value.name, src, tuple(sorted(set(dsts))), recompute))
+    return out
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """A graph being read, and where it was called from (to map its placeholders back to the caller's arguments)."""
+
+    module: nn.Module
+    call: fx.Node | None = None
+    parent: _Scope | None = None
+
+
+def _constant_only(gm: fx.GraphModule, value: fx.Node, producer: fx.Node) -> bool:
+    """True when `value` depends on no placeholder of the split graph and on no parameter."""
+    return _free(_Scope(gm), value, ())
+
+
+def _free(scope: _Scope, node: fx.Node, path: tuple[int, ...]) -> bool:
+    """Whether `node` (item `path` of it) is computed from constants and buffers only, descending into submodules."""
+    if node.op == "placeholder":
+        if scope.call is None or scope.parent is None:
+            return False
+        graph: fx.Graph = scope.module.graph  # type: ignore[assignment]
+        position = [n for n in graph.nodes if n.op == "placeholder"].index(node)
+        outer = scope.call.args[position] if position < len(scope.call.args) else None
+        return isinstance(outer, fx.Node) and _free(scope.parent, outer, path)
+    if node.op == "get_attr":
+        return str(node.target) not in dict(scope.module.named_parameters())
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[1], int):
+        return _free(scope, node.args[0], (node.args[1],) + path)  # type: ignore[arg-type]
+    if node.op == "call_module":
+        sub = scope.module.get_submodule(str(node.target))
+        graph = getattr(sub, "graph", None)
+        if isinstance(graph, fx.Graph):
+            result: Any = next(n for n in graph.nodes if n.op == "output").args[0]
+            for index in path:
+                if not isinstance(result, (tuple, list)):
+                    break
+                result = result[index]
+            inner = [n for n in pytree.tree_leaves(result) if isinstance(n, fx.Node)]
+            return all(_free(_Scope(sub, node, scope), n, ()) for n in inner)
+        if any(True for _ in sub.parameters()):
+            return False
+    return all(_free(scope, a, ()) for a in node.all_input_nodes)
+
+
+@dataclass(frozen=True)
+class TiedGroup:
+    """Parameter names that are one tensor in the user's model (e.g. token embedding and LM head)."""
+
+    names: tuple[str, ...]
+    units: tuple[int, ...]
+    """Units whose modules hold one of the names: each gets its own copy when the model is cut."""
+    bytes: int
+
+
+def tied_groups(model: nn.Module, unit_modules: Sequence[Sequence[str]]) -> list[TiedGroup]:
+    """Groups of parameter names sharing one tensor, with the units that use each group."""
+    by_tensor: dict[int, list[str]] = {}
+    tensors: dict[int, torch.Tensor] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_tensor.setdefault(id(p), []).append(name)
+        tensors[id(p)] = p
+    groups = []
+    for key, names in by_tensor.items():
+        if len(names) < 2:
+            continue
+        units = sorted({u for n in names for u, mods in enumerate(unit_modules)
+                        if any(n == m or n.startswith(m + ".") for m in mods)})
+        t = tensors[key]
+        groups.append(TiedGroup(tuple(names), tuple(units), t.numel() * t.element_size()))
+    return groups
+
+
+def output_spec(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> pytree.TreeSpec:
+    """The pytree structure of the model's output (e.g. a transformers ModelOutput), to rebuild it from the last
+    piece, which returns only the tensors."""
+    with torch.no_grad():
+        return pytree.tree_flatten(model(*inputs))[1]
+
+
+def rebuild_output(spec: pytree.TreeSpec, piece_output: Any) -> Any:
+    """The last piece's output in the model's own structure, so that the user's loss_fn sees what forward returns."""
+    leaves = pytree.tree_leaves(piece_output)
+    if spec.num_leaves != len(leaves) or spec.num_leaves == 1 and spec.is_leaf():
+        return leaves[0] if spec.is_leaf() and len(leaves) == 1 else piece_output
+    return pytree.tree_unflatten(leaves, spec)
