@@ -118,14 +118,25 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .plan import load_plan
-    from .run import format_report, run_plan
+    from .run import RunFailedError, format_report, run_plan
     plan = load_plan(args.plan)
-    report = run_plan(plan, steps=args.steps, timeout_s=args.timeout, progress=_progress("running"))
+    out = Path(args.report or Path(args.plan).with_suffix(".report.json"))
+    try:
+        report = run_plan(plan, steps=args.steps, timeout_s=args.timeout, progress=_progress("running"),
+                          plan_path=args.plan, check=False)
+    except RunFailedError as exc:
+        _end_progress()
+        exc.report.save(out)
+        print(f"wrote partial report {out}", file=sys.stderr)
+        raise
     _end_progress()
-    out = report.save(args.report or Path(args.plan).with_suffix(".report.json"))
+    report.save(out)
     print(format_report(report))
     print(f"\nwrote report {out}")
-    return 0 if report.passed else 1
+    if not report.passed:
+        print(f"autopp: error: validation failed: {report.error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -173,7 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except AutoppError as exc:
         _end_progress()
-        print(f"autopp: error: {exc}", file=sys.stderr)
+        first, *rest = str(exc).splitlines() or [""]
+        print(f"autopp: error: {first}", file=sys.stderr)
+        for line in rest:
+            print(f"  {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("autopp: interrupted", file=sys.stderr)

@@ -65,3 +65,18 @@ def test_bad_memory_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
 def test_bad_model_file_in_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "m.py").write_text("def build_model(:\n")
     _fails(["plan", str(tmp_path / "m.py"), "--devices", "2", "--memory", "1GiB"], capsys, "m.py:1: syntax error")
+
+
+def test_run_validates_and_refuses_a_changed_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default profile directory is ./profiles/MODEL
+    model = tmp_path / "m.py"
+    model.write_text((MODELS / "linrelu.py").read_text())
+    plan, report = tmp_path / "p.json", tmp_path / "r.json"
+    assert main(["plan", str(model), "--devices", "2", "--memory", "1GiB", "--global-batch", "4", "-o", str(plan)]) == 0
+    assert main(["run", str(plan), "--steps", "2", "--report", str(report)]) == 0
+    assert json.loads(report.read_text())["passed"] is True
+    assert "PASSED" in capsys.readouterr().out
+    model.write_text(model.read_text().replace("nn.Linear(16, 4)", "nn.Linear(16, 4, bias=False)"))
+    _fails(["run", str(plan)], capsys, "re-plan")
+    assert (tmp_path / "profiles" / "m" / "meta.json").is_file()
