@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 import torch
@@ -53,13 +53,14 @@ def storage_bytes(tensors: Iterable[torch.Tensor], exclude: set[int] = frozenset
     return sum(seen.values())
 
 
-def _leaf_inputs(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Detached copies of the inputs; floating-point ones require grad, like a received pipeline activation."""
-    def leaf(v: Any) -> Any:
+def _leaf_inputs(values: tuple[Any, ...], grad: Sequence[bool] | None = None) -> tuple[Any, ...]:
+    """Detached copies of the inputs; floating-point ones require grad, like a received pipeline activation, unless
+    `grad` says otherwise (the model's own inputs need no gradient)."""
+    def leaf(v: Any, g: bool) -> Any:
         if isinstance(v, torch.Tensor):
-            return v.detach().requires_grad_(v.is_floating_point())
+            return v.detach().requires_grad_(g and v.is_floating_point())
         return v
-    return tuple(leaf(v) for v in values)
+    return tuple(leaf(v, grad[i] if grad is not None else True) for i, v in enumerate(values))
 
 
 def _saved_bytes(run: Callable[[], Any], params: set[int]) -> int:
@@ -122,9 +123,10 @@ class _Piece:
     args: tuple[Any, ...]
     finish: Callable[[Any], Any]  # output -> loss for the last unit, identity otherwise
     first: bool
+    grad: tuple[bool, ...]  # per argument: whether it is an activation (needs a gradient) or a model input
 
     def forward(self) -> tuple[tuple[Any, ...], Any]:
-        leaves = _leaf_inputs(self.args)
+        leaves = _leaf_inputs(self.args, self.grad)
         return leaves, self.finish(self.module(*leaves))
 
 
@@ -248,7 +250,8 @@ def _measure_size(mf: ModelFile, model: nn.Module, units: list[Unit], b: int, se
             module = gm.get_submodule(str(node.target))
             last = i == len(calls) - 1
             finish = (lambda out: mf.loss_fn(rebuild_output(spec, out), target)) if last else (lambda out: out)
-            piece = _Piece(module, fx.node.map_arg(node.args, lambda a: env[a]), finish, i == 0)
+            grad = tuple(not (isinstance(a, fx.Node) and source_piece(a, piece_index) == -1) for a in node.args)
+            piece = _Piece(module, fx.node.map_arg(node.args, lambda a: env[a]), finish, i == 0, grad)
             row = {"unit": i, "microbatch_size": b, **_summary(_time_piece(piece, settings.budget, settings.clock))}
             params = {p.untyped_storage().data_ptr() for p in module.parameters()}
             with torch.no_grad():

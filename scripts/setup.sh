@@ -18,6 +18,8 @@ fi
 pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 echo "setup: installing torch (CPU) and autopp into $venv" >&2
 "${pip[@]}" "${AUTOPP_TORCH:-torch==2.13.0}"
+# The test extra includes the models extra (transformers, for examples/hf_*.py): configs only, never hub weights.
+# timm is not installed: it needs torchvision, which must stay out (see the check below); examples/vit.py is plain torch.
 "${pip[@]}" -c "$root/scripts/constraints.txt" -e "$root[test]"
 if "$venv/bin/python" -c "import torchvision" 2>/dev/null; then
   echo "setup: torchvision is installed and breaks next to CPU torch; removing it" >&2

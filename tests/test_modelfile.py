@@ -88,3 +88,15 @@ def test_split_points_out_of_order(tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text((MODELS / "linrelu.py").read_text() + "\nSPLIT_POINTS = ['4', '2']\n")
     with pytest.raises(ModelFileError, match=r"in the order forward\(\) calls them"):
         _units(tmp_path / "m.py")
+
+
+def test_vit_units_are_patch_embedding_blocks_norm() -> None:
+    assert _units(EXAMPLES / "vit.py") == [None, "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm"]
+
+
+@pytest.mark.parametrize("example,container", [("hf_gpt2.py", "transformer.h"), ("hf_llama.py", "model.layers")])
+def test_hf_models_units_found_without_split_points(example: str, container: str) -> None:
+    pytest.importorskip("transformers")
+    points = _units(EXAMPLES / example)
+    assert points[1:5] == [f"{container}.{i}" for i in range(4)]
+    assert len(points) == 6  # embeddings, 4 blocks, final norm with the LM head

@@ -61,3 +61,32 @@ def test_foreign_fingerprint_rejected(gpt_profile: Profile, tmp_path: Path) -> N
 def test_not_a_profile(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="no meta.json"):
         load_profile(tmp_path)
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@pytest.mark.parametrize("name", ["gpt", "mlp"])
+def test_shipped_profiles_load_and_round_trip(name: str, tmp_path: Path) -> None:
+    profile = load_profile(SHIPPED / name)
+    assert profile.meta.whole_model and profile.meta.live_values
+    profile.save(tmp_path / name)
+    back = load_profile(tmp_path / name)
+    assert back.meta == profile.meta
+    pd.testing.assert_frame_equal(back.units, profile.units)
+
+
+def test_shipped_gpt_profile_costs_and_cuts() -> None:
+    profile = load_profile(SHIPPED / "gpt")
+    costs = profile.costs(2)
+    assert all(c.backward_input_s + c.backward_weight_s > 0 for c in costs)
+    assert costs[0].backward_input_s == 0.0  # the first unit's inputs are the model's token ids
+    assert all(c.recompute_keep_bytes > 0 for c in costs)
+    # A chain: each cut carries one batch x context x width float32 activation.
+    assert profile.cut_bytes(4) == [4 * 64 * 128 * 4] * (profile.num_units - 1)
+
+
+def test_new_columns_are_required(gpt_profile: Profile, tmp_path: Path) -> None:
+    gpt_profile.save(tmp_path / "src")
+    with pytest.raises(ProfileError, match=r"lacks column\(s\) \['backward_input_s'\]"):
+        load_profile(_damage(tmp_path / "src", tmp_path / "bad", lambda t: t.drop(columns=["backward_input_s"])))
