@@ -49,3 +49,25 @@ __all__ = [
     "validate",
     "write_chrome_trace",
 ]
+
+from autopp.schedule.synth import (  # noqa: E402 - schedule synthesis (issue 7)
+    SynthResult,
+    SynthStatus,
+    greedy_order,
+    min_memory_bytes,
+    sequential_order,
+    split_backward,
+    synthesize,
+    write_schedule_csv,
+)
+
+__all__ += [
+    "SynthResult",
+    "SynthStatus",
+    "greedy_order",
+    "min_memory_bytes",
+    "sequential_order",
+    "split_backward",
+    "synthesize",
+    "write_schedule_csv",
+]
