@@ -22,6 +22,16 @@ from autopp.schedule.named import (
     validate,
 )
 from autopp.schedule.simulate import Event, SimResult, StageCost, simulate, simulate_named
+from autopp.schedule.synth import (
+    SynthResult,
+    SynthStatus,
+    greedy_order,
+    min_memory_bytes,
+    sequential_order,
+    split_backward,
+    synthesize,
+    write_schedule_csv,
+)
 
 __all__ = [
     "COMPUTE_KINDS",
@@ -48,20 +58,6 @@ __all__ = [
     "to_csv_rows",
     "validate",
     "write_chrome_trace",
-]
-
-from autopp.schedule.synth import (  # noqa: E402 - schedule synthesis (issue 7)
-    SynthResult,
-    SynthStatus,
-    greedy_order,
-    min_memory_bytes,
-    sequential_order,
-    split_backward,
-    synthesize,
-    write_schedule_csv,
-)
-
-__all__ += [
     "SynthResult",
     "SynthStatus",
     "greedy_order",
