@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-__all__ = ["Link", "Cluster", "DEFAULT_LINK"]
+from .errors import AutoppError
+from .sizes import parse_size
+
+__all__ = ["Link", "Device", "Cluster", "DEFAULT_LINK", "load_cluster"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,15 +36,95 @@ DEFAULT_LINK = Link(latency_s=100e-6, bandwidth_bytes_per_s=2e9)
 
 
 @dataclass(frozen=True, kw_only=True)
+class Device:
+    """One accelerator."""
+
+    memory_bytes: int
+    """Memory available to a plan."""
+    speed: float = 1.0
+    """Relative compute speed: a stage takes its profiled time / speed."""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0 or self.speed <= 0:
+            raise ValueError(f"device needs memory > 0 and speed > 0, got {self.memory_bytes}, {self.speed}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Cluster:
-    """Identical devices in a line: `num_devices` of `memory_bytes` each, neighbours joined by `link`."""
+    """`num_devices` in a line. Identical (`memory_bytes`, `link`) unless `devices` / `links` say otherwise."""
 
     num_devices: int
     memory_bytes: int
+    """Memory of every device when `devices` is empty (else the smallest device's, for messages)."""
     link: Link = DEFAULT_LINK
+    """Link between neighbouring devices when `links` is empty, and between non-neighbours always."""
+    devices: tuple[Device, ...] = ()
+    """Per device, in pipeline order (empty: identical devices)."""
+    links: tuple[Link, ...] = ()
+    """links[i] joins device i and i + 1 (empty: all `link`)."""
+    data_link: Link | None = None
+    """Link used by the data-parallel gradient all-reduce (None: `link`)."""
 
     def __post_init__(self) -> None:
         if self.num_devices < 1:
             raise ValueError(f"need at least 1 device, got {self.num_devices}")
         if self.memory_bytes <= 0:
             raise ValueError(f"device memory must be positive, got {self.memory_bytes}")
+        if self.devices and len(self.devices) != self.num_devices:
+            raise ValueError(f"{len(self.devices)} devices listed for num_devices={self.num_devices}")
+        if self.links and len(self.links) != self.num_devices - 1:
+            raise ValueError(f"need {self.num_devices - 1} links between {self.num_devices} devices, got {len(self.links)}")
+
+    @property
+    def homogeneous(self) -> bool:
+        """All devices alike and all neighbour links alike."""
+        return len(set(self.devices)) <= 1 and len(set(self.links)) <= 1
+
+    def device(self, rank: int) -> Device:
+        """Device of pipeline rank `rank`."""
+        return self.devices[rank] if self.devices else Device(memory_bytes=self.memory_bytes)
+
+    def link_between(self, a: int, b: int) -> Link:
+        """The link carrying a transfer between ranks a and b."""
+        return self.links[min(a, b)] if self.links and abs(a - b) == 1 else self.link
+
+    @property
+    def dp_link(self) -> Link:
+        return self.data_link or self.link
+
+
+def _link(d: dict[str, Any], where: str) -> Link:
+    try:
+        return Link(latency_s=float(d["latency_s"]), bandwidth_bytes_per_s=float(d["bandwidth_bytes_per_s"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AutoppError(f"{where}: bad link {d!r}: {exc}") from None
+
+
+def _device(d: dict[str, Any], where: str) -> Device:
+    try:
+        mem = d["memory"]
+        return Device(memory_bytes=parse_size(mem) if isinstance(mem, str) else int(mem), speed=float(d.get("speed", 1.0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AutoppError(f"{where}: bad device {d!r}: {exc}") from None
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster JSON file (format in docs/cluster-format.md)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as exc:
+        raise AutoppError(f"{p}: cannot read cluster file: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise AutoppError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict) or not data.get("devices"):
+        raise AutoppError(f"{p}: a cluster file needs a non-empty \"devices\" list")
+    devices = tuple(_device(d, f"{p}: devices[{i}]") for i, d in enumerate(data["devices"]))
+    link = _link(data["link"], f"{p}: link") if "link" in data else DEFAULT_LINK
+    links = tuple(_link(d, f"{p}: links[{i}]") for i, d in enumerate(data.get("links", [])))
+    data_link = _link(data["data_link"], f"{p}: data_link") if "data_link" in data else None
+    try:
+        return Cluster(num_devices=len(devices), memory_bytes=min(d.memory_bytes for d in devices), link=link,
+                       devices=devices, links=links, data_link=data_link)
+    except ValueError as exc:
+        raise AutoppError(f"{p}: {exc}") from None

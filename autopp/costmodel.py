@@ -15,7 +15,7 @@ from .cluster import Link
 from .profile import UnitCost
 
 __all__ = ["Schedule", "StageCost", "stage_cost", "stage_costs", "step_time", "bubble_fraction",
-           "inflight_microbatches", "stage_memory"]
+           "inflight_microbatches", "stage_memory", "estimate_named"]
 
 
 class Schedule(enum.Enum):
@@ -78,3 +78,28 @@ def inflight_microbatches(stage: int, num_stages: int, m: int, schedule: Schedul
 def stage_memory(cost: StageCost, stage: int, num_stages: int, m: int, schedule: Schedule) -> int:
     """Peak bytes of a stage: weights, gradients and optimizer state plus in-flight activations."""
     return cost.static_bytes + inflight_microbatches(stage, num_stages, m, schedule) * cost.activation_bytes
+
+
+def estimate_named(name: str, forward: Sequence[float], backward_input: Sequence[float],
+                   backward_weight: Sequence[float], owner: Sequence[int], comm: Sequence[float], m: int) -> float:
+    """Closed-form step-time estimate of a named schedule (ScheduleName value), used only to rank candidates
+    before the simulator judges them. T_s = F + I + W per stage, R_r = sum of T_s on rank r, p ranks, v stages per
+    rank: GPipe sum T + 2 sum c + (m - 1)(max F + max B); 1F1B the module formula; Interleaved1F1B and LoopedBFS
+    (m + (p - 1) / v) max R + 2 sum c (Megatron: the bubble shrinks v times); the zero-bubble family
+    m max R + (p - 1) / v max (F + I - W)^+ + 2 sum c / v (Qi et al. 2023: W fills the bubble)."""
+    times = [f + i + w for f, i, w in zip(forward, backward_input, backward_weight)]
+    p = max(owner) + 1
+    v = len(times) / p
+    per_rank = [0.0] * p
+    for t, r in zip(times, owner):
+        per_rank[r] += t
+    fill, top = sum(times) + 2 * sum(comm), max(per_rank)
+    if name == "GPipe":
+        backward = [i + w for i, w in zip(backward_input, backward_weight)]
+        return fill + (m - 1) * (max(forward) + max(backward))
+    if name == "1F1B":
+        return fill + (m - 1) * max(times)
+    if name in ("Interleaved1F1B", "LoopedBFS"):
+        return (m + (p - 1) / v) * top + 2 * sum(comm)
+    gap = max(max(0.0, f + i - w) for f, i, w in zip(forward, backward_input, backward_weight))
+    return m * top + (p - 1) / v * gap + 2 * sum(comm) / v

@@ -24,23 +24,25 @@ def format_profile(profile: Profile) -> str:
     return _table(header, rows)
 
 
-def _summary(name: str, pred: Prediction, ideal: float) -> list[str]:
-    return [name, format_time(pred.step_time_s), f"{pred.bubble_fraction:.1%}",
-            format_size(max(pred.peak_memory_bytes)), f"{ideal / pred.step_time_s:.1%}",
-            " | ".join(f"{a}-{b - 1}" for a, b in pred.stage_units)]
+def _summary(name: str, pred: Prediction) -> list[str]:
+    return [name, format_time(pred.step_time_s), f"{pred.bubble_fraction:.1%}", format_size(max(pred.peak_memory_bytes)),
+            f"{pred.efficiency:.1%}", " | ".join(f"{a}-{b - 1}" for a, b in pred.stage_units)]
 
 
 def format_plan(plan: Plan) -> str:
-    """The stage table, then the plan's predicted figures next to each baseline's."""
+    """The stage table, then the plan's predicted figures next to each baseline's and the ideal bound."""
     rows = [[str(s.index), str(s.rank), f"{s.units[0]}-{s.units[1] - 1} ({', '.join(s.unit_names)})",
-             format_time(s.forward_s), format_time(s.backward_s), format_size(s.memory_bytes)] for s in plan.stages]
-    stages = _table(["stage", "rank", "units", "forward/mb", "backward/mb", "peak memory"], rows)
-    work = plan.num_microbatches * sum(s.forward_s + s.backward_s for s in plan.stages)
-    ideal = work / plan.num_ranks
+             format_time(s.forward_s), format_time(s.backward_s), "yes" if s.recompute else "no",
+             format_size(s.memory_bytes)] for s in plan.stages]
+    stages = _table(["stage", "rank", "units", "forward/mb", "backward/mb", "recompute", "rank peak memory"], rows)
     summary = _table(["split", "step time", "bubble", "max memory", "efficiency", "stages (units)"],
-                     [_summary("autopp", plan.predicted, ideal)]
-                     + [_summary(k, v, ideal) for k, v in sorted(plan.baselines.items())])
-    head = (f"{plan.schedule} on {plan.num_ranks} ranks, {plan.num_microbatches} microbatches of "
-            f"{plan.microbatch_size} (global batch {plan.global_batch}), memory limit "
-            f"{format_size(plan.memory_limit_bytes)} per rank")
-    return f"{head}\n\n{stages}\n\n{summary}\n(efficiency = ideal step time (total work / ranks) / predicted step time)"
+                     [_summary("autopp", plan.predicted)]
+                     + [_summary(k, v) for k, v in plan.baselines.items()]
+                     + [["ideal", format_time(plan.ideal_step_time_s), "0.0%", "", "100.0%", "total work / devices"]])
+    head = (f"{plan.schedule} on {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, {plan.virtual_stages} stage(s) "
+            f"per rank), {plan.num_microbatches} microbatches of {plan.microbatch_size} per replica (global batch "
+            f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
+    extra = f"\ngradient all-reduce {format_time(plan.predicted.allreduce_s)} included" if plan.dp > 1 else ""
+    notes = "".join(f"\nnote: {n}" for n in plan.notes)
+    return (f"{head}\n\n{stages}\n\n{summary}\n(simulated; efficiency = ideal step time / predicted step time)"
+            f"{extra}{notes}")

@@ -32,7 +32,9 @@ class StagePlan:
     backward_s: float
     """Predicted backward time of one microbatch."""
     memory_bytes: int
-    """Predicted peak memory of this stage: static bytes plus in-flight activations."""
+    """Predicted peak memory of the rank that runs this stage (all its stages together), from the simulator."""
+    recompute: bool = False
+    """This stage re-runs its forward in the backward instead of keeping its activations."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +48,10 @@ class Prediction:
     """Idle fraction of the pipeline: 1 - busy time / (ranks * step time)."""
     stage_units: tuple[tuple[int, int], ...] = ()
     """The split these figures belong to (used by baselines)."""
+    allreduce_s: float = 0.0
+    """Data-parallel gradient all-reduce time included in step_time_s (0 when dp = 1)."""
+    efficiency: float = 0.0
+    """Ideal step time (total work / devices) / step_time_s."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,20 +61,37 @@ class Plan:
     model_path: str
     fingerprint: str
     schedule: str
-    """Name of a torch.distributed.pipelining schedule: "1F1B" or "GPipe"."""
+    """Name of a torch.distributed.pipelining schedule (an autopp.schedule.ScheduleName value)."""
     num_ranks: int
+    """World size: pp x dp processes."""
     num_microbatches: int
+    """Microbatches per pipeline replica per step."""
     microbatch_size: int
     memory_limit_bytes: int
     stages: tuple[StagePlan, ...]
     predicted: Prediction
     baselines: dict[str, Prediction] = field(default_factory=dict)
     seed: int = 0
+    pp: int = 0
+    """Pipeline ranks per replica; 0 in a file means num_ranks // dp (plans written before the field existed)."""
+    dp: int = 1
+    """Data-parallel replicas; each runs the whole pipeline on global_batch / dp samples."""
+    virtual_stages: int = 1
+    """Stages per pipeline rank (2 for V schedules, v for interleaved ones)."""
+    ideal_step_time_s: float = 0.0
+    """Total work of a step / devices: no schedule can beat it."""
+    notes: tuple[str, ...] = ()
+    """Assumptions the prediction rests on (e.g. the backward split I = W = B / 2)."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
-        if self.num_ranks != len({s.rank for s in self.stages}):
-            raise PlanError(f"plan uses {len({s.rank for s in self.stages})} ranks but says num_ranks={self.num_ranks}")
+        if self.pp == 0:
+            object.__setattr__(self, "pp", self.num_ranks // max(self.dp, 1))
+        if self.pp * self.dp != self.num_ranks:
+            raise PlanError(f"dp({self.dp}) * pp({self.pp}) != num_ranks ({self.num_ranks})")
+        ranks = sorted({s.rank for s in self.stages})
+        if ranks != list(range(self.pp)):
+            raise PlanError(f"plan places stages on ranks {ranks} but pp={self.pp} needs ranks 0..{self.pp - 1}")
         ends = [s.units for s in self.stages]
         if any(a[1] != b[0] for a, b in zip(ends, ends[1:])) or ends[0][0] != 0:
             raise PlanError(f"stage unit ranges {ends} are not contiguous from unit 0")
@@ -77,7 +100,7 @@ class Plan:
 
     @property
     def global_batch(self) -> int:
-        return self.num_microbatches * self.microbatch_size
+        return self.num_microbatches * self.microbatch_size * self.dp
 
     @property
     def split_points(self) -> list[str]:
@@ -105,7 +128,8 @@ class Plan:
             stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"])})
                            for s in data["stages"])
             return Plan(**{**data, "stages": stages, "predicted": _prediction(data["predicted"]),
-                           "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()}})
+                           "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
+                           "notes": tuple(data.get("notes", ()))})
         except (KeyError, TypeError) as exc:
             raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
 

@@ -54,3 +54,23 @@ def test_gapped_stages_rejected() -> None:
     bad = (plan.stages[0], StagePlan(**{**plan.stages[1].__dict__, "units": (3, 5)}))
     with pytest.raises(PlanError, match="not contiguous"):
         Plan(**{**plan.__dict__, "stages": bad})
+
+
+def test_new_fields_round_trip_and_old_files_still_load(tmp_path: Path) -> None:
+    plan = _plan()
+    data = plan.to_json()
+    assert (data["pp"], data["dp"], data["virtual_stages"]) == (2, 1, 1)
+    for key in ("pp", "dp", "virtual_stages", "ideal_step_time_s", "notes"):
+        del data[key]
+    for s in data["stages"]:
+        del s["recompute"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load_plan(tmp_path / "old.json") == plan
+
+
+def test_world_size_is_pp_times_dp() -> None:
+    plan = _plan()
+    dp2 = Plan(**{**plan.__dict__, "num_ranks": 4, "pp": 2, "dp": 2})
+    assert dp2.global_batch == 16
+    with pytest.raises(PlanError, match=r"dp\(2\) \* pp\(2\) != num_ranks \(3\)"):
+        Plan(**{**plan.__dict__, "num_ranks": 3, "pp": 2, "dp": 2})

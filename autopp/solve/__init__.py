@@ -1,6 +1,7 @@
-"""Solvers: the exact dynamic program for contiguous splits, and the outer search that builds a Plan."""
+"""Solvers: exact dynamic programs for contiguous splits, CP-SAT for heterogeneous clusters, and the joint search."""
 
-from .dp import Split, best_split, even_bounds, min_peak_memory, evaluate_split
-from .search import PlanRequest, make_plan
+from .dp import Objective, PipeSpec, Split, best_split, even_bounds, evaluate_split, min_max_bounds, min_peak_memory, pipeline_bounds
+from .search import PlanRequest, RecomputeMode, make_plan
 
-__all__ = ["Split", "best_split", "even_bounds", "min_peak_memory", "evaluate_split", "PlanRequest", "make_plan"]
+__all__ = ["Objective", "PipeSpec", "Split", "best_split", "even_bounds", "evaluate_split", "min_max_bounds",
+           "min_peak_memory", "pipeline_bounds", "PlanRequest", "RecomputeMode", "make_plan"]

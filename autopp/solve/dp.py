@@ -18,7 +18,7 @@ the kept stage inputs are checked by the simulator, which judges every reported 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -29,10 +29,12 @@ from ..profile import UnitCost
 from .arrays import UnitArrays, arrays_from_units
 
 __all__ = ["Objective", "PipeSpec", "Bounds", "pipeline_bounds", "min_max_bounds", "pipeline_objective",
-           "min_memory", "balanced_bounds", "Split", "best_split", "even_bounds", "evaluate_split",
+           "min_memory", "fits", "balanced_bounds", "Split", "best_split", "even_bounds", "evaluate_split",
            "min_peak_memory"]
 
 INF = float("inf")
+_ARANGE = np.arange(1 << 14)
+_LOG2 = np.concatenate(([0], np.floor(np.log2(np.arange(1, 1 << 14))).astype(np.int64)))
 Bounds = tuple[tuple[int, int], ...]
 
 
@@ -82,6 +84,7 @@ class _Tables:
     budget: list[float]
     comm: list[np.ndarray]  # comm[k][j]: send time after stage k ending at j
     m: int
+    mem_left: list[np.ndarray | None] = field(default_factory=list)  # per stage: first start within the budget
 
 
 def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> _Tables:
@@ -91,41 +94,45 @@ def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> 
     inflight = spec.inflight or (1,) * s
     mem = [static + (1 if spec.recompute else inflight[k]) * act for k in range(s)]
     links = spec.links or (None,) * (s - 1)
-    comm = [np.array([0.0 if lk is None else lk.transfer_s(float(b)) for b in a.cut]) for lk in links]
+    comm = [np.zeros(a.n + 1) if lk is None else
+            np.where(a.cut > 0, lk.latency_s + a.cut / lk.bandwidth_bytes_per_s, 0.0) for lk in links]
     comm.append(np.zeros(a.n + 1))
-    return _Tables(work, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm,
-                   spec.microbatches)
+    tb = _Tables(work, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm, spec.microbatches)
+    _set_budgets(tb, tb.budget)
+    return tb
+
+
+def _set_budgets(tb: _Tables, budget: list[float]) -> None:
+    """Memory budgets do not depend on the bottleneck t: find each stage's first feasible start once."""
+    tb.budget = budget
+    tb.mem_left = [None if not np.isfinite(b) else
+                   np.searchsorted(m, m - b * (1 + 1e-12), side="left") for m, b in zip(tb.mem, budget)]
 
 
 def _left(tb: _Tables, k: int, t: float) -> np.ndarray:
     """L[j] for j = 0..n: the first start i with stage time and memory of [i, j) within t and budget."""
     slack = t * tb.speed[k]
     slack = slack * (1 + 1e-12) + 1e-15 if np.isfinite(slack) else slack
-    lo = np.searchsorted(tb.work, tb.work - slack, side="left")
-    if np.isfinite(tb.budget[k]):
-        lo = np.maximum(lo, np.searchsorted(tb.mem[k], tb.mem[k] - tb.budget[k] * (1 + 1e-12), side="left"))
-    return lo
+    lo = np.searchsorted(tb.work, tb.work - slack, side="left") if np.isfinite(slack) else np.zeros(len(tb.work), np.int64)
+    mem = tb.mem_left[k]
+    return lo if mem is None else np.maximum(lo, mem)
 
 
 def _range_min(values: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """out[j] = min(values[lo[j]:j]) for j = 0..n (inf for an empty range): a sparse table, all queries at once."""
     n1 = len(values)
-    levels = [values]
+    depth = max(1, int(n1).bit_length())
+    table = np.full((depth, n1), INF)  # table[l, i] = min(values[i : i + 2^l])
+    table[0] = values
     width = 1
-    while 2 * width <= n1:
-        prev = levels[-1]
-        levels.append(np.minimum(prev[:n1 - 2 * width + 1], prev[width:n1 - width + 1]))
+    for level in range(1, depth):
+        table[level, :n1 - width] = np.minimum(table[level - 1, :n1 - width], table[level - 1, width:])
         width *= 2
-    hi = np.arange(n1) - 1  # inclusive right end j - 1
-    length = hi - lo + 1
-    ok = length >= 1
-    lvl = np.zeros(n1, dtype=np.int64)
-    lvl[ok] = np.floor(np.log2(length[ok])).astype(np.int64)
-    out = np.full(n1, INF)
-    for level in np.unique(lvl[ok]):
-        sel = ok & (lvl == level)
-        table = levels[level]
-        out[sel] = np.minimum(table[lo[sel]], table[hi[sel] - (1 << int(level)) + 1])
+    hi = _ARANGE[:n1] - 1 if n1 <= len(_ARANGE) else np.arange(n1) - 1  # inclusive right end j - 1
+    length = np.maximum(hi - lo + 1, 1)
+    level_of = _LOG2[length] if length.max() < len(_LOG2) else np.floor(np.log2(length)).astype(np.int64)
+    out = np.minimum(table[level_of, np.minimum(lo, n1 - 1)], table[level_of, np.maximum(hi - (1 << level_of) + 1, 0)])
+    out[hi - lo + 1 < 1] = INF
     return out
 
 
@@ -180,7 +187,9 @@ def _min_max_index(tb: _Tables, cands: np.ndarray) -> int | None:
     """Index in `cands` of the least feasible bottleneck (binary search), or None when nothing fits."""
     if not _reachable(tb, INF):
         return None
-    lo, hi = 0, len(cands) - 1
+    # No bottleneck is below the largest unit on the fastest device, nor below the total work over all speeds.
+    floor = max(float(np.max(np.diff(tb.work))) / max(tb.speed), float(tb.work[-1]) / sum(tb.speed))
+    lo, hi = int(np.searchsorted(cands, floor * (1 - 1e-9))), len(cands) - 1
     while lo < hi:
         mid = (lo + hi) // 2
         if _reachable(tb, float(cands[mid])):
@@ -217,11 +226,13 @@ def pipeline_bounds(a: UnitArrays, spec: PipeSpec) -> Bounds | None:
     floor = _additive(tb, INF)  # g(inf): a lower bound on the additive part for every t
     if floor is None:
         return None
+    m1 = tb.m - 1
+    if m1 == 0:  # one microbatch: the additive part is the whole objective
+        return _trace(floor[1], floor[2])
     cands = _candidates(tb)
     idx = _min_max_index(tb, cands)
     assert idx is not None  # reachable at inf since floor exists
     best: tuple[float, Bounds] | None = None
-    m1 = tb.m - 1
     # 1. Bottleneck candidates t in ascending order, from the min-max bottleneck.
     for t in cands[idx:]:
         # 2. Stop when even the least additive part cannot beat the best objective found.
@@ -232,8 +243,6 @@ def pipeline_bounds(a: UnitArrays, spec: PipeSpec) -> Bounds | None:
         found = _additive(tb, float(t))
         if found is not None and (best is None or found[0] + m1 * float(t) < best[0]):
             best = (found[0] + m1 * float(t), _trace(found[1], found[2]))
-        if m1 == 0:
-            break
     return None if best is None else best[1]
 
 
@@ -257,7 +266,7 @@ def min_memory(a: UnitArrays, spec: PipeSpec) -> int:
     lo, hi = 0, int(max(m[-1] for m in tb.mem)) + 1
     while lo < hi:
         mid = (lo + hi) // 2
-        tb.budget = [float(mid)] * len(tb.speed)
+        _set_budgets(tb, [float(mid)] * len(tb.speed))
         if _reachable(tb, INF):
             hi = mid
         else:

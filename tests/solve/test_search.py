@@ -48,3 +48,80 @@ def test_too_few_microbatches(gpt_profile: Profile) -> None:
 
 def test_determinism(gpt_profile: Profile) -> None:
     assert _plan(gpt_profile, global_batch=8).to_json() == _plan(gpt_profile, global_batch=8).to_json()
+
+
+# ---- The joint search on synthetic profiles (fast, no torch). ----
+
+import json  # noqa: E402
+
+from autopp.schedule import ScheduleName, simulate_named  # noqa: E402
+from autopp.solve import RecomputeMode  # noqa: E402
+from autopp.solve.arrays import unit_arrays  # noqa: E402
+from autopp.solve.judge import comm_times, stage_costs  # noqa: E402
+from autopp.solve.synthetic import synthetic_profile  # noqa: E402
+
+GiB = 2**30
+
+
+def _synth(devices: int = 4, memory: float = 80, **kw) -> Plan:  # type: ignore[no-untyped-def]
+    req = PlanRequest(cluster=Cluster(num_devices=devices, memory_bytes=int(memory * GiB)), **kw)
+    return make_plan(synthetic_profile(12), req)
+
+
+def test_default_plan_is_runnable_1f1b_without_dp() -> None:
+    plan = _synth(global_batch=16)
+    assert plan.schedule == "1F1B" and plan.dp == 1 and plan.pp == plan.num_ranks == 4
+    assert [s.rank for s in plan.stages] == [0, 1, 2, 3] and not any(s.recompute for s in plan.stages)
+
+
+def test_predicted_figures_are_the_simulators() -> None:
+    plan = _synth(global_batch=16, schedule=None)
+    a = unit_arrays(synthetic_profile(12), plan.microbatch_size)
+    bounds = tuple(s.units for s in plan.stages)
+    owner = [s.rank for s in plan.stages]
+    sim = simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, stage_costs(a, bounds, [1.0] * len(bounds)),
+                         comm_times(a, Cluster(num_devices=4, memory_bytes=80 * GiB), bounds, owner), plan.virtual_stages,
+                         [s.recompute for s in plan.stages])
+    assert plan.predicted.step_time_s == sim.step_time_s
+    assert list(plan.predicted.peak_memory_bytes) == sim.peak_memory_bytes
+
+
+def test_auto_schedule_is_no_slower_than_1f1b_and_baselines() -> None:
+    auto, fixed = _synth(global_batch=16, schedule=None), _synth(global_batch=16)
+    assert auto.predicted.step_time_s <= fixed.predicted.step_time_s
+    assert set(auto.baselines) == {"even", "params", "time"}
+    assert all(auto.predicted.step_time_s <= b.step_time_s * (1 + 1e-9) for b in auto.baselines.values())
+    assert 0 < auto.predicted.efficiency <= 1 and auto.ideal_step_time_s <= auto.predicted.step_time_s
+
+
+def test_data_parallel_adds_the_allreduce() -> None:
+    plan = _synth(devices=8, global_batch=32, dp=2)
+    assert (plan.pp, plan.dp, plan.num_ranks, plan.global_batch) == (4, 2, 8, 32)
+    assert plan.predicted.allreduce_s > 0
+    auto = _synth(devices=8, global_batch=32, dp=None)
+    assert auto.predicted.step_time_s <= plan.predicted.step_time_s
+
+
+def test_virtual_stages_place_stages_on_ranks() -> None:
+    plan = _synth(global_batch=16, schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=2)
+    assert len(plan.stages) == 8 and [s.rank for s in plan.stages] == [0, 1, 2, 3, 0, 1, 2, 3]
+    v = _synth(global_batch=16, schedule=ScheduleName.ZBV_ZERO_BUBBLE)
+    assert [s.rank for s in v.stages] == [0, 1, 2, 3, 3, 2, 1, 0] and v.virtual_stages == 2
+
+
+def test_recompute_auto_rescues_a_tight_memory() -> None:
+    with pytest.raises(InfeasibleError, match="--recompute auto fits"):
+        _synth(memory=10.5, global_batch=16)
+    plan = _synth(memory=10.5, global_batch=16, recompute=RecomputeMode.AUTO)
+    assert any(s.recompute for s in plan.stages) and max(plan.predicted.peak_memory_bytes) <= 10.5 * GiB
+
+
+def test_infeasible_says_memory_and_devices() -> None:
+    with pytest.raises(InfeasibleError, match=r"more per device\); use --memory \d+ or more.*devices fit"):
+        _synth(memory=8, global_batch=16, recompute=RecomputeMode.AUTO)
+
+
+def test_byte_identical_json() -> None:
+    one = json.dumps(_synth(global_batch=16, schedule=None, dp=None, devices=8).to_json())
+    two = json.dumps(_synth(global_batch=16, schedule=None, dp=None, devices=8).to_json())
+    assert one == two

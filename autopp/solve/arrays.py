@@ -1,0 +1,134 @@
+"""Per-unit cost vectors at one microbatch size, with prefix sums: what every solver reads (numpy, no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..profile import Profile, UnitCost
+
+__all__ = ["UnitArrays", "ProfileTable", "unit_arrays", "arrays_from_units"]
+
+
+@dataclass(frozen=True, eq=False)
+class UnitArrays:
+    """Per-unit costs of one microbatch (index = unit) and the bytes crossing each cut (index = unit boundary)."""
+
+    forward: np.ndarray
+    backward_input: np.ndarray
+    """I: input-gradient part of the backward."""
+    backward_weight: np.ndarray
+    """W: weight-gradient part of the backward (B = I + W)."""
+    recompute: np.ndarray
+    """Extra time of a recomputing unit (its forward again)."""
+    static: np.ndarray
+    """Parameters + gradients + optimizer state bytes."""
+    activation: np.ndarray
+    params: np.ndarray
+    grads: np.ndarray
+    cut: np.ndarray
+    """Length n + 1: cut[k] = bytes live across the cut before unit k (cut[0] = cut[n] = 0)."""
+    split_assumed: bool
+    """True when the profile had no I/W split and I = W = B / 2 was assumed."""
+
+    @property
+    def n(self) -> int:
+        return len(self.forward)
+
+    def prefix(self, values: np.ndarray) -> np.ndarray:
+        """Prefix sums with a leading 0: sum over units [i, j) is p[j] - p[i]."""
+        return np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
+
+    def work(self, recompute: bool = False) -> np.ndarray:
+        """Per-unit compute time of one microbatch: F + B (+ the recomputed forward)."""
+        base = self.forward + self.backward_input + self.backward_weight
+        return base + self.recompute if recompute else base
+
+
+def arrays_from_units(units: Sequence[UnitCost], cut_bytes: Sequence[int]) -> UnitArrays:
+    """Vectors from UnitCost rows; the backward is split I = W = B / 2 when the profile has no split."""
+    f = np.array([u.forward_s for u in units], dtype=np.float64)
+    b = np.array([u.backward_s for u in units], dtype=np.float64)
+    i = np.array([float(getattr(u, "backward_input_s", 0.0)) for u in units])
+    w = np.array([float(getattr(u, "backward_weight_s", 0.0)) for u in units])
+    redo = np.array([float(getattr(u, "recompute_s", 0.0)) for u in units])
+    params = np.array([u.param_bytes for u in units], dtype=np.float64)
+    return _assemble(f, b, i, w, redo, np.array([u.static_bytes for u in units], dtype=np.float64),
+                     np.array([u.activation_bytes for u in units], dtype=np.float64), params, params.copy(),
+                     np.array([0, *cut_bytes, 0], dtype=np.float64))
+
+
+class ProfileTable:
+    """A profile's columns as (unit x profiled size) arrays, interpolated like Profile.costs, all units at once."""
+
+    def __init__(self, profile: Profile) -> None:
+        t = profile.units.sort_values(["microbatch_size", "unit"])
+        self.sizes = [int(b) for b in profile.meta.microbatch_sizes]
+        self.sizes.sort()
+        n = profile.num_units
+        cols = ["forward_s", "backward_s", "activation_bytes",
+                *(c for c in ("backward_input_s", "backward_weight_s", "recompute_s") if c in t.columns)]
+        self.cols = {c: np.array([t[t.microbatch_size == b][c].to_numpy(dtype=np.float64) for b in self.sizes]).T
+                     for c in cols}
+        first = t[t.microbatch_size == self.sizes[0]]
+        self.params = first.param_bytes.to_numpy(dtype=np.float64)
+        self.grads = first.grad_bytes.to_numpy(dtype=np.float64)
+        self.static = (first.param_bytes + first.grad_bytes + first.optimizer_bytes).to_numpy(dtype=np.float64)
+        self.cuts = np.array([_cuts(profile, b) for b in self.sizes], dtype=np.float64).reshape(len(self.sizes), n - 1).T
+        self.n = n
+
+    def _at(self, values: np.ndarray, x: float) -> np.ndarray:
+        """Profile._interp for every row of `values` (columns = profiled sizes)."""
+        xs = self.sizes
+        if len(xs) == 1:
+            return values[:, 0] * x / xs[0]
+        i = 0
+        while i < len(xs) - 2 and x > xs[i + 1]:
+            i += 1
+        x0, x1 = xs[i], xs[i + 1]
+        return np.maximum(0.0, values[:, i] + (values[:, i + 1] - values[:, i]) * (x - x0) / (x1 - x0))
+
+    def arrays(self, b: float) -> UnitArrays:
+        f, back = self._at(self.cols["forward_s"], b), self._at(self.cols["backward_s"], b)
+        i = self._at(self.cols["backward_input_s"], b) if "backward_input_s" in self.cols else np.zeros(self.n)
+        w = self._at(self.cols["backward_weight_s"], b) if "backward_weight_s" in self.cols else np.zeros(self.n)
+        redo = self._at(self.cols["recompute_s"], b) if "recompute_s" in self.cols else np.zeros(self.n)
+        act = np.round(self._at(self.cols["activation_bytes"], b))
+        cut = np.concatenate(([0.0], np.round(self._at(self.cuts, b)) if self.n > 1 else [], [0.0]))
+        return _assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut)
+
+
+def _cuts(profile: Profile, b: int) -> np.ndarray:
+    """Profile.cut_bytes at a profiled size, vectorised: each live value (or edge) from unit src >= 0 to its last
+    reader adds its bytes to the cuts src + 1 .. last."""
+    n = profile.num_units
+    diff = np.zeros(n + 1)
+    if profile.meta.live_values:
+        spans = [(int(v["src"]), max(int(d) for d in v["dsts"]), float(v["bytes"][str(b)]))
+                 for v in profile.meta.live_values]
+    else:
+        e = profile.edges[profile.edges.microbatch_size == b]
+        spans = list(zip(e.src.astype(int), e.dst.astype(int), e.bytes.astype(float)))
+    for src, last, nbytes in spans:
+        if src >= 0 and last > src:
+            diff[src + 1] += nbytes
+            diff[last + 1] -= nbytes
+    return np.cumsum(diff)[1:n]
+
+
+def _assemble(f: np.ndarray, b: np.ndarray, i: np.ndarray, w: np.ndarray, redo: np.ndarray, static: np.ndarray,
+              act: np.ndarray, params: np.ndarray, grads: np.ndarray, cut: np.ndarray) -> UnitArrays:
+    assumed = bool(np.all(i + w <= 0))
+    if assumed:
+        i, w = b / 2, b / 2
+    else:  # keep the measured full backward B; take only the I : W ratio from the split measurement
+        share = np.divide(i, i + w, out=np.full_like(i, 0.5), where=(i + w) > 0)
+        i, w = b * share, b * (1 - share)
+    return UnitArrays(f, i, w, np.where(redo > 0, redo, f), static, act, params, grads, cut, assumed)
+
+
+def unit_arrays(profile: Profile, microbatch_size: float) -> UnitArrays:
+    """The profile's unit costs at `microbatch_size`."""
+    return ProfileTable(profile).arrays(microbatch_size)

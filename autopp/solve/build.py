@@ -1,0 +1,60 @@
+"""From the winning verdict to a Plan: stages, simulated predictions, and baselines judged the same way."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..plan import Plan, Prediction, StagePlan
+from ..profile import Profile
+from .arrays import UnitArrays
+from .baselines import baseline_bounds
+from .judge import Candidate, Verdict, judge
+
+if TYPE_CHECKING:
+    from .search import PlanRequest
+
+__all__ = ["build_plan", "ideal_step_time", "prediction", "judge_baselines"]
+
+SPLIT_NOTE = "the profile has no input/weight backward split: assumed I = W = B / 2"
+
+
+def ideal_step_time(a: UnitArrays, request: PlanRequest, cand: Candidate) -> float:
+    """Total work of one replica's microbatches / the summed speed of its ranks (no bubble, no communication)."""
+    speed = sum(request.cluster.device(r).speed for r in range(cand.pp))
+    return cand.microbatches * float(a.work().sum()) / speed
+
+
+def prediction(v: Verdict, ideal: float) -> Prediction:
+    return Prediction(step_time_s=v.step_s, peak_memory_bytes=v.peak_memory, bubble_fraction=v.bubble,
+                      stage_units=v.candidate.bounds, allreduce_s=v.allreduce_s,
+                      efficiency=ideal / v.step_s if v.step_s > 0 else 1.0)
+
+
+def judge_baselines(a: UnitArrays, request: PlanRequest, best: Verdict) -> dict[str, Verdict]:
+    """The baseline splits with everything else as in `best`, judged by the simulator."""
+    out = {}
+    for name, bounds in baseline_bounds(a, len(best.candidate.bounds)).items():
+        out[name] = judge(a, request.cluster, Candidate(**{**best.candidate.__dict__, "bounds": bounds}))
+    return out
+
+
+def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays) -> Plan:
+    """The Plan of `best` (`a`: unit costs at its microbatch size): stages, simulated figures, baselines, notes.
+    A baseline split that the simulator finds faster (and fitting) replaces the DP's split: the simulator judges."""
+    baselines = judge_baselines(a, request, best)
+    best = min([best, *(v for v in baselines.values() if v.fits)], key=lambda v: v.key)
+    c = best.candidate
+    names, points = profile.meta.unit_names, profile.meta.split_points
+    owner = c.owner
+    stages = tuple(
+        StagePlan(index=s, rank=owner[s], units=(i, j), unit_names=tuple(names[i:j]),
+                  split_point=points[i - 1] if i else None, forward_s=cost.forward_s,
+                  backward_s=cost.backward_input_s + cost.backward_weight_s,
+                  memory_bytes=best.peak_memory[owner[s]], recompute=c.recompute[s])
+        for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
+    ideal = ideal_step_time(a, request, c)
+    return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint, schedule=c.schedule.value,
+                num_ranks=c.pp * c.dp, pp=c.pp, dp=c.dp, virtual_stages=c.v, num_microbatches=c.microbatches,
+                microbatch_size=c.microbatch_size, memory_limit_bytes=request.cluster.memory_bytes, stages=stages,
+                predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
+                ideal_step_time_s=ideal, notes=(SPLIT_NOTE,) if a.split_assumed else ())

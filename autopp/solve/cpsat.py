@@ -1,0 +1,96 @@
+"""OR-Tools CP-SAT model of the contiguous split on heterogeneous devices (speeds, memories, links differ).
+
+Same objective as dp.py: sum_s (T_s + 2 c_s) + (m - 1) max_s T_s, T_s = work of stage s / speed of device s, in
+integer time units of `resolution` seconds; memory of stage s = static + inflight[s] x activations <= its budget.
+Layout: Data -> Model -> Variables -> Constraints -> Objective -> Solve -> Report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from ..errors import InfeasibleError
+from .arrays import UnitArrays
+from .dp import Bounds, PipeSpec
+
+__all__ = ["CpSatResult", "solve_cpsat"]
+
+
+@dataclass(frozen=True)
+class CpSatResult:
+    """The split CP-SAT found and how sure it is."""
+
+    bounds: Bounds
+    objective_s: float
+    """Objective of `bounds` in seconds (from the integer model)."""
+    optimal: bool
+    gap: float
+    """(objective - best bound) / objective; 0 when proved optimal."""
+    status: str
+
+
+def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resolution: float = 1e-6,
+                workers: int = 1) -> CpSatResult:
+    """Solve the split for `spec`; raises InfeasibleError when CP-SAT proves no split fits, and when it finds none
+    within the time limit (saying so)."""
+    # Data: integer stage work per (stage, unit) and bytes per unit.
+    n, s_count = a.n, spec.num_stages
+    speed = spec.speed or (1.0,) * s_count
+    work = np.round(a.work(spec.recompute) / resolution).astype(np.int64)
+    inflight = spec.inflight or (1,) * s_count
+    mem_unit = [np.round(a.static + (1 if spec.recompute else inflight[k]) * a.activation).astype(np.int64)
+                for k in range(s_count)]
+    links = spec.links or (None,) * (s_count - 1)
+    comm = [[0 if lk is None else int(round(lk.transfer_s(float(a.cut[j])) / resolution)) for j in range(n + 1)]
+            for lk in links]
+    # Model.
+    model = cp_model.CpModel()
+    # Variables: x[u,s] = unit u runs on stage s; e[j,s] = stage s ends at boundary j (j = 1..n-1).
+    x = {(u, k): model.new_bool_var(f"x[u={u},s={k}]") for u in range(n) for k in range(s_count)}
+    end = {(j, k): model.new_bool_var(f"end[j={j},s={k}]") for j in range(1, n) for k in range(s_count - 1)}
+    horizon = int(work.sum() / min(speed)) + 1
+    stage_t = [model.new_int_var(0, horizon, f"T[s={k}]") for k in range(s_count)]
+    t_max = model.new_int_var(0, horizon, "Tmax")
+    # Constraints: every unit on one stage; stages contiguous and in order (unit u+1 is on u's stage or the next).
+    for u in range(n):
+        model.add_exactly_one(x[u, k] for k in range(s_count))
+    model.add(x[0, 0] == 1)
+    model.add(x[n - 1, s_count - 1] == 1)
+    for u in range(n - 1):
+        for k in range(s_count):
+            nxt = [x[u + 1, k]] + ([x[u + 1, k + 1]] if k + 1 < s_count else [])
+            model.add_bool_or(nxt).only_enforce_if(x[u, k])
+            if k + 1 < s_count:  # stage k ends at u + 1 exactly when u is on k and u + 1 on k + 1
+                model.add_bool_and([x[u, k], x[u + 1, k + 1]]).only_enforce_if(end[u + 1, k])
+                model.add_bool_or([end[u + 1, k]]).only_enforce_if([x[u, k], x[u + 1, k + 1]])
+    # Stage time: scaled by the device speed (rounded up so the integer model never flatters a stage).
+    for k in range(s_count):
+        model.add(stage_t[k] * int(round(speed[k] * 1000)) >= sum(int(work[u]) * 1000 * x[u, k] for u in range(n)))
+        model.add(t_max >= stage_t[k])
+    # Memory: each stage within its device's budget.
+    if spec.memory:
+        for k in range(s_count):
+            model.add(sum(int(mem_unit[k][u]) * x[u, k] for u in range(n)) <= int(spec.memory[k]))
+    # Objective: sum_s T_s + 2 sum_s c_s + (m - 1) Tmax.
+    comm_term = sum(2 * comm[k][j] * end[j, k] for j in range(1, n) for k in range(s_count - 1))
+    model.minimize(sum(stage_t) + comm_term + (spec.microbatches - 1) * t_max)
+    # Solve.
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = 0
+    status = solver.solve(model)
+    # Report: every non-optimal outcome is said.
+    name = solver.status_name(status)
+    if status == cp_model.INFEASIBLE:
+        raise InfeasibleError(f"CP-SAT proved that no split of {n} units into {s_count} stages fits the devices' memory")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise InfeasibleError(f"CP-SAT found no split within {time_limit_s} s (status {name}); raise the time limit")
+    stage_of = [next(k for k in range(s_count) if solver.value(x[u, k])) for u in range(n)]
+    bounds = tuple((stage_of.index(k), n - stage_of[::-1].index(k)) for k in range(s_count))
+    obj, bound = solver.objective_value, solver.best_objective_bound
+    gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / obj if obj > 0 else 0.0
+    return CpSatResult(bounds, obj * resolution, status == cp_model.OPTIMAL, gap, name)

@@ -1,0 +1,109 @@
+"""Why a request is infeasible, and what would make it feasible: memory, devices, recomputation, microbatches."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..errors import InfeasibleError, ScheduleError
+from ..profile import Profile
+from ..schedule import ScheduleName, stages_per_rank, validate
+from ..sizes import format_size
+from .arrays import unit_arrays
+from .dp import min_memory
+
+if TYPE_CHECKING:
+    from .search import PlanRequest
+
+__all__ = ["explain_infeasible", "smallest_memory"]
+
+
+def _no_config(profile: Profile, req: PlanRequest) -> InfeasibleError:
+    from .search import _dps, microbatch_counts
+    n, name = profile.num_units, req.schedule or ScheduleName.GPIPE
+    dps = _dps(req)
+    pps = [req.cluster.num_devices // dp for dp in dps]
+    v = stages_per_rank(name, req.virtual_stages or 1)
+    if min(pps) * v > n:
+        hint = "" if req.dp is None else "; or --dp auto to use the rest for data parallelism"
+        return InfeasibleError(f"cannot split {n} units into {min(pps) * v} stages: use at most {n // v} devices "
+                               f"(or add SPLIT_POINTS for finer units{hint})")
+    counts = [m for dp in dps for m in microbatch_counts(req, dp)]
+    if not counts:
+        return InfeasibleError(f"global batch {req.global_batch} cannot be split over dp={dps[0]} replicas into "
+                               f"{req.num_microbatches} microbatches")
+    try:
+        validate(name, min(pps), max(counts), v)
+    except ScheduleError as exc:
+        return InfeasibleError(f"{exc}: use a global batch of at least {min(pps)} (it is {req.global_batch}), "
+                               f"fewer devices, or another --schedule")
+    return InfeasibleError(f"no valid configuration for {name.value} on {req.cluster.num_devices} devices")
+
+
+def smallest_memory(profile: Profile, req: PlanRequest, recompute: bool = False) -> tuple[int, int] | None:
+    """(bytes per device, microbatches) of the least memory any configuration of the request needs."""
+    from .search import _spec, configs
+    best: tuple[int, int] | None = None
+    seen: set[tuple[object, ...]] = set()
+    for c in configs(req, profile.num_units):
+        spec = _spec(req, c, recompute)
+        key = (c.b, spec.num_stages, spec.inflight, c.v)
+        if key in seen:
+            continue
+        seen.add(key)
+        need = min_memory(unit_arrays(profile, c.b), replace(spec, memory=())) * c.v
+        if best is None or (need, c.m) < best:
+            best = (need, c.m)
+    return best
+
+
+def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
+    """The fewest pipeline devices (more than now, dp unchanged) for which some split fits the memory."""
+    from .search import search
+    dp = req.dp or 1
+    for pp in range(req.cluster.num_devices // dp + 1, profile.num_units + 1):
+        cluster = replace(req.cluster, num_devices=pp * dp, devices=(), links=())
+        if not req.cluster.homogeneous:
+            return None
+        trial = replace(req, cluster=cluster, pp=None, dp=dp, shortlist=1)
+        need = smallest_memory(profile, trial)
+        if need is not None and need[0] <= req.cluster.memory_bytes and search(profile, trial)[0] is not None:
+            return pp * dp
+    return None
+
+
+def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
+    from .search import RecomputeMode, search
+    out = []
+    if req.recompute is not RecomputeMode.AUTO:
+        found = search(profile, replace(req, recompute=RecomputeMode.AUTO, shortlist=1))[0]
+        if found is not None:
+            out.append(f"--recompute auto fits ({sum(found.candidate.recompute)} stages recompute)")
+    if req.num_microbatches is not None:
+        found = search(profile, replace(req, num_microbatches=None, shortlist=1))[0]
+        if found is not None:
+            out.append(f"--microbatches {found.candidate.microbatches} (microbatches of "
+                       f"{found.candidate.microbatch_size}) fits")
+    devices = _more_devices(profile, req)
+    if devices is not None:
+        out.append(f"{devices} devices fit")
+    return out
+
+
+def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> InfeasibleError:
+    """An InfeasibleError whose message says what would make the request feasible."""
+    if num_configs == 0:
+        return _no_config(profile, req)
+    from .search import RecomputeMode
+    needs = [smallest_memory(profile, req, rc) for rc in
+             {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[req.recompute]]
+    need = min((x for x in needs if x is not None), default=None)
+    head = (f"no split of {profile.num_units} units fits in {format_size(req.cluster.memory_bytes)} per device "
+            f"on {req.cluster.num_devices} devices")
+    if need is None:
+        return InfeasibleError(head)
+    more = max(0, need[0] - req.cluster.memory_bytes)
+    text = (f"{head}; the smallest that works is {format_size(need[0])} ({need[1]} microbatches, "
+            f"{format_size(more)} more per device); use --memory {need[0]} or more")
+    alternatives = _alternatives(profile, req)
+    return InfeasibleError(text + ("; or: " + "; ".join(alternatives) if alternatives else ""))

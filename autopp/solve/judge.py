@@ -1,0 +1,127 @@
+"""The judge: a fully specified candidate (schedule, pp, dp, v, microbatches, split, recompute) → simulated figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..cluster import Cluster
+from ..schedule import Action, Kind, ScheduleName, StageCost, build_schedule, simulate, stage_to_rank
+from .arrays import UnitArrays
+from .dp import Bounds
+
+__all__ = ["Candidate", "Verdict", "stage_costs", "comm_times", "allreduce_time", "order_peaks", "judge"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """Everything that fixes one training step's layout."""
+
+    schedule: ScheduleName
+    pp: int
+    """Pipeline ranks per replica."""
+    dp: int
+    """Data-parallel replicas."""
+    v: int
+    """Stages per pipeline rank."""
+    microbatches: int
+    """Microbatches per replica per step."""
+    microbatch_size: int
+    bounds: Bounds
+    recompute: tuple[bool, ...]
+
+    @property
+    def owner(self) -> list[int]:
+        return stage_to_rank(self.schedule, self.pp, self.v)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The simulator's figures for a candidate (step time includes the data-parallel gradient all-reduce)."""
+
+    candidate: Candidate
+    step_s: float
+    pipeline_s: float
+    allreduce_s: float
+    peak_memory: tuple[int, ...]
+    """Per pipeline rank."""
+    bubble: float
+    """Mean over pipeline ranks of the simulator's idle fraction."""
+    fits: bool
+    costs: tuple[StageCost, ...]
+
+    @property
+    def key(self) -> tuple[float, int]:
+        """Order of preference: faster, then less memory."""
+        return (self.step_s, max(self.peak_memory))
+
+
+def _speeds(cluster: Cluster, owner: Sequence[int]) -> list[float]:
+    return [cluster.device(r).speed for r in owner]
+
+
+def stage_costs(a: UnitArrays, bounds: Bounds, speeds: Sequence[float]) -> list[StageCost]:
+    """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input."""
+    out = []
+    for (i, j), sp in zip(bounds, speeds):
+        out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
+                             backward_input_s=float(a.backward_input[i:j].sum()) / sp,
+                             backward_weight_s=float(a.backward_weight[i:j].sum()) / sp,
+                             static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
+                             input_bytes=int(a.cut[i])))
+    return out
+
+
+def comm_times(a: UnitArrays, cluster: Cluster, bounds: Bounds, owner: Sequence[int]) -> list[float]:
+    """Transfer time across each stage boundary (0 between stages on the same rank)."""
+    return [0.0 if owner[k] == owner[k + 1] else cluster.link_between(owner[k], owner[k + 1]).transfer_s(float(a.cut[j]))
+            for k, (_, j) in enumerate(bounds[:-1])]
+
+
+def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster) -> float:
+    """Ring all-reduce of `grad_bytes` over `dp` replicas: 2 (dp - 1) / dp x bytes / bandwidth + 2 (dp - 1) latencies."""
+    if dp <= 1 or grad_bytes <= 0:
+        return 0.0
+    link = cluster.dp_link
+    return 2 * (dp - 1) / dp * grad_bytes / link.bandwidth_bytes_per_s + 2 * (dp - 1) * link.latency_s
+
+
+def _rank_allreduce(a: UnitArrays, c: Candidate, cluster: Cluster) -> float:
+    grads = [0.0] * c.pp
+    for (i, j), r in zip(c.bounds, c.owner):
+        grads[r] += float(a.grads[i:j].sum())
+    return max(allreduce_time(g, c.dp, cluster) for g in grads)
+
+
+def order_peaks(order: dict[int, list[Action]], costs: Sequence[StageCost], owner: Sequence[int],
+                recompute: Sequence[bool]) -> list[int]:
+    """Per-rank peak memory from the order alone (a rank runs one action at a time, so its allocations and frees
+    happen in list order; equal to the simulator's peaks, without timing)."""
+    peaks = []
+    for r in sorted(order):
+        held = sum(c.static_bytes for c, o in zip(costs, owner) if o == r)
+        peak = held
+        for s, kind, _ in order[r]:
+            c, rc = costs[s], recompute[s]
+            if kind is Kind.F:
+                held += c.input_bytes if rc else c.activation_bytes
+            elif kind is not Kind.W and rc:
+                held += c.activation_bytes
+            peak = max(peak, held)
+            if kind is not Kind.I:
+                held -= (c.input_bytes + c.activation_bytes) if rc else c.activation_bytes
+        peaks.append(peak)
+    return peaks
+
+
+def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
+    """Simulate the candidate's named schedule and add the gradient all-reduce."""
+    owner = c.owner
+    costs = stage_costs(a, c.bounds, _speeds(cluster, owner))
+    order = build_schedule(c.schedule, c.pp, c.microbatches, c.v)
+    sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.recompute)
+    ar = _rank_allreduce(a, c, cluster)
+    peaks = tuple(int(x) for x in sim.peak_memory_bytes)
+    fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
+    return Verdict(c, sim.step_time_s + ar, sim.step_time_s, ar, peaks,
+                   sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs))

@@ -1,0 +1,44 @@
+"""Cluster JSON: heterogeneous devices and links, and clear refusals of bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autopp.cluster import Cluster, Device, Link, load_cluster
+from autopp.errors import AutoppError
+
+
+def test_load_heterogeneous(tmp_path: Path) -> None:
+    data = {"devices": [{"memory": "16GiB", "speed": 1.0}, {"memory": "8GiB", "speed": 2.0}],
+            "links": [{"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e10}],
+            "data_link": {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9}}
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    c = load_cluster(tmp_path / "c.json")
+    assert c.num_devices == 2 and c.memory_bytes == 8 * 2**30 and not c.homogeneous
+    assert c.device(1) == Device(memory_bytes=8 * 2**30, speed=2.0)
+    assert c.link_between(1, 0).bandwidth_bytes_per_s == 1e10 and c.dp_link.latency_s == 1e-4
+
+
+def test_identical_devices_are_homogeneous() -> None:
+    c = Cluster(num_devices=3, memory_bytes=100)
+    assert c.homogeneous and c.device(2).memory_bytes == 100 and c.link_between(0, 2) == c.link
+
+
+@pytest.mark.parametrize("text,pattern", [("{", "not valid JSON"), ("{}", "non-empty \"devices\""),
+                                          ('{"devices": [{"speed": 1}]}', "bad device"),
+                                          ('{"devices": [{"memory": 1}, {"memory": 1}], "links": []}', "")])
+def test_bad_files(tmp_path: Path, text: str, pattern: str) -> None:
+    (tmp_path / "c.json").write_text(text)
+    if not pattern:
+        assert load_cluster(tmp_path / "c.json").num_devices == 2
+        return
+    with pytest.raises(AutoppError, match=pattern):
+        load_cluster(tmp_path / "c.json")
+
+
+def test_wrong_link_count() -> None:
+    with pytest.raises(ValueError, match="need 2 links between 3 devices"):
+        Cluster(num_devices=3, memory_bytes=1, links=(Link(latency_s=0, bandwidth_bytes_per_s=1),))
