@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,8 @@ class Cluster:
     """links[i] joins device i and i + 1 (empty: all `link`)."""
     data_link: Link | None = None
     """Link used by the data-parallel gradient all-reduce (None: `link`)."""
+    order: tuple[int, ...] = ()
+    """Device index (into `devices`, the file's order) of each pipeline rank; empty: rank r runs device r."""
 
     def __post_init__(self) -> None:
         if self.num_devices < 1:
@@ -74,6 +76,8 @@ class Cluster:
             raise ValueError(f"{len(self.devices)} devices listed for num_devices={self.num_devices}")
         if self.links and len(self.links) != self.num_devices - 1:
             raise ValueError(f"need {self.num_devices - 1} links between {self.num_devices} devices, got {len(self.links)}")
+        if self.order and sorted(self.order) != list(range(self.num_devices)):
+            raise ValueError(f"order must be a permutation of 0..{self.num_devices - 1}, got {list(self.order)}")
 
     @property
     def homogeneous(self) -> bool:
@@ -82,11 +86,23 @@ class Cluster:
 
     def device(self, rank: int) -> Device:
         """Device of pipeline rank `rank`."""
-        return self.devices[rank] if self.devices else Device(memory_bytes=self.memory_bytes)
+        return self.devices[self.index(rank)] if self.devices else Device(memory_bytes=self.memory_bytes)
+
+    def index(self, rank: int) -> int:
+        """Index in `devices` (the file's order) of the device running pipeline rank `rank`."""
+        return self.order[rank] if self.order else rank
 
     def link_between(self, a: int, b: int) -> Link:
-        """The link carrying a transfer between ranks a and b."""
-        return self.links[min(a, b)] if self.links and abs(a - b) == 1 else self.link
+        """The link carrying a transfer between ranks a and b (links join devices adjacent in the file)."""
+        return self.device_link(self.index(a), self.index(b))
+
+    def device_link(self, d: int, e: int) -> Link:
+        """The link between devices d and e (indices in the file's order)."""
+        return self.links[min(d, e)] if self.links and abs(d - e) == 1 else self.link
+
+    def reordered(self, order: tuple[int, ...]) -> Cluster:
+        """The same devices and links with pipeline rank r on device order[r]."""
+        return replace(self, order=tuple(order))
 
     @property
     def dp_link(self) -> Link:

@@ -35,6 +35,16 @@ class StagePlan:
     """Predicted peak memory of the rank that runs this stage (all its stages together), from the simulator."""
     recompute: bool = False
     """This stage re-runs its forward in the backward instead of keeping its activations."""
+    backward_input_s: float | None = None
+    """Input-gradient part (I) of backward_s; None in plans that predate it (then I = W = backward_s / 2)."""
+    static_bytes: int = 0
+    """Parameters + gradients + optimizer state of this stage."""
+    activation_bytes: int = 0
+    """Bytes saved for backward by one microbatch's forward."""
+    input_bytes: int = 0
+    """Bytes of this stage's input per microbatch (kept instead of activations when recomputing)."""
+    send_s: float = 0.0
+    """Predicted time to send one microbatch's output to the next stage (0 on the same rank or for the last)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +71,8 @@ class Plan:
     model_path: str
     fingerprint: str
     schedule: str
-    """Name of a torch.distributed.pipelining schedule (an autopp.schedule.ScheduleName value)."""
+    """Name of a torch.distributed.pipelining schedule (an autopp.schedule.ScheduleName value), or "Custom" for a
+    synthesized order given in `custom_order` (run through torch's schedule runtime)."""
     num_ranks: int
     """World size: pp x dp processes."""
     num_microbatches: int
@@ -82,6 +93,8 @@ class Plan:
     """Total work of a step / devices: no schedule can beat it."""
     notes: tuple[str, ...] = ()
     """Assumptions the prediction rests on (e.g. the backward split I = W = B / 2)."""
+    custom_order: tuple[tuple[str, ...], ...] = ()
+    """With schedule "Custom": each pipeline rank's compute actions in order, as text ("0F0", "1I0", "1W0")."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -129,7 +142,8 @@ class Plan:
                            for s in data["stages"])
             return Plan(**{**data, "stages": stages, "predicted": _prediction(data["predicted"]),
                            "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
-                           "notes": tuple(data.get("notes", ()))})
+                           "notes": tuple(data.get("notes", ())),
+                           "custom_order": tuple(tuple(r) for r in data.get("custom_order", ()))})
         except (KeyError, TypeError) as exc:
             raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
 

@@ -42,3 +42,15 @@ def test_bad_files(tmp_path: Path, text: str, pattern: str) -> None:
 def test_wrong_link_count() -> None:
     with pytest.raises(ValueError, match="need 2 links between 3 devices"):
         Cluster(num_devices=3, memory_bytes=1, links=(Link(latency_s=0, bandwidth_bytes_per_s=1),))
+
+
+def test_reordered_maps_ranks_to_devices_and_links() -> None:
+    slow, fast = Link(latency_s=1e-3, bandwidth_bytes_per_s=1e8), Link(latency_s=1e-6, bandwidth_bytes_per_s=1e10)
+    devices = tuple(Device(memory_bytes=100 * (d + 1), speed=1.0 + d) for d in range(3))
+    c = Cluster(num_devices=3, memory_bytes=100, devices=devices, links=(fast, Link(latency_s=0, bandwidth_bytes_per_s=1)),
+                link=slow).reordered((2, 0, 1))
+    assert [c.device(r).speed for r in range(3)] == [3.0, 1.0, 2.0] and c.index(0) == 2
+    assert c.link_between(0, 1) == slow  # devices 2 and 0 are not adjacent in the file
+    assert c.link_between(1, 2) == fast  # devices 0 and 1 are joined by links[0]
+    with pytest.raises(ValueError, match="permutation"):
+        Cluster(num_devices=2, memory_bytes=1, order=(0, 0))

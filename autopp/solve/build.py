@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..predict import CUSTOM
+
 from ..plan import Plan, Prediction, StagePlan
 from ..profile import Profile
 from .arrays import UnitArrays
 from .baselines import baseline_bounds
-from .judge import Candidate, Verdict, judge
+from .judge import Candidate, Verdict, comm_times, judge
 
 if TYPE_CHECKING:
+    from .custom import CustomOrder
     from .search import PlanRequest
 
 __all__ = ["build_plan", "ideal_step_time", "prediction", "judge_baselines"]
@@ -38,23 +41,36 @@ def judge_baselines(a: UnitArrays, request: PlanRequest, best: Verdict) -> dict[
     return out
 
 
-def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays) -> Plan:
+def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
+               custom: CustomOrder | None = None, extra: tuple[str, ...] = ()) -> Plan:
     """The Plan of `best` (`a`: unit costs at its microbatch size): stages, simulated figures, baselines, notes.
-    A baseline split that the simulator finds faster (and fitting) replaces the DP's split: the simulator judges."""
+    A baseline split that the simulator finds faster (and fitting) replaces the DP's split, and a synthesized order
+    (`custom`, judged by the simulator too) replaces the named schedule when it is faster still."""
     baselines = judge_baselines(a, request, best)
     best = min([best, *(v for v in baselines.values() if v.fits)], key=lambda v: v.key)
+    notes = [*extra, *([SPLIT_NOTE] if a.split_assumed else [])]
+    order: tuple[tuple[str, ...], ...] = ()
+    if custom is not None and custom.verdict.key < best.key:
+        best = custom.verdict
+        order = tuple(tuple(str(act) for act in custom.order[r]) for r in sorted(custom.order))
+        notes.append(f"order synthesized by CP-SAT ({custom.status}, gap {custom.gap:.1%}) on the layout of "
+                     f"{best.candidate.schedule.value}; it runs through torch's schedule runtime")
     c = best.candidate
     names, points = profile.meta.unit_names, profile.meta.split_points
     owner = c.owner
+    sends = [*comm_times(a, request.cluster, c.bounds, owner), 0.0]
     stages = tuple(
         StagePlan(index=s, rank=owner[s], units=(i, j), unit_names=tuple(names[i:j]),
                   split_point=points[i - 1] if i else None, forward_s=cost.forward_s,
                   backward_s=cost.backward_input_s + cost.backward_weight_s,
-                  memory_bytes=best.peak_memory[owner[s]], recompute=c.recompute[s])
+                  memory_bytes=best.peak_memory[owner[s]], recompute=c.recompute[s],
+                  backward_input_s=cost.backward_input_s, static_bytes=cost.static_bytes,
+                  activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s])
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     ideal = ideal_step_time(a, request, c)
-    return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint, schedule=c.schedule.value,
+    return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,
+                schedule=CUSTOM if order else c.schedule.value, custom_order=order,
                 num_ranks=c.pp * c.dp, pp=c.pp, dp=c.dp, virtual_stages=c.v, num_microbatches=c.microbatches,
                 microbatch_size=c.microbatch_size, memory_limit_bytes=request.cluster.memory_bytes, stages=stages,
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
-                ideal_step_time_s=ideal, notes=(SPLIT_NOTE,) if a.split_assumed else ())
+                ideal_step_time_s=ideal, notes=tuple(notes))

@@ -30,7 +30,7 @@ from .arrays import UnitArrays, arrays_from_units
 
 __all__ = ["Objective", "PipeSpec", "Bounds", "pipeline_bounds", "min_max_bounds", "pipeline_objective",
            "min_memory", "fits", "balanced_bounds", "Split", "best_split", "even_bounds", "evaluate_split",
-           "min_peak_memory"]
+           "min_peak_memory", "feasible", "DpMemo"]
 
 INF = float("inf")
 _ARANGE = np.arange(1 << 14)
@@ -199,6 +199,25 @@ def _min_max_index(tb: _Tables, cands: np.ndarray) -> int | None:
     return lo
 
 
+class DpMemo:
+    """Bottleneck candidates shared by DP runs on the same arrays (they depend only on the per-unit work and the
+    set of speeds): computing them is O(n^2 log n), the dearest step for large models. One memo per UnitArrays."""
+
+    def __init__(self) -> None:
+        self.candidates: dict[tuple[bool, tuple[float, ...]], np.ndarray] = {}
+
+    def get(self, tb: _Tables, recompute: bool) -> np.ndarray:
+        key = (recompute, tuple(sorted(set(tb.speed))))
+        if key not in self.candidates:
+            self.candidates[key] = _candidates(tb)
+        return self.candidates[key]
+
+
+def feasible(a: UnitArrays, spec: PipeSpec) -> bool:
+    """Does some split fit every stage's memory budget? (A reachability DP: far cheaper than pipeline_bounds.)"""
+    return _check(a, spec) and _reachable(_tables(a, spec), INF)
+
+
 def _check(a: UnitArrays, spec: PipeSpec) -> bool:
     return 1 <= spec.num_stages <= a.n
 
@@ -217,9 +236,9 @@ def min_max_bounds(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = No
     return None if found is None else _trace(found[1], found[2])
 
 
-def pipeline_bounds(a: UnitArrays, spec: PipeSpec) -> Bounds | None:
+def pipeline_bounds(a: UnitArrays, spec: PipeSpec, memo: DpMemo | None = None) -> Bounds | None:
     """The split minimising sum_s (T_s + 2 c_s) + (m - 1) max_s T_s under the memory budgets (exact; see the module
-    docstring). None when no split fits."""
+    docstring). None when no split fits. `memo` (for `a` only) shares the bottleneck candidates between calls."""
     if not _check(a, spec):
         return None
     tb = _tables(a, spec)
@@ -229,7 +248,7 @@ def pipeline_bounds(a: UnitArrays, spec: PipeSpec) -> Bounds | None:
     m1 = tb.m - 1
     if m1 == 0:  # one microbatch: the additive part is the whole objective
         return _trace(floor[1], floor[2])
-    cands = _candidates(tb)
+    cands = memo.get(tb, spec.recompute) if memo is not None else _candidates(tb)
     idx = _min_max_index(tb, cands)
     assert idx is not None  # reachable at inf since floor exists
     best: tuple[float, Bounds] | None = None

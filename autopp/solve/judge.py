@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from ..cluster import Cluster
-from ..schedule import Action, Kind, ScheduleName, StageCost, build_schedule, simulate, stage_to_rank
+from ..schedule import COMPUTE_KINDS, Action, Kind, ScheduleName, StageCost, build_schedule, simulate, stage_to_rank
 from .arrays import UnitArrays
 from .dp import Bounds
 
-__all__ = ["Candidate", "Verdict", "stage_costs", "comm_times", "allreduce_time", "order_peaks", "judge"]
+__all__ = ["Candidate", "Verdict", "stage_costs", "comm_times", "allreduce_time", "order_peaks", "rank_peak", "named_order", "judge"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,32 +94,43 @@ def _rank_allreduce(a: UnitArrays, c: Candidate, cluster: Cluster) -> float:
     return max(allreduce_time(g, c.dp, cluster) for g in grads)
 
 
+def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], recompute: Sequence[bool], static: int) -> int:
+    """Peak memory of one rank running `actions` in list order (one at a time, so its allocations and frees happen
+    in that order: the simulator's peak without timing). `static`: the rank's parameter/gradient/optimizer bytes."""
+    held = peak = static
+    for s, kind, _ in actions:
+        c, rc = costs[s], recompute[s]
+        if kind is Kind.F:
+            held += c.input_bytes if rc else c.activation_bytes
+            peak = max(peak, held)
+            continue
+        if kind is not Kind.W and rc:
+            held += c.activation_bytes
+        peak = max(peak, held)
+        if kind is not Kind.I:  # B or W ends: this microbatch's activations (and kept input) are freed
+            held -= (c.input_bytes + c.activation_bytes) if rc else c.activation_bytes
+    return peak
+
+
 def order_peaks(order: dict[int, list[Action]], costs: Sequence[StageCost], owner: Sequence[int],
                 recompute: Sequence[bool]) -> list[int]:
-    """Per-rank peak memory from the order alone (a rank runs one action at a time, so its allocations and frees
-    happen in list order; equal to the simulator's peaks, without timing)."""
-    peaks = []
-    for r in sorted(order):
-        held = sum(c.static_bytes for c, o in zip(costs, owner) if o == r)
-        peak = held
-        for s, kind, _ in order[r]:
-            c, rc = costs[s], recompute[s]
-            if kind is Kind.F:
-                held += c.input_bytes if rc else c.activation_bytes
-            elif kind is not Kind.W and rc:
-                held += c.activation_bytes
-            peak = max(peak, held)
-            if kind is not Kind.I:
-                held -= (c.input_bytes + c.activation_bytes) if rc else c.activation_bytes
-        peaks.append(peak)
-    return peaks
+    """Per-rank peak memory from the order alone (rank_peak of every rank)."""
+    return [rank_peak([a for a in order[r] if a is not None and a.kind in COMPUTE_KINDS], costs, recompute,
+                      sum(c.static_bytes for c, o in zip(costs, owner) if o == r)) for r in sorted(order)]
+
+
+@lru_cache(maxsize=12)
+def named_order(name: ScheduleName, pp: int, m: int, v: int) -> dict[int, list[Action]]:
+    """build_schedule, memoised: the recompute pass and the simulator of one candidate (and the baselines, which
+    share its layout) read the same order, and a large one costs seconds to build. Callers must not mutate it."""
+    return build_schedule(name, pp, m, v)
 
 
 def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     """Simulate the candidate's named schedule and add the gradient all-reduce."""
     owner = c.owner
     costs = stage_costs(a, c.bounds, _speeds(cluster, owner))
-    order = build_schedule(c.schedule, c.pp, c.microbatches, c.v)
+    order = named_order(c.schedule, c.pp, c.microbatches, c.v)
     sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.recompute)
     ar = _rank_allreduce(a, c, cluster)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)

@@ -11,11 +11,11 @@
 from __future__ import annotations
 
 import enum
+import heapq
 import logging
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-import numpy as np
 from typing import Callable
 
 from ..cluster import Cluster
@@ -23,12 +23,13 @@ from ..costmodel import estimate_named
 from ..errors import InfeasibleError
 from ..plan import Plan
 from ..profile import Profile
-from ..schedule import Kind, ScheduleName, build_schedule, stage_to_rank, stages_per_rank, validate
+from ..schedule import COMPUTE_KINDS, Kind, ScheduleName, stage_to_rank, stages_per_rank, validate
 from ..errors import ScheduleError
 from ..schedule.named import _BUILDERS
 from .arrays import ProfileTable, UnitArrays
-from .dp import Bounds, PipeSpec, fits, pipeline_bounds
-from .judge import Candidate, Verdict, allreduce_time, comm_times, judge, order_peaks, stage_costs
+from .bounds import lower_bound
+from .dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
+from .judge import Candidate, Verdict, allreduce_time, comm_times, judge, named_order, rank_peak, stage_costs
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "make_plan", "microbatch_counts", "configs", "search"]
 
@@ -67,6 +68,12 @@ class PlanRequest:
     recompute: RecomputeMode = RecomputeMode.NONE
     shortlist: int = 4
     """Configurations the simulator must find fitting before the search stops."""
+    synthesize: bool = False
+    """Also try a CP-SAT-synthesized order for the best candidate's split (autopp.solve.custom)."""
+    synth_time_limit_s: float = 10.0
+    """CP-SAT time limit of that synthesis."""
+    placement_time_limit_s: float = 10.0
+    """CP-SAT time limit for choosing the device order of a heterogeneous cluster (autopp.solve.placement)."""
 
     def __post_init__(self) -> None:
         d = self.cluster.num_devices
@@ -177,43 +184,34 @@ def _spec(req: PlanRequest, c: Config, recompute: bool, walk: bool = True) -> Pi
                     inflight=inflight(c.schedule, c.pp, c.m, c.v) if walk else (c.m,) * len(owner), links=links)
 
 
-def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool) -> Bounds | None:
-    """The DP's split; when the memory-free split already fits with every stage holding all m microbatches,
-    memory does not bind and the schedule's order need not be walked."""
+class _Splits:
+    """The DP's splits of one search, memoised per (microbatch size, PipeSpec): configurations that differ only in
+    the schedule's name often pose the same DP (ZBV and DualPipeV; GPipe and 1F1B when memory does not bind)."""
+
+    def __init__(self) -> None:
+        self.found: dict[tuple[int, PipeSpec], Bounds | None] = {}
+        self.memos: dict[int, DpMemo] = {}
+
+    def bounds(self, a: UnitArrays, b: int, spec: PipeSpec) -> Bounds | None:
+        key = (b, spec)
+        if key not in self.found:
+            self.found[key] = pipeline_bounds(a, spec, self.memos.setdefault(b, DpMemo()))
+        return self.found[key]
+
+
+def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, splits: _Splits) -> Bounds | None:
+    """The DP's split. A reachability check first rules out configurations whose memory no split fits (cheap);
+    when the memory-free split already fits with every stage holding all m microbatches, memory does not bind and
+    the schedule's order need not be walked."""
+    spec = _spec(req, c, recompute)
+    if not feasible(a, spec):
+        return None
     if c.schedule not in RUNNABLE:
         loose = _spec(req, c, recompute, walk=False)
-        free = pipeline_bounds(a, replace(loose, memory=()))
+        free = splits.bounds(a, c.b, replace(loose, memory=(), inflight=()))
         if free is not None and fits(a, loose, free):
             return free
-    return pipeline_bounds(a, _spec(req, c, recompute))
-
-
-def _comm_floor(a: UnitArrays, req: PlanRequest, c: Config) -> float:
-    """2 sum c over rank-crossing boundaries (/ v for zero bubble) is at least 2 x crossings x the cheapest cut."""
-    if a.n < 2:
-        return 0.0
-    owner = stage_to_rank(c.schedule, c.pp, c.v)
-    crossings = sum(owner[k] != owner[k + 1] for k in range(len(owner) - 1))
-    links = req.cluster.links or (req.cluster.link,)
-    cheapest = min(lk.transfer_s(float(np.min(a.cut[1:-1]))) for lk in links + (req.cluster.link,))
-    ratio = 1.0 if c.schedule in RUNNABLE or c.schedule in (ScheduleName.INTERLEAVED_1F1B, ScheduleName.LOOPED_BFS) \
-        else 1.0 / c.v
-    return 2 * crossings * cheapest * ratio
-
-
-def _lower_bound(a: UnitArrays, req: PlanRequest, c: Config) -> float:
-    """A lower bound of the configuration's estimate: its formula with perfectly balanced ranks and free links,
-    (m + p - 1) W / p for GPipe and 1F1B, (m + (p - 1) / v) W / p for interleaving, m W / p for zero bubble,
-    plus the least all-reduce."""
-    speed = sum(req.cluster.device(r).speed for r in range(c.pp))
-    slots = {ScheduleName.GPIPE: c.m + c.pp - 1, ScheduleName.ONE_F_ONE_B: c.m + c.pp - 1,
-             ScheduleName.INTERLEAVED_1F1B: c.m + (c.pp - 1) / c.v, ScheduleName.LOOPED_BFS: c.m + (c.pp - 1) / c.v}
-    work = slots.get(c.schedule, c.m) * float(a.work().sum()) / speed
-    if c.schedule not in slots:  # the zero-bubble tail: the largest stage's F + I - W is at least the mean one
-        gap = float((a.forward + a.backward_input - a.backward_weight).sum()) / (c.pp * c.v) / max(
-            req.cluster.device(r).speed for r in range(c.pp))
-        work += (c.pp - 1) / c.v * max(0.0, gap)
-    return work + _comm_floor(a, req, c) + allreduce_time(float(a.grads.sum()) / c.pp, c.dp, req.cluster)
+    return splits.bounds(a, c.b, spec)
 
 
 def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recompute: bool) -> float:
@@ -232,52 +230,68 @@ class _Option:
     estimate: float
     index: int
     config: Config
-    bounds: Bounds
-    recompute: bool
+    candidate: Candidate
+    """The DP's split, with the recompute flags that fit."""
 
 
 def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[Config]) -> list[_Option]:
-    """Configurations with their DP split and estimate, best estimate first. Configurations are visited in order
-    of a lower bound, and the visit stops once the bound reaches the shortlist-th best estimate found (none
-    after it could enter the short-list)."""
+    """The short-list: the `shortlist` configurations of least estimate among those whose split fits in memory
+    (checked by walking the schedule's order, exact peaks, recomputation switched on per stage under "auto"), best
+    first. Configurations are visited lazily in order of a lower bound of their estimate (bounds.py) until the bound
+    reaches the short-list's worst estimate: nothing left could enter it. With --recompute auto a configuration whose
+    plain split does not fit the DP re-enters the queue under its all-recompute bound."""
     modes = {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[req.recompute]
-    keep = req.shortlist
-    order = sorted((_lower_bound(arrays(c.b), req, c), idx) for idx, c in enumerate(cfgs))
-    out: list[_Option] = []
-    for bound, idx in order:
-        if len(out) >= keep and bound >= sorted(o.estimate for o in out)[keep - 1]:
+    keep, splits = req.shortlist, _Splits()
+    queue = [(lower_bound(arrays(c.b), req, c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
+    heapq.heapify(queue)
+    short: list[tuple[float, int, _Option]] = []  # (-estimate, -index, option): the worst on top
+    while queue:
+        bound, idx, mode = heapq.heappop(queue)
+        if len(short) >= keep and bound >= -short[0][0]:
             break
-        c = cfgs[idx]
+        c, rc = cfgs[idx], modes[mode]
         a = arrays(c.b)
-        for rc in modes:
-            bounds = _bounds(a, req, c, rc)
-            if bounds is not None:
-                out.append(_Option(_estimate(a, req, c, bounds, rc), idx, c, bounds, rc))
-                break  # AUTO: recompute only when the plain split does not fit
-    return sorted(out, key=lambda o: (o.estimate, o.index, o.recompute))
+        bounds = _bounds(a, req, c, rc, splits)
+        if bounds is None:
+            if mode + 1 < len(modes):  # AUTO: recompute only when the plain split does not fit
+                heapq.heappush(queue, (max(bound, lower_bound(a, req, c, modes[mode + 1])), idx, mode + 1))
+            continue
+        est = _estimate(a, req, c, bounds, rc)
+        if len(short) >= keep and (est, idx) >= (-short[0][0], -short[0][1]):
+            continue  # cannot enter the short-list: its memory need not be walked
+        cand = _fitted(a, req, _candidate(c, bounds, rc))
+        if cand is None:
+            log.info("%s pp=%d dp=%d v=%d m=%d: estimate %.6g s, does not fit", c.schedule.value, c.pp, c.dp, c.v,
+                     c.m, est)
+            continue
+        heapq.heappush(short, (-est, -idx, _Option(est, idx, c, cand)))
+        if len(short) > keep:
+            heapq.heappop(short)
+    return [o for _, _, o in sorted(short, key=lambda x: (-x[0], -x[1]))]
 
 
-def _auto_flags(a: UnitArrays, req: PlanRequest, cand: Candidate) -> tuple[bool, ...]:
-    """Greedy: while a rank overflows, recompute its stage that saves the most bytes (order walk, no timing)."""
+def _fitted(a: UnitArrays, req: PlanRequest, cand: Candidate) -> Candidate | None:
+    """`cand` if every rank's peak (walked from the order: the simulator's peaks without timing) fits its device,
+    else None. With --recompute auto, greedily: while a rank overflows, its stage saving the most bytes recomputes
+    (a rank's flags change only its own peak, so ranks are fixed one by one)."""
     owner = cand.owner
     costs = stage_costs(a, cand.bounds, [1.0] * len(owner))
-    order = build_schedule(cand.schedule, cand.pp, cand.microbatches, cand.v)
+    order = named_order(cand.schedule, cand.pp, cand.microbatches, cand.v)
     flags = list(cand.recompute)
-    while True:
-        peaks = order_peaks(order, costs, owner, flags)
-        over = [r for r, p in enumerate(peaks) if p > req.cluster.device(r).memory_bytes]
-        if not over:
-            return tuple(flags)
-        choices = [s for s, r in enumerate(owner) if r == over[0] and not flags[s]]
-        if not choices:
-            return tuple(flags)
-        flags[max(choices, key=lambda s: (costs[s].activation_bytes - costs[s].input_bytes, -s))] = True
+    for r in sorted(order):
+        acts = [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS]
+        static = sum(c.static_bytes for c, o in zip(costs, owner) if o == r)
+        while rank_peak(acts, costs, flags, static) > req.cluster.device(r).memory_bytes:
+            choices = [s for s, o in enumerate(owner) if o == r and not flags[s]]
+            if req.recompute is not RecomputeMode.AUTO or not choices:
+                return None
+            flags[max(choices, key=lambda s: (costs[s].activation_bytes - costs[s].input_bytes, -s))] = True
+    return replace(cand, recompute=tuple(flags))
 
 
-def _candidate(opt: _Option) -> Candidate:
-    c = opt.config
+def _candidate(c: Config, bounds: Bounds, recompute: bool) -> Candidate:
     return Candidate(schedule=c.schedule, pp=c.pp, dp=c.dp, v=c.v, microbatches=c.m, microbatch_size=c.b,
-                     bounds=opt.bounds, recompute=(opt.recompute,) * len(opt.bounds))
+                     bounds=bounds, recompute=(recompute,) * len(bounds))
 
 
 def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None) -> tuple[Verdict | None, int, int]:
@@ -293,30 +307,67 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
     cfgs = configs(req, profile.num_units)
     opts = _options(arrays, req, cfgs)
     fitting: list[Verdict] = []
-    simulated = 0
     for opt in opts:
-        if len(fitting) >= req.shortlist:
-            break
-        cand = _candidate(opt)
-        a = arrays(cand.microbatch_size)
-        if req.recompute is RecomputeMode.AUTO:
-            cand = Candidate(**{**cand.__dict__, "recompute": _auto_flags(a, req, cand)})
-        verdict = judge(a, req.cluster, cand)
-        simulated += 1
-        log.info("%s pp=%d dp=%d v=%d m=%d: estimate %.6g s, simulated %.6g s%s", cand.schedule.value, cand.pp,
-                 cand.dp, cand.v, cand.microbatches, opt.estimate, verdict.step_s, "" if verdict.fits else " (too big)")
+        verdict = judge(arrays(opt.config.b), req.cluster, opt.candidate)
+        c = opt.config
+        log.info("%s pp=%d dp=%d v=%d m=%d: estimate %.6g s, simulated %.6g s%s", c.schedule.value, c.pp, c.dp, c.v,
+                 c.m, opt.estimate, verdict.step_s, "" if verdict.fits else " (too big)")
         if verdict.fits:
             fitting.append(verdict)
     best = min(fitting, key=lambda v: v.key) if fitting else None
-    return best, len(cfgs), simulated
+    return best, len(cfgs), len(opts)
+
+
+def _placement_config(req: PlanRequest, n: int, best: Verdict | None) -> Config | None:
+    """The one-stage-per-rank configuration CP-SAT orders the devices for: the winner's, else the one with the
+    most microbatches (the least memory per stage)."""
+    if best is not None:
+        c = best.candidate
+        return Config(c.schedule, c.pp, c.dp, c.v, c.microbatches, c.microbatch_size) if c.v == 1 else None
+    return max((c for c in configs(req, n) if c.v == 1), key=lambda c: c.m, default=None)
+
+
+def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
+           best: Verdict | None) -> tuple[PlanRequest, Verdict | None, str | None]:
+    """For a heterogeneous cluster, let CP-SAT choose which device runs which pipeline position (placement.py),
+    re-run the search on that order (the DP is exact for a fixed order) and keep the order the simulator prefers."""
+    from .placement import place_devices
+    c = _placement_config(req, profile.num_units, best)
+    if c is None:
+        return req, best, None
+    rc = best is not None and any(best.candidate.recompute) or best is None and req.recompute is RecomputeMode.ALL
+    try:
+        placed = place_devices(table.arrays(c.b), req.cluster, c.m, inflight(c.schedule, c.pp, c.m, 1), rc,
+                               req.placement_time_limit_s)
+    except InfeasibleError as exc:
+        log.info("device placement: %s", exc)
+        return req, best, None
+    how = f"CP-SAT {placed.status}, gap {placed.gap:.1%}, limit {req.placement_time_limit_s:g} s"
+    if list(placed.order) == list(range(req.cluster.num_devices)):
+        return req, best, f"device order: the cluster file's order is CP-SAT's choice ({how})"
+    trial = replace(req, cluster=req.cluster.reordered(placed.order))
+    found = search(profile, trial, table)[0]
+    if found is None or best is not None and found.key >= best.key:
+        return req, best, f"device order: the cluster file's order kept; CP-SAT's {list(placed.order)} ({how}) " \
+                          f"did not simulate faster"
+    order = ", ".join(f"rank {r} -> device {d}" for r, d in enumerate(placed.order))
+    return trial, found, f"device order chosen by CP-SAT ({how}): pipeline rank r runs on device order[r] of the " \
+                         f"cluster file: {order}"
 
 
 def make_plan(profile: Profile, request: PlanRequest) -> Plan:
-    """The fastest simulated plan for `request` (ties: least peak memory), with baselines beside it."""
+    """The fastest simulated plan for `request` (ties: least peak memory), with baselines beside it. On a
+    heterogeneous cluster CP-SAT also chooses the device order (the plan's notes say which and how sure)."""
     from .build import build_plan
+    from .custom import synthesized
     from .explain import explain_infeasible
     table = ProfileTable(profile)
     best, n_cfg, n_sim = search(profile, request, table)
+    note = None
+    if not request.cluster.homogeneous and not request.cluster.order:
+        request, best, note = _place(profile, request, table, best)
     if best is None:
         raise explain_infeasible(profile, request, n_cfg)
-    return build_plan(profile, request, best, table.arrays(best.candidate.microbatch_size))
+    a = table.arrays(best.candidate.microbatch_size)
+    custom = synthesized(a, request.cluster, best, request.synth_time_limit_s) if request.synthesize else None
+    return build_plan(profile, request, best, a, custom, extra=(note,) if note else ())

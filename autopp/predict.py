@@ -1,0 +1,43 @@
+"""Simulate a plan exactly as written: its stage costs, its schedule's (or custom) order, its placement. No torch."""
+
+from __future__ import annotations
+
+from .errors import PlanError
+from .plan import Plan
+from .schedule import Action, ScheduleName, SimResult, StageCost, build_schedule, parse_action, simulate
+
+__all__ = ["CUSTOM", "plan_order", "plan_stage_costs", "simulate_plan"]
+
+#: The `schedule` value of a plan whose order is given in `custom_order`.
+CUSTOM = "Custom"
+
+
+def plan_stage_costs(plan: Plan) -> list[StageCost]:
+    """The simulator's costs of each stage (I = W = B / 2 for plans written before the split was stored)."""
+    out = []
+    for s in plan.stages:
+        i = s.backward_input_s if s.backward_input_s is not None else s.backward_s / 2
+        out.append(StageCost(forward_s=s.forward_s, backward_input_s=i, backward_weight_s=s.backward_s - i,
+                             static_bytes=s.static_bytes, activation_bytes=s.activation_bytes,
+                             input_bytes=s.input_bytes))
+    return out
+
+
+def plan_order(plan: Plan) -> dict[int, list[Action]]:
+    """Each pipeline rank's compute actions: the named schedule's, or the plan's custom order."""
+    if plan.schedule == CUSTOM:
+        if len(plan.custom_order) != plan.pp:
+            raise PlanError(f"custom schedule has orders for {len(plan.custom_order)} ranks but pp is {plan.pp}")
+        return {r: [parse_action(text) for text in row] for r, row in enumerate(plan.custom_order)}
+    try:
+        name = ScheduleName(plan.schedule)
+    except ValueError:
+        known = ", ".join([n.value for n in ScheduleName] + [CUSTOM])
+        raise PlanError(f"unknown schedule {plan.schedule!r}; expected one of {known}") from None
+    return build_schedule(name, plan.pp, plan.num_microbatches, plan.virtual_stages)
+
+
+def simulate_plan(plan: Plan) -> SimResult:
+    """The timed, memory-aware simulation of one pipeline replica of `plan` (the all-reduce is not drawn)."""
+    return simulate(plan_order(plan), plan_stage_costs(plan), [s.rank for s in plan.stages],
+                    [s.send_s for s in plan.stages[:-1]], [s.recompute for s in plan.stages])

@@ -1,0 +1,57 @@
+"""Synthesized schedules in the planner: CP-SAT reorders the best named plan's F/I/W actions for its real stage costs.
+
+The split, placement and microbatches stay those of the best named candidate; `autopp.schedule.synthesize` searches
+the order (Zero Bubble's ILP idea, Qi et al. 2023) warm-started from that candidate's own schedule, and the simulator
+judges the result. The synthesized order wins only when it simulates strictly faster and fits every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError
+from ..schedule import Action, build_schedule, synthesize
+from .arrays import UnitArrays
+from .judge import Verdict, comm_times
+
+__all__ = ["CustomOrder", "synthesized"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CustomOrder:
+    """A synthesized order and its verdict (the candidate keeps the named schedule whose layout it uses)."""
+
+    verdict: Verdict
+    order: dict[int, list[Action]]
+    gap: float
+    status: str
+
+
+def synthesized(a: UnitArrays, cluster: Cluster, best: Verdict, time_limit_s: float) -> CustomOrder | None:
+    """The synthesized order for `best`'s split if it simulates faster than `best`, else None.
+
+    Recomputing stages are left to the named schedules (the synthesis model keeps activations from F to W)."""
+    c = best.candidate
+    if any(c.recompute):
+        return None
+    owner = c.owner
+    limits = [cluster.device(r).memory_bytes for r in range(c.pp)]
+    hint = build_schedule(c.schedule, c.pp, c.microbatches, c.v)
+    try:
+        result = synthesize(best.costs, owner, c.microbatches, comm_times(a, cluster, c.bounds, owner), limits,
+                            time_limit_s=time_limit_s, hint=hint)
+    except InfeasibleError:
+        return None
+    step = result.sim.step_time_s + best.allreduce_s
+    log.info("synthesized order: %.6g s (%s, gap %.1f%%) vs %s %.6g s", step, result.status.value,
+             100 * result.gap, c.schedule.value, best.step_s)
+    peaks = tuple(int(x) for x in result.sim.peak_memory_bytes)
+    if step >= best.step_s or any(p > lim for p, lim in zip(peaks, limits)):
+        return None
+    bubble = sum(result.sim.bubble_fraction) / len(result.sim.bubble_fraction)
+    verdict = replace(best, step_s=step, pipeline_s=result.sim.step_time_s, peak_memory=peaks, bubble=bubble)
+    return CustomOrder(verdict, result.order, result.gap, result.status.value)

@@ -1,0 +1,54 @@
+"""A plan simulated as written reproduces the planner's predictions, for named and synthesized schedules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autopp.cluster import Cluster
+from autopp.errors import PlanError
+from autopp.plan import Plan, load_plan
+from autopp.predict import CUSTOM, plan_order, simulate_plan
+from autopp.profile import Profile, load_profile
+from autopp.schedule import ScheduleName
+from autopp.solve import PlanRequest, make_plan
+
+from .conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Profile:
+    return load_profile(ROOT / "profiles" / "gpt")
+
+
+@pytest.mark.parametrize("schedule", [ScheduleName.ONE_F_ONE_B, ScheduleName.GPIPE, ScheduleName.ZBV_ZERO_BUBBLE,
+                                      ScheduleName.INTERLEAVED_1F1B])
+def test_simulating_the_saved_plan_gives_its_prediction(shipped: Profile, schedule: ScheduleName,
+                                                        tmp_path: Path) -> None:
+    request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=8, schedule=schedule)
+    plan = load_plan(make_plan(shipped, request).save(tmp_path / "p.json"))
+    result = simulate_plan(plan)
+    assert result.step_time_s == pytest.approx(plan.predicted.step_time_s, rel=1e-9)
+    assert tuple(result.peak_memory_bytes) == plan.predicted.peak_memory_bytes
+
+
+def test_synthesized_plan_is_custom_and_faster(shipped: Profile) -> None:
+    base = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=8, num_microbatches=4)
+    named = make_plan(shipped, base)
+    synth = make_plan(shipped, PlanRequest(**{**base.__dict__, "synthesize": True, "synth_time_limit_s": 5.0}))
+    if synth.schedule != CUSTOM:  # the named schedule was already optimal for these costs
+        assert synth.predicted.step_time_s == named.predicted.step_time_s
+        return
+    assert synth.predicted.step_time_s < named.predicted.step_time_s
+    assert len(synth.custom_order) == synth.pp and any("CP-SAT" in n for n in synth.notes)
+    assert simulate_plan(synth).step_time_s == pytest.approx(synth.predicted.step_time_s - synth.predicted.allreduce_s)
+    assert Plan.from_json(synth.to_json()) == synth
+
+
+def test_unknown_schedule_is_refused(shipped: Profile) -> None:
+    plan = make_plan(shipped, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=4))
+    with pytest.raises(PlanError, match="unknown schedule 'Fancy'"):
+        plan_order(Plan(**{**plan.__dict__, "schedule": "Fancy"}))
+    with pytest.raises(PlanError, match="custom schedule has orders for 0 ranks but pp is 2"):
+        plan_order(Plan(**{**plan.__dict__, "schedule": CUSTOM}))
