@@ -64,12 +64,41 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from .display import format_profile
     from .measure import profile_model
     sizes = [args.microbatch_size] if args.microbatch_size else args.microbatch_sizes
-    profile = profile_model(args.model, microbatch_sizes=sizes, optimizer=args.optimizer, warmup=args.warmup,
-                            repeats=args.repeats, threads=args.threads, progress=_progress("profiling"))
+    try:
+        profile = profile_model(args.model, microbatch_sizes=sizes, optimizer=args.optimizer, warmup=args.warmup,
+                                repeats=args.repeats, threads=args.threads, progress=_progress("profiling"),
+                                time_budget_s=args.time_budget, dtype=args.dtype, device=args.device)
+    except ValueError as exc:
+        raise AutoppError(str(exc)) from None
     _end_progress()
     out = profile.save(args.output or DEFAULT_PROFILE_DIR / Path(args.model).stem)
     print(format_profile(profile))
+    for whole in profile.meta.whole_model:
+        print(f"microbatch {whole['microbatch_size']}: units sum to {whole['units_s'] * 1e3:.3g} ms, one whole-model "
+              f"step takes {whole['whole_s'] * 1e3:.3g} ms (gap {whole['gap']:+.1%})")
+    relayed = [v for v in profile.meta.live_values if v["action"] != "send"]
+    for v in relayed:
+        print(f"value {v['name']} from unit {v['src']} is read by units {v['dsts']}: {v['action']}")
+    for g in profile.meta.tied_parameters:
+        print(f"tied parameters {', '.join(g['names'])} (units {g['units']}): one tensor, a copy per unit that uses it")
     print(f"\nwrote profile {out}/ ({profile.num_units} units, microbatch sizes {list(profile.meta.microbatch_sizes)})")
+    return 0
+
+
+def _cmd_profile_links(args: argparse.Namespace) -> int:
+    from .links import DEFAULT_MESSAGE_BYTES, measure_links
+    sizes = args.message_bytes or list(DEFAULT_MESSAGE_BYTES)
+    print(f"profiling links: {args.ranks} ranks, messages of {sizes} bytes", file=sys.stderr)
+    try:
+        links = measure_links(args.ranks, sizes, repeats=args.repeats, timeout_s=args.timeout)
+    except ValueError as exc:
+        raise AutoppError(str(exc)) from None
+    for pair in links.pairs:
+        print(f"rank {pair.src} -> {pair.dst}: latency {pair.latency_s * 1e6:.3g} us, "
+              f"bandwidth {pair.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
+    print(f"fit over all pairs ({links.backend}): latency {links.latency_s * 1e6:.3g} us, "
+          f"bandwidth {links.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
+    print(f"\nwrote links {links.save(args.output)}")
     return 0
 
 
@@ -95,17 +124,46 @@ def _profile_for(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return profile
 
 
+def _auto_int(text: str) -> int:
+    return 0 if text == "auto" else _positive(text)
+
+
+def _dp(args: argparse.Namespace) -> int | None:
+    """--dp N, auto (None), or unset: 1, or devices / pp when --pp is given."""
+    if args.dp is None:
+        return None if args.pp else 1
+    return args.dp or None
+
+
+def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from .cluster import DEFAULT_LINK, Cluster, Link, load_cluster
+    if args.cluster:
+        return load_cluster(args.cluster)
+    if args.devices is None or args.memory is None:
+        raise AutoppError("give --devices N and --memory SIZE, or --cluster FILE")
+    base = DEFAULT_LINK
+    if args.links:
+        from .links import load_link
+        base = load_link(args.links)
+    link = Link(latency_s=args.latency if args.latency is not None else base.latency_s,
+                bandwidth_bytes_per_s=args.bandwidth or base.bandwidth_bytes_per_s)
+    return Cluster(num_devices=args.devices, memory_bytes=args.memory, link=link)
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .cluster import DEFAULT_LINK, Cluster, Link
     from .display import format_plan
-    from .solve import PlanRequest, make_plan
+    from .schedule import ScheduleName
+    from .solve import PlanRequest, RecomputeMode, make_plan
     if bool(args.model) == bool(args.profile):
         raise AutoppError("give either MODEL.py or --profile DIR, not both or neither")
     try:
-        link = Link(latency_s=args.latency if args.latency is not None else DEFAULT_LINK.latency_s,
-                    bandwidth_bytes_per_s=args.bandwidth or DEFAULT_LINK.bandwidth_bytes_per_s)
-        request = PlanRequest(cluster=Cluster(num_devices=args.devices, memory_bytes=args.memory, link=link),
-                              global_batch=args.global_batch, num_microbatches=args.microbatches)
+        request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch,
+                              num_microbatches=args.microbatches,
+                              schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
+                              pp=args.pp, dp=_dp(args), virtual_stages=args.virtual_stages,
+                              recompute=RecomputeMode(args.recompute),
+                              synthesize=args.schedule == "auto" or args.synthesize,
+                              synth_time_limit_s=args.synth_time)
     except ValueError as exc:
         raise AutoppError(str(exc)) from None
     profile = _profile_for(args)
@@ -118,24 +176,63 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .plan import load_plan
-    from .run import RunFailedError, format_report, run_plan
+    from .run import Nodes, RunFailedError, format_report, run_plan
+    from .run.torchrun import format_commands
     plan = load_plan(args.plan)
     out = Path(args.report or Path(args.plan).with_suffix(".report.json"))
+    nodes = None
+    if args.nnodes is not None or args.print_torchrun:
+        try:
+            nodes = Nodes(nnodes=args.nnodes or 1, node_rank=args.node_rank, master_addr=args.master_addr,
+                          master_port=args.master_port)
+        except ValueError as exc:
+            raise AutoppError(str(exc)) from None
+    if args.print_torchrun:
+        assert nodes is not None
+        print(format_commands(Path(args.plan).resolve(), nodes, num_ranks=plan.num_ranks,
+                              run_dir=args.run_dir or "autopp-run", steps=args.steps, timeout_s=args.timeout))
+        return 0
     try:
         report = run_plan(plan, steps=args.steps, timeout_s=args.timeout, progress=_progress("running"),
-                          plan_path=args.plan, check=False)
+                          plan_path=args.plan, check=False, nodes=nodes, work_dir=args.run_dir)
     except RunFailedError as exc:
         _end_progress()
         exc.report.save(out)
         print(f"wrote partial report {out}", file=sys.stderr)
         raise
     _end_progress()
+    if nodes is not None and nodes.node_rank != 0:
+        print(f"node {nodes.node_rank}: its ranks finished; node 0 validates and writes the report")
+        return 0
     report.save(out)
     print(format_report(report))
     print(f"\nwrote report {out}")
     if not report.passed:
         print(f"autopp: error: validation failed: {report.error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _schedule_names():  # type: ignore[no-untyped-def]
+    from .schedule import ScheduleName
+    return list(ScheduleName)
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from .plan import load_plan
+    from .predict import simulate_plan
+    from .schedule import draw_timeline, write_chrome_trace
+    plan = load_plan(args.file)
+    result = simulate_plan(plan)
+    out = Path(args.output or Path(args.file).with_suffix(".png"))
+    title = (f"{Path(plan.model_path).name}: {plan.schedule}, pp {plan.pp} x dp {plan.dp}, "
+             f"{plan.num_microbatches} microbatches of {plan.microbatch_size} (simulated)")
+    draw_timeline(result, out, title=title)
+    print(f"wrote timeline {out} (step {result.step_time_s * 1e3:.3g} ms, "
+          f"bubble {sum(result.bubble_fraction) / len(result.bubble_fraction):.1%})")
+    if args.trace:
+        write_chrome_trace(result, args.trace)
+        print(f"wrote trace {args.trace} (open in chrome://tracing or ui.perfetto.dev)")
     return 0
 
 
@@ -153,16 +250,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive, default=5, help="timed runs per unit (median is kept)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first")
     p.add_argument("--threads", type=_positive, default=1, help="torch threads while measuring (default 1)")
+    p.add_argument("--time-budget", type=float, metavar="S",
+                   help="stop timing a unit after S seconds even if fewer than --repeats runs were made")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="parameter and activation dtype (bfloat16: mixed precision, fp32 master copy counted)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="measure on this device (default cpu)")
     p.add_argument("-o", "--output", help="profile directory (default profiles/MODEL)")
     p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("profile-links", help="measure latency and bandwidth between local ranks")
+    p.add_argument("--ranks", type=_positive, default=2, help="processes to start (default 2)")
+    p.add_argument("--message-bytes", type=_sizes, metavar="N,N,...", help="message sizes in bytes")
+    p.add_argument("--repeats", type=_positive, default=10, help="timed round trips per size (median is kept)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before the ranks are stopped")
+    p.add_argument("-o", "--output", default="profiles/links.json", help="links JSON (default profiles/links.json)")
+    p.set_defaults(func=_cmd_profile_links)
 
     p = sub.add_parser("plan", help="choose stage boundaries and microbatches")
     p.add_argument("model", nargs="?", help="model file (profiled if profiles/MODEL is missing or stale)")
     p.add_argument("--profile", help="plan from this profile directory instead")
-    p.add_argument("--devices", type=_positive, required=True, help="pipeline ranks")
-    p.add_argument("--memory", type=_size, required=True, help="memory per device, e.g. 80GiB")
+    p.add_argument("--devices", type=_positive, help="devices in all (pp x dp)")
+    p.add_argument("--memory", type=_size, help="memory per device, e.g. 80GiB")
+    p.add_argument("--cluster", help="cluster JSON with each device's memory and speed and each link "
+                                     "(docs/cluster-format.md); replaces --devices/--memory/--latency/--bandwidth")
     p.add_argument("--global-batch", type=_positive, default=8, help="samples per step (default 8)")
-    p.add_argument("--microbatches", type=_positive, help="pin the microbatch count")
+    p.add_argument("--microbatches", type=_positive, help="pin the microbatch count per replica")
+    p.add_argument("--schedule", default="1F1B", choices=["auto", *(s.value for s in _schedule_names())],
+                   help="pipeline schedule (default 1F1B, which `autopp run` executes; auto searches all)")
+    p.add_argument("--pp", type=_positive, help="pin the pipeline ranks (default devices / dp)")
+    p.add_argument("--dp", type=_auto_int, help="data-parallel replicas, or auto (default 1, or devices / pp)")
+    p.add_argument("--synthesize", action="store_true",
+                   help="also try a CP-SAT-synthesized F/I/W order for the chosen split (always on with auto)")
+    p.add_argument("--synth-time", type=float, default=10.0, metavar="S", help="CP-SAT time limit (default 10 s)")
+    p.add_argument("--links", help="links JSON from `autopp profile-links` (default: assumed loopback gloo)")
+    p.add_argument("--virtual-stages", type=_positive, help="stages per rank for interleaved schedules")
+    p.add_argument("--recompute", choices=["none", "all", "auto"], default="none",
+                   help="activation recomputation (default none; auto: only where memory needs it)")
     p.add_argument("--latency", type=float, help="link latency in seconds (default: assumed loopback gloo)")
     p.add_argument("--bandwidth", type=float, help="link bandwidth in bytes/s")
     p.add_argument("-o", "--output", help="plan JSON path (default MODEL.plan.json)")
@@ -173,7 +296,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is stopped (default 300)")
     p.add_argument("--report", help="run report JSON path (default PLAN.report.json)")
+    p.add_argument("--nnodes", type=_positive, help="run through torchrun on this many machines (docs/launch.md)")
+    p.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nnodes-1 (default 0)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0, reachable from every node")
+    p.add_argument("--master-port", type=int, default=29500, help="free TCP port on node 0 (default 29500)")
+    p.add_argument("--run-dir", help="keep the ranks' logs and results here (default: a temporary directory)")
+    p.add_argument("--print-torchrun", action="store_true",
+                   help="print the torchrun command to run on each node, and exit")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("show", help="draw a plan's simulated timeline and memory")
+    p.add_argument("file", help="plan JSON")
+    p.add_argument("-o", "--output", help="PNG path (default PLAN.png)")
+    p.add_argument("--trace", help="also write a Chrome/Perfetto trace JSON here")
+    p.set_defaults(func=_cmd_show)
     return parser
 
 

@@ -80,3 +80,43 @@ def test_run_validates_and_refuses_a_changed_model(tmp_path: Path, capsys: pytes
     model.write_text(model.read_text().replace("nn.Linear(16, 4)", "nn.Linear(16, 4, bias=False)"))
     _fails(["run", str(plan)], capsys, "re-plan")
     assert (tmp_path / "profiles" / "m" / "meta.json").is_file()
+
+
+def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autopp.solve.synthetic import synthetic_profile
+    prof, plan = tmp_path / "prof", tmp_path / "p.json"
+    synthetic_profile(12).save(prof)
+    assert main(["plan", "--profile", str(prof), "--devices", "8", "--memory", "80GiB", "--global-batch", "32",
+                 "--schedule", "auto", "--dp", "auto", "--recompute", "auto", "-o", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    assert data["pp"] * data["dp"] == data["num_ranks"] == 8 and "ideal" in capsys.readouterr().out
+    assert main(["plan", "--profile", str(prof), "--devices", "4", "--memory", "80GiB", "--global-batch", "16",
+                 "--schedule", "Interleaved1F1B", "--virtual-stages", "2", "--microbatches", "8", "-o", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    assert data["virtual_stages"] == 2 and len(data["stages"]) == 8 and data["num_microbatches"] == 8
+    assert main(["plan", "--profile", str(prof), "--devices", "4", "--memory", "80GiB", "--pp", "2",
+                 "--global-batch", "16", "-o", str(plan)]) == 0
+    assert json.loads(plan.read_text())["dp"] == 2
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"devices": [{"memory": "80GiB", "speed": 1}, {"memory": "80GiB", "speed": 2}]}))
+    assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8", "-o", str(plan)]) == 0
+    stages = json.loads(plan.read_text())["stages"]
+    assert stages[1]["units"][1] - stages[1]["units"][0] > stages[0]["units"][1] - stages[0]["units"][0]
+
+
+def test_plan_bad_dp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _fails(["plan", "--profile", str(tmp_path), "--devices", "4", "--memory", "1GiB", "--dp", "3"], capsys,
+           "dp=3 does not divide the 4 devices")
+
+
+def test_show_draws_timeline_and_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from .conftest import ROOT
+    plan, png, trace = tmp_path / "p.json", tmp_path / "t.png", tmp_path / "t.json"
+    assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
+                 "--schedule", "ZBVZeroBubble", "-o", str(plan)]) == 0
+    assert main(["show", str(plan), "-o", str(png), "--trace", str(trace)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e.get("ph") == "X"} == {0, 1}
+    assert "wrote timeline" in capsys.readouterr().out
+    _fails(["show", str(tmp_path / "missing.json")], capsys, "no such plan file")

@@ -1,9 +1,13 @@
-"""Run a Plan with torch.distributed.pipelining on local ranks, time it, validate it (the only pipelining user)."""
+"""Run a Plan with torch.distributed.pipelining on local ranks or through torchrun, measure it, validate it
+(the only pipelining user)."""
 
 from __future__ import annotations
 
-from .report import RunFailedError, RunReport, format_report
+from .report import RunFailedError, RunReport, format_report, load_report
 from .runner import run_plan
-from .validate import GRAD_RTOL, LOSS_RTOL
+from .timeline import draw_report, measured_timeline
+from .torchrun import Nodes, torchrun_command
+from .validate import GRAD_RTOL, LOSS_RTOL, TOLERANCES
 
-__all__ = ["run_plan", "RunReport", "RunFailedError", "format_report", "GRAD_RTOL", "LOSS_RTOL"]
+__all__ = ["run_plan", "RunReport", "RunFailedError", "format_report", "load_report", "measured_timeline",
+           "draw_report", "Nodes", "torchrun_command", "GRAD_RTOL", "LOSS_RTOL", "TOLERANCES"]

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import RunError
 
@@ -35,6 +35,9 @@ class RankProcess:
     popen: subprocess.Popen[bytes]
     run_dir: Path
     _read: int = field(default=0)
+    graceful_s: float = 0.0
+    """Seconds between SIGTERM and SIGKILL (torchrun needs a SIGTERM to stop the workers it started in their own
+    sessions); 0: SIGKILL at once."""
 
     @property
     def stdout_path(self) -> Path:
@@ -95,7 +98,17 @@ def launch_ranks(args: Sequence[str], world_size: int, run_dir: Path) -> list[Ra
 
 
 def kill_ranks(procs: Sequence[RankProcess]) -> None:
-    """SIGKILL each rank's process group and reap it, so no process (or zombie) is left behind."""
+    """SIGKILL each rank's process group and reap it, so no process (or zombie) is left behind.
+
+    A process with `graceful_s` gets SIGTERM first and that long to stop its own children.
+    """
+    for p in procs:
+        if p.graceful_s > 0 and p.popen.poll() is None:
+            try:
+                os.killpg(p.popen.pid, signal.SIGTERM)
+                p.popen.wait(timeout=p.graceful_s)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
     for p in procs:
         if p.popen.poll() is None:
             try:
@@ -133,6 +146,7 @@ def wait_ranks(procs: Sequence[RankProcess], timeout_s: float, progress: Progres
     Whatever happens (including KeyboardInterrupt), no rank outlives this call.
     """
     start = time.monotonic()
+    previous = _stop_on_sigterm()
     try:
         while True:
             _forward_progress(procs, progress)
@@ -147,6 +161,19 @@ def wait_ranks(procs: Sequence[RankProcess], timeout_s: float, progress: Progres
             time.sleep(POLL_S)
     finally:
         kill_ranks(procs)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm() -> Any:
+    """Turn SIGTERM into a RunError while waiting, so the ranks are killed on the way out (main thread only);
+    the previous handler, or None when it could not be replaced."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise RunError(f"stopped by signal {signal.Signals(signum).name}; killed all ranks")
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        return None
 
 
 def _root_cause(failed: list[RankProcess]) -> RankProcess:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunError
+from ..sizes import format_size
 
 __all__ = [
     "REPORT_VERSION",
@@ -21,6 +22,9 @@ __all__ = [
     "median_step_time",
     "relative_error",
     "format_report",
+    "StageTimes",
+    "load_report",
+    "RankMeasure",
 ]
 
 REPORT_VERSION = 1
@@ -36,6 +40,52 @@ class ParamDiff:
     """max |pipelined - reference| over the parameter's elements."""
     max_rel: float
     """max_abs / max |reference| (0 when both are all zeros, inf when only the reference is)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageTimes:
+    """Measured per-microbatch action times of one stage (median over the timed steps) next to the plan's."""
+
+    stage: int
+    rank: int
+    """Pipeline rank that runs the stage."""
+    forward_s: float | None
+    backward_s: float | None
+    """A full backward: B, or I + W for split-backward schedules."""
+    input_s: float | None
+    """I (input-gradient backward), when the schedule splits the backward."""
+    weight_s: float | None
+    """W (weight-gradient backward), when the schedule splits the backward."""
+    predicted_forward_s: float
+    predicted_backward_s: float
+    forward_error: float | None
+    """(measured - predicted) / predicted; null when the prediction is not positive."""
+    backward_error: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankMeasure:
+    """What one global rank measured."""
+
+    rank: int
+    replica: int
+    pp_rank: int
+    stages: tuple[int, ...]
+    step_times_s: tuple[float, ...]
+    wait_s: float
+    """Median over the timed steps of the time spent waiting for sends/receives."""
+    schedule_s: float | None = None
+    """Median over the timed steps of the time inside the schedule's step (all F/I/W/B, sends, receives, loss)."""
+    allreduce_s: float | None = None
+    """Median time of the data-parallel gradient all-reduce (0 when dp = 1)."""
+    optimizer_s: float | None = None
+    """Median time of the optimizer step and zero_grad (not part of a simulated pipeline step)."""
+    peak_memory_bytes: int
+    predicted_peak_memory_bytes: int | None
+    memory_error: float | None
+    """(measured - predicted) / predicted."""
+    actions: tuple[tuple[str, float, float], ...]
+    """The median step's compute actions: (torch text e.g. `1I0`, start, end) in seconds from the step start."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +127,19 @@ class RunReport:
     """measured / predicted."""
     relative_error: float | None = None
     """(measured - predicted) / predicted."""
+    pp: int = 0
+    dp: int = 1
+    virtual_stages: int = 1
+    ranks: tuple[RankMeasure, ...] = ()
+    """One per global rank (global rank = replica * pp + pipeline rank)."""
+    stage_times: tuple[StageTimes, ...] = ()
+    memory_method: str | None = None
+    """"cuda.max_memory_allocated", or "estimate" on CPU (parameters + gradients + optimizer state + peak saved)."""
+    timeline_step: int | None = None
+    """Index of the step whose actions `ranks[*].actions` holds (the median step)."""
+    launcher: str = "local"
+    """"local" (one process per rank started here) or "torchrun"."""
+    notes: tuple[str, ...] = ()
     complete: bool = False
     """True when every rank finished every step."""
     error: str | None = None
@@ -96,6 +159,14 @@ class RunReport:
             f.write(json.dumps(self.to_json(), indent=2) + "\n")
         os.replace(tmp, target)
         return target
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    """A saved report's JSON object (for measured_timeline and draw_report)."""
+    try:
+        return dict(json.loads(Path(path).read_text()))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RunError(f"{path}: cannot read run report: {exc}") from exc
 
 
 def _finite(value: Any) -> Any:
@@ -136,11 +207,34 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _err(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.0%}"
+
+
+def _measure_lines(r: RunReport) -> list[str]:
+    """Per stage measured vs predicted F and B; per rank waits and peak memory vs predicted."""
+    lines = []
+    for st in r.stage_times:
+        split = f" (I {_fmt(st.input_s, '.2e')} + W {_fmt(st.weight_s, '.2e')})" if st.input_s is not None else ""
+        lines.append(f"  stage {st.stage:<3d}   F {_fmt(st.forward_s, '.2e')} s ({_err(st.forward_error)})   "
+                     f"B {_fmt(st.backward_s, '.2e')} s ({_err(st.backward_error)}){split}   vs predicted")
+    for m in r.ranks:
+        pred = "-" if m.predicted_peak_memory_bytes is None else format_size(m.predicted_peak_memory_bytes)
+        lines.append(f"  rank {m.rank:<4d}   stages {list(m.stages)}   in step {_fmt(m.schedule_s, '.4f')} s "
+                     f"(waits {m.wait_s:.4f} s)   all-reduce {_fmt(m.allreduce_s, '.4f')} s   optimizer "
+                     f"{_fmt(m.optimizer_s, '.4f')} s")
+        lines.append(f"  {'':<9}   peak memory "
+                     f"{format_size(m.peak_memory_bytes)} vs predicted {pred} ({_err(m.memory_error)}, "
+                     f"{r.memory_method})")
+    return lines + [f"  note        {n}" for n in r.notes]
+
+
 def format_report(report: RunReport) -> str:
     """A short human-readable table: timing, loss and gradient differences, verdict."""
     r = report
     lines = [
-        f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks, {r.num_microbatches} x {r.microbatch_size} "
+        f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks = pp {r.pp} x dp {r.dp}, "
+        f"{r.num_microbatches} x {r.microbatch_size} "
         f"microbatches, {r.steps} steps, {r.backend})",
         f"  step time   measured {_fmt(r.measured_step_time_s, '.4f')} s   predicted {r.predicted_step_time_s:.4f} s"
         f"   ratio {_fmt(r.step_time_ratio, '.2f')}",
@@ -152,6 +246,7 @@ def format_report(report: RunReport) -> str:
         f"  gradients   max diff abs {_fmt(r.grad_max_abs_diff, '.2e')} rel {_fmt(r.grad_max_rel_diff, '.2e')}"
         f" (worst {r.worst_param or '-'}; tolerance rel {r.grad_rtol:.0e}; {len(r.grad_diffs)} parameters)",
     ]
+    lines += _measure_lines(r)
     verdict = "PASSED" if r.passed else ("FAILED: " + (r.error or "validation failed"))
     lines.append(f"  verdict     {verdict}")
     return "\n".join(lines)

@@ -15,11 +15,14 @@ import torch
 from ..errors import PlanError, RunError
 from ..modelfile import ModelFile, discover_units, fingerprint, load_model_file
 from ..plan import Plan
-from .launch import launch_ranks, wait_ranks
+from .launch import RankProcess, launch_ranks, wait_ranks
 from .report import RunFailedError, RunReport, median_step_time, relative_error
-from .validate import GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, reference_run
+from .summary import median_step_index, rank_measures, stage_times
+from .torchrun import Nodes, launch_torchrun, torchrun_command, worker_errors
+from .validate import (GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, reference_run,
+                       tolerances)
 
-__all__ = ["run_plan", "check_fingerprint", "choose_backend"]
+__all__ = ["run_plan", "check_fingerprint", "choose_backend", "read_results"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,65 +58,112 @@ def _run_dir(work_dir: str | Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def _blank_report(plan: Plan, plan_path: str | None, steps: int, lr: float, backend: str) -> RunReport:
+def _blank_report(plan: Plan, plan_path: str | None, steps: int, lr: float, backend: str, launcher: str
+                  ) -> RunReport:
+    notes = tuple(f"stage {st.index} asks for recompute, which the runner does not do yet: activations are kept"
+                  for st in plan.stages if st.recompute)
     return RunReport(plan_path=plan_path, model_path=plan.model_path, fingerprint=plan.fingerprint,
                      schedule=plan.schedule, num_ranks=plan.num_ranks, num_microbatches=plan.num_microbatches,
                      microbatch_size=plan.microbatch_size, steps=steps, lr=lr, backend=backend,
-                     grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, predicted_step_time_s=plan.predicted.step_time_s)
+                     grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, predicted_step_time_s=plan.predicted.step_time_s,
+                     pp=plan.pp, dp=plan.dp, virtual_stages=plan.virtual_stages, launcher=launcher, notes=notes)
 
 
-def _worker_args(plan: Plan, mf: ModelFile, run_dir: Path, steps: int, lr: float, backend: str,
+def _worker_args(plan_file: Path, mf: ModelFile, run_dir: Path, steps: int, lr: float, backend: str,
                  timeout_s: float) -> list[str]:
-    return ["--plan", str(plan.save(run_dir / "plan.json")), "--model", str(mf.path), "--run-dir", str(run_dir),
+    return ["--plan", str(plan_file), "--model", str(mf.path), "--run-dir", str(run_dir),
             "--steps", str(steps), "--lr", repr(lr), "--backend", backend, "--timeout-s", repr(timeout_s)]
 
 
-def _read_results(run_dir: Path, num_ranks: int) -> tuple[list[dict[str, Any]], dict[int, dict[str, torch.Tensor]]]:
-    """Each rank's rank{r}.json and its first-step gradients keyed by stage index."""
-    results, grads = [], {}
-    for rank in range(num_ranks):
-        result = json.loads((run_dir / f"rank{rank}.json").read_text())
-        results.append(result)
-        grads[int(result["stage"])] = torch.load(run_dir / f"grads{rank}.pt", weights_only=True)
-    return results, grads
+def read_results(run_dir: Path) -> tuple[list[dict[str, Any]], dict[int, dict[str, torch.Tensor]]]:
+    """Every rank's result (results.json, written by global rank 0) and replica 0's first-step gradients by stage."""
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+        grads = torch.load(run_dir / "grads.pt", weights_only=True)
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{run_dir}: the ranks finished but left no readable results: {exc}") from exc
+    return results, {int(k): v for k, v in grads.items()}
 
 
-def _timing(report: RunReport, results: list[dict[str, Any]]) -> RunReport:
-    """Per step, the slowest rank's wall time (the barriers make them nearly equal); median and prediction error."""
+def _timing(report: RunReport, results: list[dict[str, Any]], plan: Plan | None = None) -> RunReport:
+    """Per step, the slowest rank's wall time (the barriers make them nearly equal); median and prediction error;
+    per-rank waits, peak memory and the median step's actions; per-stage action times."""
     per_step = tuple(max(times) for times in zip(*(r["step_times_s"] for r in results)))
     measured = median_step_time(per_step)
     ratio, rel = relative_error(measured, report.predicted_step_time_s)
-    return replace(report, step_times_s=per_step, measured_step_time_s=measured, step_time_ratio=ratio,
-                   relative_error=rel, complete=True)
+    report = replace(report, step_times_s=per_step, measured_step_time_s=measured, step_time_ratio=ratio,
+                     relative_error=rel, complete=True)
+    if plan is None or "actions" not in results[0]:
+        return report
+    step = median_step_index(per_step)
+    return replace(report, ranks=rank_measures(plan, results, step), stage_times=stage_times(plan, results),
+                   memory_method=results[0].get("memory_method"), timeline_step=step)
+
+
+def _stage_params(results: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """Stage -> parameter names, from replica 0's ranks (old single-stage results carry `stage` and `params`)."""
+    out: dict[int, list[str]] = {}
+    for r in results:
+        if r.get("replica", 0) != 0:
+            continue
+        if isinstance(r["params"], dict):
+            out.update({int(k): v for k, v in r["params"].items()})
+        else:
+            out[int(r["stage"])] = r["params"]
+    return out
+
+
+def _losses(results: list[dict[str, Any]]) -> tuple[float, ...]:
+    """Per step, the mean of every replica's microbatch losses (equal microbatches: the global-batch loss)."""
+    per_rank = [r["losses"] for r in results if r["losses"]]
+    return tuple(sum(sum(mb) for mb in step) / sum(len(mb) for mb in step) for step in zip(*per_rank))
 
 
 def _validation(report: RunReport, results: list[dict[str, Any]], grads: dict[int, dict[str, torch.Tensor]],
                 ref: Reference) -> RunReport:
     """Compare losses and first-step gradients; the verdict and, on failure, the reason."""
-    check_coverage(list(ref.grads), {int(r["stage"]): r["params"] for r in results})
+    grad_rtol, loss_rtol = tolerances(ref.dtype)
+    check_coverage(list(ref.grads), _stage_params(results))
     diffs = compare_grads(ref.grads, grads)
     worst = max(diffs, key=lambda d: d.max_rel)
-    last = max(results, key=lambda r: int(r["stage"]))
-    losses = tuple(sum(mb) / len(mb) for mb in last["losses"])
+    losses = _losses(results)
     loss_abs, loss_rel = compare_losses(losses, ref.losses)
     error = None
-    if worst.max_rel > GRAD_RTOL:
+    if worst.max_rel > grad_rtol:
         error = (f"gradient of {worst.name} (stage {worst.stage}) differs from the single-process reference by "
-                 f"{worst.max_rel:.2e} relative (max abs {worst.max_abs:.2e}), above the tolerance {GRAD_RTOL:.0e}")
-    elif loss_rel > LOSS_RTOL:
+                 f"{worst.max_rel:.2e} relative (max abs {worst.max_abs:.2e}), above the tolerance {grad_rtol:.0e}")
+    elif loss_rel > loss_rtol:
         error = (f"losses differ from the single-process reference by {loss_rel:.2e} relative (max abs "
-                 f"{loss_abs:.2e}), above the tolerance {LOSS_RTOL:.0e}: pipelined {losses}, reference {ref.losses}")
+                 f"{loss_abs:.2e}), above the tolerance {loss_rtol:.0e}: pipelined {losses}, reference {ref.losses}")
     return replace(report, losses=losses, reference_losses=ref.losses, loss_max_abs_diff=loss_abs,
                    loss_max_rel_diff=loss_rel, grad_diffs=tuple(diffs),
                    grad_max_abs_diff=max(d.max_abs for d in diffs), grad_max_rel_diff=worst.max_rel,
-                   worst_param=worst.name, passed=error is None, error=error)
+                   worst_param=worst.name, grad_rtol=grad_rtol, loss_rtol=loss_rtol, passed=error is None,
+                   error=error)
+
+
+def _launch(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, steps: int, lr: float, backend: str,
+            timeout_s: float, nodes: Nodes | None) -> list[RankProcess]:
+    """Local: one process per rank. With `nodes`: this node's torchrun (the plan file must be at the same path on
+    every node)."""
+    if nodes is None:
+        plan_file = plan.save(run_dir / "plan.json")
+        return launch_ranks(_worker_args(plan_file, mf, run_dir, steps, lr, backend, timeout_s), plan.num_ranks,
+                            run_dir)
+    plan_file = Path(plan_path) if plan_path and nodes.nnodes > 1 else plan.save(run_dir / "plan.json")
+    cmd = torchrun_command(plan_file, nodes.nnodes, nodes.node_rank, nodes.master_addr, nodes.master_port,
+                           num_ranks=plan.num_ranks, run_dir=run_dir, steps=steps, lr=lr, backend=backend,
+                           timeout_s=timeout_s)
+    return [launch_torchrun(cmd, run_dir)]
 
 
 def run_plan(plan: Plan, steps: int = 3, timeout_s: float = 120.0, lr: float = 0.01,
              progress: Progress | None = None, *, plan_path: str | None = None,
-             work_dir: str | Path | None = None, check: bool = True) -> RunReport:
-    """Run `steps` SGD steps of `plan` on one local process per rank, then validate and time them.
+             work_dir: str | Path | None = None, check: bool = True, nodes: Nodes | None = None) -> RunReport:
+    """Run `steps` SGD steps of `plan` on one process per rank, then validate and time them.
 
+    Without `nodes`, starts the ranks here. With `nodes`, runs this node's share through torchrun; node 0 then
+    validates and returns the report, other nodes return the blank report (complete when their ranks exited 0).
     Raises PlanError if the model changed since planning, RunFailedError (a RunError carrying the partial report)
     if a rank fails, the ranks do not finish within `timeout_s` or a parameter is not on exactly one stage, and
     when a gradient or loss is out of tolerance unless `check` is False (then `report.passed` is False).
@@ -123,18 +173,23 @@ def run_plan(plan: Plan, steps: int = 3, timeout_s: float = 120.0, lr: float = 0
     if steps < 1:
         raise RunError(f"steps must be at least 1, got {steps}")
     mf = check_fingerprint(plan)
-    backend = choose_backend(plan.num_ranks)
-    report = _blank_report(plan, plan_path, steps, lr, backend)
+    per_node = plan.num_ranks // (nodes.nnodes if nodes else 1)
+    backend = choose_backend(per_node)
+    report = _blank_report(plan, plan_path, steps, lr, backend, "local" if nodes is None else "torchrun")
     with _run_dir(work_dir) as run_dir:
-        say(f"starting {plan.num_ranks} ranks ({backend}, {plan.schedule}, {steps} steps) in {run_dir}")
-        procs = launch_ranks(_worker_args(plan, mf, run_dir, steps, lr, backend, timeout_s), plan.num_ranks, run_dir)
+        say(f"starting {plan.num_ranks} ranks ({backend}, {plan.schedule}, pp {plan.pp} x dp {plan.dp}, "
+            f"{steps} steps) in {run_dir}")
+        procs = _launch(plan, plan_path, mf, run_dir, steps, lr, backend, timeout_s, nodes)
         try:
             wall = wait_ranks(procs, timeout_s, say)
         except RunError as exc:
-            raise RunFailedError(str(exc), replace(report, error=str(exc))) from exc
+            message = (worker_errors(run_dir) or str(exc)) if nodes is not None else str(exc)
+            raise RunFailedError(message, replace(report, error=message)) from exc
+        if nodes is not None and nodes.node_rank != 0:
+            return replace(report, complete=True)
         say(f"ranks finished in {wall:.1f} s; running the single-process reference")
-        results, grads = _read_results(run_dir, plan.num_ranks)
-    report = _timing(report, results)
+        results, grads = read_results(run_dir)
+    report = _timing(report, results, plan)
     ref = reference_run(mf, plan.seed, plan.global_batch, steps, lr)
     try:
         report = _validation(report, results, grads, ref)

@@ -25,6 +25,8 @@ from .report import ParamDiff
 __all__ = [
     "GRAD_RTOL",
     "LOSS_RTOL",
+    "TOLERANCES",
+    "tolerances",
     "Reference",
     "tensor_diff",
     "check_coverage",
@@ -35,10 +37,20 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Max allowed max|pipelined - reference| / max|reference| of any parameter's first-step gradient.
+#: Max allowed max|pipelined - reference| / max|reference| of any parameter's first-step gradient (float32).
 GRAD_RTOL = 1e-4
-#: Max allowed |pipelined - reference| / |reference| of any step's loss.
+#: Max allowed |pipelined - reference| / |reference| of any step's loss (float32).
 LOSS_RTOL = 1e-5
+#: (gradient, loss) relative tolerances by the model's parameter dtype. Measured on tests/models/linrelu.py cast to
+#: the dtype (2 ranks, 1F1B and ZBVZeroBubble, 4 microbatches of 4, 3 steps): bfloat16 gradients 6.4e-3, losses
+#: 3.3e-3; float16 8.7e-4 and 4.1e-4 -- the unit roundoff (2^-8 = 3.9e-3, 2^-11 = 4.9e-4) times a small factor,
+#: since the loss itself is rounded to the dtype. The tolerances leave ~8-10x headroom; float32 leaves ~100x.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-9, 1e-11),
+    "float32": (GRAD_RTOL, LOSS_RTOL),
+    "float16": (1e-2, 4e-3),
+    "bfloat16": (5e-2, 3e-2),
+}
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,21 @@ class Reference:
 
     losses: tuple[float, ...]
     grads: dict[str, torch.Tensor]
+    dtype: str = "float32"
+    """The dtype of the model's floating-point parameters (the widest, when mixed)."""
+
+
+def tolerances(dtype: str) -> tuple[float, float]:
+    """(gradient, loss) relative tolerances for a model whose parameters are `dtype` (float32's when unknown)."""
+    return TOLERANCES.get(dtype, TOLERANCES["float32"])
+
+
+def model_dtype(model: nn.Module) -> str:
+    """The widest floating-point parameter dtype, as a name ("float32"); float32 for a model without any."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if not dtypes:
+        return "float32"
+    return str(max(dtypes, key=lambda d: torch.finfo(d).bits)).removeprefix("torch.")
 
 
 def tensor_diff(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -117,7 +144,7 @@ def reference_run(mf: ModelFile, seed: int, global_batch: int, steps: int, lr: f
         optimizer.step()
         optimizer.zero_grad()
     logger.debug("reference losses %s", losses)
-    return Reference(tuple(losses), grads)
+    return Reference(tuple(losses), grads, model_dtype(model))
 
 
 def _grads(model: nn.Module) -> dict[str, torch.Tensor]:

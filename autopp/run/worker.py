@@ -1,10 +1,17 @@
-"""One rank of a pipelined run: `python -m autopp.run.worker` with RANK/WORLD_SIZE/MASTER_* set by launch.py.
+"""One rank of a pipelined run: `python -m autopp.run.worker`, started by launch.py or by torchrun.
 
-The rank builds the model (same seed everywhere), splits it, builds its stage, runs the plan's schedule for a few
-SGD steps and writes into the run directory:
-  rank{r}.json    step times, per-step microbatch losses (last rank), its parameter names
-  grads{r}.pt     its parameters' gradients at the first step, by name
-  rank{r}.error   one line naming the exception, written before exiting non-zero
+Ranks. The world is pp x dp processes; global rank = replica * pp + pipeline rank (replica 0 is ranks 0..pp-1,
+replica 1 is ranks pp..2pp-1, ...). Each replica runs the whole pipeline on its contiguous slice of the global
+batch; the ranks that hold the same stages in different replicas average their gradients (all-reduce over a
+process subgroup) before the optimizer step. RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT come from the
+environment (launch.py sets them; torchrun sets them the same way).
+
+The rank builds the model (same seed everywhere), splits it into the plan's stages, builds the stages placed on its
+pipeline rank, runs the plan's schedule for a few SGD steps, timing each step, each action and each wait, and
+estimating its peak memory. At the end global rank 0 gathers every rank's results and writes into the run dir:
+  results.json    one object per global rank: step times, actions, waits, peak memory, losses, parameter names
+  grads.pt        {stage index: {parameter name: first-step gradient}} from replica 0 (after the dp average)
+A rank that fails writes rank{r}.error (one line naming the exception) into its own run dir before exiting 1.
 Progress lines are logged to stdout, which the parent forwards.
 """
 
@@ -15,52 +22,80 @@ import json
 import logging
 import os
 import sys
-import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 
 from ..errors import RunError
 from ..modelfile import ModelFile, load_model_file
-from ..plan import Plan, StagePlan, load_plan
-from ..split import split_model
+from ..plan import Plan, load_plan
+from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
+from .pipeline import build_stages, make_schedule
 
-__all__ = ["SCHEDULES", "make_schedule", "stage_of_rank", "main"]
+__all__ = ["Ranks", "ranks_of", "check_world_size", "replica_slice", "main"]
 
 logger = logging.getLogger("autopp.run.worker")  # not __name__: this module runs as __main__
 
-#: The plan's schedule names and the torch schedules that run them.
-SCHEDULES: dict[str, type[PipelineScheduleSingle]] = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
+
+@dataclass(frozen=True)
+class Ranks:
+    """Where a global rank sits: its replica, its pipeline rank, and the global ranks of its two groups."""
+
+    rank: int
+    replica: int
+    pp_rank: int
+    pipeline: tuple[int, ...]
+    """Global ranks of this replica's pipeline (pipeline rank i is pipeline[i])."""
+    data_parallel: tuple[int, ...]
+    """Global ranks holding the same stages in every replica."""
 
 
-def stage_of_rank(plan: Plan, rank: int) -> StagePlan:
-    """The one stage placed on `rank`; single-stage schedules need stage i on rank i."""
-    stages = [s for s in plan.stages if s.rank == rank]
-    if len(stages) != 1 or stages[0].index != rank:
-        placed = [(s.index, s.rank) for s in plan.stages]
-        raise RunError(f"rank {rank}: the runner needs exactly stage {rank} on rank {rank}; plan places "
-                       f"(stage, rank) as {placed}")
-    return stages[0]
+def ranks_of(rank: int, pp: int, dp: int) -> Ranks:
+    """Global rank = replica * pp + pipeline rank."""
+    replica, pp_rank = divmod(rank, pp)
+    return Ranks(rank, replica, pp_rank, tuple(replica * pp + i for i in range(pp)),
+                 tuple(r * pp + pp_rank for r in range(dp)))
 
 
-def make_schedule(name: str, stage: Stage, n_microbatches: int, loss_fn: Any) -> PipelineScheduleSingle:
-    """The torch schedule called `name`, with the default scale_grads=True (gradients of the mean loss)."""
-    if name not in SCHEDULES:
-        raise RunError(f"schedule {name!r} is not supported by the runner; use one of {sorted(SCHEDULES)}")
-    return SCHEDULES[name](stage, n_microbatches, loss_fn=loss_fn)
+def check_world_size(plan: Plan, world_size: int) -> None:
+    if world_size != plan.num_ranks:
+        raise RunError(f"plan needs {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}) but WORLD_SIZE is "
+                       f"{world_size}")
 
 
-def _device(backend: str, rank: int) -> torch.device:
+def replica_slice(value: Any, replica: int, dp: int) -> Any:
+    """Replica `replica`'s contiguous share of a batch tensor (dimension 0)."""
+    if not isinstance(value, torch.Tensor) or dp == 1:
+        return value
+    n = value.shape[0] // dp
+    return value[replica * n:(replica + 1) * n]
+
+
+def _groups(plan: Plan, ranks: Ranks) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """This rank's pipeline group and data-parallel group; every rank creates every group, in the same order."""
+    if plan.dp == 1:
+        return None, None
+    pp_group = dp_group = None
+    for replica in range(plan.dp):
+        g = dist.new_group([replica * plan.pp + i for i in range(plan.pp)])
+        pp_group = g if replica == ranks.replica else pp_group
+    for i in range(plan.pp):
+        g = dist.new_group([r * plan.pp + i for r in range(plan.dp)])
+        dp_group = g if i == ranks.pp_rank else dp_group
+    return pp_group, dp_group
+
+
+def _device(backend: str) -> torch.device:
     if backend == "nccl":
-        torch.cuda.set_device(rank)
-        return torch.device("cuda", rank)
+        local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
     return torch.device("cpu")
 
 
@@ -74,57 +109,136 @@ def _to(value: Any, device: torch.device) -> Any:
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
-def _build_stage(mf: ModelFile, plan: Plan, stage_plan: StagePlan, device: torch.device) -> Stage:
-    model = mf.build(plan.seed)
-    example, _ = mf.sample_batch(plan.microbatch_size, seed=plan.seed)
-    pipe = split_model(model, example, plan.split_points)
-    if pipe.num_stages != len(plan.stages):
-        raise RunError(f"splitting at {plan.split_points} gave {pipe.num_stages} pieces, plan has {len(plan.stages)}")
-    pipe.get_stage_module(stage_plan.index).to(device)
-    return pipe.build_stage(stage_plan.index, device)
+def _params(stages: Sequence[Stage]) -> list[torch.nn.Parameter]:
+    return [p for s in stages for p in s.submod.parameters()]
 
 
-def _grads(stage: Stage) -> dict[str, torch.Tensor]:
-    return {name: (p.grad.detach().cpu().clone() if p.grad is not None else torch.zeros_like(p.detach().cpu()))
-            for name, p in stage.submod.named_parameters()}
+def _average_grads(params: Sequence[torch.nn.Parameter], group: dist.ProcessGroup | None, dp: int) -> None:
+    """Average gradients over the replicas (one flat all-reduce)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if group is None or not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= dp
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
-def _train(args: argparse.Namespace, rank: int, device: torch.device) -> None:
-    plan = load_plan(args.plan)
-    mf = load_model_file(args.model)
-    stage_plan = stage_of_rank(plan, rank)
-    stage = _build_stage(mf, plan, stage_plan, device)
-    schedule = make_schedule(plan.schedule, stage, plan.num_microbatches, mf.loss_fn)
-    optimizer = torch.optim.SGD(stage.submod.parameters(), lr=args.lr)
-    first, last = stage_plan.index == 0, stage_plan.index == len(plan.stages) - 1
-    times: list[float] = []
-    losses: list[list[float]] = []
-    logger.info("stage %d built (%d parameters)", stage_plan.index, sum(p.numel() for p in stage.submod.parameters()))
+def _grads(stages: Sequence[Stage]) -> dict[int, dict[str, torch.Tensor]]:
+    return {s.stage_index: {name: (p.grad.detach().cpu().clone() if p.grad is not None
+                                   else torch.zeros_like(p.detach().cpu()))
+                            for name, p in s.submod.named_parameters()} for s in stages}
+
+
+@dataclass
+class _Run:
+    """What this rank measured."""
+
+    step_times: list[float]
+    losses: list[list[float]]
+    actions: list[list[list[Any]]]
+    waits: list[float]
+    peak_memory: int
+    grads: dict[int, dict[str, torch.Tensor]]
+    phases: list[dict[str, float]]
+    """Per step: seconds in schedule.step, in the dp gradient all-reduce, and in the optimizer step + zero_grad."""
+
+
+def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, device: torch.device) -> _Run:
+    pp_group, dp_group = _groups(plan, ranks)
+    stages = build_stages(mf, plan, ranks.pp_rank, device, pp_group)
+    schedule = make_schedule(plan, stages, mf.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv")
+    params = _params(stages)
+    optimizer = torch.optim.SGD(params, lr=args.lr)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    recorder, saved = StepRecorder(), SavedBytes(params)
+    recorder.wrap_stages(stages)
+    run = _Run([], [], [], [], 0, {}, [])
+    logger.info("stages %s built on pipeline rank %d of replica %d (%d parameters)", [s.stage_index for s in stages],
+                ranks.pp_rank, ranks.replica, sum(p.numel() for p in params))
     for step in range(args.steps):
         inputs, target = mf.sample_batch(plan.global_batch, seed=plan.seed + step)
+        inputs = tuple(replica_slice(t, ranks.replica, plan.dp) for t in inputs)
+        target = replica_slice(target, ranks.replica, plan.dp)
         mb_losses: list[torch.Tensor] = []
-        _sync(device)
-        start = time.perf_counter()
         step_args = tuple(_to(t, device) for t in inputs) if first else ()
         step_kwargs: dict[str, Any] = {"target": _to(target, device), "losses": mb_losses} if last else {}
-        schedule.step(*step_args, **step_kwargs)
-        if step == 0:
-            torch.save(_grads(stage), Path(args.run_dir) / f"grads{rank}.pt")
+        _sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        saved.reset_peak()
+        recorder.start()
+        with record_waits(recorder):
+            schedule.step(*step_args, **step_kwargs)
+        t_schedule = recorder.now()
+        _average_grads(params, dp_group, plan.dp)
+        t_allreduce = recorder.now()
+        if step == 0 and ranks.replica == 0:
+            run.grads = _grads(stages)
+        t_optimizer = recorder.now()
         optimizer.step()
         optimizer.zero_grad()
+        run.phases.append({"schedule_s": t_schedule, "allreduce_s": t_allreduce - t_schedule,
+                           "optimizer_s": recorder.now() - t_optimizer})
         _sync(device)
-        times.append(time.perf_counter() - start)
-        losses.append([float(x.detach()) for x in mb_losses])
-        logger.info("step %d/%d %.4f s", step + 1, args.steps, times[-1])
-    result = {"rank": rank, "stage": stage_plan.index, "step_times_s": times, "losses": losses if last else [],
-              "params": [n for n, _ in stage.submod.named_parameters()]}
-    (Path(args.run_dir) / f"rank{rank}.json").write_text(json.dumps(result))
+        run.step_times.append(recorder.now())
+        run.losses.append([float(x.detach()) for x in mb_losses])
+        run.actions.append([[a.action, a.start_s, a.end_s] for a in recorder.actions])
+        run.waits.append(recorder.wait_s)
+        peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                else static_bytes(params, optimizer) + saved.peak)
+        run.peak_memory = max(run.peak_memory, int(peak))
+        logger.info("step %d/%d %.4f s", step + 1, args.steps, run.step_times[-1])
+        if step == 0 and device.type != "cuda":
+            run.peak_memory = max(run.peak_memory, _probe_memory(schedule, step_args, last, target, device, saved,
+                                                                 static_bytes(params, optimizer), optimizer))
+    run_result = {"rank": ranks.rank, "replica": ranks.replica, "pp_rank": ranks.pp_rank,
+                  "stages": [s.stage_index for s in stages], "step_times_s": run.step_times,
+                  "losses": run.losses if last else [], "actions": run.actions, "wait_s": run.waits,
+                  "phases": run.phases,
+                  "peak_memory_bytes": run.peak_memory,
+                  "memory_method": "cuda.max_memory_allocated" if device.type == "cuda" else "estimate",
+                  "params": {str(s.stage_index): [n for n, _ in s.submod.named_parameters()] for s in stages}}
+    _gather(args.run_dir, ranks.rank, run_result, run.grads)
+    return run
+
+
+def _probe_memory(schedule: Any, step_args: tuple[Any, ...], last: bool, target: Any, device: torch.device,
+                  saved: SavedBytes, static: int, optimizer: torch.optim.Optimizer) -> int:
+    """CPU peak estimate from one extra, untimed forward and backward of the last step's batch whose gradients are
+    thrown away: saved-tensor hooks cost a few microseconds per saved tensor (~9% of a GPT step), so the timed
+    steps run without them, and the first step is avoided because its one-time shape inference saves tensors too.
+    """
+    _sync(device)
+    saved.reset_peak()
+    step_kwargs: dict[str, Any] = {"target": _to(target, device), "losses": []} if last else {}
+    with saved.hooks():
+        schedule.step(*step_args, **step_kwargs)
+    optimizer.zero_grad()
+    _sync(device)
+    return static + saved.peak
+
+
+def _gather(run_dir: str, rank: int, result: dict[str, Any], grads: dict[int, dict[str, torch.Tensor]]) -> None:
+    """Global rank 0 collects every rank's result and replica 0's gradients and writes them into its run dir."""
+    world = dist.get_world_size()
+    everything: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object((result, grads), everything if rank == 0 else None, dst=0)
+    if rank != 0:
+        return
+    results = [r for r, _ in everything]
+    all_grads = {stage: g for _, gs in everything for stage, g in gs.items()}
+    torch.save(all_grads, Path(run_dir) / "grads.pt")
+    (Path(run_dir) / "results.json").write_text(json.dumps(results))
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m autopp.run.worker")
     parser.add_argument("--plan", required=True)
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", help="model file (default: the plan's model_path)")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--lr", type=float, required=True)
@@ -138,6 +252,7 @@ def _record_error(run_dir: str, rank: int, exc: BaseException) -> None:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     text = str(exc).strip().splitlines()
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {text[0] if text else ''}{where}\n")
 
 
@@ -157,10 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
     try:
-        device = _device(args.backend, rank)
-        dist.init_process_group(args.backend, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
+        plan = load_plan(args.plan)
+        check_world_size(plan, int(os.environ["WORLD_SIZE"]))
+        mf = load_model_file(args.model or plan.model_path)
+        device = _device(args.backend)
+        dist.init_process_group(args.backend, rank=rank, world_size=plan.num_ranks,
                                 timeout=timedelta(seconds=args.timeout_s))
-        _train(args, rank, device)
+        _train(args, plan, mf, ranks_of(rank, plan.pp, plan.dp), device)
     except BaseException as exc:  # noqa: BLE001 - the parent needs every failure, KeyboardInterrupt included
         # Record first and skip destroy_process_group: it may wait on peers, and the parent kills them anyway.
         _record_error(args.run_dir, rank, exc)

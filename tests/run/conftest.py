@@ -41,6 +41,32 @@ def loss_fn(output, target):
 '''
 
 MakePlan = Callable[..., Plan]
+LINRELU = ROOT / "tests" / "models" / "linrelu.py"
+
+
+def pipeline_plan(model_path: Path, split_points: list[str], schedule: str = "1F1B", pp: int = 2, dp: int = 1,
+                  virtual_stages: int = 1, num_microbatches: int = 2, microbatch_size: int = 2,
+                  predicted_s: float = 0.1, ranks: list[int] | None = None, **extra: object) -> Plan:
+    """A plan cut at `split_points` (len = pp * v - 1), stages placed by the named schedule's layout (or `ranks`)."""
+    from autopp.schedule import ScheduleName, stage_to_rank
+
+    mf = load_model_file(model_path)
+    model = mf.build(0)
+    units = discover_units(mf, model)
+    cuts = [0] + [next(u.index for u in units if u.split_point == p) for p in split_points] + [len(units)]
+    if ranks is None:
+        ranks = stage_to_rank(ScheduleName(schedule), pp, virtual_stages)
+    stages = tuple(
+        StagePlan(index=i, rank=ranks[i], units=(a, b), unit_names=tuple(u.name for u in units[a:b]),
+                  split_point=None if i == 0 else split_points[i - 1], forward_s=0.01, backward_s=0.02,
+                  memory_bytes=1000)
+        for i, (a, b) in enumerate(zip(cuts, cuts[1:]))
+    )
+    return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=schedule,
+                num_ranks=pp * dp, pp=pp, dp=dp, virtual_stages=virtual_stages, num_microbatches=num_microbatches,
+                microbatch_size=microbatch_size, memory_limit_bytes=2**30, stages=stages,
+                predicted=Prediction(step_time_s=predicted_s, peak_memory_bytes=(1000,) * pp, bubble_fraction=0.0),
+                **extra)  # type: ignore[arg-type]
 
 
 def two_stage_plan(model_path: Path, split_point: str, schedule: str = "1F1B", num_microbatches: int = 2,

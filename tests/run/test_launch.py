@@ -112,3 +112,21 @@ def test_keyboard_interrupt_kills_every_rank(tmp_path: Path) -> None:
         wait_ranks(procs, timeout_s=30, progress=interrupt)
     assert all(p.popen.returncode is not None for p in procs)
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_sigterm_to_the_parent_kills_every_rank(tmp_path: Path) -> None:
+    # The parent waits on a sleeping rank in a child python; SIGTERM to that parent must not orphan the rank.
+    code = ("import sys, subprocess, pathlib\n"
+            "from autopp.run.launch import RankProcess, wait_ranks\n"
+            "d = pathlib.Path(sys.argv[1])\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}, str(d)], start_new_session=True)\n"
+            "(d / 'started').write_text(str(p.pid))\n"
+            "wait_ranks([RankProcess(0, p, d)], timeout_s=60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    parent.terminate()
+    _, err = parent.communicate(timeout=30)
+    assert parent.returncode != 0 and b"stopped by signal SIGTERM" in err
+    assert processes_mentioning(str(tmp_path)) == []

@@ -12,14 +12,15 @@ import pytest
 import torch
 
 from autopp.errors import PlanError, RunError
-from autopp.run import GRAD_RTOL, RunFailedError, RunReport, format_report, run_plan
+from autopp.run import GRAD_RTOL, Nodes, RunFailedError, RunReport, format_report, measured_timeline, run_plan
+from autopp.run.launch import free_port
 from autopp.run.runner import _timing, _validation
 from autopp.run.validate import Reference
 
-from .conftest import GPT, children_of, processes_mentioning, two_stage_plan
+from .conftest import GPT, LINRELU, children_of, pipeline_plan, processes_mentioning, two_stage_plan
 
 
-@pytest.mark.parametrize("schedule, num_microbatches, microbatch_size", [("1F1B", 2, 2), ("GPipe", 4, 1)])
+@pytest.mark.parametrize("schedule, num_microbatches, microbatch_size", [("1F1B", 2, 2)])
 def test_gpt_two_ranks_match_reference(tmp_path: Path, schedule: str, num_microbatches: int,
                                        microbatch_size: int) -> None:
     plan = two_stage_plan(GPT, "h.2", schedule, num_microbatches, microbatch_size, predicted_s=0.05)
@@ -39,6 +40,33 @@ def test_gpt_two_ranks_match_reference(tmp_path: Path, schedule: str, num_microb
     saved = json.loads(report.save(tmp_path / "report.json").read_text())
     assert saved["passed"] is True and saved["plan_path"] == "plan.json" and len(saved["grad_diffs"]) == len(names)
     assert "PASSED" in format_report(report)
+
+
+@pytest.mark.parametrize("schedule, kinds", [("Interleaved1F1B", {"F", "B"}), ("ZBVZeroBubble", {"F", "I", "W"})])
+def test_two_stages_per_rank_match_reference_and_are_timed(schedule: str, kinds: set[str]) -> None:
+    plan = pipeline_plan(LINRELU, ["1", "2", "4"], schedule, virtual_stages=2, num_microbatches=4)
+    report = run_plan(plan, steps=2, timeout_s=90)
+    assert report.passed and report.complete and report.virtual_stages == 2
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    assert [m.stages for m in report.ranks] == [(0, 2), (1, 3)] if schedule == "Interleaved1F1B" else [(0, 3), (1, 2)]
+    assert [st.stage for st in report.stage_times] == [0, 1, 2, 3]
+    assert all(st.forward_s and st.backward_s and st.forward_error is not None for st in report.stage_times)
+    timeline = measured_timeline(report)
+    assert {e.action.kind.value for e in timeline.events} == kinds
+    assert len(timeline.events) == 4 * 4 * len(kinds) and report.timeline_step == 1
+    assert all(0 <= e.start_s <= e.end_s <= timeline.step_time_s + 1e-3 for e in timeline.events)
+    assert report.memory_method == "estimate" and all(m.peak_memory_bytes > 0 for m in report.ranks)
+    assert report.ranks[0].memory_error == pytest.approx(report.ranks[0].peak_memory_bytes / 1000 - 1)
+
+
+def test_two_replicas_of_a_two_rank_pipeline_through_torchrun(tmp_path: Path) -> None:
+    # dp 2 x pp 2 = 4 ranks started by torchrun (one node): replicas average their gradients before SGD.
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", pp=2, dp=2, num_microbatches=2, microbatch_size=2)
+    report = run_plan(plan, steps=2, timeout_s=90, nodes=Nodes(master_port=free_port()), work_dir=tmp_path)
+    assert report.passed and report.launcher == "torchrun" and (report.pp, report.dp) == (2, 2)
+    assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
+    assert [(m.rank, m.replica, m.pp_rank) for m in report.ranks] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert "pp 2 x dp 2" in format_report(report)
 
 
 def test_stale_fingerprint_is_refused() -> None:

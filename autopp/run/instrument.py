@@ -1,0 +1,154 @@
+"""Per-rank measurement inside a step: when each F/I/W/B ran, time spent waiting for communication, peak memory.
+
+Action timing wraps each stage's `forward_one_chunk` (F), `backward_one_chunk` (B, or I when
+`full_backward=False`) and `backward_weight_one_chunk` (W); waits wrap torch's private
+`schedules._wait_batch_p2p`, through which every schedule waits for its sends and receives. Peak memory is
+`torch.cuda.max_memory_allocated` on a GPU; on CPU it is estimated as parameters + gradients + optimizer state
+plus the peak of the bytes autograd keeps saved for backward (saved-tensor hooks, each storage counted once,
+parameters excluded), the quantity the profiler measures per unit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.distributed.pipelining import schedules as _torch_schedules
+
+__all__ = ["ActionRecord", "StepRecorder", "SavedBytes", "static_bytes", "record_waits"]
+
+
+@dataclass
+class ActionRecord:
+    """One compute action on this rank: torch's text (e.g. `1I0`), start and end in seconds from the step start."""
+
+    action: str
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class StepRecorder:
+    """Collects the actions and communication waits of the current step of this rank's stages."""
+
+    t0: float = 0.0
+    actions: list[ActionRecord] = field(default_factory=list)
+    waits: list[tuple[float, float]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self.actions, self.waits = [], []
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def wrap_stages(self, stages: Sequence[Any]) -> None:
+        """Time every F, I/B and W the schedule calls on `stages` (instance attributes shadow the methods)."""
+        for stage in stages:
+            idx = stage.stage_index
+            stage.forward_one_chunk = self._timed(stage.forward_one_chunk, lambda a, k, s=idx: f"{s}F{a[0]}")
+            stage.backward_one_chunk = self._timed(stage.backward_one_chunk, lambda a, k, s=idx: (
+                f"{s}{'B' if k.get('full_backward', True) else 'I'}{a[0]}"))
+            stage.backward_weight_one_chunk = self._timed(stage.backward_weight_one_chunk,
+                                                          lambda a, k, s=idx: f"{s}W{a[0]}")
+
+    def _timed(self, fn: Callable[..., Any], name: Callable[[tuple[Any, ...], dict[str, Any]], str]
+               ) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = self.now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.actions.append(ActionRecord(name(args, kwargs), start, self.now()))
+        return timed
+
+    @property
+    def wait_s(self) -> float:
+        return sum(end - start for start, end in self.waits)
+
+
+@contextlib.contextmanager
+def record_waits(recorder: StepRecorder) -> Iterator[None]:
+    """Time each wait for a batch of sends/receives (torch's private `_wait_batch_p2p`) while inside."""
+    original = _torch_schedules._wait_batch_p2p
+
+    def waited(work: Any) -> Any:
+        start = recorder.now()
+        try:
+            return original(work)
+        finally:
+            recorder.waits.append((start, recorder.now()))
+
+    _torch_schedules._wait_batch_p2p = waited
+    try:
+        yield
+    finally:
+        _torch_schedules._wait_batch_p2p = original
+
+
+class _Saved:
+    """A saved tensor wrapped so that its release (the autograd node freeing it) can be observed."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class SavedBytes:
+    """Bytes autograd holds saved for backward, now and at peak; storages shared by several saves count once."""
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        self.exclude = {_storage_key(p) for p in params}
+        self.live: dict[int, list[int]] = {}
+        self.current = 0
+        self.peak = 0
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def hooks(self) -> Any:
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        key = _storage_key(t)
+        if key is None or key in self.exclude:
+            return t
+        entry = self.live.setdefault(key, [0, t.untyped_storage().nbytes()])
+        if entry[0] == 0:
+            self.current += entry[1]
+            self.peak = max(self.peak, self.current)
+        entry[0] += 1
+        saved = _Saved(t)
+        weakref.finalize(saved, self._release, key)
+        return saved
+
+    @staticmethod
+    def _unpack(saved: Any) -> torch.Tensor:
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    def _release(self, key: int) -> None:
+        entry = self.live[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.current -= entry[1]
+            del self.live[key]
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, some subclasses)
+        return None
+
+
+def static_bytes(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
+    """Parameters + gradients (one per parameter) + optimizer state tensors."""
+    weights = sum(p.numel() * p.element_size() for p in params)
+    state = sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
+                if isinstance(v, torch.Tensor))
+    return 2 * weights + state

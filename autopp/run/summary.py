@@ -1,0 +1,78 @@
+"""Turn the ranks' raw measurements into report entries: per-stage action times and per-rank figures (no torch)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+from ..plan import Plan
+from ..schedule import Kind, parse_action
+from .report import RankMeasure, StageTimes, relative_error
+
+__all__ = ["timed_steps", "median_step_index", "stage_times", "rank_measures"]
+
+
+def timed_steps(n: int) -> list[int]:
+    """Steps whose timings count: all after the first (warm-up), or the only one."""
+    return list(range(1, n)) if n > 1 else list(range(n))
+
+
+def median_step_index(step_times: Sequence[float]) -> int | None:
+    """The timed step whose time is the (lower) median: its actions are the report's timeline."""
+    steps = timed_steps(len(step_times))
+    if not steps:
+        return None
+    ordered = sorted(steps, key=lambda i: step_times[i])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _durations(results: Sequence[dict[str, Any]], replica: int = 0) -> dict[tuple[int, Kind], list[float]]:
+    """Per (stage, kind), every measured duration of one replica's ranks over the timed steps."""
+    out: dict[tuple[int, Kind], list[float]] = {}
+    for r in results:
+        if r["replica"] != replica:
+            continue
+        for step in timed_steps(len(r["actions"])):
+            for text, start, end in r["actions"][step]:
+                a = parse_action(text)
+                out.setdefault((a.stage, a.kind), []).append(end - start)
+    return out
+
+
+def _median(values: list[float] | None) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def stage_times(plan: Plan, results: Sequence[dict[str, Any]]) -> tuple[StageTimes, ...]:
+    """Median F, B (or I + W) per stage, with the relative error against the plan's forward_s and backward_s."""
+    d = _durations(results)
+    out = []
+    for s in plan.stages:
+        fwd, full = _median(d.get((s.index, Kind.F))), _median(d.get((s.index, Kind.B)))
+        i_s, w_s = _median(d.get((s.index, Kind.I))), _median(d.get((s.index, Kind.W)))
+        back = full if full is not None else (i_s + w_s if i_s is not None and w_s is not None else None)
+        out.append(StageTimes(stage=s.index, rank=s.rank, forward_s=fwd, backward_s=back, input_s=i_s, weight_s=w_s,
+                              predicted_forward_s=s.forward_s, predicted_backward_s=s.backward_s,
+                              forward_error=relative_error(fwd, s.forward_s)[1],
+                              backward_error=relative_error(back, s.backward_s)[1]))
+    return tuple(out)
+
+
+def rank_measures(plan: Plan, results: Sequence[dict[str, Any]], step: int | None) -> tuple[RankMeasure, ...]:
+    """One entry per global rank, with the predicted peak memory of its pipeline rank and the error."""
+    out = []
+    predicted = plan.predicted.peak_memory_bytes
+    for r in sorted(results, key=lambda r: r["rank"]):
+        pred = int(predicted[r["pp_rank"]]) if r["pp_rank"] < len(predicted) else None
+        waits = [r["wait_s"][i] for i in timed_steps(len(r["wait_s"]))]
+        actions = tuple((str(t), float(a), float(b)) for t, a, b in r["actions"][step]) if step is not None else ()
+        phases = [r["phases"][i] for i in timed_steps(len(r.get("phases", [])))]
+        out.append(RankMeasure(rank=r["rank"], replica=r["replica"], pp_rank=r["pp_rank"], stages=tuple(r["stages"]),
+                               step_times_s=tuple(r["step_times_s"]), wait_s=_median(waits) or 0.0,
+                               schedule_s=_median([ph["schedule_s"] for ph in phases]),
+                               allreduce_s=_median([ph["allreduce_s"] for ph in phases]),
+                               optimizer_s=_median([ph["optimizer_s"] for ph in phases]),
+                               peak_memory_bytes=int(r["peak_memory_bytes"]), predicted_peak_memory_bytes=pred,
+                               memory_error=relative_error(r["peak_memory_bytes"], pred or 0)[1],
+                               actions=actions))
+    return tuple(out)

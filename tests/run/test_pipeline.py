@@ -1,0 +1,101 @@
+"""The torch side of a plan: stage placement, the neighbour-only check, and custom orders through torch's CSV
+runtime (run in this process on a one-rank gloo group, so no worker start-up is paid)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+
+from autopp.errors import RunError
+from autopp.modelfile import load_model_file
+from autopp.run.pipeline import SCHEDULES, check_neighbours, custom_schedule, placement, write_order_csv
+from autopp.schedule import ScheduleName, build_schedule
+from autopp.split import split_model
+
+from .conftest import LINRELU, ROOT, pipeline_plan
+
+MASKED = ROOT / "tests" / "models" / "masked.py"
+
+
+def test_every_simulated_schedule_has_a_torch_class() -> None:
+    assert sorted(SCHEDULES) == sorted(s.value for s in ScheduleName)
+
+
+def test_placement_follows_the_schedule_layout() -> None:
+    assert placement(pipeline_plan(LINRELU, ["1", "2", "4"], "ZBVZeroBubble", virtual_stages=2)) == [0, 1, 1, 0]
+    assert placement(pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", virtual_stages=2)) == [0, 1, 0, 1]
+    looped = pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", virtual_stages=2, ranks=[0, 1, 1, 0])
+    with pytest.raises(RunError, match=r"Interleaved1F1B with pp 2 and 2 stages per rank places stages on ranks "
+                                       r"\[0, 1, 0, 1\], but the plan places them on \[0, 1, 1, 0\]"):
+        placement(looped)
+    with pytest.raises(RunError, match=r"schedule 'ZBV' is not supported by the runner; use one of \['1F1B', "):
+        placement(replace(pipeline_plan(LINRELU, ["2"]), schedule="ZBV"))
+
+
+def test_custom_placement_is_the_plans() -> None:
+    plan = pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", virtual_stages=2, ranks=[0, 1, 1, 0])
+    assert placement(replace(plan, schedule="Custom")) == [0, 1, 1, 0]
+
+
+def test_a_mask_read_by_every_block_is_refused_for_multi_stage_schedules() -> None:
+    mf = load_model_file(MASKED)
+    example, _ = mf.sample_batch(2, seed=0)
+    pipe = split_model(mf.build(0), example, ["blocks.1", "blocks.2"])
+    with pytest.raises(RunError, match=r"stage 2 reads '\w+' from stage 0, which is not its neighbour"):
+        check_neighbours(pipe)
+    chain = load_model_file(LINRELU)
+    check_neighbours(split_model(chain.build(0), chain.sample_batch(2, seed=0)[0], ["2"]))
+
+
+def test_order_csv_is_torchs_compute_only_layout(tmp_path: Path) -> None:
+    order = build_schedule(ScheduleName.INTERLEAVED_ZERO_BUBBLE, 2, 2, 2)
+    path = write_order_csv([[str(a) for a in order[r]] for r in range(2)], tmp_path / "o.csv")
+    rows = list(csv.reader(path.open()))
+    assert rows == [[str(a) for a in order[r]] for r in range(2)]
+    assert rows[1][:3] == ["1F0", "1F1", "3F0"]
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", [ScheduleName.LOOPED_BFS, ScheduleName.INTERLEAVED_ZERO_BUBBLE])
+def test_custom_order_runs_through_torchs_runtime_and_matches_one_process(
+        one_rank_group: None, tmp_path: Path, name: ScheduleName) -> None:
+    mf = load_model_file(LINRELU)
+    torch.manual_seed(0)
+    inputs, target = mf.sample_batch(4, seed=1)
+    pipe = split_model(mf.build(0), inputs, ["2"])
+    stages = [PipelineStage(pipe.get_stage_module(i), i, 2, torch.device("cpu")) for i in range(2)]
+    order = build_schedule(name, 1, 2, 2)  # one rank holding both stages, 2 microbatches
+    schedule = custom_schedule(stages, [[str(a) for a in order[0]]], 2, mf.loss_fn, tmp_path / "order.csv")
+    losses: list[torch.Tensor] = []
+    schedule.step(*inputs, target=target, losses=losses)
+    reference = mf.build(0)
+    mf.loss_fn(reference(*inputs), target).backward()
+    expected = dict(reference.named_parameters())
+    for stage in stages:
+        for pname, p in stage.submod.named_parameters():
+            torch.testing.assert_close(p.grad, expected[pname].grad, rtol=1e-5, atol=1e-7)
+    assert len(losses) == 2
+
+
+def test_a_bad_custom_order_is_a_run_error(one_rank_group: None, tmp_path: Path) -> None:
+    mf = load_model_file(LINRELU)
+    inputs, _ = mf.sample_batch(4, seed=1)
+    pipe = split_model(mf.build(0), inputs, ["2"])
+    stages = [PipelineStage(pipe.get_stage_module(i), i, 2, torch.device("cpu")) for i in range(2)]
+    with pytest.raises(RunError, match=r"torch refused the custom order in .*order.csv"):
+        custom_schedule(stages, [["0F0", "1F0", "1B0", "0B0", "0F1"]], 2, mf.loss_fn, tmp_path / "order.csv")
