@@ -218,13 +218,37 @@ def _schedule_names():  # type: ignore[no-untyped-def]
     return list(ScheduleName)
 
 
-def _cmd_show(args: argparse.Namespace) -> int:
+def _show_report(path: Path, out: Path) -> int:
     from .plan import load_plan
     from .predict import simulate_plan
+    from .run import draw_report, load_report
+    report = load_report(path)
+    plan_path = report.get("plan_path")
+    predicted = simulate_plan(load_plan(plan_path)) if plan_path and Path(plan_path).is_file() else None
+    draw_report(report, predicted, out)
+    print(f"wrote measured{' and predicted' if predicted else ''} timelines {out}")
+    if predicted is None:
+        print(f"(plan {plan_path} not found: measured timeline only)", file=sys.stderr)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    import json
+    from .plan import Plan
+    from .predict import simulate_plan
     from .schedule import draw_timeline, write_chrome_trace
-    plan = load_plan(args.file)
+    path = Path(args.file)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AutoppError(f"{path}: no such plan or report file") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise AutoppError(f"{path}: not a plan or run report JSON: {exc}") from None
+    out = Path(args.output or path.with_suffix(".png"))
+    if isinstance(data, dict) and "grad_rtol" in data:
+        return _show_report(path, out)
+    plan = Plan.from_json(data, str(path))
     result = simulate_plan(plan)
-    out = Path(args.output or Path(args.file).with_suffix(".png"))
     title = (f"{Path(plan.model_path).name}: {plan.schedule}, pp {plan.pp} x dp {plan.dp}, "
              f"{plan.num_microbatches} microbatches of {plan.microbatch_size} (simulated)")
     draw_timeline(result, out, title=title)
@@ -305,8 +329,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="print the torchrun command to run on each node, and exit")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("show", help="draw a plan's simulated timeline and memory")
-    p.add_argument("file", help="plan JSON")
+    p = sub.add_parser("show", help="draw a plan's simulated timeline and memory, or a run's measured timeline")
+    p.add_argument("file", help="plan JSON, or a run report JSON (measured drawn above predicted)")
     p.add_argument("-o", "--output", help="PNG path (default PLAN.png)")
     p.add_argument("--trace", help="also write a Chrome/Perfetto trace JSON here")
     p.set_defaults(func=_cmd_show)

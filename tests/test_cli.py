@@ -77,6 +77,9 @@ def test_run_validates_and_refuses_a_changed_model(tmp_path: Path, capsys: pytes
     assert main(["run", str(plan), "--steps", "2", "--report", str(report)]) == 0
     assert json.loads(report.read_text())["passed"] is True
     assert "PASSED" in capsys.readouterr().out
+    assert main(["show", str(report), "-o", str(tmp_path / "r.png")]) == 0
+    assert "wrote measured and predicted timelines" in capsys.readouterr().out
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     model.write_text(model.read_text().replace("nn.Linear(16, 4)", "nn.Linear(16, 4, bias=False)"))
     _fails(["run", str(plan)], capsys, "re-plan")
     assert (tmp_path / "profiles" / "m" / "meta.json").is_file()
@@ -119,4 +122,4 @@ def test_show_draws_timeline_and_trace(tmp_path: Path, capsys: pytest.CaptureFix
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["pid"] for e in events if e.get("ph") == "X"} == {0, 1}
     assert "wrote timeline" in capsys.readouterr().out
-    _fails(["show", str(tmp_path / "missing.json")], capsys, "no such plan file")
+    _fails(["show", str(tmp_path / "missing.json")], capsys, "no such plan or report file")

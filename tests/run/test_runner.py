@@ -127,3 +127,19 @@ def test_validation_names_the_parameter_above_tolerance() -> None:
     assert not report.passed
     assert report.error == ("gradient of b (stage 1) differs from the single-process reference by 1.00e-02 relative "
                             "(max abs 4.00e-02), above the tolerance 1e-04")
+
+
+def test_custom_synthesized_order_runs_through_torch_runtime() -> None:
+    """A "Custom" plan (as `autopp plan --synthesize` writes): CP-SAT's F/I/W order for uneven stages, executed by
+    torch's schedule runtime from the CSV, validated against the single-process run."""
+    from autopp.schedule import StageCost, synthesize
+
+    costs = [StageCost(forward_s=f, backward_input_s=f, backward_weight_s=f, static_bytes=0, activation_bytes=1,
+                       input_bytes=1) for f in (1.0, 1.0, 2.0)]
+    owner = [0, 1, 1]
+    result = synthesize(costs, owner, 4, [0.1, 0.0], [10**9, 10**9], time_limit_s=2.0)
+    order = tuple(tuple(str(a) for a in result.order[r]) for r in (0, 1))
+    plan = pipeline_plan(LINRELU, ["2", "4"], "Custom", num_microbatches=4, ranks=owner, custom_order=order)
+    report = run_plan(plan, steps=1, timeout_s=90)
+    assert report.passed and report.complete and report.schedule == "Custom"
+    assert {e.action.kind.value for e in measured_timeline(report).events} == {"F", "I", "W"}
