@@ -249,7 +249,8 @@ def _measure_size(mf: ModelFile, model: nn.Module, units: list[Unit], b: int, se
                     edges[(src, i)] += storage_bytes(tensors_in(env[arg]))
             module = gm.get_submodule(str(node.target))
             last = i == len(calls) - 1
-            finish = (lambda out: mf.loss_fn(rebuild_output(spec, out), target)) if last else (lambda out: out)
+            finish = (lambda out, node=node: mf.loss_fn(rebuild_output(spec, _model_output(gm, env, node, out)),
+                                                        target)) if last else (lambda out: out)
             grad = tuple(not (isinstance(a, fx.Node) and source_piece(a, piece_index) == -1) for a in node.args)
             piece = _Piece(module, fx.node.map_arg(node.args, lambda a: env[a]), finish, i == 0, grad)
             row = {"unit": i, "microbatch_size": b, **_summary(_time_piece(piece, settings.budget, settings.clock))}
@@ -270,6 +271,20 @@ def _measure_size(mf: ModelFile, model: nn.Module, units: list[Unit], b: int, se
     value_bytes = {v.name: storage_bytes(tensors_in(env[by_name[v.name]])) for v in live}
     edge_rows = [{"src": s, "dst": d, "microbatch_size": b, "bytes": n} for (s, d), n in sorted(edges.items())]
     return rows, edge_rows, live, value_bytes
+
+
+def _model_output(gm: fx.GraphModule, env: dict[fx.Node, Any], last: fx.Node, out: Any) -> Any:
+    """The split graph's output with `out` as the last piece's value: an encoder-decoder model also returns the
+    encoder's output (T5's `encoder_last_hidden_state`), which an earlier piece made, so the last piece alone does
+    not hold every tensor of the model's output."""
+    def value(node: fx.Node) -> Any:
+        if node is last:
+            return out
+        if node.op == "call_function":
+            return node.target(*fx.node.map_arg(node.args, value))  # type: ignore[operator]
+        return env[node]
+    result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return fx.node.map_arg(result, value)
 
 
 def _bar(done: int, total: int, text: str, width: int = 20) -> str:

@@ -161,18 +161,38 @@ def _positional_arity(model: nn.Module) -> int | None:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
-def _block_container(model: nn.Module) -> str | None:
-    """Name of the largest ModuleList/Sequential whose children are all of one class (>= 2 of them)."""
-    best: tuple[int, str] | None = None
-    for name, module in model.named_modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
-            continue
-        if len({type(child) for child in module}) != 1:
-            continue
-        size = sum(p.numel() for p in module.parameters())
-        if best is None or (len(module), size) > (best[0], sum(p.numel() for p in model.get_submodule(best[1]).parameters())):
-            best = (len(module), name)
-    return best[1] if best else None
+def _repeated(module: nn.Module) -> bool:
+    """Whether `module` is a ModuleList/Sequential of >= 2 children all of one class."""
+    return isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) >= 2 and \
+        len({type(child) for child in module}) == 1
+
+
+def _inside(name: str, outer: str) -> bool:
+    """Whether module `name` is `outer` or lies inside it."""
+    return name == outer or name.startswith(outer + ".")
+
+
+def _block_containers(model: nn.Module) -> list[str]:
+    """Names of the repeated-block containers whose children become units, largest first.
+
+    Candidates are the ModuleList/Sequential modules of >= 2 same-class children, except one whose children are all
+    candidates themselves (a list of stages: its stages' blocks are taken instead). The largest (most children, then
+    most parameters) is taken; then each other candidate, largest first, that neither lies inside nor contains one
+    already taken: ResNet's layer1..layer4, an encoder's and a decoder's blocks. A model with one such container
+    (GPT, Llama, ViT) gets exactly that one."""
+    modules = dict(model.named_modules())
+    candidates = {name for name, module in modules.items() if name and _repeated(module)}
+    eligible = [name for name in candidates
+                if not all(f"{name}.{child}" in candidates for child, _ in modules[name].named_children())]
+
+    def rank(name: str) -> tuple[int, int, str]:
+        return -len(modules[name]), -sum(p.numel() for p in modules[name].parameters()), name
+
+    taken: list[str] = []
+    for name in sorted(eligible, key=rank):
+        if not any(_inside(name, t) or _inside(t, name) for t in taken):
+            taken.append(name)
+    return taken
 
 
 def _granules(model: nn.Module, expand: set[str]) -> list[str]:
@@ -215,24 +235,40 @@ def _ancestors(names: list[str]) -> set[str]:
 
 
 def _default_split_points(model: nn.Module, order_of: Callable[[list[str]], list[str]]) -> list[str]:
+    """The children of a Sequential model; else a split point before every block of every repeated container (in
+    first-call order) and before the first module called after the last block."""
     if isinstance(model, nn.Sequential):
         return [name for name, _ in model.named_children()][1:]
-    container = _block_container(model)
-    if container is None:
+    containers = _block_containers(model)
+    if not containers:
         return []
-    blocks = [f"{container}.{name}" for name, _ in model.get_submodule(container).named_children()]
-    order = order_of(_granules(model, _ancestors(blocks) | {container}))
+    blocks = {f"{c}.{name}" for c in containers for name, _ in model.get_submodule(c).named_children()}
+    order = order_of(_granules(model, _ancestors(sorted(blocks)) | set(containers)))
     called = [name for name in order if name in blocks]
-    points = called if order and order[0] != called[0] else called[1:]
-    after = order[order.index(called[-1]) + 1:] if called else []
+    if not called:
+        return []
+    points = called if order[0] != called[0] else called[1:]
+    after = order[order.index(called[-1]) + 1:]
     return points + after[:1]
 
 
 def discover_units(mf: ModelFile, model: nn.Module) -> list[Unit]:
-    """Units from SPLIT_POINTS if given, else the Sequential's children or the repeated blocks (README)."""
+    """Units from SPLIT_POINTS if given, else the Sequential's children or the repeated blocks (README).
+
+    Repeated blocks: every child of every container `_block_containers` takes (one for GPT, Llama, ViT; layer1..4 of
+    a ResNet; an encoder's and a decoder's blocks) starts a unit, in first-call order; what runs before the first
+    block is the first unit, what runs after the last block the last unit, and what runs between two containers
+    (an encoder's final norm, a decoder's embedding) joins the unit of the block called just before it."""
     inputs, _ = mf.sample_batch(1)
     named = dict(model.named_modules())
-    order_of = lambda names: _call_order(model, names, inputs)  # noqa: E731
+
+    def order_of(names: list[str]) -> list[str]:
+        try:
+            return _call_order(model, names, inputs)
+        except Exception as exc:
+            raise mf.error(f"forward() on sample_batch(1), run to find the order modules are called in, raised "
+                           f"{_describe(exc)}") from exc
+
     points = list(mf.split_points) if mf.split_points is not None else _default_split_points(model, order_of)
     for p in points:
         if p not in named or p == "":

@@ -33,7 +33,37 @@ def split_model(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], spli
     if pipe.num_stages != len(split_points) + 1:
         raise ModelFileError(f"splitting at {len(split_points)} points gave {pipe.num_stages} pieces, "
                              f"expected {len(split_points) + 1}; a split point may be called inside a loop or not at all")
+    _unview_outputs(pipe.split_gm)
     return pipe
+
+
+def _own_storage(value: Any) -> Any:
+    """`value`, copied to a contiguous tensor of its own when it is a view of another tensor (T5's position bias is
+    an `unsqueeze`) or not contiguous: torch's `stage_backward_input` detaches every stage output in place, which a
+    view refuses ("Can't detach views in-place"), and gloo sends only contiguous tensors ("input tensor has to be
+    contiguous")."""
+    if isinstance(value, torch.Tensor) and (value._is_view() or not value.is_contiguous()):
+        return value.clone(memory_format=torch.contiguous_format)
+    return value
+
+
+def _unview_outputs(gm: fx.GraphModule) -> None:
+    """Make every piece return tensors that own their storage (see `_own_storage`); other outputs are untouched."""
+    for node in gm.graph.nodes:
+        piece = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(piece, fx.GraphModule):
+            continue
+        out = next(n for n in piece.graph.nodes if n.op == "output")
+        with piece.graph.inserting_before(out):
+            out.args = fx.node.map_arg(out.args, lambda n, g=piece.graph: _wrap(g, n))
+        piece.recompile()
+
+
+def _wrap(graph: fx.Graph, node: fx.Node) -> fx.Node:
+    """`_own_storage(node)`, keeping the node's metadata (torch's PipelineStage reads the outputs' `meta["val"]`)."""
+    new = graph.call_function(_own_storage, (node,))
+    new.meta = dict(node.meta)
+    return new
 
 
 def piece_names(pipe: Pipe) -> list[str]:

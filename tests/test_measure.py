@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,11 @@ SLACK_S = 0.010
 
 
 def _module(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(f"t_{name}", MODELS / f"{name}.py")
+    return _module_at(MODELS / f"{name}.py")
+
+
+def _module_at(path: Path):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(f"t_{path.stem}", path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -148,3 +153,61 @@ def test_graph_edges_carry_boundary_bytes(gpt_profile) -> None:  # type: ignore[
 def test_bad_microbatch_sizes() -> None:
     with pytest.raises(ValueError, match="positive"):
         profile_model(MODELS / "linrelu.py", microbatch_sizes=(0,))
+
+
+def test_two_stacks_encoder_output_relayed_across_decoder_units() -> None:
+    """twostacks.py: the encoder's output (`memory`) feeds the bridge and is read again by both dec blocks."""
+    m = _module("twostacks")
+    profile = profile_model(MODELS / "twostacks.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    h = 2 * 3 * m.WIDTH * 4
+    # Unit 3 (enc.2 and the bridge) sends the bridge's output to unit 4 and `memory` to the dec units 8 and 9.
+    (bridge, memory) = [v for v in profile.meta.live_values if v["src"] == 3]
+    assert bridge["dsts"] == [4] and bridge["action"] == "send"
+    assert memory["dsts"] == [8, 9] and memory["action"] == "relay" and memory["relayed_over"] == [4, 5, 6, 7, 8]
+    assert memory["bytes"] == {"2": h}
+    assert profile.cut_bytes(2) == [h, h, h] + [2 * h] * 6 + [h]  # cuts before units 4..9 carry both
+
+
+def test_resnet_cut_bytes_follow_the_downsampling() -> None:
+    from .conftest import EXAMPLES
+    r = _module_at(EXAMPLES / "resnet.py")
+    profile = profile_model(EXAMPLES / "resnet.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    assert all(v["action"] == "send" for v in profile.meta.live_values)  # a chain
+    side = r.IMAGE // 4  # stride-2 convolution and max pool
+    stage = [2 * r.WIDTH * 2 ** s * (side // 2 ** s) ** 2 * 4 for s in range(4)]  # bytes of each stage's output
+    assert profile.cut_bytes(2) == [stage[0], stage[0], stage[0], stage[1], stage[1], stage[2], stage[2],
+                                    stage[3], stage[3]]
+    assert profile.meta.tied_parameters == ()
+
+
+def test_hf_bert_mask_relayed_and_tied_decoder() -> None:
+    pytest.importorskip("transformers")
+    from .conftest import EXAMPLES
+    bert = _module_at(EXAMPLES / "hf_bert.py")
+    profile = profile_model(EXAMPLES / "hf_bert.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    assert profile.meta.unit_names == ("bert.embeddings",) + tuple(f"bert.encoder.layer.{i}" for i in range(4)) + \
+        ("cls",)
+    # The extended attention mask: made once by unit 0 from the padding-mask input, read by every block.
+    (mask,) = [v for v in profile.meta.live_values if v["src"] == 0 and len(v["dsts"]) > 1]
+    assert mask["dsts"] == [1, 2, 3, 4] and mask["action"] == "relay" and mask["relayed_over"] == [1, 2, 3]
+    h = 2 * bert.CONTEXT * bert.WIDTH * 4
+    assert profile.cut_bytes(2)[1] == h + mask["bytes"]["2"]  # between blocks 0 and 1: hidden states and the mask
+    tied = {tuple(g["names"]): g for g in profile.meta.tied_parameters}
+    embedding = tied[("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight")]
+    assert embedding["units"] == [0, 5] and embedding["bytes"] == bert.VOCAB * bert.WIDTH * 4
+
+
+def test_hf_t5_encoder_output_relayed_to_every_decoder_block() -> None:
+    pytest.importorskip("transformers")
+    from .conftest import EXAMPLES
+    t5 = _module_at(EXAMPLES / "hf_t5.py")
+    profile = profile_model(EXAMPLES / "hf_t5.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    encoder_out = 2 * t5.SOURCE * t5.WIDTH * 4
+    decoder = [4, 5, 6]  # units of decoder.block.0..2; unit 3 is the last encoder block with the encoder's norm
+    (memory,) = [v for v in profile.meta.live_values
+                 if v["src"] == 3 and v["dsts"] == decoder and v["bytes"]["2"] == encoder_out]
+    assert memory["action"] == "relay" and memory["relayed_over"] == [4, 5]
+    cuts = profile.cut_bytes(2, recompute=True)
+    assert cuts[4] >= encoder_out and cuts[5] >= encoder_out  # before decoder blocks 1 and 2
+    (tied,) = profile.meta.tied_parameters
+    assert "lm_head.weight" in tied["names"] and tied["units"] == [0, 3, 7]  # decoder embedding runs in unit 3

@@ -90,6 +90,15 @@ def test_split_points_out_of_order(tmp_path: Path) -> None:
         _units(tmp_path / "m.py")
 
 
+def test_forward_failing_during_discovery_names_the_file(tmp_path: Path) -> None:
+    src = (MODELS / "twostacks.py").read_text().replace(
+        "        memory = self.emb(x)", "        assert x.shape[0] > 1, 'needs two samples'\n        memory = self.emb(x)")
+    (tmp_path / "m.py").write_text(src)
+    with pytest.raises(ModelFileError, match=r"m\.py: forward\(\) on sample_batch\(1\), run to find the order modules "
+                                             r"are called in, raised AssertionError: needs two samples"):
+        _units(tmp_path / "m.py")
+
+
 def test_vit_units_are_patch_embedding_blocks_norm() -> None:
     assert _units(EXAMPLES / "vit.py") == [None, "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm"]
 
@@ -100,3 +109,41 @@ def test_hf_models_units_found_without_split_points(example: str, container: str
     points = _units(EXAMPLES / example)
     assert points[1:5] == [f"{container}.{i}" for i in range(4)]
     assert len(points) == 6  # embeddings, 4 blocks, final norm with the LM head
+
+
+def test_several_containers_each_block_a_unit() -> None:
+    """twostacks.py: the blocks of `enc`, of the stages of `stages` (a container of containers) and of `dec` are all
+    units, in call order; `bridge`, run between `enc` and `stages`, folds into the last `enc` unit; the LayerNorm list
+    inside each block is nested in a container already taken and is not split."""
+    mf = load_model_file(MODELS / "twostacks.py")
+    units = discover_units(mf, mf.build())
+    stages = ["stages.0.0", "stages.0.1", "stages.1.0", "stages.1.1"]
+    assert [u.split_point for u in units] == [None, "enc.0", "enc.1", "enc.2", *stages, "dec.0", "dec.1", "head"]
+    assert units[3].modules == ("enc.2", "bridge")
+    assert units[0].modules == ("emb",) and units[-1].modules == ("head",)
+
+
+@pytest.mark.parametrize("block", ["basic", "bottleneck"])
+def test_resnet_stages_blocks_are_units(tmp_path: Path, block: str) -> None:
+    src = (EXAMPLES / "resnet.py").read_text().replace('BLOCK = "basic"', f'BLOCK = "{block}"')
+    (tmp_path / "m.py").write_text(src)
+    mf = load_model_file(tmp_path / "m.py")
+    units = discover_units(mf, mf.build())
+    blocks = [f"layer{s}.{b}" for s in range(1, 5) for b in range(2)]
+    assert [u.split_point for u in units] == [None, *blocks, "avgpool"]
+    assert units[0].modules == ("conv1", "bn1", "relu", "maxpool") and units[-1].modules == ("avgpool", "fc")
+
+
+def test_hf_bert_units_found_without_split_points() -> None:
+    pytest.importorskip("transformers")
+    assert _units(EXAMPLES / "hf_bert.py") == [None] + [f"bert.encoder.layer.{i}" for i in range(4)] + ["cls"]
+
+
+def test_hf_t5_encoder_and_decoder_blocks_are_units() -> None:
+    pytest.importorskip("transformers")
+    mf = load_model_file(EXAMPLES / "hf_t5.py")
+    units = discover_units(mf, mf.build())
+    assert [u.split_point for u in units] == [None] + [f"encoder.block.{i}" for i in range(3)] + \
+        [f"decoder.block.{i}" for i in range(3)] + ["decoder.final_layer_norm"]
+    # The encoder's final norm runs between the stacks: it folds into the last encoder unit.
+    assert "encoder.final_layer_norm" in units[3].modules and units[-1].modules[-1] == "lm_head"
