@@ -29,7 +29,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from autopp.cluster import Cluster
+from autopp.cluster import DEFAULT_LINK, Cluster
+from autopp.links import load_link
 from autopp.measure import profile_model
 from autopp.profile import Profile, load_profile
 from autopp.plan import Plan
@@ -49,7 +50,9 @@ def _profile(model: Path, args: argparse.Namespace) -> Profile:
 
 
 def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile: Profile) -> dict[str, object]:
-    request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**36), global_batch=m * args.microbatch_size,
+    link = load_link(args.links) if args.links else DEFAULT_LINK
+    request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**36, link=link),
+                          global_batch=m * args.microbatch_size,
                           num_microbatches=m, schedule=ScheduleName(schedule), pp=2, dp=1,
                           virtual_stages=2 if schedule in V_SCHEDULES else None)
     plan = make_plan(profile, request)
@@ -143,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hop-latency", type=float, default=0.0, metavar="S",
                         help="communication time per stage-to-stage transfer in the re-simulation (default 0; "
                              "`autopp profile-links` measures it)")
+    parser.add_argument("--links", help="plan with this links file from `autopp profile-links` (default: assumed)")
     parser.add_argument("--contention", action="store_true",
                         help="instead: time the whole model's F+B alone vs two processes at once")
     args = parser.parse_args(argv)
