@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import socket
 import statistics
 import time
@@ -16,6 +15,7 @@ from typing import Any, Sequence
 
 from .cluster import Link
 from .errors import AutoppError
+from .jsonio import write_json
 
 __all__ = ["LINKS_VERSION", "DEFAULT_MESSAGE_BYTES", "PairFit", "LinkProfile", "fit_link", "measure_links",
            "load_link", "load_links"]
@@ -55,12 +55,8 @@ class LinkProfile:
         return Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
 
     def save(self, path: str | Path) -> Path:
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        os.replace(tmp, target)
-        return target
+        """Write the links JSON atomically."""
+        return write_json(path, asdict(self))
 
 
 def fit_link(message_bytes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:

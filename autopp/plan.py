@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import PlanError
+from .jsonio import write_json
 
 __all__ = ["PLAN_VERSION", "StagePlan", "Prediction", "Plan", "load_plan"]
 
@@ -125,13 +124,7 @@ class Plan:
 
     def save(self, path: str | Path) -> Path:
         """Write plan JSON atomically: a reader never sees a half-written file."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(self.to_json(), indent=2) + "\n")
-        os.replace(tmp, target)
-        return target
+        return write_json(path, self.to_json())
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str = "plan") -> Plan:
