@@ -15,8 +15,20 @@ from ortools.sat.python import cp_model
 
 from autopp.errors import AutoppError, InfeasibleError, ScheduleError
 from autopp.schedule.actions import Action, Kind, Order, to_csv_rows
-from autopp.schedule.named import ScheduleName, build_schedule, stage_to_rank, validate
 from autopp.schedule.simulate import SimResult, StageCost, simulate
+from autopp.schedule.warmstart import (
+    GREEDY_PRIORITIES,
+    SPLIT_KINDS,
+    Hint,
+    best_hint,
+    fits,
+    greedy_order,
+    kind_time,
+    min_memory_bytes,
+    named_orders,
+    sequential_order,
+    split_backward,
+)
 
 __all__ = [
     "SynthStatus",
@@ -31,14 +43,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_SPLIT_KINDS = (Kind.F, Kind.I, Kind.W)
 _MAX_TICKS = 1_000_000
 """Default resolution: the warm start's step time spans at most this many ticks."""
 _MIN_TICKS_PER_ACTION = 100
 """Default resolution: the shortest non-zero action spans at least this many ticks (unless that breaks the cap)."""
 
-_GREEDY_PRIORITIES = ((Kind.I, Kind.F, Kind.W), (Kind.F, Kind.I, Kind.W))
-"""Tie-break orders of the list-scheduling warm starts tried next to the named schedules."""
+
 
 
 class SynthStatus(Enum):
@@ -97,143 +107,6 @@ class _Data:
     """Seconds per tick."""
 
 
-@dataclass(frozen=True)
-class _Hint:
-    name: str
-    order: dict[int, list[Action]]
-    sim: SimResult
-
-
-# ---------------------------------------------------------------- helpers: memory floor, orders, hints
-
-
-def min_memory_bytes(stage_costs: Sequence[StageCost], owner: Sequence[int]) -> list[int]:
-    """Per rank: static bytes + one microbatch's activations on all its stages, the least any schedule needs.
-
-    Running microbatches one at a time through the whole pipeline needs exactly this, so it is also enough.
-    """
-    need = [0] * (max(owner, default=-1) + 1)
-    for c, r in zip(stage_costs, owner):
-        need[r] += c.static_bytes + c.activation_bytes
-    return need
-
-
-def split_backward(order: Order) -> dict[int, list[Action]]:
-    """Replace every full backward B by I then W (same time and memory in the simulator); drop idle slots."""
-    out: dict[int, list[Action]] = {}
-    for r, acts in order.items():
-        out[r] = []
-        for a in acts:
-            if a is None:
-                continue
-            if a.kind is Kind.B:
-                out[r] += [Action(a.stage, Kind.I, a.microbatch), Action(a.stage, Kind.W, a.microbatch)]
-            elif a.kind in _SPLIT_KINDS:
-                out[r].append(a)
-    return out
-
-
-def sequential_order(owner: Sequence[int], num_microbatches: int) -> dict[int, list[Action]]:
-    """One microbatch at a time: every forward, then I and W from the last stage back; fits ``min_memory_bytes``."""
-    n = len(owner)
-    order: dict[int, list[Action]] = {r: [] for r in range(max(owner) + 1)}
-    for mb in range(num_microbatches):
-        for s in range(n):
-            order[owner[s]].append(Action(s, Kind.F, mb))
-        for s in reversed(range(n)):
-            order[owner[s]] += [Action(s, Kind.I, mb), Action(s, Kind.W, mb)]
-    return order
-
-
-def greedy_order(stage_costs: Sequence[StageCost], owner: Sequence[int], num_microbatches: int,
-                 comm_s: Sequence[float], memory_limits: Sequence[float],
-                 priority: Sequence[Kind] = (Kind.I, Kind.F, Kind.W)) -> dict[int, list[Action]] | None:
-    """Non-delay list scheduling: repeatedly start the action that can start earliest on any rank.
-
-    Per stage, each kind runs its microbatches in order; among actions that can start at the same time,
-    ``priority`` decides. Memory is reserved per microbatch: its forward on the rank's first stage reserves the
-    activations of all the rank's stages, and each W releases its stage's share, so an admitted microbatch can
-    always finish (with a V layout the same microbatch comes back to the rank). Returns None if it stalls.
-    """
-    n, m, ranks = len(owner), num_microbatches, max(owner) + 1
-    cap = [float(memory_limits[r]) - sum(c.static_bytes for c, q in zip(stage_costs, owner) if q == r)
-           for r in range(ranks)]
-    hop = [0.0 if owner[s] == owner[s + 1] else comm_s[s] for s in range(n - 1)]
-    first = {r: owner.index(r) for r in range(ranks)}
-    footprint = [sum(c.activation_bytes for c, q in zip(stage_costs, owner) if q == r) for r in range(ranks)]
-    done: dict[Action, float] = {}
-    nxt = {(s, k): 0 for s in range(n) for k in _SPLIT_KINDS}
-    free, order = [0.0] * ranks, {r: [] for r in range(ranks)}  # type: dict[int, list[Action]]
-    rank_of = {k: i for i, k in enumerate(priority)}
-
-    def ready(s: int, k: Kind) -> float | None:
-        mb = nxt[(s, k)]
-        if mb >= m:
-            return None
-        if k is Kind.F:
-            if first[owner[s]] == s and footprint[owner[s]] > cap[owner[s]]:
-                return None
-            return 0.0 if s == 0 else _after(done, Action(s - 1, Kind.F, mb), hop[s - 1])
-        if k is Kind.W:
-            return done.get(Action(s, Kind.I, mb))
-        own = done.get(Action(s, Kind.F, mb))
-        down = own if s == n - 1 else _after(done, Action(s + 1, Kind.I, mb), hop[s])
-        return None if own is None or down is None else max(own, down)
-
-    for _ in range(3 * n * m):
-        options = [(max(free[owner[s]], t), rank_of[k], s, k) for s in range(n) for k in _SPLIT_KINDS
-                   if (t := ready(s, k)) is not None]
-        if not options:
-            return None
-        begin, _, s, k = min(options)
-        a, c = Action(s, k, nxt[(s, k)]), stage_costs[s]
-        done[a] = free[owner[s]] = begin + _kind_time(c, k)
-        if k is Kind.W or (k is Kind.F and first[owner[s]] == s):
-            cap[owner[s]] += c.activation_bytes if k is Kind.W else -footprint[owner[s]]
-        nxt[(s, k)] += 1
-        order[owner[s]].append(a)
-    return order
-
-
-def _after(done: dict[Action, float], a: Action, delay: float) -> float | None:
-    end = done.get(a)
-    return None if end is None else end + delay
-
-
-def _named_orders(owner: Sequence[int], m: int) -> list[tuple[str, dict[int, list[Action]]]]:
-    """Every named schedule whose stage layout is ``owner`` and whose size constraints hold, B split into I, W."""
-    p = max(owner) + 1
-    v, rest = divmod(len(owner), p)
-    out: list[tuple[str, dict[int, list[Action]]]] = []
-    if rest:
-        return out
-    for name in ScheduleName:
-        try:
-            validate(name, p, m, v)
-            if stage_to_rank(name, p, v) == list(owner):
-                out.append((name.value, split_backward(build_schedule(name, p, m, v))))
-        except ScheduleError:
-            continue
-    return out
-
-
-def _fits(sim: SimResult, limits: Sequence[float]) -> bool:
-    return all(peak <= limit for peak, limit in zip(sim.peak_memory_bytes, limits))
-
-
-def _best_hint(candidates: list[tuple[str, dict[int, list[Action]]]], costs: Sequence[StageCost],
-               owner: Sequence[int], comm_s: Sequence[float], limits: Sequence[float]) -> _Hint:
-    """The fastest candidate (simulated in seconds) that fits every rank's memory limit."""
-    best: _Hint | None = None
-    for name, order in candidates:
-        sim = simulate(order, costs, owner, comm_s)
-        if _fits(sim, limits) and (best is None or sim.step_time_s < best.sim.step_time_s):
-            best = _Hint(name, order, sim)
-    if best is None:
-        raise InfeasibleError("no warm start fits the memory limits (the sequential order should always fit)")
-    return best
-
-
 # ---------------------------------------------------------------- data: seconds -> ticks
 
 
@@ -260,15 +133,11 @@ def _data(costs: Sequence[StageCost], owner: Sequence[int], m: int, comm_s: Sequ
     ranks = max(owner) + 1
     static = [sum(c.static_bytes for c, r in zip(costs, owner) if r == q) for q in range(ranks)]
     ticked = _tick_costs(costs, tick_s)
-    duration = {(s, k): int(_kind_time(c, k)) for s, c in enumerate(ticked) for k in _SPLIT_KINDS}
+    duration = {(s, k): int(kind_time(c, k)) for s, c in enumerate(ticked) for k in SPLIT_KINDS}
     hop = tuple(0 if owner[s] == owner[s + 1] else _ticks(comm_s[s], tick_s) for s in range(len(owner) - 1))
     capacity = tuple(int(limits[q]) - static[q] for q in range(ranks))
     return _Data(ranks, m, tuple(owner), duration, hop, tuple(c.activation_bytes for c in costs), capacity,
                  horizon, tick_s)
-
-
-def _kind_time(c: StageCost, kind: Kind) -> float:
-    return {Kind.F: c.forward_s, Kind.I: c.backward_input_s, Kind.W: c.backward_weight_s}[kind]
 
 
 # ---------------------------------------------------------------- model
@@ -292,7 +161,7 @@ def _build(d: _Data, in_order: bool) -> _Model:
     interval: dict[Action, cp_model.IntervalVar] = {}
     for s in range(n):
         for mb in range(m):
-            for k in _SPLIT_KINDS:
+            for k in SPLIT_KINDS:
                 a, dur, name = Action(s, k, mb), d.duration[(s, k)], f"{k.value}[s={s},mb={mb}]"
                 start[a] = model.new_int_var(0, d.horizon - dur, name)
                 interval[a] = model.new_fixed_size_interval_var(start[a], dur, "iv_" + name)
@@ -323,7 +192,7 @@ def _build(d: _Data, in_order: bool) -> _Model:
     # Symmetry breaking (optional): on each stage, microbatches run each kind in increasing order.
     if in_order:
         for s in range(n):
-            for k in _SPLIT_KINDS:
+            for k in SPLIT_KINDS:
                 for mb in range(m - 1):
                     model.add(start[Action(s, k, mb + 1)] >= end(Action(s, k, mb)))
     # The step ends when the last weight backward ends.
@@ -345,7 +214,7 @@ def _rank_floor(d: _Data) -> int:
         arrive[s] = arrive[s - 1] + d.duration[(s - 1, Kind.F)] + d.hop[s - 1]
     for r in range(d.ranks):
         stages = [s for s in range(n) if d.owner[s] == r]
-        busy = d.microbatches * sum(d.duration[(s, k)] for s in stages for k in _SPLIT_KINDS)
+        busy = d.microbatches * sum(d.duration[(s, k)] for s in stages for k in SPLIT_KINDS)
         floor = max(floor, min(arrive[s] for s in stages) + busy)
     return floor
 
@@ -433,13 +302,13 @@ def synthesize(stage_costs: Sequence[StageCost], stage_to_rank: Sequence[int], n
     if sorted(set(owner)) != list(range(max(owner) + 1)):
         raise ScheduleError(f"stage_to_rank must use ranks 0..{max(owner)}, got {sorted(set(owner))}")
     _check_limits(stage_costs, owner, memory_limits)
-    candidates = [("user", split_backward(hint))] if hint is not None else _named_orders(owner, m)
+    candidates = [("user", split_backward(hint))] if hint is not None else named_orders(owner, m)
     candidates.append(("sequential", sequential_order(owner, m)))
-    for priority in _GREEDY_PRIORITIES:
+    for priority in GREEDY_PRIORITIES:
         greedy = greedy_order(stage_costs, owner, m, comm_s, memory_limits, priority)
         if greedy is not None:
             candidates.append(("greedy-" + "".join(k.value for k in priority), greedy))
-    best = _best_hint(candidates, stage_costs, owner, comm_s, memory_limits)
+    best = best_hint(candidates, stage_costs, owner, comm_s, memory_limits)
     tick = tick_s if tick_s is not None else _auto_tick(stage_costs, best.sim.step_time_s)
     ticked = simulate(best.order, _tick_costs(stage_costs, tick), owner, [_ticks(c, tick) for c in comm_s])
     d = _data(stage_costs, owner, m, comm_s, memory_limits, tick, round(ticked.step_time_s))
@@ -449,7 +318,7 @@ def synthesize(stage_costs: Sequence[StageCost], stage_to_rank: Sequence[int], n
     return _report(solver, status, took, built, d, best, stage_costs, comm_s, memory_limits)
 
 
-def _report(solver: cp_model.CpSolver, status: int, took: float, built: _Model, d: _Data, best: _Hint,
+def _report(solver: cp_model.CpSolver, status: int, took: float, built: _Model, d: _Data, best: Hint,
             costs: Sequence[StageCost], comm_s: Sequence[float], limits: Sequence[float]) -> SynthResult:
     """Check the solver status, re-judge its order in the simulator, and fall back to the warm start if slower."""
     if status == cp_model.INFEASIBLE:
@@ -469,7 +338,7 @@ def _report(solver: cp_model.CpSolver, status: int, took: float, built: _Model, 
     order = _order_from(solver, built, d)
     sim = simulate(order, costs, d.owner, comm_s)
     found = SynthStatus.OPTIMAL if status == cp_model.OPTIMAL else SynthStatus.FEASIBLE
-    if sim.step_time_s > best.sim.step_time_s or not _fits(sim, limits):
+    if sim.step_time_s > best.sim.step_time_s or not fits(sim, limits):
         log.info("synthesized order simulates to %.6g s, warm start %s to %.6g s: keeping the warm start",
                  sim.step_time_s, best.name, best.sim.step_time_s)
         order, sim, found = best.order, best.sim, SynthStatus.HINT
