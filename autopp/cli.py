@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from .errors import AutoppError
 
@@ -260,10 +261,17 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors on one line (the command and what is wrong), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autopp", description="Automatic pipeline-parallelism planner for PyTorch.")
+    parser = _Parser(prog="autopp", description="Automatic pipeline-parallelism planner for PyTorch.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log the planner's search")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("profile", help="measure each unit of a model file")
     p.add_argument("model", help="model file following the contract in README.md")
@@ -352,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autopp: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader (e.g. `| head`) went away: stop quietly, as Unix tools do
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush from failing
+        return 0
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ def _summary(name: str, pred: Prediction) -> list[str]:
             f"{pred.efficiency:.1%}", " | ".join(f"{a}-{b - 1}" for a, b in pred.stage_units)]
 
 
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def format_plan(plan: Plan) -> str:
     """The stage table, then the plan's predicted figures next to each baseline's and the ideal bound."""
     rows = [[str(s.index), str(s.rank), f"{s.units[0]}-{s.units[1] - 1} ({', '.join(s.unit_names)})",
@@ -39,8 +43,8 @@ def format_plan(plan: Plan) -> str:
                      [_summary("autopp", plan.predicted)]
                      + [_summary(k, v) for k, v in plan.baselines.items()]
                      + [["ideal", format_time(plan.ideal_step_time_s), "0.0%", "", "100.0%", "total work / devices"]])
-    head = (f"{plan.schedule} on {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, {plan.virtual_stages} stage(s) "
-            f"per rank), {plan.num_microbatches} microbatches of {plan.microbatch_size} per replica (global batch "
+    head = (f"{plan.schedule} on {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, {_count(plan.virtual_stages, 'stage')} "
+            f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
     extra = f"\ngradient all-reduce {format_time(plan.predicted.allreduce_s)} included" if plan.dp > 1 else ""
     notes = "".join(f"\nnote: {n}" for n in plan.notes)

@@ -8,17 +8,29 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_json"]
+from .errors import AutoppError
+
+__all__ = ["write_json", "shared_mode"]
+
+
+def shared_mode(path: Path, directory: bool = False) -> None:
+    """Give `path` the permissions a plain open() would (0666 or 0777 less the umask); mkstemp/mkdtemp use 0600/0700."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
 
 
 def write_json(path: str | Path, data: Any) -> Path:
     """Write `data` as indented JSON to `path` through a temporary sibling renamed into place."""
     target = Path(path)
+    if target.is_dir():
+        raise AutoppError(f"{target}: is a directory; give a file path to write the JSON to")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(data, indent=2) + "\n")
+        shared_mode(Path(tmp))
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -200,7 +200,9 @@ def load_links(path: str | Path) -> LinkProfile:
                       for q in data["pairs"])
         profile = LinkProfile(**{**data, "pairs": pairs, "message_bytes": tuple(data["message_bytes"])})
         profile.link()
-    except (KeyError, TypeError, ValueError) as exc:
+    except KeyError as exc:
+        raise AutoppError(f"{p}: bad links file: missing field {exc}") from exc
+    except (TypeError, ValueError) as exc:
         raise AutoppError(f"{p}: bad links file: {exc}") from exc
     return profile
 

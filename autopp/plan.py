@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +128,15 @@ class Plan:
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str = "plan") -> Plan:
-        if data.get("version") != PLAN_VERSION:
-            raise PlanError(f"{where}: plan version {data.get('version')!r} is not supported (expected {PLAN_VERSION})")
+        if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
+            version = data.get("version") if isinstance(data, dict) else None
+            raise PlanError(f"{where}: plan version {version!r} is not supported (expected {PLAN_VERSION})")
+        _require(data, Plan, where)
+        if not isinstance(data["stages"], (list, tuple)) or not data["stages"]:
+            raise PlanError(f"{where}: field 'stages' must be a non-empty list")
+        for i, s in enumerate(data["stages"]):
+            _require(s, StagePlan, f"{where}: stage {i}")
+        _require(data["predicted"], Prediction, f"{where}: predicted")
         try:
             stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"])})
                            for s in data["stages"])
@@ -137,8 +144,24 @@ class Plan:
                            "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
                            "notes": tuple(data.get("notes", ())),
                            "custom_order": tuple(tuple(r) for r in data.get("custom_order", ()))})
-        except (KeyError, TypeError) as exc:
+        except PlanError as exc:
+            raise PlanError(f"{where}: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
+
+
+def _require(data: Any, cls: type, where: str) -> None:
+    """A PlanError naming the first field of `cls` without a default that `data` lacks, or unknown fields."""
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [n for n in required if n not in data]
+    if missing:
+        raise PlanError(f"{where}: missing field {missing[0]!r}")
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise PlanError(f"{where}: unknown field {unknown[0]!r}")
 
 
 def _prediction(d: dict[str, Any]) -> Prediction:

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
+import numpy as np
 import pandas as pd
 
 from .errors import ProfileError
+from .jsonio import shared_mode
 
 __all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "EDGE_COLUMNS", "ProfileMeta", "Profile", "UnitCost", "load_profile"]
 
@@ -122,7 +124,7 @@ class Profile:
     edges: pd.DataFrame
 
     def __post_init__(self) -> None:
-        _validate(self, f"profile of {self.meta.model_path}")
+        _validate(self.meta, self.units, self.edges, f"profile of {self.meta.model_path}")
 
     @property
     def num_units(self) -> int:
@@ -187,7 +189,11 @@ class Profile:
         """Write the four files into `directory` atomically (a temporary sibling renamed into place)."""
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or (target / "meta.json").is_file())):
+            raise ProfileError(f"{target}: exists and is not a profile directory (it would be replaced); "
+                               "give a new directory or an existing profile's")
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        shared_mode(tmp, directory=True)
         try:
             self.units.to_csv(tmp / "units.csv", index=False)
             self.edges.to_csv(tmp / "edges.csv", index=False)
@@ -212,25 +218,29 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
-def _validate(p: Profile, where: str) -> None:
-    for table, columns, name in ((p.units, UNIT_COLUMNS, "units.csv"), (p.edges, EDGE_COLUMNS, "edges.csv")):
+def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where: str) -> None:
+    """Reject missing columns, non-numeric, NaN, infinite or negative values, and rows that miss a (unit, size)."""
+    for table, columns, name in ((units, UNIT_COLUMNS, "units.csv"), (edges, EDGE_COLUMNS, "edges.csv")):
         missing = [c for c in columns if c not in table.columns]
         if missing:
-            raise ProfileError(f"{where}: {name} lacks column(s) {missing}")
-        numeric = [c for c, t in columns.items() if t != "str"]
-        if table[numeric].isna().any().any():
-            bad = [c for c in numeric if table[c].isna().any()]
-            raise ProfileError(f"{where}: {name} has missing/NaN values in {bad}")
-        negative = [c for c in numeric if c not in ("src",) and (table[c] < 0).any()]
-        if negative:
-            raise ProfileError(f"{where}: {name} has negative values in {negative}")
-    expected = {(u, b) for u in range(p.num_units) for b in p.meta.microbatch_sizes}
-    got = {(int(u), int(b)) for u, b in zip(p.units.unit, p.units.microbatch_size)}
-    if got != expected:
-        raise ProfileError(f"{where}: units.csv rows do not cover units 0..{p.num_units - 1} at microbatch sizes "
-                           f"{list(p.meta.microbatch_sizes)} exactly once each")
-    if len(p.meta.split_points) != p.num_units - 1:
-        raise ProfileError(f"{where}: {len(p.meta.split_points)} split points for {p.num_units} units")
+            raise ProfileError(f"{where}/{name}: lacks column(s) {missing}")
+        for c in (c for c, t in columns.items() if t != "str"):
+            values = pd.to_numeric(table[c], errors="coerce")
+            bad = values.isna() | ~np.isfinite(values.fillna(0.0).to_numpy(dtype=float))
+            if bad.any():
+                row = int(bad.to_numpy().nonzero()[0][0])
+                raise ProfileError(f"{where}/{name}: column {c} row {row + 1}: {table[c].iloc[row]!r} is not a "
+                                   "finite number")
+            if c != "src" and (values < 0).any():
+                raise ProfileError(f"{where}/{name}: column {c} has negative values")
+    n = len(meta.unit_names)
+    expected = {(u, b) for u in range(n) for b in meta.microbatch_sizes}
+    got = [(int(u), int(b)) for u, b in zip(units.unit, units.microbatch_size)]
+    if sorted(got) != sorted(expected):
+        raise ProfileError(f"{where}/units.csv: rows do not cover units 0..{n - 1} at microbatch sizes "
+                           f"{list(meta.microbatch_sizes)} exactly once each")
+    if len(meta.split_points) != n - 1:
+        raise ProfileError(f"{where}/meta.json: {len(meta.split_points)} split points for {n} units")
 
 
 def load_profile(directory: str | Path, fingerprint: str | None = None) -> Profile:
@@ -247,5 +257,5 @@ def load_profile(directory: str | Path, fingerprint: str | None = None) -> Profi
     if fingerprint is not None and meta.fingerprint != fingerprint:
         raise ProfileError(f"{d}: profile fingerprint {meta.fingerprint} does not match the model ({fingerprint}); "
                            "the model changed since profiling: run `autopp profile` again")
-    profile = Profile(meta, units, edges)
-    return profile
+    _validate(meta, units, edges, str(d))
+    return Profile(meta, units, edges)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,30 @@ def test_show_draws_timeline_and_trace(tmp_path: Path, capsys: pytest.CaptureFix
     assert {e["pid"] for e in events if e.get("ph") == "X"} == {0, 1}
     assert "wrote timeline" in capsys.readouterr().out
     _fails(["show", str(tmp_path / "missing.json")], capsys, "no such plan or report file")
+
+
+def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--devices", "0", "--memory", "1GiB"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "expected a positive integer, got '0'" in err[0]
+
+
+def test_output_that_is_a_directory_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from .conftest import ROOT
+    _fails(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
+            "-o", str(tmp_path)], capsys, "is a directory")
+    (tmp_path / "keep.txt").write_text("mine")
+    _fails(["profile", str(MODELS / "linrelu.py"), "--microbatch-size", "1", "--repeats", "1", "-o", str(tmp_path)],
+           capsys, "exists and is not a profile directory")
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_written_files_respect_the_umask(tmp_path: Path) -> None:
+    from .conftest import ROOT
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
+                 "-o", str(plan)]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert plan.stat().st_mode & 0o777 == 0o666 & ~umask

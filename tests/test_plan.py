@@ -45,7 +45,7 @@ def test_malformed(tmp_path: Path) -> None:
     data = _plan().to_json()
     del data["stages"][0]["rank"]
     (tmp_path / "p.json").write_text(json.dumps(data))
-    with pytest.raises(PlanError, match="malformed plan"):
+    with pytest.raises(PlanError, match=r"p\.json: stage 0: missing field .rank."):
         load_plan(tmp_path / "p.json")
 
 

@@ -41,10 +41,12 @@ def _damage(src: Path, dst: Path, edit) -> Path:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda t: t.drop(columns=["backward_s"]), r"units\.csv lacks column\(s\) \['backward_s'\]"),
-    (lambda t: t.assign(forward_s=float("nan")), r"NaN values in \['forward_s'\]"),
-    (lambda t: t.assign(param_bytes=-1), r"negative values in \['param_bytes'\]"),
-    (lambda t: t.iloc[1:], r"do not cover units"),
+    (lambda t: t.drop(columns=["backward_s"]), r"bad/units\.csv: lacks column\(s\) \['backward_s'\]"),
+    (lambda t: t.assign(forward_s=float("nan")), r"bad/units\.csv: column forward_s row 1: .* is not a finite number"),
+    (lambda t: t.assign(forward_s="abc"), r"column forward_s row 1: 'abc' is not a finite number"),
+    (lambda t: t.assign(forward_s=float("inf")), r"column forward_s row 1: .* is not a finite number"),
+    (lambda t: t.assign(param_bytes=-1), r"bad/units\.csv: column param_bytes has negative values"),
+    (lambda t: t.iloc[1:], r"bad/units\.csv: rows do not cover units"),
 ])
 def test_damaged_profiles_are_rejected(gpt_profile: Profile, tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
     gpt_profile.save(tmp_path / "src")

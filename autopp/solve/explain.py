@@ -35,8 +35,9 @@ def _no_config(profile: Profile, req: PlanRequest) -> InfeasibleError:
     try:
         validate(name, min(pps), max(counts), v)
     except ScheduleError as exc:
-        return InfeasibleError(f"{exc}: use a global batch of at least {min(pps)} (it is {req.global_batch}), "
-                               f"fewer devices, or another --schedule")
+        more = (f"--microbatches {min(pps)} or more" if req.num_microbatches is not None
+                else f"a global batch of at least {min(pps)} (it is {req.global_batch})")
+        return InfeasibleError(f"{exc}: use {more}, fewer devices, or another --schedule")
     return InfeasibleError(f"no valid configuration for {name.value} on {req.cluster.num_devices} devices")
 
 

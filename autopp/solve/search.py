@@ -86,6 +86,11 @@ class PlanRequest:
                 raise ValueError(f"{name}={value} does not divide the {d} devices")
         if self.num_microbatches is not None and self.global_batch % self.num_microbatches:
             raise ValueError(f"global batch {self.global_batch} is not divisible by {self.num_microbatches} microbatches")
+        single = (ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B)
+        if self.virtual_stages not in (None, 1) and self.schedule in single:
+            raise ValueError(f"{self.schedule.value} runs one stage per rank, so --virtual-stages "
+                             f"{self.virtual_stages} does not apply; use Interleaved1F1B, LoopedBFS, "
+                             "InterleavedZeroBubble or --schedule auto")
         if not self.cluster.homogeneous and self.dp not in (1, None):
             raise ValueError("data parallelism needs identical devices; give --dp 1 with a heterogeneous cluster")
 
