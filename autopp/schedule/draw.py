@@ -42,10 +42,12 @@ def _style_timeline(ax: Any, result: SimResult, title: str) -> None:
     ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
     ax.set_ylim(ranks - 0.5, -0.5)
     ax.set_xlim(0, max(result.step_time_s, 1e-12))
-    bubbles = ", ".join(f"{b:.0%}" for b in result.bubble_fraction[:8])
-    ax.set_title(f"{title + ': ' if title else ''}step {result.step_time_s:.4g} s, bubble {bubbles}")
-    ax.legend(handles=[Patch(color=c, label=k.value) for k, c in KIND_COLOURS.items()], loc="upper right",
-              fontsize=7, ncol=4)
+    mean = sum(result.bubble_fraction) / max(len(result.bubble_fraction), 1)
+    per_rank = ", ".join(f"{b:.0%}" for b in result.bubble_fraction[:8])
+    ax.set_title(f"{title + ': ' if title else ''}step {result.step_time_s:.4g} s, bubble {mean:.0%} "
+                 f"(per rank: {per_rank}{', ...' if len(result.bubble_fraction) > 8 else ''})")
+    ax.legend(handles=[Patch(color=c, label=k.value) for k, c in KIND_COLOURS.items()], loc="lower left",
+              bbox_to_anchor=(1.0, 0.0), fontsize=7, ncol=1, frameon=False)
 
 
 def _draw_memory(ax: Any, result: SimResult) -> None:
