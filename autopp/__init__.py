@@ -1,1 +1,30 @@
-"""autopp: automatic pipeline-parallelism planning for PyTorch."""
+"""autopp: automatic pipeline-parallelism planning for PyTorch (profile → plan → run and validate).
+
+The public API. Names are imported on first use, so that `import autopp` and the planning core stay torch-free.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "profile_model", "load_profile", "Profile",
+    "PlanRequest", "make_plan", "Plan", "load_plan", "simulate_plan",
+    "Cluster", "Link",
+    "run_plan", "RunReport",
+    "AutoppError",
+]
+
+_WHERE = {
+    "profile_model": "autopp.measure", "load_profile": "autopp.profile", "Profile": "autopp.profile",
+    "PlanRequest": "autopp.solve", "make_plan": "autopp.solve", "Plan": "autopp.plan", "load_plan": "autopp.plan",
+    "simulate_plan": "autopp.predict", "Cluster": "autopp.cluster", "Link": "autopp.cluster",
+    "run_plan": "autopp.run", "RunReport": "autopp.run", "AutoppError": "autopp.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'autopp' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
