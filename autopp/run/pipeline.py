@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+from torch import fx, nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -21,15 +23,22 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
+from torch.utils import _pytree as pytree
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import RunError
 from ..modelfile import ModelFile
 from ..plan import Plan
 from ..schedule import Action, ScheduleName, stage_to_rank, to_csv_rows
 from ..split import live_values, split_model
+from .chain import ChainPiece, chain_io, constant_values, example_io
+from .outputs import model_loss
+from .tied import aliases, canonical_names, shared_params
 
-__all__ = ["CUSTOM", "SCHEDULES", "SINGLE_STAGE", "placement", "check_neighbours", "build_stages", "make_schedule",
-           "custom_schedule", "write_order_csv"]
+__all__ = ["CUSTOM", "SCHEDULES", "SINGLE_STAGE", "SPLIT_BACKWARD", "splits_backward", "check_split_backward",
+           "placement", "check_neighbours", "RankStages", "build_stages",
+           "checkpointed", "contiguous_sends", "contiguous_metadata", "make_schedule", "custom_schedule",
+           "write_order_csv"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +79,8 @@ def placement(plan: Plan) -> list[int]:
 def check_neighbours(pipe: Any) -> None:
     """Refuse a split whose pieces exchange anything but neighbour tensors (stage s reads only from stage s - 1).
 
-    torch's multi-stage schedules only support adjacent-stage communication; a value computed before the blocks
-    and read by every block (a mask, a long residual) would need relaying through the stages in between.
+    torch's multi-stage schedules only support adjacent-stage communication; `build_stages` relays such values
+    through the stages between (`autopp.run.chain`), so this strict check is for callers that cannot.
     """
     for value in live_values(pipe):
         far = [d for d in value.dsts if d != value.src + 1]
@@ -84,8 +93,24 @@ def check_neighbours(pipe: Any) -> None:
                            "inside one stage, or use GPipe/1F1B with one stage per rank")
 
 
+@dataclass
+class RankStages:
+    """The stages a pipeline rank holds, the loss its last stage computes, and the parameters it shares."""
+
+    stages: list[Stage]
+    loss_fn: Any
+    """The model file's loss_fn, called with the model's own output structure (see `autopp.run.outputs`)."""
+    params: dict[str, list[nn.Parameter]]
+    """This rank's parameters by canonical name (the name `named_parameters()` gives a tied weight), each distinct
+    tensor once: a tied weight may have several copies on one rank."""
+    shared: dict[str, tuple[int, ...]]
+    """Canonical name -> pipeline ranks holding a copy, for every parameter held on more than one rank."""
+    relayed: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """Multi-stage schedules: per stage, the values it passes on that a later stage reads (see autopp.run.chain)."""
+
+
 def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
-                 group: dist.ProcessGroup | None) -> list[Stage]:
+                 group: dist.ProcessGroup | None) -> RankStages:
     """The stages placed on pipeline rank `pp_rank`, in stage order, split from a model built with the plan's seed."""
     owner = placement(plan)
     model = mf.build(plan.seed)
@@ -93,17 +118,138 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
     pipe = split_model(model, example, plan.split_points)
     if pipe.num_stages != len(plan.stages):
         raise RunError(f"splitting at {plan.split_points} gave {pipe.num_stages} pieces, plan has {len(plan.stages)}")
-    if plan.schedule not in SINGLE_STAGE:
-        check_neighbours(pipe)
+    alias = aliases(model)
+    names = {i: canonical_names([n for n, _ in pipe.get_stage_module(i).named_parameters(remove_duplicate=False)],
+                                alias)
+             for i in range(pipe.num_stages)}
     mine = [i for i, r in enumerate(owner) if r == pp_rank]
-    for i in mine:
-        pipe.get_stage_module(i).to(device)
+    loss = model_loss(mf.loss_fn, model, tuple(example), pipe) if len(owner) - 1 in mine else mf.loss_fn
     if plan.schedule in SINGLE_STAGE:
-        return [pipe.build_stage(i, device, group) for i in mine]
-    # Multi-stage schedules get torch's runtime-inferred PipelineStage: the graph-built stage's p2p warm-up sends
-    # to itself when two neighbouring stages share a rank (V layouts), which gloo refuses ("Pair is not connected").
-    # The pieces form a chain (checked above), so piece s's outputs are exactly piece s + 1's inputs.
-    return [PipelineStage(pipe.get_stage_module(i), i, len(owner), device, group=group) for i in mine]
+        stages = [_graph_stage(pipe, i, device, group, plan.stages[i].recompute) for i in mine]
+        relayed: dict[int, tuple[str, ...]] = {}
+    else:
+        stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example)
+    for stage in stages:
+        contiguous_sends(stage)
+    params: dict[str, list[nn.Parameter]] = {}
+    for stage in stages:
+        for n, p in stage.submod.named_parameters(remove_duplicate=False):
+            copies = params.setdefault(alias.get(n, n), [])
+            if all(p is not q for q in copies):
+                copies.append(p)
+    return RankStages(stages, loss, params, shared_params(names, owner), relayed)
+
+
+def _graph_stage(pipe: Any, i: int, device: torch.device, group: dist.ProcessGroup | None, recompute: bool
+                 ) -> Stage:
+    """torch's graph-built stage (it sends values that skip stages straight to their readers)."""
+    piece = pipe.get_stage_module(i).to(device)
+    contiguous_metadata(piece)
+    if recompute:
+        piece.forward = checkpointed(piece.forward)
+    return pipe.build_stage(i, device, group)
+
+
+def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.device,
+                  group: dist.ProcessGroup | None, plan: Plan, example: Sequence[Any]
+                  ) -> tuple[list[Stage], dict[int, tuple[str, ...]]]:
+    """Multi-stage schedules get torch's PipelineStage around a `ChainPiece` per stage, which
+    relays values that skip stages (torch's schedules there exchange neighbour tensors only), and holds values made
+    of constants and buffers locally. The graph-built stage's p2p warm-up also sends to itself when two
+    neighbouring stages share a rank (V layouts), which gloo refuses ("Pair is not connected"). Every stage's
+    input and output shapes come from one example forward of the whole chain in this process (`example_io`)."""
+    io, sources = chain_io(pipe)
+    consts = constant_values(pipe, sorted({c for s in io for c in s.constants}), example)
+    pieces = [ChainPiece(pipe.get_stage_module(i), i, io[i], sources, {c: consts[c] for c in io[i].constants},
+                         last=i == n_stages - 1, recompute=plan.stages[i].recompute) for i in range(n_stages)]
+    shapes = example_io(pieces, example)
+    check_split_backward(plan, pieces)
+    stages: list[Stage] = []
+    for i in mine:
+        inputs, outputs = (tuple(_to(t, device) for t in ts) for ts in shapes[i])
+        stages.append(PipelineStage(pieces[i].to_device(device), i, n_stages, device, input_args=inputs,
+                                    output_args=outputs, group=group))
+    relayed = {i: tuple(n for n in io[i].outputs if sources[n].piece != i) for i in mine}
+    return stages, {i: r for i, r in relayed.items() if r}
+
+
+#: Schedules that split each backward into an input pass (I) and a weight pass (W).
+SPLIT_BACKWARD = frozenset({ScheduleName.INTERLEAVED_ZERO_BUBBLE.value, ScheduleName.ZBV_ZERO_BUBBLE.value,
+                            ScheduleName.DUAL_PIPE_V.value})
+
+
+def splits_backward(plan: Plan) -> bool:
+    """Whether the plan's schedule runs I and W actions (a named zero-bubble schedule, or a custom order with them)."""
+    if plan.schedule != CUSTOM:
+        return plan.schedule in SPLIT_BACKWARD
+    actions = [_parse(a) for row in getattr(plan, "custom_order", ()) for a in row if a]
+    return any(a is not None and a.kind.value in ("I", "W") for a in actions)
+
+
+def check_split_backward(plan: Plan, pieces: Sequence[ChainPiece]) -> None:
+    """Refuse a split-backward schedule when a stage after the first sends on a value that depends on parameters
+    only. torch's input pass differentiates the stage outputs with respect to the stage inputs and keeps, for the
+    weight pass, the gradients where input-dependent values meet the weights; the gradient arriving for an output
+    made of weights alone is in neither, so the weight pass drops it (measured on T5 under ZBVZeroBubble, one
+    decoder block per stage: the first decoder block's relative-attention-bias gradient was 88% off), or fails
+    ("Trying to backward through the graph a second time", two decoder blocks on a stage)."""
+    if not splits_backward(plan):
+        return
+    for piece in pieces:
+        if piece.weight_only:
+            names = [piece.io.outputs[i] for i in piece.weight_only] if not piece.last else []
+            raise RunError(f"stage {piece.index} sends on {names or 'an output'} made from its parameters only "
+                           f"(not from its inputs), whose gradient torch's split I/W backward ({plan.schedule}) "
+                           "drops: use a schedule with full backwards (1F1B, GPipe, Interleaved1F1B, LoopedBFS) or "
+                           "move the split so that the value is made on the stage that reads it")
+
+
+def checkpointed(forward: Any) -> Any:
+    """`forward` under activation checkpointing: only its inputs are kept, the rest recomputed in the backward
+    (non-reentrant, so it also works with the split I/W backward: each pass recomputes what it unpacks)."""
+    def run(*args: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False)
+    return run
+
+
+def contiguous_sends(stage: Stage) -> None:
+    """Make what the stage sends contiguous: gloo refuses other tensors ("input tensor has to be contiguous"), and an
+    input gradient can be a strided view (T5: the gradient of a transposed or expanded input)."""
+    send_fwd, send_bwd = stage.get_fwd_send_ops, stage.get_bwd_send_ops
+
+    def fwd(chunk: int) -> Any:
+        outputs, rest = stage.fwd_cache[chunk]
+        stage.fwd_cache[chunk] = (tuple(_contiguous(t) for t in outputs), rest)
+        return send_fwd(chunk)
+
+    def bwd(chunk: int) -> Any:
+        if chunk in stage.bwd_cache:
+            stage.bwd_cache[chunk] = tuple(_contiguous(g) for g in stage.bwd_cache[chunk])
+        return send_bwd(chunk)
+    stage.get_fwd_send_ops = fwd  # type: ignore[method-assign]
+    stage.get_bwd_send_ops = bwd  # type: ignore[method-assign]
+
+
+def contiguous_metadata(piece: fx.GraphModule) -> None:
+    """Record the piece's inputs and outputs as contiguous in the traced metadata, from which torch's graph-built
+    stage allocates its receive buffers (activations, and the gradients of its outputs): the split makes every
+    piece output contiguous at run time, but the trace keeps the original strides (T5's position bias is a
+    transposed view), and gloo receives only into contiguous tensors ("input tensor has to be contiguous")."""
+    out = next(n for n in piece.graph.nodes if n.op == "output")
+    nodes = [n for n in piece.graph.nodes if n.op == "placeholder"]
+    nodes += [n for n in pytree.tree_leaves(out.args) if isinstance(n, fx.Node)]
+    for node in nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and not val.is_contiguous():
+            node.meta["val"] = val.contiguous()
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _contiguous(value: Any) -> Any:
+    return value.contiguous() if isinstance(value, torch.Tensor) else value
 
 
 def make_schedule(plan: Plan, stages: Sequence[Stage], loss_fn: Any, csv_path: Path) -> _PipelineSchedule:

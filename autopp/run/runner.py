@@ -18,6 +18,7 @@ from ..plan import Plan
 from .launch import RankProcess, launch_ranks, wait_ranks
 from .report import RunFailedError, RunReport, median_step_time, relative_error
 from .summary import median_step_index, rank_measures, stage_times
+from .tied import canonical_names
 from .torchrun import Nodes, launch_torchrun, torchrun_command, worker_errors
 from .validate import (GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, reference_run,
                        tolerances)
@@ -60,13 +61,11 @@ def _run_dir(work_dir: str | Path | None) -> Iterator[Path]:
 
 def _blank_report(plan: Plan, plan_path: str | None, steps: int, lr: float, backend: str, launcher: str
                   ) -> RunReport:
-    notes = tuple(f"stage {st.index} asks for recompute, which the runner does not do yet: activations are kept"
-                  for st in plan.stages if st.recompute)
     return RunReport(plan_path=plan_path, model_path=plan.model_path, fingerprint=plan.fingerprint,
                      schedule=plan.schedule, num_ranks=plan.num_ranks, num_microbatches=plan.num_microbatches,
                      microbatch_size=plan.microbatch_size, steps=steps, lr=lr, backend=backend,
                      grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, predicted_step_time_s=plan.predicted.step_time_s,
-                     pp=plan.pp, dp=plan.dp, virtual_stages=plan.virtual_stages, launcher=launcher, notes=notes)
+                     pp=plan.pp, dp=plan.dp, virtual_stages=plan.virtual_stages, launcher=launcher)
 
 
 def _worker_args(plan_file: Path, mf: ModelFile, run_dir: Path, steps: int, lr: float, backend: str,
@@ -123,8 +122,10 @@ def _validation(report: RunReport, results: list[dict[str, Any]], grads: dict[in
                 ref: Reference) -> RunReport:
     """Compare losses and first-step gradients; the verdict and, on failure, the reason."""
     grad_rtol, loss_rtol = tolerances(ref.dtype)
-    check_coverage(list(ref.grads), _stage_params(results))
-    diffs = compare_grads(ref.grads, grads)
+    alias = ref.aliases
+    check_coverage(list(ref.grads), {s: list(dict.fromkeys(canonical_names(n, alias)))
+                                     for s, n in _stage_params(results).items()})
+    diffs = compare_grads(ref.grads, {s: {alias.get(n, n): g for n, g in gs.items()} for s, gs in grads.items()})
     worst = max(diffs, key=lambda d: d.max_rel)
     losses = _losses(results)
     loss_abs, loss_rel = compare_losses(losses, ref.losses)

@@ -37,6 +37,7 @@ from ..modelfile import ModelFile, load_model_file
 from ..plan import Plan, load_plan
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .pipeline import build_stages, make_schedule
+from .tied import sum_tied_grads, tie_groups
 
 __all__ = ["Ranks", "ranks_of", "check_world_size", "replica_slice", "main"]
 
@@ -110,7 +111,8 @@ def _to(value: Any, device: torch.device) -> Any:
 
 
 def _params(stages: Sequence[Stage]) -> list[torch.nn.Parameter]:
-    return [p for s in stages for p in s.submod.parameters()]
+    """The rank's parameters, each once (stages on one rank share a tied weight's tensor)."""
+    return list({id(p): p for s in stages for p in s.submod.parameters()}.values())
 
 
 def _average_grads(params: Sequence[torch.nn.Parameter], group: dist.ProcessGroup | None, dp: int) -> None:
@@ -149,8 +151,10 @@ class _Run:
 
 def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, device: torch.device) -> _Run:
     pp_group, dp_group = _groups(plan, ranks)
-    stages = build_stages(mf, plan, ranks.pp_rank, device, pp_group)
-    schedule = make_schedule(plan, stages, mf.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv")
+    built = build_stages(mf, plan, ranks.pp_rank, device, pp_group)
+    stages = built.stages
+    ties = tie_groups(built.shared, plan.pp, plan.dp, ranks.replica, ranks.pp_rank)
+    schedule = make_schedule(plan, stages, built.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv")
     params = _params(stages)
     optimizer = torch.optim.SGD(params, lr=args.lr)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
@@ -159,6 +163,10 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
     run = _Run([], [], [], [], 0, {}, [])
     logger.info("stages %s built on pipeline rank %d of replica %d (%d parameters)", [s.stage_index for s in stages],
                 ranks.pp_rank, ranks.replica, sum(p.numel() for p in params))
+    for name, holders in built.shared.items():
+        logger.info("%s is held by pipeline ranks %s: their gradients are summed", name, list(holders))
+    for stage, names in built.relayed.items():
+        logger.info("stage %d relays %s", stage, list(names))
     for step in range(args.steps):
         inputs, target = mf.sample_batch(plan.global_batch, seed=plan.seed + step)
         inputs = tuple(replica_slice(t, ranks.replica, plan.dp) for t in inputs)
@@ -174,6 +182,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         with record_waits(recorder):
             schedule.step(*step_args, **step_kwargs)
         t_schedule = recorder.now()
+        sum_tied_grads(ties, built.params)
         _average_grads(params, dp_group, plan.dp)
         t_allreduce = recorder.now()
         if step == 0 and ranks.replica == 0:

@@ -44,7 +44,8 @@ def test_custom_placement_is_the_plans() -> None:
     assert placement(replace(plan, schedule="Custom")) == [0, 1, 1, 0]
 
 
-def test_a_mask_read_by_every_block_is_refused_for_multi_stage_schedules() -> None:
+def test_the_strict_neighbour_check_names_a_value_that_skips_stages() -> None:
+    # build_stages relays such values (autopp.run.chain); check_neighbours is for callers that cannot.
     mf = load_model_file(MASKED)
     example, _ = mf.sample_batch(2, seed=0)
     pipe = split_model(mf.build(0), example, ["blocks.1", "blocks.2"])

@@ -1,0 +1,228 @@
+"""Neighbour-only stages for multi-stage and custom schedules: values that skip stages are relayed through the stages
+between, and values computed from constants and buffers only are held by every reader instead of being received.
+
+torch's multi-stage schedules only support adjacent-stage communication, but a split of a real model is rarely a
+chain: a causal mask or rotary table made before the blocks is read by every block, BERT's extended attention mask
+too, and T5's encoder output is read by every decoder block. Each stage here wraps its piece of the split graph in a
+`ChainPiece` whose inputs are everything stage s - 1 passes on and whose outputs are everything a later stage reads
+(its piece's own values and the relayed ones), so torch's runtime-inferred `PipelineStage` sees a chain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import fx, nn
+from torch.distributed.pipelining import Pipe
+from torch.utils.checkpoint import checkpoint
+
+from ..errors import RunError
+from ..split import live_values
+
+__all__ = ["Source", "StageIO", "chain_io", "value_path", "pick", "constant_values", "ChainPiece", "example_io",
+           "buffers_kept", "weight_only_outputs"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a value of the split graph comes from: piece `piece` (-1: the model inputs), item `path` of its output
+    (getitem indices, outermost first; for a model input, `path` is its position among the inputs)."""
+
+    piece: int
+    path: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StageIO:
+    """What one stage of the chain receives, computes with and passes on (value names of the split graph)."""
+
+    inputs: tuple[str, ...]
+    """Received from stage s - 1 (stage 0: the model inputs), in order."""
+    args: tuple[tuple[str, Any], ...]
+    """The piece's call arguments: ("value", name) or ("const", the literal)."""
+    outputs: tuple[str, ...]
+    """Passed on to stage s + 1 (empty for the last stage, which returns its piece's output)."""
+    constants: tuple[str, ...]
+    """Values it reads that depend on constants and buffers only: held locally, never received."""
+
+
+def value_path(node: fx.Node, piece_index: dict[str, int], placeholders: Sequence[fx.Node]) -> Source:
+    """The piece and getitem path of `node`; a RunError for a value made by anything but a piece or getitem."""
+    path: list[int] = []
+    while node.op == "call_function":
+        if node.target is not operator.getitem or not isinstance(node.args[1], int):
+            raise RunError(f"value {node.name!r} of the split graph is computed between stages ({node.target}), "
+                           "which the runner cannot relay")
+        path.insert(0, node.args[1])
+        node = node.args[0]  # type: ignore[assignment]
+    if node.op == "placeholder":
+        return Source(-1, (list(placeholders).index(node),))
+    if node.op == "call_module" and str(node.target) in piece_index:
+        return Source(piece_index[str(node.target)], tuple(path))
+    raise RunError(f"value {node.name!r} of the split graph does not come from a stage")
+
+
+def pick(value: Any, path: Sequence[int]) -> Any:
+    """Item `path` of a piece's output (a tensor for an empty path)."""
+    for index in path:
+        value = value[index]
+    return value
+
+
+def chain_io(pipe: Pipe) -> tuple[list[StageIO], dict[str, Source]]:
+    """Per stage what it receives, passes on and holds locally, and where every named value comes from.
+
+    A value made by stage i (or a model input, i = -1) and read by stages up to j is received by every stage
+    i + 1 .. j and passed on by i .. j - 1, unless it depends on constants and buffers only (`recomputable`): then
+    each reader holds it (`constant_values`). Stage 0 receives exactly the model inputs.
+    """
+    gm = pipe.split_gm
+    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    piece_index = {str(n.target): i for i, n in enumerate(calls)}
+    live = {v.name: v for v in live_values(pipe)}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    sources = {name: value_path(by_name[name], piece_index, placeholders) for name in live}
+    carried = [name for name in live if not live[name].recomputable]
+    io = []
+    for s, call in enumerate(calls):
+        inputs = tuple(p.name for p in placeholders) if s == 0 else io[-1].outputs
+        outputs = () if s == len(calls) - 1 else tuple(
+            n for n in carried if live[n].src <= s < max(live[n].dsts))
+        args = tuple(("value", a.name) if isinstance(a, fx.Node) else ("const", a) for a in call.args)
+        constants = tuple(n for kind, n in args if kind == "value" and n in live and live[n].recomputable)
+        io.append(StageIO(inputs, args, outputs, constants))
+    return io, sources
+
+
+def constant_values(pipe: Pipe, names: Sequence[str], example: Sequence[Any]) -> dict[str, torch.Tensor]:
+    """The values `names` (recomputable: constants and buffers only), computed once by running the split graph's
+    pieces on an example microbatch up to the last producer. torch.export fixed every shape to the microbatch's,
+    so such a value is the same for every microbatch."""
+    if not names:
+        return {}
+    gm = pipe.split_gm
+    wanted, env, out = set(names), {}, {}
+    inputs = iter(example)
+    with torch.no_grad(), buffers_kept(gm):
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = next(inputs)
+            elif node.op == "call_function":
+                env[node] = node.target(*fx.node.map_arg(node.args, lambda a: env[a]))  # type: ignore[operator]
+            elif node.op == "call_module":
+                env[node] = gm.get_submodule(str(node.target))(*fx.node.map_arg(node.args, lambda a: env[a]))
+            if node.name in wanted:
+                out[node.name] = env[node]
+                if len(out) == len(wanted):
+                    break
+    return out
+
+
+@contextlib.contextmanager
+def buffers_kept(module: nn.Module) -> Iterator[None]:
+    """Restore the module's buffers afterwards: an example forward must not move BatchNorm's running statistics."""
+    saved = [(b, b.detach().clone()) for b in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
+class ChainPiece(nn.Module):
+    """One stage of a neighbour-only chain: receives `io.inputs`, calls its piece, returns `io.outputs` (the last
+    stage: its piece's output). Holds the piece's parameters, buffers and submodules under the piece's own names
+    (the same dicts), so `named_parameters()` and gradients read as for the piece itself."""
+
+    def __init__(self, piece: nn.Module, index: int, io: StageIO, sources: dict[str, Source],
+                 constants: dict[str, torch.Tensor], last: bool, recompute: bool = False) -> None:
+        super().__init__()
+        self._modules = piece._modules
+        self._parameters = piece._parameters
+        self._buffers = piece._buffers
+        self.__dict__["piece"] = piece  # not a child: its contents are ours already
+        self.index, self.io, self.sources, self.last, self.recompute = index, io, sources, last, recompute
+        self.constants = dict(constants)
+        self.weight_only: tuple[int, ...] = ()
+        """Outputs that depend on parameters only (set by `example_io`)."""
+
+    def to_device(self, device: torch.device) -> ChainPiece:
+        self.piece.to(device)
+        self.constants = {k: v.to(device) for k, v in self.constants.items()}
+        return self
+
+    def forward(self, *received: Any) -> Any:
+        if len(received) != len(self.io.inputs):
+            raise RunError(f"stage {self.index} received {len(received)} values, expected {len(self.io.inputs)}")
+        env = dict(zip(self.io.inputs, received))
+        env.update(self.constants)
+        args = [env[v] if kind == "value" else v for kind, v in self.io.args]
+        out = (checkpoint(self.piece, *args, use_reentrant=False) if self.recompute  # type: ignore[arg-type]
+               else self.piece(*args))
+        if self.last:
+            return out
+        return tuple(self._passed_on(name, env, out) for name in self.io.outputs)
+
+    def _passed_on(self, name: str, env: dict[str, Any], out: Any) -> Any:
+        src = self.sources[name]
+        if src.piece == self.index:
+            return pick(out, src.path)
+        value = env[name]
+        # A relayed tensor leaves as a copy of its own: torch detaches stage outputs in place after the backward,
+        # which must not touch the received input (and an input tensor returned as an output has no grad_fn).
+        return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def example_io(pieces: Sequence[ChainPiece], example: Sequence[Any]
+               ) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """Every stage's inputs and outputs on an example microbatch (all pieces, in order), each received value a leaf
+    that requires grad when its sender's output does, as when the schedule runs.
+
+    Given to torch's PipelineStage as `input_args` / `output_args`, they spare it the runtime metadata inference,
+    which runs a stage on uninitialised tensors made from the metadata: a model input relayed to a later stage (T5's
+    decoder token ids, read after the encoder) then indexes an embedding with garbage ("index out of range")."""
+    received = tuple(example)
+    out = []
+    for piece in pieces:
+        with torch.enable_grad(), buffers_kept(piece):
+            result = piece(*received)
+        result = result if isinstance(result, tuple) else (result,)
+        piece.weight_only = tuple(weight_only_outputs(received, result)) if piece.index > 0 else ()
+        outputs = tuple(_leaf(t) for t in result)
+        out.append((received, outputs))
+        received = outputs
+    return out
+
+
+def weight_only_outputs(inputs: Sequence[Any], outputs: Sequence[Any]) -> list[int]:
+    """Positions of the outputs that need a gradient but depend on no input that does, only on parameters (T5's
+    relative-position bias, made by the first decoder block and read by the next stage)."""
+    leaves = {id(t) for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad}
+    return [i for i, t in enumerate(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None
+            and not _reaches(t.grad_fn, leaves)]
+
+
+def _reaches(fn: Any, leaves: set[int]) -> bool:
+    """Whether the autograd graph below `fn` accumulates into one of the tensors `leaves` (by id)."""
+    seen, todo = set(), [fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(getattr(node, "variable", None)) in leaves:
+            return True
+        todo.extend(next_fn for next_fn, _ in node.next_functions)
+    return False
+
+
+def _leaf(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().requires_grad_(value.requires_grad)

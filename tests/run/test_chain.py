@@ -1,0 +1,135 @@
+"""Stages of non-chain models in one process: relayed and locally held values, the model's output structure for the
+loss, tied parameters, activation checkpointing (all stages on one rank of a one-rank gloo group)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autopp.modelfile import load_model_file
+from autopp.run.chain import chain_io
+from autopp.run.outputs import rebuild_last_output
+from autopp.run.pipeline import build_stages, make_schedule
+from autopp.run.tied import aliases, shared_params
+from autopp.schedule import ScheduleName, build_schedule
+from autopp.split import split_model
+
+from .conftest import ROOT, pipeline_plan
+
+MASKED = ROOT / "tests" / "models" / "masked.py"
+MASKED_CUTS = ["blocks.1", "blocks.2", "head"]
+
+
+def test_a_residual_is_relayed_and_a_mask_held_by_its_readers() -> None:
+    mf = load_model_file(MASKED)
+    pipe = split_model(mf.build(0), mf.sample_batch(2, seed=0)[0], MASKED_CUTS)
+    io, sources = chain_io(pipe)
+    assert len(io) == 4 and io[0].inputs == ("x",) and io[3].outputs == ()
+    # The embedding h0 is made by stage 0 and read by stage 2 (before the head): stage 1 receives and passes it on.
+    residual = [n for n in io[1].outputs if sources[n].piece == 0]
+    assert len(residual) == 1 and residual[0] in io[1].inputs and residual[0] in io[2].inputs
+    assert residual[0] not in io[2].outputs
+    # The causal mask depends on constants only: stages 1 and 2 hold it, nobody sends it.
+    assert io[1].constants and io[1].constants == io[2].constants
+    assert all(c not in s.outputs for s in io for c in io[1].constants)
+    for s in range(3):
+        assert io[s + 1].inputs == io[s].outputs
+
+
+def test_a_value_computed_between_stages_is_refused() -> None:
+    import operator
+
+    from torch import fx
+
+    from autopp.errors import RunError
+    from autopp.run.chain import Source, value_path
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    piece = graph.call_module("submod_0", (x,))
+    item = graph.call_function(operator.getitem, (piece, 1))
+    added = graph.call_function(torch.add, (item, 1))
+    assert value_path(item, {"submod_0": 0}, [x]) == Source(0, (1,))
+    assert value_path(x, {"submod_0": 0}, [x]) == Source(-1, (0,))
+    with pytest.raises(RunError, match=r"value 'add' of the split graph is computed between stages"):
+        value_path(added, {"submod_0": 0}, [x])
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_relayed_stages_match_one_process(one_rank_group: None, tmp_path: Path, recompute: bool) -> None:
+    order = build_schedule(ScheduleName.LOOPED_BFS, 1, 2, 4)  # one rank holding four stages, 2 microbatches
+    plan = pipeline_plan(MASKED, MASKED_CUTS, "Custom", pp=1, num_microbatches=2, microbatch_size=2,
+                         ranks=[0, 0, 0, 0], custom_order=(tuple(str(a) for a in order[0]),))
+    if recompute:
+        from dataclasses import replace
+        plan = replace(plan, stages=tuple(replace(s, recompute=s.index in (1, 3)) for s in plan.stages))
+    mf = load_model_file(MASKED)
+    built = build_stages(mf, plan, 0, torch.device("cpu"), None)
+    schedule = make_schedule(plan, built.stages, built.loss_fn, tmp_path / "order.csv")
+    inputs, target = mf.sample_batch(4, seed=1)
+    losses: list[torch.Tensor] = []
+    schedule.step(*inputs, target=target, losses=losses)
+    reference = mf.build(0)
+    loss = mf.loss_fn(reference(*inputs), target)
+    loss.backward()
+    assert sum(float(x.detach()) for x in losses) / 2 == pytest.approx(float(loss.detach()), rel=1e-5)
+    expected = dict(reference.named_parameters())
+    for name, copies in built.params.items():
+        assert len(copies) == 1
+        torch.testing.assert_close(copies[0].grad, expected[name].grad, rtol=1e-5, atol=1e-7)
+    assert set(built.params) == set(expected) and built.shared == {}
+    assert set(built.relayed) == {1}
+
+
+def test_tied_parameters_have_one_canonical_name_and_are_shared_across_ranks() -> None:
+    head = nn.Linear(4, 4, bias=False)
+    model = nn.Sequential(nn.Linear(4, 4), head)
+    model.add_module("again", head)
+    assert aliases(model) == {"0.weight": "0.weight", "0.bias": "0.bias", "1.weight": "1.weight",
+                              "again.weight": "1.weight"}
+    names = {0: ["0.weight", "1.weight"], 1: ["1.weight"], 2: ["1.weight"]}
+    assert shared_params(names, [0, 1, 0]) == {"1.weight": (0, 1)}
+    assert shared_params(names, [0, 0, 0]) == {}
+
+
+def test_the_loss_sees_the_models_output_structure() -> None:
+    from torch.utils import _pytree as pytree
+
+    from autopp.run.chain import Source
+
+    spec = pytree.tree_flatten({"logits": torch.zeros(1), "encoder": torch.zeros(1)})[1]
+    out = rebuild_last_output(spec, [Source(3, (1,)), None], (torch.ones(1), torch.full((1,), 2.0)))
+    assert out["encoder"] is None and float(out["logits"]) == 2.0
+
+
+def test_an_output_made_from_weights_only_is_found() -> None:
+    from autopp.run.chain import weight_only_outputs
+
+    x = torch.randn(3, requires_grad=True)
+    w = nn.Parameter(torch.randn(3))
+    assert weight_only_outputs((x,), (x * w, w * 2, torch.ones(1), x.detach())) == [1]
+
+
+def test_split_backward_schedules_are_told_apart() -> None:
+    from autopp.run.pipeline import splits_backward
+
+    assert splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "ZBVZeroBubble", virtual_stages=2))
+    assert not splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "Interleaved1F1B", virtual_stages=2))
+    full = pipeline_plan(MASKED, ["blocks.1"], "Custom", ranks=[0, 1], custom_order=(("0F0", "0B0"), ("1F0", "1B0")))
+    split = pipeline_plan(MASKED, ["blocks.1"], "Custom", ranks=[0, 1], custom_order=(("0F0", "0I0", "0W0"),
+                                                                                      ("1F0", "1I0", "1W0")))
+    assert not splits_backward(full) and splits_backward(split)
