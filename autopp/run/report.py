@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import RunError
+from ..jsonio import write_json
 from ..sizes import format_size
 
 __all__ = [
@@ -152,13 +151,7 @@ class RunReport:
 
     def save(self, path: str | Path) -> Path:
         """Write the report JSON atomically."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(self.to_json(), indent=2) + "\n")
-        os.replace(tmp, target)
-        return target
+        return write_json(path, self.to_json())
 
 
 def load_report(path: str | Path) -> dict[str, Any]:

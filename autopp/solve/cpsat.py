@@ -16,7 +16,7 @@ from ..errors import InfeasibleError
 from .arrays import UnitArrays
 from .dp import Bounds, PipeSpec
 
-__all__ = ["CpSatResult", "solve_cpsat"]
+__all__ = ["CpSatResult", "solve_cpsat", "contiguous_split"]
 
 
 @dataclass(frozen=True)
@@ -49,23 +49,10 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     # Model.
     model = cp_model.CpModel()
     # Variables: x[u,s] = unit u runs on stage s; e[j,s] = stage s ends at boundary j (j = 1..n-1).
-    x = {(u, k): model.new_bool_var(f"x[u={u},s={k}]") for u in range(n) for k in range(s_count)}
-    end = {(j, k): model.new_bool_var(f"end[j={j},s={k}]") for j in range(1, n) for k in range(s_count - 1)}
+    x, end = contiguous_split(model, n, s_count)
     horizon = int(work.sum() / min(speed)) + 1
     stage_t = [model.new_int_var(0, horizon, f"T[s={k}]") for k in range(s_count)]
     t_max = model.new_int_var(0, horizon, "Tmax")
-    # Constraints: every unit on one stage; stages contiguous and in order (unit u+1 is on u's stage or the next).
-    for u in range(n):
-        model.add_exactly_one(x[u, k] for k in range(s_count))
-    model.add(x[0, 0] == 1)
-    model.add(x[n - 1, s_count - 1] == 1)
-    for u in range(n - 1):
-        for k in range(s_count):
-            nxt = [x[u + 1, k]] + ([x[u + 1, k + 1]] if k + 1 < s_count else [])
-            model.add_bool_or(nxt).only_enforce_if(x[u, k])
-            if k + 1 < s_count:  # stage k ends at u + 1 exactly when u is on k and u + 1 on k + 1
-                model.add_bool_and([x[u, k], x[u + 1, k + 1]]).only_enforce_if(end[u + 1, k])
-                model.add_bool_or([end[u + 1, k]]).only_enforce_if([x[u, k], x[u + 1, k + 1]])
     # Stage time: scaled by the device speed (rounded up so the integer model never flatters a stage).
     for k in range(s_count):
         model.add(stage_t[k] * int(round(speed[k] * 1000)) >= sum(int(work[u]) * 1000 * x[u, k] for u in range(n)))
@@ -94,3 +81,27 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     obj, bound = solver.objective_value, solver.best_objective_bound
     gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / obj if obj > 0 else 0.0
     return CpSatResult(bounds, obj * resolution, status == cp_model.OPTIMAL, gap, name)
+
+
+Assign = dict[tuple[int, int], cp_model.IntVar]
+
+
+def contiguous_split(model: cp_model.CpModel, n: int, stages: int) -> tuple[Assign, Assign]:
+    """Variables and constraints of a split of n units into `stages` contiguous, ordered stages.
+
+    x[u,s] = unit u runs on stage s; end[j,s] = stage s ends at boundary j (j = 1..n-1, s < stages-1)."""
+    x = {(u, k): model.new_bool_var(f"x[u={u},s={k}]") for u in range(n) for k in range(stages)}
+    end = {(j, k): model.new_bool_var(f"end[j={j},s={k}]") for j in range(1, n) for k in range(stages - 1)}
+    # Every unit on one stage; the first unit on the first stage, the last on the last.
+    for u in range(n):
+        model.add_exactly_one(x[u, k] for k in range(stages))
+    model.add(x[0, 0] == 1)
+    model.add(x[n - 1, stages - 1] == 1)
+    # Contiguous and in order: unit u+1 is on u's stage or the next.
+    for u in range(n - 1):
+        for k in range(stages):
+            model.add_bool_or([x[u + 1, k]] + ([x[u + 1, k + 1]] if k + 1 < stages else [])).only_enforce_if(x[u, k])
+            if k + 1 < stages:  # stage k ends at u + 1 exactly when u is on k and u + 1 on k + 1
+                model.add_bool_and([x[u, k], x[u + 1, k + 1]]).only_enforce_if(end[u + 1, k])
+                model.add_bool_or([end[u + 1, k]]).only_enforce_if([x[u, k], x[u + 1, k + 1]])
+    return x, end

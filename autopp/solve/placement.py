@@ -18,6 +18,7 @@ from ortools.sat.python import cp_model
 from ..cluster import Cluster, Link
 from ..errors import InfeasibleError
 from .arrays import UnitArrays
+from .cpsat import contiguous_split
 from .dp import Bounds
 
 __all__ = ["Placement", "place_devices"]
@@ -53,8 +54,7 @@ def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: 
     model = cp_model.CpModel()
     # Variables: x[u,s] unit u on stage s; end[j,s] stage s ends at boundary j; y[s,d] device d at position s;
     # kind[s,l] the link after position s is of kind l.
-    x = {(u, k): model.new_bool_var(f"x[u={u},s={k}]") for u in range(n) for k in range(p)}
-    end = {(j, k): model.new_bool_var(f"end[j={j},s={k}]") for j in range(1, n) for k in range(p - 1)}
+    x, end = contiguous_split(model, n, p)
     y = {(k, d): model.new_bool_var(f"y[s={k},d={d}]") for k in range(p) for d in range(p)}
     kind = {(k, l): model.new_bool_var(f"kind[s={k},l={l}]") for k in range(p - 1) for l in range(len(kinds))}
     horizon = int(work.sum() / min(d.speed for d in devices)) + 1
@@ -62,17 +62,6 @@ def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: 
     t_max = model.new_int_var(0, horizon, "Tmax")
     cmax = max((max(row) for row in comm), default=0)
     send = [model.new_int_var(0, cmax, f"c[s={k}]") for k in range(p - 1)]
-    # Constraints: every unit on one stage; stages contiguous, in order, non-empty.
-    for u in range(n):
-        model.add_exactly_one(x[u, k] for k in range(p))
-    model.add(x[0, 0] == 1)
-    model.add(x[n - 1, p - 1] == 1)
-    for u in range(n - 1):
-        for k in range(p):
-            model.add_bool_or([x[u + 1, k]] + ([x[u + 1, k + 1]] if k + 1 < p else [])).only_enforce_if(x[u, k])
-            if k + 1 < p:  # stage k ends at u + 1 exactly when u is on k and u + 1 on k + 1
-                model.add_bool_and([x[u, k], x[u + 1, k + 1]]).only_enforce_if(end[u + 1, k])
-                model.add_bool_or([end[u + 1, k]]).only_enforce_if([x[u, k], x[u + 1, k + 1]])
     # Placement: a permutation (each position one device, each device one position).
     for k in range(p):
         model.add_exactly_one(y[k, d] for d in range(p))
