@@ -195,7 +195,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 0
     try:
         report = run_plan(plan, steps=args.steps, timeout_s=args.timeout, progress=_progress("running"),
-                          plan_path=args.plan, check=False, nodes=nodes, work_dir=args.run_dir)
+                          plan_path=str(Path(args.plan).resolve()), check=False, nodes=nodes, work_dir=args.run_dir)
     except RunFailedError as exc:
         _end_progress()
         exc.report.save(out)
