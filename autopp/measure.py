@@ -18,7 +18,8 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 
 from .modelfile import ModelFile, Unit, check_forward, discover_units, fingerprint, load_model_file
 from .profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
-from .split import LiveValue, live_values, output_spec, rebuild_output, source_piece, split_model, tied_groups
+from .split import (LiveValue, live_values, output_spec, rebuild_output, source_piece, split_model, tied_groups,
+                    walk_split_graph)
 
 __all__ = ["OPTIMIZER_STATES", "DTYPES", "profile_model", "tensors_in", "storage_bytes"]
 
@@ -232,40 +233,39 @@ def _measure_size(mf: ModelFile, model: nn.Module, units: list[Unit], b: int, se
     piece_index = {str(n.target): i for i, n in enumerate(calls)}
     tied = {u: g.bytes for g in tied_groups(model, [u.modules for u in units]) for u in g.units if len(g.units) > 1}
     env: dict[fx.Node, Any] = {}
-    placeholders = iter(inputs)
     rows: list[dict[str, Any]] = []
     edges: dict[tuple[int, int], int] = defaultdict(int)
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            env[node] = next(placeholders)
-        elif node.op == "call_function":
-            env[node] = node.target(*fx.node.map_arg(node.args, lambda a: env[a]))  # type: ignore[operator]
-        elif node.op == "call_module":
-            i = piece_index[str(node.target)]
-            settings.progress(_bar(i, len(calls), f"microbatch {b}: unit {i + 1}/{len(calls)}"))
-            for arg in node.all_input_nodes:
-                src = source_piece(arg, piece_index)
-                if src is not None:
-                    edges[(src, i)] += storage_bytes(tensors_in(env[arg]))
-            module = gm.get_submodule(str(node.target))
-            last = i == len(calls) - 1
-            finish = (lambda out, node=node: mf.loss_fn(rebuild_output(spec, _model_output(gm, env, node, out)),
-                                                        target)) if last else (lambda out: out)
-            grad = tuple(not (isinstance(a, fx.Node) and source_piece(a, piece_index) == -1) for a in node.args)
-            piece = _Piece(module, fx.node.map_arg(node.args, lambda a: env[a]), finish, i == 0, grad)
-            row = {"unit": i, "microbatch_size": b, **_summary(_time_piece(piece, settings.budget, settings.clock))}
-            params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-            with torch.no_grad():
-                env[node] = out = module(*piece.args)
-            row.update(_static_bytes(module, settings))
-            row.update(tied_param_bytes=tied.get(i, 0),
-                       activation_bytes=_saved_bytes(lambda: piece.forward()[1], params),
-                       output_bytes=0 if last else storage_bytes(tensors_in(out)),
-                       recompute_keep_bytes=storage_bytes(tensors_in(piece.args)))
-            peak = _peak_bytes(piece, settings.clock)
-            if peak is not None:
-                settings.peaks.setdefault(str(i), {})[str(b)] = peak
-            rows.append(row)
+
+    def measure(node: fx.Node, args: tuple[Any, ...]) -> Any:
+        i = piece_index[str(node.target)]
+        settings.progress(_bar(i, len(calls), f"microbatch {b}: unit {i + 1}/{len(calls)}"))
+        for arg in node.all_input_nodes:
+            src = source_piece(arg, piece_index)
+            if src is not None:
+                edges[(src, i)] += storage_bytes(tensors_in(env[arg]))
+        module = gm.get_submodule(str(node.target))
+        last = i == len(calls) - 1
+        finish = (lambda out: mf.loss_fn(rebuild_output(spec, _model_output(gm, env, node, out)), target)) \
+            if last else (lambda out: out)
+        grad = tuple(not (isinstance(a, fx.Node) and source_piece(a, piece_index) == -1) for a in node.args)
+        piece = _Piece(module, args, finish, i == 0, grad)
+        row = {"unit": i, "microbatch_size": b, **_summary(_time_piece(piece, settings.budget, settings.clock))}
+        params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        with torch.no_grad():
+            out = module(*piece.args)
+        row.update(_static_bytes(module, settings))
+        row.update(tied_param_bytes=tied.get(i, 0),
+                   activation_bytes=_saved_bytes(lambda: piece.forward()[1], params),
+                   output_bytes=0 if last else storage_bytes(tensors_in(out)),
+                   recompute_keep_bytes=storage_bytes(tensors_in(piece.args)))
+        peak = _peak_bytes(piece, settings.clock)
+        if peak is not None:
+            settings.peaks.setdefault(str(i), {})[str(b)] = peak
+        rows.append(row)
+        return out
+
+    for _ in walk_split_graph(gm, inputs, env, measure):
+        pass
     live = live_values(pipe)
     by_name = {n.name: n for n in gm.graph.nodes}
     value_bytes = {v.name: storage_bytes(tensors_in(env[by_name[v.name]])) for v in live}

@@ -7,7 +7,7 @@ import copy
 import operator
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import fx, nn
@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from .errors import ModelFileError
 
-__all__ = ["split_model", "piece_names", "LiveValue", "live_values", "source_piece", "TiedGroup", "tied_groups",
+__all__ = ["split_model", "piece_names", "walk_split_graph", "LiveValue", "live_values", "source_piece", "TiedGroup", "tied_groups",
            "output_spec", "rebuild_output"]
 
 
@@ -69,6 +69,24 @@ def _wrap(graph: fx.Graph, node: fx.Node) -> fx.Node:
 def piece_names(pipe: Pipe) -> list[str]:
     """Names of the pieces' call_module nodes in the split graph, in execution order."""
     return [node.target for node in pipe.split_gm.graph.nodes if node.op == "call_module"]  # type: ignore[misc]
+
+
+def walk_split_graph(gm: fx.GraphModule, inputs: Sequence[Any], env: dict[fx.Node, Any],
+                     call: Callable[[fx.Node, tuple[Any, ...]], Any] | None = None) -> Iterator[fx.Node]:
+    """Evaluate the split graph on `inputs` node by node into `env`, yielding each evaluated node (placeholders,
+    getitems, pieces). `call(node, args)` evaluates a piece (default: calling the piece)."""
+    values = iter(inputs)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(values)
+        elif node.op == "call_function":
+            env[node] = node.target(*fx.node.map_arg(node.args, lambda a: env[a]))  # type: ignore[operator]
+        elif node.op == "call_module":
+            args = fx.node.map_arg(node.args, lambda a: env[a])
+            env[node] = call(node, args) if call else gm.get_submodule(str(node.target))(*args)
+        else:
+            continue
+        yield node
 
 
 def source_piece(node: fx.Node, piece_index: dict[str, int]) -> int | None:

@@ -21,7 +21,7 @@ from torch.distributed.pipelining import Pipe
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import RunError
-from ..split import live_values
+from ..split import live_values, walk_split_graph
 
 __all__ = ["Source", "StageIO", "chain_io", "value_path", "pick", "constant_values", "ChainPiece", "example_io",
            "buffers_kept", "weight_only_outputs"]
@@ -106,16 +106,10 @@ def constant_values(pipe: Pipe, names: Sequence[str], example: Sequence[Any]) ->
     if not names:
         return {}
     gm = pipe.split_gm
-    wanted, env, out = set(names), {}, {}
-    inputs = iter(example)
+    wanted, out = set(names), {}
+    env: dict[fx.Node, Any] = {}
     with torch.no_grad(), buffers_kept(gm):
-        for node in gm.graph.nodes:
-            if node.op == "placeholder":
-                env[node] = next(inputs)
-            elif node.op == "call_function":
-                env[node] = node.target(*fx.node.map_arg(node.args, lambda a: env[a]))  # type: ignore[operator]
-            elif node.op == "call_module":
-                env[node] = gm.get_submodule(str(node.target))(*fx.node.map_arg(node.args, lambda a: env[a]))
+        for node in walk_split_graph(gm, example, env):
             if node.name in wanted:
                 out[node.name] = env[node]
                 if len(out) == len(wanted):
