@@ -147,7 +147,8 @@ def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         from .links import load_link
         base = load_link(args.links)
     link = Link(latency_s=args.latency if args.latency is not None else base.latency_s,
-                bandwidth_bytes_per_s=args.bandwidth or base.bandwidth_bytes_per_s)
+                bandwidth_bytes_per_s=args.bandwidth or base.bandwidth_bytes_per_s,
+                overhead_s=args.message_overhead if args.message_overhead is not None else base.overhead_s)
     return Cluster(num_devices=args.devices, memory_bytes=args.memory, link=link)
 
 
@@ -283,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first")
     p.add_argument("--threads", type=_positive, default=1, help="torch threads while measuring (default 1)")
     p.add_argument("--time-budget", type=float, metavar="S",
-                   help="stop timing a unit after S seconds even if fewer than --repeats runs were made")
+                   help="stop timing after S seconds per unit even if fewer than --repeats runs were made")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="parameter and activation dtype (bfloat16: mixed precision, fp32 master copy counted)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="measure on this device (default cpu)")
@@ -320,6 +321,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="activation recomputation (default none; auto: only where memory needs it)")
     p.add_argument("--latency", type=float, help="link latency in seconds (default: assumed loopback gloo)")
     p.add_argument("--bandwidth", type=float, help="link bandwidth in bytes/s")
+    p.add_argument("--message-overhead", type=float, metavar="S",
+                   help="time a rank is kept busy per message to or from another rank, besides waiting (default: "
+                        "assumed for torch's schedules over gloo on CPU, 300e-6)")
     p.add_argument("-o", "--output", help="plan JSON path (default MODEL.plan.json)")
     p.set_defaults(func=_cmd_plan)
 

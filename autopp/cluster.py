@@ -21,18 +21,25 @@ class Link:
     """Time to send an empty message."""
     bandwidth_bytes_per_s: float
     """Sustained bandwidth of one transfer."""
+    overhead_s: float = 0.0
+    """Time each end of a transfer is kept busy by it, besides waiting: the schedule runtime preparing, posting and
+    completing one send or receive around a compute action. Unlike latency it occupies the rank, so a rank that
+    sends and receives on every action is slowed on every action."""
 
     def __post_init__(self) -> None:
-        if self.latency_s < 0 or self.bandwidth_bytes_per_s <= 0:
-            raise ValueError(f"link needs latency >= 0 and bandwidth > 0, got {self.latency_s}, {self.bandwidth_bytes_per_s}")
+        if self.latency_s < 0 or self.bandwidth_bytes_per_s <= 0 or self.overhead_s < 0:
+            raise ValueError(f"link needs latency >= 0, bandwidth > 0 and overhead >= 0, got {self.latency_s}, "
+                             f"{self.bandwidth_bytes_per_s}, {self.overhead_s}")
 
     def transfer_s(self, nbytes: float) -> float:
         """Time to send `nbytes` (0 for nothing to send)."""
         return 0.0 if nbytes <= 0 else self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
-#: Assumed gloo-over-loopback link between two processes on one CPU machine, used until links are measured.
-DEFAULT_LINK = Link(latency_s=100e-6, bandwidth_bytes_per_s=2e9)
+#: Assumed gloo-over-loopback link between two processes on one CPU machine, used until links are measured. The
+#: overhead is what torch 2.13's schedules spent per message outside compute and waits in `autopp run` timelines on
+#: a 2-core machine (0.2-0.45 ms between consecutive actions; docs/accuracy.md).
+DEFAULT_LINK = Link(latency_s=100e-6, bandwidth_bytes_per_s=2e9, overhead_s=300e-6)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +118,8 @@ class Cluster:
 
 def _link(d: dict[str, Any], where: str) -> Link:
     try:
-        return Link(latency_s=float(d["latency_s"]), bandwidth_bytes_per_s=float(d["bandwidth_bytes_per_s"]))
+        return Link(latency_s=float(d["latency_s"]), bandwidth_bytes_per_s=float(d["bandwidth_bytes_per_s"]),
+                    overhead_s=float(d.get("overhead_s", DEFAULT_LINK.overhead_s)))
     except (KeyError, TypeError, ValueError) as exc:
         raise AutoppError(f"{where}: bad link {d!r}: {exc}") from None
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cluster import Link
+from .cluster import DEFAULT_LINK, Link
 from .errors import AutoppError
 from .jsonio import write_json
 
@@ -52,7 +52,9 @@ class LinkProfile:
     version: int = LINKS_VERSION
 
     def link(self) -> Link:
-        return Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
+        """The fitted link; its per-message overhead is not measured here and stays the default's (DEFAULT_LINK)."""
+        return Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+                    overhead_s=DEFAULT_LINK.overhead_s)
 
     def save(self, path: str | Path) -> Path:
         """Write the links JSON atomically."""

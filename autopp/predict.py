@@ -19,7 +19,7 @@ def plan_stage_costs(plan: Plan) -> list[StageCost]:
         i = s.backward_input_s if s.backward_input_s is not None else s.backward_s / 2
         out.append(StageCost(forward_s=s.forward_s, backward_input_s=i, backward_weight_s=s.backward_s - i,
                              static_bytes=s.static_bytes, activation_bytes=s.activation_bytes,
-                             input_bytes=s.input_bytes))
+                             input_bytes=s.input_bytes, overhead_s=s.overhead_s))
     return out
 
 

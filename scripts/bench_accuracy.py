@@ -7,9 +7,9 @@ after the first (with its spread, max - min), the relative error, and where the 
   F/B meas/prof  sum over stages of the run's median F (B) per microbatch / the plan's (the profile's)
   busy           the busiest rank's compute time (F, I, W, B actions) in the median step
   wait           the longest median time a rank spent waiting for sends/receives
-  resim, error   the simulator's step time fed with the run's own per-stage F, I, W (and --hop-latency per
-                 transfer, default 0), and the
-                 measured step's error against it: what is left once the profile matches the run
+  resim, error   the simulator's step time fed with the run's own per-stage F, I, W (with the plan's message
+                 overheads and transfer times, or --hop-latency per transfer), and the measured step's error
+                 against it: what is left once the profile matches the run
   in step        the slowest rank's median time inside the schedule's step (the measured step minus the
                  optimizer step, the dp all-reduce and two barriers)
   optim          the slowest rank's median optimizer step + zero_grad (inside the measured step, not simulated)
@@ -75,16 +75,19 @@ def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile
             "memory": "/".join(f"{m.memory_error:+.0%}" if m.memory_error is not None else "-" for m in report.ranks)}
 
 
-def _resimulate(plan: Plan, report: RunReport, hop_s: float = 0.0) -> float:
-    """The simulator's step time with the per-stage F, I, W measured in this run (no communication time): what the
-    prediction would be if the profile had matched the run's action times. B-only schedules get I = W = B / 2."""
+def _resimulate(plan: Plan, report: RunReport, hop_s: float | None = None) -> float:
+    """The simulator's step time with the per-stage F, I, W measured in this run and the plan's message overheads and
+    transfer times (or `hop_s` per transfer): what the prediction would be if the profile had matched the run's
+    action times. B-only schedules get I = W = B / 2."""
     costs = []
-    for st in report.stage_times:
+    for st, planned in zip(report.stage_times, plan.stages):
         f, b = st.forward_s or 0.0, st.backward_s or 0.0
         i = st.input_s if st.input_s is not None else b / 2
-        costs.append(StageCost(forward_s=f, backward_input_s=i, backward_weight_s=max(b - i, 0.0)))
-    return simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, costs,
-                          [hop_s] * (len(costs) - 1), plan.virtual_stages).step_time_s
+        costs.append(StageCost(forward_s=f, backward_input_s=i, backward_weight_s=max(b - i, 0.0),
+                               overhead_s=planned.overhead_s))
+    comm = [s.send_s if hop_s is None else hop_s for s in plan.stages[:-1]]
+    return simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, costs, comm,
+                          plan.virtual_stages).step_time_s
 
 
 def _ratio(measured: list[float | None], predicted: list[float]) -> float:
@@ -143,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--reprofile", action="store_true",
                         help="profile each model first at --microbatch-size instead of loading profiles/MODEL")
-    parser.add_argument("--hop-latency", type=float, default=0.0, metavar="S",
-                        help="communication time per stage-to-stage transfer in the re-simulation (default 0; "
-                             "`autopp profile-links` measures it)")
+    parser.add_argument("--hop-latency", type=float, metavar="S",
+                        help="communication time per stage-to-stage transfer in the re-simulation (default: the "
+                             "plan's)")
     parser.add_argument("--links", help="plan with this links file from `autopp profile-links` (default: assumed)")
     parser.add_argument("--contention", action="store_true",
                         help="instead: time the whole model's F+B alone vs two processes at once")

@@ -101,6 +101,9 @@ def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["plan", "--profile", str(prof), "--devices", "4", "--memory", "80GiB", "--pp", "2",
                  "--global-batch", "16", "-o", str(plan)]) == 0
     assert json.loads(plan.read_text())["dp"] == 2
+    assert main(["plan", "--profile", str(prof), "--devices", "2", "--memory", "80GiB", "--global-batch", "8",
+                 "--message-overhead", "0.001", "-o", str(plan)]) == 0
+    assert [s["overhead_s"] for s in json.loads(plan.read_text())["stages"]] == [0.001, 0.001]
     cluster = tmp_path / "c.json"
     cluster.write_text(json.dumps({"devices": [{"memory": "80GiB", "speed": 1}, {"memory": "80GiB", "speed": 2}]}))
     assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8", "-o", str(plan)]) == 0

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 
+from ..allocator import keep_freed_memory
 from ..errors import RunError
 from ..modelfile import ModelFile, load_model_file
 from ..plan import Plan, load_plan
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     _log_progress_to_stdout()
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
+    logger.info("rank %d: allocator %s", rank, keep_freed_memory())
     try:
         plan = load_plan(args.plan)
         check_world_size(plan, int(os.environ["WORLD_SIZE"]))

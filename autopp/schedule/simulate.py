@@ -32,9 +32,11 @@ class StageCost:
     """Bytes one microbatch keeps from its forward until its backward frees them."""
     input_bytes: int = 0
     """Bytes kept per microbatch instead of activations when the stage recomputes (the stage input)."""
+    overhead_s: float = 0.0
+    """Time each F and each B or I action also keeps the rank busy: its messages to and from other ranks."""
 
     def __post_init__(self) -> None:
-        times = (self.forward_s, self.backward_input_s, self.backward_weight_s)
+        times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s)
         sizes = (self.static_bytes, self.activation_bytes, self.input_bytes)
         if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
             raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
@@ -103,10 +105,10 @@ def _new_sim(order: list[list[Action]], costs: Sequence[StageCost], owner: Seque
 
 
 def _durations(c: StageCost, recompute: bool) -> dict[Kind, float]:
-    """Compute time per kind; a recomputing stage re-runs its forward at the start of B or I."""
-    redo = c.forward_s if recompute else 0.0
-    return {Kind.F: c.forward_s, Kind.I: redo + c.backward_input_s, Kind.W: c.backward_weight_s,
-            Kind.B: redo + c.backward_input_s + c.backward_weight_s}
+    """Busy time per kind; a recomputing stage re-runs its forward at the start of B or I."""
+    redo, o = (c.forward_s if recompute else 0.0), c.overhead_s
+    return {Kind.F: c.forward_s + o, Kind.I: redo + c.backward_input_s + o, Kind.W: c.backward_weight_s,
+            Kind.B: redo + c.backward_input_s + c.backward_weight_s + o}
 
 
 def _compute_only(order: Order, num_stages: int, owner: Sequence[int]) -> list[list[Action]]:

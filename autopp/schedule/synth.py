@@ -112,7 +112,7 @@ class _Data:
 
 def _auto_tick(costs: Sequence[StageCost], hint_step_s: float) -> float:
     """Resolution: 1/100 of the shortest non-zero action, coarsened so the warm start spans <= 10^6 ticks."""
-    positive = [t for c in costs for t in (c.forward_s, c.backward_input_s, c.backward_weight_s) if t > 0]
+    positive = [kind_time(c, k) for c in costs for k in SPLIT_KINDS if kind_time(c, k) > 0]
     fine = min(positive) / _MIN_TICKS_PER_ACTION if positive else 1.0
     return max(fine, hint_step_s / _MAX_TICKS) if hint_step_s > 0 else fine
 
@@ -123,8 +123,10 @@ def _ticks(seconds: float, tick_s: float) -> int:
 
 
 def _tick_costs(costs: Sequence[StageCost], tick_s: float) -> list[StageCost]:
-    return [StageCost(forward_s=_ticks(c.forward_s, tick_s), backward_input_s=_ticks(c.backward_input_s, tick_s),
-                      backward_weight_s=_ticks(c.backward_weight_s, tick_s), static_bytes=c.static_bytes,
+    """Durations in ticks, the message overhead folded into F and I."""
+    return [StageCost(forward_s=_ticks(kind_time(c, Kind.F), tick_s),
+                      backward_input_s=_ticks(kind_time(c, Kind.I), tick_s),
+                      backward_weight_s=_ticks(kind_time(c, Kind.W), tick_s), static_bytes=c.static_bytes,
                       activation_bytes=c.activation_bytes) for c in costs]
 
 

@@ -18,8 +18,9 @@ SPLIT_KINDS = (Kind.F, Kind.I, Kind.W)
 
 
 def kind_time(c: StageCost, kind: Kind) -> float:
-    """Duration of a compute action of this kind on a stage of cost `c`."""
-    return {Kind.F: c.forward_s, Kind.I: c.backward_input_s, Kind.W: c.backward_weight_s}[kind]
+    """Duration of a compute action of this kind on a stage of cost `c` (with its message overhead)."""
+    return {Kind.F: c.forward_s + c.overhead_s, Kind.I: c.backward_input_s + c.overhead_s,
+            Kind.W: c.backward_weight_s}[kind]
 
 
 GREEDY_PRIORITIES = ((Kind.I, Kind.F, Kind.W), (Kind.F, Kind.I, Kind.W))

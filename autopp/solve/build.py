@@ -65,7 +65,8 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
                   backward_s=cost.backward_input_s + cost.backward_weight_s,
                   memory_bytes=best.peak_memory[owner[s]], recompute=c.recompute[s],
                   backward_input_s=cost.backward_input_s, static_bytes=cost.static_bytes,
-                  activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s])
+                  activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
+                  overhead_s=cost.overhead_s)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     ideal = ideal_step_time(a, request, c)
     return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,

@@ -11,7 +11,7 @@ from ..schedule import COMPUTE_KINDS, Action, Kind, ScheduleName, StageCost, bui
 from .arrays import UnitArrays
 from .dp import Bounds
 
-__all__ = ["Candidate", "Verdict", "stage_costs", "comm_times", "allreduce_time", "order_peaks", "rank_peak", "named_order", "judge"]
+__all__ = ["Candidate", "Verdict", "stage_costs", "message_overheads", "comm_times", "allreduce_time", "order_peaks", "rank_peak", "named_order", "judge"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,16 +61,26 @@ def _speeds(cluster: Cluster, owner: Sequence[int]) -> list[float]:
     return [cluster.device(r).speed for r in owner]
 
 
-def stage_costs(a: UnitArrays, bounds: Bounds, speeds: Sequence[float]) -> list[StageCost]:
-    """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input."""
+def stage_costs(a: UnitArrays, bounds: Bounds, speeds: Sequence[float], overheads: Sequence[float] | None = None
+                ) -> list[StageCost]:
+    """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input;
+    `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none)."""
     out = []
-    for (i, j), sp in zip(bounds, speeds):
+    for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
         out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
                              backward_input_s=float(a.backward_input[i:j].sum()) / sp,
                              backward_weight_s=float(a.backward_weight[i:j].sum()) / sp,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
-                             input_bytes=int(a.cut[i])))
+                             input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0))
     return out
+
+
+def message_overheads(cluster: Cluster, owner: Sequence[int]) -> list[float]:
+    """Per stage, the links' per-message overhead of its F (receive the input, send the output) and, the same, of its
+    B or I (receive the output gradient, send the input gradient): once per neighbour stage on another rank."""
+    n = len(owner)
+    return [sum(cluster.link_between(owner[s], owner[t]).overhead_s for t in (s - 1, s + 1)
+                if 0 <= t < n and owner[t] != owner[s]) for s in range(n)]
 
 
 def comm_times(a: UnitArrays, cluster: Cluster, bounds: Bounds, owner: Sequence[int]) -> list[float]:
@@ -129,7 +139,7 @@ def named_order(name: ScheduleName, pp: int, m: int, v: int) -> dict[int, list[A
 def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     """Simulate the candidate's named schedule and add the gradient all-reduce."""
     owner = c.owner
-    costs = stage_costs(a, c.bounds, _speeds(cluster, owner))
+    costs = stage_costs(a, c.bounds, _speeds(cluster, owner), message_overheads(cluster, owner))
     order = named_order(c.schedule, c.pp, c.microbatches, c.v)
     sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.recompute)
     ar = _rank_allreduce(a, c, cluster)

@@ -29,7 +29,8 @@ from ..schedule.named import _BUILDERS
 from .arrays import ProfileTable, UnitArrays
 from .bounds import lower_bound
 from .dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
-from .judge import Candidate, Verdict, allreduce_time, comm_times, judge, named_order, rank_peak, stage_costs
+from .judge import (Candidate, Verdict, allreduce_time, comm_times, judge, message_overheads, named_order, rank_peak,
+                    stage_costs)
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "make_plan", "microbatch_counts", "configs", "search"]
 
@@ -221,10 +222,11 @@ def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, splits:
 
 def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recompute: bool) -> float:
     owner = stage_to_rank(c.schedule, c.pp, c.v)
-    costs = stage_costs(a, bounds, [req.cluster.device(r).speed for r in owner])
+    costs = stage_costs(a, bounds, [req.cluster.device(r).speed for r in owner], message_overheads(req.cluster, owner))
     redo = [x.forward_s if recompute else 0.0 for x in costs]
-    est = estimate_named(c.schedule.value, [x.forward_s for x in costs],
-                         [x.backward_input_s + r for x, r in zip(costs, redo)], [x.backward_weight_s for x in costs],
+    est = estimate_named(c.schedule.value, [x.forward_s + x.overhead_s for x in costs],
+                         [x.backward_input_s + x.overhead_s + r for x, r in zip(costs, redo)],
+                         [x.backward_weight_s for x in costs],
                          owner, comm_times(a, req.cluster, bounds, owner), c.m)
     grads = max(float(a.grads[i:j].sum()) for i, j in bounds) * c.v
     return est + allreduce_time(grads, c.dp, req.cluster)

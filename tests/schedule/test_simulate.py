@@ -162,3 +162,19 @@ def test_stage_count_must_match_schedule() -> None:
 def test_negative_cost_rejected() -> None:
     with pytest.raises(ScheduleError, match="finite and >= 0"):
         StageCost(forward_s=-1.0, backward_input_s=1.0, backward_weight_s=1.0)
+
+
+def test_message_overhead_keeps_the_rank_busy_on_f_and_b_not_w_nor_the_recompute() -> None:
+    """The overhead is added to each F and each B or I action's busy time; W sends nothing; a recomputing stage's
+    re-run forward sends nothing either."""
+    base = StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=1.0)
+    busy = StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=1.0, overhead_s=0.25)
+    order = {0: [Action(0, Kind.F, 0), Action(0, Kind.I, 0), Action(0, Kind.W, 0)]}
+    events = simulate(order, [busy], [0], []).events
+    assert [round(e.end_s - e.start_s, 9) for e in events] == [1.25, 2.25, 1.0]
+    full = {0: [Action(0, Kind.F, 0), Action(0, Kind.B, 0)]}
+    assert simulate(full, [busy], [0], []).step_time_s == pytest.approx(simulate(full, [base], [0], []).step_time_s + 0.5)
+    redo = simulate(full, [busy], [0], [], recompute=[True]).step_time_s
+    assert redo == pytest.approx(1.25 + (1.0 + 2.0 + 1.0 + 0.25))
+    with pytest.raises(ScheduleError, match="finite and >= 0"):
+        StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, overhead_s=-1.0)

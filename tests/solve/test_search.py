@@ -57,7 +57,7 @@ import json  # noqa: E402
 from autopp.schedule import ScheduleName, simulate_named  # noqa: E402
 from autopp.solve import RecomputeMode  # noqa: E402
 from autopp.solve.arrays import unit_arrays  # noqa: E402
-from autopp.solve.judge import comm_times, stage_costs  # noqa: E402
+from autopp.solve.judge import comm_times, message_overheads, stage_costs  # noqa: E402
 from autopp.solve.synthetic import synthetic_profile  # noqa: E402
 
 GiB = 2**30
@@ -79,9 +79,10 @@ def test_predicted_figures_are_the_simulators() -> None:
     a = unit_arrays(synthetic_profile(12), plan.microbatch_size)
     bounds = tuple(s.units for s in plan.stages)
     owner = [s.rank for s in plan.stages]
-    sim = simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, stage_costs(a, bounds, [1.0] * len(bounds)),
-                         comm_times(a, Cluster(num_devices=4, memory_bytes=80 * GiB), bounds, owner), plan.virtual_stages,
-                         [s.recompute for s in plan.stages])
+    cluster = Cluster(num_devices=4, memory_bytes=80 * GiB)
+    costs = stage_costs(a, bounds, [1.0] * len(bounds), message_overheads(cluster, owner))
+    sim = simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, costs,
+                         comm_times(a, cluster, bounds, owner), plan.virtual_stages, [s.recompute for s in plan.stages])
     assert plan.predicted.step_time_s == sim.step_time_s
     assert list(plan.predicted.peak_memory_bytes) == sim.peak_memory_bytes
 

@@ -1,0 +1,40 @@
+"""The judge's per-stage message overheads: paid once per neighbour stage on another rank, on that link."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopp.cluster import Cluster, Link
+from autopp.solve.judge import message_overheads
+
+
+def _cluster(n: int, overheads: tuple[float, ...]) -> Cluster:
+    return Cluster(num_devices=n, memory_bytes=1,
+                   links=tuple(Link(latency_s=0.0, bandwidth_bytes_per_s=1.0, overhead_s=o) for o in overheads))
+
+
+def test_one_stage_per_rank_ends_pay_once_middles_twice() -> None:
+    assert message_overheads(_cluster(3, (1.0, 1.0)), [0, 1, 2]) == [1.0, 2.0, 1.0]
+    # Each boundary's own link: rank 0 - 1 costs 1, rank 1 - 2 costs 10.
+    assert message_overheads(_cluster(3, (1.0, 10.0)), [0, 1, 2]) == [1.0, 11.0, 10.0]
+
+
+def test_neighbours_on_the_same_rank_send_nothing() -> None:
+    # V shape on 2 ranks: stages 1 and 2 share rank 1, so each stage has one neighbour elsewhere.
+    assert message_overheads(_cluster(2, (0.5,)), [0, 1, 1, 0]) == [0.5, 0.5, 0.5, 0.5]
+    assert message_overheads(_cluster(1, ()), [0, 0]) == [0.0, 0.0]
+
+
+def test_plan_records_the_overhead_and_the_prediction_includes_it() -> None:
+    from autopp.predict import simulate_plan
+    from autopp.schedule import ScheduleName
+    from autopp.solve import PlanRequest, make_plan
+    from autopp.solve.synthetic import synthetic_profile
+    profile = synthetic_profile(8)
+    request = dict(global_batch=8, num_microbatches=4, schedule=ScheduleName.ONE_F_ONE_B, pp=2, dp=1)
+    plans = [make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**40, link=Link(
+        latency_s=0.0, bandwidth_bytes_per_s=1e12, overhead_s=o)), **request)) for o in (0.0, 1e-3)]
+    assert [s.overhead_s for s in plans[1].stages] == [1e-3, 1e-3]
+    assert plans[1].predicted.step_time_s == pytest.approx(simulate_plan(plans[1]).step_time_s)
+    # 1F1B, 2 ranks, 4 microbatches: the critical path crosses 2 x 4 + 2 actions that each pay it at least.
+    assert plans[1].predicted.step_time_s - plans[0].predicted.step_time_s >= 8e-3
