@@ -340,6 +340,43 @@ def _whole_model(mf: ModelFile, model: nn.Module, b: int, settings: _Settings) -
     return statistics.median(times)
 
 
+def _optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, lr=1e-3)
+
+
+def _optimizer_step(model: nn.Module, settings: _Settings) -> float:
+    """Median time of what a pipeline rank does to its parameters once per step after the backward: scale the
+    gradients by the microbatch count (torch's `scale_grads`), the optimizer's step, zero_grad; over the whole
+    model, with gradients present as after a backward. The model's parameters are restored afterwards."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return 0.0
+    saved = [p.detach().clone() for p in params]
+    optimizer = _optimizer(settings.optimizer, params)
+
+    def step() -> None:
+        for p in params:
+            p.grad.div_(2)  # type: ignore[union-attr]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    times = []
+    for timed in settings.budget.runs():
+        for p in params:
+            p.grad = torch.full_like(p, 1e-3)
+        _, t = settings.clock.time(step)
+        if timed:
+            times.append(t)
+    with torch.no_grad():
+        for p, s in zip(params, saved):
+            p.copy_(s)
+    return statistics.median(times)
+
+
 def _live_meta(live: list[LiveValue], bytes_by_size: dict[int, dict[str, int]]) -> list[dict[str, Any]]:
     """The live values of the split graph: producer, readers, what a runner should do with each, bytes per size."""
     out = []
@@ -397,6 +434,8 @@ def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), op
         units_s = float((at_b.forward_s + at_b.backward_s).sum())
         whole_s = _whole_model(mf, model, b, settings)
         whole.append({"microbatch_size": b, "whole_s": whole_s, "units_s": units_s, "gap": units_s / whole_s - 1})
+    progress(_bar(1, 1, "optimizer step"))
+    optimizer_step_s = _optimizer_step(model, settings)
     extra: dict[str, Any] = {"allocator": allocator}
     if settings.peaks:
         extra["cuda_peak_bytes"] = settings.peaks
@@ -405,7 +444,7 @@ def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), op
         unit_names=tuple(u.name for u in units), split_points=tuple(u.split_point or "" for u in units[1:]),
         microbatch_sizes=tuple(sizes), device=_describe_device(dev), torch_version=torch.__version__,
         num_threads=threads, optimizer=optimizer, repeats=repeats, warmup=warmup, extra=extra,
-        dtype=dtype, time_budget_s=time_budget_s, whole_model=tuple(whole),
+        dtype=dtype, time_budget_s=time_budget_s, whole_model=tuple(whole), optimizer_step_s=optimizer_step_s,
         live_values=tuple(_live_meta(live, value_bytes)),
         tied_parameters=tuple({"names": list(g.names), "units": list(g.units), "bytes": g.bytes}
                               for g in tied_groups(model, [u.modules for u in units])))

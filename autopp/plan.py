@@ -35,7 +35,11 @@ class StagePlan:
     recompute: bool = False
     """This stage re-runs its forward in the backward instead of keeping its activations."""
     backward_input_s: float | None = None
-    """Input-gradient part (I) of backward_s; None in plans that predate it (then I = W = backward_s / 2)."""
+    """Input-gradient pass (I) of split-backward schedules; None in plans that predate it (then I = W =
+    backward_s / 2)."""
+    backward_weight_s: float | None = None
+    """Weight-gradient pass (W); I + W usually exceeds the full backward. None in plans that predate it (then
+    W = backward_s - I)."""
     static_bytes: int = 0
     """Parameters + gradients + optimizer state of this stage."""
     activation_bytes: int = 0
@@ -64,6 +68,8 @@ class Prediction:
     """Data-parallel gradient all-reduce time included in step_time_s (0 when dp = 1)."""
     efficiency: float = 0.0
     """Ideal step time (total work / devices) / step_time_s."""
+    optimizer_s: float = 0.0
+    """The slowest rank's optimizer step (gradient scaling, step, zero_grad) included in step_time_s."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,11 +13,14 @@ CUSTOM = "Custom"
 
 
 def plan_stage_costs(plan: Plan) -> list[StageCost]:
-    """The simulator's costs of each stage (I = W = B / 2 for plans written before the split was stored)."""
+    """The simulator's costs of each stage (I = W = B / 2 for plans written before the split was stored, and
+    W = B - I for plans written before W was)."""
     out = []
     for s in plan.stages:
         i = s.backward_input_s if s.backward_input_s is not None else s.backward_s / 2
-        out.append(StageCost(forward_s=s.forward_s, backward_input_s=i, backward_weight_s=s.backward_s - i,
+        w = s.backward_weight_s if s.backward_weight_s is not None else s.backward_s - i
+        out.append(StageCost(forward_s=s.forward_s, backward_input_s=i, backward_weight_s=w,
+                             backward_s=None if s.backward_weight_s is None else s.backward_s,
                              static_bytes=s.static_bytes, activation_bytes=s.activation_bytes,
                              input_bytes=s.input_bytes, overhead_s=s.overhead_s))
     return out

@@ -211,3 +211,18 @@ def test_hf_t5_encoder_output_relayed_to_every_decoder_block() -> None:
     assert cuts[4] >= encoder_out and cuts[5] >= encoder_out  # before decoder blocks 1 and 2
     (tied,) = profile.meta.tied_parameters
     assert "lm_head.weight" in tied["names"] and tied["units"] == [0, 3, 7]  # decoder embedding runs in unit 3
+
+
+def test_optimizer_step_measured_and_charged_to_the_plan(tmp_path: Path) -> None:
+    """The profile times one optimizer step over the whole model; the plan charges the slowest rank its share."""
+    from autopp.cluster import Cluster
+    from autopp.profile import load_profile
+    from autopp.schedule import ScheduleName
+    from autopp.solve import PlanRequest, make_plan
+    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(2,), warmup=1, repeats=3, optimizer="adam",
+                            compare_whole=False)
+    assert profile.meta.optimizer_step_s > 0
+    assert load_profile(profile.save(tmp_path / "p")).meta.optimizer_step_s == profile.meta.optimizer_step_s
+    plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=4,
+                                          num_microbatches=2, schedule=ScheduleName.ONE_F_ONE_B, pp=2, dp=1))
+    assert 0 < plan.predicted.optimizer_s <= profile.meta.optimizer_step_s

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import RunError
 from ..modelfile import ModelFile
 from ..plan import Plan
+from ..schedule import SPLIT_BACKWARD as SPLIT_BACKWARD_SCHEDULES
 from ..schedule import Action, ScheduleName, stage_to_rank, to_csv_rows
 from ..split import live_values, split_model
 from .chain import ChainPiece, chain_io, constant_values, example_io
@@ -173,9 +174,8 @@ def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.d
     return stages, {i: r for i, r in relayed.items() if r}
 
 
-#: Schedules that split each backward into an input pass (I) and a weight pass (W).
-SPLIT_BACKWARD = frozenset({ScheduleName.INTERLEAVED_ZERO_BUBBLE.value, ScheduleName.ZBV_ZERO_BUBBLE.value,
-                            ScheduleName.DUAL_PIPE_V.value})
+#: Names of the schedules that split each backward into an input pass (I) and a weight pass (W).
+SPLIT_BACKWARD = frozenset(name.value for name in SPLIT_BACKWARD_SCHEDULES)
 
 
 def splits_backward(plan: Plan) -> bool:

@@ -51,10 +51,13 @@ def stage_times(plan: Plan, results: Sequence[dict[str, Any]]) -> tuple[StageTim
         fwd, full = _median(d.get((s.index, Kind.F))), _median(d.get((s.index, Kind.B)))
         i_s, w_s = _median(d.get((s.index, Kind.I))), _median(d.get((s.index, Kind.W)))
         back = full if full is not None else (i_s + w_s if i_s is not None and w_s is not None else None)
+        predicted = s.backward_s
+        if full is None and back is not None and s.backward_input_s is not None and s.backward_weight_s is not None:
+            predicted = s.backward_input_s + s.backward_weight_s  # split passes run: compare with their prediction
         out.append(StageTimes(stage=s.index, rank=s.rank, forward_s=fwd, backward_s=back, input_s=i_s, weight_s=w_s,
-                              predicted_forward_s=s.forward_s, predicted_backward_s=s.backward_s,
+                              predicted_forward_s=s.forward_s, predicted_backward_s=predicted,
                               forward_error=relative_error(fwd, s.forward_s)[1],
-                              backward_error=relative_error(back, s.backward_s)[1]))
+                              backward_error=relative_error(back, predicted)[1]))
     return tuple(out)
 
 

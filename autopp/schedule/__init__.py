@@ -13,6 +13,7 @@ from autopp.schedule.actions import (
 )
 from autopp.schedule.draw import chrome_trace, draw_timeline, write_chrome_trace
 from autopp.schedule.named import (
+    SPLIT_BACKWARD,
     Layout,
     ScheduleName,
     build_schedule,
@@ -35,6 +36,7 @@ from autopp.schedule.synth import (
 
 __all__ = [
     "COMPUTE_KINDS",
+    "SPLIT_BACKWARD",
     "Action",
     "Event",
     "Kind",

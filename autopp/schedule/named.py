@@ -9,7 +9,8 @@ from enum import Enum
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import Action, Kind
 
-__all__ = ["ScheduleName", "Layout", "layout_of", "stages_per_rank", "stage_to_rank", "validate", "build_schedule"]
+__all__ = ["ScheduleName", "Layout", "SPLIT_BACKWARD", "layout_of", "stages_per_rank", "stage_to_rank", "validate",
+           "build_schedule"]
 
 
 class ScheduleName(Enum):
@@ -36,6 +37,9 @@ class Layout(Enum):
 _SINGLE = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B})
 _V_SHAPED = frozenset({ScheduleName.ZBV_ZERO_BUBBLE, ScheduleName.DUAL_PIPE_V})
 _ROUNDED = frozenset({ScheduleName.INTERLEAVED_1F1B, ScheduleName.INTERLEAVED_ZERO_BUBBLE})
+#: Schedules that split each backward into an input pass (I) and a weight pass (W); the others run full backwards.
+SPLIT_BACKWARD = frozenset({ScheduleName.INTERLEAVED_ZERO_BUBBLE, ScheduleName.ZBV_ZERO_BUBBLE,
+                            ScheduleName.DUAL_PIPE_V})
 
 
 def layout_of(name: ScheduleName) -> Layout:

@@ -34,9 +34,13 @@ class StageCost:
     """Bytes kept per microbatch instead of activations when the stage recomputes (the stage input)."""
     overhead_s: float = 0.0
     """Time each F and each B or I action also keeps the rank busy: its messages to and from other ranks."""
+    backward_s: float | None = None
+    """Time of a full backward B when it is not I + W (None: I + W). torch's separate input and weight passes cost
+    more than one backward (examples/gpt.py: I + W = 1.3 x B), so a profile gives both."""
 
     def __post_init__(self) -> None:
-        times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s)
+        times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s,
+                 0.0 if self.backward_s is None else self.backward_s)
         sizes = (self.static_bytes, self.activation_bytes, self.input_bytes)
         if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
             raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
@@ -107,8 +111,9 @@ def _new_sim(order: list[list[Action]], costs: Sequence[StageCost], owner: Seque
 def _durations(c: StageCost, recompute: bool) -> dict[Kind, float]:
     """Busy time per kind; a recomputing stage re-runs its forward at the start of B or I."""
     redo, o = (c.forward_s if recompute else 0.0), c.overhead_s
+    full = c.backward_input_s + c.backward_weight_s if c.backward_s is None else c.backward_s
     return {Kind.F: c.forward_s + o, Kind.I: redo + c.backward_input_s + o, Kind.W: c.backward_weight_s,
-            Kind.B: redo + c.backward_input_s + c.backward_weight_s + o}
+            Kind.B: redo + full + o}
 
 
 def _compute_only(order: Order, num_stages: int, owner: Sequence[int]) -> list[list[Action]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -20,7 +20,7 @@ class UnitArrays:
     backward_input: np.ndarray
     """I: input-gradient part of the backward."""
     backward_weight: np.ndarray
-    """W: weight-gradient part of the backward (B = I + W)."""
+    """W: weight-gradient part of the backward, run after I (torch's `stage_backward_weight`)."""
     recompute: np.ndarray
     """Extra time of a recomputing unit (its forward again)."""
     static: np.ndarray
@@ -32,6 +32,10 @@ class UnitArrays:
     """Length n + 1: cut[k] = bytes live across the cut before unit k (cut[0] = cut[n] = 0)."""
     split_assumed: bool
     """True when the profile had no I/W split and I = W = B / 2 was assumed."""
+    backward: np.ndarray
+    """B: one full backward, which schedules without I/W run; I + W usually costs more."""
+    optimizer: np.ndarray | None = None
+    """Per unit, its share (by parameter bytes) of the profile's optimizer step, once per training step (None: 0)."""
 
     @property
     def n(self) -> int:
@@ -42,8 +46,9 @@ class UnitArrays:
         return np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
 
     def work(self, recompute: bool = False) -> np.ndarray:
-        """Per-unit compute time of one microbatch: F + B (+ the recomputed forward)."""
-        base = self.forward + self.backward_input + self.backward_weight
+        """Per-unit compute time of one microbatch: F + the cheaper of B and I + W (+ the recomputed forward), a lower
+        bound for schedules of either kind of backward."""
+        base = self.forward + np.minimum(self.backward, self.backward_input + self.backward_weight)
         return base + self.recompute if recompute else base
 
 
@@ -78,6 +83,8 @@ class ProfileTable:
         self.static = (first.param_bytes + first.grad_bytes + first.optimizer_bytes).to_numpy(dtype=np.float64)
         self.cuts = np.array([_cuts(profile, b) for b in self.sizes], dtype=np.float64).reshape(len(self.sizes), n - 1).T
         self.n = n
+        total = float(self.params.sum())
+        self.optimizer = profile.meta.optimizer_step_s * self.params / total if total > 0 else np.zeros(n)
 
     def _at(self, values: np.ndarray, x: float) -> np.ndarray:
         """Profile._interp for every row of `values` (columns = profiled sizes)."""
@@ -97,7 +104,8 @@ class ProfileTable:
         redo = self._at(self.cols["recompute_s"], b) if "recompute_s" in self.cols else np.zeros(self.n)
         act = np.round(self._at(self.cols["activation_bytes"], b))
         cut = np.concatenate(([0.0], np.round(self._at(self.cuts, b)) if self.n > 1 else [], [0.0]))
-        return _assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut)
+        return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
+                       optimizer=self.optimizer)
 
 
 def _cuts(profile: Profile, b: int) -> np.ndarray:
@@ -123,10 +131,7 @@ def _assemble(f: np.ndarray, b: np.ndarray, i: np.ndarray, w: np.ndarray, redo: 
     assumed = bool(np.all(i + w <= 0))
     if assumed:
         i, w = b / 2, b / 2
-    else:  # keep the measured full backward B; take only the I : W ratio from the split measurement
-        share = np.divide(i, i + w, out=np.full_like(i, 0.5), where=(i + w) > 0)
-        i, w = b * share, b * (1 - share)
-    return UnitArrays(f, i, w, np.where(redo > 0, redo, f), static, act, params, grads, cut, assumed)
+    return UnitArrays(f, i, w, np.where(redo > 0, redo, f), static, act, params, grads, cut, assumed, b)
 
 
 def unit_arrays(profile: Profile, microbatch_size: float) -> UnitArrays:

@@ -29,7 +29,7 @@ def ideal_step_time(a: UnitArrays, request: PlanRequest, cand: Candidate) -> flo
 
 def prediction(v: Verdict, ideal: float) -> Prediction:
     return Prediction(step_time_s=v.step_s, peak_memory_bytes=v.peak_memory, bubble_fraction=v.bubble,
-                      stage_units=v.candidate.bounds, allreduce_s=v.allreduce_s,
+                      stage_units=v.candidate.bounds, allreduce_s=v.allreduce_s, optimizer_s=v.optimizer_s,
                       efficiency=ideal / v.step_s if v.step_s > 0 else 1.0)
 
 
@@ -62,9 +62,11 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
     stages = tuple(
         StagePlan(index=s, rank=owner[s], units=(i, j), unit_names=tuple(names[i:j]),
                   split_point=points[i - 1] if i else None, forward_s=cost.forward_s,
-                  backward_s=cost.backward_input_s + cost.backward_weight_s,
+                  backward_s=cost.backward_input_s + cost.backward_weight_s if cost.backward_s is None
+                  else cost.backward_s,
                   memory_bytes=best.peak_memory[owner[s]], recompute=c.recompute[s],
-                  backward_input_s=cost.backward_input_s, static_bytes=cost.static_bytes,
+                  backward_input_s=cost.backward_input_s, backward_weight_s=cost.backward_weight_s,
+                  static_bytes=cost.static_bytes,
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
                   overhead_s=cost.overhead_s)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))

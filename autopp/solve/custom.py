@@ -46,7 +46,7 @@ def synthesized(a: UnitArrays, cluster: Cluster, best: Verdict, time_limit_s: fl
                             time_limit_s=time_limit_s, hint=hint)
     except InfeasibleError:
         return None
-    step = result.sim.step_time_s + best.allreduce_s
+    step = result.sim.step_time_s + best.allreduce_s + best.optimizer_s
     log.info("synthesized order: %.6g s (%s, gap %.1f%%) vs %s %.6g s", step, result.status.value,
              100 * result.gap, c.schedule.value, best.step_s)
     peaks = tuple(int(x) for x in result.sim.peak_memory_bytes)

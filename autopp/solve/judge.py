@@ -11,7 +11,9 @@ from ..schedule import COMPUTE_KINDS, Action, Kind, ScheduleName, StageCost, bui
 from .arrays import UnitArrays
 from .dp import Bounds
 
-__all__ = ["Candidate", "Verdict", "stage_costs", "message_overheads", "comm_times", "allreduce_time", "order_peaks", "rank_peak", "named_order", "judge"]
+__all__ = ["Candidate", "Verdict", "stage_costs", "message_overheads", "comm_times", "allreduce_time", "optimizer_time",
+           "order_peaks",
+           "rank_peak", "named_order", "judge"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +52,8 @@ class Verdict:
     """Mean over pipeline ranks of the simulator's idle fraction."""
     fits: bool
     costs: tuple[StageCost, ...]
+    optimizer_s: float = 0.0
+    """The slowest pipeline rank's optimizer step (included in step_s)."""
 
     @property
     def key(self) -> tuple[float, int]:
@@ -70,6 +74,7 @@ def stage_costs(a: UnitArrays, bounds: Bounds, speeds: Sequence[float], overhead
         out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
                              backward_input_s=float(a.backward_input[i:j].sum()) / sp,
                              backward_weight_s=float(a.backward_weight[i:j].sum()) / sp,
+                             backward_s=float(a.backward[i:j].sum()) / sp,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
                              input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0))
     return out
@@ -95,6 +100,16 @@ def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster) -> float:
         return 0.0
     link = cluster.dp_link
     return 2 * (dp - 1) / dp * grad_bytes / link.bandwidth_bytes_per_s + 2 * (dp - 1) * link.latency_s
+
+
+def optimizer_time(a: UnitArrays, bounds: Bounds, owner: Sequence[int]) -> float:
+    """The slowest rank's optimizer step: the sum of its stages' units' shares (ranks step in parallel)."""
+    if a.optimizer is None:
+        return 0.0
+    per_rank: dict[int, float] = {}
+    for (i, j), r in zip(bounds, owner):
+        per_rank[r] = per_rank.get(r, 0.0) + float(a.optimizer[i:j].sum())
+    return max(per_rank.values(), default=0.0)
 
 
 def _rank_allreduce(a: UnitArrays, c: Candidate, cluster: Cluster) -> float:
@@ -145,5 +160,6 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     ar = _rank_allreduce(a, c, cluster)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
-    return Verdict(c, sim.step_time_s + ar, sim.step_time_s, ar, peaks,
-                   sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs))
+    opt = optimizer_time(a, c.bounds, owner)
+    return Verdict(c, sim.step_time_s + ar + opt, sim.step_time_s, ar, peaks,
+                   sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs), opt)

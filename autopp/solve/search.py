@@ -23,14 +23,14 @@ from ..costmodel import estimate_named
 from ..errors import InfeasibleError
 from ..plan import Plan
 from ..profile import Profile
-from ..schedule import COMPUTE_KINDS, Kind, ScheduleName, stage_to_rank, stages_per_rank, validate
+from ..schedule import COMPUTE_KINDS, SPLIT_BACKWARD, Kind, ScheduleName, stage_to_rank, stages_per_rank, validate
 from ..errors import ScheduleError
 from ..schedule.named import _BUILDERS
 from .arrays import ProfileTable, UnitArrays
 from .bounds import lower_bound
 from .dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
-from .judge import (Candidate, Verdict, allreduce_time, comm_times, judge, message_overheads, named_order, rank_peak,
-                    stage_costs)
+from .judge import (Candidate, Verdict, allreduce_time, comm_times, judge, message_overheads, named_order,
+                    optimizer_time, rank_peak, stage_costs)
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "make_plan", "microbatch_counts", "configs", "search"]
 
@@ -224,12 +224,15 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recomp
     owner = stage_to_rank(c.schedule, c.pp, c.v)
     costs = stage_costs(a, bounds, [req.cluster.device(r).speed for r in owner], message_overheads(req.cluster, owner))
     redo = [x.forward_s if recompute else 0.0 for x in costs]
+    split = c.schedule in SPLIT_BACKWARD  # else each backward is one full B: pass it as I, with W = 0
+    backward = [(x.backward_input_s, x.backward_weight_s) if split or x.backward_s is None else (x.backward_s, 0.0)
+                for x in costs]
     est = estimate_named(c.schedule.value, [x.forward_s + x.overhead_s for x in costs],
-                         [x.backward_input_s + x.overhead_s + r for x, r in zip(costs, redo)],
-                         [x.backward_weight_s for x in costs],
+                         [i + x.overhead_s + r for (i, _), x, r in zip(backward, costs, redo)],
+                         [w for _, w in backward],
                          owner, comm_times(a, req.cluster, bounds, owner), c.m)
     grads = max(float(a.grads[i:j].sum()) for i, j in bounds) * c.v
-    return est + allreduce_time(grads, c.dp, req.cluster)
+    return est + allreduce_time(grads, c.dp, req.cluster) + optimizer_time(a, bounds, owner)
 
 
 @dataclass(frozen=True)

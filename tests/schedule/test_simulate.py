@@ -178,3 +178,12 @@ def test_message_overhead_keeps_the_rank_busy_on_f_and_b_not_w_nor_the_recompute
     assert redo == pytest.approx(1.25 + (1.0 + 2.0 + 1.0 + 0.25))
     with pytest.raises(ScheduleError, match="finite and >= 0"):
         StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, overhead_s=-1.0)
+
+
+def test_full_backward_time_apart_from_the_split_passes() -> None:
+    """B actions take `backward_s` when given; I and W their own times (torch's two passes cost more than one B)."""
+    cost = StageCost(forward_s=1.0, backward_input_s=1.5, backward_weight_s=1.5, backward_s=2.0)
+    full = {0: [Action(0, Kind.F, 0), Action(0, Kind.B, 0)]}
+    split = {0: [Action(0, Kind.F, 0), Action(0, Kind.I, 0), Action(0, Kind.W, 0)]}
+    assert simulate(full, [cost], [0], []).step_time_s == pytest.approx(3.0)
+    assert simulate(split, [cost], [0], []).step_time_s == pytest.approx(4.0)

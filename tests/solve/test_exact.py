@@ -22,7 +22,7 @@ def _arrays(rng: random.Random, n: int, integer: bool = False) -> UnitArrays:
     b = np.array([2 * x for x in f]) if integer else np.array([t() for _ in range(n)])
     cut = np.array([0.0, *[float(rng.randint(0, 20)) for _ in range(n - 1)], 0.0])
     return UnitArrays(f, b / 2, b / 2, f, np.array([float(rng.randint(0, 500)) for _ in range(n)]),
-                      np.array([float(rng.randint(0, 100)) for _ in range(n)]), np.ones(n), np.ones(n), cut, True)
+                      np.array([float(rng.randint(0, 100)) for _ in range(n)]), np.ones(n), np.ones(n), cut, True, b)
 
 
 def _splits(n: int, p: int):  # type: ignore[no-untyped-def]

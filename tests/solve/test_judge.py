@@ -38,3 +38,31 @@ def test_plan_records_the_overhead_and_the_prediction_includes_it() -> None:
     assert plans[1].predicted.step_time_s == pytest.approx(simulate_plan(plans[1]).step_time_s)
     # 1F1B, 2 ranks, 4 microbatches: the critical path crosses 2 x 4 + 2 actions that each pay it at least.
     assert plans[1].predicted.step_time_s - plans[0].predicted.step_time_s >= 8e-3
+
+
+def test_stage_costs_keep_the_measured_split_and_the_full_backward() -> None:
+    import numpy as np
+
+    from autopp.profile import UnitCost
+    from autopp.solve.arrays import arrays_from_units
+    from autopp.solve.judge import stage_costs
+    units = [UnitCost(forward_s=1.0, backward_s=2.0, static_bytes=0, activation_bytes=0, param_bytes=0, output_bytes=0,
+                      backward_input_s=1.5, backward_weight_s=1.0) for _ in range(2)]
+    a = arrays_from_units(units, [0])
+    assert np.allclose(a.backward_input, 1.5) and np.allclose(a.backward_weight, 1.0) and np.allclose(a.backward, 2.0)
+    assert np.allclose(a.work(), 3.0)  # F + the cheaper backward
+    (cost,) = stage_costs(a, [(0, 2)], [1.0])
+    assert (cost.backward_input_s, cost.backward_weight_s, cost.backward_s) == (3.0, 2.0, 4.0)
+
+
+def test_optimizer_step_is_the_slowest_ranks_share() -> None:
+    import dataclasses
+
+    import numpy as np
+
+    from autopp.solve.arrays import unit_arrays
+    from autopp.solve.judge import optimizer_time
+    from autopp.solve.synthetic import synthetic_profile
+    a = dataclasses.replace(unit_arrays(synthetic_profile(4), 1), optimizer=np.array([1.0, 2.0, 3.0, 4.0]))
+    assert optimizer_time(a, [(0, 2), (2, 4)], [0, 1]) == 7.0
+    assert optimizer_time(a, [(0, 1), (1, 2), (2, 3), (3, 4)], [0, 1, 1, 0]) == 5.0  # V shape: ranks hold 1+4, 2+3
