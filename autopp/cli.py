@@ -139,6 +139,9 @@ def _dp(args: argparse.Namespace) -> int | None:
 def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from .cluster import DEFAULT_LINK, Cluster, Link, load_cluster
     if args.cluster:
+        if args.message_overhead is not None:
+            raise AutoppError("--message-overhead applies to --devices; with --cluster give each link's overhead_s "
+                              "in the file")
         return load_cluster(args.cluster)
     if args.devices is None or args.memory is None:
         raise AutoppError("give --devices N and --memory SIZE, or --cluster FILE")

@@ -44,8 +44,9 @@ def split_model(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], spli
         raise ModelFileError(f"splitting at {len(split_points)} points gave {pipe.num_stages} pieces, "
                              f"expected {len(split_points) + 1}; a split point may be called inside a loop or not at all")
     _unview_outputs(pipe.split_gm)
+    buffers = [(b, b.detach().clone()) for b in pipe.split_gm.buffers()]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             for _ in walk_split_graph(pipe.split_gm, example_inputs, {}):
                 pass
     except Exception as exc:  # noqa: BLE001 - any failure of the generated code: the interpreter is the reference
@@ -54,6 +55,9 @@ def split_model(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], spli
         for m in pipe.split_gm.modules():
             if isinstance(m, InterpreterModule):
                 m._run_with_interpreter = True
+    with torch.no_grad():  # the walk must not move BatchNorm statistics (nor, above, the random state)
+        for b, saved in buffers:
+            b.copy_(saved)
     return pipe
 
 

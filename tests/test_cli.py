@@ -109,6 +109,11 @@ def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8", "-o", str(plan)]) == 0
     stages = json.loads(plan.read_text())["stages"]
     assert stages[1]["units"][1] - stages[1]["units"][0] > stages[0]["units"][1] - stages[0]["units"][0]
+    capsys.readouterr()
+    assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8",
+                 "--message-overhead", "0.001", "-o", str(tmp_path / "q.json")]) == 2
+    assert "--message-overhead applies to --devices" in capsys.readouterr().err
+    assert not (tmp_path / "q.json").exists()
 
 
 def test_plan_bad_dp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,3 +17,17 @@ def test_pieces_run_generated_code_and_match_the_model() -> None:
     inner = [m for m in pipe.split_gm.modules() if isinstance(m, InterpreterModule)]
     assert inner and not any(m._run_with_interpreter for m in inner)
     torch.testing.assert_close(pipe(x)[0], model(x))
+
+
+def test_checking_the_pieces_leaves_buffers_and_random_state_alone() -> None:
+    """split_model runs the pieces once to check their generated code: BatchNorm statistics and the random state
+    must be as `pipeline()` left them, or the runner's stages would start from other values than the reference."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5)),
+                          nn.Sequential(nn.Linear(8, 2)))
+    x = torch.randn(3, 4)
+    state = torch.random.get_rng_state()
+    pipe = split_model(model, (x,), ["1"])
+    assert torch.equal(torch.random.get_rng_state(), state)
+    counts = [b for name, b in pipe.split_gm.named_buffers() if name.endswith("num_batches_tracked")]
+    assert counts and all(int(b) == 0 for b in counts)

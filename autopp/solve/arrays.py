@@ -83,8 +83,11 @@ class ProfileTable:
         self.static = (first.param_bytes + first.grad_bytes + first.optimizer_bytes).to_numpy(dtype=np.float64)
         self.cuts = np.array([_cuts(profile, b) for b in self.sizes], dtype=np.float64).reshape(len(self.sizes), n - 1).T
         self.n = n
-        total = float(self.params.sum())
-        self.optimizer = profile.meta.optimizer_step_s * self.params / total if total > 0 else np.zeros(n)
+        # The optimizer step was timed on the whole model, where a tied weight is one tensor; each unit holding a
+        # copy steps its own, so a unit's share is its trainable bytes at the model's time per trainable byte.
+        copies = sum(float(g["bytes"]) * (len(g["units"]) - 1) for g in profile.meta.tied_parameters)
+        total = float(self.grads.sum()) - copies
+        self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
 
     def _at(self, values: np.ndarray, x: float) -> np.ndarray:
         """Profile._interp for every row of `values` (columns = profiled sizes)."""

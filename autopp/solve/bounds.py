@@ -7,7 +7,8 @@ recomputes):
   1. max_r R_r >= W / sum_r sp_r           (rank r does at most max R x sp_r of work)
   2. sum_s T_s >= W / max_r sp_r           (all of W at the fastest speed)
   3. max_s T_s >= max(max_r R_r / v, the largest unit / max_r sp_r)
-  4. max_s (F + I - W)_s^+ >= the mean over the S stages (for speed 1; / max sp_r otherwise)
+  4. max_s (F + I - W)_s^+ >= the mean over the S stages (for speed 1; / max sp_r otherwise); stage 0 has I = 0
+     and W = B, so each unit counts the smaller of F + I - W and F - B
   5. sum of the p - 1 (x v for multi-stage layouts) rank-crossing transfers >= their count x the cheapest transfer
      of any interior cut over any link
   6. the largest stage's gradients x v >= all gradients / p, and the ring all-reduce grows with bytes.
@@ -64,6 +65,8 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool) -> 
     elif c.schedule in _MEGATRON:
         pipe = (c.m + (c.pp - 1) / c.v) * rank
     else:
-        gap = float((a.forward + a.backward_input + redo - a.backward_weight).sum()) / (c.pp * c.v) / max_sp  # (4)
+        # (4); per unit the smaller of F + I - W and F - B, as stage 0 has I = 0 and W = B
+        per_unit = np.minimum(a.forward + a.backward_input - a.backward_weight, a.forward - a.backward) + redo
+        gap = float(per_unit.sum()) / (c.pp * c.v) / max_sp
         pipe = c.m * rank + (c.pp - 1) / c.v * max(0.0, gap)
     return pipe + comm_floor(a, req, c) + allreduce_time(float(a.grads.sum()) / c.pp, c.dp, req.cluster)

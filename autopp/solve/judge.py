@@ -68,13 +68,15 @@ def _speeds(cluster: Cluster, owner: Sequence[int]) -> list[float]:
 def stage_costs(a: UnitArrays, bounds: Bounds, speeds: Sequence[float], overheads: Sequence[float] | None = None
                 ) -> list[StageCost]:
     """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input;
-    `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none)."""
+    `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none). Like
+    torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward."""
     out = []
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
+        full = float(a.backward[i:j].sum()) / sp
         out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
-                             backward_input_s=float(a.backward_input[i:j].sum()) / sp,
-                             backward_weight_s=float(a.backward_weight[i:j].sum()) / sp,
-                             backward_s=float(a.backward[i:j].sum()) / sp,
+                             backward_input_s=0.0 if s == 0 else float(a.backward_input[i:j].sum()) / sp,
+                             backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp,
+                             backward_s=full,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
                              input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0))
     return out
@@ -102,13 +104,15 @@ def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster) -> float:
     return 2 * (dp - 1) / dp * grad_bytes / link.bandwidth_bytes_per_s + 2 * (dp - 1) * link.latency_s
 
 
-def optimizer_time(a: UnitArrays, bounds: Bounds, owner: Sequence[int]) -> float:
-    """The slowest rank's optimizer step: the sum of its stages' units' shares (ranks step in parallel)."""
+def optimizer_time(a: UnitArrays, bounds: Bounds, owner: Sequence[int], speeds: Sequence[float] | None = None
+                   ) -> float:
+    """The slowest rank's optimizer step: the sum of its stages' units' shares / the stage's device speed (ranks
+    step in parallel)."""
     if a.optimizer is None:
         return 0.0
     per_rank: dict[int, float] = {}
-    for (i, j), r in zip(bounds, owner):
-        per_rank[r] = per_rank.get(r, 0.0) + float(a.optimizer[i:j].sum())
+    for k, ((i, j), r) in enumerate(zip(bounds, owner)):
+        per_rank[r] = per_rank.get(r, 0.0) + float(a.optimizer[i:j].sum()) / (speeds[k] if speeds else 1.0)
     return max(per_rank.values(), default=0.0)
 
 
@@ -160,6 +164,6 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     ar = _rank_allreduce(a, c, cluster)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
-    opt = optimizer_time(a, c.bounds, owner)
+    opt = optimizer_time(a, c.bounds, owner, _speeds(cluster, owner))
     return Verdict(c, sim.step_time_s + ar + opt, sim.step_time_s, ar, peaks,
                    sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs), opt)

@@ -232,7 +232,8 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recomp
                          [w for _, w in backward],
                          owner, comm_times(a, req.cluster, bounds, owner), c.m)
     grads = max(float(a.grads[i:j].sum()) for i, j in bounds) * c.v
-    return est + allreduce_time(grads, c.dp, req.cluster) + optimizer_time(a, bounds, owner)
+    speeds = [req.cluster.device(r).speed for r in owner]
+    return est + allreduce_time(grads, c.dp, req.cluster) + optimizer_time(a, bounds, owner, speeds)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ pruned short-list equals the one found by visiting every configuration."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from autopp.cluster import Cluster, Device, Link
@@ -20,7 +22,8 @@ GiB = 2**30
 
 
 def _cluster(rng: random.Random, hetero: bool) -> Cluster:
-    link = Link(latency_s=rng.choice([0.0, 1e-5]), bandwidth_bytes_per_s=rng.choice([1e9, 5e10]))
+    link = Link(latency_s=rng.choice([0.0, 1e-5]), bandwidth_bytes_per_s=rng.choice([1e9, 5e10]),
+                overhead_s=rng.choice([0.0, 3e-4]))
     if not hetero:
         return Cluster(num_devices=4, memory_bytes=int(rng.uniform(6, 40) * GiB), link=link)
     devices = tuple(Device(memory_bytes=int(rng.uniform(6, 40) * GiB), speed=rng.choice([0.5, 1.0, 2.0]))
@@ -42,6 +45,10 @@ def test_lower_bound_never_exceeds_an_estimate(seed: int) -> None:
                       dp=None if seed % 2 == 0 else 1)
     for c in configs(req, profile.num_units):
         a = unit_arrays(profile, c.b)
+        if seed % 4 >= 2:  # split passes measured apart from B (I + W above or below B), an optimizer step
+            scale = np.array([rng.uniform(0.5, 1.6) for _ in range(a.n)])
+            a = replace(a, backward_input=a.backward_input * scale, backward_weight=a.backward_weight * scale[::-1],
+                        optimizer=a.backward * 0.1)
         for rc in (False, True):
             bound = lower_bound(a, req, c, rc)
             for _ in range(3):  # any split, not only the DP's
