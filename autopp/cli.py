@@ -68,7 +68,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     try:
         profile = profile_model(args.model, microbatch_sizes=sizes, optimizer=args.optimizer, warmup=args.warmup,
                                 repeats=args.repeats, threads=args.threads, progress=_progress("profiling"),
-                                time_budget_s=args.time_budget, dtype=args.dtype, device=args.device)
+                                time_budget_s=args.time_budget, dtype=args.dtype, device=args.device,
+                                co_runners=args.co_runners)
     except ValueError as exc:
         raise AutoppError(str(exc)) from None
     _end_progress()
@@ -290,6 +291,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="stop timing after S seconds per unit even if fewer than --repeats runs were made")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="parameter and activation dtype (bfloat16: mixed precision, fp32 master copy counted)")
+    p.add_argument("--co-runners", type=int, default=0, metavar="N",
+                   help="processes training the model beside the timing, as the other ranks of a CPU host do "
+                        "(use ranks per host - 1 when CPU ranks share a host; default 0)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="measure on this device (default cpu)")
     p.add_argument("-o", "--output", help="profile directory (default profiles/MODEL)")
     p.set_defaults(func=_cmd_profile)

@@ -17,6 +17,7 @@ from torch import fx, nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from .allocator import keep_freed_memory
+from .corun import co_running
 from .modelfile import ModelFile, Unit, check_forward, discover_units, fingerprint, load_model_file
 from .profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from .split import (LiveValue, live_values, output_spec, rebuild_output, source_piece, split_model, tied_groups,
@@ -229,6 +230,13 @@ class _Settings:
     clock: _Clock
     progress: Progress
     peaks: dict[str, dict[str, int]] = field(default_factory=dict)
+    co_runners: int = 0
+    """Processes training the model beside the timing (autopp.corun), as other ranks on one host do."""
+    dtype_name: str = "float32"
+
+    def beside(self, mf: ModelFile, b: int) -> Any:
+        """Context in which timing runs: with `co_runners` processes training the model at microbatch `b`."""
+        return co_running(mf.path, b, self.dtype_name, self.co_runners)
 
 
 def _to(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
@@ -298,8 +306,9 @@ def _measure_size(mf: ModelFile, model: nn.Module, units: list[Unit], b: int, se
     runs = budget.warmup + budget.repeats
     # The time budget is per unit; a run times every unit.
     per_run = _Budget(budget.warmup, budget.repeats, None if budget.seconds is None else budget.seconds * len(pieces))
-    samples = _time_pieces(pieces, per_run, settings.clock, lambda r: settings.progress(
-        _bar(r, runs, f"microbatch {b}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)")))
+    with settings.beside(mf, b):
+        samples = _time_pieces(pieces, per_run, settings.clock, lambda r: settings.progress(
+            _bar(r, runs, f"microbatch {b}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)")))
     for row, piece_samples in zip(rows, samples):
         row.update(_summary(piece_samples))
     live = live_values(pipe)
@@ -391,9 +400,12 @@ def _live_meta(live: list[LiveValue], bytes_by_size: dict[int, dict[str, int]]) 
 def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), optimizer: str = "sgd",
                   warmup: int = 2, repeats: int = 5, threads: int = 1,
                   progress: Progress = lambda _msg: None, time_budget_s: float | None = None,
-                  dtype: str = "float32", device: str = "cpu", compare_whole: bool = True) -> Profile:
+                  dtype: str = "float32", device: str = "cpu", compare_whole: bool = True, co_runners: int = 0
+                  ) -> Profile:
     """Profile the model file at `path`: per-unit medians of up to `repeats` timed runs after `warmup` (stopping
-    early once `time_budget_s` is spent on a unit), then one whole-model step to check the units add up."""
+    early once `time_budget_s` is spent on a unit), then one whole-model step to check the units add up. With
+    `co_runners`, that many processes train the model beside every timing (autopp.corun): the other pipeline ranks
+    of a CPU host, which share its memory bus and caches."""
     sizes = sorted(set(int(b) for b in microbatch_sizes))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"microbatch sizes must be positive integers, got {sizes}")
@@ -401,6 +413,8 @@ def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), op
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if co_runners < 0:
+        raise ValueError(f"co_runners must be >= 0, got {co_runners}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' asked for, but torch.cuda.is_available() is False")
     torch.set_num_threads(threads)
@@ -414,7 +428,8 @@ def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), op
         raise mf.error(f"found {len(units)} unit(s); a pipeline needs >= 2: define SPLIT_POINTS (see README.md)")
     model_fingerprint = fingerprint(model, units)
     model = model.to(dev, DTYPES[dtype])
-    settings = _Settings(optimizer, DTYPES[dtype], _Budget(warmup, repeats, time_budget_s), _Clock(dev), progress)
+    settings = _Settings(optimizer, DTYPES[dtype], _Budget(warmup, repeats, time_budget_s), _Clock(dev), progress,
+                         co_runners=co_runners, dtype_name=dtype)
     rows: list[dict[str, Any]] = []
     edge_rows: list[dict[str, Any]] = []
     value_bytes: dict[int, dict[str, int]] = {}
@@ -432,10 +447,12 @@ def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), op
         progress(_bar(1, 1, f"microbatch {b}: whole model"))
         at_b = table[table.microbatch_size == b]
         units_s = float((at_b.forward_s + at_b.backward_s).sum())
-        whole_s = _whole_model(mf, model, b, settings)
+        with settings.beside(mf, b):
+            whole_s = _whole_model(mf, model, b, settings)
         whole.append({"microbatch_size": b, "whole_s": whole_s, "units_s": units_s, "gap": units_s / whole_s - 1})
     progress(_bar(1, 1, "optimizer step"))
-    optimizer_step_s = _optimizer_step(model, settings)
+    with settings.beside(mf, sizes[0]):
+        optimizer_step_s = _optimizer_step(model, settings)
     extra: dict[str, Any] = {"allocator": allocator}
     if settings.peaks:
         extra["cuda_peak_bytes"] = settings.peaks
@@ -445,6 +462,7 @@ def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), op
         microbatch_sizes=tuple(sizes), device=_describe_device(dev), torch_version=torch.__version__,
         num_threads=threads, optimizer=optimizer, repeats=repeats, warmup=warmup, extra=extra,
         dtype=dtype, time_budget_s=time_budget_s, whole_model=tuple(whole), optimizer_step_s=optimizer_step_s,
+        co_runners=co_runners,
         live_values=tuple(_live_meta(live, value_bytes)),
         tied_parameters=tuple({"names": list(g.names), "units": list(g.units), "bytes": g.bytes}
                               for g in tied_groups(model, [u.modules for u in units])))

@@ -81,6 +81,8 @@ class ProfileMeta:
     """Values read by a later unit: name, src, dsts, action (send / relay / recompute), relayed_over, bytes by size."""
     tied_parameters: tuple[dict[str, Any], ...] = ()
     """Parameters shared between units: names, units, bytes (held once in the model, a copy per unit when cut)."""
+    co_runners: int = 0
+    """Processes that trained the model beside the timing (the other ranks of a CPU host; 0: timed alone)."""
     optimizer_step_s: float = 0.0
     """One step's work on the whole model's parameters after the backward: torch's gradient scaling by the
     microbatch count, the optimizer's step and zero_grad (median; 0 in profiles that predate it). A rank takes the

@@ -43,10 +43,12 @@ V_SCHEDULES = {"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZero
 
 
 def _profile(model: Path, args: argparse.Namespace) -> Profile:
-    """The stored profile, or (--reprofile) a fresh one at the benchmark's microbatch size, under today's load."""
+    """The stored profile, or (--reprofile) a fresh one at the benchmark's microbatch size, under today's load, with
+    --co-runners processes training the model beside it."""
     if not args.reprofile:
         return load_profile(ROOT / "profiles" / model.stem)
-    return profile_model(model, microbatch_sizes=(args.microbatch_size,), repeats=7, warmup=2)
+    return profile_model(model, microbatch_sizes=(args.microbatch_size,), repeats=7, warmup=2,
+                         co_runners=args.co_runners)
 
 
 def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile: Profile) -> dict[str, object]:
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--reprofile", action="store_true",
                         help="profile each model first at --microbatch-size instead of loading profiles/MODEL")
+    parser.add_argument("--co-runners", type=int, default=1, metavar="N",
+                        help="with --reprofile: processes training the model beside the profiler (default 1: the "
+                             "other rank of the 2 sharing this host; 0 profiles alone)")
     parser.add_argument("--hop-latency", type=float, metavar="S",
                         help="communication time per stage-to-stage transfer in the re-simulation (default: the "
                              "plan's)")

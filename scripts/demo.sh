@@ -8,6 +8,7 @@ out=demo-out
 mkdir -p "$out"
 autopp=("$root/.venv/bin/autopp")
 step() { echo; echo "\$ autopp $*"; "${autopp[@]}" "$@"; }
-step profile examples/gpt.py -o "$out/gpt-profile"
+# The 2 ranks will share this host: profile beside one process training the model, as the other rank will.
+step profile examples/gpt.py --co-runners 1 -o "$out/gpt-profile"
 step plan --profile "$out/gpt-profile" --devices 2 --memory 1GiB --global-batch 8 -o "$out/gpt.plan.json"
 step run "$out/gpt.plan.json" --steps 3 --report "$out/gpt.report.json"
