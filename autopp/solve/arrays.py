@@ -35,7 +35,7 @@ class UnitArrays:
     backward: np.ndarray
     """B: one full backward, which schedules without I/W run; I + W usually costs more."""
     optimizer: np.ndarray | None = None
-    """Per unit, its share (by parameter bytes) of the profile's optimizer step, once per training step (None: 0)."""
+    """Per unit, its share (by trainable bytes) of the profile's optimizer step, once per training step (None: 0)."""
 
     @property
     def n(self) -> int:
