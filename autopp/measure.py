@@ -232,11 +232,11 @@ class _Settings:
     peaks: dict[str, dict[str, int]] = field(default_factory=dict)
     co_runners: int = 0
     """Processes training the model beside the timing (autopp.corun), as other ranks on one host do."""
-    dtype_name: str = "float32"
 
     def beside(self, mf: ModelFile, b: int) -> Any:
-        """Context in which timing runs: with `co_runners` processes training the model at microbatch `b`."""
-        return co_running(mf.path, b, self.dtype_name, self.co_runners)
+        """Context for the timings at microbatch `b`: with `co_runners` processes training the model at `b`."""
+        name = next(k for k, v in DTYPES.items() if v == self.dtype)
+        return co_running(mf.path, b, name, self.co_runners)
 
 
 def _to(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
@@ -306,9 +306,8 @@ def _measure_size(mf: ModelFile, model: nn.Module, units: list[Unit], b: int, se
     runs = budget.warmup + budget.repeats
     # The time budget is per unit; a run times every unit.
     per_run = _Budget(budget.warmup, budget.repeats, None if budget.seconds is None else budget.seconds * len(pieces))
-    with settings.beside(mf, b):
-        samples = _time_pieces(pieces, per_run, settings.clock, lambda r: settings.progress(
-            _bar(r, runs, f"microbatch {b}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)")))
+    samples = _time_pieces(pieces, per_run, settings.clock, lambda r: settings.progress(
+        _bar(r, runs, f"microbatch {b}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)")))
     for row, piece_samples in zip(rows, samples):
         row.update(_summary(piece_samples))
     live = live_values(pipe)
@@ -429,30 +428,31 @@ def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), op
     model_fingerprint = fingerprint(model, units)
     model = model.to(dev, DTYPES[dtype])
     settings = _Settings(optimizer, DTYPES[dtype], _Budget(warmup, repeats, time_budget_s), _Clock(dev), progress,
-                         co_runners=co_runners, dtype_name=dtype)
+                         co_runners=co_runners)
     rows: list[dict[str, Any]] = []
     edge_rows: list[dict[str, Any]] = []
     value_bytes: dict[int, dict[str, int]] = {}
     live: list[LiveValue] = []
+    whole = []
+    optimizer_step_s = 0.0
     for b in sizes:
-        r, e, at_b, value_bytes[b] = _measure_size(mf, model, units, b, settings)
+        with settings.beside(mf, b):  # one start of the co-runners per size, for everything timed at that size
+            r, e, at_b, value_bytes[b] = _measure_size(mf, model, units, b, settings)
+            if compare_whole:
+                progress(_bar(1, 1, f"microbatch {b}: whole model"))
+                units_s = sum(row["forward_s"] + row["backward_s"] for row in r)
+                whole_s = _whole_model(mf, model, b, settings)
+                whole.append({"microbatch_size": b, "whole_s": whole_s, "units_s": units_s,
+                              "gap": units_s / whole_s - 1})
+            if b == sizes[0]:
+                progress(_bar(1, 1, "optimizer step"))
+                optimizer_step_s = _optimizer_step(model, settings)
         live = live or at_b
         rows += r
         edge_rows += e
     table = pd.DataFrame(rows)
     table.insert(1, "name", [units[i].name for i in table.unit])
     table.insert(2, "modules", [" ".join(units[i].modules) for i in table.unit])
-    whole = []
-    for b in sizes if compare_whole else []:
-        progress(_bar(1, 1, f"microbatch {b}: whole model"))
-        at_b = table[table.microbatch_size == b]
-        units_s = float((at_b.forward_s + at_b.backward_s).sum())
-        with settings.beside(mf, b):
-            whole_s = _whole_model(mf, model, b, settings)
-        whole.append({"microbatch_size": b, "whole_s": whole_s, "units_s": units_s, "gap": units_s / whole_s - 1})
-    progress(_bar(1, 1, "optimizer step"))
-    with settings.beside(mf, sizes[0]):
-        optimizer_step_s = _optimizer_step(model, settings)
     extra: dict[str, Any] = {"allocator": allocator}
     if settings.peaks:
         extra["cuda_peak_bytes"] = settings.peaks

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -123,3 +123,14 @@ def children_of(pid: int) -> set[int]:
         if ppid == pid:
             kids.add(int(entry.name))
     return kids
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    """A one-process gloo group, for stages built and run in the test process."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -4,11 +4,9 @@ loss, tied parameters, activation checkpointing (all stages on one rank of a one
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from autopp.modelfile import load_model_file
@@ -58,15 +56,6 @@ def test_a_value_computed_between_stages_is_refused() -> None:
     assert value_path(x, {"submod_0": 0}, [x]) == Source(-1, (0,))
     with pytest.raises(RunError, match=r"value 'add' of the split graph is computed between stages"):
         value_path(added, {"submod_0": 0}, [x])
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("recompute", [False, True])

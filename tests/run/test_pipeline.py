@@ -6,11 +6,9 @@ from __future__ import annotations
 import csv
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
 from autopp.errors import RunError
@@ -61,15 +59,6 @@ def test_order_csv_is_torchs_compute_only_layout(tmp_path: Path) -> None:
     rows = list(csv.reader(path.open()))
     assert rows == [[str(a) for a in order[r]] for r in range(2)]
     assert rows[1][:3] == ["1F0", "1F1", "3F0"]
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("name", [ScheduleName.LOOPED_BFS, ScheduleName.INTERLEAVED_ZERO_BUBBLE])
