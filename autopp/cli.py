@@ -90,9 +90,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _cmd_profile_links(args: argparse.Namespace) -> int:
     from .links import DEFAULT_MESSAGE_BYTES, measure_links
     sizes = args.message_bytes or list(DEFAULT_MESSAGE_BYTES)
-    print(f"profiling links: {args.ranks} ranks, messages of {sizes} bytes", file=sys.stderr)
+    print(f"profiling links: {args.ranks} ranks, messages of {sizes} bytes"
+          f"{'' if args.no_calibrate else ', then calibrating on synthetic pipelines (about 15 s)'}", file=sys.stderr)
     try:
-        links = measure_links(args.ranks, sizes, repeats=args.repeats, timeout_s=args.timeout)
+        links = measure_links(args.ranks, sizes, repeats=args.repeats, timeout_s=args.timeout,
+                              calibrate=not args.no_calibrate)
     except ValueError as exc:
         raise AutoppError(str(exc)) from None
     for pair in links.pairs:
@@ -100,6 +102,17 @@ def _cmd_profile_links(args: argparse.Namespace) -> int:
               f"bandwidth {pair.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
     print(f"fit over all pairs ({links.backend}): latency {links.latency_s * 1e6:.3g} us, "
           f"bandwidth {links.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
+    if links.calibration:
+        print("\ncalibration (torch schedules on synthetic stages; step times in ms)")
+        print(f"{'schedule':<8} {'m':>2} {'layers':>6} {'measured':>9} {'predicted':>9} {'error':>6}")
+        for r in links.calibration:
+            print(f"{r.schedule:<8} {r.microbatches:>2} {r.layers:>6} {r.measured_s * 1e3:>9.2f} "
+                  f"{r.predicted_s * 1e3:>9.2f} {(r.measured_s - r.predicted_s) / r.predicted_s:>+6.0%}")
+    link = links.link()
+    fitted = "default, not calibrated" if links.overhead_s is None else "calibrated"
+    print(f"per-message overhead {link.overhead_s * 1e6:.3g} us ({fitted}), progress delay "
+          f"{link.progress_s * 1e3:.3g} ms"
+          + (f"; calibration rms error {links.calibration_rms:.1%}" if links.calibration_rms is not None else ""))
     print(f"\nwrote links {links.save(args.output)}")
     return 0
 
@@ -140,9 +153,10 @@ def _dp(args: argparse.Namespace) -> int | None:
 def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from .cluster import DEFAULT_LINK, Cluster, Link, load_cluster
     if args.cluster:
-        if args.message_overhead is not None:
-            raise AutoppError("--message-overhead applies to --devices; with --cluster give each link's overhead_s "
-                              "in the file")
+        for flag, value, field in (("--message-overhead", args.message_overhead, "overhead_s"),
+                                   ("--progress-delay", args.progress_delay, "progress_s")):
+            if value is not None:
+                raise AutoppError(f"{flag} applies to --devices; with --cluster give each link's {field} in the file")
         return load_cluster(args.cluster)
     if args.devices is None or args.memory is None:
         raise AutoppError("give --devices N and --memory SIZE, or --cluster FILE")
@@ -152,7 +166,8 @@ def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         base = load_link(args.links)
     link = Link(latency_s=args.latency if args.latency is not None else base.latency_s,
                 bandwidth_bytes_per_s=args.bandwidth or base.bandwidth_bytes_per_s,
-                overhead_s=args.message_overhead if args.message_overhead is not None else base.overhead_s)
+                overhead_s=args.message_overhead if args.message_overhead is not None else base.overhead_s,
+                progress_s=args.progress_delay if args.progress_delay is not None else base.progress_s)
     return Cluster(num_devices=args.devices, memory_bytes=args.memory, link=link)
 
 
@@ -274,6 +289,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .cluster import DEFAULT_LINK
     parser = _Parser(prog="autopp", description="Automatic pipeline-parallelism planner for PyTorch.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log the planner's search")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -298,11 +314,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="profile directory (default profiles/MODEL)")
     p.set_defaults(func=_cmd_profile)
 
-    p = sub.add_parser("profile-links", help="measure latency and bandwidth between local ranks")
+    p = sub.add_parser("profile-links", help="measure the link between local ranks (latency, bandwidth; on CPU also "
+                                             "the per-message overhead and progress delay)")
     p.add_argument("--ranks", type=_positive, default=2, help="processes to start (default 2)")
     p.add_argument("--message-bytes", type=_sizes, metavar="N,N,...", help="message sizes in bytes")
     p.add_argument("--repeats", type=_positive, default=10, help="timed round trips per size (median is kept)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before the ranks are stopped")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="CPU: skip fitting the per-message overhead and progress delay on synthetic pipelines")
     p.add_argument("-o", "--output", default="profiles/links.json", help="links JSON (default profiles/links.json)")
     p.set_defaults(func=_cmd_profile_links)
 
@@ -330,7 +349,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", type=float, help="link bandwidth in bytes/s")
     p.add_argument("--message-overhead", type=float, metavar="S",
                    help="time a rank is kept busy per message to or from another rank, besides waiting (default: "
-                        "assumed for torch's schedules over gloo on CPU, 300e-6)")
+                        f"the --links file's, else assumed for torch's schedules over gloo on CPU, "
+                        f"{DEFAULT_LINK.overhead_s:g})")
+    p.add_argument("--progress-delay", type=float, metavar="S",
+                   help="longest a message waits for its sender to stop computing (default: the --links file's, "
+                        f"else assumed for gloo on a CPU host whose cores all run ranks, {DEFAULT_LINK.progress_s:g}; "
+                        "0 where messages move on their own, as with NCCL)")
     p.add_argument("-o", "--output", help="plan JSON path (default MODEL.plan.json)")
     p.set_defaults(func=_cmd_plan)
 

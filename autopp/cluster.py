@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,21 +26,29 @@ class Link:
     """Time each end of a transfer is kept busy by it, besides waiting: the schedule runtime preparing, posting and
     completing one send or receive around a compute action. Unlike latency it occupies the rank, so a rank that
     sends and receives on every action is slowed on every action."""
+    progress_s: float = 0.0
+    """Longest a message waits for its sender to stop computing (0: messages move while both ends compute, as with
+    NCCL). gloo moves a message's bytes on the sender's progress thread; when every core of the host runs a rank,
+    the OS runs that thread only once the sender's main thread blocks, or after a scheduling delay of a few ms
+    (docs/accuracy.md). The simulator delivers such a message when the sender's run of back-to-back actions ends,
+    at most `progress_s` after it could have moved."""
 
     def __post_init__(self) -> None:
-        if self.latency_s < 0 or self.bandwidth_bytes_per_s <= 0 or self.overhead_s < 0:
-            raise ValueError(f"link needs latency >= 0, bandwidth > 0 and overhead >= 0, got {self.latency_s}, "
-                             f"{self.bandwidth_bytes_per_s}, {self.overhead_s}")
+        values = (self.latency_s, self.overhead_s, self.progress_s)
+        if min(values) < 0 or self.bandwidth_bytes_per_s <= 0 or not all(math.isfinite(v) for v in values):
+            raise ValueError(f"link needs latency, overhead and progress delay >= 0 and bandwidth > 0, got latency "
+                             f"{self.latency_s}, bandwidth {self.bandwidth_bytes_per_s}, overhead {self.overhead_s}, "
+                             f"progress {self.progress_s}")
 
     def transfer_s(self, nbytes: float) -> float:
         """Time to send `nbytes` (0 for nothing to send)."""
         return 0.0 if nbytes <= 0 else self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
-#: Assumed gloo-over-loopback link between two processes on one CPU machine, used until links are measured. The
-#: overhead is what torch 2.13's schedules spent per message outside compute and waits in `autopp run` timelines on
-#: a 2-core machine (0.2-0.45 ms between consecutive actions; docs/accuracy.md).
-DEFAULT_LINK = Link(latency_s=100e-6, bandwidth_bytes_per_s=2e9, overhead_s=300e-6)
+#: Assumed gloo-over-loopback link between two processes on one CPU machine, used until links are measured
+#: (`autopp profile-links`). The overhead and progress delay are typical of what its calibration fitted on the 2-core
+#: development machine with torch 2.13 (120-192 us and 2.0-4.2 ms in four runs; docs/accuracy.md).
+DEFAULT_LINK = Link(latency_s=100e-6, bandwidth_bytes_per_s=2e9, overhead_s=150e-6, progress_s=3e-3)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,7 +128,8 @@ class Cluster:
 def _link(d: dict[str, Any], where: str) -> Link:
     try:
         return Link(latency_s=float(d["latency_s"]), bandwidth_bytes_per_s=float(d["bandwidth_bytes_per_s"]),
-                    overhead_s=float(d.get("overhead_s", DEFAULT_LINK.overhead_s)))
+                    overhead_s=float(d.get("overhead_s", DEFAULT_LINK.overhead_s)),
+                    progress_s=float(d.get("progress_s", DEFAULT_LINK.progress_s)))
     except (KeyError, TypeError, ValueError) as exc:
         raise AutoppError(f"{where}: bad link {d!r}: {exc}") from None
 

@@ -1,5 +1,13 @@
-"""Measure point-to-point latency and bandwidth between ranks on this machine, fit `latency + bytes / bandwidth`, and
-store it as JSON (docs/links-format.md) from which `autopp.cluster.Link` is built with `load_link`."""
+"""Measure the link between ranks on this machine and store it as JSON (docs/links-format.md), from which
+`autopp.cluster.Link` is built with `load_link`.
+
+Two measurements. A ping-pong times messages between idle ranks and fits `latency + bytes / bandwidth`. But in a
+pipeline the ranks compute while messages move, and on a CPU host whose cores all run ranks two more costs appear
+(docs/accuracy.md): each message keeps its rank busy a little (`Link.overhead_s`), and gloo moves a message only
+once the sender's progress thread gets a core, which the OS grants when the sender's main thread blocks or after a
+scheduling delay (`Link.progress_s`). So on CPU, torch's own schedules also run on synthetic stages
+(autopp.run.calibrate) and `fit_calibration` finds the overhead and progress delay with which the simulator, fed
+those runs' own F and B, reproduces their measured steps."""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ import multiprocessing as mp
 import socket
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Sequence
@@ -16,11 +24,14 @@ from typing import Any, Sequence
 from .cluster import DEFAULT_LINK, Link
 from .errors import AutoppError
 from .jsonio import write_json
+from .schedule import ScheduleName, StageCost, simulate_named
 
-__all__ = ["LINKS_VERSION", "DEFAULT_MESSAGE_BYTES", "PairFit", "LinkProfile", "fit_link", "measure_links",
-           "load_link", "load_links"]
+__all__ = ["LINKS_VERSION", "DEFAULT_MESSAGE_BYTES", "PairFit", "CalibrationRow", "CalibrationFit", "LinkProfile",
+           "fit_link", "simulate_row", "fit_calibration", "spawn_local", "measure_links", "load_link", "load_links"]
 
-LINKS_VERSION = 1
+LINKS_VERSION = 2
+#: Versions load_links reads (1: before the calibration; its overhead and progress delay are the defaults).
+READABLE_VERSIONS = (1, 2)
 #: Message sizes sent between neighbours by default: from latency-bound to bandwidth-bound.
 DEFAULT_MESSAGE_BYTES = (4, 64 * 1024, 1024 * 1024, 8 * 1024 * 1024)
 
@@ -38,6 +49,77 @@ class PairFit:
 
 
 @dataclass(frozen=True)
+class CalibrationRow:
+    """What one synthetic pipeline measured (medians over the timed steps) and what the fitted link predicts."""
+
+    schedule: str
+    microbatches: int
+    layers: int
+    message_bytes: int
+    forward_s: tuple[float, ...]
+    """Per stage, the median forward action."""
+    backward_s: tuple[float, ...]
+    """Per stage, the median backward action."""
+    measured_s: float
+    """Median step (barrier to barrier, slowest rank)."""
+    predicted_s: float = 0.0
+    """The simulator's step with the run's F and B and the fitted link (filled by fit_calibration)."""
+
+
+@dataclass(frozen=True)
+class CalibrationFit:
+    """The link costs `fit_calibration` found, and the rows with their predictions under them."""
+
+    overhead_s: float
+    progress_s: float
+    rms_error: float
+    """Root mean square of (measured - predicted) / predicted over the rows."""
+    rows: tuple[CalibrationRow, ...]
+
+
+def simulate_row(row: CalibrationRow, latency_s: float, bandwidth_bytes_per_s: float, overhead_s: float,
+                 progress_s: float) -> float:
+    """The simulator's step time of `row`'s pipeline with its own F and B and this link."""
+    n = len(row.forward_s)
+    costs = [StageCost(forward_s=f, backward_input_s=b / 2, backward_weight_s=b / 2, backward_s=b,
+                       overhead_s=overhead_s * ((s > 0) + (s < n - 1)))
+             for s, (f, b) in enumerate(zip(row.forward_s, row.backward_s))]
+    comm = [latency_s + row.message_bytes / bandwidth_bytes_per_s] * (n - 1)
+    return simulate_named(ScheduleName(row.schedule), n, row.microbatches, costs, comm,
+                          progress_s=[progress_s] * (n - 1)).step_time_s
+
+
+def _sse(rows: Sequence[CalibrationRow], latency_s: float, bandwidth: float, o: float, d: float) -> float:
+    total = 0.0
+    for row in rows:
+        predicted = simulate_row(row, latency_s, bandwidth, o, d)
+        total += ((row.measured_s - predicted) / predicted) ** 2
+    return total
+
+
+def fit_calibration(rows: Sequence[CalibrationRow], latency_s: float, bandwidth_bytes_per_s: float,
+                    max_overhead_s: float = 2e-3, max_progress_s: float = 10e-3) -> CalibrationFit:
+    """The overhead and progress delay (within [0, max]) that minimise the squared relative step-time error of
+    `rows`, with the link's latency and bandwidth fixed: an 11 x 11 grid, then twice an 11 x 11 grid of a fifth of
+    the spacing around the best point."""
+    if not rows:
+        raise ValueError("need at least one calibration row to fit")
+    step_o, step_d = max_overhead_s / 10, max_progress_s / 10
+    best = (0.0, 0.0)
+    centre = (max_overhead_s / 2, max_progress_s / 2)
+    for _ in range(3):
+        grid = [(min(max(centre[0] + i * step_o, 0.0), max_overhead_s), min(max(centre[1] + j * step_d, 0.0),
+                                                                            max_progress_s))
+                for i in range(-5, 6) for j in range(-5, 6)]
+        best = min(sorted(set(grid)), key=lambda p: _sse(rows, latency_s, bandwidth_bytes_per_s, *p))
+        centre, step_o, step_d = best, step_o / 5, step_d / 5
+    o, d = best
+    fitted = tuple(replace(r, predicted_s=simulate_row(r, latency_s, bandwidth_bytes_per_s, o, d)) for r in rows)
+    rms = (sum(((r.measured_s - r.predicted_s) / r.predicted_s) ** 2 for r in fitted) / len(fitted)) ** 0.5
+    return CalibrationFit(overhead_s=o, progress_s=d, rms_error=rms, rows=fitted)
+
+
+@dataclass(frozen=True)
 class LinkProfile:
     """What `autopp profile-links` writes: per-pair times and one fit over all pairs."""
 
@@ -49,12 +131,22 @@ class LinkProfile:
     pairs: tuple[PairFit, ...]
     latency_s: float
     bandwidth_bytes_per_s: float
+    overhead_s: float | None = None
+    """Fitted per-message overhead (None: not calibrated, DEFAULT_LINK's is used)."""
+    progress_s: float | None = None
+    """Fitted progress delay (None: not calibrated, DEFAULT_LINK's is used; 0 for NCCL)."""
+    calibration: tuple[CalibrationRow, ...] = ()
+    """The synthetic pipelines the overhead and progress delay were fitted to, with the fitted predictions."""
+    calibration_rms: float | None = None
+    """Root mean square relative error of the calibration rows under the fitted link."""
     version: int = LINKS_VERSION
 
     def link(self) -> Link:
-        """The fitted link; its per-message overhead is not measured here and stays the default's (DEFAULT_LINK)."""
+        """The measured link: fitted latency and bandwidth, and the calibrated overhead and progress delay (the
+        defaults' where not calibrated)."""
         return Link(latency_s=self.latency_s, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
-                    overhead_s=DEFAULT_LINK.overhead_s)
+                    overhead_s=DEFAULT_LINK.overhead_s if self.overhead_s is None else self.overhead_s,
+                    progress_s=DEFAULT_LINK.progress_s if self.progress_s is None else self.progress_s)
 
     def save(self, path: str | Path) -> Path:
         """Write the links JSON atomically."""
@@ -62,13 +154,19 @@ class LinkProfile:
 
 
 def fit_link(message_bytes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
-    """Least-squares `t = latency + bytes / bandwidth` (latency clamped at 0, bandwidth from a positive slope)."""
+    """`t = latency + bytes / bandwidth` by least squares on the relative error (weights 1 / t^2), so that the
+    microsecond times of small messages count as much as the milliseconds of large ones (latency clamped at 0,
+    bandwidth from a positive slope)."""
     if len(message_bytes) != len(seconds) or len(set(message_bytes)) < 2:
         raise ValueError(f"need times at >= 2 distinct message sizes, got sizes {list(message_bytes)}")
-    n = len(seconds)
-    mx, my = sum(message_bytes) / n, sum(seconds) / n
-    sxx = sum((x - mx) ** 2 for x in message_bytes)
-    slope = sum((x - mx) * (y - my) for x, y in zip(message_bytes, seconds)) / sxx
+    if min(seconds) <= 0:
+        raise ValueError(f"times must be > 0, got {list(seconds)}")
+    weights = [1.0 / (y * y) for y in seconds]
+    total = sum(weights)
+    mx = sum(w * x for w, x in zip(weights, message_bytes)) / total
+    my = sum(w * y for w, y in zip(weights, seconds)) / total
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(weights, message_bytes))
+    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(weights, message_bytes, seconds)) / sxx
     if slope <= 0:
         raise ValueError(f"times do not grow with message size ({list(seconds)}): cannot fit a bandwidth")
     return max(0.0, my - slope * mx), 1.0 / slope
@@ -133,42 +231,64 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure_links(ranks: int, message_bytes: Sequence[int] = DEFAULT_MESSAGE_BYTES, warmup: int = 3,
-                  repeats: int = 10, timeout_s: float = 120.0) -> LinkProfile:
-    """Start `ranks` local processes (gloo on CPU, NCCL when CUDA is available), time neighbour ping-pongs of each
-    message size, and fit latency and bandwidth per pair and over all pairs."""
-    if ranks < 2:
-        raise ValueError(f"need at least 2 ranks to measure a link, got {ranks}")
-    sizes = sorted(set(int(n) for n in message_bytes))
+def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float, what: str) -> dict[int, Any]:
+    """Start `ranks` spawned processes running `target(rank, ranks, port, *args, queue)`, each of which puts
+    (rank, result, error or None) on the queue, and return {rank: result}; raise AutoppError naming `what` if one
+    fails, dies or the whole takes over `timeout_s`. Every process is joined or killed before returning."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, ranks, port, sizes, warmup, repeats, queue)) for r in range(ranks)]
+    procs = [ctx.Process(target=target, args=(r, ranks, port, *args, queue)) for r in range(ranks)]
     for p in procs:
         p.start()
-    results: dict[int, dict[int, list[list[float]]]] = {}
+    results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     try:
         while len(results) < ranks:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AutoppError(f"measuring links on {ranks} ranks took over {timeout_s:g} s; stopped")
+                raise AutoppError(f"{what} on {ranks} ranks took over {timeout_s:g} s; stopped")
             try:
-                rank, times, error = queue.get(timeout=min(remaining, 1.0))
+                rank, result, error = queue.get(timeout=min(remaining, 1.0))
             except Exception:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:
-                    raise AutoppError(f"rank {procs.index(dead[0])} exited with code {dead[0].exitcode}") from None
+                    raise AutoppError(f"rank {procs.index(dead[0])} exited with code {dead[0].exitcode} while "
+                                      f"{what}") from None
                 continue
             if error:
-                raise AutoppError(f"rank {rank} failed while measuring links: {error}")
-            results[rank] = times
+                raise AutoppError(f"rank {rank} failed while {what}: {error}")
+            results[rank] = result
     finally:
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
-    return _summarise(results, ranks, sizes, repeats)
+    return results
+
+
+def measure_links(ranks: int, message_bytes: Sequence[int] = DEFAULT_MESSAGE_BYTES, warmup: int = 3,
+                  repeats: int = 10, timeout_s: float = 120.0, calibrate: bool = True,
+                  calibration_steps: int = 20) -> LinkProfile:
+    """Start `ranks` local processes (gloo on CPU, NCCL when CUDA is available), time neighbour ping-pongs of each
+    message size, and fit latency and bandwidth per pair and over all pairs. With `calibrate` on CPU, then run
+    torch's schedules on synthetic stages (autopp.run.calibrate) and fit the per-message overhead and progress delay
+    (`fit_calibration`, `calibration_steps` timed steps per synthetic pipeline); NCCL links get no progress delay
+    and the default overhead."""
+    if ranks < 2:
+        raise ValueError(f"need at least 2 ranks to measure a link, got {ranks}")
+    sizes = sorted(set(int(n) for n in message_bytes))
+    results = spawn_local(_worker, ranks, (sizes, warmup, repeats), timeout_s, "measuring links")
+    profile = _summarise(results, ranks, sizes, repeats)
+    if profile.backend != "gloo":
+        return replace(profile, progress_s=0.0)
+    if not calibrate:
+        return profile
+    from .run.calibrate import run_calibration
+    fit = fit_calibration(run_calibration(ranks, steps=calibration_steps, timeout_s=timeout_s), profile.latency_s,
+                          profile.bandwidth_bytes_per_s)
+    return replace(profile, overhead_s=fit.overhead_s, progress_s=fit.progress_s, calibration=fit.rows,
+                   calibration_rms=fit.rms_error)
 
 
 def _summarise(results: dict[int, dict[int, list[list[float]]]], ranks: int, sizes: list[int],
@@ -194,13 +314,16 @@ def load_links(path: str | Path) -> LinkProfile:
         data = json.loads(p.read_text())
     except (OSError, ValueError) as exc:
         raise AutoppError(f"{p}: cannot read links file: {exc}") from exc
-    if not isinstance(data, dict) or data.get("version") != LINKS_VERSION:
+    if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
         version = data.get("version") if isinstance(data, dict) else None
-        raise AutoppError(f"{p}: links file version {version!r} is not {LINKS_VERSION}")
+        raise AutoppError(f"{p}: links file version {version!r} is not one of {list(READABLE_VERSIONS)}")
     try:
         pairs = tuple(PairFit(**{**q, "seconds": tuple(q["seconds"]), "spread_s": tuple(q["spread_s"])})
                       for q in data["pairs"])
-        profile = LinkProfile(**{**data, "pairs": pairs, "message_bytes": tuple(data["message_bytes"])})
+        rows = tuple(CalibrationRow(**{**r, "forward_s": tuple(r["forward_s"]), "backward_s": tuple(r["backward_s"])})
+                     for r in data.get("calibration", ()))
+        profile = LinkProfile(**{**data, "pairs": pairs, "message_bytes": tuple(data["message_bytes"]),
+                                 "calibration": rows, "version": LINKS_VERSION})
         profile.link()
     except KeyError as exc:
         raise AutoppError(f"{p}: bad links file: missing field {exc}") from exc

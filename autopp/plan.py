@@ -48,6 +48,9 @@ class StagePlan:
     """Bytes of this stage's input per microbatch (kept instead of activations when recomputing)."""
     send_s: float = 0.0
     """Predicted time to send one microbatch's output to the next stage (0 on the same rank or for the last)."""
+    progress_s: float = 0.0
+    """Longest this stage's output (and the gradient coming back to it) waits for its sender to stop computing
+    (the link's `progress_s`; 0 on the same rank or for the last stage)."""
     overhead_s: float = 0.0
     """Time the rank spends on this stage's messages to and from other ranks per F and per B (or I) action, besides
     compute and waiting (the links' `overhead_s`, once per message); the simulator adds it to both."""

@@ -1,18 +1,20 @@
 """Predicted vs measured step time of planned runs on 2 CPU ranks, across schedules and microbatch counts.
 
 For each model, schedule and microbatch count: plan with the public API (autopp.solve.make_plan on the stored
-profile, or a fresh one with --reprofile; pp 2, dp 1), run it with autopp.run.run_plan for --steps SGD steps
-(gloo, one thread per rank), and print the predicted step time, the median measured step time over the steps
+profile, or with --reprofile on a fresh one and the link measured and calibrated first by autopp.links; pp 2,
+dp 1), run it with autopp.run.run_plan for --steps SGD steps (gloo, one thread per rank), and print the predicted step time, the median measured step time over the steps
 after the first (with its spread, max - min), the relative error, and where the time went:
   F/B meas/prof  sum over stages of the run's median F (B) per microbatch / the plan's (the profile's)
   busy           the busiest rank's compute time (F, I, W, B actions) in the median step
   wait           the longest median time a rank spent waiting for sends/receives
   resim, error   the simulator's step time fed with the run's own per-stage F, I, W (with the plan's message
-                 overheads and transfer times, or --hop-latency per transfer), and the measured step's error
-                 against it: what is left once the profile matches the run
+                 overheads, transfer times and progress delays, or --hop-latency per transfer) plus the plan's
+                 optimizer step, and the measured step's error against it: what is left once the profile matches
+                 the run
   in step        the slowest rank's median time inside the schedule's step (the measured step minus the
                  optimizer step, the dp all-reduce and two barriers)
-  optim          the slowest rank's median optimizer step + zero_grad (inside the measured step, not simulated)
+  optim          the slowest rank's median optimizer step + zero_grad (in the measured step; the plan charges the
+                 profile's)
   memory err     per rank, (measured peak - predicted peak) / predicted (CPU: the runner's estimate, see
                  docs/run-report-format.md)
 
@@ -29,8 +31,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from autopp.cluster import DEFAULT_LINK, Cluster
-from autopp.links import load_link
+from autopp.cluster import DEFAULT_LINK, Cluster, Link
+from autopp.links import load_link, measure_links
 from autopp.measure import profile_model
 from autopp.profile import Profile, load_profile
 from autopp.plan import Plan
@@ -51,8 +53,18 @@ def _profile(model: Path, args: argparse.Namespace) -> Profile:
                          co_runners=args.co_runners)
 
 
-def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile: Profile) -> dict[str, object]:
-    link = load_link(args.links) if args.links else DEFAULT_LINK
+def _link(args: argparse.Namespace) -> Link:
+    """--links FILE; else (--reprofile) the link measured and calibrated now, beside the fresh profiles; else the
+    assumed default."""
+    if args.links:
+        return load_link(args.links)
+    if not args.reprofile:
+        return DEFAULT_LINK
+    return measure_links(2).link()
+
+
+def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile: Profile, link: Link
+           ) -> dict[str, object]:
     request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**36, link=link),
                           global_batch=m * args.microbatch_size,
                           num_microbatches=m, schedule=ScheduleName(schedule), pp=2, dp=1,
@@ -78,9 +90,10 @@ def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile
 
 
 def _resimulate(plan: Plan, report: RunReport, hop_s: float | None = None) -> float:
-    """The simulator's step time with the per-stage F, I, W measured in this run and the plan's message overheads and
-    transfer times (or `hop_s` per transfer): what the prediction would be if the profile had matched the run's
-    action times. B-only schedules get I = W = B / 2."""
+    """The simulator's step time with the per-stage F, I, W measured in this run and the plan's message overheads,
+    transfer times (or `hop_s` per transfer) and progress delays, plus the plan's optimizer step: what the prediction
+    would be if the profile had matched the run's action times. B-only schedules get I = W = B / 2. (The run's
+    last-stage F leaves out the loss, which the profile counts in it.)"""
     costs = []
     for st, planned in zip(report.stage_times, plan.stages):
         f, b = st.forward_s or 0.0, st.backward_s or 0.0
@@ -88,8 +101,9 @@ def _resimulate(plan: Plan, report: RunReport, hop_s: float | None = None) -> fl
         costs.append(StageCost(forward_s=f, backward_input_s=i, backward_weight_s=max(b - i, 0.0),
                                overhead_s=planned.overhead_s))
     comm = [s.send_s if hop_s is None else hop_s for s in plan.stages[:-1]]
-    return simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, costs, comm,
-                          plan.virtual_stages).step_time_s
+    sim = simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, costs, comm,
+                         plan.virtual_stages, progress_s=[s.progress_s for s in plan.stages[:-1]])
+    return sim.step_time_s + plan.predicted.optimizer_s
 
 
 def _ratio(measured: list[float | None], predicted: list[float]) -> float:
@@ -154,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hop-latency", type=float, metavar="S",
                         help="communication time per stage-to-stage transfer in the re-simulation (default: the "
                              "plan's)")
-    parser.add_argument("--links", help="plan with this links file from `autopp profile-links` (default: assumed)")
+    parser.add_argument("--links", help="plan with this links file from `autopp profile-links` (default: with "
+                                        "--reprofile, measure and calibrate the link first; else assumed)")
     parser.add_argument("--contention", action="store_true",
                         help="instead: time the whole model's F+B alone vs two processes at once")
     args = parser.parse_args(argv)
@@ -165,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{'model':<6} {'schedule':<16} {'m':>2} {'predicted':>10} {'measured':>10} {'spread':>8} "
               f"{'error':>7} {'F meas/prof':>11} {'B meas/prof':>11} {'busy':>8} {'wait':>8} {'resim':>8} "
               f"{'error':>7} {'in step':>8} {'optim':>7} {'memory err':>11} valid")
+    link = _link(args)
+    print(f"link: latency {link.latency_s * 1e6:.3g} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.3g} GB/s, "
+          f"per-message overhead {link.overhead_s * 1e6:.3g} us, progress delay {link.progress_s * 1e3:.3g} ms "
+          f"({'from ' + args.links if args.links else 'measured now' if args.reprofile else 'assumed'})\n")
     print(header)
     errors, resim_errors = [], []
     for model in args.models:
@@ -172,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         for schedule in args.schedules:
             for m in args.microbatches:
                 try:
-                    row = _bench(ROOT / model, schedule, m, args, profile)
+                    row = _bench(ROOT / model, schedule, m, args, profile, link)
                 except Exception as exc:  # noqa: BLE001 - a benchmark row that fails is reported, not fatal
                     print(f"{Path(model).stem:<6} {schedule:<16} {m:>2} failed: {type(exc).__name__}: {exc}")
                     continue

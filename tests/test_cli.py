@@ -102,8 +102,9 @@ def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
                  "--global-batch", "16", "-o", str(plan)]) == 0
     assert json.loads(plan.read_text())["dp"] == 2
     assert main(["plan", "--profile", str(prof), "--devices", "2", "--memory", "80GiB", "--global-batch", "8",
-                 "--message-overhead", "0.001", "-o", str(plan)]) == 0
+                 "--message-overhead", "0.001", "--progress-delay", "0.002", "-o", str(plan)]) == 0
     assert [s["overhead_s"] for s in json.loads(plan.read_text())["stages"]] == [0.001, 0.001]
+    assert [s["progress_s"] for s in json.loads(plan.read_text())["stages"]] == [0.002, 0.0]
     cluster = tmp_path / "c.json"
     cluster.write_text(json.dumps({"devices": [{"memory": "80GiB", "speed": 1}, {"memory": "80GiB", "speed": 2}]}))
     assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8", "-o", str(plan)]) == 0
@@ -113,6 +114,9 @@ def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8",
                  "--message-overhead", "0.001", "-o", str(tmp_path / "q.json")]) == 2
     assert "--message-overhead applies to --devices" in capsys.readouterr().err
+    assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8",
+                 "--progress-delay", "0", "-o", str(tmp_path / "q.json")]) == 2
+    assert "--progress-delay applies to --devices; with --cluster give each link's progress_s" in capsys.readouterr().err
     assert not (tmp_path / "q.json").exists()
 
 

@@ -7,19 +7,28 @@ from pathlib import Path
 
 import pytest
 
-from autopp.cluster import Cluster, Device, Link, load_cluster
+from autopp.cluster import DEFAULT_LINK, Cluster, Device, Link, load_cluster
 from autopp.errors import AutoppError
 
 
 def test_load_heterogeneous(tmp_path: Path) -> None:
     data = {"devices": [{"memory": "16GiB", "speed": 1.0}, {"memory": "8GiB", "speed": 2.0}],
-            "links": [{"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e10}],
+            "links": [{"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e10, "overhead_s": 2e-5, "progress_s": 0.0}],
             "data_link": {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9}}
     (tmp_path / "c.json").write_text(json.dumps(data))
     c = load_cluster(tmp_path / "c.json")
     assert c.num_devices == 2 and c.memory_bytes == 8 * 2**30 and not c.homogeneous
     assert c.device(1) == Device(memory_bytes=8 * 2**30, speed=2.0)
     assert c.link_between(1, 0).bandwidth_bytes_per_s == 1e10 and c.dp_link.latency_s == 1e-4
+    assert (c.link_between(1, 0).overhead_s, c.link_between(1, 0).progress_s) == (2e-5, 0.0)
+    assert (c.dp_link.overhead_s, c.dp_link.progress_s) == (DEFAULT_LINK.overhead_s, DEFAULT_LINK.progress_s)
+
+
+@pytest.mark.parametrize("field", ["latency_s", "overhead_s", "progress_s"])
+def test_link_rejects_negative_or_infinite_times(field: str) -> None:
+    for bad in (-1e-6, float("inf")):
+        with pytest.raises(ValueError, match="link needs latency, overhead and progress delay >= 0"):
+            Link(**{"latency_s": 0.0, "bandwidth_bytes_per_s": 1.0, field: bad})
 
 
 def test_identical_devices_are_homogeneous() -> None:

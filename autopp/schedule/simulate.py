@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,6 +84,11 @@ class _Sim:
     """Transfer time of an activation from stage s - 1 into stage s (0 on the same rank)."""
     hop_back: list[float]
     """Transfer time of a gradient from stage s + 1 back into stage s (0 on the same rank)."""
+    delay_in: list[float]
+    """Progress delay of the activation from stage s - 1 into stage s (0 on the same rank, or when messages move
+    without the sender's CPU)."""
+    delay_back: list[float]
+    """Progress delay of the gradient from stage s + 1 back into stage s."""
     durations: list[dict[Kind, float]]
     fwd_end: list[dict[int, float]]
     grad_end: list[dict[int, float]]
@@ -91,21 +97,25 @@ class _Sim:
     position: list[int]
     clock: list[float]
     events: list[list[Event]]
+    forced: int = 0
+    """Deliveries that may still assume an unsimulated sender idle (granted one at a time when no rank can move)."""
 
 
 def _new_sim(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequence[int],
-             comm_s: Sequence[float], recompute: Sequence[bool]) -> _Sim:
+             comm_s: Sequence[float], recompute: Sequence[bool], progress_s: Sequence[float]) -> _Sim:
     n = len(costs)
     hop_in = [0.0] + [0.0 if owner[s - 1] == owner[s] else comm_s[s - 1] for s in range(1, n)]
     hop_back = hop_in[1:] + [0.0]
+    delay_in = [0.0] + [0.0 if owner[s - 1] == owner[s] else progress_s[s - 1] for s in range(1, n)]
+    delay_back = delay_in[1:] + [0.0]
     durations = [_durations(c, r) for c, r in zip(costs, recompute)]
     ranks = len(order)
 
     def table() -> list[dict[int, float]]:
         return [{} for _ in range(n)]
 
-    return _Sim(order, costs, owner, recompute, hop_in, hop_back, durations, table(), table(), table(), table(),
-                [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)])
+    return _Sim(order, costs, owner, recompute, hop_in, hop_back, delay_in, delay_back, durations, table(), table(),
+                table(), table(), [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)])
 
 
 def _durations(c: StageCost, recompute: bool) -> dict[Kind, float]:
@@ -137,16 +147,17 @@ def _misplaced(a: Action, rank: int, num_stages: int, owner: Sequence[int]) -> s
 
 
 def _check_inputs(stage_costs: Sequence[StageCost], owner: Sequence[int], comm_s: Sequence[float],
-                  recompute: Sequence[bool]) -> None:
+                  recompute: Sequence[bool], progress_s: Sequence[float]) -> None:
     n = len(stage_costs)
     if len(owner) != n:
         raise ScheduleError(f"stage_to_rank names {len(owner)} stages but there are {n} stage costs")
-    if len(comm_s) != max(n - 1, 0):
-        raise ScheduleError(f"comm_s needs one entry per stage boundary ({len(comm_s)} != {n - 1})")
+    for name, values in (("comm_s", comm_s), ("progress_s", progress_s)):
+        if len(values) != max(n - 1, 0):
+            raise ScheduleError(f"{name} needs one entry per stage boundary ({len(values)} != {n - 1})")
+        if any(not c >= 0 or not math.isfinite(c) for c in values):
+            raise ScheduleError(f"{name} must be finite and >= 0, got {list(values)}")
     if len(recompute) != n:
         raise ScheduleError(f"recompute needs one flag per stage ({len(recompute)} != {n})")
-    if any(c < 0 for c in comm_s):
-        raise ScheduleError(f"communication times must be >= 0, got {list(comm_s)}")
 
 
 def _advance(sim: _Sim, rank: int) -> bool:
@@ -159,6 +170,7 @@ def _advance(sim: _Sim, rank: int) -> bool:
     acts, pos, moved, clock, out = sim.order[rank], sim.position[rank], False, sim.clock[rank], sim.events[rank]
     fwd, grad, inputs, weights = sim.fwd_end, sim.grad_end, sim.input_end, sim.weight_end
     hop_in, hop_back, durations, last = sim.hop_in, sim.hop_back, sim.durations, len(sim.costs) - 1
+    delay_in, delay_back, owner = sim.delay_in, sim.delay_back, sim.owner
     forward, weight, backward_input, end = Kind.F, Kind.W, Kind.I, len(acts)
     while pos < end:
         a = acts[pos]
@@ -168,6 +180,10 @@ def _advance(sim: _Sim, rank: int) -> bool:
             if ready is None:
                 break
             ready += hop_in[s]
+            if delay_in[s]:
+                ready = _delivered(sim, owner[s - 1], ready if ready > clock else clock, delay_in[s])
+                if ready is None:
+                    break
             table = fwd[s]
         elif kind is weight:
             ready = inputs[s].get(mb)
@@ -180,6 +196,10 @@ def _advance(sim: _Sim, rank: int) -> bool:
             if ready is None or grad_in is None:
                 break
             grad_in += hop_back[s]
+            if delay_back[s]:
+                grad_in = _delivered(sim, owner[s + 1], grad_in if grad_in > clock else clock, delay_back[s])
+                if grad_in is None:
+                    break
             if grad_in > ready:
                 ready = grad_in
             table = grad[s]
@@ -200,6 +220,43 @@ _new_tuple = tuple.__new__
 """Builds Event tuples without NamedTuple's Python-level __new__ (hot loop)."""
 
 
+def _start(e: Event) -> float:
+    return e[2]
+
+
+def _delivered(sim: _Sim, sender: int, t: float, delay: float) -> float | None:
+    """When a message that could move at ``t`` (sent, and its receiver waiting) reaches the receiver: at ``t`` if
+    ``sender`` is idle then; else when the sender's run of back-to-back actions ends, but no later than
+    ``t + delay``. None while the sender's timeline around ``t`` is not simulated yet.
+
+    This is how gloo behaves when every core of a host runs a rank: the sender's progress thread moves the bytes,
+    and the OS lets it run when the sender's main thread blocks, or after a scheduling delay."""
+    events, done = sim.events[sender], sim.position[sender] == len(sim.order[sender])
+    if sim.clock[sender] <= t:
+        if done or _use_forced(sim):
+            return t
+        return None
+    i = bisect_right(events, t, key=_start) - 1
+    if i < 0 or events[i][3] <= t:
+        return t
+    end, j, limit = events[i][3], i + 1, t + delay
+    while end < limit and j < len(events) and events[j][2] <= end:
+        end, j = events[j][3], j + 1
+    if end >= limit:
+        return limit
+    if j == len(events) and not done and not _use_forced(sim):
+        return None
+    return end
+
+
+def _use_forced(sim: _Sim) -> bool:
+    """Take one of the deliveries that may treat an unsimulated sender as idle, if any is left."""
+    if sim.forced:
+        sim.forced -= 1
+        return True
+    return False
+
+
 def _neighbours(sim: _Sim, rank: int) -> set[int]:
     stages = {a.stage for a in sim.order[rank]}
     near = {s + d for s in stages for d in (-1, 1) if 0 <= s + d < len(sim.owner)}
@@ -207,18 +264,36 @@ def _neighbours(sim: _Sim, rank: int) -> set[int]:
 
 
 def _run(sim: _Sim) -> None:
-    """Advance ranks until no rank can move; every action's start is max(rank free, inputs arrived)."""
+    """Advance ranks until no rank can move; every action's start is max(rank free, inputs arrived).
+
+    With progress delays a rank may wait on a sender whose timeline is not simulated yet. When no rank can move
+    that way, the stuck rank with the earliest clock may take one delivery that treats its sender as idle from the
+    sender's clock on (the sender is blocked too, so it computes nothing meanwhile), and the run goes on."""
     near = [_neighbours(sim, r) for r in range(len(sim.order))]
     work = list(range(len(sim.order)))
     queued = set(work)
-    while work:
-        rank = work.pop()
-        queued.discard(rank)
-        if _advance(sim, rank):
-            for q in near[rank]:
-                if q not in queued and sim.position[q] < len(sim.order[q]):
-                    work.append(q)
-                    queued.add(q)
+    delays = any(sim.delay_in)
+    while True:
+        while work:
+            rank = work.pop()
+            queued.discard(rank)
+            if _advance(sim, rank):
+                for q in near[rank]:
+                    if q not in queued and sim.position[q] < len(sim.order[q]):
+                        work.append(q)
+                        queued.add(q)
+        stuck = [r for r in range(len(sim.order)) if sim.position[r] < len(sim.order[r])]
+        if not delays or not stuck:
+            return
+        for rank in sorted(stuck, key=lambda r: sim.clock[r]):
+            sim.forced = 1
+            moved = _advance(sim, rank)
+            sim.forced = 0
+            if moved:
+                work, queued = [rank, *near[rank]], {rank, *near[rank]}
+                break
+        else:
+            return
 
 
 def _producer(a: Action, sim: _Sim) -> Action:
@@ -313,20 +388,24 @@ def _gc_paused() -> Iterator[None]:
 
 
 def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequence[int],
-             comm_s: Sequence[float], recompute: Sequence[bool] | None = None) -> SimResult:
+             comm_s: Sequence[float], recompute: Sequence[bool] | None = None,
+             progress_s: Sequence[float] | None = None) -> SimResult:
     """Simulate one training step of ``order`` (rank -> actions; idle slots and send/recv entries are ignored).
 
     Each rank runs its compute actions in list order, one at a time. An action starts when its rank is free
     and its inputs have arrived: F(s, i) needs F(s-1, i) plus ``comm_s[s-1]`` if the stages sit on different
     ranks; B/I(s, i) needs F(s, i) and B/I(s+1, i) plus ``comm_s[s]``; W(s, i) needs I(s, i). Transfers do not
-    occupy either rank and links have no contention. Raises ScheduleError on a malformed order or a deadlock.
+    occupy either rank and links have no contention. With ``progress_s`` (one per stage boundary, default 0) a
+    message that could move while its sender computes moves when the sender's back-to-back actions end, at most
+    ``progress_s`` later (see `_delivered`). Raises ScheduleError on a malformed order or a deadlock.
     """
     n = len(stage_costs)
     flags = list(recompute) if recompute is not None else [False] * n
-    _check_inputs(stage_costs, stage_to_rank, comm_s, flags)
+    delays = list(progress_s) if progress_s is not None else [0.0] * max(n - 1, 0)
+    _check_inputs(stage_costs, stage_to_rank, comm_s, flags, delays)
     acts = _compute_only(order, n, stage_to_rank)
     with _gc_paused():
-        sim = _new_sim(acts, stage_costs, stage_to_rank, comm_s, flags)
+        sim = _new_sim(acts, stage_costs, stage_to_rank, comm_s, flags, delays)
         _run(sim)
         if any(sim.position[r] < len(a) for r, a in enumerate(acts)):
             raise ScheduleError(_deadlock_message(sim))
@@ -344,11 +423,12 @@ def _result(sim: _Sim) -> SimResult:
 
 
 def simulate_named(name: ScheduleName, num_ranks: int, num_microbatches: int, stage_costs: Sequence[StageCost],
-                   comm_s: Sequence[float], v: int = 1, recompute: Sequence[bool] | None = None) -> SimResult:
+                   comm_s: Sequence[float], v: int = 1, recompute: Sequence[bool] | None = None,
+                   progress_s: Sequence[float] | None = None) -> SimResult:
     """Build a named schedule for ``len(stage_costs)`` stages and simulate it."""
     order = build_schedule(name, num_ranks, num_microbatches, v)
     owner = stage_to_rank(name, num_ranks, v)
     if len(owner) != len(stage_costs):
         raise ScheduleError(f"{name.value} with {num_ranks} ranks x v={v} has {len(owner)} stages, "
                             f"but {len(stage_costs)} stage costs were given")
-    return simulate(order, stage_costs, owner, comm_s, recompute)
+    return simulate(order, stage_costs, owner, comm_s, recompute, progress_s)

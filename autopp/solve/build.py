@@ -10,7 +10,7 @@ from ..plan import Plan, Prediction, StagePlan
 from ..profile import Profile
 from .arrays import UnitArrays
 from .baselines import baseline_bounds
-from .judge import Candidate, Verdict, comm_times, judge
+from .judge import Candidate, Verdict, comm_times, judge, progress_delays
 
 if TYPE_CHECKING:
     from .custom import CustomOrder
@@ -59,6 +59,7 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
     names, points = profile.meta.unit_names, profile.meta.split_points
     owner = c.owner
     sends = [*comm_times(a, request.cluster, c.bounds, owner), 0.0]
+    delays = [*progress_delays(request.cluster, owner), 0.0]
     stages = tuple(
         StagePlan(index=s, rank=owner[s], units=(i, j), unit_names=tuple(names[i:j]),
                   split_point=points[i - 1] if i else None, forward_s=cost.forward_s,
@@ -68,7 +69,7 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
                   backward_input_s=cost.backward_input_s, backward_weight_s=cost.backward_weight_s,
                   static_bytes=cost.static_bytes,
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
-                  overhead_s=cost.overhead_s)
+                  progress_s=delays[s], overhead_s=cost.overhead_s)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     ideal = ideal_step_time(a, request, c)
     return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,

@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 
 from ..cluster import Cluster
 from ..errors import InfeasibleError
-from ..schedule import Action, build_schedule, synthesize
+from ..schedule import Action, build_schedule, simulate, synthesize
 from .arrays import UnitArrays
-from .judge import Verdict, comm_times
+from .judge import Verdict, comm_times, progress_delays
 
 __all__ = ["CustomOrder", "synthesized"]
 
@@ -34,24 +34,27 @@ class CustomOrder:
 def synthesized(a: UnitArrays, cluster: Cluster, best: Verdict, time_limit_s: float) -> CustomOrder | None:
     """The synthesized order for `best`'s split if it simulates faster than `best`, else None.
 
-    Recomputing stages are left to the named schedules (the synthesis model keeps activations from F to W)."""
+    Recomputing stages are left to the named schedules (the synthesis model keeps activations from F to W). The
+    synthesis does not model the links' progress delays; its order is re-simulated with them before it is compared."""
     c = best.candidate
     if any(c.recompute):
         return None
     owner = c.owner
     limits = [cluster.device(r).memory_bytes for r in range(c.pp)]
     hint = build_schedule(c.schedule, c.pp, c.microbatches, c.v)
+    comm = comm_times(a, cluster, c.bounds, owner)
     try:
-        result = synthesize(best.costs, owner, c.microbatches, comm_times(a, cluster, c.bounds, owner), limits,
-                            time_limit_s=time_limit_s, hint=hint)
+        result = synthesize(best.costs, owner, c.microbatches, comm, limits, time_limit_s=time_limit_s, hint=hint)
     except InfeasibleError:
         return None
-    step = result.sim.step_time_s + best.allreduce_s + best.optimizer_s
+    delays = progress_delays(cluster, owner)
+    sim = simulate(result.order, best.costs, owner, comm, None, delays) if any(delays) else result.sim
+    step = sim.step_time_s + best.allreduce_s + best.optimizer_s
     log.info("synthesized order: %.6g s (%s, gap %.1f%%) vs %s %.6g s", step, result.status.value,
              100 * result.gap, c.schedule.value, best.step_s)
-    peaks = tuple(int(x) for x in result.sim.peak_memory_bytes)
+    peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     if step >= best.step_s or any(p > lim for p, lim in zip(peaks, limits)):
         return None
-    bubble = sum(result.sim.bubble_fraction) / len(result.sim.bubble_fraction)
-    verdict = replace(best, step_s=step, pipeline_s=result.sim.step_time_s, peak_memory=peaks, bubble=bubble)
+    bubble = sum(sim.bubble_fraction) / len(sim.bubble_fraction)
+    verdict = replace(best, step_s=step, pipeline_s=sim.step_time_s, peak_memory=peaks, bubble=bubble)
     return CustomOrder(verdict, result.order, result.gap, result.status.value)

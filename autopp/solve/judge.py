@@ -11,7 +11,7 @@ from ..schedule import COMPUTE_KINDS, Action, Kind, ScheduleName, StageCost, bui
 from .arrays import UnitArrays
 from .dp import Bounds
 
-__all__ = ["Candidate", "Verdict", "stage_costs", "message_overheads", "comm_times", "allreduce_time", "optimizer_time",
+__all__ = ["Candidate", "Verdict", "stage_costs", "message_overheads", "progress_delays", "comm_times", "allreduce_time", "optimizer_time",
            "order_peaks", "rank_peak", "named_order", "judge"]
 
 
@@ -89,6 +89,12 @@ def message_overheads(cluster: Cluster, owner: Sequence[int]) -> list[float]:
                 if 0 <= t < n and owner[t] != owner[s]) for s in range(n)]
 
 
+def progress_delays(cluster: Cluster, owner: Sequence[int]) -> list[float]:
+    """Per stage boundary, the link's progress delay (`Link.progress_s`; 0 between stages on the same rank)."""
+    return [0.0 if owner[k] == owner[k + 1] else cluster.link_between(owner[k], owner[k + 1]).progress_s
+            for k in range(len(owner) - 1)]
+
+
 def comm_times(a: UnitArrays, cluster: Cluster, bounds: Bounds, owner: Sequence[int]) -> list[float]:
     """Transfer time across each stage boundary (0 between stages on the same rank)."""
     return [0.0 if owner[k] == owner[k + 1] else cluster.link_between(owner[k], owner[k + 1]).transfer_s(float(a.cut[j]))
@@ -159,7 +165,8 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     owner = c.owner
     costs = stage_costs(a, c.bounds, _speeds(cluster, owner), message_overheads(cluster, owner))
     order = named_order(c.schedule, c.pp, c.microbatches, c.v)
-    sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.recompute)
+    sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.recompute,
+                   progress_delays(cluster, owner))
     ar = _rank_allreduce(a, c, cluster)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))

@@ -92,16 +92,22 @@ def test_split_backward_frees_activations_after_w() -> None:
     assert result.memory_timeline[0] == [(0.0, 7), (3.0, 0)]
 
 
-@pytest.mark.parametrize("name", list(ScheduleName), ids=lambda n: n.value)
-def test_events_respect_dependencies_and_memory_returns_to_static(name: ScheduleName) -> None:
-    rng = random.Random(7)
+def _random_case(name: ScheduleName, seed: int) -> tuple[int, int, int, list[StageCost], list[float]]:
+    """3 ranks, 6 microbatches, random stage costs and transfer times: (p, m, v, costs, comm)."""
+    rng = random.Random(seed)
     p, m = 3, 6
     v = 2 if name in (ScheduleName.INTERLEAVED_1F1B, ScheduleName.LOOPED_BFS) else stages_per_rank(name)
     n = p * v
     costs = [StageCost(forward_s=rng.uniform(0.5, 1.5), backward_input_s=rng.uniform(0.5, 1.5),
                        backward_weight_s=rng.uniform(0.2, 1), static_bytes=5, activation_bytes=rng.randint(1, 9),
                        input_bytes=1) for _ in range(n)]
-    comm = [rng.uniform(0, 0.3) for _ in range(n - 1)]
+    return p, m, v, costs, [rng.uniform(0, 0.3) for _ in range(n - 1)]
+
+
+@pytest.mark.parametrize("name", list(ScheduleName), ids=lambda n: n.value)
+def test_events_respect_dependencies_and_memory_returns_to_static(name: ScheduleName) -> None:
+    p, m, v, costs, comm = _random_case(name, 7)
+    n = p * v
     owner = stage_to_rank(name, p, v)
     result = simulate_named(name, p, m, costs, comm, v=v, recompute=[s % 2 == 0 for s in range(n)])
     end = {e.action: e.end_s for e in result.events}
@@ -187,3 +193,43 @@ def test_full_backward_time_apart_from_the_split_passes() -> None:
     split = {0: [Action(0, Kind.F, 0), Action(0, Kind.I, 0), Action(0, Kind.W, 0)]}
     assert simulate(full, [cost], [0], []).step_time_s == pytest.approx(3.0)
     assert simulate(split, [cost], [0], []).step_time_s == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(("delay", "step"), [(0.0, 9.0), (0.5, 10.0), (10.0, 12.0)])
+def test_progress_delay_holds_a_message_while_its_sender_computes(delay: float, step: float) -> None:
+    # GPipe, 2 stages, 2 microbatches, F = 1, B = 2. Rank 0's output of 0F0 could move at 1, but rank 0 computes
+    # 0F1 until 2: it moves at min(2, 1 + delay). The gradient of 1B0 could move at 5 (+ the delay above), while
+    # rank 1 computes 1B1 for 2 more: it moves then or `delay` later. Senders that are idle deliver at once.
+    costs = _uniform(2, 1.0, 1.0, 1.0)
+    order = build_schedule(ScheduleName.GPIPE, 2, 2)
+    result = simulate(order, costs, [0, 1], [0.0], progress_s=[delay])
+    assert result.step_time_s == pytest.approx(step)
+    if delay == 0.0:
+        assert result.events == simulate(order, costs, [0, 1], [0.0]).events
+
+
+def test_progress_delay_costs_nothing_when_the_sender_is_idle() -> None:
+    costs = _uniform(2)
+    order = build_schedule(ScheduleName.GPIPE, 2, 1)
+    delayed = simulate(order, costs, [0, 1], [0.25], progress_s=[5.0])
+    assert delayed.step_time_s == pytest.approx(6.5)
+    assert delayed.events == simulate(order, costs, [0, 1], [0.25]).events
+
+
+@pytest.mark.parametrize("name", list(ScheduleName))
+def test_progress_delays_never_deadlock_nor_speed_up(name: ScheduleName) -> None:
+    p, m, v, costs, comm = _random_case(name, 11)
+    n = p * v
+    plain = simulate_named(name, p, m, costs, comm, v=v)
+    delayed = simulate_named(name, p, m, costs, comm, v=v, progress_s=[0.7] * (n - 1))
+    assert len(delayed.events) == len(plain.events)
+    assert delayed.step_time_s >= plain.step_time_s - 1e-12
+    assert delayed.step_time_s <= plain.step_time_s + 0.7 * 2 * m * n
+
+
+def test_progress_delays_are_checked() -> None:
+    order = build_schedule(ScheduleName.GPIPE, 2, 1)
+    with pytest.raises(ScheduleError, match=r"progress_s must be finite and >= 0"):
+        simulate(order, _uniform(2), [0, 1], [0.0], progress_s=[-1.0])
+    with pytest.raises(ScheduleError, match=r"progress_s needs one entry per stage boundary \(2 != 1\)"):
+        simulate(order, _uniform(2), [0, 1], [0.0], progress_s=[0.0, 0.0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopp.cluster import Cluster
+from autopp.cluster import DEFAULT_LINK, Cluster
 from autopp.errors import InfeasibleError
 from autopp.plan import Plan
 from autopp.profile import Profile
@@ -57,7 +57,7 @@ import json  # noqa: E402
 from autopp.schedule import ScheduleName, simulate_named  # noqa: E402
 from autopp.solve import RecomputeMode  # noqa: E402
 from autopp.solve.arrays import unit_arrays  # noqa: E402
-from autopp.solve.judge import comm_times, message_overheads, stage_costs  # noqa: E402
+from autopp.solve.judge import comm_times, message_overheads, progress_delays, stage_costs  # noqa: E402
 from autopp.solve.synthetic import synthetic_profile  # noqa: E402
 
 GiB = 2**30
@@ -82,8 +82,11 @@ def test_predicted_figures_are_the_simulators() -> None:
     cluster = Cluster(num_devices=4, memory_bytes=80 * GiB)
     costs = stage_costs(a, bounds, [1.0] * len(bounds), message_overheads(cluster, owner))
     sim = simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, costs,
-                         comm_times(a, cluster, bounds, owner), plan.virtual_stages, [s.recompute for s in plan.stages])
+                         comm_times(a, cluster, bounds, owner), plan.virtual_stages, [s.recompute for s in plan.stages],
+                         progress_delays(cluster, owner))
     assert plan.predicted.step_time_s == sim.step_time_s
+    assert [s.progress_s for s in plan.stages] == [*progress_delays(cluster, owner), 0.0]
+    assert DEFAULT_LINK.progress_s in {s.progress_s for s in plan.stages}
     assert list(plan.predicted.peak_memory_bytes) == sim.peak_memory_bytes
 
 
