@@ -34,11 +34,11 @@ class Link:
     at most `progress_s` after it could have moved."""
 
     def __post_init__(self) -> None:
-        values = (self.latency_s, self.overhead_s, self.progress_s)
+        values = (self.latency_s, self.overhead_s, self.progress_s, self.bandwidth_bytes_per_s)
         if min(values) < 0 or self.bandwidth_bytes_per_s <= 0 or not all(math.isfinite(v) for v in values):
-            raise ValueError(f"link needs latency, overhead and progress delay >= 0 and bandwidth > 0, got latency "
-                             f"{self.latency_s}, bandwidth {self.bandwidth_bytes_per_s}, overhead {self.overhead_s}, "
-                             f"progress {self.progress_s}")
+            raise ValueError(f"link needs finite latency, overhead and progress delay >= 0 and bandwidth > 0, got "
+                             f"latency {self.latency_s}, bandwidth {self.bandwidth_bytes_per_s}, overhead "
+                             f"{self.overhead_s}, progress {self.progress_s}")
 
     def transfer_s(self, nbytes: float) -> float:
         """Time to send `nbytes` (0 for nothing to send)."""
@@ -48,7 +48,7 @@ class Link:
 #: Assumed gloo-over-loopback link between two processes on one CPU machine, used until links are measured
 #: (`autopp profile-links`). The overhead and progress delay are typical of what its calibration fitted on the 2-core
 #: development machine with torch 2.13 (120-200 us and 1.9-4.2 ms in eleven runs; docs/accuracy.md).
-DEFAULT_LINK = Link(latency_s=100e-6, bandwidth_bytes_per_s=2e9, overhead_s=150e-6, progress_s=3e-3)
+DEFAULT_LINK = Link(latency_s=100e-6, bandwidth_bytes_per_s=2e9, overhead_s=70e-6, progress_s=2.3e-3)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +126,8 @@ class Cluster:
 
 
 def _link(d: dict[str, Any], where: str) -> Link:
+    if not isinstance(d, dict) or any(isinstance(v, bool) for v in d.values()):
+        raise AutoppError(f"{where}: bad link {d!r}: expected numbers")
     try:
         return Link(latency_s=float(d["latency_s"]), bandwidth_bytes_per_s=float(d["bandwidth_bytes_per_s"]),
                     overhead_s=float(d.get("overhead_s", DEFAULT_LINK.overhead_s)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,15 @@ class StagePlan:
     overhead_s: float = 0.0
     """Time the rank spends on this stage's messages to and from other ranks per F and per B (or I) action, besides
     compute and waiting (the links' `overhead_s`, once per message); the simulator adds it to both."""
+
+    def __post_init__(self) -> None:
+        for name in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "overhead_s",
+                     "progress_s"):
+            value = getattr(self, name)
+            if value is None and name in ("backward_input_s", "backward_weight_s"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise PlanError(f"stage {self.index}: {name} must be a finite number >= 0, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

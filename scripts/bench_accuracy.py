@@ -2,8 +2,9 @@
 
 For each model, schedule and microbatch count: plan with the public API (autopp.solve.make_plan on the stored
 profile, or with --reprofile on a fresh one and the link measured and calibrated first by autopp.links; pp 2,
-dp 1), run it with autopp.run.run_plan for --steps SGD steps (gloo, one thread per rank), and print the predicted step time, the median measured step time over the steps
-after the first (with its spread, max - min), the relative error, and where the time went:
+dp 1), run it with autopp.run.run_plan for --steps SGD steps (gloo, one thread per rank), and print the predicted
+step time, the median measured step time over the steps after the first (with its spread, max - min), the
+relative error, and where the time went:
   F/B meas/prof  sum over stages of the run's median F (B) per microbatch / the plan's (the profile's)
   busy           the busiest rank's compute time (F, I, W, B actions) in the median step
   wait           the longest median time a rank spent waiting for sends/receives

@@ -116,7 +116,8 @@ def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "--message-overhead applies to --devices" in capsys.readouterr().err
     assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8",
                  "--progress-delay", "0", "-o", str(tmp_path / "q.json")]) == 2
-    assert "--progress-delay applies to --devices; with --cluster give each link's progress_s" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--progress-delay applies to --devices; with --cluster give each link's progress_s" in err
     assert not (tmp_path / "q.json").exists()
 
 

@@ -24,10 +24,10 @@ def test_load_heterogeneous(tmp_path: Path) -> None:
     assert (c.dp_link.overhead_s, c.dp_link.progress_s) == (DEFAULT_LINK.overhead_s, DEFAULT_LINK.progress_s)
 
 
-@pytest.mark.parametrize("field", ["latency_s", "overhead_s", "progress_s"])
+@pytest.mark.parametrize("field", ["latency_s", "overhead_s", "progress_s", "bandwidth_bytes_per_s"])
 def test_link_rejects_negative_or_infinite_times(field: str) -> None:
     for bad in (-1e-6, float("inf")):
-        with pytest.raises(ValueError, match="link needs latency, overhead and progress delay >= 0"):
+        with pytest.raises(ValueError, match="link needs finite latency, overhead and progress delay >= 0"):
             Link(**{"latency_s": 0.0, "bandwidth_bytes_per_s": 1.0, field: bad})
 
 
@@ -45,6 +45,14 @@ def test_bad_files(tmp_path: Path, text: str, pattern: str) -> None:
         assert load_cluster(tmp_path / "c.json").num_devices == 2
         return
     with pytest.raises(AutoppError, match=pattern):
+        load_cluster(tmp_path / "c.json")
+
+
+def test_link_fields_must_be_numbers(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text(json.dumps({"devices": [{"memory": 1}, {"memory": 1}],
+                                                 "links": [{"latency_s": 0, "bandwidth_bytes_per_s": 1,
+                                                            "progress_s": True}]}))
+    with pytest.raises(AutoppError, match=r"c\.json: links\[0\]: bad link .*expected numbers"):
         load_cluster(tmp_path / "c.json")
 
 

@@ -49,6 +49,15 @@ def test_malformed(tmp_path: Path) -> None:
         load_plan(tmp_path / "p.json")
 
 
+@pytest.mark.parametrize("value", ["x", None, -1.0, True])
+def test_bad_stage_time_names_file_stage_and_field(tmp_path: Path, value: object) -> None:
+    data = _plan().to_json()
+    data["stages"][1]["progress_s"] = value
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(PlanError, match=r"p\.json: stage 1: progress_s must be a finite number >= 0, got "):
+        load_plan(tmp_path / "p.json")
+
+
 def test_gapped_stages_rejected() -> None:
     plan = _plan()
     bad = (plan.stages[0], StagePlan(**{**plan.stages[1].__dict__, "units": (3, 5)}))

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..links import CalibrationRow, spawn_local
 
-__all__ = ["CalibrationConfig", "DEFAULT_CONFIGS", "run_calibration"]
+__all__ = ["CalibrationConfig", "default_configs", "run_calibration"]
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,11 @@ class CalibrationConfig:
     rows: int = 16
 
 
-#: Two action lengths (about 0.3 and 1.7 ms of forward on the 2-core development machine) x GPipe and 1F1B x 2, 4
-#: and 8 microbatches.
-DEFAULT_CONFIGS = tuple(CalibrationConfig(s, m, layers) for s in ("GPipe", "1F1B") for m in (2, 4, 8)
-                        for layers in (2, 10))
+def default_configs(ranks: int) -> tuple[CalibrationConfig, ...]:
+    """Two action lengths (about 0.3 and 1.7 ms of forward on the 2-core development machine) x GPipe and 1F1B x
+    `ranks`, 2 x `ranks` and 4 x `ranks` microbatches (1F1B needs at least one per stage)."""
+    return tuple(CalibrationConfig(s, m * ranks, layers) for s in ("GPipe", "1F1B") for m in (1, 2, 4)
+                 for layers in (2, 10))
 
 
 def _mse(output: Any, target: Any) -> Any:
@@ -99,15 +100,19 @@ def _worker(rank: int, world: int, port: int, configs: Sequence[CalibrationConfi
         queue.put((rank, [], f"{type(exc).__name__}: {exc}"))
 
 
-def run_calibration(ranks: int, configs: Sequence[CalibrationConfig] = DEFAULT_CONFIGS, warmup: int = 2,
+def run_calibration(ranks: int, configs: Sequence[CalibrationConfig] | None = None, warmup: int = 2,
                     steps: int = 20, timeout_s: float = 300.0) -> list[CalibrationRow]:
-    """Run every config on `ranks` local CPU processes (gloo, one thread each, one stage each) and return the
-    measured rows, unfitted (autopp.links.fit_calibration fits them)."""
+    """Run every config (default: `default_configs(ranks)`) on `ranks` local CPU processes (gloo, one thread each,
+    one stage each) and return the measured rows, unfitted (autopp.links.fit_calibration fits them)."""
     if ranks < 2:
         raise ValueError(f"need at least 2 ranks to calibrate a link, got {ranks}")
+    configs = default_configs(ranks) if configs is None else tuple(configs)
+    short = [c for c in configs if c.schedule == "1F1B" and c.microbatches < ranks]
+    if short:
+        raise ValueError(f"1F1B needs at least {ranks} microbatches on {ranks} ranks, got {short[0].microbatches}")
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got {steps} and {warmup}")
-    results = spawn_local(_worker, ranks, (tuple(configs), warmup, steps), timeout_s, "calibrating the link")
+    results = spawn_local(_worker, ranks, (configs, warmup, steps), timeout_s, "calibrating the link")
     rows = []
     for k, c in enumerate(configs):
         per_step = [max(results[r][k][0][i] for r in range(ranks)) for i in range(steps)]

@@ -11,7 +11,8 @@ from ..schedule import COMPUTE_KINDS, Action, Kind, ScheduleName, StageCost, bui
 from .arrays import UnitArrays
 from .dp import Bounds
 
-__all__ = ["Candidate", "Verdict", "stage_costs", "message_overheads", "progress_delays", "comm_times", "allreduce_time", "optimizer_time",
+__all__ = ["Candidate", "Verdict", "stage_costs", "message_overheads", "progress_delays", "comm_times",
+           "allreduce_time", "optimizer_time",
            "order_peaks", "rank_peak", "named_order", "judge"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autopp.links import fit_calibration, simulate_row
-from autopp.run.calibrate import DEFAULT_CONFIGS, CalibrationConfig, run_calibration
+from autopp.run.calibrate import CalibrationConfig, default_configs, run_calibration
 
 
 def test_three_ranks_one_config_gives_every_stage() -> None:
@@ -19,12 +19,16 @@ def test_three_ranks_one_config_gives_every_stage() -> None:
     assert fit_calibration([row], 1e-5, 1e9).rows[0].predicted_s > 0
 
 
-def test_default_configs_cover_both_schedules_and_microbatch_counts() -> None:
-    assert {c.schedule for c in DEFAULT_CONFIGS} == {"GPipe", "1F1B"}
-    assert {c.microbatches for c in DEFAULT_CONFIGS} == {2, 4, 8} and len({c.layers for c in DEFAULT_CONFIGS}) == 2
+@pytest.mark.parametrize("ranks", [2, 3, 5])
+def test_default_configs_cover_both_schedules_with_enough_microbatches(ranks: int) -> None:
+    configs = default_configs(ranks)
+    assert {c.schedule for c in configs} == {"GPipe", "1F1B"} and len({c.layers for c in configs}) == 2
+    assert {c.microbatches for c in configs} == {ranks, 2 * ranks, 4 * ranks}
 
 
-@pytest.mark.parametrize(("ranks", "steps", "message"), [(1, 2, "at least 2 ranks"), (2, 0, "steps >= 1")])
+@pytest.mark.parametrize(("ranks", "steps", "message"), [(1, 2, "at least 2 ranks"), (2, 0, "steps >= 1"),
+                                                         (3, 2, "1F1B needs at least 3 microbatches on 3 ranks")])
 def test_bad_arguments(ranks: int, steps: int, message: str) -> None:
+    configs = (CalibrationConfig("1F1B", 2, 1),)
     with pytest.raises(ValueError, match=message):
-        run_calibration(ranks, steps=steps)
+        run_calibration(ranks, configs=configs, steps=steps)

@@ -233,3 +233,42 @@ def test_progress_delays_are_checked() -> None:
         simulate(order, _uniform(2), [0, 1], [0.0], progress_s=[-1.0])
     with pytest.raises(ScheduleError, match=r"progress_s needs one entry per stage boundary \(2 != 1\)"):
         simulate(order, _uniform(2), [0, 1], [0.0], progress_s=[0.0, 0.0])
+
+
+def _rule(sender: list[tuple[float, float]], t: float, delay: float) -> float:
+    """The progress rule on a sender's final timeline: at t if idle, else the end of its busy run, at most t + delay."""
+    busy = [(a, b) for a, b in sender if a <= t < b]
+    if not busy:
+        return t
+    end = busy[0][1]
+    for a, b in sender:
+        if a == end and end < t + delay:
+            end = b
+    return min(end, t + delay)
+
+
+@pytest.mark.parametrize("name", [ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B])
+def test_progress_rule_holds_for_every_action_with_one_stage_per_rank(name: ScheduleName) -> None:
+    rng = random.Random(5)
+    for _ in range(40):
+        p, m = rng.choice([2, 3, 4]), rng.choice([4, 6, 8])
+        costs = [StageCost(forward_s=rng.choice([0.5, 1, 2, 3]), backward_input_s=rng.choice([1, 2, 3]),
+                           backward_weight_s=rng.choice([0.5, 1, 2])) for _ in range(p)]
+        comm, delays = [rng.choice([0, 0.1, 0.5]) for _ in range(p - 1)], [rng.choice([0.5, 1, 3, 10]) for _ in range(p - 1)]
+        result = simulate_named(name, p, m, costs, comm, progress_s=delays)
+        spans = {r: [(e.start_s, e.end_s) for e in result.events if e.rank == r] for r in range(p)}
+        end = {(e.action.stage, e.action.kind if e.action.kind is Kind.F else Kind.B, e.action.microbatch): e.end_s
+               for e in result.events}
+        for r in range(p):
+            free = 0.0
+            for e in (e for e in result.events if e.rank == r):
+                s, mb = e.action.stage, e.action.microbatch
+                ready = 0.0
+                if e.action.kind is Kind.F and s > 0:
+                    ready = _rule(spans[s - 1], max(end[(s - 1, Kind.F, mb)] + comm[s - 1], free), delays[s - 1])
+                elif e.action.kind is Kind.B:
+                    ready = end[(s, Kind.F, mb)]
+                    if s < p - 1:
+                        ready = max(ready, _rule(spans[s + 1], max(end[(s + 1, Kind.B, mb)] + comm[s], free), delays[s]))
+                assert e.start_s == pytest.approx(max(free, ready)), (name, p, m, e.action)
+                free = e.end_s
