@@ -91,7 +91,7 @@ def _cmd_profile_links(args: argparse.Namespace) -> int:
     from .links import DEFAULT_MESSAGE_BYTES, measure_links
     sizes = args.message_bytes or list(DEFAULT_MESSAGE_BYTES)
     print(f"profiling links: {args.ranks} ranks, messages of {sizes} bytes"
-          f"{'' if args.no_calibrate else ', then calibrating on synthetic pipelines (about 15 s)'}", file=sys.stderr)
+          f"{'' if args.no_calibrate else ', then (CPU) calibrating on synthetic pipelines (about 15 s)'}", file=sys.stderr)
     try:
         links = measure_links(args.ranks, sizes, repeats=args.repeats, timeout_s=args.timeout,
                               calibrate=not args.no_calibrate)

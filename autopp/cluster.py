@@ -47,7 +47,7 @@ class Link:
 
 #: Assumed gloo-over-loopback link between two processes on one CPU machine, used until links are measured
 #: (`autopp profile-links`). The overhead and progress delay are typical of what its calibration fitted on the 2-core
-#: development machine with torch 2.13 (120-200 us and 1.9-4.2 ms in eleven runs; docs/accuracy.md).
+#: development machine with torch 2.13 (40-136 us and 2.2-3.2 ms in nine runs; docs/accuracy.md).
 DEFAULT_LINK = Link(latency_s=100e-6, bandwidth_bytes_per_s=2e9, overhead_s=70e-6, progress_s=2.3e-3)
 
 

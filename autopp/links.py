@@ -12,8 +12,6 @@ those runs' own F and B, reproduces their measured steps."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -25,9 +23,11 @@ from .cluster import DEFAULT_LINK, Link
 from .errors import AutoppError
 from .jsonio import write_json
 from .schedule import ScheduleName, StageCost, simulate_named
+from .spawn import spawn_local
 
 __all__ = ["LINKS_VERSION", "DEFAULT_MESSAGE_BYTES", "PairFit", "CalibrationRow", "CalibrationFit", "LinkProfile",
-           "fit_link", "simulate_row", "fit_calibration", "spawn_local", "measure_links", "load_link", "load_links"]
+           "fit_link", "simulate_row", "fit_calibration", "measure_links", "load_link", "load_links",
+           "READABLE_VERSIONS"]
 
 LINKS_VERSION = 2
 #: Versions load_links reads (1: before the calibration; its overhead and progress delay are the defaults).
@@ -223,48 +223,6 @@ def _worker(rank: int, world: int, port: int, sizes: Sequence[int], warmup: int,
             dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which raises
         queue.put((rank, {}, f"{type(exc).__name__}: {exc}"))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float, what: str) -> dict[int, Any]:
-    """Start `ranks` spawned processes running `target(rank, ranks, port, *args, queue)`, each of which puts
-    (rank, result, error or None) on the queue, and return {rank: result}; raise AutoppError naming `what` if one
-    fails, dies or the whole takes over `timeout_s`. Every process is joined or killed before returning."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=target, args=(r, ranks, port, *args, queue)) for r in range(ranks)]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(results) < ranks:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AutoppError(f"{what} on {ranks} ranks took over {timeout_s:g} s; stopped")
-            try:
-                rank, result, error = queue.get(timeout=min(remaining, 1.0))
-            except Exception:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise AutoppError(f"rank {procs.index(dead[0])} exited with code {dead[0].exitcode} while "
-                                      f"{what}") from None
-                continue
-            if error:
-                raise AutoppError(f"rank {rank} failed while {what}: {error}")
-            results[rank] = result
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-    return results
 
 
 def measure_links(ranks: int, message_bytes: Sequence[int] = DEFAULT_MESSAGE_BYTES, warmup: int = 3,

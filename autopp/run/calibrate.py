@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..links import CalibrationRow, spawn_local
+from ..links import CalibrationRow
+from ..spawn import spawn_local
 
 __all__ = ["CalibrationConfig", "default_configs", "run_calibration"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import RunError
+from ..spawn import free_port
 
 __all__ = ["RankProcess", "free_port", "worker_env", "launch_ranks", "wait_ranks", "kill_ranks", "tail", "rank_failure"]
 
@@ -62,13 +62,6 @@ class RankProcess:
         end = chunk.rfind(b"\n") + 1
         self._read += end
         return chunk[:end].decode(errors="replace").splitlines()
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago (for MASTER_PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:

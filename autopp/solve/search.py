@@ -220,6 +220,20 @@ def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, splits:
     return splits.bounds(a, c.b, spec)
 
 
+#: Plan note when a GPU profile is planned with a link that holds messages while their sender computes.
+GPU_PROGRESS_NOTE = ("the links hold each message up to progress_s while its sender computes, as gloo does on a CPU "
+                     "host (the default link); NCCL between GPUs does not: plan with --progress-delay 0 or a links "
+                     "file measured on the GPUs")
+
+
+def _progress_delays(cluster: Cluster) -> bool:
+    """Whether any link holds messages while their sender computes (`Link.progress_s`). The closed-form estimate
+    leaves these delays out, and they slow schedules with many cross-rank messages most, so the short-list is then
+    twice as long."""
+    links = [cluster.link, *cluster.links, *([cluster.data_link] if cluster.data_link else [])]
+    return any(link.progress_s > 0 for link in links)
+
+
 def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recompute: bool) -> float:
     owner = stage_to_rank(c.schedule, c.pp, c.v)
     costs = stage_costs(a, bounds, [req.cluster.device(r).speed for r in owner], message_overheads(req.cluster, owner))
@@ -252,7 +266,7 @@ def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[C
     reaches the short-list's worst estimate: nothing left could enter it. With --recompute auto a configuration whose
     plain split does not fit the DP re-enters the queue under its all-recompute bound."""
     modes = {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[req.recompute]
-    keep, splits = req.shortlist, _Splits()
+    keep, splits = req.shortlist * (2 if _progress_delays(req.cluster) else 1), _Splits()
     queue = [(lower_bound(arrays(c.b), req, c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
     heapq.heapify(queue)
     short: list[tuple[float, int, _Option]] = []  # (-estimate, -index, option): the worst on top
@@ -381,4 +395,7 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
         raise explain_infeasible(profile, request, n_cfg)
     a = table.arrays(best.candidate.microbatch_size)
     custom = synthesized(a, request.cluster, best, request.synth_time_limit_s) if request.synthesize else None
-    return build_plan(profile, request, best, a, custom, extra=(note,) if note else ())
+    notes = [note] if note else []
+    if profile.meta.device.startswith("cuda") and _progress_delays(request.cluster):
+        notes.append(GPU_PROGRESS_NOTE)
+    return build_plan(profile, request, best, a, custom, extra=tuple(notes))

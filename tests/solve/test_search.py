@@ -129,3 +129,17 @@ def test_byte_identical_json() -> None:
     one = json.dumps(_synth(global_batch=16, schedule=None, dp=None, devices=8).to_json())
     two = json.dumps(_synth(global_batch=16, schedule=None, dp=None, devices=8).to_json())
     assert one == two
+
+
+def test_gpu_profile_with_a_cpu_progress_delay_gets_a_note() -> None:
+    from dataclasses import replace
+
+    from autopp.cluster import Link
+    from autopp.solve.search import GPU_PROGRESS_NOTE
+    cpu = synthetic_profile(12)
+    gpu = replace(cpu, meta=replace(cpu.meta, device="cuda:0"))
+    request = PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=80 * GiB), global_batch=16)
+    assert GPU_PROGRESS_NOTE in make_plan(gpu, request).notes
+    assert GPU_PROGRESS_NOTE not in make_plan(cpu, request).notes
+    nccl = Cluster(num_devices=4, memory_bytes=80 * GiB, link=Link(latency_s=1e-5, bandwidth_bytes_per_s=1e11))
+    assert GPU_PROGRESS_NOTE not in make_plan(gpu, replace(request, cluster=nccl)).notes
