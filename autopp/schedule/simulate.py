@@ -309,18 +309,38 @@ def _next_to_force(sim: _Sim) -> int:
     """The blocked delivery to decide next, when no rank can move: the earliest one whose sender cannot start an
     action before the sender's timeline runs out at that moment (so the sender is idle then, and the decision is
     exact; `_earliest_start`); else the earliest of two ranks waiting on each other at the same moment (either
-    order is a tie); else the earliest one."""
-    if not sim.prefix:
-        sim.prefix = [[0.0, *accumulate(sim.durations[a.stage][a.kind] for a in acts)] for acts in sim.order]
-        sim.index = [{a: i for i, a in enumerate(acts)} for acts in sim.order]
-    order = sorted(sim.pending, key=lambda r: (sim.pending[r][0], r))
+    order is a tie); else, from the earliest one, the last rank along its chain of senders that wait on deliveries
+    themselves (a sender's own delivery decides whether it computes)."""
+    _build_positions(sim)
     memo: dict[int, float] = {}
-    for r in order:
+
+    def safe(r: int) -> bool:
         t, sender = sim.pending[r]
-        if _earliest_start(sim, sender, memo) > max(t, sim.clock[sender]):
+        key = max(t, sim.clock[sender])
+        return _earliest_start(sim, sender, memo) - key > 1e-12 * max(1.0, abs(key))
+
+    first = min(sim.pending, key=lambda r: (sim.pending[r][0], r))
+    if safe(first):
+        return first
+    order = sorted(sim.pending, key=lambda r: (sim.pending[r][0], r))
+    for r in order[1:]:
+        if safe(r):
             return r
     mutual = [r for r in order if sim.pending.get(sim.pending[r][1], (0.0, -1))[1] == r]
-    return mutual[0] if mutual else order[0]
+    if mutual:
+        return mutual[0]
+    r, seen = first, {first}
+    while sim.pending[r][1] in sim.pending and sim.pending[r][1] not in seen:
+        r = sim.pending[r][1]
+        seen.add(r)
+    return r
+
+
+def _build_positions(sim: _Sim) -> None:
+    """Fill `sim.prefix` and `sim.index` once (they depend only on the orders and durations)."""
+    if not sim.index:
+        sim.prefix = [[0.0, *accumulate(sim.durations[a.stage][a.kind] for a in acts)] for acts in sim.order]
+        sim.index = [{a: i for i, a in enumerate(acts)} for acts in sim.order]
 
 
 def _earliest_start(sim: _Sim, rank: int, memo: dict[int, float]) -> float:
@@ -365,8 +385,10 @@ def _producer(a: Action, sim: _Sim) -> Action:
         return Action(s, Kind.I, mb)
     if mb not in sim.fwd_end[s]:
         return Action(s, Kind.F, mb)
-    nxt = [x for x in sim.order[sim.owner[s + 1]] if x.stage == s + 1 and x.microbatch == mb and x.kind in (Kind.B, Kind.I)]
-    return nxt[0] if nxt else Action(s + 1, Kind.B, mb)
+    _build_positions(sim)
+    where = sim.index[sim.owner[s + 1]]
+    found = [(where[x], x) for x in (Action(s + 1, Kind.B, mb), Action(s + 1, Kind.I, mb)) if x in where]
+    return min(found)[1] if found else Action(s + 1, Kind.B, mb)
 
 
 def _deadlock_message(sim: _Sim) -> str:

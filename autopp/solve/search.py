@@ -222,16 +222,15 @@ def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, splits:
 
 #: Plan note when a GPU profile is planned with a link that holds messages while their sender computes.
 GPU_PROGRESS_NOTE = ("the links hold each message up to progress_s while its sender computes, as gloo does on a CPU "
-                     "host (the default link); NCCL between GPUs does not: plan with --progress-delay 0 or a links "
-                     "file measured on the GPUs")
+                     "host (the default link); NCCL between GPUs does not: plan with --progress-delay 0 (with "
+                     "--cluster: progress_s 0 on every link) or a links file measured on the GPUs")
 
 
 def _progress_delays(cluster: Cluster) -> bool:
-    """Whether any link holds messages while their sender computes (`Link.progress_s`). The closed-form estimate
-    leaves these delays out, and they slow schedules with many cross-rank messages most, so the short-list is then
-    twice as long."""
-    links = [cluster.link, *cluster.links, *([cluster.data_link] if cluster.data_link else [])]
-    return any(link.progress_s > 0 for link in links)
+    """Whether any pipeline link holds messages while their sender computes (`Link.progress_s`; `link` also joins
+    ranks whose devices are not adjacent in a cluster file). The closed-form estimate leaves these delays out, and
+    they slow schedules with many cross-rank messages most, so the short-list is then twice as long."""
+    return any(link.progress_s > 0 for link in (cluster.link, *cluster.links))
 
 
 def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recompute: bool) -> float:
