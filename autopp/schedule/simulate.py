@@ -104,7 +104,7 @@ class _Sim:
     forced: bool = False
     """One delivery may treat its unsimulated sender as idle (granted when no rank can move)."""
     prefix: list[list[float]] = field(default_factory=list)
-    """Per rank, the running sum of its actions' durations (built at the first forced delivery)."""
+    """Per rank, the running sum of its actions' durations (built when first needed)."""
     index: list[dict[Action, int]] = field(default_factory=list)
     """Per rank, each action's position in its order (built with `prefix`)."""
 
