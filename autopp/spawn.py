@@ -35,7 +35,8 @@ def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float
         while len(results) < ranks:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AutoppError(f"{what} on {ranks} ranks took over {timeout_s:g} s; stopped")
+                raise AutoppError(f"{what} on {ranks} ranks took over {timeout_s:g} s; stopped (give a longer "
+                                  "--timeout if the machine is busy)")
             try:
                 rank, result, error = queue.get(timeout=min(remaining, 1.0))
             except Exception:

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..links import CalibrationRow
+from ..schedule import parse_action
 from ..spawn import spawn_local
 
 __all__ = ["CalibrationConfig", "default_configs", "run_calibration"]
@@ -78,7 +79,7 @@ def _pipeline_times(rank: int, world: int, config: CalibrationConfig, warmup: in
         if step >= warmup:
             step_times.append(took)
             for a in recorder.actions:
-                actions[a.action[len(str(rank))]].append(a.end_s - a.start_s)
+                actions[parse_action(a.action).kind.value].append(a.end_s - a.start_s)
     return step_times, actions
 
 

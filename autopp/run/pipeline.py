@@ -29,14 +29,13 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import RunError
 from ..modelfile import ModelFile
 from ..plan import Plan
-from ..schedule import SPLIT_BACKWARD as SPLIT_BACKWARD_SCHEDULES
-from ..schedule import Action, ScheduleName, stage_to_rank, to_csv_rows
+from ..schedule import SPLIT_BACKWARD, Action, ScheduleName, stage_to_rank, to_csv_rows
 from ..split import live_values, split_model
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .outputs import model_loss
 from .tied import aliases, canonical_names, shared_params
 
-__all__ = ["CUSTOM", "SCHEDULES", "SINGLE_STAGE", "SPLIT_BACKWARD", "splits_backward", "check_split_backward",
+__all__ = ["CUSTOM", "SCHEDULES", "SINGLE_STAGE", "splits_backward", "check_split_backward",
            "placement", "check_neighbours", "RankStages", "build_stages",
            "checkpointed", "contiguous_sends", "contiguous_metadata", "make_schedule", "custom_schedule",
            "write_order_csv"]
@@ -174,14 +173,11 @@ def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.d
     return stages, {i: r for i, r in relayed.items() if r}
 
 
-#: Names of the schedules that split each backward into an input pass (I) and a weight pass (W).
-SPLIT_BACKWARD = frozenset(name.value for name in SPLIT_BACKWARD_SCHEDULES)
-
 
 def splits_backward(plan: Plan) -> bool:
     """Whether the plan's schedule runs I and W actions (a named zero-bubble schedule, or a custom order with them)."""
     if plan.schedule != CUSTOM:
-        return plan.schedule in SPLIT_BACKWARD
+        return any(plan.schedule == name.value for name in SPLIT_BACKWARD)
     actions = [_parse(a) for row in getattr(plan, "custom_order", ()) for a in row if a]
     return any(a is not None and a.kind.value in ("I", "W") for a in actions)
 

@@ -12,8 +12,7 @@ from .arrays import UnitArrays
 from .dp import Bounds
 
 __all__ = ["Candidate", "Verdict", "stage_costs", "message_overheads", "progress_delays", "comm_times",
-           "allreduce_time", "optimizer_time",
-           "order_peaks", "rank_peak", "named_order", "judge"]
+           "allreduce_time", "optimizer_time", "order_peaks", "rank_peak", "named_order", "judge"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -226,7 +226,7 @@ GPU_PROGRESS_NOTE = ("the links hold each message up to progress_s while its sen
                      "--cluster: progress_s 0 on every link) or a links file measured on the GPUs")
 
 
-def _progress_delays(cluster: Cluster) -> bool:
+def _links_hold_messages(cluster: Cluster) -> bool:
     """Whether any pipeline link holds messages while their sender computes (`Link.progress_s`; `link` also joins
     ranks whose devices are not adjacent in a cluster file). The closed-form estimate leaves these delays out, and
     they slow schedules with many cross-rank messages most, so the short-list is then twice as long."""
@@ -235,7 +235,8 @@ def _progress_delays(cluster: Cluster) -> bool:
 
 def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recompute: bool) -> float:
     owner = stage_to_rank(c.schedule, c.pp, c.v)
-    costs = stage_costs(a, bounds, [req.cluster.device(r).speed for r in owner], message_overheads(req.cluster, owner))
+    speeds = [req.cluster.device(r).speed for r in owner]
+    costs = stage_costs(a, bounds, speeds, message_overheads(req.cluster, owner))
     redo = [x.forward_s if recompute else 0.0 for x in costs]
     split = c.schedule in SPLIT_BACKWARD  # else each backward is one full B: pass it as I, with W = 0
     backward = [(x.backward_input_s, x.backward_weight_s) if split or x.backward_s is None else (x.backward_s, 0.0)
@@ -245,7 +246,6 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recomp
                          [w for _, w in backward],
                          owner, comm_times(a, req.cluster, bounds, owner), c.m)
     grads = max(float(a.grads[i:j].sum()) for i, j in bounds) * c.v
-    speeds = [req.cluster.device(r).speed for r in owner]
     return est + allreduce_time(grads, c.dp, req.cluster) + optimizer_time(a, bounds, owner, speeds)
 
 
@@ -265,7 +265,7 @@ def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[C
     reaches the short-list's worst estimate: nothing left could enter it. With --recompute auto a configuration whose
     plain split does not fit the DP re-enters the queue under its all-recompute bound."""
     modes = {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[req.recompute]
-    keep, splits = req.shortlist * (2 if _progress_delays(req.cluster) else 1), _Splits()
+    keep, splits = req.shortlist * (2 if _links_hold_messages(req.cluster) else 1), _Splits()
     queue = [(lower_bound(arrays(c.b), req, c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
     heapq.heapify(queue)
     short: list[tuple[float, int, _Option]] = []  # (-estimate, -index, option): the worst on top
@@ -395,6 +395,6 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     a = table.arrays(best.candidate.microbatch_size)
     custom = synthesized(a, request.cluster, best, request.synth_time_limit_s) if request.synthesize else None
     notes = [note] if note else []
-    if profile.meta.device.startswith("cuda") and _progress_delays(request.cluster):
+    if profile.meta.device.startswith("cuda") and _links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
     return build_plan(profile, request, best, a, custom, extra=tuple(notes))
