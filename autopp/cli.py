@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from .errors import AutoppError
+from .preflight import check_model_file, check_output_dir, check_output_file
 
 __all__ = ["main"]
 
@@ -61,9 +62,46 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _number(least: float, inclusive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number >= `least` (> `least` unless `inclusive`)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value >= least if inclusive else value > least) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a finite number {'>=' if inclusive else '>'} {least:g}, "
+                                             f"got {text!r}")
+        return value
+    return parse
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
+    check_model_file(args.model)
+    target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / Path(args.model).stem,
+                              "-o" if args.output else None, marker="meta.json", kind="profile")
     from .display import format_profile
-    from .measure import profile_model
+    from .measure import profile_model  # torch: only once the arguments are known to be good
     sizes = [args.microbatch_size] if args.microbatch_size else args.microbatch_sizes
     try:
         profile = profile_model(args.model, microbatch_sizes=sizes, optimizer=args.optimizer, warmup=args.warmup,
@@ -73,7 +111,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise AutoppError(str(exc)) from None
     _end_progress()
-    out = profile.save(args.output or DEFAULT_PROFILE_DIR / Path(args.model).stem)
+    out = profile.save(target)
     print(format_profile(profile))
     for whole in profile.meta.whole_model:
         print(f"microbatch {whole['microbatch_size']}: units sum to {whole['units_s'] * 1e3:.3g} ms, one whole-model "
@@ -88,6 +126,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile_links(args: argparse.Namespace) -> int:
+    check_output_file(args.output, "-o")
     from .links import DEFAULT_MESSAGE_BYTES, measure_links
     sizes = args.message_bytes or list(DEFAULT_MESSAGE_BYTES)
     print(f"profiling links: {args.ranks} ranks, messages of {sizes} bytes"
@@ -118,10 +157,8 @@ def _cmd_profile_links(args: argparse.Namespace) -> int:
 
 
 def _profile_for(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The profile named by --profile, or the model's default profile if it is current, else a fresh one."""
+    """The model's default profile if it is current, else a fresh one (written there)."""
     from .profile import load_profile
-    if args.profile:
-        return load_profile(args.profile)
     from .measure import profile_model
     from .modelfile import discover_units, fingerprint, load_model_file
     mf = load_model_file(args.model)
@@ -172,11 +209,15 @@ def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    if bool(args.model) == bool(args.profile):
+        raise AutoppError("give either MODEL.py or --profile DIR, not both or neither")
+    if args.output:  # before anything is loaded
+        check_output_file(args.output, "-o")
+    if args.model:
+        check_model_file(args.model)
     from .display import format_plan
     from .schedule import ScheduleName
     from .solve import PlanRequest, RecomputeMode, make_plan
-    if bool(args.model) == bool(args.profile):
-        raise AutoppError("give either MODEL.py or --profile DIR, not both or neither")
     try:
         request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch,
                               num_microbatches=args.microbatches,
@@ -187,20 +228,49 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                               synth_time_limit_s=args.synth_time)
     except ValueError as exc:
         raise AutoppError(str(exc)) from None
-    profile = _profile_for(args)
+    given = None
+    if args.profile:
+        from .profile import load_profile
+        given = load_profile(args.profile)
+        stem = Path(given.meta.model_path).stem
+    else:
+        stem = Path(args.model).stem
+        if not (DEFAULT_PROFILE_DIR / stem / "meta.json").is_file():  # it will be profiled and saved there
+            check_output_dir(DEFAULT_PROFILE_DIR / stem, marker="meta.json", kind="profile")
+    out = check_output_file(args.output or f"{stem}.plan.json", "-o" if args.output else None)
+    profile = given or _profile_for(args)
+    pinned = _read_pin(args, profile, request) if args.pin_from else None
     plan = make_plan(profile, request)
-    out = plan.save(args.output or f"{Path(profile.meta.model_path).stem}.plan.json")
+    plan.save(out)
     print(format_plan(plan))
     print(f"\nwrote plan {out}")
+    if pinned is not None:
+        from .export.compare import format_comparison
+        from .solve import evaluate_pinned
+        print(format_comparison(evaluate_pinned(profile, request.cluster, pinned[0]), plan, args.pin_from, pinned[1]))
     return 0
+
+
+def _read_pin(args: argparse.Namespace, profile, request):  # type: ignore[no-untyped-def]
+    """--pin-from: the user's trainer configuration (checked before the search) and notes on how it is judged."""
+    from .export import read_pinned
+    pinned, notes = read_pinned(args.pin_from, profile.meta.unit_names, request.cluster.num_devices)
+    batch = pinned.microbatches * pinned.microbatch_size * pinned.dp
+    if batch != request.global_batch:
+        raise AutoppError(f"{args.pin_from}: its global batch is {batch}, --global-batch is {request.global_batch}; "
+                          f"give --global-batch {batch} so both plans train the same batch")
+    return pinned, notes
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .plan import load_plan
-    from .run import Nodes, RunFailedError, format_report, run_plan
-    from .run.torchrun import format_commands
-    plan = load_plan(args.plan)
+    writes_report = not args.print_torchrun and (args.nnodes is None or args.node_rank == 0)
     out = Path(args.report or Path(args.plan).with_suffix(".report.json"))
+    if writes_report:  # before any rank starts: a bad --report must not cost the run
+        check_output_file(out, "--report" if args.report else None)
+    plan = load_plan(args.plan)
+    from .run import Nodes, RunFailedError, format_report, run_plan  # torch: only once the plan is known to be good
+    from .run.torchrun import format_commands
     nodes = None
     if args.nnodes is not None or args.print_torchrun:
         try:
@@ -220,6 +290,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _end_progress()
         exc.report.save(out)
         print(f"wrote partial report {out}", file=sys.stderr)
+        if exc.logs is not None:
+            print(f"logs of the ranks kept in {exc.logs} (rank*.err: each rank's traceback)", file=sys.stderr)
         raise
     _end_progress()
     if nodes is not None and nodes.node_rank != 0:
@@ -234,20 +306,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _schedule_names():  # type: ignore[no-untyped-def]
-    from .schedule import ScheduleName
-    return list(ScheduleName)
+#: The values of autopp.schedule.ScheduleName, spelt out so that parsing arguments imports neither the schedule
+#: package nor its solver (pandas, OR-Tools: seconds on a loaded machine); tests/test_cli.py checks they agree.
+SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+                  "DualPipeV")
 
 
 def _show_report(path: Path, out: Path) -> int:
     from .plan import load_plan
     from .predict import simulate_plan
     from .run import draw_report, load_report
+    from .run.timeline import measured_headline, predicted_headline
     report = load_report(path)
     plan_path = report.get("plan_path")
     predicted = simulate_plan(load_plan(plan_path)) if plan_path and Path(plan_path).is_file() else None
     draw_report(report, predicted, out)
-    print(f"wrote measured{' and predicted' if predicted else ''} timelines {out}")
+    figures = f"measured {measured_headline(report)}" + (
+        f"; predicted {predicted_headline(report, predicted)}" if predicted else "")
+    print(f"wrote measured{' and predicted' if predicted else ''} timelines {out} ({figures})")
     if predicted is None:
         print(f"(plan {plan_path} not found: measured timeline only)", file=sys.stderr)
     return 0
@@ -255,9 +331,7 @@ def _show_report(path: Path, out: Path) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     import json
-    from .plan import Plan
-    from .predict import simulate_plan
-    from .schedule import draw_timeline, write_chrome_trace
+    from .plan import load_plan
     path = Path(args.file)
     try:
         data = json.loads(path.read_text())
@@ -265,19 +339,58 @@ def _cmd_show(args: argparse.Namespace) -> int:
         raise AutoppError(f"{path}: no such plan or report file") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise AutoppError(f"{path}: not a plan or run report JSON: {exc}") from None
-    out = Path(args.output or path.with_suffix(".png"))
+    out = check_output_file(args.output or path.with_suffix(".png"), "-o" if args.output else None)
+    if args.trace:
+        check_output_file(args.trace, "--trace")
     if isinstance(data, dict) and "grad_rtol" in data:
         return _show_report(path, out)
-    plan = Plan.from_json(data, str(path))
+    plan = load_plan(path)
+    from .display import format_predicted_step
+    from .predict import simulate_plan
+    from .schedule import draw_timeline, write_chrome_trace
     result = simulate_plan(plan)
     title = (f"{Path(plan.model_path).name}: {plan.schedule}, pp {plan.pp} x dp {plan.dp}, "
              f"{plan.num_microbatches} microbatches of {plan.microbatch_size} (simulated)")
-    draw_timeline(result, out, title=title)
-    print(f"wrote timeline {out} (step {result.step_time_s * 1e3:.3g} ms, "
-          f"bubble {sum(result.bubble_fraction) / len(result.bubble_fraction):.1%})")
+    headline = format_predicted_step(plan, result.step_time_s)  # the plan's stored figures, as `autopp plan` prints
+    draw_timeline(result, out, title=title, headline=headline)
+    print(f"wrote timeline {out} ({headline})")
     if args.trace:
         write_chrome_trace(result, args.trace)
         print(f"wrote trace {args.trace} (open in chrome://tracing or ui.perfetto.dev)")
+    return 0
+
+
+def _unit_modules(args: argparse.Namespace, plan) -> list[list[str]] | None:  # type: ignore[no-untyped-def]
+    """Each unit's module names from --profile, or from the model's default profile when its fingerprint matches."""
+    from .profile import load_profile
+    path = Path(args.profile) if args.profile else DEFAULT_PROFILE_DIR / Path(plan.model_path).stem
+    if not args.profile and not (path / "meta.json").is_file():
+        return None
+    profile = load_profile(path)
+    if profile.meta.fingerprint != plan.fingerprint:
+        raise AutoppError(f"{path}: profile fingerprint {profile.meta.fingerprint} is not the plan's "
+                          f"({plan.fingerprint}); give --profile DIR, the profile the plan was made from")
+    units = profile.units.drop_duplicates("unit").sort_values("unit")
+    return [str(m).split() for m in units["modules"]]
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import Target, default_output, export_plan, rename_modules, write_export
+    from .plan import load_plan
+    renames = [tuple(r.split("=", 1)) for r in args.rename]
+    if any(len(r) != 2 or not r[0] for r in renames):
+        raise AutoppError(f"--rename takes OLD=NEW, got {args.rename}")
+    target = Target(args.to)
+    out = check_output_file(args.output or default_output(args.plan, target), "-o" if args.output else None)
+    plan = load_plan(args.plan)
+    modules = _unit_modules(args, plan) if target is Target.TORCHTITAN else None
+    if modules is not None:
+        modules = rename_modules(modules, renames)  # type: ignore[arg-type]
+    exported = export_plan(plan, target, out, modules, where=args.plan)
+    for path in write_export(exported, out):
+        print(f"wrote {path}")
+    for note in exported.notes:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
@@ -301,13 +414,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatch-size", type=_positive, help="measure this one size only")
     p.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default="sgd")
     p.add_argument("--repeats", type=_positive, default=5, help="timed runs per unit (median is kept)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    p.add_argument("--warmup", type=_count, default=2, help="untimed runs first")
     p.add_argument("--threads", type=_positive, default=1, help="torch threads while measuring (default 1)")
-    p.add_argument("--time-budget", type=float, metavar="S",
+    p.add_argument("--time-budget", type=_positive_seconds, metavar="S",
                    help="stop timing after S seconds per unit even if fewer than --repeats runs were made")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="parameter and activation dtype (bfloat16: mixed precision, fp32 master copy counted)")
-    p.add_argument("--co-runners", type=int, default=0, metavar="N",
+    p.add_argument("--co-runners", type=_count, default=0, metavar="N",
                    help="processes training the model beside the timing, as the other ranks of a CPU host do "
                         "(use ranks per host - 1 when CPU ranks share a host; default 0)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="measure on this device (default cpu)")
@@ -319,7 +432,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=_positive, default=2, help="processes to start (default 2)")
     p.add_argument("--message-bytes", type=_sizes, metavar="N,N,...", help="message sizes in bytes")
     p.add_argument("--repeats", type=_positive, default=10, help="timed round trips per size (median is kept)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds before the ranks are stopped")
+    p.add_argument("--timeout", type=_positive_seconds, default=120.0, help="seconds before the ranks are stopped")
     p.add_argument("--no-calibrate", action="store_true",
                    help="CPU: skip fitting the per-message overhead and progress delay on synthetic pipelines")
     p.add_argument("-o", "--output", default="profiles/links.json", help="links JSON (default profiles/links.json)")
@@ -334,35 +447,41 @@ def _parser() -> argparse.ArgumentParser:
                                      "(docs/cluster-format.md); replaces --devices/--memory/--latency/--bandwidth")
     p.add_argument("--global-batch", type=_positive, default=8, help="samples per step (default 8)")
     p.add_argument("--microbatches", type=_positive, help="pin the microbatch count per replica")
-    p.add_argument("--schedule", default="1F1B", choices=["auto", *(s.value for s in _schedule_names())],
+    p.add_argument("--schedule", default="1F1B", choices=["auto", *SCHEDULE_NAMES],
                    help="pipeline schedule (default 1F1B, which `autopp run` executes; auto searches all)")
     p.add_argument("--pp", type=_positive, help="pin the pipeline ranks (default devices / dp)")
     p.add_argument("--dp", type=_auto_int, help="data-parallel replicas, or auto (default 1, or devices / pp)")
     p.add_argument("--synthesize", action="store_true",
                    help="also try a CP-SAT-synthesized F/I/W order for the chosen split (always on with auto)")
-    p.add_argument("--synth-time", type=float, default=10.0, metavar="S", help="CP-SAT time limit (default 10 s)")
+    p.add_argument("--synth-time", type=_positive_seconds, default=10.0, metavar="S", help="CP-SAT time limit (default 10 s)")
     p.add_argument("--links", help="links JSON from `autopp profile-links` (default: assumed loopback gloo)")
     p.add_argument("--virtual-stages", type=_positive, help="stages per rank for interleaved schedules")
     p.add_argument("--recompute", choices=["none", "all", "auto"], default="none",
                    help="activation recomputation (default none; auto: only where memory needs it)")
-    p.add_argument("--latency", type=float, help="link latency in seconds (default: assumed loopback gloo)")
-    p.add_argument("--bandwidth", type=float, help="link bandwidth in bytes/s")
-    p.add_argument("--message-overhead", type=float, metavar="S",
+    p.add_argument("--latency", type=_number(0, inclusive=True), help="link latency in seconds (default: assumed loopback gloo)")
+    p.add_argument("--bandwidth", type=_number(0, inclusive=False), help="link bandwidth in bytes/s")
+    p.add_argument("--message-overhead", type=_number(0, inclusive=True), metavar="S",
                    help="time a rank is kept busy per message to or from another rank, besides waiting (default: "
                         f"the --links file's, else assumed for torch's schedules over gloo on CPU, "
                         f"{DEFAULT_LINK.overhead_s:g})")
-    p.add_argument("--progress-delay", type=float, metavar="S",
+    p.add_argument("--progress-delay", type=_number(0, inclusive=True), metavar="S",
                    help="longest a message waits for its sender to stop computing (default: the --links file's, "
                         f"else assumed for gloo on a CPU host whose cores all run ranks, {DEFAULT_LINK.progress_s:g}; "
                         "0 where messages move on their own, as with NCCL)")
     p.add_argument("-o", "--output", help="plan JSON path (default MODEL.plan.json)")
+    p.add_argument("--pin-from", metavar="FILE",
+                   help="also judge the configuration you run today (torchtitan overrides or .toml, Megatron-LM "
+                        "arguments; docs/export.md) and print it beside autopp's plan")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("run", help="execute a plan with torch.distributed.pipelining and validate it")
     p.add_argument("plan", help="plan JSON")
     p.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before the run is stopped (default 300)")
+    p.add_argument("--timeout", type=_positive_seconds, default=300.0,
+                   help="seconds before the run is stopped (default 300)")
     p.add_argument("--report", help="run report JSON path (default PLAN.report.json)")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="also log every rank's own lines (stages built, relays, each rank's steps)")
     p.add_argument("--nnodes", type=_positive, help="run through torchrun on this many machines (docs/launch.md)")
     p.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nnodes-1 (default 0)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0, reachable from every node")
@@ -377,6 +496,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="PNG path (default PLAN.png)")
     p.add_argument("--trace", help="also write a Chrome/Perfetto trace JSON here")
     p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser("export", help="write a plan for torchtitan, Megatron-LM, DeepSpeed or torch's schedule CSV")
+    p.add_argument("plan", help="plan JSON")
+    p.add_argument("--to", required=True, choices=["torchtitan", "megatron", "deepspeed", "torch-csv"],
+                   help="the trainer (docs/export.md says what maps to what)")
+    p.add_argument("--profile", help="the profile the plan was made from (torchtitan needs its module names; "
+                                     "default profiles/MODEL if its fingerprint matches)")
+    p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                   help="rename profiled modules to the trainer's (prefix; empty NEW drops the module), repeatable")
+    p.add_argument("-o", "--output", help="output file (default PLAN.torchtitan.args, .megatron.args, "
+                                          ".deepspeed.json or .schedule.csv beside the plan)")
+    p.set_defaults(func=_cmd_export)
     return parser
 
 

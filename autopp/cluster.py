@@ -137,11 +137,17 @@ def _link(d: dict[str, Any], where: str) -> Link:
 
 
 def _device(d: dict[str, Any], where: str) -> Device:
+    if not isinstance(d, dict) or any(isinstance(v, bool) for v in d.values()):
+        raise AutoppError(f"{where}: bad device {d!r}: expected an object with \"memory\" (and \"speed\")")
     try:
         mem = d["memory"]
         return Device(memory_bytes=parse_size(mem) if isinstance(mem, str) else int(mem), speed=float(d.get("speed", 1.0)))
     except (KeyError, TypeError, ValueError) as exc:
         raise AutoppError(f"{where}: bad device {d!r}: {exc}") from None
+
+
+#: Keys of a cluster file.
+_KEYS = {"devices", "link", "links", "data_link"}
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -153,10 +159,18 @@ def load_cluster(path: str | Path) -> Cluster:
         raise AutoppError(f"{p}: cannot read cluster file: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise AutoppError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-    if not isinstance(data, dict) or not data.get("devices"):
+    if not isinstance(data, dict) or not isinstance(data.get("devices"), list) or not data["devices"]:
         raise AutoppError(f"{p}: a cluster file needs a non-empty \"devices\" list")
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise AutoppError(f"{p}: unknown key {unknown[0]!r}; a cluster file has {sorted(_KEYS)} "
+                          "(docs/cluster-format.md)")
     devices = tuple(_device(d, f"{p}: devices[{i}]") for i, d in enumerate(data["devices"]))
     link = _link(data["link"], f"{p}: link") if "link" in data else DEFAULT_LINK
+    if "links" in data and (not isinstance(data["links"], list) or len(data["links"]) != len(devices) - 1):
+        given = len(data["links"]) if isinstance(data["links"], list) else type(data["links"]).__name__
+        raise AutoppError(f"{p}: \"links\" must list the {len(devices) - 1} links between neighbouring devices "
+                          f"(links[i] joins devices i and i + 1), got {given}; leave it out to use \"link\" for all")
     links = tuple(_link(d, f"{p}: links[{i}]") for i, d in enumerate(data.get("links", [])))
     data_link = _link(data["data_link"], f"{p}: data_link") if "data_link" in data else None
     try:

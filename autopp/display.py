@@ -6,7 +6,7 @@ from .plan import Plan, Prediction
 from .profile import Profile
 from .sizes import format_size, format_time
 
-__all__ = ["format_profile", "format_plan"]
+__all__ = ["format_profile", "format_plan", "format_predicted_step"]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -31,6 +31,16 @@ def _summary(name: str, pred: Prediction) -> list[str]:
 
 def _count(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def format_predicted_step(plan: Plan, pipeline_s: float | None = None) -> str:
+    """The plan's stored prediction as every view prints it (the plan table, `autopp show` and its PNG): step time
+    and bubble. With `pipeline_s` (the simulated pipeline a timeline draws), also what the step adds to it."""
+    p = plan.predicted
+    parts = [f"{name} {format_time(s)}" for name, s in (("optimizer", p.optimizer_s), ("all-reduce", p.allreduce_s))
+             if s > 0]
+    split = f" (pipeline {format_time(pipeline_s)} + {' + '.join(parts)})" if pipeline_s is not None and parts else ""
+    return f"step {format_time(p.step_time_s)}{split}, bubble {p.bubble_fraction:.1%}"
 
 
 def format_plan(plan: Plan) -> str:

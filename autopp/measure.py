@@ -23,7 +23,7 @@ from .profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from .split import (LiveValue, live_values, output_spec, rebuild_output, source_piece, split_model, tied_groups,
                     walk_split_graph)
 
-__all__ = ["OPTIMIZER_STATES", "DTYPES", "profile_model", "tensors_in", "storage_bytes"]
+__all__ = ["OPTIMIZER_STATES", "DTYPES", "Clock", "profile_model", "tensors_in", "storage_bytes"]
 
 #: Optimizer state kept per parameter, in multiples of the parameter's element count (fp32 states).
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
@@ -80,23 +80,31 @@ def _saved_bytes(run: Callable[[], Any], params: set[int]) -> int:
     return storage_bytes(saved, exclude=params)
 
 
+Clock = Callable[[], float]
+"""Seconds from an arbitrary origin (time.perf_counter; tests inject a fake one that the model advances)."""
+
+
 @dataclass
 class _Clock:
-    """Times a call: wall clock on CPU; CUDA events (and a synchronize) on a GPU."""
+    """Times a call: with `now` (the wall clock by default) on CPU; CUDA events (and a synchronize) on a GPU unless
+    a clock was injected."""
 
     device: torch.device
+    now: Clock | None = None
+    """An injected clock; None: time.perf_counter, or CUDA events on a GPU."""
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, float]:
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.now is None:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             result = fn()
             end.record()
             torch.cuda.synchronize(self.device)
             return result, start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
+        now = self.now or time.perf_counter
+        t0 = now()
         result = fn()
-        return result, time.perf_counter() - t0
+        return result, now() - t0
 
 
 @dataclass(frozen=True)
@@ -106,14 +114,16 @@ class _Budget:
     warmup: int
     repeats: int
     seconds: float | None = None
+    now: Clock = time.perf_counter
+    """The clock that `seconds` is measured on (the timings' clock)."""
 
     def runs(self) -> Iterable[bool]:
         """Yields True for each timed run, False for each warm-up run."""
         for _ in range(self.warmup):
             yield False
-        start = time.perf_counter()
+        start = self.now()
         for i in range(self.repeats):
-            if i and self.seconds is not None and time.perf_counter() - start >= self.seconds:
+            if i and self.seconds is not None and self.now() - start >= self.seconds:
                 return
             yield True
 
@@ -305,7 +315,8 @@ def _measure_size(mf: ModelFile, model: nn.Module, units: list[Unit], b: int, se
     budget = settings.budget
     runs = budget.warmup + budget.repeats
     # The time budget is per unit; a run times every unit.
-    per_run = _Budget(budget.warmup, budget.repeats, None if budget.seconds is None else budget.seconds * len(pieces))
+    per_run = _Budget(budget.warmup, budget.repeats, None if budget.seconds is None else budget.seconds * len(pieces),
+                      budget.now)
     samples = _time_pieces(pieces, per_run, settings.clock, lambda r: settings.progress(
         _bar(r, runs, f"microbatch {b}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)")))
     for row, piece_samples in zip(rows, samples):
@@ -391,7 +402,7 @@ def _live_meta(live: list[LiveValue], bytes_by_size: dict[int, dict[str, int]]) 
     for v in live:
         action = "recompute" if v.recomputable else ("relay" if v.relayed_over else "send")
         out.append({"name": v.name, "src": v.src, "dsts": list(v.dsts), "action": action,
-                    "relayed_over": list(v.relayed_over),
+                    "relayed_over": list(v.relayed_over), "needs_grad": v.needs_grad, "reads": list(v.reads),
                     "bytes": {str(b): sizes.get(v.name, 0) for b, sizes in sorted(bytes_by_size.items())}})
     return out
 
@@ -399,12 +410,13 @@ def _live_meta(live: list[LiveValue], bytes_by_size: dict[int, dict[str, int]]) 
 def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), optimizer: str = "sgd",
                   warmup: int = 2, repeats: int = 5, threads: int = 1,
                   progress: Progress = lambda _msg: None, time_budget_s: float | None = None,
-                  dtype: str = "float32", device: str = "cpu", compare_whole: bool = True, co_runners: int = 0
-                  ) -> Profile:
+                  dtype: str = "float32", device: str = "cpu", compare_whole: bool = True, co_runners: int = 0,
+                  clock: Clock | None = None) -> Profile:
     """Profile the model file at `path`: per-unit medians of up to `repeats` timed runs after `warmup` (stopping
     early once `time_budget_s` is spent on a unit), then one whole-model step to check the units add up. With
     `co_runners`, that many processes train the model beside every timing (autopp.corun): the other pipeline ranks
-    of a CPU host, which share its memory bus and caches."""
+    of a CPU host, which share its memory bus and caches. Every time (and the time budget) is read from `clock`
+    (default: time.perf_counter on CPU, CUDA events on a GPU); tests pass a fake clock to get exact times."""
     sizes = sorted(set(int(b) for b in microbatch_sizes))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"microbatch sizes must be positive integers, got {sizes}")
@@ -427,8 +439,8 @@ def profile_model(path: str | Path, microbatch_sizes: Iterable[int] = (1, 4), op
         raise mf.error(f"found {len(units)} unit(s); a pipeline needs >= 2: define SPLIT_POINTS (see README.md)")
     model_fingerprint = fingerprint(model, units)
     model = model.to(dev, DTYPES[dtype])
-    settings = _Settings(optimizer, DTYPES[dtype], _Budget(warmup, repeats, time_budget_s), _Clock(dev), progress,
-                         co_runners=co_runners)
+    budget = _Budget(warmup, repeats, time_budget_s, clock or time.perf_counter)
+    settings = _Settings(optimizer, DTYPES[dtype], budget, _Clock(dev, clock), progress, co_runners=co_runners)
     rows: list[dict[str, Any]] = []
     edge_rows: list[dict[str, Any]] = []
     value_bytes: dict[int, dict[str, int]] = {}

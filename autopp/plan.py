@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import PlanError
+from .errors import PlanError, ScheduleError
 from .jsonio import write_json
+from .relpaths import resolved_path, stored_path
 
 __all__ = ["PLAN_VERSION", "StagePlan", "Prediction", "Plan", "load_plan"]
 
@@ -145,8 +146,9 @@ class Plan:
         return {"version": data.pop("version"), **data}
 
     def save(self, path: str | Path) -> Path:
-        """Write plan JSON atomically: a reader never sees a half-written file."""
-        return write_json(path, self.to_json())
+        """Write plan JSON atomically: a reader never sees a half-written file. `model_path` is stored relative to
+        the plan file's directory (docs/plan-format.md)."""
+        return write_json(path, {**self.to_json(), "model_path": stored_path(self.model_path, Path(path).parent)})
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str = "plan") -> Plan:
@@ -159,13 +161,16 @@ class Plan:
         for i, s in enumerate(data["stages"]):
             _require(s, StagePlan, f"{where}: stage {i}")
         _require(data["predicted"], Prediction, f"{where}: predicted")
+        _check_fields(data, where)
         try:
             stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"])})
                            for s in data["stages"])
-            return Plan(**{**data, "stages": stages, "predicted": _prediction(data["predicted"]),
+            plan = Plan(**{**data, "stages": stages, "predicted": _prediction(data["predicted"]),
                            "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
                            "notes": tuple(data.get("notes", ())),
                            "custom_order": tuple(tuple(r) for r in data.get("custom_order", ()))})
+            _check_consistent(plan)
+            return plan
         except PlanError as exc:
             raise PlanError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
@@ -186,18 +191,159 @@ def _require(data: Any, cls: type, where: str) -> None:
         raise PlanError(f"{where}: unknown field {unknown[0]!r}")
 
 
+#: Integer fields of a plan and their least values (pp 0: num_ranks // dp, in files that predate the field).
+_PLAN_INTS = {"num_ranks": 1, "num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0,
+              "pp": 0, "dp": 1, "virtual_stages": 1}
+_STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
+_PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
+#: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
+_SEED_LIMIT = 2**63
+
+
+def _int(value: Any, name: str, least: int, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise PlanError(f"{where}: field {name!r} must be an integer >= {least}, got {value!r}")
+
+
+def _number(value: Any, name: str, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise PlanError(f"{where}: field {name!r} must be a finite number >= 0, got {value!r}")
+
+
+def _strings(value: Any, name: str, where: str, empty_ok: bool = True) -> None:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) and (empty_ok or x) for x in value):
+        raise PlanError(f"{where}: field {name!r} must be a list of {'' if empty_ok else 'non-empty '}strings, "
+                        f"got {value!r}")
+
+
+def _check_prediction(d: Any, where: str) -> None:
+    _require(d, Prediction, where)
+    for name in _PREDICTION_NUMBERS:
+        if name in d:
+            _number(d[name], name, where)
+    bubble = d["bubble_fraction"]  # may be -1e-16 by rounding
+    if isinstance(bubble, bool) or not isinstance(bubble, (int, float)) or not -1e-9 <= bubble <= 1:
+        raise PlanError(f"{where}: field 'bubble_fraction' must be a number in [0, 1], got {bubble!r}")
+    peaks = d["peak_memory_bytes"]
+    if not isinstance(peaks, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                               for x in peaks):
+        raise PlanError(f"{where}: field 'peak_memory_bytes' must be a list of integers >= 0, got {peaks!r}")
+    units = d.get("stage_units", [])
+    if not isinstance(units, (list, tuple)) or not all(_is_span(u) for u in units):
+        raise PlanError(f"{where}: field 'stage_units' must be a list of [first, end] unit ranges")
+
+
+def _is_span(u: Any) -> bool:
+    return (isinstance(u, (list, tuple)) and len(u) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in u)
+            and 0 <= u[0] < u[1])
+
+
+def _check_stage(s: dict[str, Any], i: int, where: str) -> None:
+    at = f"{where}: stage {i}"
+    for name, least in _STAGE_INTS.items():
+        if name in s:
+            _int(s[name], name, least, at)
+    if s["index"] != i:
+        raise PlanError(f"{at}: field 'index' is {s['index']!r}; stages must be listed in order, index 0, 1, ...")
+    if not _is_span(s["units"]):
+        raise PlanError(f"{at}: field 'units' must be [first, end] with 0 <= first < end, got {s['units']!r}")
+    _strings(s["unit_names"], "unit_names", at)
+    if len(s["unit_names"]) != s["units"][1] - s["units"][0]:
+        raise PlanError(f"{at}: {len(s['unit_names'])} unit_names for units {s['units']}")
+    if s["split_point"] is not None and not (isinstance(s["split_point"], str) and s["split_point"]):
+        raise PlanError(f"{at}: field 'split_point' must be a module name or null, got {s['split_point']!r}")
+    if not isinstance(s.get("recompute", False), bool):
+        raise PlanError(f"{at}: field 'recompute' must be true or false, got {s['recompute']!r}")
+
+
+def _check_fields(data: dict[str, Any], where: str) -> None:
+    """Type and range of every field, before any dataclass is built: a PlanError naming the file and the field."""
+    for name in ("model_path", "fingerprint", "schedule"):
+        if not isinstance(data[name], str) or not data[name]:
+            raise PlanError(f"{where}: field {name!r} must be a non-empty string, got {data[name]!r}")
+    for name, least in _PLAN_INTS.items():
+        if name in data:
+            _int(data[name], name, least, where)
+    if data.get("seed", 0) >= _SEED_LIMIT:
+        raise PlanError(f"{where}: field 'seed' must be below 2**63, got {data['seed']!r}")
+    _number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s", where)
+    _strings(data.get("notes", []), "notes", where)
+    order = data.get("custom_order", [])
+    if not isinstance(order, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in order):
+        raise PlanError(f"{where}: field 'custom_order' must be a list of per-rank lists of actions like \"0F0\"")
+    for r, row in enumerate(order):
+        _strings(row, f"custom_order[{r}]", where, empty_ok=False)
+    for i, s in enumerate(data["stages"]):
+        _check_stage(s, i, where)
+    _check_prediction(data["predicted"], f"{where}: predicted")
+    if not isinstance(data.get("baselines", {}), dict):
+        raise PlanError(f"{where}: field 'baselines' must be an object of named predictions")
+    for k, v in data.get("baselines", {}).items():
+        _check_prediction(v, f"{where}: baselines.{k}")
+
+
+def _check_consistent(plan: Plan) -> None:
+    """The schedule, stage count and microbatch count agree with each other and with the plan's own prediction."""
+    from .schedule import ScheduleName, validate  # here, not on import: it brings pandas and OR-Tools
+    names = [n.value for n in ScheduleName]
+    if plan.schedule != "Custom" and plan.schedule not in names:
+        raise PlanError(f"field 'schedule' is {plan.schedule!r}; expected one of {names} or 'Custom'")
+    if plan.schedule != "Custom" and len(plan.stages) != plan.pp * plan.virtual_stages:  # Custom: any placement
+        raise PlanError(f"{len(plan.stages)} stages for pp {plan.pp} x virtual_stages {plan.virtual_stages} "
+                        f"(= {plan.pp * plan.virtual_stages})")
+    if plan.schedule == "Custom":
+        if len(plan.custom_order) != plan.pp:
+            raise PlanError(f"schedule 'Custom' needs custom_order with one row per pipeline rank ({plan.pp}), "
+                            f"got {len(plan.custom_order)}")
+    else:
+        try:
+            validate(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, plan.virtual_stages)
+        except ScheduleError as exc:
+            raise PlanError(f"field 'num_microbatches': {exc}; re-plan with `autopp plan ... --microbatches M`") \
+                from None
+    _check_step_time(plan)
+
+
+def _check_step_time(plan: Plan) -> None:
+    """Every rank runs each of its stages' forward and backward once per microbatch, so the predicted step cannot be
+    shorter than num_microbatches x the busiest rank's per-microbatch work. A file edited by hand (a microbatch
+    count changed after planning) breaks that; its ranks would run for as long as the count says. Checked on plans
+    the planner made (ideal_step_time_s > 0); hand-built plans without one are taken as they are."""
+    if plan.ideal_step_time_s <= 0:
+        return
+    work: dict[int, float] = {}
+    for s in plan.stages:
+        split = (s.backward_input_s or 0.0) + (s.backward_weight_s or 0.0)
+        backward = min(s.backward_s, split) if s.backward_input_s is not None else s.backward_s
+        work[s.rank] = work.get(s.rank, 0.0) + s.forward_s + backward
+    rank, per_mb = max(work.items(), key=lambda kv: kv[1])
+    least = plan.num_microbatches * per_mb
+    if least > plan.predicted.step_time_s * (1 + 1e-6) + 1e-12:
+        raise PlanError(f"field 'num_microbatches' is {plan.num_microbatches}, but {plan.num_microbatches} "
+                        f"microbatches of rank {rank}'s stages take at least {least:.3g} s, and the plan predicts a "
+                        f"{plan.predicted.step_time_s:.3g} s step, which fits at most "
+                        f"{int(plan.predicted.step_time_s / per_mb)}: the file was edited after planning; re-plan "
+                        "with `autopp plan ... --microbatches M` instead")
+
+
 def _prediction(d: dict[str, Any]) -> Prediction:
     return Prediction(**{**d, "peak_memory_bytes": tuple(d["peak_memory_bytes"]),
                          "stage_units": tuple(tuple(u) for u in d.get("stage_units", ()))})
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read and check a plan JSON file."""
+    """Read and check a plan JSON file; its `model_path` comes back absolute (a relative one is taken from the plan
+    file's directory)."""
     p = Path(path)
+    if p.is_dir():
+        raise PlanError(f"{p}: is a directory; give a plan JSON file")
     if not p.is_file():
         raise PlanError(f"{p}: no such plan file; create one with `autopp plan MODEL.py --devices N --memory SIZE`")
     try:
         data = json.loads(p.read_text())
     except json.JSONDecodeError as exc:
         raise PlanError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
-    return Plan.from_json(data, str(p))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{p}: cannot read plan file: {exc}") from None
+    plan = Plan.from_json(data, str(p))
+    return replace(plan, model_path=resolved_path(plan.model_path, p.parent))  # stored relative to the plan's dir

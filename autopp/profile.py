@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pandas as pd
 
 from .errors import ProfileError
 from .jsonio import shared_mode
+from .relpaths import resolved_path, stored_path
 
 __all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "EDGE_COLUMNS", "ProfileMeta", "Profile", "UnitCost", "load_profile"]
 
@@ -78,7 +79,8 @@ class ProfileMeta:
     """Per microbatch size: `whole_s` (one unsplit forward + loss + backward), `units_s` (sum of the units' forward
     and backward medians) and `gap` (units_s / whole_s - 1)."""
     live_values: tuple[dict[str, Any], ...] = ()
-    """Values read by a later unit: name, src, dsts, action (send / relay / recompute), relayed_over, bytes by size."""
+    """Values read by a later unit: name, src, dsts, action (send / relay / recompute), relayed_over, needs_grad,
+    reads, bytes by size."""
     tied_parameters: tuple[dict[str, Any], ...] = ()
     """Parameters shared between units: names, units, bytes (held once in the model, a copy per unit when cut)."""
     co_runners: int = 0
@@ -93,15 +95,33 @@ class ProfileMeta:
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str) -> ProfileMeta:
+        if not isinstance(data, dict):
+            raise ProfileError(f"{where}: expected a JSON object, got {type(data).__name__}: {_REPROFILE}")
         if data.get("version") != PROFILE_VERSION:
             raise ProfileError(f"{where}: profile version {data.get('version')!r} is not {PROFILE_VERSION}")
         try:
             meta = ProfileMeta(**data)
         except TypeError as exc:
             raise ProfileError(f"{where}: bad metadata: {exc}") from exc
+        _check_meta_types(data, where)
         tuples = {k: tuple(getattr(meta, k)) for k in ("unit_names", "split_points", "microbatch_sizes", "whole_model",
                                                        "live_values", "tied_parameters")}
         return ProfileMeta(**{**asdict(meta), **tuples})
+
+
+def _check_meta_types(data: dict[str, Any], where: str) -> None:
+    """The fields that the planner reads, typed: strings, lists of names, positive sizes."""
+    for name in ("model_path", "fingerprint"):
+        if not isinstance(data[name], str) or not data[name]:
+            raise ProfileError(f"{where}: field {name!r} must be a non-empty string, got {data[name]!r}")
+    for name in ("unit_names", "split_points"):
+        if not isinstance(data[name], list) or not all(isinstance(x, str) for x in data[name]):
+            raise ProfileError(f"{where}: field {name!r} must be a list of module names, got {data[name]!r}")
+    sizes = data["microbatch_sizes"]
+    if not isinstance(sizes, list) or not sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                                                          for b in sizes):
+        raise ProfileError(f"{where}: field 'microbatch_sizes' must be a non-empty list of integers >= 1, got "
+                           f"{sizes!r}")
 
 
 @dataclass(frozen=True)
@@ -192,7 +212,9 @@ class Profile:
                         tied_param_bytes=int(first.tied_param_bytes))
 
     def save(self, directory: str | Path) -> Path:
-        """Write the four files into `directory` atomically (a temporary sibling renamed into place)."""
+        """Write the four files into `directory` atomically: into a temporary sibling, then swapped into place by
+        `_swap_in` (a complete profile stays on disk at every moment). `model_path` is stored relative to
+        `directory` (docs/profile-format.md)."""
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or (target / "meta.json").is_file())):
@@ -200,18 +222,39 @@ class Profile:
                                "give a new directory or an existing profile's")
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         shared_mode(tmp, directory=True)
+        meta = {**self.meta.to_json(), "model_path": stored_path(self.meta.model_path, target)}
         try:
             self.units.to_csv(tmp / "units.csv", index=False)
             self.edges.to_csv(tmp / "edges.csv", index=False)
-            (tmp / "meta.json").write_text(json.dumps(self.meta.to_json(), indent=2, sort_keys=True) + "\n")
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
             (tmp / "graph.json").write_text(json.dumps(nx.node_link_data(self.graph(), edges="edges"), sort_keys=True) + "\n")
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
+            _swap_in(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return target
+
+
+#: Name prefix of a replaced profile while its successor is renamed into place (see `_swap_in`).
+ASIDE_PREFIX = ".old."
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Move the complete directory `new` to `target`, replacing a profile there without a moment when neither is
+    on disk: (1) rename the old profile aside (`.old.NAME.*`), (2) rename `new` into place, (3) delete the old one.
+    A failure in (2) renames the old one back; a kill between (1) and (2) leaves it aside, where `load_profile`'s
+    error points to it. Each rename is atomic (same directory)."""
+    if not target.exists():
+        os.replace(new, target)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f"{ASIDE_PREFIX}{target.name}.", dir=target.parent))
+    os.replace(target, aside)  # (1) onto the empty directory just made: POSIX rename replaces an empty directory
+    try:
+        os.replace(new, target)  # (2)
+    except BaseException:
+        os.replace(aside, target)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)  # (3)
 
 
 def _interp(xs: list[int], ys: list[float], x: float) -> float:
@@ -222,6 +265,30 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
         i += 1
     x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+_REPROFILE = "re-profile with `autopp profile MODEL.py`"
+
+
+def _read_meta(path: Path) -> ProfileMeta:
+    """meta.json as ProfileMeta; a ProfileError naming the file (and line) when it is not readable JSON."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}): {_REPROFILE}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: cannot read: {exc}") from None
+    return ProfileMeta.from_json(data, str(path))
+
+
+def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
+    """A profile table; a ProfileError naming the file when it is missing or not CSV."""
+    try:
+        return pd.read_csv(path, **kwargs)
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: missing from the profile directory: {_REPROFILE}") from None
+    except (OSError, ValueError) as exc:  # pandas' EmptyDataError and ParserError are ValueErrors
+        raise ProfileError(f"{path}: cannot read ({str(exc).strip().splitlines()[0]}): {_REPROFILE}") from None
 
 
 def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where: str) -> None:
@@ -235,16 +302,21 @@ def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where
             bad = values.isna() | ~np.isfinite(values.fillna(0.0).to_numpy(dtype=float))
             if bad.any():
                 row = int(bad.to_numpy().nonzero()[0][0])
-                raise ProfileError(f"{where}/{name}: column {c} row {row + 1}: {table[c].iloc[row]!r} is not a "
-                                   "finite number")
+                raw = table[c].iloc[row]
+                shown = "an empty cell" if pd.isna(raw) else repr(str(raw))
+                raise ProfileError(f"{where}/{name}: line {row + 2}, column {c}: {shown} is not a finite number; the "
+                                   f"file is damaged or cut short: {_REPROFILE}")
             if c != "src" and (values < 0).any():
-                raise ProfileError(f"{where}/{name}: column {c} has negative values")
+                row = int((values < 0).to_numpy().nonzero()[0][0])
+                raise ProfileError(f"{where}/{name}: line {row + 2}, column {c}: {table[c].iloc[row]} is negative; "
+                                   f"{_REPROFILE}")
     n = len(meta.unit_names)
     expected = {(u, b) for u in range(n) for b in meta.microbatch_sizes}
     got = [(int(u), int(b)) for u, b in zip(units.unit, units.microbatch_size)]
     if sorted(got) != sorted(expected):
-        raise ProfileError(f"{where}/units.csv: rows do not cover units 0..{n - 1} at microbatch sizes "
-                           f"{list(meta.microbatch_sizes)} exactly once each")
+        raise ProfileError(f"{where}/units.csv: {len(got)} rows do not cover units 0..{n - 1} at microbatch sizes "
+                           f"{list(meta.microbatch_sizes)} exactly once each (the file is damaged or cut short): "
+                           f"{_REPROFILE}")
     if len(meta.split_points) != n - 1:
         raise ProfileError(f"{where}/meta.json: {len(meta.split_points)} split points for {n} units")
 
@@ -253,11 +325,12 @@ def load_profile(directory: str | Path, fingerprint: str | None = None) -> Profi
     """Read a profile directory; reject missing files, bad columns, NaN or negative values, a foreign fingerprint."""
     d = Path(directory)
     if not (d / "meta.json").is_file():
-        raise ProfileError(f"{d}: not a profile directory (no meta.json); create one with `autopp profile MODEL.py`")
+        raise ProfileError(f"{d}: not a profile directory (no meta.json); {_recovery_hint(d)}")
     try:
-        meta = ProfileMeta.from_json(json.loads((d / "meta.json").read_text()), str(d / "meta.json"))
-        units = pd.read_csv(d / "units.csv", keep_default_na=False, na_values=[""], dtype={"modules": str, "name": str})
-        edges = pd.read_csv(d / "edges.csv")
+        meta = _read_meta(d / "meta.json")
+        meta = replace(meta, model_path=resolved_path(meta.model_path, d))  # stored relative to `d`
+        units = _read_csv(d / "units.csv", keep_default_na=False, na_values=[""], dtype={"modules": str, "name": str})
+        edges = _read_csv(d / "edges.csv")
     except (OSError, ValueError) as exc:
         raise ProfileError(f"{d}: cannot read profile: {exc}") from exc
     if fingerprint is not None and meta.fingerprint != fingerprint:
@@ -265,3 +338,11 @@ def load_profile(directory: str | Path, fingerprint: str | None = None) -> Profi
                            "the model changed since profiling: run `autopp profile` again")
     _validate(meta, units, edges, str(d))
     return Profile(meta, units, edges)
+
+
+def _recovery_hint(d: Path) -> str:
+    """What to do about a missing profile: rename back the one a killed save left aside, or create one."""
+    asides = sorted(d.parent.glob(f"{ASIDE_PREFIX}{d.name}.*/meta.json")) if d.parent.is_dir() else []
+    if asides and not d.exists():
+        return f"a save was interrupted: the previous profile is {asides[-1].parent}; rename it to {d}"
+    return "create one with `autopp profile MODEL.py`"

@@ -3,9 +3,12 @@ and read the split graph: which values are live across each cut, which of them c
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import logging
 import operator
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -24,6 +27,36 @@ __all__ = ["split_model", "piece_names", "walk_split_graph", "LiveValue", "live_
            "output_spec", "rebuild_output"]
 
 
+@contextlib.contextmanager
+def _quiet_export() -> Iterator[None]:
+    """Keep what torch.export prints on failure (the partial graph on stderr, symbolic-shape warnings) off the
+    user's terminal: the error raised says what went wrong in one line."""
+    shapes = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes.level
+    shapes.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        shapes.setLevel(level)
+
+
+def _export_error(exc: BaseException, split_points: Sequence[str]) -> ModelFileError:
+    """One line: the innermost cause's first line, where in the user's code it arose, and what to do."""
+    inner = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    text = str(inner).strip()
+    first = text.splitlines()[0] if text else type(inner).__name__
+    calls = [m for m in re.finditer(r'File "([^"]+)", line (\d+)[^\n]*\n\s*(\S[^\n]*)', text)
+             if "site-packages" not in m.group(1)]
+    where = f" at {calls[-1].group(1)}:{calls[-1].group(2)} (`{calls[-1].group(3).strip()}`)" if calls else ""
+    return ModelFileError(f"torch.export could not trace forward() to split it at {list(split_points)}{where}: "
+                          f"{type(inner).__name__}: {first}; make forward() exportable (no Python branch on a "
+                          "tensor's value: use torch.where or torch.cond; see https://pytorch.org/docs/stable/"
+                          "export.html)")
+
+
 def split_model(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], split_points: Sequence[str]) -> Pipe:
     """A Pipe with one piece per gap between `split_points`; the model is deep-copied (pipeline() patches it).
 
@@ -34,12 +67,11 @@ def split_model(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], spli
     'output'", a submodule named `output`), the pieces run through the interpreter, and the log says so."""
     spec = {name: SplitPoint.BEGINNING for name in split_points}
     try:
-        with warnings.catch_warnings(), _disable_interpreter():
+        with warnings.catch_warnings(), _disable_interpreter(), _quiet_export():
             warnings.simplefilter("ignore")
             pipe = pipeline(copy.deepcopy(model), mb_args=example_inputs, split_spec=spec)
     except Exception as exc:
-        raise ModelFileError(f"torch.export could not split the model at {list(split_points)}: "
-                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise _export_error(exc, split_points) from exc
     if pipe.num_stages != len(split_points) + 1:
         raise ModelFileError(f"splitting at {len(split_points)} points gave {pipe.num_stages} pieces, "
                              f"expected {len(split_points) + 1}; a split point may be called inside a loop or not at all")
@@ -133,6 +165,10 @@ class LiveValue:
     recomputable: bool
     """True when the producer computes it from constants and buffers only (no parameter, no input, no activation),
     so any stage can compute it locally instead of receiving it: causal masks and rotary tables of a fixed shape."""
+    needs_grad: bool = False
+    """True when it is computed from a parameter (the model inputs need no gradient): its gradient is sent back."""
+    reads: tuple[str, ...] = ()
+    """The values (names of other live values) that its producer computes it from, within the producing piece."""
 
     @property
     def relayed_over(self) -> tuple[int, ...]:
@@ -150,12 +186,17 @@ def live_values(pipe: Pipe) -> list[LiveValue]:
         for arg in node.all_input_nodes:
             readers.setdefault(arg, []).append(i)
     out = []
+    memo: _Memo = {}
+    local_memo: _Memo = {}
     for value, dsts in readers.items():
         src = source_piece(value, piece_index)
         if src is None:
             continue
-        recompute = src >= 0 and _constant_only(gm, value, calls[src])
-        out.append(LiveValue(value.name, src, tuple(sorted(set(dsts))), recompute))
+        everything = _origins(_Scope(gm), value, (), memo, local=False)
+        local = _origins(_Scope(gm), value, (), local_memo, local=True) if src >= 0 else frozenset()
+        out.append(LiveValue(value.name, src, tuple(sorted(set(dsts))), recomputable=src >= 0 and not everything,
+                             needs_grad=_PARAMETER in everything,
+                             reads=tuple(sorted(o[len(_VALUE):] for o in local if o.startswith(_VALUE)))))
     return out
 
 
@@ -168,24 +209,40 @@ class _Scope:
     parent: _Scope | None = None
 
 
-def _constant_only(gm: fx.GraphModule, value: fx.Node, producer: fx.Node) -> bool:
-    """True when `value` depends on no placeholder of the split graph and on no parameter."""
-    return _free(_Scope(gm), value, ())
+_PARAMETER, _INPUT, _VALUE = "parameter", "model input", "value:"
+"""What a value of the split graph is computed from, besides constants and buffers (`_VALUE` + a name: a value
+another piece or the model input passes to the producing piece)."""
+
+_Memo = dict[tuple[_Scope, fx.Node, tuple[int, ...]], frozenset[str]]
 
 
-def _free(scope: _Scope, node: fx.Node, path: tuple[int, ...]) -> bool:
-    """Whether `node` (item `path` of it) is computed from constants and buffers only, descending into submodules."""
+def _origins(scope: _Scope, node: fx.Node, path: tuple[int, ...], memo: _Memo, local: bool) -> frozenset[str]:
+    """What `node` (item `path` of it) is computed from, descending into submodules: parameters, model inputs
+    (empty: constants and buffers only); with `local`, a piece's arguments are not followed into the pieces that
+    made them but named (`_VALUE` + name). Memoised: a block reads its input many times."""
+    key = (scope, node, path)
+    if key not in memo:
+        memo[key] = _walk_origins(scope, node, path, memo, local)
+    return memo[key]
+
+
+def _walk_origins(scope: _Scope, node: fx.Node, path: tuple[int, ...], memo: _Memo, local: bool) -> frozenset[str]:
     if node.op == "placeholder":
         if scope.call is None or scope.parent is None:
-            return False
+            return frozenset({_INPUT})
         graph: fx.Graph = scope.module.graph  # type: ignore[assignment]
         position = [n for n in graph.nodes if n.op == "placeholder"].index(node)
         outer = scope.call.args[position] if position < len(scope.call.args) else None
-        return isinstance(outer, fx.Node) and _free(scope.parent, outer, path)
+        if not isinstance(outer, fx.Node):
+            return frozenset()
+        if local and scope.parent.parent is None:  # an argument of a piece of the split graph
+            return frozenset({_VALUE + outer.name})
+        return _origins(scope.parent, outer, path, memo, local)
     if node.op == "get_attr":
-        return str(node.target) not in dict(scope.module.named_parameters())
+        return frozenset({_PARAMETER}) if str(node.target) in dict(scope.module.named_parameters()) else frozenset()
     if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[1], int):
-        return _free(scope, node.args[0], (node.args[1],) + path)  # type: ignore[arg-type]
+        return _origins(scope, node.args[0], (node.args[1],) + path, memo, local)  # type: ignore[arg-type]
+    found: frozenset[str] = frozenset()
     if node.op == "call_module":
         sub = scope.module.get_submodule(str(node.target))
         graph = getattr(sub, "graph", None)
@@ -196,10 +253,10 @@ def _free(scope: _Scope, node: fx.Node, path: tuple[int, ...]) -> bool:
                     break
                 result = result[index]
             inner = [n for n in pytree.tree_leaves(result) if isinstance(n, fx.Node)]
-            return all(_free(_Scope(sub, node, scope), n, ()) for n in inner)
+            return frozenset().union(*(_origins(_Scope(sub, node, scope), n, (), memo, local) for n in inner))
         if any(True for _ in sub.parameters()):
-            return False
-    return all(_free(scope, a, ()) for a in node.all_input_nodes)
+            found = frozenset({_PARAMETER})
+    return found.union(*(_origins(scope, a, (), memo, local) for a in node.all_input_nodes))
 
 
 @dataclass(frozen=True)

@@ -12,3 +12,19 @@ step() { echo; echo "\$ autopp $*"; "${autopp[@]}" "$@"; }
 step profile examples/gpt.py --co-runners 1 -o "$out/gpt-profile"
 step plan --profile "$out/gpt-profile" --devices 2 --memory 1GiB --global-batch 8 -o "$out/gpt.plan.json"
 step run "$out/gpt.plan.json" --steps 3 --report "$out/gpt.report.json"
+# What to look at next, and how to read the tables above.
+cat <<NEXT
+
+Next steps:
+  $root/.venv/bin/autopp show $out/gpt.plan.json     # simulated timeline: one row per rank, F/I/W boxes with
+                                                       # microbatch numbers, each rank's memory over the step
+  $root/.venv/bin/autopp show $out/gpt.report.json   # the measured timeline drawn above the predicted one
+
+Reading the plan table ("autopp plan" above): each row is a split of the model into stages, judged by the same
+simulator. "autopp" is the chosen split; "even", "params" and "time" are naive splits (equal unit counts,
+balanced parameters, balanced measured time) for comparison. "step time" is the predicted time of one training
+step, "bubble" the share of it that ranks sit idle, "efficiency" = ideal / step time, and "ideal" = total work /
+devices, a bound no schedule can beat. In the run report, "step time measured vs predicted" says how close the
+prediction came on this machine, and the verdict compares every loss and gradient with a one-process run.
+Search every schedule and let CP-SAT synthesize one: $root/.venv/bin/autopp plan --profile $out/gpt-profile --devices 2 --memory 1GiB --schedule auto
+NEXT

@@ -21,6 +21,9 @@ echo "setup: installing torch (CPU) and autopp into $venv" >&2
 # The test extra includes the models extra (transformers, for examples/hf_*.py): configs only, never hub weights.
 # timm is not installed: it needs torchvision, which must stay out (see the check below); examples/vit.py is plain torch.
 "${pip[@]}" -c "$root/scripts/constraints.txt" -e "$root[test]"
+# torchtitan for tests/export/: its config classes only (tyro and spmd_types come with the test extra); its full
+# requirements would pull datasets, wandb, tensorboard and more, which the config parser never imports.
+"${pip[@]}" --no-deps "torchtitan==0.3.0"
 if "$venv/bin/python" -c "import torchvision" 2>/dev/null; then
   echo "setup: torchvision is installed and breaks next to CPU torch; removing it" >&2
   "$venv/bin/python" -m pip uninstall --quiet -y torchvision

@@ -164,3 +164,35 @@ def test_written_files_respect_the_umask(tmp_path: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     assert plan.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_schedule_names_spelt_out_for_the_parser_match_the_enum() -> None:
+    from autopp.cli import SCHEDULE_NAMES
+    from autopp.schedule import ScheduleName
+    assert SCHEDULE_NAMES == tuple(s.value for s in ScheduleName)
+
+
+CHECK_BEFORE_TORCH = '''
+import sys
+from autopp.cli import main
+for argv in {argvs!r}:
+    code = main(argv)
+    assert code == 2, (argv, code)
+    assert "torch" not in sys.modules, argv
+print("torch-free")
+'''
+
+
+def test_bad_paths_are_reported_before_torch_is_imported(tmp_path: Path) -> None:
+    # issue 13.8: every command imported torch (6-20 s) before saying that a path was misspelt
+    import subprocess
+    import sys
+    missing = str(tmp_path / "nope.py")
+    argvs = [["profile", missing], ["plan", missing, "--devices", "2", "--memory", "1GiB"],
+             ["plan", str(MODELS / "linrelu.py"), "--devices", "2", "--memory", "1GiB", "-o", "/proc/x.json"],
+             ["profile", str(MODELS / "linrelu.py"), "-o", "/proc/p"], ["run", str(tmp_path / "nope.json")],
+             ["show", str(tmp_path / "nope.json")], ["profile-links", "-o", "/proc/l.json"]]
+    done = subprocess.run([sys.executable, "-c", CHECK_BEFORE_TORCH.format(argvs=argvs)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "torch-free", done.stderr
+    assert len(done.stderr.strip().splitlines()) == len(argvs) and "nope.py: no such file" in done.stderr

@@ -1,4 +1,5 @@
-"""The profiler: exact on layers that sleep known times, and on layers whose saved tensors are known."""
+"""The profiler: exact on layers that take known times on a fake clock, and on layers whose saved tensors are
+known. Timing tests inject the clock (tests/models/fakeclock.py), so they hold on a machine under any load."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 from autopp.measure import profile_model
 
 from .conftest import MODELS
+from .models.fakeclock import CLOCK
 
-#: Overhead allowed above a sleep: Python, autograd and a shared 2-core machine's scheduling.
-SLACK_S = 0.010
+TICKING = MODELS / "ticking.py"
 
 
 def _module(name: str):  # type: ignore[no-untyped-def]
@@ -27,53 +28,59 @@ def _module_at(path: Path):  # type: ignore[no-untyped-def]
     return mod
 
 
-def test_sleep_layers_give_known_times() -> None:
-    sleepy = _module("sleepy")
-    profile = profile_model(MODELS / "sleepy.py", microbatch_sizes=(2,), warmup=1, repeats=5)
+def _exact(values: object) -> object:
+    """Equal up to the rounding of the clock's float sums."""
+    return pytest.approx(values, rel=1e-9, abs=1e-12)
+
+
+def test_ticking_layers_give_known_times() -> None:
+    ticking = _module("ticking")
+    profile = profile_model(TICKING, microbatch_sizes=(2,), warmup=1, repeats=5, clock=CLOCK)
     table = profile.units.sort_values("unit")
-    for measured, expected in zip(table.forward_s, sleepy.FORWARD_S):
-        assert expected <= measured < expected + SLACK_S
+    assert list(table.forward_s) == _exact(ticking.FORWARD_S)
     # The first unit's input is the model's: no input gradient, so its backward is the weight part only.
-    for measured, expected in zip(table.backward_s, [sleepy.BACKWARD_WEIGHT_S[0]] + sleepy.BACKWARD_S[1:]):
-        assert expected <= measured < expected + SLACK_S
-    for measured, expected in zip(table.recompute_s, sleepy.FORWARD_S):
-        assert expected <= measured < expected + SLACK_S
+    assert list(table.backward_s) == _exact([ticking.BACKWARD_WEIGHT_S[0]] + ticking.BACKWARD_S[1:])
+    assert list(table.recompute_s) == _exact(ticking.FORWARD_S)
+    assert list(table.forward_spread_s) == _exact([0.0] * 3)
 
 
 def test_backward_splits_into_input_and_weight_times() -> None:
-    """torch's stage_backward_input then stage_backward_weight: each sleep lands in its own column; the first unit,
+    """torch's stage_backward_input then stage_backward_weight: each tick lands in its own column; the first unit,
     like torch's first stage, has no input-gradient step and counts its whole backward as weight time."""
-    sleepy = _module("sleepy")
-    profile = profile_model(MODELS / "sleepy.py", microbatch_sizes=(2,), warmup=1, repeats=5, compare_whole=False)
+    ticking = _module("ticking")
+    profile = profile_model(TICKING, microbatch_sizes=(2,), warmup=1, repeats=5, compare_whole=False, clock=CLOCK)
     table = profile.units.sort_values("unit")
-    assert table.backward_input_s.iloc[0] == 0.0
-    assert sleepy.BACKWARD_WEIGHT_S[0] <= table.backward_weight_s.iloc[0] < sleepy.BACKWARD_WEIGHT_S[0] + SLACK_S
-    for u in (1, 2):
-        i, w = table.backward_input_s.iloc[u], table.backward_weight_s.iloc[u]
-        assert sleepy.BACKWARD_INPUT_S[u] <= i < sleepy.BACKWARD_INPUT_S[u] + SLACK_S
-        assert sleepy.BACKWARD_WEIGHT_S[u] <= w < sleepy.BACKWARD_WEIGHT_S[u] + SLACK_S
+    assert list(table.backward_input_s) == _exact([0.0] + ticking.BACKWARD_INPUT_S[1:])
+    assert list(table.backward_weight_s) == _exact(ticking.BACKWARD_WEIGHT_S)
     costs = profile.costs(2)
     assert costs[1].backward_input_s == pytest.approx(table.backward_input_s.iloc[1])
-    assert costs[1].recompute_keep_bytes == 2 * sleepy.WIDTH * 4  # the unit's input
+    assert costs[1].recompute_keep_bytes == 2 * ticking.WIDTH * 4  # the unit's input
 
 
 def test_time_budget_stops_repeats_early() -> None:
-    profile = profile_model(MODELS / "sleepy.py", microbatch_sizes=(1,), warmup=0, repeats=50, time_budget_s=0.05,
-                            compare_whole=False)
+    ticking = _module("ticking")
+    said: list[str] = []
+    profile = profile_model(TICKING, microbatch_sizes=(1,), warmup=0, repeats=50, time_budget_s=0.05,
+                            compare_whole=False, clock=CLOCK, progress=said.append)
     assert profile.meta.time_budget_s == 0.05
-    # 50 repeats would take > 2 s per unit; the budget stops after a few, and a spread is still recorded.
-    assert (profile.units.forward_spread_s >= 0).all()
+    # One run ticks 3 forwards (timed, again for I/W, and without grad) and 2 backwards (full, then I + W): 0.104 s.
+    # The budget is 0.05 s x 3 units per run, so the second run starts at 0.104 s and the third is not started.
+    per_run = 3 * sum(ticking.FORWARD_S) + 2 * (sum(ticking.BACKWARD_S) - ticking.BACKWARD_INPUT_S[0])
+    assert per_run == pytest.approx(0.104)
+    runs = {m.split("timing run ")[1].split("/")[0] for m in said if "timing run" in m}
+    assert runs == {"1", "2"}
+    assert list(profile.units.forward_s) == _exact(ticking.FORWARD_S)
 
 
 def test_whole_model_gap_recorded() -> None:
-    profile = profile_model(MODELS / "sleepy.py", microbatch_sizes=(1,), warmup=1, repeats=2)
+    profile = profile_model(TICKING, microbatch_sizes=(1,), warmup=1, repeats=2, clock=CLOCK)
     (whole,) = profile.meta.whole_model
     assert whole["microbatch_size"] == 1
-    sleepy = _module("sleepy")
-    expected = sum(sleepy.FORWARD_S) + sum(sleepy.BACKWARD_S) - sleepy.BACKWARD_INPUT_S[0]
-    assert expected <= whole["whole_s"] < expected + 0.02
-    assert whole["gap"] == pytest.approx(whole["units_s"] / whole["whole_s"] - 1)
-    assert abs(whole["gap"]) < 0.25  # sleeps dominate: the pieces add up to the whole model
+    ticking = _module("ticking")
+    expected = sum(ticking.FORWARD_S) + sum(ticking.BACKWARD_S) - ticking.BACKWARD_INPUT_S[0]
+    assert whole["whole_s"] == _exact(expected)
+    assert whole["units_s"] == _exact(expected)  # the pieces add up to the whole model exactly
+    assert whole["gap"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_linear_relu_saved_bytes_and_sizes() -> None:

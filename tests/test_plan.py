@@ -15,7 +15,7 @@ def _plan() -> Plan:
     stages = tuple(StagePlan(index=i, rank=i, units=(a, b), unit_names=("x",) * (b - a), split_point="h.2" if i else None,
                              forward_s=1.0, backward_s=2.0, memory_bytes=10) for i, (a, b) in enumerate([(0, 2), (2, 5)]))
     pred = Prediction(step_time_s=3.0, peak_memory_bytes=(10, 10), bubble_fraction=0.25, stage_units=((0, 2), (2, 5)))
-    return Plan(model_path="m.py", fingerprint="abc", schedule="1F1B", num_ranks=2, num_microbatches=4,
+    return Plan(model_path="/models/m.py", fingerprint="abc", schedule="1F1B", num_ranks=2, num_microbatches=4,
                 microbatch_size=2, memory_limit_bytes=100, stages=stages, predicted=pred, baselines={"even": pred})
 
 
@@ -83,3 +83,58 @@ def test_world_size_is_pp_times_dp() -> None:
     assert dp2.global_batch == 16
     with pytest.raises(PlanError, match=r"dp\(2\) \* pp\(2\) != num_ranks \(3\)"):
         Plan(**{**plan.__dict__, "num_ranks": 3, "pp": 2, "dp": 2})
+
+
+def _write(tmp_path: Path, data: dict[str, object]) -> Path:
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    return tmp_path / "p.json"
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("num_microbatches", "two", r"field 'num_microbatches' must be an integer >= 1, got 'two'"),
+    ("microbatch_size", -4, r"field 'microbatch_size' must be an integer >= 1, got -4"),
+    ("memory_limit_bytes", 1.5, r"field 'memory_limit_bytes' must be an integer >= 1"),
+    ("dp", True, r"field 'dp' must be an integer >= 1, got True"),
+    ("seed", 2**64, r"field 'seed' must be below 2\*\*63"),
+    ("schedule", "2F2B", r"field 'schedule' is '2F2B'; expected one of \[.*'1F1B'"),
+    ("num_microbatches", 1, r"field 'num_microbatches': 1F1B needs microbatches >= stages \(1 < 2\); re-plan"),
+    ("virtual_stages", 2, r"2 stages for pp 2 x virtual_stages 2"),
+    ("custom_order", "0F0", r"field 'custom_order' must be a list of per-rank lists"),
+])
+def test_fields_are_type_and_range_checked(tmp_path: Path, field: str, value: object, message: str) -> None:
+    # issue 13.6: "two" reached torch, -4 was blamed on the model file
+    with pytest.raises(PlanError, match=r"p\.json: " + message):
+        load_plan(_write(tmp_path, _plan().to_json() | {field: value}))
+
+
+def test_microbatch_count_must_fit_the_predicted_step(tmp_path: Path) -> None:
+    # issue 13.6: num_microbatches 1000000 started the ranks and hung to the timeout. _plan(): F + B = 3 s per
+    # microbatch on each rank; a planner-made plan (ideal_step_time_s > 0) predicting 14 s fits at most 4.
+    plan = _plan()
+    good = plan.to_json() | {"ideal_step_time_s": 6.0, "predicted": {**plan.to_json()["predicted"], "step_time_s": 14.0}}
+    assert load_plan(_write(tmp_path, good)).num_microbatches == 4
+    with pytest.raises(PlanError, match=r"p\.json: field 'num_microbatches' is 1000000, but 1000000 microbatches of "
+                                        r"rank 0's stages take at least 3e\+06 s, and the plan predicts a 14 s step, "
+                                        r"which fits at most 4: the file was edited after planning; re-plan"):
+        load_plan(_write(tmp_path, good | {"num_microbatches": 1_000_000}))
+    assert load_plan(_write(tmp_path, good | {"num_microbatches": 4, "ideal_step_time_s": 0.0}))  # hand-made: as is
+
+
+def test_plans_the_planner_makes_pass_every_check(tmp_path: Path) -> None:
+    from autopp.cluster import Cluster
+    from autopp.profile import load_profile
+    from autopp.schedule import ScheduleName
+    from autopp.solve import PlanRequest, make_plan
+    profile = load_profile(Path(__file__).resolve().parent.parent / "profiles" / "gpt")
+    for name in ScheduleName:
+        plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**32), global_batch=8,
+                                              schedule=name))
+        assert load_plan(plan.save(tmp_path / f"{name.value}.json")).num_microbatches == plan.num_microbatches
+
+
+def test_directory_and_unreadable_plans(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match=r"is a directory; give a plan JSON file"):
+        load_plan(tmp_path)
+    (tmp_path / "p.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(PlanError, match=r"p\.json: cannot read plan file"):
+        load_plan(tmp_path / "p.json")

@@ -56,3 +56,39 @@ def test_unknown_schedule_is_refused(shipped: Profile) -> None:
         plan_order(Plan(**{**plan.__dict__, "schedule": "Fancy"}))
     with pytest.raises(PlanError, match="custom schedule has orders for 0 ranks but pp is 2"):
         plan_order(Plan(**{**plan.__dict__, "schedule": CUSTOM}))
+
+
+def test_plan_show_and_json_print_the_same_step_time(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13, point 9: `autopp plan` printed 455 ms where `autopp show` printed 448 ms (the simulated pipeline
+    without the optimizer step). Every view shows the plan's stored prediction."""
+    import json
+
+    from autopp.cli import main
+    from autopp.schedule import draw
+    from autopp.sizes import format_time
+    titles: list[str] = []
+    real = draw.timeline_figure
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        fig = real(*args, **kwargs)
+        titles.append(fig.axes[0].get_title())
+        return fig
+
+    monkeypatch.setattr(draw, "timeline_figure", spy)
+    path = tmp_path / "p.json"
+    assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
+                 "-o", str(path)]) == 0
+    planned = capsys.readouterr().out
+    assert main(["show", str(path), "-o", str(tmp_path / "p.png")]) == 0
+    shown = capsys.readouterr().out
+    predicted = json.loads(path.read_text())["predicted"]
+    step, bubble = format_time(predicted["step_time_s"]), f"{predicted['bubble_fraction']:.1%}"
+    (autopp_row,) = [line for line in planned.splitlines() if line.startswith("autopp ")]
+    assert step in autopp_row and bubble in autopp_row
+    (title,) = titles
+    for text in (shown, title):
+        assert f"step {step} (pipeline " in text and f"bubble {bubble}" in text
+    assert predicted["optimizer_s"] > 0  # the figures differ from the simulated pipeline alone, which is named
+    pipeline = format_time(simulate_plan(load_plan(path)).step_time_s)
+    assert pipeline != step and f"(pipeline {pipeline} + optimizer " in shown

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import networkx as nx
@@ -42,11 +45,12 @@ def _damage(src: Path, dst: Path, edit) -> Path:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("edit,message", [
     (lambda t: t.drop(columns=["backward_s"]), r"bad/units\.csv: lacks column\(s\) \['backward_s'\]"),
-    (lambda t: t.assign(forward_s=float("nan")), r"bad/units\.csv: column forward_s row 1: .* is not a finite number"),
-    (lambda t: t.assign(forward_s="abc"), r"column forward_s row 1: 'abc' is not a finite number"),
-    (lambda t: t.assign(forward_s=float("inf")), r"column forward_s row 1: .* is not a finite number"),
-    (lambda t: t.assign(param_bytes=-1), r"bad/units\.csv: column param_bytes has negative values"),
-    (lambda t: t.iloc[1:], r"bad/units\.csv: rows do not cover units"),
+    (lambda t: t.assign(forward_s=float("nan")),
+     r"bad/units\.csv: line 2, column forward_s: an empty cell is not a finite number; .* re-profile"),
+    (lambda t: t.assign(forward_s="abc"), r"line 2, column forward_s: 'abc' is not a finite number"),
+    (lambda t: t.assign(forward_s=float("inf")), r"line 2, column forward_s: 'inf' is not a finite number"),
+    (lambda t: t.assign(param_bytes=-1), r"bad/units\.csv: line 2, column param_bytes: -1 is negative"),
+    (lambda t: t.iloc[1:], r"bad/units\.csv: \d+ rows do not cover units .* re-profile"),
 ])
 def test_damaged_profiles_are_rejected(gpt_profile: Profile, tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
     gpt_profile.save(tmp_path / "src")
@@ -92,3 +96,134 @@ def test_new_columns_are_required(gpt_profile: Profile, tmp_path: Path) -> None:
     gpt_profile.save(tmp_path / "src")
     with pytest.raises(ProfileError, match=r"lacks column\(s\) \['backward_input_s'\]"):
         load_profile(_damage(tmp_path / "src", tmp_path / "bad", lambda t: t.drop(columns=["backward_input_s"])))
+
+
+# Paths (issue 13, point 10): model_path is stored relative to the profile directory and resolved on load.
+
+
+def test_model_path_is_stored_relative_and_follows_a_moved_tree(tmp_path: Path) -> None:
+    shipped = load_profile(SHIPPED / "mlp")
+    (tmp_path / "a" / "examples").mkdir(parents=True)
+    model = tmp_path / "a" / "examples" / "mlp.py"
+    profile = replace(shipped, meta=replace(shipped.meta, model_path=str(model)))
+    profile.save(tmp_path / "a" / "profiles" / "mlp")
+    assert json.loads((tmp_path / "a" / "profiles" / "mlp" / "meta.json").read_text())["model_path"] == \
+        "../../examples/mlp.py"
+    assert load_profile(tmp_path / "a" / "profiles" / "mlp").meta.model_path == str(model)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    assert load_profile(tmp_path / "b" / "profiles" / "mlp").meta.model_path == str(tmp_path / "b" / "examples" / "mlp.py")
+
+
+def test_old_absolute_model_path_still_loads(tmp_path: Path) -> None:
+    load_profile(SHIPPED / "mlp").save(tmp_path / "p")
+    meta = json.loads((tmp_path / "p" / "meta.json").read_text())
+    (tmp_path / "p" / "meta.json").write_text(json.dumps({**meta, "model_path": "/elsewhere/examples/mlp.py"}))
+    assert load_profile(tmp_path / "p").meta.model_path == "/elsewhere/examples/mlp.py"
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_fresh_clone_plans_from_its_shipped_profiles(name: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy of the repository's examples/ and profiles/ elsewhere (a fresh clone): planning from its shipped
+    profiles writes a plan that names the copy's model file, whose fingerprint matches the profile."""
+    from autopp.cli import main
+    from autopp.plan import load_plan
+    from autopp.run.runner import check_fingerprint
+    clone = tmp_path / "clone"
+    for part in ("examples", "profiles"):
+        shutil.copytree(SHIPPED.parent / part, clone / part)
+    out = clone / "plans" / f"{name}.plan.json"
+    assert main(["plan", "--profile", str(clone / "profiles" / name), "--devices", "2", "--memory", "1GiB",
+                 "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert json.loads(out.read_text())["model_path"] == f"../examples/{name}.py"
+    plan = load_plan(out)
+    assert plan.model_path == str(clone / "examples" / f"{name}.py")
+    assert check_fingerprint(plan).path == clone / "examples" / f"{name}.py"
+    moved = tmp_path / "elsewhere" / "p.json"
+    moved.parent.mkdir()
+    moved.write_text(json.dumps({**json.loads(out.read_text()), "model_path": plan.model_path}))
+    assert load_plan(moved).model_path == plan.model_path  # an absolute path (older plans) is kept as it is
+
+
+# Crash safety of Profile.save (issue 13, point 12): a complete profile is on disk at every moment.
+
+
+def _versions_on_disk(target: Path) -> set[int]:
+    """The `repeats` of each complete profile at `target` or set aside beside it."""
+    found = set()
+    for d in [target, *target.parent.glob(f".old.{target.name}.*")]:
+        try:
+            found.add(load_profile(d).meta.repeats)
+        except ProfileError:
+            pass
+    return found
+
+
+def _two_versions(tmp_path: Path) -> tuple[Profile, Profile, Path]:
+    shipped = load_profile(SHIPPED / "mlp")
+    old, new = (replace(shipped, meta=replace(shipped.meta, repeats=r)) for r in (1, 2))
+    target = tmp_path / "mlp"
+    old.save(target)
+    return old, new, target
+
+
+def test_save_keeps_a_complete_profile_at_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before and after each rename and removal (where a kill could land), the old or the new profile is whole."""
+    _, new, target = _two_versions(tmp_path)
+    real_replace, real_rmtree, seen = os.replace, shutil.rmtree, []
+
+    def checked(real):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            seen.append(_versions_on_disk(target))
+            real(*args, **kwargs)
+            seen.append(_versions_on_disk(target))
+        return call
+
+    monkeypatch.setattr(os, "replace", checked(real_replace))
+    monkeypatch.setattr(shutil, "rmtree", checked(real_rmtree))
+    new.save(target)
+    monkeypatch.undo()
+    assert len(seen) == 6 and all(seen)  # three steps: old aside, new into place, old deleted
+    assert seen[0] == {1} and seen[-1] == {2}
+    assert load_profile(target).meta.repeats == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["mlp"]
+
+
+@pytest.mark.parametrize("step, left", [(0, 1), (1, 1), (2, 2)])
+def test_save_failing_at_any_step_leaves_a_loadable_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            step: int, left: int) -> None:
+    """Steps: 0 rename the old profile aside, 1 rename the new one into place, 2 delete the old one."""
+    _, new, target = _two_versions(tmp_path)
+    real = {"replace": os.replace, "rmtree": shutil.rmtree}
+    calls = []
+
+    def failing(name: str):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(name)
+            if len(calls) - 1 == step:
+                if kwargs.get("ignore_errors"):
+                    return None  # rmtree(ignore_errors=True) swallows its failure: the old copy stays
+                raise OSError(f"injected failure at step {step}")
+            return real[name](*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "replace", failing("replace"))
+    monkeypatch.setattr(shutil, "rmtree", failing("rmtree"))
+    if step < 2:
+        with pytest.raises(OSError, match="injected"):
+            new.save(target)
+    else:
+        new.save(target)  # the new profile is in place; only the old copy's removal failed, and it stays aside
+        assert len(list(tmp_path.glob(".old.mlp.*"))) == 1
+    monkeypatch.undo()
+    assert load_profile(target).meta.repeats == left
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".mlp.")]  # no half-written directory left
+
+
+def test_profile_left_aside_by_a_killed_save_is_named(tmp_path: Path) -> None:
+    _, _, target = _two_versions(tmp_path)
+    aside = tmp_path / ".old.mlp.x1"
+    os.replace(target, aside)  # what a kill between steps 0 and 1 leaves
+    with pytest.raises(ProfileError, match=r"mlp: not a profile directory \(no meta.json\); a save was interrupted: "
+                                           r"the previous profile is .*\.old\.mlp\.x1; rename it to"):
+        load_profile(target)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.export.unflatten import InterpreterModule
 
-from autopp.split import split_model
+from autopp.modelfile import discover_units, load_model_file
+from autopp.split import piece_names, split_model
+
+from .conftest import MODELS
 
 
 def test_pieces_run_generated_code_and_match_the_model() -> None:
@@ -31,3 +35,19 @@ def test_checking_the_pieces_leaves_buffers_and_random_state_alone() -> None:
     assert torch.equal(torch.random.get_rng_state(), state)
     counts = [b for name, b in pipe.split_gm.named_buffers() if name.endswith("num_batches_tracked")]
     assert counts and all(int(b) == 0 for b in counts)
+
+
+@pytest.mark.parametrize("name", ["dictblocks.py", "siblings.py"])
+def test_sibling_blocks_split_into_one_piece_per_unit(name: str) -> None:
+    """Blocks found in a ModuleDict (called out of insertion order) or as `block1`..`block4` attributes: cutting
+    before each unit gives one piece per unit, holding exactly that unit's parameters, and the same output."""
+    mf = load_model_file(MODELS / name)
+    model = mf.build()
+    units = discover_units(mf, model)
+    (x,), _ = mf.sample_batch(2)
+    pipe = split_model(model, (x,), [u.split_point for u in units[1:]])
+    assert pipe.num_stages == len(units) == 6
+    for unit, piece in zip(units, piece_names(pipe)):
+        held = {n for n, _ in pipe.split_gm.get_submodule(piece).named_parameters()}
+        assert held == {f"{m}.{n}" for m in unit.modules for n, _ in model.get_submodule(m).named_parameters()}
+    torch.testing.assert_close(pipe(x)[0], model(x))

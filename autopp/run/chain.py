@@ -1,11 +1,13 @@
-"""Neighbour-only stages for multi-stage and custom schedules: values that skip stages are relayed through the stages
-between, and values computed from constants and buffers only are held by every reader instead of being received.
+"""Neighbour-only stages for every schedule: values that skip stages are relayed through the stages between, and
+values computed from constants and buffers only are held by every reader instead of being received.
 
-torch's multi-stage schedules only support adjacent-stage communication, but a split of a real model is rarely a
-chain: a causal mask or rotary table made before the blocks is read by every block, BERT's extended attention mask
-too, and T5's encoder output is read by every decoder block. Each stage here wraps its piece of the split graph in a
-`ChainPiece` whose inputs are everything stage s - 1 passes on and whose outputs are everything a later stage reads
-(its piece's own values and the relayed ones), so torch's runtime-inferred `PipelineStage` sees a chain.
+torch's multi-stage schedules only support adjacent-stage communication, and its single-stage ones (GPipe, 1F1B)
+refuse a value sent to several later stages ("Backward of skip connections not supported yet"), but a split of a
+real model is rarely a chain: a causal mask or rotary table made before the blocks is read by every block, BERT's
+extended attention mask too, a U-Net's encoder levels are read by its decoder levels, and T5's encoder output is
+read by every decoder block. Each stage here wraps its piece of the split graph in a `ChainPiece` whose inputs are
+everything stage s - 1 passes on and whose outputs are everything a later stage reads (its piece's own values and
+the relayed ones), so torch's `PipelineStage` sees a chain.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from typing import Any, Callable, Sequence
 from ..errors import RunError
 from ..spawn import free_port
 
-__all__ = ["RankProcess", "free_port", "worker_env", "launch_ranks", "wait_ranks", "kill_ranks", "tail", "rank_failure"]
+__all__ = ["RankProcess", "free_port", "worker_env", "launch_ranks", "wait_ranks", "kill_ranks", "tail", "rank_failure",
+           "split_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +142,10 @@ def wait_ranks(procs: Sequence[RankProcess], timeout_s: float, progress: Progres
     """
     start = time.monotonic()
     previous = _stop_on_sigterm()
+    steps_seen: set[int] = set()
     try:
         while True:
-            _forward_progress(procs, progress)
+            _forward_progress(procs, progress, steps_seen)
             failed = [p for p in procs if p.popen.poll() not in (None, 0)]
             if failed:
                 raise RunError(_failure_message(failed))
@@ -193,14 +196,35 @@ def _timeout_message(procs: Sequence[RankProcess], timeout_s: float) -> str:
     running = [p.rank for p in procs if p.popen.poll() is None]
     lines = [f"ranks {running} had not finished after {timeout_s:g} s (timeout); killed all ranks"]
     for p in procs:
-        last = tail(p.stdout_path, 1) or "(no progress printed)"
+        last = split_line(tail(p.stdout_path, 1), p.rank)[1] or "(no progress printed)"
         lines.append(f"rank {p.rank} last said: {last}")
     return "\n".join(lines)
 
 
-def _forward_progress(procs: Sequence[RankProcess], progress: Progress | None) -> None:
+#: A worker's stdout line: an optional "[rank R] " prefix (torchrun mixes a node's workers in one stream), then the
+#: message; a step's end reads "step K/N T s".
+_LINE = re.compile(r"^(?:\[rank (\d+)\] )?(.*)$")
+_STEP = re.compile(r"^step (\d+)/(\d+) ([0-9.eE+-]+) s$")
+
+
+def split_line(line: str, default_rank: int) -> tuple[int, str]:
+    """(rank, message) of a worker's stdout line; `default_rank` when the line has no prefix."""
+    match = _LINE.match(line)
+    if match is None or match.group(1) is None:
+        return default_rank, line if match is None else match.group(2)
+    return int(match.group(1)), match.group(2)
+
+
+def _forward_progress(procs: Sequence[RankProcess], progress: Progress | None, steps_seen: set[int]) -> None:
+    """Every rank's line is logged (INFO: shown by `autopp run --verbose`); `progress` gets one line per step, when
+    the first rank reports it (steps end on a barrier, so the ranks report them together)."""
     for p in procs:
         for line in p.new_lines():
-            logger.debug("rank %d: %s", p.rank, line)
+            rank, text = split_line(line, p.rank)
+            logger.info("rank %d: %s", rank, text)
+            step = _STEP.match(text)
+            if step is None or int(step.group(1)) in steps_seen:
+                continue
+            steps_seen.add(int(step.group(1)))
             if progress is not None:
-                progress(f"rank {p.rank}: {line}")
+                progress(f"step {step.group(1)}/{step.group(2)} {float(step.group(3)):.4f} s")

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import fx, nn
+from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -23,22 +23,18 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
-from torch.utils import _pytree as pytree
-from torch.utils.checkpoint import checkpoint
 
 from ..errors import RunError
 from ..modelfile import ModelFile
 from ..plan import Plan
 from ..schedule import SPLIT_BACKWARD, Action, ScheduleName, stage_to_rank, to_csv_rows
-from ..split import live_values, split_model
+from ..split import split_model
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .outputs import model_loss
 from .tied import aliases, canonical_names, shared_params
 
-__all__ = ["CUSTOM", "SCHEDULES", "SINGLE_STAGE", "splits_backward", "check_split_backward",
-           "placement", "check_neighbours", "RankStages", "build_stages",
-           "checkpointed", "contiguous_sends", "contiguous_metadata", "make_schedule", "custom_schedule",
-           "write_order_csv"]
+__all__ = ["CUSTOM", "SCHEDULES", "SINGLE_STAGE", "splits_backward", "check_split_backward", "placement",
+           "RankStages", "build_stages", "contiguous_sends", "make_schedule", "custom_schedule", "write_order_csv"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,23 +72,6 @@ def placement(plan: Plan) -> list[int]:
     return ranks
 
 
-def check_neighbours(pipe: Any) -> None:
-    """Refuse a split whose pieces exchange anything but neighbour tensors (stage s reads only from stage s - 1).
-
-    torch's multi-stage schedules only support adjacent-stage communication; `build_stages` relays such values
-    through the stages between (`autopp.run.chain`), so this strict check is for callers that cannot.
-    """
-    for value in live_values(pipe):
-        far = [d for d in value.dsts if d != value.src + 1]
-        if value.src < 0:
-            far = [d for d in value.dsts if d != 0]
-        if far:
-            source = "the model input" if value.src < 0 else f"stage {value.src}"
-            raise RunError(f"stage {far[0]} reads {value.name!r} from {source}, which is not its neighbour: this "
-                           "schedule exchanges only neighbour tensors; move the split points so the value stays "
-                           "inside one stage, or use GPipe/1F1B with one stage per rank")
-
-
 @dataclass
 class RankStages:
     """The stages a pipeline rank holds, the loss its last stage computes, and the parameters it shares."""
@@ -106,7 +85,7 @@ class RankStages:
     shared: dict[str, tuple[int, ...]]
     """Canonical name -> pipeline ranks holding a copy, for every parameter held on more than one rank."""
     relayed: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    """Multi-stage schedules: per stage, the values it passes on that a later stage reads (see autopp.run.chain)."""
+    """Per stage of this rank, the values it passes on that a later stage reads (see autopp.run.chain)."""
 
 
 def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
@@ -124,11 +103,7 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
              for i in range(pipe.num_stages)}
     mine = [i for i, r in enumerate(owner) if r == pp_rank]
     loss = model_loss(mf.loss_fn, model, tuple(example), pipe) if len(owner) - 1 in mine else mf.loss_fn
-    if plan.schedule in SINGLE_STAGE:
-        stages = [_graph_stage(pipe, i, device, group, plan.stages[i].recompute) for i in mine]
-        relayed: dict[int, tuple[str, ...]] = {}
-    else:
-        stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example)
+    stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example)
     for stage in stages:
         contiguous_sends(stage)
     params: dict[str, list[nn.Parameter]] = {}
@@ -140,24 +115,19 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
     return RankStages(stages, loss, params, shared_params(names, owner), relayed)
 
 
-def _graph_stage(pipe: Any, i: int, device: torch.device, group: dist.ProcessGroup | None, recompute: bool
-                 ) -> Stage:
-    """torch's graph-built stage (it sends values that skip stages straight to their readers)."""
-    piece = pipe.get_stage_module(i).to(device)
-    contiguous_metadata(piece)
-    if recompute:
-        piece.forward = checkpointed(piece.forward)
-    return pipe.build_stage(i, device, group)
-
-
 def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.device,
                   group: dist.ProcessGroup | None, plan: Plan, example: Sequence[Any]
                   ) -> tuple[list[Stage], dict[int, tuple[str, ...]]]:
-    """Multi-stage schedules get torch's PipelineStage around a `ChainPiece` per stage, which
-    relays values that skip stages (torch's schedules there exchange neighbour tensors only), and holds values made
-    of constants and buffers locally. The graph-built stage's p2p warm-up also sends to itself when two
-    neighbouring stages share a rank (V layouts), which gloo refuses ("Pair is not connected"). Every stage's
-    input and output shapes come from one example forward of the whole chain in this process (`example_io`)."""
+    """torch's PipelineStage around a `ChainPiece` per stage, for every schedule: values that skip stages are
+    relayed through the stages between and values made of constants and buffers are held locally, as the profile
+    marks them (`relay` / `recompute`), so each stage talks to its neighbours only.
+
+    torch's graph-built stage (`Pipe.build_stage`) cannot serve: it sends a value that skips stages straight to
+    each reader, and torch refuses an output with several destinations ("Backward of skip connections not supported
+    yet", issue 13: HF decoders' rotary tables, U-Net skips, under 1F1B and GPipe on 4 ranks), its multi-stage
+    schedules exchange neighbour tensors only, and its p2p warm-up sends to itself when two neighbouring stages
+    share a rank (V layouts), which gloo refuses ("Pair is not connected"). Every stage's input and output shapes
+    come from one example forward of the whole chain in this process (`example_io`)."""
     io, sources = chain_io(pipe)
     consts = constant_values(pipe, sorted({c for s in io for c in s.constants}), example)
     pieces = [ChainPiece(pipe.get_stage_module(i), i, io[i], sources, {c: consts[c] for c in io[i].constants},
@@ -171,7 +141,6 @@ def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.d
                                     output_args=outputs, group=group))
     relayed = {i: tuple(n for n in io[i].outputs if sources[n].piece != i) for i in mine}
     return stages, {i: r for i, r in relayed.items() if r}
-
 
 
 def splits_backward(plan: Plan) -> bool:
@@ -200,14 +169,6 @@ def check_split_backward(plan: Plan, pieces: Sequence[ChainPiece]) -> None:
                            "move the split so that the value is made on the stage that reads it")
 
 
-def checkpointed(forward: Any) -> Any:
-    """`forward` under activation checkpointing: only its inputs are kept, the rest recomputed in the backward
-    (non-reentrant, so it also works with the split I/W backward: each pass recomputes what it unpacks)."""
-    def run(*args: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False)
-    return run
-
-
 def contiguous_sends(stage: Stage) -> None:
     """Make what the stage sends contiguous: gloo refuses other tensors ("input tensor has to be contiguous"), and an
     input gradient can be a strided view (T5: the gradient of a transposed or expanded input)."""
@@ -224,20 +185,6 @@ def contiguous_sends(stage: Stage) -> None:
         return send_bwd(chunk)
     stage.get_fwd_send_ops = fwd  # type: ignore[method-assign]
     stage.get_bwd_send_ops = bwd  # type: ignore[method-assign]
-
-
-def contiguous_metadata(piece: fx.GraphModule) -> None:
-    """Record the piece's inputs and outputs as contiguous in the traced metadata, from which torch's graph-built
-    stage allocates its receive buffers (activations, and the gradients of its outputs): the split makes every
-    piece output contiguous at run time, but the trace keeps the original strides (T5's position bias is a
-    transposed view), and gloo receives only into contiguous tensors ("input tensor has to be contiguous")."""
-    out = next(n for n in piece.graph.nodes if n.op == "output")
-    nodes = [n for n in piece.graph.nodes if n.op == "placeholder"]
-    nodes += [n for n in pytree.tree_leaves(out.args) if isinstance(n, fx.Node)]
-    for node in nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and not val.is_contiguous():
-            node.meta["val"] = val.contiguous()
 
 
 def _to(value: Any, device: torch.device) -> Any:

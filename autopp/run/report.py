@@ -38,7 +38,8 @@ class ParamDiff:
     max_abs: float
     """max |pipelined - reference| over the parameter's elements."""
     max_rel: float
-    """max_abs / max |reference| (0 when both are all zeros, inf when only the reference is)."""
+    """max_abs / max(max |reference|, grad_atol / grad_rtol): at most grad_rtol when max_abs <= max(grad_rtol x
+    max |reference|, grad_atol) (0 when both sides are equal, inf when they differ and the divisor is 0)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +116,9 @@ class RunReport:
     worst_param: str | None = None
     """The parameter with the largest relative gradient difference."""
     grad_rtol: float
+    grad_atol: float = 0.0
+    """Gradient differences up to this pass whatever the parameter's own scale (rounding noise): eps(dtype) x the
+    model's largest reference gradient element (see validate.py)."""
     loss_rtol: float
     passed: bool = False
     step_times_s: tuple[float, ...] = ()
@@ -174,11 +178,13 @@ def _finite(value: Any) -> Any:
 
 
 class RunFailedError(RunError):
-    """A RunError that carries the (partial) report, so the caller can still save it."""
+    """A RunError that carries the (partial) report, so the caller can still save it, and the directory where the
+    ranks' logs were kept (None when the ranks finished)."""
 
-    def __init__(self, message: str, report: RunReport) -> None:
+    def __init__(self, message: str, report: RunReport, logs: Path | None = None) -> None:
         super().__init__(message)
         self.report = report
+        self.logs = logs
 
 
 def median_step_time(step_times: list[float] | tuple[float, ...]) -> float | None:
@@ -237,7 +243,8 @@ def format_report(report: RunReport) -> str:
         f"              max diff abs {_fmt(r.loss_max_abs_diff, '.2e')} rel {_fmt(r.loss_max_rel_diff, '.2e')}"
         f" (tolerance rel {r.loss_rtol:.0e})",
         f"  gradients   max diff abs {_fmt(r.grad_max_abs_diff, '.2e')} rel {_fmt(r.grad_max_rel_diff, '.2e')}"
-        f" (worst {r.worst_param or '-'}; tolerance rel {r.grad_rtol:.0e}; {len(r.grad_diffs)} parameters)",
+        f" (worst {r.worst_param or '-'}; tolerance rel {r.grad_rtol:.0e} or abs {r.grad_atol:.1e};"
+        f" {len(r.grad_diffs)} parameters)",
     ]
     lines += _measure_lines(r)
     verdict = "PASSED" if r.passed else ("FAILED: " + (r.error or "validation failed"))

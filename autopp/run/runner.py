@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -20,8 +21,8 @@ from .report import RunFailedError, RunReport, median_step_time, relative_error
 from .summary import median_step_index, rank_measures, stage_times
 from .tied import canonical_names
 from .torchrun import Nodes, launch_torchrun, torchrun_command, worker_errors
-from .validate import (GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, reference_run,
-                       tolerances)
+from .validate import (GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, failure,
+                       grad_atol, reference_run, tolerances)
 
 __all__ = ["run_plan", "check_fingerprint", "choose_backend", "read_results"]
 
@@ -37,7 +38,9 @@ def check_fingerprint(plan: Plan) -> ModelFile:
     now = fingerprint(model, discover_units(mf, model))
     if now != plan.fingerprint:
         raise PlanError(f"plan was made for model fingerprint {plan.fingerprint} but {plan.model_path} now has "
-                        f"{now}: re-plan")
+                        f"{now}: re-plan from a new profile (`autopp plan {plan.model_path} ...` profiles the changed "
+                        f"model; with --profile, run `autopp profile {plan.model_path}` first: an old profile keeps "
+                        "the old fingerprint)")
     return mf
 
 
@@ -55,8 +58,15 @@ def _run_dir(work_dir: str | Path | None) -> Iterator[Path]:
         path.mkdir(parents=True, exist_ok=True)
         yield path
         return
-    with tempfile.TemporaryDirectory(prefix="autopp-run-") as tmp:
-        yield Path(tmp)
+    path = Path(tempfile.mkdtemp(prefix="autopp-run-"))
+    try:
+        yield path
+    except RunError:
+        raise  # the ranks' logs say why: kept, and the error names the directory
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _blank_report(plan: Plan, plan_path: str | None, steps: int, lr: float, backend: str, launcher: str
@@ -120,27 +130,23 @@ def _losses(results: list[dict[str, Any]]) -> tuple[float, ...]:
 
 def _validation(report: RunReport, results: list[dict[str, Any]], grads: dict[int, dict[str, torch.Tensor]],
                 ref: Reference) -> RunReport:
-    """Compare losses and first-step gradients; the verdict and, on failure, the reason."""
+    """Compare losses and first-step gradients; the verdict and, on failure, the reason (validate.failure)."""
     grad_rtol, loss_rtol = tolerances(ref.dtype)
     alias = ref.aliases
     check_coverage(list(ref.grads), {s: list(dict.fromkeys(canonical_names(n, alias)))
                                      for s, n in _stage_params(results).items()})
-    diffs = compare_grads(ref.grads, {s: {alias.get(n, n): g for n, g in gs.items()} for s, gs in grads.items()})
+    stage_grads = {s: {alias.get(n, n): g for n, g in gs.items()} for s, gs in grads.items()}
+    atol = grad_atol(ref.grads, ref.dtype)
+    diffs = compare_grads(ref.grads, stage_grads, atol / grad_rtol)
     worst = max(diffs, key=lambda d: d.max_rel)
     losses = _losses(results)
     loss_abs, loss_rel = compare_losses(losses, ref.losses)
-    error = None
-    if worst.max_rel > grad_rtol:
-        error = (f"gradient of {worst.name} (stage {worst.stage}) differs from the single-process reference by "
-                 f"{worst.max_rel:.2e} relative (max abs {worst.max_abs:.2e}), above the tolerance {grad_rtol:.0e}")
-    elif loss_rel > loss_rtol:
-        error = (f"losses differ from the single-process reference by {loss_rel:.2e} relative (max abs "
-                 f"{loss_abs:.2e}), above the tolerance {loss_rtol:.0e}: pipelined {losses}, reference {ref.losses}")
+    error = failure(diffs, losses, ref, stage_grads)
     return replace(report, losses=losses, reference_losses=ref.losses, loss_max_abs_diff=loss_abs,
                    loss_max_rel_diff=loss_rel, grad_diffs=tuple(diffs),
                    grad_max_abs_diff=max(d.max_abs for d in diffs), grad_max_rel_diff=worst.max_rel,
-                   worst_param=worst.name, grad_rtol=grad_rtol, loss_rtol=loss_rtol, passed=error is None,
-                   error=error)
+                   worst_param=worst.name, grad_rtol=grad_rtol, grad_atol=atol, loss_rtol=loss_rtol,
+                   passed=error is None, error=error)
 
 
 def _launch(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, steps: int, lr: float, backend: str,
@@ -168,7 +174,7 @@ def run_plan(plan: Plan, steps: int = 3, timeout_s: float = 120.0, lr: float = 0
     Raises PlanError if the model changed since planning, RunFailedError (a RunError carrying the partial report)
     if a rank fails, the ranks do not finish within `timeout_s` or a parameter is not on exactly one stage, and
     when a gradient or loss is out of tolerance unless `check` is False (then `report.passed` is False).
-    `work_dir` keeps the ranks' logs and results (default: a temporary directory, removed).
+    `work_dir` keeps the ranks' logs and results (default: a temporary directory, removed unless a rank failed).
     """
     say = progress or (lambda _msg: None)
     if steps < 1:
@@ -185,7 +191,8 @@ def run_plan(plan: Plan, steps: int = 3, timeout_s: float = 120.0, lr: float = 0
             wall = wait_ranks(procs, timeout_s, say)
         except RunError as exc:
             message = (worker_errors(run_dir) or str(exc)) if nodes is not None else str(exc)
-            raise RunFailedError(message, replace(report, error=message)) from exc
+            logger.warning("logs of the ranks kept in %s", run_dir)
+            raise RunFailedError(message, replace(report, error=message), logs=run_dir) from exc
         if nodes is not None and nodes.node_rank != 0:
             return replace(report, complete=True)
         say(f"ranks finished in {wall:.1f} s; running the single-process reference")

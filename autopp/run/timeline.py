@@ -1,4 +1,4 @@
-"""A run report's measured step as a simulator result, and a picture of it above the predicted one."""
+"""A run report's measured step as a simulator result, and a picture of it above the predicted one and the memory."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from ..schedule import Event, SimResult, parse_action
+from ..sizes import format_size
 from .report import RunReport
 
-__all__ = ["measured_timeline", "draw_report"]
+__all__ = ["measured_timeline", "measured_headline", "predicted_headline", "report_figure", "draw_report"]
 
 
 def _as_dict(report: RunReport | dict[str, Any]) -> dict[str, Any]:
@@ -34,24 +35,76 @@ def measured_timeline(report: RunReport | dict[str, Any], replica: int = 0) -> S
                      peak_memory_bytes=peaks, memory_timeline=[[(0.0, p)] for p in peaks])
 
 
-def draw_report(report: RunReport | dict[str, Any], predicted: SimResult | None, path: str | Path) -> Path:
-    """PNG: the measured step (top) above the predicted one (bottom) on one time axis, F/I/W/B boxes per rank."""
+def measured_headline(report: RunReport | dict[str, Any]) -> str:
+    """The report's measured step time as its text prints it (the median of the timed steps), and which step the
+    timeline draws (the median step; with an even count, the faster of the two middle ones)."""
+    data = _as_dict(report)
+    median, times = data.get("measured_step_time_s"), data.get("step_times_s") or []
+    step = data.get("timeline_step") or 0
+    drawn = f"drawn: step {step + 1} of {len(times)}, {times[step]:.4f} s" if step < len(times) else "drawn: one step"
+    timed = f"median of steps 2-{len(times)}" if len(times) > 2 else ("step 2" if len(times) == 2 else "one step")
+    figure = "-" if median is None else f"{float(median):.4f} s"
+    return f"step {figure} ({timed}; {drawn})"
+
+
+def predicted_headline(report: RunReport | dict[str, Any], predicted: SimResult) -> str:
+    """The report's predicted step time (the plan's prediction) as its text prints it, and what it adds to the
+    simulated pipeline drawn (the optimizer step and the data-parallel all-reduce)."""
+    step = float(_as_dict(report).get("predicted_step_time_s", predicted.step_time_s))
+    rest = step - predicted.step_time_s
+    return f"step {step:.4f} s" + (f" (pipeline {predicted.step_time_s:.4f} s + optimizer and all-reduce "
+                                   f"{rest:.4f} s)" if rest > 1e-9 else "")
+
+
+def _draw_memory(ax: Any, measured: SimResult, predicted: SimResult | None, method: str | None) -> None:
+    """Each rank's measured peak (a flat dashed line: the runner measures the peak, not its course) over the
+    predicted memory over the step, in the rank's colour."""
+    colours = [f"C{r % 10}" for r in range(len(measured.peak_memory_bytes))]
+    how = f", {method}" if method else ""
+    for rank, peak in enumerate(measured.peak_memory_bytes):
+        ax.axhline(peak / 2**20, color=colours[rank], linestyle="--",
+                   label=f"rank {rank} measured peak {format_size(peak)}{how}")
+    if predicted is not None:
+        for rank, timeline in enumerate(predicted.memory_timeline):
+            times = [t for t, _ in timeline] + [predicted.step_time_s]
+            held = [b / 2**20 for _, b in timeline]
+            ax.step(times, held + held[-1:], where="post", color=colours[rank % len(colours)],
+                    label=f"rank {rank} predicted (peak {format_size(predicted.peak_memory_bytes[rank])})")
+    ax.set_ylabel("memory (MiB)")
+    ax.set_ylim(bottom=0)
+    if len(colours) <= 16:
+        ax.legend(fontsize=7, loc="lower right")
+
+
+def report_figure(report: RunReport | dict[str, Any], predicted: SimResult | None) -> Any:
+    """A matplotlib Figure: the measured step (top) above the predicted one, F/I/W/B boxes per rank, on one time
+    axis, and each rank's memory below (measured peak, predicted course). The titles carry the report's figures:
+    its median measured step time and its predicted step time, as `format_report` prints them."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from ..schedule.draw import _draw_boxes, _style_timeline
 
     measured = measured_timeline(report)
-    results = [(measured, "measured")] + ([(predicted, "predicted")] if predicted is not None else [])
+    results = [(measured, "measured", measured_headline(report))]
+    if predicted is not None:
+        results.append((predicted, "predicted", predicted_headline(report, predicted)))
     ranks = len(measured.peak_memory_bytes)
-    fig = Figure(figsize=(14, 1.5 + 0.5 * ranks * len(results)))
+    fig = Figure(figsize=(14, 4 + 0.5 * ranks * len(results)))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(results), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, (result, title) in zip(axes, results):
+    axes = fig.subplots(len(results) + 1, 1, sharex=True, squeeze=False,
+                        gridspec_kw={"height_ratios": [max(ranks, 2)] * len(results) + [3]})[:, 0]
+    for ax, (result, title, headline) in zip(axes, results):
         _draw_boxes(ax, result)
-        _style_timeline(ax, result, title)
-    axes[-1].set_xlim(0, max(r.step_time_s for r, _ in results) or 1e-12)
+        _style_timeline(ax, result, title, headline)
+    _draw_memory(axes[-1], measured, predicted, _as_dict(report).get("memory_method"))
+    axes[-1].set_xlim(0, max(r.step_time_s for r, _, _ in results) or 1e-12)
     axes[-1].set_xlabel("time (s)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
+
+
+def draw_report(report: RunReport | dict[str, Any], predicted: SimResult | None, path: str | Path) -> Path:
+    """Write `report_figure` as a PNG to `path`."""
+    report_figure(report, predicted).savefig(path, dpi=120)
     return Path(path)

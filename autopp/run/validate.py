@@ -8,11 +8,36 @@ per parameter; max abs 6.5e-9), worst relative loss difference 1.6e-7. The toler
 for deeper models, more steps, other CPUs and GPUs, while a real bug (a microbatch's gradient missed, a tied
 weight's gradient on one rank only, a wrong scale) shows up as 1e-2 or more (a GPT-2 embedding tied to the head
 and not summed across ranks: 0.8).
+
+Absolute floor. A parameter whose gradient is zero in exact arithmetic has only rounding noise on both sides, and
+noise divided by noise is any number: the key bias of softmax attention (softmax is shift-invariant per query, so
+the key bias gets sum_j dL/dk_j = 0) gave 5.8e-2 "relative" at 7.4e-13 absolute on HF BERT. A gradient element is
+a sum of products of activations and upstream gradients; its rounding error is a few units of roundoff eps(dtype)
+times the magnitudes of its terms, which are of the size of the gradients the same backward produces. So, as
+`torch.testing.assert_close` adds an `atol` to its `rtol`, a parameter passes when
+
+    max |a - b| <= max(rtol * max |ref|, atol),   atol = eps(dtype) * G,
+    G = the largest |reference gradient| element of the whole model,
+    eps: float32 1.2e-7, bfloat16 7.8e-3, float16 9.8e-4, float64 2.2e-16 (GRAD_ATOL).
+
+Measured (float32, 2 ranks, 1F1B, 2 steps). A tiny HF ViT (ViTForImageClassification, 4 layers of width 64, split at
+layer 2, 2 x 2 microbatches, G = 1.02) FAILED before the floor: k_proj.bias 2.0 "relative" at 2.2e-10 absolute;
+with it every key bias's max_rel is at most 1.8e-7 against rtol 1e-4 (~560x headroom; noise <= 2.1e-10 G = 1.8e-3 eps).
+examples/hf_bert.py (G 0.19) and a tiny HF DistilBERT (G 0.057) pass either way (key bias gradients exactly 0 on
+both sides; with 4 x 1 microbatches BERT's key biases differ by at most 1.5e-11 G). The floor decides only for a
+parameter whose whole gradient is below eps * G / rtol (1.2e-3 G in float32). A real bug still fails: with the
+cross-rank sum of tied copies switched off, GPT-2's embedding copy differs by 1.00 and T5's shared embedding by
+1.01 (tests/run/test_real_models.py fails both); any error larger than eps * G does, unless the parameter's entire
+gradient is within a few roundoffs of the model's largest, where no comparison could tell right from wrong.
+
+Non-finite values. Every comparison with NaN is false, so a NaN would pass any tolerance: a NaN or infinity in
+either side's losses or gradients fails the run first, naming the side, the step or the parameter.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -28,7 +53,11 @@ __all__ = [
     "GRAD_RTOL",
     "LOSS_RTOL",
     "TOLERANCES",
+    "GRAD_ATOL",
     "tolerances",
+    "grad_atol",
+    "non_finite",
+    "failure",
     "Reference",
     "tensor_diff",
     "check_coverage",
@@ -53,6 +82,9 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (1e-2, 4e-3),
     "bfloat16": (5e-2, 3e-2),
 }
+#: A gradient difference up to this fraction of the model's largest reference gradient element passes whatever the
+#: parameter's own scale: one unit of roundoff (machine epsilon) of the dtype; see the module docstring.
+GRAD_ATOL: dict[str, float] = {name: torch.finfo(getattr(torch, name)).eps for name in TOLERANCES}
 
 
 @dataclass(frozen=True)
@@ -72,6 +104,13 @@ def tolerances(dtype: str) -> tuple[float, float]:
     return TOLERANCES.get(dtype, TOLERANCES["float32"])
 
 
+def grad_atol(grads: Mapping[str, torch.Tensor], dtype: str) -> float:
+    """GRAD_ATOL[dtype] x the largest finite |gradient| element of the model (0 for a model without gradients)."""
+    finite = [g.detach().abs().nan_to_num(0.0, 0.0, 0.0).max() for g in grads.values() if g.numel()]
+    largest = float(torch.stack(finite).max()) if finite else 0.0
+    return GRAD_ATOL.get(dtype, GRAD_ATOL["float32"]) * largest
+
+
 def model_dtype(model: nn.Module) -> str:
     """The widest floating-point parameter dtype, as a name ("float32"); float32 for a model without any."""
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
@@ -80,13 +119,14 @@ def model_dtype(model: nn.Module) -> str:
     return str(max(dtypes, key=lambda d: torch.finfo(d).bits)).removeprefix("torch.")
 
 
-def tensor_diff(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    """(max |got - ref|, that divided by max |ref|); rel is 0 for two zero tensors and inf when only ref is zero."""
+def tensor_diff(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> tuple[float, float]:
+    """(max |got - ref|, that divided by max(max |ref|, floor)); rel is 0 for two equal tensors and inf when the
+    divisor is zero and they differ."""
     if got.shape != ref.shape:
         raise RunError(f"gradient shapes differ: pipelined {tuple(got.shape)} vs reference {tuple(ref.shape)}")
     got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
     abs_diff = float((got - ref).abs().max()) if ref.numel() else 0.0
-    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    scale = max(float(ref.abs().max()) if ref.numel() else 0.0, floor)
     if scale == 0.0:
         return abs_diff, 0.0 if abs_diff == 0.0 else float("inf")
     return abs_diff, abs_diff / scale
@@ -110,10 +150,11 @@ def check_coverage(reference_names: Sequence[str], stage_names: Mapping[int, Seq
     return {n: s for n, s in owners.items() if len(s) > 1}
 
 
-def compare_grads(reference: Mapping[str, torch.Tensor], stage_grads: Mapping[int, Mapping[str, torch.Tensor]]
-                  ) -> list[ParamDiff]:
+def compare_grads(reference: Mapping[str, torch.Tensor], stage_grads: Mapping[int, Mapping[str, torch.Tensor]],
+                  floor: float = 0.0) -> list[ParamDiff]:
     """One ParamDiff per reference parameter and stage holding it (a tied weight once per copy: each copy's summed
-    gradient against the tensor's reference gradient), in the reference's order (check coverage first)."""
+    gradient against the tensor's reference gradient), in the reference's order (check coverage first); relative
+    differences are taken against at least `floor` (atol / rtol: see `grad_atol`)."""
     where: dict[str, list[tuple[int, torch.Tensor]]] = {}
     for stage, grads in sorted(stage_grads.items()):
         for name, grad in grads.items():
@@ -121,7 +162,7 @@ def compare_grads(reference: Mapping[str, torch.Tensor], stage_grads: Mapping[in
     diffs = []
     for name, ref in reference.items():
         for stage, got in where[name]:
-            max_abs, max_rel = tensor_diff(got, ref)
+            max_abs, max_rel = tensor_diff(got, ref, floor)
             diffs.append(ParamDiff(name=name, stage=stage, max_abs=max_abs, max_rel=max_rel))
     return diffs
 
@@ -133,6 +174,59 @@ def compare_losses(pipelined: Sequence[float], reference: Sequence[float]) -> tu
     abs_diffs = [abs(a - b) for a, b in zip(pipelined, reference)]
     rel_diffs = [d / abs(b) if b else (0.0 if d == 0 else float("inf")) for d, b in zip(abs_diffs, reference)]
     return max(abs_diffs, default=0.0), max(rel_diffs, default=0.0)
+
+
+def _bad_loss(losses: Sequence[float]) -> str | None:
+    """'loss nan at step 2' for the first non-finite loss, else None."""
+    return next((f"loss {v} at step {i + 1}" for i, v in enumerate(losses) if not math.isfinite(v)), None)
+
+
+def _bad_grad(grads: Mapping[str, torch.Tensor], where: str = "") -> str | None:
+    """'gradient of NAME (3 of 8 elements nan)' for the first parameter with a non-finite element, else None."""
+    for name, grad in grads.items():
+        bad = ~torch.isfinite(grad.detach())
+        if bool(bad.any()):
+            kinds = "/".join(k for k, m in (("nan", grad.isnan()), ("inf", grad.isinf())) if bool(m.any()))
+            return f"gradient of {name}{where} ({int(bad.sum())} of {grad.numel()} elements {kinds})"
+    return None
+
+
+def non_finite(losses: Sequence[float], stage_grads: Mapping[int, Mapping[str, torch.Tensor]], ref: Reference
+               ) -> str | None:
+    """Why the run fails when either side has a NaN or infinite loss or gradient (one line naming the side and the
+    step or parameter), else None."""
+    ref_bad = _bad_loss(ref.losses) or _bad_grad(ref.grads)
+    pipe_bad = _bad_loss(losses) or next(
+        (b for s, g in sorted(stage_grads.items()) if (b := _bad_grad(g, f" (stage {s})"))), None)
+    if ref_bad and pipe_bad:
+        return (f"non-finite values on both sides: the single-process reference's {ref_bad}, the pipelined run's "
+                f"{pipe_bad}; the model produces them without pipelining (check sample_batch, loss_fn and the "
+                "weights of the model file)")
+    if ref_bad:
+        return f"the single-process reference has a non-finite {ref_bad} where the pipelined run is finite"
+    if pipe_bad:
+        return f"the pipelined run has a non-finite {pipe_bad} where the single-process reference is finite"
+    return None
+
+
+def failure(diffs: Sequence[ParamDiff], losses: Sequence[float], ref: Reference,
+            stage_grads: Mapping[int, Mapping[str, torch.Tensor]]) -> str | None:
+    """The verdict: why the run fails validation (non-finite values first, then the worst gradient, then the
+    losses), or None when it passes."""
+    grad_rtol, loss_rtol = tolerances(ref.dtype)
+    bad = non_finite(losses, stage_grads, ref)
+    if bad:
+        return bad
+    worst = max(diffs, key=lambda d: d.max_rel)
+    if worst.max_rel > grad_rtol:
+        return (f"gradient of {worst.name} (stage {worst.stage}) differs from the single-process reference by "
+                f"{worst.max_rel:.2e} relative (max abs {worst.max_abs:.2e}), above the tolerance {grad_rtol:.0e}")
+    loss_abs, loss_rel = compare_losses(losses, ref.losses)
+    if loss_rel > loss_rtol:
+        return (f"losses differ from the single-process reference by {loss_rel:.2e} relative (max abs "
+                f"{loss_abs:.2e}), above the tolerance {loss_rtol:.0e}: pipelined {tuple(losses)}, reference "
+                f"{ref.losses}")
+    return None
 
 
 def reference_run(mf: ModelFile, seed: int, global_batch: int, steps: int, lr: float) -> Reference:

@@ -11,8 +11,9 @@ pipeline rank, runs the plan's schedule for a few SGD steps, timing each step, e
 estimating its peak memory. At the end global rank 0 gathers every rank's results and writes into the run dir:
   results.json    one object per global rank: step times, actions, waits, peak memory, losses, parameter names
   grads.pt        {stage index: {parameter name: first-step gradient}} from replica 0 (after the dp average)
-A rank that fails writes rank{r}.error (one line naming the exception) into its own run dir before exiting 1.
-Progress lines are logged to stdout, which the parent forwards.
+A rank that fails writes rank{r}.error (one line naming the exception, the model file's own when torch wrapped it,
+and where it was raised) into its own run dir before exiting 1.
+Progress lines (`[rank R] message`; a step's end `step K/N T s`) are logged to stdout, which the parent reads.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .pipeline import build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
 
-__all__ = ["Ranks", "ranks_of", "check_world_size", "replica_slice", "main"]
+__all__ = ["Ranks", "ranks_of", "check_world_size", "replica_slice", "describe_error", "main"]
 
 logger = logging.getLogger("autopp.run.worker")  # not __name__: this module runs as __main__
 
@@ -257,19 +258,46 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _record_error(run_dir: str, rank: int, exc: BaseException) -> None:
-    """One line naming the exception and the innermost frame, for the parent's RunError."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    text = str(exc).strip().splitlines()
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling (`__cause__`, else `__context__`), outermost
+    first."""
+    chain = [exc]
+    while True:
+        inner = chain[-1].__cause__ or (None if chain[-1].__suppress_context__ else chain[-1].__context__)
+        if inner is None or inner in chain:
+            return chain
+        chain.append(inner)
+
+
+def _frames_in(exc: BaseException, files: Sequence[str]) -> list[traceback.FrameSummary]:
+    wanted = {str(Path(f).resolve()) for f in files}
+    return [f for f in traceback.extract_tb(exc.__traceback__) if str(Path(f.filename).resolve()) in wanted]
+
+
+def describe_error(exc: BaseException, user_files: Sequence[str] = ()) -> str:
+    """One line for the parent: the innermost exception raised in the user's files (torch wraps a model's error in
+    its own, e.g. `[Stage 1] failed to run forward`), else the innermost of the chain, with its place
+    (`model.py:23 in forward`, the deepest frame in the user's files, else the innermost frame)."""
+    chain = _chain(exc)
+    user = [e for e in chain if _frames_in(e, user_files)]
+    chosen = user[-1] if user else chain[-1]
+    frames = _frames_in(chosen, user_files) or traceback.extract_tb(chosen.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    text = str(chosen).strip().splitlines()
+    return f"{type(chosen).__name__}: {text[0] if text else ''}{where}"
+
+
+def _record_error(run_dir: str, rank: int, exc: BaseException, user_files: Sequence[str] = ()) -> None:
+    """One line naming the exception (the user's own, see describe_error), for the parent's RunError."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {text[0] if text else ''}{where}\n")
+    (Path(run_dir) / f"rank{rank}.error").write_text(describe_error(exc, user_files) + "\n")
 
 
-def _log_progress_to_stdout() -> None:
-    """autopp's INFO messages (only autopp's, not torch's) go to stdout, one per line, for the parent."""
+def _log_progress_to_stdout(rank: int) -> None:
+    """autopp's INFO messages (only autopp's, not torch's) go to stdout, one per line prefixed `[rank R] ` (torchrun
+    mixes a node's workers in one stream), for the parent."""
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s"))
     root = logging.getLogger("autopp")
     root.addHandler(handler)
     root.setLevel(logging.INFO)
@@ -278,12 +306,14 @@ def _log_progress_to_stdout() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run this rank; on any exception record it, print the traceback to stderr and return 1."""
     args = _parse(argv)
-    _log_progress_to_stdout()
     rank = int(os.environ["RANK"])
+    _log_progress_to_stdout(rank)
     torch.set_num_threads(1)
-    logger.info("rank %d: allocator %s", rank, keep_freed_memory())
+    logger.info("allocator %s", keep_freed_memory())
+    user_files: list[str] = [args.model] if args.model else []
     try:
         plan = load_plan(args.plan)
+        user_files.append(plan.model_path)
         check_world_size(plan, int(os.environ["WORLD_SIZE"]))
         mf = load_model_file(args.model or plan.model_path)
         device = _device(args.backend)
@@ -292,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         _train(args, plan, mf, ranks_of(rank, plan.pp, plan.dp), device)
     except BaseException as exc:  # noqa: BLE001 - the parent needs every failure, KeyboardInterrupt included
         # Record first and skip destroy_process_group: it may wait on peers, and the parent kills them anyway.
-        _record_error(args.run_dir, rank, exc)
+        _record_error(args.run_dir, rank, exc, user_files)
         traceback.print_exc()
         return 1
     dist.destroy_process_group()

@@ -9,7 +9,7 @@ from typing import Any
 from autopp.schedule.actions import Kind
 from autopp.schedule.simulate import SimResult
 
-__all__ = ["KIND_COLOURS", "draw_timeline", "write_chrome_trace", "chrome_trace"]
+__all__ = ["KIND_COLOURS", "timeline_figure", "draw_timeline", "write_chrome_trace", "chrome_trace"]
 
 KIND_COLOURS: dict[Kind, str] = {Kind.F: "#4c72b0", Kind.I: "#dd8452", Kind.W: "#55a868", Kind.B: "#c44e52"}
 """Box colour per compute kind."""
@@ -35,7 +35,9 @@ def _draw_boxes(ax: Any, result: SimResult) -> None:
                     fontsize=6, color="white", clip_on=True)
 
 
-def _style_timeline(ax: Any, result: SimResult, title: str) -> None:
+def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None = None) -> None:
+    """Rank labels, the legend, and the title: `title`, then `headline` (the caller's figures: a plan's stored
+    prediction, a report's median; default: the drawn step's time and mean bubble), then each rank's bubble."""
     from matplotlib.patches import Patch
 
     ranks = _num_ranks(result)
@@ -44,8 +46,10 @@ def _style_timeline(ax: Any, result: SimResult, title: str) -> None:
     ax.set_xlim(0, max(result.step_time_s, 1e-12))
     mean = sum(result.bubble_fraction) / max(len(result.bubble_fraction), 1)
     per_rank = ", ".join(f"{b:.0%}" for b in result.bubble_fraction[:8])
-    ax.set_title(f"{title + ': ' if title else ''}step {result.step_time_s:.4g} s, bubble {mean:.0%} "
-                 f"(per rank: {per_rank}{', ...' if len(result.bubble_fraction) > 8 else ''})")
+    if headline is None:
+        headline = f"step {result.step_time_s:.4g} s, bubble {mean:.0%}"
+    ax.set_title(f"{title + ': ' if title else ''}{headline} "
+                 f"(bubble per rank: {per_rank}{', ...' if len(result.bubble_fraction) > 8 else ''})")
     ax.legend(handles=[Patch(color=c, label=k.value) for k, c in KIND_COLOURS.items()], loc="lower left",
               bbox_to_anchor=(1.0, 0.0), fontsize=7, ncol=1, frameon=False)
 
@@ -63,8 +67,9 @@ def _draw_memory(ax: Any, result: SimResult) -> None:
         ax.legend(fontsize=7, loc="upper right")
 
 
-def draw_timeline(result: SimResult, path: str | Path, title: str = "") -> None:
-    """Write a PNG: one row per rank with F/I/W/B boxes numbered by microbatch, and each rank's memory below.
+def timeline_figure(result: SimResult, title: str = "", headline: str | None = None) -> Any:
+    """A matplotlib Figure: one row per rank with F/I/W/B boxes numbered by microbatch, and each rank's memory
+    below; the title carries `headline` (see `_style_timeline`).
 
     Renders with matplotlib's Agg canvas on a standalone Figure: no pyplot, no global backend change.
     """
@@ -76,10 +81,17 @@ def draw_timeline(result: SimResult, path: str | Path, title: str = "") -> None:
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [max(ranks, 2), 3]})
     _draw_boxes(top, result)
-    _style_timeline(top, result, title)
+    _style_timeline(top, result, title, headline)
     _draw_memory(bottom, result)
     fig.tight_layout()
+    return fig
+
+
+def draw_timeline(result: SimResult, path: str | Path, title: str = "", headline: str | None = None) -> Any:
+    """Write `timeline_figure` as a PNG to `path`; returns the Figure."""
+    fig = timeline_figure(result, title, headline)
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def chrome_trace(result: SimResult) -> dict[str, Any]:

@@ -112,13 +112,14 @@ class ProfileTable:
 
 
 def _cuts(profile: Profile, b: int) -> np.ndarray:
-    """Profile.cut_bytes at a profiled size, vectorised: each live value (or edge) from unit src >= 0 to its last
-    reader adds its bytes to the cuts src + 1 .. last."""
+    """Profile.cut_bytes(b, recompute=True) at a profiled size, vectorised: each live value (or edge) from unit
+    src >= 0 to its last reader adds its bytes to the cuts src + 1 .. last, but a value marked `recompute` crosses
+    none: the runner never sends it, every stage that reads it holds it (autopp.run.chain)."""
     n = profile.num_units
     diff = np.zeros(n + 1)
     if profile.meta.live_values:
         spans = [(int(v["src"]), max(int(d) for d in v["dsts"]), float(v["bytes"][str(b)]))
-                 for v in profile.meta.live_values]
+                 for v in profile.meta.live_values if v.get("action") != "recompute"]
     else:
         e = profile.edges[profile.edges.microbatch_size == b]
         spans = list(zip(e.src.astype(int), e.dst.astype(int), e.bytes.astype(float)))

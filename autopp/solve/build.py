@@ -42,12 +42,14 @@ def judge_baselines(a: UnitArrays, request: PlanRequest, best: Verdict) -> dict[
 
 
 def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
-               custom: CustomOrder | None = None, extra: tuple[str, ...] = ()) -> Plan:
+               custom: CustomOrder | None = None, extra: tuple[str, ...] = (), keep_split: bool = False) -> Plan:
     """The Plan of `best` (`a`: unit costs at its microbatch size): stages, simulated figures, baselines, notes.
-    A baseline split that the simulator finds faster (and fitting) replaces the DP's split, and a synthesized order
-    (`custom`, judged by the simulator too) replaces the named schedule when it is faster still."""
+    A baseline split that the simulator finds faster (and fitting) replaces the DP's split unless `keep_split` (a
+    pinned configuration), and a synthesized order (`custom`, judged by the simulator too) replaces the named
+    schedule when it is faster still."""
     baselines = judge_baselines(a, request, best)
-    best = min([best, *(v for v in baselines.values() if v.fits)], key=lambda v: v.key)
+    if not keep_split:
+        best = min([best, *(v for v in baselines.values() if v.fits)], key=lambda v: v.key)
     notes = [*extra, *([SPLIT_NOTE] if a.split_assumed else [])]
     order: tuple[tuple[str, ...], ...] = ()
     if custom is not None and custom.verdict.key < best.key:

@@ -19,26 +19,67 @@ __all__ = ["explain_infeasible", "smallest_memory"]
 
 
 def _no_config(profile: Profile, req: PlanRequest) -> InfeasibleError:
-    from .search import _dps, microbatch_counts
-    n, name = profile.num_units, req.schedule or ScheduleName.GPIPE
+    """Which rule left no configuration (units per stage, global batch over replicas and microbatches, the
+    schedule's microbatch rule), with the numbers and what would work."""
+    from .search import _dps, _vs, microbatch_counts
+    n = profile.num_units
+    names = [req.schedule] if req.schedule else list(ScheduleName)
     dps = _dps(req)
     pps = [req.cluster.num_devices // dp for dp in dps]
-    v = stages_per_rank(name, req.virtual_stages or 1)
+    v = min(stages_per_rank(name, x) for name in names for x in _vs(req, name))
     if min(pps) * v > n:
-        hint = "" if req.dp is None else "; or --dp auto to use the rest for data parallelism"
-        return InfeasibleError(f"cannot split {n} units into {min(pps) * v} stages: use at most {n // v} devices "
-                               f"(or add SPLIT_POINTS for finer units{hint})")
+        return _too_few_units(profile, req, names, min(pps), v)
     counts = [m for dp in dps for m in microbatch_counts(req, dp)]
     if not counts:
+        per = f"{req.num_microbatches} microbatches" if req.num_microbatches else "microbatches"
         return InfeasibleError(f"global batch {req.global_batch} cannot be split over dp={dps[0]} replicas into "
-                               f"{req.num_microbatches} microbatches")
-    try:
-        validate(name, min(pps), max(counts), v)
-    except ScheduleError as exc:
-        more = (f"--microbatches {min(pps)} or more" if req.num_microbatches is not None
-                else f"a global batch of at least {min(pps)} (it is {req.global_batch})")
-        return InfeasibleError(f"{exc}: use {more}, fewer devices, or another --schedule")
-    return InfeasibleError(f"no valid configuration for {name.value} on {req.cluster.num_devices} devices")
+                               f"{per}: use a global batch divisible by dp x microbatches "
+                               f"({dps[0] * (req.num_microbatches or 1)})")
+    failed = []
+    for name in names:
+        for x in _vs(req, name):
+            try:
+                validate(name, min(pps), max(counts), x)
+                continue
+            except ScheduleError as exc:
+                failed.append(str(exc))
+    if failed:
+        need = _fewest_microbatches(names, req, min(pps))
+        more = (f"--microbatches {need} or more" if req.num_microbatches is not None
+                else f"a global batch of at least {need * dps[-1]} (it is {req.global_batch})")
+        return InfeasibleError(f"{failed[0]}: use {more}, fewer devices, or another --schedule")
+    name = names[0].value if len(names) == 1 else "any schedule"
+    return InfeasibleError(f"no valid configuration for {name} on {req.cluster.num_devices} devices "
+                           f"({n} units, global batch {req.global_batch}, microbatch counts {sorted(set(counts))})")
+
+
+def _fewest_microbatches(names: list[ScheduleName], req: PlanRequest, pp: int) -> int:
+    """The fewest microbatches per replica that one of the schedules accepts on `pp` ranks."""
+    from .search import _vs
+    for m in range(1, 8 * pp + 1):
+        for name in names:
+            for x in _vs(req, name):
+                try:
+                    validate(name, pp, m, x)
+                    return m
+                except ScheduleError:
+                    pass
+    return pp
+
+
+def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName], pp: int, v: int) -> InfeasibleError:
+    """Fewer units than the stages asked for: fewer devices, a schedule with fewer stages per rank, finer units."""
+    n = profile.num_units
+    which = f" ({names[0].value} runs {v} stages per rank)" if v > 1 and len(names) == 1 else ""
+    hint = "" if req.dp is None else "; or --dp auto to use the rest for data parallelism"
+    single = ("; or a schedule with one stage per rank (--schedule 1F1B or GPipe)"
+              if v > 1 and pp <= n else "")
+    example = next((p for p in profile.meta.split_points if p), "")
+    finer = (f"; or finer units: SPLIT_POINTS in the model file may also name modules inside a block "
+             f"(e.g. `{example}.<child>`, see model.named_modules())" if example else
+             "; or finer units: add SPLIT_POINTS to the model file")
+    return InfeasibleError(f"cannot split {n} units into {pp * v} stages{which}: use at most {n // v} devices"
+                           f"{hint}{single}{finer}")
 
 
 def smallest_memory(profile: Profile, req: PlanRequest, recompute: bool = False) -> tuple[int, int] | None:

@@ -31,13 +31,14 @@ from .bounds import lower_bound
 from .dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import (Candidate, Verdict, allreduce_time, comm_times, judge, message_overheads, named_order,
                     optimizer_time, rank_peak, stage_costs)
+from .runnable import split_backward_refusal
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "make_plan", "microbatch_counts", "configs", "search"]
 
 log = logging.getLogger(__name__)
 
 RUNNABLE = (ScheduleName.ONE_F_ONE_B, ScheduleName.GPIPE)
-"""Schedules autopp's runner executes today."""
+"""Schedules of one stage per rank (the runner executes every named schedule; `runnable.py` has what it refuses)."""
 
 
 class RecomputeMode(enum.Enum):
@@ -258,12 +259,14 @@ class _Option:
     """The DP's split, with the recompute flags that fit."""
 
 
-def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[Config]) -> list[_Option]:
+def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[Config],
+             refuse: Callable[[Config, Bounds], str | None] = lambda c, b: None) -> list[_Option]:
     """The short-list: the `shortlist` configurations of least estimate among those whose split fits in memory
     (checked by walking the schedule's order, exact peaks, recomputation switched on per stage under "auto"), best
     first. Configurations are visited lazily in order of a lower bound of their estimate (bounds.py) until the bound
     reaches the short-list's worst estimate: nothing left could enter it. With --recompute auto a configuration whose
-    plain split does not fit the DP re-enters the queue under its all-recompute bound."""
+    plain split does not fit the DP re-enters the queue under its all-recompute bound. A configuration whose split
+    the runner would refuse (`refuse` says why) is left out."""
     modes = {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[req.recompute]
     keep, splits = req.shortlist * (2 if _links_hold_messages(req.cluster) else 1), _Splits()
     queue = [(lower_bound(arrays(c.b), req, c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
@@ -279,6 +282,10 @@ def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[C
         if bounds is None:
             if mode + 1 < len(modes):  # AUTO: recompute only when the plain split does not fit
                 heapq.heappush(queue, (max(bound, lower_bound(a, req, c, modes[mode + 1])), idx, mode + 1))
+            continue
+        why = refuse(c, bounds)
+        if why is not None:
+            log.info("%s pp=%d dp=%d v=%d m=%d: %s", c.schedule.value, c.pp, c.dp, c.v, c.m, why)
             continue
         est = _estimate(a, req, c, bounds, rc)
         if len(short) >= keep and (est, idx) >= (-short[0][0], -short[0][1]):
@@ -318,8 +325,10 @@ def _candidate(c: Config, bounds: Bounds, recompute: bool) -> Candidate:
                      bounds=bounds, recompute=(recompute,) * len(bounds))
 
 
-def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None) -> tuple[Verdict | None, int, int]:
-    """The best fitting verdict (or None), the number of configurations and the number simulated."""
+def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None,
+           excluded: dict[str, str] | None = None) -> tuple[Verdict | None, int, int]:
+    """The best fitting verdict (or None), the number of configurations and the number simulated. Schedules left
+    out because the runner would refuse them for this model go into `excluded` (name -> why)."""
     cache: dict[int, UnitArrays] = {}
     table = table or ProfileTable(profile)
 
@@ -328,8 +337,15 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
             cache[b] = table.arrays(b)
         return cache[b]
 
+    def refuse(c: Config, bounds: Bounds) -> str | None:
+        why = split_backward_refusal(profile.meta.live_values, bounds, c.schedule.value) \
+            if c.schedule in SPLIT_BACKWARD else None
+        if why is not None and excluded is not None:
+            excluded.setdefault(c.schedule.value, why)
+        return why
+
     cfgs = configs(req, profile.num_units)
-    opts = _options(arrays, req, cfgs)
+    opts = _options(arrays, req, cfgs, refuse)
     fitting: list[Verdict] = []
     for opt in opts:
         verdict = judge(arrays(opt.config.b), req.cluster, opt.candidate)
@@ -386,15 +402,21 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     from .custom import synthesized
     from .explain import explain_infeasible
     table = ProfileTable(profile)
-    best, n_cfg, n_sim = search(profile, request, table)
+    excluded: dict[str, str] = {}
+    best, n_cfg, n_sim = search(profile, request, table, excluded)
     note = None
     if not request.cluster.homogeneous and not request.cluster.order:
         request, best, note = _place(profile, request, table, best)
+    if best is None and request.schedule is not None and request.schedule.value in excluded:
+        raise InfeasibleError(excluded[request.schedule.value])
     if best is None:
         raise explain_infeasible(profile, request, n_cfg)
     a = table.arrays(best.candidate.microbatch_size)
-    custom = synthesized(a, request.cluster, best, request.synth_time_limit_s) if request.synthesize else None
+    unsynthesizable = split_backward_refusal(profile.meta.live_values, best.candidate.bounds, "a synthesized order")
+    custom = synthesized(a, request.cluster, best, request.synth_time_limit_s) \
+        if request.synthesize and unsynthesizable is None else None
     notes = [note] if note else []
+    notes += list(excluded.values()) + ([unsynthesizable] if request.synthesize and unsynthesizable else [])
     if profile.meta.device.startswith("cuda") and _links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
     return build_plan(profile, request, best, a, custom, extra=tuple(notes))

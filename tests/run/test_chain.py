@@ -122,3 +122,32 @@ def test_split_backward_schedules_are_told_apart() -> None:
     split = pipeline_plan(MASKED, ["blocks.1"], "Custom", ranks=[0, 1], custom_order=(("0F0", "0I0", "0W0"),
                                                                                       ("1F0", "1I0", "1W0")))
     assert not splits_backward(full) and splits_backward(split)
+
+
+def test_the_planners_weight_only_rule_agrees_with_the_runners_check_on_t5() -> None:
+    # The planner finds, from the profile's live values (needs_grad, reads), the stages that would send on a value
+    # made from their parameters alone; the runner finds them on real tensors (`weight_only_outputs`). T5: the
+    # relative-position biases and the decoder's token embedding.
+    pytest.importorskip("transformers")
+    from autopp.modelfile import discover_units
+    from autopp.run.chain import ChainPiece, constant_values, example_io
+    from autopp.solve.runnable import weight_only_sends
+    from autopp.split import live_values
+
+    mf = load_model_file(ROOT / "examples" / "hf_t5.py")
+    model = mf.build(0)
+    units = discover_units(mf, model)
+    example, _ = mf.sample_batch(2, seed=0)
+    by_unit = split_model(model, example, [str(u.split_point) for u in units[1:]])
+    values = [{"name": v.name, "src": v.src, "dsts": list(v.dsts), "needs_grad": v.needs_grad, "reads": list(v.reads),
+               "action": "recompute" if v.recomputable else "relay"} for v in live_values(by_unit)]
+    for cuts, expected in (((3, 4, 5), [1, 2]), ((2, 3, 5), [2])):
+        pipe = split_model(model, example, [str(units[c].split_point) for c in cuts])
+        io, sources = chain_io(pipe)
+        consts = constant_values(pipe, sorted({c for s in io for c in s.constants}), example)
+        pieces = [ChainPiece(pipe.get_stage_module(i), i, io[i], sources, {c: consts[c] for c in io[i].constants},
+                             last=i == len(io) - 1) for i in range(len(io))]
+        example_io(pieces, example)
+        bounds = tuple(zip((0,) + cuts, cuts + (len(units),)))
+        assert [p.index for p in pieces if p.weight_only and not p.last] == expected
+        assert sorted({s for s, _ in weight_only_sends(values, bounds)}) == expected

@@ -1,5 +1,5 @@
-"""The torch side of a plan: stage placement, the neighbour-only check, and custom orders through torch's CSV
-runtime (run in this process on a one-rank gloo group, so no worker start-up is paid)."""
+"""The torch side of a plan: stage placement, neighbour-only stages for every schedule, and custom orders through
+torch's CSV runtime (run in this process on a one-rank gloo group, so no worker start-up is paid)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from autopp.errors import RunError
 from autopp.modelfile import load_model_file
-from autopp.run.pipeline import SCHEDULES, check_neighbours, custom_schedule, placement, write_order_csv
+from autopp.run.pipeline import SCHEDULES, custom_schedule, placement, write_order_csv
 from autopp.schedule import ScheduleName, build_schedule
 from autopp.split import split_model
 
@@ -40,17 +40,6 @@ def test_placement_follows_the_schedule_layout() -> None:
 def test_custom_placement_is_the_plans() -> None:
     plan = pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", virtual_stages=2, ranks=[0, 1, 1, 0])
     assert placement(replace(plan, schedule="Custom")) == [0, 1, 1, 0]
-
-
-def test_the_strict_neighbour_check_names_a_value_that_skips_stages() -> None:
-    # build_stages relays such values (autopp.run.chain); check_neighbours is for callers that cannot.
-    mf = load_model_file(MASKED)
-    example, _ = mf.sample_batch(2, seed=0)
-    pipe = split_model(mf.build(0), example, ["blocks.1", "blocks.2"])
-    with pytest.raises(RunError, match=r"stage 2 reads '\w+' from stage 0, which is not its neighbour"):
-        check_neighbours(pipe)
-    chain = load_model_file(LINRELU)
-    check_neighbours(split_model(chain.build(0), chain.sample_batch(2, seed=0)[0], ["2"]))
 
 
 def test_order_csv_is_torchs_compute_only_layout(tmp_path: Path) -> None:
@@ -89,3 +78,22 @@ def test_a_bad_custom_order_is_a_run_error(one_rank_group: None, tmp_path: Path)
     stages = [PipelineStage(pipe.get_stage_module(i), i, 2, torch.device("cpu")) for i in range(2)]
     with pytest.raises(RunError, match=r"torch refused the custom order in .*order.csv"):
         custom_schedule(stages, [["0F0", "1F0", "1B0", "0B0", "0F1"]], 2, mf.loss_fn, tmp_path / "order.csv")
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "GPipe"])
+def test_single_stage_schedules_get_neighbour_only_stages(one_rank_group: None, schedule: str) -> None:
+    # Regression (issue 13): GPipe and 1F1B used torch's graph-built stage, which sends a value that skips stages
+    # straight to each reader; on 4 ranks torch refused it: "PipeliningMetadataError: Backward of skip connections
+    # not supported yet (at stage.py:1580)". Every schedule now gets the neighbour-only chain: stage s receives
+    # exactly what stage s - 1 passes on, the residual is relayed and the mask held by its readers.
+    from autopp.run.chain import ChainPiece
+    from autopp.run.pipeline import build_stages
+
+    plan = pipeline_plan(MASKED, ["blocks.1", "blocks.2", "head"], schedule, pp=4, num_microbatches=4)
+    mf = load_model_file(MASKED)
+    built = [build_stages(mf, plan, r, torch.device("cpu"), None) for r in range(4)]
+    pieces = [b.stages[0].submod for b in built]
+    assert all(isinstance(p, ChainPiece) for p in pieces) and [p.index for p in pieces] == [0, 1, 2, 3]
+    for before, after in zip(pieces, pieces[1:]):
+        assert after.io.inputs == before.io.outputs
+    assert set(built[1].relayed) == {1} and pieces[1].io.constants

@@ -1,12 +1,16 @@
-"""Integration tests of run_plan on models that are not chains (two gloo ranks): a Hugging Face GPT-2 whose
-embedding is tied to its head, a mask and a residual that skip stages under multi-stage schedules, and T5."""
+"""Integration tests of run_plan on models that are not chains: a Hugging Face GPT-2 whose embedding is tied to its
+head, a mask and a residual that skip stages under multi-stage schedules, and T5 (two gloo ranks); HF decoders with
+rotary tables (Qwen2, GPT-NeoX) and a U-Net with long skips on four ranks under GPipe, 1F1B and a V schedule.
+scripts/check_models.py runs the whole model x schedule matrix (docs/models.md)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from autopp.plan import Plan
 from autopp.run import GRAD_RTOL, run_plan
 
 from .conftest import ROOT, pipeline_plan, two_stage_plan
@@ -14,6 +18,7 @@ from .conftest import ROOT, pipeline_plan, two_stage_plan
 HF_GPT2 = ROOT / "examples" / "hf_gpt2.py"
 HF_T5 = ROOT / "examples" / "hf_t5.py"
 MASKED = ROOT / "tests" / "models" / "masked.py"
+MODELS = ROOT / "tests" / "models"
 
 pytest.importorskip("transformers")
 
@@ -48,3 +53,38 @@ def test_t5_two_stages() -> None:
     assert report.passed
     shared = [d for d in report.grad_diffs if d.name == "shared.weight"]
     assert [d.stage for d in shared] == [0, 1]
+
+
+def _even_plan(model: Path, schedule: str, v: int, num_microbatches: int = 4) -> Plan:
+    """Four ranks, the model's 8 units cut evenly into 4 * v stages, microbatches of one sample."""
+    from autopp.modelfile import discover_units, load_model_file
+
+    mf = load_model_file(model)
+    units = discover_units(mf, mf.build(0))
+    per = len(units) // (4 * v)
+    points = [str(units[i * per].split_point) for i in range(1, 4 * v)]
+    return pipeline_plan(model, points, schedule, pp=4, virtual_stages=v, num_microbatches=num_microbatches,
+                         microbatch_size=1)
+
+
+@pytest.mark.parametrize("model", ["hf_qwen2.py", "hf_neox.py", "unet.py"])
+@pytest.mark.parametrize("schedule", ["1F1B", "GPipe"])
+def test_values_that_skip_stages_run_on_four_ranks_under_single_stage_schedules(model: str, schedule: str) -> None:
+    # Regression (issue 13, points 0 and 3): HF Qwen2 / GPT-NeoX (rotary tables and masks made once, read by every
+    # block) and a U-Net (long skips) on 4 ranks under the default 1F1B or GPipe failed with "PipeliningMetadataError:
+    # Backward of skip connections not supported yet (at stage.py:1580)": torch's graph-built stage sent a value that
+    # skips stages straight to each reader. Now the stages relay it (or hold it, when it is made of constants).
+    report = run_plan(_even_plan(MODELS / model, schedule, 1), steps=1, timeout_s=240)
+    assert report.passed and report.complete and len(report.grad_diffs) > 0
+    assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
+    # Every stage's F and B were timed (autopp.run.instrument wraps the neighbour-only stages as it did torch's).
+    assert [(t.stage, t.forward_s is not None, t.backward_s is not None) for t in report.stage_times] == \
+        [(s, True, True) for s in range(4)]
+
+
+def test_unet_long_skips_under_a_v_schedule_on_four_ranks() -> None:
+    # Two stages per rank (V layout): the outermost skip, stem (stage 0) -> up1 (stage 6), is relayed by stages 1-5.
+    report = run_plan(_even_plan(MODELS / "unet.py", "ZBVZeroBubble", 2), steps=1, timeout_s=240)
+    assert report.passed and report.complete
+    assert all(t.input_s is not None and t.weight_s is not None for t in report.stage_times)
+    assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)

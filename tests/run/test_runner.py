@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -86,10 +85,11 @@ def test_failing_rank_raises_quickly_and_leaves_no_process(
     plan = two_stage_plan(faulty_model, "2")
     work = tmp_path / "run"
     before = children_of(os.getpid())
-    start = time.monotonic()
     with pytest.raises(RunFailedError, match=expected) as info:
         run_plan(plan, steps=2, timeout_s=60, work_dir=work)
-    assert time.monotonic() - start < 45
+    # Stopped by the failure, not by the 60 s limit: checked by the message, not by a wall clock (the machine may be
+    # loaded); the timeout's message is "ranks [...] had not finished after 60 s (timeout)".
+    assert "had not finished" not in str(info.value)
     assert isinstance(info.value, RunError) and info.value.report.complete is False
     assert info.value.report.error == str(info.value)
     assert processes_mentioning(str(work)) == []

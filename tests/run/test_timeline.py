@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autopp.run import draw_report, measured_timeline
+from autopp.run.report import RankMeasure, RunReport, format_report, median_step_time
+from autopp.run.summary import median_step_index
+from autopp.run.timeline import report_figure
 from autopp.schedule import Kind, ScheduleName, StageCost, simulate_named
 
 
@@ -42,3 +46,56 @@ def test_draw_measured_above_predicted(tmp_path: Path) -> None:
     predicted = simulate_named(ScheduleName.GPIPE, 2, 1, [cost, cost], [0.0])
     path = draw_report(_report(), predicted, tmp_path / "t.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def _three_step_report(plan_path: str | None, predicted_s: float) -> RunReport:
+    """Issue 13's case: 3 steps, the first left out; the median (0.346 s) is the mean of the two timed steps, and the
+    timeline draws the faster of them (step 3, 0.316 s)."""
+    per_rank = [(0.5, 0.376, 0.316), (0.49, 0.37, 0.31)]
+    ranks = tuple(RankMeasure(rank=r, replica=0, pp_rank=r, stages=(r,), step_times_s=times, wait_s=0.0,
+                              peak_memory_bytes=(20 + 10 * r) * 2**20, predicted_peak_memory_bytes=None,
+                              memory_error=None, actions=((f"{r}F0", 0.01, 0.1), (f"{r}B0", 0.12, 0.3)))
+                  for r, times in enumerate(per_rank))
+    steps = tuple(max(t) for t in zip(*per_rank))
+    return RunReport(plan_path=plan_path, model_path="m.py", fingerprint="f", schedule="1F1B", num_ranks=2,
+                     num_microbatches=4, microbatch_size=2, steps=3, lr=0.01, backend="gloo", grad_rtol=1e-4,
+                     loss_rtol=1e-5, predicted_step_time_s=predicted_s, step_times_s=steps,
+                     measured_step_time_s=median_step_time(steps), timeline_step=median_step_index(steps), ranks=ranks,
+                     pp=2, memory_method="estimate", complete=True)
+
+
+def test_report_text_json_png_and_show_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 13, point 9: the report PNG's title showed the drawn step (0.316 s) where the text gave the median
+    (0.346 s), and it had no memory panel. Each figure has one source: the report's."""
+    from autopp.cli import main
+    from autopp.cluster import Cluster
+    from autopp.plan import load_plan
+    from autopp.predict import simulate_plan
+    from autopp.profile import load_profile
+    from autopp.solve import PlanRequest, make_plan
+
+    from ..conftest import ROOT
+    plan = make_plan(load_profile(ROOT / "profiles" / "mlp"),
+                     PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=8))
+    plan_path = plan.save(tmp_path / "p.json")
+    report = _three_step_report(str(plan_path), plan.predicted.step_time_s)
+    data = json.loads(report.save(tmp_path / "r.json").read_text())
+    assert data["measured_step_time_s"] == pytest.approx(0.346) and data["timeline_step"] == 2
+    text = format_report(report)
+    measured, predicted = f"{data['measured_step_time_s']:.4f} s", f"{data['predicted_step_time_s']:.4f} s"
+    assert f"measured {measured}   predicted {predicted}" in text
+
+    fig = report_figure(data, simulate_plan(load_plan(plan_path)))
+    top, middle, memory = fig.axes[:3]
+    assert top.get_title().startswith(f"measured: step {measured} (median of steps 2-3; drawn: step 3 of 3, "
+                                      "0.3160 s)")
+    assert middle.get_title().startswith(f"predicted: step {predicted} (pipeline ")
+    labels = [line.get_label() for line in memory.get_lines()]
+    assert [lb for lb in labels if "measured peak" in lb] == ["rank 0 measured peak 20 MiB, estimate",
+                                                              "rank 1 measured peak 30 MiB, estimate"]
+    assert sum("predicted (peak" in lb for lb in labels) == 2
+
+    assert main(["show", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.png")]) == 0
+    shown = capsys.readouterr().out
+    assert f"(measured step {measured} (median" in shown and f"; predicted step {predicted} (pipeline " in shown
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"

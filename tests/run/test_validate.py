@@ -10,7 +10,8 @@ import torch
 
 from autopp.errors import RunError
 from autopp.modelfile import load_model_file
-from autopp.run.validate import check_coverage, compare_grads, compare_losses, reference_run, tensor_diff
+from autopp.run.validate import (GRAD_RTOL, Reference, check_coverage, compare_grads, compare_losses, failure,
+                                 grad_atol, non_finite, reference_run, tensor_diff)
 
 
 def test_tensor_diff() -> None:
@@ -68,3 +69,67 @@ def test_reference_run_is_reproducible_and_learns(tmp_path: Path) -> None:
     assert list(one.grads) == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert one.aliases == {n: n for n in one.grads}
     assert all(torch.equal(one.grads[k], two.grads[k]) for k in one.grads)
+
+
+def _ref(grads: dict[str, torch.Tensor], losses: tuple[float, ...] = (2.0,)) -> Reference:
+    return Reference(losses=losses, grads=grads)
+
+
+# Issue 13, point 2: HF BERT on 2 ranks ended "FAILED: gradient of ...attention.self.key.bias differs ... by 5.82e-02
+# relative (max abs 7.39e-13)"; the key bias gradient is zero in exact arithmetic, both sides rounding noise.
+def test_rounding_noise_of_a_zero_gradient_passes_against_the_floor() -> None:
+    ref = {"value.weight": torch.full((4,), 0.19), "key.bias": torch.full((4,), 1.27e-11)}
+    got = {"value.weight": ref["value.weight"].clone(), "key.bias": ref["key.bias"] + 7.39e-13}
+    atol = grad_atol(ref, "float32")
+    assert atol == pytest.approx(0.19 * torch.finfo(torch.float32).eps)
+    assert compare_grads(ref, {0: got})[1].max_rel == pytest.approx(5.82e-2, rel=0.01)  # without the floor: fails
+    floor = atol / GRAD_RTOL
+    (_, key_bias) = compare_grads(ref, {0: got}, floor)
+    assert key_bias.max_rel < 1e-4 and failure(compare_grads(ref, {0: got}, floor), [2.0], _ref(ref), {0: got}) is None
+
+
+@pytest.mark.parametrize("scale", [0.2, 1.01, 1e-3])
+def test_the_floor_still_catches_wrong_gradients_above_rounding(scale: float) -> None:
+    # A tied copy not summed (GPT-2: 0.8 relative), a 1 % error, a gradient 1000x too small, on the largest
+    # parameter and on a small one (1e-4 of the largest gradient): each above eps x the largest, so each still fails.
+    ref = {"emb": torch.full((4,), 0.5), "small": torch.full((4,), 5e-5)}
+    for name in ref:
+        got = {**ref, name: ref[name] * scale}
+        diffs = compare_grads(ref, {0: got}, grad_atol(ref, "float32") / GRAD_RTOL)
+        error = failure(diffs, [2.0], _ref(ref), {0: got})
+        assert error is not None and error.startswith(f"gradient of {name} (stage 0) differs") and "1e-04" in error
+    assert GRAD_RTOL == 1e-4
+
+
+def test_floor_ignores_non_finite_elements_and_scales_with_the_dtype() -> None:
+    grads = {"a": torch.tensor([1.0, float("nan")]), "b": torch.tensor([-4.0])}
+    assert grad_atol(grads, "float32") == pytest.approx(4 * 2**-23)
+    assert grad_atol(grads, "bfloat16") == pytest.approx(4 * 2**-7)
+    assert grad_atol({}, "float32") == 0.0
+
+
+# Issue 13, point 1: a model whose batches are all NaN was reported PASSED (every comparison with NaN is false).
+def test_nan_everywhere_fails_and_names_both_sides() -> None:
+    nan = float("nan")
+    ref = _ref({"w": torch.full((3,), nan)}, losses=(nan, nan))
+    got = {1: {"w": torch.full((3,), nan)}}
+    diffs = compare_grads(ref.grads, got, grad_atol(ref.grads, "float32") / GRAD_RTOL)
+    error = failure(diffs, [nan, nan], ref, got)
+    assert error == ("non-finite values on both sides: the single-process reference's loss nan at step 1, the "
+                     "pipelined run's loss nan at step 1; the model produces them without pipelining (check "
+                     "sample_batch, loss_fn and the weights of the model file)")
+
+
+def test_non_finite_names_the_side_and_the_parameter() -> None:
+    ref = _ref({"a": torch.ones(2), "b": torch.ones(4)}, losses=(1.0, 0.5))
+    fine = {0: {"a": torch.ones(2)}, 1: {"b": torch.ones(4)}}
+    assert non_finite([1.0, 0.5], fine, ref) is None
+    bad = {0: {"a": torch.ones(2)}, 1: {"b": torch.tensor([1.0, float("inf"), float("nan"), 1.0])}}
+    assert non_finite([1.0, 0.5], bad, ref) == ("the pipelined run has a non-finite gradient of b (stage 1) "
+                                                "(2 of 4 elements nan/inf) where the single-process reference is "
+                                                "finite")
+    assert non_finite([1.0, float("inf")], fine, ref) == ("the pipelined run has a non-finite loss inf at step 2 "
+                                                          "where the single-process reference is finite")
+    ref_bad = _ref({"a": torch.ones(2), "b": torch.full((4,), float("nan"))}, losses=(1.0, 0.5))
+    assert non_finite([1.0, 0.5], fine, ref_bad) == ("the single-process reference has a non-finite gradient of b "
+                                                     "(4 of 4 elements nan) where the pipelined run is finite")

@@ -1,12 +1,14 @@
-"""Unit tests of the worker's pure helpers: rank layout, world-size check, replica slices."""
+"""Unit tests of the worker's pure helpers: rank layout, world-size check, replica slices, the error line."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from autopp.errors import RunError
-from autopp.run.worker import check_world_size, ranks_of, replica_slice
+from autopp.run.worker import check_world_size, describe_error, ranks_of, replica_slice
 
 from .conftest import LINRELU, pipeline_plan
 
@@ -30,3 +32,46 @@ def test_replica_gets_its_contiguous_slice() -> None:
     assert replica_slice(batch, 1, 2).tolist() == [4, 5, 6, 7]
     assert replica_slice(batch, 0, 4).tolist() == [0, 1]
     assert replica_slice(batch, 0, 1) is batch
+
+
+USER_CODE = '''
+def forward(step):
+    if step > 1:
+        raise RuntimeError("injected fault on rank 1 after step 1")
+'''
+
+
+def _wrapped_user_error(path: Path) -> BaseException:
+    """A user's error as torch's stage raises it: `RuntimeError("[Stage 1] failed to run forward: ...") from e`."""
+    namespace: dict[str, object] = {}
+    exec(compile(USER_CODE, str(path), "exec"), namespace)  # noqa: S102 - the test's own code, named as a model file
+    try:
+        try:
+            namespace["forward"](2)  # type: ignore[operator]
+        except Exception as e:
+            try:
+                {}["cleanup"]  # an error while handling: its context is the user's error, not its cause
+            except KeyError:
+                raise RuntimeError("[Stage 1] failed to run forward:\nargs: ...") from e
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("not raised")
+
+
+# Issue 13, point 4: the user saw only
+# `rank 1 failed: RuntimeError: [Stage 1] failed to run forward: (at stage.py:900)`.
+def test_error_line_carries_the_users_own_exception_and_place(tmp_path: Path) -> None:
+    model = tmp_path / "faulty.py"
+    exc = _wrapped_user_error(model)
+    assert describe_error(exc, [str(model)]) == ("RuntimeError: injected fault on rank 1 after step 1 "
+                                                 "(at faulty.py:4 in forward)")
+    # Without knowing the model file: still the innermost exception of the chain.
+    assert describe_error(exc).startswith("RuntimeError: injected fault on rank 1 after step 1 (at faulty.py:4")
+
+
+def test_error_line_of_a_non_user_error_names_its_innermost_frame() -> None:
+    try:
+        int("x")
+    except ValueError as exc:
+        line = describe_error(exc, ["/nowhere/model.py"])
+    assert line.startswith("ValueError: invalid literal for int() with base 10: 'x' (at test_worker.py:")

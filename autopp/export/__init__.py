@@ -1,0 +1,102 @@
+"""Plans written for the trainers people run: torchtitan, Megatron-LM, DeepSpeed, torch's schedule CSV. No torch."""
+
+from __future__ import annotations
+
+import enum
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import AutoppError
+from ..jsonio import shared_mode
+from ..plan import Plan
+from .common import Exported
+from .layers import ExportError, ModelLayers, model_layers
+from .pin import read_pinned
+
+__all__ = ["Target", "ExportError", "Exported", "ModelLayers", "model_layers", "export_plan", "write_export",
+           "default_output", "rename_modules", "read_pinned"]
+
+
+class Target(enum.Enum):
+    """Trainers a plan can be written for."""
+
+    TORCHTITAN = "torchtitan"
+    MEGATRON = "megatron"
+    DEEPSPEED = "deepspeed"
+    TORCH_CSV = "torch-csv"
+
+
+_SUFFIX = {Target.TORCHTITAN: ".torchtitan.args", Target.MEGATRON: ".megatron.args",
+           Target.DEEPSPEED: ".deepspeed.json", Target.TORCH_CSV: ".schedule.csv"}
+
+
+def default_output(plan_path: str | Path, target: Target) -> Path:
+    """PLAN.json -> PLAN.torchtitan.args, PLAN.megatron.args, PLAN.deepspeed.json, PLAN.schedule.csv."""
+    p = Path(plan_path)
+    stem = p.name[:-len(".plan.json")] if p.name.endswith(".plan.json") else p.stem
+    return p.with_name(stem + _SUFFIX[target])
+
+
+def rename_modules(unit_modules: Sequence[Sequence[str]], renames: Sequence[tuple[str, str]]
+                   ) -> list[list[str]]:
+    """Module names with each `old` prefix (a whole dotted component path) replaced by `new`; an empty `new`
+    drops the module (e.g. a parameter-free rotary table the trainer's model does not have)."""
+    out = []
+    for mods in unit_modules:
+        names = []
+        for m in mods:
+            for old, new in renames:
+                if m == old or m.startswith(old + "."):
+                    m = new + m[len(old):] if new else ""
+                    break
+            if m:
+                names.append(m)
+        out.append(names)
+    return out
+
+
+def export_plan(plan: Plan, target: Target, out: str | Path,
+                unit_modules: Sequence[Sequence[str]] | None = None, where: str = "plan") -> Exported:
+    """The files of `plan` for `target` (not written); `out`: the main file's path, which names the files beside
+    it. `unit_modules`: each unit's module names (the profile's; torchtitan needs them). An ExportError (one line,
+    naming `where` and why) for what the trainer cannot express."""
+    from .deepspeed import to_deepspeed
+    from .megatron import to_megatron
+    from .torchcsv import to_torch_csv
+    from .torchtitan import to_torchtitan
+    base = Path(out)
+    if target is Target.TORCHTITAN:
+        if unit_modules is None:
+            raise ExportError(f"{where}: torchtitan needs each unit's module names: give --profile DIR (the profile "
+                              "the plan was made from)")
+        return to_torchtitan(plan, unit_modules, str(base.with_suffix(".csv")), where)
+    if target is Target.MEGATRON:
+        return to_megatron(plan, where)
+    if target is Target.DEEPSPEED:
+        return to_deepspeed(plan, str(base.with_name(base.name.split(".")[0] + "_deepspeed_pipe.py")), where)
+    return to_torch_csv(plan)
+
+
+def _write_text(path: str | Path, text: str) -> Path:
+    """Write `text` through a temporary sibling renamed into place (a reader never sees half a file)."""
+    target = Path(path)
+    if target.is_dir():
+        raise AutoppError(f"{target}: is a directory; give a file path to write the export to")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        shared_mode(Path(tmp))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_export(exported: Exported, out: str | Path) -> list[Path]:
+    """Write the main file and the files beside it (atomically each); their paths."""
+    return [_write_text(out, exported.text), *(_write_text(p, text) for p, text in exported.extra.items())]

@@ -1,0 +1,39 @@
+"""The user's configuration beside autopp's plan: step time, bubble, memory, and how much faster autopp's is."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..plan import Plan
+from ..sizes import format_size
+
+__all__ = ["format_comparison"]
+
+
+def _describe(p: Plan) -> str:
+    stages = " ".join(str(s.units[1] - s.units[0]) for s in p.stages)
+    rc = sum(s.recompute for s in p.stages)
+    return (f"{p.schedule} pp {p.pp} x dp {p.dp}, v {p.virtual_stages}, {p.num_microbatches} x {p.microbatch_size}, "
+            f"units per stage {stages}" + (f", recompute {rc} stages" if rc else ""))
+
+
+def format_comparison(yours: Plan, ours: Plan, source: str, notes: Sequence[str] = ()) -> str:
+    """A table of both plans' predicted figures (the same simulator) and the speed-up of autopp's."""
+    lines = [f"\nyour configuration ({source}) beside autopp's plan, both predicted by the same simulator:",
+             f"  yours:  {_describe(yours)}", f"  autopp: {_describe(ours)}",
+             f"  {'':<12} {'yours':>12} {'autopp':>12}"]
+    for label, a, b in (("step time", f"{yours.predicted.step_time_s * 1e3:.4g} ms",
+                         f"{ours.predicted.step_time_s * 1e3:.4g} ms"),
+                        ("bubble", f"{yours.predicted.bubble_fraction:.1%}", f"{ours.predicted.bubble_fraction:.1%}"),
+                        ("peak memory", format_size(max(yours.predicted.peak_memory_bytes)),
+                         format_size(max(ours.predicted.peak_memory_bytes)))):
+        lines.append(f"  {label:<12} {a:>12} {b:>12}")
+    speedup = yours.predicted.step_time_s / ours.predicted.step_time_s if ours.predicted.step_time_s else 1.0
+    verdict = (f"autopp's plan is predicted {speedup:.2f}x as fast as yours "
+               f"({(1 - 1 / speedup):.0%} less time per step)" if speedup > 1.0005 else
+               "your configuration is predicted as fast as autopp's plan" if speedup > 0.9995 else
+               f"your configuration is predicted {1 / speedup:.2f}x as fast as autopp's plan (it lies outside "
+               "autopp's search, e.g. more memory than --memory allows)")
+    lines.append(f"  {verdict}")
+    lines += [f"  note: {n}" for n in (*notes, *yours.notes[1:])]
+    return "\n".join(lines)

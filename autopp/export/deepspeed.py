@@ -1,0 +1,60 @@
+"""DeepSpeed: the JSON config (batch, gradient accumulation = microbatches, ZeRO stage 0) and the PipelineModule
+stage boundaries with the lines that apply them."""
+
+from __future__ import annotations
+
+import json
+
+from ..plan import Plan
+from ..schedule import ScheduleName
+from .common import Exported, refuse_schedule, uniform_recompute
+
+__all__ = ["to_deepspeed", "deepspeed_config", "pipe_snippet"]
+
+
+def deepspeed_config(plan: Plan) -> dict[str, object]:
+    """DeepSpeed's config keys: a pipeline step runs `gradient_accumulation_steps` microbatches per replica."""
+    return {"train_batch_size": plan.global_batch,
+            "train_micro_batch_size_per_gpu": plan.microbatch_size,
+            "gradient_accumulation_steps": plan.num_microbatches,
+            "zero_optimization": {"stage": 0}}
+
+
+def pipe_snippet(plan: Plan, recompute: bool) -> str:
+    """Python that builds a PipelineModule whose stage s holds layers parts[s]:parts[s + 1] of the user's list (one
+    layer per autopp unit). DeepSpeed's partition methods (uniform, parameters, type:) cannot take explicit bounds,
+    so `_partition_layers` is overridden to set them; it is private DeepSpeed API, checked by autopp's tests."""
+    parts = [s.units[0] for s in plan.stages] + [plan.stages[-1].units[1]]
+    names = [list(s.unit_names) for s in plan.stages]
+    return f'''"""Stage boundaries chosen by autopp for {plan.model_path} (pp {plan.pp}, dp {plan.dp})."""
+from deepspeed.pipe import PipelineModule
+
+PARTS = {parts}
+"""Stage s holds layers PARTS[s]:PARTS[s + 1] of the layer list: one layer per autopp unit, in this order:
+{names}"""
+
+
+class AutoppPipelineModule(PipelineModule):
+    def _partition_layers(self, method="uniform"):
+        if len(self._layer_specs) != PARTS[-1]:
+            raise ValueError(f"autopp planned {{PARTS[-1]}} layers (one per unit), got {{len(self._layer_specs)}}")
+        self.parts = list(PARTS)
+        stage_id = self._topo.get_coord(self.global_rank).pipe
+        self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+
+
+def pipeline_module(layers, loss_fn, **kwargs):
+    return AutoppPipelineModule(layers=layers, num_stages={plan.pp}, loss_fn=loss_fn,
+                                activation_checkpoint_interval={1 if recompute else 0}, **kwargs)
+'''
+
+
+def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
+    """The JSON config, and `snippet_path`'s Python beside it."""
+    if plan.schedule != ScheduleName.ONE_F_ONE_B.value or plan.virtual_stages != 1:
+        refuse_schedule(plan, "DeepSpeed's PipelineEngine", "1F1B (its own TrainSchedule, one stage per rank)", where)
+    recompute = uniform_recompute(plan, "DeepSpeed", where)
+    notes = [f"DeepSpeed: launch {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}); build the model with "
+             f"pipeline_module() from {snippet_path}"]
+    return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n", {snippet_path: pipe_snippet(plan, recompute)},
+                    tuple(notes))

@@ -1,0 +1,50 @@
+"""Megatron-LM command-line arguments: pipeline sizes, `--pipeline-model-parallel-layout`, batch and recompute."""
+
+from __future__ import annotations
+
+from ..plan import Plan
+from ..schedule import Layout, ScheduleName
+from .common import Exported, refuse_schedule, stage_layout, uniform_recompute
+from .layers import ExportError, ModelLayers, model_layers
+
+__all__ = ["to_megatron", "layout_string"]
+
+#: Schedules Megatron-Core runs: 1F1B without virtual stages, its interleaved 1F1B with them.
+_RUNS = "1F1B or Interleaved1F1B"
+
+
+def layout_string(plan: Plan, layers: ModelLayers) -> str:
+    """Megatron's layout in stage order (stage k on pp rank k % pp, virtual stage k // pp): `E` the embedding,
+    one `t` per block, `L` the output part and loss; `|` between stages. Written out, without `t*N`, so the
+    argument survives a shell's word splitting and globbing."""
+    def stage(first: int, end: int) -> str:
+        return "".join("E" if u == layers.pre else "L" if u == layers.post else "t" for u in range(first, end))
+    return "|".join(stage(*s.units) for s in plan.stages)
+
+
+def to_megatron(plan: Plan, where: str) -> Exported:
+    """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`)."""
+    if plan.schedule not in (ScheduleName.ONE_F_ONE_B.value, ScheduleName.INTERLEAVED_1F1B.value):
+        refuse_schedule(plan, "Megatron-Core", _RUNS, where)
+    if stage_layout(plan) is not Layout.LOOP:
+        refuse_schedule(plan, "Megatron-Core", _RUNS, where)
+    layers = model_layers([n for s in plan.stages for n in s.unit_names], where)
+    if layers.pre is None or layers.post is None:
+        raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "
+                          "after them (E first, L last); this model's units start or end with a block")
+    lines = ["--tensor-model-parallel-size 1",
+             f"--pipeline-model-parallel-size {plan.pp}",
+             f"--num-layers {len(layers.blocks)}",
+             f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",
+             f"--micro-batch-size {plan.microbatch_size}",
+             f"--global-batch-size {plan.global_batch}"]
+    notes = [f"Megatron: launch {plan.num_ranks} ranks (world size pp {plan.pp} x dp {plan.dp}; Megatron derives dp "
+             "from the world size; autopp plans no TP, sequence parallelism or distributed optimizer yet)"]
+    if uniform_recompute(plan, "Megatron-Core", where):
+        lines += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        notes.append("Megatron's full recompute covers the transformer layers only; the embedding and the output "
+                     "part keep their activations, which autopp counted as recomputed")
+    if plan.virtual_stages > 1:
+        notes.append(f"Megatron runs its own interleaved 1F1B (microbatch groups of pp = {plan.pp}); autopp "
+                     "simulated torch's Interleaved1F1B, the same warm-up / steady / cool-down order")
+    return Exported("\n".join(lines) + "\n", {}, tuple(notes))

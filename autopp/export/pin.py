@@ -1,0 +1,266 @@
+"""Read the configuration a user runs today (torchtitan overrides or TOML, Megatron-LM arguments) into a Pinned
+configuration that the planner's simulator can judge. No torch; each trainer's defaults are quoted where used."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..schedule import ScheduleName
+from ..solve.pinned import Pinned
+from .layers import ExportError, ModelLayers, model_layers
+
+__all__ = ["read_pinned", "megatron_layout", "torchtitan_default_parts"]
+
+_BLOCK_NAME = re.compile(r"\.(\d+)$")
+
+
+def _schedule(name: str, where: str) -> ScheduleName:
+    for s in ScheduleName:  # torch's get_schedule_class matches names case-insensitively
+        if s.value.lower() == name.lower():
+            return s
+    raise ExportError(f"{where}: schedule {name!r} is not one autopp simulates ({', '.join(s.value for s in ScheduleName)})")
+
+
+def _int(options: dict[str, Any], key: str, default: int, where: str) -> int:
+    value = options.get(key, default)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ExportError(f"{where}: {key} must be an integer, got {value!r}") from None
+
+
+def _tokens(path: Path) -> list[str]:
+    try:
+        return shlex.split(path.read_text().replace("\\\n", " "), comments=True)  # shell line continuations
+    except ValueError as exc:
+        raise ExportError(f"{path}: cannot split into arguments: {exc}") from None
+
+
+# ---- torchtitan ---------------------------------------------------------------------------------------------------
+
+def _torchtitan_options(path: Path) -> dict[str, Any]:
+    """{"section.key": value} from a TOML file (older torchtitan) or `--section.key=value` overrides (0.3)."""
+    if path.suffix == ".toml":
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ExportError(f"{path}: not valid TOML: {exc}") from None
+        out = {f"{sec}.{k}": v for sec, table in data.items() if isinstance(table, dict) for k, v in table.items()}
+        if "activation_checkpoint.mode" in out:
+            out["activation_checkpoint"] = out.pop("activation_checkpoint.mode")
+        return out
+    out: dict[str, Any] = {}
+    key = None
+    for tok in _tokens(path):
+        if tok.startswith("activation_checkpoint:"):
+            out["activation_checkpoint"], key = tok.split(":", 1)[1], None
+        elif tok.startswith("--"):
+            key, _, value = tok[2:].partition("=")
+            out[key] = [value] if value else []
+        elif key is not None:
+            out[key].append(tok)
+        else:
+            raise ExportError(f"{path}: unexpected {tok!r}; expected --section.key=value overrides")
+    return {k: (v[0] if len(v) == 1 else v) for k, v in out.items()}
+
+
+def torchtitan_default_parts(num_stages: int, num_layers: int, input_weight: int = 1, output_weight: int = 1
+                             ) -> list[int]:
+    """Blocks per stage of torchtitan's `_generate_llm_fqn_per_model_part` (distributed/pipeline_parallel.py): the
+    embedding counts as `input_weight` layers on the first stage, norm + output as `output_weight` on the last,
+    and the effective layers are dealt evenly, the first stages taking the remainder."""
+    if num_stages == 1:
+        return [num_layers]
+    total = num_layers + input_weight + output_weight
+    per, extra = divmod(total, num_stages)
+    if per == 0 or input_weight > per or output_weight > per:
+        raise ExportError(f"torchtitan cannot split {num_layers} layers (+{input_weight} input, +{output_weight} "
+                          f"output) into {num_stages} stages")
+    counts, left = [], num_layers
+    for s in range(num_stages):
+        want = per + (s < extra) - (input_weight if s == 0 else output_weight if s == num_stages - 1 else 0)
+        counts.append(min(max(want, 0), left))
+        left -= counts[-1]
+    return counts
+
+
+def _bounds_from_counts(layers: ModelLayers, counts: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Stage unit ranges from blocks per stage, the input part on the first stage and the output part on the last."""
+    start, out = 0, []
+    for s, n in enumerate(counts):
+        end = start + n + (s == 0 and layers.pre is not None) + (s == len(counts) - 1 and layers.post is not None)
+        out.append((start, end))
+        start = end
+    return tuple(out)
+
+
+def _counts_from_fqns(parts: list[list[str]], layers: ModelLayers, where: str) -> list[int]:
+    """Blocks per stage from torchtitan's `module_fqns_per_model_part`; other names belong on the first or last
+    stage (embedding; norm and head)."""
+    counts, seen = [], []
+    for s, names in enumerate(parts):
+        blocks = [int(m.group(1)) for m in map(_BLOCK_NAME.search, names) if m]
+        others = [n for n in names if not _BLOCK_NAME.search(n)]
+        if others and 0 < s < len(parts) - 1:
+            raise ExportError(f"{where}: stage {s} holds {others[0]!r}, which is not a block; only the first and "
+                              "last stages may hold the embedding or the output modules")
+        counts.append(len(blocks))
+        seen += blocks
+    if seen != list(range(len(layers.blocks))):
+        raise ExportError(f"{where}: module_fqns_per_model_part must list blocks 0..{len(layers.blocks) - 1} once "
+                          f"each in order (the profile has {len(layers.blocks)}), got {seen}")
+    return counts
+
+
+def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, list[str]]:
+    o, where, notes = _torchtitan_options(path), str(path), []
+    for key in ("parallelism.tensor_parallel_degree", "parallelism.context_parallel_degree"):
+        if _int(o, key, 1, where) != 1:
+            raise ExportError(f"{where}: {key} = {o[key]}: autopp does not model tensor or context parallelism yet")
+    if o.get("parallelism.pipeline_parallel_schedule_csv"):
+        raise ExportError(f"{where}: pipeline_parallel_schedule_csv: --pin-from does not read schedule CSVs yet")
+    pp = _int(o, "parallelism.pipeline_parallel_degree", 1, where)
+    name = _schedule(str(o.get("parallelism.pipeline_parallel_schedule", "1F1B")), where)
+    single = name in (ScheduleName.ONE_F_ONE_B, ScheduleName.GPIPE)
+    parts = o.get("parallelism.module_fqns_per_model_part")
+    if parts:
+        groups = [p if isinstance(p, list) else str(p).split(",") for p in ([parts] if isinstance(parts, str)
+                                                                         else parts)]
+        counts = _counts_from_fqns(groups, layers, where)
+    else:
+        lps = o.get("parallelism.pipeline_parallel_layers_per_stage")
+        w_in = _int(o, "parallelism.pipeline_parallel_first_stage_less_layers", 1, where)
+        w_out = _int(o, "parallelism.pipeline_parallel_last_stage_less_layers", 1, where)
+        stages = (math.ceil((len(layers.blocks) + w_in + w_out) / int(lps)) if lps not in (None, "None")
+                  else pp * (1 if single else 2))
+        counts = torchtitan_default_parts(stages, len(layers.blocks), w_in, w_out)
+    replicate = _int(o, "parallelism.data_parallel_replicate_degree", 1, where)
+    shard = _int(o, "parallelism.data_parallel_shard_degree", -1, where)
+    dp = replicate * (devices // (pp * replicate) if shard == -1 else shard)
+    if dp * pp != devices:
+        raise ExportError(f"{where}: pp {pp} x dp {dp} != {devices} devices; plan with --devices {dp * pp}")
+    if dp > replicate:
+        notes.append(f"FSDP (data_parallel_shard_degree {dp // replicate}) is evaluated as plain data-parallel "
+                     "replicas: autopp models no sharding yet")
+    b = _int(o, "parallelism.pipeline_parallel_microbatch_size", 1, where)
+    local = _int(o, "training.local_batch_size", 8, where)
+    if local % b:
+        raise ExportError(f"{where}: training.local_batch_size {local} is not divisible by microbatch size {b}")
+    glob = _int(o, "training.global_batch_size", -1, where)
+    if glob not in (-1, local * dp):
+        raise ExportError(f"{where}: training.global_batch_size {glob} != local {local} x dp {dp}: gradient "
+                          "accumulation is not modelled")
+    ac = str(o.get("activation_checkpoint", "selective"))
+    if ac not in ("full", "none"):
+        notes.append(f"activation checkpointing {ac!r} is evaluated as none: autopp models full recomputation only")
+    bounds = _bounds_from_counts(layers, counts)
+    return Pinned(schedule=name, pp=pp, dp=dp, virtual_stages=len(counts) // max(pp, 1),
+                  microbatches=local // b, microbatch_size=b, bounds=bounds,
+                  recompute=(ac == "full",) * len(bounds), source=where), notes
+
+
+# ---- Megatron-LM --------------------------------------------------------------------------------------------------
+
+def megatron_layout(text: str) -> list[str]:
+    """Stages of a `--pipeline-model-parallel-layout` string, each a string of E/t/m/L (Megatron-Core's grammar in
+    PipelineParallelLayerLayout.parse_str_to_list: commas are cosmetic, `(..)*n` and `x*n` repeat)."""
+    s = text.replace(",", "")
+    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    return s.split("|")
+
+
+def _megatron_options(path: Path) -> dict[str, str]:
+    """{flag: its first value, or "true"}; further values of a flag (e.g. --recompute-modules a b) are skipped."""
+    out: dict[str, str] = {}
+    key, fresh = None, False
+    for tok in _tokens(path):
+        if tok.startswith("--"):
+            key, _, value = tok[2:].partition("=")
+            out[key], fresh = value or "true", not value
+        elif key is None:
+            raise ExportError(f"{path}: unexpected {tok!r} before the first --flag")
+        elif fresh:
+            out[key], fresh = tok, False
+    return out
+
+
+def _megatron(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, list[str]]:
+    o, where, notes = _megatron_options(path), str(path), []
+    for key in ("tensor-model-parallel-size", "context-parallel-size"):
+        if _int(o, key, 1, where) != 1:
+            raise ExportError(f"{where}: --{key} {o[key]}: autopp does not model tensor or context parallelism yet")
+    for key in ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"):
+        if key in o:
+            raise ExportError(f"{where}: --{key} is not read by --pin-from yet; give the split as "
+                              "--pipeline-model-parallel-layout")
+    pp = _int(o, "pipeline-model-parallel-size", 1, where)
+    k = _int(o, "num-layers", len(layers.blocks), where)
+    if k != len(layers.blocks):
+        raise ExportError(f"{where}: --num-layers {k}, but the profile has {len(layers.blocks)} blocks")
+    if "pipeline-model-parallel-layout" in o:
+        stages = megatron_layout(o["pipeline-model-parallel-layout"])
+        flat = "".join(stages)
+        if not (flat.startswith("E") and flat.endswith("L") and set(flat) <= set("EtL")):
+            raise ExportError(f"{where}: the layout {o['pipeline-model-parallel-layout']!r} must start with E, end "
+                              "with L and hold only t between (MTP layers are not modelled)")
+        counts = [st.count("t") for st in stages]
+    else:
+        v = _int(o, "num-virtual-stages-per-pipeline-rank", 1, where)
+        if "num-layers-per-virtual-pipeline-stage" in o:
+            v = k // (pp * _int(o, "num-layers-per-virtual-pipeline-stage", 1, where))
+        first = _int(o, "decoder-first-pipeline-num-layers", 0, where)
+        last = _int(o, "decoder-last-pipeline-num-layers", 0, where)
+        if (first or last) and v > 1:
+            raise ExportError(f"{where}: uneven first/last stages with virtual stages: give the split as "
+                              "--pipeline-model-parallel-layout")
+        n = pp * v
+        middle = n - (first > 0) - (last > 0)
+        rest = k - first - last
+        if middle < 0 or (middle and rest % middle) or (not middle and rest):
+            raise ExportError(f"{where}: {k} layers do not divide evenly over {n} stages (first {first}, last {last})")
+        counts = [rest // middle if middle else 0] * n
+        if first:
+            counts[0] = first
+        if last:
+            counts[-1] = last
+    if len(counts) % pp:
+        raise ExportError(f"{where}: {len(counts)} layout stages are not a multiple of pp {pp}")
+    v = len(counts) // pp
+    dp = devices // pp
+    b = _int(o, "micro-batch-size", 1, where)
+    glob = _int(o, "global-batch-size", b * dp, where)
+    if glob % (b * dp):
+        raise ExportError(f"{where}: global batch {glob} is not divisible by micro batch {b} x dp {dp}")
+    full = o.get("recompute-granularity") == "full"
+    if full and o.get("recompute-method") == "block" and _int(o, "recompute-num-layers", 0, where) < max(counts):
+        raise ExportError(f"{where}: block recomputation of some layers per stage is not modelled; autopp "
+                          "recomputes whole stages")
+    if "recompute-activations" in o or o.get("recompute-granularity") == "selective":
+        notes.append("selective recomputation is evaluated as none: autopp models full recomputation only")
+    bounds = _bounds_from_counts(layers, counts)
+    name = ScheduleName.INTERLEAVED_1F1B if v > 1 else ScheduleName.ONE_F_ONE_B
+    return Pinned(schedule=name, pp=pp, dp=dp, virtual_stages=v, microbatches=glob // (b * dp), microbatch_size=b,
+                  bounds=bounds, recompute=(full,) * len(bounds), source=where), notes
+
+
+def read_pinned(path: str | Path, unit_names: Sequence[str], devices: int) -> tuple[Pinned, list[str]]:
+    """The configuration in `path` (a torchtitan .toml or overrides file, or Megatron-LM arguments) for a model with
+    these units on `devices` devices, and notes on what was evaluated differently from how the trainer runs it."""
+    p = Path(path)
+    if not p.is_file():
+        raise ExportError(f"{p}: no such file; give a torchtitan config (.toml or --section.key=value overrides) or "
+                          "a Megatron-LM arguments file")
+    layers = model_layers(unit_names, str(p))
+    text = p.read_text()
+    if p.suffix == ".toml" or "--parallelism." in text or "--training." in text:
+        return _torchtitan(p, layers, devices)
+    if "--pipeline-model-parallel" in text or "--num-layers" in text:
+        return _megatron(p, layers, devices)
+    raise ExportError(f"{p}: neither torchtitan settings (--parallelism.*, --training.*, or .toml) nor Megatron-LM "
+                      "arguments (--pipeline-model-parallel-size ...)")

@@ -1,0 +1,69 @@
+"""torchtitan 0.3: `--section.key=value` overrides for its ConfigManager (one per line), plus the schedule CSV."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..plan import Plan
+from ..predict import CUSTOM
+from ..schedule import Layout, ScheduleName
+from .common import Exported, stage_layout, uniform_recompute
+from .layers import ExportError
+from .torchcsv import csv_text
+
+__all__ = ["to_torchtitan", "stage_fqns"]
+
+
+def stage_fqns(plan: Plan, unit_modules: Sequence[Sequence[str]], where: str) -> list[list[str]]:
+    """`module_fqns_per_model_part`: per stage, the module names of its units. torchtitan's splitter keeps top-level
+    children and entries of top-level ModuleLists/ModuleDicts only (`_split_module`), so deeper names are refused."""
+    out = [[m for u in range(*s.units) for m in unit_modules[u]] for s in plan.stages]
+    deep = [m for stage in out for m in stage if m.count(".") > 1 or ("." in m and not m.split(".")[1].isdigit())]
+    if deep:
+        raise ExportError(f"{where}: torchtitan keeps only top-level modules and entries of top-level lists, but the "
+                          f"units hold {deep[0]!r}; rename the profiled modules to the trainer's with --rename "
+                          f"OLD=NEW (e.g. --rename model.layers=layers)")
+    return out
+
+
+def _schedule(plan: Plan, where: str) -> tuple[str, bool]:
+    """torchtitan's `pipeline_parallel_schedule` (torch's name; it also decides the stage placement) and whether the
+    order goes through the CSV (synthesized orders)."""
+    if plan.schedule != CUSTOM:
+        return ScheduleName(plan.schedule).value, False
+    layout = stage_layout(plan)
+    if layout is Layout.V:
+        return ScheduleName.ZBV_ZERO_BUBBLE.value, True
+    if layout is Layout.LOOP:
+        return (ScheduleName.INTERLEAVED_1F1B if plan.virtual_stages > 1 else ScheduleName.ONE_F_ONE_B).value, True
+    raise ExportError(f"{where}: the synthesized order places stages on ranks {[s.rank for s in plan.stages]}, "
+                      "which is neither torchtitan's loop nor its V placement")
+
+
+def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: str, where: str) -> Exported:
+    """Overrides for `torchtitan.train --module M --config C`; `csv_path`: where the schedule CSV of a synthesized
+    order is written (named in the overrides). The AC subcommand comes last, as tyro requires."""
+    name, via_csv = _schedule(plan, where)
+    recompute = uniform_recompute(plan, "torchtitan", where)
+    parts = " ".join(",".join(stage) for stage in stage_fqns(plan, unit_modules, where))
+    local = plan.num_microbatches * plan.microbatch_size
+    lines = [f"--parallelism.pipeline_parallel_degree={plan.pp}",
+             f"--parallelism.pipeline_parallel_schedule={name}",
+             f"--parallelism.pipeline_parallel_microbatch_size={plan.microbatch_size}",
+             f"--parallelism.module_fqns_per_model_part {parts}",
+             f"--parallelism.data_parallel_replicate_degree={plan.dp}",
+             "--parallelism.data_parallel_shard_degree=1",
+             "--parallelism.tensor_parallel_degree=1",
+             f"--training.local_batch_size={local}",
+             f"--training.global_batch_size={local * plan.dp}"]
+    extra = {}
+    if via_csv:
+        lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path}")
+        extra[csv_path] = csv_text(plan)
+    lines.append(f"activation_checkpoint:{'full' if recompute else 'none'}")
+    notes = [f"torchtitan: launch {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, dp as DDP replicas: autopp "
+             "plans no FSDP or TP yet); set training.seq_len to the sequence length you profiled"]
+    if recompute:
+        notes.append("torchtitan's full AC recomputes the transformer blocks only; the embedding and output units "
+                     "keep their activations, which autopp counted as recomputed")
+    return Exported("\n".join(lines) + "\n", extra, tuple(notes))

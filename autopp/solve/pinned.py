@@ -1,0 +1,84 @@
+"""A configuration fixed by the user (a trainer's settings, or a split given by hand) judged like the planner's own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..cluster import Cluster
+from ..errors import PlanError, ScheduleError
+from ..plan import Plan
+from ..profile import Profile
+from ..schedule import ScheduleName, stages_per_rank, validate
+from .arrays import ProfileTable
+from .dp import Bounds
+from .judge import Candidate, judge
+
+__all__ = ["Pinned", "evaluate_pinned"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pinned:
+    """Everything that fixes one training step: the schedule, the sizes, and each stage's units."""
+
+    schedule: ScheduleName
+    pp: int
+    dp: int = 1
+    virtual_stages: int = 1
+    """Stages per pipeline rank (2 for V schedules, v for interleaved ones)."""
+    microbatches: int
+    """Microbatches per replica per step."""
+    microbatch_size: int
+    bounds: Bounds
+    """Half-open unit range of each stage, in stage order (stage s on the schedule's rank for s)."""
+    recompute: tuple[bool, ...] = ()
+    """Per stage; empty: no stage recomputes."""
+    source: str = "pinned configuration"
+    """Where it came from, for messages and the plan's notes (e.g. the trainer's config file)."""
+
+
+def _check(p: Pinned, num_units: int) -> None:
+    where = p.source
+    try:
+        v = stages_per_rank(p.schedule, p.virtual_stages)
+        validate(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+    except ScheduleError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+    if len(p.bounds) != p.pp * v:
+        raise PlanError(f"{where}: {p.schedule.value} on {p.pp} ranks x {v} stages per rank needs {p.pp * v} "
+                        f"stages, the split has {len(p.bounds)}")
+    ends = [b for st in p.bounds for b in st]
+    if ends[0] != 0 or ends[-1] != num_units or any(a != b for a, b in zip(ends[1::2], ends[2::2])):
+        raise PlanError(f"{where}: stage unit ranges {list(p.bounds)} do not cover units 0..{num_units - 1} in order")
+    if any(i >= j for i, j in p.bounds):
+        raise PlanError(f"{where}: stage unit ranges {list(p.bounds)} leave a stage empty; autopp's stages hold at "
+                        "least one unit")
+    if p.recompute and len(p.recompute) != len(p.bounds):
+        raise PlanError(f"{where}: {len(p.recompute)} recompute flags for {len(p.bounds)} stages")
+    if p.microbatch_size < 1 or p.dp < 1:
+        raise PlanError(f"{where}: microbatch size ({p.microbatch_size}) and dp ({p.dp}) must be >= 1")
+
+
+def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
+    """The Plan of exactly `pinned` on `cluster` (pp x dp of its devices), with the simulator's figures and the
+    baselines beside it, as `make_plan` builds its own: nothing is searched or replaced. A configuration that does
+    not fit the devices' memory is still returned; its notes say which rank overflows and by how much."""
+    from .build import build_plan
+    from .search import PlanRequest, RecomputeMode
+    _check(pinned, profile.num_units)
+    if pinned.pp * pinned.dp != cluster.num_devices:
+        raise PlanError(f"{pinned.source}: pp {pinned.pp} x dp {pinned.dp} = {pinned.pp * pinned.dp} ranks, but the "
+                        f"cluster has {cluster.num_devices} devices; plan for {pinned.pp * pinned.dp} devices")
+    v = stages_per_rank(pinned.schedule, pinned.virtual_stages)
+    recompute = pinned.recompute or (False,) * len(pinned.bounds)
+    cand = Candidate(schedule=pinned.schedule, pp=pinned.pp, dp=pinned.dp, v=v, microbatches=pinned.microbatches,
+                     microbatch_size=pinned.microbatch_size, bounds=tuple(pinned.bounds), recompute=recompute)
+    a = ProfileTable(profile).arrays(pinned.microbatch_size)
+    verdict = judge(a, cluster, cand)
+    request = PlanRequest(cluster=cluster, global_batch=pinned.microbatches * pinned.microbatch_size * pinned.dp,
+                          num_microbatches=pinned.microbatches, schedule=pinned.schedule, pp=pinned.pp,
+                          dp=pinned.dp,
+                          virtual_stages=None, recompute=RecomputeMode.ALL if any(recompute) else RecomputeMode.NONE)
+    notes = [f"configuration pinned from {pinned.source}: evaluated as given, not searched"]
+    notes += [f"does not fit: rank {r} peaks at {peak} bytes > {cluster.device(r).memory_bytes} bytes of its device"
+              for r, peak in enumerate(verdict.peak_memory) if peak > cluster.device(r).memory_bytes]
+    return build_plan(profile, request, verdict, a, extra=tuple(notes), keep_split=True)

@@ -1,0 +1,210 @@
+"""Each export read back by its trainer's own code: torchtitan's config classes through its ConfigManager's tyro
+rules, megatron-core's TransformerConfig and layout parser, DeepSpeed's DeepSpeedConfig and PipelineModule, torch's
+schedule names and action parser. Skipped only where the client is not installed (scripts/setup.sh installs them)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from autopp.export import Target, export_plan, rename_modules
+from autopp.plan import Plan
+from autopp.profile import Profile
+
+from .conftest import unit_modules
+
+#: HF Llama module names -> torchtitan's llama3 names (torchtitan's model has no rotary module: its table is a buffer).
+TITAN_NAMES = [("model.embed_tokens", "tok_embeddings"), ("model.rotary_emb", ""), ("model.layers", "layers"),
+               ("model.norm", "norm"), ("lm_head", "output")]
+
+
+def _blocks_per_stage(plan: Plan) -> list[int]:
+    return [sum(1 for n in s.unit_names if n.startswith("model.layers.")) for s in plan.stages]
+
+
+# ---- torchtitan ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def titan():  # type: ignore[no-untyped-def]
+    pytest.importorskip("torchtitan", reason="torchtitan is not installed (scripts/setup.sh installs it)")
+    import tyro
+    from torchtitan.config import ConfigManager, ParallelismConfig, TrainingConfig
+    from torchtitan.config.manager import custom_registry
+    from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
+    ConfigManager()  # registers torchtitan's tyro rules (comma-separated lists) on custom_registry
+
+    # Trainer.Config's three sections with their real types (make_dataclass: this module's annotations are strings)
+    Sections = dataclasses.make_dataclass("Sections", [
+        ("parallelism", ParallelismConfig, dataclasses.field(default_factory=ParallelismConfig)),
+        ("training", TrainingConfig, dataclasses.field(default_factory=TrainingConfig)),
+        ("activation_checkpoint", ActivationCheckpointingConfig, dataclasses.field(default_factory=SelectiveAC.Config))])
+
+    def parse(text: str):  # type: ignore[no-untyped-def]
+        return tyro.cli(Sections, args=text.split(), default=Sections(), registry=custom_registry)
+    return parse
+
+
+def test_trainer_config_has_the_sections_we_parse() -> None:
+    """The sections the export writes are Trainer.Config's fields of these types (read from torchtitan's source, as
+    importing its trainer needs triton, datasets and wandb)."""
+    spec = pytest.importorskip("torchtitan", reason="torchtitan is not installed").__file__
+    tree = ast.parse((Path(spec).parent / "trainer.py").read_text())
+    config = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Config")
+    fields = {n.target.id: ast.unparse(n.annotation) for n in config.body if isinstance(n, ast.AnnAssign)}
+    assert fields["parallelism"] == "ParallelismConfig" and fields["training"] == "TrainingConfig"
+    assert fields["activation_checkpoint"] == "ActivationCheckpointingConfig"
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved", "zbv", "dp"])
+def test_torchtitan_parses_the_export(name: str, titan, llama: Profile,  # type: ignore[no-untyped-def]
+                                      llama_plans: dict[str, Plan]) -> None:
+    from torch.distributed.pipelining.schedules import get_schedule_class
+    plan = llama_plans[name]
+    text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
+    cfg = titan(text)
+    par = cfg.parallelism
+    assert par.pipeline_parallel_degree == plan.pp
+    assert get_schedule_class(par.pipeline_parallel_schedule).__name__.lower().endswith(plan.schedule.lower())
+    assert [sum(m.startswith("layers.") for m in part) for part in par.module_fqns_per_model_part] == \
+        _blocks_per_stage(plan)
+    assert par.module_fqns_per_model_part[0][0] == "tok_embeddings"
+    assert par.module_fqns_per_model_part[-1][-2:] == ["norm", "output"]
+    assert par.data_parallel_replicate_degree == plan.dp and par.data_parallel_shard_degree == 1
+    assert cfg.training.local_batch_size // par.pipeline_parallel_microbatch_size == plan.num_microbatches
+    assert cfg.training.global_batch_size == plan.global_batch
+    recompute = plan.stages[0].recompute
+    assert (cfg.activation_checkpoint is None) != recompute
+    assert type(cfg.activation_checkpoint).__qualname__ == ("FullAC.Config" if recompute else "NoneType")
+
+
+def test_torchtitan_default_split_matches_ours() -> None:
+    """--pin-from reads a config without module_fqns_per_model_part by torchtitan's own default split."""
+    pp = pytest.importorskip("torchtitan.distributed.pipeline_parallel", reason="torchtitan is not installed")
+    from autopp.export.pin import torchtitan_default_parts
+    for stages, layers, w_in, w_out in [(2, 4, 1, 1), (4, 16, 1, 1), (3, 8, 2, 1), (4, 6, 1, 1), (1, 5, 1, 1)]:
+        theirs = pp._generate_llm_fqn_per_model_part(stages, layers, w_in, w_out)
+        assert torchtitan_default_parts(stages, layers, w_in, w_out) == \
+            [sum(m.startswith("layers.") for m in part) for part in theirs]
+
+
+# ---- Megatron-Core ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def megatron():  # type: ignore[no-untyped-def]
+    return pytest.importorskip("megatron.core", reason="megatron-core is not installed (scripts/setup.sh installs it)")
+
+
+def _megatron_config(text: str):  # type: ignore[no-untyped-def]
+    """Every exported flag is a megatron-core config field (Megatron-LM copies args into TransformerConfig by name) or a
+    batch size, which megatron-core's microbatch calculator takes."""
+    import torch
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    from megatron.core.transformer import TransformerConfig
+    args = dict(line.split(" ", 1) for line in text.splitlines())
+    kw = {k[2:].replace("-", "_"): v for k, v in args.items()}
+    batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size")}
+    names = {f.name for f in dataclasses.fields(TransformerConfig)}
+    assert set(kw) <= names, f"not megatron-core config fields: {set(kw) - names}"
+    kw = {k: int(v) if v.isdigit() else v for k, v in kw.items()}
+    cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, pipeline_dtype=torch.float32, **kw)
+    return cfg, batch, ConstantNumMicroBatchesCalculator
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved", "dp"])
+def test_megatron_core_parses_the_export(name: str, megatron, llama_plans: dict[str, Plan]) -> None:  # type: ignore[no-untyped-def]
+    from megatron.core.transformer.enums import LayerType
+    plan = llama_plans[name]
+    cfg, batch, calculator = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
+    layout = cfg.pipeline_model_parallel_layout  # parsed and validated (E first, L last, layer count) by megatron-core
+    assert layout.pipeline_model_parallel_size == plan.pp
+    assert layout.virtual_pipeline_model_parallel_size == plan.virtual_stages
+    per_stage = [layout.layout[k % plan.pp][k // plan.pp] for k in range(len(plan.stages))]  # stage k: rank k % pp
+    assert [s.count(LayerType.decoder) for s in per_stage] == _blocks_per_stage(plan)
+    assert LayerType.embedding in per_stage[0] and LayerType.loss in per_stage[-1]
+    calc = calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.dp, False, 0)
+    assert calc.get() == plan.num_microbatches
+    assert (cfg.recompute_granularity == "full") == plan.stages[0].recompute
+
+
+def test_megatron_layout_grammar_matches_megatron_core(megatron) -> None:  # type: ignore[no-untyped-def]
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    from autopp.export.pin import megatron_layout
+    names = {"embedding": "E", "decoder": "t", "loss": "L", "mtp": "m"}
+    for text in ["Et|tt|t|L", "Et*3|(tt|)*2,tL", "E|t*4|L", "Ettt|tttL", "(Et|)*1t*2|tL"]:
+        theirs = ["".join(names[x.name] for x in st) for st in PipelineParallelLayerLayout.parse_str_to_list(text)]
+        assert megatron_layout(text) == theirs, text
+
+
+# ---- DeepSpeed ----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def deepspeed(monkeypatch_module: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    ds = pytest.importorskip("deepspeed", reason="deepspeed is not installed (scripts/setup.sh installs it)")
+    import deepspeed.comm as dist
+    # DeepSpeedConfig asks deepspeed.comm for the rank and the mpu for the data-parallel size; without this it falls
+    # back to world size 1. (Starting deepspeed.comm on CPU JIT-compiles a C++ op: not for a unit test.)
+    monkeypatch_module.setattr(dist, "get_rank", lambda *a, **k: 0)
+    return ds
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():  # type: ignore[no-untyped-def]
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.mark.parametrize("name", ["1f1b", "dp"])
+def test_deepspeed_config_accepts_the_export(name: str, deepspeed, llama_plans: dict[str, Plan]) -> None:  # type: ignore[no-untyped-def]
+    from deepspeed.runtime.config import DeepSpeedConfig
+    plan = llama_plans[name]
+    data = json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)
+    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.dp, get_model_parallel_world_size=lambda: 1)
+    cfg = DeepSpeedConfig(data, mpu=mpu)  # asserts train_batch = micro x accumulation x dp
+    assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu) == (plan.global_batch, plan.microbatch_size)
+    assert cfg.gradient_accumulation_steps == plan.num_microbatches and cfg.zero_optimization_stage == 0
+    with pytest.raises(AssertionError):  # the check is live: a wrong dp is refused
+        DeepSpeedConfig(data, mpu=types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.dp + 1,
+                                                        get_model_parallel_world_size=lambda: 1))
+
+
+def test_deepspeed_pipeline_module_takes_the_parts(deepspeed, llama_plans: dict[str, Plan]) -> None:  # type: ignore[no-untyped-def]
+    """The snippet's override runs DeepSpeed's own _set_bounds for each stage, and PipelineModule.__init__ still
+    partitions through _partition_layers (the private hook it overrides)."""
+    import torch
+    from deepspeed.runtime.pipe.module import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+    plan = llama_plans["dp"]
+    namespace: dict[str, object] = {}
+    snippet = export_plan(plan, Target.DEEPSPEED, "x.json").extra["x_deepspeed_pipe.py"]
+    exec(snippet, namespace)  # noqa: S102 - our own export
+    cls = namespace["AutoppPipelineModule"]
+    assert issubclass(cls, PipelineModule)  # type: ignore[arg-type]
+    assert "self._partition_layers(method=partition_method)" in inspect.getsource(PipelineModule.__init__)
+    for stage in plan.stages:
+        module = object.__new__(cls)  # type: ignore[call-overload]
+        torch.nn.Module.__init__(module)
+        module._layer_specs = [torch.nn.Linear(2, 2) for _ in range(plan.stages[-1].units[1])]
+        module._topo = PipeDataParallelTopology(num_pp=plan.pp, num_dp=plan.dp)
+        module.global_rank = module._topo.get_rank(pipe=stage.rank, data=0)
+        module._partition_layers()
+        assert (module._local_start, module._local_stop) == stage.units
+
+
+# ---- torch's schedule CSV -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved", "zbv"])
+def test_torch_parses_every_csv_cell(name: str, llama_plans: dict[str, Plan]) -> None:
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+    plan = llama_plans[name]
+    rows = [r.split(",") for r in export_plan(plan, Target.TORCH_CSV, "x.csv").text.splitlines()]
+    actions = [_Action.from_str(c) for row in rows for c in row if c]
+    assert len(rows) == plan.pp
+    forwards = [a for a in actions if a.computation_type == _ComputationType.FORWARD]
+    assert len(forwards) == len(plan.stages) * plan.num_microbatches

@@ -1,0 +1,45 @@
+"""evaluate_pinned: a given split judged exactly as the planner judges its own, never replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autopp.cluster import Cluster
+from autopp.errors import PlanError
+from autopp.profile import load_profile
+from autopp.schedule import ScheduleName
+from autopp.solve import Pinned, PlanRequest, evaluate_pinned, make_plan
+
+GPT = Path(__file__).resolve().parents[2] / "profiles" / "gpt"
+
+
+def test_the_planners_own_split_evaluates_to_its_figures() -> None:
+    profile = load_profile(GPT)
+    cluster = Cluster(num_devices=2, memory_bytes=4 << 30)
+    plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=8))
+    pinned = Pinned(schedule=ScheduleName(plan.schedule), pp=plan.pp, microbatches=plan.num_microbatches,
+                    microbatch_size=plan.microbatch_size, bounds=tuple(s.units for s in plan.stages))
+    again = evaluate_pinned(profile, cluster, pinned)
+    assert again.predicted.step_time_s == plan.predicted.step_time_s
+    assert again.predicted.peak_memory_bytes == plan.predicted.peak_memory_bytes
+
+
+def test_a_slower_split_is_kept_and_an_overflow_noted() -> None:
+    profile = load_profile(GPT)
+    cluster = Cluster(num_devices=2, memory_bytes=1 << 20)
+    pinned = Pinned(schedule=ScheduleName.GPIPE, pp=2, microbatches=8, microbatch_size=1,
+                    bounds=((0, 1), (1, 8)), source="mine.args")
+    plan = evaluate_pinned(profile, cluster, pinned)
+    assert [s.units for s in plan.stages] == [(0, 1), (1, 8)]  # not replaced by a faster baseline
+    assert plan.predicted.step_time_s > min(b.step_time_s for b in plan.baselines.values())
+    assert any(n.startswith("does not fit: rank") for n in plan.notes) and "mine.args" in plan.notes[0]
+
+
+@pytest.mark.parametrize("bounds, match", [(((0, 3), (4, 8)), "do not cover"), (((0, 8),), "needs 2 stages"),
+                                           (((0, 0), (0, 8)), "leave a stage empty")])
+def test_bad_splits_are_refused(bounds: tuple[tuple[int, int], ...], match: str) -> None:
+    pinned = Pinned(schedule=ScheduleName.ONE_F_ONE_B, pp=2, microbatches=4, microbatch_size=2, bounds=bounds)
+    with pytest.raises(PlanError, match=match):
+        evaluate_pinned(load_profile(GPT), Cluster(num_devices=2, memory_bytes=4 << 30), pinned)

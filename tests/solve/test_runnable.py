@@ -1,0 +1,92 @@
+"""Plans the runner would refuse are not offered: values made from a stage's parameters alone under split I/W
+backward (issue 13, point 3), found from the profile's live values without torch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from autopp.cluster import Cluster
+from autopp.errors import InfeasibleError
+from autopp.profile import Profile
+from autopp.schedule import SPLIT_BACKWARD, ScheduleName
+from autopp.solve import PlanRequest, make_plan
+from autopp.solve.runnable import split_backward_refusal, weight_only_sends
+from autopp.solve.synthetic import SIZES, synthetic_profile
+
+
+def _value(name: str, src: int, dsts: list[int], reads: list[str], needs_grad: bool = True,
+           action: str = "send") -> dict[str, Any]:
+    return {"name": name, "src": src, "dsts": dsts, "action": action, "relayed_over": list(range(src + 1, dsts[-1])),
+            "needs_grad": needs_grad, "reads": reads, "bytes": {str(b): 64 * b for b in SIZES}}
+
+
+def _t5_like(n: int = 8) -> list[dict[str, Any]]:
+    """A chain of hidden states h0..h(n-2); unit 2 also makes `bias` from its parameters alone (as T5's first decoder
+    block makes the relative-position bias), read by units 3..5; unit 3 makes `mixed` from `bias` and h2."""
+    values = [_value("ids", -1, [0], [], needs_grad=False)]
+    values += [_value(f"h{u}", u, [u + 1], [f"h{u - 1}"] if u else ["ids"]) for u in range(n - 1)]
+    values.append(_value("bias", 2, [3, 4, 5], [], action="relay"))
+    values.append(_value("bias2", 3, [4, 5], ["bias"], action="relay"))
+    values.append(_value("mask", 0, [1, 2, 3, 4, 5, 6], [], needs_grad=False, action="recompute"))
+    return values
+
+
+def test_a_value_made_from_parameters_only_is_found_where_a_later_stage_reads_it() -> None:
+    values = _t5_like()
+    assert weight_only_sends(values, ((0, 2), (2, 4), (4, 6), (6, 8))) == [(1, "bias"), (1, "bias2")]
+    # bias2 is made from bias, which stage 1 receives with its gradient to send back: not from parameters alone.
+    assert weight_only_sends(values, ((0, 3), (3, 6), (6, 8))) == []
+    assert weight_only_sends(values, ((0, 2), (2, 6), (6, 8))) == []  # read inside the stage that makes it
+    assert weight_only_sends(values, ((0, 2), (2, 3), (3, 8))) == [(1, "bias")]
+    assert weight_only_sends(values, ((0, 4), (4, 8))) == []  # the first stage's outputs are fine
+    old = [{k: v for k, v in x.items() if k not in ("needs_grad", "reads")} for x in values]
+    assert weight_only_sends(old, ((0, 2), (2, 4), (4, 6), (6, 8))) == []  # profiles before the fields
+
+
+def test_the_refusal_names_the_stage_the_value_and_what_runs() -> None:
+    why = split_backward_refusal(_t5_like(), ((0, 2), (2, 4), (4, 6), (6, 8)), "ZBVZeroBubble")
+    assert why is not None and why.startswith("ZBVZeroBubble excluded: with its split, stage 1 would send on 'bias'")
+    assert "1F1B, GPipe, Interleaved1F1B, LoopedBFS" in why
+
+
+def _profile() -> Profile:
+    p = synthetic_profile(8)
+    return Profile(replace(p.meta, live_values=tuple(_t5_like())), p.units, p.edges)
+
+
+def _request(schedule: ScheduleName | None, synthesize: bool = False) -> PlanRequest:
+    return PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2**40), global_batch=8, schedule=schedule, pp=4,
+                       dp=1, num_microbatches=8, synthesize=synthesize, synth_time_limit_s=2.0)
+
+
+def test_a_pinned_split_backward_schedule_is_refused_at_planning_with_the_reason() -> None:
+    # 4 ranks x 2 stages of one unit each: unit 2's stage would send the bias on; before, the plan was made and the
+    # run failed ("stage 2 sends on ['bias'] made from its parameters only ...").
+    with pytest.raises(InfeasibleError, match=r"ZBVZeroBubble excluded: with its split, stage 2 would send on 'bias'"):
+        make_plan(_profile(), _request(ScheduleName.ZBV_ZERO_BUBBLE))
+
+
+def test_auto_offers_only_what_runs_and_says_what_it_left_out() -> None:
+    plan = make_plan(_profile(), _request(None, synthesize=True))
+    assert plan.schedule not in {s.value for s in SPLIT_BACKWARD} | {"Custom"}
+    assert any(n.startswith("ZBVZeroBubble excluded") for n in plan.notes)
+    assert any(n.startswith("a synthesized order excluded") for n in plan.notes)
+
+
+def test_a_model_without_such_values_keeps_every_schedule() -> None:
+    plan = make_plan(synthetic_profile(8), _request(ScheduleName.ZBV_ZERO_BUBBLE))
+    assert plan.schedule == "ZBVZeroBubble" and not any("excluded" in n for n in plan.notes)
+
+
+def test_values_every_reader_holds_cross_no_cut() -> None:
+    # The runner sends a `recompute` value (a causal mask, rotary tables) to nobody: every stage that reads it holds
+    # it. The planner's cut bytes (what a stage sends on, and what a recomputing stage keeps) leave it out.
+    from autopp.solve.arrays import ProfileTable
+
+    profile = _profile()
+    for b in SIZES:
+        cut = ProfileTable(profile).arrays(b).cut[1:-1]
+        assert list(cut) == profile.cut_bytes(b, recompute=True) != profile.cut_bytes(b)

@@ -1,0 +1,471 @@
+"""The catalogue of bad inputs (issue 13): each is exit code 2, one error line on stderr naming the file or flag at
+fault, and nothing written.
+
+Every case runs `autopp.cli.main` in-process in a fresh directory (also the working directory, so default outputs
+such as `profiles/MODEL/` land there too) and compares the directory before and after: nothing may appear or
+change. Progress lines (`profiling: ...`, printed one per line when stderr is not a terminal) are not errors and are
+left out of the count. A valid profile (the shipped profiles/mlp) and a valid plan made from it are prepared once.
+Covered: model files, profiles, plans, cluster and links files, flags, output paths of profile, profile-links, plan,
+run and show. Not here (other points' catalogues): NaN verdicts, rank faults, run-time output.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from autopp.cli import main
+
+from .conftest import ROOT
+
+SHIPPED = ROOT / "profiles" / "mlp"
+PROGRESS = ("profiling: ", "running: ")
+
+GOOD_MODEL = '''
+import torch
+from torch import nn
+
+def build_model():
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+
+def sample_batch(b):
+    return torch.randn(b, 4), torch.randn(b, 4)
+'''
+
+
+@dataclass(frozen=True)
+class Env:
+    """Paths a case may use: `tmp` (fresh, the working directory), the shared valid `prof` and `plan`."""
+
+    tmp: Path
+    prof: Path
+    plan: Path
+
+    @property
+    def model(self) -> Path:
+        return self.tmp / "m.py"
+
+    @property
+    def bad_plan(self) -> Path:
+        return self.tmp / "p.json"
+
+    @property
+    def bad_prof(self) -> Path:
+        return self.tmp / "prof"
+
+    @property
+    def cluster(self) -> Path:
+        return self.tmp / "c.json"
+
+    @property
+    def links(self) -> Path:
+        return self.tmp / "l.json"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: Callable[[Env], list[str]]
+    names: Callable[[Env], str]
+    """What the error line must contain: the offending file's path, or the flag."""
+    setup: Callable[[Env], None] = lambda env: None
+
+
+CASES: list[Case] = []
+
+
+def _plan_args(env: Env, *extra: str) -> list[str]:
+    return ["plan", "--profile", str(env.prof), "--devices", "2", "--memory", "1GiB", *extra,
+            "-o", str(env.tmp / "out.json")]
+
+
+# ---- model files: `autopp profile MODEL` (and a few through `autopp plan MODEL`) ----
+MODEL_FILES: dict[str, str] = {
+    "syntax-error": "def build_model(:\n",
+    "import-raises": "raise ImportError('no such package: flash_attn')\n",
+    "import-exits": "import sys\nsys.exit(3)\n",
+    "no-build-model": "import torch\ndef sample_batch(b):\n    return torch.randn(b, 4), torch.randn(b, 4)\n",
+    "no-sample-batch": "from torch import nn\ndef build_model():\n    return nn.Linear(4, 4)\n",
+    "build-model-not-callable": GOOD_MODEL + "build_model = 3\n",
+    "build-model-raises": GOOD_MODEL + "def build_model():\n    raise RuntimeError('out of ideas')\n",
+    "build-model-exits": GOOD_MODEL + "def build_model():\n    raise SystemExit(1)\n",
+    "build-model-not-module": GOOD_MODEL + "def build_model():\n    return [1, 2]\n",
+    "sample-batch-raises": GOOD_MODEL + "def sample_batch(b):\n    raise KeyError('data')\n",
+    "sample-batch-not-pair": GOOD_MODEL + "def sample_batch(b):\n    return torch.randn(b, 4)\n",
+    "sample-batch-not-tensors": GOOD_MODEL + "def sample_batch(b):\n    return [1.0] * b, torch.randn(b, 4)\n",
+    "sample-batch-wrong-batch-dim": GOOD_MODEL + "def sample_batch(b):\n    return torch.randn(4, b + 1), torch.randn(b, 4)\n",
+    "forward-raises": GOOD_MODEL + "def sample_batch(b):\n    return torch.randn(b, 5), torch.randn(b, 4)\n",
+    "too-many-inputs": GOOD_MODEL + "def sample_batch(b):\n    return (torch.randn(b, 4), torch.randn(b, 4)), torch.randn(b, 4)\n",
+    "loss-raises": GOOD_MODEL + "def loss_fn(out, target):\n    raise ValueError('bad loss')\n",
+    "loss-not-scalar": GOOD_MODEL + "def loss_fn(out, target):\n    return (out - target) ** 2\n",
+    "loss-not-tensor": GOOD_MODEL + "def loss_fn(out, target):\n    return 0.5\n",
+    "loss-fn-not-callable": GOOD_MODEL + "loss_fn = 'mse'\n",
+    "split-points-not-strings": GOOD_MODEL + "SPLIT_POINTS = [1, 2]\n",
+    "split-point-unknown": GOOD_MODEL + "SPLIT_POINTS = ['9']\n",
+    "split-points-out-of-order": GOOD_MODEL + "SPLIT_POINTS = ['2', '1']\n",
+    "one-unit": GOOD_MODEL + "def build_model():\n    return nn.Linear(4, 4)\n",
+    "backward-raises": GOOD_MODEL + '''
+@torch.library.custom_op("autopp_catalogue::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+class Twice(nn.Module):
+    def forward(self, x):
+        return twice(x)
+
+def build_model():
+    return nn.Sequential(nn.Linear(4, 4), Twice(), nn.Linear(4, 4))
+''',
+    "not-exportable": GOOD_MODEL + '''
+class Gate(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+def build_model():
+    return nn.Sequential(nn.Linear(4, 4), Gate(), nn.Linear(4, 4))
+''',
+    "null-bytes": "x = 1\0\n",
+}
+
+
+def _writer(text: str) -> Callable[[Env], None]:
+    return lambda env: env.model.write_text(text)
+
+
+for _name, _text in MODEL_FILES.items():
+    CASES.append(Case(f"model:{_name}", lambda env: ["profile", str(env.model), "--microbatch-size", "1",
+                                                     "--repeats", "1", "--warmup", "0"],
+                      lambda env: str(env.model), _writer(_text)))
+CASES += [
+    Case("model:missing", lambda env: ["profile", str(env.model)], lambda env: str(env.model)),
+    Case("model:directory", lambda env: ["profile", str(env.tmp)], lambda env: str(env.tmp)),
+    Case("plan-model:missing", lambda env: ["plan", str(env.model), "--devices", "2", "--memory", "1GiB"],
+         lambda env: str(env.model)),
+    Case("plan-model:directory", lambda env: ["plan", str(env.tmp), "--devices", "2", "--memory", "1GiB"],
+         lambda env: str(env.tmp)),
+    Case("plan-model:syntax-error", lambda env: ["plan", str(env.model), "--devices", "2", "--memory", "1GiB"],
+         lambda env: str(env.model), _writer("def build_model(:\n")),
+    Case("plan-model:no-build-model", lambda env: ["plan", str(env.model), "--devices", "2", "--memory", "1GiB"],
+         lambda env: str(env.model), _writer("x = 1\n")),
+]
+
+
+# ---- profiles: `autopp plan --profile DIR` ----
+def _damaged(file: str, edit: Callable[[str], str]) -> Callable[[Env], None]:
+    def setup(env: Env) -> None:
+        shutil.copytree(env.prof, env.bad_prof)
+        path = env.bad_prof / file
+        path.write_text(edit(path.read_text()))
+    return setup
+
+
+def _meta(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Env], None]:
+    def change(text: str) -> str:
+        data = json.loads(text)
+        out = edit(data)
+        return json.dumps(data if out is None else out)
+    return _damaged("meta.json", change)
+
+
+def _removed(file: str) -> Callable[[Env], None]:
+    def setup(env: Env) -> None:
+        shutil.copytree(env.prof, env.bad_prof)
+        (env.bad_prof / file).unlink()
+    return setup
+
+
+def _replace_cell(column: str, value: str) -> Callable[[str], str]:
+    def edit(text: str) -> str:
+        lines = text.splitlines()
+        header = lines[0].split(",")
+        row = lines[1].split(",")
+        row[header.index(column)] = value
+        return "\n".join([lines[0], ",".join(row), *lines[2:]]) + "\n"
+    return edit
+
+
+PROFILES: dict[str, tuple[Callable[[Env], None], str]] = {
+    "missing": (lambda env: None, ""),
+    "empty-dir": (lambda env: env.bad_prof.mkdir(), ""),
+    "a-file": (lambda env: env.bad_prof.write_text("x"), ""),
+    "meta-not-json": (_damaged("meta.json", lambda t: t[: len(t) // 2]), "meta.json"),
+    "meta-a-list": (_meta(lambda d: [d]), "meta.json"),
+    "meta-version": (_meta(lambda d: d.update(version=7)), "meta.json"),
+    "meta-missing-field": (_meta(lambda d: d.pop("unit_names") and None), "meta.json"),
+    "meta-unknown-field": (_meta(lambda d: d.update(colour="red")), "meta.json"),
+    "meta-sizes-text": (_meta(lambda d: d.update(microbatch_sizes="1,4")), "meta.json"),
+    "meta-sizes-zero": (_meta(lambda d: d.update(microbatch_sizes=[0, 4])), "meta.json"),
+    "meta-unit-names-not-list": (_meta(lambda d: d.update(unit_names="0 1 2")), "meta.json"),
+    "meta-split-point-count": (_meta(lambda d: d.update(split_points=d["split_points"][:-1])), "meta.json"),
+    "meta-fingerprint-number": (_meta(lambda d: d.update(fingerprint=12)), "meta.json"),
+    "units-missing": (_removed("units.csv"), "units.csv"),
+    "edges-missing": (_removed("edges.csv"), "edges.csv"),
+    "units-empty": (_damaged("units.csv", lambda t: ""), "units.csv"),
+    "units-truncated": (_damaged("units.csv", lambda t: t[: len(t) // 2]), "units.csv"),
+    "units-nan": (_damaged("units.csv", _replace_cell("forward_s", "nan")), "units.csv"),
+    "units-empty-cell": (_damaged("units.csv", _replace_cell("backward_s", "")), "units.csv"),
+    "units-text": (_damaged("units.csv", _replace_cell("param_bytes", "many")), "units.csv"),
+    "units-negative": (_damaged("units.csv", _replace_cell("activation_bytes", "-5")), "units.csv"),
+    "units-inf": (_damaged("units.csv", _replace_cell("forward_s", "inf")), "units.csv"),
+    "units-lacks-column": (_damaged("units.csv", lambda t: "\n".join(",".join(r.split(",")[:-1])
+                                                                      for r in t.splitlines()) + "\n"), "units.csv"),
+    "units-row-missing": (_damaged("units.csv", lambda t: "\n".join(t.splitlines()[:-1]) + "\n"), "units.csv"),
+    "edges-text": (_damaged("edges.csv", lambda t: t.splitlines()[0] + "\nx,y,z,w\n"), "edges.csv"),
+}
+for _name, (_setup, _file) in PROFILES.items():
+    CASES.append(Case(f"profile:{_name}", lambda env: _plan_args(env)[:2] + [str(env.bad_prof)] + _plan_args(env)[3:],
+                      lambda env, f=_file: str(env.bad_prof / f) if f else str(env.bad_prof), _setup))
+
+
+# ---- plans: `autopp run PLAN` and `autopp show PLAN` ----
+def _plan_edit(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Env], None]:
+    def setup(env: Env) -> None:
+        data = json.loads(env.plan.read_text())
+        data["model_path"] = str((ROOT / "examples" / "mlp.py"))
+        out = edit(data)
+        env.bad_plan.write_text(json.dumps(data if out is None else out))
+    return setup
+
+
+def _stage(i: int, **values: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda d: d["stages"][i].update(values)
+
+
+PLANS: dict[str, Callable[[Env], None]] = {
+    "missing": lambda env: None,
+    "directory": lambda env: env.bad_plan.mkdir(),
+    "not-json": lambda env: env.bad_plan.write_text("{\n  \"version\": 1,\n"),
+    "a-list": _plan_edit(lambda d: [d]),
+    "version": _plan_edit(lambda d: d.update(version=2)),
+    "missing-field": _plan_edit(lambda d: d.pop("stages") and None),
+    "unknown-field": _plan_edit(lambda d: d.update(colour="red")),
+    "microbatches-text": _plan_edit(lambda d: d.update(num_microbatches="two")),
+    "microbatches-zero": _plan_edit(lambda d: d.update(num_microbatches=0)),
+    "microbatches-million": _plan_edit(lambda d: d.update(num_microbatches=1_000_000)),
+    "microbatches-below-stages": _plan_edit(lambda d: d.update(num_microbatches=1)),
+    "microbatches-float": _plan_edit(lambda d: d.update(num_microbatches=2.5)),
+    "microbatch-size-negative": _plan_edit(lambda d: d.update(microbatch_size=-4)),
+    "microbatch-size-bool": _plan_edit(lambda d: d.update(microbatch_size=True)),
+    "ranks-zero": _plan_edit(lambda d: d.update(num_ranks=0)),
+    "dp-zero": _plan_edit(lambda d: d.update(dp=0)),
+    "pp-mismatch": _plan_edit(lambda d: d.update(pp=3)),
+    "virtual-stages-mismatch": _plan_edit(lambda d: d.update(virtual_stages=2)),
+    "memory-text": _plan_edit(lambda d: d.update(memory_limit_bytes="1GiB")),
+    "seed-negative": _plan_edit(lambda d: d.update(seed=-1)),
+    "seed-huge": _plan_edit(lambda d: d.update(seed=2**70)),
+    "schedule-unknown": _plan_edit(lambda d: d.update(schedule="2F2B")),
+    "custom-without-order": _plan_edit(lambda d: d.update(schedule="Custom")),
+    "custom-order-not-lists": _plan_edit(lambda d: d.update(custom_order="0F0 0B0")),
+    "model-path-empty": _plan_edit(lambda d: d.update(model_path="")),
+    "fingerprint-number": _plan_edit(lambda d: d.update(fingerprint=7)),
+    "notes-not-list": _plan_edit(lambda d: d.update(notes="fast")),
+    "stages-empty": _plan_edit(lambda d: d.update(stages=[])),
+    "stage-not-object": _plan_edit(lambda d: d["stages"].__setitem__(0, 3)),
+    "stage-rank-out-of-range": _plan_edit(_stage(1, rank=5)),
+    "stage-index-wrong": _plan_edit(_stage(1, index=4)),
+    "stage-units-gap": _plan_edit(lambda d: d["stages"][1].update(units=[d["stages"][1]["units"][0] + 1,
+                                                                         d["stages"][1]["units"][1]])),
+    "stage-units-not-pair": _plan_edit(_stage(0, units=[0])),
+    "stage-unit-names-count": _plan_edit(_stage(0, unit_names=[])),
+    "stage-split-point-missing": _plan_edit(_stage(1, split_point=None)),
+    "stage-forward-negative": _plan_edit(_stage(0, forward_s=-1.0)),
+    "stage-memory-text": _plan_edit(_stage(0, memory_bytes="10MB")),
+    "stage-recompute-text": _plan_edit(_stage(0, recompute="yes")),
+    "predicted-step-nan": _plan_edit(lambda d: d["predicted"].update(step_time_s=float("nan"))),
+    "predicted-peaks-text": _plan_edit(lambda d: d["predicted"].update(peak_memory_bytes=["1MB"])),
+    "baselines-not-object": _plan_edit(lambda d: d.update(baselines=[1])),
+}
+_SHOW_TOO = {"missing", "not-json", "microbatches-text", "microbatches-million", "microbatch-size-negative",
+             "schedule-unknown", "stage-forward-negative", "predicted-step-nan"}
+for _name, _setup in PLANS.items():
+    CASES.append(Case(f"run:{_name}", lambda env: ["run", str(env.bad_plan), "--report", str(env.tmp / "r.json")],
+                      lambda env: str(env.bad_plan), _setup))
+    if _name in _SHOW_TOO:
+        CASES.append(Case(f"show:{_name}", lambda env: ["show", str(env.bad_plan), "-o", str(env.tmp / "t.png")],
+                          lambda env: str(env.bad_plan), _setup))
+
+
+# ---- cluster and links files: `autopp plan --cluster FILE`, `--links FILE` ----
+def _json_file(attr: str, data: Any) -> Callable[[Env], None]:
+    return lambda env: getattr(env, attr).write_text(data if isinstance(data, str) else json.dumps(data))
+
+
+TWO = [{"memory": "1GiB"}, {"memory": "1GiB"}]
+LINK = {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9}
+CLUSTERS: dict[str, Any] = {
+    "missing": None,
+    "not-json": "{\"devices\": [",
+    "a-list": [TWO],
+    "no-devices": {"link": LINK},
+    "devices-empty": {"devices": []},
+    "devices-not-list": {"devices": {"memory": "1GiB"}},
+    "device-not-object": {"devices": ["1GiB"]},
+    "device-no-memory": {"devices": [{"speed": 1}, {"memory": "1GiB"}]},
+    "device-memory-text": {"devices": [{"memory": "lots"}, {"memory": "1GiB"}]},
+    "device-memory-negative": {"devices": [{"memory": -1}, {"memory": "1GiB"}]},
+    "device-speed-zero": {"devices": [{"memory": "1GiB", "speed": 0}, {"memory": "1GiB"}]},
+    "device-speed-bool": {"devices": [{"memory": "1GiB", "speed": True}, {"memory": "1GiB"}]},
+    "links-empty": {"devices": TWO, "links": []},
+    "links-too-many": {"devices": TWO, "links": [LINK, LINK]},
+    "link-not-number": {"devices": TWO, "link": {"latency_s": "fast", "bandwidth_bytes_per_s": 1e9}},
+    "link-negative": {"devices": TWO, "links": [{"latency_s": -1, "bandwidth_bytes_per_s": 1e9}]},
+    "link-no-bandwidth": {"devices": TWO, "data_link": {"latency_s": 1e-5}},
+    "unknown-key": {"devices": TWO, "lnks": [LINK]},
+}
+for _name, _data in CLUSTERS.items():
+    CASES.append(Case(f"cluster:{_name}",
+                      lambda env: ["plan", "--profile", str(env.prof), "--cluster", str(env.cluster),
+                                   "-o", str(env.tmp / "out.json")],
+                      lambda env: str(env.cluster),
+                      (lambda env: None) if _data is None else _json_file("cluster", _data)))
+CASES.append(Case("cluster:with-message-overhead",
+                  lambda env: ["plan", "--profile", str(env.prof), "--cluster", str(env.cluster),
+                               "--message-overhead", "0.001", "-o", str(env.tmp / "out.json")],
+                  lambda env: "--message-overhead", _json_file("cluster", {"devices": TWO})))
+
+LINKS: dict[str, Any] = {
+    "missing": None,
+    "not-json": "{",
+    "version": {"version": 99},
+    "no-pairs": {"version": 2, "backend": "gloo"},
+    "a-list": [],
+}
+for _name, _data in LINKS.items():
+    CASES.append(Case(f"links:{_name}", lambda env: _plan_args(env, "--links", str(env.links)),
+                      lambda env: str(env.links), (lambda env: None) if _data is None else _json_file("links", _data)))
+
+
+# ---- flags ----
+FLAGS: dict[str, tuple[list[str], str]] = {
+    "plan-memory-text": (["plan", "--profile", "P", "--devices", "2", "--memory", "lots"], "--memory"),
+    "plan-devices-zero": (["plan", "--profile", "P", "--devices", "0", "--memory", "1GiB"], "--devices"),
+    "plan-global-batch-negative": (["plan", "--profile", "P", "--global-batch", "-1"], "--global-batch"),
+    "plan-schedule-unknown": (["plan", "--profile", "P", "--schedule", "2F2B"], "--schedule"),
+    "plan-microbatches-zero": (["plan", "--profile", "P", "--microbatches", "0"], "--microbatches"),
+    "plan-dp-text": (["plan", "--profile", "P", "--dp", "many"], "--dp"),
+    "plan-latency-negative": (["plan", "--profile", "P", "--latency", "-1"], "--latency"),
+    "plan-bandwidth-zero": (["plan", "--profile", "P", "--bandwidth", "0"], "--bandwidth"),
+    "plan-overhead-negative": (["plan", "--profile", "P", "--message-overhead", "-0.1"], "--message-overhead"),
+    "plan-progress-delay-inf": (["plan", "--profile", "P", "--progress-delay", "inf"], "--progress-delay"),
+    "plan-synth-time-zero": (["plan", "--profile", "P", "--synth-time", "0"], "--synth-time"),
+    "plan-recompute-unknown": (["plan", "--profile", "P", "--recompute", "some"], "--recompute"),
+    "profile-repeats-zero": (["profile", "m.py", "--repeats", "0"], "--repeats"),
+    "profile-warmup-negative": (["profile", "m.py", "--warmup", "-1"], "--warmup"),
+    "profile-sizes-zero": (["profile", "m.py", "--microbatch-sizes", "0,2"], "--microbatch-sizes"),
+    "profile-time-budget-zero": (["profile", "m.py", "--time-budget", "0"], "--time-budget"),
+    "profile-co-runners-negative": (["profile", "m.py", "--co-runners", "-1"], "--co-runners"),
+    "profile-dtype-unknown": (["profile", "m.py", "--dtype", "float8"], "--dtype"),
+    "profile-links-ranks-zero": (["profile-links", "--ranks", "0"], "--ranks"),
+    "profile-links-timeout-negative": (["profile-links", "--timeout", "-5"], "--timeout"),
+    "run-steps-zero": (["run", "p.json", "--steps", "0"], "--steps"),
+    "run-timeout-zero": (["run", "p.json", "--timeout", "0"], "--timeout"),
+    "run-timeout-negative": (["run", "p.json", "--timeout", "-1"], "--timeout"),
+    "plan-virtual-stages-zero": (["plan", "--profile", "P", "--virtual-stages", "0"], "--virtual-stages"),
+    "profile-optimizer-unknown": (["profile", "m.py", "--optimizer", "lion"], "--optimizer"),
+    "profile-device-unknown": (["profile", "m.py", "--device", "tpu"], "--device"),
+    "show-no-file": (["show"], "file"),
+    "no-command": ([], "command"),
+}
+for _name, (_argv, _flag) in FLAGS.items():
+    CASES.append(Case(f"flag:{_name}", lambda env, a=_argv: list(a), lambda env, f=_flag: f))
+CASES += [
+    Case("flag:plan-model-and-profile", lambda env: ["plan", str(env.model), "--profile", str(env.prof),
+                                                     "--devices", "2", "--memory", "1GiB"], lambda env: "--profile"),
+    Case("flag:plan-neither-model-nor-profile", lambda env: ["plan", "--devices", "2", "--memory", "1GiB"],
+         lambda env: "--profile"),
+    Case("flag:plan-devices-without-memory", lambda env: ["plan", "--profile", str(env.prof), "--devices", "2",
+                                                          "-o", str(env.tmp / "out.json")], lambda env: "--memory"),
+    Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
+                                                      "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
+         lambda env: "dp=3"),
+]
+
+
+# ---- output paths ----
+OUTPUTS: list[tuple[str, Callable[[Env], list[str]], Callable[[Env], str], Callable[[Env], None]]] = [
+    ("profile:-o-in-proc", lambda env: ["profile", str(env.model), "-o", "/proc/autopp-p"], lambda env: "/proc/autopp-p",
+     _writer(GOOD_MODEL)),
+    ("profile:-o-a-file", lambda env: ["profile", str(env.model), "-o", str(env.tmp / "f.txt")],
+     lambda env: str(env.tmp / "f.txt"), lambda env: (_writer(GOOD_MODEL)(env), (env.tmp / "f.txt").write_text("x"))),
+    ("profile:-o-foreign-dir", lambda env: ["profile", str(env.model), "-o", str(env.tmp / "d")],
+     lambda env: str(env.tmp / "d"), lambda env: (_writer(GOOD_MODEL)(env), (env.tmp / "d").mkdir(),
+                                                (env.tmp / "d" / "keep.txt").write_text("mine"))),
+    ("profile:-o-under-a-file", lambda env: ["profile", str(env.model), "-o", str(env.tmp / "f.txt" / "p")],
+     lambda env: str(env.tmp / "f.txt"), lambda env: (_writer(GOOD_MODEL)(env), (env.tmp / "f.txt").write_text("x"))),
+    ("plan:-o-in-proc", lambda env: _plan_args(env)[:-1] + ["/proc/autopp.json"], lambda env: "/proc/autopp.json",
+     lambda env: None),
+    ("plan:-o-a-directory", lambda env: _plan_args(env)[:-1] + [str(env.tmp)], lambda env: str(env.tmp),
+     lambda env: None),
+    ("plan:-o-under-a-file", lambda env: _plan_args(env)[:-1] + [str(env.tmp / "f.txt" / "p.json")],
+     lambda env: str(env.tmp / "f.txt"), lambda env: (env.tmp / "f.txt").write_text("x")),
+    ("plan-model:-o-in-proc", lambda env: ["plan", str(env.model), "--devices", "2", "--memory", "1GiB",
+                                           "-o", "/proc/autopp.json"], lambda env: "/proc/autopp.json",
+     _writer(GOOD_MODEL)),
+    ("show:-o-in-proc", lambda env: ["show", str(env.plan), "-o", "/proc/autopp.png"], lambda env: "/proc/autopp.png",
+     lambda env: None),
+    ("show:-o-a-directory", lambda env: ["show", str(env.plan), "-o", str(env.tmp)], lambda env: str(env.tmp),
+     lambda env: None),
+    ("show:--trace-in-proc", lambda env: ["show", str(env.plan), "-o", str(env.tmp / "t.png"), "--trace",
+                                          "/proc/autopp-trace.json"], lambda env: "--trace", lambda env: None),
+    ("profile-links:-o-in-proc", lambda env: ["profile-links", "-o", "/proc/autopp-links.json"],
+     lambda env: "/proc/autopp-links.json", lambda env: None),
+    ("profile-links:-o-a-directory", lambda env: ["profile-links", "-o", str(env.tmp)], lambda env: str(env.tmp),
+     lambda env: None),
+    ("run:--report-in-proc", lambda env: ["run", str(env.plan), "--report", "/proc/autopp-r.json"],
+     lambda env: "/proc/autopp-r.json", lambda env: None),
+]
+CASES += [Case(f"output:{name}", argv, names, setup) for name, argv, names, setup in OUTPUTS]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A copy of the shipped mlp profile and a 2-device 1F1B plan made from it."""
+    from autopp.cluster import Cluster
+    from autopp.profile import load_profile
+    from autopp.solve import PlanRequest, make_plan
+    base = tmp_path_factory.mktemp("catalogue")
+    profile = load_profile(SHIPPED)
+    profile.save(base / "prof")
+    plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=8))
+    return base / "prof", plan.save(base / "plan.json")
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def test_catalogue_is_large_enough() -> None:
+    assert len(CASES) >= 80 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(case: Case, shared: tuple[Path, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    env = Env(tmp=tmp_path / "w", prof=shared[0], plan=shared[1])
+    env.tmp.mkdir()
+    monkeypatch.chdir(env.tmp)
+    case.setup(env)
+    before, shared_before = _snapshot(env.tmp), _snapshot(shared[0].parent)
+    try:
+        code = main(case.argv(env))
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip() and not line.startswith(PROGRESS)]
+    assert code == 2, captured.err
+    assert len(lines) == 1, captured.err
+    assert "error: " in lines[0] and case.names(env) in lines[0], lines[0]
+    assert "Traceback" not in captured.err
+    assert _snapshot(env.tmp) == before and _snapshot(shared[0].parent) == shared_before

@@ -1,0 +1,31 @@
+"""Paths stored relative to the file that holds them, and resolved back (issue 13, point 10)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autopp.relpaths import resolved_path, stored_path
+
+
+@pytest.mark.parametrize("model, directory, stored", [
+    ("/repo/examples/gpt.py", "/repo/profiles/gpt", "../../examples/gpt.py"),
+    ("/repo/examples/gpt.py", "/repo", "examples/gpt.py"),
+    ("/elsewhere/m.py", "/repo/plans", "../../elsewhere/m.py"),
+])
+def test_stored_relative_and_resolved_back(model: str, directory: str, stored: str) -> None:
+    assert stored_path(model, directory) == stored
+    assert resolved_path(stored, directory) == model
+    assert resolved_path(stored, directory.replace("/repo", "/clone")) == model.replace("/repo", "/clone")
+
+
+def test_relative_input_is_taken_from_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert stored_path("m.py", tmp_path / "plans") == "../m.py"
+    assert resolved_path("../m.py", tmp_path / "plans") == os.path.join(str(tmp_path), "m.py")
+
+
+def test_absolute_stored_paths_are_kept() -> None:
+    assert resolved_path("/old/checkout/examples/mlp.py", "/repo/profiles/mlp") == "/old/checkout/examples/mlp.py"
