@@ -1,4 +1,4 @@
-"""Write JSON files atomically: a reader sees the old file or the whole new one, never half of it."""
+"""Write JSON and text files atomically: a reader sees the old file or the whole new one, never half of it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import AutoppError
 
-__all__ = ["write_json", "shared_mode"]
+__all__ = ["write_json", "write_text", "shared_mode"]
 
 
 def shared_mode(path: Path, directory: bool = False) -> None:
@@ -20,19 +20,24 @@ def shared_mode(path: Path, directory: bool = False) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~umask)
 
 
-def write_json(path: str | Path, data: Any) -> Path:
-    """Write `data` as indented JSON to `path` through a temporary sibling renamed into place."""
+def write_text(path: str | Path, text: str, what: str = "the file") -> Path:
+    """Write `text` to `path` through a temporary sibling renamed into place (a reader never sees half a file)."""
     target = Path(path)
     if target.is_dir():
-        raise AutoppError(f"{target}: is a directory; give a file path to write the JSON to")
+        raise AutoppError(f"{target}: is a directory; give a file path to write {what} to")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
+            f.write(text)
         shared_mode(Path(tmp))
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write `data` as indented JSON to `path` atomically (`write_text`)."""
+    return write_text(path, json.dumps(data, indent=2) + "\n", "the JSON")

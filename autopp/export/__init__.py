@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import enum
-import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import AutoppError
-from ..jsonio import shared_mode
+from ..jsonio import write_text
 from ..plan import Plan
 from .common import Exported
 from .layers import ExportError, ModelLayers, model_layers
@@ -79,24 +76,7 @@ def export_plan(plan: Plan, target: Target, out: str | Path,
     return to_torch_csv(plan)
 
 
-def _write_text(path: str | Path, text: str) -> Path:
-    """Write `text` through a temporary sibling renamed into place (a reader never sees half a file)."""
-    target = Path(path)
-    if target.is_dir():
-        raise AutoppError(f"{target}: is a directory; give a file path to write the export to")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        shared_mode(Path(tmp))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
-
-
 def write_export(exported: Exported, out: str | Path) -> list[Path]:
     """Write the main file and the files beside it (atomically each); their paths."""
-    return [_write_text(out, exported.text), *(_write_text(p, text) for p, text in exported.extra.items())]
+    return [write_text(out, exported.text, "the export"),
+            *(write_text(p, text, "the export") for p, text in exported.extra.items())]

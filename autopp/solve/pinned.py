@@ -8,10 +8,11 @@ from ..cluster import Cluster
 from ..errors import PlanError, ScheduleError
 from ..plan import Plan
 from ..profile import Profile
-from ..schedule import ScheduleName, stages_per_rank, validate
+from ..schedule import SPLIT_BACKWARD, ScheduleName, stages_per_rank, validate
 from .arrays import ProfileTable
 from .dp import Bounds
 from .judge import Candidate, judge
+from .runnable import weight_only_sends
 
 __all__ = ["Pinned", "evaluate_pinned"]
 
@@ -81,4 +82,8 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
     notes = [f"configuration pinned from {pinned.source}: evaluated as given, not searched"]
     notes += [f"does not fit: rank {r} peaks at {peak} bytes > {cluster.device(r).memory_bytes} bytes of its device"
               for r, peak in enumerate(verdict.peak_memory) if peak > cluster.device(r).memory_bytes]
+    if pinned.schedule in SPLIT_BACKWARD:
+        notes += [f"does not run: stage {s} sends on {name!r}, made from its parameters only, whose gradient torch's "
+                  f"split I/W backward ({pinned.schedule.value}) drops" for s, name in
+                  weight_only_sends(profile.meta.live_values, pinned.bounds)]
     return build_plan(profile, request, verdict, a, extra=tuple(notes), keep_split=True)

@@ -90,3 +90,15 @@ def test_values_every_reader_holds_cross_no_cut() -> None:
     for b in SIZES:
         cut = ProfileTable(profile).arrays(b).cut[1:-1]
         assert list(cut) == profile.cut_bytes(b, recompute=True) != profile.cut_bytes(b)
+
+
+def test_a_pinned_configuration_torch_cannot_run_says_so_in_its_notes() -> None:
+    from autopp.solve import Pinned, evaluate_pinned
+    pinned = Pinned(schedule=ScheduleName.ZBV_ZERO_BUBBLE, pp=2, virtual_stages=2, microbatches=4, microbatch_size=2,
+                    bounds=((0, 2), (2, 4), (4, 6), (6, 8)), source="trainer.toml")
+    plan = evaluate_pinned(_profile(), Cluster(num_devices=2, memory_bytes=2**40), pinned)
+    assert [n for n in plan.notes if n.startswith("does not run")] == [
+        "does not run: stage 1 sends on 'bias', made from its parameters only, whose gradient torch's split I/W "
+        "backward (ZBVZeroBubble) drops",
+        "does not run: stage 1 sends on 'bias2', made from its parameters only, whose gradient torch's split I/W "
+        "backward (ZBVZeroBubble) drops"]
