@@ -215,6 +215,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         check_output_file(args.output, "-o")
     if args.model:
         check_model_file(args.model)
+    if args.pin_from:  # before a profile is loaded or measured
+        from .export import read_config_text
+        read_config_text(args.pin_from)
     from .display import format_plan
     from .schedule import ScheduleName
     from .solve import PlanRequest, RecomputeMode, make_plan
@@ -252,9 +255,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _read_pin(args: argparse.Namespace, profile, request):  # type: ignore[no-untyped-def]
-    """--pin-from: the user's trainer configuration (checked before the search) and notes on how it is judged."""
+    """--pin-from: the user's trainer configuration (checked before the search and before anything is written) and
+    notes on how it is judged."""
     from .export import read_pinned
+    from .solve.pinned import check_pinned
     pinned, notes = read_pinned(args.pin_from, profile.meta.unit_names, request.cluster.num_devices)
+    check_pinned(pinned, profile.num_units, request.cluster.num_devices)
     batch = pinned.microbatches * pinned.microbatch_size * pinned.dp
     if batch != request.global_batch:
         raise AutoppError(f"{args.pin_from}: its global batch is {batch}, --global-batch is {request.global_batch}; "
@@ -310,6 +316,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 #: package nor its solver (pandas, OR-Tools: seconds on a loaded machine); tests/test_cli.py checks they agree.
 SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
                   "DualPipeV")
+
+#: The values of autopp.export.Target, spelt out for the same reason; tests/export/test_export.py checks they agree.
+TARGET_NAMES = ("torchtitan", "megatron", "deepspeed", "torch-csv")
 
 
 def _show_report(path: Path, out: Path) -> int:
@@ -370,8 +379,7 @@ def _unit_modules(args: argparse.Namespace, plan) -> list[list[str]] | None:  # 
     if profile.meta.fingerprint != plan.fingerprint:
         raise AutoppError(f"{path}: profile fingerprint {profile.meta.fingerprint} is not the plan's "
                           f"({plan.fingerprint}); give --profile DIR, the profile the plan was made from")
-    units = profile.units.drop_duplicates("unit").sort_values("unit")
-    return [str(m).split() for m in units["modules"]]
+    return profile.unit_modules()
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -381,12 +389,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if any(len(r) != 2 or not r[0] for r in renames):
         raise AutoppError(f"--rename takes OLD=NEW, got {args.rename}")
     target = Target(args.to)
+    if target is not Target.TORCHTITAN:
+        for flag, given in (("--rename", args.rename), ("--profile", args.profile)):
+            if given:
+                raise AutoppError(f"{flag} applies to --to torchtitan only (module names); {args.to} exports count "
+                                  "units, not names: leave it out")
     out = check_output_file(args.output or default_output(args.plan, target), "-o" if args.output else None)
     plan = load_plan(args.plan)
     modules = _unit_modules(args, plan) if target is Target.TORCHTITAN else None
     if modules is not None:
         modules = rename_modules(modules, renames)  # type: ignore[arg-type]
     exported = export_plan(plan, target, out, modules, where=args.plan)
+    for extra in exported.extra:  # every file, before any is written
+        check_output_file(extra)
     for path in write_export(exported, out):
         print(f"wrote {path}")
     for note in exported.notes:
@@ -499,7 +514,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write a plan for torchtitan, Megatron-LM, DeepSpeed or torch's schedule CSV")
     p.add_argument("plan", help="plan JSON")
-    p.add_argument("--to", required=True, choices=["torchtitan", "megatron", "deepspeed", "torch-csv"],
+    p.add_argument("--to", required=True, choices=TARGET_NAMES,
                    help="the trainer (docs/export.md says what maps to what)")
     p.add_argument("--profile", help="the profile the plan was made from (torchtitan needs its module names; "
                                      "default profiles/MODEL if its fingerprint matches)")

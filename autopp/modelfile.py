@@ -8,6 +8,7 @@ import inspect
 import itertools
 import json
 import logging
+import re
 import sys
 import traceback
 from collections import Counter
@@ -164,11 +165,24 @@ def check_forward(mf: ModelFile, model: nn.Module, batch_size: int = 2) -> None:
         if loss.requires_grad:
             loss.backward()
     except Exception as exc:
-        raise mf.error(f"backward of the loss on sample_batch({batch_size}) raised {_first_line(exc)}; every "
-                       "operation in forward() needs a gradient (a torch.library.custom_op needs "
-                       "register_autograd)") from exc
+        raise mf.error(f"backward of the loss on sample_batch({batch_size}) raised {_first_line(exc)}"
+                       f"{_backward_hint(exc)}") from exc
     finally:
         model.zero_grad(set_to_none=True)
+
+
+#: What autograd says when an operation has no gradient formula (a custom op without one, a non-differentiable op).
+_NO_GRADIENT = re.compile(r"no autograd formula|register_autograd|does not require grad|does not have a grad_fn|"
+                          r"derivative for .* is not implemented", re.IGNORECASE)
+
+
+def _backward_hint(exc: BaseException) -> str:
+    """The advice for a backward failure: the custom-op hint only when autograd says an operation has no gradient
+    (an in-place modification or any other error keeps torch's own words)."""
+    if _NO_GRADIENT.search(str(exc)):
+        return ("; every operation in forward() needs a gradient (a torch.library.custom_op needs "
+                "register_autograd)")
+    return ""
 
 
 def _first_line(exc: BaseException) -> str:

@@ -284,7 +284,7 @@ def _check_fields(data: dict[str, Any], where: str) -> None:
 
 def _check_consistent(plan: Plan) -> None:
     """The schedule, stage count and microbatch count agree with each other and with the plan's own prediction."""
-    from .schedule import ScheduleName, validate  # here, not on import: it brings pandas and OR-Tools
+    from .schedule import ScheduleName, stages_per_rank, validate  # here, not on import: pandas and OR-Tools
     names = [n.value for n in ScheduleName]
     if plan.schedule != "Custom" and plan.schedule not in names:
         raise PlanError(f"field 'schedule' is {plan.schedule!r}; expected one of {names} or 'Custom'")
@@ -296,8 +296,14 @@ def _check_consistent(plan: Plan) -> None:
             raise PlanError(f"schedule 'Custom' needs custom_order with one row per pipeline rank ({plan.pp}), "
                             f"got {len(plan.custom_order)}")
     else:
+        name = ScheduleName(plan.schedule)
         try:
-            validate(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, plan.virtual_stages)
+            stages_per_rank(name, plan.virtual_stages)
+        except ScheduleError as exc:
+            raise PlanError(f"field 'virtual_stages': {exc}; re-plan with `autopp plan ... --schedule "
+                            f"{name.value}`, which sets it") from None
+        try:
+            validate(name, plan.pp, plan.num_microbatches, plan.virtual_stages)
         except ScheduleError as exc:
             raise PlanError(f"field 'num_microbatches': {exc}; re-plan with `autopp plan ... --microbatches M`") \
                 from None

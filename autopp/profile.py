@@ -18,8 +18,9 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
-from .errors import ProfileError
+from .errors import AutoppError, ProfileError
 from .jsonio import shared_mode
+from .preflight import check_output_dir
 from .relpaths import resolved_path, stored_path
 
 __all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "EDGE_COLUMNS", "ProfileMeta", "Profile", "UnitCost", "load_profile"]
@@ -156,6 +157,11 @@ class Profile:
     def num_units(self) -> int:
         return len(self.meta.unit_names)
 
+    def unit_modules(self) -> list[list[str]]:
+        """Each unit's module names, in unit order (the `modules` column, one entry per unit)."""
+        units = self.units.drop_duplicates("unit").sort_values("unit")
+        return [str(m).split() for m in units["modules"]]
+
     def graph(self, microbatch_size: int | None = None) -> nx.DiGraph:
         """Units as nodes (attributes: the table's columns), live tensors as edges (attribute `bytes`)."""
         b = microbatch_size or self.meta.microbatch_sizes[0]
@@ -217,9 +223,10 @@ class Profile:
         `directory` (docs/profile-format.md)."""
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or (target / "meta.json").is_file())):
-            raise ProfileError(f"{target}: exists and is not a profile directory (it would be replaced); "
-                               "give a new directory or an existing profile's")
+        try:  # the CLI's own check (preflight): new, empty, or an earlier profile
+            check_output_dir(target, marker="meta.json", kind="profile")
+        except AutoppError as exc:
+            raise ProfileError(str(exc)) from None
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         shared_mode(tmp, directory=True)
         meta = {**self.meta.to_json(), "model_path": stored_path(self.meta.model_path, target)}

@@ -373,6 +373,29 @@ def test_backward_that_raises_is_one_clear_error(tmp_path: Path) -> None:
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_the_custom_op_hint_is_given_only_when_an_operation_has_no_gradient(tmp_path: Path) -> None:
+    # Review of issue 13.5: every backward failure got "a torch.library.custom_op needs register_autograd", an
+    # in-place modification too.
+    inplace = """
+
+class SigmoidInPlace(nn.Module):
+    def forward(self, x):
+        y = x.sigmoid()
+        y.add_(1)
+        return y
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 8), SigmoidInPlace(), nn.Linear(8, 4))
+"""
+    (tmp_path / "m.py").write_text((MODELS / "linrelu.py").read_text() + inplace)
+    mf = load_model_file(tmp_path / "m.py")
+    with pytest.raises(ModelFileError, match=r"raised RuntimeError: one of the variables needed for gradient "
+                                             r"computation has been modified by an inplace operation") as info:
+        check_forward(mf, mf.build())
+    assert "needs a gradient" not in str(info.value)  # (the path holds the test name, "custom_op" included)
+
+
 def test_parallel_members_of_a_chain_of_one_class_stay_in_one_unit(tmp_path: Path) -> None:
     """Blocks and two heads, all of one class and siblings: block1..block3 and head_a are a chain (head_a reads
     block3); head_b reads block3 too, not head_a, so it starts no chain of its own and only follows as what runs

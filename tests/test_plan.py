@@ -99,12 +99,22 @@ def _write(tmp_path: Path, data: dict[str, object]) -> Path:
     ("schedule", "2F2B", r"field 'schedule' is '2F2B'; expected one of \[.*'1F1B'"),
     ("num_microbatches", 1, r"field 'num_microbatches': 1F1B needs microbatches >= stages \(1 < 2\); re-plan"),
     ("virtual_stages", 2, r"2 stages for pp 2 x virtual_stages 2"),
+    ("virtual_stages", 0, r"field 'virtual_stages' must be an integer >= 1, got 0"),
     ("custom_order", "0F0", r"field 'custom_order' must be a list of per-rank lists"),
 ])
 def test_fields_are_type_and_range_checked(tmp_path: Path, field: str, value: object, message: str) -> None:
     # issue 13.6: "two" reached torch, -4 was blamed on the model file
     with pytest.raises(PlanError, match=r"p\.json: " + message):
         load_plan(_write(tmp_path, _plan().to_json() | {field: value}))
+
+
+def test_a_stages_per_rank_rule_names_virtual_stages(tmp_path: Path) -> None:
+    # Review of issue 13.6: every schedule-size failure was reported as field 'num_microbatches'.
+    one_rank = _plan().to_json() | {"pp": 1, "num_ranks": 1, "virtual_stages": 2, "num_microbatches": 2}
+    one_rank["stages"] = [{**st, "rank": 0} for st in one_rank["stages"]]
+    with pytest.raises(PlanError, match=r"p\.json: field 'virtual_stages': 1F1B runs exactly 1 stage per rank "
+                                        r"\(2 != 1\); re-plan"):
+        load_plan(_write(tmp_path, one_rank))
 
 
 def test_microbatch_count_must_fit_the_predicted_step(tmp_path: Path) -> None:

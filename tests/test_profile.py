@@ -227,3 +227,23 @@ def test_profile_left_aside_by_a_killed_save_is_named(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match=r"mlp: not a profile directory \(no meta.json\); a save was interrupted: "
                                            r"the previous profile is .*\.old\.mlp\.x1; rename it to"):
         load_profile(target)
+
+
+def test_save_refuses_what_the_cli_refuses_with_the_same_rule(tmp_path: Path) -> None:
+    # Review of issue 13.5: "new, empty, or has meta.json" was written twice (Profile.save and
+    # preflight.check_output_dir); save now uses preflight's, so both say the same.
+    from autopp.errors import AutoppError
+    from autopp.preflight import check_output_dir
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(AutoppError) as cli:
+        check_output_dir(other, marker="meta.json", kind="profile")
+    with pytest.raises(ProfileError) as save:
+        load_profile(SHIPPED / "mlp").save(other)
+    assert str(save.value) == str(cli.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"] and (other / "notes.txt").read_text() == "mine"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ProfileError, match=r"file: is a file; give a directory"):
+        load_profile(SHIPPED / "mlp").save(tmp_path / "file")

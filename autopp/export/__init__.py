@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -10,10 +11,10 @@ from ..jsonio import write_text
 from ..plan import Plan
 from .common import Exported
 from .layers import ExportError, ModelLayers, model_layers
-from .pin import read_pinned
+from .pin import read_config_text, read_pinned
 
 __all__ = ["Target", "ExportError", "Exported", "ModelLayers", "model_layers", "export_plan", "write_export",
-           "default_output", "rename_modules", "read_pinned"]
+           "default_output", "rename_modules", "read_pinned", "read_config_text"]
 
 
 class Target(enum.Enum):
@@ -54,11 +55,19 @@ def rename_modules(unit_modules: Sequence[Sequence[str]], renames: Sequence[tupl
     return out
 
 
+def _module_name(stem: str) -> str:
+    """`STEM_deepspeed_pipe`, an importable Python module name: other characters become `_`, a leading digit gets
+    one before it (`my-model` -> `my_model_deepspeed_pipe`)."""
+    name = re.sub(r"\W", "_", stem, flags=re.ASCII) + "_deepspeed_pipe"
+    return name if name.isidentifier() and not name[0].isdigit() else "_" + name
+
+
 def export_plan(plan: Plan, target: Target, out: str | Path,
                 unit_modules: Sequence[Sequence[str]] | None = None, where: str = "plan") -> Exported:
     """The files of `plan` for `target` (not written); `out`: the main file's path, which names the files beside
-    it. `unit_modules`: each unit's module names (the profile's; torchtitan needs them). An ExportError (one line,
-    naming `where` and why) for what the trainer cannot express."""
+    it (torchtitan's schedule CSV is named by its absolute path). `unit_modules`: each unit's module names (the
+    profile's; torchtitan needs them). An ExportError (one line, naming `where` and why) for what the trainer cannot
+    express."""
     from .deepspeed import to_deepspeed
     from .megatron import to_megatron
     from .torchcsv import to_torch_csv
@@ -68,11 +77,11 @@ def export_plan(plan: Plan, target: Target, out: str | Path,
         if unit_modules is None:
             raise ExportError(f"{where}: torchtitan needs each unit's module names: give --profile DIR (the profile "
                               "the plan was made from)")
-        return to_torchtitan(plan, unit_modules, str(base.with_suffix(".csv")), where)
+        return to_torchtitan(plan, unit_modules, str(base.with_suffix(".csv").absolute()), where)
     if target is Target.MEGATRON:
         return to_megatron(plan, where)
     if target is Target.DEEPSPEED:
-        return to_deepspeed(plan, str(base.with_name(base.name.split(".")[0] + "_deepspeed_pipe.py")), where)
+        return to_deepspeed(plan, str(base.with_name(_module_name(base.name.split(".")[0]) + ".py")), where)
     return to_torch_csv(plan)
 
 

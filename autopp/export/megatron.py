@@ -7,10 +7,22 @@ from ..schedule import Layout, ScheduleName
 from .common import Exported, refuse_schedule, stage_layout, uniform_recompute
 from .layers import ExportError, ModelLayers, model_layers
 
-__all__ = ["to_megatron", "layout_string"]
+__all__ = ["to_megatron", "layout_string", "interleaving_problem"]
 
 #: Schedules Megatron-Core runs: 1F1B without virtual stages, its interleaved 1F1B with them.
 _RUNS = "1F1B or Interleaved1F1B"
+
+
+def interleaving_problem(pp: int, microbatches: int) -> str | None:
+    """Why Megatron-Core's interleaved 1F1B refuses `microbatches` on `pp` ranks, or None. It runs microbatches in
+    groups of `microbatch_group_size_per_vp_stage` (default pp: model_parallel_config.py) and requires
+    pp <= group <= M and M % group to be 0 or >= pp (schedules.py, forward_backward_pipelining_with_interleaving);
+    with the default group that is M a multiple of pp."""
+    if microbatches % pp:
+        return (f"Megatron-Core's interleaved 1F1B runs microbatches in groups of pp ({pp}) and needs their count "
+                f"to be a multiple of it, but it is {microbatches}; re-plan with --microbatches "
+                f"{pp * max(1, round(microbatches / pp))} (or another multiple of {pp})")
+    return None
 
 
 def layout_string(plan: Plan, layers: ModelLayers) -> str:
@@ -28,6 +40,8 @@ def to_megatron(plan: Plan, where: str) -> Exported:
         refuse_schedule(plan, "Megatron-Core", _RUNS, where)
     if stage_layout(plan) is not Layout.LOOP:
         refuse_schedule(plan, "Megatron-Core", _RUNS, where)
+    if plan.virtual_stages > 1 and (problem := interleaving_problem(plan.pp, plan.num_microbatches)):
+        raise ExportError(f"{where}: {problem}")
     layers = model_layers([n for s in plan.stages for n in s.unit_names], where)
     if layers.pre is None or layers.post is None:
         raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "

@@ -13,8 +13,9 @@ from typing import Any, Sequence
 from ..schedule import ScheduleName
 from ..solve.pinned import Pinned
 from .layers import ExportError, ModelLayers, model_layers
+from .megatron import interleaving_problem
 
-__all__ = ["read_pinned", "megatron_layout", "torchtitan_default_parts"]
+__all__ = ["read_pinned", "read_config_text", "megatron_layout", "torchtitan_default_parts"]
 
 _BLOCK_NAME = re.compile(r"\.(\d+)$")
 
@@ -26,17 +27,48 @@ def _schedule(name: str, where: str) -> ScheduleName:
     raise ExportError(f"{where}: schedule {name!r} is not one autopp simulates ({', '.join(s.value for s in ScheduleName)})")
 
 
-def _int(options: dict[str, Any], key: str, default: int, where: str) -> int:
+def _int(options: dict[str, Any], key: str, default: int, where: str, least: int = 1, also: tuple[int, ...] = ()
+         ) -> int:
+    """options[key] (or `default`) as an integer >= `least` (or one of `also`, e.g. -1 for "the rest"); booleans and
+    fractions (TOML `true`, `2.7`) are refused, not truncated."""
     value = options.get(key, default)
+    number: int | None = None
+    if isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = int(value)
+        except ValueError:
+            pass
+    if number is None:
+        raise ExportError(f"{where}: {key} must be an integer, got {value!r}")
+    if number < least and number not in also:
+        allowed = f">= {least}" + "".join(f" or {a}" for a in also)
+        raise ExportError(f"{where}: {key} must be {allowed}, got {number}")
+    return number
+
+
+def read_config_text(path: str | Path) -> str:
+    """The text of a trainer's configuration file; an ExportError (one line naming it) when it is missing,
+    unreadable or not text."""
+    p = Path(path)
+    if not p.is_file():
+        raise ExportError(f"{p}: no such file; give a torchtitan config (.toml or --section.key=value overrides) or "
+                          "a Megatron-LM arguments file")
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ExportError(f"{where}: {key} must be an integer, got {value!r}") from None
+        return p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ExportError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ExportError(f"{p}: not a text file (not UTF-8); give a torchtitan config or Megatron-LM "
+                          "arguments") from None
 
 
 def _tokens(path: Path) -> list[str]:
     try:
-        return shlex.split(path.read_text().replace("\\\n", " "), comments=True)  # shell line continuations
+        return shlex.split(read_config_text(path).replace("\\\n", " "), comments=True)  # shell line continuations
     except ValueError as exc:
         raise ExportError(f"{path}: cannot split into arguments: {exc}") from None
 
@@ -47,7 +79,7 @@ def _torchtitan_options(path: Path) -> dict[str, Any]:
     """{"section.key": value} from a TOML file (older torchtitan) or `--section.key=value` overrides (0.3)."""
     if path.suffix == ".toml":
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(read_config_text(path))
         except tomllib.TOMLDecodeError as exc:
             raise ExportError(f"{path}: not valid TOML: {exc}") from None
         out = {f"{sec}.{k}": v for sec, table in data.items() if isinstance(table, dict) for k, v in table.items()}
@@ -117,6 +149,27 @@ def _counts_from_fqns(parts: list[list[str]], layers: ModelLayers, where: str) -
     return counts
 
 
+def _multiple_near(devices: int, unit: int) -> int:
+    """The multiple of `unit` nearest `devices` (at least `unit`): a device count to suggest."""
+    return unit * max(1, round(devices / unit))
+
+
+def _torchtitan_dp(o: dict[str, Any], pp: int, devices: int, where: str) -> int:
+    """dp = replicate x shard, a shard degree of -1 taking the devices left over; refused unless pp x dp = devices."""
+    replicate = _int(o, "parallelism.data_parallel_replicate_degree", 1, where)
+    shard = _int(o, "parallelism.data_parallel_shard_degree", -1, where, also=(-1,))
+    if shard == -1:
+        if devices % (pp * replicate):
+            raise ExportError(f"{where}: {devices} devices are not a multiple of pp {pp} x replicate {replicate} "
+                              "(data_parallel_shard_degree -1 takes the devices left over); plan with --devices "
+                              f"{_multiple_near(devices, pp * replicate)}")
+        return devices // pp
+    if pp * replicate * shard != devices:
+        raise ExportError(f"{where}: pp {pp} x dp {replicate * shard} (replicate {replicate} x shard {shard}) != "
+                          f"{devices} devices; plan with --devices {pp * replicate * shard}")
+    return replicate * shard
+
+
 def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, list[str]]:
     o, where, notes = _torchtitan_options(path), str(path), []
     for key in ("parallelism.tensor_parallel_degree", "parallelism.context_parallel_degree"):
@@ -133,17 +186,17 @@ def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, 
                                                                          else parts)]
         counts = _counts_from_fqns(groups, layers, where)
     else:
-        lps = o.get("parallelism.pipeline_parallel_layers_per_stage")
-        w_in = _int(o, "parallelism.pipeline_parallel_first_stage_less_layers", 1, where)
-        w_out = _int(o, "parallelism.pipeline_parallel_last_stage_less_layers", 1, where)
-        stages = (math.ceil((len(layers.blocks) + w_in + w_out) / int(lps)) if lps not in (None, "None")
-                  else pp * (1 if single else 2))
+        key = "parallelism.pipeline_parallel_layers_per_stage"
+        w_in = _int(o, "parallelism.pipeline_parallel_first_stage_less_layers", 1, where, least=0)
+        w_out = _int(o, "parallelism.pipeline_parallel_last_stage_less_layers", 1, where, least=0)
+        stages = (math.ceil((len(layers.blocks) + w_in + w_out) / _int(o, key, 1, where))
+                  if o.get(key) not in (None, "None") else pp * (1 if single else 2))
         counts = torchtitan_default_parts(stages, len(layers.blocks), w_in, w_out)
+    if len(counts) % pp:  # torchtitan raises here too (_get_pipeline_metadata: stages divisible by pp)
+        raise ExportError(f"{where}: {len(counts)} stages are not a multiple of pipeline_parallel_degree {pp}; "
+                          "torchtitan needs the same number of stages on every rank")
+    dp = _torchtitan_dp(o, pp, devices, where)
     replicate = _int(o, "parallelism.data_parallel_replicate_degree", 1, where)
-    shard = _int(o, "parallelism.data_parallel_shard_degree", -1, where)
-    dp = replicate * (devices // (pp * replicate) if shard == -1 else shard)
-    if dp * pp != devices:
-        raise ExportError(f"{where}: pp {pp} x dp {dp} != {devices} devices; plan with --devices {dp * pp}")
     if dp > replicate:
         notes.append(f"FSDP (data_parallel_shard_degree {dp // replicate}) is evaluated as plain data-parallel "
                      "replicas: autopp models no sharding yet")
@@ -151,7 +204,7 @@ def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, 
     local = _int(o, "training.local_batch_size", 8, where)
     if local % b:
         raise ExportError(f"{where}: training.local_batch_size {local} is not divisible by microbatch size {b}")
-    glob = _int(o, "training.global_batch_size", -1, where)
+    glob = _int(o, "training.global_batch_size", -1, where, also=(-1,))
     if glob not in (-1, local * dp):
         raise ExportError(f"{where}: training.global_batch_size {glob} != local {local} x dp {dp}: gradient "
                           "accumulation is not modelled")
@@ -159,7 +212,7 @@ def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, 
     if ac not in ("full", "none"):
         notes.append(f"activation checkpointing {ac!r} is evaluated as none: autopp models full recomputation only")
     bounds = _bounds_from_counts(layers, counts)
-    return Pinned(schedule=name, pp=pp, dp=dp, virtual_stages=len(counts) // max(pp, 1),
+    return Pinned(schedule=name, pp=pp, dp=dp, virtual_stages=len(counts) // pp,
                   microbatches=local // b, microbatch_size=b, bounds=bounds,
                   recompute=(ac == "full",) * len(bounds), source=where), notes
 
@@ -173,6 +226,18 @@ def megatron_layout(text: str) -> list[str]:
     s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
     s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
     return s.split("|")
+
+
+def _layout_counts(text: str, where: str) -> list[int]:
+    """Blocks per stage of a Megatron layout; refused unless megatron-core's `validate_layer_layout` takes it (one E,
+    one L, no MTP) and autopp reads it as given: E opening the first stage, L closing the last."""
+    stages = megatron_layout(text)
+    flat = "".join(stages)
+    if not (set(flat) <= set("EtL") and flat.count("E") == 1 and flat.count("L") == 1
+            and stages[0].startswith("E") and stages[-1].endswith("L")):
+        raise ExportError(f"{where}: the layout {text!r} must open its first stage with E, close its last with L, "
+                          "hold each once and only t between (MTP layers are not modelled)")
+    return [st.count("t") for st in stages]
 
 
 def _megatron_options(path: Path) -> dict[str, str]:
@@ -204,18 +269,17 @@ def _megatron(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, li
     if k != len(layers.blocks):
         raise ExportError(f"{where}: --num-layers {k}, but the profile has {len(layers.blocks)} blocks")
     if "pipeline-model-parallel-layout" in o:
-        stages = megatron_layout(o["pipeline-model-parallel-layout"])
-        flat = "".join(stages)
-        if not (flat.startswith("E") and flat.endswith("L") and set(flat) <= set("EtL")):
-            raise ExportError(f"{where}: the layout {o['pipeline-model-parallel-layout']!r} must start with E, end "
-                              "with L and hold only t between (MTP layers are not modelled)")
-        counts = [st.count("t") for st in stages]
+        counts = _layout_counts(o["pipeline-model-parallel-layout"], where)
     else:
         v = _int(o, "num-virtual-stages-per-pipeline-rank", 1, where)
         if "num-layers-per-virtual-pipeline-stage" in o:
-            v = k // (pp * _int(o, "num-layers-per-virtual-pipeline-stage", 1, where))
-        first = _int(o, "decoder-first-pipeline-num-layers", 0, where)
-        last = _int(o, "decoder-last-pipeline-num-layers", 0, where)
+            per = _int(o, "num-layers-per-virtual-pipeline-stage", 1, where)
+            if k % (pp * per):
+                raise ExportError(f"{where}: --num-layers {k} is not a multiple of pp {pp} x "
+                                  f"--num-layers-per-virtual-pipeline-stage {per}")
+            v = k // (pp * per)
+        first = _int(o, "decoder-first-pipeline-num-layers", 0, where, least=0)
+        last = _int(o, "decoder-last-pipeline-num-layers", 0, where, least=0)
         if (first or last) and v > 1:
             raise ExportError(f"{where}: uneven first/last stages with virtual stages: give the split as "
                               "--pipeline-model-parallel-layout")
@@ -232,13 +296,19 @@ def _megatron(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, li
     if len(counts) % pp:
         raise ExportError(f"{where}: {len(counts)} layout stages are not a multiple of pp {pp}")
     v = len(counts) // pp
+    if devices % pp:  # Megatron: dp = world size / (tp x pp), which must divide
+        raise ExportError(f"{where}: {devices} devices are not a multiple of --pipeline-model-parallel-size {pp} "
+                          f"(Megatron's dp = world size / pp); plan with --devices {_multiple_near(devices, pp)}")
     dp = devices // pp
     b = _int(o, "micro-batch-size", 1, where)
     glob = _int(o, "global-batch-size", b * dp, where)
     if glob % (b * dp):
         raise ExportError(f"{where}: global batch {glob} is not divisible by micro batch {b} x dp {dp}")
+    if v > 1 and (problem := interleaving_problem(pp, glob // (b * dp))):
+        raise ExportError(f"{where}: {problem}")
     full = o.get("recompute-granularity") == "full"
-    if full and o.get("recompute-method") == "block" and _int(o, "recompute-num-layers", 0, where) < max(counts):
+    if full and o.get("recompute-method") == "block" and \
+            _int(o, "recompute-num-layers", 0, where, least=0) < max(counts):
         raise ExportError(f"{where}: block recomputation of some layers per stage is not modelled; autopp "
                           "recomputes whole stages")
     if "recompute-activations" in o or o.get("recompute-granularity") == "selective":
@@ -253,11 +323,8 @@ def read_pinned(path: str | Path, unit_names: Sequence[str], devices: int) -> tu
     """The configuration in `path` (a torchtitan .toml or overrides file, or Megatron-LM arguments) for a model with
     these units on `devices` devices, and notes on what was evaluated differently from how the trainer runs it."""
     p = Path(path)
-    if not p.is_file():
-        raise ExportError(f"{p}: no such file; give a torchtitan config (.toml or --section.key=value overrides) or "
-                          "a Megatron-LM arguments file")
+    text = read_config_text(p)
     layers = model_layers(unit_names, str(p))
-    text = p.read_text()
     if p.suffix == ".toml" or "--parallelism." in text or "--training." in text:
         return _torchtitan(p, layers, devices)
     if "--pipeline-model-parallel" in text or "--num-layers" in text:

@@ -16,14 +16,21 @@ __all__ = ["to_torchtitan", "stage_fqns"]
 
 def stage_fqns(plan: Plan, unit_modules: Sequence[Sequence[str]], where: str) -> list[list[str]]:
     """`module_fqns_per_model_part`: per stage, the module names of its units. torchtitan's splitter keeps top-level
-    children and entries of top-level ModuleLists/ModuleDicts only (`_split_module`), so deeper names are refused."""
+    children and entries of top-level ModuleLists (by index) and ModuleDicts (by key) only (`_split_module`), so
+    names nested deeper than `container.entry` are refused."""
     out = [[m for u in range(*s.units) for m in unit_modules[u]] for s in plan.stages]
-    deep = [m for stage in out for m in stage if m.count(".") > 1 or ("." in m and not m.split(".")[1].isdigit())]
+    deep = [m for stage in out for m in stage if m.count(".") > 1]
     if deep:
         raise ExportError(f"{where}: torchtitan keeps only top-level modules and entries of top-level lists, but the "
                           f"units hold {deep[0]!r}; rename the profiled modules to the trainer's with --rename "
                           f"OLD=NEW (e.g. --rename model.layers=layers)")
     return out
+
+
+def _ends(fqns: Sequence[Sequence[str]]) -> list[str]:
+    """The first and the last module name of all stages (for a note)."""
+    names = [m for stage in fqns for m in stage]
+    return names[:1] + names[-1:]
 
 
 def _schedule(plan: Plan, where: str) -> tuple[str, bool]:
@@ -42,10 +49,12 @@ def _schedule(plan: Plan, where: str) -> tuple[str, bool]:
 
 def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: str, where: str) -> Exported:
     """Overrides for `torchtitan.train --module M --config C`; `csv_path`: where the schedule CSV of a synthesized
-    order is written (named in the overrides). The AC subcommand comes last, as tyro requires."""
+    order is written (named in the overrides as given: absolute, since torchtitan opens it from its own working
+    directory). The AC subcommand comes last, as tyro requires."""
     name, via_csv = _schedule(plan, where)
     recompute = uniform_recompute(plan, "torchtitan", where)
-    parts = " ".join(",".join(stage) for stage in stage_fqns(plan, unit_modules, where))
+    fqns = stage_fqns(plan, unit_modules, where)
+    parts = " ".join(",".join(stage) for stage in fqns)
     local = plan.num_microbatches * plan.microbatch_size
     lines = [f"--parallelism.pipeline_parallel_degree={plan.pp}",
              f"--parallelism.pipeline_parallel_schedule={name}",
@@ -56,13 +65,18 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
              "--parallelism.tensor_parallel_degree=1",
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={local * plan.dp}"]
+    if plan.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
+        lines.append("--training.disable_cuda_graphs")
     extra = {}
     if via_csv:
         lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path}")
         extra[csv_path] = csv_text(plan)
     lines.append(f"activation_checkpoint:{'full' if recompute else 'none'}")
     notes = [f"torchtitan: launch {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, dp as DDP replicas: autopp "
-             "plans no FSDP or TP yet); set training.seq_len to the sequence length you profiled"]
+             "plans no FSDP or TP yet); set training.seq_len to the sequence length you profiled",
+             f"module names are written as given ({', ..., '.join(_ends(fqns))}): they must be the names of the "
+             "model torchtitan builds, whose splitter (_split_module) drops names it lacks without a word; rename "
+             "with --rename OLD=NEW"]
     if recompute:
         notes.append("torchtitan's full AC recomputes the transformer blocks only; the embedding and output units "
                      "keep their activations, which autopp counted as recomputed")

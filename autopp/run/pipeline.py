@@ -27,13 +27,13 @@ from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 from ..errors import RunError
 from ..modelfile import ModelFile
 from ..plan import Plan
-from ..schedule import SPLIT_BACKWARD, Action, ScheduleName, stage_to_rank, to_csv_rows
+from ..schedule import SINGLE_STAGE, SPLIT_BACKWARD, Action, ScheduleName, stage_to_rank, to_csv_rows
 from ..split import split_model
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .outputs import model_loss
 from .tied import aliases, canonical_names, shared_params
 
-__all__ = ["CUSTOM", "SCHEDULES", "SINGLE_STAGE", "splits_backward", "check_split_backward", "placement",
+__all__ = ["CUSTOM", "SCHEDULES", "splits_backward", "check_split_backward", "placement",
            "RankStages", "build_stages", "contiguous_sends", "make_schedule", "custom_schedule", "write_order_csv"]
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,6 @@ SCHEDULES: dict[str, type[_PipelineSchedule]] = {
     ScheduleName.ZBV_ZERO_BUBBLE.value: ScheduleZBVZeroBubble,
     ScheduleName.DUAL_PIPE_V.value: ScheduleDualPipeV,
 }
-#: Schedules that take one stage per rank (torch's PipelineScheduleSingle); the others take a list of stages.
-SINGLE_STAGE = frozenset({ScheduleName.GPIPE.value, ScheduleName.ONE_F_ONE_B.value})
 
 
 def placement(plan: Plan) -> list[int]:
@@ -206,7 +204,7 @@ def make_schedule(plan: Plan, stages: Sequence[Stage], loss_fn: Any, csv_path: P
     if cls is None:
         raise RunError(f"schedule {plan.schedule!r} is not supported by the runner; use one of "
                        f"{sorted(SCHEDULES) + [CUSTOM]}")
-    if plan.schedule in SINGLE_STAGE:
+    if plan.schedule in {s.value for s in SINGLE_STAGE}:
         if len(stages) != 1:
             raise RunError(f"{plan.schedule} runs one stage per rank, this rank holds {len(stages)}")
         return cls(stages[0], plan.num_microbatches, loss_fn=loss_fn)  # type: ignore[call-arg]

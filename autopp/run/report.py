@@ -117,8 +117,8 @@ class RunReport:
     """The parameter with the largest relative gradient difference."""
     grad_rtol: float
     grad_atol: float = 0.0
-    """Gradient differences up to this pass whatever the parameter's own scale (rounding noise): eps(dtype) x the
-    model's largest reference gradient element (see validate.py)."""
+    """The largest stage's absolute floor: gradient differences up to eps(dtype) x the largest reference gradient
+    element of a parameter's stage pass whatever the parameter's own scale (rounding noise; see validate.py)."""
     loss_rtol: float
     passed: bool = False
     step_times_s: tuple[float, ...] = ()

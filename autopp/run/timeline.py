@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..schedule import Event, SimResult, parse_action
+from ..schedule.draw import memory_steps
 from ..sizes import format_size
 from .report import RunReport
 
@@ -65,11 +66,7 @@ def _draw_memory(ax: Any, measured: SimResult, predicted: SimResult | None, meth
         ax.axhline(peak / 2**20, color=colours[rank], linestyle="--",
                    label=f"rank {rank} measured peak {format_size(peak)}{how}")
     if predicted is not None:
-        for rank, timeline in enumerate(predicted.memory_timeline):
-            times = [t for t, _ in timeline] + [predicted.step_time_s]
-            held = [b / 2**20 for _, b in timeline]
-            ax.step(times, held + held[-1:], where="post", color=colours[rank % len(colours)],
-                    label=f"rank {rank} predicted (peak {format_size(predicted.peak_memory_bytes[rank])})")
+        memory_steps(ax, predicted, " predicted", colours)
     ax.set_ylabel("memory (MiB)")
     ax.set_ylim(bottom=0)
     if len(colours) <= 16:

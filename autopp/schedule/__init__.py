@@ -13,6 +13,7 @@ from autopp.schedule.actions import (
 )
 from autopp.schedule.draw import chrome_trace, draw_timeline, write_chrome_trace
 from autopp.schedule.named import (
+    SINGLE_STAGE,
     SPLIT_BACKWARD,
     Layout,
     ScheduleName,
@@ -36,6 +37,7 @@ from autopp.schedule.synth import (
 
 __all__ = [
     "COMPUTE_KINDS",
+    "SINGLE_STAGE",
     "SPLIT_BACKWARD",
     "Action",
     "Event",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from autopp.schedule.actions import Kind
 from autopp.schedule.simulate import SimResult
+from autopp.sizes import format_size
 
-__all__ = ["KIND_COLOURS", "timeline_figure", "draw_timeline", "write_chrome_trace", "chrome_trace"]
+__all__ = ["KIND_COLOURS", "memory_steps", "timeline_figure", "draw_timeline", "write_chrome_trace", "chrome_trace"]
 
 KIND_COLOURS: dict[Kind, str] = {Kind.F: "#4c72b0", Kind.I: "#dd8452", Kind.W: "#55a868", Kind.B: "#c44e52"}
 """Box colour per compute kind."""
@@ -54,12 +55,18 @@ def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None
               bbox_to_anchor=(1.0, 0.0), fontsize=7, ncol=1, frameon=False)
 
 
-def _draw_memory(ax: Any, result: SimResult) -> None:
+def memory_steps(ax: Any, result: SimResult, what: str = "", colours: Sequence[str] | None = None) -> None:
+    """Each rank's memory over the step as a step curve, labelled `rank R{what} (peak ...)`."""
     for rank, timeline in enumerate(result.memory_timeline):
         times = [t for t, _ in timeline] + [result.step_time_s]
         held = [b / 2**20 for _, b in timeline]
         held.append(held[-1])
-        ax.step(times, held, where="post", label=f"rank {rank} (peak {result.peak_memory_bytes[rank] / 2**20:.1f} MiB)")
+        ax.step(times, held, where="post", color=None if colours is None else colours[rank % len(colours)],
+                label=f"rank {rank}{what} (peak {format_size(result.peak_memory_bytes[rank])})")
+
+
+def _draw_memory(ax: Any, result: SimResult) -> None:
+    memory_steps(ax, result)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("memory (MiB)")
     ax.set_xlim(0, max(result.step_time_s, 1e-12))

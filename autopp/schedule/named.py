@@ -34,7 +34,8 @@ class Layout(Enum):
     """Zig-zag: chunk c runs ranks 0..p-1 when c is even and p-1..0 when odd (ZB-V, DualPipeV)."""
 
 
-_SINGLE = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B})
+#: Schedules of one stage per rank (torch's PipelineScheduleSingle); the others take a list of stages.
+SINGLE_STAGE = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B})
 _V_SHAPED = frozenset({ScheduleName.ZBV_ZERO_BUBBLE, ScheduleName.DUAL_PIPE_V})
 _ROUNDED = frozenset({ScheduleName.INTERLEAVED_1F1B, ScheduleName.INTERLEAVED_ZERO_BUBBLE})
 #: Schedules that split each backward into an input pass (I) and a weight pass (W); the others run full backwards.
@@ -51,7 +52,7 @@ def stages_per_rank(name: ScheduleName, requested_v: int = 1) -> int:
     """Stages each rank holds: 1 for GPipe/1F1B, 2 for V schedules (``requested_v`` 1 or 2), else ``requested_v``."""
     if requested_v < 1:
         raise ScheduleError(f"{name.value} needs stages per rank >= 1 ({requested_v} < 1)")
-    if name in _SINGLE:
+    if name in SINGLE_STAGE:
         if requested_v != 1:
             raise ScheduleError(f"{name.value} runs exactly 1 stage per rank ({requested_v} != 1)")
         return 1

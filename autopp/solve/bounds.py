@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..schedule import ScheduleName, stage_to_rank
+from ..schedule import SINGLE_STAGE, ScheduleName, stage_to_rank
 from .arrays import UnitArrays
 from .judge import allreduce_time
 
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["lower_bound", "comm_floor"]
 
-_SINGLE = (ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B)
 _MEGATRON = (ScheduleName.INTERLEAVED_1F1B, ScheduleName.LOOPED_BFS)
 
 
@@ -44,7 +43,7 @@ def comm_floor(a: UnitArrays, req: PlanRequest, c: Config) -> float:
     crossings = sum(owner[k] != owner[k + 1] for k in range(len(owner) - 1))
     links = req.cluster.links + (req.cluster.link,)
     cheapest = min(lk.transfer_s(float(np.min(a.cut[1:-1]))) for lk in links)
-    ratio = 1.0 if c.schedule in _SINGLE + _MEGATRON else 1.0 / c.v
+    ratio = 1.0 if c.schedule in SINGLE_STAGE or c.schedule in _MEGATRON else 1.0 / c.v
     return 2 * crossings * cheapest * ratio
 
 
@@ -59,7 +58,7 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool) -> 
     unit = a.work() + redo
     total, sum_sp, max_sp = float(unit.sum()), *_speeds(req, c)
     rank = total / sum_sp  # (1)
-    if c.schedule in _SINGLE:
+    if c.schedule in SINGLE_STAGE:
         stage = max(rank / c.v, float(unit.max()) / max_sp)  # (3)
         pipe = total / max_sp + (c.m - 1) * stage  # (2) + (m - 1) (3)
     elif c.schedule in _MEGATRON:

@@ -11,6 +11,7 @@ from ..profile import Profile
 from .arrays import UnitArrays
 from .baselines import baseline_bounds
 from .judge import Candidate, Verdict, comm_times, judge, progress_delays
+from .runnable import schedule_refusal
 
 if TYPE_CHECKING:
     from .custom import CustomOrder
@@ -41,15 +42,22 @@ def judge_baselines(a: UnitArrays, request: PlanRequest, best: Verdict) -> dict[
     return out
 
 
+def _runs(profile: Profile, v: Verdict) -> bool:
+    """Whether the runner runs `v`'s schedule on its split for this model (split I/W backward: runnable.py)."""
+    c = v.candidate
+    return schedule_refusal(profile.meta.live_values, c.schedule, c.bounds) is None
+
+
 def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
                custom: CustomOrder | None = None, extra: tuple[str, ...] = (), keep_split: bool = False) -> Plan:
     """The Plan of `best` (`a`: unit costs at its microbatch size): stages, simulated figures, baselines, notes.
-    A baseline split that the simulator finds faster (and fitting) replaces the DP's split unless `keep_split` (a
-    pinned configuration), and a synthesized order (`custom`, judged by the simulator too) replaces the named
-    schedule when it is faster still."""
+    A baseline split that the simulator finds faster (and fitting, and that the runner would not refuse for this
+    model: `runnable.py`) replaces the DP's split unless `keep_split` (a pinned configuration), and a synthesized
+    order (`custom`, judged by the simulator too) replaces the named schedule when it is faster still."""
     baselines = judge_baselines(a, request, best)
     if not keep_split:
-        best = min([best, *(v for v in baselines.values() if v.fits)], key=lambda v: v.key)
+        runnable = [v for v in baselines.values() if v.fits and _runs(profile, v)]
+        best = min([best, *runnable], key=lambda v: v.key)
     notes = [*extra, *([SPLIT_NOTE] if a.split_assumed else [])]
     order: tuple[tuple[str, ...], ...] = ()
     if custom is not None and custom.verdict.key < best.key:

@@ -12,9 +12,9 @@ from ..schedule import SPLIT_BACKWARD, ScheduleName, stages_per_rank, validate
 from .arrays import ProfileTable
 from .dp import Bounds
 from .judge import Candidate, judge
-from .runnable import weight_only_sends
+from .runnable import weight_only_reason, weight_only_sends
 
-__all__ = ["Pinned", "evaluate_pinned"]
+__all__ = ["Pinned", "check_pinned", "evaluate_pinned"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,16 +59,22 @@ def _check(p: Pinned, num_units: int) -> None:
         raise PlanError(f"{where}: microbatch size ({p.microbatch_size}) and dp ({p.dp}) must be >= 1")
 
 
+def check_pinned(p: Pinned, num_units: int, num_devices: int) -> None:
+    """A PlanError (one line, naming `p.source`) unless `p` is a split of `num_units` units that its schedule runs
+    on pp x dp = `num_devices` devices: what `evaluate_pinned` checks, for callers that check before planning."""
+    _check(p, num_units)
+    if p.pp * p.dp != num_devices:
+        raise PlanError(f"{p.source}: pp {p.pp} x dp {p.dp} = {p.pp * p.dp} ranks, but the cluster has {num_devices} "
+                        f"devices; plan for {p.pp * p.dp} devices")
+
+
 def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
     """The Plan of exactly `pinned` on `cluster` (pp x dp of its devices), with the simulator's figures and the
     baselines beside it, as `make_plan` builds its own: nothing is searched or replaced. A configuration that does
     not fit the devices' memory is still returned; its notes say which rank overflows and by how much."""
     from .build import build_plan
     from .search import PlanRequest, RecomputeMode
-    _check(pinned, profile.num_units)
-    if pinned.pp * pinned.dp != cluster.num_devices:
-        raise PlanError(f"{pinned.source}: pp {pinned.pp} x dp {pinned.dp} = {pinned.pp * pinned.dp} ranks, but the "
-                        f"cluster has {cluster.num_devices} devices; plan for {pinned.pp * pinned.dp} devices")
+    check_pinned(pinned, profile.num_units, cluster.num_devices)
     v = stages_per_rank(pinned.schedule, pinned.virtual_stages)
     recompute = pinned.recompute or (False,) * len(pinned.bounds)
     cand = Candidate(schedule=pinned.schedule, pp=pinned.pp, dp=pinned.dp, v=v, microbatches=pinned.microbatches,
@@ -83,7 +89,6 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
     notes += [f"does not fit: rank {r} peaks at {peak} bytes > {cluster.device(r).memory_bytes} bytes of its device"
               for r, peak in enumerate(verdict.peak_memory) if peak > cluster.device(r).memory_bytes]
     if pinned.schedule in SPLIT_BACKWARD:
-        notes += [f"does not run: stage {s} sends on {name!r}, made from its parameters only, whose gradient torch's "
-                  f"split I/W backward ({pinned.schedule.value}) drops" for s, name in
-                  weight_only_sends(profile.meta.live_values, pinned.bounds)]
+        notes += [f"does not run ({pinned.schedule.value}): {weight_only_reason(s, name)}"
+                  for s, name in weight_only_sends(profile.meta.live_values, pinned.bounds)]
     return build_plan(profile, request, verdict, a, extra=tuple(notes), keep_split=True)

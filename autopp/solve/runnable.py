@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ..schedule import SPLIT_BACKWARD, ScheduleName
 from .dp import Bounds
 
-__all__ = ["weight_only_sends", "split_backward_refusal"]
+__all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal"]
 
 
 def weight_only_sends(live_values: Sequence[Mapping[str, Any]], bounds: Bounds) -> list[tuple[int, str]]:
@@ -45,12 +46,24 @@ def _weight_only(v: Mapping[str, Any], first: int, by_name: Mapping[str, Mapping
     return memo[name]
 
 
+def weight_only_reason(stage: int, name: str) -> str:
+    """Why the runner refuses split I/W backward for a stage that sends on `name`, made from its parameters only (the
+    one wording of the planner's exclusions and of a pinned configuration's notes)."""
+    return (f"stage {stage} sends on {name!r}, made from its parameters only, whose gradient torch's split I/W "
+            "backward drops (the runner refuses it)")
+
+
 def split_backward_refusal(live_values: Sequence[Mapping[str, Any]], bounds: Bounds, what: str) -> str | None:
     """Why the runner would refuse `what` (a schedule or order with split I/W backward) on this split, or None."""
     sends = weight_only_sends(live_values, bounds)
     if not sends:
         return None
-    stage, name = sends[0]
-    return (f"{what} excluded: with its split, stage {stage} would send on {name!r}, made from its parameters "
-            "only, whose gradient torch's split I/W backward drops (the runner refuses it); schedules with full "
-            "backwards (1F1B, GPipe, Interleaved1F1B, LoopedBFS) run it")
+    return (f"{what} excluded: with its split, {weight_only_reason(*sends[0])}; schedules with full backwards "
+            "(1F1B, GPipe, Interleaved1F1B, LoopedBFS) run it")
+
+
+def schedule_refusal(live_values: Sequence[Mapping[str, Any]], schedule: ScheduleName, bounds: Bounds) -> str | None:
+    """`split_backward_refusal` for a named schedule: None for schedules with full backwards, which run any split."""
+    if schedule not in SPLIT_BACKWARD:
+        return None
+    return split_backward_refusal(live_values, bounds, schedule.value)

@@ -26,19 +26,17 @@ from ..profile import Profile
 from ..schedule import COMPUTE_KINDS, SPLIT_BACKWARD, Kind, ScheduleName, stage_to_rank, stages_per_rank, validate
 from ..errors import ScheduleError
 from ..schedule.named import _BUILDERS
+from ..schedule import SINGLE_STAGE
 from .arrays import ProfileTable, UnitArrays
 from .bounds import lower_bound
 from .dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import (Candidate, Verdict, allreduce_time, comm_times, judge, message_overheads, named_order,
                     optimizer_time, rank_peak, stage_costs)
-from .runnable import split_backward_refusal
+from .runnable import schedule_refusal, split_backward_refusal
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "make_plan", "microbatch_counts", "configs", "search"]
 
 log = logging.getLogger(__name__)
-
-RUNNABLE = (ScheduleName.ONE_F_ONE_B, ScheduleName.GPIPE)
-"""Schedules of one stage per rank (the runner executes every named schedule; `runnable.py` has what it refuses)."""
 
 
 class RecomputeMode(enum.Enum):
@@ -88,8 +86,7 @@ class PlanRequest:
                 raise ValueError(f"{name}={value} does not divide the {d} devices")
         if self.num_microbatches is not None and self.global_batch % self.num_microbatches:
             raise ValueError(f"global batch {self.global_batch} is not divisible by {self.num_microbatches} microbatches")
-        single = (ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B)
-        if self.virtual_stages not in (None, 1) and self.schedule in single:
+        if self.virtual_stages not in (None, 1) and self.schedule in SINGLE_STAGE:
             raise ValueError(f"{self.schedule.value} runs one stage per rank, so --virtual-stages "
                              f"{self.virtual_stages} does not apply; use Interleaved1F1B, LoopedBFS, "
                              "InterleavedZeroBubble or --schedule auto")
@@ -119,7 +116,7 @@ def _dps(req: PlanRequest) -> list[int]:
 
 
 def _vs(req: PlanRequest, name: ScheduleName) -> list[int]:
-    if name in RUNNABLE:
+    if name in SINGLE_STAGE:
         return [1]
     if name in (ScheduleName.ZBV_ZERO_BUBBLE, ScheduleName.DUAL_PIPE_V):
         return [2]
@@ -213,7 +210,7 @@ def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, splits:
     spec = _spec(req, c, recompute)
     if not feasible(a, spec):
         return None
-    if c.schedule not in RUNNABLE:
+    if c.schedule not in SINGLE_STAGE:
         loose = _spec(req, c, recompute, walk=False)
         free = splits.bounds(a, c.b, replace(loose, memory=(), inflight=()))
         if free is not None and fits(a, loose, free):
@@ -338,8 +335,7 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
         return cache[b]
 
     def refuse(c: Config, bounds: Bounds) -> str | None:
-        why = split_backward_refusal(profile.meta.live_values, bounds, c.schedule.value) \
-            if c.schedule in SPLIT_BACKWARD else None
+        why = schedule_refusal(profile.meta.live_values, c.schedule, bounds)
         if why is not None and excluded is not None:
             excluded.setdefault(c.schedule.value, why)
         return why
@@ -416,7 +412,9 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     custom = synthesized(a, request.cluster, best, request.synth_time_limit_s) \
         if request.synthesize and unsynthesizable is None else None
     notes = [note] if note else []
-    notes += list(excluded.values()) + ([unsynthesizable] if request.synthesize and unsynthesizable else [])
+    chosen = best.candidate.schedule.value  # only some of its splits were left out: not worth a note
+    notes += [why for name, why in excluded.items() if name != chosen]
+    notes += [unsynthesizable] if request.synthesize and unsynthesizable else []
     if profile.meta.device.startswith("cuda") and _links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
     return build_plan(profile, request, best, a, custom, extra=tuple(notes))

@@ -17,8 +17,7 @@ LLAMA = Path(__file__).parent / "data" / "hf_llama"
 
 
 def unit_modules(profile: Profile) -> list[list[str]]:
-    units = profile.units.drop_duplicates("unit").sort_values("unit")
-    return [str(m).split() for m in units["modules"]]
+    return profile.unit_modules()
 
 
 def plan_for(profile: Profile, devices: int = 2, **kw: object) -> Plan:

@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import re
 import types
 from pathlib import Path
 
@@ -30,20 +31,51 @@ def _blocks_per_stage(plan: Plan) -> list[int]:
 
 # ---- torchtitan ---------------------------------------------------------------------------------------------------
 
+#: Trainer.Config's fields that its validation reads, with their types' names in torchtitan's trainer.py.
+SECTIONS = {"parallelism": "ParallelismConfig", "training": "TrainingConfig",
+            "activation_checkpoint": "ActivationCheckpointingConfig", "debug": "DebugConfig",
+            "compile": "CompileConfig"}
+#: Trainer.Config's own checks, run on every parsed export.
+CHECKS = ("__post_init__", "_validate_cuda_graphs")
+
+
+def _trainer_config_class() -> ast.ClassDef:
+    spec = pytest.importorskip("torchtitan", reason="torchtitan is not installed").__file__
+    tree = ast.parse((Path(spec).parent / "trainer.py").read_text())
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Config")
+
+
+def _trainer_config_checks() -> dict[str, object]:
+    """Trainer.Config.__post_init__ and the validation it calls, compiled from torchtitan's own trainer.py (importing
+    the trainer needs triton, torchdata, datasets and wandb). Names they use only with a model spec or expert
+    parallelism (FlexAttention, token dispatchers) are left out: with model_spec None those branches never run."""
+    from torchtitan.distributed.activation_checkpoint import MemoryBudgetAC, SelectiveAC
+    methods = [n for n in _trainer_config_class().body if isinstance(n, ast.FunctionDef) and n.name in CHECKS]
+    assert sorted(m.name for m in methods) == sorted(CHECKS)
+    namespace: dict[str, object] = {"SelectiveAC": SelectiveAC, "MemoryBudgetAC": MemoryBudgetAC}
+    exec(compile(ast.Module(body=methods, type_ignores=[]), "torchtitan/trainer.py", "exec"), namespace)  # noqa: S102
+    return {name: namespace[name] for name in CHECKS}
+
+
 @pytest.fixture(scope="module")
 def titan():  # type: ignore[no-untyped-def]
     pytest.importorskip("torchtitan", reason="torchtitan is not installed (scripts/setup.sh installs it)")
     import tyro
     from torchtitan.config import ConfigManager, ParallelismConfig, TrainingConfig
+    from torchtitan.config.configs import CompileConfig, DebugConfig
     from torchtitan.config.manager import custom_registry
     from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
     ConfigManager()  # registers torchtitan's tyro rules (comma-separated lists) on custom_registry
 
-    # Trainer.Config's three sections with their real types (make_dataclass: this module's annotations are strings)
+    # Trainer.Config's sections that its checks read, with their real types (make_dataclass: this module's
+    # annotations are strings), and Trainer.Config's own __post_init__: a config torchtitan refuses fails to parse
+    kinds = {"ParallelismConfig": ParallelismConfig, "TrainingConfig": TrainingConfig,
+             "ActivationCheckpointingConfig": ActivationCheckpointingConfig, "DebugConfig": DebugConfig,
+             "CompileConfig": CompileConfig}
+    defaults = {"activation_checkpoint": SelectiveAC.Config}
     Sections = dataclasses.make_dataclass("Sections", [
-        ("parallelism", ParallelismConfig, dataclasses.field(default_factory=ParallelismConfig)),
-        ("training", TrainingConfig, dataclasses.field(default_factory=TrainingConfig)),
-        ("activation_checkpoint", ActivationCheckpointingConfig, dataclasses.field(default_factory=SelectiveAC.Config))])
+        (name, kinds[kind], dataclasses.field(default_factory=defaults.get(name, kinds[kind])))
+        for name, kind in SECTIONS.items()], namespace={**_trainer_config_checks(), "model_spec": None})
 
     def parse(text: str):  # type: ignore[no-untyped-def]
         return tyro.cli(Sections, args=text.split(), default=Sections(), registry=custom_registry)
@@ -51,14 +83,30 @@ def titan():  # type: ignore[no-untyped-def]
 
 
 def test_trainer_config_has_the_sections_we_parse() -> None:
-    """The sections the export writes are Trainer.Config's fields of these types (read from torchtitan's source, as
-    importing its trainer needs triton, datasets and wandb)."""
-    spec = pytest.importorskip("torchtitan", reason="torchtitan is not installed").__file__
-    tree = ast.parse((Path(spec).parent / "trainer.py").read_text())
-    config = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Config")
+    """The sections the export writes and the checks read are Trainer.Config's fields of these types (read from
+    torchtitan's source, as importing its trainer needs triton, datasets and wandb)."""
+    config = _trainer_config_class()
     fields = {n.target.id: ast.unparse(n.annotation) for n in config.body if isinstance(n, ast.AnnAssign)}
-    assert fields["parallelism"] == "ParallelismConfig" and fields["training"] == "TrainingConfig"
-    assert fields["activation_checkpoint"] == "ActivationCheckpointingConfig"
+    assert {name: fields[name] for name in SECTIONS} == SECTIONS
+
+
+def test_torchtitan_validation_is_live(titan, llama: Profile,  # type: ignore[no-untyped-def]
+                                      llama_plans: dict[str, Plan], capsys: pytest.CaptureFixture[str]) -> None:
+    """Trainer.Config's own checks run on the parsed export: without --training.disable_cuda_graphs (which the
+    export lacked before the issue 18 review) torchtitan 0.3 refuses any pp > 1."""
+    def refusal(text: str) -> str:
+        with pytest.raises(SystemExit):  # tyro reports the ValueError of __post_init__ and exits
+            titan(text)
+        return " ".join(capsys.readouterr().err.split())
+    text = export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x.args",
+                       rename_modules(unit_modules(llama), TITAN_NAMES)).text
+    assert "--training.disable_cuda_graphs" in text
+    with_graphs = text.replace("--training.disable_cuda_graphs", "")
+    assert "CUDA graphs do not support pipeline parallelism" in refusal(with_graphs)
+    odd = re.sub(r"local_batch_size=\d+", "local_batch_size=7",
+                 re.sub(r"microbatch_size=\d+", "microbatch_size=2", text))
+    assert "must be evenly divisible" in refusal(odd)
+    titan(odd.replace("local_batch_size=7", "local_batch_size=8"))  # the same with a multiple: accepted
 
 
 @pytest.mark.parametrize("name", ["1f1b", "interleaved", "zbv", "dp"])
@@ -139,6 +187,81 @@ def test_megatron_layout_grammar_matches_megatron_core(megatron) -> None:  # typ
     for text in ["Et|tt|t|L", "Et*3|(tt|)*2,tL", "E|t*4|L", "Ettt|tttL", "(Et|)*1t*2|tL"]:
         theirs = ["".join(names[x.name] for x in st) for st in PipelineParallelLayerLayout.parse_str_to_list(text)]
         assert megatron_layout(text) == theirs, text
+
+
+class _PastTheCheck(Exception):
+    """Raised by the stub process group that megatron-core first asks for a size after its microbatch checks."""
+
+
+def _megatron_core_runs_interleaved(pp: int, microbatches: int, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether megatron-core's forward_backward_pipelining_with_interleaving gets past its microbatch-group checks
+    for `microbatches` on `pp` ranks (v 2, the default group size of TransformerConfig), run in-process up to the
+    first thing that needs a real process group (its one CUDA tensor before the checks is made on the CPU)."""
+    import torch
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: zeros(*a, **k))
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_with_interleaving
+    from megatron.core.transformer import TransformerConfig
+    cfg = TransformerConfig(num_layers=2 * pp, hidden_size=64, num_attention_heads=4, pipeline_dtype=torch.float32,
+                            pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=2)
+    chunks = [torch.nn.Module(), torch.nn.Module()]
+    for chunk in chunks:
+        chunk.config, chunk.model_type = cfg, ModelType.encoder_or_decoder  # type: ignore[assignment]
+
+    def past(*_: object) -> int:
+        raise _PastTheCheck
+    group = types.SimpleNamespace(size=lambda: pp, rank=lambda: 0)
+    pgs = types.SimpleNamespace(tp=None, cp=types.SimpleNamespace(size=past), embd=None, pos_embd=None, pp=group,
+                                dp_cp=None)
+    try:
+        forward_backward_pipelining_with_interleaving(
+            forward_step_func=None, data_iterator=[None, None], model=chunks, num_microbatches=microbatches,
+            seq_length=8, micro_batch_size=1, p2p_communicator=types.SimpleNamespace(config=cfg, pp_group=group),
+            pg_collection=pgs)
+    except _PastTheCheck:
+        return True
+    except (ValueError, RuntimeError) as exc:
+        assert "micro-batches" in str(exc) or "M (the total micro-batches)" in str(exc), exc
+        return False
+    raise AssertionError("megatron-core's interleaved schedule ran past its checks without a process group")
+
+
+def test_megatron_interleaving_refusal_matches_megatron_core(megatron,  # type: ignore[no-untyped-def]
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from autopp.export.megatron import interleaving_problem
+    for pp in (2, 3, 4):
+        for m in range(1, 3 * pp + 2):
+            theirs = _megatron_core_runs_interleaved(pp, m, monkeypatch)
+            assert (interleaving_problem(pp, m) is None) == theirs, (pp, m)
+
+
+def test_megatron_layout_refusal_matches_megatron_core(megatron, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                       llama: Profile) -> None:
+    """What megatron-core's validate_layer_layout refuses (one E first, one L last, the layer count), --pin-from
+    refuses too; it also refuses a first stage without E or a last without L, which megatron-core allows but which
+    would put the embedding or the head on another stage than autopp reads."""
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    from autopp.export import ExportError, read_pinned
+    args, path = "--pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 8", tmp_path / "m.args"
+    for text in ["Ett|ttL", "EtE|ttL", "EtL|ttL", "tEt|ttL", "Ett|ttLt", "Et|t|t|tL", "Ettt|tL", "EtLt|ttL"]:
+        try:
+            PipelineParallelLayerLayout(text, pipeline_model_parallel_size=2).validate_layer_layout(4, None)
+            theirs = True
+        except AssertionError:
+            theirs = False
+        path.write_text(f"{args} --pipeline-model-parallel-layout '{text}'\n")
+        try:
+            read_pinned(path, llama.meta.unit_names, 2)
+            ours = True
+        except ExportError:
+            ours = False
+        assert ours == theirs, text
+    for text in ["|Ett|t|tL", "Ett|t|tL|"]:  # megatron-core takes these; autopp refuses
+        PipelineParallelLayerLayout(text, pipeline_model_parallel_size=2).validate_layer_layout(4, None)
+        path.write_text(f"{args} --pipeline-model-parallel-layout '{text}'\n")
+        with pytest.raises(ExportError, match="open its first stage with E"):
+            read_pinned(path, llama.meta.unit_names, 2)
 
 
 # ---- DeepSpeed ----------------------------------------------------------------------------------------------------

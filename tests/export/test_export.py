@@ -121,3 +121,81 @@ def test_cli_export_writes_files_and_refuses_in_one_line(tmp_path: Path, llama_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "m.plan.json" in err[0] and "runs only 1F1B" in err[0]
     assert not (tmp_path / "m.megatron.args").exists()
+
+
+def test_target_names_spelt_out_for_the_parser_match_the_enum() -> None:
+    from autopp.cli import TARGET_NAMES, _parser
+    assert TARGET_NAMES == tuple(t.value for t in Target)
+    export = _parser()._subparsers._group_actions[0].choices["export"]  # type: ignore[union-attr]
+    assert next(a for a in export._actions if a.dest == "to").choices == TARGET_NAMES
+
+
+def test_torchtitan_disables_cuda_graphs_with_pipeline_parallelism(llama: Profile,
+                                                                   llama_plans: dict[str, Plan]) -> None:
+    """Regression (issue 18 review): torchtitan 0.3's Trainer.Config refuses pp > 1 while CUDA graphs are on."""
+    modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
+    assert "--training.disable_cuda_graphs\n" in export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x", modules).text
+
+
+def test_torchtitan_keeps_module_dict_entries_by_key(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """torchtitan's _split_module keeps `container.key` for a top-level ModuleDict whatever the key; deeper names
+    are refused."""
+    modules = [[m.replace("model.", "").replace("layers.", "layers.blk") for m in ms] for ms in unit_modules(llama)]
+    text = export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x", modules).text
+    assert "layers.blk0" in text
+    with pytest.raises(ExportError, match="'model.layers.0'"):
+        export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x", rename_modules(unit_modules(llama),
+                                                                                [("model.embed_tokens", "emb")]))
+
+
+def test_torchtitan_csv_path_is_absolute(llama: Profile, llama_plans: dict[str, Plan], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan opens the CSV from its own working directory, so a relative path would point elsewhere."""
+    zbv = llama_plans["zbv"]
+    custom = replace(zbv, schedule="Custom", custom_order=tuple(tuple(str(a) for a in row) for row in _order(zbv)))
+    monkeypatch.chdir(tmp_path)
+    out = export_plan(custom, Target.TORCHTITAN, "p.torchtitan.args",
+                      [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)])
+    assert f"--parallelism.pipeline_parallel_schedule_csv={tmp_path / 'p.torchtitan.csv'}\n" in out.text
+    assert list(out.extra) == [str(tmp_path / "p.torchtitan.csv")]
+
+
+@pytest.mark.parametrize("out, module", [("my-model.deepspeed.json", "my_model_deepspeed_pipe"),
+                                         ("1b.v2.deepspeed.json", "_1b_deepspeed_pipe")])
+def test_deepspeed_snippet_is_importable(out: str, module: str, llama_plans: dict[str, Plan]) -> None:
+    extra = export_plan(llama_plans["1f1b"], Target.DEEPSPEED, f"/tmp/{out}").extra
+    assert list(extra) == [f"/tmp/{module}.py"] and module.isidentifier()
+
+
+def test_megatron_refuses_interleaved_microbatches_it_cannot_group(llama: Profile) -> None:
+    from autopp.cluster import Cluster
+    from autopp.schedule import ScheduleName
+    from autopp.solve import PlanRequest, make_plan
+    odd = make_plan(llama, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=4 << 30), global_batch=3,
+                                       num_microbatches=3, schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=2))
+    assert (odd.pp, odd.virtual_stages, odd.num_microbatches) == (2, 2, 3)
+    with pytest.raises(ExportError, match=r"groups of pp \(2\).* it is 3; re-plan with --microbatches 4") as info:
+        export_plan(odd, Target.MEGATRON, "x")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("flag", [["--rename", "model.layers=layers"], ["--profile", "profiles/x"]])
+@pytest.mark.parametrize("target", ["megatron", "deepspeed", "torch-csv"])
+def test_cli_refuses_name_flags_where_names_are_not_used(flag: list[str], target: str, tmp_path: Path,
+                                                         llama_plans: dict[str, Plan],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = llama_plans["1f1b"].save(tmp_path / "m.plan.json")
+    assert main(["export", str(plan_path), "--to", target, *flag]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag[0]} applies to --to torchtitan only" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.plan.json"]
+
+
+def test_cli_checks_every_file_before_writing_any(tmp_path: Path, llama_plans: dict[str, Plan],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = llama_plans["1f1b"].save(tmp_path / "m.plan.json")
+    (tmp_path / "m_deepspeed_pipe.py").mkdir()  # the snippet's path is taken by a directory
+    assert main(["export", str(plan_path), "--to", "deepspeed"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "m_deepspeed_pipe.py: is a directory" in err[0]
+    assert not (tmp_path / "m.deepspeed.json").exists()

@@ -64,13 +64,43 @@ def test_hand_written_torchtitan_overrides_and_toml(tmp_path: Path, llama: Profi
     assert notes == []
 
 
+_MEGATRON_2_4 = "--pipeline-model-parallel-size 2 --num-layers 4 "
+
+
 @pytest.mark.parametrize("text, match", [
     ("--parallelism.pipeline_parallel_degree=2\n--parallelism.tensor_parallel_degree=2\n", "tensor"),
-    ("--parallelism.pipeline_parallel_degree=3\n", r"pp 3 x dp 0 != 2 devices"),
+    ("--parallelism.pipeline_parallel_degree=3\n", r"2 devices are not a multiple of pp 3 .*--devices 3$"),
+    ("--parallelism.pipeline_parallel_degree=2\n--parallelism.data_parallel_shard_degree=2\n",
+     r"pp 2 x dp 2 \(replicate 1 x shard 2\) != 2 devices; plan with --devices 4"),
+    ("--parallelism.pipeline_parallel_degree=2\n--parallelism.data_parallel_shard_degree=0\n", r"must be >= 1 or -1"),
+    ("--pipeline-model-parallel-size 3 --num-layers 4 --pipeline-model-parallel-layout Et|t|ttL\n",
+     r"2 devices are not a multiple of --pipeline-model-parallel-size 3 .*--devices 3$"),
+    ("--parallelism.pipeline_parallel_degree=2\n--parallelism.module_fqns_per_model_part "
+     "tok_embeddings,layers.0 layers.1,layers.2 layers.3,norm,output\n", "3 stages are not a multiple of .* 2"),
+    ("--parallelism.pipeline_parallel_degree=2\n--parallelism.pipeline_parallel_schedule=Interleaved1F1B\n"
+     "--parallelism.pipeline_parallel_layers_per_stage=x\n", "layers_per_stage must be an integer, got 'x'"),
+    ("--parallelism.pipeline_parallel_degree=2\n--parallelism.pipeline_parallel_schedule=Interleaved1F1B\n"
+     "--parallelism.pipeline_parallel_layers_per_stage=0\n", "layers_per_stage must be >= 1, got 0"),
+    ("--parallelism.pipeline_parallel_degree=0\n", "pipeline_parallel_degree must be >= 1, got 0"),
+    ("--parallelism.pipeline_parallel_degree=2\n--parallelism.pipeline_parallel_microbatch_size=0\n",
+     "microbatch_size must be >= 1, got 0"),
+    ("--pipeline-model-parallel-size 0 --num-layers 4\n", "pipeline-model-parallel-size must be >= 1, got 0"),
+    ("--pipeline-model-parallel-size 2 --num-layers 4 --micro-batch-size 0\n", "micro-batch-size must be >= 1"),
+    ("--pipeline-model-parallel-size 2 --num-layers 4 --num-layers-per-virtual-pipeline-stage 0\n",
+     "num-layers-per-virtual-pipeline-stage must be >= 1, got 0"),
+    ("--pipeline-model-parallel-size 2 --num-layers 4 --num-layers-per-virtual-pipeline-stage 3\n",
+     "--num-layers 4 is not a multiple of pp 2 x --num-layers-per-virtual-pipeline-stage 3"),
+    ("--pipeline-model-parallel-size 2 --num-layers 4 --pipeline-model-parallel-layout Et|t|t|tL "
+     "--micro-batch-size 1 --global-batch-size 3\n", "groups of pp \\(2\\).* it is 3"),
     ("--parallelism.pipeline_parallel_degree=2\n--training.local_batch_size=8\n--training.global_batch_size=32\n",
      "gradient accumulation"),
     ("--pipeline-model-parallel-size 2 --num-layers 6\n", "profile has 4 blocks"),
-    ("--pipeline-model-parallel-size 2 --num-layers 4 --pipeline-model-parallel-layout tt|EtL\n", "start with E"),
+    (_MEGATRON_2_4 + "--pipeline-model-parallel-layout 'tt|EtL'\n", "open its first stage with E"),
+    (_MEGATRON_2_4 + "--pipeline-model-parallel-layout 'EtE|ttL'\n", "open its first stage with E"),
+    (_MEGATRON_2_4 + "--pipeline-model-parallel-layout 'EtL|ttL'\n", "open its first stage with E"),
+    (_MEGATRON_2_4 + "--pipeline-model-parallel-layout '|Ett|ttL'\n", "open its first stage with E"),
+    (_MEGATRON_2_4 + "--pipeline-model-parallel-layout 'Etttt|L|'\n", "open its first stage with E"),
+    (_MEGATRON_2_4 + "--pipeline-model-parallel-layout 'Ett|tmtL'\n", "open its first stage with E"),
     ("--parallelism.pipeline_parallel_degree=2\n--parallelism.module_fqns_per_model_part "
      "tok_embeddings,layers.0,layers.2 layers.1,layers.3,norm\n", "blocks 0..3 once"),
     ("--something-else 3\n", "neither torchtitan"),
@@ -104,3 +134,62 @@ def test_pin_from_refuses_another_global_batch_before_planning(tmp_path: Path,
                  str(tmp_path / "p.plan.json"), "--pin-from", str(args)])
     assert code == 2 and "give --global-batch 16" in capsys.readouterr().err
     assert not (tmp_path / "p.plan.json").exists()
+
+
+@pytest.mark.parametrize("name, content, match", [
+    ("cfg.toml", b"[parallelism]\npipeline_parallel_degree = true\n",
+     "pipeline_parallel_degree must be an integer, got True"),
+    ("cfg.toml", b"[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 2.7\n",
+     "microbatch_size must be an integer, got 2.7"),
+    ("cfg.toml", b"[parallelism]\npipeline_parallel_degree = 2\n[training]\nlocal_batch_size = 0\n",
+     "local_batch_size must be >= 1, got 0"),
+    ("cfg.args", b"--num-layers \xff\xfe\x00\x01\n", "not a text file"),
+    ("cfg.toml", b"\x89PNG\r\n\x1a\n\x00\x00", "not a text file"),
+])
+def test_bad_values_and_binary_files_are_one_line(name: str, content: bytes, match: str, tmp_path: Path,
+                                                  llama: Profile) -> None:
+    """Regression (issue 18 review): `true` was read as 1, 2.7 as 2, and a binary file raised UnicodeDecodeError."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ExportError, match=match) as info:
+        read_pinned(path, llama.meta.unit_names, 2)
+    assert "\n" not in str(info.value) and str(info.value).startswith(str(path))
+
+
+def test_integral_toml_float_is_taken(tmp_path: Path, llama: Profile) -> None:
+    path = tmp_path / "cfg.toml"
+    path.write_text("[parallelism]\npipeline_parallel_degree = 2.0\n[training]\nlocal_batch_size = 8\n")
+    assert read_pinned(path, llama.meta.unit_names, 2)[0].pp == 2
+
+
+_TITAN_V2 = b"--parallelism.pipeline_parallel_degree=2\n--parallelism.pipeline_parallel_schedule=Interleaved1F1B\n"
+
+
+@pytest.mark.parametrize("content", [
+    _TITAN_V2 + b"--parallelism.pipeline_parallel_layers_per_stage=x\n",  # was: ValueError traceback
+    _TITAN_V2 + b"--parallelism.pipeline_parallel_layers_per_stage=0\n",  # was: ZeroDivisionError traceback
+    b"\xff\xfe\x00binary",                                                # was: UnicodeDecodeError traceback
+    b"--pipeline-model-parallel-size 2 --num-layers 4 --pipeline-model-parallel-layout 'Et|tt||ttL' "
+    b"--micro-batch-size 1 --global-batch-size 8\n",                      # was: exit 2 after the plan was written
+], ids=["x", "zero", "binary", "empty-stage"])
+def test_cli_bad_pin_is_exit_2_one_line_nothing_written(content: bytes, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    pin = tmp_path / "today.args"
+    pin.write_bytes(content)
+    out = tmp_path / "p.plan.json"
+    code = main(["plan", "--profile", str(LLAMA), "--devices", "2", "--memory", "4GiB", "-o", str(out),
+                 "--pin-from", str(pin)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and str(pin) in err[0], err
+    assert not out.exists()
+
+
+def test_cli_missing_pin_file_is_refused_before_profiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from .conftest import ROOT
+    monkeypatch.chdir(tmp_path)  # no profiles/gpt here: a late check would profile the model first
+    code = main(["plan", str(ROOT / "examples" / "gpt.py"), "--devices", "2", "--memory", "4GiB",
+                 "--pin-from", "missing.args"])
+    err = capsys.readouterr().err
+    assert code == 2 and "missing.args: no such file" in err and "profiling" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -80,8 +80,18 @@ def test_abrupt_death_beats_a_peer_that_recorded_losing_it(tmp_path: Path) -> No
         wait_ranks(procs, timeout_s=30)
 
 
+def _wait_for_output(path: Path, text: str, limit_s: float = 120.0) -> None:
+    """Until `path` holds `text` (a generous limit: Python start-up alone may take seconds on a loaded machine)."""
+    deadline = time.monotonic() + limit_s
+    while text not in (path.read_text() if path.is_file() else "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_timeout_kills_everything(tmp_path: Path) -> None:
     procs = [_fake_rank(r, tmp_path, SLEEPER) for r in range(2)]
+    # The 1 s clock must start after rank 0 has said "waiting": under two CPU-bound processes, Python's start-up took
+    # over 1 s and the message said "(no progress printed)".
+    _wait_for_output(tmp_path / "rank0.out", "waiting")
     with pytest.raises(RunError, match=r"ranks \[0, 1\] had not finished after 1 s .*\nrank 0 last said: waiting"):
         wait_ranks(procs, timeout_s=1)
     assert all(p.popen.returncode == -signal.SIGKILL for p in procs)  # killed, not waited for (they sleep 60 s)
@@ -92,11 +102,12 @@ def test_kill_ranks_reaps_grandchildren_in_the_group(tmp_path: Path) -> None:
     spawner = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)',"
                " sys.argv[1]]); time.sleep(60)")
     procs = [_fake_rank(0, tmp_path, spawner)]
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # generous: start-up is slow on a loaded machine; the loop ends when both run
     while len(processes_mentioning(str(tmp_path))) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert len(processes_mentioning(str(tmp_path))) == 2  # else the test below would prove nothing
     kill_ranks(procs)
-    deadline = time.monotonic() + 5  # the orphaned grandchild is reaped by init, asynchronously
+    deadline = time.monotonic() + 60  # the orphaned grandchild is reaped by init, asynchronously
     while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_mentioning(str(tmp_path)) == []

@@ -1,6 +1,7 @@
 """Integration tests of run_plan on models that are not chains: a Hugging Face GPT-2 whose embedding is tied to its
 head, a mask and a residual that skip stages under multi-stage schedules, and T5 (two gloo ranks); HF decoders with
-rotary tables (Qwen2, GPT-NeoX) and a U-Net with long skips on four ranks under GPipe, 1F1B and a V schedule.
+rotary tables (Qwen2, GPT-NeoX) and a U-Net with long skips on four ranks under GPipe, 1F1B, Interleaved1F1B and V
+schedules, and a GPT-NeoX plan made with every schedule open (auto) and run.
 scripts/check_models.py runs the whole model x schedule matrix (docs/models.md)."""
 
 from __future__ import annotations
@@ -80,6 +81,33 @@ def test_values_that_skip_stages_run_on_four_ranks_under_single_stage_schedules(
     # Every stage's F and B were timed (autopp.run.instrument wraps the neighbour-only stages as it did torch's).
     assert [(t.stage, t.forward_s is not None, t.backward_s is not None) for t in report.stage_times] == \
         [(s, True, True) for s in range(4)]
+
+
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble"])
+def test_an_hf_decoder_runs_on_four_ranks_under_two_stage_per_rank_schedules(schedule: str) -> None:
+    # Issue 13, point 0: the multi-stage schedules on 4 ranks for an HF decoder whose rotary tables and mask skip
+    # stages (8 stages of one unit each; under ZBV the split I/W backward too).
+    report = run_plan(_even_plan(MODELS / "hf_qwen2.py", schedule, 2, num_microbatches=8), steps=1, timeout_s=240)
+    assert report.passed and report.complete and report.virtual_stages == 2
+    assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
+    assert [t.stage for t in report.stage_times] == list(range(8))
+
+
+def test_an_auto_plan_of_gpt_neox_on_four_ranks_runs() -> None:
+    # Issue 13, point 3: GPT-NeoX planned with --devices 4 --schedule auto picked a plan whose run failed with
+    # "PipeliningMetadataError: Backward of skip connections not supported yet". Profiled once, cheaply (one
+    # microbatch size, one repeat: the figures only rank the choices), planned with every schedule open, run.
+    from autopp.cluster import Cluster
+    from autopp.measure import profile_model
+    from autopp.solve import PlanRequest, make_plan
+
+    profile = profile_model(MODELS / "hf_neox.py", microbatch_sizes=(1,), warmup=0, repeats=1, compare_whole=False)
+    plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2**34), global_batch=8,
+                                          num_microbatches=8, schedule=None))
+    assert plan.pp == 4
+    report = run_plan(plan, steps=1, timeout_s=240)
+    assert report.passed and report.complete, (plan.schedule, report.error)
+    assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
 
 
 def test_unet_long_skips_under_a_v_schedule_on_four_ranks() -> None:

@@ -96,6 +96,28 @@ def test_failing_rank_raises_quickly_and_leaves_no_process(
     assert children_of(os.getpid()) <= before
 
 
+@pytest.mark.parametrize("where", ["launch", "results"])
+def test_a_kept_run_directory_is_always_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    # Review of issue 13.4: the temporary directory was kept on any RunError but named only when a rank failed; a
+    # RunError from the launch or from reading the results left /tmp/autopp-run-* behind silently.
+    import tempfile
+
+    from autopp.run import runner
+
+    def launch(*_args: object) -> list[object]:
+        if where == "launch":
+            raise RunError("torchrun could not start")
+        return []  # no ranks: they "finish" at once and leave no results.json
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(runner, "_launch", launch)
+    with pytest.raises(RunFailedError, match="could not start" if where == "launch" else "no readable results") \
+            as info:
+        run_plan(two_stage_plan(LINRELU, "2"), steps=1)
+    assert info.value.logs is not None and info.value.logs.is_dir() and list(tmp_path.iterdir()) == [info.value.logs]
+    assert info.value.report.error == str(info.value)
+
+
 def _fabricated(scale: float) -> tuple[list[dict[str, object]], dict[int, dict[str, torch.Tensor]], Reference]:
     """Two stages' results whose stage-1 gradient is the reference's times `scale`."""
     ref = Reference(losses=(2.0, 1.5), grads={"a": torch.ones(3), "b": torch.full((2,), 4.0)})

@@ -11,7 +11,7 @@ import torch
 from autopp.errors import RunError
 from autopp.modelfile import load_model_file
 from autopp.run.validate import (GRAD_RTOL, Reference, check_coverage, compare_grads, compare_losses, failure,
-                                 grad_atol, non_finite, reference_run, tensor_diff)
+                                 grad_atol, non_finite, reference_run, stage_atols, tensor_diff)
 
 
 def test_tensor_diff() -> None:
@@ -71,8 +71,8 @@ def test_reference_run_is_reproducible_and_learns(tmp_path: Path) -> None:
     assert all(torch.equal(one.grads[k], two.grads[k]) for k in one.grads)
 
 
-def _ref(grads: dict[str, torch.Tensor], losses: tuple[float, ...] = (2.0,)) -> Reference:
-    return Reference(losses=losses, grads=grads)
+def _ref(grads: dict[str, torch.Tensor], losses: tuple[float, ...] = (2.0,), dtype: str = "float32") -> Reference:
+    return Reference(losses=losses, grads=grads, dtype=dtype)
 
 
 # Issue 13, point 2: HF BERT on 2 ranks ended "FAILED: gradient of ...attention.self.key.bias differs ... by 5.82e-02
@@ -99,6 +99,36 @@ def test_the_floor_still_catches_wrong_gradients_above_rounding(scale: float) ->
         error = failure(diffs, [2.0], _ref(ref), {0: got})
         assert error is not None and error.startswith(f"gradient of {name} (stage 0) differs") and "1e-04" in error
     assert GRAD_RTOL == 1e-4
+
+
+def test_the_floor_is_the_stage_s_not_the_model_s() -> None:
+    # Review of issue 13.2: with G the model's largest gradient, a bfloat16 stage whose gradients are all below
+    # eps / rtol = 15.6 % of it was checked only at an absolute 7.8e-3 G. The head (stage 1) holds G = 1; stage 0's
+    # largest is 0.1, and its 6 % error (6e-3 absolute, below 7.8e-3 G) is far above its own rounding.
+    ref = {"w0": torch.full((4,), 0.1), "head": torch.full((4,), 1.0)}
+    got = {0: {"w0": ref["w0"] * 1.06}, 1: {"head": ref["head"].clone()}}
+    rtol = 5e-2  # bfloat16's
+    model_wide = compare_grads(ref, got, grad_atol(ref, "bfloat16") / rtol)
+    assert model_wide[0].max_rel < rtol  # the old floor let it pass
+    atols = stage_atols(ref, got, "bfloat16")
+    assert atols == pytest.approx({0: 0.1 * 2**-7, 1: 2**-7})
+    floors = {s: a / rtol for s, a in atols.items()}
+    diffs = compare_grads(ref, got, floors)
+    error = failure(diffs, [2.0], _ref(ref, dtype="bfloat16"), got, floors)
+    assert error is not None and error.startswith("gradient of w0 (stage 0) differs from the single-process "
+                                                  "reference by 6.00e-02 relative (max abs")
+    assert "vs floor" not in error  # its own scale decided
+
+
+def test_a_failure_the_floor_decided_says_so() -> None:
+    ref = {"big": torch.full((4,), 1.0), "tiny": torch.full((4,), 1e-9)}
+    got = {0: {"big": ref["big"].clone(), "tiny": ref["tiny"] + 1e-6}}
+    floors = {s: a / GRAD_RTOL for s, a in stage_atols(ref, got, "float32").items()}
+    error = failure(compare_grads(ref, got, floors), [2.0], _ref(ref), got, floors)
+    assert error is not None and error.startswith("gradient of tiny (stage 0) differs from the single-process "
+                                                  "reference by 8.39e-04 relative vs floor (the stage's atol 1.19e-07 "
+                                                  "is above rtol x the parameter's max |gradient| = 1.00e-13) (max "
+                                                  "abs 1.00e-06), above the tolerance 1e-04")
 
 
 def test_floor_ignores_non_finite_elements_and_scales_with_the_dtype() -> None:

@@ -13,6 +13,7 @@ from autopp.errors import InfeasibleError
 from autopp.profile import Profile
 from autopp.schedule import SPLIT_BACKWARD, ScheduleName
 from autopp.solve import PlanRequest, make_plan
+from autopp.solve.search import search
 from autopp.solve.runnable import split_backward_refusal, weight_only_sends
 from autopp.solve.synthetic import SIZES, synthetic_profile
 
@@ -48,7 +49,7 @@ def test_a_value_made_from_parameters_only_is_found_where_a_later_stage_reads_it
 
 def test_the_refusal_names_the_stage_the_value_and_what_runs() -> None:
     why = split_backward_refusal(_t5_like(), ((0, 2), (2, 4), (4, 6), (6, 8)), "ZBVZeroBubble")
-    assert why is not None and why.startswith("ZBVZeroBubble excluded: with its split, stage 1 would send on 'bias'")
+    assert why is not None and why.startswith("ZBVZeroBubble excluded: with its split, stage 1 sends on 'bias'")
     assert "1F1B, GPipe, Interleaved1F1B, LoopedBFS" in why
 
 
@@ -65,7 +66,7 @@ def _request(schedule: ScheduleName | None, synthesize: bool = False) -> PlanReq
 def test_a_pinned_split_backward_schedule_is_refused_at_planning_with_the_reason() -> None:
     # 4 ranks x 2 stages of one unit each: unit 2's stage would send the bias on; before, the plan was made and the
     # run failed ("stage 2 sends on ['bias'] made from its parameters only ...").
-    with pytest.raises(InfeasibleError, match=r"ZBVZeroBubble excluded: with its split, stage 2 would send on 'bias'"):
+    with pytest.raises(InfeasibleError, match=r"ZBVZeroBubble excluded: with its split, stage 2 sends on 'bias'"):
         make_plan(_profile(), _request(ScheduleName.ZBV_ZERO_BUBBLE))
 
 
@@ -98,7 +99,53 @@ def test_a_pinned_configuration_torch_cannot_run_says_so_in_its_notes() -> None:
                     bounds=((0, 2), (2, 4), (4, 6), (6, 8)), source="trainer.toml")
     plan = evaluate_pinned(_profile(), Cluster(num_devices=2, memory_bytes=2**40), pinned)
     assert [n for n in plan.notes if n.startswith("does not run")] == [
-        "does not run: stage 1 sends on 'bias', made from its parameters only, whose gradient torch's split I/W "
-        "backward (ZBVZeroBubble) drops",
-        "does not run: stage 1 sends on 'bias2', made from its parameters only, whose gradient torch's split I/W "
-        "backward (ZBVZeroBubble) drops"]
+        "does not run (ZBVZeroBubble): stage 1 sends on 'bias', made from its parameters only, whose gradient "
+        "torch's split I/W backward drops (the runner refuses it)",
+        "does not run (ZBVZeroBubble): stage 1 sends on 'bias2', made from its parameters only, whose gradient "
+        "torch's split I/W backward drops (the runner refuses it)"]
+    # One wording for the planner's exclusions and a pinned configuration's notes.
+    why = split_backward_refusal(_t5_like(), pinned.bounds, "ZBVZeroBubble")
+    assert why is not None and plan.notes[-2].removeprefix("does not run (ZBVZeroBubble): ") in why
+
+
+def test_a_faster_baseline_split_the_runner_refuses_does_not_replace_the_dp_split() -> None:
+    # The DP's split (uneven, runnable) against the baselines: `even` ((0, 2), (2, 4), ...) simulates faster, but its
+    # stage 1 sends the bias on. Before, build_plan took the fastest fitting baseline unchecked and the ZBV plan
+    # carried a split the runner refuses (issue 13, point 3).
+    from autopp.solve.arrays import ProfileTable
+    from autopp.solve.build import build_plan
+    from autopp.solve.judge import Candidate, judge
+
+    profile, request = _profile(), replace(_request(ScheduleName.ZBV_ZERO_BUBBLE), pp=2,
+                                           cluster=Cluster(num_devices=2, memory_bytes=2**40))
+    a = ProfileTable(profile).arrays(1)
+    dp_split = ((0, 3), (3, 5), (5, 7), (7, 8))
+    assert weight_only_sends(_t5_like(), dp_split) == []
+    best = judge(a, request.cluster, Candidate(schedule=ScheduleName.ZBV_ZERO_BUBBLE, pp=2, dp=1, v=2,
+                                               microbatches=8, microbatch_size=1, bounds=dp_split,
+                                               recompute=(False,) * 4))
+    plan = build_plan(profile, request, best, a)
+    even = plan.baselines["even"]
+    assert even.step_time_s < best.step_s and weight_only_sends(_t5_like(), even.stage_units) != []  # the trap
+    assert [s.units for s in plan.stages] == list(dp_split)
+    old = [{k: v for k, v in x.items() if k not in ("needs_grad", "reads")} for x in _t5_like()]
+    unknown = Profile(replace(profile.meta, live_values=tuple(old)), profile.units, profile.edges)
+    # A profile before `needs_grad` finds no weight-only value: the faster baseline still wins.
+    assert [s.units for s in build_plan(unknown, request, best, ProfileTable(unknown).arrays(1)).stages] == \
+        list(even.stage_units)
+
+
+def test_the_chosen_schedule_is_not_noted_as_excluded() -> None:
+    # Unit 1 makes `w` from its parameters alone for unit 2: ZBV on 4 ranks (one unit per stage) sends it on from
+    # stage 1 and is left out; on 2 ranks x 2 replicas unit 1 sits in stage 0 and ZBV runs. Before, the ZBV plan's
+    # notes still said "ZBVZeroBubble excluded: ...".
+    values = [v for v in _t5_like() if v["name"] not in ("bias", "bias2")] + [_value("w", 1, [2], [])]
+    p = synthetic_profile(8)
+    profile = Profile(replace(p.meta, live_values=tuple(values)), p.units, p.edges)
+    excluded: dict[str, str] = {}
+    request = replace(_request(ScheduleName.ZBV_ZERO_BUBBLE), pp=None, dp=None, num_microbatches=4)
+    search(profile, request, excluded=excluded)
+    assert excluded["ZBVZeroBubble"].startswith("ZBVZeroBubble excluded: with its split, stage 1 sends on 'w'")
+    plan = make_plan(profile, request)
+    assert plan.schedule == "ZBVZeroBubble" and (plan.pp, plan.dp) == (2, 2)
+    assert not any("excluded" in n for n in plan.notes)
