@@ -52,48 +52,37 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _integer(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `least`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected {'a positive integer' if least == 1 else f'an integer >= {least}'}"
+                                             f", got {text!r}")
+        return value
+    return parse
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _number(least: float, inclusive: bool) -> Callable[[str], float]:
-    """An argparse type: a finite number >= `least` (> `least` unless `inclusive`)."""
+def _number(least: float, inclusive: bool, what: str = "") -> Callable[[str], float]:
+    """An argparse type: a finite number >= `least` (> `least` unless `inclusive`), described as `what`."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = float("nan")
         if not (value >= least if inclusive else value > least) or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"expected a finite number {'>=' if inclusive else '>'} {least:g}, "
-                                             f"got {text!r}")
+            bound = f"a finite number {'>=' if inclusive else '>'} {least:g}"
+            raise argparse.ArgumentTypeError(f"expected {what or bound}, got {text!r}")
         return value
     return parse
+
+
+_POSITIVE = _integer(1)
+_COUNT = _integer(0)
+_SECONDS = _number(0, inclusive=False, what="a positive number of seconds")
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -177,7 +166,7 @@ def _profile_for(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _auto_int(text: str) -> int:
-    return 0 if text == "auto" else _positive(text)
+    return 0 if text == "auto" else _POSITIVE(text)
 
 
 def _dp(args: argparse.Namespace) -> int | None:
@@ -339,15 +328,10 @@ def _show_report(path: Path, out: Path) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    import json
+    from .jsonio import read_json
     from .plan import load_plan
     path = Path(args.file)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AutoppError(f"{path}: no such plan or report file") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise AutoppError(f"{path}: not a plan or run report JSON: {exc}") from None
+    data = read_json(path, "plan or report file", advice="give a file written by `autopp plan` or `autopp run`")
     out = check_output_file(args.output or path.with_suffix(".png"), "-o" if args.output else None)
     if args.trace:
         check_output_file(args.trace, "--trace")
@@ -426,16 +410,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="model file following the contract in README.md")
     p.add_argument("--microbatch-sizes", type=_sizes, default=[1, 4], metavar="B,B,...",
                    help="microbatch sizes to measure (default 1,4); the cost model interpolates between them")
-    p.add_argument("--microbatch-size", type=_positive, help="measure this one size only")
+    p.add_argument("--microbatch-size", type=_POSITIVE, help="measure this one size only")
     p.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default="sgd")
-    p.add_argument("--repeats", type=_positive, default=5, help="timed runs per unit (median is kept)")
-    p.add_argument("--warmup", type=_count, default=2, help="untimed runs first")
-    p.add_argument("--threads", type=_positive, default=1, help="torch threads while measuring (default 1)")
-    p.add_argument("--time-budget", type=_positive_seconds, metavar="S",
+    p.add_argument("--repeats", type=_POSITIVE, default=5, help="timed runs per unit (median is kept)")
+    p.add_argument("--warmup", type=_COUNT, default=2, help="untimed runs first")
+    p.add_argument("--threads", type=_POSITIVE, default=1, help="torch threads while measuring (default 1)")
+    p.add_argument("--time-budget", type=_SECONDS, metavar="S",
                    help="stop timing after S seconds per unit even if fewer than --repeats runs were made")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="parameter and activation dtype (bfloat16: mixed precision, fp32 master copy counted)")
-    p.add_argument("--co-runners", type=_count, default=0, metavar="N",
+    p.add_argument("--co-runners", type=_COUNT, default=0, metavar="N",
                    help="processes training the model beside the timing, as the other ranks of a CPU host do "
                         "(use ranks per host - 1 when CPU ranks share a host; default 0)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="measure on this device (default cpu)")
@@ -444,10 +428,10 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile-links", help="measure the link between local ranks (latency, bandwidth; on CPU also "
                                              "the per-message overhead and progress delay)")
-    p.add_argument("--ranks", type=_positive, default=2, help="processes to start (default 2)")
+    p.add_argument("--ranks", type=_POSITIVE, default=2, help="processes to start (default 2)")
     p.add_argument("--message-bytes", type=_sizes, metavar="N,N,...", help="message sizes in bytes")
-    p.add_argument("--repeats", type=_positive, default=10, help="timed round trips per size (median is kept)")
-    p.add_argument("--timeout", type=_positive_seconds, default=120.0, help="seconds before the ranks are stopped")
+    p.add_argument("--repeats", type=_POSITIVE, default=10, help="timed round trips per size (median is kept)")
+    p.add_argument("--timeout", type=_SECONDS, default=120.0, help="seconds before the ranks are stopped")
     p.add_argument("--no-calibrate", action="store_true",
                    help="CPU: skip fitting the per-message overhead and progress delay on synthetic pipelines")
     p.add_argument("-o", "--output", default="profiles/links.json", help="links JSON (default profiles/links.json)")
@@ -456,21 +440,21 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="choose stage boundaries and microbatches")
     p.add_argument("model", nargs="?", help="model file (profiled if profiles/MODEL is missing or stale)")
     p.add_argument("--profile", help="plan from this profile directory instead")
-    p.add_argument("--devices", type=_positive, help="devices in all (pp x dp)")
+    p.add_argument("--devices", type=_POSITIVE, help="devices in all (pp x dp)")
     p.add_argument("--memory", type=_size, help="memory per device, e.g. 80GiB")
     p.add_argument("--cluster", help="cluster JSON with each device's memory and speed and each link "
                                      "(docs/cluster-format.md); replaces --devices/--memory/--latency/--bandwidth")
-    p.add_argument("--global-batch", type=_positive, default=8, help="samples per step (default 8)")
-    p.add_argument("--microbatches", type=_positive, help="pin the microbatch count per replica")
+    p.add_argument("--global-batch", type=_POSITIVE, default=8, help="samples per step (default 8)")
+    p.add_argument("--microbatches", type=_POSITIVE, help="pin the microbatch count per replica")
     p.add_argument("--schedule", default="1F1B", choices=["auto", *SCHEDULE_NAMES],
                    help="pipeline schedule (default 1F1B, which `autopp run` executes; auto searches all)")
-    p.add_argument("--pp", type=_positive, help="pin the pipeline ranks (default devices / dp)")
+    p.add_argument("--pp", type=_POSITIVE, help="pin the pipeline ranks (default devices / dp)")
     p.add_argument("--dp", type=_auto_int, help="data-parallel replicas, or auto (default 1, or devices / pp)")
     p.add_argument("--synthesize", action="store_true",
                    help="also try a CP-SAT-synthesized F/I/W order for the chosen split (always on with auto)")
-    p.add_argument("--synth-time", type=_positive_seconds, default=10.0, metavar="S", help="CP-SAT time limit (default 10 s)")
+    p.add_argument("--synth-time", type=_SECONDS, default=10.0, metavar="S", help="CP-SAT time limit (default 10 s)")
     p.add_argument("--links", help="links JSON from `autopp profile-links` (default: assumed loopback gloo)")
-    p.add_argument("--virtual-stages", type=_positive, help="stages per rank for interleaved schedules")
+    p.add_argument("--virtual-stages", type=_POSITIVE, help="stages per rank for interleaved schedules")
     p.add_argument("--recompute", choices=["none", "all", "auto"], default="none",
                    help="activation recomputation (default none; auto: only where memory needs it)")
     p.add_argument("--latency", type=_number(0, inclusive=True), help="link latency in seconds (default: assumed loopback gloo)")
@@ -491,13 +475,13 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="execute a plan with torch.distributed.pipelining and validate it")
     p.add_argument("plan", help="plan JSON")
-    p.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
-    p.add_argument("--timeout", type=_positive_seconds, default=300.0,
+    p.add_argument("--steps", type=_POSITIVE, default=3, help="training steps (default 3)")
+    p.add_argument("--timeout", type=_SECONDS, default=300.0,
                    help="seconds before the run is stopped (default 300)")
     p.add_argument("--report", help="run report JSON path (default PLAN.report.json)")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="also log every rank's own lines (stages built, relays, each rank's steps)")
-    p.add_argument("--nnodes", type=_positive, help="run through torchrun on this many machines (docs/launch.md)")
+    p.add_argument("--nnodes", type=_POSITIVE, help="run through torchrun on this many machines (docs/launch.md)")
     p.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nnodes-1 (default 0)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0, reachable from every node")
     p.add_argument("--master-port", type=int, default=29500, help="free TCP port on node 0 (default 29500)")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import AutoppError
+from .jsonio import read_json
 from .sizes import parse_size
 
 __all__ = ["Link", "Device", "Cluster", "DEFAULT_LINK", "load_cluster"]
@@ -153,12 +153,7 @@ _KEYS = {"devices", "link", "links", "data_link"}
 def load_cluster(path: str | Path) -> Cluster:
     """Read a cluster JSON file (format in docs/cluster-format.md)."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise AutoppError(f"{p}: cannot read cluster file: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise AutoppError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    data = read_json(p, "cluster file", advice="see docs/cluster-format.md")
     if not isinstance(data, dict) or not isinstance(data.get("devices"), list) or not data["devices"]:
         raise AutoppError(f"{p}: a cluster file needs a non-empty \"devices\" list")
     unknown = sorted(set(data) - _KEYS)

@@ -10,7 +10,24 @@ from typing import Any
 
 from .errors import AutoppError
 
-__all__ = ["write_json", "write_text", "shared_mode"]
+__all__ = ["read_json", "write_json", "write_text", "shared_mode"]
+
+
+def read_json(path: str | Path, what: str, error: type[AutoppError] = AutoppError, advice: str = "") -> Any:
+    """The JSON in `path`; an `error` naming the file (and the line of a syntax error), `what` it should be and, for
+    a file that is there but broken, `advice` on what to do."""
+    p = Path(path)
+    then = f": {advice}" if advice else ""
+    if p.is_dir():
+        raise error(f"{p}: is a directory; give a {what}")
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise error(f"{p}: no such {what}") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{p}:{exc.lineno}: not valid JSON ({exc.msg}){then}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{p}: cannot read {what}: {getattr(exc, 'strerror', None) or exc}{then}") from None
 
 
 def shared_mode(path: Path, directory: bool = False) -> None:

@@ -11,7 +11,6 @@ those runs' own F and B, reproduces their measured steps."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -21,7 +20,7 @@ from typing import Any, Sequence
 
 from .cluster import DEFAULT_LINK, Link
 from .errors import AutoppError
-from .jsonio import write_json
+from .jsonio import read_json, write_json
 from .schedule import ScheduleName, StageCost, simulate_named
 from .spawn import spawn_local
 
@@ -268,10 +267,7 @@ def _summarise(results: dict[int, dict[int, list[list[float]]]], ranks: int, siz
 def load_links(path: str | Path) -> LinkProfile:
     """Read a links file written by `autopp profile-links`; reject another version or missing fields."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        raise AutoppError(f"{p}: cannot read links file: {exc}") from exc
+    data = read_json(p, "links file", advice="measure it again with `autopp profile-links`")
     if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
         version = data.get("version") if isinstance(data, dict) else None
         raise AutoppError(f"{p}: links file version {version!r} is not one of {list(READABLE_VERSIONS)}")

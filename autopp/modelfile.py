@@ -44,7 +44,9 @@ class Unit:
 
 
 def default_loss(output: Any, target: Any) -> torch.Tensor:
-    """Cross-entropy for integer targets (class dimension last), mean squared error otherwise."""
+    """Cross-entropy for integer targets (class dimension last), mean squared error otherwise; of an HF model's
+    output structure, its `logits`."""
+    output = getattr(output, "logits", output)
     if isinstance(target, torch.Tensor) and not target.is_floating_point():
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
     return F.mse_loss(output, target)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import PlanError, ScheduleError
-from .jsonio import write_json
+from .jsonio import read_json, write_json
 from .relpaths import resolved_path, stored_path
 
 __all__ = ["PLAN_VERSION", "StagePlan", "Prediction", "Plan", "load_plan"]
@@ -341,15 +340,7 @@ def load_plan(path: str | Path) -> Plan:
     """Read and check a plan JSON file; its `model_path` comes back absolute (a relative one is taken from the plan
     file's directory)."""
     p = Path(path)
-    if p.is_dir():
-        raise PlanError(f"{p}: is a directory; give a plan JSON file")
-    if not p.is_file():
+    if not p.exists():
         raise PlanError(f"{p}: no such plan file; create one with `autopp plan MODEL.py --devices N --memory SIZE`")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(f"{p}: cannot read plan file: {exc}") from None
-    plan = Plan.from_json(data, str(p))
+    plan = Plan.from_json(read_json(p, "plan JSON file", PlanError, "re-plan with `autopp plan`"), str(p))
     return replace(plan, model_path=resolved_path(plan.model_path, p.parent))  # stored relative to the plan's dir

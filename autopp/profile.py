@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import AutoppError, ProfileError
-from .jsonio import shared_mode
+from .jsonio import read_json, shared_mode
 from .preflight import check_output_dir
 from .relpaths import resolved_path, stored_path
 
@@ -279,13 +279,7 @@ _REPROFILE = "re-profile with `autopp profile MODEL.py`"
 
 def _read_meta(path: Path) -> ProfileMeta:
     """meta.json as ProfileMeta; a ProfileError naming the file (and line) when it is not readable JSON."""
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}): {_REPROFILE}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{path}: cannot read: {exc}") from None
-    return ProfileMeta.from_json(data, str(path))
+    return ProfileMeta.from_json(read_json(path, "profile meta.json", ProfileError, _REPROFILE), str(path))
 
 
 def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:

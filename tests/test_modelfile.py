@@ -436,3 +436,19 @@ class Model(nn.Module):
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     assert [u.split_point for u in discover_units(mf, model)] == [None, "blocks.1", "drop"]
     assert all(torch.equal(b, buffers[name]) for name, b in model.named_buffers())
+
+
+def test_default_loss_takes_the_logits_of_an_hf_output_structure() -> None:
+    from dataclasses import dataclass
+
+    from autopp.modelfile import default_loss
+
+    @dataclass
+    class Output:  # the shape of transformers' ModelOutput: the loss reads `.logits`
+        logits: torch.Tensor
+
+    torch.manual_seed(0)
+    logits, target = torch.randn(2, 3, 5), torch.randint(0, 5, (2, 3))
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 5), target.reshape(-1))
+    torch.testing.assert_close(default_loss(Output(logits), target), expected)
+    torch.testing.assert_close(default_loss(logits, target), expected)

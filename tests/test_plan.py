@@ -146,5 +146,5 @@ def test_directory_and_unreadable_plans(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match=r"is a directory; give a plan JSON file"):
         load_plan(tmp_path)
     (tmp_path / "p.json").write_bytes(b"\xff\xfe{")
-    with pytest.raises(PlanError, match=r"p\.json: cannot read plan file"):
+    with pytest.raises(PlanError, match=r"p\.json: cannot read plan JSON file"):
         load_plan(tmp_path / "p.json")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -10,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunError
-from ..jsonio import write_json
+from ..jsonio import read_json, write_json
 from ..sizes import format_size
 
 __all__ = [
@@ -160,10 +159,10 @@ class RunReport:
 
 def load_report(path: str | Path) -> dict[str, Any]:
     """A saved report's JSON object (for measured_timeline and draw_report)."""
-    try:
-        return dict(json.loads(Path(path).read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RunError(f"{path}: cannot read run report: {exc}") from exc
+    data = read_json(path, "run report JSON", RunError, "run the plan again with `autopp run PLAN`")
+    if not isinstance(data, dict):
+        raise RunError(f"{path}: a run report is a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _finite(value: Any) -> Any:

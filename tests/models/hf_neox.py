@@ -8,7 +8,6 @@ embedding, each block of `gpt_neox.layers`, the final norm with the head (8 unit
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 VOCAB = 256
@@ -30,7 +29,3 @@ def sample_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     idx = torch.randint(0, VOCAB, (batch_size, CONTEXT + 1))
     return idx[:, :-1], idx[:, 1:]
 
-
-def loss_fn(output, target: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    logits = output.logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
