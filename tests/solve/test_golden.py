@@ -1,0 +1,90 @@
+"""Plans are byte-identical across refactors: a fixed set of requests is planned and compared with stored JSON.
+
+The stored files were written by the planner before the architecture issue (schedule descriptors, one cost model)
+moved code around. When a change is meant to alter plans, regenerate them with
+`python -m tests.solve.test_golden --write` and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from autopp.cluster import DEFAULT_LINK, Cluster, Device, Link
+from autopp.plan import Plan
+from autopp.profile import Profile, load_profile
+from autopp.schedule import ScheduleName
+from autopp.solve import PlanRequest, RecomputeMode, make_plan
+from autopp.solve.synthetic import synthetic_profile
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+GiB = 2**30
+
+
+def _shipped(name: str) -> Callable[[], Profile]:
+    return lambda: load_profile(PROFILES / name)
+
+
+def _hetero() -> Cluster:
+    devices = (Device(memory_bytes=64 * GiB, speed=1.0), Device(memory_bytes=64 * GiB, speed=2.0),
+               Device(memory_bytes=64 * GiB, speed=1.0), Device(memory_bytes=64 * GiB, speed=0.5))
+    slow = Link(latency_s=1e-3, bandwidth_bytes_per_s=1e8)
+    return Cluster(num_devices=4, memory_bytes=64 * GiB, devices=devices, links=(DEFAULT_LINK, slow, DEFAULT_LINK))
+
+
+#: name -> (profile, request). Shipped profiles, every schedule, dp, recompute and a heterogeneous cluster.
+CASES: dict[str, tuple[Callable[[], Profile], Callable[[], PlanRequest]]] = {
+    "gpt-pp2-1f1b": (_shipped("gpt"), lambda: PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=GiB),
+                                                          global_batch=8)),
+    "gpt-pp4-auto": (_shipped("gpt"), lambda: PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=GiB),
+                                                          global_batch=16, schedule=None)),
+    "mlp-d4-auto-dp": (_shipped("mlp"), lambda: PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=GiB),
+                                                            global_batch=16, schedule=None, dp=None)),
+    **{f"syn24-d8-{n.value}": (lambda: synthetic_profile(24),
+                               lambda n=n: PlanRequest(cluster=Cluster(num_devices=8, memory_bytes=80 * GiB),
+                                                       global_batch=32, schedule=n, pp=8))
+       for n in ScheduleName},
+    "syn24-d8-auto-recompute": (lambda: synthetic_profile(24),
+                                lambda: PlanRequest(cluster=Cluster(num_devices=8, memory_bytes=13 * GiB),
+                                                    global_batch=32, schedule=None, dp=None,
+                                                    recompute=RecomputeMode.AUTO)),
+    "syn24-d8-gpipe-recompute-all": (lambda: synthetic_profile(24),
+                                     lambda: PlanRequest(cluster=Cluster(num_devices=8, memory_bytes=24 * GiB),
+                                                         global_batch=16, schedule=ScheduleName.GPIPE,
+                                                         recompute=RecomputeMode.ALL)),
+    "syn16-hetero-auto": (lambda: synthetic_profile(16),
+                          lambda: PlanRequest(cluster=_hetero(), global_batch=8, schedule=None)),
+}
+
+
+def plan_text(name: str) -> str:
+    """The plan of case `name` as JSON text (model_path reduced to its file name: it depends on the checkout)."""
+    profile, request = CASES[name]
+    data = make_plan(profile(), request()).to_json()
+    data["model_path"] = Path(data["model_path"]).name
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_plan_is_unchanged(name: str) -> None:
+    want = (GOLDEN / f"{name}.json").read_text()
+    assert plan_text(name) == want, f"plan {name} changed; if that is intended, see this module's docstring"
+
+
+def test_golden_plans_still_load() -> None:
+    for path in sorted(GOLDEN.glob("*.json")):
+        Plan.from_json(json.loads(path.read_text()), str(path))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m tests.solve.test_golden --write")
+    GOLDEN.mkdir(exist_ok=True)
+    for case in sorted(CASES):
+        (GOLDEN / f"{case}.json").write_text(plan_text(case))
+        print("wrote", case)
