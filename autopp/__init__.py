@@ -17,9 +17,9 @@ __all__ = [
 ]
 
 _WHERE = {
-    "profile_model": "autopp.measure", "load_profile": "autopp.profile", "Profile": "autopp.profile",
-    "PlanRequest": "autopp.solve", "make_plan": "autopp.solve", "Plan": "autopp.plan", "load_plan": "autopp.plan",
-    "simulate_plan": "autopp.predict", "Cluster": "autopp.cluster", "Link": "autopp.cluster",
+    "profile_model": "autopp.measure.profiler", "load_profile": "autopp.data.profile", "Profile": "autopp.data.profile",
+    "PlanRequest": "autopp.solve", "make_plan": "autopp.solve", "Plan": "autopp.data.plan", "load_plan": "autopp.data.plan",
+    "simulate_plan": "autopp.predict", "Cluster": "autopp.data.cluster", "Link": "autopp.data.cluster",
     "run_plan": "autopp.run", "RunReport": "autopp.run", "AutoppError": "autopp.errors",
 }
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .plan import Plan, Prediction
-from .profile import Profile
+from .data.plan import Plan, Prediction
+from .data.profile import Profile
 from .sizes import format_size, format_time
 
 __all__ = ["format_profile", "format_plan", "format_predicted_step"]
@@ -53,7 +53,8 @@ def format_plan(plan: Plan) -> str:
                      [_summary("autopp", plan.predicted)]
                      + [_summary(k, v) for k, v in plan.baselines.items()]
                      + [["ideal", format_time(plan.ideal_step_time_s), "0.0%", "", "100.0%", "total work / devices"]])
-    head = (f"{plan.schedule} on {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, {_count(plan.virtual_stages, 'stage')} "
+    head = (f"{plan.schedule.value} on {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, "
+            f"{_count(plan.virtual_stages, 'stage')} "
             f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
     extra = f"\ngradient all-reduce {format_time(plan.predicted.allreduce_s)} included" if plan.dp > 1 else ""

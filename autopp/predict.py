@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from .errors import PlanError
-from .plan import Plan
-from .schedule import Action, ScheduleName, SimResult, StageCost, build_schedule, parse_action, simulate
+from .data.plan import Plan
+from .schedule import Action, SimResult, StageCost, describe, simulate
 
-__all__ = ["CUSTOM", "plan_order", "plan_stage_costs", "simulate_plan"]
-
-#: The `schedule` value of a plan whose order is given in `custom_order`.
-CUSTOM = "Custom"
+__all__ = ["plan_order", "plan_stage_costs", "simulate_plan"]
 
 
 def plan_stage_costs(plan: Plan) -> list[StageCost]:
@@ -27,17 +24,14 @@ def plan_stage_costs(plan: Plan) -> list[StageCost]:
 
 
 def plan_order(plan: Plan) -> dict[int, list[Action]]:
-    """Each pipeline rank's compute actions: the named schedule's, or the plan's custom order."""
-    if plan.schedule == CUSTOM:
-        if len(plan.custom_order) != plan.pp:
-            raise PlanError(f"custom schedule has orders for {len(plan.custom_order)} ranks but pp is {plan.pp}")
-        return {r: [parse_action(text) for text in row] for r, row in enumerate(plan.custom_order)}
-    try:
-        name = ScheduleName(plan.schedule)
-    except ValueError:
-        known = ", ".join([n.value for n in ScheduleName] + [CUSTOM])
-        raise PlanError(f"unknown schedule {plan.schedule!r}; expected one of {known}") from None
-    return build_schedule(name, plan.pp, plan.num_microbatches, plan.virtual_stages)
+    """Each pipeline rank's compute actions: the named schedule's, or the order the plan gives (custom)."""
+    d = describe(plan.schedule)
+    if not d.given_order:
+        return d.build(plan.pp, plan.num_microbatches, plan.virtual_stages)
+    if len(plan.custom_order) != plan.pp:
+        raise PlanError(f"{plan.schedule.value} schedule has orders for {len(plan.custom_order)} ranks but pp is "
+                        f"{plan.pp}")
+    return {r: list(row) for r, row in enumerate(plan.custom_order)}
 
 
 def simulate_plan(plan: Plan) -> SimResult:

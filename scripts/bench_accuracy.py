@@ -1,10 +1,10 @@
 """Predicted vs measured step time of planned runs on 2 CPU ranks, across schedules and microbatch counts.
 
 For each model, schedule and microbatch count: plan with the public API (autopp.solve.make_plan on the stored
-profile, or with --reprofile on a fresh one and the link measured and calibrated first by autopp.links; pp 2,
-dp 1), run it with autopp.run.run_plan for --steps SGD steps (gloo, one thread per rank), and print the predicted
-step time, the median measured step time over the steps after the first (with its spread, max - min), the
-relative error, and where the time went:
+profile, or with --reprofile on a fresh one and the link measured and calibrated first by autopp.measure.links and
+autopp.run.calibrate; pp 2, dp 1), run it with autopp.run.run_plan for --steps SGD steps (gloo, one thread per
+rank), and print the predicted step time, the median measured step time over the steps after the first (with its
+spread, max - min), the relative error, and where the time went:
   F/B meas/prof  sum over stages of the run's median F (B) per microbatch / the plan's (the profile's)
   busy           the busiest rank's compute time (F, I, W, B actions) in the median step
   wait           the longest median time a rank spent waiting for sends/receives
@@ -32,17 +32,17 @@ import statistics
 import sys
 from pathlib import Path
 
-from autopp.cluster import DEFAULT_LINK, Cluster, Link
-from autopp.links import load_link, measure_links
+from autopp.data.cluster import DEFAULT_LINK, Cluster, Link
 from autopp.measure import profile_model
-from autopp.profile import Profile, load_profile
-from autopp.plan import Plan
+from autopp.measure.links import load_link, measure_links
+from autopp.data.profile import Profile, load_profile
+from autopp.data.plan import Plan
 from autopp.run import RunReport, run_plan
-from autopp.schedule import ScheduleName, StageCost, simulate_named
+from autopp.run.calibrate import calibrate_links
+from autopp.schedule import ScheduleName, StageCost, describe, simulate_named
 from autopp.solve import PlanRequest, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
-V_SCHEDULES = {"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 
 
 def _profile(model: Path, args: argparse.Namespace) -> Profile:
@@ -61,15 +61,16 @@ def _link(args: argparse.Namespace) -> Link:
         return load_link(args.links)
     if not args.reprofile:
         return DEFAULT_LINK
-    return measure_links(2).link()
+    return calibrate_links(measure_links(2)).link()
 
 
 def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile: Profile, link: Link
            ) -> dict[str, object]:
+    name = ScheduleName(schedule)
     request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**36, link=link),
                           global_batch=m * args.microbatch_size,
-                          num_microbatches=m, schedule=ScheduleName(schedule), pp=2, dp=1,
-                          virtual_stages=2 if schedule in V_SCHEDULES else None)
+                          num_microbatches=m, schedule=name, pp=2, dp=1,
+                          virtual_stages=None if describe(name).single_stage else 2)
     plan = make_plan(profile, request)
     report = run_plan(plan, steps=args.steps, timeout_s=args.timeout, check=False)
     steady = list(report.step_times_s[1:]) or list(report.step_times_s)
@@ -102,7 +103,7 @@ def _resimulate(plan: Plan, report: RunReport, hop_s: float | None = None) -> fl
         costs.append(StageCost(forward_s=f, backward_input_s=i, backward_weight_s=max(b - i, 0.0),
                                overhead_s=planned.overhead_s))
     comm = [s.send_s if hop_s is None else hop_s for s in plan.stages[:-1]]
-    sim = simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, costs, comm,
+    sim = simulate_named(plan.schedule, plan.pp, plan.num_microbatches, costs, comm,
                          plan.virtual_stages, progress_s=[s.progress_s for s in plan.stages[:-1]])
     return sim.step_time_s + plan.predicted.optimizer_s
 
@@ -115,7 +116,7 @@ def _ratio(measured: list[float | None], predicted: list[float]) -> float:
 
 _LOOP = """
 import sys, time, torch
-from autopp.modelfile import load_model_file
+from autopp.model import load_model_file
 torch.set_num_threads(1)
 mf = load_model_file(sys.argv[1])
 model = mf.build(0)

@@ -6,7 +6,7 @@ import argparse
 import statistics
 import time
 
-from autopp.cluster import Cluster, Link
+from autopp.data.cluster import Cluster, Link
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.solve.synthetic import synthetic_profile
@@ -37,7 +37,7 @@ def main() -> None:
             start = time.perf_counter()
             plan = make_plan(profile, req)
             times.append(time.perf_counter() - start)
-        chosen = f"{plan.schedule} pp{plan.pp} dp{plan.dp} v{plan.virtual_stages} m{plan.num_microbatches}"
+        chosen = f"{plan.schedule.value} pp{plan.pp} dp{plan.dp} v{plan.virtual_stages} m{plan.num_microbatches}"
         print(f"| {n} | {d} | {batch} | {sched.value if sched else 'auto'} | {dp or 'auto'} | {rc.value} | {chosen} | "
               f"{plan.predicted.step_time_s:.3f} | {plan.predicted.efficiency:.1%} | "
               f"{statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) |", flush=True)

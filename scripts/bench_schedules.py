@@ -11,9 +11,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autopp.errors import ScheduleError  # noqa: E402
-from autopp.schedule.named import ScheduleName, build_schedule, stage_to_rank, validate  # noqa: E402
-from autopp.schedule.simulate import StageCost, simulate  # noqa: E402
-from autopp.schedule.synth import synthesize  # noqa: E402
+from autopp.schedule import NAMED, ScheduleName, build_schedule, stage_to_rank, validate  # noqa: E402
+from autopp.schedule.effects import StageCost  # noqa: E402
+from autopp.schedule.simulate import simulate  # noqa: E402
+from autopp.solve.synth import synthesize  # noqa: E402
 
 __all__ = ["Row", "stage_costs", "bench_case", "main"]
 
@@ -49,7 +50,7 @@ def stage_costs(p: int, v: int, heavy: float) -> list[StageCost]:
 
 def _named_rows(p: int, m: int, heavy: float, limit: int) -> list[Row]:
     rows = []
-    for name in ScheduleName:
+    for name in NAMED:
         for v in (1, 2):
             try:
                 if validate(name, p, m, v) != v:

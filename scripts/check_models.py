@@ -24,13 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autopp.cluster import Cluster  # noqa: E402
+from autopp.data.cluster import Cluster  # noqa: E402
 from autopp.errors import AutoppError  # noqa: E402
 from autopp.measure import profile_model  # noqa: E402
-from autopp.plan import Plan  # noqa: E402
-from autopp.profile import Profile  # noqa: E402
+from autopp.data.plan import Plan  # noqa: E402
+from autopp.data.profile import Profile  # noqa: E402
 from autopp.run import run_plan  # noqa: E402
-from autopp.schedule import ScheduleName  # noqa: E402
+from autopp.schedule import NAMED, ScheduleName  # noqa: E402
 from autopp.solve import PlanRequest, make_plan  # noqa: E402
 
 __all__ = ["Row", "MODELS", "plan_for", "check", "format_rows", "main"]
@@ -73,7 +73,7 @@ def check(profile: Profile, model: str, schedule: str, ranks: int, microbatches:
         plan = plan_for(profile, schedule, ranks, microbatches)
     except AutoppError as exc:
         return Row(model, schedule, ranks, f"n/a: {_first_line(exc)}")
-    planned = f"{plan.schedule} v{plan.virtual_stages} m{plan.num_microbatches}"
+    planned = f"{plan.schedule.value} v{plan.virtual_stages} m{plan.num_microbatches}"
     try:
         report = run_plan(plan, steps=steps, timeout_s=timeout_s, check=False)
     except AutoppError as exc:
@@ -102,7 +102,7 @@ def format_rows(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model files")
-    parser.add_argument("--schedules", default=",".join([s.value for s in ScheduleName] + [AUTO]),
+    parser.add_argument("--schedules", default=",".join([s.value for s in NAMED] + [AUTO]),
                         help="comma-separated schedule names, 'auto' included")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--microbatches", type=int, default=8,

@@ -1,21 +1,78 @@
-"""Shared fixtures: paths to the examples and test models, and small profiles measured once per session."""
+"""Shared fixtures: paths to the examples and test models, the shipped profiles, and small profiles measured once per
+session (a test using one of those is in the integration tier: measuring takes seconds)."""
 
 from __future__ import annotations
 
+import multiprocessing.process
+import subprocess
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from autopp.data.profile import Profile
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"
+SHIPPED = ROOT / "profiles"
+
+#: Fixtures that measure a model: every test using one is marked `integration` (the unit tier stays under a minute).
+MEASURING_FIXTURES = frozenset({"gpt_profile"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MEASURING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+def seeds(count: int, unit: tuple[int, ...] = (0, 1, 2, 3)) -> list[Any]:
+    """`range(count)` for a seeded property test's parametrization: the `unit` seeds run in the unit tier, the others
+    are marked `integration` (the whole suite still runs every seed)."""
+    return [s if s in unit else pytest.param(s, marks=pytest.mark.integration) for s in range(count)]
+
+
+def _starts_python(args: Any) -> bool:
+    program = str(args if isinstance(args, (str, bytes, Path)) else args[0]).split()[0]
+    return program == sys.executable or Path(program).name.startswith(("python", "torchrun"))
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_ranks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test outside the integration tier that starts a Python process (a rank, a co-runner, the CLI, torchrun) or a
+    multiprocessing child fails here, so the unit tier stays in-process."""
+    if request.node.get_closest_marker("integration") is not None:
+        return
+
+    def refuse(what: str) -> None:
+        raise RuntimeError(f"{request.node.nodeid} starts {what}; mark it @pytest.mark.integration")
+
+    class Popen(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, args: Any, *rest: Any, **kw: Any) -> None:
+            if _starts_python(args):
+                refuse(f"a process ({args!r})")
+            super().__init__(args, *rest, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", Popen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", lambda _self: refuse("a multiprocessing child"))
+
+
+@pytest.fixture(scope="session")
+def shipped_gpt() -> Profile:
+    """profiles/gpt, the shipped profile of examples/gpt.py (microbatch sizes 1 and 4): for tests that plan from a
+    real profile but need no fresh measurement (unit tier)."""
+    from autopp.data.profile import load_profile
+    return load_profile(SHIPPED / "gpt")
 
 
 @pytest.fixture(scope="session")
 def gpt_profile(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A quick profile of examples/gpt.py (1 repeat), saved and loaded back."""
     from autopp.measure import profile_model
-    from autopp.profile import load_profile
+    from autopp.data.profile import load_profile
     out = tmp_path_factory.mktemp("profiles") / "gpt"
     profile_model(EXAMPLES / "gpt.py", microbatch_sizes=(1, 2), warmup=1, repeats=1).save(out)
     return load_profile(out)

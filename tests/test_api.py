@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import autopp
 
 
@@ -13,8 +15,9 @@ def test_every_public_name_resolves() -> None:
         assert getattr(autopp, name) is not None
 
 
+@pytest.mark.integration
 def test_planning_core_imports_no_torch() -> None:
     code = ("import sys, autopp; from autopp import make_plan, load_plan, simulate_plan, load_profile; "
-            "import autopp.schedule, autopp.costmodel, autopp.cluster; print('torch' in sys.modules)")
+            "import autopp.schedule, autopp.costmodel, autopp.data.cluster; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -266,6 +266,7 @@ PLANS: dict[str, Callable[[Env], None]] = {
     "seed-huge": _plan_edit(lambda d: d.update(seed=2**70)),
     "schedule-unknown": _plan_edit(lambda d: d.update(schedule="2F2B")),
     "custom-without-order": _plan_edit(lambda d: d.update(schedule="Custom")),
+    "device-order-not-permutation": _plan_edit(lambda d: d.update(device_order=[0, 0])),
     "custom-order-not-lists": _plan_edit(lambda d: d.update(custom_order="0F0 0B0")),
     "model-path-empty": _plan_edit(lambda d: d.update(model_path="")),
     "fingerprint-number": _plan_edit(lambda d: d.update(fingerprint=7)),
@@ -431,8 +432,8 @@ CASES += [Case(f"output:{name}", argv, names, setup) for name, argv, names, setu
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A copy of the shipped mlp profile and a 2-device 1F1B plan made from it."""
-    from autopp.cluster import Cluster
-    from autopp.profile import load_profile
+    from autopp.data.cluster import Cluster
+    from autopp.data.profile import load_profile
     from autopp.solve import PlanRequest, make_plan
     base = tmp_path_factory.mktemp("catalogue")
     profile = load_profile(SHIPPED)

@@ -45,9 +45,9 @@ def test_too_few_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert not (tmp_path / "p.json").exists()
 
 
-def test_memory_too_small(gpt_profile, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+def test_memory_too_small(shipped_gpt, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     prof = tmp_path / "prof"
-    gpt_profile.save(prof)
+    shipped_gpt.save(prof)
     _fails(["plan", "--profile", str(prof), "--devices", "2", "--memory", "1MiB", "-o", str(tmp_path / "p.json")],
            capsys, "the smallest that works is")
     assert not (tmp_path / "p.json").exists()
@@ -68,6 +68,7 @@ def test_bad_model_file_in_plan(tmp_path: Path, capsys: pytest.CaptureFixture[st
     _fails(["plan", str(tmp_path / "m.py"), "--devices", "2", "--memory", "1GiB"], capsys, "m.py:1: syntax error")
 
 
+@pytest.mark.integration
 def test_run_validates_and_refuses_a_changed_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the default profile directory is ./profiles/MODEL
@@ -166,12 +167,6 @@ def test_written_files_respect_the_umask(tmp_path: Path) -> None:
     assert plan.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def test_schedule_names_spelt_out_for_the_parser_match_the_enum() -> None:
-    from autopp.cli import SCHEDULE_NAMES
-    from autopp.schedule import ScheduleName
-    assert SCHEDULE_NAMES == tuple(s.value for s in ScheduleName)
-
-
 CHECK_BEFORE_TORCH = '''
 import sys
 from autopp.cli import main
@@ -183,6 +178,7 @@ print("torch-free")
 '''
 
 
+@pytest.mark.integration
 def test_bad_paths_are_reported_before_torch_is_imported(tmp_path: Path) -> None:
     # issue 13.8: every command imported torch (6-20 s) before saying that a path was misspelt
     import subprocess

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autopp.cluster import DEFAULT_LINK, Cluster, Device, Link, load_cluster
+from autopp.data.cluster import DEFAULT_LINK, Cluster, Device, Link, load_cluster
 from autopp.errors import AutoppError
 
 

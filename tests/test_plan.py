@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from autopp.errors import PlanError
-from autopp.plan import Plan, Prediction, StagePlan, load_plan
+from autopp.data.plan import Plan, Prediction, StagePlan, load_plan
+from autopp.schedule import Action, Kind, ScheduleName, parse_action
 
 
 def _plan() -> Plan:
     stages = tuple(StagePlan(index=i, rank=i, units=(a, b), unit_names=("x",) * (b - a), split_point="h.2" if i else None,
                              forward_s=1.0, backward_s=2.0, memory_bytes=10) for i, (a, b) in enumerate([(0, 2), (2, 5)]))
     pred = Prediction(step_time_s=3.0, peak_memory_bytes=(10, 10), bubble_fraction=0.25, stage_units=((0, 2), (2, 5)))
-    return Plan(model_path="/models/m.py", fingerprint="abc", schedule="1F1B", num_ranks=2, num_microbatches=4,
-                microbatch_size=2, memory_limit_bytes=100, stages=stages, predicted=pred, baselines={"even": pred})
+    return Plan(model_path="/models/m.py", fingerprint="abc", schedule=ScheduleName.ONE_F_ONE_B, num_ranks=2,
+                num_microbatches=4, microbatch_size=2, memory_limit_bytes=100, stages=stages, predicted=pred,
+                baselines={"even": pred})
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -131,12 +134,12 @@ def test_microbatch_count_must_fit_the_predicted_step(tmp_path: Path) -> None:
 
 
 def test_plans_the_planner_makes_pass_every_check(tmp_path: Path) -> None:
-    from autopp.cluster import Cluster
-    from autopp.profile import load_profile
-    from autopp.schedule import ScheduleName
+    from autopp.data.cluster import Cluster
+    from autopp.data.profile import load_profile
+    from autopp.schedule import NAMED
     from autopp.solve import PlanRequest, make_plan
     profile = load_profile(Path(__file__).resolve().parent.parent / "profiles" / "gpt")
-    for name in ScheduleName:
+    for name in NAMED:
         plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**32), global_batch=8,
                                               schedule=name))
         assert load_plan(plan.save(tmp_path / f"{name.value}.json")).num_microbatches == plan.num_microbatches
@@ -148,3 +151,66 @@ def test_directory_and_unreadable_plans(tmp_path: Path) -> None:
     (tmp_path / "p.json").write_bytes(b"\xff\xfe{")
     with pytest.raises(PlanError, match=r"p\.json: cannot read plan JSON file"):
         load_plan(tmp_path / "p.json")
+
+
+def test_plan_without_device_order_loads_and_writes_none(tmp_path: Path) -> None:
+    """Plans written before the field load with rank r on device r, and such plans are written as before."""
+    data = _plan().to_json()
+    assert "device_order" not in data
+    plan = load_plan(_write(tmp_path, data))
+    assert plan.device_order == () and [plan.rank_on(d) for d in range(2)] == [0, 1]
+
+
+def test_device_order_round_trips(tmp_path: Path) -> None:
+    plan = replace(_plan(), device_order=(1, 0))
+    loaded = load_plan(plan.save(tmp_path / "p.json"))
+    assert loaded == plan and loaded.to_json()["device_order"] == (1, 0)
+    assert [loaded.rank_on(d) for d in range(2)] == [1, 0]
+
+
+@pytest.mark.parametrize("order, message", [
+    ([0, 0], r"field 'device_order' must be a permutation of 0..1 \(one device per rank\), got \[0, 0\]"),
+    ([0, 1, 2], r"field 'device_order' must be a permutation of 0..1"),
+    ([1, "0"], r"field 'device_order' must be a list of device indices"),
+    ("10", r"field 'device_order' must be a list of device indices"),
+])
+def test_bad_device_order_is_refused(tmp_path: Path, order: object, message: str) -> None:
+    with pytest.raises(PlanError, match=message) as info:
+        load_plan(_write(tmp_path, {**_plan().to_json(), "device_order": order}))
+    assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
+
+
+def _custom() -> Plan:
+    rows = ("0F0 0F1 0B0 0B1", "1F0 1I0 1W0 1F1 1I1 1W1")
+    return replace(_plan(), schedule=ScheduleName.CUSTOM, num_microbatches=2,
+                   custom_order=tuple(tuple(parse_action(t) for t in row.split()) for row in rows))
+
+
+def test_custom_order_loads_as_actions_and_is_written_as_text(tmp_path: Path) -> None:
+    # issue 14.4: the order was text that predict and run each parsed; now only plan.py parses it
+    path = _custom().save(tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    assert data["custom_order"] == [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1I0", "1W0", "1F1", "1I1", "1W1"]]
+    loaded = load_plan(path)
+    assert loaded == _custom() and loaded.custom_order[1][1] == Action(1, Kind.I, 0)
+    text = path.read_text()
+    assert loaded.save(tmp_path / "q.json").read_text() == text
+
+
+@pytest.mark.parametrize("cell, message", [
+    ("1X0", r"field 'custom_order' rank 1 position 2: cannot parse action '1X0'"),
+    ("", r"field 'custom_order' rank 1 position 2: cannot parse action ''"),
+    (5, r"field 'custom_order' rank 1 position 2 must be an action like \"0F0\", got 5"),
+])
+def test_a_bad_custom_order_cell_names_rank_and_position(tmp_path: Path, cell: object, message: str) -> None:
+    data = _custom().to_json()
+    data["custom_order"] = [list(row) for row in data["custom_order"]]
+    data["custom_order"][1][2] = cell
+    with pytest.raises(PlanError, match=r"p\.json: " + message) as info:
+        load_plan(_write(tmp_path, data))
+    assert "\n" not in str(info.value)
+
+
+def test_custom_order_of_text_is_a_programming_error() -> None:
+    with pytest.raises(TypeError, match="Plan.custom_order must hold Actions"):
+        replace(_custom(), custom_order=(("0F0", "0B0"), ("1F0", "1B0")))

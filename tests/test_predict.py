@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from autopp.cluster import Cluster
+from autopp.data.cluster import Cluster
 from autopp.errors import PlanError
-from autopp.plan import Plan, load_plan
-from autopp.predict import CUSTOM, plan_order, simulate_plan
-from autopp.profile import Profile, load_profile
+from autopp.data.plan import Plan, load_plan
+from autopp.predict import plan_order, simulate_plan
+from autopp.data.profile import Profile, load_profile
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, make_plan
 
@@ -40,7 +40,7 @@ def test_synthesized_plan_is_custom_and_faster(shipped: Profile) -> None:
     base = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=8, num_microbatches=4)
     named = make_plan(shipped, base)
     synth = make_plan(shipped, PlanRequest(**{**base.__dict__, "synthesize": True, "synth_time_limit_s": 5.0}))
-    if synth.schedule != CUSTOM:  # the named schedule was already optimal for these costs
+    if synth.schedule is not ScheduleName.CUSTOM:  # the named schedule was already optimal for these costs
         assert synth.predicted.step_time_s == named.predicted.step_time_s
         return
     assert synth.predicted.step_time_s < named.predicted.step_time_s
@@ -51,11 +51,14 @@ def test_synthesized_plan_is_custom_and_faster(shipped: Profile) -> None:
 
 
 def test_unknown_schedule_is_refused(shipped: Profile) -> None:
+    """A schedule name is parsed at the JSON edge only: an unknown one never makes a Plan."""
     plan = make_plan(shipped, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=4))
-    with pytest.raises(PlanError, match="unknown schedule 'Fancy'"):
-        plan_order(Plan(**{**plan.__dict__, "schedule": "Fancy"}))
-    with pytest.raises(PlanError, match="custom schedule has orders for 0 ranks but pp is 2"):
-        plan_order(Plan(**{**plan.__dict__, "schedule": CUSTOM}))
+    with pytest.raises(PlanError, match="field 'schedule' is 'Fancy'; expected one of"):
+        Plan.from_json({**plan.to_json(), "schedule": "Fancy"})
+    with pytest.raises(TypeError, match="Plan.schedule must be a ScheduleName"):
+        Plan(**{**plan.__dict__, "schedule": "1F1B"})
+    with pytest.raises(PlanError, match="Custom schedule has orders for 0 ranks but pp is 2"):
+        plan_order(Plan(**{**plan.__dict__, "schedule": ScheduleName.CUSTOM}))
 
 
 def test_plan_show_and_json_print_the_same_step_time(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -1,4 +1,5 @@
-"""Profile storage: exact round trip, interpolation, and rejection of damaged files with a message saying which."""
+"""Profile storage: exact round trip and rejection of damaged files with a message saying which (interpolation
+between profiled sizes: tests/costmodel/test_units.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pandas as pd
 import pytest
 
 from autopp.errors import ProfileError
-from autopp.profile import Profile, load_profile
+from autopp.data.profile import Profile, load_profile
 
 
 def test_round_trip_is_identical(gpt_profile: Profile, tmp_path: Path) -> None:
@@ -24,16 +25,6 @@ def test_round_trip_is_identical(gpt_profile: Profile, tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(back.edges, gpt_profile.edges)
     stored = nx.node_link_graph(json.loads((tmp_path / "p" / "graph.json").read_text()), edges="edges")
     assert nx.utils.graphs_equal(stored, back.graph())
-
-
-def test_interpolation_between_and_beyond_sizes(gpt_profile: Profile) -> None:
-    rows = gpt_profile.units.set_index(["unit", "microbatch_size"])
-    f1, f2 = rows.loc[(1, 1)].forward_s, rows.loc[(1, 2)].forward_s
-    assert gpt_profile.costs(1)[1].forward_s == pytest.approx(f1)
-    assert gpt_profile.costs(1.5)[1].forward_s == pytest.approx((f1 + f2) / 2)
-    assert gpt_profile.costs(4)[1].forward_s == pytest.approx(max(0.0, f1 + 3 * (f2 - f1)))
-    a1, a2 = rows.loc[(1, 1)].activation_bytes, rows.loc[(1, 2)].activation_bytes
-    assert gpt_profile.costs(4)[1].activation_bytes == a1 + 3 * (a2 - a1)
 
 
 def _damage(src: Path, dst: Path, edit) -> Path:  # type: ignore[no-untyped-def]
@@ -84,10 +75,10 @@ def test_shipped_profiles_load_and_round_trip(name: str, tmp_path: Path) -> None
 
 def test_shipped_gpt_profile_costs_and_cuts() -> None:
     profile = load_profile(SHIPPED / "gpt")
-    costs = profile.costs(2)
-    assert all(c.backward_input_s + c.backward_weight_s > 0 for c in costs)
-    assert costs[0].backward_input_s == 0.0  # the first unit's inputs are the model's token ids
-    assert all(c.recompute_keep_bytes > 0 for c in costs)
+    rows = profile.units[profile.units.microbatch_size == 4].sort_values("unit")
+    assert all(rows.backward_input_s + rows.backward_weight_s > 0)
+    assert rows.backward_input_s.iloc[0] == 0.0  # the first unit's inputs are the model's token ids
+    assert all(rows.recompute_keep_bytes > 0)
     # A chain: each cut carries one batch x context x width float32 activation.
     assert profile.cut_bytes(4) == [4 * 64 * 128 * 4] * (profile.num_units - 1)
 
@@ -127,7 +118,7 @@ def test_fresh_clone_plans_from_its_shipped_profiles(name: str, tmp_path: Path,
     """A copy of the repository's examples/ and profiles/ elsewhere (a fresh clone): planning from its shipped
     profiles writes a plan that names the copy's model file, whose fingerprint matches the profile."""
     from autopp.cli import main
-    from autopp.plan import load_plan
+    from autopp.data.plan import load_plan
     from autopp.run.runner import check_fingerprint
     clone = tmp_path / "clone"
     for part in ("examples", "profiles"):

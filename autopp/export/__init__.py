@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..jsonio import write_text
-from ..plan import Plan
+from ..data.plan import Plan
 from .common import Exported
 from .layers import ExportError, ModelLayers, model_layers
 from .pin import read_config_text, read_pinned

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NoReturn
 
-from ..plan import Plan
-from ..predict import CUSTOM
-from ..schedule import Layout, ScheduleName, layout_of, stage_to_rank
+from ..errors import ScheduleError
+from ..data.plan import Plan
+from ..schedule import DESCRIPTORS, Layout, describe
 from .layers import ExportError
 
 __all__ = ["Exported", "uniform_recompute", "stage_layout", "refuse_schedule"]
@@ -33,17 +33,23 @@ def uniform_recompute(plan: Plan, trainer: str, where: str) -> bool:
 
 
 def stage_layout(plan: Plan) -> Layout | None:
-    """The placement of the plan's stages: LOOP (stage s on rank s % pp), V (zig-zag), or None for another one."""
+    """The placement of the plan's stages: the layout of the first schedule that places them so, LOOP (stage s on
+    rank s % pp) or V (zig-zag), or None for another one."""
     ranks = [s.rank for s in plan.stages]
-    for name in (ScheduleName.INTERLEAVED_1F1B, ScheduleName.ZBV_ZERO_BUBBLE):
-        v = plan.virtual_stages
-        if stage_to_rank(name, plan.pp, v if name is ScheduleName.INTERLEAVED_1F1B else 2) == ranks:
-            return layout_of(name)
-    return Layout.LOOP if plan.virtual_stages == 1 and ranks == list(range(plan.pp)) else None
+    for d in DESCRIPTORS.values():
+        if d.layout is Layout.GIVEN:
+            continue
+        try:
+            if d.stage_to_rank(plan.pp, plan.virtual_stages) == ranks:
+                return d.layout
+        except ScheduleError:  # another stage count per rank than the plan's
+            continue
+    return None
 
 
 def refuse_schedule(plan: Plan, trainer: str, runs: str, where: str) -> NoReturn:
     """An ExportError saying that `trainer` runs only `runs`, and what to re-plan with."""
-    name = "a synthesized order (Custom)" if plan.schedule == CUSTOM else plan.schedule
+    value = plan.schedule.value
+    name = f"a synthesized order ({value})" if describe(plan.schedule).given_order else value
     raise ExportError(f"{where}: the plan's schedule is {name}, but {trainer} runs only {runs}; re-plan with "
                       f"--schedule {runs.split()[0]} (and no --synthesize) to export it")

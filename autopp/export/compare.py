@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..plan import Plan
+from ..data.plan import Plan
 from ..sizes import format_size
 
 __all__ = ["format_comparison"]
@@ -13,7 +13,8 @@ __all__ = ["format_comparison"]
 def _describe(p: Plan) -> str:
     stages = " ".join(str(s.units[1] - s.units[0]) for s in p.stages)
     rc = sum(s.recompute for s in p.stages)
-    return (f"{p.schedule} pp {p.pp} x dp {p.dp}, v {p.virtual_stages}, {p.num_microbatches} x {p.microbatch_size}, "
+    return (f"{p.schedule.value} pp {p.pp} x dp {p.dp}, v {p.virtual_stages}, "
+            f"{p.num_microbatches} x {p.microbatch_size}, "
             f"units per stage {stages}" + (f", recompute {rc} stages" if rc else ""))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ..plan import Plan
+from ..data.plan import Plan
 from ..schedule import ScheduleName
 from .common import Exported, refuse_schedule, uniform_recompute
 
@@ -51,7 +51,7 @@ def pipeline_module(layers, loss_fn, **kwargs):
 
 def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     """The JSON config, and `snippet_path`'s Python beside it."""
-    if plan.schedule != ScheduleName.ONE_F_ONE_B.value or plan.virtual_stages != 1:
+    if plan.schedule is not ScheduleName.ONE_F_ONE_B or plan.virtual_stages != 1:
         refuse_schedule(plan, "DeepSpeed's PipelineEngine", "1F1B (its own TrainSchedule, one stage per rank)", where)
     recompute = uniform_recompute(plan, "DeepSpeed", where)
     notes = [f"DeepSpeed: launch {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}); build the model with "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..plan import Plan
+from ..data.plan import Plan
 from ..schedule import Layout, ScheduleName
 from .common import Exported, refuse_schedule, stage_layout, uniform_recompute
 from .layers import ExportError, ModelLayers, model_layers
@@ -36,7 +36,7 @@ def layout_string(plan: Plan, layers: ModelLayers) -> str:
 
 def to_megatron(plan: Plan, where: str) -> Exported:
     """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`)."""
-    if plan.schedule not in (ScheduleName.ONE_F_ONE_B.value, ScheduleName.INTERLEAVED_1F1B.value):
+    if plan.schedule not in (ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B):
         refuse_schedule(plan, "Megatron-Core", _RUNS, where)
     if stage_layout(plan) is not Layout.LOOP:
         refuse_schedule(plan, "Megatron-Core", _RUNS, where)

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..schedule import ScheduleName
+from ..schedule import NAMED, ScheduleName, describe
 from ..solve.pinned import Pinned
 from .layers import ExportError, ModelLayers, model_layers
 from .megatron import interleaving_problem
@@ -21,10 +21,10 @@ _BLOCK_NAME = re.compile(r"\.(\d+)$")
 
 
 def _schedule(name: str, where: str) -> ScheduleName:
-    for s in ScheduleName:  # torch's get_schedule_class matches names case-insensitively
+    for s in NAMED:  # torch's get_schedule_class matches names case-insensitively
         if s.value.lower() == name.lower():
             return s
-    raise ExportError(f"{where}: schedule {name!r} is not one autopp simulates ({', '.join(s.value for s in ScheduleName)})")
+    raise ExportError(f"{where}: schedule {name!r} is not one autopp simulates ({', '.join(s.value for s in NAMED)})")
 
 
 def _int(options: dict[str, Any], key: str, default: int, where: str, least: int = 1, also: tuple[int, ...] = ()
@@ -178,8 +178,8 @@ def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, 
     if o.get("parallelism.pipeline_parallel_schedule_csv"):
         raise ExportError(f"{where}: pipeline_parallel_schedule_csv: --pin-from does not read schedule CSVs yet")
     pp = _int(o, "parallelism.pipeline_parallel_degree", 1, where)
-    name = _schedule(str(o.get("parallelism.pipeline_parallel_schedule", "1F1B")), where)
-    single = name in (ScheduleName.ONE_F_ONE_B, ScheduleName.GPIPE)
+    name = _schedule(str(o.get("parallelism.pipeline_parallel_schedule", ScheduleName.ONE_F_ONE_B.value)), where)
+    single = describe(name).single_stage
     parts = o.get("parallelism.module_fqns_per_model_part")
     if parts:
         groups = [p if isinstance(p, list) else str(p).split(",") for p in ([parts] if isinstance(parts, str)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from ..plan import Plan
+from ..data.plan import Plan
 from ..predict import plan_order
 from ..schedule import to_csv_rows
 from .common import Exported

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..plan import Plan
-from ..predict import CUSTOM
-from ..schedule import Layout, ScheduleName
+from ..data.plan import Plan
+from ..schedule import Layout, ScheduleName, describe
 from .common import Exported, stage_layout, uniform_recompute
 from .layers import ExportError
 from .torchcsv import csv_text
@@ -36,8 +35,8 @@ def _ends(fqns: Sequence[Sequence[str]]) -> list[str]:
 def _schedule(plan: Plan, where: str) -> tuple[str, bool]:
     """torchtitan's `pipeline_parallel_schedule` (torch's name; it also decides the stage placement) and whether the
     order goes through the CSV (synthesized orders)."""
-    if plan.schedule != CUSTOM:
-        return ScheduleName(plan.schedule).value, False
+    if not describe(plan.schedule).given_order:
+        return plan.schedule.value, False
     layout = stage_layout(plan)
     if layout is Layout.V:
         return ScheduleName.ZBV_ZERO_BUBBLE.value, True

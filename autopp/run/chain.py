@@ -23,7 +23,8 @@ from torch.distributed.pipelining import Pipe
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import RunError
-from ..split import live_values, walk_split_graph
+from ..model.split import live_values, walk_split_graph
+from ..data.profile import ValueAction
 
 __all__ = ["Source", "StageIO", "chain_io", "value_path", "pick", "constant_values", "ChainPiece", "example_io",
            "buffers_kept", "weight_only_outputs"]
@@ -89,14 +90,15 @@ def chain_io(pipe: Pipe) -> tuple[list[StageIO], dict[str, Source]]:
     live = {v.name: v for v in live_values(pipe)}
     by_name = {n.name: n for n in gm.graph.nodes}
     sources = {name: value_path(by_name[name], piece_index, placeholders) for name in live}
-    carried = [name for name in live if not live[name].recomputable]
+    carried = [name for name in live if live[name].action is not ValueAction.RECOMPUTE]
     io = []
     for s, call in enumerate(calls):
         inputs = tuple(p.name for p in placeholders) if s == 0 else io[-1].outputs
         outputs = () if s == len(calls) - 1 else tuple(
             n for n in carried if live[n].src <= s < max(live[n].dsts))
         args = tuple(("value", a.name) if isinstance(a, fx.Node) else ("const", a) for a in call.args)
-        constants = tuple(n for kind, n in args if kind == "value" and n in live and live[n].recomputable)
+        constants = tuple(n for kind, n in args if kind == "value" and n in live
+                          and live[n].action is ValueAction.RECOMPUTE)
         io.append(StageIO(inputs, args, outputs, constants))
     return io, sources
 

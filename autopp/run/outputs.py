@@ -11,7 +11,7 @@ from torch.distributed.pipelining import Pipe
 from torch.utils import _pytree as pytree
 
 from ..errors import RunError
-from ..split import output_spec
+from ..model.split import output_spec
 from .chain import Source, pick, value_path
 
 __all__ = ["output_sources", "rebuild_last_output", "model_loss"]

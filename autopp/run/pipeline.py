@@ -11,62 +11,43 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleDualPipeV,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-    ScheduleLoopedBFS,
-    ScheduleZBVZeroBubble,
-)
+from torch.distributed.pipelining import PipelineStage, schedules
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 
 from ..errors import RunError
-from ..modelfile import ModelFile
-from ..plan import Plan
-from ..schedule import SINGLE_STAGE, SPLIT_BACKWARD, Action, ScheduleName, stage_to_rank, to_csv_rows
-from ..split import split_model
+from ..model.contract import ModelFile
+from ..model.split import split_model
+from ..data.plan import Plan
+from ..schedule import Action, Kind, Layout, ScheduleName, describe, listed, to_csv_rows
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .outputs import model_loss
 from .tied import aliases, canonical_names, shared_params
 
-__all__ = ["CUSTOM", "SCHEDULES", "splits_backward", "check_split_backward", "placement",
+__all__ = ["torch_schedule_class", "splits_backward", "check_split_backward", "placement",
            "RankStages", "build_stages", "contiguous_sends", "make_schedule", "custom_schedule", "write_order_csv"]
 
 logger = logging.getLogger(__name__)
 
-#: The plan's schedule name for a custom per-rank action order (`plan.custom_order`).
-CUSTOM = "Custom"
 
-#: Named schedules and the torch classes that run them.
-SCHEDULES: dict[str, type[_PipelineSchedule]] = {
-    ScheduleName.GPIPE.value: ScheduleGPipe,
-    ScheduleName.ONE_F_ONE_B.value: Schedule1F1B,
-    ScheduleName.INTERLEAVED_1F1B.value: ScheduleInterleaved1F1B,
-    ScheduleName.LOOPED_BFS.value: ScheduleLoopedBFS,
-    ScheduleName.INTERLEAVED_ZERO_BUBBLE.value: ScheduleInterleavedZeroBubble,
-    ScheduleName.ZBV_ZERO_BUBBLE.value: ScheduleZBVZeroBubble,
-    ScheduleName.DUAL_PIPE_V.value: ScheduleDualPipeV,
-}
+def torch_schedule_class(name: ScheduleName) -> type[_PipelineSchedule]:
+    """The torch.distributed.pipelining class that runs schedule `name` (its descriptor names it)."""
+    cls: type[_PipelineSchedule] = getattr(schedules, describe(name).torch_class)
+    return cls
 
 
 def placement(plan: Plan) -> list[int]:
-    """Pipeline rank of every stage: the plan's, checked against the named schedule's layout."""
+    """Pipeline rank of every stage: the plan's, checked against the schedule's layout (a given layout: as is)."""
     ranks = [s.rank for s in plan.stages]
     if [s.index for s in plan.stages] != list(range(len(ranks))):
         raise RunError(f"plan stages are numbered {[s.index for s in plan.stages]}, expected 0..{len(ranks) - 1}")
-    if plan.schedule == CUSTOM:
+    d = describe(plan.schedule)
+    if d.layout is Layout.GIVEN:
         return ranks
-    if plan.schedule not in SCHEDULES:
-        raise RunError(f"schedule {plan.schedule!r} is not supported by the runner; use one of "
-                       f"{sorted(SCHEDULES) + [CUSTOM]}")
-    expected = stage_to_rank(ScheduleName(plan.schedule), plan.pp, plan.virtual_stages)
+    expected = d.stage_to_rank(plan.pp, plan.virtual_stages)
     if ranks != expected:
-        raise RunError(f"{plan.schedule} with pp {plan.pp} and {plan.virtual_stages} stages per rank places stages "
-                       f"on ranks {expected}, but the plan places them on {ranks}")
+        raise RunError(f"{plan.schedule.value} with pp {plan.pp} and {plan.virtual_stages} stages per rank places "
+                       f"stages on ranks {expected}, but the plan places them on {ranks}")
     return ranks
 
 
@@ -142,11 +123,11 @@ def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.d
 
 
 def splits_backward(plan: Plan) -> bool:
-    """Whether the plan's schedule runs I and W actions (a named zero-bubble schedule, or a custom order with them)."""
-    if plan.schedule != CUSTOM:
-        return any(plan.schedule == name.value for name in SPLIT_BACKWARD)
-    actions = [_parse(a) for row in getattr(plan, "custom_order", ()) for a in row if a]
-    return any(a is not None and a.kind.value in ("I", "W") for a in actions)
+    """Whether the plan's schedule runs I and W actions (its descriptor says; a given order: whether it has them)."""
+    d = describe(plan.schedule)
+    if not d.given_order:
+        return d.splits_backward
+    return any(a.kind in (Kind.I, Kind.W) for row in plan.custom_order for a in row)
 
 
 def check_split_backward(plan: Plan, pieces: Sequence[ChainPiece]) -> None:
@@ -162,9 +143,10 @@ def check_split_backward(plan: Plan, pieces: Sequence[ChainPiece]) -> None:
         if piece.weight_only:
             names = [piece.io.outputs[i] for i in piece.weight_only] if not piece.last else []
             raise RunError(f"stage {piece.index} sends on {names or 'an output'} made from its parameters only "
-                           f"(not from its inputs), whose gradient torch's split I/W backward ({plan.schedule}) "
-                           "drops: use a schedule with full backwards (1F1B, GPipe, Interleaved1F1B, LoopedBFS) or "
-                           "move the split so that the value is made on the stage that reads it")
+                           f"(not from its inputs), whose gradient torch's split I/W backward "
+                           f"({plan.schedule.value}) "
+                           f"drops: use a schedule with full backwards ({listed(lambda d: not d.splits_backward)}) "
+                           "or move the split so that the value is made on the stage that reads it")
 
 
 def contiguous_sends(stage: Stage) -> None:
@@ -195,50 +177,38 @@ def _contiguous(value: Any) -> Any:
 
 def make_schedule(plan: Plan, stages: Sequence[Stage], loss_fn: Any, csv_path: Path) -> _PipelineSchedule:
     """The torch schedule for the plan, with the default scale_grads=True (gradients of the mean loss)."""
-    if plan.schedule == CUSTOM:
-        order = getattr(plan, "custom_order", ())
-        if not order:
-            raise RunError("plan schedule is Custom but it has no custom_order")
-        return custom_schedule(stages, [list(row) for row in order], plan.num_microbatches, loss_fn, csv_path)
-    cls = SCHEDULES.get(plan.schedule)
-    if cls is None:
-        raise RunError(f"schedule {plan.schedule!r} is not supported by the runner; use one of "
-                       f"{sorted(SCHEDULES) + [CUSTOM]}")
-    if plan.schedule in {s.value for s in SINGLE_STAGE}:
+    d = describe(plan.schedule)
+    if d.given_order:
+        if not plan.custom_order:
+            raise RunError(f"plan schedule is {plan.schedule.value} but it has no custom_order")
+        return custom_schedule(stages, plan.custom_order, plan.num_microbatches, loss_fn, csv_path)
+    cls = torch_schedule_class(plan.schedule)
+    if d.single_stage:
         if len(stages) != 1:
-            raise RunError(f"{plan.schedule} runs one stage per rank, this rank holds {len(stages)}")
+            raise RunError(f"{plan.schedule.value} runs one stage per rank, this rank holds {len(stages)}")
         return cls(stages[0], plan.num_microbatches, loss_fn=loss_fn)  # type: ignore[call-arg]
     return cls(list(stages), plan.num_microbatches, loss_fn=loss_fn)  # type: ignore[call-arg]
 
 
-def write_order_csv(order: Sequence[Sequence[str | Action | None]], path: Path) -> Path:
+def write_order_csv(order: Sequence[Sequence[Action | None]], path: Path) -> Path:
     """Torch's compute_only CSV: row r = pipeline rank r, cells like 0F0 / 1I2 / 1W2 (blank = idle)."""
-    rows = to_csv_rows({r: [a if a is None or isinstance(a, Action) else _parse(a) for a in row]
-                        for r, row in enumerate(order)})
+    rows = to_csv_rows(dict(enumerate(order)))
     with path.open("w", newline="") as f:
         csv.writer(f).writerows(rows)
     return path
 
 
-def _parse(text: str) -> Action | None:
-    from ..schedule import parse_action
-
-    return None if not text.strip() else parse_action(text)
-
-
-def custom_schedule(stages: Sequence[Stage], order: Sequence[Sequence[str | Action | None]], n_microbatches: int,
+def custom_schedule(stages: Sequence[Stage], order: Sequence[Sequence[Action | None]], n_microbatches: int,
                     loss_fn: Any, csv_path: Path) -> _PipelineSchedule:
     """Run a per-rank compute order through torch's private `_PipelineScheduleRuntime` (the one place that uses it).
 
     The order is written as a compute_only CSV; torch validates it, infers stage -> rank from it, and inserts the
     sends, receives and gradient reductions itself.
     """
-    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
-
     write_order_csv(order, csv_path)
-    schedule = _PipelineScheduleRuntime(list(stages), n_microbatches, loss_fn=loss_fn)
+    schedule = torch_schedule_class(ScheduleName.CUSTOM)(list(stages), n_microbatches, loss_fn=loss_fn)
     try:
-        schedule._load_csv(str(csv_path), format="compute_only")
+        schedule._load_csv(str(csv_path), format="compute_only")  # type: ignore[attr-defined]
     except Exception as exc:  # torch raises ValueError / AssertionError / RuntimeError for a bad order
         raise RunError(f"torch refused the custom order in {csv_path}: {type(exc).__name__}: "
                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc

@@ -85,6 +85,8 @@ class RankMeasure:
     """(measured - predicted) / predicted."""
     actions: tuple[tuple[str, float, float], ...]
     """The median step's compute actions: (torch text e.g. `1I0`, start, end) in seconds from the step start."""
+    device: int | None = None
+    """The device (launcher process slot; LOCAL_RANK's CUDA device) it ran on: the plan's device_order[rank]."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +220,8 @@ def _measure_lines(r: RunReport) -> list[str]:
                      f"B {_fmt(st.backward_s, '.2e')} s ({_err(st.backward_error)}){split}   vs predicted")
     for m in r.ranks:
         pred = "-" if m.predicted_peak_memory_bytes is None else format_size(m.predicted_peak_memory_bytes)
-        lines.append(f"  rank {m.rank:<4d}   stages {list(m.stages)}   in step {_fmt(m.schedule_s, '.4f')} s "
+        on = "" if m.device in (None, m.rank) else f" on device {m.device}"
+        lines.append(f"  rank {m.rank:<4d}{on}   stages {list(m.stages)}   in step {_fmt(m.schedule_s, '.4f')} s "
                      f"(waits {m.wait_s:.4f} s)   all-reduce {_fmt(m.allreduce_s, '.4f')} s   optimizer "
                      f"{_fmt(m.optimizer_s, '.4f')} s")
         lines.append(f"  {'':<9}   peak memory "

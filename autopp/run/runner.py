@@ -14,8 +14,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import PlanError, RunError
-from ..modelfile import ModelFile, discover_units, fingerprint, load_model_file
-from ..plan import Plan
+from ..model.contract import ModelFile, load_model_file
+from ..model.units import discover_units, fingerprint
+from ..data.plan import Plan
 from .launch import RankProcess, launch_ranks, wait_ranks
 from .report import RunFailedError, RunReport, median_step_time, relative_error
 from .summary import median_step_index, rank_measures, stage_times
@@ -72,7 +73,7 @@ def _run_dir(work_dir: str | Path | None) -> Iterator[Path]:
 def _blank_report(plan: Plan, plan_path: str | None, steps: int, lr: float, backend: str, launcher: str
                   ) -> RunReport:
     return RunReport(plan_path=plan_path, model_path=plan.model_path, fingerprint=plan.fingerprint,
-                     schedule=plan.schedule, num_ranks=plan.num_ranks, num_microbatches=plan.num_microbatches,
+                     schedule=plan.schedule.value, num_ranks=plan.num_ranks, num_microbatches=plan.num_microbatches,
                      microbatch_size=plan.microbatch_size, steps=steps, lr=lr, backend=backend,
                      grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, predicted_step_time_s=plan.predicted.step_time_s,
                      pp=plan.pp, dp=plan.dp, virtual_stages=plan.virtual_stages, launcher=launcher)
@@ -198,7 +199,7 @@ def run_plan(plan: Plan, steps: int = 3, timeout_s: float = 120.0, lr: float = 0
     backend = choose_backend(per_node)
     report = _blank_report(plan, plan_path, steps, lr, backend, "local" if nodes is None else "torchrun")
     with _run_dir(work_dir) as run_dir:
-        say(f"starting {plan.num_ranks} ranks ({backend}, {plan.schedule}, pp {plan.pp} x dp {plan.dp}, "
+        say(f"starting {plan.num_ranks} ranks ({backend}, {plan.schedule.value}, pp {plan.pp} x dp {plan.dp}, "
             f"{steps} steps) in {run_dir}")
         try:
             out = _ranks(plan, plan_path, mf, run_dir, steps, lr, backend, timeout_s, nodes, say)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from ..plan import Plan
+from ..data.plan import Plan
 from ..schedule import Kind, parse_action
 from .report import RankMeasure, StageTimes, relative_error
 
@@ -77,5 +77,5 @@ def rank_measures(plan: Plan, results: Sequence[dict[str, Any]], step: int | Non
                                optimizer_s=_median([ph["optimizer_s"] for ph in phases]),
                                peak_memory_bytes=int(r["peak_memory_bytes"]), predicted_peak_memory_bytes=pred,
                                memory_error=relative_error(r["peak_memory_bytes"], pred or 0)[1],
-                               actions=actions))
+                               actions=actions, device=r.get("device")))
     return tuple(out)

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from ..errors import RunError
-from ..modelfile import ModelFile
+from ..model.contract import ModelFile
 from .report import ParamDiff
 from .tied import aliases
 

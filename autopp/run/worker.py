@@ -1,8 +1,10 @@
 """One rank of a pipelined run: `python -m autopp.run.worker`, started by launch.py or by torchrun.
 
 Ranks. The world is pp x dp processes; global rank = replica * pp + pipeline rank (replica 0 is ranks 0..pp-1,
-replica 1 is ranks pp..2pp-1, ...). Each replica runs the whole pipeline on its contiguous slice of the global
-batch; the ranks that hold the same stages in different replicas average their gradients (all-reduce over a
+replica 1 is ranks pp..2pp-1, ...). The launcher's RANK is the process's device slot (LOCAL_RANK its CUDA device):
+with a plan `device_order` the process on device d runs global rank `device_order.index(d)`, so global rank r runs
+on device `device_order[r]` (without one, rank r on device r). Each replica runs the whole pipeline on its
+contiguous slice of the global batch; the ranks that hold the same stages in different replicas average their gradients (all-reduce over a
 process subgroup) before the optimizer step. RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT come from the
 environment (launch.py sets them; torchrun sets them the same way).
 
@@ -33,10 +35,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 
-from ..allocator import keep_freed_memory
 from ..errors import RunError
-from ..modelfile import ModelFile, load_model_file
-from ..plan import Plan, load_plan
+from ..measure.allocator import keep_freed_memory
+from ..model.contract import ModelFile, load_model_file
+from ..data.plan import Plan, load_plan
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .pipeline import build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
@@ -151,7 +153,8 @@ class _Run:
     """Per step: seconds in schedule.step, in the dp gradient all-reduce, and in the optimizer step + zero_grad."""
 
 
-def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, device: torch.device) -> _Run:
+def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, device: torch.device, slot: int
+           ) -> _Run:
     pp_group, dp_group = _groups(plan, ranks)
     built = build_stages(mf, plan, ranks.pp_rank, device, pp_group)
     stages = built.stages
@@ -163,8 +166,9 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
     recorder, saved = StepRecorder(), SavedBytes(params)
     recorder.wrap_stages(stages)
     run = _Run([], [], [], [], 0, {}, [])
-    logger.info("stages %s built on pipeline rank %d of replica %d (%d parameters)", [s.stage_index for s in stages],
-                ranks.pp_rank, ranks.replica, sum(p.numel() for p in params))
+    logger.info("stages %s built on pipeline rank %d of replica %d, on device %d (%s; %d parameters)",
+                [s.stage_index for s in stages], ranks.pp_rank, ranks.replica, slot, device,
+                sum(p.numel() for p in params))
     for name, holders in built.shared.items():
         logger.info("%s is held by pipeline ranks %s: their gradients are summed", name, list(holders))
     for stage, names in built.relayed.items():
@@ -206,7 +210,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         if step == 0 and device.type != "cuda":
             run.peak_memory = max(run.peak_memory, _probe_memory(schedule, step_args, last, target, device, saved,
                                                                  static_bytes(params, optimizer), optimizer))
-    run_result = {"rank": ranks.rank, "replica": ranks.replica, "pp_rank": ranks.pp_rank,
+    run_result = {"rank": ranks.rank, "replica": ranks.replica, "pp_rank": ranks.pp_rank, "device": slot,
                   "stages": [s.stage_index for s in stages], "step_times_s": run.step_times,
                   "losses": run.losses if last else [], "actions": run.actions, "wait_s": run.waits,
                   "phases": run.phases,
@@ -293,7 +297,7 @@ def _record_error(run_dir: str, rank: int, exc: BaseException, user_files: Seque
     (Path(run_dir) / f"rank{rank}.error").write_text(describe_error(exc, user_files) + "\n")
 
 
-def _log_progress_to_stdout(rank: int) -> None:
+def _log_progress_to_stdout(rank: int) -> logging.Handler:
     """autopp's INFO messages (only autopp's, not torch's) go to stdout, one per line prefixed `[rank R] ` (torchrun
     mixes a node's workers in one stream), for the parent."""
     handler = logging.StreamHandler(sys.stdout)
@@ -301,13 +305,14 @@ def _log_progress_to_stdout(rank: int) -> None:
     root = logging.getLogger("autopp")
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run this rank; on any exception record it, print the traceback to stderr and return 1."""
     args = _parse(argv)
-    rank = int(os.environ["RANK"])
-    _log_progress_to_stdout(rank)
+    slot = int(os.environ["RANK"])  # the device slot the launcher started this process on
+    handler = _log_progress_to_stdout(slot)
     torch.set_num_threads(1)
     logger.info("allocator %s", keep_freed_memory())
     user_files: list[str] = [args.model] if args.model else []
@@ -315,14 +320,16 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_plan(args.plan)
         user_files.append(plan.model_path)
         check_world_size(plan, int(os.environ["WORLD_SIZE"]))
+        rank = plan.rank_on(slot)
+        handler.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s"))
         mf = load_model_file(args.model or plan.model_path)
         device = _device(args.backend)
         dist.init_process_group(args.backend, rank=rank, world_size=plan.num_ranks,
                                 timeout=timedelta(seconds=args.timeout_s))
-        _train(args, plan, mf, ranks_of(rank, plan.pp, plan.dp), device)
+        _train(args, plan, mf, ranks_of(rank, plan.pp, plan.dp), device, slot)
     except BaseException as exc:  # noqa: BLE001 - the parent needs every failure, KeyboardInterrupt included
         # Record first and skip destroy_process_group: it may wait on peers, and the parent kills them anyway.
-        _record_error(args.run_dir, rank, exc, user_files)
+        _record_error(args.run_dir, slot, exc, user_files)  # beside the launcher's files of this slot
         traceback.print_exc()
         return 1
     dist.destroy_process_group()

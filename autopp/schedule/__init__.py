@@ -1,4 +1,5 @@
-"""Schedules as data: action IR, named schedules in torch's order, and a timed, memory-aware simulator."""
+"""Schedules as data: action IR, one descriptor per schedule, and a timed, memory-aware simulator (torch- and
+OR-Tools-free)."""
 
 from autopp.schedule.actions import (
     COMPUTE_KINDS,
@@ -11,36 +12,33 @@ from autopp.schedule.actions import (
     parse_grid,
     to_csv_rows,
 )
-from autopp.schedule.draw import chrome_trace, draw_timeline, write_chrome_trace
-from autopp.schedule.named import (
-    SINGLE_STAGE,
-    SPLIT_BACKWARD,
+from autopp.schedule.descriptors import (
+    DESCRIPTORS,
+    NAMED,
+    Descriptor,
+    Floors,
     Layout,
     ScheduleName,
     build_schedule,
-    layout_of,
+    describe,
+    listed,
     stage_to_rank,
     stages_per_rank,
     validate,
 )
-from autopp.schedule.simulate import Event, SimResult, StageCost, simulate, simulate_named
-from autopp.schedule.synth import (
-    SynthResult,
-    SynthStatus,
-    greedy_order,
-    min_memory_bytes,
-    sequential_order,
-    split_backward,
-    synthesize,
-    write_schedule_csv,
-)
+from autopp.schedule.draw import chrome_trace, draw_timeline, write_chrome_trace
+from autopp.schedule.effects import StageCost
+from autopp.schedule.sim_state import Event
+from autopp.schedule.simulate import SimResult, simulate, simulate_named
 
 __all__ = [
     "COMPUTE_KINDS",
-    "SINGLE_STAGE",
-    "SPLIT_BACKWARD",
+    "DESCRIPTORS",
+    "NAMED",
     "Action",
+    "Descriptor",
     "Event",
+    "Floors",
     "Kind",
     "Layout",
     "Order",
@@ -49,10 +47,11 @@ __all__ = [
     "StageCost",
     "build_schedule",
     "chrome_trace",
+    "describe",
+    "listed",
     "draw_timeline",
     "format_grid",
     "from_csv_rows",
-    "layout_of",
     "parse_action",
     "parse_grid",
     "simulate",
@@ -62,12 +61,4 @@ __all__ = [
     "to_csv_rows",
     "validate",
     "write_chrome_trace",
-    "SynthResult",
-    "SynthStatus",
-    "greedy_order",
-    "min_memory_bytes",
-    "sequential_order",
-    "split_backward",
-    "synthesize",
-    "write_schedule_csv",
 ]

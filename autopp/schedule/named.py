@@ -1,113 +1,22 @@
-"""Named pipeline schedules as per-rank compute-action lists, in the order torch.distributed.pipelining runs them."""
+"""Order builders of the named schedules: rank r's compute actions, in the order torch.distributed.pipelining runs
+them (each schedule's other properties live in its descriptor, `descriptors.py`)."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from enum import Enum
 
-from autopp.errors import ScheduleError
 from autopp.schedule.actions import Action, Kind
 
-__all__ = ["ScheduleName", "Layout", "SPLIT_BACKWARD", "layout_of", "stages_per_rank", "stage_to_rank", "validate",
-           "build_schedule"]
+__all__ = ["gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv", "dual_pipe_v"]
 
 
-class ScheduleName(Enum):
-    """Schedules torch.distributed.pipelining ships; values are torch's names."""
-
-    GPIPE = "GPipe"
-    ONE_F_ONE_B = "1F1B"
-    INTERLEAVED_1F1B = "Interleaved1F1B"
-    LOOPED_BFS = "LoopedBFS"
-    INTERLEAVED_ZERO_BUBBLE = "InterleavedZeroBubble"
-    ZBV_ZERO_BUBBLE = "ZBVZeroBubble"
-    DUAL_PIPE_V = "DualPipeV"
-
-
-class Layout(Enum):
-    """How stages map to ranks."""
-
-    LOOP = "loop"
-    """Stage s on rank s % p (Megatron interleaving)."""
-    V = "v"
-    """Zig-zag: chunk c runs ranks 0..p-1 when c is even and p-1..0 when odd (ZB-V, DualPipeV)."""
-
-
-#: Schedules of one stage per rank (torch's PipelineScheduleSingle); the others take a list of stages.
-SINGLE_STAGE = frozenset({ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B})
-_V_SHAPED = frozenset({ScheduleName.ZBV_ZERO_BUBBLE, ScheduleName.DUAL_PIPE_V})
-_ROUNDED = frozenset({ScheduleName.INTERLEAVED_1F1B, ScheduleName.INTERLEAVED_ZERO_BUBBLE})
-#: Schedules that split each backward into an input pass (I) and a weight pass (W); the others run full backwards.
-SPLIT_BACKWARD = frozenset({ScheduleName.INTERLEAVED_ZERO_BUBBLE, ScheduleName.ZBV_ZERO_BUBBLE,
-                            ScheduleName.DUAL_PIPE_V})
-
-
-def layout_of(name: ScheduleName) -> Layout:
-    """The stage-to-rank layout a schedule uses."""
-    return Layout.V if name in _V_SHAPED else Layout.LOOP
-
-
-def stages_per_rank(name: ScheduleName, requested_v: int = 1) -> int:
-    """Stages each rank holds: 1 for GPipe/1F1B, 2 for V schedules (``requested_v`` 1 or 2), else ``requested_v``."""
-    if requested_v < 1:
-        raise ScheduleError(f"{name.value} needs stages per rank >= 1 ({requested_v} < 1)")
-    if name in SINGLE_STAGE:
-        if requested_v != 1:
-            raise ScheduleError(f"{name.value} runs exactly 1 stage per rank ({requested_v} != 1)")
-        return 1
-    if name in _V_SHAPED:
-        if requested_v not in (1, 2):
-            raise ScheduleError(f"{name.value} runs exactly 2 stages per rank ({requested_v} != 2)")
-        return 2
-    return requested_v
-
-
-def stage_to_rank(name: ScheduleName, num_ranks: int, v: int = 1) -> list[int]:
-    """Rank of every stage (index = stage): loop layout s % p, or the V zig-zag."""
-    v = stages_per_rank(name, v)
-    if layout_of(name) is Layout.LOOP:
-        return [s % num_ranks for s in range(num_ranks * v)]
-    return [s % num_ranks if (s // num_ranks) % 2 == 0 else num_ranks - 1 - s % num_ranks for s in range(num_ranks * v)]
-
-
-def _rounds(num_ranks: int, num_microbatches: int) -> int:
-    return max(1, num_microbatches // num_ranks)
-
-
-def validate(name: ScheduleName, num_ranks: int, num_microbatches: int, v: int = 1) -> int:
-    """Check a schedule's size constraints; return its stages per rank or raise ScheduleError with the numbers."""
-    v = stages_per_rank(name, v)
-    if num_ranks < 1:
-        raise ScheduleError(f"{name.value} needs ranks >= 1 ({num_ranks} < 1)")
-    if num_microbatches < 1:
-        raise ScheduleError(f"{name.value} needs microbatches >= 1 ({num_microbatches} < 1)")
-    if name is ScheduleName.ONE_F_ONE_B and num_microbatches < num_ranks:
-        raise ScheduleError(f"1F1B needs microbatches >= stages ({num_microbatches} < {num_ranks})")
-    if name is ScheduleName.DUAL_PIPE_V and num_microbatches < 2 * num_ranks:
-        raise ScheduleError(f"DualPipeV needs microbatches >= stages ({num_microbatches} < {2 * num_ranks})")
-    rounds = _rounds(num_ranks, num_microbatches)
-    if name in _ROUNDED and num_microbatches % rounds != 0:
-        raise ScheduleError(
-            f"{name.value} needs microbatches to be a multiple of rounds = max(1, microbatches // ranks)"
-            f" ({num_microbatches} % {rounds} = {num_microbatches % rounds})"
-        )
-    return v
-
-
-def build_schedule(name: ScheduleName, num_ranks: int, num_microbatches: int, v: int = 1) -> dict[int, list[Action]]:
-    """Per-rank compute actions (F, B or I/W) of a named schedule, no idle slots and no communication."""
-    v = validate(name, num_ranks, num_microbatches, v)
-    builder = _BUILDERS[name]
-    return {r: builder(r, num_ranks, num_microbatches, v) for r in range(num_ranks)}
-
-
-def _gpipe(rank: int, p: int, m: int, v: int) -> list[Action]:
+def gpipe(rank: int, p: int, m: int, v: int) -> list[Action]:
     """GPipe (Huang et al. 2019): all forwards, then all backwards, both in microbatch order."""
     return [Action(rank, Kind.F, i) for i in range(m)] + [Action(rank, Kind.B, i) for i in range(m)]
 
 
-def _one_f_one_b(rank: int, p: int, m: int, v: int) -> list[Action]:
+def one_f_one_b(rank: int, p: int, m: int, v: int) -> list[Action]:
     """1F1B / PipeDream-flush (Narayanan et al. 2021): p - rank warm-up forwards, then B,F pairs, then the rest of B.
 
     torch's single-stage runtime does one more warm-up forward than the textbook p - rank - 1 and then runs
@@ -122,7 +31,7 @@ def _one_f_one_b(rank: int, p: int, m: int, v: int) -> list[Action]:
     return actions
 
 
-def _looped_bfs(rank: int, p: int, m: int, v: int) -> list[Action]:
+def looped_bfs(rank: int, p: int, m: int, v: int) -> list[Action]:
     """Breadth-first pipelining (Lamy-Poirier 2022): each local stage forwards all microbatches, then
     backwards run stage by stage from the deepest, microbatches in reverse order."""
     stages = [rank + c * p for c in range(v)]
@@ -148,7 +57,7 @@ def _interleaved(rank: int, p: int, m: int, v: int, zero_bubble: bool) -> list[A
     3. Steady state: one forward, then one backward (B, or I for zero bubble).
     4. Zero bubble: rank r delays each W by r backward steps, then flushes the remaining W at the end.
     """
-    per_round = m // _rounds(p, m)
+    per_round = m // max(1, m // p)  # microbatches per round (torch: rounds = max(1, m // p))
     warmup = min((v - 1) * per_round + (1 if zero_bubble else 2) * (p - 1 - rank), m * v)
     stage = _chunk_stage(rank, p, v, per_round)
     next_mb: dict[tuple[int, bool], int] = {}
@@ -176,15 +85,15 @@ def _interleaved(rank: int, p: int, m: int, v: int, zero_bubble: bool) -> list[A
     return actions
 
 
-def _interleaved_1f1b(rank: int, p: int, m: int, v: int) -> list[Action]:
+def interleaved_1f1b(rank: int, p: int, m: int, v: int) -> list[Action]:
     return _interleaved(rank, p, m, v, zero_bubble=False)
 
 
-def _interleaved_zero_bubble(rank: int, p: int, m: int, v: int) -> list[Action]:
+def interleaved_zero_bubble(rank: int, p: int, m: int, v: int) -> list[Action]:
     return _interleaved(rank, p, m, v, zero_bubble=True)
 
 
-def _zbv(rank: int, p: int, m: int, v: int) -> list[Action]:
+def zbv(rank: int, p: int, m: int, v: int) -> list[Action]:
     """ZB-V (Qi et al. 2023, section 6): V layout, chunk 0 = stage rank, chunk 1 = stage 2p - 1 - rank.
 
     Built for n = max(2p - 1, m) microbatches (enough to fill the V), then microbatches >= m are dropped.
@@ -228,7 +137,7 @@ def _zbv(rank: int, p: int, m: int, v: int) -> list[Action]:
     return [a for a in out if a.microbatch < m]
 
 
-def _dual_pipe_v(rank: int, p: int, m: int, v: int) -> list[Action]:
+def dual_pipe_v(rank: int, p: int, m: int, v: int) -> list[Action]:
     """DualPipeV: the V-shaped "cut in half" DualPipe of DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437).
 
     Eight phases per rank; an overlapped forward+backward pair is listed as its forward then its full backward
@@ -285,14 +194,3 @@ def _dual_pipe_v(rank: int, p: int, m: int, v: int) -> list[Action]:
     for _ in range(rank + 1):  # 8: drain weights
         w()
     return out
-
-
-_BUILDERS: dict[ScheduleName, Callable[[int, int, int, int], list[Action]]] = {
-    ScheduleName.GPIPE: _gpipe,
-    ScheduleName.ONE_F_ONE_B: _one_f_one_b,
-    ScheduleName.INTERLEAVED_1F1B: _interleaved_1f1b,
-    ScheduleName.LOOPED_BFS: _looped_bfs,
-    ScheduleName.INTERLEAVED_ZERO_BUBBLE: _interleaved_zero_bubble,
-    ScheduleName.ZBV_ZERO_BUBBLE: _zbv,
-    ScheduleName.DUAL_PIPE_V: _dual_pipe_v,
-}

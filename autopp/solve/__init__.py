@@ -1,8 +1,9 @@
 """Solvers: exact dynamic programs for contiguous splits, CP-SAT for heterogeneous clusters, and the joint search."""
 
-from .dp import Objective, PipeSpec, Split, best_split, even_bounds, evaluate_split, min_max_bounds, min_peak_memory, pipeline_bounds
+from .dp import Objective, PipeSpec, even_bounds, min_max_bounds, min_memory, pipeline_bounds
+from .make import make_plan
 from .pinned import Pinned, evaluate_pinned
-from .search import PlanRequest, RecomputeMode, make_plan
+from .request import PlanRequest, RecomputeMode
 
-__all__ = ["Objective", "PipeSpec", "Split", "best_split", "even_bounds", "evaluate_split", "min_max_bounds",
-           "min_peak_memory", "pipeline_bounds", "PlanRequest", "RecomputeMode", "make_plan", "Pinned", "evaluate_pinned"]
+__all__ = ["Objective", "PipeSpec", "even_bounds", "min_max_bounds", "min_memory", "pipeline_bounds", "PlanRequest",
+           "RecomputeMode", "make_plan", "Pinned", "evaluate_pinned"]

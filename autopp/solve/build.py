@@ -4,28 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..predict import CUSTOM
-
-from ..plan import Plan, Prediction, StagePlan
-from ..profile import Profile
-from .arrays import UnitArrays
+from ..costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays
+from ..data.plan import Plan, Prediction, StagePlan
+from ..data.profile import Profile
+from ..schedule import Action, ScheduleName
 from .baselines import baseline_bounds
-from .judge import Candidate, Verdict, comm_times, judge, progress_delays
+from .judge import Candidate, Verdict, judge
+from .request import PlanRequest
 from .runnable import schedule_refusal
 
 if TYPE_CHECKING:
     from .custom import CustomOrder
-    from .search import PlanRequest
 
-__all__ = ["build_plan", "ideal_step_time", "prediction", "judge_baselines"]
+__all__ = ["build_plan", "prediction", "judge_baselines"]
 
 SPLIT_NOTE = "the profile has no input/weight backward split: assumed I = W = B / 2"
-
-
-def ideal_step_time(a: UnitArrays, request: PlanRequest, cand: Candidate) -> float:
-    """Total work of one replica's microbatches / the summed speed of its ranks (no bubble, no communication)."""
-    speed = sum(request.cluster.device(r).speed for r in range(cand.pp))
-    return cand.microbatches * float(a.work().sum()) / speed
 
 
 def prediction(v: Verdict, ideal: float) -> Prediction:
@@ -48,6 +41,12 @@ def _runs(profile: Profile, v: Verdict) -> bool:
     return schedule_refusal(profile.meta.live_values, c.schedule, c.bounds) is None
 
 
+def _device_order(request: PlanRequest, num_ranks: int) -> tuple[int, ...]:
+    """The cluster's device order (CP-SAT's choice on a heterogeneous cluster) when it names one device per rank."""
+    order = request.cluster.order
+    return tuple(order) if len(order) == num_ranks and list(order) != list(range(num_ranks)) else ()
+
+
 def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
                custom: CustomOrder | None = None, extra: tuple[str, ...] = (), keep_split: bool = False) -> Plan:
     """The Plan of `best` (`a`: unit costs at its microbatch size): stages, simulated figures, baselines, notes.
@@ -59,10 +58,10 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
         runnable = [v for v in baselines.values() if v.fits and _runs(profile, v)]
         best = min([best, *runnable], key=lambda v: v.key)
     notes = [*extra, *([SPLIT_NOTE] if a.split_assumed else [])]
-    order: tuple[tuple[str, ...], ...] = ()
+    order: tuple[tuple[Action, ...], ...] = ()
     if custom is not None and custom.verdict.key < best.key:
         best = custom.verdict
-        order = tuple(tuple(str(act) for act in custom.order[r]) for r in sorted(custom.order))
+        order = tuple(tuple(custom.order[r]) for r in sorted(custom.order))
         notes.append(f"order synthesized by CP-SAT ({custom.status}, gap {custom.gap:.1%}) on the layout of "
                      f"{best.candidate.schedule.value}; it runs through torch's schedule runtime")
     c = best.candidate
@@ -81,9 +80,10 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
                   progress_s=delays[s], overhead_s=cost.overhead_s)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
-    ideal = ideal_step_time(a, request, c)
+    ideal = ideal_step_time(a, request.cluster, c.pp, c.microbatches)
     return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,
-                schedule=CUSTOM if order else c.schedule.value, custom_order=order,
+                schedule=ScheduleName.CUSTOM if order else c.schedule, custom_order=order,
+                device_order=_device_order(request, c.pp * c.dp),
                 num_ranks=c.pp * c.dp, pp=c.pp, dp=c.dp, virtual_stages=c.v, num_microbatches=c.microbatches,
                 microbatch_size=c.microbatch_size, memory_limit_bytes=request.cluster.memory_bytes, stages=stages,
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from ..costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
 from ..errors import InfeasibleError
-from .arrays import UnitArrays
 from .dp import Bounds, PipeSpec
 
 __all__ = ["CpSatResult", "solve_cpsat", "contiguous_split"]
@@ -41,10 +41,10 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     speed = spec.speed or (1.0,) * s_count
     work = np.round(a.work(spec.recompute) / resolution).astype(np.int64)
     inflight = spec.inflight or (1,) * s_count
-    mem_unit = [np.round(a.static + (1 if spec.recompute else inflight[k]) * a.activation).astype(np.int64)
+    mem_unit = [np.round(unit_memory(a, held_microbatches(inflight[k], spec.recompute))).astype(np.int64)
                 for k in range(s_count)]
     links = spec.links or (None,) * (s_count - 1)
-    comm = [[0 if lk is None else int(round(lk.transfer_s(float(a.cut[j])) / resolution)) for j in range(n + 1)]
+    comm = [[0 if lk is None else int(round(transfer_time(lk, float(a.cut[j])) / resolution)) for j in range(n + 1)]
             for lk in links]
     # Model.
     model = cp_model.CpModel()

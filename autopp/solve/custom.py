@@ -1,6 +1,6 @@
 """Synthesized schedules in the planner: CP-SAT reorders the best named plan's F/I/W actions for its real stage costs.
 
-The split, placement and microbatches stay those of the best named candidate; `autopp.schedule.synthesize` searches
+The split, placement and microbatches stay those of the best named candidate; `autopp.solve.synth.synthesize` searches
 the order (Zero Bubble's ILP idea, Qi et al. 2023) warm-started from that candidate's own schedule, and the simulator
 judges the result. The synthesized order wins only when it simulates strictly faster and fits every rank.
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from ..cluster import Cluster
+from ..data.cluster import Cluster
+from ..costmodel import UnitArrays, comm_times, progress_delays
 from ..errors import InfeasibleError
-from ..schedule import Action, build_schedule, simulate, synthesize
-from .arrays import UnitArrays
-from .judge import Verdict, comm_times, progress_delays
+from ..schedule import Action, build_schedule, simulate
+from .synth import synthesize
+from .judge import Verdict, step_time
 
 __all__ = ["CustomOrder", "synthesized"]
 
@@ -49,7 +50,7 @@ def synthesized(a: UnitArrays, cluster: Cluster, best: Verdict, time_limit_s: fl
         return None
     delays = progress_delays(cluster, owner)
     sim = simulate(result.order, best.costs, owner, comm, None, delays) if any(delays) else result.sim
-    step = sim.step_time_s + best.allreduce_s + best.optimizer_s
+    step = step_time(sim.step_time_s, best.allreduce_s, best.optimizer_s)
     log.info("synthesized order: %.6g s (%s, gap %.1f%%) vs %s %.6g s", step, result.status.value,
              100 * result.gap, c.schedule.value, best.step_s)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)

@@ -10,9 +10,9 @@ bottleneck is one of the candidates. Speed-ups (results unchanged):
      stage), so each DP layer is a range minimum, vectorised with a sparse table: O(S n log n) numpy work per t.
   2. t starts at the min-max bottleneck (binary search with a reachability DP) and stops once
      g(inf) + (m - 1) t >= the best objective found, since g(t) >= g(inf).
-Memory: stage s holds static bytes + inflight[s] x activation bytes (inflight from the schedule's order), under a
-per-stage budget. With recomputation the budget is checked on static + one microbatch of activations (a relaxation:
-the kept stage inputs are checked by the simulator, which judges every reported plan).
+Every cost comes from the cost model (autopp.costmodel): per-unit work (`UnitArrays.work`), a stage's memory
+(`memory_prefix`: static bytes + held x activation bytes, held = `held_microbatches` of its in-flight count from the
+schedule's order, 1 when it recomputes), and the send time of each cut (`send_times`), under a per-stage budget.
 """
 
 from __future__ import annotations
@@ -23,14 +23,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cluster import Link
-from ..costmodel import Schedule, StageCost, bubble_fraction, stage_cost, stage_memory, step_time
-from ..profile import UnitCost
-from .arrays import UnitArrays, arrays_from_units
+from ..data.cluster import Link
+from ..costmodel import UnitArrays, held_microbatches, memory_prefix, send_times
 
 __all__ = ["Objective", "PipeSpec", "Bounds", "pipeline_bounds", "min_max_bounds", "pipeline_objective",
-           "min_memory", "fits", "balanced_bounds", "Split", "best_split", "even_bounds", "evaluate_split",
-           "min_peak_memory", "feasible", "DpMemo"]
+           "min_memory", "fits", "balanced_bounds", "even_bounds", "feasible", "DpMemo"]
 
 INF = float("inf")
 _ARANGE = np.arange(1 << 14)
@@ -90,13 +87,10 @@ class _Tables:
 def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> _Tables:
     s = spec.num_stages
     work = a.prefix(values if values is not None else a.work(spec.recompute))
-    static, act = a.prefix(a.static), a.prefix(a.activation)
     inflight = spec.inflight or (1,) * s
-    mem = [static + (1 if spec.recompute else inflight[k]) * act for k in range(s)]
-    links = spec.links or (None,) * (s - 1)
-    comm = [np.zeros(a.n + 1) if lk is None else
-            np.where(a.cut > 0, lk.latency_s + a.cut / lk.bandwidth_bytes_per_s, 0.0) for lk in links]
-    comm.append(np.zeros(a.n + 1))
+    mem = [memory_prefix(a, held_microbatches(inflight[k], spec.recompute)) for k in range(s)]
+    comm = [send_times(a, lk) for lk in spec.links or (None,) * (s - 1)]
+    comm.append(send_times(a, None))  # the last stage sends nothing
     tb = _Tables(work, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm, spec.microbatches)
     _set_budgets(tb, tb.budget)
     return tb
@@ -308,45 +302,3 @@ def even_bounds(n: int, p: int) -> list[tuple[int, int]]:
         ends.append(ends[-1] + q + (s < r))
     return list(zip(ends, ends[1:]))
 
-
-# ---- The closed-form 1F1B interface (UnitCost lists), kept for callers and tests of the skeleton. ----
-
-@dataclass(frozen=True)
-class Split:
-    """A contiguous split and its closed-form predicted figures."""
-
-    bounds: tuple[tuple[int, int], ...]
-    stages: tuple[StageCost, ...]
-    step_s: float
-    peak_memory: tuple[int, ...]
-    bubble: float
-
-
-def evaluate_split(units: Sequence[UnitCost], cut_bytes: Sequence[int], link: Link, bounds: Sequence[tuple[int, int]],
-                   m: int, schedule: Schedule = Schedule.ONE_F_ONE_B) -> Split:
-    """Closed-form step time, per-stage peak memory and bubble of the split `bounds`."""
-    stages = tuple(stage_cost(units, a, b, cut_bytes, link) for a, b in bounds)
-    step = step_time(stages, m, schedule)
-    peaks = tuple(stage_memory(c, s, len(stages), m, schedule) for s, c in enumerate(stages))
-    return Split(tuple(bounds), stages, step, peaks, bubble_fraction(stages, m, step))
-
-
-def one_f_one_b_spec(p: int, m: int, limit: float, link: Link) -> PipeSpec:
-    """1F1B on p identical devices: stage s holds min(p - s, m) microbatches."""
-    return PipeSpec(num_stages=p, microbatches=m, memory=(float(limit),) * p,
-                    inflight=tuple(min(p - s, m) for s in range(p)), links=(link,) * (p - 1))
-
-
-def best_split(units: Sequence[UnitCost], cut_bytes: Sequence[int], link: Link, p: int, m: int,
-               limit: int) -> Split | None:
-    """The 1F1B split of `units` into `p` stages with the least closed-form step time whose every stage fits in
-    `limit` bytes, or None when none fits."""
-    if not 1 <= p <= len(units):
-        return None
-    found = pipeline_bounds(arrays_from_units(units, cut_bytes), one_f_one_b_spec(p, m, limit, link))
-    return None if found is None else evaluate_split(units, cut_bytes, link, found, m)
-
-
-def min_peak_memory(units: Sequence[UnitCost], cut_bytes: Sequence[int], link: Link, p: int, m: int) -> int:
-    """The smallest per-device memory for which some 1F1B split into `p` stages fits."""
-    return min_memory(arrays_from_units(units, cut_bytes), one_f_one_b_spec(p, m, INF, link))

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from ..costmodel import unit_arrays
 from ..errors import InfeasibleError, ScheduleError
-from ..profile import Profile
-from ..schedule import ScheduleName, stages_per_rank, validate
+from ..data.profile import Profile
+from ..schedule import NAMED, ScheduleName, describe, listed
 from ..sizes import format_size
-from .arrays import unit_arrays
 from .dp import min_memory
 
-if TYPE_CHECKING:
-    from .search import PlanRequest
+from .request import PlanRequest, RecomputeMode, configs, microbatch_counts, replica_counts
+from .search import pipe_spec, search
 
 __all__ = ["explain_infeasible", "smallest_memory"]
 
@@ -21,12 +20,11 @@ __all__ = ["explain_infeasible", "smallest_memory"]
 def _no_config(profile: Profile, req: PlanRequest) -> InfeasibleError:
     """Which rule left no configuration (units per stage, global batch over replicas and microbatches, the
     schedule's microbatch rule), with the numbers and what would work."""
-    from .search import _dps, _vs, microbatch_counts
     n = profile.num_units
-    names = [req.schedule] if req.schedule else list(ScheduleName)
-    dps = _dps(req)
+    names = [req.schedule] if req.schedule else list(NAMED)
+    dps = replica_counts(req)
     pps = [req.cluster.num_devices // dp for dp in dps]
-    v = min(stages_per_rank(name, x) for name in names for x in _vs(req, name))
+    v = min(describe(name).stages_per_rank(x) for name in names for x in describe(name).v_choices(req.virtual_stages))
     if min(pps) * v > n:
         return _too_few_units(profile, req, names, min(pps), v)
     counts = [m for dp in dps for m in microbatch_counts(req, dp)]
@@ -37,9 +35,9 @@ def _no_config(profile: Profile, req: PlanRequest) -> InfeasibleError:
                                f"({dps[0] * (req.num_microbatches or 1)})")
     failed = []
     for name in names:
-        for x in _vs(req, name):
+        for x in describe(name).v_choices(req.virtual_stages):
             try:
-                validate(name, min(pps), max(counts), x)
+                describe(name).validate(min(pps), max(counts), x)
                 continue
             except ScheduleError as exc:
                 failed.append(str(exc))
@@ -55,12 +53,11 @@ def _no_config(profile: Profile, req: PlanRequest) -> InfeasibleError:
 
 def _fewest_microbatches(names: list[ScheduleName], req: PlanRequest, pp: int) -> int:
     """The fewest microbatches per replica that one of the schedules accepts on `pp` ranks."""
-    from .search import _vs
     for m in range(1, 8 * pp + 1):
         for name in names:
-            for x in _vs(req, name):
+            for x in describe(name).v_choices(req.virtual_stages):
                 try:
-                    validate(name, pp, m, x)
+                    describe(name).validate(pp, m, x)
                     return m
                 except ScheduleError:
                     pass
@@ -72,7 +69,7 @@ def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName]
     n = profile.num_units
     which = f" ({names[0].value} runs {v} stages per rank)" if v > 1 and len(names) == 1 else ""
     hint = "" if req.dp is None else "; or --dp auto to use the rest for data parallelism"
-    single = ("; or a schedule with one stage per rank (--schedule 1F1B or GPipe)"
+    single = (f"; or a schedule with one stage per rank (--schedule {listed(lambda d: d.single_stage, ' or ')})"
               if v > 1 and pp <= n else "")
     example = next((p for p in profile.meta.split_points if p), "")
     finer = (f"; or finer units: SPLIT_POINTS in the model file may also name modules inside a block "
@@ -84,11 +81,10 @@ def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName]
 
 def smallest_memory(profile: Profile, req: PlanRequest, recompute: bool = False) -> tuple[int, int] | None:
     """(bytes per device, microbatches) of the least memory any configuration of the request needs."""
-    from .search import _spec, configs
     best: tuple[int, int] | None = None
     seen: set[tuple[object, ...]] = set()
     for c in configs(req, profile.num_units):
-        spec = _spec(req, c, recompute)
+        spec = pipe_spec(req, c, recompute)
         key = (c.b, spec.num_stages, spec.inflight, c.v)
         if key in seen:
             continue
@@ -101,7 +97,6 @@ def smallest_memory(profile: Profile, req: PlanRequest, recompute: bool = False)
 
 def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
     """The fewest pipeline devices (more than now, dp unchanged) for which some split fits the memory."""
-    from .search import search
     dp = req.dp or 1
     for pp in range(req.cluster.num_devices // dp + 1, profile.num_units + 1):
         cluster = replace(req.cluster, num_devices=pp * dp, devices=(), links=())
@@ -115,7 +110,6 @@ def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
 
 
 def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
-    from .search import RecomputeMode, search
     out = []
     if req.recompute is not RecomputeMode.AUTO:
         found = search(profile, replace(req, recompute=RecomputeMode.AUTO, shortlist=1))[0]
@@ -136,7 +130,6 @@ def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> 
     """An InfeasibleError whose message says what would make the request feasible."""
     if num_configs == 0:
         return _no_config(profile, req)
-    from .search import RecomputeMode
     needs = [smallest_memory(profile, req, rc) for rc in
              {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[req.recompute]]
     need = min((x for x in needs if x is not None), default=None)

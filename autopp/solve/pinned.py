@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cluster import Cluster
+from ..data.cluster import Cluster
+from ..costmodel import ProfileTable
 from ..errors import PlanError, ScheduleError
-from ..plan import Plan
-from ..profile import Profile
-from ..schedule import SPLIT_BACKWARD, ScheduleName, stages_per_rank, validate
-from .arrays import ProfileTable
+from ..data.plan import Plan
+from ..data.profile import Profile
+from ..schedule import ScheduleName, describe, listed
 from .dp import Bounds
+from .build import build_plan
 from .judge import Candidate, judge
+from .request import PlanRequest, RecomputeMode
 from .runnable import weight_only_reason, weight_only_sends
 
 __all__ = ["Pinned", "check_pinned", "evaluate_pinned"]
@@ -39,9 +41,11 @@ class Pinned:
 
 def _check(p: Pinned, num_units: int) -> None:
     where = p.source
+    if describe(p.schedule).given_order:
+        raise PlanError(f"{where}: {p.schedule.value} is a plan's own order; pin one of {listed(lambda d: True)}")
     try:
-        v = stages_per_rank(p.schedule, p.virtual_stages)
-        validate(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+        v = describe(p.schedule).stages_per_rank(p.virtual_stages)
+        describe(p.schedule).validate(p.pp, p.microbatches, p.virtual_stages)
     except ScheduleError as exc:
         raise PlanError(f"{where}: {exc}") from None
     if len(p.bounds) != p.pp * v:
@@ -72,10 +76,8 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
     """The Plan of exactly `pinned` on `cluster` (pp x dp of its devices), with the simulator's figures and the
     baselines beside it, as `make_plan` builds its own: nothing is searched or replaced. A configuration that does
     not fit the devices' memory is still returned; its notes say which rank overflows and by how much."""
-    from .build import build_plan
-    from .search import PlanRequest, RecomputeMode
     check_pinned(pinned, profile.num_units, cluster.num_devices)
-    v = stages_per_rank(pinned.schedule, pinned.virtual_stages)
+    v = describe(pinned.schedule).stages_per_rank(pinned.virtual_stages)
     recompute = pinned.recompute or (False,) * len(pinned.bounds)
     cand = Candidate(schedule=pinned.schedule, pp=pinned.pp, dp=pinned.dp, v=v, microbatches=pinned.microbatches,
                      microbatch_size=pinned.microbatch_size, bounds=tuple(pinned.bounds), recompute=recompute)
@@ -88,7 +90,7 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
     notes = [f"configuration pinned from {pinned.source}: evaluated as given, not searched"]
     notes += [f"does not fit: rank {r} peaks at {peak} bytes > {cluster.device(r).memory_bytes} bytes of its device"
               for r, peak in enumerate(verdict.peak_memory) if peak > cluster.device(r).memory_bytes]
-    if pinned.schedule in SPLIT_BACKWARD:
+    if describe(pinned.schedule).splits_backward:
         notes += [f"does not run ({pinned.schedule.value}): {weight_only_reason(s, name)}"
                   for s, name in weight_only_sends(profile.meta.live_values, pinned.bounds)]
     return build_plan(profile, request, verdict, a, extra=tuple(notes), keep_split=True)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ..cluster import Cluster, Link
+from ..data.cluster import Cluster, Link
+from ..costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
 from ..errors import InfeasibleError
-from .arrays import UnitArrays
 from .cpsat import contiguous_split
 from .dp import Bounds
 
@@ -46,10 +46,10 @@ def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: 
     n, p = a.n, cluster.num_devices
     devices = [cluster.devices[d] if cluster.devices else cluster.device(0) for d in range(p)]
     work = np.round(a.work(recompute) / resolution).astype(np.int64)
-    mem = [np.round(a.static + (1 if recompute else inflight[k]) * a.activation).astype(np.int64) for k in range(p)]
+    mem = [np.round(unit_memory(a, held_microbatches(inflight[k], recompute))).astype(np.int64) for k in range(p)]
     kinds: list[Link] = sorted({cluster.device_link(d, e) for d in range(p) for e in range(p) if d != e},
                                key=lambda lk: (lk.latency_s, -lk.bandwidth_bytes_per_s))
-    comm = [[int(round(lk.transfer_s(float(a.cut[j])) / resolution)) for j in range(n + 1)] for lk in kinds]
+    comm = [[int(round(transfer_time(lk, float(a.cut[j])) / resolution)) for j in range(n + 1)] for lk in kinds]
     # Model.
     model = cp_model.CpModel()
     # Variables: x[u,s] unit u on stage s; end[j,s] stage s ends at boundary j; y[s,d] device d at position s;

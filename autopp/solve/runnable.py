@@ -10,40 +10,40 @@ profile's live values (`needs_grad`, `reads`) the planner finds those outputs fo
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from ..schedule import SPLIT_BACKWARD, ScheduleName
+from ..data.profile import LiveValue, ValueAction
+from ..schedule import ScheduleName, describe, listed
 from .dp import Bounds
 
 __all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal"]
 
 
-def weight_only_sends(live_values: Sequence[Mapping[str, Any]], bounds: Bounds) -> list[tuple[int, str]]:
+def weight_only_sends(live_values: Sequence[LiveValue], bounds: Bounds) -> list[tuple[int, str]]:
     """(stage, value name) for each value that a stage after the first (and before the last) passes on and that it
     makes from its parameters only: the value needs a gradient, and every value it is made from that needs one is
     made inside the same stage, from its parameters only too. Profiles without `needs_grad` find none."""
-    by_name = {str(v["name"]): v for v in live_values}
+    by_name = {v.name: v for v in live_values}
     found = []
     for s, (first, end) in enumerate(bounds):
         if s == 0 or s == len(bounds) - 1:
             continue
         memo: dict[str, bool] = {}
         for v in live_values:
-            sent = first <= int(v["src"]) < end and max(int(d) for d in v["dsts"]) >= end
-            if sent and v.get("action") != "recompute" and _weight_only(v, first, by_name, memo):
-                found.append((s, str(v["name"])))
+            sent = first <= v.src < end and max(v.dsts) >= end
+            if sent and v.action is not ValueAction.RECOMPUTE and _weight_only(v, first, by_name, memo):
+                found.append((s, v.name))
     return found
 
 
-def _weight_only(v: Mapping[str, Any], first: int, by_name: Mapping[str, Mapping[str, Any]],
-                 memo: dict[str, bool]) -> bool:
-    name = str(v["name"])
-    if name not in memo:
-        memo[name] = False  # a cycle cannot occur in a graph; this only guards the recursion
-        reads = [by_name[r] for r in v.get("reads", ()) if r in by_name and by_name[r].get("needs_grad", True)]
-        memo[name] = bool(v.get("needs_grad", False)) and all(
-            int(r["src"]) >= first and _weight_only(r, first, by_name, memo) for r in reads)
-    return memo[name]
+def _weight_only(v: LiveValue, first: int, by_name: Mapping[str, LiveValue], memo: dict[str, bool]) -> bool:
+    if v.name not in memo:
+        memo[v.name] = False  # a cycle cannot occur in a graph; this only guards the recursion
+        # a value read whose profile predates `needs_grad` (None) is taken to need a gradient
+        reads = [by_name[r] for r in v.reads or () if r in by_name and by_name[r].needs_grad is not False]
+        memo[v.name] = bool(v.needs_grad) and all(
+            r.src >= first and _weight_only(r, first, by_name, memo) for r in reads)
+    return memo[v.name]
 
 
 def weight_only_reason(stage: int, name: str) -> str:
@@ -53,17 +53,17 @@ def weight_only_reason(stage: int, name: str) -> str:
             "backward drops (the runner refuses it)")
 
 
-def split_backward_refusal(live_values: Sequence[Mapping[str, Any]], bounds: Bounds, what: str) -> str | None:
+def split_backward_refusal(live_values: Sequence[LiveValue], bounds: Bounds, what: str) -> str | None:
     """Why the runner would refuse `what` (a schedule or order with split I/W backward) on this split, or None."""
     sends = weight_only_sends(live_values, bounds)
     if not sends:
         return None
     return (f"{what} excluded: with its split, {weight_only_reason(*sends[0])}; schedules with full backwards "
-            "(1F1B, GPipe, Interleaved1F1B, LoopedBFS) run it")
+            f"({listed(lambda d: not d.splits_backward)}) run it")
 
 
-def schedule_refusal(live_values: Sequence[Mapping[str, Any]], schedule: ScheduleName, bounds: Bounds) -> str | None:
+def schedule_refusal(live_values: Sequence[LiveValue], schedule: ScheduleName, bounds: Bounds) -> str | None:
     """`split_backward_refusal` for a named schedule: None for schedules with full backwards, which run any split."""
-    if schedule not in SPLIT_BACKWARD:
+    if not describe(schedule).splits_backward:
         return None
     return split_backward_refusal(live_values, bounds, schedule.value)

@@ -7,7 +7,7 @@ import random
 
 import pandas as pd
 
-from ..profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..data.profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 
 __all__ = ["synthetic_profile"]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from autopp.cluster import Cluster
-from autopp.plan import Plan
-from autopp.profile import Profile, load_profile
+from autopp.data.cluster import Cluster
+from autopp.data.plan import Plan
+from autopp.data.profile import Profile, load_profile
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 

@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from autopp.export import Target, export_plan, rename_modules
-from autopp.plan import Plan
-from autopp.profile import Profile
+from autopp.data.plan import Plan
+from autopp.data.profile import Profile
 
 from .conftest import unit_modules
+
+pytestmark = pytest.mark.integration
 
 #: HF Llama module names -> torchtitan's llama3 names (torchtitan's model has no rotary module: its table is a buffer).
 TITAN_NAMES = [("model.embed_tokens", "tok_embeddings"), ("model.rotary_emb", ""), ("model.layers", "layers"),
@@ -118,7 +120,7 @@ def test_torchtitan_parses_the_export(name: str, titan, llama: Profile,  # type:
     cfg = titan(text)
     par = cfg.parallelism
     assert par.pipeline_parallel_degree == plan.pp
-    assert get_schedule_class(par.pipeline_parallel_schedule).__name__.lower().endswith(plan.schedule.lower())
+    assert get_schedule_class(par.pipeline_parallel_schedule).__name__.lower().endswith(plan.schedule.value.lower())
     assert [sum(m.startswith("layers.") for m in part) for part in par.module_fqns_per_model_part] == \
         _blocks_per_stage(plan)
     assert par.module_fqns_per_model_part[0][0] == "tok_embeddings"

@@ -12,12 +12,14 @@ import pytest
 
 from autopp.cli import main
 from autopp.export import ExportError, Target, default_output, export_plan, model_layers, rename_modules
-from autopp.plan import Plan
-from autopp.profile import Profile
+from autopp.data.plan import Plan
+from autopp.data.profile import Profile
+from autopp.schedule import Action, ScheduleName
 
 from .conftest import unit_modules
 
 
+@pytest.mark.integration
 def test_export_imports_no_torch() -> None:
     code = "import sys, autopp.export, autopp.export.pin, autopp.export.compare; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -64,16 +66,16 @@ def test_torchtitan_dp_is_replicate_and_recompute_full(gpt: Profile) -> None:
 
 def test_custom_order_goes_through_the_csv(llama: Profile, llama_plans: dict[str, Plan]) -> None:
     zbv = llama_plans["zbv"]
-    order = tuple(tuple(str(a) for a in row) for row in _order(zbv))
-    custom = replace(zbv, schedule="Custom", custom_order=order)
+    order = tuple(tuple(row) for row in _order(zbv))
+    custom = replace(zbv, schedule=ScheduleName.CUSTOM, custom_order=order)
     modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
     out = export_plan(custom, Target.TORCHTITAN, "/tmp/p.torchtitan.args", modules)
     assert "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble" in out.text  # torchtitan's V placement
     assert "--parallelism.pipeline_parallel_schedule_csv=/tmp/p.torchtitan.csv" in out.text
-    assert out.extra["/tmp/p.torchtitan.csv"].splitlines()[0].split(",") == list(order[0])
+    assert out.extra["/tmp/p.torchtitan.csv"].splitlines()[0].split(",") == [str(a) for a in order[0]]
 
 
-def _order(plan: Plan) -> list[list[object]]:
+def _order(plan: Plan) -> list[list[Action]]:
     from autopp.predict import plan_order
     return [plan_order(plan)[r] for r in range(plan.pp)]
 
@@ -152,7 +154,8 @@ def test_torchtitan_csv_path_is_absolute(llama: Profile, llama_plans: dict[str, 
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """torchtitan opens the CSV from its own working directory, so a relative path would point elsewhere."""
     zbv = llama_plans["zbv"]
-    custom = replace(zbv, schedule="Custom", custom_order=tuple(tuple(str(a) for a in row) for row in _order(zbv)))
+    order = tuple(tuple(row) for row in _order(zbv))
+    custom = replace(zbv, schedule=ScheduleName.CUSTOM, custom_order=order)
     monkeypatch.chdir(tmp_path)
     out = export_plan(custom, Target.TORCHTITAN, "p.torchtitan.args",
                       [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)])
@@ -168,7 +171,7 @@ def test_deepspeed_snippet_is_importable(out: str, module: str, llama_plans: dic
 
 
 def test_megatron_refuses_interleaved_microbatches_it_cannot_group(llama: Profile) -> None:
-    from autopp.cluster import Cluster
+    from autopp.data.cluster import Cluster
     from autopp.schedule import ScheduleName
     from autopp.solve import PlanRequest, make_plan
     odd = make_plan(llama, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=4 << 30), global_batch=3,

@@ -8,8 +8,8 @@ import pytest
 
 from autopp.cli import main
 from autopp.export import ExportError, Target, export_plan, read_pinned, write_export
-from autopp.plan import Plan
-from autopp.profile import Profile
+from autopp.data.plan import Plan
+from autopp.data.profile import Profile
 from autopp.schedule import ScheduleName
 
 from .conftest import LLAMA, unit_modules
@@ -25,7 +25,7 @@ def test_export_reads_back_as_the_plan(name: str, target: Target, tmp_path: Path
                  out)
     pinned, _ = read_pinned(out, llama.meta.unit_names, plan.num_ranks)
     assert pinned.bounds == tuple(s.units for s in plan.stages)
-    assert (pinned.schedule.value, pinned.pp, pinned.dp, pinned.virtual_stages) == \
+    assert (pinned.schedule, pinned.pp, pinned.dp, pinned.virtual_stages) == \
         (plan.schedule, plan.pp, plan.dp, plan.virtual_stages)
     assert (pinned.microbatches, pinned.microbatch_size) == (plan.num_microbatches, plan.microbatch_size)
     assert pinned.recompute == tuple(s.recompute for s in plan.stages)

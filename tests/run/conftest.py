@@ -7,8 +7,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from autopp.modelfile import discover_units, fingerprint, load_model_file
-from autopp.plan import Plan, Prediction, StagePlan
+from autopp.model import discover_units, fingerprint, load_model_file
+from autopp.data.plan import Plan, Prediction, StagePlan
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT = ROOT / "examples" / "gpt.py"
@@ -54,15 +54,16 @@ def pipeline_plan(model_path: Path, split_points: list[str], schedule: str = "1F
     model = mf.build(0)
     units = discover_units(mf, model)
     cuts = [0] + [next(u.index for u in units if u.split_point == p) for p in split_points] + [len(units)]
+    name = ScheduleName(schedule)
     if ranks is None:
-        ranks = stage_to_rank(ScheduleName(schedule), pp, virtual_stages)
+        ranks = stage_to_rank(name, pp, virtual_stages)
     stages = tuple(
         StagePlan(index=i, rank=ranks[i], units=(a, b), unit_names=tuple(u.name for u in units[a:b]),
                   split_point=None if i == 0 else split_points[i - 1], forward_s=0.01, backward_s=0.02,
                   memory_bytes=1000)
         for i, (a, b) in enumerate(zip(cuts, cuts[1:]))
     )
-    return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=schedule,
+    return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=name,
                 num_ranks=pp * dp, pp=pp, dp=dp, virtual_stages=virtual_stages, num_microbatches=num_microbatches,
                 microbatch_size=microbatch_size, memory_limit_bytes=2**30, stages=stages,
                 predicted=Prediction(step_time_s=predicted_s, peak_memory_bytes=(1000,) * pp, bubble_fraction=0.0),
@@ -81,7 +82,10 @@ def two_stage_plan(model_path: Path, split_point: str, schedule: str = "1F1B", n
                   split_point=None if i == 0 else split_point, forward_s=0.0, backward_s=0.0, memory_bytes=0)
         for i, span in enumerate([(0, cut), (cut, len(units))])
     )
-    return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=schedule, num_ranks=2,
+    from autopp.schedule import ScheduleName
+
+    return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=ScheduleName(schedule),
+                num_ranks=2,
                 num_microbatches=num_microbatches, microbatch_size=microbatch_size, memory_limit_bytes=2**30,
                 stages=stages, predicted=Prediction(step_time_s=predicted_s, peak_memory_bytes=(0, 0),
                                                     bubble_fraction=0.0))

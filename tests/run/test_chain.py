@@ -9,13 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from autopp.modelfile import load_model_file
+from autopp.model.contract import load_model_file
+from autopp.model.split import split_model
 from autopp.run.chain import chain_io
 from autopp.run.outputs import rebuild_last_output
 from autopp.run.pipeline import build_stages, make_schedule
 from autopp.run.tied import aliases, shared_params
-from autopp.schedule import ScheduleName, build_schedule
-from autopp.split import split_model
+from autopp.data.plan import Plan
+from autopp.schedule import ScheduleName, build_schedule, parse_action
 
 from .conftest import ROOT, pipeline_plan
 
@@ -62,7 +63,7 @@ def test_a_value_computed_between_stages_is_refused() -> None:
 def test_relayed_stages_match_one_process(one_rank_group: None, tmp_path: Path, recompute: bool) -> None:
     order = build_schedule(ScheduleName.LOOPED_BFS, 1, 2, 4)  # one rank holding four stages, 2 microbatches
     plan = pipeline_plan(MASKED, MASKED_CUTS, "Custom", pp=1, num_microbatches=2, microbatch_size=2,
-                         ranks=[0, 0, 0, 0], custom_order=(tuple(str(a) for a in order[0]),))
+                         ranks=[0, 0, 0, 0], custom_order=(tuple(order[0]),))
     if recompute:
         from dataclasses import replace
         plan = replace(plan, stages=tuple(replace(s, recompute=s.index in (1, 3)) for s in plan.stages))
@@ -118,29 +119,31 @@ def test_split_backward_schedules_are_told_apart() -> None:
 
     assert splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "ZBVZeroBubble", virtual_stages=2))
     assert not splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "Interleaved1F1B", virtual_stages=2))
-    full = pipeline_plan(MASKED, ["blocks.1"], "Custom", ranks=[0, 1], custom_order=(("0F0", "0B0"), ("1F0", "1B0")))
-    split = pipeline_plan(MASKED, ["blocks.1"], "Custom", ranks=[0, 1], custom_order=(("0F0", "0I0", "0W0"),
-                                                                                      ("1F0", "1I0", "1W0")))
+    def custom(*rows: str) -> Plan:
+        order = tuple(tuple(parse_action(t) for t in row.split()) for row in rows)
+        return pipeline_plan(MASKED, ["blocks.1"], "Custom", ranks=[0, 1], custom_order=order)
+
+    full, split = custom("0F0 0B0", "1F0 1B0"), custom("0F0 0I0 0W0", "1F0 1I0 1W0")
     assert not splits_backward(full) and splits_backward(split)
 
 
+@pytest.mark.integration
 def test_the_planners_weight_only_rule_agrees_with_the_runners_check_on_t5() -> None:
     # The planner finds, from the profile's live values (needs_grad, reads), the stages that would send on a value
     # made from their parameters alone; the runner finds them on real tensors (`weight_only_outputs`). T5: the
     # relative-position biases and the decoder's token embedding.
     pytest.importorskip("transformers")
-    from autopp.modelfile import discover_units
+    from autopp.model.units import discover_units
     from autopp.run.chain import ChainPiece, constant_values, example_io
     from autopp.solve.runnable import weight_only_sends
-    from autopp.split import live_values
+    from autopp.model.split import live_values
 
     mf = load_model_file(ROOT / "examples" / "hf_t5.py")
     model = mf.build(0)
     units = discover_units(mf, model)
     example, _ = mf.sample_batch(2, seed=0)
     by_unit = split_model(model, example, [str(u.split_point) for u in units[1:]])
-    values = [{"name": v.name, "src": v.src, "dsts": list(v.dsts), "needs_grad": v.needs_grad, "reads": list(v.reads),
-               "action": "recompute" if v.recomputable else "relay"} for v in live_values(by_unit)]
+    values = live_values(by_unit)
     for cuts, expected in (((3, 4, 5), [1, 2]), ((2, 3, 5), [2])):
         pipe = split_model(model, example, [str(units[c].split_point) for c in cuts])
         io, sources = chain_io(pipe)

@@ -45,6 +45,7 @@ def _start_node(plan: Path, node_rank: int, port: int, report: Path) -> subproce
 
 # Issue 13, point 16: multi-node for real. Two `autopp run --nnodes 2` processes on this machine, one torchrun each,
 # rendezvous at 127.0.0.1: node 0 validates (PASSED) and writes the report, node 1 exits 0, nothing left behind.
+@pytest.mark.integration
 def test_two_node_torchrun_launch_on_this_machine(tmp_path: Path) -> None:
     plan = pipeline_plan(LINRELU, ["2"], "1F1B", pp=2, dp=1, num_microbatches=2).save(tmp_path / "p.json")
     port = free_port()
@@ -100,6 +101,7 @@ def sample_batch(batch_size):
 
 
 # Issue 13, point 1: all-NaN losses and gradients were reported PASSED, exit 0.
+@pytest.mark.integration
 def test_a_run_whose_losses_are_nan_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "nan.py"
     model.write_text(NAN_MODEL)
@@ -153,6 +155,7 @@ def sample_batch(batch_size):
 
 # Issue 13, point 4: the user saw `rank 1 failed: RuntimeError: [Stage 1] failed to run forward: (at stage.py:900)`;
 # the model's own exception was in a per-rank file of a deleted temporary directory.
+@pytest.mark.integration
 def test_a_failing_rank_reports_the_models_own_exception_and_keeps_the_logs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "faulty.py"

@@ -30,6 +30,7 @@ def _fake_rank(rank: int, run_dir: Path, code: str) -> RankProcess:
 SLEEPER = "import time; print('waiting', flush=True); time.sleep(60)"
 
 
+@pytest.mark.integration
 def test_all_ranks_succeed_and_progress_is_forwarded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # Issue 13, point 15: one line per rank per step (79 lines for 40 steps of the demo) was noise. Progress gets one
     # line per step; every rank's own lines are logged at INFO (`autopp run --verbose`), "[rank R] " prefix or not.
@@ -51,6 +52,7 @@ def test_split_line_reads_the_rank_prefix() -> None:
     assert split_line("plain", 5) == (5, "plain") and split_line("", 1) == (1, "")
 
 
+@pytest.mark.integration
 def test_recorded_exception_is_reported_and_peer_is_killed(tmp_path: Path) -> None:
     fail = ("import sys, pathlib; pathlib.Path(sys.argv[1], 'rank1.error').write_text('ValueError: boom (at m.py:3)');"
             "sys.exit(1)")
@@ -64,12 +66,14 @@ def test_recorded_exception_is_reported_and_peer_is_killed(tmp_path: Path) -> No
     assert processes_mentioning(str(tmp_path)) == []
 
 
+@pytest.mark.integration
 def test_crash_without_record_quotes_stderr(tmp_path: Path) -> None:
     crash = "import sys; sys.stderr.write('first\\nSegmentation-ish fault\\n'); sys.exit(3)"
     with pytest.raises(RunError, match=r"rank 0 exited with code 3; last lines of its stderr:\nfirst\nSegmentation"):
         wait_ranks([_fake_rank(0, tmp_path, crash), _fake_rank(1, tmp_path, SLEEPER)], timeout_s=30)
 
 
+@pytest.mark.integration
 def test_abrupt_death_beats_a_peer_that_recorded_losing_it(tmp_path: Path) -> None:
     peer = "import sys, pathlib; pathlib.Path(sys.argv[1], 'rank0.error').write_text('RuntimeError: peer reset')"
     die = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
@@ -87,6 +91,7 @@ def _wait_for_output(path: Path, text: str, limit_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.integration
 def test_timeout_kills_everything(tmp_path: Path) -> None:
     procs = [_fake_rank(r, tmp_path, SLEEPER) for r in range(2)]
     # The 1 s clock must start after rank 0 has said "waiting": under two CPU-bound processes, Python's start-up took
@@ -98,6 +103,7 @@ def test_timeout_kills_everything(tmp_path: Path) -> None:
     assert processes_mentioning(str(tmp_path)) == []
 
 
+@pytest.mark.integration
 def test_kill_ranks_reaps_grandchildren_in_the_group(tmp_path: Path) -> None:
     spawner = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)',"
                " sys.argv[1]]); time.sleep(60)")
@@ -122,6 +128,7 @@ def test_helpers(tmp_path: Path) -> None:
     assert tail(tmp_path / "log", 2) == "b\nc" and tail(tmp_path / "missing") == ""
 
 
+@pytest.mark.integration
 def test_rank_failure_prefers_the_record(tmp_path: Path) -> None:
     proc = _fake_rank(2, tmp_path, "import sys; sys.stderr.write('noise'); sys.exit(1)")
     proc.popen.wait()
@@ -130,6 +137,7 @@ def test_rank_failure_prefers_the_record(tmp_path: Path) -> None:
     assert rank_failure(proc) == "rank 2 failed: KeyError: 'x'"
 
 
+@pytest.mark.integration
 def test_keyboard_interrupt_kills_every_rank(tmp_path: Path) -> None:
     stepper = SLEEPER.replace("'waiting'", "'step 1/2 0.1 s'")  # the progress callback is called (and interrupts)
     procs = [_fake_rank(r, tmp_path, stepper) for r in range(2)]
@@ -143,6 +151,7 @@ def test_keyboard_interrupt_kills_every_rank(tmp_path: Path) -> None:
     assert processes_mentioning(str(tmp_path)) == []
 
 
+@pytest.mark.integration
 def test_sigterm_to_the_parent_kills_every_rank(tmp_path: Path) -> None:
     # The parent waits on a sleeping rank in a child python; SIGTERM to that parent must not orphan the rank.
     code = ("import sys, subprocess, pathlib\n"

@@ -11,17 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from autopp.plan import Plan
+from autopp.data.plan import Plan
 from autopp.run import GRAD_RTOL, run_plan
 
 from .conftest import ROOT, pipeline_plan, two_stage_plan
+
+pytestmark = pytest.mark.integration
 
 HF_GPT2 = ROOT / "examples" / "hf_gpt2.py"
 HF_T5 = ROOT / "examples" / "hf_t5.py"
 MASKED = ROOT / "tests" / "models" / "masked.py"
 MODELS = ROOT / "tests" / "models"
 
-pytest.importorskip("transformers")
+
+@pytest.fixture(autouse=True)
+def _needs_transformers() -> None:
+    """Skips without transformers; imported here, not at collection, so collecting the unit tier does not pay for it."""
+    pytest.importorskip("transformers")
 
 
 def test_tied_gpt2_sums_embedding_and_head_gradients_and_recomputes() -> None:
@@ -58,7 +64,7 @@ def test_t5_two_stages() -> None:
 
 def _even_plan(model: Path, schedule: str, v: int, num_microbatches: int = 4) -> Plan:
     """Four ranks, the model's 8 units cut evenly into 4 * v stages, microbatches of one sample."""
-    from autopp.modelfile import discover_units, load_model_file
+    from autopp.model import discover_units, load_model_file
 
     mf = load_model_file(model)
     units = discover_units(mf, mf.build(0))
@@ -97,7 +103,7 @@ def test_an_auto_plan_of_gpt_neox_on_four_ranks_runs() -> None:
     # Issue 13, point 3: GPT-NeoX planned with --devices 4 --schedule auto picked a plan whose run failed with
     # "PipeliningMetadataError: Backward of skip connections not supported yet". Profiled once, cheaply (one
     # microbatch size, one repeat: the figures only rank the choices), planned with every schedule open, run.
-    from autopp.cluster import Cluster
+    from autopp.data.cluster import Cluster
     from autopp.measure import profile_model
     from autopp.solve import PlanRequest, make_plan
 

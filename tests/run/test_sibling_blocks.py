@@ -9,6 +9,8 @@ from autopp.run import GRAD_RTOL, run_plan
 
 from .conftest import ROOT, two_stage_plan
 
+pytestmark = pytest.mark.integration
+
 DICTBLOCKS = ROOT / "tests" / "models" / "dictblocks.py"
 
 

@@ -68,10 +68,10 @@ def test_report_text_json_png_and_show_agree(tmp_path: Path, capsys: pytest.Capt
     """Issue 13, point 9: the report PNG's title showed the drawn step (0.316 s) where the text gave the median
     (0.346 s), and it had no memory panel. Each figure has one source: the report's."""
     from autopp.cli import main
-    from autopp.cluster import Cluster
-    from autopp.plan import load_plan
+    from autopp.data.cluster import Cluster
+    from autopp.data.plan import load_plan
     from autopp.predict import simulate_plan
-    from autopp.profile import load_profile
+    from autopp.data.profile import load_profile
     from autopp.solve import PlanRequest, make_plan
 
     from ..conftest import ROOT

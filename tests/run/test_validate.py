@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autopp.errors import RunError
-from autopp.modelfile import load_model_file
+from autopp.model.contract import load_model_file
 from autopp.run.validate import (GRAD_RTOL, Reference, check_coverage, compare_grads, compare_losses, failure,
                                  grad_atol, non_finite, reference_run, stage_atols, tensor_diff)
 

@@ -9,7 +9,7 @@ import pytest
 
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import Action, Kind, format_grid, from_csv_rows, parse_action, parse_grid, to_csv_rows
-from autopp.schedule.named import ScheduleName, build_schedule
+from autopp.schedule import ScheduleName, build_schedule
 from tests.schedule.torch_reference import FakeStage, to_torch_action
 
 

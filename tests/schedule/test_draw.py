@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from autopp.schedule.draw import draw_timeline, write_chrome_trace
-from autopp.schedule.named import ScheduleName
-from autopp.schedule.simulate import SimResult, StageCost, simulate_named
+from autopp.schedule import ScheduleName
+from autopp.schedule.effects import StageCost
+from autopp.schedule.simulate import SimResult, simulate_named
 
 
 def _result() -> SimResult:

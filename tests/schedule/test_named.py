@@ -8,7 +8,7 @@ import pytest
 
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import Kind
-from autopp.schedule.named import ScheduleName, build_schedule, stage_to_rank, stages_per_rank, validate
+from autopp.schedule import NAMED, ScheduleName, build_schedule, stage_to_rank, stages_per_rank, validate
 from tests.schedule.torch_reference import FakeStage, torch_order
 
 RANKS = (1, 2, 3, 4)
@@ -18,13 +18,13 @@ MULTI = (ScheduleName.INTERLEAVED_1F1B, ScheduleName.LOOPED_BFS, ScheduleName.IN
 
 def _cases() -> list[tuple[ScheduleName, int, int, int]]:
     cases: list[tuple[ScheduleName, int, int, int]] = []
-    for name, p, m in itertools.product(ScheduleName, RANKS, MICROBATCHES):
+    for name, p, m in itertools.product(NAMED, RANKS, MICROBATCHES):
         vs = (1, 2, 3) if name in MULTI else (stages_per_rank(name),)
         cases.extend((name, p, m, v) for v in vs)
     return cases
 
 
-@pytest.mark.parametrize("name", list(ScheduleName), ids=lambda n: n.value)
+@pytest.mark.parametrize("name", list(NAMED), ids=lambda n: n.value)
 def test_equals_torch_over_grid(name: ScheduleName) -> None:
     checked = 0
     for _, p, m, v in [c for c in _cases() if c[0] is name]:
@@ -71,7 +71,7 @@ def test_layouts() -> None:
     assert stage_to_rank(ScheduleName.GPIPE, 3) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("name", list(ScheduleName), ids=lambda n: n.value)
+@pytest.mark.parametrize("name", list(NAMED), ids=lambda n: n.value)
 def test_every_microbatch_has_forward_and_backward(name: ScheduleName) -> None:
     p, m = 3, 6
     v = 2 if name in MULTI else 1

@@ -8,8 +8,9 @@ import pytest
 
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import Action, Kind
-from autopp.schedule.named import ScheduleName, build_schedule, stage_to_rank, stages_per_rank
-from autopp.schedule.simulate import SimResult, StageCost, simulate, simulate_named
+from autopp.schedule import NAMED, ScheduleName, build_schedule, stage_to_rank, stages_per_rank
+from autopp.schedule.effects import StageCost
+from autopp.schedule.simulate import SimResult, simulate, simulate_named
 
 MB = 2**20
 
@@ -104,7 +105,7 @@ def _random_case(name: ScheduleName, seed: int) -> tuple[int, int, int, list[Sta
     return p, m, v, costs, [rng.uniform(0, 0.3) for _ in range(n - 1)]
 
 
-@pytest.mark.parametrize("name", list(ScheduleName), ids=lambda n: n.value)
+@pytest.mark.parametrize("name", list(NAMED), ids=lambda n: n.value)
 def test_events_respect_dependencies_and_memory_returns_to_static(name: ScheduleName) -> None:
     p, m, v, costs, comm = _random_case(name, 7)
     n = p * v
@@ -216,7 +217,7 @@ def test_progress_delay_costs_nothing_when_the_sender_is_idle() -> None:
     assert delayed.events == simulate(order, costs, [0, 1], [0.25]).events
 
 
-@pytest.mark.parametrize("name", list(ScheduleName))
+@pytest.mark.parametrize("name", list(NAMED))
 def test_progress_delays_never_deadlock_nor_speed_up(name: ScheduleName) -> None:
     p, m, v, costs, comm = _random_case(name, 11)
     n = p * v

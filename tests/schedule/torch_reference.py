@@ -7,7 +7,7 @@ from typing import Any
 from torch.distributed.pipelining import schedules as ts
 
 from autopp.schedule.actions import Action, Kind
-from autopp.schedule.named import Layout, ScheduleName, layout_of
+from autopp.schedule import Layout, ScheduleName, describe
 
 __all__ = ["FakeStage", "TORCH_CLASSES", "to_torch_action", "torch_order"]
 
@@ -83,10 +83,10 @@ def _compute_only(actions: list[Any]) -> list[Action]:
 
 def torch_order(name: ScheduleName, p: int, m: int, v: int) -> dict[int, list[Action]]:
     """The compute actions torch runs per rank (raises whatever torch raises for invalid sizes)."""
-    if name in (ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B):
+    if describe(name).single_stage:
         return _executed_single(name, p, m)
     num_stages = p * v
-    style = "v" if layout_of(name) is Layout.V else "loop"
+    style = "v" if describe(name).layout is Layout.V else "loop"
     mapping = ts.generate_stage_to_rank_mapping(p, num_stages, style=style)
     stages = [FakeStage(s, num_stages, p, 0) for s in range(num_stages) if mapping[s] == 0]
     sched = TORCH_CLASSES[name](stages, m)

@@ -1,50 +1,88 @@
-"""The dynamic program equals brute force over every contiguous split, on small random profiles."""
+"""The pipeline DP equals brute force over every contiguous split, each split's objective and memory worked out here
+from the unit arrays (not through the DP's tables); and the DP's small helpers."""
 
 from __future__ import annotations
 
 import itertools
 import random
 
+import numpy as np
 import pytest
 
-from autopp.cluster import Link
-from autopp.profile import UnitCost
-from autopp.solve.dp import best_split, even_bounds, evaluate_split, min_peak_memory
+from autopp.data.cluster import Link
+from autopp.costmodel import UnitArrays
+from autopp.solve.dp import PipeSpec, even_bounds, min_memory, pipeline_bounds
+
+from ..conftest import seeds
 
 LINK = Link(latency_s=0.01, bandwidth_bytes_per_s=1000.0)
 
 
-def _random_units(rng: random.Random, n: int) -> tuple[list[UnitCost], list[int]]:
-    units = [UnitCost(rng.uniform(0.1, 2), rng.uniform(0.1, 4), 0, rng.randint(0, 500), rng.randint(0, 100), 0)
-             for _ in range(n)]
-    cuts = [rng.randint(0, 200) for _ in range(n - 1)]
-    return units, cuts
+def _random_arrays(rng: random.Random, n: int) -> UnitArrays:
+    f = np.array([rng.uniform(0.1, 2) for _ in range(n)])
+    b = np.array([rng.uniform(0.1, 4) for _ in range(n)])
+    i = np.array([rng.uniform(0.05, 2.5) for _ in range(n)])
+    redo = np.array([rng.uniform(0.1, 2) for _ in range(n)])
+    static = np.array([float(rng.randint(0, 500)) for _ in range(n)])
+    act = np.array([float(rng.randint(0, 100)) for _ in range(n)])
+    cut = np.array([0.0, *[float(rng.randint(0, 200)) for _ in range(n - 1)], 0.0])
+    return UnitArrays(f, i, b - i / 2, redo, static, act, np.ones(n), np.ones(n), cut, False, b)
 
 
 def _all_bounds(n: int, p: int):  # type: ignore[no-untyped-def]
     for cuts in itertools.combinations(range(1, n), p - 1):
         ends = (0, *cuts, n)
-        yield list(zip(ends, ends[1:]))
+        yield tuple(zip(ends, ends[1:]))
 
 
-@pytest.mark.parametrize("seed", range(40))
+def _objective(a: UnitArrays, spec: PipeSpec, bounds: tuple[tuple[int, int], ...]) -> float:
+    """sum_s (T_s + 2 c_s) + (m - 1) max_s T_s; T_s = (F + min(B, I + W) (+ recompute)) / speed over the stage's
+    units, c_s = latency + cut bytes / bandwidth after every stage but the last."""
+    speed = spec.speed or (1.0,) * spec.num_stages
+    times = [sum(float(a.forward[u]) + min(float(a.backward[u]), float(a.backward_input[u] + a.backward_weight[u]))
+                 + (float(a.recompute[u]) if spec.recompute else 0.0) for u in range(i, j)) / sp
+             for (i, j), sp in zip(bounds, speed)]
+    sends = [LINK.latency_s + float(a.cut[j]) / LINK.bandwidth_bytes_per_s if a.cut[j] > 0 else 0.0
+             for _, j in bounds[:-1]]
+    return sum(times) + 2 * sum(sends) + (spec.microbatches - 1) * max(times)
+
+
+def _memory(a: UnitArrays, spec: PipeSpec, bounds: tuple[tuple[int, int], ...]) -> list[float]:
+    """Per stage: static bytes + held microbatches x activation bytes (held = in-flight count, 1 if recomputing)."""
+    inflight = spec.inflight or (1,) * spec.num_stages
+    return [float(a.static[i:j].sum()) + (1 if spec.recompute else k) * float(a.activation[i:j].sum())
+            for (i, j), k in zip(bounds, inflight)]
+
+
+def _spec(rng: random.Random, n: int, limit: float = float("inf")) -> PipeSpec:
+    p = rng.randint(1, min(n, 4))
+    return PipeSpec(num_stages=p, microbatches=rng.randint(1, 8), recompute=rng.random() < 0.3,
+                    speed=tuple(rng.choice([0.5, 1.0, 2.0]) for _ in range(p)),
+                    memory=(limit,) * p if np.isfinite(limit) else (),
+                    inflight=tuple(min(p - s, 8) for s in range(p)), links=(LINK,) * (p - 1))
+
+
+@pytest.mark.parametrize("seed", seeds(40))
 def test_dp_equals_brute_force(seed: int) -> None:
     rng = random.Random(seed)
     n = rng.randint(1, 9)
-    p, m = rng.randint(1, min(n, 4)), rng.randint(1, 8)
-    units, cuts = _random_units(rng, n)
-    limit = rng.randint(200, 2500)
-    splits = [evaluate_split(units, cuts, LINK, b, m) for b in _all_bounds(n, p)]
-    feasible = [s for s in splits if max(s.peak_memory) <= limit]
-    got = best_split(units, cuts, LINK, p, m, limit)
+    a, spec = _random_arrays(rng, n), _spec(rng, n, float(rng.randint(200, 2500)))
+    splits = list(_all_bounds(n, spec.num_stages))
+    feasible = [b for b in splits if max(_memory(a, spec, b)) <= spec.memory[0]]
+    got = pipeline_bounds(a, spec)
     if not feasible:
         assert got is None
         return
-    assert got is not None
-    best = min(feasible, key=lambda s: (s.step_s, max(s.peak_memory)))
-    assert got.step_s == pytest.approx(best.step_s, rel=1e-12)
-    assert max(got.peak_memory) <= limit
-    assert min_peak_memory(units, cuts, LINK, p, m) == min(max(s.peak_memory) for s in splits)
+    assert got is not None and max(_memory(a, spec, got)) <= spec.memory[0]
+    assert _objective(a, spec, got) == pytest.approx(min(_objective(a, spec, b) for b in feasible), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", seeds(20))
+def test_min_memory_equals_brute_force(seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    n = rng.randint(1, 9)
+    a, spec = _random_arrays(rng, n), _spec(rng, n)
+    assert min_memory(a, spec) == min(max(_memory(a, spec, b)) for b in _all_bounds(n, spec.num_stages))
 
 
 def test_even_bounds() -> None:
@@ -53,6 +91,6 @@ def test_even_bounds() -> None:
 
 
 def test_heavy_unit_gets_its_own_stage() -> None:
-    units = [UnitCost(1.0, 2.0, 0, 0, 0, 0)] * 5 + [UnitCost(5.0, 10.0, 0, 0, 0, 0)]
-    got = best_split(units, [0] * 5, LINK, 2, 8, 10**9)
-    assert got is not None and got.bounds == ((0, 5), (5, 6))
+    f = np.array([1.0] * 5 + [5.0])
+    a = UnitArrays(f, f, f, f, np.zeros(6), np.zeros(6), np.zeros(6), np.zeros(6), np.zeros(7), False, 2 * f)
+    assert pipeline_bounds(a, PipeSpec(num_stages=2, microbatches=8, links=(LINK,))) == ((0, 5), (5, 6))

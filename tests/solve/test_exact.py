@@ -8,10 +8,12 @@ import random
 import numpy as np
 import pytest
 
-from autopp.cluster import Link
-from autopp.solve.arrays import UnitArrays
+from autopp.data.cluster import Link
+from autopp.costmodel import UnitArrays
 from autopp.solve.cpsat import solve_cpsat
 from autopp.solve.dp import PipeSpec, fits, min_max_bounds, min_memory, pipeline_bounds, pipeline_objective
+
+from ..conftest import seeds
 
 LINK = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e6)
 
@@ -45,7 +47,7 @@ def _times(a: UnitArrays, spec: PipeSpec, bounds) -> list[float]:  # type: ignor
     return [float(w[i:j].sum()) / sp for (i, j), sp in zip(bounds, speed)]
 
 
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", seeds(60))
 def test_pipeline_and_min_max_equal_brute_force(seed: int) -> None:
     rng = random.Random(seed)
     n = rng.randint(1, 12)
@@ -61,7 +63,7 @@ def test_pipeline_and_min_max_equal_brute_force(seed: int) -> None:
     assert max(_times(a, spec, got_mm)) == pytest.approx(min(max(_times(a, spec, b)) for b in feasible), rel=1e-9)
 
 
-@pytest.mark.parametrize("seed", range(15))
+@pytest.mark.parametrize("seed", seeds(15))
 def test_min_memory_is_the_least_budget(seed: int) -> None:
     rng = random.Random(100 + seed)
     n = rng.randint(2, 10)
@@ -72,7 +74,7 @@ def test_min_memory_is_the_least_budget(seed: int) -> None:
     assert pipeline_bounds(a, tight) is not None and pipeline_bounds(a, below) is None
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", seeds(12))
 def test_cpsat_agrees_with_dp(seed: int) -> None:
     rng = random.Random(200 + seed)
     n = rng.randint(2, 9)

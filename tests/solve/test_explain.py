@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopp.cluster import Cluster
+from autopp.data.cluster import Cluster
 from autopp.errors import InfeasibleError
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, make_plan
@@ -20,7 +20,7 @@ def test_interleaved_on_too_few_units_says_stages_per_rank_and_what_works() -> N
     # was: "no valid configuration for Interleaved1F1B on 4 devices" (HF Mixtral, 6 units)
     with pytest.raises(InfeasibleError, match=r"cannot split 6 units into 8 stages \(Interleaved1F1B runs 2 stages "
                                               r"per rank\): use at most 3 devices; .*or a schedule with one stage per "
-                                              r"rank \(--schedule 1F1B or GPipe\); or finer units: SPLIT_POINTS .* "
+                                              r"rank \(--schedule GPipe or 1F1B\); or finer units: SPLIT_POINTS .* "
                                               r"inside a block \(e\.g\. `h\.0\.<child>`"):
         make_plan(synthetic_profile(6), _request(4, ScheduleName.INTERLEAVED_1F1B))
     assert make_plan(synthetic_profile(6), _request(3, ScheduleName.INTERLEAVED_1F1B)).virtual_stages == 2

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from autopp.cluster import DEFAULT_LINK, Cluster, Device, Link
-from autopp.plan import Plan
-from autopp.profile import Profile, load_profile
-from autopp.schedule import ScheduleName
+from autopp.data.cluster import DEFAULT_LINK, Cluster, Device, Link
+from autopp.data.plan import Plan
+from autopp.data.profile import Profile, load_profile
+from autopp.schedule import NAMED, ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.solve.synthetic import synthetic_profile
 
@@ -48,7 +48,7 @@ CASES: dict[str, tuple[Callable[[], Profile], Callable[[], PlanRequest]]] = {
     **{f"syn24-d8-{n.value}": (lambda: synthetic_profile(24),
                                lambda n=n: PlanRequest(cluster=Cluster(num_devices=8, memory_bytes=80 * GiB),
                                                        global_batch=32, schedule=n, pp=8))
-       for n in ScheduleName},
+       for n in NAMED},
     "syn24-d8-auto-recompute": (lambda: synthetic_profile(24),
                                 lambda: PlanRequest(cluster=Cluster(num_devices=8, memory_bytes=13 * GiB),
                                                     global_batch=32, schedule=None, dp=None,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from autopp.cluster import Cluster
+from autopp.data.cluster import Cluster
 from autopp.errors import PlanError
-from autopp.profile import load_profile
+from autopp.data.profile import load_profile
 from autopp.schedule import ScheduleName
 from autopp.solve import Pinned, PlanRequest, evaluate_pinned, make_plan
 
@@ -19,7 +19,7 @@ def test_the_planners_own_split_evaluates_to_its_figures() -> None:
     profile = load_profile(GPT)
     cluster = Cluster(num_devices=2, memory_bytes=4 << 30)
     plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=8))
-    pinned = Pinned(schedule=ScheduleName(plan.schedule), pp=plan.pp, microbatches=plan.num_microbatches,
+    pinned = Pinned(schedule=plan.schedule, pp=plan.pp, microbatches=plan.num_microbatches,
                     microbatch_size=plan.microbatch_size, bounds=tuple(s.units for s in plan.stages))
     again = evaluate_pinned(profile, cluster, pinned)
     assert again.predicted.step_time_s == plan.predicted.step_time_s

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from autopp.cluster import Cluster, Device, Link
+from autopp.data.cluster import Cluster, Device, Link
 from autopp.errors import InfeasibleError
 from autopp.solve import PlanRequest, make_plan
 from autopp.solve.dp import PipeSpec, pipeline_bounds, pipeline_objective

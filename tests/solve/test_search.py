@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from autopp.cluster import DEFAULT_LINK, Cluster
+from autopp.data.cluster import DEFAULT_LINK, Cluster
 from autopp.errors import InfeasibleError
-from autopp.plan import Plan
-from autopp.profile import Profile
+from autopp.data.plan import Plan
+from autopp.data.profile import Profile
 from autopp.solve import PlanRequest, make_plan
 
 
@@ -15,39 +15,39 @@ def _plan(profile: Profile, devices: int = 2, memory: int = 2**30, **kw) -> Plan
     return make_plan(profile, PlanRequest(cluster=Cluster(num_devices=devices, memory_bytes=memory), **kw))
 
 
-def test_plan_is_valid_and_no_worse_than_even(gpt_profile: Profile) -> None:
-    plan = _plan(gpt_profile, global_batch=4)
+def test_plan_is_valid_and_no_worse_than_even(shipped_gpt: Profile) -> None:
+    plan = _plan(shipped_gpt, global_batch=4)
     assert plan.global_batch == 4 and plan.num_microbatches in (2, 4)
-    assert plan.stages[0].units[0] == 0 and plan.stages[-1].units[1] == gpt_profile.num_units
+    assert plan.stages[0].units[0] == 0 and plan.stages[-1].units[1] == shipped_gpt.num_units
     assert plan.predicted.step_time_s <= plan.baselines["even"].step_time_s
     assert Plan.from_json(plan.to_json()) == plan
 
 
-def test_pinned_microbatches(gpt_profile: Profile) -> None:
-    assert _plan(gpt_profile, global_batch=8, num_microbatches=8).microbatch_size == 1
+def test_pinned_microbatches(shipped_gpt: Profile) -> None:
+    assert _plan(shipped_gpt, global_batch=8, num_microbatches=8).microbatch_size == 1
 
 
-def test_smallest_memory_is_exact(gpt_profile: Profile) -> None:
+def test_smallest_memory_is_exact(shipped_gpt: Profile) -> None:
     with pytest.raises(InfeasibleError, match=r"the smallest that works is .*use --memory (\d+)") as info:
-        _plan(gpt_profile, memory=2**20, global_batch=4)
+        _plan(shipped_gpt, memory=2**20, global_batch=4)
     need = int(info.value.args[0].split("--memory ")[1].split()[0])
-    assert max(_plan(gpt_profile, memory=need, global_batch=4).predicted.peak_memory_bytes) <= need
+    assert max(_plan(shipped_gpt, memory=need, global_batch=4).predicted.peak_memory_bytes) <= need
     with pytest.raises(InfeasibleError):
-        _plan(gpt_profile, memory=need - 1, global_batch=4)
+        _plan(shipped_gpt, memory=need - 1, global_batch=4)
 
 
-def test_too_many_devices(gpt_profile: Profile) -> None:
+def test_too_many_devices(shipped_gpt: Profile) -> None:
     with pytest.raises(InfeasibleError, match=r"cannot split 8 units into 9 stages: use at most 8 devices"):
-        _plan(gpt_profile, devices=9, global_batch=16)
+        _plan(shipped_gpt, devices=9, global_batch=16)
 
 
-def test_too_few_microbatches(gpt_profile: Profile) -> None:
+def test_too_few_microbatches(shipped_gpt: Profile) -> None:
     with pytest.raises(InfeasibleError, match=r"microbatches >= stages \(2 < 4\)"):
-        _plan(gpt_profile, devices=4, global_batch=2)
+        _plan(shipped_gpt, devices=4, global_batch=2)
 
 
-def test_determinism(gpt_profile: Profile) -> None:
-    assert _plan(gpt_profile, global_batch=8).to_json() == _plan(gpt_profile, global_batch=8).to_json()
+def test_determinism(shipped_gpt: Profile) -> None:
+    assert _plan(shipped_gpt, global_batch=8).to_json() == _plan(shipped_gpt, global_batch=8).to_json()
 
 
 # ---- The joint search on synthetic profiles (fast, no torch). ----
@@ -56,8 +56,7 @@ import json  # noqa: E402
 
 from autopp.schedule import ScheduleName, simulate_named  # noqa: E402
 from autopp.solve import RecomputeMode  # noqa: E402
-from autopp.solve.arrays import unit_arrays  # noqa: E402
-from autopp.solve.judge import comm_times, message_overheads, progress_delays, stage_costs  # noqa: E402
+from autopp.costmodel import comm_times, message_overheads, progress_delays, stage_costs, unit_arrays  # noqa: E402
 from autopp.solve.synthetic import synthetic_profile  # noqa: E402
 
 GiB = 2**30
@@ -70,7 +69,7 @@ def _synth(devices: int = 4, memory: float = 80, **kw) -> Plan:  # type: ignore[
 
 def test_default_plan_is_runnable_1f1b_without_dp() -> None:
     plan = _synth(global_batch=16)
-    assert plan.schedule == "1F1B" and plan.dp == 1 and plan.pp == plan.num_ranks == 4
+    assert plan.schedule is ScheduleName.ONE_F_ONE_B and plan.dp == 1 and plan.pp == plan.num_ranks == 4
     assert [s.rank for s in plan.stages] == [0, 1, 2, 3] and not any(s.recompute for s in plan.stages)
 
 
@@ -81,7 +80,7 @@ def test_predicted_figures_are_the_simulators() -> None:
     owner = [s.rank for s in plan.stages]
     cluster = Cluster(num_devices=4, memory_bytes=80 * GiB)
     costs = stage_costs(a, bounds, [1.0] * len(bounds), message_overheads(cluster, owner))
-    sim = simulate_named(ScheduleName(plan.schedule), plan.pp, plan.num_microbatches, costs,
+    sim = simulate_named(plan.schedule, plan.pp, plan.num_microbatches, costs,
                          comm_times(a, cluster, bounds, owner), plan.virtual_stages, [s.recompute for s in plan.stages],
                          progress_delays(cluster, owner))
     assert plan.predicted.step_time_s == sim.step_time_s
@@ -134,8 +133,8 @@ def test_byte_identical_json() -> None:
 def test_gpu_profile_with_a_cpu_progress_delay_gets_a_note() -> None:
     from dataclasses import replace
 
-    from autopp.cluster import Link
-    from autopp.solve.search import GPU_PROGRESS_NOTE
+    from autopp.data.cluster import Link
+    from autopp.solve.make import GPU_PROGRESS_NOTE
     cpu = synthetic_profile(12)
     gpu = replace(cpu, meta=replace(cpu.meta, device="cuda:0"))
     request = PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=80 * GiB), global_batch=16)

@@ -1,0 +1,100 @@
+"""What every command of the `autopp` CLI shares: argument types, the usage-error parser, progress lines, the
+default profile directory and the choices."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, NoReturn
+
+from ..schedule import NAMED
+from ..sizes import parse_size
+
+__all__ = ["DEFAULT_PROFILE_DIR", "SCHEDULE_NAMES", "TARGET_NAMES", "Parser", "progress", "end_progress",
+           "comma_sizes", "memory_size", "integer", "number", "POSITIVE", "COUNT", "SECONDS"]
+
+DEFAULT_PROFILE_DIR = Path("profiles")
+
+#: The named schedules' values (the schedule package loads neither torch, pandas nor OR-Tools: ~0.1 s).
+SCHEDULE_NAMES = tuple(n.value for n in NAMED)
+
+#: The values of autopp.export.Target, spelt out for the same reason; tests/export/test_export.py checks they agree.
+TARGET_NAMES = ("torchtitan", "megatron", "deepspeed", "torch-csv")
+
+
+def progress(prefix: str) -> Callable[[str], None]:
+    """A progress callback: one updated line on a terminal, else one line per message, on stderr."""
+    tty = sys.stderr.isatty()
+
+    def show(msg: str) -> None:
+        if tty:
+            sys.stderr.write(f"\r\033[K{prefix}: {msg}")
+            sys.stderr.flush()
+        else:
+            print(f"{prefix}: {msg}", file=sys.stderr, flush=True)
+    return show
+
+
+def end_progress() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+
+
+def comma_sizes(text: str) -> list[int]:
+    """An argparse type: comma-separated positive integers such as 1,2,4."""
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,4, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"microbatch sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def memory_size(text: str) -> int:
+    """An argparse type: a byte size such as 80GiB (autopp.sizes.parse_size)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def integer(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `least`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected {'a positive integer' if least == 1 else f'an integer >= {least}'}"
+                                             f", got {text!r}")
+        return value
+    return parse
+
+
+def number(least: float, inclusive: bool, what: str = "") -> Callable[[str], float]:
+    """An argparse type: a finite number >= `least` (> `least` unless `inclusive`), described as `what`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value >= least if inclusive else value > least) or value == float("inf"):
+            bound = f"a finite number {'>=' if inclusive else '>'} {least:g}"
+            raise argparse.ArgumentTypeError(f"expected {what or bound}, got {text!r}")
+        return value
+    return parse
+
+
+POSITIVE = integer(1)
+COUNT = integer(0)
+SECONDS = number(0, inclusive=False, what="a positive number of seconds")
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors on one line (the command and what is wrong), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

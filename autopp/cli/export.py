@@ -1,0 +1,69 @@
+"""`autopp export`: write a plan for torchtitan, Megatron-LM, DeepSpeed or torch's schedule CSV."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import AutoppError
+from ..preflight import check_output_file
+from .common import DEFAULT_PROFILE_DIR, TARGET_NAMES
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    """The `export` command."""
+    p = sub.add_parser("export", help="write a plan for torchtitan, Megatron-LM, DeepSpeed or torch's schedule CSV")
+    p.add_argument("plan", help="plan JSON")
+    p.add_argument("--to", required=True, choices=TARGET_NAMES,
+                   help="the trainer (docs/export.md says what maps to what)")
+    p.add_argument("--profile", help="the profile the plan was made from (torchtitan needs its module names; "
+                                     "default profiles/MODEL if its fingerprint matches)")
+    p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                   help="rename profiled modules to the trainer's (prefix; empty NEW drops the module), repeatable")
+    p.add_argument("-o", "--output", help="output file (default PLAN.torchtitan.args, .megatron.args, "
+                                          ".deepspeed.json or .schedule.csv beside the plan)")
+    p.set_defaults(func=_cmd_export)
+
+
+def _unit_modules(args: argparse.Namespace, plan) -> list[list[str]] | None:  # type: ignore[no-untyped-def]
+    """Each unit's module names from --profile, or from the model's default profile when its fingerprint matches."""
+    from ..data.profile import load_profile
+    path = Path(args.profile) if args.profile else DEFAULT_PROFILE_DIR / Path(plan.model_path).stem
+    if not args.profile and not (path / "meta.json").is_file():
+        return None
+    profile = load_profile(path)
+    if profile.meta.fingerprint != plan.fingerprint:
+        raise AutoppError(f"{path}: profile fingerprint {profile.meta.fingerprint} is not the plan's "
+                          f"({plan.fingerprint}); give --profile DIR, the profile the plan was made from")
+    return profile.unit_modules()
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ..export import Target, default_output, export_plan, rename_modules, write_export
+    from ..data.plan import load_plan
+    renames = [tuple(r.split("=", 1)) for r in args.rename]
+    if any(len(r) != 2 or not r[0] for r in renames):
+        raise AutoppError(f"--rename takes OLD=NEW, got {args.rename}")
+    target = Target(args.to)
+    if target is not Target.TORCHTITAN:
+        for flag, given in (("--rename", args.rename), ("--profile", args.profile)):
+            if given:
+                raise AutoppError(f"{flag} applies to --to torchtitan only (module names); {args.to} exports count "
+                                  "units, not names: leave it out")
+    out = check_output_file(args.output or default_output(args.plan, target), "-o" if args.output else None)
+    plan = load_plan(args.plan)
+    modules = _unit_modules(args, plan) if target is Target.TORCHTITAN else None
+    if modules is not None:
+        modules = rename_modules(modules, renames)  # type: ignore[arg-type]
+    exported = export_plan(plan, target, out, modules, where=args.plan)
+    for extra in exported.extra:  # every file, before any is written
+        check_output_file(extra)
+    for path in write_export(exported, out):
+        print(f"wrote {path}")
+    for note in exported.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0

@@ -1,0 +1,146 @@
+"""`autopp plan`: choose stage boundaries, schedule and microbatches for a profile (measured first if needed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..data.cluster import DEFAULT_LINK
+from ..errors import AutoppError
+from ..preflight import check_model_file, check_output_dir, check_output_file
+from ..schedule import ScheduleName
+from .common import DEFAULT_PROFILE_DIR, POSITIVE, SCHEDULE_NAMES, SECONDS, memory_size, number
+from .profile import profile_for
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    """The `plan` command."""
+    p = sub.add_parser("plan", help="choose stage boundaries and microbatches")
+    p.add_argument("model", nargs="?", help="model file (profiled if profiles/MODEL is missing or stale)")
+    p.add_argument("--profile", help="plan from this profile directory instead")
+    p.add_argument("--devices", type=POSITIVE, help="devices in all (pp x dp)")
+    p.add_argument("--memory", type=memory_size, help="memory per device, e.g. 80GiB")
+    p.add_argument("--cluster", help="cluster JSON with each device's memory and speed and each link "
+                                     "(docs/cluster-format.md); replaces --devices/--memory/--latency/--bandwidth")
+    p.add_argument("--global-batch", type=POSITIVE, default=8, help="samples per step (default 8)")
+    p.add_argument("--microbatches", type=POSITIVE, help="pin the microbatch count per replica")
+    p.add_argument("--schedule", default=ScheduleName.ONE_F_ONE_B.value, choices=["auto", *SCHEDULE_NAMES],
+                   help=f"pipeline schedule (default {ScheduleName.ONE_F_ONE_B.value}; auto searches all)")
+    p.add_argument("--pp", type=POSITIVE, help="pin the pipeline ranks (default devices / dp)")
+    p.add_argument("--dp", type=_auto_int, help="data-parallel replicas, or auto (default 1, or devices / pp)")
+    p.add_argument("--synthesize", action="store_true",
+                   help="also try a CP-SAT-synthesized F/I/W order for the chosen split (always on with auto)")
+    p.add_argument("--synth-time", type=SECONDS, default=10.0, metavar="S", help="CP-SAT time limit (default 10 s)")
+    p.add_argument("--links", help="links JSON from `autopp profile-links` (default: assumed loopback gloo)")
+    p.add_argument("--virtual-stages", type=POSITIVE, help="stages per rank for interleaved schedules")
+    p.add_argument("--recompute", choices=["none", "all", "auto"], default="none",
+                   help="activation recomputation (default none; auto: only where memory needs it)")
+    p.add_argument("--latency", type=number(0, inclusive=True), help="link latency in seconds (default: assumed loopback gloo)")
+    p.add_argument("--bandwidth", type=number(0, inclusive=False), help="link bandwidth in bytes/s")
+    p.add_argument("--message-overhead", type=number(0, inclusive=True), metavar="S",
+                   help="time a rank is kept busy per message to or from another rank, besides waiting (default: "
+                        f"the --links file's, else assumed for torch's schedules over gloo on CPU, "
+                        f"{DEFAULT_LINK.overhead_s:g})")
+    p.add_argument("--progress-delay", type=number(0, inclusive=True), metavar="S",
+                   help="longest a message waits for its sender to stop computing (default: the --links file's, "
+                        f"else assumed for gloo on a CPU host whose cores all run ranks, {DEFAULT_LINK.progress_s:g}; "
+                        "0 where messages move on their own, as with NCCL)")
+    p.add_argument("-o", "--output", help="plan JSON path (default MODEL.plan.json)")
+    p.add_argument("--pin-from", metavar="FILE",
+                   help="also judge the configuration you run today (torchtitan overrides or .toml, Megatron-LM "
+                        "arguments; docs/export.md) and print it beside autopp's plan")
+    p.set_defaults(func=_cmd_plan)
+
+
+def _auto_int(text: str) -> int:
+    return 0 if text == "auto" else POSITIVE(text)
+
+
+def _dp(args: argparse.Namespace) -> int | None:
+    """--dp N, auto (None), or unset: 1, or devices / pp when --pp is given."""
+    if args.dp is None:
+        return None if args.pp else 1
+    return args.dp or None
+
+
+def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from ..data.cluster import DEFAULT_LINK, Cluster, Link, load_cluster
+    if args.cluster:
+        for flag, value, field in (("--message-overhead", args.message_overhead, "overhead_s"),
+                                   ("--progress-delay", args.progress_delay, "progress_s")):
+            if value is not None:
+                raise AutoppError(f"{flag} applies to --devices; with --cluster give each link's {field} in the file")
+        return load_cluster(args.cluster)
+    if args.devices is None or args.memory is None:
+        raise AutoppError("give --devices N and --memory SIZE, or --cluster FILE")
+    base = DEFAULT_LINK
+    if args.links:
+        from ..measure.links import load_link
+        base = load_link(args.links)
+    link = Link(latency_s=args.latency if args.latency is not None else base.latency_s,
+                bandwidth_bytes_per_s=args.bandwidth or base.bandwidth_bytes_per_s,
+                overhead_s=args.message_overhead if args.message_overhead is not None else base.overhead_s,
+                progress_s=args.progress_delay if args.progress_delay is not None else base.progress_s)
+    return Cluster(num_devices=args.devices, memory_bytes=args.memory, link=link)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    if bool(args.model) == bool(args.profile):
+        raise AutoppError("give either MODEL.py or --profile DIR, not both or neither")
+    if args.output:  # before anything is loaded
+        check_output_file(args.output, "-o")
+    if args.model:
+        check_model_file(args.model)
+    if args.pin_from:  # before a profile is loaded or measured
+        from ..export import read_config_text
+        read_config_text(args.pin_from)
+    from ..display import format_plan
+    from ..solve import PlanRequest, RecomputeMode, make_plan
+    try:
+        request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch,
+                              num_microbatches=args.microbatches,
+                              schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
+                              pp=args.pp, dp=_dp(args), virtual_stages=args.virtual_stages,
+                              recompute=RecomputeMode(args.recompute),
+                              synthesize=args.schedule == "auto" or args.synthesize,
+                              synth_time_limit_s=args.synth_time)
+    except ValueError as exc:
+        raise AutoppError(str(exc)) from None
+    given = None
+    if args.profile:
+        from ..data.profile import load_profile
+        given = load_profile(args.profile)
+        stem = Path(given.meta.model_path).stem
+    else:
+        stem = Path(args.model).stem
+        if not (DEFAULT_PROFILE_DIR / stem / "meta.json").is_file():  # it will be profiled and saved there
+            check_output_dir(DEFAULT_PROFILE_DIR / stem, marker="meta.json", kind="profile")
+    out = check_output_file(args.output or f"{stem}.plan.json", "-o" if args.output else None)
+    profile = given or profile_for(args)
+    pinned = _read_pin(args, profile, request) if args.pin_from else None
+    plan = make_plan(profile, request)
+    plan.save(out)
+    print(format_plan(plan))
+    print(f"\nwrote plan {out}")
+    if pinned is not None:
+        from ..export.compare import format_comparison
+        from ..solve import evaluate_pinned
+        print(format_comparison(evaluate_pinned(profile, request.cluster, pinned[0]), plan, args.pin_from, pinned[1]))
+    return 0
+
+
+def _read_pin(args: argparse.Namespace, profile, request):  # type: ignore[no-untyped-def]
+    """--pin-from: the user's trainer configuration (checked before the search and before anything is written) and
+    notes on how it is judged."""
+    from ..export import read_pinned
+    from ..solve.pinned import check_pinned
+    pinned, notes = read_pinned(args.pin_from, profile.meta.unit_names, request.cluster.num_devices)
+    check_pinned(pinned, profile.num_units, request.cluster.num_devices)
+    batch = pinned.microbatches * pinned.microbatch_size * pinned.dp
+    if batch != request.global_batch:
+        raise AutoppError(f"{args.pin_from}: its global batch is {batch}, --global-batch is {request.global_batch}; "
+                          f"give --global-batch {batch} so both plans train the same batch")
+    return pinned, notes

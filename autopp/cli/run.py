@@ -1,0 +1,78 @@
+"""`autopp run`: execute a plan on local ranks or through torchrun, validate it, write the run report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import AutoppError
+from ..preflight import check_output_file
+from .common import POSITIVE, SECONDS, end_progress, progress
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    """The `run` command."""
+    p = sub.add_parser("run", help="execute a plan with torch.distributed.pipelining and validate it")
+    p.add_argument("plan", help="plan JSON")
+    p.add_argument("--steps", type=POSITIVE, default=3, help="training steps (default 3)")
+    p.add_argument("--timeout", type=SECONDS, default=300.0,
+                   help="seconds before the run is stopped (default 300)")
+    p.add_argument("--report", help="run report JSON path (default PLAN.report.json)")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="also log every rank's own lines (stages built, relays, each rank's steps)")
+    p.add_argument("--nnodes", type=POSITIVE, help="run through torchrun on this many machines (docs/launch.md)")
+    p.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nnodes-1 (default 0)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0, reachable from every node")
+    p.add_argument("--master-port", type=int, default=29500, help="free TCP port on node 0 (default 29500)")
+    p.add_argument("--run-dir", help="keep the ranks' logs and results here (default: a temporary directory)")
+    p.add_argument("--print-torchrun", action="store_true",
+                   help="print the torchrun command to run on each node, and exit")
+    p.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from ..data.plan import load_plan
+    writes_report = not args.print_torchrun and (args.nnodes is None or args.node_rank == 0)
+    out = Path(args.report or Path(args.plan).with_suffix(".report.json"))
+    if writes_report:  # before any rank starts: a bad --report must not cost the run
+        check_output_file(out, "--report" if args.report else None)
+    plan = load_plan(args.plan)
+    from ..run import Nodes, RunFailedError, format_report, run_plan  # torch: only once the plan is known to be good
+    from ..run.torchrun import format_commands
+    nodes = None
+    if args.nnodes is not None or args.print_torchrun:
+        try:
+            nodes = Nodes(nnodes=args.nnodes or 1, node_rank=args.node_rank, master_addr=args.master_addr,
+                          master_port=args.master_port)
+        except ValueError as exc:
+            raise AutoppError(str(exc)) from None
+    if args.print_torchrun:
+        assert nodes is not None
+        print(format_commands(Path(args.plan).resolve(), nodes, num_ranks=plan.num_ranks,
+                              run_dir=args.run_dir or "autopp-run", steps=args.steps, timeout_s=args.timeout))
+        return 0
+    try:
+        report = run_plan(plan, steps=args.steps, timeout_s=args.timeout, progress=progress("running"),
+                          plan_path=str(Path(args.plan).resolve()), check=False, nodes=nodes, work_dir=args.run_dir)
+    except RunFailedError as exc:
+        end_progress()
+        exc.report.save(out)
+        print(f"wrote partial report {out}", file=sys.stderr)
+        if exc.logs is not None:
+            print(f"logs of the ranks kept in {exc.logs} (rank*.err: each rank's traceback)", file=sys.stderr)
+        raise
+    end_progress()
+    if nodes is not None and nodes.node_rank != 0:
+        print(f"node {nodes.node_rank}: its ranks finished; node 0 validates and writes the report")
+        return 0
+    report.save(out)
+    print(format_report(report))
+    print(f"\nwrote report {out}")
+    if not report.passed:
+        print(f"autopp: error: validation failed: {report.error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,64 @@
+"""`autopp show`: draw a plan's simulated timeline and memory, or a run report's measured timeline."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..preflight import check_output_file
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    """The `show` command."""
+    p = sub.add_parser("show", help="draw a plan's simulated timeline and memory, or a run's measured timeline")
+    p.add_argument("file", help="plan JSON, or a run report JSON (measured drawn above predicted)")
+    p.add_argument("-o", "--output", help="PNG path (default PLAN.png)")
+    p.add_argument("--trace", help="also write a Chrome/Perfetto trace JSON here")
+    p.set_defaults(func=_cmd_show)
+
+
+def _show_report(path: Path, out: Path) -> int:
+    from ..data.plan import load_plan
+    from ..predict import simulate_plan
+    from ..run import draw_report, load_report
+    from ..run.timeline import measured_headline, predicted_headline
+    report = load_report(path)
+    plan_path = report.get("plan_path")
+    predicted = simulate_plan(load_plan(plan_path)) if plan_path and Path(plan_path).is_file() else None
+    draw_report(report, predicted, out)
+    figures = f"measured {measured_headline(report)}" + (
+        f"; predicted {predicted_headline(report, predicted)}" if predicted else "")
+    print(f"wrote measured{' and predicted' if predicted else ''} timelines {out} ({figures})")
+    if predicted is None:
+        print(f"(plan {plan_path} not found: measured timeline only)", file=sys.stderr)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from ..jsonio import read_json
+    from ..data.plan import load_plan
+    path = Path(args.file)
+    data = read_json(path, "plan or report file", advice="give a file written by `autopp plan` or `autopp run`")
+    out = check_output_file(args.output or path.with_suffix(".png"), "-o" if args.output else None)
+    if args.trace:
+        check_output_file(args.trace, "--trace")
+    if isinstance(data, dict) and "grad_rtol" in data:
+        return _show_report(path, out)
+    plan = load_plan(path)
+    from ..display import format_predicted_step
+    from ..predict import simulate_plan
+    from ..schedule import draw_timeline, write_chrome_trace
+    result = simulate_plan(plan)
+    title = (f"{Path(plan.model_path).name}: {plan.schedule.value}, pp {plan.pp} x dp {plan.dp}, "
+             f"{plan.num_microbatches} microbatches of {plan.microbatch_size} (simulated)")
+    headline = format_predicted_step(plan, result.step_time_s)  # the plan's stored figures, as `autopp plan` prints
+    draw_timeline(result, out, title=title, headline=headline)
+    print(f"wrote timeline {out} ({headline})")
+    if args.trace:
+        write_chrome_trace(result, args.trace)
+        print(f"wrote trace {args.trace} (open in chrome://tracing or ui.perfetto.dev)")
+    return 0

@@ -1,0 +1,60 @@
+"""Cost terms of a stage (a contiguous range of units on one device): its times for the simulator and its memory."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..data.cluster import Cluster
+from ..schedule import StageCost
+from .units import UnitArrays
+
+__all__ = ["stage_speeds", "stage_costs", "held_microbatches", "memory_prefix", "unit_memory", "ideal_step_time"]
+
+
+def stage_speeds(cluster: Cluster, owner: Sequence[int]) -> list[float]:
+    """Per stage, the relative speed of the device of its rank: a stage takes its profiled time / speed."""
+    return [cluster.device(r).speed for r in owner]
+
+
+def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequence[float],
+                overheads: Sequence[float] | None = None) -> list[StageCost]:
+    """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input;
+    `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none). Like
+    torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward."""
+    out = []
+    for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
+        full = float(a.backward[i:j].sum()) / sp
+        out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
+                             backward_input_s=0.0 if s == 0 else float(a.backward_input[i:j].sum()) / sp,
+                             backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp,
+                             backward_s=full,
+                             static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
+                             input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0))
+    return out
+
+
+def held_microbatches(inflight: int, recompute: bool) -> int:
+    """Microbatches of activations the split's memory check charges a stage: its in-flight count, or 1 when it
+    recomputes (a relaxation: its kept inputs are charged by the simulator and the order walk, which judge every
+    reported plan)."""
+    return 1 if recompute else inflight
+
+
+def memory_prefix(a: UnitArrays, held: int) -> np.ndarray:
+    """Prefix sums over units of a stage's memory holding `held` microbatches of activations: static (parameters,
+    gradients, optimizer state) + held x activations; the stage [i, j) needs p[j] - p[i] bytes."""
+    return a.prefix(a.static) + held * a.prefix(a.activation)
+
+
+def unit_memory(a: UnitArrays, held: int) -> np.ndarray:
+    """Per unit, its share of a stage's memory holding `held` microbatches of activations (memory_prefix's terms,
+    for the integer CP-SAT models)."""
+    return a.static + held * a.activation
+
+
+def ideal_step_time(a: UnitArrays, cluster: Cluster, pp: int, microbatches: int) -> float:
+    """Total work of one replica's microbatches / the summed speed of its `pp` ranks (no bubble, no communication)."""
+    speed = sum(cluster.device(r).speed for r in range(pp))
+    return microbatches * float(a.work().sum()) / speed

@@ -1,0 +1,130 @@
+"""A profile as per-unit cost vectors at one microbatch size, with prefix sums: what every cost term reads (numpy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..data.profile import Profile, ValueAction
+
+__all__ = ["UnitArrays", "ProfileTable", "unit_arrays"]
+
+
+@dataclass(frozen=True, eq=False)
+class UnitArrays:
+    """Per-unit costs of one microbatch (index = unit) and the bytes crossing each cut (index = unit boundary)."""
+
+    forward: np.ndarray
+    backward_input: np.ndarray
+    """I: input-gradient part of the backward."""
+    backward_weight: np.ndarray
+    """W: weight-gradient part of the backward, run after I (torch's `stage_backward_weight`)."""
+    recompute: np.ndarray
+    """Extra time of a recomputing unit (its forward again)."""
+    static: np.ndarray
+    """Parameters + gradients + optimizer state bytes."""
+    activation: np.ndarray
+    params: np.ndarray
+    grads: np.ndarray
+    cut: np.ndarray
+    """Length n + 1: cut[k] = bytes live across the cut before unit k (cut[0] = cut[n] = 0)."""
+    split_assumed: bool
+    """True when the profile had no I/W split and I = W = B / 2 was assumed."""
+    backward: np.ndarray
+    """B: one full backward, which schedules without I/W run; I + W usually costs more."""
+    optimizer: np.ndarray | None = None
+    """Per unit, its share (by trainable bytes) of the profile's optimizer step, once per training step (None: 0)."""
+
+    @property
+    def n(self) -> int:
+        return len(self.forward)
+
+    def prefix(self, values: np.ndarray) -> np.ndarray:
+        """Prefix sums with a leading 0: sum over units [i, j) is p[j] - p[i]."""
+        return np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
+
+    def work(self, recompute: bool = False) -> np.ndarray:
+        """Per-unit compute time of one microbatch: F + the cheaper of B and I + W (+ the recomputed forward), a lower
+        bound for schedules of either kind of backward."""
+        base = self.forward + np.minimum(self.backward, self.backward_input + self.backward_weight)
+        return base + self.recompute if recompute else base
+
+
+class ProfileTable:
+    """A profile's columns as (unit x profiled size) arrays, interpolated between profiled sizes (piecewise linear,
+    extrapolated along the end segments; proportionally when one size was profiled), all units at once."""
+
+    def __init__(self, profile: Profile) -> None:
+        t = profile.units.sort_values(["microbatch_size", "unit"])
+        self.sizes = [int(b) for b in profile.meta.microbatch_sizes]
+        self.sizes.sort()
+        n = profile.num_units
+        cols = ["forward_s", "backward_s", "activation_bytes",
+                *(c for c in ("backward_input_s", "backward_weight_s", "recompute_s") if c in t.columns)]
+        self.cols = {c: np.array([t[t.microbatch_size == b][c].to_numpy(dtype=np.float64) for b in self.sizes]).T
+                     for c in cols}
+        first = t[t.microbatch_size == self.sizes[0]]
+        self.params = first.param_bytes.to_numpy(dtype=np.float64)
+        self.grads = first.grad_bytes.to_numpy(dtype=np.float64)
+        self.static = (first.param_bytes + first.grad_bytes + first.optimizer_bytes).to_numpy(dtype=np.float64)
+        self.cuts = np.array([_cuts(profile, b) for b in self.sizes], dtype=np.float64).reshape(len(self.sizes), n - 1).T
+        self.n = n
+        # The optimizer step was timed on the whole model, where a tied weight is one tensor; each unit holding a
+        # copy steps its own, so a unit's share is its trainable bytes at the model's time per trainable byte.
+        copies = sum(float(g.bytes) * (len(g.units) - 1) for g in profile.meta.tied_parameters)
+        total = float(self.grads.sum()) - copies
+        self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
+
+    def _at(self, values: np.ndarray, x: float) -> np.ndarray:
+        """The profile's interpolation (profile._interp) of every row of `values` (columns = profiled sizes)."""
+        xs = self.sizes
+        if len(xs) == 1:
+            return values[:, 0] * x / xs[0]
+        i = 0
+        while i < len(xs) - 2 and x > xs[i + 1]:
+            i += 1
+        x0, x1 = xs[i], xs[i + 1]
+        return np.maximum(0.0, values[:, i] + (values[:, i + 1] - values[:, i]) * (x - x0) / (x1 - x0))
+
+    def arrays(self, b: float) -> UnitArrays:
+        f, back = self._at(self.cols["forward_s"], b), self._at(self.cols["backward_s"], b)
+        i = self._at(self.cols["backward_input_s"], b) if "backward_input_s" in self.cols else np.zeros(self.n)
+        w = self._at(self.cols["backward_weight_s"], b) if "backward_weight_s" in self.cols else np.zeros(self.n)
+        redo = self._at(self.cols["recompute_s"], b) if "recompute_s" in self.cols else np.zeros(self.n)
+        act = np.round(self._at(self.cols["activation_bytes"], b))
+        cut = np.concatenate(([0.0], np.round(self._at(self.cuts, b)) if self.n > 1 else [], [0.0]))
+        return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
+                       optimizer=self.optimizer)
+
+
+def _cuts(profile: Profile, b: int) -> np.ndarray:
+    """Profile.cut_bytes(b, recompute=True) at a profiled size, vectorised: each live value (or edge) from unit
+    src >= 0 to its last reader adds its bytes to the cuts src + 1 .. last, but a value marked `recompute` crosses
+    none: the runner never sends it, every stage that reads it holds it (autopp.run.chain)."""
+    n = profile.num_units
+    diff = np.zeros(n + 1)
+    if profile.meta.live_values:
+        spans = [(v.src, max(v.dsts), float(v.bytes[b]))
+                 for v in profile.meta.live_values if v.action is not ValueAction.RECOMPUTE]
+    else:
+        e = profile.edges[profile.edges.microbatch_size == b]
+        spans = list(zip(e.src.astype(int), e.dst.astype(int), e.bytes.astype(float)))
+    for src, last, nbytes in spans:
+        if src >= 0 and last > src:
+            diff[src + 1] += nbytes
+            diff[last + 1] -= nbytes
+    return np.cumsum(diff)[1:n]
+
+
+def _assemble(f: np.ndarray, b: np.ndarray, i: np.ndarray, w: np.ndarray, redo: np.ndarray, static: np.ndarray,
+              act: np.ndarray, params: np.ndarray, grads: np.ndarray, cut: np.ndarray) -> UnitArrays:
+    assumed = bool(np.all(i + w <= 0))
+    if assumed:
+        i, w = b / 2, b / 2
+    return UnitArrays(f, i, w, np.where(redo > 0, redo, f), static, act, params, grads, cut, assumed, b)
+
+
+def unit_arrays(profile: Profile, microbatch_size: float) -> UnitArrays:
+    """The profile's unit costs at `microbatch_size`."""
+    return ProfileTable(profile).arrays(microbatch_size)

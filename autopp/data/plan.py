@@ -1,0 +1,384 @@
+"""The Plan: frozen dataclasses that round-trip through plan.json (format in docs/plan-format.md). No torch here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import PlanError, ScheduleError
+from ..jsonio import read_json, write_json
+from ..relpaths import resolved_path, stored_path
+from ..schedule.actions import Action, parse_action
+from ..schedule.descriptors import ScheduleName, describe
+
+__all__ = ["PLAN_VERSION", "StagePlan", "Prediction", "Plan", "load_plan"]
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlan:
+    """One pipeline stage: the units [first, end) of the profile, placed on `rank`."""
+
+    index: int
+    rank: int
+    units: tuple[int, int]
+    """Half-open range of unit indices."""
+    unit_names: tuple[str, ...]
+    split_point: str | None
+    """Module before which this stage begins (None for stage 0)."""
+    forward_s: float
+    """Predicted forward time of one microbatch."""
+    backward_s: float
+    """Predicted backward time of one microbatch."""
+    memory_bytes: int
+    """Predicted peak memory of the rank that runs this stage (all its stages together), from the simulator."""
+    recompute: bool = False
+    """This stage re-runs its forward in the backward instead of keeping its activations."""
+    backward_input_s: float | None = None
+    """Input-gradient pass (I) of split-backward schedules; None in plans that predate it (then I = W =
+    backward_s / 2)."""
+    backward_weight_s: float | None = None
+    """Weight-gradient pass (W); I + W usually exceeds the full backward. None in plans that predate it (then
+    W = backward_s - I)."""
+    static_bytes: int = 0
+    """Parameters + gradients + optimizer state of this stage."""
+    activation_bytes: int = 0
+    """Bytes saved for backward by one microbatch's forward."""
+    input_bytes: int = 0
+    """Bytes of this stage's input per microbatch (kept instead of activations when recomputing)."""
+    send_s: float = 0.0
+    """Predicted time to send one microbatch's output to the next stage (0 on the same rank or for the last)."""
+    progress_s: float = 0.0
+    """Longest this stage's output (and the gradient coming back to it) waits for its sender to stop computing
+    (the link's `progress_s`; 0 on the same rank or for the last stage)."""
+    overhead_s: float = 0.0
+    """Time the rank spends on this stage's messages to and from other ranks per F and per B (or I) action, besides
+    compute and waiting (the links' `overhead_s`, once per message); the simulator adds it to both."""
+
+    def __post_init__(self) -> None:
+        for name in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "overhead_s",
+                     "progress_s"):
+            value = getattr(self, name)
+            if value is None and name in ("backward_input_s", "backward_weight_s"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise PlanError(f"stage {self.index}: {name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """Predicted figures of a whole plan (or of a baseline split)."""
+
+    step_time_s: float
+    peak_memory_bytes: tuple[int, ...]
+    """One per rank."""
+    bubble_fraction: float
+    """Idle fraction of the pipeline: 1 - busy time / (ranks * step time)."""
+    stage_units: tuple[tuple[int, int], ...] = ()
+    """The split these figures belong to (used by baselines)."""
+    allreduce_s: float = 0.0
+    """Data-parallel gradient all-reduce time included in step_time_s (0 when dp = 1)."""
+    efficiency: float = 0.0
+    """Ideal step time (total work / devices) / step_time_s."""
+    optimizer_s: float = 0.0
+    """The slowest rank's optimizer step (gradient scaling, step, zero_grad) included in step_time_s."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Everything `autopp run` needs to execute a pipeline, and what the planner predicted for it."""
+
+    model_path: str
+    fingerprint: str
+    schedule: ScheduleName
+    """A named torch.distributed.pipelining schedule, or CUSTOM for a synthesized order given in `custom_order`
+    (run through torch's schedule runtime). Stored in JSON as its value ("1F1B", "Custom", ...)."""
+    num_ranks: int
+    """World size: pp x dp processes."""
+    num_microbatches: int
+    """Microbatches per pipeline replica per step."""
+    microbatch_size: int
+    memory_limit_bytes: int
+    stages: tuple[StagePlan, ...]
+    predicted: Prediction
+    baselines: dict[str, Prediction] = field(default_factory=dict)
+    seed: int = 0
+    pp: int = 0
+    """Pipeline ranks per replica; 0 in a file means num_ranks // dp (plans written before the field existed)."""
+    dp: int = 1
+    """Data-parallel replicas; each runs the whole pipeline on global_batch / dp samples."""
+    virtual_stages: int = 1
+    """Stages per pipeline rank (2 for V schedules, v for interleaved ones)."""
+    ideal_step_time_s: float = 0.0
+    """Total work of a step / devices: no schedule can beat it."""
+    notes: tuple[str, ...] = ()
+    """Assumptions the prediction rests on (e.g. the backward split I = W = B / 2)."""
+    custom_order: tuple[tuple[Action, ...], ...] = ()
+    """With schedule "Custom": each pipeline rank's compute actions in order; stored in JSON as text ("0F0", "1I0",
+    "1W0"), parsed by `from_json`."""
+    device_order: tuple[int, ...] = ()
+    """Device (index in the cluster file's order, = the launcher's process slot) of each global rank, as CP-SAT chose
+    it on a heterogeneous cluster; empty: rank r runs on device r. Written to JSON only when not empty."""
+    version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.schedule, ScheduleName):  # a programming error: from_json parses the name
+            raise TypeError(f"Plan.schedule must be a ScheduleName, got {self.schedule!r}")
+        if not all(isinstance(a, Action) for row in self.custom_order for a in row):  # from_json parses the text
+            raise TypeError(f"Plan.custom_order must hold Actions, got {self.custom_order!r}")
+        if self.pp == 0:
+            object.__setattr__(self, "pp", self.num_ranks // max(self.dp, 1))
+        if self.pp * self.dp != self.num_ranks:
+            raise PlanError(f"dp({self.dp}) * pp({self.pp}) != num_ranks ({self.num_ranks})")
+        ranks = sorted({s.rank for s in self.stages})
+        if ranks != list(range(self.pp)):
+            raise PlanError(f"plan places stages on ranks {ranks} but pp={self.pp} needs ranks 0..{self.pp - 1}")
+        ends = [s.units for s in self.stages]
+        if any(a[1] != b[0] for a, b in zip(ends, ends[1:])) or ends[0][0] != 0:
+            raise PlanError(f"stage unit ranges {ends} are not contiguous from unit 0")
+        if self.stages[0].split_point is not None or any(s.split_point is None for s in self.stages[1:]):
+            raise PlanError("stage 0 must have split_point null and every later stage a module name")
+        if self.device_order and sorted(self.device_order) != list(range(self.num_ranks)):
+            raise PlanError(f"field 'device_order' must be a permutation of 0..{self.num_ranks - 1} (one device per "
+                            f"rank), got {list(self.device_order)}")
+
+    @property
+    def global_batch(self) -> int:
+        return self.num_microbatches * self.microbatch_size * self.dp
+
+    @property
+    def split_points(self) -> list[str]:
+        return [s.split_point for s in self.stages[1:] if s.split_point is not None]
+
+    def rank_on(self, device: int) -> int:
+        """The global rank that runs on device (launcher slot) `device`."""
+        return self.device_order.index(device) if self.device_order else device
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["schedule"] = self.schedule.value
+        data["custom_order"] = tuple(tuple(str(a) for a in row) for row in self.custom_order)
+        if not self.device_order:
+            del data["device_order"]  # plans without one stay as they were written before the field existed
+        return {"version": data.pop("version"), **data}
+
+    def save(self, path: str | Path) -> Path:
+        """Write plan JSON atomically: a reader never sees a half-written file. `model_path` is stored relative to
+        the plan file's directory (docs/plan-format.md)."""
+        return write_json(path, {**self.to_json(), "model_path": stored_path(self.model_path, Path(path).parent)})
+
+    @staticmethod
+    def from_json(data: dict[str, Any], where: str = "plan") -> Plan:
+        if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
+            version = data.get("version") if isinstance(data, dict) else None
+            raise PlanError(f"{where}: plan version {version!r} is not supported (expected {PLAN_VERSION})")
+        _require(data, Plan, where)
+        if not isinstance(data["stages"], (list, tuple)) or not data["stages"]:
+            raise PlanError(f"{where}: field 'stages' must be a non-empty list")
+        for i, s in enumerate(data["stages"]):
+            _require(s, StagePlan, f"{where}: stage {i}")
+        _require(data["predicted"], Prediction, f"{where}: predicted")
+        _check_fields(data, where)
+        custom_order = _custom_order(data.get("custom_order", []), where)
+        try:
+            stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"])})
+                           for s in data["stages"])
+            plan = Plan(**{**data, "schedule": ScheduleName(data["schedule"]), "stages": stages,
+                           "predicted": _prediction(data["predicted"]),
+                           "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
+                           "notes": tuple(data.get("notes", ())),
+                           "custom_order": custom_order,
+                           "device_order": tuple(data.get("device_order", ()))})
+            _check_consistent(plan)
+            return plan
+        except PlanError as exc:
+            raise PlanError(f"{where}: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
+
+
+def _require(data: Any, cls: type, where: str) -> None:
+    """A PlanError naming the first field of `cls` without a default that `data` lacks, or unknown fields."""
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [n for n in required if n not in data]
+    if missing:
+        raise PlanError(f"{where}: missing field {missing[0]!r}")
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise PlanError(f"{where}: unknown field {unknown[0]!r}")
+
+
+#: Integer fields of a plan and their least values (pp 0: num_ranks // dp, in files that predate the field).
+_PLAN_INTS = {"num_ranks": 1, "num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0,
+              "pp": 0, "dp": 1, "virtual_stages": 1}
+_STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
+_PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
+#: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
+_SEED_LIMIT = 2**63
+
+
+def _int(value: Any, name: str, least: int, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise PlanError(f"{where}: field {name!r} must be an integer >= {least}, got {value!r}")
+
+
+def _number(value: Any, name: str, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise PlanError(f"{where}: field {name!r} must be a finite number >= 0, got {value!r}")
+
+
+def _strings(value: Any, name: str, where: str, empty_ok: bool = True) -> None:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) and (empty_ok or x) for x in value):
+        raise PlanError(f"{where}: field {name!r} must be a list of {'' if empty_ok else 'non-empty '}strings, "
+                        f"got {value!r}")
+
+
+def _check_prediction(d: Any, where: str) -> None:
+    _require(d, Prediction, where)
+    for name in _PREDICTION_NUMBERS:
+        if name in d:
+            _number(d[name], name, where)
+    bubble = d["bubble_fraction"]  # may be -1e-16 by rounding
+    if isinstance(bubble, bool) or not isinstance(bubble, (int, float)) or not -1e-9 <= bubble <= 1:
+        raise PlanError(f"{where}: field 'bubble_fraction' must be a number in [0, 1], got {bubble!r}")
+    peaks = d["peak_memory_bytes"]
+    if not isinstance(peaks, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                               for x in peaks):
+        raise PlanError(f"{where}: field 'peak_memory_bytes' must be a list of integers >= 0, got {peaks!r}")
+    units = d.get("stage_units", [])
+    if not isinstance(units, (list, tuple)) or not all(_is_span(u) for u in units):
+        raise PlanError(f"{where}: field 'stage_units' must be a list of [first, end] unit ranges")
+
+
+def _is_span(u: Any) -> bool:
+    return (isinstance(u, (list, tuple)) and len(u) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in u)
+            and 0 <= u[0] < u[1])
+
+
+def _check_stage(s: dict[str, Any], i: int, where: str) -> None:
+    at = f"{where}: stage {i}"
+    for name, least in _STAGE_INTS.items():
+        if name in s:
+            _int(s[name], name, least, at)
+    if s["index"] != i:
+        raise PlanError(f"{at}: field 'index' is {s['index']!r}; stages must be listed in order, index 0, 1, ...")
+    if not _is_span(s["units"]):
+        raise PlanError(f"{at}: field 'units' must be [first, end] with 0 <= first < end, got {s['units']!r}")
+    _strings(s["unit_names"], "unit_names", at)
+    if len(s["unit_names"]) != s["units"][1] - s["units"][0]:
+        raise PlanError(f"{at}: {len(s['unit_names'])} unit_names for units {s['units']}")
+    if s["split_point"] is not None and not (isinstance(s["split_point"], str) and s["split_point"]):
+        raise PlanError(f"{at}: field 'split_point' must be a module name or null, got {s['split_point']!r}")
+    if not isinstance(s.get("recompute", False), bool):
+        raise PlanError(f"{at}: field 'recompute' must be true or false, got {s['recompute']!r}")
+
+
+def _check_fields(data: dict[str, Any], where: str) -> None:
+    """Type and range of every field, before any dataclass is built: a PlanError naming the file and the field."""
+    for name in ("model_path", "fingerprint", "schedule"):
+        if not isinstance(data[name], str) or not data[name]:
+            raise PlanError(f"{where}: field {name!r} must be a non-empty string, got {data[name]!r}")
+    names = [n.value for n in ScheduleName]
+    if data["schedule"] not in names:
+        raise PlanError(f"{where}: field 'schedule' is {data['schedule']!r}; expected one of {names}")
+    order = data.get("device_order", [])
+    if not isinstance(order, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in order):
+        raise PlanError(f"{where}: field 'device_order' must be a list of device indices, got {order!r}")
+    for name, least in _PLAN_INTS.items():
+        if name in data:
+            _int(data[name], name, least, where)
+    if data.get("seed", 0) >= _SEED_LIMIT:
+        raise PlanError(f"{where}: field 'seed' must be below 2**63, got {data['seed']!r}")
+    _number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s", where)
+    _strings(data.get("notes", []), "notes", where)
+    for i, s in enumerate(data["stages"]):
+        _check_stage(s, i, where)
+    _check_prediction(data["predicted"], f"{where}: predicted")
+    if not isinstance(data.get("baselines", {}), dict):
+        raise PlanError(f"{where}: field 'baselines' must be an object of named predictions")
+    for k, v in data.get("baselines", {}).items():
+        _check_prediction(v, f"{where}: baselines.{k}")
+
+
+def _custom_order(order: Any, where: str) -> tuple[tuple[Action, ...], ...]:
+    """The per-rank action lists of field 'custom_order', parsed from text; a PlanError names the bad cell."""
+    if not isinstance(order, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in order):
+        raise PlanError(f"{where}: field 'custom_order' must be a list of per-rank lists of actions like \"0F0\"")
+    return tuple(tuple(_action(cell, r, i, where) for i, cell in enumerate(row)) for r, row in enumerate(order))
+
+
+def _action(cell: Any, rank: int, position: int, where: str) -> Action:
+    at = f"{where}: field 'custom_order' rank {rank} position {position}"
+    if not isinstance(cell, str):
+        raise PlanError(f"{at} must be an action like \"0F0\", got {cell!r}")
+    try:
+        return parse_action(cell)
+    except ScheduleError as exc:
+        raise PlanError(f"{at}: {exc}") from None
+
+
+def _check_consistent(plan: Plan) -> None:
+    """The schedule, stage count and microbatch count agree with each other and with the plan's own prediction."""
+    d = describe(plan.schedule)
+    if not d.given_order and len(plan.stages) != plan.pp * plan.virtual_stages:  # a given order: any placement
+        raise PlanError(f"{len(plan.stages)} stages for pp {plan.pp} x virtual_stages {plan.virtual_stages} "
+                        f"(= {plan.pp * plan.virtual_stages})")
+    if d.given_order:
+        if len(plan.custom_order) != plan.pp:
+            raise PlanError(f"schedule {plan.schedule.value!r} needs custom_order with one row per pipeline rank "
+                            f"({plan.pp}), got {len(plan.custom_order)}")
+    else:
+        try:
+            d.stages_per_rank(plan.virtual_stages)
+        except ScheduleError as exc:
+            raise PlanError(f"field 'virtual_stages': {exc}; re-plan with `autopp plan ... --schedule "
+                            f"{plan.schedule.value}`, which sets it") from None
+        try:
+            d.validate(plan.pp, plan.num_microbatches, plan.virtual_stages)
+        except ScheduleError as exc:
+            raise PlanError(f"field 'num_microbatches': {exc}; re-plan with `autopp plan ... --microbatches M`") \
+                from None
+    _check_step_time(plan)
+
+
+def _check_step_time(plan: Plan) -> None:
+    """Every rank runs each of its stages' forward and backward once per microbatch, so the predicted step cannot be
+    shorter than num_microbatches x the busiest rank's per-microbatch work. A file edited by hand (a microbatch
+    count changed after planning) breaks that; its ranks would run for as long as the count says. Checked on plans
+    the planner made (ideal_step_time_s > 0); hand-built plans without one are taken as they are."""
+    if plan.ideal_step_time_s <= 0:
+        return
+    work: dict[int, float] = {}
+    for s in plan.stages:
+        split = (s.backward_input_s or 0.0) + (s.backward_weight_s or 0.0)
+        backward = min(s.backward_s, split) if s.backward_input_s is not None else s.backward_s
+        work[s.rank] = work.get(s.rank, 0.0) + s.forward_s + backward
+    rank, per_mb = max(work.items(), key=lambda kv: kv[1])
+    least = plan.num_microbatches * per_mb
+    if least > plan.predicted.step_time_s * (1 + 1e-6) + 1e-12:
+        raise PlanError(f"field 'num_microbatches' is {plan.num_microbatches}, but {plan.num_microbatches} "
+                        f"microbatches of rank {rank}'s stages take at least {least:.3g} s, and the plan predicts a "
+                        f"{plan.predicted.step_time_s:.3g} s step, which fits at most "
+                        f"{int(plan.predicted.step_time_s / per_mb)}: the file was edited after planning; re-plan "
+                        "with `autopp plan ... --microbatches M` instead")
+
+
+def _prediction(d: dict[str, Any]) -> Prediction:
+    return Prediction(**{**d, "peak_memory_bytes": tuple(d["peak_memory_bytes"]),
+                         "stage_units": tuple(tuple(u) for u in d.get("stage_units", ()))})
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and check a plan JSON file; its `model_path` comes back absolute (a relative one is taken from the plan
+    file's directory)."""
+    p = Path(path)
+    if not p.exists():
+        raise PlanError(f"{p}: no such plan file; create one with `autopp plan MODEL.py --devices N --memory SIZE`")
+    plan = Plan.from_json(read_json(p, "plan JSON file", PlanError, "re-plan with `autopp plan`"), str(p))
+    return replace(plan, model_path=resolved_path(plan.model_path, p.parent))  # stored relative to the plan's dir

@@ -1,0 +1,302 @@
+"""One descriptor per schedule, in one registry: everything else asks the descriptor, never a family set.
+
+A descriptor holds a schedule's stage → rank layout, its stages-per-rank and microbatch rules (with their error
+messages), whether it splits the backward into I and W, its order builder (`named.py`), its closed-form step-time
+estimate and lower-bound formula (used only to rank and prune candidates before the simulator judges them), and the
+name of the torch class the runner uses. Adding a schedule is one `Descriptor` in `DESCRIPTORS` and its tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple
+
+from autopp.errors import ScheduleError
+from autopp.schedule import named
+from autopp.schedule.actions import Action
+
+__all__ = ["ScheduleName", "Layout", "Floors", "Descriptor", "DESCRIPTORS", "NAMED", "describe", "listed",
+           "stage_to_rank", "stages_per_rank", "validate", "build_schedule"]
+
+
+class ScheduleName(Enum):
+    """Schedules autopp plans and runs; values are torch's names (and "Custom" for a plan's own order)."""
+
+    GPIPE = "GPipe"
+    ONE_F_ONE_B = "1F1B"
+    INTERLEAVED_1F1B = "Interleaved1F1B"
+    LOOPED_BFS = "LoopedBFS"
+    INTERLEAVED_ZERO_BUBBLE = "InterleavedZeroBubble"
+    ZBV_ZERO_BUBBLE = "ZBVZeroBubble"
+    DUAL_PIPE_V = "DualPipeV"
+    CUSTOM = "Custom"
+    """A per-rank order given in the plan (CP-SAT synthesis), run by torch's CSV schedule runtime."""
+
+
+class Layout(Enum):
+    """How stages map to ranks."""
+
+    LOOP = "loop"
+    """Stage s on rank s % p (Megatron interleaving; one stage per rank is the special case v = 1)."""
+    V = "v"
+    """Zig-zag: chunk c runs ranks 0..p-1 when c is even and p-1..0 when odd (ZB-V, DualPipeV)."""
+    GIVEN = "given"
+    """The plan lists each stage's rank (custom orders)."""
+
+
+class Floors(NamedTuple):
+    """Lower bounds, valid for every contiguous split, of the terms a closed-form estimate is made of
+    (derivations in `autopp/solve/bounds.py`)."""
+
+    rank: float
+    """max_r R_r: the busiest rank's work per microbatch."""
+    total: float
+    """sum_s T_s: the replica's work per microbatch at the fastest speed."""
+    stage: float
+    """max_s T_s: the slowest stage's work per microbatch."""
+    gap: float
+    """max_s (F + I - W)_s^+: the zero-bubble schedules' warm-up excess."""
+    comm: float
+    """2 x the sum of the rank-crossing transfers of one microbatch (forward and back)."""
+
+
+#: (forward, input backward, weight backward, stage -> rank, transfer after each stage, microbatches) -> seconds.
+Estimate = Callable[[Sequence[float], Sequence[float], Sequence[float], Sequence[int], Sequence[float], int], float]
+#: (floors, microbatches, pipeline ranks, stages per rank) -> a lower bound of both the estimate and the simulated
+#: pipeline time (tests/solve/test_bounds.py checks both on random profiles).
+PipeBound = Callable[[Floors, int, int, int], float]
+Builder = Callable[[int, int, int, int], list[Action]]
+
+
+def _rank_times(times: Sequence[float], owner: Sequence[int]) -> list[float]:
+    per_rank = [0.0] * (max(owner) + 1)
+    for t, r in zip(times, owner):
+        per_rank[r] += t
+    return per_rank
+
+
+def _stage_times(forward: Sequence[float], backward_input: Sequence[float],
+                 backward_weight: Sequence[float]) -> list[float]:
+    return [f + i + w for f, i, w in zip(forward, backward_input, backward_weight)]
+
+
+def _estimate_gpipe(forward: Sequence[float], backward_input: Sequence[float], backward_weight: Sequence[float],
+                    owner: Sequence[int], comm: Sequence[float], m: int) -> float:
+    """GPipe: sum T + 2 sum c + (m - 1)(max F + max B): all forwards run before any backward."""
+    times = _stage_times(forward, backward_input, backward_weight)
+    backward = [i + w for i, w in zip(backward_input, backward_weight)]
+    return sum(times) + 2 * sum(comm) + (m - 1) * (max(forward) + max(backward))
+
+
+def _estimate_1f1b(forward: Sequence[float], backward_input: Sequence[float], backward_weight: Sequence[float],
+                   owner: Sequence[int], comm: Sequence[float], m: int) -> float:
+    """1F1B (PipeDream-flush, Narayanan et al. 2021; as DAPPLE and Alpa use it): sum T + 2 sum c + (m - 1) max T."""
+    times = _stage_times(forward, backward_input, backward_weight)
+    return sum(times) + 2 * sum(comm) + (m - 1) * max(times)
+
+
+def _estimate_megatron(forward: Sequence[float], backward_input: Sequence[float], backward_weight: Sequence[float],
+                       owner: Sequence[int], comm: Sequence[float], m: int) -> float:
+    """Interleaved 1F1B and looped BFS: (m + (p - 1) / v) max R + 2 sum c (Megatron: the bubble shrinks v times)."""
+    times = _stage_times(forward, backward_input, backward_weight)
+    p = max(owner) + 1
+    v = len(times) / p
+    return (m + (p - 1) / v) * max(_rank_times(times, owner)) + 2 * sum(comm)
+
+
+def _estimate_zero_bubble(forward: Sequence[float], backward_input: Sequence[float],
+                          backward_weight: Sequence[float], owner: Sequence[int], comm: Sequence[float],
+                          m: int) -> float:
+    """Zero bubble (Qi et al. 2023: W fills the bubble): m max R + (p - 1) / v max (F + I - W)^+ + 2 sum c / v."""
+    times = _stage_times(forward, backward_input, backward_weight)
+    p = max(owner) + 1
+    v = len(times) / p
+    gap = max(max(0.0, f + i - w) for f, i, w in zip(forward, backward_input, backward_weight))
+    return m * max(_rank_times(times, owner)) + (p - 1) / v * gap + 2 * sum(comm) / v
+
+
+def _bound_single(f: Floors, m: int, p: int, v: int) -> float:
+    """GPipe and 1F1B: the estimate's sum T + (m - 1) max T + 2 sum c bounds the estimate (GPipe's (m - 1)(max F +
+    max B) >= (m - 1) max T) but not the simulation when m is small: a slow first stage runs its m forwards while
+    the first microbatch makes its round trip (1F1B, p 2, m 2: 0.4706 s against 0.4691 s simulated). The
+    simulation is bounded by the larger of the bottleneck's m microbatches and one round trip; the smaller of the two
+    forms bounds both."""
+    return min(f.total + (m - 1) * f.stage + f.comm, max(m * f.stage, f.total + f.comm))
+
+
+def _bound_megatron(f: Floors, m: int, p: int, v: int) -> float:
+    """Interleaved 1F1B, looped BFS: the estimate's (m + (p - 1) / v) max R + 2 sum c bounds the estimate but not
+    the simulation, which overlaps the transfers with other microbatches' compute (LoopedBFS, p 4, v 2, m 8, 33.5 MB
+    cuts on 1 GB/s: 0.966 s against 0.941 s simulated). The larger of its throughput term and one microbatch's round
+    trip sum T + 2 sum c bounds the simulation; the smaller of the two forms bounds both."""
+    throughput = (m + (p - 1) / v) * f.rank
+    return min(throughput + f.comm, max(throughput, f.total + f.comm))
+
+
+def _bound_zero_bubble(f: Floors, m: int, p: int, v: int) -> float:
+    """Zero bubble: m max R + (p - 1) / v max (F + I - W)^+ + 2 sum c / v. A bound of the estimate; below the
+    simulated step in every random case of tests/solve/test_bounds.py, but not proven for it."""
+    return m * f.rank + (p - 1) / v * max(0.0, f.gap) + f.comm / v
+
+
+def _exact_gpipe(p: int, m: int) -> tuple[int, ...]:
+    return (m,) * p
+
+
+def _exact_1f1b(p: int, m: int) -> tuple[int, ...]:
+    return tuple(min(p - s, m) for s in range(p))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Descriptor:
+    """Everything autopp knows about one schedule."""
+
+    name: ScheduleName
+    layout: Layout
+    fixed_v: int | None
+    """Stages per rank the schedule always runs (1: torch's PipelineScheduleSingle; 2: V shapes); None: the plan's."""
+    splits_backward: bool
+    """Runs each backward as an input pass I and a weight pass W (False for CUSTOM: its order says)."""
+    torch_class: str
+    """The class in torch.distributed.pipelining.schedules that runs it."""
+    builder: Builder | None = None
+    """Rank r's compute actions for (r, p, m, v); None: the plan gives the order."""
+    estimate: Estimate | None = None
+    pipe_bound: PipeBound | None = None
+    min_microbatches_per_rank: int = 0
+    """m must be >= this x p, i.e. at least one per stage (1F1B: 1; DualPipeV, 2 stages per rank: 2)."""
+    rounded: bool = False
+    """m must be a multiple of rounds = max(1, m // p) (torch's interleaved schedules)."""
+    exact_inflight: Callable[[int, int], tuple[int, ...]] | None = None
+    """Per stage, microbatches of activations held at its peak, in closed form; None: walk rank 0's order."""
+
+    @property
+    def single_stage(self) -> bool:
+        """One stage per rank (torch's PipelineScheduleSingle)."""
+        return self.fixed_v == 1
+
+    @property
+    def given_order(self) -> bool:
+        """The plan gives the order and each stage's rank (CUSTOM); the schedule has no builder of its own."""
+        return self.builder is None
+
+    def stages_per_rank(self, requested_v: int = 1) -> int:
+        """Stages each rank holds: the schedule's fixed count (a V schedule accepts 1 or 2 for 2), else the request."""
+        if requested_v < 1:
+            raise ScheduleError(f"{self.name.value} needs stages per rank >= 1 ({requested_v} < 1)")
+        if self.fixed_v == 1 and requested_v != 1:
+            raise ScheduleError(f"{self.name.value} runs exactly 1 stage per rank ({requested_v} != 1)")
+        if self.fixed_v is not None and self.fixed_v != 1:
+            if requested_v not in (1, self.fixed_v):
+                raise ScheduleError(f"{self.name.value} runs exactly {self.fixed_v} stages per rank "
+                                    f"({requested_v} != {self.fixed_v})")
+            return self.fixed_v
+        return requested_v
+
+    def v_choices(self, requested: int | None) -> list[int]:
+        """Stages per rank the search tries: the fixed count, else the request, else 2 and 4."""
+        if self.fixed_v is not None:
+            return [self.fixed_v]
+        return [requested] if requested else [2, 4]
+
+    def stage_to_rank(self, num_ranks: int, v: int = 1) -> list[int]:
+        """Rank of every stage (index = stage): loop layout s % p, or the V zig-zag."""
+        v = self.stages_per_rank(v)
+        if self.layout is Layout.LOOP:
+            return [s % num_ranks for s in range(num_ranks * v)]
+        if self.layout is Layout.V:
+            return [s % num_ranks if (s // num_ranks) % 2 == 0 else num_ranks - 1 - s % num_ranks
+                    for s in range(num_ranks * v)]
+        raise ScheduleError(f"{self.name.value}: the plan gives each stage's rank; there is no layout to compute")
+
+    def validate(self, num_ranks: int, num_microbatches: int, v: int = 1) -> int:
+        """Check the size constraints; return the stages per rank or raise ScheduleError with the numbers."""
+        v = self.stages_per_rank(v)
+        name = self.name.value
+        if num_ranks < 1:
+            raise ScheduleError(f"{name} needs ranks >= 1 ({num_ranks} < 1)")
+        if num_microbatches < 1:
+            raise ScheduleError(f"{name} needs microbatches >= 1 ({num_microbatches} < 1)")
+        need = self.min_microbatches_per_rank * num_ranks
+        if num_microbatches < need:
+            raise ScheduleError(f"{name} needs microbatches >= stages ({num_microbatches} < {need})")
+        rounds = max(1, num_microbatches // num_ranks)
+        if self.rounded and num_microbatches % rounds != 0:
+            raise ScheduleError(
+                f"{name} needs microbatches to be a multiple of rounds = max(1, microbatches // ranks)"
+                f" ({num_microbatches} % {rounds} = {num_microbatches % rounds})"
+            )
+        return v
+
+    def build(self, num_ranks: int, num_microbatches: int, v: int = 1) -> dict[int, list[Action]]:
+        """Per-rank compute actions (F, B or I/W), no idle slots and no communication."""
+        if self.builder is None:  # given_order
+            raise ScheduleError(f"{self.name.value} has no order of its own: the plan gives it")
+        v = self.validate(num_ranks, num_microbatches, v)
+        return {r: self.builder(r, num_ranks, num_microbatches, v) for r in range(num_ranks)}
+
+
+_GPIPE = Descriptor(name=ScheduleName.GPIPE, layout=Layout.LOOP, fixed_v=1, splits_backward=False,
+                    torch_class="ScheduleGPipe", builder=named.gpipe, estimate=_estimate_gpipe,
+                    pipe_bound=_bound_single, exact_inflight=_exact_gpipe)
+_ONE_F_ONE_B = Descriptor(name=ScheduleName.ONE_F_ONE_B, layout=Layout.LOOP, fixed_v=1, splits_backward=False,
+                          torch_class="Schedule1F1B", builder=named.one_f_one_b, estimate=_estimate_1f1b,
+                          pipe_bound=_bound_single, min_microbatches_per_rank=1, exact_inflight=_exact_1f1b)
+_INTERLEAVED = Descriptor(name=ScheduleName.INTERLEAVED_1F1B, layout=Layout.LOOP, fixed_v=None,
+                          splits_backward=False, torch_class="ScheduleInterleaved1F1B",
+                          builder=named.interleaved_1f1b, estimate=_estimate_megatron, pipe_bound=_bound_megatron,
+                          rounded=True)
+_LOOPED_BFS = Descriptor(name=ScheduleName.LOOPED_BFS, layout=Layout.LOOP, fixed_v=None, splits_backward=False,
+                         torch_class="ScheduleLoopedBFS", builder=named.looped_bfs, estimate=_estimate_megatron,
+                         pipe_bound=_bound_megatron)
+_INTERLEAVED_ZB = Descriptor(name=ScheduleName.INTERLEAVED_ZERO_BUBBLE, layout=Layout.LOOP, fixed_v=None,
+                             splits_backward=True, torch_class="ScheduleInterleavedZeroBubble",
+                             builder=named.interleaved_zero_bubble, estimate=_estimate_zero_bubble,
+                             pipe_bound=_bound_zero_bubble, rounded=True)
+_ZBV = Descriptor(name=ScheduleName.ZBV_ZERO_BUBBLE, layout=Layout.V, fixed_v=2, splits_backward=True,
+                  torch_class="ScheduleZBVZeroBubble", builder=named.zbv, estimate=_estimate_zero_bubble,
+                  pipe_bound=_bound_zero_bubble)
+_DUAL_PIPE_V = Descriptor(name=ScheduleName.DUAL_PIPE_V, layout=Layout.V, fixed_v=2, splits_backward=True,
+                          torch_class="ScheduleDualPipeV", builder=named.dual_pipe_v, estimate=_estimate_zero_bubble,
+                          pipe_bound=_bound_zero_bubble, min_microbatches_per_rank=2)
+_CUSTOM = Descriptor(name=ScheduleName.CUSTOM, layout=Layout.GIVEN, fixed_v=None, splits_backward=False,
+                     torch_class="_PipelineScheduleRuntime")
+
+#: The registry: every schedule's descriptor.
+DESCRIPTORS: dict[ScheduleName, Descriptor] = {d.name: d for d in (
+    _GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _LOOPED_BFS, _INTERLEAVED_ZB, _ZBV, _DUAL_PIPE_V, _CUSTOM)}
+
+#: The schedules with an order of their own (all but CUSTOM), in the order the search tries them.
+NAMED: tuple[ScheduleName, ...] = tuple(n for n, d in DESCRIPTORS.items() if not d.given_order)
+
+
+def listed(keep: Callable[[Descriptor], bool], sep: str = ", ") -> str:
+    """The named schedules whose descriptor `keep` accepts, as text for messages ("GPipe, 1F1B, ...")."""
+    return sep.join(n.value for n in NAMED if keep(DESCRIPTORS[n]))
+
+
+def describe(name: ScheduleName) -> Descriptor:
+    """The descriptor of `name`."""
+    return DESCRIPTORS[name]
+
+
+def stages_per_rank(name: ScheduleName, requested_v: int = 1) -> int:
+    """`Descriptor.stages_per_rank` of `name`."""
+    return DESCRIPTORS[name].stages_per_rank(requested_v)
+
+
+def stage_to_rank(name: ScheduleName, num_ranks: int, v: int = 1) -> list[int]:
+    """`Descriptor.stage_to_rank` of `name`."""
+    return DESCRIPTORS[name].stage_to_rank(num_ranks, v)
+
+
+def validate(name: ScheduleName, num_ranks: int, num_microbatches: int, v: int = 1) -> int:
+    """`Descriptor.validate` of `name`."""
+    return DESCRIPTORS[name].validate(num_ranks, num_microbatches, v)
+
+
+def build_schedule(name: ScheduleName, num_ranks: int, num_microbatches: int, v: int = 1) -> dict[int, list[Action]]:
+    """`Descriptor.build` of `name`."""
+    return DESCRIPTORS[name].build(num_ranks, num_microbatches, v)

@@ -1,0 +1,186 @@
+"""What each action costs its rank in time and holds in memory, written once for the simulator, the memory walks and
+the bounds.
+
+Per microbatch of a stage (`StageCost`), with ``o`` its per-message overhead and ``redo`` its forward when the
+stage recomputes (else 0):
+
+======  ================================  =========================  ==================================
+action  busy time (`durations`)           bytes added at its start   bytes freed at its end
+======  ================================  =========================  ==================================
+F       forward + o                       kept (activations, or the  -
+                                          input when recomputing)
+I       redo + backward_input + o         redone (activations when   -
+                                          recomputing, else 0)
+W       backward_weight                   -                          kept + redone
+B       redo + backward (I + W) + o       redone                     kept + redone
+======  ================================  =========================  ==================================
+
+A microbatch is "in flight" on a stage from its F until its B or W (`inflight_peaks`). Sends and receives cost the
+rank nothing: a transfer is link time between the producer's end and the consumer's start (the simulator's hops),
+and each F and B/I already carries ``o``, the overhead of its messages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, TypeVar
+
+from autopp.errors import ScheduleError
+from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind
+
+__all__ = ["StageCost", "Footprint", "FREES", "redo_s", "durations", "footprint", "added_at_start", "freed_at_end",
+           "live_change", "inflight_peaks", "rank_static_bytes", "rank_peak", "order_peaks", "memory_timeline"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCost:
+    """Per-microbatch cost of one pipeline stage."""
+
+    forward_s: float
+    """Forward time of one microbatch."""
+    backward_input_s: float
+    """Input-gradient backward time (I); a full backward B takes I + W."""
+    backward_weight_s: float
+    """Weight-gradient backward time (W)."""
+    static_bytes: int = 0
+    """Bytes held all step: weights + gradients + optimizer state."""
+    activation_bytes: int = 0
+    """Bytes one microbatch keeps from its forward until its backward frees them."""
+    input_bytes: int = 0
+    """Bytes kept per microbatch instead of activations when the stage recomputes (the stage input)."""
+    overhead_s: float = 0.0
+    """Time each F and each B or I action also keeps the rank busy: its messages to and from other ranks."""
+    backward_s: float | None = None
+    """Time of a full backward B when it is not I + W (None: I + W). torch's separate input and weight passes cost
+    more than one backward (examples/gpt.py: I + W = 1.3 x B), so a profile gives both."""
+
+    def __post_init__(self) -> None:
+        times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s,
+                 0.0 if self.backward_s is None else self.backward_s)
+        sizes = (self.static_bytes, self.activation_bytes, self.input_bytes)
+        if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
+            raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
+
+
+class Footprint(NamedTuple):
+    """Bytes one microbatch of a stage holds beyond the stage's static bytes."""
+
+    kept: int
+    """Added when its F starts: the activations, or only the stage input when the stage recomputes."""
+    redone: int
+    """Added when its B or I starts: the recomputed activations (0 without recomputation)."""
+
+
+_T = TypeVar("_T")
+
+FREES: frozenset[Kind] = frozenset({Kind.B, Kind.W})
+"""Kinds whose end frees the microbatch's kept and redone bytes (the backward that finishes it)."""
+
+
+def redo_s(forward: _T, recompute: bool) -> _T | float:
+    """What recomputation adds to a B or I: the forward again (0 without it). Takes a stage's forward time or an
+    array of units' forward times (the bounds)."""
+    return forward if recompute else 0.0
+
+
+def durations(c: StageCost, recompute: bool) -> dict[Kind, float]:
+    """Busy time per compute kind; a recomputing stage re-runs its forward at the start of B or I."""
+    redo, o = redo_s(c.forward_s, recompute), c.overhead_s
+    full = c.backward_input_s + c.backward_weight_s if c.backward_s is None else c.backward_s
+    return {Kind.F: c.forward_s + o, Kind.I: redo + c.backward_input_s + o, Kind.W: c.backward_weight_s,
+            Kind.B: redo + full + o}
+
+
+def footprint(c: StageCost, recompute: bool) -> Footprint:
+    """What one microbatch holds: without recomputation the activations from F start until the freeing backward
+    ends; with it only the stage input after F, and the full activations again from the start of B (or I) until B
+    (or W) ends, freed together with the kept input."""
+    if recompute:
+        return Footprint(c.input_bytes, c.activation_bytes)
+    return Footprint(c.activation_bytes, 0)
+
+
+def added_at_start(kind: Kind, f: Footprint) -> int:
+    """Bytes an action of ``kind`` allocates when it starts."""
+    if kind is Kind.F:
+        return f.kept
+    return 0 if kind is Kind.W else f.redone
+
+
+def freed_at_end(kind: Kind, f: Footprint) -> int:
+    """Bytes an action of ``kind`` frees when it ends."""
+    return f.kept + f.redone if kind in FREES else 0
+
+
+def live_change(kind: Kind) -> int:
+    """+1 when ``kind`` puts a microbatch in flight on its stage (F), -1 when it finishes one (B or W), else 0."""
+    return (kind is Kind.F) - (kind in FREES)
+
+
+def inflight_peaks(actions: Iterable[Action]) -> dict[int, int]:
+    """Per stage, the most microbatches in flight at once while ``actions`` run in list order (other kinds
+    count 0)."""
+    live: dict[int, int] = {}
+    top: dict[int, int] = {}
+    for stage, kind, _ in actions:
+        live[stage] = live.get(stage, 0) + live_change(kind)
+        top[stage] = max(top.get(stage, 0), live[stage])
+    return top
+
+
+def _byte_table(costs: Sequence[StageCost], recompute: Sequence[bool]) -> list[dict[Kind, tuple[int, int]]]:
+    """Per stage and compute kind: (bytes added at the start, bytes freed at the end); looked up in the walks' loops."""
+    prints = [footprint(c, rc) for c, rc in zip(costs, recompute)]
+    return [{k: (added_at_start(k, f), freed_at_end(k, f)) for k in COMPUTE_KINDS} for f in prints]
+
+
+def rank_static_bytes(costs: Sequence[StageCost], owner: Sequence[int], rank: int) -> int:
+    """Bytes `rank` holds all step: the parameters, gradients and optimizer state of its stages."""
+    return sum(c.static_bytes for c, o in zip(costs, owner) if o == rank)
+
+
+def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], recompute: Sequence[bool], static: int) -> int:
+    """Peak memory of one rank running compute ``actions`` in list order (one at a time, so its allocations and frees
+    happen in that order: the simulator's peak without timing). ``static``: the rank's parameter/gradient/optimizer
+    bytes."""
+    table = _byte_table(costs, recompute)
+    held = peak = static
+    for s, kind, _ in actions:
+        added, freed = table[s][kind]
+        held += added
+        peak = max(peak, held)
+        held -= freed
+    return peak
+
+
+def order_peaks(order: Mapping[int, Sequence[Action | None]], costs: Sequence[StageCost], owner: Sequence[int],
+                recompute: Sequence[bool]) -> list[int]:
+    """Per-rank peak memory from the order alone (`rank_peak` of every rank; idle slots and sends/receives hold
+    nothing)."""
+    return [rank_peak([a for a in order[r] if a is not None and a.kind in COMPUTE_KINDS], costs, recompute,
+                      rank_static_bytes(costs, owner, r)) for r in sorted(order)]
+
+
+def memory_timeline(events: Iterable[tuple[int, Action, float, float]], costs: Sequence[StageCost],
+                    recompute: Sequence[bool], static: int) -> list[tuple[float, int]]:
+    """(time, bytes held from then on) of one rank whose compute actions ran as ``events`` (rank, action, start,
+    end): first point (0, ``static``); allocations at starts, frees at ends, frees first at equal times."""
+    table, forward = _byte_table(costs, recompute), Kind.F
+    deltas: list[tuple[float, int]] = []
+    for _, (s, kind, _mb), start, end in events:
+        added, freed = table[s][kind]
+        if added or kind is forward:
+            deltas.append((start, added))
+        if kind in FREES:
+            deltas.append((end, -freed))
+    deltas.sort()
+    held, timeline = static, [(0.0, static)]
+    for t, d in deltas:
+        held += d
+        if timeline[-1][0] == t:
+            timeline[-1] = (t, held)
+        else:
+            timeline.append((t, held))
+    return timeline

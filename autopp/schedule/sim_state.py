@@ -1,0 +1,99 @@
+"""The simulator's mutable state of one run, and what a waiting action waits for (torch-free)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import NamedTuple
+
+from autopp.schedule.actions import Action, Kind
+from autopp.schedule.effects import StageCost, durations
+
+__all__ = ["Event", "SimState", "new_state", "producer", "build_positions"]
+
+
+class Event(NamedTuple):
+    """One executed compute action."""
+
+    rank: int
+    action: Action
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class SimState:
+    """Mutable state of one run: per-stage tables (index = stage), finish times and per-rank cursors."""
+
+    order: list[list[Action]]
+    costs: Sequence[StageCost]
+    owner: Sequence[int]
+    recompute: Sequence[bool]
+    hop_in: list[float]
+    """Transfer time of an activation from stage s - 1 into stage s (0 on the same rank)."""
+    hop_back: list[float]
+    """Transfer time of a gradient from stage s + 1 back into stage s (0 on the same rank)."""
+    delay_in: list[float]
+    """Progress delay of the activation from stage s - 1 into stage s (0 on the same rank, or when messages move
+    without the sender's CPU)."""
+    delay_back: list[float]
+    """Progress delay of the gradient from stage s + 1 back into stage s."""
+    durations: list[dict[Kind, float]]
+    """Per stage, each compute kind's busy time (`effects.durations`)."""
+    fwd_end: list[dict[int, float]]
+    grad_end: list[dict[int, float]]
+    input_end: list[dict[int, float]]
+    weight_end: list[dict[int, float]]
+    position: list[int]
+    clock: list[float]
+    events: list[list[Event]]
+    pending: dict[int, tuple[float, int]] = field(default_factory=dict)
+    """Per rank blocked on a delivery whose sender is not simulated far enough: (when that message could move, the
+    sender)."""
+    forced: bool = False
+    """One delivery may treat its unsimulated sender as idle (granted when no rank can move)."""
+    prefix: list[list[float]] = field(default_factory=list)
+    """Per rank, the running sum of its actions' durations (built when first needed)."""
+    index: list[dict[Action, int]] = field(default_factory=list)
+    """Per rank, each action's position in its order (built with `prefix`)."""
+
+
+def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequence[int],
+              comm_s: Sequence[float], recompute: Sequence[bool], progress_s: Sequence[float]) -> SimState:
+    """The state before any action ran: hops and delays per stage boundary, busy times per stage."""
+    n = len(costs)
+    hop_in = [0.0] + [0.0 if owner[s - 1] == owner[s] else comm_s[s - 1] for s in range(1, n)]
+    hop_back = hop_in[1:] + [0.0]
+    delay_in = [0.0] + [0.0 if owner[s - 1] == owner[s] else progress_s[s - 1] for s in range(1, n)]
+    delay_back = delay_in[1:] + [0.0]
+    busy = [durations(c, r) for c, r in zip(costs, recompute)]
+    ranks = len(order)
+
+    def table() -> list[dict[int, float]]:
+        return [{} for _ in range(n)]
+
+    return SimState(order, costs, owner, recompute, hop_in, hop_back, delay_in, delay_back, busy, table(), table(),
+                    table(), table(), [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)])
+
+
+def build_positions(sim: SimState) -> None:
+    """Fill `sim.prefix` and `sim.index` once (they depend only on the orders and durations)."""
+    if not sim.index:
+        sim.prefix = [[0.0, *accumulate(sim.durations[a.stage][a.kind] for a in acts)] for acts in sim.order]
+        sim.index = [{a: i for i, a in enumerate(acts)} for acts in sim.order]
+
+
+def producer(a: Action, sim: SimState) -> Action:
+    """The first unfinished action that ``a`` waits for."""
+    s, mb = a.stage, a.microbatch
+    if a.kind is Kind.F:
+        return Action(s - 1, Kind.F, mb)
+    if a.kind is Kind.W:
+        return Action(s, Kind.I, mb)
+    if mb not in sim.fwd_end[s]:
+        return Action(s, Kind.F, mb)
+    build_positions(sim)
+    where = sim.index[sim.owner[s + 1]]
+    found = [(where[x], x) for x in (Action(s + 1, Kind.B, mb), Action(s + 1, Kind.I, mb)) if x in where]
+    return min(found)[1] if found else Action(s + 1, Kind.B, mb)

@@ -1,0 +1,90 @@
+"""make_plan: the search's best verdict, the device order CP-SAT chooses on a heterogeneous cluster, an optional
+synthesized order, and the plan with its baselines (or an error saying what would be feasible)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from ..costmodel import ProfileTable
+from ..errors import InfeasibleError
+from ..data.plan import Plan
+from ..data.profile import Profile
+from .build import build_plan
+from .custom import synthesized
+from .explain import explain_infeasible
+from .judge import Verdict
+from .placement import place_devices
+from .request import Config, PlanRequest, RecomputeMode, configs
+from .runnable import split_backward_refusal
+from .search import inflight, links_hold_messages, search
+
+__all__ = ["GPU_PROGRESS_NOTE", "make_plan"]
+
+log = logging.getLogger(__name__)
+
+GPU_PROGRESS_NOTE = ("the links hold each message up to progress_s while its sender computes, as gloo does on a CPU "
+                     "host (the default link); NCCL between GPUs does not: plan with --progress-delay 0 (with "
+                     "--cluster: progress_s 0 on every link) or a links file measured on the GPUs")
+
+
+def _placement_config(req: PlanRequest, n: int, best: Verdict | None) -> Config | None:
+    """The one-stage-per-rank configuration CP-SAT orders the devices for: the winner's, else the one with the
+    most microbatches (the least memory per stage)."""
+    if best is not None:
+        c = best.candidate
+        return Config(c.schedule, c.pp, c.dp, c.v, c.microbatches, c.microbatch_size) if c.v == 1 else None
+    return max((c for c in configs(req, n) if c.v == 1), key=lambda c: c.m, default=None)
+
+
+def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
+           best: Verdict | None) -> tuple[PlanRequest, Verdict | None, str | None]:
+    """For a heterogeneous cluster, let CP-SAT choose which device runs which pipeline position (placement.py),
+    re-run the search on that order (the DP is exact for a fixed order) and keep the order the simulator prefers."""
+    c = _placement_config(req, profile.num_units, best)
+    if c is None:
+        return req, best, None
+    rc = best is not None and any(best.candidate.recompute) or best is None and req.recompute is RecomputeMode.ALL
+    try:
+        placed = place_devices(table.arrays(c.b), req.cluster, c.m, inflight(c.schedule, c.pp, c.m, 1), rc,
+                               req.placement_time_limit_s)
+    except InfeasibleError as exc:
+        log.info("device placement: %s", exc)
+        return req, best, None
+    how = f"CP-SAT {placed.status}, gap {placed.gap:.1%}, limit {req.placement_time_limit_s:g} s"
+    if list(placed.order) == list(range(req.cluster.num_devices)):
+        return req, best, f"device order: the cluster file's order is CP-SAT's choice ({how})"
+    trial = replace(req, cluster=req.cluster.reordered(placed.order))
+    found = search(profile, trial, table)[0]
+    if found is None or best is not None and found.key >= best.key:
+        return req, best, f"device order: the cluster file's order kept; CP-SAT's {list(placed.order)} ({how}) " \
+                          f"did not simulate faster"
+    order = ", ".join(f"rank {r} -> device {d}" for r, d in enumerate(placed.order))
+    return trial, found, f"device order chosen by CP-SAT ({how}): pipeline rank r runs on device order[r] of the " \
+                         f"cluster file: {order}"
+
+
+def make_plan(profile: Profile, request: PlanRequest) -> Plan:
+    """The fastest simulated plan for `request` (ties: least peak memory), with baselines beside it. On a
+    heterogeneous cluster CP-SAT also chooses the device order (the plan's notes say which and how sure)."""
+    table = ProfileTable(profile)
+    excluded: dict[str, str] = {}
+    best, n_cfg, n_sim = search(profile, request, table, excluded)
+    note = None
+    if not request.cluster.homogeneous and not request.cluster.order:
+        request, best, note = _place(profile, request, table, best)
+    if best is None and request.schedule is not None and request.schedule.value in excluded:
+        raise InfeasibleError(excluded[request.schedule.value])
+    if best is None:
+        raise explain_infeasible(profile, request, n_cfg)
+    a = table.arrays(best.candidate.microbatch_size)
+    unsynthesizable = split_backward_refusal(profile.meta.live_values, best.candidate.bounds, "a synthesized order")
+    custom = synthesized(a, request.cluster, best, request.synth_time_limit_s) \
+        if request.synthesize and unsynthesizable is None else None
+    notes = [note] if note else []
+    chosen = best.candidate.schedule.value  # only some of its splits were left out: not worth a note
+    notes += [why for name, why in excluded.items() if name != chosen]
+    notes += [unsynthesizable] if request.synthesize and unsynthesizable else []
+    if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
+        notes.append(GPU_PROGRESS_NOTE)
+    return build_plan(profile, request, best, a, custom, extra=tuple(notes))

@@ -1,0 +1,47 @@
+"""A stage's simulator costs, device speeds, memory (static + held activations) and the ideal step time."""
+
+from __future__ import annotations
+
+from autopp.data.cluster import Cluster, Device
+from autopp.costmodel import held_microbatches, ideal_step_time, memory_prefix, stage_costs, stage_speeds, unit_memory
+
+from .arrays import arrays
+
+
+def test_stage_costs_keep_the_measured_split_and_the_full_backward_and_stage_0_has_no_i() -> None:
+    a = arrays([1.0, 1.0], backward=[2.0, 2.0], backward_input=[1.5, 1.5], backward_weight=[1.0, 1.0])
+    first, second = stage_costs(a, [(0, 1), (1, 2)], [1.0, 1.0])
+    assert (second.backward_input_s, second.backward_weight_s, second.backward_s) == (1.5, 1.0, 2.0)
+    # torch's first stage skips the input-gradient pass and runs one full backward as its W
+    assert (first.backward_input_s, first.backward_weight_s, first.backward_s) == (0.0, 2.0, 2.0)
+
+
+def test_stage_costs_sum_units_scale_by_speed_and_keep_the_input_for_recompute() -> None:
+    a = arrays([1.0, 2.0, 3.0], static=[10, 20, 30], activation=[1, 2, 3], cut=[7.0, 9.0])
+    first, second = stage_costs(a, [(0, 1), (1, 3)], [1.0, 2.0], overheads=[0.25, 0.5])
+    assert (second.forward_s, second.backward_input_s, second.backward_weight_s) == (2.5, 2.5, 2.5)  # 5 / 2
+    assert (second.static_bytes, second.activation_bytes, second.input_bytes) == (50, 5, 7)
+    assert (first.input_bytes, first.overhead_s, second.overhead_s) == (0, 0.25, 0.5)
+
+
+def test_stage_speeds_follow_the_rank_of_each_stage() -> None:
+    cluster = Cluster(num_devices=2, memory_bytes=1, devices=(Device(memory_bytes=1, speed=1.0),
+                                                              Device(memory_bytes=1, speed=3.0)))
+    assert stage_speeds(cluster, [0, 1, 1, 0]) == [1.0, 3.0, 3.0, 1.0]
+    assert stage_speeds(cluster.reordered((1, 0)), [0, 1]) == [3.0, 1.0]
+
+
+def test_memory_is_static_plus_held_activations_and_recompute_holds_one() -> None:
+    assert (held_microbatches(3, False), held_microbatches(3, True)) == (3, 1)
+    a = arrays([1.0] * 3, static=[10, 20, 30], activation=[1, 2, 3])
+    p = memory_prefix(a, 2)
+    assert list(p) == [0.0, 12.0, 36.0, 72.0]
+    assert p[3] - p[1] == 20 + 30 + 2 * (2 + 3)  # the stage of units 1 and 2
+    assert list(unit_memory(a, 2)) == [12.0, 24.0, 36.0]
+
+
+def test_ideal_step_time_is_total_work_over_total_speed() -> None:
+    a = arrays([1.0, 1.0], backward=[2.0, 2.0], backward_input=[1.5, 1.5], backward_weight=[1.5, 1.5])
+    cluster = Cluster(num_devices=2, memory_bytes=1, devices=(Device(memory_bytes=1, speed=1.0),
+                                                              Device(memory_bytes=1, speed=3.0)))
+    assert ideal_step_time(a, cluster, 2, 4) == 6.0  # 4 microbatches x (1 + min(2, 3)) x 2 units / (1 + 3)

@@ -1,0 +1,96 @@
+"""Transfers, message overheads, progress delays, the all-reduce and the optimizer step, with numbers worked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopp.data.cluster import Cluster, Link
+from autopp.costmodel import (allreduce_time, comm_times, gradient_allreduce_time, message_overheads, optimizer_time,
+                              progress_delays, send_times, transfer_time)
+
+from .arrays import arrays
+
+LINK = Link(latency_s=0.5, bandwidth_bytes_per_s=100.0)
+
+
+def _cluster(n: int, overheads: tuple[float, ...] = (), progress: tuple[float, ...] = ()) -> Cluster:
+    return Cluster(num_devices=n, memory_bytes=1, links=tuple(
+        Link(latency_s=0.0, bandwidth_bytes_per_s=1.0, overhead_s=o, progress_s=p)
+        for o, p in zip(overheads or (0.0,) * (n - 1), progress or (0.0,) * (n - 1))))
+
+
+def test_transfer_is_latency_plus_bytes_over_bandwidth_and_nothing_is_free() -> None:
+    assert transfer_time(LINK, 200.0) == 2.5  # 0.5 + 200 / 100
+    assert transfer_time(LINK, 0.0) == 0.0
+
+
+def test_send_times_are_the_same_transfer_per_cut_vectorised() -> None:
+    a = arrays([1.0] * 4, cut=[200.0, 0.0, 50.0])
+    assert list(send_times(a, LINK)) == [0.0, 2.5, 0.0, 1.0, 0.0]
+    assert list(send_times(a, LINK)) == [transfer_time(LINK, float(x)) for x in a.cut]
+    assert list(send_times(a, None)) == [0.0] * 5  # stages on one device
+
+
+def test_comm_times_cross_ranks_only() -> None:
+    a = arrays([1.0] * 4, cut=[1.0, 2.0, 3.0])
+    cluster = Cluster(num_devices=2, memory_bytes=1, link=LINK)
+    # V shape on 2 ranks: stages 1 and 2 share rank 1, so the cut after unit 2 costs nothing.
+    assert comm_times(a, cluster, [(0, 1), (1, 2), (2, 3), (3, 4)], [0, 1, 1, 0]) == [0.51, 0.0, 0.53]
+
+
+def test_message_overheads_ends_pay_once_middles_twice() -> None:
+    assert message_overheads(_cluster(3, (1.0, 1.0)), [0, 1, 2]) == [1.0, 2.0, 1.0]
+    # Each boundary's own link: rank 0 - 1 costs 1, rank 1 - 2 costs 10.
+    assert message_overheads(_cluster(3, (1.0, 10.0)), [0, 1, 2]) == [1.0, 11.0, 10.0]
+
+
+def test_message_overheads_neighbours_on_the_same_rank_send_nothing() -> None:
+    assert message_overheads(_cluster(2, (0.5,)), [0, 1, 1, 0]) == [0.5, 0.5, 0.5, 0.5]
+    assert message_overheads(_cluster(1), [0, 0]) == [0.0, 0.0]
+
+
+def test_progress_delays_per_boundary_on_its_link() -> None:
+    assert progress_delays(_cluster(3, progress=(2.0, 3.0)), [0, 1, 2]) == [2.0, 3.0]
+    assert progress_delays(_cluster(2, progress=(2.0,)), [0, 1, 1, 0]) == [2.0, 0.0, 2.0]
+
+
+def test_ring_allreduce() -> None:
+    cluster = Cluster(num_devices=4, memory_bytes=1, link=LINK, data_link=Link(latency_s=0.01,
+                                                                               bandwidth_bytes_per_s=100.0))
+    assert allreduce_time(1000.0, 4, cluster) == pytest.approx(15.06)  # 2 x 3/4 x 1000 / 100 + 2 x 3 x 0.01
+    assert allreduce_time(1000.0, 1, cluster) == 0.0 and allreduce_time(0.0, 4, cluster) == 0.0
+
+
+def test_gradient_allreduce_is_the_rank_with_most_gradients() -> None:
+    cluster = Cluster(num_devices=2, memory_bytes=1, link=Link(latency_s=0.0, bandwidth_bytes_per_s=100.0))
+    a = arrays([1.0] * 4, grads=[100.0, 200.0, 300.0, 400.0])
+    assert gradient_allreduce_time(a, [(0, 2), (2, 4)], [0, 1], 2, cluster) == 7.0  # 700 bytes: 2 x 1/2 x 700 / 100
+    assert gradient_allreduce_time(a, [(0, 1), (1, 2), (2, 3), (3, 4)], [0, 1, 1, 0], 2, cluster) == 5.0  # 500 each
+
+
+def test_optimizer_step_is_the_slowest_ranks_share() -> None:
+    a = arrays([1.0] * 4, optimizer=[1.0, 2.0, 3.0, 4.0])
+    assert optimizer_time(a, [(0, 2), (2, 4)], [0, 1]) == 7.0
+    assert optimizer_time(a, [(0, 1), (1, 2), (2, 3), (3, 4)], [0, 1, 1, 0]) == 5.0  # V shape: ranks hold 1+4, 2+3
+    assert optimizer_time(a, [(0, 2), (2, 4)], [0, 1], [1.0, 2.0]) == 3.5  # 3 / 1 vs 7 / 2
+    assert optimizer_time(arrays([1.0]), [(0, 1)], [0]) == 0.0  # no optimizer time profiled
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_step_end_floor_bounds_step_end_time_for_every_split(seed: int) -> None:
+    import itertools
+    import random
+
+    from autopp.costmodel import step_end_floor, step_end_time
+    rng = random.Random(seed)
+    n, pp, dp = 7, 3, rng.choice([2, 4])
+    a = arrays([1.0] * n, grads=[float(rng.randint(0, 1000)) for _ in range(n)],
+               optimizer=[rng.uniform(0.0, 0.1) for _ in range(n)])
+    cluster = Cluster(num_devices=pp * dp, memory_bytes=1, link=LINK)
+    floor = step_end_floor(a, cluster, pp, dp)
+    for cuts in itertools.combinations(range(1, n), pp - 1):
+        ends = (0, *cuts, n)
+        bounds = tuple(zip(ends, ends[1:]))
+        allreduce, optimizer = step_end_time(a, cluster, bounds, list(range(pp)), dp, [1.0] * pp)
+        assert floor <= allreduce + optimizer, (bounds, floor, allreduce, optimizer)
+        assert allreduce == gradient_allreduce_time(a, bounds, list(range(pp)), dp, cluster)

@@ -1,0 +1,77 @@
+"""A profile as per-unit arrays: interpolation between and beyond profiled sizes, cut bytes, optimizer shares, work."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from autopp.costmodel import unit_arrays
+from autopp.data.profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta, TiedGroup
+
+#: (unit, size) -> F, B, I, W, recompute, activation bytes. Unit 0 has no I (torch's first stage); unit 1 was
+#: profiled without a recompute time (0: the forward again is assumed).
+ROWS = {(0, 1): (1.0, 2.0, 0.0, 2.0, 1.0, 100), (0, 3): (2.0, 6.0, 0.0, 6.0, 2.0, 300),
+        (1, 1): (3.0, 4.0, 2.5, 2.0, 0.0, 50), (1, 3): (5.0, 8.0, 5.0, 4.0, 0.0, 150)}
+PARAMS = (10, 30)
+
+
+def tiny_profile(rows: dict[tuple[int, int], tuple[float, float, float, float, float, int]] = ROWS,
+                 optimizer_step_s: float = 0.8, tied: tuple[TiedGroup, ...] = ()) -> Profile:
+    """Two units profiled at microbatch sizes 1 and 3; 40 (size 1) or 120 (size 3) bytes cross the cut."""
+    sizes = sorted({b for _, b in rows})
+    units = []
+    for (u, b), (f, back, i, w, redo, act) in sorted(rows.items()):
+        row: dict[str, object] = {c: 0 for c in UNIT_COLUMNS}
+        row.update(unit=u, name=f"u{u}", modules=f"u{u}", microbatch_size=b, forward_s=f, backward_s=back,
+                   backward_input_s=i, backward_weight_s=w, recompute_s=redo, activation_bytes=act,
+                   param_bytes=PARAMS[u], grad_bytes=PARAMS[u], optimizer_bytes=2 * PARAMS[u])
+        units.append(row)
+    edges = [{"src": 0, "dst": 1, "microbatch_size": b, "bytes": 40 * b} for b in sizes]
+    meta = ProfileMeta(model_path="tiny.py", fingerprint="tiny", unit_names=("u0", "u1"), split_points=("u1",),
+                       microbatch_sizes=tuple(sizes), device="cpu", torch_version="none", num_threads=1,
+                       optimizer="adam", repeats=1, warmup=0, optimizer_step_s=optimizer_step_s,
+                       tied_parameters=tied)
+    return Profile(meta, pd.DataFrame(units, columns=list(UNIT_COLUMNS)), pd.DataFrame(edges, columns=list(EDGE_COLUMNS)))
+
+
+def test_profiled_size_is_read_as_is() -> None:
+    a = unit_arrays(tiny_profile(), 1)
+    assert list(a.forward) == [1.0, 3.0] and list(a.backward) == [2.0, 4.0]
+    assert list(a.backward_input) == [0.0, 2.5] and list(a.backward_weight) == [2.0, 2.0]
+    assert list(a.static) == [40.0, 120.0] and list(a.params) == [10.0, 30.0] and list(a.grads) == [10.0, 30.0]
+    assert list(a.cut) == [0.0, 40.0, 0.0] and not a.split_assumed
+
+
+def test_between_sizes_is_linear_and_a_missing_recompute_time_is_the_forward() -> None:
+    a = unit_arrays(tiny_profile(), 2)
+    assert list(a.forward) == [1.5, 4.0] and list(a.backward) == [4.0, 6.0]
+    assert list(a.backward_input) == [0.0, 3.75] and list(a.backward_weight) == [4.0, 3.0]
+    assert list(a.activation) == [200.0, 100.0] and list(a.cut) == [0.0, 80.0, 0.0]
+    assert list(a.recompute) == [1.5, 4.0]
+
+
+def test_beyond_sizes_extends_the_end_segment_and_one_size_scales_proportionally() -> None:
+    assert list(unit_arrays(tiny_profile(), 5).forward) == [3.0, 7.0]  # 1 + (2 - 1) x (5 - 1) / 2; 3 + 2 x 2
+    one = tiny_profile({k: v for k, v in ROWS.items() if k[1] == 3})
+    assert list(unit_arrays(one, 6).forward) == [4.0, 10.0] and list(unit_arrays(one, 6).cut) == [0.0, 240.0, 0.0]
+
+
+def test_no_input_weight_split_assumes_halves() -> None:
+    rows = {k: (f, b, 0.0, 0.0, r, act) for k, (f, b, _, _, r, act) in ROWS.items()}
+    a = unit_arrays(tiny_profile(rows), 1)
+    assert a.split_assumed and list(a.backward_input) == [1.0, 2.0] and list(a.backward_weight) == [1.0, 2.0]
+
+
+def test_optimizer_step_shared_by_trainable_bytes_counting_tied_copies_once() -> None:
+    assert list(unit_arrays(tiny_profile(), 1).optimizer) == pytest.approx([0.2, 0.6])  # 0.8 x 10/40, 0.8 x 30/40
+    # An 8-byte weight tied between the units was stepped once in the timed model: 0.8 / 32 per trainable byte.
+    tied = tiny_profile(tied=(TiedGroup(names=("u0.w", "u1.w"), units=(0, 1), bytes=8),))
+    assert list(unit_arrays(tied, 1).optimizer) == pytest.approx([0.25, 0.75])
+
+
+def test_work_is_forward_plus_the_cheaper_backward_plus_recompute() -> None:
+    a = unit_arrays(tiny_profile(), 2)
+    assert list(a.work()) == [5.5, 10.0]  # 1.5 + min(4, 0 + 4); 4 + min(6, 3.75 + 3)
+    assert list(a.work(recompute=True)) == [7.0, 14.0]
+    assert list(a.prefix(a.work())) == [0.0, 5.5, 15.5]
+

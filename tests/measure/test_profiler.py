@@ -1,0 +1,252 @@
+"""The profiler: exact on layers that take known times on a fake clock, and on layers whose saved tensors are
+known. Timing tests inject the clock (tests/models/fakeclock.py), so they hold on a machine under any load."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autopp.measure import profile_model
+from autopp.data.profile import Profile
+
+from ..conftest import MODELS
+from ..models.fakeclock import CLOCK
+
+TICKING = MODELS / "ticking.py"
+
+
+def _live(profile: Profile) -> list[dict[str, Any]]:
+    """The profile's live values as meta.json stores them."""
+    return [v.to_json() for v in profile.meta.live_values]
+
+
+def _tied(profile: Profile) -> list[dict[str, Any]]:
+    """The profile's tied parameter groups as meta.json stores them."""
+    return [g.to_json() for g in profile.meta.tied_parameters]
+
+
+def _module(name: str):  # type: ignore[no-untyped-def]
+    return _module_at(MODELS / f"{name}.py")
+
+
+def _module_at(path: Path):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(f"t_{path.stem}", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _exact(values: object) -> object:
+    """Equal up to the rounding of the clock's float sums."""
+    return pytest.approx(values, rel=1e-9, abs=1e-12)
+
+
+def test_ticking_layers_give_known_times() -> None:
+    ticking = _module("ticking")
+    profile = profile_model(TICKING, microbatch_sizes=(2,), warmup=1, repeats=5, clock=CLOCK)
+    table = profile.units.sort_values("unit")
+    assert list(table.forward_s) == _exact(ticking.FORWARD_S)
+    # The first unit's input is the model's: no input gradient, so its backward is the weight part only.
+    assert list(table.backward_s) == _exact([ticking.BACKWARD_WEIGHT_S[0]] + ticking.BACKWARD_S[1:])
+    assert list(table.recompute_s) == _exact(ticking.FORWARD_S)
+    assert list(table.forward_spread_s) == _exact([0.0] * 3)
+
+
+def test_backward_splits_into_input_and_weight_times() -> None:
+    """torch's stage_backward_input then stage_backward_weight: each tick lands in its own column; the first unit,
+    like torch's first stage, has no input-gradient step and counts its whole backward as weight time."""
+    ticking = _module("ticking")
+    profile = profile_model(TICKING, microbatch_sizes=(2,), warmup=1, repeats=5, compare_whole=False, clock=CLOCK)
+    table = profile.units.sort_values("unit")
+    assert list(table.backward_input_s) == _exact([0.0] + ticking.BACKWARD_INPUT_S[1:])
+    assert list(table.backward_weight_s) == _exact(ticking.BACKWARD_WEIGHT_S)
+    from autopp.costmodel import unit_arrays
+    assert unit_arrays(profile, 2).backward_input[1] == pytest.approx(table.backward_input_s.iloc[1])
+    assert table.recompute_keep_bytes.iloc[1] == 2 * ticking.WIDTH * 4  # the unit's input
+
+
+def test_time_budget_stops_repeats_early() -> None:
+    ticking = _module("ticking")
+    said: list[str] = []
+    profile = profile_model(TICKING, microbatch_sizes=(1,), warmup=0, repeats=50, time_budget_s=0.05,
+                            compare_whole=False, clock=CLOCK, progress=said.append)
+    assert profile.meta.time_budget_s == 0.05
+    # One run ticks 3 forwards (timed, again for I/W, and without grad) and 2 backwards (full, then I + W): 0.104 s.
+    # The budget is 0.05 s x 3 units per run, so the second run starts at 0.104 s and the third is not started.
+    per_run = 3 * sum(ticking.FORWARD_S) + 2 * (sum(ticking.BACKWARD_S) - ticking.BACKWARD_INPUT_S[0])
+    assert per_run == pytest.approx(0.104)
+    runs = {m.split("timing run ")[1].split("/")[0] for m in said if "timing run" in m}
+    assert runs == {"1", "2"}
+    assert list(profile.units.forward_s) == _exact(ticking.FORWARD_S)
+
+
+def test_whole_model_gap_recorded() -> None:
+    profile = profile_model(TICKING, microbatch_sizes=(1,), warmup=1, repeats=2, clock=CLOCK)
+    (whole,) = profile.meta.whole_model
+    assert whole["microbatch_size"] == 1
+    ticking = _module("ticking")
+    expected = sum(ticking.FORWARD_S) + sum(ticking.BACKWARD_S) - ticking.BACKWARD_INPUT_S[0]
+    assert whole["whole_s"] == _exact(expected)
+    assert whole["units_s"] == _exact(expected)  # the pieces add up to the whole model exactly
+    assert whole["gap"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_linear_relu_saved_bytes_and_sizes() -> None:
+    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(1, 3), warmup=0, repeats=1)
+    rows = profile.units.set_index(["unit", "microbatch_size"])
+    f32 = 4
+    for b in (1, 3):
+        # Linear saves its input; ReLU saves its output (the next Linear's input shares that storage).
+        assert rows.loc[(0, b)].activation_bytes == b * 8 * f32
+        assert rows.loc[(1, b)].activation_bytes == b * 32 * f32
+        assert rows.loc[(0, b)].output_bytes == b * 32 * f32
+        assert rows.loc[(4, b)].output_bytes == 0  # the last unit feeds the loss, not another stage
+    assert rows.loc[(0, 1)].param_bytes == (8 * 32 + 32) * f32
+    assert rows.loc[(1, 1)].param_bytes == 0
+    cuts = profile.cut_bytes(3)
+    assert cuts == [3 * 32 * f32, 3 * 32 * f32, 3 * 16 * f32, 3 * 16 * f32]
+
+
+def test_optimizer_state_counted() -> None:
+    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(1,), optimizer="adam", warmup=0, repeats=1)
+    assert (profile.units.optimizer_bytes == 2 * profile.units.param_bytes).all()
+    assert profile.meta.dtype == "float32"
+
+
+def test_bfloat16_parameters_and_fp32_optimizer_state() -> None:
+    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(1,), optimizer="adam", warmup=0, repeats=1,
+                            dtype="bfloat16", compare_whole=False)
+    rows = profile.units.set_index("unit")
+    numel = 8 * 32 + 32
+    assert rows.loc[0].param_bytes == 2 * numel and rows.loc[0].grad_bytes == 2 * numel
+    assert rows.loc[0].optimizer_bytes == (2 + 1) * 4 * numel  # two fp32 states and an fp32 master copy
+    assert profile.meta.dtype == "bfloat16"
+
+
+def test_non_chain_model_live_values_per_cut() -> None:
+    """masked.py: a mask made before the blocks is read by every block; the embedding output is read again by the
+    last block (its residual add runs in that piece, before the head). Each value crosses each cut it spans once."""
+    m = _module("masked")
+    profile = profile_model(MODELS / "masked.py", microbatch_sizes=(1, 2), warmup=0, repeats=1, compare_whole=False)
+    assert profile.meta.unit_names == ("emb", "blocks.0", "blocks.1", "blocks.2", "head")
+    values = {(v["src"], tuple(v["dsts"])): v for v in _live(profile)}
+    mask, residual = values[(0, (1, 2, 3))], values[(0, (1, 3))]
+    assert mask["action"] == "recompute" and mask["bytes"] == {"1": m.T * m.T, "2": m.T * m.T}
+    assert residual["action"] == "relay" and residual["relayed_over"] == [1, 2]
+    h = 2 * m.T * m.WIDTH * 4  # one activation at microbatch 2
+    assert residual["bytes"]["2"] == h
+    assert profile.cut_bytes(2) == [h + m.T * m.T, 2 * h + m.T * m.T, 2 * h + m.T * m.T, h]
+    assert profile.cut_bytes(2, recompute=True) == [h, 2 * h, 2 * h, h]
+    assert [len(profile.cut_values(k)) for k in range(1, 5)] == [2, 3, 3, 1]  # h0 is also block 0's input
+    g = profile.graph(2)
+    assert g.has_edge(0, 3) and g.has_edge(0, 2)  # non-neighbour edges are recorded
+
+
+@pytest.mark.integration
+def test_hf_gpt2_units_tied_weights_and_mask() -> None:
+    pytest.importorskip("transformers")
+    from ..conftest import EXAMPLES
+    gpt2 = EXAMPLES / "hf_gpt2.py"
+    profile = profile_model(gpt2, microbatch_sizes=(1,), warmup=0, repeats=1, compare_whole=False)
+    assert profile.meta.unit_names == ("transformer.wte",) + tuple(f"transformer.h.{i}" for i in range(4)) + \
+        ("transformer.ln_f",)
+    (tied,) = _tied(profile)
+    assert tied["names"] == ["transformer.wte.weight", "lm_head.weight"] and tied["units"] == [0, 5]
+    rows = profile.units.set_index("unit")
+    assert rows.loc[0].tied_param_bytes == rows.loc[5].tied_param_bytes == tied["bytes"] == 2048 * 64 * 4
+    assert rows.loc[2].tied_param_bytes == 0
+    shared = [v for v in _live(profile) if v["src"] == 0 and len(v["dsts"]) > 1]
+    assert shared and all(v["action"] == "recompute" for v in shared)  # the causal mask, read by every block
+
+
+def test_graph_edges_carry_boundary_bytes(gpt_profile) -> None:  # type: ignore[no-untyped-def]
+    g = gpt_profile.graph(2)
+    assert sorted(g.successors(0)) == [1]
+    assert g.edges[3, 4]["bytes"] == 2 * 64 * 128 * 4  # batch x context x width float32
+    assert g.nodes[7]["name"] == "ln_f"
+
+
+def test_bad_microbatch_sizes() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        profile_model(MODELS / "linrelu.py", microbatch_sizes=(0,))
+
+
+@pytest.mark.integration
+def test_two_stacks_encoder_output_relayed_across_decoder_units() -> None:
+    """twostacks.py: the encoder's output (`memory`) feeds the bridge and is read again by both dec blocks."""
+    m = _module("twostacks")
+    profile = profile_model(MODELS / "twostacks.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    h = 2 * 3 * m.WIDTH * 4
+    # Unit 3 (enc.2 and the bridge) sends the bridge's output to unit 4 and `memory` to the dec units 8 and 9.
+    (bridge, memory) = [v for v in _live(profile) if v["src"] == 3]
+    assert bridge["dsts"] == [4] and bridge["action"] == "send"
+    assert memory["dsts"] == [8, 9] and memory["action"] == "relay" and memory["relayed_over"] == [4, 5, 6, 7, 8]
+    assert memory["bytes"] == {"2": h}
+    assert profile.cut_bytes(2) == [h, h, h] + [2 * h] * 6 + [h]  # cuts before units 4..9 carry both
+
+
+@pytest.mark.integration
+def test_resnet_cut_bytes_follow_the_downsampling() -> None:
+    from ..conftest import EXAMPLES
+    r = _module_at(EXAMPLES / "resnet.py")
+    profile = profile_model(EXAMPLES / "resnet.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    assert all(v["action"] == "send" for v in _live(profile))  # a chain
+    side = r.IMAGE // 4  # stride-2 convolution and max pool
+    stage = [2 * r.WIDTH * 2 ** s * (side // 2 ** s) ** 2 * 4 for s in range(4)]  # bytes of each stage's output
+    assert profile.cut_bytes(2) == [stage[0], stage[0], stage[0], stage[1], stage[1], stage[2], stage[2],
+                                    stage[3], stage[3]]
+    assert profile.meta.tied_parameters == ()
+
+
+@pytest.mark.integration
+def test_hf_bert_mask_relayed_and_tied_decoder() -> None:
+    pytest.importorskip("transformers")
+    from ..conftest import EXAMPLES
+    bert = _module_at(EXAMPLES / "hf_bert.py")
+    profile = profile_model(EXAMPLES / "hf_bert.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    assert profile.meta.unit_names == ("bert.embeddings",) + tuple(f"bert.encoder.layer.{i}" for i in range(4)) + \
+        ("cls",)
+    # The extended attention mask: made once by unit 0 from the padding-mask input, read by every block.
+    (mask,) = [v for v in _live(profile) if v["src"] == 0 and len(v["dsts"]) > 1]
+    assert mask["dsts"] == [1, 2, 3, 4] and mask["action"] == "relay" and mask["relayed_over"] == [1, 2, 3]
+    h = 2 * bert.CONTEXT * bert.WIDTH * 4
+    assert profile.cut_bytes(2)[1] == h + mask["bytes"]["2"]  # between blocks 0 and 1: hidden states and the mask
+    tied = {tuple(g["names"]): g for g in _tied(profile)}
+    embedding = tied[("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight")]
+    assert embedding["units"] == [0, 5] and embedding["bytes"] == bert.VOCAB * bert.WIDTH * 4
+
+
+@pytest.mark.integration
+def test_hf_t5_encoder_output_relayed_to_every_decoder_block() -> None:
+    pytest.importorskip("transformers")
+    from ..conftest import EXAMPLES
+    t5 = _module_at(EXAMPLES / "hf_t5.py")
+    profile = profile_model(EXAMPLES / "hf_t5.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    encoder_out = 2 * t5.SOURCE * t5.WIDTH * 4
+    decoder = [4, 5, 6]  # units of decoder.block.0..2; unit 3 is the last encoder block with the encoder's norm
+    (memory,) = [v for v in _live(profile)
+                 if v["src"] == 3 and v["dsts"] == decoder and v["bytes"]["2"] == encoder_out]
+    assert memory["action"] == "relay" and memory["relayed_over"] == [4, 5]
+    cuts = profile.cut_bytes(2, recompute=True)
+    assert cuts[4] >= encoder_out and cuts[5] >= encoder_out  # before decoder blocks 1 and 2
+    (tied,) = _tied(profile)
+    assert "lm_head.weight" in tied["names"] and tied["units"] == [0, 3, 7]  # decoder embedding runs in unit 3
+
+
+def test_optimizer_step_measured_and_charged_to_the_plan(tmp_path: Path) -> None:
+    """The profile times one optimizer step over the whole model; the plan charges the slowest rank its share."""
+    from autopp.data.cluster import Cluster
+    from autopp.data.profile import load_profile
+    from autopp.schedule import ScheduleName
+    from autopp.solve import PlanRequest, make_plan
+    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(2,), warmup=1, repeats=3, optimizer="adam",
+                            compare_whole=False)
+    assert profile.meta.optimizer_step_s > 0
+    assert load_profile(profile.save(tmp_path / "p")).meta.optimizer_step_s == profile.meta.optimizer_step_s
+    plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=4,
+                                          num_microbatches=2, schedule=ScheduleName.ONE_F_ONE_B, pp=2, dp=1))
+    assert 0 < plan.predicted.optimizer_s <= profile.meta.optimizer_step_s

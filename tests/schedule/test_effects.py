@@ -1,0 +1,74 @@
+"""Actions' effects: busy times, what a microbatch holds and when, in-flight counts, and the memory walks agree with
+the simulator."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autopp.errors import ScheduleError
+from autopp.schedule import NAMED, Action, Kind, ScheduleName, build_schedule, describe, simulate, stage_to_rank
+from autopp.schedule.effects import (FREES, Footprint, StageCost, added_at_start, durations, footprint, freed_at_end,
+                                     inflight_peaks, live_change, memory_timeline, order_peaks, rank_peak, redo_s)
+
+COST = StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=3.0, overhead_s=0.5, activation_bytes=100,
+                 input_bytes=7, static_bytes=1000)
+
+
+def test_busy_time_per_kind_with_and_without_recompute() -> None:
+    assert durations(COST, False) == {Kind.F: 1.5, Kind.I: 2.5, Kind.W: 3.0, Kind.B: 5.5}
+    assert durations(COST, True) == {Kind.F: 1.5, Kind.I: 3.5, Kind.W: 3.0, Kind.B: 6.5}
+    measured = StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=3.0, backward_s=4.0)
+    assert durations(measured, False)[Kind.B] == 4.0  # a measured full backward replaces I + W
+    assert redo_s(1.0, True) == 1.0 and redo_s(1.0, False) == 0.0
+
+
+def test_what_a_microbatch_holds_and_when() -> None:
+    plain, again = footprint(COST, False), footprint(COST, True)
+    assert plain == Footprint(kept=100, redone=0) and again == Footprint(kept=7, redone=100)
+    for f in (plain, again):
+        assert [added_at_start(k, f) for k in (Kind.F, Kind.I, Kind.W, Kind.B)] == [f.kept, f.redone, 0, f.redone]
+        assert [freed_at_end(k, f) for k in (Kind.F, Kind.I, Kind.W, Kind.B)] == [0, 0, f.kept + f.redone,
+                                                                                 f.kept + f.redone]
+        for life in ((Kind.F, Kind.B), (Kind.F, Kind.I, Kind.W)):  # a finished microbatch leaves nothing behind
+            assert sum(added_at_start(k, f) for k in life) == sum(freed_at_end(k, f) for k in life)
+    assert FREES == {Kind.B, Kind.W}
+    assert [live_change(k) for k in (Kind.F, Kind.I, Kind.W, Kind.B, Kind.SEND_F)] == [1, 0, -1, -1, 0]
+
+
+def test_stage_costs_must_be_finite_and_non_negative() -> None:
+    with pytest.raises(ScheduleError, match="finite and >= 0"):
+        StageCost(forward_s=-1.0, backward_input_s=0.0, backward_weight_s=0.0)
+
+
+@pytest.mark.parametrize("name", [ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B])
+def test_inflight_peaks_equal_the_closed_forms(name: ScheduleName) -> None:
+    exact = describe(name).exact_inflight
+    assert exact is not None
+    for p, m in ((1, 1), (2, 5), (4, 4), (4, 9)):
+        order = build_schedule(name, p, m)
+        walked = {s: n for r in order for s, n in inflight_peaks(order[r]).items()}
+        assert tuple(walked[s] for s in range(p)) == exact(p, m)
+
+
+def _case(name: ScheduleName, seed: int) -> tuple[dict[int, list[Action]], list[StageCost], list[int], list[bool]]:
+    rng = random.Random(seed)
+    v = 1 if describe(name).single_stage else 2
+    owner = stage_to_rank(name, 3, v)
+    costs = [StageCost(forward_s=rng.uniform(0.5, 2), backward_input_s=rng.uniform(0.5, 2),
+                       backward_weight_s=rng.uniform(0.2, 1), static_bytes=rng.randint(0, 50),
+                       activation_bytes=rng.randint(1, 90), input_bytes=rng.randint(0, 9)) for _ in owner]
+    return build_schedule(name, 3, 6, v), costs, owner, [rng.random() < 0.5 for _ in owner]
+
+
+@pytest.mark.parametrize("name", list(NAMED), ids=lambda n: n.value)
+def test_memory_walks_equal_the_simulated_timeline(name: ScheduleName) -> None:
+    order, costs, owner, flags = _case(name, 3)
+    sim = simulate(order, costs, owner, [0.1] * (len(owner) - 1), flags)
+    peaks = order_peaks(order, costs, owner, flags)
+    for r in sorted(order):
+        static = sum(c.static_bytes for c, o in zip(costs, owner) if o == r)
+        timeline = memory_timeline([e for e in sim.events if e.rank == r], costs, flags, static)
+        assert timeline == sim.memory_timeline[r] and timeline[-1] == (timeline[-1][0], static)
+        assert rank_peak(order[r], costs, flags, static) == peaks[r] == sim.peak_memory_bytes[r]
