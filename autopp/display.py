@@ -26,7 +26,7 @@ def format_profile(profile: Profile) -> str:
 
 def _summary(name: str, pred: Prediction) -> list[str]:
     return [name, format_time(pred.step_time_s), f"{pred.bubble_fraction:.1%}", format_size(max(pred.peak_memory_bytes)),
-            f"{pred.efficiency:.1%}", " | ".join(f"{a}-{b - 1}" for a, b in pred.stage_units)]
+            "yes" if pred.fits else "NO", f"{pred.efficiency:.1%}", " | ".join(f"{a}-{b - 1}" for a, b in pred.stage_units)]
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:
@@ -49,15 +49,20 @@ def format_plan(plan: Plan) -> str:
              format_time(s.forward_s), format_time(s.backward_s), "yes" if s.recompute else "no",
              format_size(s.memory_bytes)] for s in plan.stages]
     stages = _table(["stage", "rank", "units", "forward/mb", "backward/mb", "recompute", "rank peak memory"], rows)
-    summary = _table(["split", "step time", "bubble", "max memory", "efficiency", "stages (units)"],
-                     [_summary("autopp", plan.predicted)]
+    own = "pinned" if "autopp" in plan.baselines else "autopp"  # --split: autopp's choice is a baseline
+    summary = _table(["split", "step time", "bubble", "max memory", "fits", "efficiency", "stages (units)"],
+                     [_summary(own, plan.predicted)]
                      + [_summary(k, v) for k, v in plan.baselines.items()]
-                     + [["ideal", format_time(plan.ideal_step_time_s), "0.0%", "", "100.0%", "total work / devices"]])
+                     + [["ideal", format_time(plan.ideal_step_time_s), "0.0%", "", "", "100.0%",
+                         "total work / devices"]])
     head = (f"{plan.schedule.value} on {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, "
             f"{_count(plan.virtual_stages, 'stage')} "
             f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
     extra = f"\ngradient all-reduce {format_time(plan.predicted.allreduce_s)} included" if plan.dp > 1 else ""
+    unfit = [k for k, v in [(own, plan.predicted), *plan.baselines.items()] if not v.fits]
     notes = "".join(f"\nnote: {n}" for n in plan.notes)
+    notes += f"\nnote: does not fit (a rank's simulated peak exceeds its device's memory): {', '.join(unfit)}" \
+        if unfit else ""
     return (f"{head}\n\n{stages}\n\n{summary}\n(simulated; efficiency = ideal step time / predicted step time)"
             f"{extra}{notes}")

@@ -214,3 +214,16 @@ def test_a_bad_custom_order_cell_names_rank_and_position(tmp_path: Path, cell: o
 def test_custom_order_of_text_is_a_programming_error() -> None:
     with pytest.raises(TypeError, match="Plan.custom_order must hold Actions"):
         replace(_custom(), custom_order=(("0F0", "0B0"), ("1F0", "1B0")))
+
+
+def test_fits_is_written_read_and_defaults_to_true(tmp_path: Path) -> None:
+    plan = _plan()
+    unfit = replace(plan, baselines={"even": replace(plan.predicted, fits=False)})
+    data = unfit.to_json()
+    assert data["predicted"]["fits"] is True and data["baselines"]["even"]["fits"] is False
+    assert load_plan(_write(tmp_path, data)) == unfit
+    del data["predicted"]["fits"], data["baselines"]["even"]["fits"]  # a plan written before the field
+    assert load_plan(_write(tmp_path, data)) == plan
+    data["baselines"]["even"]["fits"] = "no"
+    with pytest.raises(PlanError, match=r"p\.json: baselines\.even: field 'fits' must be true or false, got 'no'"):
+        load_plan(_write(tmp_path, data))

@@ -38,6 +38,11 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--virtual-stages", type=POSITIVE, help="stages per rank for interleaved schedules")
     p.add_argument("--recompute", choices=["none", "all", "auto"], default="none",
                    help="activation recomputation (default none; auto: only where memory needs it)")
+    p.add_argument("--split", type=_indices, metavar="I,J,...",
+                   help="evaluate this split instead of searching one: the unit indices where stages 1.. begin "
+                        "(stages = pp x stages per rank); printed beside autopp's own choice")
+    p.add_argument("--recompute-stages", type=_indices, metavar="S,...",
+                   help="pin which stages recompute their activations (stage indices; the others do not)")
     p.add_argument("--latency", type=number(0, inclusive=True), help="link latency in seconds (default: assumed loopback gloo)")
     p.add_argument("--bandwidth", type=number(0, inclusive=False), help="link bandwidth in bytes/s")
     p.add_argument("--message-overhead", type=number(0, inclusive=True), metavar="S",
@@ -53,6 +58,17 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help="also judge the configuration you run today (torchtitan overrides or .toml, Megatron-LM "
                         "arguments; docs/export.md) and print it beside autopp's plan")
     p.set_defaults(func=_cmd_plan)
+
+
+def _indices(text: str) -> tuple[int, ...]:
+    """A comma list of integers >= 0 ("3,6,9")."""
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 3,6,9, got {text!r}") from None
+    if any(x < 0 for x in values):
+        raise argparse.ArgumentTypeError(f"indices must be >= 0, got {text!r}")
+    return values
 
 
 def _auto_int(text: str) -> int:
@@ -104,7 +120,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                               num_microbatches=args.microbatches,
                               schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
                               pp=args.pp, dp=_dp(args), virtual_stages=args.virtual_stages,
-                              recompute=RecomputeMode(args.recompute),
+                              recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
                               synthesize=args.schedule == "auto" or args.synthesize,
                               synth_time_limit_s=args.synth_time)
     except ValueError as exc:
@@ -119,9 +135,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if not (DEFAULT_PROFILE_DIR / stem / "meta.json").is_file():  # it will be profiled and saved there
             check_output_dir(DEFAULT_PROFILE_DIR / stem, marker="meta.json", kind="profile")
     out = check_output_file(args.output or f"{stem}.plan.json", "-o" if args.output else None)
+    if args.split:
+        from ..solve.pinned import check_split
+        check_split(request, given.num_units if given else None, args.split)  # plan_split: again, once profiled
     profile = given or profile_for(args)
     pinned = _read_pin(args, profile, request) if args.pin_from else None
-    plan = make_plan(profile, request)
+    if args.split:
+        from ..solve.pinned import plan_split
+        plan = plan_split(profile, request, args.split)
+    else:
+        plan = make_plan(profile, request)
     plan.save(out)
     print(format_plan(plan))
     print(f"\nwrote plan {out}")

@@ -85,6 +85,8 @@ class Prediction:
     """Ideal step time (total work / devices) / step_time_s."""
     optimizer_s: float = 0.0
     """The slowest rank's optimizer step (gradient scaling, step, zero_grad) included in step_time_s."""
+    fits: bool = True
+    """Every rank's simulated peak fits its device's memory (plans written before the field: true)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,6 +246,8 @@ def _check_prediction(d: Any, where: str) -> None:
     for name in _PREDICTION_NUMBERS:
         if name in d:
             _number(d[name], name, where)
+    if not isinstance(d.get("fits", True), bool):
+        raise PlanError(f"{where}: field 'fits' must be true or false, got {d['fits']!r}")
     bubble = d["bubble_fraction"]  # may be -1e-16 by rounding
     if isinstance(bubble, bool) or not isinstance(bubble, (int, float)) or not -1e-9 <= bubble <= 1:
         raise PlanError(f"{where}: field 'bubble_fraction' must be a number in [0, 1], got {bubble!r}")

@@ -117,13 +117,24 @@ def _estimate_zero_bubble(forward: Sequence[float], backward_input: Sequence[flo
     return m * max(_rank_times(times, owner)) + (p - 1) / v * gap + 2 * sum(comm) / v
 
 
+def _estimate_bound_single(f: Floors, m: int, p: int, v: int) -> float:
+    """GPipe and 1F1B: sum T + (m - 1) max T + 2 sum c bounds their estimate (GPipe's (m - 1)(max F + max B) >=
+    (m - 1) max T)."""
+    return f.total + (m - 1) * f.stage + f.comm
+
+
+def _estimate_bound_megatron(f: Floors, m: int, p: int, v: int) -> float:
+    """Interleaved 1F1B and looped BFS: (m + (p - 1) / v) max R + 2 sum c bounds their estimate."""
+    return (m + (p - 1) / v) * f.rank + f.comm
+
+
 def _bound_single(f: Floors, m: int, p: int, v: int) -> float:
     """GPipe and 1F1B: the estimate's sum T + (m - 1) max T + 2 sum c bounds the estimate (GPipe's (m - 1)(max F +
     max B) >= (m - 1) max T) but not the simulation when m is small: a slow first stage runs its m forwards while
     the first microbatch makes its round trip (1F1B, p 2, m 2: 0.4706 s against 0.4691 s simulated). The
     simulation is bounded by the larger of the bottleneck's m microbatches and one round trip; the smaller of the two
     forms bounds both."""
-    return min(f.total + (m - 1) * f.stage + f.comm, max(m * f.stage, f.total + f.comm))
+    return min(_estimate_bound_single(f, m, p, v), max(m * f.stage, f.total + f.comm))
 
 
 def _bound_megatron(f: Floors, m: int, p: int, v: int) -> float:
@@ -131,8 +142,7 @@ def _bound_megatron(f: Floors, m: int, p: int, v: int) -> float:
     the simulation, which overlaps the transfers with other microbatches' compute (LoopedBFS, p 4, v 2, m 8, 33.5 MB
     cuts on 1 GB/s: 0.966 s against 0.941 s simulated). The larger of its throughput term and one microbatch's round
     trip sum T + 2 sum c bounds the simulation; the smaller of the two forms bounds both."""
-    throughput = (m + (p - 1) / v) * f.rank
-    return min(throughput + f.comm, max(throughput, f.total + f.comm))
+    return min(_estimate_bound_megatron(f, m, p, v), max((m + (p - 1) / v) * f.rank, f.total + f.comm))
 
 
 def _bound_zero_bubble(f: Floors, m: int, p: int, v: int) -> float:
@@ -165,6 +175,10 @@ class Descriptor:
     """Rank r's compute actions for (r, p, m, v); None: the plan gives the order."""
     estimate: Estimate | None = None
     pipe_bound: PipeBound | None = None
+    """A lower bound of both the estimate and the simulated pipeline (tests/solve/test_bounds.py checks both)."""
+    estimate_bound: PipeBound | None = None
+    """A lower bound of the estimate only, at least `pipe_bound`: the search prunes with it, as it ranks by the
+    estimate (None: `pipe_bound`)."""
     min_microbatches_per_rank: int = 0
     """m must be >= this x p, i.e. at least one per stage (1F1B: 1; DualPipeV, 2 stages per rank: 2)."""
     rounded: bool = False
@@ -240,17 +254,19 @@ class Descriptor:
 
 _GPIPE = Descriptor(name=ScheduleName.GPIPE, layout=Layout.LOOP, fixed_v=1, splits_backward=False,
                     torch_class="ScheduleGPipe", builder=named.gpipe, estimate=_estimate_gpipe,
-                    pipe_bound=_bound_single, exact_inflight=_exact_gpipe)
+                    pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, exact_inflight=_exact_gpipe)
 _ONE_F_ONE_B = Descriptor(name=ScheduleName.ONE_F_ONE_B, layout=Layout.LOOP, fixed_v=1, splits_backward=False,
                           torch_class="Schedule1F1B", builder=named.one_f_one_b, estimate=_estimate_1f1b,
-                          pipe_bound=_bound_single, min_microbatches_per_rank=1, exact_inflight=_exact_1f1b)
+                          pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, min_microbatches_per_rank=1,
+                          exact_inflight=_exact_1f1b)
 _INTERLEAVED = Descriptor(name=ScheduleName.INTERLEAVED_1F1B, layout=Layout.LOOP, fixed_v=None,
                           splits_backward=False, torch_class="ScheduleInterleaved1F1B",
                           builder=named.interleaved_1f1b, estimate=_estimate_megatron, pipe_bound=_bound_megatron,
+                          estimate_bound=_estimate_bound_megatron,
                           rounded=True)
 _LOOPED_BFS = Descriptor(name=ScheduleName.LOOPED_BFS, layout=Layout.LOOP, fixed_v=None, splits_backward=False,
                          torch_class="ScheduleLoopedBFS", builder=named.looped_bfs, estimate=_estimate_megatron,
-                         pipe_bound=_bound_megatron)
+                         pipe_bound=_bound_megatron, estimate_bound=_estimate_bound_megatron)
 _INTERLEAVED_ZB = Descriptor(name=ScheduleName.INTERLEAVED_ZERO_BUBBLE, layout=Layout.LOOP, fixed_v=None,
                              splits_backward=True, torch_class="ScheduleInterleavedZeroBubble",
                              builder=named.interleaved_zero_bubble, estimate=_estimate_zero_bubble,

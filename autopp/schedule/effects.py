@@ -130,10 +130,22 @@ def inflight_peaks(actions: Iterable[Action]) -> dict[int, int]:
     return top
 
 
-def _byte_table(costs: Sequence[StageCost], recompute: Sequence[bool]) -> list[dict[Kind, tuple[int, int]]]:
-    """Per stage and compute kind: (bytes added at the start, bytes freed at the end); looked up in the walks' loops."""
-    prints = [footprint(c, rc) for c, rc in zip(costs, recompute)]
-    return [{k: (added_at_start(k, f), freed_at_end(k, f)) for k in COMPUTE_KINDS} for f in prints]
+class _ByteTable(dict[int, dict[Kind, tuple[int, int]]]):
+    """Per stage and compute kind: (bytes added at the start, bytes freed at the end), looked up in the walks' loops
+    and built on first use, so a walk of one rank's actions pays only for that rank's stages."""
+
+    def __init__(self, costs: Sequence[StageCost], recompute: Sequence[bool]) -> None:
+        super().__init__()
+        self.costs, self.recompute = costs, recompute
+
+    def __missing__(self, stage: int) -> dict[Kind, tuple[int, int]]:
+        f = footprint(self.costs[stage], self.recompute[stage])
+        row = self[stage] = {k: (added_at_start(k, f), freed_at_end(k, f)) for k in COMPUTE_KINDS}
+        return row
+
+
+def _byte_table(costs: Sequence[StageCost], recompute: Sequence[bool]) -> _ByteTable:
+    return _ByteTable(costs, recompute)
 
 
 def rank_static_bytes(costs: Sequence[StageCost], owner: Sequence[int], rank: int) -> int:

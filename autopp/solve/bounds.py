@@ -48,8 +48,9 @@ def _speeds(req: PlanRequest, c: Config) -> tuple[float, float]:
     return sum(speeds), max(speeds)
 
 
-def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool) -> float:
-    """A lower bound of `c`'s estimate for every split, every stage recomputing or none (module docstring)."""
+def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, simulated: bool = False) -> float:
+    """A lower bound of `c`'s estimate for every split, every stage recomputing or none (module docstring); with
+    `simulated`, of the simulated step too (the descriptor's `pipe_bound` instead of its `estimate_bound`)."""
     redo = redo_s(a.forward, recompute)  # the estimate charges a recomputing stage its forward again
     unit = a.work() + redo
     total, sum_sp, max_sp = float(unit.sum()), *_speeds(req, c)
@@ -58,7 +59,8 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool) -> 
     # (4); per unit the smaller of F + I - W and F - B, as stage 0 has I = 0 and W = B
     per_unit = np.minimum(a.forward + a.backward_input - a.backward_weight, a.forward - a.backward) + redo
     gap = float(per_unit.sum()) / (c.pp * c.v) / max_sp
-    bound = describe(c.schedule).pipe_bound
+    d = describe(c.schedule)
+    bound = d.pipe_bound if simulated else d.estimate_bound or d.pipe_bound
     assert bound is not None  # configurations are named schedules
     floors = Floors(rank=rank, total=total / max_sp, stage=stage, gap=gap, comm=comm_floor(a, req, c))
     return bound(floors, c.m, c.pp, c.v) + step_end_floor(a, req.cluster, c.pp, c.dp)

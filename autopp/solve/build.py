@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays
+from dataclasses import replace
+
+from ..costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays, stage_costs
 from ..data.plan import Plan, Prediction, StagePlan
 from ..data.profile import Profile
-from ..schedule import Action, ScheduleName
+from ..data.cluster import Cluster
+from ..schedule import COMPUTE_KINDS, Action, ScheduleName
 from .baselines import baseline_bounds
-from .judge import Candidate, Verdict, judge
-from .request import PlanRequest
+from .judge import Candidate, Verdict, judge, named_order
+from .refine import recompute_choices
+from .request import PlanRequest, RecomputeMode
 from .runnable import schedule_refusal
 
 if TYPE_CHECKING:
     from .custom import CustomOrder
 
-__all__ = ["build_plan", "prediction", "judge_baselines"]
+__all__ = ["build_plan", "prediction", "judge_recompute", "judge_baselines"]
 
 SPLIT_NOTE = "the profile has no input/weight backward split: assumed I = W = B / 2"
 
@@ -24,15 +28,29 @@ SPLIT_NOTE = "the profile has no input/weight backward split: assumed I = W = B 
 def prediction(v: Verdict, ideal: float) -> Prediction:
     return Prediction(step_time_s=v.step_s, peak_memory_bytes=v.peak_memory, bubble_fraction=v.bubble,
                       stage_units=v.candidate.bounds, allreduce_s=v.allreduce_s, optimizer_s=v.optimizer_s,
-                      efficiency=ideal / v.step_s if v.step_s > 0 else 1.0)
+                      efficiency=ideal / v.step_s if v.step_s > 0 else 1.0, fits=v.fits)
+
+
+def judge_recompute(a: UnitArrays, cluster: Cluster, c: Candidate, mode: RecomputeMode,
+                    fixed: tuple[bool, ...] | None = None) -> Verdict:
+    """`c`'s split judged with its own recompute flags under `mode` (`refine.recompute_choices`: none, all, or the
+    first of the minimal per-rank sets that fit: one simulation, which matters at scale) or the pinned flags `fixed`;
+    when none fits, the pinned or the mode's own flags (all for ALL, else none), judged all the same, so the verdict
+    says it does not fit."""
+    order = named_order(c.schedule, c.pp, c.microbatches, c.v)
+    actions = {r: [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS] for r in sorted(order)}
+    costs = stage_costs(a, c.bounds, [1.0] * len(c.bounds))  # memory does not depend on speed
+    choices = recompute_choices(costs, c.owner, actions, lambda r: cluster.device(r).memory_bytes, mode, fixed)
+    flags = choices[0] if choices else fixed or (mode is RecomputeMode.ALL,) * len(c.bounds)
+    return judge(a, cluster, replace(c, recompute=flags))
 
 
 def judge_baselines(a: UnitArrays, request: PlanRequest, best: Verdict) -> dict[str, Verdict]:
-    """The baseline splits with everything else as in `best`, judged by the simulator."""
-    out = {}
-    for name, bounds in baseline_bounds(a, len(best.candidate.bounds)).items():
-        out[name] = judge(a, request.cluster, Candidate(**{**best.candidate.__dict__, "bounds": bounds}))
-    return out
+    """The baseline splits with `best`'s configuration, each with its own recompute flags under the request's mode
+    (`judge_recompute`), judged by the simulator; a baseline that does not fit is kept (its verdict says so)."""
+    fixed = request.pinned_flags(len(best.candidate.bounds))
+    return {name: judge_recompute(a, request.cluster, replace(best.candidate, bounds=bounds), request.recompute, fixed)
+            for name, bounds in baseline_bounds(a, len(best.candidate.bounds)).items()}
 
 
 def _runs(profile: Profile, v: Verdict) -> bool:

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..data.cluster import Cluster
 from ..costmodel import ProfileTable
-from ..errors import PlanError, ScheduleError
+from ..errors import InfeasibleError, PlanError, ScheduleError
 from ..data.plan import Plan
 from ..data.profile import Profile
 from ..schedule import ScheduleName, describe, listed
 from .dp import Bounds
-from .build import build_plan
-from .judge import Candidate, judge
-from .request import PlanRequest, RecomputeMode
+from .build import build_plan, judge_recompute
+from .judge import Candidate, Verdict, judge
+from .make import make_plan
+from .request import Config, PlanRequest, RecomputeMode, configs
 from .runnable import weight_only_reason, weight_only_sends
 
-__all__ = ["Pinned", "check_pinned", "evaluate_pinned"]
+__all__ = ["Pinned", "check_pinned", "evaluate_pinned", "SPLIT_NOTE", "check_split", "plan_split"]
+
+SPLIT_NOTE = "split pinned by --split: evaluated, not searched"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,10 +90,83 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
                           num_microbatches=pinned.microbatches, schedule=pinned.schedule, pp=pinned.pp,
                           dp=pinned.dp,
                           virtual_stages=None, recompute=RecomputeMode.ALL if any(recompute) else RecomputeMode.NONE)
-    notes = [f"configuration pinned from {pinned.source}: evaluated as given, not searched"]
-    notes += [f"does not fit: rank {r} peaks at {peak} bytes > {cluster.device(r).memory_bytes} bytes of its device"
-              for r, peak in enumerate(verdict.peak_memory) if peak > cluster.device(r).memory_bytes]
-    if describe(pinned.schedule).splits_backward:
-        notes += [f"does not run ({pinned.schedule.value}): {weight_only_reason(s, name)}"
-                  for s, name in weight_only_sends(profile.meta.live_values, pinned.bounds)]
+    notes = [f"configuration pinned from {pinned.source}: evaluated as given, not searched",
+             *_warnings(profile, cluster, verdict)]
     return build_plan(profile, request, verdict, a, extra=tuple(notes), keep_split=True)
+
+
+def _warnings(profile: Profile, cluster: Cluster, verdict: Verdict) -> list[str]:
+    """A note per rank whose peak overflows its device, and per stage the runner would refuse to run."""
+    c = verdict.candidate
+    notes = [f"does not fit: rank {r} peaks at {peak} bytes > {cluster.device(r).memory_bytes} bytes of its device"
+             for r, peak in enumerate(verdict.peak_memory) if peak > cluster.device(r).memory_bytes]
+    if describe(c.schedule).splits_backward:
+        notes += [f"does not run ({c.schedule.value}): {weight_only_reason(s, name)}"
+                  for s, name in weight_only_sends(profile.meta.live_values, c.bounds)]
+    return notes
+
+
+def _split_configs(request: PlanRequest, num_units: int, starts: tuple[int, ...]) -> list[Config]:
+    """The request's configurations with one stage per piece of `starts`; a PlanError naming --split unless the
+    starts are increasing unit indices in 1..num_units-1 and some configuration has that many stages."""
+    text = ",".join(map(str, starts))
+    _check_order(starts)
+    if any(s < 1 or s > num_units - 1 for s in starts):
+        raise PlanError(f"--split {text}: stages begin at unit indices 1..{num_units - 1} (the model has "
+                        f"{num_units} units)")
+    every = configs(request, num_units)
+    mine = [c for c in every if c.pp * c.v == len(starts) + 1]
+    if not mine:
+        counts = sorted({c.pp * c.v for c in every})
+        allowed = " or ".join(str(n - 1) for n in counts)
+        raise PlanError(f"--split {text} gives {len(starts) + 1} stages, but this request's configurations have "
+                        f"{' or '.join(map(str, counts)) or 'none'} (pp x stages per rank): give {allowed or 'no'} "
+                        "start indices (one fewer than the stages)")
+    stages = request.recompute_stages or ()
+    if any(s > len(starts) for s in stages):
+        raise PlanError(f"--recompute-stages {','.join(map(str, stages))}: --split {text} has stages "
+                        f"0..{len(starts)}")
+    return mine
+
+
+def _check_order(starts: tuple[int, ...]) -> None:
+    text = ",".join(map(str, starts))
+    if not starts or any(x >= y for x, y in zip(starts, starts[1:])):
+        raise PlanError(f"--split {text}: unit indices must increase (each is where the next stage begins)")
+
+
+def check_split(request: PlanRequest, num_units: int | None, starts: tuple[int, ...]) -> None:
+    """What `plan_split` checks, for the CLI to call before any work: with `num_units` None (the model is not
+    profiled yet) only that the starts increase."""
+    if num_units is None:
+        _check_order(starts)
+    else:
+        _split_configs(request, num_units, starts)
+
+
+def _judged(table: ProfileTable, request: PlanRequest, c: Config, bounds: tuple[tuple[int, int], ...]) -> Verdict:
+    """The split on configuration `c`, with the pinned recompute flags or those the request's mode chooses."""
+    a = table.arrays(c.b)
+    cand = Candidate(schedule=c.schedule, pp=c.pp, dp=c.dp, v=c.v, microbatches=c.m, microbatch_size=c.b,
+                     bounds=bounds, recompute=(False,) * len(bounds))
+    return judge_recompute(a, request.cluster, cand, request.recompute, request.pinned_flags(len(bounds)))
+
+
+def plan_split(profile: Profile, request: PlanRequest, starts: tuple[int, ...]) -> Plan:
+    """The Plan of the split whose stages 1.. begin at units `starts` (--split), judged by the simulator on every
+    configuration of `request` with that many stages: the fastest that fits (else the fastest, with a note per
+    overflowing rank), with autopp's own plan for the request beside the baselines as "autopp"."""
+    configs_ = _split_configs(request, profile.num_units, starts)
+    ends = (0, *starts, profile.num_units)
+    bounds = tuple(zip(ends, ends[1:]))
+    table = ProfileTable(profile)
+    verdicts = [_judged(table, request, c, bounds) for c in configs_]
+    best = min(verdicts, key=lambda v: (not v.fits, v.key))
+    notes = (SPLIT_NOTE, *_warnings(profile, request.cluster, best))
+    plan = build_plan(profile, request, best, table.arrays(best.candidate.microbatch_size), extra=notes,
+                      keep_split=True)
+    try:
+        own = make_plan(profile, replace(request, recompute_stages=None))
+    except InfeasibleError as exc:
+        return replace(plan, notes=(*plan.notes, f"autopp finds no plan for this request: {exc}"))
+    return replace(plan, baselines={**plan.baselines, "autopp": own.predicted})

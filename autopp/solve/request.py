@@ -39,6 +39,8 @@ class PlanRequest:
     virtual_stages: int | None = None
     """Stages per rank for interleaved schedules; None: 2 and 4 (V schedules always use 2)."""
     recompute: RecomputeMode = RecomputeMode.NONE
+    recompute_stages: tuple[int, ...] | None = None
+    """Stages that recompute, pinned (--recompute-stages; None: chosen by `recompute`)."""
     shortlist: int = 4
     """Configurations the simulator must find fitting before the search stops."""
     synthesize: bool = False
@@ -66,8 +68,26 @@ class PlanRequest:
         if self.schedule is not None and describe(self.schedule).given_order:
             raise ValueError(f"{self.schedule.value} is a plan's own order, not a schedule to plan for; use one of "
                              f"{listed(lambda d: True)} or --schedule auto")
+        self._check_recompute_stages()
         if not self.cluster.homogeneous and self.dp not in (1, None):
             raise ValueError("data parallelism needs identical devices; give --dp 1 with a heterogeneous cluster")
+
+
+    def pinned_flags(self, num_stages: int) -> tuple[bool, ...] | None:
+        """The per-stage recompute flags `recompute_stages` pins for `num_stages` stages (None: not pinned)."""
+        if self.recompute_stages is None:
+            return None
+        return tuple(s in self.recompute_stages for s in range(num_stages))
+
+    def _check_recompute_stages(self) -> None:
+        stages = self.recompute_stages
+        if stages is None:
+            return
+        if any(s < 0 for s in stages) or len(set(stages)) != len(stages):
+            raise ValueError(f"--recompute-stages {','.join(map(str, stages))}: give distinct stage indices >= 0")
+        if self.recompute is not RecomputeMode.NONE:
+            raise ValueError(f"--recompute-stages pins each stage's recomputation; drop --recompute "
+                             f"{self.recompute.value}")
 
 
 @dataclass(frozen=True)

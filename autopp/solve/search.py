@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable
@@ -26,12 +27,16 @@ from ..schedule.effects import inflight_peaks, rank_peak, rank_static_bytes
 from .bounds import lower_bound
 from .dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import Candidate, Verdict, judge, named_order
+from .refine import EXACT_LIMIT, refine
 from .request import Config, PlanRequest, RecomputeMode, configs
 from .runnable import schedule_refusal
 
 __all__ = ["inflight", "pipe_spec", "links_hold_messages", "search"]
 
 log = logging.getLogger(__name__)
+
+#: The DP's all-stages recompute assumptions to try, per mode (auto: without, then with, when that does not fit).
+_DP_MODES = {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}
 
 
 def inflight(name: ScheduleName, pp: int, m: int, v: int) -> tuple[int, ...]:
@@ -137,7 +142,7 @@ def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[C
     reaches the short-list's worst estimate: nothing left could enter it. With --recompute auto a configuration whose
     plain split does not fit the DP re-enters the queue under its all-recompute bound. A configuration whose split
     the runner would refuse (`refuse` says why) is left out."""
-    modes = {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[req.recompute]
+    modes = (False, True) if req.recompute_stages is not None else _DP_MODES[req.recompute]
     keep, splits = req.shortlist * (2 if links_hold_messages(req.cluster) else 1), _Splits()
     queue = [(lower_bound(arrays(c.b), req, c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
     heapq.heapify(queue)
@@ -172,19 +177,24 @@ def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[C
 
 
 def _fitted(a: UnitArrays, req: PlanRequest, cand: Candidate) -> Candidate | None:
-    """`cand` if every rank's peak (walked from the order: the simulator's peaks without timing) fits its device,
-    else None. With --recompute auto, greedily: while a rank overflows, its stage saving the most bytes recomputes
-    (a rank's flags change only its own peak, so ranks are fixed one by one)."""
+    """`cand` with recompute flags that make every rank's peak (walked from the order: the simulator's peaks without
+    timing) fit its device, else None: the pinned flags (--recompute-stages), or with --recompute auto, greedily from
+    none: while a rank overflows, its stage saving the most bytes recomputes (a rank's flags change only its own
+    peak, so ranks are fixed one by one); refine.py then finds the best choice for the split it keeps."""
     owner = cand.owner
     costs = stage_costs(a, cand.bounds, [1.0] * len(owner))
     order = named_order(cand.schedule, cand.pp, cand.microbatches, cand.v)
-    flags = list(cand.recompute)
+    pinned = req.pinned_flags(len(owner))
+    if pinned is not None and any(s >= len(owner) for s in req.recompute_stages or ()):
+        return None  # a stage index this configuration does not have
+    auto = pinned is None and req.recompute is RecomputeMode.AUTO
+    flags = list(pinned if pinned is not None else (False,) * len(owner) if auto else cand.recompute)
     for r in sorted(order):
         acts = [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS]
         static = rank_static_bytes(costs, owner, r)
         while rank_peak(acts, costs, flags, static) > req.cluster.device(r).memory_bytes:
             choices = [s for s, o in enumerate(owner) if o == r and not flags[s]]
-            if req.recompute is not RecomputeMode.AUTO or not choices:
+            if not auto or not choices:
                 return None
             flags[max(choices, key=lambda s: (costs[s].activation_bytes - costs[s].input_bytes, -s))] = True
     return replace(cand, recompute=tuple(flags))
@@ -223,5 +233,38 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
                  c.m, opt.estimate, verdict.step_s, "" if verdict.fits else " (too big)")
         if verdict.fits:
             fitting.append(verdict)
+    runs = lambda c: lambda b: schedule_refusal(profile.meta.live_values, c.schedule, b) is None  # noqa: E731
+    fitting = _refined(profile.num_units, arrays, req, fitting, runs)
     best = min(fitting, key=lambda v: v.key) if fitting else None
     return best, len(cfgs), len(opts)
+
+
+#: Simulated actions the local search may spend per configuration (about 0.3 s on the development machine): its budget
+#: of simulations is this over one simulation's actions, at most 32; below one, the configuration is not refined.
+_REFINE_ACTIONS = 25_000
+#: Other short-listed configurations are refined when their DP split is within this factor of the best step found.
+_REFINE_WITHIN = 1.02
+
+
+def _refined(n: int, arrays: Callable[[int], UnitArrays], req: PlanRequest, fitting: list[Verdict],
+             runs: Callable[[Candidate], Callable[[Bounds], bool]]) -> list[Verdict]:
+    """Short-listed verdicts replaced by the simulator's best split and recompute choice for their configuration
+    (refine.py), fastest first: always the fastest (so the chosen configuration's split is the simulator's optimum
+    where refine is exact, and never worse than the DP's elsewhere), then each other one whose splits are few enough
+    to visit all and whose DP split is within `_REFINE_WITHIN` of the best found so far."""
+    out: list[Verdict] = []
+    for k, v in enumerate(sorted(fitting, key=lambda x: x.key)):
+        c = v.candidate
+        exact = math.comb(n - 1, len(c.bounds) - 1) <= EXACT_LIMIT
+        if k and (not exact or v.step_s > _REFINE_WITHIN * min(x.step_s for x in out)):
+            out.append(v)
+            continue
+        budget = min(32, _REFINE_ACTIONS // (3 * len(c.bounds) * c.microbatches))
+        if budget < 1:  # one simulation costs more than the whole allowance: the DP's split stands
+            out.append(v)
+            continue
+        beat = min((x.step_s for x in out), default=math.inf)  # splits that cannot beat it need no simulation
+        found = refine(arrays(c.microbatch_size), req.cluster, c, req.recompute, admissible=runs(c), budget=budget,
+                       fixed=req.pinned_flags(len(c.bounds)), beat=beat).best
+        out.append(found if found is not None and found.key < v.key else v)
+    return out

@@ -97,6 +97,7 @@ def test_auto_schedule_is_no_slower_than_1f1b_and_baselines() -> None:
     assert 0 < auto.predicted.efficiency <= 1 and auto.ideal_step_time_s <= auto.predicted.step_time_s
 
 
+@pytest.mark.integration  # plans over every dp on 8 devices (~2.5 s)
 def test_data_parallel_adds_the_allreduce() -> None:
     plan = _synth(devices=8, global_batch=32, dp=2)
     assert (plan.pp, plan.dp, plan.num_ranks, plan.global_batch) == (4, 2, 8, 32)
@@ -117,6 +118,28 @@ def test_recompute_auto_rescues_a_tight_memory() -> None:
         _synth(memory=10.5, global_batch=16)
     plan = _synth(memory=10.5, global_batch=16, recompute=RecomputeMode.AUTO)
     assert any(s.recompute for s in plan.stages) and max(plan.predicted.peak_memory_bytes) <= 10.5 * GiB
+
+
+@pytest.mark.integration  # a brute force over every split x recompute choice (~5 s)
+def test_recompute_auto_chooses_stage_by_stage_and_equals_the_brute_force() -> None:
+    """Under memory that the plain split misses, only some stages recompute (the others keep their activations), and
+    the plan is the simulator's optimum over every split and recompute choice for its configuration (issue 15)."""
+    from autopp.costmodel import unit_arrays
+    from autopp.solve.brute import brute_force
+    profile = synthetic_profile(12)
+    cluster = Cluster(num_devices=4, memory_bytes=int(11 * GiB))
+    plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=16, recompute=RecomputeMode.AUTO))
+    flags = [s.recompute for s in plan.stages]
+    assert any(flags) and not all(flags)
+    want = brute_force(unit_arrays(profile, plan.microbatch_size), cluster, plan.schedule, pp=plan.pp, v=1,
+                       m=plan.num_microbatches, microbatch_size=plan.microbatch_size).best
+    assert want is not None and plan.predicted.step_time_s == want.step_s
+
+
+def test_recompute_stages_pins_which_stages_recompute() -> None:
+    plan = _synth(global_batch=16, recompute_stages=(0, 2))
+    assert [s.recompute for s in plan.stages] == [True, False, True, False]
+    assert plan.predicted.step_time_s > _synth(global_batch=16).predicted.step_time_s  # recomputing costs time
 
 
 def test_infeasible_says_memory_and_devices() -> None:

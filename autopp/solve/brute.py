@@ -1,0 +1,93 @@
+"""The simulator's optimum by brute force on small cases: every contiguous split x every per-stage recompute choice.
+
+The reference the planner is measured against (scripts/bench_optimality.py) and checked by (tests/solve/): for one
+schedule, pp, v, m and dp, it judges (`judge.judge`: the simulator, the gradient all-reduce and the optimizer step)
+every split of the n units into S = pp x v contiguous stages (C(n - 1, S - 1) of them) and, with
+`RecomputeMode.AUTO`, every choice of which stages recompute their forward in the backward (2^S per split), as
+AdaPipe does jointly with the split (Sun et al., "AdaPipe: Optimizing Pipeline Parallelism with Adaptive
+Recomputation and Partitioning", ASPLOS'24). It keeps the fastest candidate that fits (ties: less peak memory, then
+the lexicographically smaller split, then the lexicographically smaller recompute flags, False before True).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from ..data.cluster import Cluster
+from ..costmodel import UnitArrays
+from ..schedule import ScheduleName
+from .dp import Bounds
+from .judge import Candidate, Verdict, judge
+from .request import RecomputeMode
+
+__all__ = ["BruteForce", "DEFAULT_LIMIT", "candidate_count", "contiguous_splits", "brute_force"]
+
+DEFAULT_LIMIT = 200_000
+"""Most candidates `brute_force` judges before it refuses (about 5 minutes at ~1.5 ms per judgement)."""
+
+
+@dataclass(frozen=True)
+class BruteForce:
+    """The brute force's answer."""
+
+    best: Verdict | None
+    """The fastest fitting verdict, or None when no candidate fits."""
+    judged: int
+    """Candidates simulated (admissible splits x recompute choices)."""
+
+
+def contiguous_splits(n: int, num_stages: int) -> Iterator[Bounds]:
+    """Every split of units 0..n-1 into `num_stages` non-empty contiguous stages, in lexicographic order."""
+    for cuts in itertools.combinations(range(1, n), num_stages - 1):
+        ends = (0, *cuts, n)
+        yield tuple(zip(ends, ends[1:]))
+
+
+def _flag_choices(num_stages: int, mode: RecomputeMode) -> list[tuple[bool, ...]]:
+    """Per-stage recompute flags to try: all off (NONE), all on (ALL), or every subset (AUTO), fewest first."""
+    if mode is RecomputeMode.NONE:
+        return [(False,) * num_stages]
+    if mode is RecomputeMode.ALL:
+        return [(True,) * num_stages]
+    return list(itertools.product((False, True), repeat=num_stages))
+
+
+def candidate_count(n: int, num_stages: int, mode: RecomputeMode = RecomputeMode.AUTO) -> int:
+    """How many candidates `brute_force` would judge (before `admissible` removes any split)."""
+    return math.comb(n - 1, num_stages - 1) * len(_flag_choices(num_stages, mode)) if 1 <= num_stages <= n else 0
+
+
+def _preferred(v: Verdict) -> tuple[float, int, Bounds, tuple[bool, ...]]:
+    return (v.step_s, max(v.peak_memory), v.candidate.bounds, v.candidate.recompute)
+
+
+def brute_force(a: UnitArrays, cluster: Cluster, schedule: ScheduleName, *, pp: int, v: int, m: int, dp: int = 1,
+                microbatch_size: int = 1, recompute: RecomputeMode = RecomputeMode.AUTO,
+                limit: int = DEFAULT_LIMIT, admissible: Callable[[Bounds], bool] | None = None) -> BruteForce:
+    """The simulator's optimum for `schedule` on `pp` ranks with `v` stages per rank (as `Candidate.v`), `m`
+    microbatches of `microbatch_size` and `dp` replicas, over every contiguous split of `a`'s units (those
+    `admissible` accepts: e.g. the runner's refusals) and every recompute choice `recompute` allows.
+    Raises ValueError when the candidates number more than `limit`, or when there are fewer units than stages."""
+    stages = pp * v
+    if stages > a.n:
+        raise ValueError(f"{a.n} units cannot fill {stages} stages (pp {pp} x v {v})")
+    count = candidate_count(a.n, stages, recompute)
+    if count > limit:
+        raise ValueError(f"brute force over {a.n} units into {stages} stages ({recompute.value} recompute) would "
+                         f"judge {count} candidates > limit {limit}; use fewer units or stages, or raise the limit")
+    flags = _flag_choices(stages, recompute)
+    best: Verdict | None = None
+    judged = 0
+    for bounds in contiguous_splits(a.n, stages):
+        if admissible is not None and not admissible(bounds):
+            continue
+        for rc in flags:
+            verdict = judge(a, cluster, Candidate(schedule=schedule, pp=pp, dp=dp, v=v, microbatches=m,
+                                                  microbatch_size=microbatch_size, bounds=bounds, recompute=rc))
+            judged += 1
+            if verdict.fits and (best is None or _preferred(verdict) < _preferred(best)):
+                best = verdict
+    return BruteForce(best, judged)

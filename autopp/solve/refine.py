@@ -1,0 +1,239 @@
+"""The simulator's best split and per-stage recomputation for one configuration, exact where that is affordable.
+
+The DP (dp.py) is exact for its closed-form objective, which the simulator does not share: where the bottleneck sits,
+ties, a slow cut paid on every round trip, per-message overheads and progress delays. Given a configuration (schedule,
+pp, v, m, dp, microbatch size) and the DP's split, `refine` searches contiguous splits and recompute choices judged by
+the simulator itself (`judge.judge`):
+
+1. Recomputation per stage, as AdaPipe chooses it jointly with the split (Sun et al., "AdaPipe: Optimizing Pipeline
+   Parallelism with Adaptive Recomputation and Partitioning", ASPLOS'24): a stage's flag changes only its own rank's
+   memory (the order walk `effects.rank_peak`) and can only add time (a longer B or I), so for a split the candidates
+   are, per rank, the smallest sets of its stages whose recomputation makes the rank fit (`recompute_choices`); any
+   larger set is slower and no smaller one fits.
+2. Exact mode, when the configuration has at most `exact_limit` contiguous splits: every split gets a lower bound
+   (`split_floor`: the busiest rank's compute actions back to back, plus the step's end, a bound of the simulated
+   step); they are simulated in order of that bound until it exceeds the best step found. The answer is the simulator's
+   optimum over splits and recompute choices (tests/solve/test_refine.py checks it against the brute force).
+3. Otherwise a local search from the DP's split and the baselines' (even, parameter- and time-balanced): move one
+   cut by one unit, keep the best improvement, until none improves or `budget` simulations are spent. It never
+   returns worse than its best seed.
+Preference between equal step times: less peak memory, then the earlier split, then fewer recomputing stages.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from ..costmodel import UnitArrays, message_overheads, send_times, stage_costs, stage_speeds
+from ..data.cluster import Cluster
+from ..schedule import COMPUTE_KINDS, Action, Kind, StageCost
+from ..schedule.effects import durations, rank_peak, rank_static_bytes
+from .baselines import baseline_bounds
+from .dp import Bounds
+from .judge import Candidate, Verdict, judge, named_order
+from .request import RecomputeMode
+
+__all__ = ["Refined", "EXACT_LIMIT", "recompute_choices", "action_counts", "split_floor", "refine"]
+
+EXACT_LIMIT = 1000
+"""Most contiguous splits a configuration may have for `refine` to visit them all (exact mode)."""
+_SLACK = 1 + 1e-9
+"""A floor from prefix sums may exceed the summed stage times by rounding: prune only beyond this factor."""
+_MAX_CHOICES = 16
+"""Most recompute choices judged per split (the product of the ranks' minimal sets can grow as 2^p)."""
+
+
+@dataclass(frozen=True)
+class Refined:
+    """What `refine` found."""
+
+    best: Verdict | None
+    """The fastest fitting verdict found (None: nothing fits)."""
+    exact: bool
+    """Every split was visited: `best` is the simulator's optimum for the configuration."""
+    judged: int
+    """Simulations run."""
+
+
+def _key(v: Verdict) -> tuple[float, int, Bounds, int]:
+    return (v.step_s, max(v.peak_memory), v.candidate.bounds, sum(v.candidate.recompute))
+
+
+def _rank_actions(c: Candidate) -> dict[int, list[Action]]:
+    order = named_order(c.schedule, c.pp, c.microbatches, c.v)
+    return {r: [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS] for r in sorted(order)}
+
+
+def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions: dict[int, list[Action]],
+                      memory: Callable[[int], int], mode: RecomputeMode,
+                      fixed: tuple[bool, ...] | None = None) -> list[tuple[bool, ...]]:
+    """Per-stage recompute flags worth judging for one split: `fixed` (pinned flags) or NONE and ALL give their one
+    choice if it fits; AUTO gives the product over ranks of each rank's minimal fitting sets of recomputing stages
+    (fewest first; at most `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device memory."""
+    n = len(costs)
+    if fixed is not None:
+        fits = all(rank_peak(actions[r], costs, fixed, rank_static_bytes(costs, owner, r)) <= memory(r)
+                   for r in actions)
+        return [fixed] if fits else []
+    per_rank: list[list[tuple[int, ...]]] = []
+    for r in sorted(actions):
+        mine = [s for s in range(n) if owner[s] == r]
+        static = rank_static_bytes(costs, owner, r)
+        sizes = {RecomputeMode.NONE: [0], RecomputeMode.ALL: [len(mine)], RecomputeMode.AUTO: range(len(mine) + 1)}
+        minimal: list[tuple[int, ...]] = []
+        for size in sizes[mode]:
+            for subset in itertools.combinations(mine, size):
+                if any(set(m) <= set(subset) for m in minimal):
+                    continue
+                flags = [s in subset for s in range(n)]
+                if rank_peak(actions[r], costs, flags, static) <= memory(r):
+                    minimal.append(subset)
+        if not minimal:
+            return []
+        per_rank.append(minimal)
+    out = []
+    for combo in itertools.islice(itertools.product(*per_rank), _MAX_CHOICES):
+        on = {s for subset in combo for s in subset}
+        out.append(tuple(s in on for s in range(n)))
+    return out
+
+
+def action_counts(actions: dict[int, list[Action]]) -> dict[int, Counter[tuple[int, Kind]]]:
+    """Per rank, how many compute actions of each (stage, kind) its order holds."""
+    return {r: Counter((s, kind) for s, kind, _ in acts) for r, acts in actions.items()}
+
+
+def split_floor(costs: Sequence[StageCost], owner: Sequence[int], comm: Sequence[float],
+                counts: dict[int, Counter[tuple[int, Kind]]], one_stage_per_rank: bool) -> float:
+    """A lower bound of the simulated pipeline for these stage costs (no recomputation: it only adds time): over
+    ranks, the rank's compute actions back to back (it runs one at a time), after the first microbatch's forwards
+    through the stages before its first one (it has nothing to do earlier); with one stage per rank and full
+    backwards also before that microbatch's backwards back through them (the rank's last action is its last B)."""
+    table = [durations(c, False) for c in costs]
+    hop = [0.0, *[0.0 if owner[s - 1] == owner[s] else comm[s - 1] for s in range(1, len(costs))]]
+    best = 0.0
+    for r, count in counts.items():
+        first = owner.index(r)
+        busy = sum(n * table[s][kind] for (s, kind), n in count.items())
+        head = sum(table[s][Kind.F] + hop[s + 1] for s in range(first))
+        tail = sum(table[s][Kind.B] + hop[s + 1] for s in range(first)) if one_stage_per_rank else 0.0
+        best = max(best, head + busy + tail)
+    return best
+
+
+class _Search:
+    """One configuration's refinement: the cluster, the candidate template and the best verdict so far."""
+
+    def __init__(self, a: UnitArrays, cluster: Cluster, template: Candidate, mode: RecomputeMode,
+                 admissible: Callable[[Bounds], bool], fixed: tuple[bool, ...] | None) -> None:
+        self.a, self.cluster, self.template, self.mode, self.admissible = a, cluster, template, mode, admissible
+        self.fixed = fixed
+        self.owner = template.owner
+        self.speeds = stage_speeds(cluster, self.owner)
+        self.overheads = message_overheads(cluster, self.owner)
+        self.actions = _rank_actions(template)
+        self.counts = action_counts(self.actions)
+        split = any(kind in (Kind.I, Kind.W) for count in self.counts.values() for _, kind in count)
+        self.one_stage_per_rank = len(template.bounds) == template.pp and not split
+        self.prefix = {k: a.prefix(x).tolist() for k, x in (("f", a.forward), ("i", a.backward_input),
+                                                            ("w", a.backward_weight), ("b", a.backward))}
+        links = [cluster.link_between(self.owner[k], self.owner[k + 1]) for k in range(len(self.owner) - 1)]
+        self.sends = [[0.0] * (a.n + 1) if self.owner[k] == self.owner[k + 1] else send_times(a, lk).tolist()
+                      for k, lk in enumerate(links)]
+        self.best: Verdict | None = None
+        self.judged = 0
+        self.seen: set[Bounds] = set()
+
+    def floor(self, bounds: Bounds) -> float:
+        """`split_floor` of `bounds` (the step's end, >= 0, is left out: the bound stays valid and costs less)."""
+        costs = [self.stage(s, i, j) for s, (i, j) in enumerate(bounds)]
+        comm = [self.sends[k][j] for k, (_, j) in enumerate(bounds[:-1])]
+        return split_floor(costs, self.owner, comm, self.counts, self.one_stage_per_rank)
+
+    def stage(self, s: int, i: int, j: int) -> StageCost:
+        """Stage s's times over units [i, j) from prefix sums: `stage_costs`'s figures up to rounding (a floor of
+        them, with `_SLACK`), at a fraction of its cost; bytes are left 0 (the floor needs none)."""
+        p, sp = self.prefix, self.speeds[s]
+        full = (p["b"][j] - p["b"][i]) / sp
+        return StageCost(forward_s=(p["f"][j] - p["f"][i]) / sp,
+                         backward_input_s=0.0 if s == 0 else (p["i"][j] - p["i"][i]) / sp,
+                         backward_weight_s=full if s == 0 else (p["w"][j] - p["w"][i]) / sp, backward_s=full,
+                         overhead_s=self.overheads[s])
+
+    def visit(self, bounds: Bounds) -> Verdict | None:
+        """Judge `bounds` under each worthwhile recompute choice (unless its floor cannot beat the best); the best
+        fitting verdict of this split, and the search's best updated."""
+        if bounds in self.seen or not self.admissible(bounds):
+            return None
+        self.seen.add(bounds)
+        if self.best is not None and self.floor(bounds) > self.best.step_s * _SLACK:
+            return None
+        costs = stage_costs(self.a, bounds, [1.0] * len(bounds))  # memory does not depend on speed
+        memory = lambda r: self.cluster.device(r).memory_bytes  # noqa: E731
+        found: Verdict | None = None
+        for flags in recompute_choices(costs, self.owner, self.actions, memory, self.mode, self.fixed):
+            verdict = judge(self.a, self.cluster, replace(self.template, bounds=bounds, recompute=flags))
+            self.judged += 1
+            if verdict.fits and (found is None or _key(verdict) < _key(found)):
+                found = verdict
+        if found is not None and (self.best is None or _key(found) < _key(self.best)):
+            self.best = found
+        return found
+
+
+def _splits(n: int, stages: int) -> Iterator[Bounds]:
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        ends = (0, *cuts, n)
+        yield tuple(zip(ends, ends[1:]))
+
+
+def _neighbours(bounds: Bounds) -> list[Bounds]:
+    """Every split that moves one cut of `bounds` by one unit, keeping every stage non-empty."""
+    cuts = [j for _, j in bounds[:-1]]
+    n = bounds[-1][1]
+    out = []
+    for k in range(len(cuts)):
+        for step in (-1, 1):
+            moved = cuts[:k] + [cuts[k] + step] + cuts[k + 1:]
+            ends = [0, *moved, n]
+            if all(x < y for x, y in zip(ends, ends[1:])):
+                out.append(tuple(zip(ends, ends[1:])))
+    return out
+
+
+def refine(a: UnitArrays, cluster: Cluster, seed: Candidate, mode: RecomputeMode, *,
+           admissible: Callable[[Bounds], bool] = lambda b: True, exact_limit: int = EXACT_LIMIT,
+           budget: int = 64, fixed: tuple[bool, ...] | None = None, beat: float = math.inf) -> Refined:
+    """The simulator's best split and recompute choice for `seed`'s configuration (module docstring): exact when it
+    has at most `exact_limit` splits, else a local search of at most `budget` simulations from `seed`'s split and
+    the baselines'. `admissible` leaves out splits the runner would refuse; `fixed` pins the recompute flags. In
+    exact mode, splits whose floor exceeds `beat` (another configuration's step) are not simulated: then `best` is
+    the optimum only if it is below `beat`."""
+    search = _Search(a, cluster, seed, mode, admissible, fixed)
+    stages = len(seed.bounds)
+    exact = math.comb(a.n - 1, stages - 1) <= exact_limit
+    for bounds in [seed.bounds, *baseline_bounds(a, stages).values()]:
+        if not exact and search.judged >= budget:
+            break
+        search.visit(tuple(bounds))
+    if exact:
+        # most promising first, so the best is found early and the rest is cut off by its floor
+        for floor, bounds in sorted((search.floor(b), b) for b in _splits(a.n, stages)):
+            if floor > min(beat, search.best.step_s if search.best is not None else math.inf) * _SLACK:
+                break
+            search.visit(bounds)
+        return Refined(search.best, True, search.judged)
+    current = search.best
+    while current is not None and search.judged < budget:
+        for bounds in _neighbours(current.candidate.bounds):
+            search.visit(bounds)
+            if search.judged >= budget:
+                break
+        if search.best is current:
+            break
+        current = search.best
+    return Refined(search.best, False, search.judged)

@@ -1,0 +1,104 @@
+"""The brute force over splits x per-stage recompute: counts, the single split of one unit per stage, never worse than
+the DP's split judged the same way, per-stage recompute where only it fits cheaply, and its refusal past the limit."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from autopp.data.cluster import Cluster, Link
+from autopp.costmodel import UnitArrays
+from autopp.schedule import ScheduleName
+from autopp.solve.brute import brute_force, candidate_count, contiguous_splits
+from autopp.solve.dp import PipeSpec, pipeline_bounds
+from autopp.solve.judge import Candidate, judge
+from autopp.solve.request import RecomputeMode
+
+LINK = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e6)
+ONE_F_ONE_B = ScheduleName.ONE_F_ONE_B
+
+
+def _arrays(f: list[float], activation: list[float], static: float = 100.0, cut: float = 10.0) -> UnitArrays:
+    n = len(f)
+    fw = np.array(f)
+    return UnitArrays(fw, fw, fw, fw, np.full(n, static), np.array(activation), np.ones(n), np.ones(n),
+                      np.array([0.0, *[cut] * (n - 1), 0.0]), True, 2 * fw)
+
+
+def _random(seed: int, n: int) -> UnitArrays:
+    rng = random.Random(seed)
+    return _arrays([rng.uniform(0.1, 2.0) for _ in range(n)], [float(rng.randint(1, 100)) for _ in range(n)],
+                   cut=float(rng.randint(0, 20)))
+
+
+def _peaks(a: UnitArrays, cluster: Cluster, flags: tuple[bool, ...], m: int) -> tuple[int, ...]:
+    c = Candidate(schedule=ONE_F_ONE_B, pp=2, dp=1, v=1, microbatches=m, microbatch_size=1,
+                  bounds=((0, 1), (1, 2)), recompute=flags)
+    return judge(a, cluster, c).peak_memory
+
+
+def test_splits_are_every_contiguous_split_once() -> None:
+    splits = list(contiguous_splits(6, 3))
+    assert len(splits) == math.comb(5, 2) == len(set(splits))
+    for bounds in splits:
+        assert bounds[0][0] == 0 and bounds[-1][1] == 6
+        assert all(i < j for i, j in bounds) and all(x[1] == y[0] for x, y in zip(bounds, bounds[1:]))
+    assert candidate_count(6, 3) == 10 * 8 and candidate_count(6, 3, RecomputeMode.NONE) == 10
+
+
+def test_one_unit_per_stage_has_exactly_one_split() -> None:
+    a = _random(0, 4)
+    cluster = Cluster(num_devices=4, memory_bytes=2**40, link=LINK)
+    got = brute_force(a, cluster, ONE_F_ONE_B, pp=4, v=1, m=4, recompute=RecomputeMode.NONE)
+    assert got.judged == 1 and got.best is not None
+    assert got.best.candidate.bounds == ((0, 1), (1, 2), (2, 3), (3, 4))
+    assert brute_force(a, cluster, ONE_F_ONE_B, pp=4, v=1, m=4).judged == 2**4
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_never_worse_than_the_dp_split_judged_the_same_way(seed: int) -> None:
+    a = _random(seed, 7)
+    cluster = Cluster(num_devices=3, memory_bytes=2**40, link=LINK)
+    dp = pipeline_bounds(a, PipeSpec(num_stages=3, microbatches=4, links=(LINK, LINK)))
+    assert dp is not None
+    split = judge(a, cluster, Candidate(schedule=ONE_F_ONE_B, pp=3, dp=1, v=1, microbatches=4, microbatch_size=1,
+                                        bounds=dp, recompute=(False,) * 3))
+    got = brute_force(a, cluster, ONE_F_ONE_B, pp=3, v=1, m=4, recompute=RecomputeMode.NONE)
+    assert got.judged == math.comb(6, 2) and got.best is not None
+    assert got.best.step_s <= split.step_s
+    assert judge(a, cluster, got.best.candidate).step_s == got.best.step_s
+
+
+def test_recomputes_only_the_stage_that_needs_it() -> None:
+    # unit 0 holds 1000 bytes per microbatch and 1F1B's first stage holds 2 in flight; unit 1 holds 1
+    a = _arrays([1.0, 1.0], [1000.0, 1.0])
+    ample = Cluster(num_devices=2, memory_bytes=2**40, link=LINK)
+    first_only = _peaks(a, ample, (True, False), 4)
+    assert max(_peaks(a, ample, (False, False), 4)) > max(first_only)
+    cluster = Cluster(num_devices=2, memory_bytes=max(first_only), link=LINK)
+    assert brute_force(a, cluster, ONE_F_ONE_B, pp=2, v=1, m=4, recompute=RecomputeMode.NONE).best is None
+    auto = brute_force(a, cluster, ONE_F_ONE_B, pp=2, v=1, m=4).best
+    every = brute_force(a, cluster, ONE_F_ONE_B, pp=2, v=1, m=4, recompute=RecomputeMode.ALL).best
+    assert auto is not None and every is not None
+    assert auto.candidate.recompute == (True, False)
+    assert auto.step_s < every.step_s
+
+
+def test_admissible_leaves_splits_out_unjudged() -> None:
+    a = _random(1, 5)
+    cluster = Cluster(num_devices=2, memory_bytes=2**40, link=LINK)
+    got = brute_force(a, cluster, ONE_F_ONE_B, pp=2, v=1, m=2, recompute=RecomputeMode.NONE,
+                      admissible=lambda b: b[0] == (0, 2))
+    assert got.judged == 1 and got.best is not None and got.best.candidate.bounds == ((0, 2), (2, 5))
+
+
+def test_refuses_past_the_limit_and_too_many_stages() -> None:
+    a = _random(2, 12)
+    cluster = Cluster(num_devices=4, memory_bytes=2**40, link=LINK)
+    with pytest.raises(ValueError, match="2640 candidates > limit 100"):
+        brute_force(a, cluster, ONE_F_ONE_B, pp=4, v=1, m=4, limit=100)
+    with pytest.raises(ValueError, match="12 units cannot fill 16 stages"):
+        brute_force(a, cluster, ONE_F_ONE_B, pp=4, v=4, m=4)

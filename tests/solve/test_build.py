@@ -1,0 +1,58 @@
+"""build.py: baselines judged with their own recompute flags, and those that do not fit marked in the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autopp.costmodel import ProfileTable
+from autopp.data.cluster import Cluster
+from autopp.data.plan import load_plan
+from autopp.data.profile import load_profile
+from autopp.display import format_plan
+from autopp.schedule import ScheduleName
+from autopp.solve import PlanRequest, RecomputeMode, make_plan
+from autopp.solve.build import judge_recompute
+from autopp.solve.judge import Candidate
+
+GPT = Path(__file__).resolve().parents[2] / "profiles" / "gpt"
+MiB = 1 << 20
+
+
+def _gpipe_even() -> Candidate:
+    return Candidate(schedule=ScheduleName.GPIPE, pp=2, dp=1, v=1, microbatches=8, microbatch_size=1,
+                     bounds=((0, 4), (4, 8)), recompute=(False, False))
+
+
+def test_each_mode_judges_its_own_recompute_flags() -> None:
+    # profiles/gpt, GPipe m8 on 0-3 | 4-7: rank 0 peaks at 25 MiB, rank 1 at 41 MiB without recomputation, 16 MiB
+    # with it; on 30 MiB devices only rank 1 must recompute.
+    a = ProfileTable(load_profile(GPT)).arrays(1)
+    cluster = Cluster(num_devices=2, memory_bytes=30 * MiB)
+    none = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.NONE)
+    every = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.ALL)
+    auto = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.AUTO)
+    assert none.candidate.recompute == (False, False) and not none.fits
+    assert every.candidate.recompute == (True, True) and every.fits
+    assert auto.candidate.recompute == (False, True) and auto.fits and auto.step_s < every.step_s
+
+
+def test_no_fitting_choice_is_judged_without_recomputation_and_marked() -> None:
+    a = ProfileTable(load_profile(GPT)).arrays(1)
+    cluster = Cluster(num_devices=2, memory_bytes=8 * MiB)  # nothing fits
+    auto = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.AUTO)
+    assert auto.candidate.recompute == (False, False) and not auto.fits
+
+
+def test_a_baseline_that_does_not_fit_is_marked_in_json_and_table(tmp_path: Path) -> None:
+    # 1F1B m8 on 20 MiB devices: the time-balanced split 0-5 | 6-7 needs about 21 MiB on rank 0
+    request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=20 * MiB), global_batch=8, num_microbatches=8)
+    plan = make_plan(load_profile(GPT), request)
+    assert plan.predicted.fits and plan.baselines["even"].fits
+    time = plan.baselines["time"]
+    assert not time.fits and max(time.peak_memory_bytes) > 20 * MiB
+    again = load_plan(plan.save(tmp_path / "p.json"))
+    assert again.baselines["time"].fits is False and again.predicted.fits is True
+    rows = {line.split()[0]: line for line in format_plan(plan).splitlines() if line}
+    at = rows["split"].index(" fits") + 1
+    assert rows["time"][at - 2:at + 4].split() == ["NO"] and rows["even"][at:at + 4].split() == ["yes"]
+    assert "does not fit (a rank's simulated peak exceeds its device's memory): time" in format_plan(plan)

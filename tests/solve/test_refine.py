@@ -1,0 +1,88 @@
+"""Refining one configuration: exact mode equals the brute force over splits x per-stage recompute on random small
+cases of every named schedule; the local search never returns worse than its seed; minimal recompute sets."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from autopp.costmodel import UnitArrays, stage_costs
+from autopp.data.cluster import Cluster, Device, Link
+from autopp.schedule import NAMED, ScheduleName, describe
+from autopp.solve.brute import brute_force
+from autopp.solve.judge import Candidate, judge
+from autopp.solve.refine import _rank_actions, recompute_choices, refine
+from autopp.solve.request import RecomputeMode
+
+from ..conftest import seeds
+
+
+def _arrays(rng: random.Random, n: int) -> UnitArrays:
+    f = np.array([rng.uniform(0.1, 2.0) for _ in range(n)])
+    i = f * np.array([rng.uniform(0.6, 1.4) for _ in range(n)])
+    w = f * np.array([rng.uniform(0.4, 1.2) for _ in range(n)])
+    cut = [0.0, *[float(rng.choice([1, 5, 40])) for _ in range(n - 1)], 0.0]
+    return UnitArrays(f, 1.8 * f, i, w, np.full(n, float(rng.randint(50, 150))),
+                      np.array([float(rng.randint(1, 100)) for _ in range(n)]), np.ones(n), np.ones(n),
+                      np.array(cut), False, f * 0.05)
+
+
+def _case(name: ScheduleName, seed: int) -> tuple[UnitArrays, Cluster, Candidate]:
+    rng = random.Random(f"{name.value}-{seed}")
+    d = describe(name)
+    pp = 2
+    v = d.fixed_v or 2
+    m = 4
+    a = _arrays(rng, rng.randint(pp * v + 1, 9))
+    link = Link(latency_s=0.01, bandwidth_bytes_per_s=rng.choice([10.0, 100.0]), overhead_s=rng.choice([0.0, 0.02]),
+                progress_s=rng.choice([0.0, 0.05]))
+    # memory between the all-recompute need and the no-recompute need, so recompute choices matter
+    memory = int(rng.uniform(0.35, 0.8) * float(a.static.sum() + m * a.activation.sum()))
+    devices = tuple(Device(memory_bytes=memory, speed=rng.choice([1.0, 2.0])) for _ in range(pp))
+    cluster = Cluster(num_devices=pp, memory_bytes=memory, link=link, devices=devices)
+    even = tuple((k * a.n // (pp * v), (k + 1) * a.n // (pp * v)) for k in range(pp * v))
+    seed_cand = Candidate(schedule=name, pp=pp, dp=1, v=v, microbatches=m, microbatch_size=1, bounds=even,
+                          recompute=(False,) * (pp * v))
+    return a, cluster, seed_cand
+
+
+@pytest.mark.parametrize("name", NAMED, ids=lambda n: n.value)
+@pytest.mark.parametrize("seed", seeds(3, unit=(0,)))
+def test_exact_mode_equals_the_brute_force(name: ScheduleName, seed: int) -> None:
+    a, cluster, seed_cand = _case(name, seed)
+    for mode in (RecomputeMode.AUTO, RecomputeMode.NONE):
+        got = refine(a, cluster, seed_cand, mode)
+        want = brute_force(a, cluster, name, pp=seed_cand.pp, v=seed_cand.v, m=seed_cand.microbatches,
+                           recompute=mode).best
+        assert got.exact
+        assert (got.best is None) == (want is None), (mode, got.best, want)
+        if want is not None and got.best is not None:
+            assert got.best.step_s == want.step_s, (mode, got.best.candidate, want.candidate)
+            assert got.best.fits and judge(a, cluster, got.best.candidate).step_s == got.best.step_s
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_local_search_never_worse_than_its_seed(seed: int) -> None:
+    a, cluster, seed_cand = _case(ScheduleName.ONE_F_ONE_B, seed)
+    start = judge(a, cluster, seed_cand)
+    got = refine(a, cluster, seed_cand, RecomputeMode.AUTO, exact_limit=0, budget=20)
+    assert not got.exact and got.judged <= 20 + 16  # the last split's recompute choices may finish the budget
+    if start.fits:
+        assert got.best is not None and got.best.step_s <= start.step_s
+
+
+def test_recompute_choices_are_minimal_per_rank() -> None:
+    # two stages per rank (interleaved on 2 ranks): on rank 0 only stage 0 is big, so {0} is its one minimal set
+    a = UnitArrays(np.ones(4), np.ones(4), np.ones(4) / 2, np.ones(4) / 2, np.zeros(4),
+                   np.array([1000.0, 1.0, 1.0, 1.0]), np.ones(4), np.ones(4), np.array([0.0, 1, 1, 1, 0]), False,
+                   np.zeros(4))
+    cand = Candidate(schedule=ScheduleName.INTERLEAVED_1F1B, pp=2, dp=1, v=2, microbatches=2, microbatch_size=1,
+                     bounds=((0, 1), (1, 2), (2, 3), (3, 4)), recompute=(False,) * 4)
+    costs = stage_costs(a, cand.bounds, [1.0] * 4)
+    actions = _rank_actions(cand)
+    choices = recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.AUTO)
+    assert choices == [(True, False, False, False)]
+    assert recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.NONE) == []
+    assert recompute_choices(costs, cand.owner, actions, lambda r: 10**6, RecomputeMode.AUTO) == [(False,) * 4]
