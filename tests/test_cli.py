@@ -87,6 +87,7 @@ def test_run_validates_and_refuses_a_changed_model(tmp_path: Path, capsys: pytes
     assert (tmp_path / "profiles" / "m" / "meta.json").is_file()
 
 
+@pytest.mark.integration  # several plans through the CLI (~2 s)
 def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from autopp.solve.synthetic import synthetic_profile
     prof, plan = tmp_path / "prof", tmp_path / "p.json"

@@ -17,6 +17,7 @@ def _rows() -> list[CalibrationRow]:
             for s in (ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B) for m in (2, 4, 8) for layers, f in ((2, 0.3e-3), (10, 1.7e-3))]
 
 
+@pytest.mark.integration  # a grid search over the simulator (~1.2 s)
 def test_calibration_fit_recovers_overhead_and_progress_delay() -> None:
     truth = (180e-6, 2.6e-3)
     rows = [replace(r, measured_s=simulate_row(r, 50e-6, 3e9, *truth)) for r in _rows()]

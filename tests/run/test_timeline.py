@@ -41,6 +41,7 @@ def test_incomplete_report_has_no_timeline() -> None:
         measured_timeline({"ranks": []})
 
 
+@pytest.mark.integration  # draws PNGs with matplotlib (~1-2 s)
 def test_draw_measured_above_predicted(tmp_path: Path) -> None:
     cost = StageCost(forward_s=0.05, backward_input_s=0.03, backward_weight_s=0.02)
     predicted = simulate_named(ScheduleName.GPIPE, 2, 1, [cost, cost], [0.0])
@@ -64,6 +65,7 @@ def _three_step_report(plan_path: str | None, predicted_s: float) -> RunReport:
                      pp=2, memory_method="estimate", complete=True)
 
 
+@pytest.mark.integration  # draws PNGs with matplotlib (~1-2 s)
 def test_report_text_json_png_and_show_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 13, point 9: the report PNG's title showed the drawn step (0.316 s) where the text gave the median
     (0.346 s), and it had no memory panel. Each figure has one source: the report's."""

@@ -73,7 +73,7 @@ def plan_text(name: str) -> str:
 
 
 #: The cases the unit tier plans (about 1 s); the rest run in the integration tier (about 5 s more).
-UNIT = {"gpt-pp2-1f1b", "gpt-pp4-auto", "mlp-d4-auto-dp", "syn24-d8-1F1B", "syn24-d8-gpipe-recompute-all"}
+UNIT = {"gpt-pp2-1f1b", "gpt-pp4-auto", "mlp-d4-auto-dp", "syn24-d8-gpipe-recompute-all"}
 
 
 @pytest.mark.parametrize("name", [n if n in UNIT else pytest.param(n, marks=pytest.mark.integration)

@@ -73,6 +73,7 @@ def test_default_plan_is_runnable_1f1b_without_dp() -> None:
     assert [s.rank for s in plan.stages] == [0, 1, 2, 3] and not any(s.recompute for s in plan.stages)
 
 
+@pytest.mark.integration  # plans several 8-device searches (~1 s each)
 def test_predicted_figures_are_the_simulators() -> None:
     plan = _synth(global_batch=16, schedule=None)
     a = unit_arrays(synthetic_profile(12), plan.microbatch_size)
@@ -89,6 +90,7 @@ def test_predicted_figures_are_the_simulators() -> None:
     assert list(plan.predicted.peak_memory_bytes) == sim.peak_memory_bytes
 
 
+@pytest.mark.integration  # plans several 8-device searches (~1 s each)
 def test_auto_schedule_is_no_slower_than_1f1b_and_baselines() -> None:
     auto, fixed = _synth(global_batch=16, schedule=None), _synth(global_batch=16)
     assert auto.predicted.step_time_s <= fixed.predicted.step_time_s
@@ -106,6 +108,7 @@ def test_data_parallel_adds_the_allreduce() -> None:
     assert auto.predicted.step_time_s <= plan.predicted.step_time_s
 
 
+@pytest.mark.integration  # plans several 8-device searches (~1 s each)
 def test_virtual_stages_place_stages_on_ranks() -> None:
     plan = _synth(global_batch=16, schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=2)
     assert len(plan.stages) == 8 and [s.rank for s in plan.stages] == [0, 1, 2, 3, 0, 1, 2, 3]
@@ -147,6 +150,7 @@ def test_infeasible_says_memory_and_devices() -> None:
         _synth(memory=8, global_batch=16, recompute=RecomputeMode.AUTO)
 
 
+@pytest.mark.integration  # plans several 8-device searches (~1 s each)
 def test_byte_identical_json() -> None:
     one = json.dumps(_synth(global_batch=16, schedule=None, dp=None, devices=8).to_json())
     two = json.dumps(_synth(global_batch=16, schedule=None, dp=None, devices=8).to_json())
