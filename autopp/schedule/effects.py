@@ -144,10 +144,6 @@ class _ByteTable(dict[int, dict[Kind, tuple[int, int]]]):
         return row
 
 
-def _byte_table(costs: Sequence[StageCost], recompute: Sequence[bool]) -> _ByteTable:
-    return _ByteTable(costs, recompute)
-
-
 def rank_static_bytes(costs: Sequence[StageCost], owner: Sequence[int], rank: int) -> int:
     """Bytes `rank` holds all step: the parameters, gradients and optimizer state of its stages."""
     return sum(c.static_bytes for c, o in zip(costs, owner) if o == rank)
@@ -157,7 +153,7 @@ def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], recompute: 
     """Peak memory of one rank running compute ``actions`` in list order (one at a time, so its allocations and frees
     happen in that order: the simulator's peak without timing). ``static``: the rank's parameter/gradient/optimizer
     bytes."""
-    table = _byte_table(costs, recompute)
+    table = _ByteTable(costs, recompute)
     held = peak = static
     for s, kind, _ in actions:
         added, freed = table[s][kind]
@@ -179,7 +175,7 @@ def memory_timeline(events: Iterable[tuple[int, Action, float, float]], costs: S
                     recompute: Sequence[bool], static: int) -> list[tuple[float, int]]:
     """(time, bytes held from then on) of one rank whose compute actions ran as ``events`` (rank, action, start,
     end): first point (0, ``static``); allocations at starts, frees at ends, frees first at equal times."""
-    table, forward = _byte_table(costs, recompute), Kind.F
+    table, forward = _ByteTable(costs, recompute), Kind.F
     deltas: list[tuple[float, int]] = []
     for _, (s, kind, _mb), start, end in events:
         added, freed = table[s][kind]
