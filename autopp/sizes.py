@@ -22,14 +22,19 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+def _digits(x: float) -> str:
+    """`x` with 3 significant digits, never in exponent notation: 1.5, 12.3, 999, 1002."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def format_size(n: float) -> str:
-    """`n` bytes in binary units with 3 significant digits: 1.50 MiB."""
+    """`n` bytes in binary units with 3 significant digits (all the integer digits above 1000): 1.5 MiB, 1002 MiB."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
+            return f"{_digits(n / scale)} {unit}"
     return f"{int(n)} B"
 
 
 def format_time(seconds: float) -> str:
-    """Seconds as ms (or s above 10 s) with 3 significant digits."""
-    return f"{seconds:.3g} s" if seconds >= 10 else f"{seconds * 1e3:.3g} ms"
+    """Seconds as ms (or s above 10 s) with 3 significant digits (all the integer digits above 1000)."""
+    return f"{_digits(seconds)} s" if seconds >= 10 else f"{_digits(seconds * 1e3)} ms"

@@ -195,6 +195,15 @@ def _replace_cell(column: str, value: str) -> Callable[[str], str]:
     return edit
 
 
+def _drop_column(name: str) -> Callable[[str], str]:
+    """A CSV text without the column `name` (a required one: the optional trailing ones may be absent)."""
+    def drop(text: str) -> str:
+        rows = [r.split(",") for r in text.splitlines()]
+        k = rows[0].index(name)
+        return "\n".join(",".join(r[:k] + r[k + 1:]) for r in rows) + "\n"
+    return drop
+
+
 PROFILES: dict[str, tuple[Callable[[Env], None], str]] = {
     "missing": (lambda env: None, ""),
     "empty-dir": (lambda env: env.bad_prof.mkdir(), ""),
@@ -218,8 +227,7 @@ PROFILES: dict[str, tuple[Callable[[Env], None], str]] = {
     "units-text": (_damaged("units.csv", _replace_cell("param_bytes", "many")), "units.csv"),
     "units-negative": (_damaged("units.csv", _replace_cell("activation_bytes", "-5")), "units.csv"),
     "units-inf": (_damaged("units.csv", _replace_cell("forward_s", "inf")), "units.csv"),
-    "units-lacks-column": (_damaged("units.csv", lambda t: "\n".join(",".join(r.split(",")[:-1])
-                                                                      for r in t.splitlines()) + "\n"), "units.csv"),
+    "units-lacks-column": (_damaged("units.csv", _drop_column("forward_s")), "units.csv"),
     "units-row-missing": (_damaged("units.csv", lambda t: "\n".join(t.splitlines()[:-1]) + "\n"), "units.csv"),
     "edges-text": (_damaged("edges.csv", lambda t: t.splitlines()[0] + "\nx,y,z,w\n"), "edges.csv"),
 }

@@ -180,6 +180,26 @@ def test_bad_device_order_is_refused(tmp_path: Path, order: object, message: str
     assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
 
 
+def test_hf_config_round_trips_and_is_absent_for_model_files(tmp_path: Path) -> None:
+    """A plan of a model built from an HF config records its sequence length and task for `autopp run`; plans of
+    model files are written as before."""
+    assert "hf_config" not in _plan().to_json()
+    plan = replace(_plan(), model_path="/models/c.json", hf_config={"seq_len": 8, "task": "causal-lm"})
+    loaded = load_plan(plan.save(tmp_path / "p.json"))
+    assert loaded == plan and loaded.hf_config == {"seq_len": 8, "task": "causal-lm"}
+
+
+@pytest.mark.parametrize("hf, message", [
+    ([8], r"field 'hf_config' must be \{\} or \{\"seq_len\": S >= 1, \"task\": T\}, got \[8\]"),
+    ({"seq_len": 0, "task": "causal-lm"}, r"field 'hf_config' must be .*, got \{'seq_len': 0"),
+    ({"seq_len": 8}, r"field 'hf_config' must be .*, got \{'seq_len': 8\}"),
+])
+def test_bad_hf_config_is_refused(tmp_path: Path, hf: object, message: str) -> None:
+    with pytest.raises(PlanError, match=message) as info:
+        load_plan(_write(tmp_path, {**_plan().to_json(), "hf_config": hf}))
+    assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
+
+
 def _custom() -> Plan:
     rows = ("0F0 0F1 0B0 0B1", "1F0 1I0 1W0 1F1 1I1 1W1")
     return replace(_plan(), schedule=ScheduleName.CUSTOM, num_microbatches=2,

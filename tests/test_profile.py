@@ -238,3 +238,30 @@ def test_save_refuses_what_the_cli_refuses_with_the_same_rule(tmp_path: Path) ->
     (tmp_path / "file").write_text("")
     with pytest.raises(ProfileError, match=r"file: is a file; give a directory"):
         load_profile(SHIPPED / "mlp").save(tmp_path / "file")
+
+
+# Issue 16: per-unit `source` and `same_as` (measured, shared from another unit, analytic); added within version 1.
+
+
+def test_profile_without_source_columns_loads_as_measured(gpt_profile: Profile, tmp_path: Path) -> None:
+    gpt_profile.save(tmp_path / "src")
+    old = load_profile(_damage(tmp_path / "src", tmp_path / "old", lambda t: t.drop(columns=["source", "same_as"])))
+    assert list(old.units.source.unique()) == ["measured"] and list(old.units.same_as.unique()) == [-1]
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.assign(source="guessed"), r"bad/units\.csv: line 2, column source: 'guessed' is not one of"),
+    (lambda t: t.assign(source="shared", same_as=1), r"bad/units\.csv: line 2, column same_as: 1 must be a unit"),
+    (lambda t: t.assign(same_as=3), r"bad/units\.csv: line 2, column same_as: 3 must be .* else -1"),
+])
+def test_bad_sources_are_rejected(gpt_profile: Profile, tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
+    gpt_profile.save(tmp_path / "src")
+    with pytest.raises(ProfileError, match=message):
+        load_profile(_damage(tmp_path / "src", tmp_path / "bad", edit))
+
+
+def test_old_cuda_peaks_are_read_as_unit_peaks(gpt_profile: Profile) -> None:
+    extra = {k: v for k, v in gpt_profile.meta.extra.items() if not k.startswith("peak_bytes")}
+    old = replace(gpt_profile, meta=replace(gpt_profile.meta, extra={**extra, "cuda_peak_bytes": {"0": {"1": 7}}}))
+    assert old.unit_peak_bytes() == {0: {1: 7}}
+    assert set(gpt_profile.unit_peak_bytes()) == set(range(gpt_profile.num_units))  # measured on CPU now

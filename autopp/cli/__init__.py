@@ -12,7 +12,7 @@ import sys
 from typing import Sequence
 
 from ..errors import AutoppError
-from . import export, plan, profile, run, show
+from . import calibrate, devices, export, plan, profile, run, show
 from .common import SCHEDULE_NAMES, TARGET_NAMES, Parser, end_progress
 
 __all__ = ["main", "SCHEDULE_NAMES", "TARGET_NAMES"]
@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_parser(sub)
     show.add_parser(sub)
     export.add_parser(sub)
+    devices.add_parser(sub)
+    calibrate.add_parser(sub)
     return parser
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from ..data.cluster import DEFAULT_LINK
 from ..errors import AutoppError
-from ..preflight import check_model_file, check_output_dir, check_output_file
+from ..preflight import check_output_dir, check_output_file
 from ..schedule import ScheduleName
 from .common import DEFAULT_PROFILE_DIR, POSITIVE, SCHEDULE_NAMES, SECONDS, memory_size, number
-from .profile import profile_for
+from .profile import add_hf_arguments, hf_source_of, model_stem, profile_for
 
 __all__ = ["add_parser"]
 
@@ -21,10 +21,27 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("plan", help="choose stage boundaries and microbatches")
     p.add_argument("model", nargs="?", help="model file (profiled if profiles/MODEL is missing or stale)")
     p.add_argument("--profile", help="plan from this profile directory instead")
+    add_hf_arguments(p)  # --hf-config C.json: profiled into profiles/C if missing or stale, like a model file
     p.add_argument("--devices", type=POSITIVE, help="devices in all (pp x dp)")
     p.add_argument("--memory", type=memory_size, help="memory per device, e.g. 80GiB")
-    p.add_argument("--cluster", help="cluster JSON with each device's memory and speed and each link "
-                                     "(docs/cluster-format.md); replaces --devices/--memory/--latency/--bandwidth")
+    p.add_argument("--cluster", help="cluster JSON: each device's memory and speed and each link, or nodes with "
+                                     "intra- and inter-node links (docs/cluster-format.md); replaces "
+                                     "--devices/--memory/--latency/--bandwidth")
+    p.add_argument("--device", metavar="NAME",
+                   help="device kind from the catalog (`autopp devices`) or a device JSON file (docs/devices.md): "
+                        "each device's memory (unless --memory) and links come from it: devices in whole nodes "
+                        "(a partly filled last node is refused) send each pipeline hop and all-reduce over the link "
+                        "it crosses (intra- or inter-node; docs/cluster-format.md); no message overhead or progress "
+                        "delay on GPUs, as with NCCL")
+    p.add_argument("--nodes", type=POSITIVE, help="with --device: nodes, so devices = nodes x devices per node")
+    p.add_argument("--devices-per-node", type=POSITIVE, metavar="K",
+                   help="with --device: devices per node (default: the catalog's, 8 for the GPUs)")
+    p.add_argument("--intra-node-bandwidth", type=number(0, inclusive=False), metavar="B",
+                   help="with --device: intra-node link bandwidth in bytes/s per direction per device (default: "
+                        "the catalog's)")
+    p.add_argument("--inter-node-bandwidth", type=number(0, inclusive=False), metavar="B",
+                   help="with --device: inter-node link bandwidth in bytes/s per direction per device, i.e. one "
+                        "device's NIC share (default: the catalog's)")
     p.add_argument("--global-batch", type=POSITIVE, default=8, help="samples per step (default 8)")
     p.add_argument("--microbatches", type=POSITIVE, help="pin the microbatch count per replica")
     p.add_argument("--schedule", default=ScheduleName.ONE_F_ONE_B.value, choices=["auto", *SCHEDULE_NAMES],
@@ -83,7 +100,16 @@ def _dp(args: argparse.Namespace) -> int | None:
 
 
 def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from ..data.cluster import DEFAULT_LINK, Cluster, Link, load_cluster
+    from ..data.cluster import DEFAULT_LINK, Cluster, Link
+    from ..data.cluster_file import load_cluster
+    if args.device:
+        return _device_cluster(args)
+    if args.nodes or args.devices_per_node:
+        raise AutoppError("--nodes and --devices-per-node go with --device NAME (or give a cluster file of nodes, "
+                          "docs/cluster-format.md)")
+    if args.intra_node_bandwidth or args.inter_node_bandwidth:
+        raise AutoppError("--intra-node-bandwidth and --inter-node-bandwidth go with --device NAME (or give the "
+                          "links in a cluster file of nodes, docs/cluster-format.md)")
     if args.cluster:
         for flag, value, field in (("--message-overhead", args.message_overhead, "overhead_s"),
                                    ("--progress-delay", args.progress_delay, "progress_s")):
@@ -91,7 +117,7 @@ def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 raise AutoppError(f"{flag} applies to --devices; with --cluster give each link's {field} in the file")
         return load_cluster(args.cluster)
     if args.devices is None or args.memory is None:
-        raise AutoppError("give --devices N and --memory SIZE, or --cluster FILE")
+        raise AutoppError("give --devices N and --memory SIZE, --device NAME (`autopp devices`), or --cluster FILE")
     base = DEFAULT_LINK
     if args.links:
         from ..measure.links import load_link
@@ -103,13 +129,33 @@ def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return Cluster(num_devices=args.devices, memory_bytes=args.memory, link=link)
 
 
+def _device_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """--device NAME: memory and links from the catalog; --devices, or --nodes x --devices-per-node, devices."""
+    from ..data.catalog import LinkOverrides, cluster_from_catalog, load_device
+    for flag, value in (("--cluster", args.cluster), ("--links", args.links)):
+        if value:
+            raise AutoppError(f"give --device or {flag}, not both (--latency/--bandwidth override the device's link)")
+    overrides = LinkOverrides(intra_bandwidth=args.intra_node_bandwidth, inter_bandwidth=args.inter_node_bandwidth,
+                              latency_s=args.latency, bandwidth=args.bandwidth, overhead_s=args.message_overhead,
+                              progress_s=args.progress_delay)
+    return cluster_from_catalog(load_device(args.device), args.devices, nodes=args.nodes,
+                                devices_per_node=args.devices_per_node, memory_bytes=args.memory, overrides=overrides)
+
+
+def _warn_device(args: argparse.Namespace, meta) -> None:  # type: ignore[no-untyped-def]
+    """--device NAME with a profile measured on (or analytic for) another device: one line on stderr."""
+    import sys
+
+    from ..data.catalog import device_mismatch, load_device
+    why = device_mismatch(load_device(args.device).name, meta.device, meta.extra.get("analytic_device"))
+    if why:
+        print(f"autopp: warning: {why}", file=sys.stderr)
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
-    if bool(args.model) == bool(args.profile):
-        raise AutoppError("give either MODEL.py or --profile DIR, not both or neither")
-    if args.output:  # before anything is loaded
+    hf_source_of(args, ("--profile", "DIR"))  # one model source, checked before anything is loaded
+    if args.output:
         check_output_file(args.output, "-o")
-    if args.model:
-        check_model_file(args.model)
     if args.pin_from:  # before a profile is loaded or measured
         from ..export import read_config_text
         read_config_text(args.pin_from)
@@ -131,7 +177,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         given = load_profile(args.profile)
         stem = Path(given.meta.model_path).stem
     else:
-        stem = Path(args.model).stem
+        stem = model_stem(args)
         if not (DEFAULT_PROFILE_DIR / stem / "meta.json").is_file():  # it will be profiled and saved there
             check_output_dir(DEFAULT_PROFILE_DIR / stem, marker="meta.json", kind="profile")
     out = check_output_file(args.output or f"{stem}.plan.json", "-o" if args.output else None)
@@ -139,6 +185,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from ..solve.pinned import check_split
         check_split(request, given.num_units if given else None, args.split)  # plan_split: again, once profiled
     profile = given or profile_for(args)
+    if args.device:
+        _warn_device(args, profile.meta)
     pinned = _read_pin(args, profile, request) if args.pin_from else None
     if args.split:
         from ..solve.pinned import plan_split

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..data.hf_config import DEFAULT_SEQ_LEN, DEFAULT_TASK, HF_TASKS, HfSource, hf_source
 from ..errors import AutoppError
 from ..preflight import check_model_file, check_output_dir, check_output_file
+from .analytic import add_analytic_arguments, analytic_of, check_analytic
 from .common import COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, comma_sizes, end_progress, progress
 
 if TYPE_CHECKING:
     from ..data.profile import Profile
+    from ..model.contract import ModelFile
 
-__all__ = ["add_parsers", "profile_for"]
+__all__ = ["add_parsers", "profile_for", "add_hf_arguments", "hf_source_of", "model_stem"]
 
 
 def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     """The `profile` and `profile-links` commands."""
-    p = sub.add_parser("profile", help="measure each unit of a model file")
-    p.add_argument("model", help="model file following the contract in README.md")
+    p = sub.add_parser("profile", help="measure each unit of a model file (or of a model built from an HF config)")
+    p.add_argument("model", nargs="?", help="model file following the contract in README.md")
+    add_hf_arguments(p)
     p.add_argument("--microbatch-sizes", type=comma_sizes, default=[1, 4], metavar="B,B,...",
                    help="microbatch sizes to measure (default 1,4); the cost model interpolates between them")
     p.add_argument("--microbatch-size", type=POSITIVE, help="measure this one size only")
@@ -36,7 +41,12 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
                    help="processes training the model beside the timing, as the other ranks of a CPU host do "
                         "(use ranks per host - 1 when CPU ranks share a host; default 0)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="measure on this device (default cpu)")
-    p.add_argument("-o", "--output", help="profile directory (default profiles/MODEL)")
+    p.add_argument("--measure-every-unit", action="store_true",
+                   help="measure every unit, also those of the same structure and input shapes as an earlier one "
+                        "(default: measured once, shared; docs/profile-format.md)")
+    add_analytic_arguments(p)
+    p.add_argument("-o", "--output", help="profile directory (default profiles/MODEL, or profiles/CONFIG for "
+                                          "--hf-config C.json)")
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("profile-links", help="measure the link between local ranks (latency, bandwidth; on CPU also "
@@ -51,18 +61,85 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_cmd_profile_links)
 
 
+def add_hf_arguments(p: argparse.ArgumentParser) -> None:
+    """--hf-config, --seq-len, --task: a model built from a Hugging Face config.json instead of a model file."""
+    p.add_argument("--hf-config", metavar="C.json",
+                   help="build the model from this Hugging Face config.json (random weights, no download) instead "
+                        "of a model file; batch: random token ids, loss: the task's (docs/models.md)")
+    p.add_argument("--seq-len", type=POSITIVE, metavar="S",
+                   help=f"with --hf-config: tokens per sample (default {DEFAULT_SEQ_LEN}, or the config's "
+                        "max_position_embeddings if smaller)")
+    p.add_argument("--task", choices=HF_TASKS,
+                   help=f"with --hf-config: the model's head and loss (default {DEFAULT_TASK})")
+
+
+def hf_source_of(args: argparse.Namespace, *others: tuple[str, str]) -> HfSource | None:
+    """The checked --hf-config source (torch-free), or None when a model file is given (checked here too); exactly
+    one of MODEL, --hf-config and `others` (flag, metavar: flags that replace both, e.g. --profile DIR) is given."""
+    flags = [(flag, metavar, getattr(args, flag.lstrip("-").replace("-", "_"))) for flag, metavar in others]
+    sources = [("MODEL.py", "", args.model), *flags, ("--hf-config", "C.json", args.hf_config)]
+    given = [name for name, _, value in sources if value]
+    if len(given) != 1:
+        names = " or ".join(f"{name} {metavar}".strip() for name, metavar, _ in sources)
+        raise AutoppError(f"give either {names} (one of them), got {' and '.join(given) if given else 'none'}")
+    if not args.hf_config:
+        for flag, value in (("--seq-len", args.seq_len), ("--task", args.task)):
+            if value is not None:
+                raise AutoppError(f"{flag} applies to --hf-config only (a model file's sample_batch sets its own "
+                                  "shapes and loss)")
+        if args.model:
+            check_model_file(args.model)
+        return None
+    return hf_source(args.hf_config, args.seq_len, args.task or DEFAULT_TASK)
+
+
+def model_stem(args: argparse.Namespace) -> str:
+    """The name of the model's default profile directory under profiles/ (and of its plan): the model file's or
+    the config's file name without its suffix."""
+    return Path(args.hf_config or args.model).stem
+
+
+def _profiled(model: str | ModelFile, source: HfSource | None, **options: Any) -> Profile:
+    """profile_model of the model file, or of the model built from the HF config `source`, whose profile records
+    in `meta.extra["hf_config"]` the sequence length and task it was built for (its `model_path` is the config)."""
+    from ..measure import profile_model  # torch: only once the arguments are known to be good
+    return _with_source(profile_model(model, **options), source)
+
+
+def _with_source(profile: Profile, source: HfSource | None) -> Profile:
+    """`profile`, recording in `meta.extra["hf_config"]` the HF config's sequence length and task it was built for."""
+    if source is None:
+        return profile
+    return replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "hf_config": source.to_json()}))
+
+
+def _model_of(args: argparse.Namespace, source: HfSource | None) -> ModelFile:
+    """The model file, or the ModelFile built from the HF config (torch, and for a config transformers, load here):
+    autopp.model.hf.load_model, as a profile's model is loaded again from its `model_path` and `extra.hf_config`."""
+    from ..model.hf import load_model
+    return load_model(source.config_path, source.to_json()) if source else load_model(args.model)
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
-    check_model_file(args.model)
-    target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / Path(args.model).stem,
+    source = hf_source_of(args)
+    if source is not None and args.co_runners:
+        raise AutoppError("--co-runners is not supported with --hf-config yet (co-runner processes load a model "
+                          "file); profile without it")
+    check_analytic(args)
+    stem = f"{model_stem(args)}-{args.analytic}" if args.analytic else model_stem(args)
+    target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / stem,
                               "-o" if args.output else None, marker="meta.json", kind="profile")
     from ..display import format_profile
-    from ..measure import profile_model  # torch: only once the arguments are known to be good
     sizes = [args.microbatch_size] if args.microbatch_size else args.microbatch_sizes
     try:
-        profile = profile_model(args.model, microbatch_sizes=sizes, optimizer=args.optimizer, warmup=args.warmup,
-                                repeats=args.repeats, threads=args.threads, progress=progress("profiling"),
-                                time_budget_s=args.time_budget, dtype=args.dtype, device=args.device,
-                                co_runners=args.co_runners)
+        if args.analytic:  # counted on meta, timed by the catalog device's roofline (autopp.cli.calibrate)
+            profile = _with_source(analytic_of(args, _model_of(args, source), sizes), source)
+        else:
+            profile = _profiled(_model_of(args, source), source, microbatch_sizes=sizes, optimizer=args.optimizer,
+                                warmup=args.warmup, repeats=args.repeats, threads=args.threads,
+                                progress=progress("profiling"), time_budget_s=args.time_budget, dtype=args.dtype,
+                                device=args.device, co_runners=args.co_runners,
+                                measure_every_unit=args.measure_every_unit)
     except ValueError as exc:
         raise AutoppError(str(exc)) from None
     end_progress()
@@ -116,20 +193,22 @@ def _cmd_profile_links(args: argparse.Namespace) -> int:
 
 
 def profile_for(args: argparse.Namespace) -> Profile:
-    """The model's default profile if it is current, else a fresh one (written there)."""
-    from ..measure import profile_model
-    from ..model import discover_units, fingerprint, load_model_file
+    """The model's default profile if it is current (same fingerprint and, for --hf-config, the same sequence
+    length and task), else a fresh one (written there)."""
+    from ..model.hf import load_model
+    from ..model.meta import build_units
     from ..data.profile import load_profile
-    mf = load_model_file(args.model)
-    model = mf.build()
-    current = fingerprint(model, discover_units(mf, model))
-    default = DEFAULT_PROFILE_DIR / Path(args.model).stem
+    source = hf_source_of(args, ("--profile", "DIR"))
+    recorded = source.to_json() if source else None
+    mf = load_model(source.config_path, recorded) if source else load_model(args.model)
+    _, _, current = build_units(mf)  # on meta: the model may be larger than this machine
+    default = DEFAULT_PROFILE_DIR / model_stem(args)
     if (default / "meta.json").is_file():
         profile = load_profile(default)
-        if profile.meta.fingerprint == current:
+        if profile.meta.fingerprint == current and profile.meta.extra.get("hf_config") == recorded:
             print(f"using profile {default}/", file=sys.stderr)
             return profile
-    profile = profile_model(args.model, progress=progress("profiling"))
+    profile = _profiled(mf if source else args.model, source, progress=progress("profiling"))
     end_progress()
     print(f"wrote profile {profile.save(default)}/", file=sys.stderr)
     return profile

@@ -10,7 +10,8 @@ from ..data.cluster import Cluster
 from ..schedule import StageCost
 from .units import UnitArrays
 
-__all__ = ["stage_speeds", "stage_costs", "held_microbatches", "memory_prefix", "unit_memory", "ideal_step_time"]
+__all__ = ["stage_speeds", "stage_costs", "held_microbatches", "memory_prefix", "unit_memory", "stage_transient",
+           "ideal_step_time"]
 
 
 def stage_speeds(cluster: Cluster, owner: Sequence[int]) -> list[float]:
@@ -31,7 +32,8 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp,
                              backward_s=full,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
-                             input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0))
+                             input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0,
+                             transient_bytes=stage_transient(a, i, j)))
     return out
 
 
@@ -46,6 +48,13 @@ def memory_prefix(a: UnitArrays, held: int) -> np.ndarray:
     """Prefix sums over units of a stage's memory holding `held` microbatches of activations: static (parameters,
     gradients, optimizer state) + held x activations; the stage [i, j) needs p[j] - p[i] bytes."""
     return a.prefix(a.static) + held * a.prefix(a.activation)
+
+
+def stage_transient(a: UnitArrays, i: int, j: int) -> int:
+    """The working memory of the stage [i, j): the largest transient of its units (0 for none). The split's memory
+    checks add it to `memory_prefix`'s bytes, as `autopp.schedule.effects` (TRANSIENT) adds a rank's largest to its
+    held peak."""
+    return int(a.transient_bytes()[i:j].max(initial=0.0))
 
 
 def unit_memory(a: UnitArrays, held: int) -> np.ndarray:

@@ -55,12 +55,43 @@ def progress_delays(cluster: Cluster, owner: Sequence[int]) -> list[float]:
             for k in range(len(owner) - 1)]
 
 
-def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster) -> float:
-    """Ring all-reduce of `grad_bytes` over `dp` replicas: 2 (dp - 1) / dp x bytes / bandwidth + 2 (dp - 1) latencies."""
+def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster, rank: int = 0) -> float:
+    """All-reduce of `grad_bytes` over the `dp` replicas of pipeline rank `rank`, on the ring or rings it runs on.
+
+    The ring of n ranks on a link of bandwidth B and latency a (nccl-tests doc/PERFORMANCE.md, "AllReduce": t =
+    S / B x 2 (n - 1) / n, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md) plus a latency per
+    step, 2 (n - 1) steps: `ring(S, n, link)`. On a flat cluster it runs on `dp_link`. On a cluster of nodes the
+    group is where `Cluster.placed` puts it (`Cluster.dp_group`): inside one node, a ring on the intra-node link;
+    across N nodes with k members each, the hierarchical all-reduce: reduce-scatter inside each node ((k - 1) / k
+    x S / B_intra), all-reduce across the nodes on the S / k each member holds (2 (N - 1) / N x S / k / B_inter),
+    all-gather inside the node ((k - 1) / k x S / B_intra), i.e. ring(S, k, intra) + ring(S / k, N, inter)
+    (PERFORMANCE.md's ReduceScatter and AllGather formulas; the order is HCCL's "Hierarchical Communication
+    Principles"). Across R regions of N nodes each, one level more: + ring(S / (k N), R, wan). An assumption: NCCL
+    itself runs a flat ring or a tree over the node's NICs, which this bounds from above for large groups. A group
+    with unequal members per node or nodes per region (dp neither a divisor nor a multiple of the devices per node)
+    takes its most for each level's ring and its fewest for the bytes it passes up (an upper bound)."""
     if dp <= 1 or grad_bytes <= 0:
         return 0.0
-    link = cluster.dp_link
-    return 2 * (dp - 1) / dp * grad_bytes / link.bandwidth_bytes_per_s + 2 * (dp - 1) * link.latency_s
+    if cluster.nodes is None:
+        return _ring(grad_bytes, dp, cluster.dp_link)
+    regions = cluster.dp_group(rank, dp)
+    per_node = [k for region in regions for k in region]
+    if len(per_node) == 1:
+        return _ring(grad_bytes, dp, cluster.nodes.intra)
+    nodes = [len(region) for region in regions]
+    across = grad_bytes / min(per_node)
+    total = _ring(grad_bytes, max(per_node), cluster.nodes.intra) + _ring(across, max(nodes), cluster.nodes.inter)
+    if len(regions) > 1 and cluster.nodes.wan is not None:
+        total += _ring(across / min(nodes), len(regions), cluster.nodes.wan)
+    return total
+
+
+def _ring(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-reduce of `nbytes` over `n` ranks on `link`: 2 (n - 1) / n x bytes / bandwidth + 2 (n - 1)
+    latencies."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + 2 * (n - 1) * link.latency_s
 
 
 def gradient_allreduce_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], dp: int,
@@ -70,7 +101,7 @@ def gradient_allreduce_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], ow
     grads = [0.0] * (max(owner) + 1)
     for (i, j), r in zip(bounds, owner):
         grads[r] += float(a.grads[i:j].sum())
-    return max(allreduce_time(g, dp, cluster) for g in grads)
+    return max(allreduce_time(g, dp, cluster, r) for r, g in enumerate(grads))
 
 
 def optimizer_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int],
@@ -95,5 +126,7 @@ def step_end_time(a: UnitArrays, cluster: Cluster, bounds: Sequence[tuple[int, i
 
 def step_end_floor(a: UnitArrays, cluster: Cluster, pp: int, dp: int) -> float:
     """A lower bound of `sum(step_end_time(...))` valid for every split into stages on `pp` ranks: some rank holds at
-    least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded by 0)."""
-    return allreduce_time(float(a.grads.sum()) / pp, dp, cluster)
+    least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded by 0); on a
+    cluster of nodes, with the cheapest rank's group."""
+    ranks = range(pp) if cluster.nodes is not None else range(1)
+    return min(allreduce_time(float(a.grads.sum()) / pp, dp, cluster, r) for r in ranks)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..data.profile import Profile, ValueAction
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["UnitArrays", "ProfileTable", "unit_arrays"]
 
@@ -35,6 +39,14 @@ class UnitArrays:
     """B: one full backward, which schedules without I/W run; I + W usually costs more."""
     optimizer: np.ndarray | None = None
     """Per unit, its share (by trainable bytes) of the profile's optimizer step, once per training step (None: 0)."""
+    transient: np.ndarray | None = None
+    """Per unit, its working memory of one microbatch (None: 0): the peak bytes its forward + backward allocated
+    (`Profile.unit_peak_bytes`) minus what the memory model already charges for it (activation, output and gradient
+    bytes), at least 0. How it enters a rank's peak: `autopp.schedule.effects` (TRANSIENT)."""
+
+    def transient_bytes(self) -> np.ndarray:
+        """`transient`, zeros when the profile had no peak data."""
+        return self.transient if self.transient is not None else np.zeros(self.n)
 
     @property
     def n(self) -> int:
@@ -75,6 +87,7 @@ class ProfileTable:
         copies = sum(float(g.bytes) * (len(g.units) - 1) for g in profile.meta.tied_parameters)
         total = float(self.grads.sum()) - copies
         self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
+        self.transient = _transients(profile, t, self.sizes)
 
     def _at(self, values: np.ndarray, x: float) -> np.ndarray:
         """The profile's interpolation (profile._interp) of every row of `values` (columns = profiled sizes)."""
@@ -94,8 +107,24 @@ class ProfileTable:
         redo = self._at(self.cols["recompute_s"], b) if "recompute_s" in self.cols else np.zeros(self.n)
         act = np.round(self._at(self.cols["activation_bytes"], b))
         cut = np.concatenate(([0.0], np.round(self._at(self.cuts, b)) if self.n > 1 else [], [0.0]))
+        transient = None if self.transient is None else np.round(self._at(self.transient, b))
         return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
-                       optimizer=self.optimizer)
+                       optimizer=self.optimizer, transient=transient)
+
+
+def _transients(profile: Profile, t: pd.DataFrame, sizes: list[int]) -> np.ndarray | None:
+    """(unit x profiled size) working memory: peak - activation - output - gradient bytes, at least 0; 0 where a
+    unit or size has no peak; None when the profile has no peak data at all (every plan as before it)."""
+    peaks = profile.unit_peak_bytes()
+    if not peaks:
+        return None
+    out = np.zeros((profile.num_units, len(sizes)))
+    for row in t.itertuples():
+        peak = peaks.get(int(row.unit), {}).get(int(row.microbatch_size))
+        if peak is not None and int(row.microbatch_size) in sizes:
+            held = row.activation_bytes + row.output_bytes + row.grad_bytes
+            out[int(row.unit), sizes.index(int(row.microbatch_size))] = max(0.0, float(peak - held))
+    return out
 
 
 def _cuts(profile: Profile, b: int) -> np.ndarray:

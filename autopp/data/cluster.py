@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 
-from ..errors import AutoppError
-from ..jsonio import read_json
-from ..sizes import parse_size
-
-__all__ = ["Link", "Device", "Cluster", "DEFAULT_LINK", "load_cluster"]
+__all__ = ["Link", "Device", "Nodes", "Cluster", "DEFAULT_LINK", "GLOO_COSTS", "NCCL_COSTS", "LINK_KEYS",
+           "parse_link", "link_fields", "hierarchical_cluster", "grid_rank"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +44,38 @@ class Link:
 DEFAULT_LINK = Link(latency_s=100e-6, bandwidth_bytes_per_s=2e9, overhead_s=70e-6, progress_s=2.3e-3)
 
 
+#: A link's JSON keys (cluster files, device files).
+LINK_KEYS = ("latency_s", "bandwidth_bytes_per_s", "overhead_s", "progress_s")
+#: Defaults of a link's CPU costs where messages go over gloo on a CPU host (a version 1 cluster file).
+GLOO_COSTS: Mapping[str, float] = {"overhead_s": DEFAULT_LINK.overhead_s, "progress_s": DEFAULT_LINK.progress_s}
+#: Defaults where messages move on their own, as NCCL's between GPUs (version 2 cluster files, device files).
+NCCL_COSTS: Mapping[str, float] = {"overhead_s": 0.0, "progress_s": 0.0}
+
+
+def link_fields(link: Link) -> dict[str, float]:
+    """`link` as the defaults of `parse_link` (every field)."""
+    return asdict(link)
+
+
+def parse_link(value: object, where: str, defaults: Mapping[str, float], hint: str = "") -> Link:
+    """The one reader of a link's JSON object: its numbers over `defaults` (GLOO_COSTS, NCCL_COSTS, or a whole
+    link's `link_fields`). ValueError starting with `where` on anything else (`hint` follows a missing key)."""
+    if not isinstance(value, dict) or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                          for v in value.values()):
+        raise ValueError(f"{where}: expected an object of numbers {list(LINK_KEYS)}, got {value!r}")
+    unknown = sorted(set(value) - set(LINK_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; a link has {list(LINK_KEYS)}")
+    fields = {**defaults, **{k: float(v) for k, v in value.items()}}
+    missing = [k for k in LINK_KEYS if k not in fields]
+    if missing:
+        raise ValueError(f"{where}: missing {missing[0]!r}{hint}")
+    try:
+        return Link(**fields)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Device:
     """One accelerator."""
@@ -59,6 +88,69 @@ class Device:
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0 or self.speed <= 0:
             raise ValueError(f"device needs memory > 0 and speed > 0, got {self.memory_bytes}, {self.speed}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Nodes:
+    """How a cluster's identical devices sit in nodes: `count` nodes of `devices_per_node`, numbered node-major
+    (device d is on node d // devices_per_node), joined by `intra` inside a node and `inter` across nodes. Both
+    links are per device and per direction (each device has its own NIC share, as in a DGX/HGX node). Optionally
+    the nodes form `regions` (in order, equally many each) joined by a slow `wan` link."""
+
+    count: int
+    devices_per_node: int
+    intra: Link
+    """Link between two devices of one node (NVLink class)."""
+    inter: Link
+    """Link between devices of two nodes of one region (InfiniBand/Ethernet class: one device's NIC share)."""
+    device: str | None = None
+    """The device kind's catalog name (autopp.data.catalog), when known."""
+    regions: int = 1
+    """Regions (sites) the nodes are split into: node n is in region n // (count / regions)."""
+    wan: Link | None = None
+    """Link between devices of two regions (one device's share of the WAN); given exactly when regions > 1."""
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.devices_per_node < 1:
+            raise ValueError(f"need at least 1 node of at least 1 device, got {self.count} nodes x "
+                             f"{self.devices_per_node} devices")
+        if self.regions < 1 or self.count % self.regions:
+            raise ValueError(f"{self.count} nodes do not split into {self.regions} regions of equally many")
+        if (self.wan is None) != (self.regions == 1):
+            raise ValueError(f"a wan link joins regions: give one exactly when regions > 1 (regions {self.regions})")
+
+    @property
+    def links(self) -> tuple[Link, ...]:
+        """The link of each level: inside a node, across nodes of a region, across regions."""
+        return (self.intra, self.inter) if self.wan is None else (self.intra, self.inter, self.wan)
+
+
+def grid_rank(pp_rank: int, replica: int, dp: int) -> int:
+    """The global rank (and device slot) of pipeline rank `pp_rank` in replica `replica` of a pp x dp grid: pp
+    outermost, dp inner (`Cluster.placed`), so a stage's replicas are neighbours. The planner costs links with this
+    layout and `autopp run` numbers its processes with it."""
+    return pp_rank * dp + replica
+
+
+@lru_cache(maxsize=4096)
+def _hop_level(per_node: int, per_region: int, dp: int, a: int, b: int) -> int:
+    """The highest level some replica's transfer between pipeline ranks a and b climbs (`Cluster.placed`'s layout):
+    0 inside a node, 1 across nodes, 2 across regions (`per_region`: devices per region)."""
+    ends = [(grid_rank(a, j, dp), grid_rank(b, j, dp)) for j in range(dp)]
+    if any(x // per_region != y // per_region for x, y in ends):
+        return 2
+    return 1 if any(x // per_node != y // per_node for x, y in ends) else 0
+
+
+@lru_cache(maxsize=4096)
+def _members(per_node: int, nodes_per_region: int, dp: int, rank: int) -> tuple[tuple[int, ...], ...]:
+    """Members per node, by region, of devices rank * dp .. rank * dp + dp - 1 (`Cluster.dp_group`)."""
+    first, last = grid_rank(rank, 0, dp), grid_rank(rank, dp - 1, dp)
+    regions: dict[int, list[int]] = {}
+    for n in range(first // per_node, last // per_node + 1):
+        regions.setdefault(n // nodes_per_region, []).append(
+            min(last, (n + 1) * per_node - 1) - max(first, n * per_node) + 1)
+    return tuple(tuple(counts) for counts in regions.values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,8 +170,14 @@ class Cluster:
     """Link used by the data-parallel gradient all-reduce (None: `link`)."""
     order: tuple[int, ...] = ()
     """Device index (into `devices`, the file's order) of each pipeline rank; empty: rank r runs device r."""
+    nodes: Nodes | None = None
+    """Devices in nodes (`hierarchical_cluster`); None: a flat line. `link` is then the inter-node link, what a
+    caller that has not `placed` a configuration gets (the slower link, assumed for every hop)."""
+    grid: tuple[int, int] | None = None
+    """(pp, dp) of the configuration `placed` on a hierarchical cluster: links and groups follow from it."""
 
     def __post_init__(self) -> None:
+        self._check_nodes()
         if self.num_devices < 1:
             raise ValueError(f"need at least 1 device, got {self.num_devices}")
         if self.memory_bytes <= 0:
@@ -90,6 +188,48 @@ class Cluster:
             raise ValueError(f"need {self.num_devices - 1} links between {self.num_devices} devices, got {len(self.links)}")
         if self.order and sorted(self.order) != list(range(self.num_devices)):
             raise ValueError(f"order must be a permutation of 0..{self.num_devices - 1}, got {list(self.order)}")
+
+    def _check_nodes(self) -> None:
+        if self.nodes is None:
+            if self.grid is not None:
+                raise ValueError("a (pp, dp) grid is placed on a cluster of nodes only")
+            return
+        if self.num_devices != self.nodes.count * self.nodes.devices_per_node:
+            raise ValueError(f"{self.nodes.count} nodes x {self.nodes.devices_per_node} devices != num_devices "
+                             f"{self.num_devices}")
+        if self.devices or self.links or self.order or self.data_link is not None:
+            raise ValueError("a cluster of nodes has identical devices: no devices, links, order or data_link")
+        if self.grid is not None and self.grid[0] * self.grid[1] != self.num_devices:
+            raise ValueError(f"pp {self.grid[0]} x dp {self.grid[1]} != {self.num_devices} devices")
+
+    def placed(self, pp: int, dp: int) -> Cluster:
+        """The cluster as configuration pp x dp sees it: on a cluster of nodes, pipeline rank r of replica j runs
+        device r * dp + j (pp outermost, dp inner), as torchtitan's device mesh ["pp", "dp", ...] (row-major;
+        torchtitan/distributed/parallel_dims.py, `ParallelDims`) and Megatron-LM's default rank order
+        "tp-cp-ep-dp-pp" (tp fastest, pp slowest; megatron/core/parallel_state.py, `initialize_model_parallel`)
+        lay ranks out; `link_between` and `dp_group` then follow where the devices are. A flat cluster is returned
+        as it is."""
+        return self if self.nodes is None else replace(self, grid=(pp, dp))
+
+    def dp_group(self, rank: int, dp: int) -> tuple[tuple[int, ...], ...]:
+        """Where pipeline rank `rank`'s data-parallel group of `dp` replicas (devices rank * dp .. rank * dp + dp - 1,
+        `placed`) lies: per region, its members on each node, in order; () on a flat cluster."""
+        if self.nodes is None:
+            return ()
+        return _members(self.nodes.devices_per_node, self.nodes.count // self.nodes.regions, dp, rank)
+
+    def hop_level(self, a: int, b: int) -> int:
+        """On a cluster of nodes `placed` for (pp, dp): how far some replica's transfer between pipeline ranks a and
+        b goes: 0 inside its node, 1 to another node, 2 to another region (0 on a flat or unplaced cluster)."""
+        if self.nodes is None or self.grid is None:
+            return 0
+        per_node = self.nodes.devices_per_node
+        return _hop_level(per_node, per_node * self.nodes.count // self.nodes.regions, self.grid[1], a, b)
+
+    @property
+    def pipeline_links(self) -> tuple[Link, ...]:
+        """Every link a pipeline transfer may take."""
+        return (self.link, *self.links, *(self.nodes.links if self.nodes is not None else ()))
 
     @property
     def homogeneous(self) -> bool:
@@ -105,7 +245,11 @@ class Cluster:
         return self.order[rank] if self.order else rank
 
     def link_between(self, a: int, b: int) -> Link:
-        """The link carrying a transfer between ranks a and b (links join devices adjacent in the file)."""
+        """The link carrying a transfer between ranks a and b (links join devices adjacent in the file). On a
+        cluster of nodes `placed` for (pp, dp): the link of the highest level any replica's transfer climbs
+        (`hop_level`: the slowest replica paces the pipeline): intra-node, inter-node or WAN."""
+        if self.nodes is not None and self.grid is not None:
+            return self.nodes.links[self.hop_level(a, b)]
         return self.device_link(self.index(a), self.index(b))
 
     def device_link(self, d: int, e: int) -> Link:
@@ -121,51 +265,8 @@ class Cluster:
         return self.data_link or self.link
 
 
-def _link(d: dict[str, Any], where: str) -> Link:
-    if not isinstance(d, dict) or any(isinstance(v, bool) for v in d.values()):
-        raise AutoppError(f"{where}: bad link {d!r}: expected numbers")
-    try:
-        return Link(latency_s=float(d["latency_s"]), bandwidth_bytes_per_s=float(d["bandwidth_bytes_per_s"]),
-                    overhead_s=float(d.get("overhead_s", DEFAULT_LINK.overhead_s)),
-                    progress_s=float(d.get("progress_s", DEFAULT_LINK.progress_s)))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise AutoppError(f"{where}: bad link {d!r}: {exc}") from None
-
-
-def _device(d: dict[str, Any], where: str) -> Device:
-    if not isinstance(d, dict) or any(isinstance(v, bool) for v in d.values()):
-        raise AutoppError(f"{where}: bad device {d!r}: expected an object with \"memory\" (and \"speed\")")
-    try:
-        mem = d["memory"]
-        return Device(memory_bytes=parse_size(mem) if isinstance(mem, str) else int(mem), speed=float(d.get("speed", 1.0)))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise AutoppError(f"{where}: bad device {d!r}: {exc}") from None
-
-
-#: Keys of a cluster file.
-_KEYS = {"devices", "link", "links", "data_link"}
-
-
-def load_cluster(path: str | Path) -> Cluster:
-    """Read a cluster JSON file (format in docs/cluster-format.md)."""
-    p = Path(path)
-    data = read_json(p, "cluster file", advice="see docs/cluster-format.md")
-    if not isinstance(data, dict) or not isinstance(data.get("devices"), list) or not data["devices"]:
-        raise AutoppError(f"{p}: a cluster file needs a non-empty \"devices\" list")
-    unknown = sorted(set(data) - _KEYS)
-    if unknown:
-        raise AutoppError(f"{p}: unknown key {unknown[0]!r}; a cluster file has {sorted(_KEYS)} "
-                          "(docs/cluster-format.md)")
-    devices = tuple(_device(d, f"{p}: devices[{i}]") for i, d in enumerate(data["devices"]))
-    link = _link(data["link"], f"{p}: link") if "link" in data else DEFAULT_LINK
-    if "links" in data and (not isinstance(data["links"], list) or len(data["links"]) != len(devices) - 1):
-        given = len(data["links"]) if isinstance(data["links"], list) else type(data["links"]).__name__
-        raise AutoppError(f"{p}: \"links\" must list the {len(devices) - 1} links between neighbouring devices "
-                          f"(links[i] joins devices i and i + 1), got {given}; leave it out to use \"link\" for all")
-    links = tuple(_link(d, f"{p}: links[{i}]") for i, d in enumerate(data.get("links", [])))
-    data_link = _link(data["data_link"], f"{p}: data_link") if "data_link" in data else None
-    try:
-        return Cluster(num_devices=len(devices), memory_bytes=min(d.memory_bytes for d in devices), link=link,
-                       devices=devices, links=links, data_link=data_link)
-    except ValueError as exc:
-        raise AutoppError(f"{p}: {exc}") from None
+def hierarchical_cluster(nodes: Nodes, memory_bytes: int) -> Cluster:
+    """`nodes.count` x `nodes.devices_per_node` identical devices of `memory_bytes` each (`Cluster.nodes`); `link`
+    is the slowest level's."""
+    return Cluster(num_devices=nodes.count * nodes.devices_per_node, memory_bytes=memory_bytes,
+                   link=nodes.links[-1], nodes=nodes)

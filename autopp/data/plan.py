@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ from ..jsonio import read_json, write_json
 from ..relpaths import resolved_path, stored_path
 from ..schedule.actions import Action, parse_action
 from ..schedule.descriptors import ScheduleName, describe
+from .plan_fields import check_int, check_number, check_strings, is_count, is_span, require_fields
 
 __all__ = ["PLAN_VERSION", "StagePlan", "Prediction", "Plan", "load_plan"]
 
@@ -57,10 +58,12 @@ class StagePlan:
     overhead_s: float = 0.0
     """Time the rank spends on this stage's messages to and from other ranks per F and per B (or I) action, besides
     compute and waiting (the links' `overhead_s`, once per message); the simulator adds it to both."""
+    transient_bytes: int = 0
+    """Largest working memory of the stage's units (effects.TRANSIENT); 0 and not written without peak data."""
 
     def __post_init__(self) -> None:
         for name in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "overhead_s",
-                     "progress_s"):
+                     "progress_s", "transient_bytes"):
             value = getattr(self, name)
             if value is None and name in ("backward_input_s", "backward_weight_s"):
                 continue
@@ -124,6 +127,9 @@ class Plan:
     device_order: tuple[int, ...] = ()
     """Device (index in the cluster file's order, = the launcher's process slot) of each global rank, as CP-SAT chose
     it on a heterogeneous cluster; empty: rank r runs on device r. Written to JSON only when not empty."""
+    hf_config: dict[str, Any] = field(default_factory=dict)
+    """For a model built from an HF config.json (`model_path`): the `seq_len` and `task` of its profile, so that
+    `autopp run` builds the same model and batch. Written to JSON only when not empty."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -165,6 +171,9 @@ class Plan:
         data["custom_order"] = tuple(tuple(str(a) for a in row) for row in self.custom_order)
         if not self.device_order:
             del data["device_order"]  # plans without one stay as they were written before the field existed
+        if not self.hf_config:
+            del data["hf_config"]  # plans of model files stay as they were
+        data["stages"] = [{k: v for k, v in st.items() if v or k != "transient_bytes"} for st in data["stages"]]
         return {"version": data.pop("version"), **data}
 
     def save(self, path: str | Path) -> Path:
@@ -177,12 +186,12 @@ class Plan:
         if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
             version = data.get("version") if isinstance(data, dict) else None
             raise PlanError(f"{where}: plan version {version!r} is not supported (expected {PLAN_VERSION})")
-        _require(data, Plan, where)
+        require_fields(data, Plan, where)
         if not isinstance(data["stages"], (list, tuple)) or not data["stages"]:
             raise PlanError(f"{where}: field 'stages' must be a non-empty list")
         for i, s in enumerate(data["stages"]):
-            _require(s, StagePlan, f"{where}: stage {i}")
-        _require(data["predicted"], Prediction, f"{where}: predicted")
+            require_fields(s, StagePlan, f"{where}: stage {i}")
+        require_fields(data["predicted"], Prediction, f"{where}: predicted")
         _check_fields(data, where)
         custom_order = _custom_order(data.get("custom_order", []), where)
         try:
@@ -202,20 +211,6 @@ class Plan:
             raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
 
 
-def _require(data: Any, cls: type, where: str) -> None:
-    """A PlanError naming the first field of `cls` without a default that `data` lacks, or unknown fields."""
-    if not isinstance(data, dict):
-        raise PlanError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    names = {f.name for f in fields(cls)}
-    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-    missing = [n for n in required if n not in data]
-    if missing:
-        raise PlanError(f"{where}: missing field {missing[0]!r}")
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise PlanError(f"{where}: unknown field {unknown[0]!r}")
-
-
 #: Integer fields of a plan and their least values (pp 0: num_ranks // dp, in files that predate the field).
 _PLAN_INTS = {"num_ranks": 1, "num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0,
               "pp": 0, "dp": 1, "virtual_stages": 1}
@@ -225,27 +220,11 @@ _PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s"
 _SEED_LIMIT = 2**63
 
 
-def _int(value: Any, name: str, least: int, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise PlanError(f"{where}: field {name!r} must be an integer >= {least}, got {value!r}")
-
-
-def _number(value: Any, name: str, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise PlanError(f"{where}: field {name!r} must be a finite number >= 0, got {value!r}")
-
-
-def _strings(value: Any, name: str, where: str, empty_ok: bool = True) -> None:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) and (empty_ok or x) for x in value):
-        raise PlanError(f"{where}: field {name!r} must be a list of {'' if empty_ok else 'non-empty '}strings, "
-                        f"got {value!r}")
-
-
 def _check_prediction(d: Any, where: str) -> None:
-    _require(d, Prediction, where)
+    require_fields(d, Prediction, where)
     for name in _PREDICTION_NUMBERS:
         if name in d:
-            _number(d[name], name, where)
+            check_number(d[name], name, where)
     if not isinstance(d.get("fits", True), bool):
         raise PlanError(f"{where}: field 'fits' must be true or false, got {d['fits']!r}")
     bubble = d["bubble_fraction"]  # may be -1e-16 by rounding
@@ -256,25 +235,20 @@ def _check_prediction(d: Any, where: str) -> None:
                                                for x in peaks):
         raise PlanError(f"{where}: field 'peak_memory_bytes' must be a list of integers >= 0, got {peaks!r}")
     units = d.get("stage_units", [])
-    if not isinstance(units, (list, tuple)) or not all(_is_span(u) for u in units):
+    if not isinstance(units, (list, tuple)) or not all(is_span(u) for u in units):
         raise PlanError(f"{where}: field 'stage_units' must be a list of [first, end] unit ranges")
-
-
-def _is_span(u: Any) -> bool:
-    return (isinstance(u, (list, tuple)) and len(u) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in u)
-            and 0 <= u[0] < u[1])
 
 
 def _check_stage(s: dict[str, Any], i: int, where: str) -> None:
     at = f"{where}: stage {i}"
     for name, least in _STAGE_INTS.items():
         if name in s:
-            _int(s[name], name, least, at)
+            check_int(s[name], name, least, at)
     if s["index"] != i:
         raise PlanError(f"{at}: field 'index' is {s['index']!r}; stages must be listed in order, index 0, 1, ...")
-    if not _is_span(s["units"]):
+    if not is_span(s["units"]):
         raise PlanError(f"{at}: field 'units' must be [first, end] with 0 <= first < end, got {s['units']!r}")
-    _strings(s["unit_names"], "unit_names", at)
+    check_strings(s["unit_names"], "unit_names", at)
     if len(s["unit_names"]) != s["units"][1] - s["units"][0]:
         raise PlanError(f"{at}: {len(s['unit_names'])} unit_names for units {s['units']}")
     if s["split_point"] is not None and not (isinstance(s["split_point"], str) and s["split_point"]):
@@ -296,11 +270,14 @@ def _check_fields(data: dict[str, Any], where: str) -> None:
         raise PlanError(f"{where}: field 'device_order' must be a list of device indices, got {order!r}")
     for name, least in _PLAN_INTS.items():
         if name in data:
-            _int(data[name], name, least, where)
+            check_int(data[name], name, least, where)
+    hf = data.get("hf_config", {})
+    if not isinstance(hf, dict) or hf and not (is_count(hf.get("seq_len")) and isinstance(hf.get("task"), str)):
+        raise PlanError(f"{where}: field 'hf_config' must be {{}} or {{\"seq_len\": S >= 1, \"task\": T}}, got {hf!r}")
     if data.get("seed", 0) >= _SEED_LIMIT:
         raise PlanError(f"{where}: field 'seed' must be below 2**63, got {data['seed']!r}")
-    _number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s", where)
-    _strings(data.get("notes", []), "notes", where)
+    check_number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s", where)
+    check_strings(data.get("notes", []), "notes", where)
     for i, s in enumerate(data["stages"]):
         _check_stage(s, i, where)
     _check_prediction(data["predicted"], f"{where}: predicted")

@@ -25,7 +25,7 @@ from .profile_values import REPROFILE as _REPROFILE
 from .profile_values import LiveValue, TiedGroup, ValueAction
 from ..relpaths import resolved_path, stored_path
 
-__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "EDGE_COLUMNS", "ValueAction", "LiveValue", "TiedGroup", "ProfileMeta",
+__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "OPTIONAL_UNIT_COLUMNS", "UNIT_SOURCES", "EDGE_COLUMNS", "ValueAction", "LiveValue", "TiedGroup", "ProfileMeta",
            "Profile", "load_profile"]
 
 PROFILE_VERSION = 1
@@ -54,6 +54,13 @@ UNIT_COLUMNS: dict[str, str] = {
     "output_bytes": "int",  # bytes of the unit's outputs, per microbatch
     "recompute_keep_bytes": "int",  # bytes kept per microbatch when the unit recomputes: its inputs
 }
+#: Columns of units.csv added within version 1, with the value a profile written before them gets: `source`, how
+#: the row was obtained (UNIT_SOURCES), and `same_as`, for a "shared" row the unit whose measurement it copies, for
+#: an "analytic" row the unit whose counts it copies (-1 otherwise).
+OPTIONAL_UNIT_COLUMNS: dict[str, tuple[str, Any]] = {"source": ("str", "measured"), "same_as": ("int", -1)}
+#: Values of the `source` column: measured on the unit itself; copied from the measured unit `same_as` of the same
+#: structure and input shapes; computed by the analytic cost model (autopp.measure.analytic).
+UNIT_SOURCES = ("measured", "shared", "analytic")
 #: Columns of edges.csv: tensors live across cuts. src -1 is the model input.
 EDGE_COLUMNS: dict[str, str] = {"src": "int", "dst": "int", "microbatch_size": "int", "bytes": "int"}
 
@@ -147,7 +154,16 @@ class Profile:
     edges: pd.DataFrame
 
     def __post_init__(self) -> None:
+        missing = {c: default for c, (_, default) in OPTIONAL_UNIT_COLUMNS.items() if c not in self.units.columns}
+        if missing:  # a profile written before these columns, or a table built without them
+            object.__setattr__(self, "units", self.units.assign(**missing))
         _validate(self.meta, self.units, self.edges, f"profile of {self.meta.model_path}")
+
+    def unit_peak_bytes(self) -> dict[int, dict[int, int]]:
+        """The peak bytes allocated during each unit's forward and backward, {unit: {microbatch size: bytes}}, as
+        measured (`extra.peak_bytes`; `extra.cuda_peak_bytes` in profiles before it); empty when not measured."""
+        stored = self.meta.extra.get("peak_bytes", self.meta.extra.get("cuda_peak_bytes", {}))
+        return {int(u): {int(b): int(n) for b, n in per.items()} for u, per in stored.items()}
 
     @property
     def num_units(self) -> int:
@@ -293,6 +309,26 @@ def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where
                            f"{_REPROFILE}")
     if len(meta.split_points) != n - 1:
         raise ProfileError(f"{where}/meta.json: {len(meta.split_points)} split points for {n} units")
+    if all(c in units.columns for c in OPTIONAL_UNIT_COLUMNS):  # absent: a profile before them (filled in)
+        _validate_sources(units, where)
+
+
+def _validate_sources(units: pd.DataFrame, where: str) -> None:
+    """`source` is one of UNIT_SOURCES; a "shared" row's `same_as` names a measured unit, an "analytic" row's is -1
+    or names an analytic unit that was counted itself (`same_as` -1); a "measured" row's is -1."""
+    bad = units[~units.source.isin(UNIT_SOURCES)]
+    if len(bad):
+        raise ProfileError(f"{where}/units.csv: line {int(bad.index[0]) + 2}, column source: "
+                           f"{bad.source.iloc[0]!r} is not one of {list(UNIT_SOURCES)}: {_REPROFILE}")
+    same = pd.to_numeric(units.same_as, errors="coerce")
+    copy = (units.source == "shared") | (units.source == "analytic") & (same != -1)
+    originals = set(units.unit[(units.source != "shared") & (same == -1)].astype(int))
+    wrong = copy & ~same.isin(originals) | (units.source == "measured") & (same != -1)
+    if wrong.any():
+        row = int(wrong.to_numpy().nonzero()[0][0])
+        raise ProfileError(f"{where}/units.csv: line {row + 2}, column same_as: {units.same_as.iloc[row]} must be "
+                           f"a unit that is no copy itself when source is 'shared' (or 'analytic', where -1 is "
+                           f"also allowed), else -1: {_REPROFILE}")
 
 
 def load_profile(directory: str | Path, fingerprint: str | None = None) -> Profile:
@@ -303,7 +339,8 @@ def load_profile(directory: str | Path, fingerprint: str | None = None) -> Profi
     try:
         meta = _read_meta(d / "meta.json")
         meta = replace(meta, model_path=resolved_path(meta.model_path, d))  # stored relative to `d`
-        units = _read_csv(d / "units.csv", keep_default_na=False, na_values=[""], dtype={"modules": str, "name": str})
+        units = _read_csv(d / "units.csv", keep_default_na=False, na_values=[""],
+                          dtype={"modules": str, "name": str, "source": str})
         edges = _read_csv(d / "edges.csv")
     except (OSError, ValueError) as exc:
         raise ProfileError(f"{d}: cannot read profile: {exc}") from exc

@@ -1,16 +1,25 @@
 """Bytes a unit holds: its parameters, gradients and optimizer state, what autograd saves for its backward, the
-storages behind a value, and (on CUDA) the peak allocated during a forward and backward."""
+storages behind a value, and the peak allocated during a forward and backward (CUDA: the caching allocator's
+statistics; CPU: the live storages that torch's operators create, tracked by a TorchDispatchMode)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .options import OPTIMIZER_STATES
 
-__all__ = ["tensors_in", "storage_bytes", "saved_bytes", "static_bytes", "peak_bytes"]
+__all__ = ["tensors_in", "storage_bytes", "value_bytes", "saved_bytes", "static_bytes", "peak_bytes", "LiveBytes",
+           "storage_key", "PEAK_HOW"]
+
+#: How `peak_bytes` measures, by device type (stored with the peaks in a profile's `extra.peak_bytes_how`).
+PEAK_HOW = {"cuda": "torch.cuda.max_memory_allocated - memory_allocated before",
+            "cpu": "most bytes of live storages created by torch operators (autopp.measure.memory.LiveBytes)"}
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
@@ -25,27 +34,38 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor], exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
-    """Bytes of the distinct storages behind `tensors`, each counted once, skipping storages in `exclude`."""
+    """Bytes of the distinct storages behind `tensors` (real, meta and fake alike: `storage_key`), each counted
+    once, skipping storages in `exclude`."""
     seen: dict[int, int] = {}
     for t in tensors:
-        s = t.untyped_storage()
-        if s.data_ptr() not in exclude:
-            seen[s.data_ptr()] = s.nbytes()
+        key = storage_key(t)
+        if key not in exclude:
+            seen[key] = t.untyped_storage().nbytes()
     return sum(seen.values())
 
 
-def saved_bytes(run: Callable[[], Any], params: set[int]) -> int:
-    """Bytes autograd saves for backward while `run()` executes, parameters excluded, shared storage once."""
-    saved: list[torch.Tensor] = []
+def value_bytes(value: Any) -> int:
+    """Bytes of the distinct storages behind the tensors of a (nested) value."""
+    return storage_bytes(tensors_in(value))
+
+
+def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> tuple[Any, int]:
+    """`run()`'s result and the bytes autograd saves for backward meanwhile, storages in `exclude` (`storage_key`s:
+    the parameters') left out, a shared storage once; real and fake tensors alike. What autograd keeps is a detached
+    alias (its backward must not run), and no tensor is held here, since a saved output kept with its own grad_fn
+    would form a cycle through autograd's C++ graph that Python's garbage collector cannot free (it kept every
+    measured unit's parameters alive)."""
+    seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        saved.append(t)
-        return t
+        key = storage_key(t)
+        if key not in exclude:
+            seen[key] = t.untyped_storage().nbytes()
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = run()
-    del out
-    return storage_bytes(saved, exclude=params)
+    return out, sum(seen.values())
 
 
 def static_bytes(module: nn.Module, optimizer: str, dtype: torch.dtype) -> dict[str, int]:
@@ -58,10 +78,55 @@ def static_bytes(module: nn.Module, optimizer: str, dtype: torch.dtype) -> dict[
             "optimizer_bytes": OPTIMIZER_STATES[optimizer] * 4 * numel + master}
 
 
-def peak_bytes(device: torch.device, forward_backward: Callable[[], None]) -> int | None:
-    """On CUDA: the most memory allocated during `forward_backward()`, above what was allocated before."""
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of the storage behind `t` (fake and meta tensors have no data pointer to tell them apart)."""
+    return int(t.untyped_storage()._cdata)
+
+
+class LiveBytes(TorchDispatchMode):
+    """While active, the bytes of the storages that torch operators create and that are still alive (`now`), and
+    the most they reached (`peak`): every operator's outputs are seen here (forward and, as the mode is passed to
+    autograd, backward); an output sharing a storage with one of the operator's inputs (a view, an in-place or
+    accumulating op) allocates nothing; a storage is counted from its first appearance until Python frees it
+    (`weakref.finalize`; storages keep one Python object for their whole life). Storages made before the mode (the
+    parameters') and those in `exclude` (`storage_key`s) are not counted. Real, fake and meta tensors alike: on CPU
+    the measured peak (`peak_bytes`), under FakeTensorMode the counted one (autopp.measure.counting). What CUDA's
+    `max_memory_allocated` gives, minus the allocator's rounding."""
+
+    def __init__(self, exclude: frozenset[int] | set[int] = frozenset()) -> None:
+        super().__init__()
+        self.now = 0
+        self.peak = 0
+        self._exclude = frozenset(exclude)
+        self._live: dict[int, int] = {}
+
+    def _free(self, key: int) -> None:
+        self.now -= self._live.pop(key, 0)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {storage_key(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = storage_key(t)
+            if key in inputs or key in self._live or key in self._exclude:
+                continue
+            self._live[key] = storage.nbytes()
+            self.now += storage.nbytes()
+            weakref.finalize(storage, self._free, key)
+            self.peak = max(self.peak, self.now)
+        return out
+
+
+def peak_bytes(device: torch.device, forward_backward: Callable[[], None]) -> int:
+    """The most memory allocated during `forward_backward()`, above what was allocated before: on CUDA from the
+    allocator's statistics, on CPU from `LiveBytes` (PEAK_HOW)."""
     if device.type != "cuda":
-        return None
+        with LiveBytes() as live:
+            forward_backward()
+        return live.peak
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)

@@ -1,96 +1,332 @@
-"""Measure every unit of a model at one microbatch size: split it, run the pieces once to size their parameters,
-activations, outputs and boundary edges, then time them (autopp.measure.timing)."""
+"""Measure every unit of a model at one microbatch size: split the meta model, then walk the pieces in model order,
+materializing a window of pieces at a time (autopp.model.meta) and measuring each piece of the window inside it:
+parameters, saved activations, outputs, the peak allocated, the times (autopp.measure.timing), and when asked its
+optimizer step; then the window is freed. Pieces of the same structure and input shapes as an earlier one are not
+measured again: they run through the earlier piece's materialized module and share its measurement."""
 
 from __future__ import annotations
 
+import hashlib
+import statistics
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import fx, nn
 
 from ..model.contract import ModelFile
-from ..model.split import (LiveValue, live_values, output_spec, rebuild_output, source_piece, split_model,
-                           tied_groups, walk_split_graph)
+from ..model.meta import MetaModel, meta_pieces, retarget
+from ..model.split import (LiveValue, live_values, model_output, rebuild_output, source_piece, tied_groups,
+                           walk_split_graph)
 from ..model.units import Unit
-from .memory import peak_bytes, saved_bytes, static_bytes, storage_bytes, tensors_in
+from .allocator import return_freed_memory
+from .memory import peak_bytes, saved_bytes, static_bytes, storage_key, value_bytes
+from .options import make_optimizer
 from .settings import Settings, progress_bar
 from .timing import Budget, Piece, summarize, time_pieces
 
-__all__ = ["measure_pieces"]
+__all__ = ["OPTIMIZER_SLICE_NUMEL", "SizeResult", "measure_pieces", "optimizer_step_s", "piece_key", "windows"]
 
 
-def measure_pieces(mf: ModelFile, model: nn.Module, units: list[Unit], b: int, settings: Settings
-                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[LiveValue], dict[str, int]]:
-    """Unit rows, edge rows, live values and their bytes (by split-graph name) at microbatch size `b`."""
-    inputs, target = settings.batch(mf, b)
-    pipe = split_model(model, inputs, [u.split_point for u in units[1:] if u.split_point is not None])
-    spec = output_spec(model, inputs)
-    gm = pipe.split_gm
-    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
-    piece_index = {str(n.target): i for i, n in enumerate(calls)}
-    tied = {u: g.bytes for g in tied_groups(model, [u.modules for u in units]) for u in g.units if len(g.units) > 1}
-    env: dict[fx.Node, Any] = {}
-    rows: list[dict[str, Any]] = []
-    pieces: list[Piece] = []
-    edges: dict[tuple[int, int], int] = defaultdict(int)
+@dataclass
+class SizeResult:
+    """What one microbatch size gave: unit rows, edge rows, live values and their bytes (by split-graph name), the
+    peak bytes per unit, and the optimizer steps measured per piece (when asked; shared units included)."""
 
-    def measure(node: fx.Node, args: tuple[Any, ...]) -> Any:
-        i = piece_index[str(node.target)]
-        settings.progress(progress_bar(i, len(calls), f"microbatch {b}: sizes of unit {i + 1}/{len(calls)}"))
-        for arg in node.all_input_nodes:
-            src = source_piece(arg, piece_index)
-            if src is not None:
-                edges[(src, i)] += storage_bytes(tensors_in(env[arg]))
-        module = gm.get_submodule(str(node.target))
-        last = i == len(calls) - 1
-        finish = (lambda out: mf.loss_fn(rebuild_output(spec, _model_output(gm, env, node, out)), target)) \
-            if last else (lambda out: out)
-        grad = tuple(not (isinstance(a, fx.Node) and source_piece(a, piece_index) == -1) for a in node.args)
-        piece = Piece(module, args, finish, i == 0, grad)
-        pieces.append(piece)
-        row: dict[str, Any] = {"unit": i, "microbatch_size": b}
-        params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    rows: list[dict[str, Any]]
+    edges: list[dict[str, Any]]
+    live: list[LiveValue]
+    value_bytes: dict[str, int]
+    peaks: dict[int, int] = field(default_factory=dict)
+    optimizer_step_s: float = 0.0
+
+
+#: The most elements an optimizer step is measured on; a larger set of parameters is timed on a slice this large
+#: and the time scaled by its element count (the step is elementwise, so linear in the elements).
+OPTIMIZER_SLICE_NUMEL = 1 << 24
+
+
+def optimizer_step_s(params: list[nn.Parameter], settings: Settings, restore: bool = True,
+                     slice_numel: int = OPTIMIZER_SLICE_NUMEL) -> float:
+    """Median time of what a pipeline rank does to `params` once per step after the backward: scale the gradients
+    by the microbatch count (torch's `scale_grads`), the optimizer's step, zero_grad; with a gradient per
+    parameter, as after a backward. Parameters of more than `slice_numel` elements in all are not stepped
+    themselves: the step is timed on a copy of their first `slice_numel` elements (one tensor) and scaled by
+    numel / `slice_numel`, so its optimizer state stays bounded (an 8B model's 2 GB embedding would need 4 GB of
+    Adam state). Otherwise the parameters themselves, restored afterwards when `restore`."""
+    params = [p for p in params if p.requires_grad]
+    numel = sum(p.numel() for p in params)
+    if not params:
+        return 0.0
+    if numel > slice_numel:
+        return _step_s([_leading(params, slice_numel)], settings) * numel / slice_numel
+    saved = [p.detach().clone() for p in params] if restore else []
+    try:
+        return _step_s(params, settings)
+    finally:
         with torch.no_grad():
-            out = module(*piece.args)
-        row.update(static_bytes(module, settings.optimizer, settings.dtype))
-        row.update(tied_param_bytes=tied.get(i, 0),
-                   activation_bytes=saved_bytes(lambda: piece.forward()[1], params),
-                   output_bytes=0 if last else storage_bytes(tensors_in(out)),
-                   recompute_keep_bytes=storage_bytes(tensors_in(piece.args)))
-        peak = peak_bytes(settings.clock.device, piece.forward_backward)
-        if peak is not None:
-            settings.peaks.setdefault(str(i), {})[str(b)] = peak
-        rows.append(row)
+            for p, s in zip(params, saved):
+                p.copy_(s)
+
+
+def _leading(params: list[nn.Parameter], numel: int) -> nn.Parameter:
+    """A new parameter holding the first `numel` elements of `params`, in order (their values: no denormals or NaN
+    that would change CPU timings), in the dtype of the first."""
+    flat = torch.empty(numel, dtype=params[0].dtype, device=params[0].device)
+    at = 0
+    with torch.no_grad():
+        for p in params:
+            n = min(p.numel(), numel - at)
+            flat[at:at + n] = p.detach().reshape(-1)[:n]
+            at += n
+            if at == numel:
+                break
+    return nn.Parameter(flat)
+
+
+def _step_s(params: list[nn.Parameter], settings: Settings) -> float:
+    """Median time of the optimizer step of `optimizer_step_s` on `params` (their values change)."""
+    optimizer = make_optimizer(settings.optimizer, params)
+
+    def step() -> None:
+        for p in params:
+            p.grad.div_(2)  # type: ignore[union-attr]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    times = []
+    for timed in settings.budget.runs():
+        for p in params:
+            p.grad = torch.full_like(p, 1e-3)
+        _, t = settings.clock.time(step)
+        if timed:
+            times.append(t)
+    return statistics.median(times)
+
+
+def _graph_text(graph: fx.Graph) -> str:
+    """A graph's operations with the names of its submodules and attributes replaced by their order of first use, so
+    that two blocks differing only in their names (`layers.0` / `layers.1`) give the same text; constants kept."""
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    names: dict[str, int] = {}
+    lines = []
+    for node in graph.nodes:
+        if node.op in ("call_module", "get_attr"):
+            target: Any = names.setdefault(str(node.target), len(names))
+        elif node.op == "placeholder":  # named after the value fed in (`add`, `add_2`): its position is enough
+            target = ""
+        else:
+            target = getattr(node.target, "__qualname__", None) or str(node.target)
+        args = fx.node.map_arg((node.args, node.kwargs), lambda n: f"%{index[n]}")
+        lines.append(f"{node.op} {target} {args!r}")
+    return "\n".join(lines)
+
+
+def _describe(value: Any) -> str:
+    """Shapes, dtypes and gradient flags of the tensors in `value`; other values by repr."""
+    if isinstance(value, torch.Tensor):
+        return f"T{tuple(value.shape)}{value.dtype}{value.requires_grad}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_describe(v) for v in value) + ")"
+    return repr(value)
+
+
+def piece_key(module: nn.Module, args: tuple[Any, ...], originals: dict[str, nn.Module], extra: tuple[Any, ...]
+              ) -> str:
+    """Pieces with one key are measured once: the same operations (graph text of every submodule), types of the
+    original modules owning its parameters (`originals`: the model's `named_modules()`), parameter and buffer shapes
+    and dtypes, input shapes and dtypes, and `extra` (whether it is the last piece, which of its inputs need a
+    gradient)."""
+    parts = [_graph_text(g) for m in module.modules() if isinstance(g := getattr(m, "graph", None), fx.Graph)]
+    parts += [type(originals.get(n.rpartition(".")[0], module)).__qualname__ for n, _ in module.named_parameters()]
+    parts += [f"{tuple(t.shape)}{t.dtype}{t.requires_grad}" for t in list(module.parameters()) + list(module.buffers())]
+    parts += [_describe(args), repr(extra)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def windows(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive indices grouped so that each group's `sizes` add up to at most `limit` (an index larger than
+    `limit` alone is a group of its own)."""
+    groups: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if not groups or total + n > limit:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += n
+    return groups
+
+
+def measure_pieces(mf: ModelFile, meta: MetaModel, units: list[Unit], b: int, settings: Settings, *,
+                   limit_bytes: int, every_unit: bool = False, optimizer_per_piece: bool = False) -> SizeResult:
+    """Measure every unit at microbatch size `b` (module docstring). At most `limit_bytes` of parameters and
+    gradients are materialized at once (a window), besides a piece kept for the shared units after it; with
+    `every_unit`, no piece shares another's measurement. Whatever is materialized is freed on return, also when a
+    measurement raises."""
+    walk = _Walk(mf, meta, units, b, settings, limit_bytes, every_unit, optimizer_per_piece)
+    try:
+        for _ in walk_split_graph(walk.gm, walk.inputs, walk.env, walk.measure):
+            pass
+    finally:
+        walk.unload(sorted(walk.loaded))
+    return walk.result()
+
+
+class _Walk:
+    """One walk of the split graph at one microbatch size: materializes the window a measured piece opens, measures
+    it, runs shared pieces through their measured piece, and frees what no later piece needs."""
+
+    def __init__(self, mf: ModelFile, meta: MetaModel, units: list[Unit], b: int, settings: Settings,
+                 limit_bytes: int, every_unit: bool, optimizer_per_piece: bool) -> None:
+        self.mf, self.meta, self.b, self.settings = mf, meta, b, settings
+        self.optimizer_per_piece = optimizer_per_piece
+        self.inputs, self.target = settings.batch(mf, b)
+        self.pipe, self.spec, meta_inputs, _ = meta_pieces(
+            mf, meta, [u.split_point for u in units[1:] if u.split_point], b, settings.dtype)
+        self.gm = self.pipe.split_gm
+        calls = [n for n in self.gm.graph.nodes if n.op == "call_module"]
+        self.index = {str(n.target): i for i, n in enumerate(calls)}
+        self.modules = [self.gm.get_submodule(str(n.target)) for n in calls]
+        self.grads = [tuple(not (isinstance(a, fx.Node) and source_piece(a, self.index) == -1) for a in n.args)
+                      for n in calls]
+        self.same_as = _shared(meta, self.gm, calls, self.modules, meta_inputs, self.grads, every_unit)
+        retarget(self.pipe, settings.clock.device)
+        self.measured = [i for i in range(len(calls)) if self.same_as[i] is None]
+        self.windows = [[self.measured[j] for j in group] for group in windows(
+            [2 * static_bytes(self.modules[i], settings.optimizer, settings.dtype)["param_bytes"]
+             for i in self.measured], limit_bytes)]
+        self.last_use = {r: max(i for i, s in enumerate(self.same_as) if s == r) for r in set(self.same_as)
+                         if r is not None}
+        self.tied = {u: g.bytes for g in tied_groups(meta.model, [u.modules for u in units]) for u in g.units
+                     if len(g.units) > 1}
+        self.env: dict[fx.Node, Any] = {}
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.peaks: dict[int, int] = {}
+        self.edges: dict[tuple[int, int], int] = defaultdict(int)
+        self.loaded: set[int] = set()
+        self.pending: dict[int, Piece] = {}
+        self.opt: dict[int, float] = {}
+
+    def unload(self, pieces: list[int]) -> None:
+        for j in pieces:
+            self.meta.unload(self.modules[j])
+            self.loaded.discard(j)
+
+    def load_window(self, i: int) -> None:
+        """Free what no later piece needs, then materialize the window that piece `i` opens."""
+        group = next(w for w in self.windows if i in w)
+        done = [j for j in sorted(self.loaded) if j not in group and self.last_use.get(j, j) < i]
+        self.unload(done)
+        if done:
+            return_freed_memory()  # the next window starts from the process's baseline (allocator.py)
+        for j in group:
+            self.meta.load(self.modules[j], self.settings.clock.device, self.settings.dtype)
+            self.loaded.add(j)
+
+    def measure(self, node: fx.Node, args: tuple[Any, ...]) -> Any:
+        """Run piece `node` on `args` (walk_split_graph's callback), measuring it when it is not shared."""
+        i = self.index[str(node.target)]
+        n = len(self.modules)
+        self.settings.progress(progress_bar(i, n, f"microbatch {self.b}: sizes of unit {i + 1}/{n}"))
+        for arg in node.all_input_nodes:
+            src = source_piece(arg, self.index)
+            if src is not None:
+                self.edges[(src, i)] += value_bytes(self.env[arg])
+        rep = self.same_as[i]
+        if rep is None and i not in self.loaded:
+            self.load_window(i)
+        last = i == n - 1
+        finish = (lambda out: self.mf.loss_fn(
+            rebuild_output(self.spec, model_output(self.gm, self.env, node, out)), self.target)) \
+            if last else (lambda out: out)
+        piece = Piece(self.modules[i if rep is None else rep], args, finish, i == 0, self.grads[i])
+        with torch.no_grad():
+            out = piece.module(*piece.args)
+        if rep is None:
+            self._measure_own(i, piece, out, last)
         return out
 
-    for _ in walk_split_graph(gm, inputs, env, measure):
-        pass
+    def _measure_own(self, i: int, piece: Piece, out: Any, last: bool) -> None:
+        """Sizes and peak of a measured piece; once its window is complete, the window's times (and steps)."""
+        self.rows[i] = _sizes(piece, out, last, self.settings)
+        self.rows[i].update(unit=i, microbatch_size=self.b, tied_param_bytes=self.tied.get(i, 0))
+        self.peaks[i] = peak_bytes(self.settings.clock.device, piece.forward_backward)
+        self.pending[i] = piece
+        if i != next(w for w in self.windows if i in w)[-1]:
+            return
+        _time_window(self.pending, self.rows, self.b, self.settings)
+        if self.optimizer_per_piece:
+            self.opt.update({j: optimizer_step_s(list(self.modules[j].parameters()), self.settings, restore=False)
+                             for j in self.pending})
+        for j in self.pending:  # measured: a piece kept for the shared ones after it needs no gradients
+            self.modules[j].zero_grad(set_to_none=True)
+        self.pending.clear()
+
+    def result(self) -> SizeResult:
+        """The rows (shared units copied from their measured one), edges, live values and steps of the walk."""
+        rows = self.rows
+        for i, rep in enumerate(self.same_as):
+            if rep is not None:
+                rows[i] = {**rows[rep], "unit": i, "tied_param_bytes": self.tied.get(i, 0)}
+                self.peaks[i] = self.peaks[rep]
+            rows[i].update(source="measured" if rep is None else "shared", same_as=-1 if rep is None else rep)
+        live = live_values(self.pipe)
+        by_name = {n.name: n for n in self.gm.graph.nodes}
+        return SizeResult(
+            [rows[i] for i in range(len(self.modules))],
+            [{"src": s, "dst": d, "microbatch_size": self.b, "bytes": n} for (s, d), n in sorted(self.edges.items())],
+            live, {v.name: value_bytes(self.env[by_name[v.name]]) for v in live}, self.peaks,
+            sum(self.opt[i if rep is None else rep] for i, rep in enumerate(self.same_as)) if self.opt else 0.0)
+
+
+def _shared(meta: MetaModel, gm: fx.GraphModule, calls: list[fx.Node], modules: list[nn.Module],
+            meta_inputs: tuple[Any, ...], grads: list[tuple[bool, ...]], every_unit: bool) -> list[int | None]:
+    """Per piece, the earlier piece whose measurement it shares (None: measured itself): the first with the same
+    `piece_key`, its inputs' shapes taken from a walk of the split graph on meta inputs."""
+    if every_unit:
+        return [None] * len(calls)
+    args_of: dict[int, tuple[Any, ...]] = {}
+    index = {str(n.target): i for i, n in enumerate(calls)}
+
+    def record(node: fx.Node, args: tuple[Any, ...]) -> Any:
+        args_of[index[str(node.target)]] = args
+        return gm.get_submodule(str(node.target))(*args)
+
+    with torch.no_grad():
+        for _ in walk_split_graph(gm, meta_inputs, {}, record):
+            pass
+    named = dict(meta.model.named_modules())
+    first: dict[str, int] = {}
+    out: list[int | None] = []
+    for i, module in enumerate(modules):
+        key = piece_key(module, args_of[i], named, (i == len(calls) - 1, grads[i]))
+        rep = first.setdefault(key, i)
+        out.append(None if rep == i else rep)
+    return out
+
+
+def _sizes(piece: Piece, out: Any, last: bool, settings: Settings) -> dict[str, Any]:
+    """Parameter, gradient, optimizer, saved-activation, output and recompute-keep bytes of one piece."""
+    params = {storage_key(p) for p in piece.module.parameters()}
+    row: dict[str, Any] = dict(static_bytes(piece.module, settings.optimizer, settings.dtype))
+    _, saved = saved_bytes(lambda: piece.forward()[1], params)
+    row.update(activation_bytes=saved, output_bytes=0 if last else value_bytes(out),
+               recompute_keep_bytes=value_bytes(piece.args))
+    return row
+
+
+def _time_window(pending: dict[int, Piece], rows: dict[int, dict[str, Any]], b: int, settings: Settings) -> None:
+    """Time the pieces of one window together, in model order (autopp.measure.timing.time_pieces)."""
     budget = settings.budget
     runs = budget.warmup + budget.repeats
-    # The time budget is per unit; a run times every unit.
-    per_run = Budget(budget.warmup, budget.repeats, None if budget.seconds is None else budget.seconds * len(pieces),
-                      budget.now)
-    samples = time_pieces(pieces, per_run, settings.clock, lambda r: settings.progress(
-        progress_bar(r, runs, f"microbatch {b}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)")))
-    for row, piece_samples in zip(rows, samples):
-        row.update(summarize(piece_samples))
-    live = live_values(pipe)
-    by_name = {n.name: n for n in gm.graph.nodes}
-    value_bytes = {v.name: storage_bytes(tensors_in(env[by_name[v.name]])) for v in live}
-    edge_rows = [{"src": s, "dst": d, "microbatch_size": b, "bytes": n} for (s, d), n in sorted(edges.items())]
-    return rows, edge_rows, live, value_bytes
-
-
-def _model_output(gm: fx.GraphModule, env: dict[fx.Node, Any], last: fx.Node, out: Any) -> Any:
-    """The split graph's output with `out` as the last piece's value: an encoder-decoder model also returns the
-    encoder's output (T5's `encoder_last_hidden_state`), which an earlier piece made, so the last piece alone does
-    not hold every tensor of the model's output."""
-    def value(node: fx.Node) -> Any:
-        if node is last:
-            return out
-        if node.op == "call_function":
-            return node.target(*fx.node.map_arg(node.args, value))  # type: ignore[operator]
-        return env[node]
-    result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    return fx.node.map_arg(result, value)
+    # The time budget is per unit; a run times every unit of the window.
+    per_run = Budget(budget.warmup, budget.repeats,
+                     None if budget.seconds is None else budget.seconds * len(pending), budget.now)
+    order = sorted(pending)
+    span = f"units {order[0] + 1}-{order[-1] + 1}" if len(order) > 1 else f"unit {order[0] + 1}"
+    samples = time_pieces([pending[i] for i in order], per_run, settings.clock, lambda r: settings.progress(
+        progress_bar(r, runs, f"microbatch {b}: {span}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)")))
+    for i, piece_samples in zip(order, samples):
+        rows[i].update(summarize(piece_samples))

@@ -14,8 +14,8 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 
 from .memory import tensors_in
 
-__all__ = ["KINDS", "Clock", "Timer", "Budget", "Piece", "outputs_and_grads", "backward", "time_pieces",
-           "summarize"]
+__all__ = ["KINDS", "Clock", "Timer", "Budget", "Piece", "Phase", "outputs_and_grads", "backward", "splits_backward",
+           "backward_input", "backward_weight", "run_phases", "time_pieces", "summarize"]
 
 #: Kinds of timed sample kept per unit: forward, full backward, input-gradient, weight-gradient, forward without saving.
 KINDS = ("forward", "backward", "backward_input", "backward_weight", "recompute")
@@ -95,9 +95,10 @@ class Piece:
         return leaves, self.finish(self.module(*leaves))
 
     def forward_backward(self) -> None:
-        """One forward and full backward (for the peak memory on CUDA)."""
+        """One forward and full backward (for the peak memory), its gradients freed after."""
         _, out = self.forward()
         backward(*outputs_and_grads(out))
+        _drop_grads(self)
 
 
 
@@ -113,59 +114,88 @@ def backward(outs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         torch.autograd.backward(outs, grads)
 
 
-def _input_then_weight(piece: Piece, leaves: tuple[Any, ...], out: Any) -> bool:
+def splits_backward(piece: Piece, leaves: tuple[Any, ...], out: Any) -> bool:
     """Whether the piece's backward splits into input then weight gradients: like torch's first stage, a unit none
     of whose inputs needs a gradient runs one full backward, counted as weight time."""
     return not (piece.first or not outputs_and_grads(out)[0]
                 or not any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves))
 
 
+def backward_input(outs: list[torch.Tensor], grads: list[torch.Tensor], leaves: tuple[Any, ...],
+                   params: list[nn.Parameter]) -> Any:
+    """Input gradients only, the graph kept (torch's private `stage_backward_input`, the one place it is called);
+    returns what `backward_weight` needs."""
+    return stage_backward_input(outs, grads, list(leaves), iter(params))[1]
+
+
+def backward_weight(params: list[nn.Parameter], groups: Any) -> None:
+    """The weight gradients after `backward_input` (torch's private `stage_backward_weight`)."""
+    stage_backward_weight(iter(params), groups)
+
+
+def _drop_grads(piece: Piece) -> None:
+    """Free the piece's parameter gradients, so that the next backward makes one beside the weights instead of a
+    second one accumulated into the first (a 2 GB embedding would need 6 GB)."""
+    for p in piece.module.parameters():
+        p.grad = None
+
+
+Phase = Callable[[int, str, "Callable[[], Any] | None"], Any]
+"""Runs one phase: (piece index, kind in KINDS, the phase or None where the piece has none) -> the phase's result."""
+
+
+def run_phases(pieces: Sequence[Piece], phase: Phase) -> None:
+    """One run of every piece through the phases of KINDS in the order a pipeline stage runs them, each through
+    `phase`: forward through all pieces then full backward in reverse order; forward again (not a phase), then
+    input-gradient backward in reverse order (graph kept), then weight-gradient backward in reverse order, as
+    zero-bubble schedules compute them (a piece whose backward does not split: no input phase, its full backward
+    as the weight phase); then forward without grad (recompute). Gradients are dropped after each backward."""
+    n = len(pieces)
+    forwards = [phase(i, "forward", piece.forward) for i, piece in enumerate(pieces)]
+    for i in reversed(range(n)):
+        outs, grads = outputs_and_grads(forwards[i][1])
+        phase(i, "backward", lambda: backward(outs, grads))
+        _drop_grads(pieces[i])
+    forwards = [piece.forward() for piece in pieces]
+    groups: dict[int, Any] = {}
+    for i in reversed(range(n)):
+        (leaves, out), piece = forwards[i], pieces[i]
+        outs, grads = outputs_and_grads(out)
+        params = list(piece.module.parameters())
+        if splits_backward(piece, leaves, out):
+            groups[i] = phase(i, "backward_input", lambda: backward_input(outs, grads, leaves, params))
+            continue
+        phase(i, "backward_input", None)
+        phase(i, "backward_weight", lambda: backward(outs, grads))
+        _drop_grads(piece)
+    for i in reversed(sorted(groups)):
+        params = list(pieces[i].module.parameters())
+        phase(i, "backward_weight", lambda: backward_weight(params, groups[i]))
+        _drop_grads(pieces[i])
+    forwards, groups = [], {}  # free the graphs before the no-grad forwards
+    with torch.no_grad():
+        for i, piece in enumerate(pieces):
+            phase(i, "recompute", piece.forward)
+
+
 def time_pieces(pieces: Sequence[Piece], budget: Budget, clock: Timer, progress: Callable[[int], None]
                 ) -> list[dict[str, list[float]]]:
-    """Timed samples of each kind in KINDS, per piece. Each run times every piece in model order, as a pipeline
-    stage runs them: forward through all pieces then full backward in reverse order; forward again, then
-    input-gradient backward in reverse order (torch's `stage_backward_input`, graph kept), then weight-gradient
-    backward in reverse order (`stage_backward_weight`), as zero-bubble schedules compute them; then forward
-    without grad (recompute). Timing the pieces one after another rather than each in a loop of its own leaves the
-    caches as a pipeline stage finds them: a unit timed in a tight loop finds its weights in the last-level cache,
-    which a stage running the model's other units in between does not (examples/mlp.py: sum of forwards 0.8 ms in
-    tight loops vs 3.4 ms with the cache flushed, at microbatch 2 on a 32 MiB L3)."""
+    """Timed samples of each kind in KINDS, per piece: each run times every piece in model order, as a pipeline
+    stage runs them (`run_phases`; a phase a piece lacks takes 0). Timing the pieces one after another rather than
+    each in a loop of its own leaves the caches as a pipeline stage finds them: a unit timed in a tight loop finds
+    its weights in the last-level cache, which a stage running the model's other units in between does not
+    (examples/mlp.py: sum of forwards 0.8 ms in tight loops vs 3.4 ms with the cache flushed, at microbatch 2 on a
+    32 MiB L3)."""
     samples: list[dict[str, list[float]]] = [{k: [] for k in KINDS} for _ in pieces]
-    n = len(pieces)
     for run, timed in enumerate(budget.runs()):
         progress(run)
 
-        def keep(i: int, kind: str, value: float) -> None:
+        def timed_phase(i: int, kind: str, fn: Callable[[], Any] | None) -> Any:
+            result, t = clock.time(fn) if fn is not None else (None, 0.0)
             if timed:
-                samples[i][kind].append(value)
-
-        forwards = []
-        for i, piece in enumerate(pieces):
-            forward, f = clock.time(piece.forward)
-            keep(i, "forward", f)
-            forwards.append(forward)
-        for i in reversed(range(n)):
-            outs, grads = outputs_and_grads(forwards[i][1])
-            keep(i, "backward", clock.time(lambda: backward(outs, grads))[1])
-        forwards = [piece.forward() for piece in pieces]
-        groups: dict[int, Any] = {}
-        for i in reversed(range(n)):
-            (leaves, out), piece = forwards[i], pieces[i]
-            outs, grads = outputs_and_grads(out)
-            if not _input_then_weight(piece, leaves, out):
-                keep(i, "backward_input", 0.0)
-                keep(i, "backward_weight", clock.time(lambda: backward(outs, grads))[1])
-                continue
-            params = list(piece.module.parameters())
-            (_, groups[i]), t = clock.time(lambda: stage_backward_input(outs, grads, list(leaves), iter(params)))
-            keep(i, "backward_input", t)
-        for i in reversed(sorted(groups)):
-            params = list(pieces[i].module.parameters())
-            keep(i, "backward_weight", clock.time(lambda: stage_backward_weight(iter(params), groups[i]))[1])
-        forwards, groups = [], {}  # free the graphs before the no-grad forwards
-        with torch.no_grad():
-            for i, piece in enumerate(pieces):
-                keep(i, "recompute", clock.time(piece.forward)[1])
+                samples[i][kind].append(t)
+            return result
+        run_phases(pieces, timed_phase)
     return samples
 
 

@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from ..errors import ModelFileError
 from ..preflight import check_model_file
+from .fake import fake_mode, on_meta, to_fake
 
 __all__ = ["Batch", "ModelFile", "load_model_file", "check_forward", "default_loss", "describe_error"]
 
@@ -68,6 +69,8 @@ class ModelFile:
         torch.manual_seed(seed)
         try:
             model = self.build_model()
+        except ModelFileError:  # already one line naming the file (an HF config's build, autopp.model.hf)
+            raise
         except (Exception, SystemExit) as exc:
             raise self.error(f"build_model() raised {describe_error(exc)}") from exc
         if not isinstance(model, nn.Module):
@@ -129,11 +132,24 @@ def load_model_file(path: str | Path) -> ModelFile:
 
 def check_forward(mf: ModelFile, model: nn.Module, batch_size: int = 2) -> None:
     """Run forward, the loss and backward once on a small batch so that contract mismatches (and operations
-    without a gradient) fail early and clearly; the parameters' gradients are cleared afterwards."""
+    without a gradient) fail early and clearly; the parameters' gradients are cleared afterwards. A model on the
+    meta device (autopp.model.meta) runs on fake tensors: shapes, dtypes and gradients are checked, no values."""
     inputs, target = mf.sample_batch(batch_size)
     n_args = _positional_arity(model)
     if n_args is not None and len(inputs) > n_args:
         raise mf.error(f"sample_batch gives {len(inputs)} inputs but forward() takes {n_args} positional arguments")
+    if on_meta(model):  # a model built on meta (autopp.model.meta) runs on fake tensors
+        mode = fake_mode()
+        inputs, target = to_fake(mode, (inputs, target))
+        with mode:
+            _forward_loss_backward(mf, model, inputs, target, batch_size)
+    else:
+        _forward_loss_backward(mf, model, inputs, target, batch_size)
+
+
+def _forward_loss_backward(mf: ModelFile, model: nn.Module, inputs: tuple[torch.Tensor, ...], target: Any,
+                           batch_size: int) -> None:
+    """check_forward's run: each step's failure becomes one line naming the model file."""
     try:
         output = model(*inputs)
     except (Exception, SystemExit) as exc:

@@ -25,7 +25,7 @@ from ..data.profile import LiveValue, TiedGroup, ValueAction
 log = logging.getLogger(__name__)
 
 __all__ = ["split_model", "piece_names", "walk_split_graph", "LiveValue", "live_values", "source_piece", "TiedGroup", "tied_groups",
-           "output_spec", "rebuild_output"]
+           "output_spec", "rebuild_output", "model_output"]
 
 
 @contextlib.contextmanager
@@ -278,3 +278,17 @@ def rebuild_output(spec: pytree.TreeSpec, piece_output: Any) -> Any:
     if spec.num_leaves != len(leaves) or spec.num_leaves == 1 and spec.is_leaf():
         return leaves[0] if spec.is_leaf() and len(leaves) == 1 else piece_output
     return pytree.tree_unflatten(leaves, spec)
+
+
+def model_output(gm: fx.GraphModule, env: dict[fx.Node, Any], last: fx.Node, out: Any) -> Any:
+    """The split graph's output with `out` as the last piece's value: an encoder-decoder model also returns the
+    encoder's output (T5's `encoder_last_hidden_state`), which an earlier piece made, so the last piece alone does
+    not hold every tensor of the model's output."""
+    def value(node: fx.Node) -> Any:
+        if node is last:
+            return out
+        if node.op == "call_function":
+            return node.target(*fx.node.map_arg(node.args, value))  # type: ignore[operator]
+        return env[node]
+    result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return fx.node.map_arg(result, value)

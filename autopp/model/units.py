@@ -14,6 +14,7 @@ from torch import nn
 
 from .calls import Calls, reads, record_calls
 from .contract import ModelFile, describe_error
+from .fake import on_meta, run_fake
 
 __all__ = ["Unit", "discover_units", "fingerprint"]
 
@@ -205,10 +206,13 @@ def discover_units(mf: ModelFile, model: nn.Module) -> list[Unit]:
     ResNet; an encoder's and a decoder's blocks; a ModuleDict of blocks; sibling attributes `block1`, `block2`, ...)
     starts a unit, in first-call order; what runs before the first block is the first unit, what runs after the last
     block the last unit, and what runs between two groups (an encoder's final norm, a decoder's embedding) joins the
-    unit of the block called just before it."""
+    unit of the block called just before it. Works on a model built on meta (autopp.model.meta) as on a real one."""
     inputs, _ = mf.sample_batch(1)
     named = dict(model.named_modules())
-    calls = _forward_checked(mf, lambda: record_calls(model, inputs))
+    if on_meta(model):  # a model built on meta (autopp.model.meta): the forward runs on fake tensors
+        calls = _forward_checked(mf, lambda: run_fake(lambda *i: record_calls(model, i), *inputs))
+    else:
+        calls = _forward_checked(mf, lambda: record_calls(model, inputs))
     points = list(mf.split_points) if mf.split_points is not None else _default_split_points(model, calls)
     for p in points:
         if p not in named or p == "":

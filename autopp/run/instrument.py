@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.distributed.pipelining import schedules as _torch_schedules
 
+from ..measure.memory import storage_key
+
 __all__ = ["ActionRecord", "StepRecorder", "SavedBytes", "static_bytes", "record_waits"]
 
 
@@ -140,9 +142,10 @@ class SavedBytes:
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
+    """autopp.measure.memory.storage_key, None for tensors without a storage (sparse, some subclasses)."""
     try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, some subclasses)
+        return storage_key(t)
+    except (RuntimeError, NotImplementedError):
         return None
 
 

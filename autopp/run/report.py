@@ -135,7 +135,7 @@ class RunReport:
     dp: int = 1
     virtual_stages: int = 1
     ranks: tuple[RankMeasure, ...] = ()
-    """One per global rank (global rank = replica * pp + pipeline rank)."""
+    """One per global rank (global rank = pipeline rank * dp + replica)."""
     stage_times: tuple[StageTimes, ...] = ()
     memory_method: str | None = None
     """"cuda.max_memory_allocated", or "estimate" on CPU (parameters + gradients + optimizer state + peak saved)."""

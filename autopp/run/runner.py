@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import PlanError, RunError
-from ..model.contract import ModelFile, load_model_file
+from ..model.contract import ModelFile
+from ..model.hf import load_model
 from ..model.units import discover_units, fingerprint
 from ..data.plan import Plan
 from .launch import RankProcess, launch_ranks, wait_ranks
@@ -33,14 +34,17 @@ Progress = Callable[[str], None]
 
 
 def check_fingerprint(plan: Plan) -> ModelFile:
-    """Load the plan's model file and refuse the plan if the model changed since it was made."""
-    mf = load_model_file(plan.model_path)
+    """Load the plan's model (its model file, or its HF config built as the plan says) and refuse the plan if the
+    model changed since it was made."""
+    mf = load_model(plan.model_path, plan.hf_config)
     model = mf.build(plan.seed)
     now = fingerprint(model, discover_units(mf, model))
     if now != plan.fingerprint:
+        hf = plan.hf_config
+        given = f"--hf-config {plan.model_path} --seq-len {hf['seq_len']}" if hf else plan.model_path
         raise PlanError(f"plan was made for model fingerprint {plan.fingerprint} but {plan.model_path} now has "
-                        f"{now}: re-plan from a new profile (`autopp plan {plan.model_path} ...` profiles the changed "
-                        f"model; with --profile, run `autopp profile {plan.model_path}` first: an old profile keeps "
+                        f"{now}: re-plan from a new profile (`autopp plan {given} ...` profiles the changed "
+                        f"model; with --profile, run `autopp profile {given}` first: an old profile keeps "
                         "the old fingerprint)")
     return mf
 

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..data.cluster import grid_rank
+
 __all__ = ["aliases", "canonical_names", "shared_params", "TieGroup", "tie_groups", "sum_tied_grads"]
 
 
@@ -68,7 +70,7 @@ def tie_groups(shared: Mapping[str, tuple[int, ...]], pp: int, dp: int, replica:
     for ranks, names in sorted(by_ranks.items()):
         mine = None
         for r in range(dp):
-            g = dist.new_group([r * pp + i for i in ranks])
+            g = dist.new_group([grid_rank(i, r, dp) for i in ranks])
             mine = g if r == replica and pp_rank in ranks else mine
         groups.append(TieGroup(tuple(names), ranks, mine))
     return groups

@@ -32,7 +32,7 @@ def measured_timeline(report: RunReport | dict[str, Any], replica: int = 0) -> S
     busy = [sum(e.end_s - e.start_s for e in events if e.rank == r["pp_rank"]) for r in ranks]
     peaks = [int(r["peak_memory_bytes"]) for r in ranks]
     return SimResult(events=events, step_time_s=step_time,
-                     bubble_fraction=[1 - b / step_time if step_time > 0 else 0.0 for b in busy],
+                     bubble_fraction=[max(0.0, 1 - b / step_time) if step_time > 0 else 0.0 for b in busy],
                      peak_memory_bytes=peaks, memory_timeline=[[(0.0, p)] for p in peaks])
 
 

@@ -1,7 +1,7 @@
 """One rank of a pipelined run: `python -m autopp.run.worker`, started by launch.py or by torchrun.
 
-Ranks. The world is pp x dp processes; global rank = replica * pp + pipeline rank (replica 0 is ranks 0..pp-1,
-replica 1 is ranks pp..2pp-1, ...). The launcher's RANK is the process's device slot (LOCAL_RANK its CUDA device):
+Ranks. The world is pp x dp processes; global rank = pipeline rank * dp + replica (`autopp.data.cluster.grid_rank`,
+the layout the planner costs links with: a stage's replicas are neighbours, pipeline rank 0 is ranks 0..dp-1, ...). The launcher's RANK is the process's device slot (LOCAL_RANK its CUDA device):
 with a plan `device_order` the process on device d runs global rank `device_order.index(d)`, so global rank r runs
 on device `device_order[r]` (without one, rank r on device r). Each replica runs the whole pipeline on its
 contiguous slice of the global batch; the ranks that hold the same stages in different replicas average their gradients (all-reduce over a
@@ -37,8 +37,10 @@ from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 
 from ..errors import RunError
 from ..measure.allocator import keep_freed_memory
-from ..model.contract import ModelFile, load_model_file
+from ..model.contract import ModelFile
+from ..model.hf import load_model
 from ..data.plan import Plan, load_plan
+from ..data.cluster import grid_rank
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .pipeline import build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
@@ -62,10 +64,10 @@ class Ranks:
 
 
 def ranks_of(rank: int, pp: int, dp: int) -> Ranks:
-    """Global rank = replica * pp + pipeline rank."""
-    replica, pp_rank = divmod(rank, pp)
-    return Ranks(rank, replica, pp_rank, tuple(replica * pp + i for i in range(pp)),
-                 tuple(r * pp + pp_rank for r in range(dp)))
+    """Global rank = pipeline rank * dp + replica (`grid_rank`)."""
+    pp_rank, replica = divmod(rank, dp)
+    return Ranks(rank, replica, pp_rank, tuple(grid_rank(i, replica, dp) for i in range(pp)),
+                 tuple(grid_rank(pp_rank, r, dp) for r in range(dp)))
 
 
 def check_world_size(plan: Plan, world_size: int) -> None:
@@ -88,10 +90,10 @@ def _groups(plan: Plan, ranks: Ranks) -> tuple[dist.ProcessGroup | None, dist.Pr
         return None, None
     pp_group = dp_group = None
     for replica in range(plan.dp):
-        g = dist.new_group([replica * plan.pp + i for i in range(plan.pp)])
+        g = dist.new_group([grid_rank(i, replica, plan.dp) for i in range(plan.pp)])
         pp_group = g if replica == ranks.replica else pp_group
     for i in range(plan.pp):
-        g = dist.new_group([r * plan.pp + i for r in range(plan.dp)])
+        g = dist.new_group([grid_rank(i, r, plan.dp) for r in range(plan.dp)])
         dp_group = g if i == ranks.pp_rank else dp_group
     return pp_group, dp_group
 
@@ -322,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         check_world_size(plan, int(os.environ["WORLD_SIZE"]))
         rank = plan.rank_on(slot)
         handler.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s"))
-        mf = load_model_file(args.model or plan.model_path)
+        mf = load_model(args.model or plan.model_path, plan.hf_config)
         device = _device(args.backend)
         dist.init_process_group(args.backend, rank=rank, world_size=plan.num_ranks,
                                 timeout=timedelta(seconds=args.timeout_s))

@@ -56,13 +56,19 @@ def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None
 
 
 def memory_steps(ax: Any, result: SimResult, what: str = "", colours: Sequence[str] | None = None) -> None:
-    """Each rank's memory over the step as a step curve, labelled `rank R{what} (peak ...)`."""
+    """Each rank's memory over the step as a step curve of the bytes it holds, labelled `rank R{what} (peak ...)`;
+    where the peak also counts an action's working memory (schedule.effects, TRANSIENT), a dotted line of the same
+    colour marks it and the label says how much of it that is, so the figure reaches the stated peak."""
     for rank, timeline in enumerate(result.memory_timeline):
         times = [t for t, _ in timeline] + [result.step_time_s]
         held = [b / 2**20 for _, b in timeline]
         held.append(held[-1])
-        ax.step(times, held, where="post", color=None if colours is None else colours[rank % len(colours)],
-                label=f"rank {rank}{what} (peak {format_size(result.peak_memory_bytes[rank])})")
+        peak, top = result.peak_memory_bytes[rank], max(b for _, b in timeline)
+        extra = f": held {format_size(top)} + working {format_size(peak - top)}" if peak > top else ""
+        (line,) = ax.step(times, held, where="post", color=None if colours is None else colours[rank % len(colours)],
+                          label=f"rank {rank}{what} (peak {format_size(peak)}{extra})")
+        if peak > top:
+            ax.hlines(peak / 2**20, 0, result.step_time_s, colors=line.get_color(), linestyles="dotted")
 
 
 def _draw_memory(ax: Any, result: SimResult) -> None:

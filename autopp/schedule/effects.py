@@ -18,6 +18,15 @@ B       redo + backward (I + W) + o       redone                     kept + redo
 A microbatch is "in flight" on a stage from its F until its B or W (`inflight_peaks`). Sends and receives cost the
 rank nothing: a transfer is link time between the producer's end and the consumer's start (the simulator's hops),
 and each F and B/I already carries ``o``, the overhead of its messages.
+
+TRANSIENT, the one assumption about working memory: an action also allocates temporaries that it frees before it
+ends (a unit's peak during forward + backward beyond what it keeps; `StageCost.transient_bytes`, the largest over a
+stage's units). The walks below track held bytes only; a rank's peak (`rank_peak`, `order_peaks`, the simulator's
+`peak_memory_bytes`) is its most held bytes + the largest transient among the stages it runs (`transient_peak`), as
+if that unit's action ran at the worst moment. An upper bound when the worst moment is not during that action, and
+per unit only as good as the profile's peak (one unit alone, one microbatch). The split's memory checks (the DP, the
+CP-SAT models) add the same largest transient per stage (`autopp.costmodel.stage.stage_transient`). A profile
+without peak data has transients of 0 and the peaks are the held bytes.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from autopp.errors import ScheduleError
 from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind
 
 __all__ = ["StageCost", "Footprint", "FREES", "redo_s", "durations", "footprint", "added_at_start", "freed_at_end",
-           "live_change", "inflight_peaks", "rank_static_bytes", "rank_peak", "order_peaks", "memory_timeline"]
+           "live_change", "inflight_peaks", "rank_static_bytes", "transient_peak", "rank_peak", "order_peaks",
+           "memory_timeline"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,11 +65,13 @@ class StageCost:
     backward_s: float | None = None
     """Time of a full backward B when it is not I + W (None: I + W). torch's separate input and weight passes cost
     more than one backward (examples/gpt.py: I + W = 1.3 x B), so a profile gives both."""
+    transient_bytes: int = 0
+    """Working memory of one action: temporaries allocated and freed within it (the module docstring, TRANSIENT)."""
 
     def __post_init__(self) -> None:
         times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s,
                  0.0 if self.backward_s is None else self.backward_s)
-        sizes = (self.static_bytes, self.activation_bytes, self.input_bytes)
+        sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes)
         if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
             raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
 
@@ -149,10 +161,15 @@ def rank_static_bytes(costs: Sequence[StageCost], owner: Sequence[int], rank: in
     return sum(c.static_bytes for c, o in zip(costs, owner) if o == rank)
 
 
+def transient_peak(stages: Iterable[int], costs: Sequence[StageCost]) -> int:
+    """What a rank running actions of ``stages`` adds to its most held bytes: their largest transient (TRANSIENT)."""
+    return max((costs[s].transient_bytes for s in set(stages)), default=0)
+
+
 def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], recompute: Sequence[bool], static: int) -> int:
     """Peak memory of one rank running compute ``actions`` in list order (one at a time, so its allocations and frees
-    happen in that order: the simulator's peak without timing). ``static``: the rank's parameter/gradient/optimizer
-    bytes."""
+    happen in that order: the simulator's peak without timing), its largest transient included (TRANSIENT).
+    ``static``: the rank's parameter/gradient/optimizer bytes."""
     table = _ByteTable(costs, recompute)
     held = peak = static
     for s, kind, _ in actions:
@@ -160,7 +177,7 @@ def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], recompute: 
         held += added
         peak = max(peak, held)
         held -= freed
-    return peak
+    return peak + transient_peak((a[0] for a in actions), costs)
 
 
 def order_peaks(order: Mapping[int, Sequence[Action | None]], costs: Sequence[StageCost], owner: Sequence[int],
@@ -174,7 +191,8 @@ def order_peaks(order: Mapping[int, Sequence[Action | None]], costs: Sequence[St
 def memory_timeline(events: Iterable[tuple[int, Action, float, float]], costs: Sequence[StageCost],
                     recompute: Sequence[bool], static: int) -> list[tuple[float, int]]:
     """(time, bytes held from then on) of one rank whose compute actions ran as ``events`` (rank, action, start,
-    end): first point (0, ``static``); allocations at starts, frees at ends, frees first at equal times."""
+    end): first point (0, ``static``); allocations at starts, frees at ends, frees first at equal times. Held bytes
+    only: the rank's peak adds `transient_peak` to their highest point (TRANSIENT)."""
     table, forward = _ByteTable(costs, recompute), Kind.F
     deltas: list[tuple[float, int]] = []
     for _, (s, kind, _mb), start, end in events:

@@ -16,7 +16,7 @@ from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind, Order
 from autopp.schedule.deadlock import deadlock_message
 from autopp.schedule.delivery import delivered, next_to_force
 from autopp.schedule.descriptors import ScheduleName, build_schedule, stage_to_rank
-from autopp.schedule.effects import StageCost, memory_timeline, rank_static_bytes
+from autopp.schedule.effects import StageCost, memory_timeline, rank_static_bytes, transient_peak
 from autopp.schedule.sim_state import Event, SimState, new_state
 
 __all__ = ["SimResult", "simulate", "simulate_named"]
@@ -33,7 +33,7 @@ class SimResult:
     bubble_fraction: list[float]
     """Per rank: (step time - busy time) / step time."""
     peak_memory_bytes: list[int]
-    """Per rank: the highest point of ``memory_timeline``."""
+    """Per rank: the highest point of ``memory_timeline`` + the largest transient of its stages (effects, TRANSIENT)."""
     memory_timeline: list[list[tuple[float, int]]]
     """Per rank: (time, bytes held from that time on); first point at time 0, static bytes plus what starts then."""
 
@@ -223,9 +223,10 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
 def _result(sim: SimState) -> SimResult:
     ranks = range(len(sim.order))
     step = max((sim.clock[r] for r in ranks), default=0.0)
-    bubble = [(step - _busy(sim.events[r])) / step if step > 0 else 0.0 for r in ranks]
+    bubble = [max(0.0, (step - _busy(sim.events[r])) / step) if step > 0 else 0.0 for r in ranks]  # no -1e-16
     memory = [memory_timeline(sim.events[r], sim.costs, sim.recompute, _static(sim, r)) for r in ranks]
-    peaks = [max(h for _, h in timeline) for timeline in memory]
+    peaks = [max(h for _, h in timeline) + transient_peak((e[1][0] for e in sim.events[r]), sim.costs)
+             for r, timeline in zip(ranks, memory)]
     events = [e for r in ranks for e in sim.events[r]]
     return SimResult(events, step, bubble, peaks, memory)
 

@@ -38,7 +38,7 @@ def comm_floor(a: UnitArrays, req: PlanRequest, c: Config) -> float:
         return 0.0
     owner = stage_to_rank(c.schedule, c.pp, c.v)
     crossings = sum(owner[k] != owner[k + 1] for k in range(len(owner) - 1))
-    links = req.cluster.links + (req.cluster.link,)
+    links = req.cluster.pipeline_links
     cheapest = min(transfer_time(lk, float(np.min(a.cut[1:-1]))) for lk in links)
     return 2 * crossings * cheapest
 

@@ -65,6 +65,28 @@ def _device_order(request: PlanRequest, num_ranks: int) -> tuple[int, ...]:
     return tuple(order) if len(order) == num_ranks and list(order) != list(range(num_ranks)) else ()
 
 
+def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
+    """On a cluster of nodes, where the configuration's hops and all-reduces run (none on a flat cluster)."""
+    nodes = cluster.nodes
+    if nodes is None:
+        return []
+    placed = cluster.placed(c.pp, c.dp)
+    owner = c.owner
+    pairs = dict.fromkeys((owner[k], owner[k + 1]) for k in range(len(owner) - 1) if owner[k] != owner[k + 1])
+    hops = [(f"{a}-{b}", placed.hop_level(a, b)) for a, b in pairs if a < b or (b, a) not in pairs]
+    cross = ", ".join(h for h, level in hops if level == 1) or "none"
+    if nodes.regions > 1:
+        cross += f"; across regions: {', '.join(h for h, level in hops if level == 2) or 'none'}"
+    group = cluster.dp_group(0, c.dp)
+    spans = sum(len(region) for region in group)
+    reduce = "none" if c.dp == 1 else "a ring inside a node" if spans == 1 else \
+        f"hierarchical across {spans} nodes" + (f" in {len(group)} regions" if len(group) > 1 else "")
+    where = f"{nodes.count} nodes" + (f" in {nodes.regions} regions" if nodes.regions > 1 else "")
+    return [f"cluster: {where} x {nodes.devices_per_node} {nodes.device or 'devices'}, pipeline rank r of replica j "
+            f"on device r x dp + j; pipeline hops across nodes: {cross}; gradient all-reduce: {reduce} "
+            f"(docs/cluster-format.md)"]
+
+
 def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
                custom: CustomOrder | None = None, extra: tuple[str, ...] = (), keep_split: bool = False) -> Plan:
     """The Plan of `best` (`a`: unit costs at its microbatch size): stages, simulated figures, baselines, notes.
@@ -85,8 +107,9 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
     c = best.candidate
     names, points = profile.meta.unit_names, profile.meta.split_points
     owner = c.owner
-    sends = [*comm_times(a, request.cluster, c.bounds, owner), 0.0]
-    delays = [*progress_delays(request.cluster, owner), 0.0]
+    placed = request.cluster.placed(c.pp, c.dp)
+    sends = [*comm_times(a, placed, c.bounds, owner), 0.0]
+    delays = [*progress_delays(placed, owner), 0.0]
     stages = tuple(
         StagePlan(index=s, rank=owner[s], units=(i, j), unit_names=tuple(names[i:j]),
                   split_point=points[i - 1] if i else None, forward_s=cost.forward_s,
@@ -96,8 +119,9 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
                   backward_input_s=cost.backward_input_s, backward_weight_s=cost.backward_weight_s,
                   static_bytes=cost.static_bytes,
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
-                  progress_s=delays[s], overhead_s=cost.overhead_s)
+                  progress_s=delays[s], overhead_s=cost.overhead_s, transient_bytes=cost.transient_bytes)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
+    notes.extend(_node_notes(request.cluster, c))
     ideal = ideal_step_time(a, request.cluster, c.pp, c.microbatches)
     return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,
                 schedule=ScheduleName.CUSTOM if order else c.schedule, custom_order=order,
@@ -105,4 +129,4 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
                 num_ranks=c.pp * c.dp, pp=c.pp, dp=c.dp, virtual_stages=c.v, num_microbatches=c.microbatches,
                 microbatch_size=c.microbatch_size, memory_limit_bytes=request.cluster.memory_bytes, stages=stages,
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
-                ideal_step_time_s=ideal, notes=tuple(notes))
+                ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})))

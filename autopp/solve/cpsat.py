@@ -1,7 +1,8 @@
 """OR-Tools CP-SAT model of the contiguous split on heterogeneous devices (speeds, memories, links differ).
 
 Same objective as dp.py: sum_s (T_s + 2 c_s) + (m - 1) max_s T_s, T_s = work of stage s / speed of device s, in
-integer time units of `resolution` seconds; memory of stage s = static + inflight[s] x activations <= its budget.
+integer time units of `resolution` seconds; memory of stage s = static + inflight[s] x activations + the largest
+transient of its units (`stage_transient`) <= its budget.
 Layout: Data -> Model -> Variables -> Constraints -> Objective -> Solve -> Report.
 """
 
@@ -16,7 +17,7 @@ from ..costmodel import UnitArrays, held_microbatches, transfer_time, unit_memor
 from ..errors import InfeasibleError
 from .dp import Bounds, PipeSpec
 
-__all__ = ["CpSatResult", "solve_cpsat", "contiguous_split"]
+__all__ = ["CpSatResult", "solve_cpsat", "contiguous_split", "stage_transient_var"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     # Memory: each stage within its device's budget.
     if spec.memory:
         for k in range(s_count):
-            model.add(sum(int(mem_unit[k][u]) * x[u, k] for u in range(n)) <= int(spec.memory[k]))
+            model.add(sum(int(mem_unit[k][u]) * x[u, k] for u in range(n)) + stage_transient_var(model, x, a, k)
+                      <= int(spec.memory[k]))
     # Objective: sum_s T_s + 2 sum_s c_s + (m - 1) Tmax.
     comm_term = sum(2 * comm[k][j] * end[j, k] for j in range(1, n) for k in range(s_count - 1))
     model.minimize(sum(stage_t) + comm_term + (spec.microbatches - 1) * t_max)
@@ -84,6 +86,18 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
 
 
 Assign = dict[tuple[int, int], cp_model.IntVar]
+
+
+def stage_transient_var(model: cp_model.CpModel, x: Assign, a: UnitArrays, k: int) -> cp_model.IntVar | int:
+    """Stage k's largest unit transient (`costmodel.stage_transient`) as a variable bounded below by every unit it
+    holds (memory constraints push it down to the largest); 0 when the profile has none."""
+    transient = np.round(a.transient_bytes()).astype(np.int64)
+    if not transient.any():
+        return 0
+    top = model.new_int_var(0, int(transient.max()), f"transient[s={k}]")
+    for u in np.flatnonzero(transient):
+        model.add(top >= int(transient[u]) * x[int(u), k])
+    return top
 
 
 def contiguous_split(model: cp_model.CpModel, n: int, stages: int) -> tuple[Assign, Assign]:

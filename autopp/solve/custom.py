@@ -41,6 +41,7 @@ def synthesized(a: UnitArrays, cluster: Cluster, best: Verdict, time_limit_s: fl
     if any(c.recompute):
         return None
     owner = c.owner
+    cluster = cluster.placed(c.pp, c.dp)
     limits = [cluster.device(r).memory_bytes for r in range(c.pp)]
     hint = build_schedule(c.schedule, c.pp, c.microbatches, c.v)
     comm = comm_times(a, cluster, c.bounds, owner)

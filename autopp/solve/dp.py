@@ -12,7 +12,8 @@ bottleneck is one of the candidates. Speed-ups (results unchanged):
      g(inf) + (m - 1) t >= the best objective found, since g(t) >= g(inf).
 Every cost comes from the cost model (autopp.costmodel): per-unit work (`UnitArrays.work`), a stage's memory
 (`memory_prefix`: static bytes + held x activation bytes, held = `held_microbatches` of its in-flight count from the
-schedule's order, 1 when it recomputes), and the send time of each cut (`send_times`), under a per-stage budget.
+schedule's order, 1 when it recomputes, + `stage_transient`, its units' largest working memory), and the send time
+of each cut (`send_times`), under a per-stage budget.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..data.cluster import Link
-from ..costmodel import UnitArrays, held_microbatches, memory_prefix, send_times
+from ..costmodel import UnitArrays, held_microbatches, memory_prefix, send_times, stage_transient
 
 __all__ = ["Objective", "PipeSpec", "Bounds", "pipeline_bounds", "min_max_bounds", "pipeline_objective",
            "min_memory", "fits", "balanced_bounds", "even_bounds", "feasible", "DpMemo"]
@@ -82,6 +83,7 @@ class _Tables:
     comm: list[np.ndarray]  # comm[k][j]: send time after stage k ending at j
     m: int
     mem_left: list[np.ndarray | None] = field(default_factory=list)  # per stage: first start within the budget
+    transient: np.ndarray | None = None  # sparse max table of the units' transients (None: all 0)
 
 
 def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> _Tables:
@@ -92,6 +94,8 @@ def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> 
     comm = [send_times(a, lk) for lk in spec.links or (None,) * (s - 1)]
     comm.append(send_times(a, None))  # the last stage sends nothing
     tb = _Tables(work, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm, spec.microbatches)
+    transient = a.transient_bytes()
+    tb.transient = _max_table(transient) if transient.any() else None
     _set_budgets(tb, tb.budget)
     return tb
 
@@ -101,6 +105,42 @@ def _set_budgets(tb: _Tables, budget: list[float]) -> None:
     tb.budget = budget
     tb.mem_left = [None if not np.isfinite(b) else
                    np.searchsorted(m, m - b * (1 + 1e-12), side="left") for m, b in zip(tb.mem, budget)]
+    if tb.transient is not None:
+        tb.mem_left = [None if lo is None else _first_fit(m, tb.transient, b * (1 + 1e-12), lo)
+                       for m, b, lo in zip(tb.mem, budget, tb.mem_left)]
+
+
+def _max_table(values: np.ndarray) -> np.ndarray:
+    """Sparse table of `values` (length n) padded with one 0: table[l, i] = max(values[i : i + 2^l])."""
+    n1 = len(values) + 1
+    table = np.zeros((max(1, n1.bit_length()), n1))
+    table[0, :-1] = values
+    width = 1
+    for level in range(1, len(table)):
+        table[level, :n1 - width] = np.maximum(table[level - 1, :n1 - width], table[level - 1, width:])
+        width *= 2
+    return table
+
+
+def _range_max(table: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """max(values[i:j]) per pair (0 for an empty range), from `_max_table`."""
+    length = np.maximum(j - i, 1)
+    level = np.floor(np.log2(length)).astype(np.int64)
+    out = np.maximum(table[level, np.minimum(i, table.shape[1] - 1)], table[level, np.maximum(j - (1 << level), 0)])
+    return np.where(j > i, out, 0.0)
+
+
+def _first_fit(m: np.ndarray, table: np.ndarray, budget: float, lo: np.ndarray) -> np.ndarray:
+    """Per end j, the first start i >= lo[j] with m[j] - m[i] + the largest transient of [i, j) within `budget`
+    (a binary search for all j at once: both terms shrink as i grows)."""
+    j = np.arange(len(m))
+    lo, hi = lo.copy(), np.maximum(j, lo)
+    while (open_ := lo < hi).any():
+        mid = (lo + hi) // 2
+        ok = m[j] - m[mid] + _range_max(table, mid, j) <= budget
+        hi = np.where(open_ & ok, mid, hi)
+        lo = np.where(open_ & ~ok, mid + 1, lo)
+    return lo
 
 
 def _left(tb: _Tables, k: int, t: float) -> np.ndarray:
@@ -270,13 +310,14 @@ def pipeline_objective(a: UnitArrays, spec: PipeSpec, bounds: Sequence[tuple[int
 def fits(a: UnitArrays, spec: PipeSpec, bounds: Sequence[tuple[int, int]]) -> bool:
     """Does every stage of `bounds` fit its memory budget (as the DP models it)?"""
     tb = _tables(a, spec)
-    return all(tb.mem[k][j] - tb.mem[k][i] <= tb.budget[k] * (1 + 1e-12) for k, (i, j) in enumerate(bounds))
+    return all(tb.mem[k][j] - tb.mem[k][i] + stage_transient(a, i, j) <= tb.budget[k] * (1 + 1e-12)
+               for k, (i, j) in enumerate(bounds))
 
 
 def min_memory(a: UnitArrays, spec: PipeSpec) -> int:
     """The least per-device memory (the same budget for every stage) for which some split fits, in bytes."""
     tb = _tables(a, spec)
-    lo, hi = 0, int(max(m[-1] for m in tb.mem)) + 1
+    lo, hi = 0, int(max(m[-1] for m in tb.mem) + stage_transient(a, 0, a.n)) + 1
     while lo < hi:
         mid = (lo + hi) // 2
         _set_budgets(tb, [float(mid)] * len(tb.speed))

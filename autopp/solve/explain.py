@@ -99,7 +99,7 @@ def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
     """The fewest pipeline devices (more than now, dp unchanged) for which some split fits the memory."""
     dp = req.dp or 1
     for pp in range(req.cluster.num_devices // dp + 1, profile.num_units + 1):
-        cluster = replace(req.cluster, num_devices=pp * dp, devices=(), links=())
+        cluster = replace(req.cluster, num_devices=pp * dp, devices=(), links=(), nodes=None, grid=None)
         if not req.cluster.homogeneous:
             return None
         trial = replace(req, cluster=cluster, pp=None, dp=dp, shortlist=1)

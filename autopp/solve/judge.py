@@ -73,7 +73,8 @@ def named_order(name: ScheduleName, pp: int, m: int, v: int) -> dict[int, list[A
 
 def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     """Simulate the candidate's named schedule and add what the step does after the pipeline drains (the gradient
-    all-reduce, the optimizer step)."""
+    all-reduce, the optimizer step), on the links its pp x dp layout crosses (`Cluster.placed`)."""
+    cluster = cluster.placed(c.pp, c.dp)
     owner = c.owner
     speeds = stage_speeds(cluster, owner)
     costs = stage_costs(a, c.bounds, speeds, message_overheads(cluster, owner))

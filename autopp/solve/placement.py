@@ -18,7 +18,7 @@ from ortools.sat.python import cp_model
 from ..data.cluster import Cluster, Link
 from ..costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
 from ..errors import InfeasibleError
-from .cpsat import contiguous_split
+from .cpsat import contiguous_split, stage_transient_var
 from .dp import Bounds
 
 __all__ = ["Placement", "place_devices"]
@@ -69,7 +69,7 @@ def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: 
     # Stage time and memory on the chosen device (time rounded up so the integer model never flatters a stage).
     for k in range(p):
         load = sum(int(work[u]) * 1000 * x[u, k] for u in range(n))
-        need = sum(int(mem[k][u]) * x[u, k] for u in range(n))
+        need = sum(int(mem[k][u]) * x[u, k] for u in range(n)) + stage_transient_var(model, x, a, k)
         for d, dev in enumerate(devices):
             model.add(stage_t[k] * int(round(dev.speed * 1000)) >= load).only_enforce_if(y[k, d])
             model.add(need <= dev.memory_bytes).only_enforce_if(y[k, d])

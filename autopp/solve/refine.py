@@ -130,6 +130,7 @@ class _Search:
 
     def __init__(self, a: UnitArrays, cluster: Cluster, template: Candidate, mode: RecomputeMode,
                  admissible: Callable[[Bounds], bool], fixed: tuple[bool, ...] | None) -> None:
+        cluster = cluster.placed(template.pp, template.dp)
         self.a, self.cluster, self.template, self.mode, self.admissible = a, cluster, template, mode, admissible
         self.fixed = fixed
         self.owner = template.owner

@@ -62,7 +62,7 @@ def _walked(name: ScheduleName, pp: int, m: int, v: int) -> tuple[int, ...]:
 def pipe_spec(req: PlanRequest, c: Config, recompute: bool, walk: bool = True) -> PipeSpec:
     """The DP's view of a configuration; `walk=False` bounds every stage's in-flight count by m (no order walk)."""
     owner = stage_to_rank(c.schedule, c.pp, c.v)
-    cl = req.cluster
+    cl = req.cluster.placed(c.pp, c.dp)
     links = tuple(None if owner[k] == owner[k + 1] else cl.link_between(owner[k], owner[k + 1])
                   for k in range(len(owner) - 1))
     return PipeSpec(num_stages=len(owner), microbatches=c.m, recompute=recompute,
@@ -103,15 +103,17 @@ def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, splits:
 
 def links_hold_messages(cluster: Cluster) -> bool:
     """Whether any pipeline link holds messages while their sender computes (`Link.progress_s`; `link` also joins
-    ranks whose devices are not adjacent in a cluster file). The closed-form estimate leaves these delays out, and
-    they slow schedules with many cross-rank messages most, so the short-list is then twice as long."""
-    return any(link.progress_s > 0 for link in (cluster.link, *cluster.links))
+    ranks whose devices are not adjacent in a cluster file; the links of its nodes). The closed-form estimate leaves
+    these delays out, and they slow schedules with many cross-rank messages most, so the short-list is then twice as
+    long."""
+    return any(link.progress_s > 0 for link in cluster.pipeline_links)
 
 
 def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recompute: bool) -> float:
     owner = stage_to_rank(c.schedule, c.pp, c.v)
-    speeds = stage_speeds(req.cluster, owner)
-    costs = stage_costs(a, bounds, speeds, message_overheads(req.cluster, owner))
+    cluster = req.cluster.placed(c.pp, c.dp)
+    speeds = stage_speeds(cluster, owner)
+    costs = stage_costs(a, bounds, speeds, message_overheads(cluster, owner))
     redo = [x.forward_s if recompute else 0.0 for x in costs]
     d = describe(c.schedule)
     split = d.splits_backward  # else each backward is one full B: pass it as I, with W = 0
@@ -121,8 +123,8 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recomp
     est = d.estimate([x.forward_s + x.overhead_s for x in costs],
                          [i + x.overhead_s + r for (i, _), x, r in zip(backward, costs, redo)],
                          [w for _, w in backward],
-                         owner, comm_times(a, req.cluster, bounds, owner), c.m)
-    return est + sum(step_end_time(a, req.cluster, bounds, owner, c.dp, speeds))
+                         owner, comm_times(a, cluster, bounds, owner), c.m)
+    return est + sum(step_end_time(a, cluster, bounds, owner, c.dp, speeds))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ortools.sat.python import cp_model
 
 from autopp.errors import AutoppError, InfeasibleError, ScheduleError
 from autopp.schedule.actions import Action, Kind, Order, to_csv_rows
-from autopp.schedule.effects import StageCost, rank_static_bytes
+from autopp.schedule.effects import StageCost, rank_static_bytes, transient_peak
 from autopp.schedule.simulate import SimResult, simulate
 from autopp.solve.warmstart import (
     GREEDY_PRIORITIES,
@@ -132,7 +132,8 @@ def _tick_costs(costs: Sequence[StageCost], tick_s: float) -> list[StageCost]:
 def _data(costs: Sequence[StageCost], owner: Sequence[int], m: int, comm_s: Sequence[float],
           limits: Sequence[float], tick_s: float, horizon: int) -> _Data:
     ranks = max(owner) + 1
-    static = [rank_static_bytes(costs, owner, q) for q in range(ranks)]
+    static = [rank_static_bytes(costs, owner, q) + transient_peak((s for s, o in enumerate(owner) if o == q), costs)
+              for q in range(ranks)]
     ticked = _tick_costs(costs, tick_s)
     duration = {(s, k): int(kind_time(c, k)) for s, c in enumerate(ticked) for k in SPLIT_KINDS}
     hop = tuple(0 if owner[s] == owner[s + 1] else _ticks(comm_s[s], tick_s) for s in range(len(owner) - 1))

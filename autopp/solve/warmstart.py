@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from autopp.errors import InfeasibleError, ScheduleError
 from autopp.schedule.actions import Action, Kind, Order
 from autopp.schedule.descriptors import NAMED, build_schedule, stage_to_rank, validate
-from autopp.schedule.effects import StageCost, durations, rank_static_bytes
+from autopp.schedule.effects import StageCost, durations, rank_static_bytes, transient_peak
 from autopp.schedule.simulate import SimResult, simulate
 
 __all__ = ["Hint", "GREEDY_PRIORITIES", "SPLIT_KINDS", "kind_time", "fits", "min_memory_bytes", "split_backward",
@@ -38,14 +38,15 @@ class Hint:
 
 
 def min_memory_bytes(stage_costs: Sequence[StageCost], owner: Sequence[int]) -> list[int]:
-    """Per rank: static bytes + one microbatch's activations on all its stages, the least any schedule needs.
+    """Per rank: static bytes + one microbatch's activations on all its stages + its largest transient, the least any
+    schedule needs.
 
     Running microbatches one at a time through the whole pipeline needs exactly this, so it is also enough.
     """
     need = [0] * (max(owner, default=-1) + 1)
     for c, r in zip(stage_costs, owner):
         need[r] += c.static_bytes + c.activation_bytes
-    return need
+    return [x + transient_peak((s for s, q in enumerate(owner) if q == r), stage_costs) for r, x in enumerate(need)]
 
 
 def split_backward(order: Order) -> dict[int, list[Action]]:
@@ -87,7 +88,7 @@ def greedy_order(stage_costs: Sequence[StageCost], owner: Sequence[int], num_mic
     """
     n, m, ranks = len(owner), num_microbatches, max(owner) + 1
     cap = [float(memory_limits[r]) - rank_static_bytes(stage_costs, owner, r)
-           for r in range(ranks)]
+           - transient_peak((s for s, q in enumerate(owner) if q == r), stage_costs) for r in range(ranks)]
     hop = [0.0 if owner[s] == owner[s + 1] else comm_s[s] for s in range(n - 1)]
     first = {r: owner.index(r) for r in range(ranks)}
     footprint = [sum(c.activation_bytes for c, q in zip(stage_costs, owner) if q == r) for r in range(ranks)]

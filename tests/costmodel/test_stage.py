@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from autopp.data.cluster import Cluster, Device
-from autopp.costmodel import held_microbatches, ideal_step_time, memory_prefix, stage_costs, stage_speeds, unit_memory
+from autopp.costmodel import (held_microbatches, ideal_step_time, memory_prefix, stage_costs, stage_speeds,
+                              stage_transient, unit_memory)
 
 from .arrays import arrays
 
@@ -45,3 +50,11 @@ def test_ideal_step_time_is_total_work_over_total_speed() -> None:
     cluster = Cluster(num_devices=2, memory_bytes=1, devices=(Device(memory_bytes=1, speed=1.0),
                                                               Device(memory_bytes=1, speed=3.0)))
     assert ideal_step_time(a, cluster, 2, 4) == 6.0  # 4 microbatches x (1 + min(2, 3)) x 2 units / (1 + 3)
+
+
+def test_a_stage_carries_its_units_largest_transient() -> None:
+    a = arrays([1.0] * 3)
+    assert stage_transient(a, 0, 3) == 0 and stage_costs(a, [(0, 3)], [1.0])[0].transient_bytes == 0
+    a = replace(a, transient=np.array([5.0, 9.0, 2.0]))
+    assert [stage_transient(a, i, j) for i, j in ((0, 1), (1, 3), (2, 3), (2, 2))] == [5, 9, 2, 0]
+    assert [c.transient_bytes for c in stage_costs(a, [(0, 1), (1, 3)], [1.0, 2.0])] == [5, 9]

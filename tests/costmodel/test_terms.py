@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopp.data.cluster import Cluster, Link
+from autopp.data.cluster import Cluster, Link, Nodes, hierarchical_cluster
 from autopp.costmodel import (allreduce_time, comm_times, gradient_allreduce_time, message_overheads, optimizer_time,
                               progress_delays, send_times, transfer_time)
 
@@ -61,6 +61,48 @@ def test_ring_allreduce() -> None:
     assert allreduce_time(1000.0, 1, cluster) == 0.0 and allreduce_time(0.0, 4, cluster) == 0.0
 
 
+INTRA, INTER = Link(latency_s=0.01, bandwidth_bytes_per_s=400.0), Link(latency_s=0.1, bandwidth_bytes_per_s=50.0)
+
+
+def _nodes(count: int, per_node: int) -> Cluster:
+    return hierarchical_cluster(Nodes(count=count, devices_per_node=per_node, intra=INTRA, inter=INTER), 1)
+
+
+def test_allreduce_inside_one_node_is_the_ring_on_the_intra_node_link() -> None:
+    flat = Cluster(num_devices=8, memory_bytes=1, link=INTRA)
+    for dp, rank in ((4, 0), (4, 1), (2, 3)):  # pp 2 x dp 4, pp 4 x dp 2 on 2 nodes x 4: each group in one node
+        assert allreduce_time(1000.0, dp, _nodes(2, 4), rank) == allreduce_time(1000.0, dp, flat)
+    assert allreduce_time(1000.0, 4, _nodes(2, 4)) == pytest.approx(2 * 3 / 4 * 1000 / 400 + 2 * 3 * 0.01)
+
+
+def test_allreduce_across_nodes_is_the_hierarchical_sum() -> None:
+    """dp 8 on 2 nodes x 4: reduce-scatter in the node, all-reduce of the 1/4 each holds across 2 nodes, all-gather
+    in the node."""
+    in_node = 2 * 3 / 4 * 1000 / 400 + 2 * 3 * 0.01  # reduce-scatter + all-gather: 3/4 x S / B each, 3 steps each
+    across = 2 * 1 / 2 * 250 / 50 + 2 * 1 * 0.1  # ring all-reduce of S / 4 over 2 nodes
+    assert allreduce_time(1000.0, 8, _nodes(2, 4)) == pytest.approx(in_node + across)
+    one_per_node = 2 * 3 / 4 * 1000 / 50 + 2 * 3 * 0.1  # dp 4 on 4 nodes x 1: the ring on the inter-node link
+    assert allreduce_time(1000.0, 4, _nodes(4, 1)) == pytest.approx(one_per_node)
+    flat_ib = Cluster(num_devices=8, memory_bytes=1, link=INTER)
+    assert allreduce_time(1000.0, 8, _nodes(2, 4)) < allreduce_time(1000.0, 8, flat_ib)
+
+
+def test_allreduce_across_regions_adds_a_level_on_the_wan_link() -> None:
+    """dp 8 on 2 regions x 2 nodes x 2: in the node (S), across the region's nodes (S / 2), across regions (S / 4)."""
+    wan = Link(latency_s=1.0, bandwidth_bytes_per_s=10.0)
+    c = hierarchical_cluster(Nodes(count=4, devices_per_node=2, intra=INTRA, inter=INTER, regions=2, wan=wan), 1)
+    expected = (2 * 1 / 2 * 1000 / 400 + 2 * 0.01) + (2 * 1 / 2 * 500 / 50 + 2 * 0.1) + (2 * 1 / 2 * 250 / 10 + 2 * 1.0)
+    assert allreduce_time(1000.0, 8, c) == pytest.approx(expected)
+    assert allreduce_time(1000.0, 4, c) == allreduce_time(1000.0, 4, _nodes(4, 2))  # one region: as without regions
+
+
+def test_allreduce_of_a_group_split_unevenly_between_nodes() -> None:
+    """dp 3 on 3 nodes x 4, pipeline rank 1: devices 3 | 4, 5 -> the node phases with 2 members, S / 1 across."""
+    expected = (2 * 1 / 2 * 1000 / 400 + 2 * 0.01) + (2 * 1 / 2 * 1000 / 50 + 2 * 0.1)
+    assert allreduce_time(1000.0, 3, _nodes(3, 4), rank=1) == pytest.approx(expected)
+    assert allreduce_time(1000.0, 3, _nodes(3, 4), rank=0) == pytest.approx(2 * 2 / 3 * 1000 / 400 + 4 * 0.01)
+
+
 def test_gradient_allreduce_is_the_rank_with_most_gradients() -> None:
     cluster = Cluster(num_devices=2, memory_bytes=1, link=Link(latency_s=0.0, bandwidth_bytes_per_s=100.0))
     a = arrays([1.0] * 4, grads=[100.0, 200.0, 300.0, 400.0])
@@ -76,7 +118,7 @@ def test_optimizer_step_is_the_slowest_ranks_share() -> None:
     assert optimizer_time(arrays([1.0]), [(0, 1)], [0]) == 0.0  # no optimizer time profiled
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(6))
 def test_step_end_floor_bounds_step_end_time_for_every_split(seed: int) -> None:
     import itertools
     import random
@@ -86,7 +128,8 @@ def test_step_end_floor_bounds_step_end_time_for_every_split(seed: int) -> None:
     n, pp, dp = 7, 3, rng.choice([2, 4])
     a = arrays([1.0] * n, grads=[float(rng.randint(0, 1000)) for _ in range(n)],
                optimizer=[rng.uniform(0.0, 0.1) for _ in range(n)])
-    cluster = Cluster(num_devices=pp * dp, memory_bytes=1, link=LINK)
+    cluster = Cluster(num_devices=pp * dp, memory_bytes=1, link=LINK) if seed < 3 else \
+        _nodes(pp * dp // 2, 2) if dp == 4 else _nodes(2, 3)  # nodes: groups over 2 nodes x 2, or 1 | 1 (rank 1)
     floor = step_end_floor(a, cluster, pp, dp)
     for cuts in itertools.combinations(range(1, n), pp - 1):
         ends = (0, *cuts, n)

@@ -75,3 +75,17 @@ def test_work_is_forward_plus_the_cheaper_backward_plus_recompute() -> None:
     assert list(a.work(recompute=True)) == [7.0, 14.0]
     assert list(a.prefix(a.work())) == [0.0, 5.5, 15.5]
 
+
+
+def test_transient_is_the_peak_beyond_activation_output_and_gradients_interpolated() -> None:
+    plain = tiny_profile()
+    assert unit_arrays(plain, 1).transient is None and list(unit_arrays(plain, 1).transient_bytes()) == [0.0, 0.0]
+    # unit 0: 100 activation + 10 gradient bytes held at size 1 (300 + 10 at 3); unit 1's peak is below what the
+    # model already charges it (50 + 30), and it has no peak at size 3
+    peaks = {"0": {"1": 610, "3": 1410}, "1": {"1": 20}}
+    for key in ("peak_bytes", "cuda_peak_bytes"):  # the old CUDA-only key is read too
+        plain.meta.extra.clear()
+        plain.meta.extra[key] = peaks
+        assert list(unit_arrays(plain, 1).transient_bytes()) == [500.0, 0.0]
+        assert list(unit_arrays(plain, 3).transient_bytes()) == [1100.0, 0.0]
+        assert list(unit_arrays(plain, 2).transient_bytes()) == [800.0, 0.0]

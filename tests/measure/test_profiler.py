@@ -4,6 +4,7 @@ known. Timing tests inject the clock (tests/models/fakeclock.py), so they hold o
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,180 @@ def test_optimizer_step_measured_and_charged_to_the_plan(tmp_path: Path) -> None
     plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=4,
                                           num_microbatches=2, schedule=ScheduleName.ONE_F_ONE_B, pp=2, dp=1))
     assert 0 < plan.predicted.optimizer_s <= profile.meta.optimizer_step_s
+
+
+# Issue 16: meta-device models, measured a window of pieces at a time; repeated units measured once.
+
+TICKBLOCKS = MODELS / "tickblocks.py"
+_TIMES = [f"{k}{s}" for k in ("forward", "backward", "backward_input", "backward_weight", "recompute")
+          for s in ("_s", "_spread_s")]
+
+
+def _materialized(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The qualified names of every tensor the profiler materializes, in order."""
+    from autopp.model.meta import MetaModel
+    names: list[str] = []
+    original = MetaModel.materialize
+
+    def spy(self: MetaModel, wanted: Any, *args: Any, **kwargs: Any) -> Any:
+        wanted = list(wanted)
+        names.extend(wanted)
+        return original(self, wanted, *args, **kwargs)
+    monkeypatch.setattr(MetaModel, "materialize", spy)
+    return names
+
+
+def test_repeated_blocks_are_measured_once_and_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tickblocks.py: three blocks of one structure and input shape. Shared: block 0 is measured, blocks 1 and 2 copy
+    it and are never materialized (the limit keeps the whole model from being materialized for the optimizer step);
+    measured every unit, the same times (the fake clock: spread 0, so agreeing within the profile's own spread
+    means equal)."""
+    tb = _module("tickblocks")
+    names = _materialized(monkeypatch)
+    shared = profile_model(TICKBLOCKS, microbatch_sizes=(2,), warmup=1, repeats=3, compare_whole=False, clock=CLOCK,
+                           memory_limit_bytes=2000)
+    assert not [n for n in names if n.startswith(("blocks.1.", "blocks.2."))]
+    rows = shared.units.set_index("unit")
+    assert list(rows.source) == ["measured", "measured", "shared", "shared", "measured"]
+    assert list(rows.same_as) == [-1, -1, 1, 1, -1]
+    names.clear()
+    every = profile_model(TICKBLOCKS, microbatch_sizes=(2,), warmup=1, repeats=3, compare_whole=False, clock=CLOCK,
+                          memory_limit_bytes=2000, measure_every_unit=True)
+    assert [n for n in names if n.startswith("blocks.2.")] == ["blocks.2.bias"]
+    assert list(every.units.source) == ["measured"] * 5
+    assert list(every.units.forward_s[1:4]) == _exact([tb.BLOCK_FORWARD_S] * 3)
+    spread = every.units[[c for c in _TIMES if c.endswith("spread_s")]].to_numpy()
+    assert (spread == 0).all()
+    for column in _TIMES + ["activation_bytes", "param_bytes", "output_bytes", "recompute_keep_bytes"]:
+        assert list(shared.units[column]) == _exact(list(every.units[column])), column
+
+
+def test_shared_profile_loads_back(tmp_path: Path) -> None:
+    from autopp.data.profile import load_profile
+    profile = profile_model(TICKBLOCKS, microbatch_sizes=(1,), warmup=0, repeats=1, compare_whole=False, clock=CLOCK)
+    back = load_profile(profile.save(tmp_path / "p"))
+    assert list(back.units.source) == list(profile.units.source) and list(back.units.same_as) == [-1, -1, 1, 1, -1]
+
+
+WIDE = 1024  # a WIDE x WIDE float32 weight: 4 MiB, above SMALL_BYTES, so built on meta
+LAYERS = 8
+
+
+def _wide_model_file() -> Any:
+    """LAYERS units of Linear(WIDE, WIDE) + ReLU."""
+    import torch
+    from torch import nn
+    from autopp.model.contract import ModelFile, default_loss
+
+    def build() -> nn.Module:
+        return nn.Sequential(*[nn.Sequential(nn.Linear(WIDE, WIDE), nn.ReLU()) for _ in range(LAYERS)])
+    return ModelFile(Path("wide.py"), build, lambda b: (torch.randn(b, WIDE), torch.randn(b, WIDE)), default_loss,
+                     None)
+
+
+def test_the_whole_model_is_never_materialized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a limit below the model's parameters and gradients, every piece (each measured: no sharing) is materialized
+    alone (a hook on materialization refuses more than one unit at once), the whole-model comparison is skipped and
+    says why, and the optimizer step is the pieces' sum; the process's memory, after a first profile of the same
+    model (torch.export's own growth; glibc keeps freed memory), grows by less than half the model's parameters and
+    gradients (psutil; RSS as a loose bound only)."""
+    import threading
+    import psutil
+    from autopp.model.meta import MetaModel
+    unit = 2 * (WIDE * WIDE + WIDE) * 4  # one unit's parameters and gradients
+    total = LAYERS * unit
+    seen: list[int] = []
+    original = MetaModel.load
+
+    def refuse_more_than_one_unit(self: MetaModel, *args: Any, **kwargs: Any) -> int:
+        n = original(self, *args, **kwargs)
+        seen.append(self.materialized_bytes)
+        assert self.materialized_bytes <= unit // 2, f"{self.materialized_bytes} bytes materialized at once"
+        return n
+    monkeypatch.setattr(MetaModel, "load", refuse_more_than_one_unit)
+    options: dict[str, Any] = dict(microbatch_sizes=(1,), warmup=0, repeats=1,
+                                   memory_limit_bytes=unit, measure_every_unit=True)
+    profile_model(_wide_model_file(), **options)  # first: torch.export's and the allocator's own growth
+    seen.clear()
+    process = psutil.Process()
+    start = process.memory_info().rss
+    rss = [start]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            rss.append(process.memory_info().rss)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        profile = profile_model(_wide_model_file(), **options)
+    finally:
+        done.set()
+        sampler.join()
+    assert len(seen) == LAYERS and max(seen) == unit // 2 < total
+    assert profile.meta.extra["materialized_peak_bytes"] == unit // 2
+    assert profile.meta.whole_model == () and "not materialized whole" in profile.meta.extra["whole_model_skipped"]
+    assert profile.meta.optimizer_step_s > 0
+    assert list(profile.units.source) == ["measured"] * LAYERS
+    if sys.platform.startswith("linux"):  # a freed unit's large tensors are not kept resident (allocator.py)
+        assert profile.meta.extra["allocator"] == "glibc: no trim, mmap from 256 MiB"
+    assert max(rss) - start < total // 2, (max(rss) - start, total)
+
+
+def test_co_runners_need_the_whole_model() -> None:
+    from autopp.errors import ModelFileError
+    with pytest.raises(ModelFileError, match=r"--co-runners 1 needs the whole model .* > the limit of 1000 bytes"):
+        profile_model(_wide_model_file(), microbatch_sizes=(1,), co_runners=1, memory_limit_bytes=1000)
+
+
+def test_cpu_peak_bytes_per_unit() -> None:
+    """linrelu.py: the peak bytes allocated in each unit's forward and backward, measured on CPU like CUDA's."""
+    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(1, 3), warmup=0, repeats=1, compare_whole=False)
+    peaks = profile.unit_peak_bytes()
+    assert sorted(peaks) == list(range(profile.num_units)) and all(sorted(p) == [1, 3] for p in peaks.values())
+    rows = profile.units.set_index(["unit", "microbatch_size"])
+    for (u, b), row in rows.iterrows():
+        # at least the gradients it leaves and what autograd saved, at most everything it touched twice over
+        assert row.grad_bytes + row.activation_bytes <= peaks[u][b] <= 4 * (row.param_bytes + row.activation_bytes
+                                                                            + row.output_bytes + 512)
+    assert "LiveBytes" in profile.meta.extra["peak_bytes_how"]
+
+
+@pytest.mark.integration
+def test_shared_and_every_unit_agree_within_the_spread() -> None:
+    """Real timing (the only way to see it on a real model): examples/gpt.py's blocks, shared from block 0 and each
+    measured. The tolerance is the profiles' own: two medians agree when their max - min ranges, widened to cover
+    the machine's drift between the two profiles (twice each spread), overlap; no speed is asserted."""
+    from ..conftest import EXAMPLES
+    options: dict[str, Any] = dict(microbatch_sizes=(2,), warmup=2, repeats=7, compare_whole=False)
+    shared = profile_model(EXAMPLES / "gpt.py", **options).units.set_index("unit")
+    every = profile_model(EXAMPLES / "gpt.py", measure_every_unit=True, **options).units.set_index("unit")
+    blocks = [u for u in shared.index if shared.source[u] == "shared"]
+    assert blocks == [2, 3, 4, 5, 6] and set(shared.same_as[blocks]) == {1}
+    for u in blocks:
+        for kind in ("forward", "backward"):
+            a, b = shared[f"{kind}_s"][u], every[f"{kind}_s"][u]
+            tolerance = 2 * (shared[f"{kind}_spread_s"][u] + every[f"{kind}_spread_s"][u])
+            assert abs(a - b) <= tolerance, (u, kind, a, b, tolerance)
+
+
+def test_plan_checks_its_profile_on_the_meta_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`autopp plan MODEL.py` (cli/profile.py profile_for) takes the fingerprint of the model built on meta, as the
+    profiler does: the current profile is reused and no large parameter is built (the model file records the
+    device of its large weight)."""
+    import argparse
+    from autopp.cli.profile import profile_for
+    model = tmp_path / "big.py"
+    model.write_text(
+        "from pathlib import Path\nimport torch\nfrom torch import nn\nSPLIT_POINTS = ['1']\n"
+        "def build_model():\n    m = nn.Sequential(nn.Linear(8, 600), nn.Linear(600, 600), nn.Linear(600, 8))\n"
+        "    Path(__file__).with_suffix('.device').write_text(str(m[1].weight.device))\n    return m\n"
+        "def sample_batch(b):\n    return torch.randn(b, 8), torch.randn(b, 8)\n"
+        "def loss_fn(out, target):\n    return nn.functional.mse_loss(out, target)\n")
+    monkeypatch.chdir(tmp_path)
+    profile_model(model, microbatch_sizes=(1,), warmup=0, repeats=1, compare_whole=False).save(Path("profiles/big"))
+    args = argparse.Namespace(model=str(model), profile=None, hf_config=None, seq_len=None, task=None)
+    assert profile_for(args).num_units == 2
+    assert "using profile profiles/big/" in capsys.readouterr().err
+    assert (tmp_path / "big.device").read_text() == "meta"

@@ -67,7 +67,7 @@ def test_two_replicas_of_a_two_rank_pipeline_through_torchrun(tmp_path: Path) ->
     report = run_plan(plan, steps=2, timeout_s=90, nodes=Nodes(master_port=free_port()), work_dir=tmp_path)
     assert report.passed and report.launcher == "torchrun" and (report.pp, report.dp) == (2, 2)
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
-    assert [(m.rank, m.replica, m.pp_rank) for m in report.ranks] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert [(m.rank, m.replica, m.pp_rank) for m in report.ranks] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
     assert "pp 2 x dp 2" in format_report(report)
 
 

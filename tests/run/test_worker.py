@@ -13,10 +13,10 @@ from autopp.run.worker import check_world_size, describe_error, ranks_of, replic
 from .conftest import LINRELU, pipeline_plan
 
 
-def test_global_rank_is_replica_times_pp_plus_pipeline_rank() -> None:
-    r = ranks_of(5, pp=2, dp=3)
+def test_global_rank_is_pipeline_rank_times_dp_plus_replica() -> None:
+    r = ranks_of(5, pp=2, dp=3)  # the planner's layout (Cluster.placed): a stage's replicas are neighbours
     assert (r.replica, r.pp_rank) == (2, 1)
-    assert r.pipeline == (4, 5) and r.data_parallel == (1, 3, 5)
+    assert r.pipeline == (2, 5) and r.data_parallel == (3, 4, 5)
     assert ranks_of(0, pp=4, dp=1).pipeline == (0, 1, 2, 3)
 
 

@@ -4,13 +4,15 @@ the simulator."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from autopp.errors import ScheduleError
 from autopp.schedule import NAMED, Action, Kind, ScheduleName, build_schedule, describe, simulate, stage_to_rank
 from autopp.schedule.effects import (FREES, Footprint, StageCost, added_at_start, durations, footprint, freed_at_end,
-                                     inflight_peaks, live_change, memory_timeline, order_peaks, rank_peak, redo_s)
+                                     inflight_peaks, live_change, memory_timeline, order_peaks, rank_peak, redo_s,
+                                     transient_peak)
 
 COST = StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=3.0, overhead_s=0.5, activation_bytes=100,
                  input_bytes=7, static_bytes=1000)
@@ -72,3 +74,17 @@ def test_memory_walks_equal_the_simulated_timeline(name: ScheduleName) -> None:
         timeline = memory_timeline([e for e in sim.events if e.rank == r], costs, flags, static)
         assert timeline == sim.memory_timeline[r] and timeline[-1] == (timeline[-1][0], static)
         assert rank_peak(order[r], costs, flags, static) == peaks[r] == sim.peak_memory_bytes[r]
+
+
+@pytest.mark.parametrize("name", list(NAMED), ids=lambda n: n.value)
+def test_a_ranks_peak_adds_its_largest_transient_to_its_held_bytes(name: ScheduleName) -> None:
+    order, costs, owner, flags = _case(name, 4)
+    held = simulate(order, costs, owner, [0.1] * (len(owner) - 1), flags)
+    working = [replace(c, transient_bytes=1000 * (s + 1)) for s, c in enumerate(costs)]
+    sim = simulate(order, working, owner, [0.1] * (len(owner) - 1), flags)
+    assert sim.memory_timeline == held.memory_timeline  # the timeline is held bytes only
+    for r in sorted(order):
+        top = 1000 * (max(s for s, o in enumerate(owner) if o == r) + 1)
+        assert transient_peak((s for s, o in enumerate(owner) if o == r), working) == top
+        walked = order_peaks(order, working, owner, flags)[r]
+        assert sim.peak_memory_bytes[r] == held.peak_memory_bytes[r] + top == walked

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from autopp.data.cluster import Link
 from autopp.costmodel import UnitArrays
-from autopp.solve.dp import PipeSpec, even_bounds, min_memory, pipeline_bounds
+from autopp.solve.dp import PipeSpec, even_bounds, feasible, fits, min_memory, pipeline_bounds
 
 from ..conftest import seeds
 
@@ -48,10 +49,17 @@ def _objective(a: UnitArrays, spec: PipeSpec, bounds: tuple[tuple[int, int], ...
 
 
 def _memory(a: UnitArrays, spec: PipeSpec, bounds: tuple[tuple[int, int], ...]) -> list[float]:
-    """Per stage: static bytes + held microbatches x activation bytes (held = in-flight count, 1 if recomputing)."""
+    """Per stage: static bytes + held microbatches x activation bytes (held = in-flight count, 1 if recomputing) +
+    the largest transient of its units."""
     inflight = spec.inflight or (1,) * spec.num_stages
     return [float(a.static[i:j].sum()) + (1 if spec.recompute else k) * float(a.activation[i:j].sum())
-            for (i, j), k in zip(bounds, inflight)]
+            + float(a.transient_bytes()[i:j].max(initial=0.0)) for (i, j), k in zip(bounds, inflight)]
+
+
+def _with_transients(a: UnitArrays, seed: int) -> UnitArrays:
+    """Random working memory, 0 for some units, on the scale of the static bytes."""
+    rng = random.Random(seed)
+    return replace(a, transient=np.array([float(rng.choice([0, rng.randint(1, 600)])) for _ in range(a.n)]))
 
 
 def _spec(rng: random.Random, n: int, limit: float = float("inf")) -> PipeSpec:
@@ -62,11 +70,13 @@ def _spec(rng: random.Random, n: int, limit: float = float("inf")) -> PipeSpec:
                     inflight=tuple(min(p - s, 8) for s in range(p)), links=(LINK,) * (p - 1))
 
 
+@pytest.mark.parametrize("working", [False, True], ids=["held", "transient"])
 @pytest.mark.parametrize("seed", seeds(40))
-def test_dp_equals_brute_force(seed: int) -> None:
+def test_dp_equals_brute_force(seed: int, working: bool) -> None:
     rng = random.Random(seed)
     n = rng.randint(1, 9)
     a, spec = _random_arrays(rng, n), _spec(rng, n, float(rng.randint(200, 2500)))
+    a = _with_transients(a, seed) if working else a
     splits = list(_all_bounds(n, spec.num_stages))
     feasible = [b for b in splits if max(_memory(a, spec, b)) <= spec.memory[0]]
     got = pipeline_bounds(a, spec)
@@ -77,11 +87,13 @@ def test_dp_equals_brute_force(seed: int) -> None:
     assert _objective(a, spec, got) == pytest.approx(min(_objective(a, spec, b) for b in feasible), rel=1e-12)
 
 
+@pytest.mark.parametrize("working", [False, True], ids=["held", "transient"])
 @pytest.mark.parametrize("seed", seeds(20))
-def test_min_memory_equals_brute_force(seed: int) -> None:
+def test_min_memory_equals_brute_force(seed: int, working: bool) -> None:
     rng = random.Random(1000 + seed)
     n = rng.randint(1, 9)
     a, spec = _random_arrays(rng, n), _spec(rng, n)
+    a = _with_transients(a, seed) if working else a
     assert min_memory(a, spec) == min(max(_memory(a, spec, b)) for b in _all_bounds(n, spec.num_stages))
 
 
@@ -94,3 +106,15 @@ def test_heavy_unit_gets_its_own_stage() -> None:
     f = np.array([1.0] * 5 + [5.0])
     a = UnitArrays(f, f, f, f, np.zeros(6), np.zeros(6), np.zeros(6), np.zeros(6), np.zeros(7), False, 2 * f)
     assert pipeline_bounds(a, PipeSpec(num_stages=2, microbatches=8, links=(LINK,))) == ((0, 5), (5, 6))
+
+
+def test_a_units_transient_makes_a_split_that_fits_without_it_infeasible() -> None:
+    f = np.ones(4)
+    a = UnitArrays(f, f, f, f, np.full(4, 100.0), np.full(4, 10.0), np.zeros(4), np.zeros(4), np.zeros(5), False, 2 * f)
+    spec = PipeSpec(num_stages=2, microbatches=4, inflight=(2, 1), memory=(240.0, 240.0))
+    # 2 units a stage: 200 + 2 x 20 = 240 and 200 + 20 = 220 bytes
+    assert pipeline_bounds(a, spec) == ((0, 2), (2, 4)) and min_memory(a, spec) == 240
+    working = replace(a, transient=np.array([0.0, 1.0, 0.0, 0.0]))  # one byte of temporaries in unit 1
+    assert not fits(working, spec, ((0, 2), (2, 4))) and not feasible(working, spec)
+    assert pipeline_bounds(working, spec) is None and min_memory(working, spec) == 241
+    assert fits(working, replace(spec, memory=(241.0, 241.0)), ((0, 2), (2, 4)))

@@ -169,3 +169,37 @@ def test_gpu_profile_with_a_cpu_progress_delay_gets_a_note() -> None:
     assert GPU_PROGRESS_NOTE not in make_plan(cpu, request).notes
     nccl = Cluster(num_devices=4, memory_bytes=80 * GiB, link=Link(latency_s=1e-5, bandwidth_bytes_per_s=1e11))
     assert GPU_PROGRESS_NOTE not in make_plan(gpu, replace(request, cluster=nccl)).notes
+
+
+def test_plan_on_nodes_pays_each_hop_on_the_link_it_crosses() -> None:
+    """pp 4 x dp 2 on 2 nodes x 4 (rank r of replica j on device 2 r + j): hops 0-1 and 2-3 stay in a node
+    (NVLink-class), hop 1-2 crosses (IB-class), the all-reduce pairs share a node. The plan's step is the simulator's
+    with exactly those links, and faster than on the flat cluster that assumes the slower link everywhere."""
+    from autopp.costmodel import allreduce_time, optimizer_time, transfer_time
+    from autopp.data.cluster import Link, Nodes, hierarchical_cluster
+    from autopp.solve.judge import Candidate, judge
+    intra, inter = Link(latency_s=5e-6, bandwidth_bytes_per_s=450e9), Link(latency_s=1e-5, bandwidth_bytes_per_s=5e9)
+    nodes = hierarchical_cluster(Nodes(count=2, devices_per_node=4, intra=intra, inter=inter), 80 * GiB)
+    profile = synthetic_profile(12)
+    plan = make_plan(profile, PlanRequest(cluster=nodes, global_batch=16, pp=4, dp=2, num_microbatches=8))
+    a = unit_arrays(profile, plan.microbatch_size)
+    bounds, owner = tuple(s.units for s in plan.stages), [0, 1, 2, 3]
+    costs = stage_costs(a, bounds, [1.0] * 4, [0.0] * 4)
+
+    def by_hand(links: list[Link], data: Link) -> float:
+        comm = [transfer_time(lk, float(a.cut[j])) for lk, (_, j) in zip(links, bounds[:-1])]
+        sim = simulate_named(ScheduleName.ONE_F_ONE_B, 4, 8, costs, comm, 1, [False] * 4, [0.0] * 3)
+        grads = max(float(a.grads[i:j].sum()) for i, j in bounds)
+        ring = allreduce_time(grads, 2, Cluster(num_devices=2, memory_bytes=1, link=data))
+        return sim.step_time_s + ring + optimizer_time(a, bounds, owner)
+
+    assert [s.send_s for s in plan.stages[:3]] == [transfer_time(lk, float(a.cut[j])) for lk, (_, j) in
+                                                   zip((intra, inter, intra), bounds[:-1])]
+    assert plan.predicted.step_time_s == pytest.approx(by_hand([intra, inter, intra], intra), rel=1e-12)
+    flat = Cluster(num_devices=8, memory_bytes=80 * GiB, link=inter)  # plan --device before clusters of nodes
+    cand = Candidate(schedule=ScheduleName.ONE_F_ONE_B, pp=4, dp=2, v=1, microbatches=8,
+                     microbatch_size=plan.microbatch_size, bounds=bounds, recompute=(False,) * 4)
+    slow = judge(a, flat, cand).step_s
+    assert slow == pytest.approx(by_hand([inter] * 3, inter), rel=1e-12)
+    assert plan.predicted.step_time_s < slow
+    assert any("pipeline hops across nodes: 1-2; gradient all-reduce: a ring inside a node" in n for n in plan.notes)

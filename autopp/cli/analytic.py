@@ -1,0 +1,75 @@
+"""The `--analytic DEVICE [--calibration FILE]` arguments of `autopp profile` (docs/analytic.md): counted on the
+meta device, timed by a catalog device's roofline, instead of measured."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ..errors import AutoppError
+from .common import progress
+
+if TYPE_CHECKING:
+    from ..costmodel.roofline import Calibration
+    from ..data.profile import Profile
+    from ..model.contract import ModelFile
+
+__all__ = ["MEASURING_FLAGS", "add_analytic_arguments", "check_analytic", "analytic_of"]
+
+#: Flags of `autopp profile` that only a measurement uses (flag, argparse dest): refused with --analytic.
+MEASURING_FLAGS = (("--repeats", "repeats"), ("--warmup", "warmup"), ("--threads", "threads"),
+                   ("--time-budget", "time_budget"), ("--co-runners", "co_runners"), ("--device", "device"),
+                   ("--measure-every-unit", "measure_every_unit"))
+
+
+def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
+    """--analytic DEVICE and --calibration FILE of `autopp profile` (after its measuring flags, whose defaults it
+    records to tell a flag given from one left out)."""
+    p.add_argument("--analytic", metavar="DEVICE",
+                   help="count FLOPs and bytes on the meta device instead of measuring, and turn them into times "
+                        "with this catalog device's roofline (`autopp devices`); nothing is materialized")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="with --analytic: efficiencies from `autopp calibrate` (default: the documented assumptions)")
+    p.set_defaults(measuring_defaults={dest: p.get_default(dest) for _, dest in MEASURING_FLAGS})
+
+
+def _measuring_flags_given(args: argparse.Namespace) -> list[str]:
+    """The measuring flags whose value is not their default (given on the command line)."""
+    defaults = getattr(args, "measuring_defaults", {})
+    return [flag for flag, dest in MEASURING_FLAGS if dest in defaults and getattr(args, dest) != defaults[dest]]
+
+
+def _calibration(args: argparse.Namespace, device: str) -> Calibration | None:
+    """The --calibration file, checked to be for `device` and --dtype."""
+    from ..costmodel.roofline import load_calibration
+    if not args.calibration:
+        return None
+    return load_calibration(args.calibration, device=device, dtype=args.dtype)
+
+
+def check_analytic(args: argparse.Namespace) -> None:
+    """Refuse --calibration without --analytic; with it, measuring flags, an unknown device, a device without
+    --dtype, or a calibration file for another device or dtype, before anything is counted."""
+    if args.calibration and not args.analytic:
+        raise AutoppError("--calibration goes with --analytic DEVICE")
+    if not args.analytic:
+        return
+    given = _measuring_flags_given(args)
+    if given:
+        one = len(given) == 1
+        raise AutoppError(f"{', '.join(given)} {'applies' if one else 'apply'} to measuring only: --analytic "
+                          f"{args.analytic} counts on the meta device; drop {'it' if one else 'them'}")
+    from ..data.catalog import load_device
+    spec = load_device(args.analytic)
+    spec.peak(args.dtype)
+    _calibration(args, spec.name)
+
+
+def analytic_of(args: argparse.Namespace, model: str | ModelFile, sizes: list[int]) -> Profile:
+    """The analytic profile `autopp profile --analytic` asked for."""
+    from ..data.catalog import load_device
+    from ..measure.analytic import analytic_profile  # torch: only once the arguments are known to be good
+    spec = load_device(args.analytic)
+    return analytic_profile(model, spec, sizes, dtype=args.dtype, optimizer=args.optimizer,
+                            calibration=_calibration(args, spec.name), progress=progress("counting"),
+                            calibration_path=args.calibration)

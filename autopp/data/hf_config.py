@@ -1,0 +1,93 @@
+"""A Hugging Face config.json as a model source, torch-free: read it, check the task and the sequence length against
+it, and name how it was used (`HfSource`), so the CLI can refuse a bad config before torch or transformers load and
+a profile can record what it was made from (`ProfileMeta.extra["hf_config"]`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelFileError
+from ..jsonio import read_json
+
+__all__ = ["HF_TASKS", "DEFAULT_TASK", "DEFAULT_SEQ_LEN", "POSITION_KEYS", "HfSource", "read_hf_config",
+           "max_positions", "check_seq_len", "hf_source"]
+
+#: The tasks an HF config can be built for (autopp.model.hf maps each to its transformers Auto class, batch, loss).
+HF_TASKS = ("causal-lm", "masked-lm", "seq-cls")
+DEFAULT_TASK = "causal-lm"
+#: Tokens per sample when --seq-len is not given (capped by the config's largest position).
+DEFAULT_SEQ_LEN = 512
+#: Keys that give a config's largest position, by model family (GPT-2 says n_positions).
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+_WHAT = "Hugging Face config.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HfSource:
+    """A model made from an HF config alone: which file, and the sample shape and task it is built for."""
+
+    config_path: Path
+    """The config.json, resolved."""
+    values: dict[str, Any]
+    """The config's keys and values as the file gives them."""
+    seq_len: int
+    """Tokens per sample: the batch is (microbatch size, seq_len) token ids."""
+    task: str
+    """One of HF_TASKS."""
+
+    @property
+    def model_type(self) -> str:
+        return str(self.values["model_type"])
+
+    def to_json(self) -> dict[str, Any]:
+        """What a profile records in `meta.extra["hf_config"]` (the path itself is the profile's `model_path`)."""
+        return {"seq_len": self.seq_len, "task": self.task, "model_type": self.model_type}
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """The config's keys and values; a ModelFileError naming the file if it is missing, not JSON, not an object or
+    has no `model_type`."""
+    p = Path(path).resolve()
+    data = read_json(p, _WHAT, ModelFileError, "give the config.json of a Hugging Face model (e.g. "
+                                               "examples/configs/llama-3-8b.json)")
+    if not isinstance(data, dict):
+        raise ModelFileError(f"{p}: a {_WHAT} holds a JSON object, got {type(data).__name__}")
+    if not isinstance(data.get("model_type"), str) or not data["model_type"]:
+        raise ModelFileError(f"{p}: no \"model_type\" key (e.g. \"llama\"): transformers needs it to know the "
+                             "architecture; add it as the model's own config.json has it")
+    return data
+
+
+def max_positions(values: dict[str, Any]) -> int | None:
+    """The config's largest position (`max_position_embeddings` or its family's name for it), if it gives one."""
+    for key in POSITION_KEYS:
+        value = values.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_seq_len(path: str | Path, seq_len: int, limit: int | None) -> None:
+    """A ModelFileError if `seq_len` is not positive or above the config's largest position `limit`."""
+    if seq_len < 1:
+        raise ModelFileError(f"{path}: --seq-len must be a positive number of tokens, got {seq_len}")
+    if limit is not None and seq_len > limit:
+        raise ModelFileError(f"{path}: --seq-len {seq_len} is above the config's max_position_embeddings ({limit}); "
+                             f"give --seq-len {limit} or less")
+
+
+def hf_source(path: str | Path, seq_len: int | None = None, task: str = DEFAULT_TASK) -> HfSource:
+    """The checked source: the config read, `task` known, `seq_len` (default: DEFAULT_SEQ_LEN, capped by the
+    config's largest position) within the config's positions."""
+    values = read_hf_config(path)
+    p = Path(path).resolve()
+    if task not in HF_TASKS:
+        raise ModelFileError(f"{p}: unknown task {task!r}; give --task one of {', '.join(HF_TASKS)}")
+    limit = max_positions(values)
+    if seq_len is None:
+        seq_len = min(DEFAULT_SEQ_LEN, limit) if limit else DEFAULT_SEQ_LEN
+    check_seq_len(p, seq_len, limit)
+    return HfSource(config_path=p, values=values, seq_len=seq_len, task=task)

@@ -1,0 +1,350 @@
+"""The analytic profile: a model built on the meta device, split as the profiler splits it, every piece counted under
+FakeTensorMode (autopp.measure.counting) and its counts turned into times by the roofline of a catalog device
+(autopp.costmodel.roofline), written as the same Profile a measurement gives. Nothing is materialized."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import torch
+from torch import fx, nn
+from torch.distributed.pipelining import Pipe
+
+from ..costmodel.roofline import (Calibration, Efficiency, FitRow, OpCounts, UnitError, default_efficiency,
+                                 fit_efficiency, phase_time)
+from ..data.catalog import DeviceSpec, identify_device, load_device
+from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..errors import AutoppError, ProfileError
+from ..model.contract import ModelFile, describe_error, load_model_file
+from ..model.fake import fake_mode
+from ..model.hf import load_model
+from ..model.meta import MetaModel, build_units, meta_pieces, retarget
+from ..model.split import (LiveValue, live_values, model_output, rebuild_output, source_piece, tied_groups,
+                           walk_split_graph)
+from ..model.units import Unit
+from .counting import PieceCounts, count_piece
+from .memory import PEAK_HOW, static_bytes, value_bytes
+from .options import DTYPES, OPTIMIZER_STATES, check_options
+from .pieces import piece_key
+from .settings import Progress, progress_bar
+from .timing import Piece
+
+__all__ = ["UnitCount", "ModelCounts", "count_model", "unit_times", "analytic_profile", "fit_rows",
+           "fit_measured", "unit_errors", "calibrate"]
+
+
+@dataclass(frozen=True)
+class UnitCount:
+    """One unit at one microbatch size, counted (or copied from the earlier unit `same_as` of the same structure and
+    input shapes)."""
+
+    unit: int
+    microbatch_size: int
+    counts: PieceCounts
+    static: dict[str, int]
+    """param_bytes, grad_bytes, optimizer_bytes, tied_param_bytes, recompute_keep_bytes."""
+    same_as: int | None = None
+
+
+@dataclass
+class ModelCounts:
+    """Everything counted about a model at some microbatch sizes."""
+
+    mf: ModelFile
+    units: list[Unit]
+    fingerprint: str
+    dtype: str
+    optimizer: str
+    sizes: list[int]
+    rows: list[UnitCount] = field(default_factory=list)
+    edges: list[dict[str, Any]] = field(default_factory=list)
+    live: list[LiveValue] = field(default_factory=list)
+    value_bytes: dict[int, dict[str, int]] = field(default_factory=dict)
+    tied: list[Any] = field(default_factory=list)
+    optimizer_numel: int = 0
+    """Elements of trainable parameters (for the optimizer step's memory traffic)."""
+    param_tensors: int = 0
+
+
+def _as_fake_cpu(mode: Any, value: Any) -> Any:
+    """`value` with every meta tensor as a fake tensor of `mode` on the CPU device (no data is allocated)."""
+    convert = mode.fake_tensor_converter.from_meta_and_device
+    return torch.utils._pytree.tree_map(
+        lambda t: convert(mode, t, torch.device("cpu")) if isinstance(t, torch.Tensor) else t, value)
+
+
+def _fake_on_cpu(pipe: Pipe, mode: Any) -> None:
+    """Make the split run as on a CPU, on fake tensors: the devices that tracing on meta baked into its graphs
+    become the CPU (autopp.model.meta.retarget), its meta parameters and buffers fake CPU tensors (a tied tensor
+    stays one). Torch then dispatches as on a CPU: scaled_dot_product_attention takes its fused kernel, which saves
+    no attention matrix (as a GPU's fused kernels do), where on meta it decomposes into the math path."""
+    retarget(pipe, "cpu")
+    gm = pipe.split_gm
+    done: dict[int, torch.Tensor] = {}
+    for module in gm.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in list(table.items()):
+                if t is None or t.device.type != "meta":
+                    continue
+                if id(t) not in done:
+                    fake = _as_fake_cpu(mode, t.detach())
+                    done[id(t)] = nn.Parameter(fake, t.requires_grad) if isinstance(t, nn.Parameter) else fake
+                table[name] = done[id(t)]
+
+
+def _edges_into(node: fx.Node, i: int, b: int, env: dict[fx.Node, Any], piece_index: dict[str, int]
+                ) -> list[dict[str, Any]]:
+    """Edge rows of the values piece `i` (split-graph node `node`) reads from earlier pieces or the model inputs."""
+    sources = [(source_piece(arg, piece_index), arg) for arg in node.all_input_nodes]
+    return [{"src": src, "dst": i, "microbatch_size": b, "bytes": value_bytes(env[arg])}
+            for src, arg in sources if src is not None]
+
+
+@contextlib.contextmanager
+def _naming(mf: ModelFile, what: str) -> Iterator[None]:
+    """Any failure inside (torch's, under FakeTensorMode) becomes one line naming the model file and `what`."""
+    try:
+        yield
+    except AutoppError:
+        raise
+    except Exception as exc:
+        raise mf.error(f"{what}: counting on the meta device raised {describe_error(exc)}") from exc
+
+
+def _counted_unit(c: ModelCounts, b: int, i: int, module: nn.Module, args: tuple[Any, ...], same: int,
+                  run: Callable[[], PieceCounts]) -> None:
+    """Add unit `i`'s row at size `b` to `c`: counted by `run()`, or copied from the earlier unit `same`."""
+    counts = next(r.counts for r in c.rows if r.unit == same and r.microbatch_size == b) if same != i else run()
+    tied = {u: g.bytes for g in c.tied for u in g.units if len(g.units) > 1}
+    static = {**static_bytes(module, c.optimizer, DTYPES[c.dtype]), "tied_param_bytes": tied.get(i, 0),
+              "recompute_keep_bytes": value_bytes(args)}
+    c.rows.append(UnitCount(i, b, counts, static, None if same == i else same))
+
+
+def _meta_split(c: ModelCounts, meta: MetaModel, b: int) -> tuple[Pipe, Any, Any, Any, Any]:
+    """The meta model split at microbatch `b`, made to run as on a CPU on fake tensors: (pipe, output structure,
+    fake inputs, fake target, the FakeTensorMode)."""
+    points = [u.split_point for u in c.units[1:] if u.split_point is not None]
+    with _naming(c.mf, f"splitting at microbatch {b}"):
+        pipe, spec, inputs, target = meta_pieces(c.mf, meta, points, b, DTYPES[c.dtype])
+    mode = fake_mode()
+    _fake_on_cpu(pipe, mode)
+    return pipe, spec, _as_fake_cpu(mode, inputs), _as_fake_cpu(mode, target), mode
+
+
+def _count_size(c: ModelCounts, meta: MetaModel, b: int, progress: Progress) -> None:
+    """Split the meta model at microbatch `b` and count every piece (once per signature) into `c`."""
+    pipe, spec, fake_inputs, fake_target, mode = _meta_split(c, meta, b)
+    gm = pipe.split_gm
+    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+    piece_index = {str(n.target): i for i, n in enumerate(calls)}
+    env: dict[fx.Node, Any] = {}
+    seen: dict[str, int] = {}
+    named = dict(meta.model.named_modules())
+    with mode:
+        def visit(node: fx.Node, args: tuple[Any, ...]) -> Any:
+            i = piece_index[str(node.target)]
+            module = gm.get_submodule(str(node.target))
+            last = i == len(calls) - 1
+            c.edges += _edges_into(node, i, b, env, piece_index)
+            grad = tuple(not (isinstance(a, fx.Node) and source_piece(a, piece_index) == -1) for a in node.args)
+            finish = ((lambda out: c.mf.loss_fn(rebuild_output(spec, model_output(gm, env, node, out)), fake_target))
+                      if last else (lambda out: out))
+            same = seen.setdefault(piece_key(module, args, named, (last, grad)), i)
+            progress(progress_bar(i, len(calls), f"microbatch {b}: unit {i + 1}/{len(calls)}"
+                                  + (f" (as unit {same + 1})" if same != i else " counting")))
+            with _naming(c.mf, f"unit {i} ({c.units[i].name}) at microbatch {b}"):
+                _counted_unit(c, b, i, module, args, same,
+                              lambda: count_piece(Piece(module, args, finish, i == 0, grad), mode, last))
+                with torch.no_grad():
+                    return module(*args)
+
+        for _ in walk_split_graph(gm, fake_inputs, env, visit):
+            pass
+        c.live = c.live or live_values(pipe)
+        by_name = {n.name: n for n in gm.graph.nodes}
+        c.value_bytes[b] = {v.name: value_bytes(env[by_name[v.name]]) for v in live_values(pipe)}
+    _merge_edges(c, b)
+
+
+def _merge_edges(c: ModelCounts, b: int) -> None:
+    """One edge row per (src, dst) at size `b`, summing the values `dst` reads from `src`."""
+    mine = [e for e in c.edges if e["microbatch_size"] == b]
+    others = [e for e in c.edges if e["microbatch_size"] != b]
+    summed: dict[tuple[int, int], int] = {}
+    for e in mine:
+        summed[(e["src"], e["dst"])] = summed.get((e["src"], e["dst"]), 0) + e["bytes"]
+    c.edges = others + [{"src": s, "dst": d, "microbatch_size": b, "bytes": n} for (s, d), n in sorted(summed.items())]
+
+
+def count_model(model: str | Path | ModelFile, microbatch_sizes: Any = (1, 4), dtype: str = "float32",
+                optimizer: str = "sgd", progress: Progress = lambda _msg: None) -> ModelCounts:
+    """Count every unit of the model at each microbatch size, on meta and fake tensors only."""
+    sizes = sorted(set(int(b) for b in microbatch_sizes))
+    check_options(sizes, optimizer, dtype)
+    mf = model if isinstance(model, ModelFile) else load_model_file(model)
+    meta, units, model_fingerprint = build_units(mf, DTYPES[dtype])  # as the profiler does
+    params = [p for p in meta.model.parameters() if p.requires_grad]
+    c = ModelCounts(mf, units, model_fingerprint, dtype, optimizer, sizes,
+                    tied=tied_groups(meta.model, [u.modules for u in units]),
+                    optimizer_numel=sum(p.numel() for p in params), param_tensors=len(params))
+    for b in sizes:
+        _count_size(c, meta, b, progress)
+    return c
+
+
+def unit_times(counts: PieceCounts, spec: DeviceSpec, dtype: str, eff: Efficiency) -> dict[str, float]:
+    """The profile's time columns of one counted unit on `spec`."""
+    peak, bw = spec.peak(dtype), spec.memory_bandwidth_bytes_per_s
+    ridge = eff.ridge(peak, bw)
+
+    def t(ops: OpCounts) -> float:
+        return phase_time(ops.load(ridge), peak, bw, eff)
+    times = {"forward": t(counts.forward), "backward": t(counts.backward), "backward_input": t(counts.backward_input),
+             "backward_weight": t(counts.backward_weight), "recompute": t(counts.forward)}
+    return {col: v for kind, value in times.items() for col, v in ((f"{kind}_s", value), (f"{kind}_spread_s", 0.0))}
+
+
+def _optimizer_step_s(c: ModelCounts, spec: DeviceSpec, eff: Efficiency) -> float:
+    """The step after the backward as memory traffic: gradients scaled (read + write), the optimizer reading
+    parameter, gradient and each state and writing parameter and states; one op per tensor and pass."""
+    states = OPTIMIZER_STATES[c.optimizer]
+    per_element = DTYPES[c.dtype].itemsize * 5 + 4 * 2 * states
+    ops = c.param_tensors * (2 + states)
+    return c.optimizer_numel * per_element / (spec.memory_bandwidth_bytes_per_s * eff.memory) + ops * eff.op_overhead_s
+
+
+def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec, microbatch_sizes: Any = (1, 4),
+                     dtype: str = "float32", optimizer: str = "sgd", calibration: Calibration | None = None,
+                     progress: Progress = lambda _msg: None, counts: ModelCounts | None = None,
+                     calibration_path: str | None = None) -> Profile:
+    """The profile of the model on catalog `device` (a name or spec), from counts alone: the same format as a
+    measured profile, every unit's `source` "analytic", the device and calibration in `meta.extra`."""
+    spec = device if isinstance(device, DeviceSpec) else load_device(device)
+    spec.peak(dtype)  # a device without this dtype fails before any counting
+    if calibration is not None:
+        calibration.check_dtype(dtype, calibration_path or "calibration")
+    eff = calibration.efficiency if calibration is not None else default_efficiency(spec.name)
+    c = counts or count_model(model, microbatch_sizes, dtype, optimizer, progress)
+    rows = []
+    for r in c.rows:
+        rows.append({"unit": r.unit, "name": c.units[r.unit].name, "modules": " ".join(c.units[r.unit].modules),
+                     "microbatch_size": r.microbatch_size, **unit_times(r.counts, spec, dtype, eff), **r.static,
+                     "activation_bytes": r.counts.activation_bytes, "output_bytes": r.counts.output_bytes,
+                     "source": "analytic", "same_as": -1 if r.same_as is None else r.same_as})
+    table = pd.DataFrame(rows).sort_values(["microbatch_size", "unit"], kind="stable").reset_index(drop=True)
+    columns = list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS)
+    live = [replace(v, bytes={b: c.value_bytes[b].get(v.name, 0) for b in c.sizes}) for v in c.live]
+    peaks = {str(r.unit): {} for r in c.rows}
+    for r in c.rows:
+        peaks[str(r.unit)][str(r.microbatch_size)] = r.counts.peak_bytes
+    extra = {"analytic_device": spec.name,
+             "analytic": {"device": spec.name, "model": spec.model, "device_source": spec.source,
+                          "calibration": calibration_path, "compute_efficiency": eff.compute,
+                          "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s,
+                          "call_overhead_s": eff.call_overhead_s},
+             "peak_bytes": peaks,
+             "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}"}
+    meta = ProfileMeta(
+        model_path=str(c.mf.path), fingerprint=c.fingerprint, unit_names=tuple(u.name for u in c.units),
+        split_points=tuple(u.split_point or "" for u in c.units[1:]), microbatch_sizes=tuple(c.sizes),
+        device=f"analytic {spec.name} ({spec.model})", torch_version=torch.__version__, num_threads=1,
+        optimizer=c.optimizer, repeats=0, warmup=0, extra=extra, dtype=dtype,
+        optimizer_step_s=_optimizer_step_s(c, spec, eff), live_values=tuple(live), tied_parameters=tuple(c.tied))
+    return Profile(meta, table[columns], pd.DataFrame(c.edges, columns=list(EDGE_COLUMNS)))
+
+
+#: Measured phases fitted against counted ones: (profile column, PieceCounts field).
+_FITTED = (("forward_s", "forward"), ("backward_s", "backward"), ("backward_input_s", "backward_input"),
+           ("backward_weight_s", "backward_weight"))
+
+
+def _measured_rows(measured: Profile, counts: ModelCounts) -> list[UnitCount]:
+    """The counted rows whose unit the profile measured itself (`same_as` -1): a "shared" row copies another unit's
+    times, and would weigh that measurement twice in a fit or its errors."""
+    own = {(int(u), int(b)) for u, b, same in zip(measured.units.unit, measured.units.microbatch_size,
+                                                 measured.units.same_as) if int(same) == -1}
+    return [r for r in counts.rows if (r.unit, r.microbatch_size) in own]
+
+
+def fit_rows(measured: Profile, counts: ModelCounts, spec: DeviceSpec, eff: Efficiency | None = None
+             ) -> list[FitRow]:
+    """One row per measured (not shared) unit, microbatch size and phase with a measured time above 0: the time and
+    the counted load, its ops split at the ridge point of `eff` (default: the datasheet's, efficiencies 1)."""
+    peak, bw = spec.peak(measured.meta.dtype), spec.memory_bandwidth_bytes_per_s
+    ridge = eff.ridge(peak, bw) if eff is not None else peak / bw
+    table = measured.units.set_index(["unit", "microbatch_size"])
+    rows = []
+    for r in _measured_rows(measured, counts):
+        for column, phase in _FITTED:
+            t = float(table.loc[(r.unit, r.microbatch_size), column])
+            if t > 0:
+                rows.append(FitRow(getattr(r.counts, phase).load(ridge), t))
+    return rows
+
+
+#: Most fits of `fit_measured`: each splits the ops at the ridge point of the one before.
+FIT_ROUNDS = 5
+
+
+def fit_measured(data: list[tuple[Profile, ModelCounts]], spec: DeviceSpec) -> Efficiency:
+    """Efficiencies fitted to measured profiles and their counts (one dtype): first with the ops split at the
+    datasheet's ridge point, then again at the ridge point the fit gives (`Efficiency.ridge`, where `unit_times`
+    splits them), until the split stops changing or after FIT_ROUNDS fits."""
+    dtype = data[0][0].meta.dtype
+    peak, bw = spec.peak(dtype), spec.memory_bandwidth_bytes_per_s
+    rows = [r for p, c in data for r in fit_rows(p, c, spec)]
+    eff = fit_efficiency(rows, peak, bw)
+    for _ in range(FIT_ROUNDS - 1):
+        again = [r for p, c in data for r in fit_rows(p, c, spec, eff)]
+        if again == rows:
+            break
+        rows, eff = again, fit_efficiency(again, peak, bw)
+    return eff
+
+
+def unit_errors(measured: Profile, counts: ModelCounts, spec: DeviceSpec, eff: Efficiency) -> list[UnitError]:
+    """Per measured (not shared) unit and microbatch size, measured forward + backward against the analytic one with
+    `eff`."""
+    table = measured.units.set_index(["unit", "microbatch_size"])
+    out = []
+    for r in sorted(_measured_rows(measured, counts), key=lambda r: (r.microbatch_size, r.unit)):
+        times = unit_times(r.counts, spec, measured.meta.dtype, eff)
+        row = table.loc[(r.unit, r.microbatch_size)]
+        out.append(UnitError(r.unit, counts.units[r.unit].name, r.microbatch_size,
+                             float(row["forward_s"] + row["backward_s"]), times["forward_s"] + times["backward_s"]))
+    return out
+
+
+def _check_measured_on(measured: Profile, spec: DeviceSpec, where: str) -> None:
+    """A profile calibrates only the catalog device it was measured on (a device no catalog entry recognises is
+    taken as the named one: the user said which it is)."""
+    found = identify_device(measured.meta.device)
+    if found is not None and found != spec.name:
+        raise ProfileError(f"{where}: measured on {measured.meta.device!r} (catalog device {found}), not "
+                           f"{spec.name}; calibrate {spec.name} from a profile measured on it")
+
+
+def calibrate(measured: Profile, device: str | DeviceSpec, profile_path: str = "", counts: ModelCounts | None = None,
+              progress: Progress = lambda _msg: None) -> Calibration:
+    """Fit `device`'s efficiencies to a measured profile: its model counted at the profile's microbatch sizes, dtype
+    and optimizer, then `fit_measured` over the forward, backward, input- and weight-gradient times of every unit
+    the profile measured itself (not the shared ones)."""
+    spec = device if isinstance(device, DeviceSpec) else load_device(device)
+    where = profile_path or "profile"
+    _check_measured_on(measured, spec, where)
+    if counts is None and not Path(measured.meta.model_path).exists():
+        raise ProfileError(f"{where}: its model {measured.meta.model_path} no longer exists; restore it or profile "
+                           "the model again")
+    c = counts or count_model(load_model(measured.meta.model_path, measured.meta.extra.get("hf_config")),
+                              measured.meta.microbatch_sizes, measured.meta.dtype, measured.meta.optimizer, progress)
+    if c.fingerprint != measured.meta.fingerprint:
+        raise ProfileError(f"{profile_path or measured.meta.model_path}: profile fingerprint "
+                           f"{measured.meta.fingerprint} does not match the model ({c.fingerprint}); profile it again")
+    eff = fit_measured([(measured, c)], spec)
+    return Calibration(device=spec.name, dtype=measured.meta.dtype, efficiency=eff, profile=profile_path,
+                       fingerprint=measured.meta.fingerprint, units=tuple(unit_errors(measured, c, spec, eff)))

@@ -1,0 +1,126 @@
+"""Count one piece's work without running it: under torch's FakeTensorMode (on meta parameters), per aten op of the
+forward, the full backward, the input-gradient and the weight-gradient phase, its FLOPs (torch.utils.flop_counter's
+own formulas) and the bytes it reads and writes; the bytes autograd saves; the most tensor bytes live at once during
+a forward and backward, temporaries included. Nothing is materialized."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+from ..costmodel.roofline import OpCounts
+from .memory import LiveBytes, saved_bytes, storage_key, tensors_in, value_bytes
+from .timing import Piece, run_phases
+
+__all__ = ["FLOP_FORMULAS", "PieceCounts", "OpCounter", "count_piece"]
+
+#: torch's FLOP formulas, plus its CPU attention kernels under the formulas of the GPU ones (same arguments first:
+#: query, key, value; and grad_out before them for the backward), which torch.utils.flop_counter leaves out.
+FLOP_FORMULAS = {**flop_registry,
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+                     flop_registry[torch.ops.aten._scaled_dot_product_flash_attention],
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+                     flop_registry[torch.ops.aten._scaled_dot_product_flash_attention_backward]}
+
+#: Ops that move no data: metadata queries and aliasing (views are recognised by their schema).
+_FREE = {torch.ops.aten.detach.default, torch.ops.prim.device.default, torch.ops.aten.lift_fresh.default,
+         torch.ops.aten.alias.default}
+
+
+def _moved_bytes(t: torch.Tensor) -> int:
+    """Bytes an op reads or writes through `t`: its elements, or its storage when smaller (broadcast views)."""
+    return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+
+class OpCounter(TorchDispatchMode):
+    """Records, per aten op that reaches dispatch, its FLOPs (FLOP_FORMULAS; 0 without one) and the bytes of its
+    tensor inputs and outputs. Unlike FlopCounterMode, an op without a formula is not decomposed: the kernel that
+    runs is counted (a fused `silu_backward` is one op that allocates one output, not seven)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops: list[int] = []
+        self.bytes: list[int] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _FREE or getattr(func, "is_view", False):
+            return out
+        formula = FLOP_FORMULAS.get(func._overloadpacket)
+        f = formula(*args, **kwargs, out_val=out) if formula is not None else 0
+        moved = sum(_moved_bytes(t) for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        self.flops.append(int(f))
+        self.bytes.append(int(moved))
+        return out
+
+    def counts(self) -> OpCounts:
+        return OpCounts(tuple(self.flops), tuple(self.bytes))
+
+
+@dataclass(frozen=True)
+class PieceCounts:
+    """What one piece does per microbatch, counted."""
+
+    forward: OpCounts
+    backward: OpCounts
+    """The full backward (input and weight gradients at once)."""
+    backward_input: OpCounts
+    """torch's stage_backward_input (empty for a piece without input gradients, as measured profiles record it)."""
+    backward_weight: OpCounts
+    """torch's stage_backward_weight after it (the whole backward for a piece without input gradients)."""
+    activation_bytes: int
+    output_bytes: int
+    peak_bytes: int
+    """Most bytes live at once during one forward and full backward, beyond the parameters and the inputs: saved
+    activations, outputs, temporaries, and the gradients as they are made."""
+
+
+def _counted(run: Callable[[], Any]) -> tuple[Any, OpCounts]:
+    with OpCounter() as counter:
+        result = run()
+    return result, counter.counts()
+
+
+def _static_storages(piece: Piece, fake: Any) -> tuple[set[int], list[torch.Tensor]]:
+    """Storages of the piece's parameters and buffers: the meta ones and their fake conversions, which FakeTensorMode
+    memoises and hands to every op as long as they live (the caller keeps the returned conversions alive)."""
+    tensors = [*piece.module.parameters(), *piece.module.buffers()]
+    converted = [fake.from_tensor(t) for t in tensors if t.device.type == "meta"]
+    return {storage_key(t) for t in tensors + converted}, converted
+
+
+def count_piece(piece: Piece, fake: Any, last: bool) -> PieceCounts:
+    """Count `piece` (its args fake tensors of `fake`, a FakeTensorMode that is active) through the phases the
+    profiler times (autopp.measure.timing.run_phases): forward and full backward (the live bytes and what autograd
+    saves counted across them), then input and weight gradients; the recompute forward is not run (it counts the
+    same ops as the forward)."""
+    static, _alive = _static_storages(piece, fake)
+    counts: dict[str, OpCounts] = {"backward_input": OpCounts()}
+    sizes: dict[str, int] = {}
+    live = LiveBytes(static | {storage_key(t) for t in tensors_in(piece.args)})
+    with contextlib.ExitStack() as across:  # the live bytes: from the forward to the end of the full backward
+
+        def phase(_i: int, kind: str, run: Callable[[], Any] | None) -> Any:
+            if run is None or kind == "recompute":
+                return None
+            if kind == "forward":
+                across.enter_context(live)
+                ((leaves, out), counts[kind]), sizes["saved"] = saved_bytes(lambda: _counted(run), static)
+                sizes["output"] = 0 if last else value_bytes(out)
+                return leaves, out
+            result, counts[kind] = _counted(run)
+            if kind == "backward":
+                across.close()
+            return result
+
+        run_phases([piece], phase)
+    return PieceCounts(forward=counts["forward"], backward=counts["backward"],
+                       backward_input=counts["backward_input"], backward_weight=counts["backward_weight"],
+                       activation_bytes=sizes["saved"], output_bytes=sizes["output"], peak_bytes=live.peak)

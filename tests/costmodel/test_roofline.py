@@ -1,0 +1,93 @@
+"""The roofline formula, the ridge-point split, the efficiency fit on synthetic data, and the calibration file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autopp.costmodel.roofline import (Calibration, CalibrationError, Efficiency, FitRow, OpCounts, PhaseLoad,
+                                       UnitError, default_efficiency, fit_efficiency, load_calibration, phase_time)
+
+PEAK, BW = 100e12, 2e12  # ridge 50 FLOP/byte
+
+
+def test_load_splits_ops_at_the_ridge_point() -> None:
+    counts = OpCounts(flops=(1000, 10, 0), bytes=(10, 10, 40))  # intensities 100, 1, 0
+    assert counts.load(50.0) == PhaseLoad(compute_flops=1000, memory_bytes=50, ops=3, calls=1)
+    assert counts.load(200.0) == PhaseLoad(compute_flops=0, memory_bytes=60, ops=3, calls=1)
+    assert OpCounts().load(50.0) == PhaseLoad()  # a phase that does not run costs nothing, not even a call
+
+
+def test_phase_time_is_the_sum_of_the_four_terms() -> None:
+    eff = Efficiency(compute=0.5, memory=0.25, op_overhead_s=1e-6, call_overhead_s=3e-4)
+    load = PhaseLoad(compute_flops=1e12, memory_bytes=1e9, ops=10, calls=1)
+    assert phase_time(load, PEAK, BW, eff) == pytest.approx(1e12 / 50e12 + 1e9 / 0.5e12 + 1e-5 + 3e-4, rel=1e-12)
+
+
+def _rows(eff: Efficiency) -> list[FitRow]:
+    loads = [PhaseLoad(1e12 * k, 3e9 * (4 - k % 4), 20 + 7 * k, k % 3 and 1) for k in range(1, 9)]
+    return [FitRow(load, phase_time(load, PEAK, BW, eff)) for load in loads]
+
+
+@pytest.mark.parametrize("eff", [Efficiency(compute=0.6, memory=0.8, op_overhead_s=5e-6, call_overhead_s=1e-4),
+                                 Efficiency(compute=0.05, memory=0.3, op_overhead_s=0.0),
+                                 Efficiency(compute=1.0, memory=1.0, op_overhead_s=2e-5, call_overhead_s=0.02)])
+def test_fit_recovers_known_efficiencies(eff: Efficiency) -> None:
+    fit = fit_efficiency(_rows(eff), PEAK, BW)
+    assert fit.compute == pytest.approx(eff.compute, rel=1e-9)
+    assert fit.memory == pytest.approx(eff.memory, rel=1e-9)
+    assert fit.op_overhead_s == pytest.approx(eff.op_overhead_s, rel=1e-9, abs=1e-15)
+    assert fit.call_overhead_s == pytest.approx(eff.call_overhead_s, rel=1e-9, abs=1e-15)
+
+
+def test_fit_keeps_efficiencies_at_most_one() -> None:
+    """Times faster than the datasheet allows cannot give an efficiency above 1: it stops at 1."""
+    rows = [FitRow(r.load, r.measured_s / 3) for r in _rows(Efficiency(compute=1.0, memory=1.0, op_overhead_s=0))]
+    fit = fit_efficiency(rows, PEAK, BW)
+    assert fit.compute == 1.0 and fit.memory == 1.0 and fit.op_overhead_s == fit.call_overhead_s == 0.0
+
+
+def test_fit_without_measurements_is_refused() -> None:
+    with pytest.raises(CalibrationError, match="no measured time"):
+        fit_efficiency([FitRow(PhaseLoad(1, 1, 1, 1), 0.0)], PEAK, BW)
+
+
+def test_defaults_differ_by_device_kind() -> None:
+    assert default_efficiency("cpu") != default_efficiency("h100-sxm")
+    assert default_efficiency("h100-sxm") == default_efficiency("a100-80gb")
+
+
+def _calibration() -> Calibration:
+    return Calibration(device="cpu", dtype="float32", efficiency=Efficiency(compute=0.4, memory=0.9,
+                                                                            op_overhead_s=3e-6, call_overhead_s=1e-4),
+                       profile="profiles/gpt", fingerprint="0123456789abcdef",
+                       units=(UnitError(0, "tok_emb", 2, 1.0, 1.1), UnitError(1, "h.0", 2, 2.0, 1.0),
+                              UnitError(2, "h.1", 2, 2.0, 2.1)))
+
+
+def test_calibration_round_trips_with_its_errors(tmp_path: Path) -> None:
+    cal = _calibration()
+    cal.save(tmp_path / "cal.json")
+    back = load_calibration(tmp_path / "cal.json", device="cpu")
+    assert back == cal
+    data = json.loads((tmp_path / "cal.json").read_text())
+    assert data["median_error"] == pytest.approx(0.1) and data["worst_error"] == pytest.approx(0.5)
+    assert data["fitted_from"] == {"profile": "profiles/gpt", "fingerprint": "0123456789abcdef"}
+
+
+def test_calibration_for_another_device_is_refused(tmp_path: Path) -> None:
+    _calibration().save(tmp_path / "cal.json")
+    with pytest.raises(CalibrationError, match="calibrated for device 'cpu', not 'h100-sxm'"):
+        load_calibration(tmp_path / "cal.json", device="h100-sxm")
+
+
+@pytest.mark.parametrize("change, message", [({"version": 9}, "version 9 is not 1"),
+                                             ({"compute_efficiency": 1.5}, "compute efficiency 1.5 is outside"),
+                                             ({"op_overhead_s": "x"}, "bad calibration field")])
+def test_damaged_calibration_is_refused(tmp_path: Path, change: dict[str, object], message: str) -> None:
+    data = {**_calibration().to_json(), **change}
+    (tmp_path / "cal.json").write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match=message):
+        load_calibration(tmp_path / "cal.json")

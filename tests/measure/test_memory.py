@@ -1,0 +1,66 @@
+"""Bytes a unit holds: the live-storage tracker that gives the peak on CPU, and the saved-tensor count."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from autopp.measure.memory import LiveBytes, peak_bytes, saved_bytes, storage_key
+
+
+def test_live_bytes_counts_new_storages_until_freed() -> None:
+    a = torch.ones(100)  # made before: not counted
+    with LiveBytes() as live:
+        b = a * 2  # 400 bytes
+        c = b + 1  # 400 more
+        view = c.view(10, 10)  # a view: nothing new
+        c.add_(1)  # in place: nothing new
+        assert live.now == live.peak == 800
+        del b
+        assert live.now == 400  # freed when Python drops the storage
+        d = view.sum()  # 4 bytes
+    assert (live.now, live.peak) == (404, 800)
+    del c, view, d
+
+
+def test_cpu_peak_of_a_forward_and_backward() -> None:
+    """A Linear(64, 32) without bias on 8 rows: the output, its gradient (ones), the weight's gradient and the
+    input's: what autograd allocates, each storage counted once."""
+    lin = torch.nn.Linear(64, 32, bias=False)
+    x = torch.randn(8, 64, requires_grad=True)
+
+    def forward_backward() -> None:
+        out = lin(x)
+        out.backward(torch.ones_like(out))
+    peak = peak_bytes(torch.device("cpu"), forward_backward)
+    output, weight_grad, input_grad = 8 * 32 * 4, 64 * 32 * 4, 8 * 64 * 4
+    assert output + weight_grad + input_grad <= peak <= 2 * output + weight_grad + input_grad + 64 * 32 * 4
+
+
+def test_saved_bytes_holds_no_tensor_after_counting() -> None:
+    """A saved output kept with its grad_fn would be a cycle through autograd's C++ graph that gc cannot free."""
+    def graphs() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o) is torch.Tensor and o.grad_fn is not None)
+    lin = torch.nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    params = {storage_key(p) for p in lin.parameters()}
+    before = graphs()
+    out, n = saved_bytes(lambda: torch.relu(lin(x)), params)
+    assert n == 2 * 4 * 16 * 4  # Linear saves its input, ReLU its output
+    del out
+    assert graphs() == before
+
+
+def test_storages_of_fake_tensors_are_told_apart() -> None:
+    """Fake tensors have no data pointer: storages are keyed by `storage_key`, so two fake tensors count twice and a
+    view of one adds nothing (analytic profiles count with the same functions as measured ones)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from autopp.measure.memory import storage_bytes, value_bytes
+    with FakeTensorMode():
+        a, b = torch.ones(10), torch.ones(20)
+        assert storage_bytes([a, b, a.view(2, 5)]) == value_bytes({"x": (a, [b])}) == 30 * 4
+        w = torch.ones(2, 4, requires_grad=True)
+        _, saved = saved_bytes(lambda: torch.relu(a.view(2, 5) @ torch.ones(5, 4)) * w, {storage_key(w)})
+    assert saved > 0

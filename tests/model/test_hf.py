@@ -1,0 +1,181 @@
+"""A ModelFile from an HF config.json alone (autopp.model.hf): the tiny config builds the same model as
+examples/hf_llama.py, its batches and losses fit each task, the public shapes build on meta with their published
+parameter counts, errors are one line, and `autopp profile|plan --hf-config` record where the profile came from.
+
+Every test here imports transformers: integration tier (README.md, "Two tiers")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from autopp.errors import ModelFileError
+from autopp.model import check_forward, discover_units, fingerprint, load_model_file
+from autopp.model.hf import _build, hf_model_file, load_model
+from autopp.model.meta import build_units
+
+from ..conftest import EXAMPLES
+
+pytestmark = pytest.mark.integration
+
+CONFIGS = EXAMPLES / "configs"
+TINY = CONFIGS / "tiny-llama.json"
+
+
+@pytest.fixture(autouse=True)
+def _needs_transformers() -> None:
+    pytest.importorskip("transformers")
+
+
+def test_tiny_config_is_examples_hf_llama() -> None:
+    """Same numbers as examples/hf_llama.py: the same parameters, units and fingerprint."""
+    mf = hf_model_file(TINY)
+    model = mf.build()
+    assert mf.path == TINY.resolve() and not model.config.use_cache
+    assert sum(p.numel() for p in model.parameters()) == 508_480
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    ref = load_model_file(EXAMPLES / "hf_llama.py")
+    ref_model = ref.build()
+    units = discover_units(mf, model)
+    assert [u.split_point for u in units] == [u.split_point for u in discover_units(ref, ref_model)]
+    assert fingerprint(model, units) == fingerprint(ref_model, discover_units(ref, ref_model))
+
+
+def test_causal_lm_batch_and_loss() -> None:
+    mf = hf_model_file(TINY, seq_len=8)
+    model = mf.build()
+    (ids,), target = mf.sample_batch(3)
+    assert ids.shape == target.shape == (3, 8) and ids.dtype == torch.int64
+    assert 0 <= int(ids.min()) and int(ids.max()) < 2048
+    again, _ = mf.sample_batch(3)
+    assert torch.equal(again[0], ids)  # reproducible for the seed
+    loss = mf.loss_fn(model(ids), target)
+    assert loss.shape == () and abs(loss.item() - torch.log(torch.tensor(2048.0)).item()) < 1.0  # ~ln(vocab)
+    check_forward(mf, model)
+
+
+def test_seq_cls_batch_and_loss(tmp_path: Path) -> None:
+    config = tmp_path / "cls.json"
+    config.write_text(json.dumps({**json.loads(TINY.read_text()), "pad_token_id": None,
+                                  "id2label": {"0": "a", "1": "b", "2": "c"}}))
+    mf = hf_model_file(config, seq_len=8, task="seq-cls")
+    model = mf.build()
+    (ids,), target = mf.sample_batch(4)
+    assert ids.shape == (4, 8) and int(ids.min()) >= 1 and target.shape == (4,) and int(target.max()) < 3
+    assert model(ids).logits.shape == (4, 3)
+    check_forward(mf, model)
+
+
+def test_masked_lm_on_bert(tmp_path: Path) -> None:
+    config = tmp_path / "bert.json"
+    config.write_text(json.dumps({"model_type": "bert", "vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2,
+                                  "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 16}))
+    mf = hf_model_file(config, task="masked-lm")
+    (ids,), target = mf.sample_batch(2)
+    assert ids.shape == (2, 16) and torch.equal(ids, target)
+    check_forward(mf, mf.build())
+
+
+@pytest.mark.parametrize("name,params", [("llama-3-8b", 8_030_261_248), ("llama-3-70b", 70_553_706_496),
+                                         ("qwen2.5-7b", 7_615_616_512)])
+def test_public_shapes_build_on_meta(name: str, params: int) -> None:
+    """The published sizes (Llama-3-8B 8.03 B, 70B 70.6 B, Qwen2.5-7B 7.62 B), nothing allocated."""
+    mf = hf_model_file(CONFIGS / f"{name}.json")
+    with torch.device("meta"):
+        model = mf.build()
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+def _one_line(call, match: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ModelFileError, match=match) as info:
+        call()
+    assert "\n" not in str(info.value)
+
+
+def test_transformers_errors_are_one_line(tmp_path: Path) -> None:
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"model_type": "not-a-model"}))
+    _one_line(lambda: hf_model_file(unknown), r"unknown.json: transformers \S+ does not know model_type "
+                                              r"'not-a-model'; check the key")
+    _one_line(lambda: hf_model_file(TINY, task="masked-lm"),
+              "tiny-llama.json: transformers has no masked-lm model for model_type 'llama'; give --task causal-lm "
+              "or seq-cls")
+    novocab = tmp_path / "novocab.json"
+    novocab.write_text(json.dumps({**json.loads(TINY.read_text()), "vocab_size": 1}))
+    _one_line(lambda: hf_model_file(novocab), '"vocab_size" must be an integer >= 2')
+
+
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("num_attention_heads", 5, r"hidden size \(64\) is not a multiple of the number of attention heads \(5\)"),
+    ("hidden_size", "64", "hidden_size"),
+    ("max_position_embeddings", None, "max_position_embeddings")])
+def test_bad_config_values_are_one_line(tmp_path: Path, key: str, value: object, match: str) -> None:
+    """A value transformers refuses, whether reading the config or building the model, names the config file."""
+    bad = tmp_path / "badcfg.json"
+    bad.write_text(json.dumps({**json.loads(TINY.read_text()), key: value}))
+    _one_line(lambda: hf_model_file(bad).build(), rf"^{bad}: transformers .*{match}")
+
+
+def test_one_unit_config_is_told_to_add_layers(tmp_path: Path) -> None:
+    """A config cannot define SPLIT_POINTS: a config of 0 layers (1 unit) is told what a config can do."""
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps({**json.loads(TINY.read_text()), "num_hidden_layers": 0}))
+    _one_line(lambda: build_units(hf_model_file(flat)),
+              r"flat.json: found 1 unit\(s\); a pipeline needs >= 2: use a config with at least 2 layers$")
+
+
+def test_from_config_failure_names_the_config(tmp_path: Path) -> None:
+    class Refusing:
+        @staticmethod
+        def from_config(config: object, dtype: torch.dtype) -> torch.nn.Module:
+            raise ValueError("The hidden size (64) is not a multiple\nof the number of attention heads (5)")
+
+    _one_line(lambda: _build(tmp_path / "c.json", Refusing, object()),
+              r"c.json: transformers cannot build a model from this config: The hidden size \(64\) is not a "
+              r"multiple of the number of attention heads \(5\)$")
+
+
+def test_seq_len_checked_against_the_class_default(tmp_path: Path) -> None:
+    """A config without max_position_embeddings takes its class's default (GPT-2: 1024), checked once transformers
+    has read it."""
+    config = tmp_path / "gpt2.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64}))
+    _one_line(lambda: hf_model_file(config, seq_len=2048), r"--seq-len 2048 is above .* \(1024\)")
+
+
+def test_load_model_routes_json_to_the_config() -> None:
+    mf = load_model(TINY, {"seq_len": 4, "task": "causal-lm", "model_type": "llama"})
+    assert mf.sample_batch(2)[0][0].shape == (2, 4)
+    assert load_model(EXAMPLES / "mlp.py").path == (EXAMPLES / "mlp.py").resolve()
+
+
+def test_cli_profile_then_plan_reuses_or_refreshes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`autopp profile --hf-config` writes profiles/<config stem>/ recording the config, sequence length and task;
+    `autopp plan --hf-config` reuses it at the same sequence length and profiles again at another; the plan
+    records both, and `autopp run` builds the model from the config at that length and validates it."""
+    from autopp.cli import main
+    from autopp.data.profile import load_profile
+    monkeypatch.chdir(tmp_path)
+    quick = ["--microbatch-sizes", "1", "--repeats", "1", "--warmup", "0"]
+    assert main(["profile", "--hf-config", str(TINY), "--seq-len", "8", *quick]) == 0
+    profile = load_profile(tmp_path / "profiles" / "tiny-llama")
+    assert Path(profile.meta.model_path) == TINY.resolve()
+    assert profile.meta.extra["hf_config"] == {"seq_len": 8, "task": "causal-lm", "model_type": "llama"}
+    assert profile.num_units == 6
+    capsys.readouterr()
+    plan = ["plan", "--hf-config", str(TINY), "--devices", "2", "--memory", "1GiB", "--global-batch", "2"]
+    assert main([*plan, "--seq-len", "8"]) == 0
+    assert "using profile profiles/tiny-llama/" in capsys.readouterr().err
+    assert json.loads((tmp_path / "tiny-llama.plan.json").read_text())["fingerprint"] == profile.meta.fingerprint
+    assert main([*plan, "--seq-len", "4"]) == 0
+    assert "wrote profile profiles/tiny-llama/" in capsys.readouterr().err
+    assert load_profile(tmp_path / "profiles" / "tiny-llama").meta.extra["hf_config"]["seq_len"] == 4
+    plan_file = tmp_path / "tiny-llama.plan.json"
+    assert json.loads(plan_file.read_text())["hf_config"] == {"seq_len": 4, "task": "causal-lm", "model_type": "llama"}
+    assert main(["run", str(plan_file), "--steps", "2"]) == 0
+    assert json.loads((tmp_path / "tiny-llama.plan.report.json").read_text())["passed"] is True
