@@ -132,7 +132,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from ..display import format_profile
     sizes = [args.microbatch_size] if args.microbatch_size else args.microbatch_sizes
     try:
-        if args.analytic:  # counted on meta, timed by the catalog device's roofline (autopp.cli.calibrate)
+        if args.analytic:  # counted on meta, timed by the catalog device's roofline (autopp.cli.analytic)
             profile = _with_source(analytic_of(args, _model_of(args, source), sizes), source)
         else:
             profile = _profiled(_model_of(args, source), source, microbatch_sizes=sizes, optimizer=args.optimizer,
