@@ -242,6 +242,7 @@ def test_analytic_gpt_profile_plans(tmp_path: Path, shipped_gpt: Profile) -> Non
 # measuring flags refused, copies (same_as) on analytic rows, fits over measured rows, the calibrated ridge point.
 
 
+@pytest.mark.integration  # over 2 s: two counts of a model / transformers' MoE import
 def test_bfloat16_counts_have_the_measured_fingerprint() -> None:
     """The fingerprint is taken before the cast to --dtype, as the profiler does: a bfloat16 analytic profile of
     mlp.py is current for the shipped measured profile (and `autopp calibrate` accepts it)."""
@@ -324,6 +325,7 @@ def test_cli_analytic_refuses_other_dtype_and_measuring_flags(tmp_path: Path, ca
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.integration  # over 2 s: two counts of a model / transformers' MoE import
 def test_moe_routing_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """docs/models.md: a Mixtral config cannot run on fake tensors (torch's meta _grouped_mm takes bfloat16 only)."""
     config = tmp_path / "tiny-mixtral.json"
