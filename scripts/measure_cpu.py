@@ -21,7 +21,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -32,21 +31,17 @@ import torch
 from autopp.data.catalog import load_device
 from autopp.data.cluster import DEFAULT_LINK
 from autopp.jsonio import write_json
+from autopp.measure.options import DTYPES
+from autopp.measure.timing import Budget, Timer
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "autopp" / "data" / "devices" / "cpu.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _times(fn: Callable[[], Any], repeats: int) -> list[float]:
-    """Seconds of `repeats` calls of `fn` after one warm-up call."""
-    fn()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
+    """Seconds of `repeats` calls of `fn` after one warm-up call, timed as the profiler times (autopp.measure.timing)."""
+    timer = Timer(torch.device("cpu"))
+    return [t for timed in Budget(warmup=1, repeats=repeats).runs() for _, t in [timer.time(fn)] if timed]
 
 
 def matmul_flops(dtype: torch.dtype, n: int, repeats: int) -> list[float]:
