@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from .data.plan import Plan, Prediction
 from .data.profile import Profile
 from .sizes import format_size, format_time
 
-__all__ = ["format_profile", "format_plan", "format_predicted_step"]
+__all__ = ["format_profile", "sync_name", "format_grid", "format_plan", "format_predicted_step"]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -37,10 +39,35 @@ def format_predicted_step(plan: Plan, pipeline_s: float | None = None) -> str:
     """The plan's stored prediction as every view prints it (the plan table, `autopp show` and its PNG): step time
     and bubble. With `pipeline_s` (the simulated pipeline a timeline draws), also what the step adds to it."""
     p = plan.predicted
-    parts = [f"{name} {format_time(s)}" for name, s in (("optimizer", p.optimizer_s), ("all-reduce", p.allreduce_s))
+    parts = [f"{name} {format_time(s)}" for name, s in (("optimizer", p.optimizer_s), (sync_name(plan), p.allreduce_s))
              if s > 0]
     split = f" (pipeline {format_time(pipeline_s)} + {' + '.join(parts)})" if pipeline_s is not None and parts else ""
     return f"step {format_time(p.step_time_s)}{split}, bubble {p.bubble_fraction:.1%}"
+
+
+def sync_name(plan: Plan) -> str:
+    """What the plan's data-parallel collectives after the last backward are (`Prediction.allreduce_s`)."""
+    return {0: "all-reduce", 2: "ZeRO 2 all-gather"}.get(plan.zero, f"ZeRO {plan.zero} reduce-scatter + all-gather")
+
+
+class _Grid(Protocol):
+    """What format_grid reads: a Plan, or a run report (autopp.run.report.RunReport) with the same four fields."""
+
+    @property
+    def pp(self) -> int: ...
+    @property
+    def dp(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def zero(self) -> int: ...
+
+
+def format_grid(plan: _Grid) -> str:
+    """The plan's (or a run report's) parallel layout as every view prints it: "pp 4 x dp 2", "pp 2 x dp 2 x tp 2,
+    ZeRO 3"."""
+    return f"pp {plan.pp} x dp {plan.dp}" + (f" x tp {plan.tp}" if plan.tp > 1 else "") \
+        + (f", ZeRO {plan.zero}" if plan.zero else "")
 
 
 def format_plan(plan: Plan) -> str:
@@ -55,11 +82,12 @@ def format_plan(plan: Plan) -> str:
                      + [_summary(k, v) for k, v in plan.baselines.items()]
                      + [["ideal", format_time(plan.ideal_step_time_s), "0.0%", "", "", "100.0%",
                          "total work / devices"]])
-    head = (f"{plan.schedule.value} on {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, "
+    head = (f"{plan.schedule.value} on {plan.num_ranks} ranks ({format_grid(plan)}, "
             f"{_count(plan.virtual_stages, 'stage')} "
             f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
-    extra = f"\ngradient all-reduce {format_time(plan.predicted.allreduce_s)} included" if plan.dp > 1 else ""
+    extra = f"\n{sync_name(plan)} {format_time(plan.predicted.allreduce_s)} at the step's end included" \
+        if plan.dp > 1 else ""
     unfit = [k for k, v in [(own, plan.predicted), *plan.baselines.items()] if not v.fits]
     notes = "".join(f"\nnote: {n}" for n in plan.notes)
     notes += f"\nnote: does not fit (a rank's simulated peak exceeds its device's memory): {', '.join(unfit)}" \

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "AutoppError",
     "ModelFileError",
+    "TpPlanError",
     "ProfileError",
     "InfeasibleError",
     "PlanError",
@@ -19,6 +20,11 @@ class AutoppError(Exception):
 
 class ModelFileError(AutoppError):
     """The user's model file breaks the contract (missing file or function, wrong signature, too few units)."""
+
+
+class TpPlanError(ModelFileError):
+    """A tensor-parallel plan names no module, a style autopp does not support, a module no style can shard, or a
+    degree that does not divide a sharded dimension."""
 
 
 class ProfileError(AutoppError):

@@ -193,3 +193,25 @@ def test_bad_paths_are_reported_before_torch_is_imported(tmp_path: Path) -> None
                           text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == "torch-free", done.stderr
     assert len(done.stderr.strip().splitlines()) == len(argvs) and "nope.py: no such file" in done.stderr
+
+
+def test_plan_tp_and_zero_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autopp.solve.synthetic import synthetic_profile
+    profile = synthetic_profile(10, hidden=256, seq=64, tp_degrees=(2,)).save(tmp_path / "prof")
+    out = tmp_path / "p.json"
+    assert main(["plan", "--profile", str(profile), "--device", "h100-sxm", "--nodes", "2", "--devices-per-node", "4",
+                 "--pp", "2", "--dp", "2", "--tp", "2", "--zero", "3", "--global-batch", "8", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(pp 2 x dp 2 x tp 2, ZeRO 3," in text and "on 8 ranks" in text
+    data = json.loads(out.read_text())
+    assert (data["tp"], data["zero"], data["num_ranks"]) == (2, 3, 8)
+    assert main(["plan", "--profile", str(profile), "--device", "h100-sxm", "--nodes", "2", "--devices-per-node", "4",
+                 "--dp", "auto", "--tp", "auto", "--zero", "auto", "--global-batch", "8", "-o", str(out)]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["plan", "--profile", str(profile), "--devices", "8", "--memory", "1GiB", "--zero", "4"])
+    assert "expected a ZeRO stage 0, 1, 2 or 3, or auto, got '4'" in capsys.readouterr().err
+    _fails(["plan", "--profile", str(profile), "--devices", "8", "--memory", "80GiB", "--tp", "4", "-o",
+            str(out)], capsys, "no tensor-parallel rows of degree 4 (it has: 2); profile again with --tp 2,4")
+    _fails(["plan", "--profile", str(profile), "--devices", "8", "--memory", "80GiB", "--tp", "2", "--split", "3",
+            "-o", str(out)], capsys, "--split evaluates pipeline x data-parallel configurations only")

@@ -229,3 +229,21 @@ def test_bad_node_files(tmp_path: Path, data: dict[str, object], pattern: str) -
     with pytest.raises(AutoppError, match=pattern) as info:
         load_cluster(_write(tmp_path, data))
     assert "\n" not in str(info.value)
+
+
+def test_tp_groups_make_each_group_one_pipeline_rank() -> None:
+    from autopp.data.cluster import hierarchical_cluster
+    intra, inter = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e11), Link(latency_s=5e-6, bandwidth_bytes_per_s=1e10)
+    cluster = hierarchical_cluster(Nodes(count=4, devices_per_node=8, intra=intra, inter=inter), 2**34)
+    g = cluster.tp_groups(4)
+    assert (g.num_devices, g.nodes.count, g.nodes.devices_per_node) == (8, 4, 2)
+    assert g.memory_bytes == cluster.memory_bytes and cluster.tp_link(4) == intra
+    span = cluster.tp_groups(16)  # groups of two whole nodes, joined by the inter-node link only
+    assert (span.num_devices, span.nodes.devices_per_node, span.nodes.intra) == (2, 1, inter)
+    assert cluster.tp_link(16) == inter and cluster.tp_groups(1) is cluster
+    with pytest.raises(ValueError, match="neither fits in nor spans whole nodes"):
+        hierarchical_cluster(Nodes(count=3, devices_per_node=4, intra=intra, inter=inter), 2**34).tp_groups(6)
+    flat = Cluster(num_devices=8, memory_bytes=2**30)
+    assert flat.tp_groups(2).num_devices == 4 and flat.tp_link(2) == flat.link
+    with pytest.raises(ValueError, match="groups of 3"):
+        flat.tp_groups(3)

@@ -80,12 +80,25 @@ def test_new_fields_round_trip_and_old_files_still_load(tmp_path: Path) -> None:
     assert load_plan(tmp_path / "old.json") == plan
 
 
-def test_world_size_is_pp_times_dp() -> None:
+def test_world_size_is_pp_times_dp_times_tp() -> None:
     plan = _plan()
     dp2 = Plan(**{**plan.__dict__, "num_ranks": 4, "pp": 2, "dp": 2})
     assert dp2.global_batch == 16
-    with pytest.raises(PlanError, match=r"dp\(2\) \* pp\(2\) != num_ranks \(3\)"):
+    with pytest.raises(PlanError, match=r"pp\(2\) \* dp\(2\) \* tp\(1\) != num_ranks \(3\)"):
         Plan(**{**plan.__dict__, "num_ranks": 3, "pp": 2, "dp": 2})
+    tp2 = Plan(**{**plan.__dict__, "num_ranks": 8, "pp": 2, "dp": 2, "tp": 2, "zero": 3})
+    assert tp2.global_batch == 16  # tensor-parallel ranks share their replica's samples
+    with pytest.raises(PlanError, match="'zero' must be a ZeRO stage"):
+        Plan(**{**plan.__dict__, "num_ranks": 4, "pp": 2, "dp": 2, "zero": 4})
+
+
+def test_3d_fields_round_trip_and_stay_out_of_pipeline_only_plans(tmp_path: Path) -> None:
+    plan = _plan()
+    assert "tp" not in plan.to_json() and "zero" not in plan.to_json()
+    tp2 = Plan(**{**plan.__dict__, "num_ranks": 4, "pp": 2, "dp": 1, "tp": 2, "zero": 1,
+                  "tp_plan": {"layers.*.fc1": "colwise", "layers.*.fc2": "rowwise"}})
+    back = load_plan(tp2.save(tmp_path / "p.json"))
+    assert (back.tp, back.zero, back.tp_plan) == (2, 1, tp2.tp_plan)
 
 
 def _write(tmp_path: Path, data: dict[str, object]) -> Path:

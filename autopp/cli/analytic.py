@@ -72,4 +72,4 @@ def analytic_of(args: argparse.Namespace, model: str | ModelFile, sizes: list[in
     spec = load_device(args.analytic)
     return analytic_profile(model, spec, sizes, dtype=args.dtype, optimizer=args.optimizer,
                             calibration=_calibration(args, spec.name), progress=progress("counting"),
-                            calibration_path=args.calibration)
+                            calibration_path=args.calibration, tp_degrees=getattr(args, "tp", None))

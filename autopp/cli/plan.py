@@ -48,6 +48,14 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help=f"pipeline schedule (default {ScheduleName.ONE_F_ONE_B.value}; auto searches all)")
     p.add_argument("--pp", type=POSITIVE, help="pin the pipeline ranks (default devices / dp)")
     p.add_argument("--dp", type=_auto_int, help="data-parallel replicas, or auto (default 1, or devices / pp)")
+    p.add_argument("--tp", type=_auto_int, default=1,
+                   help="tensor-parallel degree (devices per pipeline rank; the profile needs rows of it: "
+                        "`autopp profile --tp`), or auto: 1 and every degree profiled that fits a node (default 1)")
+    p.add_argument("--zero", type=_zero, default=0,
+                   help="ZeRO stage of the data parallelism: 0 replicated, 1 optimizer state sharded, 2 + gradients "
+                        "(costed only), 3 + parameters (FSDP2), or auto: 0, 1 and 3 (default 0)")
+    p.add_argument("--tp-across-nodes", action="store_true",
+                   help="let tensor-parallel groups span nodes (default: a group stays inside a node)")
     p.add_argument("--synthesize", action="store_true",
                    help="also try a CP-SAT-synthesized F/I/W order for the chosen split (always on with auto)")
     p.add_argument("--synth-time", type=SECONDS, default=10.0, metavar="S", help="CP-SAT time limit (default 10 s)")
@@ -90,6 +98,15 @@ def _indices(text: str) -> tuple[int, ...]:
 
 def _auto_int(text: str) -> int:
     return 0 if text == "auto" else POSITIVE(text)
+
+
+def _zero(text: str) -> int | None:
+    """--zero 0..3 or auto (None)."""
+    if text == "auto":
+        return None
+    if text not in ("0", "1", "2", "3"):
+        raise argparse.ArgumentTypeError(f"expected a ZeRO stage 0, 1, 2 or 3, or auto, got {text!r}")
+    return int(text)
 
 
 def _dp(args: argparse.Namespace) -> int | None:
@@ -165,12 +182,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch,
                               num_microbatches=args.microbatches,
                               schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
-                              pp=args.pp, dp=_dp(args), virtual_stages=args.virtual_stages,
+                              pp=args.pp, dp=_dp(args), tp=args.tp or None, zero=args.zero,
+                              tp_across_nodes=args.tp_across_nodes, virtual_stages=args.virtual_stages,
                               recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
                               synthesize=args.schedule == "auto" or args.synthesize,
                               synth_time_limit_s=args.synth_time)
     except ValueError as exc:
         raise AutoppError(str(exc)) from None
+    for flag, value in (("--split", args.split), ("--pin-from", args.pin_from)):
+        if value and (request.tp != 1 or request.zero != 0):
+            raise AutoppError(f"{flag} evaluates pipeline x data-parallel configurations only: drop --tp/--zero "
+                              f"(or plan with them without {flag})")
     given = None
     if args.profile:
         from ..data.profile import load_profile

@@ -44,6 +44,10 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--measure-every-unit", action="store_true",
                    help="measure every unit, also those of the same structure and input shapes as an earlier one "
                         "(default: measured once, shared; docs/profile-format.md)")
+    p.add_argument("--tp", type=comma_sizes, metavar="T,T,...",
+                   help="also profile these tensor-parallel degrees (tp.csv; the model needs a TP plan: TP_PLAN in "
+                        "the model file or an HF base_model_tp_plan). Default: none when measuring; with --analytic, "
+                        "every degree up to the device's devices per node that the plan allows")
     add_analytic_arguments(p)
     p.add_argument("-o", "--output", help="profile directory (default profiles/MODEL, or profiles/CONFIG for "
                                           "--hf-config C.json)")
@@ -139,7 +143,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                                 warmup=args.warmup, repeats=args.repeats, threads=args.threads,
                                 progress=progress("profiling"), time_budget_s=args.time_budget, dtype=args.dtype,
                                 device=args.device, co_runners=args.co_runners,
-                                measure_every_unit=args.measure_every_unit)
+                                measure_every_unit=args.measure_every_unit, tp_degrees=args.tp or ())
     except ValueError as exc:
         raise AutoppError(str(exc)) from None
     end_progress()
@@ -154,6 +158,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(f"value {v.name} from unit {v.src} is read by units {list(v.dsts)}: {v.action.value}")
     for g in profile.meta.tied_parameters:
         print(f"tied parameters {', '.join(g.names)} (units {list(g.units)}): one tensor, a copy per unit that uses it")
+    if profile.meta.tp_degrees:
+        print(f"tensor-parallel rows (tp.csv) at tp {', '.join(map(str, profile.meta.tp_degrees))}: plan "
+              f"{profile.meta.tp_plan_source}")
+    if profile.meta.extra.get("tp_skipped"):
+        print(f"no tensor-parallel rows: {profile.meta.extra['tp_skipped']}")
     print(f"\nwrote profile {out}/ ({profile.num_units} units, microbatch sizes {list(profile.meta.microbatch_sizes)})")
     return 0
 

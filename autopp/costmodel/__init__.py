@@ -2,18 +2,20 @@
 
 Modules: `units` (the profile as per-unit arrays at a microbatch size: F, I, W, B, recompute, static, activation and
 cut bytes, the optimizer step's shares, working memory), `stage` (a stage's times for the simulator, its memory,
-device speeds), `terms` (point-to-point transfers, message overheads, progress delays, ring all-reduce, optimizer
-step). The DP, the judge, the CP-SAT models, the bounds and the explanations read these; nothing else computes a
+device speeds), `terms` (point-to-point transfers, message overheads, progress delays, ring all-reduce, the step's data-parallel
+synchronisation, optimizer step), `parallel` (tensor-parallel collectives, ZeRO sharding). The DP, the judge, the CP-SAT models, the bounds and the explanations read these; nothing else computes a
 cost term.
 """
 
 from .stage import (held_microbatches, ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,
                     unit_memory)
-from .terms import (allreduce_time, comm_times, gradient_allreduce_time, message_overheads, optimizer_time,
-                    progress_delays, send_times, step_end_floor, step_end_time, transfer_time)
-from .units import ProfileTable, UnitArrays, unit_arrays
+from .parallel import ZERO_STAGES, data_sharded, tensor_parallel
+from .terms import (allreduce_time, allreduce_times, comm_times, gradient_allreduce_time, message_overheads, optimizer_time,
+                    progress_delays, send_times, step_end_floor, step_end_time, sync_time, transfer_time)
+from .units import ProfileTable, TpComm, UnitArrays, unit_arrays
 
-__all__ = ["UnitArrays", "ProfileTable", "unit_arrays", "stage_speeds", "stage_costs", "held_microbatches",
+__all__ = ["UnitArrays", "TpComm", "ProfileTable", "unit_arrays", "ZERO_STAGES", "tensor_parallel", "data_sharded",
+           "allreduce_times", "sync_time", "stage_speeds", "stage_costs", "held_microbatches",
            "memory_prefix", "unit_memory", "stage_transient", "ideal_step_time", "transfer_time", "send_times",
            "comm_times",
            "message_overheads", "progress_delays", "allreduce_time", "gradient_allreduce_time", "optimizer_time",

@@ -11,7 +11,7 @@ from ..data.cluster import Cluster, Link
 from .units import UnitArrays
 
 __all__ = ["transfer_time", "send_times", "comm_times", "message_overheads", "progress_delays", "allreduce_time",
-           "gradient_allreduce_time", "optimizer_time", "step_end_time", "step_end_floor"]
+           "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "optimizer_time", "step_end_time", "step_end_floor"]
 
 _Bytes = TypeVar("_Bytes", float, np.ndarray)
 
@@ -86,6 +86,29 @@ def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster, rank: int = 0) 
     return total
 
 
+def allreduce_times(nbytes: np.ndarray, dp: int, cluster: Cluster, rank: int = 0) -> np.ndarray:
+    """`allreduce_time` of each entry of `nbytes` (0 for none), vectorised: the time is affine in the bytes."""
+    one = allreduce_time(1.0, dp, cluster, rank)
+    slope = allreduce_time(2.0, dp, cluster, rank) - one
+    return np.where(nbytes > 0, one - slope + slope * nbytes, 0.0)
+
+
+def half_collective(allreduce_s: _Bytes) -> _Bytes:
+    """A reduce-scatter or an all-gather of the bytes of an all-reduce taking `allreduce_s`: half of it (nccl-tests
+    doc/PERFORMANCE.md: (n - 1) / n x S / B against 2 (n - 1) / n, and n - 1 latency steps against 2 (n - 1))."""
+    return allreduce_s / 2
+
+
+def sync_time(grad_bytes: float, param_bytes: float, zero: int, dp: int, cluster: Cluster, rank: int = 0) -> float:
+    """The data-parallel collectives after a step's last backward for ZeRO stage `zero` (autopp.costmodel.parallel):
+    stage 0 all-reduces the gradients; 1 and 3 reduce-scatter them and all-gather the parameters; 2 (whose gradients
+    were reduce-scattered after each backward) all-gathers the parameters (`half_collective` each)."""
+    if zero == 0:
+        return allreduce_time(grad_bytes, dp, cluster, rank)
+    scatter = 0.0 if zero == 2 else half_collective(allreduce_time(grad_bytes, dp, cluster, rank))
+    return scatter + half_collective(allreduce_time(param_bytes, dp, cluster, rank))
+
+
 def _ring(nbytes: float, n: int, link: Link) -> float:
     """Ring all-reduce of `nbytes` over `n` ranks on `link`: 2 (n - 1) / n x bytes / bandwidth + 2 (n - 1)
     latencies."""
@@ -96,12 +119,13 @@ def _ring(nbytes: float, n: int, link: Link) -> float:
 
 def gradient_allreduce_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], dp: int,
                             cluster: Cluster) -> float:
-    """The slowest pipeline rank's all-reduce of its stages' gradients over `dp` replicas (ranks reduce in
-    parallel)."""
-    grads = [0.0] * (max(owner) + 1)
+    """The slowest pipeline rank's data-parallel synchronisation of its stages' gradients (and, under ZeRO
+    `a.zero` >= 1, parameters: `sync_time`) over `dp` replicas (ranks synchronise in parallel)."""
+    grads, params = [0.0] * (max(owner) + 1), [0.0] * (max(owner) + 1)
     for (i, j), r in zip(bounds, owner):
         grads[r] += float(a.grads[i:j].sum())
-    return max(allreduce_time(g, dp, cluster, r) for r, g in enumerate(grads))
+        params[r] += float(a.params[i:j].sum())
+    return max(sync_time(g, p, a.zero, dp, cluster, r) for r, (g, p) in enumerate(zip(grads, params)))
 
 
 def optimizer_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int],
@@ -129,4 +153,10 @@ def step_end_floor(a: UnitArrays, cluster: Cluster, pp: int, dp: int) -> float:
     least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded by 0); on a
     cluster of nodes, with the cheapest rank's group."""
     ranks = range(pp) if cluster.nodes is not None else range(1)
-    return min(allreduce_time(float(a.grads.sum()) / pp, dp, cluster, r) for r in ranks)
+    g, p = float(a.grads.sum()) / pp, float(a.params.sum()) / pp
+    if a.zero == 0:
+        return min(allreduce_time(g, dp, cluster, r) for r in ranks)
+    # some rank holds >= 1 / pp of the parameters, some (maybe another) >= 1 / pp of the gradients
+    gathered = min(allreduce_time(p, dp, cluster, r) for r in ranks)
+    scattered = 0.0 if a.zero == 2 else min(allreduce_time(g, dp, cluster, r) for r in ranks)
+    return half_collective(max(gathered, scattered))

@@ -8,11 +8,30 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..data.profile import Profile, ValueAction
+from ..errors import ProfileError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["UnitArrays", "ProfileTable", "unit_arrays"]
+__all__ = ["UnitArrays", "TpComm", "TP_COMM_COLUMNS", "ProfileTable", "unit_arrays"]
+
+#: tp.csv's collective columns (docs/profile-format.md), per microbatch, and the TpComm field each fills.
+TP_COMM_COLUMNS = {"tp_forward_allreduce_bytes": "forward_allreduce", "tp_backward_allreduce_bytes":
+                   "backward_allreduce", "tp_forward_allgather_bytes": "forward_allgather",
+                   "tp_forward_collectives": "forward_count", "tp_backward_collectives": "backward_count"}
+
+
+@dataclass(frozen=True, eq=False)
+class TpComm:
+    """Per unit, one microbatch's tensor-parallel collectives at one degree: the bytes S of nccl-tests' formulas
+    summed over the unit's all-reduces in F and in B and its all-gathers in F, and how many collectives (for the
+    latency term)."""
+
+    forward_allreduce: np.ndarray
+    backward_allreduce: np.ndarray
+    forward_allgather: np.ndarray
+    forward_count: np.ndarray
+    backward_count: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +62,12 @@ class UnitArrays:
     """Per unit, its working memory of one microbatch (None: 0): the peak bytes its forward + backward allocated
     (`Profile.unit_peak_bytes`) minus what the memory model already charges for it (activation, output and gradient
     bytes), at least 0. How it enters a rank's peak: `autopp.schedule.effects` (TRANSIENT)."""
+    zero: int = 0
+    """ZeRO stage the arrays were sharded for (`autopp.costmodel.parallel.data_sharded`): which data-parallel
+    collectives end a step (`terms.sync_time`). `params` and `grads` stay the whole (unsharded) bytes."""
+    tp_comm: TpComm | None = None
+    """Per unit, the tensor-parallel collectives of one microbatch (None: no tensor parallelism), already included
+    in the times by `autopp.costmodel.parallel.tensor_parallel`; kept for the plan's figures."""
 
     def transient_bytes(self) -> np.ndarray:
         """`transient`, zeros when the profile had no peak data."""
@@ -65,15 +90,20 @@ class UnitArrays:
 
 class ProfileTable:
     """A profile's columns as (unit x profiled size) arrays, interpolated between profiled sizes (piecewise linear,
-    extrapolated along the end segments; proportionally when one size was profiled), all units at once."""
+    extrapolated along the end segments; proportionally when one size was profiled), all units at once. With `tp`
+    > 1, a tensor-parallel rank's costs at that degree: its compute, bytes and collectives from the profile's
+    `tp.csv` rows (`Profile.tp_units`); cuts, working memory and the optimizer's time per byte stay the profile's."""
 
-    def __init__(self, profile: Profile) -> None:
-        t = profile.units.sort_values(["microbatch_size", "unit"])
+    def __init__(self, profile: Profile, tp: int = 1) -> None:
+        base = profile.units.sort_values(["microbatch_size", "unit"])
+        t = base if tp == 1 else _tp_rows(profile, tp)
+        self.tp = tp
         self.sizes = [int(b) for b in profile.meta.microbatch_sizes]
         self.sizes.sort()
         n = profile.num_units
         cols = ["forward_s", "backward_s", "activation_bytes",
-                *(c for c in ("backward_input_s", "backward_weight_s", "recompute_s") if c in t.columns)]
+                *(c for c in ("backward_input_s", "backward_weight_s", "recompute_s", *TP_COMM_COLUMNS)
+                  if c in t.columns)]
         self.cols = {c: np.array([t[t.microbatch_size == b][c].to_numpy(dtype=np.float64) for b in self.sizes]).T
                      for c in cols}
         first = t[t.microbatch_size == self.sizes[0]]
@@ -85,9 +115,10 @@ class ProfileTable:
         # The optimizer step was timed on the whole model, where a tied weight is one tensor; each unit holding a
         # copy steps its own, so a unit's share is its trainable bytes at the model's time per trainable byte.
         copies = sum(float(g.bytes) * (len(g.units) - 1) for g in profile.meta.tied_parameters)
-        total = float(self.grads.sum()) - copies
+        whole = base[base.microbatch_size == self.sizes[0]].grad_bytes.to_numpy(dtype=np.float64)
+        total = float(whole.sum()) - copies
         self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
-        self.transient = _transients(profile, t, self.sizes)
+        self.transient = _transients(profile, base, self.sizes)
 
     def _at(self, values: np.ndarray, x: float) -> np.ndarray:
         """The profile's interpolation (profile._interp) of every row of `values` (columns = profiled sizes)."""
@@ -108,8 +139,35 @@ class ProfileTable:
         act = np.round(self._at(self.cols["activation_bytes"], b))
         cut = np.concatenate(([0.0], np.round(self._at(self.cuts, b)) if self.n > 1 else [], [0.0]))
         transient = None if self.transient is None else np.round(self._at(self.transient, b))
+        comm = None if self.tp == 1 else TpComm(**{field: self._comm(c, b) for c, field in TP_COMM_COLUMNS.items()})
         return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
-                       optimizer=self.optimizer, transient=transient)
+                       optimizer=self.optimizer, transient=transient, tp_comm=comm)
+
+
+    def _comm(self, column: str, b: float) -> np.ndarray:
+        """A collective column at microbatch size `b`: bytes interpolated like every size-dependent cost, counts of
+        collectives (which do not grow with the batch) those of the smallest profiled size."""
+        if column not in self.cols:
+            return np.zeros(self.n)
+        if column.endswith("_collectives"):
+            return self.cols[column][:, 0]
+        return self._at(self.cols[column], b)
+
+
+def _tp_rows(profile: Profile, tp: int) -> pd.DataFrame:
+    """The profile's rows of tensor-parallel degree `tp`, ordered as units.csv's; ProfileError when it has none
+    (the degrees it has are in `ProfileMeta.tp_degrees`)."""
+    rows = profile.tp_units
+    if rows is None or not (rows.tp == tp).any():
+        where = f"the profile of {profile.meta.model_path}"
+        if not profile.meta.tp_plan:
+            raise ProfileError(f"{where} has no tensor-parallel rows, and no TP plan to make them with (TP_PLAN in "
+                               f"the model file, or an HF model's base_model_tp_plan): plan with --tp 1")
+        have = ", ".join(str(d) for d in profile.meta.tp_degrees) or "none"
+        ask = ",".join(str(d) for d in sorted({*profile.meta.tp_degrees, tp}))
+        raise ProfileError(f"{where} has no tensor-parallel rows of degree {tp} (it has: {have}); profile again "
+                           f"with --tp {ask}")
+    return rows[rows.tp == tp].sort_values(["microbatch_size", "unit"])
 
 
 def _transients(profile: Profile, t: pd.DataFrame, sizes: list[int]) -> np.ndarray | None:

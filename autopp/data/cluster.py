@@ -125,11 +125,12 @@ class Nodes:
         return (self.intra, self.inter) if self.wan is None else (self.intra, self.inter, self.wan)
 
 
-def grid_rank(pp_rank: int, replica: int, dp: int) -> int:
-    """The global rank (and device slot) of pipeline rank `pp_rank` in replica `replica` of a pp x dp grid: pp
-    outermost, dp inner (`Cluster.placed`), so a stage's replicas are neighbours. The planner costs links with this
-    layout and `autopp run` numbers its processes with it."""
-    return pp_rank * dp + replica
+def grid_rank(pp_rank: int, replica: int, dp: int, tp_rank: int = 0, tp: int = 1) -> int:
+    """The global rank (and device slot) of tensor-parallel rank `tp_rank` of pipeline rank `pp_rank` in replica
+    `replica` of a pp x dp x tp grid: pp outermost, then dp, tp innermost (`Cluster.placed`; torchtitan's mesh
+    ["pp", "dp", "tp"] row-major), so a tensor-parallel group is consecutive devices and a stage's replicas are
+    neighbours. The planner costs links with this layout and `autopp run` numbers its processes with it."""
+    return (pp_rank * dp + replica) * tp + tp_rank
 
 
 @lru_cache(maxsize=4096)
@@ -255,6 +256,37 @@ class Cluster:
     def device_link(self, d: int, e: int) -> Link:
         """The link between devices d and e (indices in the file's order)."""
         return self.links[min(d, e)] if self.links and abs(d - e) == 1 else self.link
+
+    def tp_groups(self, tp: int) -> Cluster:
+        """The cluster as a tensor-parallel degree `tp` sees it: each group of `tp` consecutive devices (`grid_rank`:
+        tp innermost) is one pipeline rank, with the memory and speed of one device (a rank's costs are per device,
+        sharded). Inside a node when `tp` divides the devices per node; a larger `tp` spans whole nodes, and the
+        groups are then joined by the inter-node link only. ValueError when `tp` does not divide the devices or the
+        cluster is not homogeneous."""
+        if tp == 1:
+            return self
+        if self.num_devices % tp or not self.homogeneous or self.order:
+            raise ValueError(f"tensor parallelism of degree {tp} needs identical devices in groups of {tp}: "
+                             f"{self.num_devices} devices" + ("" if self.homogeneous else ", not all alike"))
+        groups = self.num_devices // tp
+        if self.nodes is None:  # identical devices and links: as many as there are groups
+            return replace(self, num_devices=groups, devices=self.devices[:groups], links=self.links[:groups - 1])
+        per = self.nodes.devices_per_node
+        if per % tp == 0:
+            nodes = replace(self.nodes, devices_per_node=per // tp)
+        elif tp % per == 0:
+            nodes = replace(self.nodes, count=groups, devices_per_node=1, intra=self.nodes.inter)
+        else:
+            raise ValueError(f"tensor parallelism of degree {tp} neither fits in nor spans whole nodes of {per} "
+                             f"devices")
+        return replace(self, num_devices=groups, nodes=nodes, grid=None)
+
+    def tp_link(self, tp: int) -> Link:
+        """The link a tensor-parallel group of `tp` consecutive devices all-reduces on: the intra-node link when the
+        group fits in a node, else the inter-node link; a flat cluster's `link`."""
+        if self.nodes is None:
+            return self.link
+        return self.nodes.intra if self.nodes.devices_per_node % tp == 0 else self.nodes.inter
 
     def reordered(self, order: tuple[int, ...]) -> Cluster:
         """The same devices and links with pipeline rank r on device order[r]."""

@@ -102,7 +102,7 @@ class Plan:
     """A named torch.distributed.pipelining schedule, or CUSTOM for a synthesized order given in `custom_order`
     (run through torch's schedule runtime). Stored in JSON as its value ("1F1B", "Custom", ...)."""
     num_ranks: int
-    """World size: pp x dp processes."""
+    """World size: pp x dp x tp processes."""
     num_microbatches: int
     """Microbatches per pipeline replica per step."""
     microbatch_size: int
@@ -127,6 +127,15 @@ class Plan:
     device_order: tuple[int, ...] = ()
     """Device (index in the cluster file's order, = the launcher's process slot) of each global rank, as CP-SAT chose
     it on a heterogeneous cluster; empty: rank r runs on device r. Written to JSON only when not empty."""
+    tp: int = 1
+    """Tensor-parallel degree: each pipeline rank of each replica is a group of `tp` processes sharding its stages'
+    modules by `tp_plan` (docs/parallelism.md)."""
+    zero: int = 0
+    """ZeRO stage of the data parallelism (docs/parallelism.md): 0 replicated, 1 optimizer state sharded, 2 + gradients
+    (plan only: not runnable under torch.distributed.pipelining), 3 + parameters (FSDP2 resharding after forward)."""
+    tp_plan: dict[str, str] = field(default_factory=dict)
+    """The tensor-parallel plan the stages were costed with: module-name pattern (from the model's root, `*` for one
+    name token) -> style (autopp.model.tp); written to JSON only when tp > 1."""
     hf_config: dict[str, Any] = field(default_factory=dict)
     """For a model built from an HF config.json (`model_path`): the `seq_len` and `task` of its profile, so that
     `autopp run` builds the same model and batch. Written to JSON only when not empty."""
@@ -138,9 +147,11 @@ class Plan:
         if not all(isinstance(a, Action) for row in self.custom_order for a in row):  # from_json parses the text
             raise TypeError(f"Plan.custom_order must hold Actions, got {self.custom_order!r}")
         if self.pp == 0:
-            object.__setattr__(self, "pp", self.num_ranks // max(self.dp, 1))
-        if self.pp * self.dp != self.num_ranks:
-            raise PlanError(f"dp({self.dp}) * pp({self.pp}) != num_ranks ({self.num_ranks})")
+            object.__setattr__(self, "pp", self.num_ranks // max(self.dp * self.tp, 1))
+        if self.pp * self.dp * self.tp != self.num_ranks:
+            raise PlanError(f"pp({self.pp}) * dp({self.dp}) * tp({self.tp}) != num_ranks ({self.num_ranks})")
+        if self.zero not in (0, 1, 2, 3):
+            raise PlanError(f"field 'zero' must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
         ranks = sorted({s.rank for s in self.stages})
         if ranks != list(range(self.pp)):
             raise PlanError(f"plan places stages on ranks {ranks} but pp={self.pp} needs ranks 0..{self.pp - 1}")
@@ -173,6 +184,11 @@ class Plan:
             del data["device_order"]  # plans without one stay as they were written before the field existed
         if not self.hf_config:
             del data["hf_config"]  # plans of model files stay as they were
+        if self.tp == 1 and self.zero == 0:
+            for name in ("tp", "zero", "tp_plan"):
+                del data[name]  # pipeline-only plans stay as they were written before 3D parallelism
+        elif self.tp == 1:
+            del data["tp_plan"]
         data["stages"] = [{k: v for k, v in st.items() if v or k != "transient_bytes"} for st in data["stages"]]
         return {"version": data.pop("version"), **data}
 
@@ -213,7 +229,7 @@ class Plan:
 
 #: Integer fields of a plan and their least values (pp 0: num_ranks // dp, in files that predate the field).
 _PLAN_INTS = {"num_ranks": 1, "num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0,
-              "pp": 0, "dp": 1, "virtual_stages": 1}
+              "pp": 0, "dp": 1, "virtual_stages": 1, "tp": 1, "zero": 0}
 _STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
 _PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
 #: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
@@ -271,6 +287,10 @@ def _check_fields(data: dict[str, Any], where: str) -> None:
     for name, least in _PLAN_INTS.items():
         if name in data:
             check_int(data[name], name, least, where)
+    tp_plan = data.get("tp_plan", {})
+    if not isinstance(tp_plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tp_plan.items()):
+        raise PlanError(f"{where}: field 'tp_plan' must be an object of module-name pattern -> style strings, "
+                        f"got {tp_plan!r}")
     hf = data.get("hf_config", {})
     if not isinstance(hf, dict) or hf and not (is_count(hf.get("seq_len")) and isinstance(hf.get("task"), str)):
         raise PlanError(f"{where}: field 'hf_config' must be {{}} or {{\"seq_len\": S >= 1, \"task\": T}}, got {hf!r}")

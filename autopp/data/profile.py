@@ -1,6 +1,7 @@
 """The Profile: a pandas table of per-unit costs at each microbatch size, its metadata, and its networkx graph.
 
-Stored as a directory (documented in docs/profile-format.md): `units.csv`, `edges.csv`, `meta.json`, `graph.json`.
+Stored as a directory (documented in docs/profile-format.md): `units.csv`, `edges.csv`, `meta.json`, `graph.json`,
+and optionally `tp.csv` (tensor-parallel rows, autopp.data.profile_tp).
 This module imports no torch.
 """
 
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
-import numpy as np
 import pandas as pd
 
 from ..errors import AutoppError, ProfileError
@@ -23,9 +23,11 @@ from ..jsonio import read_json, shared_mode
 from ..preflight import check_output_dir
 from .profile_values import REPROFILE as _REPROFILE
 from .profile_values import LiveValue, TiedGroup, ValueAction
+from .profile_tp import TP_COLUMNS, TP_FILE, check_numbers, check_tp_meta, validate_tp
 from ..relpaths import resolved_path, stored_path
 
-__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "OPTIONAL_UNIT_COLUMNS", "UNIT_SOURCES", "EDGE_COLUMNS", "ValueAction", "LiveValue", "TiedGroup", "ProfileMeta",
+__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "OPTIONAL_UNIT_COLUMNS", "UNIT_SOURCES", "EDGE_COLUMNS",
+           "TP_COLUMNS", "ValueAction", "LiveValue", "TiedGroup", "ProfileMeta",
            "Profile", "load_profile"]
 
 PROFILE_VERSION = 1
@@ -99,6 +101,12 @@ class ProfileMeta:
     """One step's work on the whole model's parameters after the backward: torch's gradient scaling by the
     microbatch count, the optimizer's step and zero_grad (median; 0 in profiles that predate it). A rank takes the
     share of its parameter bytes."""
+    tp_plan: dict[str, str] = field(default_factory=dict)
+    """The tensor-parallel plan the TP rows were made with: module-name pattern -> style ({}: none)."""
+    tp_plan_source: str = ""
+    """Where the plan came from (autopp.model.tp.TpPlan.source)."""
+    tp_degrees: tuple[int, ...] = ()
+    """The degrees >= 2 that tp.csv has rows of (Profile.tp_units); () without TP rows."""
 
     def to_json(self) -> dict[str, Any]:
         plain = replace(self, live_values=(), tied_parameters=())
@@ -116,7 +124,9 @@ class ProfileMeta:
         except TypeError as exc:
             raise ProfileError(f"{where}: bad metadata: {exc}") from exc
         _check_meta_types(data, where)
-        tuples = {k: tuple(getattr(meta, k)) for k in ("unit_names", "split_points", "microbatch_sizes", "whole_model")}
+        check_tp_meta(data, where)
+        tuples = {k: tuple(getattr(meta, k)) for k in ("unit_names", "split_points", "microbatch_sizes", "whole_model",
+                                                       "tp_degrees")}
         return replace(meta, **tuples,
                        live_values=tuple(LiveValue.from_json(v, where) for v in _list(data, "live_values", where)),
                        tied_parameters=tuple(TiedGroup.from_json(g, where)
@@ -152,12 +162,17 @@ class Profile:
     meta: ProfileMeta
     units: pd.DataFrame
     edges: pd.DataFrame
+    tp_units: pd.DataFrame | None = None
+    """tp.csv's rows (autopp.data.profile_tp.TP_COLUMNS), one per (unit, microbatch size, degree of
+    `meta.tp_degrees`); None without tensor-parallel rows."""
 
     def __post_init__(self) -> None:
         missing = {c: default for c, (_, default) in OPTIONAL_UNIT_COLUMNS.items() if c not in self.units.columns}
         if missing:  # a profile written before these columns, or a table built without them
             object.__setattr__(self, "units", self.units.assign(**missing))
         _validate(self.meta, self.units, self.edges, f"profile of {self.meta.model_path}")
+        validate_tp(self.tp_units, self.num_units, self.meta.microbatch_sizes, self.meta.tp_degrees,
+                    f"profile of {self.meta.model_path}")
 
     def unit_peak_bytes(self) -> dict[int, dict[int, int]]:
         """The peak bytes allocated during each unit's forward and backward, {unit: {microbatch size: bytes}}, as
@@ -223,6 +238,8 @@ class Profile:
         try:
             self.units.to_csv(tmp / "units.csv", index=False)
             self.edges.to_csv(tmp / "edges.csv", index=False)
+            if self.tp_units is not None:
+                self.tp_units.to_csv(tmp / TP_FILE, index=False)
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
             (tmp / "graph.json").write_text(json.dumps(nx.node_link_data(self.graph(), edges="edges"), sort_keys=True) + "\n")
             _swap_in(tmp, target)
@@ -284,22 +301,7 @@ def _read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
 def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where: str) -> None:
     """Reject missing columns, non-numeric, NaN, infinite or negative values, and rows that miss a (unit, size)."""
     for table, columns, name in ((units, UNIT_COLUMNS, "units.csv"), (edges, EDGE_COLUMNS, "edges.csv")):
-        missing = [c for c in columns if c not in table.columns]
-        if missing:
-            raise ProfileError(f"{where}/{name}: lacks column(s) {missing}")
-        for c in (c for c, t in columns.items() if t != "str"):
-            values = pd.to_numeric(table[c], errors="coerce")
-            bad = values.isna() | ~np.isfinite(values.fillna(0.0).to_numpy(dtype=float))
-            if bad.any():
-                row = int(bad.to_numpy().nonzero()[0][0])
-                raw = table[c].iloc[row]
-                shown = "an empty cell" if pd.isna(raw) else repr(str(raw))
-                raise ProfileError(f"{where}/{name}: line {row + 2}, column {c}: {shown} is not a finite number; the "
-                                   f"file is damaged or cut short: {_REPROFILE}")
-            if c != "src" and (values < 0).any():
-                row = int((values < 0).to_numpy().nonzero()[0][0])
-                raise ProfileError(f"{where}/{name}: line {row + 2}, column {c}: {table[c].iloc[row]} is negative; "
-                                   f"{_REPROFILE}")
+        check_numbers(table, columns, where, name)
     n = len(meta.unit_names)
     expected = {(u, b) for u in range(n) for b in meta.microbatch_sizes}
     got = [(int(u), int(b)) for u, b in zip(units.unit, units.microbatch_size)]
@@ -342,13 +344,15 @@ def load_profile(directory: str | Path, fingerprint: str | None = None) -> Profi
         units = _read_csv(d / "units.csv", keep_default_na=False, na_values=[""],
                           dtype={"modules": str, "name": str, "source": str})
         edges = _read_csv(d / "edges.csv")
+        tp_units = _read_csv(d / TP_FILE) if meta.tp_degrees or (d / TP_FILE).exists() else None
     except (OSError, ValueError) as exc:
         raise ProfileError(f"{d}: cannot read profile: {exc}") from exc
     if fingerprint is not None and meta.fingerprint != fingerprint:
         raise ProfileError(f"{d}: profile fingerprint {meta.fingerprint} does not match the model ({fingerprint}); "
                            "the model changed since profiling: run `autopp profile` again")
     _validate(meta, units, edges, str(d))
-    return Profile(meta, units, edges)
+    validate_tp(tp_units, len(meta.unit_names), meta.microbatch_sizes, meta.tp_degrees, str(d))
+    return Profile(meta, units, edges, tp_units)
 
 
 def _recovery_hint(d: Path) -> str:

@@ -1,4 +1,4 @@
-"""DeepSpeed: the JSON config (batch, gradient accumulation = microbatches, ZeRO stage 0) and the PipelineModule
+"""DeepSpeed: the JSON config (batch, gradient accumulation = microbatches, ZeRO stage 0 or 1) and the PipelineModule
 stage boundaries with the lines that apply them."""
 
 from __future__ import annotations
@@ -8,16 +8,18 @@ import json
 from ..data.plan import Plan
 from ..schedule import ScheduleName
 from .common import Exported, refuse_schedule, uniform_recompute
+from .layers import ExportError
 
 __all__ = ["to_deepspeed", "deepspeed_config", "pipe_snippet"]
 
 
 def deepspeed_config(plan: Plan) -> dict[str, object]:
-    """DeepSpeed's config keys: a pipeline step runs `gradient_accumulation_steps` microbatches per replica."""
+    """DeepSpeed's config keys: a pipeline step runs `gradient_accumulation_steps` microbatches per replica; the
+    plan's ZeRO stage (0 or 1: to_deepspeed refuses others)."""
     return {"train_batch_size": plan.global_batch,
             "train_micro_batch_size_per_gpu": plan.microbatch_size,
             "gradient_accumulation_steps": plan.num_microbatches,
-            "zero_optimization": {"stage": 0}}
+            "zero_optimization": {"stage": plan.zero}}
 
 
 def pipe_snippet(plan: Plan, recompute: bool) -> str:
@@ -53,6 +55,14 @@ def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     """The JSON config, and `snippet_path`'s Python beside it."""
     if plan.schedule is not ScheduleName.ONE_F_ONE_B or plan.virtual_stages != 1:
         refuse_schedule(plan, "DeepSpeed's PipelineEngine", "1F1B (its own TrainSchedule, one stage per rank)", where)
+    if plan.tp > 1:
+        raise ExportError(f"{where}: tp {plan.tp}: DeepSpeed's PipelineModule does not shard layers (tensor "
+                          "parallelism comes from the model's own layers, as in Megatron-DeepSpeed) and the exported "
+                          "stage file builds none; re-plan with --tp 1, or export to torchtitan or megatron")
+    if plan.zero > 1:
+        raise ExportError(f"{where}: zero {plan.zero}: DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only "
+                          "(\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\", "
+                          "runtime/pipe/engine.py); re-plan with --zero 1")
     recompute = uniform_recompute(plan, "DeepSpeed", where)
     notes = [f"DeepSpeed: launch {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}); build the model with "
              f"pipeline_module() from {snippet_path}"]

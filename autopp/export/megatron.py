@@ -7,7 +7,7 @@ from ..schedule import Layout, ScheduleName
 from .common import Exported, refuse_schedule, stage_layout, uniform_recompute
 from .layers import ExportError, ModelLayers, model_layers
 
-__all__ = ["to_megatron", "layout_string", "interleaving_problem"]
+__all__ = ["to_megatron", "layout_string", "interleaving_problem", "data_parallel_flags"]
 
 #: Schedules Megatron-Core runs: 1F1B without virtual stages, its interleaved 1F1B with them.
 _RUNS = "1F1B or Interleaved1F1B"
@@ -23,6 +23,26 @@ def interleaving_problem(pp: int, microbatches: int) -> str | None:
                 f"to be a multiple of it, but it is {microbatches}; re-plan with --microbatches "
                 f"{pp * max(1, round(microbatches / pp))} (or another multiple of {pp})")
     return None
+
+
+def data_parallel_flags(plan: Plan, where: str) -> list[str]:
+    """ZeRO 0: Megatron's DDP (no flag); 1: `--use-distributed-optimizer` (optimizer state and fp32 master weights
+    sharded over dp, gradients reduce-scattered once per step). ZeRO 2 and, with pipeline parallelism, ZeRO 3 are
+    refused: Megatron-LM shards gradients and parameters only through its FSDP paths, and `--use-torch-fsdp2`
+    asserts a pipeline size of 1 (megatron/training/arguments.py). ZeRO 3 without pipeline parallelism is
+    Megatron-FSDP's `optim_grads_params` strategy."""
+    if plan.zero == 1:
+        return ["--use-distributed-optimizer"]
+    if plan.zero == 2:
+        raise ExportError(f"{where}: zero 2: Megatron-LM has no ZeRO stage 2 beside pipeline parallelism (its "
+                          "distributed optimizer is ZeRO 1; gradient sharding needs its FSDP); re-plan with --zero 1")
+    if plan.zero == 3 and plan.pp > 1:
+        raise ExportError(f"{where}: zero 3 with pp {plan.pp}: Megatron-LM shards parameters only through FSDP, "
+                          "which it does not run beside pipeline parallelism (--use-torch-fsdp2 asserts a pipeline "
+                          "size of 1); re-plan with --zero 1")
+    if plan.zero == 3:
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
+    return []
 
 
 def layout_string(plan: Plan, layers: ModelLayers) -> str:
@@ -46,14 +66,20 @@ def to_megatron(plan: Plan, where: str) -> Exported:
     if layers.pre is None or layers.post is None:
         raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "
                           "after them (E first, L last); this model's units start or end with a block")
-    lines = ["--tensor-model-parallel-size 1",
+    lines = [f"--tensor-model-parallel-size {plan.tp}",
+             *data_parallel_flags(plan, where),
              f"--pipeline-model-parallel-size {plan.pp}",
              f"--num-layers {len(layers.blocks)}",
              f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",
              f"--micro-batch-size {plan.microbatch_size}",
              f"--global-batch-size {plan.global_batch}"]
-    notes = [f"Megatron: launch {plan.num_ranks} ranks (world size pp {plan.pp} x dp {plan.dp}; Megatron derives dp "
-             "from the world size; autopp plans no TP, sequence parallelism or distributed optimizer yet)"]
+    notes = [f"Megatron: launch {plan.num_ranks} ranks (world size pp {plan.pp} x dp {plan.dp} x tp {plan.tp}; "
+             "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
+             "does; no sequence parallelism, as autopp costed it)"]
+    if plan.tp > 1:
+        notes.append("Megatron shards with its own layers (column-parallel QKV and fc1, row-parallel proj and fc2, "
+                     "vocab-parallel embedding and output with a parallel loss), the pattern autopp costed for "
+                     "Llama-style blocks; autopp gathers the logits instead")
     if uniform_recompute(plan, "Megatron-Core", where):
         lines += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
         notes.append("Megatron's full recompute covers the transformer layers only; the embedding and the output "

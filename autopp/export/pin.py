@@ -174,7 +174,8 @@ def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, 
     o, where, notes = _torchtitan_options(path), str(path), []
     for key in ("parallelism.tensor_parallel_degree", "parallelism.context_parallel_degree"):
         if _int(o, key, 1, where) != 1:
-            raise ExportError(f"{where}: {key} = {o[key]}: autopp does not model tensor or context parallelism yet")
+            raise ExportError(f"{where}: {key} = {o[key]}: --pin-from does not read tensor or context parallelism "
+                              "yet; pin the configuration with autopp plan --tp T --pp P --dp D --zero Z instead")
     if o.get("parallelism.pipeline_parallel_schedule_csv"):
         raise ExportError(f"{where}: pipeline_parallel_schedule_csv: --pin-from does not read schedule CSVs yet")
     pp = _int(o, "parallelism.pipeline_parallel_degree", 1, where)
@@ -199,7 +200,7 @@ def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, 
     replicate = _int(o, "parallelism.data_parallel_replicate_degree", 1, where)
     if dp > replicate:
         notes.append(f"FSDP (data_parallel_shard_degree {dp // replicate}) is evaluated as plain data-parallel "
-                     "replicas: autopp models no sharding yet")
+                     "replicas: --pin-from does not read ZeRO stages yet (autopp plan --zero 1 or 3 does)")
     b = _int(o, "parallelism.pipeline_parallel_microbatch_size", 1, where)
     local = _int(o, "training.local_batch_size", 8, where)
     if local % b:
@@ -259,7 +260,8 @@ def _megatron(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, li
     o, where, notes = _megatron_options(path), str(path), []
     for key in ("tensor-model-parallel-size", "context-parallel-size"):
         if _int(o, key, 1, where) != 1:
-            raise ExportError(f"{where}: --{key} {o[key]}: autopp does not model tensor or context parallelism yet")
+            raise ExportError(f"{where}: --{key} {o[key]}: --pin-from does not read tensor or context parallelism "
+                              "yet; pin the configuration with autopp plan --tp T --pp P --dp D --zero Z instead")
     for key in ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"):
         if key in o:
             raise ExportError(f"{where}: --{key} is not read by --pin-from yet; give the split as "

@@ -10,7 +10,7 @@ from .common import Exported, stage_layout, uniform_recompute
 from .layers import ExportError
 from .torchcsv import csv_text
 
-__all__ = ["to_torchtitan", "stage_fqns"]
+__all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "tensor_parallel"]
 
 
 def stage_fqns(plan: Plan, unit_modules: Sequence[Sequence[str]], where: str) -> list[list[str]]:
@@ -46,6 +46,35 @@ def _schedule(plan: Plan, where: str) -> tuple[str, bool]:
                       "which is neither torchtitan's loop nor its V placement")
 
 
+#: How the dp replicas run, per ZeRO stage (for the launch note).
+_DP_AS = {0: "DDP replicas", 1: "FSDP shards kept whole through the step (ZeRO 1)",
+          3: "FSDP shards resharded after each forward (ZeRO 3)"}
+
+
+def data_parallel(plan: Plan, where: str) -> list[str]:
+    """dp as torchtitan runs it: ZeRO 0 as replicas (`data_parallel_replicate_degree`, shard degree 1); ZeRO 1 and
+    3 as FSDP over dp (`data_parallel_shard_degree`), parameters kept whole from the forward through the backward
+    (`fsdp_reshard_after_forward=never`, torchtitan's default under PP) or resharded after each forward (`always`).
+    ZeRO 2 is refused: torchtitan has no stage that shards gradients but not parameters."""
+    if plan.zero == 0:
+        return [f"--parallelism.data_parallel_replicate_degree={plan.dp}", "--parallelism.data_parallel_shard_degree=1"]
+    if plan.zero == 2:
+        raise ExportError(f"{where}: zero 2: torchtitan has no ZeRO stage 2 (its FSDP keeps gradients whole under "
+                          "pipeline parallelism, as ZeRO 1, or also reshards parameters, as ZeRO 3); re-plan with "
+                          "--zero 1 or 3")
+    return ["--parallelism.data_parallel_replicate_degree=1", f"--parallelism.data_parallel_shard_degree={plan.dp}",
+            f"--parallelism.fsdp_reshard_after_forward={'always' if plan.zero == 3 else 'never'}"]
+
+
+def tensor_parallel(plan: Plan) -> list[str]:
+    """`tensor_parallel_degree`, and with tp > 1 sequence parallelism off (torchtitan's default is on; autopp
+    costs tensor parallelism without it)."""
+    lines = [f"--parallelism.tensor_parallel_degree={plan.tp}"]
+    if plan.tp > 1:
+        lines.append("--parallelism.no_enable_sequence_parallel")
+    return lines
+
+
 def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: str, where: str) -> Exported:
     """Overrides for `torchtitan.train --module M --config C`; `csv_path`: where the schedule CSV of a synthesized
     order is written (named in the overrides as given: absolute, since torchtitan opens it from its own working
@@ -59,9 +88,8 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
              f"--parallelism.pipeline_parallel_schedule={name}",
              f"--parallelism.pipeline_parallel_microbatch_size={plan.microbatch_size}",
              f"--parallelism.module_fqns_per_model_part {parts}",
-             f"--parallelism.data_parallel_replicate_degree={plan.dp}",
-             "--parallelism.data_parallel_shard_degree=1",
-             "--parallelism.tensor_parallel_degree=1",
+             *data_parallel(plan, where),
+             *tensor_parallel(plan),
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={local * plan.dp}"]
     if plan.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
@@ -71,11 +99,17 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
         lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path}")
         extra[csv_path] = csv_text(plan)
     lines.append(f"activation_checkpoint:{'full' if recompute else 'none'}")
-    notes = [f"torchtitan: launch {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}, dp as DDP replicas: autopp "
-             "plans no FSDP or TP yet); set training.seq_len to the sequence length you profiled",
+    notes = [f"torchtitan: launch {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp} x tp {plan.tp}, dp as "
+             f"{_DP_AS[plan.zero]}; torchtitan's mesh [pp, dp, tp] numbers them as autopp does); set "
+             "training.seq_len to the sequence length you profiled",
              f"module names are written as given ({', ..., '.join(_ends(fqns))}): they must be the names of the "
              "model torchtitan builds, whose splitter (_split_module) drops names it lacks without a word; rename "
              "with --rename OLD=NEW"]
+    if plan.tp > 1:
+        notes.append("torchtitan shards with its model's own TP plan (for Llama the Megatron pattern autopp costed: "
+                     "colwise q/k/v and gate/up, rowwise o and down, vocab-parallel embedding; its output layer "
+                     "keeps vocab-sharded logits for a parallel loss, where autopp gathers them), without sequence "
+                     "parallelism, as autopp costed it")
     if recompute:
         notes.append("torchtitan's full AC recomputes the transformer blocks only; the embedding and output units "
                      "keep their activations, which autopp counted as recomputed")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 import torch
@@ -22,7 +22,8 @@ from ..errors import AutoppError, ProfileError
 from ..model.contract import ModelFile, describe_error, load_model_file
 from ..model.fake import fake_mode
 from ..model.hf import load_model
-from ..model.meta import MetaModel, build_units, meta_pieces, retarget
+from ..model.meta import MetaModel, build_meta, build_units, meta_pieces, retarget
+from ..model.tp import local_model_file
 from ..model.split import (LiveValue, live_values, model_output, rebuild_output, source_piece, tied_groups,
                            walk_split_graph)
 from ..model.units import Unit
@@ -32,8 +33,9 @@ from .options import DTYPES, OPTIMIZER_STATES, check_options
 from .pieces import piece_key
 from .settings import Progress, progress_bar
 from .timing import Piece
+from .tp_rows import check_same_units, tp_collectives, tp_meta, tp_row, tp_setup
 
-__all__ = ["UnitCount", "ModelCounts", "count_model", "unit_times", "analytic_profile", "fit_rows",
+__all__ = ["UnitCount", "ModelCounts", "count_model", "unit_times", "analytic_profile", "counted_tp_rows", "fit_rows",
            "fit_measured", "unit_errors", "calibrate"]
 
 
@@ -221,15 +223,25 @@ def _optimizer_step_s(c: ModelCounts, spec: DeviceSpec, eff: Efficiency) -> floa
 def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec, microbatch_sizes: Any = (1, 4),
                      dtype: str = "float32", optimizer: str = "sgd", calibration: Calibration | None = None,
                      progress: Progress = lambda _msg: None, counts: ModelCounts | None = None,
-                     calibration_path: str | None = None) -> Profile:
+                     calibration_path: str | None = None, tp_degrees: Iterable[int] | None = None) -> Profile:
     """The profile of the model on catalog `device` (a name or spec), from counts alone: the same format as a
-    measured profile, every unit's `source` "analytic", the device and calibration in `meta.extra`."""
+    measured profile, every unit's `source` "analytic", the device and calibration in `meta.extra`. With a TP plan
+    (autopp.model.tp), tp.csv rows for `tp_degrees` (None: every degree up to the device's devices per node that
+    the plan allows; a plan or shard that fails then leaves the rows out, and `extra.tp_skipped` says why), each
+    degree's local shard counted the same way (`counted_tp_rows`)."""
     spec = device if isinstance(device, DeviceSpec) else load_device(device)
     spec.peak(dtype)  # a device without this dtype fails before any counting
     if calibration is not None:
         calibration.check_dtype(dtype, calibration_path or "calibration")
     eff = calibration.efficiency if calibration is not None else default_efficiency(spec.name)
     c = counts or count_model(model, microbatch_sizes, dtype, optimizer, progress)
+    tp_skipped = None
+    try:
+        tp_units, tp_fields = counted_tp_rows(c, spec, eff, tp_degrees, progress)
+    except AutoppError as exc:  # degrees not asked for: the profile without TP rows, and why
+        if tp_degrees is not None:
+            raise
+        tp_units, tp_fields, tp_skipped = None, {}, str(exc)
     rows = []
     for r in c.rows:
         rows.append({"unit": r.unit, "name": c.units[r.unit].name, "modules": " ".join(c.units[r.unit].modules),
@@ -248,14 +260,39 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec, mi
                           "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s,
                           "call_overhead_s": eff.call_overhead_s},
              "peak_bytes": peaks,
-             "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}"}
+             "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
+             **({"tp_skipped": tp_skipped} if tp_skipped else {})}
     meta = ProfileMeta(
         model_path=str(c.mf.path), fingerprint=c.fingerprint, unit_names=tuple(u.name for u in c.units),
         split_points=tuple(u.split_point or "" for u in c.units[1:]), microbatch_sizes=tuple(c.sizes),
         device=f"analytic {spec.name} ({spec.model})", torch_version=torch.__version__, num_threads=1,
         optimizer=c.optimizer, repeats=0, warmup=0, extra=extra, dtype=dtype,
-        optimizer_step_s=_optimizer_step_s(c, spec, eff), live_values=tuple(live), tied_parameters=tuple(c.tied))
-    return Profile(meta, table[columns], pd.DataFrame(c.edges, columns=list(EDGE_COLUMNS)))
+        optimizer_step_s=_optimizer_step_s(c, spec, eff), live_values=tuple(live), tied_parameters=tuple(c.tied),
+        **tp_fields)
+    return Profile(meta, table[columns], pd.DataFrame(c.edges, columns=list(EDGE_COLUMNS)), tp_units)
+
+
+def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, degrees: Iterable[int] | None,
+                    progress: Progress = lambda _msg: None) -> tuple[pd.DataFrame | None, dict[str, Any]]:
+    """tp.csv's rows counted (autopp.measure.tp_rows.tp_setup says which degrees; none without a TP plan) and
+    ProfileMeta's TP fields: each degree's local shard counted like the model (`count_model`), its times from
+    `unit_times`, the collectives counted on the full model."""
+    meta = build_meta(c.mf)
+    meta.model.to(DTYPES[c.dtype])
+    setup = tp_setup(c.mf, meta.model, degrees, limit=spec.devices_per_node)
+    if not setup.degrees:
+        return None, {}
+    comms = {b: tp_collectives(c.mf, meta.model, setup.resolved, c.units, b, DTYPES[c.dtype]) for b in c.sizes}
+    rows = []
+    for t in setup.degrees:
+        local = count_model(local_model_file(c.mf, setup.resolved, t), c.sizes, c.dtype, c.optimizer,
+                            lambda msg, t=t: progress(f"{msg} (tp {t})"))
+        check_same_units(c.mf, t, local.units, c.units)
+        rows += [tp_row({**unit_times(r.counts, spec, c.dtype, eff), **r.static, "unit": r.unit,
+                         "microbatch_size": r.microbatch_size, "activation_bytes": r.counts.activation_bytes},
+                        t, comms[r.microbatch_size][r.unit]) for r in local.rows]
+    table = pd.DataFrame(rows).sort_values(["tp", "microbatch_size", "unit"], kind="stable").reset_index(drop=True)
+    return table, tp_meta(setup)
 
 
 #: Measured phases fitted against counted ones: (profile column, PieceCounts field).

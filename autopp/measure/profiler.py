@@ -28,6 +28,7 @@ from .pieces import SizeResult, measure_pieces
 from .pieces import optimizer_step_s as optimizer_step_s_of
 from .settings import Progress, Settings, progress_bar
 from .timing import Budget, Clock, Timer
+from .tp_rows import measured_tp_rows, tp_meta, tp_setup
 
 __all__ = ["profile_model", "physical_memory_bytes"]
 
@@ -75,7 +76,7 @@ def profile_model(path: str | Path | ModelFile, microbatch_sizes: Iterable[int] 
                   progress: Progress = lambda _msg: None, time_budget_s: float | None = None,
                   dtype: str = "float32", device: str = "cpu", compare_whole: bool = True, co_runners: int = 0,
                   clock: Clock | None = None, measure_every_unit: bool = False,
-                  memory_limit_bytes: int | None = None) -> Profile:
+                  memory_limit_bytes: int | None = None, tp_degrees: Iterable[int] = ()) -> Profile:
     """Profile the model file at `path` (or a loaded one, e.g. built from an HF config): per-unit medians of up to
     `repeats` timed runs after `warmup` (stopping early once `time_budget_s` is spent on a unit), then one
     whole-model step to check the units add up. With `co_runners`, that many processes train the model beside every
@@ -90,7 +91,9 @@ def profile_model(path: str | Path | ModelFile, microbatch_sizes: Iterable[int] 
     (logged and recorded in `extra.whole_model_skipped`), the optimizer step is the sum of the pieces' steps, and
     co-runners are refused. An optimizer step over more than `OPTIMIZER_SLICE_NUMEL` elements is timed on a slice
     and scaled (autopp.measure.pieces.optimizer_step_s). Units of one structure and input shapes are measured once
-    (`source` "shared", `same_as`) unless `measure_every_unit`."""
+    (`source` "shared", `same_as`) unless `measure_every_unit`. With `tp_degrees` (each >= 2), the profile gets
+    tp.csv rows too (autopp.measure.tp_rows): per degree, tensor-parallel rank 0's local shard measured like the
+    units, and each unit's TP collectives counted; the model needs a TP plan (autopp.model.tp)."""
     sizes = sorted(set(int(b) for b in microbatch_sizes))
     _check_args(sizes, optimizer, dtype, co_runners, device)
     torch.set_num_threads(threads)
@@ -98,6 +101,7 @@ def profile_model(path: str | Path | ModelFile, microbatch_sizes: Iterable[int] 
     dev = torch.device(device)
     mf = path if isinstance(path, ModelFile) else load_model_file(path)
     meta, units, model_fingerprint = build_units(mf, DTYPES[dtype])
+    tp = tp_setup(mf, meta.model, tp_degrees)  # before measuring: a bad plan or degree fails at once
     limit = physical_memory_bytes() // 4 if memory_limit_bytes is None else memory_limit_bytes
     whole_bytes = _whole_bytes(meta.model, DTYPES[dtype])
     fits = whole_bytes <= limit
@@ -123,6 +127,7 @@ def profile_model(path: str | Path | ModelFile, microbatch_sizes: Iterable[int] 
             if fits and (compare_whole or b == sizes[0]):
                 _on_the_whole_model(mf, meta, at_b, b, settings, found, compare_whole, b == sizes[0])
         found.add(b, at_b)
+    tp_units = measured_tp_rows(mf, meta, units, tp, sizes, settings, limit if fits else 0, measure_every_unit)
     found.extra.update(peak_bytes=found.peaks, peak_bytes_how=PEAK_HOW[dev.type],
                        materialized_peak_bytes=meta.peak_materialized_bytes)
     meta_info = ProfileMeta(
@@ -133,8 +138,8 @@ def profile_model(path: str | Path | ModelFile, microbatch_sizes: Iterable[int] 
         dtype=dtype, time_budget_s=time_budget_s, whole_model=tuple(found.whole),
         optimizer_step_s=found.optimizer_step_s, co_runners=co_runners,
         live_values=tuple(_live_meta(found.live, found.value_bytes)),
-        tied_parameters=tuple(tied_groups(meta.model, [u.modules for u in units])))
-    return Profile(meta_info, found.table(units), pd.DataFrame(found.edges, columns=list(EDGE_COLUMNS)))
+        tied_parameters=tuple(tied_groups(meta.model, [u.modules for u in units])), **tp_meta(tp))
+    return Profile(meta_info, found.table(units), pd.DataFrame(found.edges, columns=list(EDGE_COLUMNS)), tp_units)
 
 
 @dataclass

@@ -45,6 +45,8 @@ class ModelFile:
     sample_batch_fn: Callable[[int], Any]
     loss_fn: Callable[[Any, Any], torch.Tensor]
     split_points: tuple[str, ...] | None
+    tp_plan: dict[str, str] | None = None
+    """TP_PLAN of the model file: module-name pattern -> tensor-parallel style (autopp.model.tp); None: not given."""
 
     def sample_batch(self, batch_size: int, seed: int = 0) -> Batch:
         """Return (inputs as a tuple, target) for `batch_size` samples, reproducibly for `seed`."""
@@ -117,7 +119,8 @@ def _function(module: ModuleType, path: Path, name: str, required: bool) -> Call
 
 
 def load_model_file(path: str | Path) -> ModelFile:
-    """Import `path` and check it defines build_model() and sample_batch(), and optionally loss_fn, SPLIT_POINTS."""
+    """Import `path` and check it defines build_model() and sample_batch(), and optionally loss_fn, SPLIT_POINTS,
+    TP_PLAN."""
     path = check_model_file(path)
     module = _import(path)
     build = _function(module, path, "build_model", True)
@@ -127,7 +130,21 @@ def load_model_file(path: str | Path) -> ModelFile:
     if points is not None and not (isinstance(points, (list, tuple)) and all(isinstance(p, str) for p in points)):
         raise ModelFileError(f"{path}: SPLIT_POINTS must be a list of module names (strings)")
     assert build is not None and sample is not None
-    return ModelFile(path, build, sample, loss, tuple(points) if points is not None else None)
+    return ModelFile(path, build, sample, loss, tuple(points) if points is not None else None,
+                     _tp_plan(module, path))
+
+
+def _tp_plan(module: ModuleType, path: Path) -> dict[str, str] | None:
+    """The file's TP_PLAN, checked to be a dict of module-name pattern -> style (both strings); None without one."""
+    plan = getattr(module, "TP_PLAN", None)
+    if plan is None:
+        return None
+    bad = (f"a {type(plan).__name__}" if not isinstance(plan, dict) else
+           next((f"{k!r}: {v!r}" for k, v in plan.items() if not (isinstance(k, str) and isinstance(v, str))), None))
+    if bad is not None:
+        raise ModelFileError(f"{path}: TP_PLAN must be a dict of module-name pattern -> style strings (e.g. "
+                             f"{{'layers.*.fc1': 'colwise'}}), got {bad}")
+    return dict(plan)
 
 
 def check_forward(mf: ModelFile, model: nn.Module, batch_size: int = 2) -> None:

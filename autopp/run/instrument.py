@@ -5,7 +5,9 @@ Action timing wraps each stage's `forward_one_chunk` (F), `backward_one_chunk` (
 `schedules._wait_batch_p2p`, through which every schedule waits for its sends and receives. Peak memory is
 `torch.cuda.max_memory_allocated` on a GPU; on CPU it is estimated as parameters + gradients + optimizer state
 plus the peak of the bytes autograd keeps saved for backward (saved-tensor hooks, each storage counted once,
-parameters excluded), the quantity the profiler measures per unit.
+parameters excluded), the quantity the profiler measures per unit. With ZeRO 1/3 the static part follows the
+planner's terms per unit, P + P/d + G + O/d (docs/parallelism.md), and FSDP2's gathered parameters are parameters,
+not saved activations.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.distributed.pipelining import schedules as _torch_schedules
+from torch.distributed.tensor import DTensor
 
 from ..measure.memory import storage_key
+from .parallel import local
 
 __all__ = ["ActionRecord", "StepRecorder", "SavedBytes", "static_bytes", "record_waits"]
 
@@ -104,8 +108,11 @@ class _Saved:
 class SavedBytes:
     """Bytes autograd holds saved for backward, now and at peak; storages shared by several saves count once."""
 
-    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], modules: Sequence[torch.nn.Module] = ()) -> None:
+        """`params` are never counted; nor are the parameters registered on `modules` when a tensor is saved (FSDP2
+        registers a unit's gathered parameters only while it computes: ZeRO's parameters, not activations)."""
         self.exclude = {_storage_key(p) for p in params}
+        self.modules = tuple(modules)
         self.live: dict[int, list[int]] = {}
         self.current = 0
         self.peak = 0
@@ -118,7 +125,7 @@ class SavedBytes:
 
     def _pack(self, t: torch.Tensor) -> Any:
         key = _storage_key(t)
-        if key is None or key in self.exclude:
+        if key is None or key in self.exclude or key in self._registered():
             return t
         entry = self.live.setdefault(key, [0, t.untyped_storage().nbytes()])
         if entry[0] == 0:
@@ -128,6 +135,10 @@ class SavedBytes:
         saved = _Saved(t)
         weakref.finalize(saved, self._release, key)
         return saved
+
+    def _registered(self) -> set[int | None]:
+        """Storages of the parameters now registered on `self.modules` (local shards of DTensors)."""
+        return {_storage_key(local(p)) for m in self.modules for p in m.parameters()}
 
     @staticmethod
     def _unpack(saved: Any) -> torch.Tensor:
@@ -149,9 +160,30 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
-def static_bytes(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
-    """Parameters + gradients (one per parameter) + optimizer state tensors."""
-    weights = sum(p.numel() * p.element_size() for p in params)
-    state = sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
-                if isinstance(v, torch.Tensor))
-    return 2 * weights + state
+def static_bytes(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, zero: int = 0) -> int:
+    """ZeRO 0: parameters + gradients (one per parameter) + optimizer state tensors, of the rank's own (tensor-
+    parallel) shards. ZeRO 1/3 (`params` are FSDP2 shards over the mesh's "dp" dimension): the planner's terms,
+    P + P/d + G + O/d (docs/parallelism.md): the whole parameters and gradients torch's pipeline stages hold during
+    the step, the rank's parameter shard, and the optimizer state of that shard."""
+    shard = sum(_nbytes(local(p)) for p in params)
+    state = sum(_nbytes(local(v)) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    if zero == 0:
+        return 2 * shard + state
+    whole = sum(_unsharded_bytes(p) for p in params)
+    return whole + shard + whole + state
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return int(t.numel() * t.element_size())
+
+
+def _unsharded_bytes(p: torch.Tensor) -> int:
+    """Bytes of `p` gathered over the data-parallel ("dp") mesh dimension only: its tensor-parallel shard stays."""
+    if not isinstance(p, DTensor):
+        return _nbytes(p)
+    names = p.device_mesh.mesh_dim_names or ()
+    tp = 1
+    for i, placement in enumerate(p.placements):
+        if placement.is_shard() and i < len(names) and names[i] == "tp":
+            tp *= p.device_mesh.size(i)
+    return _nbytes(p) // tp

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, schedules
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
@@ -22,6 +23,7 @@ from ..data.plan import Plan
 from ..schedule import Action, Kind, Layout, ScheduleName, describe, listed, to_csv_rows
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .outputs import model_loss
+from .parallel import Sharding, local_shapes, planned_modules, shard_stage
 from .tied import aliases, canonical_names, shared_params
 
 __all__ = ["torch_schedule_class", "splits_backward", "check_split_backward", "placement",
@@ -68,12 +70,14 @@ class RankStages:
 
 
 def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
-                 group: dist.ProcessGroup | None) -> RankStages:
-    """The stages placed on pipeline rank `pp_rank`, in stage order, split from a model built with the plan's seed."""
+                 group: dist.ProcessGroup | None, mesh: DeviceMesh | None = None) -> RankStages:
+    """The stages placed on pipeline rank `pp_rank`, in stage order, split from a model built with the plan's seed;
+    with a device `mesh` (plan.tp > 1 or plan.zero > 0), tensor-parallel and ZeRO-sharded (autopp.run.parallel)."""
     owner = placement(plan)
     model = mf.build(plan.seed)
+    resolved = planned_modules(mf, model, plan) if mesh is not None else {}
     example, _ = mf.sample_batch(plan.microbatch_size, seed=plan.seed)
-    pipe = split_model(model, example, plan.split_points)
+    pipe = split_model(local_shapes(model, resolved, plan.tp) if resolved else model, example, plan.split_points)
     if pipe.num_stages != len(plan.stages):
         raise RunError(f"splitting at {plan.split_points} gave {pipe.num_stages} pieces, plan has {len(plan.stages)}")
     alias = aliases(model)
@@ -82,7 +86,8 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
              for i in range(pipe.num_stages)}
     mine = [i for i, r in enumerate(owner) if r == pp_rank]
     loss = model_loss(mf.loss_fn, model, tuple(example), pipe) if len(owner) - 1 in mine else mf.loss_fn
-    stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example)
+    sharding = Sharding(mesh, resolved, plan.zero, model if resolved else None) if mesh is not None else None
+    stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example, sharding)
     for stage in stages:
         contiguous_sends(stage)
     params: dict[str, list[nn.Parameter]] = {}
@@ -95,8 +100,8 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
 
 
 def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.device,
-                  group: dist.ProcessGroup | None, plan: Plan, example: Sequence[Any]
-                  ) -> tuple[list[Stage], dict[int, tuple[str, ...]]]:
+                  group: dist.ProcessGroup | None, plan: Plan, example: Sequence[Any],
+                  sharding: Sharding | None = None) -> tuple[list[Stage], dict[int, tuple[str, ...]]]:
     """torch's PipelineStage around a `ChainPiece` per stage, for every schedule: values that skip stages are
     relayed through the stages between and values made of constants and buffers are held locally, as the profile
     marks them (`relay` / `recompute`), so each stage talks to its neighbours only.
@@ -106,7 +111,8 @@ def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.d
     yet", issue 13: HF decoders' rotary tables, U-Net skips, under 1F1B and GPipe on 4 ranks), its multi-stage
     schedules exchange neighbour tensors only, and its p2p warm-up sends to itself when two neighbouring stages
     share a rank (V layouts), which gloo refuses ("Pair is not connected"). Every stage's input and output shapes
-    come from one example forward of the whole chain in this process (`example_io`)."""
+    come from one example forward of the whole chain in this process (`example_io`), before `sharding` (tensor
+    parallelism, ZeRO) turns a stage's modules into their shards: what crosses a cut keeps its full shape."""
     io, sources = chain_io(pipe)
     consts = constant_values(pipe, sorted({c for s in io for c in s.constants}), example)
     pieces = [ChainPiece(pipe.get_stage_module(i), i, io[i], sources, {c: consts[c] for c in io[i].constants},
@@ -116,8 +122,10 @@ def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.d
     stages: list[Stage] = []
     for i in mine:
         inputs, outputs = (tuple(_to(t, device) for t in ts) for ts in shapes[i])
-        stages.append(PipelineStage(pieces[i].to_device(device), i, n_stages, device, input_args=inputs,
-                                    output_args=outputs, group=group))
+        piece = pieces[i].to_device(device)
+        if sharding is not None:
+            shard_stage(piece, sharding, plan.stages[i].unit_names, device)
+        stages.append(PipelineStage(piece, i, n_stages, device, input_args=inputs, output_args=outputs, group=group))
     relayed = {i: tuple(n for n in io[i].outputs if sources[n].piece != i) for i in mine}
     return stages, {i: r for i, r in relayed.items() if r}
 

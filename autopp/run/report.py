@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..display import format_grid
 from ..errors import RunError
 from ..jsonio import read_json, write_json
 from ..sizes import format_size
@@ -72,11 +73,16 @@ class RankMeasure:
     stages: tuple[int, ...]
     step_times_s: tuple[float, ...]
     wait_s: float
+    tp_rank: int = 0
+    """Tensor-parallel rank within its stage's group of tp processes (global rank = (pp_rank * dp + replica) * tp +
+    tp_rank)."""
     """Median over the timed steps of the time spent waiting for sends/receives."""
     schedule_s: float | None = None
     """Median over the timed steps of the time inside the schedule's step (all F/I/W/B, sends, receives, loss)."""
     allreduce_s: float | None = None
-    """Median time of the data-parallel gradient all-reduce (0 when dp = 1)."""
+    """Median time between the schedule's step and the optimizer: the data-parallel gradient all-reduce (0 when
+    dp = 1). With ZeRO 1/3 only the tied copies' sum runs there (~0): FSDP2's reduce-scatter (and ZeRO 3's
+    all-gathers) run inside the schedule's step, in `schedule_s`; the text report labels it "after step"."""
     optimizer_s: float | None = None
     """Median time of the optimizer step and zero_grad (not part of a simulated pipeline step)."""
     peak_memory_bytes: int
@@ -134,8 +140,12 @@ class RunReport:
     pp: int = 0
     dp: int = 1
     virtual_stages: int = 1
+    tp: int = 1
+    """Tensor-parallel degree (world = pp x dp x tp)."""
+    zero: int = 0
+    """ZeRO stage the run used (0, 1 or 3; docs/parallelism.md)."""
     ranks: tuple[RankMeasure, ...] = ()
-    """One per global rank (global rank = pipeline rank * dp + replica)."""
+    """One per global rank (global rank = (pipeline rank * dp + replica) * tp + tensor-parallel rank)."""
     stage_times: tuple[StageTimes, ...] = ()
     memory_method: str | None = None
     """"cuda.max_memory_allocated", or "estimate" on CPU (parameters + gradients + optimizer state + peak saved)."""
@@ -221,8 +231,10 @@ def _measure_lines(r: RunReport) -> list[str]:
     for m in r.ranks:
         pred = "-" if m.predicted_peak_memory_bytes is None else format_size(m.predicted_peak_memory_bytes)
         on = "" if m.device in (None, m.rank) else f" on device {m.device}"
+        on += f" (tp rank {m.tp_rank})" if r.tp > 1 else ""
+        sync = "all-reduce" if r.zero == 0 else "after step (ZeRO reduce-scatter is in step)"
         lines.append(f"  rank {m.rank:<4d}{on}   stages {list(m.stages)}   in step {_fmt(m.schedule_s, '.4f')} s "
-                     f"(waits {m.wait_s:.4f} s)   all-reduce {_fmt(m.allreduce_s, '.4f')} s   optimizer "
+                     f"(waits {m.wait_s:.4f} s)   {sync} {_fmt(m.allreduce_s, '.4f')} s   optimizer "
                      f"{_fmt(m.optimizer_s, '.4f')} s")
         lines.append(f"  {'':<9}   peak memory "
                      f"{format_size(m.peak_memory_bytes)} vs predicted {pred} ({_err(m.memory_error)}, "
@@ -234,7 +246,7 @@ def format_report(report: RunReport) -> str:
     """A short human-readable table: timing, loss and gradient differences, verdict."""
     r = report
     lines = [
-        f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks = pp {r.pp} x dp {r.dp}, "
+        f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks = {format_grid(r)}, "
         f"{r.num_microbatches} x {r.microbatch_size} "
         f"microbatches, {r.steps} steps, {r.backend})",
         f"  step time   measured {_fmt(r.measured_step_time_s, '.4f')} s   predicted {r.predicted_step_time_s:.4f} s"

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..display import format_grid
 from ..errors import PlanError, RunError
 from ..model.contract import ModelFile
 from ..model.hf import load_model
@@ -23,6 +24,7 @@ from .report import RunFailedError, RunReport, median_step_time, relative_error
 from .summary import median_step_index, rank_measures, stage_times
 from .tied import canonical_names
 from .torchrun import Nodes, launch_torchrun, torchrun_command, worker_errors
+from .parallel import check_runnable
 from .validate import (GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, failure,
                        reference_run, stage_atols, tolerances)
 
@@ -80,7 +82,8 @@ def _blank_report(plan: Plan, plan_path: str | None, steps: int, lr: float, back
                      schedule=plan.schedule.value, num_ranks=plan.num_ranks, num_microbatches=plan.num_microbatches,
                      microbatch_size=plan.microbatch_size, steps=steps, lr=lr, backend=backend,
                      grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, predicted_step_time_s=plan.predicted.step_time_s,
-                     pp=plan.pp, dp=plan.dp, virtual_stages=plan.virtual_stages, launcher=launcher)
+                     pp=plan.pp, dp=plan.dp, virtual_stages=plan.virtual_stages, tp=plan.tp, zero=plan.zero,
+                     launcher=launcher)
 
 
 def _worker_args(plan_file: Path, mf: ModelFile, run_dir: Path, steps: int, lr: float, backend: str,
@@ -198,13 +201,14 @@ def run_plan(plan: Plan, steps: int = 3, timeout_s: float = 120.0, lr: float = 0
     say = progress or (lambda _msg: None)
     if steps < 1:
         raise RunError(f"steps must be at least 1, got {steps}")
+    check_runnable(plan)
     mf = check_fingerprint(plan)
     per_node = plan.num_ranks // (nodes.nnodes if nodes else 1)
     backend = choose_backend(per_node)
     report = _blank_report(plan, plan_path, steps, lr, backend, "local" if nodes is None else "torchrun")
     with _run_dir(work_dir) as run_dir:
-        say(f"starting {plan.num_ranks} ranks ({backend}, {plan.schedule.value}, pp {plan.pp} x dp {plan.dp}, "
-            f"{steps} steps) in {run_dir}")
+        say(f"starting {plan.num_ranks} ranks ({backend}, {plan.schedule.value}, {format_grid(plan)}, {steps} steps) "
+            f"in {run_dir}")
         try:
             out = _ranks(plan, plan_path, mf, run_dir, steps, lr, backend, timeout_s, nodes, say)
         except RunError as exc:  # _run_dir keeps the directory: the error names it (the CLI prints it)

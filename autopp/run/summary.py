@@ -70,7 +70,8 @@ def rank_measures(plan: Plan, results: Sequence[dict[str, Any]], step: int | Non
         waits = [r["wait_s"][i] for i in timed_steps(len(r["wait_s"]))]
         actions = tuple((str(t), float(a), float(b)) for t, a, b in r["actions"][step]) if step is not None else ()
         phases = [r["phases"][i] for i in timed_steps(len(r.get("phases", [])))]
-        out.append(RankMeasure(rank=r["rank"], replica=r["replica"], pp_rank=r["pp_rank"], stages=tuple(r["stages"]),
+        out.append(RankMeasure(rank=r["rank"], replica=r["replica"], pp_rank=r["pp_rank"],
+                               tp_rank=int(r.get("tp_rank", 0)), stages=tuple(r["stages"]),
                                step_times_s=tuple(r["step_times_s"]), wait_s=_median(waits) or 0.0,
                                schedule_s=_median([ph["schedule_s"] for ph in phases]),
                                allreduce_s=_median([ph["allreduce_s"] for ph in phases]),

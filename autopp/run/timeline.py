@@ -19,10 +19,12 @@ def _as_dict(report: RunReport | dict[str, Any]) -> dict[str, Any]:
 
 def measured_timeline(report: RunReport | dict[str, Any], replica: int = 0) -> SimResult:
     """The median step of one replica as a SimResult: events per pipeline rank (start/end from that rank's step
-    start, after a barrier), that step's time, busy-time bubbles, and each rank's measured peak memory (a flat
-    memory line: the runner measures the peak, not its timeline)."""
+    start, after a barrier; with tensor parallelism, tp rank 0 of each group, which runs the same actions as its
+    peers), that step's time, busy-time bubbles, and each rank's measured peak memory (a flat memory line: the
+    runner measures the peak, not its timeline)."""
     data = _as_dict(report)
-    ranks = sorted((r for r in data.get("ranks", []) if r["replica"] == replica), key=lambda r: r["pp_rank"])
+    ranks = sorted((r for r in data.get("ranks", []) if r["replica"] == replica and r.get("tp_rank", 0) == 0),
+                   key=lambda r: r["pp_rank"])
     if not ranks:
         raise ValueError("the report has no per-rank measurements (an incomplete run, or a version-1 report)")
     step = data.get("timeline_step") or 0
@@ -51,9 +53,11 @@ def measured_headline(report: RunReport | dict[str, Any]) -> str:
 def predicted_headline(report: RunReport | dict[str, Any], predicted: SimResult) -> str:
     """The report's predicted step time (the plan's prediction) as its text prints it, and what it adds to the
     simulated pipeline drawn (the optimizer step and the data-parallel all-reduce)."""
-    step = float(_as_dict(report).get("predicted_step_time_s", predicted.step_time_s))
+    data = _as_dict(report)
+    step = float(data.get("predicted_step_time_s", predicted.step_time_s))
     rest = step - predicted.step_time_s
-    return f"step {step:.4f} s" + (f" (pipeline {predicted.step_time_s:.4f} s + optimizer and all-reduce "
+    sync = "all-reduce" if not data.get("zero") else f"ZeRO {data['zero']} collectives"
+    return f"step {step:.4f} s" + (f" (pipeline {predicted.step_time_s:.4f} s + optimizer and {sync} "
                                    f"{rest:.4f} s)" if rest > 1e-9 else "")
 
 

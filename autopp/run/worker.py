@@ -1,18 +1,23 @@
 """One rank of a pipelined run: `python -m autopp.run.worker`, started by launch.py or by torchrun.
 
-Ranks. The world is pp x dp processes; global rank = pipeline rank * dp + replica (`autopp.data.cluster.grid_rank`,
-the layout the planner costs links with: a stage's replicas are neighbours, pipeline rank 0 is ranks 0..dp-1, ...). The launcher's RANK is the process's device slot (LOCAL_RANK its CUDA device):
-with a plan `device_order` the process on device d runs global rank `device_order.index(d)`, so global rank r runs
-on device `device_order[r]` (without one, rank r on device r). Each replica runs the whole pipeline on its
-contiguous slice of the global batch; the ranks that hold the same stages in different replicas average their gradients (all-reduce over a
-process subgroup) before the optimizer step. RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT come from the
-environment (launch.py sets them; torchrun sets them the same way).
+Ranks. The world is pp x dp x tp processes; global rank = (pipeline rank * dp + replica) * tp + tensor-parallel rank
+(`autopp.data.cluster.grid_rank`, the layout the planner costs links with: a tensor-parallel group is consecutive
+ranks, a stage's replicas are neighbours; with tp 1, pipeline rank 0 is ranks 0..dp-1, ...). The launcher's RANK
+is the process's device slot (LOCAL_RANK its CUDA device): with a plan `device_order` the process on device d runs
+global rank `device_order.index(d)`, so global rank r runs on device `device_order[r]` (without one, rank r on
+device r). Each replica runs the whole pipeline on its
+contiguous slice of the global batch (the tp ranks of a replica all read it); the ranks that hold the same stages in
+different replicas average their gradients (all-reduce over a process subgroup; ZeRO 1 and 3: FSDP2's reduce-scatter)
+before the optimizer step. With tp > 1 or ZeRO 1/3 the groups come from a ("pp", "dp", "tp") device mesh and the
+stages are tensor-parallel and sharded by autopp.run.parallel. RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT
+come from the environment (launch.py sets them; torchrun sets them the same way).
 
 The rank builds the model (same seed everywhere), splits it into the plan's stages, builds the stages placed on its
 pipeline rank, runs the plan's schedule for a few SGD steps, timing each step, each action and each wait, and
 estimating its peak memory. At the end global rank 0 gathers every rank's results and writes into the run dir:
   results.json    one object per global rank: step times, actions, waits, peak memory, losses, parameter names
-  grads.pt        {stage index: {parameter name: first-step gradient}} from replica 0 (after the dp average)
+  grads.pt        {stage index: {parameter name: first-step gradient}} from replica 0 (after the dp average; whole
+                  tensors: a sharded gradient is gathered with DTensor.full_tensor())
 A rank that fails writes rank{r}.error (one line naming the exception, the model file's own when torch wrapped it,
 and where it was raised) into its own run dir before exiting 1.
 Progress lines (`[rank R] message`; a step's end `step K/N T s`) are logged to stdout, which the parent reads.
@@ -33,6 +38,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 
 from ..errors import RunError
@@ -42,7 +48,8 @@ from ..model.hf import load_model
 from ..data.plan import Plan, load_plan
 from ..data.cluster import grid_rank
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
-from .pipeline import build_stages, make_schedule
+from .parallel import check_runnable, full, local, make_mesh, uses_mesh
+from .pipeline import RankStages, build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
 
 __all__ = ["Ranks", "ranks_of", "check_world_size", "replica_slice", "describe_error", "main"]
@@ -60,20 +67,23 @@ class Ranks:
     pipeline: tuple[int, ...]
     """Global ranks of this replica's pipeline (pipeline rank i is pipeline[i])."""
     data_parallel: tuple[int, ...]
-    """Global ranks holding the same stages in every replica."""
+    """Global ranks holding the same stages (and tensor-parallel rank) in every replica."""
+    tp_rank: int = 0
+    """Tensor-parallel rank within the stage's group of tp processes."""
 
 
-def ranks_of(rank: int, pp: int, dp: int) -> Ranks:
-    """Global rank = pipeline rank * dp + replica (`grid_rank`)."""
-    pp_rank, replica = divmod(rank, dp)
-    return Ranks(rank, replica, pp_rank, tuple(grid_rank(i, replica, dp) for i in range(pp)),
-                 tuple(grid_rank(pp_rank, r, dp) for r in range(dp)))
+def ranks_of(rank: int, pp: int, dp: int, tp: int = 1) -> Ranks:
+    """Global rank = (pipeline rank * dp + replica) * tp + tensor-parallel rank (`grid_rank`)."""
+    pp_rank, rest = divmod(rank, dp * tp)
+    replica, tp_rank = divmod(rest, tp)
+    return Ranks(rank, replica, pp_rank, tuple(grid_rank(i, replica, dp, tp_rank, tp) for i in range(pp)),
+                 tuple(grid_rank(pp_rank, r, dp, tp_rank, tp) for r in range(dp)), tp_rank)
 
 
 def check_world_size(plan: Plan, world_size: int) -> None:
     if world_size != plan.num_ranks:
-        raise RunError(f"plan needs {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}) but WORLD_SIZE is "
-                       f"{world_size}")
+        raise RunError(f"plan needs {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp} x tp {plan.tp}) but "
+                       f"WORLD_SIZE is {world_size}")
 
 
 def replica_slice(value: Any, replica: int, dp: int) -> Any:
@@ -84,8 +94,12 @@ def replica_slice(value: Any, replica: int, dp: int) -> Any:
     return value[replica * n:(replica + 1) * n]
 
 
-def _groups(plan: Plan, ranks: Ranks) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
-    """This rank's pipeline group and data-parallel group; every rank creates every group, in the same order."""
+def _groups(plan: Plan, ranks: Ranks, mesh: DeviceMesh | None
+            ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """This rank's pipeline group and data-parallel group (None: FSDP2 reduces the gradients); every rank creates
+    every group, in the same order."""
+    if mesh is not None:
+        return mesh["pp"].get_group(), mesh["dp"].get_group() if plan.zero == 0 and plan.dp > 1 else None
     if plan.dp == 1:
         return None, None
     pp_group = dp_group = None
@@ -122,8 +136,8 @@ def _params(stages: Sequence[Stage]) -> list[torch.nn.Parameter]:
 
 
 def _average_grads(params: Sequence[torch.nn.Parameter], group: dist.ProcessGroup | None, dp: int) -> None:
-    """Average gradients over the replicas (one flat all-reduce)."""
-    grads = [p.grad for p in params if p.grad is not None]
+    """Average gradients over the replicas (one flat all-reduce; a tensor-parallel gradient: of its local shard)."""
+    grads = [local(p.grad) for p in params if p.grad is not None]
     if group is None or not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -136,9 +150,18 @@ def _average_grads(params: Sequence[torch.nn.Parameter], group: dist.ProcessGrou
 
 
 def _grads(stages: Sequence[Stage]) -> dict[int, dict[str, torch.Tensor]]:
-    return {s.stage_index: {name: (p.grad.detach().cpu().clone() if p.grad is not None
-                                   else torch.zeros_like(p.detach().cpu()))
+    """Whole first-step gradients (a DTensor's gathered: every rank of its mesh must call this)."""
+    return {s.stage_index: {name: (full(p.grad).detach().cpu().clone() if p.grad is not None
+                                   else torch.zeros_like(full(p.detach()).cpu()))
                             for name, p in s.submod.named_parameters()} for s in stages}
+
+
+def _check_untied(plan: Plan, built: RankStages) -> None:
+    """Tied weights are summed across ranks on whole tensors only: refuse them with tensor parallelism or ZeRO."""
+    tied = sorted(set(built.shared) | {n for n, ps in built.params.items() if len(ps) > 1})
+    if tied:
+        raise RunError(f"the model ties {tied[0]!r} between stages, which the runner sums only without tensor "
+                       f"parallelism and ZeRO (plan has tp {plan.tp}, zero {plan.zero}): run it with tp 1 and zero 0")
 
 
 @dataclass
@@ -157,20 +180,25 @@ class _Run:
 
 def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, device: torch.device, slot: int
            ) -> _Run:
-    pp_group, dp_group = _groups(plan, ranks)
-    built = build_stages(mf, plan, ranks.pp_rank, device, pp_group)
+    mesh = make_mesh(plan, device) if uses_mesh(plan) else None
+    pp_group, dp_group = _groups(plan, ranks, mesh)
+    built = build_stages(mf, plan, ranks.pp_rank, device, pp_group, mesh)
+    if mesh is not None:
+        _check_untied(plan, built)
     stages = built.stages
     ties = tie_groups(built.shared, plan.pp, plan.dp, ranks.replica, ranks.pp_rank)
     schedule = make_schedule(plan, stages, built.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv")
     params = _params(stages)
     optimizer = torch.optim.SGD(params, lr=args.lr)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-    recorder, saved = StepRecorder(), SavedBytes(params)
+    # memory counts the rank's shards; ZeRO: FSDP2's gathered parameters are registered on the stages while used
+    recorder, saved = StepRecorder(), SavedBytes(params, [s.submod for s in stages] if plan.zero else ())
     recorder.wrap_stages(stages)
     run = _Run([], [], [], [], 0, {}, [])
-    logger.info("stages %s built on pipeline rank %d of replica %d, on device %d (%s; %d parameters)",
-                [s.stage_index for s in stages], ranks.pp_rank, ranks.replica, slot, device,
-                sum(p.numel() for p in params))
+    logger.info("stages %s built on pipeline rank %d of replica %d%s, on device %d (%s; %d parameters)",
+                [s.stage_index for s in stages], ranks.pp_rank, ranks.replica,
+                f" (tp rank {ranks.tp_rank})" if plan.tp > 1 else "", slot, device,
+                sum(local(p).numel() for p in params))
     for name, holders in built.shared.items():
         logger.info("%s is held by pipeline ranks %s: their gradients are summed", name, list(holders))
     for stage, names in built.relayed.items():
@@ -193,8 +221,9 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         sum_tied_grads(ties, built.params)
         _average_grads(params, dp_group, plan.dp)
         t_allreduce = recorder.now()
-        if step == 0 and ranks.replica == 0:
-            run.grads = _grads(stages)
+        if step == 0 and (mesh is not None or ranks.replica == 0):  # mesh: gathering is collective
+            grads = _grads(stages)
+            run.grads = grads if ranks.replica == 0 and ranks.tp_rank == 0 else {}
         t_optimizer = recorder.now()
         optimizer.step()
         optimizer.zero_grad()
@@ -205,14 +234,15 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         run.losses.append([float(x.detach()) for x in mb_losses])
         run.actions.append([[a.action, a.start_s, a.end_s] for a in recorder.actions])
         run.waits.append(recorder.wait_s)
-        peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-                else static_bytes(params, optimizer) + saved.peak)
+        static = static_bytes(params, optimizer, plan.zero)
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else static + saved.peak
         run.peak_memory = max(run.peak_memory, int(peak))
         logger.info("step %d/%d %.4f s", step + 1, args.steps, run.step_times[-1])
         if step == 0 and device.type != "cuda":
             run.peak_memory = max(run.peak_memory, _probe_memory(schedule, step_args, last, target, device, saved,
-                                                                 static_bytes(params, optimizer), optimizer))
-    run_result = {"rank": ranks.rank, "replica": ranks.replica, "pp_rank": ranks.pp_rank, "device": slot,
+                                                                 static, optimizer))
+    run_result = {"rank": ranks.rank, "replica": ranks.replica, "pp_rank": ranks.pp_rank, "tp_rank": ranks.tp_rank,
+                  "device": slot,
                   "stages": [s.stage_index for s in stages], "step_times_s": run.step_times,
                   "losses": run.losses if last else [], "actions": run.actions, "wait_s": run.waits,
                   "phases": run.phases,
@@ -322,13 +352,14 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_plan(args.plan)
         user_files.append(plan.model_path)
         check_world_size(plan, int(os.environ["WORLD_SIZE"]))
+        check_runnable(plan)
         rank = plan.rank_on(slot)
         handler.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s"))
         mf = load_model(args.model or plan.model_path, plan.hf_config)
         device = _device(args.backend)
         dist.init_process_group(args.backend, rank=rank, world_size=plan.num_ranks,
                                 timeout=timedelta(seconds=args.timeout_s))
-        _train(args, plan, mf, ranks_of(rank, plan.pp, plan.dp), device, slot)
+        _train(args, plan, mf, ranks_of(rank, plan.pp, plan.dp, plan.tp), device, slot)
     except BaseException as exc:  # noqa: BLE001 - the parent needs every failure, KeyboardInterrupt included
         # Record first and skip destroy_process_group: it may wait on peers, and the parent kills them anyway.
         _record_error(args.run_dir, slot, exc, user_files)  # beside the launcher's files of this slot

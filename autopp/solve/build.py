@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from dataclasses import replace
 
-from ..costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays, stage_costs
+from ..costmodel import ZERO_STAGES, UnitArrays, comm_times, ideal_step_time, progress_delays, stage_costs
 from ..data.plan import Plan, Prediction, StagePlan
 from ..data.profile import Profile
 from ..data.cluster import Cluster
@@ -81,15 +81,39 @@ def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
     spans = sum(len(region) for region in group)
     reduce = "none" if c.dp == 1 else "a ring inside a node" if spans == 1 else \
         f"hierarchical across {spans} nodes" + (f" in {len(group)} regions" if len(group) > 1 else "")
-    where = f"{nodes.count} nodes" + (f" in {nodes.regions} regions" if nodes.regions > 1 else "")
-    return [f"cluster: {where} x {nodes.devices_per_node} {nodes.device or 'devices'}, pipeline rank r of replica j "
-            f"on device r x dp + j; pipeline hops across nodes: {cross}; gradient all-reduce: {reduce} "
-            f"(docs/cluster-format.md)"]
+    regions = f" in {nodes.regions} regions" if nodes.regions > 1 else ""
+    ranks = "on device r x dp + j" if c.tp == 1 else f"on the {c.tp} devices from (r x dp + j) x {c.tp}"
+    kind = nodes.device or "devices"
+    if c.tp == 1:
+        where = f"{nodes.count} nodes{regions} x {nodes.devices_per_node} {kind}"
+    elif nodes.devices_per_node == 1 and nodes.intra == nodes.inter:  # groups spanning nodes (Cluster.tp_groups)
+        where = f"{nodes.count} groups of {c.tp} {kind}{regions}, each spanning whole nodes"
+    else:
+        where = f"{nodes.count} nodes{regions} x {nodes.devices_per_node} groups of {c.tp} {kind}"
+    sync = "gradient all-reduce" if c.zero == 0 else f"ZeRO {c.zero} collectives"
+    return [f"cluster: {where}, pipeline rank r of replica j {ranks}; pipeline hops across nodes: {cross}; "
+            f"{sync}: {reduce} (docs/cluster-format.md)"]
+
+
+def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
+    """What the tensor-parallel degree and the ZeRO stage mean for this plan (none for tp 1 and ZeRO 0)."""
+    out = []
+    if c.tp > 1:
+        out.append(f"tensor parallelism {c.tp}: each pipeline rank is {c.tp} processes sharding its modules by the "
+                   f"profile's plan ({profile.meta.tp_plan_source}); stage times include its collectives "
+                   f"(docs/parallelism.md)")
+    if c.zero and c.dp > 1:
+        out.append(f"ZeRO stage {c.zero} over {c.dp} replicas: {ZERO_STAGES[c.zero]} sharded"
+                   + (" (costed only: torch.distributed.pipelining cannot run it)" if c.zero == 2 else ""))
+    return out
 
 
 def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
-               custom: CustomOrder | None = None, extra: tuple[str, ...] = (), keep_split: bool = False) -> Plan:
-    """The Plan of `best` (`a`: unit costs at its microbatch size): stages, simulated figures, baselines, notes.
+               custom: CustomOrder | None = None, extra: tuple[str, ...] = (), keep_split: bool = False,
+               whole: UnitArrays | None = None) -> Plan:
+    """The Plan of `best` (`a`: unit costs at its microbatch size, with its tensor- and data-parallel terms;
+    `request`: its tensor-parallel degree's view, `PlanRequest.view`; `whole`: the unsharded costs, for the ideal
+    step time when they differ from `a`): stages, simulated figures, baselines, notes.
     A baseline split that the simulator finds faster (and fitting, and that the runner would not refuse for this
     model: `runnable.py`) replaces the DP's split unless `keep_split` (a pinned configuration), and a synthesized
     order (`custom`, judged by the simulator too) replaces the named schedule when it is faster still."""
@@ -122,11 +146,13 @@ def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArr
                   progress_s=delays[s], overhead_s=cost.overhead_s, transient_bytes=cost.transient_bytes)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
-    ideal = ideal_step_time(a, request.cluster, c.pp, c.microbatches)
+    notes.extend(_parallel_notes(profile, c))
+    ideal = ideal_step_time(whole if whole is not None else a, request.cluster, c.pp, c.microbatches) / c.tp
     return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,
                 schedule=ScheduleName.CUSTOM if order else c.schedule, custom_order=order,
                 device_order=_device_order(request, c.pp * c.dp),
-                num_ranks=c.pp * c.dp, pp=c.pp, dp=c.dp, virtual_stages=c.v, num_microbatches=c.microbatches,
+                num_ranks=c.pp * c.dp * c.tp, pp=c.pp, dp=c.dp, tp=c.tp, zero=c.zero,
+                tp_plan=dict(profile.meta.tp_plan) if c.tp > 1 else {}, virtual_stages=c.v, num_microbatches=c.microbatches,
                 microbatch_size=c.microbatch_size, memory_limit_bytes=request.cluster.memory_bytes, stages=stages,
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
                 ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})))

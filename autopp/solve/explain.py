@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..costmodel import unit_arrays
 from ..errors import InfeasibleError, ScheduleError
 from ..data.profile import Profile
 from ..schedule import NAMED, ScheduleName, describe, listed
@@ -13,20 +12,22 @@ from .dp import min_memory
 
 from .request import PlanRequest, RecomputeMode, configs, microbatch_counts, replica_counts
 from .search import pipe_spec, search
+from .views import Views
 
 __all__ = ["explain_infeasible", "smallest_memory"]
 
 
-def _no_config(profile: Profile, req: PlanRequest) -> InfeasibleError:
+def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleError:
     """Which rule left no configuration (units per stage, global batch over replicas and microbatches, the
-    schedule's microbatch rule), with the numbers and what would work."""
+    schedule's microbatch rule), with the numbers and what would work; `req` a tensor-parallel degree's view
+    (`tp` devices per pipeline rank), whose counts are multiplied back into devices."""
     n = profile.num_units
     names = [req.schedule] if req.schedule else list(NAMED)
     dps = replica_counts(req)
     pps = [req.cluster.num_devices // dp for dp in dps]
     v = min(describe(name).stages_per_rank(x) for name in names for x in describe(name).v_choices(req.virtual_stages))
     if min(pps) * v > n:
-        return _too_few_units(profile, req, names, min(pps), v)
+        return _too_few_units(profile, req, names, min(pps), v, tp)
     counts = [m for dp in dps for m in microbatch_counts(req, dp)]
     if not counts:
         per = f"{req.num_microbatches} microbatches" if req.num_microbatches else "microbatches"
@@ -47,8 +48,13 @@ def _no_config(profile: Profile, req: PlanRequest) -> InfeasibleError:
                 else f"a global batch of at least {need * dps[-1]} (it is {req.global_batch})")
         return InfeasibleError(f"{failed[0]}: use {more}, fewer devices, or another --schedule")
     name = names[0].value if len(names) == 1 else "any schedule"
-    return InfeasibleError(f"no valid configuration for {name} on {req.cluster.num_devices} devices "
-                           f"({n} units, global batch {req.global_batch}, microbatch counts {sorted(set(counts))})")
+    batch = next((b for b in range(req.global_batch + 1, 64 * req.cluster.num_devices + 1)
+                  if configs(replace(req, global_batch=b, num_microbatches=None), n)), None)
+    hint = f": a global batch of {batch} has one" if batch else ""
+    return InfeasibleError(f"no valid configuration for {name} on {req.cluster.num_devices * tp} devices "
+                           f"({n} units, global batch {req.global_batch}, microbatch counts {sorted(set(counts))}: "
+                           f"the global batch does not split into dp replicas x enough microbatches for the "
+                           f"schedule's stages){hint}")
 
 
 def _fewest_microbatches(names: list[ScheduleName], req: PlanRequest, pp: int) -> int:
@@ -64,7 +70,8 @@ def _fewest_microbatches(names: list[ScheduleName], req: PlanRequest, pp: int) -
     return pp
 
 
-def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName], pp: int, v: int) -> InfeasibleError:
+def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName], pp: int, v: int,
+                   tp: int = 1) -> InfeasibleError:
     """Fewer units than the stages asked for: fewer devices, a schedule with fewer stages per rank, finer units."""
     n = profile.num_units
     which = f" ({names[0].value} runs {v} stages per rank)" if v > 1 and len(names) == 1 else ""
@@ -75,7 +82,7 @@ def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName]
     finer = (f"; or finer units: SPLIT_POINTS in the model file may also name modules inside a block "
              f"(e.g. `{example}.<child>`, see model.named_modules())" if example else
              "; or finer units: add SPLIT_POINTS to the model file")
-    return InfeasibleError(f"cannot split {n} units into {pp * v} stages{which}: use at most {n // v} devices"
+    return InfeasibleError(f"cannot split {n} units into {pp * v} stages{which}: use at most {n // v * tp} devices"
                            f"{hint}{single}{finer}")
 
 
@@ -83,13 +90,14 @@ def smallest_memory(profile: Profile, req: PlanRequest, recompute: bool = False)
     """(bytes per device, microbatches) of the least memory any configuration of the request needs."""
     best: tuple[int, int] | None = None
     seen: set[tuple[object, ...]] = set()
-    for c in configs(req, profile.num_units):
-        spec = pipe_spec(req, c, recompute)
-        key = (c.b, spec.num_stages, spec.inflight, c.v)
+    views = Views(profile, req)
+    for c in configs(req, profile.num_units, views.degrees()):
+        spec = pipe_spec(views.request(c.tp), c, recompute)
+        key = (c.b, c.tp, c.zero, c.dp if c.zero else 1, spec.num_stages, spec.inflight, c.v)
         if key in seen:
             continue
         seen.add(key)
-        need = min_memory(unit_arrays(profile, c.b), replace(spec, memory=())) * c.v
+        need = min_memory(views.arrays(c.b, c.tp, c.zero, c.dp), replace(spec, memory=())) * c.v
         if best is None or (need, c.m) < best:
             best = (need, c.m)
     return best
@@ -98,6 +106,8 @@ def smallest_memory(profile: Profile, req: PlanRequest, recompute: bool = False)
 def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
     """The fewest pipeline devices (more than now, dp unchanged) for which some split fits the memory."""
     dp = req.dp or 1
+    if req.tp != 1 or req.zero != 0:  # counted on pipeline x data parallelism only
+        return None
     for pp in range(req.cluster.num_devices // dp + 1, profile.num_units + 1):
         cluster = replace(req.cluster, num_devices=pp * dp, devices=(), links=(), nodes=None, grid=None)
         if not req.cluster.homogeneous:
@@ -128,8 +138,8 @@ def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
 
 def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> InfeasibleError:
     """An InfeasibleError whose message says what would make the request feasible."""
-    if num_configs == 0:
-        return _no_config(profile, req)
+    if num_configs == 0:  # with a tensor-parallel degree, on its groups of devices (one pipeline rank each)
+        return _no_config(profile, req.view(req.tp or 1), req.tp or 1)
     needs = [smallest_memory(profile, req, rc) for rc in
              {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[req.recompute]]
     need = min((x for x in needs if x is not None), default=None)

@@ -30,6 +30,10 @@ class Candidate:
     microbatch_size: int
     bounds: Bounds
     recompute: tuple[bool, ...]
+    tp: int = 1
+    """Tensor-parallel degree: each pipeline rank is a group of tp devices (`PlanRequest.view`)."""
+    zero: int = 0
+    """ZeRO stage of the data parallelism (autopp.costmodel.parallel)."""
 
     @property
     def owner(self) -> list[int]:

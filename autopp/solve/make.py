@@ -16,8 +16,9 @@ from .explain import explain_infeasible
 from .judge import Verdict
 from .placement import place_devices
 from .request import Config, PlanRequest, RecomputeMode, configs
-from .runnable import split_backward_refusal
+from .runnable import PARALLEL_KEY, split_backward_refusal
 from .search import inflight, links_hold_messages, search
+from .views import Views
 
 __all__ = ["GPU_PROGRESS_NOTE", "make_plan"]
 
@@ -64,27 +65,43 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
                          f"cluster file: {order}"
 
 
+def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
+    """With --tp auto and a profile without tensor-parallel rows: only tp 1 was searched, and why."""
+    if request.tp is not None or profile.meta.tp_degrees:
+        return []
+    why = profile.meta.extra.get("tp_skipped")
+    return [f"--tp auto searched tp 1 only: the profile has no tensor-parallel rows (tp.csv){': ' + why if why else ''}"
+            f"; profile with --tp T, T a degree the model's TP plan allows"]
+
+
 def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     """The fastest simulated plan for `request` (ties: least peak memory), with baselines beside it. On a
     heterogeneous cluster CP-SAT also chooses the device order (the plan's notes say which and how sure)."""
     table = ProfileTable(profile)
+    views = Views(profile, request, table)
     excluded: dict[str, str] = {}
-    best, n_cfg, n_sim = search(profile, request, table, excluded)
+    best, n_cfg, n_sim = search(profile, request, table, excluded, views)
     note = None
     if not request.cluster.homogeneous and not request.cluster.order:
         request, best, note = _place(profile, request, table, best)
+        views = Views(profile, request, table)  # on the order CP-SAT chose, when it was kept
     if best is None and request.schedule is not None and request.schedule.value in excluded:
         raise InfeasibleError(excluded[request.schedule.value])
+    if best is None and PARALLEL_KEY in excluded and (request.tp not in (None, 1) or request.zero not in (None, 0)):
+        raise InfeasibleError(excluded[PARALLEL_KEY])
     if best is None:
         raise explain_infeasible(profile, request, n_cfg)
-    a = table.arrays(best.candidate.microbatch_size)
+    c = best.candidate
+    a = views.arrays(c.microbatch_size, c.tp, c.zero, c.dp)
+    view = views.request(c.tp)
     unsynthesizable = split_backward_refusal(profile.meta.live_values, best.candidate.bounds, "a synthesized order")
-    custom = synthesized(a, request.cluster, best, request.synth_time_limit_s) \
+    custom = synthesized(a, view.cluster, best, request.synth_time_limit_s) \
         if request.synthesize and unsynthesizable is None else None
     notes = [note] if note else []
     chosen = best.candidate.schedule.value  # only some of its splits were left out: not worth a note
     notes += [why for name, why in excluded.items() if name != chosen]
     notes += [unsynthesizable] if request.synthesize and unsynthesizable else []
+    notes += _tp_note(profile, request)
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
-    return build_plan(profile, request, best, a, custom, extra=tuple(notes))
+    return build_plan(profile, view, best, a, custom, extra=tuple(notes), whole=views.whole(c.microbatch_size))

@@ -6,17 +6,23 @@ is the split I/W backward of the zero-bubble schedules (and of synthesized order
 gradient of a stage output made from the stage's parameters alone, so the runner refuses a stage after the first
 that sends one on (`autopp.run.pipeline.check_split_backward`; measured on T5: 88 % off, or a failure). From the
 profile's live values (`needs_grad`, `reads`) the planner finds those outputs for a split without running torch.
+Weights tied between stages are summed across ranks on whole tensors only, so the runner refuses them with tensor
+parallelism or ZeRO (`autopp.run.worker`); `parallel_refusal` leaves those configurations out.
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..data.profile import LiveValue, ValueAction
+from ..data.profile import LiveValue, TiedGroup, ValueAction
 from ..schedule import ScheduleName, describe, listed
 from .dp import Bounds
 
-__all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal"]
+__all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal",
+           "PARALLEL_KEY", "parallel_refusal"]
+
+#: The key of `parallel_refusal`'s reasons among a search's exclusions (the others are schedule names).
+PARALLEL_KEY = "tensor parallelism or ZeRO"
 
 
 def weight_only_sends(live_values: Sequence[LiveValue], bounds: Bounds) -> list[tuple[int, str]]:
@@ -67,3 +73,17 @@ def schedule_refusal(live_values: Sequence[LiveValue], schedule: ScheduleName, b
     if not describe(schedule).splits_backward:
         return None
     return split_backward_refusal(live_values, bounds, schedule.value)
+
+
+def parallel_refusal(tied: Sequence[TiedGroup], tp: int, zero: int, bounds: Bounds) -> str | None:
+    """Why the runner would refuse tensor parallelism or ZeRO on this split (a weight tied between two of its
+    stages), or None."""
+    if tp == 1 and zero == 0:
+        return None
+    for group in tied:
+        stages = sorted({s for s, (i, j) in enumerate(bounds) for u in group.units if i <= u < j})
+        if len(stages) > 1:
+            return (f"{PARALLEL_KEY} excluded where {group.names[0]!r}, tied between units {list(group.units)}, lands "
+                    f"in two stages ({stages[0]} and {stages[1]}): the runner sums tied weights only on whole "
+                    f"tensors; plan with --tp 1 --zero 0, or untie the weight")
+    return None

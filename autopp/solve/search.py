@@ -1,7 +1,9 @@
-"""The joint search: schedule x virtual stages x data parallelism x microbatches x recomputation, judged by the simulator.
+"""The joint search: tensor parallelism x ZeRO stage x schedule x virtual stages x data parallelism x microbatches x
+recomputation, judged by the simulator.
 
-1. Enumerate configurations (request.py: dp dividing the devices and the global batch, pp = devices / dp, schedules,
-   v, m).
+1. Enumerate configurations (request.py: tp from the profile's tensor-parallel rows, dp dividing the groups of tp
+   devices and the global batch, pp = devices / (dp tp), ZeRO stages, schedules, v, m). Each tp sees the cluster
+   as its groups of tp devices (views.py), so everything below runs on that view with that tp's unit arrays.
 2. For each, the exact DP (dp.py) cuts the stages for the pipeline objective under per-stage memory budgets, and a
    closed-form estimate (the schedule descriptor's + all-reduce) ranks it.
 3. The simulator judges the best-estimated configurations in order until `shortlist` of them fit; recomputation
@@ -29,7 +31,8 @@ from .dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import Candidate, Verdict, judge, named_order
 from .refine import EXACT_LIMIT, refine
 from .request import Config, PlanRequest, RecomputeMode, configs
-from .runnable import schedule_refusal
+from .runnable import PARALLEL_KEY, parallel_refusal, schedule_refusal
+from .views import ArraysKey, Views, arrays_key
 
 __all__ = ["inflight", "pipe_spec", "links_hold_messages", "search"]
 
@@ -72,18 +75,17 @@ def pipe_spec(req: PlanRequest, c: Config, recompute: bool, walk: bool = True) -
 
 
 class _Splits:
-    """The DP's splits of one search, memoised per (microbatch size, PipeSpec): configurations that differ only in
-    the schedule's name often pose the same DP (ZBV and DualPipeV; GPipe and 1F1B when memory does not bind)."""
+    """The DP's splits of one search, memoised per (unit arrays, PipeSpec): configurations that differ only in the
+    schedule's name often pose the same DP (ZBV and DualPipeV; GPipe and 1F1B when memory does not bind)."""
 
     def __init__(self) -> None:
-        self.found: dict[tuple[int, PipeSpec], Bounds | None] = {}
-        self.memos: dict[int, DpMemo] = {}
+        self.found: dict[tuple[ArraysKey, PipeSpec], Bounds | None] = {}
+        self.memos: dict[ArraysKey, DpMemo] = {}
 
-    def bounds(self, a: UnitArrays, b: int, spec: PipeSpec) -> Bounds | None:
-        key = (b, spec)
-        if key not in self.found:
-            self.found[key] = pipeline_bounds(a, spec, self.memos.setdefault(b, DpMemo()))
-        return self.found[key]
+    def bounds(self, a: UnitArrays, key: ArraysKey, spec: PipeSpec) -> Bounds | None:
+        if (key, spec) not in self.found:
+            self.found[key, spec] = pipeline_bounds(a, spec, self.memos.setdefault(key, DpMemo()))
+        return self.found[key, spec]
 
 
 def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, splits: _Splits) -> Bounds | None:
@@ -95,10 +97,10 @@ def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, splits:
         return None
     if not describe(c.schedule).single_stage:
         loose = pipe_spec(req, c, recompute, walk=False)
-        free = splits.bounds(a, c.b, replace(loose, memory=(), inflight=()))
+        free = splits.bounds(a, arrays_key(c.b, c.tp, c.zero, c.dp), replace(loose, memory=(), inflight=()))
         if free is not None and fits(a, loose, free):
             return free
-    return splits.bounds(a, c.b, spec)
+    return splits.bounds(a, arrays_key(c.b, c.tp, c.zero, c.dp), spec)
 
 
 def links_hold_messages(cluster: Cluster) -> bool:
@@ -109,12 +111,13 @@ def links_hold_messages(cluster: Cluster) -> bool:
     return any(link.progress_s > 0 for link in cluster.pipeline_links)
 
 
-def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recompute: bool) -> float:
+def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recompute: tuple[bool, ...]) -> float:
+    """The schedule descriptor's closed form for the split, each flagged stage recomputing, plus the step's end."""
     owner = stage_to_rank(c.schedule, c.pp, c.v)
     cluster = req.cluster.placed(c.pp, c.dp)
     speeds = stage_speeds(cluster, owner)
     costs = stage_costs(a, bounds, speeds, message_overheads(cluster, owner))
-    redo = [x.forward_s if recompute else 0.0 for x in costs]
+    redo = [x.forward_s if flag else 0.0 for x, flag in zip(costs, recompute)]
     d = describe(c.schedule)
     split = d.splits_backward  # else each backward is one full B: pass it as I, with W = 0
     backward = [(x.backward_input_s, x.backward_weight_s) if split or x.backward_s is None else (x.backward_s, 0.0)
@@ -136,17 +139,24 @@ class _Option:
     """The DP's split, with the recompute flags that fit."""
 
 
-def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[Config],
+def _options(views: Views, cfgs: list[Config],
              refuse: Callable[[Config, Bounds], str | None] = lambda c, b: None) -> list[_Option]:
     """The short-list: the `shortlist` configurations of least estimate among those whose split fits in memory
     (checked by walking the schedule's order, exact peaks, recomputation switched on per stage under "auto"), best
-    first. Configurations are visited lazily in order of a lower bound of their estimate (bounds.py) until the bound
-    reaches the short-list's worst estimate: nothing left could enter it. With --recompute auto a configuration whose
-    plain split does not fit the DP re-enters the queue under its all-recompute bound. A configuration whose split
-    the runner would refuse (`refuse` says why) is left out."""
+    first (`_GROUPS_FACTOR` times as many when several tensor-parallel degrees or ZeRO stages are searched). A
+    plain split's estimate counts the stages its memory walk made recompute under "auto" (its estimate without them,
+    a lower bound, first rules out what cannot enter the short-list without walking its memory). Configurations are
+    visited lazily in order of a lower bound of their estimate (bounds.py) until the bound reaches the short-list's
+    worst estimate: nothing left could enter it. With --recompute auto a configuration whose plain split does not
+    fit the DP re-enters the queue under its all-recompute bound. A configuration whose split the runner would
+    refuse (`refuse` says why) is left out."""
+    req = views.req
     modes = (False, True) if req.recompute_stages is not None else _DP_MODES[req.recompute]
-    keep, splits = req.shortlist * (2 if links_hold_messages(req.cluster) else 1), _Splits()
-    queue = [(lower_bound(arrays(c.b), req, c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
+    groups = len({(c.tp, c.zero) for c in cfgs})
+    keep = req.shortlist * (2 if links_hold_messages(req.cluster) else 1) * (_GROUPS_FACTOR if groups > 1 else 1)
+    splits = _Splits()
+    arrays = lambda c: views.arrays(c.b, c.tp, c.zero, c.dp)  # noqa: E731
+    queue = [(lower_bound(arrays(c), views.request(c.tp), c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
     heapq.heapify(queue)
     short: list[tuple[float, int, _Option]] = []  # (-estimate, -index, option): the worst on top
     while queue:
@@ -154,24 +164,27 @@ def _options(arrays: Callable[[int], UnitArrays], req: PlanRequest, cfgs: list[C
         if len(short) >= keep and bound >= -short[0][0]:
             break
         c, rc = cfgs[idx], modes[mode]
-        a = arrays(c.b)
-        bounds = _bounds(a, req, c, rc, splits)
+        a, view = arrays(c), views.request(c.tp)
+        bounds = _bounds(a, view, c, rc, splits)
         if bounds is None:
             if mode + 1 < len(modes):  # AUTO: recompute only when the plain split does not fit
-                heapq.heappush(queue, (max(bound, lower_bound(a, req, c, modes[mode + 1])), idx, mode + 1))
+                heapq.heappush(queue, (max(bound, lower_bound(a, view, c, modes[mode + 1])), idx, mode + 1))
             continue
         why = refuse(c, bounds)
         if why is not None:
-            log.info("%s pp=%d dp=%d v=%d m=%d: %s", c.schedule.value, c.pp, c.dp, c.v, c.m, why)
+            log.info("%s: %s", _named(c), why)
             continue
-        est = _estimate(a, req, c, bounds, rc)
+        est = _estimate(a, view, c, bounds, (rc,) * len(bounds))
         if len(short) >= keep and (est, idx) >= (-short[0][0], -short[0][1]):
             continue  # cannot enter the short-list: its memory need not be walked
-        cand = _fitted(a, req, _candidate(c, bounds, rc))
+        cand = _fitted(a, view, _candidate(c, bounds, rc))
         if cand is None:
-            log.info("%s pp=%d dp=%d v=%d m=%d: estimate %.6g s, does not fit", c.schedule.value, c.pp, c.dp, c.v,
-                     c.m, est)
+            log.info("%s: estimate %.6g s, does not fit", _named(c), est)
             continue
+        if not rc:  # the stages the memory walk made recompute count (they only add time: the bound holds)
+            est = _estimate(a, view, c, bounds, cand.recompute)
+            if len(short) >= keep and (est, idx) >= (-short[0][0], -short[0][1]):
+                continue
         heapq.heappush(short, (-est, -idx, _Option(est, idx, c, cand)))
         if len(short) > keep:
             heapq.heappop(short)
@@ -204,42 +217,50 @@ def _fitted(a: UnitArrays, req: PlanRequest, cand: Candidate) -> Candidate | Non
 
 def _candidate(c: Config, bounds: Bounds, recompute: bool) -> Candidate:
     return Candidate(schedule=c.schedule, pp=c.pp, dp=c.dp, v=c.v, microbatches=c.m, microbatch_size=c.b,
-                     bounds=bounds, recompute=(recompute,) * len(bounds))
+                     bounds=bounds, recompute=(recompute,) * len(bounds), tp=c.tp, zero=c.zero)
+
+
+def _named(c: Config) -> str:
+    """A configuration in log lines."""
+    return f"{c.schedule.value} pp={c.pp} dp={c.dp} tp={c.tp} zero={c.zero} v={c.v} m={c.m}"
 
 
 def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None,
-           excluded: dict[str, str] | None = None) -> tuple[Verdict | None, int, int]:
+           excluded: dict[str, str] | None = None, views: Views | None = None) -> tuple[Verdict | None, int, int]:
     """The best fitting verdict (or None), the number of configurations and the number simulated. Schedules left
-    out because the runner would refuse them for this model go into `excluded` (name -> why)."""
-    cache: dict[int, UnitArrays] = {}
-    table = table or ProfileTable(profile)
-
-    def arrays(b: int) -> UnitArrays:
-        if b not in cache:
-            cache[b] = table.arrays(b)
-        return cache[b]
+    out because the runner would refuse them for this model go into `excluded` (name -> why). `views` (of `req`)
+    shares unit arrays with the caller."""
+    views = views or Views(profile, req, table)
 
     def refuse(c: Config, bounds: Bounds) -> str | None:
         why = schedule_refusal(profile.meta.live_values, c.schedule, bounds)
+        key = c.schedule.value
+        if why is None:
+            why, key = parallel_refusal(profile.meta.tied_parameters, c.tp, c.zero, bounds), PARALLEL_KEY
         if why is not None and excluded is not None:
-            excluded.setdefault(c.schedule.value, why)
+            excluded.setdefault(key, why)
         return why
 
-    cfgs = configs(req, profile.num_units)
-    opts = _options(arrays, req, cfgs, refuse)
+    cfgs = configs(req, profile.num_units, views.degrees())
+    opts = _options(views, cfgs, refuse)
     fitting: list[Verdict] = []
     for opt in opts:
-        verdict = judge(arrays(opt.config.b), req.cluster, opt.candidate)
         c = opt.config
-        log.info("%s pp=%d dp=%d v=%d m=%d: estimate %.6g s, simulated %.6g s%s", c.schedule.value, c.pp, c.dp, c.v,
-                 c.m, opt.estimate, verdict.step_s, "" if verdict.fits else " (too big)")
+        verdict = judge(views.arrays(c.b, c.tp, c.zero, c.dp), views.request(c.tp).cluster, opt.candidate)
+        log.info("%s: estimate %.6g s, simulated %.6g s%s", _named(c), opt.estimate, verdict.step_s,
+                 "" if verdict.fits else " (too big)")
         if verdict.fits:
             fitting.append(verdict)
     runs = lambda c: lambda b: schedule_refusal(profile.meta.live_values, c.schedule, b) is None  # noqa: E731
-    fitting = _refined(profile.num_units, arrays, req, fitting, runs)
+    fitting = _refined(profile.num_units, views, fitting, runs)
     best = min(fitting, key=lambda v: v.key) if fitting else None
     return best, len(cfgs), len(opts)
 
+
+#: The short-list is this many times longer when several (tensor-parallel degree, ZeRO stage) pairs are searched:
+#: the estimate's error differs between them (collectives on the critical path, recomputation), and on Llama 3.1
+#: 405B over 512 H100s (docs/published.md) a list of 4 missed the configuration a list of 12 or 64 finds.
+_GROUPS_FACTOR = 3
 
 #: Simulated actions the local search may spend per configuration (about 0.3 s on the development machine): its budget
 #: of simulations is this over one simulation's actions, at most 32; below one, the configuration is not refined.
@@ -248,7 +269,7 @@ _REFINE_ACTIONS = 25_000
 _REFINE_WITHIN = 1.02
 
 
-def _refined(n: int, arrays: Callable[[int], UnitArrays], req: PlanRequest, fitting: list[Verdict],
+def _refined(n: int, views: Views, fitting: list[Verdict],
              runs: Callable[[Candidate], Callable[[Bounds], bool]]) -> list[Verdict]:
     """Short-listed verdicts replaced by the simulator's best split and recompute choice for their configuration
     (refine.py), fastest first: always the fastest (so the chosen configuration's split is the simulator's optimum
@@ -266,7 +287,8 @@ def _refined(n: int, arrays: Callable[[int], UnitArrays], req: PlanRequest, fitt
             out.append(v)
             continue
         beat = min((x.step_s for x in out), default=math.inf)  # splits that cannot beat it need no simulation
-        found = refine(arrays(c.microbatch_size), req.cluster, c, req.recompute, admissible=runs(c), budget=budget,
-                       fixed=req.pinned_flags(len(c.bounds)), beat=beat).best
+        req = views.request(c.tp)
+        found = refine(views.arrays(c.microbatch_size, c.tp, c.zero, c.dp), req.cluster, c, req.recompute,
+                       admissible=runs(c), budget=budget, fixed=req.pinned_flags(len(c.bounds)), beat=beat).best
         out.append(found if found is not None and found.key < v.key else v)
     return out

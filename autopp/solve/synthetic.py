@@ -4,14 +4,18 @@ and tests at sizes no machine here can measure."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pandas as pd
 
 from ..data.profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 
-__all__ = ["synthetic_profile"]
+__all__ = ["synthetic_profile", "synthetic_tp_rows"]
 
 SIZES = (1, 8)
+#: The plan a synthetic profile's TP rows stand for (a Megatron block: column-parallel in, row-parallel out).
+SYNTHETIC_TP_PLAN = {"h.*.attn.qkv": "colwise", "h.*.attn.proj": "rowwise", "h.*.mlp.fc": "colwise",
+                     "h.*.mlp.proj": "rowwise"}
 
 
 def _row(unit: int, name: str, b: int, forward: float, params: int, activation: int, output: int) -> dict[str, object]:
@@ -25,10 +29,36 @@ def _row(unit: int, name: str, b: int, forward: float, params: int, activation: 
     return row
 
 
+def synthetic_tp_rows(units: pd.DataFrame, degrees: tuple[int, ...], *, hidden: int, seq: int) -> pd.DataFrame:
+    """`tp.csv` rows (docs/profile-format.md) for a synthetic profile's units at each degree: compute / t with 5 %
+    lost per doubling (smaller matrices), every parameter sharded, activations as Korthikanti et al. count them
+    without sequence parallelism (arXiv:2205.05198 eq. 2: 10 + 24 / t of 34 per s b h), and Megatron's collectives:
+    per block 2 all-reduces of s b h float32 in F and 2 in B; the embedding 1 in F; the head 1 all-gather of its
+    output (taken as 8 h wide) in F and 1 all-reduce in B."""
+    rows = []
+    for t in degrees:
+        slow = 1 + 0.05 * (t.bit_length() - 1)
+        for r in units.itertuples():
+            act = 4 * seq * hidden * int(r.microbatch_size)
+            head, emb = r.name == "head", r.name == "emb"
+            rows.append({"unit": r.unit, "microbatch_size": r.microbatch_size, "tp": t,
+                         **{c: getattr(r, c) / t * slow for c in ("forward_s", "backward_s", "backward_input_s",
+                                                                  "backward_weight_s", "recompute_s")},
+                         **{c: getattr(r, c) // t for c in ("param_bytes", "grad_bytes", "optimizer_bytes")},
+                         "activation_bytes": int(r.activation_bytes * (10 + 24 / t) / 34),
+                         "tp_forward_allreduce_bytes": act * (1 if emb else 0 if head else 2),
+                         "tp_backward_allreduce_bytes": act * (0 if emb else 1 if head else 2),
+                         "tp_forward_allgather_bytes": 8 * act if head else 0,
+                         "tp_forward_collectives": 1 if emb or head else 2,
+                         "tp_backward_collectives": 0 if emb else 1 if head else 2})
+    return pd.DataFrame(rows)
+
+
 def synthetic_profile(num_units: int, *, hidden: int = 4096, seq: int = 2048, seed: int = 0,
-                      jitter: float = 0.1) -> Profile:
+                      jitter: float = 0.1, tp_degrees: tuple[int, ...] = ()) -> Profile:
     """A GPT-like profile: unit 0 embeds, units 1..n-2 are blocks, unit n-1 is the head; block times and sizes vary by
-    +-`jitter` (seeded). Times follow 24 x seq x hidden^2 flops per sample at 100 TFLOP/s; float32 bytes."""
+    +-`jitter` (seeded). Times follow 24 x seq x hidden^2 flops per sample at 100 TFLOP/s; float32 bytes. With
+    `tp_degrees`, tensor-parallel rows of those degrees (`synthetic_tp_rows`)."""
     rng = random.Random(seed)
     flops = 24 * seq * hidden * hidden / 100e12
     units, edges = [], []
@@ -45,5 +75,10 @@ def synthetic_profile(num_units: int, *, hidden: int = 4096, seq: int = 2048, se
     meta = ProfileMeta(model_path=f"synthetic-{num_units}.py", fingerprint=f"synthetic-{num_units}-{seed}",
                        unit_names=names, split_points=names[1:], microbatch_sizes=SIZES, device="synthetic",
                        torch_version="none", num_threads=1, optimizer="adam", repeats=1, warmup=0)
-    return Profile(meta, pd.DataFrame(units, columns=list(UNIT_COLUMNS)),
-                   pd.DataFrame(edges, columns=list(EDGE_COLUMNS)))
+    table = pd.DataFrame(units, columns=list(UNIT_COLUMNS))
+    if tp_degrees:
+        meta = replace(meta, tp_degrees=tuple(tp_degrees), tp_plan=dict(SYNTHETIC_TP_PLAN),
+                       tp_plan_source="synthetic: Megatron's collectives per block (autopp.solve.synthetic)")
+        return Profile(meta, table, pd.DataFrame(edges, columns=list(EDGE_COLUMNS)),
+                       tp_units=synthetic_tp_rows(table, tp_degrees, hidden=hidden, seq=seq))
+    return Profile(meta, table, pd.DataFrame(edges, columns=list(EDGE_COLUMNS)))

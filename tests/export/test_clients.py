@@ -156,13 +156,18 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     import torch
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.transformer import TransformerConfig
-    args = dict(line.split(" ", 1) for line in text.splitlines())
+    from megatron.core.distributed import DistributedDataParallelConfig
+    args = dict((line.split(" ", 1) + ["true"])[:2] for line in text.splitlines())  # bare flags: store_true
     kw = {k[2:].replace("-", "_"): v for k, v in args.items()}
     batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size")}
+    ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
+    ddp = {k: kw.pop(k) == "true" for k in ("use_distributed_optimizer", "use_megatron_fsdp") if k in kw}
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     assert set(kw) <= names, f"not megatron-core config fields: {set(kw) - names}"
+    assert set(ddp) <= ddp_names
     kw = {k: int(v) if v.isdigit() else v for k, v in kw.items()}
     cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, pipeline_dtype=torch.float32, **kw)
+    cfg.ddp = DistributedDataParallelConfig(**ddp)  # the data-parallel flags (Megatron-LM copies them by name too)
     return cfg, batch, ConstantNumMicroBatchesCalculator
 
 
@@ -333,3 +338,47 @@ def test_torch_parses_every_csv_cell(name: str, llama_plans: dict[str, Plan]) ->
     assert len(rows) == plan.pp
     forwards = [a for a in actions if a.computation_type == _ComputationType.FORWARD]
     assert len(forwards) == len(plan.stages) * plan.num_microbatches
+
+
+# ---- tensor parallelism and ZeRO (issue 17) ------------------------------------------------------------------------
+
+def _3d(plan: Plan, tp: int, zero: int) -> Plan:
+    return dataclasses.replace(plan, tp=tp, zero=zero, num_ranks=plan.pp * plan.dp * tp,
+                               tp_plan={"model.layers.*.mlp.up_proj": "colwise"} if tp > 1 else {})
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_torchtitan_parses_tp_and_zero(zero: int, titan, llama: Profile,  # type: ignore[no-untyped-def]
+                                       llama_plans: dict[str, Plan]) -> None:
+    plan = _3d(llama_plans["dp"], 2, zero)
+    par = titan(export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
+                ).parallelism
+    assert par.tensor_parallel_degree == 2 and par.enable_sequence_parallel is False
+    assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == plan.dp
+    assert par.data_parallel_shard_degree == (1 if zero == 0 else plan.dp)
+    assert par.fsdp_reshard_after_forward == {0: "default", 1: "never", 3: "always"}[zero]
+    world = plan.pp * par.data_parallel_replicate_degree * par.data_parallel_shard_degree * par.tensor_parallel_degree
+    assert world == plan.num_ranks  # torchtitan's ParallelDims check: the product is the world size
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_megatron_core_parses_tp_and_the_distributed_optimizer(zero: int, megatron,  # type: ignore[no-untyped-def]
+                                                               llama_plans: dict[str, Plan]) -> None:
+    plan = _3d(llama_plans["dp"], 2, zero)
+    cfg, batch, calculator = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
+    assert cfg.tensor_model_parallel_size == 2 and cfg.sequence_parallel is False
+    assert cfg.ddp.use_distributed_optimizer == (zero == 1)
+    assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.dp, False, 0).get() == \
+        plan.num_microbatches
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_deepspeed_config_accepts_zero_stages(zero: int, deepspeed,  # type: ignore[no-untyped-def]
+                                              llama_plans: dict[str, Plan]) -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    plan = _3d(llama_plans["dp"], 1, zero)
+    data = json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)
+    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.dp, get_model_parallel_world_size=lambda: 1)
+    stage = DeepSpeedConfig(data, mpu=mpu).zero_optimization_stage
+    assert stage == zero and stage < ZeroStageEnum.gradients  # what DeepSpeed's PipelineEngine asserts

@@ -202,3 +202,86 @@ def test_cli_checks_every_file_before_writing_any(tmp_path: Path, llama_plans: d
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "m_deepspeed_pipe.py: is a directory" in err[0]
     assert not (tmp_path / "m.deepspeed.json").exists()
+
+
+# ---- tensor parallelism and ZeRO (issue 17) ------------------------------------------------------------------------
+
+LLAMA_TP_PLAN = {"model.layers.*.self_attn.q_proj": "colwise", "model.layers.*.self_attn.o_proj": "rowwise"}
+
+
+def _3d(plan: Plan, tp: int = 2, zero: int = 0) -> Plan:
+    """`plan` with tensor parallelism `tp` and ZeRO stage `zero` (the planner's own 3D plans are the lead's)."""
+    return replace(plan, tp=tp, zero=zero, num_ranks=plan.pp * plan.dp * tp,
+                   tp_plan=LLAMA_TP_PLAN if tp > 1 else {})
+
+
+def _titan(plan: Plan, llama: Profile) -> list[str]:
+    modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
+    return export_plan(plan, Target.TORCHTITAN, "x", modules).text.splitlines()
+
+
+@pytest.mark.parametrize("zero, shard", [(0, ["--parallelism.data_parallel_replicate_degree=2",
+                                             "--parallelism.data_parallel_shard_degree=1"]),
+                                         (1, ["--parallelism.data_parallel_replicate_degree=1",
+                                              "--parallelism.data_parallel_shard_degree=2",
+                                              "--parallelism.fsdp_reshard_after_forward=never"]),
+                                         (3, ["--parallelism.data_parallel_replicate_degree=1",
+                                              "--parallelism.data_parallel_shard_degree=2",
+                                              "--parallelism.fsdp_reshard_after_forward=always"])])
+def test_torchtitan_writes_tp_and_zero(zero: int, shard: list[str], llama: Profile,
+                                       llama_plans: dict[str, Plan]) -> None:
+    lines = _titan(_3d(llama_plans["dp"], zero=zero), llama)
+    assert [line for line in lines if "data_parallel" in line or "reshard" in line] == shard
+    assert "--parallelism.tensor_parallel_degree=2" in lines
+    assert "--parallelism.no_enable_sequence_parallel" in lines  # torchtitan's default is SP on; autopp costs none
+    assert "--training.global_batch_size=8" in lines and lines[-1].startswith("activation_checkpoint:")
+
+
+def test_torchtitan_without_tp_writes_what_it_wrote_before(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    lines = _titan(llama_plans["dp"], llama)
+    assert "--parallelism.tensor_parallel_degree=1" in lines
+    assert not any("sequence_parallel" in line or "reshard" in line for line in lines)
+
+
+def test_megatron_writes_tp_and_the_distributed_optimizer(llama_plans: dict[str, Plan]) -> None:
+    lines = export_plan(_3d(llama_plans["dp"], zero=1), Target.MEGATRON, "x").text.splitlines()
+    assert "--tensor-model-parallel-size 2" in lines and "--use-distributed-optimizer" in lines
+    assert "--use-distributed-optimizer" not in export_plan(_3d(llama_plans["dp"]), Target.MEGATRON, "x").text
+
+
+def test_megatron_zero3_only_without_pipeline(llama_plans: dict[str, Plan]) -> None:
+    with pytest.raises(ExportError, match=r"zero 3 with pp 2: .*--use-torch-fsdp2 asserts") as info:
+        export_plan(_3d(llama_plans["dp"], zero=3), Target.MEGATRON, "x")
+    assert "\n" not in str(info.value)
+    from autopp.export.megatron import data_parallel_flags
+    flat = replace(_3d(llama_plans["dp"], zero=3), pp=1, num_ranks=4,
+                   stages=(replace(llama_plans["dp"].stages[0], units=(0, 6)),))
+    assert data_parallel_flags(flat, "x") == ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
+
+
+def test_deepspeed_writes_zero1_and_refuses_what_its_pipeline_engine_cannot_run(llama_plans: dict[str, Plan]) -> None:
+    plan = _3d(llama_plans["dp"], tp=1, zero=1)
+    assert json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)["zero_optimization"] == {"stage": 1}
+    for bad, match in [(_3d(llama_plans["dp"], tp=1, zero=3), "zero 3: DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1"),
+                       (_3d(llama_plans["dp"], tp=2), "tp 2: DeepSpeed's PipelineModule does not shard layers")]:
+        with pytest.raises(ExportError, match=match) as info:
+            export_plan(bad, Target.DEEPSPEED, "x.json")
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("target", [Target.TORCHTITAN, Target.MEGATRON, Target.DEEPSPEED])
+def test_zero2_is_refused_by_every_trainer(target: Target, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """ZeRO 2 is plan-only (docs/parallelism.md): no trainer runs it beside pipeline parallelism."""
+    modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
+    with pytest.raises(ExportError, match=r"^x.plan: zero 2: .*re-plan with --zero 1") as info:
+        export_plan(_3d(llama_plans["dp"], tp=1, zero=2), target, "x", modules, where="x.plan")
+    assert "\n" not in str(info.value)
+
+
+def test_cli_export_refuses_zero2_in_one_line(tmp_path: Path, llama_plans: dict[str, Plan],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = _3d(llama_plans["dp"], tp=1, zero=2).save(tmp_path / "m.plan.json")
+    assert main(["export", str(plan_path), "--to", "megatron"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "m.plan.json: zero 2:" in err[0]
+    assert not (tmp_path / "m.megatron.args").exists()

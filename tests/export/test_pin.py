@@ -68,7 +68,10 @@ _MEGATRON_2_4 = "--pipeline-model-parallel-size 2 --num-layers 4 "
 
 
 @pytest.mark.parametrize("text, match", [
-    ("--parallelism.pipeline_parallel_degree=2\n--parallelism.tensor_parallel_degree=2\n", "tensor"),
+    ("--parallelism.pipeline_parallel_degree=2\n--parallelism.tensor_parallel_degree=2\n",
+     r"tensor_parallel_degree = 2: --pin-from does not read .*autopp plan --tp T --pp P --dp D --zero Z"),
+    ("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --num-layers 4\n",
+     r"--tensor-model-parallel-size 8: --pin-from does not read .*autopp plan --tp T"),
     ("--parallelism.pipeline_parallel_degree=3\n", r"2 devices are not a multiple of pp 3 .*--devices 3$"),
     ("--parallelism.pipeline_parallel_degree=2\n--parallelism.data_parallel_shard_degree=2\n",
      r"pp 2 x dp 2 \(replicate 1 x shard 2\) != 2 devices; plan with --devices 4"),

@@ -21,11 +21,14 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self):
+    """BLOCKS blocks between an input and an output Linear of `width` features (tests/models/tpticks.py passes its
+    own block and width)."""
+
+    def __init__(self, block=Block, width=WIDTH):
         super().__init__()
-        self.inp = nn.Linear(WIDTH, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.out = nn.Linear(WIDTH, WIDTH)
+        self.inp = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(block() for _ in range(BLOCKS))
+        self.out = nn.Linear(width, width)
 
     def forward(self, x):
         x = self.inp(x)

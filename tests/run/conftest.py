@@ -46,8 +46,9 @@ LINRELU = ROOT / "tests" / "models" / "linrelu.py"
 
 def pipeline_plan(model_path: Path, split_points: list[str], schedule: str = "1F1B", pp: int = 2, dp: int = 1,
                   virtual_stages: int = 1, num_microbatches: int = 2, microbatch_size: int = 2,
-                  predicted_s: float = 0.1, ranks: list[int] | None = None, **extra: object) -> Plan:
-    """A plan cut at `split_points` (len = pp * v - 1), stages placed by the named schedule's layout (or `ranks`)."""
+                  predicted_s: float = 0.1, ranks: list[int] | None = None, tp: int = 1, **extra: object) -> Plan:
+    """A plan cut at `split_points` (len = pp * v - 1), stages placed by the named schedule's layout (or `ranks`);
+    with `tp` > 1 each stage is a group of tp ranks (pass `tp_plan`, or get the model's own by default)."""
     from autopp.schedule import ScheduleName, stage_to_rank
 
     mf = load_model_file(model_path)
@@ -63,8 +64,13 @@ def pipeline_plan(model_path: Path, split_points: list[str], schedule: str = "1F
                   memory_bytes=1000)
         for i, (a, b) in enumerate(zip(cuts, cuts[1:]))
     )
+    if tp > 1 and "tp_plan" not in extra:
+        from autopp.model.tp import find_tp_plan
+        found = find_tp_plan(mf, model)
+        extra["tp_plan"] = dict(found.patterns) if found else {}
     return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=name,
-                num_ranks=pp * dp, pp=pp, dp=dp, virtual_stages=virtual_stages, num_microbatches=num_microbatches,
+                num_ranks=pp * dp * tp, pp=pp, dp=dp, tp=tp, virtual_stages=virtual_stages,
+                num_microbatches=num_microbatches,
                 microbatch_size=microbatch_size, memory_limit_bytes=2**30, stages=stages,
                 predicted=Prediction(step_time_s=predicted_s, peak_memory_bytes=(1000,) * pp, bubble_fraction=0.0),
                 **extra)  # type: ignore[arg-type]
@@ -137,4 +143,19 @@ def one_rank_group() -> Iterator[None]:
     try:
         yield
     finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def fake_world() -> Iterator[Callable[[int], None]]:
+    """Start a one-process "fake" process group of the given world size (this process is rank 0; its collectives
+    return their input: shapes and counts only), destroyed after the test."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def start(world_size: int) -> None:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+    yield start
+    if dist.is_initialized():
         dist.destroy_process_group()

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from autopp.errors import RunError
-from autopp.run.report import ParamDiff, RunFailedError, RunReport, format_report, median_step_time, relative_error
+from autopp.run.report import (ParamDiff, RankMeasure, RunFailedError, RunReport, format_report, median_step_time,
+                               relative_error)
 
 
 def _report(**changes: object) -> RunReport:
@@ -53,3 +54,24 @@ def test_format_report_shows_verdict_and_numbers() -> None:
 def test_run_failed_error_carries_the_report() -> None:
     exc = RunFailedError("boom", _report(error="boom"))
     assert isinstance(exc, RunError) and exc.report.error == "boom" and str(exc) == "boom"
+
+
+def _rank(rank: int, tp_rank: int) -> RankMeasure:
+    return RankMeasure(rank=rank, replica=0, pp_rank=0, tp_rank=tp_rank, stages=(0,), step_times_s=(0.1, 0.1),
+                       wait_s=0.0, schedule_s=0.09, allreduce_s=0.0, optimizer_s=0.01, peak_memory_bytes=2**20,
+                       predicted_peak_memory_bytes=2**20, memory_error=0.0, actions=())
+
+
+def test_tp_ranks_and_the_zero_sync_column_are_told_apart(tmp_path: Path) -> None:
+    """Issue 17 review (a), (b), (e): each rank's tp_rank is in the JSON and the text; with ZeRO the per-rank
+    column after the schedule's step is not called an all-reduce (FSDP2 reduce-scatters inside the step); the
+    grid is display.format_grid's."""
+    report = _report(num_ranks=2, pp=1, tp=2, zero=1, ranks=(_rank(0, 0), _rank(1, 1)))
+    data = json.loads(report.save(tmp_path / "r.json").read_text())
+    assert [r["tp_rank"] for r in data["ranks"]] == [0, 1]
+    text = format_report(report)
+    assert "2 ranks = pp 1 x dp 1 x tp 2, ZeRO 1," in text
+    assert "rank 1    (tp rank 1)" in text and "after step (ZeRO reduce-scatter is in step) 0.0000 s" in text
+    assert "all-reduce" not in text
+    plain = format_report(replace(report, tp=1, zero=0, ranks=(_rank(0, 0),)))
+    assert "all-reduce 0.0000 s" in plain and "tp rank" not in plain

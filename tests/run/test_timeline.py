@@ -36,6 +36,15 @@ def test_measured_timeline_of_replica_zero() -> None:
     assert len(measured_timeline(_report(), replica=1).events) == 1
 
 
+def test_measured_timeline_draws_one_row_per_pipeline_rank_with_tensor_parallelism() -> None:
+    data = _report()
+    peers = [{**r, "rank": 10 + r["rank"], "tp_rank": 1, "peak_memory_bytes": 9} for r in data["ranks"]]
+    data["ranks"] = [{**r, "tp_rank": 0} for r in data["ranks"]] + peers
+    result = measured_timeline(data)
+    assert result.peak_memory_bytes == [1000, 1001] and len(result.bubble_fraction) == 2
+    assert [(e.rank, str(e.action)) for e in result.events] == [(0, "0F0"), (0, "0B0"), (1, "1F0"), (1, "1B0")]
+
+
 def test_incomplete_report_has_no_timeline() -> None:
     with pytest.raises(ValueError, match="no per-rank measurements"):
         measured_timeline({"ranks": []})

@@ -20,10 +20,16 @@ def test_global_rank_is_pipeline_rank_times_dp_plus_replica() -> None:
     assert ranks_of(0, pp=4, dp=1).pipeline == (0, 1, 2, 3)
 
 
+def test_tensor_parallel_rank_is_innermost() -> None:
+    r = ranks_of(5, pp=2, dp=2, tp=2)  # (pp_rank * dp + replica) * tp + tp_rank, torchtitan's ("pp", "dp", "tp") mesh
+    assert (r.pp_rank, r.replica, r.tp_rank) == (1, 0, 1)
+    assert r.pipeline == (1, 5) and r.data_parallel == (5, 7)
+
+
 def test_world_size_must_match_the_plan() -> None:
     plan = pipeline_plan(LINRELU, ["2"], "1F1B", pp=2, dp=2)
     check_world_size(plan, 4)
-    with pytest.raises(RunError, match=r"^plan needs 4 ranks \(pp 2 x dp 2\) but WORLD_SIZE is 3$"):
+    with pytest.raises(RunError, match=r"^plan needs 4 ranks \(pp 2 x dp 2 x tp 1\) but WORLD_SIZE is 3$"):
         check_world_size(plan, 3)
 
 
@@ -75,3 +81,28 @@ def test_error_line_of_a_non_user_error_names_its_innermost_frame() -> None:
     except ValueError as exc:
         line = describe_error(exc, ["/nowhere/model.py"])
     assert line.startswith("ValueError: invalid literal for int() with base 10: 'x' (at test_worker.py:")
+
+
+def test_tied_weights_are_refused_with_tensor_parallelism_or_zero() -> None:
+    from autopp.run.pipeline import RankStages
+    from autopp.run.worker import _check_untied
+
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", pp=2, dp=2, zero=1)
+    _check_untied(plan, RankStages([], None, {"0.weight": [torch.nn.Parameter(torch.zeros(1))]}, {}))
+    with pytest.raises(RunError, match=r"^the model ties 'wte.weight' between stages, .* \(plan has tp 1, zero 1\): "
+                                       r"run it with tp 1 and zero 0$"):
+        _check_untied(plan, RankStages([], None, {}, {"wte.weight": (0, 1)}))
+
+
+def test_replicas_average_the_local_shards_of_tensor_parallel_gradients(one_rank_group: None) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from autopp.run.worker import _average_grads
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    p = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Shard(0)]))
+    p.grad = distribute_tensor(torch.full((4,), 2.0), mesh, [Shard(0)])
+    _average_grads([p], dist.group.WORLD, dp=2)  # one rank standing for two replicas: the sum is itself, halved
+    assert p.grad.to_local().tolist() == [1.0] * 4

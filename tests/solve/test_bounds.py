@@ -19,6 +19,7 @@ from autopp.schedule.effects import order_peaks
 from autopp.solve.judge import Candidate, judge
 from autopp.solve.request import PlanRequest, RecomputeMode, configs
 from autopp.solve.search import _bounds, _candidate, _estimate, _fitted, _options, _Splits
+from autopp.solve.views import Views
 from autopp.solve.synthetic import synthetic_profile
 
 from ..conftest import seeds
@@ -63,7 +64,7 @@ def test_lower_bound_never_exceeds_an_estimate(seed: int) -> None:
             bound = lower_bound(a, req, c, rc)
             for _ in range(3):  # any split, not only the DP's
                 split = _random_split(rng, a.n, c.pp * c.v)
-                assert bound <= _estimate(a, req, c, split, rc) * (1 + 1e-12), (c, rc, split)
+                assert bound <= _estimate(a, req, c, split, (rc,) * len(split)) * (1 + 1e-12), (c, rc, split)
 
 
 @pytest.mark.parametrize("name", list(NAMED))
@@ -99,10 +100,11 @@ def test_pruned_shortlist_equals_exhaustive(seed: int) -> None:
         for rc in modes:
             split = _bounds(a, req, c, rc, _Splits())
             if split is not None:
-                if _fitted(a, req, _candidate(c, split, rc)) is not None:
-                    every.append((_estimate(a, req, c, split, rc), idx))
+                fitted = _fitted(a, req, _candidate(c, split, rc))
+                if fitted is not None:  # a plain split's estimate counts the stages its memory walk recomputes
+                    every.append((_estimate(a, req, c, split, (rc,) * len(split) if rc else fitted.recompute), idx))
                 break
-    got = [(o.estimate, o.index) for o in _options(lambda b: unit_arrays(profile, b), req, cfgs)]
+    got = [(o.estimate, o.index) for o in _options(Views(profile, req), cfgs)]
     assert got == sorted(every)[:3]
 
 
@@ -131,7 +133,7 @@ def _bound_rows(name: ScheduleName, seed: int) -> tuple[tuple[str, float, float,
             cand = Candidate(schedule=name, pp=c.pp, dp=c.dp, v=c.v, microbatches=c.m, microbatch_size=c.b,
                              bounds=split, recompute=(rc,) * len(split))
             rows.append((f"{c} recompute={rc} split={split}", lower_bound(a, req, c, rc),
-                         lower_bound(a, req, c, rc, simulated=True), _estimate(a, req, c, split, rc),
+                         lower_bound(a, req, c, rc, simulated=True), _estimate(a, req, c, split, (rc,) * len(split)),
                          judge(a, cluster, cand).step_s))
     assert rows, f"no configuration of {name.value} could be split"
     return tuple(rows)

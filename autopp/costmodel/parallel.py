@@ -1,0 +1,76 @@
+"""Tensor- and data-parallel terms of each unit's cost: a tensor-parallel rank's collectives added to its times, and
+a ZeRO stage's sharding of the static bytes and its collectives inside the step (docs/parallelism.md).
+
+Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, arXiv:1909.08053, s.3): the profile's `tp.csv` rows give a
+rank's own compute at the sharded shapes and, per microbatch, the bytes of the all-reduces a colwise -> rowwise
+pattern implies (rowwise outputs in F, colwise inputs' gradients in B) and of the all-gathers of gathered outputs.
+They run on the group's link (`Cluster.tp_link`) on the critical path: F and B wait for them (no overlap assumed,
+as in Megatron's f and g operators). Ring costs (nccl-tests doc/PERFORMANCE.md): all-reduce 2 (t - 1) / t x S / B,
+all-gather (t - 1) / t x S / B, plus 2 (t - 1) latencies per collective (an upper bound for the all-gathers).
+
+ZeRO (Rajbhandari et al., SC'20, arXiv:1910.02054, s.5), as it runs under torch.distributed.pipelining with FSDP2
+(torch's stage accumulates unsharded gradients over a step's microbatches and reduce-scatters them once, and keeps
+each unit's parameters gathered after every backward but the last, `set_reshard_after_backward(False)`, stage.py;
+facts checked in docs/parallelism.md). Per unit with parameter, gradient and optimizer bytes P, G, O over d replicas:
+  stage 0: P + G + O; all-reduce of G after the step's last backward (`terms.sync_time`).
+  stage 1: P + P / d + G + O / d (FSDP2 without resharding after forward keeps its sharded copy beside the
+           gathered one); reduce-scatter of G + all-gather of P per step.
+  stage 2: P + P / d + G / d + O / d; a reduce-scatter of the microbatch's G after each backward (charged to W);
+           all-gather of P per step. Plan-only: torch's stage cannot run it.
+  stage 3: as stage 1 at the peak (after a backward every unit of the stage stays gathered until its next forward
+           resharding it), and an all-gather of P before each forward (charged to F, not to the recomputed forward,
+           whose gather is the one the backward needs anyway: m + 1 per step, counted on gloo), reduce-scatter of G +
+           all-gather of P per step. Under torch's pipelining it only adds communication.
+The optimizer steps only its shard when stage >= 1: its time is divided by d. A reduce-scatter or all-gather costs
+half the all-reduce of the same bytes (`terms.half_collective`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from ..data.cluster import Link
+from .terms import half_collective
+from .units import UnitArrays
+
+__all__ = ["ZERO_STAGES", "tensor_parallel", "data_sharded"]
+
+#: ZeRO stages and what each shards over the data-parallel replicas.
+ZERO_STAGES = {0: "nothing (replicated)", 1: "optimizer state", 2: "optimizer state and gradients",
+               3: "optimizer state, and parameters and gradients between steps"}
+
+
+def tensor_parallel(a: UnitArrays, tp: int, link: Link) -> UnitArrays:
+    """`a` (a tensor-parallel rank's compute, `ProfileTable(profile, tp)`) with its collectives' times added: F's to
+    the forward and the recomputed forward, B's to the input-gradient pass and the full backward."""
+    comm = a.tp_comm
+    if tp == 1 or comm is None:
+        return a
+    ring = (tp - 1) / tp / link.bandwidth_bytes_per_s
+    latency = 2 * (tp - 1) * link.latency_s
+    forward = 2 * ring * comm.forward_allreduce + ring * comm.forward_allgather + latency * comm.forward_count
+    backward = 2 * ring * comm.backward_allreduce + latency * comm.backward_count
+    return replace(a, forward=a.forward + forward, recompute=a.recompute + forward,
+                   backward_input=a.backward_input + backward, backward=a.backward + backward)
+
+
+def data_sharded(a: UnitArrays, zero: int, dp: int, reduce_time: Callable[[np.ndarray], np.ndarray]) -> UnitArrays:
+    """`a` with ZeRO stage `zero` over `dp` replicas (module docstring): static bytes, stage 3's all-gather before
+    each forward, stage 2's reduce-scatter after each backward, the optimizer's shard. `reduce_time(bytes)`: per
+    unit, an all-reduce of those bytes over the data-parallel group."""
+    if zero == 0 or dp == 1:
+        return replace(a, zero=0)
+    p, g = a.params, a.grads
+    o = a.static - p - g
+    static = p + p / dp + (g / dp if zero == 2 else g) + o / dp
+    if zero == 3:
+        gather = half_collective(reduce_time(p))
+        a = replace(a, forward=a.forward + gather)
+    if zero == 2:
+        scatter = half_collective(reduce_time(g))
+        a = replace(a, backward_weight=a.backward_weight + scatter, backward=a.backward + scatter)
+    optimizer = None if a.optimizer is None else a.optimizer / dp
+    return replace(a, static=np.round(static), optimizer=optimizer, zero=zero)

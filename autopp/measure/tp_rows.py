@@ -1,0 +1,119 @@
+"""A profile's tensor-parallel rows (tp.csv), measured or counted: the model's plan (autopp.model.tp) resolved and
+checked against the degrees asked for, each degree's local shard measured (autopp.measure.pieces) or counted
+(autopp.measure.analytic) as a model of its own, and each unit's TP collectives per microbatch counted from one
+forward of the full model on fake tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..data.profile_tp import TP_COLUMNS
+from ..errors import TpPlanError
+from ..model.contract import ModelFile
+from ..model.fake import run_fake
+from ..model.meta import MetaModel, build_units
+from ..model.tp import (TpCollectives, TpPlan, check_degree, find_tp_plan, local_model_file, resolve, tp_degrees,
+                        unit_collectives)
+from ..model.units import Unit
+from .pieces import measure_pieces
+from .settings import Settings
+
+__all__ = ["TpSetup", "tp_setup", "tp_meta", "tp_collectives", "tp_row", "local_units", "check_same_units",
+           "measured_tp_rows"]
+
+
+@dataclass(frozen=True)
+class TpSetup:
+    """The plan, its modules, and the degrees (>= 2) to make rows of."""
+
+    plan: TpPlan | None
+    resolved: dict[str, str]
+    degrees: tuple[int, ...]
+
+
+def tp_setup(mf: ModelFile, model: nn.Module, degrees: Iterable[int] | None, limit: int = 8) -> TpSetup:
+    """The model's plan resolved on `model`, and the degrees: those asked for (1 dropped, none left: no rows; each
+    checked to divide every sharded dimension), or with None every degree in 2..`limit` that divides them (none
+    without a plan).
+    TpPlanError when degrees are asked for and the model has no plan."""
+    asked = None if degrees is None else sorted({int(t) for t in degrees} - {1})
+    if asked == []:  # no degree >= 2 asked for: no rows, and the plan is not even looked at
+        return TpSetup(None, {}, ())
+    plan = find_tp_plan(mf, model)
+    if plan is None:
+        if asked:
+            raise TpPlanError(f"{mf.path}: tensor parallelism (tp {', '.join(map(str, asked))}) needs a TP plan, and "
+                              "the model has none (no TP_PLAN in the model file, no Hugging Face base_model_tp_plan); "
+                              "define TP_PLAN (README.md) or leave out --tp")
+        return TpSetup(None, {}, ())
+    resolved = resolve(plan, model)
+    if asked is None:
+        return TpSetup(plan, resolved, tuple(t for t in tp_degrees(model, resolved, limit) if t > 1))
+    for t in asked:
+        check_degree(model, resolved, t)
+    return TpSetup(plan, resolved, tuple(asked))
+
+
+def tp_meta(setup: TpSetup) -> dict[str, Any]:
+    """ProfileMeta's TP fields for the rows made with `setup` (none without rows)."""
+    if not setup.degrees or setup.plan is None:
+        return {}
+    return {"tp_plan": dict(setup.plan.patterns), "tp_plan_source": setup.plan.source, "tp_degrees": setup.degrees}
+
+
+def tp_collectives(mf: ModelFile, model: nn.Module, resolved: dict[str, str], units: list[Unit], b: int,
+                   dtype: torch.dtype) -> list[TpCollectives]:
+    """Each unit's TP collectives per microbatch of `b` (autopp.model.tp.unit_collectives), from one forward of the
+    full `model` (on meta, in `dtype`) on fake tensors."""
+    inputs, _ = mf.sample_batch(b)
+    inputs = pytree.tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                             inputs)
+    with torch.no_grad():
+        return unit_collectives(model, resolved, [u.modules for u in units],
+                                lambda: run_fake(lambda *i: model(*i), *inputs))
+
+
+def tp_row(row: dict[str, Any], t: int, comm: TpCollectives) -> dict[str, Any]:
+    """A tp.csv row from a unit's row of the local shard (measured or counted) at degree `t`."""
+    values = {**row, "tp": t, **comm.columns()}
+    return {c: values[c] for c in TP_COLUMNS}
+
+
+def local_units(mf: ModelFile, resolved: dict[str, str], t: int, units: list[Unit], dtype: torch.dtype
+                ) -> tuple[ModelFile, MetaModel, list[Unit]]:
+    """The local shard at degree `t` as a model file, built on meta, with its units, which must be the model's."""
+    local = local_model_file(mf, resolved, t)
+    meta, found, _ = build_units(local, dtype)
+    check_same_units(mf, t, found, units)
+    return local, meta, found
+
+
+def check_same_units(mf: ModelFile, t: int, found: list[Unit], units: list[Unit]) -> None:
+    """TpPlanError unless the local shard at degree `t` has the model's units (`found` against `units`)."""
+    if [u.modules for u in found] != [u.modules for u in units]:
+        raise TpPlanError(f"{mf.path}: the tensor-parallel shard at degree {t} splits into {len(found)} units, the "
+                          f"model into {len(units)}; a TP plan must keep the module structure")
+
+
+def measured_tp_rows(mf: ModelFile, meta: MetaModel, units: list[Unit], setup: TpSetup, sizes: list[int],
+                     settings: Settings, limit_bytes: int, every_unit: bool) -> pd.DataFrame | None:
+    """tp.csv's rows measured: each degree's local shard timed and sized like the units (shared units stay shared),
+    the collectives counted on the full meta model."""
+    if not setup.degrees:
+        return None
+    comms = {b: tp_collectives(mf, meta.model, setup.resolved, units, b, settings.dtype) for b in sizes}
+    rows = []
+    for t in setup.degrees:
+        local, local_meta, local_found = local_units(mf, setup.resolved, t, units, settings.dtype)
+        for b in sizes:
+            with settings.beside(mf, b):
+                at_b = measure_pieces(local, local_meta, local_found, b, settings, limit_bytes=limit_bytes,
+                                      every_unit=every_unit)
+            rows += [tp_row(r, t, comms[b][r["unit"]]) for r in at_b.rows]
+    return pd.DataFrame(rows, columns=list(TP_COLUMNS))

@@ -1,0 +1,318 @@
+"""Tensor-parallel plans: find a model's plan (TP_PLAN in the model file, else Hugging Face's), resolve its patterns
+to modules, the degrees it allows, torch's ParallelStyle per module, one rank's local shard of the model (for
+measuring and counting its compute), and each unit's TP collectives per microbatch (Megatron's f/g operators,
+docs/parallelism.md): rowwise and embedding_rowwise all-reduce their output in the forward; colwise all-reduces the
+gradient of its input in the backward, once per distinct input tensor of a unit (q/k/v read one tensor: one);
+colwise_gather_output all-gathers its output in the forward and all-reduces its input gradient in the backward."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from functools import partial
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import TpPlanError
+from .contract import ModelFile
+
+__all__ = ["TP_STYLES", "STYLE_ALIASES", "TpPlan", "TpCollectives", "find_tp_plan", "resolve", "tp_degrees",
+           "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_model_file", "unit_collectives"]
+
+log = logging.getLogger(__name__)
+
+#: The styles autopp supports, each with its meaning (HF's names; torch's equivalent in `torch_styles`).
+TP_STYLES: dict[str, str] = {
+    "colwise": "nn.Linear split on its output features: input replicated, output sharded "
+               "(backward: all-reduce of the input gradient)",
+    "rowwise": "nn.Linear split on its input features: input sharded, partial outputs summed "
+               "(forward: all-reduce of the output)",
+    "colwise_gather_output": "colwise with the output gathered to full width (forward: all-gather of the output; "
+                             "backward: all-reduce of the input gradient)",
+    "embedding_rowwise": "nn.Embedding split on the vocabulary: partial lookups summed (forward: all-reduce of the "
+                         "output)",
+}
+#: Other names of the supported styles (Hugging Face's older spelling).
+STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output"}
+#: The module type each style shards.
+_MODULE_TYPES: dict[str, type[nn.Module]] = {"colwise": nn.Linear, "rowwise": nn.Linear,
+                                             "colwise_gather_output": nn.Linear, "embedding_rowwise": nn.Embedding}
+#: Per style, the parameter dimension split across the TP ranks, and the module attribute holding its size.
+_SHARDED: dict[str, tuple[int, str]] = {"colwise": (0, "out_features"), "rowwise": (1, "in_features"),
+                                        "colwise_gather_output": (0, "out_features"),
+                                        "embedding_rowwise": (0, "num_embeddings")}
+#: Config fields of an HF model that TP divides among the ranks (attention heads).
+_HF_DIVIDED = ("num_attention_heads", "num_key_value_heads")
+
+
+@dataclass(frozen=True)
+class TpPlan:
+    """A tensor-parallel plan: module-name pattern (from the model root; `*` matches within one dotted token, as
+    torch's parallelize_module) -> style, and where it came from."""
+
+    patterns: dict[str, str]
+    source: str
+
+
+def _hf_model(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first Hugging Face PreTrainedModel in `model` (itself, or under the user's wrapper) and its name."""
+    for name, module in model.named_modules():
+        if any(c.__name__ == "PreTrainedModel" for c in type(module).__mro__):
+            return name, module
+    return None
+
+
+def _hf_source(hf: nn.Module, prefix: str) -> str:
+    """`LlamaConfig.base_model_tp_plan under 'model.' + LlamaForCausalLM._tp_plan`, as HF merges them."""
+    base = getattr(hf, "base_model", hf)
+    base_name = next((n for n, m in hf.named_modules() if m is base), "")
+    under = prefix + (f"{base_name}." if base_name else "")
+    text = f"{type(hf.config).__name__}.base_model_tp_plan under {under!r}"  # type: ignore[union-attr]
+    if getattr(type(hf), "_tp_plan", None):
+        text += f" + {type(hf).__name__}._tp_plan"
+    return text
+
+
+def find_tp_plan(mf: ModelFile, model: nn.Module) -> TpPlan | None:
+    """The model's plan: TP_PLAN of the model file (an empty one: no plan), else the merged HF plan of the first
+    PreTrainedModel in `model` (config.base_model_tp_plan, the model class's `_tp_plan`, `embed_tokens` vocabulary
+    parallel), its names prefixed with its path under a wrapper; None when there is none (GPT-2)."""
+    if mf.tp_plan is not None:
+        return TpPlan(dict(mf.tp_plan), f"TP_PLAN in {mf.path}") if mf.tp_plan else None
+    found = _hf_model(model)
+    if found is None:
+        return None
+    name, hf = found
+    plan = getattr(hf, "tp_plan", None)
+    if not isinstance(plan, dict) or not plan:
+        return None
+    prefix = f"{name}." if name else ""
+    return TpPlan({prefix + k: str(v) for k, v in plan.items()}, _hf_source(hf, prefix))
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """torch parallelize_module's matching: token by token (split on '.'), each with fnmatch."""
+    tokens, parts = pattern.split("."), name.split(".")
+    return len(tokens) == len(parts) and all(fnmatchcase(p, t) for t, p in zip(tokens, parts))
+
+
+def _style(style: str, pattern: str, source: str) -> str:
+    """The canonical name of `style`, or a TpPlanError naming it and the supported ones."""
+    canonical = STYLE_ALIASES.get(style, style)
+    if canonical not in TP_STYLES:
+        raise TpPlanError(f"{source}: {pattern!r}: style {style!r} is not supported; use one of {list(TP_STYLES)} "
+                          f"(or the alias {', '.join(STYLE_ALIASES)})")
+    return canonical
+
+
+def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
+    """Concrete module name -> canonical style, in model order. TpPlanError on a pattern that matches no module, a
+    style not supported, a module of the wrong type for its style, or two styles for one module."""
+    modules = dict(model.named_modules())
+    out: dict[str, str] = {}
+    for pattern, style in plan.patterns.items():
+        canonical = _style(style, pattern, plan.source)
+        hits = [n for n in modules if n and _matches(pattern, n)]
+        if not hits:
+            example = next((n for n, m in modules.items() if isinstance(m, (nn.Linear, nn.Embedding))), "")
+            raise TpPlanError(f"{plan.source}: pattern {pattern!r} matches no module of {type(model).__name__}; "
+                              f"names start at the model root (e.g. {example!r}), '*' stands for one name part")
+        for name in hits:
+            kind = _MODULE_TYPES[canonical]
+            if not isinstance(modules[name], kind):
+                raise TpPlanError(f"{plan.source}: {name} (pattern {pattern!r}) is a "
+                                  f"{type(modules[name]).__qualname__}; style {style!r} shards only "
+                                  f"torch.nn.{kind.__name__}")
+            if out.setdefault(name, canonical) != canonical:
+                raise TpPlanError(f"{plan.source}: {name} is given two styles, {out[name]!r} and {canonical!r}")
+    return {n: out[n] for n in modules if n in out}
+
+
+def _divided(model: nn.Module, resolved: dict[str, str]) -> list[tuple[str, int]]:
+    """What TP at degree t divides by t: each sharded dimension (`name.attr`, size), and the HF config's heads."""
+    dims = [(f"{n}.{_SHARDED[s][1]}", int(getattr(model.get_submodule(n), _SHARDED[s][1])))
+            for n, s in resolved.items()]
+    found = _hf_model(model) if resolved else None
+    config = getattr(found[1], "config", None) if found else None
+    dims += [(f"config.{k}", int(getattr(config, k))) for k in _HF_DIVIDED
+             if isinstance(getattr(config, k, None), int)]
+    return dims
+
+
+def tp_degrees(model: nn.Module, resolved: dict[str, str], limit: int) -> list[int]:
+    """The degrees t <= `limit` (1 included) that divide every dimension the plan shards (and an HF config's
+    num_attention_heads / num_key_value_heads)."""
+    dims = _divided(model, resolved)
+    return [t for t in range(1, max(1, limit) + 1) if all(size % t == 0 for _, size in dims)]
+
+
+def check_degree(model: nn.Module, resolved: dict[str, str], t: int) -> None:
+    """TpPlanError unless degree `t` (>= 1) divides every dimension the plan shards (naming the first that it does
+    not divide)."""
+    if t < 1:
+        raise TpPlanError(f"tensor-parallel degree must be >= 1, got {t}")
+    for what, size in _divided(model, resolved):
+        if size % t:
+            raise TpPlanError(f"tensor-parallel degree {t} does not divide {what} ({size}); use one of "
+                              f"{[d for d in tp_degrees(model, resolved, t) if d > 1] or 'none'}")
+
+
+def torch_styles(resolved: dict[str, str], present: Iterable[str]) -> dict[str, Any]:
+    """torch ParallelStyles for the planned modules among `present` (module names, e.g. a stage's), for
+    `parallelize_module`: colwise ColwiseParallel(), rowwise RowwiseParallel(), colwise_gather_output
+    ColwiseParallel(output_layouts=Replicate()), embedding_rowwise RowwiseParallel(input_layouts=Replicate())."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    make: dict[str, Callable[[], Any]] = {
+        "colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate())}
+    names = set(present)
+    return {n: make[STYLE_ALIASES.get(s, s)]() for n, s in resolved.items() if n in names}
+
+
+def _narrow(module: nn.Module, leaf: str, dim: int, t: int, done: dict[tuple[int, int], nn.Parameter]) -> None:
+    """Replace parameter `leaf` of `module` by its first 1/t along `dim` (rank 0's shard); a weight tied between
+    modules stays one parameter (`done`, by id and dim)."""
+    p = getattr(module, leaf, None)
+    if not isinstance(p, nn.Parameter):
+        return
+    key = (id(p), dim)
+    if key not in done:
+        done[key] = nn.Parameter(p.detach().narrow(dim, 0, p.shape[dim] // t).clone(), requires_grad=p.requires_grad)
+    setattr(module, leaf, done[key])
+
+
+def _gather_output(t: int, _module: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+    """colwise_gather_output's local output made full width (the all-gather's result, from rank 0's shard)."""
+    return out.repeat(*([1] * (out.dim() - 1)), t)
+
+
+def _local_ids(rows: int, _module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Token ids mapped into the local vocabulary shard (the lookup of torch's masked vocabulary-parallel one)."""
+    return (args[0].remainder(rows), *args[1:])
+
+
+def narrow_planned(model: nn.Module, resolved: Mapping[str, str], t: int, styles: Iterable[str] | None = None,
+                   hooks: bool = True) -> nn.Module:
+    """Narrow (in place; returned) the weights of the planned modules whose style is in `styles` (default: all) to
+    TP rank 0's shard at degree `t`: colwise weights (and biases) keep their first out_features/t rows, rowwise
+    weights their first in_features/t columns (the bias stays whole, added once), embeddings their first
+    num_embeddings/t rows. With `hooks`, colwise_gather_output gives its output back at full width and an embedding
+    looks up ids modulo its rows (`local_shard`); without, only shapes change (the runner's export at local shapes,
+    autopp.run.parallel.local_shapes). TpPlanError when `t` does not divide a narrowed dimension."""
+    if t == 1:
+        return model
+    wanted = set(TP_STYLES if styles is None else styles)
+    done: dict[tuple[int, int], nn.Parameter] = {}
+    for name, style in resolved.items():
+        if style not in wanted:
+            continue
+        module = model.get_submodule(name)
+        dim, attr = _SHARDED[style]
+        size = int(getattr(module, attr))
+        if size % t:
+            raise TpPlanError(f"tp {t} does not divide {name}.{attr} ({size})")
+        _narrow(module, "weight", dim, t, done)
+        if style != "rowwise":
+            _narrow(module, "bias", 0, t, done)
+        setattr(module, attr, size // t)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None \
+                and module.padding_idx >= module.num_embeddings:
+            module.padding_idx = None
+        if hooks and style == "colwise_gather_output":
+            module.register_forward_hook(partial(_gather_output, t))
+        elif hooks and style == "embedding_rowwise":
+            module.register_forward_pre_hook(partial(_local_ids, getattr(module, attr)))
+    return model
+
+
+def local_shard(model: nn.Module, resolved: dict[str, str], t: int) -> nn.Module:
+    """Make `model` (in place; returned) compute what TP rank 0 computes at degree `t`, without the collectives
+    (`narrow_planned` with every style and its hooks): colwise_gather_output gives its output back at full width
+    (its shard repeated), an embedding looks up ids modulo its kept rows. Parameters on meta stay on meta (nothing
+    is materialized). TpPlanError when `t` does not divide a sharded dimension."""
+    check_degree(model, resolved, t)
+    return narrow_planned(model, resolved, t)
+
+
+def _build_local(mf: ModelFile, resolved: dict[str, str], t: int) -> nn.Module:
+    return local_shard(mf.build_model(), resolved, t)
+
+
+def local_model_file(mf: ModelFile, resolved: dict[str, str], t: int) -> ModelFile:
+    """`mf` whose build_model() gives TP rank 0's local shard at degree `t` (`local_shard`): measured or counted
+    like any model file, its units are the model's units at sharded shapes."""
+    return ModelFile(mf.path, partial(_build_local, mf, resolved, t), mf.sample_batch_fn, mf.loss_fn,
+                     mf.split_points, mf.tp_plan)
+
+
+@dataclass(frozen=True)
+class TpCollectives:
+    """One unit's TP collectives per microbatch: bytes are nccl-tests' S (the full tensor), summed over them."""
+
+    forward_allreduce_bytes: int = 0
+    backward_allreduce_bytes: int = 0
+    forward_allgather_bytes: int = 0
+    forward_collectives: int = 0
+    backward_collectives: int = 0
+
+    def columns(self) -> dict[str, int]:
+        """As the profile's tp.csv columns (`tp_` + field name)."""
+        return {f"tp_{k}": int(v) for k, v in self.__dict__.items()}
+
+
+def _bytes(t: Any) -> int:
+    return int(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0
+
+
+def _unit_of(name: str, unit_modules: Sequence[Sequence[str]]) -> int | None:
+    return next((i for i, mods in enumerate(unit_modules)
+                 if any(name == m or name.startswith(m + ".") for m in mods)), None)
+
+
+def _record(calls: list[tuple[int, str, Any, Any]], unit: int, style: str, _module: nn.Module, args: Any,
+            kwargs: dict[str, Any], out: Any) -> None:
+    """Keep one call of a planned module: its unit, style, input tensor (first positional, else keyword) and output."""
+    x = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+    calls.append((unit, style, x, out))
+
+
+def _fold(calls: list[tuple[int, str, Any, Any]]) -> TpCollectives:
+    """One unit's calls (unit, style, input, output) as its collectives (module docstring)."""
+    f_ar = b_ar = f_ag = f_n = b_n = 0
+    seen: set[int] = set()
+    for _, style, x, out in calls:
+        if style in ("rowwise", "embedding_rowwise"):
+            f_ar, f_n = f_ar + _bytes(out), f_n + 1
+        if style == "colwise_gather_output":
+            f_ag, f_n = f_ag + _bytes(out), f_n + 1
+        if style in ("colwise", "colwise_gather_output") and id(x) not in seen:
+            seen.add(id(x))
+            b_ar, b_n = b_ar + _bytes(x), b_n + 1
+    return TpCollectives(f_ar, b_ar, f_ag, f_n, b_n)
+
+
+def unit_collectives(model: nn.Module, resolved: dict[str, str], unit_modules: Sequence[Sequence[str]],
+                     run: Callable[[], Any]) -> list[TpCollectives]:
+    """Per unit (`unit_modules`: each unit's module names), its TP collectives per microbatch, from hooks on the
+    planned modules while `run()` runs one forward of the full `model` (e.g. on fake tensors) at that microbatch."""
+    calls: list[tuple[int, str, Any, Any]] = []
+    handles = []
+    for name, style in resolved.items():
+        unit = _unit_of(name, unit_modules)
+        if unit is None:
+            log.warning("TP-planned module %s lies in no unit; its collectives are not counted", name)
+            continue
+        handles.append(model.get_submodule(name).register_forward_hook(partial(_record, calls, unit, style),
+                                                                       with_kwargs=True))
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return [_fold([c for c in calls if c[0] == u]) for u in range(len(unit_modules))]

@@ -1,0 +1,269 @@
+"""autopp beside published training runs: each run's model, cluster, configuration and measured throughput (with its
+source), autopp's prediction for that configuration pinned, and autopp's own choice with its prediction, as a
+markdown table (quoted in docs/published.md).
+
+The models are HF configs under examples/configs/; their analytic profiles (counted on the meta device, timed by the
+catalog's h100-sxm roofline, with tensor-parallel rows at 2, 4 and 8) are cached under profiles/ and counted when
+missing (Llama 3.1 405B: 15 minutes on the 2-core development machine beside other work; 2 without the TP rows).
+
+    .venv/bin/python scripts/published.py                  # every run
+    .venv/bin/python scripts/published.py --runs llama3-8k  # one of them
+    .venv/bin/python scripts/published.py --no-search      # the pinned configurations only (fast)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autopp.data.catalog import cluster_from_catalog, load_device  # noqa: E402
+from autopp.data.cluster import Cluster  # noqa: E402
+from autopp.data.plan import Plan  # noqa: E402
+from autopp.data.profile import Profile, load_profile  # noqa: E402
+from autopp.errors import AutoppError  # noqa: E402
+from autopp.schedule import ScheduleName  # noqa: E402
+from autopp.solve import PlanRequest, RecomputeMode, make_plan  # noqa: E402
+
+DEVICE = "h100-sxm"
+MICROBATCH_SIZES = (1, 2)
+#: Tensor-parallel degrees counted: every one up to the H100 node's 8 that divides the model's heads (autopp's search
+#: takes these and 1).
+TP_DEGREES = (2, 4, 8)
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Published:
+    """One published training run: what ran, on what, and what was measured, with where it is written."""
+
+    key: str
+    model: str
+    config: str
+    """The HF config.json of the model (examples/configs/)."""
+    seq_len: int
+    gpus: int
+    cluster: str
+    memory_bytes: int | None = None
+    """Per-GPU memory when it is not the catalog device's."""
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+    schedule: ScheduleName
+    virtual_stages: int | None
+    """None: not stated; autopp picks it (2 or 4)."""
+    microbatches: int
+    microbatch_size: int
+    recompute: RecomputeMode
+    global_batch: int
+    """Sequences per step."""
+    per_gpu: float
+    """The published throughput per GPU, in `unit`."""
+    unit: str
+    """"TFLOP/s" (model FLOPs, as an MFU counts them) or "tokens/s"."""
+    measured: str
+    """What else the source says beside the figure (e.g. the MFU)."""
+    source: str
+    assumed: str
+    """What the source does not state, and what this comparison takes for it."""
+
+
+#: Llama 3.1 405B (examples/configs/llama-3.1-405b.json, meta-llama/Llama-3.1-405B's config.json).
+CONFIG_405B = "examples/configs/llama-3.1-405b.json"
+
+RUNS = (
+    Published(
+        key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=8192,
+        cluster="8,192 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
+        tp=8, pp=16, dp=64, zero=2, schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=None,
+        microbatches=32, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=64 * 32,
+        per_gpu=430.0, unit="TFLOP/s", measured="43% BF16 MFU",
+        source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 1 and §3.3.2",
+        assumed="microbatch size 1 (32 microbatches per DP group; not stated), v chosen by autopp (not stated); "
+                "FSDP that shards optimizer state and gradients, parameters not resharded after forward = ZeRO 2"),
+    Published(
+        key="titan-1f1b", model="Llama 3.1 405B", config=CONFIG_405B, seq_len=8192, gpus=512,
+        cluster="512 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
+        tp=8, pp=8, dp=8, zero=1, schedule=ScheduleName.ONE_F_ONE_B, virtual_stages=1,
+        microbatches=32, microbatch_size=1, recompute=RecomputeMode.ALL, global_batch=256,
+        per_gpu=100.0, unit="tokens/s", measured="1F1B; 82.5 GiB peak",
+        source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 5",
+        assumed="seq 8192 (torchtitan's llama3_405b.toml; the table does not state it), microbatch size 1 "
+                "(torchtitan's default: 32 microbatches); FSDP under PP keeps parameters (torchtitan's default) = "
+                "ZeRO 1; torch.compile, Float8 and AsyncTP not modelled (bf16)"),
+    Published(
+        key="titan-interleaved", model="Llama 3.1 405B", config=CONFIG_405B, seq_len=8192, gpus=512,
+        cluster="512 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
+        tp=8, pp=8, dp=8, zero=1, schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=2,
+        microbatches=32, microbatch_size=1, recompute=RecomputeMode.ALL, global_batch=256,
+        per_gpu=128.0, unit="tokens/s", measured="Interleaved 1F1B; 72.7 GiB peak",
+        source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 5",
+        assumed="as the 1F1B row; 2 stages per rank (torchtitan's default for multi-stage schedules)"),
+)
+
+
+def palm_flops_per_token(config: str, seq_len: int) -> tuple[float, int]:
+    """Model FLOPs per token as PaLM's MFU counts them (Chowdhery et al. 2022, App. B, which Llama 3 cites for MFU):
+    6 N + 12 L H Q T, with N the parameters that multiply (all but the input embedding, a lookup), L layers,
+    H heads, Q head size, T the sequence length. Also N."""
+    import torch
+    from autopp.model.hf import hf_model_file
+    mf = hf_model_file(ROOT / config, seq_len)
+    with torch.device("meta"):
+        model = mf.build()
+    embedding = model.get_input_embeddings().weight.numel()
+    n = sum(p.numel() for p in model.parameters()) - embedding
+    c = model.config
+    return 6 * n + 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq_len, n
+
+
+def profile_for(run: Published, tp: tuple[int, ...]) -> Profile:
+    """The run's model's analytic h100-sxm profile at its sequence length (bf16, AdamW), with rows of the TP degrees
+    `tp`: loaded from profiles/ when it has them, else counted and saved there."""
+    out = ROOT / "profiles" / f"{Path(run.config).stem}-{DEVICE}-s{run.seq_len}"
+    if (out / "meta.json").is_file():
+        cached = load_profile(out)
+        if set(tp) <= set(cached.meta.tp_degrees):
+            return cached
+    from autopp.measure.analytic import analytic_profile
+    from autopp.data.hf_config import hf_source
+    from autopp.model.hf import load_model
+    source = hf_source(ROOT / run.config, run.seq_len, "causal-lm")
+    print(f"counting {run.config} at seq {run.seq_len} (TP {list(tp)}) ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    profile = analytic_profile(load_model(source.config_path, source.to_json()), DEVICE, MICROBATCH_SIZES,
+                               dtype="bfloat16", optimizer="adamw", tp_degrees=tp)
+    profile = replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "hf_config": source.to_json()}))
+    profile.save(out)
+    print(f"  {time.perf_counter() - start:.0f} s, saved {out.relative_to(ROOT)}/", file=sys.stderr, flush=True)
+    return profile
+
+
+def cluster_of(run: Published) -> Cluster:
+    """The run's GPUs as whole nodes of the catalog's h100-sxm (NVLink inside, 400 Gb/s per GPU between nodes: the
+    catalog's links), with the run's memory per GPU."""
+    return cluster_from_catalog(load_device(DEVICE), run.gpus, memory_bytes=run.memory_bytes)
+
+
+def pinned_request(run: Published, cluster: Cluster) -> PlanRequest:
+    """The published configuration, pinned: only the split (and v where not stated) is autopp's."""
+    return PlanRequest(cluster=cluster, global_batch=run.global_batch, pp=run.pp, dp=run.dp, tp=run.tp, zero=run.zero,
+                       schedule=run.schedule, virtual_stages=run.virtual_stages, num_microbatches=run.microbatches,
+                       recompute=run.recompute)
+
+
+def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest:
+    """autopp's own choice for the same cluster and global batch: pp, dp, tp (the profiled degrees), ZeRO, schedule,
+    microbatches and recomputation searched, until `shortlist` configurations simulate as fitting."""
+    return PlanRequest(cluster=cluster, global_batch=run.global_batch, pp=None, dp=None, tp=None, zero=None,
+                       schedule=None, recompute=RecomputeMode.AUTO, shortlist=shortlist)
+
+
+def _plan(profile: Profile, request: PlanRequest) -> tuple[Plan | None, str, float]:
+    """make_plan's plan (or None and autopp's one-line reason) and the seconds it took."""
+    start = time.perf_counter()
+    try:
+        return make_plan(profile, request), "", time.perf_counter() - start
+    except (AutoppError, ValueError) as exc:
+        return None, str(exc), time.perf_counter() - start
+
+
+def describe_config(plan: Plan) -> str:
+    rc = "all" if all(s.recompute for s in plan.stages) else "none" if not any(s.recompute for s in plan.stages) \
+        else f"{sum(s.recompute for s in plan.stages)} stages"
+    return (f"TP{plan.tp} PP{plan.pp} DP{plan.dp} ZeRO {plan.zero}, {plan.schedule.value} v{plan.virtual_stages}, "
+            f"{plan.num_microbatches} x {plan.microbatch_size}, recompute {rc}")
+
+
+def per_gpu(tokens_per_s: float, run: Published, flops_per_token: float) -> float:
+    """Throughput of the whole cluster as the run reports it per GPU (model TFLOP/s by PaLM's count, or tokens/s)."""
+    per = tokens_per_s / run.gpus
+    return per * flops_per_token / 1e12 if run.unit == "TFLOP/s" else per
+
+
+def describe_prediction(plan: Plan, run: Published, flops_per_token: float) -> str:
+    """Step time, throughput in the published figure's unit, its error against the published figure, and memory."""
+    predicted = per_gpu(run.global_batch * run.seq_len / plan.predicted.step_time_s, run, flops_per_token)
+    figure = f"{predicted:.0f} {run.unit} per GPU"
+    error = predicted / run.per_gpu - 1
+    peak = max(plan.predicted.peak_memory_bytes) / GIB
+    fits = "fits" if plan.predicted.fits else "DOES NOT FIT"
+    return (f"{plan.predicted.step_time_s:.1f} s/step, {figure} ({error:+.0%}), peak {peak:.0f} GiB ({fits}, "
+            f"bubble {plan.predicted.bubble_fraction:.0%})")
+
+
+def published_config(run: Published) -> str:
+    v = "v ?" if run.virtual_stages is None else f"v{run.virtual_stages}"
+    return (f"TP{run.tp} PP{run.pp} DP{run.dp} ZeRO {run.zero}, {run.schedule.value} {v}, {run.microbatches} x "
+            f"{run.microbatch_size} of {run.seq_len} tokens, recompute {run.recompute.value}")
+
+
+def _chosen_v(plan: Plan, run: Published) -> str:
+    """", v N (autopp's)" where the source does not state the stages per rank."""
+    return f", v {plan.virtual_stages} (autopp's)" if run.virtual_stages is None else ""
+
+
+def row(run: Published, shortlist: int) -> list[str]:
+    """The table's cells for `run`; autopp's own choice searched with `shortlist` (0: not searched)."""
+    flops, _ = palm_flops_per_token(run.config, run.seq_len)
+    tokens = run.per_gpu * run.gpus * (1e12 / flops if run.unit == "TFLOP/s" else 1)
+    profile = profile_for(run, TP_DEGREES)
+    cluster = cluster_of(run)
+    pinned, why, s1 = _plan(profile, pinned_request(run, cluster))
+    print(f"{run.key}: pinned plan {s1:.0f} s", file=sys.stderr, flush=True)
+    if pinned:
+        predicted = describe_prediction(pinned, run, flops) + _chosen_v(pinned, run)
+    elif run.recompute is RecomputeMode.NONE:  # autopp's count needs recomputation: say so, and predict with it
+        auto, _, _ = _plan(profile, replace(pinned_request(run, cluster), recompute=RecomputeMode.AUTO))
+        predicted = f"does not fit without recomputation in autopp's count ({why.split(';')[0]})"
+        if auto:
+            recomputing = sum(s.recompute for s in auto.stages)
+            predicted += (f"; with {recomputing} of {len(auto.stages)} stages recomputing{_chosen_v(auto, run)}: "
+                          f"{describe_prediction(auto, run, flops)}")
+    else:
+        predicted = f"no plan: {why}"
+    cells = [run.model, run.cluster, published_config(run),
+             f"{run.per_gpu:g} {run.unit} per GPU ({run.measured}) = {tokens / 1e6:.3g} M tokens/s; {run.source}",
+             predicted]
+    if shortlist:
+        own, why, s2 = _plan(profile, own_request(run, cluster, shortlist))
+        print(f"{run.key}: own plan {s2:.0f} s", file=sys.stderr, flush=True)
+        cells += [describe_config(own) if own else "no plan", describe_prediction(own, run, flops) if own else why]
+    return cells
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default=",".join(r.key for r in RUNS),
+                        help=f"comma-separated keys (default all: {', '.join(r.key for r in RUNS)})")
+    parser.add_argument("--no-search", action="store_true", help="predict the pinned configurations only")
+    parser.add_argument("--shortlist", type=int, default=4,
+                        help="configurations that must simulate as fitting before autopp's search stops (default 4, "
+                             "the planner's; 3 times as many with several tp or ZeRO choices)")
+    args = parser.parse_args()
+    keys = args.runs.split(",")
+    unknown = sorted(set(keys) - {r.key for r in RUNS})
+    if unknown:
+        parser.error(f"unknown run {unknown[0]!r}; choose from {', '.join(r.key for r in RUNS)}")
+    header = ["model", "cluster", "published configuration", "published throughput (source)",
+              "autopp: that configuration pinned"]
+    if not args.no_search:
+        header += ["autopp's own choice", "its prediction"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    chosen = [run for run in RUNS if run.key in keys]
+    for run in chosen:
+        print("| " + " | ".join(row(run, 0 if args.no_search else args.shortlist)) + " |", flush=True)
+    print("\nNot stated by the sources, taken as:\n")
+    for run in chosen:
+        print(f"- {run.model}, {run.gpus} GPUs, {run.schedule.value}: {run.assumed}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Tensor-parallel collectives and ZeRO sharding of unit costs (autopp.costmodel.parallel), and the step's end per
+ZeRO stage (terms.sync_time)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from autopp.costmodel import (TpComm, allreduce_time, allreduce_times, data_sharded, gradient_allreduce_time,
+                              step_end_floor, sync_time, tensor_parallel)
+from autopp.data.cluster import Cluster, Link, Nodes, hierarchical_cluster
+
+from .arrays import arrays
+
+LINK = Link(latency_s=1e-5, bandwidth_bytes_per_s=1e9)
+FLAT = Cluster(num_devices=8, memory_bytes=2**30, link=LINK)
+
+
+def _comm(n: int, f_ar: float, b_ar: float, f_ag: float = 0.0) -> TpComm:
+    full = lambda x: np.full(n, float(x))  # noqa: E731
+    return TpComm(full(f_ar), full(b_ar), full(f_ag), full(2), full(2))
+
+
+def test_tensor_parallel_adds_ring_collectives_to_forward_and_input_backward() -> None:
+    a = replace(arrays([1.0, 1.0], static=[10, 10]), tp_comm=_comm(2, 4e6, 2e6, 1e6))
+    out = tensor_parallel(a, 4, LINK)
+    # all-reduce 2 (t-1)/t S/B, all-gather (t-1)/t S/B, 2 (t-1) latencies per collective
+    f = 2 * 0.75 * 4e6 / 1e9 + 0.75 * 1e6 / 1e9 + 2 * 6 * 1e-5
+    b = 2 * 0.75 * 2e6 / 1e9 + 2 * 6 * 1e-5
+    assert np.allclose(out.forward - a.forward, f) and np.allclose(out.recompute - a.recompute, f)
+    assert np.allclose(out.backward_input - a.backward_input, b) and np.allclose(out.backward - a.backward, b)
+    assert np.array_equal(out.backward_weight, a.backward_weight) and np.array_equal(out.static, a.static)
+    assert tensor_parallel(a, 1, LINK) is a
+
+
+def _zero_arrays() -> tuple:
+    a = arrays([1.0, 1.0], static=[16.0, 32.0], grads=[4.0, 8.0], optimizer=[0.5, 1.0])
+    return a, a.params, a.grads, a.static - a.params - a.grads
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_zero_static_bytes_follow_the_stage(zero: int) -> None:
+    a, p, g, o = _zero_arrays()
+    reduce = lambda s: s / 1e9  # noqa: E731
+    out = data_sharded(a, zero, 4, reduce)
+    # stage 3 holds as much as stage 1 at the peak under torch's pipelining (parameters stay gathered after a
+    # backward until the next forward)
+    expected = {0: p + g + o, 1: p + p / 4 + g + o / 4, 2: p + p / 4 + g / 4 + o / 4, 3: p + p / 4 + g + o / 4}[zero]
+    assert np.allclose(out.static, np.round(expected)) and out.zero == zero
+    assert np.allclose(out.optimizer, a.optimizer / (4 if zero else 1))
+    if zero == 3:  # an all-gather before each forward, not repeated by the recomputed forward
+        assert np.allclose(out.forward - a.forward, reduce(p) / 2)
+        assert np.array_equal(out.recompute, a.recompute)
+    if zero == 2:  # each microbatch's gradients reduce-scattered after its backward
+        assert np.allclose(out.backward_weight - a.backward_weight, reduce(g) / 2)
+    if zero in (0, 1):
+        assert np.array_equal(out.forward, a.forward) and np.array_equal(out.backward, a.backward)
+
+
+def test_zero_without_replicas_changes_nothing() -> None:
+    a, *_ = _zero_arrays()
+    out = data_sharded(a, 3, 1, lambda s: s)
+    assert np.array_equal(out.static, a.static) and out.zero == 0
+
+
+def test_sync_time_per_stage_is_all_reduce_or_scatter_plus_gather() -> None:
+    g, p = 8e6, 6e6
+    ar = lambda s: allreduce_time(s, 4, FLAT)  # noqa: E731
+    assert sync_time(g, p, 0, 4, FLAT) == pytest.approx(ar(g))
+    assert sync_time(g, p, 1, 4, FLAT) == pytest.approx(ar(g) / 2 + ar(p) / 2)
+    assert sync_time(g, p, 3, 4, FLAT) == pytest.approx(ar(g) / 2 + ar(p) / 2)
+    assert sync_time(g, p, 2, 4, FLAT) == pytest.approx(ar(p) / 2)
+
+
+def test_allreduce_times_is_the_scalar_formula_per_entry() -> None:
+    nodes = Nodes(count=2, devices_per_node=4, intra=LINK, inter=Link(latency_s=5e-6, bandwidth_bytes_per_s=1e8))
+    cluster = hierarchical_cluster(nodes, 2**30)
+    sizes = np.array([0.0, 1.0, 3e6, 7e7])
+    got = allreduce_times(sizes, 8, cluster)
+    assert np.allclose(got, [allreduce_time(float(s), 8, cluster) for s in sizes])
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_step_end_floor_bounds_every_split(zero: int) -> None:
+    rng = np.random.default_rng(zero)
+    n = 6
+    grads = rng.uniform(1e5, 1e7, n)
+    a = arrays([1.0] * n, static=list(4 * grads), grads=list(grads))
+    a = data_sharded(a, zero, 4, lambda s: s * 0)  # only the stage matters here
+    floor = step_end_floor(a, FLAT, 3, 4)
+    for cuts in ((1, 2), (2, 4), (4, 5), (1, 5)):
+        ends = (0, *cuts, n)
+        bounds = tuple(zip(ends, ends[1:]))
+        assert gradient_allreduce_time(a, bounds, [0, 1, 2], 4, FLAT) >= floor - 1e-15

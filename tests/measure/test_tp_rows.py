@@ -1,0 +1,93 @@
+"""autopp.measure.tp_rows: which degrees a profile gets rows of, the rows measured exactly on a fake clock
+(tests/models/tpticks.py: a block's time is proportional to its shard), and counted by the analytic profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autopp.cli import main
+from autopp.data.profile import TP_COLUMNS, load_profile
+from autopp.errors import TpPlanError
+from autopp.measure import profile_model
+from autopp.measure.analytic import analytic_profile
+from autopp.measure.tp_rows import tp_setup
+from autopp.model.contract import load_model_file
+
+from ..conftest import EXAMPLES, MODELS
+from ..models.fakeclock import CLOCK
+
+TPTICKS = MODELS / "tpticks.py"
+#: Each block of tpticks.py: fc1 8 -> 32 (colwise), fc2 32 -> 8 (rowwise), float32; fc2's bias stays whole.
+BLOCK_BYTES = {1: (8 * 32 + 32 + 32 * 8 + 8) * 4, 2: (8 * 16 + 16 + 16 * 8 + 8) * 4}
+
+
+def test_degrees_asked_default_and_refused() -> None:
+    mf = load_model_file(TPTICKS)
+    model = mf.build()
+    assert tp_setup(mf, model, (1, 4, 2)).degrees == (2, 4)
+    assert tp_setup(mf, model, None, limit=8).degrees == (2, 4, 8)  # every divisor of 32 up to the limit
+    assert tp_setup(mf, model, (1,)).plan is None  # no degree >= 2: the plan is not looked at
+    with pytest.raises(TpPlanError, match=r"degree 3 does not divide blocks.0.fc1.out_features \(32\)"):
+        tp_setup(mf, model, (3,))
+    mlp = load_model_file(EXAMPLES / "mlp.py")
+    assert tp_setup(mlp, mlp.build(), None).degrees == ()
+    with pytest.raises(TpPlanError, match=r"mlp.py: tensor parallelism \(tp 2\) needs a TP plan, and the model has "
+                                          r"none .*; define TP_PLAN \(README.md\) or leave out --tp$"):
+        tp_setup(mlp, mlp.build(), (2,))
+
+
+def test_cli_refuses_tp_without_a_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", str(EXAMPLES / "mlp.py"), "--tp", "2", "-o", str(tmp_path / "p")]) == 2
+    assert "needs a TP plan" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.integration
+def test_measured_tp_rows_are_the_shards_times_and_bytes(tmp_path: Path) -> None:
+    profile = profile_model(TPTICKS, microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False, clock=CLOCK,
+                            tp_degrees=(2,))
+    assert profile.meta.tp_degrees == (2,) and profile.meta.tp_plan_source == f"TP_PLAN in {TPTICKS}"
+    rows = profile.tp_units
+    assert rows is not None and list(rows.columns) == list(TP_COLUMNS) and len(rows) == 5
+    blocks = rows[rows.unit.between(1, 3)]
+    assert list(blocks.forward_s) == pytest.approx([0.006] * 3)
+    assert list(blocks.backward_s) == pytest.approx([0.004] * 3)
+    assert list(blocks.param_bytes) == [BLOCK_BYTES[2]] * 3
+    units = profile.units[profile.units.unit.between(1, 3)]
+    assert list(units.param_bytes) == [BLOCK_BYTES[1]] * 3 and list(units.source) == ["measured", "shared", "shared"]
+    # fc2's output all-reduced in F, fc1's input gradient in B: 2 x 8 floats each
+    assert set(blocks.tp_forward_allreduce_bytes) == set(blocks.tp_backward_allreduce_bytes) == {2 * 8 * 4}
+    assert set(blocks.tp_forward_collectives) == set(blocks.tp_backward_collectives) == {1}
+    assert set(rows[~rows.unit.between(1, 3)].tp_forward_collectives) == {0}
+    back = load_profile(profile.save(tmp_path / "p"))
+    assert back.tp_units is not None and back.tp_units.equals(profile.tp_units)
+
+
+@pytest.mark.integration
+def test_analytic_tp_rows_halve_the_block_and_keep_the_collectives() -> None:
+    profile = analytic_profile(TPTICKS, "h100-sxm", (4,), tp_degrees=None)
+    assert profile.meta.tp_degrees == (2, 4, 8)  # h100-sxm: 8 devices per node
+    rows = profile.tp_units
+    assert rows is not None and len(rows) == 5 * 3
+    for t in (2, 4, 8):
+        block = rows[(rows.tp == t) & (rows.unit == 1)].iloc[0]
+        assert block.param_bytes == (8 * 32 // t + 32 // t + 32 // t * 8 + 8) * 4
+        assert (block.tp_forward_allreduce_bytes, block.tp_backward_allreduce_bytes) == (4 * 8 * 4, 4 * 8 * 4)
+    full = profile.units[profile.units.unit == 1].iloc[0]
+    assert rows[(rows.tp == 2) & (rows.unit == 1)].iloc[0].forward_s < full.forward_s
+    assert analytic_profile(TPTICKS, "h100-sxm", (4,), tp_degrees=()).tp_units is None
+
+
+@pytest.mark.integration
+def test_a_failing_plan_leaves_the_default_analytic_rows_out(tmp_path: Path) -> None:
+    """Degrees not asked for: the analytic profile is made without TP rows, and says why; asked for: refused."""
+    path = tmp_path / "badplan.py"
+    path.write_text("from tests.models.tpticks import build_model, sample_batch\n"
+                    "TP_PLAN = {'blocks.*.fc9': 'colwise'}\n")
+    profile = analytic_profile(path, "h100-sxm", (1,))
+    assert profile.tp_units is None and profile.meta.tp_degrees == ()
+    assert "pattern 'blocks.*.fc9' matches no module of Model" in profile.meta.extra["tp_skipped"]
+    with pytest.raises(TpPlanError, match="matches no module"):
+        analytic_profile(path, "h100-sxm", (1,), tp_degrees=(2,))

@@ -1,0 +1,208 @@
+"""autopp.model.tp: plans found (HF, TP_PLAN, a wrapper), resolved and refused in one line, degrees, torch styles,
+the local shard (sharded parameters divided by t, the forward still runs) and the per-unit collective counts."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from autopp.errors import ModelFileError, TpPlanError
+from autopp.model.contract import ModelFile, load_model_file
+from autopp.model.fake import run_fake
+from autopp.model.meta import build_meta
+from autopp.model.tp import (TpPlan, check_degree, find_tp_plan, local_model_file, local_shard, resolve,
+                             torch_styles, tp_degrees, unit_collectives)
+from autopp.model.units import discover_units
+
+from ..conftest import EXAMPLES
+
+LLAMA_PLAN = {"model.embed_tokens": "embedding_rowwise", "lm_head": "colwise_gather_output",
+              **{f"model.layers.*.self_attn.{p}_proj": "colwise" for p in "qkv"},
+              "model.layers.*.self_attn.o_proj": "rowwise", "model.layers.*.mlp.gate_proj": "colwise",
+              "model.layers.*.mlp.up_proj": "colwise", "model.layers.*.mlp.down_proj": "rowwise"}
+
+MLP_FILE = """
+import torch
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 32)
+        self.fc2 = nn.Linear(32, 8)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+def build_model():
+    return nn.Sequential(Block(), Block())
+
+def sample_batch(b):
+    return torch.randn(b, 8), torch.randn(b, 8)
+
+TP_PLAN = {PLAN}
+"""
+
+
+@pytest.fixture(scope="module")
+def llama() -> tuple[ModelFile, nn.Module]:
+    pytest.importorskip("transformers")
+    mf = load_model_file(EXAMPLES / "hf_llama.py")
+    return mf, build_meta(mf).model
+
+
+def _mlp_file(tmp_path: Path, plan: str = "{'*.fc1': 'colwise', '*.fc2': 'rowwise'}") -> ModelFile:
+    path = tmp_path / "mlp.py"
+    path.write_text(textwrap.dedent(MLP_FILE).replace("{PLAN}", plan))
+    return load_model_file(path)
+
+
+def test_hf_llama_plan_is_found_and_resolved(llama: tuple[ModelFile, nn.Module]) -> None:
+    mf, model = llama
+    plan = find_tp_plan(mf, model)
+    assert plan is not None and plan.patterns == LLAMA_PLAN
+    assert plan.source == "LlamaConfig.base_model_tp_plan under 'model.' + LlamaForCausalLM._tp_plan"
+    resolved = resolve(plan, model)
+    assert len(resolved) == 2 + 4 * 7
+    assert resolved["model.layers.3.mlp.down_proj"] == "rowwise" and resolved["lm_head"] == "colwise_gather_output"
+    assert list(resolved)[0] == "model.embed_tokens"  # model order
+
+
+def test_hf_plan_under_a_wrapper_is_prefixed(llama: tuple[ModelFile, nn.Module]) -> None:
+    mf, model = llama
+    wrapper = nn.Module()
+    wrapper.add_module("backbone", model)
+    plan = find_tp_plan(mf, wrapper)
+    assert plan is not None and set(plan.patterns) == {f"backbone.{k}" for k in LLAMA_PLAN}
+    assert "under 'backbone.model.'" in plan.source
+    assert "backbone.model.layers.0.self_attn.q_proj" in resolve(plan, wrapper)
+
+
+def test_tp_plan_in_the_model_file_wins(tmp_path: Path) -> None:
+    mf = _mlp_file(tmp_path)
+    assert mf.tp_plan == {"*.fc1": "colwise", "*.fc2": "rowwise"}
+    model = mf.build()
+    plan = find_tp_plan(mf, model)
+    assert plan == TpPlan({"*.fc1": "colwise", "*.fc2": "rowwise"}, f"TP_PLAN in {mf.path}")
+    assert resolve(plan, model) == {"0.fc1": "colwise", "0.fc2": "rowwise", "1.fc1": "colwise", "1.fc2": "rowwise"}
+    assert tp_degrees(model, resolve(plan, model), 8) == [1, 2, 4, 8]
+
+
+def test_an_empty_tp_plan_means_none_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    mf = _mlp_file(tmp_path, "{}")
+    assert find_tp_plan(mf, mf.build()) is None
+    with pytest.raises(ModelFileError, match=r"mlp.py: TP_PLAN must be a dict .* got '\*.fc1': 2$"):
+        _mlp_file(tmp_path, "{'*.fc1': 2}")
+    with pytest.raises(ModelFileError, match=r"got a list$"):
+        _mlp_file(tmp_path, "['fc1']")
+
+
+def test_gpt_has_no_plan() -> None:
+    mf = load_model_file(EXAMPLES / "gpt.py")
+    assert find_tp_plan(mf, build_meta(mf).model) is None
+
+
+@pytest.mark.parametrize("patterns,message", [
+    ({"*.fc3": "colwise"}, r"pattern '\*.fc3' matches no module of Sequential; names start at the model root "
+                           r"\(e.g. '0.fc1'\)"),
+    ({"*.fc1": "packed_colwise"}, r"'\*.fc1': style 'packed_colwise' is not supported; use one of \['colwise'"),
+    ({"0": "colwise"}, r": 0 \(pattern '0'\) is a Block; style 'colwise' shards only torch.nn.Linear"),
+    ({"*.fc1": "embedding_rowwise"}, r"0.fc1 .* is a Linear; style 'embedding_rowwise' shards only "
+                                     r"torch.nn.Embedding"),
+    ({"*.fc1": "colwise", "0.fc1": "rowwise"}, r"0.fc1 is given two styles, 'colwise' and 'rowwise'"),
+])
+def test_bad_plans_fail_in_one_line(tmp_path: Path, patterns: dict[str, str], message: str) -> None:
+    mf = _mlp_file(tmp_path)
+    with pytest.raises(TpPlanError, match=message) as info:
+        resolve(TpPlan(patterns, "TP_PLAN in mlp.py"), mf.build())
+    assert "\n" not in str(info.value) and str(info.value).startswith("TP_PLAN in mlp.py: ")
+
+
+def test_colwise_rep_is_colwise_gather_output(tmp_path: Path) -> None:
+    model = _mlp_file(tmp_path).build()
+    assert resolve(TpPlan({"1.fc2": "colwise_rep"}, "x"), model) == {"1.fc2": "colwise_gather_output"}
+
+
+def test_degrees_divide_heads_and_sharded_dims(llama: tuple[ModelFile, nn.Module]) -> None:
+    mf, model = llama
+    resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
+    assert tp_degrees(model, resolved, 8) == [1, 2]  # 2 kv heads
+    assert tp_degrees(model, {}, 3) == [1, 2, 3]
+    with pytest.raises(TpPlanError, match=r"degree 4 does not divide config.num_key_value_heads \(2\); use one of "
+                                          r"\[2\]"):
+        check_degree(model, resolved, 4)
+
+
+def test_torch_styles_for_the_modules_present(tmp_path: Path) -> None:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    resolved = {"a": "colwise", "b": "rowwise", "c": "colwise_gather_output", "e": "embedding_rowwise"}
+    styles = torch_styles(resolved, ["a", "b", "c", "e", "z"])
+    assert list(styles) == ["a", "b", "c", "e"] and list(torch_styles(resolved, ["b"])) == ["b"]
+    assert isinstance(styles["a"], ColwiseParallel) and styles["a"].output_layouts == (Shard(-1),)
+    assert isinstance(styles["c"], ColwiseParallel) and styles["c"].output_layouts == (Replicate(),)
+    assert isinstance(styles["e"], RowwiseParallel) and styles["e"].input_layouts == (Replicate(),)
+    assert isinstance(styles["b"], RowwiseParallel) and styles["b"].input_layouts == (Shard(-1),)
+
+
+def _param_bytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def test_local_shard_halves_the_sharded_parameters_and_still_runs(llama: tuple[ModelFile, nn.Module]) -> None:
+    mf, _ = llama
+    model = build_meta(mf).model
+    resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
+    before = {n: _param_bytes(model.get_submodule(n)) for n in resolved}
+    norm = _param_bytes(model.model.norm)
+    local_shard(model, resolved, 2)
+    assert {n: _param_bytes(model.get_submodule(n)) for n in resolved} == {n: b // 2 for n, b in before.items()}
+    assert _param_bytes(model.model.norm) == norm
+    q = model.model.layers[0].self_attn.q_proj
+    assert (q.out_features, q.weight.device.type) == (32, "meta")
+    inputs, _ = mf.sample_batch(2)
+    assert run_fake(lambda *i: model(*i), *inputs).logits.shape == (2, 32, 2048)  # gathered to the full vocabulary
+
+
+def test_local_shard_runs_real_and_keeps_tied_weights_tied(tmp_path: Path) -> None:
+    emb = nn.Embedding(8, 4)
+    head = nn.Linear(4, 8, bias=False)
+    head.weight = emb.weight
+    model = nn.Sequential(emb, head)
+    local_shard(model, {"0": "embedding_rowwise", "1": "colwise_gather_output"}, 2)
+    assert model[0].weight is model[1].weight and model[0].weight.shape == (4, 4)
+    out = model(torch.tensor([[1, 7]]))
+    assert out.shape == (1, 2, 8)
+    torch.testing.assert_close(out[0, 1], out[0, 1, :4].repeat(2))
+    torch.testing.assert_close(out[0, 1, :4], model[0].weight[3] @ model[1].weight.T)  # id 7 -> local row 3
+
+
+def test_local_model_file_builds_the_shard(tmp_path: Path) -> None:
+    mf = _mlp_file(tmp_path)
+    model = mf.build()
+    local = local_model_file(mf, resolve(find_tp_plan(mf, model), model), 4)  # type: ignore[arg-type]
+    built = local.build()
+    assert (built[0].fc1.weight.shape, built[0].fc2.weight.shape, built[0].fc2.bias.shape) == ((8, 8), (8, 8), (8,))
+    inputs, target = local.sample_batch(3)
+    assert built(*inputs).shape == target.shape
+
+
+def test_llama_collectives_per_block(llama: tuple[ModelFile, nn.Module]) -> None:
+    """2 all-reduces in F (o_proj, down_proj) and 2 in B (the q/k/v input, the gate/up input) per block, each of
+    b*s*h elements; the embedding's output all-reduce; lm_head's all-gather (b*s*vocab) and input-grad all-reduce."""
+    mf, model = llama
+    resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
+    units = discover_units(mf, model)
+    inputs, _ = mf.sample_batch(2)
+    got = unit_collectives(model, resolved, [u.modules for u in units], lambda: run_fake(lambda *i: model(*i), *inputs))
+    bsh = 2 * 32 * 64 * 4
+    assert [c.columns() for c in got[1:5]] == [{
+        "tp_forward_allreduce_bytes": 2 * bsh, "tp_backward_allreduce_bytes": 2 * bsh, "tp_forward_allgather_bytes": 0,
+        "tp_forward_collectives": 2, "tp_backward_collectives": 2}] * 4
+    assert (got[0].forward_allreduce_bytes, got[0].forward_collectives, got[0].backward_collectives) == (bsh, 1, 0)
+    assert (got[5].forward_allgather_bytes, got[5].backward_allreduce_bytes) == (2 * 32 * 2048 * 4, bsh)
+    assert (got[5].forward_collectives, got[5].backward_collectives) == (1, 1)

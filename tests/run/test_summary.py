@@ -1,0 +1,22 @@
+"""The ranks' raw results.json entries as report entries (autopp.run.summary)."""
+
+from __future__ import annotations
+
+from autopp.run.summary import rank_measures
+
+from .conftest import LINRELU, pipeline_plan
+
+
+def _result(rank: int, tp_rank: int) -> dict[str, object]:
+    return {"rank": rank, "replica": 0, "pp_rank": rank // 2, "tp_rank": tp_rank, "stages": [rank // 2],
+            "step_times_s": [0.2, 0.1], "wait_s": [0.0, 0.01], "actions": [[], [["0F0", 0.0, 0.01]]],
+            "phases": [{"schedule_s": 0.1, "allreduce_s": 0.0, "optimizer_s": 0.0}] * 2, "peak_memory_bytes": 900}
+
+
+def test_rank_measures_keep_the_tp_rank() -> None:
+    """Issue 17 review (a): the worker writes tp_rank, the report dropped it, so tp ranks were indistinguishable."""
+    plan = pipeline_plan(LINRELU, ["2"], tp=2, tp_plan={})
+    measures = rank_measures(plan, [_result(r, r % 2) for r in (3, 0, 2, 1)], step=1)
+    assert [(m.rank, m.pp_rank, m.tp_rank) for m in measures] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    old = {k: v for k, v in _result(0, 0).items() if k != "tp_rank"}  # results of a run before tensor parallelism
+    assert rank_measures(plan, [old], step=None)[0].tp_rank == 0
