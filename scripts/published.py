@@ -77,6 +77,18 @@ class Published:
 #: Llama 3.1 405B (examples/configs/llama-3.1-405b.json, meta-llama/Llama-3.1-405B's config.json).
 CONFIG_405B = "examples/configs/llama-3.1-405b.json"
 
+#: torchtitan's 512-GPU Llama 3.1 405B run with 1F1B; its Interleaved 1F1B run differs only in the schedule.
+TITAN_1F1B = Published(
+    key="titan-1f1b", model="Llama 3.1 405B", config=CONFIG_405B, seq_len=8192, gpus=512,
+    cluster="512 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
+    tp=8, pp=8, dp=8, zero=1, schedule=ScheduleName.ONE_F_ONE_B, virtual_stages=1,
+    microbatches=32, microbatch_size=1, recompute=RecomputeMode.ALL, global_batch=256,
+    per_gpu=100.0, unit="tokens/s", measured="1F1B; 82.5 GiB peak",
+    source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 5",
+    assumed="seq 8192 (torchtitan's llama3_405b.toml; the table does not state it), microbatch size 1 "
+            "(torchtitan's default: 32 microbatches); FSDP under PP keeps parameters (torchtitan's default) = "
+            "ZeRO 1; torch.compile, Float8 and AsyncTP not modelled (bf16)")
+
 RUNS = (
     Published(
         key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=8192,
@@ -87,24 +99,10 @@ RUNS = (
         source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 1 and §3.3.2",
         assumed="microbatch size 1 (32 microbatches per DP group; not stated), v chosen by autopp (not stated); "
                 "FSDP that shards optimizer state and gradients, parameters not resharded after forward = ZeRO 2"),
-    Published(
-        key="titan-1f1b", model="Llama 3.1 405B", config=CONFIG_405B, seq_len=8192, gpus=512,
-        cluster="512 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
-        tp=8, pp=8, dp=8, zero=1, schedule=ScheduleName.ONE_F_ONE_B, virtual_stages=1,
-        microbatches=32, microbatch_size=1, recompute=RecomputeMode.ALL, global_batch=256,
-        per_gpu=100.0, unit="tokens/s", measured="1F1B; 82.5 GiB peak",
-        source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 5",
-        assumed="seq 8192 (torchtitan's llama3_405b.toml; the table does not state it), microbatch size 1 "
-                "(torchtitan's default: 32 microbatches); FSDP under PP keeps parameters (torchtitan's default) = "
-                "ZeRO 1; torch.compile, Float8 and AsyncTP not modelled (bf16)"),
-    Published(
-        key="titan-interleaved", model="Llama 3.1 405B", config=CONFIG_405B, seq_len=8192, gpus=512,
-        cluster="512 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
-        tp=8, pp=8, dp=8, zero=1, schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=2,
-        microbatches=32, microbatch_size=1, recompute=RecomputeMode.ALL, global_batch=256,
-        per_gpu=128.0, unit="tokens/s", measured="Interleaved 1F1B; 72.7 GiB peak",
-        source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 5",
-        assumed="as the 1F1B row; 2 stages per rank (torchtitan's default for multi-stage schedules)"),
+    TITAN_1F1B,
+    replace(TITAN_1F1B, key="titan-interleaved", schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=2,
+            per_gpu=128.0, measured="Interleaved 1F1B; 72.7 GiB peak",
+            assumed="as the 1F1B row; 2 stages per rank (torchtitan's default for multi-stage schedules)"),
 )
 
 

@@ -45,13 +45,14 @@ class Views:
         data-parallel group of pipeline rank 0, `Cluster.dp_group`)."""
         key = arrays_key(b, tp, zero, dp)
         if key not in self._arrays:
-            if tp not in self.tables:
-                self.tables[tp] = ProfileTable(self.profile, tp)
-            a = tensor_parallel(self.tables[tp].arrays(b), tp, self.req.cluster.tp_link(tp))
-            if key[3] > 1:
+            if key[3] == 1:  # no ZeRO sharding: the tensor-parallel rank's own costs
+                if tp not in self.tables:
+                    self.tables[tp] = ProfileTable(self.profile, tp)
+                self._arrays[key] = tensor_parallel(self.tables[tp].arrays(b), tp, self.req.cluster.tp_link(tp))
+            else:  # sharded from those, computed once per (b, tp)
                 group = self.request(tp).cluster
-                a = data_sharded(a, key[2], key[3], lambda s: allreduce_times(s, key[3], group))
-            self._arrays[key] = a
+                self._arrays[key] = data_sharded(self.arrays(b, tp), key[2], key[3],
+                                                 lambda s: allreduce_times(s, key[3], group))
         return self._arrays[key]
 
     def whole(self, b: int) -> UnitArrays:
