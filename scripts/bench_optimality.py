@@ -1,6 +1,6 @@
 """How far the planner's plan is from the simulator's optimum: for small random and adversarial profiles (<= 12 units,
 <= 4 stages), plan with `make_plan` pinned to one schedule, pp, v and m (`--recompute auto`), brute-force every
-contiguous split x every per-stage recompute choice under the same simulator (autopp.solve.brute), and print the gap
+contiguous split x every per-stage recompute choice under the same simulator (autopp.solve.partition.brute), and print the gap
 per case, the worst and the median, and whether any baseline split that fits beats the plan.
 
     .venv/bin/python scripts/bench_optimality.py            # every case (about 2 minutes on 2 cores)
@@ -22,11 +22,11 @@ from autopp.data.plan import Plan
 from autopp.data.profile import Profile, load_profile
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
-from autopp.solve.baselines import baseline_bounds
-from autopp.solve.brute import BruteForce, brute_force
-from autopp.solve.judge import Candidate, judge
-from autopp.solve.runnable import schedule_refusal
-from autopp.solve.synthetic import synthetic_profile
+from autopp.solve.partition.baselines import baseline_bounds
+from autopp.solve.partition.brute import BruteForce, brute_force
+from autopp.solve.search.judge import Candidate, judge
+from autopp.solve.search.runnable import schedule_refusal
+from autopp.data.synthetic_profile import synthetic_profile
 
 GiB = 2**30
 AMPLE = 1 << 50

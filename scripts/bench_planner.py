@@ -13,7 +13,7 @@ from autopp.data.catalog import cluster_from_catalog, load_device
 from autopp.data.cluster import Cluster, Link
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
-from autopp.solve.synthetic import synthetic_profile
+from autopp.data.synthetic_profile import synthetic_profile
 
 GiB = 2**30
 FAST = Link(latency_s=10e-6, bandwidth_bytes_per_s=50e9)

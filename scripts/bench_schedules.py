@@ -14,7 +14,7 @@ from autopp.errors import ScheduleError  # noqa: E402
 from autopp.schedule import NAMED, ScheduleName, build_schedule, stage_to_rank, validate  # noqa: E402
 from autopp.schedule.effects import StageCost  # noqa: E402
 from autopp.schedule.simulate import simulate  # noqa: E402
-from autopp.solve.synth import synthesize  # noqa: E402
+from autopp.solve.cpsat.synthesis import synthesize  # noqa: E402
 
 __all__ = ["Row", "stage_costs", "bench_case", "main"]
 

@@ -3,7 +3,7 @@
 For examples/gpt.py (the shipped profile profiles/gpt, the default link, 1F1B, global batch 8, dp 1) and each
 --ranks count: autopp's plan (autopp.solve.make_plan), then the even split and the DeepSpeed-style
 parameter-balanced split (autopp.solve.baselines.baseline_bounds "even" / "params") evaluated as plans with the same
-schedule, pp, microbatches, microbatch size and per-stage recomputation (autopp.solve.pinned.evaluate_pinned). The
+schedule, pp, microbatches, microbatch size and per-stage recomputation (autopp.solve.assemble.pinned.evaluate_pinned). The
 three run INTERLEAVED: round r runs them in an order rotated by r, for --rounds rounds, each run with
 autopp.run.run_plan (--steps steps, validation on). Prints per ranks and split: the units per stage, the predicted
 step (plan.predicted.step_time_s), the median over rounds of each run's median step (steps after the first), the
@@ -31,8 +31,8 @@ from autopp.run.report import median_step_time
 from autopp.schedule import ScheduleName
 from autopp.sizes import parse_size
 from autopp.solve import PlanRequest, make_plan
-from autopp.solve.baselines import baseline_bounds
-from autopp.solve.pinned import Pinned, evaluate_pinned
+from autopp.solve.partition.baselines import baseline_bounds
+from autopp.solve.assemble.pinned import Pinned, evaluate_pinned
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLITS = ("autopp", "even", "params")

@@ -89,7 +89,7 @@ def test_run_validates_and_refuses_a_changed_model(tmp_path: Path, capsys: pytes
 
 @pytest.mark.integration  # several plans through the CLI (~2 s)
 def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from autopp.solve.synthetic import synthetic_profile
+    from autopp.data.synthetic_profile import synthetic_profile
     prof, plan = tmp_path / "prof", tmp_path / "p.json"
     synthetic_profile(12).save(prof)
     assert main(["plan", "--profile", str(prof), "--devices", "8", "--memory", "80GiB", "--global-batch", "32",
@@ -196,7 +196,7 @@ def test_bad_paths_are_reported_before_torch_is_imported(tmp_path: Path) -> None
 
 
 def test_plan_tp_and_zero_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from autopp.solve.synthetic import synthetic_profile
+    from autopp.data.synthetic_profile import synthetic_profile
     profile = synthetic_profile(10, hidden=256, seq=64, tp_degrees=(2,)).save(tmp_path / "prof")
     out = tmp_path / "p.json"
     assert main(["plan", "--profile", str(profile), "--device", "h100-sxm", "--nodes", "2", "--devices-per-node", "4",

@@ -204,14 +204,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             check_output_dir(DEFAULT_PROFILE_DIR / stem, marker="meta.json", kind="profile")
     out = check_output_file(args.output or f"{stem}.plan.json", "-o" if args.output else None)
     if args.split:
-        from ..solve.pinned import check_split
+        from ..solve.assemble.pinned import check_split
         check_split(request, given.num_units if given else None, args.split)  # plan_split: again, once profiled
     profile = given or profile_for(args)
     if args.device:
         _warn_device(args, profile.meta)
     pinned = _read_pin(args, profile, request) if args.pin_from else None
     if args.split:
-        from ..solve.pinned import plan_split
+        from ..solve.assemble.pinned import plan_split
         plan = plan_split(profile, request, args.split)
     else:
         plan = make_plan(profile, request)
@@ -229,7 +229,7 @@ def _read_pin(args: argparse.Namespace, profile, request):  # type: ignore[no-un
     """--pin-from: the user's trainer configuration (checked before the search and before anything is written) and
     notes on how it is judged."""
     from ..export import read_pinned
-    from ..solve.pinned import check_pinned
+    from ..solve.assemble.pinned import check_pinned
     pinned, notes = read_pinned(args.pin_from, profile.meta.unit_names, request.cluster.num_devices)
     check_pinned(pinned, profile.num_units, request.cluster.num_devices)
     batch = pinned.microbatches * pinned.microbatch_size * pinned.dp

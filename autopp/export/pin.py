@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..schedule import NAMED, ScheduleName, describe
-from ..solve.pinned import Pinned
+from ..solve.assemble.pinned import Pinned
 from .layers import ExportError, ModelLayers, model_layers
 from .megatron import interleaving_problem
 

@@ -48,7 +48,7 @@ class Layout(Enum):
 
 class Floors(NamedTuple):
     """Lower bounds, valid for every contiguous split, of the terms a closed-form estimate is made of
-    (derivations in `autopp/solve/bounds.py`)."""
+    (derivations in `autopp/solve/search/bounds.py`)."""
 
     rank: float
     """max_r R_r: the busiest rank's work per microbatch."""

@@ -1,9 +1,9 @@
 """Solvers: exact dynamic programs for contiguous splits, CP-SAT for heterogeneous clusters, and the joint search."""
 
-from .dp import Objective, PipeSpec, even_bounds, min_max_bounds, min_memory, pipeline_bounds
-from .make import make_plan
-from .pinned import Pinned, evaluate_pinned
-from .request import PlanRequest, RecomputeMode
+from .partition.dp import Objective, PipeSpec, even_bounds, min_max_bounds, min_memory, pipeline_bounds
+from .assemble.make import make_plan
+from .assemble.pinned import Pinned, evaluate_pinned
+from .search.request import PlanRequest, RecomputeMode
 
 __all__ = ["Objective", "PipeSpec", "even_bounds", "min_max_bounds", "min_memory", "pipeline_bounds", "PlanRequest",
            "RecomputeMode", "make_plan", "Pinned", "evaluate_pinned"]

@@ -222,8 +222,8 @@ def test_analytic_gpt_profile_plans(tmp_path: Path, shipped_gpt: Profile) -> Non
     shipped measured profile found (saved activations included: the fused CPU attention kernel saves no attention
     matrix, which counting on meta, through the math path, would add)."""
     from autopp.data.cluster import Cluster
-    from autopp.solve.make import make_plan
-    from autopp.solve.request import PlanRequest
+    from autopp.solve.assemble.make import make_plan
+    from autopp.solve.search.request import PlanRequest
     profile = analytic_profile(EXAMPLES / "gpt.py", "h100-sxm", (1, 4))
     assert profile.meta.fingerprint == shipped_gpt.meta.fingerprint
     columns = ["param_bytes", "grad_bytes", "output_bytes"]

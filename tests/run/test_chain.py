@@ -135,7 +135,7 @@ def test_the_planners_weight_only_rule_agrees_with_the_runners_check_on_t5() -> 
     pytest.importorskip("transformers")
     from autopp.model.units import discover_units
     from autopp.run.chain import ChainPiece, constant_values, example_io
-    from autopp.solve.runnable import weight_only_sends
+    from autopp.solve.search.runnable import weight_only_sends
     from autopp.model.split import live_values
 
     mf = load_model_file(ROOT / "examples" / "hf_t5.py")

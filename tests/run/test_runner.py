@@ -160,7 +160,7 @@ def test_custom_synthesized_order_runs_through_torch_runtime() -> None:
     """A "Custom" plan (as `autopp plan --synthesize` writes): CP-SAT's F/I/W order for uneven stages, executed by
     torch's schedule runtime from the CSV, validated against the single-process run."""
     from autopp.schedule import StageCost
-    from autopp.solve.synth import synthesize
+    from autopp.solve.cpsat.synthesis import synthesize
 
     costs = [StageCost(forward_s=f, backward_input_s=f, backward_weight_s=f, static_bytes=0, activation_bytes=1,
                        input_bytes=1) for f in (1.0, 1.0, 2.0)]

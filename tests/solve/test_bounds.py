@@ -14,13 +14,13 @@ import pytest
 from autopp.data.cluster import Cluster, Device, Link
 from autopp.costmodel import comm_times, stage_costs, unit_arrays
 from autopp.schedule import NAMED, ScheduleName, build_schedule, simulate
-from autopp.solve.bounds import lower_bound
+from autopp.solve.search.bounds import lower_bound
 from autopp.schedule.effects import order_peaks
-from autopp.solve.judge import Candidate, judge
-from autopp.solve.request import PlanRequest, RecomputeMode, configs
-from autopp.solve.search import _bounds, _candidate, _estimate, _fitted, _options, _Splits
-from autopp.solve.views import Views
-from autopp.solve.synthetic import synthetic_profile
+from autopp.solve.search.judge import Candidate, judge
+from autopp.solve.search.request import PlanRequest, RecomputeMode, configs
+from autopp.solve.search.search import _bounds, _candidate, _estimate, _fitted, _options, _Splits
+from autopp.solve.search.views import Views
+from autopp.data.synthetic_profile import synthetic_profile
 
 from ..conftest import seeds
 

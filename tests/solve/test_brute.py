@@ -12,10 +12,10 @@ import pytest
 from autopp.data.cluster import Cluster, Link
 from autopp.costmodel import UnitArrays
 from autopp.schedule import ScheduleName
-from autopp.solve.brute import brute_force, candidate_count, contiguous_splits
-from autopp.solve.dp import PipeSpec, pipeline_bounds
-from autopp.solve.judge import Candidate, judge
-from autopp.solve.request import RecomputeMode
+from autopp.solve.partition.brute import brute_force, candidate_count, contiguous_splits
+from autopp.solve.partition.dp import PipeSpec, pipeline_bounds
+from autopp.solve.search.judge import Candidate, judge
+from autopp.solve.search.request import RecomputeMode
 
 LINK = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e6)
 ONE_F_ONE_B = ScheduleName.ONE_F_ONE_B

@@ -12,7 +12,7 @@ import pytest
 
 from autopp.data.cluster import Link
 from autopp.costmodel import UnitArrays
-from autopp.solve.dp import PipeSpec, even_bounds, feasible, fits, min_memory, pipeline_bounds
+from autopp.solve.partition.dp import PipeSpec, even_bounds, feasible, fits, min_memory, pipeline_bounds
 
 from ..conftest import seeds
 

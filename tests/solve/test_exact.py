@@ -10,8 +10,8 @@ import pytest
 
 from autopp.data.cluster import Link
 from autopp.costmodel import UnitArrays
-from autopp.solve.cpsat import solve_cpsat
-from autopp.solve.dp import PipeSpec, fits, min_max_bounds, min_memory, pipeline_bounds, pipeline_objective
+from autopp.solve.cpsat.split import solve_cpsat
+from autopp.solve.partition.dp import PipeSpec, fits, min_max_bounds, min_memory, pipeline_bounds, pipeline_objective
 
 from ..conftest import seeds
 

@@ -8,7 +8,7 @@ from autopp.data.cluster import Cluster
 from autopp.errors import InfeasibleError
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, make_plan
-from autopp.solve.synthetic import synthetic_profile
+from autopp.data.synthetic_profile import synthetic_profile
 
 
 def _request(devices: int, schedule: ScheduleName | None, global_batch: int = 8, **extra: object) -> PlanRequest:

@@ -21,7 +21,7 @@ from autopp.data.plan import Plan
 from autopp.data.profile import Profile, load_profile
 from autopp.schedule import NAMED, ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
-from autopp.solve.synthetic import synthetic_profile
+from autopp.data.synthetic_profile import synthetic_profile
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"

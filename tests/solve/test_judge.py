@@ -12,7 +12,7 @@ def test_plan_records_the_overhead_and_the_prediction_includes_it() -> None:
     from autopp.predict import simulate_plan
     from autopp.schedule import ScheduleName
     from autopp.solve import PlanRequest, make_plan
-    from autopp.solve.synthetic import synthetic_profile
+    from autopp.data.synthetic_profile import synthetic_profile
     profile = synthetic_profile(8)
     request = dict(global_batch=8, num_microbatches=4, schedule=ScheduleName.ONE_F_ONE_B, pp=2, dp=1)
     plans = [make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**40, link=Link(
@@ -30,8 +30,8 @@ def test_dp_judge_simulator_and_plan_agree_on_peaks_with_a_transient() -> None:
     from autopp.schedule import ScheduleName, build_schedule
     from autopp.schedule.effects import inflight_peaks, order_peaks
     from autopp.solve import PlanRequest, make_plan
-    from autopp.solve.dp import PipeSpec, fits
-    from autopp.solve.synthetic import synthetic_profile
+    from autopp.solve.partition.dp import PipeSpec, fits
+    from autopp.data.synthetic_profile import synthetic_profile
     profile = synthetic_profile(6)
     peaks: dict[str, dict[str, int]] = {}
     for r in profile.units.itertuples():  # the head's working memory: 1 GiB per sample beyond what it keeps

@@ -11,7 +11,7 @@ from autopp.data.profile import load_profile
 from autopp.errors import PlanError
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
-from autopp.solve.pinned import SPLIT_NOTE, check_split, plan_split
+from autopp.solve.assemble.pinned import SPLIT_NOTE, check_split, plan_split
 
 GPT = Path(__file__).resolve().parents[2] / "profiles" / "gpt"  # 8 units
 MiB = 1 << 20

@@ -10,9 +10,9 @@ import pytest
 from autopp.data.cluster import Cluster, Device, Link
 from autopp.errors import InfeasibleError
 from autopp.solve import PlanRequest, make_plan
-from autopp.solve.dp import PipeSpec, pipeline_bounds, pipeline_objective
-from autopp.solve.placement import place_devices
-from autopp.solve.synthetic import synthetic_profile
+from autopp.solve.partition.dp import PipeSpec, pipeline_bounds, pipeline_objective
+from autopp.solve.cpsat.placement import place_devices
+from autopp.data.synthetic_profile import synthetic_profile
 from tests.solve.test_exact import _arrays
 
 GiB = 2**30
@@ -64,7 +64,7 @@ def test_planner_reorders_devices_the_file_order_cannot_fit() -> None:
                       link=Link(latency_s=1e-5, bandwidth_bytes_per_s=5e10))
     profile = synthetic_profile(12)
     request = PlanRequest(cluster=cluster, global_batch=16, num_microbatches=16)
-    from autopp.solve.search import search
+    from autopp.solve.search.search import search
     assert search(profile, request)[0] is None
     plan = make_plan(profile, request)
     note = next(n for n in plan.notes if n.startswith("device order chosen by CP-SAT"))

@@ -11,10 +11,10 @@ import pytest
 from autopp.costmodel import UnitArrays, stage_costs
 from autopp.data.cluster import Cluster, Device, Link
 from autopp.schedule import NAMED, ScheduleName, describe
-from autopp.solve.brute import brute_force
-from autopp.solve.judge import Candidate, judge
-from autopp.solve.refine import _rank_actions, recompute_choices, refine
-from autopp.solve.request import RecomputeMode
+from autopp.solve.partition.brute import brute_force
+from autopp.solve.search.judge import Candidate, judge
+from autopp.solve.partition.refine import _rank_actions, recompute_choices, refine
+from autopp.solve.search.request import RecomputeMode
 
 from ..conftest import seeds
 

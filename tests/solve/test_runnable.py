@@ -12,9 +12,9 @@ from autopp.errors import InfeasibleError
 from autopp.data.profile import LiveValue, Profile
 from autopp.schedule import ScheduleName, describe
 from autopp.solve import PlanRequest, make_plan
-from autopp.solve.search import search
-from autopp.solve.runnable import split_backward_refusal, weight_only_sends
-from autopp.solve.synthetic import SIZES, synthetic_profile
+from autopp.solve.search.search import search
+from autopp.solve.search.runnable import split_backward_refusal, weight_only_sends
+from autopp.data.synthetic_profile import SIZES, synthetic_profile
 
 
 def _value(name: str, src: int, dsts: list[int], reads: list[str], needs_grad: bool = True,
@@ -114,11 +114,11 @@ def test_a_pinned_configuration_torch_cannot_run_says_so_in_its_notes() -> None:
 
 def test_a_faster_baseline_split_the_runner_refuses_does_not_replace_the_dp_split() -> None:
     # The DP's split (uneven, runnable) against the baselines: `even` ((0, 2), (2, 4), ...) simulates faster, but its
-    # stage 1 sends the bias on. Before, build_plan took the fastest fitting baseline unchecked and the ZBV plan
+    # stage 1 sends the bias on. Before, plan_from_verdict took the fastest fitting baseline unchecked and the ZBV plan
     # carried a split the runner refuses (issue 13, point 3).
     from autopp.costmodel import ProfileTable
-    from autopp.solve.build import build_plan
-    from autopp.solve.judge import Candidate, judge
+    from autopp.solve.assemble.from_verdict import plan_from_verdict
+    from autopp.solve.search.judge import Candidate, judge
 
     profile, request = _profile(), replace(_request(ScheduleName.ZBV_ZERO_BUBBLE), pp=2,
                                            cluster=Cluster(num_devices=2, memory_bytes=2**40))
@@ -128,13 +128,13 @@ def test_a_faster_baseline_split_the_runner_refuses_does_not_replace_the_dp_spli
     best = judge(a, request.cluster, Candidate(schedule=ScheduleName.ZBV_ZERO_BUBBLE, pp=2, dp=1, v=2,
                                                microbatches=8, microbatch_size=1, bounds=dp_split,
                                                recompute=(False,) * 4))
-    plan = build_plan(profile, request, best, a)
+    plan = plan_from_verdict(profile, request, best, a)
     even = plan.baselines["even"]
     assert even.step_time_s < best.step_s and weight_only_sends(_t5_like(), even.stage_units) != []  # the trap
     assert [s.units for s in plan.stages] == list(dp_split)
     unknown = Profile(replace(profile.meta, live_values=tuple(_old(_t5_like()))), profile.units, profile.edges)
     # A profile before `needs_grad` finds no weight-only value: the faster baseline still wins.
-    assert [s.units for s in build_plan(unknown, request, best, ProfileTable(unknown).arrays(1)).stages] == \
+    assert [s.units for s in plan_from_verdict(unknown, request, best, ProfileTable(unknown).arrays(1)).stages] == \
         list(even.stage_units)
 
 

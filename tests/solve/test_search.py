@@ -57,7 +57,7 @@ import json  # noqa: E402
 from autopp.schedule import ScheduleName, simulate_named  # noqa: E402
 from autopp.solve import RecomputeMode  # noqa: E402
 from autopp.costmodel import comm_times, message_overheads, progress_delays, stage_costs, unit_arrays  # noqa: E402
-from autopp.solve.synthetic import synthetic_profile  # noqa: E402
+from autopp.data.synthetic_profile import synthetic_profile  # noqa: E402
 
 GiB = 2**30
 
@@ -128,7 +128,7 @@ def test_recompute_auto_chooses_stage_by_stage_and_equals_the_brute_force() -> N
     """Under memory that the plain split misses, only some stages recompute (the others keep their activations), and
     the plan is the simulator's optimum over every split and recompute choice for its configuration (issue 15)."""
     from autopp.costmodel import unit_arrays
-    from autopp.solve.brute import brute_force
+    from autopp.solve.partition.brute import brute_force
     profile = synthetic_profile(12)
     cluster = Cluster(num_devices=4, memory_bytes=int(11 * GiB))
     plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=16, recompute=RecomputeMode.AUTO))
@@ -161,7 +161,7 @@ def test_gpu_profile_with_a_cpu_progress_delay_gets_a_note() -> None:
     from dataclasses import replace
 
     from autopp.data.cluster import Link
-    from autopp.solve.make import GPU_PROGRESS_NOTE
+    from autopp.solve.assemble.make import GPU_PROGRESS_NOTE
     cpu = synthetic_profile(12)
     gpu = replace(cpu, meta=replace(cpu.meta, device="cuda:0"))
     request = PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=80 * GiB), global_batch=16)
@@ -177,7 +177,7 @@ def test_plan_on_nodes_pays_each_hop_on_the_link_it_crosses() -> None:
     with exactly those links, and faster than on the flat cluster that assumes the slower link everywhere."""
     from autopp.costmodel import allreduce_time, optimizer_time, transfer_time
     from autopp.data.cluster import Link, Nodes, hierarchical_cluster
-    from autopp.solve.judge import Candidate, judge
+    from autopp.solve.search.judge import Candidate, judge
     intra, inter = Link(latency_s=5e-6, bandwidth_bytes_per_s=450e9), Link(latency_s=1e-5, bandwidth_bytes_per_s=5e9)
     nodes = hierarchical_cluster(Nodes(count=2, devices_per_node=4, intra=intra, inter=inter), 80 * GiB)
     profile = synthetic_profile(12)

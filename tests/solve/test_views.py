@@ -1,4 +1,4 @@
-"""The search over tensor-parallel degrees and ZeRO stages (autopp.solve.views, request.configs): pins, what the
+"""The search over tensor-parallel degrees and ZeRO stages (autopp.solve.search.views, request.configs): pins, what the
 plan records, and choices forced by memory."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from autopp.data.catalog import cluster_from_catalog, load_device
 from autopp.data.cluster import Cluster
 from autopp.errors import InfeasibleError, ProfileError
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
-from autopp.solve.request import configs, tp_choices
-from autopp.solve.synthetic import synthetic_profile
-from autopp.solve.views import Views
+from autopp.solve.search.request import configs, tp_choices
+from autopp.data.synthetic_profile import synthetic_profile
+from autopp.solve.search.views import Views
 
 GiB = 2**30
 

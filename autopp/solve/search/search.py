@@ -20,16 +20,16 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable
 
-from ..data.cluster import Cluster
-from ..costmodel import (ProfileTable, UnitArrays, comm_times, message_overheads, stage_costs, stage_speeds,
+from ...data.cluster import Cluster
+from ...costmodel import (ProfileTable, UnitArrays, comm_times, message_overheads, stage_costs, stage_speeds,
                          step_end_time)
-from ..data.profile import Profile
-from ..schedule import COMPUTE_KINDS, ScheduleName, describe, stage_to_rank
-from ..schedule.effects import inflight_peaks, rank_peak, rank_static_bytes
+from ...data.profile import Profile
+from ...schedule import COMPUTE_KINDS, ScheduleName, describe, stage_to_rank
+from ...schedule.effects import inflight_peaks, rank_peak, rank_static_bytes
 from .bounds import lower_bound
-from .dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
+from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import Candidate, Verdict, judge, named_order
-from .refine import EXACT_LIMIT, refine
+from ..partition.refine import EXACT_LIMIT, refine
 from .request import Config, PlanRequest, RecomputeMode, configs
 from .runnable import PARALLEL_KEY, parallel_refusal, schedule_refusal
 from .views import ArraysKey, Views, arrays_key

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costmodel import UnitArrays, stage_speeds, step_end_floor, transfer_time
-from ..schedule import Floors, describe, stage_to_rank
-from ..schedule.effects import redo_s
+from ...costmodel import UnitArrays, stage_speeds, step_end_floor, transfer_time
+from ...schedule import Floors, describe, stage_to_rank
+from ...schedule.effects import redo_s
 from .request import Config, PlanRequest
 
 __all__ = ["lower_bound", "comm_floor"]

@@ -1,6 +1,6 @@
 """Synthesized schedules in the planner: CP-SAT reorders the best named plan's F/I/W actions for its real stage costs.
 
-The split, placement and microbatches stay those of the best named candidate; `autopp.solve.synth.synthesize` searches
+The split, placement and microbatches stay those of the best named candidate; `autopp.solve.cpsat.synthesis.synthesize` searches
 the order (Zero Bubble's ILP idea, Qi et al. 2023) warm-started from that candidate's own schedule, and the simulator
 judges the result. The synthesized order wins only when it simulates strictly faster and fits every rank.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from ..data.cluster import Cluster
-from ..costmodel import UnitArrays, comm_times, progress_delays
-from ..errors import InfeasibleError
-from ..schedule import Action, build_schedule, simulate
-from .synth import synthesize
-from .judge import Verdict, step_time
+from ...data.cluster import Cluster
+from ...costmodel import UnitArrays, comm_times, progress_delays
+from ...errors import InfeasibleError
+from ...schedule import Action, build_schedule, simulate
+from ..cpsat.synthesis import synthesize
+from ..search.judge import Verdict, step_time
 
 __all__ = ["CustomOrder", "synthesized"]
 

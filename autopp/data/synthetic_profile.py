@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from ..data.profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from .profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 
 __all__ = ["synthetic_profile", "synthetic_tp_rows"]
 
@@ -78,7 +78,7 @@ def synthetic_profile(num_units: int, *, hidden: int = 4096, seq: int = 2048, se
     table = pd.DataFrame(units, columns=list(UNIT_COLUMNS))
     if tp_degrees:
         meta = replace(meta, tp_degrees=tuple(tp_degrees), tp_plan=dict(SYNTHETIC_TP_PLAN),
-                       tp_plan_source="synthetic: Megatron's collectives per block (autopp.solve.synthetic)")
+                       tp_plan_source="synthetic: Megatron's collectives per block (autopp.data.synthetic_profile)")
         return Profile(meta, table, pd.DataFrame(edges, columns=list(EDGE_COLUMNS)),
                        tp_units=synthetic_tp_rows(table, tp_degrees, hidden=hidden, seq=seq))
     return Profile(meta, table, pd.DataFrame(edges, columns=list(EDGE_COLUMNS)))

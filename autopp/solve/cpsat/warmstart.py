@@ -1,5 +1,5 @@
 """Warm starts for schedule synthesis: memory floors, named, sequential and list-scheduling orders, and the best
-of them by the simulator (autopp.solve.synth hands the winner to CP-SAT as a complete hint)."""
+of them by the simulator (autopp.solve.cpsat.synthesis hands the winner to CP-SAT as a complete hint)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..costmodel import UnitArrays
+from ...costmodel import UnitArrays
 from .dp import Bounds, balanced_bounds, even_bounds
 
 __all__ = ["baseline_bounds"]

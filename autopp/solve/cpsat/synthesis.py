@@ -17,7 +17,7 @@ from autopp.errors import AutoppError, InfeasibleError, ScheduleError
 from autopp.schedule.actions import Action, Kind, Order, to_csv_rows
 from autopp.schedule.effects import StageCost, rank_static_bytes, transient_peak
 from autopp.schedule.simulate import SimResult, simulate
-from autopp.solve.warmstart import (
+from autopp.solve.cpsat.warmstart import (
     GREEDY_PRIORITIES,
     SPLIT_KINDS,
     Hint,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import InfeasibleError, ScheduleError
-from ..data.profile import Profile
-from ..schedule import NAMED, ScheduleName, describe, listed
-from ..sizes import format_size
-from .dp import min_memory
+from ...errors import InfeasibleError, ScheduleError
+from ...data.profile import Profile
+from ...schedule import NAMED, ScheduleName, describe, listed
+from ...sizes import format_size
+from ..partition.dp import min_memory
 
 from .request import PlanRequest, RecomputeMode, configs, microbatch_counts, replica_counts
 from .search import pipe_spec, search

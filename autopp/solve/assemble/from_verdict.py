@@ -6,21 +6,21 @@ from typing import TYPE_CHECKING
 
 from dataclasses import replace
 
-from ..costmodel import ZERO_STAGES, UnitArrays, comm_times, ideal_step_time, progress_delays, stage_costs
-from ..data.plan import Plan, Prediction, StagePlan
-from ..data.profile import Profile
-from ..data.cluster import Cluster
-from ..schedule import COMPUTE_KINDS, Action, ScheduleName
-from .baselines import baseline_bounds
-from .judge import Candidate, Verdict, judge, named_order
-from .refine import recompute_choices
-from .request import PlanRequest, RecomputeMode
-from .runnable import schedule_refusal
+from ...costmodel import ZERO_STAGES, UnitArrays, comm_times, ideal_step_time, progress_delays, stage_costs
+from ...data.plan import Plan, Prediction, StagePlan
+from ...data.profile import Profile
+from ...data.cluster import Cluster
+from ...schedule import COMPUTE_KINDS, Action, ScheduleName
+from ..partition.baselines import baseline_bounds
+from ..search.judge import Candidate, Verdict, judge, named_order
+from ..partition.refine import recompute_choices
+from ..search.request import PlanRequest, RecomputeMode
+from ..search.runnable import schedule_refusal
 
 if TYPE_CHECKING:
-    from .custom import CustomOrder
+    from .reorder import CustomOrder
 
-__all__ = ["build_plan", "prediction", "judge_recompute", "judge_baselines"]
+__all__ = ["plan_from_verdict", "prediction", "judge_recompute", "judge_baselines"]
 
 SPLIT_NOTE = "the profile has no input/weight backward split: assumed I = W = B / 2"
 
@@ -108,7 +108,7 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     return out
 
 
-def build_plan(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
+def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
                custom: CustomOrder | None = None, extra: tuple[str, ...] = (), keep_split: bool = False,
                whole: UnitArrays | None = None) -> Plan:
     """The Plan of `best` (`a`: unit costs at its microbatch size, with its tensor- and data-parallel terms;

@@ -28,14 +28,14 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from ..costmodel import UnitArrays, message_overheads, send_times, stage_costs, stage_speeds
-from ..data.cluster import Cluster
-from ..schedule import COMPUTE_KINDS, Action, Kind, StageCost
-from ..schedule.effects import durations, rank_peak, rank_static_bytes
+from ...costmodel import UnitArrays, message_overheads, send_times, stage_costs, stage_speeds
+from ...data.cluster import Cluster
+from ...schedule import COMPUTE_KINDS, Action, Kind, StageCost
+from ...schedule.effects import durations, rank_peak, rank_static_bytes
 from .baselines import baseline_bounds
 from .dp import Bounds
-from .judge import Candidate, Verdict, judge, named_order
-from .request import RecomputeMode
+from ..search.judge import Candidate, Verdict, judge, named_order
+from ..search.request import RecomputeMode
 
 __all__ = ["Refined", "EXACT_LIMIT", "recompute_choices", "action_counts", "split_floor", "refine"]
 

@@ -3,8 +3,8 @@ data-parallel terms (autopp.costmodel.parallel): what the search, the judge and 
 
 from __future__ import annotations
 
-from ..costmodel import ProfileTable, UnitArrays, allreduce_times, data_sharded, tensor_parallel
-from ..data.profile import Profile
+from ...costmodel import ProfileTable, UnitArrays, allreduce_times, data_sharded, tensor_parallel
+from ...data.profile import Profile
 from .request import PlanRequest, tp_choices
 
 __all__ = ["ArraysKey", "arrays_key", "Views"]

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ..costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
-from ..errors import InfeasibleError
-from .dp import Bounds, PipeSpec
+from ...costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
+from ...errors import InfeasibleError
+from ..partition.dp import Bounds, PipeSpec
 
 __all__ = ["CpSatResult", "solve_cpsat", "contiguous_split", "stage_transient_var"]
 

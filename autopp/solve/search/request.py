@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from ..data.cluster import Cluster
-from ..errors import ScheduleError
-from ..schedule import NAMED, ScheduleName, describe, listed
+from ...data.cluster import Cluster
+from ...errors import ScheduleError
+from ...schedule import NAMED, ScheduleName, describe, listed
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "replica_counts", "microbatch_counts", "zero_stages",
            "tp_choices", "configs"]
@@ -56,11 +56,11 @@ class PlanRequest:
     shortlist: int = 4
     """Configurations the simulator must find fitting before the search stops."""
     synthesize: bool = False
-    """Also try a CP-SAT-synthesized order for the best candidate's split (autopp.solve.custom)."""
+    """Also try a CP-SAT-synthesized order for the best candidate's split (autopp.solve.assemble.reorder)."""
     synth_time_limit_s: float = 10.0
     """CP-SAT time limit of that synthesis."""
     placement_time_limit_s: float = 10.0
-    """CP-SAT time limit for choosing the device order of a heterogeneous cluster (autopp.solve.placement)."""
+    """CP-SAT time limit for choosing the device order of a heterogeneous cluster (autopp.solve.cpsat.placement)."""
 
     def __post_init__(self) -> None:
         d = self.cluster.num_devices

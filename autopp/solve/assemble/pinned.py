@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..data.cluster import Cluster
-from ..costmodel import ProfileTable
-from ..errors import InfeasibleError, PlanError, ScheduleError
-from ..data.plan import Plan
-from ..data.profile import Profile
-from ..schedule import ScheduleName, describe, listed
-from .dp import Bounds
-from .build import build_plan, judge_recompute
-from .judge import Candidate, Verdict, judge
+from ...data.cluster import Cluster
+from ...costmodel import ProfileTable
+from ...errors import InfeasibleError, PlanError, ScheduleError
+from ...data.plan import Plan
+from ...data.profile import Profile
+from ...schedule import ScheduleName, describe, listed
+from ..partition.dp import Bounds
+from .from_verdict import plan_from_verdict, judge_recompute
+from ..search.judge import Candidate, Verdict, judge
 from .make import make_plan
-from .request import Config, PlanRequest, RecomputeMode, configs
-from .runnable import weight_only_reason, weight_only_sends
+from ..search.request import Config, PlanRequest, RecomputeMode, configs
+from ..search.runnable import weight_only_reason, weight_only_sends
 
 __all__ = ["Pinned", "check_pinned", "evaluate_pinned", "SPLIT_NOTE", "check_split", "plan_split"]
 
@@ -92,7 +92,7 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
                           virtual_stages=None, recompute=RecomputeMode.ALL if any(recompute) else RecomputeMode.NONE)
     notes = [f"configuration pinned from {pinned.source}: evaluated as given, not searched",
              *_warnings(profile, cluster, verdict)]
-    return build_plan(profile, request, verdict, a, extra=tuple(notes), keep_split=True)
+    return plan_from_verdict(profile, request, verdict, a, extra=tuple(notes), keep_split=True)
 
 
 def _warnings(profile: Profile, cluster: Cluster, verdict: Verdict) -> list[str]:
@@ -163,7 +163,7 @@ def plan_split(profile: Profile, request: PlanRequest, starts: tuple[int, ...]) 
     verdicts = [_judged(table, request, c, bounds) for c in configs_]
     best = min(verdicts, key=lambda v: (not v.fits, v.key))
     notes = (SPLIT_NOTE, *_warnings(profile, request.cluster, best))
-    plan = build_plan(profile, request, best, table.arrays(best.candidate.microbatch_size), extra=notes,
+    plan = plan_from_verdict(profile, request, best, table.arrays(best.candidate.microbatch_size), extra=notes,
                       keep_split=True)
     try:
         own = make_plan(profile, replace(request, recompute_stages=None))

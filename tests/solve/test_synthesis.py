@@ -14,7 +14,7 @@ from autopp.schedule.actions import Action, Kind, from_csv_rows
 from autopp.schedule import NAMED, ScheduleName, build_schedule, stage_to_rank, validate
 from autopp.schedule.effects import StageCost
 from autopp.schedule.simulate import SimResult, simulate
-from autopp.solve.synth import (
+from autopp.solve.cpsat.synthesis import (
     SynthResult,
     SynthStatus,
     greedy_order,

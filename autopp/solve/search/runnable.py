@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..data.profile import LiveValue, TiedGroup, ValueAction
-from ..schedule import ScheduleName, describe, listed
-from .dp import Bounds
+from ...data.profile import LiveValue, TiedGroup, ValueAction
+from ...schedule import ScheduleName, describe, listed
+from ..partition.dp import Bounds
 
 __all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal",
            "PARALLEL_KEY", "parallel_refusal"]

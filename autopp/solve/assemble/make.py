@@ -6,19 +6,19 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from ..costmodel import ProfileTable
-from ..errors import InfeasibleError
-from ..data.plan import Plan
-from ..data.profile import Profile
-from .build import build_plan
-from .custom import synthesized
-from .explain import explain_infeasible
-from .judge import Verdict
-from .placement import place_devices
-from .request import Config, PlanRequest, RecomputeMode, configs
-from .runnable import PARALLEL_KEY, split_backward_refusal
-from .search import inflight, links_hold_messages, search
-from .views import Views
+from ...costmodel import ProfileTable
+from ...errors import InfeasibleError
+from ...data.plan import Plan
+from ...data.profile import Profile
+from .from_verdict import plan_from_verdict
+from .reorder import synthesized
+from ..search.explain import explain_infeasible
+from ..search.judge import Verdict
+from ..cpsat.placement import place_devices
+from ..search.request import Config, PlanRequest, RecomputeMode, configs
+from ..search.runnable import PARALLEL_KEY, split_backward_refusal
+from ..search.search import inflight, links_hold_messages, search
+from ..search.views import Views
 
 __all__ = ["GPU_PROGRESS_NOTE", "make_plan"]
 
@@ -104,4 +104,4 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     notes += _tp_note(profile, request)
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
-    return build_plan(profile, view, best, a, custom, extra=tuple(notes), whole=views.whole(c.microbatch_size))
+    return plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), whole=views.whole(c.microbatch_size))

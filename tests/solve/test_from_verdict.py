@@ -11,8 +11,8 @@ from autopp.data.profile import load_profile
 from autopp.display import format_plan
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
-from autopp.solve.build import judge_recompute
-from autopp.solve.judge import Candidate
+from autopp.solve.assemble.from_verdict import judge_recompute
+from autopp.solve.search.judge import Candidate
 
 GPT = Path(__file__).resolve().parents[2] / "profiles" / "gpt"
 MiB = 1 << 20

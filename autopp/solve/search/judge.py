@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..data.cluster import Cluster
-from ..costmodel import (UnitArrays, comm_times, message_overheads, progress_delays, stage_costs, stage_speeds,
+from ...data.cluster import Cluster
+from ...costmodel import (UnitArrays, comm_times, message_overheads, progress_delays, stage_costs, stage_speeds,
                          step_end_time)
-from ..schedule import Action, ScheduleName, StageCost, build_schedule, simulate, stage_to_rank
-from .dp import Bounds
+from ...schedule import Action, ScheduleName, StageCost, build_schedule, simulate, stage_to_rank
+from ..partition.dp import Bounds
 
 __all__ = ["Candidate", "Verdict", "step_time", "named_order", "judge"]
 

@@ -24,8 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..data.cluster import Link
-from ..costmodel import UnitArrays, held_microbatches, memory_prefix, send_times, stage_transient
+from ...data.cluster import Link
+from ...costmodel import UnitArrays, held_microbatches, memory_prefix, send_times, stage_transient
 
 __all__ = ["Objective", "PipeSpec", "Bounds", "pipeline_bounds", "min_max_bounds", "pipeline_objective",
            "min_memory", "fits", "balanced_bounds", "even_bounds", "feasible", "DpMemo"]

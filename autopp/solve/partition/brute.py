@@ -16,12 +16,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..data.cluster import Cluster
-from ..costmodel import UnitArrays
-from ..schedule import ScheduleName
+from ...data.cluster import Cluster
+from ...costmodel import UnitArrays
+from ...schedule import ScheduleName
 from .dp import Bounds
-from .judge import Candidate, Verdict, judge
-from .request import RecomputeMode
+from ..search.judge import Candidate, Verdict, judge
+from ..search.request import RecomputeMode
 
 __all__ = ["BruteForce", "DEFAULT_LIMIT", "candidate_count", "contiguous_splits", "brute_force"]
 

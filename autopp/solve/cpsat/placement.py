@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ..data.cluster import Cluster, Link
-from ..costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
-from ..errors import InfeasibleError
-from .cpsat import contiguous_split, stage_transient_var
-from .dp import Bounds
+from ...data.cluster import Cluster, Link
+from ...costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
+from ...errors import InfeasibleError
+from .split import contiguous_split, stage_transient_var
+from ..partition.dp import Bounds
 
 __all__ = ["Placement", "place_devices"]
 

@@ -1,0 +1,1 @@
+"""The split of one configuration: exact dynamic programs, the simulator's refinement, brute force, naive baselines."""
