@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
+from .data.layout import Layout
 from .data.plan import Plan, Prediction
 from .data.profile import Profile
 from .sizes import format_size, format_time
@@ -47,47 +46,38 @@ def format_predicted_step(plan: Plan, pipeline_s: float | None = None) -> str:
 
 def sync_name(plan: Plan) -> str:
     """What the plan's data-parallel collectives after the last backward are (`Prediction.allreduce_s`)."""
-    return {0: "all-reduce", 2: "ZeRO 2 all-gather"}.get(plan.zero, f"ZeRO {plan.zero} reduce-scatter + all-gather")
+    zero = plan.layout.zero
+    if zero.replicated:
+        return "all-reduce"
+    return f"{zero} all-gather" if zero.scatters_each_microbatch else f"{zero} reduce-scatter + all-gather"
 
 
-class _Grid(Protocol):
-    """What format_grid reads: a Plan, or a run report (autopp.run.report.RunReport) with the same four fields."""
-
-    @property
-    def pp(self) -> int: ...
-    @property
-    def dp(self) -> int: ...
-    @property
-    def tp(self) -> int: ...
-    @property
-    def zero(self) -> int: ...
-
-
-def format_grid(plan: _Grid) -> str:
-    """The plan's (or a run report's) parallel layout as every view prints it: "pp 4 x dp 2", "pp 2 x dp 2 x tp 2,
-    ZeRO 3"."""
-    return f"pp {plan.pp} x dp {plan.dp}" + (f" x tp {plan.tp}" if plan.tp > 1 else "") \
-        + (f", ZeRO {plan.zero}" if plan.zero else "")
+def format_grid(layout: Layout) -> str:
+    """A parallel layout (a plan's, a run report's) as every view prints it: "pp 4 x dp 2", "pp 2 x dp 2 x tp 2,
+    ZeRO 3"; the axes of degree 1 beyond pp and dp left out."""
+    axes = [a for a in ("cp", "tp", "ep") if getattr(layout, a) > 1]
+    return f"pp {layout.pp} x dp {layout.dp}" + "".join(f" x {a} {getattr(layout, a)}" for a in axes) \
+        + (f", {layout.zero}" if not layout.zero.replicated else "")
 
 
 def format_plan(plan: Plan) -> str:
     """The stage table, then the plan's predicted figures next to each baseline's and the ideal bound."""
     rows = [[str(s.index), str(s.rank), f"{s.units[0]}-{s.units[1] - 1} ({', '.join(s.unit_names)})",
-             format_time(s.forward_s), format_time(s.backward_s), "yes" if s.recompute else "no",
+             format_time(s.forward_s), format_time(s.backward_s), s.activation.value,
              format_size(s.memory_bytes)] for s in plan.stages]
-    stages = _table(["stage", "rank", "units", "forward/mb", "backward/mb", "recompute", "rank peak memory"], rows)
+    stages = _table(["stage", "rank", "units", "forward/mb", "backward/mb", "activations", "rank peak memory"], rows)
     own = "pinned" if "autopp" in plan.baselines else "autopp"  # --split: autopp's choice is a baseline
     summary = _table(["split", "step time", "bubble", "max memory", "fits", "efficiency", "stages (units)"],
                      [_summary(own, plan.predicted)]
                      + [_summary(k, v) for k, v in plan.baselines.items()]
                      + [["ideal", format_time(plan.ideal_step_time_s), "0.0%", "", "", "100.0%",
                          "total work / devices"]])
-    head = (f"{plan.schedule.value} on {plan.num_ranks} ranks ({format_grid(plan)}, "
-            f"{_count(plan.virtual_stages, 'stage')} "
+    head = (f"{plan.schedule.value} on {plan.num_ranks} ranks ({format_grid(plan.layout)}, "
+            f"{_count(plan.layout.v, 'stage')} "
             f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
     extra = f"\n{sync_name(plan)} {format_time(plan.predicted.allreduce_s)} at the step's end included" \
-        if plan.dp > 1 else ""
+        if plan.layout.dp > 1 else ""
     unfit = [k for k, v in [(own, plan.predicted), *plan.baselines.items()] if not v.fits]
     notes = "".join(f"\nnote: {n}" for n in plan.notes)
     notes += f"\nnote: does not fit (a rank's simulated peak exceeds its device's memory): {', '.join(unfit)}" \

@@ -11,6 +11,7 @@ __all__ = [
     "PlanError",
     "ScheduleError",
     "RunError",
+    "LayoutError",
 ]
 
 
@@ -45,3 +46,7 @@ class ScheduleError(AutoppError):
 
 class RunError(AutoppError):
     """A pipelined run failed: a rank raised, died or timed out, or validation failed."""
+
+
+class LayoutError(AutoppError):
+    """A parallel layout's degrees do not fit together or do not fit the devices (autopp.data.layout)."""

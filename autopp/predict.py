@@ -27,15 +27,15 @@ def plan_order(plan: Plan) -> dict[int, list[Action]]:
     """Each pipeline rank's compute actions: the named schedule's, or the order the plan gives (custom)."""
     d = describe(plan.schedule)
     if not d.given_order:
-        return d.build(plan.pp, plan.num_microbatches, plan.virtual_stages)
-    if len(plan.custom_order) != plan.pp:
+        return d.build(plan.layout.pp, plan.num_microbatches, plan.layout.v)
+    if len(plan.custom_order) != plan.layout.pp:
         raise PlanError(f"{plan.schedule.value} schedule has orders for {len(plan.custom_order)} ranks but pp is "
-                        f"{plan.pp}")
+                        f"{plan.layout.pp}")
     return {r: list(row) for r, row in enumerate(plan.custom_order)}
 
 
 def simulate_plan(plan: Plan) -> SimResult:
     """The timed, memory-aware simulation of one pipeline replica of `plan` (the all-reduce is not drawn)."""
     return simulate(plan_order(plan), plan_stage_costs(plan), [s.rank for s in plan.stages],
-                    [s.send_s for s in plan.stages[:-1]], [s.recompute for s in plan.stages],
+                    [s.send_s for s in plan.stages[:-1]], [s.activation for s in plan.stages],
                     [s.progress_s for s in plan.stages[:-1]])

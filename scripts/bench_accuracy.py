@@ -103,8 +103,8 @@ def _resimulate(plan: Plan, report: RunReport, hop_s: float | None = None) -> fl
         costs.append(StageCost(forward_s=f, backward_input_s=i, backward_weight_s=max(b - i, 0.0),
                                overhead_s=planned.overhead_s))
     comm = [s.send_s if hop_s is None else hop_s for s in plan.stages[:-1]]
-    sim = simulate_named(plan.schedule, plan.pp, plan.num_microbatches, costs, comm,
-                         plan.virtual_stages, progress_s=[s.progress_s for s in plan.stages[:-1]])
+    sim = simulate_named(plan.schedule, plan.layout.pp, plan.num_microbatches, costs, comm,
+                         plan.layout.v, progress_s=[s.progress_s for s in plan.stages[:-1]])
     return sim.step_time_s + plan.predicted.optimizer_s
 
 

@@ -197,7 +197,7 @@ def run_case(case: Case) -> tuple[str, float | None, list[str]]:
     """The table row, the gap (None: autopp found no plan) and the baselines that fit and beat the plan."""
     cluster = sized(case)
     plan, plan_s = plan_case(case, cluster)
-    v = plan.virtual_stages if plan is not None else _stages_per_rank(case)
+    v = plan.layout.v if plan is not None else _stages_per_rank(case)
     if plan is not None and plan.device_order:
         cluster = cluster.reordered(plan.device_order)
     start = time.perf_counter()

@@ -46,7 +46,7 @@ def main() -> None:
             start = time.perf_counter()
             plan = make_plan(profile, req)
             times.append(time.perf_counter() - start)
-        chosen = f"{plan.schedule.value} pp{plan.pp} dp{plan.dp} tp{plan.tp} zero{plan.zero} v{plan.virtual_stages} " \
+        chosen = f"{plan.schedule.value} pp{plan.layout.pp} dp{plan.layout.dp} tp{plan.layout.tp} zero{plan.layout.zero} v{plan.layout.v} " \
                  f"m{plan.num_microbatches}"
         auto = lambda x: "auto" if x is None else x  # noqa: E731
         print(f"| {n} | {d} | {batch} | {sched.value if sched else 'auto'} | {auto(dp)} | {auto(tp)} | {auto(zero)} | "

@@ -73,7 +73,7 @@ def check(profile: Profile, model: str, schedule: str, ranks: int, microbatches:
         plan = plan_for(profile, schedule, ranks, microbatches)
     except AutoppError as exc:
         return Row(model, schedule, ranks, f"n/a: {_first_line(exc)}")
-    planned = f"{plan.schedule.value} v{plan.virtual_stages} m{plan.num_microbatches}"
+    planned = f"{plan.schedule.value} v{plan.layout.v} m{plan.num_microbatches}"
     try:
         report = run_plan(plan, steps=steps, timeout_s=timeout_s, check=False)
     except AutoppError as exc:

@@ -175,7 +175,7 @@ def _plan(profile: Profile, request: PlanRequest) -> tuple[Plan | None, str, flo
 def describe_config(plan: Plan) -> str:
     rc = "all" if all(s.recompute for s in plan.stages) else "none" if not any(s.recompute for s in plan.stages) \
         else f"{sum(s.recompute for s in plan.stages)} stages"
-    return (f"TP{plan.tp} PP{plan.pp} DP{plan.dp} ZeRO {plan.zero}, {plan.schedule.value} v{plan.virtual_stages}, "
+    return (f"TP{plan.layout.tp} PP{plan.layout.pp} DP{plan.layout.dp} ZeRO {plan.layout.zero}, {plan.schedule.value} v{plan.layout.v}, "
             f"{plan.num_microbatches} x {plan.microbatch_size}, recompute {rc}")
 
 
@@ -204,7 +204,7 @@ def published_config(run: Published) -> str:
 
 def _chosen_v(plan: Plan, run: Published) -> str:
     """", v N (autopp's)" where the source does not state the stages per rank."""
-    return f", v {plan.virtual_stages} (autopp's)" if run.virtual_stages is None else ""
+    return f", v {plan.layout.v} (autopp's)" if run.virtual_stages is None else ""
 
 
 def row(run: Published, shortlist: int) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from ..errors import AutoppError
 from . import calibrate, devices, export, plan, profile, run, show
-from .common import SCHEDULE_NAMES, TARGET_NAMES, Parser, end_progress
+from .common import SCHEDULE_NAMES, TARGET_NAMES, Parser, end_progress, in_flags
 
 __all__ = ["main", "SCHEDULE_NAMES", "TARGET_NAMES"]
 
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except AutoppError as exc:
         end_progress()
-        first, *rest = str(exc).splitlines() or [""]
+        first, *rest = in_flags(str(exc)).splitlines() or [""]
         print(f"autopp: error: {first}", file=sys.stderr)
         for line in rest:
             print(f"  {line}", file=sys.stderr)

@@ -11,10 +11,31 @@ from typing import Callable, NoReturn
 from ..schedule import NAMED
 from ..sizes import parse_size
 
-__all__ = ["DEFAULT_PROFILE_DIR", "SCHEDULE_NAMES", "TARGET_NAMES", "Parser", "progress", "end_progress",
+__all__ = ["FLAG_TERMS", "in_flags", "DEFAULT_PROFILE_DIR", "SCHEDULE_NAMES", "TARGET_NAMES", "Parser", "progress",
+           "end_progress",
            "comma_sizes", "memory_size", "integer", "number", "POSITIVE", "COUNT", "SECONDS"]
 
 DEFAULT_PROFILE_DIR = Path("profiles")
+
+#: The planning core names the fields of its requests (`dp`, `recompute_stages`, "search `dp`"); the command line
+#: says the same with its flags. The one table between the two, applied to every error the CLI prints (`in_flags`):
+#: phrases first, then each field in backquotes.
+FLAG_TERMS: tuple[tuple[str, str], ...] = (
+    *((f"search `{f}`", f"--{f} auto") for f in ("dp", "tp", "zero", "schedule")),
+    *((f"`{f}` searched", f"--{f} auto") for f in ("dp", "tp", "zero", "schedule")),
+    ("`recompute_stages`", "--recompute-stages"), ("`recompute`", "--recompute"),
+    ("`num_microbatches`", "--microbatches"), ("`global_batch`", "--global-batch"),
+    ("`tp_across_nodes`", "--tp-across-nodes"), ("`tp_degrees`", "--tp"), ("`memory_bytes`", "--memory"),
+    ("`split`", "--split"), ("`v`", "--virtual-stages"), ("`schedule`", "--schedule"),
+    *((f"`{f}`", f"--{f}") for f in ("pp", "dp", "cp", "tp", "ep", "zero")),
+)
+
+
+def in_flags(message: str) -> str:
+    """An error of the planning core as the command line says it (`FLAG_TERMS`)."""
+    for term, flag in FLAG_TERMS:
+        message = message.replace(term, flag)
+    return message
 
 #: The named schedules' values (the schedule package loads neither torch, pandas nor OR-Tools: ~0.1 s).
 SCHEDULE_NAMES = tuple(n.value for n in NAMED)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.cluster import DEFAULT_LINK
+from ..data.zero import NO_ZERO, ZERO, ZeroStage
 from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
 from ..schedule import ScheduleName
@@ -100,13 +101,13 @@ def _auto_int(text: str) -> int:
     return 0 if text == "auto" else POSITIVE(text)
 
 
-def _zero(text: str) -> int | None:
-    """--zero 0..3 or auto (None)."""
+def _zero(text: str) -> ZeroStage | None:
+    """--zero STAGE or auto (None)."""
     if text == "auto":
         return None
-    if text not in ("0", "1", "2", "3"):
-        raise argparse.ArgumentTypeError(f"expected a ZeRO stage 0, 1, 2 or 3, or auto, got {text!r}")
-    return int(text)
+    if text not in tuple(map(str, ZERO)):
+        raise argparse.ArgumentTypeError(f"expected a ZeRO stage {', '.join(map(str, ZERO))}, or auto, got {text!r}")
+    return ZERO[int(text)]
 
 
 def _dp(args: argparse.Namespace) -> int | None:
@@ -177,22 +178,19 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from ..export import read_config_text
         read_config_text(args.pin_from)
     from ..display import format_plan
+    from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
-    try:
-        request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch,
-                              num_microbatches=args.microbatches,
-                              schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
-                              pp=args.pp, dp=_dp(args), tp=args.tp or None, zero=args.zero,
-                              tp_across_nodes=args.tp_across_nodes, virtual_stages=args.virtual_stages,
-                              recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
-                              synthesize=args.schedule == "auto" or args.synthesize,
-                              synth_time_limit_s=args.synth_time)
-    except ValueError as exc:
-        raise AutoppError(str(exc)) from None
-    for flag, value in (("--split", args.split), ("--pin-from", args.pin_from)):
-        if value and (request.tp != 1 or request.zero != 0):
-            raise AutoppError(f"{flag} evaluates pipeline x data-parallel configurations only: drop --tp/--zero "
-                              f"(or plan with them without {flag})")
+    pins = LayoutPins(pp=args.pp, v=args.virtual_stages, dp=_dp(args), tp=args.tp or None, zero=args.zero)
+    request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch,
+                          num_microbatches=args.microbatches,
+                          schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
+                          pins=pins, tp_across_nodes=args.tp_across_nodes,
+                          recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
+                          synthesize=args.schedule == "auto" or args.synthesize,
+                          synth_time_limit_s=args.synth_time)
+    if args.pin_from and (pins.tp != 1 or pins.zero is not NO_ZERO):
+        raise AutoppError("--pin-from evaluates pipeline x data-parallel configurations only: drop --tp/--zero "
+                          "(or plan with them without --pin-from)")
     given = None
     if args.profile:
         from ..data.profile import load_profile
@@ -205,7 +203,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     out = check_output_file(args.output or f"{stem}.plan.json", "-o" if args.output else None)
     if args.split:
         from ..solve.assemble.pinned import check_split
-        check_split(request, given.num_units if given else None, args.split)  # plan_split: again, once profiled
+        check_split(request, given, args.split)  # plan_split: again, once profiled
     profile = given or profile_for(args)
     if args.device:
         _warn_device(args, profile.meta)
@@ -232,7 +230,8 @@ def _read_pin(args: argparse.Namespace, profile, request):  # type: ignore[no-un
     from ..solve.assemble.pinned import check_pinned
     pinned, notes = read_pinned(args.pin_from, profile.meta.unit_names, request.cluster.num_devices)
     check_pinned(pinned, profile.num_units, request.cluster.num_devices)
-    batch = pinned.microbatches * pinned.microbatch_size * pinned.dp
+    c = pinned.candidate
+    batch = c.microbatches * c.microbatch_size * c.layout.dp
     if batch != request.global_batch:
         raise AutoppError(f"{args.pin_from}: its global batch is {batch}, --global-batch is {request.global_batch}; "
                           f"give --global-batch {batch} so both plans train the same batch")

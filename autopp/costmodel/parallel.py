@@ -33,14 +33,11 @@ from typing import Callable
 import numpy as np
 
 from ..data.cluster import Link
+from ..data.zero import NO_ZERO, ZeroStage
 from .terms import half_collective
 from .units import UnitArrays
 
-__all__ = ["ZERO_STAGES", "tensor_parallel", "data_sharded"]
-
-#: ZeRO stages and what each shards over the data-parallel replicas.
-ZERO_STAGES = {0: "nothing (replicated)", 1: "optimizer state", 2: "optimizer state and gradients",
-               3: "optimizer state, and parameters and gradients between steps"}
+__all__ = ["tensor_parallel", "data_sharded"]
 
 
 def tensor_parallel(a: UnitArrays, tp: int, link: Link) -> UnitArrays:
@@ -57,19 +54,20 @@ def tensor_parallel(a: UnitArrays, tp: int, link: Link) -> UnitArrays:
                    backward_input=a.backward_input + backward, backward=a.backward + backward)
 
 
-def data_sharded(a: UnitArrays, zero: int, dp: int, reduce_time: Callable[[np.ndarray], np.ndarray]) -> UnitArrays:
-    """`a` with ZeRO stage `zero` over `dp` replicas (module docstring): static bytes, stage 3's all-gather before
-    each forward, stage 2's reduce-scatter after each backward, the optimizer's shard. `reduce_time(bytes)`: per
-    unit, an all-reduce of those bytes over the data-parallel group."""
-    if zero == 0 or dp == 1:
-        return replace(a, zero=0)
+def data_sharded(a: UnitArrays, zero: ZeroStage, dp: int, reduce_time: Callable[[np.ndarray], np.ndarray]
+                 ) -> UnitArrays:
+    """`a` with ZeRO stage `zero` over `dp` replicas (module docstring): static bytes, the all-gather before each
+    forward (stage 3), the reduce-scatter after each backward (stage 2), the optimizer's shard. `reduce_time(bytes)`:
+    per unit, an all-reduce of those bytes over the data-parallel group."""
+    if zero.replicated or dp == 1:
+        return replace(a, zero=NO_ZERO)
     p, g = a.params, a.grads
     o = a.static - p - g
-    static = p + p / dp + (g / dp if zero == 2 else g) + o / dp
-    if zero == 3:
+    static = p + p / dp + (g / dp if zero.scatters_each_microbatch else g) + o / dp
+    if zero.gathers_each_forward:
         gather = half_collective(reduce_time(p))
         a = replace(a, forward=a.forward + gather)
-    if zero == 2:
+    if zero.scatters_each_microbatch:
         scatter = half_collective(reduce_time(g))
         a = replace(a, backward_weight=a.backward_weight + scatter, backward=a.backward + scatter)
     optimizer = None if a.optimizer is None else a.optimizer / dp

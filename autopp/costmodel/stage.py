@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..data.cluster import Cluster
-from ..schedule import StageCost
+from ..schedule import Activation, StageCost, policy
 from .units import UnitArrays
 
 __all__ = ["stage_speeds", "stage_costs", "held_microbatches", "memory_prefix", "unit_memory", "stage_transient",
@@ -37,11 +37,10 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
     return out
 
 
-def held_microbatches(inflight: int, recompute: bool) -> int:
-    """Microbatches of activations the split's memory check charges a stage: its in-flight count, or 1 when it
-    recomputes (a relaxation: its kept inputs are charged by the simulator and the order walk, which judge every
-    reported plan)."""
-    return 1 if recompute else inflight
+def held_microbatches(inflight: int, activation: Activation) -> int:
+    """Microbatches of activations the split's memory check charges a stage with `inflight` in flight under its
+    activation policy (`ActivationPolicy.held`)."""
+    return policy(activation).held(inflight)
 
 
 def memory_prefix(a: UnitArrays, held: int) -> np.ndarray:

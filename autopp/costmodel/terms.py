@@ -8,6 +8,7 @@ from typing import Sequence, TypeVar
 import numpy as np
 
 from ..data.cluster import Cluster, Link
+from ..data.zero import ZeroStage
 from .units import UnitArrays
 
 __all__ = ["transfer_time", "send_times", "comm_times", "message_overheads", "progress_delays", "allreduce_time",
@@ -99,13 +100,14 @@ def half_collective(allreduce_s: _Bytes) -> _Bytes:
     return allreduce_s / 2
 
 
-def sync_time(grad_bytes: float, param_bytes: float, zero: int, dp: int, cluster: Cluster, rank: int = 0) -> float:
-    """The data-parallel collectives after a step's last backward for ZeRO stage `zero` (autopp.costmodel.parallel):
-    stage 0 all-reduces the gradients; 1 and 3 reduce-scatter them and all-gather the parameters; 2 (whose gradients
-    were reduce-scattered after each backward) all-gathers the parameters (`half_collective` each)."""
-    if zero == 0:
+def sync_time(grad_bytes: float, param_bytes: float, zero: ZeroStage, dp: int, cluster: Cluster,
+              rank: int = 0) -> float:
+    """The data-parallel collectives after a step's last backward under ZeRO stage `zero` (autopp.costmodel.parallel):
+    replicated, an all-reduce of the gradients; sharded, a reduce-scatter of them (unless they were reduce-scattered
+    after each backward already) and an all-gather of the parameters (`half_collective` each)."""
+    if zero.replicated:
         return allreduce_time(grad_bytes, dp, cluster, rank)
-    scatter = 0.0 if zero == 2 else half_collective(allreduce_time(grad_bytes, dp, cluster, rank))
+    scatter = 0.0 if zero.scatters_each_microbatch else half_collective(allreduce_time(grad_bytes, dp, cluster, rank))
     return scatter + half_collective(allreduce_time(param_bytes, dp, cluster, rank))
 
 
@@ -120,7 +122,7 @@ def _ring(nbytes: float, n: int, link: Link) -> float:
 def gradient_allreduce_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], dp: int,
                             cluster: Cluster) -> float:
     """The slowest pipeline rank's data-parallel synchronisation of its stages' gradients (and, under ZeRO
-    `a.zero` >= 1, parameters: `sync_time`) over `dp` replicas (ranks synchronise in parallel)."""
+    a sharding `a.zero`, parameters: `sync_time`) over `dp` replicas (ranks synchronise in parallel)."""
     grads, params = [0.0] * (max(owner) + 1), [0.0] * (max(owner) + 1)
     for (i, j), r in zip(bounds, owner):
         grads[r] += float(a.grads[i:j].sum())
@@ -154,9 +156,9 @@ def step_end_floor(a: UnitArrays, cluster: Cluster, pp: int, dp: int) -> float:
     cluster of nodes, with the cheapest rank's group."""
     ranks = range(pp) if cluster.nodes is not None else range(1)
     g, p = float(a.grads.sum()) / pp, float(a.params.sum()) / pp
-    if a.zero == 0:
+    if a.zero.replicated:
         return min(allreduce_time(g, dp, cluster, r) for r in ranks)
     # some rank holds >= 1 / pp of the parameters, some (maybe another) >= 1 / pp of the gradients
     gathered = min(allreduce_time(p, dp, cluster, r) for r in ranks)
-    scattered = 0.0 if a.zero == 2 else min(allreduce_time(g, dp, cluster, r) for r in ranks)
+    scattered = 0.0 if a.zero.scatters_each_microbatch else min(allreduce_time(g, dp, cluster, r) for r in ranks)
     return half_collective(max(gathered, scattered))

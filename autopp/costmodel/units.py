@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..data.profile import Profile, ValueAction
+from ..data.zero import NO_ZERO, ZeroStage
 from ..errors import ProfileError
+from ..schedule.activation import Activation, policy
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,7 +64,7 @@ class UnitArrays:
     """Per unit, its working memory of one microbatch (None: 0): the peak bytes its forward + backward allocated
     (`Profile.unit_peak_bytes`) minus what the memory model already charges for it (activation, output and gradient
     bytes), at least 0. How it enters a rank's peak: `autopp.schedule.effects` (TRANSIENT)."""
-    zero: int = 0
+    zero: ZeroStage = NO_ZERO
     """ZeRO stage the arrays were sharded for (`autopp.costmodel.parallel.data_sharded`): which data-parallel
     collectives end a step (`terms.sync_time`). `params` and `grads` stay the whole (unsharded) bytes."""
     tp_comm: TpComm | None = None
@@ -81,11 +83,11 @@ class UnitArrays:
         """Prefix sums with a leading 0: sum over units [i, j) is p[j] - p[i]."""
         return np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
 
-    def work(self, recompute: bool = False) -> np.ndarray:
-        """Per-unit compute time of one microbatch: F + the cheaper of B and I + W (+ the recomputed forward), a lower
-        bound for schedules of either kind of backward."""
+    def work(self, activation: Activation = Activation.KEEP) -> np.ndarray:
+        """Per-unit compute time of one microbatch: F + the cheaper of B and I + W (+ what the activation policy
+        redoes), a lower bound for schedules of either kind of backward."""
         base = self.forward + np.minimum(self.backward, self.backward_input + self.backward_weight)
-        return base + self.recompute if recompute else base
+        return base + policy(activation).redo_s(self.recompute)
 
 
 class ProfileTable:

@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
+from .layout import Coords, Layout
+
 __all__ = ["Link", "Device", "Nodes", "Cluster", "DEFAULT_LINK", "GLOO_COSTS", "NCCL_COSTS", "LINK_KEYS",
-           "parse_link", "link_fields", "hierarchical_cluster", "grid_rank"]
+           "parse_link", "link_fields", "hierarchical_cluster"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,19 +127,18 @@ class Nodes:
         return (self.intra, self.inter) if self.wan is None else (self.intra, self.inter, self.wan)
 
 
-def grid_rank(pp_rank: int, replica: int, dp: int, tp_rank: int = 0, tp: int = 1) -> int:
-    """The global rank (and device slot) of tensor-parallel rank `tp_rank` of pipeline rank `pp_rank` in replica
-    `replica` of a pp x dp x tp grid: pp outermost, then dp, tp innermost (`Cluster.placed`; torchtitan's mesh
-    ["pp", "dp", "tp"] row-major), so a tensor-parallel group is consecutive devices and a stage's replicas are
-    neighbours. The planner costs links with this layout and `autopp run` numbers its processes with it."""
-    return (pp_rank * dp + replica) * tp + tp_rank
+def _device(pp_rank: int, replica: int, dp: int) -> int:
+    """The device of pipeline rank `pp_rank` of replica `replica` on the cluster of pipeline ranks (each group of
+    cp x tp devices one rank, `Cluster.tp_groups`): `Layout.rank`, whose numbering does not depend on the pipeline
+    degree (pp is outermost)."""
+    return Layout(pp=pp_rank + 1, dp=dp).rank(Coords(pp=pp_rank, dp=replica))
 
 
 @lru_cache(maxsize=4096)
 def _hop_level(per_node: int, per_region: int, dp: int, a: int, b: int) -> int:
     """The highest level some replica's transfer between pipeline ranks a and b climbs (`Cluster.placed`'s layout):
     0 inside a node, 1 across nodes, 2 across regions (`per_region`: devices per region)."""
-    ends = [(grid_rank(a, j, dp), grid_rank(b, j, dp)) for j in range(dp)]
+    ends = [(_device(a, j, dp), _device(b, j, dp)) for j in range(dp)]
     if any(x // per_region != y // per_region for x, y in ends):
         return 2
     return 1 if any(x // per_node != y // per_node for x, y in ends) else 0
@@ -146,7 +147,7 @@ def _hop_level(per_node: int, per_region: int, dp: int, a: int, b: int) -> int:
 @lru_cache(maxsize=4096)
 def _members(per_node: int, nodes_per_region: int, dp: int, rank: int) -> tuple[tuple[int, ...], ...]:
     """Members per node, by region, of devices rank * dp .. rank * dp + dp - 1 (`Cluster.dp_group`)."""
-    first, last = grid_rank(rank, 0, dp), grid_rank(rank, dp - 1, dp)
+    first, last = _device(rank, 0, dp), _device(rank, dp - 1, dp)
     regions: dict[int, list[int]] = {}
     for n in range(first // per_node, last // per_node + 1):
         regions.setdefault(n // nodes_per_region, []).append(
@@ -174,8 +175,8 @@ class Cluster:
     nodes: Nodes | None = None
     """Devices in nodes (`hierarchical_cluster`); None: a flat line. `link` is then the inter-node link, what a
     caller that has not `placed` a configuration gets (the slower link, assumed for every hop)."""
-    grid: tuple[int, int] | None = None
-    """(pp, dp) of the configuration `placed` on a hierarchical cluster: links and groups follow from it."""
+    grid: Layout | None = None
+    """The pipeline x data-parallel layout `placed` on a hierarchical cluster: links and groups follow from it."""
 
     def __post_init__(self) -> None:
         self._check_nodes()
@@ -193,24 +194,22 @@ class Cluster:
     def _check_nodes(self) -> None:
         if self.nodes is None:
             if self.grid is not None:
-                raise ValueError("a (pp, dp) grid is placed on a cluster of nodes only")
+                raise ValueError("a layout is placed on a cluster of nodes only")
             return
         if self.num_devices != self.nodes.count * self.nodes.devices_per_node:
             raise ValueError(f"{self.nodes.count} nodes x {self.nodes.devices_per_node} devices != num_devices "
                              f"{self.num_devices}")
         if self.devices or self.links or self.order or self.data_link is not None:
             raise ValueError("a cluster of nodes has identical devices: no devices, links, order or data_link")
-        if self.grid is not None and self.grid[0] * self.grid[1] != self.num_devices:
-            raise ValueError(f"pp {self.grid[0]} x dp {self.grid[1]} != {self.num_devices} devices")
+        if self.grid is not None:
+            self.grid.check_devices(self.num_devices)
 
-    def placed(self, pp: int, dp: int) -> Cluster:
-        """The cluster as configuration pp x dp sees it: on a cluster of nodes, pipeline rank r of replica j runs
-        device r * dp + j (pp outermost, dp inner), as torchtitan's device mesh ["pp", "dp", ...] (row-major;
-        torchtitan/distributed/parallel_dims.py, `ParallelDims`) and Megatron-LM's default rank order
-        "tp-cp-ep-dp-pp" (tp fastest, pp slowest; megatron/core/parallel_state.py, `initialize_model_parallel`)
-        lay ranks out; `link_between` and `dp_group` then follow where the devices are. A flat cluster is returned
-        as it is."""
-        return self if self.nodes is None else replace(self, grid=(pp, dp))
+    def placed(self, layout: Layout) -> Cluster:
+        """The cluster of pipeline ranks (this one, or its `tp_groups` view) as `layout`'s pipeline x data-parallel
+        grid sees it: on a cluster of nodes, pipeline rank r of replica j runs the device `Layout.rank` numbers
+        (autopp.data.layout: pp outermost, as torchtitan's and Megatron-LM's meshes lay ranks out); `link_between`
+        and `dp_group` then follow where the devices are. A flat cluster is returned as it is."""
+        return self if self.nodes is None else replace(self, grid=Layout(pp=layout.pp, dp=layout.dp))
 
     def dp_group(self, rank: int, dp: int) -> tuple[tuple[int, ...], ...]:
         """Where pipeline rank `rank`'s data-parallel group of `dp` replicas (devices rank * dp .. rank * dp + dp - 1,
@@ -225,7 +224,7 @@ class Cluster:
         if self.nodes is None or self.grid is None:
             return 0
         per_node = self.nodes.devices_per_node
-        return _hop_level(per_node, per_node * self.nodes.count // self.nodes.regions, self.grid[1], a, b)
+        return _hop_level(per_node, per_node * self.nodes.count // self.nodes.regions, self.grid.dp, a, b)
 
     @property
     def pipeline_links(self) -> tuple[Link, ...]:
@@ -258,7 +257,7 @@ class Cluster:
         return self.links[min(d, e)] if self.links and abs(d - e) == 1 else self.link
 
     def tp_groups(self, tp: int) -> Cluster:
-        """The cluster as a tensor-parallel degree `tp` sees it: each group of `tp` consecutive devices (`grid_rank`:
+        """The cluster as a tensor-parallel degree `tp` sees it: each group of `tp` consecutive devices (`Layout.rank`:
         tp innermost) is one pipeline rank, with the memory and speed of one device (a rank's costs are per device,
         sharded). Inside a node when `tp` divides the devices per node; a larger `tp` spans whole nodes, and the
         groups are then joined by the inter-node link only. ValueError when `tp` does not divide the devices or the

@@ -7,16 +7,22 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError, ScheduleError
+from ..errors import LayoutError, PlanError, ScheduleError
 from ..jsonio import read_json, write_json
 from ..relpaths import resolved_path, stored_path
 from ..schedule.actions import Action, parse_action
+from ..schedule.activation import Activation, parse_activation
 from ..schedule.descriptors import ScheduleName, describe
+from .layout import LAYOUT_FIELDS, Layout, layout_fields, layout_of
 from .plan_fields import check_int, check_number, check_strings, is_count, is_span, require_fields
+from .zero import zero_stage
 
-__all__ = ["PLAN_VERSION", "StagePlan", "Prediction", "Plan", "load_plan"]
+__all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
 
-PLAN_VERSION = 1
+#: Version 2: each stage's `activation` policy (a name) replaces version 1's `recompute` flag; the layout's fields
+#: are those of version 1 (`cp` and `ep` written only when above 1). Version 1 plans still load (`upgraded`).
+PLAN_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,8 +42,9 @@ class StagePlan:
     """Predicted backward time of one microbatch."""
     memory_bytes: int
     """Predicted peak memory of the rank that runs this stage (all its stages together), from the simulator."""
-    recompute: bool = False
-    """This stage re-runs its forward in the backward instead of keeping its activations."""
+    activation: Activation = Activation.KEEP
+    """What this stage keeps of a microbatch's forward for its backward (autopp.schedule.activation); stored in JSON
+    as its name ("keep", "recompute")."""
     backward_input_s: float | None = None
     """Input-gradient pass (I) of split-backward schedules; None in plans that predate it (then I = W =
     backward_s / 2)."""
@@ -62,6 +69,8 @@ class StagePlan:
     """Largest working memory of the stage's units (effects.TRANSIENT); 0 and not written without peak data."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
+            raise TypeError(f"StagePlan.activation must be an Activation, got {self.activation!r}")
         for name in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "overhead_s",
                      "progress_s", "transient_bytes"):
             value = getattr(self, name)
@@ -101,8 +110,10 @@ class Plan:
     schedule: ScheduleName
     """A named torch.distributed.pipelining schedule, or CUSTOM for a synthesized order given in `custom_order`
     (run through torch's schedule runtime). Stored in JSON as its value ("1F1B", "Custom", ...)."""
-    num_ranks: int
-    """World size: pp x dp x tp processes."""
+    layout: Layout
+    """Every parallel degree and the ZeRO stage (autopp.data.layout); in JSON as the fields `num_ranks` (its world
+    size), `pp`, `dp`, `virtual_stages` (its v), `tp` and `zero` (written when tp > 1 or ZeRO > 0), `cp` and `ep`
+    (written when above 1)."""
     num_microbatches: int
     """Microbatches per pipeline replica per step."""
     microbatch_size: int
@@ -111,12 +122,6 @@ class Plan:
     predicted: Prediction
     baselines: dict[str, Prediction] = field(default_factory=dict)
     seed: int = 0
-    pp: int = 0
-    """Pipeline ranks per replica; 0 in a file means num_ranks // dp (plans written before the field existed)."""
-    dp: int = 1
-    """Data-parallel replicas; each runs the whole pipeline on global_batch / dp samples."""
-    virtual_stages: int = 1
-    """Stages per pipeline rank (2 for V schedules, v for interleaved ones)."""
     ideal_step_time_s: float = 0.0
     """Total work of a step / devices: no schedule can beat it."""
     notes: tuple[str, ...] = ()
@@ -127,12 +132,6 @@ class Plan:
     device_order: tuple[int, ...] = ()
     """Device (index in the cluster file's order, = the launcher's process slot) of each global rank, as CP-SAT chose
     it on a heterogeneous cluster; empty: rank r runs on device r. Written to JSON only when not empty."""
-    tp: int = 1
-    """Tensor-parallel degree: each pipeline rank of each replica is a group of `tp` processes sharding its stages'
-    modules by `tp_plan` (docs/parallelism.md)."""
-    zero: int = 0
-    """ZeRO stage of the data parallelism (docs/parallelism.md): 0 replicated, 1 optimizer state sharded, 2 + gradients
-    (plan only: not runnable under torch.distributed.pipelining), 3 + parameters (FSDP2 resharding after forward)."""
     tp_plan: dict[str, str] = field(default_factory=dict)
     """The tensor-parallel plan the stages were costed with: module-name pattern (from the model's root, `*` for one
     name token) -> style (autopp.model.tp); written to JSON only when tp > 1."""
@@ -146,15 +145,12 @@ class Plan:
             raise TypeError(f"Plan.schedule must be a ScheduleName, got {self.schedule!r}")
         if not all(isinstance(a, Action) for row in self.custom_order for a in row):  # from_json parses the text
             raise TypeError(f"Plan.custom_order must hold Actions, got {self.custom_order!r}")
-        if self.pp == 0:
-            object.__setattr__(self, "pp", self.num_ranks // max(self.dp * self.tp, 1))
-        if self.pp * self.dp * self.tp != self.num_ranks:
-            raise PlanError(f"pp({self.pp}) * dp({self.dp}) * tp({self.tp}) != num_ranks ({self.num_ranks})")
-        if self.zero not in (0, 1, 2, 3):
-            raise PlanError(f"field 'zero' must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
+        if not isinstance(self.layout, Layout):  # a programming error: from_json builds the layout
+            raise TypeError(f"Plan.layout must be a Layout, got {self.layout!r}")
+        pp = self.layout.pp
         ranks = sorted({s.rank for s in self.stages})
-        if ranks != list(range(self.pp)):
-            raise PlanError(f"plan places stages on ranks {ranks} but pp={self.pp} needs ranks 0..{self.pp - 1}")
+        if ranks != list(range(pp)):
+            raise PlanError(f"plan places stages on ranks {ranks} but pp={pp} needs ranks 0..{pp - 1}")
         ends = [s.units for s in self.stages]
         if any(a[1] != b[0] for a, b in zip(ends, ends[1:])) or ends[0][0] != 0:
             raise PlanError(f"stage unit ranges {ends} are not contiguous from unit 0")
@@ -165,8 +161,13 @@ class Plan:
                             f"rank), got {list(self.device_order)}")
 
     @property
+    def num_ranks(self) -> int:
+        """World size: the layout's processes."""
+        return self.layout.world
+
+    @property
     def global_batch(self) -> int:
-        return self.num_microbatches * self.microbatch_size * self.dp
+        return self.num_microbatches * self.microbatch_size * self.layout.dp
 
     @property
     def split_points(self) -> list[str]:
@@ -178,18 +179,18 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["layout"]
+        data.update(layout_fields(self.layout))
         data["schedule"] = self.schedule.value
         data["custom_order"] = tuple(tuple(str(a) for a in row) for row in self.custom_order)
         if not self.device_order:
             del data["device_order"]  # plans without one stay as they were written before the field existed
         if not self.hf_config:
             del data["hf_config"]  # plans of model files stay as they were
-        if self.tp == 1 and self.zero == 0:
-            for name in ("tp", "zero", "tp_plan"):
-                del data[name]  # pipeline-only plans stay as they were written before 3D parallelism
-        elif self.tp == 1:
-            del data["tp_plan"]
-        data["stages"] = [{k: v for k, v in st.items() if v or k != "transient_bytes"} for st in data["stages"]]
+        if self.layout.tp == 1:
+            del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
+        data["stages"] = [{**{k: v for k, v in st.items() if v or k != "transient_bytes"},
+                           "activation": s.activation.value} for st, s in zip(data["stages"], self.stages)]
         return {"version": data.pop("version"), **data}
 
     def save(self, path: str | Path) -> Path:
@@ -199,10 +200,12 @@ class Plan:
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str = "plan") -> Plan:
-        if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
+        if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
             version = data.get("version") if isinstance(data, dict) else None
-            raise PlanError(f"{where}: plan version {version!r} is not supported (expected {PLAN_VERSION})")
-        require_fields(data, Plan, where)
+            raise PlanError(f"{where}: plan version {version!r} is not supported (expected one of "
+                            f"{list(READABLE_VERSIONS)})")
+        data = upgraded(data, where)
+        _require_plan_fields(data, where)
         if not isinstance(data["stages"], (list, tuple)) or not data["stages"]:
             raise PlanError(f"{where}: field 'stages' must be a non-empty list")
         for i, s in enumerate(data["stages"]):
@@ -211,9 +214,12 @@ class Plan:
         _check_fields(data, where)
         custom_order = _custom_order(data.get("custom_order", []), where)
         try:
-            stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"])})
+            stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
+                                        "activation": Activation(s.get("activation", "keep"))})
                            for s in data["stages"])
-            plan = Plan(**{**data, "schedule": ScheduleName(data["schedule"]), "stages": stages,
+            rest = {k: v for k, v in data.items() if k not in LAYOUT_FIELDS}
+            plan = Plan(**{**rest, "layout": _layout(data), "schedule": ScheduleName(data["schedule"]),
+                           "stages": stages,
                            "predicted": _prediction(data["predicted"]),
                            "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
                            "notes": tuple(data.get("notes", ())),
@@ -227,9 +233,8 @@ class Plan:
             raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
 
 
-#: Integer fields of a plan and their least values (pp 0: num_ranks // dp, in files that predate the field).
-_PLAN_INTS = {"num_ranks": 1, "num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0,
-              "pp": 0, "dp": 1, "virtual_stages": 1, "tp": 1, "zero": 0}
+#: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
+_PLAN_INTS = {"num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0, **LAYOUT_FIELDS}
 _STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
 _PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
 #: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
@@ -269,8 +274,10 @@ def _check_stage(s: dict[str, Any], i: int, where: str) -> None:
         raise PlanError(f"{at}: {len(s['unit_names'])} unit_names for units {s['units']}")
     if s["split_point"] is not None and not (isinstance(s["split_point"], str) and s["split_point"]):
         raise PlanError(f"{at}: field 'split_point' must be a module name or null, got {s['split_point']!r}")
-    if not isinstance(s.get("recompute", False), bool):
-        raise PlanError(f"{at}: field 'recompute' must be true or false, got {s['recompute']!r}")
+    try:
+        parse_activation(s.get("activation", "keep"), f"{at}: field 'activation'")
+    except ScheduleError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _check_fields(data: dict[str, Any], where: str) -> None:
@@ -326,22 +333,21 @@ def _action(cell: Any, rank: int, position: int, where: str) -> Action:
 
 def _check_consistent(plan: Plan) -> None:
     """The schedule, stage count and microbatch count agree with each other and with the plan's own prediction."""
-    d = describe(plan.schedule)
-    if not d.given_order and len(plan.stages) != plan.pp * plan.virtual_stages:  # a given order: any placement
-        raise PlanError(f"{len(plan.stages)} stages for pp {plan.pp} x virtual_stages {plan.virtual_stages} "
-                        f"(= {plan.pp * plan.virtual_stages})")
+    d, pp, v = describe(plan.schedule), plan.layout.pp, plan.layout.v
+    if not d.given_order and len(plan.stages) != pp * v:  # a given order: any placement
+        raise PlanError(f"{len(plan.stages)} stages for pp {pp} x virtual_stages {v} (= {pp * v})")
     if d.given_order:
-        if len(plan.custom_order) != plan.pp:
+        if len(plan.custom_order) != pp:
             raise PlanError(f"schedule {plan.schedule.value!r} needs custom_order with one row per pipeline rank "
-                            f"({plan.pp}), got {len(plan.custom_order)}")
+                            f"({pp}), got {len(plan.custom_order)}")
     else:
         try:
-            d.stages_per_rank(plan.virtual_stages)
+            d.stages_per_rank(v)
         except ScheduleError as exc:
             raise PlanError(f"field 'virtual_stages': {exc}; re-plan with `autopp plan ... --schedule "
                             f"{plan.schedule.value}`, which sets it") from None
         try:
-            d.validate(plan.pp, plan.num_microbatches, plan.virtual_stages)
+            d.validate(pp, plan.num_microbatches, v)
         except ScheduleError as exc:
             raise PlanError(f"field 'num_microbatches': {exc}; re-plan with `autopp plan ... --microbatches M`") \
                 from None
@@ -368,6 +374,44 @@ def _check_step_time(plan: Plan) -> None:
                         f"{plan.predicted.step_time_s:.3g} s step, which fits at most "
                         f"{int(plan.predicted.step_time_s / per_mb)}: the file was edited after planning; re-plan "
                         "with `autopp plan ... --microbatches M` instead")
+
+
+def upgraded(data: dict[str, Any], where: str = "plan") -> dict[str, Any]:
+    """Plan JSON of a readable version as the current version writes it: version 1's per-stage `recompute` flag
+    becomes the `activation` policy's name. Fields are checked afterwards, by `Plan.from_json`."""
+    if data.get("version") == PLAN_VERSION:
+        return data
+    stages = data.get("stages")
+    if isinstance(stages, list):
+        stages = [_upgraded_stage(s, i, where) for i, s in enumerate(stages)]
+    return {**data, "version": PLAN_VERSION, "stages": stages}
+
+
+def _upgraded_stage(s: Any, i: int, where: str) -> Any:
+    if not isinstance(s, dict) or "recompute" not in s:
+        return s
+    flag = s["recompute"]
+    if not isinstance(flag, bool):
+        raise PlanError(f"{where}: stage {i}: field 'recompute' must be true or false, got {flag!r}")
+    rest = {k: v for k, v in s.items() if k != "recompute"}
+    return {**rest, "activation": (Activation.RECOMPUTE if flag else Activation.KEEP).value}
+
+
+def _layout(data: dict[str, Any]) -> Layout:
+    """The Layout of checked plan JSON (`layout_of`), as a PlanError naming `num_ranks` when it does not add up."""
+    try:
+        return layout_of(data)
+    except LayoutError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def _require_plan_fields(data: dict[str, Any], where: str) -> None:
+    """`require_fields` for the plan's JSON, whose layout fields stand for `Plan.layout`."""
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if "num_ranks" not in data:
+        raise PlanError(f"{where}: missing field 'num_ranks'")
+    require_fields({k: v for k, v in data.items() if k not in LAYOUT_FIELDS} | {"layout": None}, Plan, where)
 
 
 def _prediction(d: dict[str, Any]) -> Prediction:

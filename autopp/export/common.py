@@ -1,4 +1,4 @@
-"""What every trainer export needs from a plan: stage order, per-stage units, one recompute policy, the batch."""
+"""What every trainer export needs from a plan: stage order, per-stage units, one activation policy, the batch."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import NoReturn
 
 from ..errors import ScheduleError
 from ..data.plan import Plan
-from ..schedule import DESCRIPTORS, Layout, describe
+from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy
 from .layers import ExportError
 
-__all__ = ["Exported", "uniform_recompute", "stage_layout", "refuse_schedule"]
+__all__ = ["Exported", "uniform_policy", "refuse_zero", "stage_placement", "refuse_schedule"]
 
 
 @dataclass(frozen=True)
@@ -22,26 +22,34 @@ class Exported:
     notes: tuple[str, ...] = ()
 
 
-def uniform_recompute(plan: Plan, trainer: str, where: str) -> bool:
-    """Whether every stage recomputes; an ExportError when only some do (the trainers apply one policy to all)."""
-    flags = [s.recompute for s in plan.stages]
-    if any(flags) and not all(flags):
-        on = [s.index for s in plan.stages if s.recompute]
-        raise ExportError(f"{where}: only stages {on} of {len(flags)} recompute; {trainer} applies one "
-                          "activation-checkpointing policy to every stage; re-plan with --recompute all or none")
-    return all(flags)
+def uniform_policy(plan: Plan, trainer: str, where: str) -> ActivationPolicy:
+    """The one activation policy of every stage; an ExportError when stages differ (the trainers apply one policy
+    to all)."""
+    used = sorted({s.activation for s in plan.stages}, key=list(Activation).index)
+    if len(used) > 1:
+        which = "; ".join(f"{a.value}: stages {[s.index for s in plan.stages if s.activation is a]}" for a in used)
+        raise ExportError(f"{where}: the stages' activation policies differ ({which}); {trainer} applies one "
+                          "activation-checkpointing policy to every stage; re-plan with `recompute` all or none")
+    return policy(used[0])
 
 
-def stage_layout(plan: Plan) -> Layout | None:
-    """The placement of the plan's stages: the layout of the first schedule that places them so, LOOP (stage s on
+def refuse_zero(plan: Plan, trainer: str, where: str) -> None:
+    """An ExportError when `trainer` has no such ZeRO stage beside pipeline parallelism (autopp.data.zero)."""
+    why = plan.layout.zero.refusal(trainer)
+    if why is not None:
+        raise ExportError(f"{where}: zero {plan.layout.zero.stage}: {why}")
+
+
+def stage_placement(plan: Plan) -> StagePlacement | None:
+    """The placement of the plan's stages: the placement of the first schedule that places them so, LOOP (stage s on
     rank s % pp) or V (zig-zag), or None for another one."""
     ranks = [s.rank for s in plan.stages]
     for d in DESCRIPTORS.values():
-        if d.layout is Layout.GIVEN:
+        if d.placement is StagePlacement.GIVEN:
             continue
         try:
-            if d.stage_to_rank(plan.pp, plan.virtual_stages) == ranks:
-                return d.layout
+            if d.stage_to_rank(plan.layout.pp, plan.layout.v) == ranks:
+                return d.placement
         except ScheduleError:  # another stage count per rank than the plan's
             continue
     return None

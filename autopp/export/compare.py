@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..data.plan import Plan
+from ..display import format_grid
+from ..schedule import policy
 from ..sizes import format_size
 
 __all__ = ["format_comparison"]
@@ -12,8 +14,8 @@ __all__ = ["format_comparison"]
 
 def _describe(p: Plan) -> str:
     stages = " ".join(str(s.units[1] - s.units[0]) for s in p.stages)
-    rc = sum(s.recompute for s in p.stages)
-    return (f"{p.schedule.value} pp {p.pp} x dp {p.dp}, v {p.virtual_stages}, "
+    rc = sum(policy(s.activation).redoes_forward for s in p.stages)
+    return (f"{p.schedule.value} {format_grid(p.layout)}, v {p.layout.v}, "
             f"{p.num_microbatches} x {p.microbatch_size}, "
             f"units per stage {stages}" + (f", recompute {rc} stages" if rc else ""))
 

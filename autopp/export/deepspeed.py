@@ -7,7 +7,7 @@ import json
 
 from ..data.plan import Plan
 from ..schedule import ScheduleName
-from .common import Exported, refuse_schedule, uniform_recompute
+from .common import Exported, refuse_schedule, refuse_zero, uniform_policy
 from .layers import ExportError
 
 __all__ = ["to_deepspeed", "deepspeed_config", "pipe_snippet"]
@@ -19,16 +19,16 @@ def deepspeed_config(plan: Plan) -> dict[str, object]:
     return {"train_batch_size": plan.global_batch,
             "train_micro_batch_size_per_gpu": plan.microbatch_size,
             "gradient_accumulation_steps": plan.num_microbatches,
-            "zero_optimization": {"stage": plan.zero}}
+            "zero_optimization": {"stage": plan.layout.zero.stage}}
 
 
-def pipe_snippet(plan: Plan, recompute: bool) -> str:
+def pipe_snippet(plan: Plan, activations: ActivationPolicy) -> str:
     """Python that builds a PipelineModule whose stage s holds layers parts[s]:parts[s + 1] of the user's list (one
     layer per autopp unit). DeepSpeed's partition methods (uniform, parameters, type:) cannot take explicit bounds,
     so `_partition_layers` is overridden to set them; it is private DeepSpeed API, checked by autopp's tests."""
     parts = [s.units[0] for s in plan.stages] + [plan.stages[-1].units[1]]
     names = [list(s.unit_names) for s in plan.stages]
-    return f'''"""Stage boundaries chosen by autopp for {plan.model_path} (pp {plan.pp}, dp {plan.dp})."""
+    return f'''"""Stage boundaries chosen by autopp for {plan.model_path} (pp {plan.layout.pp}, dp {plan.layout.dp})."""
 from deepspeed.pipe import PipelineModule
 
 PARTS = {parts}
@@ -46,25 +46,22 @@ class AutoppPipelineModule(PipelineModule):
 
 
 def pipeline_module(layers, loss_fn, **kwargs):
-    return AutoppPipelineModule(layers=layers, num_stages={plan.pp}, loss_fn=loss_fn,
-                                activation_checkpoint_interval={1 if recompute else 0}, **kwargs)
+    return AutoppPipelineModule(layers=layers, num_stages={plan.layout.pp}, loss_fn=loss_fn,
+                                activation_checkpoint_interval={activations.deepspeed_interval}, **kwargs)
 '''
 
 
 def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     """The JSON config, and `snippet_path`'s Python beside it."""
-    if plan.schedule is not ScheduleName.ONE_F_ONE_B or plan.virtual_stages != 1:
+    if plan.schedule is not ScheduleName.ONE_F_ONE_B or plan.layout.v != 1:
         refuse_schedule(plan, "DeepSpeed's PipelineEngine", "1F1B (its own TrainSchedule, one stage per rank)", where)
-    if plan.tp > 1:
-        raise ExportError(f"{where}: tp {plan.tp}: DeepSpeed's PipelineModule does not shard layers (tensor "
+    if plan.layout.tp > 1:
+        raise ExportError(f"{where}: tp {plan.layout.tp}: DeepSpeed's PipelineModule does not shard layers (tensor "
                           "parallelism comes from the model's own layers, as in Megatron-DeepSpeed) and the exported "
-                          "stage file builds none; re-plan with --tp 1, or export to torchtitan or megatron")
-    if plan.zero > 1:
-        raise ExportError(f"{where}: zero {plan.zero}: DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only "
-                          "(\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\", "
-                          "runtime/pipe/engine.py); re-plan with --zero 1")
-    recompute = uniform_recompute(plan, "DeepSpeed", where)
-    notes = [f"DeepSpeed: launch {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp}); build the model with "
+                          "stage file builds none; re-plan with `tp` 1, or export to torchtitan or megatron")
+    refuse_zero(plan, "deepspeed", where)
+    activations = uniform_policy(plan, "DeepSpeed", where)
+    notes = [f"DeepSpeed: launch {plan.num_ranks} ranks (pp {plan.layout.pp} x dp {plan.layout.dp}); build the model with "
              f"pipeline_module() from {snippet_path}"]
-    return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n", {snippet_path: pipe_snippet(plan, recompute)},
+    return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n", {snippet_path: pipe_snippet(plan, activations)},
                     tuple(notes))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..data.plan import Plan
-from ..schedule import Layout, ScheduleName
-from .common import Exported, refuse_schedule, stage_layout, uniform_recompute
+from ..schedule import StagePlacement, ScheduleName
+from .common import Exported, refuse_schedule, refuse_zero, stage_placement, uniform_policy
 from .layers import ExportError, ModelLayers, model_layers
 
 __all__ = ["to_megatron", "layout_string", "interleaving_problem", "data_parallel_flags"]
@@ -31,18 +31,17 @@ def data_parallel_flags(plan: Plan, where: str) -> list[str]:
     refused: Megatron-LM shards gradients and parameters only through its FSDP paths, and `--use-torch-fsdp2`
     asserts a pipeline size of 1 (megatron/training/arguments.py). ZeRO 3 without pipeline parallelism is
     Megatron-FSDP's `optim_grads_params` strategy."""
-    if plan.zero == 1:
+    zero, pp = plan.layout.zero, plan.layout.pp
+    if zero.replicated:
+        return []
+    refuse_zero(plan, "megatron", where)
+    if not zero.gathers_each_forward:
         return ["--use-distributed-optimizer"]
-    if plan.zero == 2:
-        raise ExportError(f"{where}: zero 2: Megatron-LM has no ZeRO stage 2 beside pipeline parallelism (its "
-                          "distributed optimizer is ZeRO 1; gradient sharding needs its FSDP); re-plan with --zero 1")
-    if plan.zero == 3 and plan.pp > 1:
-        raise ExportError(f"{where}: zero 3 with pp {plan.pp}: Megatron-LM shards parameters only through FSDP, "
+    if pp > 1:
+        raise ExportError(f"{where}: zero {zero.stage} with pp {pp}: Megatron-LM shards parameters only through FSDP, "
                           "which it does not run beside pipeline parallelism (--use-torch-fsdp2 asserts a pipeline "
-                          "size of 1); re-plan with --zero 1")
-    if plan.zero == 3:
-        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
-    return []
+                          "size of 1); re-plan with `zero` 1")
+    return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
 
 
 def layout_string(plan: Plan, layers: ModelLayers) -> str:
@@ -58,33 +57,33 @@ def to_megatron(plan: Plan, where: str) -> Exported:
     """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`)."""
     if plan.schedule not in (ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B):
         refuse_schedule(plan, "Megatron-Core", _RUNS, where)
-    if stage_layout(plan) is not Layout.LOOP:
+    if stage_placement(plan) is not StagePlacement.LOOP:
         refuse_schedule(plan, "Megatron-Core", _RUNS, where)
-    if plan.virtual_stages > 1 and (problem := interleaving_problem(plan.pp, plan.num_microbatches)):
+    if plan.layout.v > 1 and (problem := interleaving_problem(plan.layout.pp, plan.num_microbatches)):
         raise ExportError(f"{where}: {problem}")
     layers = model_layers([n for s in plan.stages for n in s.unit_names], where)
     if layers.pre is None or layers.post is None:
         raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "
                           "after them (E first, L last); this model's units start or end with a block")
-    lines = [f"--tensor-model-parallel-size {plan.tp}",
+    lines = [f"--tensor-model-parallel-size {plan.layout.tp}",
              *data_parallel_flags(plan, where),
-             f"--pipeline-model-parallel-size {plan.pp}",
+             f"--pipeline-model-parallel-size {plan.layout.pp}",
              f"--num-layers {len(layers.blocks)}",
              f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",
              f"--micro-batch-size {plan.microbatch_size}",
              f"--global-batch-size {plan.global_batch}"]
-    notes = [f"Megatron: launch {plan.num_ranks} ranks (world size pp {plan.pp} x dp {plan.dp} x tp {plan.tp}; "
+    notes = [f"Megatron: launch {plan.num_ranks} ranks (world size pp {plan.layout.pp} x dp {plan.layout.dp} x tp {plan.layout.tp}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
              "does; no sequence parallelism, as autopp costed it)"]
-    if plan.tp > 1:
+    if plan.layout.tp > 1:
         notes.append("Megatron shards with its own layers (column-parallel QKV and fc1, row-parallel proj and fc2, "
                      "vocab-parallel embedding and output with a parallel loss), the pattern autopp costed for "
                      "Llama-style blocks; autopp gathers the logits instead")
-    if uniform_recompute(plan, "Megatron-Core", where):
-        lines += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-        notes.append("Megatron's full recompute covers the transformer layers only; the embedding and the output "
-                     "part keep their activations, which autopp counted as recomputed")
-    if plan.virtual_stages > 1:
-        notes.append(f"Megatron runs its own interleaved 1F1B (microbatch groups of pp = {plan.pp}); autopp "
+    activations = uniform_policy(plan, "Megatron-Core", where)
+    lines += activations.megatron
+    if activations.trainer_note:
+        notes.append(f"Megatron's {' '.join(activations.megatron[:1])}: {activations.trainer_note}")
+    if plan.layout.v > 1:
+        notes.append(f"Megatron runs its own interleaved 1F1B (microbatch groups of pp = {plan.layout.pp}); autopp "
                      "simulated torch's Interleaved1F1B, the same warm-up / steady / cool-down order")
     return Exported("\n".join(lines) + "\n", {}, tuple(notes))

@@ -10,8 +10,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..schedule import NAMED, ScheduleName, describe
+from ..data.layout import Layout
+from ..schedule import NAMED, Activation, ScheduleName, describe
 from ..solve.assemble.pinned import Pinned
+from ..solve.search.judge import Candidate
 from .layers import ExportError, ModelLayers, model_layers
 from .megatron import interleaving_problem
 
@@ -213,9 +215,7 @@ def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, 
     if ac not in ("full", "none"):
         notes.append(f"activation checkpointing {ac!r} is evaluated as none: autopp models full recomputation only")
     bounds = _bounds_from_counts(layers, counts)
-    return Pinned(schedule=name, pp=pp, dp=dp, virtual_stages=len(counts) // pp,
-                  microbatches=local // b, microbatch_size=b, bounds=bounds,
-                  recompute=(ac == "full",) * len(bounds), source=where), notes
+    return _pinned(name, Layout(pp=pp, v=len(counts) // pp, dp=dp), local // b, b, bounds, ac == "full", where), notes
 
 
 # ---- Megatron-LM --------------------------------------------------------------------------------------------------
@@ -317,8 +317,15 @@ def _megatron(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, li
         notes.append("selective recomputation is evaluated as none: autopp models full recomputation only")
     bounds = _bounds_from_counts(layers, counts)
     name = ScheduleName.INTERLEAVED_1F1B if v > 1 else ScheduleName.ONE_F_ONE_B
-    return Pinned(schedule=name, pp=pp, dp=dp, virtual_stages=v, microbatches=glob // (b * dp), microbatch_size=b,
-                  bounds=bounds, recompute=(full,) * len(bounds), source=where), notes
+    return _pinned(name, Layout(pp=pp, v=v, dp=dp), glob // (b * dp), b, bounds, full, where), notes
+
+
+def _pinned(name: ScheduleName, layout: Layout, m: int, b: int, bounds: tuple[tuple[int, int], ...],
+            recompute: bool, where: str) -> Pinned:
+    """The trainer's configuration as autopp judges it: every stage keeps or every stage recomputes."""
+    activation = Activation.RECOMPUTE if recompute else Activation.KEEP
+    return Pinned(candidate=Candidate(schedule=name, layout=layout, microbatches=m, microbatch_size=b, bounds=bounds,
+                                      activations=(activation,) * len(bounds)), source=where)
 
 
 def read_pinned(path: str | Path, unit_names: Sequence[str], devices: int) -> tuple[Pinned, list[str]]:

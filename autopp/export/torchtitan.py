@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..data.plan import Plan
-from ..schedule import Layout, ScheduleName, describe
-from .common import Exported, stage_layout, uniform_recompute
+from ..data.zero import ZeroStage
+from ..schedule import StagePlacement, ScheduleName, describe
+from .common import Exported, refuse_zero, stage_placement, uniform_policy
 from .layers import ExportError
 from .torchcsv import csv_text
 
@@ -37,18 +38,22 @@ def _schedule(plan: Plan, where: str) -> tuple[str, bool]:
     order goes through the CSV (synthesized orders)."""
     if not describe(plan.schedule).given_order:
         return plan.schedule.value, False
-    layout = stage_layout(plan)
-    if layout is Layout.V:
+    placement = stage_placement(plan)
+    if placement is StagePlacement.V:
         return ScheduleName.ZBV_ZERO_BUBBLE.value, True
-    if layout is Layout.LOOP:
-        return (ScheduleName.INTERLEAVED_1F1B if plan.virtual_stages > 1 else ScheduleName.ONE_F_ONE_B).value, True
+    if placement is StagePlacement.LOOP:
+        return (ScheduleName.INTERLEAVED_1F1B if plan.layout.v > 1 else ScheduleName.ONE_F_ONE_B).value, True
     raise ExportError(f"{where}: the synthesized order places stages on ranks {[s.rank for s in plan.stages]}, "
                       "which is neither torchtitan's loop nor its V placement")
 
 
 #: How the dp replicas run, per ZeRO stage (for the launch note).
-_DP_AS = {0: "DDP replicas", 1: "FSDP shards kept whole through the step (ZeRO 1)",
-          3: "FSDP shards resharded after each forward (ZeRO 3)"}
+def _dp_as(zero: ZeroStage) -> str:
+    """How torchtitan runs the data parallelism of ZeRO stage `zero`, for the launch note."""
+    if zero.replicated:
+        return "DDP replicas"
+    how = "resharded after each forward" if zero.fsdp_reshard_after_forward else "kept whole through the step"
+    return f"FSDP shards {how} ({zero})"
 
 
 def data_parallel(plan: Plan, where: str) -> list[str]:
@@ -56,21 +61,19 @@ def data_parallel(plan: Plan, where: str) -> list[str]:
     3 as FSDP over dp (`data_parallel_shard_degree`), parameters kept whole from the forward through the backward
     (`fsdp_reshard_after_forward=never`, torchtitan's default under PP) or resharded after each forward (`always`).
     ZeRO 2 is refused: torchtitan has no stage that shards gradients but not parameters."""
-    if plan.zero == 0:
-        return [f"--parallelism.data_parallel_replicate_degree={plan.dp}", "--parallelism.data_parallel_shard_degree=1"]
-    if plan.zero == 2:
-        raise ExportError(f"{where}: zero 2: torchtitan has no ZeRO stage 2 (its FSDP keeps gradients whole under "
-                          "pipeline parallelism, as ZeRO 1, or also reshards parameters, as ZeRO 3); re-plan with "
-                          "--zero 1 or 3")
-    return ["--parallelism.data_parallel_replicate_degree=1", f"--parallelism.data_parallel_shard_degree={plan.dp}",
-            f"--parallelism.fsdp_reshard_after_forward={'always' if plan.zero == 3 else 'never'}"]
+    zero, dp = plan.layout.zero, plan.layout.dp
+    if zero.replicated:
+        return [f"--parallelism.data_parallel_replicate_degree={dp}", "--parallelism.data_parallel_shard_degree=1"]
+    refuse_zero(plan, "torchtitan", where)
+    return ["--parallelism.data_parallel_replicate_degree=1", f"--parallelism.data_parallel_shard_degree={dp}",
+            f"--parallelism.fsdp_reshard_after_forward={'always' if zero.fsdp_reshard_after_forward else 'never'}"]
 
 
 def tensor_parallel(plan: Plan) -> list[str]:
     """`tensor_parallel_degree`, and with tp > 1 sequence parallelism off (torchtitan's default is on; autopp
     costs tensor parallelism without it)."""
-    lines = [f"--parallelism.tensor_parallel_degree={plan.tp}"]
-    if plan.tp > 1:
+    lines = [f"--parallelism.tensor_parallel_degree={plan.layout.tp}"]
+    if plan.layout.tp > 1:
         lines.append("--parallelism.no_enable_sequence_parallel")
     return lines
 
@@ -80,37 +83,37 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
     order is written (named in the overrides as given: absolute, since torchtitan opens it from its own working
     directory). The AC subcommand comes last, as tyro requires."""
     name, via_csv = _schedule(plan, where)
-    recompute = uniform_recompute(plan, "torchtitan", where)
+    activations = uniform_policy(plan, "torchtitan", where)
     fqns = stage_fqns(plan, unit_modules, where)
     parts = " ".join(",".join(stage) for stage in fqns)
     local = plan.num_microbatches * plan.microbatch_size
-    lines = [f"--parallelism.pipeline_parallel_degree={plan.pp}",
+    lines = [f"--parallelism.pipeline_parallel_degree={plan.layout.pp}",
              f"--parallelism.pipeline_parallel_schedule={name}",
              f"--parallelism.pipeline_parallel_microbatch_size={plan.microbatch_size}",
              f"--parallelism.module_fqns_per_model_part {parts}",
              *data_parallel(plan, where),
              *tensor_parallel(plan),
              f"--training.local_batch_size={local}",
-             f"--training.global_batch_size={local * plan.dp}"]
-    if plan.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
+             f"--training.global_batch_size={local * plan.layout.dp}"]
+    if plan.layout.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
         lines.append("--training.disable_cuda_graphs")
     extra = {}
     if via_csv:
         lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path}")
         extra[csv_path] = csv_text(plan)
-    lines.append(f"activation_checkpoint:{'full' if recompute else 'none'}")
-    notes = [f"torchtitan: launch {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp} x tp {plan.tp}, dp as "
-             f"{_DP_AS[plan.zero]}; torchtitan's mesh [pp, dp, tp] numbers them as autopp does); set "
+    lines.append(f"activation_checkpoint:{activations.torchtitan}")
+    layout = plan.layout
+    notes = [f"torchtitan: launch {plan.num_ranks} ranks (pp {layout.pp} x dp {layout.dp} x tp {layout.tp}, dp as "
+             f"{_dp_as(layout.zero)}; torchtitan's mesh [pp, dp, tp] numbers them as autopp does); set "
              "training.seq_len to the sequence length you profiled",
              f"module names are written as given ({', ..., '.join(_ends(fqns))}): they must be the names of the "
              "model torchtitan builds, whose splitter (_split_module) drops names it lacks without a word; rename "
              "with --rename OLD=NEW"]
-    if plan.tp > 1:
+    if plan.layout.tp > 1:
         notes.append("torchtitan shards with its model's own TP plan (for Llama the Megatron pattern autopp costed: "
                      "colwise q/k/v and gate/up, rowwise o and down, vocab-parallel embedding; its output layer "
                      "keeps vocab-sharded logits for a parallel loss, where autopp gathers them), without sequence "
                      "parallelism, as autopp costed it")
-    if recompute:
-        notes.append("torchtitan's full AC recomputes the transformer blocks only; the embedding and output units "
-                     "keep their activations, which autopp counted as recomputed")
+    if activations.trainer_note:
+        notes.append(f"torchtitan's {activations.torchtitan} AC: {activations.trainer_note}")
     return Exported("\n".join(lines) + "\n", extra, tuple(notes))

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import RunError
 from ..model.split import live_values, walk_split_graph
 from ..data.profile import ValueAction
+from ..schedule import Activation, policy
 
 __all__ = ["Source", "StageIO", "chain_io", "value_path", "pick", "constant_values", "ChainPiece", "example_io",
            "buffers_kept", "weight_only_outputs"]
@@ -139,13 +140,15 @@ class ChainPiece(nn.Module):
     (the same dicts), so `named_parameters()` and gradients read as for the piece itself."""
 
     def __init__(self, piece: nn.Module, index: int, io: StageIO, sources: dict[str, Source],
-                 constants: dict[str, torch.Tensor], last: bool, recompute: bool = False) -> None:
+                 constants: dict[str, torch.Tensor], last: bool, activation: Activation = Activation.KEEP) -> None:
         super().__init__()
         self._modules = piece._modules
         self._parameters = piece._parameters
         self._buffers = piece._buffers
         self.__dict__["piece"] = piece  # not a child: its contents are ours already
-        self.index, self.io, self.sources, self.last, self.recompute = index, io, sources, last, recompute
+        self.index, self.io, self.sources, self.last = index, io, sources, last
+        self.checkpointed = policy(activation).checkpoint
+        """The stage's forward runs under `torch.utils.checkpoint` (its activation policy recomputes)."""
         self.constants = dict(constants)
         self.weight_only: tuple[int, ...] = ()
         """Outputs that depend on parameters only (set by `example_io`)."""
@@ -161,7 +164,7 @@ class ChainPiece(nn.Module):
         env = dict(zip(self.io.inputs, received))
         env.update(self.constants)
         args = [env[v] if kind == "value" else v for kind, v in self.io.args]
-        out = (checkpoint(self.piece, *args, use_reentrant=False) if self.recompute  # type: ignore[arg-type]
+        out = (checkpoint(self.piece, *args, use_reentrant=False) if self.checkpointed  # type: ignore[arg-type]
                else self.piece(*args))
         if self.last:
             return out

@@ -22,6 +22,7 @@ import torch
 from torch.distributed.pipelining import schedules as _torch_schedules
 from torch.distributed.tensor import DTensor
 
+from ..data.zero import NO_ZERO, ZeroStage
 from ..measure.memory import storage_key
 from .parallel import local
 
@@ -160,14 +161,15 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
-def static_bytes(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, zero: int = 0) -> int:
-    """ZeRO 0: parameters + gradients (one per parameter) + optimizer state tensors, of the rank's own (tensor-
+def static_bytes(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                 zero: ZeroStage = NO_ZERO) -> int:
+    """Replicated: parameters + gradients (one per parameter) + optimizer state tensors, of the rank's own (tensor-
     parallel) shards. ZeRO 1/3 (`params` are FSDP2 shards over the mesh's "dp" dimension): the planner's terms,
     P + P/d + G + O/d (docs/parallelism.md): the whole parameters and gradients torch's pipeline stages hold during
     the step, the rank's parameter shard, and the optimizer state of that shard."""
     shard = sum(_nbytes(local(p)) for p in params)
     state = sum(_nbytes(local(v)) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-    if zero == 0:
+    if zero.replicated:
         return 2 * shard + state
     whole = sum(_unsharded_bytes(p) for p in params)
     return whole + shard + whole + state

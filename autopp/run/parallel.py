@@ -31,55 +31,51 @@ from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput,
 
 from ..errors import RunError
 from ..data.plan import Plan
+from ..data.zero import SEARCHED_ZERO, ZeroStage
 from ..model.contract import ModelFile
 from ..model.tp import check_degree, find_tp_plan, narrow_planned, resolve, torch_styles
 
-__all__ = ["MESH_DIMS", "uses_mesh", "check_runnable", "make_mesh", "planned_modules", "local_shapes",
+__all__ = ["check_runnable", "make_mesh", "planned_modules", "local_shapes",
            "restore_planned", "shared_input_styles", "Sharding", "shard_stage", "local", "full"]
 
 logger = logging.getLogger(__name__)
 
-#: The device mesh's dimension names, outermost first: global rank = grid_rank(pp_rank, replica, dp, tp_rank, tp).
-MESH_DIMS = ("pp", "dp", "tp")
 
 #: Styles whose modules the export at local shapes narrows (the others keep full-size outputs under torch's styles).
 _EXPORT_NARROWED = ("colwise", "rowwise")
 
 
-def uses_mesh(plan: Plan) -> bool:
-    """Whether the plan runs with tensor parallelism or ZeRO (the mesh path), not today's plain pp x dp."""
-    return plan.tp > 1 or plan.zero > 0
-
-
 def check_runnable(plan: Plan) -> None:
-    """Refuse what torch.distributed.pipelining cannot run: ZeRO 2 (its stages accumulate unsharded gradients)."""
-    if plan.zero == 2:
-        raise RunError("plan field 'zero' is 2, which torch.distributed.pipelining cannot run (its stages keep "
-                       "gradients unsharded until the last microbatch): plan with --zero 1 or --zero 3")
+    """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`)."""
+    zero = plan.layout.zero
+    if zero.not_runnable is not None:
+        raise RunError(f"plan field 'zero' is {zero.stage}: {zero.not_runnable}; plan with `zero` "
+                       f"{' or '.join(str(z.stage) for z in SEARCHED_ZERO if not z.replicated)}")
 
 
 def make_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
-    """The ("pp", "dp", "tp") mesh over the world, row-major: the ranks `grid_rank` numbers."""
-    return init_device_mesh(device.type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=MESH_DIMS)
+    """The device mesh over the world, row-major over `Layout.mesh_axes`: the ranks `Layout.rank` numbers."""
+    axes = plan.layout.mesh_axes
+    return init_device_mesh(device.type, tuple(getattr(plan.layout, a) for a in axes), mesh_dim_names=axes)
 
 
 # --- the model's TP plan (autopp.model.tp) -------------------------------------------------------------------
 
 def planned_modules(mf: ModelFile, model: nn.Module, plan: Plan) -> dict[str, str]:
     """Concrete module name -> style from the model's TP plan (`find_tp_plan`: the model file's TP_PLAN or HF's),
-    checked against the plan's record `tp_plan` and the degree; {} when plan.tp is 1."""
-    if plan.tp == 1:
+    checked against the plan's record `tp_plan` and the degree; {} when plan.layout.tp is 1."""
+    if plan.layout.tp == 1:
         return {}
     found = find_tp_plan(mf, model)
     if found is None:
-        raise RunError(f"plan has tp {plan.tp} but {mf.path} has no tensor-parallel plan (no TP_PLAN, no HF "
+        raise RunError(f"plan has tp {plan.layout.tp} but {mf.path} has no tensor-parallel plan (no TP_PLAN, no HF "
                        "base_model_tp_plan): plan with --tp 1")
     if plan.tp_plan and plan.tp_plan != found.patterns:
         differ = sorted(set(plan.tp_plan.items()) ^ set(found.patterns.items()))[0]
         raise RunError(f"plan field 'tp_plan' differs from the model's TP plan ({found.source}) at {differ[0]!r}: "
                        "re-plan from a profile of this model")
     resolved = resolve(found, model)
-    check_degree(model, resolved, plan.tp)
+    check_degree(model, resolved, plan.layout.tp)
     return resolved
 
 
@@ -154,7 +150,7 @@ class Sharding:
     mesh: DeviceMesh
     resolved: dict[str, str]
     """Planned module name -> style ({} without TP)."""
-    zero: int
+    zero: ZeroStage
     full_model: nn.Module | None
     """The freshly built full-size model whose planned modules go back into the pieces (None without TP)."""
 
@@ -172,14 +168,14 @@ def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], devi
             parallelize_module(piece, sharding.mesh["tp"], styles)
         logger.info("tensor-parallel over %d ranks: %d modules (%d shared inputs)", sharding.mesh["tp"].size(),
                     len(present), sum(isinstance(s, PrepareModuleInput) for s in styles.values()))
-    if sharding.zero in (1, 3):
-        reshard = sharding.zero == 3
+    reshard = sharding.zero.fsdp_reshard_after_forward
+    if reshard is not None:
         held = dict(piece.named_modules())
         sharded = [n for n in units if n in held and held[n] is not piece and any(True for _ in held[n].parameters())]
         for name in sharded:
             fully_shard(held[name], mesh=sharding.mesh["dp"], reshard_after_forward=reshard)
         fully_shard(piece, mesh=sharding.mesh["dp"], reshard_after_forward=reshard)
-        logger.info("ZeRO %d over %d ranks: fully_shard(reshard_after_forward=%s) on %d units and the stage",
+        logger.info("%s over %d ranks: fully_shard(reshard_after_forward=%s) on %d units and the stage",
                     sharding.zero, sharding.mesh["dp"].size(), reshard, len(sharded))
 
 

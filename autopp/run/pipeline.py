@@ -20,7 +20,7 @@ from ..errors import RunError
 from ..model.contract import ModelFile
 from ..model.split import split_model
 from ..data.plan import Plan
-from ..schedule import Action, Kind, Layout, ScheduleName, describe, listed, to_csv_rows
+from ..schedule import Action, Kind, StagePlacement, ScheduleName, describe, listed, to_csv_rows
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .outputs import model_loss
 from .parallel import Sharding, local_shapes, planned_modules, shard_stage
@@ -44,11 +44,11 @@ def placement(plan: Plan) -> list[int]:
     if [s.index for s in plan.stages] != list(range(len(ranks))):
         raise RunError(f"plan stages are numbered {[s.index for s in plan.stages]}, expected 0..{len(ranks) - 1}")
     d = describe(plan.schedule)
-    if d.layout is Layout.GIVEN:
+    if d.placement is StagePlacement.GIVEN:
         return ranks
-    expected = d.stage_to_rank(plan.pp, plan.virtual_stages)
+    expected = d.stage_to_rank(plan.layout.pp, plan.layout.v)
     if ranks != expected:
-        raise RunError(f"{plan.schedule.value} with pp {plan.pp} and {plan.virtual_stages} stages per rank places "
+        raise RunError(f"{plan.schedule.value} with pp {plan.layout.pp} and {plan.layout.v} stages per rank places "
                        f"stages on ranks {expected}, but the plan places them on {ranks}")
     return ranks
 
@@ -72,12 +72,12 @@ class RankStages:
 def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
                  group: dist.ProcessGroup | None, mesh: DeviceMesh | None = None) -> RankStages:
     """The stages placed on pipeline rank `pp_rank`, in stage order, split from a model built with the plan's seed;
-    with a device `mesh` (plan.tp > 1 or plan.zero > 0), tensor-parallel and ZeRO-sharded (autopp.run.parallel)."""
+    with a device `mesh` (`uses_mesh`: tensor parallelism or ZeRO), tensor-parallel and ZeRO-sharded (autopp.run.parallel)."""
     owner = placement(plan)
     model = mf.build(plan.seed)
     resolved = planned_modules(mf, model, plan) if mesh is not None else {}
     example, _ = mf.sample_batch(plan.microbatch_size, seed=plan.seed)
-    pipe = split_model(local_shapes(model, resolved, plan.tp) if resolved else model, example, plan.split_points)
+    pipe = split_model(local_shapes(model, resolved, plan.layout.tp) if resolved else model, example, plan.split_points)
     if pipe.num_stages != len(plan.stages):
         raise RunError(f"splitting at {plan.split_points} gave {pipe.num_stages} pieces, plan has {len(plan.stages)}")
     alias = aliases(model)
@@ -86,7 +86,7 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
              for i in range(pipe.num_stages)}
     mine = [i for i, r in enumerate(owner) if r == pp_rank]
     loss = model_loss(mf.loss_fn, model, tuple(example), pipe) if len(owner) - 1 in mine else mf.loss_fn
-    sharding = Sharding(mesh, resolved, plan.zero, model if resolved else None) if mesh is not None else None
+    sharding = Sharding(mesh, resolved, plan.layout.zero, model if resolved else None) if mesh is not None else None
     stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example, sharding)
     for stage in stages:
         contiguous_sends(stage)
@@ -116,7 +116,7 @@ def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.d
     io, sources = chain_io(pipe)
     consts = constant_values(pipe, sorted({c for s in io for c in s.constants}), example)
     pieces = [ChainPiece(pipe.get_stage_module(i), i, io[i], sources, {c: consts[c] for c in io[i].constants},
-                         last=i == n_stages - 1, recompute=plan.stages[i].recompute) for i in range(n_stages)]
+                         last=i == n_stages - 1, activation=plan.stages[i].activation) for i in range(n_stages)]
     shapes = example_io(pieces, example)
     check_split_backward(plan, pieces)
     stages: list[Stage] = []

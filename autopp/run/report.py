@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..data.layout import Layout, layout_fields
 from ..display import format_grid
 from ..errors import RunError
 from ..jsonio import read_json, write_json
@@ -103,7 +104,8 @@ class RunReport:
     model_path: str
     fingerprint: str
     schedule: str
-    num_ranks: int
+    layout: Layout
+    """The plan's parallel layout (autopp.data.layout); in JSON as the plan's layout fields (`LAYOUT_FIELDS`)."""
     num_microbatches: int
     microbatch_size: int
     steps: int
@@ -137,15 +139,8 @@ class RunReport:
     """measured / predicted."""
     relative_error: float | None = None
     """(measured - predicted) / predicted."""
-    pp: int = 0
-    dp: int = 1
-    virtual_stages: int = 1
-    tp: int = 1
-    """Tensor-parallel degree (world = pp x dp x tp)."""
-    zero: int = 0
-    """ZeRO stage the run used (0, 1 or 3; docs/parallelism.md)."""
     ranks: tuple[RankMeasure, ...] = ()
-    """One per global rank (global rank = (pipeline rank * dp + replica) * tp + tensor-parallel rank)."""
+    """One per global rank (numbered as `Layout.rank` numbers them)."""
     stage_times: tuple[StageTimes, ...] = ()
     memory_method: str | None = None
     """"cuda.max_memory_allocated", or "estimate" on CPU (parameters + gradients + optimizer state + peak saved)."""
@@ -160,8 +155,14 @@ class RunReport:
     """Why the run or its validation failed."""
     version: int = field(default=REPORT_VERSION)
 
+    @property
+    def num_ranks(self) -> int:
+        return self.layout.world
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["layout"]
+        data.update(layout_fields(self.layout))
         return {"version": data.pop("version"), **{k: _finite(v) for k, v in data.items()}}
 
     def save(self, path: str | Path) -> Path:
@@ -231,8 +232,8 @@ def _measure_lines(r: RunReport) -> list[str]:
     for m in r.ranks:
         pred = "-" if m.predicted_peak_memory_bytes is None else format_size(m.predicted_peak_memory_bytes)
         on = "" if m.device in (None, m.rank) else f" on device {m.device}"
-        on += f" (tp rank {m.tp_rank})" if r.tp > 1 else ""
-        sync = "all-reduce" if r.zero == 0 else "after step (ZeRO reduce-scatter is in step)"
+        on += f" (tp rank {m.tp_rank})" if r.layout.tp > 1 else ""
+        sync = "all-reduce" if r.layout.zero.replicated else "after step (ZeRO reduce-scatter is in step)"
         lines.append(f"  rank {m.rank:<4d}{on}   stages {list(m.stages)}   in step {_fmt(m.schedule_s, '.4f')} s "
                      f"(waits {m.wait_s:.4f} s)   {sync} {_fmt(m.allreduce_s, '.4f')} s   optimizer "
                      f"{_fmt(m.optimizer_s, '.4f')} s")
@@ -246,7 +247,7 @@ def format_report(report: RunReport) -> str:
     """A short human-readable table: timing, loss and gradient differences, verdict."""
     r = report
     lines = [
-        f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks = {format_grid(r)}, "
+        f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks = {format_grid(r.layout)}, "
         f"{r.num_microbatches} x {r.microbatch_size} "
         f"microbatches, {r.steps} steps, {r.backend})",
         f"  step time   measured {_fmt(r.measured_step_time_s, '.4f')} s   predicted {r.predicted_step_time_s:.4f} s"

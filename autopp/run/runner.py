@@ -79,10 +79,9 @@ def _run_dir(work_dir: str | Path | None) -> Iterator[Path]:
 def _blank_report(plan: Plan, plan_path: str | None, steps: int, lr: float, backend: str, launcher: str
                   ) -> RunReport:
     return RunReport(plan_path=plan_path, model_path=plan.model_path, fingerprint=plan.fingerprint,
-                     schedule=plan.schedule.value, num_ranks=plan.num_ranks, num_microbatches=plan.num_microbatches,
+                     schedule=plan.schedule.value, layout=plan.layout, num_microbatches=plan.num_microbatches,
                      microbatch_size=plan.microbatch_size, steps=steps, lr=lr, backend=backend,
                      grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, predicted_step_time_s=plan.predicted.step_time_s,
-                     pp=plan.pp, dp=plan.dp, virtual_stages=plan.virtual_stages, tp=plan.tp, zero=plan.zero,
                      launcher=launcher)
 
 
@@ -207,7 +206,7 @@ def run_plan(plan: Plan, steps: int = 3, timeout_s: float = 120.0, lr: float = 0
     backend = choose_backend(per_node)
     report = _blank_report(plan, plan_path, steps, lr, backend, "local" if nodes is None else "torchrun")
     with _run_dir(work_dir) as run_dir:
-        say(f"starting {plan.num_ranks} ranks ({backend}, {plan.schedule.value}, {format_grid(plan)}, {steps} steps) "
+        say(f"starting {plan.num_ranks} ranks ({backend}, {plan.schedule.value}, {format_grid(plan.layout)}, {steps} steps) "
             f"in {run_dir}")
         try:
             out = _ranks(plan, plan_path, mf, run_dir, steps, lr, backend, timeout_s, nodes, say)

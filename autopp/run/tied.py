@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..data.cluster import grid_rank
+from ..data.layout import Coords, Layout
 
 __all__ = ["aliases", "canonical_names", "shared_params", "TieGroup", "tie_groups", "sum_tied_grads"]
 
@@ -59,7 +59,7 @@ class TieGroup:
     """This replica's group of those ranks (None on a rank that holds no copy)."""
 
 
-def tie_groups(shared: Mapping[str, tuple[int, ...]], pp: int, dp: int, replica: int, pp_rank: int
+def tie_groups(shared: Mapping[str, tuple[int, ...]], layout: Layout, replica: int, pp_rank: int
                ) -> list[TieGroup]:
     """One group per set of pipeline ranks holding copies, per replica. Every rank must call this with the same
     `shared` (it creates process groups, collectively, in the same order everywhere)."""
@@ -69,8 +69,8 @@ def tie_groups(shared: Mapping[str, tuple[int, ...]], pp: int, dp: int, replica:
     groups = []
     for ranks, names in sorted(by_ranks.items()):
         mine = None
-        for r in range(dp):
-            g = dist.new_group([grid_rank(i, r, dp) for i in ranks])
+        for r in range(layout.dp):
+            g = dist.new_group([layout.rank(Coords(pp=i, dp=r)) for i in ranks])
             mine = g if r == replica and pp_rank in ranks else mine
         groups.append(TieGroup(tuple(names), ranks, mine))
     return groups

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..data.zero import zero_stage
 from ..schedule import Event, SimResult, parse_action
 from ..schedule.draw import memory_steps
 from ..sizes import format_size
@@ -56,7 +57,8 @@ def predicted_headline(report: RunReport | dict[str, Any], predicted: SimResult)
     data = _as_dict(report)
     step = float(data.get("predicted_step_time_s", predicted.step_time_s))
     rest = step - predicted.step_time_s
-    sync = "all-reduce" if not data.get("zero") else f"ZeRO {data['zero']} collectives"
+    zero = zero_stage(data.get("zero", 0))
+    sync = "all-reduce" if zero.replicated else f"{zero} collectives"
     return f"step {step:.4f} s" + (f" (pipeline {predicted.step_time_s:.4f} s + optimizer and {sync} "
                                    f"{rest:.4f} s)" if rest > 1e-9 else "")
 

@@ -1,14 +1,14 @@
 """One rank of a pipelined run: `python -m autopp.run.worker`, started by launch.py or by torchrun.
 
-Ranks. The world is pp x dp x tp processes; global rank = (pipeline rank * dp + replica) * tp + tensor-parallel rank
-(`autopp.data.cluster.grid_rank`, the layout the planner costs links with: a tensor-parallel group is consecutive
-ranks, a stage's replicas are neighbours; with tp 1, pipeline rank 0 is ranks 0..dp-1, ...). The launcher's RANK
+Ranks. The world is the plan's layout, pp x dp x tp processes, numbered by `Layout.rank` (autopp.data.layout, the
+numbering the planner costs links with: a tensor-parallel group is consecutive ranks, a stage's replicas are
+neighbours; with tp 1, pipeline rank 0 is ranks 0..dp-1, ...). The launcher's RANK
 is the process's device slot (LOCAL_RANK its CUDA device): with a plan `device_order` the process on device d runs
 global rank `device_order.index(d)`, so global rank r runs on device `device_order[r]` (without one, rank r on
 device r). Each replica runs the whole pipeline on its
 contiguous slice of the global batch (the tp ranks of a replica all read it); the ranks that hold the same stages in
 different replicas average their gradients (all-reduce over a process subgroup; ZeRO 1 and 3: FSDP2's reduce-scatter)
-before the optimizer step. With tp > 1 or ZeRO 1/3 the groups come from a ("pp", "dp", "tp") device mesh and the
+before the optimizer step. With tp > 1 or ZeRO 1/3 the groups come from the layout's device mesh and the
 stages are tensor-parallel and sharded by autopp.run.parallel. RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT
 come from the environment (launch.py sets them; torchrun sets them the same way).
 
@@ -46,9 +46,9 @@ from ..measure.allocator import keep_freed_memory
 from ..model.contract import ModelFile
 from ..model.hf import load_model
 from ..data.plan import Plan, load_plan
-from ..data.cluster import grid_rank
+from ..data.layout import Coords, Layout, uses_mesh
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
-from .parallel import check_runnable, full, local, make_mesh, uses_mesh
+from .parallel import check_runnable, full, local, make_mesh
 from .pipeline import RankStages, build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
 
@@ -59,31 +59,39 @@ logger = logging.getLogger("autopp.run.worker")  # not __name__: this module run
 
 @dataclass(frozen=True)
 class Ranks:
-    """Where a global rank sits: its replica, its pipeline rank, and the global ranks of its two groups."""
+    """Where a global rank sits (`Layout.coords`), and the global ranks of its pipeline and data-parallel groups."""
 
     rank: int
-    replica: int
-    pp_rank: int
+    coords: Coords
     pipeline: tuple[int, ...]
     """Global ranks of this replica's pipeline (pipeline rank i is pipeline[i])."""
     data_parallel: tuple[int, ...]
     """Global ranks holding the same stages (and tensor-parallel rank) in every replica."""
-    tp_rank: int = 0
-    """Tensor-parallel rank within the stage's group of tp processes."""
+
+    @property
+    def replica(self) -> int:
+        return self.coords.dp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coords.pp
+
+    @property
+    def tp_rank(self) -> int:
+        """Tensor-parallel rank within the stage's group of tp processes."""
+        return self.coords.tp
 
 
-def ranks_of(rank: int, pp: int, dp: int, tp: int = 1) -> Ranks:
-    """Global rank = (pipeline rank * dp + replica) * tp + tensor-parallel rank (`grid_rank`)."""
-    pp_rank, rest = divmod(rank, dp * tp)
-    replica, tp_rank = divmod(rest, tp)
-    return Ranks(rank, replica, pp_rank, tuple(grid_rank(i, replica, dp, tp_rank, tp) for i in range(pp)),
-                 tuple(grid_rank(pp_rank, r, dp, tp_rank, tp) for r in range(dp)), tp_rank)
+def ranks_of(rank: int, layout: Layout) -> Ranks:
+    """Global rank `rank`'s place in `layout` and its groups (`Layout.coords`, `Layout.along`)."""
+    coords = layout.coords(rank)
+    return Ranks(rank, coords, layout.along("pp", coords), layout.along("dp", coords))
 
 
 def check_world_size(plan: Plan, world_size: int) -> None:
     if world_size != plan.num_ranks:
-        raise RunError(f"plan needs {plan.num_ranks} ranks (pp {plan.pp} x dp {plan.dp} x tp {plan.tp}) but "
-                       f"WORLD_SIZE is {world_size}")
+        raise RunError(f"plan needs {plan.num_ranks} ranks ({plan.layout.describe()}) but WORLD_SIZE is "
+                       f"{world_size}")
 
 
 def replica_slice(value: Any, replica: int, dp: int) -> Any:
@@ -99,15 +107,17 @@ def _groups(plan: Plan, ranks: Ranks, mesh: DeviceMesh | None
     """This rank's pipeline group and data-parallel group (None: FSDP2 reduces the gradients); every rank creates
     every group, in the same order."""
     if mesh is not None:
-        return mesh["pp"].get_group(), mesh["dp"].get_group() if plan.zero == 0 and plan.dp > 1 else None
-    if plan.dp == 1:
+        replicas = mesh["dp"].get_group() if plan.layout.zero.replicated and plan.layout.dp > 1 else None
+        return mesh["pp"].get_group(), replicas
+    layout = plan.layout
+    if layout.dp == 1:
         return None, None
     pp_group = dp_group = None
-    for replica in range(plan.dp):
-        g = dist.new_group([grid_rank(i, replica, plan.dp) for i in range(plan.pp)])
+    for replica in range(layout.dp):
+        g = dist.new_group(list(layout.along("pp", Coords(pp=0, dp=replica))))
         pp_group = g if replica == ranks.replica else pp_group
-    for i in range(plan.pp):
-        g = dist.new_group([grid_rank(i, r, plan.dp) for r in range(plan.dp)])
+    for i in range(layout.pp):
+        g = dist.new_group(list(layout.along("dp", Coords(pp=i, dp=0))))
         dp_group = g if i == ranks.pp_rank else dp_group
     return pp_group, dp_group
 
@@ -161,7 +171,8 @@ def _check_untied(plan: Plan, built: RankStages) -> None:
     tied = sorted(set(built.shared) | {n for n, ps in built.params.items() if len(ps) > 1})
     if tied:
         raise RunError(f"the model ties {tied[0]!r} between stages, which the runner sums only without tensor "
-                       f"parallelism and ZeRO (plan has tp {plan.tp}, zero {plan.zero}): run it with tp 1 and zero 0")
+                       f"parallelism and ZeRO (plan has tp {plan.layout.tp}, zero {plan.layout.zero.stage}): run it with tp 1 "
+                       "and zero 0")
 
 
 @dataclass
@@ -180,24 +191,24 @@ class _Run:
 
 def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, device: torch.device, slot: int
            ) -> _Run:
-    mesh = make_mesh(plan, device) if uses_mesh(plan) else None
+    mesh = make_mesh(plan, device) if uses_mesh(plan.layout) else None
     pp_group, dp_group = _groups(plan, ranks, mesh)
     built = build_stages(mf, plan, ranks.pp_rank, device, pp_group, mesh)
     if mesh is not None:
         _check_untied(plan, built)
     stages = built.stages
-    ties = tie_groups(built.shared, plan.pp, plan.dp, ranks.replica, ranks.pp_rank)
+    ties = tie_groups(built.shared, plan.layout, ranks.replica, ranks.pp_rank)
     schedule = make_schedule(plan, stages, built.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv")
     params = _params(stages)
     optimizer = torch.optim.SGD(params, lr=args.lr)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     # memory counts the rank's shards; ZeRO: FSDP2's gathered parameters are registered on the stages while used
-    recorder, saved = StepRecorder(), SavedBytes(params, [s.submod for s in stages] if plan.zero else ())
+    recorder, saved = StepRecorder(), SavedBytes(params, [s.submod for s in stages] if not plan.layout.zero.replicated else ())
     recorder.wrap_stages(stages)
     run = _Run([], [], [], [], 0, {}, [])
     logger.info("stages %s built on pipeline rank %d of replica %d%s, on device %d (%s; %d parameters)",
                 [s.stage_index for s in stages], ranks.pp_rank, ranks.replica,
-                f" (tp rank {ranks.tp_rank})" if plan.tp > 1 else "", slot, device,
+                f" (tp rank {ranks.tp_rank})" if plan.layout.tp > 1 else "", slot, device,
                 sum(local(p).numel() for p in params))
     for name, holders in built.shared.items():
         logger.info("%s is held by pipeline ranks %s: their gradients are summed", name, list(holders))
@@ -205,8 +216,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         logger.info("stage %d relays %s", stage, list(names))
     for step in range(args.steps):
         inputs, target = mf.sample_batch(plan.global_batch, seed=plan.seed + step)
-        inputs = tuple(replica_slice(t, ranks.replica, plan.dp) for t in inputs)
-        target = replica_slice(target, ranks.replica, plan.dp)
+        inputs = tuple(replica_slice(t, ranks.replica, plan.layout.dp) for t in inputs)
+        target = replica_slice(target, ranks.replica, plan.layout.dp)
         mb_losses: list[torch.Tensor] = []
         step_args = tuple(_to(t, device) for t in inputs) if first else ()
         step_kwargs: dict[str, Any] = {"target": _to(target, device), "losses": mb_losses} if last else {}
@@ -219,7 +230,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
             schedule.step(*step_args, **step_kwargs)
         t_schedule = recorder.now()
         sum_tied_grads(ties, built.params)
-        _average_grads(params, dp_group, plan.dp)
+        _average_grads(params, dp_group, plan.layout.dp)
         t_allreduce = recorder.now()
         if step == 0 and (mesh is not None or ranks.replica == 0):  # mesh: gathering is collective
             grads = _grads(stages)
@@ -234,7 +245,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         run.losses.append([float(x.detach()) for x in mb_losses])
         run.actions.append([[a.action, a.start_s, a.end_s] for a in recorder.actions])
         run.waits.append(recorder.wait_s)
-        static = static_bytes(params, optimizer, plan.zero)
+        static = static_bytes(params, optimizer, plan.layout.zero)
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else static + saved.peak
         run.peak_memory = max(run.peak_memory, int(peak))
         logger.info("step %d/%d %.4f s", step + 1, args.steps, run.step_times[-1])
@@ -359,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         device = _device(args.backend)
         dist.init_process_group(args.backend, rank=rank, world_size=plan.num_ranks,
                                 timeout=timedelta(seconds=args.timeout_s))
-        _train(args, plan, mf, ranks_of(rank, plan.pp, plan.dp, plan.tp), device, slot)
+        _train(args, plan, mf, ranks_of(rank, plan.layout), device, slot)
     except BaseException as exc:  # noqa: BLE001 - the parent needs every failure, KeyboardInterrupt included
         # Record first and skip destroy_process_group: it may wait on peers, and the parent kills them anyway.
         _record_error(args.run_dir, slot, exc, user_files)  # beside the launcher's files of this slot

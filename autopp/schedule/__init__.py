@@ -12,12 +12,14 @@ from autopp.schedule.actions import (
     parse_grid,
     to_csv_rows,
 )
+from autopp.schedule.activation import (POLICIES, Activation, ActivationPolicy, chosen, order_key, parse_activation,
+                                       policy)
 from autopp.schedule.descriptors import (
     DESCRIPTORS,
     NAMED,
     Descriptor,
     Floors,
-    Layout,
+    StagePlacement,
     ScheduleName,
     build_schedule,
     describe,
@@ -32,6 +34,13 @@ from autopp.schedule.sim_state import Event
 from autopp.schedule.simulate import SimResult, simulate, simulate_named
 
 __all__ = [
+    "POLICIES",
+    "Activation",
+    "ActivationPolicy",
+    "parse_activation",
+    "policy",
+    "order_key",
+    "chosen",
     "COMPUTE_KINDS",
     "DESCRIPTORS",
     "NAMED",
@@ -40,7 +49,7 @@ __all__ = [
     "Event",
     "Floors",
     "Kind",
-    "Layout",
+    "StagePlacement",
     "Order",
     "ScheduleName",
     "SimResult",

@@ -17,7 +17,7 @@ from autopp.errors import ScheduleError
 from autopp.schedule import named
 from autopp.schedule.actions import Action
 
-__all__ = ["ScheduleName", "Layout", "Floors", "Descriptor", "DESCRIPTORS", "NAMED", "describe", "listed",
+__all__ = ["ScheduleName", "StagePlacement", "Floors", "Descriptor", "DESCRIPTORS", "NAMED", "describe", "listed",
            "stage_to_rank", "stages_per_rank", "validate", "build_schedule"]
 
 
@@ -35,8 +35,8 @@ class ScheduleName(Enum):
     """A per-rank order given in the plan (CP-SAT synthesis), run by torch's CSV schedule runtime."""
 
 
-class Layout(Enum):
-    """How stages map to ranks."""
+class StagePlacement(Enum):
+    """How stages map to ranks (not to be confused with `Layout`, the parallel degrees)."""
 
     LOOP = "loop"
     """Stage s on rank s % p (Megatron interleaving; one stage per rank is the special case v = 1)."""
@@ -164,7 +164,7 @@ class Descriptor:
     """Everything autopp knows about one schedule."""
 
     name: ScheduleName
-    layout: Layout
+    placement: StagePlacement
     fixed_v: int | None
     """Stages per rank the schedule always runs (1: torch's PipelineScheduleSingle; 2: V shapes); None: the plan's."""
     splits_backward: bool
@@ -218,9 +218,9 @@ class Descriptor:
     def stage_to_rank(self, num_ranks: int, v: int = 1) -> list[int]:
         """Rank of every stage (index = stage): loop layout s % p, or the V zig-zag."""
         v = self.stages_per_rank(v)
-        if self.layout is Layout.LOOP:
+        if self.placement is StagePlacement.LOOP:
             return [s % num_ranks for s in range(num_ranks * v)]
-        if self.layout is Layout.V:
+        if self.placement is StagePlacement.V:
             return [s % num_ranks if (s // num_ranks) % 2 == 0 else num_ranks - 1 - s % num_ranks
                     for s in range(num_ranks * v)]
         raise ScheduleError(f"{self.name.value}: the plan gives each stage's rank; there is no layout to compute")
@@ -252,32 +252,32 @@ class Descriptor:
         return {r: self.builder(r, num_ranks, num_microbatches, v) for r in range(num_ranks)}
 
 
-_GPIPE = Descriptor(name=ScheduleName.GPIPE, layout=Layout.LOOP, fixed_v=1, splits_backward=False,
+_GPIPE = Descriptor(name=ScheduleName.GPIPE, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
                     torch_class="ScheduleGPipe", builder=named.gpipe, estimate=_estimate_gpipe,
                     pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, exact_inflight=_exact_gpipe)
-_ONE_F_ONE_B = Descriptor(name=ScheduleName.ONE_F_ONE_B, layout=Layout.LOOP, fixed_v=1, splits_backward=False,
+_ONE_F_ONE_B = Descriptor(name=ScheduleName.ONE_F_ONE_B, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
                           torch_class="Schedule1F1B", builder=named.one_f_one_b, estimate=_estimate_1f1b,
                           pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, min_microbatches_per_rank=1,
                           exact_inflight=_exact_1f1b)
-_INTERLEAVED = Descriptor(name=ScheduleName.INTERLEAVED_1F1B, layout=Layout.LOOP, fixed_v=None,
+_INTERLEAVED = Descriptor(name=ScheduleName.INTERLEAVED_1F1B, placement=StagePlacement.LOOP, fixed_v=None,
                           splits_backward=False, torch_class="ScheduleInterleaved1F1B",
                           builder=named.interleaved_1f1b, estimate=_estimate_megatron, pipe_bound=_bound_megatron,
                           estimate_bound=_estimate_bound_megatron,
                           rounded=True)
-_LOOPED_BFS = Descriptor(name=ScheduleName.LOOPED_BFS, layout=Layout.LOOP, fixed_v=None, splits_backward=False,
+_LOOPED_BFS = Descriptor(name=ScheduleName.LOOPED_BFS, placement=StagePlacement.LOOP, fixed_v=None, splits_backward=False,
                          torch_class="ScheduleLoopedBFS", builder=named.looped_bfs, estimate=_estimate_megatron,
                          pipe_bound=_bound_megatron, estimate_bound=_estimate_bound_megatron)
-_INTERLEAVED_ZB = Descriptor(name=ScheduleName.INTERLEAVED_ZERO_BUBBLE, layout=Layout.LOOP, fixed_v=None,
+_INTERLEAVED_ZB = Descriptor(name=ScheduleName.INTERLEAVED_ZERO_BUBBLE, placement=StagePlacement.LOOP, fixed_v=None,
                              splits_backward=True, torch_class="ScheduleInterleavedZeroBubble",
                              builder=named.interleaved_zero_bubble, estimate=_estimate_zero_bubble,
                              pipe_bound=_bound_zero_bubble, rounded=True)
-_ZBV = Descriptor(name=ScheduleName.ZBV_ZERO_BUBBLE, layout=Layout.V, fixed_v=2, splits_backward=True,
+_ZBV = Descriptor(name=ScheduleName.ZBV_ZERO_BUBBLE, placement=StagePlacement.V, fixed_v=2, splits_backward=True,
                   torch_class="ScheduleZBVZeroBubble", builder=named.zbv, estimate=_estimate_zero_bubble,
                   pipe_bound=_bound_zero_bubble)
-_DUAL_PIPE_V = Descriptor(name=ScheduleName.DUAL_PIPE_V, layout=Layout.V, fixed_v=2, splits_backward=True,
+_DUAL_PIPE_V = Descriptor(name=ScheduleName.DUAL_PIPE_V, placement=StagePlacement.V, fixed_v=2, splits_backward=True,
                           torch_class="ScheduleDualPipeV", builder=named.dual_pipe_v, estimate=_estimate_zero_bubble,
                           pipe_bound=_bound_zero_bubble, min_microbatches_per_rank=2)
-_CUSTOM = Descriptor(name=ScheduleName.CUSTOM, layout=Layout.GIVEN, fixed_v=None, splits_backward=False,
+_CUSTOM = Descriptor(name=ScheduleName.CUSTOM, placement=StagePlacement.GIVEN, fixed_v=None, splits_backward=False,
                      torch_class="_PipelineScheduleRuntime")
 
 #: The registry: every schedule's descriptor.

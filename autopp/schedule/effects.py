@@ -1,16 +1,17 @@
 """What each action costs its rank in time and holds in memory, written once for the simulator, the memory walks and
 the bounds.
 
-Per microbatch of a stage (`StageCost`), with ``o`` its per-message overhead and ``redo`` its forward when the
-stage recomputes (else 0):
+Per microbatch of a stage (`StageCost`) under its activation policy (`activation.py`), with ``o`` its per-message
+overhead and ``redo`` its forward when the policy redoes it (else 0):
 
 ======  ================================  =========================  ==================================
 action  busy time (`durations`)           bytes added at its start   bytes freed at its end
 ======  ================================  =========================  ==================================
 F       forward + o                       kept (activations, or the  -
-                                          input when recomputing)
+                                          input when the policy
+                                          keeps inputs only)
 I       redo + backward_input + o         redone (activations when   -
-                                          recomputing, else 0)
+                                          the policy redoes them)
 W       backward_weight                   -                          kept + redone
 B       redo + backward (I + W) + o       redone                     kept + redone
 ======  ================================  =========================  ==================================
@@ -34,12 +35,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind
+from autopp.schedule.activation import Activation, policy
 
-__all__ = ["StageCost", "Footprint", "FREES", "redo_s", "durations", "footprint", "added_at_start", "freed_at_end",
+__all__ = ["StageCost", "Footprint", "FREES", "durations", "footprint", "added_at_start", "freed_at_end",
            "live_change", "inflight_peaks", "rank_static_bytes", "transient_peak", "rank_peak", "order_peaks",
            "memory_timeline"]
 
@@ -59,7 +61,7 @@ class StageCost:
     activation_bytes: int = 0
     """Bytes one microbatch keeps from its forward until its backward frees them."""
     input_bytes: int = 0
-    """Bytes kept per microbatch instead of activations when the stage recomputes (the stage input)."""
+    """Bytes kept per microbatch instead of activations when the stage's policy keeps inputs only (the stage input)."""
     overhead_s: float = 0.0
     """Time each F and each B or I action also keeps the rank busy: its messages to and from other ranks."""
     backward_s: float | None = None
@@ -80,38 +82,29 @@ class Footprint(NamedTuple):
     """Bytes one microbatch of a stage holds beyond the stage's static bytes."""
 
     kept: int
-    """Added when its F starts: the activations, or only the stage input when the stage recomputes."""
+    """Added when its F starts: the activations, or only the stage input under a policy that keeps inputs only."""
     redone: int
-    """Added when its B or I starts: the recomputed activations (0 without recomputation)."""
+    """Added when its B or I starts: the recomputed activations (0 under a policy that redoes nothing)."""
 
-
-_T = TypeVar("_T")
 
 FREES: frozenset[Kind] = frozenset({Kind.B, Kind.W})
 """Kinds whose end frees the microbatch's kept and redone bytes (the backward that finishes it)."""
 
 
-def redo_s(forward: _T, recompute: bool) -> _T | float:
-    """What recomputation adds to a B or I: the forward again (0 without it). Takes a stage's forward time or an
-    array of units' forward times (the bounds)."""
-    return forward if recompute else 0.0
-
-
-def durations(c: StageCost, recompute: bool) -> dict[Kind, float]:
-    """Busy time per compute kind; a recomputing stage re-runs its forward at the start of B or I."""
-    redo, o = redo_s(c.forward_s, recompute), c.overhead_s
+def durations(c: StageCost, activation: Activation) -> dict[Kind, float]:
+    """Busy time per compute kind; a policy that redoes the forward runs it again at the start of B or I."""
+    redo, o = policy(activation).redo_s(c.forward_s), c.overhead_s
     full = c.backward_input_s + c.backward_weight_s if c.backward_s is None else c.backward_s
     return {Kind.F: c.forward_s + o, Kind.I: redo + c.backward_input_s + o, Kind.W: c.backward_weight_s,
             Kind.B: redo + full + o}
 
 
-def footprint(c: StageCost, recompute: bool) -> Footprint:
-    """What one microbatch holds: without recomputation the activations from F start until the freeing backward
-    ends; with it only the stage input after F, and the full activations again from the start of B (or I) until B
-    (or W) ends, freed together with the kept input."""
-    if recompute:
-        return Footprint(c.input_bytes, c.activation_bytes)
-    return Footprint(c.activation_bytes, 0)
+def footprint(c: StageCost, activation: Activation) -> Footprint:
+    """What one microbatch holds: keeping activations, them from F start until the freeing backward ends;
+    recomputing, only the stage input after F, and the full activations again from the start of B (or I) until B
+    (or W) ends, freed together with the kept input (`ActivationPolicy.kept` and `.redone`)."""
+    p = policy(activation)
+    return Footprint(p.kept(c.activation_bytes, c.input_bytes), p.redone(c.activation_bytes))
 
 
 def added_at_start(kind: Kind, f: Footprint) -> int:
@@ -146,12 +139,12 @@ class _ByteTable(dict[int, dict[Kind, tuple[int, int]]]):
     """Per stage and compute kind: (bytes added at the start, bytes freed at the end), looked up in the walks' loops
     and built on first use, so a walk of one rank's actions pays only for that rank's stages."""
 
-    def __init__(self, costs: Sequence[StageCost], recompute: Sequence[bool]) -> None:
+    def __init__(self, costs: Sequence[StageCost], activations: Sequence[Activation]) -> None:
         super().__init__()
-        self.costs, self.recompute = costs, recompute
+        self.costs, self.activations = costs, activations
 
     def __missing__(self, stage: int) -> dict[Kind, tuple[int, int]]:
-        f = footprint(self.costs[stage], self.recompute[stage])
+        f = footprint(self.costs[stage], self.activations[stage])
         row = self[stage] = {k: (added_at_start(k, f), freed_at_end(k, f)) for k in COMPUTE_KINDS}
         return row
 
@@ -166,11 +159,12 @@ def transient_peak(stages: Iterable[int], costs: Sequence[StageCost]) -> int:
     return max((costs[s].transient_bytes for s in set(stages)), default=0)
 
 
-def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], recompute: Sequence[bool], static: int) -> int:
+def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], activations: Sequence[Activation],
+              static: int) -> int:
     """Peak memory of one rank running compute ``actions`` in list order (one at a time, so its allocations and frees
     happen in that order: the simulator's peak without timing), its largest transient included (TRANSIENT).
     ``static``: the rank's parameter/gradient/optimizer bytes."""
-    table = _ByteTable(costs, recompute)
+    table = _ByteTable(costs, activations)
     held = peak = static
     for s, kind, _ in actions:
         added, freed = table[s][kind]
@@ -181,19 +175,19 @@ def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], recompute: 
 
 
 def order_peaks(order: Mapping[int, Sequence[Action | None]], costs: Sequence[StageCost], owner: Sequence[int],
-                recompute: Sequence[bool]) -> list[int]:
+                activations: Sequence[Activation]) -> list[int]:
     """Per-rank peak memory from the order alone (`rank_peak` of every rank; idle slots and sends/receives hold
     nothing)."""
-    return [rank_peak([a for a in order[r] if a is not None and a.kind in COMPUTE_KINDS], costs, recompute,
+    return [rank_peak([a for a in order[r] if a is not None and a.kind in COMPUTE_KINDS], costs, activations,
                       rank_static_bytes(costs, owner, r)) for r in sorted(order)]
 
 
 def memory_timeline(events: Iterable[tuple[int, Action, float, float]], costs: Sequence[StageCost],
-                    recompute: Sequence[bool], static: int) -> list[tuple[float, int]]:
+                    activations: Sequence[Activation], static: int) -> list[tuple[float, int]]:
     """(time, bytes held from then on) of one rank whose compute actions ran as ``events`` (rank, action, start,
     end): first point (0, ``static``); allocations at starts, frees at ends, frees first at equal times. Held bytes
     only: the rank's peak adds `transient_peak` to their highest point (TRANSIENT)."""
-    table, forward = _ByteTable(costs, recompute), Kind.F
+    table, forward = _ByteTable(costs, activations), Kind.F
     deltas: list[tuple[float, int]] = []
     for _, (s, kind, _mb), start, end in events:
         added, freed = table[s][kind]

@@ -8,6 +8,7 @@ from itertools import accumulate
 from typing import NamedTuple
 
 from autopp.schedule.actions import Action, Kind
+from autopp.schedule.activation import Activation
 from autopp.schedule.effects import StageCost, durations
 
 __all__ = ["Event", "SimState", "new_state", "producer", "build_positions"]
@@ -29,7 +30,7 @@ class SimState:
     order: list[list[Action]]
     costs: Sequence[StageCost]
     owner: Sequence[int]
-    recompute: Sequence[bool]
+    activations: Sequence[Activation]
     hop_in: list[float]
     """Transfer time of an activation from stage s - 1 into stage s (0 on the same rank)."""
     hop_back: list[float]
@@ -60,20 +61,21 @@ class SimState:
 
 
 def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequence[int],
-              comm_s: Sequence[float], recompute: Sequence[bool], progress_s: Sequence[float]) -> SimState:
+              comm_s: Sequence[float], activations: Sequence[Activation], progress_s: Sequence[float]
+              ) -> SimState:
     """The state before any action ran: hops and delays per stage boundary, busy times per stage."""
     n = len(costs)
     hop_in = [0.0] + [0.0 if owner[s - 1] == owner[s] else comm_s[s - 1] for s in range(1, n)]
     hop_back = hop_in[1:] + [0.0]
     delay_in = [0.0] + [0.0 if owner[s - 1] == owner[s] else progress_s[s - 1] for s in range(1, n)]
     delay_back = delay_in[1:] + [0.0]
-    busy = [durations(c, r) for c, r in zip(costs, recompute)]
+    busy = [durations(c, a) for c, a in zip(costs, activations)]
     ranks = len(order)
 
     def table() -> list[dict[int, float]]:
         return [{} for _ in range(n)]
 
-    return SimState(order, costs, owner, recompute, hop_in, hop_back, delay_in, delay_back, busy, table(), table(),
+    return SimState(order, costs, owner, activations, hop_in, hop_back, delay_in, delay_back, busy, table(), table(),
                     table(), table(), [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)])
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind, Order
+from autopp.schedule.activation import Activation
 from autopp.schedule.deadlock import deadlock_message
 from autopp.schedule.delivery import delivered, next_to_force
 from autopp.schedule.descriptors import ScheduleName, build_schedule, stage_to_rank
@@ -59,7 +60,7 @@ def _misplaced(a: Action, rank: int, num_stages: int, owner: Sequence[int]) -> s
 
 
 def _check_inputs(stage_costs: Sequence[StageCost], owner: Sequence[int], comm_s: Sequence[float],
-                  recompute: Sequence[bool], progress_s: Sequence[float]) -> None:
+                  activations: Sequence[Activation], progress_s: Sequence[float]) -> None:
     n = len(stage_costs)
     if len(owner) != n:
         raise ScheduleError(f"stage_to_rank names {len(owner)} stages but there are {n} stage costs")
@@ -68,8 +69,8 @@ def _check_inputs(stage_costs: Sequence[StageCost], owner: Sequence[int], comm_s
             raise ScheduleError(f"{name} needs one entry per stage boundary ({len(values)} != {n - 1})")
         if any(not c >= 0 or not math.isfinite(c) for c in values):
             raise ScheduleError(f"{name} must be finite and >= 0, got {list(values)}")
-    if len(recompute) != n:
-        raise ScheduleError(f"recompute needs one flag per stage ({len(recompute)} != {n})")
+    if len(activations) != n:
+        raise ScheduleError(f"activations needs one policy per stage ({len(activations)} != {n})")
 
 
 def _advance(sim: SimState, rank: int) -> bool:
@@ -196,7 +197,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequence[int],
-             comm_s: Sequence[float], recompute: Sequence[bool] | None = None,
+             comm_s: Sequence[float], activations: Sequence[Activation] | None = None,
              progress_s: Sequence[float] | None = None) -> SimResult:
     """Simulate one training step of ``order`` (rank -> actions; idle slots and send/recv entries are ignored).
 
@@ -208,12 +209,12 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     ``progress_s`` later (see `delivery.delivered`). Raises ScheduleError on a malformed order or a deadlock.
     """
     n = len(stage_costs)
-    flags = list(recompute) if recompute is not None else [False] * n
+    policies = list(activations) if activations is not None else [Activation.KEEP] * n
     delays = list(progress_s) if progress_s is not None else [0.0] * max(n - 1, 0)
-    _check_inputs(stage_costs, stage_to_rank, comm_s, flags, delays)
+    _check_inputs(stage_costs, stage_to_rank, comm_s, policies, delays)
     acts = _compute_only(order, n, stage_to_rank)
     with _gc_paused():
-        sim = new_state(acts, stage_costs, stage_to_rank, comm_s, flags, delays)
+        sim = new_state(acts, stage_costs, stage_to_rank, comm_s, policies, delays)
         _run(sim)
         if any(sim.position[r] < len(a) for r, a in enumerate(acts)):
             raise ScheduleError(deadlock_message(sim))
@@ -224,7 +225,7 @@ def _result(sim: SimState) -> SimResult:
     ranks = range(len(sim.order))
     step = max((sim.clock[r] for r in ranks), default=0.0)
     bubble = [max(0.0, (step - _busy(sim.events[r])) / step) if step > 0 else 0.0 for r in ranks]  # no -1e-16
-    memory = [memory_timeline(sim.events[r], sim.costs, sim.recompute, _static(sim, r)) for r in ranks]
+    memory = [memory_timeline(sim.events[r], sim.costs, sim.activations, _static(sim, r)) for r in ranks]
     peaks = [max(h for _, h in timeline) + transient_peak((e[1][0] for e in sim.events[r]), sim.costs)
              for r, timeline in zip(ranks, memory)]
     events = [e for r in ranks for e in sim.events[r]]
@@ -232,7 +233,7 @@ def _result(sim: SimState) -> SimResult:
 
 
 def simulate_named(name: ScheduleName, num_ranks: int, num_microbatches: int, stage_costs: Sequence[StageCost],
-                   comm_s: Sequence[float], v: int = 1, recompute: Sequence[bool] | None = None,
+                   comm_s: Sequence[float], v: int = 1, activations: Sequence[Activation] | None = None,
                    progress_s: Sequence[float] | None = None) -> SimResult:
     """Build a named schedule for ``len(stage_costs)`` stages and simulate it."""
     order = build_schedule(name, num_ranks, num_microbatches, v)
@@ -240,4 +241,4 @@ def simulate_named(name: ScheduleName, num_ranks: int, num_microbatches: int, st
     if len(owner) != len(stage_costs):
         raise ScheduleError(f"{name.value} with {num_ranks} ranks x v={v} has {len(owner)} stages, "
                             f"but {len(stage_costs)} stage costs were given")
-    return simulate(order, stage_costs, owner, comm_s, recompute, progress_s)
+    return simulate(order, stage_costs, owner, comm_s, activations, progress_s)

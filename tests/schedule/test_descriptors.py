@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autopp.errors import ScheduleError
-from autopp.schedule import DESCRIPTORS, NAMED, Floors, Layout, ScheduleName, describe
+from autopp.schedule import DESCRIPTORS, NAMED, Floors, StagePlacement, ScheduleName, describe
 
 AUTOPP = Path(__file__).resolve().parents[2] / "autopp"
 
@@ -21,7 +21,7 @@ def test_registry_covers_every_schedule_and_named_ones_have_an_order() -> None:
         d = describe(name)
         assert d.name is name and d.builder is not None and d.estimate is not None and d.pipe_bound is not None
     custom = describe(ScheduleName.CUSTOM)
-    assert custom.builder is None and custom.layout is Layout.GIVEN
+    assert custom.builder is None and custom.placement is StagePlacement.GIVEN
     with pytest.raises(ScheduleError, match="the plan gives it"):
         custom.build(2, 4)
     with pytest.raises(ScheduleError, match="the plan gives each stage's rank"):

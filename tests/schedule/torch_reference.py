@@ -7,7 +7,7 @@ from typing import Any
 from torch.distributed.pipelining import schedules as ts
 
 from autopp.schedule.actions import Action, Kind
-from autopp.schedule import Layout, ScheduleName, describe
+from autopp.schedule import StagePlacement, ScheduleName, describe
 
 __all__ = ["FakeStage", "TORCH_CLASSES", "to_torch_action", "torch_order"]
 
@@ -86,7 +86,7 @@ def torch_order(name: ScheduleName, p: int, m: int, v: int) -> dict[int, list[Ac
     if describe(name).single_stage:
         return _executed_single(name, p, m)
     num_stages = p * v
-    style = "v" if describe(name).layout is Layout.V else "loop"
+    style = "v" if describe(name).placement is StagePlacement.V else "loop"
     mapping = ts.generate_stage_to_rank_mapping(p, num_stages, style=style)
     stages = [FakeStage(s, num_stages, p, 0) for s in range(num_stages) if mapping[s] == 0]
     sched = TORCH_CLASSES[name](stages, m)

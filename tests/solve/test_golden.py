@@ -5,6 +5,11 @@ around, and it kept them byte for byte except `device_order`, which heterogeneou
 then rewrote them on purpose: every plan equal or faster under the simulator (its split refined, recompute chosen per
 stage), and a `fits` field on every prediction. When a change is meant to alter plans, regenerate them with
 `python -m tests.solve.test_golden --write` and say why in the commit.
+
+The files are plan format version 1. The layout issue (24: one Layout value, activation policies) moved to version
+2, whose only differences are the version number and each stage's `recompute` flag spelled as its `activation`
+policy; the files were kept as written, and the comparison reads them through the loader's own upgrade
+(`autopp.data.plan.upgraded`), which `test_upgrade_changes_only_the_version_and_the_policy_spelling` checks.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from autopp.data.cluster import DEFAULT_LINK, Cluster, Device, Link
-from autopp.data.plan import Plan
+from autopp.data.layout import LayoutPins
+from autopp.data.plan import Plan, upgraded
 from autopp.data.profile import Profile, load_profile
 from autopp.schedule import NAMED, ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
@@ -46,14 +52,15 @@ CASES: dict[str, tuple[Callable[[], Profile], Callable[[], PlanRequest]]] = {
     "gpt-pp4-auto": (_shipped("gpt"), lambda: PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=GiB),
                                                           global_batch=16, schedule=None)),
     "mlp-d4-auto-dp": (_shipped("mlp"), lambda: PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=GiB),
-                                                            global_batch=16, schedule=None, dp=None)),
+                                                            global_batch=16, schedule=None,
+                                                            pins=LayoutPins(dp=None))),
     **{f"syn24-d8-{n.value}": (lambda: synthetic_profile(24),
                                lambda n=n: PlanRequest(cluster=Cluster(num_devices=8, memory_bytes=80 * GiB),
-                                                       global_batch=32, schedule=n, pp=8))
+                                                       global_batch=32, schedule=n, pins=LayoutPins(pp=8)))
        for n in NAMED},
     "syn24-d8-auto-recompute": (lambda: synthetic_profile(24),
                                 lambda: PlanRequest(cluster=Cluster(num_devices=8, memory_bytes=13 * GiB),
-                                                    global_batch=32, schedule=None, dp=None,
+                                                    global_batch=32, schedule=None, pins=LayoutPins(dp=None),
                                                     recompute=RecomputeMode.AUTO)),
     "syn24-d8-gpipe-recompute-all": (lambda: synthetic_profile(24),
                                      lambda: PlanRequest(cluster=Cluster(num_devices=8, memory_bytes=24 * GiB),
@@ -64,12 +71,21 @@ CASES: dict[str, tuple[Callable[[], Profile], Callable[[], PlanRequest]]] = {
 }
 
 
+def _text(data: dict[str, object]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
 def plan_text(name: str) -> str:
     """The plan of case `name` as JSON text (model_path reduced to its file name: it depends on the checkout)."""
     profile, request = CASES[name]
     data = make_plan(profile(), request()).to_json()
     data["model_path"] = Path(data["model_path"]).name
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    return _text(data)
+
+
+def golden_text(name: str) -> str:
+    """The stored plan of case `name` as the current format writes it (`upgraded`)."""
+    return _text(upgraded(json.loads((GOLDEN / f"{name}.json").read_text())))
 
 
 #: The cases the unit tier plans (about 1 s); the rest run in the integration tier (about 5 s more).
@@ -79,8 +95,20 @@ UNIT = {"gpt-pp2-1f1b", "gpt-pp4-auto", "mlp-d4-auto-dp", "syn24-d8-gpipe-recomp
 @pytest.mark.parametrize("name", [n if n in UNIT else pytest.param(n, marks=pytest.mark.integration)
                                   for n in sorted(CASES)])
 def test_plan_is_unchanged(name: str) -> None:
-    want = (GOLDEN / f"{name}.json").read_text()
-    assert plan_text(name) == want, f"plan {name} changed; if that is intended, see this module's docstring"
+    assert plan_text(name) == golden_text(name), f"plan {name} changed; if that is intended, see this module's docstring"
+
+
+def test_upgrade_changes_only_the_version_and_the_policy_spelling() -> None:
+    for path in sorted(GOLDEN.glob("*.json")):
+        old = json.loads(path.read_text())
+        new = upgraded(old)
+        assert {k: v for k, v in new.items() if k not in ("version", "stages")} == \
+            {k: v for k, v in old.items() if k not in ("version", "stages")}
+        assert (old["version"], new["version"]) == (1, 2)
+        for was, now in zip(old["stages"], new["stages"], strict=True):
+            assert {k: v for k, v in now.items() if k != "activation"} == \
+                {k: v for k, v in was.items() if k != "recompute"}
+            assert now["activation"] == ("recompute" if was["recompute"] else "keep")
 
 
 def test_golden_plans_still_load() -> None:

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 from dataclasses import replace
 
-from ...costmodel import ZERO_STAGES, UnitArrays, comm_times, ideal_step_time, progress_delays, stage_costs
+from ...costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays, stage_costs
 from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
 from ...data.cluster import Cluster
-from ...schedule import COMPUTE_KINDS, Action, ScheduleName
+from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName
 from ..partition.baselines import baseline_bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import recompute_choices
@@ -32,23 +32,24 @@ def prediction(v: Verdict, ideal: float) -> Prediction:
 
 
 def judge_recompute(a: UnitArrays, cluster: Cluster, c: Candidate, mode: RecomputeMode,
-                    fixed: tuple[bool, ...] | None = None) -> Verdict:
-    """`c`'s split judged with its own recompute flags under `mode` (`refine.recompute_choices`: none, all, or the
-    first of the minimal per-rank sets that fit: one simulation, which matters at scale) or the pinned flags `fixed`;
-    when none fits, the pinned or the mode's own flags (all for ALL, else none), judged all the same, so the verdict
-    says it does not fit."""
-    order = named_order(c.schedule, c.pp, c.microbatches, c.v)
+                    fixed: tuple[Activation, ...] | None = None) -> Verdict:
+    """`c`'s split judged with its own activation policies under `mode` (`refine.recompute_choices`: keep, recompute,
+    or the first of the minimal per-rank sets that fit: one simulation, which matters at scale) or the pinned ones
+    `fixed`; when none fits, the pinned or the mode's own (recompute for ALL, else keep), judged all the same, so the
+    verdict says it does not fit."""
+    order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     actions = {r: [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS] for r in sorted(order)}
     costs = stage_costs(a, c.bounds, [1.0] * len(c.bounds))  # memory does not depend on speed
     choices = recompute_choices(costs, c.owner, actions, lambda r: cluster.device(r).memory_bytes, mode, fixed)
-    flags = choices[0] if choices else fixed or (mode is RecomputeMode.ALL,) * len(c.bounds)
-    return judge(a, cluster, replace(c, recompute=flags))
+    own = Activation.RECOMPUTE if mode is RecomputeMode.ALL else Activation.KEEP
+    chosen = choices[0] if choices else fixed or (own,) * len(c.bounds)
+    return judge(a, cluster, replace(c, activations=chosen))
 
 
 def judge_baselines(a: UnitArrays, request: PlanRequest, best: Verdict) -> dict[str, Verdict]:
-    """The baseline splits with `best`'s configuration, each with its own recompute flags under the request's mode
-    (`judge_recompute`), judged by the simulator; a baseline that does not fit is kept (its verdict says so)."""
-    fixed = request.pinned_flags(len(best.candidate.bounds))
+    """The baseline splits with `best`'s configuration, each with its own activation policies under the request's
+    mode (`judge_recompute`), judged by the simulator; a baseline that does not fit is kept (its verdict says so)."""
+    fixed = request.pinned_activations(len(best.candidate.bounds))
     return {name: judge_recompute(a, request.cluster, replace(best.candidate, bounds=bounds), request.recompute, fixed)
             for name, bounds in baseline_bounds(a, len(best.candidate.bounds)).items()}
 
@@ -70,27 +71,29 @@ def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
     nodes = cluster.nodes
     if nodes is None:
         return []
-    placed = cluster.placed(c.pp, c.dp)
+    layout = c.layout
+    placed = cluster.placed(layout)
     owner = c.owner
     pairs = dict.fromkeys((owner[k], owner[k + 1]) for k in range(len(owner) - 1) if owner[k] != owner[k + 1])
     hops = [(f"{a}-{b}", placed.hop_level(a, b)) for a, b in pairs if a < b or (b, a) not in pairs]
     cross = ", ".join(h for h, level in hops if level == 1) or "none"
     if nodes.regions > 1:
         cross += f"; across regions: {', '.join(h for h, level in hops if level == 2) or 'none'}"
-    group = cluster.dp_group(0, c.dp)
+    group = cluster.dp_group(0, layout.dp)
     spans = sum(len(region) for region in group)
-    reduce = "none" if c.dp == 1 else "a ring inside a node" if spans == 1 else \
+    reduce = "none" if layout.dp == 1 else "a ring inside a node" if spans == 1 else \
         f"hierarchical across {spans} nodes" + (f" in {len(group)} regions" if len(group) > 1 else "")
     regions = f" in {nodes.regions} regions" if nodes.regions > 1 else ""
-    ranks = "on device r x dp + j" if c.tp == 1 else f"on the {c.tp} devices from (r x dp + j) x {c.tp}"
+    tp = layout.group
+    ranks = "on device r x dp + j" if tp == 1 else f"on the {tp} devices from (r x dp + j) x {tp}"
     kind = nodes.device or "devices"
-    if c.tp == 1:
+    if tp == 1:
         where = f"{nodes.count} nodes{regions} x {nodes.devices_per_node} {kind}"
     elif nodes.devices_per_node == 1 and nodes.intra == nodes.inter:  # groups spanning nodes (Cluster.tp_groups)
-        where = f"{nodes.count} groups of {c.tp} {kind}{regions}, each spanning whole nodes"
+        where = f"{nodes.count} groups of {tp} {kind}{regions}, each spanning whole nodes"
     else:
-        where = f"{nodes.count} nodes{regions} x {nodes.devices_per_node} groups of {c.tp} {kind}"
-    sync = "gradient all-reduce" if c.zero == 0 else f"ZeRO {c.zero} collectives"
+        where = f"{nodes.count} nodes{regions} x {nodes.devices_per_node} groups of {tp} {kind}"
+    sync = "gradient all-reduce" if layout.zero.replicated else f"{layout.zero} collectives"
     return [f"cluster: {where}, pipeline rank r of replica j {ranks}; pipeline hops across nodes: {cross}; "
             f"{sync}: {reduce} (docs/cluster-format.md)"]
 
@@ -98,13 +101,14 @@ def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
 def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     """What the tensor-parallel degree and the ZeRO stage mean for this plan (none for tp 1 and ZeRO 0)."""
     out = []
-    if c.tp > 1:
-        out.append(f"tensor parallelism {c.tp}: each pipeline rank is {c.tp} processes sharding its modules by the "
+    tp, zero = c.layout.tp, c.layout.zero
+    if tp > 1:
+        out.append(f"tensor parallelism {tp}: each pipeline rank is {tp} processes sharding its modules by the "
                    f"profile's plan ({profile.meta.tp_plan_source}); stage times include its collectives "
                    f"(docs/parallelism.md)")
-    if c.zero and c.dp > 1:
-        out.append(f"ZeRO stage {c.zero} over {c.dp} replicas: {ZERO_STAGES[c.zero]} sharded"
-                   + (" (costed only: torch.distributed.pipelining cannot run it)" if c.zero == 2 else ""))
+    if not zero.replicated:
+        out.append(f"ZeRO stage {zero.stage} over {c.layout.dp} replicas: {zero.sharded} sharded"
+                   + (" (costed only: torch.distributed.pipelining cannot run it)" if zero.not_runnable else ""))
     return out
 
 
@@ -131,7 +135,8 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     c = best.candidate
     names, points = profile.meta.unit_names, profile.meta.split_points
     owner = c.owner
-    placed = request.cluster.placed(c.pp, c.dp)
+    layout = c.layout
+    placed = request.cluster.placed(layout)
     sends = [*comm_times(a, placed, c.bounds, owner), 0.0]
     delays = [*progress_delays(placed, owner), 0.0]
     stages = tuple(
@@ -139,7 +144,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                   split_point=points[i - 1] if i else None, forward_s=cost.forward_s,
                   backward_s=cost.backward_input_s + cost.backward_weight_s if cost.backward_s is None
                   else cost.backward_s,
-                  memory_bytes=best.peak_memory[owner[s]], recompute=c.recompute[s],
+                  memory_bytes=best.peak_memory[owner[s]], activation=c.activations[s],
                   backward_input_s=cost.backward_input_s, backward_weight_s=cost.backward_weight_s,
                   static_bytes=cost.static_bytes,
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
@@ -147,12 +152,12 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c))
-    ideal = ideal_step_time(whole if whole is not None else a, request.cluster, c.pp, c.microbatches) / c.tp
+    ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
+        / layout.group
     return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,
                 schedule=ScheduleName.CUSTOM if order else c.schedule, custom_order=order,
-                device_order=_device_order(request, c.pp * c.dp),
-                num_ranks=c.pp * c.dp * c.tp, pp=c.pp, dp=c.dp, tp=c.tp, zero=c.zero,
-                tp_plan=dict(profile.meta.tp_plan) if c.tp > 1 else {}, virtual_stages=c.v, num_microbatches=c.microbatches,
+                device_order=_device_order(request, layout.pp * layout.dp), layout=layout,
+                tp_plan=dict(profile.meta.tp_plan) if layout.tp > 1 else {}, num_microbatches=c.microbatches,
                 microbatch_size=c.microbatch_size, memory_limit_bytes=request.cluster.memory_bytes, stages=stages,
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
                 ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})))

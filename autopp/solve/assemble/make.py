@@ -7,8 +7,10 @@ import logging
 from dataclasses import replace
 
 from ...costmodel import ProfileTable
+from ...schedule import Activation
 from ...errors import InfeasibleError
 from ...data.plan import Plan
+from ...data.zero import NO_ZERO
 from ...data.profile import Profile
 from .from_verdict import plan_from_verdict
 from .reorder import synthesized
@@ -34,8 +36,8 @@ def _placement_config(req: PlanRequest, n: int, best: Verdict | None) -> Config 
     most microbatches (the least memory per stage)."""
     if best is not None:
         c = best.candidate
-        return Config(c.schedule, c.pp, c.dp, c.v, c.microbatches, c.microbatch_size) if c.v == 1 else None
-    return max((c for c in configs(req, n) if c.v == 1), key=lambda c: c.m, default=None)
+        return Config.of(c) if c.layout.v == 1 else None
+    return max((c for c in configs(req, n) if c.layout.v == 1), key=lambda c: c.m, default=None)
 
 
 def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
@@ -45,10 +47,11 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
     c = _placement_config(req, profile.num_units, best)
     if c is None:
         return req, best, None
-    rc = best is not None and any(best.candidate.recompute) or best is None and req.recompute is RecomputeMode.ALL
+    recomputes = best.candidate.recomputing > 0 if best is not None else req.recompute is RecomputeMode.ALL
+    activation = Activation.RECOMPUTE if recomputes else Activation.KEEP
     try:
-        placed = place_devices(table.arrays(c.b), req.cluster, c.m, inflight(c.schedule, c.pp, c.m, 1), rc,
-                               req.placement_time_limit_s)
+        placed = place_devices(table.arrays(c.b), req.cluster, c.m, inflight(c.schedule, c.layout.pp, c.m, 1),
+                               activation, req.placement_time_limit_s)
     except InfeasibleError as exc:
         log.info("device placement: %s", exc)
         return req, best, None
@@ -66,12 +69,12 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
 
 
 def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
-    """With --tp auto and a profile without tensor-parallel rows: only tp 1 was searched, and why."""
-    if request.tp is not None or profile.meta.tp_degrees:
+    """With `tp` searched and a profile without tensor-parallel rows: only tp 1 was searched, and why."""
+    if request.pins.tp is not None or profile.meta.tp_degrees:
         return []
     why = profile.meta.extra.get("tp_skipped")
-    return [f"--tp auto searched tp 1 only: the profile has no tensor-parallel rows (tp.csv){': ' + why if why else ''}"
-            f"; profile with --tp T, T a degree the model's TP plan allows"]
+    return [f"`tp` searched over 1 only: the profile has no tensor-parallel rows (tp.csv)"
+            f"{': ' + why if why else ''}; profile with `tp_degrees` T, T a degree the model's TP plan allows"]
 
 
 def make_plan(profile: Profile, request: PlanRequest) -> Plan:
@@ -87,13 +90,14 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
         views = Views(profile, request, table)  # on the order CP-SAT chose, when it was kept
     if best is None and request.schedule is not None and request.schedule.value in excluded:
         raise InfeasibleError(excluded[request.schedule.value])
-    if best is None and PARALLEL_KEY in excluded and (request.tp not in (None, 1) or request.zero not in (None, 0)):
+    pins = request.pins
+    if best is None and PARALLEL_KEY in excluded and (pins.tp not in (None, 1) or pins.zero not in (None, NO_ZERO)):
         raise InfeasibleError(excluded[PARALLEL_KEY])
     if best is None:
         raise explain_infeasible(profile, request, n_cfg)
     c = best.candidate
-    a = views.arrays(c.microbatch_size, c.tp, c.zero, c.dp)
-    view = views.request(c.tp)
+    a = views.arrays(c.microbatch_size, c.layout)
+    view = views.request(c.layout)
     unsynthesizable = split_backward_refusal(profile.meta.live_values, best.candidate.bounds, "a synthesized order")
     custom = synthesized(a, view.cluster, best, request.synth_time_limit_s) \
         if request.synthesize and unsynthesizable is None else None

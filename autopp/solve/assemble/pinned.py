@@ -5,17 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ...data.cluster import Cluster
-from ...costmodel import ProfileTable
-from ...errors import InfeasibleError, PlanError, ScheduleError
+from ...data.layout import LayoutPins
 from ...data.plan import Plan
 from ...data.profile import Profile
-from ...schedule import ScheduleName, describe, listed
-from ..partition.dp import Bounds
-from .from_verdict import plan_from_verdict, judge_recompute
+from ...errors import InfeasibleError, PlanError, ScheduleError
+from ...schedule import Activation, describe, listed
 from ..search.judge import Candidate, Verdict, judge
-from .make import make_plan
 from ..search.request import Config, PlanRequest, RecomputeMode, configs
 from ..search.runnable import weight_only_reason, weight_only_sends
+from ..search.views import Views
+from .from_verdict import judge_recompute, plan_from_verdict
+from .make import make_plan
 
 __all__ = ["Pinned", "check_pinned", "evaluate_pinned", "SPLIT_NOTE", "check_split", "plan_split"]
 
@@ -24,75 +24,69 @@ SPLIT_NOTE = "split pinned by --split: evaluated, not searched"
 
 @dataclass(frozen=True, kw_only=True)
 class Pinned:
-    """Everything that fixes one training step: the schedule, the sizes, and each stage's units."""
+    """Everything that fixes one training step (a candidate: the schedule, the layout, the sizes, each stage's units
+    and activation policy), and where it came from."""
 
-    schedule: ScheduleName
-    pp: int
-    dp: int = 1
-    virtual_stages: int = 1
-    """Stages per pipeline rank (2 for V schedules, v for interleaved ones)."""
-    microbatches: int
-    """Microbatches per replica per step."""
-    microbatch_size: int
-    bounds: Bounds
-    """Half-open unit range of each stage, in stage order (stage s on the schedule's rank for s)."""
-    recompute: tuple[bool, ...] = ()
-    """Per stage; empty: no stage recomputes."""
+    candidate: Candidate
+    """`layout.v` is the stages per pipeline rank (2 for V schedules, v for interleaved ones); `bounds` each stage's
+    half-open unit range, in stage order (stage s on the schedule's rank for s)."""
     source: str = "pinned configuration"
     """Where it came from, for messages and the plan's notes (e.g. the trainer's config file)."""
 
 
 def _check(p: Pinned, num_units: int) -> None:
-    where = p.source
-    if describe(p.schedule).given_order:
-        raise PlanError(f"{where}: {p.schedule.value} is a plan's own order; pin one of {listed(lambda d: True)}")
+    where, c = p.source, p.candidate
+    pp, v = c.layout.pp, c.layout.v
+    if describe(c.schedule).given_order:
+        raise PlanError(f"{where}: {c.schedule.value} is a plan's own order; pin one of {listed(lambda d: True)}")
     try:
-        v = describe(p.schedule).stages_per_rank(p.virtual_stages)
-        describe(p.schedule).validate(p.pp, p.microbatches, p.virtual_stages)
+        describe(c.schedule).stages_per_rank(v)
+        describe(c.schedule).validate(pp, c.microbatches, v)
     except ScheduleError as exc:
         raise PlanError(f"{where}: {exc}") from None
-    if len(p.bounds) != p.pp * v:
-        raise PlanError(f"{where}: {p.schedule.value} on {p.pp} ranks x {v} stages per rank needs {p.pp * v} "
-                        f"stages, the split has {len(p.bounds)}")
-    ends = [b for st in p.bounds for b in st]
+    if len(c.bounds) != pp * v:
+        raise PlanError(f"{where}: {c.schedule.value} on {pp} ranks x {v} stages per rank needs {pp * v} "
+                        f"stages, the split has {len(c.bounds)}")
+    ends = [b for st in c.bounds for b in st]
     if ends[0] != 0 or ends[-1] != num_units or any(a != b for a, b in zip(ends[1::2], ends[2::2])):
-        raise PlanError(f"{where}: stage unit ranges {list(p.bounds)} do not cover units 0..{num_units - 1} in order")
-    if any(i >= j for i, j in p.bounds):
-        raise PlanError(f"{where}: stage unit ranges {list(p.bounds)} leave a stage empty; autopp's stages hold at "
+        raise PlanError(f"{where}: stage unit ranges {list(c.bounds)} do not cover units 0..{num_units - 1} in order")
+    if any(i >= j for i, j in c.bounds):
+        raise PlanError(f"{where}: stage unit ranges {list(c.bounds)} leave a stage empty; autopp's stages hold at "
                         "least one unit")
-    if p.recompute and len(p.recompute) != len(p.bounds):
-        raise PlanError(f"{where}: {len(p.recompute)} recompute flags for {len(p.bounds)} stages")
-    if p.microbatch_size < 1 or p.dp < 1:
-        raise PlanError(f"{where}: microbatch size ({p.microbatch_size}) and dp ({p.dp}) must be >= 1")
+    if len(c.activations) != len(c.bounds):
+        raise PlanError(f"{where}: {len(c.activations)} activation policies for {len(c.bounds)} stages")
+    if c.microbatch_size < 1:
+        raise PlanError(f"{where}: microbatch size ({c.microbatch_size}) must be >= 1")
 
 
 def check_pinned(p: Pinned, num_units: int, num_devices: int) -> None:
     """A PlanError (one line, naming `p.source`) unless `p` is a split of `num_units` units that its schedule runs
-    on pp x dp = `num_devices` devices: what `evaluate_pinned` checks, for callers that check before planning."""
+    on its layout's `num_devices` devices: what `evaluate_pinned` checks, for callers that check before planning."""
     _check(p, num_units)
-    if p.pp * p.dp != num_devices:
-        raise PlanError(f"{p.source}: pp {p.pp} x dp {p.dp} = {p.pp * p.dp} ranks, but the cluster has {num_devices} "
-                        f"devices; plan for {p.pp * p.dp} devices")
+    layout = p.candidate.layout
+    if layout.world != num_devices:
+        raise PlanError(f"{p.source}: {layout.describe()} = {layout.world} ranks, but the cluster has {num_devices} "
+                        f"devices; plan for {layout.world} devices")
 
 
 def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
-    """The Plan of exactly `pinned` on `cluster` (pp x dp of its devices), with the simulator's figures and the
+    """The Plan of exactly `pinned` on `cluster` (all of its devices), with the simulator's figures and the
     baselines beside it, as `make_plan` builds its own: nothing is searched or replaced. A configuration that does
     not fit the devices' memory is still returned; its notes say which rank overflows and by how much."""
     check_pinned(pinned, profile.num_units, cluster.num_devices)
-    v = describe(pinned.schedule).stages_per_rank(pinned.virtual_stages)
-    recompute = pinned.recompute or (False,) * len(pinned.bounds)
-    cand = Candidate(schedule=pinned.schedule, pp=pinned.pp, dp=pinned.dp, v=v, microbatches=pinned.microbatches,
-                     microbatch_size=pinned.microbatch_size, bounds=tuple(pinned.bounds), recompute=recompute)
-    a = ProfileTable(profile).arrays(pinned.microbatch_size)
-    verdict = judge(a, cluster, cand)
-    request = PlanRequest(cluster=cluster, global_batch=pinned.microbatches * pinned.microbatch_size * pinned.dp,
-                          num_microbatches=pinned.microbatches, schedule=pinned.schedule, pp=pinned.pp,
-                          dp=pinned.dp,
-                          virtual_stages=None, recompute=RecomputeMode.ALL if any(recompute) else RecomputeMode.NONE)
+    c = pinned.candidate
+    redone = c.recomputing > 0
+    request = PlanRequest(cluster=cluster, global_batch=c.microbatches * c.microbatch_size * c.layout.dp,
+                          num_microbatches=c.microbatches, schedule=c.schedule,
+                          pins=LayoutPins.of(c.layout), tp_across_nodes=True,
+                          recompute=RecomputeMode.ALL if redone else RecomputeMode.NONE)
+    views = Views(profile, request)
+    a, view = views.arrays(c.microbatch_size, c.layout), views.request(c.layout)
+    verdict = judge(a, view.cluster, c)
     notes = [f"configuration pinned from {pinned.source}: evaluated as given, not searched",
-             *_warnings(profile, cluster, verdict)]
-    return plan_from_verdict(profile, request, verdict, a, extra=tuple(notes), keep_split=True)
+             *_warnings(profile, view.cluster, verdict)]
+    return plan_from_verdict(profile, view, verdict, a, extra=tuple(notes), keep_split=True,
+                             whole=views.whole(c.microbatch_size))
 
 
 def _warnings(profile: Profile, cluster: Cluster, verdict: Verdict) -> list[str]:
@@ -106,25 +100,26 @@ def _warnings(profile: Profile, cluster: Cluster, verdict: Verdict) -> list[str]
     return notes
 
 
-def _split_configs(request: PlanRequest, num_units: int, starts: tuple[int, ...]) -> list[Config]:
+def _split_configs(request: PlanRequest, num_units: int, starts: tuple[int, ...], degrees: tuple[int, ...] = (1,)
+                   ) -> list[Config]:
     """The request's configurations with one stage per piece of `starts`; a PlanError naming --split unless the
     starts are increasing unit indices in 1..num_units-1 and some configuration has that many stages."""
     text = ",".join(map(str, starts))
     _check_order(starts)
     if any(s < 1 or s > num_units - 1 for s in starts):
-        raise PlanError(f"--split {text}: stages begin at unit indices 1..{num_units - 1} (the model has "
+        raise PlanError(f"`split` {text}: stages begin at unit indices 1..{num_units - 1} (the model has "
                         f"{num_units} units)")
-    every = configs(request, num_units)
-    mine = [c for c in every if c.pp * c.v == len(starts) + 1]
+    every = configs(request, num_units, degrees)
+    mine = [c for c in every if c.layout.stages == len(starts) + 1]
     if not mine:
-        counts = sorted({c.pp * c.v for c in every})
+        counts = sorted({c.layout.stages for c in every})
         allowed = " or ".join(str(n - 1) for n in counts)
-        raise PlanError(f"--split {text} gives {len(starts) + 1} stages, but this request's configurations have "
+        raise PlanError(f"`split` {text} gives {len(starts) + 1} stages, but this request's configurations have "
                         f"{' or '.join(map(str, counts)) or 'none'} (pp x stages per rank): give {allowed or 'no'} "
                         "start indices (one fewer than the stages)")
     stages = request.recompute_stages or ()
     if any(s > len(starts) for s in stages):
-        raise PlanError(f"--recompute-stages {','.join(map(str, stages))}: --split {text} has stages "
+        raise PlanError(f"`recompute_stages` {','.join(map(str, stages))}: `split` {text} has stages "
                         f"0..{len(starts)}")
     return mine
 
@@ -132,39 +127,41 @@ def _split_configs(request: PlanRequest, num_units: int, starts: tuple[int, ...]
 def _check_order(starts: tuple[int, ...]) -> None:
     text = ",".join(map(str, starts))
     if not starts or any(x >= y for x, y in zip(starts, starts[1:])):
-        raise PlanError(f"--split {text}: unit indices must increase (each is where the next stage begins)")
+        raise PlanError(f"`split` {text}: unit indices must increase (each is where the next stage begins)")
 
 
-def check_split(request: PlanRequest, num_units: int | None, starts: tuple[int, ...]) -> None:
-    """What `plan_split` checks, for the CLI to call before any work: with `num_units` None (the model is not
+def check_split(request: PlanRequest, profile: Profile | None, starts: tuple[int, ...]) -> None:
+    """What `plan_split` checks, for the CLI to call before any work: with `profile` None (the model is not
     profiled yet) only that the starts increase."""
-    if num_units is None:
+    if profile is None:
         _check_order(starts)
     else:
-        _split_configs(request, num_units, starts)
+        _split_configs(request, profile.num_units, starts, Views(profile, request).degrees())
 
 
-def _judged(table: ProfileTable, request: PlanRequest, c: Config, bounds: tuple[tuple[int, int], ...]) -> Verdict:
-    """The split on configuration `c`, with the pinned recompute flags or those the request's mode chooses."""
-    a = table.arrays(c.b)
-    cand = Candidate(schedule=c.schedule, pp=c.pp, dp=c.dp, v=c.v, microbatches=c.m, microbatch_size=c.b,
-                     bounds=bounds, recompute=(False,) * len(bounds))
-    return judge_recompute(a, request.cluster, cand, request.recompute, request.pinned_flags(len(bounds)))
+def _judged(views: Views, c: Config, bounds: tuple[tuple[int, int], ...]) -> Verdict:
+    """The split on configuration `c`, with the pinned activation policies or those the request's mode chooses."""
+    cand = c.candidate(bounds, (Activation.KEEP,) * len(bounds))
+    view = views.request(c.layout)
+    return judge_recompute(views.arrays(c.b, c.layout), view.cluster, cand, view.recompute,
+                           view.pinned_activations(len(bounds)))
 
 
 def plan_split(profile: Profile, request: PlanRequest, starts: tuple[int, ...]) -> Plan:
     """The Plan of the split whose stages 1.. begin at units `starts` (--split), judged by the simulator on every
     configuration of `request` with that many stages: the fastest that fits (else the fastest, with a note per
     overflowing rank), with autopp's own plan for the request beside the baselines as "autopp"."""
-    configs_ = _split_configs(request, profile.num_units, starts)
+    views = Views(profile, request)
+    configs_ = _split_configs(request, profile.num_units, starts, views.degrees())
     ends = (0, *starts, profile.num_units)
     bounds = tuple(zip(ends, ends[1:]))
-    table = ProfileTable(profile)
-    verdicts = [_judged(table, request, c, bounds) for c in configs_]
+    verdicts = [_judged(views, c, bounds) for c in configs_]
     best = min(verdicts, key=lambda v: (not v.fits, v.key))
-    notes = (SPLIT_NOTE, *_warnings(profile, request.cluster, best))
-    plan = plan_from_verdict(profile, request, best, table.arrays(best.candidate.microbatch_size), extra=notes,
-                      keep_split=True)
+    c = best.candidate
+    view = views.request(c.layout)
+    notes = (SPLIT_NOTE, *_warnings(profile, view.cluster, best))
+    plan = plan_from_verdict(profile, view, best, views.arrays(c.microbatch_size, c.layout), extra=notes,
+                             keep_split=True, whole=views.whole(c.microbatch_size))
     try:
         own = make_plan(profile, replace(request, recompute_stages=None))
     except InfeasibleError as exc:

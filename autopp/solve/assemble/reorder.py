@@ -38,12 +38,12 @@ def synthesized(a: UnitArrays, cluster: Cluster, best: Verdict, time_limit_s: fl
     Recomputing stages are left to the named schedules (the synthesis model keeps activations from F to W). The
     synthesis does not model the links' progress delays; its order is re-simulated with them before it is compared."""
     c = best.candidate
-    if any(c.recompute):
+    if c.recomputing:
         return None
     owner = c.owner
-    cluster = cluster.placed(c.pp, c.dp)
-    limits = [cluster.device(r).memory_bytes for r in range(c.pp)]
-    hint = build_schedule(c.schedule, c.pp, c.microbatches, c.v)
+    cluster = cluster.placed(c.layout)
+    limits = [cluster.device(r).memory_bytes for r in range(c.layout.pp)]
+    hint = build_schedule(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     comm = comm_times(a, cluster, c.bounds, owner)
     try:
         result = synthesize(best.costs, owner, c.microbatches, comm, limits, time_limit_s=time_limit_s, hint=hint)

@@ -17,6 +17,7 @@ from ortools.sat.python import cp_model
 
 from ...data.cluster import Cluster, Link
 from ...costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
+from ...schedule import Activation
 from ...errors import InfeasibleError
 from .split import contiguous_split, stage_transient_var
 from ..partition.dp import Bounds
@@ -37,16 +38,16 @@ class Placement:
     status: str
 
 
-def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: tuple[int, ...], recompute: bool,
-                  time_limit_s: float = 10.0, resolution: float = 1e-6) -> Placement:
+def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: tuple[int, ...],
+                  activation: Activation, time_limit_s: float = 10.0, resolution: float = 1e-6) -> Placement:
     """Order the cluster's devices along the pipeline (one stage per device) and split the units, minimising the
     pipeline objective under every device's memory. Raises InfeasibleError when CP-SAT proves that no order and split
     fit, or finds none within the time limit (saying which)."""
     # Data: integer work per unit, bytes per (position, unit), link kinds between devices.
     n, p = a.n, cluster.num_devices
     devices = [cluster.devices[d] if cluster.devices else cluster.device(0) for d in range(p)]
-    work = np.round(a.work(recompute) / resolution).astype(np.int64)
-    mem = [np.round(unit_memory(a, held_microbatches(inflight[k], recompute))).astype(np.int64) for k in range(p)]
+    work = np.round(a.work(activation) / resolution).astype(np.int64)
+    mem = [np.round(unit_memory(a, held_microbatches(inflight[k], activation))).astype(np.int64) for k in range(p)]
     kinds: list[Link] = sorted({cluster.device_link(d, e) for d in range(p) for e in range(p) if d != e},
                                key=lambda lk: (lk.latency_s, -lk.bandwidth_bytes_per_s))
     comm = [[int(round(transfer_time(lk, float(a.cut[j])) / resolution)) for j in range(n + 1)] for lk in kinds]

@@ -40,9 +40,9 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     # Data: integer stage work per (stage, unit) and bytes per unit.
     n, s_count = a.n, spec.num_stages
     speed = spec.speed or (1.0,) * s_count
-    work = np.round(a.work(spec.recompute) / resolution).astype(np.int64)
+    work = np.round(a.work(spec.activation) / resolution).astype(np.int64)
     inflight = spec.inflight or (1,) * s_count
-    mem_unit = [np.round(unit_memory(a, held_microbatches(inflight[k], spec.recompute))).astype(np.int64)
+    mem_unit = [np.round(unit_memory(a, held_microbatches(inflight[k], spec.activation))).astype(np.int64)
                 for k in range(s_count)]
     links = spec.links or (None,) * (s_count - 1)
     comm = [[0 if lk is None else int(round(transfer_time(lk, float(a.cut[j])) / resolution)) for j in range(n + 1)]

@@ -6,7 +6,7 @@ every split of the n units into S = pp x v contiguous stages (C(n - 1, S - 1) of
 `RecomputeMode.AUTO`, every choice of which stages recompute their forward in the backward (2^S per split), as
 AdaPipe does jointly with the split (Sun et al., "AdaPipe: Optimizing Pipeline Parallelism with Adaptive
 Recomputation and Partitioning", ASPLOS'24). It keeps the fastest candidate that fits (ties: less peak memory, then
-the lexicographically smaller split, then the lexicographically smaller recompute flags, False before True).
+the lexicographically smaller split, then the lexicographically smaller policies, keep before recompute).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Callable, Iterator
 
 from ...data.cluster import Cluster
 from ...costmodel import UnitArrays
-from ...schedule import ScheduleName
+from ...data.layout import Layout
+from ...schedule import Activation, ScheduleName, order_key
 from .dp import Bounds
 from ..search.judge import Candidate, Verdict, judge
 from ..search.request import RecomputeMode
@@ -46,47 +47,50 @@ def contiguous_splits(n: int, num_stages: int) -> Iterator[Bounds]:
         yield tuple(zip(ends, ends[1:]))
 
 
-def _flag_choices(num_stages: int, mode: RecomputeMode) -> list[tuple[bool, ...]]:
-    """Per-stage recompute flags to try: all off (NONE), all on (ALL), or every subset (AUTO), fewest first."""
+def _policy_choices(num_stages: int, mode: RecomputeMode) -> list[tuple[Activation, ...]]:
+    """Per-stage policies to try: all keep (NONE), all recompute (ALL), or every subset recomputing (AUTO), in
+    `order_key` order."""
+    keep, redo = Activation.KEEP, Activation.RECOMPUTE
     if mode is RecomputeMode.NONE:
-        return [(False,) * num_stages]
+        return [(keep,) * num_stages]
     if mode is RecomputeMode.ALL:
-        return [(True,) * num_stages]
-    return list(itertools.product((False, True), repeat=num_stages))
+        return [(redo,) * num_stages]
+    return list(itertools.product((keep, redo), repeat=num_stages))
 
 
 def candidate_count(n: int, num_stages: int, mode: RecomputeMode = RecomputeMode.AUTO) -> int:
     """How many candidates `brute_force` would judge (before `admissible` removes any split)."""
-    return math.comb(n - 1, num_stages - 1) * len(_flag_choices(num_stages, mode)) if 1 <= num_stages <= n else 0
+    return math.comb(n - 1, num_stages - 1) * len(_policy_choices(num_stages, mode)) if 1 <= num_stages <= n else 0
 
 
-def _preferred(v: Verdict) -> tuple[float, int, Bounds, tuple[bool, ...]]:
-    return (v.step_s, max(v.peak_memory), v.candidate.bounds, v.candidate.recompute)
+def _preferred(v: Verdict) -> tuple[float, int, Bounds, tuple[int, ...]]:
+    return (v.step_s, max(v.peak_memory), v.candidate.bounds, order_key(v.candidate.activations))
 
 
-def brute_force(a: UnitArrays, cluster: Cluster, schedule: ScheduleName, *, pp: int, v: int, m: int, dp: int = 1,
+def brute_force(a: UnitArrays, cluster: Cluster, schedule: ScheduleName, *, layout: Layout, m: int,
                 microbatch_size: int = 1, recompute: RecomputeMode = RecomputeMode.AUTO,
                 limit: int = DEFAULT_LIMIT, admissible: Callable[[Bounds], bool] | None = None) -> BruteForce:
-    """The simulator's optimum for `schedule` on `pp` ranks with `v` stages per rank (as `Candidate.v`), `m`
-    microbatches of `microbatch_size` and `dp` replicas, over every contiguous split of `a`'s units (those
-    `admissible` accepts: e.g. the runner's refusals) and every recompute choice `recompute` allows.
+    """The simulator's optimum for `schedule` on `layout` (its `v` stages per rank as `Candidate.layout`'s), `m`
+    microbatches of `microbatch_size`, over every contiguous split of `a`'s units (those `admissible` accepts: e.g.
+    the runner's refusals) and every recompute choice `recompute` allows.
     Raises ValueError when the candidates number more than `limit`, or when there are fewer units than stages."""
-    stages = pp * v
+    stages = layout.stages
     if stages > a.n:
-        raise ValueError(f"{a.n} units cannot fill {stages} stages (pp {pp} x v {v})")
+        raise ValueError(f"{a.n} units cannot fill {stages} stages (pp {layout.pp} x v {layout.v})")
     count = candidate_count(a.n, stages, recompute)
     if count > limit:
         raise ValueError(f"brute force over {a.n} units into {stages} stages ({recompute.value} recompute) would "
                          f"judge {count} candidates > limit {limit}; use fewer units or stages, or raise the limit")
-    flags = _flag_choices(stages, recompute)
+    choices = _policy_choices(stages, recompute)
     best: Verdict | None = None
     judged = 0
     for bounds in contiguous_splits(a.n, stages):
         if admissible is not None and not admissible(bounds):
             continue
-        for rc in flags:
-            verdict = judge(a, cluster, Candidate(schedule=schedule, pp=pp, dp=dp, v=v, microbatches=m,
-                                                  microbatch_size=microbatch_size, bounds=bounds, recompute=rc))
+        for policies in choices:
+            verdict = judge(a, cluster, Candidate(schedule=schedule, layout=layout, microbatches=m,
+                                                  microbatch_size=microbatch_size, bounds=bounds,
+                                                  activations=policies))
             judged += 1
             if verdict.fits and (best is None or _preferred(verdict) < _preferred(best)):
                 best = verdict

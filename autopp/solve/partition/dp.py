@@ -12,7 +12,7 @@ bottleneck is one of the candidates. Speed-ups (results unchanged):
      g(inf) + (m - 1) t >= the best objective found, since g(t) >= g(inf).
 Every cost comes from the cost model (autopp.costmodel): per-unit work (`UnitArrays.work`), a stage's memory
 (`memory_prefix`: static bytes + held x activation bytes, held = `held_microbatches` of its in-flight count from the
-schedule's order, 1 when it recomputes, + `stage_transient`, its units' largest working memory), and the send time
+schedule's order, 1 when its policy keeps inputs only, + `stage_transient`, its units' largest working memory), and the send time
 of each cut (`send_times`), under a per-stage budget.
 """
 
@@ -26,6 +26,7 @@ import numpy as np
 
 from ...data.cluster import Link
 from ...costmodel import UnitArrays, held_microbatches, memory_prefix, send_times, stage_transient
+from ...schedule import Activation
 
 __all__ = ["Objective", "PipeSpec", "Bounds", "pipeline_bounds", "min_max_bounds", "pipeline_objective",
            "min_memory", "fits", "balanced_bounds", "even_bounds", "feasible", "DpMemo"]
@@ -51,8 +52,8 @@ class PipeSpec:
 
     num_stages: int
     microbatches: int = 1
-    recompute: bool = False
-    """Every stage recomputes its forward in the backward."""
+    activation: Activation = Activation.KEEP
+    """Every stage's activation policy."""
     speed: tuple[float, ...] = ()
     """Relative speed of the device running each stage (empty: all 1)."""
     memory: tuple[float, ...] = ()
@@ -88,9 +89,9 @@ class _Tables:
 
 def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> _Tables:
     s = spec.num_stages
-    work = a.prefix(values if values is not None else a.work(spec.recompute))
+    work = a.prefix(values if values is not None else a.work(spec.activation))
     inflight = spec.inflight or (1,) * s
-    mem = [memory_prefix(a, held_microbatches(inflight[k], spec.recompute)) for k in range(s)]
+    mem = [memory_prefix(a, held_microbatches(inflight[k], spec.activation)) for k in range(s)]
     comm = [send_times(a, lk) for lk in spec.links or (None,) * (s - 1)]
     comm.append(send_times(a, None))  # the last stage sends nothing
     tb = _Tables(work, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm, spec.microbatches)
@@ -240,8 +241,8 @@ class DpMemo:
     def __init__(self) -> None:
         self.candidates: dict[tuple[bool, tuple[float, ...]], np.ndarray] = {}
 
-    def get(self, tb: _Tables, recompute: bool) -> np.ndarray:
-        key = (recompute, tuple(sorted(set(tb.speed))))
+    def get(self, tb: _Tables, activation: Activation) -> np.ndarray:
+        key = (activation, tuple(sorted(set(tb.speed))))
         if key not in self.candidates:
             self.candidates[key] = _candidates(tb)
         return self.candidates[key]
@@ -282,7 +283,7 @@ def pipeline_bounds(a: UnitArrays, spec: PipeSpec, memo: DpMemo | None = None) -
     m1 = tb.m - 1
     if m1 == 0:  # one microbatch: the additive part is the whole objective
         return _trace(floor[1], floor[2])
-    cands = memo.get(tb, spec.recompute) if memo is not None else _candidates(tb)
+    cands = memo.get(tb, spec.activation) if memo is not None else _candidates(tb)
     idx = _min_max_index(tb, cands)
     assert idx is not None  # reachable at inf since floor exists
     best: tuple[float, Bounds] | None = None

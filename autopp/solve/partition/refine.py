@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from ...costmodel import UnitArrays, message_overheads, send_times, stage_costs, stage_speeds
 from ...data.cluster import Cluster
-from ...schedule import COMPUTE_KINDS, Action, Kind, StageCost
+from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost, chosen
 from ...schedule.effects import durations, rank_peak, rank_static_bytes
 from .baselines import baseline_bounds
 from .dp import Bounds
@@ -60,20 +60,21 @@ class Refined:
 
 
 def _key(v: Verdict) -> tuple[float, int, Bounds, int]:
-    return (v.step_s, max(v.peak_memory), v.candidate.bounds, sum(v.candidate.recompute))
+    return (v.step_s, max(v.peak_memory), v.candidate.bounds, v.candidate.recomputing)
 
 
 def _rank_actions(c: Candidate) -> dict[int, list[Action]]:
-    order = named_order(c.schedule, c.pp, c.microbatches, c.v)
+    order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     return {r: [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS] for r in sorted(order)}
 
 
 def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions: dict[int, list[Action]],
                       memory: Callable[[int], int], mode: RecomputeMode,
-                      fixed: tuple[bool, ...] | None = None) -> list[tuple[bool, ...]]:
-    """Per-stage recompute flags worth judging for one split: `fixed` (pinned flags) or NONE and ALL give their one
-    choice if it fits; AUTO gives the product over ranks of each rank's minimal fitting sets of recomputing stages
-    (fewest first; at most `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device memory."""
+                      fixed: tuple[Activation, ...] | None = None) -> list[tuple[Activation, ...]]:
+    """Per-stage activation policies worth judging for one split: `fixed` (pinned policies) or NONE and ALL give
+    their one choice if it fits; AUTO gives the product over ranks of each rank's minimal fitting sets of recomputing
+    stages (fewest first; at most `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device
+    memory."""
     n = len(costs)
     if fixed is not None:
         fits = all(rank_peak(actions[r], costs, fixed, rank_static_bytes(costs, owner, r)) <= memory(r)
@@ -89,16 +90,14 @@ def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions:
             for subset in itertools.combinations(mine, size):
                 if any(set(m) <= set(subset) for m in minimal):
                     continue
-                flags = [s in subset for s in range(n)]
-                if rank_peak(actions[r], costs, flags, static) <= memory(r):
+                if rank_peak(actions[r], costs, chosen(n, subset), static) <= memory(r):
                     minimal.append(subset)
         if not minimal:
             return []
         per_rank.append(minimal)
     out = []
     for combo in itertools.islice(itertools.product(*per_rank), _MAX_CHOICES):
-        on = {s for subset in combo for s in subset}
-        out.append(tuple(s in on for s in range(n)))
+        out.append(chosen(n, {s for subset in combo for s in subset}))
     return out
 
 
@@ -113,7 +112,7 @@ def split_floor(costs: Sequence[StageCost], owner: Sequence[int], comm: Sequence
     ranks, the rank's compute actions back to back (it runs one at a time), after the first microbatch's forwards
     through the stages before its first one (it has nothing to do earlier); with one stage per rank and full
     backwards also before that microbatch's backwards back through them (the rank's last action is its last B)."""
-    table = [durations(c, False) for c in costs]
+    table = [durations(c, Activation.KEEP) for c in costs]
     hop = [0.0, *[0.0 if owner[s - 1] == owner[s] else comm[s - 1] for s in range(1, len(costs))]]
     best = 0.0
     for r, count in counts.items():
@@ -129,8 +128,8 @@ class _Search:
     """One configuration's refinement: the cluster, the candidate template and the best verdict so far."""
 
     def __init__(self, a: UnitArrays, cluster: Cluster, template: Candidate, mode: RecomputeMode,
-                 admissible: Callable[[Bounds], bool], fixed: tuple[bool, ...] | None) -> None:
-        cluster = cluster.placed(template.pp, template.dp)
+                 admissible: Callable[[Bounds], bool], fixed: tuple[Activation, ...] | None) -> None:
+        cluster = cluster.placed(template.layout)
         self.a, self.cluster, self.template, self.mode, self.admissible = a, cluster, template, mode, admissible
         self.fixed = fixed
         self.owner = template.owner
@@ -139,7 +138,7 @@ class _Search:
         self.actions = _rank_actions(template)
         self.counts = action_counts(self.actions)
         split = any(kind in (Kind.I, Kind.W) for count in self.counts.values() for _, kind in count)
-        self.one_stage_per_rank = len(template.bounds) == template.pp and not split
+        self.one_stage_per_rank = len(template.bounds) == template.layout.pp and not split
         self.prefix = {k: a.prefix(x).tolist() for k, x in (("f", a.forward), ("i", a.backward_input),
                                                             ("w", a.backward_weight), ("b", a.backward))}
         links = [cluster.link_between(self.owner[k], self.owner[k + 1]) for k in range(len(self.owner) - 1)]
@@ -176,8 +175,8 @@ class _Search:
         costs = stage_costs(self.a, bounds, [1.0] * len(bounds))  # memory does not depend on speed
         memory = lambda r: self.cluster.device(r).memory_bytes  # noqa: E731
         found: Verdict | None = None
-        for flags in recompute_choices(costs, self.owner, self.actions, memory, self.mode, self.fixed):
-            verdict = judge(self.a, self.cluster, replace(self.template, bounds=bounds, recompute=flags))
+        for policies in recompute_choices(costs, self.owner, self.actions, memory, self.mode, self.fixed):
+            verdict = judge(self.a, self.cluster, replace(self.template, bounds=bounds, activations=policies))
             self.judged += 1
             if verdict.fits and (found is None or _key(verdict) < _key(found)):
                 found = verdict
@@ -208,10 +207,10 @@ def _neighbours(bounds: Bounds) -> list[Bounds]:
 
 def refine(a: UnitArrays, cluster: Cluster, seed: Candidate, mode: RecomputeMode, *,
            admissible: Callable[[Bounds], bool] = lambda b: True, exact_limit: int = EXACT_LIMIT,
-           budget: int = 64, fixed: tuple[bool, ...] | None = None, beat: float = math.inf) -> Refined:
+           budget: int = 64, fixed: tuple[Activation, ...] | None = None, beat: float = math.inf) -> Refined:
     """The simulator's best split and recompute choice for `seed`'s configuration (module docstring): exact when it
     has at most `exact_limit` splits, else a local search of at most `budget` simulations from `seed`'s split and
-    the baselines'. `admissible` leaves out splits the runner would refuse; `fixed` pins the recompute flags. In
+    the baselines'. `admissible` leaves out splits the runner would refuse; `fixed` pins the policies. In
     exact mode, splits whose floor exceeds `beat` (another configuration's step) are not simulated: then `best` is
     the optimum only if it is below `beat`."""
     search = _Search(a, cluster, seed, mode, admissible, fixed)

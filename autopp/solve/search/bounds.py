@@ -26,8 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...costmodel import UnitArrays, stage_speeds, step_end_floor, transfer_time
-from ...schedule import Floors, describe, stage_to_rank
-from ...schedule.effects import redo_s
+from ...schedule import Activation, Floors, describe, policy, stage_to_rank
 from .request import Config, PlanRequest
 
 __all__ = ["lower_bound", "comm_floor"]
@@ -36,7 +35,7 @@ def comm_floor(a: UnitArrays, req: PlanRequest, c: Config) -> float:
     """(5): 2 x the sum of rank-crossing transfers of any split (the schedule's bound decides how much counts)."""
     if a.n < 2:
         return 0.0
-    owner = stage_to_rank(c.schedule, c.pp, c.v)
+    owner = stage_to_rank(c.schedule, c.layout.pp, c.layout.v)
     crossings = sum(owner[k] != owner[k + 1] for k in range(len(owner) - 1))
     links = req.cluster.pipeline_links
     cheapest = min(transfer_time(lk, float(np.min(a.cut[1:-1]))) for lk in links)
@@ -44,23 +43,23 @@ def comm_floor(a: UnitArrays, req: PlanRequest, c: Config) -> float:
 
 
 def _speeds(req: PlanRequest, c: Config) -> tuple[float, float]:
-    speeds = stage_speeds(req.cluster, range(c.pp))
+    speeds = stage_speeds(req.cluster, range(c.layout.pp))
     return sum(speeds), max(speeds)
 
 
-def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, simulated: bool = False) -> float:
-    """A lower bound of `c`'s estimate for every split, every stage recomputing or none (module docstring); with
+def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activation, simulated: bool = False) -> float:
+    """A lower bound of `c`'s estimate for every split, every stage under `activation` (module docstring); with
     `simulated`, of the simulated step too (the descriptor's `pipe_bound` instead of its `estimate_bound`)."""
-    redo = redo_s(a.forward, recompute)  # the estimate charges a recomputing stage its forward again
+    redo = policy(activation).redo_s(a.forward)  # the estimate charges a recomputing stage its forward again
     unit = a.work() + redo
     total, sum_sp, max_sp = float(unit.sum()), *_speeds(req, c)
     rank = total / sum_sp  # (1)
-    stage = max(rank / c.v, float(unit.max()) / max_sp)  # (3)
+    stage = max(rank / c.layout.v, float(unit.max()) / max_sp)  # (3)
     # (4); per unit the smaller of F + I - W and F - B, as stage 0 has I = 0 and W = B
     per_unit = np.minimum(a.forward + a.backward_input - a.backward_weight, a.forward - a.backward) + redo
-    gap = float(per_unit.sum()) / (c.pp * c.v) / max_sp
+    gap = float(per_unit.sum()) / c.layout.stages / max_sp
     d = describe(c.schedule)
     bound = d.pipe_bound if simulated else d.estimate_bound or d.pipe_bound
     assert bound is not None  # configurations are named schedules
     floors = Floors(rank=rank, total=total / max_sp, stage=stage, gap=gap, comm=comm_floor(a, req, c))
-    return bound(floors, c.m, c.pp, c.v) + step_end_floor(a, req.cluster, c.pp, c.dp)
+    return bound(floors, c.m, c.layout.pp, c.layout.v) + step_end_floor(a, req.cluster, c.layout.pp, c.layout.dp)

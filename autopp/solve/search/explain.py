@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...errors import InfeasibleError, ScheduleError
+from ...data.layout import Layout
 from ...data.profile import Profile
-from ...schedule import NAMED, ScheduleName, describe, listed
+from ...errors import InfeasibleError, ScheduleError
+from ...schedule import NAMED, Activation, ScheduleName, describe, listed
 from ...sizes import format_size
 from ..partition.dp import min_memory
 
 from .request import PlanRequest, RecomputeMode, configs, microbatch_counts, replica_counts
-from .search import pipe_spec, search
+from .search import DP_MODES, pipe_spec, search
 from .views import Views
 
 __all__ = ["explain_infeasible", "smallest_memory"]
@@ -25,7 +26,7 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
     names = [req.schedule] if req.schedule else list(NAMED)
     dps = replica_counts(req)
     pps = [req.cluster.num_devices // dp for dp in dps]
-    v = min(describe(name).stages_per_rank(x) for name in names for x in describe(name).v_choices(req.virtual_stages))
+    v = min(describe(name).stages_per_rank(x) for name in names for x in describe(name).v_choices(req.pins.v))
     if min(pps) * v > n:
         return _too_few_units(profile, req, names, min(pps), v, tp)
     counts = [m for dp in dps for m in microbatch_counts(req, dp)]
@@ -36,7 +37,7 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
                                f"({dps[0] * (req.num_microbatches or 1)})")
     failed = []
     for name in names:
-        for x in describe(name).v_choices(req.virtual_stages):
+        for x in describe(name).v_choices(req.pins.v):
             try:
                 describe(name).validate(min(pps), max(counts), x)
                 continue
@@ -44,9 +45,9 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
                 failed.append(str(exc))
     if failed:
         need = _fewest_microbatches(names, req, min(pps))
-        more = (f"--microbatches {need} or more" if req.num_microbatches is not None
+        more = (f"`num_microbatches` {need} or more" if req.num_microbatches is not None
                 else f"a global batch of at least {need * dps[-1]} (it is {req.global_batch})")
-        return InfeasibleError(f"{failed[0]}: use {more}, fewer devices, or another --schedule")
+        return InfeasibleError(f"{failed[0]}: use {more}, fewer devices, or another `schedule`")
     name = names[0].value if len(names) == 1 else "any schedule"
     g = req.global_batch  # the next few batches, then multiples: a bounded number of tries on any cluster
     tries = sorted({*range(g + 1, g + 64), *(g * k for k in range(2, 65))})
@@ -62,7 +63,7 @@ def _fewest_microbatches(names: list[ScheduleName], req: PlanRequest, pp: int) -
     """The fewest microbatches per replica that one of the schedules accepts on `pp` ranks."""
     for m in range(1, 8 * pp + 1):
         for name in names:
-            for x in describe(name).v_choices(req.virtual_stages):
+            for x in describe(name).v_choices(req.pins.v):
                 try:
                     describe(name).validate(pp, m, x)
                     return m
@@ -76,8 +77,8 @@ def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName]
     """Fewer units than the stages asked for: fewer devices, a schedule with fewer stages per rank, finer units."""
     n = profile.num_units
     which = f" ({names[0].value} runs {v} stages per rank)" if v > 1 and len(names) == 1 else ""
-    hint = "" if req.dp is None else "; or --dp auto to use the rest for data parallelism"
-    single = (f"; or a schedule with one stage per rank (--schedule {listed(lambda d: d.single_stage, ' or ')})"
+    hint = "" if req.pins.dp is None else "; or search `dp` to use the rest for data parallelism"
+    single = (f"; or a schedule with one stage per rank (`schedule` {listed(lambda d: d.single_stage, ' or ')})"
               if v > 1 and pp <= n else "")
     example = next((p for p in profile.meta.split_points if p), "")
     finer = (f"; or finer units: SPLIT_POINTS in the model file may also name modules inside a block "
@@ -87,18 +88,20 @@ def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName]
                            f"{hint}{single}{finer}")
 
 
-def smallest_memory(profile: Profile, req: PlanRequest, recompute: bool = False) -> tuple[int, int] | None:
-    """(bytes per device, microbatches) of the least memory any configuration of the request needs."""
+def smallest_memory(profile: Profile, req: PlanRequest, activation: Activation = Activation.KEEP
+                    ) -> tuple[int, int] | None:
+    """(bytes per device, microbatches) of the least memory any configuration of the request needs, every stage
+    under `activation`."""
     best: tuple[int, int] | None = None
     seen: set[tuple[object, ...]] = set()
     views = Views(profile, req)
     for c in configs(req, profile.num_units, views.degrees()):
-        spec = pipe_spec(views.request(c.tp), c, recompute)
-        key = (c.b, c.tp, c.zero, c.dp if c.zero else 1, spec.num_stages, spec.inflight, c.v)
+        spec = pipe_spec(views.request(c.layout), c, activation)
+        key = (c.b, c.layout.unit_view(), spec.num_stages, spec.inflight, c.layout.v)
         if key in seen:
             continue
         seen.add(key)
-        need = min_memory(views.arrays(c.b, c.tp, c.zero, c.dp), replace(spec, memory=())) * c.v
+        need = min_memory(views.arrays(c.b, c.layout), replace(spec, memory=())) * c.layout.v
         if best is None or (need, c.m) < best:
             best = (need, c.m)
     return best
@@ -106,14 +109,14 @@ def smallest_memory(profile: Profile, req: PlanRequest, recompute: bool = False)
 
 def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
     """The fewest pipeline devices (more than now, dp unchanged) for which some split fits the memory."""
-    dp = req.dp or 1
-    if req.tp != 1 or req.zero != 0:  # counted on pipeline x data parallelism only
+    dp = req.pins.dp or 1
+    if req.pins.tp != 1 or req.pins.zero is None or not req.pins.zero.replicated:  # on pipeline x dp only
         return None
     for pp in range(req.cluster.num_devices // dp + 1, profile.num_units + 1):
         cluster = replace(req.cluster, num_devices=pp * dp, devices=(), links=(), nodes=None, grid=None)
         if not req.cluster.homogeneous:
             return None
-        trial = replace(req, cluster=cluster, pp=None, dp=dp, shortlist=1)
+        trial = replace(req, cluster=cluster, pins=replace(req.pins, pp=None, dp=dp), shortlist=1)
         need = smallest_memory(profile, trial)
         if need is not None and need[0] <= req.cluster.memory_bytes and search(profile, trial)[0] is not None:
             return pp * dp
@@ -125,11 +128,11 @@ def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
     if req.recompute is not RecomputeMode.AUTO:
         found = search(profile, replace(req, recompute=RecomputeMode.AUTO, shortlist=1))[0]
         if found is not None:
-            out.append(f"--recompute auto fits ({sum(found.candidate.recompute)} stages recompute)")
+            out.append(f"`recompute` auto fits ({found.candidate.recomputing} stages recompute)")
     if req.num_microbatches is not None:
         found = search(profile, replace(req, num_microbatches=None, shortlist=1))[0]
         if found is not None:
-            out.append(f"--microbatches {found.candidate.microbatches} (microbatches of "
+            out.append(f"`num_microbatches` {found.candidate.microbatches} (microbatches of "
                        f"{found.candidate.microbatch_size}) fits")
     devices = _more_devices(profile, req)
     if devices is not None:
@@ -140,9 +143,9 @@ def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
 def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> InfeasibleError:
     """An InfeasibleError whose message says what would make the request feasible."""
     if num_configs == 0:  # with a tensor-parallel degree, on its groups of devices (one pipeline rank each)
-        return _no_config(profile, req.view(req.tp or 1), req.tp or 1)
-    needs = [smallest_memory(profile, req, rc) for rc in
-             {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[req.recompute]]
+        tp = req.pins.tp or 1
+        return _no_config(profile, req.view(Layout(tp=tp)), tp)
+    needs = [smallest_memory(profile, req, rc) for rc in DP_MODES[req.recompute]]
     need = min((x for x in needs if x is not None), default=None)
     head = (f"no split of {profile.num_units} units fits in {format_size(req.cluster.memory_bytes)} per device "
             f"on {req.cluster.num_devices} devices")
@@ -150,6 +153,6 @@ def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> 
         return InfeasibleError(head)
     more = max(0, need[0] - req.cluster.memory_bytes)
     text = (f"{head}; the smallest that works is {format_size(need[0])} ({need[1]} microbatches, "
-            f"{format_size(more)} more per device); use --memory {need[0]} or more")
+            f"{format_size(more)} more per device); use `memory_bytes` {need[0]} or more")
     alternatives = _alternatives(profile, req)
     return InfeasibleError(text + ("; or: " + "; ".join(alternatives) if alternatives else ""))

@@ -1,4 +1,5 @@
-"""The judge: a fully specified candidate (schedule, pp, dp, v, microbatches, split, recompute) → simulated figures."""
+"""The judge: a fully specified candidate (schedule, layout, microbatches, split, activation policies) → simulated
+figures."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from functools import lru_cache
 from ...data.cluster import Cluster
 from ...costmodel import (UnitArrays, comm_times, message_overheads, progress_delays, stage_costs, stage_speeds,
                          step_end_time)
-from ...schedule import Action, ScheduleName, StageCost, build_schedule, simulate, stage_to_rank
+from ...data.layout import Layout
+from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, policy, simulate,
+                         stage_to_rank)
 from ..partition.dp import Bounds
 
 __all__ = ["Candidate", "Verdict", "step_time", "named_order", "judge"]
@@ -19,25 +22,23 @@ class Candidate:
     """Everything that fixes one training step's layout."""
 
     schedule: ScheduleName
-    pp: int
-    """Pipeline ranks per replica."""
-    dp: int
-    """Data-parallel replicas."""
-    v: int
-    """Stages per pipeline rank."""
+    layout: Layout
+    """Every parallel degree and the ZeRO stage; pp and dp count groups of cp x tp devices (`PlanRequest.view`)."""
     microbatches: int
     """Microbatches per replica per step."""
     microbatch_size: int
     bounds: Bounds
-    recompute: tuple[bool, ...]
-    tp: int = 1
-    """Tensor-parallel degree: each pipeline rank is a group of tp devices (`PlanRequest.view`)."""
-    zero: int = 0
-    """ZeRO stage of the data parallelism (autopp.costmodel.parallel)."""
+    activations: tuple[Activation, ...]
+    """Each stage's activation policy."""
 
     @property
     def owner(self) -> list[int]:
-        return stage_to_rank(self.schedule, self.pp, self.v)
+        return stage_to_rank(self.schedule, self.layout.pp, self.layout.v)
+
+    @property
+    def recomputing(self) -> int:
+        """Stages whose policy redoes the forward."""
+        return sum(policy(a).redoes_forward for a in self.activations)
 
 
 def step_time(pipeline_s: float, allreduce_s: float, optimizer_s: float) -> float:
@@ -78,14 +79,14 @@ def named_order(name: ScheduleName, pp: int, m: int, v: int) -> dict[int, list[A
 def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     """Simulate the candidate's named schedule and add what the step does after the pipeline drains (the gradient
     all-reduce, the optimizer step), on the links its pp x dp layout crosses (`Cluster.placed`)."""
-    cluster = cluster.placed(c.pp, c.dp)
+    cluster = cluster.placed(c.layout)
     owner = c.owner
     speeds = stage_speeds(cluster, owner)
     costs = stage_costs(a, c.bounds, speeds, message_overheads(cluster, owner))
-    order = named_order(c.schedule, c.pp, c.microbatches, c.v)
-    sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.recompute,
+    order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
+    sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.activations,
                    progress_delays(cluster, owner))
-    ar, opt = step_end_time(a, cluster, c.bounds, owner, c.dp, speeds)
+    ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout.dp, speeds)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
     return Verdict(c, step_time(sim.step_time_s, ar, opt), sim.step_time_s, ar, peaks,

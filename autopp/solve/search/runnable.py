@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from ...data.layout import Layout, uses_mesh
 from ...data.profile import LiveValue, TiedGroup, ValueAction
 from ...schedule import ScheduleName, describe, listed
 from ..partition.dp import Bounds
@@ -75,15 +76,15 @@ def schedule_refusal(live_values: Sequence[LiveValue], schedule: ScheduleName, b
     return split_backward_refusal(live_values, bounds, schedule.value)
 
 
-def parallel_refusal(tied: Sequence[TiedGroup], tp: int, zero: int, bounds: Bounds) -> str | None:
-    """Why the runner would refuse tensor parallelism or ZeRO on this split (a weight tied between two of its
-    stages), or None."""
-    if tp == 1 and zero == 0:
+def parallel_refusal(tied: Sequence[TiedGroup], layout: Layout, bounds: Bounds) -> str | None:
+    """Why the runner would refuse `layout`'s tensor parallelism or ZeRO on this split (a weight tied between two of
+    its stages), or None."""
+    if not uses_mesh(layout):
         return None
     for group in tied:
         stages = sorted({s for s, (i, j) in enumerate(bounds) for u in group.units if i <= u < j})
         if len(stages) > 1:
             return (f"{PARALLEL_KEY} excluded where {group.names[0]!r}, tied between units {list(group.units)}, lands "
                     f"in two stages ({stages[0]} and {stages[1]}): the runner sums tied weights only on whole "
-                    f"tensors; plan with --tp 1 --zero 0, or untie the weight")
+                    f"tensors; plan with `tp` 1 and `zero` 0, or untie the weight")
     return None

@@ -24,7 +24,7 @@ from ...data.cluster import Cluster
 from ...costmodel import (ProfileTable, UnitArrays, comm_times, message_overheads, stage_costs, stage_speeds,
                          step_end_time)
 from ...data.profile import Profile
-from ...schedule import COMPUTE_KINDS, ScheduleName, describe, stage_to_rank
+from ...schedule import COMPUTE_KINDS, Activation, ScheduleName, describe, policy, stage_to_rank
 from ...schedule.effects import inflight_peaks, rank_peak, rank_static_bytes
 from .bounds import lower_bound
 from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
@@ -34,12 +34,13 @@ from .request import Config, PlanRequest, RecomputeMode, configs
 from .runnable import PARALLEL_KEY, parallel_refusal, schedule_refusal
 from .views import ArraysKey, Views, arrays_key
 
-__all__ = ["inflight", "pipe_spec", "links_hold_messages", "search"]
+__all__ = ["DP_MODES", "inflight", "pipe_spec", "links_hold_messages", "search"]
 
 log = logging.getLogger(__name__)
 
-#: The DP's all-stages recompute assumptions to try, per mode (auto: without, then with, when that does not fit).
-_DP_MODES = {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}
+_KEEP, _RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
+#: The DP's all-stages policies to try, per mode (auto: keep, then recompute, when keeping does not fit).
+DP_MODES = {RecomputeMode.NONE: (_KEEP,), RecomputeMode.ALL: (_RECOMPUTE,), RecomputeMode.AUTO: (_KEEP, _RECOMPUTE)}
 
 
 def inflight(name: ScheduleName, pp: int, m: int, v: int) -> tuple[int, ...]:
@@ -62,16 +63,18 @@ def _walked(name: ScheduleName, pp: int, m: int, v: int) -> tuple[int, ...]:
     return tuple(min(m, by_chunk[c]) for c in ranks_chunk)
 
 
-def pipe_spec(req: PlanRequest, c: Config, recompute: bool, walk: bool = True) -> PipeSpec:
-    """The DP's view of a configuration; `walk=False` bounds every stage's in-flight count by m (no order walk)."""
-    owner = stage_to_rank(c.schedule, c.pp, c.v)
-    cl = req.cluster.placed(c.pp, c.dp)
+def pipe_spec(req: PlanRequest, c: Config, activation: Activation, walk: bool = True) -> PipeSpec:
+    """The DP's view of a configuration, every stage under `activation`; `walk=False` bounds every stage's in-flight
+    count by m (no order walk)."""
+    pp, v = c.layout.pp, c.layout.v
+    owner = stage_to_rank(c.schedule, pp, v)
+    cl = req.cluster.placed(c.layout)
     links = tuple(None if owner[k] == owner[k + 1] else cl.link_between(owner[k], owner[k + 1])
                   for k in range(len(owner) - 1))
-    return PipeSpec(num_stages=len(owner), microbatches=c.m, recompute=recompute,
+    return PipeSpec(num_stages=len(owner), microbatches=c.m, activation=activation,
                     speed=tuple(stage_speeds(cl, owner)),
-                    memory=tuple(cl.device(r).memory_bytes / c.v for r in owner),
-                    inflight=inflight(c.schedule, c.pp, c.m, c.v) if walk else (c.m,) * len(owner), links=links)
+                    memory=tuple(cl.device(r).memory_bytes / v for r in owner),
+                    inflight=inflight(c.schedule, pp, c.m, v) if walk else (c.m,) * len(owner), links=links)
 
 
 class _Splits:
@@ -88,19 +91,19 @@ class _Splits:
         return self.found[key, spec]
 
 
-def _bounds(a: UnitArrays, req: PlanRequest, c: Config, recompute: bool, splits: _Splits) -> Bounds | None:
+def _bounds(a: UnitArrays, req: PlanRequest, c: Config, activation: Activation, splits: _Splits) -> Bounds | None:
     """The DP's split. A reachability check first rules out configurations whose memory no split fits (cheap);
     when the memory-free split already fits with every stage holding all m microbatches, memory does not bind and
     the schedule's order need not be walked."""
-    spec = pipe_spec(req, c, recompute)
+    spec = pipe_spec(req, c, activation)
     if not feasible(a, spec):
         return None
     if not describe(c.schedule).single_stage:
-        loose = pipe_spec(req, c, recompute, walk=False)
-        free = splits.bounds(a, arrays_key(c.b, c.tp, c.zero, c.dp), replace(loose, memory=(), inflight=()))
+        loose = pipe_spec(req, c, activation, walk=False)
+        free = splits.bounds(a, arrays_key(c.b, c.layout), replace(loose, memory=(), inflight=()))
         if free is not None and fits(a, loose, free):
             return free
-    return splits.bounds(a, arrays_key(c.b, c.tp, c.zero, c.dp), spec)
+    return splits.bounds(a, arrays_key(c.b, c.layout), spec)
 
 
 def links_hold_messages(cluster: Cluster) -> bool:
@@ -111,13 +114,14 @@ def links_hold_messages(cluster: Cluster) -> bool:
     return any(link.progress_s > 0 for link in cluster.pipeline_links)
 
 
-def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recompute: tuple[bool, ...]) -> float:
-    """The schedule descriptor's closed form for the split, each flagged stage recomputing, plus the step's end."""
-    owner = stage_to_rank(c.schedule, c.pp, c.v)
-    cluster = req.cluster.placed(c.pp, c.dp)
+def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
+              activations: tuple[Activation, ...]) -> float:
+    """The schedule descriptor's closed form for the split under each stage's policy, plus the step's end."""
+    owner = stage_to_rank(c.schedule, c.layout.pp, c.layout.v)
+    cluster = req.cluster.placed(c.layout)
     speeds = stage_speeds(cluster, owner)
     costs = stage_costs(a, bounds, speeds, message_overheads(cluster, owner))
-    redo = [x.forward_s if flag else 0.0 for x, flag in zip(costs, recompute)]
+    redo = [policy(p).redo_s(x.forward_s) for x, p in zip(costs, activations)]
     d = describe(c.schedule)
     split = d.splits_backward  # else each backward is one full B: pass it as I, with W = 0
     backward = [(x.backward_input_s, x.backward_weight_s) if split or x.backward_s is None else (x.backward_s, 0.0)
@@ -127,7 +131,7 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds, recomp
                          [i + x.overhead_s + r for (i, _), x, r in zip(backward, costs, redo)],
                          [w for _, w in backward],
                          owner, comm_times(a, cluster, bounds, owner), c.m)
-    return est + sum(step_end_time(a, cluster, bounds, owner, c.dp, speeds))
+    return est + sum(step_end_time(a, cluster, bounds, owner, c.layout.dp, speeds))
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ class _Option:
     index: int
     config: Config
     candidate: Candidate
-    """The DP's split, with the recompute flags that fit."""
+    """The DP's split, with the activation policies that fit."""
 
 
 def _options(views: Views, cfgs: list[Config],
@@ -151,12 +155,12 @@ def _options(views: Views, cfgs: list[Config],
     fit the DP re-enters the queue under its all-recompute bound. A configuration whose split the runner would
     refuse (`refuse` says why) is left out."""
     req = views.req
-    modes = (False, True) if req.recompute_stages is not None else _DP_MODES[req.recompute]
-    groups = len({(c.tp, c.zero) for c in cfgs})
+    modes = DP_MODES[RecomputeMode.AUTO if req.recompute_stages is not None else req.recompute]
+    groups = len({(c.layout.tp, c.layout.zero) for c in cfgs})
     keep = req.shortlist * (2 if links_hold_messages(req.cluster) else 1) * (_GROUPS_FACTOR if groups > 1 else 1)
     splits = _Splits()
-    arrays = lambda c: views.arrays(c.b, c.tp, c.zero, c.dp)  # noqa: E731
-    queue = [(lower_bound(arrays(c), views.request(c.tp), c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
+    arrays = lambda c: views.arrays(c.b, c.layout)  # noqa: E731
+    queue = [(lower_bound(arrays(c), views.request(c.layout), c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
     heapq.heapify(queue)
     short: list[tuple[float, int, _Option]] = []  # (-estimate, -index, option): the worst on top
     while queue:
@@ -164,7 +168,7 @@ def _options(views: Views, cfgs: list[Config],
         if len(short) >= keep and bound >= -short[0][0]:
             break
         c, rc = cfgs[idx], modes[mode]
-        a, view = arrays(c), views.request(c.tp)
+        a, view = arrays(c), views.request(c.layout)
         bounds = _bounds(a, view, c, rc, splits)
         if bounds is None:
             if mode + 1 < len(modes):  # AUTO: recompute only when the plain split does not fit
@@ -177,12 +181,12 @@ def _options(views: Views, cfgs: list[Config],
         est = _estimate(a, view, c, bounds, (rc,) * len(bounds))
         if len(short) >= keep and (est, idx) >= (-short[0][0], -short[0][1]):
             continue  # cannot enter the short-list: its memory need not be walked
-        cand = _fitted(a, view, _candidate(c, bounds, rc))
+        cand = _fitted(a, view, c.candidate(bounds, (rc,) * len(bounds)))
         if cand is None:
             log.info("%s: estimate %.6g s, does not fit", _named(c), est)
             continue
-        if not rc:  # the stages the memory walk made recompute count (they only add time: the bound holds)
-            est = _estimate(a, view, c, bounds, cand.recompute)
+        if rc is _KEEP:  # the stages the memory walk made recompute count (they only add time: the bound holds)
+            est = _estimate(a, view, c, bounds, cand.activations)
             if len(short) >= keep and (est, idx) >= (-short[0][0], -short[0][1]):
                 continue
         heapq.heappush(short, (-est, -idx, _Option(est, idx, c, cand)))
@@ -192,37 +196,33 @@ def _options(views: Views, cfgs: list[Config],
 
 
 def _fitted(a: UnitArrays, req: PlanRequest, cand: Candidate) -> Candidate | None:
-    """`cand` with recompute flags that make every rank's peak (walked from the order: the simulator's peaks without
-    timing) fit its device, else None: the pinned flags (--recompute-stages), or with --recompute auto, greedily from
-    none: while a rank overflows, its stage saving the most bytes recomputes (a rank's flags change only its own
-    peak, so ranks are fixed one by one); refine.py then finds the best choice for the split it keeps."""
+    """`cand` with activation policies that make every rank's peak (walked from the order: the simulator's peaks
+    without timing) fit its device, else None: the pinned policies (`recompute_stages`), or with recompute AUTO,
+    greedily from keeping everything: while a rank overflows, its stage saving the most bytes recomputes (a rank's
+    policies change only its own peak, so ranks are fixed one by one); refine.py then finds the best choice for the
+    split it keeps."""
     owner = cand.owner
     costs = stage_costs(a, cand.bounds, [1.0] * len(owner))
-    order = named_order(cand.schedule, cand.pp, cand.microbatches, cand.v)
-    pinned = req.pinned_flags(len(owner))
+    order = named_order(cand.schedule, cand.layout.pp, cand.microbatches, cand.layout.v)
+    pinned = req.pinned_activations(len(owner))
     if pinned is not None and any(s >= len(owner) for s in req.recompute_stages or ()):
         return None  # a stage index this configuration does not have
     auto = pinned is None and req.recompute is RecomputeMode.AUTO
-    flags = list(pinned if pinned is not None else (False,) * len(owner) if auto else cand.recompute)
+    chosen = list(pinned if pinned is not None else (_KEEP,) * len(owner) if auto else cand.activations)
     for r in sorted(order):
         acts = [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS]
         static = rank_static_bytes(costs, owner, r)
-        while rank_peak(acts, costs, flags, static) > req.cluster.device(r).memory_bytes:
-            choices = [s for s, o in enumerate(owner) if o == r and not flags[s]]
+        while rank_peak(acts, costs, chosen, static) > req.cluster.device(r).memory_bytes:
+            choices = [s for s, o in enumerate(owner) if o == r and chosen[s] is _KEEP]
             if not auto or not choices:
                 return None
-            flags[max(choices, key=lambda s: (costs[s].activation_bytes - costs[s].input_bytes, -s))] = True
-    return replace(cand, recompute=tuple(flags))
-
-
-def _candidate(c: Config, bounds: Bounds, recompute: bool) -> Candidate:
-    return Candidate(schedule=c.schedule, pp=c.pp, dp=c.dp, v=c.v, microbatches=c.m, microbatch_size=c.b,
-                     bounds=bounds, recompute=(recompute,) * len(bounds), tp=c.tp, zero=c.zero)
+            chosen[max(choices, key=lambda s: (costs[s].activation_bytes - costs[s].input_bytes, -s))] = _RECOMPUTE
+    return replace(cand, activations=tuple(chosen))
 
 
 def _named(c: Config) -> str:
     """A configuration in log lines."""
-    return f"{c.schedule.value} pp={c.pp} dp={c.dp} tp={c.tp} zero={c.zero} v={c.v} m={c.m}"
+    return f"{c.schedule.value} {c.layout.describe()} {c.layout.zero} v={c.layout.v} m={c.m}"
 
 
 def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None,
@@ -236,7 +236,7 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
         why = schedule_refusal(profile.meta.live_values, c.schedule, bounds)
         key = c.schedule.value
         if why is None:
-            why, key = parallel_refusal(profile.meta.tied_parameters, c.tp, c.zero, bounds), PARALLEL_KEY
+            why, key = parallel_refusal(profile.meta.tied_parameters, c.layout, bounds), PARALLEL_KEY
         if why is not None and excluded is not None:
             excluded.setdefault(key, why)
         return why
@@ -246,7 +246,7 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
     fitting: list[Verdict] = []
     for opt in opts:
         c = opt.config
-        verdict = judge(views.arrays(c.b, c.tp, c.zero, c.dp), views.request(c.tp).cluster, opt.candidate)
+        verdict = judge(views.arrays(c.b, c.layout), views.request(c.layout).cluster, opt.candidate)
         log.info("%s: estimate %.6g s, simulated %.6g s%s", _named(c), opt.estimate, verdict.step_s,
                  "" if verdict.fits else " (too big)")
         if verdict.fits:
@@ -287,8 +287,9 @@ def _refined(n: int, views: Views, fitting: list[Verdict],
             out.append(v)
             continue
         beat = min((x.step_s for x in out), default=math.inf)  # splits that cannot beat it need no simulation
-        req = views.request(c.tp)
-        found = refine(views.arrays(c.microbatch_size, c.tp, c.zero, c.dp), req.cluster, c, req.recompute,
-                       admissible=runs(c), budget=budget, fixed=req.pinned_flags(len(c.bounds)), beat=beat).best
+        req = views.request(c.layout)
+        found = refine(views.arrays(c.microbatch_size, c.layout), req.cluster, c, req.recompute,
+                       admissible=runs(c), budget=budget, fixed=req.pinned_activations(len(c.bounds)),
+                       beat=beat).best
         out.append(found if found is not None and found.key < v.key else v)
     return out

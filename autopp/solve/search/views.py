@@ -4,25 +4,24 @@ data-parallel terms (autopp.costmodel.parallel): what the search, the judge and 
 from __future__ import annotations
 
 from ...costmodel import ProfileTable, UnitArrays, allreduce_times, data_sharded, tensor_parallel
+from ...data.layout import Layout
 from ...data.profile import Profile
 from .request import PlanRequest, tp_choices
 
 __all__ = ["ArraysKey", "arrays_key", "Views"]
 
-#: (microbatch size, tp, ZeRO stage, dp): what a configuration's unit arrays depend on.
-ArraysKey = tuple[int, int, int, int]
+#: (microbatch size, the layout's unit view): what a configuration's unit arrays depend on.
+ArraysKey = tuple[int, Layout]
 
 
-def arrays_key(b: int, tp: int, zero: int, dp: int) -> ArraysKey:
-    """The key of the arrays of (b, tp, zero, dp): without replicas ZeRO changes nothing, and only ZeRO depends on
-    dp."""
-    zero = zero if dp > 1 else 0
-    return (b, tp, zero, dp if zero else 1)
+def arrays_key(b: int, layout: Layout) -> ArraysKey:
+    """The key of the arrays of microbatch size `b` under `layout` (`Layout.unit_view`)."""
+    return (b, layout.unit_view())
 
 
 class Views:
     """The request as each tensor-parallel degree sees it (`PlanRequest.view`) and the unit arrays of each
-    (microbatch size, tp, zero, dp), built once per search."""
+    (microbatch size, layout), built once per search."""
 
     def __init__(self, profile: Profile, req: PlanRequest, table: ProfileTable | None = None) -> None:
         self.profile, self.req = profile, req
@@ -34,25 +33,28 @@ class Views:
         """The tensor-parallel degrees to search (`tp_choices` over the profile's `tp_degrees`)."""
         return tuple(tp_choices(self.req, tuple(self.profile.meta.tp_degrees)))
 
-    def request(self, tp: int) -> PlanRequest:
-        if tp not in self._requests:
-            self._requests[tp] = self.req.view(tp)
-        return self._requests[tp]
+    def request(self, layout: Layout) -> PlanRequest:
+        """The request as `layout`'s groups of devices see it (`PlanRequest.view`)."""
+        if layout.group not in self._requests:
+            self._requests[layout.group] = self.req.view(layout)
+        return self._requests[layout.group]
 
-    def arrays(self, b: int, tp: int = 1, zero: int = 0, dp: int = 1) -> UnitArrays:
-        """Unit costs of one tensor-parallel rank at microbatch size `b` with its collectives (on the group's link,
-        `Cluster.tp_link`), sharded by ZeRO stage `zero` over `dp` replicas (all-gathers and reduce-scatters on the
-        data-parallel group of pipeline rank 0, `Cluster.dp_group`)."""
-        key = arrays_key(b, tp, zero, dp)
+    def arrays(self, b: int, layout: Layout = Layout()) -> UnitArrays:
+        """Unit costs of one tensor-parallel rank of `layout` at microbatch size `b` with its collectives (on the
+        group's link, `Cluster.tp_link`), sharded by its ZeRO stage over its replicas (all-gathers and
+        reduce-scatters on the data-parallel group of pipeline rank 0, `Cluster.dp_group`)."""
+        key = arrays_key(b, layout)
+        view = key[1]
         if key not in self._arrays:
-            if key[3] == 1:  # no ZeRO sharding: the tensor-parallel rank's own costs
+            if view.zero.replicated:  # no ZeRO sharding: the tensor-parallel rank's own costs
+                tp = view.tp
                 if tp not in self.tables:
                     self.tables[tp] = ProfileTable(self.profile, tp)
                 self._arrays[key] = tensor_parallel(self.tables[tp].arrays(b), tp, self.req.cluster.tp_link(tp))
             else:  # sharded from those, computed once per (b, tp)
-                group = self.request(tp).cluster
-                self._arrays[key] = data_sharded(self.arrays(b, tp), key[2], key[3],
-                                                 lambda s: allreduce_times(s, key[3], group))
+                group = self.request(view).cluster
+                self._arrays[key] = data_sharded(self.arrays(b, Layout(tp=view.tp)), view.zero, view.dp,
+                                                 lambda s: allreduce_times(s, view.dp, group))
         return self._arrays[key]
 
     def whole(self, b: int) -> UnitArrays:

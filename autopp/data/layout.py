@@ -1,0 +1,225 @@
+"""The parallel layout: every degree of a training step, its ZeRO stage, and the one map between a global rank and
+its coordinates.
+
+Modelled on torchtitan's `ParallelDims` (torchtitan/distributed/parallel_dims.py): one frozen value holds every
+degree, is validated once, and numbers the ranks of the device mesh. Ranks are laid out row-major over `MESH_AXES`,
+pipeline outermost and tensor parallelism innermost, as torchtitan's mesh ["pp", "dp", "cp", "tp"] and Megatron-LM's
+default order "tp-cp-ep-dp-pp" (tp fastest, pp slowest; megatron/core/parallel_state.py) do: a tensor-parallel group
+is consecutive devices, and a stage's replicas are neighbours. The planner costs links with this map
+(`Cluster.placed`), `autopp run` numbers its processes and builds its DeviceMesh with it, and the exporters describe
+it; nothing else spells it out.
+
+Expert parallelism does not add devices: as in torchtitan, its groups are carved out of the data-parallel, context
+and tensor-parallel ranks of a pipeline rank (ep divides dp x cp x tp).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from ..errors import LayoutError
+from .zero import NO_ZERO, ZeroStage, zero_stage
+
+__all__ = ["MESH_AXES", "Coords", "Layout", "LayoutPins", "uses_mesh", "LAYOUT_FIELDS", "layout_fields", "layout_of"]
+
+#: The device mesh's dimensions, outermost first: the order in which `Layout.rank` numbers the ranks.
+MESH_AXES = ("pp", "dp", "cp", "tp")
+
+
+class Coords(NamedTuple):
+    """A rank's place in the mesh."""
+
+    pp: int
+    """Pipeline rank."""
+    dp: int
+    """Data-parallel replica."""
+    cp: int = 0
+    """Context-parallel rank (the sequence shard)."""
+    tp: int = 0
+    """Tensor-parallel rank."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """How one training step is spread over the devices: every parallel degree and the ZeRO stage."""
+
+    pp: int = 1
+    """Pipeline ranks per replica."""
+    v: int = 1
+    """Stages per pipeline rank (2 for V schedules, the interleaving degree for interleaved ones)."""
+    dp: int = 1
+    """Data-parallel replicas: each runs the whole pipeline on global batch / dp samples."""
+    cp: int = 1
+    """Context-parallel degree: each sequence sharded over cp ranks (1 until context parallelism lands)."""
+    tp: int = 1
+    """Tensor-parallel degree: each pipeline rank of each replica is a group of tp devices sharding its modules."""
+    ep: int = 1
+    """Expert-parallel degree, carved out of dp x cp x tp (1 until expert parallelism lands)."""
+    zero: ZeroStage = NO_ZERO
+    """How the data parallelism shards parameters, gradients and optimizer state (autopp.data.zero)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "zero" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise LayoutError(f"{f.name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.zero, ZeroStage):  # a programming error: readers parse the stage number
+            raise TypeError(f"Layout.zero must be a ZeroStage, got {self.zero!r}")
+        if not self.zero.replicated and self.dp == 1:
+            raise LayoutError(f"{self.zero} shards over data-parallel replicas, and dp is 1: give dp > 1, or ZeRO "
+                              "stage 0")
+        if (self.dp * self.cp * self.tp) % self.ep:
+            raise LayoutError(f"ep({self.ep}) must divide dp({self.dp}) * cp({self.cp}) * tp({self.tp}) = "
+                              f"{self.dp * self.cp * self.tp}")
+
+    @property
+    def world(self) -> int:
+        """Processes (devices) in all: pp x dp x cp x tp."""
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def group(self) -> int:
+        """Devices that act together as one pipeline rank of one replica (cp x tp): the planner sees each such group
+        as one rank (`Cluster.tp_groups`)."""
+        return self.cp * self.tp
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The mesh's size along each of `MESH_AXES`."""
+        return tuple(getattr(self, axis) for axis in MESH_AXES)
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages of one replica: pp x v."""
+        return self.pp * self.v
+
+    @property
+    def mesh_axes(self) -> tuple[str, ...]:
+        """The device mesh's dimensions as the runner builds it, in `MESH_AXES` order: pp, dp and tp always (its
+        groups; a dimension of size 1 is a group of one), cp only above 1. Dimensions of size 1 do not change the
+        numbering, so the mesh's ranks are the ones `rank` numbers."""
+        return tuple(a for a in MESH_AXES if a != "cp" or self.cp > 1)
+
+    def rank(self, coords: Coords) -> int:
+        """The global rank (and device slot) at `coords`: row-major over `MESH_AXES`."""
+        rank = 0
+        for axis, size in zip(MESH_AXES, self.shape):
+            index = getattr(coords, axis)
+            if not 0 <= index < size:
+                raise LayoutError(f"{axis} coordinate {index} is outside 0..{size - 1}")
+            rank = rank * size + index
+        return rank
+
+    def coords(self, rank: int) -> Coords:
+        """The coordinates of global rank `rank` (the inverse of `rank`)."""
+        if not 0 <= rank < self.world:
+            raise LayoutError(f"rank {rank} is outside 0..{self.world - 1} of {self.describe()}")
+        out: list[int] = []
+        for size in reversed(self.shape):
+            rank, index = divmod(rank, size)
+            out.append(index)
+        return Coords(*reversed(out))
+
+    def along(self, axis: str, coords: Coords) -> tuple[int, ...]:
+        """The global ranks that differ from `coords` only along `axis`, in order: its group on that axis."""
+        return tuple(self.rank(coords._replace(**{axis: i})) for i in range(getattr(self, axis)))
+
+    def check_devices(self, devices: int) -> None:
+        """A LayoutError unless the layout uses exactly `devices` devices."""
+        if self.world != devices:
+            raise LayoutError(f"{self.describe(' * ')} = {self.world} != devices ({devices})")
+
+    def unit_view(self) -> Layout:
+        """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size): its
+        tensor-parallel and context degrees, and the replicas only where its ZeRO stage shards over them."""
+        return Layout(cp=self.cp, tp=self.tp, ep=self.ep, dp=self.dp if not self.zero.replicated else 1,
+                      zero=self.zero)
+
+    def describe(self, sep: str = " x ") -> str:
+        """The degrees as messages print them: "pp(2) x dp(2) x tp(2)", degrees of 1 beyond pp and dp left out."""
+        shown = [a for a in ("pp", "dp", "cp", "tp", "ep") if a in ("pp", "dp") or getattr(self, a) > 1]
+        return sep.join(f"{a}({getattr(self, a)})" for a in shown)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutPins:
+    """A partial Layout: the degrees and ZeRO stage a planning request fixes; None leaves one to the search. The
+    defaults are the planner's: dp, cp, tp and ep 1 and ZeRO 0 unless asked for, pp and v searched."""
+
+    pp: int | None = None
+    v: int | None = None
+    dp: int | None = 1
+    cp: int | None = 1
+    tp: int | None = 1
+    ep: int | None = 1
+    zero: ZeroStage | None = NO_ZERO
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "zero" and value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                                           or value < 1):
+                raise LayoutError(f"{f.name} must be an integer >= 1 or searched (None), got {value!r}")
+        if self.zero is not None and not self.zero.replicated and self.dp == 1:
+            raise LayoutError(f"{self.zero} shards over data-parallel replicas, and dp is 1: give dp > 1 (or search "
+                              "it), or ZeRO stage 0")
+
+    def check_devices(self, devices: int) -> None:
+        """A LayoutError unless the pinned degrees can multiply to `devices`: each divides it, and so do their
+        products."""
+        pinned = {a: getattr(self, a) for a in MESH_AXES if getattr(self, a) is not None}
+        shown = {a: v for a, v in pinned.items() if a in ("pp", "dp", "tp") or v > 1}
+        for axis, value in pinned.items():
+            if devices % value:
+                raise LayoutError(f"{axis}={value} does not divide the {devices} devices")
+        product = math.prod(pinned.values())
+        if len(pinned) == len(MESH_AXES) and product != devices:
+            raise LayoutError(" * ".join(f"{a}({v})" for a, v in shown.items()) + f" != devices ({devices})")
+        if devices % product:
+            raise LayoutError(f"the pinned degrees ({' x '.join(str(v) for v in shown.values())}) do not "
+                              f"divide the {devices} devices")
+
+    def admits(self, layout: Layout) -> bool:
+        """Whether `layout` agrees with every pinned field."""
+        return all(getattr(self, f.name) in (None, getattr(layout, f.name)) for f in fields(self))
+
+    @staticmethod
+    def of(layout: Layout) -> LayoutPins:
+        """Every field of `layout` pinned."""
+        return LayoutPins(**{f.name: getattr(layout, f.name) for f in fields(layout)})
+
+
+def uses_mesh(layout: Layout) -> bool:
+    """Whether the layout shards anything inside a pipeline rank or over its replicas (tensor parallelism or ZeRO),
+    which `autopp run` runs through a DeviceMesh, DTensor and FSDP2, not as plain pipeline replicas."""
+    return layout.tp > 1 or not layout.zero.replicated
+
+
+#: A layout's fields in plan and run-report JSON, with their least values: `num_ranks` (its world size), `pp` (0:
+#: num_ranks // (dp x cp x tp), in files that predate the field), `dp`, `virtual_stages` (its v), `tp` and `zero`
+#: (written when tp > 1 or ZeRO > 0), `cp` and `ep` (written when above 1).
+LAYOUT_FIELDS = {"num_ranks": 1, "pp": 0, "dp": 1, "virtual_stages": 1, "cp": 1, "tp": 1, "ep": 1, "zero": 0}
+
+
+def layout_fields(layout: Layout) -> dict[str, int]:
+    """The layout's JSON fields (`LAYOUT_FIELDS`), as files written before the newer axes existed spell them."""
+    out = {"num_ranks": layout.world, "pp": layout.pp, "dp": layout.dp, "virtual_stages": layout.v}
+    if layout.tp > 1 or not layout.zero.replicated:
+        out.update(tp=layout.tp, zero=layout.zero.stage)
+    out.update({axis: getattr(layout, axis) for axis in ("cp", "ep") if getattr(layout, axis) > 1})
+    return out
+
+
+def layout_of(data: Mapping[str, Any]) -> Layout:
+    """The Layout of JSON fields (`LAYOUT_FIELDS`, their types checked by the reader); a LayoutError naming
+    `num_ranks` when the degrees do not multiply to it."""
+    dp, cp, tp = data.get("dp", 1), data.get("cp", 1), data.get("tp", 1)
+    pp = data.get("pp", 0) or data["num_ranks"] // max(dp * cp * tp, 1)
+    layout = Layout(pp=pp, v=data.get("virtual_stages", 1), dp=dp, cp=cp, tp=tp, ep=data.get("ep", 1),
+                    zero=zero_stage(data.get("zero", 0)))
+    if layout.world != data["num_ranks"]:
+        raise LayoutError(f"{layout.describe(' * ')} != num_ranks ({data['num_ranks']})")
+    return layout

@@ -1,0 +1,87 @@
+"""ZeRO stages as descriptors: what each shards over the data-parallel replicas, how it runs, how trainers spell it.
+
+Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (SC'20, arXiv:1910.02054,
+s.5), as the stages run under torch.distributed.pipelining with FSDP2 (docs/parallelism.md; the cost terms are in
+autopp.costmodel.parallel). Every other module reads a stage's properties from its descriptor here; the stage number
+itself appears only at the JSON and command-line boundaries (`zero_stage`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import LayoutError
+
+__all__ = ["ZeroStage", "ZERO", "NO_ZERO", "SEARCHED_ZERO", "zero_stage"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroStage:
+    """One ZeRO stage: what it shards, what it communicates, whether autopp runs it, and each trainer's spelling."""
+
+    stage: int
+    """The stage's number (0-3): the JSON and flag spelling, and what messages print."""
+    sharded: str
+    """What the stage shards over the replicas, in words."""
+    shards_optimizer: bool = False
+    """Optimizer state (and its step) is split over the replicas: the optimizer steps 1 / dp of it."""
+    scatters_each_microbatch: bool = False
+    """Gradients are reduce-scattered after every microbatch's backward and kept sharded (stage 2), instead of once
+    after the step's last backward."""
+    gathers_each_forward: bool = False
+    """Parameters are resharded between uses and all-gathered before every forward (stage 3)."""
+    fsdp_reshard_after_forward: bool | None = None
+    """How FSDP2's `fully_shard` runs it (`reshard_after_forward`); None: no FSDP (a plain gradient all-reduce)."""
+    not_runnable: str | None = None
+    """Why `autopp run` (torch.distributed.pipelining) cannot run it; None: it runs. A stage that cannot run is costed
+    only when asked for, never searched."""
+    trainer_refusals: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    """Trainer ("torchtitan", "megatron", "deepspeed") -> why it has no such stage beside pipeline parallelism."""
+
+    @property
+    def replicated(self) -> bool:
+        """Nothing is sharded: every replica holds everything and gradients are all-reduced after the step."""
+        return not self.shards_optimizer
+
+    def refusal(self, trainer: str) -> str | None:
+        """Why `trainer` cannot run this stage beside pipeline parallelism (None: it can)."""
+        return self.trainer_refusals.get(trainer)
+
+    def __str__(self) -> str:
+        return f"ZeRO {self.stage}"
+
+    def __repr__(self) -> str:
+        return f"ZERO[{self.stage}]"
+
+
+_NO_STAGE_2 = "re-plan with `zero` 1 or 3"
+_DEEPSPEED = ("DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only (\"ZeRO-2 and ZeRO-3 are incompatible with "
+              "pipeline parallelism\", runtime/pipe/engine.py); re-plan with `zero` 1")
+
+#: Every ZeRO stage by number.
+ZERO: dict[int, ZeroStage] = {z.stage: z for z in (
+    ZeroStage(stage=0, sharded="nothing (replicated)"),
+    ZeroStage(stage=1, sharded="optimizer state", shards_optimizer=True, fsdp_reshard_after_forward=False),
+    ZeroStage(stage=2, sharded="optimizer state and gradients", shards_optimizer=True, scatters_each_microbatch=True,
+              not_runnable="torch.distributed.pipelining keeps a stage's gradients unsharded until the step's last "
+                           "microbatch, so ZeRO stage 2 cannot run under it",
+              trainer_refusals={
+                  "torchtitan": "torchtitan has no ZeRO stage 2 (its FSDP keeps gradients whole under pipeline "
+                                f"parallelism); {_NO_STAGE_2}",
+                  "megatron": "Megatron-LM has no ZeRO stage 2 beside pipeline parallelism (its distributed "
+                              "optimizer is ZeRO 1; gradient sharding needs its FSDP); re-plan with `zero` 1",
+                  "deepspeed": _DEEPSPEED}),
+    ZeroStage(stage=3, sharded="optimizer state, and parameters and gradients between steps", shards_optimizer=True,
+              gathers_each_forward=True, fsdp_reshard_after_forward=True,
+              trainer_refusals={"deepspeed": _DEEPSPEED}),
+)}
+NO_ZERO = ZERO[0]
+#: The stages the search tries when the request leaves ZeRO open: those `autopp run` can run.
+SEARCHED_ZERO: tuple[ZeroStage, ...] = tuple(z for z in ZERO.values() if z.not_runnable is None)
+
+
+def zero_stage(stage: object) -> ZeroStage:
+    """The descriptor of ZeRO stage number `stage`; a LayoutError naming the stages that exist otherwise."""
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in ZERO:
+        raise LayoutError(f"ZeRO stage {stage!r} does not exist; give one of {sorted(ZERO)}")
+    return ZERO[stage]
