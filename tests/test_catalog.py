@@ -106,18 +106,21 @@ def test_a_device_file_by_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"memory": -1}, "memory > 0"),
-    ({"memory_bandwidth_bytes_per_s": "fast"}, "memory_bandwidth_bytes_per_s must be a number, got 'fast'"),
-    ({"peak_flops": {"bfloat16": 0}}, "got {'bfloat16': 0.0}"),
+    ({"memory": -1}, "field 'memory' must be a size (e.g. \"80GiB\") or a whole number of bytes > 0, got -1"),
+    ({"memory_bandwidth_bytes_per_s": "fast"},
+     "field 'memory_bandwidth_bytes_per_s' must be a finite number > 0, got 'fast'"),
+    ({"peak_flops": {"bfloat16": 0}}, "field 'peak_flops.bfloat16' must be a finite number > 0, got 0"),
     ({"peak_flops": {"int4": 1e15}}, "got ['int4']"),
-    ({"devices_per_node": 0}, "devices_per_node >= 1, got 0"),
-    ({"source": None}, "missing key 'source'"),
-    ({"speed": 2}, "unknown key 'speed'"),
+    ({"devices_per_node": 0}, "field 'devices_per_node' must be an integer >= 1, got 0: see docs/devices.md"),
+    ({"devices_per_node": True}, "field 'devices_per_node' must be an integer >= 1, got True"),
+    ({"source": None}, "missing field 'source'"),
+    ({"speed": 2}, "unknown field 'speed'; expected fields ['devices_per_node', "),
     ({"inter_node_link": {"kind": "IB", "bandwidth_bytes_per_s": 50e9}}, "inter_node_link: missing 'latency_s'"),
     ({"intra_node_link": {"kind": "NV", "bandwidth_bytes_per_s": -1, "latency_s": 0}}, "bandwidth -1.0"),
     ({"intra_node_link": {"kind": "NV", "bandwidth_bytes_per_s": 1e9, "latency_s": 0, "speed": 1}},
      "intra_node_link: unknown key 'speed'"),
-    ({"intra_node_link": {"bandwidth_bytes_per_s": 1e9, "latency_s": 0}}, "intra_node_link must be an object with"),
+    ({"intra_node_link": {"bandwidth_bytes_per_s": 1e9, "latency_s": 0}},
+     "field 'intra_node_link' must be an object with"),
 ])
 def test_malformed_file_is_one_line_naming_it(tmp_path: Path, changes: dict[str, object], message: str) -> None:
     path = _write(tmp_path, **changes)

@@ -42,11 +42,16 @@ def test_identical_devices_are_homogeneous() -> None:
 
 @pytest.mark.parametrize("text,pattern", [
     ("{", "not valid JSON"), ("{}", "non-empty \"devices\""),
-    ('{"devices": [{"speed": 1}]}', "bad device"),
+    ('{"devices": [{"speed": 1}]}', r"c\.json: devices\[0\]: missing field 'memory'"),
+    ('{"devices": [{"memory": 1, "speed": true}]}',
+     r"c\.json: devices\[0\]: field 'speed' must be a finite number > 0, got True"),
+    ('{"devices": [{"memory": 1.5}]}', r"c\.json: devices\[0\]: field 'memory' must be a size .* bytes > 0, got 1\.5"),
     # issue 13.7: an empty list was taken for "all links default"
     ('{"devices": [{"memory": 1}, {"memory": 1}], "links": []}', r"c\.json: \"links\" must list the 1 links .* got 0"),
-    ('{"devices": [{"memory": 1}], "lnks": []}', r"c\.json: unknown key 'lnks'"),
-    ('{"devices": [1]}', r"c\.json: devices\[0\]: bad device 1"),
+    ('{"devices": [{"memory": 1}], "lnks": []}',
+     r"c\.json: unknown field 'lnks'; expected fields \['data_link', 'devices', 'link', 'links', 'version'\]: "
+     r"see docs/cluster-format\.md$"),
+    ('{"devices": [1]}', r"c\.json: devices\[0\]: expected a JSON object, got int"),
     ('{"devices": {"memory": 1}}', "non-empty \"devices\" list"),
 ])
 def test_bad_files(tmp_path: Path, text: str, pattern: str) -> None:
@@ -206,22 +211,24 @@ _OK = {"version": 2, "nodes": 2, "device": "h100-sxm"}
 
 
 @pytest.mark.parametrize("data,pattern", [
-    ({"version": 3, "nodes": 2}, r"c\.json: version: expected 1 \(a list of devices\) or 2 \(nodes\), got 3"),
+    ({"version": 3, "nodes": 2}, r"c\.json: field 'version' must be 1 \(a list of devices\) or 2 \(nodes\), got 3"),
     ({"nodes": 2, "device": "h100-sxm"}, r"c\.json: a cluster file of nodes needs \"version\": 2"),
-    ({"version": 2, "device": "h100-sxm"}, r"c\.json: nodes: missing"),
-    ({**_OK, "nodes": 0}, r"c\.json: nodes: expected an integer >= 1, got 0"),
-    ({**_OK, "devices_per_node": "8"}, r"c\.json: devices_per_node: expected an integer >= 1, got '8'"),
-    ({**_OK, "link": {}}, r"c\.json: unknown key 'link'; a cluster file of nodes \(version 2\) has"),
-    ({**_OK, "device": "v100"}, r"c\.json: device: unknown device 'v100'; the catalog has"),
-    ({"version": 2, "nodes": 2, "devices_per_node": 4}, r"c\.json: memory: missing"),
-    ({**_OK, "memory": "lots"}, r"c\.json: memory: "),
+    ({"version": 2, "device": "h100-sxm"}, r"c\.json: missing field 'nodes': see docs/cluster-format\.md$"),
+    ({**_OK, "nodes": 0}, r"c\.json: field 'nodes' must be an integer >= 1, got 0"),
+    ({**_OK, "devices_per_node": "8"}, r"c\.json: field 'devices_per_node' must be an integer >= 1, got '8'"),
+    ({**_OK, "link": {}}, r"c\.json: unknown field 'link'; expected fields \['device', "),
+    ({**_OK, "device": "v100"}, r"c\.json: field 'device': unknown device 'v100'; the catalog has"),
+    ({"version": 2, "nodes": 2, "devices_per_node": 4}, r"c\.json: missing field 'memory'; give each device's memory"),
+    ({**_OK, "memory": "lots"}, r"c\.json: field 'memory': cannot read 'lots' as a size"),
     ({**_OK, "inter_node_link": {"bandwidth": 1e9}}, r"c\.json: inter_node_link: unknown key 'bandwidth'"),
     ({**_OK, "inter_node_link": {"bandwidth_bytes_per_s": -1.0}}, r"c\.json: inter_node_link: link needs"),
     ({**_OK, "intra_node_link": {"latency_s": True}}, r"c\.json: intra_node_link: expected an object of numbers"),
     ({"version": 2, "nodes": 2, "devices_per_node": 4, "memory": "1GiB",
       "intra_node_link": {"bandwidth_bytes_per_s": 1e9}}, r"c\.json: intra_node_link: missing 'latency_s'"),
-    ({**_OK, "regions": 2}, r"c\.json: wan_link: a WAN link joins regions; give it exactly when \"regions\" > 1"),
-    ({**_OK, "regions": 2, "wan_link": {"bandwidth_bytes_per_s": 1e9}}, r"c\.json: wan_link: missing 'latency_s'; give it$"),
+    ({**_OK, "regions": 2},
+     r"c\.json: field 'wan_link': a WAN link joins regions; give it exactly when \"regions\" > 1"),
+    ({**_OK, "regions": 2, "wan_link": {"bandwidth_bytes_per_s": 1e9}},
+     r"c\.json: wan_link: missing 'latency_s'; give it: see docs/cluster-format\.md$"),
     ({**_OK, "nodes": 3, "regions": 2, "wan_link": {"latency_s": 0, "bandwidth_bytes_per_s": 1}},
      r"c\.json: 3 nodes do not split into 2 regions"),
 ])

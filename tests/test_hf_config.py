@@ -56,7 +56,8 @@ def test_bad_files_are_one_line(tmp_path: Path) -> None:
     _one_line_error(lambda: hf_source(broken), r"broken.json:\d+: not valid JSON .*give the config.json")
     array = tmp_path / "array.json"
     array.write_text("[1, 2]")
-    _one_line_error(lambda: hf_source(array), "holds a JSON object, got list")
+    _one_line_error(lambda: hf_source(array),
+                    r"array.json: expected a JSON object, got list: give the config.json of a Hugging Face model")
     untyped = tmp_path / "untyped.json"
     untyped.write_text(json.dumps({"hidden_size": 8}))
     _one_line_error(lambda: hf_source(untyped), 'no "model_type" key')

@@ -57,7 +57,7 @@ def test_bad_stage_time_names_file_stage_and_field(tmp_path: Path, value: object
     data = _plan().to_json()
     data["stages"][1]["progress_s"] = value
     (tmp_path / "p.json").write_text(json.dumps(data))
-    with pytest.raises(PlanError, match=r"p\.json: stage 1: progress_s must be a finite number >= 0, got "):
+    with pytest.raises(PlanError, match=r"p\.json: stage 1: field 'progress_s' must be a finite number >= 0, got "):
         load_plan(tmp_path / "p.json")
 
 

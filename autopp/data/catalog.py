@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import AutoppError
 from ..jsonio import read_json
-from ..sizes import parse_size
 from .cluster import NCCL_COSTS, Cluster, Link, Nodes, hierarchical_cluster, parse_link
+from .fields import Fields
 
 __all__ = ["DeviceLink", "DeviceSpec", "LinkOverrides", "DTYPES", "load_device", "device_names", "identify_device",
            "cluster_from_catalog", "device_mismatch"]
@@ -208,76 +208,38 @@ def _with(link: Link, overrides: LinkOverrides, bandwidth: float | None) -> Link
 
 def _parse(path: Path) -> DeviceSpec:
     """A device file read and checked: every error names the file and the field."""
-    data = read_json(path, "device file", advice=_ADVICE)
-    if not isinstance(data, dict):
-        raise AutoppError(f"{path}: a device file is a JSON object ({_ADVICE})")
-    unknown, missing = sorted(set(data) - _KEYS), sorted(_REQUIRED - set(data))
-    if unknown or missing:
-        what = f"unknown key {unknown[0]!r}" if unknown else f"missing key {missing[0]!r}"
-        raise AutoppError(f"{path}: {what}; a device file has {sorted(_KEYS)} ({_ADVICE})")
+    f = Fields(str(path), advice=_ADVICE)
+    data = f.keys(read_json(path, "device file", advice=_ADVICE), _KEYS, _REQUIRED, listed=True)
     try:
         return DeviceSpec(
-            name=path.stem, vendor=_text(data, "vendor"), model=_text(data, "model"), memory_bytes=_memory(data),
-            memory_bandwidth_bytes_per_s=_number(data["memory_bandwidth_bytes_per_s"], "memory_bandwidth_bytes_per_s"),
-            peak_flops=_peaks(data["peak_flops"]), intra_node_link=_link(data["intra_node_link"], "intra_node_link"),
-            inter_node_link=_link(data["inter_node_link"], "inter_node_link"),
-            devices_per_node=_count(data["devices_per_node"]), source=_text(data, "source"),
-            torch_names=tuple(_strings(data.get("torch_names", []))), notes=str(data.get("notes", "")),
-            extra=dict(data.get("extra", {})), memory_shared=_flag(data.get("memory_shared", False), "memory_shared"))
-    except (ValueError, TypeError) as exc:
-        raise AutoppError(f"{path}: {exc} ({_ADVICE})") from None
+            name=path.stem, vendor=f.string(data["vendor"], "vendor"), model=f.string(data["model"], "model"),
+            memory_bytes=f.size(data["memory"], "memory"),
+            memory_bandwidth_bytes_per_s=float(f.number(data["memory_bandwidth_bytes_per_s"],
+                                                        "memory_bandwidth_bytes_per_s", positive=True)),
+            peak_flops=_peaks(data["peak_flops"], f),
+            intra_node_link=_link(data["intra_node_link"], "intra_node_link", f),
+            inter_node_link=_link(data["inter_node_link"], "inter_node_link", f),
+            devices_per_node=f.integer(data["devices_per_node"], "devices_per_node", 1),
+            source=f.string(data["source"], "source"),
+            torch_names=f.strings(data.get("torch_names", []), "torch_names", empty_ok=False),
+            notes=str(data.get("notes", "")), extra=dict(data.get("extra", {})),
+            memory_shared=f.flag(data.get("memory_shared", False), "memory_shared"))
+    except (ValueError, TypeError) as exc:  # the links' figures, the dtypes, DeviceSpec's own checks
+        f.fail(str(exc))
 
 
-def _flag(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{where} must be true or false, got {value!r}")
-    return value
-
-
-def _text(data: dict[str, Any], key: str) -> str:
-    if not isinstance(data[key], str) or not data[key].strip():
-        raise ValueError(f"{key!r} must be a non-empty string, got {data[key]!r}")
-    return str(data[key])
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where} must be a number, got {value!r}")
-    return float(value)
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"devices_per_node must be an integer, got {value!r}")
-    return value
-
-
-def _memory(data: dict[str, Any]) -> int:
-    value = data["memory"]
-    if isinstance(value, str):
-        return parse_size(value)
-    return int(_number(value, "memory"))
-
-
-def _peaks(value: Any) -> dict[str, float]:
+def _peaks(value: Any, f: Fields) -> dict[str, float]:
     if not isinstance(value, dict):
-        raise ValueError(f"peak_flops must be an object of dtype: FLOP/s, got {value!r}")
-    return {str(k): _number(v, f"peak_flops.{k}") for k, v in value.items()}
+        f.bad("peak_flops", "an object of dtype: FLOP/s", value)
+    return {str(k): float(f.number(v, f"peak_flops.{k}", positive=True)) for k, v in value.items()}
 
 
-def _strings(value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ValueError(f"torch_names must be a list of non-empty strings, got {value!r}")
-    return list(value)
-
-
-def _link(value: Any, where: str) -> DeviceLink:
+def _link(value: Any, name: str, f: Fields) -> DeviceLink:
     """A device file's link: "kind" and a link's numbers (`parse_link`; overhead and progress default to 0)."""
     if not isinstance(value, dict) or not isinstance(value.get("kind"), str) or not value["kind"].strip():
-        raise ValueError(f"{where} must be an object with \"kind\", \"bandwidth_bytes_per_s\", \"latency_s\", "
-                         f"got {value!r}")
+        f.bad(name, "an object with \"kind\", \"bandwidth_bytes_per_s\", \"latency_s\"", value)
     numbers = {k: v for k, v in value.items() if k != "kind"}
-    return DeviceLink(kind=value["kind"], link=parse_link(numbers, where, NCCL_COSTS))
+    return DeviceLink(kind=value["kind"], link=parse_link(numbers, name, NCCL_COSTS))
 
 
 def device_mismatch(name: str, profile_device: str, analytic_device: str | None = None) -> str | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ModelFileError
 from ..jsonio import read_json
+from .fields import Fields, is_int
 
 __all__ = ["HF_TASKS", "DEFAULT_TASK", "DEFAULT_SEQ_LEN", "POSITION_KEYS", "HfSource", "read_hf_config",
            "max_positions", "check_seq_len", "hf_source"]
@@ -23,6 +24,7 @@ DEFAULT_SEQ_LEN = 512
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 _WHAT = "Hugging Face config.json"
+_ADVICE = "give the config.json of a Hugging Face model (e.g. examples/configs/llama-3-8b.json)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,10 +53,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     """The config's keys and values; a ModelFileError naming the file if it is missing, not JSON, not an object or
     has no `model_type`."""
     p = Path(path).resolve()
-    data = read_json(p, _WHAT, ModelFileError, "give the config.json of a Hugging Face model (e.g. "
-                                               "examples/configs/llama-3-8b.json)")
-    if not isinstance(data, dict):
-        raise ModelFileError(f"{p}: a {_WHAT} holds a JSON object, got {type(data).__name__}")
+    data = Fields(str(p), ModelFileError, _ADVICE).obj(read_json(p, _WHAT, ModelFileError, _ADVICE))
     if not isinstance(data.get("model_type"), str) or not data["model_type"]:
         raise ModelFileError(f"{p}: no \"model_type\" key (e.g. \"llama\"): transformers needs it to know the "
                              "architecture; add it as the model's own config.json has it")
@@ -65,7 +64,7 @@ def max_positions(values: dict[str, Any]) -> int | None:
     """The config's largest position (`max_position_embeddings` or its family's name for it), if it gives one."""
     for key in POSITION_KEYS:
         value = values.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if is_int(value, 1):
             return value
     return None
 

@@ -11,11 +11,10 @@ from ..errors import LayoutError, PlanError, ScheduleError
 from ..jsonio import read_json, write_json
 from ..relpaths import resolved_path, stored_path
 from ..schedule.actions import Action, parse_action
-from ..schedule.activation import Activation, parse_activation
+from ..schedule.activation import Activation
 from ..schedule.descriptors import ScheduleName, describe
+from .fields import Fields, is_int, is_span
 from .layout import LAYOUT_FIELDS, Layout, layout_fields, layout_of
-from .plan_fields import check_int, check_number, check_strings, is_count, is_span, require_fields
-from .zero import zero_stage
 
 __all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
 
@@ -200,19 +199,19 @@ class Plan:
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str = "plan") -> Plan:
+        f = Fields(where, PlanError)
         if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
             version = data.get("version") if isinstance(data, dict) else None
-            raise PlanError(f"{where}: plan version {version!r} is not supported (expected one of "
-                            f"{list(READABLE_VERSIONS)})")
-        data = upgraded(data, where)
-        _require_plan_fields(data, where)
+            f.fail(f"plan version {version!r} is not supported (expected one of {list(READABLE_VERSIONS)})")
+        data = upgraded(data, f)
+        _record(data, f)
         if not isinstance(data["stages"], (list, tuple)) or not data["stages"]:
-            raise PlanError(f"{where}: field 'stages' must be a non-empty list")
+            f.fail("field 'stages' must be a non-empty list")
         for i, s in enumerate(data["stages"]):
-            require_fields(s, StagePlan, f"{where}: stage {i}")
-        require_fields(data["predicted"], Prediction, f"{where}: predicted")
-        _check_fields(data, where)
-        custom_order = _custom_order(data.get("custom_order", []), where)
+            f.at(f"stage {i}").record(s, StagePlan)
+        f.at("predicted").record(data["predicted"], Prediction)
+        _check_fields(data, f)
+        custom_order = _custom_order(data.get("custom_order", []), f)
         try:
             stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
                                         "activation": Activation(s.get("activation", "keep"))})
@@ -236,99 +235,93 @@ class Plan:
 #: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
 _PLAN_INTS = {"num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0, **LAYOUT_FIELDS}
 _STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
+#: Number fields of a stage (finite, >= 0; the backward's I and W may be null, in plans that predate them).
+_STAGE_NUMBERS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "progress_s",
+                  "overhead_s", "transient_bytes")
 _PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
 #: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
 _SEED_LIMIT = 2**63
 
 
-def _check_prediction(d: Any, where: str) -> None:
-    require_fields(d, Prediction, where)
+def _check_prediction(d: Any, f: Fields) -> None:
+    f.record(d, Prediction)
     for name in _PREDICTION_NUMBERS:
         if name in d:
-            check_number(d[name], name, where)
-    if not isinstance(d.get("fits", True), bool):
-        raise PlanError(f"{where}: field 'fits' must be true or false, got {d['fits']!r}")
+            f.number(d[name], name)
+    f.flag(d.get("fits", True), "fits")
     bubble = d["bubble_fraction"]  # may be -1e-16 by rounding
     if isinstance(bubble, bool) or not isinstance(bubble, (int, float)) or not -1e-9 <= bubble <= 1:
-        raise PlanError(f"{where}: field 'bubble_fraction' must be a number in [0, 1], got {bubble!r}")
-    peaks = d["peak_memory_bytes"]
-    if not isinstance(peaks, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
-                                               for x in peaks):
-        raise PlanError(f"{where}: field 'peak_memory_bytes' must be a list of integers >= 0, got {peaks!r}")
+        f.bad("bubble_fraction", "a number in [0, 1]", bubble)
+    f.integers(d["peak_memory_bytes"], "peak_memory_bytes")
     units = d.get("stage_units", [])
     if not isinstance(units, (list, tuple)) or not all(is_span(u) for u in units):
-        raise PlanError(f"{where}: field 'stage_units' must be a list of [first, end] unit ranges")
+        f.fail("field 'stage_units' must be a list of [first, end] unit ranges")
 
 
-def _check_stage(s: dict[str, Any], i: int, where: str) -> None:
-    at = f"{where}: stage {i}"
+def _check_stage(s: dict[str, Any], i: int, f: Fields) -> None:
     for name, least in _STAGE_INTS.items():
         if name in s:
-            check_int(s[name], name, least, at)
+            f.integer(s[name], name, least)
+    for name in _STAGE_NUMBERS:
+        if s.get(name) is not None or name not in ("backward_input_s", "backward_weight_s"):
+            f.number(s.get(name, 0.0), name)
     if s["index"] != i:
-        raise PlanError(f"{at}: field 'index' is {s['index']!r}; stages must be listed in order, index 0, 1, ...")
+        f.fail(f"field 'index' is {s['index']!r}; stages must be listed in order, index 0, 1, ...")
     if not is_span(s["units"]):
-        raise PlanError(f"{at}: field 'units' must be [first, end] with 0 <= first < end, got {s['units']!r}")
-    check_strings(s["unit_names"], "unit_names", at)
+        f.bad("units", "[first, end] with 0 <= first < end", s["units"])
+    f.strings(s["unit_names"], "unit_names")
     if len(s["unit_names"]) != s["units"][1] - s["units"][0]:
-        raise PlanError(f"{at}: {len(s['unit_names'])} unit_names for units {s['units']}")
+        f.fail(f"{len(s['unit_names'])} unit_names for units {s['units']}")
     if s["split_point"] is not None and not (isinstance(s["split_point"], str) and s["split_point"]):
-        raise PlanError(f"{at}: field 'split_point' must be a module name or null, got {s['split_point']!r}")
-    try:
-        parse_activation(s.get("activation", "keep"), f"{at}: field 'activation'")
-    except ScheduleError as exc:
-        raise PlanError(str(exc)) from None
+        f.bad("split_point", "a module name or null", s["split_point"])
+    policies = [a.value for a in Activation]
+    if s.get("activation", "keep") not in policies:
+        f.bad("activation", f"an activation policy, one of {policies}", s["activation"])
 
 
-def _check_fields(data: dict[str, Any], where: str) -> None:
+def _check_fields(data: dict[str, Any], f: Fields) -> None:
     """Type and range of every field, before any dataclass is built: a PlanError naming the file and the field."""
     for name in ("model_path", "fingerprint", "schedule"):
-        if not isinstance(data[name], str) or not data[name]:
-            raise PlanError(f"{where}: field {name!r} must be a non-empty string, got {data[name]!r}")
+        f.string(data[name], name)
     names = [n.value for n in ScheduleName]
     if data["schedule"] not in names:
-        raise PlanError(f"{where}: field 'schedule' is {data['schedule']!r}; expected one of {names}")
-    order = data.get("device_order", [])
-    if not isinstance(order, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in order):
-        raise PlanError(f"{where}: field 'device_order' must be a list of device indices, got {order!r}")
+        f.fail(f"field 'schedule' is {data['schedule']!r}; expected one of {names}")
+    f.integers(data.get("device_order", []), "device_order", noun="device indices")
     for name, least in _PLAN_INTS.items():
         if name in data:
-            check_int(data[name], name, least, where)
-    tp_plan = data.get("tp_plan", {})
-    if not isinstance(tp_plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tp_plan.items()):
-        raise PlanError(f"{where}: field 'tp_plan' must be an object of module-name pattern -> style strings, "
-                        f"got {tp_plan!r}")
+            f.integer(data[name], name, least)
+    f.text_map(data.get("tp_plan", {}), "tp_plan", "module-name pattern -> style")
     hf = data.get("hf_config", {})
-    if not isinstance(hf, dict) or hf and not (is_count(hf.get("seq_len")) and isinstance(hf.get("task"), str)):
-        raise PlanError(f"{where}: field 'hf_config' must be {{}} or {{\"seq_len\": S >= 1, \"task\": T}}, got {hf!r}")
+    if not isinstance(hf, dict) or hf and not (is_int(hf.get("seq_len"), 1) and isinstance(hf.get("task"), str)):
+        f.bad("hf_config", '{} or {"seq_len": S >= 1, "task": T}', hf)
     if data.get("seed", 0) >= _SEED_LIMIT:
-        raise PlanError(f"{where}: field 'seed' must be below 2**63, got {data['seed']!r}")
-    check_number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s", where)
-    check_strings(data.get("notes", []), "notes", where)
+        f.bad("seed", "below 2**63", data["seed"])
+    f.number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s")
+    f.strings(data.get("notes", []), "notes")
     for i, s in enumerate(data["stages"]):
-        _check_stage(s, i, where)
-    _check_prediction(data["predicted"], f"{where}: predicted")
+        _check_stage(s, i, f.at(f"stage {i}"))
+    _check_prediction(data["predicted"], f.at("predicted"))
     if not isinstance(data.get("baselines", {}), dict):
-        raise PlanError(f"{where}: field 'baselines' must be an object of named predictions")
+        f.fail("field 'baselines' must be an object of named predictions")
     for k, v in data.get("baselines", {}).items():
-        _check_prediction(v, f"{where}: baselines.{k}")
+        _check_prediction(v, f.at(f"baselines.{k}"))
 
 
-def _custom_order(order: Any, where: str) -> tuple[tuple[Action, ...], ...]:
+def _custom_order(order: Any, f: Fields) -> tuple[tuple[Action, ...], ...]:
     """The per-rank action lists of field 'custom_order', parsed from text; a PlanError names the bad cell."""
     if not isinstance(order, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in order):
-        raise PlanError(f"{where}: field 'custom_order' must be a list of per-rank lists of actions like \"0F0\"")
-    return tuple(tuple(_action(cell, r, i, where) for i, cell in enumerate(row)) for r, row in enumerate(order))
+        f.fail("field 'custom_order' must be a list of per-rank lists of actions like \"0F0\"")
+    return tuple(tuple(_action(cell, r, i, f) for i, cell in enumerate(row)) for r, row in enumerate(order))
 
 
-def _action(cell: Any, rank: int, position: int, where: str) -> Action:
-    at = f"{where}: field 'custom_order' rank {rank} position {position}"
+def _action(cell: Any, rank: int, position: int, f: Fields) -> Action:
+    at = f"field 'custom_order' rank {rank} position {position}"
     if not isinstance(cell, str):
-        raise PlanError(f"{at} must be an action like \"0F0\", got {cell!r}")
+        f.fail(f"{at} must be an action like \"0F0\", got {cell!r}")
     try:
         return parse_action(cell)
     except ScheduleError as exc:
-        raise PlanError(f"{at}: {exc}") from None
+        f.fail(f"{at}: {exc}")
 
 
 def _check_consistent(plan: Plan) -> None:
@@ -376,23 +369,21 @@ def _check_step_time(plan: Plan) -> None:
                         "with `autopp plan ... --microbatches M` instead")
 
 
-def upgraded(data: dict[str, Any], where: str = "plan") -> dict[str, Any]:
+def upgraded(data: dict[str, Any], f: Fields = Fields("plan", PlanError)) -> dict[str, Any]:
     """Plan JSON of a readable version as the current version writes it: version 1's per-stage `recompute` flag
     becomes the `activation` policy's name. Fields are checked afterwards, by `Plan.from_json`."""
     if data.get("version") == PLAN_VERSION:
         return data
     stages = data.get("stages")
     if isinstance(stages, list):
-        stages = [_upgraded_stage(s, i, where) for i, s in enumerate(stages)]
+        stages = [_upgraded_stage(s, f.at(f"stage {i}")) for i, s in enumerate(stages)]
     return {**data, "version": PLAN_VERSION, "stages": stages}
 
 
-def _upgraded_stage(s: Any, i: int, where: str) -> Any:
+def _upgraded_stage(s: Any, f: Fields) -> Any:
     if not isinstance(s, dict) or "recompute" not in s:
         return s
-    flag = s["recompute"]
-    if not isinstance(flag, bool):
-        raise PlanError(f"{where}: stage {i}: field 'recompute' must be true or false, got {flag!r}")
+    flag = f.flag(s["recompute"], "recompute")
     rest = {k: v for k, v in s.items() if k != "recompute"}
     return {**rest, "activation": (Activation.RECOMPUTE if flag else Activation.KEEP).value}
 
@@ -405,13 +396,11 @@ def _layout(data: dict[str, Any]) -> Layout:
         raise PlanError(str(exc)) from None
 
 
-def _require_plan_fields(data: dict[str, Any], where: str) -> None:
-    """`require_fields` for the plan's JSON, whose layout fields stand for `Plan.layout`."""
-    if not isinstance(data, dict):
-        raise PlanError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    if "num_ranks" not in data:
-        raise PlanError(f"{where}: missing field 'num_ranks'")
-    require_fields({k: v for k, v in data.items() if k not in LAYOUT_FIELDS} | {"layout": None}, Plan, where)
+def _record(data: dict[str, Any], f: Fields) -> None:
+    """`Fields.record` for the plan's JSON, whose layout fields (`LAYOUT_FIELDS`, `num_ranks` required) stand for
+    `Plan.layout`."""
+    f.keys(f.obj(data), None, ("num_ranks",))
+    f.record({k: v for k, v in data.items() if k not in LAYOUT_FIELDS} | {"layout": None}, Plan)
 
 
 def _prediction(d: dict[str, Any]) -> Prediction:

@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..errors import AutoppError, ProfileError
 from ..jsonio import read_json, shared_mode
+from .fields import Fields
 from ..preflight import check_output_dir
 from .profile_values import REPROFILE as _REPROFILE
 from .profile_values import LiveValue, TiedGroup, ValueAction
@@ -115,44 +116,28 @@ class ProfileMeta:
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str) -> ProfileMeta:
-        if not isinstance(data, dict):
-            raise ProfileError(f"{where}: expected a JSON object, got {type(data).__name__}: {_REPROFILE}")
-        if data.get("version") != PROFILE_VERSION:
-            raise ProfileError(f"{where}: profile version {data.get('version')!r} is not {PROFILE_VERSION}")
-        try:
-            meta = ProfileMeta(**data)
-        except TypeError as exc:
-            raise ProfileError(f"{where}: bad metadata: {exc}") from exc
-        _check_meta_types(data, where)
-        check_tp_meta(data, where)
-        tuples = {k: tuple(getattr(meta, k)) for k in ("unit_names", "split_points", "microbatch_sizes", "whole_model",
-                                                       "tp_degrees")}
-        return replace(meta, **tuples,
-                       live_values=tuple(LiveValue.from_json(v, where) for v in _list(data, "live_values", where)),
+        f = Fields(where, ProfileError, _REPROFILE)
+        if f.obj(data).get("version") != PROFILE_VERSION:
+            f.fail(f"profile version {data.get('version')!r} is not {PROFILE_VERSION}")
+        f.record(data, ProfileMeta)
+        _check_meta_types(data, f)
+        check_tp_meta(data, f)
+        tuples: dict[str, Any] = {k: tuple(data.get(k, ())) for k in ("unit_names", "split_points", "microbatch_sizes", "whole_model",
+                                                      "tp_degrees")}
+        return replace(ProfileMeta(**data), **tuples,
+                       live_values=tuple(LiveValue.from_json(v, where)
+                                         for v in f.entries(data.get("live_values", []), "live_values")),
                        tied_parameters=tuple(TiedGroup.from_json(g, where)
-                                             for g in _list(data, "tied_parameters", where)))
+                                             for g in f.entries(data.get("tied_parameters", []), "tied_parameters")))
 
 
-def _list(data: dict[str, Any], name: str, where: str) -> list[Any]:
-    value = data.get(name, [])
-    if not isinstance(value, (list, tuple)):
-        raise ProfileError(f"{where}: field {name!r} must be a list, got {type(value).__name__}: {_REPROFILE}")
-    return list(value)
-
-
-def _check_meta_types(data: dict[str, Any], where: str) -> None:
+def _check_meta_types(data: dict[str, Any], f: Fields) -> None:
     """The fields that the planner reads, typed: strings, lists of names, positive sizes."""
     for name in ("model_path", "fingerprint"):
-        if not isinstance(data[name], str) or not data[name]:
-            raise ProfileError(f"{where}: field {name!r} must be a non-empty string, got {data[name]!r}")
+        f.string(data[name], name)
     for name in ("unit_names", "split_points"):
-        if not isinstance(data[name], list) or not all(isinstance(x, str) for x in data[name]):
-            raise ProfileError(f"{where}: field {name!r} must be a list of module names, got {data[name]!r}")
-    sizes = data["microbatch_sizes"]
-    if not isinstance(sizes, list) or not sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
-                                                          for b in sizes):
-        raise ProfileError(f"{where}: field 'microbatch_sizes' must be a non-empty list of integers >= 1, got "
-                           f"{sizes!r}")
+        f.strings(data[name], name, noun="module names")
+    f.integers(data["microbatch_sizes"], "microbatch_sizes", 1, non_empty=True)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ProfileError
+from .fields import Fields
 from .profile_values import REPROFILE
 
 __all__ = ["TP_FILE", "TP_COLUMNS", "check_numbers", "check_tp_meta", "validate_tp"]
@@ -53,18 +54,13 @@ def check_numbers(table: pd.DataFrame, columns: dict[str, str], where: str, name
                                f"{REPROFILE}")
 
 
-def check_tp_meta(data: dict[str, Any], where: str) -> None:
+def check_tp_meta(data: dict[str, Any], f: Fields) -> None:
     """meta.json's TP fields, when present: `tp_plan` an object of string -> string, `tp_plan_source` a string,
     `tp_degrees` a list of distinct integers >= 2."""
-    plan = data.get("tp_plan", {})
-    if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
-        raise ProfileError(f"{where}: field 'tp_plan' must be an object of module-name pattern -> style, got {plan!r}")
+    f.text_map(data.get("tp_plan", {}), "tp_plan", "module-name pattern -> style")
     if not isinstance(data.get("tp_plan_source", ""), str):
-        raise ProfileError(f"{where}: field 'tp_plan_source' must be a string, got {data['tp_plan_source']!r}")
-    degrees = data.get("tp_degrees", [])
-    if not isinstance(degrees, list) or len(set(map(str, degrees))) != len(degrees) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 2 for t in degrees):
-        raise ProfileError(f"{where}: field 'tp_degrees' must be a list of distinct integers >= 2, got {degrees!r}")
+        f.bad("tp_plan_source", "a string", data["tp_plan_source"])
+    f.integers(data.get("tp_degrees", []), "tp_degrees", 2, distinct=True)
 
 
 def validate_tp(tp_units: pd.DataFrame | None, units: int, sizes: tuple[int, ...], degrees: tuple[int, ...],

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..data.fields import is_int
 from ..data.hf_config import DEFAULT_TASK, HfSource, check_seq_len, hf_source, max_positions
 from ..errors import ModelFileError
 from .contract import ModelFile, load_model_file
@@ -116,7 +117,7 @@ class _Shape:
 
 def _shape(source: HfSource, config: Any) -> _Shape:
     vocab = getattr(config, "vocab_size", None)
-    if not isinstance(vocab, int) or vocab < 2:
+    if not is_int(vocab, 2):
         raise ModelFileError(f"{source.config_path}: \"vocab_size\" must be an integer >= 2 to draw token ids, "
                              f"got {vocab!r}")
     return _Shape(vocab=vocab, labels=int(getattr(config, "num_labels", 2) or 2),

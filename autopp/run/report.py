@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..data.fields import Fields, is_number
 from ..data.layout import Layout, layout_fields
 from ..display import format_grid
 from ..errors import RunError
@@ -170,12 +171,38 @@ class RunReport:
         return write_json(path, self.to_json())
 
 
+_AGAIN = "run the plan again with `autopp run PLAN`"
+#: Integer fields of a report's per-rank entries that its timeline reads, and their least values.
+_RANK_INTS = {"rank": 0, "replica": 0, "pp_rank": 0, "tp_rank": 0, "peak_memory_bytes": 0}
+
+
 def load_report(path: str | Path) -> dict[str, Any]:
-    """A saved report's JSON object (for measured_timeline and draw_report)."""
-    data = read_json(path, "run report JSON", RunError, "run the plan again with `autopp run PLAN`")
-    if not isinstance(data, dict):
-        raise RunError(f"{path}: a run report is a JSON object, got {type(data).__name__}")
+    """A saved report's JSON object (for measured_timeline and draw_report), the fields they read checked."""
+    f = Fields(str(path), RunError, _AGAIN)
+    data = f.obj(read_json(path, "run report JSON", RunError, _AGAIN))
+    _check_report(data, f)
     return data
+
+
+def _check_report(data: dict[str, Any], f: Fields) -> None:
+    """The step times and the per-rank entries (step times, actions, memory) that the timeline and its headlines
+    read: a RunError naming the file, the entry and the field instead of a KeyError while drawing."""
+    f.number(data.get("predicted_step_time_s", 0.0), "predicted_step_time_s")
+    if data.get("measured_step_time_s") is not None:
+        f.number(data["measured_step_time_s"], "measured_step_time_s")
+    f.numbers(data.get("step_times_s", []), "step_times_s")
+    if data.get("timeline_step") is not None:
+        f.integer(data["timeline_step"], "timeline_step")
+    for i, r in enumerate(f.entries(data.get("ranks", []), "ranks")):
+        at = f.at(f"ranks[{i}]")
+        at.keys(r, None, [n for n in _RANK_INTS if n != "tp_rank"] + ["step_times_s", "actions"])
+        for name, least in _RANK_INTS.items():
+            at.integer(r.get(name, 0), name, least)
+        at.numbers(r["step_times_s"], "step_times_s")
+        if not isinstance(r["actions"], list) or not all(
+                isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and all(map(is_number, a[1:]))
+                for a in r["actions"]):
+            at.bad("actions", "a list of [action, start, end] like [\"0F0\", 0.0, 0.01]", r["actions"])
 
 
 def _finite(value: Any) -> Any:

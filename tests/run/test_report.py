@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from autopp.errors import RunError
-from autopp.run.report import (ParamDiff, RankMeasure, RunFailedError, RunReport, format_report, median_step_time,
-                               relative_error)
+from autopp.run.report import (ParamDiff, RankMeasure, RunFailedError, RunReport, format_report, load_report,
+                               median_step_time, relative_error)
 
 
 def _report(**changes: object) -> RunReport:
@@ -75,3 +75,19 @@ def test_tp_ranks_and_the_zero_sync_column_are_told_apart(tmp_path: Path) -> Non
     assert "all-reduce" not in text
     plain = format_report(replace(report, tp=1, zero=0, ranks=(_rank(0, 0),)))
     assert "all-reduce 0.0000 s" in plain and "tp rank" not in plain
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"step_times_s": ["fast"]}, r"r\.json: field 'step_times_s' must be a list of finite numbers >= 0"),
+    ({"ranks": {}}, r"r\.json: field 'ranks' must be a list, got dict"),
+    ({"ranks": [{"rank": 0}]}, r"r\.json: ranks\[0\]: missing field 'replica'"),
+    ({"ranks": [{"rank": 0, "replica": True, "pp_rank": 0, "peak_memory_bytes": 1, "step_times_s": [],
+                 "actions": []}]}, r"r\.json: ranks\[0\]: field 'replica' must be an integer >= 0, got True"),
+    ({"ranks": [{"rank": 0, "replica": 0, "pp_rank": 0, "peak_memory_bytes": 1, "step_times_s": [],
+                 "actions": [["0F0", 0.0]]}]}, r"r\.json: ranks\[0\]: field 'actions' must be a list of \[action"),
+])
+def test_load_report_names_the_file_the_entry_and_the_field(tmp_path: Path, change: dict[str, object],
+                                                            message: str) -> None:
+    (tmp_path / "r.json").write_text(json.dumps({"version": 1, "grad_rtol": 1e-3, **change}))
+    with pytest.raises(RunError, match=message + ".*: run the plan again with `autopp run PLAN`$"):
+        load_report(tmp_path / "r.json")
