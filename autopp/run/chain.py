@@ -91,7 +91,7 @@ def chain_io(pipe: Pipe) -> tuple[list[StageIO], dict[str, Source]]:
     by_name = {n.name: n for n in gm.graph.nodes}
     sources = {name: value_path(by_name[name], piece_index, placeholders) for name in live}
     carried = [name for name in live if live[name].action is not ValueAction.RECOMPUTE]
-    io = []
+    io: list[StageIO] = []
     for s, call in enumerate(calls):
         inputs = tuple(p.name for p in placeholders) if s == 0 else io[-1].outputs
         outputs = () if s == len(calls) - 1 else tuple(
@@ -137,6 +137,8 @@ class ChainPiece(nn.Module):
     """One stage of a neighbour-only chain: receives `io.inputs`, calls its piece, returns `io.outputs` (the last
     stage: its piece's output). Holds the piece's parameters, buffers and submodules under the piece's own names
     (the same dicts), so `named_parameters()` and gradients read as for the piece itself."""
+
+    piece: nn.Module  # in __dict__, not a child (__init__)
 
     def __init__(self, piece: nn.Module, index: int, io: StageIO, sources: dict[str, Source],
                  constants: dict[str, torch.Tensor], last: bool, recompute: bool = False) -> None:
