@@ -163,7 +163,7 @@ class ChainPiece(nn.Module):
         env = dict(zip(self.io.inputs, received))
         env.update(self.constants)
         args = [env[v] if kind == "value" else v for kind, v in self.io.args]
-        out = (checkpoint(self.piece, *args, use_reentrant=False) if self.recompute  # type: ignore[arg-type]
+        out = (checkpoint(self.piece, *args, use_reentrant=False) if self.recompute
                else self.piece(*args))
         if self.last:
             return out
