@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -177,7 +178,7 @@ class Profile:
     def graph(self, microbatch_size: int | None = None) -> nx.DiGraph:
         """Units as nodes (attributes: the table's columns), live tensors as edges (attribute `bytes`)."""
         b = microbatch_size or self.meta.microbatch_sizes[0]
-        g = nx.DiGraph(fingerprint=self.meta.fingerprint, microbatch_size=b)
+        g: nx.DiGraph[int] = nx.DiGraph(fingerprint=self.meta.fingerprint, microbatch_size=b)
         for row in self.units[self.units.microbatch_size == b].to_dict("records"):
             g.add_node(int(row["unit"]), **row)
         g.add_node(-1, name="input")
@@ -256,7 +257,7 @@ def _swap_in(new: Path, target: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)  # (3)
 
 
-def _interp(xs: list[int], ys: list[float], x: float) -> float:
+def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
     if len(xs) == 1:
         return ys[0] * x / xs[0]
     i = 0

@@ -84,11 +84,12 @@ def _torchtitan_options(path: Path) -> dict[str, Any]:
             data = tomllib.loads(read_config_text(path))
         except tomllib.TOMLDecodeError as exc:
             raise ExportError(f"{path}: not valid TOML: {exc}") from None
-        out = {f"{sec}.{k}": v for sec, table in data.items() if isinstance(table, dict) for k, v in table.items()}
+        out: dict[str, Any] = {f"{sec}.{k}": v for sec, table in data.items() if isinstance(table, dict)
+                               for k, v in table.items()}
         if "activation_checkpoint.mode" in out:
             out["activation_checkpoint"] = out.pop("activation_checkpoint.mode")
         return out
-    out: dict[str, Any] = {}
+    out = {}
     key = None
     for tok in _tokens(path):
         if tok.startswith("activation_checkpoint:"):

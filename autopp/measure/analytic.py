@@ -88,7 +88,8 @@ def _fake_on_cpu(pipe: Pipe, mode: Any) -> None:
     gm = pipe.split_gm
     done: dict[int, torch.Tensor] = {}
     for module in gm.modules():
-        for table in (module._parameters, module._buffers):
+        tables: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)  # Parameter, Tensor values
+        for table in tables:
             for name, t in list(table.items()):
                 if t is None or t.device.type != "meta":
                     continue
@@ -251,7 +252,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec, mi
     table = pd.DataFrame(rows).sort_values(["microbatch_size", "unit"], kind="stable").reset_index(drop=True)
     columns = list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS)
     live = [replace(v, bytes={b: c.value_bytes[b].get(v.name, 0) for b in c.sizes}) for v in c.live]
-    peaks = {str(r.unit): {} for r in c.rows}
+    peaks: dict[str, dict[str, int]] = {str(r.unit): {} for r in c.rows}
     for r in c.rows:
         peaks[str(r.unit)][str(r.microbatch_size)] = r.counts.peak_bytes
     extra = {"analytic_device": spec.name,
@@ -286,7 +287,7 @@ def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, degrees: 
     rows = []
     for t in setup.degrees:
         local = count_model(local_model_file(c.mf, setup.resolved, t), c.sizes, c.dtype, c.optimizer,
-                            lambda msg, t=t: progress(f"{msg} (tp {t})"))
+                            lambda msg: progress(f"{msg} (tp {t})"))
         check_same_units(c.mf, t, local.units, c.units)
         rows += [tp_row({**unit_times(r.counts, spec, c.dtype, eff), **r.static, "unit": r.unit,
                          "microbatch_size": r.microbatch_size, "activation_bytes": r.counts.activation_bytes},

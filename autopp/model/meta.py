@@ -74,7 +74,7 @@ def _large_parameters_on_meta(limit: int, budget: int) -> Iterator[None]:
         total[0] += n
         return True
 
-    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+    def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:  # the method's own signature
         if param is not None and param.device.type != "meta" and not keep(param):
             known = moved.get(id(param))
             if known is None or known[0]() is not param:
@@ -82,7 +82,7 @@ def _large_parameters_on_meta(limit: int, budget: int) -> Iterator[None]:
                 meta.__dict__.update(param.__dict__)
                 known = moved[id(param)] = (weakref.ref(param), meta)
             param = known[1]
-        original(module, name, param)
+        original(self, name, param)
 
     nn.Module.register_parameter = register  # type: ignore[method-assign]
     try:

@@ -11,6 +11,7 @@ import operator
 import re
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -112,7 +113,7 @@ def _unview_outputs(gm: fx.GraphModule) -> None:
             continue
         out = next(n for n in piece.graph.nodes if n.op == "output")
         with piece.graph.inserting_before(out):
-            out.args = fx.node.map_arg(out.args, lambda n, g=piece.graph: _wrap(g, n))
+            out.args = fx.node.map_arg(out.args, partial(_wrap, piece.graph))
         piece.recompile()
 
 
@@ -233,9 +234,9 @@ def _walk_origins(scope: _Scope, node: fx.Node, path: tuple[int, ...], memo: _Me
     found: frozenset[str] = frozenset()
     if node.op == "call_module":
         sub = scope.module.get_submodule(str(node.target))
-        graph = getattr(sub, "graph", None)
-        if isinstance(graph, fx.Graph):
-            result: Any = next(n for n in graph.nodes if n.op == "output").args[0]
+        sub_graph = getattr(sub, "graph", None)
+        if isinstance(sub_graph, fx.Graph):
+            result: Any = next(n for n in sub_graph.nodes if n.op == "output").args[0]
             for index in path:
                 if not isinstance(result, (tuple, list)):
                     break

@@ -65,7 +65,7 @@ def _pipeline_times(rank: int, world: int, config: CalibrationConfig, warmup: in
     module = torch.nn.Sequential(*[torch.nn.Linear(config.width, config.width) for _ in range(config.layers)])
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
     cls = torch_schedule_class(config.schedule)
-    schedule = cls(stage, config.microbatches, loss_fn=_mse)  # type: ignore[call-arg]
+    schedule = cls(stage, config.microbatches, loss_fn=_mse)
     recorder = StepRecorder()
     recorder.wrap_stages([stage])
     batch = torch.randn(config.microbatches * config.rows, config.width)

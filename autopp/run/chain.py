@@ -92,7 +92,7 @@ def chain_io(pipe: Pipe) -> tuple[list[StageIO], dict[str, Source]]:
     by_name = {n.name: n for n in gm.graph.nodes}
     sources = {name: value_path(by_name[name], piece_index, placeholders) for name in live}
     carried = [name for name in live if live[name].action is not ValueAction.RECOMPUTE]
-    io = []
+    io: list[StageIO] = []
     for s, call in enumerate(calls):
         inputs = tuple(p.name for p in placeholders) if s == 0 else io[-1].outputs
         outputs = () if s == len(calls) - 1 else tuple(
@@ -139,6 +139,8 @@ class ChainPiece(nn.Module):
     stage: its piece's output). Holds the piece's parameters, buffers and submodules under the piece's own names
     (the same dicts), so `named_parameters()` and gradients read as for the piece itself."""
 
+    piece: nn.Module  # in __dict__, not a child (__init__)
+
     def __init__(self, piece: nn.Module, index: int, io: StageIO, sources: dict[str, Source],
                  constants: dict[str, torch.Tensor], last: bool, activation: Activation = Activation.KEEP) -> None:
         super().__init__()
@@ -164,7 +166,7 @@ class ChainPiece(nn.Module):
         env = dict(zip(self.io.inputs, received))
         env.update(self.constants)
         args = [env[v] if kind == "value" else v for kind, v in self.io.args]
-        out = (checkpoint(self.piece, *args, use_reentrant=False) if self.checkpointed  # type: ignore[arg-type]
+        out = (checkpoint(self.piece, *args, use_reentrant=False) if self.checkpointed
                else self.piece(*args))
         if self.last:
             return out

@@ -56,12 +56,13 @@ class StepRecorder:
     def wrap_stages(self, stages: Sequence[Any]) -> None:
         """Time every F, I/B and W the schedule calls on `stages` (instance attributes shadow the methods)."""
         for stage in stages:
-            idx = stage.stage_index
-            stage.forward_one_chunk = self._timed(stage.forward_one_chunk, lambda a, k, s=idx: f"{s}F{a[0]}")
-            stage.backward_one_chunk = self._timed(stage.backward_one_chunk, lambda a, k, s=idx: (
-                f"{s}{'B' if k.get('full_backward', True) else 'I'}{a[0]}"))
-            stage.backward_weight_one_chunk = self._timed(stage.backward_weight_one_chunk,
-                                                          lambda a, k, s=idx: f"{s}W{a[0]}")
+            self._wrap_stage(stage, stage.stage_index)
+
+    def _wrap_stage(self, stage: Any, s: int) -> None:
+        stage.forward_one_chunk = self._timed(stage.forward_one_chunk, lambda a, k: f"{s}F{a[0]}")
+        stage.backward_one_chunk = self._timed(stage.backward_one_chunk, lambda a, k: (
+            f"{s}{'B' if k.get('full_backward', True) else 'I'}{a[0]}"))
+        stage.backward_weight_one_chunk = self._timed(stage.backward_weight_one_chunk, lambda a, k: f"{s}W{a[0]}")
 
     def _timed(self, fn: Callable[..., Any], name: Callable[[tuple[Any, ...], dict[str, Any]], str]
                ) -> Callable[..., Any]:

@@ -6,7 +6,7 @@ import csv
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -32,9 +32,10 @@ __all__ = ["torch_schedule_class", "splits_backward", "check_split_backward", "p
 logger = logging.getLogger(__name__)
 
 
-def torch_schedule_class(name: ScheduleName) -> type[_PipelineSchedule]:
-    """The torch.distributed.pipelining class that runs schedule `name` (its descriptor names it)."""
-    cls: type[_PipelineSchedule] = getattr(schedules, describe(name).torch_class)
+def torch_schedule_class(name: ScheduleName) -> Callable[..., _PipelineSchedule]:
+    """The torch.distributed.pipelining class that runs schedule `name` (its descriptor names it). Typed as a
+    constructor: a single-stage class takes a stage first, a multi-stage one a list (not _PipelineSchedule's own)."""
+    cls: Callable[..., _PipelineSchedule] = getattr(schedules, describe(name).torch_class)
     return cls
 
 
@@ -162,15 +163,15 @@ def contiguous_sends(stage: Stage) -> None:
     input gradient can be a strided view (T5: the gradient of a transposed or expanded input)."""
     send_fwd, send_bwd = stage.get_fwd_send_ops, stage.get_bwd_send_ops
 
-    def fwd(chunk: int) -> Any:
-        outputs, rest = stage.fwd_cache[chunk]
-        stage.fwd_cache[chunk] = (tuple(_contiguous(t) for t in outputs), rest)
-        return send_fwd(chunk)
+    def fwd(fwd_chunk_id: int) -> Any:  # torch's parameter names
+        outputs, rest = stage.fwd_cache[fwd_chunk_id]
+        stage.fwd_cache[fwd_chunk_id] = (tuple(_contiguous(t) for t in outputs), rest)
+        return send_fwd(fwd_chunk_id)
 
-    def bwd(chunk: int) -> Any:
-        if chunk in stage.bwd_cache:
-            stage.bwd_cache[chunk] = tuple(_contiguous(g) for g in stage.bwd_cache[chunk])
-        return send_bwd(chunk)
+    def bwd(bwd_chunk_id: int) -> Any:
+        if bwd_chunk_id in stage.bwd_cache:
+            stage.bwd_cache[bwd_chunk_id] = tuple(_contiguous(g) for g in stage.bwd_cache[bwd_chunk_id])
+        return send_bwd(bwd_chunk_id)
     stage.get_fwd_send_ops = fwd  # type: ignore[method-assign]
     stage.get_bwd_send_ops = bwd  # type: ignore[method-assign]
 
@@ -194,8 +195,8 @@ def make_schedule(plan: Plan, stages: Sequence[Stage], loss_fn: Any, csv_path: P
     if d.single_stage:
         if len(stages) != 1:
             raise RunError(f"{plan.schedule.value} runs one stage per rank, this rank holds {len(stages)}")
-        return cls(stages[0], plan.num_microbatches, loss_fn=loss_fn)  # type: ignore[call-arg]
-    return cls(list(stages), plan.num_microbatches, loss_fn=loss_fn)  # type: ignore[call-arg]
+        return cls(stages[0], plan.num_microbatches, loss_fn=loss_fn)
+    return cls(list(stages), plan.num_microbatches, loss_fn=loss_fn)
 
 
 def write_order_csv(order: Sequence[Sequence[Action | None]], path: Path) -> Path:

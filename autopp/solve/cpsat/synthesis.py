@@ -253,7 +253,8 @@ def _add_hint(built: _Model, hint: SimResult) -> None:
 # ---------------------------------------------------------------- solve and report
 
 
-def _solve(built: _Model, time_limit_s: float, num_workers: int) -> tuple[cp_model.CpSolver, int, float]:
+def _solve(built: _Model, time_limit_s: float, num_workers: int
+           ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus, float]:
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = num_workers
@@ -320,8 +321,8 @@ def synthesize(stage_costs: Sequence[StageCost], stage_to_rank: Sequence[int], n
     return _report(solver, status, took, built, d, best, stage_costs, comm_s, memory_limits)
 
 
-def _report(solver: cp_model.CpSolver, status: int, took: float, built: _Model, d: _Data, best: Hint,
-            costs: Sequence[StageCost], comm_s: Sequence[float], limits: Sequence[float]) -> SynthResult:
+def _report(solver: cp_model.CpSolver, status: cp_model.CpSolverStatus, took: float, built: _Model, d: _Data,
+            best: Hint, costs: Sequence[StageCost], comm_s: Sequence[float], limits: Sequence[float]) -> SynthResult:
     """Check the solver status, re-judge its order in the simulator, and fall back to the warm start if slower."""
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError(f"CP-SAT proved the model infeasible although the warm start {best.name} fits "

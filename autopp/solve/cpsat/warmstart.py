@@ -94,7 +94,8 @@ def greedy_order(stage_costs: Sequence[StageCost], owner: Sequence[int], num_mic
     footprint = [sum(c.activation_bytes for c, q in zip(stage_costs, owner) if q == r) for r in range(ranks)]
     done: dict[Action, float] = {}
     nxt = {(s, k): 0 for s in range(n) for k in SPLIT_KINDS}
-    free, order = [0.0] * ranks, {r: [] for r in range(ranks)}  # type: dict[int, list[Action]]
+    free = [0.0] * ranks
+    order: dict[int, list[Action]] = {r: [] for r in range(ranks)}
     rank_of = {k: i for i, k in enumerate(priority)}
 
     def ready(s: int, k: Kind) -> float | None:

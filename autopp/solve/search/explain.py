@@ -48,12 +48,12 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
         more = (f"`num_microbatches` {need} or more" if req.num_microbatches is not None
                 else f"a global batch of at least {need * dps[-1]} (it is {req.global_batch})")
         return InfeasibleError(f"{failed[0]}: use {more}, fewer devices, or another `schedule`")
-    name = names[0].value if len(names) == 1 else "any schedule"
+    which = names[0].value if len(names) == 1 else "any schedule"
     g = req.global_batch  # the next few batches, then multiples: a bounded number of tries on any cluster
     tries = sorted({*range(g + 1, g + 64), *(g * k for k in range(2, 65))})
     batch = next((b for b in tries if configs(replace(req, global_batch=b, num_microbatches=None), n)), None)
     hint = f": a global batch of {batch} has one" if batch else ""
-    return InfeasibleError(f"no valid configuration for {name} on {req.cluster.num_devices * tp} devices "
+    return InfeasibleError(f"no valid configuration for {which} on {req.cluster.num_devices * tp} devices "
                            f"({n} units, global batch {req.global_batch}, microbatch counts {sorted(set(counts))}: "
                            f"the global batch does not split into dp replicas x enough microbatches for the "
                            f"schedule's stages){hint}")

@@ -57,9 +57,8 @@ def _walked(name: ScheduleName, pp: int, m: int, v: int) -> tuple[int, ...]:
     builder = describe(name).builder
     assert builder is not None  # configurations are named schedules
     top = inflight_peaks(builder(0, pp, m, v))  # rank 0's order only: a full build costs p times more
-    chunk = {s: c for c, s in enumerate(sorted(top))}  # rank 0's stages in chunk order
     ranks_chunk = [sum(1 for t in range(s) if owner[t] == owner[s]) for s in range(len(owner))]
-    by_chunk = [top[s] for s in sorted(top, key=chunk.get)]
+    by_chunk = [top[s] for s in sorted(top)]  # rank 0's stages in chunk order
     return tuple(min(m, by_chunk[c]) for c in ranks_chunk)
 
 
