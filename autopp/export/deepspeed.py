@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ..data.plan import Plan
-from ..schedule import ScheduleName
+from ..schedule import ActivationPolicy, ScheduleName
 from .common import Exported, refuse_schedule, refuse_zero, uniform_policy
 from .layers import ExportError
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from autopp.errors import InfeasibleError, ScheduleError
 from autopp.schedule.actions import Action, Kind, Order
+from autopp.schedule.activation import Activation
 from autopp.schedule.descriptors import NAMED, build_schedule, stage_to_rank, validate
 from autopp.schedule.effects import StageCost, durations, rank_static_bytes, transient_peak
 from autopp.schedule.simulate import SimResult, simulate
@@ -20,7 +21,7 @@ SPLIT_KINDS = (Kind.F, Kind.I, Kind.W)
 
 def kind_time(c: StageCost, kind: Kind) -> float:
     """Duration of a compute action of this kind on a stage of cost `c` (with its message overhead)."""
-    return durations(c, False)[kind]
+    return durations(c, Activation.KEEP)[kind]
 
 
 GREEDY_PRIORITIES = ((Kind.I, Kind.F, Kind.W), (Kind.F, Kind.I, Kind.W))

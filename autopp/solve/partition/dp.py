@@ -239,7 +239,7 @@ class DpMemo:
     set of speeds): computing them is O(n^2 log n), the dearest step for large models. One memo per UnitArrays."""
 
     def __init__(self) -> None:
-        self.candidates: dict[tuple[bool, tuple[float, ...]], np.ndarray] = {}
+        self.candidates: dict[tuple[Activation, tuple[float, ...]], np.ndarray] = {}
 
     def get(self, tb: _Tables, activation: Activation) -> np.ndarray:
         key = (activation, tuple(sorted(set(tb.speed))))
