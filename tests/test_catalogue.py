@@ -255,7 +255,7 @@ PLANS: dict[str, Callable[[Env], None]] = {
     "directory": lambda env: env.bad_plan.mkdir(),
     "not-json": lambda env: env.bad_plan.write_text("{\n  \"version\": 1,\n"),
     "a-list": _plan_edit(lambda d: [d]),
-    "version": _plan_edit(lambda d: d.update(version=2)),
+    "version": _plan_edit(lambda d: d.update(version=3)),
     "missing-field": _plan_edit(lambda d: d.pop("stages") and None),
     "unknown-field": _plan_edit(lambda d: d.update(colour="red")),
     "microbatches-text": _plan_edit(lambda d: d.update(num_microbatches="two")),

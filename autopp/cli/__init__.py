@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command `argv` (default: sys.argv[1:]); returns the exit status."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s",
+                        force=True)  # this call's stderr: an earlier in-process call's may be closed
     try:
         return int(args.func(args))
     except AutoppError as exc:

@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--tp", type=_auto_int, default=1,
                    help="tensor-parallel degree (devices per pipeline rank; the profile needs rows of it: "
                         "`autopp profile --tp`), or auto: 1 and every degree profiled that fits a node (default 1)")
-    p.add_argument("--zero", type=_zero, default=0,
+    p.add_argument("--zero", type=_zero, default="0",
                    help="ZeRO stage of the data parallelism: 0 replicated, 1 optimizer state sharded, 2 + gradients "
                         "(costed only), 3 + parameters (FSDP2), or auto: 0, 1 and 3 (default 0)")
     p.add_argument("--tp-across-nodes", action="store_true",

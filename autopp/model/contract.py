@@ -6,9 +6,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import logging
 import re
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -158,10 +161,23 @@ def check_forward(mf: ModelFile, model: nn.Module, batch_size: int = 2) -> None:
     if on_meta(model):  # a model built on meta (autopp.model.meta) runs on fake tensors
         mode = fake_mode()
         inputs, target = to_fake(mode, (inputs, target))
-        with mode:
+        with mode, _quiet_fake_tensor_log():
             _forward_loss_backward(mf, model, inputs, target, batch_size)
     else:
         _forward_loss_backward(mf, model, inputs, target, batch_size)
+
+
+@contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """torch's fake tensors log a traceback ("failed while attempting to run meta for ...") before they raise the
+    error that autopp reports on one line: keep that log quiet while the model's forward runs on them."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _forward_loss_backward(mf: ModelFile, model: nn.Module, inputs: tuple[torch.Tensor, ...], target: Any,
