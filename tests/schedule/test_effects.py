@@ -9,25 +9,28 @@ from dataclasses import replace
 import pytest
 
 from autopp.errors import ScheduleError
-from autopp.schedule import NAMED, Action, Kind, ScheduleName, build_schedule, describe, simulate, stage_to_rank
+from autopp.schedule import (NAMED, Action, Activation, Kind, ScheduleName, build_schedule, describe, policy,
+                             simulate, stage_to_rank)
 from autopp.schedule.effects import (FREES, Footprint, StageCost, added_at_start, durations, footprint, freed_at_end,
-                                     inflight_peaks, live_change, memory_timeline, order_peaks, rank_peak, redo_s,
+                                     inflight_peaks, live_change, memory_timeline, order_peaks, rank_peak,
                                      transient_peak)
+
+KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
 
 COST = StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=3.0, overhead_s=0.5, activation_bytes=100,
                  input_bytes=7, static_bytes=1000)
 
 
 def test_busy_time_per_kind_with_and_without_recompute() -> None:
-    assert durations(COST, False) == {Kind.F: 1.5, Kind.I: 2.5, Kind.W: 3.0, Kind.B: 5.5}
-    assert durations(COST, True) == {Kind.F: 1.5, Kind.I: 3.5, Kind.W: 3.0, Kind.B: 6.5}
+    assert durations(COST, KEEP) == {Kind.F: 1.5, Kind.I: 2.5, Kind.W: 3.0, Kind.B: 5.5}
+    assert durations(COST, RECOMPUTE) == {Kind.F: 1.5, Kind.I: 3.5, Kind.W: 3.0, Kind.B: 6.5}
     measured = StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=3.0, backward_s=4.0)
-    assert durations(measured, False)[Kind.B] == 4.0  # a measured full backward replaces I + W
-    assert redo_s(1.0, True) == 1.0 and redo_s(1.0, False) == 0.0
+    assert durations(measured, KEEP)[Kind.B] == 4.0  # a measured full backward replaces I + W
+    assert policy(RECOMPUTE).redo_s(1.0) == 1.0 and policy(KEEP).redo_s(1.0) == 0.0
 
 
 def test_what_a_microbatch_holds_and_when() -> None:
-    plain, again = footprint(COST, False), footprint(COST, True)
+    plain, again = footprint(COST, KEEP), footprint(COST, RECOMPUTE)
     assert plain == Footprint(kept=100, redone=0) and again == Footprint(kept=7, redone=100)
     for f in (plain, again):
         assert [added_at_start(k, f) for k in (Kind.F, Kind.I, Kind.W, Kind.B)] == [f.kept, f.redone, 0, f.redone]
@@ -54,37 +57,38 @@ def test_inflight_peaks_equal_the_closed_forms(name: ScheduleName) -> None:
         assert tuple(walked[s] for s in range(p)) == exact(p, m)
 
 
-def _case(name: ScheduleName, seed: int) -> tuple[dict[int, list[Action]], list[StageCost], list[int], list[bool]]:
+def _case(name: ScheduleName, seed: int) -> tuple[dict[int, list[Action]], list[StageCost], list[int],
+                                                  list[Activation]]:
     rng = random.Random(seed)
     v = 1 if describe(name).single_stage else 2
     owner = stage_to_rank(name, 3, v)
     costs = [StageCost(forward_s=rng.uniform(0.5, 2), backward_input_s=rng.uniform(0.5, 2),
                        backward_weight_s=rng.uniform(0.2, 1), static_bytes=rng.randint(0, 50),
                        activation_bytes=rng.randint(1, 90), input_bytes=rng.randint(0, 9)) for _ in owner]
-    return build_schedule(name, 3, 6, v), costs, owner, [rng.random() < 0.5 for _ in owner]
+    return build_schedule(name, 3, 6, v), costs, owner, [RECOMPUTE if rng.random() < 0.5 else KEEP for _ in owner]
 
 
 @pytest.mark.parametrize("name", list(NAMED), ids=lambda n: n.value)
 def test_memory_walks_equal_the_simulated_timeline(name: ScheduleName) -> None:
-    order, costs, owner, flags = _case(name, 3)
-    sim = simulate(order, costs, owner, [0.1] * (len(owner) - 1), flags)
-    peaks = order_peaks(order, costs, owner, flags)
+    order, costs, owner, activations = _case(name, 3)
+    sim = simulate(order, costs, owner, [0.1] * (len(owner) - 1), activations)
+    peaks = order_peaks(order, costs, owner, activations)
     for r in sorted(order):
         static = sum(c.static_bytes for c, o in zip(costs, owner) if o == r)
-        timeline = memory_timeline([e for e in sim.events if e.rank == r], costs, flags, static)
+        timeline = memory_timeline([e for e in sim.events if e.rank == r], costs, activations, static)
         assert timeline == sim.memory_timeline[r] and timeline[-1] == (timeline[-1][0], static)
-        assert rank_peak(order[r], costs, flags, static) == peaks[r] == sim.peak_memory_bytes[r]
+        assert rank_peak(order[r], costs, activations, static) == peaks[r] == sim.peak_memory_bytes[r]
 
 
 @pytest.mark.parametrize("name", list(NAMED), ids=lambda n: n.value)
 def test_a_ranks_peak_adds_its_largest_transient_to_its_held_bytes(name: ScheduleName) -> None:
-    order, costs, owner, flags = _case(name, 4)
-    held = simulate(order, costs, owner, [0.1] * (len(owner) - 1), flags)
+    order, costs, owner, activations = _case(name, 4)
+    held = simulate(order, costs, owner, [0.1] * (len(owner) - 1), activations)
     working = [replace(c, transient_bytes=1000 * (s + 1)) for s, c in enumerate(costs)]
-    sim = simulate(order, working, owner, [0.1] * (len(owner) - 1), flags)
+    sim = simulate(order, working, owner, [0.1] * (len(owner) - 1), activations)
     assert sim.memory_timeline == held.memory_timeline  # the timeline is held bytes only
     for r in sorted(order):
         top = 1000 * (max(s for s, o in enumerate(owner) if o == r) + 1)
         assert transient_peak((s for s, o in enumerate(owner) if o == r), working) == top
-        walked = order_peaks(order, working, owner, flags)[r]
+        walked = order_peaks(order, working, owner, activations)[r]
         assert sim.peak_memory_bytes[r] == held.peak_memory_bytes[r] + top == walked

@@ -8,7 +8,7 @@ import pytest
 
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import Action, Kind
-from autopp.schedule import NAMED, ScheduleName, build_schedule, stage_to_rank, stages_per_rank
+from autopp.schedule import NAMED, Activation, ScheduleName, build_schedule, stage_to_rank, stages_per_rank
 from autopp.schedule.effects import StageCost
 from autopp.schedule.simulate import SimResult, simulate, simulate_named
 
@@ -80,7 +80,7 @@ def test_recompute_adds_forward_and_keeps_only_inputs() -> None:
                      activation_bytes=1000, input_bytes=10)
     order = {0: [Action(0, Kind.F, 0), Action(0, Kind.F, 1), Action(0, Kind.B, 0), Action(0, Kind.B, 1)]}
     plain = simulate(order, [cost], [0], [])
-    again = simulate(order, [cost], [0], [], recompute=[True])
+    again = simulate(order, [cost], [0], [], activations=[Activation.RECOMPUTE])
     assert plain.step_time_s == 8.0 and again.step_time_s == 10.0
     assert plain.peak_memory_bytes == [100 + 2000]
     assert again.peak_memory_bytes == [100 + 2 * 10 + 1000]
@@ -110,7 +110,8 @@ def test_events_respect_dependencies_and_memory_returns_to_static(name: Schedule
     p, m, v, costs, comm = _random_case(name, 7)
     n = p * v
     owner = stage_to_rank(name, p, v)
-    result = simulate_named(name, p, m, costs, comm, v=v, recompute=[s % 2 == 0 for s in range(n)])
+    result = simulate_named(name, p, m, costs, comm, v=v,
+                            activations=[Activation.RECOMPUTE if s % 2 == 0 else Activation.KEEP for s in range(n)])
     end = {e.action: e.end_s for e in result.events}
     for e in result.events:
         a = e.action
@@ -181,7 +182,7 @@ def test_message_overhead_keeps_the_rank_busy_on_f_and_b_not_w_nor_the_recompute
     assert [round(e.end_s - e.start_s, 9) for e in events] == [1.25, 2.25, 1.0]
     full = {0: [Action(0, Kind.F, 0), Action(0, Kind.B, 0)]}
     assert simulate(full, [busy], [0], []).step_time_s == pytest.approx(simulate(full, [base], [0], []).step_time_s + 0.5)
-    redo = simulate(full, [busy], [0], [], recompute=[True]).step_time_s
+    redo = simulate(full, [busy], [0], [], activations=[Activation.RECOMPUTE]).step_time_s
     assert redo == pytest.approx(1.25 + (1.0 + 2.0 + 1.0 + 0.25))
     with pytest.raises(ScheduleError, match="finite and >= 0"):
         StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, overhead_s=-1.0)
