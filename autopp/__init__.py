@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "profile_model", "load_profile", "Profile",
     "PlanRequest", "make_plan", "Plan", "load_plan", "simulate_plan",
+    "Layout", "LayoutPins", "ZERO", "Activation",
     "Cluster", "Link",
     "run_plan", "RunReport",
     "AutoppError",
@@ -19,7 +20,9 @@ __all__ = [
 _WHERE = {
     "profile_model": "autopp.measure.profiler", "load_profile": "autopp.data.profile", "Profile": "autopp.data.profile",
     "PlanRequest": "autopp.solve", "make_plan": "autopp.solve", "Plan": "autopp.data.plan", "load_plan": "autopp.data.plan",
-    "simulate_plan": "autopp.predict", "Cluster": "autopp.data.cluster", "Link": "autopp.data.cluster",
+    "simulate_plan": "autopp.predict",
+    "Layout": "autopp.data.layout", "LayoutPins": "autopp.data.layout", "ZERO": "autopp.data.zero",
+    "Activation": "autopp.schedule", "Cluster": "autopp.data.cluster", "Link": "autopp.data.cluster",
     "run_plan": "autopp.run", "RunReport": "autopp.run", "AutoppError": "autopp.errors",
 }
 

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from autopp.data.cluster import DEFAULT_LINK, Cluster, Link
+from autopp.data.layout import LayoutPins
 from autopp.measure import profile_model
 from autopp.measure.links import load_link, measure_links
 from autopp.data.profile import Profile, load_profile
@@ -69,8 +70,8 @@ def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile
     name = ScheduleName(schedule)
     request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**36, link=link),
                           global_batch=m * args.microbatch_size,
-                          num_microbatches=m, schedule=name, pp=2, dp=1,
-                          virtual_stages=None if describe(name).single_stage else 2)
+                          num_microbatches=m, schedule=name,
+                          pins=LayoutPins(pp=2, v=None if describe(name).single_stage else 2))
     plan = make_plan(profile, request)
     report = run_plan(plan, steps=args.steps, timeout_s=args.timeout, check=False)
     steady = list(report.step_times_s[1:]) or list(report.step_times_s)

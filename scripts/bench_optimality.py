@@ -1,7 +1,7 @@
 """How far the planner's plan is from the simulator's optimum: for small random and adversarial profiles (<= 12 units,
-<= 4 stages), plan with `make_plan` pinned to one schedule, pp, v and m (`--recompute auto`), brute-force every
-contiguous split x every per-stage recompute choice under the same simulator (autopp.solve.partition.brute), and print the gap
-per case, the worst and the median, and whether any baseline split that fits beats the plan.
+<= 4 stages), plan with `make_plan` pinned to one schedule, pp, v and m (recompute auto), brute-force every
+contiguous split x every per-stage activation policy under the same simulator (autopp.solve.partition.brute), and
+print the gap per case, the worst and the median, and whether any baseline split that fits beats the plan.
 
     .venv/bin/python scripts/bench_optimality.py            # every case (about 2 minutes on 2 cores)
     .venv/bin/python scripts/bench_optimality.py --only gpt # the cases whose name contains "gpt"
@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass, replace
 
 from autopp.data.cluster import DEFAULT_LINK, Cluster, Device, Link
+from autopp.data.layout import Layout, LayoutPins
 from autopp.costmodel import unit_arrays
 from autopp.errors import InfeasibleError
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile, load_profile
-from autopp.schedule import ScheduleName
+from autopp.schedule import Activation, ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.solve.partition.baselines import baseline_bounds
 from autopp.solve.partition.brute import BruteForce, brute_force
@@ -159,14 +160,15 @@ def sized(case: Case) -> Cluster:
         return case.cluster
     a, v = unit_arrays(case.profile, case.b), _stages_per_rank(case)
     bounds = baseline_bounds(a, case.pp * v)["time"]
-    verdict = judge(a, case.cluster, Candidate(schedule=case.schedule, pp=case.pp, dp=1, v=v, microbatches=case.m,
-                                               microbatch_size=case.b, bounds=bounds, recompute=(False,) * len(bounds)))
+    verdict = judge(a, case.cluster, Candidate(schedule=case.schedule, layout=Layout(pp=case.pp, v=v),
+                                               microbatches=case.m, microbatch_size=case.b, bounds=bounds,
+                                               activations=(Activation.KEEP,) * len(bounds)))
     return _with_memory(case.cluster, int(case.memory * max(verdict.peak_memory)))
 
 
 def plan_case(case: Case, cluster: Cluster) -> tuple[Plan | None, float]:
     req = PlanRequest(cluster=cluster, global_batch=case.b * case.m, num_microbatches=case.m, schedule=case.schedule,
-                      pp=case.pp, dp=1, virtual_stages=case.v, recompute=RecomputeMode.AUTO)
+                      pins=LayoutPins(pp=case.pp, dp=1, v=case.v), recompute=RecomputeMode.AUTO)
     start = time.perf_counter()
     try:
         plan: Plan | None = make_plan(case.profile, req)
@@ -177,8 +179,9 @@ def plan_case(case: Case, cluster: Cluster) -> tuple[Plan | None, float]:
 
 def brute_case(case: Case, cluster: Cluster, v: int) -> BruteForce:
     live = case.profile.meta.live_values
-    return brute_force(unit_arrays(case.profile, case.b), cluster, case.schedule, pp=case.pp, v=v, m=case.m,
-                       microbatch_size=case.b, admissible=lambda b: schedule_refusal(live, case.schedule, b) is None)
+    return brute_force(unit_arrays(case.profile, case.b), cluster, case.schedule, layout=Layout(pp=case.pp, v=v),
+                       m=case.m, microbatch_size=case.b,
+                       admissible=lambda b: schedule_refusal(live, case.schedule, b) is None)
 
 
 def _fits(cluster: Cluster, peaks: tuple[int, ...]) -> bool:
@@ -189,8 +192,8 @@ def _split(bounds: tuple[tuple[int, int], ...]) -> str:
     return ",".join(str(i) for i, _ in bounds[1:])
 
 
-def _flags(flags: tuple[bool, ...]) -> str:
-    return "".join("R" if f else "-" for f in flags)
+def _flags(activations: tuple[Activation, ...]) -> str:
+    return "".join("R" if a is Activation.RECOMPUTE else "-" for a in activations)
 
 
 def run_case(case: Case) -> tuple[str, float | None, list[str]]:
@@ -213,11 +216,11 @@ def run_case(case: Case) -> tuple[str, float | None, list[str]]:
         beaten = [f"{name} {p.step_time_s:.4g} s" for name, p in plan.baselines.items()
                   if _fits(cluster, p.peak_memory_bytes) and p.step_time_s < auto * (1 - 1e-12)]
         split = _split(tuple(s.units for s in plan.stages))
-        flags = _flags(tuple(s.recompute for s in plan.stages))
+        flags = _flags(tuple(s.activation for s in plan.stages))
         auto_cols = f"{auto:.5g} | {_yes(_fits(cluster, plan.predicted.peak_memory_bytes))} | {split} | {flags}"
     else:
         auto_cols = "infeasible | - | - | -"
-    brute_cols = f"{b.step_s:.5g} | {_split(b.candidate.bounds)} | {_flags(b.candidate.recompute)}" \
+    brute_cols = f"{b.step_s:.5g} | {_split(b.candidate.bounds)} | {_flags(b.candidate.activations)}" \
         if b is not None else "none fits | - | -"
     gap_col = "-" if gap is None else f"{gap:+.1%}"
     row = (f"| {case.name} | {case.schedule.value} | {case.pp} | {v} | {case.m} | {case.b} | {mem} | {auto_cols} | "

@@ -11,6 +11,8 @@ import time
 
 from autopp.data.catalog import cluster_from_catalog, load_device
 from autopp.data.cluster import Cluster, Link
+from autopp.data.layout import LayoutPins
+from autopp.data.zero import NO_ZERO
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.data.synthetic_profile import synthetic_profile
@@ -21,10 +23,10 @@ FAST = Link(latency_s=10e-6, bandwidth_bytes_per_s=50e9)
 #: ZeRO (None = auto)); a case with tp None plans for nodes of 8 H100s from the device catalog, the others for a flat
 #: cluster of FAST links.
 CASES = [
-    (32, 8, 64, 80, ScheduleName.ONE_F_ONE_B, 1, RecomputeMode.NONE, 1, 0),
-    (128, 64, 256, 80, None, None, RecomputeMode.AUTO, 1, 0),
-    (1000, 1024, 2048, 80, ScheduleName.ONE_F_ONE_B, None, RecomputeMode.AUTO, 1, 0),
-    (1000, 1024, 2048, 80, None, None, RecomputeMode.AUTO, 1, 0),
+    (32, 8, 64, 80, ScheduleName.ONE_F_ONE_B, 1, RecomputeMode.NONE, 1, NO_ZERO),
+    (128, 64, 256, 80, None, None, RecomputeMode.AUTO, 1, NO_ZERO),
+    (1000, 1024, 2048, 80, ScheduleName.ONE_F_ONE_B, None, RecomputeMode.AUTO, 1, NO_ZERO),
+    (1000, 1024, 2048, 80, None, None, RecomputeMode.AUTO, 1, NO_ZERO),
     (128, 1024, 2048, 80, None, None, RecomputeMode.AUTO, None, None),
 ]
 
@@ -40,16 +42,19 @@ def main() -> None:
         profile = synthetic_profile(n, tp_degrees=(2, 4, 8) if tp is None else ())
         cluster = Cluster(num_devices=d, memory_bytes=mem * GiB, link=FAST) if tp is not None else \
             cluster_from_catalog(load_device("h100-sxm"), None, nodes=d // 8, devices_per_node=8)
-        req = PlanRequest(cluster=cluster, global_batch=batch, schedule=sched, dp=dp, recompute=rc, tp=tp, zero=zero)
+        req = PlanRequest(cluster=cluster, global_batch=batch, schedule=sched, recompute=rc,
+                          pins=LayoutPins(dp=dp, tp=tp, zero=zero))
         times = []
         for _ in range(args.repeats):
             start = time.perf_counter()
             plan = make_plan(profile, req)
             times.append(time.perf_counter() - start)
-        chosen = f"{plan.schedule.value} pp{plan.layout.pp} dp{plan.layout.dp} tp{plan.layout.tp} zero{plan.layout.zero} v{plan.layout.v} " \
-                 f"m{plan.num_microbatches}"
+        layout = plan.layout
+        chosen = f"{plan.schedule.value} pp{layout.pp} dp{layout.dp} tp{layout.tp} zero{layout.zero.stage} " \
+                 f"v{layout.v} m{plan.num_microbatches}"
         auto = lambda x: "auto" if x is None else x  # noqa: E731
-        print(f"| {n} | {d} | {batch} | {sched.value if sched else 'auto'} | {auto(dp)} | {auto(tp)} | {auto(zero)} | "
+        stage = None if zero is None else zero.stage
+        print(f"| {n} | {d} | {batch} | {sched.value if sched else 'auto'} | {auto(dp)} | {auto(tp)} | {auto(stage)} | "
               f"{rc.value} | {chosen} | "
               f"{plan.predicted.step_time_s:.3f} | {plan.predicted.efficiency:.1%} | "
               f"{statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) |", flush=True)

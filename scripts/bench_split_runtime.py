@@ -3,11 +3,12 @@
 For examples/gpt.py (the shipped profile profiles/gpt, the default link, 1F1B, global batch 8, dp 1) and each
 --ranks count: autopp's plan (autopp.solve.make_plan), then the even split and the DeepSpeed-style
 parameter-balanced split (autopp.solve.baselines.baseline_bounds "even" / "params") evaluated as plans with the same
-schedule, pp, microbatches, microbatch size and per-stage recomputation (autopp.solve.assemble.pinned.evaluate_pinned). The
-three run INTERLEAVED: round r runs them in an order rotated by r, for --rounds rounds, each run with
-autopp.run.run_plan (--steps steps, validation on). Prints per ranks and split: the units per stage, the predicted
-step (plan.predicted.step_time_s), the median over rounds of each run's median step (steps after the first), the
-rounds' min-max, measured / predicted, and the measured step relative to autopp's split in the same ranks count.
+schedule, layout, microbatches, microbatch size and per-stage activation policies
+(autopp.solve.assemble.pinned.evaluate_pinned). The three run INTERLEAVED: round r runs them in an order rotated by
+r, for --rounds rounds, each run with autopp.run.run_plan (--steps steps, validation on). Prints per ranks and split:
+the units per stage, the predicted step (plan.predicted.step_time_s), the median over rounds of each run's median
+step (steps after the first), the rounds' min-max, measured / predicted, and the measured step relative to autopp's
+split in the same ranks count.
 
     .venv/bin/python scripts/bench_split_runtime.py                       # 2 and 4 ranks, 3 rounds
     .venv/bin/python scripts/bench_split_runtime.py --ranks 2 --rounds 5 --steps 11
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from autopp.costmodel import unit_arrays
 from autopp.data.cluster import DEFAULT_LINK, Cluster
+from autopp.data.layout import LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile, load_profile
 from autopp.run import run_plan
@@ -33,6 +35,7 @@ from autopp.sizes import parse_size
 from autopp.solve import PlanRequest, make_plan
 from autopp.solve.partition.baselines import baseline_bounds
 from autopp.solve.assemble.pinned import Pinned, evaluate_pinned
+from autopp.solve.search.judge import Candidate
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLITS = ("autopp", "even", "params")
@@ -42,15 +45,15 @@ def plans_for(profile: Profile, ranks: int, global_batch: int, memory: int) -> d
     """autopp's 1F1B plan on `ranks` devices and the two baseline splits with everything else as in it."""
     cluster = Cluster(num_devices=ranks, memory_bytes=memory, link=DEFAULT_LINK)
     request = PlanRequest(cluster=cluster, global_batch=global_batch, schedule=ScheduleName.ONE_F_ONE_B,
-                          pp=ranks, dp=1)
+                          pins=LayoutPins(pp=ranks))
     best = make_plan(profile, request)
     bounds = baseline_bounds(unit_arrays(profile, best.microbatch_size), len(best.stages))
-    recompute = tuple(s.recompute for s in best.stages)
+    activations = tuple(s.activation for s in best.stages)
     out = {"autopp": best}
     for name in ("even", "params"):
-        pinned = Pinned(schedule=best.schedule, pp=best.pp, dp=best.dp, virtual_stages=best.virtual_stages,
-                        microbatches=best.num_microbatches, microbatch_size=best.microbatch_size,
-                        bounds=bounds[name], recompute=recompute, source=f"{name} split")
+        candidate = Candidate(schedule=best.schedule, layout=best.layout, microbatches=best.num_microbatches,
+                              microbatch_size=best.microbatch_size, bounds=bounds[name], activations=activations)
+        pinned = Pinned(candidate=candidate, source=f"{name} split")
         out[name] = evaluate_pinned(profile, cluster, pinned)
     return out
 

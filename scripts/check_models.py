@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autopp.data.cluster import Cluster  # noqa: E402
+from autopp.data.layout import LayoutPins  # noqa: E402
 from autopp.errors import AutoppError  # noqa: E402
 from autopp.measure import profile_model  # noqa: E402
 from autopp.data.plan import Plan  # noqa: E402
@@ -61,7 +62,8 @@ def plan_for(profile: Profile, schedule: str, ranks: int, microbatches: int) -> 
     auto = schedule == AUTO
     request = PlanRequest(cluster=Cluster(num_devices=ranks, memory_bytes=MEMORY), global_batch=microbatches,
                           num_microbatches=None if auto else microbatches,
-                          schedule=None if auto else ScheduleName(schedule), pp=ranks, dp=1, synthesize=auto)
+                          schedule=None if auto else ScheduleName(schedule), pins=LayoutPins(pp=ranks),
+                          synthesize=auto)
     return make_plan(profile, request)
 
 

@@ -24,10 +24,12 @@ sys.path.insert(0, str(ROOT))
 
 from autopp.data.catalog import cluster_from_catalog, load_device  # noqa: E402
 from autopp.data.cluster import Cluster  # noqa: E402
+from autopp.data.layout import LayoutPins  # noqa: E402
 from autopp.data.plan import Plan  # noqa: E402
 from autopp.data.profile import Profile, load_profile  # noqa: E402
+from autopp.data.zero import ZERO  # noqa: E402
 from autopp.errors import AutoppError  # noqa: E402
-from autopp.schedule import ScheduleName  # noqa: E402
+from autopp.schedule import Activation, ScheduleName  # noqa: E402
 from autopp.solve import PlanRequest, RecomputeMode, make_plan  # noqa: E402
 
 DEVICE = "h100-sxm"
@@ -51,13 +53,9 @@ class Published:
     cluster: str
     memory_bytes: int | None = None
     """Per-GPU memory when it is not the catalog device's."""
-    tp: int
-    pp: int
-    dp: int
-    zero: int
+    layout: LayoutPins
+    """tp, pp, dp and the ZeRO stage as run; `v` None: not stated, autopp picks it (2 or 4)."""
     schedule: ScheduleName
-    virtual_stages: int | None
-    """None: not stated; autopp picks it (2 or 4)."""
     microbatches: int
     microbatch_size: int
     recompute: RecomputeMode
@@ -81,7 +79,7 @@ CONFIG_405B = "examples/configs/llama-3.1-405b.json"
 TITAN_1F1B = Published(
     key="titan-1f1b", model="Llama 3.1 405B", config=CONFIG_405B, seq_len=8192, gpus=512,
     cluster="512 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
-    tp=8, pp=8, dp=8, zero=1, schedule=ScheduleName.ONE_F_ONE_B, virtual_stages=1,
+    layout=LayoutPins(tp=8, pp=8, dp=8, zero=ZERO[1], v=1), schedule=ScheduleName.ONE_F_ONE_B,
     microbatches=32, microbatch_size=1, recompute=RecomputeMode.ALL, global_batch=256,
     per_gpu=100.0, unit="tokens/s", measured="1F1B; 82.5 GiB peak",
     source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 5",
@@ -93,14 +91,15 @@ RUNS = (
     Published(
         key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=8192,
         cluster="8,192 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
-        tp=8, pp=16, dp=64, zero=2, schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=None,
+        layout=LayoutPins(tp=8, pp=16, dp=64, zero=ZERO[2], v=None), schedule=ScheduleName.INTERLEAVED_1F1B,
         microbatches=32, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=64 * 32,
         per_gpu=430.0, unit="TFLOP/s", measured="43% BF16 MFU",
         source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 1 and §3.3.2",
         assumed="microbatch size 1 (32 microbatches per DP group; not stated), v chosen by autopp (not stated); "
                 "FSDP that shards optimizer state and gradients, parameters not resharded after forward = ZeRO 2"),
     TITAN_1F1B,
-    replace(TITAN_1F1B, key="titan-interleaved", schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=2,
+    replace(TITAN_1F1B, key="titan-interleaved", schedule=ScheduleName.INTERLEAVED_1F1B,
+            layout=replace(TITAN_1F1B.layout, v=2),
             per_gpu=128.0, measured="Interleaved 1F1B; 72.7 GiB peak",
             assumed="as the 1F1B row; 2 stages per rank (torchtitan's default for multi-stage schedules)"),
 )
@@ -151,16 +150,16 @@ def cluster_of(run: Published) -> Cluster:
 
 def pinned_request(run: Published, cluster: Cluster) -> PlanRequest:
     """The published configuration, pinned: only the split (and v where not stated) is autopp's."""
-    return PlanRequest(cluster=cluster, global_batch=run.global_batch, pp=run.pp, dp=run.dp, tp=run.tp, zero=run.zero,
-                       schedule=run.schedule, virtual_stages=run.virtual_stages, num_microbatches=run.microbatches,
-                       recompute=run.recompute)
+    return PlanRequest(cluster=cluster, global_batch=run.global_batch, pins=run.layout, schedule=run.schedule,
+                       num_microbatches=run.microbatches, recompute=run.recompute)
 
 
 def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest:
     """autopp's own choice for the same cluster and global batch: pp, dp, tp (the profiled degrees), ZeRO, schedule,
     microbatches and recomputation searched, until `shortlist` configurations simulate as fitting."""
-    return PlanRequest(cluster=cluster, global_batch=run.global_batch, pp=None, dp=None, tp=None, zero=None,
-                       schedule=None, recompute=RecomputeMode.AUTO, shortlist=shortlist)
+    return PlanRequest(cluster=cluster, global_batch=run.global_batch,
+                       pins=LayoutPins(pp=None, dp=None, tp=None, zero=None), schedule=None,
+                       recompute=RecomputeMode.AUTO, shortlist=shortlist)
 
 
 def _plan(profile: Profile, request: PlanRequest) -> tuple[Plan | None, str, float]:
@@ -172,10 +171,15 @@ def _plan(profile: Profile, request: PlanRequest) -> tuple[Plan | None, str, flo
         return None, str(exc), time.perf_counter() - start
 
 
+def _recomputing(plan: Plan) -> int:
+    return sum(s.activation is Activation.RECOMPUTE for s in plan.stages)
+
+
 def describe_config(plan: Plan) -> str:
-    rc = "all" if all(s.recompute for s in plan.stages) else "none" if not any(s.recompute for s in plan.stages) \
-        else f"{sum(s.recompute for s in plan.stages)} stages"
-    return (f"TP{plan.layout.tp} PP{plan.layout.pp} DP{plan.layout.dp} ZeRO {plan.layout.zero}, {plan.schedule.value} v{plan.layout.v}, "
+    n, stages = _recomputing(plan), len(plan.stages)
+    rc = "all" if n == stages else "none" if n == 0 else f"{n} stages"
+    layout = plan.layout
+    return (f"TP{layout.tp} PP{layout.pp} DP{layout.dp} {layout.zero}, {plan.schedule.value} v{layout.v}, "
             f"{plan.num_microbatches} x {plan.microbatch_size}, recompute {rc}")
 
 
@@ -197,14 +201,15 @@ def describe_prediction(plan: Plan, run: Published, flops_per_token: float) -> s
 
 
 def published_config(run: Published) -> str:
-    v = "v ?" if run.virtual_stages is None else f"v{run.virtual_stages}"
-    return (f"TP{run.tp} PP{run.pp} DP{run.dp} ZeRO {run.zero}, {run.schedule.value} {v}, {run.microbatches} x "
+    pins = run.layout
+    v = "v ?" if pins.v is None else f"v{pins.v}"
+    return (f"TP{pins.tp} PP{pins.pp} DP{pins.dp} {pins.zero}, {run.schedule.value} {v}, {run.microbatches} x "
             f"{run.microbatch_size} of {run.seq_len} tokens, recompute {run.recompute.value}")
 
 
 def _chosen_v(plan: Plan, run: Published) -> str:
     """", v N (autopp's)" where the source does not state the stages per rank."""
-    return f", v {plan.layout.v} (autopp's)" if run.virtual_stages is None else ""
+    return f", v {plan.layout.v} (autopp's)" if run.layout.v is None else ""
 
 
 def row(run: Published, shortlist: int) -> list[str]:
@@ -221,8 +226,8 @@ def row(run: Published, shortlist: int) -> list[str]:
         auto, _, _ = _plan(profile, replace(pinned_request(run, cluster), recompute=RecomputeMode.AUTO))
         predicted = f"does not fit without recomputation in autopp's count ({why.split(';')[0]})"
         if auto:
-            recomputing = sum(s.recompute for s in auto.stages)
-            predicted += (f"; with {recomputing} of {len(auto.stages)} stages recomputing{_chosen_v(auto, run)}: "
+            predicted += (f"; with {_recomputing(auto)} of {len(auto.stages)} stages recomputing"
+                          f"{_chosen_v(auto, run)}: "
                           f"{describe_prediction(auto, run, flops)}")
     else:
         predicted = f"no plan: {why}"

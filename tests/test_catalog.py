@@ -179,13 +179,13 @@ def test_cluster_across_nodes() -> None:
 
 
 @pytest.mark.parametrize("devices, per_node, advice", [
-    (12, None, "--nodes 2 --devices-per-node 6, or --devices 8 or 16"),
-    (9, None, "--nodes 3 --devices-per-node 3, or --devices 8 or 16"),
-    (11, 4, "plan whole nodes: --devices 8 or 12"),
+    (12, None, "`nodes` 2 `devices_per_node` 6, or `devices` 8 or 16"),
+    (9, None, "`nodes` 3 `devices_per_node` 3, or `devices` 8 or 16"),
+    (11, 4, "plan whole nodes: `devices` 8 or 12"),
 ])
 def test_partly_filled_last_node_is_refused(devices: int, per_node: int | None, advice: str) -> None:
     """Review 16.8: it fell back to a flat cluster on the slower link without a word; now one line says what to
-    give instead."""
+    give instead (in the request's field names; the CLI says them as flags: tests/test_cli_devices.py)."""
     with pytest.raises(AutoppError) as err:
         cluster_from_catalog(load_device("h100-sxm"), devices, devices_per_node=per_node)
     text = str(err.value)

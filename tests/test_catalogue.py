@@ -290,7 +290,10 @@ PLANS: dict[str, Callable[[Env], None]] = {
     "stage-split-point-missing": _plan_edit(_stage(1, split_point=None)),
     "stage-forward-negative": _plan_edit(_stage(0, forward_s=-1.0)),
     "stage-memory-text": _plan_edit(_stage(0, memory_bytes="10MB")),
-    "stage-recompute-text": _plan_edit(_stage(0, recompute="yes")),
+    "stage-activation-unknown": _plan_edit(_stage(0, activation="full")),
+    "v1-stage-recompute-text": _plan_edit(lambda d: d.update(version=1, stages=[
+        {**{k: v for k, v in s.items() if k != "activation"}, "recompute": "yes" if i == 0 else False}
+        for i, s in enumerate(d["stages"])])),
     "predicted-step-nan": _plan_edit(lambda d: d["predicted"].update(step_time_s=float("nan"))),
     "predicted-peaks-text": _plan_edit(lambda d: d["predicted"].update(peak_memory_bytes=["1MB"])),
     "baselines-not-object": _plan_edit(lambda d: d.update(baselines=[1])),
@@ -397,7 +400,7 @@ CASES += [
                                                           "-o", str(env.tmp / "out.json")], lambda env: "--memory"),
     Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
                                                       "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
-         lambda env: "dp=3"),
+         lambda env: "dp(3)"),
 ]
 
 

@@ -125,7 +125,7 @@ def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_plan_bad_dp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _fails(["plan", "--profile", str(tmp_path), "--devices", "4", "--memory", "1GiB", "--dp", "3"], capsys,
-           "dp=3 does not divide the 4 devices")
+           "dp(3) does not divide the 4 devices")
 
 
 def test_show_draws_timeline_and_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,8 +210,61 @@ def test_plan_tp_and_zero_flags(tmp_path: Path, capsys: pytest.CaptureFixture[st
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["plan", "--profile", str(profile), "--devices", "8", "--memory", "1GiB", "--zero", "4"])
-    assert "expected a ZeRO stage 0, 1, 2 or 3, or auto, got '4'" in capsys.readouterr().err
+    assert "expected a ZeRO stage 0, 1, 2, 3, or auto, got '4'" in capsys.readouterr().err
     _fails(["plan", "--profile", str(profile), "--devices", "8", "--memory", "80GiB", "--tp", "4", "-o",
             str(out)], capsys, "no tensor-parallel rows of degree 4 (it has: 2); profile again with --tp 2,4")
-    _fails(["plan", "--profile", str(profile), "--devices", "8", "--memory", "80GiB", "--tp", "2", "--split", "3",
-            "-o", str(out)], capsys, "--split evaluates pipeline x data-parallel configurations only")
+
+
+def test_split_keeps_tp_and_zero_and_pin_from_refuses_them(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--split is judged on every axis of the request (plan_split keeps tp and ZeRO); only --pin-from, which reads
+    pipeline x data-parallel trainer settings, refuses them, before anything is profiled or written."""
+    from autopp.data.synthetic_profile import synthetic_profile
+    profile = synthetic_profile(10, hidden=256, seq=64, tp_degrees=(2,)).save(tmp_path / "prof")
+    out = tmp_path / "p.json"
+    assert main(["plan", "--profile", str(profile), "--devices", "8", "--memory", "80GiB", "--dp", "2", "--tp", "2",
+                 "--zero", "1", "--split", "3", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(pp 2 x dp 2 x tp 2, ZeRO 1," in text and "split pinned (--split): evaluated, not searched" in text
+    data = json.loads(out.read_text())
+    assert (data["pp"], data["dp"], data["tp"], data["zero"], data["num_ranks"]) == (2, 2, 2, 1, 8)
+    assert [s["units"] for s in data["stages"]] == [[0, 3], [3, 10]] and data["tp_plan"]
+    pin = tmp_path / "megatron.args"
+    pin.write_text("--pipeline-model-parallel-size 2 --num-layers 8 --micro-batch-size 1 --global-batch-size 8\n")
+    out.unlink()
+    for flags in (["--tp", "2"], ["--dp", "2", "--zero", "1"]):
+        _fails(["plan", "--profile", str(profile), "--devices", "8", "--memory", "80GiB", *flags, "--pin-from",
+                str(pin), "-o", str(out)], capsys, "--pin-from evaluates pipeline x data-parallel configurations "
+                                                   "only: drop --tp/--zero")
+    assert not out.exists()
+
+
+def test_in_flags_names_the_core_fields_as_flags() -> None:
+    """The planning core names its request's fields in backquotes; the CLI's one table says them as flags: phrases
+    first ("search `dp`" is --dp auto, not "search --dp"), then each field."""
+    from autopp.cli.common import FLAG_TERMS, in_flags
+    assert in_flags("give `dp` > 1 (or search `dp`), or `zero` 0") == "give --dp > 1 (or --dp auto), or --zero 0"
+    assert in_flags("`recompute_stages` 1 needs `num_microbatches` >= 2; `tp` searched") == \
+        "--recompute-stages 1 needs --microbatches >= 2; --tp auto"
+    assert in_flags("`recompute` all, `memory_bytes` and `v`") == "--recompute all, --memory and --virtual-stages"
+    assert in_flags("dp is 1 and 'dp' too") == "dp is 1 and 'dp' too"  # only backquoted names are fields
+    terms = [term for term, _ in FLAG_TERMS]
+    assert len(terms) == len(set(terms))
+    for i, term in enumerate(terms):  # a phrase is rewritten before any field it contains
+        assert not any(term in later for later in terms[i + 1:]), term
+    assert all("`" not in flag for _, flag in FLAG_TERMS)
+
+
+def test_a_core_refusal_reads_with_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """The Python API refuses ZeRO 1 on one replica naming `dp` and `zero`; the CLI says the same with its flags."""
+    from autopp.data.layout import LayoutPins
+    from autopp.data.zero import ZERO
+    from autopp.errors import LayoutError
+    from .conftest import ROOT
+    with pytest.raises(LayoutError, match=r"and dp is 1: give `dp` > 1 \(or search `dp`\), or `zero` 0"):
+        LayoutPins(dp=1, zero=ZERO[1])
+    assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
+                 "--zero", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["autopp: error: ZeRO 1 shards over data-parallel replicas, and dp is 1: give --dp > 1 (or --dp "
+                   "auto), or --zero 0"], err

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autopp.cli import main
+from autopp.solve.assemble.pinned import SPLIT_NOTE
 
 from .conftest import EXAMPLES, SHIPPED
 
@@ -23,10 +24,10 @@ def _plan_split(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Pat
 def test_plan_split_writes_the_pinned_split_beside_autopps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan, data, out = _plan_split(tmp_path, capsys)
     assert [s["units"] for s in data["stages"]] == [[0, 2], [2, 8]]
-    assert [s["recompute"] for s in data["stages"]] == [False, True]
+    assert [s["activation"] for s in data["stages"]] == ["keep", "recompute"]
     own = data["baselines"]["autopp"]["stage_units"]
     assert own != [[0, 2], [2, 8]] and data["predicted"]["fits"] is True
-    assert "split pinned by --split: evaluated, not searched" in data["notes"]
+    assert SPLIT_NOTE in data["notes"] and "note: split pinned (--split): evaluated, not searched" in out
     rows = [line.split()[0] for line in out.splitlines() if line.strip()]
     assert "pinned" in rows and "autopp" in rows and "fits" in out
     assert main(["show", str(plan), "-o", str(tmp_path / "split.png")]) == 0

@@ -12,7 +12,8 @@ from autopp.data.catalog import load_device
 from autopp.data.cluster import (DEFAULT_LINK, GLOO_COSTS, NCCL_COSTS, Cluster, Device, Link, Nodes,
                                  hierarchical_cluster, link_fields, parse_link)
 from autopp.data.cluster_file import load_cluster
-from autopp.errors import AutoppError
+from autopp.data.layout import Layout
+from autopp.errors import AutoppError, LayoutError
 
 
 def test_load_heterogeneous(tmp_path: Path) -> None:
@@ -124,7 +125,7 @@ def _nodes(count: int = 2, per_node: int = 4) -> Cluster:
 
 def test_pp4_dp2_on_two_nodes_crosses_between_ranks_1_and_2() -> None:
     """Rank r of replica j runs device 2 r + j: ranks 0, 1 on node 0, ranks 2, 3 on node 1."""
-    c = _nodes().placed(4, 2)
+    c = _nodes().placed(Layout(pp=4, dp=2))
     assert [c.link_between(r, r + 1) for r in range(3)] == [INTRA, INTER, INTRA]
     assert c.link_between(3, 0) == INTER  # the loop back of interleaved layouts
     assert [c.dp_group(r, 2) for r in range(4)] == [((2,),)] * 4  # each replica pair shares a node
@@ -132,25 +133,27 @@ def test_pp4_dp2_on_two_nodes_crosses_between_ranks_1_and_2() -> None:
 
 def test_placement_of_other_grids() -> None:
     c = _nodes()
-    assert c.placed(2, 4).link_between(0, 1) == INTER and c.dp_group(1, 4) == ((4,),)  # one pipeline rank per node
-    assert [c.placed(8, 1).link_between(r, r + 1) for r in range(7)] == [INTRA] * 3 + [INTER] + [INTRA] * 3
+    one_per_node, one_per_device = c.placed(Layout(pp=2, dp=4)), c.placed(Layout(pp=8, dp=1))
+    assert one_per_node.link_between(0, 1) == INTER and c.dp_group(1, 4) == ((4,),)  # one pipeline rank per node
+    assert [one_per_device.link_between(r, r + 1) for r in range(7)] == [INTRA] * 3 + [INTER] + [INTRA] * 3
     assert c.dp_group(0, 8) == ((4, 4),)
     assert _nodes(3, 4).dp_group(1, 3) == ((1, 2),)  # devices 3 | 4, 5: groups need not divide the nodes
-    assert _nodes(2, 3).placed(3, 2).link_between(0, 1) == INTER  # devices 0, 1 -> 2, 3: replica 1 leaves node 0
+    # devices 0, 1 -> 2, 3: replica 1 leaves node 0
+    assert _nodes(2, 3).placed(Layout(pp=3, dp=2)).link_between(0, 1) == INTER
     assert c.link == INTER and c.homogeneous and c.link_between(0, 1) == INTER  # not placed: the slower link
 
 
 def test_flat_cluster_is_placed_unchanged() -> None:
     flat = Cluster(num_devices=8, memory_bytes=100, link=INTER)
-    assert flat.placed(4, 2) is flat and flat.dp_group(0, 2) == ()
+    assert flat.placed(Layout(pp=4, dp=2)) is flat and flat.dp_group(0, 2) == ()
 
 
 def test_nodes_must_match_the_devices() -> None:
     nodes = Nodes(count=2, devices_per_node=4, intra=INTRA, inter=INTER)
     with pytest.raises(ValueError, match="2 nodes x 4 devices != num_devices 6"):
         Cluster(num_devices=6, memory_bytes=1, nodes=nodes)
-    with pytest.raises(ValueError, match="pp 3 x dp 2 != 8 devices"):
-        _nodes().placed(3, 2)
+    with pytest.raises(LayoutError, match=r"pp\(3\) \* dp\(2\) = 6 != devices \(8\)"):
+        _nodes().placed(Layout(pp=3, dp=2))
     with pytest.raises(ValueError, match="identical devices"):
         Cluster(num_devices=8, memory_bytes=1, nodes=nodes, devices=(Device(memory_bytes=1),) * 8)
 
@@ -163,10 +166,10 @@ def test_regions_joined_by_a_wan_link() -> None:
     nodes = Nodes(count=4, devices_per_node=2, intra=INTRA, inter=INTER, regions=2, wan=WAN)
     c = hierarchical_cluster(nodes, 100)
     assert c.link == WAN and c.pipeline_links[-3:] == (INTRA, INTER, WAN)
-    placed = c.placed(4, 2)
+    placed = c.placed(Layout(pp=4, dp=2))
     assert [placed.link_between(r, r + 1) for r in range(3)] == [INTER, WAN, INTER]
     assert [placed.hop_level(r, r + 1) for r in range(3)] == [1, 2, 1]
-    assert c.placed(2, 4).link_between(0, 1) == WAN and c.dp_group(0, 4) == ((2, 2),)
+    assert c.placed(Layout(pp=2, dp=4)).link_between(0, 1) == WAN and c.dp_group(0, 4) == ((2, 2),)
     assert c.dp_group(0, 8) == ((2, 2), (2, 2)) and c.dp_group(1, 3) == ((1,), (2,))  # devices 3 | 4, 5: regions 0, 1
     assert c.dp_group(0, 6) == ((2, 2), (2,))
     with pytest.raises(ValueError, match="a wan link joins regions"):

@@ -66,8 +66,8 @@ def test_bad_files_are_one_line(tmp_path: Path) -> None:
 def test_bad_task_and_seq_len_are_one_line() -> None:
     message = _one_line_error(lambda: hf_source(TINY, 8, "translation"), "unknown task 'translation'")
     assert all(t in message for t in HF_TASKS) and str(TINY) in message
-    _one_line_error(lambda: hf_source(TINY, 33), r"--seq-len 33 is above the config's max_position_embeddings "
-                                                 r"\(32\); give --seq-len 32 or less")
+    _one_line_error(lambda: hf_source(TINY, 33), r"`seq_len` 33 is above the config's max_position_embeddings "
+                                                 r"\(32\); give `seq_len` 32 or less")
     _one_line_error(lambda: hf_source(TINY, 0), "positive number of tokens, got 0")
 
 

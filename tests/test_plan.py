@@ -8,18 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from autopp.data.layout import Layout
+from autopp.data.plan import PLAN_VERSION, Plan, Prediction, StagePlan, load_plan
+from autopp.data.zero import ZERO
 from autopp.errors import PlanError
-from autopp.data.plan import Plan, Prediction, StagePlan, load_plan
-from autopp.schedule import Action, Kind, ScheduleName, parse_action
+from autopp.schedule import Action, Activation, Kind, ScheduleName, parse_action
 
 
 def _plan() -> Plan:
     stages = tuple(StagePlan(index=i, rank=i, units=(a, b), unit_names=("x",) * (b - a), split_point="h.2" if i else None,
                              forward_s=1.0, backward_s=2.0, memory_bytes=10) for i, (a, b) in enumerate([(0, 2), (2, 5)]))
     pred = Prediction(step_time_s=3.0, peak_memory_bytes=(10, 10), bubble_fraction=0.25, stage_units=((0, 2), (2, 5)))
-    return Plan(model_path="/models/m.py", fingerprint="abc", schedule=ScheduleName.ONE_F_ONE_B, num_ranks=2,
-                num_microbatches=4, microbatch_size=2, memory_limit_bytes=100, stages=stages, predicted=pred,
-                baselines={"even": pred})
+    return Plan(model_path="/models/m.py", fingerprint="abc", schedule=ScheduleName.ONE_F_ONE_B,
+                layout=Layout(pp=2), num_microbatches=4, microbatch_size=2, memory_limit_bytes=100, stages=stages,
+                predicted=pred, baselines={"even": pred})
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -27,7 +29,9 @@ def test_round_trip(tmp_path: Path) -> None:
     path = plan.save(tmp_path / "p.json")
     assert load_plan(path) == plan
     data = json.loads(path.read_text())
-    assert data["version"] == 1 and data["stages"][1]["units"] == [2, 5]
+    assert data["version"] == PLAN_VERSION == 2 and data["stages"][1]["units"] == [2, 5]
+    assert (data["num_ranks"], data["pp"], data["dp"], data["virtual_stages"]) == (2, 2, 1, 1)
+    assert data["stages"][0]["activation"] == "keep" and "recompute" not in data["stages"][0]
     assert plan.global_batch == 8 and plan.split_points == ["h.2"]
 
 
@@ -75,30 +79,56 @@ def test_new_fields_round_trip_and_old_files_still_load(tmp_path: Path) -> None:
     for key in ("pp", "dp", "virtual_stages", "ideal_step_time_s", "notes"):
         del data[key]
     for s in data["stages"]:
-        del s["recompute"]
-    (tmp_path / "old.json").write_text(json.dumps(data))
+        del s["activation"]
+    (tmp_path / "old.json").write_text(json.dumps(data | {"version": 1}))
     assert load_plan(tmp_path / "old.json") == plan
 
 
-def test_world_size_is_pp_times_dp_times_tp() -> None:
+def test_version_1_recompute_flags_load_as_activation_policies(tmp_path: Path) -> None:
+    """Version 1 wrote each stage's `recompute` flag; it loads as the stage's activation policy, and a bad flag is
+    refused by name."""
+    data = _plan().to_json() | {"version": 1}
+    data["stages"] = [{k: v for k, v in s.items() if k != "activation"} | {"recompute": flag}
+                      for s, flag in zip(data["stages"], (False, True))]
+    loaded = load_plan(_write(tmp_path, data))
+    assert [s.activation for s in loaded.stages] == [Activation.KEEP, Activation.RECOMPUTE]
+    assert loaded.version == PLAN_VERSION and loaded.to_json()["stages"][1]["activation"] == "recompute"
+    data["stages"][1]["recompute"] = "yes"
+    with pytest.raises(PlanError, match=r"p\.json: stage 1: field 'recompute' must be true or false, got 'yes'"):
+        load_plan(_write(tmp_path, data))
+    with pytest.raises(PlanError, match=r"p\.json: stage 0: field 'activation' must be an activation policy, one "
+                                        r"of \['keep', 'recompute'\], got 'full'"):
+        load_plan(_write(tmp_path, _plan().to_json() | {"stages": [
+            {**_plan().to_json()["stages"][0], "activation": "full"}, _plan().to_json()["stages"][1]]}))
+
+
+def test_world_size_is_pp_times_dp_times_tp(tmp_path: Path) -> None:
     plan = _plan()
-    dp2 = Plan(**{**plan.__dict__, "num_ranks": 4, "pp": 2, "dp": 2})
-    assert dp2.global_batch == 16
-    with pytest.raises(PlanError, match=r"pp\(2\) \* dp\(2\) \* tp\(1\) != num_ranks \(3\)"):
-        Plan(**{**plan.__dict__, "num_ranks": 3, "pp": 2, "dp": 2})
-    tp2 = Plan(**{**plan.__dict__, "num_ranks": 8, "pp": 2, "dp": 2, "tp": 2, "zero": 3})
-    assert tp2.global_batch == 16  # tensor-parallel ranks share their replica's samples
-    with pytest.raises(PlanError, match="'zero' must be a ZeRO stage"):
-        Plan(**{**plan.__dict__, "num_ranks": 4, "pp": 2, "dp": 2, "zero": 4})
+    dp2 = replace(plan, layout=Layout(pp=2, dp=2))
+    assert dp2.global_batch == 16 and dp2.num_ranks == 4
+    with pytest.raises(PlanError, match=r"p\.json: pp\(2\) \* dp\(2\) != num_ranks \(3\)"):
+        load_plan(_write(tmp_path, plan.to_json() | {"num_ranks": 3, "dp": 2}))
+    tp2 = replace(plan, layout=Layout(pp=2, dp=2, tp=2, zero=ZERO[3]))
+    assert tp2.global_batch == 16 and tp2.num_ranks == 8  # tensor-parallel ranks share their replica's samples
+    with pytest.raises(PlanError, match=r"p\.json: field 'zero': ZeRO stage 4 does not exist; give one of \[0, 1, 2, 3\]"):
+        load_plan(_write(tmp_path, dp2.to_json() | {"tp": 1, "zero": 4}))
+    with pytest.raises(PlanError, match=r"p\.json: ZeRO 1 shards over data-parallel replicas, and dp is 1"):
+        load_plan(_write(tmp_path, plan.to_json() | {"tp": 1, "zero": 1}))
+    with pytest.raises(TypeError, match="Layout.zero must be a ZeroStage, got 3"):
+        Layout(pp=2, dp=2, zero=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Plan.layout must be a Layout"):
+        replace(plan, layout=(2, 1))  # type: ignore[arg-type]
 
 
 def test_3d_fields_round_trip_and_stay_out_of_pipeline_only_plans(tmp_path: Path) -> None:
     plan = _plan()
     assert "tp" not in plan.to_json() and "zero" not in plan.to_json()
-    tp2 = Plan(**{**plan.__dict__, "num_ranks": 4, "pp": 2, "dp": 1, "tp": 2, "zero": 1,
-                  "tp_plan": {"layers.*.fc1": "colwise", "layers.*.fc2": "rowwise"}})
+    tp2 = replace(plan, layout=Layout(pp=2, dp=2, tp=2, zero=ZERO[1]),
+                  tp_plan={"layers.*.fc1": "colwise", "layers.*.fc2": "rowwise"})
+    data = tp2.to_json()
+    assert (data["num_ranks"], data["tp"], data["zero"]) == (8, 2, 1) and "cp" not in data and "ep" not in data
     back = load_plan(tp2.save(tmp_path / "p.json"))
-    assert (back.tp, back.zero, back.tp_plan) == (2, 1, tp2.tp_plan)
+    assert back == tp2 and (back.layout.tp, back.layout.zero, back.tp_plan) == (2, ZERO[1], tp2.tp_plan)
 
 
 def _write(tmp_path: Path, data: dict[str, object]) -> Path:

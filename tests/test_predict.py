@@ -44,7 +44,7 @@ def test_synthesized_plan_is_custom_and_faster(shipped: Profile) -> None:
         assert synth.predicted.step_time_s == named.predicted.step_time_s
         return
     assert synth.predicted.step_time_s < named.predicted.step_time_s
-    assert len(synth.custom_order) == synth.pp and any("CP-SAT" in n for n in synth.notes)
+    assert len(synth.custom_order) == synth.layout.pp and any("CP-SAT" in n for n in synth.notes)
     pred = synth.predicted
     assert simulate_plan(synth).step_time_s == pytest.approx(pred.step_time_s - pred.allreduce_s - pred.optimizer_s)
     assert Plan.from_json(synth.to_json()) == synth

@@ -4,6 +4,7 @@ default profile directory and the choices."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn
@@ -12,8 +13,7 @@ from ..schedule import NAMED
 from ..sizes import parse_size
 
 __all__ = ["FLAG_TERMS", "in_flags", "DEFAULT_PROFILE_DIR", "SCHEDULE_NAMES", "TARGET_NAMES", "Parser", "progress",
-           "end_progress",
-           "comma_sizes", "memory_size", "integer", "number", "POSITIVE", "COUNT", "SECONDS"]
+           "end_progress", "comma_sizes", "memory_size", "integer", "number", "POSITIVE", "COUNT", "SECONDS"]
 
 DEFAULT_PROFILE_DIR = Path("profiles")
 
@@ -27,14 +27,21 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     ("`num_microbatches`", "--microbatches"), ("`global_batch`", "--global-batch"),
     ("`tp_across_nodes`", "--tp-across-nodes"), ("`tp_degrees`", "--tp"), ("`memory_bytes`", "--memory"),
     ("`split`", "--split"), ("`v`", "--virtual-stages"), ("`schedule`", "--schedule"),
-    *((f"`{f}`", f"--{f}") for f in ("pp", "dp", "cp", "tp", "ep", "zero")),
+    ("`latency_s`", "--latency"), ("`intra_bandwidth`", "--intra-node-bandwidth"),
+    ("`inter_bandwidth`", "--inter-node-bandwidth"), ("`bandwidth`", "--bandwidth"),
+    ("`devices_per_node`", "--devices-per-node"), ("`devices`", "--devices"), ("`nodes`", "--nodes"),
+    ("`device`", "--device"), ("`analytic`", "--analytic"), ("`dtype`", "--dtype"), ("`seq_len`", "--seq-len"),
+    ("`task`", "--task"),
+    ("`progress_s` 0 on every link", "--progress-delay 0 (with --cluster: progress_s 0 on every link)"),
+    *((f"`{f}`", f"--{f}") for f in ("pp", "dp", "tp", "zero")),
 )
+_FLAG_PATTERNS = tuple((re.compile(r"(?<![\w-])" + re.escape(term)), flag) for term, flag in FLAG_TERMS)
 
 
 def in_flags(message: str) -> str:
-    """An error of the planning core as the command line says it (`FLAG_TERMS`)."""
-    for term, flag in FLAG_TERMS:
-        message = message.replace(term, flag)
+    """A message of the planning core as the command line says it (`FLAG_TERMS`; a phrase inside a word stays)."""
+    for pattern, flag in _FLAG_PATTERNS:
+        message = pattern.sub(flag, message)
     return message
 
 #: The named schedules' values (the schedule package loads neither torch, pandas nor OR-Tools: ~0.1 s).

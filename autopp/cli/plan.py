@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from ..data.zero import NO_ZERO, ZERO, ZeroStage
 from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
 from ..schedule import ScheduleName
-from .common import DEFAULT_PROFILE_DIR, POSITIVE, SCHEDULE_NAMES, SECONDS, memory_size, number
+from .common import DEFAULT_PROFILE_DIR, POSITIVE, SCHEDULE_NAMES, SECONDS, in_flags, memory_size, number
 from .profile import add_hf_arguments, hf_source_of, model_stem, profile_for
 
 __all__ = ["add_parser"]
@@ -167,7 +168,7 @@ def _warn_device(args: argparse.Namespace, meta) -> None:  # type: ignore[no-unt
     from ..data.catalog import device_mismatch, load_device
     why = device_mismatch(load_device(args.device).name, meta.device, meta.extra.get("analytic_device"))
     if why:
-        print(f"autopp: warning: {why}", file=sys.stderr)
+        print(f"autopp: warning: {in_flags(why)}", file=sys.stderr)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -214,7 +215,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     else:
         plan = make_plan(profile, request)
     plan.save(out)
-    print(format_plan(plan))
+    print(format_plan(replace(plan, notes=tuple(map(in_flags, plan.notes)))))  # the file's notes name fields
     print(f"\nwrote plan {out}")
     if pinned is not None:
         from ..export.compare import format_comparison

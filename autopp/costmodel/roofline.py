@@ -218,7 +218,7 @@ class Calibration:
         float32 and bfloat16 peaks and efficiencies differ)."""
         if self.dtype != dtype:
             raise CalibrationError(f"{where}: calibrated for dtype {self.dtype}, not {dtype}; calibrate from a "
-                                   f"profile measured with --dtype {dtype}, or profile with --dtype {self.dtype}")
+                                   f"profile measured with `dtype` {dtype}, or profile with `dtype` {self.dtype}")
 
 
 def load_calibration(path: str | Path, device: str | None = None, dtype: str | None = None) -> Calibration:

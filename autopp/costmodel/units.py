@@ -164,11 +164,11 @@ def _tp_rows(profile: Profile, tp: int) -> pd.DataFrame:
         where = f"the profile of {profile.meta.model_path}"
         if not profile.meta.tp_plan:
             raise ProfileError(f"{where} has no tensor-parallel rows, and no TP plan to make them with (TP_PLAN in "
-                               f"the model file, or an HF model's base_model_tp_plan): plan with --tp 1")
+                               f"the model file, or an HF model's base_model_tp_plan): plan with `tp` 1")
         have = ", ".join(str(d) for d in profile.meta.tp_degrees) or "none"
         ask = ",".join(str(d) for d in sorted({*profile.meta.tp_degrees, tp}))
         raise ProfileError(f"{where} has no tensor-parallel rows of degree {tp} (it has: {have}); profile again "
-                           f"with --tp {ask}")
+                           f"with `tp_degrees` {ask}")
     return rows[rows.tp == tp].sort_values(["microbatch_size", "unit"])
 
 

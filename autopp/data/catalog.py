@@ -174,8 +174,8 @@ def cluster_from_catalog(spec: DeviceSpec, devices: int | None = None, *, nodes:
                            latency_s=intra.latency_s if overrides.latency_s is None else overrides.latency_s)
             return Cluster(num_devices=count, memory_bytes=memory, link=flat)
         if overrides.latency_s is not None or overrides.bandwidth:
-            raise AutoppError(f"--latency/--bandwidth set the one link of a flat cluster; {count} devices span "
-                              f"{-(-count // per_node)} nodes: give --intra-node-bandwidth / --inter-node-bandwidth")
+            raise AutoppError(f"`latency_s`/`bandwidth` set the one link of a flat cluster; {count} devices span "
+                              f"{-(-count // per_node)} nodes: give `intra_bandwidth` / `inter_bandwidth`")
         return hierarchical_cluster(Nodes(count=count // per_node, devices_per_node=per_node, intra=intra,
                                           inter=inter, device=spec.name), memory)
     except ValueError as exc:
@@ -186,16 +186,16 @@ def _device_count(spec: DeviceSpec, devices: int | None, nodes: int | None, per_
     """Devices in all: `devices`, or `nodes` x `per_node` (both given: they must agree), filling whole nodes."""
     count = devices or (nodes * per_node if nodes else None)
     if count is None:
-        raise AutoppError(f"give --devices N or --nodes N with --device {spec.name} ({per_node} devices per node)")
+        raise AutoppError(f"give `devices` N or `nodes` N with `device` {spec.name} ({per_node} devices per node)")
     if nodes and count != nodes * per_node:
-        raise AutoppError(f"--devices {count} != --nodes {nodes} x {per_node} devices per node ({nodes * per_node}); "
-                          "give one of them")
+        raise AutoppError(f"`devices` {count} != `nodes` {nodes} x {per_node} devices per node "
+                          f"({nodes * per_node}); give one of them")
     if count > per_node and count % per_node:
         whole = max(k for k in range(1, per_node + 1) if count % k == 0)
-        split = f"--nodes {count // whole} --devices-per-node {whole}, or " if whole > 1 else ""
+        split = f"`nodes` {count // whole} `devices_per_node` {whole}, or " if whole > 1 else ""
         below, above = count // per_node * per_node, -(-count // per_node) * per_node
         raise AutoppError(f"{count} devices of {spec.name} leave the last node of {per_node} partly filled; plan "
-                          f"whole nodes: {split}--devices {below} or {above}")
+                          f"whole nodes: {split}`devices` {below} or {above}")
     return count
 
 
@@ -254,4 +254,4 @@ def device_mismatch(name: str, profile_device: str, analytic_device: str | None 
             return None
         where = f"was measured on {profile_device}"
     return (f"the profile {where}, not {name}: its times are that device's, memory and links come from {name} "
-            f"(profile with --analytic {name} for {name}'s times)")
+            f"(profile with `analytic` {name} for {name}'s times)")

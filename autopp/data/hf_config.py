@@ -72,10 +72,10 @@ def max_positions(values: dict[str, Any]) -> int | None:
 def check_seq_len(path: str | Path, seq_len: int, limit: int | None) -> None:
     """A ModelFileError if `seq_len` is not positive or above the config's largest position `limit`."""
     if seq_len < 1:
-        raise ModelFileError(f"{path}: --seq-len must be a positive number of tokens, got {seq_len}")
+        raise ModelFileError(f"{path}: `seq_len` must be a positive number of tokens, got {seq_len}")
     if limit is not None and seq_len > limit:
-        raise ModelFileError(f"{path}: --seq-len {seq_len} is above the config's max_position_embeddings ({limit}); "
-                             f"give --seq-len {limit} or less")
+        raise ModelFileError(f"{path}: `seq_len` {seq_len} is above the config's max_position_embeddings ({limit}); "
+                             f"give `seq_len` {limit} or less")
 
 
 def hf_source(path: str | Path, seq_len: int | None = None, task: str = DEFAULT_TASK) -> HfSource:
@@ -84,7 +84,7 @@ def hf_source(path: str | Path, seq_len: int | None = None, task: str = DEFAULT_
     values = read_hf_config(path)
     p = Path(path).resolve()
     if task not in HF_TASKS:
-        raise ModelFileError(f"{p}: unknown task {task!r}; give --task one of {', '.join(HF_TASKS)}")
+        raise ModelFileError(f"{p}: unknown task {task!r}; give `task` one of {', '.join(HF_TASKS)}")
     limit = max_positions(values)
     if seq_len is None:
         seq_len = min(DEFAULT_SEQ_LEN, limit) if limit else DEFAULT_SEQ_LEN

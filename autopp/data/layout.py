@@ -21,9 +21,11 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..errors import LayoutError
+from .fields import is_int
 from .zero import NO_ZERO, ZeroStage, zero_stage
 
-__all__ = ["MESH_AXES", "Coords", "Layout", "LayoutPins", "uses_mesh", "LAYOUT_FIELDS", "layout_fields", "layout_of"]
+__all__ = ["MESH_AXES", "Coords", "Layout", "LayoutPins", "UnitView", "UNPLANNED", "check_planned", "uses_mesh",
+           "LAYOUT_FIELDS", "layout_fields", "layout_of"]
 
 #: The device mesh's dimensions, outermost first: the order in which `Layout.rank` numbers the ranks.
 MESH_AXES = ("pp", "dp", "cp", "tp")
@@ -63,17 +65,12 @@ class Layout:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name != "zero" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise LayoutError(f"{f.name} must be an integer >= 1, got {value!r}")
+            if f.name != "zero":
+                _check_degree(f.name, getattr(self, f.name))
         if not isinstance(self.zero, ZeroStage):  # a programming error: readers parse the stage number
             raise TypeError(f"Layout.zero must be a ZeroStage, got {self.zero!r}")
-        if not self.zero.replicated and self.dp == 1:
-            raise LayoutError(f"{self.zero} shards over data-parallel replicas, and dp is 1: give dp > 1, or ZeRO "
-                              "stage 0")
-        if (self.dp * self.cp * self.tp) % self.ep:
-            raise LayoutError(f"ep({self.ep}) must divide dp({self.dp}) * cp({self.cp}) * tp({self.tp}) = "
-                              f"{self.dp * self.cp * self.tp}")
+        _check_zero(self.zero, self.dp)
+        _check_ep(self.ep, self.dp, self.cp, self.tp)
 
     @property
     def world(self) -> int:
@@ -132,11 +129,10 @@ class Layout:
         if self.world != devices:
             raise LayoutError(f"{self.describe(' * ')} = {self.world} != devices ({devices})")
 
-    def unit_view(self) -> Layout:
-        """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size): its
-        tensor-parallel and context degrees, and the replicas only where its ZeRO stage shards over them."""
-        return Layout(cp=self.cp, tp=self.tp, ep=self.ep, dp=self.dp if not self.zero.replicated else 1,
-                      zero=self.zero)
+    def unit_view(self) -> UnitView:
+        """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size)."""
+        return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp if not self.zero.replicated else 1,
+                        zero=self.zero if self.dp > 1 else NO_ZERO)
 
     def describe(self, sep: str = " x ") -> str:
         """The degrees as messages print them: "pp(2) x dp(2) x tp(2)", degrees of 1 beyond pp and dp left out."""
@@ -160,36 +156,76 @@ class LayoutPins:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "zero" and value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                                           or value < 1):
-                raise LayoutError(f"{f.name} must be an integer >= 1 or searched (None), got {value!r}")
-        if self.zero is not None and not self.zero.replicated and self.dp == 1:
-            raise LayoutError(f"{self.zero} shards over data-parallel replicas, and dp is 1: give dp > 1 (or search "
-                              "it), or ZeRO stage 0")
+            if f.name != "zero" and value is not None:
+                _check_degree(f.name, value)
+        if self.zero is not None and self.dp is not None:
+            _check_zero(self.zero, self.dp)
+        if None not in (self.ep, self.dp, self.cp, self.tp):
+            _check_ep(self.ep, self.dp, self.cp, self.tp)  # type: ignore[arg-type]
 
     def check_devices(self, devices: int) -> None:
-        """A LayoutError unless the pinned degrees can multiply to `devices`: each divides it, and so do their
-        products."""
+        """A LayoutError unless the pinned degrees can multiply to `devices`: each divides it, and so does their
+        product (the other degrees searched), or it equals `devices` (none searched)."""
         pinned = {a: getattr(self, a) for a in MESH_AXES if getattr(self, a) is not None}
-        shown = {a: v for a, v in pinned.items() if a in ("pp", "dp", "tp") or v > 1}
         for axis, value in pinned.items():
             if devices % value:
-                raise LayoutError(f"{axis}={value} does not divide the {devices} devices")
+                raise LayoutError(f"{axis}({value}) does not divide the {devices} devices")
         product = math.prod(pinned.values())
+        shown = " * ".join(f"{a}({v})" for a, v in pinned.items() if a in ("pp", "dp", "tp") or v > 1)
         if len(pinned) == len(MESH_AXES) and product != devices:
-            raise LayoutError(" * ".join(f"{a}({v})" for a, v in shown.items()) + f" != devices ({devices})")
+            raise LayoutError(f"{shown} = {product} != devices ({devices})")
         if devices % product:
-            raise LayoutError(f"the pinned degrees ({' x '.join(str(v) for v in shown.values())}) do not "
-                              f"divide the {devices} devices")
-
-    def admits(self, layout: Layout) -> bool:
-        """Whether `layout` agrees with every pinned field."""
-        return all(getattr(self, f.name) in (None, getattr(layout, f.name)) for f in fields(self))
+            raise LayoutError(f"{shown} = {product} does not divide the {devices} devices")
 
     @staticmethod
     def of(layout: Layout) -> LayoutPins:
         """Every field of `layout` pinned."""
         return LayoutPins(**{f.name: getattr(layout, f.name) for f in fields(layout)})
+
+
+class UnitView(NamedTuple):
+    """What a unit's costs depend on beyond the microbatch size (`Layout.unit_view`): its tensor-parallel, context
+    and expert degrees, and the replicas only where its ZeRO stage shards over them."""
+
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    zero: ZeroStage
+
+    @property
+    def group(self) -> int:
+        """Devices acting as one pipeline rank (`Layout.group`)."""
+        return self.cp * self.tp
+
+
+#: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each.
+UNPLANNED = {"cp": "context parallelism (issue 27)", "ep": "expert parallelism (issue 30)"}
+
+
+def check_planned(layout: Layout | LayoutPins, where: str = "") -> None:
+    """A LayoutError when `layout` asks for an axis autopp does not plan, run or export yet (`UNPLANNED`): the
+    planner, the runner and the exporters would treat it as 1."""
+    for axis, what in UNPLANNED.items():
+        value = getattr(layout, axis)
+        if value not in (1, None):
+            raise LayoutError(f"{where}`{axis}` {value}: {what} is not planned, run or exported yet; give `{axis}` 1")
+
+
+def _check_degree(name: str, value: object) -> None:
+    if not is_int(value, 1):
+        raise LayoutError(f"`{name}` must be an integer >= 1, got {value!r}")
+
+
+def _check_zero(zero: ZeroStage, dp: int) -> None:
+    if not zero.replicated and dp == 1:
+        raise LayoutError(f"{zero} shards over data-parallel replicas, and dp is 1: give `dp` > 1 (or search `dp`), "
+                          "or `zero` 0")
+
+
+def _check_ep(ep: int, dp: int, cp: int, tp: int) -> None:
+    if (dp * cp * tp) % ep:
+        raise LayoutError(f"ep({ep}) must divide dp({dp}) * cp({cp}) * tp({tp}) = {dp * cp * tp}")
 
 
 def uses_mesh(layout: Layout) -> bool:
@@ -218,8 +254,11 @@ def layout_of(data: Mapping[str, Any]) -> Layout:
     `num_ranks` when the degrees do not multiply to it."""
     dp, cp, tp = data.get("dp", 1), data.get("cp", 1), data.get("tp", 1)
     pp = data.get("pp", 0) or data["num_ranks"] // max(dp * cp * tp, 1)
-    layout = Layout(pp=pp, v=data.get("virtual_stages", 1), dp=dp, cp=cp, tp=tp, ep=data.get("ep", 1),
-                    zero=zero_stage(data.get("zero", 0)))
+    try:
+        zero = zero_stage(data.get("zero", 0))
+    except LayoutError as exc:
+        raise LayoutError(f"field 'zero': {exc}") from None
+    layout = Layout(pp=pp, v=data.get("virtual_stages", 1), dp=dp, cp=cp, tp=tp, ep=data.get("ep", 1), zero=zero)
     if layout.world != data["num_ranks"]:
         raise LayoutError(f"{layout.describe(' * ')} != num_ranks ({data['num_ranks']})")
     return layout

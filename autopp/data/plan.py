@@ -14,15 +14,10 @@ from ..schedule.actions import Action, parse_action
 from ..schedule.activation import Activation
 from ..schedule.descriptors import ScheduleName, describe
 from .fields import Fields, is_int, is_span
-from .layout import LAYOUT_FIELDS, Layout, layout_fields, layout_of
+from .layout import LAYOUT_FIELDS, Layout, check_planned, layout_fields, layout_of
+from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 
 __all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
-
-#: Version 2: each stage's `activation` policy (a name) replaces version 1's `recompute` flag; the layout's fields
-#: are those of version 1 (`cp` and `ep` written only when above 1). Version 1 plans still load (`upgraded`).
-PLAN_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-
 
 @dataclass(frozen=True, kw_only=True)
 class StagePlan:
@@ -146,6 +141,10 @@ class Plan:
             raise TypeError(f"Plan.custom_order must hold Actions, got {self.custom_order!r}")
         if not isinstance(self.layout, Layout):  # a programming error: from_json builds the layout
             raise TypeError(f"Plan.layout must be a Layout, got {self.layout!r}")
+        try:
+            check_planned(self.layout, "field ")
+        except LayoutError as exc:
+            raise PlanError(str(exc)) from None
         pp = self.layout.pp
         ranks = sorted({s.rank for s in self.stages})
         if ranks != list(range(pp)):
@@ -367,25 +366,6 @@ def _check_step_time(plan: Plan) -> None:
                         f"{plan.predicted.step_time_s:.3g} s step, which fits at most "
                         f"{int(plan.predicted.step_time_s / per_mb)}: the file was edited after planning; re-plan "
                         "with `autopp plan ... --microbatches M` instead")
-
-
-def upgraded(data: dict[str, Any], f: Fields = Fields("plan", PlanError)) -> dict[str, Any]:
-    """Plan JSON of a readable version as the current version writes it: version 1's per-stage `recompute` flag
-    becomes the `activation` policy's name. Fields are checked afterwards, by `Plan.from_json`."""
-    if data.get("version") == PLAN_VERSION:
-        return data
-    stages = data.get("stages")
-    if isinstance(stages, list):
-        stages = [_upgraded_stage(s, f.at(f"stage {i}")) for i, s in enumerate(stages)]
-    return {**data, "version": PLAN_VERSION, "stages": stages}
-
-
-def _upgraded_stage(s: Any, f: Fields) -> Any:
-    if not isinstance(s, dict) or "recompute" not in s:
-        return s
-    flag = f.flag(s["recompute"], "recompute")
-    rest = {k: v for k, v in s.items() if k != "recompute"}
-    return {**rest, "activation": (Activation.RECOMPUTE if flag else Activation.KEEP).value}
 
 
 def _layout(data: dict[str, Any]) -> Layout:

@@ -35,6 +35,8 @@ class ZeroStage:
     not_runnable: str | None = None
     """Why `autopp run` (torch.distributed.pipelining) cannot run it; None: it runs. A stage that cannot run is costed
     only when asked for, never searched."""
+    megatron: tuple[str, ...] = field(default=(), compare=False, hash=False)
+    """Megatron-LM's arguments for it (where it runs: `refusal("megatron")` is None)."""
     trainer_refusals: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     """Trainer ("torchtitan", "megatron", "deepspeed") -> why it has no such stage beside pipeline parallelism."""
 
@@ -61,7 +63,8 @@ _DEEPSPEED = ("DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only (\"ZeRO-2 
 #: Every ZeRO stage by number.
 ZERO: dict[int, ZeroStage] = {z.stage: z for z in (
     ZeroStage(stage=0, sharded="nothing (replicated)"),
-    ZeroStage(stage=1, sharded="optimizer state", shards_optimizer=True, fsdp_reshard_after_forward=False),
+    ZeroStage(stage=1, sharded="optimizer state", shards_optimizer=True, fsdp_reshard_after_forward=False,
+              megatron=("--use-distributed-optimizer",)),
     ZeroStage(stage=2, sharded="optimizer state and gradients", shards_optimizer=True, scatters_each_microbatch=True,
               not_runnable="torch.distributed.pipelining keeps a stage's gradients unsharded until the step's last "
                            "microbatch, so ZeRO stage 2 cannot run under it",
@@ -73,6 +76,7 @@ ZERO: dict[int, ZeroStage] = {z.stage: z for z in (
                   "deepspeed": _DEEPSPEED}),
     ZeroStage(stage=3, sharded="optimizer state, and parameters and gradients between steps", shards_optimizer=True,
               gathers_each_forward=True, fsdp_reshard_after_forward=True,
+              megatron=("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"),
               trainer_refusals={"deepspeed": _DEEPSPEED}),
 )}
 NO_ZERO = ZERO[0]

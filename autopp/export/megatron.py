@@ -32,16 +32,12 @@ def data_parallel_flags(plan: Plan, where: str) -> list[str]:
     asserts a pipeline size of 1 (megatron/training/arguments.py). ZeRO 3 without pipeline parallelism is
     Megatron-FSDP's `optim_grads_params` strategy."""
     zero, pp = plan.layout.zero, plan.layout.pp
-    if zero.replicated:
-        return []
     refuse_zero(plan, "megatron", where)
-    if not zero.gathers_each_forward:
-        return ["--use-distributed-optimizer"]
-    if pp > 1:
+    if zero.gathers_each_forward and pp > 1:
         raise ExportError(f"{where}: zero {zero.stage} with pp {pp}: Megatron-LM shards parameters only through FSDP, "
                           "which it does not run beside pipeline parallelism (--use-torch-fsdp2 asserts a pipeline "
                           "size of 1); re-plan with `zero` 1")
-    return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
+    return list(zero.megatron)
 
 
 def layout_string(plan: Plan, layers: ModelLayers) -> str:

@@ -216,7 +216,8 @@ def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, 
     if ac not in ("full", "none"):
         notes.append(f"activation checkpointing {ac!r} is evaluated as none: autopp models full recomputation only")
     bounds = _bounds_from_counts(layers, counts)
-    return _pinned(name, Layout(pp=pp, v=len(counts) // pp, dp=dp), local // b, b, bounds, ac == "full", where), notes
+    policy = Activation.RECOMPUTE if ac == "full" else Activation.KEEP
+    return _pinned(name, Layout(pp=pp, v=len(counts) // pp, dp=dp), local // b, b, bounds, policy, where), notes
 
 
 # ---- Megatron-LM --------------------------------------------------------------------------------------------------
@@ -318,13 +319,13 @@ def _megatron(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, li
         notes.append("selective recomputation is evaluated as none: autopp models full recomputation only")
     bounds = _bounds_from_counts(layers, counts)
     name = ScheduleName.INTERLEAVED_1F1B if v > 1 else ScheduleName.ONE_F_ONE_B
-    return _pinned(name, Layout(pp=pp, v=v, dp=dp), glob // (b * dp), b, bounds, full, where), notes
+    policy = Activation.RECOMPUTE if full else Activation.KEEP
+    return _pinned(name, Layout(pp=pp, v=v, dp=dp), glob // (b * dp), b, bounds, policy, where), notes
 
 
 def _pinned(name: ScheduleName, layout: Layout, m: int, b: int, bounds: tuple[tuple[int, int], ...],
-            recompute: bool, where: str) -> Pinned:
-    """The trainer's configuration as autopp judges it: every stage keeps or every stage recomputes."""
-    activation = Activation.RECOMPUTE if recompute else Activation.KEEP
+            activation: Activation, where: str) -> Pinned:
+    """The trainer's configuration as autopp judges it: every stage under the trainer's one activation policy."""
     return Pinned(candidate=Candidate(schedule=name, layout=layout, microbatches=m, microbatch_size=b, bounds=bounds,
                                       activations=(activation,) * len(bounds)), source=where)
 

@@ -11,6 +11,7 @@ import pytest
 from autopp.costmodel import (TpComm, allreduce_time, allreduce_times, data_sharded, gradient_allreduce_time,
                               step_end_floor, sync_time, tensor_parallel)
 from autopp.data.cluster import Cluster, Link, Nodes, hierarchical_cluster
+from autopp.data.zero import NO_ZERO, ZERO
 
 from .arrays import arrays
 
@@ -44,11 +45,11 @@ def _zero_arrays() -> tuple:
 def test_zero_static_bytes_follow_the_stage(zero: int) -> None:
     a, p, g, o = _zero_arrays()
     reduce = lambda s: s / 1e9  # noqa: E731
-    out = data_sharded(a, zero, 4, reduce)
+    out = data_sharded(a, ZERO[zero], 4, reduce)
     # stage 3 holds as much as stage 1 at the peak under torch's pipelining (parameters stay gathered after a
     # backward until the next forward)
     expected = {0: p + g + o, 1: p + p / 4 + g + o / 4, 2: p + p / 4 + g / 4 + o / 4, 3: p + p / 4 + g + o / 4}[zero]
-    assert np.allclose(out.static, np.round(expected)) and out.zero == zero
+    assert np.allclose(out.static, np.round(expected)) and out.zero == ZERO[zero]
     assert np.allclose(out.optimizer, a.optimizer / (4 if zero else 1))
     if zero == 3:  # an all-gather before each forward, not repeated by the recomputed forward
         assert np.allclose(out.forward - a.forward, reduce(p) / 2)
@@ -61,17 +62,17 @@ def test_zero_static_bytes_follow_the_stage(zero: int) -> None:
 
 def test_zero_without_replicas_changes_nothing() -> None:
     a, *_ = _zero_arrays()
-    out = data_sharded(a, 3, 1, lambda s: s)
-    assert np.array_equal(out.static, a.static) and out.zero == 0
+    out = data_sharded(a, ZERO[3], 1, lambda s: s)
+    assert np.array_equal(out.static, a.static) and out.zero == NO_ZERO
 
 
 def test_sync_time_per_stage_is_all_reduce_or_scatter_plus_gather() -> None:
     g, p = 8e6, 6e6
     ar = lambda s: allreduce_time(s, 4, FLAT)  # noqa: E731
-    assert sync_time(g, p, 0, 4, FLAT) == pytest.approx(ar(g))
-    assert sync_time(g, p, 1, 4, FLAT) == pytest.approx(ar(g) / 2 + ar(p) / 2)
-    assert sync_time(g, p, 3, 4, FLAT) == pytest.approx(ar(g) / 2 + ar(p) / 2)
-    assert sync_time(g, p, 2, 4, FLAT) == pytest.approx(ar(p) / 2)
+    assert sync_time(g, p, ZERO[0], 4, FLAT) == pytest.approx(ar(g))
+    assert sync_time(g, p, ZERO[1], 4, FLAT) == pytest.approx(ar(g) / 2 + ar(p) / 2)
+    assert sync_time(g, p, ZERO[3], 4, FLAT) == pytest.approx(ar(g) / 2 + ar(p) / 2)
+    assert sync_time(g, p, ZERO[2], 4, FLAT) == pytest.approx(ar(p) / 2)
 
 
 def test_allreduce_times_is_the_scalar_formula_per_entry() -> None:
@@ -88,7 +89,7 @@ def test_step_end_floor_bounds_every_split(zero: int) -> None:
     n = 6
     grads = rng.uniform(1e5, 1e7, n)
     a = arrays([1.0] * n, static=list(4 * grads), grads=list(grads))
-    a = data_sharded(a, zero, 4, lambda s: s * 0)  # only the stage matters here
+    a = data_sharded(a, ZERO[zero], 4, lambda s: s * 0)  # only the stage matters here
     floor = step_end_floor(a, FLAT, 3, 4)
     for cuts in ((1, 2), (2, 4), (4, 5), (1, 5)):
         ends = (0, *cuts, n)

@@ -9,6 +9,7 @@ import numpy as np
 from autopp.data.cluster import Cluster, Device
 from autopp.costmodel import (held_microbatches, ideal_step_time, memory_prefix, stage_costs, stage_speeds,
                               stage_transient, unit_memory)
+from autopp.schedule import Activation
 
 from .arrays import arrays
 
@@ -37,7 +38,7 @@ def test_stage_speeds_follow_the_rank_of_each_stage() -> None:
 
 
 def test_memory_is_static_plus_held_activations_and_recompute_holds_one() -> None:
-    assert (held_microbatches(3, False), held_microbatches(3, True)) == (3, 1)
+    assert (held_microbatches(3, Activation.KEEP), held_microbatches(3, Activation.RECOMPUTE)) == (3, 1)
     a = arrays([1.0] * 3, static=[10, 20, 30], activation=[1, 2, 3])
     p = memory_prefix(a, 2)
     assert list(p) == [0.0, 12.0, 36.0, 72.0]

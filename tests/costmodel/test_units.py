@@ -7,6 +7,7 @@ import pytest
 
 from autopp.costmodel import unit_arrays
 from autopp.data.profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta, TiedGroup
+from autopp.schedule import Activation
 
 #: (unit, size) -> F, B, I, W, recompute, activation bytes. Unit 0 has no I (torch's first stage); unit 1 was
 #: profiled without a recompute time (0: the forward again is assumed).
@@ -72,7 +73,7 @@ def test_optimizer_step_shared_by_trainable_bytes_counting_tied_copies_once() ->
 def test_work_is_forward_plus_the_cheaper_backward_plus_recompute() -> None:
     a = unit_arrays(tiny_profile(), 2)
     assert list(a.work()) == [5.5, 10.0]  # 1.5 + min(4, 0 + 4); 4 + min(6, 3.75 + 3)
-    assert list(a.work(recompute=True)) == [7.0, 14.0]
+    assert list(a.work(Activation.RECOMPUTE)) == [7.0, 14.0]
     assert list(a.prefix(a.work())) == [0.0, 5.5, 15.5]
 
 

@@ -17,6 +17,8 @@ import pytest
 from autopp.export import Target, export_plan, rename_modules
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
+from autopp.data.zero import ZERO
+from autopp.schedule import Activation
 
 from .conftest import unit_modules
 
@@ -119,16 +121,16 @@ def test_torchtitan_parses_the_export(name: str, titan, llama: Profile,  # type:
     text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
     cfg = titan(text)
     par = cfg.parallelism
-    assert par.pipeline_parallel_degree == plan.pp
+    assert par.pipeline_parallel_degree == plan.layout.pp
     assert get_schedule_class(par.pipeline_parallel_schedule).__name__.lower().endswith(plan.schedule.value.lower())
     assert [sum(m.startswith("layers.") for m in part) for part in par.module_fqns_per_model_part] == \
         _blocks_per_stage(plan)
     assert par.module_fqns_per_model_part[0][0] == "tok_embeddings"
     assert par.module_fqns_per_model_part[-1][-2:] == ["norm", "output"]
-    assert par.data_parallel_replicate_degree == plan.dp and par.data_parallel_shard_degree == 1
+    assert par.data_parallel_replicate_degree == plan.layout.dp and par.data_parallel_shard_degree == 1
     assert cfg.training.local_batch_size // par.pipeline_parallel_microbatch_size == plan.num_microbatches
     assert cfg.training.global_batch_size == plan.global_batch
-    recompute = plan.stages[0].recompute
+    recompute = plan.stages[0].activation is Activation.RECOMPUTE
     assert (cfg.activation_checkpoint is None) != recompute
     assert type(cfg.activation_checkpoint).__qualname__ == ("FullAC.Config" if recompute else "NoneType")
 
@@ -177,14 +179,15 @@ def test_megatron_core_parses_the_export(name: str, megatron, llama_plans: dict[
     plan = llama_plans[name]
     cfg, batch, calculator = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
     layout = cfg.pipeline_model_parallel_layout  # parsed and validated (E first, L last, layer count) by megatron-core
-    assert layout.pipeline_model_parallel_size == plan.pp
-    assert layout.virtual_pipeline_model_parallel_size == plan.virtual_stages
-    per_stage = [layout.layout[k % plan.pp][k // plan.pp] for k in range(len(plan.stages))]  # stage k: rank k % pp
+    pp = plan.layout.pp
+    assert layout.pipeline_model_parallel_size == pp
+    assert layout.virtual_pipeline_model_parallel_size == plan.layout.v
+    per_stage = [layout.layout[k % pp][k // pp] for k in range(len(plan.stages))]  # stage k: rank k % pp
     assert [s.count(LayerType.decoder) for s in per_stage] == _blocks_per_stage(plan)
     assert LayerType.embedding in per_stage[0] and LayerType.loss in per_stage[-1]
-    calc = calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.dp, False, 0)
+    calc = calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0)
     assert calc.get() == plan.num_microbatches
-    assert (cfg.recompute_granularity == "full") == plan.stages[0].recompute
+    assert (cfg.recompute_granularity == "full") == (plan.stages[0].activation is Activation.RECOMPUTE)
 
 
 def test_megatron_layout_grammar_matches_megatron_core(megatron) -> None:  # type: ignore[no-untyped-def]
@@ -295,12 +298,12 @@ def test_deepspeed_config_accepts_the_export(name: str, deepspeed, llama_plans: 
     from deepspeed.runtime.config import DeepSpeedConfig
     plan = llama_plans[name]
     data = json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)
-    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.dp, get_model_parallel_world_size=lambda: 1)
+    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.layout.dp, get_model_parallel_world_size=lambda: 1)
     cfg = DeepSpeedConfig(data, mpu=mpu)  # asserts train_batch = micro x accumulation x dp
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu) == (plan.global_batch, plan.microbatch_size)
     assert cfg.gradient_accumulation_steps == plan.num_microbatches and cfg.zero_optimization_stage == 0
     with pytest.raises(AssertionError):  # the check is live: a wrong dp is refused
-        DeepSpeedConfig(data, mpu=types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.dp + 1,
+        DeepSpeedConfig(data, mpu=types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.layout.dp + 1,
                                                         get_model_parallel_world_size=lambda: 1))
 
 
@@ -321,7 +324,7 @@ def test_deepspeed_pipeline_module_takes_the_parts(deepspeed, llama_plans: dict[
         module = object.__new__(cls)  # type: ignore[call-overload]
         torch.nn.Module.__init__(module)
         module._layer_specs = [torch.nn.Linear(2, 2) for _ in range(plan.stages[-1].units[1])]
-        module._topo = PipeDataParallelTopology(num_pp=plan.pp, num_dp=plan.dp)
+        module._topo = PipeDataParallelTopology(num_pp=plan.layout.pp, num_dp=plan.layout.dp)
         module.global_rank = module._topo.get_rank(pipe=stage.rank, data=0)
         module._partition_layers()
         assert (module._local_start, module._local_stop) == stage.units
@@ -335,7 +338,7 @@ def test_torch_parses_every_csv_cell(name: str, llama_plans: dict[str, Plan]) ->
     plan = llama_plans[name]
     rows = [r.split(",") for r in export_plan(plan, Target.TORCH_CSV, "x.csv").text.splitlines()]
     actions = [_Action.from_str(c) for row in rows for c in row if c]
-    assert len(rows) == plan.pp
+    assert len(rows) == plan.layout.pp
     forwards = [a for a in actions if a.computation_type == _ComputationType.FORWARD]
     assert len(forwards) == len(plan.stages) * plan.num_microbatches
 
@@ -343,7 +346,7 @@ def test_torch_parses_every_csv_cell(name: str, llama_plans: dict[str, Plan]) ->
 # ---- tensor parallelism and ZeRO (issue 17) ------------------------------------------------------------------------
 
 def _3d(plan: Plan, tp: int, zero: int) -> Plan:
-    return dataclasses.replace(plan, tp=tp, zero=zero, num_ranks=plan.pp * plan.dp * tp,
+    return dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, tp=tp, zero=ZERO[zero]),
                                tp_plan={"model.layers.*.mlp.up_proj": "colwise"} if tp > 1 else {})
 
 
@@ -354,10 +357,11 @@ def test_torchtitan_parses_tp_and_zero(zero: int, titan, llama: Profile,  # type
     par = titan(export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
                 ).parallelism
     assert par.tensor_parallel_degree == 2 and par.enable_sequence_parallel is False
-    assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == plan.dp
-    assert par.data_parallel_shard_degree == (1 if zero == 0 else plan.dp)
+    assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == plan.layout.dp
+    assert par.data_parallel_shard_degree == (1 if zero == 0 else plan.layout.dp)
     assert par.fsdp_reshard_after_forward == {0: "default", 1: "never", 3: "always"}[zero]
-    world = plan.pp * par.data_parallel_replicate_degree * par.data_parallel_shard_degree * par.tensor_parallel_degree
+    world = (plan.layout.pp * par.data_parallel_replicate_degree * par.data_parallel_shard_degree
+             * par.tensor_parallel_degree)
     assert world == plan.num_ranks  # torchtitan's ParallelDims check: the product is the world size
 
 
@@ -368,7 +372,7 @@ def test_megatron_core_parses_tp_and_the_distributed_optimizer(zero: int, megatr
     cfg, batch, calculator = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
     assert cfg.tensor_model_parallel_size == 2 and cfg.sequence_parallel is False
     assert cfg.ddp.use_distributed_optimizer == (zero == 1)
-    assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.dp, False, 0).get() == \
+    assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0).get() == \
         plan.num_microbatches
 
 
@@ -379,6 +383,6 @@ def test_deepspeed_config_accepts_zero_stages(zero: int, deepspeed,  # type: ign
     from deepspeed.runtime.zero.config import ZeroStageEnum
     plan = _3d(llama_plans["dp"], 1, zero)
     data = json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)
-    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.dp, get_model_parallel_world_size=lambda: 1)
+    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.layout.dp, get_model_parallel_world_size=lambda: 1)
     stage = DeepSpeedConfig(data, mpu=mpu).zero_optimization_stage
     assert stage == zero and stage < ZeroStageEnum.gradients  # what DeepSpeed's PipelineEngine asserts

@@ -12,9 +12,11 @@ import pytest
 
 from autopp.cli import main
 from autopp.export import ExportError, Target, default_output, export_plan, model_layers, rename_modules
+from autopp.data.layout import LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
-from autopp.schedule import Action, ScheduleName
+from autopp.data.zero import ZERO
+from autopp.schedule import Action, Activation, ScheduleName
 
 from .conftest import unit_modules
 
@@ -56,7 +58,7 @@ def test_torchtitan_refuses_nested_names_and_missing_modules(llama: Profile, lla
 def test_torchtitan_dp_is_replicate_and_recompute_full(gpt: Profile) -> None:
     from .conftest import plan_for
     from autopp.solve import RecomputeMode
-    plan = plan_for(gpt, devices=4, pp=2, dp=2, recompute=RecomputeMode.ALL)
+    plan = plan_for(gpt, devices=4, pins=LayoutPins(pp=2, dp=2), recompute=RecomputeMode.ALL)
     text = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(gpt)).text
     assert "--parallelism.data_parallel_replicate_degree=2" in text
     assert "--parallelism.data_parallel_shard_degree=1" in text
@@ -77,7 +79,7 @@ def test_custom_order_goes_through_the_csv(llama: Profile, llama_plans: dict[str
 
 def _order(plan: Plan) -> list[list[Action]]:
     from autopp.predict import plan_order
-    return [plan_order(plan)[r] for r in range(plan.pp)]
+    return [plan_order(plan)[r] for r in range(plan.layout.pp)]
 
 
 def test_megatron_layout_places_embedding_and_loss(llama_plans: dict[str, Plan]) -> None:
@@ -95,9 +97,10 @@ def test_v_schedules_are_refused_with_the_reason(target: Target, llama_plans: di
 
 def test_some_stages_recomputing_is_refused(llama_plans: dict[str, Plan]) -> None:
     plan = llama_plans["1f1b"]
-    mixed = replace(plan, stages=(replace(plan.stages[0], recompute=True), *plan.stages[1:]))
+    mixed = replace(plan, stages=(replace(plan.stages[0], activation=Activation.RECOMPUTE), *plan.stages[1:]))
     for target in (Target.MEGATRON, Target.DEEPSPEED):
-        with pytest.raises(ExportError, match=r"only stages \[0\] of 2 recompute"):
+        with pytest.raises(ExportError, match=r"policies differ \(keep: stages \[1\]; recompute: stages \[0\]\).*"
+                                              r"re-plan with `recompute` all or none"):
             export_plan(mixed, target, "x")
 
 
@@ -175,8 +178,9 @@ def test_megatron_refuses_interleaved_microbatches_it_cannot_group(llama: Profil
     from autopp.schedule import ScheduleName
     from autopp.solve import PlanRequest, make_plan
     odd = make_plan(llama, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=4 << 30), global_batch=3,
-                                       num_microbatches=3, schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=2))
-    assert (odd.pp, odd.virtual_stages, odd.num_microbatches) == (2, 2, 3)
+                                       num_microbatches=3, schedule=ScheduleName.INTERLEAVED_1F1B,
+                                       pins=LayoutPins(v=2)))
+    assert (odd.layout.pp, odd.layout.v, odd.num_microbatches) == (2, 2, 3)
     with pytest.raises(ExportError, match=r"groups of pp \(2\).* it is 3; re-plan with --microbatches 4") as info:
         export_plan(odd, Target.MEGATRON, "x")
     assert "\n" not in str(info.value)
@@ -211,8 +215,7 @@ LLAMA_TP_PLAN = {"model.layers.*.self_attn.q_proj": "colwise", "model.layers.*.s
 
 def _3d(plan: Plan, tp: int = 2, zero: int = 0) -> Plan:
     """`plan` with tensor parallelism `tp` and ZeRO stage `zero` (the planner's own 3D plans are the lead's)."""
-    return replace(plan, tp=tp, zero=zero, num_ranks=plan.pp * plan.dp * tp,
-                   tp_plan=LLAMA_TP_PLAN if tp > 1 else {})
+    return replace(plan, layout=replace(plan.layout, tp=tp, zero=ZERO[zero]), tp_plan=LLAMA_TP_PLAN if tp > 1 else {})
 
 
 def _titan(plan: Plan, llama: Profile) -> list[str]:
@@ -254,7 +257,8 @@ def test_megatron_zero3_only_without_pipeline(llama_plans: dict[str, Plan]) -> N
         export_plan(_3d(llama_plans["dp"], zero=3), Target.MEGATRON, "x")
     assert "\n" not in str(info.value)
     from autopp.export.megatron import data_parallel_flags
-    flat = replace(_3d(llama_plans["dp"], zero=3), pp=1, num_ranks=4,
+    sharded = _3d(llama_plans["dp"], zero=3)
+    flat = replace(sharded, layout=replace(sharded.layout, pp=1),
                    stages=(replace(llama_plans["dp"].stages[0], units=(0, 6)),))
     assert data_parallel_flags(flat, "x") == ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
 
@@ -273,7 +277,7 @@ def test_deepspeed_writes_zero1_and_refuses_what_its_pipeline_engine_cannot_run(
 def test_zero2_is_refused_by_every_trainer(target: Target, llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """ZeRO 2 is plan-only (docs/parallelism.md): no trainer runs it beside pipeline parallelism."""
     modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
-    with pytest.raises(ExportError, match=r"^x.plan: zero 2: .*re-plan with --zero 1") as info:
+    with pytest.raises(ExportError, match=r"^x.plan: zero 2: .*re-plan with `zero` 1") as info:
         export_plan(_3d(llama_plans["dp"], tp=1, zero=2), target, "x", modules, where="x.plan")
     assert "\n" not in str(info.value)
 
@@ -283,5 +287,5 @@ def test_cli_export_refuses_zero2_in_one_line(tmp_path: Path, llama_plans: dict[
     plan_path = _3d(llama_plans["dp"], tp=1, zero=2).save(tmp_path / "m.plan.json")
     assert main(["export", str(plan_path), "--to", "megatron"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "m.plan.json: zero 2:" in err[0]
+    assert len(err) == 1 and "m.plan.json: zero 2:" in err[0] and err[0].endswith("re-plan with --zero 1")
     assert not (tmp_path / "m.megatron.args").exists()

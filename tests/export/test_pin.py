@@ -10,7 +10,7 @@ from autopp.cli import main
 from autopp.export import ExportError, Target, export_plan, read_pinned, write_export
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
-from autopp.schedule import ScheduleName
+from autopp.schedule import Activation, ScheduleName
 
 from .conftest import LLAMA, unit_modules
 
@@ -23,12 +23,11 @@ def test_export_reads_back_as_the_plan(name: str, target: Target, tmp_path: Path
     out = tmp_path / "x.args"
     write_export(export_plan(plan, target, out, [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]),
                  out)
-    pinned, _ = read_pinned(out, llama.meta.unit_names, plan.num_ranks)
+    pinned = read_pinned(out, llama.meta.unit_names, plan.num_ranks)[0].candidate
     assert pinned.bounds == tuple(s.units for s in plan.stages)
-    assert (pinned.schedule, pinned.pp, pinned.dp, pinned.virtual_stages) == \
-        (plan.schedule, plan.pp, plan.dp, plan.virtual_stages)
+    assert (pinned.schedule, pinned.layout) == (plan.schedule, plan.layout)
     assert (pinned.microbatches, pinned.microbatch_size) == (plan.num_microbatches, plan.microbatch_size)
-    assert pinned.recompute == tuple(s.recompute for s in plan.stages)
+    assert pinned.activations == tuple(s.activation for s in plan.stages)
 
 
 def test_hand_written_megatron_args(tmp_path: Path, llama: Profile) -> None:
@@ -36,21 +35,23 @@ def test_hand_written_megatron_args(tmp_path: Path, llama: Profile) -> None:
     args.write_text("# today's run\n--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 \\\n"
                     "  --num-layers 4 --micro-batch-size 1 --global-batch-size 8 --use-distributed-optimizer\n"
                     "--recompute-modules core_attn mlp --seq-length 4096\n")
-    pinned, _ = read_pinned(args, llama.meta.unit_names, 2)
+    pinned = read_pinned(args, llama.meta.unit_names, 2)[0].candidate
     assert pinned.bounds == ((0, 3), (3, 6))  # Megatron's even split: E + 2 layers | 2 layers + L
     assert (pinned.schedule, pinned.microbatches) == (ScheduleName.ONE_F_ONE_B, 8)
     args.write_text("--pipeline-model-parallel-size 2 --num-layers 4 --pipeline-model-parallel-layout 'Et*3|tL'\n"
                     "--micro-batch-size 2 --global-batch-size 8 --recompute-granularity full "
                     "--recompute-method uniform --recompute-num-layers 1\n")
-    pinned, _ = read_pinned(args, llama.meta.unit_names, 2)
-    assert pinned.bounds == ((0, 4), (4, 6)) and pinned.recompute == (True, True) and pinned.microbatches == 4
+    pinned = read_pinned(args, llama.meta.unit_names, 2)[0].candidate
+    assert pinned.bounds == ((0, 4), (4, 6)) and pinned.activations == (Activation.RECOMPUTE,) * 2
+    assert pinned.microbatches == 4
 
 
 def test_hand_written_torchtitan_overrides_and_toml(tmp_path: Path, llama: Profile) -> None:
     over = tmp_path / "today.args"
     over.write_text("--parallelism.pipeline_parallel_degree=2\n--training.local_batch_size=8\n"
                     "--parallelism.pipeline_parallel_schedule=interleaved1f1b\n")
-    pinned, notes = read_pinned(over, llama.meta.unit_names, 2)
+    pin, notes = read_pinned(over, llama.meta.unit_names, 2)
+    pinned = pin.candidate
     # torchtitan's default: 2 stages per rank, embedding and output weighing one layer each: 4 + 2 = 6 over 4 stages
     assert pinned.bounds == ((0, 2), (2, 4), (4, 5), (5, 6))
     assert pinned.schedule is ScheduleName.INTERLEAVED_1F1B and "'selective' is evaluated as none" in notes[0]
@@ -59,8 +60,10 @@ def test_hand_written_torchtitan_overrides_and_toml(tmp_path: Path, llama: Profi
                     'module_fqns_per_model_part = [["tok_embeddings", "layers.0"], '
                     '["layers.1", "layers.2", "layers.3", "norm", "output"]]\n'
                     '[training]\nlocal_batch_size = 8\n[activation_checkpoint]\nmode = "full"\n')
-    pinned, notes = read_pinned(toml, llama.meta.unit_names, 2)
-    assert pinned.bounds == ((0, 2), (2, 6)) and pinned.microbatches == 4 and pinned.recompute == (True, True)
+    pin, notes = read_pinned(toml, llama.meta.unit_names, 2)
+    pinned = pin.candidate
+    assert pinned.bounds == ((0, 2), (2, 6)) and pinned.microbatches == 4
+    assert pinned.activations == (Activation.RECOMPUTE,) * 2
     assert notes == []
 
 
@@ -162,7 +165,7 @@ def test_bad_values_and_binary_files_are_one_line(name: str, content: bytes, mat
 def test_integral_toml_float_is_taken(tmp_path: Path, llama: Profile) -> None:
     path = tmp_path / "cfg.toml"
     path.write_text("[parallelism]\npipeline_parallel_degree = 2.0\n[training]\nlocal_batch_size = 8\n")
-    assert read_pinned(path, llama.meta.unit_names, 2)[0].pp == 2
+    assert read_pinned(path, llama.meta.unit_names, 2)[0].candidate.layout.pp == 2
 
 
 _TITAN_V2 = b"--parallelism.pipeline_parallel_degree=2\n--parallelism.pipeline_parallel_schedule=Interleaved1F1B\n"

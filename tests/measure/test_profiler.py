@@ -241,6 +241,7 @@ def test_hf_t5_encoder_output_relayed_to_every_decoder_block() -> None:
 def test_optimizer_step_measured_and_charged_to_the_plan(tmp_path: Path) -> None:
     """The profile times one optimizer step over the whole model; the plan charges the slowest rank its share."""
     from autopp.data.cluster import Cluster
+    from autopp.data.layout import LayoutPins
     from autopp.data.profile import load_profile
     from autopp.schedule import ScheduleName
     from autopp.solve import PlanRequest, make_plan
@@ -249,7 +250,8 @@ def test_optimizer_step_measured_and_charged_to_the_plan(tmp_path: Path) -> None
     assert profile.meta.optimizer_step_s > 0
     assert load_profile(profile.save(tmp_path / "p")).meta.optimizer_step_s == profile.meta.optimizer_step_s
     plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=4,
-                                          num_microbatches=2, schedule=ScheduleName.ONE_F_ONE_B, pp=2, dp=1))
+                                          num_microbatches=2, schedule=ScheduleName.ONE_F_ONE_B,
+                                          pins=LayoutPins(pp=2, dp=1)))
     assert 0 < plan.predicted.optimizer_s <= profile.meta.optimizer_step_s
 
 

@@ -144,7 +144,7 @@ def test_seq_len_checked_against_the_class_default(tmp_path: Path) -> None:
     has read it."""
     config = tmp_path / "gpt2.json"
     config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64}))
-    _one_line(lambda: hf_model_file(config, seq_len=2048), r"--seq-len 2048 is above .* \(1024\)")
+    _one_line(lambda: hf_model_file(config, seq_len=2048), r"`seq_len` 2048 is above .* \(1024\)")
 
 
 def test_load_model_routes_json_to_the_config() -> None:

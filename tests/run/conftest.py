@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 import pytest
 
 from autopp.model import discover_units, fingerprint, load_model_file
+from autopp.data.layout import Layout
 from autopp.data.plan import Plan, Prediction, StagePlan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,11 +45,11 @@ MakePlan = Callable[..., Plan]
 LINRELU = ROOT / "tests" / "models" / "linrelu.py"
 
 
-def pipeline_plan(model_path: Path, split_points: list[str], schedule: str = "1F1B", pp: int = 2, dp: int = 1,
-                  virtual_stages: int = 1, num_microbatches: int = 2, microbatch_size: int = 2,
-                  predicted_s: float = 0.1, ranks: list[int] | None = None, tp: int = 1, **extra: object) -> Plan:
-    """A plan cut at `split_points` (len = pp * v - 1), stages placed by the named schedule's layout (or `ranks`);
-    with `tp` > 1 each stage is a group of tp ranks (pass `tp_plan`, or get the model's own by default)."""
+def pipeline_plan(model_path: Path, split_points: list[str], schedule: str = "1F1B", layout: Layout = Layout(pp=2),
+                  num_microbatches: int = 2, microbatch_size: int = 2, predicted_s: float = 0.1,
+                  ranks: list[int] | None = None, **extra: object) -> Plan:
+    """A plan cut at `split_points` (len = pp * v - 1), stages placed by the named schedule's placement (or `ranks`);
+    with `layout.tp` > 1 each stage is a group of tp ranks (pass `tp_plan`, or get the model's own by default)."""
     from autopp.schedule import ScheduleName, stage_to_rank
 
     mf = load_model_file(model_path)
@@ -57,22 +58,22 @@ def pipeline_plan(model_path: Path, split_points: list[str], schedule: str = "1F
     cuts = [0] + [next(u.index for u in units if u.split_point == p) for p in split_points] + [len(units)]
     name = ScheduleName(schedule)
     if ranks is None:
-        ranks = stage_to_rank(name, pp, virtual_stages)
+        ranks = stage_to_rank(name, layout.pp, layout.v)
     stages = tuple(
         StagePlan(index=i, rank=ranks[i], units=(a, b), unit_names=tuple(u.name for u in units[a:b]),
                   split_point=None if i == 0 else split_points[i - 1], forward_s=0.01, backward_s=0.02,
                   memory_bytes=1000)
         for i, (a, b) in enumerate(zip(cuts, cuts[1:]))
     )
-    if tp > 1 and "tp_plan" not in extra:
+    if layout.tp > 1 and "tp_plan" not in extra:
         from autopp.model.tp import find_tp_plan
         found = find_tp_plan(mf, model)
         extra["tp_plan"] = dict(found.patterns) if found else {}
-    return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=name,
-                num_ranks=pp * dp * tp, pp=pp, dp=dp, tp=tp, virtual_stages=virtual_stages,
+    return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=name, layout=layout,
                 num_microbatches=num_microbatches,
                 microbatch_size=microbatch_size, memory_limit_bytes=2**30, stages=stages,
-                predicted=Prediction(step_time_s=predicted_s, peak_memory_bytes=(1000,) * pp, bubble_fraction=0.0),
+                predicted=Prediction(step_time_s=predicted_s, peak_memory_bytes=(1000,) * layout.pp,
+                                     bubble_fraction=0.0),
                 **extra)  # type: ignore[arg-type]
 
 
@@ -91,7 +92,7 @@ def two_stage_plan(model_path: Path, split_point: str, schedule: str = "1F1B", n
     from autopp.schedule import ScheduleName
 
     return Plan(model_path=str(model_path), fingerprint=fingerprint(model, units), schedule=ScheduleName(schedule),
-                num_ranks=2,
+                layout=Layout(pp=2),
                 num_microbatches=num_microbatches, microbatch_size=microbatch_size, memory_limit_bytes=2**30,
                 stages=stages, predicted=Prediction(step_time_s=predicted_s, peak_memory_bytes=(0, 0),
                                                     bubble_fraction=0.0))

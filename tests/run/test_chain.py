@@ -15,8 +15,9 @@ from autopp.run.chain import chain_io
 from autopp.run.outputs import rebuild_last_output
 from autopp.run.pipeline import build_stages, make_schedule
 from autopp.run.tied import aliases, shared_params
+from autopp.data.layout import Layout
 from autopp.data.plan import Plan
-from autopp.schedule import ScheduleName, build_schedule, parse_action
+from autopp.schedule import ScheduleName, build_schedule, chosen, parse_action
 
 from .conftest import ROOT, pipeline_plan
 
@@ -62,11 +63,11 @@ def test_a_value_computed_between_stages_is_refused() -> None:
 @pytest.mark.parametrize("recompute", [False, True])
 def test_relayed_stages_match_one_process(one_rank_group: None, tmp_path: Path, recompute: bool) -> None:
     order = build_schedule(ScheduleName.LOOPED_BFS, 1, 2, 4)  # one rank holding four stages, 2 microbatches
-    plan = pipeline_plan(MASKED, MASKED_CUTS, "Custom", pp=1, num_microbatches=2, microbatch_size=2,
+    plan = pipeline_plan(MASKED, MASKED_CUTS, "Custom", Layout(pp=1), num_microbatches=2, microbatch_size=2,
                          ranks=[0, 0, 0, 0], custom_order=(tuple(order[0]),))
     if recompute:
         from dataclasses import replace
-        plan = replace(plan, stages=tuple(replace(s, recompute=s.index in (1, 3)) for s in plan.stages))
+        plan = replace(plan, stages=tuple(replace(s, activation=a) for s, a in zip(plan.stages, chosen(4, {1, 3}))))
     mf = load_model_file(MASKED)
     built = build_stages(mf, plan, 0, torch.device("cpu"), None)
     schedule = make_schedule(plan, built.stages, built.loss_fn, tmp_path / "order.csv")
@@ -117,8 +118,8 @@ def test_an_output_made_from_weights_only_is_found() -> None:
 def test_split_backward_schedules_are_told_apart() -> None:
     from autopp.run.pipeline import splits_backward
 
-    assert splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "ZBVZeroBubble", virtual_stages=2))
-    assert not splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "Interleaved1F1B", virtual_stages=2))
+    assert splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "ZBVZeroBubble", Layout(pp=2, v=2)))
+    assert not splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "Interleaved1F1B", Layout(pp=2, v=2)))
     def custom(*rows: str) -> Plan:
         order = tuple(tuple(parse_action(t) for t in row.split()) for row in rows)
         return pipeline_plan(MASKED, ["blocks.1"], "Custom", ranks=[0, 1], custom_order=order)

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from autopp.cli import _parser, main
+from autopp.data.layout import Layout
 from autopp.spawn import free_port
 
 from .conftest import LINRELU, pipeline_plan, processes_mentioning
 
 
 def test_print_torchrun_prints_one_command_per_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    plan = pipeline_plan(LINRELU, ["2"], "1F1B", pp=2, dp=2).save(tmp_path / "p.json")
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2)).save(tmp_path / "p.json")
     code = main(["run", str(plan), "--nnodes", "2", "--master-addr", "10.1.2.3", "--master-port", "29601",
                  "--print-torchrun"])
     out = capsys.readouterr().out
@@ -47,7 +48,7 @@ def _start_node(plan: Path, node_rank: int, port: int, report: Path) -> subproce
 # rendezvous at 127.0.0.1: node 0 validates (PASSED) and writes the report, node 1 exits 0, nothing left behind.
 @pytest.mark.integration
 def test_two_node_torchrun_launch_on_this_machine(tmp_path: Path) -> None:
-    plan = pipeline_plan(LINRELU, ["2"], "1F1B", pp=2, dp=1, num_microbatches=2).save(tmp_path / "p.json")
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2), num_microbatches=2).save(tmp_path / "p.json")
     port = free_port()
     nodes = [_start_node(plan, r, port, tmp_path / f"node{r}.report.json") for r in (0, 1)]
     try:

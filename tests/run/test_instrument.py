@@ -10,15 +10,17 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from autopp.data.zero import ZERO, ZeroStage
 from autopp.run.instrument import SavedBytes, static_bytes
 
 #: nn.Linear(8, 16) in float32: weight 16 x 8 + bias 16.
 P = (16 * 8 + 16) * 4
 
 
-def _sharded(zero: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _sharded(zero: ZeroStage) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = nn.Sequential(nn.Linear(8, 16))
-    fully_shard(model, mesh=init_device_mesh("cpu", (2,), mesh_dim_names=("dp",)), reshard_after_forward=zero == 3)
+    fully_shard(model, mesh=init_device_mesh("cpu", (2,), mesh_dim_names=("dp",)),
+                reshard_after_forward=bool(zero.fsdp_reshard_after_forward))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for p in model.parameters():  # one momentum buffer per (sharded) parameter, as after the first step
         optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)  # a DTensor, as SGD makes it
@@ -29,7 +31,7 @@ def test_zero_static_bytes_are_the_planners_terms(fake_world: Callable[[int], No
     """Issue 17 review (b): the estimate was 2 x the local shard + optimizer state (P/d + P/d + O/d); the planner
     counts P + P/d + G + O/d per unit with ZeRO 1 (and 3 under torch pipelining: grads whole during the step)."""
     fake_world(2)
-    for zero in (1, 3):
+    for zero in (ZERO[1], ZERO[3]):
         model, optimizer = _sharded(zero)
         params = list(model.parameters())
         assert static_bytes(params, optimizer, zero) == P + P // 2 + P + P // 2
@@ -42,7 +44,7 @@ def test_gathered_parameters_are_not_saved_activations(fake_world: Callable[[int
     """Issue 17 review (b): linear saves its (FSDP2-gathered) weight for backward; that is the P term above, not an
     activation: only the input (4 x 8 floats) is saved bytes."""
     fake_world(2)
-    model, _ = _sharded(3)
+    model, _ = _sharded(ZERO[3])
     x = torch.randn(4, 8, requires_grad=True)
     saved = SavedBytes(list(model.parameters()), [model])
     with saved.hooks():

@@ -15,6 +15,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
 
+from autopp.data.layout import Layout
+from autopp.data.zero import ZERO
 from autopp.errors import RunError, TpPlanError
 from autopp.model import load_model_file
 from autopp.model.split import split_model
@@ -28,18 +30,18 @@ LLAMA = ROOT / "examples" / "hf_llama.py"
 
 
 def test_zero_2_is_refused_in_one_line_before_any_rank_starts() -> None:
-    plan = pipeline_plan(LINRELU, ["2"], dp=2, zero=2)
-    with pytest.raises(RunError, match=r"^plan field 'zero' is 2, which torch.distributed.pipelining cannot run .*"
-                                       r"--zero 1 or --zero 3$"):
+    plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2, dp=2, zero=ZERO[2]))
+    with pytest.raises(RunError, match=r"^plan field 'zero' is 2: torch.distributed.pipelining keeps .* cannot run "
+                                       r"under it; plan with `zero` 1 or 3$"):
         check_runnable(plan)
     with pytest.raises(RunError, match="zero' is 2"):  # the unit tier refuses to start a process: none started
         run_plan(plan, steps=1)
-    check_runnable(replace(plan, zero=3))
+    check_runnable(replace(plan, layout=replace(plan.layout, zero=ZERO[3])))
 
 
 def test_the_plans_tp_plan_must_be_the_models() -> None:
     mf = load_model_file(LLAMA)
-    plan = pipeline_plan(LLAMA, ["model.layers.2"], tp=2)
+    plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, tp=2))
     resolved = planned_modules(mf, mf.build(0), plan)
     assert resolved["model.layers.0.self_attn.q_proj"] == "colwise" and resolved["lm_head"] == "colwise_gather_output"
     assert resolved["model.embed_tokens"] == "embedding_rowwise" and len(resolved) == 2 + 7 * 4
@@ -47,11 +49,11 @@ def test_the_plans_tp_plan_must_be_the_models() -> None:
     with pytest.raises(RunError, match=r"^plan field 'tp_plan' differs from the model's TP plan .* at "
                                        r"'model.layers.\*.mlp.down_proj': re-plan"):
         planned_modules(mf, mf.build(0), other)
-    gpt = pipeline_plan(GPT, ["h.2"], tp=2)
+    gpt = pipeline_plan(GPT, ["h.2"], layout=Layout(pp=2, tp=2))
     with pytest.raises(RunError, match="has no tensor-parallel plan .*: plan with --tp 1$"):
         planned_modules(load_model_file(GPT), load_model_file(GPT).build(0), gpt)
     with pytest.raises(TpPlanError, match="degree 8 does not divide"):
-        planned_modules(mf, mf.build(0), replace(plan, tp=8, num_ranks=16))
+        planned_modules(mf, mf.build(0), replace(plan, layout=replace(plan.layout, tp=8)))
 
 
 def test_local_shapes_narrow_the_sharded_linears_of_a_copy() -> None:
@@ -107,9 +109,10 @@ def _rank_lines(run_dir: Path, text: str) -> list[str]:
 
 @pytest.mark.integration
 def test_llama_pp2_tp2_dp2_zero1_on_8_ranks_matches_one_process(tmp_path: Path) -> None:
-    plan = pipeline_plan(LLAMA, ["model.layers.2"], dp=2, tp=2, zero=1)
+    plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, dp=2, tp=2, zero=ZERO[1]))
     report = run_plan(plan, steps=2, timeout_s=900, work_dir=tmp_path)
-    assert report.passed and (report.pp, report.dp, report.tp, report.zero, report.num_ranks) == (2, 2, 2, 1, 8)
+    assert report.passed and report.layout == plan.layout == Layout(pp=2, dp=2, tp=2, zero=ZERO[1])
+    assert report.num_ranks == 8
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     assert len(report.grad_diffs) == 39 and len(report.losses) == 2  # every parameter; the sharded SGD step too
     assert len(_rank_lines(tmp_path, "tensor-parallel over 2 ranks: 15 modules (4 shared inputs)")) == 8
@@ -118,9 +121,9 @@ def test_llama_pp2_tp2_dp2_zero1_on_8_ranks_matches_one_process(tmp_path: Path) 
 
 @pytest.mark.integration
 def test_gpt_pp2_dp2_zero3_matches_one_process(tmp_path: Path) -> None:
-    plan = pipeline_plan(GPT, ["h.2"], dp=2, zero=3)
+    plan = pipeline_plan(GPT, ["h.2"], layout=Layout(pp=2, dp=2, zero=ZERO[3]))
     report = run_plan(plan, steps=2, timeout_s=600, work_dir=tmp_path)
-    assert report.passed and (report.tp, report.zero, report.num_ranks) == (1, 3, 4)
+    assert report.passed and (report.layout.tp, report.layout.zero, report.num_ranks) == (1, ZERO[3], 4)
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL and len(report.losses) == 2
     assert len(_rank_lines(tmp_path, "ZeRO 3 over 2 ranks: fully_shard(reshard_after_forward=True)")) == 4
 

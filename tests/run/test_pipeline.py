@@ -12,6 +12,7 @@ import torch
 from torch.distributed.pipelining import PipelineStage
 
 from autopp.errors import RunError
+from autopp.data.layout import Layout
 from autopp.model.contract import load_model_file
 from autopp.model.split import split_model
 from autopp.run.pipeline import custom_schedule, placement, torch_schedule_class, write_order_csv
@@ -31,16 +32,16 @@ def test_every_simulated_schedule_has_a_torch_class() -> None:
 
 
 def test_placement_follows_the_schedule_layout() -> None:
-    assert placement(pipeline_plan(LINRELU, ["1", "2", "4"], "ZBVZeroBubble", virtual_stages=2)) == [0, 1, 1, 0]
-    assert placement(pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", virtual_stages=2)) == [0, 1, 0, 1]
-    looped = pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", virtual_stages=2, ranks=[0, 1, 1, 0])
+    assert placement(pipeline_plan(LINRELU, ["1", "2", "4"], "ZBVZeroBubble", Layout(pp=2, v=2))) == [0, 1, 1, 0]
+    assert placement(pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", Layout(pp=2, v=2))) == [0, 1, 0, 1]
+    looped = pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", Layout(pp=2, v=2), ranks=[0, 1, 1, 0])
     with pytest.raises(RunError, match=r"Interleaved1F1B with pp 2 and 2 stages per rank places stages on ranks "
                                        r"\[0, 1, 0, 1\], but the plan places them on \[0, 1, 1, 0\]"):
         placement(looped)
 
 
 def test_custom_placement_is_the_plans() -> None:
-    plan = pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", virtual_stages=2, ranks=[0, 1, 1, 0])
+    plan = pipeline_plan(LINRELU, ["1", "2", "4"], "Interleaved1F1B", Layout(pp=2, v=2), ranks=[0, 1, 1, 0])
     assert placement(replace(plan, schedule=ScheduleName.CUSTOM)) == [0, 1, 1, 0]
 
 
@@ -93,7 +94,7 @@ def test_single_stage_schedules_get_neighbour_only_stages(one_rank_group: None, 
     from autopp.run.chain import ChainPiece
     from autopp.run.pipeline import build_stages
 
-    plan = pipeline_plan(MASKED, ["blocks.1", "blocks.2", "head"], schedule, pp=4, num_microbatches=4)
+    plan = pipeline_plan(MASKED, ["blocks.1", "blocks.2", "head"], schedule, Layout(pp=4), num_microbatches=4)
     mf = load_model_file(MASKED)
     built = [build_stages(mf, plan, r, torch.device("cpu"), None) for r in range(4)]
     pieces = [b.stages[0].submod for b in built]

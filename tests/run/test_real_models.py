@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from autopp.data.layout import Layout
 from autopp.data.plan import Plan
 from autopp.run import GRAD_RTOL, run_plan
+from autopp.schedule import Activation, chosen
 
 from .conftest import ROOT, pipeline_plan, two_stage_plan
 
@@ -35,7 +37,7 @@ def test_tied_gpt2_sums_embedding_and_head_gradients_and_recomputes() -> None:
     # gradient must be the sum of both shares (unsummed, stage 0's differs from the reference by ~80%). The loss
     # reads `output.logits`; stage 1 runs under activation checkpointing.
     plan = two_stage_plan(HF_GPT2, "transformer.h.2")
-    plan = replace(plan, stages=(plan.stages[0], replace(plan.stages[1], recompute=True)))
+    plan = replace(plan, stages=(plan.stages[0], replace(plan.stages[1], activation=Activation.RECOMPUTE)))
     report = run_plan(plan, steps=2, timeout_s=120)
     assert report.passed and report.notes == ()
     tied = [d for d in report.grad_diffs if d.name == "transformer.wte.weight"]
@@ -46,9 +48,9 @@ def test_tied_gpt2_sums_embedding_and_head_gradients_and_recomputes() -> None:
 def test_values_that_skip_stages_are_relayed_under_a_split_backward_v_schedule() -> None:
     # Stage 1 relays the embedding to stage 2 (rank 1 to rank 1 under ZBV's V layout) and stages 1 and 2 hold the
     # causal mask; stages 1 and 3 recompute their activations, under the split I/W backward.
-    plan = pipeline_plan(MASKED, ["blocks.1", "blocks.2", "head"], "ZBVZeroBubble", virtual_stages=2,
+    plan = pipeline_plan(MASKED, ["blocks.1", "blocks.2", "head"], "ZBVZeroBubble", Layout(pp=2, v=2),
                          num_microbatches=4)
-    plan = replace(plan, stages=tuple(replace(s, recompute=s.index in (1, 3)) for s in plan.stages))
+    plan = replace(plan, stages=tuple(replace(s, activation=a) for s, a in zip(plan.stages, chosen(4, {1, 3}))))
     report = run_plan(plan, steps=2, timeout_s=90)
     assert report.passed and report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
 
@@ -70,7 +72,7 @@ def _even_plan(model: Path, schedule: str, v: int, num_microbatches: int = 4) ->
     units = discover_units(mf, mf.build(0))
     per = len(units) // (4 * v)
     points = [str(units[i * per].split_point) for i in range(1, 4 * v)]
-    return pipeline_plan(model, points, schedule, pp=4, virtual_stages=v, num_microbatches=num_microbatches,
+    return pipeline_plan(model, points, schedule, Layout(pp=4, v=v), num_microbatches=num_microbatches,
                          microbatch_size=1)
 
 
@@ -94,7 +96,7 @@ def test_an_hf_decoder_runs_on_four_ranks_under_two_stage_per_rank_schedules(sch
     # Issue 13, point 0: the multi-stage schedules on 4 ranks for an HF decoder whose rotary tables and mask skip
     # stages (8 stages of one unit each; under ZBV the split I/W backward too).
     report = run_plan(_even_plan(MODELS / "hf_qwen2.py", schedule, 2, num_microbatches=8), steps=1, timeout_s=240)
-    assert report.passed and report.complete and report.virtual_stages == 2
+    assert report.passed and report.complete and report.layout.v == 2
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
     assert [t.stage for t in report.stage_times] == list(range(8))
 
@@ -110,7 +112,7 @@ def test_an_auto_plan_of_gpt_neox_on_four_ranks_runs() -> None:
     profile = profile_model(MODELS / "hf_neox.py", microbatch_sizes=(1,), warmup=0, repeats=1, compare_whole=False)
     plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2**34), global_batch=8,
                                           num_microbatches=8, schedule=None))
-    assert plan.pp == 4
+    assert plan.layout.pp == 4
     report = run_plan(plan, steps=1, timeout_s=240)
     assert report.passed and report.complete, (plan.schedule, report.error)
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from autopp.data.layout import Layout
+from autopp.data.zero import ZERO
 from autopp.errors import RunError
 from autopp.run.report import (ParamDiff, RankMeasure, RunFailedError, RunReport, format_report, load_report,
                                median_step_time, relative_error)
@@ -15,7 +17,7 @@ from autopp.run.report import (ParamDiff, RankMeasure, RunFailedError, RunReport
 
 def _report(**changes: object) -> RunReport:
     base = RunReport(plan_path="plan.json", model_path="examples/gpt.py", fingerprint="abc", schedule="1F1B",
-                     num_ranks=2, num_microbatches=2, microbatch_size=2, steps=3, lr=0.01, backend="gloo",
+                     layout=Layout(pp=2), num_microbatches=2, microbatch_size=2, steps=3, lr=0.01, backend="gloo",
                      grad_rtol=1e-4, loss_rtol=1e-5, predicted_step_time_s=0.1)
     return replace(base, **changes)  # type: ignore[arg-type]
 
@@ -56,8 +58,8 @@ def test_run_failed_error_carries_the_report() -> None:
     assert isinstance(exc, RunError) and exc.report.error == "boom" and str(exc) == "boom"
 
 
-def _rank(rank: int, tp_rank: int) -> RankMeasure:
-    return RankMeasure(rank=rank, replica=0, pp_rank=0, tp_rank=tp_rank, stages=(0,), step_times_s=(0.1, 0.1),
+def _rank(rank: int, tp_rank: int, replica: int = 0) -> RankMeasure:
+    return RankMeasure(rank=rank, replica=replica, pp_rank=0, tp_rank=tp_rank, stages=(0,), step_times_s=(0.1, 0.1),
                        wait_s=0.0, schedule_s=0.09, allreduce_s=0.0, optimizer_s=0.01, peak_memory_bytes=2**20,
                        predicted_peak_memory_bytes=2**20, memory_error=0.0, actions=())
 
@@ -66,14 +68,16 @@ def test_tp_ranks_and_the_zero_sync_column_are_told_apart(tmp_path: Path) -> Non
     """Issue 17 review (a), (b), (e): each rank's tp_rank is in the JSON and the text; with ZeRO the per-rank
     column after the schedule's step is not called an all-reduce (FSDP2 reduce-scatters inside the step); the
     grid is display.format_grid's."""
-    report = _report(num_ranks=2, pp=1, tp=2, zero=1, ranks=(_rank(0, 0), _rank(1, 1)))
+    layout = Layout(pp=1, dp=2, tp=2, zero=ZERO[1])  # ZeRO shards over replicas: dp 2
+    report = _report(layout=layout, ranks=tuple(_rank(r, r % 2, r // 2) for r in range(4)))
     data = json.loads(report.save(tmp_path / "r.json").read_text())
-    assert [r["tp_rank"] for r in data["ranks"]] == [0, 1]
+    assert [r["tp_rank"] for r in data["ranks"]] == [0, 1, 0, 1]
+    assert (data["num_ranks"], data["pp"], data["dp"], data["tp"], data["zero"]) == (4, 1, 2, 2, 1)
     text = format_report(report)
-    assert "2 ranks = pp 1 x dp 1 x tp 2, ZeRO 1," in text
+    assert "4 ranks = pp 1 x dp 2 x tp 2, ZeRO 1," in text
     assert "rank 1    (tp rank 1)" in text and "after step (ZeRO reduce-scatter is in step) 0.0000 s" in text
     assert "all-reduce" not in text
-    plain = format_report(replace(report, tp=1, zero=0, ranks=(_rank(0, 0),)))
+    plain = format_report(replace(report, layout=Layout(pp=1), ranks=(_rank(0, 0),)))
     assert "all-reduce 0.0000 s" in plain and "tp rank" not in plain
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from autopp.data.layout import Layout
 from autopp.errors import PlanError, RunError
 from autopp.run import GRAD_RTOL, Nodes, RunFailedError, RunReport, format_report, measured_timeline, run_plan
 from autopp.run.launch import free_port
@@ -45,9 +46,9 @@ def test_gpt_two_ranks_match_reference(tmp_path: Path, schedule: str, num_microb
 @pytest.mark.parametrize("schedule, kinds", [("Interleaved1F1B", {"F", "B"}), ("ZBVZeroBubble", {"F", "I", "W"})])
 @pytest.mark.integration
 def test_two_stages_per_rank_match_reference_and_are_timed(schedule: str, kinds: set[str]) -> None:
-    plan = pipeline_plan(LINRELU, ["1", "2", "4"], schedule, virtual_stages=2, num_microbatches=4)
+    plan = pipeline_plan(LINRELU, ["1", "2", "4"], schedule, Layout(pp=2, v=2), num_microbatches=4)
     report = run_plan(plan, steps=2, timeout_s=90)
-    assert report.passed and report.complete and report.virtual_stages == 2
+    assert report.passed and report.complete and report.layout == plan.layout
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     assert [m.stages for m in report.ranks] == [(0, 2), (1, 3)] if schedule == "Interleaved1F1B" else [(0, 3), (1, 2)]
     assert [st.stage for st in report.stage_times] == [0, 1, 2, 3]
@@ -63,9 +64,9 @@ def test_two_stages_per_rank_match_reference_and_are_timed(schedule: str, kinds:
 @pytest.mark.integration
 def test_two_replicas_of_a_two_rank_pipeline_through_torchrun(tmp_path: Path) -> None:
     # dp 2 x pp 2 = 4 ranks started by torchrun (one node): replicas average their gradients before SGD.
-    plan = pipeline_plan(LINRELU, ["2"], "1F1B", pp=2, dp=2, num_microbatches=2, microbatch_size=2)
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2), num_microbatches=2, microbatch_size=2)
     report = run_plan(plan, steps=2, timeout_s=90, nodes=Nodes(master_port=free_port()), work_dir=tmp_path)
-    assert report.passed and report.launcher == "torchrun" and (report.pp, report.dp) == (2, 2)
+    assert report.passed and report.launcher == "torchrun" and report.layout == Layout(pp=2, dp=2)
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
     assert [(m.rank, m.replica, m.pp_rank) for m in report.ranks] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
     assert "pp 2 x dp 2" in format_report(report)
@@ -133,7 +134,7 @@ def _fabricated(scale: float) -> tuple[list[dict[str, object]], dict[int, dict[s
 
 
 def _blank() -> RunReport:
-    return RunReport(plan_path=None, model_path="m.py", fingerprint="f", schedule="1F1B", num_ranks=2,
+    return RunReport(plan_path=None, model_path="m.py", fingerprint="f", schedule="1F1B", layout=Layout(pp=2),
                      num_microbatches=2, microbatch_size=1, steps=2, lr=0.01, backend="gloo",
                      grad_rtol=GRAD_RTOL, loss_rtol=1e-5, predicted_step_time_s=0.1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autopp.data.layout import Layout
 from autopp.run.summary import rank_measures
 
 from .conftest import LINRELU, pipeline_plan
@@ -15,7 +16,7 @@ def _result(rank: int, tp_rank: int) -> dict[str, object]:
 
 def test_rank_measures_keep_the_tp_rank() -> None:
     """Issue 17 review (a): the worker writes tp_rank, the report dropped it, so tp ranks were indistinguishable."""
-    plan = pipeline_plan(LINRELU, ["2"], tp=2, tp_plan={})
+    plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2, tp=2), tp_plan={})
     measures = rank_measures(plan, [_result(r, r % 2) for r in (3, 0, 2, 1)], step=1)
     assert [(m.rank, m.pp_rank, m.tp_rank) for m in measures] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     old = {k: v for k, v in _result(0, 0).items() if k != "tp_rank"}  # results of a run before tensor parallelism

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from autopp.data.layout import Layout
 from autopp.run import draw_report, measured_timeline
 from autopp.run.report import RankMeasure, RunReport, format_report, median_step_time
 from autopp.run.summary import median_step_index
@@ -67,11 +68,11 @@ def _three_step_report(plan_path: str | None, predicted_s: float) -> RunReport:
                               memory_error=None, actions=((f"{r}F0", 0.01, 0.1), (f"{r}B0", 0.12, 0.3)))
                   for r, times in enumerate(per_rank))
     steps = tuple(max(t) for t in zip(*per_rank))
-    return RunReport(plan_path=plan_path, model_path="m.py", fingerprint="f", schedule="1F1B", num_ranks=2,
+    return RunReport(plan_path=plan_path, model_path="m.py", fingerprint="f", schedule="1F1B", layout=Layout(pp=2),
                      num_microbatches=4, microbatch_size=2, steps=3, lr=0.01, backend="gloo", grad_rtol=1e-4,
                      loss_rtol=1e-5, predicted_step_time_s=predicted_s, step_times_s=steps,
                      measured_step_time_s=median_step_time(steps), timeline_step=median_step_index(steps), ranks=ranks,
-                     pp=2, memory_method="estimate", complete=True)
+                     memory_method="estimate", complete=True)
 
 
 @pytest.mark.integration  # draws PNGs with matplotlib (~1-2 s)

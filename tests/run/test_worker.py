@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from autopp.data.layout import Layout
+from autopp.data.zero import ZERO
 from autopp.errors import RunError
 from autopp.run.worker import check_world_size, describe_error, ranks_of, replica_slice
 
@@ -14,22 +16,23 @@ from .conftest import LINRELU, pipeline_plan
 
 
 def test_global_rank_is_pipeline_rank_times_dp_plus_replica() -> None:
-    r = ranks_of(5, pp=2, dp=3)  # the planner's layout (Cluster.placed): a stage's replicas are neighbours
+    r = ranks_of(5, Layout(pp=2, dp=3))  # the planner's layout (Cluster.placed): a stage's replicas are neighbours
     assert (r.replica, r.pp_rank) == (2, 1)
     assert r.pipeline == (2, 5) and r.data_parallel == (3, 4, 5)
-    assert ranks_of(0, pp=4, dp=1).pipeline == (0, 1, 2, 3)
+    assert ranks_of(0, Layout(pp=4)).pipeline == (0, 1, 2, 3)
 
 
 def test_tensor_parallel_rank_is_innermost() -> None:
-    r = ranks_of(5, pp=2, dp=2, tp=2)  # (pp_rank * dp + replica) * tp + tp_rank, torchtitan's ("pp", "dp", "tp") mesh
+    # (pp_rank * dp + replica) * tp + tp_rank, torchtitan's ("pp", "dp", "tp") mesh
+    r = ranks_of(5, Layout(pp=2, dp=2, tp=2))
     assert (r.pp_rank, r.replica, r.tp_rank) == (1, 0, 1)
     assert r.pipeline == (1, 5) and r.data_parallel == (5, 7)
 
 
 def test_world_size_must_match_the_plan() -> None:
-    plan = pipeline_plan(LINRELU, ["2"], "1F1B", pp=2, dp=2)
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2))
     check_world_size(plan, 4)
-    with pytest.raises(RunError, match=r"^plan needs 4 ranks \(pp 2 x dp 2 x tp 1\) but WORLD_SIZE is 3$"):
+    with pytest.raises(RunError, match=r"^plan needs 4 ranks \(pp\(2\) x dp\(2\)\) but WORLD_SIZE is 3$"):
         check_world_size(plan, 3)
 
 
@@ -87,7 +90,7 @@ def test_tied_weights_are_refused_with_tensor_parallelism_or_zero() -> None:
     from autopp.run.pipeline import RankStages
     from autopp.run.worker import _check_untied
 
-    plan = pipeline_plan(LINRELU, ["2"], "1F1B", pp=2, dp=2, zero=1)
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2, zero=ZERO[1]))
     _check_untied(plan, RankStages([], None, {"0.weight": [torch.nn.Parameter(torch.zeros(1))]}, {}))
     with pytest.raises(RunError, match=r"^the model ties 'wte.weight' between stages, .* \(plan has tp 1, zero 1\): "
                                        r"run it with tp 1 and zero 0$"):

@@ -13,12 +13,13 @@ import pytest
 
 from autopp.data.cluster import Cluster, Device, Link
 from autopp.costmodel import comm_times, stage_costs, unit_arrays
-from autopp.schedule import NAMED, ScheduleName, build_schedule, simulate
+from autopp.data.layout import LayoutPins
+from autopp.schedule import NAMED, Activation, ScheduleName, build_schedule, simulate
 from autopp.solve.search.bounds import lower_bound
 from autopp.schedule.effects import order_peaks
 from autopp.solve.search.judge import Candidate, judge
 from autopp.solve.search.request import PlanRequest, RecomputeMode, configs
-from autopp.solve.search.search import _bounds, _candidate, _estimate, _fitted, _options, _Splits
+from autopp.solve.search.search import DP_MODES, _bounds, _estimate, _fitted, _options, _Splits
 from autopp.solve.search.views import Views
 from autopp.data.synthetic_profile import synthetic_profile
 
@@ -53,17 +54,17 @@ def test_lower_bound_never_exceeds_an_estimate(seed: int) -> None:
     rng = random.Random(seed)
     profile = synthetic_profile(14, seed=seed, jitter=0.4)
     req = PlanRequest(cluster=_cluster(rng, hetero=seed % 2 == 1), global_batch=8, schedule=None,
-                      dp=None if seed % 2 == 0 else 1)
+                      pins=LayoutPins(dp=None if seed % 2 == 0 else 1))
     for c in configs(req, profile.num_units):
         a = unit_arrays(profile, c.b)
         if seed % 4 >= 2:  # split passes measured apart from B (I + W above or below B), an optimizer step
             scale = np.array([rng.uniform(0.5, 1.6) for _ in range(a.n)])
             a = replace(a, backward_input=a.backward_input * scale, backward_weight=a.backward_weight * scale[::-1],
                         optimizer=a.backward * 0.1)
-        for rc in (False, True):
+        for rc in Activation:
             bound = lower_bound(a, req, c, rc)
             for _ in range(3):  # any split, not only the DP's
-                split = _random_split(rng, a.n, c.pp * c.v)
+                split = _random_split(rng, a.n, c.layout.stages)
                 assert bound <= _estimate(a, req, c, split, (rc,) * len(split)) * (1 + 1e-12), (c, rc, split)
 
 
@@ -78,10 +79,10 @@ def test_order_walk_equals_simulated_peaks(name: ScheduleName) -> None:
     bounds = _random_split(rng, a.n, len(owner))
     costs = stage_costs(a, bounds, [1.0] * len(owner))
     for _ in range(3):
-        flags = [rng.random() < 0.5 for _ in owner]
+        activations = [Activation.RECOMPUTE if rng.random() < 0.5 else Activation.KEEP for _ in owner]
         sim = simulate(order, costs, owner, comm_times(a, Cluster(num_devices=4, memory_bytes=GiB), bounds, owner),
-                       flags)
-        assert order_peaks(order, costs, owner, flags) == [int(x) for x in sim.peak_memory_bytes]
+                       activations)
+        assert order_peaks(order, costs, owner, activations) == [int(x) for x in sim.peak_memory_bytes]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -91,18 +92,19 @@ def test_pruned_shortlist_equals_exhaustive(seed: int) -> None:
     profile = synthetic_profile(16, seed=seed, jitter=0.3)
     recompute = [RecomputeMode.NONE, RecomputeMode.AUTO, RecomputeMode.ALL][seed % 3]
     req = PlanRequest(cluster=_cluster(rng, hetero=seed % 2 == 1), global_batch=8, schedule=None,
-                      dp=None if seed % 2 == 0 else 1, recompute=recompute, shortlist=3)
+                      pins=LayoutPins(dp=None if seed % 2 == 0 else 1), recompute=recompute, shortlist=3)
     cfgs = configs(req, profile.num_units)
-    modes = {RecomputeMode.NONE: (False,), RecomputeMode.ALL: (True,), RecomputeMode.AUTO: (False, True)}[recompute]
+    modes = DP_MODES[recompute]
     every = []
     for idx, c in enumerate(cfgs):
         a = unit_arrays(profile, c.b)
         for rc in modes:
             split = _bounds(a, req, c, rc, _Splits())
             if split is not None:
-                fitted = _fitted(a, req, _candidate(c, split, rc))
+                fitted = _fitted(a, req, c.candidate(split, (rc,) * len(split)))
                 if fitted is not None:  # a plain split's estimate counts the stages its memory walk recomputes
-                    every.append((_estimate(a, req, c, split, (rc,) * len(split) if rc else fitted.recompute), idx))
+                    kept = fitted.activations if rc is Activation.KEEP else (rc,) * len(split)
+                    every.append((_estimate(a, req, c, split, kept), idx))
                 break
     got = [(o.estimate, o.index) for o in _options(Views(profile, req), cfgs)]
     assert got == sorted(every)[:3]
@@ -118,7 +120,8 @@ def _bound_rows(name: ScheduleName, seed: int) -> tuple[tuple[str, float, float,
     link = Link(latency_s=rng.choice([0.0, 1e-5]), bandwidth_bytes_per_s=rng.choice([1e9, 5e10]),
                 overhead_s=rng.choice([0.0, 3e-4]), progress_s=rng.choice([0.0, 2e-3]))
     cluster = replace(_cluster(rng, hetero=seed % 2 == 1), link=link)
-    req = PlanRequest(cluster=cluster, global_batch=8, schedule=name, dp=None if seed % 2 == 0 else 1)
+    req = PlanRequest(cluster=cluster, global_batch=8, schedule=name,
+                      pins=LayoutPins(dp=None if seed % 2 == 0 else 1))
     rows = []
     for c in configs(req, profile.num_units):
         a = unit_arrays(profile, c.b)
@@ -126,13 +129,13 @@ def _bound_rows(name: ScheduleName, seed: int) -> tuple[tuple[str, float, float,
             scale = np.array([rng.uniform(0.5, 1.6) for _ in range(a.n)])
             a = replace(a, backward_input=a.backward_input * scale, backward_weight=a.backward_weight * scale[::-1],
                         optimizer=a.backward * 0.1)
-        for rc in (False, True):
+        for rc in Activation:
             split = _bounds(a, req, c, rc, _Splits())
             if split is None:
                 continue
-            cand = Candidate(schedule=name, pp=c.pp, dp=c.dp, v=c.v, microbatches=c.m, microbatch_size=c.b,
-                             bounds=split, recompute=(rc,) * len(split))
-            rows.append((f"{c} recompute={rc} split={split}", lower_bound(a, req, c, rc),
+            cand = Candidate(schedule=name, layout=c.layout, microbatches=c.m, microbatch_size=c.b, bounds=split,
+                             activations=(rc,) * len(split))
+            rows.append((f"{c} {rc.value} split={split}", lower_bound(a, req, c, rc),
                          lower_bound(a, req, c, rc, simulated=True), _estimate(a, req, c, split, (rc,) * len(split)),
                          judge(a, cluster, cand).step_s))
     assert rows, f"no configuration of {name.value} could be split"

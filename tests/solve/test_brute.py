@@ -11,7 +11,8 @@ import pytest
 
 from autopp.data.cluster import Cluster, Link
 from autopp.costmodel import UnitArrays
-from autopp.schedule import ScheduleName
+from autopp.data.layout import Layout
+from autopp.schedule import Activation, ScheduleName
 from autopp.solve.partition.brute import brute_force, candidate_count, contiguous_splits
 from autopp.solve.partition.dp import PipeSpec, pipeline_bounds
 from autopp.solve.search.judge import Candidate, judge
@@ -19,6 +20,7 @@ from autopp.solve.search.request import RecomputeMode
 
 LINK = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e6)
 ONE_F_ONE_B = ScheduleName.ONE_F_ONE_B
+KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
 
 
 def _arrays(f: list[float], activation: list[float], static: float = 100.0, cut: float = 10.0) -> UnitArrays:
@@ -34,9 +36,9 @@ def _random(seed: int, n: int) -> UnitArrays:
                    cut=float(rng.randint(0, 20)))
 
 
-def _peaks(a: UnitArrays, cluster: Cluster, flags: tuple[bool, ...], m: int) -> tuple[int, ...]:
-    c = Candidate(schedule=ONE_F_ONE_B, pp=2, dp=1, v=1, microbatches=m, microbatch_size=1,
-                  bounds=((0, 1), (1, 2)), recompute=flags)
+def _peaks(a: UnitArrays, cluster: Cluster, activations: tuple[Activation, ...], m: int) -> tuple[int, ...]:
+    c = Candidate(schedule=ONE_F_ONE_B, layout=Layout(pp=2), microbatches=m, microbatch_size=1,
+                  bounds=((0, 1), (1, 2)), activations=activations)
     return judge(a, cluster, c).peak_memory
 
 
@@ -52,10 +54,10 @@ def test_splits_are_every_contiguous_split_once() -> None:
 def test_one_unit_per_stage_has_exactly_one_split() -> None:
     a = _random(0, 4)
     cluster = Cluster(num_devices=4, memory_bytes=2**40, link=LINK)
-    got = brute_force(a, cluster, ONE_F_ONE_B, pp=4, v=1, m=4, recompute=RecomputeMode.NONE)
+    got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4, recompute=RecomputeMode.NONE)
     assert got.judged == 1 and got.best is not None
     assert got.best.candidate.bounds == ((0, 1), (1, 2), (2, 3), (3, 4))
-    assert brute_force(a, cluster, ONE_F_ONE_B, pp=4, v=1, m=4).judged == 2**4
+    assert brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4).judged == 2**4
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -64,9 +66,9 @@ def test_never_worse_than_the_dp_split_judged_the_same_way(seed: int) -> None:
     cluster = Cluster(num_devices=3, memory_bytes=2**40, link=LINK)
     dp = pipeline_bounds(a, PipeSpec(num_stages=3, microbatches=4, links=(LINK, LINK)))
     assert dp is not None
-    split = judge(a, cluster, Candidate(schedule=ONE_F_ONE_B, pp=3, dp=1, v=1, microbatches=4, microbatch_size=1,
-                                        bounds=dp, recompute=(False,) * 3))
-    got = brute_force(a, cluster, ONE_F_ONE_B, pp=3, v=1, m=4, recompute=RecomputeMode.NONE)
+    split = judge(a, cluster, Candidate(schedule=ONE_F_ONE_B, layout=Layout(pp=3), microbatches=4, microbatch_size=1,
+                                        bounds=dp, activations=(KEEP,) * 3))
+    got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=3), m=4, recompute=RecomputeMode.NONE)
     assert got.judged == math.comb(6, 2) and got.best is not None
     assert got.best.step_s <= split.step_s
     assert judge(a, cluster, got.best.candidate).step_s == got.best.step_s
@@ -76,21 +78,21 @@ def test_recomputes_only_the_stage_that_needs_it() -> None:
     # unit 0 holds 1000 bytes per microbatch and 1F1B's first stage holds 2 in flight; unit 1 holds 1
     a = _arrays([1.0, 1.0], [1000.0, 1.0])
     ample = Cluster(num_devices=2, memory_bytes=2**40, link=LINK)
-    first_only = _peaks(a, ample, (True, False), 4)
-    assert max(_peaks(a, ample, (False, False), 4)) > max(first_only)
+    first_only = _peaks(a, ample, (RECOMPUTE, KEEP), 4)
+    assert max(_peaks(a, ample, (KEEP, KEEP), 4)) > max(first_only)
     cluster = Cluster(num_devices=2, memory_bytes=max(first_only), link=LINK)
-    assert brute_force(a, cluster, ONE_F_ONE_B, pp=2, v=1, m=4, recompute=RecomputeMode.NONE).best is None
-    auto = brute_force(a, cluster, ONE_F_ONE_B, pp=2, v=1, m=4).best
-    every = brute_force(a, cluster, ONE_F_ONE_B, pp=2, v=1, m=4, recompute=RecomputeMode.ALL).best
+    assert brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4, recompute=RecomputeMode.NONE).best is None
+    auto = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4).best
+    every = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4, recompute=RecomputeMode.ALL).best
     assert auto is not None and every is not None
-    assert auto.candidate.recompute == (True, False)
+    assert auto.candidate.activations == (RECOMPUTE, KEEP)
     assert auto.step_s < every.step_s
 
 
 def test_admissible_leaves_splits_out_unjudged() -> None:
     a = _random(1, 5)
     cluster = Cluster(num_devices=2, memory_bytes=2**40, link=LINK)
-    got = brute_force(a, cluster, ONE_F_ONE_B, pp=2, v=1, m=2, recompute=RecomputeMode.NONE,
+    got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=2, recompute=RecomputeMode.NONE,
                       admissible=lambda b: b[0] == (0, 2))
     assert got.judged == 1 and got.best is not None and got.best.candidate.bounds == ((0, 2), (2, 5))
 
@@ -99,6 +101,6 @@ def test_refuses_past_the_limit_and_too_many_stages() -> None:
     a = _random(2, 12)
     cluster = Cluster(num_devices=4, memory_bytes=2**40, link=LINK)
     with pytest.raises(ValueError, match="2640 candidates > limit 100"):
-        brute_force(a, cluster, ONE_F_ONE_B, pp=4, v=1, m=4, limit=100)
+        brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4, limit=100)
     with pytest.raises(ValueError, match="12 units cannot fill 16 stages"):
-        brute_force(a, cluster, ONE_F_ONE_B, pp=4, v=4, m=4)
+        brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4, v=4), m=4)

@@ -12,6 +12,7 @@ import pytest
 
 from autopp.data.cluster import Link
 from autopp.costmodel import UnitArrays
+from autopp.schedule import Activation
 from autopp.solve.partition.dp import PipeSpec, even_bounds, feasible, fits, min_memory, pipeline_bounds
 
 from ..conftest import seeds
@@ -40,8 +41,9 @@ def _objective(a: UnitArrays, spec: PipeSpec, bounds: tuple[tuple[int, int], ...
     """sum_s (T_s + 2 c_s) + (m - 1) max_s T_s; T_s = (F + min(B, I + W) (+ recompute)) / speed over the stage's
     units, c_s = latency + cut bytes / bandwidth after every stage but the last."""
     speed = spec.speed or (1.0,) * spec.num_stages
+    redo = spec.activation is Activation.RECOMPUTE
     times = [sum(float(a.forward[u]) + min(float(a.backward[u]), float(a.backward_input[u] + a.backward_weight[u]))
-                 + (float(a.recompute[u]) if spec.recompute else 0.0) for u in range(i, j)) / sp
+                 + (float(a.recompute[u]) if redo else 0.0) for u in range(i, j)) / sp
              for (i, j), sp in zip(bounds, speed)]
     sends = [LINK.latency_s + float(a.cut[j]) / LINK.bandwidth_bytes_per_s if a.cut[j] > 0 else 0.0
              for _, j in bounds[:-1]]
@@ -52,7 +54,8 @@ def _memory(a: UnitArrays, spec: PipeSpec, bounds: tuple[tuple[int, int], ...]) 
     """Per stage: static bytes + held microbatches x activation bytes (held = in-flight count, 1 if recomputing) +
     the largest transient of its units."""
     inflight = spec.inflight or (1,) * spec.num_stages
-    return [float(a.static[i:j].sum()) + (1 if spec.recompute else k) * float(a.activation[i:j].sum())
+    redo = spec.activation is Activation.RECOMPUTE
+    return [float(a.static[i:j].sum()) + (1 if redo else k) * float(a.activation[i:j].sum())
             + float(a.transient_bytes()[i:j].max(initial=0.0)) for (i, j), k in zip(bounds, inflight)]
 
 
@@ -64,7 +67,8 @@ def _with_transients(a: UnitArrays, seed: int) -> UnitArrays:
 
 def _spec(rng: random.Random, n: int, limit: float = float("inf")) -> PipeSpec:
     p = rng.randint(1, min(n, 4))
-    return PipeSpec(num_stages=p, microbatches=rng.randint(1, 8), recompute=rng.random() < 0.3,
+    return PipeSpec(num_stages=p, microbatches=rng.randint(1, 8),
+                    activation=Activation.RECOMPUTE if rng.random() < 0.3 else Activation.KEEP,
                     speed=tuple(rng.choice([0.5, 1.0, 2.0]) for _ in range(p)),
                     memory=(limit,) * p if np.isfinite(limit) else (),
                     inflight=tuple(min(p - s, 8) for s in range(p)), links=(LINK,) * (p - 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autopp.data.cluster import Cluster
+from autopp.data.layout import LayoutPins
 from autopp.errors import InfeasibleError
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, make_plan
@@ -13,17 +14,17 @@ from autopp.data.synthetic_profile import synthetic_profile
 
 def _request(devices: int, schedule: ScheduleName | None, global_batch: int = 8, **extra: object) -> PlanRequest:
     return PlanRequest(cluster=Cluster(num_devices=devices, memory_bytes=2**40), global_batch=global_batch,
-                       schedule=schedule, dp=1, **extra)  # type: ignore[arg-type]
+                       schedule=schedule, pins=LayoutPins(dp=1), **extra)  # type: ignore[arg-type]
 
 
 def test_interleaved_on_too_few_units_says_stages_per_rank_and_what_works() -> None:
     # was: "no valid configuration for Interleaved1F1B on 4 devices" (HF Mixtral, 6 units)
     with pytest.raises(InfeasibleError, match=r"cannot split 6 units into 8 stages \(Interleaved1F1B runs 2 stages "
                                               r"per rank\): use at most 3 devices; .*or a schedule with one stage per "
-                                              r"rank \(--schedule GPipe or 1F1B\); or finer units: SPLIT_POINTS .* "
+                                              r"rank \(`schedule` GPipe or 1F1B\); or finer units: SPLIT_POINTS .* "
                                               r"inside a block \(e\.g\. `h\.0\.<child>`"):
         make_plan(synthetic_profile(6), _request(4, ScheduleName.INTERLEAVED_1F1B))
-    assert make_plan(synthetic_profile(6), _request(3, ScheduleName.INTERLEAVED_1F1B)).virtual_stages == 2
+    assert make_plan(synthetic_profile(6), _request(3, ScheduleName.INTERLEAVED_1F1B)).layout.v == 2
 
 
 def test_too_many_devices_suggests_finer_units() -> None:
@@ -37,6 +38,6 @@ def test_microbatch_rule_gives_the_count_that_works() -> None:
     with pytest.raises(InfeasibleError, match=r"DualPipeV needs microbatches >= stages \(2 < 4\): use a global batch "
                                               r"of at least 4 \(it is 2\)"):
         make_plan(synthetic_profile(6), _request(2, ScheduleName.DUAL_PIPE_V, global_batch=2))
-    with pytest.raises(InfeasibleError, match=r"1F1B needs microbatches >= stages \(2 < 4\): use --microbatches 4 or "
-                                              r"more"):
+    with pytest.raises(InfeasibleError, match=r"1F1B needs microbatches >= stages \(2 < 4\): use `num_microbatches` 4 "
+                                              r"or more"):
         make_plan(synthetic_profile(6), _request(4, ScheduleName.ONE_F_ONE_B, num_microbatches=2))

@@ -1,4 +1,5 @@
-"""build.py: baselines judged with their own recompute flags, and those that do not fit marked in the plan."""
+"""from_verdict.py: baselines judged with their own activation policies, and those that do not fit marked in the
+plan."""
 
 from __future__ import annotations
 
@@ -9,21 +10,23 @@ from autopp.data.cluster import Cluster
 from autopp.data.plan import load_plan
 from autopp.data.profile import load_profile
 from autopp.display import format_plan
-from autopp.schedule import ScheduleName
+from autopp.data.layout import Layout
+from autopp.schedule import Activation, ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.solve.assemble.from_verdict import judge_recompute
 from autopp.solve.search.judge import Candidate
 
 GPT = Path(__file__).resolve().parents[2] / "profiles" / "gpt"
 MiB = 1 << 20
+KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
 
 
 def _gpipe_even() -> Candidate:
-    return Candidate(schedule=ScheduleName.GPIPE, pp=2, dp=1, v=1, microbatches=8, microbatch_size=1,
-                     bounds=((0, 4), (4, 8)), recompute=(False, False))
+    return Candidate(schedule=ScheduleName.GPIPE, layout=Layout(pp=2), microbatches=8, microbatch_size=1,
+                     bounds=((0, 4), (4, 8)), activations=(KEEP, KEEP))
 
 
-def test_each_mode_judges_its_own_recompute_flags() -> None:
+def test_each_mode_judges_its_own_activation_policies() -> None:
     # profiles/gpt, GPipe m8 on 0-3 | 4-7: rank 0 peaks at 25 MiB, rank 1 at 41 MiB without recomputation, 16 MiB
     # with it; on 30 MiB devices only rank 1 must recompute.
     a = ProfileTable(load_profile(GPT)).arrays(1)
@@ -31,16 +34,16 @@ def test_each_mode_judges_its_own_recompute_flags() -> None:
     none = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.NONE)
     every = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.ALL)
     auto = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.AUTO)
-    assert none.candidate.recompute == (False, False) and not none.fits
-    assert every.candidate.recompute == (True, True) and every.fits
-    assert auto.candidate.recompute == (False, True) and auto.fits and auto.step_s < every.step_s
+    assert none.candidate.activations == (KEEP, KEEP) and not none.fits
+    assert every.candidate.activations == (RECOMPUTE, RECOMPUTE) and every.fits
+    assert auto.candidate.activations == (KEEP, RECOMPUTE) and auto.fits and auto.step_s < every.step_s
 
 
 def test_no_fitting_choice_is_judged_without_recomputation_and_marked() -> None:
     a = ProfileTable(load_profile(GPT)).arrays(1)
     cluster = Cluster(num_devices=2, memory_bytes=8 * MiB)  # nothing fits
     auto = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.AUTO)
-    assert auto.candidate.recompute == (False, False) and not auto.fits
+    assert auto.candidate.activations == (KEEP, KEEP) and not auto.fits
 
 
 def test_a_baseline_that_does_not_fit_is_marked_in_json_and_table(tmp_path: Path) -> None:

@@ -11,10 +11,11 @@ from autopp.data.cluster import Cluster, Link
 def test_plan_records_the_overhead_and_the_prediction_includes_it() -> None:
     from autopp.predict import simulate_plan
     from autopp.schedule import ScheduleName
+    from autopp.data.layout import LayoutPins
     from autopp.solve import PlanRequest, make_plan
     from autopp.data.synthetic_profile import synthetic_profile
     profile = synthetic_profile(8)
-    request = dict(global_batch=8, num_microbatches=4, schedule=ScheduleName.ONE_F_ONE_B, pp=2, dp=1)
+    request = dict(global_batch=8, num_microbatches=4, schedule=ScheduleName.ONE_F_ONE_B, pins=LayoutPins(pp=2, dp=1))
     plans = [make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**40, link=Link(
         latency_s=0.0, bandwidth_bytes_per_s=1e12, overhead_s=o)), **request)) for o in (0.0, 1e-3)]
     assert [s.overhead_s for s in plans[1].stages] == [1e-3, 1e-3]
@@ -27,7 +28,8 @@ def test_plan_records_the_overhead_and_the_prediction_includes_it() -> None:
 def test_dp_judge_simulator_and_plan_agree_on_peaks_with_a_transient() -> None:
     from autopp.costmodel import memory_prefix, stage_transient, unit_arrays
     from autopp.predict import plan_stage_costs, simulate_plan
-    from autopp.schedule import ScheduleName, build_schedule
+    from autopp.data.layout import LayoutPins
+    from autopp.schedule import Activation, ScheduleName, build_schedule
     from autopp.schedule.effects import inflight_peaks, order_peaks
     from autopp.solve import PlanRequest, make_plan
     from autopp.solve.partition.dp import PipeSpec, fits
@@ -39,7 +41,7 @@ def test_dp_judge_simulator_and_plan_agree_on_peaks_with_a_transient() -> None:
         extra = 2**30 * r.microbatch_size if r.unit == 5 else 0
         peaks.setdefault(str(r.unit), {})[str(r.microbatch_size)] = held + extra
     profile.meta.extra["peak_bytes"] = peaks
-    request = dict(global_batch=8, num_microbatches=4, schedule=ScheduleName.ONE_F_ONE_B, pp=2, dp=1)
+    request = dict(global_batch=8, num_microbatches=4, schedule=ScheduleName.ONE_F_ONE_B, pins=LayoutPins(pp=2, dp=1))
     plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**40), **request))
     a, bounds = unit_arrays(profile, plan.microbatch_size), tuple(s.units for s in plan.stages)
     assert [s.transient_bytes for s in plan.stages] == [stage_transient(a, i, j) for i, j in bounds]
@@ -49,7 +51,7 @@ def test_dp_judge_simulator_and_plan_agree_on_peaks_with_a_transient() -> None:
     dp_bytes = [int(memory_prefix(a, inflight[k])[j] - memory_prefix(a, inflight[k])[i]) + stage_transient(a, i, j)
                 for k, (i, j) in enumerate(bounds)]
     simulated = simulate_plan(plan).peak_memory_bytes
-    walked = order_peaks(order, plan_stage_costs(plan), [0, 1], [False, False])
+    walked = order_peaks(order, plan_stage_costs(plan), [0, 1], [Activation.KEEP] * 2)
     assert list(plan.predicted.peak_memory_bytes) == simulated == walked == dp_bytes
     spec = PipeSpec(num_stages=2, microbatches=4, inflight=(inflight[0], inflight[1]),
                     memory=tuple(float(x) for x in simulated))

@@ -7,20 +7,30 @@ from pathlib import Path
 import pytest
 
 from autopp.data.cluster import Cluster
+from autopp.data.layout import Layout
 from autopp.errors import PlanError
 from autopp.data.profile import load_profile
-from autopp.schedule import ScheduleName
+from autopp.schedule import Activation, ScheduleName
 from autopp.solve import Pinned, PlanRequest, evaluate_pinned, make_plan
+from autopp.solve.search.judge import Candidate
 
 GPT = Path(__file__).resolve().parents[2] / "profiles" / "gpt"
+
+
+def _pinned(schedule: ScheduleName, pp: int, m: int, b: int, bounds: tuple[tuple[int, int], ...],
+            source: str = "pinned configuration") -> Pinned:
+    """A split pinned on `pp` ranks of one replica, every stage keeping its activations."""
+    return Pinned(candidate=Candidate(schedule=schedule, layout=Layout(pp=pp), microbatches=m, microbatch_size=b,
+                                      bounds=bounds, activations=(Activation.KEEP,) * len(bounds)), source=source)
 
 
 def test_the_planners_own_split_evaluates_to_its_figures() -> None:
     profile = load_profile(GPT)
     cluster = Cluster(num_devices=2, memory_bytes=4 << 30)
     plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=8))
-    pinned = Pinned(schedule=plan.schedule, pp=plan.pp, microbatches=plan.num_microbatches,
-                    microbatch_size=plan.microbatch_size, bounds=tuple(s.units for s in plan.stages))
+    assert all(s.activation is Activation.KEEP for s in plan.stages)
+    pinned = _pinned(plan.schedule, plan.layout.pp, plan.num_microbatches, plan.microbatch_size,
+                     tuple(s.units for s in plan.stages))
     again = evaluate_pinned(profile, cluster, pinned)
     assert again.predicted.step_time_s == plan.predicted.step_time_s
     assert again.predicted.peak_memory_bytes == plan.predicted.peak_memory_bytes
@@ -29,8 +39,7 @@ def test_the_planners_own_split_evaluates_to_its_figures() -> None:
 def test_a_slower_split_is_kept_and_an_overflow_noted() -> None:
     profile = load_profile(GPT)
     cluster = Cluster(num_devices=2, memory_bytes=1 << 20)
-    pinned = Pinned(schedule=ScheduleName.GPIPE, pp=2, microbatches=8, microbatch_size=1,
-                    bounds=((0, 1), (1, 8)), source="mine.args")
+    pinned = _pinned(ScheduleName.GPIPE, 2, 8, 1, ((0, 1), (1, 8)), source="mine.args")
     plan = evaluate_pinned(profile, cluster, pinned)
     assert [s.units for s in plan.stages] == [(0, 1), (1, 8)]  # not replaced by a faster baseline
     assert plan.predicted.step_time_s > min(b.step_time_s for b in plan.baselines.values())
@@ -40,6 +49,6 @@ def test_a_slower_split_is_kept_and_an_overflow_noted() -> None:
 @pytest.mark.parametrize("bounds, match", [(((0, 3), (4, 8)), "do not cover"), (((0, 8),), "needs 2 stages"),
                                            (((0, 0), (0, 8)), "leave a stage empty")])
 def test_bad_splits_are_refused(bounds: tuple[tuple[int, int], ...], match: str) -> None:
-    pinned = Pinned(schedule=ScheduleName.ONE_F_ONE_B, pp=2, microbatches=4, microbatch_size=2, bounds=bounds)
+    pinned = _pinned(ScheduleName.ONE_F_ONE_B, 2, 4, 2, bounds)
     with pytest.raises(PlanError, match=match):
         evaluate_pinned(load_profile(GPT), Cluster(num_devices=2, memory_bytes=4 << 30), pinned)

@@ -9,6 +9,7 @@ import pytest
 
 from autopp.data.cluster import Cluster, Device, Link
 from autopp.errors import InfeasibleError
+from autopp.schedule import Activation
 from autopp.solve import PlanRequest, make_plan
 from autopp.solve.partition.dp import PipeSpec, pipeline_bounds, pipeline_objective
 from autopp.solve.cpsat.placement import place_devices
@@ -47,9 +48,9 @@ def test_cpsat_order_beats_every_fixed_order(seed: int) -> None:
             best = value if best is None else min(best, value)
     if best is None:
         with pytest.raises(InfeasibleError, match="proved that no order"):
-            place_devices(a, cluster, m, inflight, False)
+            place_devices(a, cluster, m, inflight, Activation.KEEP)
         return
-    got = place_devices(a, cluster, m, inflight, False)
+    got = place_devices(a, cluster, m, inflight, Activation.KEEP)
     assert got.status == "OPTIMAL" and got.gap == 0.0 and sorted(got.order) == list(range(p))
     spec = _spec(cluster.reordered(got.order), m, inflight)
     assert pipeline_objective(a, spec, got.bounds) == pytest.approx(best, rel=1e-9)

@@ -10,13 +10,16 @@ import pytest
 
 from autopp.costmodel import UnitArrays, stage_costs
 from autopp.data.cluster import Cluster, Device, Link
-from autopp.schedule import NAMED, ScheduleName, describe
+from autopp.data.layout import Layout
+from autopp.schedule import NAMED, Activation, ScheduleName, describe
 from autopp.solve.partition.brute import brute_force
 from autopp.solve.search.judge import Candidate, judge
 from autopp.solve.partition.refine import _rank_actions, recompute_choices, refine
 from autopp.solve.search.request import RecomputeMode
 
 from ..conftest import seeds
+
+KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
 
 
 def _arrays(rng: random.Random, n: int) -> UnitArrays:
@@ -43,8 +46,8 @@ def _case(name: ScheduleName, seed: int) -> tuple[UnitArrays, Cluster, Candidate
     devices = tuple(Device(memory_bytes=memory, speed=rng.choice([1.0, 2.0])) for _ in range(pp))
     cluster = Cluster(num_devices=pp, memory_bytes=memory, link=link, devices=devices)
     even = tuple((k * a.n // (pp * v), (k + 1) * a.n // (pp * v)) for k in range(pp * v))
-    seed_cand = Candidate(schedule=name, pp=pp, dp=1, v=v, microbatches=m, microbatch_size=1, bounds=even,
-                          recompute=(False,) * (pp * v))
+    seed_cand = Candidate(schedule=name, layout=Layout(pp=pp, v=v), microbatches=m, microbatch_size=1, bounds=even,
+                          activations=(KEEP,) * (pp * v))
     return a, cluster, seed_cand
 
 
@@ -54,8 +57,7 @@ def test_exact_mode_equals_the_brute_force(name: ScheduleName, seed: int) -> Non
     a, cluster, seed_cand = _case(name, seed)
     for mode in (RecomputeMode.AUTO, RecomputeMode.NONE):
         got = refine(a, cluster, seed_cand, mode)
-        want = brute_force(a, cluster, name, pp=seed_cand.pp, v=seed_cand.v, m=seed_cand.microbatches,
-                           recompute=mode).best
+        want = brute_force(a, cluster, name, layout=seed_cand.layout, m=seed_cand.microbatches, recompute=mode).best
         assert got.exact
         assert (got.best is None) == (want is None), (mode, got.best, want)
         if want is not None and got.best is not None:
@@ -78,11 +80,11 @@ def test_recompute_choices_are_minimal_per_rank() -> None:
     a = UnitArrays(np.ones(4), np.ones(4), np.ones(4) / 2, np.ones(4) / 2, np.zeros(4),
                    np.array([1000.0, 1.0, 1.0, 1.0]), np.ones(4), np.ones(4), np.array([0.0, 1, 1, 1, 0]), False,
                    np.zeros(4))
-    cand = Candidate(schedule=ScheduleName.INTERLEAVED_1F1B, pp=2, dp=1, v=2, microbatches=2, microbatch_size=1,
-                     bounds=((0, 1), (1, 2), (2, 3), (3, 4)), recompute=(False,) * 4)
+    cand = Candidate(schedule=ScheduleName.INTERLEAVED_1F1B, layout=Layout(pp=2, v=2), microbatches=2,
+                     microbatch_size=1, bounds=((0, 1), (1, 2), (2, 3), (3, 4)), activations=(KEEP,) * 4)
     costs = stage_costs(a, cand.bounds, [1.0] * 4)
     actions = _rank_actions(cand)
     choices = recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.AUTO)
-    assert choices == [(True, False, False, False)]
+    assert choices == [(RECOMPUTE, KEEP, KEEP, KEEP)]
     assert recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.NONE) == []
-    assert recompute_choices(costs, cand.owner, actions, lambda r: 10**6, RecomputeMode.AUTO) == [(False,) * 4]
+    assert recompute_choices(costs, cand.owner, actions, lambda r: 10**6, RecomputeMode.AUTO) == [(KEEP,) * 4]

@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 
 from autopp.data.cluster import Cluster
+from autopp.data.layout import Layout, LayoutPins
 from autopp.errors import InfeasibleError
 from autopp.data.profile import LiveValue, Profile
-from autopp.schedule import ScheduleName, describe
+from autopp.schedule import Activation, ScheduleName, describe
 from autopp.solve import PlanRequest, make_plan
 from autopp.solve.search.search import search
 from autopp.solve.search.runnable import split_backward_refusal, weight_only_sends
@@ -63,8 +64,9 @@ def _profile() -> Profile:
 
 
 def _request(schedule: ScheduleName | None, synthesize: bool = False) -> PlanRequest:
-    return PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2**40), global_batch=8, schedule=schedule, pp=4,
-                       dp=1, num_microbatches=8, synthesize=synthesize, synth_time_limit_s=2.0)
+    return PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2**40), global_batch=8, schedule=schedule,
+                       pins=LayoutPins(pp=4, dp=1), num_microbatches=8, synthesize=synthesize,
+                       synth_time_limit_s=2.0)
 
 
 def test_a_pinned_split_backward_schedule_is_refused_at_planning_with_the_reason() -> None:
@@ -99,8 +101,10 @@ def test_values_every_reader_holds_cross_no_cut() -> None:
 
 def test_a_pinned_configuration_torch_cannot_run_says_so_in_its_notes() -> None:
     from autopp.solve import Pinned, evaluate_pinned
-    pinned = Pinned(schedule=ScheduleName.ZBV_ZERO_BUBBLE, pp=2, virtual_stages=2, microbatches=4, microbatch_size=2,
-                    bounds=((0, 2), (2, 4), (4, 6), (6, 8)), source="trainer.toml")
+    from autopp.solve.search.judge import Candidate
+    pinned = Pinned(candidate=Candidate(schedule=ScheduleName.ZBV_ZERO_BUBBLE, layout=Layout(pp=2, v=2), microbatches=4,
+                                        microbatch_size=2, bounds=((0, 2), (2, 4), (4, 6), (6, 8)),
+                                        activations=(Activation.KEEP,) * 4), source="trainer.toml")
     plan = evaluate_pinned(_profile(), Cluster(num_devices=2, memory_bytes=2**40), pinned)
     assert [n for n in plan.notes if n.startswith("does not run")] == [
         "does not run (ZBVZeroBubble): stage 1 sends on 'bias', made from its parameters only, whose gradient "
@@ -108,7 +112,7 @@ def test_a_pinned_configuration_torch_cannot_run_says_so_in_its_notes() -> None:
         "does not run (ZBVZeroBubble): stage 1 sends on 'bias2', made from its parameters only, whose gradient "
         "torch's split I/W backward drops (the runner refuses it)"]
     # One wording for the planner's exclusions and a pinned configuration's notes.
-    why = split_backward_refusal(_t5_like(), pinned.bounds, "ZBVZeroBubble")
+    why = split_backward_refusal(_t5_like(), pinned.candidate.bounds, "ZBVZeroBubble")
     assert why is not None and plan.notes[-2].removeprefix("does not run (ZBVZeroBubble): ") in why
 
 
@@ -120,14 +124,14 @@ def test_a_faster_baseline_split_the_runner_refuses_does_not_replace_the_dp_spli
     from autopp.solve.assemble.from_verdict import plan_from_verdict
     from autopp.solve.search.judge import Candidate, judge
 
-    profile, request = _profile(), replace(_request(ScheduleName.ZBV_ZERO_BUBBLE), pp=2,
+    profile, request = _profile(), replace(_request(ScheduleName.ZBV_ZERO_BUBBLE), pins=LayoutPins(pp=2),
                                            cluster=Cluster(num_devices=2, memory_bytes=2**40))
     a = ProfileTable(profile).arrays(1)
     dp_split = ((0, 3), (3, 5), (5, 7), (7, 8))
     assert weight_only_sends(_t5_like(), dp_split) == []
-    best = judge(a, request.cluster, Candidate(schedule=ScheduleName.ZBV_ZERO_BUBBLE, pp=2, dp=1, v=2,
+    best = judge(a, request.cluster, Candidate(schedule=ScheduleName.ZBV_ZERO_BUBBLE, layout=Layout(pp=2, v=2),
                                                microbatches=8, microbatch_size=1, bounds=dp_split,
-                                               recompute=(False,) * 4))
+                                               activations=(Activation.KEEP,) * 4))
     plan = plan_from_verdict(profile, request, best, a)
     even = plan.baselines["even"]
     assert even.step_time_s < best.step_s and weight_only_sends(_t5_like(), even.stage_units) != []  # the trap
@@ -146,9 +150,9 @@ def test_the_chosen_schedule_is_not_noted_as_excluded() -> None:
     p = synthetic_profile(8)
     profile = Profile(replace(p.meta, live_values=tuple(values)), p.units, p.edges)
     excluded: dict[str, str] = {}
-    request = replace(_request(ScheduleName.ZBV_ZERO_BUBBLE), pp=None, dp=None, num_microbatches=4)
+    request = replace(_request(ScheduleName.ZBV_ZERO_BUBBLE), pins=LayoutPins(dp=None), num_microbatches=4)
     search(profile, request, excluded=excluded)
     assert excluded["ZBVZeroBubble"].startswith("ZBVZeroBubble excluded: with its split, stage 1 sends on 'w'")
     plan = make_plan(profile, request)
-    assert plan.schedule is ScheduleName.ZBV_ZERO_BUBBLE and (plan.pp, plan.dp) == (2, 2)
+    assert plan.schedule is ScheduleName.ZBV_ZERO_BUBBLE and (plan.layout.pp, plan.layout.dp) == (2, 2)
     assert not any("excluded" in n for n in plan.notes)

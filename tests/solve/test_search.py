@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autopp.data.cluster import DEFAULT_LINK, Cluster
+from autopp.data.layout import Layout, LayoutPins
 from autopp.errors import InfeasibleError
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
@@ -28,9 +29,9 @@ def test_pinned_microbatches(shipped_gpt: Profile) -> None:
 
 
 def test_smallest_memory_is_exact(shipped_gpt: Profile) -> None:
-    with pytest.raises(InfeasibleError, match=r"the smallest that works is .*use --memory (\d+)") as info:
+    with pytest.raises(InfeasibleError, match=r"the smallest that works is .*use `memory_bytes` (\d+)") as info:
         _plan(shipped_gpt, memory=2**20, global_batch=4)
-    need = int(info.value.args[0].split("--memory ")[1].split()[0])
+    need = int(info.value.args[0].split("`memory_bytes` ")[1].split()[0])
     assert max(_plan(shipped_gpt, memory=need, global_batch=4).predicted.peak_memory_bytes) <= need
     with pytest.raises(InfeasibleError):
         _plan(shipped_gpt, memory=need - 1, global_batch=4)
@@ -54,12 +55,13 @@ def test_determinism(shipped_gpt: Profile) -> None:
 
 import json  # noqa: E402
 
-from autopp.schedule import ScheduleName, simulate_named  # noqa: E402
+from autopp.schedule import Activation, ScheduleName, simulate_named  # noqa: E402
 from autopp.solve import RecomputeMode  # noqa: E402
 from autopp.costmodel import comm_times, message_overheads, progress_delays, stage_costs, unit_arrays  # noqa: E402
 from autopp.data.synthetic_profile import synthetic_profile  # noqa: E402
 
 GiB = 2**30
+KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
 
 
 def _synth(devices: int = 4, memory: float = 80, **kw) -> Plan:  # type: ignore[no-untyped-def]
@@ -69,8 +71,8 @@ def _synth(devices: int = 4, memory: float = 80, **kw) -> Plan:  # type: ignore[
 
 def test_default_plan_is_runnable_1f1b_without_dp() -> None:
     plan = _synth(global_batch=16)
-    assert plan.schedule is ScheduleName.ONE_F_ONE_B and plan.dp == 1 and plan.pp == plan.num_ranks == 4
-    assert [s.rank for s in plan.stages] == [0, 1, 2, 3] and not any(s.recompute for s in plan.stages)
+    assert plan.schedule is ScheduleName.ONE_F_ONE_B and plan.layout == Layout(pp=4) and plan.num_ranks == 4
+    assert [s.rank for s in plan.stages] == [0, 1, 2, 3] and all(s.activation is KEEP for s in plan.stages)
 
 
 @pytest.mark.integration  # plans several 8-device searches (~1 s each)
@@ -81,8 +83,8 @@ def test_predicted_figures_are_the_simulators() -> None:
     owner = [s.rank for s in plan.stages]
     cluster = Cluster(num_devices=4, memory_bytes=80 * GiB)
     costs = stage_costs(a, bounds, [1.0] * len(bounds), message_overheads(cluster, owner))
-    sim = simulate_named(plan.schedule, plan.pp, plan.num_microbatches, costs,
-                         comm_times(a, cluster, bounds, owner), plan.virtual_stages, [s.recompute for s in plan.stages],
+    sim = simulate_named(plan.schedule, plan.layout.pp, plan.num_microbatches, costs,
+                         comm_times(a, cluster, bounds, owner), plan.layout.v, [s.activation for s in plan.stages],
                          progress_delays(cluster, owner))
     assert plan.predicted.step_time_s == sim.step_time_s
     assert [s.progress_s for s in plan.stages] == [*progress_delays(cluster, owner), 0.0]
@@ -101,26 +103,26 @@ def test_auto_schedule_is_no_slower_than_1f1b_and_baselines() -> None:
 
 @pytest.mark.integration  # plans over every dp on 8 devices (~2.5 s)
 def test_data_parallel_adds_the_allreduce() -> None:
-    plan = _synth(devices=8, global_batch=32, dp=2)
-    assert (plan.pp, plan.dp, plan.num_ranks, plan.global_batch) == (4, 2, 8, 32)
+    plan = _synth(devices=8, global_batch=32, pins=LayoutPins(dp=2))
+    assert (plan.layout.pp, plan.layout.dp, plan.num_ranks, plan.global_batch) == (4, 2, 8, 32)
     assert plan.predicted.allreduce_s > 0
-    auto = _synth(devices=8, global_batch=32, dp=None)
+    auto = _synth(devices=8, global_batch=32, pins=LayoutPins(dp=None))
     assert auto.predicted.step_time_s <= plan.predicted.step_time_s
 
 
 @pytest.mark.integration  # plans several 8-device searches (~1 s each)
 def test_virtual_stages_place_stages_on_ranks() -> None:
-    plan = _synth(global_batch=16, schedule=ScheduleName.INTERLEAVED_1F1B, virtual_stages=2)
+    plan = _synth(global_batch=16, schedule=ScheduleName.INTERLEAVED_1F1B, pins=LayoutPins(v=2))
     assert len(plan.stages) == 8 and [s.rank for s in plan.stages] == [0, 1, 2, 3, 0, 1, 2, 3]
     v = _synth(global_batch=16, schedule=ScheduleName.ZBV_ZERO_BUBBLE)
-    assert [s.rank for s in v.stages] == [0, 1, 2, 3, 3, 2, 1, 0] and v.virtual_stages == 2
+    assert [s.rank for s in v.stages] == [0, 1, 2, 3, 3, 2, 1, 0] and v.layout.v == 2
 
 
 def test_recompute_auto_rescues_a_tight_memory() -> None:
-    with pytest.raises(InfeasibleError, match="--recompute auto fits"):
+    with pytest.raises(InfeasibleError, match="`recompute` auto fits"):
         _synth(memory=10.5, global_batch=16)
     plan = _synth(memory=10.5, global_batch=16, recompute=RecomputeMode.AUTO)
-    assert any(s.recompute for s in plan.stages) and max(plan.predicted.peak_memory_bytes) <= 10.5 * GiB
+    assert any(s.activation is RECOMPUTE for s in plan.stages) and max(plan.predicted.peak_memory_bytes) <= 10.5 * GiB
 
 
 @pytest.mark.integration  # a brute force over every split x recompute choice (~5 s)
@@ -132,28 +134,29 @@ def test_recompute_auto_chooses_stage_by_stage_and_equals_the_brute_force() -> N
     profile = synthetic_profile(12)
     cluster = Cluster(num_devices=4, memory_bytes=int(11 * GiB))
     plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=16, recompute=RecomputeMode.AUTO))
-    flags = [s.recompute for s in plan.stages]
-    assert any(flags) and not all(flags)
-    want = brute_force(unit_arrays(profile, plan.microbatch_size), cluster, plan.schedule, pp=plan.pp, v=1,
+    redone = [s.activation is RECOMPUTE for s in plan.stages]
+    assert any(redone) and not all(redone)
+    assert plan.layout == Layout(pp=4)
+    want = brute_force(unit_arrays(profile, plan.microbatch_size), cluster, plan.schedule, layout=plan.layout,
                        m=plan.num_microbatches, microbatch_size=plan.microbatch_size).best
     assert want is not None and plan.predicted.step_time_s == want.step_s
 
 
 def test_recompute_stages_pins_which_stages_recompute() -> None:
     plan = _synth(global_batch=16, recompute_stages=(0, 2))
-    assert [s.recompute for s in plan.stages] == [True, False, True, False]
+    assert [s.activation for s in plan.stages] == [RECOMPUTE, KEEP, RECOMPUTE, KEEP]
     assert plan.predicted.step_time_s > _synth(global_batch=16).predicted.step_time_s  # recomputing costs time
 
 
 def test_infeasible_says_memory_and_devices() -> None:
-    with pytest.raises(InfeasibleError, match=r"more per device\); use --memory \d+ or more.*devices fit"):
+    with pytest.raises(InfeasibleError, match=r"more per device\); use `memory_bytes` \d+ or more.*devices fit"):
         _synth(memory=8, global_batch=16, recompute=RecomputeMode.AUTO)
 
 
 @pytest.mark.integration  # plans several 8-device searches (~1 s each)
 def test_byte_identical_json() -> None:
-    one = json.dumps(_synth(global_batch=16, schedule=None, dp=None, devices=8).to_json())
-    two = json.dumps(_synth(global_batch=16, schedule=None, dp=None, devices=8).to_json())
+    one = json.dumps(_synth(global_batch=16, schedule=None, pins=LayoutPins(dp=None), devices=8).to_json())
+    two = json.dumps(_synth(global_batch=16, schedule=None, pins=LayoutPins(dp=None), devices=8).to_json())
     assert one == two
 
 
@@ -181,14 +184,15 @@ def test_plan_on_nodes_pays_each_hop_on_the_link_it_crosses() -> None:
     intra, inter = Link(latency_s=5e-6, bandwidth_bytes_per_s=450e9), Link(latency_s=1e-5, bandwidth_bytes_per_s=5e9)
     nodes = hierarchical_cluster(Nodes(count=2, devices_per_node=4, intra=intra, inter=inter), 80 * GiB)
     profile = synthetic_profile(12)
-    plan = make_plan(profile, PlanRequest(cluster=nodes, global_batch=16, pp=4, dp=2, num_microbatches=8))
+    plan = make_plan(profile, PlanRequest(cluster=nodes, global_batch=16, pins=LayoutPins(pp=4, dp=2),
+                                          num_microbatches=8))
     a = unit_arrays(profile, plan.microbatch_size)
     bounds, owner = tuple(s.units for s in plan.stages), [0, 1, 2, 3]
     costs = stage_costs(a, bounds, [1.0] * 4, [0.0] * 4)
 
     def by_hand(links: list[Link], data: Link) -> float:
         comm = [transfer_time(lk, float(a.cut[j])) for lk, (_, j) in zip(links, bounds[:-1])]
-        sim = simulate_named(ScheduleName.ONE_F_ONE_B, 4, 8, costs, comm, 1, [False] * 4, [0.0] * 3)
+        sim = simulate_named(ScheduleName.ONE_F_ONE_B, 4, 8, costs, comm, 1, [KEEP] * 4, [0.0] * 3)
         grads = max(float(a.grads[i:j].sum()) for i, j in bounds)
         ring = allreduce_time(grads, 2, Cluster(num_devices=2, memory_bytes=1, link=data))
         return sim.step_time_s + ring + optimizer_time(a, bounds, owner)
@@ -197,8 +201,8 @@ def test_plan_on_nodes_pays_each_hop_on_the_link_it_crosses() -> None:
                                                    zip((intra, inter, intra), bounds[:-1])]
     assert plan.predicted.step_time_s == pytest.approx(by_hand([intra, inter, intra], intra), rel=1e-12)
     flat = Cluster(num_devices=8, memory_bytes=80 * GiB, link=inter)  # plan --device before clusters of nodes
-    cand = Candidate(schedule=ScheduleName.ONE_F_ONE_B, pp=4, dp=2, v=1, microbatches=8,
-                     microbatch_size=plan.microbatch_size, bounds=bounds, recompute=(False,) * 4)
+    cand = Candidate(schedule=ScheduleName.ONE_F_ONE_B, layout=Layout(pp=4, dp=2), microbatches=8,
+                     microbatch_size=plan.microbatch_size, bounds=bounds, activations=(KEEP,) * 4)
     slow = judge(a, flat, cand).step_s
     assert slow == pytest.approx(by_hand([inter] * 3, inter), rel=1e-12)
     assert plan.predicted.step_time_s < slow

@@ -10,7 +10,6 @@ from ...costmodel import ProfileTable
 from ...schedule import Activation
 from ...errors import InfeasibleError
 from ...data.plan import Plan
-from ...data.zero import NO_ZERO
 from ...data.profile import Profile
 from .from_verdict import plan_from_verdict
 from .reorder import synthesized
@@ -27,8 +26,8 @@ __all__ = ["GPU_PROGRESS_NOTE", "make_plan"]
 log = logging.getLogger(__name__)
 
 GPU_PROGRESS_NOTE = ("the links hold each message up to progress_s while its sender computes, as gloo does on a CPU "
-                     "host (the default link); NCCL between GPUs does not: plan with --progress-delay 0 (with "
-                     "--cluster: progress_s 0 on every link) or a links file measured on the GPUs")
+                     "host (the default link); NCCL between GPUs does not: plan with `progress_s` 0 on every link "
+                     "or a links file measured on the GPUs")
 
 
 def _placement_config(req: PlanRequest, n: int, best: Verdict | None) -> Config | None:
@@ -73,7 +72,7 @@ def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
     if request.pins.tp is not None or profile.meta.tp_degrees:
         return []
     why = profile.meta.extra.get("tp_skipped")
-    return [f"`tp` searched over 1 only: the profile has no tensor-parallel rows (tp.csv)"
+    return [f"with `tp` searched, only tp 1 was: the profile has no tensor-parallel rows (tp.csv)"
             f"{': ' + why if why else ''}; profile with `tp_degrees` T, T a degree the model's TP plan allows"]
 
 
@@ -91,7 +90,8 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     if best is None and request.schedule is not None and request.schedule.value in excluded:
         raise InfeasibleError(excluded[request.schedule.value])
     pins = request.pins
-    if best is None and PARALLEL_KEY in excluded and (pins.tp not in (None, 1) or pins.zero not in (None, NO_ZERO)):
+    sharded = pins.zero is not None and not pins.zero.replicated
+    if best is None and PARALLEL_KEY in excluded and (pins.tp not in (None, 1) or sharded):
         raise InfeasibleError(excluded[PARALLEL_KEY])
     if best is None:
         raise explain_infeasible(profile, request, n_cfg)

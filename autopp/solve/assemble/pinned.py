@@ -8,7 +8,7 @@ from ...data.cluster import Cluster
 from ...data.layout import LayoutPins
 from ...data.plan import Plan
 from ...data.profile import Profile
-from ...errors import InfeasibleError, PlanError, ScheduleError
+from ...errors import InfeasibleError, LayoutError, PlanError, ScheduleError
 from ...schedule import Activation, describe, listed
 from ..search.judge import Candidate, Verdict, judge
 from ..search.request import Config, PlanRequest, RecomputeMode, configs
@@ -19,7 +19,7 @@ from .make import make_plan
 
 __all__ = ["Pinned", "check_pinned", "evaluate_pinned", "SPLIT_NOTE", "check_split", "plan_split"]
 
-SPLIT_NOTE = "split pinned by --split: evaluated, not searched"
+SPLIT_NOTE = "split pinned (`split`): evaluated, not searched"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,9 +64,10 @@ def check_pinned(p: Pinned, num_units: int, num_devices: int) -> None:
     on its layout's `num_devices` devices: what `evaluate_pinned` checks, for callers that check before planning."""
     _check(p, num_units)
     layout = p.candidate.layout
-    if layout.world != num_devices:
-        raise PlanError(f"{p.source}: {layout.describe()} = {layout.world} ranks, but the cluster has {num_devices} "
-                        f"devices; plan for {layout.world} devices")
+    try:
+        layout.check_devices(num_devices)
+    except LayoutError as exc:
+        raise PlanError(f"{p.source}: {exc}; plan for {layout.world} devices") from None
 
 
 def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:

@@ -144,7 +144,7 @@ def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> 
     """An InfeasibleError whose message says what would make the request feasible."""
     if num_configs == 0:  # with a tensor-parallel degree, on its groups of devices (one pipeline rank each)
         tp = req.pins.tp or 1
-        return _no_config(profile, req.view(Layout(tp=tp)), tp)
+        return _no_config(profile, req.view(tp), tp)
     needs = [smallest_memory(profile, req, rc) for rc in DP_MODES[req.recompute]]
     need = min((x for x in needs if x is not None), default=None)
     head = (f"no split of {profile.num_units} units fits in {format_size(req.cluster.memory_bytes)} per device "

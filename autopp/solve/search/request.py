@@ -6,10 +6,10 @@ import enum
 from dataclasses import dataclass, replace
 
 from ...data.cluster import Cluster
-from ...data.layout import Layout, LayoutPins
+from ...data.layout import Layout, LayoutPins, check_planned
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
 from ...errors import LayoutError, ScheduleError
-from ...schedule import NAMED, Activation, ScheduleName, describe, listed
+from ...schedule import NAMED, Activation, ScheduleName, chosen, describe, listed
 from .judge import Candidate
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "replica_counts", "microbatch_counts", "zero_stages",
@@ -60,6 +60,7 @@ class PlanRequest:
     def __post_init__(self) -> None:
         if self.global_batch < 1:
             raise LayoutError(f"`global_batch` must be >= 1, got {self.global_batch}")
+        check_planned(self.pins)
         self.pins.check_devices(self.cluster.num_devices)
         self._check_tp()
         if self.num_microbatches is not None and self.global_batch % self.num_microbatches:
@@ -93,20 +94,17 @@ class PlanRequest:
             raise LayoutError(f"tp={tp} neither fits in a node of {nodes.devices_per_node} devices nor spans whole "
                               f"nodes: give a divisor or a multiple of {nodes.devices_per_node}")
 
-    def view(self, layout: Layout) -> PlanRequest:
-        """The request as `layout`'s groups see it: each group of cp x tp devices is one pipeline rank
-        (`Cluster.tp_groups`), so the pipeline x data-parallel search runs on the groups unchanged."""
+    def view(self, group: int) -> PlanRequest:
+        """The request as groups of `group` devices (a layout's `group`: cp x tp) see it: each group is one pipeline
+        rank (`Cluster.tp_groups`), so the pipeline x data-parallel search runs on the groups unchanged."""
         pins = replace(self.pins, cp=1, tp=1)
-        if layout.group == 1:
+        if group == 1:
             return replace(self, pins=pins)
-        return replace(self, cluster=self.cluster.tp_groups(layout.group), pins=pins)
+        return replace(self, cluster=self.cluster.tp_groups(group), pins=pins)
 
     def pinned_activations(self, num_stages: int) -> tuple[Activation, ...] | None:
         """The per-stage policies `recompute_stages` pins for `num_stages` stages (None: not pinned)."""
-        if self.recompute_stages is None:
-            return None
-        return tuple(Activation.RECOMPUTE if s in self.recompute_stages else Activation.KEEP
-                     for s in range(num_stages))
+        return None if self.recompute_stages is None else chosen(num_stages, self.recompute_stages)
 
     def _check_recompute_stages(self) -> None:
         stages = self.recompute_stages
@@ -182,7 +180,7 @@ def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,)) -> list[C
     """Every valid configuration of the request for a model of `n` units, for each tensor-parallel degree in
     `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`)."""
     return [replace(c, layout=replace(c.layout, tp=tp, zero=zero)) for tp in degrees
-            for c in _pipeline_configs(req.view(Layout(tp=tp)), n) for zero in zero_stages(req, c.layout.dp)]
+            for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)]
 
 
 def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:

@@ -4,14 +4,14 @@ data-parallel terms (autopp.costmodel.parallel): what the search, the judge and 
 from __future__ import annotations
 
 from ...costmodel import ProfileTable, UnitArrays, allreduce_times, data_sharded, tensor_parallel
-from ...data.layout import Layout
+from ...data.layout import Layout, UnitView
 from ...data.profile import Profile
 from .request import PlanRequest, tp_choices
 
 __all__ = ["ArraysKey", "arrays_key", "Views"]
 
 #: (microbatch size, the layout's unit view): what a configuration's unit arrays depend on.
-ArraysKey = tuple[int, Layout]
+ArraysKey = tuple[int, UnitView]
 
 
 def arrays_key(b: int, layout: Layout) -> ArraysKey:
@@ -33,10 +33,10 @@ class Views:
         """The tensor-parallel degrees to search (`tp_choices` over the profile's `tp_degrees`)."""
         return tuple(tp_choices(self.req, tuple(self.profile.meta.tp_degrees)))
 
-    def request(self, layout: Layout) -> PlanRequest:
+    def request(self, layout: Layout | UnitView) -> PlanRequest:
         """The request as `layout`'s groups of devices see it (`PlanRequest.view`)."""
         if layout.group not in self._requests:
-            self._requests[layout.group] = self.req.view(layout)
+            self._requests[layout.group] = self.req.view(layout.group)
         return self._requests[layout.group]
 
     def arrays(self, b: int, layout: Layout = Layout()) -> UnitArrays:

@@ -1,0 +1,35 @@
+"""Versions of plan.json, and the upgrade of an older readable version to the current one (docs/plan-format.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import PlanError
+from ..schedule.activation import Activation
+from .fields import Fields
+
+__all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "upgraded"]
+
+#: Version 2: each stage's `activation` policy (a name) replaces version 1's `recompute` flag; the layout's fields
+#: are those of version 1 (`cp` and `ep` written only when above 1). Version 1 plans still load (`upgraded`).
+PLAN_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+
+def upgraded(data: dict[str, Any], f: Fields = Fields("plan", PlanError)) -> dict[str, Any]:
+    """Plan JSON of a readable version as the current version writes it: version 1's per-stage `recompute` flag
+    becomes the `activation` policy's name. Fields are checked afterwards, by `Plan.from_json`."""
+    if data.get("version") == PLAN_VERSION:
+        return data
+    stages = data.get("stages")
+    if isinstance(stages, list):
+        stages = [_upgraded_stage(s, f.at(f"stage {i}")) for i, s in enumerate(stages)]
+    return {**data, "version": PLAN_VERSION, "stages": stages}
+
+
+def _upgraded_stage(s: Any, f: Fields) -> Any:
+    if not isinstance(s, dict) or "recompute" not in s:
+        return s
+    flag = f.flag(s["recompute"], "recompute")
+    rest = {k: v for k, v in s.items() if k != "recompute"}
+    return {**rest, "activation": (Activation.RECOMPUTE if flag else Activation.KEEP).value}
