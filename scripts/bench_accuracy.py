@@ -34,11 +34,11 @@ from pathlib import Path
 
 from autopp.data.cluster import DEFAULT_LINK, Cluster, Link
 from autopp.data.layout import LayoutPins
-from autopp.measure import profile_model
+from autopp.measure import MeasureOptions, ProfileOptions, profile_model
 from autopp.measure.links import load_link, measure_links
 from autopp.data.profile import Profile, load_profile
 from autopp.data.plan import Plan
-from autopp.run import RunReport, run_plan
+from autopp.run import RunOptions, RunReport, run_plan
 from autopp.run.calibrate import calibrate_links
 from autopp.schedule import ScheduleName, StageCost, describe, simulate_named
 from autopp.solve import PlanRequest, make_plan
@@ -51,8 +51,8 @@ def _profile(model: Path, args: argparse.Namespace) -> Profile:
     --co-runners processes training the model beside it."""
     if not args.reprofile:
         return load_profile(ROOT / "profiles" / model.stem)
-    return profile_model(model, microbatch_sizes=(args.microbatch_size,), repeats=7, warmup=2,
-                         co_runners=args.co_runners)
+    return profile_model(model, ProfileOptions(microbatch_sizes=(args.microbatch_size,)),
+                         MeasureOptions(repeats=7, warmup=2, co_runners=args.co_runners))
 
 
 def _link(args: argparse.Namespace) -> Link:
@@ -73,7 +73,7 @@ def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile
                           num_microbatches=m, schedule=name,
                           pins=LayoutPins(pp=2, v=None if describe(name).single_stage else 2))
     plan = make_plan(profile, request)
-    report = run_plan(plan, steps=args.steps, timeout_s=args.timeout, check=False)
+    report = run_plan(plan, RunOptions(steps=args.steps, timeout_s=args.timeout, check=False))
     steady = list(report.step_times_s[1:]) or list(report.step_times_s)
     measured = statistics.median(steady)
     predicted = plan.predicted.step_time_s

@@ -27,7 +27,7 @@ from pathlib import Path
 from autopp.costmodel.roofline import Efficiency, UnitError, default_efficiency
 from autopp.data.catalog import DeviceSpec, load_device
 from autopp.data.profile import Profile, load_profile
-from autopp.measure import profile_model
+from autopp.measure import MeasureOptions, ProfileOptions, profile_model
 from autopp.measure.analytic import ModelCounts, count_model, fit_measured, unit_errors
 from autopp.model.hf import load_model
 
@@ -40,11 +40,12 @@ def _measured(model: str, counts: ModelCounts, directory: Path, args: argparse.N
     if (directory / "meta.json").is_file():
         p = load_profile(directory)
         if (p.meta.fingerprint == counts.fingerprint and p.unit_peak_bytes()
-                and list(p.meta.microbatch_sizes) == counts.sizes):
+                and tuple(p.meta.microbatch_sizes) == counts.options.microbatch_sizes):
             return p
     print(f"measuring {model} ...", file=sys.stderr)
     source = counts.mf if model.endswith(".json") else str(counts.mf.path)  # a config: the ModelFile built from it
-    p = profile_model(source, counts.sizes, warmup=args.warmup, repeats=args.repeats, compare_whole=False)
+    measuring = MeasureOptions(warmup=args.warmup, repeats=args.repeats, compare_whole=False)
+    p = profile_model(source, counts.options, measuring)
     p.save(directory)
     return load_profile(directory)
 
@@ -94,7 +95,7 @@ def memory_table(data: dict[str, tuple[Profile, ModelCounts]], all_sizes: bool) 
             meas, pred = measured[r.unit][r.microbatch_size], r.counts.peak_bytes
             peak_err.append(pred / meas - 1 if meas else 0.0)
             total_err.append((static + pred) / (static + meas) - 1)
-            if all_sizes or r.microbatch_size == c.sizes[-1]:
+            if all_sizes or r.microbatch_size == c.options.microbatch_sizes[-1]:
                 print(f"{name:<18} {c.units[r.unit].name[:20]:<20} {r.microbatch_size:>3} "
                       f"{row['activation_bytes'] / 1024:>10.1f} {r.counts.activation_bytes / 1024:>10.1f} "
                       f"{meas / 1024:>10.1f} {pred / 1024:>10.1f} {peak_err[-1]:>+7.1%} "
@@ -120,7 +121,7 @@ def main() -> int:
         name = Path(model).stem
         start = time.perf_counter()
         counts = count_model(load_model(ROOT / model if not Path(model).is_absolute() else model),
-                             args.microbatch_sizes)
+                             ProfileOptions(microbatch_sizes=args.microbatch_sizes))
         print(f"counted {model} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         data[name] = (_measured(model, counts, args.profiles / name, args), counts)
     print(f"device: cpu catalog entry (peak {spec.peak('float32') / 1e9:.1f} GFLOP/s float32, "

@@ -28,7 +28,7 @@ from autopp.data.cluster import DEFAULT_LINK, Cluster
 from autopp.data.layout import LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile, load_profile
-from autopp.run import run_plan
+from autopp.run import RunOptions, run_plan
 from autopp.run.report import median_step_time
 from autopp.schedule import ScheduleName
 from autopp.sizes import parse_size
@@ -65,7 +65,7 @@ def run_rounds(plans: dict[str, Plan], rounds: int, steps: int, timeout_s: float
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            report = run_plan(plans[name], steps=steps, timeout_s=timeout_s)
+            report = run_plan(plans[name], RunOptions(steps=steps, timeout_s=timeout_s))
             med = median_step_time(report.step_times_s)
             measured[name].append(float("nan") if med is None else med)
             print(f"  round {r + 1} {name:<7} {measured[name][-1]:.4f} s (passed={report.passed})",

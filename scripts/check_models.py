@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 from autopp.data.cluster import Cluster  # noqa: E402
 from autopp.data.layout import LayoutPins  # noqa: E402
 from autopp.errors import AutoppError  # noqa: E402
-from autopp.measure import profile_model  # noqa: E402
+from autopp.measure import MeasureOptions, ProfileOptions, profile_model  # noqa: E402
 from autopp.data.plan import Plan  # noqa: E402
 from autopp.data.profile import Profile  # noqa: E402
-from autopp.run import run_plan  # noqa: E402
+from autopp.run import RunOptions, run_plan  # noqa: E402
 from autopp.schedule import NAMED, ScheduleName  # noqa: E402
 from autopp.solve import PlanRequest, make_plan  # noqa: E402
 
@@ -77,7 +77,7 @@ def check(profile: Profile, model: str, schedule: str, ranks: int, microbatches:
         return Row(model, schedule, ranks, f"n/a: {_first_line(exc)}")
     planned = f"{plan.schedule.value} v{plan.layout.v} m{plan.num_microbatches}"
     try:
-        report = run_plan(plan, steps=steps, timeout_s=timeout_s, check=False)
+        report = run_plan(plan, RunOptions(steps=steps, timeout_s=timeout_s, check=False))
     except AutoppError as exc:
         return Row(model, schedule, ranks, f"ERROR: {_first_line(exc)}", planned=planned,
                    seconds=time.perf_counter() - start)
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="check-models-") as tmp:
         for model in args.models.split(","):
-            profile = profile_model(ROOT / model, microbatch_sizes=(1,), warmup=1, repeats=1, compare_whole=False)
+            profile = profile_model(ROOT / model, ProfileOptions(microbatch_sizes=(1,)),
+                                    MeasureOptions(warmup=1, repeats=1, compare_whole=False))
             profile.save(Path(tmp) / Path(model).stem)
             for schedule in args.schedules.split(","):
                 rows.append(check(profile, model, schedule, args.ranks, args.microbatches, args.steps, args.timeout))

@@ -128,14 +128,15 @@ def profile_for(run: Published, tp: tuple[int, ...]) -> Profile:
         cached = load_profile(out)
         if set(tp) <= set(cached.meta.tp_degrees):
             return cached
+    from autopp.measure import ProfileOptions
     from autopp.measure.analytic import analytic_profile
     from autopp.data.hf_config import hf_source
     from autopp.model.hf import load_model
     source = hf_source(ROOT / run.config, run.seq_len, "causal-lm")
     print(f"counting {run.config} at seq {run.seq_len} (TP {list(tp)}) ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    profile = analytic_profile(load_model(source.config_path, source.to_json()), DEVICE, MICROBATCH_SIZES,
-                               dtype="bfloat16", optimizer="adamw", tp_degrees=tp)
+    options = ProfileOptions(microbatch_sizes=MICROBATCH_SIZES, dtype="bfloat16", optimizer="adamw", tp_degrees=tp)
+    profile = analytic_profile(load_model(source.config_path, source.to_json()), DEVICE, options)
     profile = replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "hf_config": source.to_json()}))
     profile.save(out)
     print(f"  {time.perf_counter() - start:.0f} s, saved {out.relative_to(ROOT)}/", file=sys.stderr, flush=True)

@@ -71,8 +71,9 @@ def shipped_gpt() -> Profile:
 @pytest.fixture(scope="session")
 def gpt_profile(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A quick profile of examples/gpt.py (1 repeat), saved and loaded back."""
-    from autopp.measure import profile_model
+    from autopp.measure import MeasureOptions, ProfileOptions, profile_model
     from autopp.data.profile import load_profile
     out = tmp_path_factory.mktemp("profiles") / "gpt"
-    profile_model(EXAMPLES / "gpt.py", microbatch_sizes=(1, 2), warmup=1, repeats=1).save(out)
+    profile_model(EXAMPLES / "gpt.py", ProfileOptions(microbatch_sizes=(1, 2)),
+                  MeasureOptions(warmup=1, repeats=1)).save(out)
     return load_profile(out)

@@ -12,6 +12,7 @@ from .common import progress
 if TYPE_CHECKING:
     from ..costmodel.roofline import Calibration
     from ..data.profile import Profile
+    from ..measure.options import ProfileOptions
     from ..model.contract import ModelFile
 
 __all__ = ["MEASURING_FLAGS", "add_analytic_arguments", "check_analytic", "analytic_of"]
@@ -65,11 +66,10 @@ def check_analytic(args: argparse.Namespace) -> None:
     _calibration(args, spec.name)
 
 
-def analytic_of(args: argparse.Namespace, model: str | ModelFile, sizes: list[int]) -> Profile:
-    """The analytic profile `autopp profile --analytic` asked for."""
+def analytic_of(args: argparse.Namespace, model: str | ModelFile, options: ProfileOptions) -> Profile:
+    """The analytic profile `autopp profile --analytic` asked for, for `options`."""
     from ..data.catalog import load_device
     from ..measure.analytic import analytic_profile  # torch: only once the arguments are known to be good
     spec = load_device(args.analytic)
-    return analytic_profile(model, spec, sizes, dtype=args.dtype, optimizer=args.optimizer,
-                            calibration=_calibration(args, spec.name), progress=progress("counting"),
-                            calibration_path=args.calibration, tp_degrees=getattr(args, "tp", None))
+    return analytic_profile(model, spec, options, calibration=_calibration(args, spec.name),
+                            calibration_path=args.calibration, progress=progress("counting"))

@@ -16,6 +16,7 @@ from .common import COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, comma_sizes, 
 
 if TYPE_CHECKING:
     from ..data.profile import Profile
+    from ..measure.options import MeasureOptions, ProfileOptions
     from ..model.contract import ModelFile
 
 __all__ = ["add_parsers", "profile_for", "add_hf_arguments", "hf_source_of", "model_stem"]
@@ -103,11 +104,26 @@ def model_stem(args: argparse.Namespace) -> str:
     return Path(args.hf_config or args.model).stem
 
 
-def _profiled(model: str | ModelFile, source: HfSource | None, **options: Any) -> Profile:
+def _profiled(model: str | ModelFile, source: HfSource | None, *options: Any) -> Profile:
     """profile_model of the model file, or of the model built from the HF config `source`, whose profile records
-    in `meta.extra["hf_config"]` the sequence length and task it was built for (its `model_path` is the config)."""
+    in `meta.extra["hf_config"]` the sequence length and task it was built for (its `model_path` is the config);
+    `options`: its ProfileOptions and MeasureOptions (none: the defaults)."""
     from ..measure import profile_model  # torch: only once the arguments are known to be good
-    return _with_source(profile_model(model, **options), source)
+    return _with_source(profile_model(model, *options, progress=progress("profiling")), source)
+
+
+def _options(args: argparse.Namespace) -> tuple[ProfileOptions, MeasureOptions | None]:
+    """What `autopp profile` asked for: the ProfileOptions (without --tp: no degree when measuring, every one the
+    plan allows with --analytic) and, when measuring, the MeasureOptions."""
+    from ..measure import MeasureOptions, ProfileOptions  # torch: only once the arguments are known to be good
+    sizes = [args.microbatch_size] if args.microbatch_size else args.microbatch_sizes
+    tp = args.tp if args.tp is not None else (None if args.analytic else ())
+    options = ProfileOptions(microbatch_sizes=sizes, optimizer=args.optimizer, dtype=args.dtype, tp_degrees=tp)
+    if args.analytic:
+        return options, None
+    return options, MeasureOptions(warmup=args.warmup, repeats=args.repeats, threads=args.threads,
+                                   time_budget_s=args.time_budget, device=args.device, co_runners=args.co_runners,
+                                   measure_every_unit=args.measure_every_unit)
 
 
 def _with_source(profile: Profile, source: HfSource | None) -> Profile:
@@ -134,16 +150,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / stem,
                               "-o" if args.output else None, marker="meta.json", kind="profile")
     from ..display import format_profile
-    sizes = [args.microbatch_size] if args.microbatch_size else args.microbatch_sizes
     try:
-        if args.analytic:  # counted on meta, timed by the catalog device's roofline (autopp.cli.analytic)
-            profile = _with_source(analytic_of(args, _model_of(args, source), sizes), source)
+        options, measuring = _options(args)
+        if measuring is None:  # counted on meta, timed by the catalog device's roofline (autopp.cli.analytic)
+            profile = _with_source(analytic_of(args, _model_of(args, source), options), source)
         else:
-            profile = _profiled(_model_of(args, source), source, microbatch_sizes=sizes, optimizer=args.optimizer,
-                                warmup=args.warmup, repeats=args.repeats, threads=args.threads,
-                                progress=progress("profiling"), time_budget_s=args.time_budget, dtype=args.dtype,
-                                device=args.device, co_runners=args.co_runners,
-                                measure_every_unit=args.measure_every_unit, tp_degrees=args.tp or ())
+            profile = _profiled(_model_of(args, source), source, options, measuring)
     except ValueError as exc:
         raise AutoppError(str(exc)) from None
     end_progress()
@@ -217,7 +229,7 @@ def profile_for(args: argparse.Namespace) -> Profile:
         if profile.meta.fingerprint == current and profile.meta.extra.get("hf_config") == recorded:
             print(f"using profile {default}/", file=sys.stderr)
             return profile
-    profile = _profiled(mf if source else args.model, source, progress=progress("profiling"))
+    profile = _profiled(mf if source else args.model, source)
     end_progress()
     print(f"wrote profile {profile.save(default)}/", file=sys.stderr)
     return profile

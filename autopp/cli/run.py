@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AutoppError
 from ..preflight import check_output_file
 from .common import POSITIVE, SECONDS, end_progress, progress
+
+if TYPE_CHECKING:
+    from ..run.options import RunOptions
 
 __all__ = ["add_parser"]
 
@@ -34,6 +37,20 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_cmd_run)
 
 
+def _options(args: argparse.Namespace) -> RunOptions:
+    """What `autopp run` asked for: torchrun's nodes with --nnodes or --print-torchrun, and `check` off (a failed
+    validation is the report's verdict, and exit status 1)."""
+    from ..run.options import Nodes, RunOptions
+    try:
+        nodes = None
+        if args.nnodes is not None or args.print_torchrun:
+            nodes = Nodes(nnodes=args.nnodes or 1, node_rank=args.node_rank, master_addr=args.master_addr,
+                          master_port=args.master_port)
+        return RunOptions(steps=args.steps, timeout_s=args.timeout, nodes=nodes, work_dir=args.run_dir, check=False)
+    except ValueError as exc:
+        raise AutoppError(str(exc)) from None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from ..data.plan import load_plan
     writes_report = not args.print_torchrun and (args.nnodes is None or args.node_rank == 0)
@@ -41,23 +58,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if writes_report:  # before any rank starts: a bad --report must not cost the run
         check_output_file(out, "--report" if args.report else None)
     plan = load_plan(args.plan)
-    from ..run import Nodes, RunFailedError, format_report, run_plan  # torch: only once the plan is known to be good
+    from ..run import RunFailedError, format_report, run_plan  # torch: only once the plan is known to be good
     from ..run.torchrun import format_commands
-    nodes = None
-    if args.nnodes is not None or args.print_torchrun:
-        try:
-            nodes = Nodes(nnodes=args.nnodes or 1, node_rank=args.node_rank, master_addr=args.master_addr,
-                          master_port=args.master_port)
-        except ValueError as exc:
-            raise AutoppError(str(exc)) from None
+    options = _options(args)
     if args.print_torchrun:
-        assert nodes is not None
-        print(format_commands(Path(args.plan).resolve(), nodes, num_ranks=plan.num_ranks,
-                              run_dir=args.run_dir or "autopp-run", steps=args.steps, timeout_s=args.timeout))
+        print(format_commands(Path(args.plan).resolve(), options, num_ranks=plan.num_ranks,
+                              run_dir=args.run_dir or "autopp-run"))
         return 0
     try:
-        report = run_plan(plan, steps=args.steps, timeout_s=args.timeout, progress=progress("running"),
-                          plan_path=str(Path(args.plan).resolve()), check=False, nodes=nodes, work_dir=args.run_dir)
+        report = run_plan(plan, options, progress=progress("running"), plan_path=str(Path(args.plan).resolve()))
     except RunFailedError as exc:
         end_progress()
         exc.report.save(out)
@@ -66,8 +75,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"logs of the ranks kept in {exc.logs} (rank*.err: each rank's traceback)", file=sys.stderr)
         raise
     end_progress()
-    if nodes is not None and nodes.node_rank != 0:
-        print(f"node {nodes.node_rank}: its ranks finished; node 0 validates and writes the report")
+    if options.nodes is not None and options.nodes.node_rank != 0:
+        print(f"node {options.nodes.node_rank}: its ranks finished; node 0 validates and writes the report")
         return 0
     report.save(out)
     print(format_report(report))

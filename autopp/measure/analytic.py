@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import torch
@@ -29,7 +29,7 @@ from ..model.split import (LiveValue, live_values, model_output, rebuild_output,
 from ..model.units import Unit
 from .counting import PieceCounts, count_piece
 from .memory import PEAK_HOW, static_bytes, value_bytes
-from .options import DTYPES, OPTIMIZER_STATES, check_options
+from .options import OPTIMIZER_STATES, ProfileOptions
 from .pieces import piece_key
 from .settings import Progress, progress_bar
 from .timing import Piece
@@ -59,9 +59,9 @@ class ModelCounts:
     mf: ModelFile
     units: list[Unit]
     fingerprint: str
-    dtype: str
-    optimizer: str
-    sizes: list[int]
+    options: ProfileOptions
+    """The microbatch sizes, dtype and optimizer counted; no tensor-parallel degree (tp_degrees () here: those are
+    `counted_tp_rows`')."""
     rows: list[UnitCount] = field(default_factory=list)
     edges: list[dict[str, Any]] = field(default_factory=list)
     live: list[LiveValue] = field(default_factory=list)
@@ -123,7 +123,7 @@ def _counted_unit(c: ModelCounts, b: int, i: int, module: nn.Module, args: tuple
     """Add unit `i`'s row at size `b` to `c`: counted by `run()`, or copied from the earlier unit `same`."""
     counts = next(r.counts for r in c.rows if r.unit == same and r.microbatch_size == b) if same != i else run()
     tied = {u: g.bytes for g in c.tied for u in g.units if len(g.units) > 1}
-    static = {**static_bytes(module, c.optimizer, DTYPES[c.dtype]), "tied_param_bytes": tied.get(i, 0),
+    static = {**static_bytes(module, c.options.optimizer, c.options.torch_dtype), "tied_param_bytes": tied.get(i, 0),
               "recompute_keep_bytes": value_bytes(args)}
     c.rows.append(UnitCount(i, b, counts, static, None if same == i else same))
 
@@ -133,7 +133,7 @@ def _meta_split(c: ModelCounts, meta: MetaModel, b: int) -> tuple[Pipe, Any, Any
     fake inputs, fake target, the FakeTensorMode)."""
     points = [u.split_point for u in c.units[1:] if u.split_point is not None]
     with _naming(c.mf, f"splitting at microbatch {b}"):
-        pipe, spec, inputs, target = meta_pieces(c.mf, meta, points, b, DTYPES[c.dtype])
+        pipe, spec, inputs, target = meta_pieces(c.mf, meta, points, b, c.options.torch_dtype)
     mode = fake_mode()
     _fake_on_cpu(pipe, mode)
     return pipe, spec, _as_fake_cpu(mode, inputs), _as_fake_cpu(mode, target), mode
@@ -184,18 +184,16 @@ def _merge_edges(c: ModelCounts, b: int) -> None:
     c.edges = others + [{"src": s, "dst": d, "microbatch_size": b, "bytes": n} for (s, d), n in sorted(summed.items())]
 
 
-def count_model(model: str | Path | ModelFile, microbatch_sizes: Any = (1, 4), dtype: str = "float32",
-                optimizer: str = "sgd", progress: Progress = lambda _msg: None) -> ModelCounts:
-    """Count every unit of the model at each microbatch size, on meta and fake tensors only."""
-    sizes = sorted(set(int(b) for b in microbatch_sizes))
-    check_options(sizes, optimizer, dtype)
+def count_model(model: str | Path | ModelFile, options: ProfileOptions = ProfileOptions(),
+                progress: Progress = lambda _msg: None) -> ModelCounts:
+    """Count every unit of the model at each of `options`' microbatch sizes, on meta and fake tensors only."""
     mf = model if isinstance(model, ModelFile) else load_model_file(model)
-    meta, units, model_fingerprint = build_units(mf, DTYPES[dtype])  # as the profiler does
+    meta, units, model_fingerprint = build_units(mf, options.torch_dtype)  # as the profiler does
     params = [p for p in meta.model.parameters() if p.requires_grad]
-    c = ModelCounts(mf, units, model_fingerprint, dtype, optimizer, sizes,
+    c = ModelCounts(mf, units, model_fingerprint, replace(options, tp_degrees=()),
                     tied=tied_groups(meta.model, [u.modules for u in units]),
                     optimizer_numel=sum(p.numel() for p in params), param_tensors=len(params))
-    for b in sizes:
+    for b in options.microbatch_sizes:
         _count_size(c, meta, b, progress)
     return c
 
@@ -215,32 +213,35 @@ def unit_times(counts: PieceCounts, spec: DeviceSpec, dtype: str, eff: Efficienc
 def _optimizer_step_s(c: ModelCounts, spec: DeviceSpec, eff: Efficiency) -> float:
     """The step after the backward as memory traffic: gradients scaled (read + write), the optimizer reading
     parameter, gradient and each state and writing parameter and states; one op per tensor and pass."""
-    states = OPTIMIZER_STATES[c.optimizer]
-    per_element = DTYPES[c.dtype].itemsize * 5 + 4 * 2 * states
+    states = OPTIMIZER_STATES[c.options.optimizer]
+    per_element = c.options.torch_dtype.itemsize * 5 + 4 * 2 * states
     ops = c.param_tensors * (2 + states)
     return c.optimizer_numel * per_element / (spec.memory_bandwidth_bytes_per_s * eff.memory) + ops * eff.op_overhead_s
 
 
-def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec, microbatch_sizes: Any = (1, 4),
-                     dtype: str = "float32", optimizer: str = "sgd", calibration: Calibration | None = None,
-                     progress: Progress = lambda _msg: None, counts: ModelCounts | None = None,
-                     calibration_path: str | None = None, tp_degrees: Iterable[int] | None = None) -> Profile:
-    """The profile of the model on catalog `device` (a name or spec), from counts alone: the same format as a
-    measured profile, every unit's `source` "analytic", the device and calibration in `meta.extra`. With a TP plan
-    (autopp.model.tp), tp.csv rows for `tp_degrees` (None: every degree up to the device's devices per node that
-    the plan allows; a plan or shard that fails then leaves the rows out, and `extra.tp_skipped` says why), each
-    degree's local shard counted the same way (`counted_tp_rows`)."""
+def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
+                     options: ProfileOptions = ProfileOptions(), *, calibration: Calibration | None = None,
+                     calibration_path: str | None = None, counts: ModelCounts | None = None,
+                     progress: Progress = lambda _msg: None) -> Profile:
+    """The profile of the model on catalog `device` (a name or spec) for `options`, from counts alone (`counts`:
+    the model already counted for the same options): the same format as a measured profile, every unit's `source`
+    "analytic", the device and `calibration` (read from `calibration_path`; None: the documented assumptions) in
+    `meta.extra`. With a TP plan (autopp.model.tp), tp.csv rows for `options.tp_degrees`, each degree's local shard
+    counted the same way (`counted_tp_rows`)."""
     spec = device if isinstance(device, DeviceSpec) else load_device(device)
+    dtype = options.dtype
     spec.peak(dtype)  # a device without this dtype fails before any counting
     if calibration is not None:
         calibration.check_dtype(dtype, calibration_path or "calibration")
     eff = calibration.efficiency if calibration is not None else default_efficiency(spec.name)
-    c = counts or count_model(model, microbatch_sizes, dtype, optimizer, progress)
+    if counts is not None and counts.options != replace(options, tp_degrees=()):
+        raise ValueError(f"counts were made for {counts.options}, not for {options}")
+    c = counts or count_model(model, options, progress)
     tp_skipped = None
     try:
-        tp_units, tp_fields = counted_tp_rows(c, spec, eff, tp_degrees, progress)
+        tp_units, tp_fields = counted_tp_rows(c, spec, eff, options.tp_degrees, progress)
     except AutoppError as exc:  # degrees not asked for: the profile without TP rows, and why
-        if tp_degrees is not None:
+        if options.tp_degrees is not None:
             raise
         tp_units, tp_fields, tp_skipped = None, {}, str(exc)
     rows = []
@@ -251,7 +252,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec, mi
                      "source": "analytic", "same_as": -1 if r.same_as is None else r.same_as})
     table = pd.DataFrame(rows).sort_values(["microbatch_size", "unit"], kind="stable").reset_index(drop=True)
     columns = list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS)
-    live = [replace(v, bytes={b: c.value_bytes[b].get(v.name, 0) for b in c.sizes}) for v in c.live]
+    live = [replace(v, bytes={b: c.value_bytes[b].get(v.name, 0) for b in c.options.microbatch_sizes})
+            for v in c.live]
     peaks: dict[str, dict[str, int]] = {str(r.unit): {} for r in c.rows}
     for r in c.rows:
         peaks[str(r.unit)][str(r.microbatch_size)] = r.counts.peak_bytes
@@ -265,31 +267,32 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec, mi
              **({"tp_skipped": tp_skipped} if tp_skipped else {})}
     meta = ProfileMeta(
         model_path=str(c.mf.path), fingerprint=c.fingerprint, unit_names=tuple(u.name for u in c.units),
-        split_points=tuple(u.split_point or "" for u in c.units[1:]), microbatch_sizes=tuple(c.sizes),
+        split_points=tuple(u.split_point or "" for u in c.units[1:]), microbatch_sizes=c.options.microbatch_sizes,
         device=f"analytic {spec.name} ({spec.model})", torch_version=torch.__version__, num_threads=1,
-        optimizer=c.optimizer, repeats=0, warmup=0, extra=extra, dtype=dtype,
+        optimizer=c.options.optimizer, repeats=0, warmup=0, extra=extra, dtype=dtype,
         optimizer_step_s=_optimizer_step_s(c, spec, eff), live_values=tuple(live), tied_parameters=tuple(c.tied),
         **tp_fields)
     return Profile(meta, table[columns], pd.DataFrame(c.edges, columns=list(EDGE_COLUMNS)), tp_units)
 
 
-def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, degrees: Iterable[int] | None,
+def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, degrees: tuple[int, ...] | None,
                     progress: Progress = lambda _msg: None) -> tuple[pd.DataFrame | None, dict[str, Any]]:
     """tp.csv's rows counted (autopp.measure.tp_rows.tp_setup says which degrees; none without a TP plan) and
     ProfileMeta's TP fields: each degree's local shard counted like the model (`count_model`), its times from
     `unit_times`, the collectives counted on the full model."""
     meta = build_meta(c.mf)
-    meta.model.to(DTYPES[c.dtype])
+    meta.model.to(c.options.torch_dtype)
     setup = tp_setup(c.mf, meta.model, degrees, limit=spec.devices_per_node)
     if not setup.degrees:
         return None, {}
-    comms = {b: tp_collectives(c.mf, meta.model, setup.resolved, c.units, b, DTYPES[c.dtype]) for b in c.sizes}
+    comms = {b: tp_collectives(c.mf, meta.model, setup.resolved, c.units, b, c.options.torch_dtype)
+             for b in c.options.microbatch_sizes}
     rows = []
     for t in setup.degrees:
-        local = count_model(local_model_file(c.mf, setup.resolved, t), c.sizes, c.dtype, c.optimizer,
-                            lambda msg: progress(f"{msg} (tp {t})"))
+        local = count_model(local_model_file(c.mf, setup.resolved, t), c.options,
+                            lambda msg: progress(f"{msg} (tp {t})"))  # called before the next degree
         check_same_units(c.mf, t, local.units, c.units)
-        rows += [tp_row({**unit_times(r.counts, spec, c.dtype, eff), **r.static, "unit": r.unit,
+        rows += [tp_row({**unit_times(r.counts, spec, c.options.dtype, eff), **r.static, "unit": r.unit,
                          "microbatch_size": r.microbatch_size, "activation_bytes": r.counts.activation_bytes},
                         t, comms[r.microbatch_size][r.unit]) for r in local.rows]
     table = pd.DataFrame(rows).sort_values(["tp", "microbatch_size", "unit"], kind="stable").reset_index(drop=True)
@@ -379,7 +382,7 @@ def calibrate(measured: Profile, device: str | DeviceSpec, profile_path: str = "
         raise ProfileError(f"{where}: its model {measured.meta.model_path} no longer exists; restore it or profile "
                            "the model again")
     c = counts or count_model(load_model(measured.meta.model_path, measured.meta.extra.get("hf_config")),
-                              measured.meta.microbatch_sizes, measured.meta.dtype, measured.meta.optimizer, progress)
+                              ProfileOptions.recorded(measured.meta), progress)
     if c.fingerprint != measured.meta.fingerprint:
         raise ProfileError(f"{profile_path or measured.meta.model_path}: profile fingerprint "
                            f"{measured.meta.fingerprint} does not match the model ({c.fingerprint}); profile it again")

@@ -3,7 +3,8 @@
 On a CPU host the ranks of a pipeline share the memory bus and the last-level cache, so a unit runs slower beside
 them than alone: on a 2-core machine, examples/mlp.py's (memory-bound) forwards took 9-23 % longer and gpt.py's
 3 % longer with one such process running (docs/accuracy.md), about what a 2-rank run's actions showed against a
-profile made alone. `profile_model(co_runners=N)` keeps N of these running while it times the units.
+profile made alone. `profile_model` with `MeasureOptions(co_runners=N)` keeps N of these running while it times the
+units.
 
     python -m autopp.measure.corun MODEL.py MICROBATCH_SIZE DTYPE     # prints "ready", then trains until killed
 """

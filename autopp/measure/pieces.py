@@ -87,7 +87,7 @@ def _leading(params: list[nn.Parameter], numel: int) -> nn.Parameter:
 
 def _step_s(params: list[nn.Parameter], settings: Settings) -> float:
     """Median time of the optimizer step of `optimizer_step_s` on `params` (their values change)."""
-    optimizer = make_optimizer(settings.optimizer, params)
+    optimizer = make_optimizer(settings.options.optimizer, params)
 
     def step() -> None:
         for p in params:
@@ -99,7 +99,7 @@ def _step_s(params: list[nn.Parameter], settings: Settings) -> float:
     for timed in settings.budget.runs():
         for p in params:
             p.grad = torch.full_like(p, 1e-3)
-        _, t = settings.clock.time(step)
+        _, t = settings.timer.time(step)
         if timed:
             times.append(t)
     return statistics.median(times)
@@ -160,12 +160,12 @@ def windows(sizes: list[int], limit: int) -> list[list[int]]:
 
 
 def measure_pieces(mf: ModelFile, meta: MetaModel, units: list[Unit], b: int, settings: Settings, *,
-                   limit_bytes: int, every_unit: bool = False, optimizer_per_piece: bool = False) -> SizeResult:
+                   limit_bytes: int, optimizer_per_piece: bool = False) -> SizeResult:
     """Measure every unit at microbatch size `b` (module docstring). At most `limit_bytes` of parameters and
     gradients are materialized at once (a window), besides a piece kept for the shared units after it; with
-    `every_unit`, no piece shares another's measurement. Whatever is materialized is freed on return, also when a
-    measurement raises."""
-    walk = _Walk(mf, meta, units, b, settings, limit_bytes, every_unit, optimizer_per_piece)
+    `settings.measuring.measure_every_unit`, no piece shares another's measurement. Whatever is materialized is freed
+    on return, also when a measurement raises."""
+    walk = _Walk(mf, meta, units, b, settings, limit_bytes, optimizer_per_piece)
     try:
         for _ in walk_split_graph(walk.gm, walk.inputs, walk.env, walk.measure):
             pass
@@ -179,23 +179,25 @@ class _Walk:
     it, runs shared pieces through their measured piece, and frees what no later piece needs."""
 
     def __init__(self, mf: ModelFile, meta: MetaModel, units: list[Unit], b: int, settings: Settings,
-                 limit_bytes: int, every_unit: bool, optimizer_per_piece: bool) -> None:
+                 limit_bytes: int, optimizer_per_piece: bool) -> None:
         self.mf, self.meta, self.b, self.settings = mf, meta, b, settings
         self.optimizer_per_piece = optimizer_per_piece
         self.inputs, self.target = settings.batch(mf, b)
+        dtype = settings.options.torch_dtype
         self.pipe, self.spec, meta_inputs, _ = meta_pieces(
-            mf, meta, [u.split_point for u in units[1:] if u.split_point], b, settings.dtype)
+            mf, meta, [u.split_point for u in units[1:] if u.split_point], b, dtype)
         self.gm = self.pipe.split_gm
         calls = [n for n in self.gm.graph.nodes if n.op == "call_module"]
         self.index = {str(n.target): i for i, n in enumerate(calls)}
         self.modules = [self.gm.get_submodule(str(n.target)) for n in calls]
         self.grads = [tuple(not (isinstance(a, fx.Node) and source_piece(a, self.index) == -1) for a in n.args)
                       for n in calls]
-        self.same_as = _shared(meta, self.gm, calls, self.modules, meta_inputs, self.grads, every_unit)
-        retarget(self.pipe, settings.clock.device)
+        self.same_as = _shared(meta, self.gm, calls, self.modules, meta_inputs, self.grads,
+                               settings.measuring.measure_every_unit)
+        retarget(self.pipe, settings.timer.device)
         self.measured = [i for i in range(len(calls)) if self.same_as[i] is None]
         self.windows = [[self.measured[j] for j in group] for group in windows(
-            [2 * static_bytes(self.modules[i], settings.optimizer, settings.dtype)["param_bytes"]
+            [2 * static_bytes(self.modules[i], settings.options.optimizer, dtype)["param_bytes"]
              for i in self.measured], limit_bytes)]
         self.last_use = {r: max(i for i, s in enumerate(self.same_as) if s == r) for r in set(self.same_as)
                          if r is not None}
@@ -222,7 +224,7 @@ class _Walk:
         if done:
             return_freed_memory()  # the next window starts from the process's baseline (allocator.py)
         for j in group:
-            self.meta.load(self.modules[j], self.settings.clock.device, self.settings.dtype)
+            self.meta.load(self.modules[j], self.settings.timer.device, self.settings.options.torch_dtype)
             self.loaded.add(j)
 
     def measure(self, node: fx.Node, args: tuple[Any, ...]) -> Any:
@@ -252,7 +254,7 @@ class _Walk:
         """Sizes and peak of a measured piece; once its window is complete, the window's times (and steps)."""
         self.rows[i] = _sizes(piece, out, last, self.settings)
         self.rows[i].update(unit=i, microbatch_size=self.b, tied_param_bytes=self.tied.get(i, 0))
-        self.peaks[i] = peak_bytes(self.settings.clock.device, piece.forward_backward)
+        self.peaks[i] = peak_bytes(self.settings.timer.device, piece.forward_backward)
         self.pending[i] = piece
         if i != next(w for w in self.windows if i in w)[-1]:
             return
@@ -310,7 +312,7 @@ def _shared(meta: MetaModel, gm: fx.GraphModule, calls: list[fx.Node], modules: 
 def _sizes(piece: Piece, out: Any, last: bool, settings: Settings) -> dict[str, Any]:
     """Parameter, gradient, optimizer, saved-activation, output and recompute-keep bytes of one piece."""
     params = {storage_key(p) for p in piece.module.parameters()}
-    row: dict[str, Any] = dict(static_bytes(piece.module, settings.optimizer, settings.dtype))
+    row: dict[str, Any] = dict(static_bytes(piece.module, settings.options.optimizer, settings.options.torch_dtype))
     _, saved = saved_bytes(lambda: piece.forward()[1], params)
     row.update(activation_bytes=saved, output_bytes=0 if last else value_bytes(out),
                recompute_keep_bytes=value_bytes(piece.args))
@@ -326,7 +328,7 @@ def _time_window(pending: dict[int, Piece], rows: dict[int, dict[str, Any]], b: 
                      None if budget.seconds is None else budget.seconds * len(pending), budget.now)
     order = sorted(pending)
     span = f"units {order[0] + 1}-{order[-1] + 1}" if len(order) > 1 else f"unit {order[0] + 1}"
-    samples = time_pieces([pending[i] for i in order], per_run, settings.clock, lambda r: settings.progress(
+    samples = time_pieces([pending[i] for i in order], per_run, settings.timer, lambda r: settings.progress(
         progress_bar(r, runs, f"microbatch {b}: {span}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)")))
     for i, piece_samples in zip(order, samples):
         rows[i].update(summarize(piece_samples))

@@ -1,17 +1,18 @@
-"""What profile_model was asked for (optimizer, dtype, run budget, timer, co-runners), passed down to every
-measurement, and the progress bar it reports through."""
+"""A measurement's options (ProfileOptions, MeasureOptions) with what they derive (the run budget, the timer), passed
+down to every measurement, and the progress bar it reports through."""
 
 from __future__ import annotations
 
+import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from ..model.contract import ModelFile
 from .corun import co_running
-from .options import DTYPES
+from .options import MeasureOptions, ProfileOptions
 from .timing import Budget, Timer
 
 __all__ = ["Progress", "Settings", "progress_bar"]
@@ -19,27 +20,32 @@ __all__ = ["Progress", "Settings", "progress_bar"]
 Progress = Callable[[str], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
     """What profile_model was asked for, passed down to the per-size measurement."""
 
-    optimizer: str
-    dtype: torch.dtype
-    budget: Budget
-    clock: Timer
-    progress: Progress
-    peaks: dict[str, dict[str, int]] = field(default_factory=dict)
-    co_runners: int = 0
-    """Processes training the model beside the timing (autopp.measure.corun), as other ranks on one host do."""
+    options: ProfileOptions
+    measuring: MeasureOptions
+    progress: Progress = lambda _msg: None
+
+    @property
+    def budget(self) -> Budget:
+        """How many times each piece runs, on the measurement's clock."""
+        m = self.measuring
+        return Budget(m.warmup, m.repeats, m.time_budget_s, m.clock or time.perf_counter)
+
+    @property
+    def timer(self) -> Timer:
+        """Times a call on the measured device."""
+        return Timer(torch.device(self.measuring.device), self.measuring.clock)
 
     def beside(self, mf: ModelFile, b: int) -> AbstractContextManager[None]:
         """Context for the timings at microbatch `b`: with `co_runners` processes training the model at `b`."""
-        name = next(k for k, v in DTYPES.items() if v == self.dtype)
-        return co_running(mf.path, b, name, self.co_runners)
+        return co_running(mf.path, b, self.options.dtype, self.measuring.co_runners)
 
     def batch(self, mf: ModelFile, b: int) -> tuple[Any, Any]:
         """sample_batch(`b`) on the profiled device, floating-point tensors in the profiled dtype."""
-        return _to(mf.sample_batch(b), self.clock.device, self.dtype)
+        return _to(mf.sample_batch(b), self.timer.device, self.options.torch_dtype)
 
 
 def _to(value: Any, device: torch.device, dtype: torch.dtype) -> Any:

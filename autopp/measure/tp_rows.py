@@ -101,19 +101,19 @@ def check_same_units(mf: ModelFile, t: int, found: list[Unit], units: list[Unit]
                           f"model into {len(units)}; a TP plan must keep the module structure")
 
 
-def measured_tp_rows(mf: ModelFile, meta: MetaModel, units: list[Unit], setup: TpSetup, sizes: list[int],
-                     settings: Settings, limit_bytes: int, every_unit: bool) -> pd.DataFrame | None:
+def measured_tp_rows(mf: ModelFile, meta: MetaModel, units: list[Unit], setup: TpSetup, settings: Settings,
+                     limit_bytes: int) -> pd.DataFrame | None:
     """tp.csv's rows measured: each degree's local shard timed and sized like the units (shared units stay shared),
     the collectives counted on the full meta model."""
     if not setup.degrees:
         return None
-    comms = {b: tp_collectives(mf, meta.model, setup.resolved, units, b, settings.dtype) for b in sizes}
+    sizes, dtype = settings.options.microbatch_sizes, settings.options.torch_dtype
+    comms = {b: tp_collectives(mf, meta.model, setup.resolved, units, b, dtype) for b in sizes}
     rows = []
     for t in setup.degrees:
-        local, local_meta, local_found = local_units(mf, setup.resolved, t, units, settings.dtype)
+        local, local_meta, local_found = local_units(mf, setup.resolved, t, units, dtype)
         for b in sizes:
             with settings.beside(mf, b):
-                at_b = measure_pieces(local, local_meta, local_found, b, settings, limit_bytes=limit_bytes,
-                                      every_unit=every_unit)
+                at_b = measure_pieces(local, local_meta, local_found, b, settings, limit_bytes=limit_bytes)
             rows += [tp_row(r, t, comms[b][r["unit"]]) for r in at_b.rows]
     return pd.DataFrame(rows, columns=list(TP_COLUMNS))

@@ -23,7 +23,8 @@ from .launch import RankProcess, launch_ranks, wait_ranks
 from .report import RunFailedError, RunReport, median_step_time, relative_error
 from .summary import median_step_index, rank_measures, stage_times
 from .tied import canonical_names
-from .torchrun import Nodes, launch_torchrun, torchrun_command, worker_errors
+from .options import Backend, RunOptions
+from .torchrun import launch_torchrun, torchrun_command, worker_errors
 from .parallel import check_runnable
 from .validate import (GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, failure,
                        reference_run, stage_atols, tolerances)
@@ -51,11 +52,19 @@ def check_fingerprint(plan: Plan) -> ModelFile:
     return mf
 
 
-def choose_backend(num_ranks: int) -> str:
+def choose_backend(num_ranks: int) -> Backend:
     """NCCL with one CUDA device per rank when there are enough devices, else gloo on CPU."""
     if torch.cuda.is_available() and torch.cuda.device_count() >= num_ranks:
         return "nccl"
     return "gloo"
+
+
+def _with_backend(plan: Plan, options: RunOptions) -> RunOptions:
+    """`options` with the backend chosen for this node's ranks when it is not given."""
+    if options.backend is not None:
+        return options
+    per_node = plan.num_ranks // (options.nodes.nnodes if options.nodes else 1)
+    return replace(options, backend=choose_backend(per_node))
 
 
 @contextlib.contextmanager
@@ -76,19 +85,13 @@ def _run_dir(work_dir: str | Path | None) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _blank_report(plan: Plan, plan_path: str | None, steps: int, lr: float, backend: str, launcher: str
-                  ) -> RunReport:
+def _blank_report(plan: Plan, plan_path: str | None, options: RunOptions) -> RunReport:
     return RunReport(plan_path=plan_path, model_path=plan.model_path, fingerprint=plan.fingerprint,
                      schedule=plan.schedule.value, layout=plan.layout, num_microbatches=plan.num_microbatches,
-                     microbatch_size=plan.microbatch_size, steps=steps, lr=lr, backend=backend,
+                     microbatch_size=plan.microbatch_size, steps=options.steps, lr=options.lr,
+                     backend=options.backend or "gloo",
                      grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, predicted_step_time_s=plan.predicted.step_time_s,
-                     launcher=launcher)
-
-
-def _worker_args(plan_file: Path, mf: ModelFile, run_dir: Path, steps: int, lr: float, backend: str,
-                 timeout_s: float) -> list[str]:
-    return ["--plan", str(plan_file), "--model", str(mf.path), "--run-dir", str(run_dir),
-            "--steps", str(steps), "--lr", repr(lr), "--backend", backend, "--timeout-s", repr(timeout_s)]
+                     launcher=options.launcher)
 
 
 def read_results(run_dir: Path) -> tuple[list[dict[str, Any]], dict[int, dict[str, torch.Tensor]]]:
@@ -158,58 +161,54 @@ def _validation(report: RunReport, results: list[dict[str, Any]], grads: dict[in
                    passed=error is None, error=error)
 
 
-def _launch(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, steps: int, lr: float, backend: str,
-            timeout_s: float, nodes: Nodes | None) -> list[RankProcess]:
-    """Local: one process per rank. With `nodes`: this node's torchrun (the plan file must be at the same path on
-    every node)."""
+def _launch(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, options: RunOptions
+            ) -> list[RankProcess]:
+    """Local: one process per rank. With `options.nodes`: this node's torchrun (the plan file must be at the same
+    path on every node)."""
+    nodes = options.nodes
     if nodes is None:
         plan_file = plan.save(run_dir / "plan.json")
-        return launch_ranks(_worker_args(plan_file, mf, run_dir, steps, lr, backend, timeout_s), plan.num_ranks,
-                            run_dir)
+        args = ["--plan", str(plan_file), "--model", str(mf.path), "--run-dir", str(run_dir), *options.worker_args()]
+        return launch_ranks(args, plan.num_ranks, run_dir)
     plan_file = Path(plan_path) if plan_path and nodes.nnodes > 1 else plan.save(run_dir / "plan.json")
-    cmd = torchrun_command(plan_file, nodes.nnodes, nodes.node_rank, nodes.master_addr, nodes.master_port,
-                           num_ranks=plan.num_ranks, run_dir=run_dir, steps=steps, lr=lr, backend=backend,
-                           timeout_s=timeout_s)
+    cmd = torchrun_command(plan_file, options, num_ranks=plan.num_ranks, run_dir=run_dir)
     return [launch_torchrun(cmd, run_dir)]
 
 
-def _ranks(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, steps: int, lr: float, backend: str,
-           timeout_s: float, nodes: Nodes | None, say: Progress
+def _ranks(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, options: RunOptions, say: Progress
            ) -> tuple[list[dict[str, Any]], dict[int, dict[str, torch.Tensor]]] | None:
     """Launch the ranks, wait for them and read their results (None on a node other than 0: node 0 reads them)."""
-    procs = _launch(plan, plan_path, mf, run_dir, steps, lr, backend, timeout_s, nodes)
-    wall = wait_ranks(procs, timeout_s, say)
+    procs = _launch(plan, plan_path, mf, run_dir, options)
+    wall = wait_ranks(procs, options.timeout_s, say)
+    nodes = options.nodes
     if nodes is not None and nodes.node_rank != 0:
         return None
     say(f"ranks finished in {wall:.1f} s; running the single-process reference")
     return read_results(run_dir)
 
 
-def run_plan(plan: Plan, steps: int = 3, timeout_s: float = 120.0, lr: float = 0.01,
-             progress: Progress | None = None, *, plan_path: str | None = None,
-             work_dir: str | Path | None = None, check: bool = True, nodes: Nodes | None = None) -> RunReport:
-    """Run `steps` SGD steps of `plan` on one process per rank, then validate and time them.
+def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progress | None = None,
+             plan_path: str | None = None) -> RunReport:
+    """Run `options.steps` SGD steps of `plan` on one process per rank, then validate and time them.
 
-    Without `nodes`, starts the ranks here. With `nodes`, runs this node's share through torchrun; node 0 then
+    Without `options.nodes`, starts the ranks here. With them, runs this node's share through torchrun; node 0 then
     validates and returns the report, other nodes return the blank report (complete when their ranks exited 0).
     Raises PlanError if the model changed since planning, RunFailedError (a RunError carrying the partial report)
     if a rank fails, the ranks do not finish within `timeout_s` or a parameter is not on exactly one stage, and
-    when a gradient or loss is out of tolerance unless `check` is False (then `report.passed` is False).
-    `work_dir` keeps the ranks' logs and results (default: a temporary directory, removed unless a rank failed).
+    when a gradient or loss is out of tolerance unless `options.check` is False (then `report.passed` is False).
+    `plan_path`: where the plan was read (recorded in the report; with several nodes, the file each node reads).
     """
     say = progress or (lambda _msg: None)
-    if steps < 1:
-        raise RunError(f"steps must be at least 1, got {steps}")
     check_runnable(plan)
     mf = check_fingerprint(plan)
-    per_node = plan.num_ranks // (nodes.nnodes if nodes else 1)
-    backend = choose_backend(per_node)
-    report = _blank_report(plan, plan_path, steps, lr, backend, "local" if nodes is None else "torchrun")
-    with _run_dir(work_dir) as run_dir:
-        say(f"starting {plan.num_ranks} ranks ({backend}, {plan.schedule.value}, {format_grid(plan.layout)}, {steps} steps) "
-            f"in {run_dir}")
+    options = _with_backend(plan, options)
+    nodes = options.nodes
+    report = _blank_report(plan, plan_path, options)
+    with _run_dir(options.work_dir) as run_dir:
+        say(f"starting {plan.num_ranks} ranks ({options.backend}, {plan.schedule.value}, {format_grid(plan.layout)}, "
+            f"{options.steps} steps) in {run_dir}")
         try:
-            out = _ranks(plan, plan_path, mf, run_dir, steps, lr, backend, timeout_s, nodes, say)
+            out = _ranks(plan, plan_path, mf, run_dir, options, say)
         except RunError as exc:  # _run_dir keeps the directory: the error names it (the CLI prints it)
             message = (worker_errors(run_dir) or str(exc)) if nodes is not None else str(exc)
             raise RunFailedError(message, replace(report, error=message), logs=run_dir) from exc
@@ -217,12 +216,12 @@ def run_plan(plan: Plan, steps: int = 3, timeout_s: float = 120.0, lr: float = 0
         return replace(report, complete=True)
     results, grads = out
     report = _timing(report, results, plan)
-    ref = reference_run(mf, plan.seed, plan.global_batch, steps, lr)
+    ref = reference_run(mf, plan.seed, plan.global_batch, options.steps, options.lr)
     try:
         report = _validation(report, results, grads, ref)
     except RunError as exc:
         raise RunFailedError(str(exc), replace(report, error=str(exc))) from exc
     logger.info("run finished: passed=%s, grad rel diff %.2e", report.passed, report.grad_max_rel_diff or 0.0)
-    if check and not report.passed:
+    if options.check and not report.passed:
         raise RunFailedError(report.error or "validation failed", report)
     return report

@@ -7,57 +7,41 @@ import shlex
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import RunError
 from .launch import RankProcess
+from .options import Nodes, RunOptions
 
-__all__ = ["Nodes", "torchrun_command", "format_commands", "launch_torchrun", "TERM_GRACE_S"]
+__all__ = ["torchrun_command", "format_commands", "launch_torchrun", "worker_errors", "TERM_GRACE_S"]
 
 #: Seconds torchrun gets after SIGTERM to stop its workers before everything is SIGKILLed.
 TERM_GRACE_S = 10.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class Nodes:
-    """Where this node sits in a multi-machine run (torchrun's static rendezvous)."""
-
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    """Address of node 0, reachable from every node."""
-    master_port: int = 29500
-
-    def __post_init__(self) -> None:
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
-            raise RunError(f"node rank {self.node_rank} is not in 0..{self.nnodes - 1}")
-
-
-def torchrun_command(plan_path: str | Path, nnodes: int, node_rank: int = 0, master_addr: str = "127.0.0.1",
-                     master_port: int = 29500, *, num_ranks: int, run_dir: str | Path, steps: int = 3,
-                     lr: float = 0.01, backend: str = "gloo", timeout_s: float = 300.0,
+def torchrun_command(plan_path: str | Path, options: RunOptions, *, num_ranks: int, run_dir: str | Path,
                      python: str = sys.executable) -> list[str]:
-    """The torchrun command node `node_rank` runs: `num_ranks / nnodes` workers per node, global rank =
-    node_rank * per_node + local rank (torchrun's numbering), so nodes hold whole replicas when pp divides per_node.
-    """
-    Nodes(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
-    if num_ranks % nnodes:
-        raise RunError(f"plan needs {num_ranks} ranks, which {nnodes} nodes cannot share evenly")
-    return [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
-            f"--nproc-per-node={num_ranks // nnodes}", f"--master-addr={master_addr}", f"--master-port={master_port}",
-            "--max-restarts=0", "-m", "autopp.run.worker", "--plan", str(plan_path), "--run-dir", str(run_dir),
-            "--steps", str(steps), "--lr", repr(lr), "--backend", backend, "--timeout-s", repr(timeout_s)]
+    """The torchrun command that node `options.nodes.node_rank` (no nodes: one node) runs: `num_ranks / nnodes`
+    workers per node, global rank = node_rank * per_node + local rank (torchrun's numbering), so nodes hold whole
+    replicas when pp divides per_node."""
+    nodes = options.nodes or Nodes()
+    if num_ranks % nodes.nnodes:
+        raise RunError(f"plan needs {num_ranks} ranks, which {nodes.nnodes} nodes cannot share evenly")
+    return [python, "-m", "torch.distributed.run", f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}",
+            f"--nproc-per-node={num_ranks // nodes.nnodes}", f"--master-addr={nodes.master_addr}",
+            f"--master-port={nodes.master_port}", "--max-restarts=0", "-m", "autopp.run.worker",
+            "--plan", str(plan_path), "--run-dir", str(run_dir), *options.worker_args()]
 
 
-def format_commands(plan_path: str | Path, nodes: Nodes, *, num_ranks: int, run_dir: str | Path,
-                    **kwargs: object) -> str:
-    """One shell line per node, for the user to run on each machine."""
+def format_commands(plan_path: str | Path, options: RunOptions, *, num_ranks: int, run_dir: str | Path) -> str:
+    """One shell line per node of `options.nodes`, for the user to run on each machine."""
+    nodes = options.nodes or Nodes()
     lines = []
     for node in range(nodes.nnodes):
-        cmd = torchrun_command(plan_path, nodes.nnodes, node, nodes.master_addr, nodes.master_port,
-                               num_ranks=num_ranks, run_dir=run_dir, **kwargs)  # type: ignore[arg-type]
+        cmd = torchrun_command(plan_path, replace(options, nodes=replace(nodes, node_rank=node)),
+                               num_ranks=num_ranks, run_dir=run_dir)
         lines.append(f"# node {node}\n{shlex.join(cmd)}")
     return "\n".join(lines)
 

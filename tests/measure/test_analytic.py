@@ -19,6 +19,7 @@ from autopp.data.catalog import load_device
 from autopp.data.profile import Profile, load_profile
 from autopp.measure.analytic import analytic_profile, calibrate, count_model, unit_times
 from autopp.measure.counting import PieceCounts, count_piece
+from autopp.measure.options import ProfileOptions
 from autopp.measure.timing import Piece
 from autopp.model.fake import fake_mode
 from tests.conftest import EXAMPLES, MODELS, SHIPPED
@@ -136,7 +137,7 @@ def sample_batch(batch_size):
 def test_repeated_units_are_counted_once(tmp_path: Path) -> None:
     """Units 2 and 3 have unit 1's structure and input shapes: their counts are unit 1's, not counted again."""
     (tmp_path / "stack.py").write_text(STACK)
-    counts = count_model(tmp_path / "stack.py", (2,))
+    counts = count_model(tmp_path / "stack.py", ProfileOptions(microbatch_sizes=(2,)))
     assert [r.same_as for r in counts.rows] == [None, None, 1, 1, None]
     assert counts.rows[2].counts is counts.rows[1].counts
 
@@ -150,14 +151,17 @@ def _with_calibration(tmp_path: Path, eff: Efficiency) -> Path:
 def test_calibration_recovers_the_efficiencies_of_a_profile(tmp_path: Path) -> None:
     """An analytic profile made with known efficiencies, read as if measured, calibrates back to them, with 0 error."""
     eff = Efficiency(compute=0.3, memory=0.6, op_overhead_s=4e-6, call_overhead_s=5e-5)
-    counts = count_model(MODELS / "linrelu.py", (2, 4))
-    profile = analytic_profile(MODELS / "linrelu.py", "cpu", calibration=Calibration("cpu", "float32", eff),
+    options = ProfileOptions(microbatch_sizes=(2, 4))
+    counts = count_model(MODELS / "linrelu.py", options)
+    profile = analytic_profile(MODELS / "linrelu.py", "cpu", options, calibration=Calibration("cpu", "float32", eff),
                                counts=counts)
     cal = calibrate(profile, "cpu", counts=counts)
     assert cal.efficiency.memory == pytest.approx(eff.memory, rel=1e-6)
     assert cal.efficiency.op_overhead_s == pytest.approx(eff.op_overhead_s, rel=1e-6)
     assert cal.efficiency.call_overhead_s == pytest.approx(eff.call_overhead_s, rel=1e-6)
     assert cal.worst_error == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match=r"counts were made for .*\(2, 4\).*, not for .*\(4,\)"):
+        analytic_profile(MODELS / "linrelu.py", "cpu", ProfileOptions(microbatch_sizes=(4,)), counts=counts)
     assert len(cal.units) == len(counts.rows)
 
 
@@ -224,7 +228,7 @@ def test_analytic_gpt_profile_plans(tmp_path: Path, shipped_gpt: Profile) -> Non
     from autopp.data.cluster import Cluster
     from autopp.solve.assemble.make import make_plan
     from autopp.solve.search.request import PlanRequest
-    profile = analytic_profile(EXAMPLES / "gpt.py", "h100-sxm", (1, 4))
+    profile = analytic_profile(EXAMPLES / "gpt.py", "h100-sxm", ProfileOptions(microbatch_sizes=(1, 4)))
     assert profile.meta.fingerprint == shipped_gpt.meta.fingerprint
     columns = ["param_bytes", "grad_bytes", "output_bytes"]
     assert profile.units[columns].equals(shipped_gpt.units[columns])
@@ -247,8 +251,10 @@ def test_bfloat16_counts_have_the_measured_fingerprint() -> None:
     """The fingerprint is taken before the cast to --dtype, as the profiler does: a bfloat16 analytic profile of
     mlp.py is current for the shipped measured profile (and `autopp calibrate` accepts it)."""
     measured = load_profile(SHIPPED / "mlp").meta.fingerprint
-    assert count_model(EXAMPLES / "mlp.py", (1,), dtype="bfloat16").fingerprint == measured
-    assert count_model(EXAMPLES / "mlp.py", (1,), dtype="float32").fingerprint == measured
+    assert count_model(EXAMPLES / "mlp.py",
+                       ProfileOptions(microbatch_sizes=(1,), dtype="bfloat16")).fingerprint == measured
+    assert count_model(EXAMPLES / "mlp.py",
+                       ProfileOptions(microbatch_sizes=(1,), dtype="float32")).fingerprint == measured
 
 
 FAILS_AT_4 = STACK + """
@@ -272,7 +278,7 @@ def test_counting_failure_is_one_line_naming_file_and_unit(tmp_path: Path,
 def test_analytic_copies_are_same_as(tmp_path: Path) -> None:
     """Units counted once are written as `same_as` of the analytic rows (one home), and read back."""
     (tmp_path / "stack.py").write_text(STACK)
-    analytic_profile(tmp_path / "stack.py", "cpu", (2,)).save(tmp_path / "p")
+    analytic_profile(tmp_path / "stack.py", "cpu", ProfileOptions(microbatch_sizes=(2,))).save(tmp_path / "p")
     profile = load_profile(tmp_path / "p")
     assert list(profile.units.same_as) == [-1, -1, 1, 1, -1]
     assert "same_as" not in profile.meta.extra["analytic"]
@@ -283,8 +289,9 @@ def test_calibration_fits_measured_rows_only(tmp_path: Path) -> None:
     nothing."""
     (tmp_path / "stack.py").write_text(STACK)
     eff = Efficiency(compute=0.3, memory=0.6, op_overhead_s=4e-6, call_overhead_s=5e-5)
-    counts = count_model(tmp_path / "stack.py", (2,))
-    profile = analytic_profile(tmp_path / "stack.py", "cpu", calibration=Calibration("cpu", "float32", eff),
+    options = ProfileOptions(microbatch_sizes=(2,))
+    counts = count_model(tmp_path / "stack.py", options)
+    profile = analytic_profile(tmp_path / "stack.py", "cpu", options, calibration=Calibration("cpu", "float32", eff),
                                counts=counts)
     units = profile.units.copy()
     copies = units.same_as != -1
@@ -301,7 +308,7 @@ def test_unit_times_split_ops_at_the_calibrated_ridge() -> None:
     efficiencies' ridge point, not the datasheet's."""
     spec = load_device("cpu")
     eff = Efficiency(compute=0.05, memory=1.0, op_overhead_s=0.0)
-    counts = count_model(MODELS / "linrelu.py", (4,)).rows[0].counts.forward
+    counts = count_model(MODELS / "linrelu.py", ProfileOptions(microbatch_sizes=(4,))).rows[0].counts.forward
     peak, bw = spec.peak("float32"), spec.memory_bandwidth_bytes_per_s
     expected = sum(max(f / (peak * eff.compute), b / (bw * eff.memory)) for f, b in zip(counts.flops, counts.bytes))
     assert any(peak / bw * b > f > eff.ridge(peak, bw) * b for f, b in zip(counts.flops, counts.bytes))

@@ -39,9 +39,9 @@ def test_a_co_runner_that_cannot_start_is_an_error(tmp_path) -> None:  # type: i
 
 
 def test_profile_records_its_co_runners() -> None:
-    from autopp.measure import profile_model
-    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(2,), warmup=0, repeats=1, co_runners=1,
-                            compare_whole=False)
+    from autopp.measure import MeasureOptions, ProfileOptions, profile_model
+    profile = profile_model(MODELS / "linrelu.py", ProfileOptions(microbatch_sizes=(2,)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False, co_runners=1))
     assert profile.meta.co_runners == 1
     with pytest.raises(ValueError, match="co_runners must be >= 0"):
-        profile_model(MODELS / "linrelu.py", co_runners=-1)
+        MeasureOptions(co_runners=-1)

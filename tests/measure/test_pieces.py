@@ -43,8 +43,8 @@ def test_optimizer_step_is_timed_on_a_bounded_slice_and_scaled_by_numel(monkeypa
     themselves (and restored); more elements than the slice are stepped on a slice of `slice_numel` elements only,
     the time scaled to their whole count, so the optimizer state never exceeds the slice."""
     from autopp.measure import pieces
+    from autopp.measure.options import MeasureOptions, ProfileOptions
     from autopp.measure.settings import Settings
-    from autopp.measure.timing import Budget, Timer
     now = [0.0]
     stepped: list[int] = []
 
@@ -63,8 +63,7 @@ def test_optimizer_step_is_timed_on_a_bounded_slice_and_scaled_by_numel(monkeypa
             for p in self.params:
                 p.grad = None
     monkeypatch.setattr(pieces, "make_optimizer", lambda _name, params: Elementwise(params))
-    settings = Settings("adamw", torch.float32, Budget(1, 3, now=lambda: now[0]),
-                        Timer(torch.device("cpu"), lambda: now[0]), lambda _msg: None)
+    settings = Settings(ProfileOptions(optimizer="adamw"), MeasureOptions(warmup=1, repeats=3, clock=lambda: now[0]))
     small = [nn.Parameter(torch.zeros(30, 10)), nn.Parameter(torch.zeros(50))]
     assert pieces.optimizer_step_s(small, settings, slice_numel=400) == pytest.approx(350e-9)
     assert stepped == [350] * 4 and all(bool((p == 0).all()) for p in small)  # restored
@@ -77,8 +76,8 @@ def test_optimizer_step_is_timed_on_a_bounded_slice_and_scaled_by_numel(monkeypa
 def test_a_failing_measurement_frees_what_it_materialized(monkeypatch: pytest.MonkeyPatch) -> None:
     """measure_pieces called from the API: a measurement that raises leaves nothing materialized."""
     from autopp.measure import pieces
+    from autopp.measure.options import MeasureOptions, ProfileOptions
     from autopp.measure.settings import Settings
-    from autopp.measure.timing import Budget, Timer
     from autopp.model.contract import load_model_file
     from autopp.model.meta import build_meta
     from autopp.model.units import discover_units
@@ -86,7 +85,7 @@ def test_a_failing_measurement_frees_what_it_materialized(monkeypatch: pytest.Mo
     mf = load_model_file(MODELS / "linrelu.py")
     meta = build_meta(mf)
     units = discover_units(mf, meta.model)
-    settings = Settings("sgd", torch.float32, Budget(0, 1), Timer(torch.device("cpu")), lambda _msg: None)
+    settings = Settings(ProfileOptions(), MeasureOptions(warmup=0, repeats=1))
 
     def fail(*_args: object) -> None:
         assert meta.materialized_bytes > 0

@@ -4,13 +4,14 @@ known. Timing tests inject the clock (tests/models/fakeclock.py), so they hold o
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from autopp.measure import profile_model
+from autopp.measure import MeasureOptions, ProfileOptions, profile_model
 from autopp.data.profile import Profile
 
 from ..conftest import MODELS
@@ -48,7 +49,8 @@ def _exact(values: object) -> object:
 
 def test_ticking_layers_give_known_times() -> None:
     ticking = _module("ticking")
-    profile = profile_model(TICKING, microbatch_sizes=(2,), warmup=1, repeats=5, clock=CLOCK)
+    profile = profile_model(TICKING, ProfileOptions(microbatch_sizes=(2,)),
+                            MeasureOptions(warmup=1, repeats=5, clock=CLOCK))
     table = profile.units.sort_values("unit")
     assert list(table.forward_s) == _exact(ticking.FORWARD_S)
     # The first unit's input is the model's: no input gradient, so its backward is the weight part only.
@@ -61,7 +63,8 @@ def test_backward_splits_into_input_and_weight_times() -> None:
     """torch's stage_backward_input then stage_backward_weight: each tick lands in its own column; the first unit,
     like torch's first stage, has no input-gradient step and counts its whole backward as weight time."""
     ticking = _module("ticking")
-    profile = profile_model(TICKING, microbatch_sizes=(2,), warmup=1, repeats=5, compare_whole=False, clock=CLOCK)
+    profile = profile_model(TICKING, ProfileOptions(microbatch_sizes=(2,)),
+                            MeasureOptions(warmup=1, repeats=5, compare_whole=False, clock=CLOCK))
     table = profile.units.sort_values("unit")
     assert list(table.backward_input_s) == _exact([0.0] + ticking.BACKWARD_INPUT_S[1:])
     assert list(table.backward_weight_s) == _exact(ticking.BACKWARD_WEIGHT_S)
@@ -73,8 +76,9 @@ def test_backward_splits_into_input_and_weight_times() -> None:
 def test_time_budget_stops_repeats_early() -> None:
     ticking = _module("ticking")
     said: list[str] = []
-    profile = profile_model(TICKING, microbatch_sizes=(1,), warmup=0, repeats=50, time_budget_s=0.05,
-                            compare_whole=False, clock=CLOCK, progress=said.append)
+    profile = profile_model(TICKING, ProfileOptions(microbatch_sizes=(1,)),
+                            MeasureOptions(warmup=0, repeats=50, time_budget_s=0.05, compare_whole=False,
+                                           clock=CLOCK), progress=said.append)
     assert profile.meta.time_budget_s == 0.05
     # One run ticks 3 forwards (timed, again for I/W, and without grad) and 2 backwards (full, then I + W): 0.104 s.
     # The budget is 0.05 s x 3 units per run, so the second run starts at 0.104 s and the third is not started.
@@ -86,7 +90,8 @@ def test_time_budget_stops_repeats_early() -> None:
 
 
 def test_whole_model_gap_recorded() -> None:
-    profile = profile_model(TICKING, microbatch_sizes=(1,), warmup=1, repeats=2, clock=CLOCK)
+    profile = profile_model(TICKING, ProfileOptions(microbatch_sizes=(1,)),
+                            MeasureOptions(warmup=1, repeats=2, clock=CLOCK))
     (whole,) = profile.meta.whole_model
     assert whole["microbatch_size"] == 1
     ticking = _module("ticking")
@@ -97,7 +102,8 @@ def test_whole_model_gap_recorded() -> None:
 
 
 def test_linear_relu_saved_bytes_and_sizes() -> None:
-    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(1, 3), warmup=0, repeats=1)
+    profile = profile_model(MODELS / "linrelu.py", ProfileOptions(microbatch_sizes=(1, 3)),
+                            MeasureOptions(warmup=0, repeats=1))
     rows = profile.units.set_index(["unit", "microbatch_size"])
     f32 = 4
     for b in (1, 3):
@@ -113,14 +119,15 @@ def test_linear_relu_saved_bytes_and_sizes() -> None:
 
 
 def test_optimizer_state_counted() -> None:
-    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(1,), optimizer="adam", warmup=0, repeats=1)
+    profile = profile_model(MODELS / "linrelu.py", ProfileOptions(microbatch_sizes=(1,), optimizer="adam"),
+                            MeasureOptions(warmup=0, repeats=1))
     assert (profile.units.optimizer_bytes == 2 * profile.units.param_bytes).all()
     assert profile.meta.dtype == "float32"
 
 
 def test_bfloat16_parameters_and_fp32_optimizer_state() -> None:
-    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(1,), optimizer="adam", warmup=0, repeats=1,
-                            dtype="bfloat16", compare_whole=False)
+    options = ProfileOptions(microbatch_sizes=(1,), optimizer="adam", dtype="bfloat16")
+    profile = profile_model(MODELS / "linrelu.py", options, MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     rows = profile.units.set_index("unit")
     numel = 8 * 32 + 32
     assert rows.loc[0].param_bytes == 2 * numel and rows.loc[0].grad_bytes == 2 * numel
@@ -132,7 +139,8 @@ def test_non_chain_model_live_values_per_cut() -> None:
     """masked.py: a mask made before the blocks is read by every block; the embedding output is read again by the
     last block (its residual add runs in that piece, before the head). Each value crosses each cut it spans once."""
     m = _module("masked")
-    profile = profile_model(MODELS / "masked.py", microbatch_sizes=(1, 2), warmup=0, repeats=1, compare_whole=False)
+    profile = profile_model(MODELS / "masked.py", ProfileOptions(microbatch_sizes=(1, 2)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     assert profile.meta.unit_names == ("emb", "blocks.0", "blocks.1", "blocks.2", "head")
     values = {(v["src"], tuple(v["dsts"])): v for v in _live(profile)}
     mask, residual = values[(0, (1, 2, 3))], values[(0, (1, 3))]
@@ -152,7 +160,8 @@ def test_hf_gpt2_units_tied_weights_and_mask() -> None:
     pytest.importorskip("transformers")
     from ..conftest import EXAMPLES
     gpt2 = EXAMPLES / "hf_gpt2.py"
-    profile = profile_model(gpt2, microbatch_sizes=(1,), warmup=0, repeats=1, compare_whole=False)
+    profile = profile_model(gpt2, ProfileOptions(microbatch_sizes=(1,)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     assert profile.meta.unit_names == ("transformer.wte",) + tuple(f"transformer.h.{i}" for i in range(4)) + \
         ("transformer.ln_f",)
     (tied,) = _tied(profile)
@@ -173,14 +182,15 @@ def test_graph_edges_carry_boundary_bytes(gpt_profile) -> None:  # type: ignore[
 
 def test_bad_microbatch_sizes() -> None:
     with pytest.raises(ValueError, match="positive"):
-        profile_model(MODELS / "linrelu.py", microbatch_sizes=(0,))
+        profile_model(MODELS / "linrelu.py", ProfileOptions(microbatch_sizes=(0,)))
 
 
 @pytest.mark.integration
 def test_two_stacks_encoder_output_relayed_across_decoder_units() -> None:
     """twostacks.py: the encoder's output (`memory`) feeds the bridge and is read again by both dec blocks."""
     m = _module("twostacks")
-    profile = profile_model(MODELS / "twostacks.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    profile = profile_model(MODELS / "twostacks.py", ProfileOptions(microbatch_sizes=(2,)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     h = 2 * 3 * m.WIDTH * 4
     # Unit 3 (enc.2 and the bridge) sends the bridge's output to unit 4 and `memory` to the dec units 8 and 9.
     (bridge, memory) = [v for v in _live(profile) if v["src"] == 3]
@@ -194,7 +204,8 @@ def test_two_stacks_encoder_output_relayed_across_decoder_units() -> None:
 def test_resnet_cut_bytes_follow_the_downsampling() -> None:
     from ..conftest import EXAMPLES
     r = _module_at(EXAMPLES / "resnet.py")
-    profile = profile_model(EXAMPLES / "resnet.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    profile = profile_model(EXAMPLES / "resnet.py", ProfileOptions(microbatch_sizes=(2,)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     assert all(v["action"] == "send" for v in _live(profile))  # a chain
     side = r.IMAGE // 4  # stride-2 convolution and max pool
     stage = [2 * r.WIDTH * 2 ** s * (side // 2 ** s) ** 2 * 4 for s in range(4)]  # bytes of each stage's output
@@ -208,7 +219,8 @@ def test_hf_bert_mask_relayed_and_tied_decoder() -> None:
     pytest.importorskip("transformers")
     from ..conftest import EXAMPLES
     bert = _module_at(EXAMPLES / "hf_bert.py")
-    profile = profile_model(EXAMPLES / "hf_bert.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    profile = profile_model(EXAMPLES / "hf_bert.py", ProfileOptions(microbatch_sizes=(2,)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     assert profile.meta.unit_names == ("bert.embeddings",) + tuple(f"bert.encoder.layer.{i}" for i in range(4)) + \
         ("cls",)
     # The extended attention mask: made once by unit 0 from the padding-mask input, read by every block.
@@ -226,7 +238,8 @@ def test_hf_t5_encoder_output_relayed_to_every_decoder_block() -> None:
     pytest.importorskip("transformers")
     from ..conftest import EXAMPLES
     t5 = _module_at(EXAMPLES / "hf_t5.py")
-    profile = profile_model(EXAMPLES / "hf_t5.py", microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False)
+    profile = profile_model(EXAMPLES / "hf_t5.py", ProfileOptions(microbatch_sizes=(2,)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     encoder_out = 2 * t5.SOURCE * t5.WIDTH * 4
     decoder = [4, 5, 6]  # units of decoder.block.0..2; unit 3 is the last encoder block with the encoder's norm
     (memory,) = [v for v in _live(profile)
@@ -245,8 +258,8 @@ def test_optimizer_step_measured_and_charged_to_the_plan(tmp_path: Path) -> None
     from autopp.data.profile import load_profile
     from autopp.schedule import ScheduleName
     from autopp.solve import PlanRequest, make_plan
-    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(2,), warmup=1, repeats=3, optimizer="adam",
-                            compare_whole=False)
+    profile = profile_model(MODELS / "linrelu.py", ProfileOptions(microbatch_sizes=(2,), optimizer="adam"),
+                            MeasureOptions(warmup=1, repeats=3, compare_whole=False))
     assert profile.meta.optimizer_step_s > 0
     assert load_profile(profile.save(tmp_path / "p")).meta.optimizer_step_s == profile.meta.optimizer_step_s
     plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=4,
@@ -283,15 +296,17 @@ def test_repeated_blocks_are_measured_once_and_shared(monkeypatch: pytest.Monkey
     means equal)."""
     tb = _module("tickblocks")
     names = _materialized(monkeypatch)
-    shared = profile_model(TICKBLOCKS, microbatch_sizes=(2,), warmup=1, repeats=3, compare_whole=False, clock=CLOCK,
-                           memory_limit_bytes=2000)
+    shared = profile_model(TICKBLOCKS, ProfileOptions(microbatch_sizes=(2,)),
+                           MeasureOptions(warmup=1, repeats=3, compare_whole=False, clock=CLOCK,
+                                          memory_limit_bytes=2000))
     assert not [n for n in names if n.startswith(("blocks.1.", "blocks.2."))]
     rows = shared.units.set_index("unit")
     assert list(rows.source) == ["measured", "measured", "shared", "shared", "measured"]
     assert list(rows.same_as) == [-1, -1, 1, 1, -1]
     names.clear()
-    every = profile_model(TICKBLOCKS, microbatch_sizes=(2,), warmup=1, repeats=3, compare_whole=False, clock=CLOCK,
-                          memory_limit_bytes=2000, measure_every_unit=True)
+    every = profile_model(TICKBLOCKS, ProfileOptions(microbatch_sizes=(2,)),
+                          MeasureOptions(warmup=1, repeats=3, compare_whole=False, clock=CLOCK, measure_every_unit=True,
+                                         memory_limit_bytes=2000))
     assert [n for n in names if n.startswith("blocks.2.")] == ["blocks.2.bias"]
     assert list(every.units.source) == ["measured"] * 5
     assert list(every.units.forward_s[1:4]) == _exact([tb.BLOCK_FORWARD_S] * 3)
@@ -303,7 +318,8 @@ def test_repeated_blocks_are_measured_once_and_shared(monkeypatch: pytest.Monkey
 
 def test_shared_profile_loads_back(tmp_path: Path) -> None:
     from autopp.data.profile import load_profile
-    profile = profile_model(TICKBLOCKS, microbatch_sizes=(1,), warmup=0, repeats=1, compare_whole=False, clock=CLOCK)
+    profile = profile_model(TICKBLOCKS, ProfileOptions(microbatch_sizes=(1,)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False, clock=CLOCK))
     back = load_profile(profile.save(tmp_path / "p"))
     assert list(back.units.source) == list(profile.units.source) and list(back.units.same_as) == [-1, -1, 1, 1, -1]
 
@@ -344,9 +360,9 @@ def test_the_whole_model_is_never_materialized(monkeypatch: pytest.MonkeyPatch) 
         assert self.materialized_bytes <= unit // 2, f"{self.materialized_bytes} bytes materialized at once"
         return n
     monkeypatch.setattr(MetaModel, "load", refuse_more_than_one_unit)
-    options: dict[str, Any] = dict(microbatch_sizes=(1,), warmup=0, repeats=1,
-                                   memory_limit_bytes=unit, measure_every_unit=True)
-    profile_model(_wide_model_file(), **options)  # first: torch.export's and the allocator's own growth
+    options = (ProfileOptions(microbatch_sizes=(1,)),
+               MeasureOptions(warmup=0, repeats=1, memory_limit_bytes=unit, measure_every_unit=True))
+    profile_model(_wide_model_file(), *options)  # first: torch.export's and the allocator's own growth
     seen.clear()
     process = psutil.Process()
     start = process.memory_info().rss
@@ -359,7 +375,7 @@ def test_the_whole_model_is_never_materialized(monkeypatch: pytest.MonkeyPatch) 
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        profile = profile_model(_wide_model_file(), **options)
+        profile = profile_model(_wide_model_file(), *options)
     finally:
         done.set()
         sampler.join()
@@ -376,12 +392,14 @@ def test_the_whole_model_is_never_materialized(monkeypatch: pytest.MonkeyPatch) 
 def test_co_runners_need_the_whole_model() -> None:
     from autopp.errors import ModelFileError
     with pytest.raises(ModelFileError, match=r"--co-runners 1 needs the whole model .* > the limit of 1000 bytes"):
-        profile_model(_wide_model_file(), microbatch_sizes=(1,), co_runners=1, memory_limit_bytes=1000)
+        profile_model(_wide_model_file(), ProfileOptions(microbatch_sizes=(1,)),
+                      MeasureOptions(co_runners=1, memory_limit_bytes=1000))
 
 
 def test_cpu_peak_bytes_per_unit() -> None:
     """linrelu.py: the peak bytes allocated in each unit's forward and backward, measured on CPU like CUDA's."""
-    profile = profile_model(MODELS / "linrelu.py", microbatch_sizes=(1, 3), warmup=0, repeats=1, compare_whole=False)
+    profile = profile_model(MODELS / "linrelu.py", ProfileOptions(microbatch_sizes=(1, 3)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     peaks = profile.unit_peak_bytes()
     assert sorted(peaks) == list(range(profile.num_units)) and all(sorted(p) == [1, 3] for p in peaks.values())
     rows = profile.units.set_index(["unit", "microbatch_size"])
@@ -398,9 +416,10 @@ def test_shared_and_every_unit_agree_within_the_spread() -> None:
     measured. The tolerance is the profiles' own: two medians agree when their max - min ranges, widened to cover
     the machine's drift between the two profiles (twice each spread), overlap; no speed is asserted."""
     from ..conftest import EXAMPLES
-    options: dict[str, Any] = dict(microbatch_sizes=(2,), warmup=2, repeats=7, compare_whole=False)
-    shared = profile_model(EXAMPLES / "gpt.py", **options).units.set_index("unit")
-    every = profile_model(EXAMPLES / "gpt.py", measure_every_unit=True, **options).units.set_index("unit")
+    options, measuring = ProfileOptions(microbatch_sizes=(2,)), MeasureOptions(warmup=2, repeats=7, compare_whole=False)
+    shared = profile_model(EXAMPLES / "gpt.py", options, measuring).units.set_index("unit")
+    every = profile_model(EXAMPLES / "gpt.py", options, replace(measuring, measure_every_unit=True))
+    every = every.units.set_index("unit")
     blocks = [u for u in shared.index if shared.source[u] == "shared"]
     assert blocks == [2, 3, 4, 5, 6] and set(shared.same_as[blocks]) == {1}
     for u in blocks:
@@ -425,7 +444,8 @@ def test_plan_checks_its_profile_on_the_meta_model(tmp_path: Path, monkeypatch: 
         "def sample_batch(b):\n    return torch.randn(b, 8), torch.randn(b, 8)\n"
         "def loss_fn(out, target):\n    return nn.functional.mse_loss(out, target)\n")
     monkeypatch.chdir(tmp_path)
-    profile_model(model, microbatch_sizes=(1,), warmup=0, repeats=1, compare_whole=False).save(Path("profiles/big"))
+    profile_model(model, ProfileOptions(microbatch_sizes=(1,)),
+                  MeasureOptions(warmup=0, repeats=1, compare_whole=False)).save(Path("profiles/big"))
     args = argparse.Namespace(model=str(model), profile=None, hf_config=None, seq_len=None, task=None)
     assert profile_for(args).num_units == 2
     assert "using profile profiles/big/" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 from autopp.cli import main
 from autopp.data.profile import TP_COLUMNS, load_profile
 from autopp.errors import TpPlanError
-from autopp.measure import profile_model
+from autopp.measure import MeasureOptions, ProfileOptions, profile_model
 from autopp.measure.analytic import analytic_profile
 from autopp.measure.tp_rows import tp_setup
 from autopp.model.contract import load_model_file
@@ -46,8 +46,8 @@ def test_cli_refuses_tp_without_a_plan(tmp_path: Path, capsys: pytest.CaptureFix
 
 @pytest.mark.integration
 def test_measured_tp_rows_are_the_shards_times_and_bytes(tmp_path: Path) -> None:
-    profile = profile_model(TPTICKS, microbatch_sizes=(2,), warmup=0, repeats=1, compare_whole=False, clock=CLOCK,
-                            tp_degrees=(2,))
+    profile = profile_model(TPTICKS, ProfileOptions(microbatch_sizes=(2,), tp_degrees=(2,)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False, clock=CLOCK))
     assert profile.meta.tp_degrees == (2,) and profile.meta.tp_plan_source == f"TP_PLAN in {TPTICKS}"
     rows = profile.tp_units
     assert rows is not None and list(rows.columns) == list(TP_COLUMNS) and len(rows) == 5
@@ -67,7 +67,7 @@ def test_measured_tp_rows_are_the_shards_times_and_bytes(tmp_path: Path) -> None
 
 @pytest.mark.integration
 def test_analytic_tp_rows_halve_the_block_and_keep_the_collectives() -> None:
-    profile = analytic_profile(TPTICKS, "h100-sxm", (4,), tp_degrees=None)
+    profile = analytic_profile(TPTICKS, "h100-sxm", ProfileOptions(microbatch_sizes=(4,), tp_degrees=None))
     assert profile.meta.tp_degrees == (2, 4, 8)  # h100-sxm: 8 devices per node
     rows = profile.tp_units
     assert rows is not None and len(rows) == 5 * 3
@@ -77,7 +77,7 @@ def test_analytic_tp_rows_halve_the_block_and_keep_the_collectives() -> None:
         assert (block.tp_forward_allreduce_bytes, block.tp_backward_allreduce_bytes) == (4 * 8 * 4, 4 * 8 * 4)
     full = profile.units[profile.units.unit == 1].iloc[0]
     assert rows[(rows.tp == 2) & (rows.unit == 1)].iloc[0].forward_s < full.forward_s
-    assert analytic_profile(TPTICKS, "h100-sxm", (4,), tp_degrees=()).tp_units is None
+    assert analytic_profile(TPTICKS, "h100-sxm", ProfileOptions(microbatch_sizes=(4,), tp_degrees=())).tp_units is None
 
 
 @pytest.mark.integration
@@ -86,8 +86,8 @@ def test_a_failing_plan_leaves_the_default_analytic_rows_out(tmp_path: Path) -> 
     path = tmp_path / "badplan.py"
     path.write_text("from tests.models.tpticks import build_model, sample_batch\n"
                     "TP_PLAN = {'blocks.*.fc9': 'colwise'}\n")
-    profile = analytic_profile(path, "h100-sxm", (1,))
+    profile = analytic_profile(path, "h100-sxm", ProfileOptions(microbatch_sizes=(1,), tp_degrees=None))
     assert profile.tp_units is None and profile.meta.tp_degrees == ()
     assert "pattern 'blocks.*.fc9' matches no module of Model" in profile.meta.extra["tp_skipped"]
     with pytest.raises(TpPlanError, match="matches no module"):
-        analytic_profile(path, "h100-sxm", (1,), tp_degrees=(2,))
+        analytic_profile(path, "h100-sxm", ProfileOptions(microbatch_sizes=(1,), tp_degrees=(2,)))

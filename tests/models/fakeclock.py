@@ -1,4 +1,4 @@
-"""A clock that only moves when told to: the profiler reads it (`profile_model(clock=CLOCK)`) and the layers of
+"""A clock that only moves when told to: the profiler reads it (`MeasureOptions(clock=CLOCK)`) and the layers of
 ticking.py advance it, so profiled times are exact on a machine under any load."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from autopp.errors import RunError, TpPlanError
 from autopp.model import load_model_file
 from autopp.model.split import split_model
 from autopp.model.tp import find_tp_plan, local_shard, narrow_planned, resolve, torch_styles
-from autopp.run import GRAD_RTOL, run_plan
+from autopp.run import GRAD_RTOL, RunOptions, run_plan
 from autopp.run.parallel import check_runnable, local_shapes, planned_modules, restore_planned, shared_input_styles
 
 from .conftest import GPT, LINRELU, ROOT, pipeline_plan
@@ -35,7 +35,7 @@ def test_zero_2_is_refused_in_one_line_before_any_rank_starts() -> None:
                                        r"under it; plan with `zero` 1 or 3$"):
         check_runnable(plan)
     with pytest.raises(RunError, match="zero' is 2"):  # the unit tier refuses to start a process: none started
-        run_plan(plan, steps=1)
+        run_plan(plan, RunOptions(steps=1))
     check_runnable(replace(plan, layout=replace(plan.layout, zero=ZERO[3])))
 
 
@@ -110,7 +110,7 @@ def _rank_lines(run_dir: Path, text: str) -> list[str]:
 @pytest.mark.integration
 def test_llama_pp2_tp2_dp2_zero1_on_8_ranks_matches_one_process(tmp_path: Path) -> None:
     plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, dp=2, tp=2, zero=ZERO[1]))
-    report = run_plan(plan, steps=2, timeout_s=900, work_dir=tmp_path)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
     assert report.passed and report.layout == plan.layout == Layout(pp=2, dp=2, tp=2, zero=ZERO[1])
     assert report.num_ranks == 8
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
@@ -122,7 +122,7 @@ def test_llama_pp2_tp2_dp2_zero1_on_8_ranks_matches_one_process(tmp_path: Path) 
 @pytest.mark.integration
 def test_gpt_pp2_dp2_zero3_matches_one_process(tmp_path: Path) -> None:
     plan = pipeline_plan(GPT, ["h.2"], layout=Layout(pp=2, dp=2, zero=ZERO[3]))
-    report = run_plan(plan, steps=2, timeout_s=600, work_dir=tmp_path)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=600, work_dir=tmp_path))
     assert report.passed and (report.layout.tp, report.layout.zero, report.num_ranks) == (1, ZERO[3], 4)
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL and len(report.losses) == 2
     assert len(_rank_lines(tmp_path, "ZeRO 3 over 2 ranks: fully_shard(reshard_after_forward=True)")) == 4

@@ -13,7 +13,7 @@ import pytest
 
 from autopp.data.layout import Layout
 from autopp.data.plan import Plan
-from autopp.run import GRAD_RTOL, run_plan
+from autopp.run import GRAD_RTOL, RunOptions, run_plan
 from autopp.schedule import Activation, chosen
 
 from .conftest import ROOT, pipeline_plan, two_stage_plan
@@ -38,7 +38,7 @@ def test_tied_gpt2_sums_embedding_and_head_gradients_and_recomputes() -> None:
     # reads `output.logits`; stage 1 runs under activation checkpointing.
     plan = two_stage_plan(HF_GPT2, "transformer.h.2")
     plan = replace(plan, stages=(plan.stages[0], replace(plan.stages[1], activation=Activation.RECOMPUTE)))
-    report = run_plan(plan, steps=2, timeout_s=120)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=120))
     assert report.passed and report.notes == ()
     tied = [d for d in report.grad_diffs if d.name == "transformer.wte.weight"]
     assert [d.stage for d in tied] == [0, 1] and all(d.max_rel <= GRAD_RTOL for d in tied)
@@ -51,14 +51,14 @@ def test_values_that_skip_stages_are_relayed_under_a_split_backward_v_schedule()
     plan = pipeline_plan(MASKED, ["blocks.1", "blocks.2", "head"], "ZBVZeroBubble", Layout(pp=2, v=2),
                          num_microbatches=4)
     plan = replace(plan, stages=tuple(replace(s, activation=a) for s, a in zip(plan.stages, chosen(4, {1, 3}))))
-    report = run_plan(plan, steps=2, timeout_s=90)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=90))
     assert report.passed and report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
 
 
 def test_t5_two_stages() -> None:
     # The encoder output and the position biases skip stages; the input gradient sent back is made contiguous.
     plan = two_stage_plan(HF_T5, "decoder.block.1")
-    report = run_plan(plan, steps=1, timeout_s=120)
+    report = run_plan(plan, RunOptions(steps=1, timeout_s=120))
     assert report.passed
     shared = [d for d in report.grad_diffs if d.name == "shared.weight"]
     assert [d.stage for d in shared] == [0, 1]
@@ -83,7 +83,7 @@ def test_values_that_skip_stages_run_on_four_ranks_under_single_stage_schedules(
     # block) and a U-Net (long skips) on 4 ranks under the default 1F1B or GPipe failed with "PipeliningMetadataError:
     # Backward of skip connections not supported yet (at stage.py:1580)": torch's graph-built stage sent a value that
     # skips stages straight to each reader. Now the stages relay it (or hold it, when it is made of constants).
-    report = run_plan(_even_plan(MODELS / model, schedule, 1), steps=1, timeout_s=240)
+    report = run_plan(_even_plan(MODELS / model, schedule, 1), RunOptions(steps=1, timeout_s=240))
     assert report.passed and report.complete and len(report.grad_diffs) > 0
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
     # Every stage's F and B were timed (autopp.run.instrument wraps the neighbour-only stages as it did torch's).
@@ -95,7 +95,7 @@ def test_values_that_skip_stages_run_on_four_ranks_under_single_stage_schedules(
 def test_an_hf_decoder_runs_on_four_ranks_under_two_stage_per_rank_schedules(schedule: str) -> None:
     # Issue 13, point 0: the multi-stage schedules on 4 ranks for an HF decoder whose rotary tables and mask skip
     # stages (8 stages of one unit each; under ZBV the split I/W backward too).
-    report = run_plan(_even_plan(MODELS / "hf_qwen2.py", schedule, 2, num_microbatches=8), steps=1, timeout_s=240)
+    report = run_plan(_even_plan(MODELS / "hf_qwen2.py", schedule, 2, num_microbatches=8), RunOptions(steps=1, timeout_s=240))
     assert report.passed and report.complete and report.layout.v == 2
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
     assert [t.stage for t in report.stage_times] == list(range(8))
@@ -106,21 +106,22 @@ def test_an_auto_plan_of_gpt_neox_on_four_ranks_runs() -> None:
     # "PipeliningMetadataError: Backward of skip connections not supported yet". Profiled once, cheaply (one
     # microbatch size, one repeat: the figures only rank the choices), planned with every schedule open, run.
     from autopp.data.cluster import Cluster
-    from autopp.measure import profile_model
+    from autopp.measure import MeasureOptions, ProfileOptions, profile_model
     from autopp.solve import PlanRequest, make_plan
 
-    profile = profile_model(MODELS / "hf_neox.py", microbatch_sizes=(1,), warmup=0, repeats=1, compare_whole=False)
+    profile = profile_model(MODELS / "hf_neox.py", ProfileOptions(microbatch_sizes=(1,)),
+                            MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     plan = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2**34), global_batch=8,
                                           num_microbatches=8, schedule=None))
     assert plan.layout.pp == 4
-    report = run_plan(plan, steps=1, timeout_s=240)
+    report = run_plan(plan, RunOptions(steps=1, timeout_s=240))
     assert report.passed and report.complete, (plan.schedule, report.error)
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
 
 
 def test_unet_long_skips_under_a_v_schedule_on_four_ranks() -> None:
     # Two stages per rank (V layout): the outermost skip, stem (stage 0) -> up1 (stage 6), is relayed by stages 1-5.
-    report = run_plan(_even_plan(MODELS / "unet.py", "ZBVZeroBubble", 2), steps=1, timeout_s=240)
+    report = run_plan(_even_plan(MODELS / "unet.py", "ZBVZeroBubble", 2), RunOptions(steps=1, timeout_s=240))
     assert report.passed and report.complete
     assert all(t.input_s is not None and t.weight_s is not None for t in report.stage_times)
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)

@@ -12,7 +12,8 @@ import torch
 
 from autopp.data.layout import Layout
 from autopp.errors import PlanError, RunError
-from autopp.run import GRAD_RTOL, Nodes, RunFailedError, RunReport, format_report, measured_timeline, run_plan
+from autopp.run import (GRAD_RTOL, Nodes, RunFailedError, RunOptions, RunReport, format_report, measured_timeline,
+                        run_plan)
 from autopp.run.launch import free_port
 from autopp.run.runner import _timing, _validation
 from autopp.run.validate import Reference
@@ -26,7 +27,7 @@ def test_gpt_two_ranks_match_reference(tmp_path: Path, schedule: str, num_microb
                                        microbatch_size: int) -> None:
     plan = two_stage_plan(GPT, "h.2", schedule, num_microbatches, microbatch_size, predicted_s=0.05)
     messages: list[str] = []
-    report = run_plan(plan, steps=2, timeout_s=120, progress=messages.append, plan_path="plan.json")
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=120), progress=messages.append, plan_path="plan.json")
     assert report.passed and report.complete and report.error is None
     assert report.schedule == schedule and report.backend in ("gloo", "nccl")
     assert len(report.losses) == len(report.reference_losses) == 2
@@ -47,7 +48,7 @@ def test_gpt_two_ranks_match_reference(tmp_path: Path, schedule: str, num_microb
 @pytest.mark.integration
 def test_two_stages_per_rank_match_reference_and_are_timed(schedule: str, kinds: set[str]) -> None:
     plan = pipeline_plan(LINRELU, ["1", "2", "4"], schedule, Layout(pp=2, v=2), num_microbatches=4)
-    report = run_plan(plan, steps=2, timeout_s=90)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=90))
     assert report.passed and report.complete and report.layout == plan.layout
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     assert [m.stages for m in report.ranks] == [(0, 2), (1, 3)] if schedule == "Interleaved1F1B" else [(0, 3), (1, 2)]
@@ -65,7 +66,7 @@ def test_two_stages_per_rank_match_reference_and_are_timed(schedule: str, kinds:
 def test_two_replicas_of_a_two_rank_pipeline_through_torchrun(tmp_path: Path) -> None:
     # dp 2 x pp 2 = 4 ranks started by torchrun (one node): replicas average their gradients before SGD.
     plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2), num_microbatches=2, microbatch_size=2)
-    report = run_plan(plan, steps=2, timeout_s=90, nodes=Nodes(master_port=free_port()), work_dir=tmp_path)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=90, work_dir=tmp_path), nodes=Nodes(master_port=free_port()))
     assert report.passed and report.launcher == "torchrun" and report.layout == Layout(pp=2, dp=2)
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
     assert [(m.rank, m.replica, m.pp_rank) for m in report.ranks] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
@@ -91,7 +92,7 @@ def test_failing_rank_raises_quickly_and_leaves_no_process(
     work = tmp_path / "run"
     before = children_of(os.getpid())
     with pytest.raises(RunFailedError, match=expected) as info:
-        run_plan(plan, steps=2, timeout_s=60, work_dir=work)
+        run_plan(plan, RunOptions(steps=2, timeout_s=60, work_dir=work))
     # Stopped by the failure, not by the 60 s limit: checked by the message, not by a wall clock (the machine may be
     # loaded); the timeout's message is "ranks [...] had not finished after 60 s (timeout)".
     assert "had not finished" not in str(info.value)
@@ -118,7 +119,7 @@ def test_a_kept_run_directory_is_always_named(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(runner, "_launch", launch)
     with pytest.raises(RunFailedError, match="could not start" if where == "launch" else "no readable results") \
             as info:
-        run_plan(two_stage_plan(LINRELU, "2"), steps=1)
+        run_plan(two_stage_plan(LINRELU, "2"), RunOptions(steps=1))
     assert info.value.logs is not None and info.value.logs.is_dir() and list(tmp_path.iterdir()) == [info.value.logs]
     assert info.value.report.error == str(info.value)
 
@@ -169,6 +170,6 @@ def test_custom_synthesized_order_runs_through_torch_runtime() -> None:
     result = synthesize(costs, owner, 4, [0.1, 0.0], [10**9, 10**9], time_limit_s=2.0)
     order = tuple(tuple(result.order[r]) for r in (0, 1))
     plan = pipeline_plan(LINRELU, ["2", "4"], "Custom", num_microbatches=4, ranks=owner, custom_order=order)
-    report = run_plan(plan, steps=1, timeout_s=90)
+    report = run_plan(plan, RunOptions(steps=1, timeout_s=90))
     assert report.passed and report.complete and report.schedule == "Custom"
     assert {e.action.kind.value for e in measured_timeline(report).events} == {"F", "I", "W"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopp.run import GRAD_RTOL, run_plan
+from autopp.run import GRAD_RTOL, RunOptions, run_plan
 
 from .conftest import ROOT, two_stage_plan
 
@@ -17,7 +17,7 @@ DICTBLOCKS = ROOT / "tests" / "models" / "dictblocks.py"
 def test_moduledict_blocks_run_validated_on_two_ranks() -> None:
     plan = two_stage_plan(DICTBLOCKS, "blocks.b3")
     assert plan.stages[0].unit_names == ("stem", "blocks.b2", "blocks.b0")
-    report = run_plan(plan, steps=2, timeout_s=120)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=120))
     assert report.passed and report.complete and report.error is None
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from autopp.errors import RunError
-from autopp.run.torchrun import Nodes, format_commands, torchrun_command, worker_errors
+from autopp.run.options import Nodes, RunOptions
+from autopp.run.torchrun import format_commands, torchrun_command, worker_errors
 
 
 def test_command_for_node_one_of_two() -> None:
-    cmd = torchrun_command("/plans/p.json", 2, 1, "10.0.0.1", 29600, num_ranks=4, run_dir="/tmp/r", steps=5)
+    nodes = Nodes(nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29600)
+    cmd = torchrun_command("/plans/p.json", RunOptions(steps=5, nodes=nodes), num_ranks=4, run_dir="/tmp/r")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert cmd[3:9] == ["--nnodes=2", "--node-rank=1", "--nproc-per-node=2", "--master-addr=10.0.0.1",
                         "--master-port=29600", "--max-restarts=0"]
@@ -22,13 +24,13 @@ def test_command_for_node_one_of_two() -> None:
 
 def test_ranks_must_split_evenly_over_nodes() -> None:
     with pytest.raises(RunError, match=r"plan needs 4 ranks, which 3 nodes cannot share evenly"):
-        torchrun_command("p.json", 3, num_ranks=4, run_dir="r")
+        torchrun_command("p.json", RunOptions(nodes=Nodes(nnodes=3)), num_ranks=4, run_dir="r")
     with pytest.raises(RunError, match=r"node rank 2 is not in 0..1"):
         Nodes(nnodes=2, node_rank=2)
 
 
 def test_one_line_per_node() -> None:
-    text = format_commands("p.json", Nodes(nnodes=2, master_addr="h"), num_ranks=4, run_dir="r")
+    text = format_commands("p.json", RunOptions(nodes=Nodes(nnodes=2, master_addr="h")), num_ranks=4, run_dir="r")
     assert text.count("torch.distributed.run") == 2
     assert "# node 0" in text and "--node-rank=1" in text and "--master-addr=h" in text
 
