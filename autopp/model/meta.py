@@ -287,10 +287,33 @@ def meta_pieces(mf: ModelFile, meta: MetaModel, split_points: Sequence[str], b: 
     return pipe, spec, meta_inputs, meta_target
 
 
+def _float_histc_inputs(graph: torch.fx.Graph) -> int:
+    """Cast the integer input of every `aten.histc` in `graph` to float32; returns how many. Tracing on meta takes a
+    model's branches for a device other than the CPU, and transformers' MoE experts (`grouped_mm_experts_forward`,
+    transformers/integrations/moe.py) then count tokens per expert with `histc` of int32 expert ids, as CUDA's
+    deterministic histc wants, which the CPU kernel refuses (`"histogram_cpu" not implemented for 'Int'`); on the
+    CPU that code casts the ids to float instead, which is what this does (exact: ids are small integers)."""
+    changed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.histc.default:
+            continue
+        source = node.args[0]
+        value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        if value is None or value.is_floating_point():
+            continue
+        with graph.inserting_before(node):
+            cast = graph.call_function(torch.ops.aten.to.dtype, (source, torch.float32))
+        cast.meta["val"] = value.to(torch.float32)
+        node.args = (cast, *node.args[1:])
+        changed += 1
+    return changed
+
+
 def retarget(pipe: Pipe, device: torch.device | str) -> int:
     """Make the pieces of a split traced on meta create their tensors on `device`: torch.export records a device
     that forward() reads from a tensor (`torch.ones(..., device=x.device)`, a causal mask) as the constant `meta`;
-    every such constant in the pieces' graphs becomes `device`. Returns how many were changed."""
+    every such constant in the pieces' graphs becomes `device`. On the CPU, an integer `histc` input is also cast to
+    float (`_float_histc_inputs`). Returns how many were changed."""
     target = torch.device(device)
     changed = 0
 
@@ -308,6 +331,8 @@ def retarget(pipe: Pipe, device: torch.device | str) -> int:
         before = changed
         for node in graph.nodes:
             node.args, node.kwargs = pytree.tree_map(swap, (node.args, node.kwargs))
+        if target.type == "cpu":
+            changed += _float_histc_inputs(graph)
         # An InterpreterModule runs the code of its `graph_module` (same graph) on itself: regenerate that code.
         code = module if isinstance(module, torch.fx.GraphModule) else getattr(module, "graph_module", None)
         if changed != before and isinstance(code, torch.fx.GraphModule):
