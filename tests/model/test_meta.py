@@ -173,3 +173,37 @@ def test_hf_llama_on_meta_keeps_its_rotary_tables_and_discovers_its_blocks() -> 
     assert torch.equal(values["model.rotary_emb.inv_freq"], real.model.rotary_emb.inv_freq)
     std = real.config.initializer_range  # transformers' _init_weights: normal(0, initializer_range)
     assert abs(float(values["model.layers.0.mlp.up_proj.weight"].std()) - std) < std / 10
+
+
+class Routed(nn.Module):
+    """Counts tokens per expert as transformers' MoE experts do (integrations/moe.py): `histc` of float ids on the
+    CPU, of int32 ids elsewhere, so a trace on meta records the int32 branch, which the CPU kernel refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(8, 4)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = self.router(x).argmax(-1).flatten()
+        ids = ids.float() if x.device.type == "cpu" else ids.int()
+        counts = torch.histc(ids, bins=4, min=0, max=3)
+        return self.out(x) * counts.sum()
+
+
+def test_retarget_to_cpu_casts_an_integer_histc_input_traced_on_meta() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), Routed())
+    mf = ModelFile(Path("routed.py"), lambda: model, lambda b: ((torch.randn(b, 3, 8),), torch.randn(b, 3, 8)),
+                   default_loss, None)
+    meta = build_meta(mf)
+    pipe, _, _, _ = meta_pieces(mf, meta, ["1"], 2)
+    routed = pipe.get_stage_module(1)
+    histc = [n for n in pipe.split_gm.modules() if isinstance(getattr(n, "graph", None), torch.fx.Graph)
+             for n in n.graph.nodes if n.target is torch.ops.aten.histc.default]
+    assert [n.args[0].meta["val"].dtype for n in histc] == [torch.int32]  # the meta branch, traced
+    assert retarget(pipe, "cpu") >= 1
+    assert [n.args[0].meta["val"].dtype for n in histc] == [torch.float32]
+    meta.load(routed, "cpu")
+    out = routed(torch.randn(2, 3, 8))  # before: RuntimeError: "histogram_cpu" not implemented for 'Int'
+    assert out.shape == (2, 3, 8) and bool(torch.isfinite(out).all())
