@@ -380,3 +380,35 @@ def test_moe_routing_by_value_is_refused_in_one_line(tmp_path: Path, capsys: pyt
                                                "DynamicOutputShapeException: aten.nonzero.default")
     assert "this mixture of experts picks each expert's tokens by value" in err[0]
     assert "Mixtral, Qwen2-MoE, Qwen3-MoE" in err[0]
+
+
+#: The shipped MoE configs made tiny, every structural key kept (DeepSeek-V3: 1 dense layer before the MoE ones,
+#: group-limited sigmoid routing, MLA, yarn rope; Qwen3-30B-A3B: renormalised top-k, q/k norms).
+TINY_MOE = {
+    "deepseek-v3": {"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 8,
+                    "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                    "qk_rope_head_dim": 8, "v_head_dim": 16, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+                    "vocab_size": 256},
+    "qwen3-30b-a3b": {"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
+                      "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                      "num_hidden_layers": 3, "max_window_layers": 3, "vocab_size": 256},
+}
+
+
+@pytest.mark.integration  # over 2 s: transformers' MoE models, counted
+@pytest.mark.parametrize("name", sorted(TINY_MOE))
+def test_shipped_moe_configs_profile_analytically_when_tiny(name: str, tmp_path: Path) -> None:
+    """examples/configs' DeepSeek-V3 and Qwen3-30B-A3B with small sizes (the full ones: docs/models.md) profile for
+    an H100 in bfloat16: the MoE blocks are counted once and copied, DeepSeek-V3's dense first block apart."""
+    config = tmp_path / f"tiny-{name}.json"
+    config.write_text(json.dumps({**json.loads((EXAMPLES / "configs" / f"{name}.json").read_text()),
+                                  **TINY_MOE[name]}))
+    assert main(["profile", "--hf-config", str(config), "--seq-len", "16", "--analytic", "h100-sxm", "--dtype",
+                 "bfloat16", "--microbatch-size", "1", "-o", str(tmp_path / "p")]) == 0
+    units = load_profile(tmp_path / "p").units
+    assert list(units.name) == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.layers.2",
+                                "model.norm"]
+    assert (units.forward_s > 0).all()
+    dense_first = name == "deepseek-v3"
+    assert list(units.same_as) == [-1, -1, -1 if dense_first else 1, 2 if dense_first else 1, -1]
