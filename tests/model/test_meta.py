@@ -207,3 +207,30 @@ def test_retarget_to_cpu_casts_an_integer_histc_input_traced_on_meta() -> None:
     meta.load(routed, "cpu")
     out = routed(torch.randn(2, 3, 8))  # before: RuntimeError: "histogram_cpu" not implemented for 'Int'
     assert out.shape == (2, 3, 8) and bool(torch.isfinite(out).all())
+
+
+class Stacked(nn.Module):
+    """A stacked weight of 8 MiB made with torch.empty, as transformers' MoE experts make theirs, and a small one;
+    records where each was made before register_parameter sees it."""
+
+    made_on: dict[str, str] = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        big, small = torch.empty(8, 512, 512), torch.zeros(4, 4)
+        Stacked.made_on.update(big=big.device.type, small=small.device.type)
+        self.big, self.small = nn.Parameter(big), nn.Parameter(small)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_a_tensor_larger_than_the_real_budget_is_made_on_meta() -> None:
+    # DeepSeek-V3's experts: torch.empty(256, 4096, 7168) allocated 30 GB before register_parameter moved it to meta
+    # ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 30064771072 bytes").
+    mf = ModelFile(Path("stacked.py"), Stacked, lambda b: ((torch.randn(b, 4),), torch.randn(b, 4)), default_loss,
+                   None)
+    meta = build_meta(mf, real_bytes=1 << 20)
+    assert Stacked.made_on == {"big": "meta", "small": "cpu"}
+    assert meta.model.big.device.type == "meta" and torch.equal(meta.real["small"], torch.zeros(4, 4))
+    assert torch.empty(8, 512, 512).device.type == "cpu"  # nothing left active
