@@ -17,8 +17,8 @@ from autopp.errors import AutoppError
 
 from .conftest import ROOT
 
-#: The devices issue 16 asks for.
-REQUIRED = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "l40s", "cpu"}
+#: The devices issue 16 asks for, and the H800 of issue 30 (DeepSeek-V3's GPU).
+REQUIRED = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "l40s", "cpu", "h800"}
 GPUS = sorted(REQUIRED - {"cpu"})
 
 
@@ -72,6 +72,15 @@ def test_h100_against_its_datasheet() -> None:
     assert spec.intra_node_link.link.bandwidth_bytes_per_s == 450e9
     assert spec.inter_node_link.link.bandwidth_bytes_per_s == 50e9
     assert load_device("a100-40gb").memory_bytes == 42_405_855_232  # what CUDA reports for the card
+
+
+def test_h800_is_an_h100_with_less_nvlink() -> None:
+    # Insights into DeepSeek-V3 (arXiv 2505.09343): NVLink 400 GB/s bidirectional instead of 900; compute as the H100.
+    h800, h100 = load_device("h800"), load_device("h100-sxm")
+    assert h800.peak_flops == h100.peak_flops and h800.memory_bytes == h100.memory_bytes
+    assert h800.intra_node_link.link.bandwidth_bytes_per_s == 200e9 < h100.intra_node_link.link.bandwidth_bytes_per_s
+    assert h800.inter_node_link.link == h100.inter_node_link.link
+    assert "2505.09343" in h800.source
 
 
 def test_cpu_entry_was_measured_here() -> None:
@@ -149,6 +158,7 @@ def test_spec_checks_carry_numbers() -> None:
     ("cuda (NVIDIA H100 80GB HBM3)", "h100-sxm"), ("cuda (NVIDIA A100-SXM4-40GB)", "a100-40gb"),
     ("cuda (NVIDIA A100-SXM4-80GB)", "a100-80gb"), ("cuda (NVIDIA H200)", "h200"), ("cuda (NVIDIA B200)", "b200"),
     ("cuda (AMD Instinct MI300X)", "mi300x"), ("cuda (NVIDIA L40S)", "l40s"), ("cpu (x86_64)", "cpu"),
+    ("cuda (NVIDIA H800)", "h800"),
     ("cuda (NVIDIA H100 PCIe)", None), ("cuda (Tesla V100-SXM2-16GB)", None),
 ])
 def test_identify_profile_device(device: str, name: str | None) -> None:

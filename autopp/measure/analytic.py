@@ -20,7 +20,7 @@ from ..data.catalog import DeviceSpec, identify_device, load_device
 from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..errors import AutoppError, ProfileError
 from ..model.contract import ModelFile, describe_error, load_model_file
-from ..model.fake import fake_mode
+from ..model.fake import fake_mode, faking
 from ..model.hf import load_model
 from ..model.meta import MetaModel, build_meta, build_units, meta_pieces, retarget
 from ..model.tp import local_model_file
@@ -148,7 +148,7 @@ def _count_size(c: ModelCounts, meta: MetaModel, b: int, progress: Progress) -> 
     env: dict[fx.Node, Any] = {}
     seen: dict[str, int] = {}
     named = dict(meta.model.named_modules())
-    with mode:
+    with faking(mode):
         def visit(node: fx.Node, args: tuple[Any, ...]) -> Any:
             i = piece_index[str(node.target)]
             module = gm.get_submodule(str(node.target))

@@ -1,7 +1,8 @@
 """Count one piece's work without running it: under torch's FakeTensorMode (on meta parameters), per aten op of the
 forward, the full backward, the input-gradient and the weight-gradient phase, its FLOPs (torch.utils.flop_counter's
-own formulas) and the bytes it reads and writes; the bytes autograd saves; the most tensor bytes live at once during
-a forward and backward, temporaries included. Nothing is materialized."""
+own formulas, and `grouped_mm_flops` for mixture-of-experts layers) and the bytes it reads and writes; the bytes
+autograd saves; the most tensor bytes live at once during a forward and backward, temporaries included. Nothing is
+materialized."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from ..costmodel.roofline import OpCounts
 from .memory import LiveBytes, saved_bytes, storage_key, tensors_in, value_bytes
 from .timing import Piece, run_phases
 
-__all__ = ["FLOP_FORMULAS", "PieceCounts", "OpCounter", "count_piece"]
+__all__ = ["FLOP_FORMULAS", "NAMED_FLOP_FORMULAS", "grouped_mm_flops", "expert_weight_bytes_unread", "PieceCounts",
+           "OpCounter", "count_piece"]
 
 #: torch's FLOP formulas, plus its CPU attention kernels under the formulas of the GPU ones (same arguments first:
 #: query, key, value; and grad_out before them for the backward), which torch.utils.flop_counter leaves out.
@@ -28,14 +30,66 @@ FLOP_FORMULAS = {**flop_registry,
                  torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
                      flop_registry[torch.ops.aten._scaled_dot_product_flash_attention_backward]}
 
-#: Ops that move no data: metadata queries and aliasing (views are recognised by their schema).
-_FREE = {torch.ops.aten.detach.default, torch.ops.prim.device.default, torch.ops.aten.lift_fresh.default,
-         torch.ops.aten.alias.default}
-
 
 def _moved_bytes(t: torch.Tensor) -> int:
     """Bytes an op reads or writes through `t`: its elements, or its storage when smaller (broadcast views)."""
     return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+
+def grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *_args: Any, out_val: torch.Tensor, **_kw: Any
+                     ) -> int:
+    """FLOPs of `aten._grouped_mm(mat_a, mat_b, offs)`: 2 x M x K x N summed over the groups, which is 2 x the
+    output's elements x the contraction, the grouped dimension taken whole: in a MoE layer's 2d x 3d forward the
+    rows are the routed (token, expert) pairs, tokens x top-k, all computed (HF's experts drop no token), so the
+    count does not depend on how the router spreads them; 2d x 2d (an expert weight's gradient, the contraction
+    grouped) is 2 x M x N x K with K the whole; 3d x 2d and 3d x 3d likewise. Under fake tensors `offs` has no
+    values: the count assumes every row (2d x 3d) or column (3d x 2d) is inside a group, `offs[-1]` the whole
+    dimension, as transformers' offsets (a cumulative count of every routed pair) are."""
+    if mat_a.dim() == 2 and mat_b.dim() == 2:
+        return 2 * mat_a.shape[0] * mat_a.shape[1] * mat_b.shape[1]
+    return 2 * out_val.numel() * mat_a.shape[-1]
+
+
+def _fallback_flops(inp: torch.Tensor, weight: torch.Tensor, *_args: Any, **_kw: Any) -> int:
+    """transformers' `grouped_mm_fallback(input (S, K), weight (G, K, N), offs)`, the loop of `torch.mm` per expert
+    that transformers exports instead of `torch._grouped_mm` in float32 (transformers/integrations/moe.py): 2 S K N."""
+    return 2 * inp.shape[0] * inp.shape[1] * weight.shape[2]
+
+
+def _fallback_backward_flops(inp: torch.Tensor, weight: torch.Tensor, *_args: Any, **_kw: Any) -> int:
+    """Its backward (`grouped_mm_fallback_backward`): the input's and the weights' gradients, 2 S K N each."""
+    return 2 * _fallback_flops(inp, weight)
+
+
+#: FLOP formulas of ops torch has none for, by operator name (an op of a library that may not be loaded).
+NAMED_FLOP_FORMULAS: dict[str, Callable[..., int]] = {
+    "aten::_grouped_mm": grouped_mm_flops,
+    "transformers::grouped_mm_fallback": _fallback_flops,
+    "transformers::grouped_mm_fallback_backward": _fallback_backward_flops}
+
+#: Ops whose second argument stacks one weight per expert, read for the routed rows of the first (2d, (S, K)).
+_EXPERT_WEIGHT_READS = frozenset({"aten::_grouped_mm", "transformers::grouped_mm_fallback",
+                                  "transformers::grouped_mm_fallback_backward"})
+
+
+def expert_weight_bytes_unread(name: str, args: tuple[Any, ...]) -> int:
+    """Bytes of the stacked expert weights (G, K, N) that a grouped matmul of S routed rows does not read, under the
+    routing assumption of the analytic profile: tokens spread evenly over the experts (as Megatron's MoE benchmarks
+    force it), so min(G, S) experts get rows and the others' weights are not read; 0 for other ops and shapes."""
+    if name not in _EXPERT_WEIGHT_READS or len(args) < 2:
+        return 0
+    rows, weight = args[0], args[1]
+    if not (isinstance(rows, torch.Tensor) and isinstance(weight, torch.Tensor)) or rows.dim() != 2 \
+            or weight.dim() != 3:
+        return 0
+    experts = weight.shape[0]
+    idle = experts - min(experts, rows.shape[0])
+    return _moved_bytes(weight) * idle // experts
+
+
+#: Ops that move no data: metadata queries and aliasing (views are recognised by their schema).
+_FREE = {torch.ops.aten.detach.default, torch.ops.prim.device.default, torch.ops.aten.lift_fresh.default,
+         torch.ops.aten.alias.default}
 
 
 class OpCounter(TorchDispatchMode):
@@ -53,9 +107,11 @@ class OpCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func in _FREE or getattr(func, "is_view", False):
             return out
-        formula = FLOP_FORMULAS.get(func._overloadpacket)
+        name = func.name()
+        formula = FLOP_FORMULAS.get(func._overloadpacket) or NAMED_FLOP_FORMULAS.get(name)
         f = formula(*args, **kwargs, out_val=out) if formula is not None else 0
         moved = sum(_moved_bytes(t) for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        moved -= expert_weight_bytes_unread(name, args)
         self.flops.append(int(f))
         self.bytes.append(int(moved))
         return out

@@ -19,11 +19,12 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.nn import functional as F
 
 from ..errors import ModelFileError
 from ..preflight import check_model_file
-from .fake import fake_mode, on_meta, to_fake
+from .fake import fake_mode, faking, on_meta, to_fake
 
 __all__ = ["Batch", "ModelFile", "load_model_file", "check_forward", "default_loss", "describe_error"]
 
@@ -161,7 +162,7 @@ def check_forward(mf: ModelFile, model: nn.Module, batch_size: int = 2) -> None:
     if on_meta(model):  # a model built on meta (autopp.model.meta) runs on fake tensors
         mode = fake_mode()
         inputs, target = to_fake(mode, (inputs, target))
-        with mode, _quiet_fake_tensor_log():
+        with faking(mode), _quiet_fake_tensor_log():
             _forward_loss_backward(mf, model, inputs, target, batch_size)
     else:
         _forward_loss_backward(mf, model, inputs, target, batch_size)
@@ -186,7 +187,8 @@ def _forward_loss_backward(mf: ModelFile, model: nn.Module, inputs: tuple[torch.
     try:
         output = model(*inputs)
     except (Exception, SystemExit) as exc:
-        raise mf.error(f"forward() on sample_batch({batch_size}) raised {describe_error(exc)}") from exc
+        raise mf.error(f"forward() on sample_batch({batch_size}) raised {describe_error(exc)}"
+                       f"{_forward_hint(model, exc)}") from exc
     try:
         loss = mf.loss_fn(output, target)
     except (Exception, SystemExit) as exc:
@@ -217,6 +219,26 @@ def _backward_hint(exc: BaseException) -> str:
         return ("; every operation in forward() needs a gradient (a torch.library.custom_op needs "
                 "register_autograd)")
     return ""
+
+
+#: Module names of a mixture-of-experts layer (transformers: `experts`, `block_sparse_moe`, `SparseMoeBlock`).
+_EXPERTS = re.compile(r"expert|moe", re.IGNORECASE)
+
+
+def _forward_hint(model: nn.Module, exc: BaseException) -> str:
+    """The advice for an op whose output shape depends on values (`nonzero`, `where(mask)`), which fake tensors (a
+    model built on meta) cannot run: for a mixture of experts, what does run (docs/models.md, "Mixture of
+    experts"); for any other model, where the limit comes from."""
+    if not isinstance(exc, (DynamicOutputShapeException, DataDependentOutputException)):
+        return ""
+    names = [f"{name} {type(m).__name__}" for name, m in model.named_modules()]
+    if any(_EXPERTS.search(n) for n in names):
+        return ("; this mixture of experts picks each expert's tokens by value (a loop over the experts hit), "
+                "which fake tensors cannot run: MoE layers that route with torch._grouped_mm over tokens sorted by "
+                "expert work (transformers' default experts implementation: Mixtral, Qwen2-MoE, Qwen3-MoE, "
+                "DeepSeek-V3, ...; see docs/models.md)")
+    return ("; an op whose output shape depends on tensor values cannot run on the fake tensors autopp checks models "
+            "on (docs/analytic.md)")
 
 
 def _first_line(exc: BaseException) -> str:

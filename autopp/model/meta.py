@@ -7,7 +7,8 @@ Building (`build_meta`): while `build_model()` runs, `nn.Module.register_paramet
 `init_empty_weights(include_buffers=False)`, written here), so the big weights never take memory while the modules'
 `__init__` code still runs as written: small parameters and all buffers stay real and keep what `__init__` gave them
 (rotary tables, norm weights, BatchNorm statistics). Those real values are kept by qualified name, then everything
-moves to meta. A model file may also return a model already on meta (built under `torch.device("meta")`): it is
+moves to meta. A tensor factory asked for more than the real budget is made on meta directly
+(`_HugeFactoriesOnMeta`): a MoE model's stacked expert weights would not fit in memory even until they are registered. A model file may also return a model already on meta (built under `torch.device("meta")`): it is
 accepted as it is.
 
 Materializing (`MetaModel.materialize`): each module owning a requested tensor gets fresh tensors on the device,
@@ -32,6 +33,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 from torch.distributed.pipelining import Pipe
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .contract import ModelFile, check_forward
@@ -89,6 +91,39 @@ def _large_parameters_on_meta(limit: int, budget: int) -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+#: Tensor factories `_huge_factories_on_meta` watches: their size is the first argument(s).
+_FACTORIES = frozenset({torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn})
+
+
+def _factory_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Bytes of the tensor a factory call makes: its size given as ints or as one sequence, in its dtype."""
+    dims = args[0] if args and isinstance(args[0], (tuple, list, torch.Size)) else kwargs.get("size", args)
+    numel = 1
+    for d in dims:
+        if not isinstance(d, int):
+            return 0  # torch.full's fill value after the size, or a symbolic size: not ours to judge
+        numel *= d
+    return numel * (kwargs.get("dtype") or torch.get_default_dtype()).itemsize
+
+
+class _HugeFactoriesOnMeta(TorchFunctionMode):
+    """While active, a tensor factory called without a device makes a tensor of more than `limit` bytes on meta.
+    `_large_parameters_on_meta` moves a parameter to meta only once it is registered, after `torch.empty` has
+    allocated it: a stacked expert weight of DeepSeek-V3 (256 x 4096 x 7168 float32, 30 GB) would not fit in memory
+    even for that moment. A buffer that large loses its built value (it gets the modules' initialisation or the
+    fallback, logged)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _FACTORIES and kwargs.get("device") is None and _factory_bytes(args, kwargs) > self.limit:
+            kwargs = {**kwargs, "device": "meta"}
+        return func(*args, **kwargs)
 
 
 def _named_tensors(module: nn.Module, recurse: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
@@ -246,8 +281,9 @@ def build_meta(mf: ModelFile, seed: int = 0, small_bytes: int | None = None, rea
     """The model of `mf` with every parameter and buffer on meta, and the real initial values of those built for
     real (parameters of at most `small_bytes`, default `SMALL_BYTES`, while they add up to at most `real_bytes`,
     default `REAL_BYTES`; buffers), by qualified name."""
-    with _large_parameters_on_meta(SMALL_BYTES if small_bytes is None else small_bytes,
-                                   REAL_BYTES if real_bytes is None else real_bytes):
+    budget = REAL_BYTES if real_bytes is None else real_bytes
+    with _large_parameters_on_meta(SMALL_BYTES if small_bytes is None else small_bytes, budget), \
+            _HugeFactoriesOnMeta(max(budget, SMALL_BYTES)):
         model = mf.build(seed)
     real = {name: t.detach() for name, t in _named_tensors(model) if t.device.type != "meta"}
     params: dict[int, nn.Parameter] = {}
@@ -287,10 +323,33 @@ def meta_pieces(mf: ModelFile, meta: MetaModel, split_points: Sequence[str], b: 
     return pipe, spec, meta_inputs, meta_target
 
 
+def _float_histc_inputs(graph: torch.fx.Graph) -> int:
+    """Cast the integer input of every `aten.histc` in `graph` to float32; returns how many. Tracing on meta takes a
+    model's branches for a device other than the CPU, and transformers' MoE experts (`grouped_mm_experts_forward`,
+    transformers/integrations/moe.py) then count tokens per expert with `histc` of int32 expert ids, as CUDA's
+    deterministic histc wants, which the CPU kernel refuses (`"histogram_cpu" not implemented for 'Int'`); on the
+    CPU that code casts the ids to float instead, which is what this does (exact: ids are small integers)."""
+    changed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.histc.default:
+            continue
+        source = node.args[0]
+        value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        if value is None or value.is_floating_point():
+            continue
+        with graph.inserting_before(node):
+            cast = graph.call_function(torch.ops.aten.to.dtype, (source, torch.float32))
+        cast.meta["val"] = value.to(torch.float32)
+        node.args = (cast, *node.args[1:])
+        changed += 1
+    return changed
+
+
 def retarget(pipe: Pipe, device: torch.device | str) -> int:
     """Make the pieces of a split traced on meta create their tensors on `device`: torch.export records a device
     that forward() reads from a tensor (`torch.ones(..., device=x.device)`, a causal mask) as the constant `meta`;
-    every such constant in the pieces' graphs becomes `device`. Returns how many were changed."""
+    every such constant in the pieces' graphs becomes `device`. On the CPU, an integer `histc` input is also cast to
+    float (`_float_histc_inputs`). Returns how many were changed."""
     target = torch.device(device)
     changed = 0
 
@@ -308,6 +367,8 @@ def retarget(pipe: Pipe, device: torch.device | str) -> int:
         before = changed
         for node in graph.nodes:
             node.args, node.kwargs = pytree.tree_map(swap, (node.args, node.kwargs))
+        if target.type == "cpu":
+            changed += _float_histc_inputs(graph)
         # An InterpreterModule runs the code of its `graph_module` (same graph) on itself: regenerate that code.
         code = module if isinstance(module, torch.fx.GraphModule) else getattr(module, "graph_module", None)
         if changed != before and isinstance(code, torch.fx.GraphModule):

@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ModelFileError
 from ..data.profile import LiveValue, TiedGroup, ValueAction
+from .fake import grouped_mm_on_fake
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def split_model(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], spli
     'output'", a submodule named `output`), the pieces run through the interpreter, and the log says so."""
     spec = {name: SplitPoint.BEGINNING for name in split_points}
     try:
-        with warnings.catch_warnings(), _disable_interpreter(), _quiet_export():
+        with warnings.catch_warnings(), _disable_interpreter(), _quiet_export(), grouped_mm_on_fake():
             warnings.simplefilter("ignore")
             pipe = pipeline(copy.deepcopy(model), mb_args=example_inputs, split_spec=spec)
     except Exception as exc:

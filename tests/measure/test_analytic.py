@@ -332,15 +332,90 @@ def test_cli_analytic_refuses_other_dtype_and_measuring_flags(tmp_path: Path, ca
     assert not (tmp_path / "p").exists()
 
 
-@pytest.mark.integration  # over 2 s: two counts of a model / transformers' MoE import
-def test_moe_routing_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/models.md: a Mixtral config cannot run on fake tensors (torch's meta _grouped_mm takes bfloat16 only)."""
+TINY_MIXTRAL = {"model_type": "mixtral", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 2, "num_experts_per_tok": 1,
+                "vocab_size": 64, "max_position_embeddings": 32}
+
+
+@pytest.mark.integration  # over 2 s: transformers' MoE import and a count
+def test_moe_config_profiles_analytically_in_float32(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 30: a tiny Mixtral config printed 22 lines of fake_tensor.py traceback and then `forward() on
+    sample_batch(2) raised RuntimeError: Expected inputs of BF16 type` (torch's meta _grouped_mm takes bfloat16 only);
+    now it profiles, quietly."""
     config = tmp_path / "tiny-mixtral.json"
-    config.write_text(json.dumps({"model_type": "mixtral", "hidden_size": 16, "intermediate_size": 32,
-                                  "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-                                  "num_local_experts": 2, "num_experts_per_tok": 1, "vocab_size": 64,
-                                  "max_position_embeddings": 32}))
+    config.write_text(json.dumps(TINY_MIXTRAL))
+    assert main(["profile", "--hf-config", str(config), "--analytic", "cpu", "--microbatch-size", "1",
+                 "-o", str(tmp_path / "p")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    units = load_profile(tmp_path / "p").units
+    assert list(units.name) == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm"]
+    assert (units.forward_s > 0).all() and (units.param_bytes > 0).all()
+
+
+@pytest.mark.integration  # over 2 s: two counts of an HF MoE model
+def test_moe_expert_flops_follow_top_k_from_the_config(tmp_path: Path) -> None:
+    """Every routed (token, expert) pair is computed: one more expert per token adds, per block, 2 x tokens x
+    (hidden x 2 intermediate + intermediate x hidden) FLOPs forward (gate-up and down projections), twice that
+    backward, and nothing else (the router's logits are computed for every expert either way)."""
+    from autopp.model.hf import hf_model_file
+
+    counts = []
+    for k in (1, 2):
+        config = tmp_path / f"top{k}.json"
+        config.write_text(json.dumps({**TINY_MIXTRAL, "num_experts_per_tok": k}))
+        block = count_model(hf_model_file(config, seq_len=8), (1,)).rows[1].counts
+        counts.append((sum(block.forward.flops), sum(block.backward.flops)))
+    h, i, tokens = TINY_MIXTRAL["hidden_size"], TINY_MIXTRAL["intermediate_size"], 8
+    per_pair = 2 * (h * 2 * i + i * h)
+    assert counts[1][0] - counts[0][0] == tokens * per_pair
+    assert counts[1][1] - counts[0][1] == 2 * tokens * per_pair
+
+
+@pytest.mark.integration  # over 2 s: transformers' MoE import
+def test_moe_routing_by_value_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/models.md: a mixture of experts whose experts loop over the tokens each one is given (DBRX in
+    transformers 5: `nonzero` of the routing mask) cannot run on fake tensors; the one line says so and what works."""
+    config = tmp_path / "tiny-dbrx.json"
+    config.write_text(json.dumps({"model_type": "dbrx", "d_model": 16, "n_heads": 2, "n_layers": 2,
+                                  "max_seq_len": 32, "vocab_size": 64,
+                                  "attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0, "clip_qkv": 8},
+                                  "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 2, "moe_top_k": 1}}))
     assert main(["profile", "--hf-config", str(config), "--analytic", "cpu", "--microbatch-size", "1",
                  "-o", str(tmp_path / "p")]) == 2
-    assert f"{config}: forward() on sample_batch(2) raised RuntimeError: Expected inputs of BF16 type" \
-        in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"autopp: error: {config}: forward() on sample_batch(2) raised "
+                                               "DynamicOutputShapeException: aten.nonzero.default")
+    assert "this mixture of experts picks each expert's tokens by value" in err[0]
+    assert "Mixtral, Qwen2-MoE, Qwen3-MoE" in err[0]
+
+
+#: The shipped MoE configs made tiny, every structural key kept (DeepSeek-V3: 1 dense layer before the MoE ones,
+#: group-limited sigmoid routing, MLA, yarn rope; Qwen3-30B-A3B: renormalised top-k, q/k norms).
+TINY_MOE = {
+    "deepseek-v3": {"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 8,
+                    "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                    "qk_rope_head_dim": 8, "v_head_dim": 16, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+                    "vocab_size": 256},
+    "qwen3-30b-a3b": {"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
+                      "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                      "num_hidden_layers": 3, "max_window_layers": 3, "vocab_size": 256},
+}
+
+
+@pytest.mark.integration  # over 2 s: transformers' MoE models, counted
+@pytest.mark.parametrize("name", sorted(TINY_MOE))
+def test_shipped_moe_configs_profile_analytically_when_tiny(name: str, tmp_path: Path) -> None:
+    """examples/configs' DeepSeek-V3 and Qwen3-30B-A3B with small sizes (the full ones: docs/models.md) profile for
+    an H100 in bfloat16: the MoE blocks are counted once and copied, DeepSeek-V3's dense first block apart."""
+    config = tmp_path / f"tiny-{name}.json"
+    config.write_text(json.dumps({**json.loads((EXAMPLES / "configs" / f"{name}.json").read_text()),
+                                  **TINY_MOE[name]}))
+    assert main(["profile", "--hf-config", str(config), "--seq-len", "16", "--analytic", "h100-sxm", "--dtype",
+                 "bfloat16", "--microbatch-size", "1", "-o", str(tmp_path / "p")]) == 0
+    units = load_profile(tmp_path / "p").units
+    assert list(units.name) == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.layers.2",
+                                "model.norm"]
+    assert (units.forward_s > 0).all()
+    dense_first = name == "deepseek-v3"
+    assert list(units.same_as) == [-1, -1, -1 if dense_first else 1, 2 if dense_first else 1, -1]

@@ -173,3 +173,64 @@ def test_hf_llama_on_meta_keeps_its_rotary_tables_and_discovers_its_blocks() -> 
     assert torch.equal(values["model.rotary_emb.inv_freq"], real.model.rotary_emb.inv_freq)
     std = real.config.initializer_range  # transformers' _init_weights: normal(0, initializer_range)
     assert abs(float(values["model.layers.0.mlp.up_proj.weight"].std()) - std) < std / 10
+
+
+class Routed(nn.Module):
+    """Counts tokens per expert as transformers' MoE experts do (integrations/moe.py): `histc` of float ids on the
+    CPU, of int32 ids elsewhere, so a trace on meta records the int32 branch, which the CPU kernel refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(8, 4)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = self.router(x).argmax(-1).flatten()
+        ids = ids.float() if x.device.type == "cpu" else ids.int()
+        counts = torch.histc(ids, bins=4, min=0, max=3)
+        return self.out(x) * counts.sum()
+
+
+def test_retarget_to_cpu_casts_an_integer_histc_input_traced_on_meta() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), Routed())
+    mf = ModelFile(Path("routed.py"), lambda: model, lambda b: ((torch.randn(b, 3, 8),), torch.randn(b, 3, 8)),
+                   default_loss, None)
+    meta = build_meta(mf)
+    pipe, _, _, _ = meta_pieces(mf, meta, ["1"], 2)
+    routed = pipe.get_stage_module(1)
+    histc = [n for n in pipe.split_gm.modules() if isinstance(getattr(n, "graph", None), torch.fx.Graph)
+             for n in n.graph.nodes if n.target is torch.ops.aten.histc.default]
+    assert [n.args[0].meta["val"].dtype for n in histc] == [torch.int32]  # the meta branch, traced
+    assert retarget(pipe, "cpu") >= 1
+    assert [n.args[0].meta["val"].dtype for n in histc] == [torch.float32]
+    meta.load(routed, "cpu")
+    out = routed(torch.randn(2, 3, 8))  # before: RuntimeError: "histogram_cpu" not implemented for 'Int'
+    assert out.shape == (2, 3, 8) and bool(torch.isfinite(out).all())
+
+
+class Stacked(nn.Module):
+    """A stacked weight of 8 MiB made with torch.empty, as transformers' MoE experts make theirs, and a small one;
+    records where each was made before register_parameter sees it."""
+
+    made_on: dict[str, str] = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        big, small = torch.empty(8, 512, 512), torch.zeros(4, 4)
+        Stacked.made_on.update(big=big.device.type, small=small.device.type)
+        self.big, self.small = nn.Parameter(big), nn.Parameter(small)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_a_tensor_larger_than_the_real_budget_is_made_on_meta() -> None:
+    # DeepSeek-V3's experts: torch.empty(256, 4096, 7168) allocated 30 GB before register_parameter moved it to meta
+    # ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 30064771072 bytes").
+    mf = ModelFile(Path("stacked.py"), Stacked, lambda b: ((torch.randn(b, 4),), torch.randn(b, 4)), default_loss,
+                   None)
+    meta = build_meta(mf, real_bytes=1 << 20)
+    assert Stacked.made_on == {"big": "meta", "small": "cpu"}
+    assert meta.model.big.device.type == "meta" and torch.equal(meta.real["small"], torch.zeros(4, 4))
+    assert torch.empty(8, 512, 512).device.type == "cpu"  # nothing left active

@@ -1,7 +1,8 @@
 """Integration tests of run_plan on models that are not chains: a Hugging Face GPT-2 whose embedding is tied to its
 head, a mask and a residual that skip stages under multi-stage schedules, and T5 (two gloo ranks); HF decoders with
 rotary tables (Qwen2, GPT-NeoX) and a U-Net with long skips on four ranks under GPipe, 1F1B, Interleaved1F1B and V
-schedules, and a GPT-NeoX plan made with every schedule open (auto) and run.
+schedules, a GPT-NeoX plan made with every schedule open (auto) and run, and a Qwen3-MoE mixture of experts on
+two ranks (Mixtral and Qwen2-MoE: tests/test_moe_regression.py).
 scripts/check_models.py runs the whole model x schedule matrix (docs/models.md)."""
 
 from __future__ import annotations
@@ -124,4 +125,13 @@ def test_unet_long_skips_under_a_v_schedule_on_four_ranks() -> None:
     report = run_plan(_even_plan(MODELS / "unet.py", "ZBVZeroBubble", 2), RunOptions(steps=1, timeout_s=240))
     assert report.passed and report.complete
     assert all(t.input_s is not None and t.weight_s is not None for t in report.stage_times)
+    assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
+
+
+def test_a_qwen3_moe_runs_on_two_ranks() -> None:
+    # Issue 30: a mixture of experts (4 experts, top-2, renormalised; transformers' grouped_mm experts, exported as its
+    # float32 fallback op) split in two; the stacked expert weights' gradients are validated like any other.
+    report = run_plan(two_stage_plan(MODELS / "hf_qwen3_moe.py", "model.layers.2"), steps=1, timeout_s=120)
+    assert report.passed and report.complete
+    assert any(d.name.endswith("mlp.experts.gate_up_proj") for d in report.grad_diffs)
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)

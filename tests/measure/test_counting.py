@@ -1,0 +1,74 @@
+"""FLOPs and bytes of grouped matmuls (autopp.measure.counting): `aten._grouped_mm` counted on fake tensors equals
+the sum of its groups' matmuls counted by torch on real ones; the expert weights a few routed rows leave unread."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from autopp.measure.counting import OpCounter, expert_weight_bytes_unread
+from autopp.model.fake import fake_mode, faking
+
+from ..model.test_fake import CASES, OFFS, _operands
+
+
+def _per_group_flops(case: str) -> int:
+    """torch's own count of the case's groups, each a plain matmul of its slice (real tensors, real offsets)."""
+    a, b, offs = _operands(case)
+    bounds = list(zip((0, *OFFS[:-1]), OFFS))
+    with FlopCounterMode(display=False) as counter:
+        if offs is None:
+            torch.bmm(a, b)
+        elif a.dim() == 2 and b.dim() == 3:
+            for g, (lo, hi) in enumerate(bounds):
+                a[lo:hi] @ b[g]
+        elif a.dim() == 2:
+            for lo, hi in bounds:
+                a[:, lo:hi] @ b[lo:hi]
+        else:
+            for g, (lo, hi) in enumerate(bounds):
+                a[g] @ b[:, lo:hi]
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_grouped_mm_flops_are_the_sum_of_its_groups_matmuls(case: str) -> None:
+    mode = fake_mode()
+    with faking(mode):
+        a, b, offs = _operands(case)
+        with OpCounter() as counter:
+            torch._grouped_mm(a, b, offs=offs)
+    assert counter.flops == [_per_group_flops(case)]
+    assert counter.flops[0] > 0
+
+
+def test_backward_of_an_expert_layer_counts_both_gradients() -> None:
+    # d input: (S, N) x (G, N, K) grouped by rows; d weight: (K, S) x (S, N), the contraction grouped: 2 S K N each.
+    mode = fake_mode()
+    with faking(mode):
+        a, b = torch.randn(16, 8, requires_grad=True), torch.randn(4, 8, 12, requires_grad=True)
+        out = torch._grouped_mm(a, b, offs=torch.tensor(OFFS, dtype=torch.int32))
+        with OpCounter() as counter:
+            out.backward(torch.ones_like(out))
+    assert sorted(f for f in counter.flops if f) == [2 * 16 * 8 * 12] * 2
+
+
+@pytest.mark.parametrize("rows, unread_experts", [(1, 7), (5, 3), (8, 0), (64, 0)])
+def test_few_routed_rows_leave_expert_weights_unread(rows: int, unread_experts: int) -> None:
+    # Balanced routing: `rows` routed pairs reach min(8, rows) of the 8 experts; the others' weights are not read.
+    weight = torch.empty(8, 32, 16, device="meta")
+    per_expert = 32 * 16 * 4
+    args = (torch.empty(rows, 32, device="meta"), weight)
+    assert expert_weight_bytes_unread("aten::_grouped_mm", args) == unread_experts * per_expert
+    assert expert_weight_bytes_unread("aten::mm", args) == 0
+
+
+def test_counted_bytes_of_a_grouped_mm_leave_out_idle_experts() -> None:
+    mode = fake_mode()
+    with faking(mode):
+        a, b = torch.randn(2, 8), torch.randn(4, 8, 12)  # 2 routed rows: 2 of the 4 experts' weights read
+        offs = torch.tensor((1, 2, 2, 2), dtype=torch.int32)
+        with OpCounter() as counter:
+            torch._grouped_mm(a, b, offs=offs)
+    assert counter.bytes == [(2 * 8 + 2 * 8 * 12 + 4 + 2 * 12) * 4]

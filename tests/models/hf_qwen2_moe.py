@@ -1,0 +1,36 @@
+"""A tiny Hugging Face Qwen2-MoE (transformers) built from a config with random weights: offline, no hub download.
+
+A mixture of experts with a shared expert: each block's feed-forward is 4 routed experts with top-2 routing
+(`torch._grouped_mm` in transformers 5) plus a shared expert, a dense MLP every token passes, scaled by its own
+sigmoid gate (`Qwen2MoeSparseMoeBlock`). The second model of issue 30's regression (with tests/models/hf_mixtral.py).
+Units: the embedding, each block of `model.layers`, the final norm with the head (6 units).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+VOCAB = 256
+WIDTH = 32
+HEADS = 4
+KV_HEADS = 2
+LAYERS = 4
+EXPERTS = 4
+TOP_K = 2
+CONTEXT = 16
+
+
+def build_model() -> torch.nn.Module:
+    config = Qwen2MoeConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
+                            moe_intermediate_size=WIDTH, shared_expert_intermediate_size=2 * WIDTH,
+                            num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                            num_experts=EXPERTS, num_experts_per_tok=TOP_K, max_position_embeddings=CONTEXT,
+                            bos_token_id=0, eos_token_id=0, pad_token_id=0, use_cache=False,
+                            tie_word_embeddings=False)
+    return Qwen2MoeForCausalLM(config)
+
+
+def sample_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    idx = torch.randint(0, VOCAB, (batch_size, CONTEXT + 1))
+    return idx[:, :-1], idx[:, 1:]
