@@ -363,7 +363,7 @@ def test_moe_expert_flops_follow_top_k_from_the_config(tmp_path: Path) -> None:
     for k in (1, 2):
         config = tmp_path / f"top{k}.json"
         config.write_text(json.dumps({**TINY_MIXTRAL, "num_experts_per_tok": k}))
-        block = count_model(hf_model_file(config, seq_len=8), (1,)).rows[1].counts
+        block = count_model(hf_model_file(config, seq_len=8), ProfileOptions(microbatch_sizes=(1,))).rows[1].counts
         counts.append((sum(block.forward.flops), sum(block.backward.flops)))
     h, i, tokens = TINY_MIXTRAL["hidden_size"], TINY_MIXTRAL["intermediate_size"], 8
     per_pair = 2 * (h * 2 * i + i * h)

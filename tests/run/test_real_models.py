@@ -131,7 +131,7 @@ def test_unet_long_skips_under_a_v_schedule_on_four_ranks() -> None:
 def test_a_qwen3_moe_runs_on_two_ranks() -> None:
     # Issue 30: a mixture of experts (4 experts, top-2, renormalised; transformers' grouped_mm experts, exported as its
     # float32 fallback op) split in two; the stacked expert weights' gradients are validated like any other.
-    report = run_plan(two_stage_plan(MODELS / "hf_qwen3_moe.py", "model.layers.2"), steps=1, timeout_s=120)
+    report = run_plan(two_stage_plan(MODELS / "hf_qwen3_moe.py", "model.layers.2"), RunOptions(steps=1, timeout_s=120))
     assert report.passed and report.complete
     assert any(d.name.endswith("mlp.experts.gate_up_proj") for d in report.grad_diffs)
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)

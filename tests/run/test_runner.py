@@ -66,7 +66,7 @@ def test_two_stages_per_rank_match_reference_and_are_timed(schedule: str, kinds:
 def test_two_replicas_of_a_two_rank_pipeline_through_torchrun(tmp_path: Path) -> None:
     # dp 2 x pp 2 = 4 ranks started by torchrun (one node): replicas average their gradients before SGD.
     plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2), num_microbatches=2, microbatch_size=2)
-    report = run_plan(plan, RunOptions(steps=2, timeout_s=90, work_dir=tmp_path), nodes=Nodes(master_port=free_port()))
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=90, work_dir=tmp_path, nodes=Nodes(master_port=free_port())))
     assert report.passed and report.launcher == "torchrun" and report.layout == Layout(pp=2, dp=2)
     assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
     assert [(m.rank, m.replica, m.pp_rank) for m in report.ranks] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
