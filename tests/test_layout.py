@@ -3,7 +3,6 @@ numbers, the request's pins, and its JSON fields."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 

@@ -92,7 +92,7 @@ def _auto_class(source: HfSource, config: Any) -> Any:
     if type(config) not in auto._model_mapping:
         others = [t for t in TASK_CLASSES if t != source.task]
         raise ModelFileError(f"{source.config_path}: transformers has no {source.task} model for model_type "
-                             f"{source.model_type!r}; give --task {' or '.join(others)}")
+                             f"{source.model_type!r}; give `task` {' or '.join(others)}")
     return auto
 
 

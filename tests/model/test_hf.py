@@ -105,7 +105,7 @@ def test_transformers_errors_are_one_line(tmp_path: Path) -> None:
     _one_line(lambda: hf_model_file(unknown), r"unknown.json: transformers \S+ does not know model_type "
                                               r"'not-a-model'; check the key")
     _one_line(lambda: hf_model_file(TINY, task="masked-lm"),
-              "tiny-llama.json: transformers has no masked-lm model for model_type 'llama'; give --task causal-lm "
+              "tiny-llama.json: transformers has no masked-lm model for model_type 'llama'; give `task` causal-lm "
               "or seq-cls")
     novocab = tmp_path / "novocab.json"
     novocab.write_text(json.dumps({**json.loads(TINY.read_text()), "vocab_size": 1}))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...data.layout import Layout
 from ...data.profile import Profile
 from ...errors import InfeasibleError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, describe, listed
