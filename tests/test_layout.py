@@ -3,7 +3,6 @@ numbers, the request's pins, and its JSON fields."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from autopp.data.layout import (MESH_AXES, UNPLANNED, Coords, Layout, LayoutPins, UnitView, check_planned,
