@@ -294,6 +294,8 @@ PLANS: dict[str, Callable[[Env], None]] = {
     "v1-stage-recompute-text": _plan_edit(lambda d: d.update(version=1, stages=[
         {**{k: v for k, v in s.items() if k != "activation"}, "recompute": "yes" if i == 0 else False}
         for i, s in enumerate(d["stages"])])),
+    "v2-stage-recompute": _plan_edit(_stage(0, recompute=True)),  # version 2 with version 1's field
+    "v1-stage-activation": _plan_edit(lambda d: d.update(version=1)),  # version 1 with version 2's field
     "predicted-step-nan": _plan_edit(lambda d: d["predicted"].update(step_time_s=float("nan"))),
     "predicted-peaks-text": _plan_edit(lambda d: d["predicted"].update(peak_memory_bytes=["1MB"])),
     "baselines-not-object": _plan_edit(lambda d: d.update(baselines=[1])),
@@ -428,6 +430,8 @@ OUTPUTS: list[tuple[str, Callable[[Env], list[str]], Callable[[Env], str], Calla
      lambda env: None),
     ("show:-o-a-directory", lambda env: ["show", str(env.plan), "-o", str(env.tmp)], lambda env: str(env.tmp),
      lambda env: None),
+    ("show:-o-not-a-picture", lambda env: ["show", str(env.plan), "-o", str(env.tmp / "t.txt")],
+     lambda env: str(env.tmp / "t.txt"), lambda env: None),
     ("show:--trace-in-proc", lambda env: ["show", str(env.plan), "-o", str(env.tmp / "t.png"), "--trace",
                                           "/proc/autopp-trace.json"], lambda env: "--trace", lambda env: None),
     ("profile-links:-o-in-proc", lambda env: ["profile-links", "-o", "/proc/autopp-links.json"],

@@ -7,9 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import AutoppError
 from ..preflight import check_output_file
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "PICTURE_SUFFIXES"]
+
+#: The picture formats `show -o` writes (matplotlib's, by suffix).
+PICTURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg")
 
 
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -44,6 +48,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
     path = Path(args.file)
     data = read_json(path, "plan or report file", advice="give a file written by `autopp plan` or `autopp run`")
     out = check_output_file(args.output or path.with_suffix(".png"), "-o" if args.output else None)
+    if out.suffix.lower() not in PICTURE_SUFFIXES:
+        given = out.suffix or "no suffix"
+        raise AutoppError(f"-o {out}: a picture is written as {', '.join(PICTURE_SUFFIXES)}, not {given}; give a "
+                          "path ending in .png")
+    out.parent.mkdir(parents=True, exist_ok=True)  # as plan, export and run create theirs
     if args.trace:
         check_output_file(args.trace, "--trace")
     if isinstance(data, dict) and "grad_rtol" in data:

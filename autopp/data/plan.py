@@ -19,6 +19,7 @@ from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 
 __all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
 
+
 @dataclass(frozen=True, kw_only=True)
 class StagePlan:
     """One pipeline stage: the units [first, end) of the profile, placed on `rank`."""
@@ -65,8 +66,7 @@ class StagePlan:
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
             raise TypeError(f"StagePlan.activation must be an Activation, got {self.activation!r}")
-        for name in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "overhead_s",
-                     "progress_s", "transient_bytes"):
+        for name in _STAGE_NUMBERS:
             value = getattr(self, name)
             if value is None and name in ("backward_input_s", "backward_weight_s"):
                 continue
@@ -207,6 +207,8 @@ class Plan:
         if not isinstance(data["stages"], (list, tuple)) or not data["stages"]:
             f.fail("field 'stages' must be a non-empty list")
         for i, s in enumerate(data["stages"]):
+            if isinstance(s, dict) and "recompute" in s:  # version 2 with version 1's field
+                f.at(f"stage {i}").fail("field 'recompute' is version 1's; version 2 has 'activation' (keep, recompute)")
             f.at(f"stage {i}").record(s, StagePlan)
         f.at("predicted").record(data["predicted"], Prediction)
         _check_fields(data, f)
@@ -216,7 +218,7 @@ class Plan:
                                         "activation": Activation(s.get("activation", "keep"))})
                            for s in data["stages"])
             rest = {k: v for k, v in data.items() if k not in LAYOUT_FIELDS}
-            plan = Plan(**{**rest, "layout": _layout(data), "schedule": ScheduleName(data["schedule"]),
+            plan = Plan(**{**rest, "layout": layout_of(data), "schedule": ScheduleName(data["schedule"]),
                            "stages": stages,
                            "predicted": _prediction(data["predicted"]),
                            "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
@@ -225,7 +227,7 @@ class Plan:
                            "device_order": tuple(data.get("device_order", ()))})
             _check_consistent(plan)
             return plan
-        except PlanError as exc:
+        except (PlanError, LayoutError) as exc:  # LayoutError: the layout's fields do not add up
             raise PlanError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
@@ -366,14 +368,6 @@ def _check_step_time(plan: Plan) -> None:
                         f"{plan.predicted.step_time_s:.3g} s step, which fits at most "
                         f"{int(plan.predicted.step_time_s / per_mb)}: the file was edited after planning; re-plan "
                         "with `autopp plan ... --microbatches M` instead")
-
-
-def _layout(data: dict[str, Any]) -> Layout:
-    """The Layout of checked plan JSON (`layout_of`), as a PlanError naming `num_ranks` when it does not add up."""
-    try:
-        return layout_of(data)
-    except LayoutError as exc:
-        raise PlanError(str(exc)) from None
 
 
 def _record(data: dict[str, Any], f: Fields) -> None:

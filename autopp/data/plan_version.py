@@ -28,6 +28,8 @@ def upgraded(data: dict[str, Any], f: Fields = Fields("plan", PlanError)) -> dic
 
 
 def _upgraded_stage(s: Any, f: Fields) -> Any:
+    if isinstance(s, dict) and "activation" in s:
+        f.fail("field 'activation' is version 2's; a version-1 stage has field 'recompute' (true or false)")
     if not isinstance(s, dict) or "recompute" not in s:
         return s
     flag = f.flag(s["recompute"], "recompute")
