@@ -16,8 +16,8 @@ and tensor-parallel ranks of a pipeline rank (ep divides dp x cp x tp).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from ..errors import LayoutError
