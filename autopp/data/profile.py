@@ -123,8 +123,8 @@ class ProfileMeta:
         f.record(data, ProfileMeta)
         _check_meta_types(data, f)
         check_tp_meta(data, f)
-        tuples: dict[str, Any] = {k: tuple(data.get(k, ())) for k in ("unit_names", "split_points", "microbatch_sizes", "whole_model",
-                                                      "tp_degrees")}
+        listed = ("unit_names", "split_points", "microbatch_sizes", "whole_model", "tp_degrees")
+        tuples: dict[str, Any] = {k: tuple(data.get(k, ())) for k in listed}
         return replace(ProfileMeta(**data), **tuples,
                        live_values=tuple(LiveValue.from_json(v, where)
                                          for v in f.entries(data.get("live_values", []), "live_values")),

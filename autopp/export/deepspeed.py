@@ -61,7 +61,8 @@ def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
                           "stage file builds none; re-plan with `tp` 1, or export to torchtitan or megatron")
     refuse_zero(plan, "deepspeed", where)
     activations = uniform_policy(plan, "DeepSpeed", where)
-    notes = [f"DeepSpeed: launch {plan.num_ranks} ranks (pp {plan.layout.pp} x dp {plan.layout.dp}); build the model with "
+    layout = plan.layout
+    notes = [f"DeepSpeed: launch {plan.num_ranks} ranks (pp {layout.pp} x dp {layout.dp}); build the model with "
              f"pipeline_module() from {snippet_path}"]
-    return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n", {snippet_path: pipe_snippet(plan, activations)},
-                    tuple(notes))
+    return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n",
+                    {snippet_path: pipe_snippet(plan, activations)}, tuple(notes))

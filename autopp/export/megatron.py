@@ -68,7 +68,8 @@ def to_megatron(plan: Plan, where: str) -> Exported:
              f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",
              f"--micro-batch-size {plan.microbatch_size}",
              f"--global-batch-size {plan.global_batch}"]
-    notes = [f"Megatron: launch {plan.num_ranks} ranks (world size pp {plan.layout.pp} x dp {plan.layout.dp} x tp {plan.layout.tp}; "
+    layout = plan.layout
+    notes = [f"Megatron: launch {plan.num_ranks} ranks (world size pp {layout.pp} x dp {layout.dp} x tp {layout.tp}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
              "does; no sequence parallelism, as autopp costed it)"]
     if plan.layout.tp > 1:

@@ -8,7 +8,8 @@ Building (`build_meta`): while `build_model()` runs, `nn.Module.register_paramet
 `__init__` code still runs as written: small parameters and all buffers stay real and keep what `__init__` gave them
 (rotary tables, norm weights, BatchNorm statistics). Those real values are kept by qualified name, then everything
 moves to meta. A tensor factory asked for more than the real budget is made on meta directly
-(`_HugeFactoriesOnMeta`): a MoE model's stacked expert weights would not fit in memory even until they are registered. A model file may also return a model already on meta (built under `torch.device("meta")`): it is
+(`_HugeFactoriesOnMeta`): a MoE model's stacked expert weights would not fit in memory even until they are
+registered. A model file may also return a model already on meta (built under `torch.device("meta")`): it is
 accepted as it is.
 
 Materializing (`MetaModel.materialize`): each module owning a requested tensor gets fresh tensors on the device,

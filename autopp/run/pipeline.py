@@ -73,7 +73,8 @@ class RankStages:
 def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
                  group: dist.ProcessGroup | None, mesh: DeviceMesh | None = None) -> RankStages:
     """The stages placed on pipeline rank `pp_rank`, in stage order, split from a model built with the plan's seed;
-    with a device `mesh` (`uses_mesh`: tensor parallelism or ZeRO), tensor-parallel and ZeRO-sharded (autopp.run.parallel)."""
+    with a device `mesh` (`uses_mesh`: tensor parallelism or ZeRO), tensor-parallel and ZeRO-sharded
+    (autopp.run.parallel)."""
     owner = placement(plan)
     model = mf.build(plan.seed)
     resolved = planned_modules(mf, model, plan) if mesh is not None else {}

@@ -171,8 +171,8 @@ def _check_untied(plan: Plan, built: RankStages) -> None:
     tied = sorted(set(built.shared) | {n for n, ps in built.params.items() if len(ps) > 1})
     if tied:
         raise RunError(f"the model ties {tied[0]!r} between stages, which the runner sums only without tensor "
-                       f"parallelism and ZeRO (plan has tp {plan.layout.tp}, zero {plan.layout.zero.stage}): run it with tp 1 "
-                       "and zero 0")
+                       f"parallelism and ZeRO (plan has tp {plan.layout.tp}, zero {plan.layout.zero.stage}): run it "
+                       "with tp 1 and zero 0")
 
 
 @dataclass
@@ -203,7 +203,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
     optimizer = torch.optim.SGD(params, lr=args.lr)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     # memory counts the rank's shards; ZeRO: FSDP2's gathered parameters are registered on the stages while used
-    recorder, saved = StepRecorder(), SavedBytes(params, [s.submod for s in stages] if not plan.layout.zero.replicated else ())
+    sharded = [s.submod for s in stages] if not plan.layout.zero.replicated else []
+    recorder, saved = StepRecorder(), SavedBytes(params, sharded)
     recorder.wrap_stages(stages)
     run = _Run([], [], [], [], 0, {}, [])
     logger.info("stages %s built on pipeline rank %d of replica %d%s, on device %d (%s; %d parameters)",

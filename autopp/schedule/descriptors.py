@@ -255,8 +255,9 @@ class Descriptor:
 _GPIPE = Descriptor(name=ScheduleName.GPIPE, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
                     torch_class="ScheduleGPipe", builder=named.gpipe, estimate=_estimate_gpipe,
                     pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, exact_inflight=_exact_gpipe)
-_ONE_F_ONE_B = Descriptor(name=ScheduleName.ONE_F_ONE_B, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
-                          torch_class="Schedule1F1B", builder=named.one_f_one_b, estimate=_estimate_1f1b,
+_ONE_F_ONE_B = Descriptor(name=ScheduleName.ONE_F_ONE_B, placement=StagePlacement.LOOP, fixed_v=1,
+                          splits_backward=False, torch_class="Schedule1F1B", builder=named.one_f_one_b,
+                          estimate=_estimate_1f1b,
                           pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, min_microbatches_per_rank=1,
                           exact_inflight=_exact_1f1b)
 _INTERLEAVED = Descriptor(name=ScheduleName.INTERLEAVED_1F1B, placement=StagePlacement.LOOP, fixed_v=None,
@@ -264,8 +265,9 @@ _INTERLEAVED = Descriptor(name=ScheduleName.INTERLEAVED_1F1B, placement=StagePla
                           builder=named.interleaved_1f1b, estimate=_estimate_megatron, pipe_bound=_bound_megatron,
                           estimate_bound=_estimate_bound_megatron,
                           rounded=True)
-_LOOPED_BFS = Descriptor(name=ScheduleName.LOOPED_BFS, placement=StagePlacement.LOOP, fixed_v=None, splits_backward=False,
-                         torch_class="ScheduleLoopedBFS", builder=named.looped_bfs, estimate=_estimate_megatron,
+_LOOPED_BFS = Descriptor(name=ScheduleName.LOOPED_BFS, placement=StagePlacement.LOOP, fixed_v=None,
+                         splits_backward=False, torch_class="ScheduleLoopedBFS", builder=named.looped_bfs,
+                         estimate=_estimate_megatron,
                          pipe_bound=_bound_megatron, estimate_bound=_estimate_bound_megatron)
 _INTERLEAVED_ZB = Descriptor(name=ScheduleName.INTERLEAVED_ZERO_BUBBLE, placement=StagePlacement.LOOP, fixed_v=None,
                              splits_backward=True, torch_class="ScheduleInterleavedZeroBubble",

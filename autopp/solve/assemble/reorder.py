@@ -1,8 +1,9 @@
 """Synthesized schedules in the planner: CP-SAT reorders the best named plan's F/I/W actions for its real stage costs.
 
-The split, placement and microbatches stay those of the best named candidate; `autopp.solve.cpsat.synthesis.synthesize` searches
-the order (Zero Bubble's ILP idea, Qi et al. 2023) warm-started from that candidate's own schedule, and the simulator
-judges the result. The synthesized order wins only when it simulates strictly faster and fits every rank.
+The split, placement and microbatches stay those of the best named candidate;
+`autopp.solve.cpsat.synthesis.synthesize` searches the order (Zero Bubble's ILP idea, Qi et al. 2023) warm-started
+from that candidate's own schedule, and the simulator judges the result. The synthesized order wins only when it
+simulates strictly faster and fits every rank.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ bottleneck is one of the candidates. Speed-ups (results unchanged):
      g(inf) + (m - 1) t >= the best objective found, since g(t) >= g(inf).
 Every cost comes from the cost model (autopp.costmodel): per-unit work (`UnitArrays.work`), a stage's memory
 (`memory_prefix`: static bytes + held x activation bytes, held = `held_microbatches` of its in-flight count from the
-schedule's order, 1 when its policy keeps inputs only, + `stage_transient`, its units' largest working memory), and the send time
-of each cut (`send_times`), under a per-stage budget.
+schedule's order, 1 when its policy keeps inputs only, + `stage_transient`, its units' largest working memory), and
+the send time of each cut (`send_times`), under a per-stage budget.
 """
 
 from __future__ import annotations

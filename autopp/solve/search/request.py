@@ -171,8 +171,9 @@ def tp_choices(req: PlanRequest, profiled: tuple[int, ...]) -> list[int]:
     if req.pins.tp is not None:
         return [req.pins.tp]
     nodes, d = req.cluster.nodes, req.cluster.num_devices
-    fits = lambda t: d % ((req.pins.pp or 1) * (req.pins.dp or 1) * t) == 0 and (nodes is None or nodes.devices_per_node % t == 0  # noqa: E731
-                                     or req.tp_across_nodes and t % nodes.devices_per_node == 0)
+    pinned = (req.pins.pp or 1) * (req.pins.dp or 1)
+    fits = lambda t: d % (pinned * t) == 0 and (nodes is None or nodes.devices_per_node % t == 0  # noqa: E731
+                                                or req.tp_across_nodes and t % nodes.devices_per_node == 0)
     return [1, *(t for t in sorted(profiled) if t > 1 and fits(t) and req.cluster.homogeneous)]
 
 
