@@ -188,8 +188,13 @@ def _root_cause(failed: list[RankProcess]) -> RankProcess:
 def _failure_message(failed: list[RankProcess]) -> str:
     """The root cause in full, then one line for each other rank that failed in the same poll."""
     cause = _root_cause(failed)
-    others = [rank_failure(p).splitlines()[0][:200] for p in failed if p is not cause]
+    others = [_shortened(rank_failure(p).splitlines()[0]) for p in failed if p is not cause]
     return "\n".join([rank_failure(cause)] + [f"(also {line})" for line in others])
+
+
+def _shortened(line: str, limit: int = 200) -> str:
+    """`line` cut to `limit` characters, an ellipsis showing where."""
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 def _timeout_message(procs: Sequence[RankProcess], timeout_s: float) -> str:
