@@ -69,13 +69,25 @@ class StageCost:
     more than one backward (examples/gpt.py: I + W = 1.3 x B), so a profile gives both."""
     transient_bytes: int = 0
     """Working memory of one action: temporaries allocated and freed within it (the module docstring, TRANSIENT)."""
+    forward_comm_s: float = 0.0
+    """The part of forward_s that is communication inside the stage (expert parallelism's dispatch and combine
+    all-to-alls): time a schedule that overlaps one microbatch's forward with another's backward (DualPipe) can
+    hide under compute. Every other schedule pays it in full, as part of forward_s."""
+    backward_comm_s: float = 0.0
+    """The part of a full backward (backward_s, or I + W) that is communication inside the stage, as
+    forward_comm_s; it belongs to the input-gradient pass I where the backward is split."""
 
     def __post_init__(self) -> None:
         times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s,
-                 0.0 if self.backward_s is None else self.backward_s)
+                 0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s)
         sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes)
         if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
             raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
+        full = self.backward_input_s + self.backward_weight_s if self.backward_s is None else self.backward_s
+        if self.forward_comm_s > self.forward_s or self.backward_comm_s > full:
+            raise ScheduleError(f"a stage's communication ({self.forward_comm_s:g} s forward, "
+                                f"{self.backward_comm_s:g} s backward) exceeds its times ({self.forward_s:g} s, "
+                                f"{full:g} s)")
 
 
 class Footprint(NamedTuple):
