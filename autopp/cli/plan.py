@@ -12,8 +12,8 @@ from ..data.zero import NO_ZERO, ZERO, ZeroStage
 from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
 from ..schedule import ScheduleName
-from .common import DEFAULT_PROFILE_DIR, POSITIVE, SCHEDULE_NAMES, SECONDS, in_flags, memory_size, number
-from .profile import add_hf_arguments, hf_source_of, model_stem, profile_for
+from .common import POSITIVE, SCHEDULE_NAMES, SECONDS, in_flags, memory_size, number
+from .profile import add_hf_arguments, default_profile_dir, hf_source_of, profile_for
 
 __all__ = ["add_parser"]
 
@@ -198,14 +198,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         given = load_profile(args.profile)
         stem = Path(given.meta.model_path).stem
     else:
-        stem = model_stem(args)
-        if not (DEFAULT_PROFILE_DIR / stem / "meta.json").is_file():  # it will be profiled and saved there
-            check_output_dir(DEFAULT_PROFILE_DIR / stem, marker="meta.json", kind="profile")
+        default = default_profile_dir(args)
+        stem = default.name
+        if not (default / "meta.json").is_file():  # it will be profiled and saved there
+            check_output_dir(default, marker="meta.json", kind="profile")
     out = check_output_file(args.output or f"{stem}.plan.json", "-o" if args.output else None)
     if args.split:
         from ..solve.assemble.pinned import check_split
         check_split(request, given, args.split)  # plan_split: again, once profiled
-    profile = given or profile_for(args)
+    profile = given or profile_for(args, pins.tp)
     if args.device:
         _warn_device(args, profile.meta)
     pinned = _read_pin(args, profile, request) if args.pin_from else None

@@ -16,10 +16,11 @@ from .common import COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, comma_sizes, 
 
 if TYPE_CHECKING:
     from ..data.profile import Profile
+    from ..measure.options import DType
     from ..measure.options import MeasureOptions, ProfileOptions
     from ..model.contract import ModelFile
 
-__all__ = ["add_parsers", "profile_for", "add_hf_arguments", "hf_source_of", "model_stem"]
+__all__ = ["add_parsers", "profile_for", "default_profile_dir", "analytic_target", "default_dtype", "add_hf_arguments", "hf_source_of", "model_stem"]
 
 
 def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
@@ -36,8 +37,10 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--threads", type=POSITIVE, default=1, help="torch threads while measuring (default 1)")
     p.add_argument("--time-budget", type=SECONDS, metavar="S",
                    help="stop timing after S seconds per unit even if fewer than --repeats runs were made")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="parameter and activation dtype (bfloat16: mixed precision, fp32 master copy counted)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="parameter and activation dtype (bfloat16: mixed precision, fp32 master weights and "
+                        "optimizer state counted). Default: bfloat16 for a GPU (--analytic GPU or --device cuda), "
+                        "float32 on the CPU")
     p.add_argument("--co-runners", type=COUNT, default=0, metavar="N",
                    help="processes training the model beside the timing, as the other ranks of a CPU host do "
                         "(use ranks per host - 1 when CPU ranks share a host; default 0)")
@@ -140,11 +143,24 @@ def _model_of(args: argparse.Namespace, source: HfSource | None) -> ModelFile:
     return load_model(source.config_path, source.to_json()) if source else load_model(args.model)
 
 
+def _resolve_dtype(args: argparse.Namespace) -> None:
+    """--dtype left out: `default_dtype` of the target (a GPU: --analytic of a catalog GPU, or --device cuda), said
+    in one line on stderr when it is not float32."""
+    if args.dtype is not None:
+        return
+    gpu = (analytic_target(args.analytic) is not None) if args.analytic else args.device == "cuda"
+    args.dtype = default_dtype(gpu)
+    if gpu:
+        print(f"dtype {args.dtype} (mixed precision, the default for a GPU: fp32 master weights and optimizer state "
+              "counted); --dtype float32 to change", file=sys.stderr)
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
     source = hf_source_of(args)
     if source is not None and args.co_runners:
         raise AutoppError("--co-runners is not supported with --hf-config yet (co-runner processes load a model "
                           "file); profile without it")
+    _resolve_dtype(args)
     check_analytic(args)
     stem = f"{model_stem(args)}-{args.analytic}" if args.analytic else model_stem(args)
     target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / stem,
@@ -213,23 +229,84 @@ def _cmd_profile_links(args: argparse.Namespace) -> int:
     return 0
 
 
-def profile_for(args: argparse.Namespace) -> Profile:
-    """The model's default profile if it is current (same fingerprint and, for --hf-config, the same sequence
-    length and task), else a fresh one (written there)."""
+def default_profile_dir(args: argparse.Namespace) -> Path:
+    """Where `autopp plan` keeps the profile it plans from: profiles/MODEL (or profiles/CONFIG) when measured here,
+    profiles/MODEL-DEVICE when analytic for `--device` (`analytic_target`), as `autopp profile --analytic` names it."""
+    device = analytic_target(getattr(args, "device", None))
+    return DEFAULT_PROFILE_DIR / (f"{model_stem(args)}-{device}" if device else model_stem(args))
+
+
+def analytic_target(device: str | None) -> str | None:
+    """The catalog device `autopp plan --device NAME` profiles analytically for: NAME unless it is this machine (the
+    `cpu` entry, which is measured here); None without --device. A device given as a JSON file is a catalog entry
+    too (`load_device`)."""
+    if device is None:
+        return None
+    from ..data.catalog import load_device
+    name = load_device(device).name
+    return None if name == "cpu" else name  # the catalog's entry for this machine (docs/devices.md)
+
+
+def default_dtype(gpu: bool) -> DType:
+    """The dtype a profile defaults to: bfloat16 mixed precision (bf16 weights and activations, fp32 master weights
+    and optimizer state, as every published large run trains) for a GPU, float32 on the CPU, whose bfloat16 matmuls
+    are slow (docs/devices.md)."""
+    return "bfloat16" if gpu else "float32"
+
+
+def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None, device: str | None,
+             degrees: tuple[int, ...] | None) -> str | None:
+    """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
+    device, or without the tensor-parallel rows the request pins."""
+    if profile.meta.fingerprint != fingerprint:
+        return "the model changed"
+    if profile.meta.extra.get("hf_config") != recorded:
+        return "it was made for another sequence length or task"
+    made_for = profile.meta.extra.get("analytic_device")
+    if made_for != device:
+        return f"it is {f'analytic for {made_for}' if made_for else 'measured'}, the plan needs one " + (
+            f"analytic for {device}" if device else "measured here")
+    missing = sorted(set(degrees or ()) - set(profile.meta.tp_degrees))
+    if missing:
+        return f"it has no tensor-parallel rows of degree {', '.join(map(str, missing))}"
+    return None
+
+
+def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
+    """The profile `autopp plan` plans from: the model's default profile (`default_profile_dir`) if it is current,
+    else a fresh one written there. For `--device NAME` of a device this machine is not, it is counted analytically
+    for NAME in bfloat16 mixed precision (`default_dtype`), said in one line before any work; otherwise measured
+    here in float32. It has the tensor-parallel rows the request needs: `tp` T > 1 pinned makes rows of degree T,
+    `tp` None (searched) rows of every degree the model's TP plan allows, 1 none. Current means: the same
+    fingerprint, HF sequence length and task, device, and (for a pinned T) rows of degree T."""
+    from ..data.profile import load_profile
+    from ..measure import ProfileOptions
     from ..model.hf import load_model
     from ..model.meta import build_units
-    from ..data.profile import load_profile
     source = hf_source_of(args, ("--profile", "DIR"))
     recorded = source.to_json() if source else None
     mf = load_model(source.config_path, recorded) if source else load_model(args.model)
-    _, _, current = build_units(mf)  # on meta: the model may be larger than this machine
-    default = DEFAULT_PROFILE_DIR / model_stem(args)
+    _, _, fingerprint = build_units(mf)  # on meta: the model may be larger than this machine
+    device = analytic_target(getattr(args, "device", None))
+    degrees = () if tp == 1 else (None if tp is None else (tp,))
+    default = default_profile_dir(args)
     if (default / "meta.json").is_file():
         profile = load_profile(default)
-        if profile.meta.fingerprint == current and profile.meta.extra.get("hf_config") == recorded:
+        why = _current(profile, fingerprint, recorded, device, degrees)
+        if why is None:
             print(f"using profile {default}/", file=sys.stderr)
             return profile
-    profile = _profiled(mf if source else args.model, source)
+        print(f"profile {default}/ is not current ({why}): profiling again", file=sys.stderr)
+    options = ProfileOptions(dtype=default_dtype(device is not None), tp_degrees=degrees)
+    if device is None:
+        profile = _profiled(mf if source else args.model, source, options)
+    else:
+        model = f"--hf-config {args.hf_config}" if source else args.model
+        tp_flag = f" --tp {tp}" if tp not in (1, None) else ""
+        print(f"profiling {model} analytically for {device} ({options.dtype} mixed precision; this machine is not "
+              f"a {device}), as `autopp profile {model} --analytic {device}{tp_flag}` would", file=sys.stderr)
+        from ..measure.analytic import analytic_profile
+        profile = _with_source(analytic_profile(mf, device, options, progress=progress("counting")), source)
     end_progress()
     print(f"wrote profile {profile.save(default)}/", file=sys.stderr)
     return profile

@@ -163,8 +163,11 @@ def _tp_rows(profile: Profile, tp: int) -> pd.DataFrame:
     if rows is None or not (rows.tp == tp).any():
         where = f"the profile of {profile.meta.model_path}"
         if not profile.meta.tp_plan:
-            raise ProfileError(f"{where} has no tensor-parallel rows, and no TP plan to make them with (TP_PLAN in "
-                               f"the model file, or an HF model's base_model_tp_plan): plan with `tp` 1")
+            skipped = profile.meta.extra.get("tp_skipped")  # why an analytic profile made none
+            why = f" ({skipped})" if skipped else ""
+            raise ProfileError(f"{where} has no tensor-parallel rows{why}: profile it with `tp_degrees` {tp} (the "
+                               "model needs a TP plan: TP_PLAN in the model file, or an HF model's "
+                               "base_model_tp_plan), or plan with `tp` 1")
         have = ", ".join(str(d) for d in profile.meta.tp_degrees) or "none"
         ask = ",".join(str(d) for d in sorted({*profile.meta.tp_degrees, tp}))
         raise ProfileError(f"{where} has no tensor-parallel rows of degree {tp} (it has: {have}); profile again "

@@ -1,0 +1,71 @@
+"""The profile `autopp plan` makes for itself (cli/profile.py `profile_for`): analytic for a target device this machine
+is not, in bfloat16, with the tensor-parallel rows the request pins; and `autopp profile`'s dtype default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autopp.cli import main
+from autopp.cli.profile import analytic_target, default_dtype
+from autopp.data.profile import load_profile
+
+from .conftest import ROOT
+
+TINY = ROOT / "examples" / "configs" / "tiny-llama.json"
+MODELS = ROOT / "tests" / "models"
+
+
+def test_analytic_target_is_every_catalog_device_but_this_machine() -> None:
+    assert analytic_target("h100-sxm") == "h100-sxm"
+    assert analytic_target("cpu") is None
+    assert analytic_target(None) is None
+    assert (default_dtype(True), default_dtype(False)) == ("bfloat16", "float32")
+
+
+@pytest.mark.integration
+def test_plan_for_a_gpu_counts_analytically_with_its_tp_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`autopp plan --hf-config C --device h100-sxm --tp 2` says before any work that it counts for the H100 (this
+    machine is not one), writes profiles/C-h100-sxm/ in bfloat16 with rows of tp 2, plans from it and reuses it; a
+    profile measured here in profiles/C/ is not taken for it."""
+    monkeypatch.chdir(tmp_path)
+    plan = ["plan", "--hf-config", str(TINY), "--device", "h100-sxm", "--devices", "8", "--global-batch", "16"]
+    assert main([*plan, "--tp", "2"]) == 0
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith(f"profiling --hf-config {TINY} analytically for h100-sxm (bfloat16 mixed precision")
+    assert f"`autopp profile --hf-config {TINY} --analytic h100-sxm --tp 2`" in first
+    profile = load_profile(tmp_path / "profiles" / "tiny-llama-h100-sxm")
+    assert profile.meta.dtype == "bfloat16" and profile.meta.extra["analytic_device"] == "h100-sxm"
+    assert 2 in profile.meta.tp_degrees
+    assert json.loads((tmp_path / "tiny-llama-h100-sxm.plan.json").read_text())["tp"] == 2
+    assert not (tmp_path / "profiles" / "tiny-llama").exists()
+    assert main([*plan, "--tp", "2", "--pp", "4"]) == 0
+    assert "using profile profiles/tiny-llama-h100-sxm/" in capsys.readouterr().err
+
+
+def test_a_profile_without_the_pinned_rows_is_not_current(tmp_path: Path) -> None:
+    """A profile lacking the tensor-parallel degree the request pins, or made for another device, is profiled again,
+    and the line says why."""
+    from autopp.cli.profile import _current
+    profile = load_profile(ROOT / "profiles" / "mlp")
+    fp = profile.meta.fingerprint
+    assert _current(profile, fp, None, None, ()) is None
+    assert _current(profile, fp, None, None, (2,)) == "it has no tensor-parallel rows of degree 2"
+    assert _current(profile, fp, None, "h100-sxm", ()) == "it is measured, the plan needs one analytic for h100-sxm"
+    assert _current(profile, "other", None, None, ()) == "the model changed"
+
+
+@pytest.mark.integration
+def test_profile_dtype_defaults_to_bfloat16_for_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`autopp profile --analytic h100-sxm` without --dtype counts bfloat16 mixed precision and says so; for the
+    CPU it stays float32, silently."""
+    assert main(["profile", str(MODELS / "linrelu.py"), "--analytic", "h100-sxm", "-o", str(tmp_path / "g")]) == 0
+    assert "dtype bfloat16 (mixed precision, the default for a GPU" in capsys.readouterr().err
+    assert load_profile(tmp_path / "g").meta.dtype == "bfloat16"
+    assert main(["profile", str(MODELS / "linrelu.py"), "--analytic", "cpu", "-o", str(tmp_path / "c")]) == 0
+    assert "dtype" not in capsys.readouterr().err
+    assert load_profile(tmp_path / "c").meta.dtype == "float32"
