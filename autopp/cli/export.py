@@ -30,9 +30,10 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _unit_modules(args: argparse.Namespace, plan) -> list[list[str]] | None:  # type: ignore[no-untyped-def]
-    """Each unit's module names from --profile, or from the model's default profile when its fingerprint matches."""
+    """Each unit's module names from --profile, else from the profile the plan records it was made from, else from
+    the model's default profile, when its fingerprint matches."""
     from ..data.profile import load_profile
-    path = Path(args.profile) if args.profile else DEFAULT_PROFILE_DIR / Path(plan.model_path).stem
+    path = Path(args.profile or plan.profile_path or DEFAULT_PROFILE_DIR / Path(plan.model_path).stem)
     if not args.profile and not (path / "meta.json").is_file():
         return None
     profile = load_profile(path)

@@ -197,8 +197,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from ..data.profile import load_profile
         given = load_profile(args.profile)
         stem = Path(given.meta.model_path).stem
+        profile_dir = Path(args.profile)
     else:
-        default = default_profile_dir(args)
+        default = profile_dir = default_profile_dir(args)
         stem = default.name
         if not (default / "meta.json").is_file():  # it will be profiled and saved there
             check_output_dir(default, marker="meta.json", kind="profile")
@@ -215,6 +216,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         plan = plan_split(profile, request, args.split)
     else:
         plan = make_plan(profile, request)
+    plan = replace(plan, profile_path=str(profile_dir))
     plan.save(out)
     print(format_plan(replace(plan, notes=tuple(map(in_flags, plan.notes)))))  # the file's notes name fields
     print(f"\nwrote plan {out}")

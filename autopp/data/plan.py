@@ -132,6 +132,10 @@ class Plan:
     hf_config: dict[str, Any] = field(default_factory=dict)
     """For a model built from an HF config.json (`model_path`): the `seq_len` and `task` of its profile, so that
     `autopp run` builds the same model and batch. Written to JSON only when not empty."""
+    profile_path: str = ""
+    """The profile directory the plan was made from (`autopp export` reads its module names there), stored relative
+    to the plan file's directory like `model_path`; empty: not recorded (plans made through the Python API, or
+    written before the field), and not written to JSON."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -185,6 +189,8 @@ class Plan:
             del data["device_order"]  # plans without one stay as they were written before the field existed
         if not self.hf_config:
             del data["hf_config"]  # plans of model files stay as they were
+        if not self.profile_path:
+            del data["profile_path"]
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
         data["stages"] = [{**{k: v for k, v in st.items() if v or k != "transient_bytes"},
@@ -194,7 +200,10 @@ class Plan:
     def save(self, path: str | Path) -> Path:
         """Write plan JSON atomically: a reader never sees a half-written file. `model_path` is stored relative to
         the plan file's directory (docs/plan-format.md)."""
-        return write_json(path, {**self.to_json(), "model_path": stored_path(self.model_path, Path(path).parent)})
+        data = {**self.to_json(), "model_path": stored_path(self.model_path, Path(path).parent)}
+        if self.profile_path:
+            data["profile_path"] = stored_path(self.profile_path, Path(path).parent)
+        return write_json(path, data)
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str = "plan") -> Plan:
@@ -284,6 +293,8 @@ def _check_fields(data: dict[str, Any], f: Fields) -> None:
     """Type and range of every field, before any dataclass is built: a PlanError naming the file and the field."""
     for name in ("model_path", "fingerprint", "schedule"):
         f.string(data[name], name)
+    if "profile_path" in data:
+        f.string(data["profile_path"], "profile_path")
     names = [n.value for n in ScheduleName]
     if data["schedule"] not in names:
         f.fail(f"field 'schedule' is {data['schedule']!r}; expected one of {names}")
@@ -389,4 +400,5 @@ def load_plan(path: str | Path) -> Plan:
     if not p.exists():
         raise PlanError(f"{p}: no such plan file; create one with `autopp plan MODEL.py --devices N --memory SIZE`")
     plan = Plan.from_json(read_json(p, "plan JSON file", PlanError, "re-plan with `autopp plan`"), str(p))
-    return replace(plan, model_path=resolved_path(plan.model_path, p.parent))  # stored relative to the plan's dir
+    return replace(plan, model_path=resolved_path(plan.model_path, p.parent),  # stored relative to the plan's dir
+                   profile_path=resolved_path(plan.profile_path, p.parent) if plan.profile_path else "")

@@ -289,3 +289,26 @@ def test_cli_export_refuses_zero2_in_one_line(tmp_path: Path, llama_plans: dict[
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "m.plan.json: zero 2:" in err[0] and err[0].endswith("re-plan with --zero 1")
     assert not (tmp_path / "m.megatron.args").exists()
+
+
+def test_cli_export_reads_the_profile_the_plan_records(tmp_path: Path, llama_plans: dict[str, Plan],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan saved with `profile_path` (as `autopp plan` writes it, relative to the plan) exports its module names
+    without --profile, from wherever the plan and its profile are moved together."""
+    from .conftest import LLAMA
+    from autopp.data.plan import load_plan
+    from autopp.data.profile import load_profile
+    folder = tmp_path / "job"
+    load_profile(LLAMA).save(folder / "profiles" / "llama")
+    plan_path = replace(llama_plans["1f1b"], profile_path=str(folder / "profiles" / "llama")).save(
+        folder / "m.plan.json")
+    assert json.loads(plan_path.read_text())["profile_path"] == "profiles/llama"
+    moved = tmp_path / "moved"
+    folder.rename(moved)
+    assert load_plan(moved / "m.plan.json").profile_path == str((moved / "profiles" / "llama").resolve())
+    renames = ["model.embed_tokens=tok_embeddings", "model.rotary_emb=", "model.layers=layers", "model.norm=norm",
+               "lm_head=output"]
+    assert main(["export", str(moved / "m.plan.json"), "--to", "torchtitan",
+                 *[a for r in renames for a in ("--rename", r)]]) == 0
+    assert "layers.0" in (moved / "m.torchtitan.args").read_text()
+    assert "profile_path" not in llama_plans["1f1b"].to_json()  # not recorded: not written
