@@ -12,6 +12,7 @@ from ..data.zero import NO_ZERO, ZERO, ZeroStage
 from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
 from ..schedule import ScheduleName
+from ..sizes import SIZE_UNITS_HELP
 from .common import DEFAULT_PROFILE_DIR, POSITIVE, SCHEDULE_NAMES, SECONDS, in_flags, memory_size, number
 from .profile import add_hf_arguments, hf_source_of, model_stem, profile_for
 
@@ -25,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--profile", help="plan from this profile directory instead")
     add_hf_arguments(p)  # --hf-config C.json: profiled into profiles/C if missing or stale, like a model file
     p.add_argument("--devices", type=POSITIVE, help="devices in all (pp x dp)")
-    p.add_argument("--memory", type=memory_size, help="memory per device, e.g. 80GiB")
+    p.add_argument("--memory", type=memory_size, metavar="SIZE",
+                   help=f"memory per device, e.g. 80GiB or 80GB: {SIZE_UNITS_HELP}")
     p.add_argument("--cluster", help="cluster JSON: each device's memory and speed and each link, or nodes with "
                                      "intra- and inter-node links (docs/cluster-format.md); replaces "
                                      "--devices/--memory/--latency/--bandwidth")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..data.hf_config import DEFAULT_SEQ_LEN, DEFAULT_TASK, HF_TASKS, HfSource, hf_source
 from ..errors import AutoppError
 from ..preflight import check_model_file, check_output_dir, check_output_file
+from ..sizes import format_in, time_unit
 from .analytic import add_analytic_arguments, analytic_of, check_analytic
 from .common import COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, comma_sizes, end_progress, progress
 
@@ -162,8 +163,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     out = profile.save(target)
     print(format_profile(profile))
     for whole in profile.meta.whole_model:
-        print(f"microbatch {whole['microbatch_size']}: units sum to {whole['units_s'] * 1e3:.3g} ms, one whole-model "
-              f"step takes {whole['whole_s'] * 1e3:.3g} ms (gap {whole['gap']:+.1%})")
+        unit = time_unit((whole["units_s"], whole["whole_s"]))
+        print(f"microbatch {whole['microbatch_size']}: units sum to {format_in(whole['units_s'], unit)}, one "
+              f"whole-model step takes {format_in(whole['whole_s'], unit)} (gap {whole['gap']:+.1%})")
     from ..data.profile import ValueAction
     relayed = [v for v in profile.meta.live_values if v.action is not ValueAction.SEND]
     for v in relayed:
