@@ -6,7 +6,7 @@ import re
 from typing import Iterable
 
 __all__ = ["SIZE_UNITS_HELP", "parse_size", "format_size", "format_time", "size_unit", "time_unit", "format_in",
-           "format_gib"]
+           "size_argument"]
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -87,8 +87,11 @@ def format_size(n: float) -> str:
     return f"{_digits(n / scale)} {unit}" if scale > 1 else f"{int(n)} B"
 
 
-def format_gib(n: float) -> str:
-    """`n` bytes as a `--memory` value a user can paste, rounded up so that it is at least `n`: 141.3GiB."""
+def size_argument(n: float) -> str:
+    """`n` bytes as a size a user can paste (`--memory`), rounded up so that it is at least `n`: 141.3GiB, or whole
+    MiB below 1 GiB (33MiB)."""
+    if n < 2**30:
+        return f"{-(-int(n) // 2**20)}MiB"
     tenths = -(-int(n) * 10 // 2**30)  # ceil(n / 2**30 * 10) in integers
     return f"{tenths / 10:g}GiB"
 

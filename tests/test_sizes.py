@@ -2,7 +2,7 @@
 
 import pytest
 
-from autopp.sizes import format_gib, format_in, format_size, format_time, parse_size, size_unit, time_unit
+from autopp.sizes import format_in, format_size, format_time, parse_size, size_argument, size_unit, time_unit
 
 
 @pytest.mark.parametrize("text,value", [("80GiB", 80 * 2**30), ("512MB", 512 * 10**6), ("1.5 KiB", 1536),
@@ -54,5 +54,6 @@ def test_one_unit_per_column() -> None:
 
 def test_memory_suggestions_are_pasteable_gib_at_least_the_need() -> None:
     """`use --memory 41465200640 or more` now reads `use --memory 38.7GiB or more`, rounded up, and parses back."""
-    assert format_gib(41465200640) == "38.7GiB" and parse_size(format_gib(41465200640)) >= 41465200640
-    assert format_gib(80 * 2**30) == "80GiB" and format_gib(1) == "0.1GiB"
+    assert size_argument(41465200640) == "38.7GiB" and parse_size(size_argument(41465200640)) >= 41465200640
+    assert size_argument(80 * 2**30) == "80GiB" and size_argument(32.7 * 2**20) == "33MiB"
+    assert size_argument(1) == "1MiB" and size_argument(2**30) == "1GiB"

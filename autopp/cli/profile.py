@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..measure.options import MeasureOptions, ProfileOptions
     from ..model.contract import ModelFile
 
-__all__ = ["add_parsers", "profile_for", "add_hf_arguments", "hf_source_of", "model_stem"]
+__all__ = ["say_seq_len", "add_parsers", "profile_for", "add_hf_arguments", "hf_source_of", "model_stem"]
 
 
 def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
@@ -99,6 +99,15 @@ def hf_source_of(args: argparse.Namespace, *others: tuple[str, str]) -> HfSource
     return hf_source(args.hf_config, args.seq_len, args.task or DEFAULT_TASK)
 
 
+def say_seq_len(args: argparse.Namespace, source: HfSource | None) -> None:
+    """--hf-config without --seq-len: the sequence length taken, in one line on stderr (issue 26: a default that
+    changes the answer is said; activations grow with it); after the work, so that an error stays one line."""
+    if source is not None and args.seq_len is None:
+        capped = "" if source.seq_len == DEFAULT_SEQ_LEN else f", capped by the config's {source.seq_len} positions"
+        print(f"autopp: note: sequence length {source.seq_len} tokens (the default{capped}); give --seq-len S, the "
+              "length you train with (activation memory and time grow with it)", file=sys.stderr)
+
+
 def model_stem(args: argparse.Namespace) -> str:
     """The name of the model's default profile directory under profiles/ (and of its plan): the model file's or
     the config's file name without its suffix."""
@@ -161,6 +170,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         raise AutoppError(str(exc)) from None
     end_progress()
     out = profile.save(target)
+    say_seq_len(args, source)
     print(format_profile(profile))
     for whole in profile.meta.whole_model:
         unit = time_unit((whole["units_s"], whole["whole_s"]))
@@ -230,8 +240,10 @@ def profile_for(args: argparse.Namespace) -> Profile:
         profile = load_profile(default)
         if profile.meta.fingerprint == current and profile.meta.extra.get("hf_config") == recorded:
             print(f"using profile {default}/", file=sys.stderr)
+            say_seq_len(args, source)
             return profile
     profile = _profiled(mf if source else args.model, source)
     end_progress()
     print(f"wrote profile {profile.save(default)}/", file=sys.stderr)
+    say_seq_len(args, source)
     return profile

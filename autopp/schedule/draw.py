@@ -11,8 +11,8 @@ from autopp.schedule.actions import Kind
 from autopp.schedule.simulate import SimResult
 from autopp.sizes import format_size, size_unit
 
-__all__ = ["KIND_COLOURS", "CHUNK_HATCHES", "rank_colours", "memory_steps", "memory_axis_unit", "timeline_figure", "draw_timeline",
-           "write_chrome_trace", "chrome_trace"]
+__all__ = ["KIND_COLOURS", "CHUNK_HATCHES", "rank_colours", "memory_steps", "memory_axis_unit", "timeline_figure",
+           "draw_timeline", "write_chrome_trace", "chrome_trace"]
 
 KIND_COLOURS: dict[Kind, str] = {Kind.F: "#4c72b0", Kind.I: "#dd8452", Kind.W: "#55a868", Kind.B: "#c44e52"}
 """Box colour per compute kind."""

@@ -149,7 +149,8 @@ def test_recompute_stages_pins_which_stages_recompute() -> None:
 
 
 def test_infeasible_says_memory_and_devices() -> None:
-    with pytest.raises(InfeasibleError, match=r"more per device\); use `memory_bytes` \d+ or more.*devices fit"):
+    with pytest.raises(InfeasibleError, match=r"more per device\); use `memory_bytes` \d+(\.\d)?(GiB|MiB) or more"
+                                              r".*devices fit"):  # issue 26: a size to paste, not 41465200640
         _synth(memory=8, global_batch=16, recompute=RecomputeMode.AUTO)
 
 
