@@ -61,8 +61,9 @@ def test_plan_on_h100(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: p
     spec = load_device("h100-sxm")
     assert cluster.num_devices == 8 and cluster.link == spec.intra_node_link.link  # one node: NVLink, no overhead
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("autopp: warning: the profile was measured on cpu")
+    assert len(err) == 2 and err[0].startswith("autopp: warning: the profile was measured on cpu")
     assert "--analytic h100-sxm" in err[0]
+    assert err[1].startswith("autopp: note: global batch 8 samples per step (the default); give --global-batch N")
 
 
 def test_plan_across_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
