@@ -365,7 +365,8 @@ for _name, _data in LINKS.items():
 FLAGS: dict[str, tuple[list[str], str]] = {
     "plan-memory-text": (["plan", "--profile", "P", "--devices", "2", "--memory", "lots"], "--memory"),
     "plan-memory-bare-number": (["plan", "--profile", "P", "--devices", "2", "--memory", "80"],
-                                "--memory: size '80' has no unit; write 80GiB or 80GB (a bare number would be 80 bytes)"),
+                                "--memory: size '80' has no unit; write 80GiB or 80GB (a bare number would be 80 "
+                                "bytes)"),
     "plan-memory-one-letter-unit": (["plan", "--profile", "P", "--devices", "2", "--memory", "80G"],
                                     "--memory: size '80G' is ambiguous; write 80GiB (= 85.9 GB) or 80GB (= 74.5 GiB)"),
     "plan-devices-zero": (["plan", "--profile", "P", "--devices", "0", "--memory", "1GiB"], "--devices"),
