@@ -2,32 +2,105 @@
 
 from __future__ import annotations
 
+import re
+from typing import Sequence
+
 from .data.layout import Layout
 from .data.plan import Plan, Prediction
 from .data.profile import Profile
-from .sizes import format_size, format_time
+from .sizes import format_in, format_size, format_time, size_unit, time_unit
 
-__all__ = ["format_profile", "sync_name", "format_grid", "format_plan", "format_predicted_step"]
+__all__ = ["unit_span", "stage_sizes", "format_profile", "sync_name", "format_grid", "format_plan",
+           "format_predicted_step"]
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def _table(header: list[str], rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
+    """Columns `left` aligned left (names), the others right (figures)."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    line = lambda r: "  ".join(c.ljust(w) if i in left else c.rjust(w)  # noqa: E731
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip()
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+def _times(values: Sequence[float]) -> list[str]:
+    """A column of durations in one unit (`time_unit`): 9595 ms and 11200 ms, never 9595 ms and 11.2 s."""
+    unit = time_unit(values)
+    return [format_in(v, unit) for v in values]
+
+
+def _sizes(values: Sequence[float]) -> list[str]:
+    """A column of byte counts in the binary unit of its largest (`size_unit`): 0.5 GiB and 45.6 GiB."""
+    unit = size_unit(max(values, default=0))
+    return [format_in(v, unit) for v in values]
+
+
+def _columns(*columns: list[str]) -> list[list[str]]:
+    return [list(row) for row in zip(*columns)]
+
+
+_NUMBERED = re.compile(r"(.*?)(\d+)")
+
+
+def unit_span(names: Sequence[str]) -> str:
+    """Unit names as ranges: runs of numbered siblings collapsed (`model.layers.0-7`), and beyond three parts the
+    first and the last only (`conv1 ... layer2.1`), so a stage of 40 layers reads in one short line."""
+    parts: list[tuple[str, int, int] | str] = []
+    for name in names:
+        m = _NUMBERED.fullmatch(name)
+        last = parts[-1] if parts else None
+        if m and isinstance(last, tuple) and last[0] == m.group(1) and last[2] + 1 == int(m.group(2)):
+            parts[-1] = (last[0], last[1], int(m.group(2)))
+        else:
+            parts.append((m.group(1), int(m.group(2)), int(m.group(2))) if m else name)
+    text = [p if isinstance(p, str) else f"{p[0]}{p[1]}" + (f"-{p[2]}" if p[2] > p[1] else "") for p in parts]
+    return ", ".join(text) if len(text) <= 3 else f"{text[0]} ... {text[-1]}"
+
+
+def _stage_units(units: tuple[int, int], names: Sequence[str]) -> str:
+    """`3-5 (model.layers.2-4)`; the names left out where they are the indices (an nn.Sequential's `0-3`)."""
+    span, names_span = f"{units[0]}-{units[1] - 1}", unit_span(names)
+    return span if names_span in (span, str(units[0])) else f"{span} ({names_span})"
+
+
+def stage_sizes(stage_units: Sequence[tuple[int, int]]) -> str:
+    """Units per stage with repeats counted, as Megatron writes layouts: `1 x6, 2, 3 x24, 2` (six stages of one
+    unit, one of two, ...)."""
+    runs: list[list[int]] = []
+    for a, b in stage_units:
+        if runs and runs[-1][0] == b - a:
+            runs[-1][1] += 1
+        else:
+            runs.append([b - a, 1])
+    return ", ".join(f"{n} x{k}" if k > 1 else str(n) for n, k in runs)
+
+
 def format_profile(profile: Profile) -> str:
-    """One row per unit at each microbatch size."""
-    rows = [[str(r.unit), r.name, str(r.microbatch_size), format_time(r.forward_s), format_time(r.backward_s),
-             format_size(r.param_bytes), format_size(r.activation_bytes), format_size(r.output_bytes)]
-            for r in profile.units.sort_values(["microbatch_size", "unit"]).itertuples()]
+    """One row per unit at each microbatch size; each column of times and of sizes in one unit."""
+    rows = list(profile.units.sort_values(["microbatch_size", "unit"]).itertuples())
+    cols = [[str(r.unit) for r in rows], [r.name for r in rows], [str(r.microbatch_size) for r in rows],
+            _times([r.forward_s for r in rows]), _times([r.backward_s for r in rows]),
+            *(_sizes([getattr(r, c) for r in rows]) for c in ("param_bytes", "activation_bytes", "output_bytes"))]
     header = ["unit", "name", "mb", "forward", "backward", "params", "activations", "output"]
-    return _table(header, rows)
+    return _table(header, _columns(*cols), left=(0, 1))
 
 
-def _summary(name: str, pred: Prediction) -> list[str]:
-    return [name, format_time(pred.step_time_s), f"{pred.bubble_fraction:.1%}", format_size(max(pred.peak_memory_bytes)),
-            "yes" if pred.fits else "NO", f"{pred.efficiency:.1%}", " | ".join(f"{a}-{b - 1}" for a, b in pred.stage_units)]
+_RANGES_WIDTH = 60
+"""Widest list of stage ranges (`0-2 | 3-5 | ...`) the summary prints; beyond it, units per stage (`3 x18, 2 x14`)."""
+
+
+def _summary(plan: Plan, own: str) -> str:
+    """The plan's predicted figures next to each baseline's and the ideal bound; times in one unit, memory in GiB."""
+    rows = [(own, plan.predicted), *plan.baselines.items()]
+    ranges = [" | ".join(f"{a}-{b - 1}" for a, b in p.stage_units) for _, p in rows]
+    short = max(map(len, ranges)) <= _RANGES_WIDTH
+    splits = ranges if short else [stage_sizes(p.stage_units) for _, p in rows]
+    times = _times([p.step_time_s for _, p in rows] + [plan.ideal_step_time_s])
+    peaks = _sizes([max(p.peak_memory_bytes) for _, p in rows])
+    body = [[name, times[i], f"{p.bubble_fraction:.1%}", peaks[i], "yes" if p.fits else "NO", f"{p.efficiency:.1%}",
+             splits[i]] for i, (name, p) in enumerate(rows)]
+    body.append(["ideal", times[-1], "0.0%", "", "", "100.0%", "total work / devices"])
+    return _table(["split", "step time", "bubble", "max memory", "fits", "efficiency",
+                   "stages (units)" if short else "units per stage"], body, left=(0, 6))
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:
@@ -62,16 +135,15 @@ def format_grid(layout: Layout) -> str:
 
 def format_plan(plan: Plan) -> str:
     """The stage table, then the plan's predicted figures next to each baseline's and the ideal bound."""
-    rows = [[str(s.index), str(s.rank), f"{s.units[0]}-{s.units[1] - 1} ({', '.join(s.unit_names)})",
-             format_time(s.forward_s), format_time(s.backward_s), s.activation.value,
-             format_size(s.memory_bytes)] for s in plan.stages]
-    stages = _table(["stage", "rank", "units", "forward/mb", "backward/mb", "activations", "rank peak memory"], rows)
+    st = plan.stages
+    cols = [[str(s.index) for s in st], [str(s.rank) for s in st],
+            [_stage_units(s.units, s.unit_names) for s in st],
+            _times([s.forward_s for s in st]), _times([s.backward_s for s in st]), [s.activation.value for s in st],
+            _sizes([s.memory_bytes for s in st])]
+    stages = _table(["stage", "rank", "units", "forward/mb", "backward/mb", "activations", "rank peak memory"],
+                    _columns(*cols), left=(0, 2))
     own = "pinned" if "autopp" in plan.baselines else "autopp"  # --split: autopp's choice is a baseline
-    summary = _table(["split", "step time", "bubble", "max memory", "fits", "efficiency", "stages (units)"],
-                     [_summary(own, plan.predicted)]
-                     + [_summary(k, v) for k, v in plan.baselines.items()]
-                     + [["ideal", format_time(plan.ideal_step_time_s), "0.0%", "", "", "100.0%",
-                         "total work / devices"]])
+    summary = _summary(plan, own)
     head = (f"{plan.schedule.value} on {plan.num_ranks} ranks ({format_grid(plan.layout)}, "
             f"{_count(plan.layout.v, 'stage')} "
             f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} per replica (global batch "

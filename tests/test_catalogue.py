@@ -327,6 +327,7 @@ CLUSTERS: dict[str, Any] = {
     "device-not-object": {"devices": ["1GiB"]},
     "device-no-memory": {"devices": [{"speed": 1}, {"memory": "1GiB"}]},
     "device-memory-text": {"devices": [{"memory": "lots"}, {"memory": "1GiB"}]},
+    "device-memory-bare-number-text": {"devices": [{"memory": "80"}, {"memory": "1GiB"}]},
     "device-memory-negative": {"devices": [{"memory": -1}, {"memory": "1GiB"}]},
     "device-speed-zero": {"devices": [{"memory": "1GiB", "speed": 0}, {"memory": "1GiB"}]},
     "device-speed-bool": {"devices": [{"memory": "1GiB", "speed": True}, {"memory": "1GiB"}]},
@@ -363,6 +364,11 @@ for _name, _data in LINKS.items():
 # ---- flags ----
 FLAGS: dict[str, tuple[list[str], str]] = {
     "plan-memory-text": (["plan", "--profile", "P", "--devices", "2", "--memory", "lots"], "--memory"),
+    "plan-memory-bare-number": (["plan", "--profile", "P", "--devices", "2", "--memory", "80"],
+                                "--memory: size '80' has no unit; write 80GiB or 80GB (a bare number would be 80 "
+                                "bytes)"),
+    "plan-memory-one-letter-unit": (["plan", "--profile", "P", "--devices", "2", "--memory", "80G"],
+                                    "--memory: size '80G' is ambiguous; write 80GiB (= 85.9 GB) or 80GB (= 74.5 GiB)"),
     "plan-devices-zero": (["plan", "--profile", "P", "--devices", "0", "--memory", "1GiB"], "--devices"),
     "plan-global-batch-negative": (["plan", "--profile", "P", "--global-batch", "-1"], "--global-batch"),
     "plan-schedule-unknown": (["plan", "--profile", "P", "--schedule", "2F2B"], "--schedule"),
@@ -400,6 +406,15 @@ CASES += [
          lambda env: "--profile"),
     Case("flag:plan-devices-without-memory", lambda env: ["plan", "--profile", str(env.prof), "--devices", "2",
                                                           "-o", str(env.tmp / "out.json")], lambda env: "--memory"),
+    Case("plan:memory-suggested-as-a-size", lambda env: _plan_args(env)[:6] + ["1MiB", "-o", str(env.tmp / "o.json")],
+         lambda env: "use --memory 33MiB or more"),  # issue 26: was `use --memory 34288435 or more`
+    Case("hf-config:no-num-hidden-layers",
+         lambda env: ["plan", "--hf-config", str(env.tmp / "c.json"), "--devices", "2", "--memory", "1GiB"],
+         lambda env: f'{env.tmp / "c.json"}: no "num_hidden_layers" (or n_layer, num_layers, n_layers): transformers '
+                     "would build its default size without a word",
+         lambda env: (env.tmp / "c.json").write_text(json.dumps(
+             {k: v for k, v in json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()).items()
+              if k != "num_hidden_layers"}))),
     Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
                                                       "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
          lambda env: "dp(3)"),

@@ -21,9 +21,11 @@ def test_devices_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0].split()[:2] == ["device", "memory"]
     assert [line.split()[0] for line in lines[1:1 + len(device_names())]] == device_names()
     h100 = next(line for line in lines if line.startswith("h100-sxm ")).split()
-    assert h100[1:8] == ["80", "GB", "3350", "989.5", "67", "295", "bf16"] and "resources.nvidia.com" in h100
+    assert h100[1:11] == ["80", "GB", "=", "74.5", "GiB", "3350", "989.5", "67", "295", "bf16"]
+    assert "resources.nvidia.com" in h100  # issue 26: the vendor's GB beside the GiB autopp prints everywhere else
+    assert "--memory takes either (80GB or 74.5GiB)" in " ".join(lines)
     cpu = next(line for line in lines if line.startswith("cpu ")).split()
-    assert cpu[cpu.index("GB") + 5] == "fp32"  # review 16.20: a CPU without bf16 units shows its float32 ridge
+    assert cpu[cpu.index("GiB") + 5] == "fp32"  # review 16.20: a CPU without bf16 units shows its float32 ridge
 
 
 def test_devices_name_prints_the_entry(capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,8 +61,9 @@ def test_plan_on_h100(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: p
     spec = load_device("h100-sxm")
     assert cluster.num_devices == 8 and cluster.link == spec.intra_node_link.link  # one node: NVLink, no overhead
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("autopp: warning: the profile was measured on cpu")
+    assert len(err) == 2 and err[0].startswith("autopp: warning: the profile was measured on cpu")
     assert "--analytic h100-sxm" in err[0]
+    assert err[1].startswith("autopp: note: global batch 8 samples per step (the default); give --global-batch N")
 
 
 def test_plan_across_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

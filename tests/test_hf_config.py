@@ -101,3 +101,23 @@ def test_task_choices_are_the_known_tasks(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit) as info:
         main(["profile", "--hf-config", str(TINY), "--task", "translation"])
     assert info.value.code == 2 and "invalid choice: 'translation'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("left_out", ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"])
+def test_a_size_left_to_transformers_default_is_refused(tmp_path: Path, left_out: str) -> None:
+    """Issue 26: a config without num_hidden_layers exited 0 and planned transformers' default of 32 layers."""
+    values = json.loads(TINY.read_text())
+    del values[left_out]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(values))
+    message = _one_line_error(lambda: hf_source(path), f'no "{left_out}"')
+    assert message.startswith(f"{path}: ") and "transformers would build its default size without a word" in message
+
+
+def test_size_keys_by_another_family_name_or_in_text_config_are_read(tmp_path: Path) -> None:
+    gpt2 = tmp_path / "gpt2.json"
+    gpt2.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64}))
+    assert hf_source(gpt2).model_type == "gpt2"
+    nested = tmp_path / "llava.json"
+    nested.write_text(json.dumps({"model_type": "llava", "text_config": json.loads(TINY.read_text())}))
+    assert hf_source(nested).model_type == "llava"

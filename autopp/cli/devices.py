@@ -64,15 +64,17 @@ def format_catalog(specs: list[DeviceSpec]) -> str:
     """One row per device: dense TFLOP/s, memory, GB/s per direction of each link, the source's host."""
     head = ("device", "memory", "mem GB/s", "bf16 TF", "fp32 TF", "ridge", "intra GB/s", "inter GB/s", "per node",
             "source")
-    rows = [(s.name, f"{s.memory_bytes / 1e9:.4g} GB", _gbs(s.memory_bandwidth_bytes_per_s), _flops(s, "bfloat16"),
+    rows = [(s.name, f"{s.memory_bytes / 1e9:.4g} GB = {format_size(s.memory_bytes)}",
+             _gbs(s.memory_bandwidth_bytes_per_s), _flops(s, "bfloat16"),
              _flops(s, "float32"), _ridge(s), _gbs(s.intra_node_link.link.bandwidth_bytes_per_s),
              _gbs(s.inter_node_link.link.bandwidth_bytes_per_s),
              str(s.devices_per_node), _source_short(s)) for s in specs]
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i in (0, len(head) - 1) else c.rjust(w)
                        for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in (head, *rows)]
-    return "\n".join([*lines, "", "TF: dense peak TFLOP/s (no sparsity); memory in GB of 1e9 bytes; ridge: FLOP per "
-                      "byte of memory traffic in the faster of bf16 and fp32 (named); "
+    return "\n".join([*lines, "", "TF: dense peak TFLOP/s (no sparsity); memory in the vendor's GB (1e9 bytes) and "
+                      "in GiB (2^30 bytes), the unit autopp prints; --memory takes either (80GB or 74.5GiB); "
+                      "ridge: FLOP per byte of memory traffic in the faster of bf16 and fp32 (named); "
                       "link GB/s per direction per device. `autopp devices NAME` for an entry's links and sources."])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,14 @@ from ..data.zero import NO_ZERO, ZERO, ZeroStage
 from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
 from ..schedule import ScheduleName
+from ..sizes import SIZE_UNITS_HELP
 from .common import POSITIVE, SCHEDULE_NAMES, SECONDS, in_flags, memory_size, number
 from .profile import add_hf_arguments, default_profile_dir, hf_source_of, profile_for
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "DEFAULT_GLOBAL_BATCH"]
+
+#: Samples per step when --global-batch is not given (said in one line on stderr, with the plan).
+DEFAULT_GLOBAL_BATCH = 8
 
 
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -25,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--profile", help="plan from this profile directory instead")
     add_hf_arguments(p)  # --hf-config C.json: profiled into profiles/C if missing or stale, like a model file
     p.add_argument("--devices", type=POSITIVE, help="devices in all (pp x dp)")
-    p.add_argument("--memory", type=memory_size, help="memory per device, e.g. 80GiB")
+    p.add_argument("--memory", type=memory_size, metavar="SIZE",
+                   help=f"memory per device, e.g. 80GiB or 80GB: {SIZE_UNITS_HELP}")
     p.add_argument("--cluster", help="cluster JSON: each device's memory and speed and each link, or nodes with "
                                      "intra- and inter-node links (docs/cluster-format.md); replaces "
                                      "--devices/--memory/--latency/--bandwidth")
@@ -44,7 +50,9 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--inter-node-bandwidth", type=number(0, inclusive=False), metavar="B",
                    help="with --device: inter-node link bandwidth in bytes/s per direction per device, i.e. one "
                         "device's NIC share (default: the catalog's)")
-    p.add_argument("--global-batch", type=POSITIVE, default=8, help="samples per step (default 8)")
+    p.add_argument("--global-batch", type=POSITIVE,
+                   help=f"samples per step (default {DEFAULT_GLOBAL_BATCH}, said on stderr: give the batch you train "
+                        "with, it sets the microbatches and so the bubble)")
     p.add_argument("--microbatches", type=POSITIVE, help="pin the microbatch count per replica")
     p.add_argument("--schedule", default=ScheduleName.ONE_F_ONE_B.value, choices=["auto", *SCHEDULE_NAMES],
                    help=f"pipeline schedule (default {ScheduleName.ONE_F_ONE_B.value}; auto searches all)")
@@ -182,7 +190,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
     pins = LayoutPins(pp=args.pp, v=args.virtual_stages, dp=_dp(args), tp=args.tp or None, zero=args.zero)
-    request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch,
+    request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch or DEFAULT_GLOBAL_BATCH,
                           num_microbatches=args.microbatches,
                           schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
                           pins=pins, tp_across_nodes=args.tp_across_nodes,
@@ -218,6 +226,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         plan = make_plan(profile, request)
     plan = replace(plan, profile_path=str(profile_dir))
     plan.save(out)
+    if args.global_batch is None:  # issue 26: a default that changes the answer is said
+        print(f"autopp: note: global batch {DEFAULT_GLOBAL_BATCH} samples per step (the default); give --global-batch "
+              "N, the batch you train with (it sets the microbatches, and so the bubble)", file=sys.stderr)
     print(format_plan(replace(plan, notes=tuple(map(in_flags, plan.notes)))))  # the file's notes name fields
     print(f"\nwrote plan {out}")
     if pinned is not None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..data.hf_config import DEFAULT_SEQ_LEN, DEFAULT_TASK, HF_TASKS, HfSource, hf_source
 from ..errors import AutoppError
 from ..preflight import check_model_file, check_output_dir, check_output_file
+from ..sizes import format_in, time_unit
 from .analytic import add_analytic_arguments, analytic_of, check_analytic
 from .common import COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, comma_sizes, end_progress, progress
 
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
     from ..measure.options import MeasureOptions, ProfileOptions
     from ..model.contract import ModelFile
 
-__all__ = ["add_parsers", "profile_for", "default_profile_dir", "analytic_target", "default_dtype", "add_hf_arguments", "hf_source_of", "model_stem"]
+__all__ = ["say_seq_len", "add_parsers", "profile_for", "default_profile_dir", "analytic_target", "default_dtype",
+           "add_hf_arguments", "hf_source_of", "model_stem"]
 
 
 def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
@@ -101,6 +103,15 @@ def hf_source_of(args: argparse.Namespace, *others: tuple[str, str]) -> HfSource
     return hf_source(args.hf_config, args.seq_len, args.task or DEFAULT_TASK)
 
 
+def say_seq_len(args: argparse.Namespace, source: HfSource | None) -> None:
+    """--hf-config without --seq-len: the sequence length taken, in one line on stderr (issue 26: a default that
+    changes the answer is said; activations grow with it); after the work, so that an error stays one line."""
+    if source is not None and args.seq_len is None:
+        capped = "" if source.seq_len == DEFAULT_SEQ_LEN else f", capped by the config's {source.seq_len} positions"
+        print(f"autopp: note: sequence length {source.seq_len} tokens (the default{capped}); give --seq-len S, the "
+              "length you train with (activation memory and time grow with it)", file=sys.stderr)
+
+
 def model_stem(args: argparse.Namespace) -> str:
     """The name of the model's default profile directory under profiles/ (and of its plan): the model file's or
     the config's file name without its suffix."""
@@ -176,10 +187,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         raise AutoppError(str(exc)) from None
     end_progress()
     out = profile.save(target)
+    say_seq_len(args, source)
     print(format_profile(profile))
     for whole in profile.meta.whole_model:
-        print(f"microbatch {whole['microbatch_size']}: units sum to {whole['units_s'] * 1e3:.3g} ms, one whole-model "
-              f"step takes {whole['whole_s'] * 1e3:.3g} ms (gap {whole['gap']:+.1%})")
+        unit = time_unit((whole["units_s"], whole["whole_s"]))
+        print(f"microbatch {whole['microbatch_size']}: units sum to {format_in(whole['units_s'], unit)}, one "
+              f"whole-model step takes {format_in(whole['whole_s'], unit)} (gap {whole['gap']:+.1%})")
     from ..data.profile import ValueAction
     relayed = [v for v in profile.meta.live_values if v.action is not ValueAction.SEND]
     for v in relayed:
@@ -295,6 +308,7 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
         why = _current(profile, fingerprint, recorded, device, degrees)
         if why is None:
             print(f"using profile {default}/", file=sys.stderr)
+            say_seq_len(args, source)
             return profile
         print(f"profile {default}/ is not current ({why}): profiling again", file=sys.stderr)
     options = ProfileOptions(dtype=default_dtype(device is not None), tp_degrees=degrees)
@@ -309,4 +323,5 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
         profile = _with_source(analytic_profile(mf, device, options, progress=progress("counting")), source)
     end_progress()
     print(f"wrote profile {profile.save(default)}/", file=sys.stderr)
+    say_seq_len(args, source)
     return profile

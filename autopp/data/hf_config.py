@@ -12,8 +12,8 @@ from ..errors import ModelFileError
 from ..jsonio import read_json
 from .fields import Fields, is_int
 
-__all__ = ["HF_TASKS", "DEFAULT_TASK", "DEFAULT_SEQ_LEN", "POSITION_KEYS", "HfSource", "read_hf_config",
-           "max_positions", "check_seq_len", "hf_source"]
+__all__ = ["HF_TASKS", "DEFAULT_TASK", "DEFAULT_SEQ_LEN", "POSITION_KEYS", "SIZE_KEYS", "HfSource", "read_hf_config",
+           "max_positions", "check_seq_len", "check_size_keys", "hf_source"]
 
 #: The tasks an HF config can be built for (autopp.model.hf maps each to its transformers Auto class, batch, loss).
 HF_TASKS = ("causal-lm", "masked-lm", "seq-cls")
@@ -22,6 +22,16 @@ DEFAULT_TASK = "causal-lm"
 DEFAULT_SEQ_LEN = 512
 #: Keys that give a config's largest position, by model family (GPT-2 says n_positions).
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+#: The keys that set a model's size, each with its other families' names for it (transformers' `attribute_map`:
+#: GPT-2 n_layer, T5 num_layers, DBRX n_layers, ...). Left out, transformers fills its class default (Llama: 32
+#: layers of 4096) without a word, and autopp would plan another model than the user's.
+SIZE_KEYS: dict[str, tuple[str, ...]] = {
+    "num_hidden_layers": ("n_layer", "num_layers", "n_layers"),
+    "hidden_size": ("n_embd", "d_model", "dim"),
+    "num_attention_heads": ("n_head", "num_heads", "n_heads"),
+    "vocab_size": (),
+}
 
 _WHAT = "Hugging Face config.json"
 _ADVICE = "give the config.json of a Hugging Face model (e.g. examples/configs/llama-3-8b.json)"
@@ -78,11 +88,23 @@ def check_seq_len(path: str | Path, seq_len: int, limit: int | None) -> None:
                              f"give `seq_len` {limit} or less")
 
 
+def check_size_keys(path: str | Path, values: dict[str, Any]) -> None:
+    """A ModelFileError naming the first size key (`SIZE_KEYS`) the config gives under none of its names, at its
+    top level or in its `text_config` (a multimodal model's language part)."""
+    given = set(values) | set(values.get("text_config") or {})
+    for key, aliases in SIZE_KEYS.items():
+        if not given & {key, *aliases}:
+            other = f" (or {', '.join(aliases)})" if aliases else ""
+            raise ModelFileError(f"{path}: no \"{key}\"{other}: transformers would build its default size without a "
+                                 "word; add the model's own value, as its config.json on the Hub has it")
+
+
 def hf_source(path: str | Path, seq_len: int | None = None, task: str = DEFAULT_TASK) -> HfSource:
     """The checked source: the config read, `task` known, `seq_len` (default: DEFAULT_SEQ_LEN, capped by the
     config's largest position) within the config's positions."""
     values = read_hf_config(path)
     p = Path(path).resolve()
+    check_size_keys(p, values)
     if task not in HF_TASKS:
         raise ModelFileError(f"{p}: unknown task {task!r}; give `task` one of {', '.join(HF_TASKS)}")
     limit = max_positions(values)

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..data.plan import Plan
-from ..display import format_grid
+from ..display import format_grid, stage_sizes
 from ..schedule import policy
-from ..sizes import format_size
+from ..sizes import format_in, size_unit, time_unit
 
 __all__ = ["format_comparison"]
 
 
 def _describe(p: Plan) -> str:
-    stages = " ".join(str(s.units[1] - s.units[0]) for s in p.stages)
+    stages = stage_sizes([s.units for s in p.stages])
     rc = sum(policy(s.activation).redoes_forward for s in p.stages)
     return (f"{p.schedule.value} {format_grid(p.layout)}, v {p.layout.v}, "
             f"{p.num_microbatches} x {p.microbatch_size}, "
@@ -25,11 +25,12 @@ def format_comparison(yours: Plan, ours: Plan, source: str, notes: Sequence[str]
     lines = [f"\nyour configuration ({source}) beside autopp's plan, both predicted by the same simulator:",
              f"  yours:  {_describe(yours)}", f"  autopp: {_describe(ours)}",
              f"  {'':<12} {'yours':>12} {'autopp':>12}"]
-    for label, a, b in (("step time", f"{yours.predicted.step_time_s * 1e3:.4g} ms",
-                         f"{ours.predicted.step_time_s * 1e3:.4g} ms"),
+    steps = (yours.predicted.step_time_s, ours.predicted.step_time_s)  # each row in one unit: 9595 ms, 11200 ms
+    peaks = (max(yours.predicted.peak_memory_bytes), max(ours.predicted.peak_memory_bytes))
+    t, m = time_unit(steps), size_unit(max(peaks))
+    for label, a, b in (("step time", format_in(steps[0], t), format_in(steps[1], t)),
                         ("bubble", f"{yours.predicted.bubble_fraction:.1%}", f"{ours.predicted.bubble_fraction:.1%}"),
-                        ("peak memory", format_size(max(yours.predicted.peak_memory_bytes)),
-                         format_size(max(ours.predicted.peak_memory_bytes)))):
+                        ("peak memory", format_in(peaks[0], m), format_in(peaks[1], m))):
         lines.append(f"  {label:<12} {a:>12} {b:>12}")
     speedup = yours.predicted.step_time_s / ours.predicted.step_time_s if ours.predicted.step_time_s else 1.0
     verdict = (f"autopp's plan is predicted {speedup:.2f}x as fast as yours "

@@ -79,11 +79,33 @@ def hf_config(source: HfSource) -> Any:
                              f"{type(exc).__name__}: {_one_line(exc)}") from None
     except _validation_errors() as exc:  # a value the config's validation refuses (e.g. heads not dividing hidden)
         raise ModelFileError(f"{source.config_path}: transformers refuses this config: {_one_line(exc)}") from None
+    _check_defaulted_width(source, config)
     config.use_cache = False
     if source.task == "seq-cls" and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0
     check_seq_len(source.config_path, source.seq_len, max_positions(config.to_dict()))
     return config
+
+
+#: A block's feed-forward width by family (Llama and BERT, T5, OPT): a config class that takes one of these with a
+#: fixed default (Llama 11008, BERT 3072, T5 2048) uses it silently when the file leaves it out; a default of None
+#: (GPT-2's n_inner) means "4 x hidden" and is the model's own rule, not a size from elsewhere.
+_WIDTH_KEYS = ("intermediate_size", "d_ff", "ffn_dim")
+
+
+def _check_defaulted_width(source: HfSource, config: Any) -> None:
+    """A ModelFileError when the config leaves out a feed-forward width its class would fill with a fixed number
+    (data.hf_config.check_size_keys checks the other size keys before transformers loads)."""
+    import inspect
+
+    params = inspect.signature(type(config).__init__).parameters
+    given = set(source.values) | set(source.values.get("text_config") or {})
+    for key in _WIDTH_KEYS:
+        default = params[key].default if key in params else None
+        if isinstance(default, int) and key not in given:
+            raise ModelFileError(f"{source.config_path}: no \"{key}\": transformers would use "
+                                 f"{type(config).__name__}'s default {default} without a word; add the model's own "
+                                 "value, as its config.json on the Hub has it")
 
 
 def _auto_class(source: HfSource, config: Any) -> Any:

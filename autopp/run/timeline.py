@@ -7,7 +7,7 @@ from typing import Any
 
 from ..data.zero import zero_stage
 from ..schedule import Event, SimResult, parse_action
-from ..schedule.draw import memory_steps
+from ..schedule.draw import memory_axis_unit, memory_steps
 from ..sizes import format_size
 from .report import RunReport
 
@@ -68,12 +68,13 @@ def _draw_memory(ax: Any, measured: SimResult, predicted: SimResult | None, meth
     predicted memory over the step, in the rank's colour."""
     colours = [f"C{r % 10}" for r in range(len(measured.peak_memory_bytes))]
     how = f", {method}" if method else ""
+    unit = memory_axis_unit([*measured.peak_memory_bytes, *(predicted.peak_memory_bytes if predicted else [])])
     for rank, peak in enumerate(measured.peak_memory_bytes):
-        ax.axhline(peak / 2**20, color=colours[rank], linestyle="--",
+        ax.axhline(peak / unit[1], color=colours[rank], linestyle="--",
                    label=f"rank {rank} measured peak {format_size(peak)}{how}")
     if predicted is not None:
-        memory_steps(ax, predicted, " predicted", colours)
-    ax.set_ylabel("memory (MiB)")
+        memory_steps(ax, predicted, " predicted", colours, unit)
+    ax.set_ylabel(f"memory ({unit[0]})")
     ax.set_ylim(bottom=0)
     if len(colours) <= 16:
         ax.legend(fontsize=7, loc="lower right")

@@ -3,81 +3,186 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
 from autopp.schedule.actions import Kind
 from autopp.schedule.simulate import SimResult
-from autopp.sizes import format_size
+from autopp.sizes import format_size, size_unit
 
-__all__ = ["KIND_COLOURS", "memory_steps", "timeline_figure", "draw_timeline", "write_chrome_trace", "chrome_trace"]
+__all__ = ["KIND_COLOURS", "CHUNK_HATCHES", "rank_colours", "memory_steps", "memory_axis_unit", "timeline_figure",
+           "draw_timeline", "write_chrome_trace", "chrome_trace"]
 
 KIND_COLOURS: dict[Kind, str] = {Kind.F: "#4c72b0", Kind.I: "#dd8452", Kind.W: "#55a868", Kind.B: "#c44e52"}
 """Box colour per compute kind."""
+_KIND_NAMES = {Kind.F: "F forward", Kind.I: "I input gradient", Kind.W: "W weight gradient", Kind.B: "B backward"}
 
-_MAX_LABELS = 4000
-"""Above this many events, boxes are drawn without microbatch numbers (unreadable anyway, and slow)."""
+CHUNK_HATCHES = ("", "////", "....", "xxxx")
+"""Box hatch by which of its rank's stages (in model order) an action runs: a V schedule's rank r holds stages r and
+2p - 1 - r, an interleaved one r, r + p, ...; the first is plain, the second hatched."""
+
+_LABEL_PT = 6.0
+"""Largest microbatch-number font (points); smaller where rows are low, none below `_SMALLEST_PT`."""
+_SMALLEST_PT = 4.0
+_TITLE_CHARS = 150
+"""Title lines are wrapped at this many characters (14-inch figure, 10-point font), never cut off."""
 
 
 def _num_ranks(result: SimResult) -> int:
     return len(result.memory_timeline)
 
 
+def _chunks(result: SimResult) -> list[list[int]]:
+    """Per rank, the stages it runs in model order (its chunk index is the position in this list)."""
+    held: list[set[int]] = [set() for _ in range(_num_ranks(result))]
+    for e in result.events:
+        held[e.rank].add(e.action.stage)
+    return [sorted(s) for s in held]
+
+
+def _axes_points(ax: Any) -> tuple[float, float]:
+    """The axes' width and height in points, from its place in the figure (before or after layout)."""
+    fig = ax.get_figure()
+    box = ax.get_position()
+    width, height = fig.get_size_inches()
+    return box.width * width * 72, box.height * height * 72
+
+
+def _labels(ax: Any, result: SimResult) -> int:
+    """Microbatch numbers on the boxes wide and tall enough for the longest number (so that boxes of one width are
+    all numbered or none is, and no number leaves its box: a rank's boxes do not overlap); returns how many."""
+    width_pt, height_pt = _axes_points(ax)
+    ranks, span = max(_num_ranks(result), 1), max(result.step_time_s, 1e-12)
+    size = min(_LABEL_PT, 0.8 * 0.7 * height_pt / ranks)  # boxes are 0.8 of a row; the digits about 0.7 of the font
+    digits = max((len(str(e.action.microbatch)) for e in result.events), default=1)
+    room = (0.62 * size * digits + 1.5) / width_pt * span  # the shortest box a number fits in, in seconds
+    if size < _SMALLEST_PT:
+        return 0
+    fits = [e for e in result.events if e.end_s - e.start_s >= room]
+    for e in fits:
+        ax.text((e.start_s + e.end_s) / 2, e.rank, str(e.action.microbatch), ha="center", va="center", fontsize=size,
+                color="white", clip_on=True)
+    return len(fits)
+
+
 def _draw_boxes(ax: Any, result: SimResult) -> None:
-    label = len(result.events) <= _MAX_LABELS
+    """F/I/W/B boxes per rank, coloured by kind and hatched by which of the rank's stages runs them, numbered by
+    microbatch where a number fits."""
+    chunks = _chunks(result)
+    durations = sorted(e.end_s - e.start_s for e in result.events)
+    median_pt = durations[len(durations) // 2] / max(result.step_time_s, 1e-12) * _axes_points(ax)[0] \
+        if durations else 0.0
+    edge = 0.3 if median_pt >= 3 else 0.0  # a white edge would wash out boxes a few points wide
     for kind, colour in KIND_COLOURS.items():
-        for rank in range(_num_ranks(result)):
-            spans = [(e.start_s, e.end_s - e.start_s) for e in result.events if e.rank == rank and e.action.kind is kind]
-            if spans:
-                ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=colour, edgecolor="white", linewidth=0.3)
-    if label:
-        for e in result.events:
-            ax.text((e.start_s + e.end_s) / 2, e.rank, str(e.action.microbatch), ha="center", va="center",
-                    fontsize=6, color="white", clip_on=True)
+        for rank, stages in enumerate(chunks):
+            for c, stage in enumerate(stages):
+                spans = [(e.start_s, e.end_s - e.start_s) for e in result.events
+                         if e.rank == rank and e.action.kind is kind and e.action.stage == stage]
+                if spans:
+                    ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=colour, edgecolor="white", linewidth=edge,
+                                   hatch=CHUNK_HATCHES[c % len(CHUNK_HATCHES)])
+    _labels(ax, result)
+
+
+def _rank_label(rank: int, stages: Sequence[int]) -> str:
+    return f"rank {rank}" if len(stages) <= 1 else f"rank {rank}: stages {', '.join(map(str, stages))}"
+
+
+def _ordinal(c: int) -> str:
+    return ("first", "second", "third", "fourth")[c] if c < 4 else f"{c + 1}th"
 
 
 def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None = None) -> None:
-    """Rank labels, the legend, and the title: `title`, then `headline` (the caller's figures: a plan's stored
-    prediction, a report's median; default: the drawn step's time and mean bubble), then each rank's bubble."""
+    """Rank labels (with their stages where a rank holds several), the legend, and the title: `title`, then
+    `headline` (the caller's figures: a plan's stored prediction, a report's median; default: the drawn step's time
+    and mean bubble), then each rank's bubble; wrapped, never cut off."""
     from matplotlib.patches import Patch
 
-    ranks = _num_ranks(result)
-    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
+    ranks, chunks = _num_ranks(result), _chunks(result)
+    ax.set_yticks(range(ranks), [_rank_label(r, s) for r, s in enumerate(chunks)],
+                  fontsize=8 if ranks <= 32 else 6)
     ax.set_ylim(ranks - 0.5, -0.5)
     ax.set_xlim(0, max(result.step_time_s, 1e-12))
     mean = sum(result.bubble_fraction) / max(len(result.bubble_fraction), 1)
     per_rank = ", ".join(f"{b:.0%}" for b in result.bubble_fraction[:8])
     if headline is None:
         headline = f"step {result.step_time_s:.4g} s, bubble {mean:.0%}"
-    ax.set_title(f"{title + ': ' if title else ''}{headline} "
-                 f"(bubble per rank: {per_rank}{', ...' if len(result.bubble_fraction) > 8 else ''})")
-    ax.legend(handles=[Patch(color=c, label=k.value) for k, c in KIND_COLOURS.items()], loc="lower left",
-              bbox_to_anchor=(1.0, 0.0), fontsize=7, ncol=1, frameon=False)
+    lines = [f"{title + ': ' if title else ''}{headline}",
+             f"bubble per rank: {per_rank}{', ...' if len(result.bubble_fraction) > 8 else ''}"]
+    ax.set_title("\n".join(w for line in lines for w in textwrap.wrap(line, _TITLE_CHARS)), fontsize=10)
+    kinds = {e.action.kind for e in result.events} or set(KIND_COLOURS)
+    handles = [Patch(color=c, label=_KIND_NAMES[k]) for k, c in KIND_COLOURS.items() if k in kinds]
+    most = max(map(len, chunks), default=1)
+    if most > 1:
+        handles += [Patch(facecolor="#888888", edgecolor="white", hatch=CHUNK_HATCHES[c % len(CHUNK_HATCHES)],
+                          label=f"{_ordinal(c)} stage of its rank") for c in range(most)]
+    labels = len(ax.texts)  # the microbatch numbers _draw_boxes placed
+    numbers = ("numbers: microbatch" if labels == len(result.events) else
+               "numbers: microbatch,\nwhere a box has room" if labels else "boxes too narrow\nfor microbatch numbers")
+    handles.append(Patch(color="none", label=numbers))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncol=1, frameon=False)
 
 
-def memory_steps(ax: Any, result: SimResult, what: str = "", colours: Sequence[str] | None = None) -> None:
-    """Each rank's memory over the step as a step curve of the bytes it holds, labelled `rank R{what} (peak ...)`;
-    where the peak also counts an action's working memory (schedule.effects, TRANSIENT), a dotted line of the same
-    colour marks it and the label says how much of it that is, so the figure reaches the stated peak."""
+def memory_axis_unit(peaks: Sequence[float]) -> tuple[str, float]:
+    """The unit a memory axis is drawn in: that of its highest peak (`format_size`'s), so that the axis and the
+    legend's peaks read alike (45.6 GiB on an axis of GiB)."""
+    return size_unit(max(peaks, default=0))
+
+
+def memory_steps(ax: Any, result: SimResult, what: str = "", colours: Sequence[str] | None = None,
+                 unit: tuple[str, float] | None = None) -> None:
+    """Each rank's memory over the step as a step curve of the bytes it holds, in `unit` (default
+    `memory_axis_unit` of its peaks; the axis label says it), labelled `rank R{what} (peak ...)`; where the peak also
+    counts an action's working memory (schedule.effects, TRANSIENT), a dotted line of the same colour marks it, the
+    label says how much of it that is, and one legend entry says what the dotted lines are."""
+    from matplotlib.lines import Line2D
+
+    name, scale = unit or memory_axis_unit(result.peak_memory_bytes)
+    dotted = False
     for rank, timeline in enumerate(result.memory_timeline):
         times = [t for t, _ in timeline] + [result.step_time_s]
-        held = [b / 2**20 for _, b in timeline]
+        held = [b / scale for _, b in timeline]
         held.append(held[-1])
         peak, top = result.peak_memory_bytes[rank], max(b for _, b in timeline)
         extra = f": held {format_size(top)} + working {format_size(peak - top)}" if peak > top else ""
         (line,) = ax.step(times, held, where="post", color=None if colours is None else colours[rank % len(colours)],
                           label=f"rank {rank}{what} (peak {format_size(peak)}{extra})")
         if peak > top:
-            ax.hlines(peak / 2**20, 0, result.step_time_s, colors=line.get_color(), linestyles="dotted")
+            ax.hlines(peak / scale, 0, result.step_time_s, colors=line.get_color(), linestyles="dotted")
+            dotted = True
+    ax.set_ylabel(f"memory ({name})")
+    if dotted:  # a legend entry without data: what every dotted line means
+        ax.add_line(Line2D([], [], color="black", linestyle="dotted",
+                           label=f"dotted: a rank's peak{what} with one action's working memory"))
+
+
+def rank_colours(ranks: int) -> list[str]:
+    """One colour per rank, none repeated: matplotlib's default cycle up to 10 ranks, tab20 up to 20, else viridis
+    from rank 0 (dark) to the last (yellow)."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    if ranks <= 10:
+        return [f"C{r}" for r in range(ranks)]
+    cmap = colormaps["tab20" if ranks <= 20 else "viridis"]
+    return [to_hex(cmap(r if ranks <= 20 else r / max(ranks - 1, 1))) for r in range(ranks)]
 
 
 def _draw_memory(ax: Any, result: SimResult) -> None:
-    memory_steps(ax, result)
+    memory_steps(ax, result, colours=rank_colours(_num_ranks(result)))
     ax.set_xlabel("time (s)")
-    ax.set_ylabel("memory (MiB)")
     ax.set_xlim(0, max(result.step_time_s, 1e-12))
-    if _num_ranks(result) <= 16:
-        ax.legend(fontsize=7, loc="upper right")
+    from matplotlib.patches import Patch
+
+    handles, labels = ax.get_legend_handles_labels()
+    if _num_ranks(result) > 20:  # one entry per rank would not fit: the highest peak and what the dotted lines are
+        top = max(range(_num_ranks(result)), key=lambda r: result.peak_memory_bytes[r])
+        keep = [i for i, lb in enumerate(labels) if lb.startswith(f"rank {top} ") or lb.startswith("dotted")]
+        labels = [f"highest: {labels[i]}" if i == keep[0] else labels[i] for i in keep] + [
+            f"ranks 0 to {_num_ranks(result) - 1}: dark to light"]
+        handles = [handles[i] for i in keep] + [Patch(color="none")]
+    ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
 
 def timeline_figure(result: SimResult, title: str = "", headline: str | None = None) -> Any:
@@ -89,10 +194,10 @@ def timeline_figure(result: SimResult, title: str = "", headline: str | None = N
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    ranks = _num_ranks(result)
-    fig = Figure(figsize=(14, 2.5 + 0.45 * ranks + 3))
+    rows = 0.4 * max(_num_ranks(result), 4)  # inches: the boxes' panel, then the memory panel's 4
+    fig = Figure(figsize=(16, rows + 4 + 1.5))
     FigureCanvasAgg(fig)
-    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [max(ranks, 2), 3]})
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [rows, 4]})
     _draw_boxes(top, result)
     _style_timeline(top, result, title, headline)
     _draw_memory(bottom, result)

@@ -127,8 +127,10 @@ def test_plan_prints_both_plans(tmp_path: Path, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert code == 0 and "your configuration" in out
     yours = [line for line in out.splitlines() if line.strip().startswith("yours:")][0]
-    assert "1F1B pp 2 x dp 1, v 1, 8 x 1, units per stage 3 3" in yours
-    assert "step time" in out and "bubble" in out and "peak memory" in out
+    assert "1F1B pp 2 x dp 1, v 1, 8 x 1, units per stage 3 x2" in yours
+    step = [line.split() for line in out.splitlines() if line.strip().startswith("step time")][0]
+    assert step[3] == step[5], step  # issue 26: both figures of a row in one unit (no 9595 ms beside 11.2 s)
+    assert "bubble" in out and "peak memory" in out
     assert "as fast as" in out
 
 

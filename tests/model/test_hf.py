@@ -101,7 +101,7 @@ def _one_line(call, match: str) -> None:  # type: ignore[no-untyped-def]
 
 def test_transformers_errors_are_one_line(tmp_path: Path) -> None:
     unknown = tmp_path / "unknown.json"
-    unknown.write_text(json.dumps({"model_type": "not-a-model"}))
+    unknown.write_text(json.dumps({**json.loads(TINY.read_text()), "model_type": "not-a-model"}))
     _one_line(lambda: hf_model_file(unknown), r"unknown.json: transformers \S+ does not know model_type "
                                               r"'not-a-model'; check the key")
     _one_line(lambda: hf_model_file(TINY, task="masked-lm"),
@@ -110,6 +110,20 @@ def test_transformers_errors_are_one_line(tmp_path: Path) -> None:
     novocab = tmp_path / "novocab.json"
     novocab.write_text(json.dumps({**json.loads(TINY.read_text()), "vocab_size": 1}))
     _one_line(lambda: hf_model_file(novocab), '"vocab_size" must be an integer >= 2')
+
+
+def test_a_feed_forward_width_left_to_the_class_default_is_refused(tmp_path: Path) -> None:
+    """Issue 26: a config without intermediate_size would build Llama's 11008 (BERT's 3072, T5's d_ff 2048) without
+    a word; GPT-2 without n_inner is its own 4 x hidden rule and builds."""
+    values = json.loads(TINY.read_text())
+    del values["intermediate_size"]
+    narrow = tmp_path / "narrow.json"
+    narrow.write_text(json.dumps(values))
+    _one_line(lambda: hf_model_file(narrow), rf'^{narrow}: no "intermediate_size": transformers would use '
+                                             "LlamaConfig's default 11008 without a word; add the model's own value")
+    gpt2 = tmp_path / "gpt2.json"
+    gpt2.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64}))
+    assert hf_model_file(gpt2, seq_len=8).build() is not None
 
 
 @pytest.mark.parametrize(("key", "value", "match"), [

@@ -1,16 +1,19 @@
-"""Pictures: the timeline PNG is written and the Chrome trace has one slice per simulated action."""
+"""Pictures: the timeline PNG is written and readable at real size (checked on the figure's matplotlib objects, not
+pixels), and the Chrome trace has one slice per simulated action."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from matplotlib import pyplot as plt
 
-from autopp.schedule.draw import draw_timeline, memory_steps, write_chrome_trace
+from autopp.schedule.draw import draw_timeline, memory_steps, timeline_figure, write_chrome_trace
 from autopp.schedule import ScheduleName
 from autopp.schedule.effects import StageCost
 from autopp.schedule.simulate import SimResult, simulate_named
+from autopp.sizes import format_size
 
 
 def _result() -> SimResult:
@@ -49,5 +52,83 @@ def test_memory_curve_reaches_the_peak_with_working_memory() -> None:
     assert max(result.peak_memory_bytes) == held_top + 3 * 2**20  # the peak counts one action's working memory
     drawn = [y for c in ax.collections for seg in c.get_segments() for _, y in seg]
     assert max(drawn) == max(result.peak_memory_bytes) / 2**20  # ... and the figure reaches it
-    assert all("+ working 3 MiB" in line.get_label() for line in ax.get_lines())
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert all("+ working 3 MiB" in lb for lb in labels[:-1]) and len(labels) == 3
+    assert labels[-1] == "dotted: a rank's peak with one action's working memory"  # issue 26: the lines say what
+    assert ax.get_ylabel() == "memory (MiB)"
     plt.close(fig)
+
+
+def _big(name: ScheduleName, ranks: int, microbatches: int, v: int = 1) -> SimResult:
+    """A step at real size: 1 s forwards of a 40 GiB-class stage, 2 GiB of activation per microbatch."""
+    stages = ranks * v
+    costs = [StageCost(forward_s=1.0 / v, backward_input_s=1.0 / v, backward_weight_s=1.0 / v,
+                       static_bytes=20 * 2**30, activation_bytes=2**30, input_bytes=2**20,
+                       transient_bytes=2**30)] * stages
+    return simulate_named(name, ranks, microbatches, costs, [1e-3] * (stages - 1), v=v)
+
+
+def _boxes_panel(result: SimResult, title: str = "model.py: a title as long as a plan's " * 5) -> tuple[Any, Any]:
+    fig = timeline_figure(result, title=title)
+    fig.canvas.draw()
+    return fig, fig.axes[0]
+
+
+def test_title_is_wrapped_inside_the_figure() -> None:
+    """Issue 26: at 32 microbatches the title was cut off at both sides."""
+    fig, top = _boxes_panel(_big(ScheduleName.ONE_F_ONE_B, 8, 32))
+    box, width = top.title.get_window_extent(), fig.bbox.width
+    assert 0 <= box.x0 and box.x1 <= width and "\n" in top.get_title()
+    assert top.get_title().splitlines()[-1].startswith("bubble per rank: ")
+
+
+def test_microbatch_numbers_stay_inside_their_boxes() -> None:
+    """Issue 26: numbers overlapped into noise; now a box too narrow for the longest number carries none, and each
+    number drawn lies inside its own box."""
+    for ranks, m in ((8, 32), (16, 128)):
+        result = _big(ScheduleName.ONE_F_ONE_B, ranks, m)
+        fig, top = _boxes_panel(result)
+        to_px = top.transData.transform
+        centres = {(round((e.start_s + e.end_s) / 2, 9), e.rank): e for e in result.events}
+        for t in top.texts:
+            x, y = t.get_position()
+            e = centres[(round(x, 9), round(y))]
+            text = t.get_window_extent()
+            assert to_px((e.start_s, 0))[0] <= text.x0 and text.x1 <= to_px((e.end_s, 0))[0], t.get_text()
+        legend = [x.get_text() for x in top.get_legend().get_texts()]
+        if top.texts:
+            assert ranks == 8 and "numbers: microbatch,\nwhere a box has room" in legend
+        else:
+            assert "boxes too narrow\nfor microbatch numbers" in legend
+
+
+def test_v_placed_stages_are_told_apart() -> None:
+    """Issue 26: nothing showed which of a rank's two V-placed stages a box belongs to."""
+    result = _big(ScheduleName.ZBV_ZERO_BUBBLE, 8, 32, v=2)
+    fig, top = _boxes_panel(result)
+    assert [t.get_text() for t in top.get_yticklabels()][:2] == ["rank 0: stages 0, 15", "rank 1: stages 1, 14"]
+    hatches = {c.get_hatch() for c in top.collections}
+    assert hatches == {"", "////"}
+    legend = [x.get_text() for x in top.get_legend().get_texts()]
+    assert "first stage of its rank" in legend and "second stage of its rank" in legend
+
+
+def test_memory_axis_in_the_legends_unit() -> None:
+    """Issue 26: the axis was in MiB (10000-70000) while the legend said GiB."""
+    result = _big(ScheduleName.ONE_F_ONE_B, 8, 32)
+    fig, _ = _boxes_panel(result)
+    memory = fig.axes[1]
+    assert memory.get_ylabel() == "memory (GiB)"
+    peak = max(result.peak_memory_bytes)
+    drawn = [y for c in memory.collections for seg in c.get_segments() for _, y in seg]
+    assert max(drawn) == peak / 2**30 and f"(peak {format_size(peak)}:" in " ".join(
+        t.get_text() for t in memory.get_legend().get_texts())
+
+
+def test_many_ranks_keep_a_short_memory_legend() -> None:
+    result = _big(ScheduleName.ONE_F_ONE_B, 32, 32)
+    fig, top = _boxes_panel(result)
+    legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    top_rank = max(range(32), key=lambda r: result.peak_memory_bytes[r])
+    assert legend[0].startswith(f"highest: rank {top_rank} (peak") and len(legend) == 3
+    assert legend[-1] == "ranks 0 to 31: dark to light"

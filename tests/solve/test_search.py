@@ -29,9 +29,17 @@ def test_pinned_microbatches(shipped_gpt: Profile) -> None:
 
 
 def test_smallest_memory_is_exact(shipped_gpt: Profile) -> None:
-    with pytest.raises(InfeasibleError, match=r"the smallest that works is .*use `memory_bytes` (\d+)") as info:
+    from autopp.sizes import parse_size
+    from autopp.solve.search.explain import smallest_memory
+    with pytest.raises(InfeasibleError, match=r"the smallest that works is .*use `memory_bytes` (\S+) or more") as info:
         _plan(shipped_gpt, memory=2**20, global_batch=4)
-    need = int(info.value.args[0].split("`memory_bytes` ")[1].split()[0])
+    suggested = parse_size(info.value.args[0].split("`memory_bytes` ")[1].split()[0])  # issue 26: a size, rounded up
+    found = smallest_memory(shipped_gpt, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**20),
+                                                     global_batch=4))
+    assert found is not None
+    need = found[0]
+    assert need <= suggested < need + 2**20
+    assert max(_plan(shipped_gpt, memory=suggested, global_batch=4).predicted.peak_memory_bytes) <= suggested
     assert max(_plan(shipped_gpt, memory=need, global_batch=4).predicted.peak_memory_bytes) <= need
     with pytest.raises(InfeasibleError):
         _plan(shipped_gpt, memory=need - 1, global_batch=4)
@@ -149,7 +157,8 @@ def test_recompute_stages_pins_which_stages_recompute() -> None:
 
 
 def test_infeasible_says_memory_and_devices() -> None:
-    with pytest.raises(InfeasibleError, match=r"more per device\); use `memory_bytes` \d+ or more.*devices fit"):
+    with pytest.raises(InfeasibleError, match=r"more per device\); use `memory_bytes` \d+(\.\d)?(GiB|MiB) or more"
+                                              r".*devices fit"):  # issue 26: a size to paste, not 41465200640
         _synth(memory=8, global_batch=16, recompute=RecomputeMode.AUTO)
 
 

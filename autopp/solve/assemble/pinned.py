@@ -10,6 +10,7 @@ from ...data.plan import Plan
 from ...data.profile import Profile
 from ...errors import InfeasibleError, LayoutError, PlanError, ScheduleError
 from ...schedule import Activation, describe, listed
+from ...sizes import format_size
 from ..search.judge import Candidate, Verdict, judge
 from ..search.request import Config, PlanRequest, RecomputeMode, configs
 from ..search.runnable import weight_only_reason, weight_only_sends
@@ -93,7 +94,8 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
 def _warnings(profile: Profile, cluster: Cluster, verdict: Verdict) -> list[str]:
     """A note per rank whose peak overflows its device, and per stage the runner would refuse to run."""
     c = verdict.candidate
-    notes = [f"does not fit: rank {r} peaks at {peak} bytes > {cluster.device(r).memory_bytes} bytes of its device"
+    notes = [f"does not fit: rank {r} peaks at {format_size(peak)} > {format_size(cluster.device(r).memory_bytes)} of "
+             "its device"
              for r, peak in enumerate(verdict.peak_memory) if peak > cluster.device(r).memory_bytes]
     if describe(c.schedule).splits_backward:
         notes += [f"does not run ({c.schedule.value}): {weight_only_reason(s, name)}"

@@ -7,7 +7,7 @@ from dataclasses import replace
 from ...data.profile import Profile
 from ...errors import InfeasibleError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, describe, listed
-from ...sizes import format_size
+from ...sizes import format_size, size_argument
 from ..partition.dp import min_memory
 
 from .request import PlanRequest, RecomputeMode, configs, microbatch_counts, replica_counts
@@ -152,6 +152,6 @@ def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> 
         return InfeasibleError(head)
     more = max(0, need[0] - req.cluster.memory_bytes)
     text = (f"{head}; the smallest that works is {format_size(need[0])} ({need[1]} microbatches, "
-            f"{format_size(more)} more per device); use `memory_bytes` {need[0]} or more")
+            f"{format_size(more)} more per device); use `memory_bytes` {size_argument(need[0])} or more")
     alternatives = _alternatives(profile, req)
     return InfeasibleError(text + ("; or: " + "; ".join(alternatives) if alternatives else ""))

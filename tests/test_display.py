@@ -1,0 +1,67 @@
+"""The plan and profile tables at real size (issue 26): stage rows as unit ranges, one unit per column, no line
+as wide as a stage's list of 40 layer names."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from autopp.data.cluster import Cluster
+from autopp.data.layout import LayoutPins
+from autopp.data.synthetic_profile import synthetic_profile
+from autopp.display import format_plan, format_profile, stage_sizes, unit_span
+from autopp.schedule import ScheduleName
+from autopp.solve import PlanRequest, make_plan
+
+
+@pytest.mark.parametrize("names,span", [
+    (["model.embed_tokens", "model.layers.0", "model.layers.1"], "model.embed_tokens, model.layers.0-1"),
+    ([f"model.layers.{i}" for i in range(40, 80)] + ["model.norm"], "model.layers.40-79, model.norm"),
+    (["h.3"], "h.3"),
+    (["h.1", "h.3"], "h.1, h.3"),  # not consecutive: two parts
+    (["conv1", "bn1", "relu", "maxpool", "layer1.0", "layer1.1"], "conv1 ... layer1.0-1"),
+    (["0", "1", "2"], "0-2"),
+])
+def test_unit_span(names: list[str], span: str) -> None:
+    assert unit_span(names) == span
+
+
+def test_stage_sizes_count_repeats() -> None:
+    assert stage_sizes([(0, 1), (1, 2), (2, 4), (4, 7), (7, 10), (10, 12)]) == "1 x2, 2, 3 x2, 2"
+
+
+def _one_unit(column: list[str]) -> set[str]:
+    return {cell.split()[-1] for cell in column if cell.strip()}
+
+
+def _column(table: str, header: str) -> list[str]:
+    """The cells under `header` in the first table of `table` (fixed-width columns, right-aligned figures)."""
+    lines = [line for line in table.split("\n\n")[1].splitlines()]
+    end = lines[0].index(header) + len(header)
+    start = lines[1].rfind(" ", 0, end - 1) + 1
+    return [line[start:end] for line in lines[2:]]
+
+
+def test_a_32_stage_plan_reads_at_terminal_width() -> None:
+    """Issue 26: rows of 200-330 characters (every model.layers.N listed), `9595 ms` beside `11.2 s`."""
+    plan = make_plan(synthetic_profile(130), PlanRequest(cluster=Cluster(num_devices=32, memory_bytes=80 * 2**30),
+                                                          global_batch=64, schedule=ScheduleName.ONE_F_ONE_B,
+                                                          pins=LayoutPins(pp=32, dp=1)))
+    text = format_plan(plan)
+    tables = text.split("\n\n")[1:3]  # the stage table and the summary (the head and notes are prose)
+    assert max(len(line) for t in tables for line in t.splitlines()) <= 100, tables
+    assert re.search(r"^0 +0 +0-\d+ \(emb, h\.0-\d+\) ", text, re.M)
+    assert "units per stage" in text and " x" in text  # 32 ranges would not fit: counted instead
+    for header in ("forward/mb", "backward/mb", "rank peak memory"):
+        assert len(_one_unit(_column(text, header))) == 1, header
+    summary = text.split("\n\n")[2].splitlines()
+    assert len({row.split()[2] for row in summary[2:] if not row.startswith("(")}) == 1  # step time, ideal too
+    assert "e+" not in text and "e-0" not in text
+
+
+def test_profile_table_has_one_unit_per_column() -> None:
+    text = format_profile(synthetic_profile(6))
+    rows = [line.split() for line in text.splitlines()[2:]]
+    for i in (4, 6, 8, 10, 12):  # forward, backward, params, activations, output: value then unit
+        assert len({r[i] for r in rows}) == 1, [r[i] for r in rows]
