@@ -8,11 +8,13 @@ from typing import Sequence, TypeVar
 import numpy as np
 
 from ..data.cluster import Cluster, Link
+from ..data.layout import Layout
 from ..data.zero import ZeroStage
 from .units import UnitArrays
 
 __all__ = ["transfer_time", "send_times", "comm_times", "message_overheads", "progress_delays", "allreduce_time",
-           "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "optimizer_time", "step_end_time", "step_end_floor"]
+           "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "optimizer_time", "step_end_time",
+           "step_end_floor"]
 
 _Bytes = TypeVar("_Bytes", float, np.ndarray)
 
@@ -119,15 +121,16 @@ def _ring(nbytes: float, n: int, link: Link) -> float:
     return 2 * (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + 2 * (n - 1) * link.latency_s
 
 
-def gradient_allreduce_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], dp: int,
+def gradient_allreduce_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], layout: Layout,
                             cluster: Cluster) -> float:
-    """The slowest pipeline rank's data-parallel synchronisation of its stages' gradients (and, under ZeRO
-    a sharding `a.zero`, parameters: `sync_time`) over `dp` replicas (ranks synchronise in parallel)."""
+    """The slowest pipeline rank's synchronisation of its stages' gradients (and, under a sharding ZeRO stage
+    `a.zero`, parameters: `sync_time`) over the layout's gradient-synchronisation ranks (`Layout.sync`; ranks
+    synchronise in parallel)."""
     grads, params = [0.0] * (max(owner) + 1), [0.0] * (max(owner) + 1)
     for (i, j), r in zip(bounds, owner):
         grads[r] += float(a.grads[i:j].sum())
         params[r] += float(a.params[i:j].sum())
-    return max(sync_time(g, p, a.zero, dp, cluster, r) for r, (g, p) in enumerate(zip(grads, params)))
+    return max(sync_time(g, p, a.zero, layout.sync, cluster, r) for r, (g, p) in enumerate(zip(grads, params)))
 
 
 def optimizer_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int],
@@ -142,23 +145,24 @@ def optimizer_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequ
     return max(per_rank.values(), default=0.0)
 
 
-def step_end_time(a: UnitArrays, cluster: Cluster, bounds: Sequence[tuple[int, int]], owner: Sequence[int], dp: int,
-                  speeds: Sequence[float]) -> tuple[float, float]:
-    """What a step adds after its pipeline drains, per term: (the slowest rank's gradient all-reduce over `dp`
-    replicas, the slowest rank's optimizer step). The judge and the search's estimate add both to the pipeline's
-    time; a new per-step term goes here and into `step_end_floor`."""
-    return gradient_allreduce_time(a, bounds, owner, dp, cluster), optimizer_time(a, bounds, owner, speeds)
+def step_end_time(a: UnitArrays, cluster: Cluster, bounds: Sequence[tuple[int, int]], owner: Sequence[int],
+                  layout: Layout, speeds: Sequence[float]) -> tuple[float, float]:
+    """What a step adds after its pipeline drains, per term: (the slowest rank's gradient synchronisation over the
+    layout's `sync` ranks, the slowest rank's optimizer step). The judge and the search's estimate add both to the
+    pipeline's time; a new per-step term goes here and into `step_end_floor`, reading its degrees from `layout`."""
+    return gradient_allreduce_time(a, bounds, owner, layout, cluster), optimizer_time(a, bounds, owner, speeds)
 
 
-def step_end_floor(a: UnitArrays, cluster: Cluster, pp: int, dp: int) -> float:
-    """A lower bound of `sum(step_end_time(...))` valid for every split into stages on `pp` ranks: some rank holds at
-    least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded by 0); on a
-    cluster of nodes, with the cheapest rank's group."""
+def step_end_floor(a: UnitArrays, cluster: Cluster, layout: Layout) -> float:
+    """A lower bound of `sum(step_end_time(...))` valid for every split into stages on the layout's pp ranks: some
+    rank holds at least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded
+    by 0); on a cluster of nodes, with the cheapest rank's group."""
+    pp, n = layout.pp, layout.sync
     ranks = range(pp) if cluster.nodes is not None else range(1)
     g, p = float(a.grads.sum()) / pp, float(a.params.sum()) / pp
     if a.zero.replicated:
-        return min(allreduce_time(g, dp, cluster, r) for r in ranks)
+        return min(allreduce_time(g, n, cluster, r) for r in ranks)
     # some rank holds >= 1 / pp of the parameters, some (maybe another) >= 1 / pp of the gradients
-    gathered = min(allreduce_time(p, dp, cluster, r) for r in ranks)
-    scattered = 0.0 if a.zero.scatters_each_microbatch else min(allreduce_time(g, dp, cluster, r) for r in ranks)
+    gathered = min(allreduce_time(p, n, cluster, r) for r in ranks)
+    scattered = 0.0 if a.zero.scatters_each_microbatch else min(allreduce_time(g, n, cluster, r) for r in ranks)
     return half_collective(max(gathered, scattered))

@@ -84,6 +84,14 @@ class Layout:
         return self.cp * self.tp
 
     @property
+    def sync(self) -> int:
+        """Ranks that hold the same parameters and average their gradients after a step, and over which a sharding
+        ZeRO stage shards: dp x cp (as torchtitan's `dp_shard_cp` mesh and Megatron-LM's data-parallel group with
+        context parallelism: a context-parallel rank computes gradients of the same weights on its share of the
+        sequence). The cost model's gradient synchronisation and ZeRO terms read it here, never dp alone."""
+        return self.dp * self.cp
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """The mesh's size along each of `MESH_AXES`."""
         return tuple(getattr(self, axis) for axis in MESH_AXES)
@@ -131,7 +139,7 @@ class Layout:
 
     def unit_view(self) -> UnitView:
         """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size)."""
-        return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp if not self.zero.replicated else 1,
+        return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=self.sync if not self.zero.replicated else 1,
                         zero=self.zero if self.dp > 1 else NO_ZERO)
 
     def describe(self, sep: str = " x ") -> str:
@@ -185,18 +193,29 @@ class LayoutPins:
 
 class UnitView(NamedTuple):
     """What a unit's costs depend on beyond the microbatch size (`Layout.unit_view`): its tensor-parallel, context
-    and expert degrees, and the replicas only where its ZeRO stage shards over them."""
+    and expert degrees, and the gradient-synchronisation ranks (`Layout.sync`) only where its ZeRO stage shards over
+    them."""
 
     tp: int
     cp: int
     ep: int
-    dp: int
+    sync: int
+    """`Layout.sync` under a sharding ZeRO stage, else 1."""
     zero: ZeroStage
 
     @property
     def group(self) -> int:
         """Devices acting as one pipeline rank (`Layout.group`)."""
         return self.cp * self.tp
+
+    @property
+    def sharded(self) -> bool:
+        """Whether a ZeRO stage shards the unit's bytes over the synchronisation ranks."""
+        return self.sync > 1
+
+    def local(self) -> UnitView:
+        """The view of one group of devices alone (no ZeRO sharding): what `sharded` views are computed from."""
+        return self._replace(sync=1, zero=NO_ZERO)
 
 
 #: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each.

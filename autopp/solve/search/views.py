@@ -3,7 +3,7 @@ data-parallel terms (autopp.costmodel.parallel): what the search, the judge and 
 
 from __future__ import annotations
 
-from ...costmodel import ProfileTable, UnitArrays, allreduce_times, data_sharded, tensor_parallel
+from ...costmodel import ProfileTable, UnitArrays, group_terms, replica_terms
 from ...data.layout import Layout, UnitView
 from ...data.profile import Profile
 from .request import PlanRequest, tp_choices
@@ -40,21 +40,21 @@ class Views:
         return self._requests[layout.group]
 
     def arrays(self, b: int, layout: Layout = Layout()) -> UnitArrays:
-        """Unit costs of one tensor-parallel rank of `layout` at microbatch size `b` with its collectives (on the
-        group's link, `Cluster.tp_link`), sharded by its ZeRO stage over its replicas (all-gathers and
-        reduce-scatters on the data-parallel group of pipeline rank 0, `Cluster.dp_group`)."""
-        key = arrays_key(b, layout)
-        view = key[1]
+        """Unit costs of one device of `layout`'s groups at microbatch size `b` with the terms of the axes inside the
+        group (`costmodel.group_terms`: tensor parallelism's collectives on the group's link), sharded by its ZeRO
+        stage over its synchronisation ranks (`costmodel.replica_terms`: all-gathers and reduce-scatters on the group
+        of pipeline rank 0, `Cluster.dp_group`)."""
+        return self._arrays_of(b, layout.unit_view())
+
+    def _arrays_of(self, b: int, view: UnitView) -> UnitArrays:
+        key = (b, view)
         if key not in self._arrays:
-            if view.zero.replicated:  # no ZeRO sharding: the tensor-parallel rank's own costs
-                tp = view.tp
-                if tp not in self.tables:
-                    self.tables[tp] = ProfileTable(self.profile, tp)
-                self._arrays[key] = tensor_parallel(self.tables[tp].arrays(b), tp, self.req.cluster.tp_link(tp))
-            else:  # sharded from those, computed once per (b, tp)
-                group = self.request(view).cluster
-                self._arrays[key] = data_sharded(self.arrays(b, Layout(tp=view.tp)), view.zero, view.dp,
-                                                 lambda s: allreduce_times(s, view.dp, group))
+            if not view.sharded:  # one group's own costs
+                if view.tp not in self.tables:
+                    self.tables[view.tp] = ProfileTable(self.profile, view.tp)
+                self._arrays[key] = group_terms(self.tables[view.tp].arrays(b), view, self.req.cluster)
+            else:  # sharded from those, computed once per (b, group)
+                self._arrays[key] = replica_terms(self._arrays_of(b, view.local()), view, self.request(view).cluster)
         return self._arrays[key]
 
     def whole(self, b: int) -> UnitArrays:
