@@ -92,6 +92,11 @@ def test_unit_view_keeps_what_unit_costs_depend_on() -> None:
     assert Layout(dp=2, cp=2, zero=ZERO[3]).unit_view().sync == 4  # ZeRO shards over dp x cp
 
 
+def test_pins_per_group_set_the_group_axes_to_1() -> None:
+    pins = LayoutPins(pp=2, dp=None, cp=2, tp=None, zero=None)
+    assert pins.per_group() == LayoutPins(pp=2, dp=None, cp=1, tp=1, zero=None)
+
+
 def test_sync_is_the_gradient_synchronisation_group_dp_x_cp() -> None:
     assert Layout(pp=2, dp=3).sync == 3 and Layout(dp=2, cp=4, tp=2).sync == 8 and Layout(tp=4).sync == 1
 

@@ -13,8 +13,8 @@ from ..data.zero import ZeroStage
 from .units import UnitArrays
 
 __all__ = ["transfer_time", "send_times", "comm_times", "message_overheads", "progress_delays", "allreduce_time",
-           "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "optimizer_time", "step_end_time",
-           "step_end_floor"]
+           "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "optimizer_time",
+           "step_end_time", "step_end_floor"]
 
 _Bytes = TypeVar("_Bytes", float, np.ndarray)
 

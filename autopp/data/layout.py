@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from ..errors import LayoutError
+from .axes import group_axes, unplanned
 from .fields import is_int
 from .zero import NO_ZERO, ZeroStage, zero_stage
 
@@ -185,6 +186,12 @@ class LayoutPins:
         if devices % product:
             raise LayoutError(f"{shown} = {product} does not divide the {devices} devices")
 
+    def per_group(self) -> LayoutPins:
+        """The pins as the search over groups of devices sees them (`PlanRequest.view`): the axes inside a group
+        (`Axis.in_group`: cp, tp) at 1, each group one pipeline rank."""
+        return LayoutPins(**{**{f.name: getattr(self, f.name) for f in fields(self)},
+                             **{a.name: 1 for a in group_axes()}})
+
     @staticmethod
     def of(layout: Layout) -> LayoutPins:
         """Every field of `layout` pinned."""
@@ -218,14 +225,15 @@ class UnitView(NamedTuple):
         return self._replace(sync=1, zero=NO_ZERO)
 
 
-#: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each.
-UNPLANNED = {"cp": "context parallelism (issue 27)", "ep": "expert parallelism (issue 30)"}
+#: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each (their
+#: descriptors' `unplanned`, autopp.data.axes).
+UNPLANNED = unplanned()
 
 
 def check_planned(layout: Layout | LayoutPins, where: str = "") -> None:
     """A LayoutError when `layout` asks for an axis autopp does not plan, run or export yet (`UNPLANNED`): the
     planner, the runner and the exporters would treat it as 1."""
-    for axis, what in UNPLANNED.items():
+    for axis, what in unplanned().items():
         value = getattr(layout, axis)
         if value not in (1, None):
             raise LayoutError(f"{where}`{axis}` {value}: {what} is not planned, run or exported yet; give `{axis}` 1")
