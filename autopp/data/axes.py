@@ -59,6 +59,9 @@ class Axis:
     in_group: bool = False
     """Its ranks are devices of one pipeline rank of one replica (`Layout.group`): the search sees each group as one
     rank (`PlanRequest.view`)."""
+    syncs: bool = False
+    """Its ranks hold the same parameters and average their gradients after a step (`Layout.sync`, over which ZeRO
+    shards)."""
     unplanned: str | None = None
     """The issue that adds it, while autopp does not plan, run or export it (`check_planned` refuses it); None:
     planned."""
@@ -84,9 +87,9 @@ AXES: dict[str, Axis] = {a.name: a for a in (
          trainers={"torchtitan": Spelling(degree="parallelism.pipeline_parallel_degree"),
                    "megatron": Spelling(degree="--pipeline-model-parallel-size"),
                    "deepspeed": Spelling(degree="num_stages")}),
-    Axis(name="dp", what="data parallelism",
+    Axis(name="dp", what="data parallelism", syncs=True,
          flag=Flag(help="data-parallel replicas, or auto (default 1, or devices / pp)", default=None)),
-    Axis(name="cp", what="context parallelism", in_group=True, unplanned="issue 27",
+    Axis(name="cp", what="context parallelism", in_group=True, syncs=True, unplanned="issue 27",
          trainers={"torchtitan": Spelling(degree="parallelism.context_parallel_degree"),
                    "megatron": Spelling(degree="--context-parallel-size"),
                    "deepspeed": Spelling(refusal="DeepSpeed's PipelineModule does not shard sequences and the "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from ..errors import LayoutError
-from .axes import group_axes, unplanned
+from .axes import AXES, group_axes, unplanned
 from .fields import is_int
 from .zero import NO_ZERO, ZeroStage, zero_stage
 
@@ -30,6 +30,8 @@ __all__ = ["MESH_AXES", "Coords", "Layout", "LayoutPins", "UnitView", "UNPLANNED
 
 #: The device mesh's dimensions, outermost first: the order in which `Layout.rank` numbers the ranks.
 MESH_AXES = ("pp", "dp", "cp", "tp")
+#: The axes whose ranks average their gradients (`Axis.syncs`: dp, cp).
+_SYNC_AXES = tuple(a.name for a in AXES.values() if a.syncs)
 
 
 class Coords(NamedTuple):
@@ -90,7 +92,12 @@ class Layout:
         ZeRO stage shards: dp x cp (as torchtitan's `dp_shard_cp` mesh and Megatron-LM's data-parallel group with
         context parallelism: a context-parallel rank computes gradients of the same weights on its share of the
         sequence). The cost model's gradient synchronisation and ZeRO terms read it here, never dp alone."""
-        return self.dp * self.cp
+        return math.prod(getattr(self, a) for a in _SYNC_AXES)
+
+    @property
+    def sync_axes(self) -> tuple[str, ...]:
+        """The mesh's dimensions (`mesh_axes`) whose ranks make up the `sync` group, outermost first."""
+        return tuple(a for a in self.mesh_axes if a in _SYNC_AXES)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -256,9 +263,10 @@ def _check_ep(ep: int, dp: int, cp: int, tp: int) -> None:
 
 
 def uses_mesh(layout: Layout) -> bool:
-    """Whether the layout shards anything inside a pipeline rank or over its replicas (tensor parallelism or ZeRO),
-    which `autopp run` runs through a DeviceMesh, DTensor and FSDP2, not as plain pipeline replicas."""
-    return layout.tp > 1 or not layout.zero.replicated
+    """Whether the layout shards anything inside a pipeline rank (its `group`: tensor, context parallelism) or over
+    its replicas (ZeRO), which `autopp run` runs through a DeviceMesh, DTensor and FSDP2, not as plain pipeline
+    replicas."""
+    return layout.group > 1 or not layout.zero.replicated
 
 
 #: A layout's fields in plan and run-report JSON, with their least values: `num_ranks` (its world size), `pp` (0:
