@@ -15,6 +15,7 @@ from autopp.errors import LayoutError
 
 
 def test_one_descriptor_per_degree_of_the_layout_in_mesh_order() -> None:
+    assert list(AXES) == ["pp", "dp", "cp", "tp", "ep"]
     assert set(AXES) == {f.name for f in fields(Layout)} - {"v", "zero"}
     assert [a for a in AXES if a in MESH_AXES] == list(MESH_AXES) and all(a.name == n for n, a in AXES.items())
     assert str(AXES["tp"]) == "tp"

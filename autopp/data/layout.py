@@ -152,7 +152,7 @@ class Layout:
 
     def describe(self, sep: str = " x ") -> str:
         """The degrees as messages print them: "pp(2) x dp(2) x tp(2)", degrees of 1 beyond pp and dp left out."""
-        shown = [a for a in ("pp", "dp", "cp", "tp", "ep") if a in ("pp", "dp") or getattr(self, a) > 1]
+        shown = [a for a in AXES if a in ("pp", "dp") or getattr(self, a) > 1]
         return sep.join(f"{a}({getattr(self, a)})" for a in shown)
 
 
