@@ -90,6 +90,8 @@ def test_unit_view_keeps_what_unit_costs_depend_on() -> None:
     assert Layout(pp=2, dp=4, ep=4).unit_view().ep == 4  # a valid ep layout's view (ep divides dp x cp x tp there)
     assert Layout(cp=2, tp=2).unit_view().group == 4
     assert Layout(dp=2, cp=2, zero=ZERO[3]).unit_view().sync == 4  # ZeRO shards over dp x cp
+    assert Layout(dp=2, cp=2, zero=ZERO[3]).unit_view().sync_per_group == 2  # 2 of them in each group of devices
+    assert Layout(dp=2, cp=2).unit_view().sync_per_group == 1  # nothing sharded: no collective of its own
 
 
 def test_pins_per_group_set_the_group_axes_to_1() -> None:

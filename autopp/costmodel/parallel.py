@@ -56,7 +56,7 @@ def replica_terms(a: UnitArrays, view: UnitView, groups: Cluster) -> UnitArrays:
     """`a` (a group's `group_terms`) sharded by the view's ZeRO stage over its `sync` ranks, the all-gathers and
     reduce-scatters on the synchronisation group of pipeline rank 0 of `groups` (the cluster of groups,
     `PlanRequest.view`; `Cluster.dp_group`)."""
-    return data_sharded(a, view, lambda s: allreduce_times(s, view.sync, groups))
+    return data_sharded(a, view, lambda s: allreduce_times(s, view.sync, groups, 0, view.sync_per_group))
 
 
 def tensor_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:

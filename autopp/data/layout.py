@@ -30,8 +30,10 @@ __all__ = ["MESH_AXES", "Coords", "Layout", "LayoutPins", "UnitView", "UNPLANNED
 
 #: The device mesh's dimensions, outermost first: the order in which `Layout.rank` numbers the ranks.
 MESH_AXES = ("pp", "dp", "cp", "tp")
-#: The axes whose ranks average their gradients (`Axis.syncs`: dp, cp).
+#: The axes whose ranks average their gradients (`Axis.syncs`: dp, cp), and those of them inside a pipeline rank's
+#: group of devices (cp).
 _SYNC_AXES = tuple(a.name for a in AXES.values() if a.syncs)
+_SYNC_IN_GROUP = tuple(a.name for a in AXES.values() if a.syncs and a.in_group)
 
 
 class Coords(NamedTuple):
@@ -93,6 +95,13 @@ class Layout:
         context parallelism: a context-parallel rank computes gradients of the same weights on its share of the
         sequence). The cost model's gradient synchronisation and ZeRO terms read it here, never dp alone."""
         return math.prod(getattr(self, a) for a in _SYNC_AXES)
+
+    @property
+    def sync_per_group(self) -> int:
+        """The `sync` ranks among the devices of one pipeline rank's group (`group`; cp): on a cluster of nodes they
+        sit on the group's node, so the synchronisation group spans sync / sync_per_group groups
+        (`terms.allreduce_time`)."""
+        return math.prod(getattr(self, a) for a in _SYNC_IN_GROUP)
 
     @property
     def sync_axes(self) -> tuple[str, ...]:
@@ -226,6 +235,11 @@ class UnitView(NamedTuple):
     def sharded(self) -> bool:
         """Whether a ZeRO stage shards the unit's bytes over the synchronisation ranks."""
         return self.sync > 1
+
+    @property
+    def sync_per_group(self) -> int:
+        """`Layout.sync_per_group` where the view is `sharded`, else 1."""
+        return math.prod(getattr(self, a) for a in _SYNC_IN_GROUP) if self.sharded else 1
 
     def local(self) -> UnitView:
         """The view of one group of devices alone (no ZeRO sharding): what `sharded` views are computed from."""

@@ -7,7 +7,7 @@ import pytest
 from autopp.data.cluster import Cluster, Link, Nodes, hierarchical_cluster
 from autopp.data.layout import Layout
 from autopp.costmodel import (allreduce_time, comm_times, gradient_allreduce_time, message_overheads, optimizer_time,
-                              progress_delays, send_times, transfer_time)
+                              progress_delays, send_times, step_end_floor, transfer_time)
 
 from .arrays import arrays
 
@@ -121,6 +121,22 @@ def test_gradients_synchronise_over_the_layouts_sync_ranks() -> None:
     assert with_cp == gradient_allreduce_time(a, bounds, [0, 1], Layout(pp=2, dp=4), cluster) == 6.0  # 2 x 3/4 x 4
     assert gradient_allreduce_time(a, bounds, [0, 1], Layout(pp=2, dp=2), cluster) == 4.0  # 2 x 1/2 x 400 / 100
     assert gradient_allreduce_time(a, bounds, [0, 1], Layout(pp=2, tp=2), cluster) == 0.0  # tp shares no gradient
+
+
+def test_sync_ranks_inside_a_group_sit_on_its_node() -> None:
+    """dp 2 x cp 2 on 2 nodes x 4 devices, seen as groups of cp 2 (`tp_groups(2)`: 2 nodes x 2 groups): pipeline
+    rank 0's synchronisation group is groups 0 and 1 with 2 ranks in each, i.e. devices 0-3 of node 0: a ring of 4
+    on the intra-node link, as dp 4 on the devices, not 4 groups spread over both nodes."""
+    nodes = _nodes(2, 4)
+    view = nodes.tp_groups(2)
+    inside = allreduce_time(1000.0, 4, view, 0, per_group=2)
+    assert inside == allreduce_time(1000.0, 4, nodes, 0) == pytest.approx(2 * 3 / 4 * 1000 / 400 + 2 * 3 * 0.01)
+    assert allreduce_time(1000.0, 4, view, 0) > inside  # read as 4 groups: hierarchical across the nodes
+    layout = Layout(pp=2, dp=2, cp=2)  # pipeline rank 1: groups 2 and 3, node 1
+    assert layout.sync_per_group == 2 and Layout(dp=2, tp=2).sync_per_group == 1
+    a = arrays([1.0, 1.0], grads=[1000.0, 1000.0])
+    assert gradient_allreduce_time(a, [(0, 1), (1, 2)], [0, 1], layout, view.placed(layout)) == inside
+    assert step_end_floor(a, view, layout) == inside
 
 
 def test_optimizer_step_is_the_slowest_ranks_share() -> None:
