@@ -37,11 +37,18 @@ import numpy as np
 
 from ..data.cluster import Cluster, Link
 from ..data.layout import UnitView
+from ..data.profile import Profile
 from ..data.zero import NO_ZERO
 from .terms import allreduce_times, half_collective
-from .units import UnitArrays
+from .units import ProfileTable, UnitArrays
 
-__all__ = ["group_terms", "replica_terms", "tensor_parallel", "data_sharded"]
+__all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded"]
+
+
+def group_table(profile: Profile, view: UnitView) -> ProfileTable:
+    """The profile's rows one device of the view's group computes with: its tensor-parallel degree's (`tp.csv`
+    rows for tp > 1). An axis whose rows are measured at its sharded shapes selects them here."""
+    return ProfileTable(profile, view.tp)
 
 
 def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:

@@ -119,3 +119,14 @@ def test_step_end_floor_bounds_every_split(zero: int) -> None:
         ends = (0, *cuts, n)
         bounds = tuple(zip(ends, ends[1:]))
         assert gradient_allreduce_time(a, bounds, [0, 1, 2], layout, FLAT) >= floor - 1e-15
+
+
+def test_group_table_is_the_rows_of_the_groups_tensor_parallel_degree() -> None:
+    from autopp.costmodel import ProfileTable, group_table
+    from autopp.data.synthetic_profile import synthetic_profile
+    profile = synthetic_profile(6, tp_degrees=(2,))
+    for tp in (1, 2):
+        got, expected = group_table(profile, Layout(tp=tp).unit_view()).arrays(1), ProfileTable(profile, tp).arrays(1)
+        assert np.array_equal(got.forward, expected.forward) and np.array_equal(got.static, expected.static)
+    assert not np.array_equal(group_table(profile, Layout(tp=2).unit_view()).arrays(1).static,
+                              group_table(profile, Layout().unit_view()).arrays(1).static)

@@ -3,12 +3,15 @@ data-parallel terms (autopp.costmodel.parallel): what the search, the judge and 
 
 from __future__ import annotations
 
-from ...costmodel import ProfileTable, UnitArrays, group_terms, replica_terms
+from ...costmodel import ProfileTable, UnitArrays, group_table, group_terms, replica_terms
 from ...data.layout import Layout, UnitView
 from ...data.profile import Profile
 from .request import PlanRequest, tp_choices
 
 __all__ = ["ArraysKey", "arrays_key", "Views"]
+
+#: The view of one device alone (no axis beyond the pipeline): the profile's own rows.
+_WHOLE = Layout().unit_view()
 
 #: (microbatch size, the layout's unit view): what a configuration's unit arrays depend on.
 ArraysKey = tuple[int, UnitView]
@@ -25,7 +28,7 @@ class Views:
 
     def __init__(self, profile: Profile, req: PlanRequest, table: ProfileTable | None = None) -> None:
         self.profile, self.req = profile, req
-        self.tables: dict[int, ProfileTable] = {1: table or ProfileTable(profile)}
+        self.tables: dict[UnitView, ProfileTable] = {_WHOLE: table or ProfileTable(profile)}
         self._requests: dict[int, PlanRequest] = {}
         self._arrays: dict[ArraysKey, UnitArrays] = {}
 
@@ -50,13 +53,13 @@ class Views:
         key = (b, view)
         if key not in self._arrays:
             if not view.sharded:  # one group's own costs
-                if view.tp not in self.tables:
-                    self.tables[view.tp] = ProfileTable(self.profile, view.tp)
-                self._arrays[key] = group_terms(self.tables[view.tp].arrays(b), view, self.req.cluster)
+                if view not in self.tables:
+                    self.tables[view] = group_table(self.profile, view)
+                self._arrays[key] = group_terms(self.tables[view].arrays(b), view, self.req.cluster)
             else:  # sharded from those, computed once per (b, group)
                 self._arrays[key] = replica_terms(self._arrays_of(b, view.local()), view, self.request(view).cluster)
         return self._arrays[key]
 
     def whole(self, b: int) -> UnitArrays:
         """The unsharded costs of one microbatch of size `b` (no tensor or data parallelism): the ideal step's."""
-        return self.tables[1].arrays(b)
+        return self.tables[_WHOLE].arrays(b)
