@@ -58,10 +58,10 @@ def progress_delays(cluster: Cluster, owner: Sequence[int]) -> list[float]:
             for k in range(len(owner) - 1)]
 
 
-def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster, rank: int = 0, per_group: int = 1) -> float:
-    """All-reduce of `grad_bytes` over the `dp` ranks of pipeline rank `rank`'s synchronisation group (`Layout.sync`),
+def allreduce_time(grad_bytes: float, n: int, cluster: Cluster, rank: int = 0, per_group: int = 1) -> float:
+    """All-reduce of `grad_bytes` over the `n` ranks of pipeline rank `rank`'s synchronisation group (`Layout.sync`),
     on the ring or rings it runs on; `per_group` of them are devices of each pipeline rank's group of devices
-    (`Layout.sync_per_group`: context-parallel ranks), so the group spans dp / per_group pipeline ranks of `cluster`
+    (`Layout.sync_per_group`: context-parallel ranks), so the group spans n / per_group pipeline ranks of `cluster`
     (a `Cluster.tp_groups` view) with per_group members on each one's node.
 
     The ring of n ranks on a link of bandwidth B and latency a (nccl-tests doc/PERFORMANCE.md, "AllReduce": t =
@@ -74,16 +74,16 @@ def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster, rank: int = 0, 
     (PERFORMANCE.md's ReduceScatter and AllGather formulas; the order is HCCL's "Hierarchical Communication
     Principles"). Across R regions of N nodes each, one level more: + ring(S / (k N), R, wan). An assumption: NCCL
     itself runs a flat ring or a tree over the node's NICs, which this bounds from above for large groups. A group
-    with unequal members per node or nodes per region (dp neither a divisor nor a multiple of the devices per node)
+    with unequal members per node or nodes per region (n neither a divisor nor a multiple of the devices per node)
     takes its most for each level's ring and its fewest for the bytes it passes up (an upper bound)."""
-    if dp <= 1 or grad_bytes <= 0:
+    if n <= 1 or grad_bytes <= 0:
         return 0.0
     if cluster.nodes is None:
-        return _ring(grad_bytes, dp, cluster.dp_link)
-    regions = cluster.dp_group(rank, dp // per_group)
+        return _ring(grad_bytes, n, cluster.dp_link)
+    regions = cluster.dp_group(rank, n // per_group)
     per_node = [k * per_group for region in regions for k in region]
     if len(per_node) == 1:
-        return _ring(grad_bytes, dp, cluster.nodes.intra)
+        return _ring(grad_bytes, n, cluster.nodes.intra)
     nodes = [len(region) for region in regions]
     across = grad_bytes / min(per_node)
     total = _ring(grad_bytes, max(per_node), cluster.nodes.intra) + _ring(across, max(nodes), cluster.nodes.inter)
@@ -92,10 +92,10 @@ def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster, rank: int = 0, 
     return total
 
 
-def allreduce_times(nbytes: np.ndarray, dp: int, cluster: Cluster, rank: int = 0, per_group: int = 1) -> np.ndarray:
+def allreduce_times(nbytes: np.ndarray, n: int, cluster: Cluster, rank: int = 0, per_group: int = 1) -> np.ndarray:
     """`allreduce_time` of each entry of `nbytes` (0 for none), vectorised: the time is affine in the bytes."""
-    one = allreduce_time(1.0, dp, cluster, rank, per_group)
-    slope = allreduce_time(2.0, dp, cluster, rank, per_group) - one
+    one = allreduce_time(1.0, n, cluster, rank, per_group)
+    slope = allreduce_time(2.0, n, cluster, rank, per_group) - one
     return np.where(nbytes > 0, one - slope + slope * nbytes, 0.0)
 
 
@@ -105,14 +105,14 @@ def half_collective(allreduce_s: _Bytes) -> _Bytes:
     return allreduce_s / 2
 
 
-def sync_time(grad_bytes: float, param_bytes: float, zero: ZeroStage, dp: int, cluster: Cluster,
+def sync_time(grad_bytes: float, param_bytes: float, zero: ZeroStage, n: int, cluster: Cluster,
               rank: int = 0, per_group: int = 1) -> float:
-    """The collectives over the `dp` synchronisation ranks (`allreduce_time`'s) after a step's last backward under
+    """The collectives over the `n` synchronisation ranks (`allreduce_time`'s) after a step's last backward under
     ZeRO stage `zero` (autopp.costmodel.parallel): replicated, an all-reduce of the gradients; sharded, a
     reduce-scatter of them (unless they were reduce-scattered after each backward already) and an all-gather of the
     parameters (`half_collective` each)."""
     def reduce(nbytes: float) -> float:
-        return allreduce_time(nbytes, dp, cluster, rank, per_group)
+        return allreduce_time(nbytes, n, cluster, rank, per_group)
     if zero.replicated:
         return reduce(grad_bytes)
     scatter = 0.0 if zero.scatters_each_microbatch else half_collective(reduce(grad_bytes))
