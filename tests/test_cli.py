@@ -239,6 +239,25 @@ def test_split_keeps_tp_and_zero_and_pin_from_refuses_them(tmp_path: Path,
     assert not out.exists()
 
 
+def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24: `autopp plan` makes a flag for each planned axis that has one (autopp.data.axes): an axis filled in
+    its descriptor gets its flag, and the pins take it, without cli/plan.py naming it."""
+    from dataclasses import replace
+
+    from autopp.cli import plan as cli_plan
+    from autopp.data import axes
+    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "tp"]  # cp, ep: not planned, no flag
+    monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned=None,
+                                                  flag=axes.Flag(help="context-parallel degree, or auto")))
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "--cp CP" in capsys.readouterr().out
+    import argparse
+    args = argparse.Namespace(pp=None, dp=None, cp=0, tp=2)
+    assert [cli_plan._pin(args, a) for a in cli_plan._flag_axes()] == [None, 1, None, 2]
+
+
 def test_in_flags_names_the_core_fields_as_flags() -> None:
     """The planning core names its request's fields in backquotes; the CLI's one table says them as flags: phrases
     first ("search `dp`" is --dp auto, not "search --dp"), then each field."""

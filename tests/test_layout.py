@@ -84,11 +84,29 @@ def test_describe_leaves_out_axes_of_one_beyond_pp_and_dp() -> None:
 
 def test_unit_view_keeps_what_unit_costs_depend_on() -> None:
     # replicas that shard nothing drop out, and so do pp and v
-    assert Layout(pp=4, v=2, dp=2, tp=2).unit_view() == UnitView(tp=2, cp=1, ep=1, dp=1, zero=ZERO[0])
-    assert Layout(pp=4, dp=2, tp=2, zero=ZERO[1]).unit_view() == UnitView(tp=2, cp=1, ep=1, dp=2, zero=ZERO[1])
+    assert Layout(pp=4, v=2, dp=2, tp=2).unit_view() == UnitView(tp=2, cp=1, ep=1, sync=1, zero=ZERO[0])
+    assert Layout(pp=4, dp=2, tp=2, zero=ZERO[1]).unit_view() == UnitView(tp=2, cp=1, ep=1, sync=2, zero=ZERO[1])
     assert Layout(pp=8).unit_view() == Layout().unit_view()
     assert Layout(pp=2, dp=4, ep=4).unit_view().ep == 4  # a valid ep layout's view (ep divides dp x cp x tp there)
     assert Layout(cp=2, tp=2).unit_view().group == 4
+    assert Layout(dp=2, cp=2, zero=ZERO[3]).unit_view().sync == 4  # ZeRO shards over dp x cp
+    assert Layout(dp=2, cp=2, zero=ZERO[3]).unit_view().sync_per_group == 2  # 2 of them in each group of devices
+    assert Layout(dp=2, cp=2).unit_view().sync_per_group == 1  # nothing sharded: no collective of its own
+
+
+def test_pins_per_group_set_the_group_axes_to_1() -> None:
+    pins = LayoutPins(pp=2, dp=None, cp=2, tp=None, zero=None)
+    assert pins.per_group() == LayoutPins(pp=2, dp=None, cp=1, tp=1, zero=None)
+
+
+def test_sync_is_the_gradient_synchronisation_group_dp_x_cp() -> None:
+    assert Layout(pp=2, dp=3).sync == 3 and Layout(dp=2, cp=4, tp=2).sync == 8 and Layout(tp=4).sync == 1
+
+
+def test_a_sharded_views_local_view_drops_only_the_sharding() -> None:
+    view = Layout(pp=2, dp=4, tp=2, zero=ZERO[3]).unit_view()
+    assert view.sharded and view.local() == Layout(tp=2).unit_view() and not view.local().sharded
+    assert not Layout(dp=4).unit_view().sharded
 
 
 @pytest.mark.parametrize("fields, match", [

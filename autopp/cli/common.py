@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn
 
+from ..data.axes import AXES
 from ..schedule import NAMED
 from ..sizes import parse_size
 
@@ -20,9 +21,11 @@ DEFAULT_PROFILE_DIR = Path("profiles")
 #: The planning core names the fields of its requests (`dp`, `recompute_stages`, "search `dp`"); the command line
 #: says the same with its flags. The one table between the two, applied to every error the CLI prints (`in_flags`):
 #: phrases first, then each field in backquotes.
+_AXIS_FLAGS = tuple(a for a in AXES.values() if a.flag is not None and a.unplanned is None)  # autopp.cli.plan's
+_SEARCHED = (*(a.name for a in _AXIS_FLAGS if a.flag is not None and a.flag.auto), "zero", "schedule")
 FLAG_TERMS: tuple[tuple[str, str], ...] = (
-    *((f"search `{f}`", f"--{f} auto") for f in ("dp", "tp", "zero", "schedule")),
-    *((f"`{f}` searched", f"--{f} auto") for f in ("dp", "tp", "zero", "schedule")),
+    *((f"search `{f}`", f"--{f} auto") for f in _SEARCHED),
+    *((f"`{f}` searched", f"--{f} auto") for f in _SEARCHED),
     ("`recompute_stages`", "--recompute-stages"), ("`recompute`", "--recompute"),
     ("`num_microbatches`", "--microbatches"), ("`global_batch`", "--global-batch"),
     ("`tp_across_nodes`", "--tp-across-nodes"), ("`tp_degrees`", "--tp"), ("`memory_bytes`", "--memory"),
@@ -33,7 +36,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     ("`device`", "--device"), ("`analytic`", "--analytic"), ("`dtype`", "--dtype"), ("`seq_len`", "--seq-len"),
     ("`task`", "--task"),
     ("`progress_s` 0 on every link", "--progress-delay 0 (with --cluster: progress_s 0 on every link)"),
-    *((f"`{f}`", f"--{f}") for f in ("pp", "dp", "tp", "zero")),
+    *((f"`{f}`", f"--{f}") for f in (*(a.name for a in _AXIS_FLAGS), "zero")),
 )
 _FLAG_PATTERNS = tuple((re.compile(r"(?<![\w-])" + re.escape(term)), flag) for term, flag in FLAG_TERMS)
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..data.axes import AXES, Axis
 from ..data.cluster import DEFAULT_LINK
 from ..data.zero import NO_ZERO, ZERO, ZeroStage
 from ..errors import AutoppError
@@ -56,11 +57,10 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--microbatches", type=POSITIVE, help="pin the microbatch count per replica")
     p.add_argument("--schedule", default=ScheduleName.ONE_F_ONE_B.value, choices=["auto", *SCHEDULE_NAMES],
                    help=f"pipeline schedule (default {ScheduleName.ONE_F_ONE_B.value}; auto searches all)")
-    p.add_argument("--pp", type=POSITIVE, help="pin the pipeline ranks (default devices / dp)")
-    p.add_argument("--dp", type=_auto_int, help="data-parallel replicas, or auto (default 1, or devices / pp)")
-    p.add_argument("--tp", type=_auto_int, default=1,
-                   help="tensor-parallel degree (devices per pipeline rank; the profile needs rows of it: "
-                        "`autopp profile --tp`), or auto: 1 and every degree profiled that fits a node (default 1)")
+    for axis in _flag_axes():  # --pp, --dp, --tp: each axis's flag as its descriptor gives it (autopp.data.axes)
+        assert axis.flag is not None
+        p.add_argument(f"--{axis.name}", type=_auto_int if axis.flag.auto else POSITIVE, default=axis.flag.default,
+                       help=axis.flag.help)
     p.add_argument("--zero", type=_zero, default="0",
                    help="ZeRO stage of the data parallelism: 0 replicated, 1 optimizer state sharded, 2 + gradients "
                         "(costed only), 3 + parameters (FSDP2), or auto: 0, 1 and 3 (default 0)")
@@ -117,6 +117,16 @@ def _zero(text: str) -> ZeroStage | None:
     if text not in tuple(map(str, ZERO)):
         raise argparse.ArgumentTypeError(f"expected a ZeRO stage {', '.join(map(str, ZERO))}, or auto, got {text!r}")
     return ZERO[int(text)]
+
+
+def _flag_axes() -> tuple[Axis, ...]:
+    """The axes autopp plans that have a flag, in mesh order."""
+    return tuple(a for a in AXES.values() if a.flag is not None and a.unplanned is None)
+
+
+def _pin(args: argparse.Namespace, axis: Axis) -> int | None:
+    """The pin of `axis`'s flag: its degree, or None for auto or a flag left out whose default is searched."""
+    return _dp(args) if axis.name == "dp" else getattr(args, axis.name) or None
 
 
 def _dp(args: argparse.Namespace) -> int | None:
@@ -189,7 +199,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..display import format_plan
     from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
-    pins = LayoutPins(pp=args.pp, v=args.virtual_stages, dp=_dp(args), tp=args.tp or None, zero=args.zero)
+    pins = LayoutPins(v=args.virtual_stages, zero=args.zero, **{a.name: _pin(args, a) for a in _flag_axes()})
     request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch or DEFAULT_GLOBAL_BATCH,
                           num_microbatches=args.microbatches,
                           schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
@@ -197,8 +207,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                           recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
                           synthesize=args.schedule == "auto" or args.synthesize,
                           synth_time_limit_s=args.synth_time)
-    if args.pin_from and (pins.tp != 1 or pins.zero is not NO_ZERO):
-        raise AutoppError("--pin-from evaluates pipeline x data-parallel configurations only: drop --tp/--zero "
+    inner = [a.name for a in _flag_axes() if a.in_group]
+    if args.pin_from and (any(getattr(pins, a) != 1 for a in inner) or pins.zero is not NO_ZERO):
+        drop = "/".join(f"--{a}" for a in (*inner, "zero"))
+        raise AutoppError(f"--pin-from evaluates pipeline x data-parallel configurations only: drop {drop} "
                           "(or plan with them without --pin-from)")
     given = None
     if args.profile:

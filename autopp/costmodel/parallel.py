@@ -1,5 +1,7 @@
 """Tensor- and data-parallel terms of each unit's cost: a tensor-parallel rank's collectives added to its times, and
-a ZeRO stage's sharding of the static bytes and its collectives inside the step (docs/parallelism.md).
+a ZeRO stage's sharding of the static bytes and its collectives inside the step (docs/parallelism.md). Each reads its
+degrees from the layout's `UnitView`; `group_terms` and `replica_terms` are what the search calls, so an axis adds
+its terms here without its callers naming it.
 
 Tensor parallelism (Megatron-LM, Shoeybi et al. 2019, arXiv:1909.08053, s.3): the profile's `tp.csv` rows give a
 rank's own compute at the sharded shapes and, per microbatch, the bytes of the all-reduces a colwise -> rowwise
@@ -11,7 +13,8 @@ all-gather (t - 1) / t x S / B, plus 2 (t - 1) latencies per collective (an uppe
 ZeRO (Rajbhandari et al., SC'20, arXiv:1910.02054, s.5), as it runs under torch.distributed.pipelining with FSDP2
 (torch's stage accumulates unsharded gradients over a step's microbatches and reduce-scatters them once, and keeps
 each unit's parameters gathered after every backward but the last, `set_reshard_after_backward(False)`, stage.py;
-facts checked in docs/parallelism.md). Per unit with parameter, gradient and optimizer bytes P, G, O over d replicas:
+facts checked in docs/parallelism.md). Per unit with parameter, gradient and optimizer bytes P, G, O over d ranks
+(`Layout.sync`: the dp replicas, x cp once context parallelism lands):
   stage 0: P + G + O; all-reduce of G after the step's last backward (`terms.sync_time`).
   stage 1: P + P / d + G + O / d (FSDP2 without resharding after forward keeps its sharded copy beside the
            gathered one); reduce-scatter of G + all-gather of P per step.
@@ -32,18 +35,41 @@ from typing import Callable
 
 import numpy as np
 
-from ..data.cluster import Link
-from ..data.zero import NO_ZERO, ZeroStage
-from .terms import half_collective
-from .units import UnitArrays
+from ..data.cluster import Cluster, Link
+from ..data.layout import UnitView
+from ..data.profile import Profile
+from ..data.zero import NO_ZERO
+from .terms import allreduce_times, half_collective
+from .units import ProfileTable, UnitArrays
 
-__all__ = ["tensor_parallel", "data_sharded"]
+__all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded"]
 
 
-def tensor_parallel(a: UnitArrays, tp: int, link: Link) -> UnitArrays:
-    """`a` (a tensor-parallel rank's compute, `ProfileTable(profile, tp)`) with its collectives' times added: F's to
-    the forward and the recomputed forward, B's to the input-gradient pass and the full backward."""
-    comm = a.tp_comm
+def group_table(profile: Profile, view: UnitView) -> ProfileTable:
+    """The profile's rows one device of the view's group computes with: its tensor-parallel degree's (`tp.csv`
+    rows for tp > 1). An axis whose rows are measured at its sharded shapes selects them here."""
+    return ProfileTable(profile, view.tp)
+
+
+def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
+    """`a` (one device's compute in a group of `view.group` devices acting as one pipeline rank, `ProfileTable`) with
+    the terms of the axes inside the group on `cluster` (the request's devices): tensor parallelism's collectives on
+    its group's link. An axis inside the group (context parallelism) adds its terms here, so the search's views
+    (autopp.solve.search.views) need not name it."""
+    return tensor_parallel(a, view, cluster.tp_link(view.tp))
+
+
+def replica_terms(a: UnitArrays, view: UnitView, groups: Cluster) -> UnitArrays:
+    """`a` (a group's `group_terms`) sharded by the view's ZeRO stage over its `sync` ranks, the all-gathers and
+    reduce-scatters on the synchronisation group of pipeline rank 0 of `groups` (the cluster of groups,
+    `PlanRequest.view`; `Cluster.dp_group`)."""
+    return data_sharded(a, view, lambda s: allreduce_times(s, view.sync, groups, 0, view.sync_per_group))
+
+
+def tensor_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
+    """`a` (a tensor-parallel rank's compute, `ProfileTable(profile, view.tp)`) with its collectives' times added: F's
+    to the forward and the recomputed forward, B's to the input-gradient pass and the full backward."""
+    comm, tp = a.tp_comm, view.tp
     if tp == 1 or comm is None:
         return a
     ring = (tp - 1) / tp / link.bandwidth_bytes_per_s
@@ -54,21 +80,21 @@ def tensor_parallel(a: UnitArrays, tp: int, link: Link) -> UnitArrays:
                    backward_input=a.backward_input + backward, backward=a.backward + backward)
 
 
-def data_sharded(a: UnitArrays, zero: ZeroStage, dp: int, reduce_time: Callable[[np.ndarray], np.ndarray]
-                 ) -> UnitArrays:
-    """`a` with ZeRO stage `zero` over `dp` replicas (module docstring): static bytes, the all-gather before each
-    forward (stage 3), the reduce-scatter after each backward (stage 2), the optimizer's shard. `reduce_time(bytes)`:
-    per unit, an all-reduce of those bytes over the data-parallel group."""
-    if zero.replicated or dp == 1:
+def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarray], np.ndarray]) -> UnitArrays:
+    """`a` with the view's ZeRO stage over its d = `view.sync` ranks (module docstring): static bytes, the
+    all-gather before each forward (stage 3), the reduce-scatter after each backward (stage 2), the optimizer's
+    shard. `reduce_time(bytes)`: per unit, an all-reduce of those bytes over the synchronisation group."""
+    zero, d = view.zero, view.sync
+    if zero.replicated or d == 1:
         return replace(a, zero=NO_ZERO)
     p, g = a.params, a.grads
     o = a.static - p - g
-    static = p + p / dp + (g / dp if zero.scatters_each_microbatch else g) + o / dp
+    static = p + p / d + (g / d if zero.scatters_each_microbatch else g) + o / d
     if zero.gathers_each_forward:
         gather = half_collective(reduce_time(p))
         a = replace(a, forward=a.forward + gather)
     if zero.scatters_each_microbatch:
         scatter = half_collective(reduce_time(g))
         a = replace(a, backward_weight=a.backward_weight + scatter, backward=a.backward + scatter)
-    optimizer = None if a.optimizer is None else a.optimizer / dp
+    optimizer = None if a.optimizer is None else a.optimizer / d
     return replace(a, static=np.round(static), optimizer=optimizer, zero=zero)

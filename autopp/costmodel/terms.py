@@ -8,11 +8,13 @@ from typing import Sequence, TypeVar
 import numpy as np
 
 from ..data.cluster import Cluster, Link
+from ..data.layout import Layout
 from ..data.zero import ZeroStage
 from .units import UnitArrays
 
 __all__ = ["transfer_time", "send_times", "comm_times", "message_overheads", "progress_delays", "allreduce_time",
-           "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "optimizer_time", "step_end_time", "step_end_floor"]
+           "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "optimizer_time",
+           "step_end_time", "step_end_floor"]
 
 _Bytes = TypeVar("_Bytes", float, np.ndarray)
 
@@ -56,8 +58,11 @@ def progress_delays(cluster: Cluster, owner: Sequence[int]) -> list[float]:
             for k in range(len(owner) - 1)]
 
 
-def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster, rank: int = 0) -> float:
-    """All-reduce of `grad_bytes` over the `dp` replicas of pipeline rank `rank`, on the ring or rings it runs on.
+def allreduce_time(grad_bytes: float, n: int, cluster: Cluster, rank: int = 0, per_group: int = 1) -> float:
+    """All-reduce of `grad_bytes` over the `n` ranks of pipeline rank `rank`'s synchronisation group (`Layout.sync`),
+    on the ring or rings it runs on; `per_group` of them are devices of each pipeline rank's group of devices
+    (`Layout.sync_per_group`: context-parallel ranks), so the group spans n / per_group pipeline ranks of `cluster`
+    (a `Cluster.tp_groups` view) with per_group members on each one's node.
 
     The ring of n ranks on a link of bandwidth B and latency a (nccl-tests doc/PERFORMANCE.md, "AllReduce": t =
     S / B x 2 (n - 1) / n, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md) plus a latency per
@@ -69,16 +74,16 @@ def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster, rank: int = 0) 
     (PERFORMANCE.md's ReduceScatter and AllGather formulas; the order is HCCL's "Hierarchical Communication
     Principles"). Across R regions of N nodes each, one level more: + ring(S / (k N), R, wan). An assumption: NCCL
     itself runs a flat ring or a tree over the node's NICs, which this bounds from above for large groups. A group
-    with unequal members per node or nodes per region (dp neither a divisor nor a multiple of the devices per node)
+    with unequal members per node or nodes per region (n neither a divisor nor a multiple of the devices per node)
     takes its most for each level's ring and its fewest for the bytes it passes up (an upper bound)."""
-    if dp <= 1 or grad_bytes <= 0:
+    if n <= 1 or grad_bytes <= 0:
         return 0.0
     if cluster.nodes is None:
-        return _ring(grad_bytes, dp, cluster.dp_link)
-    regions = cluster.dp_group(rank, dp)
-    per_node = [k for region in regions for k in region]
+        return _ring(grad_bytes, n, cluster.dp_link)
+    regions = cluster.dp_group(rank, n // per_group)
+    per_node = [k * per_group for region in regions for k in region]
     if len(per_node) == 1:
-        return _ring(grad_bytes, dp, cluster.nodes.intra)
+        return _ring(grad_bytes, n, cluster.nodes.intra)
     nodes = [len(region) for region in regions]
     across = grad_bytes / min(per_node)
     total = _ring(grad_bytes, max(per_node), cluster.nodes.intra) + _ring(across, max(nodes), cluster.nodes.inter)
@@ -87,10 +92,10 @@ def allreduce_time(grad_bytes: float, dp: int, cluster: Cluster, rank: int = 0) 
     return total
 
 
-def allreduce_times(nbytes: np.ndarray, dp: int, cluster: Cluster, rank: int = 0) -> np.ndarray:
+def allreduce_times(nbytes: np.ndarray, n: int, cluster: Cluster, rank: int = 0, per_group: int = 1) -> np.ndarray:
     """`allreduce_time` of each entry of `nbytes` (0 for none), vectorised: the time is affine in the bytes."""
-    one = allreduce_time(1.0, dp, cluster, rank)
-    slope = allreduce_time(2.0, dp, cluster, rank) - one
+    one = allreduce_time(1.0, n, cluster, rank, per_group)
+    slope = allreduce_time(2.0, n, cluster, rank, per_group) - one
     return np.where(nbytes > 0, one - slope + slope * nbytes, 0.0)
 
 
@@ -100,15 +105,18 @@ def half_collective(allreduce_s: _Bytes) -> _Bytes:
     return allreduce_s / 2
 
 
-def sync_time(grad_bytes: float, param_bytes: float, zero: ZeroStage, dp: int, cluster: Cluster,
-              rank: int = 0) -> float:
-    """The data-parallel collectives after a step's last backward under ZeRO stage `zero` (autopp.costmodel.parallel):
-    replicated, an all-reduce of the gradients; sharded, a reduce-scatter of them (unless they were reduce-scattered
-    after each backward already) and an all-gather of the parameters (`half_collective` each)."""
+def sync_time(grad_bytes: float, param_bytes: float, zero: ZeroStage, n: int, cluster: Cluster,
+              rank: int = 0, per_group: int = 1) -> float:
+    """The collectives over the `n` synchronisation ranks (`allreduce_time`'s) after a step's last backward under
+    ZeRO stage `zero` (autopp.costmodel.parallel): replicated, an all-reduce of the gradients; sharded, a
+    reduce-scatter of them (unless they were reduce-scattered after each backward already) and an all-gather of the
+    parameters (`half_collective` each)."""
+    def reduce(nbytes: float) -> float:
+        return allreduce_time(nbytes, n, cluster, rank, per_group)
     if zero.replicated:
-        return allreduce_time(grad_bytes, dp, cluster, rank)
-    scatter = 0.0 if zero.scatters_each_microbatch else half_collective(allreduce_time(grad_bytes, dp, cluster, rank))
-    return scatter + half_collective(allreduce_time(param_bytes, dp, cluster, rank))
+        return reduce(grad_bytes)
+    scatter = 0.0 if zero.scatters_each_microbatch else half_collective(reduce(grad_bytes))
+    return scatter + half_collective(reduce(param_bytes))
 
 
 def _ring(nbytes: float, n: int, link: Link) -> float:
@@ -119,15 +127,17 @@ def _ring(nbytes: float, n: int, link: Link) -> float:
     return 2 * (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + 2 * (n - 1) * link.latency_s
 
 
-def gradient_allreduce_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], dp: int,
+def gradient_allreduce_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], layout: Layout,
                             cluster: Cluster) -> float:
-    """The slowest pipeline rank's data-parallel synchronisation of its stages' gradients (and, under ZeRO
-    a sharding `a.zero`, parameters: `sync_time`) over `dp` replicas (ranks synchronise in parallel)."""
+    """The slowest pipeline rank's synchronisation of its stages' gradients (and, under a sharding ZeRO stage
+    `a.zero`, parameters: `sync_time`) over the layout's gradient-synchronisation ranks (`Layout.sync`; ranks
+    synchronise in parallel)."""
     grads, params = [0.0] * (max(owner) + 1), [0.0] * (max(owner) + 1)
     for (i, j), r in zip(bounds, owner):
         grads[r] += float(a.grads[i:j].sum())
         params[r] += float(a.params[i:j].sum())
-    return max(sync_time(g, p, a.zero, dp, cluster, r) for r, (g, p) in enumerate(zip(grads, params)))
+    return max(sync_time(g, p, a.zero, layout.sync, cluster, r, layout.sync_per_group)
+               for r, (g, p) in enumerate(zip(grads, params)))
 
 
 def optimizer_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int],
@@ -142,23 +152,27 @@ def optimizer_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequ
     return max(per_rank.values(), default=0.0)
 
 
-def step_end_time(a: UnitArrays, cluster: Cluster, bounds: Sequence[tuple[int, int]], owner: Sequence[int], dp: int,
-                  speeds: Sequence[float]) -> tuple[float, float]:
-    """What a step adds after its pipeline drains, per term: (the slowest rank's gradient all-reduce over `dp`
-    replicas, the slowest rank's optimizer step). The judge and the search's estimate add both to the pipeline's
-    time; a new per-step term goes here and into `step_end_floor`."""
-    return gradient_allreduce_time(a, bounds, owner, dp, cluster), optimizer_time(a, bounds, owner, speeds)
+def step_end_time(a: UnitArrays, cluster: Cluster, bounds: Sequence[tuple[int, int]], owner: Sequence[int],
+                  layout: Layout, speeds: Sequence[float]) -> tuple[float, float]:
+    """What a step adds after its pipeline drains, per term: (the slowest rank's gradient synchronisation over the
+    layout's `sync` ranks, the slowest rank's optimizer step). The judge and the search's estimate add both to the
+    pipeline's time; a new per-step term goes here and into `step_end_floor`, reading its degrees from `layout`."""
+    return gradient_allreduce_time(a, bounds, owner, layout, cluster), optimizer_time(a, bounds, owner, speeds)
 
 
-def step_end_floor(a: UnitArrays, cluster: Cluster, pp: int, dp: int) -> float:
-    """A lower bound of `sum(step_end_time(...))` valid for every split into stages on `pp` ranks: some rank holds at
-    least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded by 0); on a
-    cluster of nodes, with the cheapest rank's group."""
+def step_end_floor(a: UnitArrays, cluster: Cluster, layout: Layout) -> float:
+    """A lower bound of `sum(step_end_time(...))` valid for every split into stages on the layout's pp ranks: some
+    rank holds at least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded
+    by 0); on a cluster of nodes, with the cheapest rank's group."""
+    pp = layout.pp
     ranks = range(pp) if cluster.nodes is not None else range(1)
     g, p = float(a.grads.sum()) / pp, float(a.params.sum()) / pp
+
+    def reduce(nbytes: float, r: int) -> float:
+        return allreduce_time(nbytes, layout.sync, cluster, r, layout.sync_per_group)
     if a.zero.replicated:
-        return min(allreduce_time(g, dp, cluster, r) for r in ranks)
+        return min(reduce(g, r) for r in ranks)
     # some rank holds >= 1 / pp of the parameters, some (maybe another) >= 1 / pp of the gradients
-    gathered = min(allreduce_time(p, dp, cluster, r) for r in ranks)
-    scattered = 0.0 if a.zero.scatters_each_microbatch else min(allreduce_time(g, dp, cluster, r) for r in ranks)
+    gathered = min(reduce(p, r) for r in ranks)
+    scattered = 0.0 if a.zero.scatters_each_microbatch else min(reduce(g, r) for r in ranks)
     return half_collective(max(gathered, scattered))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from ..errors import LayoutError
+from .axes import AXES, group_axes, unplanned
 from .fields import is_int
 from .zero import NO_ZERO, ZeroStage, zero_stage
 
@@ -29,6 +30,10 @@ __all__ = ["MESH_AXES", "Coords", "Layout", "LayoutPins", "UnitView", "UNPLANNED
 
 #: The device mesh's dimensions, outermost first: the order in which `Layout.rank` numbers the ranks.
 MESH_AXES = ("pp", "dp", "cp", "tp")
+#: The axes whose ranks average their gradients (`Axis.syncs`: dp, cp), and those of them inside a pipeline rank's
+#: group of devices (cp).
+_SYNC_AXES = tuple(a.name for a in AXES.values() if a.syncs)
+_SYNC_IN_GROUP = tuple(a.name for a in AXES.values() if a.syncs and a.in_group)
 
 
 class Coords(NamedTuple):
@@ -84,6 +89,26 @@ class Layout:
         return self.cp * self.tp
 
     @property
+    def sync(self) -> int:
+        """Ranks that hold the same parameters and average their gradients after a step, and over which a sharding
+        ZeRO stage shards: dp x cp (as torchtitan's `dp_shard_cp` mesh and Megatron-LM's data-parallel group with
+        context parallelism: a context-parallel rank computes gradients of the same weights on its share of the
+        sequence). The cost model's gradient synchronisation and ZeRO terms read it here, never dp alone."""
+        return math.prod(getattr(self, a) for a in _SYNC_AXES)
+
+    @property
+    def sync_per_group(self) -> int:
+        """The `sync` ranks among the devices of one pipeline rank's group (`group`; cp): on a cluster of nodes they
+        sit on the group's node, so the synchronisation group spans sync / sync_per_group groups
+        (`terms.allreduce_time`)."""
+        return math.prod(getattr(self, a) for a in _SYNC_IN_GROUP)
+
+    @property
+    def sync_axes(self) -> tuple[str, ...]:
+        """The mesh's dimensions (`mesh_axes`) whose ranks make up the `sync` group, outermost first."""
+        return tuple(a for a in self.mesh_axes if a in _SYNC_AXES)
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """The mesh's size along each of `MESH_AXES`."""
         return tuple(getattr(self, axis) for axis in MESH_AXES)
@@ -131,12 +156,12 @@ class Layout:
 
     def unit_view(self) -> UnitView:
         """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size)."""
-        return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp if not self.zero.replicated else 1,
+        return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=self.sync if not self.zero.replicated else 1,
                         zero=self.zero if self.dp > 1 else NO_ZERO)
 
     def describe(self, sep: str = " x ") -> str:
         """The degrees as messages print them: "pp(2) x dp(2) x tp(2)", degrees of 1 beyond pp and dp left out."""
-        shown = [a for a in ("pp", "dp", "cp", "tp", "ep") if a in ("pp", "dp") or getattr(self, a) > 1]
+        shown = [a for a in AXES if a in ("pp", "dp") or getattr(self, a) > 1]
         return sep.join(f"{a}({getattr(self, a)})" for a in shown)
 
 
@@ -177,6 +202,12 @@ class LayoutPins:
         if devices % product:
             raise LayoutError(f"{shown} = {product} does not divide the {devices} devices")
 
+    def per_group(self) -> LayoutPins:
+        """The pins as the search over groups of devices sees them (`PlanRequest.view`): the axes inside a group
+        (`Axis.in_group`: cp, tp) at 1, each group one pipeline rank."""
+        return LayoutPins(**{**{f.name: getattr(self, f.name) for f in fields(self)},
+                             **{a.name: 1 for a in group_axes()}})
+
     @staticmethod
     def of(layout: Layout) -> LayoutPins:
         """Every field of `layout` pinned."""
@@ -185,12 +216,14 @@ class LayoutPins:
 
 class UnitView(NamedTuple):
     """What a unit's costs depend on beyond the microbatch size (`Layout.unit_view`): its tensor-parallel, context
-    and expert degrees, and the replicas only where its ZeRO stage shards over them."""
+    and expert degrees, and the gradient-synchronisation ranks (`Layout.sync`) only where its ZeRO stage shards over
+    them."""
 
     tp: int
     cp: int
     ep: int
-    dp: int
+    sync: int
+    """`Layout.sync` under a sharding ZeRO stage, else 1."""
     zero: ZeroStage
 
     @property
@@ -198,15 +231,30 @@ class UnitView(NamedTuple):
         """Devices acting as one pipeline rank (`Layout.group`)."""
         return self.cp * self.tp
 
+    @property
+    def sharded(self) -> bool:
+        """Whether a ZeRO stage shards the unit's bytes over the synchronisation ranks."""
+        return self.sync > 1
 
-#: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each.
-UNPLANNED = {"cp": "context parallelism (issue 27)", "ep": "expert parallelism (issue 30)"}
+    @property
+    def sync_per_group(self) -> int:
+        """`Layout.sync_per_group` where the view is `sharded`, else 1."""
+        return math.prod(getattr(self, a) for a in _SYNC_IN_GROUP) if self.sharded else 1
+
+    def local(self) -> UnitView:
+        """The view of one group of devices alone (no ZeRO sharding): what `sharded` views are computed from."""
+        return self._replace(sync=1, zero=NO_ZERO)
+
+
+#: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each (their
+#: descriptors' `unplanned`, autopp.data.axes).
+UNPLANNED = unplanned()
 
 
 def check_planned(layout: Layout | LayoutPins, where: str = "") -> None:
     """A LayoutError when `layout` asks for an axis autopp does not plan, run or export yet (`UNPLANNED`): the
     planner, the runner and the exporters would treat it as 1."""
-    for axis, what in UNPLANNED.items():
+    for axis, what in unplanned().items():
         value = getattr(layout, axis)
         if value not in (1, None):
             raise LayoutError(f"{where}`{axis}` {value}: {what} is not planned, run or exported yet; give `{axis}` 1")
@@ -229,9 +277,10 @@ def _check_ep(ep: int, dp: int, cp: int, tp: int) -> None:
 
 
 def uses_mesh(layout: Layout) -> bool:
-    """Whether the layout shards anything inside a pipeline rank or over its replicas (tensor parallelism or ZeRO),
-    which `autopp run` runs through a DeviceMesh, DTensor and FSDP2, not as plain pipeline replicas."""
-    return layout.tp > 1 or not layout.zero.replicated
+    """Whether the layout shards anything inside a pipeline rank (its `group`: tensor, context parallelism) or over
+    its replicas (ZeRO), which `autopp run` runs through a DeviceMesh, DTensor and FSDP2, not as plain pipeline
+    replicas."""
+    return layout.group > 1 or not layout.zero.replicated
 
 
 #: A layout's fields in plan and run-report JSON, with their least values: `num_ranks` (its world size), `pp` (0:

@@ -1,4 +1,5 @@
-"""What every trainer export needs from a plan: stage order, per-stage units, one activation policy, the batch."""
+"""What every trainer export needs from a plan: stage order, per-stage units, one activation policy, the batch, and
+each parallel axis as the trainer spells it (autopp.data.axes)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ..errors import ScheduleError
+from ..data.axes import AXES, Axis
 from ..data.plan import Plan
 from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy
 from .layers import ExportError
 
-__all__ = ["Exported", "uniform_policy", "refuse_zero", "stage_placement", "refuse_schedule"]
+__all__ = ["Exported", "uniform_policy", "refuse_zero", "refuse_axes", "trainer_axes", "launch_grid", "group_lines",
+           "axis_notes", "stage_placement", "refuse_schedule"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,44 @@ def refuse_zero(plan: Plan, trainer: str, where: str) -> None:
     why = plan.layout.zero.refusal(trainer)
     if why is not None:
         raise ExportError(f"{where}: zero {plan.layout.zero.stage}: {why}")
+
+
+def refuse_axes(plan: Plan, trainer: str, where: str) -> None:
+    """An ExportError for the first axis above degree 1 that `trainer` cannot run (its spelling's `refusal`)."""
+    for axis in AXES.values():
+        why, degree = axis.spelling(trainer).refusal, getattr(plan.layout, axis.name)
+        if why is not None and degree > 1:
+            raise ExportError(f"{where}: {axis.name} {degree}: {why}")
+
+
+def trainer_axes(plan: Plan, trainer: str) -> list[tuple[Axis, int]]:
+    """The axes autopp plans that `trainer` runs, with the plan's degrees, in mesh order (those it refuses and those
+    not planned yet left out)."""
+    return [(a, getattr(plan.layout, a.name)) for a in AXES.values()
+            if a.unplanned is None and a.spelling(trainer).refusal is None]
+
+
+def launch_grid(plan: Plan, trainer: str) -> str:
+    """The ranks to launch as `trainer` sees them, for its launch note: "pp 2 x dp 2 x tp 1"."""
+    return " x ".join(f"{a.name} {degree}" for a, degree in trainer_axes(plan, trainer))
+
+
+def group_lines(plan: Plan, trainer: str, line: str) -> list[str]:
+    """Per axis inside a pipeline rank's group (`Axis.in_group`) that `trainer` runs, its degree as `line` formats
+    it (`line.format(key=..., degree=...)`), then its `extra` lines when the degree is above 1."""
+    out: list[str] = []
+    for axis, degree in trainer_axes(plan, trainer):
+        spelling = axis.spelling(trainer)
+        if axis.in_group and spelling.degree is not None:
+            out.append(line.format(key=spelling.degree, degree=degree))
+            out.extend(spelling.extra if degree > 1 else ())
+    return out
+
+
+def axis_notes(plan: Plan, trainer: str) -> list[str]:
+    """The notes of the axes above degree 1 on how `trainer` runs them (`Spelling.note`)."""
+    return [a.spelling(trainer).note for a, degree in trainer_axes(plan, trainer)
+            if degree > 1 and a.spelling(trainer).note]
 
 
 def stage_placement(plan: Plan) -> StagePlacement | None:

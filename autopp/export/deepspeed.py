@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
+from ..data.axes import AXES
 from ..data.plan import Plan
 from ..schedule import ActivationPolicy, ScheduleName
-from .common import Exported, refuse_schedule, refuse_zero, uniform_policy
-from .layers import ExportError
+from .common import Exported, launch_grid, refuse_axes, refuse_schedule, refuse_zero, uniform_policy
 
 __all__ = ["to_deepspeed", "deepspeed_config", "pipe_snippet"]
 
@@ -28,6 +28,7 @@ def pipe_snippet(plan: Plan, activations: ActivationPolicy) -> str:
     so `_partition_layers` is overridden to set them; it is private DeepSpeed API, checked by autopp's tests."""
     parts = [s.units[0] for s in plan.stages] + [plan.stages[-1].units[1]]
     names = [list(s.unit_names) for s in plan.stages]
+    stages = AXES["pp"].spelling("deepspeed").degree
     return f'''"""Stage boundaries chosen by autopp for {plan.model_path} (pp {plan.layout.pp}, dp {plan.layout.dp})."""
 from deepspeed.pipe import PipelineModule
 
@@ -46,7 +47,7 @@ class AutoppPipelineModule(PipelineModule):
 
 
 def pipeline_module(layers, loss_fn, **kwargs):
-    return AutoppPipelineModule(layers=layers, num_stages={plan.layout.pp}, loss_fn=loss_fn,
+    return AutoppPipelineModule(layers=layers, {stages}={plan.layout.pp}, loss_fn=loss_fn,
                                 activation_checkpoint_interval={activations.deepspeed_interval}, **kwargs)
 '''
 
@@ -55,14 +56,10 @@ def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     """The JSON config, and `snippet_path`'s Python beside it."""
     if plan.schedule is not ScheduleName.ONE_F_ONE_B or plan.layout.v != 1:
         refuse_schedule(plan, "DeepSpeed's PipelineEngine", "1F1B (its own TrainSchedule, one stage per rank)", where)
-    if plan.layout.tp > 1:
-        raise ExportError(f"{where}: tp {plan.layout.tp}: DeepSpeed's PipelineModule does not shard layers (tensor "
-                          "parallelism comes from the model's own layers, as in Megatron-DeepSpeed) and the exported "
-                          "stage file builds none; re-plan with `tp` 1, or export to torchtitan or megatron")
+    refuse_axes(plan, "deepspeed", where)
     refuse_zero(plan, "deepspeed", where)
     activations = uniform_policy(plan, "DeepSpeed", where)
-    layout = plan.layout
-    notes = [f"DeepSpeed: launch {plan.num_ranks} ranks (pp {layout.pp} x dp {layout.dp}); build the model with "
+    notes = [f"DeepSpeed: launch {plan.num_ranks} ranks ({launch_grid(plan, 'deepspeed')}); build the model with "
              f"pipeline_module() from {snippet_path}"]
     return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n",
                     {snippet_path: pipe_snippet(plan, activations)}, tuple(notes))

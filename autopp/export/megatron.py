@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from ..data.axes import AXES
 from ..data.plan import Plan
 from ..schedule import StagePlacement, ScheduleName
-from .common import Exported, refuse_schedule, refuse_zero, stage_placement, uniform_policy
+from .common import (Exported, axis_notes, group_lines, launch_grid, refuse_axes, refuse_schedule, refuse_zero,
+                     stage_placement, uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers
 
 __all__ = ["to_megatron", "layout_string", "interleaving_problem", "data_parallel_flags"]
@@ -61,21 +63,17 @@ def to_megatron(plan: Plan, where: str) -> Exported:
     if layers.pre is None or layers.post is None:
         raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "
                           "after them (E first, L last); this model's units start or end with a block")
-    lines = [f"--tensor-model-parallel-size {plan.layout.tp}",
+    refuse_axes(plan, "megatron", where)
+    lines = [*group_lines(plan, "megatron", "{key} {degree}"),
              *data_parallel_flags(plan, where),
-             f"--pipeline-model-parallel-size {plan.layout.pp}",
+             f"{AXES['pp'].spelling('megatron').degree} {plan.layout.pp}",
              f"--num-layers {len(layers.blocks)}",
              f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",
              f"--micro-batch-size {plan.microbatch_size}",
              f"--global-batch-size {plan.global_batch}"]
-    layout = plan.layout
-    notes = [f"Megatron: launch {plan.num_ranks} ranks (world size pp {layout.pp} x dp {layout.dp} x tp {layout.tp}; "
+    notes = [f"Megatron: launch {plan.num_ranks} ranks (world size {launch_grid(plan, 'megatron')}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
-             "does; no sequence parallelism, as autopp costed it)"]
-    if plan.layout.tp > 1:
-        notes.append("Megatron shards with its own layers (column-parallel QKV and fc1, row-parallel proj and fc2, "
-                     "vocab-parallel embedding and output with a parallel loss), the pattern autopp costed for "
-                     "Llama-style blocks; autopp gathers the logits instead")
+             "does; no sequence parallelism, as autopp costed it)", *axis_notes(plan, "megatron")]
     activations = uniform_policy(plan, "Megatron-Core", where)
     lines += activations.megatron
     if activations.trainer_note:

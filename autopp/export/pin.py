@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..data.axes import group_axes
 from ..data.layout import Layout
 from ..schedule import NAMED, Activation, ScheduleName, describe
 from ..solve.assemble.pinned import Pinned
@@ -173,9 +174,15 @@ def _torchtitan_dp(o: dict[str, Any], pp: int, devices: int, where: str) -> int:
     return replicate * shard
 
 
+def _group_keys(trainer: str) -> list[str]:
+    """`trainer`'s keys of the axes inside a pipeline rank (context, tensor parallelism: autopp.data.axes), which
+    --pin-from does not read yet."""
+    return [k for a in group_axes() if (k := a.spelling(trainer).degree) is not None]
+
+
 def _torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, list[str]]:
     o, where, notes = _torchtitan_options(path), str(path), []
-    for key in ("parallelism.tensor_parallel_degree", "parallelism.context_parallel_degree"):
+    for key in _group_keys("torchtitan"):
         if _int(o, key, 1, where) != 1:
             raise ExportError(f"{where}: {key} = {o[key]}: --pin-from does not read tensor or context parallelism "
                               "yet; pin the configuration with autopp plan --tp T --pp P --dp D --zero Z instead")
@@ -260,7 +267,7 @@ def _megatron_options(path: Path) -> dict[str, str]:
 
 def _megatron(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned, list[str]]:
     o, where, notes = _megatron_options(path), str(path), []
-    for key in ("tensor-model-parallel-size", "context-parallel-size"):
+    for key in (k.removeprefix("--") for k in _group_keys("megatron")):
         if _int(o, key, 1, where) != 1:
             raise ExportError(f"{where}: --{key} {o[key]}: --pin-from does not read tensor or context parallelism "
                               "yet; pin the configuration with autopp plan --tp T --pp P --dp D --zero Z instead")

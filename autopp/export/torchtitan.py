@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..data.axes import AXES
 from ..data.plan import Plan
 from ..data.zero import ZeroStage
 from ..schedule import StagePlacement, ScheduleName, describe
-from .common import Exported, refuse_zero, stage_placement, uniform_policy
+from .common import (Exported, axis_notes, group_lines, launch_grid, refuse_axes, refuse_zero, stage_placement,
+                     trainer_axes, uniform_policy)
 from .layers import ExportError
 from .torchcsv import csv_text
 
-__all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "tensor_parallel"]
+__all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel"]
 
 
 def stage_fqns(plan: Plan, unit_modules: Sequence[Sequence[str]], where: str) -> list[list[str]]:
@@ -69,13 +71,10 @@ def data_parallel(plan: Plan, where: str) -> list[str]:
             f"--parallelism.fsdp_reshard_after_forward={'always' if zero.fsdp_reshard_after_forward else 'never'}"]
 
 
-def tensor_parallel(plan: Plan) -> list[str]:
-    """`tensor_parallel_degree`, and with tp > 1 sequence parallelism off (torchtitan's default is on; autopp
-    costs tensor parallelism without it)."""
-    lines = [f"--parallelism.tensor_parallel_degree={plan.layout.tp}"]
-    if plan.layout.tp > 1:
-        lines.append("--parallelism.no_enable_sequence_parallel")
-    return lines
+def group_parallel(plan: Plan) -> list[str]:
+    """The degrees of the axes inside a pipeline rank (autopp.data.axes: `tensor_parallel_degree`, with tp > 1
+    sequence parallelism off, as torchtitan's default is on and autopp costs tensor parallelism without it)."""
+    return group_lines(plan, "torchtitan", "--{key}={degree}")
 
 
 def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: str, where: str) -> Exported:
@@ -87,12 +86,13 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
     fqns = stage_fqns(plan, unit_modules, where)
     parts = " ".join(",".join(stage) for stage in fqns)
     local = plan.num_microbatches * plan.microbatch_size
-    lines = [f"--parallelism.pipeline_parallel_degree={plan.layout.pp}",
+    refuse_axes(plan, "torchtitan", where)
+    lines = [f"--{AXES['pp'].spelling('torchtitan').degree}={plan.layout.pp}",
              f"--parallelism.pipeline_parallel_schedule={name}",
              f"--parallelism.pipeline_parallel_microbatch_size={plan.microbatch_size}",
              f"--parallelism.module_fqns_per_model_part {parts}",
              *data_parallel(plan, where),
-             *tensor_parallel(plan),
+             *group_parallel(plan),
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={local * plan.layout.dp}"]
     if plan.layout.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
@@ -102,18 +102,14 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
         lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path}")
         extra[csv_path] = csv_text(plan)
     lines.append(f"activation_checkpoint:{activations.torchtitan}")
-    layout = plan.layout
-    notes = [f"torchtitan: launch {plan.num_ranks} ranks (pp {layout.pp} x dp {layout.dp} x tp {layout.tp}, dp as "
-             f"{_dp_as(layout.zero)}; torchtitan's mesh [pp, dp, tp] numbers them as autopp does); set "
+    mesh = ", ".join(a.name for a, _ in trainer_axes(plan, "torchtitan"))
+    notes = [f"torchtitan: launch {plan.num_ranks} ranks ({launch_grid(plan, 'torchtitan')}, dp as "
+             f"{_dp_as(plan.layout.zero)}; torchtitan's mesh [{mesh}] numbers them as autopp does); set "
              "training.seq_len to the sequence length you profiled",
              f"module names are written as given ({', ..., '.join(_ends(fqns))}): they must be the names of the "
              "model torchtitan builds, whose splitter (_split_module) drops names it lacks without a word; rename "
              "with --rename OLD=NEW"]
-    if plan.layout.tp > 1:
-        notes.append("torchtitan shards with its model's own TP plan (for Llama the Megatron pattern autopp costed: "
-                     "colwise q/k/v and gate/up, rowwise o and down, vocab-parallel embedding; its output layer "
-                     "keeps vocab-sharded logits for a parallel loss, where autopp gathers them), without sequence "
-                     "parallelism, as autopp costed it")
+    notes += axis_notes(plan, "torchtitan")
     if activations.trainer_note:
         notes.append(f"torchtitan's {activations.torchtitan} AC: {activations.trainer_note}")
     return Exported("\n".join(lines) + "\n", extra, tuple(notes))

@@ -23,7 +23,8 @@ from ..data.plan import Plan
 from ..schedule import Action, Kind, StagePlacement, ScheduleName, describe, listed, to_csv_rows
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .outputs import model_loss
-from .parallel import Sharding, local_shapes, planned_modules, shard_stage
+from .parallel import Sharding, shard_stage
+from .tensor_parallel import local_shapes, planned_modules
 from .tied import aliases, canonical_names, shared_params
 
 __all__ = ["torch_schedule_class", "splits_backward", "check_split_backward", "placement",
@@ -74,7 +75,7 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
                  group: dist.ProcessGroup | None, mesh: DeviceMesh | None = None) -> RankStages:
     """The stages placed on pipeline rank `pp_rank`, in stage order, split from a model built with the plan's seed;
     with a device `mesh` (`uses_mesh`: tensor parallelism or ZeRO), tensor-parallel and ZeRO-sharded
-    (autopp.run.parallel)."""
+    (autopp.run.parallel: autopp.run.tensor_parallel, autopp.run.data_parallel)."""
     owner = placement(plan)
     model = mf.build(plan.seed)
     resolved = planned_modules(mf, model, plan) if mesh is not None else {}
@@ -88,7 +89,7 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
              for i in range(pipe.num_stages)}
     mine = [i for i, r in enumerate(owner) if r == pp_rank]
     loss = model_loss(mf.loss_fn, model, tuple(example), pipe) if len(owner) - 1 in mine else mf.loss_fn
-    sharding = Sharding(mesh, resolved, plan.layout.zero, model if resolved else None) if mesh is not None else None
+    sharding = Sharding(mesh, plan.layout, resolved, model if resolved else None) if mesh is not None else None
     stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example, sharding)
     for stage in stages:
         contiguous_sends(stage)

@@ -25,7 +25,7 @@ from .summary import median_step_index, rank_measures, stage_times
 from .tied import canonical_names
 from .options import Backend, RunOptions
 from .torchrun import launch_torchrun, torchrun_command, worker_errors
-from .parallel import check_runnable
+from .data_parallel import check_runnable
 from .validate import (GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, failure,
                        reference_run, stage_atols, tolerances)
 

@@ -9,8 +9,9 @@ device r). Each replica runs the whole pipeline on its
 contiguous slice of the global batch (the tp ranks of a replica all read it); the ranks that hold the same stages in
 different replicas average their gradients (all-reduce over a process subgroup; ZeRO 1 and 3: FSDP2's reduce-scatter)
 before the optimizer step. With tp > 1 or ZeRO 1/3 the groups come from the layout's device mesh and the
-stages are tensor-parallel and sharded by autopp.run.parallel. RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT
-come from the environment (launch.py sets them; torchrun sets them the same way).
+stages are tensor-parallel and sharded by autopp.run.parallel (autopp.run.tensor_parallel, .data_parallel). RANK,
+WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT come from the environment (launch.py sets them; torchrun sets them the
+same way).
 
 The rank builds the model (same seed everywhere), splits it into the plan's stages, builds the stages placed on its
 pipeline rank, runs the plan's schedule for a few SGD steps, timing each step, each action and each wait, and
@@ -48,7 +49,8 @@ from ..model.hf import load_model
 from ..data.plan import Plan, load_plan
 from ..data.layout import Coords, Layout, uses_mesh
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
-from .parallel import check_runnable, full, local, make_mesh
+from .data_parallel import check_runnable, sync_mesh
+from .parallel import full, local, make_mesh
 from .pipeline import RankStages, build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
 
@@ -107,7 +109,8 @@ def _groups(plan: Plan, ranks: Ranks, mesh: DeviceMesh | None
     """This rank's pipeline group and data-parallel group (None: FSDP2 reduces the gradients); every rank creates
     every group, in the same order."""
     if mesh is not None:
-        replicas = mesh["dp"].get_group() if plan.layout.zero.replicated and plan.layout.dp > 1 else None
+        replicas = sync_mesh(mesh, plan.layout).get_group() if plan.layout.zero.replicated and plan.layout.sync > 1 \
+            else None
         return mesh["pp"].get_group(), replicas
     layout = plan.layout
     if layout.dp == 1:
@@ -145,14 +148,15 @@ def _params(stages: Sequence[Stage]) -> list[torch.nn.Parameter]:
     return list({id(p): p for s in stages for p in s.submod.parameters()}.values())
 
 
-def _average_grads(params: Sequence[torch.nn.Parameter], group: dist.ProcessGroup | None, dp: int) -> None:
-    """Average gradients over the replicas (one flat all-reduce; a tensor-parallel gradient: of its local shard)."""
+def _average_grads(params: Sequence[torch.nn.Parameter], group: dist.ProcessGroup | None, ranks: int) -> None:
+    """Average gradients over the `ranks` of the synchronisation group (`Layout.sync`; one flat all-reduce; a
+    tensor-parallel gradient: of its local shard)."""
     grads = [local(p.grad) for p in params if p.grad is not None]
     if group is None or not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
-    flat /= dp
+    flat /= ranks
     offset = 0
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
@@ -231,7 +235,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
             schedule.step(*step_args, **step_kwargs)
         t_schedule = recorder.now()
         sum_tied_grads(ties, built.params)
-        _average_grads(params, dp_group, plan.layout.dp)
+        _average_grads(params, dp_group, plan.layout.sync)
         t_allreduce = recorder.now()
         if step == 0 and (mesh is not None or ranks.replica == 0):  # mesh: gathering is collective
             grads = _grads(stages)

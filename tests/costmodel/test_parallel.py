@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from autopp.costmodel import (TpComm, allreduce_time, allreduce_times, data_sharded, gradient_allreduce_time,
-                              step_end_floor, sync_time, tensor_parallel)
+                              group_terms, replica_terms, step_end_floor, sync_time, tensor_parallel)
 from autopp.data.cluster import Cluster, Link, Nodes, hierarchical_cluster
+from autopp.data.layout import Layout, UnitView
 from autopp.data.zero import NO_ZERO, ZERO
 
 from .arrays import arrays
@@ -26,14 +27,36 @@ def _comm(n: int, f_ar: float, b_ar: float, f_ag: float = 0.0) -> TpComm:
 
 def test_tensor_parallel_adds_ring_collectives_to_forward_and_input_backward() -> None:
     a = replace(arrays([1.0, 1.0], static=[10, 10]), tp_comm=_comm(2, 4e6, 2e6, 1e6))
-    out = tensor_parallel(a, 4, LINK)
+    out = tensor_parallel(a, Layout(tp=4).unit_view(), LINK)
     # all-reduce 2 (t-1)/t S/B, all-gather (t-1)/t S/B, 2 (t-1) latencies per collective
     f = 2 * 0.75 * 4e6 / 1e9 + 0.75 * 1e6 / 1e9 + 2 * 6 * 1e-5
     b = 2 * 0.75 * 2e6 / 1e9 + 2 * 6 * 1e-5
     assert np.allclose(out.forward - a.forward, f) and np.allclose(out.recompute - a.recompute, f)
     assert np.allclose(out.backward_input - a.backward_input, b) and np.allclose(out.backward - a.backward, b)
     assert np.array_equal(out.backward_weight, a.backward_weight) and np.array_equal(out.static, a.static)
-    assert tensor_parallel(a, 1, LINK) is a
+    assert tensor_parallel(a, Layout().unit_view(), LINK) is a
+
+
+def test_group_terms_are_the_tensor_parallel_collectives_on_the_groups_link() -> None:
+    a = replace(arrays([1.0, 1.0], static=[10, 10]), tp_comm=_comm(2, 4e6, 2e6, 1e6))
+    nodes = hierarchical_cluster(Nodes(count=2, devices_per_node=4, intra=LINK,
+                                       inter=Link(latency_s=1e-4, bandwidth_bytes_per_s=1e8)), 2**30)
+    for tp in (2, 8):  # inside a node, then across nodes
+        view = Layout(pp=8 // tp, tp=tp).unit_view()
+        got, expected = group_terms(a, view, nodes), tensor_parallel(a, view, nodes.tp_link(tp))
+        assert np.array_equal(got.forward, expected.forward) and np.array_equal(got.backward, expected.backward)
+    assert not np.array_equal(group_terms(a, Layout(tp=2).unit_view(), nodes).forward,
+                              group_terms(a, Layout(tp=8).unit_view(), nodes).forward)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_replica_terms_shard_over_the_views_sync_ranks_on_the_group_of_pipeline_rank_0(zero: int) -> None:
+    a, *_ = _zero_arrays()
+    view = Layout(pp=2, dp=4, zero=ZERO[zero]).unit_view()
+    got = replica_terms(a, view, FLAT)
+    expected = data_sharded(a, view, lambda s: allreduce_times(s, 4, FLAT))
+    for name in ("static", "forward", "backward", "optimizer"):
+        assert np.array_equal(getattr(got, name), getattr(expected, name)), name
 
 
 def _zero_arrays() -> tuple:
@@ -45,7 +68,7 @@ def _zero_arrays() -> tuple:
 def test_zero_static_bytes_follow_the_stage(zero: int) -> None:
     a, p, g, o = _zero_arrays()
     reduce = lambda s: s / 1e9  # noqa: E731
-    out = data_sharded(a, ZERO[zero], 4, reduce)
+    out = data_sharded(a, Layout(dp=4, zero=ZERO[zero]).unit_view(), reduce)
     # stage 3 holds as much as stage 1 at the peak under torch's pipelining (parameters stay gathered after a
     # backward until the next forward)
     expected = {0: p + g + o, 1: p + p / 4 + g + o / 4, 2: p + p / 4 + g / 4 + o / 4, 3: p + p / 4 + g + o / 4}[zero]
@@ -62,7 +85,7 @@ def test_zero_static_bytes_follow_the_stage(zero: int) -> None:
 
 def test_zero_without_replicas_changes_nothing() -> None:
     a, *_ = _zero_arrays()
-    out = data_sharded(a, ZERO[3], 1, lambda s: s)
+    out = data_sharded(a, UnitView(tp=1, cp=1, ep=1, sync=1, zero=ZERO[3]), lambda s: s)
     assert np.array_equal(out.static, a.static) and out.zero == NO_ZERO
 
 
@@ -89,9 +112,21 @@ def test_step_end_floor_bounds_every_split(zero: int) -> None:
     n = 6
     grads = rng.uniform(1e5, 1e7, n)
     a = arrays([1.0] * n, static=list(4 * grads), grads=list(grads))
-    a = data_sharded(a, ZERO[zero], 4, lambda s: s * 0)  # only the stage matters here
-    floor = step_end_floor(a, FLAT, 3, 4)
+    layout = Layout(pp=3, dp=4, zero=ZERO[zero])
+    a = data_sharded(a, layout.unit_view(), lambda s: s * 0)  # only the stage matters here
+    floor = step_end_floor(a, FLAT, layout)
     for cuts in ((1, 2), (2, 4), (4, 5), (1, 5)):
         ends = (0, *cuts, n)
         bounds = tuple(zip(ends, ends[1:]))
-        assert gradient_allreduce_time(a, bounds, [0, 1, 2], 4, FLAT) >= floor - 1e-15
+        assert gradient_allreduce_time(a, bounds, [0, 1, 2], layout, FLAT) >= floor - 1e-15
+
+
+def test_group_table_is_the_rows_of_the_groups_tensor_parallel_degree() -> None:
+    from autopp.costmodel import ProfileTable, group_table
+    from autopp.data.synthetic_profile import synthetic_profile
+    profile = synthetic_profile(6, tp_degrees=(2,))
+    for tp in (1, 2):
+        got, expected = group_table(profile, Layout(tp=tp).unit_view()).arrays(1), ProfileTable(profile, tp).arrays(1)
+        assert np.array_equal(got.forward, expected.forward) and np.array_equal(got.static, expected.static)
+    assert not np.array_equal(group_table(profile, Layout(tp=2).unit_view()).arrays(1).static,
+                              group_table(profile, Layout().unit_view()).arrays(1).static)

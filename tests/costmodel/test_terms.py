@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from autopp.data.cluster import Cluster, Link, Nodes, hierarchical_cluster
+from autopp.data.layout import Layout
 from autopp.costmodel import (allreduce_time, comm_times, gradient_allreduce_time, message_overheads, optimizer_time,
-                              progress_delays, send_times, transfer_time)
+                              progress_delays, send_times, step_end_floor, transfer_time)
 
 from .arrays import arrays
 
@@ -106,8 +107,36 @@ def test_allreduce_of_a_group_split_unevenly_between_nodes() -> None:
 def test_gradient_allreduce_is_the_rank_with_most_gradients() -> None:
     cluster = Cluster(num_devices=2, memory_bytes=1, link=Link(latency_s=0.0, bandwidth_bytes_per_s=100.0))
     a = arrays([1.0] * 4, grads=[100.0, 200.0, 300.0, 400.0])
-    assert gradient_allreduce_time(a, [(0, 2), (2, 4)], [0, 1], 2, cluster) == 7.0  # 700 bytes: 2 x 1/2 x 700 / 100
-    assert gradient_allreduce_time(a, [(0, 1), (1, 2), (2, 3), (3, 4)], [0, 1, 1, 0], 2, cluster) == 5.0  # 500 each
+    layout = Layout(pp=2, dp=2)
+    assert gradient_allreduce_time(a, [(0, 2), (2, 4)], [0, 1], layout, cluster) == 7.0  # 700 B: 2 x 1/2 x 700 / 100
+    assert gradient_allreduce_time(a, [(0, 1), (1, 2), (2, 3), (3, 4)], [0, 1, 1, 0], layout, cluster) == 5.0  # 500
+
+
+def test_gradients_synchronise_over_the_layouts_sync_ranks() -> None:
+    """The group is `Layout.sync` (dp x cp), read from the layout: context-parallel ranks average gradients too."""
+    cluster = Cluster(num_devices=8, memory_bytes=1, link=Link(latency_s=0.0, bandwidth_bytes_per_s=100.0))
+    a = arrays([1.0] * 2, grads=[400.0, 400.0])
+    bounds = [(0, 1), (1, 2)]
+    with_cp = gradient_allreduce_time(a, bounds, [0, 1], Layout(pp=2, dp=2, cp=2), cluster)
+    assert with_cp == gradient_allreduce_time(a, bounds, [0, 1], Layout(pp=2, dp=4), cluster) == 6.0  # 2 x 3/4 x 4
+    assert gradient_allreduce_time(a, bounds, [0, 1], Layout(pp=2, dp=2), cluster) == 4.0  # 2 x 1/2 x 400 / 100
+    assert gradient_allreduce_time(a, bounds, [0, 1], Layout(pp=2, tp=2), cluster) == 0.0  # tp shares no gradient
+
+
+def test_sync_ranks_inside_a_group_sit_on_its_node() -> None:
+    """dp 2 x cp 2 on 2 nodes x 4 devices, seen as groups of cp 2 (`tp_groups(2)`: 2 nodes x 2 groups): pipeline
+    rank 0's synchronisation group is groups 0 and 1 with 2 ranks in each, i.e. devices 0-3 of node 0: a ring of 4
+    on the intra-node link, as dp 4 on the devices, not 4 groups spread over both nodes."""
+    nodes = _nodes(2, 4)
+    view = nodes.tp_groups(2)
+    inside = allreduce_time(1000.0, 4, view, 0, per_group=2)
+    assert inside == allreduce_time(1000.0, 4, nodes, 0) == pytest.approx(2 * 3 / 4 * 1000 / 400 + 2 * 3 * 0.01)
+    assert allreduce_time(1000.0, 4, view, 0) > inside  # read as 4 groups: hierarchical across the nodes
+    layout = Layout(pp=2, dp=2, cp=2)  # pipeline rank 1: groups 2 and 3, node 1
+    assert layout.sync_per_group == 2 and Layout(dp=2, tp=2).sync_per_group == 1
+    a = arrays([1.0, 1.0], grads=[1000.0, 1000.0])
+    assert gradient_allreduce_time(a, [(0, 1), (1, 2)], [0, 1], layout, view.placed(layout)) == inside
+    assert step_end_floor(a, view, layout) == inside
 
 
 def test_optimizer_step_is_the_slowest_ranks_share() -> None:
@@ -130,10 +159,11 @@ def test_step_end_floor_bounds_step_end_time_for_every_split(seed: int) -> None:
                optimizer=[rng.uniform(0.0, 0.1) for _ in range(n)])
     cluster = Cluster(num_devices=pp * dp, memory_bytes=1, link=LINK) if seed < 3 else \
         _nodes(pp * dp // 2, 2) if dp == 4 else _nodes(2, 3)  # nodes: groups over 2 nodes x 2, or 1 | 1 (rank 1)
-    floor = step_end_floor(a, cluster, pp, dp)
+    layout = Layout(pp=pp, dp=dp)
+    floor = step_end_floor(a, cluster, layout)
     for cuts in itertools.combinations(range(1, n), pp - 1):
         ends = (0, *cuts, n)
         bounds = tuple(zip(ends, ends[1:]))
-        allreduce, optimizer = step_end_time(a, cluster, bounds, list(range(pp)), dp, [1.0] * pp)
+        allreduce, optimizer = step_end_time(a, cluster, bounds, list(range(pp)), layout, [1.0] * pp)
         assert floor <= allreduce + optimizer, (bounds, floor, allreduce, optimizer)
-        assert allreduce == gradient_allreduce_time(a, bounds, list(range(pp)), dp, cluster)
+        assert allreduce == gradient_allreduce_time(a, bounds, list(range(pp)), layout, cluster)

@@ -246,6 +246,26 @@ def test_torchtitan_without_tp_writes_what_it_wrote_before(llama: Profile, llama
     assert not any("sequence_parallel" in line or "reshard" in line for line in lines)
 
 
+def test_an_axis_planned_in_its_descriptor_reaches_every_exporter(monkeypatch: pytest.MonkeyPatch, llama: Profile,
+                                                                  llama_plans: dict[str, Plan]) -> None:
+    """Issue 24: the exporters spell the axes from their descriptors (autopp.data.axes) alone: context parallelism,
+    once its descriptor says it is planned, is written by torchtitan and Megatron-LM and refused by DeepSpeed, and
+    no exporter names it."""
+    from autopp.data import axes
+    monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned=None))
+    plan = replace(llama_plans["dp"], layout=replace(llama_plans["dp"].layout, cp=2))
+    titan = _titan(plan, llama)
+    assert "--parallelism.context_parallel_degree=2" in titan and "--parallelism.tensor_parallel_degree=1" in titan
+    megatron = export_plan(plan, Target.MEGATRON, "x")
+    assert megatron.text.splitlines()[:2] == ["--context-parallel-size 2", "--tensor-model-parallel-size 1"]
+    assert "(world size pp 2 x dp 2 x cp 2 x tp 1;" in megatron.notes[0]
+    with pytest.raises(ExportError, match=r"^plan: cp 2: DeepSpeed's PipelineModule does not shard sequences .*"
+                                          r"re-plan with `cp` 1, or export to torchtitan or megatron$"):
+        export_plan(plan, Target.DEEPSPEED, "x.json")
+    monkeypatch.undo()
+    assert "context_parallel" not in "".join(_titan(llama_plans["dp"], llama))  # unplanned: written by no one
+
+
 def test_megatron_writes_tp_and_the_distributed_optimizer(llama_plans: dict[str, Plan]) -> None:
     lines = export_plan(_3d(llama_plans["dp"], zero=1), Target.MEGATRON, "x").text.splitlines()
     assert "--tensor-model-parallel-size 2" in lines and "--use-distributed-optimizer" in lines

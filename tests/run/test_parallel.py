@@ -1,106 +1,19 @@
-"""Tensor parallelism and ZeRO in the runner (autopp.run.parallel): the checks, the export at local-shard shapes,
-and real runs on gloo ranks validated against one process (every gradient gathered with full_tensor())."""
+"""The device mesh and the axes applied together on a rank's stages (autopp.run.parallel): tensor parallelism, then
+ZeRO, on gloo ranks validated against one process (every gradient gathered with full_tensor())."""
 
 from __future__ import annotations
 
-import logging
-from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import pytest
-import torch
-from torch import fx, nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
 
 from autopp.data.layout import Layout
 from autopp.data.zero import ZERO
-from autopp.errors import RunError, TpPlanError
-from autopp.model import load_model_file
-from autopp.model.split import split_model
-from autopp.model.tp import find_tp_plan, local_shard, narrow_planned, resolve, torch_styles
 from autopp.run import GRAD_RTOL, RunOptions, run_plan
-from autopp.run.parallel import check_runnable, local_shapes, planned_modules, restore_planned, shared_input_styles
 
-from .conftest import GPT, LINRELU, ROOT, pipeline_plan
+from .conftest import ROOT, pipeline_plan
 
 LLAMA = ROOT / "examples" / "hf_llama.py"
-
-
-def test_zero_2_is_refused_in_one_line_before_any_rank_starts() -> None:
-    plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2, dp=2, zero=ZERO[2]))
-    with pytest.raises(RunError, match=r"^plan field 'zero' is 2: torch.distributed.pipelining keeps .* cannot run "
-                                       r"under it; plan with `zero` 1 or 3$"):
-        check_runnable(plan)
-    with pytest.raises(RunError, match="zero' is 2"):  # the unit tier refuses to start a process: none started
-        run_plan(plan, RunOptions(steps=1))
-    check_runnable(replace(plan, layout=replace(plan.layout, zero=ZERO[3])))
-
-
-def test_the_plans_tp_plan_must_be_the_models() -> None:
-    mf = load_model_file(LLAMA)
-    plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, tp=2))
-    resolved = planned_modules(mf, mf.build(0), plan)
-    assert resolved["model.layers.0.self_attn.q_proj"] == "colwise" and resolved["lm_head"] == "colwise_gather_output"
-    assert resolved["model.embed_tokens"] == "embedding_rowwise" and len(resolved) == 2 + 7 * 4
-    other = replace(plan, tp_plan={**plan.tp_plan, "model.layers.*.mlp.down_proj": "colwise"})
-    with pytest.raises(RunError, match=r"^plan field 'tp_plan' differs from the model's TP plan .* at "
-                                       r"'model.layers.\*.mlp.down_proj': re-plan"):
-        planned_modules(mf, mf.build(0), other)
-    gpt = pipeline_plan(GPT, ["h.2"], layout=Layout(pp=2, tp=2))
-    with pytest.raises(RunError, match="has no tensor-parallel plan .*: plan with --tp 1$"):
-        planned_modules(load_model_file(GPT), load_model_file(GPT).build(0), gpt)
-    with pytest.raises(TpPlanError, match="degree 8 does not divide"):
-        planned_modules(mf, mf.build(0), replace(plan, layout=replace(plan.layout, tp=8)))
-
-
-def test_local_shapes_narrow_the_sharded_linears_of_a_copy() -> None:
-    mf = load_model_file(LLAMA)
-    model = mf.build(0)
-    resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
-    local = local_shapes(model, resolved, 2)
-    get = local.get_submodule
-    assert (get("model.layers.0.self_attn.q_proj").out_features, get("model.layers.0.self_attn.k_proj").out_features,
-            get("model.layers.0.self_attn.o_proj").in_features, get("model.layers.1.mlp.down_proj").in_features) == (
-        32, 16, 32, 128)
-    assert get("lm_head").out_features == 2048 and get("model.embed_tokens").num_embeddings == 2048
-    assert model.get_submodule("model.layers.0.self_attn.q_proj").out_features == 64  # the original is untouched
-
-
-def test_local_shapes_and_local_shard_narrow_with_one_function() -> None:
-    """Issue 17 review (d): the export's narrowing is autopp.model.tp.narrow_planned, the one local_shard uses: the
-    same weights for colwise and rowwise, no hooks, and the embedding / gathered head left whole."""
-    mf = load_model_file(LLAMA)
-    model = mf.build(0)
-    resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
-    exported, measured = local_shapes(model, resolved, 2), local_shard(mf.build(0), resolved, 2)
-    for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"):
-        assert torch.equal(exported.get_submodule(name).weight, measured.get_submodule(name).weight)
-    head = exported.get_submodule("lm_head")
-    assert head.out_features == 2048 and not head._forward_hooks
-    same = narrow_planned(mf.build(0), resolved, 2, styles=("colwise", "rowwise"), hooks=False)
-    assert [p.shape for p in same.parameters()] == [p.shape for p in exported.parameters()]
-
-
-def test_pieces_exported_at_local_shapes_get_the_full_modules_back() -> None:
-    """The route that works (autopp/run/parallel.py): export at local shapes, put the full nn.Linears back, and give
-    the parents of siblings reading one tensor (q/k/v, gate/up) a PrepareModuleInput on that input."""
-    mf = load_model_file(LLAMA)
-    model = mf.build(0)
-    resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
-    example, _ = mf.sample_batch(2, seed=0)
-    piece = split_model(local_shapes(model, resolved, 2), example, ["model.layers.2"]).get_stage_module(0)
-    assert type(piece.get_submodule("model.layers.0.self_attn.q_proj")).__name__ == "InterpreterModule"
-    present = restore_planned(piece, model, resolved)
-    assert len(present) == 1 + 7 * 2 and "lm_head" not in present
-    q = piece.get_submodule("model.layers.0.self_attn.q_proj")
-    assert isinstance(q, nn.Linear) and q is model.get_submodule("model.layers.0.self_attn.q_proj")
-    styles = shared_input_styles(piece, [n for n in present if resolved[n] == "colwise"])
-    assert sorted(styles) == [f"model.layers.{i}.{m}" for i in (0, 1) for m in ("mlp", "self_attn")]
-    attn = styles["model.layers.0.self_attn"]
-    assert isinstance(attn, PrepareModuleInput) and sum(p is not None for p in attn.input_layouts) == 1
 
 
 def _rank_lines(run_dir: Path, text: str) -> list[str]:
@@ -117,80 +30,3 @@ def test_llama_pp2_tp2_dp2_zero1_on_8_ranks_matches_one_process(tmp_path: Path) 
     assert len(report.grad_diffs) == 39 and len(report.losses) == 2  # every parameter; the sharded SGD step too
     assert len(_rank_lines(tmp_path, "tensor-parallel over 2 ranks: 15 modules (4 shared inputs)")) == 8
     assert len(_rank_lines(tmp_path, "ZeRO 1 over 2 ranks: fully_shard(reshard_after_forward=False)")) == 8
-
-
-@pytest.mark.integration
-def test_gpt_pp2_dp2_zero3_matches_one_process(tmp_path: Path) -> None:
-    plan = pipeline_plan(GPT, ["h.2"], layout=Layout(pp=2, dp=2, zero=ZERO[3]))
-    report = run_plan(plan, RunOptions(steps=2, timeout_s=600, work_dir=tmp_path))
-    assert report.passed and (report.layout.tp, report.layout.zero, report.num_ranks) == (1, ZERO[3], 4)
-    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL and len(report.losses) == 2
-    assert len(_rank_lines(tmp_path, "ZeRO 3 over 2 ranks: fully_shard(reshard_after_forward=True)")) == 4
-
-
-class _Attention(nn.Module):
-    """q and k read the input x, which the residual reads too: x cannot become one replicated DTensor input."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.q, self.k = nn.Linear(4, 4), nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.q(x) * self.k(x)
-
-
-def test_siblings_reading_a_tensor_that_gets_no_prepare_module_input_are_logged(
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 17 review (c): the profile counts one input-gradient all-reduce per tensor that colwise siblings read;
-    torch runs one per sibling when the parent gets no PrepareModuleInput. That must not pass silently."""
-    piece = nn.Module()
-    piece.attn = fx.symbolic_trace(_Attention())
-    with caplog.at_level(logging.WARNING, logger="autopp.run.parallel"):
-        assert shared_input_styles(piece, ["attn.q", "attn.k"]) == {}
-    lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and lines[0].startswith("attn: colwise ['k', 'q'] read one tensor (x) that gets no "
-                                                   "PrepareModuleInput") and "\n" not in lines[0]
-    caplog.clear()
-    piece.attn = fx.symbolic_trace(_Attention())
-    with caplog.at_level(logging.WARNING, logger="autopp.run.parallel"):
-        assert shared_input_styles(piece, ["attn.q"]) == {}  # one colwise reader: nothing shared, nothing to say
-    assert not caplog.records
-
-
-def _stage0_allreduces(share: bool) -> int:
-    """All-reduces CommDebugMode sees in one forward and backward of the tiny Llama's stage 0 (embedding + 2
-    blocks) tensor-parallel over 2 ranks of a fake process group (counts only: its collectives return their input)."""
-    mf = load_model_file(LLAMA)
-    model = mf.build(0)
-    resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
-    example, _ = mf.sample_batch(2, seed=0)
-    piece = split_model(local_shapes(model, resolved, 2), example, ["model.layers.2"]).get_stage_module(0)
-    present = restore_planned(piece, model, resolved)
-    styles = shared_input_styles(piece, [n for n in present if resolved[n] == "colwise"]) if share else {}
-    styles.update(torch_styles(resolved, present))
-    parallelize_module(piece, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), styles)
-    with CommDebugMode() as comm:
-        out = piece(*example)
-        sum(o.float().sum() for o in out if isinstance(o, torch.Tensor) and o.requires_grad).backward()
-    return int(sum(n for op, n in comm.get_comm_counts().items() if "all_reduce" in str(op)))
-
-
-@pytest.mark.integration  # exports the tiny Llama (seconds)
-def test_stage_allreduces_are_what_the_profiles_tp_rows_count(fake_world: Callable[[int], None]) -> None:
-    """Issue 17 review (c): the all-reduces torch runs on a tp-2 stage equal the profile's TP rows for its units
-    (forward + backward collectives; embedding 1 + 0, each block 2 + 2), and would not without PrepareModuleInput
-    on the q/k/v and gate/up parents."""
-    from autopp.measure.tp_rows import tp_collectives
-    from autopp.model.units import discover_units
-
-    mf = load_model_file(LLAMA)
-    model = mf.build(0)
-    resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
-    units = discover_units(mf, model)
-    cut = next(u.index for u in units if u.split_point == "model.layers.2")
-    rows = tp_collectives(mf, model, resolved, units, 2, torch.float32)[:cut]
-    counted = sum(r.forward_collectives + r.backward_collectives for r in rows)
-    assert counted == 1 + 2 * (2 + 2)
-    fake_world(2)
-    assert _stage0_allreduces(share=True) == counted
-    assert _stage0_allreduces(share=False) == counted + 2 * (2 + 1)  # q/k/v: 3 not 1, gate/up: 2 not 1

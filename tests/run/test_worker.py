@@ -107,5 +107,5 @@ def test_replicas_average_the_local_shards_of_tensor_parallel_gradients(one_rank
     mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
     p = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Shard(0)]))
     p.grad = distribute_tensor(torch.full((4,), 2.0), mesh, [Shard(0)])
-    _average_grads([p], dist.group.WORLD, dp=2)  # one rank standing for two replicas: the sum is itself, halved
+    _average_grads([p], dist.group.WORLD, ranks=2)  # one rank standing for two replicas: the sum is itself, halved
     assert p.grad.to_local().tolist() == [1.0] * 4

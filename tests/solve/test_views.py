@@ -57,6 +57,20 @@ def test_views_add_the_collectives_and_shard_the_bytes(profile) -> None:  # type
     assert views.degrees() == (1, 2, 4)
 
 
+def test_views_are_the_cost_models_group_then_replica_terms(profile) -> None:  # type: ignore[no-untyped-def]
+    """Issue 24: the views name no axis: a layout's arrays are `group_terms` of its group's table, then
+    `replica_terms` over its synchronisation ranks on the groups' cluster (autopp.costmodel.parallel)."""
+    from autopp.costmodel import group_terms, replica_terms
+    req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(tp=None, dp=None, zero=None))
+    layout = Layout(pp=1, dp=4, tp=2, zero=ZERO[3])
+    view = layout.unit_view()
+    group = group_terms(ProfileTable(profile, 2).arrays(1), view.local(), req.cluster)
+    expected = replica_terms(group, view, req.view(layout.group).cluster)
+    got = Views(profile, req).arrays(1, layout)
+    for name in ("forward", "backward", "backward_input", "backward_weight", "static", "optimizer"):
+        assert np.array_equal(getattr(got, name), getattr(expected, name)), name
+
+
 def test_tp_choices_stay_inside_a_node_unless_allowed(profile) -> None:  # type: ignore[no-untyped-def]
     small = _nodes(count=4, per=2)
     assert tp_choices(PlanRequest(cluster=small, global_batch=8, pins=LayoutPins(tp=None)), (2, 4)) == [1, 2]

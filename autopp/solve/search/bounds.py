@@ -62,4 +62,4 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activati
     bound = d.pipe_bound if simulated else d.estimate_bound or d.pipe_bound
     assert bound is not None  # configurations are named schedules
     floors = Floors(rank=rank, total=total / max_sp, stage=stage, gap=gap, comm=comm_floor(a, req, c))
-    return bound(floors, c.m, c.layout.pp, c.layout.v) + step_end_floor(a, req.cluster, c.layout.pp, c.layout.dp)
+    return bound(floors, c.m, c.layout.pp, c.layout.v) + step_end_floor(a, req.cluster, c.layout)

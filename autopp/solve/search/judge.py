@@ -86,7 +86,7 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.activations,
                    progress_delays(cluster, owner))
-    ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout.dp, speeds)
+    ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout, speeds)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
     return Verdict(c, step_time(sim.step_time_s, ar, opt), sim.step_time_s, ar, peaks,

@@ -97,7 +97,7 @@ class PlanRequest:
     def view(self, group: int) -> PlanRequest:
         """The request as groups of `group` devices (a layout's `group`: cp x tp) see it: each group is one pipeline
         rank (`Cluster.tp_groups`), so the pipeline x data-parallel search runs on the groups unchanged."""
-        pins = replace(self.pins, cp=1, tp=1)
+        pins = self.pins.per_group()
         if group == 1:
             return replace(self, pins=pins)
         return replace(self, cluster=self.cluster.tp_groups(group), pins=pins)

@@ -130,7 +130,7 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
                          [i + x.overhead_s + r for (i, _), x, r in zip(backward, costs, redo)],
                          [w for _, w in backward],
                          owner, comm_times(a, cluster, bounds, owner), c.m)
-    return est + sum(step_end_time(a, cluster, bounds, owner, c.layout.dp, speeds))
+    return est + sum(step_end_time(a, cluster, bounds, owner, c.layout, speeds))
 
 
 @dataclass(frozen=True)

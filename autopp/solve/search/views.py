@@ -3,12 +3,15 @@ data-parallel terms (autopp.costmodel.parallel): what the search, the judge and 
 
 from __future__ import annotations
 
-from ...costmodel import ProfileTable, UnitArrays, allreduce_times, data_sharded, tensor_parallel
+from ...costmodel import ProfileTable, UnitArrays, group_table, group_terms, replica_terms
 from ...data.layout import Layout, UnitView
 from ...data.profile import Profile
 from .request import PlanRequest, tp_choices
 
 __all__ = ["ArraysKey", "arrays_key", "Views"]
+
+#: The view of one device alone (no axis beyond the pipeline): the profile's own rows.
+_WHOLE = Layout().unit_view()
 
 #: (microbatch size, the layout's unit view): what a configuration's unit arrays depend on.
 ArraysKey = tuple[int, UnitView]
@@ -25,7 +28,7 @@ class Views:
 
     def __init__(self, profile: Profile, req: PlanRequest, table: ProfileTable | None = None) -> None:
         self.profile, self.req = profile, req
-        self.tables: dict[int, ProfileTable] = {1: table or ProfileTable(profile)}
+        self.tables: dict[UnitView, ProfileTable] = {_WHOLE: table or ProfileTable(profile)}
         self._requests: dict[int, PlanRequest] = {}
         self._arrays: dict[ArraysKey, UnitArrays] = {}
 
@@ -40,23 +43,23 @@ class Views:
         return self._requests[layout.group]
 
     def arrays(self, b: int, layout: Layout = Layout()) -> UnitArrays:
-        """Unit costs of one tensor-parallel rank of `layout` at microbatch size `b` with its collectives (on the
-        group's link, `Cluster.tp_link`), sharded by its ZeRO stage over its replicas (all-gathers and
-        reduce-scatters on the data-parallel group of pipeline rank 0, `Cluster.dp_group`)."""
-        key = arrays_key(b, layout)
-        view = key[1]
+        """Unit costs of one device of `layout`'s groups at microbatch size `b` with the terms of the axes inside the
+        group (`costmodel.group_terms`: tensor parallelism's collectives on the group's link), sharded by its ZeRO
+        stage over its synchronisation ranks (`costmodel.replica_terms`: all-gathers and reduce-scatters on the group
+        of pipeline rank 0, `Cluster.dp_group`)."""
+        return self._arrays_of(b, layout.unit_view())
+
+    def _arrays_of(self, b: int, view: UnitView) -> UnitArrays:
+        key = (b, view)
         if key not in self._arrays:
-            if view.zero.replicated:  # no ZeRO sharding: the tensor-parallel rank's own costs
-                tp = view.tp
-                if tp not in self.tables:
-                    self.tables[tp] = ProfileTable(self.profile, tp)
-                self._arrays[key] = tensor_parallel(self.tables[tp].arrays(b), tp, self.req.cluster.tp_link(tp))
-            else:  # sharded from those, computed once per (b, tp)
-                group = self.request(view).cluster
-                self._arrays[key] = data_sharded(self.arrays(b, Layout(tp=view.tp)), view.zero, view.dp,
-                                                 lambda s: allreduce_times(s, view.dp, group))
+            if not view.sharded:  # one group's own costs
+                if view not in self.tables:
+                    self.tables[view] = group_table(self.profile, view)
+                self._arrays[key] = group_terms(self.tables[view].arrays(b), view, self.req.cluster)
+            else:  # sharded from those, computed once per (b, group)
+                self._arrays[key] = replica_terms(self._arrays_of(b, view.local()), view, self.request(view).cluster)
         return self._arrays[key]
 
     def whole(self, b: int) -> UnitArrays:
         """The unsharded costs of one microbatch of size `b` (no tensor or data parallelism): the ideal step's."""
-        return self.tables[1].arrays(b)
+        return self.tables[_WHOLE].arrays(b)

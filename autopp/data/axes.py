@@ -1,0 +1,131 @@
+"""The parallel axes as descriptors: whether autopp plans each, where its devices sit, and how the command line and
+each trainer spell it.
+
+As ZeRO stages are (autopp.data.zero), each axis of the Layout (autopp.data.layout) is one value in one registry,
+`AXES`: the exporters (autopp.export), `autopp plan`'s flags (autopp.cli.plan) and the messages read an axis's
+spelling here, so filling a new axis changes its descriptor, not each reader. The trainers' spellings are their own
+documentation's: torchtitan's `[parallelism]` section (torchtitan/config/job_config.py: `pipeline_parallel_degree`,
+`context_parallel_degree`, `tensor_parallel_degree`, `expert_parallel_degree`; dp is written by the ZeRO stage as
+`data_parallel_replicate_degree` / `data_parallel_shard_degree`), Megatron-LM's arguments
+(megatron/training/arguments.py: `--pipeline-model-parallel-size`, `--context-parallel-size`,
+`--tensor-model-parallel-size`, `--expert-model-parallel-size`; dp is the world size left over) and DeepSpeed's
+`PipelineModule(num_stages=...)` (deepspeed/runtime/pipe/module.py; dp is the world size left over).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Spelling", "Flag", "Axis", "AXES", "TRAINERS", "unplanned", "group_axes"]
+
+#: The trainers autopp exports to, by the name their descriptors use.
+TRAINERS = ("torchtitan", "megatron", "deepspeed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spelling:
+    """How one trainer spells an axis."""
+
+    degree: str | None = None
+    """The trainer's key or flag for the axis's degree; None: it has none (derived from the world size, or written
+    with the ZeRO stage, as dp)."""
+    extra: tuple[str, ...] = ()
+    """Whole lines (overrides, flags) the export adds when the degree is above 1."""
+    note: str = ""
+    """A note to the user when the degree is above 1: how the trainer runs it against what autopp costed."""
+    refusal: str | None = None
+    """Why the trainer cannot run the axis above degree 1 beside pipeline parallelism (None: it can)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flag:
+    """`autopp plan`'s flag pinning the axis's degree (`--NAME`)."""
+
+    help: str
+    auto: bool = True
+    """The flag takes `auto`: the degree is searched."""
+    default: int | None = 1
+    """The pin when the flag is not given (None: searched)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Axis:
+    """One parallel axis: its Layout field, what it is, whether autopp plans it, and its spellings."""
+
+    name: str
+    """The Layout and LayoutPins field, and the JSON field of plans and reports."""
+    what: str
+    """The axis in words ("tensor parallelism")."""
+    in_group: bool = False
+    """Its ranks are devices of one pipeline rank of one replica (`Layout.group`): the search sees each group as one
+    rank (`PlanRequest.view`)."""
+    syncs: bool = False
+    """Its ranks hold the same parameters and average their gradients after a step (`Layout.sync`, over which ZeRO
+    shards)."""
+    unplanned: str | None = None
+    """The issue that adds it, while autopp does not plan, run or export it (`check_planned` refuses it); None:
+    planned."""
+    flag: Flag | None = None
+    """`autopp plan`'s flag for it (None: none)."""
+    trainers: dict[str, Spelling] = field(default_factory=dict, compare=False, hash=False)
+    """Trainer (`TRAINERS`) -> its spelling."""
+
+    def spelling(self, trainer: str) -> Spelling:
+        """How `trainer` spells the axis (nothing: no key, no refusal)."""
+        return self.trainers.get(trainer, Spelling())
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_RE_PLAN = "re-plan with `{axis}` 1, or export to torchtitan or megatron"
+
+#: Every axis of the Layout (but v, the stages per pipeline rank), in the order of its mesh (`MESH_AXES`), then ep.
+AXES: dict[str, Axis] = {a.name: a for a in (
+    Axis(name="pp", what="pipeline parallelism",
+         flag=Flag(help="pin the pipeline ranks (default devices / dp)", auto=False, default=None),
+         trainers={"torchtitan": Spelling(degree="parallelism.pipeline_parallel_degree"),
+                   "megatron": Spelling(degree="--pipeline-model-parallel-size"),
+                   "deepspeed": Spelling(degree="num_stages")}),
+    Axis(name="dp", what="data parallelism", syncs=True,
+         flag=Flag(help="data-parallel replicas, or auto (default 1, or devices / pp)", default=None)),
+    Axis(name="cp", what="context parallelism", in_group=True, syncs=True, unplanned="issue 27",
+         trainers={"torchtitan": Spelling(degree="parallelism.context_parallel_degree"),
+                   "megatron": Spelling(degree="--context-parallel-size"),
+                   "deepspeed": Spelling(refusal="DeepSpeed's PipelineModule does not shard sequences and the "
+                                                 "exported stage file builds no context parallelism; "
+                                                 + _RE_PLAN.format(axis="cp"))}),
+    Axis(name="tp", what="tensor parallelism", in_group=True,
+         flag=Flag(help="tensor-parallel degree (devices per pipeline rank; the profile needs rows of it: "
+                        "`autopp profile --tp`), or auto: 1 and every degree profiled that fits a node (default 1)"),
+         trainers={
+             "torchtitan": Spelling(
+                 degree="parallelism.tensor_parallel_degree", extra=("--parallelism.no_enable_sequence_parallel",),
+                 note="torchtitan shards with its model's own TP plan (for Llama the Megatron pattern autopp costed: "
+                      "colwise q/k/v and gate/up, rowwise o and down, vocab-parallel embedding; its output layer "
+                      "keeps vocab-sharded logits for a parallel loss, where autopp gathers them), without sequence "
+                      "parallelism, as autopp costed it"),
+             "megatron": Spelling(
+                 degree="--tensor-model-parallel-size",
+                 note="Megatron shards with its own layers (column-parallel QKV and fc1, row-parallel proj and fc2, "
+                      "vocab-parallel embedding and output with a parallel loss), the pattern autopp costed for "
+                      "Llama-style blocks; autopp gathers the logits instead"),
+             "deepspeed": Spelling(refusal="DeepSpeed's PipelineModule does not shard layers (tensor parallelism "
+                                           "comes from the model's own layers, as in Megatron-DeepSpeed) and the "
+                                           "exported stage file builds none; " + _RE_PLAN.format(axis="tp"))}),
+    Axis(name="ep", what="expert parallelism", unplanned="issue 30",
+         trainers={"torchtitan": Spelling(degree="parallelism.expert_parallel_degree"),
+                   "megatron": Spelling(degree="--expert-model-parallel-size"),
+                   "deepspeed": Spelling(refusal="the exported stage file builds no expert parallelism (DeepSpeed's "
+                                                 f"MoE layers take their own ep_size); {_RE_PLAN.format(axis='ep')}")}),
+)}
+
+
+def unplanned() -> dict[str, str]:
+    """Axis name -> what it is and the issue that adds it, for the axes autopp does not plan, run or export yet."""
+    return {a.name: f"{a.what} ({a.unplanned})" for a in AXES.values() if a.unplanned is not None}
+
+
+def group_axes() -> tuple[Axis, ...]:
+    """The axes whose ranks are the devices of one pipeline rank (`Axis.in_group`), in mesh order."""
+    return tuple(a for a in AXES.values() if a.in_group)

@@ -1,0 +1,52 @@
+"""Data parallelism on a rank's pipeline stages beyond plain replicas: ZeRO stages 1 and 3 as FSDP2's `fully_shard`
+over the layout's synchronisation ranks (`Layout.sync`: the mesh's "dp" dimension, flattened with "cp" where context
+parallelism adds one, as torchtitan's `dp_shard_cp` mesh), and what torch.distributed.pipelining cannot run
+(autopp.data.zero; Rajbhandari et al., SC'20, arXiv:1910.02054; docs/parallelism.md)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+from ..data.layout import Layout
+from ..data.plan import Plan
+from ..data.zero import SEARCHED_ZERO, ZeroStage
+from ..errors import RunError
+
+__all__ = ["check_runnable", "sync_mesh", "shard_replicas"]
+
+logger = logging.getLogger(__name__)
+
+
+def check_runnable(plan: Plan) -> None:
+    """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`)."""
+    zero = plan.layout.zero
+    if zero.not_runnable is not None:
+        raise RunError(f"plan field 'zero' is {zero.stage}: {zero.not_runnable}; plan with `zero` "
+                       f"{' or '.join(str(z.stage) for z in SEARCHED_ZERO if not z.replicated)}")
+
+
+def sync_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
+    """The one-dimensional mesh of the ranks that average their gradients and over which ZeRO shards
+    (`Layout.sync_axes` of `mesh`, flattened when there are several)."""
+    dims = layout.sync_axes
+    return mesh[dims[0]] if len(dims) == 1 else mesh[dims]._flatten()
+
+
+def shard_replicas(piece: nn.Module, mesh: DeviceMesh, zero: ZeroStage, units: Sequence[str]) -> None:
+    """ZeRO 1/3: `fully_shard` each of the piece's units with parameters, then the piece itself, over `mesh` (the
+    synchronisation ranks), resharding after forward as the stage's descriptor says; nothing for ZeRO 0."""
+    reshard = zero.fsdp_reshard_after_forward
+    if reshard is None:
+        return
+    held = dict(piece.named_modules())
+    sharded = [n for n in units if n in held and held[n] is not piece and any(True for _ in held[n].parameters())]
+    for name in sharded:
+        fully_shard(held[name], mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(piece, mesh=mesh, reshard_after_forward=reshard)
+    logger.info("%s over %d ranks: fully_shard(reshard_after_forward=%s) on %d units and the stage", zero,
+                mesh.size(), reshard, len(sharded))

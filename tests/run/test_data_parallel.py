@@ -1,0 +1,55 @@
+"""Data parallelism beyond replicas in the runner (autopp.run.data_parallel): what torch's pipelining cannot run, the
+synchronisation ranks' mesh, and a ZeRO 3 run on gloo ranks validated against one process."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from torch.distributed.device_mesh import init_device_mesh
+
+from autopp.data.layout import Layout
+from autopp.data.zero import ZERO
+from autopp.errors import RunError
+from autopp.run import GRAD_RTOL, RunOptions, run_plan
+from autopp.run.data_parallel import check_runnable, sync_mesh
+
+from .conftest import GPT, LINRELU, pipeline_plan
+
+
+def test_zero_2_is_refused_in_one_line_before_any_rank_starts() -> None:
+    plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2, dp=2, zero=ZERO[2]))
+    with pytest.raises(RunError, match=r"^plan field 'zero' is 2: torch.distributed.pipelining keeps .* cannot run "
+                                       r"under it; plan with `zero` 1 or 3$"):
+        check_runnable(plan)
+    with pytest.raises(RunError, match="zero' is 2"):  # the unit tier refuses to start a process: none started
+        run_plan(plan, RunOptions(steps=1))
+    check_runnable(replace(plan, layout=replace(plan.layout, zero=ZERO[3])))
+
+
+def _rank_lines(run_dir: Path, text: str) -> list[str]:
+    return [line for f in sorted(run_dir.glob("rank*.out")) for line in f.read_text().splitlines() if text in line]
+
+
+@pytest.mark.integration
+def test_gpt_pp2_dp2_zero3_matches_one_process(tmp_path: Path) -> None:
+    plan = pipeline_plan(GPT, ["h.2"], layout=Layout(pp=2, dp=2, zero=ZERO[3]))
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=600, work_dir=tmp_path))
+    assert report.passed and (report.layout.tp, report.layout.zero, report.num_ranks) == (1, ZERO[3], 4)
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL and len(report.losses) == 2
+    assert len(_rank_lines(tmp_path, "ZeRO 3 over 2 ranks: fully_shard(reshard_after_forward=True)")) == 4
+
+
+def test_the_sync_mesh_is_dp_or_dp_and_cp_flattened(fake_world: Callable[[int], None]) -> None:
+    """The ranks that average gradients (`Layout.sync`): the mesh's dp dimension, and dp x cp as one dimension once
+    context parallelism adds its own (torchtitan's `dp_shard_cp`)."""
+    fake_world(8)
+    layout = Layout(pp=2, dp=2, tp=2)
+    mesh = init_device_mesh("cpu", layout.shape[:2] + layout.shape[3:], mesh_dim_names=layout.mesh_axes)
+    assert sync_mesh(mesh, layout).mesh_dim_names == ("dp",) and sync_mesh(mesh, layout).size() == 2
+    with_cp = Layout(pp=2, dp=2, cp=2)
+    mesh = init_device_mesh("cpu", with_cp.shape, mesh_dim_names=with_cp.mesh_axes)
+    flat = sync_mesh(mesh, with_cp)
+    assert flat.ndim == 1 and flat.size() == with_cp.sync == 4

@@ -1,0 +1,52 @@
+"""The parallel axes as descriptors (autopp.data.axes): one per Layout degree, in the mesh's order, with what autopp
+plans and each trainer's and the command line's spelling."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields, replace
+
+import pytest
+
+from autopp.data import axes
+from autopp.data.axes import AXES, TRAINERS, Spelling, group_axes, unplanned
+from autopp.data.layout import MESH_AXES, UNPLANNED, Layout, LayoutPins, check_planned
+from autopp.errors import LayoutError
+
+
+def test_one_descriptor_per_degree_of_the_layout_in_mesh_order() -> None:
+    assert list(AXES) == ["pp", "dp", "cp", "tp", "ep"]
+    assert set(AXES) == {f.name for f in fields(Layout)} - {"v", "zero"}
+    assert [a for a in AXES if a in MESH_AXES] == list(MESH_AXES) and all(a.name == n for n, a in AXES.items())
+    assert str(AXES["tp"]) == "tp"
+
+
+def test_unplanned_axes_are_the_descriptors_and_say_their_issue() -> None:
+    assert unplanned() == UNPLANNED == {"cp": "context parallelism (issue 27)", "ep": "expert parallelism (issue 30)"}
+    assert all(AXES[a].flag is None for a in UNPLANNED)  # no flag until planned
+
+
+def test_the_group_axes_multiply_to_the_layouts_group() -> None:
+    assert [a.name for a in group_axes()] == ["cp", "tp"]
+    for layout in (Layout(tp=4), Layout(dp=2, cp=2, tp=2), Layout(pp=2, cp=4)):
+        assert math.prod(getattr(layout, a.name) for a in group_axes()) == layout.group
+
+
+def test_spellings_name_known_trainers_and_either_a_degree_or_a_refusal() -> None:
+    for axis in AXES.values():
+        assert set(axis.trainers) <= set(TRAINERS), axis
+        for trainer, s in axis.trainers.items():
+            assert not (s.degree and s.refusal), (axis, trainer)
+            assert s.refusal is None or "re-plan with" in s.refusal
+    assert AXES["dp"].spelling("megatron") == Spelling()  # Megatron derives dp from the world size
+    assert AXES["tp"].spelling("torchtitan").degree == "parallelism.tensor_parallel_degree"
+    assert AXES["cp"].spelling("megatron").degree == "--context-parallel-size"
+
+
+def test_check_planned_reads_the_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(LayoutError, match=r"^`cp` 2: context parallelism \(issue 27\) is not planned"):
+        check_planned(LayoutPins(dp=2, cp=2))
+    monkeypatch.setitem(axes.AXES, "cp", replace(AXES["cp"], unplanned=None))  # the axis filled in
+    check_planned(LayoutPins(dp=2, cp=2))
+    with pytest.raises(LayoutError, match=r"^`ep` 2: expert parallelism"):
+        check_planned(Layout(dp=2, ep=2))
