@@ -133,9 +133,8 @@ class Plan:
     """For a model built from an HF config.json (`model_path`): the `seq_len` and `task` of its profile, so that
     `autopp run` builds the same model and batch. Written to JSON only when not empty."""
     profile_path: str = ""
-    """The profile directory the plan was made from (`autopp export` reads its module names there), stored relative
-    to the plan file's directory like `model_path`; empty: not recorded (plans made through the Python API, or
-    written before the field), and not written to JSON."""
+    """The profile directory the plan was made from (`autopp export` reads module names there), stored relative to
+    the plan file like `model_path`; empty (not written): unknown, as for plans made through the Python API."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -187,10 +186,9 @@ class Plan:
         data["custom_order"] = tuple(tuple(str(a) for a in row) for row in self.custom_order)
         if not self.device_order:
             del data["device_order"]  # plans without one stay as they were written before the field existed
-        if not self.hf_config:
-            del data["hf_config"]  # plans of model files stay as they were
-        if not self.profile_path:
-            del data["profile_path"]
+        for name in ("hf_config", "profile_path"):  # plans of model files, or made by the API, stay as they were
+            if not data[name]:
+                del data[name]
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
         data["stages"] = [{**{k: v for k, v in st.items() if v or k != "transient_bytes"},
@@ -200,10 +198,8 @@ class Plan:
     def save(self, path: str | Path) -> Path:
         """Write plan JSON atomically: a reader never sees a half-written file. `model_path` is stored relative to
         the plan file's directory (docs/plan-format.md)."""
-        data = {**self.to_json(), "model_path": stored_path(self.model_path, Path(path).parent)}
-        if self.profile_path:
-            data["profile_path"] = stored_path(self.profile_path, Path(path).parent)
-        return write_json(path, data)
+        return write_json(path, {**self.to_json(), **{k: stored_path(getattr(self, k), Path(path).parent)
+                                                      for k in ("model_path", "profile_path") if getattr(self, k)}})
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str = "plan") -> Plan:
