@@ -4,15 +4,15 @@ each parallel axis as the trainer spells it (autopp.data.axes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NoReturn
 
-from ..errors import ScheduleError
 from ..data.axes import AXES, Axis
 from ..data.plan import Plan
+from ..data.trainers import trainer_rules
+from ..errors import ScheduleError
 from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy
 from .layers import ExportError
 
-__all__ = ["Exported", "uniform_policy", "refuse_zero", "refuse_axes", "trainer_axes", "launch_grid", "group_lines",
+__all__ = ["Exported", "uniform_policy", "refuse_layout", "trainer_axes", "launch_grid", "group_lines",
            "axis_notes", "stage_placement", "refuse_schedule"]
 
 
@@ -36,19 +36,12 @@ def uniform_policy(plan: Plan, trainer: str, where: str) -> ActivationPolicy:
     return policy(used[0])
 
 
-def refuse_zero(plan: Plan, trainer: str, where: str) -> None:
-    """An ExportError when `trainer` has no such ZeRO stage beside pipeline parallelism (autopp.data.zero)."""
-    why = plan.layout.zero.refusal(trainer)
+def refuse_layout(plan: Plan, trainer: str, where: str) -> None:
+    """An ExportError when `trainer` cannot run the plan's ZeRO stage or one of its parallel axes beside pipeline
+    parallelism (autopp.data.trainers, reading the ZeRO and axis descriptors)."""
+    why = trainer_rules(trainer).layout_refusal(plan.layout)
     if why is not None:
-        raise ExportError(f"{where}: zero {plan.layout.zero.stage}: {why}")
-
-
-def refuse_axes(plan: Plan, trainer: str, where: str) -> None:
-    """An ExportError for the first axis above degree 1 that `trainer` cannot run (its spelling's `refusal`)."""
-    for axis in AXES.values():
-        why, degree = axis.spelling(trainer).refusal, getattr(plan.layout, axis.name)
-        if why is not None and degree > 1:
-            raise ExportError(f"{where}: {axis.name} {degree}: {why}")
+        raise ExportError(f"{where}: {why}")
 
 
 def trainer_axes(plan: Plan, trainer: str) -> list[tuple[Axis, int]]:
@@ -96,9 +89,14 @@ def stage_placement(plan: Plan) -> StagePlacement | None:
     return None
 
 
-def refuse_schedule(plan: Plan, trainer: str, runs: str, where: str) -> NoReturn:
-    """An ExportError saying that `trainer` runs only `runs`, and what to re-plan with."""
+def refuse_schedule(plan: Plan, trainer: str, where: str) -> None:
+    """An ExportError when `trainer` cannot run the plan's schedule with its layout and microbatches
+    (autopp.data.trainers), saying what to re-plan with."""
+    why = trainer_rules(trainer).schedule_refusal(plan.schedule, plan.layout, plan.num_microbatches)
+    if why is None:
+        return
     value = plan.schedule.value
     name = f"a synthesized order ({value})" if describe(plan.schedule).given_order else value
-    raise ExportError(f"{where}: the plan's schedule is {name}, but {trainer} runs only {runs}; re-plan with "
-                      f"--schedule {runs.split()[0]} (and no --synthesize) to export it")
+    hint = "" if "re-plan" in why else "; re-plan with --schedule 1F1B (and no --synthesize)"
+    raise ExportError(f"{where}: the plan's schedule is {name}, but {why}{hint}, or plan with `autopp plan --for "
+                      f"{trainer}`, which searches only what {trainer} runs")

@@ -7,8 +7,8 @@ import json
 
 from ..data.axes import AXES
 from ..data.plan import Plan
-from ..schedule import ActivationPolicy, ScheduleName
-from .common import Exported, launch_grid, refuse_axes, refuse_schedule, refuse_zero, uniform_policy
+from ..schedule import ActivationPolicy
+from .common import Exported, launch_grid, refuse_layout, refuse_schedule, uniform_policy
 
 __all__ = ["to_deepspeed", "deepspeed_config", "pipe_snippet"]
 
@@ -54,10 +54,8 @@ def pipeline_module(layers, loss_fn, **kwargs):
 
 def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     """The JSON config, and `snippet_path`'s Python beside it."""
-    if plan.schedule is not ScheduleName.ONE_F_ONE_B or plan.layout.v != 1:
-        refuse_schedule(plan, "DeepSpeed's PipelineEngine", "1F1B (its own TrainSchedule, one stage per rank)", where)
-    refuse_axes(plan, "deepspeed", where)
-    refuse_zero(plan, "deepspeed", where)
+    refuse_schedule(plan, "deepspeed", where)
+    refuse_layout(plan, "deepspeed", where)
     activations = uniform_policy(plan, "DeepSpeed", where)
     notes = [f"DeepSpeed: launch {plan.num_ranks} ranks ({launch_grid(plan, 'deepspeed')}); build the model with "
              f"pipeline_module() from {snippet_path}"]

@@ -12,11 +12,11 @@ from typing import Any, Sequence
 
 from ..data.axes import group_axes
 from ..data.layout import Layout
+from ..data.trainers import interleaving_problem
 from ..schedule import NAMED, Activation, ScheduleName, describe
 from ..solve.assemble.pinned import Pinned
 from ..solve.search.judge import Candidate
 from .layers import ExportError, ModelLayers, model_layers
-from .megatron import interleaving_problem
 
 __all__ = ["read_pinned", "read_config_text", "megatron_layout", "torchtitan_default_parts"]
 

@@ -8,7 +8,7 @@ from ..data.axes import AXES
 from ..data.plan import Plan
 from ..data.zero import ZeroStage
 from ..schedule import StagePlacement, ScheduleName, describe
-from .common import (Exported, axis_notes, group_lines, launch_grid, refuse_axes, refuse_zero, stage_placement,
+from .common import (Exported, axis_notes, group_lines, launch_grid, refuse_layout, refuse_schedule, stage_placement,
                      trainer_axes, uniform_policy)
 from .layers import ExportError
 from .torchcsv import csv_text
@@ -58,15 +58,14 @@ def _dp_as(zero: ZeroStage) -> str:
     return f"FSDP shards {how} ({zero})"
 
 
-def data_parallel(plan: Plan, where: str) -> list[str]:
+def data_parallel(plan: Plan) -> list[str]:
     """dp as torchtitan runs it: ZeRO 0 as replicas (`data_parallel_replicate_degree`, shard degree 1); ZeRO 1 and
     3 as FSDP over dp (`data_parallel_shard_degree`), parameters kept whole from the forward through the backward
     (`fsdp_reshard_after_forward=never`, torchtitan's default under PP) or resharded after each forward (`always`).
-    ZeRO 2 is refused: torchtitan has no stage that shards gradients but not parameters."""
+    ZeRO 2 is refused before (`refuse_layout`): torchtitan has no stage that shards gradients but not parameters."""
     zero, dp = plan.layout.zero, plan.layout.dp
     if zero.replicated:
         return [f"--parallelism.data_parallel_replicate_degree={dp}", "--parallelism.data_parallel_shard_degree=1"]
-    refuse_zero(plan, "torchtitan", where)
     return ["--parallelism.data_parallel_replicate_degree=1", f"--parallelism.data_parallel_shard_degree={dp}",
             f"--parallelism.fsdp_reshard_after_forward={'always' if zero.fsdp_reshard_after_forward else 'never'}"]
 
@@ -86,12 +85,13 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
     fqns = stage_fqns(plan, unit_modules, where)
     parts = " ".join(",".join(stage) for stage in fqns)
     local = plan.num_microbatches * plan.microbatch_size
-    refuse_axes(plan, "torchtitan", where)
+    refuse_schedule(plan, "torchtitan", where)
+    refuse_layout(plan, "torchtitan", where)
     lines = [f"--{AXES['pp'].spelling('torchtitan').degree}={plan.layout.pp}",
              f"--parallelism.pipeline_parallel_schedule={name}",
              f"--parallelism.pipeline_parallel_microbatch_size={plan.microbatch_size}",
              f"--parallelism.module_fqns_per_model_part {parts}",
-             *data_parallel(plan, where),
+             *data_parallel(plan),
              *group_parallel(plan),
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={local * plan.layout.dp}"]

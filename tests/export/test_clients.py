@@ -239,7 +239,7 @@ def _megatron_core_runs_interleaved(pp: int, microbatches: int, monkeypatch: pyt
 
 def test_megatron_interleaving_refusal_matches_megatron_core(megatron,  # type: ignore[no-untyped-def]
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from autopp.export.megatron import interleaving_problem
+    from autopp.data.trainers import interleaving_problem
     for pp in (2, 3, 4):
         for m in range(1, 3 * pp + 2):
             theirs = _megatron_core_runs_interleaved(pp, m, monkeypatch)

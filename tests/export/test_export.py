@@ -181,7 +181,7 @@ def test_megatron_refuses_interleaved_microbatches_it_cannot_group(llama: Profil
                                        num_microbatches=3, schedule=ScheduleName.INTERLEAVED_1F1B,
                                        pins=LayoutPins(v=2)))
     assert (odd.layout.pp, odd.layout.v, odd.num_microbatches) == (2, 2, 3)
-    with pytest.raises(ExportError, match=r"groups of pp \(2\).* it is 3; re-plan with --microbatches 4") as info:
+    with pytest.raises(ExportError, match=r"groups of pp \(2\).* it is 3; re-plan with `num_microbatches` 4") as info:
         export_plan(odd, Target.MEGATRON, "x")
     assert "\n" not in str(info.value)
 
@@ -280,7 +280,7 @@ def test_megatron_zero3_only_without_pipeline(llama_plans: dict[str, Plan]) -> N
     sharded = _3d(llama_plans["dp"], zero=3)
     flat = replace(sharded, layout=replace(sharded.layout, pp=1),
                    stages=(replace(llama_plans["dp"].stages[0], units=(0, 6)),))
-    assert data_parallel_flags(flat, "x") == ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
+    assert data_parallel_flags(flat) == ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
 
 
 def test_deepspeed_writes_zero1_and_refuses_what_its_pipeline_engine_cannot_run(llama_plans: dict[str, Plan]) -> None:

@@ -1,0 +1,104 @@
+"""What each trainer autopp exports to can run beside pipeline parallelism, as data: `autopp plan --for TRAINER`
+searches only that (`PlanRequest.trainer`), and the exporters refuse the rest of a plan made without it in the
+same words.
+
+The rules come from the trainers' own code, as the exporters found them: torchtitan builds torch's pipelining
+schedules by name and runs a synthesized order through torch's CSV runtime on the loop or V placement
+(torchtitan/distributed/pipeline_parallel.py); Megatron-Core runs its own 1F1B and interleaved 1F1B
+(megatron/core/pipeline_parallel/schedules.py), whose interleaving needs pp > 1 (parallel_state.py: "pipeline-model-
+parallel size should be greater than 1 with interleaved schedule") and microbatches in groups of pp; DeepSpeed's
+PipelineEngine runs its own TrainSchedule, one stage per rank (deepspeed/runtime/pipe/schedule.py). All three apply
+one activation-checkpointing policy to every stage. What each runs of ZeRO and of the other parallel axes is said by
+those descriptors (`ZeroStage.refusal`, `Axis.spelling(...).refusal`), which these rules read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..schedule import ScheduleName, describe
+from .axes import AXES
+from .layout import Layout
+
+__all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "interleaving_problem"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trainer:
+    """What one trainer runs beside pipeline parallelism."""
+
+    name: str
+    """Its name in `TRAINERS` (autopp.data.axes), `--for` and `autopp export --to`."""
+    title: str
+    """How messages name it ("Megatron-Core")."""
+    schedules: tuple[ScheduleName, ...]
+    """The named schedules it runs."""
+    runs: str
+    """Those schedules in words, for messages."""
+    synthesized: bool = False
+    """It runs a synthesized order (`ScheduleName.CUSTOM`: torchtitan through torch's CSV runtime, on the loop or V
+    placement of the named schedule the order was made from)."""
+    groups_microbatches: bool = False
+    """Its interleaved schedule runs microbatches in groups of pp (`interleaving_problem`)."""
+    gathers_only_without_pp: str | None = None
+    """Why a ZeRO stage that gathers parameters for each forward runs only without pipeline parallelism (None: it
+    runs with it)."""
+
+    def schedule_refusal(self, schedule: ScheduleName, layout: Layout, microbatches: int) -> str | None:
+        """Why it cannot run `schedule` on `layout` with `microbatches` per replica (None: it can)."""
+        if describe(schedule).given_order:
+            return None if self.synthesized else f"{self.title} runs no synthesized order, only {self.runs}"
+        if schedule not in self.schedules:
+            return f"{self.title} runs only {self.runs}"
+        if layout.v > 1 and self.groups_microbatches:
+            return interleaving_problem(layout.pp, microbatches)
+        return None
+
+    def layout_refusal(self, layout: Layout) -> str | None:
+        """Why it cannot run `layout`'s ZeRO stage or parallel axes beside pipeline parallelism (None: it can)."""
+        why = layout.zero.refusal(self.name)
+        if why is not None:
+            return f"zero {layout.zero.stage}: {why}"
+        if self.gathers_only_without_pp and layout.zero.gathers_each_forward and layout.pp > 1:
+            return f"zero {layout.zero.stage} with pp {layout.pp}: {self.gathers_only_without_pp}; re-plan with `zero` 1"
+        for axis in AXES.values():
+            degree = getattr(layout, axis.name)
+            why = axis.spelling(self.name).refusal
+            if degree > 1 and why is not None:
+                return f"{axis.name} {degree}: {why}"
+        return None
+
+
+def interleaving_problem(pp: int, microbatches: int) -> str | None:
+    """Why Megatron-Core's interleaved 1F1B refuses `microbatches` on `pp` ranks, or None. It needs pp > 1
+    (parallel_state.py) and runs microbatches in groups of `microbatch_group_size_per_vp_stage` (default pp:
+    model_parallel_config.py), requiring pp <= group <= M and M % group to be 0 or >= pp (schedules.py,
+    forward_backward_pipelining_with_interleaving); with the default group that is M a multiple of pp."""
+    if pp == 1:
+        return ("Megatron-Core's interleaved 1F1B needs more than one pipeline rank (\"pipeline-model-parallel size "
+                "should be greater than 1 with interleaved schedule\"); re-plan with `pp` above 1 or `schedule` 1F1B")
+    if microbatches % pp:
+        return (f"Megatron-Core's interleaved 1F1B runs microbatches in groups of pp ({pp}) and needs their count "
+                f"to be a multiple of it, but it is {microbatches}; re-plan with `num_microbatches` "
+                f"{pp * max(1, round(microbatches / pp))} (or another multiple of {pp})")
+    return None
+
+
+_ONE_F_ONE_B = ScheduleName.ONE_F_ONE_B
+
+#: Every trainer autopp exports to, by name.
+TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
+    Trainer(name="torchtitan", title="torchtitan", runs="torch's named schedules",
+            schedules=tuple(s for s in ScheduleName if not describe(s).given_order), synthesized=True),
+    Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",
+            schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,
+            gathers_only_without_pp="Megatron-LM shards parameters only through FSDP, which it does not run beside "
+                                    "pipeline parallelism (--use-torch-fsdp2 asserts a pipeline size of 1)"),
+    Trainer(name="deepspeed", title="DeepSpeed's PipelineEngine",
+            runs="1F1B (its own TrainSchedule, one stage per rank)", schedules=(_ONE_F_ONE_B,)),
+)}
+
+
+def trainer_rules(name: str) -> Trainer:
+    """The rules of trainer `name` (one of `TRAINER_RULES`)."""
+    return TRAINER_RULES[name]

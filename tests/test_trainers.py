@@ -1,0 +1,45 @@
+"""autopp.data.trainers: what each trainer runs beside pipeline parallelism, read by `--for` and the exporters."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopp.data.layout import Layout
+from autopp.data.trainers import TRAINER_RULES, interleaving_problem, trainer_rules
+from autopp.data.zero import ZERO
+from autopp.schedule import ScheduleName
+
+S = ScheduleName
+
+
+@pytest.mark.parametrize("trainer, runs", [
+    ("torchtitan", {s for s in S}),  # every named schedule and synthesized orders (torch's CSV runtime)
+    ("megatron", {S.ONE_F_ONE_B, S.INTERLEAVED_1F1B}),
+    ("deepspeed", {S.ONE_F_ONE_B}),
+])
+def test_each_trainer_runs_its_schedules(trainer: str, runs: set[ScheduleName]) -> None:
+    rules = trainer_rules(trainer)
+    layout = Layout(pp=2, v=2)  # interleaved placements; 4 microbatches: a multiple of pp
+    ran = {s for s in S if rules.schedule_refusal(s, layout if s is S.INTERLEAVED_1F1B else Layout(pp=2), 4) is None}
+    assert ran == runs
+    assert set(TRAINER_RULES) == {"torchtitan", "megatron", "deepspeed"}
+
+
+def test_megatron_interleaving_needs_pp_above_1_and_groups_of_pp() -> None:
+    """The plan that megatron-core's parallel_state rejected (issue 26: Interleaved1F1B on one pipeline rank) is
+    refused; microbatches that are not a multiple of pp are refused with the count to use."""
+    rules = trainer_rules("megatron")
+    assert "needs more than one pipeline rank" in str(rules.schedule_refusal(S.INTERLEAVED_1F1B, Layout(pp=1, v=2), 4))
+    assert "it is 3; re-plan with `num_microbatches` 4" in str(interleaving_problem(2, 3))
+    assert rules.schedule_refusal(S.INTERLEAVED_1F1B, Layout(pp=2, v=2), 6) is None
+    assert trainer_rules("torchtitan").schedule_refusal(S.INTERLEAVED_1F1B, Layout(pp=2, v=2), 3) is None
+
+
+def test_layout_rules_read_the_zero_and_axis_descriptors() -> None:
+    assert trainer_rules("torchtitan").layout_refusal(Layout(pp=2, dp=2, zero=ZERO[2])) is not None
+    assert trainer_rules("torchtitan").layout_refusal(Layout(pp=2, dp=2, zero=ZERO[3])) is None
+    assert str(trainer_rules("megatron").layout_refusal(Layout(pp=2, dp=2, zero=ZERO[3]))).startswith(
+        "zero 3 with pp 2: Megatron-LM shards parameters only through FSDP")
+    assert trainer_rules("megatron").layout_refusal(Layout(pp=1, dp=2, zero=ZERO[3])) is None
+    assert str(trainer_rules("deepspeed").layout_refusal(Layout(pp=2, tp=2))).startswith("tp 2: ")
+    assert trainer_rules("deepspeed").layout_refusal(Layout(pp=2, dp=2, zero=ZERO[1])) is None
