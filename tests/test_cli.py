@@ -287,3 +287,31 @@ def test_a_core_refusal_reads_with_flags(capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["autopp: error: ZeRO 1 shards over data-parallel replicas, and dp is 1: give --dp > 1 (or --dp "
                    "auto), or --zero 0"], err
+
+
+def test_plan_of_more_cpu_ranks_than_cores_notes_it_and_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29, item 3: 4 CPU ranks planned for a 2-core host (cores injected: not this machine's count) carry a
+    note and one warning line; not when they fit, nor when the profile was timed beside as many busy ranks."""
+    import shutil
+
+    from autopp import cores
+
+    from .conftest import ROOT
+    prof, plan = tmp_path / "prof", tmp_path / "p.json"
+    shutil.copytree(ROOT / "profiles" / "mlp", prof)  # a CPU profile, timed beside 1 co-runner
+    args = ["plan", "--profile", str(prof), "--devices", "4", "--memory", "1GiB", "--global-batch", "8", "-o",
+            str(plan)]
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    assert main(args) == 0
+    err = capsys.readouterr().err.splitlines()
+    said = "if run on this machine: 4 ranks share 2 cores, 2.0 per core: compute is serialised"
+    assert [e for e in err if "warning" in e] == [f"autopp: warning: {json.loads(plan.read_text())['notes'][-1]}"]
+    assert said in err[-1]
+    monkeypatch.setattr(cores, "usable_cores", lambda: 4)
+    assert main(args) == 0 and "warning" not in capsys.readouterr().err
+    assert not any("per core" in n for n in json.loads(plan.read_text())["notes"])
+    meta = json.loads((prof / "meta.json").read_text())
+    (prof / "meta.json").write_text(json.dumps({**meta, "co_runners": 3}))
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    assert main(args) == 0 and "warning" not in capsys.readouterr().err

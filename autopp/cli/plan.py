@@ -189,6 +189,26 @@ def _warn_device(args: argparse.Namespace, meta) -> None:  # type: ignore[no-unt
         print(f"autopp: warning: {in_flags(why)}", file=sys.stderr)
 
 
+def _note_cores(args: argparse.Namespace, profile, cluster, plan):  # type: ignore[no-untyped-def]
+    """A plan of CPU ranks (a CPU profile, and no GPU --device) with more ranks per host than this machine has
+    cores: a note in the plan and one line on stderr, since the prediction assumes a core per rank (autopp.cores).
+    Not when the profile was timed beside as many busy processes (--co-runners ranks - 1): it measured the sharing."""
+    import sys
+
+    from ..cores import oversubscribed, usable_cores
+    from ..data.catalog import load_device
+    if not profile.meta.device.startswith("cpu") or (args.device and load_device(args.device).name != "cpu"):
+        return plan
+    nodes = cluster.nodes
+    per_host = min(plan.num_ranks, nodes.devices_per_node) if nodes else plan.num_ranks
+    over = oversubscribed(per_host, usable_cores())
+    if over is None or profile.meta.co_runners + 1 >= per_host:
+        return plan
+    note = f"if run on this machine: {over} (docs/accuracy.md)"
+    print(f"autopp: warning: {note}", file=sys.stderr)
+    return replace(plan, notes=(*plan.notes, note))
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     hf_source_of(args, ("--profile", "DIR"))  # one model source, checked before anything is loaded
     if args.output:
@@ -236,7 +256,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         plan = plan_split(profile, request, args.split)
     else:
         plan = make_plan(profile, request)
-    plan = replace(plan, profile_path=str(profile_dir))
+    plan = _note_cores(args, profile, request.cluster, replace(plan, profile_path=str(profile_dir)))
     plan.save(out)
     if args.global_batch is None:  # issue 26: a default that changes the answer is said
         print(f"autopp: note: global batch {DEFAULT_GLOBAL_BATCH} samples per step (the default); give --global-batch "

@@ -95,7 +95,7 @@ class MeasureOptions:
     """Measure also the units of the same structure and input shapes as an earlier one (else: shared from it)."""
     memory_limit_bytes: int | None = None
     """Materialize the whole model only when its parameters and gradients fit in this; None: a quarter of physical
-    memory (autopp.measure.profiler.physical_memory_bytes)."""
+    memory, or of the GPU's when it is smaller (autopp.measure.profiler.default_memory_limit)."""
     clock: Callable[[], float] | None = None
     """Where every time (and the time budget) is read (an autopp.measure.timing.Clock); None: time.perf_counter on
     CPU, CUDA events on a GPU. Tests inject a fake clock to get exact times."""

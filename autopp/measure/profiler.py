@@ -28,7 +28,7 @@ from .pieces import optimizer_step_s as optimizer_step_s_of
 from .settings import Progress, Settings, progress_bar
 from .tp_rows import measured_tp_rows, tp_meta, tp_setup
 
-__all__ = ["profile_model", "physical_memory_bytes"]
+__all__ = ["profile_model", "physical_memory_bytes", "default_memory_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,15 @@ def physical_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def default_memory_limit(device: str) -> int:
+    """The whole model is materialized only below this: a quarter of the memory it would live in (physical memory
+    on CPU, the GPU's own on CUDA: a host's RAM can be many times its GPU's, and the model sits on the GPU)."""
+    limit = physical_memory_bytes() // 4
+    if device == "cuda":
+        limit = min(limit, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 4)
+    return limit
+
+
 def _check_device(device: str) -> None:
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' asked for, but torch.cuda.is_available() is False")
@@ -77,7 +86,7 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
     CPU, CUDA events on a GPU); tests pass a fake clock to get exact times.
 
     The model is built on the meta device (autopp.model.meta) and never materialized whole unless its parameters
-    and gradients fit in `memory_limit_bytes` (default: a quarter of physical memory). When they fit, the pieces
+    and gradients fit in `memory_limit_bytes` (default: `default_memory_limit`). When they fit, the pieces
     are materialized together and timed together as before; else one piece at a time. The whole-model comparison,
     the whole-model optimizer step and co-runners need the whole model: without it the comparison is skipped
     (logged and recorded in `extra.whole_model_skipped`), the optimizer step is the sum of the pieces' steps, and
@@ -92,7 +101,8 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
     mf = path if isinstance(path, ModelFile) else load_model_file(path)
     meta, units, model_fingerprint = build_units(mf, options.torch_dtype)
     tp = tp_setup(mf, meta.model, options.tp_degrees)  # before measuring: a bad plan or degree fails at once
-    limit = physical_memory_bytes() // 4 if measuring.memory_limit_bytes is None else measuring.memory_limit_bytes
+    limit = default_memory_limit(measuring.device) if measuring.memory_limit_bytes is None \
+        else measuring.memory_limit_bytes
     whole_bytes = _whole_bytes(meta.model, options.torch_dtype)
     fits = whole_bytes <= limit
     if not fits:  # one unit at a time: a freed unit's large tensors must not stay resident (allocator.py)
@@ -100,12 +110,12 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
     if measuring.co_runners and not fits:
         raise mf.error(f"--co-runners {measuring.co_runners} needs the whole model in each co-runner, but its "
                        f"parameters and gradients take {whole_bytes} bytes > the limit of {limit} bytes (a quarter "
-                       f"of physical memory): profile with --co-runners 0")
+                       f"of the device's memory): profile with --co-runners 0")
     settings = Settings(options, measuring, progress)
     found = _Found({"allocator": allocator})
     if not fits and measuring.compare_whole:
         found.extra["whole_model_skipped"] = (f"parameters and gradients {whole_bytes} bytes > limit {limit} bytes "
-                                              f"(a quarter of physical memory): not materialized whole")
+                                              f"(a quarter of the device's memory): not materialized whole")
         log.info("whole-model comparison skipped: %s", found.extra["whole_model_skipped"])
     _measure_sizes(mf, meta, units, settings, found, limit if fits else None)
     tp_units = measured_tp_rows(mf, meta, units, tp, settings, limit if fits else 0)

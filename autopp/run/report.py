@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cores import Oversubscribed, oversubscribed
 from ..data.fields import Fields, is_number
 from ..data.layout import Layout, layout_fields
 from ..display import format_grid
@@ -26,6 +27,7 @@ __all__ = [
     "StageTimes",
     "load_report",
     "RankMeasure",
+    "host_oversubscribed",
 ]
 
 REPORT_VERSION = 1
@@ -149,6 +151,11 @@ class RunReport:
     """Index of the step whose actions `ranks[*].actions` holds (the median step)."""
     launcher: str = "local"
     """"local" (one process per rank started here) or "torchrun"."""
+    ranks_per_host: int | None = None
+    """Ranks started on this host (every rank when local; this node's share with torchrun); None with NCCL."""
+    host_cores: int | None = None
+    """Cores those ranks could run on (autopp.cores.usable_cores: the affinity mask); None with NCCL. More ranks
+    than cores: compute is serialised, which the prediction does not model (`oversubscribed`)."""
     notes: tuple[str, ...] = ()
     complete: bool = False
     """True when every rank finished every step."""
@@ -159,6 +166,11 @@ class RunReport:
     @property
     def num_ranks(self) -> int:
         return self.layout.world
+
+    @property
+    def oversubscribed(self) -> Oversubscribed | None:
+        """Whether this host's ranks outnumbered its cores (then the measured step exceeds the prediction)."""
+        return host_oversubscribed({"ranks_per_host": self.ranks_per_host, "host_cores": self.host_cores})
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -191,8 +203,9 @@ def _check_report(data: dict[str, Any], f: Fields) -> None:
     if data.get("measured_step_time_s") is not None:
         f.number(data["measured_step_time_s"], "measured_step_time_s")
     f.numbers(data.get("step_times_s", []), "step_times_s")
-    if data.get("timeline_step") is not None:
-        f.integer(data["timeline_step"], "timeline_step")
+    for name in ("timeline_step", "ranks_per_host", "host_cores"):
+        if data.get(name) is not None:
+            f.integer(data[name], name, 0 if name == "timeline_step" else 1)
     for i, r in enumerate(f.entries(data.get("ranks", []), "ranks")):
         at = f.at(f"ranks[{i}]")
         at.keys(r, None, [n for n in _RANK_INTS if n != "tp_rank"] + ["step_times_s", "actions"])
@@ -203,6 +216,13 @@ def _check_report(data: dict[str, Any], f: Fields) -> None:
                 isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and all(map(is_number, a[1:]))
                 for a in r["actions"]):
             at.bad("actions", "a list of [action, start, end] like [\"0F0\", 0.0, 0.01]", r["actions"])
+
+
+def host_oversubscribed(data: dict[str, Any]) -> Oversubscribed | None:
+    """A report's (its JSON's) ranks on one host against the host's cores: None when they fit or were not recorded
+    (NCCL runs, reports that predate the fields)."""
+    ranks, cores = data.get("ranks_per_host"), data.get("host_cores")
+    return oversubscribed(ranks, cores) if isinstance(ranks, int) and isinstance(cores, int) and cores > 0 else None
 
 
 def _finite(value: Any) -> Any:
@@ -278,7 +298,7 @@ def format_report(report: RunReport) -> str:
         f"{r.num_microbatches} x {r.microbatch_size} "
         f"microbatches, {r.steps} steps, {r.backend})",
         f"  step time   measured {_fmt(r.measured_step_time_s, '.4f')} s   predicted {r.predicted_step_time_s:.4f} s"
-        f"   ratio {_fmt(r.step_time_ratio, '.2f')}",
+        f"   ratio {_fmt(r.step_time_ratio, '.2f')}" + (f"   ({r.oversubscribed})" if r.oversubscribed else ""),
         f"  per step    {' '.join(format(t, '.4f') for t in r.step_times_s) or '-'} s",
         f"  loss        pipelined {' '.join(format(v, '.6f') for v in r.losses) or '-'}",
         f"              reference {' '.join(format(v, '.6f') for v in r.reference_losses) or '-'}",

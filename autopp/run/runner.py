@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..cores import usable_cores
 from ..display import format_grid
 from ..errors import PlanError, RunError
 from ..model.contract import ModelFile
@@ -29,7 +30,7 @@ from .data_parallel import check_runnable
 from .validate import (GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, failure,
                        reference_run, stage_atols, tolerances)
 
-__all__ = ["run_plan", "check_fingerprint", "choose_backend", "read_results"]
+__all__ = ["run_plan", "check_fingerprint", "choose_backend", "read_results", "host_share"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,13 +86,22 @@ def _run_dir(work_dir: str | Path | None) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def host_share(plan: Plan, options: RunOptions, cores: int | None = None) -> tuple[int | None, int | None]:
+    """(ranks started on this host, the cores they may run on: `cores`, else autopp.cores.usable_cores()) for a gloo
+    run; (None, None) with NCCL, where each rank drives its own GPU."""
+    if options.backend == "nccl":
+        return None, None
+    return plan.num_ranks // (options.nodes.nnodes if options.nodes else 1), cores or usable_cores()
+
+
 def _blank_report(plan: Plan, plan_path: str | None, options: RunOptions) -> RunReport:
+    ranks, cores = host_share(plan, options)
     return RunReport(plan_path=plan_path, model_path=plan.model_path, fingerprint=plan.fingerprint,
                      schedule=plan.schedule.value, layout=plan.layout, num_microbatches=plan.num_microbatches,
                      microbatch_size=plan.microbatch_size, steps=options.steps, lr=options.lr,
                      backend=options.backend or "gloo",
                      grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, predicted_step_time_s=plan.predicted.step_time_s,
-                     launcher=options.launcher)
+                     launcher=options.launcher, ranks_per_host=ranks, host_cores=cores)
 
 
 def read_results(run_dir: Path) -> tuple[list[dict[str, Any]], dict[int, dict[str, torch.Tensor]]]:
@@ -204,6 +214,9 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
     options = _with_backend(plan, options)
     nodes = options.nodes
     report = _blank_report(plan, plan_path, options)
+    if report.oversubscribed:  # one line on stderr through the CLI's logging; the report keeps the figures
+        logger.warning("%s; measured step times will exceed the prediction (docs/accuracy.md)",
+                       report.oversubscribed)
     with _run_dir(options.work_dir) as run_dir:
         say(f"starting {plan.num_ranks} ranks ({options.backend}, {plan.schedule.value}, {format_grid(plan.layout)}, "
             f"{options.steps} steps) in {run_dir}")

@@ -9,7 +9,7 @@ from ..data.zero import zero_stage
 from ..schedule import Event, SimResult, parse_action
 from ..schedule.draw import memory_axis_unit, memory_steps
 from ..sizes import format_size
-from .report import RunReport
+from .report import RunReport, host_oversubscribed
 
 __all__ = ["measured_timeline", "measured_headline", "predicted_headline", "report_figure", "draw_report"]
 
@@ -40,15 +40,17 @@ def measured_timeline(report: RunReport | dict[str, Any], replica: int = 0) -> S
 
 
 def measured_headline(report: RunReport | dict[str, Any]) -> str:
-    """The report's measured step time as its text prints it (the median of the timed steps), and which step the
-    timeline draws (the median step; with an even count, the faster of the two middle ones)."""
+    """The report's measured step time as its text prints it (the median of the timed steps), which step the
+    timeline draws (the median step; with an even count, the faster of the two middle ones), and whether the host's
+    ranks outnumbered its cores."""
     data = _as_dict(report)
     median, times = data.get("measured_step_time_s"), data.get("step_times_s") or []
     step = data.get("timeline_step") or 0
     drawn = f"drawn: step {step + 1} of {len(times)}, {times[step]:.4f} s" if step < len(times) else "drawn: one step"
     timed = f"median of steps 2-{len(times)}" if len(times) > 2 else ("step 2" if len(times) == 2 else "one step")
     figure = "-" if median is None else f"{float(median):.4f} s"
-    return f"step {figure} ({timed}; {drawn})"
+    over = host_oversubscribed(data)
+    return f"step {figure} ({timed}; {drawn})" + (f"; {over}" if over else "")
 
 
 def predicted_headline(report: RunReport | dict[str, Any], predicted: SimResult) -> str:

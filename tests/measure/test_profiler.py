@@ -450,3 +450,20 @@ def test_plan_checks_its_profile_on_the_meta_model(tmp_path: Path, monkeypatch: 
     assert profile_for(args).num_units == 2
     assert "using profile profiles/big/" in capsys.readouterr().err
     assert (tmp_path / "big.device").read_text() == "meta"
+
+
+def test_the_memory_limit_on_cuda_is_a_quarter_of_the_gpus_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29, item 5 (found by reading the CUDA path): the whole model was materialized on the GPU whenever it
+    fitted a quarter of the host's RAM, which can be many times the GPU's memory. Devices faked: no GPU here."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from autopp.measure import profiler
+    monkeypatch.setattr(profiler, "physical_memory_bytes", lambda: 2 * 2**40)  # 2 TiB of host memory
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=141 * 2**30))
+    assert profiler.default_memory_limit("cuda") == 141 * 2**30 // 4
+    assert profiler.default_memory_limit("cpu") == 2**40 // 2
+    monkeypatch.setattr(profiler, "physical_memory_bytes", lambda: 64 * 2**30)  # the smaller of the two
+    assert profiler.default_memory_limit("cuda") == 16 * 2**30

@@ -95,3 +95,24 @@ def test_load_report_names_the_file_the_entry_and_the_field(tmp_path: Path, chan
     (tmp_path / "r.json").write_text(json.dumps({"version": 1, "grad_rtol": 1e-3, **change}))
     with pytest.raises(RunError, match=message + ".*: run the plan again with `autopp run PLAN`$"):
         load_report(tmp_path / "r.json")
+
+
+def test_ranks_that_outnumber_the_cores_are_recorded_and_said_beside_the_ratio(tmp_path: Path) -> None:
+    """Issue 29, item 3: 4 ranks on 2 cores measured 1.6-1.9x their prediction and nothing said why."""
+    over = _report(measured_step_time_s=0.18, step_time_ratio=1.8, ranks_per_host=4, host_cores=2)
+    line = next(x for x in format_report(over).splitlines() if "step time" in x)
+    assert line.endswith("ratio 1.80   (4 ranks share 2 cores, 2.0 per core: compute is serialised, which the "
+                         "prediction (a core per rank) does not model)")
+    data = json.loads(over.save(tmp_path / "r.json").read_text())
+    assert data["ranks_per_host"] == 4 and data["host_cores"] == 2
+    assert load_report(tmp_path / "r.json")["host_cores"] == 2
+    fits = _report(measured_step_time_s=0.1, step_time_ratio=1.0, ranks_per_host=2, host_cores=2)
+    assert fits.oversubscribed is None and "per core" not in format_report(fits)
+    assert _report(ranks_per_host=None, host_cores=None).oversubscribed is None  # NCCL: one GPU per rank
+
+
+def test_a_report_with_a_bad_core_count_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**_report().to_json(), "host_cores": 0}))
+    with pytest.raises(RunError, match="host_cores"):
+        load_report(path)

@@ -173,3 +173,30 @@ def test_custom_synthesized_order_runs_through_torch_runtime() -> None:
     report = run_plan(plan, RunOptions(steps=1, timeout_s=90))
     assert report.passed and report.complete and report.schedule == "Custom"
     assert {e.action.kind.value for e in measured_timeline(report).events} == {"F", "I", "W"}
+
+
+def test_host_share_counts_this_hosts_gloo_ranks_against_the_injected_cores() -> None:
+    """Issue 29, item 3: the report records the ranks on this host and its cores (injected here, not this
+    machine's); with torchrun, this node's share; with NCCL, nothing (a GPU per rank)."""
+    from autopp.run.runner import host_share
+    plan = replace(two_stage_plan(LINRELU, "2"), layout=Layout(pp=2, dp=2))
+    assert host_share(plan, RunOptions(backend="gloo"), cores=2) == (4, 2)
+    assert host_share(plan, RunOptions(backend="gloo", nodes=Nodes(nnodes=2)), cores=2) == (2, 2)
+    assert host_share(plan, RunOptions(backend="nccl"), cores=2) == (None, None)
+
+
+def test_run_plan_warns_and_records_ranks_that_outnumber_the_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """The warning is logged before any rank starts (ranks stubbed out here: no process is started)."""
+    import autopp.run.runner as runner
+
+    def no_ranks(*args: object) -> None:
+        raise RunError("ranks stubbed out")
+    monkeypatch.setattr(runner, "usable_cores", lambda: 1)
+    monkeypatch.setattr(runner, "_ranks", no_ranks)
+    with caplog.at_level("WARNING", logger="autopp.run.runner"), pytest.raises(RunFailedError) as failed:
+        run_plan(two_stage_plan(LINRELU, "2"), RunOptions(backend="gloo", work_dir=tmp_path))
+    assert failed.value.report.ranks_per_host == 2 and failed.value.report.host_cores == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "2 ranks share 1 core, 2.0 per core: compute is serialised, which the prediction (a core per rank) does "
+        "not model; measured step times will exceed the prediction (docs/accuracy.md)"]

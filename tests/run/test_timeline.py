@@ -111,3 +111,12 @@ def test_report_text_json_png_and_show_agree(tmp_path: Path, capsys: pytest.Capt
     shown = capsys.readouterr().out
     assert f"(measured step {measured} (median" in shown and f"; predicted step {predicted} (pipeline " in shown
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_measured_headline_says_when_ranks_outnumbered_the_cores() -> None:
+    from autopp.run.timeline import measured_headline
+    data = {**_report(), "measured_step_time_s": 0.2, "step_times_s": [0.5, 0.2], "ranks_per_host": 4,
+            "host_cores": 2}
+    assert measured_headline(data).endswith("; 4 ranks share 2 cores, 2.0 per core: compute is serialised, which "
+                                            "the prediction (a core per rank) does not model")
+    assert "per core" not in measured_headline({**data, "host_cores": 4})
