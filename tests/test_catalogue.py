@@ -400,6 +400,13 @@ FLAGS: dict[str, tuple[list[str], str]] = {
 for _name, (_argv, _flag) in FLAGS.items():
     CASES.append(Case(f"flag:{_name}", lambda env, a=_argv: list(a), lambda env, f=_flag: f))
 CASES += [
+    Case("flag:plan-for-megatron-pinned-zbv", lambda env: _plan_args(env, "--for", "megatron", "--schedule",
+                                                                     "ZBVZeroBubble"), lambda env: "--for"),
+    Case("flag:plan-for-megatron-synthesize", lambda env: _plan_args(env, "--for", "megatron", "--synthesize"),
+         lambda env: "--synthesize"),
+    Case("flag:plan-for-recompute-stages", lambda env: _plan_args(env, "--for", "torchtitan", "--recompute-stages",
+                                                                  "1"), lambda env: "--recompute-stages"),
+    Case("flag:plan-for-unknown", lambda env: _plan_args(env, "--for", "nemo"), lambda env: "--for"),
     Case("flag:plan-model-and-profile", lambda env: ["plan", str(env.model), "--profile", str(env.prof),
                                                      "--devices", "2", "--memory", "1GiB"], lambda env: "--profile"),
     Case("flag:plan-neither-model-nor-profile", lambda env: ["plan", "--devices", "2", "--memory", "1GiB"],

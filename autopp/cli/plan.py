@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..data.axes import AXES, Axis
+from ..data.axes import AXES, TRAINERS, Axis
 from ..data.cluster import DEFAULT_LINK
 from ..data.zero import NO_ZERO, ZERO, ZeroStage
 from ..errors import AutoppError
@@ -89,6 +89,10 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         f"else assumed for gloo on a CPU host whose cores all run ranks, {DEFAULT_LINK.progress_s:g}; "
                         "0 where messages move on their own, as with NCCL)")
     p.add_argument("-o", "--output", help="plan JSON path (default MODEL.plan.json)")
+    p.add_argument("--for", dest="trainer", choices=TRAINERS, metavar="TRAINER",
+                   help=f"search only what this trainer runs ({', '.join(TRAINERS)}: its schedules, ZeRO stages, axes "
+                        "and one activation policy for every stage), and print the unrestricted plan's step beside it "
+                        "(docs/export.md)")
     p.add_argument("--pin-from", metavar="FILE",
                    help="also judge the configuration you run today (torchtitan overrides or .toml, Megatron-LM "
                         "arguments; docs/export.md) and print it beside autopp's plan")
@@ -225,8 +229,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                           schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
                           pins=pins, tp_across_nodes=args.tp_across_nodes,
                           recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
-                          synthesize=args.schedule == "auto" or args.synthesize,
-                          synth_time_limit_s=args.synth_time)
+                          synthesize=args.synthesize or args.schedule == "auto" and _synthesizes(args.trainer),
+                          synth_time_limit_s=args.synth_time, trainer=args.trainer)
     inner = [a.name for a in _flag_axes() if a.in_group]
     if args.pin_from and (any(getattr(pins, a) != 1 for a in inner) or pins.zero is not NO_ZERO):
         drop = "/".join(f"--{a}" for a in (*inner, "zero"))
@@ -263,6 +267,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
               "N, the batch you train with (it sets the microbatches, and so the bubble)", file=sys.stderr)
     print(format_plan(replace(plan, notes=tuple(map(in_flags, plan.notes)))))  # the file's notes name fields
     print(f"\nwrote plan {out}")
+    if args.trainer and not args.split:
+        print(_unrestricted(profile, request, plan))
     if pinned is not None:
         from ..export.compare import format_comparison
         from ..solve import evaluate_pinned
@@ -283,3 +289,26 @@ def _read_pin(args: argparse.Namespace, profile, request):  # type: ignore[no-un
         raise AutoppError(f"{args.pin_from}: its global batch is {batch}, --global-batch is {request.global_batch}; "
                           f"give --global-batch {batch} so both plans train the same batch")
     return pinned, notes
+
+
+def _synthesizes(trainer: str | None) -> bool:
+    """Whether `--schedule auto` tries a synthesized order: always, unless the trainer of --for runs none."""
+    from ..data.trainers import trainer_rules
+    return trainer is None or trainer_rules(trainer).synthesized
+
+
+def _unrestricted(profile, request, plan) -> str:  # type: ignore[no-untyped-def]
+    """--for TRAINER: the step of the plan without the restriction, and the price of it."""
+    from ..display import format_grid
+    from ..errors import InfeasibleError
+    from ..sizes import format_time
+    from ..solve import make_plan
+    free = replace(request, trainer=None, synthesize=request.synthesize or request.schedule is None)
+    try:
+        other = make_plan(profile, free)
+    except InfeasibleError:  # cannot happen for a superset of a feasible search; said, not hidden
+        return f"\nwithout --for {request.trainer}: no plan fits either"
+    mine, theirs = plan.predicted.step_time_s, other.predicted.step_time_s
+    return (f"\nwithout --for {request.trainer}: {other.schedule.value} {format_grid(other.layout)}, "
+            f"{other.num_microbatches} microbatches of {other.microbatch_size}: step {format_time(theirs)}; "
+            f"the restriction to {request.trainer} costs {mine / theirs - 1:+.1%}")

@@ -20,7 +20,7 @@ from ..schedule import ScheduleName, describe
 from .axes import AXES
 from .layout import Layout
 
-__all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "interleaving_problem"]
+__all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,13 +60,20 @@ class Trainer:
         if why is not None:
             return f"zero {layout.zero.stage}: {why}"
         if self.gathers_only_without_pp and layout.zero.gathers_each_forward and layout.pp > 1:
-            return f"zero {layout.zero.stage} with pp {layout.pp}: {self.gathers_only_without_pp}; re-plan with `zero` 1"
+            return (f"zero {layout.zero.stage} with pp {layout.pp}: {self.gathers_only_without_pp}; re-plan with "
+                    "`zero` 1")
         for axis in AXES.values():
             degree = getattr(layout, axis.name)
             why = axis.spelling(self.name).refusal
             if degree > 1 and why is not None:
                 return f"{axis.name} {degree}: {why}"
         return None
+
+
+def refusal(trainer: Trainer, schedule: ScheduleName, layout: Layout, microbatches: int) -> str | None:
+    """Why `trainer` cannot run `schedule` on `layout` with `microbatches` per replica: its schedule or its ZeRO stage
+    and axes (None: it can)."""
+    return trainer.schedule_refusal(schedule, layout, microbatches) or trainer.layout_refusal(layout)
 
 
 def interleaving_problem(pp: int, microbatches: int) -> str | None:

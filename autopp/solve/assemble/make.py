@@ -78,7 +78,34 @@ def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
 
 def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     """The fastest simulated plan for `request` (ties: least peak memory), with baselines beside it. On a
-    heterogeneous cluster CP-SAT also chooses the device order (the plan's notes say which and how sure)."""
+    heterogeneous cluster CP-SAT also chooses the device order (the plan's notes say which and how sure). For a
+    `trainer`, which applies one activation policy to every stage, `recompute` auto plans with none and with all
+    and keeps the faster (`_uniform`)."""
+    if request.trainer is not None and request.recompute is RecomputeMode.AUTO:
+        return _uniform(profile, request)
+    return _make_plan(profile, request)
+
+
+def _uniform(profile: Profile, request: PlanRequest) -> Plan:
+    """The faster of the plans with every stage keeping and every stage recomputing its activations; the error of
+    the recomputing one (which needs the least memory) when neither fits."""
+    plans: list[Plan] = []
+    error: InfeasibleError | None = None
+    for mode in (RecomputeMode.NONE, RecomputeMode.ALL):
+        try:
+            plans.append(_make_plan(profile, replace(request, recompute=mode)))
+        except InfeasibleError as exc:
+            error = exc
+    if not plans:
+        assert error is not None
+        raise error
+    best = min(plans, key=lambda p: (p.predicted.step_time_s, max(p.predicted.peak_memory_bytes)))
+    note = (f"`trainer` {request.trainer} applies one activation policy to every stage: `recompute` none and all "
+            f"were planned{'' if len(plans) == 2 else ' (only one fits)'}, the faster kept")
+    return replace(best, notes=(*best.notes, note))
+
+
+def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     table = ProfileTable(profile)
     views = Views(profile, request, table)
     excluded: dict[str, str] = {}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from ...data.cluster import Cluster
 from ...data.layout import Layout, LayoutPins, check_planned
+from ...data.trainers import TRAINER_RULES, refusal
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
 from ...errors import LayoutError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, chosen, describe, listed
@@ -56,6 +57,10 @@ class PlanRequest:
     """CP-SAT time limit of that synthesis."""
     placement_time_limit_s: float = 10.0
     """CP-SAT time limit for choosing the device order of a heterogeneous cluster (autopp.solve.cpsat.placement)."""
+    trainer: str | None = None
+    """Search only what this trainer runs (autopp.data.trainers: "torchtitan", "megatron", "deepspeed"): its
+    schedules and synthesized orders, ZeRO stages and axes, and one activation policy for every stage (`recompute`
+    auto then tries none and all, `make_plan`); None: everything autopp runs."""
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -74,6 +79,7 @@ class PlanRequest:
             raise LayoutError(f"{self.schedule.value} is a plan's own order, not a schedule to plan for; use one of "
                               f"{listed(lambda d: True)} or search `schedule`")
         self._check_recompute_stages()
+        self._check_trainer()
         if not self.cluster.homogeneous and self.pins.dp not in (1, None):
             raise LayoutError("data parallelism needs identical devices; give `dp` 1 with a heterogeneous cluster")
 
@@ -93,6 +99,24 @@ class PlanRequest:
         if tp % nodes.devices_per_node:
             raise LayoutError(f"tp={tp} neither fits in a node of {nodes.devices_per_node} devices nor spans whole "
                               f"nodes: give a divisor or a multiple of {nodes.devices_per_node}")
+
+    def _check_trainer(self) -> None:
+        if self.trainer is None:
+            return
+        if self.trainer not in TRAINER_RULES:
+            raise LayoutError(f"`trainer` {self.trainer!r} is not one autopp exports to; give one of "
+                              f"{', '.join(TRAINER_RULES)}")
+        rules = TRAINER_RULES[self.trainer]
+        if self.synthesize and not rules.synthesized:
+            raise LayoutError(f"`synthesize` with `trainer` {self.trainer}: {rules.title} runs no synthesized order; "
+                              "drop `synthesize`")
+        pinned = self.schedule
+        if pinned is not None and not describe(pinned).given_order and pinned not in rules.schedules:
+            raise LayoutError(f"`schedule` {pinned.value} with `trainer` {self.trainer}: {rules.title} runs "
+                              f"only {rules.runs}; pin one of those or search `schedule`")
+        if self.recompute_stages is not None:
+            raise LayoutError(f"`recompute_stages` pins a policy per stage, and {rules.title} applies one to every "
+                              "stage: give `recompute` none, all or auto")
 
     def view(self, group: int) -> PlanRequest:
         """The request as groups of `group` devices (a layout's `group`: cp x tp) see it: each group is one pipeline
@@ -180,8 +204,12 @@ def tp_choices(req: PlanRequest, profiled: tuple[int, ...]) -> list[int]:
 def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,)) -> list[Config]:
     """Every valid configuration of the request for a model of `n` units, for each tensor-parallel degree in
     `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`)."""
-    return [replace(c, layout=replace(c.layout, tp=tp, zero=zero)) for tp in degrees
-            for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)]
+    out = [replace(c, layout=replace(c.layout, tp=tp, zero=zero)) for tp in degrees
+           for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)]
+    if req.trainer is None:
+        return out
+    rules = TRAINER_RULES[req.trainer]
+    return [c for c in out if refusal(rules, c.schedule, c.layout, c.m) is None]
 
 
 def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:

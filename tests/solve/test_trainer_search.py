@@ -1,0 +1,70 @@
+"""`PlanRequest.trainer` (`autopp plan --for`): the search keeps to what the trainer runs (autopp.data.trainers), one
+activation policy for every stage, and its plan exports; without it the search may pick what the trainer cannot run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autopp.data.cluster import Cluster
+from autopp.data.profile import Profile
+from autopp.data.trainers import trainer_rules
+from autopp.errors import LayoutError
+from autopp.export import Target, export_plan
+from autopp.schedule import ScheduleName
+from autopp.solve import PlanRequest, RecomputeMode, make_plan
+from autopp.solve.search.request import configs
+
+
+def _request(**kw: object) -> PlanRequest:
+    base: dict[str, object] = dict(cluster=Cluster(num_devices=4, memory_bytes=2 << 30), global_batch=8,
+                                   schedule=None, recompute=RecomputeMode.AUTO)
+    return PlanRequest(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("trainer", ["megatron", "deepspeed"])
+def test_every_configuration_searched_is_one_the_trainer_runs(shipped_gpt: Profile, trainer: str) -> None:
+    rules = trainer_rules(trainer)
+    free, kept = configs(_request(), shipped_gpt.num_units), configs(_request(trainer=trainer), shipped_gpt.num_units)
+    assert kept and len(kept) < len(free)
+    assert {c.schedule for c in kept} <= set(rules.schedules)
+    assert all(rules.schedule_refusal(c.schedule, c.layout, c.m) is None for c in kept)
+    assert set(kept) == {c for c in free if rules.schedule_refusal(c.schedule, c.layout, c.m) is None
+                         and rules.layout_refusal(c.layout) is None}
+
+
+def test_megatron_plan_exports_where_the_free_one_does_not(shipped_gpt: Profile) -> None:
+    """On 4 ranks of the shipped gpt profile the unrestricted search (with synthesis) picks an order Megatron-Core
+    cannot run; `trainer` megatron picks one it runs, with one policy for every stage, at a step no faster."""
+    free = make_plan(shipped_gpt, _request(synthesize=True))
+    mine = make_plan(shipped_gpt, _request(trainer="megatron"))
+    assert free.schedule not in trainer_rules("megatron").schedules
+    assert mine.schedule in trainer_rules("megatron").schedules
+    assert len({s.activation for s in mine.stages}) == 1
+    assert mine.predicted.step_time_s >= free.predicted.step_time_s
+    assert any("`trainer` megatron applies one activation policy" in n for n in mine.notes)
+    assert "--pipeline-model-parallel-size" in export_plan(mine, Target.MEGATRON, "x").text
+
+
+def test_a_uniform_policy_is_chosen_under_a_tight_memory(shipped_gpt: Profile) -> None:
+    """Under a memory limit where the free search recomputes some stages only, a trainer's plan gives every stage
+    one policy (here all keep, at other microbatches), and fits."""
+    free = make_plan(shipped_gpt, _request(schedule=ScheduleName.ONE_F_ONE_B))
+    tight = replace(_request().cluster, memory_bytes=int(max(free.predicted.peak_memory_bytes) * 0.9))
+    mixed = make_plan(shipped_gpt, _request(cluster=tight))
+    plan = make_plan(shipped_gpt, _request(cluster=tight, trainer="deepspeed"))
+    assert len({s.activation for s in mixed.stages}) == 2
+    assert len({s.activation for s in plan.stages}) == 1
+    assert max(plan.predicted.peak_memory_bytes) <= tight.memory_bytes
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"trainer": "nemo"}, "`trainer` 'nemo' is not one autopp exports to"),
+    ({"trainer": "megatron", "synthesize": True}, "`synthesize` with `trainer` megatron: Megatron-Core runs no"),
+    ({"trainer": "deepspeed", "schedule": ScheduleName.GPIPE}, "`schedule` GPipe with `trainer` deepspeed"),
+    ({"trainer": "torchtitan", "recompute": RecomputeMode.NONE, "recompute_stages": (1,)}, "`recompute_stages` pins"),
+])
+def test_requests_a_trainer_cannot_run_are_refused(kw: dict[str, object], message: str) -> None:
+    with pytest.raises(LayoutError, match=message.replace("(", r"\(")):
+        _request(**kw)
