@@ -132,6 +132,12 @@ class Plan:
     hf_config: dict[str, Any] = field(default_factory=dict)
     """For a model built from an HF config.json (`model_path`): the `seq_len` and `task` of its profile, so that
     `autopp run` builds the same model and batch. Written to JSON only when not empty."""
+    device: str | None = None
+    """The catalog name (autopp.data.catalog) of the device kind planned for, the cluster's else the profile's:
+    `autopp run` picks its backend by it. None: unknown (older plans); written to JSON only when known."""
+    optimizer: str | None = None
+    """The profile's optimizer ("sgd", "adam", ...), whose state the memory counts: `autopp run` trains with it.
+    None in older plans (run: SGD); written to JSON only when known."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -185,6 +191,7 @@ class Plan:
             del data["device_order"]  # plans without one stay as they were written before the field existed
         if not self.hf_config:
             del data["hf_config"]  # plans of model files stay as they were
+        data = {k: v for k, v in data.items() if v is not None or k not in ("device", "optimizer")}
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
         data["stages"] = [{**{k: v for k, v in st.items() if v or k != "transient_bytes"},
@@ -295,6 +302,7 @@ def _check_fields(data: dict[str, Any], f: Fields) -> None:
     hf = data.get("hf_config", {})
     if not isinstance(hf, dict) or hf and not (is_int(hf.get("seq_len"), 1) and isinstance(hf.get("task"), str)):
         f.bad("hf_config", '{} or {"seq_len": S >= 1, "task": T}', hf)
+    _ = [f.string(data[name], name) for name in ("device", "optimizer") if data.get(name) is not None]
     if data.get("seed", 0) >= _SEED_LIMIT:
         f.bad("seed", "below 2**63", data["seed"])
     f.number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s")
