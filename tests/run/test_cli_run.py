@@ -30,6 +30,23 @@ def test_print_torchrun_prints_one_command_per_node(tmp_path: Path, capsys: pyte
     assert f"--plan {plan.resolve()}" in out
 
 
+# Issue 26, point 10: `--print-torchrun --nnodes 2` printed `--backend gloo` for an H100 plan.
+def test_print_torchrun_follows_the_plans_device_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                               ) -> None:
+    from dataclasses import replace
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2))
+    gpus = replace(plan, device="h100-sxm", optimizer="adamw").save(tmp_path / "gpu.json")
+    assert main(["run", str(gpus), "--nnodes", "2", "--print-torchrun"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "# backend nccl: the plan is for h100-sxm (one GPU per rank)"
+    assert out.count("--backend nccl") == 2 and out.count("--optimizer adamw") == 2 and "gloo" not in out
+    assert main(["run", str(gpus), "--nnodes", "2", "--print-torchrun", "--backend", "gloo", "--optimizer",
+                 "sgd"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "# backend gloo: given" and out.count("--backend gloo --") == 2
+    assert out.count("--optimizer sgd") == 2
+
+
 def test_bad_node_rank_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = pipeline_plan(LINRELU, ["2"], "1F1B").save(tmp_path / "p.json")
     assert main(["run", str(plan), "--nnodes", "2", "--node-rank", "5", "--print-torchrun"]) == 2
