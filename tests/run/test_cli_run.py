@@ -126,9 +126,11 @@ def test_a_run_whose_losses_are_nan_fails(tmp_path: Path, capsys: pytest.Capture
     plan = pipeline_plan(model, ["2"], "1F1B").save(tmp_path / "p.json")
     assert main(["run", str(plan), "--steps", "1", "--timeout", "240"]) == 1
     out, err = capsys.readouterr()
-    assert "verdict     FAILED: non-finite values on both sides: the single-process reference's loss nan at step 1, " \
-           "the pipelined run's loss nan at step 1" in out
-    assert err.splitlines()[-1].startswith("autopp: error: validation failed: non-finite values on both sides")
+    assert "verdict     FAILED: step 1 of 1: non-finite values on both sides: the single-process reference's loss " \
+           "nan at step 1, the pipelined run's loss nan at step 1" in out
+    # the reason is on one stream (the verdict); stderr says which step failed
+    assert err.splitlines()[-1] == "autopp: error: validation failed at step 1 of 1: the verdict above says why"
+    assert "non-finite" not in err
     assert json.loads((tmp_path / "p.report.json").read_text())["passed"] is False
 
 
