@@ -115,6 +115,8 @@ class RunReport:
     lr: float
     backend: str
     """"gloo" (CPU) or "nccl" (one CUDA device per rank)."""
+    backend_reason: str = ""
+    """How the backend was chosen (autopp.run.resolve), e.g. "the plan is for h100-sxm (one GPU per rank)"."""
     optimizer: str = "sgd"
     """The optimizer the ranks trained with (the plan's unless overridden)."""
     validated: bool = True

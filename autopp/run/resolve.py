@@ -22,7 +22,7 @@ __all__ = ["Chosen", "plan_backend", "resolve_options"]
 
 @dataclass(frozen=True)
 class Chosen:
-    """Options with every choice made, and one line on how the backend was chosen."""
+    """Options with every choice made, and one line on how the backend was chosen ("nccl: the plan is for ...")."""
 
     options: RunOptions
     backend_reason: str

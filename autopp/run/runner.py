@@ -18,6 +18,7 @@ from ..display import format_grid
 from ..errors import PlanError, RunError
 from ..model.contract import ModelFile
 from ..model.hf import load_model
+from ..model.meta import build_meta
 from ..model.units import discover_units, fingerprint
 from ..data.plan import Plan
 from ..measure.options import OPTIMIZER_STATES
@@ -47,9 +48,10 @@ def check_fingerprint(plan: Plan) -> ModelFile:
 
 
 def _fingerprinted(plan: Plan) -> tuple[ModelFile, nn.Module]:
-    """`check_fingerprint`, and the model it built."""
+    """`check_fingerprint`, and the model it built on the meta device (large parameters never allocated, as the
+    profiler builds it: the fingerprint is the structure's, so a model one process cannot hold is checked too)."""
     mf = load_model(plan.model_path, plan.hf_config)
-    model = mf.build(plan.seed)
+    model = build_meta(mf, plan.seed).model
     now = fingerprint(model, discover_units(mf, model))
     if now != plan.fingerprint:
         hf = plan.hf_config
@@ -233,7 +235,7 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
         raise RunError(refusal)
     del model
     nodes = options.nodes
-    report = replace(_blank_report(plan, plan_path, options), notes=(f"backend {chosen.backend_reason}",))
+    report = replace(_blank_report(plan, plan_path, options), backend_reason=chosen.backend_reason)
     with _run_dir(options.work_dir) as run_dir:
         say(f"starting {plan.num_ranks} ranks ({chosen.backend_reason}; {plan.schedule.value}, "
             f"{format_grid(plan.layout)}, {options.steps} steps of {options.optimizer}) in {run_dir}")

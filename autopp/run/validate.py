@@ -74,7 +74,7 @@ __all__ = [
     "model_dtype",
 ]
 
-#: Max allowed max|pipelined - reference| / max|reference| of any parameter's first-step gradient (float32).
+#: Max allowed max|pipelined - reference| / max|reference| of any parameter's gradient at any step (float32).
 GRAD_RTOL = 1e-4
 #: Max allowed |pipelined - reference| / |reference| of any step's loss (float32).
 LOSS_RTOL = 1e-5
