@@ -7,9 +7,9 @@ alone: every step's update differs by a few roundoffs, and training amplifies th
 differed by 1.44e-4 at step 7, over the loss tolerance 1e-5; tests/models/gncnn.py (2 ranks, 1F1B, 4 x 2
 microbatches, lr 2, 30 steps) drifted to 3.55e-2 with first-step gradients 7.4e-7 apart. How fast such a difference
 grows depends on the model's curvature and the learning rate, so no fixed tolerance suits both a 3-step and a
-300-step run. Started from the same parameters, each step differs from its reference by one step's rounding only, exactly as
-a first step does, so the tolerances of autopp.run.validate hold for a run of any length; the same approach is
-torch's own pipelining tests' (a deep-copied reference fed the same inputs, each comparison from equal weights).
+300-step run. Started from the same parameters, each step differs from its reference by one step's rounding only,
+exactly as a first step does, so the tolerances of autopp.run.validate hold for a run of any length (torch's own
+pipelining tests likewise compare gradients with a deep-copied reference from equal weights).
 
 What it compares, per step: the loss (the mean of the microbatch losses against the loss of the whole global
 batch) and every parameter's gradient after the ranks' tied-copy sum and data-parallel average (each copy of a

@@ -13,8 +13,9 @@ stages are tensor-parallel and sharded by autopp.run.parallel. RANK, WORLD_SIZE,
 come from the environment (launch.py sets them; torchrun sets them the same way).
 
 The rank builds the model (same seed everywhere), splits it into the plan's stages, builds the stages placed on its
-pipeline rank, runs the plan's schedule for a few SGD steps, timing each step, each action and each wait, and
-estimating its peak memory. Global rank 0 gathers, after each step (untimed, unless --no-validate: measuring only), replica 0's
+pipeline rank, runs the plan's schedule for a few steps of the plan's optimizer, timing each step, each action and
+each wait, and estimating its peak memory. After each step (untimed; not with --no-validate: measuring only),
+global rank 0 gathers replica 0's
   check{K}.pt     {"params": {stage: {name: parameter before step K}}, "grads": {stage: {name: its gradient}}} (after
                   the dp average and the tied sum; whole tensors: a sharded one is gathered with DTensor.full_tensor)
 for the parent's shared-parameter validation (autopp.run.steps), and at the end every rank's results:

@@ -38,7 +38,8 @@ def test_the_backend_follows_the_plans_device(device: str | None, backend: str |
 def test_a_printed_command_for_gpu_nodes_says_nccl_and_an_unknown_device_says_how_to_change_it() -> None:
     two_nodes = RunOptions(nodes=Nodes(nnodes=2))
     chosen = resolve_options(_plan("h100-sxm"), two_nodes, cuda_devices=None)
-    assert chosen.options.backend == "nccl" and chosen.backend_reason == "nccl: the plan is for h100-sxm (one GPU per rank)"
+    assert chosen.options.backend == "nccl"
+    assert chosen.backend_reason == "nccl: the plan is for h100-sxm (one GPU per rank)"
     unknown = resolve_options(_plan(None), two_nodes, cuda_devices=None)
     assert unknown.options.backend == "gloo"
     assert unknown.backend_reason == "gloo: the plan names no device kind (give --backend nccl for GPUs)"
@@ -47,7 +48,8 @@ def test_a_printed_command_for_gpu_nodes_says_nccl_and_an_unknown_device_says_ho
 def test_given_options_win_and_the_optimizer_is_the_plans() -> None:
     chosen = resolve_options(_plan("h100-sxm", "adamw"), RunOptions(backend="gloo"), cuda_devices=0)
     assert (chosen.options.backend, chosen.options.optimizer, chosen.backend_reason) == ("gloo", "adamw", "gloo: given")
-    assert resolve_options(_plan("cpu", "adamw"), RunOptions(optimizer="sgd"), cuda_devices=0).options.optimizer == "sgd"
+    given = resolve_options(_plan("cpu", "adamw"), RunOptions(optimizer="sgd"), cuda_devices=0)
+    assert given.options.optimizer == "sgd"
     assert resolve_options(_plan("cpu"), RunOptions(), cuda_devices=0).options.optimizer == "sgd"  # older plans
 
 
