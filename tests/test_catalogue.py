@@ -416,6 +416,7 @@ FLAGS: dict[str, tuple[list[str], str]] = {
     "run-optimizer-unknown": (["run", "p.json", "--optimizer", "lion"], "--optimizer"),
     "run-backend-unknown": (["run", "p.json", "--backend", "mpi"], "--backend"),
     "run-lr-text": (["run", "p.json", "--lr", "fast"], "--lr"),
+    "run-lr-negative": (["run", "p.json", "--lr", "-0.1"], "--lr"),
     "plan-virtual-stages-zero": (["plan", "--profile", "P", "--virtual-stages", "0"], "--virtual-stages"),
     "profile-optimizer-unknown": (["profile", "m.py", "--optimizer", "lion"], "--optimizer"),
     "profile-device-unknown": (["profile", "m.py", "--device", "tpu"], "--device"),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AutoppError
 from ..preflight import check_output_file
-from .common import POSITIVE, SECONDS, end_progress, progress
+from .common import POSITIVE, SECONDS, end_progress, number, progress
 
 if TYPE_CHECKING:
     from ..run.options import RunOptions
@@ -39,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"],
                    help="the ranks' optimizer (default: the plan's, the profile's, whose state the plan's memory "
                         "counts; sgd for plans that name none)")
-    p.add_argument("--lr", type=float, default=0.01, help="the optimizer's learning rate (default 0.01)")
+    p.add_argument("--lr", type=number(0, inclusive=True), default=0.01,
+                   help="the optimizer's learning rate (default 0.01)")
     p.add_argument("--no-validate", dest="validate", action="store_false",
                    help="measure only: skip the single-process reference (for a model one process cannot hold); "
                         "the report says it was not validated")
