@@ -36,7 +36,7 @@ class RunOptions:
     """How to run a plan (autopp.run.run_plan): the training the ranks do, where they run, what is kept."""
 
     steps: int = 3
-    """SGD steps every rank runs (the first step's gradients are validated, every step's loss)."""
+    """Training steps every rank runs (each validated from shared parameters unless `validate` is False)."""
     lr: float = 0.01
     """The optimizer's learning rate on every rank."""
     optimizer: str | None = None
