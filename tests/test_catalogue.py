@@ -299,6 +299,9 @@ PLANS: dict[str, Callable[[Env], None]] = {
     "predicted-step-nan": _plan_edit(lambda d: d["predicted"].update(step_time_s=float("nan"))),
     "predicted-peaks-text": _plan_edit(lambda d: d["predicted"].update(peak_memory_bytes=["1MB"])),
     "baselines-not-object": _plan_edit(lambda d: d.update(baselines=[1])),
+    "device-number": _plan_edit(lambda d: d.update(device=7)),
+    "optimizer-empty": _plan_edit(lambda d: d.update(optimizer="")),
+    "optimizer-unknown": _plan_edit(lambda d: d.update(optimizer="lamb")),  # refused by the runner, naming the file
 }
 _SHOW_TOO = {"missing", "not-json", "microbatches-text", "microbatches-million", "microbatch-size-negative",
              "schedule-unknown", "stage-forward-negative", "predicted-step-nan"}
@@ -308,6 +311,31 @@ for _name, _setup in PLANS.items():
     if _name in _SHOW_TOO:
         CASES.append(Case(f"show:{_name}", lambda env: ["show", str(env.bad_plan), "-o", str(env.tmp / "t.png")],
                           lambda env: str(env.bad_plan), _setup))
+
+
+
+
+def _batch_norm_plan(env: Env) -> None:
+    """A plan of tests/models/bncnn.py in four microbatches, at env.bad_plan."""
+    from .run.conftest import pipeline_plan
+    pipeline_plan(ROOT / "tests" / "models" / "bncnn.py", ["blocks.2"], num_microbatches=4).save(env.bad_plan)
+
+
+# Issue 26, points 10 and 11: refused before any rank starts, with the way out.
+CASES += [
+    Case("run:gpu-plan-without-cuda-devices", lambda env: ["run", str(env.bad_plan)],
+         lambda env: "the plan is for h100-sxm (one GPU per rank) but this node has 0 CUDA devices for its 2 ranks: "
+                     "run it on those machines, or give --backend gloo to run it on CPU here",
+         _plan_edit(lambda d: d.update(device="h100-sxm"))),
+    Case("run:optimizer-unknown-wording", lambda env: ["run", str(env.bad_plan)],
+         lambda env: f"{env.bad_plan}: field 'optimizer' is 'lamb', which autopp does not run (sgd, momentum, adam, "
+                     "adamw); give --optimizer to run another", _plan_edit(lambda d: d.update(optimizer="lamb"))),
+    Case("run:batch-norm-over-microbatches", lambda env: ["run", str(env.bad_plan)],
+         lambda env: "the model normalizes with BatchNorm (stem.1 and 8 more), whose statistics are per microbatch (2 "
+                     "samples, not the global batch of 8), so a pipelined step cannot equal the single-process one: "
+                     "use GroupNorm or LayerNorm to validate, or run with validation off (`autopp run --no-validate`) "
+                     "to measure only", _batch_norm_plan),
+]
 
 
 # ---- cluster and links files: `autopp plan --cluster FILE`, `--links FILE` ----
@@ -391,6 +419,10 @@ FLAGS: dict[str, tuple[list[str], str]] = {
     "run-steps-zero": (["run", "p.json", "--steps", "0"], "--steps"),
     "run-timeout-zero": (["run", "p.json", "--timeout", "0"], "--timeout"),
     "run-timeout-negative": (["run", "p.json", "--timeout", "-1"], "--timeout"),
+    "run-optimizer-unknown": (["run", "p.json", "--optimizer", "lion"], "--optimizer"),
+    "run-backend-unknown": (["run", "p.json", "--backend", "mpi"], "--backend"),
+    "run-lr-text": (["run", "p.json", "--lr", "fast"], "--lr"),
+    "run-lr-negative": (["run", "p.json", "--lr", "-0.1"], "--lr"),
     "plan-virtual-stages-zero": (["plan", "--profile", "P", "--virtual-stages", "0"], "--virtual-stages"),
     "profile-optimizer-unknown": (["profile", "m.py", "--optimizer", "lion"], "--optimizer"),
     "profile-device-unknown": (["profile", "m.py", "--device", "tpu"], "--device"),

@@ -290,3 +290,29 @@ def test_fits_is_written_read_and_defaults_to_true(tmp_path: Path) -> None:
     data["baselines"]["even"]["fits"] = "no"
     with pytest.raises(PlanError, match=r"p\.json: baselines\.even: field 'fits' must be true or false, got 'no'"):
         load_plan(_write(tmp_path, data))
+
+
+# Issue 26, point 10: `autopp run` picks its backend by the device kind and trains with the profile's optimizer, so
+# the plan records both (written only when known: older plans stay as they were).
+def test_device_and_optimizer_round_trip_and_stay_out_when_unknown(tmp_path: Path) -> None:
+    data = _plan().to_json()
+    assert "device" not in data and "optimizer" not in data
+    plan = replace(_plan(), device="h100-sxm", optimizer="adamw")
+    loaded = load_plan(plan.save(tmp_path / "p.json"))
+    assert loaded == plan and (loaded.device, loaded.optimizer) == ("h100-sxm", "adamw")
+    with pytest.raises(PlanError, match=r"field 'optimizer' must be a non-empty string, got 7"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "optimizer": 7}))
+
+
+def test_a_plan_is_for_its_clusters_device_else_its_profiles() -> None:
+    from autopp.data.catalog import cluster_from_catalog, load_device
+    from autopp.data.cluster import Cluster
+    from autopp.data.profile import load_profile
+    from autopp.solve import PlanRequest, make_plan
+    profile = load_profile(Path(__file__).resolve().parent.parent / "profiles" / "gpt")
+    on_cpu = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**32), global_batch=8))
+    assert on_cpu.device == "cpu" and on_cpu.optimizer == profile.meta.optimizer
+    for count in (2, 4):  # one node (a flat cluster), two nodes of two
+        cluster = cluster_from_catalog(load_device("h100-sxm"), count, devices_per_node=2)
+        plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=32))
+        assert plan.device == "h100-sxm" and (cluster.nodes is None) == (count == 2)

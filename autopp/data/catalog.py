@@ -19,7 +19,7 @@ from .cluster import NCCL_COSTS, Cluster, Link, Nodes, hierarchical_cluster, par
 from .fields import Fields
 
 __all__ = ["DeviceLink", "DeviceSpec", "LinkOverrides", "DTYPES", "load_device", "device_names", "identify_device",
-           "cluster_from_catalog", "device_mismatch"]
+           "cluster_from_catalog", "device_mismatch", "planned_device"]
 
 #: The dtype names a device's `peak_flops` may have (torch's names, but "tf32": float32 matmuls on tensor cores).
 DTYPES = ("float32", "tf32", "bfloat16", "float16", "float8")
@@ -156,6 +156,12 @@ def identify_device(profile_device: str) -> str | None:
     return None
 
 
+def planned_device(cluster: Cluster, profile_device: str, analytic_device: str | None = None) -> str | None:
+    """The catalog name of the device kind a plan is for: the cluster's (`--device`, a cluster file's "device"),
+    else the one the profile is analytic for, else the one it was measured on (`identify_device`); None if unknown."""
+    return cluster.device_kind or analytic_device or identify_device(profile_device)
+
+
 def cluster_from_catalog(spec: DeviceSpec, devices: int | None = None, *, nodes: int | None = None,
                          devices_per_node: int | None = None, memory_bytes: int | None = None,
                          overrides: LinkOverrides = LinkOverrides()) -> Cluster:
@@ -172,7 +178,7 @@ def cluster_from_catalog(spec: DeviceSpec, devices: int | None = None, *, nodes:
         if count <= per_node:
             flat = replace(intra, bandwidth_bytes_per_s=overrides.bandwidth or intra.bandwidth_bytes_per_s,
                            latency_s=intra.latency_s if overrides.latency_s is None else overrides.latency_s)
-            return Cluster(num_devices=count, memory_bytes=memory, link=flat)
+            return Cluster(num_devices=count, memory_bytes=memory, link=flat, device_kind=spec.name)
         if overrides.latency_s is not None or overrides.bandwidth:
             raise AutoppError(f"`latency_s`/`bandwidth` set the one link of a flat cluster; {count} devices span "
                               f"{-(-count // per_node)} nodes: give `intra_bandwidth` / `inter_bandwidth`")

@@ -177,6 +177,8 @@ class Cluster:
     caller that has not `placed` a configuration gets (the slower link, assumed for every hop)."""
     grid: Layout | None = None
     """The pipeline x data-parallel layout `placed` on a hierarchical cluster: links and groups follow from it."""
+    device_kind: str | None = None
+    """The device kind's catalog name (autopp.data.catalog), when known (a cluster of nodes: its nodes')."""
 
     def __post_init__(self) -> None:
         self._check_nodes()
@@ -300,4 +302,4 @@ def hierarchical_cluster(nodes: Nodes, memory_bytes: int) -> Cluster:
     """`nodes.count` x `nodes.devices_per_node` identical devices of `memory_bytes` each (`Cluster.nodes`); `link`
     is the slowest level's."""
     return Cluster(num_devices=nodes.count * nodes.devices_per_node, memory_bytes=memory_bytes,
-                   link=nodes.links[-1], nodes=nodes)
+                   link=nodes.links[-1], nodes=nodes, device_kind=nodes.device)

@@ -114,10 +114,13 @@ class MeasureOptions:
             raise ValueError(f"memory_limit_bytes must be >= 0, got {self.memory_limit_bytes}")
 
 
-def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """The torch optimizer that OPTIMIZER_STATES[`name`] describes, over `params`."""
+def make_optimizer(name: str, params: list[nn.Parameter], lr: float = 1e-3) -> torch.optim.Optimizer:
+    """The torch optimizer that OPTIMIZER_STATES[`name`] describes, over `params` (the profiler's and the runner's).
+    """
+    if name not in OPTIMIZER_STATES:
+        raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZER_STATES)}")
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3)
+        return torch.optim.SGD(params, lr=lr)
     if name == "momentum":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-    return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, lr=1e-3)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, lr=lr)

@@ -36,20 +36,26 @@ class RunOptions:
     """How to run a plan (autopp.run.run_plan): the training the ranks do, where they run, what is kept."""
 
     steps: int = 3
-    """SGD steps every rank runs (the first step's gradients are validated, every step's loss)."""
+    """Training steps every rank runs (each validated from shared parameters unless `validate` is False)."""
     lr: float = 0.01
-    """SGD learning rate, of the ranks and of the single-process reference alike."""
+    """The optimizer's learning rate on every rank."""
+    optimizer: str | None = None
+    """The optimizer the ranks train with ("sgd", "momentum", "adam", "adamw": autopp.measure.options); None: the
+    plan's (the profile's, whose state the plan's memory counts), SGD for plans that predate the field."""
     timeout_s: float = 120.0
     """Seconds before the ranks are stopped and the run fails."""
     backend: Backend | None = None
-    """torch.distributed backend; None: NCCL with one CUDA device per rank when this node has enough, else gloo
-    (autopp.run.runner.choose_backend). A torchrun command printed for other machines says gloo."""
+    """torch.distributed backend; None: the plan's device kind decides, NCCL for GPUs and gloo for the CPU; for a
+    plan that names none, NCCL when this node has a CUDA device per rank, else gloo (autopp.run.resolve)."""
     nodes: Nodes | None = None
     """None: every rank a process on this machine; else this node's share through torchrun (docs/launch.md)."""
     work_dir: str | Path | None = None
     """Keep the ranks' logs and results here; None: a temporary directory, removed unless a rank failed."""
     check: bool = True
     """Raise when a gradient or loss is out of tolerance (else the report says `passed` False)."""
+    validate: bool = True
+    """Compare every step with the single-process reference; False: measure only (no reference, for a model one
+    process cannot hold; no parameters or gradients gathered): the report says `validated` false, never passed."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -68,5 +74,6 @@ class RunOptions:
 
     def worker_args(self) -> list[str]:
         """The flags of autopp.run.worker that these options set (each rank trains with them)."""
-        return ["--steps", str(self.steps), "--lr", repr(self.lr), "--backend", self.backend or "gloo",
-                "--timeout-s", repr(self.timeout_s)]
+        return ["--steps", str(self.steps), "--lr", repr(self.lr), "--optimizer", self.optimizer or "sgd",
+                "--backend", self.backend or "gloo", "--timeout-s", repr(self.timeout_s),
+                *([] if self.validate else ["--no-validate"])]

@@ -35,7 +35,7 @@ REPORT_VERSION = 1
 
 @dataclass(frozen=True, kw_only=True)
 class ParamDiff:
-    """Difference between one parameter's pipelined and reference gradient at the first step."""
+    """Difference between one parameter's pipelined and reference gradient, at the step where it is largest."""
 
     name: str
     stage: int
@@ -44,6 +44,8 @@ class ParamDiff:
     max_rel: float
     """max_abs / max(max |reference|, grad_atol / grad_rtol): at most grad_rtol when max_abs <= max(grad_rtol x
     max |reference|, grad_atol) (0 when both sides are equal, inf when they differ and the divisor is 0)."""
+    step: int = 1
+    """The step (from 1) of these figures: every step is compared from shared parameters (autopp.run.steps)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,10 +117,18 @@ class RunReport:
     lr: float
     backend: str
     """"gloo" (CPU) or "nccl" (one CUDA device per rank)."""
+    backend_reason: str = ""
+    """How the backend was chosen (autopp.run.resolve), e.g. "the plan is for h100-sxm (one GPU per rank)"."""
+    optimizer: str = "sgd"
+    """The optimizer the ranks trained with (the plan's unless overridden)."""
+    validated: bool = True
+    """False: measured only (`--no-validate`): no single-process reference ran, `passed` is false and says nothing."""
     losses: tuple[float, ...] = ()
     """Pipelined loss per step: the mean of the microbatch losses."""
     reference_losses: tuple[float, ...] = ()
-    """Single-process loss per step on the whole global batch."""
+    """Single-process loss per step on the whole global batch, from the pipeline's parameters before that step."""
+    failed_steps: tuple[int, ...] = ()
+    """Steps (from 1) whose loss or gradients are out of tolerance."""
     loss_max_abs_diff: float | None = None
     loss_max_rel_diff: float | None = None
     grad_diffs: tuple[ParamDiff, ...] = ()
@@ -290,25 +300,43 @@ def _measure_lines(r: RunReport) -> list[str]:
     return lines + [f"  note        {n}" for n in r.notes]
 
 
+#: A series longer than this is shown as its first and last values around an ellipsis.
+_SERIES = 10
+
+
+def _series(values: tuple[float, ...], spec: str) -> str:
+    """Values side by side; a long series (a 300-step run) as its first 6 and last 3, with how many are left out."""
+    if not values:
+        return "-"
+    if len(values) <= _SERIES:
+        return " ".join(format(v, spec) for v in values)
+    head, tail = " ".join(format(v, spec) for v in values[:6]), " ".join(format(v, spec) for v in values[-3:])
+    return f"{head} ... ({len(values) - 9} more) ... {tail}"
+
+
 def format_report(report: RunReport) -> str:
     """A short human-readable table: timing, loss and gradient differences, verdict."""
     r = report
     lines = [
         f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks = {format_grid(r.layout)}, "
         f"{r.num_microbatches} x {r.microbatch_size} "
-        f"microbatches, {r.steps} steps, {r.backend})",
+        f"microbatches, {r.steps} steps, {r.optimizer} lr {r.lr:g}, {r.backend})",
         f"  step time   measured {_fmt(r.measured_step_time_s, '.4f')} s   predicted {r.predicted_step_time_s:.4f} s"
         f"   ratio {_fmt(r.step_time_ratio, '.2f')}" + (f"   ({r.oversubscribed})" if r.oversubscribed else ""),
-        f"  per step    {' '.join(format(t, '.4f') for t in r.step_times_s) or '-'} s",
-        f"  loss        pipelined {' '.join(format(v, '.6f') for v in r.losses) or '-'}",
-        f"              reference {' '.join(format(v, '.6f') for v in r.reference_losses) or '-'}",
-        f"              max diff abs {_fmt(r.loss_max_abs_diff, '.2e')} rel {_fmt(r.loss_max_rel_diff, '.2e')}"
-        f" (tolerance rel {r.loss_rtol:.0e})",
-        f"  gradients   max diff abs {_fmt(r.grad_max_abs_diff, '.2e')} rel {_fmt(r.grad_max_rel_diff, '.2e')}"
-        f" (worst {r.worst_param or '-'}; tolerance rel {r.grad_rtol:.0e} or abs {r.grad_atol:.1e};"
-        f" {len(r.grad_diffs)} parameters)",
+        f"  per step    {_series(r.step_times_s, '.4f')} s",
+        f"  loss        pipelined {_series(r.losses, '.6f')}",
     ]
+    if r.validated:
+        lines += [
+            f"              reference {_series(r.reference_losses, '.6f')} (each step from the pipeline's parameters)",
+            f"              max diff abs {_fmt(r.loss_max_abs_diff, '.2e')} rel {_fmt(r.loss_max_rel_diff, '.2e')}"
+            f" (tolerance rel {r.loss_rtol:.0e})",
+            f"  gradients   max diff abs {_fmt(r.grad_max_abs_diff, '.2e')} rel {_fmt(r.grad_max_rel_diff, '.2e')}"
+            f" (worst {r.worst_param or '-'}; tolerance rel {r.grad_rtol:.0e} or abs {r.grad_atol:.1e};"
+            f" {len(r.grad_diffs)} parameters, every step)"]
     lines += _measure_lines(r)
     verdict = "PASSED" if r.passed else ("FAILED: " + (r.error or "validation failed"))
+    if not r.validated and r.error is None:
+        verdict = "NOT VALIDATED: measured only (--no-validate): no single-process reference ran"
     lines.append(f"  verdict     {verdict}")
     return "\n".join(lines)

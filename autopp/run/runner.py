@@ -12,14 +12,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
+from torch import nn
 
 from ..cores import usable_cores
 from ..display import format_grid
 from ..errors import PlanError, RunError
 from ..model.contract import ModelFile
 from ..model.hf import load_model
+from ..model.meta import build_meta
 from ..model.units import discover_units, fingerprint
 from ..data.plan import Plan
+from ..measure.options import OPTIMIZER_STATES
 from .launch import RankProcess, launch_ranks, wait_ranks
 from .report import RunFailedError, RunReport, median_step_time, relative_error
 from .summary import median_step_index, rank_measures, stage_times
@@ -27,8 +30,10 @@ from .tied import canonical_names
 from .options import Backend, RunOptions
 from .torchrun import launch_torchrun, torchrun_command, worker_errors
 from .data_parallel import check_runnable
-from .validate import (GRAD_RTOL, LOSS_RTOL, Reference, check_coverage, compare_grads, compare_losses, failure,
-                       reference_run, stage_atols, tolerances)
+from .collect import StageTensors
+from .resolve import Chosen, resolve_options
+from .steps import Checks, ReferenceModel, batch_norm_refusal, validate_steps
+from .validate import GRAD_RTOL, LOSS_RTOL, check_coverage, compare_losses, tolerances
 
 __all__ = ["run_plan", "check_fingerprint", "choose_backend", "read_results", "host_share"]
 
@@ -40,8 +45,14 @@ Progress = Callable[[str], None]
 def check_fingerprint(plan: Plan) -> ModelFile:
     """Load the plan's model (its model file, or its HF config built as the plan says) and refuse the plan if the
     model changed since it was made."""
+    return _fingerprinted(plan)[0]
+
+
+def _fingerprinted(plan: Plan) -> tuple[ModelFile, nn.Module]:
+    """`check_fingerprint`, and the model it built on the meta device (large parameters never allocated, as the
+    profiler builds it: the fingerprint is the structure's, so a model one process cannot hold is checked too)."""
     mf = load_model(plan.model_path, plan.hf_config)
-    model = mf.build(plan.seed)
+    model = build_meta(mf, plan.seed).model
     now = fingerprint(model, discover_units(mf, model))
     if now != plan.fingerprint:
         hf = plan.hf_config
@@ -50,22 +61,24 @@ def check_fingerprint(plan: Plan) -> ModelFile:
                         f"{now}: re-plan from a new profile (`autopp plan {given} ...` profiles the changed "
                         f"model; with --profile, run `autopp profile {given}` first: an old profile keeps "
                         "the old fingerprint)")
-    return mf
+    return mf, model
 
 
 def choose_backend(num_ranks: int) -> Backend:
-    """NCCL with one CUDA device per rank when there are enough devices, else gloo on CPU."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= num_ranks:
-        return "nccl"
-    return "gloo"
+    """NCCL with one CUDA device per rank when there are enough devices, else gloo on CPU (for plans that name no
+    device kind: autopp.run.resolve)."""
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= num_ranks else "gloo"
 
 
-def _with_backend(plan: Plan, options: RunOptions) -> RunOptions:
-    """`options` with the backend chosen for this node's ranks when it is not given."""
-    if options.backend is not None:
-        return options
-    per_node = plan.num_ranks // (options.nodes.nnodes if options.nodes else 1)
-    return replace(options, backend=choose_backend(per_node))
+def _chosen(plan: Plan, options: RunOptions, plan_path: str | None) -> Chosen:
+    """`options` with the backend and optimizer chosen for this node's ranks (autopp.run.resolve), checked."""
+    known = ", ".join(OPTIMIZER_STATES)
+    if options.optimizer is not None and options.optimizer not in OPTIMIZER_STATES:
+        raise RunError(f"unknown optimizer {options.optimizer!r}; autopp runs {known}")
+    if options.optimizer is None and plan.optimizer is not None and plan.optimizer not in OPTIMIZER_STATES:
+        raise RunError(f"{plan_path or 'plan'}: field 'optimizer' is {plan.optimizer!r}, which autopp does not run "
+                       f"({known}); give --optimizer to run another")
+    return resolve_options(plan, options, cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
 @contextlib.contextmanager
@@ -99,19 +112,30 @@ def _blank_report(plan: Plan, plan_path: str | None, options: RunOptions) -> Run
     return RunReport(plan_path=plan_path, model_path=plan.model_path, fingerprint=plan.fingerprint,
                      schedule=plan.schedule.value, layout=plan.layout, num_microbatches=plan.num_microbatches,
                      microbatch_size=plan.microbatch_size, steps=options.steps, lr=options.lr,
-                     backend=options.backend or "gloo",
+                     backend=options.backend or "gloo", optimizer=options.optimizer or "sgd",
+                     validated=options.validate,
                      grad_rtol=GRAD_RTOL, loss_rtol=LOSS_RTOL, predicted_step_time_s=plan.predicted.step_time_s,
                      launcher=options.launcher, ranks_per_host=ranks, host_cores=cores)
 
 
-def read_results(run_dir: Path) -> tuple[list[dict[str, Any]], dict[int, dict[str, torch.Tensor]]]:
-    """Every rank's result (results.json, written by global rank 0) and replica 0's first-step gradients by stage."""
+def read_results(run_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's result (results.json, written by global rank 0)."""
     try:
-        results = json.loads((run_dir / "results.json").read_text())
-        grads = torch.load(run_dir / "grads.pt", weights_only=True)
+        results: list[dict[str, Any]] = json.loads((run_dir / "results.json").read_text())
     except (OSError, ValueError) as exc:
         raise RunError(f"{run_dir}: the ranks finished but left no readable results: {exc}") from exc
-    return results, {int(k): v for k, v in grads.items()}
+    return results
+
+
+def _checks(run_dir: Path) -> Checks:
+    """Step k's (parameters, gradients) of replica 0 by stage (check{k}.pt, written by global rank 0)."""
+    def load(step: int) -> tuple[StageTensors, StageTensors]:
+        try:
+            data = torch.load(run_dir / f"check{step}.pt", weights_only=True)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise RunError(f"{run_dir}: the ranks left no readable parameters of step {step + 1}: {exc}") from exc
+        return ({int(k): v for k, v in data["params"].items()}, {int(k): v for k, v in data["grads"].items()})
+    return load
 
 
 def _timing(report: RunReport, results: list[dict[str, Any]], plan: Plan | None = None) -> RunReport:
@@ -148,27 +172,25 @@ def _losses(results: list[dict[str, Any]]) -> tuple[float, ...]:
     return tuple(sum(sum(mb) for mb in step) / sum(len(mb) for mb in step) for step in zip(*per_rank))
 
 
-def _validation(report: RunReport, results: list[dict[str, Any]], grads: dict[int, dict[str, torch.Tensor]],
-                ref: Reference) -> RunReport:
-    """Compare losses and first-step gradients; the verdict and, on failure, the reason (validate.failure)."""
-    grad_rtol, loss_rtol = tolerances(ref.dtype)
-    alias = ref.aliases
-    check_coverage(list(ref.grads), {s: list(dict.fromkeys(canonical_names(n, alias)))
+def _validation(report: RunReport, results: list[dict[str, Any]], checks: Checks, reference: ReferenceModel
+                ) -> RunReport:
+    """Compare every step's loss and gradients with the reference's from the same parameters (autopp.run.steps);
+    the verdict and, on failure, the reason."""
+    grad_rtol, loss_rtol = tolerances(reference.dtype)
+    alias = reference.aliases
+    check_coverage(reference.names, {s: list(dict.fromkeys(canonical_names(n, alias)))
                                      for s, n in _stage_params(results).items()})
-    stage_grads = {s: {alias.get(n, n): g for n, g in gs.items()} for s, gs in grads.items()}
-    atols = stage_atols(ref.grads, stage_grads, ref.dtype)
-    floors = {s: atol / grad_rtol for s, atol in atols.items()}
-    diffs = compare_grads(ref.grads, stage_grads, floors)
-    worst = max(diffs, key=lambda d: d.max_rel)
     losses = _losses(results)
-    loss_abs, loss_rel = compare_losses(losses, ref.losses)
-    error = failure(diffs, losses, ref, stage_grads, floors)
-    return replace(report, losses=losses, reference_losses=ref.losses, loss_max_abs_diff=loss_abs,
-                   loss_max_rel_diff=loss_rel, grad_diffs=tuple(diffs),
-                   grad_max_abs_diff=max(d.max_abs for d in diffs), grad_max_rel_diff=worst.max_rel,
-                   worst_param=worst.name, grad_rtol=grad_rtol, grad_atol=max(atols.values(), default=0.0),
-                   loss_rtol=loss_rtol,
-                   passed=error is None, error=error)
+    if len(losses) != report.steps:
+        raise RunError(f"pipelined run reported {len(losses)} losses for {report.steps} steps")
+    v = validate_steps(reference, checks, losses)
+    worst = max(v.grad_diffs, key=lambda d: d.max_rel)
+    loss_abs, loss_rel = compare_losses(losses, v.reference_losses)
+    return replace(report, losses=losses, reference_losses=v.reference_losses, loss_max_abs_diff=loss_abs,
+                   loss_max_rel_diff=loss_rel, grad_diffs=v.grad_diffs,
+                   grad_max_abs_diff=max(d.max_abs for d in v.grad_diffs), grad_max_rel_diff=worst.max_rel,
+                   worst_param=worst.name, grad_rtol=grad_rtol, grad_atol=v.grad_atol, loss_rtol=loss_rtol,
+                   failed_steps=v.failed_steps, passed=v.error is None, error=v.error)
 
 
 def _launch(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, options: RunOptions
@@ -186,54 +208,67 @@ def _launch(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, opt
 
 
 def _ranks(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, options: RunOptions, say: Progress
-           ) -> tuple[list[dict[str, Any]], dict[int, dict[str, torch.Tensor]]] | None:
+           ) -> list[dict[str, Any]] | None:
     """Launch the ranks, wait for them and read their results (None on a node other than 0: node 0 reads them)."""
     procs = _launch(plan, plan_path, mf, run_dir, options)
     wall = wait_ranks(procs, options.timeout_s, say)
     nodes = options.nodes
     if nodes is not None and nodes.node_rank != 0:
         return None
-    say(f"ranks finished in {wall:.1f} s; running the single-process reference")
+    say(f"ranks finished in {wall:.1f} s" + ("; comparing every step with the single-process reference"
+                                             if options.validate else "; measured only, not validated"))
     return read_results(run_dir)
 
 
 def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progress | None = None,
              plan_path: str | None = None) -> RunReport:
-    """Run `options.steps` SGD steps of `plan` on one process per rank, then validate and time them.
+    """Run `options.steps` steps of `plan` on one process per rank with the plan's optimizer, then time them and
+    validate every step from shared parameters (autopp.run.steps) unless `options.validate` is False.
 
     Without `options.nodes`, starts the ranks here. With them, runs this node's share through torchrun; node 0 then
     validates and returns the report, other nodes return the blank report (complete when their ranks exited 0).
-    Raises PlanError if the model changed since planning, RunFailedError (a RunError carrying the partial report)
-    if a rank fails, the ranks do not finish within `timeout_s` or a parameter is not on exactly one stage, and
-    when a gradient or loss is out of tolerance unless `options.check` is False (then `report.passed` is False).
+    The backend follows the plan's device kind unless given (autopp.run.resolve; the report's notes say why).
+    Raises PlanError if the model changed since planning, RunError before any rank starts for a plan to validate
+    whose model normalizes with BatchNorm over microbatches (`batch_norm_refusal`) or a GPU plan without a CUDA device
+    per rank here, RunFailedError (a RunError carrying the partial report) if a rank fails, the ranks do not finish
+    within `timeout_s` or a parameter is not on exactly one stage, and when a gradient or loss is out of tolerance
+    unless `options.check` is False (then `report.passed` is False).
     `plan_path`: where the plan was read (recorded in the report; with several nodes, the file each node reads).
     """
     say = progress or (lambda _msg: None)
     check_runnable(plan)
-    mf = check_fingerprint(plan)
-    options = _with_backend(plan, options)
+    mf, model = _fingerprinted(plan)
+    chosen = _chosen(plan, options, plan_path)
+    options = chosen.options
+    refusal = batch_norm_refusal(model, plan) if options.validate else None
+    if refusal:
+        raise RunError(refusal)
+    del model
     nodes = options.nodes
-    report = _blank_report(plan, plan_path, options)
+    report = replace(_blank_report(plan, plan_path, options), backend_reason=chosen.backend_reason)
     if report.oversubscribed:  # one line on stderr through the CLI's logging; the report keeps the figures
         logger.warning("%s; measured step times will exceed the prediction (docs/accuracy.md)",
                        report.oversubscribed)
     with _run_dir(options.work_dir) as run_dir:
-        say(f"starting {plan.num_ranks} ranks ({options.backend}, {plan.schedule.value}, {format_grid(plan.layout)}, "
-            f"{options.steps} steps) in {run_dir}")
+        say(f"starting {plan.num_ranks} ranks ({chosen.backend_reason}; {plan.schedule.value}, "
+            f"{format_grid(plan.layout)}, {options.steps} steps of {options.optimizer}) in {run_dir}")
         try:
-            out = _ranks(plan, plan_path, mf, run_dir, options, say)
+            results = _ranks(plan, plan_path, mf, run_dir, options, say)
         except RunError as exc:  # _run_dir keeps the directory: the error names it (the CLI prints it)
             message = (worker_errors(run_dir) or str(exc)) if nodes is not None else str(exc)
             raise RunFailedError(message, replace(report, error=message), logs=run_dir) from exc
-    if out is None:
-        return replace(report, complete=True)
-    results, grads = out
-    report = _timing(report, results, plan)
-    ref = reference_run(mf, plan.seed, plan.global_batch, options.steps, options.lr)
-    try:
-        report = _validation(report, results, grads, ref)
-    except RunError as exc:
-        raise RunFailedError(str(exc), replace(report, error=str(exc))) from exc
+        if results is None:
+            return replace(report, complete=True)
+        report = _timing(report, results, plan)
+        if not options.validate:
+            return replace(report, losses=_losses(results))
+        broken: RunFailedError | None = None
+        try:
+            report = _validation(report, results, _checks(run_dir), ReferenceModel(mf, plan.seed, plan.global_batch))
+        except RunError as exc:  # raised once the run directory is gone, as a failed validation
+            broken = RunFailedError(str(exc), replace(report, error=str(exc)))
+    if broken is not None:
+        raise broken
     logger.info("run finished: passed=%s, grad rel diff %.2e", report.passed, report.grad_max_rel_diff or 0.0)
     if options.check and not report.passed:
         raise RunFailedError(report.error or "validation failed", report)

@@ -1,4 +1,5 @@
-"""Validate a pipelined run against a single-process reference: same weights, same batches, same SGD.
+"""Validate a pipelined run against a single-process reference: same weights, same batches (each step from the
+pipeline's own parameters: autopp.run.steps), compared with the tolerances below.
 
 Tolerance (float32). Pipelining changes only the order of floating-point sums: each microbatch's gradient is
 computed separately, summed and divided by the microbatch count (scale_grads=True), where the reference reduces
@@ -44,7 +45,6 @@ either side's losses or gradients fails the run first, naming the side, the step
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -53,9 +53,7 @@ import torch
 from torch import nn
 
 from ..errors import RunError
-from ..model.contract import ModelFile
 from .report import ParamDiff
-from .tied import aliases
 
 __all__ = [
     "GRAD_RTOL",
@@ -72,12 +70,11 @@ __all__ = [
     "check_coverage",
     "compare_grads",
     "compare_losses",
-    "reference_run",
+    "model_grads",
+    "model_dtype",
 ]
 
-logger = logging.getLogger(__name__)
-
-#: Max allowed max|pipelined - reference| / max|reference| of any parameter's first-step gradient (float32).
+#: Max allowed max|pipelined - reference| / max|reference| of any parameter's gradient at any step (float32).
 GRAD_RTOL = 1e-4
 #: Max allowed |pipelined - reference| / |reference| of any step's loss (float32).
 LOSS_RTOL = 1e-5
@@ -106,6 +103,8 @@ class Reference:
     """The dtype of the model's floating-point parameters (the widest, when mixed)."""
     aliases: dict[str, str] = field(default_factory=dict)
     """Every parameter name (a tied weight under each of its names) -> the name `grads` uses."""
+    first_step: int = 1
+    """The step (from 1) of `losses[0]`."""
 
 
 def tolerances(dtype: str) -> tuple[float, float]:
@@ -193,9 +192,9 @@ def compare_losses(pipelined: Sequence[float], reference: Sequence[float]) -> tu
     return max(abs_diffs, default=0.0), max(rel_diffs, default=0.0)
 
 
-def _bad_loss(losses: Sequence[float]) -> str | None:
-    """'loss nan at step 2' for the first non-finite loss, else None."""
-    return next((f"loss {v} at step {i + 1}" for i, v in enumerate(losses) if not math.isfinite(v)), None)
+def _bad_loss(losses: Sequence[float], first: int = 1) -> str | None:
+    """'loss nan at step 2' for the first non-finite loss (`losses[0]` is step `first`), else None."""
+    return next((f"loss {v} at step {i + first}" for i, v in enumerate(losses) if not math.isfinite(v)), None)
 
 
 def _bad_grad(grads: Mapping[str, torch.Tensor], where: str = "") -> str | None:
@@ -212,8 +211,8 @@ def non_finite(losses: Sequence[float], stage_grads: Mapping[int, Mapping[str, t
                ) -> str | None:
     """Why the run fails when either side has a NaN or infinite loss or gradient (one line naming the side and the
     step or parameter), else None."""
-    ref_bad = _bad_loss(ref.losses) or _bad_grad(ref.grads)
-    pipe_bad = _bad_loss(losses) or next(
+    ref_bad = _bad_loss(ref.losses, ref.first_step) or _bad_grad(ref.grads)
+    pipe_bad = _bad_loss(losses, ref.first_step) or next(
         (b for s, g in sorted(stage_grads.items()) if (b := _bad_grad(g, f" (stage {s})"))), None)
     if ref_bad and pipe_bad:
         return (f"non-finite values on both sides: the single-process reference's {ref_bad}, the pipelined run's "
@@ -247,32 +246,14 @@ def failure(diffs: Sequence[ParamDiff], losses: Sequence[float], ref: Reference,
                 f"{grad_rtol:.0e}")
     loss_abs, loss_rel = compare_losses(losses, ref.losses)
     if loss_rel > loss_rtol:
-        return (f"losses differ from the single-process reference by {loss_rel:.2e} relative (max abs "
-                f"{loss_abs:.2e}), above the tolerance {loss_rtol:.0e}: pipelined {tuple(losses)}, reference "
-                f"{ref.losses}")
+        i = max(range(len(losses)), key=lambda k: abs(losses[k] - ref.losses[k]) / abs(ref.losses[k] or 1.0))
+        return (f"loss differs from the single-process reference by {loss_rel:.2e} relative (max abs "
+                f"{loss_abs:.2e}), above the tolerance {loss_rtol:.0e}: pipelined {losses[i]:.7g}, reference "
+                f"{ref.losses[i]:.7g}")
     return None
 
 
-def reference_run(mf: ModelFile, seed: int, global_batch: int, steps: int, lr: float) -> Reference:
-    """Train the whole model in this process on the batches the ranks used: loss_fn on the full batch, plain SGD."""
-    model = mf.build(seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    losses: list[float] = []
-    grads: dict[str, torch.Tensor] = {}
-    for step in range(steps):
-        inputs, target = mf.sample_batch(global_batch, seed=seed + step)
-        loss = mf.loss_fn(model(*inputs), target)
-        loss.backward()
-        losses.append(float(loss.detach()))
-        if step == 0:
-            grads = _grads(model)
-        optimizer.step()
-        optimizer.zero_grad()
-    logger.debug("reference losses %s", losses)
-    return Reference(tuple(losses), grads, model_dtype(model), aliases(model))
-
-
-def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+def model_grads(model: nn.Module) -> dict[str, torch.Tensor]:
     """Each parameter's gradient by name (zeros for a parameter that received none)."""
     return {name: _grad_or_zeros(p) for name, p in model.named_parameters()}
 

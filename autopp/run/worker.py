@@ -14,11 +14,13 @@ WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT come from the environment (launch.py
 same way).
 
 The rank builds the model (same seed everywhere), splits it into the plan's stages, builds the stages placed on its
-pipeline rank, runs the plan's schedule for a few SGD steps, timing each step, each action and each wait, and
-estimating its peak memory. At the end global rank 0 gathers every rank's results and writes into the run dir:
+pipeline rank, runs the plan's schedule for a few steps of the plan's optimizer, timing each step, each action and
+each wait, and estimating its peak memory. After each step (untimed; not with --no-validate: measuring only),
+global rank 0 gathers replica 0's
+  check{K}.pt     {"params": {stage: {name: parameter before step K}}, "grads": {stage: {name: its gradient}}} (after
+                  the dp average and the tied sum; whole tensors: a sharded one is gathered with DTensor.full_tensor)
+for the parent's shared-parameter validation (autopp.run.steps), and at the end every rank's results:
   results.json    one object per global rank: step times, actions, waits, peak memory, losses, parameter names
-  grads.pt        {stage index: {parameter name: first-step gradient}} from replica 0 (after the dp average; whole
-                  tensors: a sharded gradient is gathered with DTensor.full_tensor())
 A rank that fails writes rank{r}.error (one line naming the exception, the model file's own when torch wrapped it,
 and where it was raised) into its own run dir before exiting 1.
 Progress lines (`[rank R] message`; a step's end `step K/N T s`) are logged to stdout, which the parent reads.
@@ -27,7 +29,6 @@ Progress lines (`[rank R] message`; a step's end `step K/N T s`) are logged to s
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -44,13 +45,15 @@ from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 
 from ..errors import RunError
 from ..measure.allocator import keep_freed_memory
+from ..measure.options import make_optimizer
 from ..model.contract import ModelFile
 from ..model.hf import load_model
 from ..data.plan import Plan, load_plan
 from ..data.layout import Coords, Layout, uses_mesh
+from .collect import gather_check, gather_results, stage_grads, stage_weights
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .data_parallel import check_runnable, sync_mesh
-from .parallel import full, local, make_mesh
+from .parallel import local, make_mesh
 from .pipeline import RankStages, build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
 
@@ -163,13 +166,6 @@ def _average_grads(params: Sequence[torch.nn.Parameter], group: dist.ProcessGrou
         offset += g.numel()
 
 
-def _grads(stages: Sequence[Stage]) -> dict[int, dict[str, torch.Tensor]]:
-    """Whole first-step gradients (a DTensor's gathered: every rank of its mesh must call this)."""
-    return {s.stage_index: {name: (full(p.grad).detach().cpu().clone() if p.grad is not None
-                                   else torch.zeros_like(full(p.detach()).cpu()))
-                            for name, p in s.submod.named_parameters()} for s in stages}
-
-
 def _check_untied(plan: Plan, built: RankStages) -> None:
     """Tied weights are summed across ranks on whole tensors only: refuse them with tensor parallelism or ZeRO."""
     tied = sorted(set(built.shared) | {n for n, ps in built.params.items() if len(ps) > 1})
@@ -188,7 +184,6 @@ class _Run:
     actions: list[list[list[Any]]]
     waits: list[float]
     peak_memory: int
-    grads: dict[int, dict[str, torch.Tensor]]
     phases: list[dict[str, float]]
     """Per step: seconds in schedule.step, in the dp gradient all-reduce, and in the optimizer step + zero_grad."""
 
@@ -204,13 +199,15 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
     ties = tie_groups(built.shared, plan.layout, ranks.replica, ranks.pp_rank)
     schedule = make_schedule(plan, stages, built.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv")
     params = _params(stages)
-    optimizer = torch.optim.SGD(params, lr=args.lr)
+    optimizer = make_optimizer(args.optimizer, params, lr=args.lr)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     # memory counts the rank's shards; ZeRO: FSDP2's gathered parameters are registered on the stages while used
     sharded = [s.submod for s in stages] if not plan.layout.zero.replicated else []
     recorder, saved = StepRecorder(), SavedBytes(params, sharded)
     recorder.wrap_stages(stages)
-    run = _Run([], [], [], [], 0, {}, [])
+    run = _Run([], [], [], [], 0, [])
+    checked = args.validate and (mesh is not None or ranks.replica == 0)  # mesh: gathering is collective
+    mine = ranks.replica == 0 and ranks.tp_rank == 0
     logger.info("stages %s built on pipeline rank %d of replica %d%s, on device %d (%s; %d parameters)",
                 [s.stage_index for s in stages], ranks.pp_rank, ranks.replica,
                 f" (tp rank {ranks.tp_rank})" if plan.layout.tp > 1 else "", slot, device,
@@ -224,6 +221,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         inputs = tuple(replica_slice(t, ranks.replica, plan.layout.dp) for t in inputs)
         target = replica_slice(target, ranks.replica, plan.layout.dp)
         mb_losses: list[torch.Tensor] = []
+        weights = stage_weights(stages) if checked else {}
         step_args = tuple(_to(t, device) for t in inputs) if first else ()
         step_kwargs: dict[str, Any] = {"target": _to(target, device), "losses": mb_losses} if last else {}
         _sync(device)
@@ -236,17 +234,16 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         t_schedule = recorder.now()
         sum_tied_grads(ties, built.params)
         _average_grads(params, dp_group, plan.layout.sync)
-        t_allreduce = recorder.now()
-        if step == 0 and (mesh is not None or ranks.replica == 0):  # mesh: gathering is collective
-            grads = _grads(stages)
-            run.grads = grads if ranks.replica == 0 and ranks.tp_rank == 0 else {}
-        t_optimizer = recorder.now()
+        t_allreduce = t_optimizer = recorder.now()
         optimizer.step()
-        optimizer.zero_grad()
+        if not checked:
+            optimizer.zero_grad()
         run.phases.append({"schedule_s": t_schedule, "allreduce_s": t_allreduce - t_schedule,
                            "optimizer_s": recorder.now() - t_optimizer})
         _sync(device)
         run.step_times.append(recorder.now())
+        grads = stage_grads(stages) if checked else {}  # untimed: the step's gradients, which its update kept
+        optimizer.zero_grad()
         run.losses.append([float(x.detach()) for x in mb_losses])
         run.actions.append([[a.action, a.start_s, a.end_s] for a in recorder.actions])
         run.waits.append(recorder.wait_s)
@@ -257,6 +254,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         if step == 0 and device.type != "cuda":
             run.peak_memory = max(run.peak_memory, _probe_memory(schedule, step_args, last, target, device, saved,
                                                                  static, optimizer))
+        if args.validate:
+            gather_check(args.run_dir, ranks.rank, step, (weights, grads) if mine else ({}, {}))
     run_result = {"rank": ranks.rank, "replica": ranks.replica, "pp_rank": ranks.pp_rank, "tp_rank": ranks.tp_rank,
                   "device": slot,
                   "stages": [s.stage_index for s in stages], "step_times_s": run.step_times,
@@ -265,7 +264,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
                   "peak_memory_bytes": run.peak_memory,
                   "memory_method": "cuda.max_memory_allocated" if device.type == "cuda" else "estimate",
                   "params": {str(s.stage_index): [n for n, _ in s.submod.named_parameters()] for s in stages}}
-    _gather(args.run_dir, ranks.rank, run_result, run.grads)
+    gather_results(args.run_dir, ranks.rank, run_result)
     return run
 
 
@@ -285,19 +284,6 @@ def _probe_memory(schedule: Any, step_args: tuple[Any, ...], last: bool, target:
     return static + saved.peak
 
 
-def _gather(run_dir: str, rank: int, result: dict[str, Any], grads: dict[int, dict[str, torch.Tensor]]) -> None:
-    """Global rank 0 collects every rank's result and replica 0's gradients and writes them into its run dir."""
-    world = dist.get_world_size()
-    everything: list[Any] = [None] * world if rank == 0 else []
-    dist.gather_object((result, grads), everything if rank == 0 else None, dst=0)
-    if rank != 0:
-        return
-    results = [r for r, _ in everything]
-    all_grads = {stage: g for _, gs in everything for stage, g in gs.items()}
-    torch.save(all_grads, Path(run_dir) / "grads.pt")
-    (Path(run_dir) / "results.json").write_text(json.dumps(results))
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m autopp.run.worker")
     parser.add_argument("--plan", required=True)
@@ -305,6 +291,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--no-validate", dest="validate", action="store_false")
     parser.add_argument("--backend", choices=["gloo", "nccl"], required=True)
     parser.add_argument("--timeout-s", type=float, required=True)
     return parser.parse_args(argv)

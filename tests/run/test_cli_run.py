@@ -30,6 +30,23 @@ def test_print_torchrun_prints_one_command_per_node(tmp_path: Path, capsys: pyte
     assert f"--plan {plan.resolve()}" in out
 
 
+# Issue 26, point 10: `--print-torchrun --nnodes 2` printed `--backend gloo` for an H100 plan.
+def test_print_torchrun_follows_the_plans_device_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                               ) -> None:
+    from dataclasses import replace
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2))
+    gpus = replace(plan, device="h100-sxm", optimizer="adamw").save(tmp_path / "gpu.json")
+    assert main(["run", str(gpus), "--nnodes", "2", "--print-torchrun"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "# backend nccl: the plan is for h100-sxm (one GPU per rank)"
+    assert out.count("--backend nccl") == 2 and out.count("--optimizer adamw") == 2 and "gloo" not in out
+    assert main(["run", str(gpus), "--nnodes", "2", "--print-torchrun", "--backend", "gloo", "--optimizer",
+                 "sgd"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "# backend gloo: given" and out.count("--backend gloo --") == 2
+    assert out.count("--optimizer sgd") == 2
+
+
 def test_bad_node_rank_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = pipeline_plan(LINRELU, ["2"], "1F1B").save(tmp_path / "p.json")
     assert main(["run", str(plan), "--nnodes", "2", "--node-rank", "5", "--print-torchrun"]) == 2
@@ -109,9 +126,11 @@ def test_a_run_whose_losses_are_nan_fails(tmp_path: Path, capsys: pytest.Capture
     plan = pipeline_plan(model, ["2"], "1F1B").save(tmp_path / "p.json")
     assert main(["run", str(plan), "--steps", "1", "--timeout", "240"]) == 1
     out, err = capsys.readouterr()
-    assert "verdict     FAILED: non-finite values on both sides: the single-process reference's loss nan at step 1, " \
-           "the pipelined run's loss nan at step 1" in out
-    assert err.splitlines()[-1].startswith("autopp: error: validation failed: non-finite values on both sides")
+    assert "verdict     FAILED: step 1 of 1: non-finite values on both sides: the single-process reference's loss " \
+           "nan at step 1, the pipelined run's loss nan at step 1" in out
+    # the reason is on one stream (the verdict); stderr says which step failed
+    assert err.splitlines()[-1] == "autopp: error: validation failed at step 1 of 1: the verdict above says why"
+    assert "non-finite" not in err
     assert json.loads((tmp_path / "p.report.json").read_text())["passed"] is False
 
 

@@ -21,7 +21,9 @@ def test_bad_run_options_are_refused(given: dict[str, object], message: str) -> 
 
 
 def test_worker_flags_and_launcher() -> None:
-    options = RunOptions(steps=5, lr=0.5, timeout_s=30.0, backend="nccl")
-    assert options.worker_args() == ["--steps", "5", "--lr", "0.5", "--backend", "nccl", "--timeout-s", "30.0"]
+    options = RunOptions(steps=5, lr=0.5, timeout_s=30.0, backend="nccl", optimizer="adam")
+    assert options.worker_args() == ["--steps", "5", "--lr", "0.5", "--optimizer", "adam", "--backend", "nccl",
+                                     "--timeout-s", "30.0"]
     assert options.launcher == "local" and RunOptions(nodes=Nodes(nnodes=2)).launcher == "torchrun"
-    assert RunOptions().worker_args()[5] == "gloo"  # not chosen yet: what a command printed for other machines says
+    unset = RunOptions(validate=False).worker_args()
+    assert unset[5] == "sgd" and unset[7] == "gloo" and unset[-1] == "--no-validate"  # autopp.run.resolve sets them

@@ -53,6 +53,23 @@ def test_format_report_shows_verdict_and_numbers() -> None:
     assert format_report(_report(error="rank 1 failed: boom")).endswith("FAILED: rank 1 failed: boom")
 
 
+# Issue 26, point 10: a measuring run (`--no-validate`) must never read PASSED.
+def test_a_run_that_was_not_validated_says_so_and_never_passes() -> None:
+    text = format_report(_report(validated=False, losses=(2.0, 1.9), optimizer="adam"))
+    assert text.endswith("NOT VALIDATED: measured only (--no-validate): no single-process reference ran")
+    assert "PASSED" not in text and "max diff" not in text and "adam lr 0.01" in text.splitlines()[0]
+
+
+# Issue 26, point 11: 300 steps printed 600 losses on one line.
+def test_a_long_run_shows_its_first_and_last_steps() -> None:
+    losses = tuple(1.0 + i / 1000 for i in range(300))
+    text = format_report(_report(losses=losses, reference_losses=losses, step_times_s=(0.01,) * 300))
+    line = next(t for t in text.splitlines() if "pipelined" in t)
+    assert line.endswith("1.000000 1.001000 1.002000 1.003000 1.004000 1.005000 ... (291 more) ... 1.297000 1.298000 "
+                         "1.299000")
+    assert max(len(t) for t in text.splitlines()) < 200
+
+
 def test_run_failed_error_carries_the_report() -> None:
     exc = RunFailedError("boom", _report(error="boom"))
     assert isinstance(exc, RunError) and exc.report.error == "boom" and str(exc) == "boom"

@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -124,14 +125,27 @@ def test_a_kept_run_directory_is_always_named(tmp_path: Path, monkeypatch: pytes
     assert info.value.report.error == str(info.value)
 
 
-def _fabricated(scale: float) -> tuple[list[dict[str, object]], dict[int, dict[str, torch.Tensor]], Reference]:
-    """Two stages' results whose stage-1 gradient is the reference's times `scale`."""
-    ref = Reference(losses=(2.0, 1.5), grads={"a": torch.ones(3), "b": torch.full((2,), 4.0)})
+class _Reference:
+    """A ReferenceModel's face with fixed figures: per step, the loss of `losses` and the gradients `grads`."""
+
+    dtype, aliases, names = "float32", {"a": "a", "b": "b"}, ["a", "b"]
+
+    def __init__(self, losses: tuple[float, ...], grads: dict[str, torch.Tensor]) -> None:
+        self.losses, self.grads = losses, grads
+
+    def step(self, step: int, params: object = None) -> Reference:
+        return Reference((self.losses[step],), self.grads, first_step=step + 1)
+
+
+def _fabricated(scale: float) -> tuple[list[dict[str, object]], Any, _Reference]:
+    """Two stages' results whose stage-1 gradient is the reference's times `scale` at every step."""
+    ref = _Reference((2.0, 1.5), {"a": torch.ones(3), "b": torch.full((2,), 4.0)})
     results: list[dict[str, object]] = [
         {"stage": 0, "params": ["a"], "step_times_s": [0.3, 0.1], "losses": []},
         {"stage": 1, "params": ["b"], "step_times_s": [0.2, 0.2], "losses": [[1.9, 2.1], [1.5, 1.5]]},
     ]
-    return results, {0: {"a": torch.ones(3)}, 1: {"b": torch.full((2,), 4.0 * scale)}}, ref
+    grads = {0: {"a": torch.ones(3)}, 1: {"b": torch.full((2,), 4.0 * scale)}}
+    return results, lambda step: ({}, grads), ref
 
 
 def _blank() -> RunReport:
@@ -153,8 +167,9 @@ def test_validation_names_the_parameter_above_tolerance() -> None:
     results, grads, ref = _fabricated(1.01)
     report = _validation(_blank(), results, grads, ref)  # type: ignore[arg-type]
     assert not report.passed
-    assert report.error == ("gradient of b (stage 1) differs from the single-process reference by 1.00e-02 relative "
-                            "(max abs 4.00e-02), above the tolerance 1e-04")
+    assert report.error == ("step 1 of 2: gradient of b (stage 1) differs from the single-process reference by "
+                            "1.00e-02 relative (max abs 4.00e-02), above the tolerance 1e-04 (also step 2)")
+    assert report.failed_steps == (1, 2)
 
 
 @pytest.mark.integration

@@ -9,6 +9,7 @@ from dataclasses import replace
 from ...costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays, stage_costs
 from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
+from ...data.catalog import planned_device
 from ...data.cluster import Cluster
 from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName
 from ..partition.baselines import baseline_bounds
@@ -160,4 +161,6 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 tp_plan=dict(profile.meta.tp_plan) if layout.tp > 1 else {}, num_microbatches=c.microbatches,
                 microbatch_size=c.microbatch_size, memory_limit_bytes=request.cluster.memory_bytes, stages=stages,
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
-                ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})))
+                ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})),
+                device=planned_device(request.cluster, profile.meta.device, profile.meta.extra.get("analytic_device")),
+                optimizer=profile.meta.optimizer)

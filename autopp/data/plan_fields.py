@@ -1,0 +1,111 @@
+"""The field checks of plan JSON (docs/plan-format.md), before any dataclass of autopp.data.plan is built: each a
+PlanError naming the file and the field (autopp.data.fields)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ScheduleError
+from ..schedule.actions import Action, parse_action
+from ..schedule.activation import Activation
+from ..schedule.descriptors import ScheduleName
+from .fields import Fields, is_int, is_span
+from .layout import LAYOUT_FIELDS
+
+__all__ = ["STAGE_NUMBERS", "check_fields", "custom_order"]
+
+
+#: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
+_PLAN_INTS = {"num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0, **LAYOUT_FIELDS}
+_STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
+#: Number fields of a stage (finite, >= 0; the backward's I and W may be null, in plans that predate them).
+STAGE_NUMBERS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "progress_s",
+                  "overhead_s", "transient_bytes")
+_PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
+#: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
+_SEED_LIMIT = 2**63
+
+
+def _check_prediction(d: Any, f: Fields, prediction: type) -> None:
+    f.record(d, prediction)
+    for name in _PREDICTION_NUMBERS:
+        if name in d:
+            f.number(d[name], name)
+    f.flag(d.get("fits", True), "fits")
+    bubble = d["bubble_fraction"]  # may be -1e-16 by rounding
+    if isinstance(bubble, bool) or not isinstance(bubble, (int, float)) or not -1e-9 <= bubble <= 1:
+        f.bad("bubble_fraction", "a number in [0, 1]", bubble)
+    f.integers(d["peak_memory_bytes"], "peak_memory_bytes")
+    units = d.get("stage_units", [])
+    if not isinstance(units, (list, tuple)) or not all(is_span(u) for u in units):
+        f.fail("field 'stage_units' must be a list of [first, end] unit ranges")
+
+
+def _check_stage(s: dict[str, Any], i: int, f: Fields) -> None:
+    for name, least in _STAGE_INTS.items():
+        if name in s:
+            f.integer(s[name], name, least)
+    for name in STAGE_NUMBERS:
+        if s.get(name) is not None or name not in ("backward_input_s", "backward_weight_s"):
+            f.number(s.get(name, 0.0), name)
+    if s["index"] != i:
+        f.fail(f"field 'index' is {s['index']!r}; stages must be listed in order, index 0, 1, ...")
+    if not is_span(s["units"]):
+        f.bad("units", "[first, end] with 0 <= first < end", s["units"])
+    f.strings(s["unit_names"], "unit_names")
+    if len(s["unit_names"]) != s["units"][1] - s["units"][0]:
+        f.fail(f"{len(s['unit_names'])} unit_names for units {s['units']}")
+    if s["split_point"] is not None and not (isinstance(s["split_point"], str) and s["split_point"]):
+        f.bad("split_point", "a module name or null", s["split_point"])
+    policies = [a.value for a in Activation]
+    if s.get("activation", "keep") not in policies:
+        f.bad("activation", f"an activation policy, one of {policies}", s["activation"])
+
+
+def check_fields(data: dict[str, Any], f: Fields, prediction: type) -> None:
+    """Type and range of every field, before any dataclass is built: a PlanError naming the file and the field
+    (`prediction`: the Prediction dataclass, whose fields the predictions and baselines must have)."""
+    for name in ("model_path", "fingerprint", "schedule"):
+        f.string(data[name], name)
+    if "profile_path" in data:
+        f.string(data["profile_path"], "profile_path")
+    names = [n.value for n in ScheduleName]
+    if data["schedule"] not in names:
+        f.fail(f"field 'schedule' is {data['schedule']!r}; expected one of {names}")
+    f.integers(data.get("device_order", []), "device_order", noun="device indices")
+    for name, least in _PLAN_INTS.items():
+        if name in data:
+            f.integer(data[name], name, least)
+    f.text_map(data.get("tp_plan", {}), "tp_plan", "module-name pattern -> style")
+    hf = data.get("hf_config", {})
+    if not isinstance(hf, dict) or hf and not (is_int(hf.get("seq_len"), 1) and isinstance(hf.get("task"), str)):
+        f.bad("hf_config", '{} or {"seq_len": S >= 1, "task": T}', hf)
+    _ = [f.string(data[name], name) for name in ("device", "optimizer") if data.get(name) is not None]
+    if data.get("seed", 0) >= _SEED_LIMIT:
+        f.bad("seed", "below 2**63", data["seed"])
+    f.number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s")
+    f.strings(data.get("notes", []), "notes")
+    for i, s in enumerate(data["stages"]):
+        _check_stage(s, i, f.at(f"stage {i}"))
+    _check_prediction(data["predicted"], f.at("predicted"), prediction)
+    if not isinstance(data.get("baselines", {}), dict):
+        f.fail("field 'baselines' must be an object of named predictions")
+    for k, v in data.get("baselines", {}).items():
+        _check_prediction(v, f.at(f"baselines.{k}"), prediction)
+
+
+def custom_order(order: Any, f: Fields) -> tuple[tuple[Action, ...], ...]:
+    """The per-rank action lists of field 'custom_order', parsed from text; a PlanError names the bad cell."""
+    if not isinstance(order, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in order):
+        f.fail("field 'custom_order' must be a list of per-rank lists of actions like \"0F0\"")
+    return tuple(tuple(_action(cell, r, i, f) for i, cell in enumerate(row)) for r, row in enumerate(order))
+
+
+def _action(cell: Any, rank: int, position: int, f: Fields) -> Action:
+    at = f"field 'custom_order' rank {rank} position {position}"
+    if not isinstance(cell, str):
+        f.fail(f"{at} must be an action like \"0F0\", got {cell!r}")
+    try:
+        return parse_action(cell)
+    except ScheduleError as exc:
+        f.fail(f"{at}: {exc}")
