@@ -87,7 +87,7 @@ class UnitArrays:
         """Per-unit compute time of one microbatch: F + the cheaper of B and I + W (+ what the activation policy
         redoes), a lower bound for schedules of either kind of backward."""
         base = self.forward + np.minimum(self.backward, self.backward_input + self.backward_weight)
-        return base + policy(activation).redo_s(self.recompute)
+        return base + policy(activation).unit_redo(self)
 
 
 class ProfileTable:

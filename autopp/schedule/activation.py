@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import Callable, Protocol
+
+import numpy as np
 
 from autopp.errors import ScheduleError
 
-__all__ = ["Activation", "ActivationPolicy", "POLICIES", "policy", "parse_activation", "order_key", "chosen"]
-
-_T = TypeVar("_T")
+__all__ = ["Activation", "ActivationPolicy", "StageFigures", "UnitFigures", "POLICIES", "policy", "parse_activation",
+           "order_key", "chosen", "by_saving"]
 
 
 class Activation(Enum):
@@ -28,17 +29,62 @@ class Activation(Enum):
     RECOMPUTE = "recompute"
 
 
+class StageFigures(Protocol):
+    """What a policy reads of one microbatch of a stage (`autopp.schedule.effects.StageCost` has these)."""
+
+    @property
+    def forward_s(self) -> float: ...
+    @property
+    def activation_bytes(self) -> int: ...
+    @property
+    def input_bytes(self) -> int: ...
+
+
+class UnitFigures(Protocol):
+    """What a policy reads of a profile's units at one microbatch size (`autopp.costmodel.UnitArrays` has these)."""
+
+    @property
+    def forward(self) -> np.ndarray: ...
+    @property
+    def recompute(self) -> np.ndarray: ...
+    @property
+    def activation(self) -> np.ndarray: ...
+
+
+def _none(a: UnitFigures) -> np.ndarray:
+    return np.zeros(len(a.forward))
+
+
+def _always(a: UnitFigures) -> bool:
+    return True
+
+
 @dataclass(frozen=True, kw_only=True)
 class ActivationPolicy:
-    """What one policy keeps, redoes and is called."""
+    """What one policy keeps, redoes and is called. Each policy reads its own figures: the simulator, the split's
+    memory check and the bounds pass the stage's or the units' figures whole (`StageFigures`, `UnitFigures`)."""
 
     name: Activation
     summary: str
     """One line for tables and docs."""
-    redoes_forward: bool
-    """The backward (B, or I of split-backward schedules) first runs the stage's forward again."""
-    keeps_input_only: bool
-    """Between F and its backward a microbatch holds only the stage input, not its activations."""
+    saving: int
+    """Rank by memory saved (0: keeps everything): the search tries policies in this order, each cheaper in time
+    and dearer in memory than the next (`by_saving`)."""
+    redo_s: Callable[[StageFigures], float]
+    """What the policy adds to a B or I of the stage: the forward again, part of it, or 0."""
+    kept: Callable[[StageFigures], int]
+    """Bytes one microbatch holds from its F until the backward that frees it."""
+    redone: Callable[[StageFigures], int]
+    """Bytes allocated again when the backward starts (the recomputed activations), freed with the kept ones."""
+    unit_redo: Callable[[UnitFigures], np.ndarray]
+    """Per unit, what the policy adds to one microbatch's compute (the split's objective, and with the units'
+    forward as a ceiling the bounds)."""
+    unit_bytes: Callable[[UnitFigures, int], np.ndarray]
+    """Per unit, the activation bytes the split's memory check charges a stage with this many microbatches in flight
+    (a relaxation where only inputs are kept: the kept inputs are charged by the simulator and the order walks, which
+    judge every plan)."""
+    offered: Callable[[UnitFigures], bool] = _always
+    """Whether the units carry this policy's figures (a profile without them: the search does not offer it)."""
     checkpoint: bool
     """The runner wraps the stage's forward in `torch.utils.checkpoint.checkpoint` (non-reentrant)."""
     torchtitan: str
@@ -50,24 +96,10 @@ class ActivationPolicy:
     trainer_note: str = ""
     """What the trainers' version leaves out that autopp counted (empty: nothing)."""
 
-    def redo_s(self, forward: _T) -> _T | float:
-        """What the policy adds to a B or I: the forward again, or 0. Takes a stage's forward time or an array of
-        units' forward times (the bounds)."""
-        return forward if self.redoes_forward else 0.0
-
-    def kept(self, activation_bytes: int, input_bytes: int) -> int:
-        """Bytes one microbatch holds from its F until the backward that frees it."""
-        return input_bytes if self.keeps_input_only else activation_bytes
-
-    def redone(self, activation_bytes: int) -> int:
-        """Bytes allocated again when the backward starts (the recomputed activations), freed with the kept ones."""
-        return activation_bytes if self.redoes_forward else 0
-
-    def held(self, inflight: int) -> int:
-        """Microbatches whose activations a stage is charged for when `inflight` are in flight: all of them, or one
-        when only inputs are kept (a relaxation for the split's memory check: the kept inputs are charged by the
-        simulator and the order walks, which judge every plan)."""
-        return 1 if self.keeps_input_only else inflight
+    @property
+    def redoes_forward(self) -> bool:
+        """The backward (B, or I of split-backward schedules) first runs some of the stage's forward again."""
+        return self.saving > 0
 
 
 _FULL_NOTE = ("the trainer's full recomputation covers the transformer blocks only; the embedding and the output "
@@ -75,10 +107,15 @@ _FULL_NOTE = ("the trainer's full recomputation covers the transformer blocks on
 
 #: Every activation policy.
 POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
-    ActivationPolicy(name=Activation.KEEP, summary="keep every activation for the backward", redoes_forward=False,
-                     keeps_input_only=False, checkpoint=False, torchtitan="none", megatron=(), deepspeed_interval=0),
+    ActivationPolicy(name=Activation.KEEP, summary="keep every activation for the backward", saving=0,
+                     redo_s=lambda c: 0.0, kept=lambda c: c.activation_bytes, redone=lambda c: 0, unit_redo=_none,
+                     unit_bytes=lambda a, inflight: inflight * a.activation,
+                     checkpoint=False, torchtitan="none", megatron=(), deepspeed_interval=0),
     ActivationPolicy(name=Activation.RECOMPUTE, summary="keep the stage input; recompute the forward in the backward",
-                     redoes_forward=True, keeps_input_only=True, checkpoint=True, torchtitan="full",
+                     saving=2, redo_s=lambda c: c.forward_s, kept=lambda c: c.input_bytes,
+                     redone=lambda c: c.activation_bytes, unit_redo=lambda a: a.recompute,
+                     unit_bytes=lambda a, inflight: a.activation,
+                     checkpoint=True, torchtitan="full",
                      megatron=("--recompute-granularity full", "--recompute-method uniform",
                                "--recompute-num-layers 1"),
                      deepspeed_interval=1, trainer_note=_FULL_NOTE),
@@ -108,3 +145,9 @@ def order_key(activations: tuple[Activation, ...]) -> tuple[int, ...]:
 def chosen(stages: int, recomputed: set[int] | frozenset[int] | tuple[int, ...]) -> tuple[Activation, ...]:
     """Per-stage policies of `stages` stages: RECOMPUTE for the stages in `recomputed`, KEEP for the others."""
     return tuple(Activation.RECOMPUTE if s in recomputed else Activation.KEEP for s in range(stages))
+
+
+def by_saving(activations: tuple[Activation, ...] | list[Activation] | set[Activation]) -> tuple[Activation, ...]:
+    """`activations` without repeats, least memory saved first (`ActivationPolicy.saving`): the order the search
+    climbs when a rank does not fit."""
+    return tuple(sorted(set(activations), key=lambda a: POLICIES[a].saving))

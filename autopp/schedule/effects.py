@@ -105,7 +105,7 @@ FREES: frozenset[Kind] = frozenset({Kind.B, Kind.W})
 
 def durations(c: StageCost, activation: Activation) -> dict[Kind, float]:
     """Busy time per compute kind; a policy that redoes the forward runs it again at the start of B or I."""
-    redo, o = policy(activation).redo_s(c.forward_s), c.overhead_s
+    redo, o = policy(activation).redo_s(c), c.overhead_s
     full = c.backward_input_s + c.backward_weight_s if c.backward_s is None else c.backward_s
     return {Kind.F: c.forward_s + o, Kind.I: redo + c.backward_input_s + o, Kind.W: c.backward_weight_s,
             Kind.B: redo + full + o}
@@ -116,7 +116,7 @@ def footprint(c: StageCost, activation: Activation) -> Footprint:
     recomputing, only the stage input after F, and the full activations again from the start of B (or I) until B
     (or W) ends, freed together with the kept input (`ActivationPolicy.kept` and `.redone`)."""
     p = policy(activation)
-    return Footprint(p.kept(c.activation_bytes, c.input_bytes), p.redone(c.activation_bytes))
+    return Footprint(p.kept(c), p.redone(c))
 
 
 def added_at_start(kind: Kind, f: Footprint) -> int:

@@ -6,10 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from autopp.costmodel import UnitArrays
 from autopp.errors import ScheduleError
-from autopp.schedule import POLICIES, Activation, chosen, order_key, parse_activation, policy
+from autopp.schedule import POLICIES, Activation, StageCost, by_saving, chosen, order_key, parse_activation, policy
 
 KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
+COST = StageCost(forward_s=2.5, backward_input_s=1.0, backward_weight_s=1.0, activation_bytes=100, input_bytes=7)
+
+
+def _units(forward: list[float], recompute: list[float], activation: list[int]) -> UnitArrays:
+    z = np.zeros(len(forward))
+    return UnitArrays(np.array(forward), z, z, np.array(recompute), z, np.array(activation, dtype=float), z, z,
+                      np.zeros(len(forward) + 1), False, z)
 
 
 def test_one_descriptor_per_policy_spelled_by_its_value() -> None:
@@ -19,25 +27,29 @@ def test_one_descriptor_per_policy_spelled_by_its_value() -> None:
 
 
 def test_what_a_policy_adds_to_the_backward() -> None:
-    assert policy(KEEP).redo_s(2.5) == 0.0 and policy(RECOMPUTE).redo_s(2.5) == 2.5
-    forward = np.array([1.0, 2.0, 3.0])  # the bounds pass a whole array of units' forward times
-    assert policy(RECOMPUTE).redo_s(forward) is forward and policy(KEEP).redo_s(forward) == 0.0
+    assert policy(KEEP).redo_s(COST) == 0.0 and policy(RECOMPUTE).redo_s(COST) == 2.5
+    a = _units([1.0, 2.0, 3.0], [0.5, 1.5, 2.5], [10, 20, 30])  # the split reads the units' recompute column
+    assert list(policy(RECOMPUTE).unit_redo(a)) == [0.5, 1.5, 2.5] and list(policy(KEEP).unit_redo(a)) == [0.0] * 3
 
 
 def test_what_a_microbatch_keeps_and_what_is_allocated_again() -> None:
-    assert (policy(KEEP).kept(100, 7), policy(KEEP).redone(100)) == (100, 0)
-    assert (policy(RECOMPUTE).kept(100, 7), policy(RECOMPUTE).redone(100)) == (7, 100)
+    assert (policy(KEEP).kept(COST), policy(KEEP).redone(COST)) == (100, 0)
+    assert (policy(RECOMPUTE).kept(COST), policy(RECOMPUTE).redone(COST)) == (7, 100)
 
 
-def test_microbatches_charged_in_the_splits_memory_check() -> None:
-    assert [policy(KEEP).held(n) for n in (1, 3, 8)] == [1, 3, 8]
-    assert [policy(RECOMPUTE).held(n) for n in (1, 3, 8)] == [1, 1, 1]
+def test_bytes_charged_in_the_splits_memory_check() -> None:
+    a = _units([1.0, 1.0], [1.0, 1.0], [10, 20])
+    assert [list(policy(KEEP).unit_bytes(a, n)) for n in (1, 3)] == [[10, 20], [30, 60]]
+    assert [list(policy(RECOMPUTE).unit_bytes(a, n)) for n in (1, 3)] == [[10, 20], [10, 20]]
 
 
 def test_behaviour_flags() -> None:
     keep, again = policy(KEEP), policy(RECOMPUTE)
-    assert (keep.redoes_forward, keep.keeps_input_only, keep.checkpoint) == (False, False, False)
-    assert (again.redoes_forward, again.keeps_input_only, again.checkpoint) == (True, True, True)
+    assert (keep.redoes_forward, keep.checkpoint, keep.saving) == (False, False, 0)
+    assert (again.redoes_forward, again.checkpoint) == (True, True) and again.saving > keep.saving
+    a = _units([1.0], [1.0], [1])
+    assert keep.offered(a) and again.offered(a)
+    assert by_saving((RECOMPUTE, KEEP, RECOMPUTE)) == (KEEP, RECOMPUTE)
 
 
 def test_how_the_trainers_spell_each_policy() -> None:

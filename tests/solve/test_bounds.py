@@ -19,7 +19,7 @@ from autopp.solve.search.bounds import lower_bound
 from autopp.schedule.effects import order_peaks
 from autopp.solve.search.judge import Candidate, judge
 from autopp.solve.search.request import PlanRequest, RecomputeMode, configs
-from autopp.solve.search.search import DP_MODES, _bounds, _estimate, _fitted, _options, _Splits
+from autopp.solve.search.search import _bounds, _estimate, _fitted, _options, _Splits
 from autopp.solve.search.views import Views
 from autopp.data.synthetic_profile import synthetic_profile
 
@@ -94,7 +94,7 @@ def test_pruned_shortlist_equals_exhaustive(seed: int) -> None:
     req = PlanRequest(cluster=_cluster(rng, hetero=seed % 2 == 1), global_batch=8, schedule=None,
                       pins=LayoutPins(dp=None if seed % 2 == 0 else 1), recompute=recompute, shortlist=3)
     cfgs = configs(req, profile.num_units)
-    modes = DP_MODES[recompute]
+    modes = recompute.policies()
     every = []
     for idx, c in enumerate(cfgs):
         a = unit_arrays(profile, c.b)

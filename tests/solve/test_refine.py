@@ -56,8 +56,9 @@ def _case(name: ScheduleName, seed: int) -> tuple[UnitArrays, Cluster, Candidate
 def test_exact_mode_equals_the_brute_force(name: ScheduleName, seed: int) -> None:
     a, cluster, seed_cand = _case(name, seed)
     for mode in (RecomputeMode.AUTO, RecomputeMode.NONE):
-        got = refine(a, cluster, seed_cand, mode)
-        want = brute_force(a, cluster, name, layout=seed_cand.layout, m=seed_cand.microbatches, recompute=mode).best
+        got = refine(a, cluster, seed_cand, mode.policies())
+        want = brute_force(a, cluster, name, layout=seed_cand.layout, m=seed_cand.microbatches,
+                           activations=mode.policies()).best
         assert got.exact
         assert (got.best is None) == (want is None), (mode, got.best, want)
         if want is not None and got.best is not None:
@@ -69,7 +70,7 @@ def test_exact_mode_equals_the_brute_force(name: ScheduleName, seed: int) -> Non
 def test_local_search_never_worse_than_its_seed(seed: int) -> None:
     a, cluster, seed_cand = _case(ScheduleName.ONE_F_ONE_B, seed)
     start = judge(a, cluster, seed_cand)
-    got = refine(a, cluster, seed_cand, RecomputeMode.AUTO, exact_limit=0, budget=20)
+    got = refine(a, cluster, seed_cand, RecomputeMode.AUTO.policies(), exact_limit=0, budget=20)
     assert not got.exact and got.judged <= 20 + 16  # the last split's recompute choices may finish the budget
     if start.fits:
         assert got.best is not None and got.best.step_s <= start.step_s
@@ -84,7 +85,8 @@ def test_recompute_choices_are_minimal_per_rank() -> None:
                      microbatch_size=1, bounds=((0, 1), (1, 2), (2, 3), (3, 4)), activations=(KEEP,) * 4)
     costs = stage_costs(a, cand.bounds, [1.0] * 4)
     actions = _rank_actions(cand)
-    choices = recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.AUTO)
+    choices = recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.AUTO.policies())
     assert choices == [(RECOMPUTE, KEEP, KEEP, KEEP)]
-    assert recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.NONE) == []
-    assert recompute_choices(costs, cand.owner, actions, lambda r: 10**6, RecomputeMode.AUTO) == [(KEEP,) * 4]
+    assert recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.NONE.policies()) == []
+    assert recompute_choices(costs, cand.owner, actions, lambda r: 10**6, RecomputeMode.AUTO.policies()) \
+        == [(KEEP,) * 4]

@@ -6,7 +6,7 @@ import pytest
 
 from autopp.data.cluster import DEFAULT_LINK, Cluster
 from autopp.data.layout import Layout, LayoutPins
-from autopp.errors import InfeasibleError
+from autopp.errors import InfeasibleError, LayoutError
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
 from autopp.solve import PlanRequest, make_plan
@@ -123,6 +123,31 @@ def test_recompute_auto_rescues_a_tight_memory() -> None:
         _synth(memory=10.5, global_batch=16)
     plan = _synth(memory=10.5, global_batch=16, recompute=RecomputeMode.AUTO)
     assert any(s.activation is RECOMPUTE for s in plan.stages) and max(plan.predicted.peak_memory_bytes) <= 10.5 * GiB
+
+
+def test_a_request_names_the_policies_the_search_may_use() -> None:
+    """`PlanRequest.activations` (the Python user's say) gives what `recompute` gives from the command line."""
+    assert RecomputeMode.NONE.policies() == (KEEP,) and RecomputeMode.ALL.policies() == (RECOMPUTE,)
+    assert RecomputeMode.AUTO.policies()[0] is KEEP and set(RecomputeMode.AUTO.policies()) == set(Activation)
+    auto = _synth(memory=10.5, global_batch=16, recompute=RecomputeMode.AUTO)
+    both = _synth(memory=10.5, global_batch=16, activations=(RECOMPUTE, KEEP))
+    assert both.stages == auto.stages and both.predicted == auto.predicted
+    only = _synth(memory=10.5, global_batch=16, activations=(RECOMPUTE,))
+    assert all(s.activation is RECOMPUTE for s in only.stages)
+    assert only.predicted == _synth(memory=10.5, global_batch=16, recompute=RecomputeMode.ALL).predicted
+    with pytest.raises(InfeasibleError, match="`recompute` auto fits"):
+        _synth(memory=10.5, global_batch=16, activations=(KEEP,))
+
+
+def test_a_request_refuses_policies_named_twice_over() -> None:
+    cluster = Cluster(num_devices=4, memory_bytes=GiB)
+    with pytest.raises(LayoutError, match=r"^`activations` recompute: give at least one policy, and drop `recompute` "
+                                          r"all$"):
+        PlanRequest(cluster=cluster, global_batch=4, activations=(RECOMPUTE,), recompute=RecomputeMode.ALL)
+    with pytest.raises(LayoutError, match=r"^`activations` none: give at least one policy"):
+        PlanRequest(cluster=cluster, global_batch=4, activations=())
+    with pytest.raises(LayoutError, match=r"^`recompute_stages` pins each stage's recomputation; drop `activations`$"):
+        PlanRequest(cluster=cluster, global_batch=4, activations=(KEEP,), recompute_stages=(0,))
 
 
 @pytest.mark.integration  # a brute force over every split x recompute choice (~5 s)

@@ -7,7 +7,7 @@ import logging
 from dataclasses import replace
 
 from ...costmodel import ProfileTable
-from ...schedule import Activation
+from ...schedule import policy
 from ...errors import InfeasibleError
 from ...data.plan import Plan
 from ...data.profile import Profile
@@ -16,7 +16,7 @@ from .reorder import synthesized
 from ..search.explain import explain_infeasible
 from ..search.judge import Verdict
 from ..cpsat.placement import place_devices
-from ..search.request import Config, PlanRequest, RecomputeMode, configs
+from ..search.request import Config, PlanRequest, configs
 from ..search.runnable import PARALLEL_KEY, split_backward_refusal
 from ..search.search import inflight, links_hold_messages, search
 from ..search.views import Views
@@ -46,10 +46,11 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
     c = _placement_config(req, profile.num_units, best)
     if c is None:
         return req, best, None
-    recomputes = best.candidate.recomputing > 0 if best is not None else req.recompute is RecomputeMode.ALL
-    activation = Activation.RECOMPUTE if recomputes else Activation.KEEP
+    a = table.arrays(c.b)  # the winner's policy saving most, else the first the request allows
+    activation = max(best.candidate.activations, key=lambda x: policy(x).saving) if best is not None \
+        else req.ladder(a)[0]
     try:
-        placed = place_devices(table.arrays(c.b), req.cluster, c.m, inflight(c.schedule, c.layout.pp, c.m, 1),
+        placed = place_devices(a, req.cluster, c.m, inflight(c.schedule, c.layout.pp, c.m, 1),
                                activation, req.placement_time_limit_s)
     except InfeasibleError as exc:
         log.info("device placement: %s", exc)
