@@ -33,7 +33,10 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              backward_s=full,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
                              input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0,
-                             transient_bytes=stage_transient(a, i, j)))
+                             transient_bytes=stage_transient(a, i, j),
+                             selective_bytes=0 if a.selective_bytes is None else int(a.selective_bytes[i:j].sum()),
+                             selective_redo_s=0.0 if a.selective_redo is None else
+                             float(a.selective_redo[i:j].sum()) / sp))
     return out
 
 

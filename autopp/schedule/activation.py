@@ -6,6 +6,15 @@ planner's split and its memory bounds, the runner and the exporters all read a p
 gives each stage one policy. Full recomputation is Chen et al., "Training Deep Nets with Sublinear Memory Cost"
 (arXiv:1604.06174) as torch's `torch.utils.checkpoint` runs it per stage: only the stage's input is kept, and the
 forward runs again at the start of the backward.
+
+Selective recomputation is op-level selective activation checkpointing as torch runs it
+(`torch.utils.checkpoint.create_selective_checkpoint_contexts`) and torchtitan applies it
+(torchtitan/distributed/activation_checkpoint.py, `_save_list`): the stage's forward runs under a checkpoint whose
+policy saves the outputs of the matmuls and the attention kernels (`SAVED_OPS`) and recomputes every other op (norms,
+activation functions, elementwise ops) at the start of the backward, the cheap-to-recompute, memory-heavy part that
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv:2205.05198), single out.
+A profile gives per unit what it keeps so and what its recompute costs (`selective_activation_bytes`,
+`selective_recompute_s`, docs/profile-format.md); a profile without them is not offered the policy.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import numpy as np
 
 from autopp.errors import ScheduleError
 
-__all__ = ["Activation", "ActivationPolicy", "StageFigures", "UnitFigures", "POLICIES", "policy", "parse_activation",
+__all__ = ["Activation", "SAVED_OPS", "ActivationPolicy", "StageFigures", "UnitFigures", "POLICIES", "policy", "parse_activation",
            "order_key", "chosen", "by_saving"]
 
 
@@ -27,6 +36,18 @@ class Activation(Enum):
 
     KEEP = "keep"
     RECOMPUTE = "recompute"
+    SELECTIVE = "selective"
+
+
+#: The ops whose outputs selective recomputation keeps (`str(op.overloadpacket)`: "aten.mm"), the one list the runner's
+#: checkpoint policy (autopp.run.chain), the measured profile and the analytic count (autopp.measure) read. torchtitan's
+#: `_save_list` (mm, the SDPA kernels, the reduce-scatter of a tensor-parallel output) plus the CPU spellings of a
+#: matmul with bias or a batch (addmm, bmm, baddbmm) and of SDPA (`_scaled_dot_product_flash_attention_for_cpu`).
+SAVED_OPS: frozenset[str] = frozenset({
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_attention_math",
+    "aten._scaled_dot_product_fused_attention_overrideable", "_c10d_functional.reduce_scatter_tensor"})
 
 
 class StageFigures(Protocol):
@@ -38,6 +59,10 @@ class StageFigures(Protocol):
     def activation_bytes(self) -> int: ...
     @property
     def input_bytes(self) -> int: ...
+    @property
+    def selective_bytes(self) -> int: ...
+    @property
+    def selective_redo_s(self) -> float: ...
 
 
 class UnitFigures(Protocol):
@@ -49,6 +74,10 @@ class UnitFigures(Protocol):
     def recompute(self) -> np.ndarray: ...
     @property
     def activation(self) -> np.ndarray: ...
+    @property
+    def selective_bytes(self) -> np.ndarray | None: ...
+    @property
+    def selective_redo(self) -> np.ndarray | None: ...
 
 
 def _none(a: UnitFigures) -> np.ndarray:
@@ -87,12 +116,18 @@ class ActivationPolicy:
     """Whether the units carry this policy's figures (a profile without them: the search does not offer it)."""
     checkpoint: bool
     """The runner wraps the stage's forward in `torch.utils.checkpoint.checkpoint` (non-reentrant)."""
+    saves_ops: frozenset[str] = frozenset()
+    """Under that checkpoint, the ops whose outputs are kept (torch's selective checkpoint context); empty: none."""
     torchtitan: str
     """torchtitan's `activation_checkpoint.mode` for it."""
+    torchtitan_options: tuple[str, ...] = ()
+    """torchtitan's further `activation_checkpoint` overrides for it."""
     megatron: tuple[str, ...]
     """Megatron-LM's arguments for it."""
-    deepspeed_interval: int
-    """DeepSpeed PipelineModule's `activation_checkpoint_interval` for it."""
+    deepspeed_interval: int | None
+    """DeepSpeed PipelineModule's `activation_checkpoint_interval` for it (None: DeepSpeed cannot express it)."""
+    deepspeed_refusal: str = ""
+    """Why DeepSpeed cannot express it (with `deepspeed_interval` None)."""
     trainer_note: str = ""
     """What the trainers' version leaves out that autopp counted (empty: nothing)."""
 
@@ -102,6 +137,20 @@ class ActivationPolicy:
         return self.saving > 0
 
 
+def _selective_units(a: UnitFigures, inflight: int) -> np.ndarray:
+    """Without the figures (not offered), as keeping: the stage's figures are then 0 bytes saved, 0 s redone."""
+    kept = a.selective_bytes if a.selective_bytes is not None else a.activation
+    return inflight * kept + np.maximum(a.activation - kept, 0.0)
+
+
+def _selective_redo(a: UnitFigures) -> np.ndarray:
+    return a.selective_redo if a.selective_redo is not None else _none(a)
+
+
+_SELECTIVE_NOTE = ("torchtitan's op-level policy also recomputes every second matmul, and Megatron's selective "
+                   "recomputation recomputes the core attention (QK^T, softmax, dropout, attention over V) and keeps "
+                   "the rest; autopp counted the outputs of every matmul and attention kernel kept and the other ops "
+                   "recomputed, so both trainers keep different bytes and recompute different time than planned")
 _FULL_NOTE = ("the trainer's full recomputation covers the transformer blocks only; the embedding and the output "
               "part keep their activations, which autopp counted as recomputed")
 
@@ -119,6 +168,17 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      megatron=("--recompute-granularity full", "--recompute-method uniform",
                                "--recompute-num-layers 1"),
                      deepspeed_interval=1, trainer_note=_FULL_NOTE),
+    ActivationPolicy(name=Activation.SELECTIVE, summary="keep matmul and attention outputs; recompute the other ops "
+                     "in the backward", saving=1,
+                     redo_s=lambda c: c.selective_redo_s, kept=lambda c: c.selective_bytes + c.input_bytes,
+                     redone=lambda c: max(0, c.activation_bytes - c.selective_bytes), unit_redo=_selective_redo,
+                     unit_bytes=_selective_units, offered=lambda a: a.selective_bytes is not None,
+                     checkpoint=True, saves_ops=SAVED_OPS, torchtitan="selective",
+                     torchtitan_options=("--activation_checkpoint.selective_ac_option=op",),
+                     megatron=("--recompute-granularity selective",), deepspeed_interval=None,
+                     deepspeed_refusal="DeepSpeed's PipelineModule checkpoints whole layers "
+                     "(activation_checkpoint_interval); it has no op-level selective recomputation",
+                     trainer_note=_SELECTIVE_NOTE),
 )}
 
 

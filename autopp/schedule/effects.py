@@ -76,11 +76,18 @@ class StageCost:
     backward_comm_s: float = 0.0
     """The part of a full backward (backward_s, or I + W) that is communication inside the stage, as
     forward_comm_s; it belongs to the input-gradient pass I where the backward is split."""
+    selective_bytes: int = 0
+    """Bytes one microbatch keeps under selective recomputation besides the stage input: the outputs of the ops it
+    saves (`activation.SAVED_OPS`); the rest of activation_bytes is allocated again when the backward starts."""
+    selective_redo_s: float = 0.0
+    """What selective recomputation adds to a B or I: the forward's ops it does not save, run again."""
 
     def __post_init__(self) -> None:
         times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s,
-                 0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s)
-        sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes)
+                 0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s,
+                 self.selective_redo_s)
+        sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes,
+                 self.selective_bytes)
         if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
             raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
         full = self.backward_input_s + self.backward_weight_s if self.backward_s is None else self.backward_s

@@ -48,7 +48,8 @@ def test_splits_are_every_contiguous_split_once() -> None:
     for bounds in splits:
         assert bounds[0][0] == 0 and bounds[-1][1] == 6
         assert all(i < j for i, j in bounds) and all(x[1] == y[0] for x, y in zip(bounds, bounds[1:]))
-    assert candidate_count(6, 3) == 10 * 8 and candidate_count(6, 3, KEEP_ONLY) == 10
+    assert candidate_count(6, 3, (KEEP, RECOMPUTE)) == 10 * 8 and candidate_count(6, 3, KEEP_ONLY) == 10
+    assert candidate_count(6, 3) == 10 * 3**3  # every policy
 
 
 def test_one_unit_per_stage_has_exactly_one_split() -> None:
