@@ -39,7 +39,7 @@ class StagePlan:
     """Predicted peak memory of the rank that runs this stage (all its stages together), from the simulator."""
     activation: Activation = Activation.KEEP
     """What this stage keeps of a microbatch's forward for its backward (autopp.schedule.activation); stored in JSON
-    as its name ("keep", "recompute")."""
+    as its name ("keep", "recompute", "selective")."""
     backward_input_s: float | None = None
     """Input-gradient pass (I) of split-backward schedules; None in plans that predate it (then I = W =
     backward_s / 2)."""
@@ -62,6 +62,12 @@ class StagePlan:
     compute and waiting (the links' `overhead_s`, once per message); the simulator adds it to both."""
     transient_bytes: int = 0
     """Largest working memory of the stage's units (effects.TRANSIENT); 0 and not written without peak data."""
+    selective_bytes: int = 0
+    """Bytes one microbatch keeps besides the stage input under selective recomputation (`StageCost.selective_bytes`);
+    0 and not written when the profile has no selective figures."""
+    selective_redo_s: float = 0.0
+    """What selective recomputation adds to each backward (`StageCost.selective_redo_s`); 0 and not written when the
+    profile has no selective figures."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
@@ -187,7 +193,7 @@ class Plan:
             del data["hf_config"]  # plans of model files stay as they were
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
-        data["stages"] = [{**{k: v for k, v in st.items() if v or k != "transient_bytes"},
+        data["stages"] = [{**{k: v for k, v in st.items() if v or k not in _OMITTED_WHEN_0},
                            "activation": s.activation.value} for st, s in zip(data["stages"], self.stages)]
         return {"version": data.pop("version"), **data}
 
@@ -236,9 +242,11 @@ class Plan:
 #: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
 _PLAN_INTS = {"num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0, **LAYOUT_FIELDS}
 _STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
+#: Stage fields not written when 0 (plans without peak data, profiles without selective figures).
+_OMITTED_WHEN_0 = ("transient_bytes", "selective_bytes", "selective_redo_s")
 #: Number fields of a stage (finite, >= 0; the backward's I and W may be null, in plans that predate them).
 _STAGE_NUMBERS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "progress_s",
-                  "overhead_s", "transient_bytes")
+                  "overhead_s", "transient_bytes", "selective_bytes", "selective_redo_s")
 _PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
 #: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
 _SEED_LIMIT = 2**63

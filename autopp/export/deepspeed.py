@@ -61,6 +61,9 @@ def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
                           "stage file builds none; re-plan with `tp` 1, or export to torchtitan or megatron")
     refuse_zero(plan, "deepspeed", where)
     activations = uniform_policy(plan, "DeepSpeed", where)
+    if activations.deepspeed_interval is None:
+        raise ExportError(f"{where}: activation policy {activations.name.value}: {activations.deepspeed_refusal}; "
+                          "re-plan with `activations` keep or recompute, or export to torchtitan or megatron")
     layout = plan.layout
     notes = [f"DeepSpeed: launch {plan.num_ranks} ranks (pp {layout.pp} x dp {layout.dp}); build the model with "
              f"pipeline_module() from {snippet_path}"]

@@ -101,7 +101,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
     if via_csv:
         lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path}")
         extra[csv_path] = csv_text(plan)
-    lines.append(f"activation_checkpoint:{activations.torchtitan}")
+    lines += [f"activation_checkpoint:{activations.torchtitan}", *activations.torchtitan_options]
     layout = plan.layout
     notes = [f"torchtitan: launch {plan.num_ranks} ranks (pp {layout.pp} x dp {layout.dp} x tp {layout.tp}, dp as "
              f"{_dp_as(layout.zero)}; torchtitan's mesh [pp, dp, tp] numbers them as autopp does); set "

@@ -164,6 +164,18 @@ def test_selective_is_offered_only_with_its_profile_columns() -> None:
         make_plan(synthetic_profile(8), PlanRequest(cluster=cluster, global_batch=8, activations=(SELECTIVE,)))
 
 
+def test_a_selective_plan_carries_its_figures_and_resimulates_as_predicted() -> None:
+    from autopp.predict import simulate_plan
+    cluster = Cluster(num_devices=4, memory_bytes=int(6.9 * GiB))
+    plan = make_plan(synthetic_profile(8, selective=True),
+                     PlanRequest(cluster=cluster, global_batch=8, recompute=RecomputeMode.AUTO))
+    stage = plan.to_json()["stages"][2]
+    assert stage["activation"] == "selective" and stage["selective_bytes"] > 0 and stage["selective_redo_s"] > 0
+    back = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert back == plan and simulate_plan(back).peak_memory_bytes == list(plan.predicted.peak_memory_bytes)
+    assert "selective_bytes" not in _synth(global_batch=16).to_json()["stages"][0]  # no figures: not written
+
+
 @pytest.mark.integration  # two brute forces over every split x 3^4 policy choices (~5 s)
 @pytest.mark.parametrize("memory, want", [(7.4, [KEEP, SELECTIVE, KEEP, KEEP]),
                                           (6.9, [KEEP, RECOMPUTE, SELECTIVE, KEEP])])
