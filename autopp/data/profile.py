@@ -28,8 +28,8 @@ from .profile_values import LiveValue, TiedGroup, ValueAction
 from .profile_tp import TP_COLUMNS, TP_FILE, check_numbers, check_tp_meta, validate_tp
 from ..relpaths import resolved_path, stored_path
 
-__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "OPTIONAL_UNIT_COLUMNS", "SELECTIVE_COLUMNS", "UNIT_SOURCES", "EDGE_COLUMNS",
-           "TP_COLUMNS", "ValueAction", "LiveValue", "TiedGroup", "ProfileMeta",
+__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "OPTIONAL_UNIT_COLUMNS", "SELECTIVE_COLUMNS", "UNIT_SOURCES",
+           "EDGE_COLUMNS", "TP_COLUMNS", "ValueAction", "LiveValue", "TiedGroup", "ProfileMeta",
            "Profile", "load_profile"]
 
 PROFILE_VERSION = 1

@@ -250,7 +250,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
         rows.append({"unit": r.unit, "name": c.units[r.unit].name, "modules": " ".join(c.units[r.unit].modules),
                      "microbatch_size": r.microbatch_size, **unit_times(r.counts, spec, dtype, eff), **r.static,
                      "activation_bytes": r.counts.activation_bytes, "output_bytes": r.counts.output_bytes,
-                     "selective_activation_bytes": r.counts.selective_bytes, "source": "analytic", "same_as": -1 if r.same_as is None else r.same_as})
+                     "selective_activation_bytes": r.counts.selective_bytes, "source": "analytic",
+                     "same_as": -1 if r.same_as is None else r.same_as})
     table = pd.DataFrame(rows).sort_values(["microbatch_size", "unit"], kind="stable").reset_index(drop=True)
     columns = list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS) + list(SELECTIVE_COLUMNS)
     live = [replace(v, bytes={b: c.value_bytes[b].get(v.name, 0) for b in c.options.microbatch_sizes})

@@ -27,8 +27,8 @@ import numpy as np
 
 from autopp.errors import ScheduleError
 
-__all__ = ["Activation", "SAVED_OPS", "ActivationPolicy", "StageFigures", "UnitFigures", "POLICIES", "policy", "parse_activation",
-           "order_key", "chosen", "by_saving"]
+__all__ = ["Activation", "SAVED_OPS", "ActivationPolicy", "StageFigures", "UnitFigures", "POLICIES", "policy",
+           "parse_activation", "order_key", "chosen", "by_saving"]
 
 
 class Activation(Enum):
