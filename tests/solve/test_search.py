@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autopp.data.cluster import DEFAULT_LINK, Cluster
@@ -162,6 +164,11 @@ def test_selective_is_offered_only_with_its_profile_columns() -> None:
     assert max(new.predicted.peak_memory_bytes) <= cluster.memory_bytes
     with pytest.raises(ProfileError, match=r"^`activations` selective: the profile has no figures for them"):
         make_plan(synthetic_profile(8), PlanRequest(cluster=cluster, global_batch=8, activations=(SELECTIVE,)))
+    # tensor-parallel rows carry no selective figures: those configurations are left out, tp 1 is planned
+    tp_rows = synthetic_profile(8, selective=True, tp_degrees=(2,))
+    plan = make_plan(tp_rows, PlanRequest(cluster=replace(cluster, memory_bytes=80 * GiB), global_batch=8,
+                                          activations=(SELECTIVE,), pins=LayoutPins(tp=None)))
+    assert plan.layout.tp == 1 and all(s.activation is SELECTIVE for s in plan.stages)
 
 
 def test_a_selective_plan_carries_its_figures_and_resimulates_as_predicted() -> None:

@@ -125,11 +125,13 @@ class PlanRequest:
             return by_saving(self.activations)
         return RecomputeMode.AUTO.policies() if self.recompute_stages is not None else self.recompute.policies()
 
+    def offered(self, a: UnitArrays) -> tuple[Activation, ...]:
+        """`allowed` policies whose figures the unit arrays `a` carry (`ActivationPolicy.offered`; maybe none)."""
+        return tuple(p for p in self.allowed() if policy(p).offered(a))
+
     def ladder(self, a: UnitArrays) -> tuple[Activation, ...]:
-        """`allowed` policies whose figures the unit arrays `a` carry (`ActivationPolicy.offered`); a ProfileError
-        when none does."""
-        allowed = self.allowed()
-        out = tuple(p for p in allowed if policy(p).offered(a))
+        """`offered` policies; a ProfileError when there are none."""
+        allowed, out = self.allowed(), self.offered(a)
         if not out:
             raise ProfileError(f"`activations` {','.join(p.value for p in allowed)}: the profile has no figures for "
                                "them; profile again, or allow `keep` or `recompute`")

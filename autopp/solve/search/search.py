@@ -156,9 +156,10 @@ def _options(views: Views, cfgs: list[Config],
     splits = _Splits()
     arrays = lambda c: views.arrays(c.b, c.layout)  # noqa: E731
     # each configuration's all-stages policies for the DP, least memory saved first; the next when one does not fit
-    ladders = [views.request(c.layout).ladder(arrays(c)) for c in cfgs]
+    # (none: the unit arrays of its tensor-parallel degree lack the figures of every allowed policy)
+    ladders = [views.request(c.layout).offered(arrays(c)) for c in cfgs]
     queue = [(lower_bound(arrays(c), views.request(c.layout), c, ladders[idx][0]), idx, 0)
-             for idx, c in enumerate(cfgs)]
+             for idx, c in enumerate(cfgs) if ladders[idx]]
     heapq.heapify(queue)
     short: list[tuple[float, int, _Option]] = []  # (-estimate, -index, option): the worst on top
     while queue:
