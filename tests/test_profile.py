@@ -265,3 +265,19 @@ def test_old_cuda_peaks_are_read_as_unit_peaks(gpt_profile: Profile) -> None:
     old = replace(gpt_profile, meta=replace(gpt_profile.meta, extra={**extra, "cuda_peak_bytes": {"0": {"1": 7}}}))
     assert old.unit_peak_bytes() == {0: {1: 7}}
     assert set(gpt_profile.unit_peak_bytes()) == set(range(gpt_profile.num_units))  # measured on CPU now
+
+
+def test_selective_columns_are_optional_and_checked(tmp_path: Path) -> None:
+    """A profile with selective recomputation's columns keeps them through save and load; one without them loads
+    without them (not filled in); a negative figure is refused like any other."""
+    from autopp.costmodel import unit_arrays
+    from autopp.data.profile import SELECTIVE_COLUMNS, load_profile
+    from autopp.data.synthetic_profile import synthetic_profile
+    with_them = load_profile(synthetic_profile(4, selective=True).save(tmp_path / "with"))
+    assert set(SELECTIVE_COLUMNS) <= set(with_them.units.columns)
+    assert unit_arrays(with_them, 1).selective_bytes is not None
+    without = load_profile(synthetic_profile(4).save(tmp_path / "without"))
+    assert not set(SELECTIVE_COLUMNS) & set(without.units.columns) and unit_arrays(without, 1).selective_bytes is None
+    bad = with_them.units.assign(selective_recompute_s=-1.0)
+    with pytest.raises(ProfileError, match="selective_recompute_s"):
+        replace(with_them, units=bad)

@@ -7,7 +7,7 @@ synchronisation, optimizer step), `parallel` (tensor-parallel collectives, ZeRO 
 cost term.
 """
 
-from .stage import (held_microbatches, ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,
+from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,
                     unit_memory)
 from .parallel import data_sharded, group_table, group_terms, replica_terms, tensor_parallel
 from .terms import (allreduce_time, allreduce_times, comm_times, gradient_allreduce_time, message_overheads, optimizer_time,
@@ -16,7 +16,7 @@ from .units import ProfileTable, TpComm, UnitArrays, unit_arrays
 
 __all__ = ["UnitArrays", "TpComm", "ProfileTable", "unit_arrays", "group_table", "group_terms", "replica_terms",
            "tensor_parallel", "data_sharded",
-           "allreduce_times", "sync_time", "stage_speeds", "stage_costs", "held_microbatches",
+           "allreduce_times", "sync_time", "stage_speeds", "stage_costs",
            "memory_prefix", "unit_memory", "stage_transient", "ideal_step_time", "transfer_time", "send_times",
            "comm_times",
            "message_overheads", "progress_delays", "allreduce_time", "gradient_allreduce_time", "optimizer_time",

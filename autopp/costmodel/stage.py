@@ -10,7 +10,7 @@ from ..data.cluster import Cluster
 from ..schedule import Activation, StageCost, policy
 from .units import UnitArrays
 
-__all__ = ["stage_speeds", "stage_costs", "held_microbatches", "memory_prefix", "unit_memory", "stage_transient",
+__all__ = ["stage_speeds", "stage_costs", "memory_prefix", "unit_memory", "stage_transient",
            "ideal_step_time"]
 
 
@@ -33,20 +33,18 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              backward_s=full,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
                              input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0,
-                             transient_bytes=stage_transient(a, i, j)))
+                             transient_bytes=stage_transient(a, i, j),
+                             selective_bytes=0 if a.selective_bytes is None else int(a.selective_bytes[i:j].sum()),
+                             selective_redo_s=0.0 if a.selective_redo is None else
+                             float(a.selective_redo[i:j].sum()) / sp))
     return out
 
 
-def held_microbatches(inflight: int, activation: Activation) -> int:
-    """Microbatches of activations the split's memory check charges a stage with `inflight` in flight under its
-    activation policy (`ActivationPolicy.held`)."""
-    return policy(activation).held(inflight)
-
-
-def memory_prefix(a: UnitArrays, held: int) -> np.ndarray:
-    """Prefix sums over units of a stage's memory holding `held` microbatches of activations: static (parameters,
-    gradients, optimizer state) + held x activations; the stage [i, j) needs p[j] - p[i] bytes."""
-    return a.prefix(a.static) + held * a.prefix(a.activation)
+def memory_prefix(a: UnitArrays, inflight: int, activation: Activation = Activation.KEEP) -> np.ndarray:
+    """Prefix sums over units of a stage's memory with `inflight` microbatches in flight under `activation`: static
+    (parameters, gradients, optimizer state) + the activation bytes the policy charges (`ActivationPolicy.unit_bytes`:
+    inflight x activations when keeping); the stage [i, j) needs p[j] - p[i] bytes."""
+    return a.prefix(a.static) + a.prefix(policy(activation).unit_bytes(a, inflight))
 
 
 def stage_transient(a: UnitArrays, i: int, j: int) -> int:
@@ -56,10 +54,10 @@ def stage_transient(a: UnitArrays, i: int, j: int) -> int:
     return int(a.transient_bytes()[i:j].max(initial=0.0))
 
 
-def unit_memory(a: UnitArrays, held: int) -> np.ndarray:
-    """Per unit, its share of a stage's memory holding `held` microbatches of activations (memory_prefix's terms,
-    for the integer CP-SAT models)."""
-    return a.static + held * a.activation
+def unit_memory(a: UnitArrays, inflight: int, activation: Activation = Activation.KEEP) -> np.ndarray:
+    """Per unit, its share of a stage's memory with `inflight` microbatches in flight under `activation`
+    (memory_prefix's terms, for the integer CP-SAT models)."""
+    return a.static + policy(activation).unit_bytes(a, inflight)
 
 
 def ideal_step_time(a: UnitArrays, cluster: Cluster, pp: int, microbatches: int) -> float:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..data.profile import Profile, ValueAction
+from ..data.profile import SELECTIVE_COLUMNS, Profile, ValueAction
 from ..data.zero import NO_ZERO, ZeroStage
 from ..errors import ProfileError
 from ..schedule.activation import Activation, policy
@@ -70,6 +70,11 @@ class UnitArrays:
     tp_comm: TpComm | None = None
     """Per unit, the tensor-parallel collectives of one microbatch (None: no tensor parallelism), already included
     in the times by `autopp.costmodel.parallel.tensor_parallel`; kept for the plan's figures."""
+    selective_bytes: np.ndarray | None = None
+    """Per unit, the bytes one microbatch keeps under selective recomputation (the profile's
+    `selective_activation_bytes`; None: the profile has no such column, and the policy is not offered)."""
+    selective_redo: np.ndarray | None = None
+    """Per unit, what selective recomputation adds to one microbatch's backward (`selective_recompute_s`)."""
 
     def transient_bytes(self) -> np.ndarray:
         """`transient`, zeros when the profile had no peak data."""
@@ -87,7 +92,7 @@ class UnitArrays:
         """Per-unit compute time of one microbatch: F + the cheaper of B and I + W (+ what the activation policy
         redoes), a lower bound for schedules of either kind of backward."""
         base = self.forward + np.minimum(self.backward, self.backward_input + self.backward_weight)
-        return base + policy(activation).redo_s(self.recompute)
+        return base + policy(activation).unit_redo(self)
 
 
 class ProfileTable:
@@ -104,8 +109,8 @@ class ProfileTable:
         self.sizes.sort()
         n = profile.num_units
         cols = ["forward_s", "backward_s", "activation_bytes",
-                *(c for c in ("backward_input_s", "backward_weight_s", "recompute_s", *TP_COMM_COLUMNS)
-                  if c in t.columns)]
+                *(c for c in ("backward_input_s", "backward_weight_s", "recompute_s", *TP_COMM_COLUMNS,
+                              *SELECTIVE_COLUMNS) if c in t.columns)]
         self.cols = {c: np.array([t[t.microbatch_size == b][c].to_numpy(dtype=np.float64) for b in self.sizes]).T
                      for c in cols}
         first = t[t.microbatch_size == self.sizes[0]]
@@ -142,8 +147,11 @@ class ProfileTable:
         cut = np.concatenate(([0.0], np.round(self._at(self.cuts, b)) if self.n > 1 else [], [0.0]))
         transient = None if self.transient is None else np.round(self._at(self.transient, b))
         comm = None if self.tp == 1 else TpComm(**{field: self._comm(c, b) for c, field in TP_COMM_COLUMNS.items()})
+        selective = [None if c not in self.cols else np.round(self._at(self.cols[c], b)) if c.endswith("bytes")
+                     else self._at(self.cols[c], b) for c in SELECTIVE_COLUMNS]
         return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
-                       optimizer=self.optimizer, transient=transient, tp_comm=comm)
+                       optimizer=self.optimizer, transient=transient, tp_comm=comm, selective_bytes=selective[0],
+                       selective_redo=selective[1])
 
 
     def _comm(self, column: str, b: float) -> np.ndarray:

@@ -15,7 +15,7 @@ from ..schedule.activation import Activation
 from ..schedule.descriptors import ScheduleName, describe
 from .fields import Fields
 from .layout import LAYOUT_FIELDS, Layout, check_planned, layout_fields, layout_of
-from .plan_fields import STAGE_NUMBERS, check_fields, custom_order
+from .plan_fields import OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 
 __all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
@@ -40,7 +40,7 @@ class StagePlan:
     """Predicted peak memory of the rank that runs this stage (all its stages together), from the simulator."""
     activation: Activation = Activation.KEEP
     """What this stage keeps of a microbatch's forward for its backward (autopp.schedule.activation); stored in JSON
-    as its name ("keep", "recompute")."""
+    as its name ("keep", "recompute", "selective")."""
     backward_input_s: float | None = None
     """Input-gradient pass (I) of split-backward schedules; None in plans that predate it (then I = W =
     backward_s / 2)."""
@@ -63,6 +63,12 @@ class StagePlan:
     compute and waiting (the links' `overhead_s`, once per message); the simulator adds it to both."""
     transient_bytes: int = 0
     """Largest working memory of the stage's units (effects.TRANSIENT); 0 and not written without peak data."""
+    selective_bytes: int = 0
+    """Bytes one microbatch keeps besides the stage input under selective recomputation (`StageCost.selective_bytes`);
+    0 and not written when the profile has no selective figures."""
+    selective_redo_s: float = 0.0
+    """What selective recomputation adds to each backward (`StageCost.selective_redo_s`); 0 and not written when the
+    profile has no selective figures."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
@@ -198,7 +204,7 @@ class Plan:
         data = {k: v for k, v in data.items() if v or k not in ("hf_config", "profile_path", "device", "optimizer")}
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
-        data["stages"] = [{**{k: v for k, v in st.items() if v or k != "transient_bytes"},
+        data["stages"] = [{**{k: v for k, v in st.items() if v or k not in OMITTED_WHEN_0},
                            "activation": s.activation.value} for st, s in zip(data["stages"], self.stages)]
         return {"version": data.pop("version"), **data}
 

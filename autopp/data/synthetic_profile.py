@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from .profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from .profile import EDGE_COLUMNS, SELECTIVE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 
 __all__ = ["synthetic_profile", "synthetic_tp_rows"]
 
@@ -54,11 +54,19 @@ def synthetic_tp_rows(units: pd.DataFrame, degrees: tuple[int, ...], *, hidden: 
     return pd.DataFrame(rows)
 
 
+#: With `selective`, the share of a unit's activation bytes it keeps and of its forward time it recomputes under
+#: selective recomputation: the outputs of a block's matmuls and attention (q, k, v, the attention output, its
+#: projection, the MLP's two matmuls: 16 of Korthikanti et al.'s 34 s b h) kept, the norms, activation function and
+#: residual adds (a tenth of the forward here, being memory-bound) recomputed.
+SELECTIVE_KEPT, SELECTIVE_REDONE = 16 / 34, 0.1
+
+
 def synthetic_profile(num_units: int, *, hidden: int = 4096, seq: int = 2048, seed: int = 0,
-                      jitter: float = 0.1, tp_degrees: tuple[int, ...] = ()) -> Profile:
+                      jitter: float = 0.1, tp_degrees: tuple[int, ...] = (), selective: bool = False) -> Profile:
     """A GPT-like profile: unit 0 embeds, units 1..n-2 are blocks, unit n-1 is the head; block times and sizes vary by
     +-`jitter` (seeded). Times follow 24 x seq x hidden^2 flops per sample at 100 TFLOP/s; float32 bytes. With
-    `tp_degrees`, tensor-parallel rows of those degrees (`synthetic_tp_rows`)."""
+    `tp_degrees`, tensor-parallel rows of those degrees (`synthetic_tp_rows`); with `selective`, the selective
+    recomputation columns (`SELECTIVE_KEPT`, `SELECTIVE_REDONE`)."""
     rng = random.Random(seed)
     flops = 24 * seq * hidden * hidden / 100e12
     units, edges = [], []
@@ -76,6 +84,9 @@ def synthetic_profile(num_units: int, *, hidden: int = 4096, seq: int = 2048, se
                        unit_names=names, split_points=names[1:], microbatch_sizes=SIZES, device="synthetic",
                        torch_version="none", num_threads=1, optimizer="adam", repeats=1, warmup=0)
     table = pd.DataFrame(units, columns=list(UNIT_COLUMNS))
+    if selective:
+        table = table.assign(**{c: v for c, v in zip(SELECTIVE_COLUMNS, (
+            (table.activation_bytes * SELECTIVE_KEPT).round().astype(int), table.forward_s * SELECTIVE_REDONE))})
     if tp_degrees:
         meta = replace(meta, tp_degrees=tuple(tp_degrees), tp_plan=dict(SYNTHETIC_TP_PLAN),
                        tp_plan_source="synthetic: Megatron's collectives per block (autopp.data.synthetic_profile)")

@@ -17,7 +17,7 @@ from torch.distributed.pipelining import Pipe
 from ..costmodel.roofline import (Calibration, Efficiency, FitRow, OpCounts, UnitError, default_efficiency,
                                  fit_efficiency, phase_time)
 from ..data.catalog import DeviceSpec, identify_device, load_device
-from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, SELECTIVE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..errors import AutoppError, ProfileError
 from ..model.contract import ModelFile, describe_error, load_model_file
 from ..model.fake import fake_mode, faking
@@ -206,7 +206,8 @@ def unit_times(counts: PieceCounts, spec: DeviceSpec, dtype: str, eff: Efficienc
     def t(ops: OpCounts) -> float:
         return phase_time(ops.load(ridge), peak, bw, eff)
     times = {"forward": t(counts.forward), "backward": t(counts.backward), "backward_input": t(counts.backward_input),
-             "backward_weight": t(counts.backward_weight), "recompute": t(counts.forward)}
+             "backward_weight": t(counts.backward_weight), "recompute": t(counts.forward),
+             "selective_recompute": t(counts.selective_recompute)}
     return {col: v for kind, value in times.items() for col, v in ((f"{kind}_s", value), (f"{kind}_spread_s", 0.0))}
 
 
@@ -249,9 +250,10 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
         rows.append({"unit": r.unit, "name": c.units[r.unit].name, "modules": " ".join(c.units[r.unit].modules),
                      "microbatch_size": r.microbatch_size, **unit_times(r.counts, spec, dtype, eff), **r.static,
                      "activation_bytes": r.counts.activation_bytes, "output_bytes": r.counts.output_bytes,
-                     "source": "analytic", "same_as": -1 if r.same_as is None else r.same_as})
+                     "selective_activation_bytes": r.counts.selective_bytes, "source": "analytic",
+                     "same_as": -1 if r.same_as is None else r.same_as})
     table = pd.DataFrame(rows).sort_values(["microbatch_size", "unit"], kind="stable").reset_index(drop=True)
-    columns = list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS)
+    columns = list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS) + list(SELECTIVE_COLUMNS)
     live = [replace(v, bytes={b: c.value_bytes[b].get(v.name, 0) for b in c.options.microbatch_sizes})
             for v in c.live]
     peaks: dict[str, dict[str, int]] = {str(r.unit): {} for r in c.rows}

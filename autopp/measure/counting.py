@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from ..costmodel.roofline import OpCounts
-from .memory import LiveBytes, saved_bytes, storage_key, tensors_in, value_bytes
+from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, value_bytes
 from .timing import Piece, run_phases
 
 __all__ = ["FLOP_FORMULAS", "NAMED_FLOP_FORMULAS", "grouped_mm_flops", "expert_weight_bytes_unread", "PieceCounts",
@@ -136,6 +136,10 @@ class PieceCounts:
     peak_bytes: int
     """Most bytes live at once during one forward and full backward, beyond the parameters and the inputs: saved
     activations, outputs, temporaries, and the gradients as they are made."""
+    selective_recompute: OpCounts = OpCounts()
+    """What selective recomputation reruns: the forward's ops outside `SAVED_OPS` (autopp.schedule.activation)."""
+    selective_bytes: int = 0
+    """What selective recomputation keeps: the outputs of the forward's ops in `SAVED_OPS` (`memory.SavedOps`)."""
 
 
 def _counted(run: Callable[[], Any]) -> tuple[Any, OpCounts]:
@@ -154,9 +158,9 @@ def _static_storages(piece: Piece, fake: Any) -> tuple[set[int], list[torch.Tens
 
 def count_piece(piece: Piece, fake: Any, last: bool) -> PieceCounts:
     """Count `piece` (its args fake tensors of `fake`, a FakeTensorMode that is active) through the phases the
-    profiler times (autopp.measure.timing.run_phases): forward and full backward (the live bytes and what autograd
-    saves counted across them), then input and weight gradients; the recompute forward is not run (it counts the
-    same ops as the forward)."""
+    profiler times (autopp.measure.timing.run_phases): forward and full backward (the live bytes, what autograd
+    saves and what selective recomputation keeps counted across them), then input and weight gradients, then the
+    ops selective recomputation reruns; the recompute forward is not run (it counts the same ops as the forward)."""
     static, _alive = _static_storages(piece, fake)
     counts: dict[str, OpCounts] = {"backward_input": OpCounts()}
     sizes: dict[str, int] = {}
@@ -168,7 +172,9 @@ def count_piece(piece: Piece, fake: Any, last: bool) -> PieceCounts:
                 return None
             if kind == "forward":
                 across.enter_context(live)
-                ((leaves, out), counts[kind]), sizes["saved"] = saved_bytes(lambda: _counted(run), static)
+                with SavedOps(static) as kept:
+                    ((leaves, out), counts[kind]), sizes["saved"] = saved_bytes(lambda: _counted(run), static)
+                sizes["selective"] = kept.bytes
                 sizes["output"] = 0 if last else value_bytes(out)
                 return leaves, out
             result, counts[kind] = _counted(run)
@@ -179,4 +185,5 @@ def count_piece(piece: Piece, fake: Any, last: bool) -> PieceCounts:
         run_phases([piece], phase)
     return PieceCounts(forward=counts["forward"], backward=counts["backward"],
                        backward_input=counts["backward_input"], backward_weight=counts["backward_weight"],
-                       activation_bytes=sizes["saved"], output_bytes=sizes["output"], peak_bytes=live.peak)
+                       activation_bytes=sizes["saved"], output_bytes=sizes["output"], peak_bytes=live.peak,
+                       selective_recompute=counts["selective_recompute"], selective_bytes=sizes["selective"])

@@ -12,10 +12,11 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..schedule.activation import SAVED_OPS
 from .options import OPTIMIZER_STATES
 
 __all__ = ["tensors_in", "storage_bytes", "value_bytes", "saved_bytes", "static_bytes", "peak_bytes", "LiveBytes",
-           "storage_key", "PEAK_HOW"]
+           "storage_key", "PEAK_HOW", "SavedOps", "ReplaySaved"]
 
 #: How `peak_bytes` measures, by device type (stored with the peaks in a profile's `extra.peak_bytes_how`).
 PEAK_HOW = {"cuda": "torch.cuda.max_memory_allocated - memory_allocated before",
@@ -133,3 +134,44 @@ def peak_bytes(device: torch.device, forward_backward: Callable[[], None]) -> in
     forward_backward()
     torch.cuda.synchronize(device)
     return int(torch.cuda.max_memory_allocated(device) - before)
+
+
+class SavedOps(TorchDispatchMode):
+    """What selective recomputation keeps of a forward run under it (autopp.schedule.activation): the outputs of the
+    ops in `SAVED_OPS`, as torch's selective checkpoint context caches them (`bytes`: their distinct storages,
+    those in `exclude` left out; `outputs`: in the order the ops ran, for `ReplaySaved`). Real and fake tensors
+    alike, so the measured profile and the analytic count share it."""
+
+    def __init__(self, exclude: set[int] | frozenset[int] = frozenset()) -> None:
+        super().__init__()
+        self.exclude = exclude
+        self.outputs: list[Any] = []
+        self.seen: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if str(func.overloadpacket) in SAVED_OPS:
+            self.outputs.append(out)
+            for t in tensors_in(out):
+                if storage_key(t) not in self.exclude:
+                    self.seen[storage_key(t)] = t.untyped_storage().nbytes()
+        return out
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.seen.values())
+
+
+class ReplaySaved(TorchDispatchMode):
+    """A forward as selective recomputation reruns it: the ops in `SAVED_OPS` hand back `outputs` (a `SavedOps`
+    record of the same forward, in order) instead of running; every other op runs (and reaches the modes below,
+    e.g. the analytic count's)."""
+
+    def __init__(self, outputs: list[Any]) -> None:
+        super().__init__()
+        self.outputs = list(outputs)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if str(func.overloadpacket) in SAVED_OPS and self.outputs:
+            return self.outputs.pop(0)
+        return func(*args, **(kwargs or {}))

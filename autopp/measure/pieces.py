@@ -21,7 +21,7 @@ from ..model.split import (LiveValue, live_values, model_output, rebuild_output,
                            walk_split_graph)
 from ..model.units import Unit
 from .allocator import return_freed_memory
-from .memory import peak_bytes, saved_bytes, static_bytes, storage_key, value_bytes
+from .memory import SavedOps, peak_bytes, saved_bytes, static_bytes, storage_key, value_bytes
 from .options import make_optimizer
 from .settings import Settings, progress_bar
 from .timing import Budget, Piece, summarize, time_pieces
@@ -310,12 +310,15 @@ def _shared(meta: MetaModel, gm: fx.GraphModule, calls: list[fx.Node], modules: 
 
 
 def _sizes(piece: Piece, out: Any, last: bool, settings: Settings) -> dict[str, Any]:
-    """Parameter, gradient, optimizer, saved-activation, output and recompute-keep bytes of one piece."""
+    """Parameter, gradient, optimizer, saved-activation, output and recompute-keep bytes of one piece, and what it
+    keeps under selective recomputation (`SavedOps`)."""
     params = {storage_key(p) for p in piece.module.parameters()}
     row: dict[str, Any] = dict(static_bytes(piece.module, settings.options.optimizer, settings.options.torch_dtype))
     _, saved = saved_bytes(lambda: piece.forward()[1], params)
+    with SavedOps(params) as kept:
+        piece.forward()
     row.update(activation_bytes=saved, output_bytes=0 if last else value_bytes(out),
-               recompute_keep_bytes=value_bytes(piece.args))
+               recompute_keep_bytes=value_bytes(piece.args), selective_activation_bytes=kept.bytes)
     return row
 
 

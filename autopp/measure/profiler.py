@@ -19,7 +19,7 @@ from ..model.contract import ModelFile, load_model_file
 from ..model.meta import MetaModel, build_units
 from ..model.split import LiveValue, tied_groups
 from ..model.units import Unit
-from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, SELECTIVE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from .allocator import keep_freed_memory, release_large_allocations
 from .memory import PEAK_HOW
 from .options import MeasureOptions, ProfileOptions
@@ -176,7 +176,7 @@ class _Found:
         table = pd.DataFrame(self.rows)
         table.insert(1, "name", [units[i].name for i in table.unit])
         table.insert(2, "modules", [" ".join(units[i].modules) for i in table.unit])
-        return table[list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS)]
+        return table[list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS) + list(SELECTIVE_COLUMNS)]
 
 
 def _on_the_whole_model(mf: ModelFile, meta: MetaModel, at_b: SizeResult, b: int, settings: Settings,

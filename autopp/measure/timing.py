@@ -12,13 +12,14 @@ import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from .memory import tensors_in
+from .memory import ReplaySaved, SavedOps, tensors_in
 
 __all__ = ["KINDS", "Clock", "Timer", "Budget", "Piece", "Phase", "outputs_and_grads", "backward", "splits_backward",
            "backward_input", "backward_weight", "run_phases", "time_pieces", "summarize"]
 
-#: Kinds of timed sample kept per unit: forward, full backward, input-gradient, weight-gradient, forward without saving.
-KINDS = ("forward", "backward", "backward_input", "backward_weight", "recompute")
+#: Kinds of timed sample kept per unit: forward, full backward, input-gradient, weight-gradient, forward without saving,
+#: and the part of a forward that selective recomputation reruns (`selective_recompute`: the ops it does not keep).
+KINDS = ("forward", "backward", "backward_input", "backward_weight", "recompute", "selective_recompute")
 
 Clock = Callable[[], float]
 """Seconds from an arbitrary origin (time.perf_counter; tests inject a fake one that the model advances)."""
@@ -149,7 +150,9 @@ def run_phases(pieces: Sequence[Piece], phase: Phase) -> None:
     `phase`: forward through all pieces then full backward in reverse order; forward again (not a phase), then
     input-gradient backward in reverse order (graph kept), then weight-gradient backward in reverse order, as
     zero-bubble schedules compute them (a piece whose backward does not split: no input phase, its full backward
-    as the weight phase); then forward without grad (recompute). Gradients are dropped after each backward."""
+    as the weight phase); then forward without grad (recompute); then, per piece, what selective recomputation
+    reruns: a forward whose kept ops (`SAVED_OPS`, recorded by an untimed forward) hand back their outputs
+    (`ReplaySaved`). Gradients are dropped after each backward."""
     n = len(pieces)
     forwards = [phase(i, "forward", piece.forward) for i, piece in enumerate(pieces)]
     for i in reversed(range(n)):
@@ -176,6 +179,15 @@ def run_phases(pieces: Sequence[Piece], phase: Phase) -> None:
     with torch.no_grad():
         for i, piece in enumerate(pieces):
             phase(i, "recompute", piece.forward)
+        for i, piece in enumerate(pieces):
+            with SavedOps() as kept:
+                piece.forward()
+            phase(i, "selective_recompute", lambda: _replayed(piece, kept.outputs))
+
+
+def _replayed(piece: Piece, outputs: list[Any]) -> Any:
+    with ReplaySaved(outputs):
+        return piece.forward()
 
 
 def time_pieces(pieces: Sequence[Piece], budget: Budget, clock: Timer, progress: Callable[[int], None]

@@ -13,14 +13,15 @@ the relayed ones), so torch's `PipelineStage` sees a chain.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import fx, nn
 from torch.distributed.pipelining import Pipe
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..errors import RunError
 from ..model.split import live_values, walk_split_graph
@@ -28,7 +29,19 @@ from ..data.profile import ValueAction
 from ..schedule import Activation, policy
 
 __all__ = ["Source", "StageIO", "chain_io", "value_path", "pick", "constant_values", "ChainPiece", "example_io",
-           "buffers_kept", "weight_only_outputs"]
+           "buffers_kept", "weight_only_outputs", "selective_context"]
+
+
+def _saves(ops: frozenset[str], _ctx: Any, func: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
+    """Keep the output of an op in `ops` (`SAVED_OPS`, spelled "aten.mm"); recompute every other op."""
+    return CheckpointPolicy.MUST_SAVE if str(func.overloadpacket) in ops else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def selective_context(ops: frozenset[str]) -> Callable[[], Any]:
+    """`checkpoint`'s `context_fn` for op-level selective recomputation keeping the outputs of `ops`: torch's
+    `create_selective_checkpoint_contexts` with a policy function, as torchtitan applies it
+    (torchtitan/distributed/activation_checkpoint.py)."""
+    return functools.partial(create_selective_checkpoint_contexts, functools.partial(_saves, ops))
 
 
 @dataclass(frozen=True)
@@ -149,8 +162,11 @@ class ChainPiece(nn.Module):
         self._buffers = piece._buffers
         self.__dict__["piece"] = piece  # not a child: its contents are ours already
         self.index, self.io, self.sources, self.last = index, io, sources, last
-        self.checkpointed = policy(activation).checkpoint
+        p = policy(activation)
+        self.checkpointed = p.checkpoint
         """The stage's forward runs under `torch.utils.checkpoint` (its activation policy recomputes)."""
+        self.saved_ops = p.saves_ops
+        """Under that checkpoint, the ops whose outputs are kept (selective recomputation; empty: none)."""
         self.constants = dict(constants)
         self.weight_only: tuple[int, ...] = ()
         """Outputs that depend on parameters only (set by `example_io`)."""
@@ -166,8 +182,12 @@ class ChainPiece(nn.Module):
         env = dict(zip(self.io.inputs, received))
         env.update(self.constants)
         args = [env[v] if kind == "value" else v for kind, v in self.io.args]
-        out = (checkpoint(self.piece, *args, use_reentrant=False) if self.checkpointed
-               else self.piece(*args))
+        if not self.checkpointed:
+            out = self.piece(*args)
+        elif self.saved_ops:
+            out = checkpoint(self.piece, *args, use_reentrant=False, context_fn=selective_context(self.saved_ops))
+        else:
+            out = checkpoint(self.piece, *args, use_reentrant=False)
         if self.last:
             return out
         return tuple(self._passed_on(name, env, out) for name in self.io.outputs)

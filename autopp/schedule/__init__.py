@@ -12,8 +12,8 @@ from autopp.schedule.actions import (
     parse_grid,
     to_csv_rows,
 )
-from autopp.schedule.activation import (POLICIES, Activation, ActivationPolicy, chosen, order_key, parse_activation,
-                                       policy)
+from autopp.schedule.activation import (POLICIES, Activation, ActivationPolicy, by_saving, chosen, order_key,
+                                       parse_activation, policy)
 from autopp.schedule.descriptors import (
     DESCRIPTORS,
     NAMED,
@@ -41,6 +41,7 @@ __all__ = [
     "policy",
     "order_key",
     "chosen",
+    "by_saving",
     "COMPUTE_KINDS",
     "DESCRIPTORS",
     "NAMED",

@@ -6,19 +6,29 @@ planner's split and its memory bounds, the runner and the exporters all read a p
 gives each stage one policy. Full recomputation is Chen et al., "Training Deep Nets with Sublinear Memory Cost"
 (arXiv:1604.06174) as torch's `torch.utils.checkpoint` runs it per stage: only the stage's input is kept, and the
 forward runs again at the start of the backward.
+
+Selective recomputation is op-level selective activation checkpointing as torch runs it
+(`torch.utils.checkpoint.create_selective_checkpoint_contexts`) and torchtitan applies it
+(torchtitan/distributed/activation_checkpoint.py, `_save_list`): the stage's forward runs under a checkpoint whose
+policy saves the outputs of the matmuls and the attention kernels (`SAVED_OPS`) and recomputes every other op (norms,
+activation functions, elementwise ops) at the start of the backward, the cheap-to-recompute, memory-heavy part that
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv:2205.05198), single out.
+A profile gives per unit what it keeps so and what its recompute costs (`selective_activation_bytes`,
+`selective_recompute_s`, docs/profile-format.md); a profile without them is not offered the policy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import Callable, Protocol
+
+import numpy as np
 
 from autopp.errors import ScheduleError
 
-__all__ = ["Activation", "ActivationPolicy", "POLICIES", "policy", "parse_activation", "order_key", "chosen"]
-
-_T = TypeVar("_T")
+__all__ = ["Activation", "SAVED_OPS", "ActivationPolicy", "StageFigures", "UnitFigures", "POLICIES", "policy",
+           "parse_activation", "order_key", "chosen", "by_saving"]
 
 
 class Activation(Enum):
@@ -26,62 +36,153 @@ class Activation(Enum):
 
     KEEP = "keep"
     RECOMPUTE = "recompute"
+    SELECTIVE = "selective"
+
+
+#: The ops whose outputs selective recomputation keeps (`str(op.overloadpacket)`: "aten.mm"), the one list the runner's
+#: checkpoint policy (autopp.run.chain), the measured profile and the analytic count (autopp.measure) read. torchtitan's
+#: `_save_list` (mm, the SDPA kernels, the reduce-scatter of a tensor-parallel output) plus the CPU spellings of a
+#: matmul with bias or a batch (addmm, bmm, baddbmm) and of SDPA (`_scaled_dot_product_flash_attention_for_cpu`).
+SAVED_OPS: frozenset[str] = frozenset({
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_attention_math",
+    "aten._scaled_dot_product_fused_attention_overrideable", "_c10d_functional.reduce_scatter_tensor"})
+
+
+class StageFigures(Protocol):
+    """What a policy reads of one microbatch of a stage (`autopp.schedule.effects.StageCost` has these)."""
+
+    @property
+    def forward_s(self) -> float: ...
+    @property
+    def activation_bytes(self) -> int: ...
+    @property
+    def input_bytes(self) -> int: ...
+    @property
+    def selective_bytes(self) -> int: ...
+    @property
+    def selective_redo_s(self) -> float: ...
+
+
+class UnitFigures(Protocol):
+    """What a policy reads of a profile's units at one microbatch size (`autopp.costmodel.UnitArrays` has these)."""
+
+    @property
+    def forward(self) -> np.ndarray: ...
+    @property
+    def recompute(self) -> np.ndarray: ...
+    @property
+    def activation(self) -> np.ndarray: ...
+    @property
+    def selective_bytes(self) -> np.ndarray | None: ...
+    @property
+    def selective_redo(self) -> np.ndarray | None: ...
+
+
+def _none(a: UnitFigures) -> np.ndarray:
+    return np.zeros(len(a.forward))
+
+
+def _always(a: UnitFigures) -> bool:
+    return True
 
 
 @dataclass(frozen=True, kw_only=True)
 class ActivationPolicy:
-    """What one policy keeps, redoes and is called."""
+    """What one policy keeps, redoes and is called. Each policy reads its own figures: the simulator, the split's
+    memory check and the bounds pass the stage's or the units' figures whole (`StageFigures`, `UnitFigures`)."""
 
     name: Activation
     summary: str
     """One line for tables and docs."""
-    redoes_forward: bool
-    """The backward (B, or I of split-backward schedules) first runs the stage's forward again."""
-    keeps_input_only: bool
-    """Between F and its backward a microbatch holds only the stage input, not its activations."""
+    saving: int
+    """Rank by memory saved (0: keeps everything): the search tries policies in this order, each cheaper in time
+    and dearer in memory than the next (`by_saving`)."""
+    redo_s: Callable[[StageFigures], float]
+    """What the policy adds to a B or I of the stage: the forward again, part of it, or 0."""
+    kept: Callable[[StageFigures], int]
+    """Bytes one microbatch holds from its F until the backward that frees it."""
+    redone: Callable[[StageFigures], int]
+    """Bytes allocated again when the backward starts (the recomputed activations), freed with the kept ones."""
+    unit_redo: Callable[[UnitFigures], np.ndarray]
+    """Per unit, what the policy adds to one microbatch's compute (the split's objective, and with the units'
+    forward as a ceiling the bounds)."""
+    unit_bytes: Callable[[UnitFigures, int], np.ndarray]
+    """Per unit, the activation bytes the split's memory check charges a stage with this many microbatches in flight
+    (a relaxation where only inputs are kept: the kept inputs are charged by the simulator and the order walks, which
+    judge every plan)."""
+    offered: Callable[[UnitFigures], bool] = _always
+    """Whether the units carry this policy's figures (a profile without them: the search does not offer it)."""
     checkpoint: bool
     """The runner wraps the stage's forward in `torch.utils.checkpoint.checkpoint` (non-reentrant)."""
+    saves_ops: frozenset[str] = frozenset()
+    """Under that checkpoint, the ops whose outputs are kept (torch's selective checkpoint context); empty: none."""
     torchtitan: str
     """torchtitan's `activation_checkpoint.mode` for it."""
+    torchtitan_options: tuple[str, ...] = ()
+    """torchtitan's further `activation_checkpoint` overrides for it."""
     megatron: tuple[str, ...]
     """Megatron-LM's arguments for it."""
-    deepspeed_interval: int
-    """DeepSpeed PipelineModule's `activation_checkpoint_interval` for it."""
+    deepspeed_interval: int | None
+    """DeepSpeed PipelineModule's `activation_checkpoint_interval` for it (None: DeepSpeed cannot express it)."""
+    deepspeed_refusal: str = ""
+    """Why DeepSpeed cannot express it (with `deepspeed_interval` None)."""
     trainer_note: str = ""
     """What the trainers' version leaves out that autopp counted (empty: nothing)."""
 
-    def redo_s(self, forward: _T) -> _T | float:
-        """What the policy adds to a B or I: the forward again, or 0. Takes a stage's forward time or an array of
-        units' forward times (the bounds)."""
-        return forward if self.redoes_forward else 0.0
+    def refusal(self, trainer: str) -> str | None:
+        """Why `trainer` ("torchtitan", "megatron", "deepspeed") cannot apply this policy (None: it can)."""
+        return self.deepspeed_refusal if trainer == "deepspeed" and self.deepspeed_interval is None else None
 
-    def kept(self, activation_bytes: int, input_bytes: int) -> int:
-        """Bytes one microbatch holds from its F until the backward that frees it."""
-        return input_bytes if self.keeps_input_only else activation_bytes
-
-    def redone(self, activation_bytes: int) -> int:
-        """Bytes allocated again when the backward starts (the recomputed activations), freed with the kept ones."""
-        return activation_bytes if self.redoes_forward else 0
-
-    def held(self, inflight: int) -> int:
-        """Microbatches whose activations a stage is charged for when `inflight` are in flight: all of them, or one
-        when only inputs are kept (a relaxation for the split's memory check: the kept inputs are charged by the
-        simulator and the order walks, which judge every plan)."""
-        return 1 if self.keeps_input_only else inflight
+    @property
+    def redoes_forward(self) -> bool:
+        """The backward (B, or I of split-backward schedules) first runs some of the stage's forward again."""
+        return self.saving > 0
 
 
+def _selective_units(a: UnitFigures, inflight: int) -> np.ndarray:
+    """Without the figures (not offered), as keeping: the stage's figures are then 0 bytes saved, 0 s redone."""
+    kept = a.selective_bytes if a.selective_bytes is not None else a.activation
+    return inflight * kept + np.maximum(a.activation - kept, 0.0)
+
+
+def _selective_redo(a: UnitFigures) -> np.ndarray:
+    return a.selective_redo if a.selective_redo is not None else _none(a)
+
+
+_SELECTIVE_NOTE = ("torchtitan's op-level policy also recomputes every second matmul, and Megatron's selective "
+                   "recomputation recomputes the core attention (QK^T, softmax, dropout, attention over V) and keeps "
+                   "the rest; autopp counted the outputs of every matmul and attention kernel kept and the other ops "
+                   "recomputed, so both trainers keep different bytes and recompute different time than planned")
 _FULL_NOTE = ("the trainer's full recomputation covers the transformer blocks only; the embedding and the output "
               "part keep their activations, which autopp counted as recomputed")
 
 #: Every activation policy.
 POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
-    ActivationPolicy(name=Activation.KEEP, summary="keep every activation for the backward", redoes_forward=False,
-                     keeps_input_only=False, checkpoint=False, torchtitan="none", megatron=(), deepspeed_interval=0),
+    ActivationPolicy(name=Activation.KEEP, summary="keep every activation for the backward", saving=0,
+                     redo_s=lambda c: 0.0, kept=lambda c: c.activation_bytes, redone=lambda c: 0, unit_redo=_none,
+                     unit_bytes=lambda a, inflight: inflight * a.activation,
+                     checkpoint=False, torchtitan="none", megatron=(), deepspeed_interval=0),
     ActivationPolicy(name=Activation.RECOMPUTE, summary="keep the stage input; recompute the forward in the backward",
-                     redoes_forward=True, keeps_input_only=True, checkpoint=True, torchtitan="full",
+                     saving=2, redo_s=lambda c: c.forward_s, kept=lambda c: c.input_bytes,
+                     redone=lambda c: c.activation_bytes, unit_redo=lambda a: a.recompute,
+                     unit_bytes=lambda a, inflight: a.activation,
+                     checkpoint=True, torchtitan="full",
                      megatron=("--recompute-granularity full", "--recompute-method uniform",
                                "--recompute-num-layers 1"),
                      deepspeed_interval=1, trainer_note=_FULL_NOTE),
+    ActivationPolicy(name=Activation.SELECTIVE, summary="keep matmul and attention outputs; recompute the other ops "
+                     "in the backward", saving=1,
+                     redo_s=lambda c: c.selective_redo_s, kept=lambda c: c.selective_bytes + c.input_bytes,
+                     redone=lambda c: max(0, c.activation_bytes - c.selective_bytes), unit_redo=_selective_redo,
+                     unit_bytes=_selective_units, offered=lambda a: a.selective_bytes is not None,
+                     checkpoint=True, saves_ops=SAVED_OPS, torchtitan="selective",
+                     torchtitan_options=("--activation_checkpoint.selective_ac_option=op",),
+                     megatron=("--recompute-granularity selective",), deepspeed_interval=None,
+                     deepspeed_refusal="DeepSpeed's PipelineModule checkpoints whole layers "
+                     "(activation_checkpoint_interval); it has no op-level selective recomputation",
+                     trainer_note=_SELECTIVE_NOTE),
 )}
 
 
@@ -108,3 +209,9 @@ def order_key(activations: tuple[Activation, ...]) -> tuple[int, ...]:
 def chosen(stages: int, recomputed: set[int] | frozenset[int] | tuple[int, ...]) -> tuple[Activation, ...]:
     """Per-stage policies of `stages` stages: RECOMPUTE for the stages in `recomputed`, KEEP for the others."""
     return tuple(Activation.RECOMPUTE if s in recomputed else Activation.KEEP for s in range(stages))
+
+
+def by_saving(activations: tuple[Activation, ...] | list[Activation] | set[Activation]) -> tuple[Activation, ...]:
+    """`activations` without repeats, least memory saved first (`ActivationPolicy.saving`): the order the search
+    climbs when a rank does not fit."""
+    return tuple(sorted(set(activations), key=lambda a: POLICIES[a].saving))

@@ -76,11 +76,18 @@ class StageCost:
     backward_comm_s: float = 0.0
     """The part of a full backward (backward_s, or I + W) that is communication inside the stage, as
     forward_comm_s; it belongs to the input-gradient pass I where the backward is split."""
+    selective_bytes: int = 0
+    """Bytes one microbatch keeps under selective recomputation besides the stage input: the outputs of the ops it
+    saves (`activation.SAVED_OPS`); the rest of activation_bytes is allocated again when the backward starts."""
+    selective_redo_s: float = 0.0
+    """What selective recomputation adds to a B or I: the forward's ops it does not save, run again."""
 
     def __post_init__(self) -> None:
         times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s,
-                 0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s)
-        sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes)
+                 0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s,
+                 self.selective_redo_s)
+        sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes,
+                 self.selective_bytes)
         if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
             raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
         full = self.backward_input_s + self.backward_weight_s if self.backward_s is None else self.backward_s
@@ -105,7 +112,7 @@ FREES: frozenset[Kind] = frozenset({Kind.B, Kind.W})
 
 def durations(c: StageCost, activation: Activation) -> dict[Kind, float]:
     """Busy time per compute kind; a policy that redoes the forward runs it again at the start of B or I."""
-    redo, o = policy(activation).redo_s(c.forward_s), c.overhead_s
+    redo, o = policy(activation).redo_s(c), c.overhead_s
     full = c.backward_input_s + c.backward_weight_s if c.backward_s is None else c.backward_s
     return {Kind.F: c.forward_s + o, Kind.I: redo + c.backward_input_s + o, Kind.W: c.backward_weight_s,
             Kind.B: redo + full + o}
@@ -116,7 +123,7 @@ def footprint(c: StageCost, activation: Activation) -> Footprint:
     recomputing, only the stage input after F, and the full activations again from the start of B (or I) until B
     (or W) ends, freed together with the kept input (`ActivationPolicy.kept` and `.redone`)."""
     p = policy(activation)
-    return Footprint(p.kept(c.activation_bytes, c.input_bytes), p.redone(c.activation_bytes))
+    return Footprint(p.kept(c), p.redone(c))
 
 
 def added_at_start(kind: Kind, f: Footprint) -> int:

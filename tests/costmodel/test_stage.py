@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 
 from autopp.data.cluster import Cluster, Device
-from autopp.costmodel import (held_microbatches, ideal_step_time, memory_prefix, stage_costs, stage_speeds,
+from autopp.costmodel import (ideal_step_time, memory_prefix, stage_costs, stage_speeds,
                               stage_transient, unit_memory)
 from autopp.schedule import Activation
 
@@ -38,12 +38,13 @@ def test_stage_speeds_follow_the_rank_of_each_stage() -> None:
 
 
 def test_memory_is_static_plus_held_activations_and_recompute_holds_one() -> None:
-    assert (held_microbatches(3, Activation.KEEP), held_microbatches(3, Activation.RECOMPUTE)) == (3, 1)
     a = arrays([1.0] * 3, static=[10, 20, 30], activation=[1, 2, 3])
     p = memory_prefix(a, 2)
     assert list(p) == [0.0, 12.0, 36.0, 72.0]
     assert p[3] - p[1] == 20 + 30 + 2 * (2 + 3)  # the stage of units 1 and 2
     assert list(unit_memory(a, 2)) == [12.0, 24.0, 36.0]
+    assert list(memory_prefix(a, 3, Activation.RECOMPUTE)) == [0.0, 11.0, 33.0, 66.0]  # one microbatch's worth
+    assert list(unit_memory(a, 3, Activation.RECOMPUTE)) == [11.0, 22.0, 33.0]
 
 
 def test_ideal_step_time_is_total_work_over_total_speed() -> None:

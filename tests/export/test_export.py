@@ -104,6 +104,28 @@ def test_some_stages_recomputing_is_refused(llama_plans: dict[str, Plan]) -> Non
             export_plan(mixed, target, "x")
 
 
+def test_selective_recomputation_as_each_trainer_spells_it(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    plan = llama_plans["1f1b"]
+    selective = replace(plan, stages=tuple(replace(s, activation=Activation.SELECTIVE) for s in plan.stages))
+    modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
+    titan = export_plan(selective, Target.TORCHTITAN, "x.args", modules)
+    assert titan.text.endswith("activation_checkpoint:selective\n--activation_checkpoint.selective_ac_option=op\n")
+    assert any(n.startswith("torchtitan's selective AC: torchtitan's op-level policy also recomputes every second "
+                            "matmul") for n in titan.notes)
+    megatron = export_plan(selective, Target.MEGATRON, "x")
+    assert "--recompute-granularity selective\n" in megatron.text and "--recompute-method" not in megatron.text
+    assert any("recomputes the core attention" in n for n in megatron.notes)
+    with pytest.raises(ExportError, match=r"^plan: activation policy selective: DeepSpeed's PipelineModule checkpoints "
+                                          r"whole layers \(activation_checkpoint_interval\); it has no op-level "
+                                          r"selective recomputation; re-plan with `activations` keep or recompute"):
+        export_plan(selective, Target.DEEPSPEED, "x")
+    mixed = replace(selective, stages=(replace(selective.stages[0], activation=Activation.KEEP),
+                                       *selective.stages[1:]))
+    for target in (Target.MEGATRON, Target.DEEPSPEED):
+        with pytest.raises(ExportError, match=r"policies differ \(keep: stages \[0\]; selective: stages \[1\]\)"):
+            export_plan(mixed, target, "x")
+
+
 def test_deepspeed_config_and_parts(llama_plans: dict[str, Plan]) -> None:
     plan = llama_plans["dp"]
     out = export_plan(plan, Target.DEEPSPEED, "/tmp/x.deepspeed.json")

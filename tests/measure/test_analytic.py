@@ -50,6 +50,17 @@ def test_linear_flops_per_phase() -> None:
     assert c.backward.total_flops == 2 * f
 
 
+def test_selective_recomputation_keeps_the_matmul_and_reruns_the_rest() -> None:
+    """Under selective recomputation a Linear + GELU piece keeps the matmul's output (b x out floats) and reruns the
+    GELU alone: no FLOPs of a matmul, the GELU's bytes (its input and its output)."""
+    with torch.device("meta"):
+        piece = nn.Sequential(nn.Linear(IN, OUT, bias=False), nn.GELU())
+    c = _count(piece, (B, IN))
+    assert c.selective_bytes == B * OUT * 4
+    assert c.selective_recompute.total_flops == 0 and sum(c.selective_recompute.bytes) == 2 * B * OUT * 4
+    assert c.forward.total_flops == 2 * B * IN * OUT and sum(c.forward.bytes) > sum(c.selective_recompute.bytes)
+
+
 def test_first_piece_has_no_input_gradient_step() -> None:
     """Like torch's first stage, a piece without input gradients runs its whole backward as the weight step."""
     c = _count(_meta_linear(), (B, IN), first=True)

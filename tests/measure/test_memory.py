@@ -64,3 +64,31 @@ def test_storages_of_fake_tensors_are_told_apart() -> None:
         w = torch.ones(2, 4, requires_grad=True)
         _, saved = saved_bytes(lambda: torch.relu(a.view(2, 5) @ torch.ones(5, 4)) * w, {storage_key(w)})
     assert saved > 0
+
+
+def test_selective_recomputation_keeps_the_saved_ops_outputs_and_replays_the_rest() -> None:
+    """`SavedOps` records the matmul's output (3 x 5 floats, the parameter-free input left out); `ReplaySaved` hands
+    it back, so a rerun forward reaches the modes below it with the ReLU only, and gives the same result."""
+    from collections import Counter
+    from typing import Any
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from autopp.measure.memory import ReplaySaved, SavedOps
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(3, 4), torch.randn(4, 5)
+    with SavedOps({storage_key(w)}) as kept:
+        want = torch.mm(x, w).relu()
+    assert kept.bytes == 3 * 5 * 4 and len(kept.outputs) == 1
+    with Count() as below, ReplaySaved(kept.outputs):
+        got = torch.mm(x, w).relu()
+    assert below.ops == Counter({"aten.relu": 1}) and torch.equal(got, want)

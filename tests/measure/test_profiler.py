@@ -77,13 +77,14 @@ def test_time_budget_stops_repeats_early() -> None:
     ticking = _module("ticking")
     said: list[str] = []
     profile = profile_model(TICKING, ProfileOptions(microbatch_sizes=(1,)),
-                            MeasureOptions(warmup=0, repeats=50, time_budget_s=0.05, compare_whole=False,
+                            MeasureOptions(warmup=0, repeats=50, time_budget_s=0.06, compare_whole=False,
                                            clock=CLOCK), progress=said.append)
-    assert profile.meta.time_budget_s == 0.05
-    # One run ticks 3 forwards (timed, again for I/W, and without grad) and 2 backwards (full, then I + W): 0.104 s.
-    # The budget is 0.05 s x 3 units per run, so the second run starts at 0.104 s and the third is not started.
-    per_run = 3 * sum(ticking.FORWARD_S) + 2 * (sum(ticking.BACKWARD_S) - ticking.BACKWARD_INPUT_S[0])
-    assert per_run == pytest.approx(0.104)
+    assert profile.meta.time_budget_s == 0.06
+    # One run ticks 5 forwards (timed, again for I/W, without grad, and twice for selective recomputation: recorded,
+    # then replayed; a tick is no aten op, so the replay ticks too) and 2 backwards (full, then I + W): 0.152 s.
+    # The budget is 0.06 s x 3 units per run, so the second run starts at 0.152 s and the third is not started.
+    per_run = 5 * sum(ticking.FORWARD_S) + 2 * (sum(ticking.BACKWARD_S) - ticking.BACKWARD_INPUT_S[0])
+    assert per_run == pytest.approx(0.152)
     runs = {m.split("timing run ")[1].split("/")[0] for m in said if "timing run" in m}
     assert runs == {"1", "2"}
     assert list(profile.units.forward_s) == _exact(ticking.FORWARD_S)
@@ -112,6 +113,10 @@ def test_linear_relu_saved_bytes_and_sizes() -> None:
         assert rows.loc[(1, b)].activation_bytes == b * 32 * f32
         assert rows.loc[(0, b)].output_bytes == b * 32 * f32
         assert rows.loc[(4, b)].output_bytes == 0  # the last unit feeds the loss, not another stage
+        # Selective recomputation keeps each Linear's output (its addmm) and nothing of a ReLU, which it reruns.
+        assert [rows.loc[(u, b)].selective_activation_bytes for u in range(5)] == [b * w * f32 for w in
+                                                                                  (32, 0, 16, 0, 4)]
+        assert rows.loc[(1, b)].selective_recompute_s > 0
     assert rows.loc[(0, 1)].param_bytes == (8 * 32 + 32) * f32
     assert rows.loc[(1, 1)].param_bytes == 0
     cuts = profile.cut_bytes(3)

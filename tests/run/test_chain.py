@@ -17,12 +17,13 @@ from autopp.run.pipeline import build_stages, make_schedule
 from autopp.run.tied import aliases, shared_params
 from autopp.data.layout import Layout
 from autopp.data.plan import Plan
-from autopp.schedule import ScheduleName, build_schedule, chosen, parse_action
+from autopp.schedule import Activation, ScheduleName, build_schedule, chosen, parse_action
 
 from .conftest import ROOT, pipeline_plan
 
 MASKED = ROOT / "tests" / "models" / "masked.py"
 MASKED_CUTS = ["blocks.1", "blocks.2", "head"]
+KEEP, RECOMPUTE, SELECTIVE = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE
 
 
 def test_a_residual_is_relayed_and_a_mask_held_by_its_readers() -> None:
@@ -60,14 +61,15 @@ def test_a_value_computed_between_stages_is_refused() -> None:
         value_path(added, {"submod_0": 0}, [x])
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_relayed_stages_match_one_process(one_rank_group: None, tmp_path: Path, recompute: bool) -> None:
+@pytest.mark.parametrize("policies", [None, chosen(4, {1, 3}), (SELECTIVE, KEEP, SELECTIVE, RECOMPUTE)])
+def test_relayed_stages_match_one_process(one_rank_group: None, tmp_path: Path,
+                                          policies: tuple[Activation, ...] | None) -> None:
     order = build_schedule(ScheduleName.LOOPED_BFS, 1, 2, 4)  # one rank holding four stages, 2 microbatches
     plan = pipeline_plan(MASKED, MASKED_CUTS, "Custom", Layout(pp=1), num_microbatches=2, microbatch_size=2,
                          ranks=[0, 0, 0, 0], custom_order=(tuple(order[0]),))
-    if recompute:
+    if policies is not None:
         from dataclasses import replace
-        plan = replace(plan, stages=tuple(replace(s, activation=a) for s, a in zip(plan.stages, chosen(4, {1, 3}))))
+        plan = replace(plan, stages=tuple(replace(s, activation=a) for s, a in zip(plan.stages, policies)))
     mf = load_model_file(MASKED)
     built = build_stages(mf, plan, 0, torch.device("cpu"), None)
     schedule = make_schedule(plan, built.stages, built.loss_fn, tmp_path / "order.csv")
@@ -155,3 +157,36 @@ def test_the_planners_weight_only_rule_agrees_with_the_runners_check_on_t5() -> 
         bounds = tuple(zip((0,) + cuts, cuts + (len(units),)))
         assert [p.index for p in pieces if p.weight_only and not p.last] == expected
         assert sorted({s for s, _ in weight_only_sends(values, bounds)}) == expected
+
+
+def test_selective_checkpoint_keeps_the_saved_ops_outputs_and_recomputes_the_rest() -> None:
+    """Under `selective_context(SAVED_OPS)` the backward does not rerun the matmul (its output, which the sine's
+    backward reads, is kept); under full checkpointing it reruns it."""
+    from collections import Counter
+    from typing import Any
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint
+
+    from autopp.run.chain import selective_context
+    from autopp.schedule.activation import SAVED_OPS
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    def backward_ops(**kw: Any) -> Counter[str]:
+        x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True)
+        out = checkpoint(lambda a, b: torch.mm(a, b).sin(), x, w, use_reentrant=False, **kw)
+        with Count() as count:
+            out.sum().backward()
+        return count.ops
+
+    full, selective = backward_ops(), backward_ops(context_fn=selective_context(SAVED_OPS))
+    assert full["aten.mm"] == 3 and selective["aten.mm"] == 2  # the two gradient matmuls, + the rerun under full
+    assert full["aten.cos"] == selective["aten.cos"] == 1  # the sine's backward, on the kept or rerun output

@@ -3,41 +3,75 @@ spell it, and the per-stage helpers."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from autopp.costmodel import UnitArrays
 from autopp.errors import ScheduleError
-from autopp.schedule import POLICIES, Activation, chosen, order_key, parse_activation, policy
+from autopp.schedule import POLICIES, Activation, StageCost, by_saving, chosen, order_key, parse_activation, policy
 
-KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
+KEEP, RECOMPUTE, SELECTIVE = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE
+COST = StageCost(forward_s=2.5, backward_input_s=1.0, backward_weight_s=1.0, activation_bytes=100, input_bytes=7,
+                 selective_bytes=40, selective_redo_s=0.25)
+
+
+def _units(forward: list[float], recompute: list[float], activation: list[int],
+           selective: tuple[list[int], list[float]] | None = None) -> UnitArrays:
+    z = np.zeros(len(forward))
+    a = UnitArrays(np.array(forward), z, z, np.array(recompute), z, np.array(activation, dtype=float), z, z,
+                   np.zeros(len(forward) + 1), False, z)
+    if selective is None:
+        return a
+    return replace(a, selective_bytes=np.array(selective[0], dtype=float), selective_redo=np.array(selective[1]))
+
+
+def test_selective_keeps_the_saved_ops_outputs_and_redoes_the_rest() -> None:
+    sel = policy(SELECTIVE)
+    assert (sel.redo_s(COST), sel.kept(COST), sel.redone(COST)) == (0.25, 40 + 7, 60)
+    a = _units([1.0, 2.0], [1.0, 2.0], [10, 20], ([4, 8], [0.1, 0.2]))
+    assert list(sel.unit_redo(a)) == [0.1, 0.2]
+    assert list(sel.unit_bytes(a, 3)) == [3 * 4 + 6, 3 * 8 + 12]  # in flight: the kept; one microbatch: the redone
+    assert sel.offered(a) and not sel.offered(_units([1.0], [1.0], [1]))
+    assert sel.checkpoint and sel.saves_ops >= {"aten.mm", "aten._scaled_dot_product_flash_attention"}
+    assert (sel.saving, by_saving(tuple(Activation))) == (1, (KEEP, SELECTIVE, RECOMPUTE))
+    assert sel.torchtitan == "selective"
+    assert sel.torchtitan_options == ("--activation_checkpoint.selective_ac_option=op",)
+    assert sel.megatron == ("--recompute-granularity selective",) and sel.deepspeed_interval is None
+    assert "core attention" in sel.trainer_note and "activation_checkpoint_interval" in sel.deepspeed_refusal
 
 
 def test_one_descriptor_per_policy_spelled_by_its_value() -> None:
-    assert [a.value for a in Activation] == ["keep", "recompute"]
+    assert [a.value for a in Activation] == ["keep", "recompute", "selective"]
     assert list(POLICIES) == list(Activation) and all(policy(a).name is a for a in Activation)
     assert Activation("recompute") is RECOMPUTE
 
 
 def test_what_a_policy_adds_to_the_backward() -> None:
-    assert policy(KEEP).redo_s(2.5) == 0.0 and policy(RECOMPUTE).redo_s(2.5) == 2.5
-    forward = np.array([1.0, 2.0, 3.0])  # the bounds pass a whole array of units' forward times
-    assert policy(RECOMPUTE).redo_s(forward) is forward and policy(KEEP).redo_s(forward) == 0.0
+    assert policy(KEEP).redo_s(COST) == 0.0 and policy(RECOMPUTE).redo_s(COST) == 2.5
+    a = _units([1.0, 2.0, 3.0], [0.5, 1.5, 2.5], [10, 20, 30])  # the split reads the units' recompute column
+    assert list(policy(RECOMPUTE).unit_redo(a)) == [0.5, 1.5, 2.5] and list(policy(KEEP).unit_redo(a)) == [0.0] * 3
 
 
 def test_what_a_microbatch_keeps_and_what_is_allocated_again() -> None:
-    assert (policy(KEEP).kept(100, 7), policy(KEEP).redone(100)) == (100, 0)
-    assert (policy(RECOMPUTE).kept(100, 7), policy(RECOMPUTE).redone(100)) == (7, 100)
+    assert (policy(KEEP).kept(COST), policy(KEEP).redone(COST)) == (100, 0)
+    assert (policy(RECOMPUTE).kept(COST), policy(RECOMPUTE).redone(COST)) == (7, 100)
 
 
-def test_microbatches_charged_in_the_splits_memory_check() -> None:
-    assert [policy(KEEP).held(n) for n in (1, 3, 8)] == [1, 3, 8]
-    assert [policy(RECOMPUTE).held(n) for n in (1, 3, 8)] == [1, 1, 1]
+def test_bytes_charged_in_the_splits_memory_check() -> None:
+    a = _units([1.0, 1.0], [1.0, 1.0], [10, 20])
+    assert [list(policy(KEEP).unit_bytes(a, n)) for n in (1, 3)] == [[10, 20], [30, 60]]
+    assert [list(policy(RECOMPUTE).unit_bytes(a, n)) for n in (1, 3)] == [[10, 20], [10, 20]]
 
 
 def test_behaviour_flags() -> None:
     keep, again = policy(KEEP), policy(RECOMPUTE)
-    assert (keep.redoes_forward, keep.keeps_input_only, keep.checkpoint) == (False, False, False)
-    assert (again.redoes_forward, again.keeps_input_only, again.checkpoint) == (True, True, True)
+    assert (keep.redoes_forward, keep.checkpoint, keep.saving) == (False, False, 0)
+    assert (again.redoes_forward, again.checkpoint) == (True, True) and again.saving > keep.saving
+    a = _units([1.0], [1.0], [1])
+    assert keep.offered(a) and again.offered(a)
+    assert by_saving((RECOMPUTE, KEEP, RECOMPUTE)) == (KEEP, RECOMPUTE)
 
 
 def test_how_the_trainers_spell_each_policy() -> None:
@@ -51,7 +85,7 @@ def test_how_the_trainers_spell_each_policy() -> None:
 def test_parse_a_policy_at_the_boundary() -> None:
     assert parse_activation("keep") is KEEP and parse_activation("recompute", where="stage 1") is RECOMPUTE
     with pytest.raises(ScheduleError, match=r"^activation: activation policy 'RECOMPUTE' does not exist; give one of "
-                                            r"\['keep', 'recompute'\]$"):
+                                            r"\['keep', 'recompute', 'selective'\]$"):
         parse_activation("RECOMPUTE")
     with pytest.raises(ScheduleError, match=r"^plan\.json stage 2: activation policy True does not exist"):
         parse_activation(True, where="plan.json stage 2")  # the bool of plans before version 2 is not a policy

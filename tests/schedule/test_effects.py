@@ -26,7 +26,7 @@ def test_busy_time_per_kind_with_and_without_recompute() -> None:
     assert durations(COST, RECOMPUTE) == {Kind.F: 1.5, Kind.I: 3.5, Kind.W: 3.0, Kind.B: 6.5}
     measured = StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=3.0, backward_s=4.0)
     assert durations(measured, KEEP)[Kind.B] == 4.0  # a measured full backward replaces I + W
-    assert policy(RECOMPUTE).redo_s(1.0) == 1.0 and policy(KEEP).redo_s(1.0) == 0.0
+    assert policy(RECOMPUTE).redo_s(COST) == 1.0 and policy(KEEP).redo_s(COST) == 0.0
 
 
 def test_what_a_microbatch_holds_and_when() -> None:

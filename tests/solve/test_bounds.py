@@ -19,7 +19,7 @@ from autopp.solve.search.bounds import lower_bound
 from autopp.schedule.effects import order_peaks
 from autopp.solve.search.judge import Candidate, judge
 from autopp.solve.search.request import PlanRequest, RecomputeMode, configs
-from autopp.solve.search.search import DP_MODES, _bounds, _estimate, _fitted, _options, _Splits
+from autopp.solve.search.search import _bounds, _estimate, _fitted, _options, _Splits
 from autopp.solve.search.views import Views
 from autopp.data.synthetic_profile import synthetic_profile
 
@@ -94,7 +94,7 @@ def test_pruned_shortlist_equals_exhaustive(seed: int) -> None:
     req = PlanRequest(cluster=_cluster(rng, hetero=seed % 2 == 1), global_batch=8, schedule=None,
                       pins=LayoutPins(dp=None if seed % 2 == 0 else 1), recompute=recompute, shortlist=3)
     cfgs = configs(req, profile.num_units)
-    modes = DP_MODES[recompute]
+    modes = recompute.policies()
     every = []
     for idx, c in enumerate(cfgs):
         a = unit_arrays(profile, c.b)
@@ -112,11 +112,11 @@ def test_pruned_shortlist_equals_exhaustive(seed: int) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _bound_rows(name: ScheduleName, seed: int) -> tuple[tuple[str, float, float, float, float], ...]:
-    """Every configuration of `name` on a random small profile and cluster (seeded), with and without recomputation,
+    """Every configuration of `name` on a random small profile and cluster (seeded), under each activation policy,
     that the DP can split: (what, the search's lower bound, the bound of the simulation too, the estimate of the
     DP's split, the judge's simulated step)."""
     rng = random.Random(f"{name.value}-{seed}")
-    profile = synthetic_profile(rng.randint(8, 14), seed=seed, jitter=0.4)
+    profile = synthetic_profile(rng.randint(8, 14), seed=seed, jitter=0.4, selective=True)
     link = Link(latency_s=rng.choice([0.0, 1e-5]), bandwidth_bytes_per_s=rng.choice([1e9, 5e10]),
                 overhead_s=rng.choice([0.0, 3e-4]), progress_s=rng.choice([0.0, 2e-3]))
     cluster = replace(_cluster(rng, hetero=seed % 2 == 1), link=link)

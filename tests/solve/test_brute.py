@@ -16,11 +16,11 @@ from autopp.schedule import Activation, ScheduleName
 from autopp.solve.partition.brute import brute_force, candidate_count, contiguous_splits
 from autopp.solve.partition.dp import PipeSpec, pipeline_bounds
 from autopp.solve.search.judge import Candidate, judge
-from autopp.solve.search.request import RecomputeMode
 
 LINK = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e6)
 ONE_F_ONE_B = ScheduleName.ONE_F_ONE_B
 KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
+KEEP_ONLY, RECOMPUTE_ONLY = (KEEP,), (RECOMPUTE,)
 
 
 def _arrays(f: list[float], activation: list[float], static: float = 100.0, cut: float = 10.0) -> UnitArrays:
@@ -48,13 +48,14 @@ def test_splits_are_every_contiguous_split_once() -> None:
     for bounds in splits:
         assert bounds[0][0] == 0 and bounds[-1][1] == 6
         assert all(i < j for i, j in bounds) and all(x[1] == y[0] for x, y in zip(bounds, bounds[1:]))
-    assert candidate_count(6, 3) == 10 * 8 and candidate_count(6, 3, RecomputeMode.NONE) == 10
+    assert candidate_count(6, 3, (KEEP, RECOMPUTE)) == 10 * 8 and candidate_count(6, 3, KEEP_ONLY) == 10
+    assert candidate_count(6, 3) == 10 * 3**3  # every policy
 
 
 def test_one_unit_per_stage_has_exactly_one_split() -> None:
     a = _random(0, 4)
     cluster = Cluster(num_devices=4, memory_bytes=2**40, link=LINK)
-    got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4, recompute=RecomputeMode.NONE)
+    got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4, activations=KEEP_ONLY)
     assert got.judged == 1 and got.best is not None
     assert got.best.candidate.bounds == ((0, 1), (1, 2), (2, 3), (3, 4))
     assert brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4).judged == 2**4
@@ -68,7 +69,7 @@ def test_never_worse_than_the_dp_split_judged_the_same_way(seed: int) -> None:
     assert dp is not None
     split = judge(a, cluster, Candidate(schedule=ONE_F_ONE_B, layout=Layout(pp=3), microbatches=4, microbatch_size=1,
                                         bounds=dp, activations=(KEEP,) * 3))
-    got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=3), m=4, recompute=RecomputeMode.NONE)
+    got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=3), m=4, activations=KEEP_ONLY)
     assert got.judged == math.comb(6, 2) and got.best is not None
     assert got.best.step_s <= split.step_s
     assert judge(a, cluster, got.best.candidate).step_s == got.best.step_s
@@ -81,9 +82,9 @@ def test_recomputes_only_the_stage_that_needs_it() -> None:
     first_only = _peaks(a, ample, (RECOMPUTE, KEEP), 4)
     assert max(_peaks(a, ample, (KEEP, KEEP), 4)) > max(first_only)
     cluster = Cluster(num_devices=2, memory_bytes=max(first_only), link=LINK)
-    assert brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4, recompute=RecomputeMode.NONE).best is None
+    assert brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4, activations=KEEP_ONLY).best is None
     auto = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4).best
-    every = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4, recompute=RecomputeMode.ALL).best
+    every = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4, activations=RECOMPUTE_ONLY).best
     assert auto is not None and every is not None
     assert auto.candidate.activations == (RECOMPUTE, KEEP)
     assert auto.step_s < every.step_s
@@ -92,7 +93,7 @@ def test_recomputes_only_the_stage_that_needs_it() -> None:
 def test_admissible_leaves_splits_out_unjudged() -> None:
     a = _random(1, 5)
     cluster = Cluster(num_devices=2, memory_bytes=2**40, link=LINK)
-    got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=2, recompute=RecomputeMode.NONE,
+    got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=2, activations=KEEP_ONLY,
                       admissible=lambda b: b[0] == (0, 2))
     assert got.judged == 1 and got.best is not None and got.best.candidate.bounds == ((0, 2), (2, 5))
 

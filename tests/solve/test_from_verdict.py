@@ -31,9 +31,9 @@ def test_each_mode_judges_its_own_activation_policies() -> None:
     # with it; on 30 MiB devices only rank 1 must recompute.
     a = ProfileTable(load_profile(GPT)).arrays(1)
     cluster = Cluster(num_devices=2, memory_bytes=30 * MiB)
-    none = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.NONE)
-    every = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.ALL)
-    auto = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.AUTO)
+    none = judge_recompute(a, cluster, _gpipe_even(), (KEEP,))
+    every = judge_recompute(a, cluster, _gpipe_even(), (RECOMPUTE,))
+    auto = judge_recompute(a, cluster, _gpipe_even(), (KEEP, RECOMPUTE))
     assert none.candidate.activations == (KEEP, KEEP) and not none.fits
     assert every.candidate.activations == (RECOMPUTE, RECOMPUTE) and every.fits
     assert auto.candidate.activations == (KEEP, RECOMPUTE) and auto.fits and auto.step_s < every.step_s
@@ -42,7 +42,7 @@ def test_each_mode_judges_its_own_activation_policies() -> None:
 def test_no_fitting_choice_is_judged_without_recomputation_and_marked() -> None:
     a = ProfileTable(load_profile(GPT)).arrays(1)
     cluster = Cluster(num_devices=2, memory_bytes=8 * MiB)  # nothing fits
-    auto = judge_recompute(a, cluster, _gpipe_even(), RecomputeMode.AUTO)
+    auto = judge_recompute(a, cluster, _gpipe_even(), (KEEP, RECOMPUTE))
     assert auto.candidate.activations == (KEEP, KEEP) and not auto.fits
 
 

@@ -15,7 +15,6 @@ from autopp.schedule import NAMED, Activation, ScheduleName, describe
 from autopp.solve.partition.brute import brute_force
 from autopp.solve.search.judge import Candidate, judge
 from autopp.solve.partition.refine import _rank_actions, recompute_choices, refine
-from autopp.solve.search.request import RecomputeMode
 
 from ..conftest import seeds
 
@@ -55,13 +54,14 @@ def _case(name: ScheduleName, seed: int) -> tuple[UnitArrays, Cluster, Candidate
 @pytest.mark.parametrize("seed", seeds(3, unit=(0,)))
 def test_exact_mode_equals_the_brute_force(name: ScheduleName, seed: int) -> None:
     a, cluster, seed_cand = _case(name, seed)
-    for mode in (RecomputeMode.AUTO, RecomputeMode.NONE):
-        got = refine(a, cluster, seed_cand, mode)
-        want = brute_force(a, cluster, name, layout=seed_cand.layout, m=seed_cand.microbatches, recompute=mode).best
+    for ladder in ((KEEP, RECOMPUTE), (KEEP,)):  # auto and none on a profile without selective figures
+        got = refine(a, cluster, seed_cand, ladder)
+        want = brute_force(a, cluster, name, layout=seed_cand.layout, m=seed_cand.microbatches,
+                           activations=ladder).best
         assert got.exact
-        assert (got.best is None) == (want is None), (mode, got.best, want)
+        assert (got.best is None) == (want is None), (ladder, got.best, want)
         if want is not None and got.best is not None:
-            assert got.best.step_s == want.step_s, (mode, got.best.candidate, want.candidate)
+            assert got.best.step_s == want.step_s, (ladder, got.best.candidate, want.candidate)
             assert got.best.fits and judge(a, cluster, got.best.candidate).step_s == got.best.step_s
 
 
@@ -69,7 +69,7 @@ def test_exact_mode_equals_the_brute_force(name: ScheduleName, seed: int) -> Non
 def test_local_search_never_worse_than_its_seed(seed: int) -> None:
     a, cluster, seed_cand = _case(ScheduleName.ONE_F_ONE_B, seed)
     start = judge(a, cluster, seed_cand)
-    got = refine(a, cluster, seed_cand, RecomputeMode.AUTO, exact_limit=0, budget=20)
+    got = refine(a, cluster, seed_cand, (KEEP, RECOMPUTE), exact_limit=0, budget=20)
     assert not got.exact and got.judged <= 20 + 16  # the last split's recompute choices may finish the budget
     if start.fits:
         assert got.best is not None and got.best.step_s <= start.step_s
@@ -84,7 +84,8 @@ def test_recompute_choices_are_minimal_per_rank() -> None:
                      microbatch_size=1, bounds=((0, 1), (1, 2), (2, 3), (3, 4)), activations=(KEEP,) * 4)
     costs = stage_costs(a, cand.bounds, [1.0] * 4)
     actions = _rank_actions(cand)
-    choices = recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.AUTO)
+    choices = recompute_choices(costs, cand.owner, actions, lambda r: 1500, (KEEP, RECOMPUTE))
     assert choices == [(RECOMPUTE, KEEP, KEEP, KEEP)]
-    assert recompute_choices(costs, cand.owner, actions, lambda r: 1500, RecomputeMode.NONE) == []
-    assert recompute_choices(costs, cand.owner, actions, lambda r: 10**6, RecomputeMode.AUTO) == [(KEEP,) * 4]
+    assert recompute_choices(costs, cand.owner, actions, lambda r: 1500, (KEEP,)) == []
+    assert recompute_choices(costs, cand.owner, actions, lambda r: 10**6, (KEEP, RECOMPUTE)) \
+        == [(KEEP,) * 4]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autopp.data.cluster import DEFAULT_LINK, Cluster
 from autopp.data.layout import Layout, LayoutPins
-from autopp.errors import InfeasibleError
+from autopp.errors import InfeasibleError, LayoutError, ProfileError
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
 from autopp.solve import PlanRequest, make_plan
@@ -69,7 +71,7 @@ from autopp.costmodel import comm_times, message_overheads, progress_delays, sta
 from autopp.data.synthetic_profile import synthetic_profile  # noqa: E402
 
 GiB = 2**30
-KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
+KEEP, RECOMPUTE, SELECTIVE = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE
 
 
 def _synth(devices: int = 4, memory: float = 80, **kw) -> Plan:  # type: ignore[no-untyped-def]
@@ -131,6 +133,79 @@ def test_recompute_auto_rescues_a_tight_memory() -> None:
         _synth(memory=10.5, global_batch=16)
     plan = _synth(memory=10.5, global_batch=16, recompute=RecomputeMode.AUTO)
     assert any(s.activation is RECOMPUTE for s in plan.stages) and max(plan.predicted.peak_memory_bytes) <= 10.5 * GiB
+
+
+def test_a_request_names_the_policies_the_search_may_use() -> None:
+    """`PlanRequest.activations` (the Python user's say) gives what `recompute` gives from the command line."""
+    assert RecomputeMode.NONE.policies() == (KEEP,) and RecomputeMode.ALL.policies() == (RECOMPUTE,)
+    assert RecomputeMode.AUTO.policies()[0] is KEEP and set(RecomputeMode.AUTO.policies()) == set(Activation)
+    auto = _synth(memory=10.5, global_batch=16, recompute=RecomputeMode.AUTO)
+    both = _synth(memory=10.5, global_batch=16, activations=(RECOMPUTE, KEEP))
+    assert both.stages == auto.stages and both.predicted == auto.predicted
+    only = _synth(memory=10.5, global_batch=16, activations=(RECOMPUTE,))
+    assert all(s.activation is RECOMPUTE for s in only.stages)
+    assert only.predicted == _synth(memory=10.5, global_batch=16, recompute=RecomputeMode.ALL).predicted
+    with pytest.raises(InfeasibleError, match="`recompute` auto fits"):
+        _synth(memory=10.5, global_batch=16, activations=(KEEP,))
+
+
+def test_a_request_refuses_policies_named_twice_over() -> None:
+    cluster = Cluster(num_devices=4, memory_bytes=GiB)
+    with pytest.raises(LayoutError, match=r"^`activations` recompute: give at least one policy, and drop `recompute` "
+                                          r"all$"):
+        PlanRequest(cluster=cluster, global_batch=4, activations=(RECOMPUTE,), recompute=RecomputeMode.ALL)
+    with pytest.raises(LayoutError, match=r"^`activations` none: give at least one policy"):
+        PlanRequest(cluster=cluster, global_batch=4, activations=())
+    with pytest.raises(LayoutError, match=r"^`recompute_stages` pins each stage's recomputation; drop `activations`$"):
+        PlanRequest(cluster=cluster, global_batch=4, activations=(KEEP,), recompute_stages=(0,))
+
+
+def test_selective_is_offered_only_with_its_profile_columns() -> None:
+    """Without the profile's selective columns the search does not offer it (old profiles plan as before); with
+    them, it keeps the matmul outputs of the one stage that overflows instead of recomputing it whole."""
+    cluster = Cluster(num_devices=4, memory_bytes=int(7.4 * GiB))
+    request = PlanRequest(cluster=cluster, global_batch=8, recompute=RecomputeMode.AUTO)
+    old, new = make_plan(synthetic_profile(8), request), make_plan(synthetic_profile(8, selective=True), request)
+    assert [s.activation for s in old.stages] == [KEEP, RECOMPUTE, KEEP, KEEP]
+    assert [s.activation for s in new.stages] == [KEEP, SELECTIVE, KEEP, KEEP]
+    assert new.predicted.step_time_s < old.predicted.step_time_s
+    assert max(new.predicted.peak_memory_bytes) <= cluster.memory_bytes
+    with pytest.raises(ProfileError, match=r"^`activations` selective: the profile has no figures for them"):
+        make_plan(synthetic_profile(8), PlanRequest(cluster=cluster, global_batch=8, activations=(SELECTIVE,)))
+    # tensor-parallel rows carry no selective figures: those configurations are left out, tp 1 is planned
+    tp_rows = synthetic_profile(8, selective=True, tp_degrees=(2,))
+    plan = make_plan(tp_rows, PlanRequest(cluster=replace(cluster, memory_bytes=80 * GiB), global_batch=8,
+                                          activations=(SELECTIVE,), pins=LayoutPins(tp=None)))
+    assert plan.layout.tp == 1 and all(s.activation is SELECTIVE for s in plan.stages)
+
+
+def test_a_selective_plan_carries_its_figures_and_resimulates_as_predicted() -> None:
+    from autopp.predict import simulate_plan
+    cluster = Cluster(num_devices=4, memory_bytes=int(6.9 * GiB))
+    plan = make_plan(synthetic_profile(8, selective=True),
+                     PlanRequest(cluster=cluster, global_batch=8, recompute=RecomputeMode.AUTO))
+    stage = plan.to_json()["stages"][2]
+    assert stage["activation"] == "selective" and stage["selective_bytes"] > 0 and stage["selective_redo_s"] > 0
+    back = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert back == plan and simulate_plan(back).peak_memory_bytes == list(plan.predicted.peak_memory_bytes)
+    assert "selective_bytes" not in _synth(global_batch=16).to_json()["stages"][0]  # no figures: not written
+
+
+@pytest.mark.integration  # two brute forces over every split x 3^4 policy choices (~5 s)
+@pytest.mark.parametrize("memory, want", [(7.4, [KEEP, SELECTIVE, KEEP, KEEP]),
+                                          (6.9, [KEEP, RECOMPUTE, SELECTIVE, KEEP])])
+def test_selective_where_fastest_equals_the_brute_force(memory: float, want: list[Activation]) -> None:
+    """Under a memory limit the planner picks selective recomputation per stage beside keep and full recomputation,
+    and its plan is the simulator's optimum over every split and every per-stage choice of the three."""
+    from autopp.solve.partition.brute import brute_force
+    profile = synthetic_profile(8, selective=True)
+    cluster = Cluster(num_devices=4, memory_bytes=int(memory * GiB))
+    plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=8, recompute=RecomputeMode.AUTO))
+    assert [s.activation for s in plan.stages] == want
+    best = brute_force(unit_arrays(profile, plan.microbatch_size), cluster, plan.schedule, layout=plan.layout,
+                       m=plan.num_microbatches, microbatch_size=plan.microbatch_size)
+    assert best.best is not None and best.judged == 35 * 3**4
+    assert plan.predicted.step_time_s == best.best.step_s and list(best.best.candidate.activations) == want
 
 
 @pytest.mark.integration  # a brute force over every split x recompute choice (~5 s)

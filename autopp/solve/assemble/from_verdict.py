@@ -15,7 +15,7 @@ from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName
 from ..partition.baselines import baseline_bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import recompute_choices
-from ..search.request import PlanRequest, RecomputeMode
+from ..search.request import PlanRequest
 from ..search.runnable import schedule_refusal
 
 if TYPE_CHECKING:
@@ -32,26 +32,27 @@ def prediction(v: Verdict, ideal: float) -> Prediction:
                       efficiency=ideal / v.step_s if v.step_s > 0 else 1.0, fits=v.fits)
 
 
-def judge_recompute(a: UnitArrays, cluster: Cluster, c: Candidate, mode: RecomputeMode,
+def judge_recompute(a: UnitArrays, cluster: Cluster, c: Candidate, ladder: tuple[Activation, ...],
                     fixed: tuple[Activation, ...] | None = None) -> Verdict:
-    """`c`'s split judged with its own activation policies under `mode` (`refine.recompute_choices`: keep, recompute,
-    or the first of the minimal per-rank sets that fit: one simulation, which matters at scale) or the pinned ones
-    `fixed`; when none fits, the pinned or the mode's own (recompute for ALL, else keep), judged all the same, so the
-    verdict says it does not fit."""
+    """`c`'s split judged with its own activation policies from `ladder` (`refine.recompute_choices`: its one
+    policy, or the first of the minimal per-rank assignments that fit: one simulation, which matters at scale) or
+    the pinned ones `fixed`; when none fits, the pinned or the ladder's first, judged all the same, so the verdict
+    says it does not fit."""
     order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     actions = {r: [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS] for r in sorted(order)}
     costs = stage_costs(a, c.bounds, [1.0] * len(c.bounds))  # memory does not depend on speed
-    choices = recompute_choices(costs, c.owner, actions, lambda r: cluster.device(r).memory_bytes, mode, fixed)
-    own = Activation.RECOMPUTE if mode is RecomputeMode.ALL else Activation.KEEP
-    chosen = choices[0] if choices else fixed or (own,) * len(c.bounds)
+    choices = recompute_choices(costs, c.owner, actions, lambda r: cluster.device(r).memory_bytes, ladder, fixed)
+    chosen = choices[0] if choices else fixed or (ladder[0],) * len(c.bounds)
     return judge(a, cluster, replace(c, activations=chosen))
 
 
 def judge_baselines(a: UnitArrays, request: PlanRequest, best: Verdict) -> dict[str, Verdict]:
     """The baseline splits with `best`'s configuration, each with its own activation policies under the request's
-    mode (`judge_recompute`), judged by the simulator; a baseline that does not fit is kept (its verdict says so)."""
+    policies (`judge_recompute`), judged by the simulator; a baseline that does not fit is kept (its verdict says
+    so)."""
     fixed = request.pinned_activations(len(best.candidate.bounds))
-    return {name: judge_recompute(a, request.cluster, replace(best.candidate, bounds=bounds), request.recompute, fixed)
+    ladder = request.ladder(a)
+    return {name: judge_recompute(a, request.cluster, replace(best.candidate, bounds=bounds), ladder, fixed)
             for name, bounds in baseline_bounds(a, len(best.candidate.bounds)).items()}
 
 
@@ -149,7 +150,8 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                   backward_input_s=cost.backward_input_s, backward_weight_s=cost.backward_weight_s,
                   static_bytes=cost.static_bytes,
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
-                  progress_s=delays[s], overhead_s=cost.overhead_s, transient_bytes=cost.transient_bytes)
+                  progress_s=delays[s], overhead_s=cost.overhead_s, transient_bytes=cost.transient_bytes,
+                  selective_bytes=cost.selective_bytes, selective_redo_s=cost.selective_redo_s)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c))

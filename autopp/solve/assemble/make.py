@@ -7,8 +7,8 @@ import logging
 from dataclasses import replace
 
 from ...costmodel import ProfileTable
-from ...schedule import Activation
-from ...errors import InfeasibleError
+from ...schedule import Activation, policy
+from ...errors import AutoppError, InfeasibleError, ProfileError
 from ...data.plan import Plan
 from ...data.profile import Profile
 from .from_verdict import plan_from_verdict
@@ -46,10 +46,11 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
     c = _placement_config(req, profile.num_units, best)
     if c is None:
         return req, best, None
-    recomputes = best.candidate.recomputing > 0 if best is not None else req.recompute is RecomputeMode.ALL
-    activation = Activation.RECOMPUTE if recomputes else Activation.KEEP
+    a = table.arrays(c.b)  # the winner's policy saving most, else the first the request allows
+    activation = max(best.candidate.activations, key=lambda x: policy(x).saving) if best is not None \
+        else req.ladder(a)[0]
     try:
-        placed = place_devices(table.arrays(c.b), req.cluster, c.m, inflight(c.schedule, c.layout.pp, c.m, 1),
+        placed = place_devices(a, req.cluster, c.m, inflight(c.schedule, c.layout.pp, c.m, 1),
                                activation, req.placement_time_limit_s)
     except InfeasibleError as exc:
         log.info("device placement: %s", exc)
@@ -81,27 +82,29 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     heterogeneous cluster CP-SAT also chooses the device order (the plan's notes say which and how sure). For a
     `trainer`, which applies one activation policy to every stage, `recompute` auto plans with none and with all
     and keeps the faster (`_uniform`)."""
-    if request.trainer is not None and request.recompute is RecomputeMode.AUTO:
+    if request.trainer is not None and len(request.allowed()) > 1:
         return _uniform(profile, request)
     return _make_plan(profile, request)
 
 
 def _uniform(profile: Profile, request: PlanRequest) -> Plan:
-    """The faster of the plans with every stage keeping and every stage recomputing its activations; the error of
-    the recomputing one (which needs the least memory) when neither fits."""
-    plans: list[Plan] = []
-    error: InfeasibleError | None = None
-    for mode in (RecomputeMode.NONE, RecomputeMode.ALL):
+    """The fastest of the plans that give every stage one of the request's policies that its trainer applies (and
+    the profile has figures for); the error of the one that saves the most memory when none fits."""
+    trainer = str(request.trainer)
+    plans: dict[Activation, Plan] = {}
+    error: AutoppError | None = None
+    tried = [a for a in request.allowed() if policy(a).refusal(trainer) is None]
+    for a in tried:
         try:
-            plans.append(_make_plan(profile, replace(request, recompute=mode)))
-        except InfeasibleError as exc:
-            error = exc
+            plans[a] = _make_plan(profile, replace(request, recompute=RecomputeMode.NONE, activations=(a,)))
+        except (InfeasibleError, ProfileError) as exc:  # ProfileError: no figures for the policy in this profile
+            error = exc if isinstance(exc, InfeasibleError) or error is None else error
     if not plans:
-        assert error is not None
-        raise error
-    best = min(plans, key=lambda p: (p.predicted.step_time_s, max(p.predicted.peak_memory_bytes)))
-    note = (f"`trainer` {request.trainer} applies one activation policy to every stage: `recompute` none and all "
-            f"were planned{'' if len(plans) == 2 else ' (only one fits)'}, the faster kept")
+        raise error or InfeasibleError(f"`trainer` {trainer} applies none of the policies asked for")
+    best = min(plans.values(), key=lambda p: (p.predicted.step_time_s, max(p.predicted.peak_memory_bytes)))
+    note = (f"`trainer` {trainer} applies one activation policy to every stage: each of "
+            f"{', '.join(a.value for a in tried)} was planned for all stages "
+            f"({', '.join(a.value for a in plans)} fit), the fastest kept")
     return replace(best, notes=(*best.notes, note))
 
 

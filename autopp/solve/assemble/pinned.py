@@ -9,10 +9,10 @@ from ...data.layout import LayoutPins
 from ...data.plan import Plan
 from ...data.profile import Profile
 from ...errors import InfeasibleError, LayoutError, PlanError, ScheduleError
-from ...schedule import Activation, describe, listed
+from ...schedule import Activation, describe, listed, policy
 from ...sizes import format_size
 from ..search.judge import Candidate, Verdict, judge
-from ..search.request import Config, PlanRequest, RecomputeMode, configs
+from ..search.request import Config, PlanRequest, configs
 from ..search.runnable import weight_only_reason, weight_only_sends
 from ..search.views import Views
 from .from_verdict import judge_recompute, plan_from_verdict
@@ -77,11 +77,10 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
     not fit the devices' memory is still returned; its notes say which rank overflows and by how much."""
     check_pinned(pinned, profile.num_units, cluster.num_devices)
     c = pinned.candidate
-    redone = c.recomputing > 0
     request = PlanRequest(cluster=cluster, global_batch=c.microbatches * c.microbatch_size * c.layout.dp,
                           num_microbatches=c.microbatches, schedule=c.schedule,
                           pins=LayoutPins.of(c.layout), tp_across_nodes=True,
-                          recompute=RecomputeMode.ALL if redone else RecomputeMode.NONE)
+                          activations=(max(c.activations, key=lambda x: policy(x).saving),))
     views = Views(profile, request)
     a, view = views.arrays(c.microbatch_size, c.layout), views.request(c.layout)
     verdict = judge(a, view.cluster, c)
@@ -146,8 +145,8 @@ def _judged(views: Views, c: Config, bounds: tuple[tuple[int, int], ...]) -> Ver
     """The split on configuration `c`, with the pinned activation policies or those the request's mode chooses."""
     cand = c.candidate(bounds, (Activation.KEEP,) * len(bounds))
     view = views.request(c.layout)
-    return judge_recompute(views.arrays(c.b, c.layout), view.cluster, cand, view.recompute,
-                           view.pinned_activations(len(bounds)))
+    a = views.arrays(c.b, c.layout)
+    return judge_recompute(a, view.cluster, cand, view.ladder(a), view.pinned_activations(len(bounds)))
 
 
 def plan_split(profile: Profile, request: PlanRequest, starts: tuple[int, ...]) -> Plan:

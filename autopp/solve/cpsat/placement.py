@@ -16,7 +16,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from ...data.cluster import Cluster, Link
-from ...costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
+from ...costmodel import UnitArrays, transfer_time, unit_memory
 from ...schedule import Activation
 from ...errors import InfeasibleError
 from .split import contiguous_split, stage_transient_var
@@ -47,7 +47,7 @@ def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: 
     n, p = a.n, cluster.num_devices
     devices = [cluster.devices[d] if cluster.devices else cluster.device(0) for d in range(p)]
     work = np.round(a.work(activation) / resolution).astype(np.int64)
-    mem = [np.round(unit_memory(a, held_microbatches(inflight[k], activation))).astype(np.int64) for k in range(p)]
+    mem = [np.round(unit_memory(a, inflight[k], activation)).astype(np.int64) for k in range(p)]
     kinds: list[Link] = sorted({cluster.device_link(d, e) for d in range(p) for e in range(p) if d != e},
                                key=lambda lk: (lk.latency_s, -lk.bandwidth_bytes_per_s))
     comm = [[int(round(transfer_time(lk, float(a.cut[j])) / resolution)) for j in range(n + 1)] for lk in kinds]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ...costmodel import UnitArrays, held_microbatches, transfer_time, unit_memory
+from ...costmodel import UnitArrays, transfer_time, unit_memory
 from ...errors import InfeasibleError
 from ..partition.dp import Bounds, PipeSpec
 
@@ -42,7 +42,7 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     speed = spec.speed or (1.0,) * s_count
     work = np.round(a.work(spec.activation) / resolution).astype(np.int64)
     inflight = spec.inflight or (1,) * s_count
-    mem_unit = [np.round(unit_memory(a, held_microbatches(inflight[k], spec.activation))).astype(np.int64)
+    mem_unit = [np.round(unit_memory(a, inflight[k], spec.activation)).astype(np.int64)
                 for k in range(s_count)]
     links = spec.links or (None,) * (s_count - 1)
     comm = [[0 if lk is None else int(round(transfer_time(lk, float(a.cut[j])) / resolution)) for j in range(n + 1)]

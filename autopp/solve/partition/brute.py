@@ -2,11 +2,11 @@
 
 The reference the planner is measured against (scripts/bench_optimality.py) and checked by (tests/solve/): for one
 schedule, pp, v, m and dp, it judges (`judge.judge`: the simulator, the gradient all-reduce and the optimizer step)
-every split of the n units into S = pp x v contiguous stages (C(n - 1, S - 1) of them) and, with
-`RecomputeMode.AUTO`, every choice of which stages recompute their forward in the backward (2^S per split), as
+every split of the n units into S = pp x v contiguous stages (C(n - 1, S - 1) of them) and every choice of each
+stage's activation policy among those allowed (L^S per split for L policies; with keep and recompute, 2^S), as
 AdaPipe does jointly with the split (Sun et al., "AdaPipe: Optimizing Pipeline Parallelism with Adaptive
 Recomputation and Partitioning", ASPLOS'24). It keeps the fastest candidate that fits (ties: less peak memory, then
-the lexicographically smaller split, then the lexicographically smaller policies, keep before recompute).
+the lexicographically smaller split, then the lexicographically smaller policies in `Activation` order).
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from typing import Callable, Iterator
 from ...data.cluster import Cluster
 from ...costmodel import UnitArrays
 from ...data.layout import Layout
-from ...schedule import Activation, ScheduleName, order_key
+from ...schedule import Activation, ScheduleName, order_key, policy
 from .dp import Bounds
 from ..search.judge import Candidate, Verdict, judge
-from ..search.request import RecomputeMode
 
 __all__ = ["BruteForce", "DEFAULT_LIMIT", "candidate_count", "contiguous_splits", "brute_force"]
 
@@ -47,20 +46,15 @@ def contiguous_splits(n: int, num_stages: int) -> Iterator[Bounds]:
         yield tuple(zip(ends, ends[1:]))
 
 
-def _policy_choices(num_stages: int, mode: RecomputeMode) -> list[tuple[Activation, ...]]:
-    """Per-stage policies to try: all keep (NONE), all recompute (ALL), or every subset recomputing (AUTO), in
-    `order_key` order."""
-    keep, redo = Activation.KEEP, Activation.RECOMPUTE
-    if mode is RecomputeMode.NONE:
-        return [(keep,) * num_stages]
-    if mode is RecomputeMode.ALL:
-        return [(redo,) * num_stages]
-    return list(itertools.product((keep, redo), repeat=num_stages))
+def _policy_choices(num_stages: int, activations: tuple[Activation, ...]) -> list[tuple[Activation, ...]]:
+    """Per-stage policies to try: every assignment of `activations` to the stages, in `order_key` order."""
+    return list(itertools.product(sorted(set(activations), key=list(Activation).index), repeat=num_stages))
 
 
-def candidate_count(n: int, num_stages: int, mode: RecomputeMode = RecomputeMode.AUTO) -> int:
+def candidate_count(n: int, num_stages: int, activations: tuple[Activation, ...] = tuple(Activation)) -> int:
     """How many candidates `brute_force` would judge (before `admissible` removes any split)."""
-    return math.comb(n - 1, num_stages - 1) * len(_policy_choices(num_stages, mode)) if 1 <= num_stages <= n else 0
+    return math.comb(n - 1, num_stages - 1) * len(_policy_choices(num_stages, activations)) \
+        if 1 <= num_stages <= n else 0
 
 
 def _preferred(v: Verdict) -> tuple[float, int, Bounds, tuple[int, ...]]:
@@ -68,20 +62,22 @@ def _preferred(v: Verdict) -> tuple[float, int, Bounds, tuple[int, ...]]:
 
 
 def brute_force(a: UnitArrays, cluster: Cluster, schedule: ScheduleName, *, layout: Layout, m: int,
-                microbatch_size: int = 1, recompute: RecomputeMode = RecomputeMode.AUTO,
+                microbatch_size: int = 1, activations: tuple[Activation, ...] | None = None,
                 limit: int = DEFAULT_LIMIT, admissible: Callable[[Bounds], bool] | None = None) -> BruteForce:
     """The simulator's optimum for `schedule` on `layout` (its `v` stages per rank as `Candidate.layout`'s), `m`
     microbatches of `microbatch_size`, over every contiguous split of `a`'s units (those `admissible` accepts: e.g.
-    the runner's refusals) and every recompute choice `recompute` allows.
+    the runner's refusals) and every per-stage choice among `activations` (None: every policy `a` has figures for).
     Raises ValueError when the candidates number more than `limit`, or when there are fewer units than stages."""
     stages = layout.stages
     if stages > a.n:
         raise ValueError(f"{a.n} units cannot fill {stages} stages (pp {layout.pp} x v {layout.v})")
-    count = candidate_count(a.n, stages, recompute)
+    allowed = tuple(p for p in Activation if policy(p).offered(a)) if activations is None else activations
+    count = candidate_count(a.n, stages, allowed)
     if count > limit:
-        raise ValueError(f"brute force over {a.n} units into {stages} stages ({recompute.value} recompute) would "
-                         f"judge {count} candidates > limit {limit}; use fewer units or stages, or raise the limit")
-    choices = _policy_choices(stages, recompute)
+        raise ValueError(f"brute force over {a.n} units into {stages} stages ({len(allowed)} activation policies) "
+                         f"would judge {count} candidates > limit {limit}; use fewer units or stages, or raise the "
+                         "limit")
+    choices = _policy_choices(stages, allowed)
     best: Verdict | None = None
     judged = 0
     for bounds in contiguous_splits(a.n, stages):

@@ -11,8 +11,8 @@ bottleneck is one of the candidates. Speed-ups (results unchanged):
   2. t starts at the min-max bottleneck (binary search with a reachability DP) and stops once
      g(inf) + (m - 1) t >= the best objective found, since g(t) >= g(inf).
 Every cost comes from the cost model (autopp.costmodel): per-unit work (`UnitArrays.work`), a stage's memory
-(`memory_prefix`: static bytes + held x activation bytes, held = `held_microbatches` of its in-flight count from the
-schedule's order, 1 when its policy keeps inputs only, + `stage_transient`, its units' largest working memory), and
+(`memory_prefix`: static bytes + the activation bytes its policy charges for its in-flight count from the
+schedule's order (`ActivationPolicy.unit_bytes`), + `stage_transient`, its units' largest working memory), and
 the send time of each cut (`send_times`), under a per-stage budget.
 """
 
@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ...data.cluster import Link
-from ...costmodel import UnitArrays, held_microbatches, memory_prefix, send_times, stage_transient
+from ...costmodel import UnitArrays, memory_prefix, send_times, stage_transient
 from ...schedule import Activation
 
 __all__ = ["Objective", "PipeSpec", "Bounds", "pipeline_bounds", "min_max_bounds", "pipeline_objective",
@@ -91,7 +91,7 @@ def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> 
     s = spec.num_stages
     work = a.prefix(values if values is not None else a.work(spec.activation))
     inflight = spec.inflight or (1,) * s
-    mem = [memory_prefix(a, held_microbatches(inflight[k], spec.activation)) for k in range(s)]
+    mem = [memory_prefix(a, inflight[k], spec.activation) for k in range(s)]
     comm = [send_times(a, lk) for lk in spec.links or (None,) * (s - 1)]
     comm.append(send_times(a, None))  # the last stage sends nothing
     tb = _Tables(work, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm, spec.microbatches)

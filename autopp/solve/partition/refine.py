@@ -6,10 +6,11 @@ pp, v, m, dp, microbatch size) and the DP's split, `refine` searches contiguous 
 the simulator itself (`judge.judge`):
 
 1. Recomputation per stage, as AdaPipe chooses it jointly with the split (Sun et al., "AdaPipe: Optimizing Pipeline
-   Parallelism with Adaptive Recomputation and Partitioning", ASPLOS'24): a stage's flag changes only its own rank's
-   memory (the order walk `effects.rank_peak`) and can only add time (a longer B or I), so for a split the candidates
-   are, per rank, the smallest sets of its stages whose recomputation makes the rank fit (`recompute_choices`); any
-   larger set is slower and no smaller one fits.
+   Parallelism with Adaptive Recomputation and Partitioning", ASPLOS'24): a stage's policy changes only its own rank's
+   memory (the order walk `effects.rank_peak`), and each policy up the ladder of allowed ones (keep, then those
+   saving more memory, `PlanRequest.ladder`) can only add time (a longer B or I), so for a split the candidates are,
+   per rank, the minimal assignments of ladder steps to its stages that make the rank fit (`recompute_choices`);
+   any assignment above one of them is slower, and none below fits.
 2. Exact mode, when the configuration has at most `exact_limit` contiguous splits: every split gets a lower bound
    (`split_floor`: the busiest rank's compute actions back to back, plus the step's end, a bound of the simulated
    step); they are simulated in order of that bound until it exceeds the best step found. The answer is the simulator's
@@ -30,12 +31,11 @@ from dataclasses import dataclass, replace
 
 from ...costmodel import UnitArrays, message_overheads, send_times, stage_costs, stage_speeds
 from ...data.cluster import Cluster
-from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost, chosen
+from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost
 from ...schedule.effects import durations, rank_peak, rank_static_bytes
 from .baselines import baseline_bounds
 from .dp import Bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
-from ..search.request import RecomputeMode
 
 __all__ = ["Refined", "EXACT_LIMIT", "recompute_choices", "action_counts", "split_floor", "refine"]
 
@@ -68,36 +68,44 @@ def _rank_actions(c: Candidate) -> dict[int, list[Action]]:
     return {r: [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS] for r in sorted(order)}
 
 
+def _steps(stages: int, top: int) -> list[tuple[int, ...]]:
+    """Every assignment of ladder steps 0..`top` to `stages` stages, fewest steps first, then the earlier stages
+    higher (with two steps: `itertools.combinations` order of the stages that step up)."""
+    return sorted(itertools.product(range(top + 1), repeat=stages), key=lambda v: (sum(v), [-x for x in v]))
+
+
 def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions: dict[int, list[Action]],
-                      memory: Callable[[int], int], mode: RecomputeMode,
+                      memory: Callable[[int], int], ladder: tuple[Activation, ...],
                       fixed: tuple[Activation, ...] | None = None) -> list[tuple[Activation, ...]]:
-    """Per-stage activation policies worth judging for one split: `fixed` (pinned policies) or NONE and ALL give
-    their one choice if it fits; AUTO gives the product over ranks of each rank's minimal fitting sets of recomputing
-    stages (fewest first; at most `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device
-    memory."""
+    """Per-stage activation policies worth judging for one split: `fixed` (pinned policies), or a one-policy
+    `ladder`, gives its one choice if it fits; a longer ladder (least memory saved first) gives the product over
+    ranks of each rank's minimal fitting assignments of ladder steps to its stages (fewest steps first; at most
+    `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device memory."""
     n = len(costs)
     if fixed is not None:
         fits = all(rank_peak(actions[r], costs, fixed, rank_static_bytes(costs, owner, r)) <= memory(r)
                    for r in actions)
         return [fixed] if fits else []
-    per_rank: list[list[tuple[int, ...]]] = []
+    per_rank: list[list[dict[int, Activation]]] = []
     for r in sorted(actions):
         mine = [s for s in range(n) if owner[s] == r]
         static = rank_static_bytes(costs, owner, r)
-        sizes = {RecomputeMode.NONE: [0], RecomputeMode.ALL: [len(mine)], RecomputeMode.AUTO: range(len(mine) + 1)}
         minimal: list[tuple[int, ...]] = []
-        for size in sizes[mode]:
-            for subset in itertools.combinations(mine, size):
-                if any(set(m) <= set(subset) for m in minimal):
-                    continue
-                if rank_peak(actions[r], costs, chosen(n, subset), static) <= memory(r):
-                    minimal.append(subset)
+        for steps in _steps(len(mine), len(ladder) - 1):
+            if any(all(x <= y for x, y in zip(m, steps)) for m in minimal):
+                continue
+            policies = [ladder[0]] * n
+            for s, k in zip(mine, steps):
+                policies[s] = ladder[k]
+            if rank_peak(actions[r], costs, policies, static) <= memory(r):
+                minimal.append(steps)
         if not minimal:
             return []
-        per_rank.append(minimal)
+        per_rank.append([{s: ladder[k] for s, k in zip(mine, m)} for m in minimal])
     out = []
     for combo in itertools.islice(itertools.product(*per_rank), _MAX_CHOICES):
-        out.append(chosen(n, {s for subset in combo for s in subset}))
+        mix = {s: a for part in combo for s, a in part.items()}
+        out.append(tuple(mix.get(s, ladder[0]) for s in range(n)))
     return out
 
 
@@ -127,10 +135,10 @@ def split_floor(costs: Sequence[StageCost], owner: Sequence[int], comm: Sequence
 class _Search:
     """One configuration's refinement: the cluster, the candidate template and the best verdict so far."""
 
-    def __init__(self, a: UnitArrays, cluster: Cluster, template: Candidate, mode: RecomputeMode,
+    def __init__(self, a: UnitArrays, cluster: Cluster, template: Candidate, ladder: tuple[Activation, ...],
                  admissible: Callable[[Bounds], bool], fixed: tuple[Activation, ...] | None) -> None:
         cluster = cluster.placed(template.layout)
-        self.a, self.cluster, self.template, self.mode, self.admissible = a, cluster, template, mode, admissible
+        self.a, self.cluster, self.template, self.ladder, self.admissible = a, cluster, template, ladder, admissible
         self.fixed = fixed
         self.owner = template.owner
         self.speeds = stage_speeds(cluster, self.owner)
@@ -175,7 +183,7 @@ class _Search:
         costs = stage_costs(self.a, bounds, [1.0] * len(bounds))  # memory does not depend on speed
         memory = lambda r: self.cluster.device(r).memory_bytes  # noqa: E731
         found: Verdict | None = None
-        for policies in recompute_choices(costs, self.owner, self.actions, memory, self.mode, self.fixed):
+        for policies in recompute_choices(costs, self.owner, self.actions, memory, self.ladder, self.fixed):
             verdict = judge(self.a, self.cluster, replace(self.template, bounds=bounds, activations=policies))
             self.judged += 1
             if verdict.fits and (found is None or _key(verdict) < _key(found)):
@@ -205,15 +213,16 @@ def _neighbours(bounds: Bounds) -> list[Bounds]:
     return out
 
 
-def refine(a: UnitArrays, cluster: Cluster, seed: Candidate, mode: RecomputeMode, *,
+def refine(a: UnitArrays, cluster: Cluster, seed: Candidate, ladder: tuple[Activation, ...], *,
            admissible: Callable[[Bounds], bool] = lambda b: True, exact_limit: int = EXACT_LIMIT,
            budget: int = 64, fixed: tuple[Activation, ...] | None = None, beat: float = math.inf) -> Refined:
     """The simulator's best split and recompute choice for `seed`'s configuration (module docstring): exact when it
     has at most `exact_limit` splits, else a local search of at most `budget` simulations from `seed`'s split and
-    the baselines'. `admissible` leaves out splits the runner would refuse; `fixed` pins the policies. In
+    the baselines'. `ladder`: the policies a stage may take, least memory saved first (`PlanRequest.ladder`).
+    `admissible` leaves out splits the runner would refuse; `fixed` pins the policies. In
     exact mode, splits whose floor exceeds `beat` (another configuration's step) are not simulated: then `best` is
     the optimum only if it is below `beat`."""
-    search = _Search(a, cluster, seed, mode, admissible, fixed)
+    search = _Search(a, cluster, seed, ladder, admissible, fixed)
     stages = len(seed.bounds)
     exact = math.comb(a.n - 1, stages - 1) <= exact_limit
     for bounds in [seed.bounds, *baseline_bounds(a, stages).values()]:

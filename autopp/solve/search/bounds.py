@@ -50,7 +50,8 @@ def _speeds(req: PlanRequest, c: Config) -> tuple[float, float]:
 def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activation, simulated: bool = False) -> float:
     """A lower bound of `c`'s estimate for every split, every stage under `activation` (module docstring); with
     `simulated`, of the simulated step too (the descriptor's `pipe_bound` instead of its `estimate_bound`)."""
-    redo = policy(activation).redo_s(a.forward)  # the estimate charges a recomputing stage its forward again
+    # the estimate charges a stage what its policy redoes, at most the forward again
+    redo = np.minimum(policy(activation).unit_redo(a), a.forward)
     unit = a.work() + redo
     total, sum_sp, max_sp = float(unit.sum()), *_speeds(req, c)
     rank = total / sum_sp  # (1)

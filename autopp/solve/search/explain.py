@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...costmodel import ProfileTable
 from ...data.profile import Profile
 from ...errors import InfeasibleError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, describe, listed
@@ -11,7 +12,7 @@ from ...sizes import format_size, size_argument
 from ..partition.dp import min_memory
 
 from .request import PlanRequest, RecomputeMode, configs, microbatch_counts, replica_counts
-from .search import DP_MODES, pipe_spec, search
+from .search import pipe_spec, search
 from .views import Views
 
 __all__ = ["explain_infeasible", "smallest_memory"]
@@ -124,8 +125,8 @@ def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
 
 def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
     out = []
-    if req.recompute is not RecomputeMode.AUTO:
-        found = search(profile, replace(req, recompute=RecomputeMode.AUTO, shortlist=1))[0]
+    if req.recompute is not RecomputeMode.AUTO or req.activations is not None:
+        found = search(profile, replace(req, recompute=RecomputeMode.AUTO, activations=None, shortlist=1))[0]
         if found is not None:
             out.append(f"`recompute` auto fits ({found.candidate.recomputing} stages recompute)")
     if req.num_microbatches is not None:
@@ -144,7 +145,8 @@ def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> 
     if num_configs == 0:  # with a tensor-parallel degree, on its groups of devices (one pipeline rank each)
         tp = req.pins.tp or 1
         return _no_config(profile, req.view(tp), tp)
-    needs = [smallest_memory(profile, req, rc) for rc in DP_MODES[req.recompute]]
+    ladder = req.ladder(ProfileTable(profile).arrays(profile.meta.microbatch_sizes[0]))
+    needs = [smallest_memory(profile, req, rc) for rc in ladder]
     need = min((x for x in needs if x is not None), default=None)
     head = (f"no split of {profile.num_units} units fits in {format_size(req.cluster.memory_bytes)} per device "
             f"on {req.cluster.num_devices} devices")

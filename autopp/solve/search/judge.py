@@ -37,7 +37,7 @@ class Candidate:
 
     @property
     def recomputing(self) -> int:
-        """Stages whose policy redoes the forward."""
+        """Stages whose policy redoes the forward, or part of it (selective recomputation)."""
         return sum(policy(a).redoes_forward for a in self.activations)
 
 

@@ -9,8 +9,9 @@ from ...data.cluster import Cluster
 from ...data.layout import Layout, LayoutPins, check_planned
 from ...data.trainers import TRAINER_RULES, refusal
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
-from ...errors import LayoutError, ScheduleError
-from ...schedule import NAMED, Activation, ScheduleName, chosen, describe, listed
+from ...costmodel import UnitArrays
+from ...errors import LayoutError, ProfileError, ScheduleError
+from ...schedule import NAMED, Activation, ScheduleName, by_saving, chosen, describe, listed, policy
 from .judge import Candidate
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "replica_counts", "microbatch_counts", "zero_stages",
@@ -25,7 +26,14 @@ class RecomputeMode(enum.Enum):
     ALL = "all"
     """Every stage recomputes."""
     AUTO = "auto"
-    """Recompute only the stages of ranks that would not fit otherwise."""
+    """Every policy the profile has figures for, chosen per stage: a stage saves more memory (at more time) only
+    where its rank would not fit otherwise."""
+
+    def policies(self) -> tuple[Activation, ...]:
+        """The activation policies this mode lets the search give a stage, least memory saved first."""
+        if self is RecomputeMode.NONE:
+            return (Activation.KEEP,)
+        return (Activation.RECOMPUTE,) if self is RecomputeMode.ALL else by_saving(list(Activation))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +55,10 @@ class PlanRequest:
     tp_across_nodes: bool = False
     """Allow a tensor-parallel group to span nodes (its collectives then run on the inter-node link)."""
     recompute: RecomputeMode = RecomputeMode.NONE
+    """Which activation policies the search gives the stages, unless `activations` names them."""
+    activations: tuple[Activation, ...] | None = None
+    """The activation policies the search may give a stage (None: `recompute`'s, `RecomputeMode.policies`); one
+    policy applies to every stage, several are chosen per stage (least memory saved where the rank fits)."""
     recompute_stages: tuple[int, ...] | None = None
     """Stages that recompute, pinned (None: chosen by `recompute`)."""
     shortlist: int = 4
@@ -130,12 +142,37 @@ class PlanRequest:
         """The per-stage policies `recompute_stages` pins for `num_stages` stages (None: not pinned)."""
         return None if self.recompute_stages is None else chosen(num_stages, self.recompute_stages)
 
+    def allowed(self) -> tuple[Activation, ...]:
+        """The policies the search may give a stage, least memory saved first (`activations`, else `recompute`'s);
+        with `recompute_stages` pinned, every policy (the DP's split may need any)."""
+        if self.activations is not None:
+            return by_saving(self.activations)
+        return RecomputeMode.AUTO.policies() if self.recompute_stages is not None else self.recompute.policies()
+
+    def offered(self, a: UnitArrays) -> tuple[Activation, ...]:
+        """`allowed` policies whose figures the unit arrays `a` carry (`ActivationPolicy.offered`; maybe none)."""
+        return tuple(p for p in self.allowed() if policy(p).offered(a))
+
+    def ladder(self, a: UnitArrays) -> tuple[Activation, ...]:
+        """`offered` policies; a ProfileError when there are none."""
+        allowed, out = self.allowed(), self.offered(a)
+        if not out:
+            raise ProfileError(f"`activations` {','.join(p.value for p in allowed)}: the profile has no figures for "
+                               "them; profile again, or allow `keep` or `recompute`")
+        return out
+
     def _check_recompute_stages(self) -> None:
+        acts = self.activations
+        if acts is not None and (not acts or self.recompute is not RecomputeMode.NONE):
+            raise LayoutError(f"`activations` {','.join(a.value for a in acts) or 'none'}: give at least one policy, "
+                              f"and drop `recompute` {self.recompute.value}")
         stages = self.recompute_stages
         if stages is None:
             return
         if any(s < 0 for s in stages) or len(set(stages)) != len(stages):
             raise LayoutError(f"`recompute_stages` {','.join(map(str, stages))}: give distinct stage indices >= 0")
+        if acts is not None:
+            raise LayoutError("`recompute_stages` pins each stage's recomputation; drop `activations`")
         if self.recompute is not RecomputeMode.NONE:
             raise LayoutError(f"`recompute_stages` pins each stage's recomputation; drop `recompute` "
                               f"{self.recompute.value}")

@@ -30,17 +30,14 @@ from .bounds import lower_bound
 from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import EXACT_LIMIT, refine
-from .request import Config, PlanRequest, RecomputeMode, configs
+from .request import Config, PlanRequest, configs
 from .runnable import PARALLEL_KEY, parallel_refusal, schedule_refusal
 from .views import ArraysKey, Views, arrays_key
 
-__all__ = ["DP_MODES", "inflight", "pipe_spec", "links_hold_messages", "search"]
+__all__ = ["inflight", "pipe_spec", "links_hold_messages", "search"]
 
 log = logging.getLogger(__name__)
 
-_KEEP, _RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
-#: The DP's all-stages policies to try, per mode (auto: keep, then recompute, when keeping does not fit).
-DP_MODES = {RecomputeMode.NONE: (_KEEP,), RecomputeMode.ALL: (_RECOMPUTE,), RecomputeMode.AUTO: (_KEEP, _RECOMPUTE)}
 
 
 def inflight(name: ScheduleName, pp: int, m: int, v: int) -> tuple[int, ...]:
@@ -120,7 +117,7 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
     cluster = req.cluster.placed(c.layout)
     speeds = stage_speeds(cluster, owner)
     costs = stage_costs(a, bounds, speeds, message_overheads(cluster, owner))
-    redo = [policy(p).redo_s(x.forward_s) for x, p in zip(costs, activations)]
+    redo = [policy(p).redo_s(x) for x, p in zip(costs, activations)]
     d = describe(c.schedule)
     split = d.splits_backward  # else each backward is one full B: pass it as I, with W = 0
     backward = [(x.backward_input_s, x.backward_weight_s) if split or x.backward_s is None else (x.backward_s, 0.0)
@@ -154,23 +151,27 @@ def _options(views: Views, cfgs: list[Config],
     fit the DP re-enters the queue under its all-recompute bound. A configuration whose split the runner would
     refuse (`refuse` says why) is left out."""
     req = views.req
-    modes = DP_MODES[RecomputeMode.AUTO if req.recompute_stages is not None else req.recompute]
     groups = len({(c.layout.tp, c.layout.zero) for c in cfgs})
     keep = req.shortlist * (2 if links_hold_messages(req.cluster) else 1) * (_GROUPS_FACTOR if groups > 1 else 1)
     splits = _Splits()
     arrays = lambda c: views.arrays(c.b, c.layout)  # noqa: E731
-    queue = [(lower_bound(arrays(c), views.request(c.layout), c, modes[0]), idx, 0) for idx, c in enumerate(cfgs)]
+    # each configuration's all-stages policies for the DP, least memory saved first; the next when one does not fit
+    # (none: the unit arrays of its tensor-parallel degree lack the figures of every allowed policy)
+    ladders = [views.request(c.layout).offered(arrays(c)) for c in cfgs]
+    queue = [(lower_bound(arrays(c), views.request(c.layout), c, ladders[idx][0]), idx, 0)
+             for idx, c in enumerate(cfgs) if ladders[idx]]
     heapq.heapify(queue)
     short: list[tuple[float, int, _Option]] = []  # (-estimate, -index, option): the worst on top
     while queue:
         bound, idx, mode = heapq.heappop(queue)
         if len(short) >= keep and bound >= -short[0][0]:
             break
-        c, rc = cfgs[idx], modes[mode]
+        c, modes = cfgs[idx], ladders[idx]
+        rc = modes[mode]
         a, view = arrays(c), views.request(c.layout)
         bounds = _bounds(a, view, c, rc, splits)
         if bounds is None:
-            if mode + 1 < len(modes):  # AUTO: recompute only when the plain split does not fit
+            if mode + 1 < len(modes):  # AUTO: save more memory only when the plain split does not fit
                 heapq.heappush(queue, (max(bound, lower_bound(a, view, c, modes[mode + 1])), idx, mode + 1))
             continue
         why = refuse(c, bounds)
@@ -184,7 +185,8 @@ def _options(views: Views, cfgs: list[Config],
         if cand is None:
             log.info("%s: estimate %.6g s, does not fit", _named(c), est)
             continue
-        if rc is _KEEP:  # the stages the memory walk made recompute count (they only add time: the bound holds)
+        if cand.activations != (rc,) * len(bounds):  # the stages the memory walk made save more count (they only
+            # add time: the bound holds)
             est = _estimate(a, view, c, bounds, cand.activations)
             if len(short) >= keep and (est, idx) >= (-short[0][0], -short[0][1]):
                 continue
@@ -196,26 +198,33 @@ def _options(views: Views, cfgs: list[Config],
 
 def _fitted(a: UnitArrays, req: PlanRequest, cand: Candidate) -> Candidate | None:
     """`cand` with activation policies that make every rank's peak (walked from the order: the simulator's peaks
-    without timing) fit its device, else None: the pinned policies (`recompute_stages`), or with recompute AUTO,
-    greedily from keeping everything: while a rank overflows, its stage saving the most bytes recomputes (a rank's
-    policies change only its own peak, so ranks are fixed one by one); refine.py then finds the best choice for the
-    split it keeps."""
+    without timing) fit its device, else None: the pinned policies (`recompute_stages`), or with several policies
+    allowed (`PlanRequest.ladder`), greedily from the one saving least: while a rank overflows, its stage whose next
+    policy up the ladder saves the most kept bytes takes it (a rank's policies change only its own peak, so ranks
+    are fixed one by one); refine.py then finds the best choice for the split it keeps."""
     owner = cand.owner
     costs = stage_costs(a, cand.bounds, [1.0] * len(owner))
     order = named_order(cand.schedule, cand.layout.pp, cand.microbatches, cand.layout.v)
     pinned = req.pinned_activations(len(owner))
     if pinned is not None and any(s >= len(owner) for s in req.recompute_stages or ()):
         return None  # a stage index this configuration does not have
-    auto = pinned is None and req.recompute is RecomputeMode.AUTO
-    chosen = list(pinned if pinned is not None else (_KEEP,) * len(owner) if auto else cand.activations)
+    ladder = req.ladder(a)
+    auto = pinned is None and len(ladder) > 1
+    chosen = list(pinned if pinned is not None else (ladder[0],) * len(owner) if auto else cand.activations)
+
+    def saved(s: int) -> tuple[int, int]:
+        up = ladder[ladder.index(chosen[s]) + 1]
+        return policy(chosen[s]).kept(costs[s]) - policy(up).kept(costs[s]), -s
+
     for r in sorted(order):
         acts = [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS]
         static = rank_static_bytes(costs, owner, r)
         while rank_peak(acts, costs, chosen, static) > req.cluster.device(r).memory_bytes:
-            choices = [s for s, o in enumerate(owner) if o == r and chosen[s] is _KEEP]
+            choices = [s for s, o in enumerate(owner) if o == r and chosen[s] in ladder[:-1]]
             if not auto or not choices:
                 return None
-            chosen[max(choices, key=lambda s: (costs[s].activation_bytes - costs[s].input_bytes, -s))] = _RECOMPUTE
+            s = max(choices, key=saved)
+            chosen[s] = ladder[ladder.index(chosen[s]) + 1]
     return replace(cand, activations=tuple(chosen))
 
 
@@ -287,7 +296,8 @@ def _refined(n: int, views: Views, fitting: list[Verdict],
             continue
         beat = min((x.step_s for x in out), default=math.inf)  # splits that cannot beat it need no simulation
         req = views.request(c.layout)
-        found = refine(views.arrays(c.microbatch_size, c.layout), req.cluster, c, req.recompute,
+        a = views.arrays(c.microbatch_size, c.layout)
+        found = refine(a, req.cluster, c, req.ladder(a),
                        admissible=runs(c), budget=budget, fixed=req.pinned_activations(len(c.bounds)),
                        beat=beat).best
         out.append(found if found is not None and found.key < v.key else v)
