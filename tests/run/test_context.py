@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -169,3 +169,16 @@ def test_sdpa_calls_ring_attention_cannot_compute_are_refused_in_one_line() -> N
     assert _refusal(is_causal=False) == "causal load balancing needs is_causal=True attention (got is_causal=False)"
     assert _refusal(k=torch.zeros(1, 4, 6, 2)) == "causal ring attention needs equal q and k/v lengths (q 8, k/v 6)"
     assert _refusal(k=torch.zeros(1, 3, 8, 2)) == "query heads must be a multiple of key/value heads (4 vs 3)"
+
+
+@pytest.mark.parametrize("sdpa", [F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default],
+                         ids=["functional", "aten-op"])
+def test_both_spellings_of_sdpa_are_sent_to_the_ring(sdpa: Any) -> None:
+    """The Python function (eager models) and the aten op (torch.export pieces, as the runner's stages call it): the
+    refusal of a mask, raised before any communication, shows the call reached the ring."""
+    q = torch.zeros(1, 4, 8, 2)
+    mask = torch.ones(8, 8, dtype=torch.bool)
+    never_used = cast(dist.ProcessGroup, None)  # the checks run before the group is read
+    with ring_attention(RingConfig(group=never_used)), pytest.raises(ContextParallelError, match="no attn_mask"):
+        sdpa(q, q, q, mask)
+    torch.testing.assert_close(sdpa(q, q, q, mask), q)  # outside: plain SDPA again
