@@ -15,7 +15,8 @@ from torch.nn import functional as F
 
 from autopp.errors import ContextParallelError
 from autopp.model.hf import hf_model_file
-from autopp.run.context import RingConfig, check_attention, check_sequence, context_parallel_backward, ring_attention, shard_sequence
+from autopp.run.context import (RingConfig, check_attention, check_sequence, context_parallel_backward, ring_attention,
+                                shard_sequence)
 from autopp.spawn import spawn_local
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +89,8 @@ def test_tiny_llama_cp2_matches_one_process(cp2_results: dict[int, Any], referen
         torch.testing.assert_close(torch.from_numpy(loss), ref_loss)
         assert grads.keys() == ref_grads.keys()
         for name, grad in grads.items():
-            torch.testing.assert_close(torch.from_numpy(grad), ref_grads[name], msg=lambda m: f"rank {rank} {name}: {m}")
+            torch.testing.assert_close(torch.from_numpy(grad), ref_grads[name],
+                                       msg=lambda m: f"rank {rank} {name}: {m}")
 
 
 def _attention_rank(rank: int, ranks: int, port: int, queue: Any) -> None:
@@ -162,7 +164,8 @@ def _refusal(**overrides: Any) -> str:
 def test_sdpa_calls_ring_attention_cannot_compute_are_refused_in_one_line() -> None:
     check_attention(*(torch.zeros(1, 4, 8, 2) for _ in range(3)), attn_mask=None, dropout_p=0.0, is_causal=True,
                     balance=True)
-    assert _refusal(q=torch.zeros(4, 8, 2)) == "ring attention needs 4-D (batch, heads, seq, dim) q/k/v, got 3-D, 4-D, 4-D"
+    assert _refusal(q=torch.zeros(4, 8, 2)) == (
+        "ring attention needs 4-D (batch, heads, seq, dim) q/k/v, got 3-D, 4-D, 4-D")
     assert _refusal(attn_mask=torch.ones(1, 1, 8, 8, dtype=torch.bool)) == (
         "ring attention takes no attn_mask (got (1, 1, 8, 8)); use is_causal=True and no padding mask")
     assert _refusal(dropout_p=0.1) == "ring attention needs dropout_p == 0 (got 0.1)"
