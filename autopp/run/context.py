@@ -99,7 +99,7 @@ def shard_sequence(tensor: torch.Tensor, seq_dim: int, config: RingConfig) -> to
     check_sequence(tensor.shape[seq_dim], cp, config.balance)
     if config.balance:
         with _torch_ring(config) as ring:
-            order = ring.head_tail(tensor.shape[seq_dim], cp).to(torch.long)
+            order = ring.head_tail(tensor.shape[seq_dim], cp).to(tensor.device, torch.long)
         tensor = tensor.index_select(seq_dim, order)
     return tensor.chunk(cp, dim=seq_dim)[rank].contiguous()
 
