@@ -11,6 +11,7 @@ __all__ = [
     "PlanError",
     "ScheduleError",
     "RunError",
+    "ContextParallelError",
     "LayoutError",
 ]
 
@@ -46,6 +47,10 @@ class ScheduleError(AutoppError):
 
 class RunError(AutoppError):
     """A pipelined run failed: a rank raised, died or timed out, or validation failed."""
+
+
+class ContextParallelError(RunError):
+    """A context-parallel run was asked for something torch's ring attention cannot compute (autopp.run.context)."""
 
 
 class LayoutError(AutoppError):
