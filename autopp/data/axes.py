@@ -113,7 +113,7 @@ AXES: dict[str, Axis] = {a.name: a for a in (
              "deepspeed": Spelling(refusal="DeepSpeed's PipelineModule does not shard layers (tensor parallelism "
                                            "comes from the model's own layers, as in Megatron-DeepSpeed) and the "
                                            "exported stage file builds none; " + _RE_PLAN.format(axis="tp"))}),
-    Axis(name="ep", what="expert parallelism", unplanned="issue 30",
+    Axis(name="ep", what="expert parallelism",
          trainers={"torchtitan": Spelling(degree="parallelism.expert_parallel_degree"),
                    "megatron": Spelling(degree="--expert-model-parallel-size"),
                    "deepspeed": Spelling(refusal="the exported stage file builds no expert parallelism (DeepSpeed's "
