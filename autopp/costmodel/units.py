@@ -70,6 +70,10 @@ class UnitArrays:
     tp_comm: TpComm | None = None
     """Per unit, the tensor-parallel collectives of one microbatch (None: no tensor parallelism), already included
     in the times by `autopp.costmodel.parallel.tensor_parallel`; kept for the plan's figures."""
+    ep_comm: tuple[np.ndarray, np.ndarray] | None = None
+    """Per unit, one microbatch's expert-parallel all-to-all (None: ep 1; `autopp.costmodel.parallel.ExpertTable`):
+    the bytes a rank sends in one all-to-all summed over the unit's MoE layers, and how many MoE layers it has (each
+    runs 2 all-to-alls forward, 2 backward), timed by `autopp.costmodel.parallel.expert_parallel`."""
 
     def transient_bytes(self) -> np.ndarray:
         """`transient`, zeros when the profile had no peak data."""

@@ -114,6 +114,8 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                                            "comes from the model's own layers, as in Megatron-DeepSpeed) and the "
                                            "exported stage file builds none; " + _RE_PLAN.format(axis="tp"))}),
     Axis(name="ep", what="expert parallelism",
+         flag=Flag(help="expert-parallel degree: a stage's dp ranks each hold 1 / ep of its experts (the runner "
+                        "runs ep = dp with tp 1 and ZeRO 0), or auto: 1 and dp (default 1)"),
          trainers={"torchtitan": Spelling(degree="parallelism.expert_parallel_degree"),
                    "megatron": Spelling(degree="--expert-model-parallel-size"),
                    "deepspeed": Spelling(refusal="the exported stage file builds no expert parallelism (DeepSpeed's "

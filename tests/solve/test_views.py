@@ -140,3 +140,21 @@ def test_collective_counts_do_not_grow_with_the_microbatch(profile) -> None:  # 
     small, large = table.arrays(1).tp_comm, table.arrays(8).tp_comm
     assert np.array_equal(small.forward_count, large.forward_count)
     assert np.allclose(large.forward_allreduce, 8 * small.forward_allreduce)
+
+
+def test_ep_is_searched_as_1_and_dp_where_the_runner_runs_it() -> None:
+    """Expert parallelism (issue 30): the runner shards a stage's experts over its dp ranks (ep = dp) with tp 1 and
+    ZeRO 0, so the search tries ep 1 and dp there, a pinned ep only with dp = ep, and the request refuses other pins
+    in one line."""
+    from autopp.solve.search.request import ep_choices
+    cluster = Cluster(num_devices=8, memory_bytes=2**34)
+    auto = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=None))
+    assert ep_choices(auto, 4, 1, NO_ZERO) == (1, 4) and ep_choices(auto, 1, 1, NO_ZERO) == (1,)
+    assert ep_choices(auto, 4, 2, NO_ZERO) == (1,) and ep_choices(auto, 4, 1, ZERO[1]) == (1,)
+    pinned = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=2))
+    assert ep_choices(pinned, 2, 1, NO_ZERO) == (2,) and ep_choices(pinned, 4, 1, NO_ZERO) == ()
+    layouts = {c.layout for c in configs(pinned, 8)}
+    assert layouts and all(l.ep == 2 and l.dp == 2 and l.zero.replicated for l in layouts)
+    assert {(c.layout.dp, c.layout.ep) for c in configs(auto, 8)} >= {(1, 1), (2, 1), (2, 2), (8, 8)}
+    with pytest.raises(LayoutError, match=r"^`ep` 2 runs with `dp` 2, `tp` 1 and `zero` 0 .*got dp 2, tp 2, zero 0$"):
+        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, tp=2, ep=2))
