@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from ..data.axes import AXES
 from ..data.plan import Plan
 from ..schedule import StagePlacement, ScheduleName
-from .common import (Exported, axis_notes, group_lines, launch_grid, refuse_axes, refuse_schedule, refuse_zero,
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_axes, refuse_schedule, refuse_zero,
                      stage_placement, uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers
 
@@ -51,8 +53,9 @@ def layout_string(plan: Plan, layers: ModelLayers) -> str:
     return "|".join(stage(*s.units) for s in plan.stages)
 
 
-def to_megatron(plan: Plan, where: str) -> Exported:
-    """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`)."""
+def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None) -> Exported:
+    """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`); `moe`: the profile's
+    routing facts (meta.extra["moe"]), which expert parallelism needs."""
     if plan.schedule not in (ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B):
         refuse_schedule(plan, "Megatron-Core", _RUNS, where)
     if stage_placement(plan) is not StagePlacement.LOOP:
@@ -65,6 +68,7 @@ def to_megatron(plan: Plan, where: str) -> Exported:
                           "after them (E first, L last); this model's units start or end with a block")
     refuse_axes(plan, "megatron", where)
     lines = [*group_lines(plan, "megatron", "{key} {degree}"),
+             *carved_lines(plan, "megatron", "{key} {degree}", moe or {}, where),
              *data_parallel_flags(plan, where),
              f"{AXES['pp'].spelling('megatron').degree} {plan.layout.pp}",
              f"--num-layers {len(layers.blocks)}",
