@@ -36,3 +36,17 @@ def test_stacked_experts_their_bytes_and_routing(model: str, experts: int, top_k
 def test_a_dense_model_has_no_experts() -> None:
     mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
     assert not is_experts(mlp) and experts_modules(mlp) == {} and moe_facts(mlp) == {}
+
+
+@pytest.mark.integration
+def test_an_analytic_profile_records_the_experts_and_the_routing() -> None:
+    """The counted profile of tiny Qwen3-MoE: each block's stacked-expert bytes and MoE layer (units.csv's optional
+    columns) and the routing in meta.extra["moe"], which the planner's ep terms and the exporters read."""
+    from autopp.measure.analytic import analytic_profile
+    from autopp.measure.options import ProfileOptions
+    p = analytic_profile(MODELS / "hf_qwen3_moe.py", "h100-sxm", ProfileOptions(microbatch_sizes=(1,)))
+    assert p.meta.extra["moe"] == {"num_experts": 4, "top_k": 2}
+    assert list(p.units.moe_layers) == [0, 1, 1, 1, 1, 0]
+    blocks = p.units[p.units.moe_layers == 1]
+    assert (blocks.expert_param_bytes == 4 * 4 * (2 * 32 * 32 + 32 * 32)).all()  # float32 gate_up + down, 4 experts
+    assert (blocks.expert_param_bytes < blocks.param_bytes).all() and p.units.expert_param_bytes.iloc[0] == 0

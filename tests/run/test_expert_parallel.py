@@ -88,3 +88,20 @@ def test_experts_sharded_over_dp_match_one_process(path: Path, pp: int, tmp_path
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     lines = [line for f in sorted(tmp_path.glob("rank*.out")) for line in f.read_text().splitlines()]
     assert sum(f"expert parallelism over 2 ranks on {4 // pp} experts modules" in line for line in lines) == 2 * pp
+
+
+@pytest.mark.integration
+def test_a_plan_with_ep_from_the_cli_runs_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`autopp plan --ep 2` (dp follows: 2) prints a plan that `autopp run` runs validated on 4 ranks (pp 2 x dp 2,
+    each stage's experts over its 2 dp ranks)."""
+    import json
+
+    from autopp.cli import main
+    monkeypatch.chdir(tmp_path)  # the default profile directory is ./profiles/MODEL
+    plan, report = tmp_path / "plan.json", tmp_path / "report.json"
+    assert main(["plan", str(QWEN3), "--devices", "4", "--pp", "2", "--ep", "2", "--memory", "4GiB",
+                 "--global-batch", "8", "-o", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    assert (data["pp"], data["dp"], data["ep"]) == (2, 2, 2)
+    assert main(["run", str(plan), "--steps", "1", "--report", str(report)]) == 0
+    assert json.loads(report.read_text())["passed"] is True
