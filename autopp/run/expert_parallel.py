@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd, wait_tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from ..data.layout import Layout
 from ..errors import RunError
@@ -132,7 +132,7 @@ def parallelize_experts(piece: nn.Module, mesh: DeviceMesh, full_model: nn.Modul
         parent, leaf = name.rsplit(".", 1) if "." in name else ("", name)
         module = full_model.get_submodule(name).to(device)
         setattr(piece.get_submodule(parent) if parent else piece, leaf, module)
-        ExpertParallel()._apply(module, mesh)
+        parallelize_module(module, mesh, ExpertParallel())
     if names:
         logger.info("expert parallelism over %d ranks on %d experts modules", mesh.size(), len(names))
     return len(names)
