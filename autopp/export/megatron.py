@@ -7,8 +7,8 @@ from typing import Any, Mapping
 from ..data.axes import AXES
 from ..data.plan import Plan
 from ..schedule import StagePlacement, ScheduleName
-from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_axes, refuse_schedule, refuse_zero,
-                     stage_placement, uniform_policy)
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_axes, refuse_schedule,
+                     refuse_zero, stage_placement, uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers
 
 __all__ = ["to_megatron", "layout_string", "interleaving_problem", "data_parallel_flags"]

@@ -9,8 +9,8 @@ from ..data.layout import MESH_AXES
 from ..data.plan import Plan
 from ..data.zero import ZeroStage
 from ..schedule import StagePlacement, ScheduleName, describe
-from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_axes, refuse_zero, stage_placement,
-                     trainer_axes, uniform_policy)
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_axes, refuse_zero,
+                     stage_placement, trainer_axes, uniform_policy)
 from .layers import ExportError
 from .torchcsv import csv_text
 

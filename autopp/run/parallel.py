@@ -44,12 +44,12 @@ class Sharding:
 
 
 def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], device: torch.device) -> None:
-    """Tensor-parallelise the piece's planned modules over mesh["tp"], shard its experts over the ep ranks, then (ZeRO 1/3) fully_shard each of its
-    units with parameters and the piece itself over the synchronisation ranks (TP first, then FSDP, as
-    torchtitan)."""
+    """Tensor-parallelise the piece's planned modules over mesh["tp"], shard its experts over the ep ranks (the
+    stage's dp ranks: autopp.run.expert_parallel), then (ZeRO 1/3) fully_shard each of its units with parameters and
+    the piece itself over the synchronisation ranks (TP first, then FSDP, as torchtitan)."""
     if sharding.resolved and sharding.full_model is not None:
         parallelize_stage(piece, sharding.mesh["tp"], sharding.resolved, sharding.full_model, device)
-    if sharding.layout.ep > 1 and sharding.full_model is not None:  # the ep group: the stage's dp ranks (autopp.run.expert_parallel)
+    if sharding.layout.ep > 1 and sharding.full_model is not None:
         parallelize_experts(piece, sharding.mesh["dp"], sharding.full_model, device)
     shard_replicas(piece, sync_mesh(sharding.mesh, sharding.layout), sharding.layout.zero, units)
 

@@ -393,8 +393,8 @@ def test_deepspeed_config_accepts_zero_stages(zero: int, deepspeed,  # type: ign
     assert stage == zero and stage < ZeroStageEnum.gradients  # what DeepSpeed's PipelineEngine asserts
 
 
-def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(megatron, titan, llama: Profile,  # type: ignore[no-untyped-def]
-                                                                          llama_plans: dict[str, Plan]) -> None:
+def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]
+        megatron, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """Issue 30: ep 2 with 8 experts and top-2 routing: megatron-core's TransformerConfig takes the expert flags (and
     checks that ep divides the experts), torchtitan's config its expert_parallel_degree."""
     plan = dataclasses.replace(llama_plans["dp"], layout=dataclasses.replace(llama_plans["dp"].layout, ep=2))

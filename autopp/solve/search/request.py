@@ -99,7 +99,8 @@ class PlanRequest:
         ep, zero = self.pins.ep, self.pins.zero
         if ep in (None, 1):
             return
-        if self.pins.tp not in (None, 1) or (zero is not None and not zero.replicated) or self.pins.dp not in (None, ep):
+        sharded = zero is not None and not zero.replicated
+        if self.pins.tp not in (None, 1) or sharded or self.pins.dp not in (None, ep):
             raise LayoutError(f"`ep` {ep} runs with `dp` {ep}, `tp` 1 and `zero` 0 (the runner's expert parallelism "
                               f"shards a stage's experts over its dp ranks); got dp {self.pins.dp}, tp {self.pins.tp}, "
                               f"zero {None if zero is None else zero.stage}")
