@@ -22,7 +22,7 @@ def test_one_descriptor_per_degree_of_the_layout_in_mesh_order() -> None:
 
 
 def test_unplanned_axes_are_the_descriptors_and_say_their_issue() -> None:
-    assert unplanned() == UNPLANNED == {"cp": "context parallelism (issue 27)", "ep": "expert parallelism (issue 30)"}
+    assert unplanned() == UNPLANNED == {"cp": "context parallelism (issue 27)"}  # ep: planned since issue 30
     assert all(AXES[a].flag is None for a in UNPLANNED)  # no flag until planned
 
 
@@ -48,5 +48,4 @@ def test_check_planned_reads_the_descriptors(monkeypatch: pytest.MonkeyPatch) ->
         check_planned(LayoutPins(dp=2, cp=2))
     monkeypatch.setitem(axes.AXES, "cp", replace(AXES["cp"], unplanned=None))  # the axis filled in
     check_planned(LayoutPins(dp=2, cp=2))
-    with pytest.raises(LayoutError, match=r"^`ep` 2: expert parallelism"):
-        check_planned(Layout(dp=2, ep=2))
+    check_planned(Layout(dp=2, ep=2))  # planned

@@ -247,15 +247,18 @@ def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.M
 
     from autopp.cli import plan as cli_plan
     from autopp.data import axes
-    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "tp"]  # cp, ep: not planned, no flag
+    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "tp", "ep"]  # cp: not planned, no flag
     monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned=None,
                                                   flag=axes.Flag(help="context-parallel degree, or auto")))
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     assert "--cp CP" in capsys.readouterr().out
     import argparse
-    args = argparse.Namespace(pp=None, dp=None, cp=0, tp=2)
-    assert [cli_plan._pin(args, a) for a in cli_plan._flag_axes()] == [None, 1, None, 2]
+    args = argparse.Namespace(pp=None, dp=None, cp=0, tp=2, ep=1)
+    assert [cli_plan._pin(args, a) for a in cli_plan._flag_axes()] == [None, 1, None, 2, 1]
+    # --ep N without --dp: dp N (the runner's ep = dp); --ep auto: dp searched as well
+    assert cli_plan._dp(argparse.Namespace(pp=None, dp=None, ep=2)) == 2
+    assert cli_plan._dp(argparse.Namespace(pp=None, dp=None, ep=0)) is None
 
 
 def test_in_flags_names_the_core_fields_as_flags() -> None:

@@ -29,18 +29,30 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_cmd_export)
 
 
-def _unit_modules(args: argparse.Namespace, plan) -> list[list[str]] | None:  # type: ignore[no-untyped-def]
-    """Each unit's module names from --profile, else from the profile the plan records it was made from, else from
-    the model's default profile, when its fingerprint matches."""
+def _profile(args: argparse.Namespace, plan):  # type: ignore[no-untyped-def]
+    """The profile from --profile, else the one the plan records it was made from, else the model's default
+    profile, when its fingerprint matches (None: none there)."""
     from ..data.profile import load_profile
-    path = Path(args.profile or plan.profile_path or DEFAULT_PROFILE_DIR / Path(plan.model_path).stem)
-    if not args.profile and not (path / "meta.json").is_file():
+    path = Path(getattr(args, "profile", None) or plan.profile_path or DEFAULT_PROFILE_DIR / Path(plan.model_path).stem)
+    if not getattr(args, "profile", None) and not (path / "meta.json").is_file():
         return None
     profile = load_profile(path)
     if profile.meta.fingerprint != plan.fingerprint:
         raise AutoppError(f"{path}: profile fingerprint {profile.meta.fingerprint} is not the plan's "
                           f"({plan.fingerprint}); give --profile DIR, the profile the plan was made from")
-    return profile.unit_modules()
+    return profile
+
+
+def _unit_modules(args: argparse.Namespace, plan) -> list[list[str]] | None:  # type: ignore[no-untyped-def]
+    """Each unit's module names from the plan's profile (`_profile`)."""
+    profile = _profile(args, plan)
+    return None if profile is None else profile.unit_modules()
+
+
+def _moe(args: argparse.Namespace, plan) -> dict | None:  # type: ignore[no-untyped-def, type-arg]
+    """The routing facts (meta.extra["moe"]) of the plan's profile, which expert parallelism exports need."""
+    profile = _profile(args, plan) if plan.layout.ep > 1 else None
+    return None if profile is None else profile.meta.extra.get("moe")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -60,7 +72,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     modules = _unit_modules(args, plan) if target is Target.TORCHTITAN else None
     if modules is not None:
         modules = rename_modules(modules, renames)  # type: ignore[arg-type]
-    exported = export_plan(plan, target, out, modules, where=args.plan)
+    exported = export_plan(plan, target, out, modules, where=args.plan, moe=_moe(args, plan))
     for extra in exported.extra:  # every file, before any is written
         check_output_file(extra)
     for path in write_export(exported, out):

@@ -136,9 +136,11 @@ def _pin(args: argparse.Namespace, axis: Axis) -> int | None:
 
 
 def _dp(args: argparse.Namespace) -> int | None:
-    """--dp N, auto (None), or unset: 1, or devices / pp when --pp is given."""
+    """--dp N, auto (None), or unset: 1, or devices / pp when --pp is given, or --ep N's N (the runner's ep = dp),
+    or searched with --ep auto."""
     if args.dp is None:
-        return None if args.pp else 1
+        ep = getattr(args, "ep", 1)
+        return (ep or None) if ep != 1 else None if args.pp else 1
     return args.dp or None
 
 

@@ -3,19 +3,21 @@
 Modules: `units` (the profile as per-unit arrays at a microbatch size: F, I, W, B, recompute, static, activation and
 cut bytes, the optimizer step's shares, working memory), `stage` (a stage's times for the simulator, its memory,
 device speeds), `terms` (point-to-point transfers, message overheads, progress delays, ring all-reduce, the step's data-parallel
-synchronisation, optimizer step), `parallel` (tensor-parallel collectives, ZeRO sharding). The DP, the judge, the CP-SAT models, the bounds and the explanations read these; nothing else computes a
-cost term.
+synchronisation, optimizer step), `parallel` (tensor-parallel collectives, ZeRO sharding, experts sharded over ep
+and their all-to-alls). The DP, the judge, the CP-SAT models, the bounds and the explanations read these; nothing
+else computes a cost term.
 """
 
 from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,
                     unit_memory)
-from .parallel import data_sharded, group_table, group_terms, replica_terms, tensor_parallel
+from .parallel import (ExpertTable, data_sharded, expert_parallel, group_table, group_terms, replica_terms,
+                       tensor_parallel)
 from .terms import (allreduce_time, allreduce_times, comm_times, gradient_allreduce_time, message_overheads, optimizer_time,
                     progress_delays, send_times, step_end_floor, step_end_time, sync_time, transfer_time)
 from .units import ProfileTable, TpComm, UnitArrays, unit_arrays
 
 __all__ = ["UnitArrays", "TpComm", "ProfileTable", "unit_arrays", "group_table", "group_terms", "replica_terms",
-           "tensor_parallel", "data_sharded",
+           "tensor_parallel", "data_sharded", "ExpertTable", "expert_parallel",
            "allreduce_times", "sync_time", "stage_speeds", "stage_costs",
            "memory_prefix", "unit_memory", "stage_transient", "ideal_step_time", "transfer_time", "send_times",
            "comm_times",

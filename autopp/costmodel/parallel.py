@@ -26,6 +26,19 @@ facts checked in docs/parallelism.md). Per unit with parameter, gradient and opt
            all-gather of P per step. Under torch's pipelining it only adds communication.
 The optimizer steps only its shard when stage >= 1: its time is divided by d. A reduce-scatter or all-gather costs
 half the all-reduce of the same bytes (`terms.half_collective`).
+
+Expert parallelism (`ExpertTable`, `expert_parallel`; torchtitan/distributed/expert_parallel.py, Megatron-Core's
+MoE all-to-all dispatcher, DeepSeek-V3 arXiv:2412.19437 s.3.2): a stage's ep ranks (its dp replicas, ep = dp) each
+hold E / ep of every MoE layer's experts. Per unit, the stacked expert weights (`expert_param_bytes`) and their
+gradient and optimizer state count 1 / ep; their gradients are not all-reduced over the replicas (each rank owns
+different experts), so `grads` (what the step's synchronisation all-reduces) keeps only the dense ones. Under
+balanced routing (docs/analytic.md: every expert gets tokens x top-k / E rows) a rank computes as many expert rows
+as without ep, so compute is unchanged. Each MoE layer adds per microbatch a dispatch and a combine all-to-all in
+the forward and two in the backward; each sends tokens x hidden x dtype x top-k x (ep - 1) / ep bytes (tokens x
+hidden x dtype: the unit's output bytes, its input bytes for the last unit), at bytes / bandwidth + (ep - 1)
+latencies on the link the ep group crosses (inside a node when ep x group devices fit one, else across nodes:
+`Cluster.tp_link`, as tensor parallelism's collectives), on the critical path (no overlap; DualPipe's is not
+modelled).
 """
 
 from __future__ import annotations
@@ -42,13 +55,41 @@ from ..data.zero import NO_ZERO
 from .terms import allreduce_times, half_collective
 from .units import ProfileTable, UnitArrays
 
-__all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded"]
+__all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded", "ExpertTable",
+           "expert_parallel"]
 
 
 def group_table(profile: Profile, view: UnitView) -> ProfileTable:
     """The profile's rows one device of the view's group computes with: its tensor-parallel degree's (`tp.csv`
-    rows for tp > 1). An axis whose rows are measured at its sharded shapes selects them here."""
-    return ProfileTable(profile, view.tp)
+    rows for tp > 1), with its experts sharded over ep (`ExpertTable`). An axis whose rows are measured at its
+    sharded shapes selects them here."""
+    return ExpertTable(profile, view.ep) if view.ep > 1 else ProfileTable(profile, view.tp)
+
+
+class ExpertTable(ProfileTable):
+    """A `ProfileTable` (tp 1) whose units hold 1 / ep of their stacked experts (module docstring), with the bytes
+    of their all-to-alls per microbatch (`UnitArrays.ep_comm`)."""
+
+    def __init__(self, profile: Profile, ep: int) -> None:
+        super().__init__(profile, 1)
+        rows = profile.units.sort_values(["microbatch_size", "unit"])
+        first = rows[rows.microbatch_size == self.sizes[0]]
+        expert = first.expert_param_bytes.to_numpy(dtype=np.float64)
+        # the share of each unit's parameter (gradient, optimizer) bytes that ep divides
+        self.ep, self.share = ep, np.divide(expert, self.params, out=np.zeros(self.n), where=self.params > 0)
+        self.layers = first.moe_layers.to_numpy(dtype=np.float64)
+        top_k = (profile.meta.extra.get("moe") or {}).get("top_k") or 1
+        tokens = rows.output_bytes.where(rows.output_bytes > 0, rows.recompute_keep_bytes)
+        self.routed = float(top_k) * np.array([tokens[rows.microbatch_size == b].to_numpy(dtype=np.float64)
+                                               for b in self.sizes]).T
+
+    def arrays(self, b: float) -> UnitArrays:
+        a = super().arrays(b)
+        kept = 1 - self.share * (1 - 1 / self.ep)
+        sent = self.layers * self._at(self.routed, b) * (self.ep - 1) / self.ep
+        return replace(a, static=np.round(a.static * kept), params=np.round(a.params * kept),
+                       grads=np.round(a.grads * (1 - self.share)),
+                       optimizer=None if a.optimizer is None else a.optimizer * kept, ep_comm=(sent, self.layers))
 
 
 def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
@@ -56,7 +97,8 @@ def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
     the terms of the axes inside the group on `cluster` (the request's devices): tensor parallelism's collectives on
     its group's link. An axis inside the group (context parallelism) adds its terms here, so the search's views
     (autopp.solve.search.views) need not name it."""
-    return tensor_parallel(a, view, cluster.tp_link(view.tp))
+    a = tensor_parallel(a, view, cluster.tp_link(view.tp))
+    return expert_parallel(a, view, cluster.tp_link(view.ep * view.group))
 
 
 def replica_terms(a: UnitArrays, view: UnitView, groups: Cluster) -> UnitArrays:
@@ -78,6 +120,18 @@ def tensor_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
     backward = 2 * ring * comm.backward_allreduce + latency * comm.backward_count
     return replace(a, forward=a.forward + forward, recompute=a.recompute + forward,
                    backward_input=a.backward_input + backward, backward=a.backward + backward)
+
+
+def expert_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
+    """`a` with its expert-parallel all-to-alls' times added (`a.ep_comm`, module docstring): a dispatch and a
+    combine per MoE layer in the forward (and the recomputed forward) and in the backward (input gradients and the
+    full backward), each bytes / bandwidth + (ep - 1) latencies on `link`."""
+    if view.ep == 1 or a.ep_comm is None:
+        return a
+    sent, layers = a.ep_comm
+    both = 2 * (sent / link.bandwidth_bytes_per_s + layers * (view.ep - 1) * link.latency_s)
+    return replace(a, forward=a.forward + both, recompute=a.recompute + both,
+                   backward_input=a.backward_input + both, backward=a.backward + both)
 
 
 def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarray], np.ndarray]) -> UnitArrays:

@@ -75,6 +75,10 @@ class UnitArrays:
     `selective_activation_bytes`; None: the profile has no such column, and the policy is not offered)."""
     selective_redo: np.ndarray | None = None
     """Per unit, what selective recomputation adds to one microbatch's backward (`selective_recompute_s`)."""
+    ep_comm: tuple[np.ndarray, np.ndarray] | None = None
+    """Per unit, one microbatch's expert-parallel all-to-all (None: ep 1; `autopp.costmodel.parallel.ExpertTable`):
+    the bytes a rank sends in one all-to-all summed over the unit's MoE layers, and how many MoE layers it has (each
+    runs 2 all-to-alls forward, 2 backward), timed by `autopp.costmodel.parallel.expert_parallel`."""
 
     def transient_bytes(self) -> np.ndarray:
         """`transient`, zeros when the profile had no peak data."""

@@ -8,7 +8,8 @@ documentation's: torchtitan's `[parallelism]` section (torchtitan/config/job_con
 `context_parallel_degree`, `tensor_parallel_degree`, `expert_parallel_degree`; dp is written by the ZeRO stage as
 `data_parallel_replicate_degree` / `data_parallel_shard_degree`), Megatron-LM's arguments
 (megatron/training/arguments.py: `--pipeline-model-parallel-size`, `--context-parallel-size`,
-`--tensor-model-parallel-size`, `--expert-model-parallel-size`; dp is the world size left over) and DeepSpeed's
+`--tensor-model-parallel-size`, `--expert-model-parallel-size`, with `--num-experts`, `--moe-router-topk` and
+`--moe-token-dispatcher-type`; dp is the world size left over) and DeepSpeed's
 `PipelineModule(num_stages=...)` (deepspeed/runtime/pipe/module.py; dp is the world size left over).
 """
 
@@ -35,6 +36,9 @@ class Spelling:
     """A note to the user when the degree is above 1: how the trainer runs it against what autopp costed."""
     refusal: str | None = None
     """Why the trainer cannot run the axis above degree 1 beside pipeline parallelism (None: it can)."""
+    facts: tuple[tuple[str, str], ...] = ()
+    """The model's facts the trainer needs beside the degree when it is above 1, and its key for each: (a key of
+    the profile's `meta.extra["moe"]` (autopp.model.experts.moe_facts), the trainer's key)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,9 +117,20 @@ AXES: dict[str, Axis] = {a.name: a for a in (
              "deepspeed": Spelling(refusal="DeepSpeed's PipelineModule does not shard layers (tensor parallelism "
                                            "comes from the model's own layers, as in Megatron-DeepSpeed) and the "
                                            "exported stage file builds none; " + _RE_PLAN.format(axis="tp"))}),
-    Axis(name="ep", what="expert parallelism", unplanned="issue 30",
-         trainers={"torchtitan": Spelling(degree="parallelism.expert_parallel_degree"),
-                   "megatron": Spelling(degree="--expert-model-parallel-size"),
+    Axis(name="ep", what="expert parallelism",
+         flag=Flag(help="expert-parallel degree: a stage's dp ranks each hold 1 / ep of its experts (the runner "
+                        "runs ep = dp with tp 1 and ZeRO 0), or auto: 1 and dp (default 1)"),
+         trainers={"torchtitan": Spelling(
+                       degree="parallelism.expert_parallel_degree",
+                       note="torchtitan's ExpertParallel shards each MoE layer's experts over ep ranks carved from "
+                            "dp_shard x cp (x tp) and routes tokens by all-to-all, as autopp costed and runs it (ep = "
+                            "dp); its model's config gives the experts and top-k"),
+                   "megatron": Spelling(
+                       degree="--expert-model-parallel-size", extra=("--moe-token-dispatcher-type alltoall",),
+                       facts=(("num_experts", "--num-experts"), ("top_k", "--moe-router-topk")),
+                       note="Megatron-Core shards the experts over ep ranks carved from dp x cp and dispatches with "
+                            "its all-to-all dispatcher, the pattern autopp costed (balanced routing; no capacity "
+                            "factor, no token dropping)"),
                    "deepspeed": Spelling(refusal="the exported stage file builds no expert parallelism (DeepSpeed's "
                                                  f"MoE layers take their own ep_size); {_RE_PLAN.format(axis='ep')}")}),
 )}

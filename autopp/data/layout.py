@@ -278,9 +278,9 @@ def _check_ep(ep: int, dp: int, cp: int, tp: int) -> None:
 
 def uses_mesh(layout: Layout) -> bool:
     """Whether the layout shards anything inside a pipeline rank (its `group`: tensor, context parallelism) or over
-    its replicas (ZeRO), which `autopp run` runs through a DeviceMesh, DTensor and FSDP2, not as plain pipeline
-    replicas."""
-    return layout.group > 1 or not layout.zero.replicated
+    its replicas (ZeRO, expert parallelism), which `autopp run` runs through a DeviceMesh, DTensor and FSDP2, not
+    as plain pipeline replicas."""
+    return layout.group > 1 or not layout.zero.replicated or layout.ep > 1
 
 
 #: A layout's fields in plan and run-report JSON, with their least values: `num_ranks` (its world size), `pp` (0:

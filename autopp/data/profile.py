@@ -60,8 +60,11 @@ UNIT_COLUMNS: dict[str, str] = {
 }
 #: Columns of units.csv added within version 1, with the value a profile written before them gets: `source`, how
 #: the row was obtained (UNIT_SOURCES), and `same_as`, for a "shared" row the unit whose measurement it copies, for
-#: an "analytic" row the unit whose counts it copies (-1 otherwise).
-OPTIONAL_UNIT_COLUMNS: dict[str, tuple[str, Any]] = {"source": ("str", "measured"), "same_as": ("int", -1)}
+#: an "analytic" row the unit whose counts it copies (-1 otherwise); `expert_param_bytes`, the part of param_bytes in
+#: stacked-experts modules (what expert parallelism divides by ep), and `moe_layers`, how many the unit has
+#: (autopp.model.experts.expert_bytes; 0 in profiles before them).
+OPTIONAL_UNIT_COLUMNS: dict[str, tuple[str, Any]] = {"source": ("str", "measured"), "same_as": ("int", -1),
+                                                     "expert_param_bytes": ("int", 0), "moe_layers": ("int", 0)}
 #: Optional columns of units.csv, not filled in when absent: selective recomputation's figures (docs/profile-format.md,
 #: autopp.schedule.activation): the bytes a unit keeps per microbatch when its stage recomputes selectively (the
 #: outputs of the ops in `SAVED_OPS`) and the time of the ops it recomputes. A profile without them is planned
@@ -304,7 +307,7 @@ def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where
                            f"{_REPROFILE}")
     if len(meta.split_points) != n - 1:
         raise ProfileError(f"{where}/meta.json: {len(meta.split_points)} split points for {n} units")
-    if all(c in units.columns for c in OPTIONAL_UNIT_COLUMNS):  # absent: a profile before them (filled in)
+    if all(c in units.columns for c in ("source", "same_as")):  # absent: a profile before them (filled in)
         _validate_sources(units, where)
 
 

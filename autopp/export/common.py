@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any, Mapping
+
 from ..data.axes import AXES, Axis
+from ..data.layout import MESH_AXES
 from ..data.plan import Plan
 from ..data.trainers import trainer_rules
 from ..errors import ScheduleError
@@ -13,7 +16,7 @@ from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement
 from .layers import ExportError
 
 __all__ = ["Exported", "uniform_policy", "refuse_layout", "trainer_axes", "launch_grid", "group_lines",
-           "axis_notes", "stage_placement", "refuse_schedule"]
+           "carved_lines", "axis_notes", "stage_placement", "refuse_schedule"]
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,9 @@ def trainer_axes(plan: Plan, trainer: str) -> list[tuple[Axis, int]]:
 
 
 def launch_grid(plan: Plan, trainer: str) -> str:
-    """The ranks to launch as `trainer` sees them, for its launch note: "pp 2 x dp 2 x tp 1"."""
-    return " x ".join(f"{a.name} {degree}" for a, degree in trainer_axes(plan, trainer))
+    """The ranks to launch as `trainer` sees them, for its launch note: "pp 2 x dp 2 x tp 1" (the mesh's axes: ep is
+    carved from them, not a factor of the world size)."""
+    return " x ".join(f"{a.name} {degree}" for a, degree in trainer_axes(plan, trainer) if a.name in MESH_AXES)
 
 
 def group_lines(plan: Plan, trainer: str, line: str) -> list[str]:
@@ -65,6 +69,26 @@ def group_lines(plan: Plan, trainer: str, line: str) -> list[str]:
         if axis.in_group and spelling.degree is not None:
             out.append(line.format(key=spelling.degree, degree=degree))
             out.extend(spelling.extra if degree > 1 else ())
+    return out
+
+
+def carved_lines(plan: Plan, trainer: str, line: str, facts: Mapping[str, Any], where: str) -> list[str]:
+    """Per axis carved from the mesh's ranks (outside `MESH_AXES`: ep) above degree 1 that `trainer` runs, its degree
+    as `line` formats it, its `extra` lines and the model's facts it needs (`Spelling.facts`, read from `facts`: the
+    profile's meta.extra["moe"]); an ExportError naming the first fact `facts` lacks."""
+    out: list[str] = []
+    for axis, degree in trainer_axes(plan, trainer):
+        spelling = axis.spelling(trainer)
+        if axis.name in MESH_AXES or degree == 1 or spelling.degree is None:
+            continue
+        out.append(line.format(key=spelling.degree, degree=degree))
+        for fact, key in spelling.facts:
+            if facts.get(fact) is None:
+                raise ExportError(f"{where}: {axis.name} {degree}: {trainer} needs {key}, and the profile the plan "
+                                  f"was made from records no {fact}: profile the model again (autopp profile) and "
+                                  "export with it")
+            out.append(line.format(key=key, degree=facts[fact]))
+        out.extend(spelling.extra)
     return out
 
 

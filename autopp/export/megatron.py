@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from ..data.axes import AXES
 from ..data.plan import Plan
 from ..data.trainers import interleaving_problem
-from .common import Exported, axis_notes, group_lines, launch_grid, refuse_layout, refuse_schedule, uniform_policy
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_layout, refuse_schedule,
+                     uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers
 
 __all__ = ["to_megatron", "layout_string", "interleaving_problem", "data_parallel_flags"]
@@ -28,8 +31,9 @@ def layout_string(plan: Plan, layers: ModelLayers) -> str:
     return "|".join(stage(*s.units) for s in plan.stages)
 
 
-def to_megatron(plan: Plan, where: str) -> Exported:
-    """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`)."""
+def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None) -> Exported:
+    """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`); `moe`: the profile's
+    routing facts (meta.extra["moe"]), which expert parallelism needs."""
     refuse_schedule(plan, "megatron", where)
     refuse_layout(plan, "megatron", where)
     layers = model_layers([n for s in plan.stages for n in s.unit_names], where)
@@ -37,6 +41,7 @@ def to_megatron(plan: Plan, where: str) -> Exported:
         raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "
                           "after them (E first, L last); this model's units start or end with a block")
     lines = [*group_lines(plan, "megatron", "{key} {degree}"),
+             *carved_lines(plan, "megatron", "{key} {degree}", moe or {}, where),
              *data_parallel_flags(plan),
              f"{AXES['pp'].spelling('megatron').degree} {plan.layout.pp}",
              f"--num-layers {len(layers.blocks)}",

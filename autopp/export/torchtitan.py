@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from ..data.axes import AXES
+from ..data.layout import MESH_AXES
 from ..data.plan import Plan
 from ..data.zero import ZeroStage
 from ..schedule import StagePlacement, ScheduleName, describe
-from .common import (Exported, axis_notes, group_lines, launch_grid, refuse_layout, refuse_schedule, stage_placement,
-                     trainer_axes, uniform_policy)
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_layout, refuse_schedule,
+                     stage_placement, trainer_axes, uniform_policy)
 from .layers import ExportError
 from .torchcsv import csv_text
 
@@ -76,7 +77,8 @@ def group_parallel(plan: Plan) -> list[str]:
     return group_lines(plan, "torchtitan", "--{key}={degree}")
 
 
-def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: str, where: str) -> Exported:
+def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: str, where: str,
+                  moe: Mapping[str, Any] | None = None) -> Exported:
     """Overrides for `torchtitan.train --module M --config C`; `csv_path`: where the schedule CSV of a synthesized
     order is written (named in the overrides as given: absolute, since torchtitan opens it from its own working
     directory). The AC subcommand comes last, as tyro requires."""
@@ -93,6 +95,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
              f"--parallelism.module_fqns_per_model_part {parts}",
              *data_parallel(plan),
              *group_parallel(plan),
+             *carved_lines(plan, "torchtitan", "--{key}={degree}", moe or {}, where),
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={local * plan.layout.dp}"]
     if plan.layout.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
@@ -102,7 +105,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
         lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path}")
         extra[csv_path] = csv_text(plan)
     lines += [f"activation_checkpoint:{activations.torchtitan}", *activations.torchtitan_options]
-    mesh = ", ".join(a.name for a, _ in trainer_axes(plan, "torchtitan"))
+    mesh = ", ".join(a.name for a, _ in trainer_axes(plan, "torchtitan") if a.name in MESH_AXES)
     notes = [f"torchtitan: launch {plan.num_ranks} ranks ({launch_grid(plan, 'torchtitan')}, dp as "
              f"{_dp_as(plan.layout.zero)}; torchtitan's mesh [{mesh}] numbers them as autopp does); set "
              "training.seq_len to the sequence length you profiled",

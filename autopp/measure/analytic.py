@@ -20,6 +20,7 @@ from ..data.catalog import DeviceSpec, identify_device, load_device
 from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, SELECTIVE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..errors import AutoppError, ProfileError
 from ..model.contract import ModelFile, describe_error, load_model_file
+from ..model.experts import moe_facts
 from ..model.fake import fake_mode, faking
 from ..model.hf import load_model
 from ..model.meta import MetaModel, build_meta, build_units, meta_pieces, retarget
@@ -70,6 +71,8 @@ class ModelCounts:
     optimizer_numel: int = 0
     """Elements of trainable parameters (for the optimizer step's memory traffic)."""
     param_tensors: int = 0
+    moe: dict[str, Any] = field(default_factory=dict)
+    """The model's routing (autopp.model.experts.moe_facts; {}: no stacked experts), meta.extra["moe"]."""
 
 
 def _as_fake_cpu(mode: Any, value: Any) -> Any:
@@ -192,7 +195,8 @@ def count_model(model: str | Path | ModelFile, options: ProfileOptions = Profile
     params = [p for p in meta.model.parameters() if p.requires_grad]
     c = ModelCounts(mf, units, model_fingerprint, replace(options, tp_degrees=()),
                     tied=tied_groups(meta.model, [u.modules for u in units]),
-                    optimizer_numel=sum(p.numel() for p in params), param_tensors=len(params))
+                    optimizer_numel=sum(p.numel() for p in params), param_tensors=len(params),
+                    moe=moe_facts(meta.model))
     for b in options.microbatch_sizes:
         _count_size(c, meta, b, progress)
     return c
@@ -266,7 +270,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
                           "call_overhead_s": eff.call_overhead_s},
              "peak_bytes": peaks,
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
-             **({"tp_skipped": tp_skipped} if tp_skipped else {})}
+             **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {})}
     meta = ProfileMeta(
         model_path=str(c.mf.path), fingerprint=c.fingerprint, unit_names=tuple(u.name for u in c.units),
         split_points=tuple(u.split_point or "" for u in c.units[1:]), microbatch_sizes=c.options.microbatch_sizes,

@@ -13,6 +13,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..schedule.activation import SAVED_OPS
+from ..model.experts import expert_bytes
 from .options import OPTIMIZER_STATES
 
 __all__ = ["tensors_in", "storage_bytes", "value_bytes", "saved_bytes", "static_bytes", "peak_bytes", "LiveBytes",
@@ -70,13 +71,14 @@ def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> tuple[Any, int]:
 
 
 def static_bytes(module: nn.Module, optimizer: str, dtype: torch.dtype) -> dict[str, int]:
-    """Parameter, gradient and optimizer-state bytes of `module` (an fp32 master copy counted below float32)."""
+    """Parameter, gradient and optimizer-state bytes of `module` (an fp32 master copy counted below float32), and
+    the bytes and count of its stacked experts (`expert_bytes`)."""
     params = list(module.parameters())
     numel = sum(p.numel() for p in params if p.requires_grad)
     master = 4 * numel if dtype != torch.float32 else 0
     return {"param_bytes": sum(p.numel() * p.element_size() for p in params),
             "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-            "optimizer_bytes": OPTIMIZER_STATES[optimizer] * 4 * numel + master}
+            "optimizer_bytes": OPTIMIZER_STATES[optimizer] * 4 * numel + master, **expert_bytes(module)}
 
 
 def storage_key(t: torch.Tensor) -> int:

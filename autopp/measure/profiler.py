@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..model.contract import ModelFile, load_model_file
+from ..model.experts import moe_facts
 from ..model.meta import MetaModel, build_units
 from ..model.split import LiveValue, tied_groups
 from ..model.units import Unit
@@ -120,7 +121,8 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
     _measure_sizes(mf, meta, units, settings, found, limit if fits else None)
     tp_units = measured_tp_rows(mf, meta, units, tp, settings, limit if fits else 0)
     found.extra.update(peak_bytes=found.peaks, peak_bytes_how=PEAK_HOW[settings.timer.device.type],
-                       materialized_peak_bytes=meta.peak_materialized_bytes)
+                       materialized_peak_bytes=meta.peak_materialized_bytes,
+                       **{k: v for k, v in {"moe": moe_facts(meta.model)}.items() if v})
     meta_info = ProfileMeta(
         model_path=str(mf.path), fingerprint=model_fingerprint,
         unit_names=tuple(u.name for u in units), split_points=tuple(u.split_point or "" for u in units[1:]),

@@ -16,6 +16,7 @@ from ..data.layout import Layout
 from ..data.plan import Plan
 from ..data.zero import SEARCHED_ZERO, ZeroStage
 from ..errors import RunError
+from .expert_parallel import check_expert_parallel
 
 __all__ = ["check_runnable", "sync_mesh", "shard_replicas"]
 
@@ -23,7 +24,9 @@ logger = logging.getLogger(__name__)
 
 
 def check_runnable(plan: Plan) -> None:
-    """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`)."""
+    """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`), and the expert-parallel
+    layouts the runner does not run (`check_expert_parallel`)."""
+    check_expert_parallel(plan.layout)
     zero = plan.layout.zero
     if zero.not_runnable is not None:
         raise RunError(f"plan field 'zero' is {zero.stage}: {zero.not_runnable}; plan with `zero` "

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from ..data.layout import Layout
 from ..data.plan import Plan
 from .data_parallel import shard_replicas, sync_mesh
+from .expert_parallel import parallelize_experts
 from .tensor_parallel import parallelize_stage
 
 __all__ = ["make_mesh", "Sharding", "shard_stage", "local", "full"]
@@ -38,15 +39,18 @@ class Sharding:
     resolved: dict[str, str]
     """Planned module name -> style ({} without TP)."""
     full_model: nn.Module | None
-    """The freshly built full-size model whose planned modules go back into the pieces (None without TP)."""
+    """The freshly built full-size model whose planned modules and experts modules go back into the pieces (None
+    without TP or EP)."""
 
 
 def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], device: torch.device) -> None:
-    """Tensor-parallelise the piece's planned modules over mesh["tp"], then (ZeRO 1/3) fully_shard each of its
-    units with parameters and the piece itself over the synchronisation ranks (TP first, then FSDP, as
-    torchtitan)."""
+    """Tensor-parallelise the piece's planned modules over mesh["tp"], shard its experts over the ep ranks (the
+    stage's dp ranks: autopp.run.expert_parallel), then (ZeRO 1/3) fully_shard each of its units with parameters and
+    the piece itself over the synchronisation ranks (TP first, then FSDP, as torchtitan)."""
     if sharding.resolved and sharding.full_model is not None:
         parallelize_stage(piece, sharding.mesh["tp"], sharding.resolved, sharding.full_model, device)
+    if sharding.layout.ep > 1 and sharding.full_model is not None:
+        parallelize_experts(piece, sharding.mesh["dp"], sharding.full_model, device)
     shard_replicas(piece, sync_mesh(sharding.mesh, sharding.layout), sharding.layout.zero, units)
 
 

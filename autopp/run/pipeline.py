@@ -89,7 +89,8 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
              for i in range(pipe.num_stages)}
     mine = [i for i, r in enumerate(owner) if r == pp_rank]
     loss = model_loss(mf.loss_fn, model, tuple(example), pipe) if len(owner) - 1 in mine else mf.loss_fn
-    sharding = Sharding(mesh, plan.layout, resolved, model if resolved else None) if mesh is not None else None
+    full = model if resolved or plan.layout.ep > 1 else None
+    sharding = Sharding(mesh, plan.layout, resolved, full) if mesh is not None else None
     stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example, sharding)
     for stage in stages:
         contiguous_sends(stage)

@@ -53,6 +53,7 @@ from ..data.layout import Coords, Layout, uses_mesh
 from .collect import gather_check, gather_results, stage_grads, stage_weights
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .data_parallel import check_runnable, sync_mesh
+from .expert_parallel import average_expert_grads, expert_params
 from .parallel import local, make_mesh
 from .pipeline import RankStages, build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
@@ -199,6 +200,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
     ties = tie_groups(built.shared, plan.layout, ranks.replica, ranks.pp_rank)
     schedule = make_schedule(plan, stages, built.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv")
     params = _params(stages)
+    experts = expert_params([s.submod for s in stages])
     optimizer = make_optimizer(args.optimizer, params, lr=args.lr)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     # memory counts the rank's shards; ZeRO: FSDP2's gathered parameters are registered on the stages while used
@@ -233,7 +235,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
             schedule.step(*step_args, **step_kwargs)
         t_schedule = recorder.now()
         sum_tied_grads(ties, built.params)
-        _average_grads(params, dp_group, plan.layout.sync)
+        _average_grads([p for p in params if all(p is not e for e in experts)], dp_group, plan.layout.sync)
+        average_expert_grads(experts, plan.layout)
         t_allreduce = t_optimizer = recorder.now()
         optimizer.step()
         if not checked:

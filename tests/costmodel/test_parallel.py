@@ -130,3 +130,56 @@ def test_group_table_is_the_rows_of_the_groups_tensor_parallel_degree() -> None:
         assert np.array_equal(got.forward, expected.forward) and np.array_equal(got.static, expected.static)
     assert not np.array_equal(group_table(profile, Layout(tp=2).unit_view()).arrays(1).static,
                               group_table(profile, Layout().unit_view()).arrays(1).static)
+
+
+def _moe_profile(top_k: int = 2):  # type: ignore[no-untyped-def]
+    """A synthetic profile whose blocks hold 3/4 of their parameter bytes in one MoE layer's stacked experts."""
+    from autopp.data.profile import Profile
+    from autopp.data.synthetic_profile import synthetic_profile
+    p = synthetic_profile(4, hidden=64, seq=16)
+    blocks = p.units.unit.between(1, 2)
+    units = p.units.assign(expert_param_bytes=np.where(blocks, p.units.param_bytes * 3 // 4, 0),
+                           moe_layers=np.where(blocks, 1, 0))
+    return Profile(replace(p.meta, extra={"moe": {"num_experts": 8, "top_k": top_k}}), units, p.edges)
+
+
+def test_expert_parallelism_divides_the_expert_bytes_and_keeps_the_dense_gradients_for_the_sync() -> None:
+    """ep 2: a block's expert weights and their gradient and optimizer state count half; the step's gradient
+    all-reduce (`grads`) carries only the dense gradients (each rank owns its experts); compute is unchanged
+    (balanced routing); the dispatch bytes are tokens x hidden x dtype x top-k x (ep - 1) / ep per MoE layer."""
+    from autopp.costmodel import ExpertTable, ProfileTable, group_table
+    profile = _moe_profile()
+    assert type(group_table(profile, Layout(dp=2).unit_view())) is ProfileTable
+    table = group_table(profile, Layout(dp=2, ep=2).unit_view())
+    assert isinstance(table, ExpertTable)
+    whole, sharded = ProfileTable(profile).arrays(2), table.arrays(2)
+    kept = np.array([1.0, 1 - 0.75 / 2, 1 - 0.75 / 2, 1.0])
+    assert np.allclose(sharded.static, np.round(whole.static * kept), atol=1)
+    assert np.allclose(sharded.grads, np.round(whole.grads * np.array([1, 0.25, 0.25, 1])), atol=1)
+    assert sharded.optimizer is not None and whole.optimizer is not None
+    assert np.allclose(sharded.optimizer, whole.optimizer * kept)
+    assert np.array_equal(sharded.forward, whole.forward) and np.array_equal(sharded.backward, whole.backward)
+    assert sharded.ep_comm is not None
+    sent, layers = sharded.ep_comm
+    tokens = 4 * 16 * 64 * 2  # float32 x seq x hidden x microbatch: the block's output bytes
+    assert np.allclose(sent, [0, tokens * 2 / 2, tokens * 2 / 2, 0]) and list(layers) == [0, 1, 1, 0]
+    assert np.allclose(table.arrays(2).params, np.round(whole.params * kept), atol=1)
+
+
+def test_expert_all_to_alls_run_on_the_link_the_ep_group_crosses() -> None:
+    """2 + 2 all-to-alls per MoE layer and microbatch, each bytes / bandwidth + (ep - 1) latencies: inside a node
+    of 4 devices for ep 4, across nodes for ep 8."""
+    from autopp.costmodel import group_table
+    profile = _moe_profile()
+    inter = Link(latency_s=5e-6, bandwidth_bytes_per_s=1e8)
+    nodes = hierarchical_cluster(Nodes(count=2, devices_per_node=4, intra=LINK, inter=inter), 2**30)
+    for ep, link in ((4, LINK), (8, inter)):
+        view = Layout(dp=ep, ep=ep).unit_view()
+        a = group_table(profile, view).arrays(2)
+        out = group_terms(a, view, nodes)
+        assert a.ep_comm is not None
+        sent, layers = a.ep_comm
+        both = 2 * (sent / link.bandwidth_bytes_per_s + layers * (ep - 1) * link.latency_s)
+        assert np.allclose(out.forward - a.forward, both) and np.allclose(out.backward_input - a.backward_input, both)
+        assert np.allclose(out.backward - a.backward, both) and np.allclose(out.recompute - a.recompute, both)
+        assert both[1] > 0 and both[0] == 0 and np.array_equal(out.backward_weight, a.backward_weight)

@@ -152,6 +152,9 @@ def megatron():  # type: ignore[no-untyped-def]
     return pytest.importorskip("megatron.core", reason="megatron-core is not installed (scripts/setup.sh installs it)")
 
 
+_MEGATRON_RENAMED = {"num-experts": "num_moe_experts"}
+
+
 def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     """Every exported flag is a megatron-core config field (Megatron-LM copies args into TransformerConfig by name) or a
     batch size, which megatron-core's microbatch calculator takes."""
@@ -160,7 +163,9 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     from megatron.core.transformer import TransformerConfig
     from megatron.core.distributed import DistributedDataParallelConfig
     args = dict((line.split(" ", 1) + ["true"])[:2] for line in text.splitlines())  # bare flags: store_true
-    kw = {k[2:].replace("-", "_"): v for k, v in args.items()}
+    # Megatron-LM copies its args into TransformerConfig by name, but for --num-experts (num_moe_experts; its
+    # arguments.py core_transformer_config_from_args)
+    kw = {_MEGATRON_RENAMED.get(k[2:], k[2:].replace("-", "_")): v for k, v in args.items()}
     batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size")}
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     ddp = {k: kw.pop(k) == "true" for k in ("use_distributed_optimizer", "use_megatron_fsdp") if k in kw}
@@ -386,3 +391,17 @@ def test_deepspeed_config_accepts_zero_stages(zero: int, deepspeed,  # type: ign
     mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.layout.dp, get_model_parallel_world_size=lambda: 1)
     stage = DeepSpeedConfig(data, mpu=mpu).zero_optimization_stage
     assert stage == zero and stage < ZeroStageEnum.gradients  # what DeepSpeed's PipelineEngine asserts
+
+
+def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]
+        megatron, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """Issue 30: ep 2 with 8 experts and top-2 routing: megatron-core's TransformerConfig takes the expert flags (and
+    checks that ep divides the experts), torchtitan's config its expert_parallel_degree."""
+    plan = dataclasses.replace(llama_plans["dp"], layout=dataclasses.replace(llama_plans["dp"].layout, ep=2))
+    moe = {"num_experts": 8, "top_k": 2}
+    cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x", moe=moe).text)
+    assert (cfg.expert_model_parallel_size, cfg.num_moe_experts, cfg.moe_router_topk) == (2, 8, 2)
+    assert cfg.moe_token_dispatcher_type == "alltoall"
+    text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES),
+                       moe=moe).text
+    assert titan(text).parallelism.expert_parallel_degree == 2

@@ -354,3 +354,28 @@ def test_cli_export_reads_the_profile_the_plan_records(tmp_path: Path, llama_pla
                  *[a for r in renames for a in ("--rename", r)]]) == 0
     assert "layers.0" in (moved / "m.torchtitan.args").read_text()
     assert "profile_path" not in llama_plans["1f1b"].to_json()  # not recorded: not written
+
+
+def test_expert_parallelism_exports_with_the_profiles_routing(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """Issue 30: ep above 1 is written with the routing facts the profile records (meta.extra["moe"]): Megatron's
+    --expert-model-parallel-size, --num-experts, --moe-router-topk and its all-to-all dispatcher, torchtitan's
+    expert_parallel_degree; not a factor of the launched world size; without the facts Megatron's export is refused
+    in one line; DeepSpeed refuses ep."""
+    plan = replace(llama_plans["dp"], layout=replace(llama_plans["dp"].layout, ep=2))
+    moe = {"num_experts": 8, "top_k": 2}
+    megatron = export_plan(plan, Target.MEGATRON, "x", moe=moe)
+    lines = megatron.text.splitlines()
+    assert lines[1:5] == ["--expert-model-parallel-size 2", "--num-experts 8", "--moe-router-topk 2",
+                          "--moe-token-dispatcher-type alltoall"]
+    assert "(world size pp 2 x dp 2 x tp 1;" in megatron.notes[0]
+    assert any("all-to-all dispatcher" in n for n in megatron.notes)
+    with pytest.raises(ExportError, match=r"^plan: ep 2: megatron needs --num-experts, and the profile the plan was "
+                                          r"made from records no num_experts: profile the model again"):
+        export_plan(plan, Target.MEGATRON, "x")
+    modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
+    titan = export_plan(plan, Target.TORCHTITAN, "x", modules, moe=moe).text.splitlines()
+    assert "--parallelism.expert_parallel_degree=2" in titan
+    with pytest.raises(ExportError, match=r"^plan: ep 2: the exported stage file builds no expert parallelism "
+                                          r"\(DeepSpeed's MoE layers take their own ep_size\); re-plan with `ep` 1"):
+        export_plan(plan, Target.DEEPSPEED, "x.json")
+    assert "expert" not in export_plan(llama_plans["dp"], Target.MEGATRON, "x", moe=moe).text  # ep 1: nothing

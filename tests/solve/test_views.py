@@ -140,3 +140,41 @@ def test_collective_counts_do_not_grow_with_the_microbatch(profile) -> None:  # 
     small, large = table.arrays(1).tp_comm, table.arrays(8).tp_comm
     assert np.array_equal(small.forward_count, large.forward_count)
     assert np.allclose(large.forward_allreduce, 8 * small.forward_allreduce)
+
+
+def test_ep_is_searched_as_1_and_dp_where_the_runner_runs_it() -> None:
+    """Expert parallelism (issue 30): the runner shards a stage's experts over its dp ranks (ep = dp) with tp 1 and
+    ZeRO 0, so the search tries ep 1 and dp there, a pinned ep only with dp = ep, and the request refuses other pins
+    in one line."""
+    from autopp.solve.search.request import ep_choices
+    cluster = Cluster(num_devices=8, memory_bytes=2**34)
+    auto = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=None))
+    assert ep_choices(auto, 4, 1, NO_ZERO) == (1, 4) and ep_choices(auto, 1, 1, NO_ZERO) == (1,)
+    assert ep_choices(auto, 4, 2, NO_ZERO) == (1,) and ep_choices(auto, 4, 1, ZERO[1]) == (1,)
+    pinned = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=2))
+    assert ep_choices(pinned, 2, 1, NO_ZERO) == (2,) and ep_choices(pinned, 4, 1, NO_ZERO) == ()
+    layouts = {c.layout for c in configs(pinned, 8)}
+    assert layouts and all(l.ep == 2 and l.dp == 2 and l.zero.replicated for l in layouts)
+    assert {(c.layout.dp, c.layout.ep) for c in configs(auto, 8)} >= {(1, 1), (2, 1), (2, 2), (8, 8)}
+    with pytest.raises(LayoutError, match=r"^`ep` 2 runs with `dp` 2, `tp` 1 and `zero` 0 .*got dp 2, tp 2, zero 0$"):
+        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, tp=2, ep=2))
+
+
+def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile) -> None:  # type: ignore[no-untyped-def]
+    """The plan of a pinned ep 2 records it, its notes say the experts and routing sharded, and with a profile that
+    has no stacked experts that ep changes nothing (the same step as ep 1)."""
+    from autopp.data.profile import Profile
+    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
+                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
+                                                                   profile.units.param_bytes // 2, 0),
+                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
+                  profile.edges, profile.tp_units)
+    req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(pp=4, dp=2, ep=2))
+    plan = make_plan(moe, req)
+    assert plan.layout == Layout(pp=4, dp=2, ep=2)
+    assert any(n.startswith("expert parallelism 2: each stage's 2 replicas hold 1/2 of its experts (8 per layer, "
+                            "top-2)") for n in plan.notes)
+    dense = make_plan(profile, req)
+    assert any("the profile records no stacked experts" in n for n in dense.notes)
+    assert dense.predicted.step_time_s == pytest.approx(
+        make_plan(profile, replace(req, pins=LayoutPins(pp=4, dp=2))).predicted.step_time_s)

@@ -111,6 +111,14 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     if not zero.replicated:
         out.append(f"ZeRO stage {zero.stage} over {c.layout.dp} replicas: {zero.sharded} sharded"
                    + (" (costed only: torch.distributed.pipelining cannot run it)" if zero.not_runnable else ""))
+    if c.layout.ep > 1:
+        moe, layers = profile.meta.extra.get("moe") or {}, int(profile.units.moe_layers.sum()) // len(
+            profile.meta.microbatch_sizes)
+        out.append(f"expert parallelism {c.layout.ep}: each stage's {c.layout.dp} replicas hold 1/{c.layout.ep} of "
+                   f"its experts ({moe.get('num_experts')} per layer, top-{moe.get('top_k')}) and exchange the routed "
+                   f"tokens by all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)"
+                   if layers else f"expert parallelism {c.layout.ep}: the profile records no stacked experts "
+                   "(expert_param_bytes 0), so it changes nothing; plan with `ep` 1")
     return out
 
 

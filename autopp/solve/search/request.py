@@ -14,7 +14,7 @@ from ...errors import LayoutError, ProfileError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, by_saving, chosen, describe, listed, policy
 from .judge import Candidate
 
-__all__ = ["RecomputeMode", "PlanRequest", "Config", "replica_counts", "microbatch_counts", "zero_stages",
+__all__ = ["RecomputeMode", "PlanRequest", "Config", "replica_counts", "microbatch_counts", "zero_stages", "ep_choices",
            "tp_choices", "configs"]
 
 
@@ -80,6 +80,7 @@ class PlanRequest:
         check_planned(self.pins)
         self.pins.check_devices(self.cluster.num_devices)
         self._check_tp()
+        self._check_ep()
         if self.num_microbatches is not None and self.global_batch % self.num_microbatches:
             raise LayoutError(f"global batch {self.global_batch} is not divisible by {self.num_microbatches} "
                               "microbatches")
@@ -129,6 +130,16 @@ class PlanRequest:
         if self.recompute_stages is not None:
             raise LayoutError(f"`recompute_stages` pins a policy per stage, and {rules.title} applies one to every "
                               "stage: give `recompute` none, all or auto")
+
+    def _check_ep(self) -> None:
+        ep, zero = self.pins.ep, self.pins.zero
+        if ep in (None, 1):
+            return
+        sharded = zero is not None and not zero.replicated
+        if self.pins.tp not in (None, 1) or sharded or self.pins.dp not in (None, ep):
+            raise LayoutError(f"`ep` {ep} runs with `dp` {ep}, `tp` 1 and `zero` 0 (the runner's expert parallelism "
+                              f"shards a stage's experts over its dp ranks); got dp {self.pins.dp}, tp {self.pins.tp}, "
+                              f"zero {None if zero is None else zero.stage}")
 
     def view(self, group: int) -> PlanRequest:
         """The request as groups of `group` devices (a layout's `group`: cp x tp) see it: each group is one pipeline
@@ -238,11 +249,22 @@ def tp_choices(req: PlanRequest, profiled: tuple[int, ...]) -> list[int]:
     return [1, *(t for t in sorted(profiled) if t > 1 and fits(t) and req.cluster.homogeneous)]
 
 
+def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage) -> tuple[int, ...]:
+    """Expert-parallel degrees to try: the ones the runner runs (autopp.run.expert_parallel: ep = dp, tp 1, ZeRO 0),
+    the pinned one or, searched (`pins.ep` None), 1 and dp."""
+    runs = dp > 1 and tp == 1 and zero.replicated
+    if req.pins.ep is not None:
+        return (req.pins.ep,) if req.pins.ep == 1 or runs and req.pins.ep == dp else ()
+    return (1, dp) if runs else (1,)
+
+
 def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,)) -> list[Config]:
     """Every valid configuration of the request for a model of `n` units, for each tensor-parallel degree in
-    `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`)."""
-    out = [replace(c, layout=replace(c.layout, tp=tp, zero=zero)) for tp in degrees
-           for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)]
+    `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`) and expert-parallel degree
+    (`ep_choices`); with a `trainer`, only those it runs (autopp.data.trainers)."""
+    out = [replace(c, layout=replace(c.layout, tp=tp, zero=zero, ep=ep)) for tp in degrees
+           for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)
+           for ep in ep_choices(req, c.layout.dp, tp, zero)]
     if req.trainer is None:
         return out
     rules = TRAINER_RULES[req.trainer]

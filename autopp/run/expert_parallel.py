@@ -1,0 +1,154 @@
+"""Expert parallelism on a rank's pipeline stages: each rank of an ep group holds E / ep of every mixture-of-experts
+layer's experts (the stacked expert weights sharded along the expert dimension, a DTensor `Shard(0)` over the ep
+mesh), and the token-expert pairs travel to the experts' owners and back by two all-to-alls with variable split
+sizes, the split sizes exchanged first; the router, top-k and the dense and shared parts stay as they are,
+replicated.
+
+The pattern is torchtitan's `ExpertParallel` (torchtitan/distributed/expert_parallel.py: a `ParallelStyle` whose
+`distribute_module` shards the experts' weights along dimension 0 and whose input/output functions dispatch and
+combine with `all_to_all_single` after exchanging the tokens per expert), Megatron-Core's all-to-all token
+dispatcher (megatron/core/transformer/moe/token_dispatcher.py, `MoEAlltoAllTokenDispatcher`) and DeepSeek-V3's
+expert parallelism (DeepSeek-AI, arXiv:2412.19437, section 3.2). The experts module is Hugging Face transformers 5's
+(`MixtralExperts`, `Qwen3MoeExperts`, ...: `forward(hidden_states, top_k_index, top_k_weights)` over stacked
+`gate_up_proj` / `down_proj`, run by `grouped_mm_experts_forward` or its loop): the style wraps its forward and
+runs the model's own expert computation on the received rows, one expert per row and weight 1, with the module's
+expert count set to the local one; the routing weights are applied after the combine. The ep group is the mesh's
+"dp" dimension (ep = dp, as torchtitan's ep over dp_shard): the expert weights' gradients are then not averaged over
+it (each rank owns different experts; `average_expert_grads` scales them by 1 / dp, the dense gradients' average).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd, wait_tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+from ..data.layout import Layout
+from ..errors import RunError
+from ..model.experts import is_experts
+
+__all__ = ["ExpertParallel", "check_expert_parallel", "parallelize_experts", "expert_params", "average_expert_grads"]
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def _local_weights(module: nn.Module) -> Iterator[None]:
+    """The module's DTensor parameters replaced by their local shards (differentiably: `to_local`'s backward gives
+    the DTensor its gradient) while the model's own forward runs, which mixes them with plain tensors."""
+    held = {n: p for n, p in module._parameters.items() if isinstance(p, DTensor)}
+    try:
+        for n, p in held.items():
+            module._parameters[n] = p.to_local()  # type: ignore[union-attr, assignment]
+        yield
+    finally:
+        module._parameters.update(held)  # type: ignore[arg-type]
+
+
+class ExpertParallel(ParallelStyle):
+    """Shard a stacked-experts module over a one-dimensional ep mesh and route its token-expert pairs to the owners
+    by all-to-all (torchtitan's `ExpertParallel`; Megatron-Core's `MoEAlltoAllTokenDispatcher`)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        experts, ep = int(getattr(module, "num_experts")), device_mesh.size()
+        if experts % ep:
+            raise RunError(f"ep({ep}) does not divide the {experts} experts of {type(module).__name__}: plan an ep "
+                           "that divides the experts")
+
+        def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for pname, param in list(mod.named_parameters(recurse=False)):  # stacked: dim 0 the expert
+                if param.dim() >= 1 and param.shape[0] == experts:
+                    mod.register_parameter(pname, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)])))
+
+        distribute_module(module, device_mesh, partition)
+        original = module.forward
+        module.num_experts = experts // ep  # type: ignore[assignment]  # what the model's forward sees
+        module.forward = _EpForward(module, original, device_mesh, experts)  # type: ignore[method-assign]
+        return module
+
+
+class _EpForward:
+    """The experts module's forward under expert parallelism: dispatch, the local experts, combine."""
+
+    def __init__(self, module: nn.Module, original: Callable[..., torch.Tensor], mesh: DeviceMesh,
+                 experts: int) -> None:
+        self.module, self.original, self.group, self.experts = module, original, mesh.get_group(), experts
+        self.ep = mesh.size()
+
+    def __call__(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                 *args: Any, **kwargs: Any) -> torch.Tensor:
+        tokens, top_k = top_k_index.shape
+        local = self.experts // self.ep
+        # 1. sort the token-expert pairs by expert: rank r's experts r * local ... are then one contiguous block
+        flat = top_k_index.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        rows = hidden[order // top_k]
+        sent = torch.bincount(flat, minlength=self.experts)
+        # 2. exchange the counts (each rank learns how many rows of each of its experts every rank sends), then the
+        # rows, with those split sizes (torchtitan: `all_to_all_single` of num_tokens_per_expert first)
+        received = wait_tensor(all_to_all_single(sent, None, None, group=self.group))
+        splits_in = sent.view(self.ep, local).sum(1).tolist()
+        splits_out = received.view(self.ep, local).sum(1).tolist()
+        rows = all_to_all_single_autograd(rows, splits_out, splits_in, group=self.group)
+        # 3. the model's own expert computation on the received rows: one local expert per row, weight 1
+        ids = torch.arange(local, device=flat.device).repeat(self.ep).repeat_interleave(received)
+        with _local_weights(self.module):
+            out = self.original(rows, ids.unsqueeze(1), torch.ones(ids.shape + (1,), dtype=hidden.dtype,
+                                                                   device=hidden.device), *args, **kwargs)
+        # 4. combine: back to the senders, unsorted, weighted by the router and summed over the top-k
+        out = all_to_all_single_autograd(out, splits_in, splits_out, group=self.group)
+        unsorted = torch.empty_like(order)
+        unsorted[order] = torch.arange(order.numel(), device=order.device)
+        out = out[unsorted].view(tokens, top_k, -1) * top_k_weights.unsqueeze(-1).to(out.dtype)
+        return out.sum(1).to(hidden.dtype)
+
+
+def check_expert_parallel(layout: Layout) -> None:
+    """Refuse the layouts the runner cannot run expert-parallel: ep must equal dp (the ep group is a stage's
+    data-parallel ranks), without tensor or context parallelism and with ZeRO 0."""
+    if layout.ep == 1:
+        return
+    if layout.ep != layout.dp or layout.group > 1 or not layout.zero.replicated:
+        raise RunError(f"plan field 'ep' is {layout.ep} with dp {layout.dp}, cp {layout.cp}, tp {layout.tp}, zero "
+                       f"{layout.zero.stage}: autopp runs expert parallelism with ep = dp, cp 1, tp 1 and zero 0; "
+                       "re-plan with `--ep 1` or those")
+
+
+def parallelize_experts(piece: nn.Module, mesh: DeviceMesh, full_model: nn.Module, device: torch.device) -> int:
+    """Put `full_model`'s stacked-experts modules (`is_experts`) in place of the piece's exported ones (torch.export
+    InterpreterModules, whose graphs have the token count baked in; the parent calls them with the model's own
+    arguments, as autopp.run.tensor_parallel's `restore_planned` relies on), then apply `ExpertParallel` over `mesh`
+    (the ep ranks) to each; how many."""
+    held = dict(piece.named_modules())
+    names = [n for n, m in full_model.named_modules() if n in held and is_experts(m)]
+    for name in names:
+        parent, leaf = name.rsplit(".", 1) if "." in name else ("", name)
+        module = full_model.get_submodule(name).to(device)
+        setattr(piece.get_submodule(parent) if parent else piece, leaf, module)
+        parallelize_module(module, mesh, ExpertParallel())
+    if names:
+        logger.info("expert parallelism over %d ranks on %d experts modules", mesh.size(), len(names))
+    return len(names)
+
+
+def expert_params(pieces: Sequence[nn.Module]) -> list[nn.Parameter]:
+    """The expert weights `ExpertParallel` sharded in `pieces`, each once."""
+    found = {id(p): p for piece in pieces for m in piece.modules() if isinstance(m.forward, _EpForward)
+             for p in m.parameters(recurse=False)}
+    return list(found.values())
+
+
+def average_expert_grads(params: Sequence[torch.Tensor], layout: Layout) -> None:
+    """Make the expert weights' gradients the full batch's: each rank's shard already sums every replica's tokens
+    routed to it (the combine's backward brings them back), so it is divided by dp, as the dense gradients are
+    averaged over dp, and not all-reduced (ep = dp: no other rank holds the same experts)."""
+    for p in params:
+        if p.grad is not None and layout.dp > 1:
+            p.grad.div_(layout.dp)

@@ -1,0 +1,107 @@
+"""Expert parallelism in the runner (autopp.run.expert_parallel): the experts module wrapped on one rank gives the
+model's own output and gradients, the layouts it does not run are refused before any rank starts, and tiny HF
+Mixtral and Qwen3-MoE run pp x dp with ep = dp on gloo ranks, loss and every gradient (the expert shards gathered)
+validated against one process."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from autopp.data.layout import Layout
+from autopp.data.zero import ZERO
+from autopp.errors import RunError
+from autopp.model import load_model_file
+from autopp.run import GRAD_RTOL, RunOptions, run_plan
+from autopp.model.experts import experts_modules
+from autopp.run.expert_parallel import average_expert_grads, check_expert_parallel, expert_params, parallelize_experts
+
+from ..conftest import MODELS
+from .conftest import pipeline_plan
+
+MIXTRAL, QWEN3 = MODELS / "hf_mixtral.py", MODELS / "hf_qwen3_moe.py"
+
+
+@pytest.fixture(autouse=True)
+def _needs_transformers() -> None:
+    pytest.importorskip("transformers")
+
+
+def test_the_experts_modules_are_found_by_their_stacked_weights() -> None:
+    model = load_model_file(MIXTRAL).build(0)
+    found = experts_modules(model)
+    assert list(found) == [f"model.layers.{i}.mlp.experts" for i in range(4)]
+    assert experts_modules(torch.nn.Linear(2, 2)) == {}
+
+
+@pytest.mark.parametrize("layout, why", [
+    (Layout(pp=1, dp=4, ep=2), "ep 2 with dp 4"),
+    (Layout(pp=1, dp=1, tp=2, ep=2), "tp 2"),
+    (Layout(pp=1, dp=2, ep=2, zero=ZERO[1]), "zero 1"),
+])
+def test_layouts_the_runner_does_not_run_expert_parallel_are_refused(layout: Layout, why: str) -> None:
+    with pytest.raises(RunError, match=r"^plan field 'ep' is 2 .*ep = dp, cp 1, tp 1 and zero 0; re-plan"):
+        check_expert_parallel(layout)
+    check_expert_parallel(Layout(pp=2, dp=2, ep=2))
+    check_expert_parallel(Layout(pp=2, dp=4))
+
+
+@pytest.mark.parametrize("path", [MIXTRAL, QWEN3])
+def test_on_one_rank_the_wrapped_experts_give_the_models_output_and_gradients(path: Path,
+                                                                              one_rank_group: None) -> None:
+    """Dispatch, the model's own expert computation on the received rows and the combine, over a one-rank ep
+    group: the same loss and gradients as the unwrapped model (the routing weights applied after the combine)."""
+    mf = load_model_file(path)
+    reference = mf.build(0)
+    wrapped, full = copy.deepcopy(reference), copy.deepcopy(reference)
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    assert parallelize_experts(wrapped, mesh, full, torch.device("cpu")) == 4
+    experts = expert_params([wrapped])
+    assert len(experts) == 8 and all(isinstance(p, DTensor) for p in experts)
+    inputs, target = mf.sample_batch(4, seed=1)
+    for model in (reference, wrapped):
+        logits = model(*inputs).logits
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten()).backward()
+    average_expert_grads(experts, Layout(pp=1))
+    grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for n, p in wrapped.named_parameters()}
+    for name, p in reference.named_parameters():
+        assert p.grad is not None and name in grads
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("path", [MIXTRAL, QWEN3], ids=["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("pp", [1, 2])
+def test_experts_sharded_over_dp_match_one_process(path: Path, pp: int, tmp_path: Path) -> None:
+    """pp 1 x dp 2 (2 ranks) and pp 2 x dp 2 (4 ranks) with ep 2: each rank holds 2 of the 4 experts of its
+    stage's layers, tokens go to their experts and back by all-to-all, and the loss and every gradient match one
+    process."""
+    plan = pipeline_plan(path, ["model.layers.2"] if pp == 2 else [], schedule="GPipe" if pp == 1 else "1F1B",
+                         layout=Layout(pp=pp, dp=2, ep=2))
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=600, work_dir=tmp_path))
+    assert report.passed and report.layout.ep == 2 and report.num_ranks == 2 * pp
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    lines = [line for f in sorted(tmp_path.glob("rank*.out")) for line in f.read_text().splitlines()]
+    assert sum(f"expert parallelism over 2 ranks on {4 // pp} experts modules" in line for line in lines) == 2 * pp
+
+
+@pytest.mark.integration
+def test_a_plan_with_ep_from_the_cli_runs_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`autopp plan --ep 2` (dp follows: 2) prints a plan that `autopp run` runs validated on 4 ranks (pp 2 x dp 2,
+    each stage's experts over its 2 dp ranks)."""
+    import json
+
+    from autopp.cli import main
+    monkeypatch.chdir(tmp_path)  # the default profile directory is ./profiles/MODEL
+    plan, report = tmp_path / "plan.json", tmp_path / "report.json"
+    assert main(["plan", str(QWEN3), "--devices", "4", "--pp", "2", "--ep", "2", "--memory", "4GiB",
+                 "--global-batch", "8", "-o", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    assert (data["pp"], data["dp"], data["ep"]) == (2, 2, 2)
+    assert main(["run", str(plan), "--steps", "1", "--report", str(report)]) == 0
+    assert json.loads(report.read_text())["passed"] is True
