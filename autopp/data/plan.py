@@ -14,7 +14,7 @@ from ..schedule.actions import Action, parse_action
 from ..schedule.activation import Activation
 from ..schedule.descriptors import ScheduleName, describe
 from .fields import Fields, is_int, is_span
-from .layout import LAYOUT_FIELDS, Layout, check_planned, layout_fields, layout_of
+from .layout import LAYOUT_FIELDS, LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 
 __all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
@@ -222,7 +222,7 @@ class Plan:
             stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
                                         "activation": Activation(s.get("activation", "keep"))})
                            for s in data["stages"])
-            rest = {k: v for k, v in data.items() if k not in LAYOUT_FIELDS}
+            rest = {k: v for k, v in data.items() if k not in LAYOUT_KEYS}
             plan = Plan(**{**rest, "layout": layout_of(data), "schedule": ScheduleName(data["schedule"]),
                            "stages": stages,
                            "predicted": _prediction(data["predicted"]),
@@ -381,7 +381,7 @@ def _record(data: dict[str, Any], f: Fields) -> None:
     """`Fields.record` for the plan's JSON, whose layout fields (`LAYOUT_FIELDS`, `num_ranks` required) stand for
     `Plan.layout`."""
     f.keys(f.obj(data), None, ("num_ranks",))
-    f.record({k: v for k, v in data.items() if k not in LAYOUT_FIELDS} | {"layout": None}, Plan)
+    f.record({k: v for k, v in data.items() if k not in LAYOUT_KEYS} | {"layout": None}, Plan)
 
 
 def _prediction(d: dict[str, Any]) -> Prediction:

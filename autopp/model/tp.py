@@ -20,7 +20,8 @@ from ..errors import TpPlanError
 from .contract import ModelFile
 
 __all__ = ["TP_STYLES", "STYLE_ALIASES", "TpPlan", "TpCollectives", "find_tp_plan", "resolve", "tp_degrees",
-           "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_model_file", "unit_collectives"]
+           "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_model_file", "unit_collectives",
+           "SEQUENCE_STYLE", "sequence_modules"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ TP_STYLES: dict[str, str] = {
     "embedding_rowwise": "nn.Embedding split on the vocabulary: partial lookups summed (forward: all-reduce of the "
                          "output)",
 }
+#: The style a TP_PLAN gives a module that sequence parallelism shards along the sequence (torch's `SequenceParallel`;
+#: HF's plans name none, so `sequence_modules` derives them). `resolve` leaves these entries to `sequence_modules`.
+SEQUENCE_STYLE = "sequence_parallel"
 #: Other names of the supported styles (Hugging Face's older spelling).
 STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output"}
 #: The module type each style shards.
@@ -114,6 +118,8 @@ def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
     modules = dict(model.named_modules())
     out: dict[str, str] = {}
     for pattern, style in plan.patterns.items():
+        if style == SEQUENCE_STYLE:
+            continue
         canonical = _style(style, pattern, plan.source)
         hits = [n for n in modules if n and _matches(pattern, n)]
         if not hits:
@@ -129,6 +135,32 @@ def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
             if out.setdefault(name, canonical) != canonical:
                 raise TpPlanError(f"{plan.source}: {name} is given two styles, {out[name]!r} and {canonical!r}")
     return {n: out[n] for n in modules if n in out}
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__.endswith(("LayerNorm", "RMSNorm"))
+
+
+def sequence_modules(plan: TpPlan, model: nn.Module, resolved: Mapping[str, str]) -> list[str]:
+    """The modules sequence parallelism runs on 1/t of the sequence (torch's `SequenceParallel`), in model order:
+    those a TP_PLAN names with `SEQUENCE_STYLE`, else the norms between the sharded projections: every LayerNorm /
+    RMSNorm with no colwise or rowwise sibling (Llama's input_layernorm, post_attention_layernorm and final norm; not
+    a per-head q_norm inside the attention), as torchtitan's Llama plan lists them (torchtitan/models/llama3/infra/
+    parallelize.py, apply_tp; Korthikanti et al. 2022, arXiv:2205.05198, s.4.2.2). TpPlanError on a named pattern
+    that matches no module."""
+    modules = dict(model.named_modules())
+    named = [p for p, s in plan.patterns.items() if s == SEQUENCE_STYLE]
+    if named:
+        hits = {n for p in named for n in modules if n and _matches(p, n)}
+        missing = [p for p in named if not any(_matches(p, n) for n in hits)]
+        if missing:
+            raise TpPlanError(f"{plan.source}: {SEQUENCE_STYLE} pattern {missing[0]!r} matches no module of "
+                              f"{type(model).__name__}")
+        return [n for n in modules if n in hits]
+    sharding_parents = {n.rsplit(".", 1)[0] if "." in n else "" for n, s in resolved.items()
+                        if s in ("colwise", "rowwise")}
+    return [n for n, m in modules.items()
+            if n and _is_norm(m) and (n.rsplit(".", 1)[0] if "." in n else "") not in sharding_parents]
 
 
 def _divided(model: nn.Module, resolved: dict[str, str]) -> list[tuple[str, int]]:

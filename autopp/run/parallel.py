@@ -39,6 +39,8 @@ class Sharding:
     """Planned module name -> style ({} without TP)."""
     full_model: nn.Module | None
     """The freshly built full-size model whose planned modules go back into the pieces (None without TP)."""
+    sequence: tuple[str, ...] = ()
+    """The modules sequence parallelism shards along the sequence (the norms; () without `Layout.sp`)."""
 
 
 def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], device: torch.device) -> None:
@@ -46,7 +48,8 @@ def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], devi
     units with parameters and the piece itself over the synchronisation ranks (TP first, then FSDP, as
     torchtitan)."""
     if sharding.resolved and sharding.full_model is not None:
-        parallelize_stage(piece, sharding.mesh["tp"], sharding.resolved, sharding.full_model, device)
+        parallelize_stage(piece, sharding.mesh["tp"], sharding.resolved, sharding.full_model, device,
+                          sharding.sequence, units)
     shard_replicas(piece, sync_mesh(sharding.mesh, sharding.layout), sharding.layout.zero, units)
 
 

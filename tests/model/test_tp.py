@@ -15,7 +15,7 @@ from autopp.model.contract import ModelFile, load_model_file
 from autopp.model.fake import run_fake
 from autopp.model.meta import build_meta
 from autopp.model.tp import (TpPlan, check_degree, find_tp_plan, local_model_file, local_shard, resolve,
-                             torch_styles, tp_degrees, unit_collectives)
+                             sequence_modules, torch_styles, tp_degrees, unit_collectives)
 from autopp.model.units import discover_units
 
 from ..conftest import EXAMPLES
@@ -206,3 +206,33 @@ def test_llama_collectives_per_block(llama: tuple[ModelFile, nn.Module]) -> None
     assert (got[0].forward_allreduce_bytes, got[0].forward_collectives, got[0].backward_collectives) == (bsh, 1, 0)
     assert (got[5].forward_allgather_bytes, got[5].backward_allreduce_bytes) == (2 * 32 * 2048 * 4, bsh)
     assert (got[5].forward_collectives, got[5].backward_collectives) == (1, 1)
+
+
+def test_sequence_modules_are_the_norms_beside_the_sharded_blocks(llama: tuple[ModelFile, nn.Module]) -> None:
+    """Llama: each block's input_layernorm and post_attention_layernorm and the final norm (torchtitan's SP plan);
+    a norm beside colwise / rowwise projections (a per-head q_norm) is not sequence-wise."""
+    mf, model = llama
+    plan = find_tp_plan(mf, model)
+    assert plan is not None
+    names = sequence_modules(plan, model, resolve(plan, model))
+    assert names == [f"model.layers.{i}.{n}" for i in range(4) for n in ("input_layernorm",
+                                                                         "post_attention_layernorm")] + ["model.norm"]
+    model.get_submodule("model.layers.0.self_attn").add_module("q_norm", nn.RMSNorm(16))
+    try:
+        assert sequence_modules(plan, model, resolve(plan, model)) == names
+    finally:
+        del model.get_submodule("model.layers.0.self_attn")._modules["q_norm"]
+
+
+def test_a_tp_plan_names_its_sequence_parallel_modules(tmp_path: Path) -> None:
+    mf = _mlp_file(tmp_path, "{'*.fc1': 'colwise', '*.fc2': 'rowwise', '1': 'sequence_parallel'}")
+    model = mf.build()
+    plan = find_tp_plan(mf, model)
+    assert plan is not None
+    resolved = resolve(plan, model)
+    assert "1" not in resolved and len(resolved) == 4  # left to sequence_modules
+    assert sequence_modules(plan, model, resolved) == ["1"]
+    assert sequence_modules(TpPlan({"*.fc1": "colwise"}, "x"), model, resolved) == []  # no norm: none derived
+    with pytest.raises(TpPlanError, match=r"^x: sequence_parallel pattern '\*.norm' matches no module of "
+                                          r"Sequential$"):
+        sequence_modules(TpPlan({"*.norm": "sequence_parallel"}, "x"), model, resolved)
