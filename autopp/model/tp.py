@@ -292,10 +292,14 @@ class TpCollectives:
     forward_allgather_bytes: int = 0
     forward_collectives: int = 0
     backward_collectives: int = 0
+    sequence_bytes: int = 0
+    """Bytes of the inputs of the unit's sequence-wise modules (`sequence_modules`: what a norm saves for its
+    backward, Korthikanti et al. 2022's LayerNorm-input term): the activation bytes sequence parallelism divides by
+    the degree."""
 
     def columns(self) -> dict[str, int]:
-        """As the profile's tp.csv columns (`tp_` + field name)."""
-        return {f"tp_{k}": int(v) for k, v in self.__dict__.items()}
+        """As the profile's tp.csv columns (`tp_` + field name; `sp_sequence_bytes`)."""
+        return {("sp_" if k == "sequence_bytes" else "tp_") + k: int(v) for k, v in self.__dict__.items()}
 
 
 def _bytes(t: Any) -> int:
@@ -316,9 +320,11 @@ def _record(calls: list[tuple[int, str, Any, Any]], unit: int, style: str, _modu
 
 def _fold(calls: list[tuple[int, str, Any, Any]]) -> TpCollectives:
     """One unit's calls (unit, style, input, output) as its collectives (module docstring)."""
-    f_ar = b_ar = f_ag = f_n = b_n = 0
+    f_ar = b_ar = f_ag = f_n = b_n = seq = 0
     seen: set[int] = set()
     for _, style, x, out in calls:
+        if style == SEQUENCE_STYLE:
+            seq += _bytes(x)
         if style in ("rowwise", "embedding_rowwise"):
             f_ar, f_n = f_ar + _bytes(out), f_n + 1
         if style == "colwise_gather_output":
@@ -326,16 +332,17 @@ def _fold(calls: list[tuple[int, str, Any, Any]]) -> TpCollectives:
         if style in ("colwise", "colwise_gather_output") and id(x) not in seen:
             seen.add(id(x))
             b_ar, b_n = b_ar + _bytes(x), b_n + 1
-    return TpCollectives(f_ar, b_ar, f_ag, f_n, b_n)
+    return TpCollectives(f_ar, b_ar, f_ag, f_n, b_n, seq)
 
 
 def unit_collectives(model: nn.Module, resolved: dict[str, str], unit_modules: Sequence[Sequence[str]],
-                     run: Callable[[], Any]) -> list[TpCollectives]:
+                     run: Callable[[], Any], sequence: Sequence[str] = ()) -> list[TpCollectives]:
     """Per unit (`unit_modules`: each unit's module names), its TP collectives per microbatch, from hooks on the
-    planned modules while `run()` runs one forward of the full `model` (e.g. on fake tensors) at that microbatch."""
+    planned modules while `run()` runs one forward of the full `model` (e.g. on fake tensors) at that microbatch;
+    with the `sequence` modules' input bytes (`TpCollectives.sequence_bytes`)."""
     calls: list[tuple[int, str, Any, Any]] = []
     handles = []
-    for name, style in resolved.items():
+    for name, style in [*resolved.items(), *((n, SEQUENCE_STYLE) for n in sequence)]:
         unit = _unit_of(name, unit_modules)
         if unit is None:
             log.warning("TP-planned module %s lies in no unit; its collectives are not counted", name)

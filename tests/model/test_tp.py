@@ -4,6 +4,7 @@ the local shard (sharded parameters divided by t, the forward still runs) and th
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -202,10 +203,16 @@ def test_llama_collectives_per_block(llama: tuple[ModelFile, nn.Module]) -> None
     bsh = 2 * 32 * 64 * 4
     assert [c.columns() for c in got[1:5]] == [{
         "tp_forward_allreduce_bytes": 2 * bsh, "tp_backward_allreduce_bytes": 2 * bsh, "tp_forward_allgather_bytes": 0,
-        "tp_forward_collectives": 2, "tp_backward_collectives": 2}] * 4
+        "tp_forward_collectives": 2, "tp_backward_collectives": 2, "sp_sequence_bytes": 0}] * 4
     assert (got[0].forward_allreduce_bytes, got[0].forward_collectives, got[0].backward_collectives) == (bsh, 1, 0)
     assert (got[5].forward_allgather_bytes, got[5].backward_allreduce_bytes) == (2 * 32 * 2048 * 4, bsh)
     assert (got[5].forward_collectives, got[5].backward_collectives) == (1, 1)
+    # with the sequence-wise modules: each block's two norm inputs, the final norm's (Korthikanti's 4 s b h of 34)
+    norms = sequence_modules(find_tp_plan(mf, model), model, resolved)  # type: ignore[arg-type]
+    seq = unit_collectives(model, resolved, [u.modules for u in units],
+                           lambda: run_fake(lambda *i: model(*i), *inputs), norms)
+    assert [c.sequence_bytes for c in seq] == [0, *[2 * bsh] * 4, bsh]
+    assert [replace(c, sequence_bytes=0) for c in seq] == got
 
 
 def test_sequence_modules_are_the_norms_beside_the_sharded_blocks(llama: tuple[ModelFile, nn.Module]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from ...costmodel import ProfileTable
+from ...costmodel import ProfileTable, sp_offered
 from ...schedule import Activation
 from ...errors import InfeasibleError
 from ...data.plan import Plan
@@ -16,7 +16,7 @@ from .reorder import synthesized
 from ..search.explain import explain_infeasible
 from ..search.judge import Verdict
 from ..cpsat.placement import place_devices
-from ..search.request import Config, PlanRequest, RecomputeMode, configs
+from ..search.request import Config, PlanRequest, RecomputeMode, configs, with_sp
 from ..search.runnable import PARALLEL_KEY, split_backward_refusal
 from ..search.search import inflight, links_hold_messages, search
 from ..search.views import Views
@@ -79,6 +79,7 @@ def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
 def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     """The fastest simulated plan for `request` (ties: least peak memory), with baselines beside it. On a
     heterogeneous cluster CP-SAT also chooses the device order (the plan's notes say which and how sure)."""
+    request = with_sp(request, sp_offered(profile))
     table = ProfileTable(profile)
     views = Views(profile, request, table)
     excluded: dict[str, str] = {}

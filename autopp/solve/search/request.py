@@ -13,7 +13,7 @@ from ...schedule import NAMED, Activation, ScheduleName, chosen, describe, liste
 from .judge import Candidate
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "replica_counts", "microbatch_counts", "zero_stages",
-           "tp_choices", "configs"]
+           "tp_choices", "configs", "with_sp"]
 
 
 class RecomputeMode(enum.Enum):
@@ -177,10 +177,21 @@ def tp_choices(req: PlanRequest, profiled: tuple[int, ...]) -> list[int]:
     return [1, *(t for t in sorted(profiled) if t > 1 and fits(t) and req.cluster.homogeneous)]
 
 
+def with_sp(req: PlanRequest, offered: bool) -> PlanRequest:
+    """The request with sequence parallelism decided for every tp > 1 (`offered`: the profile counts its bytes,
+    `costmodel.sp_offered`): pinned on needs them (LayoutError otherwise); searched (None) is on where offered, as
+    it dominates in the cost model (the same collective time, fewer activation bytes), else off."""
+    if req.pins.sp and not offered:
+        raise LayoutError("`sp` on: the profile's tensor-parallel rows do not count what sequence parallelism shards "
+                          "(tp.csv column sp_sequence_bytes; profiles made before it): profile again, or `sp` off")
+    return replace(req, pins=replace(req.pins, sp=offered if req.pins.sp is None else req.pins.sp))
+
+
 def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,)) -> list[Config]:
     """Every valid configuration of the request for a model of `n` units, for each tensor-parallel degree in
-    `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`)."""
-    return [replace(c, layout=replace(c.layout, tp=tp, zero=zero)) for tp in degrees
+    `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`); sequence parallelism where tp > 1 and
+    `sp` is on (`with_sp`)."""
+    return [replace(c, layout=replace(c.layout, tp=tp, zero=zero, sp=tp > 1 and bool(req.pins.sp))) for tp in degrees
             for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)]
 
 
