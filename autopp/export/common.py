@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ..errors import ScheduleError
-from ..data.axes import AXES, Axis
+from ..data.axes import AXES, SWITCHES, Axis, Switch
 from ..data.plan import Plan
 from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy
 from .layers import ExportError
@@ -44,11 +44,21 @@ def refuse_zero(plan: Plan, trainer: str, where: str) -> None:
 
 
 def refuse_axes(plan: Plan, trainer: str, where: str) -> None:
-    """An ExportError for the first axis above degree 1 that `trainer` cannot run (its spelling's `refusal`)."""
+    """An ExportError for the first axis above degree 1 that `trainer` cannot run (its spelling's `refusal`), or
+    the first switch of the layout (`SWITCHES`: sp) it cannot run as set."""
     for axis in AXES.values():
         why, degree = axis.spelling(trainer).refusal, getattr(plan.layout, axis.name)
         if why is not None and degree > 1:
             raise ExportError(f"{where}: {axis.name} {degree}: {why}")
+    for switch, value in _switches(plan):
+        why = switch.spelling(trainer, value).refusal
+        if why is not None:
+            raise ExportError(f"{where}: {switch.name} {'on' if value else 'off'}: {why}")
+
+
+def _switches(plan: Plan) -> list[tuple[Switch, bool]]:
+    """The layout's switches whose axis is above 1, with their values."""
+    return [(s, bool(getattr(plan.layout, s.name))) for s in SWITCHES.values() if getattr(plan.layout, s.axis) > 1]
 
 
 def trainer_axes(plan: Plan, trainer: str) -> list[tuple[Axis, int]]:
@@ -72,13 +82,15 @@ def group_lines(plan: Plan, trainer: str, line: str) -> list[str]:
         if axis.in_group and spelling.degree is not None:
             out.append(line.format(key=spelling.degree, degree=degree))
             out.extend(spelling.extra if degree > 1 else ())
+            out.extend(line for s, v in _switches(plan) if s.axis == axis.name for line in s.spelling(trainer, v).extra)
     return out
 
 
 def axis_notes(plan: Plan, trainer: str) -> list[str]:
-    """The notes of the axes above degree 1 on how `trainer` runs them (`Spelling.note`)."""
-    return [a.spelling(trainer).note for a, degree in trainer_axes(plan, trainer)
-            if degree > 1 and a.spelling(trainer).note]
+    """The notes of the axes above degree 1 and of their switches on how `trainer` runs them (`Spelling.note`)."""
+    notes = [a.spelling(trainer).note for a, degree in trainer_axes(plan, trainer)
+             if degree > 1 and a.spelling(trainer).note]
+    return notes + [s.spelling(trainer, v).note for s, v in _switches(plan) if s.spelling(trainer, v).note]
 
 
 def stage_placement(plan: Plan) -> StagePlacement | None:
