@@ -53,3 +53,17 @@ def test_llama_pp2_dp2_tp2_zero1_with_sequence_parallelism_on_8_ranks_matches_on
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     assert len(report.grad_diffs) == 39 and len(report.losses) == 2
     assert len(_rank_lines(tmp_path, "sequence-parallel: ")) == 8
+
+
+@pytest.mark.integration
+def test_sequence_parallel_stages_of_an_embedding_and_of_a_norm_alone_on_6_ranks(tmp_path: Path) -> None:
+    """Stage boundaries anywhere: stage 0 the embedding alone (no norm: nothing sequence-parallel), stage 2 the
+    final norm and head alone (its whole input split, its output gathered for the head)."""
+    plan = pipeline_plan(LLAMA, ["model.layers.0", "model.norm"], layout=Layout(pp=3, tp=2, sp=True),
+                         num_microbatches=3, microbatch_size=1)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
+    assert report.passed and report.num_ranks == 6 and len(report.grad_diffs) == 39
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    assert len(_rank_lines(tmp_path, "sequence-parallel: 0 norms, 0 stage inputs split, 0 outputs gathered")) == 2
+    assert len(_rank_lines(tmp_path, "sequence-parallel: 8 norms, 1 stage inputs split, 1 outputs gathered")) == 2
+    assert len(_rank_lines(tmp_path, "sequence-parallel: 1 norms, 1 stage inputs split, 1 outputs gathered")) == 2

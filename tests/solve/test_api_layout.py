@@ -105,7 +105,10 @@ def test_sequence_parallelism_is_searched_where_the_profile_counts_it() -> None:
     off = make_plan(new, _request(replace(PINS, sp=False)))
     assert off.layout == LAYOUT and "sp" not in off.to_json()
     assert max(auto.predicted.peak_memory_bytes) < max(off.predicted.peak_memory_bytes)  # the norms' inputs / 2
-    assert make_plan(old, _request(replace(PINS, sp=None))).layout == LAYOUT
+    assert any(n.startswith("sequence parallelism (tp 2 + SP): the norms on 1/2 of the sequence") for n in auto.notes)
+    before = make_plan(old, _request(replace(PINS, sp=None)))
+    assert before.layout == LAYOUT and "no sequence parallelism: the profile's tp rows predate sp_sequence_bytes; " \
+        "profile again to let the planner use it" in before.notes
     with pytest.raises(LayoutError, match=r"^`sp` on: the profile's tensor-parallel rows do not count what sequence "
                                           r"parallelism shards .*: profile again, or `sp` off$"):
         make_plan(old, _request(replace(PINS, sp=True)))
