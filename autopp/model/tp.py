@@ -107,8 +107,8 @@ def _style(style: str, pattern: str, source: str) -> str:
     """The canonical name of `style`, or a TpPlanError naming it and the supported ones."""
     canonical = STYLE_ALIASES.get(style, style)
     if canonical not in TP_STYLES:
-        raise TpPlanError(f"{source}: {pattern!r}: style {style!r} is not supported; use one of {list(TP_STYLES)} "
-                          f"(or the alias {', '.join(STYLE_ALIASES)})")
+        raise TpPlanError(f"{source}: {pattern!r}: style {style!r} is not supported; use one of "
+                          f"{[*TP_STYLES, SEQUENCE_STYLE]} (or the alias {', '.join(STYLE_ALIASES)})")
     return canonical
 
 
