@@ -67,3 +67,14 @@ def test_sequence_parallel_stages_of_an_embedding_and_of_a_norm_alone_on_6_ranks
     assert len(_rank_lines(tmp_path, "sequence-parallel: 0 norms, 0 stage inputs split, 0 outputs gathered")) == 2
     assert len(_rank_lines(tmp_path, "sequence-parallel: 8 norms, 1 stage inputs split, 1 outputs gathered")) == 2
     assert len(_rank_lines(tmp_path, "sequence-parallel: 1 norms, 1 stage inputs split, 1 outputs gathered")) == 2
+
+
+@pytest.mark.integration
+def test_interleaved_stages_with_sequence_parallelism_on_4_ranks_match_one_process(tmp_path: Path) -> None:
+    """Two stages per rank (Interleaved1F1B, v 2), each sequence-parallel on its own: split input, gathered output."""
+    plan = pipeline_plan(LLAMA, ["model.layers.1", "model.layers.2", "model.layers.3"], schedule="Interleaved1F1B",
+                         layout=Layout(pp=2, v=2, tp=2, sp=True))
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
+    assert report.passed and report.num_ranks == 4 and len(report.grad_diffs) == 39
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    assert len(_rank_lines(tmp_path, "1 stage inputs split, 1 outputs gathered")) == 8  # 2 stages x 4 ranks
