@@ -11,15 +11,16 @@ as in Megatron's f and g operators). Ring costs (nccl-tests doc/PERFORMANCE.md):
 all-gather (t - 1) / t x S / B, plus 2 (t - 1) latencies per collective (an upper bound for the all-gathers).
 
 Sequence parallelism (`UnitView.sp`; Korthikanti et al. 2022, arXiv:2205.05198, s.4.2.2): each all-reduce becomes a
-reduce-scatter + an all-gather of the same S, (t - 1) / t x S / B and t - 1 latencies each on a ring: the same time,
-so the collectives' terms do not change. The sequence-wise modules (the norms) then hold 1/t of the sequence: their
-saved inputs, which the profile's tp rows count per unit (`sp_sequence_bytes`, autopp.model.tp.sequence_modules),
-shrink by t, so a rank's activation bytes are tp.csv's minus (1 - 1/t) x those (`group_table`). Not counted: the
-norms' compute divided by t (elementwise, kept whole: an upper bound) and the all-gather of a stage's output at each
-pipeline boundary (the runner keeps tensors whole between stages, as torchtitan's PP x TP does). The inputs the
-colwise projections read are saved gathered (as DTensor runs them), so the figure is Korthikanti's TP-only count
-sbh(10 + 24/t + 5as/(ht)) less (1 - 1/t) of the norms' inputs, above Megatron's sbh/t (34 + 5as/h), which also keeps
-those inputs and the dropout masks sharded.
+reduce-scatter + an all-gather of the same S, (t - 1) / t x S / B and t - 1 latencies each on a ring: the same time, so
+the collectives' terms do not change (a vocabulary-parallel embedding's all-reduce in F becomes a reduce-scatter in F
+and an all-gather in B: costed as before, in F). The sequence-wise modules (the norms) then hold 1/t of the sequence:
+their saved inputs, which the profile's tp rows count per unit (`sp_sequence_bytes`, autopp.model.tp.sequence_modules),
+shrink by t, so a rank's activation bytes are tp.csv's minus (1 - 1/t) x those (`group_table`). Not counted: the norms'
+compute divided by t (elementwise, kept whole: an upper bound) and the all-gather of a stage's output at each pipeline
+boundary (the runner keeps tensors whole between stages, as torchtitan's PP x TP does). The inputs the colwise
+projections read are saved gathered (as DTensor runs them), so the figure is Korthikanti's TP-only count sbh(10 + 24/t +
+5as/(ht)) less (1 - 1/t) of the norms' inputs, above Megatron's sbh/t (34 + 5as/h), which also keeps those inputs and
+the dropout masks sharded.
 
 ZeRO (Rajbhandari et al., SC'20, arXiv:1910.02054, s.5), as it runs under torch.distributed.pipelining with FSDP2
 (torch's stage accumulates unsharded gradients over a step's microbatches and reduce-scatters them once, and keeps

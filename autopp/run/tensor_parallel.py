@@ -20,12 +20,13 @@ Sequence parallelism (`Layout.sp`; Korthikanti et al. 2022, arXiv:2205.05198), a
 sequence_modules`: the norms) run torch's `SequenceParallel` on 1/t of the sequence (dimension 1, [batch, sequence,
 hidden]); the modules reading a norm's output (attention, MLP) get `PrepareModuleInput` Shard(1) -> Replicate()
 (the all-gather in F, a reduce-scatter in B), and the rowwise projections inside them give Shard(1) (a
-reduce-scatter in place of the all-all-reduce). The residual stream between the norms stays a local shard. A stage's
+reduce-scatter in place of the all-reduce). The residual stream between the norms stays a local shard. A stage's
 inputs and outputs stay whole tensors between pipeline stages, as torchtitan's PP x TP keeps them: the first
 sequence-wise unit of a stage takes its share of a whole input (`PrepareModuleInput` Replicate() -> Shard(1), no
 communication in F) and the last gives its output whole (`PrepareModuleOutput` Shard(1) -> Replicate(), an
-all-gather), so SP applies inside a stage. The embedding keeps its all-reduce and the head its gathered input (no
-`loss_parallel`: the model file's loss reads whole logits).
+all-gather), so SP applies inside a stage. An embedding read only by the stream gives its output sequence-sharded
+(a reduce-scatter, as torchtitan's `tok_embeddings`); the head keeps its gathered input (no `loss_parallel`: the
+model file's loss reads whole logits).
 """
 
 from __future__ import annotations
@@ -234,6 +235,8 @@ def sequence_styles(piece: nn.Module, resolved: Mapping[str, str], sequence: Seq
     inner: dict[str, ParallelStyle] = {n: _SequenceParallel() for n in norms}
     whole: dict[str, ParallelStyle] = {}
     fed: dict[str, list[int]] = {}
+    embeddings = _embeddings_into(piece, resolved, steps)
+    inner.update({n: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)) for n in embeddings})
     for prefix, graph in _graphs(piece):
         for node in graph.nodes:
             if node.op != "call_module":
@@ -245,7 +248,7 @@ def sequence_styles(piece: nn.Module, resolved: Mapping[str, str], sequence: Seq
                         fed.setdefault(prefix + str(reader.target), []).extend(
                             i for i, a in enumerate(reader.args) if _source(a) is node)
             if name in steps:
-                _boundary(node, name, prefix, steps, held, norms, split, whole)
+                _boundary(node, name, prefix, (steps, steps | embeddings), held, norms, split, whole)
     for name, at in fed.items():
         if resolved.get(name) == "colwise":
             inner[name] = ColwiseParallel(input_layouts=Shard(1))
@@ -262,10 +265,27 @@ def sequence_styles(piece: nn.Module, resolved: Mapping[str, str], sequence: Seq
     return split, inner, whole
 
 
-def _boundary(node: fx.Node, name: str, prefix: str, steps: set[str], held: Mapping[str, nn.Module],
-              norms: Sequence[str], split: dict[str, ParallelStyle], whole: dict[str, ParallelStyle]) -> None:
+def _embeddings_into(piece: nn.Module, resolved: Mapping[str, str], steps: set[str]) -> set[str]:
+    """The vocabulary-parallel embeddings whose output only steps of the residual stream read: they give it
+    sequence-sharded (torchtitan's `RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))`: a
+    reduce-scatter in place of the all-reduce)."""
+    out = set()
+    for prefix, graph in _graphs(piece):
+        for node in graph.find_nodes(op="call_module"):
+            name, readers = prefix + str(node.target), _readers(node)
+            if resolved.get(name) == "embedding_rowwise" and readers and all(
+                    r.op == "call_module" and prefix + str(r.target) in steps for r in readers):
+                out.add(name)
+    return out
+
+
+def _boundary(node: fx.Node, name: str, prefix: str, stream: tuple[set[str], set[str]],
+              held: Mapping[str, nn.Module], norms: Sequence[str], split: dict[str, ParallelStyle],
+              whole: dict[str, ParallelStyle]) -> None:
     """The boundary styles of one step of the residual stream (`sequence_styles`): its sequence inputs that come
-    from outside the stream are split, and its outputs are made whole when nothing in the stream reads them."""
+    from outside the stream are split, and its outputs are made whole when nothing in the stream reads them.
+    `stream`: the steps, and the modules whose output is sequence-sharded (the steps and `_embeddings_into`)."""
+    steps, sharded = stream
     graph = getattr(held[name], "graph", None)
     if name in norms or not isinstance(graph, fx.Graph):
         seq_in = [0]
@@ -276,7 +296,7 @@ def _boundary(node: fx.Node, name: str, prefix: str, steps: set[str], held: Mapp
                   if any(u.op == "call_module" and f"{name}.{u.target}" in holders for u in p.users)]
     sources = [_source(a) for a in node.args]
     outside = [i for i in seq_in if i < len(sources) and not (
-        isinstance(src := sources[i], fx.Node) and src.op == "call_module" and prefix + str(src.target) in steps)]
+        isinstance(src := sources[i], fx.Node) and src.op == "call_module" and prefix + str(src.target) in sharded)]
     if outside:
         n = len(node.args)
         split[name] = PrepareModuleInput(input_layouts=_layouts(n, outside, Replicate()),

@@ -206,12 +206,14 @@ def _stage0_outputs(pipe: object, example: object) -> list[torch.Tensor]:
 def test_sequence_parallel_stages_reduce_scatter_and_all_gather(fake_world: Callable[[int], None]) -> None:
     """With SP a block's all-reduces become reduce-scatters and all-gathers (Korthikanti et al. 2022): per block 2
     all-gathers (attention and MLP inputs) + 2 reduce-scatters (o_proj, down_proj) in F, as many in B; the stage
-    input is split locally (an all-gather of its gradient in B) and its output gathered in F. Left all-reduces:
-    the embedding's output (stage 0) and the head's input gradient (stage 1), as without SP."""
+    input is split locally (an all-gather of its gradient in B) and its output gathered in F. The embedding, read by
+    the blocks alone, reduce-scatters its output (an all-gather in B; torchtitan's tok_embeddings); the head's input
+    gradient is still all-reduced, as without SP."""
     fake_world(2)
     counts, (split, inner, whole) = _stage_collectives(0, ["model.embed_tokens", "model.layers.0", "model.layers.1"])
-    assert counts == {"all_reduce": 1, "all_gather_into_tensor": 2 * 4 + 2, "reduce_scatter_tensor": 2 * 4}
-    assert split == {"model.layers.0": "PrepareModuleInput"} and whole == {"model.layers.1": "PrepareModuleOutput"}
+    assert counts == {"all_gather_into_tensor": 2 * 4 + 1 + 1, "reduce_scatter_tensor": 2 * 4 + 1}
+    assert split == {} and whole == {"model.layers.1": "PrepareModuleOutput"}
+    assert inner["model.embed_tokens"] == "RowwiseParallel"
     assert sorted(k for k, v in inner.items() if v == "_SequenceParallel") == [
         f"model.layers.{i}.{n}" for i in (0, 1) for n in ("input_layernorm", "post_attention_layernorm")]
     assert inner["model.layers.0.self_attn"] == inner["model.layers.1.mlp"] == "PrepareModuleInput"
