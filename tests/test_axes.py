@@ -9,16 +9,26 @@ from dataclasses import fields, replace
 import pytest
 
 from autopp.data import axes
-from autopp.data.axes import AXES, TRAINERS, Spelling, group_axes, unplanned
+from autopp.data.axes import AXES, SWITCHES, TRAINERS, Spelling, group_axes, unplanned
 from autopp.data.layout import MESH_AXES, UNPLANNED, Layout, LayoutPins, check_planned
 from autopp.errors import LayoutError
 
 
 def test_one_descriptor_per_degree_of_the_layout_in_mesh_order() -> None:
     assert list(AXES) == ["pp", "dp", "cp", "tp", "ep"]
-    assert set(AXES) == {f.name for f in fields(Layout)} - {"v", "zero"}
+    assert set(AXES) == {f.name for f in fields(Layout)} - {"v", "zero", *SWITCHES}
     assert [a for a in AXES if a in MESH_AXES] == list(MESH_AXES) and all(a.name == n for n, a in AXES.items())
     assert str(AXES["tp"]) == "tp"
+
+
+def test_each_switch_is_a_layout_field_of_an_axis_with_every_trainers_spelling() -> None:
+    """Sequence parallelism: Megatron's flag when on, torchtitan's turned off when off, DeepSpeed refused."""
+    assert set(SWITCHES) == {"sp"} and all(s.axis in AXES for s in SWITCHES.values())
+    assert all(s.name in {f.name for f in fields(Layout)} for s in SWITCHES.values())
+    sp = SWITCHES["sp"]
+    assert sp.spelling("megatron", True).extra == ("--sequence-parallel",) and not sp.spelling("megatron", False).extra
+    assert sp.spelling("torchtitan", False).extra == ("--parallelism.no_enable_sequence_parallel",)
+    assert not sp.spelling("torchtitan", True).extra and sp.spelling("deepspeed", True).refusal
 
 
 def test_unplanned_axes_are_the_descriptors_and_say_their_issue() -> None:

@@ -215,6 +215,27 @@ def test_plan_tp_and_zero_flags(tmp_path: Path, capsys: pytest.CaptureFixture[st
             str(out)], capsys, "no tensor-parallel rows of degree 4 (it has: 2); profile again with --tp 2,4")
 
 
+def test_plan_sp_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--sp auto (the default) turns sequence parallelism on where the profile counts it; off leaves the plan as
+    before; on with a profile that does not count it is one error line naming the flag."""
+    from autopp.data.synthetic_profile import synthetic_profile
+    new = synthetic_profile(10, hidden=256, seq=64, tp_degrees=(2,), sp=True).save(tmp_path / "new")
+    old = synthetic_profile(10, hidden=256, seq=64, tp_degrees=(2,)).save(tmp_path / "old")
+    out = tmp_path / "p.json"
+    flags = ["--device", "h100-sxm", "--nodes", "1", "--devices-per-node", "4", "--pp", "2", "--tp", "2",
+             "--global-batch", "8", "-o", str(out)]
+    assert main(["plan", "--profile", str(new), *flags]) == 0
+    assert "(pp 2 x dp 1 x tp 2 + SP," in capsys.readouterr().out and json.loads(out.read_text())["sp"] is True
+    assert main(["plan", "--profile", str(new), *flags, "--sp", "off"]) == 0
+    assert "tp 2 + SP" not in capsys.readouterr().out and "sp" not in json.loads(out.read_text())
+    assert main(["plan", "--profile", str(old), *flags]) == 0 and "sp" not in json.loads(out.read_text())
+    capsys.readouterr()
+    out.unlink()
+    _fails(["plan", "--profile", str(old), *flags, "--sp", "on"], capsys,
+           "--sp on: the profile's tensor-parallel rows do not count what sequence parallelism shards (tp.csv column "
+           "sp_sequence_bytes; profiles made before it): profile again, or --sp off")
+
+
 def test_split_keeps_tp_and_zero_and_pin_from_refuses_them(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """--split is judged on every axis of the request (plan_split keeps tp and ZeRO); only --pin-from, which reads

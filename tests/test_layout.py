@@ -3,6 +3,8 @@ numbers, the request's pins, and its JSON fields."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autopp.data.layout import (MESH_AXES, UNPLANNED, Coords, Layout, LayoutPins, UnitView, check_planned,
@@ -198,3 +200,23 @@ def test_axes_not_planned_yet_are_refused_not_taken_as_1() -> None:
     check_planned(LayoutPins(dp=None, tp=None))  # searched degrees are not a request for the axes
     check_planned(Layout(pp=2, dp=2, tp=2))
     assert set(UNPLANNED) == {"cp"}
+
+
+def test_sequence_parallelism_needs_tp_and_is_written_only_when_on() -> None:
+    with pytest.raises(LayoutError, match=r"^`sp` \(sequence parallelism\) shards the sequence over the "
+                                          r"tensor-parallel ranks, and tp is 1: give `tp` > 1, or `sp` off$"):
+        Layout(pp=2, sp=True)
+    with pytest.raises(LayoutError, match=r"^`sp` must be true or false, got 1$"):
+        Layout(pp=2, tp=2, sp=1)  # type: ignore[arg-type]
+    with pytest.raises(LayoutError, match="and tp is 1"):
+        LayoutPins(tp=1, sp=True)
+    on = Layout(pp=2, dp=2, tp=2, zero=ZERO[1], sp=True)
+    assert layout_fields(on) == {**layout_fields(replace(on, sp=False)), "sp": True}
+    assert "sp" not in layout_fields(Layout(pp=2, tp=2)) and layout_of(layout_fields(on)) == on
+    assert layout_of({"num_ranks": 4, "pp": 2, "tp": 2}).sp is False  # plans written before the field
+    with pytest.raises(LayoutError, match=r"^field 'sp' must be true or false, got 'yes'$"):
+        layout_of({"num_ranks": 4, "pp": 2, "tp": 2, "sp": "yes"})
+    assert on.describe() == "pp(2) x dp(2) x tp(2)+sp" and on.unit_view().sp
+    assert on.unit_view() != replace(on, sp=False).unit_view()  # a different cost-cache key
+    assert LayoutPins(tp=None, sp=None).per_group() == LayoutPins(tp=1, sp=False)
+    assert LayoutPins.of(on).sp is True

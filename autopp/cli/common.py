@@ -28,6 +28,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     *((f"`{f}` searched", f"--{f} auto") for f in _SEARCHED),
     ("`recompute_stages`", "--recompute-stages"), ("`recompute`", "--recompute"),
     ("`num_microbatches`", "--microbatches"), ("`global_batch`", "--global-batch"),
+    ("`sp` on", "--sp on"), ("`sp` off", "--sp off"), ("`sp`", "--sp"),
     ("`tp_across_nodes`", "--tp-across-nodes"), ("`tp_degrees`", "--tp"), ("`memory_bytes`", "--memory"),
     ("`split`", "--split"), ("`v`", "--virtual-stages"), ("`schedule`", "--schedule"),
     ("`latency_s`", "--latency"), ("`intra_bandwidth`", "--intra-node-bandwidth"),

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..data.axes import AXES, TRAINERS, Axis
+from ..data.axes import AXES, SWITCHES, TRAINERS, Axis
 from ..data.cluster import DEFAULT_LINK
 from ..data.zero import NO_ZERO, ZERO, ZeroStage
 from ..errors import AutoppError
@@ -61,6 +61,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
         assert axis.flag is not None
         p.add_argument(f"--{axis.name}", type=_auto_int if axis.flag.auto else POSITIVE, default=axis.flag.default,
                        help=axis.flag.help)
+    sp = SWITCHES["sp"]  # --sp on|off|auto (autopp.data.axes)
+    p.add_argument(f"--{sp.name}", choices=("on", "off", "auto"), default="auto", help=sp.help)
     p.add_argument("--zero", type=_zero, default="0",
                    help="ZeRO stage of the data parallelism: 0 replicated, 1 optimizer state sharded, 2 + gradients "
                         "(costed only), 3 + parameters (FSDP2), or auto: 0, 1 and 3 (default 0)")
@@ -227,7 +229,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..display import format_plan
     from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
-    pins = LayoutPins(v=args.virtual_stages, zero=args.zero, **{a.name: _pin(args, a) for a in _flag_axes()})
+    pins = LayoutPins(v=args.virtual_stages, zero=args.zero, sp={"on": True, "off": False}.get(args.sp),
+                      **{a.name: _pin(args, a) for a in _flag_axes()})
     request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch or DEFAULT_GLOBAL_BATCH,
                           num_microbatches=args.microbatches,
                           schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),

@@ -10,6 +10,18 @@ They run on the group's link (`Cluster.tp_link`) on the critical path: F and B w
 as in Megatron's f and g operators). Ring costs (nccl-tests doc/PERFORMANCE.md): all-reduce 2 (t - 1) / t x S / B,
 all-gather (t - 1) / t x S / B, plus 2 (t - 1) latencies per collective (an upper bound for the all-gathers).
 
+Sequence parallelism (`UnitView.sp`; Korthikanti et al. 2022, arXiv:2205.05198, s.4.2.2): each all-reduce becomes a
+reduce-scatter + an all-gather of the same S, (t - 1) / t x S / B and t - 1 latencies each on a ring: the same time, so
+the collectives' terms do not change (a vocabulary-parallel embedding's all-reduce in F becomes a reduce-scatter in F
+and an all-gather in B: costed as before, in F). The sequence-wise modules (the norms) then hold 1/t of the sequence:
+their saved inputs, which the profile's tp rows count per unit (`sp_sequence_bytes`, autopp.model.tp.sequence_modules),
+shrink by t, so a rank's activation bytes are tp.csv's minus (1 - 1/t) x those (`group_table`). Not counted: the norms'
+compute divided by t (elementwise, kept whole: an upper bound) and the all-gather of a stage's output at each pipeline
+boundary (the runner keeps tensors whole between stages, as torchtitan's PP x TP does). The inputs the colwise
+projections read are saved gathered (as DTensor runs them), so the figure is Korthikanti's TP-only count sbh(10 + 24/t +
+5as/(ht)) less (1 - 1/t) of the norms' inputs, above Megatron's sbh/t (34 + 5as/h), which also keeps those inputs and
+the dropout masks sharded.
+
 ZeRO (Rajbhandari et al., SC'20, arXiv:1910.02054, s.5), as it runs under torch.distributed.pipelining with FSDP2
 (torch's stage accumulates unsharded gradients over a step's microbatches and reduce-scatters them once, and keeps
 each unit's parameters gathered after every backward but the last, `set_reshard_after_backward(False)`, stage.py;
@@ -51,19 +63,40 @@ import numpy as np
 from ..data.cluster import Cluster, Link
 from ..data.layout import UnitView
 from ..data.profile import Profile
+from ..data.profile_tp import SP_COLUMNS
 from ..data.zero import NO_ZERO
+from ..errors import ProfileError
 from .terms import allreduce_times, half_collective
 from .units import ProfileTable, UnitArrays
 
 __all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded", "ExpertTable",
-           "expert_parallel"]
+           "expert_parallel", "sp_offered"]
+
+
+def sp_offered(profile: Profile) -> bool:
+    """Whether the profile's tp rows count what sequence parallelism shards (`SP_COLUMNS`; older profiles do not, and
+    SP is then not offered: no guess)."""
+    return profile.tp_units is not None and all(c in profile.tp_units.columns for c in SP_COLUMNS)
 
 
 def group_table(profile: Profile, view: UnitView) -> ProfileTable:
     """The profile's rows one device of the view's group computes with: its tensor-parallel degree's (`tp.csv`
-    rows for tp > 1), with its experts sharded over ep (`ExpertTable`). An axis whose rows are measured at its
-    sharded shapes selects them here."""
-    return ExpertTable(profile, view.ep) if view.ep > 1 else ProfileTable(profile, view.tp)
+    rows for tp > 1), with sequence parallelism's activation bytes (module docstring), or with its experts sharded
+    over ep (`ExpertTable`; the runner runs ep at tp 1 only, so never beside SP). An axis whose rows are measured at
+    its sharded shapes selects them here."""
+    if view.ep > 1:
+        return ExpertTable(profile, view.ep)
+    table = ProfileTable(profile, view.tp)
+    if view.sp and view.tp > 1:
+        if not sp_offered(profile) or profile.tp_units is None:
+            raise ProfileError(f"the profile of {profile.meta.model_path} has no sequence-parallel bytes (tp.csv "
+                               "column sp_sequence_bytes, profiles made before it): profile it again, or plan with "
+                               "`sp` off")
+        rows = profile.tp_units[profile.tp_units.tp == view.tp].sort_values("unit")
+        seq = np.array([rows[rows.microbatch_size == b].sp_sequence_bytes.to_numpy(dtype=np.float64)
+                        for b in table.sizes]).T
+        table.cols["activation_bytes"] = np.maximum(0.0, table.cols["activation_bytes"] - (1 - 1 / view.tp) * seq)
+    return table
 
 
 class ExpertTable(ProfileTable):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Spelling", "Flag", "Axis", "AXES", "TRAINERS", "unplanned", "group_axes"]
+__all__ = ["Spelling", "Flag", "Axis", "AXES", "TRAINERS", "unplanned", "group_axes", "Switch", "SWITCHES"]
 
 #: The trainers autopp exports to, by the name their descriptors use.
 TRAINERS = ("torchtitan", "megatron", "deepspeed")
@@ -104,11 +104,10 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                         "`autopp profile --tp`), or auto: 1 and every degree profiled that fits a node (default 1)"),
          trainers={
              "torchtitan": Spelling(
-                 degree="parallelism.tensor_parallel_degree", extra=("--parallelism.no_enable_sequence_parallel",),
+                 degree="parallelism.tensor_parallel_degree",
                  note="torchtitan shards with its model's own TP plan (for Llama the Megatron pattern autopp costed: "
                       "colwise q/k/v and gate/up, rowwise o and down, vocab-parallel embedding; its output layer "
-                      "keeps vocab-sharded logits for a parallel loss, where autopp gathers them), without sequence "
-                      "parallelism, as autopp costed it"),
+                      "keeps vocab-sharded logits for a parallel loss, where autopp gathers them)"),
              "megatron": Spelling(
                  degree="--tensor-model-parallel-size",
                  note="Megatron shards with its own layers (column-parallel QKV and fc1, row-parallel proj and fc2, "
@@ -144,3 +143,49 @@ def unplanned() -> dict[str, str]:
 def group_axes() -> tuple[Axis, ...]:
     """The axes whose ranks are the devices of one pipeline rank (`Axis.in_group`), in mesh order."""
     return tuple(a for a in AXES.values() if a.in_group)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Switch:
+    """A property of a layout's axis that is on or off (sequence parallelism of tp): its Layout field, `autopp
+    plan`'s flag (`--NAME on|off|auto`) and each trainer's spelling of both states (where the axis is above 1)."""
+
+    name: str
+    """The Layout and LayoutPins field, and the JSON field of plans (written when true)."""
+    what: str
+    axis: str
+    """The axis it belongs to (applies where that axis's degree is above 1)."""
+    help: str
+    on: dict[str, Spelling] = field(default_factory=dict, compare=False, hash=False)
+    """Trainer -> its spelling when on: `extra` lines, a `note`, or a `refusal`."""
+    off: dict[str, Spelling] = field(default_factory=dict, compare=False, hash=False)
+    """Trainer -> its spelling when off (torchtitan's default is SP on: the export turns it off)."""
+
+    def spelling(self, trainer: str, value: bool) -> Spelling:
+        """How `trainer` spells the switch at `value`."""
+        return (self.on if value else self.off).get(trainer, Spelling())
+
+
+#: The layout's switches: sequence parallelism (docs/parallelism.md). torchtitan: `parallelism.
+#: enable_sequence_parallel` (default true; torchtitan/config/job_config.py); Megatron-LM: `--sequence-parallel`
+#: (megatron/training/arguments.py); DeepSpeed's pipeline engine has no sequence parallelism of TP.
+SWITCHES: dict[str, Switch] = {s.name: s for s in (
+    Switch(name="sp", what="sequence parallelism", axis="tp",
+           help="sequence parallelism with tp > 1 (the norms on 1/tp of the sequence, reduce-scatter + all-gather "
+                "in place of each all-reduce): on, off, or auto: on wherever the profile counts it (it never costs "
+                "more in autopp's model), off with profiles made before it (default auto)",
+           on={"torchtitan": Spelling(note="sequence parallelism: torchtitan's own (enable_sequence_parallel, its "
+                                           "default), as autopp ran and costed it (norms SequenceParallel, "
+                                           "attention/MLP inputs all-gathered, row-wise outputs reduce-scattered)"),
+               "megatron": Spelling(extra=("--sequence-parallel",),
+                                    note="sequence parallelism: Megatron's --sequence-parallel also keeps the "
+                                         "column-parallel inputs and dropout masks sharded (Korthikanti et al. "
+                                         "2022: 34 sbh/t per layer), below autopp's count for torch's run"),
+               "deepspeed": Spelling(refusal="DeepSpeed's pipeline engine has no sequence parallelism of tensor "
+                                             "parallelism (its Ulysses sequence parallelism is another scheme); "
+                                             "re-plan with `sp` off, or export to torchtitan or megatron")},
+           off={"torchtitan": Spelling(extra=("--parallelism.no_enable_sequence_parallel",),
+                                       note="without sequence parallelism, as autopp costed it (torchtitan's "
+                                            "default is on: the export turns it off)"),
+                "megatron": Spelling(note="no sequence parallelism, as autopp costed it")}),
+)}

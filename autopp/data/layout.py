@@ -26,7 +26,7 @@ from .fields import is_int
 from .zero import NO_ZERO, ZeroStage, zero_stage
 
 __all__ = ["MESH_AXES", "Coords", "Layout", "LayoutPins", "UnitView", "UNPLANNED", "check_planned", "uses_mesh",
-           "LAYOUT_FIELDS", "layout_fields", "layout_of"]
+           "LAYOUT_FIELDS", "LAYOUT_KEYS", "layout_fields", "layout_of"]
 
 #: The device mesh's dimensions, outermost first: the order in which `Layout.rank` numbers the ranks.
 MESH_AXES = ("pp", "dp", "cp", "tp")
@@ -67,15 +67,19 @@ class Layout:
     """Expert-parallel degree, carved out of dp x cp x tp (1 until expert parallelism lands)."""
     zero: ZeroStage = NO_ZERO
     """How the data parallelism shards parameters, gradients and optimizer state (autopp.data.zero)."""
+    sp: bool = False
+    """Sequence parallelism with the tensor parallelism (Korthikanti et al. 2022): the norms between the sharded
+    projections run on 1/tp of the sequence, each TP all-reduce a reduce-scatter + all-gather. Needs tp > 1."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if f.name != "zero":
+            if f.name not in ("zero", "sp"):
                 _check_degree(f.name, getattr(self, f.name))
         if not isinstance(self.zero, ZeroStage):  # a programming error: readers parse the stage number
             raise TypeError(f"Layout.zero must be a ZeroStage, got {self.zero!r}")
         _check_zero(self.zero, self.dp)
         _check_ep(self.ep, self.dp, self.cp, self.tp)
+        _check_sp(self.sp, self.tp)
 
     @property
     def world(self) -> int:
@@ -157,12 +161,13 @@ class Layout:
     def unit_view(self) -> UnitView:
         """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size)."""
         return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=self.sync if not self.zero.replicated else 1,
-                        zero=self.zero if self.dp > 1 else NO_ZERO)
+                        zero=self.zero if self.dp > 1 else NO_ZERO, sp=self.sp)
 
     def describe(self, sep: str = " x ") -> str:
-        """The degrees as messages print them: "pp(2) x dp(2) x tp(2)", degrees of 1 beyond pp and dp left out."""
+        """The degrees as messages print them: "pp(2) x dp(2) x tp(2)", degrees of 1 beyond pp and dp left out;
+        "tp(2)+sp" with sequence parallelism."""
         shown = [a for a in AXES if a in ("pp", "dp") or getattr(self, a) > 1]
-        return sep.join(f"{a}({getattr(self, a)})" for a in shown)
+        return sep.join(f"{a}({getattr(self, a)})" + ("+sp" if a == "tp" and self.sp else "") for a in shown)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,16 +182,20 @@ class LayoutPins:
     tp: int | None = 1
     ep: int | None = 1
     zero: ZeroStage | None = NO_ZERO
+    sp: bool | None = False
+    """Sequence parallelism pinned on or off; None: searched where tp > 1 and the profile has its rows."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "zero" and value is not None:
+            if f.name not in ("zero", "sp") and value is not None:
                 _check_degree(f.name, value)
         if self.zero is not None and self.dp is not None:
             _check_zero(self.zero, self.dp)
         if None not in (self.ep, self.dp, self.cp, self.tp):
             _check_ep(self.ep, self.dp, self.cp, self.tp)  # type: ignore[arg-type]
+        if self.sp and self.tp is not None:
+            _check_sp(self.sp, self.tp)
 
     def check_devices(self, devices: int) -> None:
         """A LayoutError unless the pinned degrees can multiply to `devices`: each divides it, and so does their
@@ -206,7 +215,7 @@ class LayoutPins:
         """The pins as the search over groups of devices sees them (`PlanRequest.view`): the axes inside a group
         (`Axis.in_group`: cp, tp) at 1, each group one pipeline rank."""
         return LayoutPins(**{**{f.name: getattr(self, f.name) for f in fields(self)},
-                             **{a.name: 1 for a in group_axes()}})
+                             **{a.name: 1 for a in group_axes()}, "sp": False})
 
     @staticmethod
     def of(layout: Layout) -> LayoutPins:
@@ -225,6 +234,8 @@ class UnitView(NamedTuple):
     sync: int
     """`Layout.sync` under a sharding ZeRO stage, else 1."""
     zero: ZeroStage
+    sp: bool = False
+    """Sequence parallelism with the tensor parallelism (`Layout.sp`)."""
 
     @property
     def group(self) -> int:
@@ -271,6 +282,14 @@ def _check_zero(zero: ZeroStage, dp: int) -> None:
                           "or `zero` 0")
 
 
+def _check_sp(sp: object, tp: int) -> None:
+    if not isinstance(sp, bool):
+        raise LayoutError(f"`sp` must be true or false, got {sp!r}")
+    if sp and tp == 1:
+        raise LayoutError("`sp` (sequence parallelism) shards the sequence over the tensor-parallel ranks, and tp is "
+                          "1: give `tp` > 1, or `sp` off")
+
+
 def _check_ep(ep: int, dp: int, cp: int, tp: int) -> None:
     if (dp * cp * tp) % ep:
         raise LayoutError(f"ep({ep}) must divide dp({dp}) * cp({cp}) * tp({tp}) = {dp * cp * tp}")
@@ -287,15 +306,18 @@ def uses_mesh(layout: Layout) -> bool:
 #: num_ranks // (dp x cp x tp), in files that predate the field), `dp`, `virtual_stages` (its v), `tp` and `zero`
 #: (written when tp > 1 or ZeRO > 0), `cp` and `ep` (written when above 1).
 LAYOUT_FIELDS = {"num_ranks": 1, "pp": 0, "dp": 1, "virtual_stages": 1, "cp": 1, "tp": 1, "ep": 1, "zero": 0}
+#: Every JSON key of a layout: `LAYOUT_FIELDS` and the flag `sp` (true or false; written only when true, so plans
+#: without sequence parallelism read and write as before it existed).
+LAYOUT_KEYS = (*LAYOUT_FIELDS, "sp")
 
 
-def layout_fields(layout: Layout) -> dict[str, int]:
+def layout_fields(layout: Layout) -> dict[str, int | bool]:
     """The layout's JSON fields (`LAYOUT_FIELDS`), as files written before the newer axes existed spell them."""
     out = {"num_ranks": layout.world, "pp": layout.pp, "dp": layout.dp, "virtual_stages": layout.v}
     if layout.tp > 1 or not layout.zero.replicated:
         out.update(tp=layout.tp, zero=layout.zero.stage)
     out.update({axis: getattr(layout, axis) for axis in ("cp", "ep") if getattr(layout, axis) > 1})
-    return out
+    return out | ({"sp": True} if layout.sp else {})
 
 
 def layout_of(data: Mapping[str, Any]) -> Layout:
@@ -307,7 +329,10 @@ def layout_of(data: Mapping[str, Any]) -> Layout:
         zero = zero_stage(data.get("zero", 0))
     except LayoutError as exc:
         raise LayoutError(f"field 'zero': {exc}") from None
-    layout = Layout(pp=pp, v=data.get("virtual_stages", 1), dp=dp, cp=cp, tp=tp, ep=data.get("ep", 1), zero=zero)
+    if not isinstance(data.get("sp", False), bool):
+        raise LayoutError(f"field 'sp' must be true or false, got {data['sp']!r}")
+    layout = Layout(pp=pp, v=data.get("virtual_stages", 1), dp=dp, cp=cp, tp=tp, ep=data.get("ep", 1), zero=zero,
+                    sp=data.get("sp", False))
     if layout.world != data["num_ranks"]:
         raise LayoutError(f"{layout.describe(' * ')} != num_ranks ({data['num_ranks']})")
     return layout

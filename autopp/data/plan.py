@@ -14,7 +14,7 @@ from ..schedule.actions import Action
 from ..schedule.activation import Activation
 from ..schedule.descriptors import ScheduleName, describe
 from .fields import Fields
-from .layout import LAYOUT_FIELDS, Layout, check_planned, layout_fields, layout_of
+from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
 from .plan_fields import OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 
@@ -235,7 +235,7 @@ class Plan:
             stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
                                         "activation": Activation(s.get("activation", "keep"))})
                            for s in data["stages"])
-            rest = {k: v for k, v in data.items() if k not in LAYOUT_FIELDS}
+            rest = {k: v for k, v in data.items() if k not in LAYOUT_KEYS}
             plan = Plan(**{**rest, "layout": layout_of(data), "schedule": ScheduleName(data["schedule"]),
                            "stages": stages,
                            "predicted": _prediction(data["predicted"]),
@@ -297,10 +297,10 @@ def _check_step_time(plan: Plan) -> None:
 
 
 def _record(data: dict[str, Any], f: Fields) -> None:
-    """`Fields.record` for the plan's JSON, whose layout fields (`LAYOUT_FIELDS`, `num_ranks` required) stand for
+    """`Fields.record` for the plan's JSON, whose layout fields (`LAYOUT_KEYS`, `num_ranks` required) stand for
     `Plan.layout`."""
     f.keys(f.obj(data), None, ("num_ranks",))
-    f.record({k: v for k, v in data.items() if k not in LAYOUT_FIELDS} | {"layout": None}, Plan)
+    f.record({k: v for k, v in data.items() if k not in LAYOUT_KEYS} | {"layout": None}, Plan)
 
 
 def _prediction(d: dict[str, Any]) -> Prediction:

@@ -13,7 +13,7 @@ from ..errors import ProfileError
 from .fields import Fields
 from .profile_values import REPROFILE
 
-__all__ = ["TP_FILE", "TP_COLUMNS", "check_numbers", "check_tp_meta", "validate_tp"]
+__all__ = ["TP_FILE", "TP_COLUMNS", "SP_COLUMNS", "check_numbers", "check_tp_meta", "validate_tp"]
 
 #: The file name of the tensor-parallel rows in a profile directory.
 TP_FILE = "tp.csv"
@@ -31,6 +31,10 @@ TP_COLUMNS: dict[str, str] = {
     "tp_forward_collectives": "int",
     "tp_backward_collectives": "int",
 }
+#: Optional columns of tp.csv for sequence parallelism (profiles made before them lack them, and then SP is not
+#: offered): the bytes of the inputs of the unit's sequence-wise modules (the norms between the sharded projections,
+#: autopp.model.tp.sequence_modules), per rank at tp without SP; SP keeps 1/tp of them (Korthikanti et al. 2022).
+SP_COLUMNS: dict[str, str] = {"sp_sequence_bytes": "int"}
 
 
 def check_numbers(table: pd.DataFrame, columns: dict[str, str], where: str, name: str) -> None:
@@ -72,7 +76,8 @@ def validate_tp(tp_units: pd.DataFrame | None, units: int, sizes: tuple[int, ...
             raise ProfileError(f"{where}/{TP_FILE}: missing, but meta.json lists tp_degrees {list(degrees)}: "
                                f"{REPROFILE}")
         return
-    check_numbers(tp_units, TP_COLUMNS, where, TP_FILE)
+    check_numbers(tp_units, TP_COLUMNS | {c: k for c, k in SP_COLUMNS.items() if c in tp_units.columns}, where,
+                  TP_FILE)
     expected = sorted((u, b, t) for u in range(units) for b in sizes for t in degrees)
     got = sorted((int(u), int(b), int(t)) for u, b, t in zip(tp_units.unit, tp_units.microbatch_size, tp_units.tp))
     if got != expected:

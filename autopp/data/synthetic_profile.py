@@ -29,12 +29,14 @@ def _row(unit: int, name: str, b: int, forward: float, params: int, activation: 
     return row
 
 
-def synthetic_tp_rows(units: pd.DataFrame, degrees: tuple[int, ...], *, hidden: int, seq: int) -> pd.DataFrame:
+def synthetic_tp_rows(units: pd.DataFrame, degrees: tuple[int, ...], *, hidden: int, seq: int,
+                      sp: bool = False) -> pd.DataFrame:
     """`tp.csv` rows (docs/profile-format.md) for a synthetic profile's units at each degree: compute / t with 5 %
     lost per doubling (smaller matrices), every parameter sharded, activations as Korthikanti et al. count them
     without sequence parallelism (arXiv:2205.05198 eq. 2: 10 + 24 / t of 34 per s b h), and Megatron's collectives:
     per block 2 all-reduces of s b h float32 in F and 2 in B; the embedding 1 in F; the head 1 all-gather of its
-    output (taken as 8 h wide) in F and 1 all-reduce in B."""
+    output (taken as 8 h wide) in F and 1 all-reduce in B. With `sp`, the column sequence parallelism reads
+    (`sp_sequence_bytes`): a block's two LayerNorm inputs, 4 of its 34 s b h (Korthikanti et al.'s count)."""
     rows = []
     for t in degrees:
         slow = 1 + 0.05 * (t.bit_length() - 1)
@@ -50,7 +52,9 @@ def synthetic_tp_rows(units: pd.DataFrame, degrees: tuple[int, ...], *, hidden: 
                          "tp_backward_allreduce_bytes": act * (0 if emb else 1 if head else 2),
                          "tp_forward_allgather_bytes": 8 * act if head else 0,
                          "tp_forward_collectives": 1 if emb or head else 2,
-                         "tp_backward_collectives": 0 if emb else 1 if head else 2})
+                         "tp_backward_collectives": 0 if emb else 1 if head else 2,
+                         **({"sp_sequence_bytes": 0 if emb or head else int(r.activation_bytes * 4 / 34)}
+                            if sp else {})})
     return pd.DataFrame(rows)
 
 
@@ -62,11 +66,12 @@ SELECTIVE_KEPT, SELECTIVE_REDONE = 16 / 34, 0.1
 
 
 def synthetic_profile(num_units: int, *, hidden: int = 4096, seq: int = 2048, seed: int = 0,
-                      jitter: float = 0.1, tp_degrees: tuple[int, ...] = (), selective: bool = False) -> Profile:
+                      jitter: float = 0.1, tp_degrees: tuple[int, ...] = (), selective: bool = False,
+                      sp: bool = False) -> Profile:
     """A GPT-like profile: unit 0 embeds, units 1..n-2 are blocks, unit n-1 is the head; block times and sizes vary by
     +-`jitter` (seeded). Times follow 24 x seq x hidden^2 flops per sample at 100 TFLOP/s; float32 bytes. With
-    `tp_degrees`, tensor-parallel rows of those degrees (`synthetic_tp_rows`); with `selective`, the selective
-    recomputation columns (`SELECTIVE_KEPT`, `SELECTIVE_REDONE`)."""
+    `tp_degrees`, tensor-parallel rows of those degrees (`synthetic_tp_rows`; with `sp`, their sequence-parallel
+    column); with `selective`, the selective recomputation columns (`SELECTIVE_KEPT`, `SELECTIVE_REDONE`)."""
     rng = random.Random(seed)
     flops = 24 * seq * hidden * hidden / 100e12
     units, edges = [], []
@@ -91,5 +96,5 @@ def synthetic_profile(num_units: int, *, hidden: int = 4096, seq: int = 2048, se
         meta = replace(meta, tp_degrees=tuple(tp_degrees), tp_plan=dict(SYNTHETIC_TP_PLAN),
                        tp_plan_source="synthetic: Megatron's collectives per block (autopp.data.synthetic_profile)")
         return Profile(meta, table, pd.DataFrame(edges, columns=list(EDGE_COLUMNS)),
-                       tp_units=synthetic_tp_rows(table, tp_degrees, hidden=hidden, seq=seq))
+                       tp_units=synthetic_tp_rows(table, tp_degrees, hidden=hidden, seq=seq, sp=sp))
     return Profile(meta, table, pd.DataFrame(edges, columns=list(EDGE_COLUMNS)))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..schedule import ScheduleName, describe
-from .axes import AXES
+from .axes import AXES, SWITCHES
 from .layout import Layout
 
 __all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem"]
@@ -67,6 +67,11 @@ class Trainer:
             why = axis.spelling(self.name).refusal
             if degree > 1 and why is not None:
                 return f"{axis.name} {degree}: {why}"
+        for switch in SWITCHES.values():  # a switch of an axis above 1 (sp of tp), as set
+            value = bool(getattr(layout, switch.name))
+            why = switch.spelling(self.name, value).refusal if getattr(layout, switch.axis) > 1 else None
+            if why is not None:
+                return f"{switch.name} {'on' if value else 'off'}: {why}"
         return None
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from typing import Any, Mapping
 
-from ..data.axes import AXES, Axis
+from ..data.axes import AXES, SWITCHES, Axis, Switch
 from ..data.layout import MESH_AXES
 from ..data.plan import Plan
 from ..data.trainers import trainer_rules
@@ -47,6 +47,11 @@ def refuse_layout(plan: Plan, trainer: str, where: str) -> None:
         raise ExportError(f"{where}: {why}")
 
 
+def _switches(plan: Plan) -> list[tuple[Switch, bool]]:
+    """The layout's switches whose axis is above 1, with their values."""
+    return [(s, bool(getattr(plan.layout, s.name))) for s in SWITCHES.values() if getattr(plan.layout, s.axis) > 1]
+
+
 def trainer_axes(plan: Plan, trainer: str) -> list[tuple[Axis, int]]:
     """The axes autopp plans that `trainer` runs, with the plan's degrees, in mesh order (those it refuses and those
     not planned yet left out)."""
@@ -69,6 +74,7 @@ def group_lines(plan: Plan, trainer: str, line: str) -> list[str]:
         if axis.in_group and spelling.degree is not None:
             out.append(line.format(key=spelling.degree, degree=degree))
             out.extend(spelling.extra if degree > 1 else ())
+            out.extend(line for s, v in _switches(plan) if s.axis == axis.name for line in s.spelling(trainer, v).extra)
     return out
 
 
@@ -93,9 +99,10 @@ def carved_lines(plan: Plan, trainer: str, line: str, facts: Mapping[str, Any], 
 
 
 def axis_notes(plan: Plan, trainer: str) -> list[str]:
-    """The notes of the axes above degree 1 on how `trainer` runs them (`Spelling.note`)."""
-    return [a.spelling(trainer).note for a, degree in trainer_axes(plan, trainer)
-            if degree > 1 and a.spelling(trainer).note]
+    """The notes of the axes above degree 1 and of their switches on how `trainer` runs them (`Spelling.note`)."""
+    notes = [a.spelling(trainer).note for a, degree in trainer_axes(plan, trainer)
+             if degree > 1 and a.spelling(trainer).note]
+    return notes + [s.spelling(trainer, v).note for s, v in _switches(plan) if s.spelling(trainer, v).note]
 
 
 def stage_placement(plan: Plan) -> StagePlacement | None:

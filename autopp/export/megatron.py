@@ -50,7 +50,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None) ->
              f"--global-batch-size {plan.global_batch}"]
     notes = [f"Megatron: launch {plan.num_ranks} ranks (world size {launch_grid(plan, 'megatron')}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
-             "does; no sequence parallelism, as autopp costed it)", *axis_notes(plan, "megatron")]
+             "does)", *axis_notes(plan, "megatron")]
     activations = uniform_policy(plan, "Megatron-Core", where)
     lines += activations.megatron
     if activations.trainer_note:

@@ -73,7 +73,7 @@ def data_parallel(plan: Plan) -> list[str]:
 
 def group_parallel(plan: Plan) -> list[str]:
     """The degrees of the axes inside a pipeline rank (autopp.data.axes: `tensor_parallel_degree`, with tp > 1
-    sequence parallelism off, as torchtitan's default is on and autopp costs tensor parallelism without it)."""
+    sequence parallelism as the plan has it: left on, torchtitan's default, or turned off, `SWITCHES`)."""
     return group_lines(plan, "torchtitan", "--{key}={degree}")
 
 

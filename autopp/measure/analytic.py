@@ -291,7 +291,7 @@ def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, degrees: 
     setup = tp_setup(c.mf, meta.model, degrees, limit=spec.devices_per_node)
     if not setup.degrees:
         return None, {}
-    comms = {b: tp_collectives(c.mf, meta.model, setup.resolved, c.units, b, c.options.torch_dtype)
+    comms = {b: tp_collectives(c.mf, meta.model, setup.resolved, c.units, b, c.options.torch_dtype, setup.sequence)
              for b in c.options.microbatch_sizes}
     rows = []
     for t in setup.degrees:

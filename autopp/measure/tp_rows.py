@@ -13,13 +13,13 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..data.profile_tp import TP_COLUMNS
+from ..data.profile_tp import SP_COLUMNS, TP_COLUMNS
 from ..errors import TpPlanError
 from ..model.contract import ModelFile
 from ..model.fake import run_fake
 from ..model.meta import MetaModel, build_units
-from ..model.tp import (TpCollectives, TpPlan, check_degree, find_tp_plan, local_model_file, resolve, tp_degrees,
-                        unit_collectives)
+from ..model.tp import (TpCollectives, TpPlan, check_degree, find_tp_plan, local_model_file, resolve,
+                        sequence_modules, tp_degrees, unit_collectives)
 from ..model.units import Unit
 from .pieces import measure_pieces
 from .settings import Settings
@@ -35,6 +35,8 @@ class TpSetup:
     plan: TpPlan | None
     resolved: dict[str, str]
     degrees: tuple[int, ...]
+    sequence: tuple[str, ...] = ()
+    """The modules sequence parallelism shards (autopp.model.tp.sequence_modules), whose inputs the rows count."""
 
 
 def tp_setup(mf: ModelFile, model: nn.Module, degrees: Iterable[int] | None, limit: int = 8) -> TpSetup:
@@ -53,11 +55,12 @@ def tp_setup(mf: ModelFile, model: nn.Module, degrees: Iterable[int] | None, lim
                               "define TP_PLAN (README.md) or leave out --tp")
         return TpSetup(None, {}, ())
     resolved = resolve(plan, model)
+    sequence = tuple(sequence_modules(plan, model, resolved))
     if asked is None:
-        return TpSetup(plan, resolved, tuple(t for t in tp_degrees(model, resolved, limit) if t > 1))
+        return TpSetup(plan, resolved, tuple(t for t in tp_degrees(model, resolved, limit) if t > 1), sequence)
     for t in asked:
         check_degree(model, resolved, t)
-    return TpSetup(plan, resolved, tuple(asked))
+    return TpSetup(plan, resolved, tuple(asked), sequence)
 
 
 def tp_meta(setup: TpSetup) -> dict[str, Any]:
@@ -68,21 +71,21 @@ def tp_meta(setup: TpSetup) -> dict[str, Any]:
 
 
 def tp_collectives(mf: ModelFile, model: nn.Module, resolved: dict[str, str], units: list[Unit], b: int,
-                   dtype: torch.dtype) -> list[TpCollectives]:
-    """Each unit's TP collectives per microbatch of `b` (autopp.model.tp.unit_collectives), from one forward of the
-    full `model` (on meta, in `dtype`) on fake tensors."""
+                   dtype: torch.dtype, sequence: tuple[str, ...] = ()) -> list[TpCollectives]:
+    """Each unit's TP collectives per microbatch of `b` (autopp.model.tp.unit_collectives), and its `sequence`
+    modules' input bytes, from one forward of the full `model` (on meta, in `dtype`) on fake tensors."""
     inputs, _ = mf.sample_batch(b)
     inputs = pytree.tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
                              inputs)
     with torch.no_grad():
         return unit_collectives(model, resolved, [u.modules for u in units],
-                                lambda: run_fake(lambda *i: model(*i), *inputs))
+                                lambda: run_fake(lambda *i: model(*i), *inputs), sequence)
 
 
 def tp_row(row: dict[str, Any], t: int, comm: TpCollectives) -> dict[str, Any]:
     """A tp.csv row from a unit's row of the local shard (measured or counted) at degree `t`."""
     values = {**row, "tp": t, **comm.columns()}
-    return {c: values[c] for c in TP_COLUMNS}
+    return {c: values[c] for c in (*TP_COLUMNS, *SP_COLUMNS)}
 
 
 def local_units(mf: ModelFile, resolved: dict[str, str], t: int, units: list[Unit], dtype: torch.dtype
@@ -108,7 +111,7 @@ def measured_tp_rows(mf: ModelFile, meta: MetaModel, units: list[Unit], setup: T
     if not setup.degrees:
         return None
     sizes, dtype = settings.options.microbatch_sizes, settings.options.torch_dtype
-    comms = {b: tp_collectives(mf, meta.model, setup.resolved, units, b, dtype) for b in sizes}
+    comms = {b: tp_collectives(mf, meta.model, setup.resolved, units, b, dtype, setup.sequence) for b in sizes}
     rows = []
     for t in setup.degrees:
         local, local_meta, local_found = local_units(mf, setup.resolved, t, units, dtype)
@@ -116,4 +119,4 @@ def measured_tp_rows(mf: ModelFile, meta: MetaModel, units: list[Unit], setup: T
             with settings.beside(mf, b):
                 at_b = measure_pieces(local, local_meta, local_found, b, settings, limit_bytes=limit_bytes)
             rows += [tp_row(r, t, comms[b][r["unit"]]) for r in at_b.rows]
-    return pd.DataFrame(rows, columns=list(TP_COLUMNS))
+    return pd.DataFrame(rows, columns=[*TP_COLUMNS, *SP_COLUMNS])

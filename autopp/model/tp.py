@@ -20,7 +20,8 @@ from ..errors import TpPlanError
 from .contract import ModelFile
 
 __all__ = ["TP_STYLES", "STYLE_ALIASES", "TpPlan", "TpCollectives", "find_tp_plan", "resolve", "tp_degrees",
-           "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_model_file", "unit_collectives"]
+           "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_model_file", "unit_collectives",
+           "SEQUENCE_STYLE", "sequence_modules"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ TP_STYLES: dict[str, str] = {
     "embedding_rowwise": "nn.Embedding split on the vocabulary: partial lookups summed (forward: all-reduce of the "
                          "output)",
 }
+#: The style a TP_PLAN gives a module that sequence parallelism shards along the sequence (torch's `SequenceParallel`;
+#: HF's plans name none, so `sequence_modules` derives them). `resolve` leaves these entries to `sequence_modules`.
+SEQUENCE_STYLE = "sequence_parallel"
 #: Other names of the supported styles (Hugging Face's older spelling).
 STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output"}
 #: The module type each style shards.
@@ -103,8 +107,8 @@ def _style(style: str, pattern: str, source: str) -> str:
     """The canonical name of `style`, or a TpPlanError naming it and the supported ones."""
     canonical = STYLE_ALIASES.get(style, style)
     if canonical not in TP_STYLES:
-        raise TpPlanError(f"{source}: {pattern!r}: style {style!r} is not supported; use one of {list(TP_STYLES)} "
-                          f"(or the alias {', '.join(STYLE_ALIASES)})")
+        raise TpPlanError(f"{source}: {pattern!r}: style {style!r} is not supported; use one of "
+                          f"{[*TP_STYLES, SEQUENCE_STYLE]} (or the alias {', '.join(STYLE_ALIASES)})")
     return canonical
 
 
@@ -114,6 +118,8 @@ def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
     modules = dict(model.named_modules())
     out: dict[str, str] = {}
     for pattern, style in plan.patterns.items():
+        if style == SEQUENCE_STYLE:
+            continue
         canonical = _style(style, pattern, plan.source)
         hits = [n for n in modules if n and _matches(pattern, n)]
         if not hits:
@@ -129,6 +135,32 @@ def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
             if out.setdefault(name, canonical) != canonical:
                 raise TpPlanError(f"{plan.source}: {name} is given two styles, {out[name]!r} and {canonical!r}")
     return {n: out[n] for n in modules if n in out}
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__.endswith(("LayerNorm", "RMSNorm"))
+
+
+def sequence_modules(plan: TpPlan, model: nn.Module, resolved: Mapping[str, str]) -> list[str]:
+    """The modules sequence parallelism runs on 1/t of the sequence (torch's `SequenceParallel`), in model order:
+    those a TP_PLAN names with `SEQUENCE_STYLE`, else the norms between the sharded projections: every LayerNorm /
+    RMSNorm with no colwise or rowwise sibling (Llama's input_layernorm, post_attention_layernorm and final norm; not
+    a per-head q_norm inside the attention), as torchtitan's Llama plan lists them (torchtitan/models/llama3/infra/
+    parallelize.py, apply_tp; Korthikanti et al. 2022, arXiv:2205.05198, s.4.2.2). TpPlanError on a named pattern
+    that matches no module."""
+    modules = dict(model.named_modules())
+    named = [p for p, s in plan.patterns.items() if s == SEQUENCE_STYLE]
+    if named:
+        hits = {n for p in named for n in modules if n and _matches(p, n)}
+        missing = [p for p in named if not any(_matches(p, n) for n in hits)]
+        if missing:
+            raise TpPlanError(f"{plan.source}: {SEQUENCE_STYLE} pattern {missing[0]!r} matches no module of "
+                              f"{type(model).__name__}")
+        return [n for n in modules if n in hits]
+    sharding_parents = {n.rsplit(".", 1)[0] if "." in n else "" for n, s in resolved.items()
+                        if s in ("colwise", "rowwise")}
+    return [n for n, m in modules.items()
+            if n and _is_norm(m) and (n.rsplit(".", 1)[0] if "." in n else "") not in sharding_parents]
 
 
 def _divided(model: nn.Module, resolved: dict[str, str]) -> list[tuple[str, int]]:
@@ -260,10 +292,14 @@ class TpCollectives:
     forward_allgather_bytes: int = 0
     forward_collectives: int = 0
     backward_collectives: int = 0
+    sequence_bytes: int = 0
+    """Bytes of the inputs of the unit's sequence-wise modules (`sequence_modules`: what a norm saves for its
+    backward, Korthikanti et al. 2022's LayerNorm-input term): the activation bytes sequence parallelism divides by
+    the degree."""
 
     def columns(self) -> dict[str, int]:
-        """As the profile's tp.csv columns (`tp_` + field name)."""
-        return {f"tp_{k}": int(v) for k, v in self.__dict__.items()}
+        """As the profile's tp.csv columns (`tp_` + field name; `sp_sequence_bytes`)."""
+        return {("sp_" if k == "sequence_bytes" else "tp_") + k: int(v) for k, v in self.__dict__.items()}
 
 
 def _bytes(t: Any) -> int:
@@ -284,9 +320,11 @@ def _record(calls: list[tuple[int, str, Any, Any]], unit: int, style: str, _modu
 
 def _fold(calls: list[tuple[int, str, Any, Any]]) -> TpCollectives:
     """One unit's calls (unit, style, input, output) as its collectives (module docstring)."""
-    f_ar = b_ar = f_ag = f_n = b_n = 0
+    f_ar = b_ar = f_ag = f_n = b_n = seq = 0
     seen: set[int] = set()
     for _, style, x, out in calls:
+        if style == SEQUENCE_STYLE:
+            seq += _bytes(x)
         if style in ("rowwise", "embedding_rowwise"):
             f_ar, f_n = f_ar + _bytes(out), f_n + 1
         if style == "colwise_gather_output":
@@ -294,16 +332,17 @@ def _fold(calls: list[tuple[int, str, Any, Any]]) -> TpCollectives:
         if style in ("colwise", "colwise_gather_output") and id(x) not in seen:
             seen.add(id(x))
             b_ar, b_n = b_ar + _bytes(x), b_n + 1
-    return TpCollectives(f_ar, b_ar, f_ag, f_n, b_n)
+    return TpCollectives(f_ar, b_ar, f_ag, f_n, b_n, seq)
 
 
 def unit_collectives(model: nn.Module, resolved: dict[str, str], unit_modules: Sequence[Sequence[str]],
-                     run: Callable[[], Any]) -> list[TpCollectives]:
+                     run: Callable[[], Any], sequence: Sequence[str] = ()) -> list[TpCollectives]:
     """Per unit (`unit_modules`: each unit's module names), its TP collectives per microbatch, from hooks on the
-    planned modules while `run()` runs one forward of the full `model` (e.g. on fake tensors) at that microbatch."""
+    planned modules while `run()` runs one forward of the full `model` (e.g. on fake tensors) at that microbatch;
+    with the `sequence` modules' input bytes (`TpCollectives.sequence_bytes`)."""
     calls: list[tuple[int, str, Any, Any]] = []
     handles = []
-    for name, style in resolved.items():
+    for name, style in [*resolved.items(), *((n, SEQUENCE_STYLE) for n in sequence)]:
         unit = _unit_of(name, unit_modules)
         if unit is None:
             log.warning("TP-planned module %s lies in no unit; its collectives are not counted", name)

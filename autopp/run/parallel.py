@@ -41,6 +41,8 @@ class Sharding:
     full_model: nn.Module | None
     """The freshly built full-size model whose planned modules and experts modules go back into the pieces (None
     without TP or EP)."""
+    sequence: tuple[str, ...] = ()
+    """The modules sequence parallelism shards along the sequence (the norms; () without `Layout.sp`)."""
 
 
 def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], device: torch.device) -> None:
@@ -48,7 +50,8 @@ def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], devi
     stage's dp ranks: autopp.run.expert_parallel), then (ZeRO 1/3) fully_shard each of its units with parameters and
     the piece itself over the synchronisation ranks (TP first, then FSDP, as torchtitan)."""
     if sharding.resolved and sharding.full_model is not None:
-        parallelize_stage(piece, sharding.mesh["tp"], sharding.resolved, sharding.full_model, device)
+        parallelize_stage(piece, sharding.mesh["tp"], sharding.resolved, sharding.full_model, device,
+                          sharding.sequence, units)
     if sharding.layout.ep > 1 and sharding.full_model is not None:
         parallelize_experts(piece, sharding.mesh["dp"], sharding.full_model, device)
     shard_replicas(piece, sync_mesh(sharding.mesh, sharding.layout), sharding.layout.zero, units)

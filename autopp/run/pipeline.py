@@ -24,7 +24,7 @@ from ..schedule import Action, Kind, StagePlacement, ScheduleName, describe, lis
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .outputs import model_loss
 from .parallel import Sharding, shard_stage
-from .tensor_parallel import local_shapes, planned_modules
+from .tensor_parallel import local_shapes, planned_modules, sequence_planned
 from .tied import aliases, canonical_names, shared_params
 
 __all__ = ["torch_schedule_class", "splits_backward", "check_split_backward", "placement",
@@ -90,7 +90,8 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
     mine = [i for i, r in enumerate(owner) if r == pp_rank]
     loss = model_loss(mf.loss_fn, model, tuple(example), pipe) if len(owner) - 1 in mine else mf.loss_fn
     full = model if resolved or plan.layout.ep > 1 else None
-    sharding = Sharding(mesh, plan.layout, resolved, full) if mesh is not None else None
+    sequence = tuple(sequence_planned(mf, model, plan, resolved, example)) if resolved else ()
+    sharding = Sharding(mesh, plan.layout, resolved, full, sequence) if mesh is not None else None
     stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example, sharding)
     for stage in stages:
         contiguous_sends(stage)

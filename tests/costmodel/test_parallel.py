@@ -183,3 +183,26 @@ def test_expert_all_to_alls_run_on_the_link_the_ep_group_crosses() -> None:
         assert np.allclose(out.forward - a.forward, both) and np.allclose(out.backward_input - a.backward_input, both)
         assert np.allclose(out.backward - a.backward, both) and np.allclose(out.recompute - a.recompute, both)
         assert both[1] > 0 and both[0] == 0 and np.array_equal(out.backward_weight, a.backward_weight)
+
+
+def test_sequence_parallelism_divides_the_norms_inputs_by_t_and_keeps_the_collectives() -> None:
+    """Korthikanti et al. 2022: with SP the LayerNorm inputs (4 of a block's 34 s b h) are held 1/t per rank; the
+    reduce-scatter + all-gather replacing each all-reduce move the same bytes in the same time on a ring."""
+    from autopp.costmodel import group_table, sp_offered
+    from autopp.data.synthetic_profile import synthetic_profile
+    from autopp.errors import ProfileError
+    profile = synthetic_profile(6, tp_degrees=(2, 4), sp=True)
+    assert sp_offered(profile) and not sp_offered(synthetic_profile(6, tp_degrees=(2,)))
+    for t in (2, 4):
+        off, on = (group_table(profile, Layout(tp=t, sp=sp).unit_view()).arrays(1) for sp in (False, True))
+        blocks = slice(1, 5)
+        assert np.allclose(on.activation[blocks] / off.activation[blocks],
+                           (10 + 24 / t - 4 * (1 - 1 / t)) / (10 + 24 / t), rtol=1e-6)
+        assert np.array_equal(on.activation[[0, 5]], off.activation[[0, 5]])  # embedding and head: no norm counted
+        assert np.array_equal(on.forward, off.forward) and np.array_equal(on.static, off.static)
+        link_terms = [group_terms(a, Layout(tp=t, sp=a is on).unit_view(), FLAT) for a in (off, on)]
+        assert np.array_equal(link_terms[0].forward, link_terms[1].forward)
+        assert np.array_equal(link_terms[0].backward, link_terms[1].backward)
+    with pytest.raises(ProfileError, match=r"has no sequence-parallel bytes \(tp.csv column sp_sequence_bytes, "
+                                           r"profiles made before it\): profile it again, or plan with `sp` off$"):
+        group_table(synthetic_profile(6, tp_degrees=(2,)), Layout(tp=2, sp=True).unit_view())

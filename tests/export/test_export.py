@@ -294,6 +294,32 @@ def test_megatron_writes_tp_and_the_distributed_optimizer(llama_plans: dict[str,
     assert "--use-distributed-optimizer" not in export_plan(_3d(llama_plans["dp"]), Target.MEGATRON, "x").text
 
 
+def test_sequence_parallelism_is_spelt_by_its_switch(monkeypatch: pytest.MonkeyPatch, llama: Profile,
+                                                     llama_plans: dict[str, Plan]) -> None:
+    """Issue 25 item 1: with `sp` Megatron gets --sequence-parallel and torchtitan keeps its default (SP on); without,
+    torchtitan's is turned off; DeepSpeed refuses tensor parallelism before it (and SP with it)."""
+    tp = _3d(llama_plans["dp"], zero=1)
+    sp = replace(tp, layout=replace(tp.layout, sp=True))
+    megatron = export_plan(sp, Target.MEGATRON, "x")
+    assert megatron.text.splitlines()[:2] == ["--tensor-model-parallel-size 2", "--sequence-parallel"]
+    assert any(n.startswith("sequence parallelism: Megatron's --sequence-parallel") for n in megatron.notes)
+    assert "--sequence-parallel" not in export_plan(tp, Target.MEGATRON, "x").text
+    assert "no sequence parallelism, as autopp costed it" in export_plan(tp, Target.MEGATRON, "x").notes
+    titan, plain = _titan(sp, llama), _titan(tp, llama)
+    assert "--parallelism.tensor_parallel_degree=2" in titan and not any("sequence_parallel" in x for x in titan)
+    assert "--parallelism.no_enable_sequence_parallel" in plain
+    assert [x for x in plain if x != "--parallelism.no_enable_sequence_parallel"] == titan
+    with pytest.raises(ExportError, match=r"^plan: tp 2: DeepSpeed's PipelineModule does not shard layers"):
+        export_plan(sp, Target.DEEPSPEED, "x.json")
+    from autopp.data import axes
+    from autopp.export.common import refuse_axes
+    no_refusal = {**axes.AXES["tp"].trainers, "deepspeed": axes.Spelling()}
+    monkeypatch.setitem(axes.AXES, "tp", replace(axes.AXES["tp"], trainers=no_refusal))
+    with pytest.raises(ExportError, match=r"^plan: sp on: DeepSpeed's pipeline engine has no sequence parallelism "):
+        refuse_axes(sp, "deepspeed", "plan")
+    refuse_axes(tp, "deepspeed", "plan")  # off: nothing to refuse
+
+
 def test_megatron_zero3_only_without_pipeline(llama_plans: dict[str, Plan]) -> None:
     with pytest.raises(ExportError, match=r"zero 3 with pp 2: .*--use-torch-fsdp2 asserts") as info:
         export_plan(_3d(llama_plans["dp"], zero=3), Target.MEGATRON, "x")

@@ -77,6 +77,7 @@ def test_analytic_tp_rows_halve_the_block_and_keep_the_collectives() -> None:
         assert (block.tp_forward_allreduce_bytes, block.tp_backward_allreduce_bytes) == (4 * 8 * 4, 4 * 8 * 4)
     full = profile.units[profile.units.unit == 1].iloc[0]
     assert rows[(rows.tp == 2) & (rows.unit == 1)].iloc[0].forward_s < full.forward_s
+    assert (rows.sp_sequence_bytes == 0).all()  # the column SP reads: no norm in this model
     assert analytic_profile(TPTICKS, "h100-sxm", ProfileOptions(microbatch_sizes=(4,), tp_degrees=())).tp_units is None
 
 

@@ -4,6 +4,7 @@ the local shard (sharded parameters divided by t, the forward still runs) and th
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from autopp.model.contract import ModelFile, load_model_file
 from autopp.model.fake import run_fake
 from autopp.model.meta import build_meta
 from autopp.model.tp import (TpPlan, check_degree, find_tp_plan, local_model_file, local_shard, resolve,
-                             torch_styles, tp_degrees, unit_collectives)
+                             sequence_modules, torch_styles, tp_degrees, unit_collectives)
 from autopp.model.units import discover_units
 
 from ..conftest import EXAMPLES
@@ -202,7 +203,43 @@ def test_llama_collectives_per_block(llama: tuple[ModelFile, nn.Module]) -> None
     bsh = 2 * 32 * 64 * 4
     assert [c.columns() for c in got[1:5]] == [{
         "tp_forward_allreduce_bytes": 2 * bsh, "tp_backward_allreduce_bytes": 2 * bsh, "tp_forward_allgather_bytes": 0,
-        "tp_forward_collectives": 2, "tp_backward_collectives": 2}] * 4
+        "tp_forward_collectives": 2, "tp_backward_collectives": 2, "sp_sequence_bytes": 0}] * 4
     assert (got[0].forward_allreduce_bytes, got[0].forward_collectives, got[0].backward_collectives) == (bsh, 1, 0)
     assert (got[5].forward_allgather_bytes, got[5].backward_allreduce_bytes) == (2 * 32 * 2048 * 4, bsh)
     assert (got[5].forward_collectives, got[5].backward_collectives) == (1, 1)
+    # with the sequence-wise modules: each block's two norm inputs, the final norm's (Korthikanti's 4 s b h of 34)
+    norms = sequence_modules(find_tp_plan(mf, model), model, resolved)  # type: ignore[arg-type]
+    seq = unit_collectives(model, resolved, [u.modules for u in units],
+                           lambda: run_fake(lambda *i: model(*i), *inputs), norms)
+    assert [c.sequence_bytes for c in seq] == [0, *[2 * bsh] * 4, bsh]
+    assert [replace(c, sequence_bytes=0) for c in seq] == got
+
+
+def test_sequence_modules_are_the_norms_beside_the_sharded_blocks(llama: tuple[ModelFile, nn.Module]) -> None:
+    """Llama: each block's input_layernorm and post_attention_layernorm and the final norm (torchtitan's SP plan);
+    a norm beside colwise / rowwise projections (a per-head q_norm) is not sequence-wise."""
+    mf, model = llama
+    plan = find_tp_plan(mf, model)
+    assert plan is not None
+    names = sequence_modules(plan, model, resolve(plan, model))
+    assert names == [f"model.layers.{i}.{n}" for i in range(4) for n in ("input_layernorm",
+                                                                         "post_attention_layernorm")] + ["model.norm"]
+    model.get_submodule("model.layers.0.self_attn").add_module("q_norm", nn.RMSNorm(16))
+    try:
+        assert sequence_modules(plan, model, resolve(plan, model)) == names
+    finally:
+        del model.get_submodule("model.layers.0.self_attn")._modules["q_norm"]
+
+
+def test_a_tp_plan_names_its_sequence_parallel_modules(tmp_path: Path) -> None:
+    mf = _mlp_file(tmp_path, "{'*.fc1': 'colwise', '*.fc2': 'rowwise', '1': 'sequence_parallel'}")
+    model = mf.build()
+    plan = find_tp_plan(mf, model)
+    assert plan is not None
+    resolved = resolve(plan, model)
+    assert "1" not in resolved and len(resolved) == 4  # left to sequence_modules
+    assert sequence_modules(plan, model, resolved) == ["1"]
+    assert sequence_modules(TpPlan({"*.fc1": "colwise"}, "x"), model, resolved) == []  # no norm: none derived
+    with pytest.raises(TpPlanError, match=r"^x: sequence_parallel pattern '\*.norm' matches no module of "
+                                          r"Sequential$"):
+        sequence_modules(TpPlan({"*.norm": "sequence_parallel"}, "x"), model, resolved)

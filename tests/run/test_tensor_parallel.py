@@ -18,8 +18,9 @@ from autopp.data.layout import Layout
 from autopp.errors import RunError, TpPlanError
 from autopp.model import load_model_file
 from autopp.model.split import split_model
-from autopp.model.tp import find_tp_plan, local_shard, narrow_planned, resolve, torch_styles
-from autopp.run.tensor_parallel import local_shapes, planned_modules, restore_planned, shared_input_styles
+from autopp.model.tp import find_tp_plan, local_shard, narrow_planned, resolve, sequence_modules, torch_styles
+from autopp.run.tensor_parallel import (local_shapes, parallelize_stage, planned_modules, restore_planned,
+                                        sequence_planned, sequence_styles, shared_input_styles)
 
 from .conftest import GPT, ROOT, pipeline_plan
 
@@ -156,3 +157,66 @@ def test_stage_allreduces_are_what_the_profiles_tp_rows_count(fake_world: Callab
     fake_world(2)
     assert _stage0_allreduces(share=True) == counted
     assert _stage0_allreduces(share=False) == counted + 2 * (2 + 1)  # q/k/v: 3 not 1, gate/up: 2 not 1
+
+
+def test_sequence_parallelism_needs_the_sequence_to_divide_by_tp() -> None:
+    mf = load_model_file(LLAMA)
+    model = mf.build(0)
+    plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, tp=2, sp=True))
+    resolved = planned_modules(mf, model, plan)
+    assert len(sequence_planned(mf, model, plan, resolved, [torch.zeros(2, 32, dtype=torch.long)])) == 9
+    assert sequence_planned(mf, model, replace(plan, layout=Layout(pp=2, tp=2)), resolved, []) == []
+    with pytest.raises(RunError, match=r"^sequence parallelism needs the sequence to divide by tp: 31 % 2 = 1; plan "
+                                       r"with --sp off or another --tp$"):
+        sequence_planned(mf, model, plan, resolved, [torch.zeros(2, 31, dtype=torch.long)])
+
+
+def _stage_collectives(stage: int, units: list[str]) -> tuple[dict[str, int], tuple[dict[str, object], ...]]:
+    """Collectives CommDebugMode sees in one forward and backward of one stage of the tiny Llama cut at layer 2,
+    tensor- and sequence-parallel over 2 ranks of a fake process group, and the styles of `sequence_styles`."""
+    mf = load_model_file(LLAMA)
+    model = mf.build(0)
+    found = find_tp_plan(mf, model)
+    assert found is not None
+    resolved = resolve(found, model)
+    norms = sequence_modules(found, model, resolved)
+    example, _ = mf.sample_batch(2, seed=0)
+    pipe = split_model(local_shapes(model, resolved, 2), example, ["model.layers.2"])
+    piece = pipe.get_stage_module(stage)
+    styles = sequence_styles(piece, resolved, norms, units)
+    args = example if stage == 0 else [torch.randn(2, 32, 64, requires_grad=True), *_stage0_outputs(pipe, example)]
+    parallelize_stage(piece, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), resolved, model,
+                      torch.device("cpu"), norms, units)
+    with CommDebugMode() as comm:
+        out = piece(*args)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        assert tuple(outs[0].shape) == ((2, 32, 64) if stage == 0 else (2, 32, 2048))  # whole between stages
+        sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad).backward()
+    counts = {str(op).split(".")[-1]: int(n) for op, n in comm.get_comm_counts().items()}
+    return counts, tuple({k: type(v).__name__ for k, v in group.items()} for group in styles)
+
+
+def _stage0_outputs(pipe: object, example: object) -> list[torch.Tensor]:
+    """Stage 1's inputs after the hidden state (rotary tables, mask), from a plain forward of stage 0."""
+    with torch.no_grad():
+        return list(pipe.get_stage_module(0)(*example))[1:]  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration  # exports the tiny Llama (seconds)
+def test_sequence_parallel_stages_reduce_scatter_and_all_gather(fake_world: Callable[[int], None]) -> None:
+    """With SP a block's all-reduces become reduce-scatters and all-gathers (Korthikanti et al. 2022): per block 2
+    all-gathers (attention and MLP inputs) + 2 reduce-scatters (o_proj, down_proj) in F, as many in B; the stage
+    input is split locally (an all-gather of its gradient in B) and its output gathered in F. The embedding, read by
+    the blocks alone, reduce-scatters its output (an all-gather in B; torchtitan's tok_embeddings); the head's input
+    gradient is still all-reduced, as without SP."""
+    fake_world(2)
+    counts, (split, inner, whole) = _stage_collectives(0, ["model.embed_tokens", "model.layers.0", "model.layers.1"])
+    assert counts == {"all_gather_into_tensor": 2 * 4 + 1 + 1, "reduce_scatter_tensor": 2 * 4 + 1}
+    assert split == {} and whole == {"model.layers.1": "PrepareModuleOutput"}
+    assert inner["model.embed_tokens"] == "RowwiseParallel"
+    assert sorted(k for k, v in inner.items() if v == "_SequenceParallel") == [
+        f"model.layers.{i}.{n}" for i in (0, 1) for n in ("input_layernorm", "post_attention_layernorm")]
+    assert inner["model.layers.0.self_attn"] == inner["model.layers.1.mlp"] == "PrepareModuleInput"
+    counts, (split, inner, whole) = _stage_collectives(1, ["model.layers.2", "model.layers.3", "model.norm"])
+    assert counts == {"all_reduce": 1, "all_gather_into_tensor": 2 * 4 + 3, "reduce_scatter_tensor": 2 * 4}
+    assert split == {"model.layers.2": "PrepareModuleInput"} and whole == {"model.norm": "PrepareModuleOutput"}

@@ -90,3 +90,25 @@ def test_a_pinned_layout_must_use_every_device(profile: Profile) -> None:
     with pytest.raises(LayoutError, match=r"pp\(2\) \* dp\(2\) \* tp\(4\) = 16 != devices \(8\)"):  # not a ValueError
         _request(replace(PINS, tp=4))
     assert not issubclass(LayoutError, ValueError)
+
+
+def test_sequence_parallelism_is_searched_where_the_profile_counts_it() -> None:
+    """`sp` searched (None) is on for tp > 1 when the profile's tp rows count the norms' inputs, off with an older
+    profile; pinned on with an older profile is refused in one line; the plan records it (JSON `sp`: true only)."""
+    from autopp.display import format_grid
+    from autopp.solve import make_plan
+    new = synthetic_profile(8, hidden=1024, seq=512, tp_degrees=(2,), sp=True)
+    old = synthetic_profile(8, hidden=1024, seq=512, tp_degrees=(2,))
+    auto = make_plan(new, _request(replace(PINS, sp=None)))
+    assert auto.layout == replace(LAYOUT, sp=True) and format_grid(auto.layout) == "pp 2 x dp 2 x tp 2 + SP, ZeRO 1"
+    assert auto.to_json()["sp"] is True and Plan.from_json(auto.to_json()).layout.sp
+    off = make_plan(new, _request(replace(PINS, sp=False)))
+    assert off.layout == LAYOUT and "sp" not in off.to_json()
+    assert max(auto.predicted.peak_memory_bytes) < max(off.predicted.peak_memory_bytes)  # the norms' inputs / 2
+    assert any(n.startswith("sequence parallelism (tp 2 + SP): the norms on 1/2 of the sequence") for n in auto.notes)
+    before = make_plan(old, _request(replace(PINS, sp=None)))
+    assert before.layout == LAYOUT and "no sequence parallelism: the profile's tp rows predate sp_sequence_bytes; " \
+        "profile again to let the planner use it" in before.notes
+    with pytest.raises(LayoutError, match=r"^`sp` on: the profile's tensor-parallel rows do not count what sequence "
+                                          r"parallelism shards .*: profile again, or `sp` off$"):
+        make_plan(old, _request(replace(PINS, sp=True)))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from dataclasses import replace
 
-from ...costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays, stage_costs
+from ...costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays, sp_offered, stage_costs
 from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
 from ...data.catalog import planned_device
@@ -108,6 +108,13 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
         out.append(f"tensor parallelism {tp}: each pipeline rank is {tp} processes sharding its modules by the "
                    f"profile's plan ({profile.meta.tp_plan_source}); stage times include its collectives "
                    f"(docs/parallelism.md)")
+    if c.layout.sp:
+        out.append(f"sequence parallelism (tp {tp} + SP): the norms on 1/{tp} of the sequence, each all-reduce a "
+                   "reduce-scatter + all-gather (the same time), activations less their inputs' (tp - 1)/tp "
+                   "(docs/parallelism.md#sequence-parallelism)")
+    elif tp > 1 and not sp_offered(profile):
+        out.append("no sequence parallelism: the profile's tp rows predate sp_sequence_bytes; profile again to "
+                   "let the planner use it")
     if not zero.replicated:
         out.append(f"ZeRO stage {zero.stage} over {c.layout.dp} replicas: {zero.sharded} sharded"
                    + (" (costed only: torch.distributed.pipelining cannot run it)" if zero.not_runnable else ""))

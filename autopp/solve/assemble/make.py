@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from ...costmodel import ProfileTable
+from ...costmodel import ProfileTable, sp_offered
 from ...schedule import Activation, policy
 from ...errors import AutoppError, InfeasibleError, ProfileError
 from ...data.plan import Plan
@@ -16,7 +16,7 @@ from .reorder import synthesized
 from ..search.explain import explain_infeasible
 from ..search.judge import Verdict
 from ..cpsat.placement import place_devices
-from ..search.request import Config, PlanRequest, RecomputeMode, configs
+from ..search.request import Config, PlanRequest, RecomputeMode, configs, with_sp
 from ..search.runnable import PARALLEL_KEY, split_backward_refusal
 from ..search.search import inflight, links_hold_messages, search
 from ..search.views import Views
@@ -80,8 +80,9 @@ def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
 def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     """The fastest simulated plan for `request` (ties: least peak memory), with baselines beside it. On a
     heterogeneous cluster CP-SAT also chooses the device order (the plan's notes say which and how sure). For a
-    `trainer`, which applies one activation policy to every stage, `recompute` auto plans with none and with all
-    and keeps the faster (`_uniform`)."""
+    `trainer`, which applies one activation policy to every stage, each allowed policy is planned for every stage
+    and the fastest kept (`_uniform`). Sequence parallelism searched is decided first (`with_sp`)."""
+    request = with_sp(request, sp_offered(profile))
     if request.trainer is not None and len(request.allowed()) > 1:
         return _uniform(profile, request)
     return _make_plan(profile, request)

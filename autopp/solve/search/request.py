@@ -15,7 +15,7 @@ from ...schedule import NAMED, Activation, ScheduleName, by_saving, chosen, desc
 from .judge import Candidate
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "replica_counts", "microbatch_counts", "zero_stages", "ep_choices",
-           "tp_choices", "configs"]
+           "tp_choices", "configs", "with_sp"]
 
 
 class RecomputeMode(enum.Enum):
@@ -258,12 +258,23 @@ def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage) -> tuple[int
     return (1, dp) if runs else (1,)
 
 
+def with_sp(req: PlanRequest, offered: bool) -> PlanRequest:
+    """The request with sequence parallelism decided for every tp > 1 (`offered`: the profile counts its bytes,
+    `costmodel.sp_offered`): pinned on needs them (LayoutError otherwise); searched (None) is on where offered, as
+    it dominates in the cost model (the same collective time, fewer activation bytes), else off."""
+    if req.pins.sp and not offered:
+        raise LayoutError("`sp` on: the profile's tensor-parallel rows do not count what sequence parallelism shards "
+                          "(tp.csv column sp_sequence_bytes; profiles made before it): profile again, or `sp` off")
+    return replace(req, pins=replace(req.pins, sp=offered if req.pins.sp is None else req.pins.sp))
+
+
 def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,)) -> list[Config]:
     """Every valid configuration of the request for a model of `n` units, for each tensor-parallel degree in
-    `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`) and expert-parallel degree
-    (`ep_choices`); with a `trainer`, only those it runs (autopp.data.trainers)."""
-    out = [replace(c, layout=replace(c.layout, tp=tp, zero=zero, ep=ep)) for tp in degrees
-           for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)
+    `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`), expert-parallel degree (`ep_choices`) and
+    sequence parallelism where tp > 1 and `sp` is on (`with_sp`); with a `trainer`, only those it runs
+    (autopp.data.trainers)."""
+    out = [replace(c, layout=replace(c.layout, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp)))
+           for tp in degrees for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)
            for ep in ep_choices(req, c.layout.dp, tp, zero)]
     if req.trainer is None:
         return out
