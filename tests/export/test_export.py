@@ -312,12 +312,12 @@ def test_sequence_parallelism_is_spelt_by_its_switch(monkeypatch: pytest.MonkeyP
     with pytest.raises(ExportError, match=r"^plan: tp 2: DeepSpeed's PipelineModule does not shard layers"):
         export_plan(sp, Target.DEEPSPEED, "x.json")
     from autopp.data import axes
-    from autopp.export.common import refuse_axes
+    from autopp.export.common import refuse_layout
     no_refusal = {**axes.AXES["tp"].trainers, "deepspeed": axes.Spelling()}
     monkeypatch.setitem(axes.AXES, "tp", replace(axes.AXES["tp"], trainers=no_refusal))
     with pytest.raises(ExportError, match=r"^plan: sp on: DeepSpeed's pipeline engine has no sequence parallelism "):
-        refuse_axes(sp, "deepspeed", "plan")
-    refuse_axes(tp, "deepspeed", "plan")  # off: nothing to refuse
+        refuse_layout(sp, "deepspeed", "plan")
+    refuse_layout(tp, "deepspeed", "plan")  # off: nothing to refuse
 
 
 def test_megatron_zero3_only_without_pipeline(llama_plans: dict[str, Plan]) -> None:
