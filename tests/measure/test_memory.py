@@ -70,20 +70,10 @@ def test_selective_recomputation_keeps_the_saved_ops_outputs_and_replays_the_res
     """`SavedOps` records the matmul's output (3 x 5 floats, the parameter-free input left out); `ReplaySaved` hands
     it back, so a rerun forward reaches the modes below it with the ReLU only, and gives the same result."""
     from collections import Counter
-    from typing import Any
-
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from autopp.measure.memory import ReplaySaved, SavedOps
 
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: Counter[str] = Counter()
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.ops[str(func.overloadpacket)] += 1
-            return func(*args, **(kwargs or {}))
+    from ..opcount import OpCount as Count
 
     x, w = torch.randn(3, 4), torch.randn(4, 5)
     with SavedOps({storage_key(w)}) as kept:

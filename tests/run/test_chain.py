@@ -165,20 +165,12 @@ def test_selective_checkpoint_keeps_the_saved_ops_outputs_and_recomputes_the_res
     from collections import Counter
     from typing import Any
 
-    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.checkpoint import checkpoint
 
     from autopp.run.chain import selective_context
     from autopp.schedule.activation import SAVED_OPS
 
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: Counter[str] = Counter()
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.ops[str(func.overloadpacket)] += 1
-            return func(*args, **(kwargs or {}))
+    from ..opcount import OpCount as Count
 
     def backward_ops(**kw: Any) -> Counter[str]:
         x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True)
