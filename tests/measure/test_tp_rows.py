@@ -9,6 +9,7 @@ import pytest
 
 from autopp.cli import main
 from autopp.data.profile import TP_COLUMNS, load_profile
+from autopp.data.profile_tp import SP_COLUMNS
 from autopp.errors import TpPlanError
 from autopp.measure import MeasureOptions, ProfileOptions, profile_model
 from autopp.measure.analytic import analytic_profile
@@ -50,7 +51,7 @@ def test_measured_tp_rows_are_the_shards_times_and_bytes(tmp_path: Path) -> None
                             MeasureOptions(warmup=0, repeats=1, compare_whole=False, clock=CLOCK))
     assert profile.meta.tp_degrees == (2,) and profile.meta.tp_plan_source == f"TP_PLAN in {TPTICKS}"
     rows = profile.tp_units
-    assert rows is not None and list(rows.columns) == list(TP_COLUMNS) and len(rows) == 5
+    assert rows is not None and list(rows.columns) == [*TP_COLUMNS, *SP_COLUMNS] and len(rows) == 5
     blocks = rows[rows.unit.between(1, 3)]
     assert list(blocks.forward_s) == pytest.approx([0.006] * 3)
     assert list(blocks.backward_s) == pytest.approx([0.004] * 3)
