@@ -30,7 +30,8 @@ def test_fit_needs_two_sizes_and_growing_times() -> None:
 
 @pytest.mark.integration
 def test_two_gloo_ranks_round_trip(tmp_path: Path) -> None:
-    links = measure_links(2, message_bytes=(4, 8 << 20), warmup=3, repeats=5, timeout_s=90)
+    links = measure_links(2, message_bytes=(4, 32 << 20), warmup=3, repeats=5, timeout_s=90)  # 32 MiB: far above
+    # the noise of a loaded machine (with 8 MiB, a 4-byte round trip once took longer, and no bandwidth could be fit)
     assert links.backend == "gloo" and links.ranks == 2 and len(links.pairs) == 1
     assert all(t > 0 for t in links.pairs[0].seconds)
     assert links.calibration == () and links.overhead_s is None and links.progress_s is None  # calibrate_links fits
