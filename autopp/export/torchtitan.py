@@ -104,7 +104,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
     if via_csv:
         lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path}")
         extra[csv_path] = csv_text(plan)
-    lines += [f"activation_checkpoint:{activations.torchtitan}", *activations.torchtitan_options]
+    lines.append(f"activation_checkpoint:{activations.torchtitan}")
     mesh = ", ".join(a.name for a, _ in trainer_axes(plan, "torchtitan") if a.name in MESH_AXES)
     notes = [f"torchtitan: launch {plan.num_ranks} ranks ({launch_grid(plan, 'torchtitan')}, dp as "
              f"{_dp_as(plan.layout.zero)}; torchtitan's mesh [{mesh}] numbers them as autopp does); set "

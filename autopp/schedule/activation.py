@@ -120,8 +120,6 @@ class ActivationPolicy:
     """Under that checkpoint, the ops whose outputs are kept (torch's selective checkpoint context); empty: none."""
     torchtitan: str
     """torchtitan's `activation_checkpoint.mode` for it."""
-    torchtitan_options: tuple[str, ...] = ()
-    """torchtitan's further `activation_checkpoint` overrides for it."""
     megatron: tuple[str, ...]
     """Megatron-LM's arguments for it."""
     deepspeed_interval: int | None
@@ -178,7 +176,6 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      redone=lambda c: max(0, c.activation_bytes - c.selective_bytes), unit_redo=_selective_redo,
                      unit_bytes=_selective_units, offered=lambda a: a.selective_bytes is not None,
                      checkpoint=True, saves_ops=SAVED_OPS, torchtitan="selective",
-                     torchtitan_options=("--activation_checkpoint.selective_ac_option=op",),
                      megatron=("--recompute-granularity selective",), deepspeed_interval=None,
                      deepspeed_refusal="DeepSpeed's PipelineModule checkpoints whole layers "
                      "(activation_checkpoint_interval); it has no op-level selective recomputation",

@@ -405,3 +405,16 @@ def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # t
     text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES),
                        moe=moe).text
     assert titan(text).parallelism.expert_parallel_degree == 2
+
+
+def test_torchtitan_parses_selective_recomputation(titan, llama: Profile,  # type: ignore[no-untyped-def]
+                                                  llama_plans: dict[str, Plan]) -> None:
+    """Every stage selective: torchtitan's `activation_checkpoint:selective` subcommand, read by its parser as
+    SelectiveAC.Config (op-level, torchtitan 0.3's only selective mode: an `--activation_checkpoint.selective_ac_option`
+    override, as older torchtitan had, is an unrecognized option there)."""
+    base = llama_plans["1f1b"]
+    plan = dataclasses.replace(base, stages=tuple(dataclasses.replace(s, activation=Activation.SELECTIVE)
+                                                  for s in base.stages))
+    text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
+    ac = titan(text).activation_checkpoint
+    assert type(ac).__qualname__ == "SelectiveAC.Config"

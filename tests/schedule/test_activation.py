@@ -37,7 +37,6 @@ def test_selective_keeps_the_saved_ops_outputs_and_redoes_the_rest() -> None:
     assert sel.checkpoint and sel.saves_ops >= {"aten.mm", "aten._scaled_dot_product_flash_attention"}
     assert (sel.saving, by_saving(tuple(Activation))) == (1, (KEEP, SELECTIVE, RECOMPUTE))
     assert sel.torchtitan == "selective"
-    assert sel.torchtitan_options == ("--activation_checkpoint.selective_ac_option=op",)
     assert sel.megatron == ("--recompute-granularity selective",) and sel.deepspeed_interval is None
     assert "core attention" in sel.trainer_note and "activation_checkpoint_interval" in sel.deepspeed_refusal
 
