@@ -29,13 +29,14 @@ class Exported:
 
 
 def uniform_policy(plan: Plan, trainer: str, where: str) -> ActivationPolicy:
-    """The one activation policy of every stage; an ExportError when stages differ (the trainers apply one policy
-    to all)."""
+    """The one activation policy of every stage; an ExportError when stages differ (`trainer`, a name of
+    autopp.data.trainers, applies one policy to all)."""
     used = sorted({s.activation for s in plan.stages}, key=list(Activation).index)
     if len(used) > 1:
         which = "; ".join(f"{a.value}: stages {[s.index for s in plan.stages if s.activation is a]}" for a in used)
-        raise ExportError(f"{where}: the stages' activation policies differ ({which}); {trainer} applies one "
-                          "activation-checkpointing policy to every stage; re-plan with `recompute` all or none")
+        raise ExportError(f"{where}: the stages' activation policies differ ({which}); {trainer_rules(trainer).title} "
+                          "applies one activation-checkpointing policy to every stage; re-plan with `recompute` all or "
+                          f"none, or with `autopp plan --for {trainer}`")
     return policy(used[0])
 
 

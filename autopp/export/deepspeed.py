@@ -57,7 +57,7 @@ def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     """The JSON config, and `snippet_path`'s Python beside it."""
     refuse_schedule(plan, "deepspeed", where)
     refuse_layout(plan, "deepspeed", where)
-    activations = uniform_policy(plan, "DeepSpeed", where)
+    activations = uniform_policy(plan, "deepspeed", where)
     if (why := activations.refusal("deepspeed")) is not None:
         raise ExportError(f"{where}: activation policy {activations.name.value}: {why}; re-plan with `activations` "
                           "keep or recompute (or `autopp plan --for deepspeed`), or export to torchtitan or megatron")

@@ -6,12 +6,11 @@ from typing import Any, Mapping
 
 from ..data.axes import AXES
 from ..data.plan import Plan
-from ..data.trainers import interleaving_problem
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_layout, refuse_schedule,
                      uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers
 
-__all__ = ["to_megatron", "layout_string", "interleaving_problem", "data_parallel_flags"]
+__all__ = ["to_megatron", "layout_string", "data_parallel_flags"]
 
 def data_parallel_flags(plan: Plan) -> list[str]:
     """ZeRO 0: Megatron's DDP (no flag); 1: `--use-distributed-optimizer` (optimizer state and fp32 master weights
@@ -51,7 +50,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None) ->
     notes = [f"Megatron: launch {plan.num_ranks} ranks (world size {launch_grid(plan, 'megatron')}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
              "does)", *axis_notes(plan, "megatron")]
-    activations = uniform_policy(plan, "Megatron-Core", where)
+    activations = uniform_policy(plan, "megatron", where)
     lines += activations.megatron
     if activations.trainer_note:
         notes.append(f"Megatron's {' '.join(activations.megatron[:1])}: {activations.trainer_note}")
