@@ -20,7 +20,7 @@ def plan_stage_costs(plan: Plan) -> list[StageCost]:
                              backward_s=None if s.backward_weight_s is None else s.backward_s,
                              static_bytes=s.static_bytes, activation_bytes=s.activation_bytes,
                              input_bytes=s.input_bytes, overhead_s=s.overhead_s, transient_bytes=s.transient_bytes,
-                             selective_bytes=s.selective_bytes, selective_redo_s=s.selective_redo_s))
+                             own=s.own))
     return out
 
 

@@ -271,13 +271,16 @@ def test_selective_columns_are_optional_and_checked(tmp_path: Path) -> None:
     """A profile with selective recomputation's columns keeps them through save and load; one without them loads
     without them (not filled in); a negative figure is refused like any other."""
     from autopp.costmodel import unit_arrays
-    from autopp.data.profile import SELECTIVE_COLUMNS, load_profile
+    from autopp.data.profile import load_profile
+    from autopp.schedule.activation import Activation, policy
     from autopp.data.synthetic_profile import synthetic_profile
     with_them = load_profile(synthetic_profile(4, selective=True).save(tmp_path / "with"))
-    assert set(SELECTIVE_COLUMNS) <= set(with_them.units.columns)
-    assert unit_arrays(with_them, 1).selective_bytes is not None
+    columns = set(policy(Activation.SELECTIVE).columns)
+    assert columns <= set(with_them.units.columns)
+    assert Activation.SELECTIVE in unit_arrays(with_them, 1).own
     without = load_profile(synthetic_profile(4).save(tmp_path / "without"))
-    assert not set(SELECTIVE_COLUMNS) & set(without.units.columns) and unit_arrays(without, 1).selective_bytes is None
+    assert not columns & set(without.units.columns)
+    assert Activation.SELECTIVE not in unit_arrays(without, 1).own
     bad = with_them.units.assign(selective_recompute_s=-1.0)
     with pytest.raises(ProfileError, match="selective_recompute_s"):
         replace(with_them, units=bad)

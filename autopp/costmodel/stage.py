@@ -8,6 +8,7 @@ import numpy as np
 
 from ..data.cluster import Cluster
 from ..schedule import Activation, StageCost, policy
+from ..schedule.activation import Figures
 from .units import UnitArrays
 
 __all__ = ["stage_speeds", "stage_costs", "memory_prefix", "unit_memory", "stage_transient",
@@ -34,9 +35,8 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
                              input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0,
                              transient_bytes=stage_transient(a, i, j),
-                             selective_bytes=0 if a.selective_bytes is None else int(a.selective_bytes[i:j].sum()),
-                             selective_redo_s=0.0 if a.selective_redo is None else
-                             float(a.selective_redo[i:j].sum()) / sp))
+                             own=tuple((p, Figures(int(kept[i:j].sum()), float(redo[i:j].sum()) / sp))
+                                       for p, (kept, redo) in a.own.items())))
     return out
 
 

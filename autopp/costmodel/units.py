@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..data.profile import SELECTIVE_COLUMNS, Profile, ValueAction
+from ..data.profile import Profile, ValueAction
 from ..data.zero import NO_ZERO, ZeroStage
 from ..errors import ProfileError
-from ..schedule.activation import Activation, policy
+from ..schedule.activation import FIGURED, POLICY_COLUMNS, Activation, policy
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -70,11 +70,10 @@ class UnitArrays:
     tp_comm: TpComm | None = None
     """Per unit, the tensor-parallel collectives of one microbatch (None: no tensor parallelism), already included
     in the times by `autopp.costmodel.parallel.tensor_parallel`; kept for the plan's figures."""
-    selective_bytes: np.ndarray | None = None
-    """Per unit, the bytes one microbatch keeps under selective recomputation (the profile's
-    `selective_activation_bytes`; None: the profile has no such column, and the policy is not offered)."""
-    selective_redo: np.ndarray | None = None
-    """Per unit, what selective recomputation adds to one microbatch's backward (`selective_recompute_s`)."""
+    own: dict[Activation, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """Per activation policy with figures of its own (`activation.Figures`) whose columns the profile has
+    (`ActivationPolicy.columns`: selective recomputation's), per unit: the bytes one microbatch keeps and the time
+    the policy adds to its backward. A policy missing here is not offered."""
     ep_comm: tuple[np.ndarray, np.ndarray] | None = None
     """Per unit, one microbatch's expert-parallel all-to-all (None: ep 1; `autopp.costmodel.parallel.ExpertTable`):
     the bytes a rank sends in one all-to-all summed over the unit's MoE layers, and how many MoE layers it has (each
@@ -114,7 +113,7 @@ class ProfileTable:
         n = profile.num_units
         cols = ["forward_s", "backward_s", "activation_bytes",
                 *(c for c in ("backward_input_s", "backward_weight_s", "recompute_s", *TP_COMM_COLUMNS,
-                              *SELECTIVE_COLUMNS) if c in t.columns)]
+                              *POLICY_COLUMNS) if c in t.columns)]
         self.cols = {c: np.array([t[t.microbatch_size == b][c].to_numpy(dtype=np.float64) for b in self.sizes]).T
                      for c in cols}
         first = t[t.microbatch_size == self.sizes[0]]
@@ -151,11 +150,10 @@ class ProfileTable:
         cut = np.concatenate(([0.0], np.round(self._at(self.cuts, b)) if self.n > 1 else [], [0.0]))
         transient = None if self.transient is None else np.round(self._at(self.transient, b))
         comm = None if self.tp == 1 else TpComm(**{field: self._comm(c, b) for c, field in TP_COMM_COLUMNS.items()})
-        selective = [None if c not in self.cols else np.round(self._at(self.cols[c], b)) if c.endswith("bytes")
-                     else self._at(self.cols[c], b) for c in SELECTIVE_COLUMNS]
+        own = {p: (np.round(self._at(self.cols[c[0]], b)), self._at(self.cols[c[1]], b))
+               for p in FIGURED for c in [policy(p).columns] if all(x in self.cols for x in c)}
         return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
-                       optimizer=self.optimizer, transient=transient, tp_comm=comm, selective_bytes=selective[0],
-                       selective_redo=selective[1])
+                       optimizer=self.optimizer, transient=transient, tp_comm=comm, own=own)
 
 
     def _comm(self, column: str, b: float) -> np.ndarray:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +11,11 @@ from ..errors import LayoutError, PlanError, ScheduleError
 from ..jsonio import read_json, write_json
 from ..relpaths import resolved_path, stored_path
 from ..schedule.actions import Action
-from ..schedule.activation import Activation
+from ..schedule.activation import FIGURED, Activation, Figures, figure_keys
 from ..schedule.descriptors import ScheduleName, describe
 from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
-from .plan_fields import OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order
+from .plan_fields import FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 
 __all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
@@ -63,18 +63,16 @@ class StagePlan:
     compute and waiting (the links' `overhead_s`, once per message); the simulator adds it to both."""
     transient_bytes: int = 0
     """Largest working memory of the stage's units (effects.TRANSIENT); 0 and not written without peak data."""
-    selective_bytes: int = 0
-    """Bytes one microbatch keeps besides the stage input under selective recomputation (`StageCost.selective_bytes`);
-    0 and not written when the profile has no selective figures."""
-    selective_redo_s: float = 0.0
-    """What selective recomputation adds to each backward (`StageCost.selective_redo_s`); 0 and not written when the
-    profile has no selective figures."""
+    own: tuple[tuple[Activation, Figures], ...] = ()
+    """The activation policies' own figures for this stage (`StageCost.own`); in JSON as two fields per policy
+    (`figure_keys`: "selective_bytes", "selective_redo_s"), not written when 0."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
             raise TypeError(f"StagePlan.activation must be an Activation, got {self.activation!r}")
-        for name in STAGE_NUMBERS:
-            value = getattr(self, name)
+        numbers = {**{name: getattr(self, name) for name in STAGE_NUMBERS if name not in FIGURE_FIELDS},
+                   **_figure_fields(self.own)}
+        for name, value in numbers.items():
             if value is None and name in ("backward_input_s", "backward_weight_s"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
@@ -204,7 +202,8 @@ class Plan:
         data = {k: v for k, v in data.items() if v or k not in ("hf_config", "profile_path", "device", "optimizer")}
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
-        data["stages"] = [{**{k: v for k, v in st.items() if v or k not in OMITTED_WHEN_0},
+        data["stages"] = [{**{k: v for k, v in {**st, **_figure_fields(s.own)}.items()
+                              if k != "own" and (v or k not in OMITTED_WHEN_0)},
                            "activation": s.activation.value} for st, s in zip(data["stages"], self.stages)]
         return {"version": data.pop("version"), **data}
 
@@ -227,13 +226,15 @@ class Plan:
         for i, s in enumerate(data["stages"]):
             if isinstance(s, dict) and "recompute" in s:  # version 2 with version 1's field
                 f.at(f"stage {i}").fail("field 'recompute' is version 1's; version 2 has 'activation' (keep, recompute)")
-            f.at(f"stage {i}").record(s, StagePlan)
+            f.at(f"stage {i}").keys(s, [*(x.name for x in fields(StagePlan) if x.name != "own"), *FIGURE_FIELDS],
+                                    [x.name for x in fields(StagePlan) if x.default is MISSING])
         f.at("predicted").record(data["predicted"], Prediction)
         check_fields(data, f, Prediction)
         order = custom_order(data.get("custom_order", []), f)
         try:
-            stages = tuple(StagePlan(**{**s, "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
-                                        "activation": Activation(s.get("activation", "keep"))})
+            stages = tuple(StagePlan(**{**{k: v for k, v in s.items() if k not in FIGURE_FIELDS},
+                                        "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
+                                        "activation": Activation(s.get("activation", "keep")), "own": _own(s)})
                            for s in data["stages"])
             rest = {k: v for k, v in data.items() if k not in LAYOUT_KEYS}
             plan = Plan(**{**rest, "layout": layout_of(data), "schedule": ScheduleName(data["schedule"]),
@@ -249,6 +250,18 @@ class Plan:
             raise PlanError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
+
+
+def _figure_fields(own: tuple[tuple[Activation, Figures], ...]) -> dict[str, float]:
+    """A stage's policy figures as its JSON fields (`figure_keys`), every figured policy's (0 when it has none)."""
+    given = dict(own)
+    return {k: v for a in FIGURED for k, v in zip(figure_keys(a), given.get(a, Figures()))}
+
+
+def _own(stage: dict[str, Any]) -> tuple[tuple[Activation, Figures], ...]:
+    """A JSON stage's policy figures (`figure_keys`), for the policies it gives any of."""
+    return tuple((a, Figures(stage.get(b, 0), stage.get(t, 0.0))) for a in FIGURED
+                 for b, t in [figure_keys(a)] if b in stage or t in stage)
 
 
 def _check_consistent(plan: Plan) -> None:

@@ -7,22 +7,24 @@ from typing import Any
 
 from ..errors import ScheduleError
 from ..schedule.actions import Action, parse_action
-from ..schedule.activation import Activation
+from ..schedule.activation import FIGURED, Activation, figure_keys
 from ..schedule.descriptors import ScheduleName
 from .fields import Fields, is_int, is_span
 from .layout import LAYOUT_FIELDS
 
-__all__ = ["OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order"]
+__all__ = ["FIGURE_FIELDS", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order"]
 
 
 #: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
 _PLAN_INTS = {"num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0, **LAYOUT_FIELDS}
 _STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
-#: Stage fields not written when 0 (plans without peak data, profiles without selective figures).
-OMITTED_WHEN_0 = ("transient_bytes", "selective_bytes", "selective_redo_s")
+#: The stage fields of the activation policies' own figures (`figure_keys`: "selective_bytes", "selective_redo_s").
+FIGURE_FIELDS = tuple(k for a in FIGURED for k in figure_keys(a))
+#: Stage fields not written when 0 (plans without peak data, profiles without a policy's figures).
+OMITTED_WHEN_0 = ("transient_bytes", *FIGURE_FIELDS)
 #: Number fields of a stage (finite, >= 0; the backward's I and W may be null, in plans that predate them).
 STAGE_NUMBERS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "progress_s",
-                 "overhead_s", "transient_bytes", "selective_bytes", "selective_redo_s")
+                 "overhead_s", "transient_bytes", *FIGURE_FIELDS)
 _PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
 #: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
 _SEED_LIMIT = 2**63

@@ -27,8 +27,9 @@ from .profile_values import REPROFILE as _REPROFILE
 from .profile_values import LiveValue, TiedGroup, ValueAction
 from .profile_tp import TP_COLUMNS, TP_FILE, check_numbers, check_tp_meta, validate_tp
 from ..relpaths import resolved_path, stored_path
+from ..schedule.activation import POLICY_COLUMNS
 
-__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "OPTIONAL_UNIT_COLUMNS", "SELECTIVE_COLUMNS", "UNIT_SOURCES",
+__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "OPTIONAL_UNIT_COLUMNS", "UNIT_SOURCES",
            "EDGE_COLUMNS", "TP_COLUMNS", "ValueAction", "LiveValue", "TiedGroup", "ProfileMeta",
            "Profile", "load_profile"]
 
@@ -65,11 +66,6 @@ UNIT_COLUMNS: dict[str, str] = {
 #: (autopp.model.experts.expert_bytes; 0 in profiles before them).
 OPTIONAL_UNIT_COLUMNS: dict[str, tuple[str, Any]] = {"source": ("str", "measured"), "same_as": ("int", -1),
                                                      "expert_param_bytes": ("int", 0), "moe_layers": ("int", 0)}
-#: Optional columns of units.csv, not filled in when absent: selective recomputation's figures (docs/profile-format.md,
-#: autopp.schedule.activation): the bytes a unit keeps per microbatch when its stage recomputes selectively (the
-#: outputs of the ops in `SAVED_OPS`) and the time of the ops it recomputes. A profile without them is planned
-#: without selective recomputation.
-SELECTIVE_COLUMNS: dict[str, str] = {"selective_activation_bytes": "int", "selective_recompute_s": "float"}
 #: Values of the `source` column: measured on the unit itself; copied from the measured unit `same_as` of the same
 #: structure and input shapes; computed by the analytic cost model (autopp.measure.analytic).
 UNIT_SOURCES = ("measured", "shared", "analytic")
@@ -296,8 +292,8 @@ def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where
     """Reject missing columns, non-numeric, NaN, infinite or negative values, and rows that miss a (unit, size)."""
     for table, columns, name in ((units, UNIT_COLUMNS, "units.csv"), (edges, EDGE_COLUMNS, "edges.csv")):
         check_numbers(table, columns, where, name)
-    if any(c in units.columns for c in SELECTIVE_COLUMNS):
-        check_numbers(units, SELECTIVE_COLUMNS, where, "units.csv")
+    if any(c in units.columns for c in POLICY_COLUMNS):  # the activation policies' own figures (optional)
+        check_numbers(units, POLICY_COLUMNS, where, "units.csv")
     n = len(meta.unit_names)
     expected = {(u, b) for u in range(n) for b in meta.microbatch_sizes}
     got = [(int(u), int(b)) for u, b in zip(units.unit, units.microbatch_size)]

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pandas as pd
 
-from .profile import EDGE_COLUMNS, SELECTIVE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..schedule.activation import Activation, policy
+from .profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 
 __all__ = ["synthetic_profile", "synthetic_tp_rows"]
 
@@ -90,7 +91,7 @@ def synthetic_profile(num_units: int, *, hidden: int = 4096, seq: int = 2048, se
                        torch_version="none", num_threads=1, optimizer="adam", repeats=1, warmup=0)
     table = pd.DataFrame(units, columns=list(UNIT_COLUMNS))
     if selective:
-        table = table.assign(**{c: v for c, v in zip(SELECTIVE_COLUMNS, (
+        table = table.assign(**{c: v for c, v in zip(policy(Activation.SELECTIVE).columns, (
             (table.activation_bytes * SELECTIVE_KEPT).round().astype(int), table.forward_s * SELECTIVE_REDONE))})
     if tp_degrees:
         meta = replace(meta, tp_degrees=tuple(tp_degrees), tp_plan=dict(SYNTHETIC_TP_PLAN),

@@ -17,7 +17,8 @@ from torch.distributed.pipelining import Pipe
 from ..costmodel.roofline import (Calibration, Efficiency, FitRow, OpCounts, UnitError, default_efficiency,
                                  fit_efficiency, phase_time)
 from ..data.catalog import DeviceSpec, identify_device, load_device
-from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, SELECTIVE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..schedule.activation import POLICY_COLUMNS
 from ..errors import AutoppError, ProfileError
 from ..model.contract import ModelFile, describe_error, load_model_file
 from ..model.experts import moe_facts
@@ -257,7 +258,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
                      "selective_activation_bytes": r.counts.selective_bytes, "source": "analytic",
                      "same_as": -1 if r.same_as is None else r.same_as})
     table = pd.DataFrame(rows).sort_values(["microbatch_size", "unit"], kind="stable").reset_index(drop=True)
-    columns = list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS) + list(SELECTIVE_COLUMNS)
+    columns = list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS) + list(POLICY_COLUMNS)
     live = [replace(v, bytes={b: c.value_bytes[b].get(v.name, 0) for b in c.options.microbatch_sizes})
             for v in c.live]
     peaks: dict[str, dict[str, int]] = {str(r.unit): {} for r in c.rows}

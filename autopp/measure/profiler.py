@@ -20,7 +20,8 @@ from ..model.experts import moe_facts
 from ..model.meta import MetaModel, build_units
 from ..model.split import LiveValue, tied_groups
 from ..model.units import Unit
-from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, SELECTIVE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..schedule.activation import POLICY_COLUMNS
 from .allocator import keep_freed_memory, release_large_allocations
 from .memory import PEAK_HOW
 from .options import MeasureOptions, ProfileOptions
@@ -178,7 +179,7 @@ class _Found:
         table = pd.DataFrame(self.rows)
         table.insert(1, "name", [units[i].name for i in table.unit])
         table.insert(2, "modules", [" ".join(units[i].modules) for i in table.unit])
-        return table[list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS) + list(SELECTIVE_COLUMNS)]
+        return table[list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS) + list(POLICY_COLUMNS)]
 
 
 def _on_the_whole_model(mf: ModelFile, meta: MetaModel, at_b: SizeResult, b: int, settings: Settings,

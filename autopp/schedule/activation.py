@@ -21,14 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Protocol
+from typing import Callable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
 from autopp.errors import ScheduleError
 
-__all__ = ["Activation", "SAVED_OPS", "ActivationPolicy", "StageFigures", "UnitFigures", "POLICIES", "policy",
-           "parse_activation", "order_key", "chosen", "by_saving"]
+__all__ = ["Activation", "SAVED_OPS", "Figures", "ActivationPolicy", "StageFigures", "UnitFigures", "POLICIES",
+           "POLICY_COLUMNS", "FIGURED", "figure_keys", "policy", "parse_activation", "order_key", "chosen",
+           "by_saving"]
 
 
 class Activation(Enum):
@@ -50,6 +51,18 @@ SAVED_OPS: frozenset[str] = frozenset({
     "aten._scaled_dot_product_fused_attention_overrideable", "_c10d_functional.reduce_scatter_tensor"})
 
 
+class Figures(NamedTuple):
+    """A policy's own figures of one microbatch of a stage, beyond what every stage has (its forward time, its
+    activation and input bytes): carried generically, policy -> figures, from the profile's columns (or, for a
+    policy whose figures follow from the stages and the hardware, from the cost model) through `UnitArrays`,
+    `StageCost` and the plan's stages, so that a policy with figures of its own adds no field anywhere."""
+
+    kept_bytes: int = 0
+    """Bytes one microbatch keeps for its backward besides the stage input (selective: the saved ops' outputs)."""
+    redo_s: float = 0.0
+    """Time the policy adds to the stage's backward (selective: the ops it runs again)."""
+
+
 class StageFigures(Protocol):
     """What a policy reads of one microbatch of a stage (`autopp.schedule.effects.StageCost` has these)."""
 
@@ -59,10 +72,7 @@ class StageFigures(Protocol):
     def activation_bytes(self) -> int: ...
     @property
     def input_bytes(self) -> int: ...
-    @property
-    def selective_bytes(self) -> int: ...
-    @property
-    def selective_redo_s(self) -> float: ...
+    def figures(self, a: Activation) -> Figures: ...
 
 
 class UnitFigures(Protocol):
@@ -75,9 +85,7 @@ class UnitFigures(Protocol):
     @property
     def activation(self) -> np.ndarray: ...
     @property
-    def selective_bytes(self) -> np.ndarray | None: ...
-    @property
-    def selective_redo(self) -> np.ndarray | None: ...
+    def own(self) -> Mapping[Activation, tuple[np.ndarray, np.ndarray]]: ...
 
 
 def _none(a: UnitFigures) -> np.ndarray:
@@ -112,6 +120,9 @@ class ActivationPolicy:
     """Per unit, the activation bytes the split's memory check charges a stage with this many microbatches in flight
     (a relaxation where only inputs are kept: the kept inputs are charged by the simulator and the order walks, which
     judge every plan)."""
+    columns: tuple[str, ...] = ()
+    """The profile's units.csv columns of its own figures (`Figures`): per unit, the bytes kept and the seconds
+    redone per microbatch, in that order (`POLICY_COLUMNS`; empty: the policy has none in the profile)."""
     offered: Callable[[UnitFigures], bool] = _always
     """Whether the units carry this policy's figures (a profile without them: the search does not offer it)."""
     checkpoint: bool
@@ -141,12 +152,16 @@ class ActivationPolicy:
 
 def _selective_units(a: UnitFigures, inflight: int) -> np.ndarray:
     """Without the figures (not offered), as keeping: the stage's figures are then 0 bytes saved, 0 s redone."""
-    kept = a.selective_bytes if a.selective_bytes is not None else a.activation
+    kept = a.own[Activation.SELECTIVE][0] if Activation.SELECTIVE in a.own else a.activation
     return inflight * kept + np.maximum(a.activation - kept, 0.0)
 
 
 def _selective_redo(a: UnitFigures) -> np.ndarray:
-    return a.selective_redo if a.selective_redo is not None else _none(a)
+    return a.own[Activation.SELECTIVE][1] if Activation.SELECTIVE in a.own else _none(a)
+
+
+def _selective(c: StageFigures) -> Figures:
+    return c.figures(Activation.SELECTIVE)
 
 
 _SELECTIVE_NOTE = ("torchtitan's op-level policy also recomputes every second matmul, and Megatron's selective "
@@ -172,15 +187,32 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      deepspeed_interval=1, trainer_note=_FULL_NOTE),
     ActivationPolicy(name=Activation.SELECTIVE, summary="keep matmul and attention outputs; recompute the other ops "
                      "in the backward", saving=1,
-                     redo_s=lambda c: c.selective_redo_s, kept=lambda c: c.selective_bytes + c.input_bytes,
-                     redone=lambda c: max(0, c.activation_bytes - c.selective_bytes), unit_redo=_selective_redo,
-                     unit_bytes=_selective_units, offered=lambda a: a.selective_bytes is not None,
+                     redo_s=lambda c: _selective(c).redo_s, kept=lambda c: _selective(c).kept_bytes + c.input_bytes,
+                     redone=lambda c: max(0, c.activation_bytes - _selective(c).kept_bytes),
+                     unit_redo=_selective_redo, unit_bytes=_selective_units,
+                     columns=("selective_activation_bytes", "selective_recompute_s"),
+                     offered=lambda a: Activation.SELECTIVE in a.own,
                      checkpoint=True, saves_ops=SAVED_OPS, torchtitan="selective",
                      megatron=("--recompute-granularity selective",), deepspeed_interval=None,
                      deepspeed_refusal="DeepSpeed's PipelineModule checkpoints whole layers "
                      "(activation_checkpoint_interval); it has no op-level selective recomputation",
                      trainer_note=_SELECTIVE_NOTE),
 )}
+
+
+#: The optional units.csv columns of the policies' own figures (`ActivationPolicy.columns`) and their types, not
+#: filled in when absent (docs/profile-format.md): a profile without a policy's columns is planned without it.
+POLICY_COLUMNS: dict[str, str] = {c: t for p in POLICIES.values() if p.columns
+                                  for c, t in zip(p.columns, ("int", "float"))}
+
+#: The policies with figures of their own (`Figures`), in registry order.
+FIGURED: tuple[Activation, ...] = tuple(p.name for p in POLICIES.values() if p.columns)
+
+
+def figure_keys(a: Activation) -> tuple[str, str]:
+    """The plan JSON's stage fields of policy `a`'s own figures ("selective_bytes", "selective_redo_s"), written
+    only when not 0."""
+    return f"{a.value}_bytes", f"{a.value}_redo_s"
 
 
 def policy(a: Activation) -> ActivationPolicy:

@@ -39,11 +39,14 @@ from typing import NamedTuple
 
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind
-from autopp.schedule.activation import Activation, policy
+from autopp.schedule.activation import Activation, Figures, policy
 
 __all__ = ["StageCost", "Footprint", "FREES", "durations", "footprint", "added_at_start", "freed_at_end",
            "live_change", "inflight_peaks", "rank_static_bytes", "transient_peak", "rank_peak", "order_peaks",
            "memory_timeline"]
+
+
+_NO_FIGURES = Figures()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,18 +79,20 @@ class StageCost:
     backward_comm_s: float = 0.0
     """The part of a full backward (backward_s, or I + W) that is communication inside the stage, as
     forward_comm_s; it belongs to the input-gradient pass I where the backward is split."""
-    selective_bytes: int = 0
-    """Bytes one microbatch keeps under selective recomputation besides the stage input: the outputs of the ops it
-    saves (`activation.SAVED_OPS`); the rest of activation_bytes is allocated again when the backward starts."""
-    selective_redo_s: float = 0.0
-    """What selective recomputation adds to a B or I: the forward's ops it does not save, run again."""
+    own: tuple[tuple[Activation, Figures], ...] = ()
+    """The activation policies' own figures for this stage (`activation.Figures`: selective recomputation's bytes
+    kept and time redone), each policy at most once; a policy not listed has none (0 bytes, 0 s)."""
+
+    def figures(self, a: Activation) -> Figures:
+        """Policy `a`'s own figures for this stage (`own`; zeros when it has none)."""
+        return next((f for p, f in self.own if p is a), _NO_FIGURES)
 
     def __post_init__(self) -> None:
         times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s,
                  0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s,
-                 self.selective_redo_s)
+                 *(f.redo_s for _, f in self.own))
         sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes,
-                 self.selective_bytes)
+                 *(f.kept_bytes for _, f in self.own))
         if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
             raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
         full = self.backward_input_s + self.backward_weight_s if self.backward_s is None else self.backward_s

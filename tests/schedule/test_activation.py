@@ -10,11 +10,12 @@ import pytest
 
 from autopp.costmodel import UnitArrays
 from autopp.errors import ScheduleError
+from autopp.schedule.activation import Figures
 from autopp.schedule import POLICIES, Activation, StageCost, by_saving, chosen, order_key, parse_activation, policy
 
 KEEP, RECOMPUTE, SELECTIVE = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE
 COST = StageCost(forward_s=2.5, backward_input_s=1.0, backward_weight_s=1.0, activation_bytes=100, input_bytes=7,
-                 selective_bytes=40, selective_redo_s=0.25)
+                 own=((Activation.SELECTIVE, Figures(40, 0.25)),))
 
 
 def _units(forward: list[float], recompute: list[float], activation: list[int],
@@ -24,7 +25,7 @@ def _units(forward: list[float], recompute: list[float], activation: list[int],
                    np.zeros(len(forward) + 1), False, z)
     if selective is None:
         return a
-    return replace(a, selective_bytes=np.array(selective[0], dtype=float), selective_redo=np.array(selective[1]))
+    return replace(a, own={SELECTIVE: (np.array(selective[0], dtype=float), np.array(selective[1]))})
 
 
 def test_selective_keeps_the_saved_ops_outputs_and_redoes_the_rest() -> None:
