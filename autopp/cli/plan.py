@@ -75,8 +75,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--virtual-stages", type=POSITIVE, help="stages per rank for interleaved schedules")
     p.add_argument("--recompute", choices=["none", "all", "auto"], default="none",
                    help="activation recomputation (default none; all: full recomputation on every stage; auto: per "
-                        "stage, keep, selective (when the profile has its figures) or full recomputation, saving "
-                        "memory only where it is needed)")
+                        "stage, keep, selective (when the profile has its figures), offload to host memory (when "
+                        "the devices have a host link) or full recomputation, saving memory only where it is needed)")
     p.add_argument("--split", type=_indices, metavar="I,J,...",
                    help="evaluate this split instead of searching one: the unit indices where stages 1.. begin "
                         "(stages = pp x stages per rank); printed beside autopp's own choice")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 
 from ..data.cluster import Cluster
 from ..schedule import Activation, StageCost, policy
-from ..schedule.activation import Figures
+from ..schedule.activation import POLICIES, Figures
 from .units import UnitArrays
 
 __all__ = ["stage_speeds", "stage_costs", "memory_prefix", "unit_memory", "stage_transient",
@@ -21,10 +22,12 @@ def stage_speeds(cluster: Cluster, owner: Sequence[int]) -> list[float]:
 
 
 def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequence[float],
-                overheads: Sequence[float] | None = None) -> list[StageCost]:
+                overheads: Sequence[float] | None = None, host_bandwidth: float = 0.0) -> list[StageCost]:
     """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input;
     `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none). Like
-    torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward."""
+    torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward. The activation
+    policies' own figures: summed over the units from the profile's columns, or, with the devices' host link
+    (`host_bandwidth`, bytes/s per direction; `Cluster.host_bandwidth`), derived from the stages (`derive`)."""
     out = []
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
         full = float(a.backward[i:j].sum()) / sp
@@ -37,7 +40,9 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              transient_bytes=stage_transient(a, i, j),
                              own=tuple((p, Figures(int(kept[i:j].sum()), float(redo[i:j].sum()) / sp))
                                        for p, (kept, redo) in a.own.items())))
-    return out
+    derived = [p for p in POLICIES.values() if p.derive is not None] if host_bandwidth > 0 else []
+    return [replace(c, own=c.own + tuple((p.name, p.derive(out, s, host_bandwidth)) for p in derived if p.derive))
+            for s, c in enumerate(out)] if derived else out
 
 
 def memory_prefix(a: UnitArrays, inflight: int, activation: Activation = Activation.KEEP) -> np.ndarray:

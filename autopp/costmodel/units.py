@@ -151,7 +151,7 @@ class ProfileTable:
         transient = None if self.transient is None else np.round(self._at(self.transient, b))
         comm = None if self.tp == 1 else TpComm(**{field: self._comm(c, b) for c, field in TP_COMM_COLUMNS.items()})
         own = {p: (np.round(self._at(self.cols[c[0]], b)), self._at(self.cols[c[1]], b))
-               for p in FIGURED for c in [policy(p).columns] if all(x in self.cols for x in c)}
+               for p in FIGURED for c in [policy(p).columns] if c and all(x in self.cols for x in c)}
         return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
                        optimizer=self.optimizer, transient=transient, tp_comm=comm, own=own)
 

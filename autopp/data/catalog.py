@@ -89,6 +89,10 @@ class DeviceSpec:
     memory_shared: bool = False
     """`memory_bytes` is the host's, shared by the devices of a node (CPU ranks): a cluster gives each device
     memory_bytes / the devices on its node (`cluster_from_catalog`)."""
+    host_link: DeviceLink | None = None
+    """Link between one device and host memory (PCIe, NVLink-C2C), what activation offload moves bytes over (None:
+    not known). A device whose memory is the host's (`memory_shared`) may name a memory copy here, but a cluster
+    gives it no host link (`Cluster.host_bandwidth` 0): offloading would move bytes within the same memory."""
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0 or not self.memory_bandwidth_bytes_per_s > 0 \
@@ -120,8 +124,9 @@ class DeviceSpec:
 
 #: Keys of a device file (docs/devices.md); "name" is the file's stem.
 _KEYS = {"vendor", "model", "memory", "memory_bandwidth_bytes_per_s", "peak_flops", "intra_node_link",
-         "inter_node_link", "devices_per_node", "source", "torch_names", "notes", "extra", "memory_shared"}
-_REQUIRED = _KEYS - {"torch_names", "notes", "extra", "memory_shared"}
+         "inter_node_link", "devices_per_node", "source", "torch_names", "notes", "extra", "memory_shared",
+         "host_link"}
+_REQUIRED = _KEYS - {"torch_names", "notes", "extra", "memory_shared", "host_link"}
 _ADVICE = "see docs/devices.md"
 
 
@@ -174,16 +179,18 @@ def cluster_from_catalog(spec: DeviceSpec, devices: int | None = None, *, nodes:
     intra = _with(spec.intra_node_link.link, overrides, overrides.intra_bandwidth)
     inter = _with(spec.inter_node_link.link, overrides, overrides.inter_bandwidth)
     memory = memory_bytes or (spec.memory_bytes // min(count, per_node) if spec.memory_shared else spec.memory_bytes)
+    host = 0.0 if spec.host_link is None or spec.memory_shared else spec.host_link.link.bandwidth_bytes_per_s
     try:
         if count <= per_node:
             flat = replace(intra, bandwidth_bytes_per_s=overrides.bandwidth or intra.bandwidth_bytes_per_s,
                            latency_s=intra.latency_s if overrides.latency_s is None else overrides.latency_s)
-            return Cluster(num_devices=count, memory_bytes=memory, link=flat, device_kind=spec.name)
+            return Cluster(num_devices=count, memory_bytes=memory, link=flat, device_kind=spec.name,
+                           host_bandwidth=host)
         if overrides.latency_s is not None or overrides.bandwidth:
             raise AutoppError(f"`latency_s`/`bandwidth` set the one link of a flat cluster; {count} devices span "
                               f"{-(-count // per_node)} nodes: give `intra_bandwidth` / `inter_bandwidth`")
-        return hierarchical_cluster(Nodes(count=count // per_node, devices_per_node=per_node, intra=intra,
-                                          inter=inter, device=spec.name), memory)
+        return replace(hierarchical_cluster(Nodes(count=count // per_node, devices_per_node=per_node, intra=intra,
+                                                  inter=inter, device=spec.name), memory), host_bandwidth=host)
     except ValueError as exc:
         raise AutoppError(f"device {spec.name!r}: {exc}") from None
 
@@ -229,7 +236,8 @@ def _parse(path: Path) -> DeviceSpec:
             source=f.string(data["source"], "source"),
             torch_names=f.strings(data.get("torch_names", []), "torch_names", empty_ok=False),
             notes=str(data.get("notes", "")), extra=dict(data.get("extra", {})),
-            memory_shared=f.flag(data.get("memory_shared", False), "memory_shared"))
+            memory_shared=f.flag(data.get("memory_shared", False), "memory_shared"),
+            host_link=_link(data["host_link"], "host_link", f) if "host_link" in data else None)
     except (ValueError, TypeError) as exc:  # the links' figures, the dtypes, DeviceSpec's own checks
         f.fail(str(exc))
 

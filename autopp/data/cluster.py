@@ -179,9 +179,14 @@ class Cluster:
     """The pipeline x data-parallel layout `placed` on a hierarchical cluster: links and groups follow from it."""
     device_kind: str | None = None
     """The device kind's catalog name (autopp.data.catalog), when known (a cluster of nodes: its nodes')."""
+    host_bandwidth: float = 0.0
+    """Bytes/s per direction between one device and host memory (the catalog's `host_link`: PCIe, NVLink-C2C); 0:
+    none known, or the device's memory is the host's (CPU ranks), and activation offload is not offered."""
 
     def __post_init__(self) -> None:
         self._check_nodes()
+        if not 0 <= self.host_bandwidth < math.inf:
+            raise ValueError(f"host bandwidth must be finite and >= 0, got {self.host_bandwidth}")
         if self.num_devices < 1:
             raise ValueError(f"need at least 1 device, got {self.num_devices}")
         if self.memory_bytes <= 0:

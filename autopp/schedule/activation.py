@@ -15,13 +15,25 @@ activation functions, elementwise ops) at the start of the backward, the cheap-t
 Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv:2205.05198), single out.
 A profile gives per unit what it keeps so and what its recompute costs (`selective_activation_bytes`,
 `selective_recompute_s`, docs/profile-format.md); a profile without them is not offered the policy.
+
+Offload moves what a stage's forward saves for its backward to host memory and brings it back for the backward, as
+torch's `torch.autograd.graph.save_on_cpu` does it (the runner) and PipeOffload (Wan et al., "PipeOffload:
+Improving Scalability of Pipeline Parallelism with Memory Optimization", ICML 2025, arXiv:2503.01328) overlaps it with a pipeline's
+compute: a microbatch keeps its stage input on the device, and from the start of its backward until its end its
+activations (brought back) and the next microbatch's (being brought back under this backward: a double buffer)
+are on the device again; the transfer is free where it hides under the compute between the microbatch's forward and
+its backward, and its exposed rest is added to the backward (`_offload_figures`). Its figures follow from the
+stages and the device's host link (PCIe, NVLink-C2C: the device catalog's `host_link`), not from the profile; a
+device whose memory is the host's (a CPU rank) has no host link, and the policy is not offered there: offloading
+would move bytes within the same memory and save nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Mapping, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -38,6 +50,7 @@ class Activation(Enum):
     KEEP = "keep"
     RECOMPUTE = "recompute"
     SELECTIVE = "selective"
+    OFFLOAD = "offload"
 
 
 #: The ops whose outputs selective recomputation keeps (`str(op.overloadpacket)`: "aten.mm"), the one list the runner's
@@ -72,6 +85,10 @@ class StageFigures(Protocol):
     def activation_bytes(self) -> int: ...
     @property
     def input_bytes(self) -> int: ...
+    @property
+    def backward_input_s(self) -> float: ...
+    @property
+    def backward_weight_s(self) -> float: ...
     def figures(self, a: Activation) -> Figures: ...
 
 
@@ -92,7 +109,7 @@ def _none(a: UnitFigures) -> np.ndarray:
     return np.zeros(len(a.forward))
 
 
-def _always(a: UnitFigures) -> bool:
+def _always(a: UnitFigures, host_bandwidth: float) -> bool:
     return True
 
 
@@ -123,31 +140,41 @@ class ActivationPolicy:
     columns: tuple[str, ...] = ()
     """The profile's units.csv columns of its own figures (`Figures`): per unit, the bytes kept and the seconds
     redone per microbatch, in that order (`POLICY_COLUMNS`; empty: the policy has none in the profile)."""
-    offered: Callable[[UnitFigures], bool] = _always
-    """Whether the units carry this policy's figures (a profile without them: the search does not offer it)."""
+    derive: Callable[[Sequence[StageFigures], int, float], Figures] | None = None
+    """Its figures for stage s of a split when they follow from the stages' costs and the device's host link
+    (bytes/s per direction) rather than from profile columns (`autopp.costmodel.stage_costs` calls it)."""
+    offered: Callable[[UnitFigures, float], bool] = _always
+    """Whether the search may give it a stage: the units carry its figures (a profile without them: not offered),
+    and with the devices' host link (bytes/s per direction; 0: none, the device's memory is the host's)."""
+    unoffered: str = ""
+    """Why it may not be offered (`offered`), for messages."""
     checkpoint: bool
     """The runner wraps the stage's forward in `torch.utils.checkpoint.checkpoint` (non-reentrant)."""
     saves_ops: frozenset[str] = frozenset()
     """Under that checkpoint, the ops whose outputs are kept (torch's selective checkpoint context); empty: none."""
+    to_host: bool = False
+    """The runner runs the stage's forward under `torch.autograd.graph.save_on_cpu`: what autograd saves goes to
+    host memory, and comes back when the backward unpacks it."""
     torchtitan: str
     """torchtitan's `activation_checkpoint.mode` for it."""
     megatron: tuple[str, ...]
     """Megatron-LM's arguments for it."""
     deepspeed_interval: int | None
     """DeepSpeed PipelineModule's `activation_checkpoint_interval` for it (None: DeepSpeed cannot express it)."""
-    deepspeed_refusal: str = ""
-    """Why DeepSpeed cannot express it (with `deepspeed_interval` None)."""
+    refusals: Mapping[str, str] = field(default_factory=dict)
+    """Per trainer ("torchtitan", "megatron", "deepspeed"), why it cannot apply this policy (absent: it can);
+    `autopp plan --for TRAINER` does not offer a policy its trainer refuses, and the exporters refuse it."""
     trainer_note: str = ""
     """What the trainers' version leaves out that autopp counted (empty: nothing)."""
 
     def refusal(self, trainer: str) -> str | None:
         """Why `trainer` ("torchtitan", "megatron", "deepspeed") cannot apply this policy (None: it can)."""
-        return self.deepspeed_refusal if trainer == "deepspeed" and self.deepspeed_interval is None else None
+        return self.refusals.get(trainer)
 
     @property
     def redoes_forward(self) -> bool:
         """The backward (B, or I of split-backward schedules) first runs some of the stage's forward again."""
-        return self.saving > 0
+        return self.checkpoint
 
 
 def _selective_units(a: UnitFigures, inflight: int) -> np.ndarray:
@@ -171,6 +198,38 @@ _SELECTIVE_NOTE = ("torchtitan's op-level policy also recomputes every second ma
 _FULL_NOTE = ("the trainer's full recomputation covers the transformer blocks only; the embedding and the output "
               "part keep their activations, which autopp counted as recomputed")
 
+def _offload_figures(stages: Sequence[StageFigures], s: int, host_bandwidth: float) -> Figures:
+    """What offloading adds to a backward of stage `s`: the part of its activations' trip to host memory and back
+    that does not hide under compute (PipeOffload). The trip takes `move` = activation bytes / host bandwidth each
+    way, on a link that carries both ways at once. It hides when it fits between the microbatch's forward and its
+    backward, a window that is at least the microbatch's own path through the later stages (their forward and
+    input-gradient times, whatever the schedule), and when each way's transfer of one microbatch fits in the stage's
+    own compute of one (forward + backward), so that transfers do not queue. The rest is exposed: max(0, 2 move -
+    window, move - compute). The last stage has no window: offloading it exposes the whole trip."""
+    c = stages[s]
+    move = c.activation_bytes / host_bandwidth
+    window = sum(x.forward_s + x.backward_input_s for x in stages[s + 1:])
+    compute = c.forward_s + c.backward_input_s + c.backward_weight_s
+    return Figures(0, max(0.0, 2 * move - window, move - compute))
+
+
+def _host_link(a: UnitFigures, host_bandwidth: float) -> bool:
+    return host_bandwidth > 0
+
+
+def _offloaded(c: StageFigures) -> float:
+    return c.figures(Activation.OFFLOAD).redo_s
+
+
+_OFFLOAD_REFUSALS = {
+    "torchtitan": "torchtitan 0.3 has no activation offload (its training.enable_cpu_offload is FSDP's "
+                  "CPUOffloadPolicy for parameters, gradients and optimizer state)",
+    "megatron": "Megatron-Core's --cpu-offloading refuses pipeline parallelism (TransformerConfig: \"Currently there "
+                "is no support for Pipeline parallelism with CPU offloading\") and offloads fewer layers than the "
+                "model has (--cpu-offloading-num-layers < num_layers)",
+    "deepspeed": "DeepSpeed's cpu_checkpointing moves the inputs that activation checkpointing keeps to host memory, "
+                 "which is recomputation, not offloading a stage's saved activations"}
+
 #: Every activation policy.
 POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
     ActivationPolicy(name=Activation.KEEP, summary="keep every activation for the backward", saving=0,
@@ -178,7 +237,7 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      unit_bytes=lambda a, inflight: inflight * a.activation,
                      checkpoint=False, torchtitan="none", megatron=(), deepspeed_interval=0),
     ActivationPolicy(name=Activation.RECOMPUTE, summary="keep the stage input; recompute the forward in the backward",
-                     saving=2, redo_s=lambda c: c.forward_s, kept=lambda c: c.input_bytes,
+                     saving=3, redo_s=lambda c: c.forward_s, kept=lambda c: c.input_bytes,
                      redone=lambda c: c.activation_bytes, unit_redo=lambda a: a.recompute,
                      unit_bytes=lambda a, inflight: a.activation,
                      checkpoint=True, torchtitan="full",
@@ -191,12 +250,20 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      redone=lambda c: max(0, c.activation_bytes - _selective(c).kept_bytes),
                      unit_redo=_selective_redo, unit_bytes=_selective_units,
                      columns=("selective_activation_bytes", "selective_recompute_s"),
-                     offered=lambda a: Activation.SELECTIVE in a.own,
+                     offered=lambda a, host: Activation.SELECTIVE in a.own,
+                     unoffered="the profile has no figures for it: profile again",
                      checkpoint=True, saves_ops=SAVED_OPS, torchtitan="selective",
                      megatron=("--recompute-granularity selective",), deepspeed_interval=None,
-                     deepspeed_refusal="DeepSpeed's PipelineModule checkpoints whole layers "
-                     "(activation_checkpoint_interval); it has no op-level selective recomputation",
+                     refusals={"deepspeed": "DeepSpeed's PipelineModule checkpoints whole layers "
+                               "(activation_checkpoint_interval); it has no op-level selective recomputation"},
                      trainer_note=_SELECTIVE_NOTE),
+    ActivationPolicy(name=Activation.OFFLOAD, summary="move the saved activations to host memory after the forward "
+                     "and back before the backward", saving=2,
+                     redo_s=_offloaded, kept=lambda c: c.input_bytes, redone=lambda c: 2 * c.activation_bytes,
+                     unit_redo=_none, unit_bytes=lambda a, inflight: 2 * a.activation, derive=_offload_figures,
+                     offered=_host_link, unoffered="the devices have no host link to offload over (a "
+                     "CPU rank's memory is the host's: offloading would save nothing)", checkpoint=False, to_host=True, torchtitan="none",
+                     megatron=(), deepspeed_interval=None, refusals=_OFFLOAD_REFUSALS),
 )}
 
 
@@ -205,8 +272,8 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
 POLICY_COLUMNS: dict[str, str] = {c: t for p in POLICIES.values() if p.columns
                                   for c, t in zip(p.columns, ("int", "float"))}
 
-#: The policies with figures of their own (`Figures`), in registry order.
-FIGURED: tuple[Activation, ...] = tuple(p.name for p in POLICIES.values() if p.columns)
+#: The policies with figures of their own (`Figures`: from profile columns, or derived), in registry order.
+FIGURED: tuple[Activation, ...] = tuple(p.name for p in POLICIES.values() if p.columns or p.derive)
 
 
 def figure_keys(a: Activation) -> tuple[str, str]:

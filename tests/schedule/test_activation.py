@@ -13,7 +13,7 @@ from autopp.errors import ScheduleError
 from autopp.schedule.activation import Figures
 from autopp.schedule import POLICIES, Activation, StageCost, by_saving, chosen, order_key, parse_activation, policy
 
-KEEP, RECOMPUTE, SELECTIVE = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE
+KEEP, RECOMPUTE, SELECTIVE, OFFLOAD = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE, Activation.OFFLOAD
 COST = StageCost(forward_s=2.5, backward_input_s=1.0, backward_weight_s=1.0, activation_bytes=100, input_bytes=7,
                  own=((Activation.SELECTIVE, Figures(40, 0.25)),))
 
@@ -34,16 +34,17 @@ def test_selective_keeps_the_saved_ops_outputs_and_redoes_the_rest() -> None:
     a = _units([1.0, 2.0], [1.0, 2.0], [10, 20], ([4, 8], [0.1, 0.2]))
     assert list(sel.unit_redo(a)) == [0.1, 0.2]
     assert list(sel.unit_bytes(a, 3)) == [3 * 4 + 6, 3 * 8 + 12]  # in flight: the kept; one microbatch: the redone
-    assert sel.offered(a) and not sel.offered(_units([1.0], [1.0], [1]))
+    assert sel.offered(a, 0.0) and not sel.offered(_units([1.0], [1.0], [1]), 1e9)
     assert sel.checkpoint and sel.saves_ops >= {"aten.mm", "aten._scaled_dot_product_flash_attention"}
-    assert (sel.saving, by_saving(tuple(Activation))) == (1, (KEEP, SELECTIVE, RECOMPUTE))
+    assert (sel.saving, by_saving(tuple(Activation))) == (1, (KEEP, SELECTIVE, OFFLOAD, RECOMPUTE))
     assert sel.torchtitan == "selective"
     assert sel.megatron == ("--recompute-granularity selective",) and sel.deepspeed_interval is None
-    assert "core attention" in sel.trainer_note and "activation_checkpoint_interval" in sel.deepspeed_refusal
+    assert "core attention" in sel.trainer_note and "activation_checkpoint_interval" in str(sel.refusal("deepspeed"))
+    assert sel.refusal("torchtitan") is None and sel.refusal("megatron") is None
 
 
 def test_one_descriptor_per_policy_spelled_by_its_value() -> None:
-    assert [a.value for a in Activation] == ["keep", "recompute", "selective"]
+    assert [a.value for a in Activation] == ["keep", "recompute", "selective", "offload"]
     assert list(POLICIES) == list(Activation) and all(policy(a).name is a for a in Activation)
     assert Activation("recompute") is RECOMPUTE
 
@@ -70,7 +71,7 @@ def test_behaviour_flags() -> None:
     assert (keep.redoes_forward, keep.checkpoint, keep.saving) == (False, False, 0)
     assert (again.redoes_forward, again.checkpoint) == (True, True) and again.saving > keep.saving
     a = _units([1.0], [1.0], [1])
-    assert keep.offered(a) and again.offered(a)
+    assert keep.offered(a, 0.0) and again.offered(a, 0.0)
     assert by_saving((RECOMPUTE, KEEP, RECOMPUTE)) == (KEEP, RECOMPUTE)
 
 
@@ -85,7 +86,7 @@ def test_how_the_trainers_spell_each_policy() -> None:
 def test_parse_a_policy_at_the_boundary() -> None:
     assert parse_activation("keep") is KEEP and parse_activation("recompute", where="stage 1") is RECOMPUTE
     with pytest.raises(ScheduleError, match=r"^activation: activation policy 'RECOMPUTE' does not exist; give one of "
-                                            r"\['keep', 'recompute', 'selective'\]$"):
+                                            r"\['keep', 'recompute', 'selective', 'offload'\]$"):
         parse_activation("RECOMPUTE")
     with pytest.raises(ScheduleError, match=r"^plan\.json stage 2: activation policy True does not exist"):
         parse_activation(True, where="plan.json stage 2")  # the bool of plans before version 2 is not a policy
@@ -102,3 +103,43 @@ def test_chosen_gives_one_policy_per_stage() -> None:
     assert chosen(3, ()) == (KEEP,) * 3 and chosen(2, frozenset({0, 1})) == (RECOMPUTE,) * 2
     assert chosen(2, (1, 5)) == (KEEP, RECOMPUTE)  # a stage the configuration lacks changes nothing
     assert chosen(0, {0}) == ()
+
+
+def _offload_stages(host: float) -> list[StageCost]:
+    """Three stages: 64 activation bytes each; forward 1 s, I 1 s, W 1 s (stage 0: no I, W 2 s)."""
+    costs = [StageCost(forward_s=1.0, backward_input_s=0.0 if s == 0 else 1.0, backward_weight_s=2.0 if s == 0
+                       else 1.0, activation_bytes=64, input_bytes=8) for s in range(3)]
+    figures = policy(OFFLOAD).derive
+    assert figures is not None
+    return [replace(c, own=((OFFLOAD, figures(costs, s, host)),)) for s, c in enumerate(costs)]
+
+
+def test_offload_hides_where_the_trip_fits_between_forward_and_backward() -> None:
+    """PipeOffload's condition: the trip out and back (2 x bytes / host bandwidth) against the window the later
+    stages' forward and input-gradient passes leave (stage 0: 4 s, stage 1: 2 s, the last: none)."""
+    off = policy(OFFLOAD)
+    first, middle, last = _offload_stages(host=32.0)  # 2 s each way
+    assert [off.redo_s(c) for c in (first, middle, last)] == [0.0, 2.0, 4.0]
+    assert off.redo_s(_offload_stages(host=16.0)[0]) == 4.0  # 4 s each way: 8 s trip, 4 s window
+    # a long window (20 s) but 8 s each way against 2 s of the stage's own compute per microbatch: transfers queue
+    short, long = (StageCost(forward_s=f, backward_input_s=i, backward_weight_s=w, activation_bytes=64)
+                   for f, i, w in ((1.0, 0.0, 1.0), (10.0, 10.0, 1.0)))
+    assert off.derive is not None and off.derive([short, long], 0, 8.0) == (0, 6.0)  # max(16 - 20, 8 - 2)
+    # memory: the input kept per microbatch; in its backward its activations and the next microbatch's (prefetched)
+    assert (off.kept(first), off.redone(first)) == (8, 128)
+    assert list(off.unit_bytes(_units([1.0, 1.0], [1.0, 1.0], [10, 20]), 3)) == [20, 40]
+    assert list(off.unit_redo(_units([1.0], [1.0], [10]))) == [0.0]  # a lower bound: the stages decide
+
+
+def test_offload_needs_a_host_link_and_runs_without_a_checkpoint() -> None:
+    off, a = policy(OFFLOAD), _units([1.0], [1.0], [1])
+    assert off.offered(a, 64e9) and not off.offered(a, 0.0) and "host link" in off.unoffered
+    assert (off.to_host, off.checkpoint, off.redoes_forward) == (True, False, False)
+    assert policy(SELECTIVE).saving < off.saving < policy(RECOMPUTE).saving
+
+
+def test_no_trainer_applies_offload_and_each_says_why() -> None:
+    off = policy(OFFLOAD)
+    assert "no activation offload" in str(off.refusal("torchtitan"))
+    assert "Pipeline parallelism with CPU offloading" in str(off.refusal("megatron"))
+    assert "cpu_checkpointing" in str(off.refusal("deepspeed"))

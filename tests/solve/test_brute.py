@@ -1,5 +1,6 @@
 """The brute force over splits x per-stage recompute: counts, the single split of one unit per stage, never worse than
-the DP's split judged the same way, per-stage recompute where only it fits cheaply, and its refusal past the limit."""
+the DP's split judged the same way, per-stage recompute where only it fits cheaply, its refusal past the limit, and
+the planner's mix of offload and recomputation against it."""
 
 from __future__ import annotations
 
@@ -9,17 +10,20 @@ import random
 import numpy as np
 import pytest
 
+from autopp.data.catalog import cluster_from_catalog, load_device
 from autopp.data.cluster import Cluster, Link
-from autopp.costmodel import UnitArrays
-from autopp.data.layout import Layout
+from autopp.data.synthetic_profile import synthetic_profile
+from autopp.costmodel import UnitArrays, unit_arrays
+from autopp.data.layout import Layout, LayoutPins
 from autopp.schedule import Activation, ScheduleName
 from autopp.solve.partition.brute import brute_force, candidate_count, contiguous_splits
 from autopp.solve.partition.dp import PipeSpec, pipeline_bounds
+from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.solve.search.judge import Candidate, judge
 
 LINK = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e6)
 ONE_F_ONE_B = ScheduleName.ONE_F_ONE_B
-KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
+KEEP, RECOMPUTE, OFFLOAD = Activation.KEEP, Activation.RECOMPUTE, Activation.OFFLOAD
 KEEP_ONLY, RECOMPUTE_ONLY = (KEEP,), (RECOMPUTE,)
 
 
@@ -49,7 +53,7 @@ def test_splits_are_every_contiguous_split_once() -> None:
         assert bounds[0][0] == 0 and bounds[-1][1] == 6
         assert all(i < j for i, j in bounds) and all(x[1] == y[0] for x, y in zip(bounds, bounds[1:]))
     assert candidate_count(6, 3, (KEEP, RECOMPUTE)) == 10 * 8 and candidate_count(6, 3, KEEP_ONLY) == 10
-    assert candidate_count(6, 3) == 10 * 3**3  # every policy
+    assert candidate_count(6, 3) == 10 * len(Activation) ** 3  # every policy
 
 
 def test_one_unit_per_stage_has_exactly_one_split() -> None:
@@ -105,3 +109,28 @@ def test_refuses_past_the_limit_and_too_many_stages() -> None:
         brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4, limit=100)
     with pytest.raises(ValueError, match="12 units cannot fill 16 stages"):
         brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4, v=4), m=4)
+
+
+def test_the_plan_offloads_one_stage_and_recomputes_another_as_the_brute_force_does() -> None:
+    """Issue 27: four H100s (PCIe Gen5 host link, 64 GB/s each way) with 2.25 GiB each, a long-sequence profile.
+    Stage 0 (4 microbatches in flight under 1F1B) must save the most; offloading it would still hold two
+    microbatches' activations in its backward (the one brought back and the next: PipeOffload's double buffer),
+    which does not fit, so it recomputes; stage 1 offloads, its trip to host memory hidden under the later stages'
+    compute; the last two keep. The brute force over every split and every per-stage choice of keep, offload and
+    recompute finds the same plan, and without offload (keep or recompute only) the best step is slower."""
+    profile = synthetic_profile(6, hidden=2048, seq=8192)
+    cluster = cluster_from_catalog(load_device("h100-sxm"), 4, memory_bytes=int(2.25 * 2**30))
+    assert cluster.host_bandwidth == 64e9
+    request = PlanRequest(cluster=cluster, global_batch=8, num_microbatches=8, schedule=ONE_F_ONE_B,
+                          pins=LayoutPins(pp=4, dp=1, tp=1), recompute=RecomputeMode.AUTO)
+    plan = make_plan(profile, request)
+    assert [s.activation for s in plan.stages] == [RECOMPUTE, OFFLOAD, KEEP, KEEP]
+    assert dict(plan.stages[1].own)[OFFLOAD].redo_s == 0.0  # hidden: nothing added to its backward
+    a = unit_arrays(profile, 1)
+    best = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=8, activations=(KEEP, OFFLOAD, RECOMPUTE)).best
+    assert best is not None and best.fits
+    assert best.candidate.bounds == tuple(s.units for s in plan.stages)
+    assert best.candidate.activations == tuple(s.activation for s in plan.stages)
+    assert best.step_s == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
+    without = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=8, activations=(KEEP, RECOMPUTE)).best
+    assert without is not None and without.step_s > best.step_s

@@ -170,7 +170,8 @@ def test_selective_is_offered_only_with_its_profile_columns() -> None:
     assert [s.activation for s in new.stages] == [KEEP, SELECTIVE, KEEP, KEEP]
     assert new.predicted.step_time_s < old.predicted.step_time_s
     assert max(new.predicted.peak_memory_bytes) <= cluster.memory_bytes
-    with pytest.raises(ProfileError, match=r"^`activations` selective: the profile has no figures for them"):
+    with pytest.raises(ProfileError, match=r"^`activations` selective: none is offered \(selective: the profile has "
+                                           "no figures for it"):
         make_plan(synthetic_profile(8), PlanRequest(cluster=cluster, global_batch=8, activations=(SELECTIVE,)))
     # tensor-parallel rows carry no selective figures: those configurations are left out, tp 1 is planned
     tp_rows = synthetic_profile(8, selective=True, tp_degrees=(2,))
@@ -291,3 +292,19 @@ def test_plan_on_nodes_pays_each_hop_on_the_link_it_crosses() -> None:
     assert slow == pytest.approx(by_hand([inter] * 3, inter), rel=1e-12)
     assert plan.predicted.step_time_s < slow
     assert any("pipeline hops across nodes: 1-2; gradient all-reduce: a ring inside a node" in n for n in plan.notes)
+
+
+def test_offload_is_not_offered_where_device_memory_is_host_memory() -> None:
+    """On CPU ranks the host link is a memory copy: offloading would move bytes within the same memory and save
+    nothing, so the search does not offer it, the plan says why, and asking for it alone is refused."""
+    from autopp.data.catalog import cluster_from_catalog, load_device
+    cluster = cluster_from_catalog(load_device("cpu"), 2, memory_bytes=16 * GiB)
+    assert cluster.host_bandwidth == 0.0 and load_device("cpu").host_link is not None
+    plan = make_plan(synthetic_profile(6), PlanRequest(cluster=cluster, global_batch=4, recompute=RecomputeMode.AUTO))
+    assert Activation.OFFLOAD not in {s.activation for s in plan.stages}
+    assert any(n.startswith("activation policy offload not offered on cpu: the devices have no host link")
+               for n in plan.notes)
+    with pytest.raises(ProfileError, match=r"^`activations` offload: none is offered \(offload: the devices have no "
+                                           r"host link to offload over"):
+        make_plan(synthetic_profile(6), PlanRequest(cluster=cluster, global_batch=4,
+                                                    activations=(Activation.OFFLOAD,)))

@@ -68,3 +68,20 @@ def test_a_uniform_policy_is_chosen_under_a_tight_memory(shipped_gpt: Profile) -
 def test_requests_a_trainer_cannot_run_are_refused(kw: dict[str, object], message: str) -> None:
     with pytest.raises(LayoutError, match=message.replace("(", r"\(")):
         _request(**kw)
+
+
+@pytest.mark.parametrize("trainer", ["torchtitan", "megatron", "deepspeed"])
+def test_offload_is_offered_only_without_a_trainer(trainer: str) -> None:
+    """No trainer applies autopp's per-stage activation offload (`ActivationPolicy.refusal`): where the free search
+    offloads a stage, the trainer's plan gives every stage one policy it applies."""
+    from autopp.data.catalog import cluster_from_catalog, load_device
+    from autopp.data.layout import LayoutPins
+    from autopp.data.synthetic_profile import synthetic_profile
+    from autopp.schedule import Activation
+    cluster = cluster_from_catalog(load_device("h100-sxm"), 4, memory_bytes=int(2.25 * 2**30))
+    profile, pins = synthetic_profile(6, hidden=2048, seq=8192), LayoutPins(pp=4, dp=1, tp=1)
+    ask = dict(cluster=cluster, num_microbatches=8, schedule=ScheduleName.ONE_F_ONE_B, pins=pins)
+    assert Activation.OFFLOAD in {s.activation for s in make_plan(profile, _request(**ask)).stages}
+    plan = make_plan(profile, _request(**ask, trainer=trainer))
+    used = {s.activation for s in plan.stages}
+    assert len(used) == 1 and Activation.OFFLOAD not in used

@@ -11,7 +11,7 @@ from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
 from ...data.catalog import planned_device
 from ...data.cluster import Cluster
-from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName
+from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, policy
 from ..partition.baselines import baseline_bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import recompute_choices
@@ -40,7 +40,8 @@ def judge_recompute(a: UnitArrays, cluster: Cluster, c: Candidate, ladder: tuple
     says it does not fit."""
     order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     actions = {r: [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS] for r in sorted(order)}
-    costs = stage_costs(a, c.bounds, [1.0] * len(c.bounds))  # memory does not depend on speed
+    # memory does not depend on speed; the policies' added times are compared per stage (`recompute_choices`)
+    costs = stage_costs(a, c.bounds, [1.0] * len(c.bounds), host_bandwidth=cluster.host_bandwidth)
     choices = recompute_choices(costs, c.owner, actions, lambda r: cluster.device(r).memory_bytes, ladder, fixed)
     chosen = choices[0] if choices else fixed or (ladder[0],) * len(c.bounds)
     return judge(a, cluster, replace(c, activations=chosen))
@@ -129,6 +130,17 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     return out
 
 
+def _unoffered(request: PlanRequest, a: UnitArrays) -> list[str]:
+    """Why the policies whose figures depend on the devices (`ActivationPolicy.derive`: offload) were not offered
+    there, on a catalog device or when asked for by name (`activations`)."""
+    if request.cluster.device_kind is None and request.activations is None:
+        return []
+    host = request.cluster.host_bandwidth
+    return [f"activation policy {p.value} not offered on {request.cluster.device_kind or 'these devices'}: "
+            f"{policy(p).unoffered}" for p in request.allowed()
+            if policy(p).derive is not None and not policy(p).offered(a, host)]
+
+
 def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
                custom: CustomOrder | None = None, extra: tuple[str, ...] = (), keep_split: bool = False,
                whole: UnitArrays | None = None) -> Plan:
@@ -142,7 +154,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     if not keep_split:
         runnable = [v for v in baselines.values() if v.fits and _runs(profile, v)]
         best = min([best, *runnable], key=lambda v: v.key)
-    notes = [*extra, *([SPLIT_NOTE] if a.split_assumed else [])]
+    notes = [*extra, *([SPLIT_NOTE] if a.split_assumed else []), *_unoffered(request, a)]
     order: tuple[tuple[Action, ...], ...] = ()
     if custom is not None and custom.verdict.key < best.key:
         best = custom.verdict

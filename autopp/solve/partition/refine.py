@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from ...costmodel import UnitArrays, message_overheads, send_times, stage_costs, stage_speeds
 from ...data.cluster import Cluster
-from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost
+from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost, policy
 from ...schedule.effects import durations, rank_peak, rank_static_bytes
 from .baselines import baseline_bounds
 from .dp import Bounds
@@ -91,8 +91,12 @@ def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions:
         mine = [s for s in range(n) if owner[s] == r]
         static = rank_static_bytes(costs, owner, r)
         minimal: list[tuple[int, ...]] = []
+        redo = {s: [policy(p).redo_s(costs[s]) for p in ladder] for s in mine}
         for steps in _steps(len(mine), len(ladder) - 1):
-            if any(all(x <= y for x, y in zip(m, steps)) for m in minimal):
+            # a fitting choice with no more steps on any stage is as good unless a step up adds less time (offload
+            # on a stage whose transfer does not hide can cost more than recomputing it): that choice is kept too
+            if any(all(x == y or x < y and redo[s][y] >= redo[s][x] for s, x, y in zip(mine, m, steps))
+                   for m in minimal):
                 continue
             policies = [ladder[0]] * n
             for s, k in zip(mine, steps):
@@ -180,7 +184,8 @@ class _Search:
         self.seen.add(bounds)
         if self.best is not None and self.floor(bounds) > self.best.step_s * _SLACK:
             return None
-        costs = stage_costs(self.a, bounds, [1.0] * len(bounds))  # memory does not depend on speed
+        # memory does not depend on speed; the policies' added times are compared per stage (`recompute_choices`)
+        costs = stage_costs(self.a, bounds, [1.0] * len(bounds), host_bandwidth=self.cluster.host_bandwidth)
         memory = lambda r: self.cluster.device(r).memory_bytes  # noqa: E731
         found: Verdict | None = None
         for policies in recompute_choices(costs, self.owner, self.actions, memory, self.ladder, self.fixed):

@@ -82,7 +82,7 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     cluster = cluster.placed(c.layout)
     owner = c.owner
     speeds = stage_speeds(cluster, owner)
-    costs = stage_costs(a, c.bounds, speeds, message_overheads(cluster, owner))
+    costs = stage_costs(a, c.bounds, speeds, message_overheads(cluster, owner), cluster.host_bandwidth)
     order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.activations,
                    progress_delays(cluster, owner))

@@ -161,15 +161,17 @@ class PlanRequest:
         return RecomputeMode.AUTO.policies() if self.recompute_stages is not None else self.recompute.policies()
 
     def offered(self, a: UnitArrays) -> tuple[Activation, ...]:
-        """`allowed` policies whose figures the unit arrays `a` carry (`ActivationPolicy.offered`; maybe none)."""
-        return tuple(p for p in self.allowed() if policy(p).offered(a))
+        """`allowed` policies whose figures the unit arrays `a` carry, on this cluster's devices
+        (`ActivationPolicy.offered`: offload needs a host link; maybe none)."""
+        return tuple(p for p in self.allowed() if policy(p).offered(a, self.cluster.host_bandwidth))
 
     def ladder(self, a: UnitArrays) -> tuple[Activation, ...]:
         """`offered` policies; a ProfileError when there are none."""
         allowed, out = self.allowed(), self.offered(a)
         if not out:
-            raise ProfileError(f"`activations` {','.join(p.value for p in allowed)}: the profile has no figures for "
-                               "them; profile again, or allow `keep` or `recompute`")
+            why = "; ".join(f"{p.value}: {policy(p).unoffered}" for p in allowed)
+            raise ProfileError(f"`activations` {','.join(p.value for p in allowed)}: none is offered ({why}); allow "
+                               "`keep` or `recompute`")
         return out
 
     def _check_recompute_stages(self) -> None:

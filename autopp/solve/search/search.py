@@ -116,7 +116,7 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
     owner = stage_to_rank(c.schedule, c.layout.pp, c.layout.v)
     cluster = req.cluster.placed(c.layout)
     speeds = stage_speeds(cluster, owner)
-    costs = stage_costs(a, bounds, speeds, message_overheads(cluster, owner))
+    costs = stage_costs(a, bounds, speeds, message_overheads(cluster, owner), cluster.host_bandwidth)
     redo = [policy(p).redo_s(x) for x, p in zip(costs, activations)]
     d = describe(c.schedule)
     split = d.splits_backward  # else each backward is one full B: pass it as I, with W = 0
