@@ -147,6 +147,11 @@ def buffers_kept(module: nn.Module) -> Iterator[None]:
                 b.copy_(value)
 
 
+def _on_cuda(args: list[Any]) -> bool:
+    """Whether a stage's call runs on a CUDA device (a tensor argument there)."""
+    return any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+
+
 class ChainPiece(nn.Module):
     """One stage of a neighbour-only chain: receives `io.inputs`, calls its piece, returns `io.outputs` (the last
     stage: its piece's output). Holds the piece's parameters, buffers and submodules under the piece's own names
@@ -167,6 +172,8 @@ class ChainPiece(nn.Module):
         """The stage's forward runs under `torch.utils.checkpoint` (its activation policy recomputes)."""
         self.saved_ops = p.saves_ops
         """Under that checkpoint, the ops whose outputs are kept (selective recomputation; empty: none)."""
+        self.to_host = p.to_host
+        """The stage's forward runs under `torch.autograd.graph.save_on_cpu` (its activation policy offloads)."""
         self.constants = dict(constants)
         self.weight_only: tuple[int, ...] = ()
         """Outputs that depend on parameters only (set by `example_io`)."""
@@ -182,7 +189,10 @@ class ChainPiece(nn.Module):
         env = dict(zip(self.io.inputs, received))
         env.update(self.constants)
         args = [env[v] if kind == "value" else v for kind, v in self.io.args]
-        if not self.checkpointed:
+        if self.to_host:  # pinned host buffers only where there is a device to copy from (CUDA)
+            with torch.autograd.graph.save_on_cpu(pin_memory=_on_cuda(args)):
+                out = self.piece(*args)
+        elif not self.checkpointed:
             out = self.piece(*args)
         elif self.saved_ops:
             out = checkpoint(self.piece, *args, use_reentrant=False, context_fn=selective_context(self.saved_ops))

@@ -19,11 +19,11 @@ from autopp.data.layout import Layout
 from autopp.data.plan import Plan
 from autopp.schedule import Activation, ScheduleName, build_schedule, chosen, parse_action
 
-from .conftest import ROOT, pipeline_plan
+from .conftest import GPT, ROOT, pipeline_plan, two_stage_plan
 
 MASKED = ROOT / "tests" / "models" / "masked.py"
 MASKED_CUTS = ["blocks.1", "blocks.2", "head"]
-KEEP, RECOMPUTE, SELECTIVE = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE
+KEEP, RECOMPUTE, SELECTIVE, OFFLOAD = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE, Activation.OFFLOAD
 
 
 def test_a_residual_is_relayed_and_a_mask_held_by_its_readers() -> None:
@@ -61,7 +61,8 @@ def test_a_value_computed_between_stages_is_refused() -> None:
         value_path(added, {"submod_0": 0}, [x])
 
 
-@pytest.mark.parametrize("policies", [None, chosen(4, {1, 3}), (SELECTIVE, KEEP, SELECTIVE, RECOMPUTE)])
+@pytest.mark.parametrize("policies", [None, chosen(4, {1, 3}), (SELECTIVE, KEEP, SELECTIVE, RECOMPUTE),
+                                      (OFFLOAD, RECOMPUTE, OFFLOAD, KEEP)])
 def test_relayed_stages_match_one_process(one_rank_group: None, tmp_path: Path,
                                           policies: tuple[Activation, ...] | None) -> None:
     order = build_schedule(ScheduleName.LOOPED_BFS, 1, 2, 4)  # one rank holding four stages, 2 microbatches
@@ -182,3 +183,48 @@ def test_selective_checkpoint_keeps_the_saved_ops_outputs_and_recomputes_the_res
     full, selective = backward_ops(), backward_ops(context_fn=selective_context(SAVED_OPS))
     assert full["aten.mm"] == 3 and selective["aten.mm"] == 2  # the two gradient matmuls, + the rerun under full
     assert full["aten.cos"] == selective["aten.cos"] == 1  # the sine's backward, on the kept or rerun output
+
+
+def test_an_offloaded_stage_saves_its_activations_in_host_memory(one_rank_group: None, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An offloaded stage's forward runs under torch's `save_on_cpu` (pinned buffers only on CUDA: here not), and
+    only that stage's: what it saves goes through the hook's pack and comes back through its unpack."""
+    from autopp.run import chain
+
+    calls: list[bool] = []
+    real = torch.autograd.graph.save_on_cpu
+
+    def counted(pin_memory: bool = False, device_type: str = "cuda") -> torch.autograd.graph.save_on_cpu:
+        calls.append(pin_memory)
+        return real(pin_memory=pin_memory, device_type=device_type)
+
+    monkeypatch.setattr(chain.torch.autograd.graph, "save_on_cpu", counted)
+    order = build_schedule(ScheduleName.LOOPED_BFS, 1, 2, 4)  # one rank holding four stages, 2 microbatches
+    plan = pipeline_plan(MASKED, MASKED_CUTS, "Custom", Layout(pp=1), num_microbatches=2, microbatch_size=2,
+                         ranks=[0, 0, 0, 0], custom_order=(tuple(order[0]),))
+    from dataclasses import replace
+    plan = replace(plan, stages=tuple(replace(s, activation=OFFLOAD if s.index == 2 else KEEP) for s in plan.stages))
+    mf = load_model_file(MASKED)
+    built = build_stages(mf, plan, 0, torch.device("cpu"), None)
+    schedule = make_schedule(plan, built.stages, built.loss_fn, tmp_path / "order.csv")
+    inputs, target = mf.sample_batch(4, seed=1)
+    schedule.step(*inputs, target=target, losses=[])
+    # stage 2's forward of each microbatch (and of the runtime's shape check), on CPU: no pinned memory
+    assert len(calls) >= 2 and not any(calls)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("pp, policies", [(2, (OFFLOAD, OFFLOAD)), (4, (OFFLOAD, RECOMPUTE, OFFLOAD, KEEP))])
+def test_offloaded_stages_on_cpu_ranks_match_one_process(pp: int, policies: tuple[Activation, ...]) -> None:
+    """Issue 27: offload runs on gloo CPU ranks and its gradients and losses match one process (the mechanism: on
+    CPU the host link is a memory copy and saves nothing; the planner does not choose it there)."""
+    from dataclasses import replace
+
+    from autopp.run import GRAD_RTOL, RunOptions, run_plan
+
+    plan = two_stage_plan(GPT, "h.2") if pp == 2 else pipeline_plan(GPT, ["h.1", "h.2", "h.3"], "1F1B",
+                                                                    Layout(pp=4), num_microbatches=4)
+    plan = replace(plan, stages=tuple(replace(s, activation=a) for s, a in zip(plan.stages, policies)))
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=180))
+    assert report.passed and report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
