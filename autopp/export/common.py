@@ -30,14 +30,20 @@ class Exported:
 
 def uniform_policy(plan: Plan, trainer: str, where: str) -> ActivationPolicy:
     """The one activation policy of every stage; an ExportError when stages differ (`trainer`, a name of
-    autopp.data.trainers, applies one policy to all)."""
+    autopp.data.trainers, applies one policy to all) or when `trainer` cannot apply it (`ActivationPolicy.refusal`)."""
     used = sorted({s.activation for s in plan.stages}, key=list(Activation).index)
     if len(used) > 1:
         which = "; ".join(f"{a.value}: stages {[s.index for s in plan.stages if s.activation is a]}" for a in used)
         raise ExportError(f"{where}: the stages' activation policies differ ({which}); {trainer_rules(trainer).title} "
                           "applies one activation-checkpointing policy to every stage; re-plan with `recompute` all or "
                           f"none, or with `autopp plan --for {trainer}`")
-    return policy(used[0])
+    chosen = policy(used[0])
+    why = chosen.refusal(trainer)
+    if why is not None:
+        applied = " or ".join(a.value for a in Activation if policy(a).refusal(trainer) is None)
+        raise ExportError(f"{where}: activation policy {chosen.name.value}: {why}; re-plan with `activations` "
+                          f"{applied} (or `autopp plan --for {trainer}`)")
+    return chosen
 
 
 def refuse_layout(plan: Plan, trainer: str, where: str) -> None:

@@ -9,7 +9,6 @@ from ..data.axes import AXES
 from ..data.plan import Plan
 from ..schedule import ActivationPolicy
 from .common import Exported, launch_grid, refuse_layout, refuse_schedule, uniform_policy
-from .layers import ExportError
 
 __all__ = ["to_deepspeed", "deepspeed_config", "pipe_snippet"]
 
@@ -58,9 +57,6 @@ def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     refuse_schedule(plan, "deepspeed", where)
     refuse_layout(plan, "deepspeed", where)
     activations = uniform_policy(plan, "deepspeed", where)
-    if (why := activations.refusal("deepspeed")) is not None:
-        raise ExportError(f"{where}: activation policy {activations.name.value}: {why}; re-plan with `activations` "
-                          "keep or recompute (or `autopp plan --for deepspeed`), or export to torchtitan or megatron")
     notes = [f"DeepSpeed: launch {plan.num_ranks} ranks ({launch_grid(plan, 'deepspeed')}); build the model with "
              f"pipeline_module() from {snippet_path}"]
     return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -124,6 +125,19 @@ def test_selective_recomputation_as_each_trainer_spells_it(llama: Profile, llama
     for target in (Target.MEGATRON, Target.DEEPSPEED):
         with pytest.raises(ExportError, match=r"policies differ \(keep: stages \[0\]; selective: stages \[1\]\)"):
             export_plan(mixed, target, "x")
+
+
+def test_offload_is_refused_by_every_trainer_with_its_reason(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """torchtitan 0.3 has no activation offload, Megatron-Core's --cpu-offloading refuses pipeline parallelism, and
+    DeepSpeed's cpu_checkpointing offloads the inputs of recomputation: each export says so in one line."""
+    plan = llama_plans["1f1b"]
+    offloaded = replace(plan, stages=tuple(replace(s, activation=Activation.OFFLOAD) for s in plan.stages))
+    for target, why in ((Target.TORCHTITAN, "torchtitan 0.3 has no activation offload"),
+                        (Target.MEGATRON, "Megatron-Core's --cpu-offloading refuses pipeline parallelism"),
+                        (Target.DEEPSPEED, "DeepSpeed's cpu_checkpointing moves the inputs")):
+        with pytest.raises(ExportError, match=rf"^plan: activation policy offload: {re.escape(why)}.*; re-plan with "
+                                              r"`activations` keep or .*`autopp plan --for"):
+            export_plan(offloaded, target, "x", [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)])
 
 
 def test_deepspeed_config_and_parts(llama_plans: dict[str, Plan]) -> None:
