@@ -291,6 +291,7 @@ PLANS: dict[str, Callable[[Env], None]] = {
     "stage-forward-negative": _plan_edit(_stage(0, forward_s=-1.0)),
     "stage-memory-text": _plan_edit(_stage(0, memory_bytes="10MB")),
     "stage-activation-unknown": _plan_edit(_stage(0, activation="full")),
+    "stage-offload-redo-negative": _plan_edit(_stage(0, activation="offload", offload_redo_s=-1.0)),
     "v1-stage-recompute-text": _plan_edit(lambda d: d.update(version=1, stages=[
         {**{k: v for k, v in s.items() if k != "activation"}, "recompute": "yes" if i == 0 else False}
         for i, s in enumerate(d["stages"])])),
