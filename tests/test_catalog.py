@@ -130,6 +130,7 @@ def test_a_device_file_by_path(tmp_path: Path) -> None:
      "intra_node_link: unknown key 'speed'"),
     ({"intra_node_link": {"bandwidth_bytes_per_s": 1e9, "latency_s": 0}},
      "field 'intra_node_link' must be an object with"),
+    ({"host_link": {"kind": "PCIe", "bandwidth_bytes_per_s": 0, "latency_s": 0}}, "host_link"),
 ])
 def test_malformed_file_is_one_line_naming_it(tmp_path: Path, changes: dict[str, object], message: str) -> None:
     path = _write(tmp_path, **changes)
@@ -186,6 +187,20 @@ def test_cluster_across_nodes() -> None:
     assert small.link == spec.inter_node_link.link and small.memory_bytes == 2**30
     assert small.nodes is not None and (small.nodes.count, small.nodes.intra) == (2, spec.intra_node_link.link)
     assert cluster_from_catalog(spec, nodes=3).num_devices == 24
+
+
+def test_the_host_link_reaches_the_cluster_except_where_memory_is_the_hosts() -> None:
+    """Activation offload's link (docs/devices.md): PCIe Gen5 x16 on the H100 SXM, per direction, in flat clusters
+    and clusters of nodes alike; the CPU entry names a memory copy, but its ranks' memory is the host's, so its
+    clusters have no host link; an entry without one (the B200's, not checked) gives none either."""
+    h100 = load_device("h100-sxm")
+    assert h100.host_link is not None and h100.host_link.link.bandwidth_bytes_per_s == 64e9
+    assert cluster_from_catalog(h100, 8).host_bandwidth == cluster_from_catalog(h100, nodes=2).host_bandwidth == 64e9
+    assert cluster_from_catalog(h100, 8).tp_groups(2).host_bandwidth == 64e9  # each device its own link
+    assert load_device("a100-80gb").host_link is not None and load_device("b200").host_link is None
+    assert cluster_from_catalog(load_device("b200"), 8).host_bandwidth == 0.0
+    cpu = load_device("cpu")
+    assert cpu.host_link is not None and cpu.memory_shared and cluster_from_catalog(cpu, 2).host_bandwidth == 0.0
 
 
 @pytest.mark.parametrize("devices, per_node, advice", [
