@@ -18,14 +18,14 @@ A profile gives per unit what it keeps so and what its recompute costs (`selecti
 
 Offload moves what a stage's forward saves for its backward to host memory and brings it back for the backward, as
 torch's `torch.autograd.graph.save_on_cpu` does it (the runner) and PipeOffload (Wan et al., "PipeOffload:
-Improving Scalability of Pipeline Parallelism with Memory Optimization", ICML 2025, arXiv:2503.01328) overlaps it with a pipeline's
-compute: a microbatch keeps its stage input on the device, and from the start of its backward until its end its
-activations (brought back) and the next microbatch's (being brought back under this backward: a double buffer)
-are on the device again; the transfer is free where it hides under the compute between the microbatch's forward and
-its backward, and its exposed rest is added to the backward (`_offload_figures`). Its figures follow from the
-stages and the device's host link (PCIe, NVLink-C2C: the device catalog's `host_link`), not from the profile; a
-device whose memory is the host's (a CPU rank) has no host link, and the policy is not offered there: offloading
-would move bytes within the same memory and save nothing.
+Improving Scalability of Pipeline Parallelism with Memory Optimization", ICML 2025, arXiv:2503.01328) overlaps it
+with a pipeline's compute: a microbatch keeps its stage input on the device, and from the start of its backward
+until its end its activations (brought back) and the next microbatch's (being brought back under this backward: a
+double buffer) are on the device again; the transfer is free where it hides under the compute between the
+microbatch's forward and its backward, and its exposed rest is added to the backward (`_offload_figures`). Its
+figures follow from the stages and the device's host link (PCIe, NVLink-C2C: the device catalog's `host_link`), not
+from the profile; a device whose memory is the host's (a CPU rank) has no host link, and the policy is not offered
+there: offloading would move bytes within the same memory and save nothing.
 """
 
 from __future__ import annotations
@@ -262,8 +262,8 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      redo_s=_offloaded, kept=lambda c: c.input_bytes, redone=lambda c: 2 * c.activation_bytes,
                      unit_redo=_none, unit_bytes=lambda a, inflight: 2 * a.activation, derive=_offload_figures,
                      offered=_host_link, unoffered="the devices have no host link to offload over (a "
-                     "CPU rank's memory is the host's: offloading would save nothing)", checkpoint=False, to_host=True, torchtitan="none",
-                     megatron=(), deepspeed_interval=None, refusals=_OFFLOAD_REFUSALS),
+                     "CPU rank's memory is the host's: offloading would save nothing)", checkpoint=False, to_host=True,
+                     torchtitan="none", megatron=(), deepspeed_interval=None, refusals=_OFFLOAD_REFUSALS),
 )}
 
 

@@ -71,7 +71,8 @@ def brute_force(a: UnitArrays, cluster: Cluster, schedule: ScheduleName, *, layo
     stages = layout.stages
     if stages > a.n:
         raise ValueError(f"{a.n} units cannot fill {stages} stages (pp {layout.pp} x v {layout.v})")
-    allowed = tuple(p for p in Activation if policy(p).offered(a, cluster.host_bandwidth)) if activations is None else activations
+    allowed = activations if activations is not None else \
+        tuple(p for p in Activation if policy(p).offered(a, cluster.host_bandwidth))
     count = candidate_count(a.n, stages, allowed)
     if count > limit:
         raise ValueError(f"brute force over {a.n} units into {stages} stages ({len(allowed)} activation policies) "
