@@ -2,7 +2,8 @@
 the bounds.
 
 Per microbatch of a stage (`StageCost`) under its activation policy (`activation.py`), with ``o`` its per-message
-overhead and ``redo`` its forward when the policy redoes it (else 0):
+overhead and ``redo`` what the policy adds to a backward (`ActivationPolicy.redo_s`: the forward again, part of it,
+the part of an offload's transfer that does not hide, or 0):
 
 ======  ================================  =========================  ==================================
 action  busy time (`durations`)           bytes added at its start   bytes freed at its end
@@ -11,7 +12,8 @@ F       forward + o                       kept (activations, or the  -
                                           input when the policy
                                           keeps inputs only)
 I       redo + backward_input + o         redone (activations when   -
-                                          the policy redoes them)
+                                          the policy redoes them or
+                                          brings them back)
 W       backward_weight                   -                          kept + redone
 B       redo + backward (I + W) + o       redone                     kept + redone
 ======  ================================  =========================  ==================================
