@@ -249,7 +249,8 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
             excluded.setdefault(key, why)
         return why
 
-    cfgs = configs(req, profile.num_units, views.degrees())
+    cfgs = configs(req, profile.num_units, views.degrees(), int((profile.meta.extra.get("moe") or {}).get(
+        "num_experts") or 0))
     opts = _options(views, cfgs, refuse)
     fitting: list[Verdict] = []
     for opt in opts:
