@@ -52,7 +52,8 @@ Each MoE layer adds per microbatch a dispatch and a combine all-to-all in the fo
 sends tokens x hidden x dtype x top-k x (ep - 1) / ep bytes (tokens x hidden x dtype: the unit's output bytes, its
 input bytes for the last unit), at bytes / bandwidth + (ep - 1) latencies on the link the ep group crosses (inside
 a node when ep x group devices fit one, else across nodes: `Cluster.tp_link`, as tensor parallelism's
-collectives), on the critical path (no overlap; DualPipe's is not modelled).
+collectives), on the critical path (`UnitArrays.ep_time`: what DualPipeV's overlapped forward-backward pairs hide,
+autopp.schedule.simulate).
 ZeRO beside ep (torchtitan's FSDP of the experts over dp_shard / ep, Megatron's expert data-parallel group): the
 dense bytes shard over d ranks as above, the expert ones over their r replicas (`data_sharded`), and so does the
 optimizer's step; stages 1 and 2. The per-step all-gather of the parameters stays charged over d (an upper bound
@@ -180,7 +181,7 @@ def expert_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
     sent, layers = a.ep_comm
     both = 2 * (sent / link.bandwidth_bytes_per_s + layers * (view.ep - 1) * link.latency_s)
     return replace(a, forward=a.forward + both, recompute=a.recompute + both,
-                   backward_input=a.backward_input + both, backward=a.backward + both)
+                   backward_input=a.backward_input + both, backward=a.backward + both, ep_time=both)
 
 
 def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarray], np.ndarray]) -> UnitArrays:

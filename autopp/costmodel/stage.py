@@ -22,11 +22,13 @@ def stage_speeds(cluster: Cluster, owner: Sequence[int]) -> list[float]:
 def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequence[float],
                 overheads: Sequence[float] | None = None) -> list[StageCost]:
     """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input;
-    `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none). Like
-    torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward."""
+    `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none); the
+    expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`) as the communication an overlapping schedule
+    hides. Like torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward."""
     out = []
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
         full = float(a.backward[i:j].sum()) / sp
+        comm = 0.0 if a.ep_time is None else float(a.ep_time[i:j].sum()) / sp
         out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
                              backward_input_s=0.0 if s == 0 else float(a.backward_input[i:j].sum()) / sp,
                              backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp,
@@ -36,7 +38,8 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              transient_bytes=stage_transient(a, i, j),
                              selective_bytes=0 if a.selective_bytes is None else int(a.selective_bytes[i:j].sum()),
                              selective_redo_s=0.0 if a.selective_redo is None else
-                             float(a.selective_redo[i:j].sum()) / sp))
+                             float(a.selective_redo[i:j].sum()) / sp, forward_comm_s=comm,
+                             backward_comm_s=comm))
     return out
 
 

@@ -96,6 +96,10 @@ class UnitArrays:
     """Per unit, one microbatch's expert-parallel all-to-all (None: ep 1; `autopp.costmodel.parallel.ExpertTable`):
     the bytes a rank sends in one all-to-all summed over the unit's MoE layers, and how many MoE layers it has (each
     runs 2 all-to-alls forward, 2 backward), timed by `autopp.costmodel.parallel.expert_parallel`."""
+    ep_time: np.ndarray | None = None
+    """Per unit, the time of one microbatch's expert-parallel all-to-alls in one pass (a dispatch and a combine per
+    MoE layer), already in `forward`, `recompute`, `backward_input` and `backward`: what DualPipe can hide (None:
+    ep 1)."""
     expert: ExpertBytes | None = None
     """Per unit, its expert bytes on one rank (None: ep 1), which `autopp.costmodel.parallel.data_sharded` shards
     over their own data-parallel group."""

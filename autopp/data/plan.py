@@ -69,6 +69,10 @@ class StagePlan:
     selective_redo_s: float = 0.0
     """What selective recomputation adds to each backward (`StageCost.selective_redo_s`); 0 and not written when the
     profile has no selective figures."""
+    comm_s: float = 0.0
+    """Communication inside the stage in each F and each full backward (expert parallelism's all-to-alls, already in
+    forward_s and backward_s), which an overlapping schedule hides (`StageCost.forward_comm_s`); 0 and not
+    written without it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name

@@ -19,10 +19,10 @@ __all__ = ["OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order"]
 _PLAN_INTS = {"num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0, **LAYOUT_FIELDS}
 _STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
 #: Stage fields not written when 0 (plans without peak data, profiles without selective figures).
-OMITTED_WHEN_0 = ("transient_bytes", "selective_bytes", "selective_redo_s")
+OMITTED_WHEN_0 = ("transient_bytes", "selective_bytes", "selective_redo_s", "comm_s")
 #: Number fields of a stage (finite, >= 0; the backward's I and W may be null, in plans that predate them).
 STAGE_NUMBERS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "progress_s",
-                 "overhead_s", "transient_bytes", "selective_bytes", "selective_redo_s")
+                 "overhead_s", "transient_bytes", "selective_bytes", "selective_redo_s", "comm_s")
 _PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
 #: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
 _SEED_LIMIT = 2**63
