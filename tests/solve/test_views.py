@@ -182,6 +182,11 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
     assert plan.layout == Layout(pp=4, dp=2, ep=2)
     assert any(n.startswith("expert parallelism 2: each stage's 2 replicas hold 1/2 of its experts (8 per layer, "
                             "top-2)") for n in plan.notes)
+    half = make_plan(moe, replace(req, pins=LayoutPins(pp=2, dp=4, ep=2)))
+    assert half.layout == Layout(pp=2, dp=4, ep=2)
+    assert any(n.startswith("expert parallelism 2: each stage's 4 replicas form 2 groups of 2 that each hold 1/2 of "
+                            "its experts") and n.endswith("all-reduced over the 2 ranks holding the same")
+               for n in half.notes)
     dense = make_plan(profile, req)
     assert any("the profile records no stacked experts" in n for n in dense.notes)
     assert dense.predicted.step_time_s == pytest.approx(
