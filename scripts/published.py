@@ -187,7 +187,8 @@ def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest
     experts), ZeRO, schedule, microbatches and recomputation searched, until `shortlist` configurations simulate as
     fitting."""
     return PlanRequest(cluster=cluster, global_batch=run.global_batch,
-                       pins=LayoutPins(pp=None, dp=None, tp=None, zero=None, ep=None if (run.layout.ep or 1) > 1 else 1),
+                       pins=LayoutPins(pp=None, dp=None, tp=None, zero=None,
+                                       ep=None if (run.layout.ep or 1) > 1 else 1),
                        schedule=None,
                        recompute=RecomputeMode.AUTO, shortlist=shortlist)
 
