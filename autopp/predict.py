@@ -20,7 +20,7 @@ def plan_stage_costs(plan: Plan) -> list[StageCost]:
                              backward_s=None if s.backward_weight_s is None else s.backward_s,
                              static_bytes=s.static_bytes, activation_bytes=s.activation_bytes,
                              input_bytes=s.input_bytes, overhead_s=s.overhead_s, transient_bytes=s.transient_bytes,
-                             own=s.own))
+                             own=s.own, forward_comm_s=s.comm_s, backward_comm_s=s.comm_s))
     return out
 
 
@@ -39,4 +39,4 @@ def simulate_plan(plan: Plan) -> SimResult:
     """The timed, memory-aware simulation of one pipeline replica of `plan` (the all-reduce is not drawn)."""
     return simulate(plan_order(plan), plan_stage_costs(plan), [s.rank for s in plan.stages],
                     [s.send_s for s in plan.stages[:-1]], [s.activation for s in plan.stages],
-                    [s.progress_s for s in plan.stages[:-1]])
+                    [s.progress_s for s in plan.stages[:-1]], describe(plan.schedule).overlaps_f_b)

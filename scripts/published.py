@@ -3,8 +3,9 @@ source), autopp's prediction for that configuration pinned, and autopp's own cho
 markdown table (quoted in docs/published.md).
 
 The models are HF configs under examples/configs/; their analytic profiles (counted on the meta device, timed by the
-catalog's h100-sxm roofline, with tensor-parallel rows at 2, 4 and 8) are cached under profiles/ and counted when
-missing (Llama 3.1 405B: 15 minutes on the 2-core development machine beside other work; 2 without the TP rows).
+catalog's roofline of the run's GPU, with the run's tensor-parallel rows: 2, 4 and 8 for the Llama runs) are cached
+under profiles/ and counted when missing (Llama 3.1 405B: 15 minutes on the 2-core development machine beside other
+work; 2 without the TP rows; DeepSeek-V3: 4 minutes).
 
     .venv/bin/python scripts/published.py                  # every run
     .venv/bin/python scripts/published.py --runs llama3-8k  # one of them
@@ -48,13 +49,18 @@ class Published:
     model: str
     config: str
     """The HF config.json of the model (examples/configs/)."""
+    device: str = DEVICE
+    """The catalog's device the run's GPUs are (autopp/data/devices/)."""
+    tp_degrees: tuple[int, ...] = TP_DEGREES
+    """The tensor-parallel degrees its profile counts and autopp's own choice may take."""
+    microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES
     seq_len: int
     gpus: int
     cluster: str
     memory_bytes: int | None = None
     """Per-GPU memory when it is not the catalog device's."""
     layout: LayoutPins
-    """tp, pp, dp and the ZeRO stage as run; `v` None: not stated, autopp picks it (2 or 4)."""
+    """tp, pp, dp, ep and the ZeRO stage as run; `v` None: not stated, autopp picks it (2 or 4)."""
     schedule: ScheduleName
     microbatches: int
     microbatch_size: int
@@ -87,6 +93,25 @@ TITAN_1F1B = Published(
             "(torchtitan's default: 32 microbatches); FSDP under PP keeps parameters (torchtitan's default) = "
             "ZeRO 1; torch.compile, Float8 and AsyncTP not modelled (bf16)")
 
+#: DeepSeek-V3's pre-training (examples/configs/deepseek-v3.json, deepseek-ai/DeepSeek-V3's config.json): 180K H800
+#: GPU-hours per trillion tokens, i.e. 1e12 / (180e3 x 3600 s) = 1,543 tokens/s per GPU (3.7 days per trillion
+#: tokens on 2,048 GPUs, as the report says).
+DEEPSEEK_V3 = Published(
+    key="deepseek-v3", model="DeepSeek-V3 (671B, 37B active)", config="examples/configs/deepseek-v3.json",
+    device="h800", tp_degrees=(), microbatch_sizes=(1, 4), seq_len=4096, gpus=2048,
+    cluster="2,048 H800 80GB, 8 per node on NVLink (400 GB/s), InfiniBand 400 Gb/s per GPU",
+    layout=LayoutPins(tp=1, pp=16, dp=128, ep=64, zero=ZERO[1], v=2), schedule=ScheduleName.DUAL_PIPE_V,
+    microbatches=120, microbatch_size=1, recompute=RecomputeMode.AUTO, global_batch=15360,
+    per_gpu=1e12 / (180e3 * 3600), unit="tokens/s",
+    measured="180K H800 GPU-hours per trillion tokens, FP8 mixed precision",
+    source="DeepSeek-V3 Technical Report (arXiv:2412.19437v2), s.1 (GPU-hours), s.3.2 (PP16 DualPipe, EP64 over 8 "
+           "nodes, ZeRO-1 DP), s.4.2 (batch 15,360 sequences of 4,096 tokens)",
+    assumed="bf16 roofline (the run computes its GEMMs in FP8, about twice the bf16 peak); DualPipe (bidirectional, "
+            "two copies of each stage) as DualPipeV, its V-shaped half; microbatch size 1 (120 per DP group; not "
+            "stated); recomputation chosen by autopp (the report recomputes RMSNorm and the MLA up-projections); the "
+            "multi-token-prediction module (one more MoE layer, 14 B parameters) and node-limited routing not "
+            "modelled; balanced routing")
+
 RUNS = (
     Published(
         key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=8192,
@@ -102,6 +127,7 @@ RUNS = (
             layout=replace(TITAN_1F1B.layout, v=2),
             per_gpu=128.0, measured="Interleaved 1F1B; 72.7 GiB peak",
             assumed="as the 1F1B row; 2 stages per rank (torchtitan's default for multi-stage schedules)"),
+    DEEPSEEK_V3,
 )
 
 
@@ -123,7 +149,7 @@ def palm_flops_per_token(config: str, seq_len: int) -> tuple[float, int]:
 def profile_for(run: Published, tp: tuple[int, ...]) -> Profile:
     """The run's model's analytic h100-sxm profile at its sequence length (bf16, AdamW), with rows of the TP degrees
     `tp`: loaded from profiles/ when it has them, else counted and saved there."""
-    out = ROOT / "profiles" / f"{Path(run.config).stem}-{DEVICE}-s{run.seq_len}"
+    out = ROOT / "profiles" / f"{Path(run.config).stem}-{run.device}-s{run.seq_len}"
     if (out / "meta.json").is_file():
         cached = load_profile(out)
         if set(tp) <= set(cached.meta.tp_degrees):
@@ -135,8 +161,9 @@ def profile_for(run: Published, tp: tuple[int, ...]) -> Profile:
     source = hf_source(ROOT / run.config, run.seq_len, "causal-lm")
     print(f"counting {run.config} at seq {run.seq_len} (TP {list(tp)}) ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    options = ProfileOptions(microbatch_sizes=MICROBATCH_SIZES, dtype="bfloat16", optimizer="adamw", tp_degrees=tp)
-    profile = analytic_profile(load_model(source.config_path, source.to_json()), DEVICE, options)
+    options = ProfileOptions(microbatch_sizes=run.microbatch_sizes, dtype="bfloat16", optimizer="adamw",
+                             tp_degrees=tp)
+    profile = analytic_profile(load_model(source.config_path, source.to_json()), run.device, options)
     profile = replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "hf_config": source.to_json()}))
     profile.save(out)
     print(f"  {time.perf_counter() - start:.0f} s, saved {out.relative_to(ROOT)}/", file=sys.stderr, flush=True)
@@ -144,9 +171,9 @@ def profile_for(run: Published, tp: tuple[int, ...]) -> Profile:
 
 
 def cluster_of(run: Published) -> Cluster:
-    """The run's GPUs as whole nodes of the catalog's h100-sxm (NVLink inside, 400 Gb/s per GPU between nodes: the
+    """The run's GPUs as whole nodes of the catalog's device (NVLink inside, 400 Gb/s per GPU between nodes: the
     catalog's links), with the run's memory per GPU."""
-    return cluster_from_catalog(load_device(DEVICE), run.gpus, memory_bytes=run.memory_bytes)
+    return cluster_from_catalog(load_device(run.device), run.gpus, memory_bytes=run.memory_bytes)
 
 
 def pinned_request(run: Published, cluster: Cluster) -> PlanRequest:
@@ -156,10 +183,13 @@ def pinned_request(run: Published, cluster: Cluster) -> PlanRequest:
 
 
 def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest:
-    """autopp's own choice for the same cluster and global batch: pp, dp, tp (the profiled degrees), ZeRO, schedule,
-    microbatches and recomputation searched, until `shortlist` configurations simulate as fitting."""
+    """autopp's own choice for the same cluster and global batch: pp, dp, tp (the profiled degrees), ep (mixtures of
+    experts), ZeRO, schedule, microbatches and recomputation searched, until `shortlist` configurations simulate as
+    fitting."""
     return PlanRequest(cluster=cluster, global_batch=run.global_batch,
-                       pins=LayoutPins(pp=None, dp=None, tp=None, zero=None), schedule=None,
+                       pins=LayoutPins(pp=None, dp=None, tp=None, zero=None,
+                                       ep=None if (run.layout.ep or 1) > 1 else 1),
+                       schedule=None,
                        recompute=RecomputeMode.AUTO, shortlist=shortlist)
 
 
@@ -180,7 +210,8 @@ def describe_config(plan: Plan) -> str:
     n, stages = _recomputing(plan), len(plan.stages)
     rc = "all" if n == stages else "none" if n == 0 else f"{n} stages"
     layout = plan.layout
-    return (f"TP{layout.tp} PP{layout.pp} DP{layout.dp} {layout.zero}, {plan.schedule.value} v{layout.v}, "
+    ep = f" EP{layout.ep}" if layout.ep > 1 else ""
+    return (f"TP{layout.tp} PP{layout.pp} DP{layout.dp}{ep} {layout.zero}, {plan.schedule.value} v{layout.v}, "
             f"{plan.num_microbatches} x {plan.microbatch_size}, recompute {rc}")
 
 
@@ -204,7 +235,8 @@ def describe_prediction(plan: Plan, run: Published, flops_per_token: float) -> s
 def published_config(run: Published) -> str:
     pins = run.layout
     v = "v ?" if pins.v is None else f"v{pins.v}"
-    return (f"TP{pins.tp} PP{pins.pp} DP{pins.dp} {pins.zero}, {run.schedule.value} {v}, {run.microbatches} x "
+    ep = f" EP{pins.ep}" if pins.ep and pins.ep > 1 else ""
+    return (f"TP{pins.tp} PP{pins.pp} DP{pins.dp}{ep} {pins.zero}, {run.schedule.value} {v}, {run.microbatches} x "
             f"{run.microbatch_size} of {run.seq_len} tokens, recompute {run.recompute.value}")
 
 
@@ -215,9 +247,9 @@ def _chosen_v(plan: Plan, run: Published) -> str:
 
 def row(run: Published, shortlist: int) -> list[str]:
     """The table's cells for `run`; autopp's own choice searched with `shortlist` (0: not searched)."""
-    flops, _ = palm_flops_per_token(run.config, run.seq_len)
+    flops = palm_flops_per_token(run.config, run.seq_len)[0] if run.unit == "TFLOP/s" else 0.0
     tokens = run.per_gpu * run.gpus * (1e12 / flops if run.unit == "TFLOP/s" else 1)
-    profile = profile_for(run, TP_DEGREES)
+    profile = profile_for(run, run.tp_degrees)
     cluster = cluster_of(run)
     pinned, why, s1 = _plan(profile, pinned_request(run, cluster))
     print(f"{run.key}: pinned plan {s1:.0f} s", file=sys.stderr, flush=True)
@@ -233,7 +265,7 @@ def row(run: Published, shortlist: int) -> list[str]:
     else:
         predicted = f"no plan: {why}"
     cells = [run.model, run.cluster, published_config(run),
-             f"{run.per_gpu:g} {run.unit} per GPU ({run.measured}) = {tokens / 1e6:.3g} M tokens/s; {run.source}",
+             f"{run.per_gpu:.4g} {run.unit} per GPU ({run.measured}) = {tokens / 1e6:.3g} M tokens/s; {run.source}",
              predicted]
     if shortlist:
         own, why, s2 = _plan(profile, own_request(run, cluster, shortlist))

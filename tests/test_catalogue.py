@@ -458,6 +458,21 @@ CASES += [
     Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
                                                       "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
          lambda env: "dp(3)"),
+    # issue 30: expert parallelism beside ZeRO 3, or tensor parallelism, is refused in one line naming the flags
+    Case("flag:plan-ep-with-zero-3", lambda env: _plan_args(env, "--dp", "2", "--ep", "2", "--zero", "3"),
+         lambda env: "--zero 3 with --ep 2: autopp plans expert parallelism with ZeRO 0, 1 or 2"),
+    Case("flag:plan-ep-with-tp", lambda env: _plan_args(env, "--dp", "1", "--tp", "2", "--ep", "2"),
+         lambda env: "--ep 2 runs with --tp 1 and a --dp it divides"),
+    # issue 30: a mixture of experts that picks its tokens by value (DBRX) says MoE and what works, in one line
+    Case("hf-config:moe-routing-by-value",
+         lambda env: ["profile", "--hf-config", str(env.tmp / "dbrx.json"), "--analytic", "cpu",
+                      "--microbatch-size", "1", "-o", str(env.tmp / "p")],
+         lambda env: "this mixture of experts picks each expert's tokens by value (a loop over the experts hit), "
+                     "which fake tensors cannot run: MoE layers that route with torch._grouped_mm",
+         lambda env: (env.tmp / "dbrx.json").write_text(json.dumps(
+             {"model_type": "dbrx", "d_model": 16, "n_heads": 2, "n_layers": 2, "max_seq_len": 32, "vocab_size": 64,
+              "attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0, "clip_qkv": 8},
+              "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 2, "moe_top_k": 1}}))),
 ]
 
 

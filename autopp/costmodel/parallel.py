@@ -40,17 +40,26 @@ The optimizer steps only its shard when stage >= 1: its time is divided by d. A 
 half the all-reduce of the same bytes (`terms.half_collective`).
 
 Expert parallelism (`ExpertTable`, `expert_parallel`; torchtitan/distributed/expert_parallel.py, Megatron-Core's
-MoE all-to-all dispatcher, DeepSeek-V3 arXiv:2412.19437 s.3.2): a stage's ep ranks (its dp replicas, ep = dp) each
-hold E / ep of every MoE layer's experts. Per unit, the stacked expert weights (`expert_param_bytes`) and their
-gradient and optimizer state count 1 / ep; their gradients are not all-reduced over the replicas (each rank owns
-different experts), so `grads` (what the step's synchronisation all-reduces) keeps only the dense ones. Under
-balanced routing (docs/analytic.md: every expert gets tokens x top-k / E rows) a rank computes as many expert rows
-as without ep, so compute is unchanged. Each MoE layer adds per microbatch a dispatch and a combine all-to-all in
-the forward and two in the backward; each sends tokens x hidden x dtype x top-k x (ep - 1) / ep bytes (tokens x
-hidden x dtype: the unit's output bytes, its input bytes for the last unit), at bytes / bandwidth + (ep - 1)
-latencies on the link the ep group crosses (inside a node when ep x group devices fit one, else across nodes:
-`Cluster.tp_link`, as tensor parallelism's collectives), on the critical path (no overlap; DualPipe's is not
-modelled).
+MoE all-to-all dispatcher, DeepSeek-V3 arXiv:2412.19437 s.3.2): a stage's dp replicas form dp / ep groups of ep
+ranks (ep fastest, Megatron's "tp-cp-ep-dp-pp" order); each rank of an ep group holds E / ep of every MoE layer's
+experts. Per unit, the stacked expert weights (`expert_param_bytes`) and their gradient and optimizer state count
+1 / ep; the dense gradients are all-reduced over dp, the expert ones over the r = dp / ep ranks holding the same
+experts (none when ep = dp). That second all-reduce is charged as part of the step's dp-wide one (`grads`): an
+expert gradient byte weighs ((r - 1) / r) / ((d - 1) / d), its ring time over r ranks against d (`ExpertBytes`; on
+the dp group's link, which the strided replicas cross as well). Under balanced routing (docs/analytic.md: every
+expert gets tokens x top-k / E rows) a rank computes as many expert rows as without ep, so compute is unchanged.
+Each MoE layer adds per microbatch a dispatch and a combine all-to-all in the forward and two in the backward; each
+sends tokens x hidden x dtype x top-k x (ep - 1) / ep bytes (tokens x hidden x dtype: the unit's output bytes, its
+input bytes for the last unit), at bytes / bandwidth + (ep - 1) latencies on the link the ep group crosses (inside
+a node when ep x group devices fit one, else across nodes: `Cluster.tp_link`, as tensor parallelism's
+collectives), on the critical path (`UnitArrays.ep_time`: what DualPipeV's overlapped forward-backward pairs hide,
+autopp.schedule.simulate).
+ZeRO beside ep (torchtitan's FSDP of the experts over dp_shard / ep, Megatron's expert data-parallel group): the
+dense bytes shard over d ranks as above, the expert ones over their r replicas (`data_sharded`), and so does the
+optimizer's step; stages 1 and 2. The per-step all-gather of the parameters stays charged over d (an upper bound
+for the expert ones, gathered over r).
+Stage 3 is refused (`check_expert_zero`): it would gather the expert weights over r before every forward, which
+no trainer autopp exports to runs beside expert parallelism under pipelining.
 """
 
 from __future__ import annotations
@@ -65,12 +74,13 @@ from ..data.layout import UnitView
 from ..data.profile import Profile
 from ..data.profile_tp import SP_COLUMNS
 from ..data.zero import NO_ZERO
-from ..errors import ProfileError
+from ..data.zero import ZeroStage
+from ..errors import LayoutError, ProfileError
 from .terms import allreduce_times, half_collective
-from .units import ProfileTable, UnitArrays
+from .units import ExpertBytes, ProfileTable, UnitArrays
 
 __all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded", "ExpertTable",
-           "expert_parallel", "sp_offered"]
+           "expert_parallel", "sp_offered", "check_expert_zero"]
 
 
 def sp_offered(profile: Profile) -> bool:
@@ -85,7 +95,7 @@ def group_table(profile: Profile, view: UnitView) -> ProfileTable:
     over ep (`ExpertTable`; the runner runs ep at tp 1 only, so never beside SP). An axis whose rows are measured at
     its sharded shapes selects them here."""
     if view.ep > 1:
-        return ExpertTable(profile, view.ep)
+        return ExpertTable(profile, view.ep, view.ep_replicas)
     table = ProfileTable(profile, view.tp)
     if view.sp and view.tp > 1:
         if not sp_offered(profile) or profile.tp_units is None:
@@ -101,10 +111,13 @@ def group_table(profile: Profile, view: UnitView) -> ProfileTable:
 
 class ExpertTable(ProfileTable):
     """A `ProfileTable` (tp 1) whose units hold 1 / ep of their stacked experts (module docstring), with the bytes
-    of their all-to-alls per microbatch (`UnitArrays.ep_comm`)."""
+    of their all-to-alls per microbatch (`UnitArrays.ep_comm`); `replicas` (dp / ep) ranks hold the same experts."""
 
-    def __init__(self, profile: Profile, ep: int) -> None:
+    def __init__(self, profile: Profile, ep: int, replicas: int = 1) -> None:
         super().__init__(profile, 1)
+        d = ep * replicas
+        self.replicas = replicas
+        self.weight = 0.0 if replicas == 1 else ((replicas - 1) / replicas) / ((d - 1) / d)
         rows = profile.units.sort_values(["microbatch_size", "unit"])
         first = rows[rows.microbatch_size == self.sizes[0]]
         expert = first.expert_param_bytes.to_numpy(dtype=np.float64)
@@ -120,9 +133,13 @@ class ExpertTable(ProfileTable):
         a = super().arrays(b)
         kept = 1 - self.share * (1 - 1 / self.ep)
         sent = self.layers * self._at(self.routed, b) * (self.ep - 1) / self.ep
+        mine = self.share / self.ep  # a rank's expert bytes per byte of the unit's whole
+        expert = ExpertBytes(params=a.params * mine, grads=a.grads * mine, optimizer=(a.static - a.params - a.grads)
+                             * mine, replicas=self.replicas, sync_weight=self.weight)
         return replace(a, static=np.round(a.static * kept), params=np.round(a.params * kept),
-                       grads=np.round(a.grads * (1 - self.share)),
-                       optimizer=None if a.optimizer is None else a.optimizer * kept, ep_comm=(sent, self.layers))
+                       grads=np.round(a.grads * (1 - self.share) + self.weight * expert.grads),
+                       optimizer=None if a.optimizer is None else a.optimizer * kept, ep_comm=(sent, self.layers),
+                       expert=expert)
 
 
 def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
@@ -164,19 +181,25 @@ def expert_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
     sent, layers = a.ep_comm
     both = 2 * (sent / link.bandwidth_bytes_per_s + layers * (view.ep - 1) * link.latency_s)
     return replace(a, forward=a.forward + both, recompute=a.recompute + both,
-                   backward_input=a.backward_input + both, backward=a.backward + both)
+                   backward_input=a.backward_input + both, backward=a.backward + both, ep_time=both)
 
 
 def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarray], np.ndarray]) -> UnitArrays:
     """`a` with the view's ZeRO stage over its d = `view.sync` ranks (module docstring): static bytes, the
     all-gather before each forward (stage 3), the reduce-scatter after each backward (stage 2), the optimizer's
-    shard. `reduce_time(bytes)`: per unit, an all-reduce of those bytes over the synchronisation group."""
+    shard; expert bytes (`a.expert`) over their own dp / ep ranks. `reduce_time(bytes)`: per unit, an all-reduce of
+    those bytes over the synchronisation group."""
     zero, d = view.zero, view.sync
     if zero.replicated or d == 1:
         return replace(a, zero=NO_ZERO)
-    p, g = a.params, a.grads
+    check_expert_zero(zero, view.ep)
+    p, g, e = a.params, a.grads, a.expert
     o = a.static - p - g
-    static = p + p / d + (g / d if zero.scatters_each_microbatch else g) + o / d
+    static = _shard(p, g, o, d, zero)
+    if e is not None:  # the expert bytes: out of the dense shard, into their own replicas' one
+        dense = _shard(p - e.params, g - e.sync_weight * e.grads, o - e.optimizer - (1 - e.sync_weight) * e.grads, d,
+                       zero)
+        static = dense + _shard(e.params, e.grads, e.optimizer, e.replicas, zero)
     if zero.gathers_each_forward:
         gather = half_collective(reduce_time(p))
         a = replace(a, forward=a.forward + gather)
@@ -184,4 +207,21 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
         scatter = half_collective(reduce_time(g))
         a = replace(a, backward_weight=a.backward_weight + scatter, backward=a.backward + scatter)
     optimizer = None if a.optimizer is None else a.optimizer / d
+    if e is not None and a.optimizer is not None:  # the step's share of the experts: over their replicas
+        mine = g + (1 - e.sync_weight) * e.grads
+        part = np.divide(e.grads, mine, out=np.zeros(len(mine)), where=mine > 0)
+        optimizer = a.optimizer * ((1 - part) / d + part / e.replicas)
     return replace(a, static=np.round(static), optimizer=optimizer, zero=zero)
+
+
+def _shard(p: np.ndarray, g: np.ndarray, o: np.ndarray, d: int, zero: ZeroStage) -> np.ndarray:
+    """Parameter, gradient and optimizer bytes on one of d ranks under `zero` (module docstring)."""
+    return p + p / d + (g / d if zero.scatters_each_microbatch else g) + o / d
+
+
+def check_expert_zero(zero: ZeroStage, ep: int) -> None:
+    """Refuse ZeRO 3 beside expert parallelism (module docstring) with one line."""
+    if ep > 1 and zero.gathers_each_forward:
+        raise LayoutError(f"`zero` {zero.stage} with `ep` {ep}: autopp plans expert parallelism with ZeRO 0, 1 or 2 "
+                          "(the dense and the expert bytes each sharded over their own data-parallel ranks); "
+                          "re-plan with `zero` 1")

@@ -24,13 +24,15 @@ def stage_speeds(cluster: Cluster, owner: Sequence[int]) -> list[float]:
 def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequence[float],
                 overheads: Sequence[float] | None = None, host_bandwidth: float = 0.0) -> list[StageCost]:
     """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input;
-    `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none). Like
-    torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward. The activation
-    policies' own figures: summed over the units from the profile's columns, or, with the devices' host link
-    (`host_bandwidth`, bytes/s per direction; `Cluster.host_bandwidth`), derived from the stages (`derive`)."""
+    `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none); the
+    expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`) as the communication an overlapping schedule
+    hides. Like torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward. The
+    activation policies' own figures: summed over the units from the profile's columns, or, with the devices' host
+    link (`host_bandwidth`, bytes/s per direction; `Cluster.host_bandwidth`), derived from the stages (`derive`)."""
     out = []
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
         full = float(a.backward[i:j].sum()) / sp
+        comm = 0.0 if a.ep_time is None else float(a.ep_time[i:j].sum()) / sp
         out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
                              backward_input_s=0.0 if s == 0 else float(a.backward_input[i:j].sum()) / sp,
                              backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp,
@@ -39,7 +41,8 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0,
                              transient_bytes=stage_transient(a, i, j),
                              own=tuple((p, Figures(int(kept[i:j].sum()), float(redo[i:j].sum()) / sp))
-                                       for p, (kept, redo) in a.own.items())))
+                                       for p, (kept, redo) in a.own.items()),
+                             forward_comm_s=comm, backward_comm_s=comm))
     derived = [p for p in POLICIES.values() if p.derive is not None] if host_bandwidth > 0 else []
     return [replace(c, own=c.own + tuple((p.name, p.derive(out, s, host_bandwidth)) for p in derived if p.derive))
             for s, c in enumerate(out)] if derived else out

@@ -15,7 +15,7 @@ from ..schedule.activation import FIGURED, POLICY_COLUMNS, Activation, policy
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["UnitArrays", "TpComm", "TP_COMM_COLUMNS", "ProfileTable", "unit_arrays"]
+__all__ = ["UnitArrays", "TpComm", "ExpertBytes", "TP_COMM_COLUMNS", "ProfileTable", "unit_arrays"]
 
 #: tp.csv's collective columns (docs/profile-format.md), per microbatch, and the TpComm field each fills.
 TP_COMM_COLUMNS = {"tp_forward_allreduce_bytes": "forward_allreduce", "tp_backward_allreduce_bytes":
@@ -34,6 +34,23 @@ class TpComm:
     forward_allgather: np.ndarray
     forward_count: np.ndarray
     backward_count: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertBytes:
+    """Per unit, a rank's share of the stacked experts' static bytes under expert parallelism (already divided by
+    ep; autopp.costmodel.parallel.ExpertTable), which ZeRO shards over the dp / ep ranks holding the same experts,
+    and the weight their gradient bytes carry in `UnitArrays.grads` (the step's synchronisation)."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    """Optimizer-state bytes."""
+    replicas: int
+    """The data-parallel ranks holding the same experts (dp / ep)."""
+    sync_weight: float
+    """How many bytes of a dp-wide all-reduce one byte of expert gradient costs over the `replicas`: ring
+    ((r - 1) / r) / ((d - 1) / d), 0 when r = 1."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,6 +95,13 @@ class UnitArrays:
     """Per unit, one microbatch's expert-parallel all-to-all (None: ep 1; `autopp.costmodel.parallel.ExpertTable`):
     the bytes a rank sends in one all-to-all summed over the unit's MoE layers, and how many MoE layers it has (each
     runs 2 all-to-alls forward, 2 backward), timed by `autopp.costmodel.parallel.expert_parallel`."""
+    ep_time: np.ndarray | None = None
+    """Per unit, the time of one microbatch's expert-parallel all-to-alls in one pass (a dispatch and a combine per
+    MoE layer), already in `forward`, `recompute`, `backward_input` and `backward`: what DualPipe can hide (None:
+    ep 1)."""
+    expert: ExpertBytes | None = None
+    """Per unit, its expert bytes on one rank (None: ep 1), which `autopp.costmodel.parallel.data_sharded` shards
+    over their own data-parallel group."""
 
     def transient_bytes(self) -> np.ndarray:
         """`transient`, zeros when the profile had no peak data."""

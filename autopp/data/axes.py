@@ -117,13 +117,14 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                                            "comes from the model's own layers, as in Megatron-DeepSpeed) and the "
                                            "exported stage file builds none; " + _RE_PLAN.format(axis="tp"))}),
     Axis(name="ep", what="expert parallelism",
-         flag=Flag(help="expert-parallel degree: a stage's dp ranks each hold 1 / ep of its experts (the runner "
-                        "runs ep = dp with tp 1 and ZeRO 0), or auto: 1 and dp (default 1)"),
+         flag=Flag(help="expert-parallel degree: ep groups carved from a stage's dp ranks each hold its experts, "
+                        "1 / ep per rank (tp 1; ZeRO 0-2; the runner runs ZeRO 0), or auto: 1 and every divisor of "
+                        "dp that divides the experts (default 1; --ep N alone sets dp N)"),
          trainers={"torchtitan": Spelling(
                        degree="parallelism.expert_parallel_degree",
                        note="torchtitan's ExpertParallel shards each MoE layer's experts over ep ranks carved from "
-                            "dp_shard x cp (x tp) and routes tokens by all-to-all, as autopp costed and runs it (ep = "
-                            "dp); its model's config gives the experts and top-k"),
+                            "dp_shard x cp (x tp) and routes tokens by all-to-all, as autopp costed and runs it (ep "
+                            "divides dp); its model's config gives the experts and top-k"),
                    "megatron": Spelling(
                        degree="--expert-model-parallel-size", extra=("--moe-token-dispatcher-type alltoall",),
                        facts=(("num_experts", "--num-experts"), ("top_k", "--moe-router-topk")),

@@ -161,7 +161,8 @@ class Layout:
     def unit_view(self) -> UnitView:
         """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size)."""
         return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=self.sync if not self.zero.replicated else 1,
-                        zero=self.zero if self.dp > 1 else NO_ZERO, sp=self.sp)
+                        zero=self.zero if self.dp > 1 else NO_ZERO, sp=self.sp,
+                        ep_replicas=self.dp // self.ep if self.ep > 1 else 1)
 
     def describe(self, sep: str = " x ") -> str:
         """The degrees as messages print them: "pp(2) x dp(2) x tp(2)", degrees of 1 beyond pp and dp left out;
@@ -236,6 +237,9 @@ class UnitView(NamedTuple):
     zero: ZeroStage
     sp: bool = False
     """Sequence parallelism with the tensor parallelism (`Layout.sp`)."""
+    ep_replicas: int = 1
+    """With ep > 1, the data-parallel ranks holding the same experts (dp / ep), over which their gradients are
+    averaged; 1 without expert parallelism."""
 
     @property
     def group(self) -> int:

@@ -66,6 +66,10 @@ class StagePlan:
     own: tuple[tuple[Activation, Figures], ...] = ()
     """The activation policies' own figures for this stage (`StageCost.own`); in JSON as two fields per policy
     (`figure_keys`: "selective_bytes", "selective_redo_s"), not written when 0."""
+    comm_s: float = 0.0
+    """Communication inside the stage in each F and each full backward (expert parallelism's all-to-alls, already in
+    forward_s and backward_s), which an overlapping schedule hides (`StageCost.forward_comm_s`); 0 and not
+    written without it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name

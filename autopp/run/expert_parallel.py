@@ -12,18 +12,22 @@ expert parallelism (DeepSeek-AI, arXiv:2412.19437, section 3.2). The experts mod
 (`MixtralExperts`, `Qwen3MoeExperts`, ...: `forward(hidden_states, top_k_index, top_k_weights)` over stacked
 `gate_up_proj` / `down_proj`, run by `grouped_mm_experts_forward` or its loop): the style wraps its forward and
 runs the model's own expert computation on the received rows, one expert per row and weight 1, with the module's
-expert count set to the local one; the routing weights are applied after the combine. The ep group is the mesh's
-"dp" dimension (ep = dp, as torchtitan's ep over dp_shard): the expert weights' gradients are then not averaged over
-it (each rank owns different experts; `average_expert_grads` scales them by 1 / dp, the dense gradients' average).
+expert count set to the local one; the routing weights are applied after the combine. The ep groups are carved
+from the mesh's "dp" dimension (torchtitan's ep over dp_shard; ep fastest, Megatron's "tp-cp-ep-dp-pp" order):
+with ep = dp it is the whole dimension, with ep < dp it is split (dp / ep, ep) by `DeviceMesh._unflatten`
+(`ep_meshes`). The expert weights' gradients are summed over the dp / ep ranks holding the same experts and scaled
+by 1 / dp, the dense gradients' average (`average_expert_grads`; nothing to sum with ep = dp).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd, wait_tensor
 from torch.distributed.device_mesh import DeviceMesh
@@ -34,7 +38,8 @@ from ..data.layout import Layout
 from ..errors import RunError
 from ..model.experts import is_experts
 
-__all__ = ["ExpertParallel", "check_expert_parallel", "parallelize_experts", "expert_params", "average_expert_grads"]
+__all__ = ["ExpertParallel", "check_expert_parallel", "ep_meshes", "parallelize_experts", "expert_params",
+           "average_expert_grads"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,14 +116,26 @@ class _EpForward:
 
 
 def check_expert_parallel(layout: Layout) -> None:
-    """Refuse the layouts the runner cannot run expert-parallel: ep must equal dp (the ep group is a stage's
-    data-parallel ranks), without tensor or context parallelism and with ZeRO 0."""
+    """Refuse the layouts the runner cannot run expert-parallel: ep must divide dp (the ep groups are carved from a
+    stage's data-parallel ranks), without tensor or context parallelism and with ZeRO 0."""
     if layout.ep == 1:
         return
-    if layout.ep != layout.dp or layout.group > 1 or not layout.zero.replicated:
+    if layout.dp % layout.ep or layout.group > 1 or not layout.zero.replicated:
         raise RunError(f"plan field 'ep' is {layout.ep} with dp {layout.dp}, cp {layout.cp}, tp {layout.tp}, zero "
-                       f"{layout.zero.stage}: autopp runs expert parallelism with ep = dp, cp 1, tp 1 and zero 0; "
-                       "re-plan with `--ep 1` or those")
+                       f"{layout.zero.stage}: autopp runs expert parallelism with ep dividing dp, cp 1, tp 1 and zero "
+                       "0 (ZeRO beside ep is planned and exported, not run); re-plan with `--ep 1` or those")
+
+
+@functools.lru_cache(maxsize=8)
+def ep_meshes(mesh: DeviceMesh, ep: int) -> tuple[DeviceMesh, DeviceMesh | None]:
+    """This rank's ep ranks (a one-dimensional mesh) and the dp / ep ranks holding the same experts (None when ep
+    is the whole "dp" dimension), from the world mesh: its "dp" dimension split (dp / ep, ep), ep fastest. Cached:
+    the split creates process groups, once per mesh (every rank asks in the same order)."""
+    dp = mesh["dp"].size()
+    if ep == dp:
+        return mesh["dp"], None
+    split = mesh._unflatten("dp", (dp // ep, ep), ("ep_replica", "ep"))
+    return split["ep"], split["ep_replica"]
 
 
 def parallelize_experts(piece: nn.Module, mesh: DeviceMesh, full_model: nn.Module, device: torch.device) -> int:
@@ -145,10 +162,19 @@ def expert_params(pieces: Sequence[nn.Module]) -> list[nn.Parameter]:
     return list(found.values())
 
 
-def average_expert_grads(params: Sequence[torch.Tensor], layout: Layout) -> None:
-    """Make the expert weights' gradients the full batch's: each rank's shard already sums every replica's tokens
-    routed to it (the combine's backward brings them back), so it is divided by dp, as the dense gradients are
-    averaged over dp, and not all-reduced (ep = dp: no other rank holds the same experts)."""
-    for p in params:
-        if p.grad is not None and layout.dp > 1:
-            p.grad.div_(layout.dp)
+def average_expert_grads(params: Sequence[torch.Tensor], layout: Layout, replicas: DeviceMesh | None) -> None:
+    """Make the expert weights' gradients the full batch's: each rank's shard already sums its ep group's tokens
+    routed to it (the combine's backward brings them back); summed over the `replicas` holding the same experts
+    (`ep_meshes`; None: ep = dp, nothing to sum), it is divided by dp, as the dense gradients are averaged over dp."""
+    grads = [g.to_local() if isinstance(g, DTensor) else g for g in (p.grad for p in params) if g is not None]
+    if not grads or layout.dp == 1:
+        return
+    if replicas is not None:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=replicas.get_group())
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    for g in grads:
+        g.div_(layout.dp)

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from ..data.layout import Layout
 from ..data.plan import Plan
 from .data_parallel import shard_replicas, sync_mesh
-from .expert_parallel import parallelize_experts
+from .expert_parallel import ep_meshes, parallelize_experts
 from .tensor_parallel import parallelize_stage
 
 __all__ = ["make_mesh", "Sharding", "shard_stage", "local", "full"]
@@ -46,14 +46,14 @@ class Sharding:
 
 
 def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], device: torch.device) -> None:
-    """Tensor-parallelise the piece's planned modules over mesh["tp"], shard its experts over the ep ranks (the
-    stage's dp ranks: autopp.run.expert_parallel), then (ZeRO 1/3) fully_shard each of its units with parameters and
-    the piece itself over the synchronisation ranks (TP first, then FSDP, as torchtitan)."""
+    """Tensor-parallelise the piece's planned modules over mesh["tp"], shard its experts over the ep ranks (carved
+    from the stage's dp ranks: autopp.run.expert_parallel), then (ZeRO 1/3) fully_shard each of its units with
+    parameters and the piece itself over the synchronisation ranks (TP first, then FSDP, as torchtitan)."""
     if sharding.resolved and sharding.full_model is not None:
         parallelize_stage(piece, sharding.mesh["tp"], sharding.resolved, sharding.full_model, device,
                           sharding.sequence, units)
     if sharding.layout.ep > 1 and sharding.full_model is not None:
-        parallelize_experts(piece, sharding.mesh["dp"], sharding.full_model, device)
+        parallelize_experts(piece, ep_meshes(sharding.mesh, sharding.layout.ep)[0], sharding.full_model, device)
     shard_replicas(piece, sync_mesh(sharding.mesh, sharding.layout), sharding.layout.zero, units)
 
 

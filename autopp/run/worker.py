@@ -53,7 +53,7 @@ from ..data.layout import Coords, Layout, uses_mesh
 from .collect import gather_check, gather_results, stage_grads, stage_weights
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .data_parallel import check_runnable, sync_mesh
-from .expert_parallel import average_expert_grads, expert_params
+from .expert_parallel import average_expert_grads, ep_meshes, expert_params
 from .parallel import local, make_mesh
 from .pipeline import RankStages, build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
@@ -236,7 +236,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         t_schedule = recorder.now()
         sum_tied_grads(ties, built.params)
         _average_grads([p for p in params if all(p is not e for e in experts)], dp_group, plan.layout.sync)
-        average_expert_grads(experts, plan.layout)
+        average_expert_grads(experts, plan.layout, ep_meshes(mesh, plan.layout.ep)[1] if experts and mesh else None)
         t_allreduce = t_optimizer = recorder.now()
         optimizer.step()
         if not checked:

@@ -183,6 +183,10 @@ class Descriptor:
     """m must be >= this x p, i.e. at least one per stage (1F1B: 1; DualPipeV, 2 stages per rank: 2)."""
     rounded: bool = False
     """m must be a multiple of rounds = max(1, m // p) (torch's interleaved schedules)."""
+    overlaps_f_b: bool = False
+    """A forward listed right before a full backward of the other stage on its rank runs with it as one overlapped
+    pair, each one's communication inside the stage hidden under the other's compute (torch's OVERLAP_F_B;
+    DualPipe, arXiv 2412.19437 s.3.2.1): `autopp.schedule.simulate` times it so."""
     exact_inflight: Callable[[int, int], tuple[int, ...]] | None = None
     """Per stage, microbatches of activations held at its peak, in closed form; None: walk rank 0's order."""
 
@@ -278,7 +282,7 @@ _ZBV = Descriptor(name=ScheduleName.ZBV_ZERO_BUBBLE, placement=StagePlacement.V,
                   pipe_bound=_bound_zero_bubble)
 _DUAL_PIPE_V = Descriptor(name=ScheduleName.DUAL_PIPE_V, placement=StagePlacement.V, fixed_v=2, splits_backward=True,
                           torch_class="ScheduleDualPipeV", builder=named.dual_pipe_v, estimate=_estimate_zero_bubble,
-                          pipe_bound=_bound_zero_bubble, min_microbatches_per_rank=2)
+                          pipe_bound=_bound_zero_bubble, min_microbatches_per_rank=2, overlaps_f_b=True)
 _CUSTOM = Descriptor(name=ScheduleName.CUSTOM, placement=StagePlacement.GIVEN, fixed_v=None, splits_backward=False,
                      torch_class="_PipelineScheduleRuntime")
 

@@ -11,7 +11,7 @@ from autopp.schedule.actions import Action, Kind
 from autopp.schedule.activation import Activation
 from autopp.schedule.effects import StageCost, durations
 
-__all__ = ["Event", "SimState", "new_state", "producer", "build_positions"]
+__all__ = ["Event", "SimState", "new_state", "producer", "build_positions", "pairs", "hidden_s"]
 
 
 class Event(NamedTuple):
@@ -58,6 +58,9 @@ class SimState:
     """Per rank, the running sum of its actions' durations (built when first needed)."""
     index: list[dict[Action, int]] = field(default_factory=list)
     """Per rank, each action's position in its order (built with `prefix`)."""
+    paired: list[frozenset[int]] = field(default_factory=list)
+    """Per rank, the positions of the full backwards that run overlapped with the forward before them (`pairs`;
+    empty unless the schedule overlaps them)."""
 
 
 def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequence[int],
@@ -99,3 +102,22 @@ def producer(a: Action, sim: SimState) -> Action:
     where = sim.index[sim.owner[s + 1]]
     found = [(where[x], x) for x in (Action(s + 1, Kind.B, mb), Action(s + 1, Kind.I, mb)) if x in where]
     return min(found)[1] if found else Action(s + 1, Kind.B, mb)
+
+
+def pairs(acts: Sequence[Action]) -> frozenset[int]:
+    """The positions in one rank's `acts` of each full backward B listed right after a forward F of another stage:
+    the overlapped forward-backward pairs of DualPipe (torch's OVERLAP_F_B, which DualPipeV's order lists as its F
+    then its B; autopp.schedule.named.dual_pipe_v)."""
+    return frozenset(i for i in range(1, len(acts)) if acts[i].kind is Kind.B and acts[i - 1].kind is Kind.F
+                     and acts[i - 1].stage != acts[i].stage)
+
+
+def hidden_s(forward: StageCost, backward: StageCost) -> float:
+    """What an overlapped pair saves against running its forward then its backward: each one's communication runs
+    under the other's compute (DeepSeek-V3, arXiv 2412.19437 s.3.2.1: two streams, the all-to-alls of one
+    microbatch beside the other's computation), so the pair takes max(Fc + Bc, Fm + Bm) instead of their sum:
+    it saves min(Fc + Bc, Fm + Bm) (c: compute, m: communication inside the stage)."""
+    b = backward
+    full = b.backward_input_s + b.backward_weight_s if b.backward_s is None else b.backward_s
+    compute = forward.forward_s - forward.forward_comm_s + full - backward.backward_comm_s
+    return min(compute, forward.forward_comm_s + backward.backward_comm_s)

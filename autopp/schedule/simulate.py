@@ -16,9 +16,9 @@ from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind, Order
 from autopp.schedule.activation import Activation
 from autopp.schedule.deadlock import deadlock_message
 from autopp.schedule.delivery import delivered, next_to_force
-from autopp.schedule.descriptors import ScheduleName, build_schedule, stage_to_rank
+from autopp.schedule.descriptors import DESCRIPTORS, ScheduleName, build_schedule, stage_to_rank
 from autopp.schedule.effects import StageCost, memory_timeline, rank_static_bytes, transient_peak
-from autopp.schedule.sim_state import Event, SimState, new_state
+from autopp.schedule.sim_state import Event, SimState, hidden_s, new_state, pairs
 
 __all__ = ["SimResult", "simulate", "simulate_named"]
 
@@ -124,7 +124,12 @@ def _advance(sim: SimState, rank: int) -> bool:
                 ready = grad_in
             table = grad[s]
         start = clock if clock > ready else ready
-        clock = start + durations[s][kind]
+        if sim.paired and pos in sim.paired[rank]:  # an overlapped F + B pair (`sim_state.hidden_s`)
+            before = out[-1]
+            saved = hidden_s(sim.costs[before[1][0]], sim.costs[s]) - (start - before[3])
+            clock = start + max(0.0, durations[s][kind] - max(0.0, saved))
+        else:
+            clock = start + durations[s][kind]
         if mb in table:
             raise ScheduleError(f"{a} is scheduled twice (or both B and I/W run for it)")
         table[mb] = clock
@@ -198,7 +203,7 @@ def _gc_paused() -> Iterator[None]:
 
 def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequence[int],
              comm_s: Sequence[float], activations: Sequence[Activation] | None = None,
-             progress_s: Sequence[float] | None = None) -> SimResult:
+             progress_s: Sequence[float] | None = None, overlap_f_b: bool = False) -> SimResult:
     """Simulate one training step of ``order`` (rank -> actions; idle slots and send/recv entries are ignored).
 
     Each rank runs its compute actions in list order, one at a time. An action starts when its rank is free
@@ -206,7 +211,11 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     ranks; B/I(s, i) needs F(s, i) and B/I(s+1, i) plus ``comm_s[s]``; W(s, i) needs I(s, i). Transfers do not
     occupy either rank and links have no contention. With ``progress_s`` (one per stage boundary, default 0) a
     message that could move while its sender computes moves when the sender's back-to-back actions end, at most
-    ``progress_s`` later (see `delivery.delivered`). Raises ScheduleError on a malformed order or a deadlock.
+    ``progress_s`` later (see `delivery.delivered`). With ``overlap_f_b`` (a schedule whose descriptor
+    `overlaps_f_b`: DualPipeV) a full backward listed right after a forward of another stage runs overlapped with
+    it (`sim_state.pairs`): it is shortened by what the pair hides (`sim_state.hidden_s`) less any wait between the
+    two, so the pair ends max(Fc + Bc, Fm + Bm) after the forward started. Raises ScheduleError on a malformed
+    order or a deadlock.
     """
     n = len(stage_costs)
     policies = list(activations) if activations is not None else [Activation.KEEP] * n
@@ -215,6 +224,8 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     acts = _compute_only(order, n, stage_to_rank)
     with _gc_paused():
         sim = new_state(acts, stage_costs, stage_to_rank, comm_s, policies, delays)
+        if overlap_f_b and any(c.forward_comm_s or c.backward_comm_s for c in stage_costs):
+            sim.paired = [pairs(a) for a in acts]
         _run(sim)
         if any(sim.position[r] < len(a) for r, a in enumerate(acts)):
             raise ScheduleError(deadlock_message(sim))
@@ -241,4 +252,4 @@ def simulate_named(name: ScheduleName, num_ranks: int, num_microbatches: int, st
     if len(owner) != len(stage_costs):
         raise ScheduleError(f"{name.value} with {num_ranks} ranks x v={v} has {len(owner)} stages, "
                             f"but {len(stage_costs)} stage costs were given")
-    return simulate(order, stage_costs, owner, comm_s, activations, progress_s)
+    return simulate(order, stage_costs, owner, comm_s, activations, progress_s, DESCRIPTORS[name].overlaps_f_b)

@@ -206,3 +206,46 @@ def test_sequence_parallelism_divides_the_norms_inputs_by_t_and_keeps_the_collec
     with pytest.raises(ProfileError, match=r"has no sequence-parallel bytes \(tp.csv column sp_sequence_bytes, "
                                            r"profiles made before it\): profile it again, or plan with `sp` off$"):
         group_table(synthetic_profile(6, tp_degrees=(2,)), Layout(tp=2, sp=True).unit_view())
+
+
+def test_with_ep_below_dp_the_expert_gradients_are_all_reduced_over_their_replicas() -> None:
+    """dp 4, ep 2: each expert shard is held by 2 ranks, whose all-reduce of its gradient (ring over r = 2) is
+    charged in the step's dp-wide one (`grads`) at ((r - 1) / r) / ((d - 1) / d) = 2/3 of its bytes; the static
+    bytes are those of ep 2 whatever dp; ep = dp keeps none (nothing to all-reduce)."""
+    from autopp.costmodel import ProfileTable, group_table
+    profile = _moe_profile()
+    whole = ProfileTable(profile).arrays(2)
+    four, two = (group_table(profile, Layout(dp=dp, ep=2).unit_view()).arrays(2) for dp in (4, 2))
+    expert = whole.grads * np.array([0, 0.75, 0.75, 0]) / 2  # a rank's expert gradient bytes
+    assert np.allclose(four.grads, np.round(whole.grads * np.array([1, 0.25, 0.25, 1]) + expert * 2 / 3), atol=1)
+    assert np.allclose(two.grads, np.round(whole.grads * np.array([1, 0.25, 0.25, 1])), atol=1)
+    assert np.array_equal(four.static, two.static) and four.expert is not None and four.expert.replicas == 2
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_beside_ep_shards_dense_bytes_over_dp_and_expert_bytes_over_their_replicas(stage: int) -> None:
+    """ZeRO 1 (2) with dp 4, ep 2: the dense parameter, gradient and optimizer bytes shard over the 4 dp ranks as
+    without ep, a rank's expert ones (1/2 of the stacked experts) over the 2 ranks holding the same experts; the
+    optimizer step likewise. ZeRO 3 is refused in one line."""
+    from autopp.costmodel import ProfileTable, group_table
+    from autopp.errors import LayoutError
+    profile = _moe_profile()
+    whole = ProfileTable(profile).arrays(2)
+    layout = Layout(dp=4, ep=2, zero=ZERO[stage])
+    view = layout.unit_view()
+    got = data_sharded(group_table(profile, view).arrays(2), view, lambda s: s * 0.0)
+    share = np.array([0, 0.75, 0.75, 0])
+    p, g = whole.params, whole.grads
+    o = whole.static - p - g
+    scatter = ZERO[stage].scatters_each_microbatch
+
+    def shard(p, g, o, d):  # type: ignore[no-untyped-def]
+        return p + p / d + (g / d if scatter else g) + o / d
+    want = shard(p * (1 - share), g * (1 - share), o * (1 - share), 4) + shard(p * share / 2, g * share / 2,
+                                                                             o * share / 2, 2)
+    assert np.allclose(got.static, np.round(want), atol=2)
+    assert whole.optimizer is not None and got.optimizer is not None
+    assert np.allclose(got.optimizer, whole.optimizer * ((1 - share) / 4 + share / 2 / 2))
+    with pytest.raises(LayoutError, match=r"^`zero` 3 with `ep` 2: .*re-plan with `zero` 1$"):
+        view3 = Layout(dp=4, ep=2, zero=ZERO[3]).unit_view()
+        data_sharded(group_table(profile, view3).arrays(2), view3, lambda s: s * 0.0)

@@ -1,7 +1,7 @@
 """Expert parallelism in the runner (autopp.run.expert_parallel): the experts module wrapped on one rank gives the
 model's own output and gradients, the layouts it does not run are refused before any rank starts, and tiny HF
-Mixtral and Qwen3-MoE run pp x dp with ep = dp on gloo ranks, loss and every gradient (the expert shards gathered)
-validated against one process."""
+Mixtral and Qwen3-MoE run pp x dp with ep = dp, and with ep < dp (pp 2 x ep 2 x dp 2 on 8 ranks), on gloo ranks,
+loss and every gradient (the expert shards gathered) validated against one process."""
 
 from __future__ import annotations
 
@@ -40,14 +40,16 @@ def test_the_experts_modules_are_found_by_their_stacked_weights() -> None:
 
 
 @pytest.mark.parametrize("layout, why", [
-    (Layout(pp=1, dp=4, ep=2), "ep 2 with dp 4"),
+    (Layout(pp=1, dp=1, cp=2, ep=2), "cp 2"),
     (Layout(pp=1, dp=1, tp=2, ep=2), "tp 2"),
     (Layout(pp=1, dp=2, ep=2, zero=ZERO[1]), "zero 1"),
 ])
 def test_layouts_the_runner_does_not_run_expert_parallel_are_refused(layout: Layout, why: str) -> None:
-    with pytest.raises(RunError, match=r"^plan field 'ep' is 2 .*ep = dp, cp 1, tp 1 and zero 0; re-plan"):
+    with pytest.raises(RunError, match=r"^plan field 'ep' is \d .*ep dividing dp, cp 1, tp 1 and zero 0 \(ZeRO beside "
+                                       r"ep is planned and exported, not run\); re-plan"):
         check_expert_parallel(layout)
     check_expert_parallel(Layout(pp=2, dp=2, ep=2))
+    check_expert_parallel(Layout(pp=2, dp=4, ep=2))
     check_expert_parallel(Layout(pp=2, dp=4))
 
 
@@ -67,7 +69,7 @@ def test_on_one_rank_the_wrapped_experts_give_the_models_output_and_gradients(pa
     for model in (reference, wrapped):
         logits = model(*inputs).logits
         torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten()).backward()
-    average_expert_grads(experts, Layout(pp=1))
+    average_expert_grads(experts, Layout(pp=1), None)
     grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for n, p in wrapped.named_parameters()}
     for name, p in reference.named_parameters():
         assert p.grad is not None and name in grads
@@ -88,6 +90,20 @@ def test_experts_sharded_over_dp_match_one_process(path: Path, pp: int, tmp_path
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     lines = [line for f in sorted(tmp_path.glob("rank*.out")) for line in f.read_text().splitlines()]
     assert sum(f"expert parallelism over 2 ranks on {4 // pp} experts modules" in line for line in lines) == 2 * pp
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("path", [MIXTRAL, QWEN3], ids=["mixtral", "qwen3_moe"])
+def test_experts_sharded_over_part_of_dp_match_one_process(path: Path, tmp_path: Path) -> None:
+    """pp 2 x ep 2 x dp 2 (8 ranks; the layout's dp 4 = 2 ep groups of 2): each stage's 4 replicas form 2 ep groups
+    of 2 ranks, each rank holding 2 of the 4 experts; an expert shard's gradient is summed over the 2
+    ranks holding it and divided by dp; the loss and every gradient match one process."""
+    plan = pipeline_plan(path, ["model.layers.2"], schedule="1F1B", layout=Layout(pp=2, dp=4, ep=2))
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
+    assert report.passed and report.layout.ep == 2 and report.num_ranks == 8
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    lines = [line for f in sorted(tmp_path.glob("rank*.out")) for line in f.read_text().splitlines()]
+    assert sum("expert parallelism over 2 ranks on 2 experts modules" in line for line in lines) == 8
 
 
 @pytest.mark.integration

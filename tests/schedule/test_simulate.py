@@ -274,3 +274,42 @@ def test_progress_rule_holds_for_every_action_with_one_stage_per_rank(name: Sche
                         ready = max(ready, _rule(spans[s + 1], max(end[(s + 1, Kind.B, mb)] + comm[s], free), delays[s]))
                 assert e.start_s == pytest.approx(max(free, ready)), (name, p, m, e.action)
                 free = e.end_s
+
+
+def _with_comm(stages: int, comm: float) -> list[StageCost]:
+    """F = 1, full B = 2 (I = W = 1) per stage, `comm` of each inside the stage (expert all-to-alls)."""
+    return [StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, backward_s=2.0,
+                      forward_comm_s=comm, backward_comm_s=comm, activation_bytes=MB)] * stages
+
+
+def test_an_overlapped_pair_takes_the_longer_of_its_compute_and_its_communication() -> None:
+    """One rank, stages 0 and 1 both on it: F(0, 1) listed right before B(1, 0) runs with it as one pair, which
+    ends max(Fc + Bc, Fm + Bm) after it starts (DeepSeek-V3 s.3.2.1); without the flag, or without communication,
+    the two run one after the other."""
+    order = {0: [Action(0, Kind.F, 0), Action(1, Kind.F, 0), Action(0, Kind.F, 1), Action(1, Kind.B, 0),
+                 Action(0, Kind.B, 0), Action(1, Kind.F, 1), Action(1, Kind.B, 1), Action(0, Kind.B, 1)]}
+    for comm, pair in ((0.4, (1 - 0.4) + (2 - 0.4)), (1.0, 1.0 + 1.0), (0.0, 3.0)):
+        costs = _with_comm(2, comm)
+        plain = simulate(order, costs, [0, 0], [0.0]).step_time_s
+        overlapped = simulate(order, costs, [0, 0], [0.0], overlap_f_b=True)
+        assert plain == pytest.approx(2 * 3 * 2)
+        assert overlapped.step_time_s == pytest.approx(plain - 3.0 + pair)
+        f, b = overlapped.events[2], overlapped.events[3]
+        assert (f.action, b.action) == (Action(0, Kind.F, 1), Action(1, Kind.B, 0))
+        assert b.end_s - f.start_s == pytest.approx(pair)
+
+
+@pytest.mark.parametrize("comm", [0.0, 0.3])
+def test_dual_pipe_v_hides_the_all_to_alls_only_where_there_are_some(comm: float) -> None:
+    """p 4, m 16, the same stages under DualPipeV and ZBV: with all-to-alls inside F and B, DualPipeV's overlapped
+    pairs make it the faster; without, the overlap changes nothing and ZBV's step is no longer than DualPipeV's."""
+    p, m = 4, 16
+    costs = _with_comm(2 * p, comm)
+    dual = simulate_named(ScheduleName.DUAL_PIPE_V, p, m, costs, [0.0] * (2 * p - 1), v=2).step_time_s
+    zbv = simulate_named(ScheduleName.ZBV_ZERO_BUBBLE, p, m, costs, [0.0] * (2 * p - 1), v=2).step_time_s
+    order = build_schedule(ScheduleName.DUAL_PIPE_V, p, m, 2)
+    plain = simulate(order, costs, stage_to_rank(ScheduleName.DUAL_PIPE_V, p, 2), [0.0] * (2 * p - 1)).step_time_s
+    if comm:
+        assert dual < plain and dual < zbv
+    else:
+        assert dual == pytest.approx(plain) and zbv <= dual + 1e-9

@@ -142,22 +142,30 @@ def test_collective_counts_do_not_grow_with_the_microbatch(profile) -> None:  # 
     assert np.allclose(large.forward_allreduce, 8 * small.forward_allreduce)
 
 
-def test_ep_is_searched_as_1_and_dp_where_the_runner_runs_it() -> None:
-    """Expert parallelism (issue 30): the runner shards a stage's experts over its dp ranks (ep = dp) with tp 1 and
-    ZeRO 0, so the search tries ep 1 and dp there, a pinned ep only with dp = ep, and the request refuses other pins
-    in one line."""
+def test_ep_is_searched_among_the_divisors_of_dp() -> None:
+    """Expert parallelism (issue 30): ep groups are carved from a stage's dp ranks (torchtitan: ep divides dp_shard)
+    with tp 1 and ZeRO 0 to 2, so the search tries 1 and every divisor of dp, a pinned ep with any dp it divides,
+    searched ep only dividing the experts per layer where known, and the request refuses other pins in one line."""
     from autopp.solve.search.request import ep_choices
     cluster = Cluster(num_devices=8, memory_bytes=2**34)
     auto = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=None))
-    assert ep_choices(auto, 4, 1, NO_ZERO) == (1, 4) and ep_choices(auto, 1, 1, NO_ZERO) == (1,)
-    assert ep_choices(auto, 4, 2, NO_ZERO) == (1,) and ep_choices(auto, 4, 1, ZERO[1]) == (1,)
+    assert ep_choices(auto, 4, 1, NO_ZERO) == (1, 2, 4) and ep_choices(auto, 1, 1, NO_ZERO) == (1,)
+    assert ep_choices(auto, 6, 1, ZERO[1]) == (1, 2, 3, 6) and ep_choices(auto, 4, 1, ZERO[3]) == (1,)
+    assert ep_choices(auto, 4, 2, NO_ZERO) == (1,)
     pinned = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=2))
-    assert ep_choices(pinned, 2, 1, NO_ZERO) == (2,) and ep_choices(pinned, 4, 1, NO_ZERO) == ()
+    assert ep_choices(pinned, 2, 1, NO_ZERO) == (2,) and ep_choices(pinned, 4, 1, NO_ZERO) == (2,)
+    assert ep_choices(pinned, 3, 1, NO_ZERO) == ()
     layouts = {c.layout for c in configs(pinned, 8)}
-    assert layouts and all(l.ep == 2 and l.dp == 2 and l.zero.replicated for l in layouts)
-    assert {(c.layout.dp, c.layout.ep) for c in configs(auto, 8)} >= {(1, 1), (2, 1), (2, 2), (8, 8)}
-    with pytest.raises(LayoutError, match=r"^`ep` 2 runs with `dp` 2, `tp` 1 and `zero` 0 .*got dp 2, tp 2, zero 0$"):
+    assert layouts and all(l.ep == 2 and l.dp % 2 == 0 and l.zero.replicated for l in layouts)
+    assert {(c.layout.dp, c.layout.ep) for c in configs(auto, 8)} >= {(1, 1), (2, 1), (2, 2), (8, 2), (8, 4), (8, 8)}
+    assert {c.layout.ep for c in configs(auto, 8, experts=4)} == {1, 2, 4}
+    with pytest.raises(LayoutError, match=r"^`ep` 2 runs with `tp` 1 and a `dp` it divides .*got dp 2, tp 2$"):
         PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, tp=2, ep=2))
+    with pytest.raises(LayoutError, match=r"^ep\(4\) must divide dp\(6\)"):
+        PlanRequest(cluster=cluster, global_batch=12, pins=LayoutPins(dp=6, ep=4))
+    with pytest.raises(LayoutError, match=r"^`zero` 3 with `ep` 2: autopp plans expert parallelism with ZeRO 0, 1 or "
+                                          r"2 .*re-plan with `zero` 1$"):
+        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, ep=2, zero=ZERO[3]))
 
 
 def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile) -> None:  # type: ignore[no-untyped-def]
@@ -174,6 +182,11 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
     assert plan.layout == Layout(pp=4, dp=2, ep=2)
     assert any(n.startswith("expert parallelism 2: each stage's 2 replicas hold 1/2 of its experts (8 per layer, "
                             "top-2)") for n in plan.notes)
+    half = make_plan(moe, replace(req, pins=LayoutPins(pp=2, dp=4, ep=2)))
+    assert half.layout == Layout(pp=2, dp=4, ep=2)
+    assert any(n.startswith("expert parallelism 2: each stage's 4 replicas form 2 groups of 2 that each hold 1/2 of "
+                            "its experts") and n.endswith("all-reduced over the 2 ranks holding the same")
+               for n in half.notes)
     dense = make_plan(profile, req)
     assert any("the profile records no stacked experts" in n for n in dense.notes)
     assert dense.predicted.step_time_s == pytest.approx(

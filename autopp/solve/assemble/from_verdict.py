@@ -122,9 +122,12 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     if c.layout.ep > 1:
         moe, layers = profile.meta.extra.get("moe") or {}, int(profile.units.moe_layers.sum()) // len(
             profile.meta.microbatch_sizes)
-        out.append(f"expert parallelism {c.layout.ep}: each stage's {c.layout.dp} replicas hold 1/{c.layout.ep} of "
-                   f"its experts ({moe.get('num_experts')} per layer, top-{moe.get('top_k')}) and exchange the routed "
-                   f"tokens by all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)"
+        ep, dp = c.layout.ep, c.layout.dp
+        groups = "" if ep == dp else f" form {dp // ep} groups of {ep} that each"
+        out.append(f"expert parallelism {ep}: each stage's {dp} replicas{groups} hold 1/{ep} of its experts "
+                   f"({moe.get('num_experts')} per layer, top-{moe.get('top_k')}) and exchange the routed tokens by "
+                   "all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)"
+                   + ("" if ep == dp else f"; expert gradients all-reduced over the {dp // ep} ranks holding the same")
                    if layers else f"expert parallelism {c.layout.ep}: the profile records no stacked experts "
                    "(expert_param_bytes 0), so it changes nothing; plan with `ep` 1")
     return out
@@ -178,7 +181,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                   static_bytes=cost.static_bytes,
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
                   progress_s=delays[s], overhead_s=cost.overhead_s, transient_bytes=cost.transient_bytes,
-                  own=cost.own)
+                  own=cost.own, comm_s=cost.forward_comm_s)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c))

@@ -13,6 +13,8 @@ included when every stage recomputes):
      of any interior cut over any link
   6. the step's end (costmodel.step_end_floor): some rank holds >= all gradients / p, and the ring all-reduce grows
      with bytes.
+A schedule that overlaps forward-backward pairs (DualPipeV: `Descriptor.overlaps_f_b`) hides at most all of the
+expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`): (1)-(4) are taken without them.
 Hence, per formula (each descriptor's `pipe_bound`, fed `schedule.Floors` of (1)-(5)): GPipe and 1F1B >=
 min((2) + (m - 1) (3) + 2 (5), max(m (3), (2) + 2 (5))); Interleaved1F1B and LoopedBFS >= min((m + (p - 1) / v) (1) +
 2 (5), max((m + (p - 1) / v) (1), (2) + 2 (5))); the zero-bubble schedules >= m (1) + (p - 1) / v (4) + 2 (5) / v;
@@ -23,13 +25,22 @@ tests/solve/test_bounds.py checks the bounds against both on random profiles and
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ...costmodel import UnitArrays, stage_speeds, step_end_floor, transfer_time
 from ...schedule import Activation, Floors, describe, policy, stage_to_rank
 from .request import Config, PlanRequest
 
-__all__ = ["lower_bound", "comm_floor"]
+__all__ = ["lower_bound", "comm_floor", "without_comm"]
+
+
+def without_comm(a: UnitArrays) -> UnitArrays:
+    """`a` without its expert-parallel all-to-alls (`ep_time`) in F, its recomputation, I and B."""
+    t = a.ep_time if a.ep_time is not None else np.zeros(a.n)
+    return replace(a, forward=a.forward - t, recompute=a.recompute - t, backward_input=a.backward_input - t,
+                   backward=a.backward - t, ep_time=None)
 
 def comm_floor(a: UnitArrays, req: PlanRequest, c: Config) -> float:
     """(5): 2 x the sum of rank-crossing transfers of any split (the schedule's bound decides how much counts)."""
@@ -50,6 +61,9 @@ def _speeds(req: PlanRequest, c: Config) -> tuple[float, float]:
 def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activation, simulated: bool = False) -> float:
     """A lower bound of `c`'s estimate for every split, every stage under `activation` (module docstring); with
     `simulated`, of the simulated step too (the descriptor's `pipe_bound` instead of its `estimate_bound`)."""
+    d = describe(c.schedule)
+    if d.overlaps_f_b and a.ep_time is not None:  # what the overlapped pairs can hide, at most
+        a = without_comm(a)
     # the estimate charges a stage what its policy redoes, at most the forward again
     redo = np.minimum(policy(activation).unit_redo(a), a.forward)
     unit = a.work() + redo
@@ -59,7 +73,6 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activati
     # (4); per unit the smaller of F + I - W and F - B, as stage 0 has I = 0 and W = B
     per_unit = np.minimum(a.forward + a.backward_input - a.backward_weight, a.forward - a.backward) + redo
     gap = float(per_unit.sum()) / c.layout.stages / max_sp
-    d = describe(c.schedule)
     bound = d.pipe_bound if simulated else d.estimate_bound or d.pipe_bound
     assert bound is not None  # configurations are named schedules
     floors = Floors(rank=rank, total=total / max_sp, stage=stage, gap=gap, comm=comm_floor(a, req, c))

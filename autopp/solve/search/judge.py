@@ -10,7 +10,7 @@ from ...data.cluster import Cluster
 from ...costmodel import (UnitArrays, comm_times, message_overheads, progress_delays, stage_costs, stage_speeds,
                          step_end_time)
 from ...data.layout import Layout
-from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, policy, simulate,
+from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, describe, policy, simulate,
                          stage_to_rank)
 from ..partition.dp import Bounds
 
@@ -85,7 +85,7 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     costs = stage_costs(a, c.bounds, speeds, message_overheads(cluster, owner), cluster.host_bandwidth)
     order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.activations,
-                   progress_delays(cluster, owner))
+                   progress_delays(cluster, owner), describe(c.schedule).overlaps_f_b)
     ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout, speeds)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))

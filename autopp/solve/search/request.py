@@ -9,7 +9,7 @@ from ...data.cluster import Cluster
 from ...data.layout import Layout, LayoutPins, check_planned
 from ...data.trainers import TRAINER_RULES, refusal
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
-from ...costmodel import UnitArrays
+from ...costmodel import UnitArrays, check_expert_zero
 from ...errors import LayoutError, ProfileError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, by_saving, chosen, describe, listed, policy
 from .judge import Candidate
@@ -132,14 +132,14 @@ class PlanRequest:
                               "stage: give `recompute` none, all or auto")
 
     def _check_ep(self) -> None:
-        ep, zero = self.pins.ep, self.pins.zero
+        ep, zero, dp = self.pins.ep, self.pins.zero, self.pins.dp
         if ep in (None, 1):
             return
-        sharded = zero is not None and not zero.replicated
-        if self.pins.tp not in (None, 1) or sharded or self.pins.dp not in (None, ep):
-            raise LayoutError(f"`ep` {ep} runs with `dp` {ep}, `tp` 1 and `zero` 0 (the runner's expert parallelism "
-                              f"shards a stage's experts over its dp ranks); got dp {self.pins.dp}, tp {self.pins.tp}, "
-                              f"zero {None if zero is None else zero.stage}")
+        if self.pins.tp not in (None, 1) or dp is not None and dp % ep:
+            raise LayoutError(f"`ep` {ep} runs with `tp` 1 and a `dp` it divides (its ep ranks are carved from a "
+                              f"stage's dp ranks); got dp {dp}, tp {self.pins.tp}")
+        if zero is not None:
+            check_expert_zero(zero, ep)
 
     def view(self, group: int) -> PlanRequest:
         """The request as groups of `group` devices (a layout's `group`: cp x tp) see it: each group is one pipeline
@@ -252,12 +252,12 @@ def tp_choices(req: PlanRequest, profiled: tuple[int, ...]) -> list[int]:
 
 
 def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage) -> tuple[int, ...]:
-    """Expert-parallel degrees to try: the ones the runner runs (autopp.run.expert_parallel: ep = dp, tp 1, ZeRO 0),
-    the pinned one or, searched (`pins.ep` None), 1 and dp."""
-    runs = dp > 1 and tp == 1 and zero.replicated
+    """Expert-parallel degrees to try (autopp.costmodel.parallel: ep carved from dp, tp 1, ZeRO 0 to 2): the pinned
+    one or, searched (`pins.ep` None), 1 and every divisor of dp above 1 (torchtitan: ep divides dp_shard)."""
+    fits = dp > 1 and tp == 1 and not zero.gathers_each_forward
     if req.pins.ep is not None:
-        return (req.pins.ep,) if req.pins.ep == 1 or runs and req.pins.ep == dp else ()
-    return (1, dp) if runs else (1,)
+        return (req.pins.ep,) if req.pins.ep == 1 or fits and dp % req.pins.ep == 0 else ()
+    return (1, *(e for e in range(2, dp + 1) if dp % e == 0)) if fits else (1,)
 
 
 def with_sp(req: PlanRequest, offered: bool) -> PlanRequest:
@@ -270,14 +270,14 @@ def with_sp(req: PlanRequest, offered: bool) -> PlanRequest:
     return replace(req, pins=replace(req.pins, sp=offered if req.pins.sp is None else req.pins.sp))
 
 
-def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,)) -> list[Config]:
+def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,), experts: int = 0) -> list[Config]:
     """Every valid configuration of the request for a model of `n` units, for each tensor-parallel degree in
     `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`), expert-parallel degree (`ep_choices`) and
-    sequence parallelism where tp > 1 and `sp` is on (`with_sp`); with a `trainer`, only those it runs
-    (autopp.data.trainers)."""
+    sequence parallelism where tp > 1 and `sp` is on (`with_sp`; searched ep dividing `experts`, the routed experts
+    per MoE layer, where known); with a `trainer`, only those it runs (autopp.data.trainers)."""
     out = [replace(c, layout=replace(c.layout, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp)))
            for tp in degrees for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)
-           for ep in ep_choices(req, c.layout.dp, tp, zero)]
+           for ep in ep_choices(req, c.layout.dp, tp, zero) if not experts or experts % ep == 0 or req.pins.ep]
     if req.trainer is None:
         return out
     rules = TRAINER_RULES[req.trainer]

@@ -24,7 +24,8 @@ from ...data.cluster import Cluster
 from ...costmodel import (ProfileTable, UnitArrays, comm_times, message_overheads, stage_costs, stage_speeds,
                          step_end_time)
 from ...data.profile import Profile
-from ...schedule import COMPUTE_KINDS, Activation, ScheduleName, describe, policy, stage_to_rank
+from ...schedule import COMPUTE_KINDS, Activation, ScheduleName, StageCost, describe, policy, stage_to_rank
+from ...schedule.sim_state import hidden_s
 from ...schedule.effects import inflight_peaks, rank_peak, rank_static_bytes
 from .bounds import lower_bound
 from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
@@ -123,11 +124,20 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
     backward = [(x.backward_input_s, x.backward_weight_s) if split or x.backward_s is None else (x.backward_s, 0.0)
                 for x in costs]
     assert d.estimate is not None  # configurations are named schedules
-    est = d.estimate([x.forward_s + x.overhead_s for x in costs],
-                         [i + x.overhead_s + r for (i, _), x, r in zip(backward, costs, redo)],
+    hide = [_hidden(x, c) for x in costs] if d.overlaps_f_b else [0.0] * len(costs)
+    est = d.estimate([x.forward_s + x.overhead_s - h for x, h in zip(costs, hide)],
+                         [max(0.0, i - h) + x.overhead_s + r for (i, _), x, r, h in zip(backward, costs, redo, hide)],
                          [w for _, w in backward],
                          owner, comm_times(a, cluster, bounds, owner), c.m)
     return est + sum(step_end_time(a, cluster, bounds, owner, c.layout, speeds))
+
+
+def _hidden(x: StageCost, c: Config) -> float:
+    """Per microbatch, half of what DualPipeV's overlapped pairs hide on a stage (`sim_state.hidden_s`), charged
+    to its F and to its I alike, times the share of forwards overlapped: 2m - 3p + 1 of rank 0's 2m
+    (autopp.schedule.named.dual_pipe_v, phases 4 and 5)."""
+    share = max(0, 2 * c.m - 3 * c.layout.pp + 1) / (2 * c.m)
+    return min(x.forward_s, hidden_s(x, x) / 2) * share
 
 
 @dataclass(frozen=True)
@@ -249,7 +259,9 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
             excluded.setdefault(key, why)
         return why
 
-    cfgs = configs(req, profile.num_units, views.degrees())
+    # searched ep divides the routed experts per layer (1 for a dense profile: only ep 1 is searched)
+    cfgs = configs(req, profile.num_units, views.degrees(), int((profile.meta.extra.get("moe") or {}).get(
+        "num_experts") or 1))
     opts = _options(views, cfgs, refuse)
     fitting: list[Verdict] = []
     for opt in opts:
