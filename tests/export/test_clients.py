@@ -166,14 +166,17 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     # Megatron-LM copies its args into TransformerConfig by name, but for --num-experts (num_moe_experts; its
     # arguments.py core_transformer_config_from_args)
     kw = {_MEGATRON_RENAMED.get(k[2:], k[2:].replace("-", "_")): v for k, v in args.items()}
-    batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size")}
+    # batch sizes go to megatron-core's microbatch calculator, the sequence length to its data loader and schedules
+    batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size", "seq_length") if k in kw}
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     ddp = {k: kw.pop(k) == "true" for k in ("use_distributed_optimizer", "use_megatron_fsdp") if k in kw}
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     assert set(kw) <= names, f"not megatron-core config fields: {set(kw) - names}"
     assert set(ddp) <= ddp_names
-    kw = {k: int(v) if v.isdigit() else v for k, v in kw.items()}
-    cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, pipeline_dtype=torch.float32, **kw)
+    kw = {k: int(v) if v.isdigit() else True if v == "true" else v for k, v in kw.items()}
+    # Megatron-LM's --bf16 sets params_dtype to bfloat16, which it passes on as the pipeline's dtype
+    dtype = torch.bfloat16 if kw.get("bf16") else torch.float32
+    cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, params_dtype=dtype, pipeline_dtype=dtype, **kw)
     cfg.ddp = DistributedDataParallelConfig(**ddp)  # the data-parallel flags (Megatron-LM copies them by name too)
     return cfg, batch, ConstantNumMicroBatchesCalculator
 
@@ -418,3 +421,56 @@ def test_torchtitan_parses_selective_recomputation(titan, llama: Profile,  # typ
     text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
     ac = titan(text).activation_checkpoint
     assert type(ac).__qualname__ == "SelectiveAC.Config"
+
+
+
+# ---- what the plan was made for (issue 26, point 5) ---------------------------------------------------------------
+
+def _llama_8b_like(plan: Plan, activation: Activation) -> Plan:
+    """`plan` as the planner writes one for an HF Llama config profiled in bf16 at sequence 64: tp 2 with sequence
+    parallelism, ZeRO 1, every stage under `activation`."""
+    layout = dataclasses.replace(plan.layout, tp=2, sp=True, zero=ZERO[1])
+    return dataclasses.replace(plan, layout=layout, tp_plan={"model.layers.*.mlp.up_proj": "colwise"},
+                               hf_config={"seq_len": 64, "task": "causal-lm", "model_type": "llama"},
+                               dtype="bfloat16",
+                               stages=tuple(dataclasses.replace(s, activation=activation) for s in plan.stages))
+
+
+@pytest.mark.parametrize("activation", [Activation.RECOMPUTE, Activation.SELECTIVE])
+def test_torchtitan_takes_sequence_length_precision_sp_and_recomputation(  # type: ignore[no-untyped-def]
+        activation: Activation, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """torchtitan's own config classes read what the plan was made for, with HF names mapped by the export itself."""
+    plan = _llama_8b_like(llama_plans["dp"], activation)
+    cfg = titan(export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama)).text)
+    assert cfg.training.seq_len == 64 and cfg.training.dtype == "float32"
+    assert (cfg.training.mixed_precision_param, cfg.training.mixed_precision_reduce) == ("bfloat16", "float32")
+    par = cfg.parallelism
+    assert (par.tensor_parallel_degree, par.enable_sequence_parallel) == (2, True)
+    assert par.module_fqns_per_model_part[0][0] == "tok_embeddings"
+    assert par.module_fqns_per_model_part[-1][-2:] == ["norm", "output"]
+    assert type(cfg.activation_checkpoint).__qualname__ == \
+        {Activation.RECOMPUTE: "FullAC.Config", Activation.SELECTIVE: "SelectiveAC.Config"}[activation]
+
+
+@pytest.mark.parametrize("activation", [Activation.RECOMPUTE, Activation.SELECTIVE])
+def test_megatron_core_takes_sequence_length_precision_sp_and_recomputation(  # type: ignore[no-untyped-def]
+        activation: Activation, megatron, llama_plans: dict[str, Plan]) -> None:
+    import torch
+    plan = _llama_8b_like(llama_plans["dp"], activation)
+    cfg, batch, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
+    assert batch["seq_length"] == 64 and cfg.bf16 is True and cfg.params_dtype == torch.bfloat16
+    assert (cfg.tensor_model_parallel_size, cfg.sequence_parallel) == (2, True)
+    assert cfg.ddp.use_distributed_optimizer is True
+    if activation is Activation.RECOMPUTE:  # every layer, one per recompute unit (TransformerConfig checks the trio)
+        assert (cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers) == ("full", "uniform", 1)
+    else:
+        assert (cfg.recompute_granularity, cfg.recompute_method) == ("selective", None)
+
+
+def test_deepspeed_config_takes_the_precision(deepspeed, llama_plans: dict[str, Plan]) -> None:  # type: ignore[no-untyped-def]
+    from deepspeed.runtime.config import DeepSpeedConfig
+    plan = dataclasses.replace(llama_plans["1f1b"], dtype="bfloat16")
+    data = json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)
+    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: 1, get_model_parallel_world_size=lambda: 1)
+    cfg = DeepSpeedConfig(data, mpu=mpu)
+    assert cfg.bfloat16_config.enabled and not cfg.float16_config.enabled
