@@ -138,7 +138,7 @@ def test_torchtitan_parses_the_export(name: str, titan, llama: Profile,  # type:
 def test_torchtitan_default_split_matches_ours() -> None:
     """--pin-from reads a config without module_fqns_per_model_part by torchtitan's own default split."""
     pp = pytest.importorskip("torchtitan.distributed.pipeline_parallel", reason="torchtitan is not installed")
-    from autopp.export.pin import torchtitan_default_parts
+    from autopp.export.pin_torchtitan import torchtitan_default_parts
     for stages, layers, w_in, w_out in [(2, 4, 1, 1), (4, 16, 1, 1), (3, 8, 2, 1), (4, 6, 1, 1), (1, 5, 1, 1)]:
         theirs = pp._generate_llm_fqn_per_model_part(stages, layers, w_in, w_out)
         assert torchtitan_default_parts(stages, layers, w_in, w_out) == \
@@ -200,7 +200,7 @@ def test_megatron_core_parses_the_export(name: str, megatron, llama_plans: dict[
 
 def test_megatron_layout_grammar_matches_megatron_core(megatron) -> None:  # type: ignore[no-untyped-def]
     from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
-    from autopp.export.pin import megatron_layout
+    from autopp.export.pin_megatron import megatron_layout
     names = {"embedding": "E", "decoder": "t", "loss": "L", "mtp": "m"}
     for text in ["Et|tt|t|L", "Et*3|(tt|)*2,tL", "E|t*4|L", "Ettt|tttL", "(Et|)*1t*2|tL"]:
         theirs = ["".join(names[x.name] for x in st) for st in PipelineParallelLayerLayout.parse_str_to_list(text)]
@@ -467,7 +467,8 @@ def test_megatron_core_takes_sequence_length_precision_sp_and_recomputation(  # 
         assert (cfg.recompute_granularity, cfg.recompute_method) == ("selective", None)
 
 
-def test_deepspeed_config_takes_the_precision(deepspeed, llama_plans: dict[str, Plan]) -> None:  # type: ignore[no-untyped-def]
+def test_deepspeed_config_takes_the_precision(deepspeed,  # type: ignore[no-untyped-def]
+                                             llama_plans: dict[str, Plan]) -> None:
     from deepspeed.runtime.config import DeepSpeedConfig
     plan = dataclasses.replace(llama_plans["1f1b"], dtype="bfloat16")
     data = json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)
