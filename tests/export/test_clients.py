@@ -475,3 +475,40 @@ def test_deepspeed_config_takes_the_precision(deepspeed,  # type: ignore[no-unty
     mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: 1, get_model_parallel_world_size=lambda: 1)
     cfg = DeepSpeedConfig(data, mpu=mpu)
     assert cfg.bfloat16_config.enabled and not cfg.float16_config.enabled
+
+
+@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
+def test_llama_3_8b_on_2x8_h100_for_each_trainer_is_taken_by_its_config_classes(  # type: ignore[no-untyped-def]
+        trainer: str, titan, megatron, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26, done-when: Llama-3-8B (the shipped analytic profile, sequence 8192, bf16) planned with `--for
+    TRAINER` for 2 x 8 H100, exported by `autopp export` with no other flag, and read by the trainer's own config
+    classes with the sequence length, the precision, SP and the recomputation of the plan."""
+    from autopp.cli import main
+    from autopp.data.plan import load_plan
+    from .conftest import ROOT
+    plan_path = tmp_path / "llama.plan.json"
+    assert main(["plan", "--profile", str(ROOT / "profiles" / "llama-3-8b-h100-sxm-s8192"), "--device", "h100-sxm",
+                 "--nodes", "2", "--global-batch", "64", "--tp", "auto", "--dp", "auto", "--schedule", "auto",
+                 "--for", trainer, "-o", str(plan_path)]) == 0
+    assert main(["export", str(plan_path), "--to", trainer]) == 0
+    capsys.readouterr()
+    plan = load_plan(plan_path)
+    text = (tmp_path / f"llama.{trainer}.args").read_text()
+    recompute = plan.stages[0].activation
+    if trainer == "torchtitan":
+        cfg = titan(text)
+        assert (cfg.training.seq_len, cfg.training.mixed_precision_param) == (8192, "bfloat16")
+        assert cfg.parallelism.tensor_parallel_degree == plan.layout.tp
+        assert cfg.parallelism.enable_sequence_parallel == plan.layout.sp
+        assert cfg.parallelism.module_fqns_per_model_part[0][0] == "tok_embeddings"
+        assert type(cfg.activation_checkpoint).__qualname__ == {
+            Activation.KEEP: "NoneType", Activation.RECOMPUTE: "FullAC.Config",
+            Activation.SELECTIVE: "SelectiveAC.Config"}[recompute]
+    else:
+        cfg, batch, calculator = _megatron_config(text)
+        assert batch["seq_length"] == 8192 and cfg.bf16 is True
+        assert (cfg.tensor_model_parallel_size, cfg.sequence_parallel) == (plan.layout.tp, plan.layout.sp)
+        assert cfg.recompute_granularity == {Activation.KEEP: None, Activation.RECOMPUTE: "full",
+                                             Activation.SELECTIVE: "selective"}[recompute]
+        assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0).get() == \
+            plan.num_microbatches
