@@ -91,7 +91,7 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
     verdict = judge(a, view.cluster, c)
     notes = [f"configuration pinned from {pinned.source}: evaluated as given, not searched",
              *[f"activation policy {x} evaluated as keep: the profile has no figures for it at "
-               f"{c.layout.describe()} (profile again to count it)" for x in lacking],
+               f"{c.layout.describe()}, so its stages are judged keeping every activation" for x in lacking],
              *_warnings(profile, view.cluster, verdict)]
     return plan_from_verdict(profile, view, verdict, a, extra=tuple(notes), keep_split=True,
                              whole=views.whole(c.microbatch_size))
