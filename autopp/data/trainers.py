@@ -44,6 +44,8 @@ class Trainer:
     gathers_only_without_pp: str | None = None
     """Why a ZeRO stage that gathers parameters for each forward runs only without pipeline parallelism (None: it
     runs with it)."""
+    seq_len: str | None = None
+    """Its setting of the sequence length, `{}` for the value (None: the model's own, not a trainer setting)."""
     module_names: tuple[tuple[str, str], ...] = ()
     """How the models it ships name the modules of a Hugging Face decoder: (HF prefix, its name; "" where its model
     has no such module), applied by the export when every profiled name is one of these prefixes (empty: it splits
@@ -114,9 +116,10 @@ HF_DECODER_TO_TORCHTITAN = (("model.embed_tokens", "tok_embeddings"), ("model.ro
 TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
     Trainer(name="torchtitan", title="torchtitan", runs="torch's named schedules",
             schedules=tuple(s for s in ScheduleName if not describe(s).given_order), synthesized=True,
-            module_names=HF_DECODER_TO_TORCHTITAN),
+            seq_len="--training.seq_len={}", module_names=HF_DECODER_TO_TORCHTITAN),
     Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",
             schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,
+            seq_len="--seq-length {}",
             gathers_only_without_pp="Megatron-LM shards parameters only through FSDP, which it does not run beside "
                                     "pipeline parallelism (--use-torch-fsdp2 asserts a pipeline size of 1)"),
     Trainer(name="deepspeed", title="DeepSpeed's PipelineEngine",

@@ -7,12 +7,11 @@ from typing import Any, Mapping, Sequence
 from ..data.axes import AXES
 from ..data.plan import Plan
 from ..data.profile_values import LiveValue
-from ..data.trainers import precision
-from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_layout, refuse_schedule,
-                     uniform_policy)
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
+                     refuse_schedule, uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers, skip_problem
 
-__all__ = ["to_megatron", "layout_string", "data_parallel_flags", "refuse_model", "run_flags"]
+__all__ = ["to_megatron", "layout_string", "data_parallel_flags", "refuse_model"]
 
 #: The HF tasks whose model Megatron-LM's pretrain_gpt.py trains (a decoder with a causal language-model loss).
 _GPT_TASKS = ("causal-lm",)
@@ -51,25 +50,6 @@ def refuse_model(plan: Plan, values: Sequence[LiveValue] | None, where: str) -> 
                           f"each to the next, but {why}; run it with autopp run, which relays such values")
 
 
-def run_flags(plan: Plan) -> tuple[list[str], list[str]]:
-    """`--seq-length` (known for a model built from an HF config, `Plan.hf_config`) and the precision flags of the
-    profile's dtype (autopp.data.trainers.PRECISIONS), with notes on what the plan does not know."""
-    lines, notes = [], []
-    seq = plan.hf_config.get("seq_len")
-    if seq:
-        lines.append(f"--seq-length {seq}")
-    else:
-        notes.append("no --seq-length written: the plan's model is a model file, whose sequence length autopp does "
-                     "not know; give the length of the samples you profiled")
-    recipe = precision(plan.dtype)
-    if recipe is None:
-        notes.append("no precision flag written: the plan records no dtype it was profiled in; Megatron's default "
-                     "is float32 (give --bf16 for bf16 mixed precision)")
-    else:
-        lines += recipe.megatron
-    return lines, notes
-
-
 def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
                 values: Sequence[LiveValue] | None = None) -> Exported:
     """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`); `moe`: the profile's
@@ -90,7 +70,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
              f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",
              f"--micro-batch-size {plan.microbatch_size}",
              f"--global-batch-size {plan.global_batch}"]
-    settings, setting_notes = run_flags(plan)
+    settings, setting_notes = made_for(plan, "megatron")
     lines += settings
     notes = [f"Megatron: launch {plan.num_ranks} ranks (world size {launch_grid(plan, 'megatron')}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "

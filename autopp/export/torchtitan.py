@@ -11,13 +11,12 @@ from ..data.plan import Plan
 from ..data.trainers import trainer_rules
 from ..data.zero import ZeroStage
 from ..schedule import StagePlacement, ScheduleName, describe
-from ..data.trainers import precision
-from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_layout, refuse_schedule,
-                     stage_placement, trainer_axes, uniform_policy)
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
+                     refuse_schedule, stage_placement, trainer_axes, uniform_policy)
 from .layers import ExportError
 from .torchcsv import csv_text
 
-__all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel", "trainer_names", "run_settings"]
+__all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel", "trainer_names"]
 
 
 def trainer_names(unit_modules: Sequence[Sequence[str]]) -> list[list[str]] | None:
@@ -108,26 +107,6 @@ def group_parallel(plan: Plan) -> list[str]:
     return group_lines(plan, "torchtitan", "--{key}={degree}")
 
 
-def run_settings(plan: Plan) -> tuple[list[str], list[str]]:
-    """The `[training]` overrides of what the plan was made for, and notes on what it does not know: the sequence
-    length (a model built from an HF config records it: `Plan.hf_config`) and the precision recipe of the profile's
-    dtype (autopp.data.trainers.PRECISIONS)."""
-    lines, notes = [], []
-    seq = plan.hf_config.get("seq_len")
-    if seq:
-        lines.append(f"--training.seq_len={seq}")
-    else:
-        notes.append("training.seq_len is left at torchtitan's default: the plan's model is a model file, whose "
-                     "sequence length autopp does not know; set it to the length of the samples you profiled")
-    recipe = precision(plan.dtype)
-    if recipe is not None:
-        lines += recipe.torchtitan
-    else:
-        notes.append(f"no precision written: the plan records no dtype it was profiled in ({plan.dtype or 'none'}); "
-                     "torchtitan's default is bf16 mixed precision")
-    return lines, notes
-
-
 def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: Path, where: str,
                   moe: Mapping[str, Any] | None = None) -> Exported:
     """Overrides for `torchtitan.train --module M --config C`; `csv_path`: where the schedule CSV of a synthesized
@@ -151,7 +130,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
              *carved_lines(plan, "torchtitan", "--{key}={degree}", moe or {}, where),
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={local * plan.layout.dp}"]
-    settings, setting_notes = run_settings(plan)
+    settings, setting_notes = made_for(plan, "torchtitan")
     lines += settings
     if plan.layout.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
         lines.append("--training.disable_cuda_graphs")

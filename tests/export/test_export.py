@@ -461,12 +461,13 @@ def test_what_the_plan_does_not_know_is_said(llama: Profile, llama_plans: dict[s
     plan = replace(llama_plans["1f1b"], dtype=None)
     titan = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama))
     assert "seq_len" not in titan.text and "mixed_precision" not in titan.text
-    assert any(n.startswith("training.seq_len is left at torchtitan's default: the plan's model is a model file")
+    assert any(n.startswith("no sequence length written (--training.seq_len=S): the plan's model is a model file")
                for n in titan.notes)
-    assert any(n.startswith("no precision written: the plan records no dtype") for n in titan.notes)
+    assert "no precision written: the plan records no dtype it was profiled in; torchtitan's default applies" in \
+        titan.notes
     megatron = export_plan(plan, Target.MEGATRON, "x")
     assert "--seq-length" not in megatron.text
-    assert any(n.startswith("no --seq-length written") for n in megatron.notes)
+    assert any(n.startswith("no sequence length written (--seq-length S)") for n in megatron.notes)
 
 
 def test_megatron_refuses_a_model_with_a_skip_and_says_which_check(llama: Profile,
