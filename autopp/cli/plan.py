@@ -223,9 +223,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     hf_source_of(args, ("--profile", "DIR"))  # one model source, checked before anything is loaded
     if args.output:
         check_output_file(args.output, "-o")
+    pinned_tp = 1
     if args.pin_from:  # before a profile is loaded or measured
-        from ..export import read_config_text
-        read_config_text(args.pin_from)
+        from ..export import config_degrees
+        pinned_tp = config_degrees(args.pin_from).get("tp", 1)
     from ..display import format_plan
     from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
@@ -253,7 +254,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.split:
         from ..solve.assemble.pinned import check_split
         check_split(request, given, args.split)  # plan_split: again, once profiled
-    profile = given or profile_for(args, None if args.pin_from else pins.tp)  # rows of the config's tp too
+    # the profile's TP rows: the request's, and the --pin-from file's tp too
+    profile = given or profile_for(args, pins.tp if pinned_tp in (1, pins.tp) else pinned_tp if pins.tp == 1 else None)
     if args.device:
         _warn_device(args, profile.meta)
     pinned = _read_pin(args, profile, request) if args.pin_from else None

@@ -12,11 +12,11 @@ from ..data.plan import Plan
 from ..data.profile_values import LiveValue
 from .common import Exported
 from .layers import ExportError, ModelLayers, model_layers
-from .pin import read_pinned
+from .pin import config_degrees, read_pinned
 from .pin_fields import read_config_text
 
 __all__ = ["Target", "ExportError", "Exported", "ModelLayers", "model_layers", "export_plan", "write_export",
-           "default_output", "rename_modules", "read_pinned", "read_config_text"]
+           "default_output", "rename_modules", "read_pinned", "read_config_text", "config_degrees"]
 
 
 class Target(enum.Enum):

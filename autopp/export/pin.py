@@ -11,22 +11,37 @@ from typing import Sequence
 
 from ..solve.assemble.pinned import Pinned
 from .layers import ExportError, model_layers
-from .pin_fields import read_config_text
-from .pin_megatron import read_megatron
-from .pin_torchtitan import read_torchtitan
+from .pin_fields import Degrees, read_config_text, read_degrees
+from .pin_megatron import megatron_options, read_megatron
+from .pin_torchtitan import read_torchtitan, torchtitan_options
 
-__all__ = ["read_pinned"]
+__all__ = ["read_pinned", "config_degrees"]
+
+
+def _trainer(p: Path) -> str:
+    """Which trainer's configuration `p` holds: "torchtitan" or "megatron"; an ExportError for neither."""
+    text = read_config_text(p)
+    if p.suffix == ".toml" or "--parallelism." in text or "--training." in text:
+        return "torchtitan"
+    if "--pipeline-model-parallel" in text or "--num-layers" in text:
+        return "megatron"
+    raise ExportError(f"{p}: neither torchtitan settings (--parallelism.*, --training.*, or .toml) nor Megatron-LM "
+                      "arguments (--pipeline-model-parallel-size ...)")
+
+
+def config_degrees(path: str | Path) -> Degrees:
+    """The parallel degrees the configuration in `path` sets (before any profile is read: `autopp plan` makes the
+    profile's tensor-parallel rows of its tp)."""
+    p = Path(path)
+    if _trainer(p) == "torchtitan":
+        return read_degrees(torchtitan_options(p), "torchtitan", str(p))
+    return read_degrees(megatron_options(p), "megatron", str(p), key_of=lambda flag: flag.removeprefix("--"))
 
 
 def read_pinned(path: str | Path, unit_names: Sequence[str], devices: int) -> tuple[Pinned, list[str]]:
     """The configuration in `path` (a torchtitan .toml or overrides file, or Megatron-LM arguments) for a model with
     these units on `devices` devices, and notes on what was evaluated differently from how the trainer runs it."""
     p = Path(path)
-    text = read_config_text(p)
+    trainer = _trainer(p)
     layers = model_layers(unit_names, str(p))
-    if p.suffix == ".toml" or "--parallelism." in text or "--training." in text:
-        return read_torchtitan(p, layers, devices)
-    if "--pipeline-model-parallel" in text or "--num-layers" in text:
-        return read_megatron(p, layers, devices)
-    raise ExportError(f"{p}: neither torchtitan settings (--parallelism.*, --training.*, or .toml) nor Megatron-LM "
-                      "arguments (--pipeline-model-parallel-size ...)")
+    return (read_torchtitan if trainer == "torchtitan" else read_megatron)(p, layers, devices)

@@ -330,3 +330,31 @@ def test_hand_written_tp8_torchtitan_config_for_llama_3_8b_on_2x8_h100(capsys: p
     from autopp.export.compare import time_terms
     plan = load_plan(tmp_path / "p.plan.json")
     assert sum(s for _, s in time_terms(plan)) == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
+
+
+def test_the_profile_made_for_pin_from_has_rows_of_its_tp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A model profiled by `autopp plan` for --pin-from gets tensor-parallel rows of the file's tp (read before any
+    profile exists: `config_degrees`), besides those of the request's."""
+    from autopp.cli import plan as cli_plan
+    from autopp.errors import AutoppError
+    from autopp.export import config_degrees
+    from .conftest import ROOT
+    asked: list[int | None] = []
+
+    def stop(args: object, tp: int | None = 1) -> None:
+        asked.append(tp)
+        raise AutoppError("stopped before profiling")
+    monkeypatch.setattr(cli_plan, "profile_for", stop)
+    monkeypatch.chdir(tmp_path)
+    pin = tmp_path / "t.args"
+    for text, flags, want in [("--parallelism.tensor_parallel_degree=2\n", [], 2),
+                              ("--parallelism.pipeline_parallel_degree=2\n", [], 1),
+                              ("--tensor-model-parallel-size 2 --num-layers 4\n", ["--tp", "2"], 2),
+                              ("--tensor-model-parallel-size 2 --num-layers 4\n", ["--tp", "auto"], None)]:
+        pin.write_text(text)
+        assert config_degrees(pin)["tp"] == (2 if "tensor" in text else 1)
+        assert main(["plan", str(ROOT / "examples" / "gpt.py"), "--devices", "4", "--memory", "4GiB", *flags,
+                     "--pin-from", str(pin)]) == 2
+        assert "stopped before profiling" in capsys.readouterr().err
+    assert asked == [2, 1, 2, None]
