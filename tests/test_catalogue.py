@@ -500,6 +500,38 @@ CASES += [
          lambda env: (env.tmp / "m.args").write_text("--pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 "
                                                      "--num-layers 4\n")),
 ]
+
+
+def _seq_cls_plan(env: Env) -> None:
+    """The shared plan as the plan of an HF config whose task is sequence classification."""
+    data = json.loads(env.plan.read_text())
+    (env.tmp / "cls.plan.json").write_text(json.dumps({**data, "hf_config": {"seq_len": 8, "task": "seq-cls"},
+                                                       "model_path": str(env.plan.parent / data["model_path"])}))
+
+
+def _pin_case(name: str, text: str, says: str, suffix: str = ".args") -> Case:
+    """`autopp plan --pin-from FILE` of the tiny Llama's profile with FILE holding `text`, refused saying `says`."""
+    return Case(f"pin-from:{name}", lambda env: _llama_args(env, str(env.tmp / f"c{suffix}")),
+                lambda env: f"{env.tmp / f'c{suffix}'}: {says}",
+                lambda env: (env.tmp / f"c{suffix}").write_text(text))
+
+
+CASES += [
+    Case("export:megatron-not-a-causal-lm", lambda env: ["export", str(env.tmp / "cls.plan.json"), "--to", "megatron"],
+         lambda env: f"{env.tmp / 'cls.plan.json'}: Megatron-LM's pretrain_gpt.py trains a GPT decoder with a causal "
+                     "language-model loss, and the plan's model is a seq-cls model (its HF config's task); export to "
+                     "torchtitan or deepspeed, or run it with autopp run", _seq_cls_plan),
+    _pin_case("reshard-unknown", "--parallelism.pipeline_parallel_degree=1\n--parallelism.data_parallel_shard_degree=2"
+              "\n--parallelism.fsdp_reshard_after_forward=sometimes\n",
+              "fsdp_reshard_after_forward must be default, always or never, got 'sometimes'"),
+    _pin_case("sp-not-a-switch", "[parallelism]\npipeline_parallel_degree = 2\ntensor_parallel_degree = 1\n"
+              "enable_sequence_parallel = 3\n", "parallelism.enable_sequence_parallel must be true or false, got 3",
+              ".toml"),
+    _pin_case("recompute-granularity-unknown", "--pipeline-model-parallel-size 2 --num-layers 4 "
+              "--recompute-granularity some\n", "--recompute-granularity must be full or selective, got 'some'"),
+    _pin_case("ep-does-not-divide", "--pipeline-model-parallel-size 2 --num-layers 4 --expert-model-parallel-size 2 "
+              "--global-batch-size 8\n", "ep(2) must divide dp(1) * cp(1) * tp(1) = 1"),
+]
 if "cp" in __import__("autopp.data.axes", fromlist=["unplanned"]).unplanned():  # until context parallelism lands
     CASES.append(Case(
         "pin-from:unplanned-axis", lambda env: _llama_args(env, str(env.tmp / "cp.args")),
