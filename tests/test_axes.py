@@ -22,13 +22,15 @@ def test_one_descriptor_per_degree_of_the_layout_in_mesh_order() -> None:
 
 
 def test_each_switch_is_a_layout_field_of_an_axis_with_every_trainers_spelling() -> None:
-    """Sequence parallelism: Megatron's flag when on, torchtitan's turned off when off, DeepSpeed refused."""
+    """Sequence parallelism: Megatron's flag when on, torchtitan's written both ways (on is its default, written
+    since issue 26 so that the export says it), DeepSpeed refused."""
     assert set(SWITCHES) == {"sp"} and all(s.axis in AXES for s in SWITCHES.values())
     assert all(s.name in {f.name for f in fields(Layout)} for s in SWITCHES.values())
     sp = SWITCHES["sp"]
     assert sp.spelling("megatron", True).extra == ("--sequence-parallel",) and not sp.spelling("megatron", False).extra
     assert sp.spelling("torchtitan", False).extra == ("--parallelism.no_enable_sequence_parallel",)
-    assert not sp.spelling("torchtitan", True).extra and sp.spelling("deepspeed", True).refusal
+    assert sp.spelling("torchtitan", True).extra == ("--parallelism.enable_sequence_parallel",)
+    assert sp.spelling("deepspeed", True).refusal
 
 
 def test_unplanned_axes_are_the_descriptors_and_say_their_issue() -> None:

@@ -476,6 +476,88 @@ CASES += [
 ]
 
 
+
+def _skip_profile(env: Env) -> None:
+    """The shared profile with a long skip: unit 0's output read again by unit 4 (relayed over 1-3)."""
+    shutil.copytree(env.prof, env.tmp / "skip")
+    meta = json.loads((env.tmp / "skip" / "meta.json").read_text())
+    meta["live_values"][1].update(dsts=[1, 4], action="relay", relayed_over=[1, 2, 3])
+    (env.tmp / "skip" / "meta.json").write_text(json.dumps(meta))
+
+
+def _llama_args(env: Env, pin: str) -> list[str]:
+    """`autopp plan` of the tiny HF Llama's profile (numbered blocks, which --pin-from needs) with --pin-from PIN."""
+    return ["plan", "--profile", str(ROOT / "tests" / "export" / "data" / "hf_llama"), "--devices", "2", "--memory",
+            "4GiB", "--pin-from", pin, "-o", str(env.tmp / "out.json")]
+
+
+# ---- exports and --pin-from (issue 26, points 5 and 6) ----
+CASES += [
+    Case("export:profile-for-deepspeed", lambda env: ["export", str(env.plan), "--to", "deepspeed", "--profile",
+                                                      str(env.prof)],
+         lambda env: "--profile applies to --to torchtitan and megatron only; deepspeed exports read the plan alone"),
+    Case("export:megatron-long-skip", lambda env: ["export", str(env.plan), "--to", "megatron", "--profile",
+                                                   str(env.tmp / "skip"), "-o", str(env.tmp / "m.args")],
+         lambda env: f"{env.plan}: Megatron-LM's pretrain_gpt.py builds a GPT whose layers pass one hidden state "
+                     "each to the next, but unit 4 (4) reads 'submod_pp_0' of unit 0 (0), 3 units back (a skip "
+                     "connection: the profile's live values); run it with autopp run, which relays such values",
+         _skip_profile),
+    Case("pin-from:tp-beyond-the-devices",
+         lambda env: _llama_args(env, str(env.tmp / "t.args")),
+         lambda env: f"{env.tmp / 't.args'}: 2 devices are not a multiple of pp 2 x tp 2 x replicate 1 "
+                     "(data_parallel_shard_degree -1 takes the devices left over); plan with --devices 4",
+         lambda env: (env.tmp / "t.args").write_text("--parallelism.pipeline_parallel_degree=2\n"
+                                                     "--parallelism.tensor_parallel_degree=2\n")),
+    Case("pin-from:megatron-tp-beyond-the-devices",
+         lambda env: _llama_args(env, str(env.tmp / "m.args")),
+         lambda env: f"{env.tmp / 'm.args'}: 2 devices are not a multiple of --pipeline-model-parallel-size 2 x "
+                     "--tensor-model-parallel-size 2 (Megatron's dp = world size / (pp x cp x tp)); plan with "
+                     "--devices 4",
+         lambda env: (env.tmp / "m.args").write_text("--pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 "
+                                                     "--num-layers 4\n")),
+]
+
+
+def _seq_cls_plan(env: Env) -> None:
+    """The shared plan as the plan of an HF config whose task is sequence classification."""
+    data = json.loads(env.plan.read_text())
+    (env.tmp / "cls.plan.json").write_text(json.dumps({**data, "hf_config": {"seq_len": 8, "task": "seq-cls"},
+                                                       "model_path": str(env.plan.parent / data["model_path"])}))
+
+
+def _pin_case(name: str, text: str, says: str, suffix: str = ".args") -> Case:
+    """`autopp plan --pin-from FILE` of the tiny Llama's profile with FILE holding `text`, refused saying `says`."""
+    return Case(f"pin-from:{name}", lambda env: _llama_args(env, str(env.tmp / f"c{suffix}")),
+                lambda env: f"{env.tmp / f'c{suffix}'}: {says}",
+                lambda env: (env.tmp / f"c{suffix}").write_text(text))
+
+
+CASES += [
+    Case("export:megatron-not-a-causal-lm", lambda env: ["export", str(env.tmp / "cls.plan.json"), "--to", "megatron"],
+         lambda env: f"{env.tmp / 'cls.plan.json'}: Megatron-LM's pretrain_gpt.py trains a GPT decoder with a causal "
+                     "language-model loss, and the plan's model is a seq-cls model (its HF config's task); export to "
+                     "torchtitan or deepspeed, or run it with autopp run", _seq_cls_plan),
+    _pin_case("reshard-unknown", "--parallelism.pipeline_parallel_degree=1\n--parallelism.data_parallel_shard_degree=2"
+              "\n--parallelism.fsdp_reshard_after_forward=sometimes\n",
+              "fsdp_reshard_after_forward must be default, always or never, got 'sometimes'"),
+    _pin_case("sp-not-a-switch", "[parallelism]\npipeline_parallel_degree = 2\ntensor_parallel_degree = 1\n"
+              "enable_sequence_parallel = 3\n", "parallelism.enable_sequence_parallel must be true or false, got 3",
+              ".toml"),
+    _pin_case("recompute-granularity-unknown", "--pipeline-model-parallel-size 2 --num-layers 4 "
+              "--recompute-granularity some\n", "--recompute-granularity must be full or selective, got 'some'"),
+    _pin_case("ep-does-not-divide", "--pipeline-model-parallel-size 2 --num-layers 4 --expert-model-parallel-size 2 "
+              "--global-batch-size 8\n", "ep(2) must divide dp(1) * cp(1) * tp(1) = 1"),
+]
+if "cp" in __import__("autopp.data.axes", fromlist=["unplanned"]).unplanned():  # until context parallelism lands
+    CASES.append(Case(
+        "pin-from:unplanned-axis", lambda env: _llama_args(env, str(env.tmp / "cp.args")),
+        lambda env: f"{env.tmp / 'cp.args'}: parallelism.context_parallel_degree 2: autopp does not plan context "
+                    "parallelism (issue 27) yet, so it cannot judge this configuration; compare one with "
+                    "parallelism.context_parallel_degree 1",
+        lambda env: (env.tmp / "cp.args").write_text("--parallelism.pipeline_parallel_degree=2\n"
+                                                     "--parallelism.context_parallel_degree=2\n")))
+
+
 # ---- output paths ----
 OUTPUTS: list[tuple[str, Callable[[Env], list[str]], Callable[[Env], str], Callable[[Env], None]]] = [
     ("profile:-o-in-proc", lambda env: ["profile", str(env.model), "-o", "/proc/autopp-p"], lambda env: "/proc/autopp-p",

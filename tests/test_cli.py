@@ -236,10 +236,11 @@ def test_plan_sp_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
            "sp_sequence_bytes; profiles made before it): profile again, or --sp off")
 
 
-def test_split_keeps_tp_and_zero_and_pin_from_refuses_them(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    """--split is judged on every axis of the request (plan_split keeps tp and ZeRO); only --pin-from, which reads
-    pipeline x data-parallel trainer settings, refuses them, before anything is profiled or written."""
+def test_split_keeps_tp_and_zero_and_pin_from_takes_them(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """--split is judged on every axis of the request (plan_split keeps tp and ZeRO); --pin-from, which refused them
+    when it read pipeline x data-parallel settings only, takes them now (issue 26, point 6): they narrow autopp's
+    search, and the trainer's configuration is judged as it is written."""
     from autopp.data.synthetic_profile import synthetic_profile
     profile = synthetic_profile(10, hidden=256, seq=64, tp_degrees=(2,)).save(tmp_path / "prof")
     out = tmp_path / "p.json"
@@ -253,11 +254,12 @@ def test_split_keeps_tp_and_zero_and_pin_from_refuses_them(tmp_path: Path,
     pin = tmp_path / "megatron.args"
     pin.write_text("--pipeline-model-parallel-size 2 --num-layers 8 --micro-batch-size 1 --global-batch-size 8\n")
     out.unlink()
-    for flags in (["--tp", "2"], ["--dp", "2", "--zero", "1"]):
-        _fails(["plan", "--profile", str(profile), "--devices", "8", "--memory", "80GiB", *flags, "--pin-from",
-                str(pin), "-o", str(out)], capsys, "--pin-from evaluates pipeline x data-parallel configurations "
-                                                   "only: drop --tp/--zero")
-    assert not out.exists()
+    for flags, grid in ((["--tp", "2"], "x tp 2"), (["--dp", "2", "--zero", "1"], "pp 4 x dp 2, ZeRO 1")):
+        assert main(["plan", "--profile", str(profile), "--devices", "8", "--memory", "80GiB", *flags, "--pin-from",
+                     str(pin), "-o", str(out)]) == 0
+        text = capsys.readouterr().out
+        assert "  yours:  1F1B pp 2 x dp 4, v 1, 2 x 1," in text and grid in text.split("\n")[2], text
+    assert out.exists()
 
 
 def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.MonkeyPatch,

@@ -304,6 +304,15 @@ def test_device_and_optimizer_round_trip_and_stay_out_when_unknown(tmp_path: Pat
         load_plan(_write(tmp_path, {**plan.to_json(), "optimizer": 7}))
 
 
+# Issue 26, point 5: the exports write the trainer's precision recipe from the profile's dtype, which the plan keeps.
+def test_dtype_round_trips_and_stays_out_when_unknown(tmp_path: Path) -> None:
+    assert "dtype" not in _plan().to_json()
+    plan = replace(_plan(), dtype="bfloat16")
+    assert load_plan(plan.save(tmp_path / "p.json")).dtype == "bfloat16"
+    with pytest.raises(PlanError, match=r"field 'dtype' must be a non-empty string, got 16"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "dtype": 16}))
+
+
 def test_a_plan_is_for_its_clusters_device_else_its_profiles() -> None:
     from autopp.data.catalog import cluster_from_catalog, load_device
     from autopp.data.cluster import Cluster
@@ -312,6 +321,7 @@ def test_a_plan_is_for_its_clusters_device_else_its_profiles() -> None:
     profile = load_profile(Path(__file__).resolve().parent.parent / "profiles" / "gpt")
     on_cpu = make_plan(profile, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**32), global_batch=8))
     assert on_cpu.device == "cpu" and on_cpu.optimizer == profile.meta.optimizer
+    assert on_cpu.dtype == profile.meta.dtype
     for count in (2, 4):  # one node (a flat cluster), two nodes of two
         cluster = cluster_from_catalog(load_device("h100-sxm"), count, devices_per_node=2)
         plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=32))

@@ -20,8 +20,9 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("plan", help="plan JSON")
     p.add_argument("--to", required=True, choices=TARGET_NAMES,
                    help="the trainer (docs/export.md says what maps to what)")
-    p.add_argument("--profile", help="the profile the plan was made from (torchtitan needs its module names; "
-                                     "default profiles/MODEL if its fingerprint matches)")
+    p.add_argument("--profile", help="the profile the plan was made from (torchtitan needs its module names, "
+                                     "Megatron checks the model's layers with it; default: the one the plan names, "
+                                     "else profiles/MODEL if its fingerprint matches)")
     p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
                    help="rename profiled modules to the trainer's (prefix; empty NEW drops the module), repeatable")
     p.add_argument("-o", "--output", help="output file (default PLAN.torchtitan.args, .megatron.args, "
@@ -43,16 +44,8 @@ def _profile(args: argparse.Namespace, plan):  # type: ignore[no-untyped-def]
     return profile
 
 
-def _unit_modules(args: argparse.Namespace, plan) -> list[list[str]] | None:  # type: ignore[no-untyped-def]
-    """Each unit's module names from the plan's profile (`_profile`)."""
-    profile = _profile(args, plan)
-    return None if profile is None else profile.unit_modules()
-
-
-def _moe(args: argparse.Namespace, plan) -> dict | None:  # type: ignore[no-untyped-def, type-arg]
-    """The routing facts (meta.extra["moe"]) of the plan's profile, which expert parallelism exports need."""
-    profile = _profile(args, plan) if plan.layout.ep > 1 else None
-    return None if profile is None else profile.meta.extra.get("moe")
+#: The targets that read the plan's profile: torchtitan (module names), Megatron (the model's live values).
+_READ_PROFILE = ("torchtitan", "megatron")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -62,17 +55,20 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if any(len(r) != 2 or not r[0] for r in renames):
         raise AutoppError(f"--rename takes OLD=NEW, got {args.rename}")
     target = Target(args.to)
-    if target is not Target.TORCHTITAN:
-        for flag, given in (("--rename", args.rename), ("--profile", args.profile)):
-            if given:
-                raise AutoppError(f"{flag} applies to --to torchtitan only (module names); {args.to} exports count "
-                                  "units, not names: leave it out")
+    if target is not Target.TORCHTITAN and args.rename:
+        raise AutoppError(f"--rename applies to --to torchtitan only (module names); {args.to} exports count units, "
+                          "not names: leave it out")
+    if args.to not in _READ_PROFILE and args.profile:
+        raise AutoppError(f"--profile applies to --to {' and '.join(_READ_PROFILE)} only; {args.to} exports read "
+                          "the plan alone: leave it out")
     out = check_output_file(args.output or default_output(args.plan, target), "-o" if args.output else None)
     plan = load_plan(args.plan)
-    modules = _unit_modules(args, plan) if target is Target.TORCHTITAN else None
-    if modules is not None:
-        modules = rename_modules(modules, renames)  # type: ignore[arg-type]
-    exported = export_plan(plan, target, out, modules, where=args.plan, moe=_moe(args, plan))
+    profile = _profile(args, plan) if args.to in _READ_PROFILE else None
+    modules = None if profile is None or target is not Target.TORCHTITAN else \
+        rename_modules(profile.unit_modules(), renames)  # type: ignore[arg-type]
+    exported = export_plan(plan, target, out, modules, where=args.plan,
+                           moe=None if profile is None else profile.meta.extra.get("moe"),
+                           values=None if profile is None else profile.meta.live_values)
     for extra in exported.extra:  # every file, before any is written
         check_output_file(extra)
     for path in write_export(exported, out):

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..data.axes import AXES, SWITCHES, TRAINERS, Axis
 from ..data.cluster import DEFAULT_LINK
-from ..data.zero import NO_ZERO, ZERO, ZeroStage
+from ..data.zero import ZERO, ZeroStage
 from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
 from ..schedule import ScheduleName
@@ -223,9 +223,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     hf_source_of(args, ("--profile", "DIR"))  # one model source, checked before anything is loaded
     if args.output:
         check_output_file(args.output, "-o")
+    pinned_tp = 1
     if args.pin_from:  # before a profile is loaded or measured
-        from ..export import read_config_text
-        read_config_text(args.pin_from)
+        from ..export import config_degrees
+        pinned_tp = config_degrees(args.pin_from).get("tp", 1)
     from ..display import format_plan
     from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
@@ -238,11 +239,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                           recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
                           synthesize=args.synthesize or args.schedule == "auto" and _synthesizes(args.trainer),
                           synth_time_limit_s=args.synth_time, trainer=args.trainer)
-    inner = [a.name for a in _flag_axes() if a.in_group]
-    if args.pin_from and (any(getattr(pins, a) != 1 for a in inner) or pins.zero is not NO_ZERO):
-        drop = "/".join(f"--{a}" for a in (*inner, "zero"))
-        raise AutoppError(f"--pin-from evaluates pipeline x data-parallel configurations only: drop {drop} "
-                          "(or plan with them without --pin-from)")
     given = None
     if args.profile:
         from ..data.profile import load_profile
@@ -258,7 +254,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.split:
         from ..solve.assemble.pinned import check_split
         check_split(request, given, args.split)  # plan_split: again, once profiled
-    profile = given or profile_for(args, pins.tp)
+    # the profile's TP rows: the request's, and the --pin-from file's tp too
+    profile = given or profile_for(args, pins.tp if pinned_tp in (1, pins.tp) else pinned_tp if pins.tp == 1 else None)
     if args.device:
         _warn_device(args, profile.meta)
     pinned = _read_pin(args, profile, request) if args.pin_from else None
@@ -272,14 +269,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.global_batch is None:  # issue 26: a default that changes the answer is said
         print(f"autopp: note: global batch {DEFAULT_GLOBAL_BATCH} samples per step (the default); give --global-batch "
               "N, the batch you train with (it sets the microbatches, and so the bubble)", file=sys.stderr)
+    if pinned is not None:  # issue 26: the first screen is yours beside autopp's, the plan's table after it
+        from ..export.compare import format_comparison
+        from ..solve import evaluate_pinned
+        print(format_comparison(evaluate_pinned(profile, request.cluster, pinned[0]), plan, args.pin_from,
+                                pinned[1]).lstrip("\n") + "\n\nautopp's plan in full:")
     print(format_plan(replace(plan, notes=tuple(map(in_flags, plan.notes)))))  # the file's notes name fields
     print(f"\nwrote plan {out}")
     if args.trainer and not args.split:
         print(_unrestricted(profile, request, plan))
-    if pinned is not None:
-        from ..export.compare import format_comparison
-        from ..solve import evaluate_pinned
-        print(format_comparison(evaluate_pinned(profile, request.cluster, pinned[0]), plan, args.pin_from, pinned[1]))
     return 0
 
 

@@ -175,7 +175,8 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            help="sequence parallelism with tp > 1 (the norms on 1/tp of the sequence, reduce-scatter + all-gather "
                 "in place of each all-reduce): on, off, or auto: on wherever the profile counts it (it never costs "
                 "more in autopp's model), off with profiles made before it (default auto)",
-           on={"torchtitan": Spelling(note="sequence parallelism: torchtitan's own (enable_sequence_parallel, its "
+           on={"torchtitan": Spelling(extra=("--parallelism.enable_sequence_parallel",),
+                                      note="sequence parallelism: torchtitan's own (enable_sequence_parallel, its "
                                            "default), as autopp ran and costed it (norms SequenceParallel, "
                                            "attention/MLP inputs all-gathered, row-wise outputs reduce-scattered)"),
                "megatron": Spelling(extra=("--sequence-parallel",),

@@ -150,6 +150,10 @@ class Plan:
     optimizer: str | None = None
     """The profile's optimizer ("sgd", "adam", ...), whose state the memory counts: `autopp run` trains with it.
     None in older plans (run: SGD); written to JSON only when known."""
+    dtype: str | None = None
+    """The profile's parameter and activation dtype ("bfloat16": mixed precision with fp32 master weights and
+    optimizer state, as the profile counted them; "float32"), which the exports write as the trainer's precision
+    recipe. None in older plans and plans of the Python API; written to JSON only when known."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -203,7 +207,8 @@ class Plan:
             del data["device_order"]  # plans without one stay as they were written before the field existed
         # fields a plan may not know (a model file's hf_config, the API's profile_path, older plans' device and
         # optimizer) are written only when known: plans without them stay as they were written before them
-        data = {k: v for k, v in data.items() if v or k not in ("hf_config", "profile_path", "device", "optimizer")}
+        data = {k: v for k, v in data.items() if v or k not in ("hf_config", "profile_path", "device", "optimizer",
+                                                                      "dtype")}
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
         data["stages"] = [{**{k: v for k, v in {**st, **_figure_fields(s.own)}.items()

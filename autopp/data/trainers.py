@@ -20,7 +20,8 @@ from ..schedule import ScheduleName, describe
 from .axes import AXES, SWITCHES
 from .layout import Layout
 
-__all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem"]
+__all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem", "Precision", "PRECISIONS",
+           "precision", "HF_DECODER_TO_TORCHTITAN"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,12 @@ class Trainer:
     gathers_only_without_pp: str | None = None
     """Why a ZeRO stage that gathers parameters for each forward runs only without pipeline parallelism (None: it
     runs with it)."""
+    seq_len: str | None = None
+    """Its setting of the sequence length, `{}` for the value (None: the model's own, not a trainer setting)."""
+    module_names: tuple[tuple[str, str], ...] = ()
+    """How the models it ships name the modules of a Hugging Face decoder: (HF prefix, its name; "" where its model
+    has no such module), applied by the export when every profiled name is one of these prefixes (empty: it splits
+    by layer counts, not names)."""
 
     def schedule_refusal(self, schedule: ScheduleName, layout: Layout, microbatches: int) -> str | None:
         """Why it cannot run `schedule` on `layout` with `microbatches` per replica (None: it can)."""
@@ -98,12 +105,21 @@ def interleaving_problem(pp: int, microbatches: int) -> str | None:
 
 _ONE_F_ONE_B = ScheduleName.ONE_F_ONE_B
 
+#: HF Llama / Qwen2 / Qwen3 / Mistral module names (LlamaForCausalLM's `model.embed_tokens`, `model.layers.N`,
+#: `model.norm`, `lm_head`) -> torchtitan's for the decoders it ships (torchtitan/models/llama3/model.py, and alike in
+#: qwen3 and deepseek_v3: `tok_embeddings`, `layers.N`, `norm`, `output`); HF's `model.rotary_emb` is a buffer of
+#: torchtitan's model (`freqs_cis`), not a module, so it is dropped.
+HF_DECODER_TO_TORCHTITAN = (("model.embed_tokens", "tok_embeddings"), ("model.rotary_emb", ""),
+                            ("model.layers", "layers"), ("model.norm", "norm"), ("lm_head", "output"))
+
 #: Every trainer autopp exports to, by name.
 TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
     Trainer(name="torchtitan", title="torchtitan", runs="torch's named schedules",
-            schedules=tuple(s for s in ScheduleName if not describe(s).given_order), synthesized=True),
+            schedules=tuple(s for s in ScheduleName if not describe(s).given_order), synthesized=True,
+            seq_len="--training.seq_len={}", module_names=HF_DECODER_TO_TORCHTITAN),
     Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",
             schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,
+            seq_len="--seq-length {}",
             gathers_only_without_pp="Megatron-LM shards parameters only through FSDP, which it does not run beside "
                                     "pipeline parallelism (--use-torch-fsdp2 asserts a pipeline size of 1)"),
     Trainer(name="deepspeed", title="DeepSpeed's PipelineEngine",
@@ -114,3 +130,42 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
 def trainer_rules(name: str) -> Trainer:
     """The rules of trainer `name` (one of `TRAINER_RULES`)."""
     return TRAINER_RULES[name]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Precision:
+    """How each trainer trains in the dtype a profile was made in: parameters and activations in `dtype` and, below
+    float32, fp32 master weights and optimizer state (what autopp.measure counts, autopp.measure.memory)."""
+
+    dtype: str
+    """The profile's `dtype` (`ProfileMeta.dtype`, `Plan.dtype`)."""
+    what: str
+    """The recipe in words, for notes."""
+    torchtitan: tuple[str, ...]
+    """torchtitan's `[training]` overrides (torchtitan/config/configs.py: `dtype` is the master weights' and the
+    optimizer's, `mixed_precision_param` the compute's under its FSDP wrapping, `mixed_precision_reduce` the gradient
+    reduction's)."""
+    megatron: tuple[str, ...]
+    """Megatron-LM's arguments (megatron/training/arguments.py: `--bf16` is bf16 mixed precision, fp32 master weights
+    in its optimizer; none is fp32)."""
+    deepspeed: dict[str, object]
+    """DeepSpeed config keys (`bf16.enabled`: bf16 mixed precision with fp32 master weights in its optimizer)."""
+
+
+#: The dtypes autopp profiles in (autopp.measure.options), by name.
+PRECISIONS: dict[str, Precision] = {p.dtype: p for p in (
+    Precision(dtype="bfloat16", what="bf16 mixed precision (bf16 compute, fp32 master weights, optimizer state and "
+                                     "gradient reduction)",
+              torchtitan=("--training.dtype=float32", "--training.mixed_precision_param=bfloat16",
+                          "--training.mixed_precision_reduce=float32"),
+              megatron=("--bf16",), deepspeed={"bf16": {"enabled": True}}),
+    Precision(dtype="float32", what="float32 throughout",
+              torchtitan=("--training.dtype=float32", "--training.mixed_precision_param=float32"),
+              megatron=(), deepspeed={}),
+)}
+
+
+def precision(dtype: str | None) -> Precision | None:
+    """The recipe of a plan's `dtype` (None: a plan that does not record it, or a dtype no trainer recipe is known
+    for)."""
+    return PRECISIONS.get(dtype or "")

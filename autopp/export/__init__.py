@@ -9,12 +9,14 @@ from typing import Any, Mapping, Sequence
 
 from ..jsonio import write_text
 from ..data.plan import Plan
+from ..data.profile_values import LiveValue
 from .common import Exported
 from .layers import ExportError, ModelLayers, model_layers
-from .pin import read_config_text, read_pinned
+from .pin import config_degrees, read_pinned
+from .pin_fields import read_config_text
 
 __all__ = ["Target", "ExportError", "Exported", "ModelLayers", "model_layers", "export_plan", "write_export",
-           "default_output", "rename_modules", "read_pinned", "read_config_text"]
+           "default_output", "rename_modules", "read_pinned", "read_config_text", "config_degrees"]
 
 
 class Target(enum.Enum):
@@ -64,11 +66,12 @@ def _module_name(stem: str) -> str:
 
 def export_plan(plan: Plan, target: Target, out: str | Path,
                 unit_modules: Sequence[Sequence[str]] | None = None, where: str = "plan",
-                moe: Mapping[str, Any] | None = None) -> Exported:
+                moe: Mapping[str, Any] | None = None, values: Sequence[LiveValue] | None = None) -> Exported:
     """The files of `plan` for `target` (not written); `out`: the main file's path, which names the files beside
-    it (torchtitan's schedule CSV is named by its absolute path). `unit_modules`: each unit's module names (the
+    it (torchtitan's schedule CSV is named relative to it). `unit_modules`: each unit's module names (the
     profile's; torchtitan needs them). `moe`: the profile's routing facts (`meta.extra["moe"]`; Megatron's expert
-    parallelism needs them). An ExportError (one line, naming `where` and why) for what the trainer cannot
+    parallelism needs them). `values`: the profile's live values (Megatron's GPT checks that layers pass one hidden
+    state; None: not checked). An ExportError (one line, naming `where` and why) for what the trainer cannot
     express."""
     from .deepspeed import to_deepspeed
     from .megatron import to_megatron
@@ -79,9 +82,9 @@ def export_plan(plan: Plan, target: Target, out: str | Path,
         if unit_modules is None:
             raise ExportError(f"{where}: torchtitan needs each unit's module names: give --profile DIR (the profile "
                               "the plan was made from)")
-        return to_torchtitan(plan, unit_modules, str(base.with_suffix(".csv").absolute()), where, moe)
+        return to_torchtitan(plan, unit_modules, base.with_suffix(".csv"), where, moe)
     if target is Target.MEGATRON:
-        return to_megatron(plan, where, moe)
+        return to_megatron(plan, where, moe, values)
     if target is Target.DEEPSPEED:
         return to_deepspeed(plan, str(base.with_name(_module_name(base.name.split(".")[0]) + ".py")), where)
     return to_torch_csv(plan)

@@ -10,13 +10,13 @@ from typing import Any, Mapping
 from ..data.axes import AXES, SWITCHES, Axis, Switch
 from ..data.layout import MESH_AXES
 from ..data.plan import Plan
-from ..data.trainers import trainer_rules
+from ..data.trainers import precision, trainer_rules
 from ..errors import ScheduleError
 from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy
 from .layers import ExportError
 
 __all__ = ["Exported", "uniform_policy", "refuse_layout", "trainer_axes", "launch_grid", "group_lines",
-           "carved_lines", "axis_notes", "stage_placement", "refuse_schedule"]
+           "carved_lines", "axis_notes", "stage_placement", "refuse_schedule", "made_for"]
 
 
 @dataclass(frozen=True)
@@ -138,3 +138,23 @@ def refuse_schedule(plan: Plan, trainer: str, where: str) -> None:
     hint = "" if "re-plan" in why else "; re-plan with --schedule 1F1B (and no --synthesize)"
     raise ExportError(f"{where}: the plan's schedule is {name}, but {why}{hint}, or plan with `autopp plan --for "
                       f"{trainer}`, which searches only what {trainer} runs")
+
+
+def made_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
+    """`trainer`'s lines for what the plan was made for (autopp.data.trainers): the sequence length (`Trainer.seq_len`;
+    a model built from an HF config records it, `Plan.hf_config`) and the precision recipe of the profile's dtype
+    (`PRECISIONS`), with a note for each the plan does not know (nothing is made up)."""
+    rules, lines, notes = trainer_rules(trainer), [], []
+    seq = plan.hf_config.get("seq_len")
+    if rules.seq_len is not None and seq:
+        lines.append(rules.seq_len.format(seq))
+    elif rules.seq_len is not None:
+        notes.append(f"no sequence length written ({rules.seq_len.format('S')}): the plan's model is a model file, "
+                     "whose sequence length autopp does not know; give the length of the samples you profiled")
+    recipe = precision(plan.dtype)
+    if recipe is None:
+        notes.append(f"no precision written: the plan records no dtype it was profiled in; {rules.title}'s default "
+                     "applies")
+    else:
+        lines += getattr(recipe, trainer)
+    return lines, notes

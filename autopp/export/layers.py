@@ -6,9 +6,10 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..data.profile_values import LiveValue, ValueAction
 from ..errors import AutoppError
 
-__all__ = ["ExportError", "ModelLayers", "model_layers"]
+__all__ = ["ExportError", "ModelLayers", "model_layers", "skip_problem"]
 
 _BLOCK = re.compile(r"^(?P<container>.+)\.(?P<index>\d+)$")
 
@@ -54,3 +55,15 @@ def model_layers(unit_names: Sequence[str], where: str) -> ModelLayers:
                           "has one embedding part and one output part")
     return ModelLayers(pre=0 if first == 1 else None, blocks=tuple(blocks),
                        post=len(unit_names) - 1 if last < len(unit_names) - 1 else None, container=containers.pop())
+
+
+def skip_problem(values: Sequence[LiveValue], unit_names: Sequence[str]) -> str | None:
+    """Why a trainer whose layers pass one hidden state from each to the next cannot express the model, or None: the
+    first value a unit makes that a unit further on than the next reads (a skip connection: `ValueAction.RELAY` in
+    the profile's live values, autopp.data.profile_values)."""
+    for v in values:
+        if v.action is ValueAction.RELAY and v.src >= 0:
+            last = max(v.dsts)
+            return (f"unit {last} ({unit_names[last]}) reads {v.name!r} of unit {v.src} ({unit_names[v.src]}), "
+                    f"{last - v.src - 1} units back (a skip connection: the profile's live values)")
+    return None

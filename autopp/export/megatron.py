@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..data.axes import AXES
 from ..data.plan import Plan
-from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_layout, refuse_schedule,
-                     uniform_policy)
-from .layers import ExportError, ModelLayers, model_layers
+from ..data.profile_values import LiveValue
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
+                     refuse_schedule, uniform_policy)
+from .layers import ExportError, ModelLayers, model_layers, skip_problem
 
-__all__ = ["to_megatron", "layout_string", "data_parallel_flags"]
+__all__ = ["to_megatron", "layout_string", "data_parallel_flags", "refuse_model"]
+
+#: The HF tasks whose model Megatron-LM's pretrain_gpt.py trains (a decoder with a causal language-model loss).
+_GPT_TASKS = ("causal-lm",)
 
 def data_parallel_flags(plan: Plan) -> list[str]:
     """ZeRO 0: Megatron's DDP (no flag); 1: `--use-distributed-optimizer` (optimizer state and fp32 master weights
@@ -30,11 +34,30 @@ def layout_string(plan: Plan, layers: ModelLayers) -> str:
     return "|".join(stage(*s.units) for s in plan.stages)
 
 
-def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None) -> Exported:
+def refuse_model(plan: Plan, values: Sequence[LiveValue] | None, where: str) -> None:
+    """An ExportError when pretrain_gpt.py cannot build the plan's model: an HF config of another task than a causal
+    language model, or a model whose units pass more than the hidden state from layer to layer (`skip_problem`, read
+    from the profile's live values `values`; None: no profile to check, said in a note by the caller)."""
+    task = plan.hf_config.get("task")
+    if task is not None and task not in _GPT_TASKS:
+        raise ExportError(f"{where}: Megatron-LM's pretrain_gpt.py trains a GPT decoder with a causal language-model "
+                          f"loss, and the plan's model is a {task} model (its HF config's task); export to torchtitan "
+                          "or deepspeed, or run it with autopp run")
+    names = [n for s in plan.stages for n in s.unit_names]
+    why = None if values is None else skip_problem(values, names)
+    if why is not None:
+        raise ExportError(f"{where}: Megatron-LM's pretrain_gpt.py builds a GPT whose layers pass one hidden state "
+                          f"each to the next, but {why}; run it with autopp run, which relays such values")
+
+
+def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
+                values: Sequence[LiveValue] | None = None) -> Exported:
     """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`); `moe`: the profile's
-    routing facts (meta.extra["moe"]), which expert parallelism needs."""
+    routing facts (meta.extra["moe"]), which expert parallelism needs; `values`: the profile's live values, which
+    `refuse_model` checks (None: no profile, not checked)."""
     refuse_schedule(plan, "megatron", where)
     refuse_layout(plan, "megatron", where)
+    refuse_model(plan, values, where)
     layers = model_layers([n for s in plan.stages for n in s.unit_names], where)
     if layers.pre is None or layers.post is None:
         raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "
@@ -47,9 +70,14 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None) ->
              f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",
              f"--micro-batch-size {plan.microbatch_size}",
              f"--global-batch-size {plan.global_batch}"]
+    settings, setting_notes = made_for(plan, "megatron")
+    lines += settings
     notes = [f"Megatron: launch {plan.num_ranks} ranks (world size {launch_grid(plan, 'megatron')}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
-             "does)", *axis_notes(plan, "megatron")]
+             "does)", *setting_notes, *axis_notes(plan, "megatron")]
+    if values is None:
+        notes.append("the model's layer-to-layer values were not checked (no profile of the plan found): "
+                     "pretrain_gpt.py's layers pass one hidden state each to the next")
     activations = uniform_policy(plan, "megatron", where)
     lines += activations.megatron
     if activations.trainer_note:

@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..data.axes import AXES
 from ..data.layout import MESH_AXES
 from ..data.plan import Plan
+from ..data.trainers import trainer_rules
 from ..data.zero import ZeroStage
 from ..schedule import StagePlacement, ScheduleName, describe
-from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, refuse_layout, refuse_schedule,
-                     stage_placement, trainer_axes, uniform_policy)
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
+                     refuse_schedule, stage_placement, trainer_axes, uniform_policy)
 from .layers import ExportError
 from .torchcsv import csv_text
 
-__all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel"]
+__all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel", "trainer_names"]
+
+
+def trainer_names(unit_modules: Sequence[Sequence[str]]) -> list[list[str]] | None:
+    """The units' module names as torchtitan's shipped decoders name them (`Trainer.module_names`: HF Llama / Qwen
+    names -> `tok_embeddings`, `layers.N`, `norm`, `output`), when every name is one of the mapped prefixes; None
+    otherwise (another model: its names are written as given)."""
+    table = trainer_rules("torchtitan").module_names
+    out: list[list[str]] = []
+    for mods in unit_modules:
+        names = []
+        for m in mods:
+            hit = next(((old, new) for old, new in table if m == old or m.startswith(old + ".")), None)
+            if hit is None:
+                return None
+            if hit[1]:
+                names.append(hit[1] + m[len(hit[0]):])
+        out.append(names)
+    return out
 
 
 def stage_fqns(plan: Plan, unit_modules: Sequence[Sequence[str]], where: str) -> list[list[str]]:
@@ -34,6 +54,16 @@ def _ends(fqns: Sequence[Sequence[str]]) -> list[str]:
     """The first and the last module name of all stages (for a note)."""
     names = [m for stage in fqns for m in stage]
     return names[:1] + names[-1:]
+
+
+def _names_note(fqns: Sequence[Sequence[str]], mapped: bool) -> str:
+    """How the module names were written: mapped to torchtitan's decoders, or as given."""
+    ends = ", ..., ".join(_ends(fqns))
+    if mapped:
+        return (f"module names: the HF decoder's mapped to torchtitan's llama3 / qwen3 names ({ends}; "
+                "model.rotary_emb dropped, a buffer there); --rename OLD=NEW overrides the mapping")
+    return (f"module names are written as given ({ends}): they must be the names of the model torchtitan builds, "
+            "whose splitter (_split_module) drops names it lacks without a word; rename with --rename OLD=NEW")
 
 
 def _schedule(plan: Plan, where: str) -> tuple[str, bool]:
@@ -77,14 +107,16 @@ def group_parallel(plan: Plan) -> list[str]:
     return group_lines(plan, "torchtitan", "--{key}={degree}")
 
 
-def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: str, where: str,
+def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: Path, where: str,
                   moe: Mapping[str, Any] | None = None) -> Exported:
     """Overrides for `torchtitan.train --module M --config C`; `csv_path`: where the schedule CSV of a synthesized
-    order is written (named in the overrides as given: absolute, since torchtitan opens it from its own working
-    directory). The AC subcommand comes last, as tyro requires."""
+    order is written, beside the export, which names it by its file name (a path relative to the export: launch
+    torchtitan from the export's directory). HF decoder names are mapped to torchtitan's (`trainer_names`); other
+    names are written as given. The AC subcommand comes last, as tyro requires."""
     name, via_csv = _schedule(plan, where)
     activations = uniform_policy(plan, "torchtitan", where)
-    fqns = stage_fqns(plan, unit_modules, where)
+    mapped = trainer_names(unit_modules)
+    fqns = stage_fqns(plan, unit_modules if mapped is None else mapped, where)
     parts = " ".join(",".join(stage) for stage in fqns)
     local = plan.num_microbatches * plan.microbatch_size
     refuse_schedule(plan, "torchtitan", where)
@@ -98,20 +130,22 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: s
              *carved_lines(plan, "torchtitan", "--{key}={degree}", moe or {}, where),
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={local * plan.layout.dp}"]
+    settings, setting_notes = made_for(plan, "torchtitan")
+    lines += settings
     if plan.layout.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
         lines.append("--training.disable_cuda_graphs")
     extra = {}
     if via_csv:
-        lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path}")
-        extra[csv_path] = csv_text(plan)
+        lines.append(f"--parallelism.pipeline_parallel_schedule_csv={csv_path.name}")
+        extra[str(csv_path)] = csv_text(plan)
     lines.append(f"activation_checkpoint:{activations.torchtitan}")
     mesh = ", ".join(a.name for a, _ in trainer_axes(plan, "torchtitan") if a.name in MESH_AXES)
     notes = [f"torchtitan: launch {plan.num_ranks} ranks ({launch_grid(plan, 'torchtitan')}, dp as "
-             f"{_dp_as(plan.layout.zero)}; torchtitan's mesh [{mesh}] numbers them as autopp does); set "
-             "training.seq_len to the sequence length you profiled",
-             f"module names are written as given ({', ..., '.join(_ends(fqns))}): they must be the names of the "
-             "model torchtitan builds, whose splitter (_split_module) drops names it lacks without a word; rename "
-             "with --rename OLD=NEW"]
+             f"{_dp_as(plan.layout.zero)}; torchtitan's mesh [{mesh}] numbers them as autopp does)",
+             *setting_notes, _names_note(fqns, mapped is not None)]
+    if via_csv:
+        notes.append(f"the schedule CSV is named relative to the export ({csv_path.name}): launch torchtitan from "
+                     "the export's directory, or give its path from where you launch")
     notes += axis_notes(plan, "torchtitan")
     if activations.trainer_note:
         notes.append(f"torchtitan's {activations.torchtitan} AC: {activations.trainer_note}")

@@ -138,7 +138,7 @@ def test_torchtitan_parses_the_export(name: str, titan, llama: Profile,  # type:
 def test_torchtitan_default_split_matches_ours() -> None:
     """--pin-from reads a config without module_fqns_per_model_part by torchtitan's own default split."""
     pp = pytest.importorskip("torchtitan.distributed.pipeline_parallel", reason="torchtitan is not installed")
-    from autopp.export.pin import torchtitan_default_parts
+    from autopp.export.pin_torchtitan import torchtitan_default_parts
     for stages, layers, w_in, w_out in [(2, 4, 1, 1), (4, 16, 1, 1), (3, 8, 2, 1), (4, 6, 1, 1), (1, 5, 1, 1)]:
         theirs = pp._generate_llm_fqn_per_model_part(stages, layers, w_in, w_out)
         assert torchtitan_default_parts(stages, layers, w_in, w_out) == \
@@ -166,14 +166,17 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     # Megatron-LM copies its args into TransformerConfig by name, but for --num-experts (num_moe_experts; its
     # arguments.py core_transformer_config_from_args)
     kw = {_MEGATRON_RENAMED.get(k[2:], k[2:].replace("-", "_")): v for k, v in args.items()}
-    batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size")}
+    # batch sizes go to megatron-core's microbatch calculator, the sequence length to its data loader and schedules
+    batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size", "seq_length") if k in kw}
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     ddp = {k: kw.pop(k) == "true" for k in ("use_distributed_optimizer", "use_megatron_fsdp") if k in kw}
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     assert set(kw) <= names, f"not megatron-core config fields: {set(kw) - names}"
     assert set(ddp) <= ddp_names
-    kw = {k: int(v) if v.isdigit() else v for k, v in kw.items()}
-    cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, pipeline_dtype=torch.float32, **kw)
+    kw = {k: int(v) if v.isdigit() else True if v == "true" else v for k, v in kw.items()}
+    # Megatron-LM's --bf16 sets params_dtype to bfloat16, which it passes on as the pipeline's dtype
+    dtype = torch.bfloat16 if kw.get("bf16") else torch.float32
+    cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, params_dtype=dtype, pipeline_dtype=dtype, **kw)
     cfg.ddp = DistributedDataParallelConfig(**ddp)  # the data-parallel flags (Megatron-LM copies them by name too)
     return cfg, batch, ConstantNumMicroBatchesCalculator
 
@@ -197,7 +200,7 @@ def test_megatron_core_parses_the_export(name: str, megatron, llama_plans: dict[
 
 def test_megatron_layout_grammar_matches_megatron_core(megatron) -> None:  # type: ignore[no-untyped-def]
     from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
-    from autopp.export.pin import megatron_layout
+    from autopp.export.pin_megatron import megatron_layout
     names = {"embedding": "E", "decoder": "t", "loss": "L", "mtp": "m"}
     for text in ["Et|tt|t|L", "Et*3|(tt|)*2,tL", "E|t*4|L", "Ettt|tttL", "(Et|)*1t*2|tL"]:
         theirs = ["".join(names[x.name] for x in st) for st in PipelineParallelLayerLayout.parse_str_to_list(text)]
@@ -418,3 +421,94 @@ def test_torchtitan_parses_selective_recomputation(titan, llama: Profile,  # typ
     text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
     ac = titan(text).activation_checkpoint
     assert type(ac).__qualname__ == "SelectiveAC.Config"
+
+
+
+# ---- what the plan was made for (issue 26, point 5) ---------------------------------------------------------------
+
+def _llama_8b_like(plan: Plan, activation: Activation) -> Plan:
+    """`plan` as the planner writes one for an HF Llama config profiled in bf16 at sequence 64: tp 2 with sequence
+    parallelism, ZeRO 1, every stage under `activation`."""
+    layout = dataclasses.replace(plan.layout, tp=2, sp=True, zero=ZERO[1])
+    return dataclasses.replace(plan, layout=layout, tp_plan={"model.layers.*.mlp.up_proj": "colwise"},
+                               hf_config={"seq_len": 64, "task": "causal-lm", "model_type": "llama"},
+                               dtype="bfloat16",
+                               stages=tuple(dataclasses.replace(s, activation=activation) for s in plan.stages))
+
+
+@pytest.mark.parametrize("activation", [Activation.RECOMPUTE, Activation.SELECTIVE])
+def test_torchtitan_takes_sequence_length_precision_sp_and_recomputation(  # type: ignore[no-untyped-def]
+        activation: Activation, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """torchtitan's own config classes read what the plan was made for, with HF names mapped by the export itself."""
+    plan = _llama_8b_like(llama_plans["dp"], activation)
+    cfg = titan(export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama)).text)
+    assert cfg.training.seq_len == 64 and cfg.training.dtype == "float32"
+    assert (cfg.training.mixed_precision_param, cfg.training.mixed_precision_reduce) == ("bfloat16", "float32")
+    par = cfg.parallelism
+    assert (par.tensor_parallel_degree, par.enable_sequence_parallel) == (2, True)
+    assert par.module_fqns_per_model_part[0][0] == "tok_embeddings"
+    assert par.module_fqns_per_model_part[-1][-2:] == ["norm", "output"]
+    assert type(cfg.activation_checkpoint).__qualname__ == \
+        {Activation.RECOMPUTE: "FullAC.Config", Activation.SELECTIVE: "SelectiveAC.Config"}[activation]
+
+
+@pytest.mark.parametrize("activation", [Activation.RECOMPUTE, Activation.SELECTIVE])
+def test_megatron_core_takes_sequence_length_precision_sp_and_recomputation(  # type: ignore[no-untyped-def]
+        activation: Activation, megatron, llama_plans: dict[str, Plan]) -> None:
+    import torch
+    plan = _llama_8b_like(llama_plans["dp"], activation)
+    cfg, batch, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
+    assert batch["seq_length"] == 64 and cfg.bf16 is True and cfg.params_dtype == torch.bfloat16
+    assert (cfg.tensor_model_parallel_size, cfg.sequence_parallel) == (2, True)
+    assert cfg.ddp.use_distributed_optimizer is True
+    if activation is Activation.RECOMPUTE:  # every layer, one per recompute unit (TransformerConfig checks the trio)
+        assert (cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers) == ("full", "uniform", 1)
+    else:
+        assert (cfg.recompute_granularity, cfg.recompute_method) == ("selective", None)
+
+
+def test_deepspeed_config_takes_the_precision(deepspeed,  # type: ignore[no-untyped-def]
+                                             llama_plans: dict[str, Plan]) -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+    plan = dataclasses.replace(llama_plans["1f1b"], dtype="bfloat16")
+    data = json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)
+    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: 1, get_model_parallel_world_size=lambda: 1)
+    cfg = DeepSpeedConfig(data, mpu=mpu)
+    assert cfg.bfloat16_config.enabled and not cfg.float16_config.enabled
+
+
+@pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
+def test_llama_3_8b_on_2x8_h100_for_each_trainer_is_taken_by_its_config_classes(  # type: ignore[no-untyped-def]
+        trainer: str, titan, megatron, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26, done-when: Llama-3-8B (the shipped analytic profile, sequence 8192, bf16) planned with `--for
+    TRAINER` for 2 x 8 H100, exported by `autopp export` with no other flag, and read by the trainer's own config
+    classes with the sequence length, the precision, SP and the recomputation of the plan."""
+    from autopp.cli import main
+    from autopp.data.plan import load_plan
+    from .conftest import ROOT
+    plan_path = tmp_path / "llama.plan.json"
+    assert main(["plan", "--profile", str(ROOT / "profiles" / "llama-3-8b-h100-sxm-s8192"), "--device", "h100-sxm",
+                 "--nodes", "2", "--global-batch", "64", "--tp", "auto", "--dp", "auto", "--schedule", "auto",
+                 "--for", trainer, "-o", str(plan_path)]) == 0
+    assert main(["export", str(plan_path), "--to", trainer]) == 0
+    capsys.readouterr()
+    plan = load_plan(plan_path)
+    text = (tmp_path / f"llama.{trainer}.args").read_text()
+    recompute = plan.stages[0].activation
+    if trainer == "torchtitan":
+        cfg = titan(text)
+        assert (cfg.training.seq_len, cfg.training.mixed_precision_param) == (8192, "bfloat16")
+        assert cfg.parallelism.tensor_parallel_degree == plan.layout.tp
+        assert cfg.parallelism.enable_sequence_parallel == plan.layout.sp
+        assert cfg.parallelism.module_fqns_per_model_part[0][0] == "tok_embeddings"
+        assert type(cfg.activation_checkpoint).__qualname__ == {
+            Activation.KEEP: "NoneType", Activation.RECOMPUTE: "FullAC.Config",
+            Activation.SELECTIVE: "SelectiveAC.Config"}[recompute]
+    else:
+        cfg, batch, calculator = _megatron_config(text)
+        assert batch["seq_length"] == 8192 and cfg.bf16 is True
+        assert (cfg.tensor_model_parallel_size, cfg.sequence_parallel) == (plan.layout.tp, plan.layout.sp)
+        assert cfg.recompute_granularity == {Activation.KEEP: None, Activation.RECOMPUTE: "full",
+                                             Activation.SELECTIVE: "selective"}[recompute]
+        assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0).get() == \
+            plan.num_microbatches

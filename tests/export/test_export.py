@@ -50,10 +50,22 @@ def test_torchtitan_parts_are_the_stages_modules(llama: Profile, llama_plans: di
 
 
 def test_torchtitan_refuses_nested_names_and_missing_modules(llama: Profile, llama_plans: dict[str, Plan]) -> None:
-    with pytest.raises(ExportError, match="--rename"):
-        export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x.args", unit_modules(llama))
+    wrapped = [[f"net.{m}" for m in ms] for ms in unit_modules(llama)]  # a wrapper module: not an HF decoder's names
+    with pytest.raises(ExportError, match="'net.model.embed_tokens'.*--rename"):
+        export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x.args", wrapped)
     with pytest.raises(ExportError, match="--profile"):
         export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x.args", None)
+
+
+# Issue 26, point 5: HF Llama / Qwen names were five hand-typed --rename flags; they are mapped automatically.
+def test_torchtitan_maps_hf_decoder_names_itself(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    out = export_plan(llama_plans["interleaved"], Target.TORCHTITAN, "x.args", unit_modules(llama))
+    parts = [line for line in out.text.splitlines() if "module_fqns_per_model_part" in line][0].split()[1:]
+    assert parts == ["tok_embeddings,layers.0", "layers.1,layers.2", "layers.3", "norm,output"]
+    assert any(n.startswith("module names: the HF decoder's mapped to torchtitan's") for n in out.notes)
+    renamed = rename_modules(unit_modules(llama), [("model.layers", "blocks")])  # --rename overrides the mapping
+    text = export_plan(llama_plans["interleaved"], Target.TORCHTITAN, "x.args", renamed).text
+    assert "--parallelism.module_fqns_per_model_part model.embed_tokens,model.rotary_emb,blocks.0 " in text
 
 
 def test_torchtitan_dp_is_replicate_and_recompute_full(gpt: Profile) -> None:
@@ -74,7 +86,7 @@ def test_custom_order_goes_through_the_csv(llama: Profile, llama_plans: dict[str
     modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
     out = export_plan(custom, Target.TORCHTITAN, "/tmp/p.torchtitan.args", modules)
     assert "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble" in out.text  # torchtitan's V placement
-    assert "--parallelism.pipeline_parallel_schedule_csv=/tmp/p.torchtitan.csv" in out.text
+    assert "--parallelism.pipeline_parallel_schedule_csv=p.torchtitan.csv" in out.text
     assert out.extra["/tmp/p.torchtitan.csv"].splitlines()[0].split(",") == [str(a) for a in order[0]]
 
 
@@ -189,17 +201,19 @@ def test_torchtitan_keeps_module_dict_entries_by_key(llama: Profile, llama_plans
                                                                                 [("model.embed_tokens", "emb")]))
 
 
-def test_torchtitan_csv_path_is_absolute(llama: Profile, llama_plans: dict[str, Plan], tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """torchtitan opens the CSV from its own working directory, so a relative path would point elsewhere."""
+def test_torchtitan_csv_path_is_relative_to_the_export(llama: Profile, llama_plans: dict[str, Plan], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26, point 5: the CSV was named by an absolute path; it is written beside the export and named by its
+    file name there, whatever the working directory."""
     zbv = llama_plans["zbv"]
     order = tuple(tuple(row) for row in _order(zbv))
     custom = replace(zbv, schedule=ScheduleName.CUSTOM, custom_order=order)
     monkeypatch.chdir(tmp_path)
-    out = export_plan(custom, Target.TORCHTITAN, "p.torchtitan.args",
-                      [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)])
-    assert f"--parallelism.pipeline_parallel_schedule_csv={tmp_path / 'p.torchtitan.csv'}\n" in out.text
-    assert list(out.extra) == [str(tmp_path / "p.torchtitan.csv")]
+    out = export_plan(custom, Target.TORCHTITAN, "sub/p.torchtitan.args", unit_modules(llama))
+    assert "--parallelism.pipeline_parallel_schedule_csv=p.torchtitan.csv\n" in out.text
+    assert list(out.extra) == [str(Path("sub") / "p.torchtitan.csv")]
+    assert any("named relative to the export (p.torchtitan.csv): launch torchtitan from the export's directory" in n
+               for n in out.notes)
 
 
 @pytest.mark.parametrize("out, module", [("my-model.deepspeed.json", "my_model_deepspeed_pipe"),
@@ -222,15 +236,18 @@ def test_megatron_refuses_interleaved_microbatches_it_cannot_group(llama: Profil
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("flag", [["--rename", "model.layers=layers"], ["--profile", "profiles/x"]])
-@pytest.mark.parametrize("target", ["megatron", "deepspeed", "torch-csv"])
-def test_cli_refuses_name_flags_where_names_are_not_used(flag: list[str], target: str, tmp_path: Path,
-                                                         llama_plans: dict[str, Plan],
+@pytest.mark.parametrize("flag, targets, says", [
+    (["--rename", "model.layers=layers"], ["megatron", "deepspeed", "torch-csv"],
+     "--rename applies to --to torchtitan only"),
+    (["--profile", "profiles/x"], ["deepspeed", "torch-csv"], "--profile applies to --to torchtitan and megatron only")])
+def test_cli_refuses_name_flags_where_names_are_not_used(flag: list[str], targets: list[str], says: str,
+                                                         tmp_path: Path, llama_plans: dict[str, Plan],
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     plan_path = llama_plans["1f1b"].save(tmp_path / "m.plan.json")
-    assert main(["export", str(plan_path), "--to", target, *flag]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{flag[0]} applies to --to torchtitan only" in err[0]
+    for target in targets:
+        assert main(["export", str(plan_path), "--to", target, *flag]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.plan.json"]
 
 
@@ -310,8 +327,9 @@ def test_megatron_writes_tp_and_the_distributed_optimizer(llama_plans: dict[str,
 
 def test_sequence_parallelism_is_spelt_by_its_switch(monkeypatch: pytest.MonkeyPatch, llama: Profile,
                                                      llama_plans: dict[str, Plan]) -> None:
-    """Issue 25 item 1: with `sp` Megatron gets --sequence-parallel and torchtitan keeps its default (SP on); without,
-    torchtitan's is turned off; DeepSpeed refuses tensor parallelism before it (and SP with it)."""
+    """Issue 25 item 1: with `sp` Megatron gets --sequence-parallel and torchtitan its own switch, on (its default,
+    written since issue 26 so that the export says it); without, torchtitan's is turned off; DeepSpeed refuses tensor
+    parallelism before it (and SP with it)."""
     tp = _3d(llama_plans["dp"], zero=1)
     sp = replace(tp, layout=replace(tp.layout, sp=True))
     megatron = export_plan(sp, Target.MEGATRON, "x")
@@ -320,9 +338,10 @@ def test_sequence_parallelism_is_spelt_by_its_switch(monkeypatch: pytest.MonkeyP
     assert "--sequence-parallel" not in export_plan(tp, Target.MEGATRON, "x").text
     assert "no sequence parallelism, as autopp costed it" in export_plan(tp, Target.MEGATRON, "x").notes
     titan, plain = _titan(sp, llama), _titan(tp, llama)
-    assert "--parallelism.tensor_parallel_degree=2" in titan and not any("sequence_parallel" in x for x in titan)
+    assert "--parallelism.tensor_parallel_degree=2" in titan and "--parallelism.enable_sequence_parallel" in titan
     assert "--parallelism.no_enable_sequence_parallel" in plain
-    assert [x for x in plain if x != "--parallelism.no_enable_sequence_parallel"] == titan
+    assert [x for x in plain if x != "--parallelism.no_enable_sequence_parallel"] == \
+        [x for x in titan if x != "--parallelism.enable_sequence_parallel"]
     with pytest.raises(ExportError, match=r"^plan: tp 2: DeepSpeed's PipelineModule does not shard layers"):
         export_plan(sp, Target.DEEPSPEED, "x.json")
     from autopp.data import axes
@@ -388,11 +407,11 @@ def test_cli_export_reads_the_profile_the_plan_records(tmp_path: Path, llama_pla
     moved = tmp_path / "moved"
     folder.rename(moved)
     assert load_plan(moved / "m.plan.json").profile_path == str((moved / "profiles" / "llama").resolve())
-    renames = ["model.embed_tokens=tok_embeddings", "model.rotary_emb=", "model.layers=layers", "model.norm=norm",
-               "lm_head=output"]
-    assert main(["export", str(moved / "m.plan.json"), "--to", "torchtitan",
-                 *[a for r in renames for a in ("--rename", r)]]) == 0
-    assert "layers.0" in (moved / "m.torchtitan.args").read_text()
+    assert main(["export", str(moved / "m.plan.json"), "--to", "torchtitan"]) == 0  # HF names mapped, no --rename
+    text = (moved / "m.torchtitan.args").read_text()
+    assert "--parallelism.module_fqns_per_model_part tok_embeddings,layers." in text and ",norm,output\n" in text
+    assert main(["export", str(moved / "m.plan.json"), "--to", "megatron"]) == 0  # its live values checked
+    assert "were not checked" not in capsys.readouterr().err
     assert "profile_path" not in llama_plans["1f1b"].to_json()  # not recorded: not written
 
 
@@ -419,3 +438,83 @@ def test_expert_parallelism_exports_with_the_profiles_routing(llama: Profile, ll
                                           r"\(DeepSpeed's MoE layers take their own ep_size\); re-plan with `ep` 1"):
         export_plan(plan, Target.DEEPSPEED, "x.json")
     assert "expert" not in export_plan(llama_plans["dp"], Target.MEGATRON, "x", moe=moe).text  # ep 1: nothing
+
+
+# ---- what the plan was made for (issue 26, point 5) ---------------------------------------------------------------
+
+HF_LLAMA = {"seq_len": 64, "task": "causal-lm", "model_type": "llama"}
+
+
+def _as_hf(plan: Plan, dtype: str = "bfloat16", task: str = "causal-lm") -> Plan:
+    """`plan` as a plan of an HF config profiled in `dtype` records it (`hf_config`, `dtype`)."""
+    return replace(plan, hf_config={**HF_LLAMA, "task": task}, dtype=dtype)
+
+
+def test_exports_carry_the_sequence_length_and_the_precision(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """The export said "set training.seq_len ... yourself" and wrote no dtype; the plan knows both."""
+    plan = _as_hf(llama_plans["1f1b"])
+    titan = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama))
+    lines = titan.text.splitlines()
+    assert {"--training.seq_len=64", "--training.dtype=float32", "--training.mixed_precision_param=bfloat16",
+            "--training.mixed_precision_reduce=float32"} <= set(lines)
+    assert not any("seq_len" in n or "yourself" in n for n in titan.notes)
+    megatron = export_plan(plan, Target.MEGATRON, "x")
+    assert {"--seq-length 64", "--bf16"} <= set(megatron.text.splitlines())
+    assert not any("seq-length" in n for n in megatron.notes)
+    assert json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)["bf16"] == {"enabled": True}
+    fp32 = _as_hf(llama_plans["1f1b"], dtype="float32")
+    assert "--training.mixed_precision_param=float32" in export_plan(fp32, Target.TORCHTITAN, "x.args",
+                                                                     unit_modules(llama)).text
+    assert "--bf16" not in export_plan(fp32, Target.MEGATRON, "x").text
+    assert "bf16" not in export_plan(fp32, Target.DEEPSPEED, "x.json").text
+
+
+def test_what_the_plan_does_not_know_is_said(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """A model file's plan has no sequence length; a plan of the Python API no dtype: each is said in a note, and
+    nothing is made up."""
+    plan = replace(llama_plans["1f1b"], dtype=None)
+    titan = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama))
+    assert "seq_len" not in titan.text and "mixed_precision" not in titan.text
+    assert any(n.startswith("no sequence length written (--training.seq_len=S): the plan's model is a model file")
+               for n in titan.notes)
+    assert "no precision written: the plan records no dtype it was profiled in; torchtitan's default applies" in \
+        titan.notes
+    megatron = export_plan(plan, Target.MEGATRON, "x")
+    assert "--seq-length" not in megatron.text
+    assert any(n.startswith("no sequence length written (--seq-length S)") for n in megatron.notes)
+
+
+def test_megatron_refuses_a_model_with_a_skip_and_says_which_check(llama: Profile,
+                                                                   llama_plans: dict[str, Plan]) -> None:
+    from autopp.data.profile_values import LiveValue, ValueAction
+    plan = llama_plans["1f1b"]
+    skip = LiveValue(name="add_3", src=1, dsts=(2, 4), action=ValueAction.RELAY, relayed_over=(2, 3))
+    with pytest.raises(ExportError, match=r"^plan: Megatron-LM's pretrain_gpt.py builds a GPT whose layers pass one "
+                                          r"hidden state each to the next, but unit 4 \(model.layers.3\) reads "
+                                          r"'add_3' of unit 1 \(model.layers.0\), 2 units back \(a skip connection: "
+                                          r"the profile's live values\); run it with autopp run"):
+        export_plan(plan, Target.MEGATRON, "x", values=(skip,))
+    export_plan(plan, Target.MEGATRON, "x", values=llama.meta.live_values)  # its rotary tables are recomputed: fine
+    with pytest.raises(ExportError, match=r"^plan: Megatron-LM's pretrain_gpt.py trains a GPT decoder .* the plan's "
+                                          r"model is a seq-cls model"):
+        export_plan(_as_hf(plan, task="seq-cls"), Target.MEGATRON, "x")
+    assert any("were not checked (no profile of the plan found)" in n
+               for n in export_plan(plan, Target.MEGATRON, "x").notes)
+
+
+@pytest.mark.integration
+def test_a_cnn_with_a_long_skip_is_refused_by_megatron(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's case: a hand-written CNN whose units look like a layer stack was exported as pretrain_gpt.py
+    arguments without complaint; the export now reads the profile's live values and refuses it in one line."""
+    from .conftest import ROOT
+    model, profile = ROOT / "tests" / "models" / "skipcnn.py", tmp_path / "skipcnn"
+    assert main(["profile", str(model), "--analytic", "h100-sxm", "-o", str(profile)]) == 0
+    plan = tmp_path / "skipcnn.plan.json"
+    assert main(["plan", "--profile", str(profile), "--devices", "2", "--memory", "80GiB", "--global-batch", "8",
+                 "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan), "--to", "megatron"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unit 4 (blocks.3) reads 'submod_pp_0' of unit 0 (stem), 3 units back (a skip " \
+        "connection: the profile's live values)" in err[0]
+    assert not (tmp_path / "skipcnn.megatron.args").exists()

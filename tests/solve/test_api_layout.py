@@ -112,3 +112,21 @@ def test_sequence_parallelism_is_searched_where_the_profile_counts_it() -> None:
     with pytest.raises(LayoutError, match=r"^`sp` on: the profile's tensor-parallel rows do not count what sequence "
                                           r"parallelism shards .*: profile again, or `sp` off$"):
         make_plan(old, _request(replace(PINS, sp=True)))
+
+
+def test_a_profile_with_sp_figures_plans_with_tp_left_at_1() -> None:
+    """Regression (issue 26): with the analytic Llama-3-8B profile, whose TP rows count sequence parallelism, `autopp
+    plan --device h100-sxm --nodes 2` failed with "`sp` (sequence parallelism) shards the sequence over the
+    tensor-parallel ranks, and tp is 1": SP searched (`--sp auto`, the CLI's default) was switched on beside tp pinned
+    to 1."""
+    from pathlib import Path
+    from autopp.costmodel import sp_offered
+    from autopp.data.profile import load_profile
+    from autopp.solve import make_plan
+    profile = load_profile(Path(__file__).resolve().parents[2] / "profiles" / "llama-3-8b-h100-sxm-s8192")
+    assert sp_offered(profile)
+    cluster = cluster_from_catalog(load_device("h100-sxm"), 16, devices_per_node=8)
+    plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=16, pins=LayoutPins(tp=1, sp=None)))
+    assert (plan.layout.tp, plan.layout.sp) == (1, False)
+    tp = make_plan(profile, PlanRequest(cluster=cluster, global_batch=16, pins=LayoutPins(pp=2, tp=8, sp=None)))
+    assert (tp.layout.tp, tp.layout.sp) == (8, True)  # searched SP is still on wherever tp > 1

@@ -75,9 +75,9 @@ def _text(data: dict[str, object]) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-#: Fields that record what a plan was made for, not what it chose (issue 26: `device`, `optimizer`; checked in
-#: tests/test_plan.py), left out so that adding them did not rewrite the stored plans.
-CONTEXT_FIELDS = ("device", "optimizer")
+#: Fields that record what a plan was made for, not what it chose (issue 26: `device`, `optimizer`, `dtype`; checked
+#: in tests/test_plan.py), left out so that adding them did not rewrite the stored plans.
+CONTEXT_FIELDS = ("device", "optimizer", "dtype")
 
 
 def plan_text(name: str) -> str:

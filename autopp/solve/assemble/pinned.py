@@ -74,17 +74,25 @@ def check_pinned(p: Pinned, num_units: int, num_devices: int) -> None:
 def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
     """The Plan of exactly `pinned` on `cluster` (all of its devices), with the simulator's figures and the
     baselines beside it, as `make_plan` builds its own: nothing is searched or replaced. A configuration that does
-    not fit the devices' memory is still returned; its notes say which rank overflows and by how much."""
+    not fit the devices' memory is still returned; its notes say which rank overflows and by how much. A stage
+    policy whose figures the profile lacks at the layout (selective recomputation without them, e.g. at a tp whose
+    rows do not count it) is judged as keeping its activations, and a note says so."""
     check_pinned(pinned, profile.num_units, cluster.num_devices)
-    c = pinned.candidate
-    request = PlanRequest(cluster=cluster, global_batch=c.microbatches * c.microbatch_size * c.layout.dp,
-                          num_microbatches=c.microbatches, schedule=c.schedule,
-                          pins=LayoutPins.of(c.layout), tp_across_nodes=True,
-                          activations=(max(c.activations, key=lambda x: policy(x).saving),))
-    views = Views(profile, request)
-    a, view = views.arrays(c.microbatch_size, c.layout), views.request(c.layout)
+    c, lacking = pinned.candidate, list[str]()
+    for _ in range(2):  # once more when a policy is not offered: the request names the policies the stages use
+        request = PlanRequest(cluster=cluster, global_batch=c.microbatches * c.microbatch_size * c.layout.dp,
+                              num_microbatches=c.microbatches, schedule=c.schedule,
+                              pins=LayoutPins.of(c.layout), tp_across_nodes=True,
+                              activations=(max(c.activations, key=lambda x: policy(x).saving),))
+        views = Views(profile, request)
+        a, view = views.arrays(c.microbatch_size, c.layout), views.request(c.layout)
+        host = view.cluster.host_bandwidth
+        lacking = sorted({x.value for x in c.activations if not policy(x).offered(a, host)}) or lacking
+        c = replace(c, activations=tuple(x if policy(x).offered(a, host) else Activation.KEEP for x in c.activations))
     verdict = judge(a, view.cluster, c)
     notes = [f"configuration pinned from {pinned.source}: evaluated as given, not searched",
+             *[f"activation policy {x} evaluated as keep: the profile has no figures for it at "
+               f"{c.layout.describe()}, so its stages are judged keeping every activation" for x in lacking],
              *_warnings(profile, view.cluster, verdict)]
     return plan_from_verdict(profile, view, verdict, a, extra=tuple(notes), keep_split=True,
                              whole=views.whole(c.microbatch_size))

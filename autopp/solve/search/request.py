@@ -263,11 +263,13 @@ def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage) -> tuple[int
 def with_sp(req: PlanRequest, offered: bool) -> PlanRequest:
     """The request with sequence parallelism decided for every tp > 1 (`offered`: the profile counts its bytes,
     `costmodel.sp_offered`): pinned on needs them (LayoutError otherwise); searched (None) is on where offered, as
-    it dominates in the cost model (the same collective time, fewer activation bytes), else off."""
+    it dominates in the cost model (the same collective time, fewer activation bytes), else off, and off with tp
+    pinned to 1 (nothing to shard: a profile with SP figures planned without tensor parallelism)."""
     if req.pins.sp and not offered:
         raise LayoutError("`sp` on: the profile's tensor-parallel rows do not count what sequence parallelism shards "
                           "(tp.csv column sp_sequence_bytes; profiles made before it): profile again, or `sp` off")
-    return replace(req, pins=replace(req.pins, sp=offered if req.pins.sp is None else req.pins.sp))
+    searched = offered and req.pins.tp != 1
+    return replace(req, pins=replace(req.pins, sp=searched if req.pins.sp is None else req.pins.sp))
 
 
 def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,), experts: int = 0) -> list[Config]:
