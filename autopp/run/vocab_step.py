@@ -28,7 +28,7 @@ from .pipeline import contiguous_sends, torch_schedule_class
 from .validate import tensor_diff, tolerances
 from .vocab import VocabModules, VocabRuntime, VocabShard, body_model, find_vocab_modules, vocab_bounds
 
-__all__ = ["VocabJob", "VocabResult", "body_stages", "vocab_step", "validate_vocab"]
+__all__ = ["VocabJob", "VocabResult", "body_stages", "VocabRank", "build_vocab_rank", "vocab_step", "validate_vocab"]
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,39 @@ def body_stages(body: nn.Module, example: tuple[torch.Tensor, ...], split_points
     return stages
 
 
-def vocab_step(job: VocabJob, rank: int) -> VocabResult:
-    """Build the model (the job's seed), shard its vocabulary layers, split its body and run one step on this
-    rank of an initialised process group of `job.pp` ranks."""
+@dataclass
+class VocabRank:
+    """One rank's pieces, built once: its body stages under torch's schedule, its vocabulary shard and passes, and
+    the job's batch (the same on every rank: the tokens feed the input pass, the targets the output pass)."""
+
+    stages: list[Stage]
+    schedule: Any
+    runtime: VocabRuntime
+    mods: VocabModules
+    tokens: torch.Tensor
+    target: torch.Tensor
+    is_last: bool
+
+    def step(self) -> None:
+        """One step: the input passes, torch's schedule (with the output passes inside it), the input backward."""
+        m = self.runtime.m
+        fed = self.runtime.begin(list(self.tokens.chunk(m)), list(self.target.chunk(m)))
+        kwargs: dict[str, Any] = {"target": self.target} if self.is_last else {}
+        if fed:
+            self.schedule.step(torch.cat(fed), **kwargs)
+        else:
+            self.schedule.step(**kwargs)
+        self.runtime.finish()
+
+    def zero_grad(self) -> None:
+        for stage in self.stages:
+            stage.submod.zero_grad(set_to_none=True)
+        self.runtime.shard.zero_grad(set_to_none=True)
+
+
+def build_vocab_rank(job: VocabJob, rank: int) -> VocabRank:
+    """Build the model (the job's seed), shard its vocabulary layers and split its body, for this rank of an
+    initialised process group of `job.pp` ranks."""
     mf = load_model_file(job.model_path)
     model = mf.build(job.seed)
     inputs, target = mf.sample_batch(job.num_microbatches * job.microbatch_size, job.seed)
@@ -103,18 +133,15 @@ def vocab_step(job: VocabJob, rank: int) -> VocabResult:
         for stage in stages:
             runtime.watch(stage)
     cls = torch_schedule_class(job.schedule)
-    one = stages[0] if d.single_stage else list(stages)
-    schedule = cls(one, job.num_microbatches, loss_fn=runtime.loss_fn)
-    tokens = list(inputs[0].chunk(job.num_microbatches))
-    targets = list(target.chunk(job.num_microbatches))
-    fed = runtime.begin(tokens, targets)
-    kwargs: dict[str, Any] = {"target": target} if owner[-1] == rank else {}
-    if rank == 0:
-        schedule.step(torch.cat(fed), **kwargs)
-    else:
-        schedule.step(**kwargs)
-    runtime.finish()
-    return VocabResult(runtime.losses, _grads(stages, shard, mods))
+    schedule = cls(stages[0] if d.single_stage else list(stages), job.num_microbatches, loss_fn=runtime.loss_fn)
+    return VocabRank(stages, schedule, runtime, mods, inputs[0], target, owner[-1] == rank)
+
+
+def vocab_step(job: VocabJob, rank: int) -> VocabResult:
+    """Build this rank's pieces and run one step: its losses and gradients."""
+    built = build_vocab_rank(job, rank)
+    built.step()
+    return VocabResult(built.runtime.losses, _grads(built.stages, built.runtime.shard, built.mods))
 
 
 def _grads(stages: Sequence[Stage], shard: VocabShard, mods: VocabModules) -> dict[str, torch.Tensor]:
