@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 from torch.nn import functional as F
@@ -37,7 +38,7 @@ from torch.nn import functional as F
 from ..errors import RunError
 
 __all__ = ["VocabModules", "find_vocab_modules", "vocab_bounds", "VocabShard", "body_model", "local_stats",
-           "combine_stats", "shard_loss_grad", "VocabRuntime"]
+           "combine_stats", "shard_loss_grad", "hidden_states", "check_cross_entropy", "VocabRuntime"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class VocabModules:
     hidden: int
     tied: bool
     """The head's weight is the embedding's (GPT-2): one shard of rows per rank serves both."""
+    padding_idx: int | None = None
+    """The embedding's padding row, whose gradient stays zero (HF models set it from pad_token_id)."""
 
 
 def find_vocab_modules(model: nn.Module, example: Sequence[Any]) -> VocabModules:
@@ -73,15 +76,34 @@ def find_vocab_modules(model: nn.Module, example: Sequence[Any]) -> VocabModules
     if not isinstance(emb, nn.Embedding):
         raise RunError(f"vocabulary parallelism needs an nn.Embedding as the model's first call, got {emb_name!r} "
                        f"({type(emb).__name__})")
-    if emb.padding_idx is not None or emb.max_norm is not None or emb.sparse or emb.scale_grad_by_freq:
-        raise RunError(f"vocabulary parallelism: embedding {emb_name!r} uses padding_idx, max_norm, sparse or "
+    if emb.max_norm is not None or emb.sparse or emb.scale_grad_by_freq:
+        raise RunError(f"vocabulary parallelism: embedding {emb_name!r} uses max_norm, sparse or "
                        "scale_grad_by_freq, which its vocabulary shards do not reproduce")
     if not isinstance(head, nn.Linear) or head.bias is not None or head.out_features != emb.num_embeddings:
         raise RunError(f"vocabulary parallelism needs a bias-free nn.Linear onto the {emb.num_embeddings}-token "
                        f"vocabulary as the model's last call, got {head_name!r} ({type(head).__name__})")
-    if output is not head_out:
-        raise RunError(f"vocabulary parallelism: the model's output is not the output of its head {head_name!r}")
-    return VocabModules(emb_name, head_name, emb.num_embeddings, emb.embedding_dim, head.weight is emb.weight)
+    if not any(leaf is head_out for leaf in pytree.tree_leaves(output)):
+        raise RunError(f"vocabulary parallelism: the model's output does not hold the output of its head "
+                       f"{head_name!r}")
+    return VocabModules(emb_name, head_name, emb.num_embeddings, emb.embedding_dim, head.weight is emb.weight,
+                        emb.padding_idx)
+
+
+def check_cross_entropy(loss_fn: Any, model: nn.Module, mods: VocabModules, tokens: torch.Tensor,
+                        target: torch.Tensor) -> None:
+    """Refuse a model file whose loss is not the mean cross-entropy of the head's logits (what the output pass
+    computes), compared on one example batch."""
+    logits: list[torch.Tensor] = []
+    hook = model.get_submodule(mods.head).register_forward_hook(lambda _m, _i, out: logits.append(out))
+    try:
+        with torch.no_grad():
+            got = float(loss_fn(model(tokens), target))
+    finally:
+        hook.remove()
+    want = float(F.cross_entropy(logits[0].reshape(-1, mods.vocab), target.reshape(-1)))
+    if not abs(got - want) <= 1e-4 * max(1.0, abs(want)):
+        raise RunError(f"vocabulary parallelism computes the mean cross-entropy of the head's logits ({want:.6g} "
+                       f"on an example batch), but the model file's loss_fn gives {got:.6g}")
 
 
 def vocab_bounds(vocab: int, ranks: int) -> list[tuple[int, int]]:
@@ -97,6 +119,8 @@ class VocabShard(nn.Module):
     def __init__(self, model: nn.Module, mods: VocabModules, lo: int, hi: int) -> None:
         super().__init__()
         self.lo, self.hi = lo, hi
+        pad = mods.padding_idx
+        self.padding_idx = pad - lo if pad is not None and lo <= pad < hi else None
         emb, head = (model.get_submodule(n).get_parameter("weight") for n in (mods.embedding, mods.head))
         self.embedding = nn.Parameter(emb.detach()[lo:hi].clone())
         self.head = self.embedding if mods.tied else nn.Parameter(head.detach()[lo:hi].clone())
@@ -105,7 +129,8 @@ class VocabShard(nn.Module):
         """The partial embedding: the rows of the tokens in [lo, hi), zeros for the others."""
         here = (tokens >= self.lo) & (tokens < self.hi)
         local = torch.where(here, tokens - self.lo, torch.zeros_like(tokens))
-        return F.embedding(local, self.embedding) * here.unsqueeze(-1).to(self.embedding.dtype)
+        rows = F.embedding(local, self.embedding, padding_idx=self.padding_idx)
+        return rows * here.unsqueeze(-1).to(self.embedding.dtype)
 
 
 class _Fed(nn.Module):
@@ -152,6 +177,15 @@ def shard_loss_grad(logits: torch.Tensor, target: torch.Tensor, lo: int, hi: int
     rows = torch.arange(n)[here]
     grad[rows, target[here] - lo] -= 1.0
     return (log_z - target_logit).mean(), grad / n
+
+
+def hidden_states(output: Any) -> torch.Tensor:
+    """The one floating-point tensor of the body's output."""
+    found = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if len(found) != 1:
+        raise RunError(f"vocabulary parallelism: the body's last stage returns {len(found)} floating-point tensors, "
+                       "expected its hidden states alone")
+    return found[0]
 
 
 class _VocabLoss(torch.autograd.Function):
@@ -205,10 +239,12 @@ class VocabRuntime:
                 self._fed.append(summed.requires_grad_(True))
         return list(self._fed)
 
-    def loss_fn(self, hidden: torch.Tensor, _target: Any = None) -> torch.Tensor:
-        """The last stage's loss for the next microbatch (the schedule calls it in microbatch order)."""
+    def loss_fn(self, output: Any, _target: Any = None) -> torch.Tensor:
+        """The last stage's loss for the next microbatch (the schedule calls it in microbatch order); `output` is
+        the body's output: the hidden states, alone or as the one floating-point tensor of a structure (an HF
+        model's output, whose logits the head-less body leaves as the hidden states)."""
         k, self._calls = self._calls, self._calls + 1
-        out: torch.Tensor = _VocabLoss.apply(hidden, self, k)
+        out: torch.Tensor = _VocabLoss.apply(hidden_states(output), self, k)
         return out
 
     def watch(self, stage: Stage) -> None:

@@ -26,7 +26,8 @@ from ..spawn import spawn_local
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .pipeline import contiguous_sends, torch_schedule_class
 from .validate import tensor_diff, tolerances
-from .vocab import VocabModules, VocabRuntime, VocabShard, body_model, find_vocab_modules, vocab_bounds
+from .vocab import (VocabModules, VocabRuntime, VocabShard, body_model, check_cross_entropy, find_vocab_modules,
+                    vocab_bounds)
 
 __all__ = ["VocabJob", "VocabResult", "body_stages", "VocabRank", "build_vocab_rank", "vocab_step", "validate_vocab"]
 
@@ -120,6 +121,7 @@ def build_vocab_rank(job: VocabJob, rank: int) -> VocabRank:
     if len(inputs) != 1:
         raise RunError(f"vocabulary parallelism takes one input (the tokens), the model file gives {len(inputs)}")
     mods = find_vocab_modules(model, (inputs[0][:job.microbatch_size],))
+    check_cross_entropy(mf.loss_fn, model, mods, inputs[0][:job.microbatch_size], target[:job.microbatch_size])
     lo, hi = vocab_bounds(mods.vocab, job.pp)[rank]
     shard = VocabShard(model, mods, lo, hi)
     d = describe(job.schedule)

@@ -10,8 +10,8 @@ from torch.nn import functional as F
 
 from autopp.errors import RunError
 from autopp.model.contract import load_model_file
-from autopp.run.vocab import (VocabShard, body_model, combine_stats, find_vocab_modules, local_stats,
-                              shard_loss_grad, vocab_bounds)
+from autopp.run.vocab import (VocabShard, body_model, check_cross_entropy, combine_stats, find_vocab_modules,
+                              hidden_states, local_stats, shard_loss_grad, vocab_bounds)
 from autopp.run.vocab_step import VocabJob, validate_vocab
 from autopp.schedule import ScheduleName
 
@@ -20,6 +20,7 @@ from .conftest import ROOT
 VOCAB_GPT = str(ROOT / "tests" / "models" / "vocabgpt.py")
 TIED = str(ROOT / "tests" / "models" / "tiedlm.py")
 LINRELU = str(ROOT / "tests" / "models" / "linrelu.py")
+HF_LLAMA = str(ROOT / "examples" / "hf_llama.py")
 
 
 def test_bounds_split_the_vocabulary_evenly() -> None:
@@ -80,6 +81,38 @@ def test_shards_and_body_rebuild_the_model() -> None:
     torch.testing.assert_close(logits, full)
 
 
+def test_refuses_a_loss_other_than_the_mean_cross_entropy() -> None:
+    mf = load_model_file(VOCAB_GPT)
+    model = mf.build()
+    (tokens,), target = mf.sample_batch(2)
+    mods = find_vocab_modules(model, (tokens,))
+    check_cross_entropy(mf.loss_fn, model, mods, tokens, target)
+
+    def summed(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out.reshape(-1, 256), t.reshape(-1), reduction="sum")
+    with pytest.raises(RunError, match=r"computes the mean cross-entropy of the head's logits \(5\.\d+ on an example "
+                                       r"batch\), but the model file's loss_fn gives \d+"):
+        check_cross_entropy(summed, model, mods, tokens, target)
+
+
+def test_hidden_states_are_the_one_float_tensor_of_the_output() -> None:
+    h = torch.ones(2, 3)
+    assert hidden_states(h) is h and hidden_states({"logits": h, "ids": torch.zeros(2, dtype=torch.long)}) is h
+    with pytest.raises(RunError, match=r"returns 2 floating-point tensors, expected its hidden states alone"):
+        hidden_states((h, h))
+
+
+def test_the_padding_row_keeps_a_zero_gradient_in_its_shard() -> None:
+    model = nn.Sequential(nn.Embedding(8, 4, padding_idx=5), nn.Linear(4, 8, bias=False))
+    tokens = torch.tensor([[5, 1, 6, 5]])
+    mods = find_vocab_modules(model, (tokens,))
+    shards = [VocabShard(model, mods, lo, hi) for lo, hi in vocab_bounds(8, 2)]
+    sum(s.embed(tokens) for s in shards).sum().backward()
+    model[0](tokens).sum().backward()
+    torch.testing.assert_close(torch.cat([s.embedding.grad for s in shards]), model[0].weight.grad)
+    assert shards[1].padding_idx == 1 and shards[0].padding_idx is None
+
+
 def _check(job: VocabJob) -> None:
     diffs = validate_vocab(job, timeout_s=900)
     shards = [n for n in diffs if "[" in n]
@@ -92,6 +125,12 @@ def _check(job: VocabJob) -> None:
                                                 (2, "GPipe", ("h.2",))])
 def test_matches_one_process(pp: int, schedule: str, points: tuple[str, ...]) -> None:
     _check(VocabJob(VOCAB_GPT, points, ScheduleName(schedule), pp, num_microbatches=4, microbatch_size=2))
+
+
+@pytest.mark.integration
+def test_matches_one_process_on_a_hugging_face_llama() -> None:
+    _check(VocabJob(HF_LLAMA, ("model.layers.2",), ScheduleName.ONE_F_ONE_B, 2, num_microbatches=4,
+                    microbatch_size=2))
 
 
 @pytest.mark.integration
