@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             measured[layout].append(max(out.values()))
     med = {k: statistics.median(v) for k, v in measured.items()}
     best_plain = min((k for k in order if k != VOCAB), key=lambda k: med[k])
-    print(f"examples/gpt_big_vocab.py, 2 ranks, 1F1B, {m} microbatches of {b}; {args.rounds} rounds x {args.steps} steps")
+    print(f"examples/gpt_big_vocab.py, 2 ranks, 1F1B, {m} microbatches of {b}; "
+          f"{args.rounds} rounds x {args.steps} steps")
     print(f"{'layout':<16}{'median s':>10}{'min-max s':>20}")
     for k in order:
         print(f"{k:<16}{med[k]:>10.4f}{min(measured[k]):>10.4f}-{max(measured[k]):.4f}")
