@@ -9,6 +9,7 @@ from functools import lru_cache
 from ...data.cluster import Cluster
 from ...costmodel import (UnitArrays, comm_times, message_overheads, progress_delays, stage_costs, stage_speeds,
                          step_end_time)
+from ...costmodel.vocab import VocabPasses, with_vocab_passes
 from ...data.layout import Layout
 from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, describe, policy, simulate,
                          stage_to_rank)
@@ -76,13 +77,16 @@ def named_order(name: ScheduleName, pp: int, m: int, v: int) -> dict[int, list[A
     return build_schedule(name, pp, m, v)
 
 
-def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
+def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | None = None) -> Verdict:
     """Simulate the candidate's named schedule and add what the step does after the pipeline drains (the gradient
-    all-reduce, the optimizer step), on the links its pp x dp layout crosses (`Cluster.placed`)."""
+    all-reduce, the optimizer step), on the links its pp x dp layout crosses (`Cluster.placed`). With `passes`
+    (vocabulary parallelism; `a` then the body's arrays, `costmodel.vocab.body_arrays`), every rank also runs them."""
     cluster = cluster.placed(c.layout)
     owner = c.owner
     speeds = stage_speeds(cluster, owner)
     costs = stage_costs(a, c.bounds, speeds, message_overheads(cluster, owner), cluster.host_bandwidth)
+    if passes is not None:
+        costs = with_vocab_passes(costs, owner, passes)
     order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.activations,
                    progress_delays(cluster, owner), describe(c.schedule).overlaps_f_b)

@@ -1,0 +1,131 @@
+"""Cost terms of vocabulary parallelism (Yeung et al., "Balancing Pipeline Parallelism with Vocabulary Parallelism",
+MLSys 2025): the embedding (the first unit) and the head with its loss (the last unit) split evenly along the
+vocabulary over all p pipeline ranks, as passes every rank runs per microbatch (autopp.run.vocab executes them).
+
+Per microbatch and rank:
+- compute: (F + B of the embedding) / p and (F + B of the head) / p, the vocabulary layers' FLOPs divided by p;
+- communication on the rank's link (synchronous collectives: the rank waits for them, so they count as busy time):
+  the input pass reduces the embedded tokens onto rank 0 and broadcasts their gradient back (2 x the bytes across
+  the cut after the embedding); the output pass broadcasts the last stage's hidden states and reduces the partial
+  dh back (2 x the bytes across the cut before the head); the softmax statistics (three floats per token, against
+  4h bytes of hidden state per token) are counted by their latency: one collective per microbatch for Vocab-2,
+  two for Vocab-1 (max, then sum of exponentials); each collective spans ceil(log2 p) link latencies (a tree);
+- memory: the vocabulary layers' parameters, gradients and optimizer state / p on every rank; the logits shard is
+  working memory of the pass (the head's activation bytes / p as a transient); the variant's extra in-flight
+  microbatches of hidden states (the paper: Vocab-1 holds activations of p + 2 microbatches, Vocab-2 of p + 1,
+  against 1F1B's p), held all step.
+
+The passes are placed where the runner runs them: the input pass counted with each forward (the runner runs them
+all at the step's start; the same busy time per rank), the output pass at the start of each backward (B, or I
+with a split backward): on the last stage's rank inside its backward, elsewhere just before the receive of that
+microbatch's gradient. The body's stages keep their own costs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..data.cluster import Link
+from ..schedule import StageCost
+from .terms import transfer_time
+from .units import UnitArrays
+
+__all__ = ["VocabVariant", "VocabPasses", "vocab_passes", "body_arrays", "with_vocab_passes"]
+
+
+class VocabVariant(Enum):
+    """The paper's two ways of combining the softmax across the vocabulary shards."""
+
+    VOCAB_1 = "vocab-1"
+    """Two collectives per microbatch (the maximum, then the sum of exponentials); activations of p + 2."""
+    VOCAB_2 = "vocab-2"
+    """One collective with online-softmax rescaling (what autopp.run.vocab runs); activations of p + 1."""
+
+    @property
+    def collectives(self) -> int:
+        return 2 if self is VocabVariant.VOCAB_1 else 1
+
+    @property
+    def extra_inflight(self) -> int:
+        """Microbatches of hidden states held beyond the schedule's own."""
+        return 2 if self is VocabVariant.VOCAB_1 else 1
+
+
+@dataclass(frozen=True)
+class VocabPasses:
+    """What the vocabulary passes add to every pipeline rank, per microbatch (times) and for the step (bytes)."""
+
+    variant: VocabVariant
+    input_s: float
+    """Embedding F + B / p, plus its reduce and broadcast."""
+    output_s: float
+    """Head F + B / p, plus the broadcast of h, the statistics' collectives and the reduce of dh."""
+    comm_s: float
+    """The part of input_s + output_s spent in collectives."""
+    link_bytes: int
+    """Bytes per microbatch each rank moves on its link (hidden states and their gradients)."""
+    static_bytes: int
+    """The vocabulary layers' parameters, gradients, optimizer state / p, plus the variant's held hidden states."""
+    transient_bytes: int
+    """The logits shard of one microbatch (the head's activation bytes / p)."""
+
+
+def _collective(link: Link, nbytes: float, ranks: int) -> float:
+    """A broadcast or reduce of `nbytes` over `ranks` ranks: the bytes once (pipelined) and a tree's latencies."""
+    return transfer_time(link, nbytes) + link.latency_s * max(0, math.ceil(math.log2(ranks)) - 1)
+
+
+def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = VocabVariant.VOCAB_2) -> VocabPasses:
+    """The passes of `a`'s first unit (the embedding) and last unit (the head) split over `pp` ranks joined by
+    `link`."""
+    last = a.n - 1
+    embedded, hidden = float(a.cut[1]), float(a.cut[last])
+    stats = variant.collectives * link.latency_s * max(1, math.ceil(math.log2(pp)))
+    input_comm = 2 * _collective(link, embedded, pp)
+    output_comm = 2 * _collective(link, hidden, pp) + stats
+    held = variant.extra_inflight * int(hidden)
+    return VocabPasses(
+        variant=variant,
+        input_s=float(a.forward[0] + a.backward[0]) / pp + input_comm,
+        output_s=float(a.forward[last] + a.backward[last]) / pp + output_comm,
+        comm_s=input_comm + output_comm, link_bytes=int(2 * embedded + 2 * hidden),
+        static_bytes=int(math.ceil((a.static[0] + a.static[last]) / pp)) + held,
+        transient_bytes=int(math.ceil(a.activation[last] / pp)))
+
+
+def body_arrays(a: UnitArrays) -> UnitArrays:
+    """`a` with the embedding and the head costing nothing (their work moves to the passes): what the split of the
+    body sees. The first and last stages still hold the (empty) units."""
+    def ends(values: np.ndarray) -> np.ndarray:
+        out = values.copy()
+        out[[0, a.n - 1]] = 0
+        return out
+
+    def zeroed(values: np.ndarray | None) -> np.ndarray | None:
+        return None if values is None else ends(values)
+    names = ("forward", "backward_input", "backward_weight", "recompute", "static", "activation", "params",
+             "grads", "backward", "optimizer", "transient", "ep_time")
+    changes: dict[str, Any] = {n: zeroed(getattr(a, n)) for n in names}
+    return replace(a, own={p: (ends(kept), ends(redo)) for p, (kept, redo) in a.own.items()}, **changes)
+
+
+def with_vocab_passes(costs: Sequence[StageCost], owner: Sequence[int], passes: VocabPasses) -> list[StageCost]:
+    """The body's stage costs with the passes added to the first stage each rank holds (busy time of its forward
+    and backward, its static and transient bytes)."""
+    first = {r: owner.index(r) for r in set(owner)}
+    out = list(costs)
+    for s in first.values():
+        c = costs[s]
+        full = c.backward_s if c.backward_s is not None else c.backward_input_s + c.backward_weight_s
+        split_pass = passes.output_s if c.backward_input_s > 0 else 0.0
+        out[s] = replace(c, forward_s=c.forward_s + passes.input_s, backward_s=full + passes.output_s,
+                         backward_input_s=c.backward_input_s + split_pass,
+                         backward_weight_s=c.backward_weight_s + passes.output_s - split_pass,
+                         static_bytes=c.static_bytes + passes.static_bytes,
+                         transient_bytes=max(c.transient_bytes, passes.transient_bytes))
+    return out

@@ -1,0 +1,223 @@
+"""One training step with vocabulary parallelism (autopp.run.vocab) on local CPU ranks, and its validation against one
+process: the loss and every gradient, each rank's vocabulary shard of the embedding and the head compared with the
+matching rows of the single-process gradient (as torch's pipelining tests compare with a deep-copied reference)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
+
+from ..errors import RunError
+from ..model.contract import load_model_file
+from ..model.split import split_model
+from ..schedule import ScheduleName, describe
+from ..spawn import spawn_local
+from .chain import ChainPiece, chain_io, constant_values, example_io
+from .pipeline import contiguous_sends, torch_schedule_class
+from .validate import tensor_diff, tolerances
+from .vocab import (VocabModules, VocabRuntime, VocabShard, body_model, check_cross_entropy, find_vocab_modules,
+                    vocab_bounds)
+
+__all__ = ["VocabJob", "VocabResult", "body_stages", "VocabRank", "build_vocab_rank", "vocab_step", "validate_vocab"]
+
+
+@dataclass(frozen=True)
+class VocabJob:
+    """What to run: a model file, its body's split points (one stage per gap), the schedule and the batch."""
+
+    model_path: str
+    split_points: tuple[str, ...]
+    schedule: ScheduleName
+    pp: int
+    num_microbatches: int
+    microbatch_size: int
+    v: int = 1
+    seed: int = 0
+
+
+@dataclass
+class VocabResult:
+    """One rank's step: the per-microbatch losses and its gradients (body parameters by name; its vocabulary shard
+    under `name[lo:hi]`)."""
+
+    losses: list[float]
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _shard_name(param: str, lo: int, hi: int) -> str:
+    return f"{param}[{lo}:{hi}]"
+
+
+def body_stages(body: nn.Module, example: tuple[torch.Tensor, ...], split_points: Sequence[str], owner: Sequence[int],
+                pp_rank: int, group: dist.ProcessGroup | None) -> list[Stage]:
+    """torch PipelineStages of the body stages placed on `pp_rank` (`owner[s]`: stage s's rank), as neighbour-only
+    `ChainPiece`s (autopp.run.chain)."""
+    pipe = split_model(body, example, split_points)
+    if pipe.num_stages != len(owner):
+        raise RunError(f"splitting the body at {list(split_points)} gave {pipe.num_stages} stages, the schedule "
+                       f"places {len(owner)}")
+    io, sources = chain_io(pipe)
+    consts = constant_values(pipe, sorted({c for s in io for c in s.constants}), example)
+    pieces = [ChainPiece(pipe.get_stage_module(i), i, io[i], sources, {c: consts[c] for c in io[i].constants},
+                         last=i == len(owner) - 1) for i in range(len(owner))]
+    shapes = example_io(pieces, example)
+    stages: list[Stage] = []
+    for i in (s for s, r in enumerate(owner) if r == pp_rank):
+        inputs, outputs = shapes[i]
+        stage = PipelineStage(pieces[i], i, len(owner), torch.device("cpu"), input_args=inputs,
+                              output_args=outputs, group=group)
+        contiguous_sends(stage)
+        stages.append(stage)
+    return stages
+
+
+@dataclass
+class VocabRank:
+    """One rank's pieces, built once: its body stages under torch's schedule, its vocabulary shard and passes, and
+    the job's batch (the same on every rank: the tokens feed the input pass, the targets the output pass)."""
+
+    stages: list[Stage]
+    schedule: Any
+    runtime: VocabRuntime
+    mods: VocabModules
+    tokens: torch.Tensor
+    target: torch.Tensor
+    is_last: bool
+
+    def step(self) -> None:
+        """One step: the input passes, torch's schedule (with the output passes inside it), the input backward."""
+        m = self.runtime.m
+        fed = self.runtime.begin(list(self.tokens.chunk(m)), list(self.target.chunk(m)))
+        kwargs: dict[str, Any] = {"target": self.target} if self.is_last else {}
+        if fed:
+            self.schedule.step(torch.cat(fed), **kwargs)
+        else:
+            self.schedule.step(**kwargs)
+        self.runtime.finish()
+
+    def zero_grad(self) -> None:
+        for stage in self.stages:
+            stage.submod.zero_grad(set_to_none=True)
+        self.runtime.shard.zero_grad(set_to_none=True)
+
+
+def build_vocab_rank(job: VocabJob, rank: int) -> VocabRank:
+    """Build the model (the job's seed), shard its vocabulary layers and split its body, for this rank of an
+    initialised process group of `job.pp` ranks."""
+    mf = load_model_file(job.model_path)
+    model = mf.build(job.seed)
+    inputs, target = mf.sample_batch(job.num_microbatches * job.microbatch_size, job.seed)
+    if len(inputs) != 1:
+        raise RunError(f"vocabulary parallelism takes one input (the tokens), the model file gives {len(inputs)}")
+    mods = find_vocab_modules(model, (inputs[0][:job.microbatch_size],))
+    check_cross_entropy(mf.loss_fn, model, mods, inputs[0][:job.microbatch_size], target[:job.microbatch_size])
+    lo, hi = vocab_bounds(mods.vocab, job.pp)[rank]
+    shard = VocabShard(model, mods, lo, hi)
+    d = describe(job.schedule)
+    owner = d.stage_to_rank(job.pp, job.v)
+    body = body_model(model, mods)
+    example = (torch.zeros(job.microbatch_size, *inputs[0].shape[1:], mods.hidden),)
+    stages = body_stages(body, example, job.split_points, owner, rank, None)
+    group = dist.new_group(list(range(job.pp)), backend="gloo")
+    runtime = VocabRuntime(shard, group, rank, job.pp, job.num_microbatches, owner[-1])
+    if rank != owner[-1]:
+        for stage in stages:
+            runtime.watch(stage)
+    cls = torch_schedule_class(job.schedule)
+    schedule = cls(stages[0] if d.single_stage else list(stages), job.num_microbatches, loss_fn=runtime.loss_fn)
+    return VocabRank(stages, schedule, runtime, mods, inputs[0], target, owner[-1] == rank)
+
+
+def vocab_step(job: VocabJob, rank: int) -> VocabResult:
+    """Build this rank's pieces and run one step: its losses and gradients."""
+    built = build_vocab_rank(job, rank)
+    built.step()
+    return VocabResult(built.runtime.losses, _grads(built.stages, built.runtime.shard, built.mods))
+
+
+def _grads(stages: Sequence[Stage], shard: VocabShard, mods: VocabModules) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for stage in stages:
+        for name, p in stage.submod.named_parameters():
+            out[name] = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+    for name, p in ((mods.embedding, shard.embedding), (mods.head, shard.head)):
+        if p.grad is not None and not (mods.tied and name == mods.head):
+            out[_shard_name(f"{name}.weight", shard.lo, shard.hi)] = p.grad.detach().clone()
+    return out
+
+
+def _worker(rank: int, world: int, port: int, job: VocabJob, queue: Any) -> None:
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=120))
+        try:
+            result = vocab_step(job, rank)
+        finally:
+            dist.destroy_process_group()
+        # tensors cross the queue as bytes: torch pickles them into shared memory, which a finished worker frees
+        queue.put((rank, (result.losses, {n: _bytes(g) for n, g in result.grads.items()}), None))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        queue.put((rank, None, f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"))
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    return buf.getvalue()
+
+
+def reference(job: VocabJob) -> tuple[float, dict[str, torch.Tensor]]:
+    """The single-process loss of the whole batch and every gradient by parameter name (tied: the first name)."""
+    mf = load_model_file(job.model_path)
+    model = mf.build(job.seed)
+    inputs, target = mf.sample_batch(job.num_microbatches * job.microbatch_size, job.seed)
+    loss = mf.loss_fn(model(*inputs), target)
+    loss.backward()
+    return float(loss.detach()), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def validate_vocab(job: VocabJob, timeout_s: float = 300.0) -> dict[str, float]:
+    """Run `job` on `job.pp` local ranks and compare with one process; returns the relative difference per
+    gradient (and `loss`), a RunError naming the worst one past float32's tolerance."""
+    ref_loss, ref = reference(copy.deepcopy(job))
+    raw = spawn_local(_worker, job.pp, (job,), timeout_s, "running vocabulary parallelism")
+    results = {r: VocabResult(losses, {n: torch.load(io.BytesIO(b)) for n, b in grads.items()})
+               for r, (losses, grads) in raw.items()}
+    grad_tol, loss_tol = tolerances("float32")
+    losses = results[0].losses
+    if any(r.losses != losses for r in results.values()):
+        raise RunError("vocabulary parallelism: the ranks disagree on the losses")
+    diffs = {"loss": abs(sum(losses) / len(losses) - ref_loss) / max(abs(ref_loss), 1e-12)}
+    floor = max(float(g.abs().max()) for g in ref.values()) * 1e-6
+    seen: set[str] = set()
+    for result in results.values():
+        for name, grad in result.grads.items():
+            base, _, rows = name.partition("[")
+            want = ref[base]
+            if rows:
+                lo, hi = (int(x) for x in rows.rstrip("]").split(":"))
+                want = want[lo:hi]
+            diffs[name] = tensor_diff(grad, want, floor)[1]
+            seen.add(base)
+    missing = sorted(set(ref) - seen)
+    if missing:
+        raise RunError(f"vocabulary parallelism: no rank reported the gradient of {missing[0]} "
+                       f"({len(missing)} missing)")
+    worst = max((n for n in diffs if n != "loss"), key=lambda n: diffs[n])
+    if diffs["loss"] > loss_tol or diffs[worst] > grad_tol:
+        raise RunError(f"vocabulary parallelism differs from one process: loss {diffs['loss']:.2e}, "
+                       f"{worst} {diffs[worst]:.2e} (tolerances {loss_tol:g}, {grad_tol:g})")
+    return diffs

@@ -1,0 +1,61 @@
+"""Choosing vocabulary parallelism: chosen on a head-heavy model where it wins in the simulator, not chosen where
+the head is light or the links are slow, and its costs (the vocabulary layers' work and memory / p, the
+collectives) as autopp.costmodel.vocab writes them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autopp.costmodel import UnitArrays
+from autopp.costmodel.vocab import VocabVariant, body_arrays, vocab_passes
+from autopp.data.cluster import Cluster, Link
+from autopp.errors import PlanError
+from autopp.solve.search.vocab import choose_vocab
+
+FAST = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e12)
+SLOW = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e3)
+
+
+def _lm(head: float, blocks: int = 6, cut: float = 1000.0, static: float = 100.0) -> UnitArrays:
+    """Embedding (0.1), `blocks` blocks of forward 1, a head of forward `head`; B = 2 F, I = W = F."""
+    f = np.array([0.1, *[1.0] * blocks, head])
+    n = len(f)
+    st = np.array([static * 8, *[static] * blocks, static * 8])
+    return UnitArrays(f, f.copy(), f.copy(), f.copy(), st, 10 * f, st / 4, st / 4,
+                      np.array([0.0, *[cut] * (n - 1), 0.0]), True, 2 * f)
+
+
+def _cluster(link: Link, pp: int = 4, memory: int = 2**40) -> Cluster:
+    return Cluster(num_devices=pp, memory_bytes=memory, link=link)
+
+
+def test_passes_divide_the_vocabulary_layers_by_p() -> None:
+    a = _lm(head=4.0)
+    p = vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2)
+    assert p.input_s + p.output_s == pytest.approx(3 * (0.1 + 4.0) / 4 + p.comm_s, rel=1e-9)  # F + B = 3 F
+    assert p.link_bytes == 4 * 1000
+    assert p.static_bytes == (800 + 800) // 4 + 1 * 1000
+    assert vocab_passes(a, 4, FAST, VocabVariant.VOCAB_1).static_bytes == p.static_bytes + 1000
+    body = body_arrays(a)
+    assert body.forward[0] == body.forward[-1] == 0 and body.forward[1] == 1.0 and a.forward[-1] == 4.0
+
+
+def test_chosen_on_a_head_heavy_model() -> None:
+    choice = choose_vocab(_lm(head=4.0), _cluster(FAST), pp=4, microbatches=8, microbatch_size=1)
+    assert choice.chosen.variant is VocabVariant.VOCAB_2  # one collective beats two at equal bytes
+    assert choice.chosen.verdict.step_s < choice.without.verdict.step_s
+    assert choice.gain > 0.15
+
+
+def test_not_chosen_with_a_light_head_or_slow_links() -> None:
+    light = choose_vocab(_lm(head=0.1), _cluster(FAST), pp=4, microbatches=8, microbatch_size=1)
+    assert light.chosen.variant is None and light.gain == 0.0
+    slow = choose_vocab(_lm(head=4.0), _cluster(SLOW), pp=4, microbatches=8, microbatch_size=1)
+    assert slow.chosen.variant is None
+    assert all(o.verdict.step_s > slow.without.verdict.step_s for o in slow.options if o.variant)
+
+
+def test_refuses_one_rank() -> None:
+    with pytest.raises(PlanError, match=r"needs `pp` >= 2 and an embedding, a body and a head \(pp 1, 8 units\)"):
+        choose_vocab(_lm(head=4.0), _cluster(FAST, pp=1), pp=1, microbatches=2, microbatch_size=1)
