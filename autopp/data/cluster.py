@@ -179,6 +179,9 @@ class Cluster:
     """The pipeline x data-parallel layout `placed` on a hierarchical cluster: links and groups follow from it."""
     device_kind: str | None = None
     """The device kind's catalog name (autopp.data.catalog), when known (a cluster of nodes: its nodes')."""
+    memory_reserve_bytes: int = 0
+    """What each device keeps beside the plan's tensors (CUDA context, NCCL buffers, fragmentation:
+    `catalog.GPU_MEMORY_RESERVE`), already taken from `memory_bytes`; recorded for the plan's notes."""
 
     def __post_init__(self) -> None:
         self._check_nodes()

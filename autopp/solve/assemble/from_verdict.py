@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from dataclasses import replace
 
 from ...costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays, sp_offered, stage_costs
+from ...data.overlap import NO_OVERLAP
 from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
 from ...data.catalog import planned_device
@@ -129,6 +130,22 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     return out
 
 
+def _overlap_notes(request: PlanRequest, a: UnitArrays, c: Candidate) -> list[str]:
+    """The memory reserve and the overlap assumptions, where they apply (autopp.data.overlap; nothing overlapped is
+    the cost model as before the switches, and says nothing, so such plans read as before them)."""
+    out = []
+    reserve = request.cluster.memory_reserve_bytes
+    if reserve:
+        out.append(f"memory: {(request.cluster.memory_bytes + reserve) / 2**30:.1f} GiB per device less a "
+                   f"{reserve / 2**30:.3g} GiB reserve (CUDA context, NCCL buffers, allocator fragmentation; "
+                   "`memory_reserve`, docs/devices.md)")
+    if (c.layout.dp > 1 or c.layout.tp > 1) and request.assumed_overlap != NO_OVERLAP:
+        where = "FSDP2 outside a pipeline: per-layer all-gathers and reduce-scatters" if a.fsdp else \
+            "ZeRO/data-parallel collectives"
+        out.append(f"{request.assumed_overlap.describe()} ({where}; docs/parallelism.md#overlap)")
+    return out
+
+
 def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
                custom: CustomOrder | None = None, extra: tuple[str, ...] = (), keep_split: bool = False,
                whole: UnitArrays | None = None) -> Plan:
@@ -170,6 +187,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c))
+    notes.extend(_overlap_notes(request, a, c))
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
         / layout.group
     return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,
