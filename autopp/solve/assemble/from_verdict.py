@@ -6,13 +6,16 @@ from typing import TYPE_CHECKING
 
 from dataclasses import replace
 
-from ...costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays, sp_offered, stage_costs
+from ...costmodel import (UnitArrays, comm_times, gradient_allreduce_time, ideal_step_time, progress_delays,
+                          sp_offered, stage_costs, stage_speeds)
+from ...costmodel.breakdown import time_breakdown
+from ...data.breakdown import TimeBreakdown
 from ...data.overlap import NO_OVERLAP
 from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
 from ...data.catalog import planned_device
 from ...data.cluster import Cluster
-from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName
+from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, describe
 from ..partition.baselines import baseline_bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import recompute_choices
@@ -198,4 +201,15 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
                 ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})),
                 device=planned_device(request.cluster, profile.meta.device, profile.meta.extra.get("analytic_device")),
-                optimizer=profile.meta.optimizer)
+                optimizer=profile.meta.optimizer, time_breakdown=_breakdown(a, placed, best))
+
+
+def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:
+    """Where `v`'s step goes (autopp.costmodel.breakdown), on the cluster as its layout is `placed`."""
+    c = v.candidate
+    owner = c.owner
+    return time_breakdown(a, v.costs, c.bounds, c.activations, c.microbatches, stage_speeds(placed, owner),
+                          splits_backward=describe(c.schedule).splits_backward, pipeline_s=v.pipeline_s,
+                          bubble=v.bubble, sync_s=v.allreduce_s,
+                          sync_total_s=gradient_allreduce_time(a, c.bounds, owner, c.layout, placed),
+                          optimizer_s=v.optimizer_s)
