@@ -118,18 +118,18 @@ def format_predicted_step(plan: Plan, pipeline_s: float | None = None) -> str:
 
 
 def format_breakdown(plan: Plan) -> str:
-    """Where the predicted step goes (`Plan.time_breakdown`): each term's time on the critical path, summed over the
-    stages of a replica's ranks, its share of their busy plus idle time, and what overlap hides; "" for a plan
-    without one."""
+    """Where the predicted step goes (`Plan.time_breakdown`): each term's time on the critical path (the stages'
+    averaged over the pipeline ranks, so that the rows add up to the step), its share of the step, and what overlap
+    hides; "" for a plan without one."""
     b = plan.time_breakdown
     if b is None:
         return ""
-    rows = [(name, exposed, hidden) for name, exposed, hidden in b.rows() if exposed > 0 or hidden > 0]
+    rows = [(name, exposed, hidden) for name, exposed, hidden in b.rows(plan.layout.pp) if exposed > 0 or hidden > 0]
     total = sum(exposed for _, exposed, _ in rows) or 1.0
     table = _table(["where the step goes", "time", "share", "hidden by overlap"],
                    [[name, format_time(exposed), f"{exposed / total:.1%}", format_time(hidden) if hidden else ""]
                     for name, exposed, hidden in rows])
-    return f"{table}\n(stages summed over the pipeline's ranks; step-level terms once)"
+    return f"{table}\n(per pipeline rank on average: the times add up to the predicted step)"
 
 
 def sync_name(plan: Plan) -> str:

@@ -24,6 +24,7 @@ def test_rows_sum_the_stages_and_list_the_steps_terms() -> None:
     assert rows["ZeRO collectives in F/B"] == pytest.approx((0.1, 0.3)) and rows["recomputation"] == (0.25, 0.0)
     assert rows["DP/ZeRO at the step's end"] == (0.2, 0.6) and rows["pipeline bubble"] == (0.4, 0.0)
     assert BREAKDOWN.stages[0].busy_s == 1.75
+    assert {name: exposed for name, exposed, _ in BREAKDOWN.rows(2)}["compute"] == 1.5  # averaged over 2 ranks
 
 
 def test_a_plan_writes_and_reads_its_breakdown_and_omits_none() -> None:

@@ -60,10 +60,11 @@ class TimeBreakdown:
         return {**{k: v for k, v in asdict(self).items() if k != "stages"},
                 "stages": [asdict(s) for s in self.stages]}
 
-    def rows(self) -> list[tuple[str, float, float]]:
-        """(term, exposed seconds, hidden seconds) summed over the stages, then the step's terms: what the plan
+    def rows(self, ranks: int = 1) -> list[tuple[str, float, float]]:
+        """(term, exposed seconds, hidden seconds): the stages' terms summed and averaged over the `ranks` pipeline
+        ranks that run them, then the step's terms; the exposed seconds add up to the predicted step. What the plan
         table and `autopp show` print."""
-        total = {f.name: sum(getattr(s, f.name) for s in self.stages) for f in fields(StageTime)}
+        total = {f.name: sum(getattr(s, f.name) for s in self.stages) / ranks for f in fields(StageTime)}
         return [("compute", total["compute_s"], 0.0), ("recomputation", total["recompute_s"], 0.0),
                 ("TP/SP collectives", total["tp_s"], total["tp_hidden_s"]),
                 ("ZeRO collectives in F/B", total["zero_s"], total["zero_hidden_s"]),

@@ -32,6 +32,9 @@ def _adds_up(plan: Plan) -> None:
     assert b is not None and len(b.stages) == len(plan.stages)
     busy = sum(s.busy_s for s in b.stages) / plan.layout.pp
     assert busy + b.bubble_s + b.sync_s + b.optimizer_s == pytest.approx(plan.predicted.step_time_s, rel=1e-6)
+    # the rows the plan table prints add up to the step too
+    assert sum(exposed for _, exposed, _ in b.rows(plan.layout.pp)) == pytest.approx(plan.predicted.step_time_s,
+                                                                                    rel=1e-6)
 
 
 @pytest.mark.parametrize("overlap", [NO_OVERLAP, TRAINER_OVERLAP])
