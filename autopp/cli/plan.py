@@ -43,10 +43,10 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         "(a partly filled last node is refused) send each pipeline hop and all-reduce over the link "
                         "it crosses (intra- or inter-node; docs/cluster-format.md); no message overhead or progress "
                         "delay on GPUs, as with NCCL")
-    p.add_argument("--memory-reserve", type=memory_size, metavar="SIZE",
+    p.add_argument("--memory-reserve", type=_reserve, metavar="SIZE",
                    help="memory each device keeps beside the plan's tensors (CUDA context, NCCL buffers, allocator "
-                        "fragmentation), taken from its memory (default: 3GiB of a catalog GPU's own memory; none of a "
-                        "--memory given, nor on CPU ranks; docs/devices.md)")
+                        "fragmentation), taken from its memory, or 0 (default: 3GiB of a catalog GPU's own memory; none "
+                        "of a --memory given, nor on CPU ranks; docs/devices.md)")
     p.add_argument("--overlap", type=_overlap, metavar="WHAT,...",
                    help="collectives assumed hidden under compute, as the trainers overlap them: fsdp-prefetch "
                         "(FSDP2's per-layer all-gather and reduce-scatter at pp 1), grad-reduce (the data-parallel "
@@ -142,6 +142,11 @@ def _overlap(text: str) -> Overlap:
     if bad or not words:
         raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {', '.join(_OVERLAPS)} or none")
     return Overlap(**{field: word in words for word, field in _OVERLAPS.items()})
+
+
+def _reserve(text: str) -> int:
+    """--memory-reserve: a size, or 0 for none."""
+    return 0 if text.strip() == "0" else memory_size(text)
 
 
 def _zero(text: str) -> ZeroStage | None:

@@ -36,6 +36,10 @@ facts checked in docs/parallelism.md). Per unit with parameter, gradient and opt
            resharding it), and an all-gather of P before each forward (charged to F, not to the recomputed forward,
            whose gather is the one the backward needs anyway: m + 1 per step, counted on gloo), reduce-scatter of G +
            all-gather of P per step. Under torch's pipelining it only adds communication.
+  stage 3 at pp 1 (`UnitView.fsdp`): FSDP2 without a pipeline, as torchtitan runs pure FSDP: (P + G + O) / d, each
+           unit gathered for its forward and its backward and reduce-scattered after its backward, every microbatch,
+           under the neighbouring units' compute with FSDP2's prefetch (`fsdp_outside_pipeline`); nothing at the
+           step's end.
 The optimizer steps only its shard when stage >= 1: its time is divided by d. A reduce-scatter or all-gather costs
 half the all-reduce of the same bytes (`terms.half_collective`).
 

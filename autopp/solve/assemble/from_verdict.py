@@ -119,7 +119,11 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     elif tp > 1 and not sp_offered(profile):
         out.append("no sequence parallelism: the profile's tp rows predate sp_sequence_bytes; profile again to "
                    "let the planner use it")
-    if not zero.replicated:
+    if c.layout.fsdp:
+        out.append(f"ZeRO stage {zero.stage} over {c.layout.dp} replicas as FSDP2 without a pipeline: parameters, "
+                   "gradients and optimizer state sharded, each unit gathered for its forward and again for its "
+                   "backward, its gradients reduce-scattered every microbatch (docs/parallelism.md#zero-stages)")
+    elif not zero.replicated:
         out.append(f"ZeRO stage {zero.stage} over {c.layout.dp} replicas: {zero.sharded} sharded"
                    + (" (costed only: torch.distributed.pipelining cannot run it)" if zero.not_runnable else ""))
     if c.layout.ep > 1:
