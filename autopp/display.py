@@ -10,7 +10,7 @@ from .data.plan import Plan, Prediction
 from .data.profile import Profile
 from .sizes import format_in, format_size, format_time, size_unit, time_unit
 
-__all__ = ["unit_span", "stage_sizes", "format_profile", "sync_name", "format_grid", "format_plan",
+__all__ = ["unit_span", "stage_sizes", "format_profile", "sync_name", "format_grid", "format_plan", "format_breakdown",
            "format_predicted_step"]
 
 
@@ -117,6 +117,21 @@ def format_predicted_step(plan: Plan, pipeline_s: float | None = None) -> str:
     return f"step {format_time(p.step_time_s)}{split}, bubble {p.bubble_fraction:.1%}"
 
 
+def format_breakdown(plan: Plan) -> str:
+    """Where the predicted step goes (`Plan.time_breakdown`): each term's time on the critical path (the stages'
+    averaged over the pipeline ranks, so that the rows add up to the step), its share of the step, and what overlap
+    hides; "" for a plan without one."""
+    b = plan.time_breakdown
+    if b is None:
+        return ""
+    rows = [(name, exposed, hidden) for name, exposed, hidden in b.rows(plan.layout.pp) if exposed > 0 or hidden > 0]
+    total = sum(exposed for _, exposed, _ in rows) or 1.0
+    table = _table(["where the step goes", "time", "share", "hidden by overlap"],
+                   [[name, format_time(exposed), f"{exposed / total:.1%}", format_time(hidden) if hidden else ""]
+                    for name, exposed, hidden in rows])
+    return f"{table}\n(per pipeline rank on average: the times add up to the predicted step)"
+
+
 def sync_name(plan: Plan) -> str:
     """What the plan's data-parallel collectives after the last backward are (`Prediction.allreduce_s`)."""
     zero = plan.layout.zero
@@ -155,5 +170,6 @@ def format_plan(plan: Plan) -> str:
     notes = "".join(f"\nnote: {n}" for n in plan.notes)
     notes += f"\nnote: does not fit (a rank's simulated peak exceeds its device's memory): {', '.join(unfit)}" \
         if unfit else ""
+    breakdown = format_breakdown(plan)
     return (f"{head}\n\n{stages}\n\n{summary}\n(simulated; efficiency = ideal step time / predicted step time)"
-            f"{extra}{notes}")
+            f"{extra}" + (f"\n\n{breakdown}" if breakdown else "") + notes)

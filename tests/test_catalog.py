@@ -176,7 +176,7 @@ def test_device_mismatch() -> None:
 def test_cluster_within_a_node_takes_the_intra_node_link() -> None:
     spec = load_device("h100-sxm")
     cluster = cluster_from_catalog(spec, 8)
-    assert cluster.num_devices == 8 and cluster.memory_bytes == spec.memory_bytes
+    assert cluster.num_devices == 8 and cluster.memory_bytes == spec.memory_bytes - spec.memory_reserve_bytes
     assert cluster.link == spec.intra_node_link.link and cluster.link.overhead_s == cluster.link.progress_s == 0
 
 
@@ -249,3 +249,22 @@ def test_device_files_are_package_data() -> None:
     assert len(files) >= len(REQUIRED)
     for f in files:
         assert any(fnmatch.fnmatch(f.relative_to(ROOT / "autopp" / "data").as_posix(), g) for g in globs), f
+
+
+def test_a_gpu_keeps_a_memory_reserve_from_the_plan_and_cpu_ranks_none() -> None:
+    """Issue 25 item 6: a catalog GPU's memory less `GPU_MEMORY_RESERVE` (or the reserve asked for); CPU ranks keep
+    none, so their plans are as before."""
+    from autopp.data.catalog import GPU_MEMORY_RESERVE
+    from autopp.errors import AutoppError
+    h100 = load_device("h100-sxm")
+    cluster = cluster_from_catalog(h100, 16)
+    assert cluster.memory_bytes == h100.memory_bytes - GPU_MEMORY_RESERVE == 80 * 10**9 - 3 * 2**30
+    assert cluster.memory_reserve_bytes == GPU_MEMORY_RESERVE and cluster.nodes is not None
+    assert cluster_from_catalog(h100, 8, memory_reserve=0).memory_bytes == h100.memory_bytes
+    assert cluster_from_catalog(h100, 8, memory_bytes=96 * 10**9).memory_bytes == 96 * 10**9  # what the plan may use
+    assert cluster_from_catalog(h100, 8, memory_bytes=96 * 10**9, memory_reserve=2**30).memory_bytes == \
+        96 * 10**9 - 2**30
+    cpu = load_device("cpu")
+    assert cluster_from_catalog(cpu, 2).memory_reserve_bytes == 0
+    with pytest.raises(AutoppError, match=r"^a memory reserve of 80 GiB leaves nothing of the 74.5 GiB per h100-sxm"):
+        cluster_from_catalog(h100, 8, memory_reserve=80 * 2**30)

@@ -341,3 +341,22 @@ def test_plan_of_more_cpu_ranks_than_cores_notes_it_and_warns(tmp_path: Path, ca
     (prof / "meta.json").write_text(json.dumps({**meta, "co_runners": 3}))
     monkeypatch.setattr(cores, "usable_cores", lambda: 2)
     assert main(args) == 0 and "warning" not in capsys.readouterr().err
+
+
+def test_plan_on_a_gpu_says_its_memory_reserve_and_overlap_and_both_switch(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25 items 4, 6: on a catalog GPU the plan keeps the reserve and assumes the trainers' overlap, and says
+    both; `--memory-reserve 0 --overlap none` plans the device's whole memory with every collective exposed."""
+    base = ["plan", "--profile", str(Path(__file__).resolve().parents[1] / "profiles" / "mlp"), "--device",
+            "h100-sxm", "--devices", "4", "--pp", "2", "--dp", "2", "--global-batch", "8"]
+    assert main([*base, "-o", str(tmp_path / "a.json")]) == 0
+    said = capsys.readouterr().out
+    plan = json.loads((tmp_path / "a.json").read_text())
+    assert "memory limit 71.5 GiB per device" in said and "less a 3 GiB reserve" in said
+    assert "overlap: fsdp_prefetch, grad_reduce" in said and "where the step goes" in said
+    assert plan["memory_limit_bytes"] == 80 * 10**9 - 3 * 2**30 and "time_breakdown" in plan
+    assert main([*base, "--memory-reserve", "0", "--overlap", "none", "-o", str(tmp_path / "b.json")]) == 0
+    said = capsys.readouterr().out
+    assert "memory limit 74.5 GiB per device" in said and "reserve" not in said and "overlap:" not in said
+    whole = json.loads((tmp_path / "b.json").read_text())
+    assert whole["predicted"]["allreduce_s"] >= plan["predicted"]["allreduce_s"]

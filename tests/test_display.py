@@ -65,3 +65,26 @@ def test_profile_table_has_one_unit_per_column() -> None:
     rows = [line.split() for line in text.splitlines()[2:]]
     for i in (4, 6, 8, 10, 12):  # forward, backward, params, activations, output: value then unit
         assert len({r[i] for r in rows}) == 1, [r[i] for r in rows]
+
+
+def test_the_plan_table_says_where_the_step_goes_and_what_overlap_hides() -> None:
+    """Issue 25 item 7: the breakdown's rows, each on the critical path (averaged over the pp ranks), add up to the
+    step; the all-reduce the overlap hides is shown beside what stays exposed."""
+    from dataclasses import replace
+
+    from autopp.data.overlap import TRAINER_OVERLAP
+    from autopp.display import format_breakdown
+    from autopp.sizes import format_time
+    plan = make_plan(synthetic_profile(10), PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=80 * 2**30),
+                                                        global_batch=16, pins=LayoutPins(pp=2, dp=2),
+                                                        overlap=TRAINER_OVERLAP))
+    text = format_breakdown(plan)
+    assert text in format_plan(plan) and text.splitlines()[0].split() == \
+        ["where", "the", "step", "goes", "time", "share", "hidden", "by", "overlap"]
+    rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line.strip()) for line in text.splitlines()[2:-1])}
+    assert set(rows) >= {"compute", "pipeline bubble", "DP/ZeRO at the step's end"}
+    assert len(rows["DP/ZeRO at the step's end"]) == 3 and len(rows["compute"]) == 2  # the hidden part beside
+    b = plan.time_breakdown
+    assert b is not None and rows["compute"][0] == format_time(b.rows(2)[0][1])
+    assert sum(float(r[1].rstrip("%")) for r in rows.values()) == pytest.approx(100, abs=0.2)
+    assert format_breakdown(replace(plan, time_breakdown=None)) == ""

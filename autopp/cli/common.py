@@ -30,6 +30,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     ("`num_microbatches`", "--microbatches"), ("`global_batch`", "--global-batch"),
     ("`sp` on", "--sp on"), ("`sp` off", "--sp off"), ("`sp`", "--sp"),
     ("`tp_across_nodes`", "--tp-across-nodes"), ("`tp_degrees`", "--tp"), ("`memory_bytes`", "--memory"),
+    ("`memory_reserve`", "--memory-reserve"),
     ("`split`", "--split"), ("`v`", "--virtual-stages"), ("`schedule`", "--schedule"),
     ("`latency_s`", "--latency"), ("`intra_bandwidth`", "--intra-node-bandwidth"),
     ("`inter_bandwidth`", "--inter-node-bandwidth"), ("`bandwidth`", "--bandwidth"),

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..data.axes import AXES, SWITCHES, TRAINERS, Axis
 from ..data.cluster import DEFAULT_LINK
+from ..data.overlap import NO_OVERLAP, Overlap
 from ..data.zero import ZERO, ZeroStage
 from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
@@ -42,6 +43,17 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         "(a partly filled last node is refused) send each pipeline hop and all-reduce over the link "
                         "it crosses (intra- or inter-node; docs/cluster-format.md); no message overhead or progress "
                         "delay on GPUs, as with NCCL")
+    p.add_argument("--memory-reserve", type=_reserve, metavar="SIZE",
+                   help="memory each device keeps beside the plan's tensors (CUDA context, NCCL buffers, allocator "
+                        "fragmentation), taken from its memory, or 0 (default: 3GiB of a catalog GPU's own memory; none "
+                        "of a --memory given, nor on CPU ranks; docs/devices.md)")
+    p.add_argument("--overlap", type=_overlap, metavar="WHAT,...",
+                   help="collectives assumed hidden under compute, as the trainers overlap them: fsdp-prefetch "
+                        "(FSDP2's per-layer all-gather and reduce-scatter at pp 1), grad-reduce (the data-parallel "
+                        "gradient reduction under the last backward), async-tp (sequence-parallel collectives "
+                        "pipelined with their matmuls), or none (default: fsdp-prefetch,grad-reduce with a GPU "
+                        "--device, as torchtitan and Megatron-LM run; none on CPU ranks, as autopp run does; "
+                        "docs/parallelism.md#overlap)")
     p.add_argument("--nodes", type=POSITIVE, help="with --device: nodes, so devices = nodes x devices per node")
     p.add_argument("--devices-per-node", type=POSITIVE, metavar="K",
                    help="with --device: devices per node (default: the catalog's, 8 for the GPUs)")
@@ -118,6 +130,25 @@ def _auto_int(text: str) -> int:
     return 0 if text == "auto" else POSITIVE(text)
 
 
+#: --overlap's words and the `Overlap` field each sets.
+_OVERLAPS = {"fsdp-prefetch": "fsdp_prefetch", "grad-reduce": "grad_reduce", "async-tp": "async_tp"}
+
+
+def _overlap(text: str) -> Overlap:
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if words == ["none"]:
+        return NO_OVERLAP
+    bad = [w for w in words if w not in _OVERLAPS]
+    if bad or not words:
+        raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {', '.join(_OVERLAPS)} or none")
+    return Overlap(**{field: word in words for word, field in _OVERLAPS.items()})
+
+
+def _reserve(text: str) -> int:
+    """--memory-reserve: a size, or 0 for none."""
+    return 0 if text.strip() == "0" else memory_size(text)
+
+
 def _zero(text: str) -> ZeroStage | None:
     """--zero STAGE or auto (None)."""
     if text == "auto":
@@ -162,6 +193,9 @@ def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                                    ("--progress-delay", args.progress_delay, "progress_s")):
             if value is not None:
                 raise AutoppError(f"{flag} applies to --devices; with --cluster give each link's {field} in the file")
+        if args.memory_reserve is not None:
+            raise AutoppError("--memory-reserve applies to --device and --devices; with --cluster give each device's "
+                              "memory less its reserve in the file")
         return load_cluster(args.cluster)
     if args.devices is None or args.memory is None:
         raise AutoppError("give --devices N and --memory SIZE, --device NAME (`autopp devices`), or --cluster FILE")
@@ -173,7 +207,12 @@ def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 bandwidth_bytes_per_s=args.bandwidth or base.bandwidth_bytes_per_s,
                 overhead_s=args.message_overhead if args.message_overhead is not None else base.overhead_s,
                 progress_s=args.progress_delay if args.progress_delay is not None else base.progress_s)
-    return Cluster(num_devices=args.devices, memory_bytes=args.memory, link=link)
+    reserve = args.memory_reserve or 0
+    if reserve >= args.memory:
+        raise AutoppError(f"--memory-reserve {reserve / 2**30:.3g} GiB leaves nothing of --memory "
+                          f"{args.memory / 2**30:.3g} GiB: give a smaller --memory-reserve")
+    return Cluster(num_devices=args.devices, memory_bytes=args.memory - reserve, link=link,
+                   memory_reserve_bytes=reserve)
 
 
 def _device_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -186,7 +225,8 @@ def _device_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                               latency_s=args.latency, bandwidth=args.bandwidth, overhead_s=args.message_overhead,
                               progress_s=args.progress_delay)
     return cluster_from_catalog(load_device(args.device), args.devices, nodes=args.nodes,
-                                devices_per_node=args.devices_per_node, memory_bytes=args.memory, overrides=overrides)
+                                devices_per_node=args.devices_per_node, memory_bytes=args.memory, overrides=overrides,
+                                memory_reserve=args.memory_reserve)
 
 
 def _warn_device(args: argparse.Namespace, meta) -> None:  # type: ignore[no-untyped-def]
@@ -238,7 +278,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                           pins=pins, tp_across_nodes=args.tp_across_nodes,
                           recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
                           synthesize=args.synthesize or args.schedule == "auto" and _synthesizes(args.trainer),
-                          synth_time_limit_s=args.synth_time, trainer=args.trainer)
+                          synth_time_limit_s=args.synth_time, trainer=args.trainer, overlap=args.overlap)
     given = None
     if args.profile:
         from ..data.profile import load_profile

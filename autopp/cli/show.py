@@ -58,7 +58,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if isinstance(data, dict) and "grad_rtol" in data:
         return _show_report(path, out)
     plan = load_plan(path)
-    from ..display import format_grid, format_predicted_step
+    from ..display import format_breakdown, format_grid, format_predicted_step
     from ..predict import simulate_plan
     from ..schedule import draw_timeline, write_chrome_trace
     result = simulate_plan(plan)
@@ -67,6 +67,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     headline = format_predicted_step(plan, result.step_time_s)  # the plan's stored figures, as `autopp plan` prints
     draw_timeline(result, out, title=title, headline=headline)
     print(f"wrote timeline {out} ({headline})")
+    if plan.time_breakdown is not None:
+        print(format_breakdown(plan))
     if args.trace:
         write_chrome_trace(result, args.trace)
         print(f"wrote trace {args.trace} (open in chrome://tracing or ui.perfetto.dev)")

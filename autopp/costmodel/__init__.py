@@ -10,15 +10,16 @@ else computes a cost term.
 
 from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,
                     unit_memory)
-from .parallel import (ExpertTable, data_sharded, expert_parallel, group_table, group_terms, replica_terms,
-                       sp_offered, tensor_parallel, check_expert_zero)
-from .terms import (allreduce_time, allreduce_times, comm_times, gradient_allreduce_time, message_overheads, optimizer_time,
-                    progress_delays, send_times, step_end_floor, step_end_time, sync_time, transfer_time)
+from .parallel import (ExpertTable, check_expert_zero, data_sharded, expert_parallel, fsdp_outside_pipeline,
+                       group_table, group_terms, replica_terms, sp_offered, tensor_parallel)
+from .terms import (allreduce_time, allreduce_times, comm_times, exposed_sync_time, gradient_allreduce_time,
+                    message_overheads, optimizer_time, progress_delays, rank_sync_times, send_times, step_end_floor,
+                    step_end_time, sync_time, transfer_time)
 from .units import ProfileTable, TpComm, UnitArrays, unit_arrays
 
 __all__ = ["UnitArrays", "TpComm", "ProfileTable", "unit_arrays", "group_table", "group_terms", "replica_terms",
-           "tensor_parallel", "data_sharded", "ExpertTable", "expert_parallel", "sp_offered",
-           "check_expert_zero",
+           "tensor_parallel", "data_sharded", "fsdp_outside_pipeline", "exposed_sync_time", "rank_sync_times",
+           "ExpertTable", "expert_parallel", "sp_offered", "check_expert_zero",
            "allreduce_times", "sync_time", "stage_speeds", "stage_costs",
            "memory_prefix", "unit_memory", "stage_transient", "ideal_step_time", "transfer_time", "send_times",
            "comm_times",

@@ -36,6 +36,10 @@ facts checked in docs/parallelism.md). Per unit with parameter, gradient and opt
            resharding it), and an all-gather of P before each forward (charged to F, not to the recomputed forward,
            whose gather is the one the backward needs anyway: m + 1 per step, counted on gloo), reduce-scatter of G +
            all-gather of P per step. Under torch's pipelining it only adds communication.
+  stage 3 at pp 1 (`UnitView.fsdp`): FSDP2 without a pipeline, as torchtitan runs pure FSDP: (P + G + O) / d, each
+           unit gathered for its forward and its backward and reduce-scattered after its backward, every microbatch,
+           under the neighbouring units' compute with FSDP2's prefetch (`fsdp_outside_pipeline`); nothing at the
+           step's end.
 The optimizer steps only its shard when stage >= 1: its time is divided by d. A reduce-scatter or all-gather costs
 half the all-reduce of the same bytes (`terms.half_collective`).
 
@@ -80,7 +84,7 @@ from .terms import allreduce_times, half_collective
 from .units import ExpertBytes, ProfileTable, UnitArrays
 
 __all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded", "ExpertTable",
-           "expert_parallel", "sp_offered", "check_expert_zero"]
+           "expert_parallel", "sp_offered", "check_expert_zero", "fsdp_outside_pipeline"]
 
 
 def sp_offered(profile: Profile) -> bool:
@@ -168,8 +172,22 @@ def tensor_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
     latency = 2 * (tp - 1) * link.latency_s
     forward = 2 * ring * comm.forward_allreduce + ring * comm.forward_allgather + latency * comm.forward_count
     backward = 2 * ring * comm.backward_allreduce + latency * comm.backward_count
-    return replace(a, forward=a.forward + forward, recompute=a.recompute + forward,
-                   backward_input=a.backward_input + backward, backward=a.backward + backward)
+    exposed_f, exposed_b = forward, backward
+    if a.overlap.async_tp and view.sp:
+        exposed_f, exposed_b = _async_tp(forward, a.forward, tp), _async_tp(backward, a.backward_input, tp)
+    return replace(a, forward=a.forward + exposed_f, recompute=a.recompute + exposed_f,
+                   backward_input=a.backward_input + exposed_b, backward=a.backward + exposed_b,
+                   tp_seconds=(forward + backward, exposed_f + exposed_b))
+
+
+def _async_tp(comm: np.ndarray, compute: np.ndarray, tp: int) -> np.ndarray:
+    """What async TP leaves exposed of `comm` seconds of sequence-parallel collectives beside `compute` seconds of
+    the matmuls they feed: the micro-pipeline splits each collective into tp chunks and hides all but the first
+    under the matmuls on the other chunks (torch's `_micro_pipeline_tp` fusion of all-gather + matmul and matmul +
+    reduce-scatter; Wang et al., "Overlap Communication with Dependent Computation via Decomposition", ASPLOS'23),
+    so comm / tp, plus whatever of the rest the compute cannot cover."""
+    first = comm / tp
+    return first + np.maximum(0.0, comm - first - compute)
 
 
 def expert_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
@@ -195,23 +213,28 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
     check_expert_zero(zero, view.ep)
     p, g, e = a.params, a.grads, a.expert
     o = a.static - p - g
+    optimizer = None if a.optimizer is None else a.optimizer / d
+    if view.fsdp:
+        return replace(fsdp_outside_pipeline(a, half_collective(reduce_time(p)), half_collective(reduce_time(g))),
+                       static=np.round((p + g + o) / d), optimizer=optimizer, zero=zero)
     static = _shard(p, g, o, d, zero)
     if e is not None:  # the expert bytes: out of the dense shard, into their own replicas' one
         dense = _shard(p - e.params, g - e.sync_weight * e.grads, o - e.optimizer - (1 - e.sync_weight) * e.grads, d,
                        zero)
         static = dense + _shard(e.params, e.grads, e.optimizer, e.replicas, zero)
+    comm = np.zeros(a.n)
     if zero.gathers_each_forward:
         gather = half_collective(reduce_time(p))
-        a = replace(a, forward=a.forward + gather)
+        a, comm = replace(a, forward=a.forward + gather), comm + gather
     if zero.scatters_each_microbatch:
         scatter = half_collective(reduce_time(g))
         a = replace(a, backward_weight=a.backward_weight + scatter, backward=a.backward + scatter)
-    optimizer = None if a.optimizer is None else a.optimizer / d
+        comm = comm + scatter
     if e is not None and a.optimizer is not None:  # the step's share of the experts: over their replicas
         mine = g + (1 - e.sync_weight) * e.grads
         part = np.divide(e.grads, mine, out=np.zeros(len(mine)), where=mine > 0)
         optimizer = a.optimizer * ((1 - part) / d + part / e.replicas)
-    return replace(a, static=np.round(static), optimizer=optimizer, zero=zero)
+    return replace(a, static=np.round(static), optimizer=optimizer, zero=zero, zero_seconds=(comm, comm))
 
 
 def _shard(p: np.ndarray, g: np.ndarray, o: np.ndarray, d: int, zero: ZeroStage) -> np.ndarray:
@@ -225,3 +248,40 @@ def check_expert_zero(zero: ZeroStage, ep: int) -> None:
         raise LayoutError(f"`zero` {zero.stage} with `ep` {ep}: autopp plans expert parallelism with ZeRO 0, 1 or 2 "
                           "(the dense and the expert bytes each sharded over their own data-parallel ranks); "
                           "re-plan with `zero` 1")
+
+
+def fsdp_outside_pipeline(a: UnitArrays, gather: np.ndarray, scatter: np.ndarray) -> UnitArrays:
+    """`a` run by FSDP2 with one module per unit outside a pipeline (pp 1, `UnitView.fsdp`; module docstring's
+    stage 3 is the pipelined case): `gather`, `scatter` are each unit's all-gather of its parameters and
+    reduce-scatter of its gradients, per microbatch. Unit u's parameters are gathered before its forward and again
+    before its backward (resharded after the forward), its gradients reduce-scattered after its backward, every
+    microbatch (FSDP2 reduces each backward unless told not to; torchtitan does not).
+
+    Memory: beside the shards (static / d, set by the caller), a unit's working memory holds its gathered
+    parameters and the prefetched neighbour's, its unsharded gradients and the previous unit's still being
+    reduce-scattered: p_u + max(p_u-1, p_u+1) + g_u + g_u+1 on top of its own transient.
+
+    Time, with `a.overlap.fsdp_prefetch` (FSDP2's implicit prefetch; torchtitan docs/fsdp.md): the forward of unit
+    u runs while unit u + 1's parameters are gathered, max(F_u, AG_u+1), the first gather exposed; the backward (units
+    in reverse) of unit u runs while unit u - 1's parameters are gathered and unit u + 1's gradients are
+    reduce-scattered, max(B_u, AG_u-1 + RS_u+1), the last unit's gather and the first unit's scatter exposed. One
+    collective stream per direction, as NCCL runs FSDP2's all-gather and reduce-scatter streams. The recomputed
+    forward of a recomputing unit runs on the backward's gathered parameters: no gather of its own. Without the
+    prefetch every collective is on the critical path."""
+    zeros = np.zeros(1)
+    if a.overlap.fsdp_prefetch:
+        forward = np.maximum(a.forward, np.concatenate((gather[1:], zeros)))
+        forward[0] += gather[0]
+        behind = np.concatenate((zeros, gather[:-1])) + np.concatenate((scatter[1:], zeros))
+        backward = np.maximum(a.backward, behind)
+        backward[-1] += gather[-1]
+        backward[0] += scatter[0]
+    else:
+        forward, backward = a.forward + gather, a.backward + gather + scatter
+    extra = backward - a.backward  # charged to W, where the gradients are made
+    neighbour = np.maximum(np.concatenate((zeros, a.params[:-1])), np.concatenate((a.params[1:], zeros)))
+    held = a.params + neighbour + a.grads + np.concatenate((a.grads[1:], zeros))
+    exposed = forward - a.forward + extra
+    return replace(a, forward=forward, backward=backward, backward_weight=a.backward_weight + extra,
+                   transient=np.round(a.transient_bytes() + held), fsdp=True,
+                   zero_seconds=(2 * gather + scatter, exposed))

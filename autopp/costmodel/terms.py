@@ -13,7 +13,8 @@ from ..data.zero import ZeroStage
 from .units import UnitArrays
 
 __all__ = ["transfer_time", "send_times", "comm_times", "message_overheads", "progress_delays", "allreduce_time",
-           "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "optimizer_time",
+           "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "rank_sync_times",
+           "exposed_sync_time", "optimizer_time",
            "step_end_time", "step_end_floor"]
 
 _Bytes = TypeVar("_Bytes", float, np.ndarray)
@@ -132,12 +133,37 @@ def gradient_allreduce_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], ow
     """The slowest pipeline rank's synchronisation of its stages' gradients (and, under a sharding ZeRO stage
     `a.zero`, parameters: `sync_time`) over the layout's gradient-synchronisation ranks (`Layout.sync`; ranks
     synchronise in parallel)."""
+    return max(rank_sync_times(a, bounds, owner, layout, cluster))
+
+
+def rank_sync_times(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], layout: Layout,
+                    cluster: Cluster) -> list[float]:
+    """Per pipeline rank, `sync_time` of its stages' gradients and parameters (all 0 when ZeRO runs as FSDP2
+    outside a pipeline, `UnitArrays.fsdp`: its collectives are per unit inside F and B)."""
     grads, params = [0.0] * (max(owner) + 1), [0.0] * (max(owner) + 1)
+    if a.fsdp:
+        return grads
     for (i, j), r in zip(bounds, owner):
         grads[r] += float(a.grads[i:j].sum())
         params[r] += float(a.params[i:j].sum())
-    return max(sync_time(g, p, a.zero, layout.sync, cluster, r, layout.sync_per_group)
-               for r, (g, p) in enumerate(zip(grads, params)))
+    return [sync_time(g, p, a.zero, layout.sync, cluster, r, layout.sync_per_group)
+            for r, (g, p) in enumerate(zip(grads, params))]
+
+
+def exposed_sync_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], layout: Layout,
+                      cluster: Cluster, speeds: Sequence[float]) -> float:
+    """The part of the slowest rank's step-end synchronisation on the critical path. With `a.overlap.grad_reduce`
+    (autopp.data.overlap: DDP's and FSDP2's bucketed reduction, Megatron-LM's `--overlap-grad-reduce`) a rank's
+    reduction starts while its last microbatch's backward runs (its stages' B, at their speeds) and only what
+    exceeds that backward is exposed: max_r max(0, sync_r - B_r). An assumption on the safe side: a rank that
+    finishes its pipeline early (its bubble) hides no more than that. Without the overlap, max_r sync_r."""
+    syncs = rank_sync_times(a, bounds, owner, layout, cluster)
+    if not a.overlap.grad_reduce:
+        return max(syncs)
+    window = [0.0] * len(syncs)
+    for k, ((i, j), r) in enumerate(zip(bounds, owner)):
+        window[r] += float(a.backward[i:j].sum()) / speeds[k]
+    return max(max(0.0, s - w) for s, w in zip(syncs, window))
 
 
 def optimizer_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int],
@@ -157,13 +183,23 @@ def step_end_time(a: UnitArrays, cluster: Cluster, bounds: Sequence[tuple[int, i
     """What a step adds after its pipeline drains, per term: (the slowest rank's gradient synchronisation over the
     layout's `sync` ranks, the slowest rank's optimizer step). The judge and the search's estimate add both to the
     pipeline's time; a new per-step term goes here and into `step_end_floor`, reading its degrees from `layout`."""
-    return gradient_allreduce_time(a, bounds, owner, layout, cluster), optimizer_time(a, bounds, owner, speeds)
+    return exposed_sync_time(a, bounds, owner, layout, cluster, speeds), optimizer_time(a, bounds, owner, speeds)
 
 
 def step_end_floor(a: UnitArrays, cluster: Cluster, layout: Layout) -> float:
     """A lower bound of `sum(step_end_time(...))` valid for every split into stages on the layout's pp ranks: some
     rank holds at least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded
     by 0); on a cluster of nodes, with the cheapest rank's group."""
+    if a.fsdp:
+        return 0.0
+    floor = _sync_floor(a, cluster, layout)
+    if a.overlap.grad_reduce:  # no rank's last backward hides more than one microbatch's whole backward
+        floor -= float(a.backward.sum()) / min(cluster.device(r).speed for r in range(layout.pp))
+    return max(0.0, floor)
+
+
+def _sync_floor(a: UnitArrays, cluster: Cluster, layout: Layout) -> float:
+    """`step_end_floor` without overlap: the slowest rank's synchronisation over every split."""
     pp = layout.pp
     ranks = range(pp) if cluster.nodes is not None else range(1)
     g, p = float(a.grads.sum()) / pp, float(a.params.sum()) / pp

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..data.overlap import NO_OVERLAP, Overlap
 from ..data.profile import Profile, ValueAction
 from ..data.zero import NO_ZERO, ZeroStage
 from ..errors import ProfileError
@@ -102,6 +103,19 @@ class UnitArrays:
     expert: ExpertBytes | None = None
     """Per unit, its expert bytes on one rank (None: ep 1), which `autopp.costmodel.parallel.data_sharded` shards
     over their own data-parallel group."""
+    overlap: Overlap = NO_OVERLAP
+    """The collectives the request hides under compute (`PlanRequest.overlap`; autopp.data.overlap), stamped by the
+    search's views: the per-unit terms already hold its effect; the step's end (`terms.step_end_time`) reads
+    `grad_reduce`."""
+    fsdp: bool = False
+    """ZeRO runs as FSDP2 outside a pipeline (pp 1, resharding after forward: `autopp.costmodel.parallel`): its
+    all-gathers and reduce-scatters are per unit inside F and B, and nothing is left for the step's end."""
+    tp_seconds: tuple[np.ndarray, np.ndarray] | None = None
+    """Per unit, one microbatch's tensor-parallel collective seconds (F + B) and the part of them on the critical
+    path (all of it unless async TP hides some), already in the times: the plan's time breakdown reads them."""
+    zero_seconds: tuple[np.ndarray, np.ndarray] | None = None
+    """Per unit, one microbatch's ZeRO collective seconds inside F and B (stage 3's gathers, stage 2's scatters,
+    FSDP2's at pp 1) and the part of them on the critical path, already in the times."""
 
     def transient_bytes(self) -> np.ndarray:
         """`transient`, zeros when the profile had no peak data."""

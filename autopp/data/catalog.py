@@ -19,7 +19,17 @@ from .cluster import NCCL_COSTS, Cluster, Link, Nodes, hierarchical_cluster, par
 from .fields import Fields
 
 __all__ = ["DeviceLink", "DeviceSpec", "LinkOverrides", "DTYPES", "load_device", "device_names", "identify_device",
-           "cluster_from_catalog", "device_mismatch", "planned_device"]
+           "cluster_from_catalog", "device_mismatch", "planned_device", "GPU_MEMORY_RESERVE"]
+
+#: Memory a GPU of the catalog keeps from the plan (`DeviceSpec.memory_reserve_bytes`): what a training process
+#: holds beside its tensors. About 0.5 GiB of CUDA context, kernels and cuBLAS workspaces (with CUDA's lazy module
+#: loading, the default since CUDA 11.7; torch docs "CUDA semantics": the context "can take up to a few hundred MiB"
+#: before any tensor), about 1 GiB of NCCL buffers (NCCL docs, NCCL_BUFFSIZE: 4 MiB per channel and peer, for each of
+#: a run's communicators: pipeline, data-parallel and tensor-parallel groups), and about 1.5 GiB (2 % of an 80 GB
+#: device) lost to the caching allocator's block rounding and fragmentation (torch docs "CUDA semantics", memory
+#: management: reserved above allocated). An estimate to be replaced by a measurement on a lent device; `autopp plan
+#: --memory-reserve` changes it. CPU ranks (`memory_shared`) keep none: their plans stay as before the reserve.
+GPU_MEMORY_RESERVE = 3 * 2**30
 
 #: The dtype names a device's `peak_flops` may have (torch's names, but "tf32": float32 matmuls on tensor cores).
 DTYPES = ("float32", "tf32", "bfloat16", "float16", "float8")
@@ -109,6 +119,11 @@ class DeviceSpec:
         if bad:
             raise ValueError(f"device {self.name!r}: peak FLOP/s must be finite and > 0, got {bad}")
 
+    @property
+    def memory_reserve_bytes(self) -> int:
+        """Memory a process on this device keeps from the plan: `GPU_MEMORY_RESERVE` on a GPU, 0 on CPU ranks."""
+        return 0 if self.memory_shared else GPU_MEMORY_RESERVE
+
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype` (a DTYPES name, or torch's "torch.bfloat16")."""
         key = dtype.removeprefix("torch.")
@@ -169,28 +184,37 @@ def planned_device(cluster: Cluster, profile_device: str, analytic_device: str |
 
 def cluster_from_catalog(spec: DeviceSpec, devices: int | None = None, *, nodes: int | None = None,
                          devices_per_node: int | None = None, memory_bytes: int | None = None,
-                         overrides: LinkOverrides = LinkOverrides()) -> Cluster:
+                         overrides: LinkOverrides = LinkOverrides(), memory_reserve: int | None = None) -> Cluster:
     """`devices` of `spec` (or `nodes` x devices per node), with the catalog's memory and links unless given. All in
     one node: a flat Cluster on the intra-node link. Whole nodes: a cluster of nodes (`Cluster.nodes`): each pipeline
     hop and all-reduce on the link it crosses. A partly filled last node is refused (AutoppError suggesting whole
-    nodes): no cluster of nodes models it, and a flat one would price every hop alike."""
+    nodes): no cluster of nodes models it, and a flat one would price every hop alike. Each device's memory is less
+    `memory_reserve` (None: the device's `memory_reserve_bytes` of the catalog's memory, none of a `memory_bytes`
+    given, which is what the plan may use), recorded as `Cluster.memory_reserve_bytes`."""
     per_node = devices_per_node or spec.devices_per_node
     count = _device_count(spec, devices, nodes, per_node)
     intra = _with(spec.intra_node_link.link, overrides, overrides.intra_bandwidth)
     inter = _with(spec.inter_node_link.link, overrides, overrides.inter_bandwidth)
     memory = memory_bytes or (spec.memory_bytes // min(count, per_node) if spec.memory_shared else spec.memory_bytes)
     host = 0.0 if spec.host_link is None or spec.memory_shared else spec.host_link.link.bandwidth_bytes_per_s
+    default = spec.memory_reserve_bytes if memory_bytes is None else 0  # a memory given is what the plan may use
+    reserve = default if memory_reserve is None else memory_reserve
+    if reserve >= memory:
+        raise AutoppError(f"a memory reserve of {reserve / 2**30:.3g} GiB leaves nothing of the {memory / 2**30:.3g} "
+                          f"GiB per {spec.name}: give a smaller `memory_reserve`")
+    memory -= reserve
     try:
         if count <= per_node:
             flat = replace(intra, bandwidth_bytes_per_s=overrides.bandwidth or intra.bandwidth_bytes_per_s,
                            latency_s=intra.latency_s if overrides.latency_s is None else overrides.latency_s)
             return Cluster(num_devices=count, memory_bytes=memory, link=flat, device_kind=spec.name,
-                           host_bandwidth=host)
+                           host_bandwidth=host, memory_reserve_bytes=reserve)
         if overrides.latency_s is not None or overrides.bandwidth:
             raise AutoppError(f"`latency_s`/`bandwidth` set the one link of a flat cluster; {count} devices span "
                               f"{-(-count // per_node)} nodes: give `intra_bandwidth` / `inter_bandwidth`")
         return replace(hierarchical_cluster(Nodes(count=count // per_node, devices_per_node=per_node, intra=intra,
-                                                  inter=inter, device=spec.name), memory), host_bandwidth=host)
+                                                  inter=inter, device=spec.name), memory), host_bandwidth=host,
+                       memory_reserve_bytes=reserve)
     except ValueError as exc:
         raise AutoppError(f"device {spec.name!r}: {exc}") from None
 

@@ -182,6 +182,9 @@ class Cluster:
     host_bandwidth: float = 0.0
     """Bytes/s per direction between one device and host memory (the catalog's `host_link`: PCIe, NVLink-C2C); 0:
     none known, or the device's memory is the host's (CPU ranks), and activation offload is not offered."""
+    memory_reserve_bytes: int = 0
+    """What each device keeps beside the plan's tensors (CUDA context, NCCL buffers, fragmentation:
+    `catalog.GPU_MEMORY_RESERVE`), already taken from `memory_bytes`; recorded for the plan's notes."""
 
     def __post_init__(self) -> None:
         self._check_nodes()

@@ -160,9 +160,19 @@ class Layout:
 
     def unit_view(self) -> UnitView:
         """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size)."""
-        return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=self.sync if not self.zero.replicated else 1,
-                        zero=self.zero if self.dp > 1 else NO_ZERO, sp=self.sp,
+        sync = self.sync if not self.zero.replicated else 1
+        return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=sync, zero=self.zero if self.dp > 1 else NO_ZERO,
+                        sp=self.sp, fsdp=self.fsdp,
                         ep_replicas=self.dp // self.ep if self.ep > 1 else 1)
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether the ZeRO stage runs as FSDP2 outside a pipeline: pp 1 and a stage that reshards after forward
+        (3), sharded over more than one rank. FSDP2 then reshards each unit after its forward and after its
+        backward and reduce-scatters every microbatch's gradients, as torchtitan's FSDP runs; under torch's
+        pipelining (pp > 1) the stage keeps parameters gathered and gradients whole until the last microbatch
+        (autopp.costmodel.parallel)."""
+        return self.pp == 1 and bool(self.zero.fsdp_reshard_after_forward) and self.sync > 1
 
     def describe(self, sep: str = " x ") -> str:
         """The degrees as messages print them: "pp(2) x dp(2) x tp(2)", degrees of 1 beyond pp and dp left out;
@@ -240,6 +250,8 @@ class UnitView(NamedTuple):
     ep_replicas: int = 1
     """With ep > 1, the data-parallel ranks holding the same experts (dp / ep), over which their gradients are
     averaged; 1 without expert parallelism."""
+    fsdp: bool = False
+    """ZeRO as FSDP2 outside a pipeline (`Layout.fsdp`)."""
 
     @property
     def group(self) -> int:
@@ -258,7 +270,7 @@ class UnitView(NamedTuple):
 
     def local(self) -> UnitView:
         """The view of one group of devices alone (no ZeRO sharding): what `sharded` views are computed from."""
-        return self._replace(sync=1, zero=NO_ZERO)
+        return self._replace(sync=1, zero=NO_ZERO, fsdp=False)
 
 
 #: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each (their

@@ -13,6 +13,7 @@ from ..relpaths import resolved_path, stored_path
 from ..schedule.actions import Action
 from ..schedule.activation import FIGURED, Activation, Figures, figure_keys
 from ..schedule.descriptors import ScheduleName, describe
+from .breakdown import TimeBreakdown, breakdown_of
 from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
 from .plan_fields import FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order
@@ -154,6 +155,9 @@ class Plan:
     """The profile's parameter and activation dtype ("bfloat16": mixed precision with fp32 master weights and
     optimizer state, as the profile counted them; "float32"), which the exports write as the trainer's precision
     recipe. None in older plans and plans of the Python API; written to JSON only when known."""
+    time_breakdown: TimeBreakdown | None = None
+    """Where the predicted step's time goes (autopp.data.breakdown); None in plans that predate it and hand-built
+    ones; written to JSON only when known."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -207,8 +211,10 @@ class Plan:
             del data["device_order"]  # plans without one stay as they were written before the field existed
         # fields a plan may not know (a model file's hf_config, the API's profile_path, older plans' device and
         # optimizer) are written only when known: plans without them stay as they were written before them
-        data = {k: v for k, v in data.items() if v or k not in ("hf_config", "profile_path", "device", "optimizer",
-                                                                      "dtype")}
+        data = {k: v for k, v in data.items()
+                if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown")}
+        if self.time_breakdown is not None:
+            data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
         data["stages"] = [{**{k: v for k, v in {**st, **_figure_fields(s.own)}.items()
@@ -240,6 +246,8 @@ class Plan:
         f.at("predicted").record(data["predicted"], Prediction)
         check_fields(data, f, Prediction)
         order = custom_order(data.get("custom_order", []), f)
+        given = data.get("time_breakdown")
+        breakdown = None if given is None else breakdown_of(given, f.at("time_breakdown"))
         try:
             stages = tuple(StagePlan(**{**{k: v for k, v in s.items() if k not in FIGURE_FIELDS},
                                         "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
@@ -252,7 +260,7 @@ class Plan:
                            "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
                            "notes": tuple(data.get("notes", ())),
                            "custom_order": order,
-                           "device_order": tuple(data.get("device_order", ()))})
+                           "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown})
             _check_consistent(plan)
             return plan
         except (PlanError, LayoutError) as exc:  # LayoutError: the layout's fields do not add up

@@ -68,9 +68,9 @@ def _zero_arrays() -> tuple:
 def test_zero_static_bytes_follow_the_stage(zero: int) -> None:
     a, p, g, o = _zero_arrays()
     reduce = lambda s: s / 1e9  # noqa: E731
-    out = data_sharded(a, Layout(dp=4, zero=ZERO[zero]).unit_view(), reduce)
-    # stage 3 holds as much as stage 1 at the peak under torch's pipelining (parameters stay gathered after a
-    # backward until the next forward)
+    out = data_sharded(a, Layout(pp=2, dp=4, zero=ZERO[zero]).unit_view(), reduce)
+    # stage 3 holds as much as stage 1 at the peak under torch's pipelining (pp > 1: parameters stay gathered after
+    # a backward until the next forward)
     expected = {0: p + g + o, 1: p + p / 4 + g + o / 4, 2: p + p / 4 + g / 4 + o / 4, 3: p + p / 4 + g + o / 4}[zero]
     assert np.allclose(out.static, np.round(expected)) and out.zero == ZERO[zero]
     assert np.allclose(out.optimizer, a.optimizer / (4 if zero else 1))
@@ -249,3 +249,64 @@ def test_zero_beside_ep_shards_dense_bytes_over_dp_and_expert_bytes_over_their_r
     with pytest.raises(LayoutError, match=r"^`zero` 3 with `ep` 2: .*re-plan with `zero` 1$"):
         view3 = Layout(dp=4, ep=2, zero=ZERO[3]).unit_view()
         data_sharded(group_table(profile, view3).arrays(2), view3, lambda s: s * 0.0)
+
+
+def _fsdp_arrays() -> tuple:
+    a = arrays([1.0, 1.0, 1.0], static=[16.0, 32.0, 16.0], grads=[4.0, 8.0, 4.0])
+    return a, np.array([0.5, 3.0, 0.5]), np.array([0.25, 0.5, 0.25])
+
+
+def test_fsdp_at_pp_1_shards_everything_and_holds_one_unit_and_its_neighbour_gathered() -> None:
+    """Issue 25 item 3: with pp 1 ZeRO 3 is FSDP2 resharding after forward: static bytes all / d, the working
+    memory a unit's gathered parameters and its neighbour's, its gradients and the next unit's being scattered."""
+    a, p, g = _zero_arrays()[0], _zero_arrays()[1], _zero_arrays()[2]
+    view = Layout(pp=1, dp=4, zero=ZERO[3]).unit_view()
+    assert view.fsdp and not Layout(pp=2, dp=4, zero=ZERO[3]).unit_view().fsdp
+    assert not Layout(pp=1, dp=4, zero=ZERO[1]).unit_view().fsdp
+    out = data_sharded(a, view, lambda s: s / 1e9)
+    assert out.fsdp and np.allclose(out.static, np.round(a.static / 4))
+    # units 0 and 1: p0 + p1 (the neighbour) + g0 + g1, and p1 + p0 + g1 (no unit after it)
+    assert np.allclose(out.transient_bytes(), [p[0] + p[1] + g[0] + g[1], p[1] + p[0] + g[1]])
+
+
+def test_fsdp_prefetch_hides_each_gather_and_scatter_under_the_neighbours_compute() -> None:
+    from autopp.costmodel import fsdp_outside_pipeline
+    from autopp.data.overlap import NO_OVERLAP, TRAINER_OVERLAP
+    a, gather, scatter = _fsdp_arrays()
+    hidden = fsdp_outside_pipeline(replace(a, overlap=TRAINER_OVERLAP), gather, scatter)
+    # forward of u under the gather of u + 1, the first gather exposed: max(1, 3) + 0.5, max(1, 0.5), 1
+    assert np.allclose(hidden.forward, [3.5, 1.0, 1.0])
+    # backward (B = 2) of u under the gather of u - 1 and the scatter of u + 1; unit 0's scatter and the last
+    # unit's gather exposed: max(2, 0 + 0.5) + 0.25, max(2, 0.5 + 0.25), max(2, 3 + 0) + 0.5
+    assert np.allclose(hidden.backward, [2.25, 2.0, 3.5])
+    assert np.allclose(hidden.backward_weight - a.backward_weight, hidden.backward - a.backward)
+    assert np.array_equal(hidden.recompute, a.recompute)  # the recomputed forward uses the backward's gather
+    total, exposed = hidden.zero_seconds  # type: ignore[misc]
+    assert np.allclose(total, 2 * gather + scatter) and np.allclose(exposed.sum(), 2.5 + 0.25 + 1.5)
+    exposed_all = fsdp_outside_pipeline(replace(a, overlap=NO_OVERLAP), gather, scatter)
+    assert np.allclose(exposed_all.forward, a.forward + gather)
+    assert np.allclose(exposed_all.backward, a.backward + gather + scatter)
+    assert np.allclose(exposed_all.zero_seconds[1], exposed_all.zero_seconds[0])  # type: ignore[index]
+
+
+def test_fsdp_at_pp_1_leaves_nothing_for_the_steps_end() -> None:
+    a, *_ = _zero_arrays()
+    out = data_sharded(a, Layout(pp=1, dp=4, zero=ZERO[3]).unit_view(), lambda s: s / 1e9)
+    layout = Layout(pp=1, dp=4, zero=ZERO[3])
+    assert gradient_allreduce_time(out, [(0, 2)], [0], layout, FLAT) == 0.0
+    assert step_end_floor(out, FLAT, layout) == 0.0
+
+
+def test_async_tp_leaves_the_first_chunk_and_what_the_compute_cannot_cover() -> None:
+    from autopp.data.overlap import Overlap
+    a = replace(arrays([1.0, 1e-4], static=[10, 10]), tp_comm=_comm(2, 4e6, 2e6, 1e6))
+    plain = tensor_parallel(a, Layout(tp=4, sp=True).unit_view(), LINK)
+    fast = tensor_parallel(replace(a, overlap=Overlap(async_tp=True)), Layout(tp=4, sp=True).unit_view(), LINK)
+    comm = plain.forward - a.forward
+    assert np.allclose(fast.forward - a.forward, comm / 4 + np.maximum(0, comm * 3 / 4 - a.forward))
+    assert fast.forward[0] < plain.forward[0] and fast.forward[1] > a.forward[1] + comm[1] * 3 / 4
+    total, exposed = fast.tp_seconds  # type: ignore[misc]
+    assert np.allclose(total, plain.tp_seconds[0]) and np.all(exposed < total)  # type: ignore[index]
+    # without sequence parallelism there is nothing for it to decompose
+    no_sp = tensor_parallel(replace(a, overlap=Overlap(async_tp=True)), Layout(tp=4).unit_view(), LINK)
+    assert np.array_equal(no_sp.forward, plain.forward)

@@ -167,3 +167,27 @@ def test_step_end_floor_bounds_step_end_time_for_every_split(seed: int) -> None:
         allreduce, optimizer = step_end_time(a, cluster, bounds, list(range(pp)), layout, [1.0] * pp)
         assert floor <= allreduce + optimizer, (bounds, floor, allreduce, optimizer)
         assert allreduce == gradient_allreduce_time(a, bounds, list(range(pp)), layout, cluster)
+
+
+def test_overlapped_gradient_reduction_exposes_only_what_outlasts_the_ranks_last_backward() -> None:
+    """Issue 25 item 4: with `grad_reduce` a rank's reduction runs under its last microbatch's backward (its stages'
+    B); the step's end is what exceeds it, never below 0, and `step_end_floor` stays a bound."""
+    from dataclasses import replace as _replace
+
+    from autopp.costmodel import exposed_sync_time, gradient_allreduce_time, step_end_floor
+    from autopp.data.cluster import Cluster, Link
+    from autopp.data.layout import Layout
+    from autopp.data.overlap import Overlap
+    from .arrays import arrays as _arrays
+    cluster = Cluster(num_devices=4, memory_bytes=2**30, link=Link(latency_s=1e-5, bandwidth_bytes_per_s=1e8))
+    layout = Layout(pp=2, dp=2)
+    a = _arrays([1e-3, 1e-3, 1e-3, 1e-3], static=[4e6] * 4, grads=[4e6] * 4)
+    bounds, owner = [(0, 2), (2, 4)], [0, 1]
+    full = gradient_allreduce_time(a, bounds, owner, layout, cluster)
+    assert exposed_sync_time(a, bounds, owner, layout, cluster, [1.0, 1.0]) == pytest.approx(full)
+    on = _replace(a, overlap=Overlap(grad_reduce=True))
+    window = float(a.backward[0:2].sum())  # each rank's stage: 2 units of B = 2 ms
+    assert exposed_sync_time(on, bounds, owner, layout, cluster, [1.0, 1.0]) == pytest.approx(full - window)
+    slow = _replace(on, backward=on.backward * 1e3)
+    assert exposed_sync_time(slow, bounds, owner, layout, cluster, [1.0, 1.0]) == 0.0
+    assert step_end_floor(on, cluster, layout) <= exposed_sync_time(on, bounds, owner, layout, cluster, [1.0, 1.0])

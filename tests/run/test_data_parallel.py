@@ -53,3 +53,14 @@ def test_the_sync_mesh_is_dp_or_dp_and_cp_flattened(fake_world: Callable[[int], 
     mesh = init_device_mesh("cpu", with_cp.shape, mesh_dim_names=with_cp.mesh_axes)
     flat = sync_mesh(mesh, with_cp)
     assert flat.ndim == 1 and flat.size() == with_cp.sync == 4
+
+
+@pytest.mark.integration
+def test_gpt_pp1_dp2_zero3_the_pure_fsdp_layout_matches_one_process(tmp_path: Path) -> None:
+    """Issue 25 item 3: pure FSDP (pp 1, ZeRO 3), which the planner costs as FSDP2 resharding after forward, runs on
+    2 gloo ranks (one stage each, FSDP2 over both) and matches one process."""
+    plan = pipeline_plan(GPT, [], layout=Layout(pp=1, dp=2, zero=ZERO[3]), num_microbatches=1)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=600, work_dir=tmp_path))
+    assert report.passed and (report.layout.pp, report.layout.zero, report.num_ranks) == (1, ZERO[3], 2)
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL and len(report.losses) == 2
+    assert len(_rank_lines(tmp_path, "ZeRO 3 over 2 ranks: fully_shard(reshard_after_forward=True)")) == 2

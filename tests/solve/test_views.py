@@ -49,8 +49,10 @@ def test_views_add_the_collectives_and_shard_the_bytes(profile) -> None:  # type
     assert np.allclose(tp2.params, whole.params // 2, rtol=1e-6)
     z1 = views.arrays(1, Layout(tp=2, zero=ZERO[1], dp=4))
     assert np.all(z1.static < tp2.static) and z1.zero is ZERO[1]  # the optimizer state sharded
-    z3 = views.arrays(1, Layout(tp=2, zero=ZERO[3], dp=4))
+    z3 = views.arrays(1, Layout(pp=2, tp=2, zero=ZERO[3], dp=4))  # under torch's pipelining
     assert np.array_equal(z3.static, z1.static) and np.all(z3.forward > z1.forward)
+    fsdp = views.arrays(1, Layout(pp=1, tp=2, zero=ZERO[3], dp=4))  # FSDP2 outside a pipeline: everything sharded
+    assert fsdp.fsdp and np.all(fsdp.static < z3.static) and np.all(fsdp.transient_bytes() > z3.transient_bytes())
     # what the unit costs do not depend on: the pipeline degree, and replicas that shard nothing
     assert views.arrays(1, Layout(pp=2, dp=4, tp=2)) is tp2 and views.arrays(1, Layout(pp=4, v=2, dp=2)) is whole
     assert views.arrays(1, Layout(pp=1, tp=2, zero=ZERO[1], dp=4)) is z1
@@ -64,7 +66,8 @@ def test_views_are_the_cost_models_group_then_replica_terms(profile) -> None:  #
     req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(tp=None, dp=None, zero=None))
     layout = Layout(pp=1, dp=4, tp=2, zero=ZERO[3])
     view = layout.unit_view()
-    group = group_terms(ProfileTable(profile, 2).arrays(1), view.local(), req.cluster)
+    own = replace(ProfileTable(profile, 2).arrays(1), overlap=req.assumed_overlap)  # the request's overlap
+    group = group_terms(own, view.local(), req.cluster)
     expected = replica_terms(group, view, req.view(layout.group).cluster)
     got = Views(profile, req).arrays(1, layout)
     for name in ("forward", "backward", "backward_input", "backward_weight", "static", "optimizer"):

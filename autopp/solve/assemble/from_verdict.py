@@ -6,12 +6,16 @@ from typing import TYPE_CHECKING
 
 from dataclasses import replace
 
-from ...costmodel import UnitArrays, comm_times, ideal_step_time, progress_delays, sp_offered, stage_costs
+from ...costmodel import (UnitArrays, comm_times, gradient_allreduce_time, ideal_step_time, progress_delays,
+                          sp_offered, stage_costs, stage_speeds)
+from ...costmodel.breakdown import time_breakdown
+from ...data.breakdown import TimeBreakdown
+from ...data.overlap import NO_OVERLAP
 from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
 from ...data.catalog import planned_device
 from ...data.cluster import Cluster
-from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, policy
+from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, describe, policy
 from ..partition.baselines import baseline_bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import recompute_choices
@@ -116,7 +120,11 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     elif tp > 1 and not sp_offered(profile):
         out.append("no sequence parallelism: the profile's tp rows predate sp_sequence_bytes; profile again to "
                    "let the planner use it")
-    if not zero.replicated:
+    if c.layout.fsdp:
+        out.append(f"ZeRO stage {zero.stage} over {c.layout.dp} replicas as FSDP2 without a pipeline: parameters, "
+                   "gradients and optimizer state sharded, each unit gathered for its forward and again for its "
+                   "backward, its gradients reduce-scattered every microbatch (docs/parallelism.md#zero-stages)")
+    elif not zero.replicated:
         out.append(f"ZeRO stage {zero.stage} over {c.layout.dp} replicas: {zero.sharded} sharded"
                    + (" (costed only: torch.distributed.pipelining cannot run it)" if zero.not_runnable else ""))
     if c.layout.ep > 1:
@@ -142,6 +150,22 @@ def _unoffered(request: PlanRequest, a: UnitArrays) -> list[str]:
     return [f"activation policy {p.value} not offered on {request.cluster.device_kind or 'these devices'}: "
             f"{policy(p).unoffered}" for p in request.allowed()
             if policy(p).derive is not None and not policy(p).offered(a, host)]
+
+
+def _overlap_notes(request: PlanRequest, a: UnitArrays, c: Candidate) -> list[str]:
+    """The memory reserve and the overlap assumptions, where they apply (autopp.data.overlap; nothing overlapped is
+    the cost model as before the switches, and says nothing, so such plans read as before them)."""
+    out = []
+    reserve = request.cluster.memory_reserve_bytes
+    if reserve:
+        out.append(f"memory: {(request.cluster.memory_bytes + reserve) / 2**30:.1f} GiB per device less a "
+                   f"{reserve / 2**30:.3g} GiB reserve (CUDA context, NCCL buffers, allocator fragmentation; "
+                   "`memory_reserve`, docs/devices.md)")
+    if (c.layout.dp > 1 or c.layout.tp > 1) and request.assumed_overlap != NO_OVERLAP:
+        where = "FSDP2 outside a pipeline: per-layer all-gathers and reduce-scatters" if a.fsdp else \
+            "ZeRO/data-parallel collectives"
+        out.append(f"{request.assumed_overlap.describe()} ({where}; docs/parallelism.md#overlap)")
+    return out
 
 
 def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
@@ -185,6 +209,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c))
+    notes.extend(_overlap_notes(request, a, c))
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
         / layout.group
     return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,
@@ -195,4 +220,16 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
                 ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})),
                 device=planned_device(request.cluster, profile.meta.device, profile.meta.extra.get("analytic_device")),
-                optimizer=profile.meta.optimizer, dtype=profile.meta.dtype)
+                optimizer=profile.meta.optimizer, dtype=profile.meta.dtype,
+                time_breakdown=_breakdown(a, placed, best))
+
+
+def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:
+    """Where `v`'s step goes (autopp.costmodel.breakdown), on the cluster as its layout is `placed`."""
+    c = v.candidate
+    owner = c.owner
+    return time_breakdown(a, v.costs, c.bounds, c.activations, c.microbatches, stage_speeds(placed, owner),
+                          splits_backward=describe(c.schedule).splits_backward, pipeline_s=v.pipeline_s,
+                          bubble=v.bubble, sync_s=v.allreduce_s,
+                          sync_total_s=gradient_allreduce_time(a, c.bounds, owner, c.layout, placed),
+                          optimizer_s=v.optimizer_s)

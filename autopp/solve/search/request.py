@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from ...data.cluster import Cluster
 from ...data.layout import Layout, LayoutPins, check_planned
+from ...data.overlap import NO_OVERLAP, TRAINER_OVERLAP, Overlap
 from ...data.trainers import TRAINER_RULES, refusal
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
 from ...costmodel import UnitArrays, check_expert_zero
@@ -73,6 +74,8 @@ class PlanRequest:
     """Search only what this trainer runs (autopp.data.trainers: "torchtitan", "megatron", "deepspeed"): its
     schedules and synthesized orders, ZeRO stages and axes, and one activation policy for every stage (`recompute`
     auto then tries none and all, `make_plan`); None: everything autopp runs."""
+    overlap: Overlap | None = None
+    """The collectives assumed hidden under compute (autopp.data.overlap); None: `assumed_overlap`'s default."""
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -148,6 +151,15 @@ class PlanRequest:
         if group == 1:
             return replace(self, pins=pins)
         return replace(self, cluster=self.cluster.tp_groups(group), pins=pins)
+
+    @property
+    def assumed_overlap(self) -> Overlap:
+        """`overlap`, or by default what torchtitan and Megatron-LM (`--overlap-grad-reduce`) overlap on a catalog
+        GPU (`TRAINER_OVERLAP`), and nothing on CPU ranks and unnamed devices: autopp's own runner all-reduces the
+        gradients once after the step (autopp.run.worker), which is what those plans are run and checked with."""
+        if self.overlap is not None:
+            return self.overlap
+        return TRAINER_OVERLAP if self.cluster.device_kind not in (None, "cpu") else NO_OVERLAP
 
     def pinned_activations(self, num_stages: int) -> tuple[Activation, ...] | None:
         """The per-stage policies `recompute_stages` pins for `num_stages` stages (None: not pinned)."""

@@ -3,6 +3,8 @@ data-parallel terms (autopp.costmodel.parallel): what the search, the judge and 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...costmodel import ProfileTable, UnitArrays, group_table, group_terms, replica_terms
 from ...data.layout import Layout, UnitView
 from ...data.profile import Profile
@@ -55,7 +57,8 @@ class Views:
             if not view.sharded:  # one group's own costs
                 if view not in self.tables:
                     self.tables[view] = group_table(self.profile, view)
-                self._arrays[key] = group_terms(self.tables[view].arrays(b), view, self.req.cluster)
+                own = replace(self.tables[view].arrays(b), overlap=self.req.assumed_overlap)
+                self._arrays[key] = group_terms(own, view, self.req.cluster)
             else:  # sharded from those, computed once per (b, group)
                 self._arrays[key] = replica_terms(self._arrays_of(b, view.local()), view, self.request(view).cluster)
         return self._arrays[key]

@@ -1,0 +1,47 @@
+"""Where a step's time goes (autopp.data.breakdown), from the same per-unit terms the simulator was given: each
+stage's compute, tensor-parallel and ZeRO collectives (exposed and hidden, `UnitArrays.tp_seconds`, `zero_seconds`)
+and recomputation over its microbatches, and the step's bubble, synchronisation and optimizer step."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..data.breakdown import StageTime, TimeBreakdown
+from ..schedule import Activation, StageCost, policy
+from .units import UnitArrays
+
+__all__ = ["time_breakdown"]
+
+
+def _split(pair: tuple[np.ndarray, np.ndarray] | None, i: int, j: int) -> tuple[float, float]:
+    """(exposed, hidden) seconds of one microbatch over units [i, j) of a (total, exposed) pair."""
+    if pair is None:
+        return 0.0, 0.0
+    total, exposed = float(pair[0][i:j].sum()), float(pair[1][i:j].sum())
+    return exposed, max(0.0, total - exposed)
+
+
+def time_breakdown(a: UnitArrays, costs: Sequence[StageCost], bounds: Sequence[tuple[int, int]],
+                   activations: Sequence[Activation], microbatches: int, speeds: Sequence[float], *,
+                   splits_backward: bool, pipeline_s: float, bubble: float, sync_s: float, sync_total_s: float,
+                   optimizer_s: float) -> TimeBreakdown:
+    """Per stage (`costs`: the simulator's, of `bounds` at `speeds`, under `activations`), its time over
+    `microbatches`: F and B (I + W where the schedule splits the backward) less the exposed collectives they contain,
+    those collectives, and what the policy redoes as the simulator charges it; per step the bubble (`pipeline_s` x
+    the ranks' mean idle fraction `bubble`), the synchronisation after the pipeline (`sync_s` exposed of
+    `sync_total_s`) and the optimizer step."""
+    stages = []
+    for cost, (i, j), sp, act in zip(costs, bounds, speeds, activations):
+        back = cost.backward_input_s + cost.backward_weight_s if splits_backward or cost.backward_s is None \
+            else cost.backward_s
+        tp, tp_hidden = (x / sp for x in _split(a.tp_seconds, i, j))
+        zero, zero_hidden = (x / sp for x in _split(a.zero_seconds, i, j))
+        busy = cost.forward_s + back + 2 * cost.overhead_s
+        m = microbatches
+        stages.append(StageTime(compute_s=m * max(0.0, busy - tp - zero), tp_s=m * tp, tp_hidden_s=m * tp_hidden,
+                                zero_s=m * zero, zero_hidden_s=m * zero_hidden,
+                                recompute_s=m * policy(act).redo_s(cost)))
+    return TimeBreakdown(stages=tuple(stages), bubble_s=pipeline_s * bubble, sync_s=sync_s,
+                         sync_hidden_s=max(0.0, sync_total_s - sync_s), optimizer_s=optimizer_s)

@@ -1,0 +1,49 @@
+"""Which collectives the cost model hides under compute, as the trainers overlap them: one value, a switch each.
+
+Each switch is an assumption about the trainer that runs the plan, with its source:
+- `fsdp_prefetch`: FSDP2 (`fully_shard`) issues the all-gather of the next module's parameters while the current
+  module computes, in the forward and (in reverse order) in the backward, and runs each module's gradient
+  reduce-scatter beside the next module's backward (torch docs, "torch.distributed.fsdp.fully_shard": implicit
+  prefetching with `reshard_after_forward`; torchtitan docs/fsdp.md: "FSDP2 ... overlaps communication with
+  computation" and explicit prefetching, `set_modules_to_forward_prefetch`). autopp costs it only where FSDP2 runs
+  outside a pipeline (pp 1, a ZeRO stage that reshards after forward; `autopp.costmodel.parallel`): under
+  torch.distributed.pipelining the stage keeps parameters gathered and gradients unsharded until the last
+  microbatch, so there is nothing per layer to overlap.
+- `grad_reduce`: the data-parallel gradient reduction (all-reduce, or ZeRO's reduce-scatter) runs bucket by bucket
+  while the step's last backward still computes (torch DDP's bucketed all-reduce, FSDP2's per-module
+  reduce-scatter, Megatron-LM's `--overlap-grad-reduce`); what exceeds the rank's last backward is exposed
+  (`autopp.costmodel.terms.step_end_time`).
+- `async_tp`: tensor parallelism's sequence-parallel all-gathers and reduce-scatters decomposed and pipelined with
+  the matmuls they feed (torch's micro-pipeline TP, `torch._inductor.config._micro_pipeline_tp`; torchtitan's
+  `enable_async_tensor_parallel`, which needs torch.compile): off by default, as in both trainers; costed only with
+  sequence parallelism, whose collectives it decomposes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+__all__ = ["Overlap", "NO_OVERLAP", "TRAINER_OVERLAP"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overlap:
+    """The collectives hidden under compute (module docstring); each False: on the critical path."""
+
+    fsdp_prefetch: bool = True
+    """FSDP2's per-module all-gathers and reduce-scatters under the neighbouring modules' compute (pp 1)."""
+    grad_reduce: bool = True
+    """The data-parallel gradient reduction under the step's last backward."""
+    async_tp: bool = False
+    """Sequence-parallel collectives pipelined with their matmuls (async TP)."""
+
+    def describe(self) -> str:
+        """"overlap: fsdp_prefetch, grad_reduce" (or "overlap: none"), as plan notes print it."""
+        on = [f.name for f in fields(self) if getattr(self, f.name)]
+        return "overlap: " + (", ".join(on) or "none")
+
+
+#: Nothing overlapped: every collective on the critical path (the cost model's arrays before a request's overlap).
+NO_OVERLAP = Overlap(fsdp_prefetch=False, grad_reduce=False, async_tp=False)
+#: What torchtitan and Megatron-LM (with `--overlap-grad-reduce`) do by default: the planner's default.
+TRAINER_OVERLAP = Overlap()
+
