@@ -31,7 +31,8 @@ def test_default_seq_len_is_capped_by_the_positions() -> None:
     assert hf_source(CONFIGS / "llama-3-8b.json").seq_len == DEFAULT_SEQ_LEN
     tiny = hf_source(TINY)
     assert tiny.seq_len == 32 and tiny.task == "causal-lm"
-    assert tiny.to_json() == {"seq_len": 32, "task": "causal-lm", "model_type": "llama"}
+    assert tiny.to_json() == {"seq_len": 32, "task": "causal-lm", "model_type": "llama",
+                              "attention": {"heads": 4, "kv_heads": 2, "head_dim": 16, "causal": True}}
     assert hf_source(TINY, 8, "seq-cls").to_json()["seq_len"] == 8
 
 
