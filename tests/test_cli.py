@@ -256,7 +256,7 @@ def test_split_keeps_tp_and_zero_and_pin_from_refuses_them(tmp_path: Path,
     for flags in (["--tp", "2"], ["--dp", "2", "--zero", "1"]):
         _fails(["plan", "--profile", str(profile), "--devices", "8", "--memory", "80GiB", *flags, "--pin-from",
                 str(pin), "-o", str(out)], capsys, "--pin-from evaluates pipeline x data-parallel configurations "
-                                                   "only: drop --tp/--zero")
+                                                   "only: drop --cp/--tp/--zero")
     assert not out.exists()
 
 
@@ -268,9 +268,10 @@ def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.M
 
     from autopp.cli import plan as cli_plan
     from autopp.data import axes
-    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "tp", "ep"]  # cp: not planned, no flag
-    monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned=None,
-                                                  flag=axes.Flag(help="context-parallel degree, or auto")))
+    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "cp", "tp", "ep"]  # cp: planned since issue 27
+    monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned="issue 27"))  # as before it: no flag
+    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "tp", "ep"]
+    monkeypatch.undo()
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     assert "--cp CP" in capsys.readouterr().out

@@ -79,6 +79,10 @@ class UnitArrays:
     """Per unit, one microbatch's expert-parallel all-to-all (None: ep 1; `autopp.costmodel.parallel.ExpertTable`):
     the bytes a rank sends in one all-to-all summed over the unit's MoE layers, and how many MoE layers it has (each
     runs 2 all-to-alls forward, 2 backward), timed by `autopp.costmodel.parallel.expert_parallel`."""
+    cp_ring: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    """Per unit, one microbatch's context-parallel ring (None: cp 1; `autopp.costmodel.context.ContextTable`): a
+    rank's K/V shard bytes per layer, its attention layers, and one ring step's attention compute per layer in the
+    forward and the backward, timed by `autopp.costmodel.context.context_parallel`."""
 
     def transient_bytes(self) -> np.ndarray:
         """`transient`, zeros when the profile had no peak data."""
