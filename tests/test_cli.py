@@ -340,3 +340,30 @@ def test_plan_of_more_cpu_ranks_than_cores_notes_it_and_warns(tmp_path: Path, ca
     (prof / "meta.json").write_text(json.dumps({**meta, "co_runners": 3}))
     monkeypatch.setattr(cores, "usable_cores", lambda: 2)
     assert main(args) == 0 and "warning" not in capsys.readouterr().err
+
+
+def test_plan_cp_is_pinned_or_searched_and_written_to_the_plan(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27: `autopp plan --cp 2` on a profile that records an attention shape writes `cp` 2 into the plan and a
+    note; `--cp auto` searches it (1 or more); the plan loads back with the layout."""
+    import shutil
+
+    from autopp.data.plan import load_plan
+
+    from .conftest import ROOT
+    prof, plan = tmp_path / "prof", tmp_path / "p.json"
+    shutil.copytree(ROOT / "profiles" / "mlp", prof)
+    meta = json.loads((prof / "meta.json").read_text())
+    meta["extra"]["hf_config"] = {"seq_len": 8, "task": "causal-lm", "model_type": "llama",
+                                  "attention": {"heads": 2, "kv_heads": 2, "head_dim": 2, "causal": True}}
+    (prof / "meta.json").write_text(json.dumps(meta))
+    args = ["plan", "--profile", str(prof), "--devices", "4", "--memory", "1GiB", "--global-batch", "8", "-o",
+            str(plan)]
+    assert main([*args, "--cp", "2"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(plan.read_text())
+    assert data["cp"] == 2 and data["pp"] * data["dp"] * data["cp"] == data["num_ranks"] == 4
+    assert "cp 2" in out and any(n.startswith("context parallelism 2: each sequence of 8 tokens") for n in data["notes"])
+    assert load_plan(plan).layout.cp == 2
+    assert main([*args, "--cp", "auto", "--dp", "auto"]) == 0
+    assert load_plan(plan).layout.world == 4
