@@ -137,6 +137,17 @@ RUNS = (
         source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 1 and §3.3.2",
         assumed="microbatch size 1 (32 microbatches per DP group; not stated), v chosen by autopp (not stated); "
                 "FSDP that shards optimizer state and gradients, parameters not resharded after forward = ZeRO 2"),
+    Published(
+        key="llama3-131k", model="Llama 3 405B", config=CONFIG_405B, seq_len=131072, gpus=16384,
+        cluster="16,384 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
+        layout=LayoutPins(tp=8, cp=16, pp=16, dp=8, zero=ZERO[2], v=None), schedule=ScheduleName.INTERLEAVED_1F1B,
+        microbatches=16, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=8 * 16,
+        per_gpu=380.0, unit="TFLOP/s", measured="38% BF16 MFU",
+        source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 3 and §3.3.2",
+        assumed="DP 8 where the table prints DP 4: TP8 x CP16 x PP16 x DP4 is 8,192 GPUs, and its 16,384 GPUs need "
+                "DP 8; its 16M tokens per batch are then 128 sequences of 131,072, 16 per DP group; microbatch size 1 "
+                "(16 microbatches per DP group; not stated), v chosen by autopp, ZeRO 2 as row 1; cp's K/V ring as "
+                "autopp costs it (docs/parallelism.md#context-parallelism)"),
     TITAN_1F1B,
     replace(TITAN_1F1B, key="titan-interleaved", schedule=ScheduleName.INTERLEAVED_1F1B,
             layout=replace(TITAN_1F1B.layout, v=2),
@@ -200,10 +211,11 @@ def pinned_request(run: Published, cluster: Cluster) -> PlanRequest:
 
 def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest:
     """autopp's own choice for the same cluster and global batch: pp, dp, tp (the profiled degrees), ep (mixtures of
-    experts), ZeRO, schedule, microbatches and recomputation searched, until `shortlist` configurations simulate as
-    fitting."""
+    experts), ZeRO, schedule, microbatches and recomputation searched, and cp where the published run used it, until
+    `shortlist` configurations simulate as fitting."""
+    cp = None if run.layout.cp not in (None, 1) else 1
     return PlanRequest(cluster=cluster, global_batch=run.global_batch,
-                       pins=LayoutPins(pp=None, dp=None, tp=None, zero=None,
+                       pins=LayoutPins(pp=None, dp=None, cp=cp, tp=None, zero=None,
                                        ep=None if (run.layout.ep or 1) > 1 else 1),
                        schedule=None,
                        recompute=RecomputeMode.AUTO, shortlist=shortlist)
@@ -227,7 +239,8 @@ def describe_config(plan: Plan) -> str:
     rc = "all" if n == stages else "none" if n == 0 else f"{n} stages"
     layout = plan.layout
     ep = f" EP{layout.ep}" if layout.ep > 1 else ""
-    return (f"TP{layout.tp} PP{layout.pp} DP{layout.dp}{ep} {layout.zero}, {plan.schedule.value} v{layout.v}, "
+    cp = f" CP{layout.cp}" if layout.cp > 1 else ""
+    return (f"TP{layout.tp}{cp} PP{layout.pp} DP{layout.dp}{ep} {layout.zero}, {plan.schedule.value} v{layout.v}, "
             f"{plan.num_microbatches} x {plan.microbatch_size}, recompute {rc}")
 
 
@@ -252,7 +265,8 @@ def published_config(run: Published) -> str:
     pins = run.layout
     v = "v ?" if pins.v is None else f"v{pins.v}"
     ep = f" EP{pins.ep}" if pins.ep and pins.ep > 1 else ""
-    return (f"TP{pins.tp} PP{pins.pp} DP{pins.dp}{ep} {pins.zero}, {run.schedule.value} {v}, {run.microbatches} x "
+    cp = f" CP{pins.cp}" if pins.cp not in (None, 1) else ""
+    return (f"TP{pins.tp}{cp} PP{pins.pp} DP{pins.dp}{ep} {pins.zero}, {run.schedule.value} {v}, {run.microbatches} x "
             f"{run.microbatch_size} of {run.seq_len} tokens, recompute {run.recompute.value}")
 
 

@@ -33,9 +33,11 @@ def test_each_switch_is_a_layout_field_of_an_axis_with_every_trainers_spelling()
     assert sp.spelling("deepspeed", True).refusal
 
 
-def test_unplanned_axes_are_the_descriptors_and_say_their_issue() -> None:
-    assert unplanned() == UNPLANNED == {"cp": "context parallelism (issue 27)"}  # ep: planned since issue 30
-    assert all(AXES[a].flag is None for a in UNPLANNED)  # no flag until planned
+def test_unplanned_axes_are_the_descriptors_and_say_their_issue(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert unplanned() == UNPLANNED == {}  # ep: planned since issue 30, cp since issue 27
+    assert all(AXES[a].flag is not None for a in ("cp", "ep"))
+    monkeypatch.setitem(axes.AXES, "cp", replace(AXES["cp"], unplanned="issue 27"))
+    assert unplanned() == {"cp": "context parallelism (issue 27)"}
 
 
 def test_the_group_axes_multiply_to_the_layouts_group() -> None:
@@ -53,11 +55,13 @@ def test_spellings_name_known_trainers_and_either_a_degree_or_a_refusal() -> Non
     assert AXES["dp"].spelling("megatron") == Spelling()  # Megatron derives dp from the world size
     assert AXES["tp"].spelling("torchtitan").degree == "parallelism.tensor_parallel_degree"
     assert AXES["cp"].spelling("megatron").degree == "--context-parallel-size"
+    assert "all-gather" in AXES["cp"].spelling("torchtitan").note
+    assert "Ulysses" in (AXES["cp"].spelling("deepspeed").refusal or "")
 
 
 def test_check_planned_reads_the_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    check_planned(LayoutPins(dp=2, cp=2))  # planned since issue 27
+    monkeypatch.setitem(axes.AXES, "cp", replace(AXES["cp"], unplanned="issue 27"))  # as before it
     with pytest.raises(LayoutError, match=r"^`cp` 2: context parallelism \(issue 27\) is not planned"):
         check_planned(LayoutPins(dp=2, cp=2))
-    monkeypatch.setitem(axes.AXES, "cp", replace(AXES["cp"], unplanned=None))  # the axis filled in
-    check_planned(LayoutPins(dp=2, cp=2))
     check_planned(Layout(dp=2, ep=2))  # planned

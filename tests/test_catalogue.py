@@ -467,6 +467,18 @@ CASES += [
          lambda env: (env.tmp / "c.json").write_text(json.dumps(
              {k: v for k, v in json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()).items()
               if k != "num_hidden_layers"}))),
+    # issue 27: context parallelism needs the attention's shape (an HF config's profile) and a sequence it shards
+    Case("flag:plan-cp-without-attention-shape", lambda env: _plan_args(env, "--cp", "2"),
+         lambda env: "--cp 2: the profile of"),
+    Case("flag:plan-cp-sequence-does-not-shard",
+         lambda env: ["plan", "--profile", str(env.bad_prof), "--devices", "2", "--memory", "1GiB", "--cp", "2",
+                      "-o", str(env.tmp / "o.json")],
+         lambda env: "--cp 2 with --tp 1: context parallelism needs seq % (2 x cp x tp) == 0 for causal load "
+                     "balancing, and 6 % 4 = 2",
+         lambda env: _with_attention(env, 6)),
+    Case("run:cp-not-run-by-the-runner", lambda env: ["run", str(env.bad_plan)],
+         lambda env: "plan field 'cp' is 2: autopp run does not run context parallelism",
+         _plan_edit(lambda d: d.update(cp=2, num_ranks=2 * d["num_ranks"]))),
     Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
                                                       "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
          lambda env: "dp(3)"),
@@ -560,14 +572,14 @@ CASES += [
     _pin_case("ep-does-not-divide", "--pipeline-model-parallel-size 2 --num-layers 4 --expert-model-parallel-size 2 "
               "--global-batch-size 8\n", "ep(2) must divide dp(1) * cp(1) * tp(1) = 1"),
 ]
-if "cp" in __import__("autopp.data.axes", fromlist=["unplanned"]).unplanned():  # until context parallelism lands
-    CASES.append(Case(
-        "pin-from:unplanned-axis", lambda env: _llama_args(env, str(env.tmp / "cp.args")),
-        lambda env: f"{env.tmp / 'cp.args'}: parallelism.context_parallel_degree 2: autopp does not plan context "
-                    "parallelism (issue 27) yet, so it cannot judge this configuration; compare one with "
-                    "parallelism.context_parallel_degree 1",
-        lambda env: (env.tmp / "cp.args").write_text("--parallelism.pipeline_parallel_degree=2\n"
-                                                     "--parallelism.context_parallel_degree=2\n")))
+
+def _with_attention(env: Env, seq: int) -> None:
+    """The shipped profile at env.bad_prof, recording an HF config's attention shape at `seq` tokens."""
+    shutil.copytree(env.prof, env.bad_prof)
+    meta = json.loads((env.bad_prof / "meta.json").read_text())
+    meta["extra"]["hf_config"] = {"seq_len": seq, "task": "causal-lm", "model_type": "llama",
+                                  "attention": {"heads": 2, "kv_heads": 2, "head_dim": 2, "causal": True}}
+    (env.bad_prof / "meta.json").write_text(json.dumps(meta))
 
 
 # ---- output paths ----

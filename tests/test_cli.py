@@ -270,9 +270,10 @@ def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.M
 
     from autopp.cli import plan as cli_plan
     from autopp.data import axes
-    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "tp", "ep"]  # cp: not planned, no flag
-    monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned=None,
-                                                  flag=axes.Flag(help="context-parallel degree, or auto")))
+    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "cp", "tp", "ep"]  # cp: planned since issue 27
+    monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned="issue 27"))  # as before it: no flag
+    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "tp", "ep"]
+    monkeypatch.undo()
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     assert "--cp CP" in capsys.readouterr().out
@@ -360,3 +361,30 @@ def test_plan_on_a_gpu_says_its_memory_reserve_and_overlap_and_both_switch(tmp_p
     assert "memory limit 74.5 GiB per device" in said and "reserve" not in said and "overlap:" not in said
     whole = json.loads((tmp_path / "b.json").read_text())
     assert whole["predicted"]["allreduce_s"] >= plan["predicted"]["allreduce_s"]
+
+
+def test_plan_cp_is_pinned_or_searched_and_written_to_the_plan(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27: `autopp plan --cp 2` on a profile that records an attention shape writes `cp` 2 into the plan and a
+    note; `--cp auto` searches it (1 or more); the plan loads back with the layout."""
+    import shutil
+
+    from autopp.data.plan import load_plan
+
+    from .conftest import ROOT
+    prof, plan = tmp_path / "prof", tmp_path / "p.json"
+    shutil.copytree(ROOT / "profiles" / "mlp", prof)
+    meta = json.loads((prof / "meta.json").read_text())
+    meta["extra"]["hf_config"] = {"seq_len": 8, "task": "causal-lm", "model_type": "llama",
+                                  "attention": {"heads": 2, "kv_heads": 2, "head_dim": 2, "causal": True}}
+    (prof / "meta.json").write_text(json.dumps(meta))
+    args = ["plan", "--profile", str(prof), "--devices", "4", "--memory", "1GiB", "--global-batch", "8", "-o",
+            str(plan)]
+    assert main([*args, "--cp", "2"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(plan.read_text())
+    assert data["cp"] == 2 and data["pp"] * data["dp"] * data["cp"] == data["num_ranks"] == 4
+    assert "cp 2" in out and any(n.startswith("context parallelism 2: each sequence of 8 tokens") for n in data["notes"])
+    assert load_plan(plan).layout.cp == 2
+    assert main([*args, "--cp", "auto", "--dp", "auto"]) == 0
+    assert load_plan(plan).layout.world == 4

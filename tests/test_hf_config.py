@@ -21,7 +21,8 @@ TINY = CONFIGS / "tiny-llama.json"
 @pytest.mark.parametrize("name,model_type,positions", [
     ("llama-3-8b", "llama", 8192), ("llama-3-70b", "llama", 8192),
     ("qwen2.5-7b", "qwen2", 131072), ("tiny-llama", "llama", 32), ("deepseek-v3", "deepseek_v3", 163840),
-    ("qwen3-30b-a3b", "qwen3_moe", 40960), ("llama-1b", "llama", 131072)])
+    ("qwen3-30b-a3b", "qwen3_moe", 40960), ("llama-1b", "llama", 131072),
+    ("llama-3.1-8b", "llama", 131072)])
 def test_shipped_configs_read(name: str, model_type: str, positions: int) -> None:
     values = read_hf_config(CONFIGS / f"{name}.json")
     assert values["model_type"] == model_type and max_positions(values) == positions
@@ -31,7 +32,8 @@ def test_default_seq_len_is_capped_by_the_positions() -> None:
     assert hf_source(CONFIGS / "llama-3-8b.json").seq_len == DEFAULT_SEQ_LEN
     tiny = hf_source(TINY)
     assert tiny.seq_len == 32 and tiny.task == "causal-lm"
-    assert tiny.to_json() == {"seq_len": 32, "task": "causal-lm", "model_type": "llama"}
+    assert tiny.to_json() == {"seq_len": 32, "task": "causal-lm", "model_type": "llama",
+                              "attention": {"heads": 4, "kv_heads": 2, "head_dim": 16, "causal": True}}
     assert hf_source(TINY, 8, "seq-cls").to_json()["seq_len"] == 8
 
 

@@ -4,12 +4,13 @@ Modules: `units` (the profile as per-unit arrays at a microbatch size: F, I, W, 
 cut bytes, the optimizer step's shares, working memory), `stage` (a stage's times for the simulator, its memory,
 device speeds), `terms` (point-to-point transfers, message overheads, progress delays, ring all-reduce, the step's data-parallel
 synchronisation, optimizer step), `parallel` (tensor-parallel collectives, ZeRO sharding, experts sharded over ep
-and their all-to-alls). The DP, the judge, the CP-SAT models, the bounds and the explanations read these; nothing
-else computes a cost term.
+and their all-to-alls), `context` (context parallelism: a rank's share of the sequence, its K/V ring). The DP, the
+judge, the CP-SAT models, the bounds and the explanations read these; nothing else computes a cost term.
 """
 
 from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,
                     unit_memory)
+from .context import AttentionShape, ContextTable, attention_shape, check_sequence, context_parallel
 from .parallel import (ExpertTable, check_expert_zero, data_sharded, expert_parallel, fsdp_outside_pipeline,
                        group_table, group_terms, replica_terms, sp_offered, tensor_parallel)
 from .terms import (allreduce_time, allreduce_times, comm_times, exposed_sync_time, gradient_allreduce_time,
@@ -20,6 +21,7 @@ from .units import ProfileTable, TpComm, UnitArrays, unit_arrays
 __all__ = ["UnitArrays", "TpComm", "ProfileTable", "unit_arrays", "group_table", "group_terms", "replica_terms",
            "tensor_parallel", "data_sharded", "fsdp_outside_pipeline", "exposed_sync_time", "rank_sync_times",
            "ExpertTable", "expert_parallel", "sp_offered", "check_expert_zero",
+           "AttentionShape", "ContextTable", "attention_shape", "check_sequence", "context_parallel",
            "allreduce_times", "sync_time", "stage_speeds", "stage_costs",
            "memory_prefix", "unit_memory", "stage_transient", "ideal_step_time", "transfer_time", "send_times",
            "comm_times",

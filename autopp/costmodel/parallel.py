@@ -26,7 +26,7 @@ ZeRO (Rajbhandari et al., SC'20, arXiv:1910.02054, s.5), as it runs under torch.
 (torch's stage accumulates unsharded gradients over a step's microbatches and reduce-scatters them once, and keeps
 each unit's parameters gathered after every backward but the last, `set_reshard_after_backward(False)`, stage.py;
 facts checked in docs/parallelism.md). Per unit with parameter, gradient and optimizer bytes P, G, O over d ranks
-(`Layout.sync`: the dp replicas, x cp once context parallelism lands):
+(`Layout.sync`: the dp replicas x the cp ranks):
   stage 0: P + G + O; all-reduce of G after the step's last backward (`terms.sync_time`).
   stage 1: P + P / d + G + O / d (FSDP2 without resharding after forward keeps its sharded copy beside the
            gathered one); reduce-scatter of G + all-gather of P per step.
@@ -80,6 +80,7 @@ from ..data.profile_tp import SP_COLUMNS
 from ..data.zero import NO_ZERO
 from ..data.zero import ZeroStage
 from ..errors import LayoutError, ProfileError
+from .context import ContextTable, context_parallel
 from .terms import allreduce_times, half_collective
 from .units import ExpertBytes, ProfileTable, UnitArrays
 
@@ -96,11 +97,12 @@ def sp_offered(profile: Profile) -> bool:
 def group_table(profile: Profile, view: UnitView) -> ProfileTable:
     """The profile's rows one device of the view's group computes with: its tensor-parallel degree's (`tp.csv`
     rows for tp > 1), with sequence parallelism's activation bytes (module docstring), or with its experts sharded
-    over ep (`ExpertTable`; the runner runs ep at tp 1 only, so never beside SP). An axis whose rows are measured at
+    over ep (`ExpertTable`; the runner runs ep at tp 1 only, so never beside SP), or a cp rank's share of the
+    sequence (autopp.costmodel.context.ContextTable). An axis whose rows are measured at
     its sharded shapes selects them here."""
     if view.ep > 1:
         return ExpertTable(profile, view.ep, view.ep_replicas)
-    table = ProfileTable(profile, view.tp)
+    table = ProfileTable(profile, view.tp) if view.cp == 1 else ContextTable(profile, view.tp, view.cp)
     if view.sp and view.tp > 1:
         if not sp_offered(profile) or profile.tp_units is None:
             raise ProfileError(f"the profile of {profile.meta.model_path} has no sequence-parallel bytes (tp.csv "
@@ -149,9 +151,11 @@ class ExpertTable(ProfileTable):
 def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
     """`a` (one device's compute in a group of `view.group` devices acting as one pipeline rank, `ProfileTable`) with
     the terms of the axes inside the group on `cluster` (the request's devices): tensor parallelism's collectives on
-    its group's link. An axis inside the group (context parallelism) adds its terms here, so the search's views
-    (autopp.solve.search.views) need not name it."""
+    its group's link, and context parallelism's K/V ring on the link its cp x tp devices cross (autopp.costmodel.
+    context). An axis inside the group adds its terms here, so the search's views (autopp.solve.search.views) need
+    not name it."""
     a = tensor_parallel(a, view, cluster.tp_link(view.tp))
+    a = context_parallel(a, view, cluster.tp_link(view.group))
     return expert_parallel(a, view, cluster.tp_link(view.ep * view.group))
 
 

@@ -116,6 +116,10 @@ class UnitArrays:
     zero_seconds: tuple[np.ndarray, np.ndarray] | None = None
     """Per unit, one microbatch's ZeRO collective seconds inside F and B (stage 3's gathers, stage 2's scatters,
     FSDP2's at pp 1) and the part of them on the critical path, already in the times."""
+    cp_ring: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    """Per unit, one microbatch's context-parallel ring (None: cp 1; `autopp.costmodel.context.ContextTable`): a
+    rank's K/V shard bytes per layer, its attention layers, and one ring step's attention compute per layer in the
+    forward and the backward, timed by `autopp.costmodel.context.context_parallel`."""
 
     def transient_bytes(self) -> np.ndarray:
         """`transient`, zeros when the profile had no peak data."""

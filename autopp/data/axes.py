@@ -93,11 +93,25 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                    "deepspeed": Spelling(degree="num_stages")}),
     Axis(name="dp", what="data parallelism", syncs=True,
          flag=Flag(help="data-parallel replicas, or auto (default 1, or devices / pp)", default=None)),
-    Axis(name="cp", what="context parallelism", in_group=True, syncs=True, unplanned="issue 27",
-         trainers={"torchtitan": Spelling(degree="parallelism.context_parallel_degree"),
-                   "megatron": Spelling(degree="--context-parallel-size"),
+    Axis(name="cp", what="context parallelism", in_group=True, syncs=True,
+         flag=Flag(help="context-parallel degree: each sequence sharded over cp ranks, attention as ring attention "
+                        "(the sequence must divide by 2 x cp x tp; needs a profile of an HF config), or auto: 1 and "
+                        "every degree that fits (default 1)"),
+         trainers={"torchtitan": Spelling(
+                       degree="parallelism.context_parallel_degree",
+                       note="torchtitan shards each sequence over cp ranks with torch's context_parallel (head-tail "
+                            "load balancing, as autopp costed it) but gathers K/V with torch's default all-gather, "
+                            "overlapped with the first block of attention only, where autopp costed a ring that "
+                            "overlaps each step: more is exposed when one block's compute is shorter than cp - 1 "
+                            "transfers (torchtitan 0.3 has no rotation option)"),
+                   "megatron": Spelling(
+                       degree="--context-parallel-size",
+                       note="Megatron-Core shards each sequence over cp ranks (2 x cp chunks, load-balanced) and "
+                            "passes K/V around a P2P ring under the attention compute, as autopp costed it"),
                    "deepspeed": Spelling(refusal="DeepSpeed's PipelineModule does not shard sequences and the "
-                                                 "exported stage file builds no context parallelism; "
+                                                 "exported stage file builds no context parallelism (DeepSpeed-"
+                                                 "Ulysses is another scheme: all-to-all over heads, heads % cp == 0, "
+                                                 "not costed by autopp); "
                                                  + _RE_PLAN.format(axis="cp"))}),
     Axis(name="tp", what="tensor parallelism", in_group=True,
          flag=Flag(help="tensor-parallel degree (devices per pipeline rank; the profile needs rows of it: "

@@ -54,9 +54,20 @@ class HfSource:
     def model_type(self) -> str:
         return str(self.values["model_type"])
 
+    def attention(self) -> dict[str, int | bool]:
+        """The attention's shape, which context parallelism's cost reads (autopp.costmodel.context): query and
+        key/value heads, head size, and whether it is causal (the causal-lm task)."""
+        values = {**(self.values.get("text_config") or {}), **self.values}
+        hidden, heads = (next(values[k] for k in (key, *SIZE_KEYS[key]) if k in values)
+                         for key in ("hidden_size", "num_attention_heads"))
+        return {"heads": int(heads), "kv_heads": int(values.get("num_key_value_heads") or heads),
+                "head_dim": int(values.get("head_dim") or hidden // heads), "causal": self.task == DEFAULT_TASK}
+
     def to_json(self) -> dict[str, Any]:
-        """What a profile records in `meta.extra["hf_config"]` (the path itself is the profile's `model_path`)."""
-        return {"seq_len": self.seq_len, "task": self.task, "model_type": self.model_type}
+        """What a profile records in `meta.extra["hf_config"]` (the path itself is the profile's `model_path`),
+        with the attention's shape (`attention`)."""
+        return {"seq_len": self.seq_len, "task": self.task, "model_type": self.model_type,
+                "attention": self.attention()}
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:

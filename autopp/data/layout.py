@@ -60,7 +60,8 @@ class Layout:
     dp: int = 1
     """Data-parallel replicas: each runs the whole pipeline on global batch / dp samples."""
     cp: int = 1
-    """Context-parallel degree: each sequence sharded over cp ranks (1 until context parallelism lands)."""
+    """Context-parallel degree: each sequence sharded over cp ranks, attention as ring attention
+    (autopp.costmodel.context)."""
     tp: int = 1
     """Tensor-parallel degree: each pipeline rank of each replica is a group of tp devices sharding its modules."""
     ep: int = 1
@@ -77,7 +78,7 @@ class Layout:
                 _check_degree(f.name, getattr(self, f.name))
         if not isinstance(self.zero, ZeroStage):  # a programming error: readers parse the stage number
             raise TypeError(f"Layout.zero must be a ZeroStage, got {self.zero!r}")
-        _check_zero(self.zero, self.dp)
+        _check_zero(self.zero, self.sync)
         _check_ep(self.ep, self.dp, self.cp, self.tp)
         _check_sp(self.sp, self.tp)
 
@@ -161,7 +162,7 @@ class Layout:
     def unit_view(self) -> UnitView:
         """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size)."""
         sync = self.sync if not self.zero.replicated else 1
-        return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=sync, zero=self.zero if self.dp > 1 else NO_ZERO,
+        return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=sync, zero=self.zero if self.sync > 1 else NO_ZERO,
                         sp=self.sp, fsdp=self.fsdp,
                         ep_replicas=self.dp // self.ep if self.ep > 1 else 1)
 
@@ -201,8 +202,8 @@ class LayoutPins:
             value = getattr(self, f.name)
             if f.name not in ("zero", "sp") and value is not None:
                 _check_degree(f.name, value)
-        if self.zero is not None and self.dp is not None:
-            _check_zero(self.zero, self.dp)
+        if self.zero is not None and self.dp is not None and self.cp is not None:
+            _check_zero(self.zero, self.dp * self.cp)
         if None not in (self.ep, self.dp, self.cp, self.tp):
             _check_ep(self.ep, self.dp, self.cp, self.tp)  # type: ignore[arg-type]
         if self.sp and self.tp is not None:
@@ -224,9 +225,11 @@ class LayoutPins:
 
     def per_group(self) -> LayoutPins:
         """The pins as the search over groups of devices sees them (`PlanRequest.view`): the axes inside a group
-        (`Axis.in_group`: cp, tp) at 1, each group one pipeline rank."""
+        (`Axis.in_group`: cp, tp) at 1, each group one pipeline rank; a ZeRO stage that shards over cp alone (dp
+        pinned 1) left out: the groups' replicas shard nothing."""
+        zero = self.zero if self.zero is None or self.zero.replicated or self.dp != 1 else None
         return LayoutPins(**{**{f.name: getattr(self, f.name) for f in fields(self)},
-                             **{a.name: 1 for a in group_axes()}, "sp": False})
+                             **{a.name: 1 for a in group_axes()}, "sp": False, "zero": zero})
 
     @staticmethod
     def of(layout: Layout) -> LayoutPins:
@@ -292,8 +295,8 @@ def _check_degree(name: str, value: object) -> None:
         raise LayoutError(f"`{name}` must be an integer >= 1, got {value!r}")
 
 
-def _check_zero(zero: ZeroStage, dp: int) -> None:
-    if not zero.replicated and dp == 1:
+def _check_zero(zero: ZeroStage, sync: int) -> None:
+    if not zero.replicated and sync == 1:  # dp x cp
         raise LayoutError(f"{zero} shards over data-parallel replicas, and dp is 1: give `dp` > 1 (or search `dp`), "
                           "or `zero` 0")
 

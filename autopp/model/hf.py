@@ -81,10 +81,40 @@ def hf_config(source: HfSource) -> Any:
         raise ModelFileError(f"{source.config_path}: transformers refuses this config: {_one_line(exc)}") from None
     _check_defaulted_width(source, config)
     config.use_cache = False
+    if source.task == DEFAULT_TASK:
+        config._attn_implementation = _causal_attention()
     if source.task == "seq-cls" and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0
     check_seq_len(source.config_path, source.seq_len, max_positions(config.to_dict()))
     return config
+
+
+#: The attention implementation a causal LM is built with (`_causal_attention`).
+CAUSAL_ATTENTION = "autopp_causal"
+
+
+def _no_mask(batch_size: int, q_length: int, kv_length: int, *args: Any, attention_mask: Any = None,
+             **kwargs: Any) -> None:
+    """transformers' mask function for `CAUSAL_ATTENTION`: no mask (the batch has no padding: no attention_mask, or
+    all ones); SDPA is told is_causal instead."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ModelFileError("autopp builds causal LMs without padding (attention is SDPA with is_causal); give "
+                             "token ids alone, or an attention_mask of ones")
+    return None
+
+
+def _causal_attention() -> str:
+    """`CAUSAL_ATTENTION`, registered with transformers (AttentionInterface, AttentionMaskInterface): its own SDPA
+    attention with no mask, so that SDPA runs with is_causal=True as the GPU trainers' fused kernels do. transformers'
+    "sdpa" does that too, but only when it can check at run time that no padding is present; under torch.export
+    (which cuts the model into units) it cannot, and a (seq x seq) boolean mask then crosses every cut and is saved
+    by every layer: 17 GB per sample at 131,072 tokens. The same model under context parallelism needs the
+    is_causal form as well (autopp.run.context)."""
+    transformers = _transformers()
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    transformers.AttentionMaskInterface.register(CAUSAL_ATTENTION, _no_mask)
+    transformers.AttentionInterface.register(CAUSAL_ATTENTION, sdpa_attention_forward)
+    return CAUSAL_ATTENTION
 
 
 #: A block's feed-forward width by family (Llama and BERT, T5, OPT): a config class that takes one of these with a

@@ -24,9 +24,14 @@ logger = logging.getLogger(__name__)
 
 
 def check_runnable(plan: Plan) -> None:
-    """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`), and the expert-parallel
-    layouts the runner does not run (`check_expert_parallel`)."""
+    """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`), the expert-parallel
+    layouts the runner does not run (`check_expert_parallel`), and context parallelism (planned and exported; the
+    runner's ring attention, autopp.run.context, is not wired into the pipeline stages)."""
     check_expert_parallel(plan.layout)
+    if plan.layout.cp > 1:
+        raise RunError(f"plan field 'cp' is {plan.layout.cp}: autopp run does not run context parallelism beside "
+                       "its pipeline stages yet (ring attention on CPU ranks: autopp.run.context); export the plan "
+                       "to torchtitan or megatron, or re-plan with `--cp 1`")
     zero = plan.layout.zero
     if zero.not_runnable is not None:
         raise RunError(f"plan field 'zero' is {zero.stage}: {zero.not_runnable}; plan with `zero` "

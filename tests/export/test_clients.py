@@ -410,6 +410,18 @@ def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # t
     assert titan(text).parallelism.expert_parallel_degree == 2
 
 
+def test_context_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]
+        megatron, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """Issue 27: cp 2: megatron-core's TransformerConfig takes --context-parallel-size, torchtitan's config its
+    context_parallel_degree (with its head-tail load balancer, the one autopp costs)."""
+    plan = dataclasses.replace(llama_plans["dp"], layout=dataclasses.replace(llama_plans["dp"].layout, cp=2))
+    cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
+    assert cfg.context_parallel_size == 2
+    text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
+    par = titan(text).parallelism
+    assert par.context_parallel_degree == 2 and par.context_parallel_load_balancer == "headtail"
+
+
 def test_torchtitan_parses_selective_recomputation(titan, llama: Profile,  # type: ignore[no-untyped-def]
                                                   llama_plans: dict[str, Plan]) -> None:
     """Every stage selective: torchtitan's `activation_checkpoint:selective` subcommand, read by its parser as

@@ -302,10 +302,9 @@ def test_torchtitan_without_tp_writes_what_it_wrote_before(llama: Profile, llama
 def test_an_axis_planned_in_its_descriptor_reaches_every_exporter(monkeypatch: pytest.MonkeyPatch, llama: Profile,
                                                                   llama_plans: dict[str, Plan]) -> None:
     """Issue 24: the exporters spell the axes from their descriptors (autopp.data.axes) alone: context parallelism,
-    once its descriptor says it is planned, is written by torchtitan and Megatron-LM and refused by DeepSpeed, and
-    no exporter names it."""
+    once its descriptor says it is planned (issue 27), is written by torchtitan and Megatron-LM and refused by
+    DeepSpeed, and no exporter names it."""
     from autopp.data import axes
-    monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned=None))
     plan = replace(llama_plans["dp"], layout=replace(llama_plans["dp"].layout, cp=2))
     titan = _titan(plan, llama)
     assert "--parallelism.context_parallel_degree=2" in titan and "--parallelism.tensor_parallel_degree=1" in titan
@@ -315,7 +314,7 @@ def test_an_axis_planned_in_its_descriptor_reaches_every_exporter(monkeypatch: p
     with pytest.raises(ExportError, match=r"^plan: cp 2: DeepSpeed's PipelineModule does not shard sequences .*"
                                           r"re-plan with `cp` 1, or export to torchtitan or megatron$"):
         export_plan(plan, Target.DEEPSPEED, "x.json")
-    monkeypatch.undo()
+    monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned="issue 27"))  # as before it
     assert "context_parallel" not in "".join(_titan(llama_plans["dp"], llama))  # unplanned: written by no one
 
 
@@ -333,7 +332,8 @@ def test_sequence_parallelism_is_spelt_by_its_switch(monkeypatch: pytest.MonkeyP
     tp = _3d(llama_plans["dp"], zero=1)
     sp = replace(tp, layout=replace(tp.layout, sp=True))
     megatron = export_plan(sp, Target.MEGATRON, "x")
-    assert megatron.text.splitlines()[:2] == ["--tensor-model-parallel-size 2", "--sequence-parallel"]
+    assert megatron.text.splitlines()[:3] == ["--context-parallel-size 1", "--tensor-model-parallel-size 2",
+                                              "--sequence-parallel"]
     assert any(n.startswith("sequence parallelism: Megatron's --sequence-parallel") for n in megatron.notes)
     assert "--sequence-parallel" not in export_plan(tp, Target.MEGATRON, "x").text
     assert "no sequence parallelism, as autopp costed it" in export_plan(tp, Target.MEGATRON, "x").notes
@@ -424,9 +424,9 @@ def test_expert_parallelism_exports_with_the_profiles_routing(llama: Profile, ll
     moe = {"num_experts": 8, "top_k": 2}
     megatron = export_plan(plan, Target.MEGATRON, "x", moe=moe)
     lines = megatron.text.splitlines()
-    assert lines[1:5] == ["--expert-model-parallel-size 2", "--num-experts 8", "--moe-router-topk 2",
+    assert lines[2:6] == ["--expert-model-parallel-size 2", "--num-experts 8", "--moe-router-topk 2",
                           "--moe-token-dispatcher-type alltoall"]
-    assert "(world size pp 2 x dp 2 x tp 1;" in megatron.notes[0]
+    assert "(world size pp 2 x dp 2 x cp 1 x tp 1;" in megatron.notes[0]
     assert any("all-to-all dispatcher" in n for n in megatron.notes)
     with pytest.raises(ExportError, match=r"^plan: ep 2: megatron needs --num-experts, and the profile the plan was "
                                           r"made from records no num_experts: profile the model again"):

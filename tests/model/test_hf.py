@@ -23,6 +23,8 @@ pytestmark = pytest.mark.integration
 
 CONFIGS = EXAMPLES / "configs"
 TINY = CONFIGS / "tiny-llama.json"
+#: The attention shape a causal-LM profile of it records (autopp.data.hf_config.HfSource.attention).
+TINY_ATTENTION = {"heads": 4, "kv_heads": 2, "head_dim": 16, "causal": True}
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +59,36 @@ def test_causal_lm_batch_and_loss() -> None:
     check_forward(mf, model)
 
 
+def test_causal_lm_attention_is_sdpa_with_is_causal_and_no_mask() -> None:
+    """Issue 27: a causal LM is built with autopp's attention (autopp.model.hf.CAUSAL_ATTENTION): SDPA with
+    is_causal=True and no mask, so no (seq x seq) mask crosses the units or is saved under torch.export; its output
+    is transformers' own "sdpa" output."""
+    from torch.overrides import TorchFunctionMode
+
+    from autopp.model.hf import CAUSAL_ATTENTION
+    mf = hf_model_file(TINY, seq_len=8)
+    torch.manual_seed(0)
+    model = mf.build()
+    assert model.config._attn_implementation == CAUSAL_ATTENTION
+    torch.manual_seed(0)
+    reference = mf.build()
+    reference.config._attn_implementation = "sdpa"
+    calls: list[tuple[object, object]] = []
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                calls.append((kwargs.get("attn_mask", args[3] if len(args) > 3 else None), kwargs.get("is_causal")))
+            return func(*args, **kwargs)
+
+    (ids,), _ = mf.sample_batch(2)
+    with Spy():
+        out = model(ids).logits
+    assert calls and all(mask is None and causal is True for mask, causal in calls)
+    torch.testing.assert_close(out, reference(ids).logits)
+
+
 def test_seq_cls_batch_and_loss(tmp_path: Path) -> None:
     config = tmp_path / "cls.json"
     config.write_text(json.dumps({**json.loads(TINY.read_text()), "pad_token_id": None,
@@ -81,7 +113,8 @@ def test_masked_lm_on_bert(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name,params", [("llama-3-8b", 8_030_261_248), ("llama-3-70b", 70_553_706_496),
                                          ("qwen2.5-7b", 7_615_616_512), ("deepseek-v3", 671_026_404_352),
-                                         ("qwen3-30b-a3b", 30_532_122_624), ("llama-1b", 1_235_814_400)])
+                                         ("qwen3-30b-a3b", 30_532_122_624), ("llama-1b", 1_235_814_400),
+                                         ("llama-3.1-8b", 8_030_261_248)])
 def test_public_shapes_build_on_meta(name: str, params: int) -> None:
     """The published sizes (Llama-3-8B 8.03 B, 70B 70.6 B, Qwen2.5-7B 7.62 B; the mixtures of experts DeepSeek-V3
     671 B without its multi-token-prediction layer, which transformers does not build, Qwen3-30B-A3B 30.5 B, and
@@ -182,7 +215,8 @@ def test_cli_profile_then_plan_reuses_or_refreshes(tmp_path: Path, monkeypatch: 
     assert main(["profile", "--hf-config", str(TINY), "--seq-len", "8", *quick]) == 0
     profile = load_profile(tmp_path / "profiles" / "tiny-llama")
     assert Path(profile.meta.model_path) == TINY.resolve()
-    assert profile.meta.extra["hf_config"] == {"seq_len": 8, "task": "causal-lm", "model_type": "llama"}
+    assert profile.meta.extra["hf_config"] == {"seq_len": 8, "task": "causal-lm", "model_type": "llama",
+                                               "attention": TINY_ATTENTION}
     assert profile.num_units == 6
     capsys.readouterr()
     plan = ["plan", "--hf-config", str(TINY), "--devices", "2", "--memory", "1GiB", "--global-batch", "2"]
@@ -193,6 +227,7 @@ def test_cli_profile_then_plan_reuses_or_refreshes(tmp_path: Path, monkeypatch: 
     assert "wrote profile profiles/tiny-llama/" in capsys.readouterr().err
     assert load_profile(tmp_path / "profiles" / "tiny-llama").meta.extra["hf_config"]["seq_len"] == 4
     plan_file = tmp_path / "tiny-llama.plan.json"
-    assert json.loads(plan_file.read_text())["hf_config"] == {"seq_len": 4, "task": "causal-lm", "model_type": "llama"}
+    assert json.loads(plan_file.read_text())["hf_config"] == {"seq_len": 4, "task": "causal-lm", "model_type": "llama",
+                                                              "attention": TINY_ATTENTION}
     assert main(["run", str(plan_file), "--steps", "2"]) == 0
     assert json.loads((tmp_path / "tiny-llama.plan.report.json").read_text())["passed"] is True

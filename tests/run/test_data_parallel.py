@@ -29,6 +29,14 @@ def test_zero_2_is_refused_in_one_line_before_any_rank_starts() -> None:
     check_runnable(replace(plan, layout=replace(plan.layout, zero=ZERO[3])))
 
 
+def test_context_parallelism_is_refused_in_one_line_before_any_rank_starts() -> None:
+    """Issue 27: cp is planned and exported, but the runner does not run it beside pipeline stages yet."""
+    plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2, cp=2))
+    with pytest.raises(RunError, match=r"^plan field 'cp' is 2: autopp run does not run context parallelism beside "
+                                       r"its pipeline stages yet .*re-plan with `--cp 1`$"):
+        check_runnable(plan)
+
+
 def _rank_lines(run_dir: Path, text: str) -> list[str]:
     return [line for f in sorted(run_dir.glob("rank*.out")) for line in f.read_text().splitlines() if text in line]
 

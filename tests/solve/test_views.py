@@ -15,7 +15,7 @@ from autopp.data.layout import Layout, LayoutPins
 from autopp.data.zero import NO_ZERO, ZERO, zero_stage
 from autopp.errors import InfeasibleError, LayoutError, ProfileError
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
-from autopp.solve.search.request import configs, tp_choices
+from autopp.solve.search.request import Group, configs, tp_choices
 from autopp.data.synthetic_profile import synthetic_profile
 from autopp.solve.search.views import Views
 
@@ -56,7 +56,7 @@ def test_views_add_the_collectives_and_shard_the_bytes(profile) -> None:  # type
     # what the unit costs do not depend on: the pipeline degree, and replicas that shard nothing
     assert views.arrays(1, Layout(pp=2, dp=4, tp=2)) is tp2 and views.arrays(1, Layout(pp=4, v=2, dp=2)) is whole
     assert views.arrays(1, Layout(pp=1, tp=2, zero=ZERO[1], dp=4)) is z1
-    assert views.degrees() == (1, 2, 4)
+    assert views.degrees() == ((1, 1), (1, 2), (1, 4))  # (cp, tp): no attention shape, cp 1 alone
 
 
 def test_views_are_the_cost_models_group_then_replica_terms(profile) -> None:  # type: ignore[no-untyped-def]
@@ -82,7 +82,7 @@ def test_tp_choices_stay_inside_a_node_unless_allowed(profile) -> None:  # type:
     with pytest.raises(LayoutError, match="does not fit in a node of 2 devices"):
         PlanRequest(cluster=small, global_batch=8, pins=LayoutPins(tp=4))
     req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(tp=None, dp=None, zero=None))
-    cfgs = configs(req, profile.num_units, (1, 2))
+    cfgs = configs(req, profile.num_units, (Group(1, 1), Group(1, 2)))
     layouts = [c.layout for c in cfgs]
     assert {x.tp for x in layouts} == {1, 2} and {x.zero for x in layouts if x.dp > 1} == {ZERO[0], ZERO[1], ZERO[3]}
     assert all(x.world == 8 for x in layouts) and all(x.zero is NO_ZERO for x in layouts if x.dp == 1)
@@ -194,3 +194,49 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
     assert any("the profile records no stacked experts" in n for n in dense.notes)
     assert dense.predicted.step_time_s == pytest.approx(
         make_plan(profile, replace(req, pins=LayoutPins(pp=4, dp=2))).predicted.step_time_s)
+
+
+def _attention_profile(seq: int = 512):  # type: ignore[no-untyped-def]
+    """The module's synthetic profile made as if from an HF config: its attention's shape recorded (issue 27)."""
+    p = synthetic_profile(18, hidden=1024, seq=seq, tp_degrees=(2, 4))
+    hf = {"seq_len": seq, "task": "causal-lm", "model_type": "llama",
+          "attention": {"heads": 8, "kv_heads": 8, "head_dim": 128, "causal": True}}
+    return replace(p, meta=replace(p.meta, extra={"hf_config": hf}))
+
+
+def test_cp_choices_fit_the_nodes_and_shard_the_sequence() -> None:
+    """Context parallelism (issue 27): searched, 1 and each degree whose cp x tp group divides the devices, fits in a
+    node or spans whole nodes, and cuts the sequence into 2 x cp x tp equal chunks; pinned, a degree the sequence
+    refuses is one line; a profile without the attention's shape searches cp 1 alone."""
+    from autopp.solve.search.request import cp_choices
+    auto = PlanRequest(cluster=_nodes(count=2, per=4), global_batch=8, pins=LayoutPins(cp=None, dp=None))
+    assert cp_choices(auto, 1, 512) == [1, 2, 4, 8] and cp_choices(auto, 2, 512) == [1, 2, 4]
+    assert cp_choices(auto, 1, 24) == [1, 2, 4] and cp_choices(auto, 1, None) == [1]
+    six = PlanRequest(cluster=cluster_from_catalog(load_device("h100-sxm"), None, nodes=2, devices_per_node=6),
+                      global_batch=8, pins=LayoutPins(cp=None, dp=None))
+    assert cp_choices(six, 1, 600) == [1, 2, 3, 6, 12] and cp_choices(six, 2, 600) == [1, 3, 6]  # 4 x 1: 4 of 6
+    pinned = PlanRequest(cluster=_nodes(), global_batch=8, pins=LayoutPins(cp=4, tp=2))
+    with pytest.raises(LayoutError, match=r"^`cp` 4 with `tp` 2: context parallelism needs seq % \(2 x cp x tp\) == 0 "
+                                          r"for causal load balancing, and 24 % 16 = 8$"):
+        cp_choices(pinned, 2, 24)
+    assert Views(_attention_profile(), auto).degrees()[:4] == ((1, 1), (2, 1), (4, 1), (8, 1))
+    with pytest.raises(LayoutError, match=r"cp\(3\) x tp\(1\) = 3 devices neither fit in a node of 4 nor span whole"):
+        PlanRequest(cluster=_nodes(count=3, per=4), global_batch=8, pins=LayoutPins(cp=3))
+
+
+def test_the_search_chooses_cp_as_the_best_of_each_cp_pinned() -> None:
+    """cp searched jointly with pp x dp (x ZeRO over dp x cp): the plan is the best of the plans with each degree
+    pinned (the brute force over cp); under this memory limit a context-parallel layout beats every cp-1 one."""
+    profile = _attention_profile(seq=4096)
+    cluster = _nodes(count=1, per=8, memory=4 * GiB)
+
+    def plan(cp: int | None):  # type: ignore[no-untyped-def]
+        req = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(cp=cp, dp=None),
+                          recompute=RecomputeMode.AUTO)
+        return make_plan(profile, req)
+
+    pinned = {cp: plan(cp).predicted.step_time_s for cp in (1, 2, 4, 8)}
+    searched = plan(None)
+    best = min(pinned, key=pinned.__getitem__)
+    assert searched.layout.cp == best > 1 and searched.predicted.step_time_s == pytest.approx(pinned[best])
+    assert pinned[best] < pinned[1]

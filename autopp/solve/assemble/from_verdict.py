@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 from dataclasses import replace
 
-from ...costmodel import (UnitArrays, comm_times, gradient_allreduce_time, ideal_step_time, progress_delays,
-                          sp_offered, stage_costs, stage_speeds)
+from ...costmodel import (UnitArrays, attention_shape, comm_times, gradient_allreduce_time, ideal_step_time,
+                          progress_delays, sp_offered, stage_costs, stage_speeds)
 from ...costmodel.breakdown import time_breakdown
 from ...data.breakdown import TimeBreakdown
 from ...data.overlap import NO_OVERLAP
@@ -88,7 +88,7 @@ def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
         cross += f"; across regions: {', '.join(h for h, level in hops if level == 2) or 'none'}"
     group = cluster.dp_group(0, layout.dp)
     spans = sum(len(region) for region in group)
-    reduce = "none" if layout.dp == 1 else "a ring inside a node" if spans == 1 else \
+    reduce = "none" if layout.sync == 1 else "a ring inside a node" if spans == 1 else \
         f"hierarchical across {spans} nodes" + (f" in {len(group)} regions" if len(group) > 1 else "")
     regions = f" in {nodes.regions} regions" if nodes.regions > 1 else ""
     tp = layout.group
@@ -106,7 +106,8 @@ def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
 
 
 def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
-    """What the tensor-parallel degree and the ZeRO stage mean for this plan (none for tp 1 and ZeRO 0)."""
+    """What the tensor- and context-parallel degrees and the ZeRO stage mean for this plan (none for tp 1, cp 1 and
+    ZeRO 0)."""
     out = []
     tp, zero = c.layout.tp, c.layout.zero
     if tp > 1:
@@ -120,12 +121,20 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     elif tp > 1 and not sp_offered(profile):
         out.append("no sequence parallelism: the profile's tp rows predate sp_sequence_bytes; profile again to "
                    "let the planner use it")
+    if c.layout.cp > 1:
+        shape = attention_shape(profile)
+        seq = f"{shape.seq_len} tokens" if shape else "tokens"
+        out.append(f"context parallelism {c.layout.cp}: each sequence of {seq} sharded over {c.layout.cp} ranks "
+                   "(2 x cp chunks, head-tail balanced), attention as ring attention; stage times include the K/V "
+                   "ring's part not hidden under one block of attention, gradients averaged over dp x cp "
+                   "(docs/parallelism.md#context-parallelism)")
+    over = f"{c.layout.dp} replicas" if c.layout.cp == 1 else f"dp x cp = {c.layout.sync} ranks"
     if c.layout.fsdp:
-        out.append(f"ZeRO stage {zero.stage} over {c.layout.dp} replicas as FSDP2 without a pipeline: parameters, "
+        out.append(f"ZeRO stage {zero.stage} over {over} as FSDP2 without a pipeline: parameters, "
                    "gradients and optimizer state sharded, each unit gathered for its forward and again for its "
                    "backward, its gradients reduce-scattered every microbatch (docs/parallelism.md#zero-stages)")
     elif not zero.replicated:
-        out.append(f"ZeRO stage {zero.stage} over {c.layout.dp} replicas: {zero.sharded} sharded"
+        out.append(f"ZeRO stage {zero.stage} over {over}: {zero.sharded} sharded"
                    + (" (costed only: torch.distributed.pipelining cannot run it)" if zero.not_runnable else ""))
     if c.layout.ep > 1:
         moe, layers = profile.meta.extra.get("moe") or {}, int(profile.units.moe_layers.sum()) // len(

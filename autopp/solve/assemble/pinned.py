@@ -12,7 +12,7 @@ from ...errors import InfeasibleError, LayoutError, PlanError, ScheduleError
 from ...schedule import Activation, describe, listed, policy
 from ...sizes import format_size
 from ..search.judge import Candidate, Verdict, judge
-from ..search.request import Config, PlanRequest, configs
+from ..search.request import Config, Group, PlanRequest, configs
 from ..search.runnable import weight_only_reason, weight_only_sends
 from ..search.views import Views
 from .from_verdict import judge_recompute, plan_from_verdict
@@ -110,8 +110,8 @@ def _warnings(profile: Profile, cluster: Cluster, verdict: Verdict) -> list[str]
     return notes
 
 
-def _split_configs(request: PlanRequest, num_units: int, starts: tuple[int, ...], degrees: tuple[int, ...] = (1,)
-                   ) -> list[Config]:
+def _split_configs(request: PlanRequest, num_units: int, starts: tuple[int, ...],
+                   degrees: tuple[Group, ...] = (Group(1, 1),)) -> list[Config]:
     """The request's configurations with one stage per piece of `starts`; a PlanError naming --split unless the
     starts are increasing unit indices in 1..num_units-1 and some configuration has that many stages."""
     text = ",".join(map(str, starts))

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from ...data.cluster import Cluster
 from ...data.layout import Layout, LayoutPins, check_planned
 from ...data.overlap import NO_OVERLAP, TRAINER_OVERLAP, Overlap
 from ...data.trainers import TRAINER_RULES, refusal
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
-from ...costmodel import UnitArrays, check_expert_zero
+from ...costmodel import UnitArrays, check_expert_zero, check_sequence
 from ...errors import LayoutError, ProfileError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, by_saving, chosen, describe, listed, policy
 from .judge import Candidate
 
-__all__ = ["RecomputeMode", "PlanRequest", "Config", "replica_counts", "microbatch_counts", "zero_stages", "ep_choices",
-           "tp_choices", "configs", "with_sp"]
+__all__ = ["RecomputeMode", "PlanRequest", "Config", "Group", "replica_counts", "microbatch_counts", "zero_stages",
+           "ep_choices", "tp_choices", "cp_choices", "configs", "with_sp"]
 
 
 class RecomputeMode(enum.Enum):
@@ -100,6 +101,17 @@ class PlanRequest:
             raise LayoutError("data parallelism needs identical devices; give `dp` 1 with a heterogeneous cluster")
 
     def _check_tp(self) -> None:
+        if self.pins.cp not in (None, 1) and not self.cluster.homogeneous:
+            raise LayoutError("context parallelism needs identical devices; give `cp` 1 with a heterogeneous cluster")
+        if self.pins.cp not in (None, 1) and self.pins.ep not in (None, 1):
+            raise LayoutError(f"`cp` {self.pins.cp} with `ep` {self.pins.ep}: autopp runs expert parallelism with cp "
+                              "1; give one of them 1")
+        nodes, group = self.cluster.nodes, (self.pins.cp or 1) * (self.pins.tp or 1)
+        if self.pins.cp not in (None, 1) and nodes is not None and nodes.devices_per_node % group \
+                and group % nodes.devices_per_node:
+            raise LayoutError(f"cp({self.pins.cp or 1}) x tp({self.pins.tp or 1}) = {group} devices neither fit in a "
+                              f"node of {nodes.devices_per_node} nor span whole nodes: give degrees whose product "
+                              f"divides or is a multiple of {nodes.devices_per_node}")
         tp = self.pins.tp
         if tp in (None, 1):
             return
@@ -245,7 +257,8 @@ def microbatch_counts(req: PlanRequest, dp: int) -> list[int]:
 
 
 def zero_stages(req: PlanRequest, dp: int) -> tuple[ZeroStage, ...]:
-    """The ZeRO stages to try with `dp` replicas: none without replicas, else the pinned one or SEARCHED_ZERO."""
+    """The ZeRO stages to try over `dp` synchronising ranks (dp x cp, `Layout.sync`): none without, else the pinned
+    one or SEARCHED_ZERO."""
     if dp == 1:
         return (NO_ZERO,)
     return SEARCHED_ZERO if req.pins.zero is None else (req.pins.zero,)
@@ -261,6 +274,26 @@ def tp_choices(req: PlanRequest, profiled: tuple[int, ...]) -> list[int]:
     fits = lambda t: d % (pinned * t) == 0 and (nodes is None or nodes.devices_per_node % t == 0  # noqa: E731
                                                 or req.tp_across_nodes and t % nodes.devices_per_node == 0)
     return [1, *(t for t in sorted(profiled) if t > 1 and fits(t) and req.cluster.homogeneous)]
+
+
+def cp_choices(req: PlanRequest, tp: int, seq_len: int | None) -> list[int]:
+    """Context-parallel degrees to search beside `tp`: the pinned one, else 1 and each degree c > 1 whose group of
+    c x tp devices divides the devices (with the pinned pp and dp), fits in a node or spans whole nodes (as
+    `Cluster.tp_groups` needs), and shards a sequence of `seq_len` tokens (`costmodel.check_sequence`; None: the
+    profile records no attention shape, so 1 alone). A pinned degree the sequence refuses is a LayoutError."""
+    pinned = req.pins.cp
+    if pinned is not None:
+        why = None if pinned == 1 or seq_len is None else check_sequence(seq_len, pinned, tp)
+        if why is not None:
+            raise LayoutError(why)
+        return [pinned]
+    if seq_len is None or req.pins.ep not in (None, 1) or not req.cluster.homogeneous:
+        return [1]
+    nodes, d, others = req.cluster.nodes, req.cluster.num_devices, (req.pins.pp or 1) * (req.pins.dp or 1) * tp
+    rest = d // others if d % others == 0 else 0
+    fits = lambda g: nodes is None or nodes.devices_per_node % g == 0 or g % nodes.devices_per_node == 0  # noqa: E731
+    return [1, *(c for c in range(2, rest + 1) if rest % c == 0 and fits(c * tp)
+                 and check_sequence(seq_len, c, tp) is None)]
 
 
 def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage) -> tuple[int, ...]:
@@ -284,14 +317,24 @@ def with_sp(req: PlanRequest, offered: bool) -> PlanRequest:
     return replace(req, pins=replace(req.pins, sp=searched if req.pins.sp is None else req.pins.sp))
 
 
-def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,), experts: int = 0) -> list[Config]:
-    """Every valid configuration of the request for a model of `n` units, for each tensor-parallel degree in
-    `degrees` (pp and dp count groups of tp devices: `PlanRequest.view`), expert-parallel degree (`ep_choices`) and
-    sequence parallelism where tp > 1 and `sp` is on (`with_sp`; searched ep dividing `experts`, the routed experts
-    per MoE layer, where known); with a `trainer`, only those it runs (autopp.data.trainers)."""
-    out = [replace(c, layout=replace(c.layout, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp)))
-           for tp in degrees for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)
-           for ep in ep_choices(req, c.layout.dp, tp, zero) if not experts or experts % ep == 0 or req.pins.ep]
+class Group(NamedTuple):
+    """The degrees of the axes inside a pipeline rank's group of devices (`Axis.in_group`): one point of the
+    search's outer loop (`Views.degrees`)."""
+
+    cp: int
+    tp: int
+
+
+def configs(req: PlanRequest, n: int, degrees: tuple[Group, ...] = (Group(1, 1),), experts: int = 0) -> list[Config]:
+    """Every valid configuration of the request for a model of `n` units, for each group's context- and
+    tensor-parallel degrees in `degrees` (pp and dp count groups of cp x tp devices: `PlanRequest.view`),
+    expert-parallel degree (`ep_choices`; searched ep dividing `experts`, the routed experts per MoE layer, where
+    known) and sequence parallelism where tp > 1 and `sp` is on (`with_sp`); with a `trainer`, only those it runs
+    (autopp.data.trainers)."""
+    out = [replace(c, layout=replace(c.layout, cp=cp, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp)))
+           for cp, tp in degrees for c in _pipeline_configs(req.view(cp * tp), n)
+           for zero in zero_stages(req, c.layout.dp * cp) for ep in ep_choices(req, c.layout.dp, cp * tp, zero)
+           if not experts or experts % ep == 0 or req.pins.ep]
     if req.trainer is None:
         return out
     rules = TRAINER_RULES[req.trainer]

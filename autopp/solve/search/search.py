@@ -161,7 +161,7 @@ def _options(views: Views, cfgs: list[Config],
     fit the DP re-enters the queue under its all-recompute bound. A configuration whose split the runner would
     refuse (`refuse` says why) is left out."""
     req = views.req
-    groups = len({(c.layout.tp, c.layout.zero) for c in cfgs})
+    groups = len({(c.layout.cp, c.layout.tp, c.layout.zero) for c in cfgs})
     keep = req.shortlist * (2 if links_hold_messages(req.cluster) else 1) * (_GROUPS_FACTOR if groups > 1 else 1)
     splits = _Splits()
     arrays = lambda c: views.arrays(c.b, c.layout)  # noqa: E731

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...costmodel import ProfileTable, UnitArrays, group_table, group_terms, replica_terms
+from ...costmodel import ProfileTable, UnitArrays, attention_shape, group_table, group_terms, replica_terms
 from ...data.layout import Layout, UnitView
 from ...data.profile import Profile
-from .request import PlanRequest, tp_choices
+from .request import Group, PlanRequest, cp_choices, tp_choices
 
 __all__ = ["ArraysKey", "arrays_key", "Views"]
 
@@ -34,9 +34,13 @@ class Views:
         self._requests: dict[int, PlanRequest] = {}
         self._arrays: dict[ArraysKey, UnitArrays] = {}
 
-    def degrees(self) -> tuple[int, ...]:
-        """The tensor-parallel degrees to search (`tp_choices` over the profile's `tp_degrees`)."""
-        return tuple(tp_choices(self.req, tuple(self.profile.meta.tp_degrees)))
+    def degrees(self) -> tuple[Group, ...]:
+        """The groups' degrees to search: each tensor-parallel degree (`tp_choices` over the profile's `tp_degrees`)
+        with each context-parallel degree the sequence allows beside it (`cp_choices`)."""
+        shape = attention_shape(self.profile)
+        seq = None if shape is None else shape.seq_len
+        return tuple(Group(cp, tp) for tp in tp_choices(self.req, tuple(self.profile.meta.tp_degrees))
+                     for cp in cp_choices(self.req, tp, seq))
 
     def request(self, layout: Layout | UnitView) -> PlanRequest:
         """The request as `layout`'s groups of devices see it (`PlanRequest.view`)."""
