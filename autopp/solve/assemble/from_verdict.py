@@ -41,7 +41,8 @@ def judge_recompute(a: UnitArrays, cluster: Cluster, c: Candidate, ladder: tuple
     order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     actions = {r: [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS] for r in sorted(order)}
     costs = stage_costs(a, c.bounds, [1.0] * len(c.bounds))  # memory does not depend on speed
-    choices = recompute_choices(costs, c.owner, actions, lambda r: cluster.device(r).memory_bytes, ladder, fixed)
+    choices = recompute_choices(costs, c.owner, actions, lambda r: cluster.device(r).memory_bytes, ladder, fixed,
+                                c.mirror is not None)
     chosen = choices[0] if choices else fixed or (ladder[0],) * len(c.bounds)
     return judge(a, cluster, replace(c, activations=chosen))
 

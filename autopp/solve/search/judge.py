@@ -10,7 +10,7 @@ from ...data.cluster import Cluster
 from ...costmodel import (UnitArrays, comm_times, message_overheads, progress_delays, stage_costs, stage_speeds,
                          step_end_time)
 from ...data.layout import Layout
-from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, policy, simulate,
+from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, describe, policy, simulate,
                          stage_to_rank)
 from ..partition.dp import Bounds
 
@@ -34,6 +34,11 @@ class Candidate:
     @property
     def owner(self) -> list[int]:
         return stage_to_rank(self.schedule, self.layout.pp, self.layout.v)
+
+    @property
+    def mirror(self) -> int | None:
+        """The first microbatch of the up pipeline (Chimera, `Descriptor.mirror`); None for other schedules."""
+        return describe(self.schedule).mirror(self.microbatches)
 
     @property
     def recomputing(self) -> int:
@@ -85,8 +90,8 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate) -> Verdict:
     costs = stage_costs(a, c.bounds, speeds, message_overheads(cluster, owner))
     order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.activations,
-                   progress_delays(cluster, owner))
-    ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout, speeds)
+                   progress_delays(cluster, owner), c.mirror)
+    ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout, speeds, c.mirror is not None)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
     return Verdict(c, step_time(sim.step_time_s, ar, opt), sim.step_time_s, ar, peaks,

@@ -282,6 +282,13 @@ def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,)) -> list[C
     return [c for c in out if refusal(rules, c.schedule, c.layout, c.m) is None]
 
 
+def mirror_symmetric(cluster: Cluster, pp: int) -> bool:
+    """Whether rank r and rank pp - 1 - r have the same device and links (Chimera's up replica of a stage is then
+    as fast as its down replica, which the simulator assumes: `simulate`'s `mirror`)."""
+    return all(cluster.device(r) == cluster.device(pp - 1 - r) for r in range(pp)) and all(
+        cluster.link_between(r, r + 1) == cluster.link_between(pp - 1 - r, pp - 2 - r) for r in range(pp - 1))
+
+
 def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:
     """The pipeline x data-parallel configurations of a request (tp 1 or a `view`)."""
     names = [req.schedule] if req.schedule else list(NAMED)
@@ -290,6 +297,8 @@ def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:
         pp = req.cluster.num_devices // dp
         for name in names:
             d = describe(name)
+            if d.mirrored and not mirror_symmetric(req.cluster.placed(Layout(pp=pp, dp=dp)), pp):
+                continue
             for v in d.v_choices(req.pins.v):
                 if pp * d.stages_per_rank(v) > n:
                     continue

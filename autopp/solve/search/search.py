@@ -64,12 +64,13 @@ def pipe_spec(req: PlanRequest, c: Config, activation: Activation, walk: bool = 
     count by m (no order walk)."""
     pp, v = c.layout.pp, c.layout.v
     owner = stage_to_rank(c.schedule, pp, v)
+    share = v * (1 if describe(c.schedule).mirror(c.m) is None else 2)  # Chimera: two replicas per rank
     cl = req.cluster.placed(c.layout)
     links = tuple(None if owner[k] == owner[k + 1] else cl.link_between(owner[k], owner[k + 1])
                   for k in range(len(owner) - 1))
     return PipeSpec(num_stages=len(owner), microbatches=c.m, activation=activation,
                     speed=tuple(stage_speeds(cl, owner)),
-                    memory=tuple(cl.device(r).memory_bytes / v for r in owner),
+                    memory=tuple(cl.device(r).memory_bytes / share for r in owner),
                     inflight=inflight(c.schedule, pp, c.m, v) if walk else (c.m,) * len(owner), links=links)
 
 
@@ -127,7 +128,7 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
                          [i + x.overhead_s + r for (i, _), x, r in zip(backward, costs, redo)],
                          [w for _, w in backward],
                          owner, comm_times(a, cluster, bounds, owner), c.m)
-    return est + sum(step_end_time(a, cluster, bounds, owner, c.layout, speeds))
+    return est + sum(step_end_time(a, cluster, bounds, owner, c.layout, speeds, d.mirror(c.m) is not None))
 
 
 @dataclass(frozen=True)
@@ -218,9 +219,9 @@ def _fitted(a: UnitArrays, req: PlanRequest, cand: Candidate) -> Candidate | Non
 
     for r in sorted(order):
         acts = [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS]
-        static = rank_static_bytes(costs, owner, r)
+        static = rank_static_bytes(costs, owner, r, cand.mirror is not None)
         while rank_peak(acts, costs, chosen, static) > req.cluster.device(r).memory_bytes:
-            choices = [s for s, o in enumerate(owner) if o == r and chosen[s] in ladder[:-1]]
+            choices = [s for s in sorted({x.stage for x in acts}) if chosen[s] in ladder[:-1]]
             if not auto or not choices:
                 return None
             s = max(choices, key=saved)
