@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from ...data.cluster import Cluster
-from ...data.layout import Layout, LayoutPins, check_planned
+from ...data.layout import Layout, LayoutPins, check_planned, uses_mesh
 from ...data.trainers import TRAINER_RULES, refusal
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
 from ...costmodel import UnitArrays
@@ -276,6 +276,8 @@ def configs(req: PlanRequest, n: int, degrees: tuple[int, ...] = (1,)) -> list[C
     out = [replace(c, layout=replace(c.layout, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp)))
            for tp in degrees for c in _pipeline_configs(req.view(tp), n) for zero in zero_stages(req, c.layout.dp)
            for ep in ep_choices(req, c.layout.dp, tp, zero)]
+    # the runner runs Chimera's two pipelines on pipeline ranks alone (autopp.run.bidirectional)
+    out = [c for c in out if not describe(c.schedule).mirrored or (c.layout.dp == 1 and not uses_mesh(c.layout))]
     if req.trainer is None:
         return out
     rules = TRAINER_RULES[req.trainer]

@@ -31,7 +31,7 @@ from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bo
 from .judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import EXACT_LIMIT, refine
 from .request import Config, PlanRequest, configs
-from .runnable import PARALLEL_KEY, parallel_refusal, schedule_refusal
+from .runnable import PARALLEL_KEY, mirror_refusal, parallel_refusal, schedule_refusal
 from .views import ArraysKey, Views, arrays_key
 
 __all__ = ["inflight", "pipe_spec", "links_hold_messages", "search"]
@@ -245,6 +245,8 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
         why = schedule_refusal(profile.meta.live_values, c.schedule, bounds)
         key = c.schedule.value
         if why is None:
+            why = mirror_refusal(profile.meta.tied_parameters, c.schedule, c.layout, bounds)
+        if why is None:
             why, key = parallel_refusal(profile.meta.tied_parameters, c.layout, bounds), PARALLEL_KEY
         if why is not None and excluded is not None:
             excluded.setdefault(key, why)
@@ -260,7 +262,8 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
                  "" if verdict.fits else " (too big)")
         if verdict.fits:
             fitting.append(verdict)
-    runs = lambda c: lambda b: schedule_refusal(profile.meta.live_values, c.schedule, b) is None  # noqa: E731
+    runs = lambda c: lambda b: schedule_refusal(profile.meta.live_values, c.schedule, b) is None and \
+        mirror_refusal(profile.meta.tied_parameters, c.schedule, c.layout, b) is None  # noqa: E731
     fitting = _refined(profile.num_units, views, fitting, runs)
     best = min(fitting, key=lambda v: v.key) if fitting else None
     return best, len(cfgs), len(opts)
