@@ -326,3 +326,11 @@ def test_the_search_passes_chimera_over_where_its_replica_allreduce_costs_too_mu
 def test_chimera_is_not_offered_where_rank_r_and_its_mirror_differ() -> None:
     uneven = (Device(memory_bytes=80 * GiB, speed=1.0), Device(memory_bytes=80 * GiB, speed=2.0))
     assert _chimera_case(None, devices=uneven).schedule is not ScheduleName.CHIMERA
+
+
+def test_a_plan_for_a_trainer_never_offers_chimera() -> None:
+    cluster = Cluster(num_devices=2, memory_bytes=80 * GiB, link=_NVLINK)
+    for trainer in ("torchtitan", "megatron", "deepspeed"):
+        plan = make_plan(synthetic_profile(12, hidden=1024, seq=8192),
+                         PlanRequest(cluster=cluster, global_batch=2, schedule=None, trainer=trainer))
+        assert plan.schedule is not ScheduleName.CHIMERA
