@@ -119,7 +119,8 @@ def smallest_memory(profile: Profile, req: PlanRequest, activation: Activation =
         if key in seen:
             continue
         seen.add(key)
-        need = min_memory(views.arrays(c.b, c.layout), replace(spec, memory=())) * c.layout.v
+        share = c.layout.v * (2 if describe(c.schedule).mirrored else 1)  # Chimera: two replicas per device
+        need = min_memory(views.arrays(c.b, c.layout), replace(spec, memory=())) * share
         if best is None or (need, c.m) < best:
             best = (need, c.m)
     return best
