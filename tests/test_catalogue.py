@@ -460,6 +460,9 @@ CASES += [
                                                           "-o", str(env.tmp / "out.json")], lambda env: "--memory"),
     Case("plan:memory-suggested-as-a-size", lambda env: _plan_args(env)[:6] + ["1MiB", "-o", str(env.tmp / "o.json")],
          lambda env: "use --memory 33MiB or more"),  # issue 26: was `use --memory 34288435 or more`
+    Case("plan:chimera-odd-microbatches", lambda env: _plan_args(env, "--schedule", "Chimera", "--global-batch", "6",
+                                                                 "--microbatches", "3"),
+         lambda env: "Chimera needs an even number of microbatches, half per direction (global batch 6 gives [3])"),
     Case("hf-config:no-num-hidden-layers",
          lambda env: ["plan", "--hf-config", str(env.tmp / "c.json"), "--devices", "2", "--memory", "1GiB"],
          lambda env: f'{env.tmp / "c.json"}: no "num_hidden_layers" (or n_layer, num_layers, n_layers): transformers '

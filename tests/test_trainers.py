@@ -13,7 +13,7 @@ S = ScheduleName
 
 
 @pytest.mark.parametrize("trainer, runs", [
-    ("torchtitan", {s for s in S}),  # every named schedule and synthesized orders (torch's CSV runtime)
+    ("torchtitan", {s for s in S} - {S.CHIMERA}),  # torch's named schedules, synthesized orders (its CSV runtime)
     ("megatron", {S.ONE_F_ONE_B, S.INTERLEAVED_1F1B}),
     ("deepspeed", {S.ONE_F_ONE_B}),
 ])
@@ -43,3 +43,12 @@ def test_layout_rules_read_the_zero_and_axis_descriptors() -> None:
     assert trainer_rules("megatron").layout_refusal(Layout(pp=1, dp=2, zero=ZERO[3])) is None
     assert str(trainer_rules("deepspeed").layout_refusal(Layout(pp=2, tp=2))).startswith("tp 2: ")
     assert trainer_rules("deepspeed").layout_refusal(Layout(pp=2, dp=2, zero=ZERO[1])) is None
+
+
+@pytest.mark.parametrize("trainer", sorted(TRAINER_RULES))
+def test_no_trainer_runs_chimera_and_each_says_so_in_one_line(trainer: str) -> None:
+    rules = trainer_rules(trainer)
+    assert S.CHIMERA not in rules.schedules
+    why = rules.schedule_refusal(S.CHIMERA, Layout(pp=2), 4)
+    assert why is not None and why.startswith(f"{rules.title} runs no bidirectional pipelines (Chimera's two "
+                                              "replicas of every stage per rank), only ") and "\n" not in why

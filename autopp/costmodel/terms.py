@@ -14,8 +14,7 @@ from .units import UnitArrays
 
 __all__ = ["transfer_time", "send_times", "comm_times", "message_overheads", "progress_delays", "allreduce_time",
            "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "rank_sync_times",
-           "exposed_sync_time", "optimizer_time",
-           "step_end_time", "step_end_floor"]
+           "exposed_sync_time", "optimizer_time", "replica_allreduce_time", "step_end_time", "step_end_floor"]
 
 _Bytes = TypeVar("_Bytes", float, np.ndarray)
 
@@ -178,18 +177,39 @@ def optimizer_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequ
     return max(per_rank.values(), default=0.0)
 
 
+def replica_allreduce_time(a: UnitArrays, cluster: Cluster, bounds: Sequence[tuple[int, int]],
+                           owner: Sequence[int]) -> float:
+    """Chimera's sum of the two replicas' gradients (Li and Hoefler, SC'21, section 3.4): rank r and rank p - 1 - r
+    both hold stages owner r and p - 1 - r (one down, one up replica) and all-reduce their gradients, a ring of 2
+    on the link between them (`_ring`); the slowest pair."""
+    p = max(owner) + 1
+    grads = [0.0] * p
+    for (i, j), r in zip(bounds, owner):
+        grads[r] += float(a.grads[i:j].sum())
+    return max((_ring(grads[r] + grads[p - 1 - r], 2, cluster.link_between(r, p - 1 - r))
+                for r in range(p) if r != p - 1 - r), default=0.0)
+
+
 def step_end_time(a: UnitArrays, cluster: Cluster, bounds: Sequence[tuple[int, int]], owner: Sequence[int],
-                  layout: Layout, speeds: Sequence[float]) -> tuple[float, float]:
+                  layout: Layout, speeds: Sequence[float], mirrored: bool = False) -> tuple[float, float]:
     """What a step adds after its pipeline drains, per term: (the slowest rank's gradient synchronisation over the
     layout's `sync` ranks, the slowest rank's optimizer step). The judge and the search's estimate add both to the
-    pipeline's time; a new per-step term goes here and into `step_end_floor`, reading its degrees from `layout`."""
-    return exposed_sync_time(a, bounds, owner, layout, cluster, speeds), optimizer_time(a, bounds, owner, speeds)
+    pipeline's time; a new per-step term goes here and into `step_end_floor`, reading its degrees from `layout`.
+    `mirrored` (Chimera: each rank also holds stage s's up replica on rank p - 1 - owner[s]): the replicas' gradients
+    are summed first (`replica_allreduce_time`, in the first term), then each rank synchronises and steps both of
+    its replicas."""
+    if not mirrored:
+        return exposed_sync_time(a, bounds, owner, layout, cluster, speeds), optimizer_time(a, bounds, owner, speeds)
+    both, p = [*bounds, *bounds], max(owner) + 1
+    up = [*owner, *(p - 1 - r for r in owner)]
+    return (replica_allreduce_time(a, cluster, bounds, owner) + gradient_allreduce_time(a, both, up, layout, cluster),
+            optimizer_time(a, both, up, [*speeds, *speeds]))
 
 
 def step_end_floor(a: UnitArrays, cluster: Cluster, layout: Layout) -> float:
     """A lower bound of `sum(step_end_time(...))` valid for every split into stages on the layout's pp ranks: some
     rank holds at least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded
-    by 0); on a cluster of nodes, with the cheapest rank's group."""
+    by 0); on a cluster of nodes, with the cheapest rank's group. (Chimera's replica terms only add to it.)"""
     if a.fsdp:
         return 0.0
     floor = _sync_floor(a, cluster, layout)

@@ -305,8 +305,9 @@ def _check_consistent(plan: Plan) -> None:
 
 
 def _check_step_time(plan: Plan) -> None:
-    """Every rank runs each of its stages' forward and backward once per microbatch, so the predicted step cannot be
-    shorter than num_microbatches x the busiest rank's per-microbatch work. A file edited by hand (a microbatch
+    """Every rank runs each of its stages' forward and backward once per microbatch (Chimera: half of them through
+    each of its two replicas), so the predicted step cannot be shorter than num_microbatches x the busiest rank's
+    per-microbatch work. A file edited by hand (a microbatch
     count changed after planning) breaks that; its ranks would run for as long as the count says. Checked on plans
     the planner made (ideal_step_time_s > 0); hand-built plans without one are taken as they are."""
     if plan.ideal_step_time_s <= 0:
@@ -316,6 +317,9 @@ def _check_step_time(plan: Plan) -> None:
         split = (s.backward_input_s or 0.0) + (s.backward_weight_s or 0.0)
         backward = min(s.backward_s, split) if s.backward_input_s is not None else s.backward_s
         work[s.rank] = work.get(s.rank, 0.0) + s.forward_s + backward
+    if describe(plan.schedule).mirrored:  # Chimera: half of the microbatches through each of a rank's two replicas
+        p = plan.layout.pp
+        work = {r: (w + work.get(p - 1 - r, 0.0)) / 2 for r, w in work.items()}
     rank, per_mb = max(work.items(), key=lambda kv: kv[1])
     least = plan.num_microbatches * per_mb
     if least > plan.predicted.step_time_s * (1 + 1e-6) + 1e-12:

@@ -55,6 +55,9 @@ class Trainer:
         """Why it cannot run `schedule` on `layout` with `microbatches` per replica (None: it can)."""
         if describe(schedule).given_order:
             return None if self.synthesized else f"{self.title} runs no synthesized order, only {self.runs}"
+        if describe(schedule).mirrored:  # no trainer ships Chimera (Li and Hoefler, SC'21)
+            return (f"{self.title} runs no bidirectional pipelines ({schedule.value}'s two replicas of every stage "
+                    f"per rank), only {self.runs}")
         if schedule not in self.schedules:
             return f"{self.title} runs only {self.runs}"
         if layout.v > 1 and self.groups_microbatches:
@@ -115,7 +118,7 @@ HF_DECODER_TO_TORCHTITAN = (("model.embed_tokens", "tok_embeddings"), ("model.ro
 #: Every trainer autopp exports to, by name.
 TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
     Trainer(name="torchtitan", title="torchtitan", runs="torch's named schedules",
-            schedules=tuple(s for s in ScheduleName if not describe(s).given_order), synthesized=True,
+            schedules=tuple(s for s in ScheduleName if not describe(s).given_order and describe(s).torch_class), synthesized=True,
             seq_len="--training.seq_len={}", module_names=HF_DECODER_TO_TORCHTITAN),
     Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",
             schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,

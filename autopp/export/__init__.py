@@ -87,7 +87,7 @@ def export_plan(plan: Plan, target: Target, out: str | Path,
         return to_megatron(plan, where, moe, values)
     if target is Target.DEEPSPEED:
         return to_deepspeed(plan, str(base.with_name(_module_name(base.name.split(".")[0]) + ".py")), where)
-    return to_torch_csv(plan)
+    return to_torch_csv(plan, where)
 
 
 def write_export(exported: Exported, out: str | Path) -> list[Path]:

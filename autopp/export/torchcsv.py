@@ -7,7 +7,8 @@ import io
 
 from ..data.plan import Plan
 from ..predict import plan_order
-from ..schedule import to_csv_rows
+from .layers import ExportError
+from ..schedule import describe, to_csv_rows
 from .common import Exported
 
 __all__ = ["csv_text", "to_torch_csv"]
@@ -20,7 +21,13 @@ def csv_text(plan: Plan) -> str:
     return out.getvalue()
 
 
-def to_torch_csv(plan: Plan) -> Exported:
+def to_torch_csv(plan: Plan, where: str = "plan") -> Exported:
+    """The CSV and how to load it; an ExportError for a schedule torch's runtime cannot run from one action list
+    (Chimera's two pipelines: the same stage indices on mirrored ranks, `autopp.run.bidirectional`)."""
+    if describe(plan.schedule).mirrored:
+        raise ExportError(f"{where}: the plan's schedule is {plan.schedule.value}, whose two pipelines torch's "
+                          f"_PipelineScheduleRuntime cannot run from one per-rank CSV (the same stages on mirrored "
+                          f"ranks); run it with `autopp run`, or re-plan with --schedule 1F1B")
     note = (f"torch-csv: load with _PipelineScheduleRuntime(stages, n_microbatches={plan.num_microbatches}, ...)"
             "._load_csv(path, format='compute_only'); stages placed as in the plan")
     return Exported(csv_text(plan), {}, (note,))

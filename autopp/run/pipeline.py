@@ -21,6 +21,7 @@ from ..model.contract import ModelFile
 from ..model.split import split_model
 from ..data.plan import Plan
 from ..schedule import Action, Kind, StagePlacement, ScheduleName, describe, listed, to_csv_rows
+from .bidirectional import BidirectionalSchedule, mirror_groups, mirror_stage
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .outputs import model_loss
 from .parallel import Sharding, shard_stage
@@ -69,6 +70,9 @@ class RankStages:
     """Canonical name -> pipeline ranks holding a copy, for every parameter held on more than one rank."""
     relayed: dict[int, tuple[str, ...]] = field(default_factory=dict)
     """Per stage of this rank, the values it passes on that a later stage reads (see autopp.run.chain)."""
+    mirror: Any = None
+    """Chimera: this rank's pair group {r, p - 1 - r}, over which its two replicas' gradients are summed
+    (autopp.run.bidirectional); None for other schedules."""
 
 
 def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
@@ -87,7 +91,12 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
     names = {i: canonical_names([n for n, _ in pipe.get_stage_module(i).named_parameters(remove_duplicate=False)],
                                 alias)
              for i in range(pipe.num_stages)}
-    mine = [i for i, r in enumerate(owner) if r == pp_rank]
+    mirrored = describe(plan.schedule).mirrored  # Chimera: also the up replica of stage p - 1 - r
+    if mirrored and (mesh is not None or plan.layout.dp > 1):
+        raise RunError(f"the runner runs {plan.schedule.value} without data, tensor or ZeRO parallelism "
+                       f"({plan.layout.describe()}): plan it with `--dp 1`")
+    groups = mirror_groups(len(owner), pp_rank) if mirrored else None
+    mine = [i for i, r in enumerate(owner) if r == pp_rank or (mirrored and len(owner) - 1 - r == pp_rank)]
     loss = model_loss(mf.loss_fn, model, tuple(example), pipe) if len(owner) - 1 in mine else mf.loss_fn
     full = model if resolved or plan.layout.ep > 1 else None
     sequence = tuple(sequence_planned(mf, model, plan, resolved, example)) if resolved else ()
@@ -95,13 +104,20 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
     stages, relayed = _chain_stages(pipe, mine, len(owner), device, group, plan, example, sharding)
     for stage in stages:
         contiguous_sends(stage)
+        if groups is not None and stage.stage_index != pp_rank:
+            mirror_stage(stage, groups[0])
     params: dict[str, list[nn.Parameter]] = {}
     for stage in stages:
         for n, p in stage.submod.named_parameters(remove_duplicate=False):
             copies = params.setdefault(alias.get(n, n), [])
             if all(p is not q for q in copies):
                 copies.append(p)
-    return RankStages(stages, loss, params, shared_params(names, owner), relayed)
+    shared = shared_params(names, owner)
+    if groups is not None and (shared or any(len(ps) > 1 for ps in params.values())):
+        raise RunError(f"the model ties {sorted(shared or params)[0]!r} between stages, which the runner does not sum "
+                       f"under {plan.schedule.value} (its two replicas hold both copies): untie it or use another "
+                       f"schedule")
+    return RankStages(stages, loss, params, shared, relayed, groups[1] if groups is not None else None)
 
 
 def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.device,
@@ -188,9 +204,15 @@ def _contiguous(value: Any) -> Any:
     return value.contiguous() if isinstance(value, torch.Tensor) else value
 
 
-def make_schedule(plan: Plan, stages: Sequence[Stage], loss_fn: Any, csv_path: Path) -> _PipelineSchedule:
-    """The torch schedule for the plan, with the default scale_grads=True (gradients of the mean loss)."""
+def make_schedule(plan: Plan, stages: Sequence[Stage], loss_fn: Any, csv_path: Path, mirror: Any = None
+                  ) -> _PipelineSchedule | BidirectionalSchedule:
+    """The torch schedule for the plan, with the default scale_grads=True (gradients of the mean loss); Chimera's
+    is autopp's (`BidirectionalSchedule`, over the `mirror` pair group of `RankStages`)."""
     d = describe(plan.schedule)
+    if d.mirrored:
+        rank = min(s.stage_index for s in stages if s.stage_index_to_group_rank[s.stage_index] == s.stage_index)
+        order = d.build(plan.layout.pp, plan.num_microbatches)[rank]
+        return BidirectionalSchedule(stages, order, plan.num_microbatches, loss_fn, mirror)
     if d.given_order:
         if not plan.custom_order:
             raise RunError(f"plan schedule is {plan.schedule.value} but it has no custom_order")

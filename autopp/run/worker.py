@@ -198,7 +198,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         _check_untied(plan, built)
     stages = built.stages
     ties = tie_groups(built.shared, plan.layout, ranks.replica, ranks.pp_rank)
-    schedule = make_schedule(plan, stages, built.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv")
+    schedule = make_schedule(plan, stages, built.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv",
+                             built.mirror)
     params = _params(stages)
     experts = expert_params([s.submod for s in stages])
     optimizer = make_optimizer(args.optimizer, params, lr=args.lr)

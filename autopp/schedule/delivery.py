@@ -96,7 +96,7 @@ def _earliest_start(sim: SimState, rank: int, memo: dict[int, float]) -> float:
             break
         seen.add(r)
         need = producer(sim.order[r][sim.position[r]], sim)
-        q = sim.owner[need.stage]
+        q = sim.rank_of(need.stage, need.microbatch)
         i = sim.index[q].get(need)
         if q == r or q in seen or i is None or i < sim.position[q]:
             bound = sim.clock[r]

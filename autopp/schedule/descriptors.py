@@ -31,6 +31,8 @@ class ScheduleName(Enum):
     INTERLEAVED_ZERO_BUBBLE = "InterleavedZeroBubble"
     ZBV_ZERO_BUBBLE = "ZBVZeroBubble"
     DUAL_PIPE_V = "DualPipeV"
+    CHIMERA = "Chimera"
+    """Two pipelines in opposite directions over the same ranks (Li and Hoefler, SC'21); torch ships no class."""
     CUSTOM = "Custom"
     """A per-rank order given in the plan (CP-SAT synthesis), run by torch's CSV schedule runtime."""
 
@@ -42,6 +44,10 @@ class StagePlacement(Enum):
     """Stage s on rank s % p (Megatron interleaving; one stage per rank is the special case v = 1)."""
     V = "v"
     """Zig-zag: chunk c runs ranks 0..p-1 when c is even and p-1..0 when odd (ZB-V, DualPipeV)."""
+    BIDIRECTIONAL = "bidirectional"
+    """Two replicas of every stage: stage s on rank s for the first half of the microbatches ("down") and on rank
+    p - 1 - s for the second half ("up"), Chimera's bidirectional pipelines. `stage_to_rank` gives the down ranks;
+    `Descriptor.mirror` says which microbatches go up."""
     GIVEN = "given"
     """The plan lists each stage's rank (custom orders)."""
 
@@ -151,6 +157,30 @@ def _bound_zero_bubble(f: Floors, m: int, p: int, v: int) -> float:
     return m * f.rank + (p - 1) / v * max(0.0, f.gap) + f.comm / v
 
 
+def _estimate_chimera(forward: Sequence[float], backward_input: Sequence[float], backward_weight: Sequence[float],
+                      owner: Sequence[int], comm: Sequence[float], m: int) -> float:
+    """Chimera (Li and Hoefler, SC'21, section 3.2: p - 2 idle slots per rank against 1F1B's 2(p - 1)): each rank
+    runs m / 2 microbatches through each of its two replicas, (m / 2) max_r (T_r + T_(p-1-r)), plus half of 1F1B's
+    fill and drain, (p - 2) / 2 max T, plus 2 sum c."""
+    times = _stage_times(forward, backward_input, backward_weight)
+    p = len(times)
+    pair = max(times[r] + times[p - 1 - r] for r in range(p))
+    return m / 2 * pair + (p - 2) / 2 * max(times) + 2 * sum(comm)
+
+
+def _estimate_bound_chimera(f: Floors, m: int, p: int, v: int) -> float:
+    """Chimera: max_r (T_r + T_(p-1-r)) >= 2 sum T / p, so m sum T / p + (p - 2) / 2 max T + 2 sum c bounds its
+    estimate."""
+    return m * f.total / p + (p - 2) / 2 * f.stage + f.comm
+
+
+def _bound_chimera(f: Floors, m: int, p: int, v: int) -> float:
+    """Chimera: the busiest rank does at least the average work, m sum T / p, and one microbatch's round trip takes
+    sum T + 2 sum c; the larger bounds the simulation, and the smaller of that and the estimate's bound bounds
+    both."""
+    return min(_estimate_bound_chimera(f, m, p, v), max(m * f.total / p, f.total + f.comm))
+
+
 def _exact_gpipe(p: int, m: int) -> tuple[int, ...]:
     return (m,) * p
 
@@ -170,7 +200,7 @@ class Descriptor:
     splits_backward: bool
     """Runs each backward as an input pass I and a weight pass W (False for CUSTOM: its order says)."""
     torch_class: str
-    """The class in torch.distributed.pipelining.schedules that runs it."""
+    """The class in torch.distributed.pipelining.schedules that runs it ("": none; autopp's runner has its own)."""
     builder: Builder | None = None
     """Rank r's compute actions for (r, p, m, v); None: the plan gives the order."""
     estimate: Estimate | None = None
@@ -189,6 +219,16 @@ class Descriptor:
     DualPipe, arXiv 2412.19437 s.3.2.1): `autopp.schedule.simulate` times it so."""
     exact_inflight: Callable[[int, int], tuple[int, ...]] | None = None
     """Per stage, microbatches of activations held at its peak, in closed form; None: walk rank 0's order."""
+
+    @property
+    def mirrored(self) -> bool:
+        """Two replicas of every stage, one per direction (BIDIRECTIONAL: Chimera)."""
+        return self.placement is StagePlacement.BIDIRECTIONAL
+
+    def mirror(self, num_microbatches: int) -> int | None:
+        """The first microbatch of the up pipeline (BIDIRECTIONAL: the second half of the microbatches runs stage s
+        on rank p - 1 - s); None: every microbatch runs on the stage's one rank."""
+        return num_microbatches // 2 if self.mirrored else None
 
     @property
     def single_stage(self) -> bool:
@@ -222,7 +262,7 @@ class Descriptor:
     def stage_to_rank(self, num_ranks: int, v: int = 1) -> list[int]:
         """Rank of every stage (index = stage): loop layout s % p, or the V zig-zag."""
         v = self.stages_per_rank(v)
-        if self.placement is StagePlacement.LOOP:
+        if self.placement in (StagePlacement.LOOP, StagePlacement.BIDIRECTIONAL):  # BIDIRECTIONAL: the down ranks
             return [s % num_ranks for s in range(num_ranks * v)]
         if self.placement is StagePlacement.V:
             return [s % num_ranks if (s // num_ranks) % 2 == 0 else num_ranks - 1 - s % num_ranks
@@ -246,6 +286,8 @@ class Descriptor:
                 f"{name} needs microbatches to be a multiple of rounds = max(1, microbatches // ranks)"
                 f" ({num_microbatches} % {rounds} = {num_microbatches % rounds})"
             )
+        if self.placement is StagePlacement.BIDIRECTIONAL:
+            _check_bidirectional(name, num_ranks, num_microbatches)
         return v
 
     def build(self, num_ranks: int, num_microbatches: int, v: int = 1) -> dict[int, list[Action]]:
@@ -254,6 +296,16 @@ class Descriptor:
             raise ScheduleError(f"{self.name.value} has no order of its own: the plan gives it")
         v = self.validate(num_ranks, num_microbatches, v)
         return {r: self.builder(r, num_ranks, num_microbatches, v) for r in range(num_ranks)}
+
+
+def _check_bidirectional(name: str, num_ranks: int, num_microbatches: int) -> None:
+    """Chimera's size rules: an even pipeline (rank r's two replicas are distinct stages r and p - 1 - r) and as many
+    microbatches down as up."""
+    if num_ranks % 2:
+        raise ScheduleError(f"{name} needs an even number of ranks ({num_ranks} % 2 = 1)")
+    if num_microbatches % 2:
+        raise ScheduleError(f"{name} needs an even number of microbatches, half per direction "
+                            f"({num_microbatches} % 2 = 1)")
 
 
 _GPIPE = Descriptor(name=ScheduleName.GPIPE, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
@@ -283,12 +335,15 @@ _ZBV = Descriptor(name=ScheduleName.ZBV_ZERO_BUBBLE, placement=StagePlacement.V,
 _DUAL_PIPE_V = Descriptor(name=ScheduleName.DUAL_PIPE_V, placement=StagePlacement.V, fixed_v=2, splits_backward=True,
                           torch_class="ScheduleDualPipeV", builder=named.dual_pipe_v, estimate=_estimate_zero_bubble,
                           pipe_bound=_bound_zero_bubble, min_microbatches_per_rank=2, overlaps_f_b=True)
+_CHIMERA = Descriptor(name=ScheduleName.CHIMERA, placement=StagePlacement.BIDIRECTIONAL, fixed_v=1,
+                      splits_backward=False, torch_class="", builder=named.chimera, estimate=_estimate_chimera,
+                      pipe_bound=_bound_chimera, estimate_bound=_estimate_bound_chimera)
 _CUSTOM = Descriptor(name=ScheduleName.CUSTOM, placement=StagePlacement.GIVEN, fixed_v=None, splits_backward=False,
                      torch_class="_PipelineScheduleRuntime")
 
 #: The registry: every schedule's descriptor.
 DESCRIPTORS: dict[ScheduleName, Descriptor] = {d.name: d for d in (
-    _GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _LOOPED_BFS, _INTERLEAVED_ZB, _ZBV, _DUAL_PIPE_V, _CUSTOM)}
+    _GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _LOOPED_BFS, _INTERLEAVED_ZB, _ZBV, _DUAL_PIPE_V, _CHIMERA, _CUSTOM)}
 
 #: The schedules with an order of their own (all but CUSTOM), in the order the search tries them.
 NAMED: tuple[ScheduleName, ...] = tuple(n for n, d in DESCRIPTORS.items() if not d.given_order)

@@ -175,9 +175,12 @@ class _ByteTable(dict[int, dict[Kind, tuple[int, int]]]):
         return row
 
 
-def rank_static_bytes(costs: Sequence[StageCost], owner: Sequence[int], rank: int) -> int:
-    """Bytes `rank` holds all step: the parameters, gradients and optimizer state of its stages."""
-    return sum(c.static_bytes for c, o in zip(costs, owner) if o == rank)
+def rank_static_bytes(costs: Sequence[StageCost], owner: Sequence[int], rank: int, mirrored: bool = False) -> int:
+    """Bytes `rank` holds all step: the parameters, gradients and optimizer state of its stages; `mirrored`
+    (Chimera's two pipelines): also of the up replicas it holds, stage s on rank p - 1 - owner[s], so a rank holds
+    two stages' weights, gradients and optimizer state."""
+    p = max(owner, default=-1) + 1
+    return sum(c.static_bytes * ((o == rank) + (mirrored and p - 1 - o == rank)) for c, o in zip(costs, owner))
 
 
 def transient_peak(stages: Iterable[int], costs: Sequence[StageCost]) -> int:
@@ -201,11 +204,11 @@ def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], activations
 
 
 def order_peaks(order: Mapping[int, Sequence[Action | None]], costs: Sequence[StageCost], owner: Sequence[int],
-                activations: Sequence[Activation]) -> list[int]:
+                activations: Sequence[Activation], mirrored: bool = False) -> list[int]:
     """Per-rank peak memory from the order alone (`rank_peak` of every rank; idle slots and sends/receives hold
-    nothing)."""
+    nothing; `mirrored`: `rank_static_bytes`'s)."""
     return [rank_peak([a for a in order[r] if a is not None and a.kind in COMPUTE_KINDS], costs, activations,
-                      rank_static_bytes(costs, owner, r)) for r in sorted(order)]
+                      rank_static_bytes(costs, owner, r, mirrored)) for r in sorted(order)]
 
 
 def memory_timeline(events: Iterable[tuple[int, Action, float, float]], costs: Sequence[StageCost],

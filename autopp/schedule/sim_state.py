@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -11,7 +12,7 @@ from autopp.schedule.actions import Action, Kind
 from autopp.schedule.activation import Activation
 from autopp.schedule.effects import StageCost, durations
 
-__all__ = ["Event", "SimState", "new_state", "producer", "build_positions", "pairs", "hidden_s"]
+__all__ = ["Event", "SimState", "new_state", "producer", "build_positions", "pairs", "hidden_s", "mirrored"]
 
 
 class Event(NamedTuple):
@@ -61,12 +62,23 @@ class SimState:
     paired: list[frozenset[int]] = field(default_factory=list)
     """Per rank, the positions of the full backwards that run overlapped with the forward before them (`pairs`;
     empty unless the schedule overlaps them)."""
+    mirror: float = math.inf
+    """The first microbatch of the up pipeline (Chimera: it runs stage s on `owner_up[s]`); inf: none."""
+    owner_up: Sequence[int] = ()
+    """Per stage, the rank of its up replica (`mirror`): p - 1 - owner."""
+
+    def rank_of(self, stage: int, microbatch: int) -> int:
+        """The rank that runs `stage` for `microbatch` (its up replica's from `mirror` on)."""
+        return self.owner_up[stage] if microbatch >= self.mirror else self.owner[stage]
 
 
 def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequence[int],
-              comm_s: Sequence[float], activations: Sequence[Activation], progress_s: Sequence[float]
-              ) -> SimState:
-    """The state before any action ran: hops and delays per stage boundary, busy times per stage."""
+              comm_s: Sequence[float], activations: Sequence[Activation], progress_s: Sequence[float],
+              mirror: int | None = None) -> SimState:
+    """The state before any action ran: hops and delays per stage boundary, busy times per stage. With `mirror`,
+    microbatches from it on run the up pipeline (stage s on rank p - 1 - owner[s]) with the same hops and delays:
+    the mirrored links are taken to be as fast as the down ones (true on one node and on nodes of equal size
+    dividing p)."""
     n = len(costs)
     hop_in = [0.0] + [0.0 if owner[s - 1] == owner[s] else comm_s[s - 1] for s in range(1, n)]
     hop_back = hop_in[1:] + [0.0]
@@ -79,7 +91,14 @@ def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequ
         return [{} for _ in range(n)]
 
     return SimState(order, costs, owner, activations, hop_in, hop_back, delay_in, delay_back, busy, table(), table(),
-                    table(), table(), [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)])
+                    table(), table(), [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)],
+                    mirror=math.inf if mirror is None else mirror, owner_up=mirrored(owner))
+
+
+def mirrored(owner: Sequence[int]) -> list[int]:
+    """The up pipeline's ranks of Chimera's stages: p - 1 - owner[s] (p = the pipeline's ranks)."""
+    p = max(owner, default=-1) + 1
+    return [p - 1 - o for o in owner]
 
 
 def build_positions(sim: SimState) -> None:
@@ -99,7 +118,7 @@ def producer(a: Action, sim: SimState) -> Action:
     if mb not in sim.fwd_end[s]:
         return Action(s, Kind.F, mb)
     build_positions(sim)
-    where = sim.index[sim.owner[s + 1]]
+    where = sim.index[sim.rank_of(s + 1, mb)]
     found = [(where[x], x) for x in (Action(s + 1, Kind.B, mb), Action(s + 1, Kind.I, mb)) if x in where]
     return min(found)[1] if found else Action(s + 1, Kind.B, mb)
 

@@ -16,9 +16,9 @@ from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind, Order
 from autopp.schedule.activation import Activation
 from autopp.schedule.deadlock import deadlock_message
 from autopp.schedule.delivery import delivered, next_to_force
-from autopp.schedule.descriptors import DESCRIPTORS, ScheduleName, build_schedule, stage_to_rank
+from autopp.schedule.descriptors import DESCRIPTORS, ScheduleName, build_schedule, describe, stage_to_rank
 from autopp.schedule.effects import StageCost, memory_timeline, rank_static_bytes, transient_peak
-from autopp.schedule.sim_state import Event, SimState, hidden_s, new_state, pairs
+from autopp.schedule.sim_state import Event, SimState, hidden_s, mirrored, new_state, pairs
 
 __all__ = ["SimResult", "simulate", "simulate_named"]
 
@@ -39,24 +39,27 @@ class SimResult:
     """Per rank: (time, bytes held from that time on); first point at time 0, static bytes plus what starts then."""
 
 
-def _compute_only(order: Order, num_stages: int, owner: Sequence[int]) -> list[list[Action]]:
+def _compute_only(order: Order, num_stages: int, owner: Sequence[int], mirror: int | None) -> list[list[Action]]:
     ranks = sorted(order)
     if ranks != list(range(len(ranks))):
         raise ScheduleError(f"order must name ranks 0..{len(ranks) - 1}, got {ranks}")
     out: list[list[Action]] = []
+    owner_up = mirrored(owner)
     for r in ranks:
         acts = [a for a in order[r] if a is not None and a.kind in COMPUTE_KINDS]
         for a in acts:
-            if not 0 <= a.stage < num_stages or owner[a.stage] != r:
-                raise ScheduleError(_misplaced(a, r, num_stages, owner))
+            up = mirror is not None and a.microbatch >= mirror
+            if not 0 <= a.stage < num_stages or (owner_up if up else owner)[a.stage] != r:
+                raise ScheduleError(_misplaced(a, r, num_stages, owner_up if up else owner, up))
         out.append(acts)
     return out
 
 
-def _misplaced(a: Action, rank: int, num_stages: int, owner: Sequence[int]) -> str:
+def _misplaced(a: Action, rank: int, num_stages: int, owner: Sequence[int], up: bool = False) -> str:
     if not 0 <= a.stage < num_stages:
         return f"{a} on rank {rank}: stage {a.stage} outside 0..{num_stages - 1}"
-    return f"{a} is on rank {rank} but stage {a.stage} lives on rank {owner[a.stage]}"
+    replica = "'s up replica" if up else ""
+    return f"{a} is on rank {rank} but stage {a.stage}{replica} lives on rank {owner[a.stage]}"
 
 
 def _check_inputs(stage_costs: Sequence[StageCost], owner: Sequence[int], comm_s: Sequence[float],
@@ -84,7 +87,7 @@ def _advance(sim: SimState, rank: int) -> bool:
     sim.pending.pop(rank, None)
     fwd, grad, inputs, weights = sim.fwd_end, sim.grad_end, sim.input_end, sim.weight_end
     hop_in, hop_back, durations, last = sim.hop_in, sim.hop_back, sim.durations, len(sim.costs) - 1
-    delay_in, delay_back, owner = sim.delay_in, sim.delay_back, sim.owner
+    delay_in, delay_back, owner, owner_up, mirror = sim.delay_in, sim.delay_back, sim.owner, sim.owner_up, sim.mirror
     forward, weight, backward_input, end = Kind.F, Kind.W, Kind.I, len(acts)
     while pos < end:
         a = acts[pos]
@@ -96,7 +99,7 @@ def _advance(sim: SimState, rank: int) -> bool:
             ready += hop_in[s]
             if delay_in[s]:
                 ready = ready if ready > clock else clock
-                moved_at = delivered(sim, owner[s - 1], ready, delay_in[s])
+                moved_at = delivered(sim, owner[s - 1] if mb < mirror else owner_up[s - 1], ready, delay_in[s])
                 if moved_at is None:
                     sim.pending[rank] = (ready, owner[s - 1])
                     break
@@ -115,7 +118,7 @@ def _advance(sim: SimState, rank: int) -> bool:
             grad_in += hop_back[s]
             if delay_back[s]:
                 grad_in = grad_in if grad_in > clock else clock
-                moved_at = delivered(sim, owner[s + 1], grad_in, delay_back[s])
+                moved_at = delivered(sim, owner[s + 1] if mb < mirror else owner_up[s + 1], grad_in, delay_back[s])
                 if moved_at is None:
                     sim.pending[rank] = (grad_in, owner[s + 1])
                     break
@@ -146,9 +149,9 @@ _new_tuple = tuple.__new__
 
 
 def _neighbours(sim: SimState, rank: int) -> set[int]:
-    stages = {a.stage for a in sim.order[rank]}
-    near = {s + d for s in stages for d in (-1, 1) if 0 <= s + d < len(sim.owner)}
-    return {sim.owner[s] for s in near} - {rank}
+    runs = {(a.stage, a.microbatch >= sim.mirror) for a in sim.order[rank]}
+    near = {(s + d, up) for s, up in runs for d in (-1, 1) if 0 <= s + d < len(sim.owner)}
+    return {sim.owner_up[s] if up else sim.owner[s] for s, up in near} - {rank}
 
 
 def _run(sim: SimState) -> None:
@@ -181,7 +184,7 @@ def _run(sim: SimState) -> None:
 
 
 def _static(sim: SimState, rank: int) -> int:
-    return rank_static_bytes(sim.costs, sim.owner, rank)
+    return rank_static_bytes(sim.costs, sim.owner, rank, sim.mirror != math.inf)
 
 
 def _busy(events: list[Event]) -> float:
@@ -203,7 +206,8 @@ def _gc_paused() -> Iterator[None]:
 
 def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequence[int],
              comm_s: Sequence[float], activations: Sequence[Activation] | None = None,
-             progress_s: Sequence[float] | None = None, overlap_f_b: bool = False) -> SimResult:
+             progress_s: Sequence[float] | None = None, overlap_f_b: bool = False,
+             mirror: int | None = None) -> SimResult:
     """Simulate one training step of ``order`` (rank -> actions; idle slots and send/recv entries are ignored).
 
     Each rank runs its compute actions in list order, one at a time. An action starts when its rank is free
@@ -214,16 +218,18 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     ``progress_s`` later (see `delivery.delivered`). With ``overlap_f_b`` (a schedule whose descriptor
     `overlaps_f_b`: DualPipeV) a full backward listed right after a forward of another stage runs overlapped with
     it (`sim_state.pairs`): it is shortened by what the pair hides (`sim_state.hidden_s`) less any wait between the
-    two, so the pair ends max(Fc + Bc, Fm + Bm) after the forward started. Raises ScheduleError on a malformed
-    order or a deadlock.
+    two, so the pair ends max(Fc + Bc, Fm + Bm) after the forward started. With ``mirror`` (Chimera,
+    `Descriptor.mirror`), microbatches from ``mirror`` on run the up pipeline: stage s on rank
+    p - 1 - stage_to_rank[s], with the same transfer times, and each rank holds both of its replicas' static bytes.
+    Raises ScheduleError on a malformed order or a deadlock.
     """
     n = len(stage_costs)
     policies = list(activations) if activations is not None else [Activation.KEEP] * n
     delays = list(progress_s) if progress_s is not None else [0.0] * max(n - 1, 0)
     _check_inputs(stage_costs, stage_to_rank, comm_s, policies, delays)
-    acts = _compute_only(order, n, stage_to_rank)
+    acts = _compute_only(order, n, stage_to_rank, mirror)
     with _gc_paused():
-        sim = new_state(acts, stage_costs, stage_to_rank, comm_s, policies, delays)
+        sim = new_state(acts, stage_costs, stage_to_rank, comm_s, policies, delays, mirror)
         if overlap_f_b and any(c.forward_comm_s or c.backward_comm_s for c in stage_costs):
             sim.paired = [pairs(a) for a in acts]
         _run(sim)
@@ -252,4 +258,5 @@ def simulate_named(name: ScheduleName, num_ranks: int, num_microbatches: int, st
     if len(owner) != len(stage_costs):
         raise ScheduleError(f"{name.value} with {num_ranks} ranks x v={v} has {len(owner)} stages, "
                             f"but {len(stage_costs)} stage costs were given")
-    return simulate(order, stage_costs, owner, comm_s, activations, progress_s, DESCRIPTORS[name].overlaps_f_b)
+    return simulate(order, stage_costs, owner, comm_s, activations, progress_s, DESCRIPTORS[name].overlaps_f_b,
+                    describe(name).mirror(num_microbatches))

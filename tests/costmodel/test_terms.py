@@ -191,3 +191,20 @@ def test_overlapped_gradient_reduction_exposes_only_what_outlasts_the_ranks_last
     slow = _replace(on, backward=on.backward * 1e3)
     assert exposed_sync_time(slow, bounds, owner, layout, cluster, [1.0, 1.0]) == 0.0
     assert step_end_floor(on, cluster, layout) <= exposed_sync_time(on, bounds, owner, layout, cluster, [1.0, 1.0])
+
+
+def test_chimera_sums_each_replica_pair_on_its_link_then_syncs_and_steps_both() -> None:
+    from autopp.costmodel.terms import replica_allreduce_time, step_end_time
+    a = arrays([1.0] * 4, grads=[100.0, 200.0, 300.0, 400.0], optimizer=[1.0, 2.0, 3.0, 4.0])
+    links = (Link(latency_s=0.0, bandwidth_bytes_per_s=100.0), Link(latency_s=0.0, bandwidth_bytes_per_s=10.0),
+             Link(latency_s=0.0, bandwidth_bytes_per_s=100.0))
+    cluster = Cluster(num_devices=4, memory_bytes=1, links=links)
+    bounds, owner = [(0, 1), (1, 2), (2, 3), (3, 4)], [0, 1, 2, 3]
+    # ranks 0 and 3 hold stages 0 and 3 (500 bytes) across links 100, 10, 100 B/s (the slowest carries it): a ring
+    # of 2 moves the bytes once, 500 / 10; ranks 1 and 2: stages 1 and 2 (500 bytes) on the 10 B/s link
+    assert replica_allreduce_time(a, cluster, bounds, owner) == pytest.approx(500 / 10)
+    layout = Layout(pp=4)
+    plain_ar, plain_opt = step_end_time(a, cluster, bounds, owner, layout, [1.0] * 4)
+    ar, opt = step_end_time(a, cluster, bounds, owner, layout, [1.0] * 4, mirrored=True)
+    assert (plain_ar, plain_opt) == (0.0, 4.0)  # no data parallelism; the slowest rank's optimizer step
+    assert ar == pytest.approx(500 / 10) and opt == 5.0  # each rank steps both replicas: 1 + 4 or 2 + 3

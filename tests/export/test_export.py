@@ -108,6 +108,17 @@ def test_v_schedules_are_refused_with_the_reason(target: Target, llama_plans: di
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("target", list(Target))
+def test_chimera_is_refused_by_every_exporter_in_one_line(target: Target, llama: Profile,
+                                                          llama_plans: dict[str, Plan]) -> None:
+    plan = replace(llama_plans["1f1b"], schedule=ScheduleName.CHIMERA)
+    modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)] if target is Target.TORCHTITAN \
+        else None
+    with pytest.raises(ExportError, match="the plan's schedule is Chimera") as info:
+        export_plan(plan, target, "x", modules)
+    assert "\n" not in str(info.value)
+
+
 def test_some_stages_recomputing_is_refused(llama_plans: dict[str, Plan]) -> None:
     plan = llama_plans["1f1b"]
     mixed = replace(plan, stages=(replace(plan.stages[0], activation=Activation.RECOMPUTE), *plan.stages[1:]))

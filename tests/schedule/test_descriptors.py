@@ -33,7 +33,8 @@ def test_torch_classes_exist() -> None:
 
     from tests.schedule.torch_reference import TORCH_CLASSES
     for name in NAMED:
-        assert getattr(schedules, describe(name).torch_class) is TORCH_CLASSES[name]
+        if describe(name).torch_class:  # Chimera: torch ships none (autopp's runner runs it)
+            assert getattr(schedules, describe(name).torch_class) is TORCH_CLASSES[name]
     assert hasattr(schedules, describe(ScheduleName.CUSTOM).torch_class)
 
 

@@ -56,6 +56,8 @@ def test_inflight_peaks_equal_the_closed_forms(name: ScheduleName) -> None:
         walked = {s: n for r in order for s, n in inflight_peaks(order[r]).items()}
         assert tuple(walked[s] for s in range(p)) == exact(p, m)
 
+ONE_OWNER = [n for n in NAMED if not describe(n).mirrored]  # Chimera: tests/schedule/test_chimera.py
+
 
 def _case(name: ScheduleName, seed: int) -> tuple[dict[int, list[Action]], list[StageCost], list[int],
                                                   list[Activation]]:
@@ -68,7 +70,7 @@ def _case(name: ScheduleName, seed: int) -> tuple[dict[int, list[Action]], list[
     return build_schedule(name, 3, 6, v), costs, owner, [RECOMPUTE if rng.random() < 0.5 else KEEP for _ in owner]
 
 
-@pytest.mark.parametrize("name", list(NAMED), ids=lambda n: n.value)
+@pytest.mark.parametrize("name", ONE_OWNER, ids=lambda n: n.value)
 def test_memory_walks_equal_the_simulated_timeline(name: ScheduleName) -> None:
     order, costs, owner, activations = _case(name, 3)
     sim = simulate(order, costs, owner, [0.1] * (len(owner) - 1), activations)
@@ -80,7 +82,7 @@ def test_memory_walks_equal_the_simulated_timeline(name: ScheduleName) -> None:
         assert rank_peak(order[r], costs, activations, static) == peaks[r] == sim.peak_memory_bytes[r]
 
 
-@pytest.mark.parametrize("name", list(NAMED), ids=lambda n: n.value)
+@pytest.mark.parametrize("name", ONE_OWNER, ids=lambda n: n.value)
 def test_a_ranks_peak_adds_its_largest_transient_to_its_held_bytes(name: ScheduleName) -> None:
     order, costs, owner, activations = _case(name, 4)
     held = simulate(order, costs, owner, [0.1] * (len(owner) - 1), activations)

@@ -14,7 +14,7 @@ import pytest
 from autopp.data.cluster import Cluster, Device, Link
 from autopp.costmodel import comm_times, stage_costs, unit_arrays
 from autopp.data.layout import LayoutPins
-from autopp.schedule import NAMED, Activation, ScheduleName, build_schedule, simulate
+from autopp.schedule import NAMED, Activation, ScheduleName, build_schedule, describe, simulate
 from autopp.solve.search.bounds import lower_bound
 from autopp.schedule.effects import order_peaks
 from autopp.solve.search.judge import Candidate, judge
@@ -72,7 +72,7 @@ def test_lower_bound_never_exceeds_an_estimate(seed: int) -> None:
 def test_order_walk_equals_simulated_peaks(name: ScheduleName) -> None:
     rng = random.Random(name.value)
     a = unit_arrays(synthetic_profile(16), 2)
-    v = {ScheduleName.GPIPE: 1, ScheduleName.ONE_F_ONE_B: 1}.get(name, 2)
+    v = 1 if describe(name).single_stage else 2
     order = build_schedule(name, 4, 8, v)
     from autopp.schedule import stage_to_rank
     owner = stage_to_rank(name, 4, v)
@@ -81,8 +81,9 @@ def test_order_walk_equals_simulated_peaks(name: ScheduleName) -> None:
     for _ in range(3):
         activations = [Activation.RECOMPUTE if rng.random() < 0.5 else Activation.KEEP for _ in owner]
         sim = simulate(order, costs, owner, comm_times(a, Cluster(num_devices=4, memory_bytes=GiB), bounds, owner),
-                       activations)
-        assert order_peaks(order, costs, owner, activations) == [int(x) for x in sim.peak_memory_bytes]
+                       activations, mirror=describe(name).mirror(8))
+        assert order_peaks(order, costs, owner, activations, describe(name).mirrored) == [
+            int(x) for x in sim.peak_memory_bytes]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -120,6 +121,8 @@ def _bound_rows(name: ScheduleName, seed: int) -> tuple[tuple[str, float, float,
     link = Link(latency_s=rng.choice([0.0, 1e-5]), bandwidth_bytes_per_s=rng.choice([1e9, 5e10]),
                 overhead_s=rng.choice([0.0, 3e-4]), progress_s=rng.choice([0.0, 2e-3]))
     cluster = replace(_cluster(rng, hetero=seed % 2 == 1), link=link)
+    if describe(name).mirrored:  # Chimera: two replicas per rank on a mirror-symmetric cluster (request.py)
+        cluster = Cluster(num_devices=4, memory_bytes=4 * cluster.memory_bytes, link=link)
     req = PlanRequest(cluster=cluster, global_batch=8, schedule=name,
                       pins=LayoutPins(dp=None if seed % 2 == 0 else 1))
     rows = []

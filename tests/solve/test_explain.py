@@ -21,7 +21,7 @@ def test_interleaved_on_too_few_units_says_stages_per_rank_and_what_works() -> N
     # was: "no valid configuration for Interleaved1F1B on 4 devices" (HF Mixtral, 6 units)
     with pytest.raises(InfeasibleError, match=r"cannot split 6 units into 8 stages \(Interleaved1F1B runs 2 stages "
                                               r"per rank\): use at most 3 devices; .*or a schedule with one stage per "
-                                              r"rank \(`schedule` GPipe or 1F1B\); or finer units: SPLIT_POINTS .* "
+                                              r"rank \(`schedule` GPipe or 1F1B or Chimera\); or finer units: SPLIT_POINTS .* "
                                               r"inside a block \(e\.g\. `h\.0\.<child>`"):
         make_plan(synthetic_profile(6), _request(4, ScheduleName.INTERLEAVED_1F1B))
     assert make_plan(synthetic_profile(6), _request(3, ScheduleName.INTERLEAVED_1F1B)).layout.v == 2
@@ -41,3 +41,21 @@ def test_microbatch_rule_gives_the_count_that_works() -> None:
     with pytest.raises(InfeasibleError, match=r"1F1B needs microbatches >= stages \(2 < 4\): use `num_microbatches` 4 "
                                               r"or more"):
         make_plan(synthetic_profile(6), _request(4, ScheduleName.ONE_F_ONE_B, num_microbatches=2))
+
+
+@pytest.mark.parametrize(("devices", "batch", "uneven", "message"), [
+    (3, 6, False, "Chimera needs an even number of pipeline ranks (3 % 2 = 1): use an even `pp` or number of "
+                  "`devices`, or another `schedule`"),
+    (4, 3, False, "Chimera needs an even number of microbatches, half per direction (global batch 3 gives [1, 3]): "
+                  "use an even `global_batch` or `num_microbatches`"),
+    (2, 2, True, "Chimera needs rank r and rank pp - 1 - r to have the same device and links (its two replicas of a "
+                 "stage run alike), which these 2 devices do not: use another `schedule`"),
+])
+def test_chimera_says_which_of_its_rules_failed(devices: int, batch: int, uneven: bool, message: str) -> None:
+    from autopp.data.cluster import Device
+    kinds = (Device(memory_bytes=2**40, speed=1.0), Device(memory_bytes=2**40, speed=2.0)) if uneven else ()
+    req = PlanRequest(cluster=Cluster(num_devices=devices, memory_bytes=2**40, devices=kinds), global_batch=batch,
+                      schedule=ScheduleName.CHIMERA, pins=LayoutPins(dp=1))
+    with pytest.raises(InfeasibleError) as err:
+        make_plan(synthetic_profile(12), req)
+    assert str(err.value) == message

@@ -55,7 +55,7 @@ def test_a_value_made_from_parameters_only_is_found_where_a_later_stage_reads_it
 def test_the_refusal_names_the_stage_the_value_and_what_runs() -> None:
     why = split_backward_refusal(_t5_like(), ((0, 2), (2, 4), (4, 6), (6, 8)), "ZBVZeroBubble")
     assert why is not None and why.startswith("ZBVZeroBubble excluded: with its split, stage 1 sends on 'bias'")
-    assert "(GPipe, 1F1B, Interleaved1F1B, LoopedBFS) run it" in why
+    assert "(GPipe, 1F1B, Interleaved1F1B, LoopedBFS, Chimera) run it" in why
 
 
 def _profile() -> Profile:

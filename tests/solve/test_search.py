@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from autopp.data.cluster import DEFAULT_LINK, Cluster
+from autopp.data.cluster import DEFAULT_LINK, Cluster, Device, Link
 from autopp.data.layout import Layout, LayoutPins
 from autopp.errors import InfeasibleError, LayoutError, ProfileError
 from autopp.data.plan import Plan
@@ -335,3 +335,46 @@ def test_dual_pipe_v_wins_where_its_pairs_hide_the_expert_all_to_alls(bandwidth:
         plain = simulate(plan_order(plan), plan_stage_costs(plan), [s.rank for s in plan.stages],
                          [s.send_s for s in plan.stages[:-1]], [s.activation for s in plan.stages])
         assert plain.step_time_s > simulate_plan(plan).step_time_s
+
+
+_NVLINK = Link(latency_s=1e-5, bandwidth_bytes_per_s=200e9, overhead_s=1e-5, progress_s=0.0)
+
+
+def _chimera_case(schedule: ScheduleName | None, link: Link = _NVLINK, devices: tuple[Device, ...] = ()) -> Plan:
+    """A long-sequence model (compute grows with the sequence, the replicas' gradients do not) on 2 devices, 2
+    microbatches: the bubbles Chimera fills are a large share of the step."""
+    cluster = Cluster(num_devices=2, memory_bytes=80 * GiB, link=link, devices=devices)
+    return make_plan(synthetic_profile(12, hidden=1024, seq=8192),
+                     PlanRequest(cluster=cluster, global_batch=2, schedule=schedule))
+
+
+def test_the_search_picks_chimera_where_it_wins() -> None:
+    auto = _chimera_case(None)
+    assert auto.schedule is ScheduleName.CHIMERA and auto.layout.pp == 2 and auto.num_microbatches == 2
+    runner_up = min(_chimera_case(s).predicted.step_time_s
+                    for s in (ScheduleName.INTERLEAVED_ZERO_BUBBLE, ScheduleName.ONE_F_ONE_B))
+    assert auto.predicted.step_time_s < runner_up
+    # the two replicas' gradient all-reduce is in the step, and each rank holds two stages' weights
+    assert auto.predicted.allreduce_s > 0
+    assert all(peak > sum(s.static_bytes for s in auto.stages) for peak in auto.predicted.peak_memory_bytes)
+
+
+def test_the_search_passes_chimera_over_where_its_replica_allreduce_costs_too_much() -> None:
+    slow = Link(latency_s=1e-4, bandwidth_bytes_per_s=2e9, overhead_s=7e-5, progress_s=0.0)
+    auto, pinned = _chimera_case(None, slow), _chimera_case(ScheduleName.CHIMERA, slow)
+    assert auto.schedule is not ScheduleName.CHIMERA and pinned.schedule is ScheduleName.CHIMERA
+    assert auto.predicted.step_time_s < pinned.predicted.step_time_s
+    assert pinned.predicted.step_time_s - pinned.predicted.allreduce_s < auto.predicted.step_time_s  # the all-reduce
+
+
+def test_chimera_is_not_offered_where_rank_r_and_its_mirror_differ() -> None:
+    uneven = (Device(memory_bytes=80 * GiB, speed=1.0), Device(memory_bytes=80 * GiB, speed=2.0))
+    assert _chimera_case(None, devices=uneven).schedule is not ScheduleName.CHIMERA
+
+
+def test_a_plan_for_a_trainer_never_offers_chimera() -> None:
+    cluster = Cluster(num_devices=2, memory_bytes=80 * GiB, link=_NVLINK)
+    for trainer in ("torchtitan", "megatron", "deepspeed"):
+        plan = make_plan(synthetic_profile(12, hidden=1024, seq=8192),
+                         PlanRequest(cluster=cluster, global_batch=2, schedule=None, trainer=trainer))
+        assert plan.schedule is not ScheduleName.CHIMERA

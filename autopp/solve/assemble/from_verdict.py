@@ -46,7 +46,8 @@ def judge_recompute(a: UnitArrays, cluster: Cluster, c: Candidate, ladder: tuple
     actions = {r: [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS] for r in sorted(order)}
     # memory does not depend on speed; the policies' added times are compared per stage (`recompute_choices`)
     costs = stage_costs(a, c.bounds, [1.0] * len(c.bounds), host_bandwidth=cluster.host_bandwidth)
-    choices = recompute_choices(costs, c.owner, actions, lambda r: cluster.device(r).memory_bytes, ladder, fixed)
+    choices = recompute_choices(costs, c.owner, actions, lambda r: cluster.device(r).memory_bytes, ladder, fixed,
+                                c.mirror is not None)
     chosen = choices[0] if choices else fixed or (ladder[0],) * len(c.bounds)
     return judge(a, cluster, replace(c, activations=chosen))
 

@@ -36,10 +36,11 @@ class CustomOrder:
 def synthesized(a: UnitArrays, cluster: Cluster, best: Verdict, time_limit_s: float) -> CustomOrder | None:
     """The synthesized order for `best`'s split if it simulates faster than `best`, else None.
 
-    Recomputing stages are left to the named schedules (the synthesis model keeps activations from F to W). The
+    Recomputing stages and Chimera's two replicas per rank are left to the named schedules (the synthesis model keeps
+    activations from F to W and gives each stage one rank). The
     synthesis does not model the links' progress delays; its order is re-simulated with them before it is compared."""
     c = best.candidate
-    if c.recomputing:
+    if c.recomputing or c.mirror is not None:  # Chimera: the synthesis gives each stage one rank
         return None
     owner = c.owner
     cluster = cluster.placed(c.layout)

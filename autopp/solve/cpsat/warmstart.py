@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from autopp.errors import InfeasibleError, ScheduleError
 from autopp.schedule.actions import Action, Kind, Order
 from autopp.schedule.activation import Activation
-from autopp.schedule.descriptors import NAMED, build_schedule, stage_to_rank, validate
+from autopp.schedule.descriptors import NAMED, build_schedule, describe, stage_to_rank, validate
 from autopp.schedule.effects import StageCost, durations, rank_static_bytes, transient_peak
 from autopp.schedule.simulate import SimResult, simulate
 
@@ -141,6 +141,8 @@ def named_orders(owner: Sequence[int], m: int) -> list[tuple[str, dict[int, list
     if rest:
         return out
     for name in NAMED:
+        if describe(name).mirrored:  # Chimera's up half runs on other ranks than ``owner`` says
+            continue
         try:
             validate(name, p, m, v)
             if stage_to_rank(name, p, v) == list(owner):

@@ -76,20 +76,22 @@ def _steps(stages: int, top: int) -> list[tuple[int, ...]]:
 
 def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions: dict[int, list[Action]],
                       memory: Callable[[int], int], ladder: tuple[Activation, ...],
-                      fixed: tuple[Activation, ...] | None = None) -> list[tuple[Activation, ...]]:
+                      fixed: tuple[Activation, ...] | None = None, mirrored: bool = False
+                      ) -> list[tuple[Activation, ...]]:
     """Per-stage activation policies worth judging for one split: `fixed` (pinned policies), or a one-policy
     `ladder`, gives its one choice if it fits; a longer ladder (least memory saved first) gives the product over
     ranks of each rank's minimal fitting assignments of ladder steps to its stages (fewest steps first; at most
-    `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device memory."""
+    `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device memory; `mirrored`: each rank
+    also holds its up replicas (Chimera, `effects.rank_static_bytes`)."""
     n = len(costs)
     if fixed is not None:
-        fits = all(rank_peak(actions[r], costs, fixed, rank_static_bytes(costs, owner, r)) <= memory(r)
+        fits = all(rank_peak(actions[r], costs, fixed, rank_static_bytes(costs, owner, r, mirrored)) <= memory(r)
                    for r in actions)
         return [fixed] if fits else []
     per_rank: list[list[dict[int, Activation]]] = []
     for r in sorted(actions):
-        mine = [s for s in range(n) if owner[s] == r]
-        static = rank_static_bytes(costs, owner, r)
+        mine = sorted({a.stage for a in actions[r]}) if mirrored else [s for s in range(n) if owner[s] == r]
+        static = rank_static_bytes(costs, owner, r, mirrored)
         minimal: list[tuple[int, ...]] = []
         redo = {s: [policy(p).redo_s(costs[s]) for p in ladder] for s in mine}
         for steps in _steps(len(mine), len(ladder) - 1):
@@ -119,19 +121,21 @@ def action_counts(actions: dict[int, list[Action]]) -> dict[int, Counter[tuple[i
 
 
 def split_floor(costs: Sequence[StageCost], owner: Sequence[int], comm: Sequence[float],
-                counts: dict[int, Counter[tuple[int, Kind]]], one_stage_per_rank: bool) -> float:
+                counts: dict[int, Counter[tuple[int, Kind]]], one_stage_per_rank: bool, mirrored: bool = False) -> float:
     """A lower bound of the simulated pipeline for these stage costs (no recomputation: it only adds time): over
     ranks, the rank's compute actions back to back (it runs one at a time), after the first microbatch's forwards
     through the stages before its first one (it has nothing to do earlier); with one stage per rank and full
-    backwards also before that microbatch's backwards back through them (the rank's last action is its last B)."""
+    backwards also before that microbatch's backwards back through them (the rank's last action is its last B).
+    `mirrored` (Chimera): the rank's first stage is the nearer to the head of its two replicas' chains, and its last
+    action is not known, so no tail."""
     table = [durations(c, Activation.KEEP) for c in costs]
     hop = [0.0, *[0.0 if owner[s - 1] == owner[s] else comm[s - 1] for s in range(1, len(costs))]]
     best = 0.0
     for r, count in counts.items():
-        first = owner.index(r)
+        first = min(owner.index(r), len(owner) - 1 - owner.index(r)) if mirrored else owner.index(r)
         busy = sum(n * table[s][kind] for (s, kind), n in count.items())
         head = sum(table[s][Kind.F] + hop[s + 1] for s in range(first))
-        tail = sum(table[s][Kind.B] + hop[s + 1] for s in range(first)) if one_stage_per_rank else 0.0
+        tail = sum(table[s][Kind.B] + hop[s + 1] for s in range(first)) if one_stage_per_rank and not mirrored else 0.0
         best = max(best, head + busy + tail)
     return best
 
@@ -145,6 +149,7 @@ class _Search:
         self.a, self.cluster, self.template, self.ladder, self.admissible = a, cluster, template, ladder, admissible
         self.fixed = fixed
         self.owner = template.owner
+        self.mirrored = template.mirror is not None
         self.speeds = stage_speeds(cluster, self.owner)
         self.overheads = message_overheads(cluster, self.owner)
         self.actions = _rank_actions(template)
@@ -164,7 +169,7 @@ class _Search:
         """`split_floor` of `bounds` (the step's end, >= 0, is left out: the bound stays valid and costs less)."""
         costs = [self.stage(s, i, j) for s, (i, j) in enumerate(bounds)]
         comm = [self.sends[k][j] for k, (_, j) in enumerate(bounds[:-1])]
-        return split_floor(costs, self.owner, comm, self.counts, self.one_stage_per_rank)
+        return split_floor(costs, self.owner, comm, self.counts, self.one_stage_per_rank, self.mirrored)
 
     def stage(self, s: int, i: int, j: int) -> StageCost:
         """Stage s's times over units [i, j) from prefix sums: `stage_costs`'s figures up to rounding (a floor of
@@ -188,7 +193,8 @@ class _Search:
         costs = stage_costs(self.a, bounds, [1.0] * len(bounds), host_bandwidth=self.cluster.host_bandwidth)
         memory = lambda r: self.cluster.device(r).memory_bytes  # noqa: E731
         found: Verdict | None = None
-        for policies in recompute_choices(costs, self.owner, self.actions, memory, self.ladder, self.fixed):
+        for policies in recompute_choices(costs, self.owner, self.actions, memory, self.ladder, self.fixed,
+                                          self.mirrored):
             verdict = judge(self.a, self.cluster, replace(self.template, bounds=bounds, activations=policies))
             self.judged += 1
             if verdict.fits and (found is None or _key(verdict) < _key(found)):

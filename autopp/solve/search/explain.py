@@ -29,6 +29,8 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
     v = min(describe(name).stages_per_rank(x) for name in names for x in describe(name).v_choices(req.pins.v))
     if min(pps) * v > n:
         return _too_few_units(profile, req, names, min(pps), v, tp)
+    if all(describe(name).mirrored for name in names):
+        return _no_mirror(req, names[0], pps, tp)
     counts = [m for dp in dps for m in microbatch_counts(req, dp)]
     if not counts:
         per = f"{req.num_microbatches} microbatches" if req.num_microbatches else "microbatches"
@@ -57,6 +59,22 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
                            f"({n} units, global batch {req.global_batch}, microbatch counts {sorted(set(counts))}: "
                            f"the global batch does not split into dp replicas x enough microbatches for the "
                            f"schedule's stages){hint}")
+
+
+def _no_mirror(req: PlanRequest, name: ScheduleName, pps: list[int], tp: int) -> InfeasibleError:
+    """Why Chimera has no configuration: an odd pipeline, no even microbatch count, or rank r and rank pp - 1 - r
+    that differ (`request.mirror_symmetric`)."""
+    if all(pp % 2 for pp in pps):
+        return InfeasibleError(f"{name.value} needs an even number of pipeline ranks ({min(pps)} % 2 = 1): use an "
+                               f"even `pp` or number of `devices`, or another `schedule`")
+    counts = sorted({m for dp in replica_counts(req) for m in microbatch_counts(req, dp)})
+    if not any(m % 2 == 0 for m in counts):
+        return InfeasibleError(f"{name.value} needs an even number of microbatches, half per direction (global "
+                               f"batch {req.global_batch} gives {counts}): use an even `global_batch` or "
+                               f"`num_microbatches`")
+    return InfeasibleError(f"{name.value} needs rank r and rank pp - 1 - r to have the same device and links (its "
+                           f"two replicas of a stage run alike), which these {req.cluster.num_devices * tp} devices "
+                           f"do not: use another `schedule`")
 
 
 def _fewest_microbatches(names: list[ScheduleName], req: PlanRequest, pp: int) -> int:
@@ -101,7 +119,8 @@ def smallest_memory(profile: Profile, req: PlanRequest, activation: Activation =
         if key in seen:
             continue
         seen.add(key)
-        need = min_memory(views.arrays(c.b, c.layout), replace(spec, memory=())) * c.layout.v
+        share = c.layout.v * (2 if describe(c.schedule).mirrored else 1)  # Chimera: two replicas per device
+        need = min_memory(views.arrays(c.b, c.layout), replace(spec, memory=())) * share
         if best is None or (need, c.m) < best:
             best = (need, c.m)
     return best

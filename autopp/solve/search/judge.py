@@ -37,6 +37,11 @@ class Candidate:
         return stage_to_rank(self.schedule, self.layout.pp, self.layout.v)
 
     @property
+    def mirror(self) -> int | None:
+        """The first microbatch of the up pipeline (Chimera, `Descriptor.mirror`); None for other schedules."""
+        return describe(self.schedule).mirror(self.microbatches)
+
+    @property
     def recomputing(self) -> int:
         """Stages whose policy redoes the forward, or part of it (selective recomputation)."""
         return sum(policy(a).redoes_forward for a in self.activations)
@@ -89,8 +94,8 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | N
         costs = with_vocab_passes(costs, owner, passes)
     order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
     sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.activations,
-                   progress_delays(cluster, owner), describe(c.schedule).overlaps_f_b)
-    ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout, speeds)
+                   progress_delays(cluster, owner), describe(c.schedule).overlaps_f_b, c.mirror)
+    ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout, speeds, c.mirror is not None)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
     return Verdict(c, step_time(sim.step_time_s, ar, opt), sim.step_time_s, ar, peaks,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from ...data.cluster import Cluster
-from ...data.layout import Layout, LayoutPins, check_planned
+from ...data.layout import Layout, LayoutPins, check_planned, uses_mesh
 from ...data.overlap import NO_OVERLAP, TRAINER_OVERLAP, Overlap
 from ...data.trainers import TRAINER_RULES, refusal
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
@@ -335,10 +335,19 @@ def configs(req: PlanRequest, n: int, degrees: tuple[Group, ...] = (Group(1, 1),
            for cp, tp in degrees for c in _pipeline_configs(req.view(cp * tp), n)
            for zero in zero_stages(req, c.layout.dp * cp) for ep in ep_choices(req, c.layout.dp, cp * tp, zero)
            if not experts or experts % ep == 0 or req.pins.ep]
+    # the runner runs Chimera's two pipelines on pipeline ranks alone (autopp.run.bidirectional)
+    out = [c for c in out if not describe(c.schedule).mirrored or (c.layout.dp == 1 and not uses_mesh(c.layout))]
     if req.trainer is None:
         return out
     rules = TRAINER_RULES[req.trainer]
     return [c for c in out if refusal(rules, c.schedule, c.layout, c.m) is None]
+
+
+def mirror_symmetric(cluster: Cluster, pp: int) -> bool:
+    """Whether rank r and rank pp - 1 - r have the same device and links (Chimera's up replica of a stage is then
+    as fast as its down replica, which the simulator assumes: `simulate`'s `mirror`)."""
+    return all(cluster.device(r) == cluster.device(pp - 1 - r) for r in range(pp)) and all(
+        cluster.link_between(r, r + 1) == cluster.link_between(pp - 1 - r, pp - 2 - r) for r in range(pp - 1))
 
 
 def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:
@@ -349,6 +358,8 @@ def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:
         pp = req.cluster.num_devices // dp
         for name in names:
             d = describe(name)
+            if d.mirrored and not mirror_symmetric(req.cluster.placed(Layout(pp=pp, dp=dp)), pp):
+                continue
             for v in d.v_choices(req.pins.v):
                 if pp * d.stages_per_rank(v) > n:
                     continue

@@ -20,7 +20,7 @@ from ...schedule import ScheduleName, describe, listed
 from ..partition.dp import Bounds
 
 __all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal",
-           "PARALLEL_KEY", "parallel_refusal"]
+           "PARALLEL_KEY", "parallel_refusal", "mirror_refusal"]
 
 #: The key of `parallel_refusal`'s reasons among a search's exclusions (the others are schedule names).
 PARALLEL_KEY = "tensor parallelism or ZeRO"
@@ -87,4 +87,19 @@ def parallel_refusal(tied: Sequence[TiedGroup], layout: Layout, bounds: Bounds) 
             return (f"{PARALLEL_KEY} excluded where {group.names[0]!r}, tied between units {list(group.units)}, lands "
                     f"in two stages ({stages[0]} and {stages[1]}): the runner sums tied weights only on whole "
                     f"tensors; plan with `tp` 1 and `zero` 0, or untie the weight")
+    return None
+
+
+def mirror_refusal(tied: Sequence[TiedGroup], schedule: ScheduleName, layout: Layout, bounds: Bounds) -> str | None:
+    """Why the runner would refuse Chimera's two replicas per rank on this split (autopp.run.bidirectional: no weight
+    tied between two stages), or None (also for every other schedule). Its pipeline-only rule (no dp, tp or ZeRO)
+    is `request.configs`'s."""
+    if not describe(schedule).mirrored:
+        return None
+    for group in tied:
+        stages = sorted({s for s, (i, j) in enumerate(bounds) for u in group.units if i <= u < j})
+        if len(stages) > 1:
+            return (f"{schedule.value} excluded where {group.names[0]!r}, tied between units {list(group.units)}, "
+                    f"lands in two stages ({stages[0]} and {stages[1]}): the runner does not sum tied weights "
+                    f"across its two replicas")
     return None

@@ -32,7 +32,7 @@ from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bo
 from .judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import EXACT_LIMIT, refine
 from .request import Config, PlanRequest, configs
-from .runnable import PARALLEL_KEY, parallel_refusal, schedule_refusal
+from .runnable import PARALLEL_KEY, mirror_refusal, parallel_refusal, schedule_refusal
 from .views import ArraysKey, Views, arrays_key
 
 __all__ = ["inflight", "pipe_spec", "links_hold_messages", "search"]
@@ -65,12 +65,13 @@ def pipe_spec(req: PlanRequest, c: Config, activation: Activation, walk: bool = 
     count by m (no order walk)."""
     pp, v = c.layout.pp, c.layout.v
     owner = stage_to_rank(c.schedule, pp, v)
+    share = v * (1 if describe(c.schedule).mirror(c.m) is None else 2)  # Chimera: two replicas per rank
     cl = req.cluster.placed(c.layout)
     links = tuple(None if owner[k] == owner[k + 1] else cl.link_between(owner[k], owner[k + 1])
                   for k in range(len(owner) - 1))
     return PipeSpec(num_stages=len(owner), microbatches=c.m, activation=activation,
                     speed=tuple(stage_speeds(cl, owner)),
-                    memory=tuple(cl.device(r).memory_bytes / v for r in owner),
+                    memory=tuple(cl.device(r).memory_bytes / share for r in owner),
                     inflight=inflight(c.schedule, pp, c.m, v) if walk else (c.m,) * len(owner), links=links)
 
 
@@ -129,7 +130,7 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
                          [max(0.0, i - h) + x.overhead_s + r for (i, _), x, r, h in zip(backward, costs, redo, hide)],
                          [w for _, w in backward],
                          owner, comm_times(a, cluster, bounds, owner), c.m)
-    return est + sum(step_end_time(a, cluster, bounds, owner, c.layout, speeds))
+    return est + sum(step_end_time(a, cluster, bounds, owner, c.layout, speeds, d.mirror(c.m) is not None))
 
 
 def _hidden(x: StageCost, c: Config) -> float:
@@ -228,9 +229,9 @@ def _fitted(a: UnitArrays, req: PlanRequest, cand: Candidate) -> Candidate | Non
 
     for r in sorted(order):
         acts = [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS]
-        static = rank_static_bytes(costs, owner, r)
+        static = rank_static_bytes(costs, owner, r, cand.mirror is not None)
         while rank_peak(acts, costs, chosen, static) > req.cluster.device(r).memory_bytes:
-            choices = [s for s, o in enumerate(owner) if o == r and chosen[s] in ladder[:-1]]
+            choices = [s for s in sorted({x.stage for x in acts}) if chosen[s] in ladder[:-1]]
             if not auto or not choices:
                 return None
             s = max(choices, key=saved)
@@ -254,6 +255,8 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
         why = schedule_refusal(profile.meta.live_values, c.schedule, bounds)
         key = c.schedule.value
         if why is None:
+            why = mirror_refusal(profile.meta.tied_parameters, c.schedule, c.layout, bounds)
+        if why is None:
             why, key = parallel_refusal(profile.meta.tied_parameters, c.layout, bounds), PARALLEL_KEY
         if why is not None and excluded is not None:
             excluded.setdefault(key, why)
@@ -271,7 +274,8 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
                  "" if verdict.fits else " (too big)")
         if verdict.fits:
             fitting.append(verdict)
-    runs = lambda c: lambda b: schedule_refusal(profile.meta.live_values, c.schedule, b) is None  # noqa: E731
+    runs = lambda c: lambda b: schedule_refusal(profile.meta.live_values, c.schedule, b) is None and \
+        mirror_refusal(profile.meta.tied_parameters, c.schedule, c.layout, b) is None  # noqa: E731
     fitting = _refined(profile.num_units, views, fitting, runs)
     best = min(fitting, key=lambda v: v.key) if fitting else None
     return best, len(cfgs), len(opts)
