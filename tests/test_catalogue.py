@@ -21,7 +21,7 @@ import pytest
 
 from autopp.cli import main
 
-from .conftest import ROOT
+from .conftest import ONE_PIPELINE, ROOT
 
 SHIPPED = ROOT / "profiles" / "mlp"
 PROGRESS = ("profiling: ", "running: ")
@@ -445,7 +445,9 @@ CASES += [
          lambda env: "--profile"),
     Case("flag:plan-devices-without-memory", lambda env: ["plan", "--profile", str(env.prof), "--devices", "2",
                                                           "-o", str(env.tmp / "out.json")], lambda env: "--memory"),
-    Case("plan:memory-suggested-as-a-size", lambda env: _plan_args(env)[:6] + ["1MiB", "-o", str(env.tmp / "o.json")],
+    Case("plan:memory-suggested-as-a-size", lambda env: _plan_args(env)[:6] + ["1MiB", "--global-batch", "8",
+                                                                                *ONE_PIPELINE, "-o",
+                                                                                str(env.tmp / "o.json")],
          lambda env: "use --memory 33MiB or more"),  # issue 26: was `use --memory 34288435 or more`
     Case("hf-config:no-num-hidden-layers",
          lambda env: ["plan", "--hf-config", str(env.tmp / "c.json"), "--devices", "2", "--memory", "1GiB"],
