@@ -55,8 +55,8 @@ def test_a_32_stage_plan_reads_at_terminal_width() -> None:
     assert "units per stage" in text and " x" in text  # 32 ranges would not fit: counted instead
     for header in ("forward/mb", "backward/mb", "rank peak memory"):
         assert len(_one_unit(_column(text, header))) == 1, header
-    summary = text.split("\n\n")[2].splitlines()
-    assert len({row.split()[2] for row in summary[2:] if not row.startswith("(")}) == 1  # step time, ideal too
+    summary = text.split("\n\n")[2].split("\n(")[0].splitlines()  # the rows, up to "(simulated; ..."
+    assert len({row.split()[2] for row in summary[2:]}) == 1  # step time, ideal too
     assert "e+" not in text and "e-0" not in text
 
 
@@ -65,3 +65,18 @@ def test_profile_table_has_one_unit_per_column() -> None:
     rows = [line.split() for line in text.splitlines()[2:]]
     for i in (4, 6, 8, 10, 12):  # forward, backward, params, activations, output: value then unit
         assert len({r[i] for r in rows}) == 1, [r[i] for r in rows]
+
+
+def test_the_band_line_says_whether_the_margin_is_inside_it() -> None:
+    """Issue 29, item 4: the table gives the step's band and says when other configurations predict inside it; a
+    profile without spreads says it has none."""
+    from dataclasses import replace
+    plan = make_plan(synthetic_profile(8), PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=80 * 2**30),
+                                                      global_batch=8))
+    assert "\nstep band: none (the profile has no spreads: counted analytically, or timed once)" in format_plan(plan)
+    step = plan.predicted.step_time_s
+    text = format_plan(replace(plan, step_band_s=(0.9 * step, 1.1 * step)))
+    assert "(every unit at the low or high end of its profiled spread): no other configuration" in text
+    text = format_plan(replace(plan, step_band_s=(0.9 * step, 1.1 * step), tied=("GPipe pp(2) x dp(1) v=1 m=8: x",)))
+    assert "; the margin is inside it: 1 other configuration predicts inside it (GPipe pp(2) x dp(1) v=1 m=8: " \
+        "x)" in text

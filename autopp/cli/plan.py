@@ -279,7 +279,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                           recompute=RecomputeMode(args.recompute or ("none" if args.recompute_stages else "auto")),
                           recompute_stages=args.recompute_stages,
                           synthesize=args.synthesize or args.schedule == "auto" and _synthesizes(args.trainer),
-                          synth_time_limit_s=args.synth_time, trainer=args.trainer)
+                          synth_time_limit_s=args.synth_time, trainer=args.trainer, ties=True)
     given = None
     if args.profile:  # after the request's checks: a bad flag costs no profile load
         from ..data.profile import load_profile

@@ -26,6 +26,7 @@ from ...costmodel import (ProfileTable, UnitArrays, comm_times, message_overhead
 from ...data.profile import Profile
 from ...schedule import COMPUTE_KINDS, Activation, ScheduleName, describe, policy, stage_to_rank
 from ...schedule.effects import inflight_peaks, rank_peak, rank_static_bytes
+from .band import band, choose
 from .bounds import lower_bound
 from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import Candidate, Verdict, judge, named_order
@@ -234,10 +235,12 @@ def _named(c: Config) -> str:
 
 
 def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None,
-           excluded: dict[str, str] | None = None, views: Views | None = None) -> tuple[Verdict | None, int, int]:
+           excluded: dict[str, str] | None = None, views: Views | None = None,
+           tied: list[Verdict] | None = None) -> tuple[Verdict | None, int, int]:
     """The best fitting verdict (or None), the number of configurations and the number simulated. Schedules left
     out because the runner would refuse them for this model go into `excluded` (name -> why). `views` (of `req`)
-    shares unit arrays with the caller."""
+    shares unit arrays with the caller. The fitting verdicts whose steps lie within the fastest's band (band.py)
+    besides the one kept go into `tied`; with `req.ties` the kept one is chosen among them by the tie rule."""
     views = views or Views(profile, req, table)
 
     def refuse(c: Config, bounds: Bounds) -> str | None:
@@ -261,7 +264,12 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
             fitting.append(verdict)
     runs = lambda c: lambda b: schedule_refusal(profile.meta.live_values, c.schedule, b) is None  # noqa: E731
     fitting = _refined(profile.num_units, views, fitting, runs)
-    best = min(fitting, key=lambda v: v.key) if fitting else None
+    if not fitting:
+        return None, len(cfgs), len(opts)
+    fastest = min(fitting, key=lambda v: v.key)
+    best, inside = choose(fitting, band(profile, req, fastest).high_s, req.ties)
+    if tied is not None:
+        tied.extend(sorted(inside, key=lambda v: v.key))
     return best, len(cfgs), len(opts)
 
 
