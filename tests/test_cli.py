@@ -341,3 +341,21 @@ def test_plan_of_more_cpu_ranks_than_cores_notes_it_and_warns(tmp_path: Path, ca
     (prof / "meta.json").write_text(json.dumps({**meta, "co_runners": 3}))
     monkeypatch.setattr(cores, "usable_cores", lambda: 2)
     assert main(args) == 0 and "warning" not in capsys.readouterr().err
+
+
+def test_plan_writes_its_step_band_and_keeps_ties_by_the_rule(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29, item 4: `autopp plan` plans with the tie rule (PlanRequest.ties): profiles/gpt's configurations
+    (every schedule) inside the band of its spreads are ties, one with the fewest microbatches kept, and said."""
+    from autopp.solve.assemble.make import TIE_NOTE
+
+    from .conftest import ROOT
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
+                 "--global-batch", "8", *ONE_PIPELINE, "--schedule", "auto", "-o", str(plan)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(plan.read_text())
+    low, high = data["step_band_s"]
+    assert low < data["predicted"]["step_time_s"] < high and data["tied"] and TIE_NOTE in data["notes"]
+    assert "; the margin is inside it: " in out and f"note: {TIE_NOTE}" in out
+    assert all(int(t.split(" m=")[1].split(":")[0]) >= data["num_microbatches"] for t in data["tied"])
