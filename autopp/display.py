@@ -172,4 +172,21 @@ def format_plan(plan: Plan) -> str:
         if unfit else ""
     breakdown = format_breakdown(plan)
     return (f"{head}\n\n{stages}\n\n{summary}\n(simulated; efficiency = ideal step time / predicted step time)"
-            f"{extra}" + (f"\n\n{breakdown}" if breakdown else "") + notes)
+            f"{extra}{_band_line(plan)}" + (f"\n\n{breakdown}" if breakdown else "") + notes)
+
+
+def _band_line(plan: Plan) -> str:
+    """The step's band from the profile's spreads, and whether the plan's margin over the others lies inside it."""
+    if plan.step_band_s is None:
+        return ""
+    low, high = plan.step_band_s
+    if high <= low:
+        return "\nstep band: none (the profile has no spreads: counted analytically, or timed once)"
+    unit = time_unit([low, high])
+    line = f"\nstep band {format_in(low, unit)} to {format_in(high, unit)} (every unit at the low or high end of its " \
+        "profiled spread)"
+    if not plan.tied:
+        return line + ": no other configuration predicts inside it"
+    many = len(plan.tied) > 1
+    return (line + f"; the margin is inside it: {len(plan.tied)} other configuration{'s' if many else ''} "
+            f"predict{'' if many else 's'} inside it ({'; '.join(plan.tied)})")

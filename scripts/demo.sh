@@ -10,7 +10,8 @@ autopp=("$root/.venv/bin/autopp")
 step() { echo; echo "\$ autopp $*"; "${autopp[@]}" "$@"; }
 # The 2 ranks will share this host: profile beside one process training the model, as the other rank will.
 step profile examples/gpt.py --co-runners 1 -o "$out/gpt-profile"
-step plan --profile "$out/gpt-profile" --devices 2 --memory 1GiB --global-batch 8 -o "$out/gpt.plan.json"
+# Everything else is searched (schedule, microbatches, ZeRO, recomputation, ...); --dp 1 keeps both ranks a pipeline.
+step plan --profile "$out/gpt-profile" --devices 2 --memory 1GiB --global-batch 8 --dp 1 -o "$out/gpt.plan.json"
 step run "$out/gpt.plan.json" --steps 3 --report "$out/gpt.report.json"
 # What to look at next, and how to read the tables above.
 cat <<NEXT
@@ -26,5 +27,6 @@ balanced parameters, balanced measured time) for comparison. "step time" is the 
 step, "bubble" the share of it that ranks sit idle, "efficiency" = ideal / step time, and "ideal" = total work /
 devices, a bound no schedule can beat. In the run report, "step time measured vs predicted" says how close the
 prediction came on this machine, and the verdict compares every loss and gradient with a one-process run.
-Search every schedule and let CP-SAT synthesize one: $root/.venv/bin/autopp plan --profile $out/gpt-profile --devices 2 --memory 1GiB --schedule auto
+Let autopp choose data parallelism too (and pin any other choice with its flag, e.g. --schedule 1F1B):
+  $root/.venv/bin/autopp plan --profile $out/gpt-profile --devices 2 --memory 1GiB --global-batch 8
 NEXT

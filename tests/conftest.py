@@ -77,3 +77,9 @@ def gpt_profile(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-un
     profile_model(EXAMPLES / "gpt.py", ProfileOptions(microbatch_sizes=(1, 2)),
                   MeasureOptions(warmup=1, repeats=1)).save(out)
     return load_profile(out)
+
+
+#: `autopp plan`'s defaults before issue 26 (one 1F1B pipeline, no data or tensor parallelism, ZeRO 0, no
+#: recomputation), which search every free choice now: a CLI test about something else pins them, so that it stays
+#: fast and keeps testing what it tested. The old default global batch was 8.
+ONE_PIPELINE = ("--schedule", "1F1B", "--dp", "1", "--tp", "1", "--zero", "0", "--recompute", "none")

@@ -21,7 +21,7 @@ import pytest
 
 from autopp.cli import main
 
-from .conftest import ROOT
+from .conftest import ONE_PIPELINE, ROOT
 
 SHIPPED = ROOT / "profiles" / "mlp"
 PROGRESS = ("profiling: ", "running: ")
@@ -458,7 +458,9 @@ CASES += [
          lambda env: "--profile"),
     Case("flag:plan-devices-without-memory", lambda env: ["plan", "--profile", str(env.prof), "--devices", "2",
                                                           "-o", str(env.tmp / "out.json")], lambda env: "--memory"),
-    Case("plan:memory-suggested-as-a-size", lambda env: _plan_args(env)[:6] + ["1MiB", "-o", str(env.tmp / "o.json")],
+    Case("plan:memory-suggested-as-a-size", lambda env: _plan_args(env)[:6] + ["1MiB", "--global-batch", "8",
+                                                                                *ONE_PIPELINE, "-o",
+                                                                                str(env.tmp / "o.json")],
          lambda env: "use --memory 33MiB or more"),  # issue 26: was `use --memory 34288435 or more`
     Case("plan:chimera-odd-microbatches", lambda env: _plan_args(env, "--schedule", "Chimera", "--global-batch", "6",
                                                                  "--microbatches", "3"),
@@ -471,11 +473,11 @@ CASES += [
              {k: v for k, v in json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()).items()
               if k != "num_hidden_layers"}))),
     # issue 27: context parallelism needs the attention's shape (an HF config's profile) and a sequence it shards
-    Case("flag:plan-cp-without-attention-shape", lambda env: _plan_args(env, "--cp", "2"),
+    Case("flag:plan-cp-without-attention-shape", lambda env: _plan_args(env, "--cp", "2", "--global-batch", "8"),
          lambda env: "--cp 2: the profile of"),
     Case("flag:plan-cp-sequence-does-not-shard",
          lambda env: ["plan", "--profile", str(env.bad_prof), "--devices", "2", "--memory", "1GiB", "--cp", "2",
-                      "-o", str(env.tmp / "o.json")],
+                      "--global-batch", "8", "-o", str(env.tmp / "o.json")],
          lambda env: "--cp 2 with --tp 1: context parallelism needs seq % (2 x cp x tp) == 0 for causal load "
                      "balancing, and 6 % 4 = 2",
          lambda env: _with_attention(env, 6)),

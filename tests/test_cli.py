@@ -10,7 +10,7 @@ import pytest
 
 from autopp.cli import main
 
-from .conftest import EXAMPLES, MODELS
+from .conftest import EXAMPLES, MODELS, ONE_PIPELINE
 
 
 def test_profile_then_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -19,7 +19,7 @@ def test_profile_then_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
                  "-o", str(prof)]) == 0
     assert sorted(p.name for p in prof.iterdir()) == ["edges.csv", "graph.json", "meta.json", "units.csv"]
     assert main(["plan", "--profile", str(prof), "--devices", "2", "--memory", "1GiB", "--global-batch", "4",
-                 "-o", str(plan)]) == 0
+                 *ONE_PIPELINE, "-o", str(plan)]) == 0
     out = capsys.readouterr().out
     assert "autopp" in out and "even" in out and "bubble" in out
     assert json.loads(plan.read_text())["num_ranks"] == 2
@@ -40,16 +40,16 @@ def test_missing_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_too_few_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prof = tmp_path / "prof"
     assert main(["profile", str(MODELS / "linrelu.py"), "--microbatch-size", "2", "--repeats", "1", "-o", str(prof)]) == 0
-    _fails(["plan", "--profile", str(prof), "--devices", "6", "--memory", "1GiB", "-o", str(tmp_path / "p.json")],
-           capsys, "cannot split 5 units into 6 stages: use at most 5 devices")
+    _fails(["plan", "--profile", str(prof), "--devices", "6", "--memory", "1GiB", *ONE_PIPELINE, "-o",
+            str(tmp_path / "p.json")], capsys, "cannot split 5 units into 6 stages: use at most 5 devices")
     assert not (tmp_path / "p.json").exists()
 
 
 def test_memory_too_small(shipped_gpt, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     prof = tmp_path / "prof"
     shipped_gpt.save(prof)
-    _fails(["plan", "--profile", str(prof), "--devices", "2", "--memory", "1MiB", "-o", str(tmp_path / "p.json")],
-           capsys, "the smallest that works is")
+    _fails(["plan", "--profile", str(prof), "--devices", "2", "--memory", "1MiB", *ONE_PIPELINE, "--global-batch",
+            "8", "-o", str(tmp_path / "p.json")], capsys, "the smallest that works is")
     assert not (tmp_path / "p.json").exists()
 
 
@@ -75,7 +75,8 @@ def test_run_validates_and_refuses_a_changed_model(tmp_path: Path, capsys: pytes
     model = tmp_path / "m.py"
     model.write_text((MODELS / "linrelu.py").read_text())
     plan, report = tmp_path / "p.json", tmp_path / "r.json"
-    assert main(["plan", str(model), "--devices", "2", "--memory", "1GiB", "--global-batch", "4", "-o", str(plan)]) == 0
+    assert main(["plan", str(model), "--devices", "2", "--memory", "1GiB", "--global-batch", "4", *ONE_PIPELINE,
+                 "-o", str(plan)]) == 0
     assert main(["run", str(plan), "--steps", "2", "--report", str(report)]) == 0
     assert json.loads(report.read_text())["passed"] is True
     assert "PASSED" in capsys.readouterr().out
@@ -97,19 +98,20 @@ def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     data = json.loads(plan.read_text())
     assert data["pp"] * data["dp"] == data["num_ranks"] == 8 and "ideal" in capsys.readouterr().out
     assert main(["plan", "--profile", str(prof), "--devices", "4", "--memory", "80GiB", "--global-batch", "16",
-                 "--schedule", "Interleaved1F1B", "--virtual-stages", "2", "--microbatches", "8", "-o", str(plan)]) == 0
+                 *ONE_PIPELINE, "--schedule", "Interleaved1F1B", "--virtual-stages", "2", "--microbatches", "8", "-o", str(plan)]) == 0
     data = json.loads(plan.read_text())
     assert data["virtual_stages"] == 2 and len(data["stages"]) == 8 and data["num_microbatches"] == 8
     assert main(["plan", "--profile", str(prof), "--devices", "4", "--memory", "80GiB", "--pp", "2",
                  "--global-batch", "16", "-o", str(plan)]) == 0
     assert json.loads(plan.read_text())["dp"] == 2
     assert main(["plan", "--profile", str(prof), "--devices", "2", "--memory", "80GiB", "--global-batch", "8",
-                 "--message-overhead", "0.001", "--progress-delay", "0.002", "-o", str(plan)]) == 0
+                 *ONE_PIPELINE, "--message-overhead", "0.001", "--progress-delay", "0.002", "-o", str(plan)]) == 0
     assert [s["overhead_s"] for s in json.loads(plan.read_text())["stages"]] == [0.001, 0.001]
     assert [s["progress_s"] for s in json.loads(plan.read_text())["stages"]] == [0.002, 0.0]
     cluster = tmp_path / "c.json"
     cluster.write_text(json.dumps({"devices": [{"memory": "80GiB", "speed": 1}, {"memory": "80GiB", "speed": 2}]}))
-    assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8", "-o", str(plan)]) == 0
+    assert main(["plan", "--profile", str(prof), "--cluster", str(cluster), "--global-batch", "8", *ONE_PIPELINE,
+                 "-o", str(plan)]) == 0
     stages = json.loads(plan.read_text())["stages"]
     assert stages[1]["units"][1] - stages[1]["units"][0] > stages[0]["units"][1] - stages[0]["units"][0]
     capsys.readouterr()
@@ -132,7 +134,7 @@ def test_show_draws_timeline_and_trace(tmp_path: Path, capsys: pytest.CaptureFix
     from .conftest import ROOT
     plan, png, trace = tmp_path / "p.json", tmp_path / "t.png", tmp_path / "t.json"
     assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
-                 "--schedule", "ZBVZeroBubble", "-o", str(plan)]) == 0
+                 "--global-batch", "8", *ONE_PIPELINE, "--schedule", "ZBVZeroBubble", "-o", str(plan)]) == 0
     assert main(["show", str(plan), "-o", str(png), "--trace", str(trace)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     events = json.loads(trace.read_text())["traceEvents"]
@@ -162,7 +164,7 @@ def test_written_files_respect_the_umask(tmp_path: Path) -> None:
     from .conftest import ROOT
     plan = tmp_path / "p.json"
     assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
-                 "-o", str(plan)]) == 0
+                 "--global-batch", "8", *ONE_PIPELINE, "-o", str(plan)]) == 0
     umask = os.umask(0)
     os.umask(umask)
     assert plan.stat().st_mode & 0o777 == 0o666 & ~umask
@@ -279,7 +281,7 @@ def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.M
     assert "--cp CP" in capsys.readouterr().out
     import argparse
     args = argparse.Namespace(pp=None, dp=None, cp=0, tp=2, ep=1)
-    assert [cli_plan._pin(args, a) for a in cli_plan._flag_axes()] == [None, 1, None, 2, 1]
+    assert [cli_plan._pin(args, a) for a in cli_plan._flag_axes()] == [None, None, None, 2, 1]
     # --ep N without --dp: dp N (the runner's ep = dp); --ep auto: dp searched as well
     assert cli_plan._dp(argparse.Namespace(pp=None, dp=None, ep=2)) == 2
     assert cli_plan._dp(argparse.Namespace(pp=None, dp=None, ep=0)) is None
@@ -310,7 +312,7 @@ def test_a_core_refusal_reads_with_flags(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(LayoutError, match=r"and dp is 1: give `dp` > 1 \(or search `dp`\), or `zero` 0"):
         LayoutPins(dp=1, zero=ZERO[1])
     assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
-                 "--zero", "1"]) == 2
+                 "--dp", "1", "--zero", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["autopp: error: ZeRO 1 shards over data-parallel replicas, and dp is 1: give --dp > 1 (or --dp "
                    "auto), or --zero 0"], err
@@ -327,8 +329,8 @@ def test_plan_of_more_cpu_ranks_than_cores_notes_it_and_warns(tmp_path: Path, ca
     from .conftest import ROOT
     prof, plan = tmp_path / "prof", tmp_path / "p.json"
     shutil.copytree(ROOT / "profiles" / "mlp", prof)  # a CPU profile, timed beside 1 co-runner
-    args = ["plan", "--profile", str(prof), "--devices", "4", "--memory", "1GiB", "--global-batch", "8", "-o",
-            str(plan)]
+    args = ["plan", "--profile", str(prof), "--devices", "4", "--memory", "1GiB", "--global-batch", "8",
+            *ONE_PIPELINE, "-o", str(plan)]
     monkeypatch.setattr(cores, "usable_cores", lambda: 2)
     assert main(args) == 0
     err = capsys.readouterr().err.splitlines()
@@ -388,3 +390,22 @@ def test_plan_cp_is_pinned_or_searched_and_written_to_the_plan(tmp_path: Path,
     assert load_plan(plan).layout.cp == 2
     assert main([*args, "--cp", "auto", "--dp", "auto"]) == 0
     assert load_plan(plan).layout.world == 4
+
+
+def test_plan_writes_its_step_band_and_keeps_ties_by_the_rule(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29, item 4: `autopp plan` plans with the tie rule (PlanRequest.ties): profiles/gpt's configurations
+    (every schedule) inside the band of its spreads are ties, one with the fewest microbatches kept, and said."""
+    from autopp.solve.assemble.make import TIE_NOTE
+
+    from .conftest import ROOT
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
+                 "--global-batch", "8", *ONE_PIPELINE, "--schedule", "auto", "--for", "torchtitan",  # Chimera wins outright
+                 "-o", str(plan)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(plan.read_text())
+    low, high = data["step_band_s"]
+    assert low < data["predicted"]["step_time_s"] < high and data["tied"] and TIE_NOTE in data["notes"]
+    assert "; the margin is inside it: " in out and f"note: {TIE_NOTE}" in out
+    assert all(int(t.split(" m=")[1].split(":")[0]) >= data["num_microbatches"] for t in data["tied"])

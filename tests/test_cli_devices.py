@@ -12,7 +12,7 @@ import autopp.solve
 from autopp.cli import main
 from autopp.data.catalog import device_names, load_device
 
-from .conftest import SHIPPED
+from .conftest import ONE_PIPELINE, SHIPPED
 
 
 def test_devices_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,7 +51,7 @@ def _plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> tuple
         return real(profile, request)
     monkeypatch.setattr(autopp.solve, "make_plan", spy)
     out = tmp_path / "p.json"
-    code = main(["plan", "--profile", str(SHIPPED / "gpt"), *flags, "-o", str(out)])
+    code = main(["plan", "--profile", str(SHIPPED / "gpt"), *ONE_PIPELINE, *flags, "-o", str(out)])
     return code, seen.get("cluster"), json.loads(out.read_text()) if out.is_file() else {}
 
 
@@ -64,7 +64,8 @@ def test_plan_on_h100(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith("autopp: warning: the profile was measured on cpu")
     assert "--analytic h100-sxm" in err[0]
-    assert err[1].startswith("autopp: note: global batch 8 samples per step (the default); give --global-batch N")
+    assert err[1].startswith("autopp: note: global batch 64 samples per step (the default: 8 per device); give "
+                             "--global-batch N")
 
 
 def test_plan_across_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

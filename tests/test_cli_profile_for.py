@@ -12,7 +12,7 @@ from autopp.cli import main
 from autopp.cli.profile import analytic_target, default_dtype
 from autopp.data.profile import load_profile
 
-from .conftest import ROOT
+from .conftest import ONE_PIPELINE, ROOT
 
 TINY = ROOT / "examples" / "configs" / "tiny-llama.json"
 MODELS = ROOT / "tests" / "models"
@@ -32,7 +32,8 @@ def test_plan_for_a_gpu_counts_analytically_with_its_tp_rows(tmp_path: Path, mon
     machine is not one), writes profiles/C-h100-sxm/ in bfloat16 with rows of tp 2, plans from it and reuses it; a
     profile measured here in profiles/C/ is not taken for it."""
     monkeypatch.chdir(tmp_path)
-    plan = ["plan", "--hf-config", str(TINY), "--device", "h100-sxm", "--devices", "8", "--global-batch", "16"]
+    plan = ["plan", "--hf-config", str(TINY), "--device", "h100-sxm", "--devices", "8", "--global-batch", "16",
+            *ONE_PIPELINE]
     assert main([*plan, "--tp", "2"]) == 0
     err = capsys.readouterr().err
     first = err.splitlines()[0]

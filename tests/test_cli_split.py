@@ -10,14 +10,14 @@ import pytest
 from autopp.cli import main
 from autopp.solve.assemble.pinned import SPLIT_NOTE
 
-from .conftest import EXAMPLES, SHIPPED
+from .conftest import EXAMPLES, ONE_PIPELINE, SHIPPED
 
 
 def _plan_split(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, dict[str, object], str]:
     """profiles/gpt on 2 ranks with stages beginning at units 0 and 2 (autopp's own split is elsewhere)."""
     plan = tmp_path / "split.json"
-    assert main(["plan", "--profile", str(SHIPPED / "gpt"), "--devices", "2", "--memory", "1GiB", "--split", "2",
-                 "--recompute-stages", "1", "-o", str(plan)]) == 0
+    assert main(["plan", "--profile", str(SHIPPED / "gpt"), "--devices", "2", "--memory", "1GiB", "--global-batch",
+                 "8", *ONE_PIPELINE, "--split", "2", "--recompute-stages", "1", "-o", str(plan)]) == 0
     return plan, json.loads(plan.read_text()), capsys.readouterr().out
 
 
@@ -43,8 +43,8 @@ def test_plan_split_writes_the_pinned_split_beside_autopps(tmp_path: Path, capsy
 def test_a_bad_split_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                             message: str) -> None:
     out = tmp_path / "p.json"
-    assert main(["plan", "--profile", str(SHIPPED / "gpt"), "--devices", "2", "--memory", "1GiB", *args,
-                 "-o", str(out)]) == 2
+    assert main(["plan", "--profile", str(SHIPPED / "gpt"), "--devices", "2", "--memory", "1GiB", *ONE_PIPELINE,
+                 *args, "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("autopp: error: ") and message in err[0], err
     assert not out.exists()

@@ -55,8 +55,8 @@ def test_a_32_stage_plan_reads_at_terminal_width() -> None:
     assert "units per stage" in text and " x" in text  # 32 ranges would not fit: counted instead
     for header in ("forward/mb", "backward/mb", "rank peak memory"):
         assert len(_one_unit(_column(text, header))) == 1, header
-    summary = text.split("\n\n")[2].splitlines()
-    assert len({row.split()[2] for row in summary[2:] if not row.startswith("(")}) == 1  # step time, ideal too
+    summary = text.split("\n\n")[2].split("\n(")[0].splitlines()  # the rows, up to "(simulated; ..."
+    assert len({row.split()[2] for row in summary[2:]}) == 1  # step time, ideal too
     assert "e+" not in text and "e-0" not in text
 
 
@@ -88,3 +88,18 @@ def test_the_plan_table_says_where_the_step_goes_and_what_overlap_hides() -> Non
     assert b is not None and rows["compute"][0] == format_time(b.rows(2)[0][1])
     assert sum(float(r[1].rstrip("%")) for r in rows.values()) == pytest.approx(100, abs=0.2)
     assert format_breakdown(replace(plan, time_breakdown=None)) == ""
+
+
+def test_the_band_line_says_whether_the_margin_is_inside_it() -> None:
+    """Issue 29, item 4: the table gives the step's band and says when other configurations predict inside it; a
+    profile without spreads says it has none."""
+    from dataclasses import replace
+    plan = make_plan(synthetic_profile(8), PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=80 * 2**30),
+                                                      global_batch=8))
+    assert "\nstep band: none (the profile has no spreads: counted analytically, or timed once)" in format_plan(plan)
+    step = plan.predicted.step_time_s
+    text = format_plan(replace(plan, step_band_s=(0.9 * step, 1.1 * step)))
+    assert "(every unit at the low or high end of its profiled spread): no other configuration" in text
+    text = format_plan(replace(plan, step_band_s=(0.9 * step, 1.1 * step), tied=("GPipe pp(2) x dp(1) v=1 m=8: x",)))
+    assert "; the margin is inside it: 1 other configuration predicts inside it (GPipe pp(2) x dp(1) v=1 m=8: " \
+        "x)" in text

@@ -20,7 +20,7 @@ import pytest
 
 from autopp.cli import main
 
-from .conftest import MODELS
+from .conftest import MODELS, ONE_PIPELINE
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def test_moe_model_file_plans_and_runs_validated_on_two_ranks(model: str, tmp_pa
     monkeypatch.chdir(tmp_path)  # the default profile directory is ./profiles/MODEL
     plan, report = tmp_path / "plan.json", tmp_path / "report.json"
     assert main(["plan", str(MODELS / model), "--devices", "2", "--memory", "4GiB", "--global-batch", "4",
-                 "-o", str(plan)]) == 0
+                 *ONE_PIPELINE, "-o", str(plan)]) == 0
     err = capsys.readouterr().err
     assert "BF16" not in err and "Traceback" not in err
     assert len(json.loads(plan.read_text())["stages"]) == 2

@@ -326,3 +326,23 @@ def test_a_plan_is_for_its_clusters_device_else_its_profiles() -> None:
         cluster = cluster_from_catalog(load_device("h100-sxm"), count, devices_per_node=2)
         plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=32))
         assert plan.device == "h100-sxm" and (cluster.nodes is None) == (count == 2)
+
+
+def test_step_band_and_ties_round_trip_and_stay_out_when_unknown(tmp_path: Path) -> None:
+    """Issue 29, item 4: the step's band and the configurations inside it are written when known, else not at all
+    (plans made before them, and pinned ones, are unchanged)."""
+    assert not {"step_band_s", "tied"} & set(_plan().to_json())
+    plan = replace(_plan(), step_band_s=(2.5, 3.5), tied=("GPipe pp(2) x dp(1) v=1 m=4: 3.1 s",))
+    path = plan.save(tmp_path / "p.json")
+    assert load_plan(path) == plan
+    assert json.loads(path.read_text())["step_band_s"] == [2.5, 3.5]
+
+
+@pytest.mark.parametrize("band, message", [
+    ([3.5, 2.5], r"field 'step_band_s' must be \[low, high\] seconds with low <= high, got \[3.5, 2.5\]"),
+    ([1.0], r"field 'step_band_s' must be \[low, high\] seconds, got \[1.0\]"),
+    (["a", 2.0], r"field 'step_band_s' must be a finite number >= 0, got 'a'"),
+])
+def test_a_bad_step_band_is_refused(tmp_path: Path, band: object, message: str) -> None:
+    with pytest.raises(PlanError, match=r"p\.json: " + message):
+        load_plan(_write(tmp_path, _plan().to_json() | {"step_band_s": band}))

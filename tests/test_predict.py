@@ -14,7 +14,7 @@ from autopp.data.profile import Profile, load_profile
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, make_plan
 
-from .conftest import ROOT
+from .conftest import ONE_PIPELINE, ROOT
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_plan_show_and_json_print_the_same_step_time(tmp_path: Path, capsys: pyt
     monkeypatch.setattr(draw, "timeline_figure", spy)
     path = tmp_path / "p.json"
     assert main(["plan", "--profile", str(ROOT / "profiles" / "gpt"), "--devices", "2", "--memory", "1GiB",
-                 "-o", str(path)]) == 0
+                 "--global-batch", "8", *ONE_PIPELINE, "-o", str(path)]) == 0
     planned = capsys.readouterr().out
     assert main(["show", str(path), "-o", str(tmp_path / "p.png")]) == 0
     shown = capsys.readouterr().out

@@ -16,6 +16,8 @@ import pytest
 from autopp.errors import ProfileError
 from autopp.data.profile import Profile, load_profile
 
+from .conftest import ONE_PIPELINE
+
 
 def test_round_trip_is_identical(gpt_profile: Profile, tmp_path: Path) -> None:
     gpt_profile.save(tmp_path / "p")
@@ -125,7 +127,7 @@ def test_fresh_clone_plans_from_its_shipped_profiles(name: str, tmp_path: Path,
         shutil.copytree(SHIPPED.parent / part, clone / part)
     out = clone / "plans" / f"{name}.plan.json"
     assert main(["plan", "--profile", str(clone / "profiles" / name), "--devices", "2", "--memory", "1GiB",
-                 "-o", str(out)]) == 0
+                 "--global-batch", "8", *ONE_PIPELINE, "-o", str(out)]) == 0
     capsys.readouterr()
     assert json.loads(out.read_text())["model_path"] == f"../examples/{name}.py"
     plan = load_plan(out)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.axes import AXES, SWITCHES, TRAINERS, Axis
+from ..data.batch import SAMPLES_PER_DEVICE, TOKENS_PER_STEP, default_global_batch
 from ..data.cluster import DEFAULT_LINK
 from ..data.overlap import NO_OVERLAP, Overlap
 from ..data.zero import ZERO, ZeroStage
@@ -16,22 +17,23 @@ from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
 from ..schedule import ScheduleName
 from ..sizes import SIZE_UNITS_HELP
-from .common import POSITIVE, SCHEDULE_NAMES, SECONDS, in_flags, memory_size, number
+from .common import POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_flags, memory_size, number, progress
+from .plan_cluster import plan_cluster
 from .profile import add_hf_arguments, default_profile_dir, hf_source_of, profile_for
 
-__all__ = ["add_parser", "DEFAULT_GLOBAL_BATCH"]
-
-#: Samples per step when --global-batch is not given (said in one line on stderr, with the plan).
-DEFAULT_GLOBAL_BATCH = 8
+__all__ = ["add_parser"]
 
 
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     """The `plan` command."""
-    p = sub.add_parser("plan", help="choose stage boundaries and microbatches")
+    p = sub.add_parser("plan", help="choose the layout, schedule, microbatches and stage boundaries",
+                       description="Every choice a flag below leaves out is searched (the schedule, microbatches, "
+                                   "dp, tp, ZeRO stage, activation policy per stage, sequence parallelism, stages "
+                                   "per rank); a flag pins it and narrows the search.")
     p.add_argument("model", nargs="?", help="model file (profiled if profiles/MODEL is missing or stale)")
     p.add_argument("--profile", help="plan from this profile directory instead")
     add_hf_arguments(p)  # --hf-config C.json: profiled into profiles/C if missing or stale, like a model file
-    p.add_argument("--devices", type=POSITIVE, help="devices in all (pp x dp)")
+    p.add_argument("--devices", type=POSITIVE, help="devices in all (pp x dp x tp)")
     p.add_argument("--memory", type=memory_size, metavar="SIZE",
                    help=f"memory per device, e.g. 80GiB or 80GB: {SIZE_UNITS_HELP}")
     p.add_argument("--cluster", help="cluster JSON: each device's memory and speed and each link, or nodes with "
@@ -64,31 +66,37 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help="with --device: inter-node link bandwidth in bytes/s per direction per device, i.e. one "
                         "device's NIC share (default: the catalog's)")
     p.add_argument("--global-batch", type=POSITIVE,
-                   help=f"samples per step (default {DEFAULT_GLOBAL_BATCH}, said on stderr: give the batch you train "
-                        "with, it sets the microbatches and so the bubble)")
-    p.add_argument("--microbatches", type=POSITIVE, help="pin the microbatch count per replica")
-    p.add_argument("--schedule", default=ScheduleName.ONE_F_ONE_B.value, choices=["auto", *SCHEDULE_NAMES],
-                   help=f"pipeline schedule (default {ScheduleName.ONE_F_ONE_B.value}; auto searches all)")
+                   help=f"samples per step over all replicas. Default, said on stderr: for a model with a sequence "
+                        f"length (--hf-config), about {TOKENS_PER_STEP // 2**20}M tokens, 2^20 / seq_len sequences "
+                        f"rounded to a power of two; else {SAMPLES_PER_DEVICE} per device. Give the batch you train "
+                        "with: it sets the microbatches, and so the bubble")
+    p.add_argument("--microbatches", type=POSITIVE, help="pin the microbatch count per replica (default: searched)")
+    p.add_argument("--schedule", default="auto", choices=["auto", *SCHEDULE_NAMES],
+                   help="pipeline schedule, or auto (default): every named schedule, and a CP-SAT-synthesized order "
+                        "for the best split unless the trainer of --for runs none")
     for axis in _flag_axes():  # --pp, --dp, --tp: each axis's flag as its descriptor gives it (autopp.data.axes)
         assert axis.flag is not None
         p.add_argument(f"--{axis.name}", type=_auto_int if axis.flag.auto else POSITIVE, default=axis.flag.default,
                        help=axis.flag.help)
     sp = SWITCHES["sp"]  # --sp on|off|auto (autopp.data.axes)
     p.add_argument(f"--{sp.name}", choices=("on", "off", "auto"), default="auto", help=sp.help)
-    p.add_argument("--zero", type=_zero, default="0",
+    p.add_argument("--zero", type=_zero, default="auto",
                    help="ZeRO stage of the data parallelism: 0 replicated, 1 optimizer state sharded, 2 + gradients "
-                        "(costed only), 3 + parameters (FSDP2), or auto: 0, 1 and 3 (default 0)")
+                        "(costed only), 3 + parameters (FSDP2), or auto (default): 0, 1 and 3 (those of --for's "
+                        "trainer), where dp > 1")
     p.add_argument("--tp-across-nodes", action="store_true",
                    help="let tensor-parallel groups span nodes (default: a group stays inside a node)")
     p.add_argument("--synthesize", action="store_true",
                    help="also try a CP-SAT-synthesized F/I/W order for the chosen split (always on with auto)")
     p.add_argument("--synth-time", type=SECONDS, default=10.0, metavar="S", help="CP-SAT time limit (default 10 s)")
     p.add_argument("--links", help="links JSON from `autopp profile-links` (default: assumed loopback gloo)")
-    p.add_argument("--virtual-stages", type=POSITIVE, help="stages per rank for interleaved schedules")
-    p.add_argument("--recompute", choices=["none", "all", "auto"], default="none",
-                   help="activation recomputation (default none; all: full recomputation on every stage; auto: per "
-                        "stage, keep, selective (when the profile has its figures), offload to host memory (when "
-                        "the devices have a host link) or full recomputation, saving memory only where it is needed)")
+    p.add_argument("--virtual-stages", type=POSITIVE,
+                   help="stages per rank for interleaved schedules (default: searched, 2 and 4)")
+    p.add_argument("--recompute", choices=["none", "all", "auto"],
+                   help="activation recomputation: none; all: full recomputation on every stage; auto (default, "
+                        "unless --recompute-stages): per stage, keep, selective (when the profile has its figures), "
+                        "offload to host memory (when the devices have a host link) or full recomputation, saving "
+                        "memory only where it is needed (with --for, one policy for every stage)")
     p.add_argument("--split", type=_indices, metavar="I,J,...",
                    help="evaluate this split instead of searching one: the unit indices where stages 1.. begin "
                         "(stages = pp x stages per rank); printed beside autopp's own choice")
@@ -111,7 +119,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         "(docs/export.md)")
     p.add_argument("--pin-from", metavar="FILE",
                    help="also judge the configuration you run today (torchtitan overrides or .toml, Megatron-LM "
-                        "arguments; docs/export.md) and print it beside autopp's plan")
+                        "arguments; docs/export.md) and print it beside autopp's plan, which then searches pp x dp "
+                        "(tp 1, ZeRO 0) for its global batch (unless --global-batch)")
     p.set_defaults(func=_cmd_plan)
 
 
@@ -169,64 +178,36 @@ def _pin(args: argparse.Namespace, axis: Axis) -> int | None:
 
 
 def _dp(args: argparse.Namespace) -> int | None:
-    """--dp N, auto (None), or unset: 1, or devices / pp when --pp is given, or --ep N's N (the runner's ep = dp),
-    or searched with --ep auto."""
+    """--dp N, auto (None), or unset: --ep N's N (the runner's ep = dp), else searched."""
     if args.dp is None:
         ep = getattr(args, "ep", 1)
-        return (ep or None) if ep != 1 else None if args.pp else 1
+        return (ep or None) if ep != 1 else None
     return args.dp or None
 
 
-def _plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from ..data.cluster import DEFAULT_LINK, Cluster, Link
-    from ..data.cluster_file import load_cluster
-    if args.device:
-        return _device_cluster(args)
-    if args.nodes or args.devices_per_node:
-        raise AutoppError("--nodes and --devices-per-node go with --device NAME (or give a cluster file of nodes, "
-                          "docs/cluster-format.md)")
-    if args.intra_node_bandwidth or args.inter_node_bandwidth:
-        raise AutoppError("--intra-node-bandwidth and --inter-node-bandwidth go with --device NAME (or give the "
-                          "links in a cluster file of nodes, docs/cluster-format.md)")
-    if args.cluster:
-        for flag, value, field in (("--message-overhead", args.message_overhead, "overhead_s"),
-                                   ("--progress-delay", args.progress_delay, "progress_s")):
-            if value is not None:
-                raise AutoppError(f"{flag} applies to --devices; with --cluster give each link's {field} in the file")
-        if args.memory_reserve is not None:
-            raise AutoppError("--memory-reserve applies to --device and --devices; with --cluster give each device's "
-                              "memory less its reserve in the file")
-        return load_cluster(args.cluster)
-    if args.devices is None or args.memory is None:
-        raise AutoppError("give --devices N and --memory SIZE, --device NAME (`autopp devices`), or --cluster FILE")
-    base = DEFAULT_LINK
-    if args.links:
-        from ..measure.links import load_link
-        base = load_link(args.links)
-    link = Link(latency_s=args.latency if args.latency is not None else base.latency_s,
-                bandwidth_bytes_per_s=args.bandwidth or base.bandwidth_bytes_per_s,
-                overhead_s=args.message_overhead if args.message_overhead is not None else base.overhead_s,
-                progress_s=args.progress_delay if args.progress_delay is not None else base.progress_s)
-    reserve = args.memory_reserve or 0
-    if reserve >= args.memory:
-        raise AutoppError(f"--memory-reserve {reserve / 2**30:.3g} GiB leaves nothing of --memory "
-                          f"{args.memory / 2**30:.3g} GiB: give a smaller --memory-reserve")
-    return Cluster(num_devices=args.devices, memory_bytes=args.memory - reserve, link=link,
-                   memory_reserve_bytes=reserve)
+def _profiled_tp(args: argparse.Namespace, pins) -> int | None:  # type: ignore[no-untyped-def]
+    """The `tp` of `profile_for`: the pinned degree; every degree the TP plan allows (None) for `--tp auto` or a
+    profile counted for --device; else 1 (no rows measured here unless asked for: tp searched over what exists)."""
+    from .profile import analytic_target
+    if pins.tp is not None or args.tp == 0 or analytic_target(args.device) is not None:
+        return pins.tp
+    return 1
 
 
-def _device_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """--device NAME: memory and links from the catalog; --devices, or --nodes x --devices-per-node, devices."""
-    from ..data.catalog import LinkOverrides, cluster_from_catalog, load_device
-    for flag, value in (("--cluster", args.cluster), ("--links", args.links)):
-        if value:
-            raise AutoppError(f"give --device or {flag}, not both (--latency/--bandwidth override the device's link)")
-    overrides = LinkOverrides(intra_bandwidth=args.intra_node_bandwidth, inter_bandwidth=args.inter_node_bandwidth,
-                              latency_s=args.latency, bandwidth=args.bandwidth, overhead_s=args.message_overhead,
-                              progress_s=args.progress_delay)
-    return cluster_from_catalog(load_device(args.device), args.devices, nodes=args.nodes,
-                                devices_per_node=args.devices_per_node, memory_bytes=args.memory, overrides=overrides,
-                                memory_reserve=args.memory_reserve)
+def _global_batch(args: argparse.Namespace, cluster, given) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    """--global-batch, or the default (`default_global_batch`) and the line that says it (else ""): from the
+    sequence length of --hf-config or of the --profile's HF model, else from the devices."""
+    if args.global_batch:
+        return int(args.global_batch), ""
+    source = hf_source_of(args, ("--profile", "DIR"))
+    hf = given.meta.extra.get("hf_config") if given is not None else None
+    seq = source.seq_len if source is not None else hf.get("seq_len") if isinstance(hf, dict) else None
+    batch = default_global_batch(cluster.num_devices, seq, args.microbatches or 1)
+    what = f"{batch} sequences of {seq} tokens per step (the default for a sequence model: 2^20 tokens / seq_len, " \
+           "rounded to a power of two)" if seq is not None else \
+        f"{batch} samples per step (the default: {SAMPLES_PER_DEVICE} per device)"
+    return batch, f"autopp: note: global batch {what}; give --global-batch N, the batch you train with (it sets " \
+                  "the microbatches, and so the bubble)"
 
 
 def _warn_device(args: argparse.Namespace, meta) -> None:  # type: ignore[no-untyped-def]
@@ -272,17 +253,23 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..solve import PlanRequest, RecomputeMode, make_plan
     pins = LayoutPins(v=args.virtual_stages, zero=args.zero, sp={"on": True, "off": False}.get(args.sp),
                       **{a.name: _pin(args, a) for a in _flag_axes()})
-    request = PlanRequest(cluster=_plan_cluster(args), global_batch=args.global_batch or DEFAULT_GLOBAL_BATCH,
+    cluster = plan_cluster(args)
+    request = PlanRequest(cluster=cluster, global_batch=_global_batch(args, cluster, None)[0],
                           num_microbatches=args.microbatches,
                           schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),
                           pins=pins, tp_across_nodes=args.tp_across_nodes,
-                          recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
+                          recompute=RecomputeMode(args.recompute or ("none" if args.recompute_stages else "auto")),
+                          recompute_stages=args.recompute_stages,
                           synthesize=args.synthesize or args.schedule == "auto" and _synthesizes(args.trainer),
-                          synth_time_limit_s=args.synth_time, trainer=args.trainer, overlap=args.overlap)
+                          synth_time_limit_s=args.synth_time, trainer=args.trainer, overlap=args.overlap,
+                          ties=True)
     given = None
-    if args.profile:
+    if args.profile:  # after the request's checks: a bad flag costs no profile load
         from ..data.profile import load_profile
         given = load_profile(args.profile)
+    batch, said = _global_batch(args, cluster, given)  # a --profile's sequence length known now
+    request = replace(request, global_batch=batch)
+    if given is not None:
         stem = Path(given.meta.model_path).stem
         profile_dir = Path(args.profile)
     else:
@@ -294,21 +281,27 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.split:
         from ..solve.assemble.pinned import check_split
         check_split(request, given, args.split)  # plan_split: again, once profiled
-    # the profile's TP rows: the request's, and the --pin-from file's tp too
-    profile = given or profile_for(args, pins.tp if pinned_tp in (1, pins.tp) else pinned_tp if pins.tp == 1 else None)
+    # the profile's TP rows: the request's (`_profiled_tp`), and the --pin-from file's tp too
+    tp = _profiled_tp(args, pins)
+    profile = given or profile_for(args, tp if pinned_tp in (1, tp) else pinned_tp if tp == 1 else None)
     if args.device:
         _warn_device(args, profile.meta)
     pinned = _read_pin(args, profile, request) if args.pin_from else None
+    if pinned is not None and not args.global_batch:  # the batch of the configuration judged beside autopp's
+        batch = _batch_of(pinned[0])
+        request, said = replace(request, global_batch=batch), f"autopp: note: global batch {batch} samples per " \
+            f"step, that of {args.pin_from} (the default with --pin-from); give --global-batch N to plan another"
+    if said:  # issue 26: a default that changes the answer is said, before the search
+        print(said, file=sys.stderr)
+    _say_search(request)
     if args.split:
         from ..solve.assemble.pinned import plan_split
         plan = plan_split(profile, request, args.split)
     else:
         plan = make_plan(profile, request)
+    end_progress()
     plan = _note_cores(args, profile, request.cluster, replace(plan, profile_path=str(profile_dir)))
     plan.save(out)
-    if args.global_batch is None:  # issue 26: a default that changes the answer is said
-        print(f"autopp: note: global batch {DEFAULT_GLOBAL_BATCH} samples per step (the default); give --global-batch "
-              "N, the batch you train with (it sets the microbatches, and so the bubble)", file=sys.stderr)
     if pinned is not None:  # issue 26: the first screen is yours beside autopp's, the plan's table after it
         from ..export.compare import format_comparison
         from ..solve import evaluate_pinned
@@ -321,6 +314,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_search(request) -> None:  # type: ignore[no-untyped-def]
+    """On a terminal, a progress line while the search runs (cleared with the plan): what it searches (the choices
+    no flag pinned) and CP-SAT's time bound."""
+    if not sys.stderr.isatty():
+        return
+    pins = request.pins
+    free = [name for name, free in (
+        ("schedule", request.schedule is None), ("microbatches", request.num_microbatches is None),
+        *((a.name, getattr(pins, a.name) is None) for a in _flag_axes()), ("ZeRO stage", pins.zero is None),
+        ("activation policy", request.recompute_stages is None and len(request.allowed()) > 1),
+        ("sp", pins.sp is None), ("stages per rank", pins.v is None)) if free]
+    synth = f"; then CP-SAT synthesizes an order for at most {request.synth_time_limit_s:g} s (--synth-time)" \
+        if request.synthesize else ""
+    progress("planning")(f"searching {', '.join(free) or 'the split only'} (a flag pins each){synth}")
+
+
 def _read_pin(args: argparse.Namespace, profile, request):  # type: ignore[no-untyped-def]
     """--pin-from: the user's trainer configuration (checked before the search and before anything is written) and
     notes on how it is judged."""
@@ -328,12 +337,17 @@ def _read_pin(args: argparse.Namespace, profile, request):  # type: ignore[no-un
     from ..solve.assemble.pinned import check_pinned
     pinned, notes = read_pinned(args.pin_from, profile.meta.unit_names, request.cluster.num_devices)
     check_pinned(pinned, profile.num_units, request.cluster.num_devices)
-    c = pinned.candidate
-    batch = c.microbatches * c.microbatch_size * c.layout.dp
-    if batch != request.global_batch:
+    batch = _batch_of(pinned)
+    if args.global_batch and batch != request.global_batch:
         raise AutoppError(f"{args.pin_from}: its global batch is {batch}, --global-batch is {request.global_batch}; "
                           f"give --global-batch {batch} so both plans train the same batch")
     return pinned, notes
+
+
+def _batch_of(pinned) -> int:  # type: ignore[no-untyped-def]
+    """The global batch of a pinned configuration."""
+    c = pinned.candidate
+    return int(c.microbatches * c.microbatch_size * c.layout.dp)
 
 
 def _synthesizes(trainer: str | None) -> bool:

@@ -87,12 +87,14 @@ _RE_PLAN = "re-plan with `{axis}` 1, or export to torchtitan or megatron"
 #: Every axis of the Layout (but v, the stages per pipeline rank), in the order of its mesh (`MESH_AXES`), then ep.
 AXES: dict[str, Axis] = {a.name: a for a in (
     Axis(name="pp", what="pipeline parallelism",
-         flag=Flag(help="pin the pipeline ranks (default devices / dp)", auto=False, default=None),
+         flag=Flag(help="pin the pipeline ranks (default: devices / (dp x tp), searched with them)", auto=False,
+                   default=None),
          trainers={"torchtitan": Spelling(degree="parallelism.pipeline_parallel_degree"),
                    "megatron": Spelling(degree="--pipeline-model-parallel-size"),
                    "deepspeed": Spelling(degree="num_stages")}),
     Axis(name="dp", what="data parallelism", syncs=True,
-         flag=Flag(help="data-parallel replicas, or auto (default 1, or devices / pp)", default=None)),
+         flag=Flag(help="data-parallel replicas, or auto (default): every divisor of the devices (devices / (pp x "
+                        "cp x tp) with --pp)", default=None)),
     Axis(name="cp", what="context parallelism", in_group=True, syncs=True,
          flag=Flag(help="context-parallel degree: each sequence sharded over cp ranks, attention as ring attention "
                         "(the sequence must divide by 2 x cp x tp; needs a profile of an HF config), or auto: 1 and "
@@ -115,7 +117,9 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                                                  + _RE_PLAN.format(axis="cp"))}),
     Axis(name="tp", what="tensor parallelism", in_group=True,
          flag=Flag(help="tensor-parallel degree (devices per pipeline rank; the profile needs rows of it: "
-                        "`autopp profile --tp`), or auto: 1 and every degree profiled that fits a node (default 1)"),
+                        "`autopp profile --tp`), or auto (default): 1 and every degree profiled that fits a node "
+                        "(a profile counted for --device has rows of each; one measured here only those its --tp "
+                        "made, unless --tp auto is given)", default=None),
          trainers={
              "torchtitan": Spelling(
                  degree="parallelism.tensor_parallel_degree",

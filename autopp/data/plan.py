@@ -158,6 +158,13 @@ class Plan:
     time_breakdown: TimeBreakdown | None = None
     """Where the predicted step's time goes (autopp.data.breakdown); None in plans that predate it and hand-built
     ones; written to JSON only when known."""
+    step_band_s: tuple[float, float] | None = None
+    """The predicted step's band (low, high) from the profile's spreads (autopp.solve.search.band): the step with
+    every unit's times at the low and at the high end of its spread; (step, step) for a profile without spreads (an
+    analytic one). None: not known (older plans, pinned configurations); written to JSON only when known."""
+    tied: tuple[str, ...] = ()
+    """The other configurations whose predicted steps lie inside that band, each in words with its step: ties with
+    the plan, which a tie rule chose among (`PlanRequest.ties`). Written to JSON only when not empty."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -212,7 +219,8 @@ class Plan:
         # fields a plan may not know (a model file's hf_config, the API's profile_path, older plans' device and
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items()
-                if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown")}
+                if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
+                                  "step_band_s", "tied")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:
@@ -248,6 +256,7 @@ class Plan:
         order = custom_order(data.get("custom_order", []), f)
         given = data.get("time_breakdown")
         breakdown = None if given is None else breakdown_of(given, f.at("time_breakdown"))
+        band = _band(data.get("step_band_s"), f)
         try:
             stages = tuple(StagePlan(**{**{k: v for k, v in s.items() if k not in FIGURE_FIELDS},
                                         "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
@@ -259,6 +268,8 @@ class Plan:
                            "predicted": _prediction(data["predicted"]),
                            "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
                            "notes": tuple(data.get("notes", ())),
+                           "step_band_s": band,
+                           "tied": tuple(data.get("tied", ())),
                            "custom_order": order,
                            "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown})
             _check_consistent(plan)
@@ -335,6 +346,18 @@ def _record(data: dict[str, Any], f: Fields) -> None:
     `Plan.layout`."""
     f.keys(f.obj(data), None, ("num_ranks",))
     f.record({k: v for k, v in data.items() if k not in LAYOUT_KEYS} | {"layout": None}, Plan)
+
+
+def _band(band: Any, f: Fields) -> tuple[float, float] | None:
+    """Field `step_band_s`: None, or [low, high] seconds with low <= high."""
+    if band is None:
+        return None
+    if not isinstance(band, (list, tuple)) or len(band) != 2:
+        f.bad("step_band_s", "[low, high] seconds", band)
+    low, high = f.number(band[0], "step_band_s"), f.number(band[1], "step_band_s")
+    if low > high:
+        f.bad("step_band_s", "[low, high] seconds with low <= high", band)
+    return (float(low), float(high))
 
 
 def _prediction(d: dict[str, Any]) -> Prediction:

@@ -128,8 +128,10 @@ def test_plan_prints_both_plans(tmp_path: Path, capsys: pytest.CaptureFixture[st
     args.write_text("--pipeline-model-parallel-size 2 --num-layers 4 --micro-batch-size 1 --global-batch-size 8\n")
     code = main(["plan", "--profile", str(LLAMA), "--devices", "2", "--memory", "4GiB", "-o",
                  str(tmp_path / "p.plan.json"), "--pin-from", str(args)])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0 and "your configuration" in out
+    # issue 26: without --global-batch the pinned configuration's batch is planned, and said
+    assert f"autopp: note: global batch 8 samples per step, that of {args} (the default with --pin-from)" in err
     yours = [line for line in out.splitlines() if line.strip().startswith("yours:")][0]
     assert "1F1B pp 2 x dp 1, v 1, 8 x 1, units per stage 3 x2" in yours
     step = [line.split() for line in out.splitlines() if line.strip().startswith("step time")][0]
@@ -142,7 +144,7 @@ def test_pin_from_refuses_another_global_batch_before_planning(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     args = tmp_path / "megatron.args"
     args.write_text("--pipeline-model-parallel-size 2 --num-layers 4 --micro-batch-size 1 --global-batch-size 16\n")
-    code = main(["plan", "--profile", str(LLAMA), "--devices", "2", "--memory", "4GiB", "-o",
+    code = main(["plan", "--profile", str(LLAMA), "--devices", "2", "--memory", "4GiB", "--global-batch", "8", "-o",
                  str(tmp_path / "p.plan.json"), "--pin-from", str(args)])
     assert code == 2 and "give --global-batch 16" in capsys.readouterr().err
     assert not (tmp_path / "p.plan.json").exists()

@@ -17,7 +17,7 @@ from autopp.model import check_forward, discover_units, fingerprint, load_model_
 from autopp.model.hf import _build, hf_model_file, load_model
 from autopp.model.meta import build_units
 
-from ..conftest import EXAMPLES
+from ..conftest import EXAMPLES, ONE_PIPELINE
 
 pytestmark = pytest.mark.integration
 
@@ -219,7 +219,8 @@ def test_cli_profile_then_plan_reuses_or_refreshes(tmp_path: Path, monkeypatch: 
                                                "attention": TINY_ATTENTION}
     assert profile.num_units == 6
     capsys.readouterr()
-    plan = ["plan", "--hf-config", str(TINY), "--devices", "2", "--memory", "1GiB", "--global-batch", "2"]
+    plan = ["plan", "--hf-config", str(TINY), "--devices", "2", "--memory", "1GiB", "--global-batch", "2",
+            *ONE_PIPELINE]
     assert main([*plan, "--seq-len", "8"]) == 0
     assert "using profile profiles/tiny-llama/" in capsys.readouterr().err
     assert json.loads((tmp_path / "tiny-llama.plan.json").read_text())["fingerprint"] == profile.meta.fingerprint

@@ -116,7 +116,8 @@ def test_a_plan_with_ep_from_the_cli_runs_validated(tmp_path: Path, monkeypatch:
     monkeypatch.chdir(tmp_path)  # the default profile directory is ./profiles/MODEL
     plan, report = tmp_path / "plan.json", tmp_path / "report.json"
     assert main(["plan", str(QWEN3), "--devices", "4", "--pp", "2", "--ep", "2", "--memory", "4GiB",
-                 "--global-batch", "8", "-o", str(plan)]) == 0
+                 "--global-batch", "8", "--schedule", "1F1B", "--tp", "1", "--zero", "0", "--recompute", "none",
+                 "-o", str(plan)]) == 0
     data = json.loads(plan.read_text())
     assert (data["pp"], data["dp"], data["ep"]) == (2, 2, 2)
     assert main(["run", str(plan), "--steps", "1", "--report", str(report)]) == 0

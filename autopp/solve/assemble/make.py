@@ -11,8 +11,10 @@ from ...schedule import Activation, policy
 from ...errors import AutoppError, InfeasibleError, ProfileError
 from ...data.plan import Plan
 from ...data.profile import Profile
+from ...sizes import format_time
 from .from_verdict import plan_from_verdict
 from .reorder import synthesized
+from ..search.band import Band, band
 from ..search.explain import explain_infeasible
 from ..search.judge import Verdict
 from ..cpsat.placement import place_devices
@@ -21,9 +23,12 @@ from ..search.runnable import PARALLEL_KEY, split_backward_refusal
 from ..search.search import inflight, links_hold_messages, search
 from ..search.views import Views
 
-__all__ = ["GPU_PROGRESS_NOTE", "make_plan"]
+__all__ = ["GPU_PROGRESS_NOTE", "TIE_NOTE", "make_plan"]
 
 log = logging.getLogger(__name__)
+
+TIE_NOTE = ("configurations predicting inside the step band are ties, kept by fewer microbatches, then less peak "
+            "memory, then the faster step (autopp.solve.search.band; docs/planner.md)")
 
 GPU_PROGRESS_NOTE = ("the links hold each message up to progress_s while its sender computes, as gloo does on a CPU "
                      "host (the default link); NCCL between GPUs does not: plan with `progress_s` 0 on every link "
@@ -113,7 +118,8 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     table = ProfileTable(profile)
     views = Views(profile, request, table)
     excluded: dict[str, str] = {}
-    best, n_cfg, n_sim = search(profile, request, table, excluded, views)
+    tied: list[Verdict] = []
+    best, n_cfg, n_sim = search(profile, request, table, excluded, views, tied)
     note = None
     if not request.cluster.homogeneous and not request.cluster.order:
         request, best, note = _place(profile, request, table, best)
@@ -139,4 +145,16 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     notes += _tp_note(profile, request)
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
-    return plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), whole=views.whole(c.microbatch_size))
+    if request.ties and tied:
+        notes.append(TIE_NOTE)
+    plan = plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), whole=views.whole(c.microbatch_size))
+    return _banded(plan, band(profile, request, best), best.step_s, tied)
+
+
+def _banded(plan: Plan, b: Band, named_s: float, tied: list[Verdict]) -> Plan:
+    """`plan` with its step's band (band.py; a synthesized order's is the named schedule's `named_s` band, scaled to
+    its step) and the configurations tied with it, in words."""
+    scale = plan.predicted.step_time_s / named_s if named_s > 0 else 1.0
+    words = tuple(f"{v.candidate.schedule.value} {v.candidate.layout.describe()} v={v.candidate.layout.v} "
+                  f"m={v.candidate.microbatches}: {format_time(v.step_s)}" for v in tied)
+    return replace(plan, step_band_s=(b.low_s * scale, b.high_s * scale), tied=words)

@@ -71,6 +71,9 @@ class PlanRequest:
     """CP-SAT time limit of that synthesis."""
     placement_time_limit_s: float = 10.0
     """CP-SAT time limit for choosing the device order of a heterogeneous cluster (autopp.solve.cpsat.placement)."""
+    ties: bool = False
+    """Compare candidates within the band of the profile's spreads as ties, kept by a stated rule (fewer
+    microbatches, then less peak memory; autopp.solve.search.band); False: the fastest (then less memory)."""
     trainer: str | None = None
     """Search only what this trainer runs (autopp.data.trainers: "torchtitan", "megatron", "deepspeed"): its
     schedules and synthesized orders, ZeRO stages and axes, and one activation policy for every stage (`recompute`

@@ -27,6 +27,7 @@ from ...data.profile import Profile
 from ...schedule import COMPUTE_KINDS, Activation, ScheduleName, StageCost, describe, policy, stage_to_rank
 from ...schedule.sim_state import hidden_s
 from ...schedule.effects import inflight_peaks, rank_peak, rank_static_bytes
+from .band import band, choose
 from .bounds import lower_bound
 from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import Candidate, Verdict, judge, named_order
@@ -245,10 +246,12 @@ def _named(c: Config) -> str:
 
 
 def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None,
-           excluded: dict[str, str] | None = None, views: Views | None = None) -> tuple[Verdict | None, int, int]:
+           excluded: dict[str, str] | None = None, views: Views | None = None,
+           tied: list[Verdict] | None = None) -> tuple[Verdict | None, int, int]:
     """The best fitting verdict (or None), the number of configurations and the number simulated. Schedules left
     out because the runner would refuse them for this model go into `excluded` (name -> why). `views` (of `req`)
-    shares unit arrays with the caller."""
+    shares unit arrays with the caller. The fitting verdicts whose steps lie within the fastest's band (band.py)
+    besides the one kept go into `tied`; with `req.ties` the kept one is chosen among them by the tie rule."""
     views = views or Views(profile, req, table)
 
     def refuse(c: Config, bounds: Bounds) -> str | None:
@@ -277,7 +280,12 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
     runs = lambda c: lambda b: schedule_refusal(profile.meta.live_values, c.schedule, b) is None and \
         mirror_refusal(profile.meta.tied_parameters, c.schedule, c.layout, b) is None  # noqa: E731
     fitting = _refined(profile.num_units, views, fitting, runs)
-    best = min(fitting, key=lambda v: v.key) if fitting else None
+    if not fitting:
+        return None, len(cfgs), len(opts)
+    fastest = min(fitting, key=lambda v: v.key)
+    best, inside = choose(fitting, band(profile, req, fastest).high_s, req.ties)
+    if tied is not None:
+        tied.extend(sorted(inside, key=lambda v: v.key))
     return best, len(cfgs), len(opts)
 
 

@@ -1,0 +1,93 @@
+"""The step's band from the profile's spreads and the tie rule (autopp.solve.search.band; issue 29, item 4)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autopp.data.cluster import Cluster
+from autopp.data.profile import Profile, load_profile
+from autopp.data.synthetic_profile import synthetic_profile
+from autopp.solve import PlanRequest, make_plan
+from autopp.solve.search.band import SPREAD_KINDS, band, choose, has_spread, shifted
+from autopp.solve.search.search import search
+
+GPT = Path(__file__).resolve().parents[2] / "profiles" / "gpt"
+GiB = 2**30
+
+
+def _request(**kw: object) -> PlanRequest:
+    """2 devices of 1 GiB, the schedules torchtitan runs (Chimera, which no trainer runs, wins profiles/gpt there
+    outright: nothing would be inside its band)."""
+    return PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=GiB), global_batch=8,  # type: ignore[arg-type]
+                       trainer="torchtitan", **kw)
+
+
+def test_shifted_moves_every_time_by_half_its_spread_and_stays_at_least_0() -> None:
+    gpt = load_profile(GPT)
+    low, high = shifted(gpt, -1.0).units, shifted(gpt, 1.0).units
+    for k in SPREAD_KINDS:
+        half = gpt.units[f"{k}_spread_s"] / 2
+        assert (high[f"{k}_s"] - gpt.units[f"{k}_s"] - half).abs().max() < 1e-15
+        assert ((low[f"{k}_s"] - (gpt.units[f"{k}_s"] - half).clip(lower=0.0)).abs().max()) < 1e-15
+        assert (low[f"{k}_s"] >= 0).all()
+
+
+def test_a_measured_profile_has_a_band_around_the_step() -> None:
+    gpt = load_profile(GPT)
+    best = search(gpt, _request())[0]
+    assert best is not None and has_spread(gpt)
+    b = band(gpt, _request(), best)
+    assert b.low_s < best.step_s < b.high_s and b.width_s > 0
+
+
+def test_a_profile_without_spreads_has_the_step_as_its_band() -> None:
+    """An analytic profile (or the synthetic one here) records spreads of 0: the band is the step, not invented."""
+    syn = synthetic_profile(8)
+    assert not has_spread(syn)
+    plan = make_plan(syn, replace(_request(), cluster=Cluster(num_devices=2, memory_bytes=80 * GiB)))
+    assert plan.step_band_s == (plan.predicted.step_time_s, plan.predicted.step_time_s) and plan.tied == ()
+
+
+def test_choose_keeps_fewer_microbatches_then_less_memory_among_ties() -> None:
+    gpt = load_profile(GPT)
+    tied: list = []
+    search(gpt, _request(schedule=None), tied=tied)
+    fastest = search(gpt, _request(schedule=None))[0]
+    assert fastest is not None and tied, "profiles/gpt has configurations inside the fastest's band"
+    every = [fastest, *tied]
+    kept, others = choose(every, max(v.step_s for v in every))
+    assert kept.candidate.microbatches == min(v.candidate.microbatches for v in every)
+    fewest = [v for v in every if v.candidate.microbatches == kept.candidate.microbatches]
+    assert max(kept.peak_memory) == min(max(v.peak_memory) for v in fewest)
+    assert len(others) == len(every) - 1 and kept not in others
+    assert choose(every, max(v.step_s for v in every), ties=False)[0] is fastest  # no tie rule: the fastest
+    assert choose(every, fastest.step_s / 2)[0] is fastest  # nothing inside the band: the fastest
+
+
+def _reprofiled(profile: Profile, seed: int) -> Profile:
+    """`profile` as another profiling run might give it: each unit's medians moved within +-1/4 of its spread
+    (seeded), the spreads kept."""
+    rng = random.Random(seed)
+    units = profile.units.copy()
+    for k in SPREAD_KINDS:
+        units[f"{k}_s"] = [max(0.0, t + rng.uniform(-0.25, 0.25) * s)
+                           for t, s in zip(units[f"{k}_s"], units[f"{k}_spread_s"])]
+    return replace(profile, units=units)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_profiling_again_within_the_spreads_gives_the_same_configuration(seed: int) -> None:
+    """Issue 29's done-when, in miniature: profiles/gpt "profiled again" (medians moved inside their spreads) plans
+    the same configuration with the tie rule, and says that its margin is inside the band."""
+    gpt = load_profile(GPT)
+    request = _request(schedule=None, ties=True)
+    first, again = make_plan(gpt, request), make_plan(_reprofiled(gpt, seed), request)
+    assert (again.schedule, again.layout, again.num_microbatches) == (first.schedule, first.layout,
+                                                                      first.num_microbatches)
+    assert first.tied and first.step_band_s is not None
+    low, high = first.step_band_s
+    assert low < first.predicted.step_time_s < high

@@ -1,0 +1,25 @@
+"""The default global batch (autopp.data.batch): a token budget for a sequence model, else a count per device."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopp.data.batch import SAMPLES_PER_DEVICE, TOKENS_PER_STEP, default_global_batch
+
+
+@pytest.mark.parametrize("seq, batch", [(512, 2048), (4096, 256), (8192, 128), (1000, 1024), (1500, 512),
+                                        (2**21, 1)])
+def test_a_sequence_model_gets_about_a_million_tokens_in_a_power_of_two(seq: int, batch: int) -> None:
+    assert default_global_batch(16, seq) == batch
+    assert TOKENS_PER_STEP / 2 ** 0.5 <= batch * seq <= TOKENS_PER_STEP * 2 ** 0.5 or batch == 1
+
+
+def test_other_models_get_samples_per_device() -> None:
+    assert default_global_batch(2, None) == 2 * SAMPLES_PER_DEVICE == 16
+    assert default_global_batch(64, None) == 512
+
+
+def test_a_pinned_microbatch_count_rounds_it_up_to_a_multiple() -> None:
+    assert default_global_batch(2, None, 3) == 18
+    assert default_global_batch(16, 512, 3) == 2049
+    assert default_global_batch(16, 512, 4) == 2048
