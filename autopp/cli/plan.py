@@ -16,7 +16,7 @@ from ..preflight import check_output_dir, check_output_file
 from ..schedule import ScheduleName
 from ..sizes import SIZE_UNITS_HELP
 from .common import POSITIVE, SCHEDULE_NAMES, SECONDS, in_flags, memory_size, number
-from .profile import add_hf_arguments, default_profile_dir, hf_source_of, profile_for
+from .profile import add_hf_arguments, add_precision_argument, default_profile_dir, hf_source_of, profile_for
 
 __all__ = ["add_parser", "DEFAULT_GLOBAL_BATCH"]
 
@@ -42,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         "(a partly filled last node is refused) send each pipeline hop and all-reduce over the link "
                         "it crosses (intra- or inter-node; docs/cluster-format.md); no message overhead or progress "
                         "delay on GPUs, as with NCCL")
+    add_precision_argument(p)  # the recipe of the profile plan makes (--device NAME: counted for NAME)
     p.add_argument("--nodes", type=POSITIVE, help="with --device: nodes, so devices = nodes x devices per node")
     p.add_argument("--devices-per-node", type=POSITIVE, metavar="K",
                    help="with --device: devices per node (default: the catalog's, 8 for the GPUs)")
@@ -243,6 +244,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.profile:
         from ..data.profile import load_profile
         given = load_profile(args.profile)
+        if args.precision:
+            raise AutoppError(f"--precision goes with a profile that plan makes; {args.profile} was made for "
+                              f"{given.meta.extra.get('precision') or given.meta.dtype}: drop --precision")
         stem = Path(given.meta.model_path).stem
         profile_dir = Path(args.profile)
     else:

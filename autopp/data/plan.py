@@ -154,6 +154,9 @@ class Plan:
     """The profile's parameter and activation dtype ("bfloat16": mixed precision with fp32 master weights and
     optimizer state, as the profile counted them; "float32"), which the exports write as the trainer's precision
     recipe. None in older plans and plans of the Python API; written to JSON only when known."""
+    precision: str | None = None
+    """The mixed-precision recipe the profile was counted for (autopp.data.precision: "fp32", "bf16", "fp8"), which
+    the exports spell. None: the recipe of `dtype` (profiles made before recipes); written to JSON only when known."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -208,7 +211,7 @@ class Plan:
         # fields a plan may not know (a model file's hf_config, the API's profile_path, older plans' device and
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items() if v or k not in ("hf_config", "profile_path", "device", "optimizer",
-                                                                      "dtype")}
+                                                                      "dtype", "precision")}
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
         data["stages"] = [{**{k: v for k, v in {**st, **_figure_fields(s.own)}.items()
