@@ -10,7 +10,7 @@ from autopp.data.precision import DEFAULT_RECIPE, RECIPES, plan_recipe, recipe, 
 from autopp.errors import ProfileError
 
 #: The devices whose vendors publish dense FP8 tensor-core figures (Hopper, Blackwell, Ada, CDNA 3).
-FP8_DEVICES = {"h100-sxm", "h200", "h800", "b200", "mi300x", "l40s"}
+FP8_DEVICES = {"h100-sxm", "h100-pcie", "h200", "h800", "b200", "mi300x", "l40s"}
 
 
 def test_bytes_per_parameter_are_megatrons() -> None:
