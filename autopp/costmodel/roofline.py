@@ -49,7 +49,8 @@ class OpCounts:
     flops: tuple[int, ...] = ()
     bytes: tuple[int, ...] = ()
     linear: tuple[bool, ...] = ()
-    """Per op: it is a matmul of a linear layer (`aten.mm`/`aten.addmm`, forward and both gradients), what an FP8
+    """Per op: it is a matmul of a linear layer (`aten.mm`/`aten.addmm`, forward and both gradients; MoE experts'
+    `aten._grouped_mm`), what an FP8
     recipe runs in FP8 (autopp.data.precision); () for counts made before the flag (none is)."""
 
     def load(self, ridge_flops_per_byte: float, linear_speedup: float = 1.0) -> PhaseLoad:

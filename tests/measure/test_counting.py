@@ -41,6 +41,7 @@ def test_grouped_mm_flops_are_the_sum_of_its_groups_matmuls(case: str) -> None:
             torch._grouped_mm(a, b, offs=offs)
     assert counter.flops == [_per_group_flops(case)]
     assert counter.flops[0] > 0
+    assert counter.linear == [True]  # experts' GEMMs: FP8 under the fp8 recipe, as dense linear layers
 
 
 def test_backward_of_an_expert_layer_counts_both_gradients() -> None:
