@@ -109,8 +109,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            megatron=("--bf16",), deepspeed={"bf16": {"enabled": True}}),
     Recipe(name="fp8", what="FP8 matmuls in linear layers, the rest as bf16 mixed precision", dtype="bfloat16",
            peak="bfloat16", matmul_peak="float8", weight_bytes=2, grad_bytes=4, master_bytes=4,
-           activations=f"{_BF16_SAVED} (the linear layers' FP8 operand copies are not kept: torchao and Transformer "
-                       "Engine save the bf16 input and weight and cast them again in the backward)",
+           activations=f"{_BF16_SAVED}, as torchao's Float8Linear saves the bf16 input and weight and casts them "
+                       "again in the backward (Transformer Engine may keep a linear input's FP8 cast instead, smaller: "
+                       "not modelled)",
            torchtitan=_BF16_TITAN,
            torchtitan_note="torchtitan 0.3 sets FP8 in Python, not on its command line: give the model spec "
                            "`converters=[Float8LinearConverter.Config(recipe_name=\"rowwise\")]` "
