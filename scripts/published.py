@@ -10,6 +10,7 @@ work; 2 without the TP rows; DeepSeek-V3: 4 minutes).
     .venv/bin/python scripts/published.py                  # every run
     .venv/bin/python scripts/published.py --runs llama3-8k  # one of them
     .venv/bin/python scripts/published.py --no-search      # the pinned configurations only (fast)
+    .venv/bin/python scripts/published.py --runs deepseek-v3 --precision fp8  # FP8 GEMMs (its own profile)
 """
 
 from __future__ import annotations
@@ -173,10 +174,12 @@ def palm_flops_per_token(config: str, seq_len: int) -> tuple[float, int]:
     return 6 * n + 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq_len, n
 
 
-def profile_for(run: Published, tp: tuple[int, ...]) -> Profile:
-    """The run's model's analytic h100-sxm profile at its sequence length (bf16, AdamW), with rows of the TP degrees
-    `tp`: loaded from profiles/ when it has them, else counted and saved there."""
-    out = ROOT / "profiles" / f"{Path(run.config).stem}-{run.device}-s{run.seq_len}"
+def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") -> Profile:
+    """The run's model's analytic profile on its device at its sequence length (AdamW) in recipe `precision`
+    (autopp.data.precision; other than bf16: a directory of its own), with rows of the TP degrees `tp`: loaded from
+    profiles/ when it has them, else counted and saved there."""
+    suffix = "" if precision == "bf16" else f"-{precision}"
+    out = ROOT / "profiles" / f"{Path(run.config).stem}-{run.device}-s{run.seq_len}{suffix}"
     if (out / "meta.json").is_file():
         cached = load_profile(out)
         if set(tp) <= set(cached.meta.tp_degrees):
@@ -189,7 +192,7 @@ def profile_for(run: Published, tp: tuple[int, ...]) -> Profile:
     print(f"counting {run.config} at seq {run.seq_len} (TP {list(tp)}) ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     options = ProfileOptions(microbatch_sizes=run.microbatch_sizes, dtype="bfloat16", optimizer="adamw",
-                             tp_degrees=tp)
+                             precision=precision, tp_degrees=tp)
     profile = analytic_profile(load_model(source.config_path, source.to_json()), run.device, options)
     profile = replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "hf_config": source.to_json()}))
     profile.save(out)
@@ -275,11 +278,12 @@ def _chosen_v(plan: Plan, run: Published) -> str:
     return f", v {plan.layout.v} (autopp's)" if run.layout.v is None else ""
 
 
-def row(run: Published, shortlist: int) -> list[str]:
-    """The table's cells for `run`; autopp's own choice searched with `shortlist` (0: not searched)."""
+def row(run: Published, shortlist: int, precision: str = "bf16") -> list[str]:
+    """The table's cells for `run` counted in recipe `precision`; autopp's own choice searched with `shortlist` (0:
+    not searched)."""
     flops = palm_flops_per_token(run.config, run.seq_len)[0] if run.unit == "TFLOP/s" else 0.0
     tokens = run.per_gpu * run.gpus * (1e12 / flops if run.unit == "TFLOP/s" else 1)
-    profile = profile_for(run, run.tp_degrees)
+    profile = profile_for(run, run.tp_degrees, precision)
     cluster = cluster_of(run)
     pinned, why, s1 = _plan(profile, pinned_request(run, cluster))
     print(f"{run.key}: pinned plan {s1:.0f} s", file=sys.stderr, flush=True)
@@ -312,6 +316,9 @@ def main() -> None:
     parser.add_argument("--shortlist", type=int, default=4,
                         help="configurations that must simulate as fitting before autopp's search stops (default 4, "
                              "the planner's; 3 times as many with several tp or ZeRO choices)")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp8"],
+                        help="count the models in this recipe (default bf16; fp8: linear and expert GEMMs at the FP8 "
+                             "peak, docs/analytic.md; profiles under their own -fp8 directory)")
     args = parser.parse_args()
     keys = args.runs.split(",")
     unknown = sorted(set(keys) - {r.key for r in RUNS})
@@ -325,7 +332,7 @@ def main() -> None:
     print("|" + "---|" * len(header))
     chosen = [run for run in RUNS if run.key in keys]
     for run in chosen:
-        print("| " + " | ".join(row(run, 0 if args.no_search else args.shortlist)) + " |", flush=True)
+        print("| " + " | ".join(row(run, 0 if args.no_search else args.shortlist, args.precision)) + " |", flush=True)
     print("\nNot stated by the sources, taken as:\n")
     for run in chosen:
         print(f"- {run.model}, {run.gpus} GPUs, {run.schedule.value}: {run.assumed}")

@@ -159,8 +159,8 @@ def test_spec_checks_carry_numbers() -> None:
     ("cuda (NVIDIA H100 80GB HBM3)", "h100-sxm"), ("cuda (NVIDIA A100-SXM4-40GB)", "a100-40gb"),
     ("cuda (NVIDIA A100-SXM4-80GB)", "a100-80gb"), ("cuda (NVIDIA H200)", "h200"), ("cuda (NVIDIA B200)", "b200"),
     ("cuda (AMD Instinct MI300X)", "mi300x"), ("cuda (NVIDIA L40S)", "l40s"), ("cpu (x86_64)", "cpu"),
-    ("cuda (NVIDIA H800)", "h800"),
-    ("cuda (NVIDIA H100 PCIe)", None), ("cuda (Tesla V100-SXM2-16GB)", None),
+    ("cuda (NVIDIA H800)", "h800"), ("cuda (NVIDIA H100 PCIe)", "h100-pcie"),
+    ("cuda (Tesla V100-SXM2-16GB)", None),
 ])
 def test_identify_profile_device(device: str, name: str | None) -> None:
     assert identify_device(device) == name

@@ -37,7 +37,7 @@ def test_plan_for_a_gpu_counts_analytically_with_its_tp_rows(tmp_path: Path, mon
     assert main([*plan, "--tp", "2"]) == 0
     err = capsys.readouterr().err
     first = err.splitlines()[0]
-    assert first.startswith(f"profiling --hf-config {TINY} analytically for h100-sxm (bfloat16 mixed precision")
+    assert first.startswith(f"profiling --hf-config {TINY} analytically for h100-sxm (bf16 mixed precision")
     assert f"`autopp profile --hf-config {TINY} --analytic h100-sxm --tp 2`" in first
     profile = load_profile(tmp_path / "profiles" / "tiny-llama-h100-sxm")
     assert profile.meta.dtype == "bfloat16" and profile.meta.extra["analytic_device"] == "h100-sxm"
@@ -54,10 +54,12 @@ def test_a_profile_without_the_pinned_rows_is_not_current(tmp_path: Path) -> Non
     from autopp.cli.profile import _current
     profile = load_profile(ROOT / "profiles" / "mlp")
     fp = profile.meta.fingerprint
-    assert _current(profile, fp, None, None, ()) is None
-    assert _current(profile, fp, None, None, (2,)) == "it has no tensor-parallel rows of degree 2"
-    assert _current(profile, fp, None, "h100-sxm", ()) == "it is measured, the plan needs one analytic for h100-sxm"
-    assert _current(profile, "other", None, None, ()) == "the model changed"
+    assert _current(profile, fp, None, None, (), "fp32") is None
+    assert _current(profile, fp, None, None, (2,), "fp32") == "it has no tensor-parallel rows of degree 2"
+    assert _current(profile, fp, None, "h100-sxm", (), "fp32") == \
+        "it is measured, the plan needs one analytic for h100-sxm"
+    assert _current(profile, "other", None, None, (), "fp32") == "the model changed"
+    assert _current(profile, fp, None, None, (), "fp8") == "it was counted for precision fp32, the plan needs fp8"
 
 
 @pytest.mark.integration

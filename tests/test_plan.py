@@ -312,6 +312,22 @@ def test_dtype_round_trips_and_stays_out_when_unknown(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match=r"field 'dtype' must be a non-empty string, got 16"):
         load_plan(_write(tmp_path, {**plan.to_json(), "dtype": 16}))
 
+    fp8 = replace(plan, precision="fp8")
+    assert load_plan(fp8.save(tmp_path / "f.json")).precision == "fp8" and "precision" not in plan.to_json()
+
+
+def test_a_plan_records_its_profiles_recipe() -> None:
+    """Issue 25, point 5: the recipe an analytic profile was counted for (`extra.precision`) goes into the plan; a
+    profile without one (measured, or made before recipes) leaves it out, and its dtype's recipe applies."""
+    from autopp.data.profile import load_profile
+    from autopp.data.cluster import Cluster
+    from autopp.solve import PlanRequest, make_plan
+    profile = load_profile(Path(__file__).resolve().parent.parent / "profiles" / "gpt")
+    request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**32), global_batch=8)
+    assert make_plan(profile, request).precision is None
+    counted = replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "precision": "fp32"}))
+    assert make_plan(counted, request).precision == "fp32"
+
 
 def test_a_plan_is_for_its_clusters_device_else_its_profiles() -> None:
     from autopp.data.catalog import cluster_from_catalog, load_device

@@ -49,8 +49,8 @@ def _calibration(args: argparse.Namespace, device: str) -> Calibration | None:
 
 
 def check_analytic(args: argparse.Namespace) -> None:
-    """Refuse --calibration without --analytic; with it, measuring flags, an unknown device, a device without
-    --dtype, or a calibration file for another device or dtype, before anything is counted."""
+    """Refuse --calibration without --analytic; with it, measuring flags, an unknown device, a device without the
+    peaks of --precision, or a calibration file for another device or dtype, before anything is counted."""
     if args.calibration and not args.analytic:
         raise AutoppError("--calibration goes with --analytic DEVICE")
     if not args.analytic:
@@ -61,8 +61,9 @@ def check_analytic(args: argparse.Namespace) -> None:
         raise AutoppError(f"{', '.join(given)} {'applies' if one else 'apply'} to measuring only: --analytic "
                           f"{args.analytic} counts on the meta device; drop {'it' if one else 'them'}")
     from ..data.catalog import load_device
+    from ..data.precision import recipe
     spec = load_device(args.analytic)
-    spec.peak(args.dtype)
+    recipe(args.precision).peaks(spec)
     _calibration(args, spec.name)
 
 

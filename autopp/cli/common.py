@@ -36,6 +36,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     ("`inter_bandwidth`", "--inter-node-bandwidth"), ("`bandwidth`", "--bandwidth"),
     ("`devices_per_node`", "--devices-per-node"), ("`devices`", "--devices"), ("`nodes`", "--nodes"),
     ("`device`", "--device"), ("`analytic`", "--analytic"), ("`dtype`", "--dtype"), ("`seq_len`", "--seq-len"),
+    ("`precision`", "--precision"),
     ("`task`", "--task"), ("`trainer`", "--for"), ("`synthesize`", "--synthesize"),
     ("`progress_s` 0 on every link", "--progress-delay 0 (with --cluster: progress_s 0 on every link)"),
     *((f"`{f}`", f"--{f}") for f in (*(a.name for a in _AXIS_FLAGS), "zero")),

@@ -19,7 +19,7 @@ from ..schedule import ScheduleName
 from ..sizes import SIZE_UNITS_HELP
 from .common import POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_flags, memory_size, number, progress
 from .plan_cluster import plan_cluster
-from .profile import add_hf_arguments, default_profile_dir, hf_source_of, profile_for
+from .profile import add_hf_arguments, add_precision_argument, default_profile_dir, hf_source_of, profile_for
 
 __all__ = ["add_parser"]
 
@@ -56,6 +56,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         "pipelined with their matmuls), or none (default: fsdp-prefetch,grad-reduce with a GPU "
                         "--device, as torchtitan and Megatron-LM run; none on CPU ranks, as autopp run does; "
                         "docs/parallelism.md#overlap)")
+    add_precision_argument(p)  # the recipe of the profile plan makes (--device NAME: counted for NAME)
     p.add_argument("--nodes", type=POSITIVE, help="with --device: nodes, so devices = nodes x devices per node")
     p.add_argument("--devices-per-node", type=POSITIVE, metavar="K",
                    help="with --device: devices per node (default: the catalog's, 8 for the GPUs)")
@@ -267,6 +268,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.profile:  # after the request's checks: a bad flag costs no profile load
         from ..data.profile import load_profile
         given = load_profile(args.profile)
+        if args.precision:
+            raise AutoppError(f"--precision goes with a profile that plan makes; {args.profile} was made for "
+                              f"{given.meta.extra.get('precision') or given.meta.dtype}: drop --precision")
     batch, said = _global_batch(args, cluster, given)  # a --profile's sequence length known now
     request = replace(request, global_batch=batch)
     if given is not None:

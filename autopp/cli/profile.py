@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..data.precision import RECIPES, Recipe, recipe, recipe_of_dtype
 from ..data.hf_config import DEFAULT_SEQ_LEN, DEFAULT_TASK, HF_TASKS, HfSource, hf_source
 from ..errors import AutoppError
 from ..preflight import check_model_file, check_output_dir, check_output_file
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from ..model.contract import ModelFile
 
 __all__ = ["say_seq_len", "add_parsers", "profile_for", "default_profile_dir", "analytic_target", "default_dtype",
-           "add_hf_arguments", "hf_source_of", "model_stem"]
+           "add_hf_arguments", "hf_source_of", "model_stem", "add_precision_argument", "precision_of"]
 
 
 def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
@@ -43,6 +44,7 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
                    help="parameter and activation dtype (bfloat16: mixed precision, fp32 master weights and "
                         "optimizer state counted). Default: bfloat16 for a GPU (--analytic GPU or --device cuda), "
                         "float32 on the CPU")
+    add_precision_argument(p)
     p.add_argument("--co-runners", type=COUNT, default=0, metavar="N",
                    help="processes training the model beside the timing, as the other ranks of a CPU host do "
                         "(use ranks per host - 1 when CPU ranks share a host; default 0)")
@@ -69,6 +71,29 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
                    help="CPU: skip fitting the per-message overhead and progress delay on synthetic pipelines")
     p.add_argument("-o", "--output", default="profiles/links.json", help="links JSON (default profiles/links.json)")
     p.set_defaults(func=_cmd_profile_links)
+
+
+def add_precision_argument(p: argparse.ArgumentParser) -> None:
+    """--precision RECIPE: the mixed-precision recipe a GPU profile is counted for (autopp.data.precision)."""
+    p.add_argument("--precision", choices=list(RECIPES), metavar="RECIPE",
+                   help=f"mixed-precision recipe ({', '.join(RECIPES)}; docs/analytic.md): its peaks (fp8: linear "
+                        "layers' matmuls at the FP8 peak) and bytes per parameter. Default: bf16 for a GPU, fp32 on "
+                        "the CPU; fp8 is counted (--analytic DEVICE) only")
+
+
+def precision_of(args: argparse.Namespace, gpu: bool) -> Recipe:
+    """The recipe asked for: --precision, else --dtype's (where the command has it), else the default for the
+    target (`default_dtype`); an AutoppError for a --dtype the recipe does not compute in."""
+    dtype = getattr(args, "dtype", None)
+    if args.precision is None:
+        found = recipe_of_dtype(dtype or default_dtype(gpu))
+        if found is None:
+            raise AutoppError(f"no --precision computes in --dtype {dtype}; give --precision")
+        return found
+    chosen = recipe(args.precision)
+    if dtype is not None and dtype != chosen.dtype:
+        raise AutoppError(f"--precision {chosen} computes in {chosen.dtype}, not --dtype {dtype}; drop --dtype")
+    return chosen
 
 
 def add_hf_arguments(p: argparse.ArgumentParser) -> None:
@@ -132,7 +157,8 @@ def _options(args: argparse.Namespace) -> tuple[ProfileOptions, MeasureOptions |
     from ..measure import MeasureOptions, ProfileOptions  # torch: only once the arguments are known to be good
     sizes = [args.microbatch_size] if args.microbatch_size else args.microbatch_sizes
     tp = args.tp if args.tp is not None else (None if args.analytic else ())
-    options = ProfileOptions(microbatch_sizes=sizes, optimizer=args.optimizer, dtype=args.dtype, tp_degrees=tp)
+    options = ProfileOptions(microbatch_sizes=sizes, optimizer=args.optimizer, dtype=args.dtype,
+                             precision=args.precision, tp_degrees=tp)
     if args.analytic:
         return options, None
     return options, MeasureOptions(warmup=args.warmup, repeats=args.repeats, threads=args.threads,
@@ -155,13 +181,16 @@ def _model_of(args: argparse.Namespace, source: HfSource | None) -> ModelFile:
 
 
 def _resolve_dtype(args: argparse.Namespace) -> None:
-    """--dtype left out: `default_dtype` of the target (a GPU: --analytic of a catalog GPU, or --device cuda), said
-    in one line on stderr when it is not float32."""
-    if args.dtype is not None:
-        return
+    """--precision and --dtype: the recipe (`precision_of`) and the dtype it computes in; both left out for a GPU
+    (--analytic of a catalog GPU, or --device cuda): bf16, said in one line on stderr. A recipe other than its
+    dtype's (fp8) is counted only."""
     gpu = (analytic_target(args.analytic) is not None) if args.analytic else args.device == "cuda"
-    args.dtype = default_dtype(gpu)
-    if gpu:
+    chosen, said = precision_of(args, gpu), args.dtype is None and args.precision is None
+    if chosen is not recipe_of_dtype(chosen.dtype) and not args.analytic:
+        raise AutoppError(f"--precision {chosen} is counted, not measured: give --analytic DEVICE (the profiler runs "
+                          "the model's own layers, no FP8 matmuls)")
+    args.dtype, args.precision = chosen.dtype, chosen.name
+    if gpu and said:
         print(f"dtype {args.dtype} (mixed precision, the default for a GPU: fp32 master weights and optimizer state "
               "counted); --dtype float32 to change", file=sys.stderr)
 
@@ -268,13 +297,16 @@ def default_dtype(gpu: bool) -> DType:
 
 
 def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None, device: str | None,
-             degrees: tuple[int, ...] | None) -> str | None:
+             degrees: tuple[int, ...] | None, precision: str) -> str | None:
     """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
-    device, or without the tensor-parallel rows the request pins."""
+    precision recipe, device, or without the tensor-parallel rows the request pins."""
     if profile.meta.fingerprint != fingerprint:
         return "the model changed"
     if profile.meta.extra.get("hf_config") != recorded:
         return "it was made for another sequence length or task"
+    counted = profile.meta.extra.get("precision") or getattr(recipe_of_dtype(profile.meta.dtype), "name", None)
+    if counted != precision:
+        return f"it was counted for precision {counted}, the plan needs {precision}"
     made_for = profile.meta.extra.get("analytic_device")
     if made_for != device:
         return f"it is {f'analytic for {made_for}' if made_for else 'measured'}, the plan needs one " + (
@@ -288,10 +320,10 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
 def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
     """The profile `autopp plan` plans from: the model's default profile (`default_profile_dir`) if it is current,
     else a fresh one written there. For `--device NAME` of a device this machine is not, it is counted analytically
-    for NAME in bfloat16 mixed precision (`default_dtype`), said in one line before any work; otherwise measured
-    here in float32. It has the tensor-parallel rows the request needs: `tp` T > 1 pinned makes rows of degree T,
-    `tp` None (searched) rows of every degree the model's TP plan allows, 1 none. Current means: the same
-    fingerprint, HF sequence length and task, device, and (for a pinned T) rows of degree T."""
+    for NAME in its --precision recipe (default bf16: `precision_of`), said in one line before any work; otherwise
+    measured here in float32. It has the tensor-parallel rows the request needs: `tp` T > 1 pinned makes rows of
+    degree T, `tp` None (searched) rows of every degree the model's TP plan allows, 1 none. Current means: the same
+    fingerprint, HF sequence length and task, recipe, device, and (for a pinned T) rows of degree T."""
     from ..data.profile import load_profile
     from ..measure import ProfileOptions
     from ..model.hf import load_model
@@ -302,23 +334,26 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
     _, _, fingerprint = build_units(mf)  # on meta: the model may be larger than this machine
     device = analytic_target(getattr(args, "device", None))
     degrees = () if tp == 1 else (None if tp is None else (tp,))
+    chosen = precision_of(args, device is not None)
+    if device is None and chosen is not recipe_of_dtype(chosen.dtype):
+        raise AutoppError(f"--precision {chosen} is counted, not measured: give --device of a GPU that has it")
     default = default_profile_dir(args)
     if (default / "meta.json").is_file():
         profile = load_profile(default)
-        why = _current(profile, fingerprint, recorded, device, degrees)
+        why = _current(profile, fingerprint, recorded, device, degrees, chosen.name)
         if why is None:
             print(f"using profile {default}/", file=sys.stderr)
             say_seq_len(args, source)
             return profile
         print(f"profile {default}/ is not current ({why}): profiling again", file=sys.stderr)
-    options = ProfileOptions(dtype=default_dtype(device is not None), tp_degrees=degrees)
+    options = ProfileOptions(dtype=chosen.dtype, precision=chosen.name, tp_degrees=degrees)
     if device is None:
         profile = _profiled(mf if source else args.model, source, options)
     else:
         model = f"--hf-config {args.hf_config}" if source else args.model
-        tp_flag = f" --tp {tp}" if tp not in (1, None) else ""
-        print(f"profiling {model} analytically for {device} ({options.dtype} mixed precision; this machine is not "
-              f"a {device}), as `autopp profile {model} --analytic {device}{tp_flag}` would", file=sys.stderr)
+        flags = (f" --tp {tp}" if tp not in (1, None) else "") + (f" --precision {chosen}" if args.precision else "")
+        print(f"profiling {model} analytically for {device} ({chosen.what}; this machine is not a {device}), as "
+              f"`autopp profile {model} --analytic {device}{flags}` would", file=sys.stderr)
         from ..measure.analytic import analytic_profile
         profile = _with_source(analytic_profile(mf, device, options, progress=progress("counting")), source)
     end_progress()

@@ -48,12 +48,19 @@ class OpCounts:
 
     flops: tuple[int, ...] = ()
     bytes: tuple[int, ...] = ()
+    linear: tuple[bool, ...] = ()
+    """Per op: it is a matmul of a linear layer (`aten.mm`/`aten.addmm`, forward and both gradients; MoE experts'
+    `aten._grouped_mm`), what an FP8
+    recipe runs in FP8 (autopp.data.precision); () for counts made before the flag (none is)."""
 
-    def load(self, ridge_flops_per_byte: float) -> PhaseLoad:
+    def load(self, ridge_flops_per_byte: float, linear_speedup: float = 1.0) -> PhaseLoad:
         """Ops whose arithmetic intensity (FLOPs / bytes) is above the ridge point count their FLOPs, the rest their
-        bytes; every op counts once towards the overhead."""
+        bytes; every op counts once towards the overhead. A linear layer's matmul counts its FLOPs / `linear_speedup`
+        (its peak over the phase's: 2 for FP8 matmuls beside bf16), so the phase's peak times it at its own."""
         compute = memory = 0.0
-        for f, b in zip(self.flops, self.bytes):
+        speeds = (linear_speedup if fast else 1.0 for fast in self.linear or (False,) * len(self.flops))
+        for flops, b, speed in zip(self.flops, self.bytes, speeds):
+            f = flops / speed
             if f > ridge_flops_per_byte * b:
                 compute += f
             else:

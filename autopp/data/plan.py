@@ -165,6 +165,9 @@ class Plan:
     tied: tuple[str, ...] = ()
     """The other configurations whose predicted steps lie inside that band, each in words with its step: ties with
     the plan, which a tie rule chose among (`PlanRequest.ties`). Written to JSON only when not empty."""
+    precision: str | None = None
+    """The mixed-precision recipe the profile was counted for (autopp.data.precision: "fp32", "bf16", "fp8"), which
+    the exports spell. None: the recipe of `dtype` (profiles made before recipes); written to JSON only when known."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -220,7 +223,7 @@ class Plan:
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items()
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
-                                  "step_band_s", "tied")}
+                                  "step_band_s", "tied", "precision")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:

@@ -84,7 +84,8 @@ def check_fields(data: dict[str, Any], f: Fields, prediction: type) -> None:
     hf = data.get("hf_config", {})
     if not isinstance(hf, dict) or hf and not (is_int(hf.get("seq_len"), 1) and isinstance(hf.get("task"), str)):
         f.bad("hf_config", '{} or {"seq_len": S >= 1, "task": T}', hf)
-    _ = [f.string(data[name], name) for name in ("device", "optimizer", "dtype") if data.get(name) is not None]
+    _ = [f.string(data[name], name) for name in ("device", "optimizer", "dtype", "precision")
+         if data.get(name) is not None]
     if data.get("seed", 0) >= _SEED_LIMIT:
         f.bad("seed", "below 2**63", data["seed"])
     f.number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s")

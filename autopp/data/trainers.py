@@ -20,8 +20,8 @@ from ..schedule import ScheduleName, describe
 from .axes import AXES, SWITCHES
 from .layout import Layout
 
-__all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem", "Precision", "PRECISIONS",
-           "precision", "HF_DECODER_TO_TORCHTITAN"]
+__all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem",
+           "HF_DECODER_TO_TORCHTITAN"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,42 +133,3 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
 def trainer_rules(name: str) -> Trainer:
     """The rules of trainer `name` (one of `TRAINER_RULES`)."""
     return TRAINER_RULES[name]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Precision:
-    """How each trainer trains in the dtype a profile was made in: parameters and activations in `dtype` and, below
-    float32, fp32 master weights and optimizer state (what autopp.measure counts, autopp.measure.memory)."""
-
-    dtype: str
-    """The profile's `dtype` (`ProfileMeta.dtype`, `Plan.dtype`)."""
-    what: str
-    """The recipe in words, for notes."""
-    torchtitan: tuple[str, ...]
-    """torchtitan's `[training]` overrides (torchtitan/config/configs.py: `dtype` is the master weights' and the
-    optimizer's, `mixed_precision_param` the compute's under its FSDP wrapping, `mixed_precision_reduce` the gradient
-    reduction's)."""
-    megatron: tuple[str, ...]
-    """Megatron-LM's arguments (megatron/training/arguments.py: `--bf16` is bf16 mixed precision, fp32 master weights
-    in its optimizer; none is fp32)."""
-    deepspeed: dict[str, object]
-    """DeepSpeed config keys (`bf16.enabled`: bf16 mixed precision with fp32 master weights in its optimizer)."""
-
-
-#: The dtypes autopp profiles in (autopp.measure.options), by name.
-PRECISIONS: dict[str, Precision] = {p.dtype: p for p in (
-    Precision(dtype="bfloat16", what="bf16 mixed precision (bf16 compute, fp32 master weights, optimizer state and "
-                                     "gradient reduction)",
-              torchtitan=("--training.dtype=float32", "--training.mixed_precision_param=bfloat16",
-                          "--training.mixed_precision_reduce=float32"),
-              megatron=("--bf16",), deepspeed={"bf16": {"enabled": True}}),
-    Precision(dtype="float32", what="float32 throughout",
-              torchtitan=("--training.dtype=float32", "--training.mixed_precision_param=float32"),
-              megatron=(), deepspeed={}),
-)}
-
-
-def precision(dtype: str | None) -> Precision | None:
-    """The recipe of a plan's `dtype` (None: a plan that does not record it, or a dtype no trainer recipe is known
-    for)."""
-    return PRECISIONS.get(dtype or "")

@@ -10,7 +10,8 @@ from typing import Any, Mapping
 from ..data.axes import AXES, SWITCHES, Axis, Switch
 from ..data.layout import MESH_AXES
 from ..data.plan import Plan
-from ..data.trainers import precision, trainer_rules
+from ..data.precision import plan_recipe
+from ..data.trainers import trainer_rules
 from ..errors import ScheduleError
 from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy
 from .layers import ExportError
@@ -48,8 +49,10 @@ def uniform_policy(plan: Plan, trainer: str, where: str) -> ActivationPolicy:
 
 def refuse_layout(plan: Plan, trainer: str, where: str) -> None:
     """An ExportError when `trainer` cannot run the plan's ZeRO stage or one of its parallel axes beside pipeline
-    parallelism (autopp.data.trainers, reading the ZeRO and axis descriptors)."""
-    why = trainer_rules(trainer).layout_refusal(plan.layout)
+    parallelism (autopp.data.trainers, reading the ZeRO and axis descriptors), or its precision recipe."""
+    recipe = plan_recipe(plan.precision, plan.dtype)
+    why = trainer_rules(trainer).layout_refusal(plan.layout) or (
+        f"precision {recipe}: {recipe.refusal(trainer)}" if recipe is not None and recipe.refusal(trainer) else None)
     if why is not None:
         raise ExportError(f"{where}: {why}")
 
@@ -142,8 +145,8 @@ def refuse_schedule(plan: Plan, trainer: str, where: str) -> None:
 
 def made_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
     """`trainer`'s lines for what the plan was made for (autopp.data.trainers): the sequence length (`Trainer.seq_len`;
-    a model built from an HF config records it, `Plan.hf_config`) and the precision recipe of the profile's dtype
-    (`PRECISIONS`), with a note for each the plan does not know (nothing is made up)."""
+    a model built from an HF config records it, `Plan.hf_config`) and the precision recipe (`Plan.precision`, else
+    its dtype's: autopp.data.precision), with a note for each the plan does not know (nothing is made up)."""
     rules, lines, notes = trainer_rules(trainer), [], []
     seq = plan.hf_config.get("seq_len")
     if rules.seq_len is not None and seq:
@@ -151,10 +154,11 @@ def made_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
     elif rules.seq_len is not None:
         notes.append(f"no sequence length written ({rules.seq_len.format('S')}): the plan's model is a model file, "
                      "whose sequence length autopp does not know; give the length of the samples you profiled")
-    recipe = precision(plan.dtype)
+    recipe = plan_recipe(plan.precision, plan.dtype)
     if recipe is None:
         notes.append(f"no precision written: the plan records no dtype it was profiled in; {rules.title}'s default "
                      "applies")
     else:
         lines += getattr(recipe, trainer)
+        notes += [recipe.torchtitan_note] if trainer == "torchtitan" and recipe.torchtitan_note else []
     return lines, notes

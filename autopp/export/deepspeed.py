@@ -7,7 +7,7 @@ import json
 
 from ..data.axes import AXES
 from ..data.plan import Plan
-from ..data.trainers import precision
+from ..data.precision import plan_recipe
 from ..schedule import ActivationPolicy
 from .common import Exported, launch_grid, refuse_layout, refuse_schedule, uniform_policy
 
@@ -16,8 +16,8 @@ __all__ = ["to_deepspeed", "deepspeed_config", "pipe_snippet"]
 
 def deepspeed_config(plan: Plan) -> dict[str, object]:
     """DeepSpeed's config keys: a pipeline step runs `gradient_accumulation_steps` microbatches per replica; the
-    plan's ZeRO stage (0 or 1: to_deepspeed refuses others); the precision of the profile's dtype (`bf16`)."""
-    recipe = precision(plan.dtype)
+    plan's ZeRO stage (0 or 1: to_deepspeed refuses others); the plan's precision recipe (`bf16`)."""
+    recipe = plan_recipe(plan.precision, plan.dtype)
     return {"train_batch_size": plan.global_batch,
             "train_micro_batch_size_per_gpu": plan.microbatch_size,
             "gradient_accumulation_steps": plan.num_microbatches,

@@ -17,6 +17,7 @@ from torch.distributed.pipelining import Pipe
 from ..costmodel.roofline import (Calibration, Efficiency, FitRow, OpCounts, UnitError, default_efficiency,
                                  fit_efficiency, phase_time)
 from ..data.catalog import DeviceSpec, identify_device, load_device
+from ..data.precision import Recipe
 from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..schedule.activation import POLICY_COLUMNS
 from ..errors import AutoppError, ProfileError
@@ -127,7 +128,7 @@ def _counted_unit(c: ModelCounts, b: int, i: int, module: nn.Module, args: tuple
     """Add unit `i`'s row at size `b` to `c`: counted by `run()`, or copied from the earlier unit `same`."""
     counts = next(r.counts for r in c.rows if r.unit == same and r.microbatch_size == b) if same != i else run()
     tied = {u: g.bytes for g in c.tied for u in g.units if len(g.units) > 1}
-    static = {**static_bytes(module, c.options.optimizer, c.options.torch_dtype), "tied_param_bytes": tied.get(i, 0),
+    static = {**static_bytes(module, c.options.optimizer, c.options.recipe), "tied_param_bytes": tied.get(i, 0),
               "recompute_keep_bytes": value_bytes(args)}
     c.rows.append(UnitCount(i, b, counts, static, None if same == i else same))
 
@@ -203,13 +204,14 @@ def count_model(model: str | Path | ModelFile, options: ProfileOptions = Profile
     return c
 
 
-def unit_times(counts: PieceCounts, spec: DeviceSpec, dtype: str, eff: Efficiency) -> dict[str, float]:
-    """The profile's time columns of one counted unit on `spec`."""
-    peak, bw = spec.peak(dtype), spec.memory_bandwidth_bytes_per_s
+def unit_times(counts: PieceCounts, spec: DeviceSpec, recipe: Recipe, eff: Efficiency) -> dict[str, float]:
+    """The profile's time columns of one counted unit on `spec` under `recipe`: every op at its compute peak, the
+    linear layers' matmuls at theirs (FP8: the float8 peak, `OpCounts.load`)."""
+    (peak, linear_peak), bw = recipe.peaks(spec), spec.memory_bandwidth_bytes_per_s
     ridge = eff.ridge(peak, bw)
 
     def t(ops: OpCounts) -> float:
-        return phase_time(ops.load(ridge), peak, bw, eff)
+        return phase_time(ops.load(ridge, linear_peak / peak), peak, bw, eff)
     times = {"forward": t(counts.forward), "backward": t(counts.backward), "backward_input": t(counts.backward_input),
              "backward_weight": t(counts.backward_weight), "recompute": t(counts.forward),
              "selective_recompute": t(counts.selective_recompute)}
@@ -217,10 +219,10 @@ def unit_times(counts: PieceCounts, spec: DeviceSpec, dtype: str, eff: Efficienc
 
 
 def _optimizer_step_s(c: ModelCounts, spec: DeviceSpec, eff: Efficiency) -> float:
-    """The step after the backward as memory traffic: gradients scaled (read + write), the optimizer reading
-    parameter, gradient and each state and writing parameter and states; one op per tensor and pass."""
+    """The step after the backward as memory traffic (`Recipe.step_bytes` per parameter); one op per tensor and
+    pass."""
     states = OPTIMIZER_STATES[c.options.optimizer]
-    per_element = c.options.torch_dtype.itemsize * 5 + 4 * 2 * states
+    per_element = c.options.recipe.step_bytes(states)
     ops = c.param_tensors * (2 + states)
     return c.optimizer_numel * per_element / (spec.memory_bandwidth_bytes_per_s * eff.memory) + ops * eff.op_overhead_s
 
@@ -235,8 +237,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     `meta.extra`. With a TP plan (autopp.model.tp), tp.csv rows for `options.tp_degrees`, each degree's local shard
     counted the same way (`counted_tp_rows`)."""
     spec = device if isinstance(device, DeviceSpec) else load_device(device)
-    dtype = options.dtype
-    spec.peak(dtype)  # a device without this dtype fails before any counting
+    dtype, recipe = options.dtype, options.recipe
+    recipe.peaks(spec)  # a device without the recipe's peaks fails before any counting
     if calibration is not None:
         calibration.check_dtype(dtype, calibration_path or "calibration")
     eff = calibration.efficiency if calibration is not None else default_efficiency(spec.name)
@@ -253,7 +255,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     rows = []
     for r in c.rows:
         rows.append({"unit": r.unit, "name": c.units[r.unit].name, "modules": " ".join(c.units[r.unit].modules),
-                     "microbatch_size": r.microbatch_size, **unit_times(r.counts, spec, dtype, eff), **r.static,
+                     "microbatch_size": r.microbatch_size, **unit_times(r.counts, spec, recipe, eff), **r.static,
                      "activation_bytes": r.counts.activation_bytes, "output_bytes": r.counts.output_bytes,
                      "selective_activation_bytes": r.counts.selective_bytes, "source": "analytic",
                      "same_as": -1 if r.same_as is None else r.same_as})
@@ -264,7 +266,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     peaks: dict[str, dict[str, int]] = {str(r.unit): {} for r in c.rows}
     for r in c.rows:
         peaks[str(r.unit)][str(r.microbatch_size)] = r.counts.peak_bytes
-    extra = {"analytic_device": spec.name,
+    extra = {"analytic_device": spec.name, "precision": recipe.name,
              "analytic": {"device": spec.name, "model": spec.model, "device_source": spec.source,
                           "calibration": calibration_path, "compute_efficiency": eff.compute,
                           "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s,
@@ -299,7 +301,7 @@ def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, degrees: 
         local = count_model(local_model_file(c.mf, setup.resolved, t), c.options,
                             lambda msg: progress(f"{msg} (tp {t})"))  # called before the next degree
         check_same_units(c.mf, t, local.units, c.units)
-        rows += [tp_row({**unit_times(r.counts, spec, c.options.dtype, eff), **r.static, "unit": r.unit,
+        rows += [tp_row({**unit_times(r.counts, spec, c.options.recipe, eff), **r.static, "unit": r.unit,
                          "microbatch_size": r.microbatch_size, "activation_bytes": r.counts.activation_bytes},
                         t, comms[r.microbatch_size][r.unit]) for r in local.rows]
     table = pd.DataFrame(rows).sort_values(["tp", "microbatch_size", "unit"], kind="stable").reset_index(drop=True)
@@ -361,7 +363,7 @@ def unit_errors(measured: Profile, counts: ModelCounts, spec: DeviceSpec, eff: E
     table = measured.units.set_index(["unit", "microbatch_size"])
     out = []
     for r in sorted(_measured_rows(measured, counts), key=lambda r: (r.microbatch_size, r.unit)):
-        times = unit_times(r.counts, spec, measured.meta.dtype, eff)
+        times = unit_times(r.counts, spec, counts.options.recipe, eff)
         row = table.loc[(r.unit, r.microbatch_size)]
         out.append(UnitError(r.unit, counts.units[r.unit].name, r.microbatch_size,
                              float(row["forward_s"] + row["backward_s"]), times["forward_s"] + times["backward_s"]))

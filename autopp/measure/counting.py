@@ -19,8 +19,8 @@ from ..costmodel.roofline import OpCounts
 from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, value_bytes
 from .timing import Piece, run_phases
 
-__all__ = ["FLOP_FORMULAS", "NAMED_FLOP_FORMULAS", "grouped_mm_flops", "expert_weight_bytes_unread", "PieceCounts",
-           "OpCounter", "count_piece"]
+__all__ = ["FLOP_FORMULAS", "LINEAR_MATMULS", "NAMED_FLOP_FORMULAS", "grouped_mm_flops", "expert_weight_bytes_unread",
+           "PieceCounts", "OpCounter", "count_piece"]
 
 #: torch's FLOP formulas, plus its CPU attention kernels under the formulas of the GPU ones (same arguments first:
 #: query, key, value; and grad_out before them for the backward), which torch.utils.flop_counter leaves out.
@@ -87,6 +87,12 @@ def expert_weight_bytes_unread(name: str, args: tuple[Any, ...]) -> int:
     return _moved_bytes(weight) * idle // experts
 
 
+#: The matmuls a linear layer dispatches to (`F.linear` folds a batch into `aten.mm`/`aten.addmm`; both gradients
+#: are `aten.mm`), and the grouped GEMMs of MoE experts (`aten._grouped_mm`): what an FP8 recipe runs in FP8
+#: (torchao's Float8Linear and float8 grouped GEMMs, Transformer Engine's Linear and GroupedLinear replace exactly
+#: these). Attention's kernels and batched matmuls stay at the compute dtype.
+LINEAR_MATMULS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten._grouped_mm})
+
 #: Ops that move no data: metadata queries and aliasing (views are recognised by their schema).
 _FREE = {torch.ops.aten.detach.default, torch.ops.prim.device.default, torch.ops.aten.lift_fresh.default,
          torch.ops.aten.alias.default}
@@ -101,6 +107,7 @@ class OpCounter(TorchDispatchMode):
         super().__init__()
         self.flops: list[int] = []
         self.bytes: list[int] = []
+        self.linear: list[bool] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -114,10 +121,11 @@ class OpCounter(TorchDispatchMode):
         moved -= expert_weight_bytes_unread(name, args)
         self.flops.append(int(f))
         self.bytes.append(int(moved))
+        self.linear.append(func._overloadpacket in LINEAR_MATMULS)
         return out
 
     def counts(self) -> OpCounts:
-        return OpCounts(tuple(self.flops), tuple(self.bytes))
+        return OpCounts(tuple(self.flops), tuple(self.bytes), tuple(self.linear))
 
 
 @dataclass(frozen=True)

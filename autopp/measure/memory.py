@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..data.precision import Recipe
 from ..schedule.activation import SAVED_OPS
 from ..model.experts import expert_bytes
 from .options import OPTIMIZER_STATES
@@ -70,15 +71,15 @@ def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> tuple[Any, int]:
     return out, sum(seen.values())
 
 
-def static_bytes(module: nn.Module, optimizer: str, dtype: torch.dtype) -> dict[str, int]:
-    """Parameter, gradient and optimizer-state bytes of `module` (an fp32 master copy counted below float32), and
-    the bytes and count of its stacked experts (`expert_bytes`)."""
+def static_bytes(module: nn.Module, optimizer: str, recipe: Recipe) -> dict[str, int]:
+    """Parameter, gradient and optimizer-state bytes of `module` under `recipe` (autopp.data.precision: gradients at
+    its `grad_bytes`, its fp32 master copy counted with the optimizer state), and the bytes and count of its stacked
+    experts (`expert_bytes`)."""
     params = list(module.parameters())
     numel = sum(p.numel() for p in params if p.requires_grad)
-    master = 4 * numel if dtype != torch.float32 else 0
-    return {"param_bytes": sum(p.numel() * p.element_size() for p in params),
-            "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-            "optimizer_bytes": OPTIMIZER_STATES[optimizer] * 4 * numel + master, **expert_bytes(module)}
+    return {"param_bytes": sum(p.numel() * p.element_size() for p in params), "grad_bytes": recipe.grad_bytes * numel,
+            "optimizer_bytes": (OPTIMIZER_STATES[optimizer] * recipe.state_bytes + recipe.master_bytes) * numel,
+            **expert_bytes(module)}
 
 
 def storage_key(t: torch.Tensor) -> int:

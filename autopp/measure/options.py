@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Literal, cast
 import torch
 from torch import nn
 
+from ..data.precision import Recipe, recipe, recipe_of_dtype
+
 if TYPE_CHECKING:
     from ..data.profile import ProfileMeta
 
@@ -42,6 +44,9 @@ class ProfileOptions:
     """Whose state is counted per parameter (OPTIMIZER_STATES) and whose step is timed."""
     dtype: DType = "float32"
     """Parameter and activation dtype; bfloat16: mixed precision, the fp32 master copy counted with the optimizer."""
+    precision: str | None = None
+    """The mixed-precision recipe counted (autopp.data.precision: its times and bytes per parameter); it computes
+    in `dtype`. None (filled in): the recipe of `dtype` (fp32 or bf16)."""
     tp_degrees: tuple[int, ...] | None = ()
     """Tensor-parallel degrees to make tp.csv rows for (1 is dropped; the model needs a TP plan, autopp.model.tp);
     (): none; None: every degree the plan allows, up to the catalog device's devices per node when counted (a plan
@@ -58,12 +63,24 @@ class ProfileOptions:
             raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {self.optimizer!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.precision is None:
+            object.__setattr__(self, "precision", self.recipe.name)  # one spelling: options compare equal
+        if self.recipe.dtype != self.dtype:
+            raise ValueError(f"precision {self.precision} computes in {self.recipe.dtype}, not {self.dtype}")
 
     @classmethod
     def recorded(cls, meta: ProfileMeta) -> ProfileOptions:
         """The options a profile was made for, as its metadata records them."""
         return cls(microbatch_sizes=meta.microbatch_sizes, optimizer=cast(Optimizer, meta.optimizer),
-                   dtype=cast(DType, meta.dtype), tp_degrees=meta.tp_degrees)
+                   dtype=cast(DType, meta.dtype), precision=meta.extra.get("precision"), tp_degrees=meta.tp_degrees)
+
+    @property
+    def recipe(self) -> Recipe:
+        """The recipe counted: `precision`'s, else `dtype`'s."""
+        found = recipe(self.precision) if self.precision is not None else recipe_of_dtype(self.dtype)
+        if found is None:  # every DTYPES entry has one (tests/measure/test_options.py)
+            raise ValueError(f"no precision recipe computes in {self.dtype}")
+        return found
 
     @property
     def torch_dtype(self) -> torch.dtype:

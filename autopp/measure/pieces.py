@@ -197,7 +197,7 @@ class _Walk:
         retarget(self.pipe, settings.timer.device)
         self.measured = [i for i in range(len(calls)) if self.same_as[i] is None]
         self.windows = [[self.measured[j] for j in group] for group in windows(
-            [2 * static_bytes(self.modules[i], settings.options.optimizer, dtype)["param_bytes"]
+            [2 * static_bytes(self.modules[i], settings.options.optimizer, settings.options.recipe)["param_bytes"]
              for i in self.measured], limit_bytes)]
         self.last_use = {r: max(i for i, s in enumerate(self.same_as) if s == r) for r in set(self.same_as)
                          if r is not None}
@@ -313,7 +313,7 @@ def _sizes(piece: Piece, out: Any, last: bool, settings: Settings) -> dict[str, 
     """Parameter, gradient, optimizer, saved-activation, output and recompute-keep bytes of one piece, and what it
     keeps under selective recomputation (`SavedOps`)."""
     params = {storage_key(p) for p in piece.module.parameters()}
-    row: dict[str, Any] = dict(static_bytes(piece.module, settings.options.optimizer, settings.options.torch_dtype))
+    row: dict[str, Any] = dict(static_bytes(piece.module, settings.options.optimizer, settings.options.recipe))
     _, saved = saved_bytes(lambda: piece.forward()[1], params)
     with SavedOps(params) as kept:
         piece.forward()

@@ -20,6 +20,16 @@ def test_load_splits_ops_at_the_ridge_point() -> None:
     assert OpCounts().load(50.0) == PhaseLoad()  # a phase that does not run costs nothing, not even a call
 
 
+def test_linear_matmuls_run_at_their_own_peak() -> None:
+    """An FP8 recipe's linear matmuls count FLOPs / speedup at the phase's peak (time at twice the peak); other ops
+    and counts made before the flag are untouched, and an op may fall below the ridge once sped up."""
+    counts = OpCounts(flops=(1000, 1000, 10), bytes=(10, 10, 10), linear=(True, False, True))
+    assert counts.load(40.0, 2.0) == PhaseLoad(compute_flops=1500, memory_bytes=10, ops=3, calls=1)
+    assert counts.load(40.0) == PhaseLoad(compute_flops=2000, memory_bytes=10, ops=3, calls=1)
+    assert counts.load(60.0, 2.0) == PhaseLoad(compute_flops=1000, memory_bytes=20, ops=3, calls=1)
+    assert OpCounts(flops=(1000,), bytes=(10,)).load(50.0, 2.0) == PhaseLoad(1000, 0, 1, 1)
+
+
 def test_phase_time_is_the_sum_of_the_four_terms() -> None:
     eff = Efficiency(compute=0.5, memory=0.25, op_overhead_s=1e-6, call_overhead_s=3e-4)
     load = PhaseLoad(compute_flops=1e12, memory_bytes=1e9, ops=10, calls=1)

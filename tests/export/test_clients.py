@@ -152,7 +152,7 @@ def megatron():  # type: ignore[no-untyped-def]
     return pytest.importorskip("megatron.core", reason="megatron-core is not installed (scripts/setup.sh installs it)")
 
 
-_MEGATRON_RENAMED = {"num-experts": "num_moe_experts"}
+_MEGATRON_RENAMED = {"num-experts": "num_moe_experts", "fp8-format": "fp8"}  # --fp8-format's dest is fp8
 
 
 def _megatron_config(text: str):  # type: ignore[no-untyped-def]
@@ -164,7 +164,7 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     from megatron.core.distributed import DistributedDataParallelConfig
     args = dict((line.split(" ", 1) + ["true"])[:2] for line in text.splitlines())  # bare flags: store_true
     # Megatron-LM copies its args into TransformerConfig by name, but for --num-experts (num_moe_experts; its
-    # arguments.py core_transformer_config_from_args)
+    # arguments.py core_transformer_config_from_args) and --fp8-format (its argparse dest is fp8)
     kw = {_MEGATRON_RENAMED.get(k[2:], k[2:].replace("-", "_")): v for k, v in args.items()}
     # batch sizes go to megatron-core's microbatch calculator, the sequence length to its data loader and schedules
     batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size", "seq_length") if k in kw}
@@ -524,3 +524,46 @@ def test_llama_3_8b_on_2x8_h100_for_each_trainer_is_taken_by_its_config_classes(
                                              Activation.SELECTIVE: "selective"}[recompute]
         assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0).get() == \
             plan.num_microbatches
+
+
+# ---- FP8 (issue 25, point 5) --------------------------------------------------------------------------------------
+
+def _fp8(plan: Plan) -> Plan:
+    return dataclasses.replace(_llama_8b_like(plan, Activation.KEEP), precision="fp8")
+
+
+def test_megatron_core_takes_the_fp8_recipe(megatron, llama_plans: dict[str, Plan]) -> None:  # type: ignore[no-untyped-def]
+    """--fp8-format hybrid and --fp8-recipe tensorwise are values of TransformerConfig's own Literal fields (it does
+    not check them itself)."""
+    import typing
+    cfg, _, _ = _megatron_config(export_plan(_fp8(llama_plans["dp"]), Target.MEGATRON, "x").text)
+    types_of = {f.name: f.type for f in dataclasses.fields(type(cfg))}
+    assert (cfg.fp8, cfg.fp8_recipe, cfg.bf16) == ("hybrid", "tensorwise", True)
+    for name in ("fp8", "fp8_recipe"):
+        assert getattr(cfg, name) in typing.get_args(typing.get_args(types_of[name])[0])
+
+
+def test_torchtitan_takes_the_fp8_export_and_sets_float8_in_python(titan, llama: Profile,  # type: ignore[no-untyped-def]
+                                                                   llama_plans: dict[str, Plan]) -> None:
+    """torchtitan 0.3 parses the FP8 export's overrides (bf16 as ever) and has no command-line key for converters (its
+    model spec is suppressed from the CLI); the note names Float8LinearConverter.Config's own recipe field and value,
+    read from torchtitan's float8.py (importing it needs triton)."""
+    exported = export_plan(_fp8(llama_plans["dp"]), Target.TORCHTITAN, "x.args", unit_modules(llama))
+    cfg = titan(exported.text)
+    assert (cfg.training.mixed_precision_param, cfg.training.dtype) == ("bfloat16", "float32")
+    fields = {n.target.id for n in _trainer_config_class().body if isinstance(n, ast.AnnAssign)}
+    assert "converters" not in fields and "model" not in fields
+    source = Path(pytest.importorskip("torchtitan").__file__).parent / "components" / "quantization" / "float8.py"
+    converter = next(n for n in ast.walk(ast.parse(source.read_text()))
+                     if isinstance(n, ast.ClassDef) and n.name == "Float8LinearConverter")
+    config = next(n for n in converter.body if isinstance(n, ast.ClassDef) and n.name == "Config")
+    recipe = next(n for n in config.body if isinstance(n, ast.AnnAssign) and n.target.id == "recipe_name")
+    assert "'rowwise'" in ast.unparse(recipe.annotation)
+    assert any('Float8LinearConverter.Config(recipe_name="rowwise")' in n for n in exported.notes)
+
+
+def test_deepspeed_config_has_no_fp8(deepspeed) -> None:  # type: ignore[no-untyped-def]
+    """The refusal's premise: DeepSpeed's config classes know bf16 and fp16, no FP8."""
+    from deepspeed.runtime import config
+    source = Path(config.__file__).read_text()
+    assert "bf16" in source and "fp8" not in source.lower()

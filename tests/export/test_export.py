@@ -480,6 +480,23 @@ def test_exports_carry_the_sequence_length_and_the_precision(llama: Profile, lla
     assert "bf16" not in export_plan(fp32, Target.DEEPSPEED, "x.json").text
 
 
+def test_fp8_plans_spell_the_recipe_and_deepspeed_refuses_it(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """An FP8 plan: Megatron's hybrid format and tensorwise recipe beside --bf16, torchtitan's bf16 overrides and a
+    note with its Python-only Float8 converter, and one line from DeepSpeed, whose config has no FP8."""
+    plan = replace(_as_hf(llama_plans["1f1b"]), precision="fp8")
+    megatron = export_plan(plan, Target.MEGATRON, "x").text.splitlines()
+    assert {"--bf16", "--fp8-format hybrid", "--fp8-recipe tensorwise"} <= set(megatron)
+    titan = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama))
+    assert "--training.mixed_precision_param=bfloat16" in titan.text.split()
+    assert any("Float8LinearConverter.Config(recipe_name=\"rowwise\")" in n for n in titan.notes)
+    assert not any("Float8" in n for n in export_plan(_as_hf(llama_plans["1f1b"]), Target.TORCHTITAN, "x.args",
+                                                      unit_modules(llama)).notes)
+    with pytest.raises(ExportError, match=r"^plan: precision fp8: DeepSpeed's config has no FP8 training .*"
+                                          r"re-plan with `precision` bf16$"):
+        export_plan(plan, Target.DEEPSPEED, "x.json")
+    assert "--fp8-format hybrid" not in export_plan(_as_hf(llama_plans["1f1b"]), Target.MEGATRON, "x").text
+
+
 def test_what_the_plan_does_not_know_is_said(llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """A model file's plan has no sequence length; a plan of the Python API no dtype: each is said in a note, and
     nothing is made up."""

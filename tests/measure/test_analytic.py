@@ -14,8 +14,9 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils.flop_counter import FlopCounterMode
 
 from autopp.cli import main
-from autopp.costmodel.roofline import Calibration, Efficiency, load_calibration, phase_time
+from autopp.costmodel.roofline import Calibration, Efficiency, OpCounts, load_calibration, phase_time
 from autopp.data.catalog import load_device
+from autopp.data.precision import RECIPES
 from autopp.data.profile import Profile, load_profile
 from autopp.measure.analytic import analytic_profile, calibrate, count_model, unit_times
 from autopp.measure.counting import PieceCounts, count_piece
@@ -324,8 +325,20 @@ def test_unit_times_split_ops_at_the_calibrated_ridge() -> None:
     expected = sum(max(f / (peak * eff.compute), b / (bw * eff.memory)) for f, b in zip(counts.flops, counts.bytes))
     assert any(peak / bw * b > f > eff.ridge(peak, bw) * b for f, b in zip(counts.flops, counts.bytes))
     assert phase_time(counts.load(eff.ridge(peak, bw)), peak, bw, eff) == pytest.approx(expected, rel=1e-12)
-    assert unit_times(PieceCounts(counts, counts, counts, counts, 0, 0, 0), spec, "float32", eff)["forward_s"] \
+    assert unit_times(PieceCounts(counts, counts, counts, counts, 0, 0, 0), spec, RECIPES["fp32"], eff)["forward_s"] \
         == pytest.approx(expected, rel=1e-12)
+
+
+def test_fp8_times_the_linear_matmuls_at_the_fp8_peak() -> None:
+    """Under the fp8 recipe a linear layer's matmul takes its FLOPs at the float8 peak, another compute-bound op (an
+    attention kernel) at the bfloat16 one, a memory-bound op its bytes; bf16 takes both matmuls at bfloat16."""
+    spec, eff = load_device("h100-sxm"), Efficiency(compute=0.5, memory=0.8, op_overhead_s=0.0)
+    ops = OpCounts(flops=(10**12, 10**12, 10**6), bytes=(10**6, 10**6, 10**6), linear=(True, False, False))
+    times = {r: unit_times(PieceCounts(ops, ops, ops, ops, 0, 0, 0), spec, RECIPES[r], eff)["forward_s"]
+             for r in ("bf16", "fp8")}
+    bf16, fp8, memory = spec.peak("bfloat16") * 0.5, spec.peak("float8") * 0.5, 10**6 / (3.35e12 * 0.8)
+    assert times["bf16"] == pytest.approx(2e12 / bf16 + memory, rel=1e-12)
+    assert times["fp8"] == pytest.approx(1e12 / fp8 + 1e12 / bf16 + memory, rel=1e-12)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -41,6 +41,7 @@ def test_grouped_mm_flops_are_the_sum_of_its_groups_matmuls(case: str) -> None:
             torch._grouped_mm(a, b, offs=offs)
     assert counter.flops == [_per_group_flops(case)]
     assert counter.flops[0] > 0
+    assert counter.linear == [True]  # experts' GEMMs: FP8 under the fp8 recipe, as dense linear layers
 
 
 def test_backward_of_an_expert_layer_counts_both_gradients() -> None:
@@ -72,3 +73,19 @@ def test_counted_bytes_of_a_grouped_mm_leave_out_idle_experts() -> None:
         with OpCounter() as counter:
             torch._grouped_mm(a, b, offs=offs)
     assert counter.bytes == [(2 * 8 + 2 * 8 * 12 + 4 + 2 * 12) * 4]
+
+
+def test_linear_layers_matmuls_are_flagged_and_attention_is_not() -> None:
+    """A linear layer's forward (addmm) and both gradients (mm) are the ops an FP8 recipe runs in FP8; a batched
+    matmul (attention scores) and scaled_dot_product_attention are not."""
+    linear = torch.nn.Linear(16, 32)
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    with OpCounter() as counter:
+        linear(x).sum().backward()
+    assert [f for f, flag in zip(counter.flops, counter.linear) if flag] == [2 * 16 * 16 * 32] * 3
+    assert counter.counts().linear == tuple(counter.linear)
+    q = torch.randn(1, 2, 8, 4, requires_grad=True)
+    with OpCounter() as counter:
+        (torch.matmul(q, q.transpose(-1, -2)).sum() + torch.nn.functional.scaled_dot_product_attention(q, q, q).sum()
+         ).backward()
+    assert sum(counter.flops) > 0 and not any(counter.linear)

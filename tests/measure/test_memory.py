@@ -6,7 +6,8 @@ import gc
 
 import torch
 
-from autopp.measure.memory import LiveBytes, peak_bytes, saved_bytes, storage_key
+from autopp.data.precision import RECIPES
+from autopp.measure.memory import LiveBytes, peak_bytes, saved_bytes, static_bytes, storage_key
 
 
 def test_live_bytes_counts_new_storages_until_freed() -> None:
@@ -82,3 +83,16 @@ def test_selective_recomputation_keeps_the_saved_ops_outputs_and_replays_the_res
     with Count() as below, ReplaySaved(kept.outputs):
         got = torch.mm(x, w).relu()
     assert below.ops == Counter({"aten.relu": 1}) and torch.equal(got, want)
+
+
+def test_static_bytes_follow_the_recipe() -> None:
+    """bf16 weights with Adam: 2 + 4 (fp32 gradients) + 12 (master copy and two moments) bytes per parameter, the
+    18 of Megatron's distributed-optimizer guide; float32: 4 + 4 + 8."""
+    numel = 8 * 4 + 4
+    layer = torch.nn.Linear(8, 4)
+    assert static_bytes(layer, "adam", RECIPES["fp32"]) == {"param_bytes": 4 * numel, "grad_bytes": 4 * numel,
+                                                            "optimizer_bytes": 8 * numel, "expert_param_bytes": 0,
+                                                            "moe_layers": 0}
+    half = static_bytes(layer.to(torch.bfloat16), "adam", RECIPES["bf16"])
+    assert (half["param_bytes"], half["grad_bytes"], half["optimizer_bytes"]) == (2 * numel, 4 * numel, 12 * numel)
+    assert static_bytes(layer, "adam", RECIPES["fp8"]) == half

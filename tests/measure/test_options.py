@@ -52,3 +52,12 @@ def test_options_are_frozen_and_keyword_only() -> None:
         ProfileOptions((1, 2))  # type: ignore[misc]
     with pytest.raises(AttributeError):
         MeasureOptions().repeats = 3  # type: ignore[misc]
+
+
+def test_the_recipe_is_the_dtypes_unless_given() -> None:
+    """Every dtype has a recipe (fp32, bf16), filled in so that options compare equal; fp8 computes in bfloat16."""
+    assert (ProfileOptions(dtype="float32").precision, ProfileOptions(dtype="bfloat16").precision) == ("fp32", "bf16")
+    assert ProfileOptions(dtype="bfloat16") == ProfileOptions(dtype="bfloat16", precision="bf16")
+    assert ProfileOptions(dtype="bfloat16", precision="fp8").recipe.matmul_peak == "float8"
+    with pytest.raises(ValueError, match="precision fp8 computes in bfloat16, not float32"):
+        ProfileOptions(precision="fp8")

@@ -135,7 +135,8 @@ def test_bfloat16_parameters_and_fp32_optimizer_state() -> None:
     profile = profile_model(MODELS / "linrelu.py", options, MeasureOptions(warmup=0, repeats=1, compare_whole=False))
     rows = profile.units.set_index("unit")
     numel = 8 * 32 + 32
-    assert rows.loc[0].param_bytes == 2 * numel and rows.loc[0].grad_bytes == 2 * numel
+    # the bf16 recipe's fp32 gradients (autopp.data.precision: Megatron's main_grad, FSDP2's reduce_dtype)
+    assert rows.loc[0].param_bytes == 2 * numel and rows.loc[0].grad_bytes == 4 * numel
     assert rows.loc[0].optimizer_bytes == (2 + 1) * 4 * numel  # two fp32 states and an fp32 master copy
     assert profile.meta.dtype == "bfloat16"
 
@@ -451,7 +452,7 @@ def test_plan_checks_its_profile_on_the_meta_model(tmp_path: Path, monkeypatch: 
     monkeypatch.chdir(tmp_path)
     profile_model(model, ProfileOptions(microbatch_sizes=(1,)),
                   MeasureOptions(warmup=0, repeats=1, compare_whole=False)).save(Path("profiles/big"))
-    args = argparse.Namespace(model=str(model), profile=None, hf_config=None, seq_len=None, task=None)
+    args = argparse.Namespace(model=str(model), profile=None, hf_config=None, seq_len=None, task=None, precision=None)
     assert profile_for(args).num_units == 2
     assert "using profile profiles/big/" in capsys.readouterr().err
     assert (tmp_path / "big.device").read_text() == "meta"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
+from autopp.data.precision import RECIPES
 from autopp.measure.memory import static_bytes
 from autopp.model import load_model_file
 from autopp.model.experts import expert_bytes, experts_modules, is_experts, moe_facts
@@ -27,8 +28,8 @@ def test_stacked_experts_their_bytes_and_routing(model: str, experts: int, top_k
     block = m.get_submodule("model.layers.0")
     stacked = sum(p.numel() * 4 for p in found["model.layers.0.mlp.experts"].parameters())
     assert expert_bytes(block) == {"expert_param_bytes": stacked, "moe_layers": 1}
-    assert static_bytes(block, "sgd", m.dtype)["expert_param_bytes"] == stacked < static_bytes(
-        block, "sgd", m.dtype)["param_bytes"]  # the shared expert of Qwen2-MoE, attention, norms: dense
+    assert static_bytes(block, "sgd", RECIPES["fp32"])["expert_param_bytes"] == stacked < static_bytes(
+        block, "sgd", RECIPES["fp32"])["param_bytes"]  # the shared expert of Qwen2-MoE, attention, norms: dense
     assert expert_bytes(m.get_submodule("model.embed_tokens")) == {"expert_param_bytes": 0, "moe_layers": 0}
     assert moe_facts(m) == {"num_experts": experts, "top_k": top_k}
 

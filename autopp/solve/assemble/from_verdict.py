@@ -231,7 +231,8 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})),
                 device=planned_device(request.cluster, profile.meta.device, profile.meta.extra.get("analytic_device")),
                 optimizer=profile.meta.optimizer, dtype=profile.meta.dtype,
-                time_breakdown=_breakdown(a, placed, best))
+                time_breakdown=_breakdown(a, placed, best),
+                precision=profile.meta.extra.get("precision"))
 
 
 def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:
