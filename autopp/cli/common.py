@@ -29,7 +29,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     ("`recompute_stages`", "--recompute-stages"), ("`recompute`", "--recompute"),
     ("`num_microbatches`", "--microbatches"), ("`global_batch`", "--global-batch"),
     ("`sp` on", "--sp on"), ("`sp` off", "--sp off"), ("`sp`", "--sp"),
-    ("`tp_across_nodes`", "--tp-across-nodes"), ("`tp_degrees`", "--tp"), ("`memory_bytes`", "--memory"),
+    ("`vocab` off", "--vocab off"), ("`vocab`", "--vocab"), ("`tp_across_nodes`", "--tp-across-nodes"), ("`tp_degrees`", "--tp"), ("`memory_bytes`", "--memory"),
     ("`split`", "--split"), ("`v`", "--virtual-stages"), ("`schedule`", "--schedule"),
     ("`latency_s`", "--latency"), ("`intra_bandwidth`", "--intra-node-bandwidth"),
     ("`inter_bandwidth`", "--inter-node-bandwidth"), ("`bandwidth`", "--bandwidth"),

@@ -63,6 +63,10 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                        help=axis.flag.help)
     sp = SWITCHES["sp"]  # --sp on|off|auto (autopp.data.axes)
     p.add_argument(f"--{sp.name}", choices=("on", "off", "auto"), default="auto", help=sp.help)
+    p.add_argument("--vocab", choices=("auto", "off", "1", "2"), default="auto",
+                   help="vocabulary parallelism (docs/vocabulary-parallelism.md): the embedding and the head split "
+                        "along the vocabulary over the pipeline ranks, variant Vocab-1 or Vocab-2; auto (default) "
+                        "chooses it where it simulates faster and the profile's model allows it (never with --for)")
     p.add_argument("--zero", type=_zero, default="0",
                    help="ZeRO stage of the data parallelism: 0 replicated, 1 optimizer state sharded, 2 + gradients "
                         "(costed only), 3 + parameters (FSDP2), or auto: 0, 1 and 3 (default 0)")
@@ -112,6 +116,15 @@ def _indices(text: str) -> tuple[int, ...]:
     if any(x < 0 for x in values):
         raise argparse.ArgumentTypeError(f"indices must be >= 0, got {text!r}")
     return values
+
+
+def _vocab(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """--vocab: the layouts of the vocabulary layers the search may choose (`PlanRequest.vocab`); auto is off with
+    --for TRAINER, which runs none."""
+    from ..data.vocab import VocabVariant
+    if args.vocab in ("1", "2"):
+        return (VocabVariant(f"vocab-{args.vocab}"),)
+    return (None,) if args.vocab == "off" or args.trainer else (None, *VocabVariant)
 
 
 def _auto_int(text: str) -> int:
@@ -238,7 +251,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                           pins=pins, tp_across_nodes=args.tp_across_nodes,
                           recompute=RecomputeMode(args.recompute), recompute_stages=args.recompute_stages,
                           synthesize=args.synthesize or args.schedule == "auto" and _synthesizes(args.trainer),
-                          synth_time_limit_s=args.synth_time, trainer=args.trainer)
+                          synth_time_limit_s=args.synth_time, trainer=args.trainer, vocab=_vocab(args))
     given = None
     if args.profile:
         from ..data.profile import load_profile

@@ -17,6 +17,7 @@ from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
 from .plan_fields import FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
+from .vocab import VocabVariant
 
 __all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
 
@@ -154,6 +155,11 @@ class Plan:
     """The profile's parameter and activation dtype ("bfloat16": mixed precision with fp32 master weights and
     optimizer state, as the profile counted them; "float32"), which the exports write as the trainer's precision
     recipe. None in older plans and plans of the Python API; written to JSON only when known."""
+    vocab: VocabVariant | None = None
+    """Vocabulary parallelism (docs/vocabulary-parallelism.md): the embedding (unit 0) and the head with its loss
+    (the last unit) split along the vocabulary over every pipeline rank, with this variant ("vocab-1", "vocab-2" in
+    JSON); the stages' units and split points are then the body's split, their times and bytes include the passes.
+    None: the first and last stages hold them whole; written to JSON only when set."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -202,13 +208,14 @@ class Plan:
         del data["layout"]
         data.update(layout_fields(self.layout))
         data["schedule"] = self.schedule.value
+        data["vocab"] = self.vocab.value if self.vocab is not None else None
         data["custom_order"] = tuple(tuple(str(a) for a in row) for row in self.custom_order)
         if not self.device_order:
             del data["device_order"]  # plans without one stay as they were written before the field existed
         # fields a plan may not know (a model file's hf_config, the API's profile_path, older plans' device and
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items() if v or k not in ("hf_config", "profile_path", "device", "optimizer",
-                                                                      "dtype")}
+                                                                      "dtype", "vocab")}
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
         data["stages"] = [{**{k: v for k, v in {**st, **_figure_fields(s.own)}.items()
@@ -251,6 +258,7 @@ class Plan:
                            "predicted": _prediction(data["predicted"]),
                            "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
                            "notes": tuple(data.get("notes", ())),
+                           "vocab": VocabVariant(data["vocab"]) if data.get("vocab") is not None else None,
                            "custom_order": order,
                            "device_order": tuple(data.get("device_order", ()))})
             _check_consistent(plan)
@@ -293,6 +301,9 @@ def _check_consistent(plan: Plan) -> None:
         except ScheduleError as exc:
             raise PlanError(f"field 'num_microbatches': {exc}; re-plan with `autopp plan ... --microbatches M`") \
                 from None
+    if plan.vocab is not None and (pp < 2 or plan.layout.world != pp):
+        raise PlanError(f"field 'vocab' {plan.vocab.value!r} splits the vocabulary over pp >= 2 pipeline ranks "
+                        f"and no other axis (pp {pp}, {plan.layout.world} ranks)")
     _check_step_time(plan)
 
 

@@ -48,10 +48,13 @@ def uniform_policy(plan: Plan, trainer: str, where: str) -> ActivationPolicy:
 
 def refuse_layout(plan: Plan, trainer: str, where: str) -> None:
     """An ExportError when `trainer` cannot run the plan's ZeRO stage or one of its parallel axes beside pipeline
-    parallelism (autopp.data.trainers, reading the ZeRO and axis descriptors)."""
+    parallelism (autopp.data.trainers, reading the ZeRO and axis descriptors), or its vocabulary parallelism."""
     why = trainer_rules(trainer).layout_refusal(plan.layout)
     if why is not None:
         raise ExportError(f"{where}: {why}")
+    if plan.vocab is not None:
+        raise ExportError(f"{where}: vocab {plan.vocab.value}: {trainer_rules(trainer).vocab}; re-plan with `vocab` "
+                          f"off (or `autopp plan --for {trainer}`)")
 
 
 def _switches(plan: Plan) -> list[tuple[Switch, bool]]:

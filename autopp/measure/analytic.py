@@ -271,7 +271,9 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
                           "call_overhead_s": eff.call_overhead_s},
              "peak_bytes": peaks,
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
-             **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {})}
+             **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {}),
+             "vocab": {"refused": "vocabulary parallelism: not checked on an analytic profile (the loss needs real "
+                                  "values): profile the model measured"}}
     meta = ProfileMeta(
         model_path=str(c.mf.path), fingerprint=c.fingerprint, unit_names=tuple(u.name for u in c.units),
         split_points=tuple(u.split_point or "" for u in c.units[1:]), microbatch_sizes=c.options.microbatch_sizes,

@@ -195,4 +195,5 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
                 ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})),
                 device=planned_device(request.cluster, profile.meta.device, profile.meta.extra.get("analytic_device")),
-                optimizer=profile.meta.optimizer, dtype=profile.meta.dtype)
+                optimizer=profile.meta.optimizer, dtype=profile.meta.dtype,
+                vocab=best.passes.variant if best.passes is not None else None)

@@ -20,6 +20,7 @@ from ..search.request import Config, PlanRequest, RecomputeMode, configs, with_s
 from ..search.runnable import PARALLEL_KEY, split_backward_refusal
 from ..search.search import inflight, links_hold_messages, search
 from ..search.views import Views
+from ..search.vocab import vocab_verdicts
 
 __all__ = ["GPU_PROGRESS_NOTE", "make_plan"]
 
@@ -124,6 +125,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     sharded = pins.zero is not None and not pins.zero.replicated
     if best is None and PARALLEL_KEY in excluded and (pins.tp not in (None, 1) or sharded):
         raise InfeasibleError(excluded[PARALLEL_KEY])
+    best, vocab_note = _with_vocab(profile, request, views, best)
     if best is None:
         raise explain_infeasible(profile, request, n_cfg)
     c = best.candidate
@@ -131,12 +133,37 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     view = views.request(c.layout)
     unsynthesizable = split_backward_refusal(profile.meta.live_values, best.candidate.bounds, "a synthesized order")
     custom = synthesized(a, view.cluster, best, request.synth_time_limit_s) \
-        if request.synthesize and unsynthesizable is None else None
+        if request.synthesize and unsynthesizable is None and best.passes is None else None
     notes = [note] if note else []
+    notes += [vocab_note] if vocab_note else []
     chosen = best.candidate.schedule.value  # only some of its splits were left out: not worth a note
     notes += [why for name, why in excluded.items() if name != chosen]
     notes += [unsynthesizable] if request.synthesize and unsynthesizable else []
     notes += _tp_note(profile, request)
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
-    return plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), whole=views.whole(c.microbatch_size))
+    plan = plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), whole=views.whole(c.microbatch_size))
+    if plan.vocab is None and vocab_note:  # a plain baseline split simulated faster and replaced it
+        return replace(plan, notes=tuple(n for n in plan.notes if n != vocab_note))
+    return plan
+
+
+def _with_vocab(profile: Profile, request: PlanRequest, views: Views,
+                best: Verdict | None) -> tuple[Verdict | None, str | None]:
+    """The plain search's `best`, or the fastest fitting verdict of vocabulary parallelism when it is faster (ties:
+    the plain split) or pinned (`PlanRequest.vocab`), with a note comparing the two."""
+    found = vocab_verdicts(profile, request, views)
+    if not found:
+        return best, None
+    chosen = min(found, key=lambda v: v.key)
+    if None in request.vocab and best is not None and chosen.key >= best.key:
+        log.info("vocabulary parallelism: best %.6g s, not faster than the plain split's %.6g s", chosen.step_s,
+                 best.step_s)
+        return best, None
+    assert chosen.passes is not None
+    c = chosen.candidate
+    than = "no plain split fits" if best is None else \
+        f"the best plan without it predicts {best.step_s:.4g} s ({best.step_s / chosen.step_s - 1:+.1%} slower)"
+    return chosen, (f"vocabulary parallelism {chosen.passes.variant.value}: the embedding and the head with its "
+                    f"loss split along the vocabulary over the {c.layout.pp} pipeline ranks, the stages holding the "
+                    f"body (docs/vocabulary-parallelism.md); {than}")
