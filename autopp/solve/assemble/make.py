@@ -142,7 +142,9 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     notes += _tp_note(profile, request)
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
-    plan = plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), whole=views.whole(c.microbatch_size))
+    pinned_vocab = best.passes is not None and None not in request.vocab  # no plain baseline replaces it
+    plan = plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), keep_split=pinned_vocab,
+                             whole=views.whole(c.microbatch_size))
     if plan.vocab is None and vocab_note:  # a plain baseline split simulated faster and replaced it
         return replace(plan, notes=tuple(n for n in plan.notes if n != vocab_note))
     return plan
