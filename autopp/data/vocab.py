@@ -32,11 +32,14 @@ def vocab_refusal(extra: dict[str, Any]) -> str | None:
     """Why a profile's model cannot be planned with vocabulary parallelism (None: it can): its `meta.extra["vocab"]`
     says that unit 0 is the token embedding and the last unit the head whose mean cross-entropy is the loss
     (`{"embedding": name, "head": name, "vocab": V, "hidden": H, "tied": bool}`), or why not (`{"refused": why}`);
-    profiles made before the field record neither."""
+    profiles made before the field record neither. A model built from an HF config (`extra["hf_config"]`) is
+    refused too: the runner does not build it for vocabulary parallelism yet."""
     facts = extra.get("vocab")
     if not isinstance(facts, dict):
         return "the profile does not record the model's vocabulary layers (made before autopp checked them): " \
                "profile again"
     if "refused" in facts:
         return str(facts["refused"])
+    if extra.get("hf_config"):
+        return "vocabulary parallelism: `autopp run` does not run it for a model built from an HF config yet"
     return None

@@ -97,6 +97,8 @@ def vocab_facts(mf: ModelFile, first: Sequence[str], last: Sequence[str], seed: 
         check_cross_entropy(mf.loss_fn, model, mods, inputs[0], target)
     except AutoppError as exc:
         return {"refused": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - an optional check: the profile records why, the planner says it
+        return {"refused": f"vocabulary parallelism: checking the model raised {type(exc).__name__}: {exc}"}
     for name, unit, where in ((mods.embedding, first, "first"), (mods.head, last, "last")):
         if not any(name == m or name.startswith(m + ".") for m in unit):
             return {"refused": f"vocabulary parallelism needs {name!r} in the {where} unit, whose modules are "

@@ -19,6 +19,8 @@ def test_a_gpt_records_its_embedding_and_head() -> None:
     facts = vocab_facts(mf, ["tok_emb", "pos_emb"], ["ln_f", "head"])
     assert facts == {"embedding": "tok_emb", "head": "head", "vocab": 256, "hidden": 16, "tied": False}
     assert vocab_refusal({"vocab": facts}) is None
+    hf = vocab_refusal({"vocab": facts, "hf_config": {"seq_len": 8, "task": "causal-lm"}})
+    assert hf == "vocabulary parallelism: `autopp run` does not run it for a model built from an HF config yet"
 
 
 def test_the_profilers_units_hold_them_at_the_ends() -> None:
