@@ -4,12 +4,14 @@ as wide as a stage's list of 40 layer names."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
 from autopp.data.cluster import Cluster
 from autopp.data.layout import LayoutPins
 from autopp.data.synthetic_profile import synthetic_profile
+from autopp.data.vocab import VocabVariant
 from autopp.display import format_plan, format_profile, stage_sizes, unit_span
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, make_plan
@@ -65,3 +67,12 @@ def test_profile_table_has_one_unit_per_column() -> None:
     rows = [line.split() for line in text.splitlines()[2:]]
     for i in (4, 6, 8, 10, 12):  # forward, backward, params, activations, output: value then unit
         assert len({r[i] for r in rows}) == 1, [r[i] for r in rows]
+
+
+def test_a_vocabulary_parallel_plan_says_so_under_its_heading() -> None:
+    plan = make_plan(synthetic_profile(6), PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=80 * 2**30),
+                                                       global_batch=4, pins=LayoutPins(pp=2, dp=1)))
+    assert "vocabulary parallelism" not in format_plan(plan)
+    text = format_plan(replace(plan, vocab=VocabVariant.VOCAB_1))
+    assert text.splitlines()[1] == ("vocabulary parallelism vocab-1: embedding and head split along the vocabulary "
+                                    "over all 2 ranks (their passes in the stages' times and memory)")
