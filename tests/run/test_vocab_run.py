@@ -1,7 +1,7 @@
 """`autopp run` of a plan with vocabulary parallelism (autopp.run.vocab_run): planned with `--vocab auto` on a
 head-heavy model (examples/gpt_big_vocab.py) it is chosen, and it runs validated (the loss and every gradient, the
-vocabulary shards included, against one process) under 1F1B and GPipe on 2 ranks; what it does not run is refused
-in one line before any rank starts."""
+vocabulary shards included, against one process) under 1F1B and GPipe on 2 ranks, and pinned (`--vocab 2`) on 4
+ranks; what it does not run is refused in one line before any rank starts."""
 
 from __future__ import annotations
 
@@ -70,3 +70,17 @@ def test_planned_on_a_head_heavy_model_and_run_validated(tmp_path: Path) -> None
         names = {d["name"] for d in report["grad_diffs"]}
         assert {"head.weight[0:16384]", "head.weight[16384:32768]", "tok_emb.weight[0:16384]"} <= names
     assert main(["export", str(plans["1F1B"]), "--to", "megatron"]) == 2
+
+
+@pytest.mark.integration
+def test_pinned_on_four_ranks_and_run_validated(tmp_path: Path) -> None:
+    prof, plan = tmp_path / "prof", tmp_path / "p.json"
+    assert main(["profile", str(ROOT / "tests" / "models" / "vocabgpt.py"), "--microbatch-sizes", "1", "--repeats",
+                 "1", "--warmup", "0", "-o", str(prof)]) == 0
+    assert main(["plan", "--profile", str(prof), "--devices", "4", "--memory", "4GiB", "--pp", "4", "--global-batch",
+                 "4", "--vocab", "2", "-o", str(plan)]) == 0
+    assert json.loads(plan.read_text())["vocab"] == "vocab-2"
+    assert main(["run", str(plan), "--steps", "1", "--timeout", "600"]) == 0
+    report = json.loads(plan.with_suffix(".report.json").read_text())
+    assert report["passed"] and {f"head.weight[{64 * r}:{64 * (r + 1)}]" for r in range(4)} <= {
+        d["name"] for d in report["grad_diffs"]}
