@@ -14,14 +14,16 @@ import pytest
 from autopp.costmodel import UnitArrays
 from autopp.costmodel.vocab import VocabVariant, body_arrays, vocab_passes
 from autopp.data.cluster import Cluster, Link
-from autopp.data.layout import LayoutPins
+from autopp.data.layout import Layout, LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
 from autopp.data.synthetic_profile import synthetic_profile
 from autopp.errors import LayoutError, PlanError
 from autopp.predict import simulate_plan
+from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, make_plan
-from autopp.solve.search.vocab import choose_vocab
+from autopp.solve.search.request import Config
+from autopp.solve.search.vocab import choose_vocab, vocab_runs
 
 FACTS: dict[str, object] = {"embedding": "emb", "head": "head", "vocab": 32768, "hidden": 1024, "tied": False}
 
@@ -122,3 +124,13 @@ def test_never_offered_for_a_trainer() -> None:
     assert plan.vocab is None
     with pytest.raises(LayoutError, match=r"`vocab` vocab-2 with `trainer` deepspeed: DeepSpeed's PipelineModule "):
         _request((VocabVariant.VOCAB_2,), trainer="deepspeed")
+
+
+@pytest.mark.parametrize("schedule,pp,v,dp,runs", [
+    (ScheduleName.ONE_F_ONE_B, 2, 1, 1, True), (ScheduleName.GPIPE, 4, 1, 1, True),
+    (ScheduleName.INTERLEAVED_1F1B, 2, 2, 1, True), (ScheduleName.ZBV_ZERO_BUBBLE, 2, 2, 1, True),
+    (ScheduleName.LOOPED_BFS, 2, 2, 1, False), (ScheduleName.DUAL_PIPE_V, 2, 2, 1, False),
+    (ScheduleName.ONE_F_ONE_B, 2, 1, 2, False), (ScheduleName.GPIPE, 1, 1, 1, False),
+])
+def test_only_what_the_runner_runs_is_searched(schedule: ScheduleName, pp: int, v: int, dp: int, runs: bool) -> None:
+    assert vocab_runs(Config(schedule, Layout(pp=pp, v=v, dp=dp), 4, 1)) is runs

@@ -16,9 +16,9 @@ from ...data.layout import Layout
 from ...data.profile import Profile
 from ...data.vocab import vocab_refusal
 from ...errors import InfeasibleError, PlanError
-from ...schedule import Activation, ScheduleName, describe
+from ...schedule import Activation, Kind, ScheduleName, describe
 from ..partition.dp import PipeSpec, pipeline_bounds
-from .judge import Candidate, Verdict, judge
+from .judge import Candidate, Verdict, judge, named_order
 from .request import Config, PlanRequest, configs
 from .runnable import schedule_refusal
 from .search import pipe_spec
@@ -85,9 +85,19 @@ def choose_vocab(a: UnitArrays, cluster: Cluster, pp: int, microbatches: int, mi
 
 def vocab_runs(c: Config) -> bool:
     """Whether autopp.run.vocab runs configuration `c`: two or more pipeline ranks and no other axis (its passes
-    use the pipeline ranks' own group), a named schedule whose F and B do not overlap (the passes run inside them)."""
+    use the pipeline ranks' own group), a named schedule whose F and B do not overlap (the passes run inside them)
+    and whose every stage runs its backwards (B or I) in microbatch order, as the output passes run (a looped
+    breadth-first order runs them from the last microbatch: checked, its ranks stop "out of order")."""
     d, layout = describe(c.schedule), c.layout
-    return layout.pp >= 2 and layout.world == layout.pp and not d.given_order and not d.overlaps_f_b
+    if layout.pp < 2 or layout.world != layout.pp or d.given_order or d.overlaps_f_b:
+        return False
+    last: dict[int, int] = {}
+    for row in named_order(c.schedule, layout.pp, c.m, layout.v).values():
+        for a in (a for a in row if a is not None and a.kind in (Kind.B, Kind.I)):
+            if a.microbatch < last.get(a.stage, -1):
+                return False
+            last[a.stage] = a.microbatch
+    return True
 
 
 def vocab_verdicts(profile: Profile, req: PlanRequest, views: Views) -> list[Verdict]:
