@@ -164,6 +164,9 @@ def format_plan(plan: Plan) -> str:
             f"{_count(plan.layout.v, 'stage')} "
             f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
+    if plan.vocab is not None:
+        head += (f"\nvocabulary parallelism {plan.vocab.value}: embedding and head split along the vocabulary over "
+                 f"all {plan.layout.pp} ranks (their passes in the stages' times and memory)")
     extra = f"\n{sync_name(plan)} {format_time(plan.predicted.allreduce_s)} at the step's end included" \
         if plan.layout.dp > 1 else ""
     unfit = [k for k, v in [(own, plan.predicted), *plan.baselines.items()] if not v.fits]

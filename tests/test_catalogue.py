@@ -604,6 +604,35 @@ def _with_attention(env: Env, seq: int) -> None:
     (env.bad_prof / "meta.json").write_text(json.dumps(meta))
 
 
+def _vocab_plan(env: Env, value: str = "vocab-2") -> None:
+    """The shared plan with vocabulary parallelism (`vocab` `value`), its model path absolute, as p.json."""
+    data = json.loads(env.plan.read_text())
+    env.bad_plan.write_text(json.dumps({**data, "vocab": value, "model_path": str(env.plan.parent /
+                                                                                    data["model_path"])}))
+
+
+# ---- vocabulary parallelism (issue 28): refused at plan time, by the exporters and where the runner cannot ----
+CASES += [
+    Case("vocab:plan-pinned-without-profile-facts", lambda env: _plan_args(env, "--vocab", "2"),
+         lambda env: "--vocab vocab-2: the profile does not record the model's vocabulary layers"),
+    Case("vocab:plan-for-trainer", lambda env: _plan_args(env, "--for", "megatron", "--vocab", "1"),
+         lambda env: "--vocab vocab-1 with --for megatron: Megatron-LM's --account-for-embedding-in-pipeline-split "
+                     "and --account-for-loss-in-pipeline-split only count the embedding and the loss as a layer"),
+    *(Case(f"vocab:export-{to}", lambda env, t=to: ["export", str(env.bad_plan), "--to", t, *(
+        ["--profile", str(env.prof)] if t == "torchtitan" else [])],
+           lambda env, w=why: f"{env.bad_plan}: vocab vocab-2: {w}", _vocab_plan)
+      for to, why in (("torchtitan", "torchtitan keeps the embedding and the output layer whole"),
+                      ("megatron", "Megatron-LM's --account-for-embedding-in-pipeline-split"),
+                      ("deepspeed", "DeepSpeed's PipelineModule places the embedding and the head"))),
+    Case("vocab:plan-file-bad-value", lambda env: ["run", str(env.bad_plan)],
+         lambda env: f"{env.bad_plan}: field 'vocab' must be null or one of ['vocab-1', 'vocab-2'], got 'v3'",
+         lambda env: _vocab_plan(env, "v3")),
+    Case("vocab:run-on-nodes", lambda env: ["run", str(env.bad_plan), "--nnodes", "2", "--master-addr", "10.1.2.3"],
+         lambda env: "vocabulary parallelism (vocab-2) runs a model file on local gloo ranks only: drop --nnodes",
+         _vocab_plan),
+]
+
+
 # ---- output paths ----
 OUTPUTS: list[tuple[str, Callable[[Env], list[str]], Callable[[Env], str], Callable[[Env], None]]] = [
     ("profile:-o-in-proc", lambda env: ["profile", str(env.model), "-o", "/proc/autopp-p"], lambda env: "/proc/autopp-p",

@@ -4,12 +4,14 @@ as wide as a stage's list of 40 layer names."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
 from autopp.data.cluster import Cluster
 from autopp.data.layout import LayoutPins
 from autopp.data.synthetic_profile import synthetic_profile
+from autopp.data.vocab import VocabVariant
 from autopp.display import format_plan, format_profile, stage_sizes, unit_span
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, make_plan
@@ -103,3 +105,12 @@ def test_the_band_line_says_whether_the_margin_is_inside_it() -> None:
     text = format_plan(replace(plan, step_band_s=(0.9 * step, 1.1 * step), tied=("GPipe pp(2) x dp(1) v=1 m=8: x",)))
     assert "; the margin is inside it: 1 other configuration predicts inside it (GPipe pp(2) x dp(1) v=1 m=8: " \
         "x)" in text
+
+
+def test_a_vocabulary_parallel_plan_says_so_under_its_heading() -> None:
+    plan = make_plan(synthetic_profile(6), PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=80 * 2**30),
+                                                       global_batch=4, pins=LayoutPins(pp=2, dp=1)))
+    assert "vocabulary parallelism" not in format_plan(plan)
+    text = format_plan(replace(plan, vocab=VocabVariant.VOCAB_1))
+    assert text.splitlines()[1] == ("vocabulary parallelism vocab-1: embedding and head split along the vocabulary "
+                                    "over all 2 ranks (their passes in the stages' times and memory)")

@@ -10,6 +10,7 @@ import pytest
 
 from autopp.data.layout import Layout
 from autopp.data.plan import PLAN_VERSION, Plan, Prediction, StagePlan, load_plan
+from autopp.data.vocab import VocabVariant
 from autopp.data.zero import ZERO
 from autopp.errors import PlanError
 from autopp.schedule import Action, Activation, Kind, ScheduleName, parse_action
@@ -327,6 +328,19 @@ def test_a_plan_records_its_profiles_recipe() -> None:
     assert make_plan(profile, request).precision is None
     counted = replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "precision": "fp32"}))
     assert make_plan(counted, request).precision == "fp32"
+
+
+def test_vocab_round_trips_and_stays_out_when_off(tmp_path: Path) -> None:
+    assert "vocab" not in _plan().to_json()
+    assert load_plan(_plan().save(tmp_path / "p.json")).vocab is None
+    plan = replace(_plan(), vocab=VocabVariant.VOCAB_1)
+    assert plan.to_json()["vocab"] == "vocab-1"
+    assert load_plan(plan.save(tmp_path / "p.json")).vocab is VocabVariant.VOCAB_1
+    with pytest.raises(PlanError, match=r"field 'vocab' must be null or one of \['vocab-1', 'vocab-2'\], got 'v3'"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "vocab": "v3"}))
+    with pytest.raises(PlanError, match=r"field 'vocab' 'vocab-1' splits the vocabulary over pp >= 2 pipeline ranks "
+                                        r"and no other axis \(pp 2, 4 ranks\)"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "dp": 2, "num_ranks": 4}))
 
 
 def test_a_plan_is_for_its_clusters_device_else_its_profiles() -> None:

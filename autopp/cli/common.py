@@ -29,6 +29,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     ("`recompute_stages`", "--recompute-stages"), ("`recompute`", "--recompute"),
     ("`num_microbatches`", "--microbatches"), ("`global_batch`", "--global-batch"),
     ("`sp` on", "--sp on"), ("`sp` off", "--sp off"), ("`sp`", "--sp"),
+    ("`vocab` off", "--vocab off"), ("`vocab`", "--vocab"),
     ("`tp_across_nodes`", "--tp-across-nodes"), ("`tp_degrees`", "--tp"), ("`memory_bytes`", "--memory"),
     ("`memory_reserve`", "--memory-reserve"),
     ("`split`", "--split"), ("`v`", "--virtual-stages"), ("`schedule`", "--schedule"),

@@ -81,6 +81,10 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                        help=axis.flag.help)
     sp = SWITCHES["sp"]  # --sp on|off|auto (autopp.data.axes)
     p.add_argument(f"--{sp.name}", choices=("on", "off", "auto"), default="auto", help=sp.help)
+    p.add_argument("--vocab", choices=("auto", "off", "1", "2"), default="auto",
+                   help="vocabulary parallelism (docs/vocabulary-parallelism.md): the embedding and the head split "
+                        "along the vocabulary over the pipeline ranks, variant Vocab-1 or Vocab-2; auto (default) "
+                        "chooses it where it simulates faster and the profile's model allows it (never with --for)")
     p.add_argument("--zero", type=_zero, default="auto",
                    help="ZeRO stage of the data parallelism: 0 replicated, 1 optimizer state sharded, 2 + gradients "
                         "(costed only), 3 + parameters (FSDP2), or auto (default): 0, 1 and 3 (those of --for's "
@@ -134,6 +138,15 @@ def _indices(text: str) -> tuple[int, ...]:
     if any(x < 0 for x in values):
         raise argparse.ArgumentTypeError(f"indices must be >= 0, got {text!r}")
     return values
+
+
+def _vocab(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """--vocab: the layouts of the vocabulary layers the search may choose (`PlanRequest.vocab`); auto is off with
+    --for TRAINER, which runs none."""
+    from ..data.vocab import VocabVariant
+    if args.vocab in ("1", "2"):
+        return (VocabVariant(f"vocab-{args.vocab}"),)
+    return (None,) if args.vocab == "off" or args.trainer else (None, *VocabVariant)
 
 
 def _auto_int(text: str) -> int:
@@ -263,7 +276,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                           recompute_stages=args.recompute_stages,
                           synthesize=args.synthesize or args.schedule == "auto" and _synthesizes(args.trainer),
                           synth_time_limit_s=args.synth_time, trainer=args.trainer, overlap=args.overlap,
-                          ties=True)
+                          ties=True, vocab=_vocab(args))
     given = None
     if args.profile:  # after the request's checks: a bad flag costs no profile load
         from ..data.profile import load_profile
@@ -295,8 +308,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         batch = _batch_of(pinned[0])
         request, said = replace(request, global_batch=batch), f"autopp: note: global batch {batch} samples per " \
             f"step, that of {args.pin_from} (the default with --pin-from); give --global-batch N to plan another"
-    if said:  # issue 26: a default that changes the answer is said, before the search
-        print(said, file=sys.stderr)
     _say_search(request)
     if args.split:
         from ..solve.assemble.pinned import plan_split
@@ -304,6 +315,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     else:
         plan = make_plan(profile, request)
     end_progress()
+    if said:  # issue 26: a default that changes the answer is said (after the search: an error stays one line)
+        print(said, file=sys.stderr)
     plan = _note_cores(args, profile, request.cluster, replace(plan, profile_path=str(profile_dir)))
     plan.save(out)
     if pinned is not None:  # issue 26: the first screen is yours beside autopp's, the plan's table after it

@@ -63,7 +63,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from ..schedule import draw_timeline, write_chrome_trace
     result = simulate_plan(plan)
     title = (f"{Path(plan.model_path).name}: {plan.schedule.value}, {format_grid(plan.layout)}, "
-             f"{plan.num_microbatches} microbatches of {plan.microbatch_size} (simulated)")
+             f"{plan.num_microbatches} microbatches of {plan.microbatch_size}"
+             f"{', vocabulary parallelism ' + plan.vocab.value if plan.vocab else ''} (simulated)")
     headline = format_predicted_step(plan, result.step_time_s)  # the plan's stored figures, as `autopp plan` prints
     draw_timeline(result, out, title=title, headline=headline)
     print(f"wrote timeline {out} ({headline})")

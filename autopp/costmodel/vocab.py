@@ -25,35 +25,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from enum import Enum
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..data.cluster import Link
+from ..data.vocab import VocabVariant
 from ..schedule import StageCost
 from .terms import transfer_time
 from .units import UnitArrays
 
 __all__ = ["VocabVariant", "VocabPasses", "vocab_passes", "body_arrays", "with_vocab_passes"]
-
-
-class VocabVariant(Enum):
-    """The paper's two ways of combining the softmax across the vocabulary shards."""
-
-    VOCAB_1 = "vocab-1"
-    """Two collectives per microbatch (the maximum, then the sum of exponentials); activations of p + 2."""
-    VOCAB_2 = "vocab-2"
-    """One collective with online-softmax rescaling (what autopp.run.vocab runs); activations of p + 1."""
-
-    @property
-    def collectives(self) -> int:
-        return 2 if self is VocabVariant.VOCAB_1 else 1
-
-    @property
-    def extra_inflight(self) -> int:
-        """Microbatches of hidden states held beyond the schedule's own."""
-        return 2 if self is VocabVariant.VOCAB_1 else 1
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
 from .plan_fields import FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
+from .vocab import VocabVariant
 
 __all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
 
@@ -168,6 +169,11 @@ class Plan:
     precision: str | None = None
     """The mixed-precision recipe the profile was counted for (autopp.data.precision: "fp32", "bf16", "fp8"), which
     the exports spell. None: the recipe of `dtype` (profiles made before recipes); written to JSON only when known."""
+    vocab: VocabVariant | None = None
+    """Vocabulary parallelism (docs/vocabulary-parallelism.md): the embedding (unit 0) and the head with its loss
+    (the last unit) split along the vocabulary over every pipeline rank, with this variant ("vocab-1", "vocab-2" in
+    JSON); the stages' units and split points are then the body's split, their times and bytes include the passes.
+    None: the first and last stages hold them whole; written to JSON only when set."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -216,6 +222,7 @@ class Plan:
         del data["layout"]
         data.update(layout_fields(self.layout))
         data["schedule"] = self.schedule.value
+        data["vocab"] = self.vocab.value if self.vocab is not None else None
         data["custom_order"] = tuple(tuple(str(a) for a in row) for row in self.custom_order)
         if not self.device_order:
             del data["device_order"]  # plans without one stay as they were written before the field existed
@@ -223,7 +230,7 @@ class Plan:
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items()
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
-                                  "step_band_s", "tied", "precision")}
+                                  "step_band_s", "tied", "precision", "vocab")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:
@@ -273,6 +280,7 @@ class Plan:
                            "notes": tuple(data.get("notes", ())),
                            "step_band_s": band,
                            "tied": tuple(data.get("tied", ())),
+                           "vocab": VocabVariant(data["vocab"]) if data.get("vocab") is not None else None,
                            "custom_order": order,
                            "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown})
             _check_consistent(plan)
@@ -315,6 +323,9 @@ def _check_consistent(plan: Plan) -> None:
         except ScheduleError as exc:
             raise PlanError(f"field 'num_microbatches': {exc}; re-plan with `autopp plan ... --microbatches M`") \
                 from None
+    if plan.vocab is not None and (pp < 2 or plan.layout.world != pp):
+        raise PlanError(f"field 'vocab' {plan.vocab.value!r} splits the vocabulary over pp >= 2 pipeline ranks "
+                        f"and no other axis (pp {pp}, {plan.layout.world} ranks)")
     _check_step_time(plan)
 
 

@@ -11,6 +11,7 @@ from ..schedule.activation import FIGURED, Activation, figure_keys
 from ..schedule.descriptors import ScheduleName
 from .fields import Fields, is_int, is_span
 from .layout import LAYOUT_FIELDS
+from .vocab import VocabVariant
 
 __all__ = ["FIGURE_FIELDS", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order"]
 
@@ -89,6 +90,9 @@ def check_fields(data: dict[str, Any], f: Fields, prediction: type) -> None:
     if data.get("seed", 0) >= _SEED_LIMIT:
         f.bad("seed", "below 2**63", data["seed"])
     f.number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s")
+    variants = [v.value for v in VocabVariant]
+    if data.get("vocab") is not None and data["vocab"] not in variants:
+        f.bad("vocab", f"null or one of {variants}", data["vocab"])
     f.strings(data.get("notes", []), "notes")
     for i, s in enumerate(data["stages"]):
         _check_stage(s, i, f.at(f"stage {i}"))

@@ -46,6 +46,9 @@ class Trainer:
     runs with it)."""
     seq_len: str | None = None
     """Its setting of the sequence length, `{}` for the value (None: the model's own, not a trainer setting)."""
+    vocab: str = ""
+    """Why it cannot run vocabulary parallelism (Yeung et al., MLSys 2025; `Plan.vocab`): none of the three splits
+    the vocabulary layers over the pipeline ranks, so `--for` never offers it and the exporters refuse it."""
     module_names: tuple[tuple[str, str], ...] = ()
     """How the models it ships name the modules of a Hugging Face decoder: (HF prefix, its name; "" where its model
     has no such module), applied by the export when every profiled name is one of these prefixes (empty: it splits
@@ -118,15 +121,23 @@ HF_DECODER_TO_TORCHTITAN = (("model.embed_tokens", "tok_embeddings"), ("model.ro
 #: Every trainer autopp exports to, by name.
 TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
     Trainer(name="torchtitan", title="torchtitan", runs="torch's named schedules",
-            schedules=tuple(s for s in ScheduleName if not describe(s).given_order and describe(s).torch_class), synthesized=True,
-            seq_len="--training.seq_len={}", module_names=HF_DECODER_TO_TORCHTITAN),
+            schedules=tuple(s for s in ScheduleName if not describe(s).given_order and describe(s).torch_class),
+            synthesized=True,
+            seq_len="--training.seq_len={}", module_names=HF_DECODER_TO_TORCHTITAN,
+            vocab="torchtitan keeps the embedding and the output layer whole in the first and last stages (it splits "
+                  "them only by tensor parallelism), never along the vocabulary over the pipeline ranks"),
     Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",
             schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,
             seq_len="--seq-length {}",
+            vocab="Megatron-LM's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split "
+                  "only count the embedding and the loss as a layer when dividing layers among stages; they do not "
+                  "split the vocabulary over the pipeline ranks",
             gathers_only_without_pp="Megatron-LM shards parameters only through FSDP, which it does not run beside "
                                     "pipeline parallelism (--use-torch-fsdp2 asserts a pipeline size of 1)"),
     Trainer(name="deepspeed", title="DeepSpeed's PipelineEngine",
-            runs="1F1B (its own TrainSchedule, one stage per rank)", schedules=(_ONE_F_ONE_B,)),
+            runs="1F1B (its own TrainSchedule, one stage per rank)", schedules=(_ONE_F_ONE_B,),
+            vocab="DeepSpeed's PipelineModule places the embedding and the head as layers of the first and last "
+                  "stages; it does not split the vocabulary over the pipeline ranks"),
 )}
 
 

@@ -49,12 +49,16 @@ def uniform_policy(plan: Plan, trainer: str, where: str) -> ActivationPolicy:
 
 def refuse_layout(plan: Plan, trainer: str, where: str) -> None:
     """An ExportError when `trainer` cannot run the plan's ZeRO stage or one of its parallel axes beside pipeline
-    parallelism (autopp.data.trainers, reading the ZeRO and axis descriptors), or its precision recipe."""
+    parallelism (autopp.data.trainers, reading the ZeRO and axis descriptors), its precision recipe or its vocabulary
+    parallelism."""
     recipe = plan_recipe(plan.precision, plan.dtype)
     why = trainer_rules(trainer).layout_refusal(plan.layout) or (
         f"precision {recipe}: {recipe.refusal(trainer)}" if recipe is not None and recipe.refusal(trainer) else None)
     if why is not None:
         raise ExportError(f"{where}: {why}")
+    if plan.vocab is not None:
+        raise ExportError(f"{where}: vocab {plan.vocab.value}: {trainer_rules(trainer).vocab}; re-plan with `vocab` "
+                          f"off (or `autopp plan --for {trainer}`)")
 
 
 def _switches(plan: Plan) -> list[tuple[Switch, bool]]:

@@ -25,7 +25,8 @@ from ..model.contract import ModelFile, describe_error, load_model_file
 from ..model.experts import moe_facts
 from ..model.fake import fake_mode, faking
 from ..model.hf import load_model
-from ..model.meta import MetaModel, build_meta, build_units, meta_pieces, retarget
+from ..model.fake_cpu import as_fake_cpu, fake_on_cpu
+from ..model.meta import MetaModel, build_meta, build_units, meta_pieces
 from ..model.tp import local_model_file
 from ..model.split import (LiveValue, live_values, model_output, rebuild_output, source_piece, tied_groups,
                            walk_split_graph)
@@ -40,6 +41,8 @@ from .tp_rows import check_same_units, tp_collectives, tp_meta, tp_row, tp_setup
 
 __all__ = ["UnitCount", "ModelCounts", "count_model", "unit_times", "analytic_profile", "counted_tp_rows", "fit_rows",
            "fit_measured", "unit_errors", "calibrate"]
+#: An analytic profile runs no loss on real values, so vocabulary parallelism is not checked (profile.extra.vocab).
+_NO_VOCAB = "vocabulary parallelism: not checked on an analytic profile (the loss needs values): profile it measured"
 
 
 @dataclass(frozen=True)
@@ -75,33 +78,6 @@ class ModelCounts:
     param_tensors: int = 0
     moe: dict[str, Any] = field(default_factory=dict)
     """The model's routing (autopp.model.experts.moe_facts; {}: no stacked experts), meta.extra["moe"]."""
-
-
-def _as_fake_cpu(mode: Any, value: Any) -> Any:
-    """`value` with every meta tensor as a fake tensor of `mode` on the CPU device (no data is allocated)."""
-    convert = mode.fake_tensor_converter.from_meta_and_device
-    return torch.utils._pytree.tree_map(
-        lambda t: convert(mode, t, torch.device("cpu")) if isinstance(t, torch.Tensor) else t, value)
-
-
-def _fake_on_cpu(pipe: Pipe, mode: Any) -> None:
-    """Make the split run as on a CPU, on fake tensors: the devices that tracing on meta baked into its graphs
-    become the CPU (autopp.model.meta.retarget), its meta parameters and buffers fake CPU tensors (a tied tensor
-    stays one). Torch then dispatches as on a CPU: scaled_dot_product_attention takes its fused kernel, which saves
-    no attention matrix (as a GPU's fused kernels do), where on meta it decomposes into the math path."""
-    retarget(pipe, "cpu")
-    gm = pipe.split_gm
-    done: dict[int, torch.Tensor] = {}
-    for module in gm.modules():
-        tables: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)  # Parameter, Tensor values
-        for table in tables:
-            for name, t in list(table.items()):
-                if t is None or t.device.type != "meta":
-                    continue
-                if id(t) not in done:
-                    fake = _as_fake_cpu(mode, t.detach())
-                    done[id(t)] = nn.Parameter(fake, t.requires_grad) if isinstance(t, nn.Parameter) else fake
-                table[name] = done[id(t)]
 
 
 def _edges_into(node: fx.Node, i: int, b: int, env: dict[fx.Node, Any], piece_index: dict[str, int]
@@ -140,8 +116,8 @@ def _meta_split(c: ModelCounts, meta: MetaModel, b: int) -> tuple[Pipe, Any, Any
     with _naming(c.mf, f"splitting at microbatch {b}"):
         pipe, spec, inputs, target = meta_pieces(c.mf, meta, points, b, c.options.torch_dtype)
     mode = fake_mode()
-    _fake_on_cpu(pipe, mode)
-    return pipe, spec, _as_fake_cpu(mode, inputs), _as_fake_cpu(mode, target), mode
+    fake_on_cpu(pipe, mode)
+    return pipe, spec, as_fake_cpu(mode, inputs), as_fake_cpu(mode, target), mode
 
 
 def _count_size(c: ModelCounts, meta: MetaModel, b: int, progress: Progress) -> None:
@@ -273,7 +249,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
                           "call_overhead_s": eff.call_overhead_s},
              "peak_bytes": peaks,
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
-             **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {})}
+             **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {}),
+             "vocab": {"refused": _NO_VOCAB}}
     meta = ProfileMeta(
         model_path=str(c.mf.path), fingerprint=c.fingerprint, unit_names=tuple(u.name for u in c.units),
         split_points=tuple(u.split_point or "" for u in c.units[1:]), microbatch_sizes=c.options.microbatch_sizes,

@@ -20,6 +20,7 @@ from ..model.experts import moe_facts
 from ..model.meta import MetaModel, build_units
 from ..model.split import LiveValue, tied_groups
 from ..model.units import Unit
+from ..model.vocab import vocab_facts
 from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..schedule.activation import POLICY_COLUMNS
 from .allocator import keep_freed_memory, release_large_allocations
@@ -121,6 +122,10 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
         log.info("whole-model comparison skipped: %s", found.extra["whole_model_skipped"])
     _measure_sizes(mf, meta, units, settings, found, limit if fits else None)
     tp_units = measured_tp_rows(mf, meta, units, tp, settings, limit if fits else 0)
+    found.extra["vocab"] = vocab_facts(mf, units[0].modules, units[-1].modules, on_meta=meta.model) \
+        if fits and len(units) > 2 else {"refused": f"vocabulary parallelism needs an embedding, a body and a head "
+                                                    f"({len(units)} units)" if fits else "vocabulary parallelism: not "
+                                                    "checked, the model was not materialized whole"}
     found.extra.update(peak_bytes=found.peaks, peak_bytes_how=PEAK_HOW[settings.timer.device.type],
                        materialized_peak_bytes=meta.peak_materialized_bytes,
                        **{k: v for k, v in {"moe": moe_facts(meta.model)}.items() if v})

@@ -33,6 +33,7 @@ from .data_parallel import check_runnable
 from .collect import StageTensors
 from .resolve import Chosen, resolve_options
 from .steps import Checks, ReferenceModel, batch_norm_refusal, validate_steps
+from .vocab_run import run_vocab_plan
 from .validate import GRAD_RTOL, LOSS_RTOL, check_coverage, compare_losses, tolerances
 
 __all__ = ["run_plan", "check_fingerprint", "choose_backend", "read_results", "host_share"]
@@ -246,6 +247,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
     del model
     nodes = options.nodes
     report = replace(_blank_report(plan, plan_path, options), backend_reason=chosen.backend_reason)
+    if plan.vocab is not None:  # its passes run beside torch's schedule: autopp.run.vocab_run
+        return run_vocab_plan(plan, options, report, say)
     if report.oversubscribed:  # one line on stderr through the CLI's logging; the report keeps the figures
         logger.warning("%s; measured step times will exceed the prediction (docs/accuracy.md)",
                        report.oversubscribed)

@@ -29,7 +29,8 @@ from .validate import tensor_diff, tolerances
 from .vocab import (VocabModules, VocabRuntime, VocabShard, body_model, check_cross_entropy, find_vocab_modules,
                     vocab_bounds)
 
-__all__ = ["VocabJob", "VocabResult", "body_stages", "VocabRank", "build_vocab_rank", "vocab_step", "validate_vocab"]
+__all__ = ["VocabJob", "VocabResult", "body_stages", "VocabRank", "build_vocab_rank", "vocab_step", "validate_vocab",
+           "vocab_diffs", "gradient_diffs", "reference", "unpacked", "packed"]
 
 
 @dataclass(frozen=True)
@@ -166,17 +167,20 @@ def _worker(rank: int, world: int, port: int, job: VocabJob, queue: Any) -> None
             result = vocab_step(job, rank)
         finally:
             dist.destroy_process_group()
-        # tensors cross the queue as bytes: torch pickles them into shared memory, which a finished worker frees
-        queue.put((rank, (result.losses, {n: _bytes(g) for n, g in result.grads.items()}), None))
+        queue.put((rank, packed(result), None))
     except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
         where = traceback.extract_tb(exc.__traceback__)[-1]
         queue.put((rank, None, f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"))
 
 
-def _bytes(t: torch.Tensor) -> bytes:
-    buf = io.BytesIO()
-    torch.save(t, buf)
-    return buf.getvalue()
+def packed(result: VocabResult) -> tuple[list[float], dict[str, bytes]]:
+    """A rank's result as the queue carries it: tensors as bytes (torch pickles them into shared memory, which a
+    finished worker frees)."""
+    def raw(t: torch.Tensor) -> bytes:
+        buf = io.BytesIO()
+        torch.save(t, buf)
+        return buf.getvalue()
+    return result.losses, {n: raw(g) for n, g in result.grads.items()}
 
 
 def reference(job: VocabJob) -> tuple[float, dict[str, torch.Tensor]]:
@@ -189,35 +193,54 @@ def reference(job: VocabJob) -> tuple[float, dict[str, torch.Tensor]]:
     return float(loss.detach()), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def validate_vocab(job: VocabJob, timeout_s: float = 300.0) -> dict[str, float]:
-    """Run `job` on `job.pp` local ranks and compare with one process; returns the relative difference per
-    gradient (and `loss`), a RunError naming the worst one past float32's tolerance."""
-    ref_loss, ref = reference(copy.deepcopy(job))
-    raw = spawn_local(_worker, job.pp, (job,), timeout_s, "running vocabulary parallelism")
-    results = {r: VocabResult(losses, {n: torch.load(io.BytesIO(b)) for n, b in grads.items()})
-               for r, (losses, grads) in raw.items()}
-    grad_tol, loss_tol = tolerances("float32")
+def vocab_diffs(results: dict[int, VocabResult], ref_loss: float, ref: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The relative difference from one process (`reference`) of the ranks' mean loss (`loss`) and of every
+    gradient (`gradient_diffs`)."""
     losses = results[0].losses
     if any(r.losses != losses for r in results.values()):
         raise RunError("vocabulary parallelism: the ranks disagree on the losses")
     diffs = {"loss": abs(sum(losses) / len(losses) - ref_loss) / max(abs(ref_loss), 1e-12)}
+    return {**diffs, **{n: rel for n, (_, _, rel) in gradient_diffs(results, ref).items()}}
+
+
+def gradient_diffs(results: dict[int, VocabResult], ref: dict[str, torch.Tensor]
+                   ) -> dict[str, tuple[int, float, float]]:
+    """Per gradient, (the rank that reported it, its max absolute and relative difference from one process), each
+    rank's vocabulary shard against its rows; a RunError when a gradient is missing."""
     floor = max(float(g.abs().max()) for g in ref.values()) * 1e-6
+    out: dict[str, tuple[int, float, float]] = {}
     seen: set[str] = set()
-    for result in results.values():
+    for rank, result in results.items():
         for name, grad in result.grads.items():
             base, _, rows = name.partition("[")
             want = ref[base]
             if rows:
                 lo, hi = (int(x) for x in rows.rstrip("]").split(":"))
                 want = want[lo:hi]
-            diffs[name] = tensor_diff(grad, want, floor)[1]
+            out[name] = (rank, *tensor_diff(grad, want, floor))
             seen.add(base)
     missing = sorted(set(ref) - seen)
     if missing:
         raise RunError(f"vocabulary parallelism: no rank reported the gradient of {missing[0]} "
                        f"({len(missing)} missing)")
+    return out
+
+
+def validate_vocab(job: VocabJob, timeout_s: float = 300.0) -> dict[str, float]:
+    """Run `job` on `job.pp` local ranks and compare with one process; returns the relative difference per
+    gradient (and `loss`), a RunError naming the worst one past float32's tolerance."""
+    ref_loss, ref = reference(copy.deepcopy(job))
+    raw = spawn_local(_worker, job.pp, (job,), timeout_s, "running vocabulary parallelism")
+    diffs = vocab_diffs(unpacked(raw), ref_loss, ref)
+    grad_tol, loss_tol = tolerances("float32")
     worst = max((n for n in diffs if n != "loss"), key=lambda n: diffs[n])
     if diffs["loss"] > loss_tol or diffs[worst] > grad_tol:
         raise RunError(f"vocabulary parallelism differs from one process: loss {diffs['loss']:.2e}, "
                        f"{worst} {diffs[worst]:.2e} (tolerances {loss_tol:g}, {grad_tol:g})")
     return diffs
+
+
+def unpacked(raw: dict[int, Any]) -> dict[int, VocabResult]:
+    """The workers' (losses, gradients as bytes) by rank, as VocabResults."""
+    return {r: VocabResult(losses, {n: torch.load(io.BytesIO(b)) for n, b in grads.items()})
+            for r, (losses, grads) in raw.items()}

@@ -16,6 +16,7 @@ from autopp.export import ExportError, Target, default_output, export_plan, mode
 from autopp.data.layout import LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
+from autopp.data.vocab import VocabVariant
 from autopp.data.zero import ZERO
 from autopp.schedule import Action, Activation, ScheduleName
 
@@ -117,6 +118,20 @@ def test_chimera_is_refused_by_every_exporter_in_one_line(target: Target, llama:
     with pytest.raises(ExportError, match="the plan's schedule is Chimera") as info:
         export_plan(plan, target, "x", modules)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("target,why", [
+    (Target.TORCHTITAN, "torchtitan keeps the embedding and the output layer whole"),
+    (Target.MEGATRON, "Megatron-LM's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-"
+                      "split only count the embedding and the loss as a layer"),
+    (Target.DEEPSPEED, "DeepSpeed's PipelineModule places the embedding and the head"),
+])
+def test_vocabulary_parallelism_is_refused_with_the_reason(target: Target, why: str, llama: Profile,
+                                                          llama_plans: dict[str, Plan]) -> None:
+    plan = replace(llama_plans["1f1b"], vocab=VocabVariant.VOCAB_2)
+    with pytest.raises(ExportError, match=r"^plan: vocab vocab-2: " + re.escape(why)) as info:
+        export_plan(plan, target, "x", unit_modules(llama))
+    assert "\n" not in str(info.value) and "re-plan with `vocab` off" in str(info.value)
 
 
 def test_some_stages_recomputing_is_refused(llama_plans: dict[str, Plan]) -> None:

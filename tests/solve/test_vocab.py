@@ -1,8 +1,12 @@
 """Choosing vocabulary parallelism: chosen on a head-heavy model where it wins in the simulator, not chosen where
 the head is light or the links are slow, and its costs (the vocabulary layers' work and memory / p, the
-collectives) as autopp.costmodel.vocab writes them."""
+collectives) as autopp.costmodel.vocab writes them; and make_plan's choice of it (`PlanRequest.vocab`), refused in one
+line where the profile's model cannot run it or a trainer is asked for."""
 
 from __future__ import annotations
+
+import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,8 +14,18 @@ import pytest
 from autopp.costmodel import UnitArrays
 from autopp.costmodel.vocab import VocabVariant, body_arrays, vocab_passes
 from autopp.data.cluster import Cluster, Link
-from autopp.errors import PlanError
-from autopp.solve.search.vocab import choose_vocab
+from autopp.data.layout import Layout, LayoutPins
+from autopp.data.plan import Plan
+from autopp.data.profile import Profile
+from autopp.data.synthetic_profile import synthetic_profile
+from autopp.errors import LayoutError, PlanError
+from autopp.predict import simulate_plan
+from autopp.schedule import ScheduleName
+from autopp.solve import PlanRequest, make_plan
+from autopp.solve.search.request import Config
+from autopp.solve.search.vocab import choose_vocab, vocab_runs
+
+FACTS: dict[str, object] = {"embedding": "emb", "head": "head", "vocab": 32768, "hidden": 1024, "tied": False}
 
 FAST = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e12)
 SLOW = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e3)
@@ -59,3 +73,64 @@ def test_not_chosen_with_a_light_head_or_slow_links() -> None:
 def test_refuses_one_rank() -> None:
     with pytest.raises(PlanError, match=r"needs `pp` >= 2 and an embedding, a body and a head \(pp 1, 8 units\)"):
         choose_vocab(_lm(head=4.0), _cluster(FAST, pp=1), pp=1, microbatches=2, microbatch_size=1)
+
+
+def _profile(head_scale: float, facts: dict[str, object] | None = FACTS) -> Profile:
+    """A synthetic 8-unit LM whose head does `head_scale` x its forward, backward and recompute work; its metadata
+    records the vocabulary layers (`facts`) as the profiler does."""
+    p = synthetic_profile(8, hidden=1024, seq=512)
+    units = p.units.copy()
+    last = units["unit"] == 7
+    for col in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "recompute_s"):
+        units.loc[last, col] = units.loc[last, col] * head_scale
+    extra = {} if facts is None else {"vocab": facts}
+    return replace(p, units=units, meta=replace(p.meta, extra=extra))
+
+
+def _request(vocab: tuple[VocabVariant | None, ...], **kw: object) -> PlanRequest:
+    return PlanRequest(cluster=_cluster(FAST, pp=4), global_batch=8, pins=LayoutPins(dp=1), vocab=vocab, **kw)
+
+
+def test_make_plan_chooses_it_where_it_simulates_faster() -> None:
+    plan = make_plan(_profile(16.0), _request((None, *VocabVariant)))
+    assert plan.vocab is VocabVariant.VOCAB_2
+    plain = make_plan(_profile(16.0), _request((None,)))
+    assert plain.vocab is None and plan.predicted.step_time_s < plain.predicted.step_time_s
+    assert any("vocabulary parallelism vocab-2" in n and "without it predicts" in n for n in plan.notes)
+    again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.vocab is VocabVariant.VOCAB_2
+    assert simulate_plan(again).step_time_s == pytest.approx(plan.predicted.step_time_s - plan.predicted.optimizer_s
+                                                             - plan.predicted.allreduce_s, rel=1e-9)
+
+
+def test_make_plan_keeps_the_plain_split_with_a_light_head() -> None:
+    plan = make_plan(_profile(1.0), _request((None, *VocabVariant)))
+    assert plan.vocab is None and "vocab" not in plan.to_json()
+    assert not any("vocabulary parallelism" in n for n in plan.notes)
+
+
+def test_pinned_variant_is_planned_or_refused_in_one_line() -> None:
+    assert make_plan(_profile(1.0), _request((VocabVariant.VOCAB_1,))).vocab is VocabVariant.VOCAB_1
+    with pytest.raises(PlanError, match=r"^`vocab` vocab-2: the profile does not record the model's vocabulary "):
+        make_plan(_profile(16.0, facts=None), _request((VocabVariant.VOCAB_2,)))
+    with pytest.raises(PlanError, match=r"^`vocab` vocab-2: no embedding$"):
+        make_plan(_profile(16.0, facts={"refused": "no embedding"}), _request((VocabVariant.VOCAB_2,)))
+    auto = make_plan(_profile(16.0, facts={"refused": "no embedding"}), _request((None, *VocabVariant)))
+    assert auto.vocab is None
+
+
+def test_never_offered_for_a_trainer() -> None:
+    plan = make_plan(_profile(16.0), _request((None, *VocabVariant), trainer="megatron"))
+    assert plan.vocab is None
+    with pytest.raises(LayoutError, match=r"`vocab` vocab-2 with `trainer` deepspeed: DeepSpeed's PipelineModule "):
+        _request((VocabVariant.VOCAB_2,), trainer="deepspeed")
+
+
+@pytest.mark.parametrize("schedule,pp,v,dp,runs", [
+    (ScheduleName.ONE_F_ONE_B, 2, 1, 1, True), (ScheduleName.GPIPE, 4, 1, 1, True),
+    (ScheduleName.INTERLEAVED_1F1B, 2, 2, 1, True), (ScheduleName.ZBV_ZERO_BUBBLE, 2, 2, 1, True),
+    (ScheduleName.LOOPED_BFS, 2, 2, 1, False), (ScheduleName.DUAL_PIPE_V, 2, 2, 1, False),
+    (ScheduleName.ONE_F_ONE_B, 2, 1, 2, False), (ScheduleName.GPIPE, 1, 1, 1, False),
+])
+def test_only_what_the_runner_runs_is_searched(schedule: ScheduleName, pp: int, v: int, dp: int, runs: bool) -> None:
+    assert vocab_runs(Config(schedule, Layout(pp=pp, v=v, dp=dp), 4, 1)) is runs

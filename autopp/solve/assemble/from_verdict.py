@@ -232,7 +232,8 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 device=planned_device(request.cluster, profile.meta.device, profile.meta.extra.get("analytic_device")),
                 optimizer=profile.meta.optimizer, dtype=profile.meta.dtype,
                 time_breakdown=_breakdown(a, placed, best),
-                precision=profile.meta.extra.get("precision"))
+                precision=profile.meta.extra.get("precision"),
+                vocab=best.passes.variant if best.passes is not None else None)
 
 
 def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:

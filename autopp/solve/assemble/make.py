@@ -22,6 +22,7 @@ from ..search.request import Config, PlanRequest, RecomputeMode, configs, with_s
 from ..search.runnable import PARALLEL_KEY, split_backward_refusal
 from ..search.search import inflight, links_hold_messages, search
 from ..search.views import Views
+from ..search.vocab import vocab_verdicts
 
 __all__ = ["GPU_PROGRESS_NOTE", "TIE_NOTE", "make_plan"]
 
@@ -130,6 +131,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     sharded = pins.zero is not None and not pins.zero.replicated
     if best is None and PARALLEL_KEY in excluded and (pins.tp not in (None, 1) or sharded):
         raise InfeasibleError(excluded[PARALLEL_KEY])
+    best, vocab_note = _with_vocab(profile, request, views, best)
     if best is None:
         raise explain_infeasible(profile, request, n_cfg)
     c = best.candidate
@@ -137,17 +139,24 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     view = views.request(c.layout)
     unsynthesizable = split_backward_refusal(profile.meta.live_values, best.candidate.bounds, "a synthesized order")
     custom = synthesized(a, view.cluster, best, request.synth_time_limit_s) \
-        if request.synthesize and unsynthesizable is None else None
+        if request.synthesize and unsynthesizable is None and best.passes is None else None
     notes = [note] if note else []
+    notes += [vocab_note] if vocab_note else []
     chosen = best.candidate.schedule.value  # only some of its splits were left out: not worth a note
     notes += [why for name, why in excluded.items() if name != chosen]
     notes += [unsynthesizable] if request.synthesize and unsynthesizable else []
     notes += _tp_note(profile, request)
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
-    if request.ties and tied:
+    if request.ties and tied and best.passes is None:
         notes.append(TIE_NOTE)
-    plan = plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), whole=views.whole(c.microbatch_size))
+    pinned_vocab = best.passes is not None and None not in request.vocab  # no plain baseline replaces it
+    plan = plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), keep_split=pinned_vocab,
+                             whole=views.whole(c.microbatch_size))
+    if plan.vocab is None and vocab_note:  # a plain baseline split simulated faster and replaced it
+        plan = replace(plan, notes=tuple(n for n in plan.notes if n != vocab_note))
+    if best.passes is not None:  # the band simulates plain configurations: a vocabulary-parallel plan has none
+        return plan
     return _banded(plan, band(profile, request, best), best.step_s, tied)
 
 
@@ -158,3 +167,24 @@ def _banded(plan: Plan, b: Band, named_s: float, tied: list[Verdict]) -> Plan:
     words = tuple(f"{v.candidate.schedule.value} {v.candidate.layout.describe()} v={v.candidate.layout.v} "
                   f"m={v.candidate.microbatches}: {format_time(v.step_s)}" for v in tied)
     return replace(plan, step_band_s=(b.low_s * scale, b.high_s * scale), tied=words)
+
+
+def _with_vocab(profile: Profile, request: PlanRequest, views: Views,
+                best: Verdict | None) -> tuple[Verdict | None, str | None]:
+    """The plain search's `best`, or the fastest fitting verdict of vocabulary parallelism when it is faster (ties:
+    the plain split) or pinned (`PlanRequest.vocab`), with a note comparing the two."""
+    found = vocab_verdicts(profile, request, views)
+    if not found:
+        return best, None
+    chosen = min(found, key=lambda v: v.key)
+    if None in request.vocab and best is not None and chosen.key >= best.key:
+        log.info("vocabulary parallelism: best %.6g s, not faster than the plain split's %.6g s", chosen.step_s,
+                 best.step_s)
+        return best, None
+    assert chosen.passes is not None
+    c = chosen.candidate
+    than = "no plain split fits" if best is None else \
+        f"the best plan without it predicts {best.step_s:.4g} s ({best.step_s / chosen.step_s - 1:+.1%} slower)"
+    return chosen, (f"vocabulary parallelism {chosen.passes.variant.value}: the embedding and the head with its "
+                    f"loss split along the vocabulary over the {c.layout.pp} pipeline ranks, the stages holding the "
+                    f"body (docs/vocabulary-parallelism.md); {than}")

@@ -68,6 +68,8 @@ class Verdict:
     costs: tuple[StageCost, ...]
     optimizer_s: float = 0.0
     """The slowest pipeline rank's optimizer step (included in step_s)."""
+    passes: VocabPasses | None = None
+    """Vocabulary parallelism's passes on every rank (None: the plain split); `costs` include them."""
 
     @property
     def key(self) -> tuple[float, int]:
@@ -99,4 +101,4 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | N
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
     return Verdict(c, step_time(sim.step_time_s, ar, opt), sim.step_time_s, ar, peaks,
-                   sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs), opt)
+                   sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs), opt, passes)

@@ -10,6 +10,7 @@ from ...data.cluster import Cluster
 from ...data.layout import Layout, LayoutPins, check_planned, uses_mesh
 from ...data.overlap import NO_OVERLAP, TRAINER_OVERLAP, Overlap
 from ...data.trainers import TRAINER_RULES, refusal
+from ...data.vocab import VocabVariant
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
 from ...costmodel import UnitArrays, check_expert_zero, check_sequence
 from ...errors import LayoutError, ProfileError, ScheduleError
@@ -80,6 +81,10 @@ class PlanRequest:
     auto then tries none and all, `make_plan`); None: everything autopp runs."""
     overlap: Overlap | None = None
     """The collectives assumed hidden under compute (autopp.data.overlap); None: `assumed_overlap`'s default."""
+    vocab: tuple[VocabVariant | None, ...] = (None,)
+    """The layouts of the vocabulary layers the search may choose (autopp.solve.search.vocab): None the plain split
+    (embedding and head whole in the first and last stages), a variant vocabulary parallelism; (None,) off, every
+    one searched, or one variant pinned. None of the trainers runs it: with `trainer`, only the plain split."""
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -148,6 +153,9 @@ class PlanRequest:
         if self.recompute_stages is not None:
             raise LayoutError(f"`recompute_stages` pins a policy per stage, and {rules.title} applies one to every "
                               "stage: give `recompute` none, all or auto")
+        if None not in self.vocab:
+            raise LayoutError(f"`vocab` {'/'.join(v.value for v in self.vocab if v)} with `trainer` "
+                              f"{self.trainer}: {rules.vocab}; give `vocab` off")
 
     def _check_ep(self) -> None:
         ep, zero, dp = self.pins.ep, self.pins.zero, self.pins.dp

@@ -1,21 +1,32 @@
 """Whether to split the vocabulary layers over the pipeline ranks (Yeung et al., MLSys 2025), and with which variant:
 the best split without it against the best split of the body with the passes on every rank, each simulated
-(`judge`), the faster layout that fits chosen (ties: without)."""
+(`judge`), the faster layout that fits chosen (ties: without). `vocab_verdicts` judges every configuration of a
+request that the runner runs with it (`make_plan` compares them with the plain search's best); `choose_vocab`
+decides for one pp, schedule and microbatch count."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 
 from ...costmodel import UnitArrays
 from ...costmodel.vocab import VocabVariant, body_arrays, vocab_passes
 from ...data.cluster import Cluster
 from ...data.layout import Layout
-from ...errors import PlanError
-from ...schedule import Activation, ScheduleName
+from ...data.profile import Profile
+from ...data.vocab import vocab_refusal
+from ...errors import InfeasibleError, PlanError
+from ...schedule import Activation, Kind, ScheduleName, describe
 from ..partition.dp import PipeSpec, pipeline_bounds
-from .judge import Candidate, Verdict, judge
+from .judge import Candidate, Verdict, judge, named_order
+from .request import Config, PlanRequest, configs
+from .runnable import schedule_refusal
+from .search import pipe_spec
+from .views import Views
 
-__all__ = ["VocabOption", "VocabChoice", "choose_vocab"]
+__all__ = ["VocabOption", "VocabChoice", "choose_vocab", "vocab_runs", "vocab_verdicts"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,3 +81,59 @@ def choose_vocab(a: UnitArrays, cluster: Cluster, pp: int, microbatches: int, mi
     fitting = [o for o in options if o.verdict.fits] or options[:1]
     chosen = min(fitting, key=lambda o: (o.verdict.step_s, o.variant is not None))
     return VocabChoice(tuple(options), chosen)
+
+
+def vocab_runs(c: Config) -> bool:
+    """Whether autopp.run.vocab runs configuration `c`: two or more pipeline ranks and no other axis (its passes
+    use the pipeline ranks' own group), a named schedule whose F and B do not overlap (the passes run inside them)
+    and whose every stage runs its backwards (B or I) in microbatch order, as the output passes run (a looped
+    breadth-first order runs them from the last microbatch: checked, its ranks stop "out of order")."""
+    d, layout = describe(c.schedule), c.layout
+    if layout.pp < 2 or layout.world != layout.pp or d.given_order or d.overlaps_f_b:
+        return False
+    last: dict[int, int] = {}
+    for row in named_order(c.schedule, layout.pp, c.m, layout.v).values():
+        for a in (a for a in row if a is not None and a.kind in (Kind.B, Kind.I)):
+            if a.microbatch < last.get(a.stage, -1):
+                return False
+            last[a.stage] = a.microbatch
+    return True
+
+
+def vocab_verdicts(profile: Profile, req: PlanRequest, views: Views) -> list[Verdict]:
+    """The fitting verdicts of vocabulary parallelism, one per configuration the runner runs it with (`vocab_runs`)
+    and variant the request allows (`PlanRequest.vocab`; none with a `trainer`): the body split by the exact DP
+    (every stage keeping its activations, its budget less what the passes hold), judged with the passes. A
+    PlanError (one line) when a variant is pinned and the profile's model cannot run it (`vocab_refusal`), an
+    InfeasibleError when a pinned one fits no configuration."""
+    variants = [v for v in req.vocab if v is not None] if req.trainer is None else []
+    pinned = None not in req.vocab
+    if not variants:
+        return []
+    why = vocab_refusal(profile.meta.extra) if req.cluster.homogeneous else \
+        "vocabulary parallelism needs identical devices"
+    if why is not None:
+        if pinned:
+            raise PlanError(f"`vocab` {'/'.join(v.value for v in variants)}: {why}")
+        log.info("vocabulary parallelism not searched: %s", why)
+        return []
+    out = []
+    for c in (c for c in configs(req, profile.num_units) if vocab_runs(c)):
+        a, view = views.arrays(c.b, c.layout), views.request(c.layout)
+        link = view.cluster.placed(c.layout).link_between(0, 1)
+        body = body_arrays(a)
+        for variant in variants:
+            passes = vocab_passes(a, c.layout.pp, link, variant)
+            spec = pipe_spec(view, c, Activation.KEEP)
+            room = passes.static_bytes + passes.transient_bytes
+            bounds = pipeline_bounds(body, replace(spec, memory=tuple(max(0.0, m - room) for m in spec.memory)))
+            if bounds is None or schedule_refusal(profile.meta.live_values, c.schedule, bounds) is not None:
+                continue
+            verdict = judge(body, view.cluster, c.candidate(bounds, (Activation.KEEP,) * len(bounds)), passes)
+            if verdict.fits:
+                out.append(verdict)
+    if pinned and not out:
+        raise InfeasibleError(f"`vocab` {'/'.join(v.value for v in variants)}: no configuration the runner runs with "
+                              f"vocabulary parallelism (pp >= 2 and no other axis) fits on {req.cluster.num_devices} "
+                              "devices")
+    return out

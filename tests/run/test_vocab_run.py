@@ -1,0 +1,86 @@
+"""`autopp run` of a plan with vocabulary parallelism (autopp.run.vocab_run): planned with `--vocab auto` on a
+head-heavy model (examples/gpt_big_vocab.py) it is chosen, and it runs validated (the loss and every gradient, the
+vocabulary shards included, against one process) under 1F1B and GPipe on 2 ranks, and pinned (`--vocab 2`) on 4
+ranks; what it does not run is refused in one line before any rank starts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autopp.cli import main
+from autopp.data.layout import Layout
+from autopp.data.plan import Plan, Prediction, StagePlan
+from autopp.data.vocab import VocabVariant
+from autopp.errors import RunError
+from autopp.run.options import Nodes, RunOptions
+from autopp.run.vocab_run import vocab_job
+from autopp.schedule import ScheduleName
+
+ROOT = Path(__file__).parent.parent.parent
+BIG_VOCAB = ROOT / "examples" / "gpt_big_vocab.py"
+
+
+def _plan() -> Plan:
+    stages = tuple(StagePlan(index=i, rank=i, units=u, unit_names=names, split_point="h.1" if i else None,
+                             forward_s=1.0, backward_s=2.0, memory_bytes=10)
+                   for i, (u, names) in enumerate([((0, 2), ("tok_emb", "h.0")), ((2, 4), ("h.1", "ln_f"))]))
+    pred = Prediction(step_time_s=12.0, peak_memory_bytes=(10, 10), bubble_fraction=0.25)
+    return Plan(model_path=str(BIG_VOCAB), fingerprint="abc", schedule=ScheduleName.GPIPE, layout=Layout(pp=2),
+                num_microbatches=4, microbatch_size=1, memory_limit_bytes=100, stages=stages, predicted=pred,
+                vocab=VocabVariant.VOCAB_2, seed=3)
+
+
+def test_the_plan_becomes_the_vocabulary_job() -> None:
+    job = vocab_job(_plan(), RunOptions())
+    assert (job.split_points, job.schedule, job.pp, job.num_microbatches, job.microbatch_size, job.v, job.seed) == \
+        (("h.1",), ScheduleName.GPIPE, 2, 4, 1, 1, 3)
+
+
+@pytest.mark.parametrize("options,plan", [
+    (RunOptions(nodes=Nodes(nnodes=2)), _plan()),
+    (RunOptions(backend="nccl"), _plan()),
+    (RunOptions(), replace(_plan(), hf_config={"seq_len": 8, "task": "causal-lm"})),
+])
+def test_what_it_does_not_run_is_refused_in_one_line(options: RunOptions, plan: Plan) -> None:
+    with pytest.raises(RunError, match=r"^vocabulary parallelism \(vocab-2\) runs a model file on local gloo ranks "
+                                       r"only: drop --nnodes and --backend nccl \(plans of an HF config: not yet\)$"):
+        vocab_job(plan, options)
+
+
+@pytest.mark.integration
+def test_planned_on_a_head_heavy_model_and_run_validated(tmp_path: Path) -> None:
+    prof = tmp_path / "prof"
+    assert main(["profile", str(BIG_VOCAB), "--microbatch-sizes", "1", "--repeats", "2", "--warmup", "1",
+                 "-o", str(prof)]) == 0
+    assert json.loads((prof / "meta.json").read_text())["extra"]["vocab"]["head"] == "head"
+    plans = {"1F1B": tmp_path / "a.json", "GPipe": tmp_path / "b.json"}
+    common = ["--profile", str(prof), "--devices", "2", "--memory", "4GiB", "--pp", "2", "--global-batch", "4"]
+    assert main(["plan", *common, "-o", str(plans["1F1B"])]) == 0  # --vocab auto, the default
+    assert main(["plan", *common, "--schedule", "GPipe", "--vocab", "2", "-o", str(plans["GPipe"])]) == 0
+    for schedule, path in plans.items():
+        data = json.loads(path.read_text())
+        assert data["vocab"] == "vocab-2" and data["schedule"] == schedule
+        assert main(["run", str(path), "--steps", "2", "--timeout", "600"]) == 0
+        report = json.loads(path.with_suffix(".report.json").read_text())
+        assert report["passed"] and report["grad_max_rel_diff"] < 1e-4
+        names = {d["name"] for d in report["grad_diffs"]}
+        assert {"head.weight[0:16384]", "head.weight[16384:32768]", "tok_emb.weight[0:16384]"} <= names
+    assert main(["export", str(plans["1F1B"]), "--to", "megatron"]) == 2
+
+
+@pytest.mark.integration
+def test_pinned_on_four_ranks_and_run_validated(tmp_path: Path) -> None:
+    prof, plan = tmp_path / "prof", tmp_path / "p.json"
+    assert main(["profile", str(ROOT / "tests" / "models" / "vocabgpt.py"), "--microbatch-sizes", "1", "--repeats",
+                 "1", "--warmup", "0", "-o", str(prof)]) == 0
+    assert main(["plan", "--profile", str(prof), "--devices", "4", "--memory", "4GiB", "--pp", "4", "--global-batch",
+                 "4", "--vocab", "2", "-o", str(plan)]) == 0
+    assert json.loads(plan.read_text())["vocab"] == "vocab-2"
+    assert main(["run", str(plan), "--steps", "1", "--timeout", "600"]) == 0
+    report = json.loads(plan.with_suffix(".report.json").read_text())
+    assert report["passed"] and {f"head.weight[{64 * r}:{64 * (r + 1)}]" for r in range(4)} <= {
+        d["name"] for d in report["grad_diffs"]}
