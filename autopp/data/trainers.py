@@ -115,7 +115,8 @@ HF_DECODER_TO_TORCHTITAN = (("model.embed_tokens", "tok_embeddings"), ("model.ro
 #: Every trainer autopp exports to, by name.
 TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
     Trainer(name="torchtitan", title="torchtitan", runs="torch's named schedules",
-            schedules=tuple(s for s in ScheduleName if not describe(s).given_order), synthesized=True,
+            schedules=tuple(s for s in ScheduleName if not describe(s).given_order and describe(s).runnable),
+            synthesized=True,
             seq_len="--training.seq_len={}", module_names=HF_DECODER_TO_TORCHTITAN),
     Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",
             schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,

@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 def torch_schedule_class(name: ScheduleName) -> Callable[..., _PipelineSchedule]:
     """The torch.distributed.pipelining class that runs schedule `name` (its descriptor names it). Typed as a
     constructor: a single-stage class takes a stage first, a multi-stage one a list (not _PipelineSchedule's own)."""
+    if not describe(name).runnable:
+        raise RunError(f"{name.value} is planned and simulated only: no torch schedule runs it here; re-plan with "
+                       f"--schedule {ScheduleName.ONE_F_ONE_B.value}")
     cls: Callable[..., _PipelineSchedule] = getattr(schedules, describe(name).torch_class)
     return cls
 

@@ -31,6 +31,8 @@ class ScheduleName(Enum):
     INTERLEAVED_ZERO_BUBBLE = "InterleavedZeroBubble"
     ZBV_ZERO_BUBBLE = "ZBVZeroBubble"
     DUAL_PIPE_V = "DualPipeV"
+    SEQ_1F1B = "Seq1F1B"
+    """1F1B over (microbatch, sequence chunk) units (`autopp.schedule.seqpipe`); planned and simulated only."""
     CUSTOM = "Custom"
     """A per-rank order given in the plan (CP-SAT synthesis), run by torch's CSV schedule runtime."""
 
@@ -170,7 +172,7 @@ class Descriptor:
     splits_backward: bool
     """Runs each backward as an input pass I and a weight pass W (False for CUSTOM: its order says)."""
     torch_class: str
-    """The class in torch.distributed.pipelining.schedules that runs it."""
+    """The class in torch.distributed.pipelining.schedules that runs it ("": none does; the runner cannot run it)."""
     builder: Builder | None = None
     """Rank r's compute actions for (r, p, m, v); None: the plan gives the order."""
     estimate: Estimate | None = None
@@ -189,6 +191,15 @@ class Descriptor:
     DualPipe, arXiv 2412.19437 s.3.2.1): `autopp.schedule.simulate` times it so."""
     exact_inflight: Callable[[int, int], tuple[int, ...]] | None = None
     """Per stage, microbatches of activations held at its peak, in closed form; None: walk rank 0's order."""
+    sequence_chunks: bool = False
+    """Splits each microbatch along the sequence into chunks run as units (`autopp.schedule.seqpipe`): `build` gives
+    its one-chunk order, `seqpipe.chunked_order` the k-chunk one; its estimate and bound apply to unit costs and
+    m x k units. Not in `NAMED`: the default search does not try it (`seqpipe.choose_chunks` does)."""
+
+    @property
+    def runnable(self) -> bool:
+        """A torch class runs it (the runner refuses a schedule without one)."""
+        return bool(self.torch_class)
 
     @property
     def single_stage(self) -> bool:
@@ -283,15 +294,20 @@ _ZBV = Descriptor(name=ScheduleName.ZBV_ZERO_BUBBLE, placement=StagePlacement.V,
 _DUAL_PIPE_V = Descriptor(name=ScheduleName.DUAL_PIPE_V, placement=StagePlacement.V, fixed_v=2, splits_backward=True,
                           torch_class="ScheduleDualPipeV", builder=named.dual_pipe_v, estimate=_estimate_zero_bubble,
                           pipe_bound=_bound_zero_bubble, min_microbatches_per_rank=2, overlaps_f_b=True)
+_SEQ_1F1B = Descriptor(name=ScheduleName.SEQ_1F1B, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
+                       torch_class="", builder=named.seq_1f1b, estimate=_estimate_1f1b, pipe_bound=_bound_single,
+                       estimate_bound=_estimate_bound_single, min_microbatches_per_rank=0, sequence_chunks=True)
 _CUSTOM = Descriptor(name=ScheduleName.CUSTOM, placement=StagePlacement.GIVEN, fixed_v=None, splits_backward=False,
                      torch_class="_PipelineScheduleRuntime")
 
 #: The registry: every schedule's descriptor.
 DESCRIPTORS: dict[ScheduleName, Descriptor] = {d.name: d for d in (
-    _GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _LOOPED_BFS, _INTERLEAVED_ZB, _ZBV, _DUAL_PIPE_V, _CUSTOM)}
+    _GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _LOOPED_BFS, _INTERLEAVED_ZB, _ZBV, _DUAL_PIPE_V, _SEQ_1F1B, _CUSTOM)}
 
-#: The schedules with an order of their own (all but CUSTOM), in the order the search tries them.
-NAMED: tuple[ScheduleName, ...] = tuple(n for n, d in DESCRIPTORS.items() if not d.given_order)
+#: The schedules with an order of their own (all but CUSTOM and the sequence-chunked one), in the order the search
+#: tries them.
+NAMED: tuple[ScheduleName, ...] = tuple(n for n, d in DESCRIPTORS.items()
+                                        if not d.given_order and not d.sequence_chunks)
 
 
 def listed(keep: Callable[[Descriptor], bool], sep: str = ", ") -> str:
