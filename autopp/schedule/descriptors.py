@@ -32,7 +32,8 @@ class ScheduleName(Enum):
     ZBV_ZERO_BUBBLE = "ZBVZeroBubble"
     DUAL_PIPE_V = "DualPipeV"
     SEQ_1F1B = "Seq1F1B"
-    """1F1B over (microbatch, sequence chunk) units (`autopp.schedule.seqpipe`); planned and simulated only."""
+    """1F1B over (microbatch, sequence chunk) units (`autopp.schedule.seqpipe`); `autopp run` refuses it (no torch
+    class; `autopp.run.seq_chunks` runs it for models written with its cache)."""
     CUSTOM = "Custom"
     """A per-rank order given in the plan (CP-SAT synthesis), run by torch's CSV schedule runtime."""
 
