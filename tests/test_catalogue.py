@@ -331,6 +331,15 @@ CASES += [
     Case("run:optimizer-unknown-wording", lambda env: ["run", str(env.bad_plan)],
          lambda env: f"{env.bad_plan}: field 'optimizer' is 'lamb', which autopp does not run (sgd, momentum, adam, "
                      "adamw); give --optimizer to run another", _plan_edit(lambda d: d.update(optimizer="lamb"))),
+    Case("run:seq1f1b-planned-only", lambda env: ["run", str(env.bad_plan)],
+         lambda env: "Seq1F1B is planned and simulated only: no torch schedule runs it here; re-plan with --schedule "
+                     "1F1B", _plan_edit(lambda d: d.update(schedule="Seq1F1B"))),
+    Case("export:seq1f1b-no-trainer", lambda env: ["export", str(env.bad_plan), "--to", "deepspeed", "-o",
+                                                   str(env.tmp / "d.json")],
+         lambda env: f"{env.bad_plan}: the plan's schedule is Seq1F1B, but DeepSpeed's PipelineEngine runs only 1F1B "
+                     "(its own TrainSchedule, one stage per rank); re-plan with --schedule 1F1B (and no --synthesize), "
+                     "or plan with `autopp plan --for deepspeed`, which searches only what deepspeed runs",
+         _plan_edit(lambda d: d.update(schedule="Seq1F1B"))),
     Case("run:batch-norm-over-microbatches", lambda env: ["run", str(env.bad_plan)],
          lambda env: "the model normalizes with BatchNorm (stem.1 and 8 more), whose statistics are per microbatch (2 "
                      "samples, not the global batch of 8), so a pipelined step cannot equal the single-process one: "

@@ -13,7 +13,7 @@ S = ScheduleName
 
 
 @pytest.mark.parametrize("trainer, runs", [
-    ("torchtitan", {s for s in S} - {S.CHIMERA}),  # torch's named schedules, synthesized orders (its CSV runtime)
+    ("torchtitan", {s for s in S} - {S.CHIMERA, S.SEQ_1F1B}),  # torch's named schedules, synthesized orders (CSV)
     ("megatron", {S.ONE_F_ONE_B, S.INTERLEAVED_1F1B}),
     ("deepspeed", {S.ONE_F_ONE_B}),
 ])
@@ -23,6 +23,13 @@ def test_each_trainer_runs_its_schedules(trainer: str, runs: set[ScheduleName]) 
     ran = {s for s in S if rules.schedule_refusal(s, layout if s is S.INTERLEAVED_1F1B else Layout(pp=2), 4) is None}
     assert ran == runs
     assert set(TRAINER_RULES) == {"torchtitan", "megatron", "deepspeed"}
+
+
+def test_no_trainer_runs_sequence_pipelining() -> None:
+    """No trainer ships Seq1F1B: every exporter refuses it in one line and `--for` never offers it."""
+    for name, rules in TRAINER_RULES.items():
+        assert S.SEQ_1F1B not in rules.schedules
+        assert rules.schedule_refusal(S.SEQ_1F1B, Layout(pp=2), 4) == f"{rules.title} runs only {rules.runs}"
 
 
 def test_megatron_interleaving_needs_pp_above_1_and_groups_of_pp() -> None:

@@ -28,15 +28,23 @@ from .parallel import Sharding, shard_stage
 from .tensor_parallel import local_shapes, planned_modules, sequence_planned
 from .tied import aliases, canonical_names, shared_params
 
-__all__ = ["torch_schedule_class", "splits_backward", "check_split_backward", "placement",
+__all__ = ["check_schedule_runs", "torch_schedule_class", "splits_backward", "check_split_backward", "placement",
            "RankStages", "build_stages", "contiguous_sends", "make_schedule", "custom_schedule", "write_order_csv"]
 
 logger = logging.getLogger(__name__)
 
 
+def check_schedule_runs(name: ScheduleName) -> None:
+    """A RunError when the runner cannot run schedule `name` (`Descriptor.runnable`), in one line."""
+    if not describe(name).runnable:
+        raise RunError(f"{name.value} is planned and simulated only: no torch schedule runs it here; re-plan with "
+                       f"--schedule {ScheduleName.ONE_F_ONE_B.value}")
+
+
 def torch_schedule_class(name: ScheduleName) -> Callable[..., _PipelineSchedule]:
     """The torch.distributed.pipelining class that runs schedule `name` (its descriptor names it). Typed as a
     constructor: a single-stage class takes a stage first, a multi-stage one a list (not _PipelineSchedule's own)."""
+    check_schedule_runs(name)
     cls: Callable[..., _PipelineSchedule] = getattr(schedules, describe(name).torch_class)
     return cls
 

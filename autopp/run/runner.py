@@ -30,6 +30,7 @@ from .tied import canonical_names
 from .options import Backend, RunOptions
 from .torchrun import launch_torchrun, torchrun_command, worker_errors
 from .data_parallel import check_runnable
+from .pipeline import check_schedule_runs
 from .collect import StageTensors
 from .resolve import Chosen, resolve_options
 from .steps import Checks, ReferenceModel, batch_norm_refusal, validate_steps
@@ -237,6 +238,7 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
     `plan_path`: where the plan was read (recorded in the report; with several nodes, the file each node reads).
     """
     say = progress or (lambda _msg: None)
+    check_schedule_runs(plan.schedule)  # a schedule no torch class runs: refused in one line before anything starts
     check_runnable(plan)
     mf, model = _fingerprinted(plan)
     chosen = _chosen(plan, options, plan_path)

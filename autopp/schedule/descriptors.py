@@ -33,6 +33,9 @@ class ScheduleName(Enum):
     DUAL_PIPE_V = "DualPipeV"
     CHIMERA = "Chimera"
     """Two pipelines in opposite directions over the same ranks (Li and Hoefler, SC'21); torch ships no class."""
+    SEQ_1F1B = "Seq1F1B"
+    """1F1B over (microbatch, sequence chunk) units (`autopp.schedule.seqpipe`); `autopp run` refuses it (no torch
+    class; `autopp.run.seq_chunks` runs it for models written with its cache)."""
     CUSTOM = "Custom"
     """A per-rank order given in the plan (CP-SAT synthesis), run by torch's CSV schedule runtime."""
 
@@ -200,7 +203,8 @@ class Descriptor:
     splits_backward: bool
     """Runs each backward as an input pass I and a weight pass W (False for CUSTOM: its order says)."""
     torch_class: str
-    """The class in torch.distributed.pipelining.schedules that runs it ("": none; autopp's runner has its own)."""
+    """The class in torch.distributed.pipelining.schedules that runs it ("": none; Chimera runs on autopp's own
+    runtime, autopp.run.bidirectional; the runner cannot run Seq1F1B plans)."""
     builder: Builder | None = None
     """Rank r's compute actions for (r, p, m, v); None: the plan gives the order."""
     estimate: Estimate | None = None
@@ -219,6 +223,16 @@ class Descriptor:
     DualPipe, arXiv 2412.19437 s.3.2.1): `autopp.schedule.simulate` times it so."""
     exact_inflight: Callable[[int, int], tuple[int, ...]] | None = None
     """Per stage, microbatches of activations held at its peak, in closed form; None: walk rank 0's order."""
+    sequence_chunks: bool = False
+    """Splits each microbatch along the sequence into chunks run as units (`autopp.schedule.seqpipe`): `build` gives
+    its one-chunk order, `seqpipe.chunked_order` the k-chunk one; its estimate and bound apply to unit costs and
+    m x k units. Not in `NAMED`: the default search does not try it (`seqpipe.choose_chunks` does)."""
+
+    @property
+    def runnable(self) -> bool:
+        """The runner runs it: with a torch class, or on its own bidirectional runtime (Chimera); it refuses the
+        rest (Seq1F1B) before anything starts."""
+        return bool(self.torch_class) or self.mirrored
 
     @property
     def mirrored(self) -> bool:
@@ -338,15 +352,21 @@ _DUAL_PIPE_V = Descriptor(name=ScheduleName.DUAL_PIPE_V, placement=StagePlacemen
 _CHIMERA = Descriptor(name=ScheduleName.CHIMERA, placement=StagePlacement.BIDIRECTIONAL, fixed_v=1,
                       splits_backward=False, torch_class="", builder=named.chimera, estimate=_estimate_chimera,
                       pipe_bound=_bound_chimera, estimate_bound=_estimate_bound_chimera)
+_SEQ_1F1B = Descriptor(name=ScheduleName.SEQ_1F1B, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
+                       torch_class="", builder=named.seq_1f1b, estimate=_estimate_1f1b, pipe_bound=_bound_single,
+                       estimate_bound=_estimate_bound_single, min_microbatches_per_rank=0, sequence_chunks=True)
 _CUSTOM = Descriptor(name=ScheduleName.CUSTOM, placement=StagePlacement.GIVEN, fixed_v=None, splits_backward=False,
                      torch_class="_PipelineScheduleRuntime")
 
 #: The registry: every schedule's descriptor.
 DESCRIPTORS: dict[ScheduleName, Descriptor] = {d.name: d for d in (
-    _GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _LOOPED_BFS, _INTERLEAVED_ZB, _ZBV, _DUAL_PIPE_V, _CHIMERA, _CUSTOM)}
+    _GPIPE, _ONE_F_ONE_B, _INTERLEAVED, _LOOPED_BFS, _INTERLEAVED_ZB, _ZBV, _DUAL_PIPE_V, _CHIMERA, _SEQ_1F1B,
+    _CUSTOM)}
 
-#: The schedules with an order of their own (all but CUSTOM), in the order the search tries them.
-NAMED: tuple[ScheduleName, ...] = tuple(n for n, d in DESCRIPTORS.items() if not d.given_order)
+#: The schedules with an order of their own (all but CUSTOM and the sequence-chunked one), in the order the search
+#: tries them.
+NAMED: tuple[ScheduleName, ...] = tuple(n for n, d in DESCRIPTORS.items()
+                                        if not d.given_order and not d.sequence_chunks)
 
 
 def listed(keep: Callable[[Descriptor], bool], sep: str = ", ") -> str:

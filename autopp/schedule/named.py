@@ -10,7 +10,7 @@ from functools import lru_cache
 from autopp.schedule.actions import Action, Kind
 
 __all__ = ["gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv", "dual_pipe_v",
-           "chimera"]
+           "chimera", "seq_1f1b"]
 
 
 def gpipe(rank: int, p: int, m: int, v: int) -> list[Action]:
@@ -30,6 +30,27 @@ def one_f_one_b(rank: int, p: int, m: int, v: int) -> list[Action]:
         actions.append(Action(rank, Kind.B, b))
         if warmup + b < m:
             actions.append(Action(rank, Kind.F, warmup + b))
+    return actions
+
+
+def seq_1f1b(rank: int, p: int, m: int, v: int, chunks: int = 1) -> list[Action]:
+    """Seq1F1B (Sun et al., NAACL 2025; TeraPipe, Li et al., ICML 2021 pipelines the same chunks GPipe-style): 1F1B
+    over (microbatch, chunk) units, each microbatch split along the sequence into ``chunks`` pieces.
+
+    Unit u = microbatch * chunks + chunk is the action's "microbatch". Forwards run in unit order (a chunk after the
+    earlier chunks of its sequence, whose K/V it reads); backwards run microbatch by microbatch, chunks in reverse
+    (chunk c's K/V receives gradient from every later chunk, so its backward comes after theirs). Warm-up: 1F1B's
+    p - rank forwards plus chunks - 1, so the last stage holds a whole sequence before its first backward; then one
+    backward and one forward in turn. With one chunk this is `one_f_one_b` exactly.
+    """
+    units = m * chunks
+    backwards = [mb * chunks + c for mb in range(m) for c in reversed(range(chunks))]
+    warmup = min(units, p - rank + chunks - 1)
+    actions = [Action(rank, Kind.F, u) for u in range(warmup)]
+    for j, u in enumerate(backwards):
+        actions.append(Action(rank, Kind.B, u))
+        if warmup + j < units:
+            actions.append(Action(rank, Kind.F, warmup + j))
     return actions
 
 

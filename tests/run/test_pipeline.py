@@ -16,7 +16,7 @@ from autopp.data.layout import Layout
 from autopp.model.contract import load_model_file
 from autopp.model.split import split_model
 from autopp.run.pipeline import custom_schedule, placement, torch_schedule_class, write_order_csv
-from autopp.schedule import ScheduleName, build_schedule, parse_action
+from autopp.schedule import ScheduleName, build_schedule, describe, parse_action
 
 from .conftest import LINRELU, ROOT, pipeline_plan
 
@@ -28,9 +28,16 @@ def test_every_simulated_schedule_has_a_torch_class() -> None:
 
     from autopp.schedule import describe
     # Chimera: torch ships no class; autopp's runtime runs it (tests/run/test_bidirectional.py)
-    classes = [torch_schedule_class(name) for name in ScheduleName if not describe(name).mirrored]
+    classes = [torch_schedule_class(name) for name in ScheduleName
+               if describe(name).runnable and not describe(name).mirrored]
     assert all(issubclass(c, _PipelineSchedule) for c in classes) and len(set(classes)) == len(classes)
     assert torch_schedule_class(ScheduleName.ONE_F_ONE_B).__name__ == "Schedule1F1B"
+
+
+def test_a_schedule_no_torch_class_runs_is_refused_in_one_line() -> None:
+    with pytest.raises(RunError, match=r"^Seq1F1B is planned and simulated only: no torch schedule runs it here; "
+                                       r"re-plan with --schedule 1F1B$"):
+        torch_schedule_class(ScheduleName.SEQ_1F1B)
 
 
 def test_placement_follows_the_schedule_layout() -> None:
