@@ -95,11 +95,10 @@ def test_pruned_shortlist_equals_exhaustive(seed: int) -> None:
     req = PlanRequest(cluster=_cluster(rng, hetero=seed % 2 == 1), global_batch=8, schedule=None,
                       pins=LayoutPins(dp=None if seed % 2 == 0 else 1), recompute=recompute, shortlist=3)
     cfgs = configs(req, profile.num_units)
-    modes = recompute.policies()
     every = []
     for idx, c in enumerate(cfgs):
         a = unit_arrays(profile, c.b)
-        for rc in modes:
+        for rc in req.offered(a):  # the policies the search climbs: offload is not offered without a host link
             split = _bounds(a, req, c, rc, _Splits())
             if split is not None:
                 fitted = _fitted(a, req, c.candidate(split, (rc,) * len(split)))
