@@ -170,6 +170,10 @@ def test_json_fields_are_written_only_where_older_files_lack_nothing() -> None:
         "num_ranks": 4, "pp": 2, "dp": 2, "virtual_stages": 2, "tp": 1, "zero": 3}
     assert layout_fields(Layout(dp=2, cp=2, ep=2)) == {"num_ranks": 4, "pp": 1, "dp": 2, "virtual_stages": 1,
                                                        "cp": 2, "ep": 2}
+    hsdp = Layout(dp=4, zero=ZERO[3], dp_replicate=2)  # issue 25: HSDP's replicas, written only above 1
+    assert layout_fields(hsdp) == {"num_ranks": 4, "pp": 1, "dp": 4, "virtual_stages": 1, "tp": 1, "zero": 3,
+                                   "dp_replicate": 2}
+    assert layout_of(layout_fields(hsdp)) == hsdp and hsdp.fsdp and hsdp.shard == 2
 
 
 def test_json_fields_of_older_files_and_mismatches() -> None:
