@@ -91,13 +91,14 @@ def _dp_as(zero: ZeroStage) -> str:
 
 def data_parallel(plan: Plan) -> list[str]:
     """dp as torchtitan runs it: ZeRO 0 as replicas (`data_parallel_replicate_degree`, shard degree 1); ZeRO 1 and
-    3 as FSDP over dp (`data_parallel_shard_degree`), parameters kept whole from the forward through the backward
+    3 as FSDP over dp (`data_parallel_shard_degree`; with HSDP, `Layout.dp_replicate`, over dp / dp_replicate, the
+    rest `data_parallel_replicate_degree`), parameters kept whole from the forward through the backward
     (`fsdp_reshard_after_forward=never`, torchtitan's default under PP) or resharded after each forward (`always`).
     ZeRO 2 is refused before (`refuse_layout`): torchtitan has no stage that shards gradients but not parameters."""
-    zero, dp = plan.layout.zero, plan.layout.dp
+    zero, dp, r = plan.layout.zero, plan.layout.dp, plan.layout.dp_replicate
     if zero.replicated:
         return [f"--parallelism.data_parallel_replicate_degree={dp}", "--parallelism.data_parallel_shard_degree=1"]
-    return ["--parallelism.data_parallel_replicate_degree=1", f"--parallelism.data_parallel_shard_degree={dp}",
+    return [f"--parallelism.data_parallel_replicate_degree={r}", f"--parallelism.data_parallel_shard_degree={dp // r}",
             f"--parallelism.fsdp_reshard_after_forward={'always' if zero.fsdp_reshard_after_forward else 'never'}"]
 
 
