@@ -87,10 +87,12 @@ def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
     cross = ", ".join(h for h, level in hops if level == 1) or "none"
     if nodes.regions > 1:
         cross += f"; across regions: {', '.join(h for h, level in hops if level == 2) or 'none'}"
-    group = cluster.dp_group(0, layout.dp)
+    group = cluster.dp_group(0, layout.dp // layout.dp_replicate)  # HSDP: ZeRO's collectives in a shard group
     spans = sum(len(region) for region in group)
     reduce = "none" if layout.sync == 1 else "a ring inside a node" if spans == 1 else \
         f"hierarchical across {spans} nodes" + (f" in {len(group)} regions" if len(group) > 1 else "")
+    if layout.dp_replicate > 1:
+        reduce += f", then each shard all-reduced across the {layout.dp_replicate} HSDP replicas"
     regions = f" in {nodes.regions} regions" if nodes.regions > 1 else ""
     tp = layout.group
     ranks = "on device r x dp + j" if tp == 1 else f"on the {tp} devices from (r x dp + j) x {tp}"
