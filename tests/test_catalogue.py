@@ -518,6 +518,9 @@ CASES += [
     Case("flag:plan-dp-replicate-does-not-divide", lambda env: _plan_args(env, "--dp", "4", "--zero", "1",
                                                                           "--dp-replicate", "3"),
          lambda env: "--dp-replicate 3 must divide dp(4) and be below it"),
+    Case("flag:plan-dp-replicate-without-devices-for-it", lambda env: _plan_args(env, "--dp-replicate", "2"),
+         lambda env: "--dp-replicate 2 must divide dp and be below it, and the 2 devices leave dp 2 at most: give "
+                     "--dp-replicate 1, or more devices"),
     Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
                                                       "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
          lambda env: "dp(3)"),

@@ -239,6 +239,11 @@ class LayoutPins:
             raise LayoutError(f"{shown} = {product} != devices ({devices})")
         if devices % product:
             raise LayoutError(f"{shown} = {product} does not divide the {devices} devices")
+        r = self.dp_replicate or 1
+        rest = self.dp if self.dp is not None else devices // product
+        if r > 1 and (rest % r or rest == r):  # HSDP needs a dp it divides, above it
+            raise LayoutError(f"`dp_replicate` {r} must divide dp and be below it, and the {devices} devices leave "
+                              f"dp {rest} at most: give `dp_replicate` 1, or more devices")
 
     def per_group(self) -> LayoutPins:
         """The pins as the search over groups of devices sees them (`PlanRequest.view`): the axes inside a group
