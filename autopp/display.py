@@ -142,11 +142,13 @@ def sync_name(plan: Plan) -> str:
 
 def format_grid(layout: Layout) -> str:
     """A parallel layout (a plan's, a run report's) as every view prints it: "pp 4 x dp 2", "pp 2 x dp 2 x tp 2,
-    ZeRO 3", "pp 2 x tp 2 + SP" (sequence parallelism); the axes of degree 1 beyond pp and dp left out."""
+    ZeRO 3", "pp 1 x dp 16, ZeRO 3 HSDP 2 x 8" (replicate x shard), "pp 2 x tp 2 + SP" (sequence parallelism); the
+    axes of degree 1 beyond pp and dp left out."""
     axes = [a for a in ("cp", "tp", "ep") if getattr(layout, a) > 1]
     return f"pp {layout.pp} x dp {layout.dp}" + "".join(
         f" x {a} {getattr(layout, a)}" + (" + SP" if a == "tp" and layout.sp else "") for a in axes) \
-        + (f", {layout.zero}" if not layout.zero.replicated else "")
+        + (f", {layout.zero}" if not layout.zero.replicated else "") \
+        + (f" HSDP {layout.dp_replicate} x {layout.dp // layout.dp_replicate}" if layout.dp_replicate > 1 else "")
 
 
 def format_plan(plan: Plan) -> str:

@@ -510,6 +510,17 @@ CASES += [
     Case("run:cp-not-run-by-the-runner", lambda env: ["run", str(env.bad_plan)],
          lambda env: "plan field 'cp' is 2: autopp run does not run context parallelism",
          _plan_edit(lambda d: d.update(cp=2, num_ranks=2 * d["num_ranks"]))),
+    # issue 25 item 3: HSDP replicates a sharding ZeRO stage's shards over a divisor of dp
+    Case("flag:plan-dp-replicate-with-zero-0", lambda env: _plan_args(env, "--dp", "4", "--zero", "0",
+                                                                      "--dp-replicate", "2"),
+         lambda env: "--dp-replicate 2 replicates ZeRO's shards, and ZeRO 0 shards nothing: give --zero 1 or 3, or "
+                     "--dp-replicate 1"),
+    Case("flag:plan-dp-replicate-does-not-divide", lambda env: _plan_args(env, "--dp", "4", "--zero", "1",
+                                                                          "--dp-replicate", "3"),
+         lambda env: "--dp-replicate 3 must divide dp(4) and be below it"),
+    Case("flag:plan-dp-replicate-without-devices-for-it", lambda env: _plan_args(env, "--dp-replicate", "2"),
+         lambda env: "--dp-replicate 2 must divide dp and be below it, and the 2 devices leave dp 2 at most: give "
+                     "--dp-replicate 1, or more devices"),
     Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
                                                       "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
          lambda env: "dp(3)"),

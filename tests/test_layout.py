@@ -170,6 +170,14 @@ def test_json_fields_are_written_only_where_older_files_lack_nothing() -> None:
         "num_ranks": 4, "pp": 2, "dp": 2, "virtual_stages": 2, "tp": 1, "zero": 3}
     assert layout_fields(Layout(dp=2, cp=2, ep=2)) == {"num_ranks": 4, "pp": 1, "dp": 2, "virtual_stages": 1,
                                                        "cp": 2, "ep": 2}
+    hsdp = Layout(dp=4, zero=ZERO[3], dp_replicate=2)  # issue 25: HSDP's replicas, written only above 1
+    assert layout_fields(hsdp) == {"num_ranks": 4, "pp": 1, "dp": 4, "virtual_stages": 1, "tp": 1, "zero": 3,
+                                   "dp_replicate": 2}
+    assert layout_of(layout_fields(hsdp)) == hsdp and hsdp.fsdp and hsdp.shard == 2
+    LayoutPins(dp=None, zero=None, dp_replicate=2).check_devices(8)  # dp 4 or 8 remain
+    with pytest.raises(LayoutError, match=r"^`dp_replicate` 2 must divide dp and be below it, and the 4 devices "
+                                          r"leave dp 2 at most"):
+        LayoutPins(pp=2, dp=None, zero=None, dp_replicate=2).check_devices(4)
 
 
 def test_json_fields_of_older_files_and_mismatches() -> None:

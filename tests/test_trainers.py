@@ -52,6 +52,16 @@ def test_layout_rules_read_the_zero_and_axis_descriptors() -> None:
     assert trainer_rules("deepspeed").layout_refusal(Layout(pp=2, dp=2, zero=ZERO[1])) is None
 
 
+def test_hsdp_runs_in_torchtitan_alone() -> None:
+    """Issue 25 item 3: HSDP (dp_replicate > 1) is torchtitan's replicate x shard; Megatron-LM and DeepSpeed say
+    their nearest and refuse it, so `--for` them never chooses it."""
+    hsdp = Layout(pp=2, dp=4, zero=ZERO[1], dp_replicate=2)
+    assert trainer_rules("torchtitan").layout_refusal(hsdp) is None
+    assert "--num-distributed-optimizer-instances" in (trainer_rules("megatron").layout_refusal(hsdp) or "")
+    assert "ZeRO++ hpZ, MiCS" in (trainer_rules("deepspeed").layout_refusal(hsdp) or "")
+    assert trainer_rules("megatron").layout_refusal(Layout(pp=2, dp=4, zero=ZERO[1])) is None
+
+
 @pytest.mark.parametrize("trainer", sorted(TRAINER_RULES))
 def test_no_trainer_runs_chimera_and_each_says_so_in_one_line(trainer: str) -> None:
     rules = trainer_rules(trainer)

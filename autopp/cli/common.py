@@ -28,6 +28,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     *((f"`{f}` searched", f"--{f} auto") for f in _SEARCHED),
     ("`recompute_stages`", "--recompute-stages"), ("`recompute`", "--recompute"),
     ("`num_microbatches`", "--microbatches"), ("`global_batch`", "--global-batch"),
+    ("search `dp_replicate`", "--dp-replicate auto"), ("`dp_replicate`", "--dp-replicate"),
     ("`sp` on", "--sp on"), ("`sp` off", "--sp off"), ("`sp`", "--sp"),
     ("`vocab` off", "--vocab off"), ("`vocab`", "--vocab"),
     ("`tp_across_nodes`", "--tp-across-nodes"), ("`tp_degrees`", "--tp"), ("`memory_bytes`", "--memory"),

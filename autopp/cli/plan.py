@@ -89,6 +89,11 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help="ZeRO stage of the data parallelism: 0 replicated, 1 optimizer state sharded, 2 + gradients "
                         "(costed only), 3 + parameters (FSDP2), or auto (default): 0, 1 and 3 (those of --for's "
                         "trainer), where dp > 1")
+    p.add_argument("--dp-replicate", type=_auto_int, default=1, metavar="N",
+                   help="HSDP (with --zero 1 or 3): ZeRO shards over dp / N neighbouring ranks (inside a node when "
+                        "they fit one) and the N groups all-reduce their shards' gradients, as torchtitan's "
+                        "data_parallel_replicate_degree; or auto: 1 and every divisor of dp below it (default 1: "
+                        "shard over all dp). Exported to torchtitan only")
     p.add_argument("--tp-across-nodes", action="store_true",
                    help="let tensor-parallel groups span nodes (default: a group stays inside a node)")
     p.add_argument("--synthesize", action="store_true",
@@ -266,6 +271,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
     pins = LayoutPins(v=args.virtual_stages, zero=args.zero, sp={"on": True, "off": False}.get(args.sp),
+                      dp_replicate=args.dp_replicate or None,
                       **{a.name: _pin(args, a) for a in _flag_axes()})
     cluster = plan_cluster(args)
     request = PlanRequest(cluster=cluster, global_batch=_global_batch(args, cluster, None)[0],
@@ -341,7 +347,8 @@ def _say_search(request) -> None:  # type: ignore[no-untyped-def]
         ("schedule", request.schedule is None), ("microbatches", request.num_microbatches is None),
         *((a.name, getattr(pins, a.name) is None) for a in _flag_axes()), ("ZeRO stage", pins.zero is None),
         ("activation policy", request.recompute_stages is None and len(request.allowed()) > 1),
-        ("sp", pins.sp is None), ("stages per rank", pins.v is None)) if free]
+        ("sp", pins.sp is None), ("stages per rank", pins.v is None),
+        ("dp_replicate", pins.dp_replicate is None)) if free]
     synth = f"; then CP-SAT synthesizes an order for at most {request.synth_time_limit_s:g} s (--synth-time)" \
         if request.synthesize else ""
     progress("planning")(f"searching {', '.join(free) or 'the split only'} (a flag pins each){synth}")

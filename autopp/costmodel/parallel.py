@@ -42,6 +42,11 @@ facts checked in docs/parallelism.md). Per unit with parameter, gradient and opt
            step's end.
 The optimizer steps only its shard when stage >= 1: its time is divided by d. A reduce-scatter or all-gather costs
 half the all-reduce of the same bytes (`terms.half_collective`).
+HSDP (`UnitView.replicate` r > 1, `Layout.dp_replicate`; torchtitan's dp_replicate x dp_shard, FSDP2 on a 2-D mesh
+(replicate, shard)): d above is the shard group (dp / r x cp neighbours, inside a node when it fits one), whose
+links carry the all-gathers and reduce-scatters; each rank's G / d shard is then all-reduced across the r replicas
+(`terms.hsdp_allreduce_time`, on the inter-node link when dp spans nodes): per microbatch, after the
+reduce-scatter, at pp 1 (FSDP2 reduces every backward), else once at the step's end (`terms.rank_sync_times`).
 
 Expert parallelism (`ExpertTable`, `expert_parallel`; torchtitan/distributed/expert_parallel.py, Megatron-Core's
 MoE all-to-all dispatcher, DeepSeek-V3 arXiv:2412.19437 s.3.2): a stage's dp replicas form dp / ep groups of ep
@@ -81,7 +86,7 @@ from ..data.zero import NO_ZERO
 from ..data.zero import ZeroStage
 from ..errors import LayoutError, ProfileError
 from .context import ContextTable, context_parallel
-from .terms import allreduce_times, half_collective
+from .terms import allreduce_times, half_collective, hsdp_allreduce_time
 from .units import ExpertBytes, ProfileTable, UnitArrays
 
 __all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded", "ExpertTable",
@@ -162,8 +167,14 @@ def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
 def replica_terms(a: UnitArrays, view: UnitView, groups: Cluster) -> UnitArrays:
     """`a` (a group's `group_terms`) sharded by the view's ZeRO stage over its `sync` ranks, the all-gathers and
     reduce-scatters on the synchronisation group of pipeline rank 0 of `groups` (the cluster of groups,
-    `PlanRequest.view`; `Cluster.dp_group`)."""
-    return data_sharded(a, view, lambda s: allreduce_times(s, view.sync, groups, 0, view.sync_per_group))
+    `PlanRequest.view`; `Cluster.dp_group`); with HSDP (`view.replicate` > 1) the shard group is the first
+    dp / replicate of pipeline rank 0's data-parallel ranks and FSDP2's all-reduce of each microbatch's gradient
+    shards across the replicas (`hsdp_allreduce_time`) joins the reduce-scatter."""
+    dp = view.sync // view.sync_per_group * view.replicate if view.sharded else 1
+    one = hsdp_allreduce_time(1.0, view.replicate, dp, groups)
+    slope = hsdp_allreduce_time(2.0, view.replicate, dp, groups) - one
+    return data_sharded(a, view, lambda s: allreduce_times(s, view.sync, groups, 0, view.sync_per_group),
+                        lambda s: np.where(s > 0, one - slope + slope * s, 0.0))
 
 
 def tensor_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
@@ -206,11 +217,14 @@ def expert_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
                    backward_input=a.backward_input + both, backward=a.backward + both, ep_time=both)
 
 
-def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarray], np.ndarray]) -> UnitArrays:
+def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarray], np.ndarray],
+                 across: Callable[[np.ndarray], np.ndarray] | None = None) -> UnitArrays:
     """`a` with the view's ZeRO stage over its d = `view.sync` ranks (module docstring): static bytes, the
     all-gather before each forward (stage 3), the reduce-scatter after each backward (stage 2), the optimizer's
     shard; expert bytes (`a.expert`) over their own dp / ep ranks. `reduce_time(bytes)`: per unit, an all-reduce of
-    those bytes over the synchronisation group."""
+    those bytes over the synchronisation (shard) group; `across(bytes)`: HSDP's all-reduce of a gradient shard over
+    the replicas (`view.replicate`), charged here per microbatch where FSDP2 runs outside a pipeline (else at the
+    step's end, autopp.costmodel.terms)."""
     zero, d = view.zero, view.sync
     if zero.replicated or d == 1:
         return replace(a, zero=NO_ZERO)
@@ -219,7 +233,10 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
     o = a.static - p - g
     optimizer = None if a.optimizer is None else a.optimizer / d
     if view.fsdp:
-        return replace(fsdp_outside_pipeline(a, half_collective(reduce_time(p)), half_collective(reduce_time(g))),
+        scatter = half_collective(reduce_time(g))
+        if across is not None and view.replicate > 1:
+            scatter = scatter + across(g / d)
+        return replace(fsdp_outside_pipeline(a, half_collective(reduce_time(p)), scatter),
                        static=np.round((p + g + o) / d), optimizer=optimizer, zero=zero)
     static = _shard(p, g, o, d, zero)
     if e is not None:  # the expert bytes: out of the dense shard, into their own replicas' one

@@ -14,7 +14,8 @@ from .units import UnitArrays
 
 __all__ = ["transfer_time", "send_times", "comm_times", "message_overheads", "progress_delays", "allreduce_time",
            "allreduce_times", "half_collective", "sync_time", "gradient_allreduce_time", "rank_sync_times",
-           "exposed_sync_time", "optimizer_time", "replica_allreduce_time", "step_end_time", "step_end_floor"]
+           "exposed_sync_time", "optimizer_time", "replica_allreduce_time", "step_end_time", "step_end_floor",
+           "hsdp_allreduce_time"]
 
 _Bytes = TypeVar("_Bytes", float, np.ndarray)
 
@@ -119,6 +120,24 @@ def sync_time(grad_bytes: float, param_bytes: float, zero: ZeroStage, n: int, cl
     return scatter + half_collective(reduce(param_bytes))
 
 
+def hsdp_allreduce_time(shard_bytes: float, replicate: int, dp: int, cluster: Cluster, rank: int = 0) -> float:
+    """HSDP's all-reduce of each rank's gradient shard (`shard_bytes`) over the `replicate` shard groups of pipeline
+    rank `rank`'s `dp` data-parallel ranks (`Layout.dp_replicate`; each group dp / replicate neighbours, so its
+    replicas are that far apart): one ring (`_ring`) on the intra-node link when all dp ranks sit on one node, else
+    on the inter-node link (between regions: the WAN link), an upper bound when some replicas share a node; on a
+    flat cluster, `dp_link`. As FSDP2 runs HSDP (reduce-scatter in the shard group, then all-reduce of the shard
+    across the replicate dimension; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)."""
+    if replicate <= 1 or shard_bytes <= 0:
+        return 0.0
+    if cluster.nodes is None:
+        return _ring(shard_bytes, replicate, cluster.dp_link)
+    regions = cluster.dp_group(rank, dp)
+    nodes = cluster.nodes
+    link = nodes.intra if len(regions) == 1 and len(regions[0]) == 1 else \
+        nodes.wan if len(regions) > 1 and nodes.wan is not None else nodes.inter
+    return _ring(shard_bytes, replicate, link)
+
+
 def _ring(nbytes: float, n: int, link: Link) -> float:
     """Ring all-reduce of `nbytes` over `n` ranks on `link`: 2 (n - 1) / n x bytes / bandwidth + 2 (n - 1)
     latencies."""
@@ -145,8 +164,16 @@ def rank_sync_times(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Seq
     for (i, j), r in zip(bounds, owner):
         grads[r] += float(a.grads[i:j].sum())
         params[r] += float(a.params[i:j].sum())
-    return [sync_time(g, p, a.zero, layout.sync, cluster, r, layout.sync_per_group)
+    return [sync_time(g, p, a.zero, layout.shard, cluster, r, layout.sync_per_group) + _hsdp(g, layout, a, cluster, r)
             for r, (g, p) in enumerate(zip(grads, params))]
+
+
+def _hsdp(grad_bytes: float, layout: Layout, a: UnitArrays, cluster: Cluster, rank: int) -> float:
+    """The step's end's HSDP all-reduce of pipeline rank `rank`'s gradient shard across the replicas
+    (`hsdp_allreduce_time`; 0 without HSDP or sharding)."""
+    if a.zero.replicated or layout.dp_replicate == 1:
+        return 0.0
+    return hsdp_allreduce_time(grad_bytes / layout.shard, layout.dp_replicate, layout.dp, cluster, rank)
 
 
 def exposed_sync_time(a: UnitArrays, bounds: Sequence[tuple[int, int]], owner: Sequence[int], layout: Layout,
@@ -225,10 +252,11 @@ def _sync_floor(a: UnitArrays, cluster: Cluster, layout: Layout) -> float:
     g, p = float(a.grads.sum()) / pp, float(a.params.sum()) / pp
 
     def reduce(nbytes: float, r: int) -> float:
-        return allreduce_time(nbytes, layout.sync, cluster, r, layout.sync_per_group)
+        return allreduce_time(nbytes, layout.shard, cluster, r, layout.sync_per_group)
     if a.zero.replicated:
         return min(reduce(g, r) for r in ranks)
     # some rank holds >= 1 / pp of the parameters, some (maybe another) >= 1 / pp of the gradients
     gathered = min(reduce(p, r) for r in ranks)
     scattered = 0.0 if a.zero.scatters_each_microbatch else min(reduce(g, r) for r in ranks)
-    return half_collective(max(gathered, scattered))
+    across = min(_hsdp(g, layout, a, cluster, r) for r in ranks)  # HSDP: after the scatter, on the same gradients
+    return max(half_collective(gathered), half_collective(scattered) + across)

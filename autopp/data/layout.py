@@ -71,6 +71,10 @@ class Layout:
     sp: bool = False
     """Sequence parallelism with the tensor parallelism (Korthikanti et al. 2022): the norms between the sharded
     projections run on 1/tp of the sequence, each TP all-reduce a reduce-scatter + all-gather. Needs tp > 1."""
+    dp_replicate: int = 1
+    """HSDP (torchtitan's `data_parallel_replicate_degree`, FSDP2's 2-D mesh (replicate, shard)): the dp replicas
+    form dp_replicate groups of dp / dp_replicate neighbours (`shard`); a sharding ZeRO stage shards inside a group
+    and the groups all-reduce their shards' gradients. 1: the ZeRO stage shards over all dp (plain FSDP)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -79,6 +83,7 @@ class Layout:
         if not isinstance(self.zero, ZeroStage):  # a programming error: readers parse the stage number
             raise TypeError(f"Layout.zero must be a ZeroStage, got {self.zero!r}")
         _check_zero(self.zero, self.sync)
+        _check_replicate(self.dp_replicate, self.dp, self.zero, self.ep)
         _check_ep(self.ep, self.dp, self.cp, self.tp)
         _check_sp(self.sp, self.tp)
 
@@ -100,6 +105,11 @@ class Layout:
         context parallelism: a context-parallel rank computes gradients of the same weights on its share of the
         sequence). The cost model's gradient synchronisation and ZeRO terms read it here, never dp alone."""
         return math.prod(getattr(self, a) for a in _SYNC_AXES)
+
+    @property
+    def shard(self) -> int:
+        """The ranks a sharding ZeRO stage shards over: `sync` / dp_replicate (all of `sync` without HSDP)."""
+        return self.sync // self.dp_replicate
 
     @property
     def sync_per_group(self) -> int:
@@ -161,10 +171,10 @@ class Layout:
 
     def unit_view(self) -> UnitView:
         """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size)."""
-        sync = self.sync if not self.zero.replicated else 1
+        sync = self.shard if not self.zero.replicated else 1
         return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=sync, zero=self.zero if self.sync > 1 else NO_ZERO,
                         sp=self.sp, fsdp=self.fsdp,
-                        ep_replicas=self.dp // self.ep if self.ep > 1 else 1)
+                        ep_replicas=self.dp // self.ep if self.ep > 1 else 1, replicate=self.dp_replicate)
 
     @property
     def fsdp(self) -> bool:
@@ -179,7 +189,9 @@ class Layout:
         """The degrees as messages print them: "pp(2) x dp(2) x tp(2)", degrees of 1 beyond pp and dp left out;
         "tp(2)+sp" with sequence parallelism."""
         shown = [a for a in AXES if a in ("pp", "dp") or getattr(self, a) > 1]
-        return sep.join(f"{a}({getattr(self, a)})" + ("+sp" if a == "tp" and self.sp else "") for a in shown)
+        hsdp = f"[{self.dp_replicate}x{self.dp // self.dp_replicate}]" if self.dp_replicate > 1 else ""
+        return sep.join(f"{a}({getattr(self, a)})" + ("+sp" if a == "tp" and self.sp else "")
+                        + (hsdp if a == "dp" else "") for a in shown)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +208,9 @@ class LayoutPins:
     zero: ZeroStage | None = NO_ZERO
     sp: bool | None = False
     """Sequence parallelism pinned on or off; None: searched where tp > 1 and the profile has its rows."""
+    dp_replicate: int | None = 1
+    """HSDP's replicate degree (`Layout.dp_replicate`) pinned; None: searched (every divisor of dp below it, with a
+    sharding ZeRO stage)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -208,6 +223,8 @@ class LayoutPins:
             _check_ep(self.ep, self.dp, self.cp, self.tp)  # type: ignore[arg-type]
         if self.sp and self.tp is not None:
             _check_sp(self.sp, self.tp)
+        if self.dp_replicate not in (1, None) and self.dp is not None:
+            _check_replicate(self.dp_replicate, self.dp, self.zero, self.ep or 1)
 
     def check_devices(self, devices: int) -> None:
         """A LayoutError unless the pinned degrees can multiply to `devices`: each divides it, and so does their
@@ -222,6 +239,11 @@ class LayoutPins:
             raise LayoutError(f"{shown} = {product} != devices ({devices})")
         if devices % product:
             raise LayoutError(f"{shown} = {product} does not divide the {devices} devices")
+        r = self.dp_replicate or 1
+        rest = self.dp if self.dp is not None else devices // product
+        if r > 1 and (rest % r or rest == r):  # HSDP needs a dp it divides, above it
+            raise LayoutError(f"`dp_replicate` {r} must divide dp and be below it, and the {devices} devices leave "
+                              f"dp {rest} at most: give `dp_replicate` 1, or more devices")
 
     def per_group(self) -> LayoutPins:
         """The pins as the search over groups of devices sees them (`PlanRequest.view`): the axes inside a group
@@ -255,6 +277,8 @@ class UnitView(NamedTuple):
     averaged; 1 without expert parallelism."""
     fsdp: bool = False
     """ZeRO as FSDP2 outside a pipeline (`Layout.fsdp`)."""
+    replicate: int = 1
+    """HSDP's replicas of each shard group (`Layout.dp_replicate`): they all-reduce the shards' gradients."""
 
     @property
     def group(self) -> int:
@@ -273,7 +297,7 @@ class UnitView(NamedTuple):
 
     def local(self) -> UnitView:
         """The view of one group of devices alone (no ZeRO sharding): what `sharded` views are computed from."""
-        return self._replace(sync=1, zero=NO_ZERO, fsdp=False)
+        return self._replace(sync=1, zero=NO_ZERO, fsdp=False, replicate=1)
 
 
 #: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each (their
@@ -301,6 +325,20 @@ def _check_zero(zero: ZeroStage, sync: int) -> None:
                           "or `zero` 0")
 
 
+def _check_replicate(replicate: int, dp: int, zero: ZeroStage | None, ep: int) -> None:
+    if replicate == 1:
+        return
+    if dp % replicate or replicate == dp:
+        raise LayoutError(f"`dp_replicate` {replicate} must divide dp({dp}) and be below it (HSDP shards over dp / "
+                          "dp_replicate ranks)")
+    if zero is not None and zero.replicated:
+        raise LayoutError(f"`dp_replicate` {replicate} replicates ZeRO's shards, and ZeRO 0 shards nothing: give "
+                          "`zero` 1 or 3, or `dp_replicate` 1")
+    if ep > 1:
+        raise LayoutError(f"`dp_replicate` {replicate} with `ep` {ep}: autopp plans HSDP without expert "
+                          "parallelism; give `dp_replicate` 1 or `ep` 1")
+
+
 def _check_sp(sp: object, tp: int) -> None:
     if not isinstance(sp, bool):
         raise LayoutError(f"`sp` must be true or false, got {sp!r}")
@@ -323,8 +361,9 @@ def uses_mesh(layout: Layout) -> bool:
 
 #: A layout's fields in plan and run-report JSON, with their least values: `num_ranks` (its world size), `pp` (0:
 #: num_ranks // (dp x cp x tp), in files that predate the field), `dp`, `virtual_stages` (its v), `tp` and `zero`
-#: (written when tp > 1 or ZeRO > 0), `cp` and `ep` (written when above 1).
-LAYOUT_FIELDS = {"num_ranks": 1, "pp": 0, "dp": 1, "virtual_stages": 1, "cp": 1, "tp": 1, "ep": 1, "zero": 0}
+#: (written when tp > 1 or ZeRO > 0), `cp`, `ep` and `dp_replicate` (HSDP; written when above 1).
+LAYOUT_FIELDS = {"num_ranks": 1, "pp": 0, "dp": 1, "virtual_stages": 1, "cp": 1, "tp": 1, "ep": 1, "zero": 0,
+                 "dp_replicate": 1}
 #: Every JSON key of a layout: `LAYOUT_FIELDS` and the flag `sp` (true or false; written only when true, so plans
 #: without sequence parallelism read and write as before it existed).
 LAYOUT_KEYS = (*LAYOUT_FIELDS, "sp")
@@ -335,7 +374,7 @@ def layout_fields(layout: Layout) -> dict[str, int | bool]:
     out = {"num_ranks": layout.world, "pp": layout.pp, "dp": layout.dp, "virtual_stages": layout.v}
     if layout.tp > 1 or not layout.zero.replicated:
         out.update(tp=layout.tp, zero=layout.zero.stage)
-    out.update({axis: getattr(layout, axis) for axis in ("cp", "ep") if getattr(layout, axis) > 1})
+    out.update({axis: getattr(layout, axis) for axis in ("cp", "ep", "dp_replicate") if getattr(layout, axis) > 1})
     return out | ({"sp": True} if layout.sp else {})
 
 
@@ -351,7 +390,7 @@ def layout_of(data: Mapping[str, Any]) -> Layout:
     if not isinstance(data.get("sp", False), bool):
         raise LayoutError(f"field 'sp' must be true or false, got {data['sp']!r}")
     layout = Layout(pp=pp, v=data.get("virtual_stages", 1), dp=dp, cp=cp, tp=tp, ep=data.get("ep", 1), zero=zero,
-                    sp=data.get("sp", False))
+                    sp=data.get("sp", False), dp_replicate=data.get("dp_replicate", 1))
     if layout.world != data["num_ranks"]:
         raise LayoutError(f"{layout.describe(' * ')} != num_ranks ({data['num_ranks']})")
     return layout

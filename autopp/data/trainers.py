@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..schedule import ScheduleName, describe
 from .axes import AXES, SWITCHES
 from .layout import Layout
+from .zero import HSDP_REFUSALS
 
 __all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem",
            "HF_DECODER_TO_TORCHTITAN"]
@@ -72,6 +73,9 @@ class Trainer:
         why = layout.zero.refusal(self.name)
         if why is not None:
             return f"zero {layout.zero.stage}: {why}"
+        hsdp = HSDP_REFUSALS.get(self.name)
+        if layout.dp_replicate > 1 and hsdp is not None:
+            return f"dp_replicate {layout.dp_replicate} (HSDP): {hsdp}"
         if self.gathers_only_without_pp and layout.zero.gathers_each_forward and layout.pp > 1:
             return (f"zero {layout.zero.stage} with pp {layout.pp}: {self.gathers_only_without_pp}; re-plan with "
                     "`zero` 1")

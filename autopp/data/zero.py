@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..errors import LayoutError
 
-__all__ = ["ZeroStage", "ZERO", "NO_ZERO", "SEARCHED_ZERO", "zero_stage"]
+__all__ = ["ZeroStage", "ZERO", "NO_ZERO", "SEARCHED_ZERO", "zero_stage", "HSDP_REFUSALS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,3 +89,17 @@ def zero_stage(stage: object) -> ZeroStage:
     if isinstance(stage, bool) or not isinstance(stage, int) or stage not in ZERO:
         raise LayoutError(f"ZeRO stage {stage!r} does not exist; give one of {sorted(ZERO)}")
     return ZERO[stage]
+
+
+#: HSDP (`Layout.dp_replicate` > 1: shard inside a group of dp / dp_replicate ranks, replicate across the groups):
+#: trainer -> why it cannot run it (torchtitan runs it: `data_parallel_replicate_degree` x
+#: `data_parallel_shard_degree`). Megatron-LM's distributed optimizer shards over the whole data-parallel group (its
+#: nearest, `--num-distributed-optimizer-instances`, shards ZeRO 1 state only, and its FSDP has no replicate
+#: dimension beside pipelining); DeepSpeed's nearest, ZeRO++ hpZ and MiCS, are ZeRO 3 schemes its PipelineEngine
+#: refuses.
+HSDP_REFUSALS: dict[str, str] = {
+    "megatron": "Megatron-LM shards over the whole data-parallel group (its nearest, "
+                "--num-distributed-optimizer-instances, partitions ZeRO 1 state only); re-plan with `dp_replicate` 1",
+    "deepspeed": "DeepSpeed's nearest (ZeRO++ hpZ, MiCS) are ZeRO 3 schemes, which its PipelineEngine refuses; "
+                 "re-plan with `dp_replicate` 1",
+}

@@ -124,15 +124,16 @@ def bounds_from_counts(layers: ModelLayers, counts: Sequence[int]) -> tuple[tupl
 
 
 def pinned_config(name: ScheduleName, degrees: Degrees, v: int, dp: int, zero: ZeroStage, sp: bool, m: int, b: int,
-                  bounds: tuple[tuple[int, int], ...], activation: Activation, where: str) -> Pinned:
+                  bounds: tuple[tuple[int, int], ...], activation: Activation, where: str,
+                  dp_replicate: int = 1) -> Pinned:
     """The trainer's configuration as autopp judges it: every stage under the trainer's one activation policy; the
     ZeRO stage only where dp > 1 shards something, sequence parallelism only with tensor parallelism (as the
-    trainers apply them). A layout the degrees do not make (ep not dividing dp x cp x tp) is one line naming
-    `where`."""
+    trainers apply them); `dp_replicate`: HSDP's replicas (`Layout.dp_replicate`). A layout the degrees do not
+    make (ep not dividing dp x cp x tp) is one line naming `where`."""
     others = {a: d for a, d in degrees.items() if a != "pp"}
     try:
         layout = Layout(pp=degrees["pp"], v=v, dp=dp, **others, zero=zero if dp > 1 else NO_ZERO,
-                        sp=sp and others.get("tp", 1) > 1)
+                        sp=sp and others.get("tp", 1) > 1, dp_replicate=dp_replicate)
     except LayoutError as exc:
         raise ExportError(f"{where}: {exc}") from None
     return Pinned(candidate=Candidate(schedule=name, layout=layout, microbatches=m, microbatch_size=b, bounds=bounds,

@@ -109,11 +109,13 @@ def _counts(o: dict[str, Any], layers: ModelLayers, pp: int, single: bool, where
 
 
 def _data_parallel(o: dict[str, Any], degrees: Degrees, devices: int, where: str, notes: list[str]
-                   ) -> tuple[int, ZeroStage]:
+                   ) -> tuple[int, ZeroStage, int]:
     """dp = replicate x shard (a shard degree of -1 taking the devices left over; refused unless pp x dp x cp x tp =
     devices), and the ZeRO stage of its FSDP: none for replicas, stage 1 for `fsdp_reshard_after_forward` never,
     3 for always ("default": never under pipeline parallelism, always without; `ZeroStage.fsdp_reshard_after_forward`).
-    HSDP (replicate and shard both above 1) is judged as FSDP over all dp ranks, said in `notes`."""
+    With replicate and shard both above 1, HSDP: that stage sharded over the shard ranks, replicated `replicate`
+    times (`Layout.dp_replicate`, the third value returned; 1 otherwise); beside expert parallelism, which autopp
+    plans without HSDP, as FSDP over all dp ranks, said in `notes`."""
     replicate = config_int(o, "parallelism.data_parallel_replicate_degree", 1, where)
     shard = config_int(o, "parallelism.data_parallel_shard_degree", -1, where, also=(-1,))
     group = math.prod(d for a, d in degrees.items() if a in ("pp", "cp", "tp"))
@@ -128,17 +130,17 @@ def _data_parallel(o: dict[str, Any], degrees: Degrees, devices: int, where: str
         raise ExportError(f"{where}: {shown} x dp {replicate * shard} (replicate {replicate} x shard {shard}) != "
                           f"{devices} devices; plan with --devices {group * replicate * shard}")
     if shard == 1:
-        return replicate, ZERO[0]
+        return replicate, ZERO[0], 1
     mode = str(o.get("parallelism.fsdp_reshard_after_forward", "default"))
     if mode not in ("default", "always", "never"):
         raise ExportError(f"{where}: fsdp_reshard_after_forward must be default, always or never, got {mode!r}")
     reshard = mode == "always" or mode == "default" and degrees["pp"] == 1
     zero = next(z for z in ZERO.values() if z.fsdp_reshard_after_forward is reshard and z.not_runnable is None)
-    if replicate > 1:
-        notes.append(f"HSDP (replicate {replicate} x shard {shard}) is evaluated as {zero} over all "
-                     f"{replicate * shard} data-parallel ranks: autopp's ZeRO shards over the whole data-parallel "
-                     "group")
-    return replicate * shard, zero
+    if replicate > 1 and degrees.get("ep", 1) > 1:  # autopp plans HSDP without expert parallelism
+        notes.append(f"HSDP (replicate {replicate} x shard {shard}) with expert parallelism is evaluated as {zero} "
+                     f"over all {replicate * shard} data-parallel ranks: autopp plans HSDP without ep")
+        return replicate * shard, zero, 1
+    return replicate * shard, zero, replicate
 
 
 def _sequence_parallel(o: dict[str, Any], where: str) -> bool:
@@ -175,7 +177,7 @@ def read_torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinn
     if len(counts) % pp:  # torchtitan raises here too (_get_pipeline_metadata: stages divisible by pp)
         raise ExportError(f"{where}: {len(counts)} stages are not a multiple of pipeline_parallel_degree {pp}; "
                           "torchtitan needs the same number of stages on every rank")
-    dp, zero = _data_parallel(o, degrees, devices, where, notes)
+    dp, zero, replicate = _data_parallel(o, degrees, devices, where, notes)
     local = config_int(o, "training.local_batch_size", 8, where)
     # without pipeline parallelism torchtitan runs the local batch in one forward and backward (no microbatches)
     b = config_int(o, "parallelism.pipeline_parallel_microbatch_size", 1, where) if pp > 1 else local
@@ -187,4 +189,4 @@ def read_torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinn
                           "accumulation is not modelled")
     policy = _activation(o, notes)
     return pinned_config(name, degrees, len(counts) // pp, dp, zero, _sequence_parallel(o, where), local // b, b,
-                         bounds_from_counts(layers, counts), policy, where), notes
+                         bounds_from_counts(layers, counts), policy, where, dp_replicate=replicate), notes

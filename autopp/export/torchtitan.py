@@ -81,23 +81,25 @@ def _schedule(plan: Plan, where: str) -> tuple[str, bool]:
 
 
 #: How the dp replicas run, per ZeRO stage (for the launch note).
-def _dp_as(zero: ZeroStage) -> str:
-    """How torchtitan runs the data parallelism of ZeRO stage `zero`, for the launch note."""
+def _dp_as(zero: ZeroStage, replicate: int = 1) -> str:
+    """How torchtitan runs the data parallelism of ZeRO stage `zero` (HSDP's `replicate` groups), for the launch
+    note."""
     if zero.replicated:
         return "DDP replicas"
     how = "resharded after each forward" if zero.fsdp_reshard_after_forward else "kept whole through the step"
-    return f"FSDP shards {how} ({zero})"
+    return f"FSDP shards {how} ({zero})" + (f", HSDP: replicated {replicate} times" if replicate > 1 else "")
 
 
 def data_parallel(plan: Plan) -> list[str]:
     """dp as torchtitan runs it: ZeRO 0 as replicas (`data_parallel_replicate_degree`, shard degree 1); ZeRO 1 and
-    3 as FSDP over dp (`data_parallel_shard_degree`), parameters kept whole from the forward through the backward
+    3 as FSDP over dp (`data_parallel_shard_degree`; with HSDP, `Layout.dp_replicate`, over dp / dp_replicate, the
+    rest `data_parallel_replicate_degree`), parameters kept whole from the forward through the backward
     (`fsdp_reshard_after_forward=never`, torchtitan's default under PP) or resharded after each forward (`always`).
     ZeRO 2 is refused before (`refuse_layout`): torchtitan has no stage that shards gradients but not parameters."""
-    zero, dp = plan.layout.zero, plan.layout.dp
+    zero, dp, r = plan.layout.zero, plan.layout.dp, plan.layout.dp_replicate
     if zero.replicated:
         return [f"--parallelism.data_parallel_replicate_degree={dp}", "--parallelism.data_parallel_shard_degree=1"]
-    return ["--parallelism.data_parallel_replicate_degree=1", f"--parallelism.data_parallel_shard_degree={dp}",
+    return [f"--parallelism.data_parallel_replicate_degree={r}", f"--parallelism.data_parallel_shard_degree={dp // r}",
             f"--parallelism.fsdp_reshard_after_forward={'always' if zero.fsdp_reshard_after_forward else 'never'}"]
 
 
@@ -141,7 +143,8 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
     lines.append(f"activation_checkpoint:{activations.torchtitan}")
     mesh = ", ".join(a.name for a, _ in trainer_axes(plan, "torchtitan") if a.name in MESH_AXES)
     notes = [f"torchtitan: launch {plan.num_ranks} ranks ({launch_grid(plan, 'torchtitan')}, dp as "
-             f"{_dp_as(plan.layout.zero)}; torchtitan's mesh [{mesh}] numbers them as autopp does)",
+             f"{_dp_as(plan.layout.zero, plan.layout.dp_replicate)}; torchtitan's mesh [{mesh}] numbers them as autopp "
+             "does)",
              *setting_notes, _names_note(fqns, mapped is not None)]
     if via_csv:
         notes.append(f"the schedule CSV is named relative to the export ({csv_path.name}): launch torchtitan from "

@@ -1,7 +1,8 @@
 """Data parallelism on a rank's pipeline stages beyond plain replicas: ZeRO stages 1 and 3 as FSDP2's `fully_shard`
 over the layout's synchronisation ranks (`Layout.sync`: the mesh's "dp" dimension, flattened with "cp" where context
-parallelism adds one, as torchtitan's `dp_shard_cp` mesh), and what torch.distributed.pipelining cannot run
-(autopp.data.zero; Rajbhandari et al., SC'20, arXiv:1910.02054; docs/parallelism.md)."""
+parallelism adds one, as torchtitan's `dp_shard_cp` mesh; a 2-D (replicate, shard) mesh with HSDP), and what
+torch.distributed.pipelining cannot run (autopp.data.zero; Rajbhandari et al., SC'20, arXiv:1910.02054;
+docs/parallelism.md)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,16 @@ def check_runnable(plan: Plan) -> None:
 
 
 def sync_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
-    """The one-dimensional mesh of the ranks that average their gradients and over which ZeRO shards
-    (`Layout.sync_axes` of `mesh`, flattened when there are several)."""
+    """The mesh of the ranks that average their gradients and over which ZeRO shards (`Layout.sync_axes` of `mesh`,
+    flattened when there are several); with HSDP (`Layout.dp_replicate` > 1) unflattened into FSDP2's 2-D
+    ("dp_replicate", "dp_shard") mesh, the replicas outermost as `Layout.shard` groups neighbours (torchtitan's
+    `dp_replicate` x `dp_shard` mesh): `fully_shard` over it shards along dp_shard and all-reduces along
+    dp_replicate."""
     dims = layout.sync_axes
-    return mesh[dims[0]] if len(dims) == 1 else mesh[dims]._flatten()
+    flat = mesh[dims[0]] if len(dims) == 1 else mesh[dims]._flatten()
+    if layout.dp_replicate == 1:
+        return flat
+    return flat._unflatten(0, (layout.dp_replicate, layout.shard), ("dp_replicate", "dp_shard"))
 
 
 def shard_replicas(piece: nn.Module, mesh: DeviceMesh, zero: ZeroStage, units: Sequence[str]) -> None:

@@ -396,6 +396,27 @@ def test_deepspeed_config_accepts_zero_stages(zero: int, deepspeed,  # type: ign
     assert stage == zero and stage < ZeroStageEnum.gradients  # what DeepSpeed's PipelineEngine asserts
 
 
+@pytest.mark.parametrize("zero", [1, 3])
+def test_torchtitan_parses_hsdp_and_megatron_and_deepspeed_refuse_it(  # type: ignore[no-untyped-def]
+        zero: int, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """Issue 25 item 3: HSDP (dp 4 = replicate 2 x shard 2) is torchtitan's data_parallel_replicate_degree x
+    data_parallel_shard_degree, which its ParallelDims multiplies to the world size; Megatron-LM and DeepSpeed have no
+    replicate dimension beside pipelining and refuse it in one line."""
+    from autopp.export import ExportError
+    base = llama_plans["dp"]
+    plan = dataclasses.replace(base, layout=dataclasses.replace(base.layout, dp=4, zero=ZERO[zero], dp_replicate=2))
+    par = titan(export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
+                ).parallelism
+    assert (par.data_parallel_replicate_degree, par.data_parallel_shard_degree) == (2, 2)
+    assert plan.layout.pp * par.data_parallel_replicate_degree * par.data_parallel_shard_degree == plan.num_ranks
+    assert par.fsdp_reshard_after_forward == {1: "never", 3: "always"}[zero]
+    with pytest.raises(ExportError, match=r"dp_replicate 2 \(HSDP\): Megatron-LM shards over the whole"):
+        export_plan(plan, Target.MEGATRON, "x")
+    ds = r"dp_replicate 2 \(HSDP\): DeepSpeed's nearest \(ZeRO\+\+ hpZ, MiCS\)" if zero == 1 else "zero 3: DeepSpeed"
+    with pytest.raises(ExportError, match=ds):
+        export_plan(plan, Target.DEEPSPEED, "x.json")
+
+
 def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]
         megatron, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """Issue 30: ep 2 with 8 experts and top-2 routing: megatron-core's TransformerConfig takes the expert flags (and

@@ -63,6 +63,26 @@ def test_the_sync_mesh_is_dp_or_dp_and_cp_flattened(fake_world: Callable[[int], 
     assert flat.ndim == 1 and flat.size() == with_cp.sync == 4
 
 
+def test_the_hsdp_sync_mesh_is_replicate_by_shard(fake_world: Callable[[int], None]) -> None:
+    """Issue 25 item 3: HSDP's 2-D mesh for FSDP2, the replicas outermost: rank 0's shard group is ranks 0 and 1 (of
+    dp 4 = 2 x 2 at pp 1), its replica group ranks 0 and 2."""
+    fake_world(4)
+    layout = Layout(dp=4, zero=ZERO[3], dp_replicate=2)
+    hsdp = sync_mesh(init_device_mesh("cpu", (1, 4, 1), mesh_dim_names=layout.mesh_axes), layout)
+    assert hsdp.mesh_dim_names == ("dp_replicate", "dp_shard") and hsdp.mesh.tolist() == [[0, 1], [2, 3]]
+
+
+@pytest.mark.integration
+def test_gpt_pp1_dp4_hsdp_2_x_2_matches_one_process(tmp_path: Path) -> None:
+    """Issue 25 item 3: HSDP (pp 1, ZeRO 3, dp 4 = replicate 2 x shard 2) runs as FSDP2 over a 2-D mesh on 4 gloo
+    ranks and matches one process."""
+    plan = pipeline_plan(GPT, [], layout=Layout(pp=1, dp=4, zero=ZERO[3], dp_replicate=2), num_microbatches=1)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
+    assert report.passed and (report.layout.dp_replicate, report.layout.zero, report.num_ranks) == (2, ZERO[3], 4)
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL and len(report.losses) == 2
+    assert len(_rank_lines(tmp_path, "ZeRO 3 over 4 ranks: fully_shard(reshard_after_forward=True)")) == 4
+
+
 @pytest.mark.integration
 def test_gpt_pp1_dp2_zero3_the_pure_fsdp_layout_matches_one_process(tmp_path: Path) -> None:
     """Issue 25 item 3: pure FSDP (pp 1, ZeRO 3), which the planner costs as FSDP2 resharding after forward, runs on

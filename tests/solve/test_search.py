@@ -378,3 +378,30 @@ def test_a_plan_for_a_trainer_never_offers_chimera() -> None:
         plan = make_plan(synthetic_profile(12, hidden=1024, seq=8192),
                          PlanRequest(cluster=cluster, global_batch=2, schedule=None, trainer=trainer))
         assert plan.schedule is not ScheduleName.CHIMERA
+
+
+@pytest.mark.parametrize("inter_bandwidth, memory_gib, replicate", [
+    (2e9, 200, 2),  # a slow inter-node link: HSDP shards inside each node, only the shards' all-reduce crosses
+    (None, 200, 1),  # the catalog's links: FSDP2's prefetch hides every collective, FSDP's shards take less memory
+    (2e9, 80, 1),  # slow, but HSDP's shards over 8 do not fit: plain FSDP over all 16
+])
+def test_hsdp_is_chosen_where_the_inter_node_link_is_slow_and_its_shards_fit(
+        inter_bandwidth: float | None, memory_gib: int, replicate: int) -> None:
+    """Issue 25 item 3: HSDP (`dp_replicate` searched) against plain FSDP for Llama-3-8B on 2 x 8 H100 at pp 1."""
+    from autopp.data.catalog import LinkOverrides, cluster_from_catalog, load_device
+    from autopp.data.profile import load_profile
+    from autopp.data.zero import ZERO
+    from autopp.solve import RecomputeMode
+    from tests.conftest import ROOT
+    profile = load_profile(ROOT / "profiles" / "llama-3-8b-h100-sxm-s8192")
+    cluster = cluster_from_catalog(load_device("h100-sxm"), nodes=2, memory_bytes=memory_gib * 2**30,
+                                   overrides=LinkOverrides(inter_bandwidth=inter_bandwidth))
+    request = PlanRequest(cluster=cluster, global_batch=16, recompute=RecomputeMode.ALL, num_microbatches=1,
+                          pins=LayoutPins(pp=1, dp=16, zero=ZERO[3], dp_replicate=None))
+    plan = make_plan(profile, request)
+    assert plan.layout == Layout(pp=1, dp=16, zero=ZERO[3], dp_replicate=replicate)
+    other = make_plan(profile, replace(request, pins=replace(request.pins, dp_replicate=3 - replicate))) \
+        if memory_gib > 80 else None
+    if other is not None:  # the other choice, pinned, is slower or, as fast, holds more memory
+        assert (plan.predicted.step_time_s, max(plan.predicted.peak_memory_bytes)) < \
+            (other.predicted.step_time_s, max(other.predicted.peak_memory_bytes))

@@ -87,10 +87,12 @@ def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
     cross = ", ".join(h for h, level in hops if level == 1) or "none"
     if nodes.regions > 1:
         cross += f"; across regions: {', '.join(h for h, level in hops if level == 2) or 'none'}"
-    group = cluster.dp_group(0, layout.dp)
+    group = cluster.dp_group(0, layout.dp // layout.dp_replicate)  # HSDP: ZeRO's collectives in a shard group
     spans = sum(len(region) for region in group)
     reduce = "none" if layout.sync == 1 else "a ring inside a node" if spans == 1 else \
         f"hierarchical across {spans} nodes" + (f" in {len(group)} regions" if len(group) > 1 else "")
+    if layout.dp_replicate > 1:
+        reduce += f", then each shard all-reduced across the {layout.dp_replicate} HSDP replicas"
     regions = f" in {nodes.regions} regions" if nodes.regions > 1 else ""
     tp = layout.group
     ranks = "on device r x dp + j" if tp == 1 else f"on the {tp} devices from (r x dp + j) x {tp}"
@@ -130,6 +132,8 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
                    "ring's part not hidden under one block of attention, gradients averaged over dp x cp "
                    "(docs/parallelism.md#context-parallelism)")
     over = f"{c.layout.dp} replicas" if c.layout.cp == 1 else f"dp x cp = {c.layout.sync} ranks"
+    if c.layout.dp_replicate > 1:
+        over = f"each HSDP group of {c.layout.shard} ranks"
     if c.layout.fsdp:
         out.append(f"ZeRO stage {zero.stage} over {over} as FSDP2 without a pipeline: parameters, "
                    "gradients and optimizer state sharded, each unit gathered for its forward and again for its "
@@ -137,6 +141,9 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     elif not zero.replicated:
         out.append(f"ZeRO stage {zero.stage} over {over}: {zero.sharded} sharded"
                    + (" (costed only: torch.distributed.pipelining cannot run it)" if zero.not_runnable else ""))
+    if c.layout.dp_replicate > 1:
+        out.append(f"HSDP: ZeRO shards over {c.layout.shard} neighbouring ranks, replicated {c.layout.dp_replicate} "
+                   "times; each gradient shard all-reduced across the replicas (docs/parallelism.md#zero-stages)")
     if c.layout.ep > 1:
         moe, layers = profile.meta.extra.get("moe") or {}, int(profile.units.moe_layers.sum()) // len(
             profile.meta.microbatch_sizes)

@@ -316,6 +316,16 @@ def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage) -> tuple[int
     return (1, *(e for e in range(2, dp + 1) if dp % e == 0)) if fits else (1,)
 
 
+def replicate_choices(req: PlanRequest, dp: int, zero: ZeroStage, ep: int) -> tuple[int, ...]:
+    """HSDP's replicate degrees to try (`Layout.dp_replicate`): the pinned one where it fits (a sharding ZeRO stage,
+    a divisor of dp below it, no ep), or, searched (`pins.dp_replicate` None), 1 and every such divisor."""
+    fits = [r for r in range(2, dp) if dp % r == 0] if not zero.replicated and ep == 1 else []
+    pinned = req.pins.dp_replicate
+    if pinned is None:
+        return (1, *fits)
+    return (pinned,) if pinned == 1 or pinned in fits else ()
+
+
 def with_sp(req: PlanRequest, offered: bool) -> PlanRequest:
     """The request with sequence parallelism decided for every tp > 1 (`offered`: the profile counts its bytes,
     `costmodel.sp_offered`): pinned on needs them (LayoutError otherwise); searched (None) is on where offered, as
@@ -342,10 +352,12 @@ def configs(req: PlanRequest, n: int, degrees: tuple[Group, ...] = (Group(1, 1),
     expert-parallel degree (`ep_choices`; searched ep dividing `experts`, the routed experts per MoE layer, where
     known) and sequence parallelism where tp > 1 and `sp` is on (`with_sp`); with a `trainer`, only those it runs
     (autopp.data.trainers)."""
-    out = [replace(c, layout=replace(c.layout, cp=cp, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp)))
+    out = [replace(c, layout=replace(c.layout, cp=cp, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp),
+                                     dp_replicate=r))
            for cp, tp in degrees for c in _pipeline_configs(req.view(cp * tp), n)
            for zero in zero_stages(req, c.layout.dp * cp) for ep in ep_choices(req, c.layout.dp, cp * tp, zero)
-           if not experts or experts % ep == 0 or req.pins.ep]
+           if not experts or experts % ep == 0 or req.pins.ep
+           for r in replicate_choices(req, c.layout.dp, zero, ep)]
     # the runner runs Chimera's two pipelines on pipeline ranks alone (autopp.run.bidirectional)
     out = [c for c in out if not describe(c.schedule).mirrored or (c.layout.dp == 1 and not uses_mesh(c.layout))]
     if req.trainer is None:
