@@ -600,6 +600,10 @@ CASES += [
               ".toml"),
     _pin_case("recompute-granularity-unknown", "--pipeline-model-parallel-size 2 --num-layers 4 "
               "--recompute-granularity some\n", "--recompute-granularity must be full or selective, got 'some'"),
+    _pin_case("recompute-chunks-not-modelled", "--pipeline-model-parallel-size 2 --num-layers 4 "
+              "--recompute-granularity full --recompute-method block --recompute-num-layers 1\n",
+              "--recompute-method block --recompute-num-layers 1 is not modelled (stages of up to 2 layers); autopp "
+              "recomputes each layer or whole stages"),
     _pin_case("ep-does-not-divide", "--pipeline-model-parallel-size 2 --num-layers 4 --expert-model-parallel-size 2 "
               "--global-batch-size 8\n", "ep(2) must divide dp(1) * cp(1) * tp(1) = 1"),
 ]
