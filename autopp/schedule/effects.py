@@ -13,7 +13,9 @@ F       forward + o                       kept (activations, or the  -
                                           keeps inputs only)
 I       redo + backward_input + o         redone (activations when   -
                                           the policy redoes them or
-                                          brings them back)
+                                          brings them back; one
+                                          unit's, the largest, when
+                                          it redoes unit by unit)
 W       backward_weight                   -                          kept + redone
 B       redo + backward (I + W) + o       redone                     kept + redone
 ======  ================================  =========================  ==================================
