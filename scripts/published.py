@@ -234,7 +234,7 @@ def _plan(profile: Profile, request: PlanRequest) -> tuple[Plan | None, str, flo
 
 
 def _recomputing(plan: Plan) -> int:
-    return sum(s.activation is Activation.RECOMPUTE for s in plan.stages)
+    return sum(s.activation in (Activation.RECOMPUTE, Activation.BLOCKS) for s in plan.stages)
 
 
 def describe_config(plan: Plan) -> str:

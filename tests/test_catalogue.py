@@ -250,6 +250,13 @@ def _stage(i: int, **values: Any) -> Callable[[dict[str, Any]], None]:
     return lambda d: d["stages"][i].update(values)
 
 
+def _every_stage(**values: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(d: dict[str, Any]) -> None:
+        for stage in d["stages"]:
+            stage.update(values)
+    return edit
+
+
 PLANS: dict[str, Callable[[Env], None]] = {
     "missing": lambda env: None,
     "directory": lambda env: env.bad_plan.mkdir(),
@@ -340,6 +347,13 @@ CASES += [
                      "(its own TrainSchedule, one stage per rank); re-plan with --schedule 1F1B (and no --synthesize), "
                      "or plan with `autopp plan --for deepspeed`, which searches only what deepspeed runs",
          _plan_edit(lambda d: d.update(schedule="Seq1F1B"))),
+    Case("export:whole-stage-recompute", lambda env: ["export", str(env.bad_plan), "--to", "deepspeed", "-o",
+                                                      str(env.tmp / "d.json")],
+         lambda env: f"{env.bad_plan}: activation policy recompute: DeepSpeed's activation_checkpoint_interval 1 "
+                     "checkpoints each layer (per-unit recomputation, `recompute-units`), not a whole stage as one "
+                     "checkpoint; a whole stage needs an interval of a stage's layers, which autopp does not export; "
+                     "re-plan with `activations` keep or recompute-units (or `autopp plan --for deepspeed`)",
+         _plan_edit(_every_stage(activation="recompute"))),
     Case("run:batch-norm-over-microbatches", lambda env: ["run", str(env.bad_plan)],
          lambda env: "the model normalizes with BatchNorm (stem.1 and 8 more), whose statistics are per microbatch (2 "
                      "samples, not the global batch of 8), so a pipelined step cannot equal the single-process one: "
@@ -611,6 +625,10 @@ CASES += [
               ".toml"),
     _pin_case("recompute-granularity-unknown", "--pipeline-model-parallel-size 2 --num-layers 4 "
               "--recompute-granularity some\n", "--recompute-granularity must be full or selective, got 'some'"),
+    _pin_case("recompute-chunks-not-modelled", "--pipeline-model-parallel-size 2 --num-layers 4 "
+              "--recompute-granularity full --recompute-method block --recompute-num-layers 1\n",
+              "--recompute-method block --recompute-num-layers 1 is not modelled (stages of up to 2 layers); autopp "
+              "recomputes each layer or whole stages"),
     _pin_case("ep-does-not-divide", "--pipeline-model-parallel-size 2 --num-layers 4 --expert-model-parallel-size 2 "
               "--global-batch-size 8\n", "ep(2) must divide dp(1) * cp(1) * tp(1) = 1"),
 ]

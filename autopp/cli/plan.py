@@ -103,10 +103,11 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--virtual-stages", type=POSITIVE,
                    help="stages per rank for interleaved schedules (default: searched, 2 and 4)")
     p.add_argument("--recompute", choices=["none", "all", "auto"],
-                   help="activation recomputation: none; all: full recomputation on every stage; auto (default, "
-                        "unless --recompute-stages): per stage, keep, selective (when the profile has its figures), "
-                        "offload to host memory (when the devices have a host link) or full recomputation, saving "
-                        "memory only where it is needed (with --for, one policy for every stage)")
+                   help="activation recomputation: none; all: whole-stage recomputation on every stage; auto "
+                        "(default, unless --recompute-stages): per stage, keep, selective (when the profile has its "
+                        "figures), offload to host memory (when the devices have a host link), whole-stage or "
+                        "per-unit recomputation (each unit checkpointed, as the trainers' full recomputation), "
+                        "saving memory only where it is needed (with --for, one policy for every stage)")
     p.add_argument("--split", type=_indices, metavar="I,J,...",
                    help="evaluate this split instead of searching one: the unit indices where stages 1.. begin "
                         "(stages = pp x stages per rank); printed beside autopp's own choice")

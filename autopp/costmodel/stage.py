@@ -27,7 +27,8 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
     `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none); the
     expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`) as the communication an overlapping schedule
     hides. Like torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward. The
-    activation policies' own figures: summed over the units from the profile's columns, or, with the devices' host
+    activation policies' own figures: summed over the units from the profile's columns, from the units' arrays
+    (`from_units`), or, with the devices' host
     link (`host_bandwidth`, bytes/s per direction; `Cluster.host_bandwidth`), derived from the stages (`derive`)."""
     out = []
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
@@ -40,12 +41,18 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
                              input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0,
                              transient_bytes=stage_transient(a, i, j),
-                             own=tuple((p, Figures(int(kept[i:j].sum()), float(redo[i:j].sum()) / sp))
-                                       for p, (kept, redo) in a.own.items()),
+                             own=(*((p, Figures(int(kept[i:j].sum()), float(redo[i:j].sum()) / sp))
+                                    for p, (kept, redo) in a.own.items()), *_from_units(a, i, j, sp)),
                              forward_comm_s=comm, backward_comm_s=comm))
     derived = [p for p in POLICIES.values() if p.derive is not None] if host_bandwidth > 0 else []
     return [replace(c, own=c.own + tuple((p.name, p.derive(out, s, host_bandwidth)) for p in derived if p.derive))
             for s, c in enumerate(out)] if derived else out
+
+
+def _from_units(a: UnitArrays, i: int, j: int, speed: float) -> tuple[tuple[Activation, Figures], ...]:
+    """The figures of the policies that derive theirs from the units [i, j) (`ActivationPolicy.from_units`)."""
+    return tuple((p.name, f._replace(redo_s=f.redo_s / speed)) for p in POLICIES.values() if p.from_units
+                 for f in [p.from_units(a, i, j)])
 
 
 def memory_prefix(a: UnitArrays, inflight: int, activation: Activation = Activation.KEEP) -> np.ndarray:

@@ -66,8 +66,9 @@ class StagePlan:
     transient_bytes: int = 0
     """Largest working memory of the stage's units (effects.TRANSIENT); 0 and not written without peak data."""
     own: tuple[tuple[Activation, Figures], ...] = ()
-    """The activation policies' own figures for this stage (`StageCost.own`); in JSON as two fields per policy
-    (`figure_keys`: "selective_bytes", "selective_redo_s"), not written when 0."""
+    """The own figures of the stage's activation policy (`StageCost.own`, that policy's only: the plan is simulated
+    as written); in JSON as three fields (`figure_keys`: "selective_bytes", "selective_redo_s",
+    "selective_redone_bytes"), not written when 0."""
     comm_s: float = 0.0
     """Communication inside the stage in each F and each full backward (expert parallelism's all-to-alls, already in
     forward_s and backward_s), which an overlapping schedule hides (`StageCost.forward_comm_s`); 0 and not
@@ -299,8 +300,8 @@ def _figure_fields(own: tuple[tuple[Activation, Figures], ...]) -> dict[str, flo
 
 def _own(stage: dict[str, Any]) -> tuple[tuple[Activation, Figures], ...]:
     """A JSON stage's policy figures (`figure_keys`), for the policies it gives any of."""
-    return tuple((a, Figures(stage.get(b, 0), stage.get(t, 0.0))) for a in FIGURED
-                 for b, t in [figure_keys(a)] if b in stage or t in stage)
+    return tuple((a, Figures(*(stage.get(k, 0) for k in keys))) for a in FIGURED
+                 for keys in [figure_keys(a)] if any(k in stage for k in keys))
 
 
 def _check_consistent(plan: Plan) -> None:

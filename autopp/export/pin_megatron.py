@@ -96,16 +96,21 @@ def _zero(o: dict[str, str]) -> ZeroStage:
 
 
 def _activation(o: dict[str, str], counts: list[int], where: str) -> Activation:
-    """Megatron's recomputation as the policy autopp costs: full (every layer: `--recompute-method uniform`, or
-    block with at least a stage's layers) or selective (`--recompute-granularity selective`,
-    `--recompute-activations`), by the policies' own Megatron spellings (`ActivationPolicy.megatron`)."""
+    """Megatron's recomputation as the policy autopp costs: full recomputation checkpoints each layer
+    (`recompute-units`: `--recompute-method uniform --recompute-num-layers 1`, or `block` with at least a stage's
+    layers) or each stage's layers as one chunk (`recompute`: `uniform` with at least a stage's layers); selective
+    (`--recompute-granularity selective`, `--recompute-activations`), by the policies' own Megatron spellings
+    (`ActivationPolicy.megatron`)."""
     granularity = "selective" if "recompute-activations" in o else o.get("recompute-granularity")
     if granularity is None:
         return Activation.KEEP
-    if granularity == "full" and o.get("recompute-method") == "block" and \
-            config_int(o, "recompute-num-layers", 0, where, least=0) < max(counts):
-        raise ExportError(f"{where}: block recomputation of some layers per stage is not modelled; autopp "
-                          "recomputes whole stages")
+    if granularity == "full":
+        method, layers = o.get("recompute-method"), config_int(o, "recompute-num-layers", 1, where, least=0)
+        if method == "uniform" and layers >= max(counts) > 1:
+            return Activation.RECOMPUTE
+        if (method == "block" and layers < max(counts)) or (method == "uniform" and layers > 1):
+            raise ExportError(f"{where}: --recompute-method {method} --recompute-num-layers {layers} is not modelled "
+                              f"(stages of up to {max(counts)} layers); autopp recomputes each layer or whole stages")
     policy = next((p.name for p in POLICIES.values() if p.megatron[:1] == (f"--recompute-granularity {granularity}",)),
                   None)
     if policy is None:

@@ -29,7 +29,7 @@ from ..data.profile import ValueAction
 from ..schedule import Activation, policy
 
 __all__ = ["Source", "StageIO", "chain_io", "value_path", "pick", "constant_values", "ChainPiece", "example_io",
-           "buffers_kept", "weight_only_outputs", "selective_context"]
+           "buffers_kept", "weight_only_outputs", "selective_context", "unit_segments", "checkpoint_units"]
 
 
 def _saves(ops: frozenset[str], _ctx: Any, func: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
@@ -42,6 +42,53 @@ def selective_context(ops: frozenset[str]) -> Callable[[], Any]:
     `create_selective_checkpoint_contexts` with a policy function, as torchtitan applies it
     (torchtitan/distributed/activation_checkpoint.py)."""
     return functools.partial(create_selective_checkpoint_contexts, functools.partial(_saves, ops))
+
+
+def _in_unit(node: fx.Node, unit: str) -> bool:
+    """Whether `node` runs (part of) module `unit`: a call of it or of a module inside it, or an op that torch.export
+    recorded inside it (`nn_module_stack`)."""
+    paths = [node.target] if node.op == "call_module" else []
+    paths += [v[0] for v in (node.meta.get("nn_module_stack") or {}).values()]
+    return any(isinstance(p, str) and (p == unit or p.startswith(unit + ".")) for p in paths)
+
+
+def unit_segments(gm: fx.GraphModule, units: Sequence[str]) -> list[list[fx.Node]]:
+    """The piece's nodes (placeholders and output left out) in graph order, cut before the first node of each of
+    `units` after the first (the stage's unit names: the modules a stage may begin at): each unit's part of the
+    stage's forward. A unit whose module the piece never calls joins the unit before it."""
+    starts, segments = list(units[1:]), [list[fx.Node]()]
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        found = next((k for k, u in enumerate(starts) if _in_unit(node, u)), None)
+        if found is not None:
+            del starts[:found + 1]
+            if segments[-1]:
+                segments.append([])
+        segments[-1].append(node)
+    return segments
+
+
+def checkpoint_units(gm: fx.GraphModule, segments: Sequence[Sequence[fx.Node]], *args: Any) -> Any:
+    """`gm`'s forward with each segment (`unit_segments`) under its own `torch.utils.checkpoint` (non-reentrant), as
+    torchtitan's full activation checkpointing wraps each transformer block: the backward keeps each segment's
+    inputs and reruns one segment's forward at a time."""
+    interp = fx.Interpreter(gm, garbage_collect_values=False)
+    nodes = list(gm.graph.nodes)
+    env: dict[fx.Node, Any] = dict(zip((n for n in nodes if n.op == "placeholder"), args))
+    for seg in segments:
+        members = set(seg)
+        needed = list(dict.fromkeys(a for n in seg for a in n.all_input_nodes if a not in members))
+        produced = [n for n in seg if any(u not in members for u in n.users)]
+
+        def run(*values: Any, seg: Sequence[fx.Node] = seg, needed: list[fx.Node] = needed,
+                produced: list[fx.Node] = produced) -> tuple[Any, ...]:
+            interp.env = dict(zip(needed, values))
+            for n in seg:
+                interp.env[n] = interp.run_node(n)
+            return tuple(interp.env[n] for n in produced)
+        env.update(zip(produced, checkpoint(run, *(env[n] for n in needed), use_reentrant=False)))
+    return fx.node.map_arg(nodes[-1].args[0], lambda n: env[n])
 
 
 @dataclass(frozen=True)
@@ -160,7 +207,8 @@ class ChainPiece(nn.Module):
     piece: nn.Module  # in __dict__, not a child (__init__)
 
     def __init__(self, piece: nn.Module, index: int, io: StageIO, sources: dict[str, Source],
-                 constants: dict[str, torch.Tensor], last: bool, activation: Activation = Activation.KEEP) -> None:
+                 constants: dict[str, torch.Tensor], last: bool, activation: Activation = Activation.KEEP,
+                 units: Sequence[str] = ()) -> None:
         super().__init__()
         self._modules = piece._modules
         self._parameters = piece._parameters
@@ -172,6 +220,12 @@ class ChainPiece(nn.Module):
         """The stage's forward runs under `torch.utils.checkpoint` (its activation policy recomputes)."""
         self.saved_ops = p.saves_ops
         """Under that checkpoint, the ops whose outputs are kept (selective recomputation; empty: none)."""
+        self.segments: list[list[fx.Node]] = []
+        """Per-unit recomputation: the piece's nodes of each of its `units` (`unit_names`), each checkpointed on its
+        own by the piece's forward (`checkpoint_units`, called through the piece so that its hooks still run)."""
+        if p.per_unit and isinstance(piece, fx.GraphModule):
+            self.segments = unit_segments(piece, units)
+            piece.forward = functools.partial(checkpoint_units, piece, self.segments)  # type: ignore[method-assign]
         self.to_host = p.to_host
         """The stage's forward runs under `torch.autograd.graph.save_on_cpu` (its activation policy offloads)."""
         self.constants = dict(constants)
@@ -192,7 +246,7 @@ class ChainPiece(nn.Module):
         if self.to_host:  # pinned host buffers only where there is a device to copy from (CUDA)
             with torch.autograd.graph.save_on_cpu(pin_memory=_on_cuda(args)):
                 out = self.piece(*args)
-        elif not self.checkpointed:
+        elif not self.checkpointed or self.segments:
             out = self.piece(*args)
         elif self.saved_ops:
             out = checkpoint(self.piece, *args, use_reentrant=False, context_fn=selective_context(self.saved_ops))

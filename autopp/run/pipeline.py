@@ -145,7 +145,8 @@ def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.d
     io, sources = chain_io(pipe)
     consts = constant_values(pipe, sorted({c for s in io for c in s.constants}), example)
     pieces = [ChainPiece(pipe.get_stage_module(i), i, io[i], sources, {c: consts[c] for c in io[i].constants},
-                         last=i == n_stages - 1, activation=plan.stages[i].activation) for i in range(n_stages)]
+                         last=i == n_stages - 1, activation=plan.stages[i].activation,
+                         units=plan.stages[i].unit_names) for i in range(n_stages)]
     shapes = example_io(pieces, example)
     check_split_backward(plan, pieces)
     stages: list[Stage] = []

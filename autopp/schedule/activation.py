@@ -26,6 +26,14 @@ microbatch's forward and its backward, and its exposed rest is added to the back
 figures follow from the stages and the device's host link (PCIe, NVLink-C2C: the device catalog's `host_link`), not
 from the profile; a device whose memory is the host's (a CPU rank) has no host link, and the policy is not offered
 there: offloading would move bytes within the same memory and save nothing.
+
+Per-unit full recomputation (`Activation.BLOCKS`, "recompute-units") checkpoints each unit of the stage on its own,
+as torchtitan's full activation checkpointing wraps each transformer block, Megatron-LM's `--recompute-granularity
+full --recompute-method uniform --recompute-num-layers 1` each layer and DeepSpeed's `activation_checkpoint_interval`
+1 each layer: a microbatch keeps the input of every unit of the stage (the profile's cut bytes before each unit,
+`UnitArrays.cut`: a value crossing several cuts is counted at each, an upper bound), and its backward redoes one
+unit's forward at a time, holding one unit's activations (the stage's largest, `UnitArrays.activation`) beside
+them; it redoes the whole forward, as whole-stage recomputation does (`_unit_figures`).
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ class Activation(Enum):
     RECOMPUTE = "recompute"
     SELECTIVE = "selective"
     OFFLOAD = "offload"
+    BLOCKS = "recompute-units"
 
 
 #: The ops whose outputs selective recomputation keeps (`str(op.overloadpacket)`: "aten.mm"), the one list the runner's
@@ -74,6 +83,9 @@ class Figures(NamedTuple):
     """Bytes one microbatch keeps for its backward besides the stage input (selective: the saved ops' outputs)."""
     redo_s: float = 0.0
     """Time the policy adds to the stage's backward (selective: the ops it runs again)."""
+    redone_bytes: int = 0
+    """Bytes its backward allocates again at its start, freed at its end (per-unit recomputation: the largest unit's
+    activations)."""
 
 
 class StageFigures(Protocol):
@@ -101,6 +113,8 @@ class UnitFigures(Protocol):
     def recompute(self) -> np.ndarray: ...
     @property
     def activation(self) -> np.ndarray: ...
+    @property
+    def cut(self) -> np.ndarray: ...
     @property
     def own(self) -> Mapping[Activation, tuple[np.ndarray, np.ndarray]]: ...
 
@@ -143,6 +157,9 @@ class ActivationPolicy:
     derive: Callable[[Sequence[StageFigures], int, float], Figures] | None = None
     """Its figures for stage s of a split when they follow from the stages' costs and the device's host link
     (bytes/s per direction) rather than from profile columns (`autopp.costmodel.stage_costs` calls it)."""
+    from_units: Callable[[UnitFigures, int, int], Figures] | None = None
+    """Its figures for the stage of units [i, j) when they follow from the units' arrays (the cuts, the activations)
+    rather than from profile columns (`autopp.costmodel.stage_costs` calls it; `redo_s` per unit of speed)."""
     offered: Callable[[UnitFigures, float], bool] = _always
     """Whether the search may give it a stage: the units carry its figures (a profile without them: not offered),
     and with the devices' host link (bytes/s per direction; 0: none, the device's memory is the host's)."""
@@ -150,6 +167,8 @@ class ActivationPolicy:
     """Why it may not be offered (`offered`), for messages."""
     checkpoint: bool
     """The runner wraps the stage's forward in `torch.utils.checkpoint.checkpoint` (non-reentrant)."""
+    per_unit: bool = False
+    """That checkpoint wraps each unit of the stage on its own instead of the whole stage."""
     saves_ops: frozenset[str] = frozenset()
     """Under that checkpoint, the ops whose outputs are kept (torch's selective checkpoint context); empty: none."""
     to_host: bool = False
@@ -213,6 +232,27 @@ def _offload_figures(stages: Sequence[StageFigures], s: int, host_bandwidth: flo
     return Figures(0, max(0.0, 2 * move - window, move - compute))
 
 
+def _unit_figures(a: UnitFigures, i: int, j: int) -> Figures:
+    """Per-unit recomputation of the stage of units [i, j): kept, the input of each of its units (`cut[i:j]`);
+    redone, its largest unit's activations; the forward's time is the stage's own (`redo_s`)."""
+    return Figures(int(a.cut[i:j].sum()), 0.0, int(a.activation[i:j].max(initial=0.0)))
+
+
+def _units(c: StageFigures) -> Figures:
+    return c.figures(Activation.BLOCKS)
+
+
+_WHOLE_STAGE = ("{trainer} checkpoints each layer (per-unit recomputation, `recompute-units`), not a whole stage "
+                "as one checkpoint")
+_RECOMPUTE_REFUSALS = {
+    "torchtitan": "torchtitan's activation_checkpoint:full wraps each transformer block (per-unit recomputation, "
+                  "`recompute-units`); it has no whole-stage checkpoint",
+    "megatron": _WHOLE_STAGE.format(trainer="Megatron-LM's --recompute-method uniform --recompute-num-layers 1")
+                + "; a whole stage needs --recompute-num-layers of a stage's layers, which autopp does not export",
+    "deepspeed": _WHOLE_STAGE.format(trainer="DeepSpeed's activation_checkpoint_interval 1")
+                 + "; a whole stage needs an interval of a stage's layers, which autopp does not export"}
+
+
 def _host_link(a: UnitFigures, host_bandwidth: float) -> bool:
     return host_bandwidth > 0
 
@@ -240,10 +280,8 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      saving=3, redo_s=lambda c: c.forward_s, kept=lambda c: c.input_bytes,
                      redone=lambda c: c.activation_bytes, unit_redo=lambda a: a.recompute,
                      unit_bytes=lambda a, inflight: a.activation,
-                     checkpoint=True, torchtitan="full",
-                     megatron=("--recompute-granularity full", "--recompute-method uniform",
-                               "--recompute-num-layers 1"),
-                     deepspeed_interval=1, trainer_note=_FULL_NOTE),
+                     checkpoint=True, torchtitan="none", megatron=(), deepspeed_interval=None,
+                     refusals=_RECOMPUTE_REFUSALS),
     ActivationPolicy(name=Activation.SELECTIVE, summary="keep matmul and attention outputs; recompute the other ops "
                      "in the backward", saving=1,
                      redo_s=lambda c: _selective(c).redo_s, kept=lambda c: _selective(c).kept_bytes + c.input_bytes,
@@ -264,6 +302,15 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      offered=_host_link, unoffered="the devices have no host link to offload over (a "
                      "CPU rank's memory is the host's: offloading would save nothing)", checkpoint=False, to_host=True,
                      torchtitan="none", megatron=(), deepspeed_interval=None, refusals=_OFFLOAD_REFUSALS),
+    ActivationPolicy(name=Activation.BLOCKS, summary="keep each unit's input; recompute one unit's forward at a time "
+                     "in the backward", saving=4,
+                     redo_s=lambda c: c.forward_s, kept=lambda c: _units(c).kept_bytes,
+                     redone=lambda c: _units(c).redone_bytes, unit_redo=lambda a: a.recompute,
+                     unit_bytes=lambda a, inflight: inflight * a.cut[:-1], from_units=_unit_figures,
+                     checkpoint=True, per_unit=True, torchtitan="full",
+                     megatron=("--recompute-granularity full", "--recompute-method uniform",
+                               "--recompute-num-layers 1"),
+                     deepspeed_interval=1, trainer_note=_FULL_NOTE),
 )}
 
 
@@ -273,13 +320,13 @@ POLICY_COLUMNS: dict[str, str] = {c: t for p in POLICIES.values() if p.columns
                                   for c, t in zip(p.columns, ("int", "float"))}
 
 #: The policies with figures of their own (`Figures`: from profile columns, or derived), in registry order.
-FIGURED: tuple[Activation, ...] = tuple(p.name for p in POLICIES.values() if p.columns or p.derive)
+FIGURED: tuple[Activation, ...] = tuple(p.name for p in POLICIES.values() if p.columns or p.derive or p.from_units)
 
 
-def figure_keys(a: Activation) -> tuple[str, str]:
-    """The plan JSON's stage fields of policy `a`'s own figures ("selective_bytes", "selective_redo_s"), written
-    only when not 0."""
-    return f"{a.value}_bytes", f"{a.value}_redo_s"
+def figure_keys(a: Activation) -> tuple[str, str, str]:
+    """The plan JSON's stage fields of policy `a`'s own figures ("selective_bytes", "selective_redo_s",
+    "selective_redone_bytes"; `Figures`' fields in order), written only when not 0."""
+    return f"{a.value}_bytes", f"{a.value}_redo_s", f"{a.value}_redone_bytes"
 
 
 def policy(a: Activation) -> ActivationPolicy:

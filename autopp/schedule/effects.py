@@ -13,7 +13,9 @@ F       forward + o                       kept (activations, or the  -
                                           keeps inputs only)
 I       redo + backward_input + o         redone (activations when   -
                                           the policy redoes them or
-                                          brings them back)
+                                          brings them back; one
+                                          unit's, the largest, when
+                                          it redoes unit by unit)
 W       backward_weight                   -                          kept + redone
 B       redo + backward (I + W) + o       redone                     kept + redone
 ======  ================================  =========================  ==================================
@@ -94,7 +96,7 @@ class StageCost:
                  0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s,
                  *(f.redo_s for _, f in self.own))
         sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes,
-                 *(f.kept_bytes for _, f in self.own))
+                 *(b for _, f in self.own for b in (f.kept_bytes, f.redone_bytes)))
         if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
             raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
         full = self.backward_input_s + self.backward_weight_s if self.backward_s is None else self.backward_s

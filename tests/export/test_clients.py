@@ -130,7 +130,7 @@ def test_torchtitan_parses_the_export(name: str, titan, llama: Profile,  # type:
     assert par.data_parallel_replicate_degree == plan.layout.dp and par.data_parallel_shard_degree == 1
     assert cfg.training.local_batch_size // par.pipeline_parallel_microbatch_size == plan.num_microbatches
     assert cfg.training.global_batch_size == plan.global_batch
-    recompute = plan.stages[0].activation is Activation.RECOMPUTE
+    recompute = plan.stages[0].activation is Activation.BLOCKS
     assert (cfg.activation_checkpoint is None) != recompute
     assert type(cfg.activation_checkpoint).__qualname__ == ("FullAC.Config" if recompute else "NoneType")
 
@@ -195,7 +195,7 @@ def test_megatron_core_parses_the_export(name: str, megatron, llama_plans: dict[
     assert LayerType.embedding in per_stage[0] and LayerType.loss in per_stage[-1]
     calc = calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0)
     assert calc.get() == plan.num_microbatches
-    assert (cfg.recompute_granularity == "full") == (plan.stages[0].activation is Activation.RECOMPUTE)
+    assert (cfg.recompute_granularity == "full") == (plan.stages[0].activation is Activation.BLOCKS)
 
 
 def test_megatron_layout_grammar_matches_megatron_core(megatron) -> None:  # type: ignore[no-untyped-def]
@@ -469,7 +469,7 @@ def _llama_8b_like(plan: Plan, activation: Activation) -> Plan:
                                stages=tuple(dataclasses.replace(s, activation=activation) for s in plan.stages))
 
 
-@pytest.mark.parametrize("activation", [Activation.RECOMPUTE, Activation.SELECTIVE])
+@pytest.mark.parametrize("activation", [Activation.BLOCKS, Activation.SELECTIVE])
 def test_torchtitan_takes_sequence_length_precision_sp_and_recomputation(  # type: ignore[no-untyped-def]
         activation: Activation, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """torchtitan's own config classes read what the plan was made for, with HF names mapped by the export itself."""
@@ -482,10 +482,10 @@ def test_torchtitan_takes_sequence_length_precision_sp_and_recomputation(  # typ
     assert par.module_fqns_per_model_part[0][0] == "tok_embeddings"
     assert par.module_fqns_per_model_part[-1][-2:] == ["norm", "output"]
     assert type(cfg.activation_checkpoint).__qualname__ == \
-        {Activation.RECOMPUTE: "FullAC.Config", Activation.SELECTIVE: "SelectiveAC.Config"}[activation]
+        {Activation.BLOCKS: "FullAC.Config", Activation.SELECTIVE: "SelectiveAC.Config"}[activation]
 
 
-@pytest.mark.parametrize("activation", [Activation.RECOMPUTE, Activation.SELECTIVE])
+@pytest.mark.parametrize("activation", [Activation.BLOCKS, Activation.SELECTIVE])
 def test_megatron_core_takes_sequence_length_precision_sp_and_recomputation(  # type: ignore[no-untyped-def]
         activation: Activation, megatron, llama_plans: dict[str, Plan]) -> None:
     import torch
@@ -494,7 +494,7 @@ def test_megatron_core_takes_sequence_length_precision_sp_and_recomputation(  # 
     assert batch["seq_length"] == 64 and cfg.bf16 is True and cfg.params_dtype == torch.bfloat16
     assert (cfg.tensor_model_parallel_size, cfg.sequence_parallel) == (2, True)
     assert cfg.ddp.use_distributed_optimizer is True
-    if activation is Activation.RECOMPUTE:  # every layer, one per recompute unit (TransformerConfig checks the trio)
+    if activation is Activation.BLOCKS:  # every layer, one per recompute unit (TransformerConfig checks the trio)
         assert (cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers) == ("full", "uniform", 1)
     else:
         assert (cfg.recompute_granularity, cfg.recompute_method) == ("selective", None)
@@ -535,13 +535,13 @@ def test_llama_3_8b_on_2x8_h100_for_each_trainer_is_taken_by_its_config_classes(
         assert plan.layout.tp == 1 or cfg.parallelism.enable_sequence_parallel == plan.layout.sp  # SP needs tp > 1
         assert cfg.parallelism.module_fqns_per_model_part[0][0] == "tok_embeddings"
         assert type(cfg.activation_checkpoint).__qualname__ == {
-            Activation.KEEP: "NoneType", Activation.RECOMPUTE: "FullAC.Config",
+            Activation.KEEP: "NoneType", Activation.BLOCKS: "FullAC.Config",
             Activation.SELECTIVE: "SelectiveAC.Config"}[recompute]
     else:
         cfg, batch, calculator = _megatron_config(text)
         assert batch["seq_length"] == 8192 and cfg.bf16 is True
         assert (cfg.tensor_model_parallel_size, cfg.sequence_parallel) == (plan.layout.tp, plan.layout.sp)
-        assert cfg.recompute_granularity == {Activation.KEEP: None, Activation.RECOMPUTE: "full",
+        assert cfg.recompute_granularity == {Activation.KEEP: None, Activation.BLOCKS: "full",
                                              Activation.SELECTIVE: "selective"}[recompute]
         assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0).get() == \
             plan.num_microbatches

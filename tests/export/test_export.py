@@ -70,14 +70,20 @@ def test_torchtitan_maps_hf_decoder_names_itself(llama: Profile, llama_plans: di
 
 
 def test_torchtitan_dp_is_replicate_and_recompute_full(gpt: Profile) -> None:
+    """torchtitan's full AC checkpoints each block: per-unit recomputation; it has no whole-stage checkpoint."""
     from .conftest import plan_for
     from autopp.solve import RecomputeMode
-    plan = plan_for(gpt, devices=4, pins=LayoutPins(pp=2, dp=2), recompute=RecomputeMode.ALL)
+    plan = plan_for(gpt, devices=4, pins=LayoutPins(pp=2, dp=2), activations=(Activation.BLOCKS,))
     text = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(gpt)).text
     assert "--parallelism.data_parallel_replicate_degree=2" in text
     assert "--parallelism.data_parallel_shard_degree=1" in text
     assert f"--training.global_batch_size={plan.global_batch}" in text
     assert text.endswith("activation_checkpoint:full\n")
+    whole = plan_for(gpt, devices=4, pins=LayoutPins(pp=2, dp=2), recompute=RecomputeMode.ALL)
+    with pytest.raises(ExportError, match=r"activation policy recompute: torchtitan's activation_checkpoint:full wraps "
+                                          r"each transformer block .*re-plan with `activations` keep or selective or "
+                                          r"recompute-units"):
+        export_plan(whole, Target.TORCHTITAN, "x.args", unit_modules(gpt))
 
 
 def test_custom_order_goes_through_the_csv(llama: Profile, llama_plans: dict[str, Plan]) -> None:

@@ -42,8 +42,16 @@ def test_hand_written_megatron_args(tmp_path: Path, llama: Profile) -> None:
                     "--micro-batch-size 2 --global-batch-size 8 --recompute-granularity full "
                     "--recompute-method uniform --recompute-num-layers 1\n")
     pinned = read_pinned(args, llama.meta.unit_names, 2)[0].candidate
-    assert pinned.bounds == ((0, 4), (4, 6)) and pinned.activations == (Activation.RECOMPUTE,) * 2
+    assert pinned.bounds == ((0, 4), (4, 6)) and pinned.activations == (Activation.BLOCKS,) * 2
     assert pinned.microbatches == 4
+    # uniform chunks of a stage's layers (here 3: 'Et*3') checkpoint each stage whole; chunks of 2 are not modelled
+    args.write_text(args.read_text().replace("--recompute-num-layers 1", "--recompute-num-layers 3"))
+    assert read_pinned(args, llama.meta.unit_names, 2)[0].candidate.activations == (Activation.RECOMPUTE,) * 2
+    args.write_text(args.read_text().replace("--recompute-num-layers 3", "--recompute-num-layers 2"))
+    with pytest.raises(ExportError, match=r"--recompute-method uniform --recompute-num-layers 2 is not modelled "
+                                          r"\(stages of up to 3 layers\); autopp recomputes each layer or whole "
+                                          r"stages"):
+        read_pinned(args, llama.meta.unit_names, 2)
 
 
 def test_hand_written_torchtitan_overrides_and_toml(tmp_path: Path, llama: Profile) -> None:
@@ -65,7 +73,7 @@ def test_hand_written_torchtitan_overrides_and_toml(tmp_path: Path, llama: Profi
     pin, notes = read_pinned(toml, llama.meta.unit_names, 2)
     pinned = pin.candidate
     assert pinned.bounds == ((0, 2), (2, 6)) and pinned.microbatches == 4
-    assert pinned.activations == (Activation.RECOMPUTE,) * 2
+    assert pinned.activations == (Activation.BLOCKS,) * 2
     assert notes == []
 
 
@@ -224,7 +232,7 @@ def _read(tmp_path: Path, llama: Profile, text: str, devices: int,  # type: igno
      Activation.SELECTIVE),
     ("--parallelism.pipeline_parallel_degree=2\n--parallelism.tensor_parallel_degree=2\n"
      "--parallelism.no_enable_sequence_parallel\n--parallelism.fsdp_reshard_after_forward=always\n"
-     "activation_checkpoint:full\n", 2, False, 2, 3, Activation.RECOMPUTE),
+     "activation_checkpoint:full\n", 2, False, 2, 3, Activation.BLOCKS),
     ("--parallelism.pipeline_parallel_degree=2\n--parallelism.data_parallel_replicate_degree=4\n"
      "--parallelism.data_parallel_shard_degree=1\nactivation_checkpoint:none\n", 1, False, 4, 0, Activation.KEEP),
     # Megatron: dp = world / (pp x tp); --use-distributed-optimizer is ZeRO 1, Megatron-FSDP's strategy ZeRO 3
@@ -233,7 +241,7 @@ def _read(tmp_path: Path, llama: Profile, text: str, devices: int,  # type: igno
      2, True, 2, 1, Activation.SELECTIVE),
     ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 8 "
      "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --recompute-granularity full "
-     "--recompute-method uniform --recompute-num-layers 1\n", 4, False, 1, 0, Activation.RECOMPUTE),
+     "--recompute-method uniform --recompute-num-layers 1\n", 4, False, 1, 0, Activation.BLOCKS),
 ])
 def test_tp_sp_zero_and_recomputation_are_read(text: str, tp: int, sp: bool, dp: int, zero: int,
                                                policy: Activation, tmp_path: Path, llama: Profile) -> None:
@@ -301,7 +309,7 @@ def test_a_3d_export_reads_back_as_the_plan(name: str, target: Target, tmp_path:
     from autopp.data.zero import ZERO
     base = llama_plans[name]
     layout = replace(base.layout, tp=2, sp=True, zero=ZERO[1] if base.layout.dp > 1 else ZERO[0])
-    plan = replace(base, layout=layout, stages=tuple(replace(s, activation=Activation.RECOMPUTE) for s in base.stages))
+    plan = replace(base, layout=layout, stages=tuple(replace(s, activation=Activation.BLOCKS) for s in base.stages))
     out = tmp_path / "x.args"
     write_export(export_plan(plan, target, out, unit_modules(llama)), out)
     pinned = read_pinned(out, llama.meta.unit_names, plan.num_ranks)[0].candidate

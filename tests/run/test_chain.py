@@ -24,6 +24,7 @@ from .conftest import GPT, ROOT, pipeline_plan, two_stage_plan
 MASKED = ROOT / "tests" / "models" / "masked.py"
 MASKED_CUTS = ["blocks.1", "blocks.2", "head"]
 KEEP, RECOMPUTE, SELECTIVE, OFFLOAD = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE, Activation.OFFLOAD
+BLOCKS = Activation.BLOCKS
 
 
 def test_a_residual_is_relayed_and_a_mask_held_by_its_readers() -> None:
@@ -62,7 +63,7 @@ def test_a_value_computed_between_stages_is_refused() -> None:
 
 
 @pytest.mark.parametrize("policies", [None, chosen(4, {1, 3}), (SELECTIVE, KEEP, SELECTIVE, RECOMPUTE),
-                                      (OFFLOAD, RECOMPUTE, OFFLOAD, KEEP)])
+                                      (OFFLOAD, RECOMPUTE, OFFLOAD, KEEP), (BLOCKS, RECOMPUTE, BLOCKS, BLOCKS)])
 def test_relayed_stages_match_one_process(one_rank_group: None, tmp_path: Path,
                                           policies: tuple[Activation, ...] | None) -> None:
     order = build_schedule(ScheduleName.LOOPED_BFS, 1, 2, 4)  # one rank holding four stages, 2 microbatches
@@ -185,6 +186,44 @@ def test_selective_checkpoint_keeps_the_saved_ops_outputs_and_recomputes_the_res
     assert full["aten.cos"] == selective["aten.cos"] == 1  # the sine's backward, on the kept or rerun output
 
 
+def test_per_unit_recomputation_checkpoints_each_unit_of_the_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `recompute-units` stage runs one checkpoint per unit (stage 0 of the masked model: its embedding, then its
+    first block, which also reads the mask made between them), a `recompute` stage one for the whole stage; both give
+    the stage's own outputs and input gradients."""
+    from typing import Any
+
+    from autopp.run import chain
+
+    plan = pipeline_plan(MASKED, ["blocks.1"], "GPipe", Layout(pp=2))
+    mf = load_model_file(MASKED)
+    example = mf.sample_batch(2, seed=0)[0]
+    calls: list[int] = []
+    real = chain.checkpoint
+
+    def counted(fn: Any, *args: Any, **kw: Any) -> Any:
+        calls.append(len(args))
+        return real(fn, *args, **kw)
+
+    monkeypatch.setattr(chain, "checkpoint", counted)
+    results = {}
+    for a in (KEEP, RECOMPUTE, BLOCKS):
+        pipe = split_model(mf.build(0), example, ["blocks.1"])
+        io, sources = chain_io(pipe)
+        piece = chain.ChainPiece(pipe.get_stage_module(0), 0, io[0], sources, {}, last=False, activation=a,
+                                 units=plan.stages[0].unit_names)
+        calls.clear()
+        x = example[0].clone().requires_grad_()
+        out = piece(x)
+        sum(o.sum() for o in out if isinstance(o, torch.Tensor) and o.requires_grad).backward()
+        results[a] = (out, x.grad, len(calls))
+    assert plan.stages[0].unit_names == ("emb", "blocks.0")
+    assert [results[a][2] for a in (KEEP, RECOMPUTE, BLOCKS)] == [0, 1, 2]
+    for a in (RECOMPUTE, BLOCKS):
+        for got, want in zip(results[a][0], results[KEEP][0]):
+            torch.testing.assert_close(got, want)
+        torch.testing.assert_close(results[a][1], results[KEEP][1])
+
+
 def test_an_offloaded_stage_saves_its_activations_in_host_memory(one_rank_group: None, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """An offloaded stage's forward runs under torch's `save_on_cpu` (pinned buffers only on CUDA: here not), and
@@ -214,10 +253,12 @@ def test_an_offloaded_stage_saves_its_activations_in_host_memory(one_rank_group:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("pp, policies", [(2, (OFFLOAD, OFFLOAD)), (4, (OFFLOAD, RECOMPUTE, OFFLOAD, KEEP))])
+@pytest.mark.parametrize("pp, policies", [(2, (OFFLOAD, OFFLOAD)), (4, (OFFLOAD, RECOMPUTE, OFFLOAD, KEEP)),
+                                          (2, (BLOCKS, BLOCKS)), (4, (BLOCKS, KEEP, RECOMPUTE, BLOCKS))])
 def test_offloaded_stages_on_cpu_ranks_match_one_process(pp: int, policies: tuple[Activation, ...]) -> None:
     """Issue 27: offload runs on gloo CPU ranks and its gradients and losses match one process (the mechanism: on
-    CPU the host link is a memory copy and saves nothing; the planner does not choose it there)."""
+    CPU the host link is a memory copy and saves nothing; the planner does not choose it there); so does per-unit
+    recomputation (`recompute-units`: each unit of a stage under its own checkpoint)."""
     from dataclasses import replace
 
     from autopp.run import GRAD_RTOL, RunOptions, run_plan

@@ -14,6 +14,7 @@ from autopp.schedule.activation import Figures
 from autopp.schedule import POLICIES, Activation, StageCost, by_saving, chosen, order_key, parse_activation, policy
 
 KEEP, RECOMPUTE, SELECTIVE, OFFLOAD = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE, Activation.OFFLOAD
+BLOCKS = Activation.BLOCKS
 COST = StageCost(forward_s=2.5, backward_input_s=1.0, backward_weight_s=1.0, activation_bytes=100, input_bytes=7,
                  own=((Activation.SELECTIVE, Figures(40, 0.25)),))
 
@@ -36,7 +37,7 @@ def test_selective_keeps_the_saved_ops_outputs_and_redoes_the_rest() -> None:
     assert list(sel.unit_bytes(a, 3)) == [3 * 4 + 6, 3 * 8 + 12]  # in flight: the kept; one microbatch: the redone
     assert sel.offered(a, 0.0) and not sel.offered(_units([1.0], [1.0], [1]), 1e9)
     assert sel.checkpoint and sel.saves_ops >= {"aten.mm", "aten._scaled_dot_product_flash_attention"}
-    assert (sel.saving, by_saving(tuple(Activation))) == (1, (KEEP, SELECTIVE, OFFLOAD, RECOMPUTE))
+    assert (sel.saving, by_saving(tuple(Activation))) == (1, (KEEP, SELECTIVE, OFFLOAD, RECOMPUTE, BLOCKS))
     assert sel.torchtitan == "selective"
     assert sel.megatron == ("--recompute-granularity selective",) and sel.deepspeed_interval is None
     assert "core attention" in sel.trainer_note and "activation_checkpoint_interval" in str(sel.refusal("deepspeed"))
@@ -44,7 +45,7 @@ def test_selective_keeps_the_saved_ops_outputs_and_redoes_the_rest() -> None:
 
 
 def test_one_descriptor_per_policy_spelled_by_its_value() -> None:
-    assert [a.value for a in Activation] == ["keep", "recompute", "selective", "offload"]
+    assert [a.value for a in Activation] == ["keep", "recompute", "selective", "offload", "recompute-units"]
     assert list(POLICIES) == list(Activation) and all(policy(a).name is a for a in Activation)
     assert Activation("recompute") is RECOMPUTE
 
@@ -76,17 +77,41 @@ def test_behaviour_flags() -> None:
 
 
 def test_how_the_trainers_spell_each_policy() -> None:
-    keep, again = policy(KEEP), policy(RECOMPUTE)
+    """The trainers' full recomputation checkpoints layer by layer: it is `recompute-units`, and whole-stage
+    recomputation is what none of them exports."""
+    keep, units, whole = policy(KEEP), policy(BLOCKS), policy(RECOMPUTE)
     assert (keep.torchtitan, keep.megatron, keep.deepspeed_interval, keep.trainer_note) == ("none", (), 0, "")
-    assert (again.torchtitan, again.deepspeed_interval) == ("full", 1)
-    assert again.megatron == ("--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1")
-    assert again.trainer_note.startswith("the trainer's full recomputation covers the transformer blocks only")
+    assert (units.torchtitan, units.deepspeed_interval) == ("full", 1)
+    assert units.megatron == ("--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1")
+    assert units.trainer_note.startswith("the trainer's full recomputation covers the transformer blocks only")
+    assert all(units.refusal(t) is None for t in ("torchtitan", "megatron", "deepspeed"))
+    assert "wraps each transformer block" in str(whole.refusal("torchtitan"))
+    assert "--recompute-num-layers 1" in str(whole.refusal("megatron"))
+    assert "activation_checkpoint_interval 1" in str(whole.refusal("deepspeed"))
+
+
+def _chain(forward: list[float], activation: list[int], cut: list[int]) -> UnitArrays:
+    return replace(_units(forward, forward, activation), cut=np.array(cut, dtype=float))
+
+
+def test_per_unit_recomputation_keeps_each_units_input_and_redoes_one_unit_at_a_time() -> None:
+    """Per microbatch the inputs of every unit of the stage (the cuts before them), in its backward the largest unit's
+    activations, and the whole forward again, as whole-stage recomputation."""
+    p, a = policy(BLOCKS), _chain([1.0, 2.0, 3.0], [10, 40, 20], [0, 3, 5, 0])
+    assert p.from_units is not None
+    assert p.from_units(a, 1, 3) == Figures(3 + 5, 0.0, 40) and p.from_units(a, 0, 1) == Figures(0, 0.0, 10)
+    c = replace(COST, own=((BLOCKS, p.from_units(a, 1, 3)),))
+    assert (p.kept(c), p.redone(c), p.redo_s(c)) == (8, 40, 2.5)
+    assert list(p.unit_redo(a)) == [1.0, 2.0, 3.0]
+    assert [list(p.unit_bytes(a, n)) for n in (1, 3)] == [[0, 3, 5], [0, 9, 15]]  # the kept inputs; the rest: walks
+    assert (p.checkpoint, p.per_unit, p.redoes_forward, p.to_host) == (True, True, True, False)
+    assert p.offered(a, 0.0) and policy(RECOMPUTE).saving < p.saving and not policy(RECOMPUTE).per_unit
 
 
 def test_parse_a_policy_at_the_boundary() -> None:
     assert parse_activation("keep") is KEEP and parse_activation("recompute", where="stage 1") is RECOMPUTE
     with pytest.raises(ScheduleError, match=r"^activation: activation policy 'RECOMPUTE' does not exist; give one of "
-                                            r"\['keep', 'recompute', 'selective', 'offload'\]$"):
+                                            r"\['keep', 'recompute', 'selective', 'offload', 'recompute-units'\]$"):
         parse_activation("RECOMPUTE")
     with pytest.raises(ScheduleError, match=r"^plan\.json stage 2: activation policy True does not exist"):
         parse_activation(True, where="plan.json stage 2")  # the bool of plans before version 2 is not a policy
@@ -124,7 +149,7 @@ def test_offload_hides_where_the_trip_fits_between_forward_and_backward() -> Non
     # a long window (20 s) but 8 s each way against 2 s of the stage's own compute per microbatch: transfers queue
     short, long = (StageCost(forward_s=f, backward_input_s=i, backward_weight_s=w, activation_bytes=64)
                    for f, i, w in ((1.0, 0.0, 1.0), (10.0, 10.0, 1.0)))
-    assert off.derive is not None and off.derive([short, long], 0, 8.0) == (0, 6.0)  # max(16 - 20, 8 - 2)
+    assert off.derive is not None and off.derive([short, long], 0, 8.0) == Figures(0, 6.0)  # max(16 - 20, 8 - 2)
     # memory: the input kept per microbatch; in its backward its activations and the next microbatch's (prefetched)
     assert (off.kept(first), off.redone(first)) == (8, 128)
     assert list(off.unit_bytes(_units([1.0, 1.0], [1.0, 1.0], [10, 20]), 3)) == [20, 40]

@@ -18,6 +18,7 @@ from autopp.data.layout import Layout, LayoutPins
 from autopp.schedule import Activation, ScheduleName
 from autopp.solve.partition.brute import brute_force, candidate_count, contiguous_splits
 from autopp.solve.partition.dp import PipeSpec, pipeline_bounds
+from autopp.errors import InfeasibleError
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.solve.search.judge import Candidate, judge
 
@@ -62,7 +63,7 @@ def test_one_unit_per_stage_has_exactly_one_split() -> None:
     got = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4, activations=KEEP_ONLY)
     assert got.judged == 1 and got.best is not None
     assert got.best.candidate.bounds == ((0, 1), (1, 2), (2, 3), (3, 4))
-    assert brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4).judged == 2**4
+    assert brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4).judged == 3**4  # keep, both recomputes
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -105,7 +106,7 @@ def test_admissible_leaves_splits_out_unjudged() -> None:
 def test_refuses_past_the_limit_and_too_many_stages() -> None:
     a = _random(2, 12)
     cluster = Cluster(num_devices=4, memory_bytes=2**40, link=LINK)
-    with pytest.raises(ValueError, match="2640 candidates > limit 100"):
+    with pytest.raises(ValueError, match="13365 candidates > limit 100"):
         brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=4, limit=100)
     with pytest.raises(ValueError, match="12 units cannot fill 16 stages"):
         brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4, v=4), m=4)
@@ -134,3 +135,32 @@ def test_the_plan_offloads_one_stage_and_recomputes_another_as_the_brute_force_d
     assert best.step_s == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
     without = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=4), m=8, activations=(KEEP, RECOMPUTE)).best
     assert without is not None and without.step_s > best.step_s
+
+
+def test_the_plan_recomputes_unit_by_unit_where_whole_stage_recomputation_does_not_fit() -> None:
+    """Issue 24's per-unit policy: two CPU ranks of 4.5 GiB, a long-sequence profile of 8 units, 1F1B with 4
+    microbatches. Recomputing a whole stage still holds all its units' activations during its backward, so no split
+    fits with keep and whole-stage recomputation; recomputing stage 0 unit by unit (each unit's input kept, one unit's
+    activations at a time) fits, at the same time as whole-stage recomputation would add. The brute force over every
+    split and every per-stage choice of keep, recompute and recompute-units finds the same plan."""
+    profile = synthetic_profile(8, hidden=2048, seq=8192)
+    cluster = Cluster(num_devices=2, memory_bytes=int(4.5 * 2**30))
+    policies = (KEEP, RECOMPUTE, Activation.BLOCKS)
+
+    def request(activations: tuple[Activation, ...]) -> PlanRequest:
+        return PlanRequest(cluster=cluster, global_batch=4, num_microbatches=4, schedule=ONE_F_ONE_B,
+                           pins=LayoutPins(pp=2, dp=1, tp=1), activations=activations)
+    with pytest.raises(InfeasibleError, match=r"^no split of 8 units fits in 4\.5 GiB per device on 2 devices"):
+        make_plan(profile, request((KEEP, RECOMPUTE)))
+    plan = make_plan(profile, request(policies))
+    assert [s.activation for s in plan.stages] == [Activation.BLOCKS, KEEP] and plan.predicted.fits
+    a = unit_arrays(profile, 1)
+    i, j = plan.stages[0].units
+    figures = dict(plan.stages[0].own)[Activation.BLOCKS]  # each unit's input, the largest unit's activations
+    assert (figures.kept_bytes, figures.redone_bytes) == (int(a.cut[i:j].sum()), int(a.activation[i:j].max()))
+    assert dict(plan.stages[1].own) == {}  # a stage carries its own policy's figures only
+    best = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4, activations=policies).best
+    assert best is not None and best.fits
+    assert best.candidate.bounds == tuple(s.units for s in plan.stages)
+    assert best.candidate.activations == tuple(s.activation for s in plan.stages)
+    assert best.step_s == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
