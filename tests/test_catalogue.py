@@ -510,8 +510,8 @@ CASES += [
     # issue 27: autopp run runs cp for HF Llama-family causal LMs (autopp.run.context_run) and refuses the rest
     Case("run:cp-of-a-model-file", lambda env: ["run", str(env.bad_plan)],
          lambda env: "plan field 'cp' is 2: autopp run runs context parallelism for HF causal LMs given by "
-                     f"--hf-config (llama), not the model file {ROOT / 'examples' / 'mlp.py'}; export the plan to "
-                     "torchtitan or megatron, or re-plan with `--cp 1`",
+                     f"--hf-config (llama, qwen2, qwen3), not the model file {ROOT / 'examples' / 'mlp.py'}; export "
+                     "the plan to torchtitan or megatron, or re-plan with `--cp 1`",
          _plan_edit(lambda d: d.update(cp=2, num_ranks=2 * d["num_ranks"]))),
     Case("run:cp-with-tp", lambda env: ["run", str(env.bad_plan)],
          lambda env: "plan field 'cp' is 2: autopp run runs context parallelism with tp 1, ep 1 and no vocabulary "

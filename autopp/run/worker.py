@@ -1,12 +1,12 @@
 """One rank of a pipelined run: `python -m autopp.run.worker`, started by launch.py or by torchrun.
 
-Ranks. The world is the plan's layout, pp x dp x tp processes, numbered by `Layout.rank` (autopp.data.layout, the
-numbering the planner costs links with: a tensor-parallel group is consecutive ranks, a stage's replicas are
-neighbours; with tp 1, pipeline rank 0 is ranks 0..dp-1, ...). The launcher's RANK
-is the process's device slot (LOCAL_RANK its CUDA device): with a plan `device_order` the process on device d runs
-global rank `device_order.index(d)`, so global rank r runs on device `device_order[r]` (without one, rank r on
-device r). Each replica runs the whole pipeline on its
-contiguous slice of the global batch (the tp ranks of a replica all read it); the ranks that hold the same stages in
+Ranks. The world is the plan's layout, pp x dp x cp x tp processes, numbered by `Layout.rank` (autopp.data.layout,
+the numbering the planner costs links with: a tensor-parallel group is consecutive ranks, a stage's replicas are
+neighbours; with tp 1, pipeline rank 0 is ranks 0..dp-1, ...; a cp rank holds its head-tail share of each sequence,
+autopp.run.context_run). The launcher's RANK is the process's device slot (LOCAL_RANK its CUDA device): with a
+plan `device_order` the process on device d runs global rank `device_order.index(d)`, so global rank r runs on
+device `device_order[r]` (without one, rank r on device r). Each replica runs the whole pipeline on its contiguous
+slice of the global batch (the tp ranks of a replica all read it); the ranks that hold the same stages in
 different replicas average their gradients (all-reduce over a process subgroup; ZeRO 1 and 3: FSDP2's reduce-scatter)
 before the optimizer step. With tp > 1 or ZeRO 1/3 the groups come from the layout's device mesh and the
 stages are tensor-parallel and sharded by autopp.run.parallel (autopp.run.tensor_parallel, .data_parallel). RANK,

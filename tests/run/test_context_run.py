@@ -6,6 +6,7 @@ cp and ZeRO over cp on 2 and 4 gloo ranks, validated against one process in the 
 from __future__ import annotations
 
 import copy
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -41,17 +42,18 @@ def plan() -> Plan:
 
 
 def llama_plan(layout: Layout, split_points: list[str], schedule: str = "1F1B", num_microbatches: int = 2,
-               microbatch_size: int = 2, seq_len: int = SEQ) -> Plan:
-    """A plan of the tiny HF Llama at `seq_len` tokens cut at `split_points`, one stage per pipeline rank."""
+               microbatch_size: int = 2, seq_len: int = SEQ, config: Path = TINY_LLAMA) -> Plan:
+    """A plan of the tiny HF Llama (or `config`) at `seq_len` tokens cut at `split_points`, one stage per pipeline
+    rank."""
     hf = {"seq_len": seq_len, "task": "causal-lm"}
-    mf = load_model(TINY_LLAMA, hf)
+    mf = load_model(config, hf)
     model = mf.build(0)
     units = discover_units(mf, model)
     cuts = [0] + [next(u.index for u in units if u.split_point == p) for p in split_points] + [len(units)]
     stages = tuple(StagePlan(index=i, rank=i, units=(a, b), unit_names=tuple(u.name for u in units[a:b]),
                              split_point=None if i == 0 else split_points[i - 1], forward_s=0.01, backward_s=0.02,
                              memory_bytes=1000) for i, (a, b) in enumerate(zip(cuts, cuts[1:])))
-    return Plan(model_path=str(TINY_LLAMA), fingerprint=fingerprint(model, units), schedule=ScheduleName(schedule),
+    return Plan(model_path=str(config), fingerprint=fingerprint(model, units), schedule=ScheduleName(schedule),
                 layout=layout, num_microbatches=num_microbatches, microbatch_size=microbatch_size,
                 memory_limit_bytes=2**30, stages=stages, hf_config=hf,
                 predicted=Prediction(step_time_s=0.1, peak_memory_bytes=(1000,) * layout.pp, bubble_fraction=0.0))
@@ -64,10 +66,10 @@ def test_a_llama_plan_with_cp_passes_the_checks(plan: Plan) -> None:
 
 @pytest.mark.parametrize("change, message", [
     (lambda p: replace(p, model_path="model.py", hf_config={}),
-     "plan field 'cp' is 2: autopp run runs context parallelism for HF causal LMs given by --hf-config (llama), not "
-     "the model file model.py; export the plan to torchtitan or megatron, or re-plan with `--cp 1`"),
-    (lambda p: replace(p, hf_config={"seq_len": SEQ, "task": "seq-cls"}), "given by --hf-config (llama), not task "
-     "seq-cls;"),
+     "plan field 'cp' is 2: autopp run runs context parallelism for HF causal LMs given by --hf-config (llama, qwen2, "
+     "qwen3), not the model file model.py; export the plan to torchtitan or megatron, or re-plan with `--cp 1`"),
+    (lambda p: replace(p, hf_config={"seq_len": SEQ, "task": "seq-cls"}), "given by --hf-config (llama, qwen2, qwen3), "
+     "not task seq-cls;"),
     (lambda p: replace(p, layout=Layout(pp=2, cp=2, tp=2)), "with tp 1, ep 1 and no vocabulary parallelism (plan has "
      "tp 2, ep 1, vocab off)"),
     (lambda p: replace(p, schedule=ScheduleName.SEQ_1F1B), "under schedules that run each microbatch whole, not "
@@ -82,8 +84,8 @@ def test_what_the_runner_does_not_run_under_cp_is_refused_in_one_line(plan: Plan
 
 
 def test_a_model_without_one_rotary_embedding_of_a_listed_family_is_refused(plan: Plan) -> None:
-    with pytest.raises(RunError, match=re.escape("for llama causal LMs with autopp_causal attention, not model_type "
-                                                 "Linear with None attention")):
+    with pytest.raises(RunError, match=re.escape("for llama, qwen2, qwen3 causal LMs with autopp_causal attention, not "
+                                                 "model_type Linear with None attention")):
         check_context_model(nn.Linear(2, 2), plan)
     model = load_model(TINY_LLAMA, plan.hf_config).build(0)
     model.model.layers[0].add_module("rotary_emb", copy.deepcopy(model.model.rotary_emb))
@@ -139,3 +141,30 @@ def test_cp_2_with_zero_1_shards_over_the_cp_ranks() -> None:
     # ZeRO 1 without dp: FSDP2 shards the optimizer state over the cp ranks, which are the synchronisation group.
     plan = llama_plan(Layout(pp=1, cp=2, zero=zero_stage(1)), [], schedule="GPipe")
     _check(run_plan(plan, RunOptions(steps=2, timeout_s=300)))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_other_listed_families_run_validated_with_cp_2(tmp_path: Path, family: str) -> None:
+    # The tiny Llama's sizes as Qwen2 (q/k/v biases) and Qwen3 (q/k norms): the same one rotary embedding module.
+    config = tmp_path / f"tiny-{family}.json"
+    config.write_text(json.dumps({**json.loads(TINY_LLAMA.read_text()), "model_type": family, "architectures": None}))
+    plan = llama_plan(Layout(pp=1, cp=2), [], schedule="GPipe", config=config)
+    _check(run_plan(plan, RunOptions(steps=1, timeout_s=240)))
+
+
+@pytest.mark.integration
+def test_a_plan_made_with_cp_2_by_the_cli_runs_validated_on_two_ranks(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # profile -> plan --cp 2 -> run, as a user does: the plan is pp 1 x cp 2 on 2 devices, its report passes.
+    from autopp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    quick = ["--microbatch-sizes", "1,2", "--repeats", "1", "--warmup", "0"]
+    assert main(["profile", "--hf-config", str(TINY_LLAMA), "--seq-len", str(SEQ), *quick]) == 0
+    assert main(["plan", "--hf-config", str(TINY_LLAMA), "--seq-len", str(SEQ), "--devices", "2", "--cp", "2",
+                 "--memory", "1GiB", "--global-batch", "4", "-o", "plan.json"]) == 0
+    assert json.loads((tmp_path / "plan.json").read_text())["cp"] == 2
+    assert main(["run", "plan.json", "--steps", "2"]) == 0
+    report = json.loads((tmp_path / "plan.report.json").read_text())
+    assert report["passed"] is True and report["cp"] == 2

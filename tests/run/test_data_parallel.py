@@ -34,7 +34,8 @@ def test_context_parallelism_of_a_model_file_is_refused_in_one_line_before_any_r
     the door both the runner and every rank go through."""
     plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2, cp=2))
     with pytest.raises(RunError, match=r"^plan field 'cp' is 2: autopp run runs context parallelism for HF causal LMs "
-                                       r"given by --hf-config \(llama\), not the model file .*linrelu.py; .*re-plan "
+                                       r"given by --hf-config \(llama, qwen2, qwen3\), not the model file "
+                                       r".*linrelu.py; .*re-plan "
                                        r"with `--cp 1`$"):
         check_runnable(plan)
 
