@@ -513,6 +513,12 @@ CASES += [
                      f"--hf-config (llama, qwen2, qwen3), not the model file {ROOT / 'examples' / 'mlp.py'}; export "
                      "the plan to torchtitan or megatron, or re-plan with `--cp 1`",
          _plan_edit(lambda d: d.update(cp=2, num_ranks=2 * d["num_ranks"]))),
+    Case("run:cp-sequence-does-not-split", lambda env: ["run", str(env.bad_plan)],
+         lambda env: "plan field 'cp' is 2: context parallelism needs seq % (2*cp) == 0 (seq 6, cp 2, causal load "
+                     "balancing); export the plan to torchtitan or megatron, or re-plan with `--cp 1`",
+         _plan_edit(lambda d: d.update(cp=2, model_path=str(ROOT / "examples" / "configs" / "tiny-llama.json"),
+                                       hf_config={"seq_len": 6, "task": "causal-lm"},
+                                       num_ranks=2 * d["num_ranks"]))),
     Case("run:cp-with-tp", lambda env: ["run", str(env.bad_plan)],
          lambda env: "plan field 'cp' is 2: autopp run runs context parallelism with tp 1, ep 1 and no vocabulary "
                      "parallelism (plan has tp 2, ep 1, vocab off)",

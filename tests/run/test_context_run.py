@@ -24,7 +24,7 @@ from autopp.model.units import discover_units, fingerprint
 from autopp.run import GRAD_RTOL, RunOptions, RunReport, run_plan
 from autopp.errors import RunError
 from autopp.run.context_run import POSITIONS, check_context_model, check_context_plan, own_positions, rotary_modules
-from autopp.schedule import ScheduleName
+from autopp.schedule import ScheduleName, stage_to_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_LLAMA = ROOT / "examples" / "configs" / "tiny-llama.json"
@@ -43,14 +43,15 @@ def plan() -> Plan:
 
 def llama_plan(layout: Layout, split_points: list[str], schedule: str = "1F1B", num_microbatches: int = 2,
                microbatch_size: int = 2, seq_len: int = SEQ, config: Path = TINY_LLAMA) -> Plan:
-    """A plan of the tiny HF Llama (or `config`) at `seq_len` tokens cut at `split_points`, one stage per pipeline
-    rank."""
+    """A plan of the tiny HF Llama (or `config`) at `seq_len` tokens cut at `split_points`, the stages placed as the
+    schedule places them."""
     hf = {"seq_len": seq_len, "task": "causal-lm"}
     mf = load_model(config, hf)
     model = mf.build(0)
     units = discover_units(mf, model)
     cuts = [0] + [next(u.index for u in units if u.split_point == p) for p in split_points] + [len(units)]
-    stages = tuple(StagePlan(index=i, rank=i, units=(a, b), unit_names=tuple(u.name for u in units[a:b]),
+    ranks = stage_to_rank(ScheduleName(schedule), layout.pp, layout.v)
+    stages = tuple(StagePlan(index=i, rank=ranks[i], units=(a, b), unit_names=tuple(u.name for u in units[a:b]),
                              split_point=None if i == 0 else split_points[i - 1], forward_s=0.01, backward_s=0.02,
                              memory_bytes=1000) for i, (a, b) in enumerate(zip(cuts, cuts[1:])))
     return Plan(model_path=str(config), fingerprint=fingerprint(model, units), schedule=ScheduleName(schedule),
@@ -127,6 +128,14 @@ def test_two_stages_with_cp_2_on_four_ranks_match_one_process() -> None:
     report = run_plan(plan, RunOptions(steps=2, timeout_s=300))
     _check(report)
     assert {d.stage for d in report.grad_diffs} == {0, 1}
+
+
+@pytest.mark.integration
+def test_a_v_schedule_with_split_backward_and_cp_2_on_four_ranks_matches_one_process() -> None:
+    # ZBVZeroBubble, pp 2 x v 2 x cp 2: two stages per rank, torch's I/W split backward through the ring's Function.
+    plan = llama_plan(Layout(pp=2, v=2, cp=2), ["model.layers.1", "model.layers.2", "model.layers.3"],
+                      schedule="ZBVZeroBubble", num_microbatches=4, microbatch_size=1)
+    _check(run_plan(plan, RunOptions(steps=2, timeout_s=300)))
 
 
 @pytest.mark.integration
