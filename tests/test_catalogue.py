@@ -521,8 +521,11 @@ CASES += [
          lambda env: "--cp 2 with --tp 1: context parallelism needs seq % (2 x cp x tp) == 0 for causal load "
                      "balancing, and 6 % 4 = 2",
          lambda env: _with_attention(env, 6)),
-    Case("run:cp-not-run-by-the-runner", lambda env: ["run", str(env.bad_plan)],
-         lambda env: "plan field 'cp' is 2: autopp run does not run context parallelism",
+    # issue 27: autopp run runs cp for HF Llama-family causal LMs (autopp.run.context_run) and refuses the rest
+    Case("run:cp-of-a-model-file", lambda env: ["run", str(env.bad_plan)],
+         lambda env: "plan field 'cp' is 2: autopp run runs context parallelism for HF causal LMs given by "
+                     f"--hf-config (llama, qwen2, qwen3), not the model file {ROOT / 'examples' / 'mlp.py'}; export "
+                     "the plan to torchtitan or megatron, or re-plan with `--cp 1`",
          _plan_edit(lambda d: d.update(cp=2, num_ranks=2 * d["num_ranks"]))),
     # issue 25 item 3: HSDP replicates a sharding ZeRO stage's shards over a divisor of dp
     Case("flag:plan-dp-replicate-with-zero-0", lambda env: _plan_args(env, "--dp", "4", "--zero", "0",
@@ -535,6 +538,18 @@ CASES += [
     Case("flag:plan-dp-replicate-without-devices-for-it", lambda env: _plan_args(env, "--dp-replicate", "2"),
          lambda env: "--dp-replicate 2 must divide dp and be below it, and the 2 devices leave dp 2 at most: give "
                      "--dp-replicate 1, or more devices"),
+    Case("run:cp-sequence-does-not-split", lambda env: ["run", str(env.bad_plan)],
+         lambda env: "plan field 'cp' is 2: context parallelism needs seq % (2*cp) == 0 (seq 6, cp 2, causal load "
+                     "balancing); export the plan to torchtitan or megatron, or re-plan with `--cp 1`",
+         _plan_edit(lambda d: d.update(cp=2, model_path=str(ROOT / "examples" / "configs" / "tiny-llama.json"),
+                                       hf_config={"seq_len": 6, "task": "causal-lm"},
+                                       num_ranks=2 * d["num_ranks"]))),
+    Case("run:cp-with-tp", lambda env: ["run", str(env.bad_plan)],
+         lambda env: "plan field 'cp' is 2: autopp run runs context parallelism with tp 1, ep 1 and no vocabulary "
+                     "parallelism (plan has tp 2, ep 1, vocab off)",
+         _plan_edit(lambda d: d.update(cp=2, tp=2, model_path=str(ROOT / "examples" / "configs" / "tiny-llama.json"),
+                                       hf_config={"seq_len": 16, "task": "causal-lm"},
+                                       num_ranks=4 * d["num_ranks"]))),
     Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
                                                       "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
          lambda env: "dp(3)"),

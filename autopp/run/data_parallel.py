@@ -17,6 +17,7 @@ from ..data.layout import Layout
 from ..data.plan import Plan
 from ..data.zero import SEARCHED_ZERO, ZeroStage
 from ..errors import RunError
+from .context_run import check_context_plan
 from .expert_parallel import check_expert_parallel
 
 __all__ = ["check_runnable", "sync_mesh", "shard_replicas"]
@@ -26,13 +27,10 @@ logger = logging.getLogger(__name__)
 
 def check_runnable(plan: Plan) -> None:
     """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`), the expert-parallel
-    layouts the runner does not run (`check_expert_parallel`), and context parallelism (planned and exported; the
-    runner's ring attention, autopp.run.context, is not wired into the pipeline stages)."""
+    layouts the runner does not run (`check_expert_parallel`), and the context-parallel plans it does not run
+    (`check_context_plan`)."""
     check_expert_parallel(plan.layout)
-    if plan.layout.cp > 1:
-        raise RunError(f"plan field 'cp' is {plan.layout.cp}: autopp run does not run context parallelism beside "
-                       "its pipeline stages yet (ring attention on CPU ranks: autopp.run.context); export the plan "
-                       "to torchtitan or megatron, or re-plan with `--cp 1`")
+    check_context_plan(plan)
     zero = plan.layout.zero
     if zero.not_runnable is not None:
         raise RunError(f"plan field 'zero' is {zero.stage}: {zero.not_runnable}; plan with `zero` "

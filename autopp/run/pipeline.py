@@ -23,6 +23,8 @@ from ..data.plan import Plan
 from ..schedule import Action, Kind, StagePlacement, ScheduleName, describe, listed, to_csv_rows
 from .bidirectional import BidirectionalSchedule, mirror_groups, mirror_stage
 from .chain import ChainPiece, chain_io, constant_values, example_io
+from .context import RingConfig, shard_sequence
+from .context_run import own_positions, shard_batch
 from .outputs import model_loss
 from .parallel import Sharding, shard_stage
 from .tensor_parallel import local_shapes, planned_modules, sequence_planned
@@ -84,14 +86,20 @@ class RankStages:
 
 
 def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
-                 group: dist.ProcessGroup | None, mesh: DeviceMesh | None = None) -> RankStages:
+                 group: dist.ProcessGroup | None, mesh: DeviceMesh | None = None,
+                 context: RingConfig | None = None) -> RankStages:
     """The stages placed on pipeline rank `pp_rank`, in stage order, split from a model built with the plan's seed;
     with a device `mesh` (`uses_mesh`: tensor parallelism or ZeRO), tensor-parallel and ZeRO-sharded
-    (autopp.run.parallel: autopp.run.tensor_parallel, autopp.run.data_parallel)."""
+    (autopp.run.parallel: autopp.run.tensor_parallel, autopp.run.data_parallel); with a cp ring `context`, exported
+    at this cp rank's share of the sequence with its own rotary positions (autopp.run.context_run)."""
     owner = placement(plan)
     model = mf.build(plan.seed)
     resolved = planned_modules(mf, model, plan) if mesh is not None else {}
     example, _ = mf.sample_batch(plan.microbatch_size, seed=plan.seed)
+    if context is not None:
+        seq = example[0].shape[1]
+        own_positions(model, shard_sequence(torch.arange(seq), 0, context))
+        example = shard_batch(tuple(example), context)
     pipe = split_model(local_shapes(model, resolved, plan.layout.tp) if resolved else model, example, plan.split_points)
     if pipe.num_stages != len(plan.stages):
         raise RunError(f"splitting at {plan.split_points} gave {pipe.num_stages} pieces, plan has {len(plan.stages)}")

@@ -29,6 +29,7 @@ from .summary import median_step_index, rank_measures, stage_times
 from .tied import canonical_names
 from .options import Backend, RunOptions
 from .torchrun import launch_torchrun, torchrun_command, worker_errors
+from .context_run import check_context_model
 from .data_parallel import check_runnable
 from .pipeline import check_schedule_runs
 from .collect import StageTensors
@@ -241,6 +242,7 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
     check_schedule_runs(plan.schedule)  # a schedule no torch class runs: refused in one line before anything starts
     check_runnable(plan)
     mf, model = _fingerprinted(plan)
+    check_context_model(model, plan)  # cp > 1: a model whose positions the ranks can place (one line)
     chosen = _chosen(plan, options, plan_path)
     options = chosen.options
     refusal = batch_norm_refusal(model, plan) if options.validate else None

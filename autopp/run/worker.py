@@ -1,12 +1,12 @@
 """One rank of a pipelined run: `python -m autopp.run.worker`, started by launch.py or by torchrun.
 
-Ranks. The world is the plan's layout, pp x dp x tp processes, numbered by `Layout.rank` (autopp.data.layout, the
-numbering the planner costs links with: a tensor-parallel group is consecutive ranks, a stage's replicas are
-neighbours; with tp 1, pipeline rank 0 is ranks 0..dp-1, ...). The launcher's RANK
-is the process's device slot (LOCAL_RANK its CUDA device): with a plan `device_order` the process on device d runs
-global rank `device_order.index(d)`, so global rank r runs on device `device_order[r]` (without one, rank r on
-device r). Each replica runs the whole pipeline on its
-contiguous slice of the global batch (the tp ranks of a replica all read it); the ranks that hold the same stages in
+Ranks. The world is the plan's layout, pp x dp x cp x tp processes, numbered by `Layout.rank` (autopp.data.layout,
+the numbering the planner costs links with: a tensor-parallel group is consecutive ranks, a stage's replicas are
+neighbours; with tp 1, pipeline rank 0 is ranks 0..dp-1, ...; a cp rank holds its head-tail share of each sequence,
+autopp.run.context_run). The launcher's RANK is the process's device slot (LOCAL_RANK its CUDA device): with a
+plan `device_order` the process on device d runs global rank `device_order.index(d)`, so global rank r runs on
+device `device_order[r]` (without one, rank r on device r). Each replica runs the whole pipeline on its contiguous
+slice of the global batch (the tp ranks of a replica all read it); the ranks that hold the same stages in
 different replicas average their gradients (all-reduce over a process subgroup; ZeRO 1 and 3: FSDP2's reduce-scatter)
 before the optimizer step. With tp > 1 or ZeRO 1/3 the groups come from the layout's device mesh and the
 stages are tensor-parallel and sharded by autopp.run.parallel (autopp.run.tensor_parallel, .data_parallel). RANK,
@@ -29,6 +29,7 @@ Progress lines (`[rank R] message`; a step's end `step K/N T s`) are logged to s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -55,6 +56,8 @@ from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .data_parallel import check_runnable, sync_mesh
 from .expert_parallel import average_expert_grads, ep_meshes, expert_params
 from .parallel import local, make_mesh
+from .context import RingConfig, ring_attention
+from .context_run import shard_batch
 from .pipeline import RankStages, build_stages, make_schedule
 from .tied import sum_tied_grads, tie_groups
 
@@ -168,12 +171,14 @@ def _average_grads(params: Sequence[torch.nn.Parameter], group: dist.ProcessGrou
 
 
 def _check_untied(plan: Plan, built: RankStages) -> None:
-    """Tied weights are summed across ranks on whole tensors only: refuse them with tensor parallelism or ZeRO."""
+    """Tied weights are summed across plain pipeline replicas on whole tensors only: refuse them with tensor or
+    context parallelism or ZeRO."""
     tied = sorted(set(built.shared) | {n for n, ps in built.params.items() if len(ps) > 1})
     if tied:
-        raise RunError(f"the model ties {tied[0]!r} between stages, which the runner sums only without tensor "
-                       f"parallelism and ZeRO (plan has tp {plan.layout.tp}, zero {plan.layout.zero.stage}): run it "
-                       "with tp 1 and zero 0")
+        layout = plan.layout
+        raise RunError(f"the model ties {tied[0]!r} between stages, which the runner sums only without tensor or "
+                       f"context parallelism and ZeRO (plan has tp {layout.tp}, cp {layout.cp}, zero "
+                       f"{layout.zero.stage}): run it with tp 1, cp 1 and zero 0")
 
 
 @dataclass
@@ -193,7 +198,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
            ) -> _Run:
     mesh = make_mesh(plan, device) if uses_mesh(plan.layout) else None
     pp_group, dp_group = _groups(plan, ranks, mesh)
-    built = build_stages(mf, plan, ranks.pp_rank, device, pp_group, mesh)
+    ring = RingConfig(group=mesh["cp"].get_group()) if mesh is not None and plan.layout.cp > 1 else None
+    built = build_stages(mf, plan, ranks.pp_rank, device, pp_group, mesh, ring)
     if mesh is not None:
         _check_untied(plan, built)
     stages = built.stages
@@ -210,7 +216,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
     recorder.wrap_stages(stages)
     run = _Run([], [], [], [], 0, [])
     checked = args.validate and (mesh is not None or ranks.replica == 0)  # mesh: gathering is collective
-    mine = ranks.replica == 0 and ranks.tp_rank == 0
+    mine = ranks.replica == 0 and ranks.tp_rank == 0 and ranks.coords.cp == 0
     logger.info("stages %s built on pipeline rank %d of replica %d%s, on device %d (%s; %d parameters)",
                 [s.stage_index for s in stages], ranks.pp_rank, ranks.replica,
                 f" (tp rank {ranks.tp_rank})" if plan.layout.tp > 1 else "", slot, device,
@@ -223,6 +229,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         inputs, target = mf.sample_batch(plan.global_batch, seed=plan.seed + step)
         inputs = tuple(replica_slice(t, ranks.replica, plan.layout.dp) for t in inputs)
         target = replica_slice(target, ranks.replica, plan.layout.dp)
+        if ring is not None:  # this cp rank's head-tail share of every sequence (autopp.run.context_run)
+            inputs, (target,) = shard_batch(tuple(inputs), ring), shard_batch((target,), ring)
         mb_losses: list[torch.Tensor] = []
         weights = stage_weights(stages) if checked else {}
         step_args = tuple(_to(t, device) for t in inputs) if first else ()
@@ -232,7 +240,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
             torch.cuda.reset_peak_memory_stats(device)
         saved.reset_peak()
         recorder.start()
-        with record_waits(recorder):
+        with record_waits(recorder), _attention(ring):
             schedule.step(*step_args, **step_kwargs)
         t_schedule = recorder.now()
         sum_tied_grads(ties, built.params)
@@ -256,8 +264,9 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         run.peak_memory = max(run.peak_memory, int(peak))
         logger.info("step %d/%d %.4f s", step + 1, args.steps, run.step_times[-1])
         if step == 0 and device.type != "cuda":
-            run.peak_memory = max(run.peak_memory, _probe_memory(schedule, step_args, last, target, device, saved,
-                                                                 static, optimizer))
+            with _attention(ring):
+                run.peak_memory = max(run.peak_memory, _probe_memory(schedule, step_args, last, target, device,
+                                                                     saved, static, optimizer))
         if args.validate:
             gather_check(args.run_dir, ranks.rank, step, (weights, grads) if mine else ({}, {}))
     run_result = {"rank": ranks.rank, "replica": ranks.replica, "pp_rank": ranks.pp_rank, "tp_rank": ranks.tp_rank,
@@ -270,6 +279,12 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
                   "params": {str(s.stage_index): [n for n, _ in s.submod.named_parameters()] for s in stages}}
     gather_results(args.run_dir, ranks.rank, run_result)
     return run
+
+
+def _attention(ring: RingConfig | None) -> contextlib.AbstractContextManager[None]:
+    """Under context parallelism, every attention of the step as torch's ring over the cp group
+    (autopp.run.context); else nothing."""
+    return ring_attention(ring) if ring is not None else contextlib.nullcontext()
 
 
 def _probe_memory(schedule: Any, step_args: tuple[Any, ...], last: bool, target: Any, device: torch.device,

@@ -29,11 +29,14 @@ def test_zero_2_is_refused_in_one_line_before_any_rank_starts() -> None:
     check_runnable(replace(plan, layout=replace(plan.layout, zero=ZERO[3])))
 
 
-def test_context_parallelism_is_refused_in_one_line_before_any_rank_starts() -> None:
-    """Issue 27: cp is planned and exported, but the runner does not run it beside pipeline stages yet."""
+def test_context_parallelism_of_a_model_file_is_refused_in_one_line_before_any_rank_starts() -> None:
+    """Issue 27: the runner runs cp for HF Llama-family causal LMs only (autopp.run.context_run); check_runnable is
+    the door both the runner and every rank go through."""
     plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2, cp=2))
-    with pytest.raises(RunError, match=r"^plan field 'cp' is 2: autopp run does not run context parallelism beside "
-                                       r"its pipeline stages yet .*re-plan with `--cp 1`$"):
+    with pytest.raises(RunError, match=r"^plan field 'cp' is 2: autopp run runs context parallelism for HF causal LMs "
+                                       r"given by --hf-config \(llama, qwen2, qwen3\), not the model file "
+                                       r".*linrelu.py; .*re-plan "
+                                       r"with `--cp 1`$"):
         check_runnable(plan)
 
 

@@ -86,14 +86,14 @@ def test_error_line_of_a_non_user_error_names_its_innermost_frame() -> None:
     assert line.startswith("ValueError: invalid literal for int() with base 10: 'x' (at test_worker.py:")
 
 
-def test_tied_weights_are_refused_with_tensor_parallelism_or_zero() -> None:
+def test_tied_weights_are_refused_with_tensor_or_context_parallelism_or_zero() -> None:
     from autopp.run.pipeline import RankStages
     from autopp.run.worker import _check_untied
 
     plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2, zero=ZERO[1]))
     _check_untied(plan, RankStages([], None, {"0.weight": [torch.nn.Parameter(torch.zeros(1))]}, {}))
-    with pytest.raises(RunError, match=r"^the model ties 'wte.weight' between stages, .* \(plan has tp 1, zero 1\): "
-                                       r"run it with tp 1 and zero 0$"):
+    with pytest.raises(RunError, match=r"^the model ties 'wte.weight' between stages, .* \(plan has tp 1, cp 1, zero "
+                                       r"1\): run it with tp 1, cp 1 and zero 0$"):
         _check_untied(plan, RankStages([], None, {}, {"wte.weight": (0, 1)}))
 
 
