@@ -59,7 +59,7 @@ def test_planned_on_a_head_heavy_model_and_run_validated(tmp_path: Path) -> None
     assert json.loads((prof / "meta.json").read_text())["extra"]["vocab"]["head"] == "head"
     plans = {"1F1B": tmp_path / "a.json", "GPipe": tmp_path / "b.json"}
     common = ["--profile", str(prof), "--devices", "2", "--memory", "4GiB", "--pp", "2", "--global-batch", "4"]
-    assert main(["plan", *common, "-o", str(plans["1F1B"])]) == 0  # --vocab auto, the default
+    assert main(["plan", *common, "--schedule", "1F1B", "-o", str(plans["1F1B"])]) == 0  # --vocab auto, the default
     assert main(["plan", *common, "--schedule", "GPipe", "--vocab", "2", "-o", str(plans["GPipe"])]) == 0
     for schedule, path in plans.items():
         data = json.loads(path.read_text())
