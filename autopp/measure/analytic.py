@@ -21,7 +21,7 @@ from ..data.precision import Recipe
 from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..schedule.activation import POLICY_COLUMNS
 from ..errors import AutoppError, ProfileError
-from ..model.contract import ModelFile, describe_error, load_model_file
+from ..model.contract import ModelFile, batch_norms, describe_error, load_model_file
 from ..model.experts import moe_facts
 from ..model.fake import fake_mode, faking
 from ..model.hf import load_model
@@ -78,6 +78,8 @@ class ModelCounts:
     param_tensors: int = 0
     moe: dict[str, Any] = field(default_factory=dict)
     """The model's routing (autopp.model.experts.moe_facts; {}: no stacked experts), meta.extra["moe"]."""
+    batch_norm: list[str] = field(default_factory=list)
+    """The model's BatchNorm modules (autopp.model.contract.batch_norms), meta.extra["batch_norm"]."""
 
 
 def _edges_into(node: fx.Node, i: int, b: int, env: dict[fx.Node, Any], piece_index: dict[str, int]
@@ -174,7 +176,7 @@ def count_model(model: str | Path | ModelFile, options: ProfileOptions = Profile
     c = ModelCounts(mf, units, model_fingerprint, replace(options, tp_degrees=()),
                     tied=tied_groups(meta.model, [u.modules for u in units]),
                     optimizer_numel=sum(p.numel() for p in params), param_tensors=len(params),
-                    moe=moe_facts(meta.model))
+                    moe=moe_facts(meta.model), batch_norm=batch_norms(meta.model))
     for b in options.microbatch_sizes:
         _count_size(c, meta, b, progress)
     return c
@@ -250,6 +252,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
              "peak_bytes": peaks,
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
              **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {}),
+             **({"batch_norm": c.batch_norm} if c.batch_norm else {}),
              "vocab": {"refused": _NO_VOCAB}}
     meta = ProfileMeta(
         model_path=str(c.mf.path), fingerprint=c.fingerprint, unit_names=tuple(u.name for u in c.units),

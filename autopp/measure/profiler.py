@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..model.contract import ModelFile, load_model_file
+from ..model.contract import ModelFile, batch_norms, load_model_file
 from ..model.experts import moe_facts
 from ..model.meta import MetaModel, build_units
 from ..model.split import LiveValue, tied_groups
@@ -128,7 +128,8 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
                                                     "checked, the model was not materialized whole"}
     found.extra.update(peak_bytes=found.peaks, peak_bytes_how=PEAK_HOW[settings.timer.device.type],
                        materialized_peak_bytes=meta.peak_materialized_bytes,
-                       **{k: v for k, v in {"moe": moe_facts(meta.model)}.items() if v})
+                       **{k: v for k, v in {"moe": moe_facts(meta.model), "batch_norm": batch_norms(meta.model)}.items()
+                          if v})
     meta_info = ProfileMeta(
         model_path=str(mf.path), fingerprint=model_fingerprint,
         unit_names=tuple(u.name for u in units), split_points=tuple(u.split_point or "" for u in units[1:]),

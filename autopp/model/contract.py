@@ -26,7 +26,7 @@ from ..errors import ModelFileError
 from ..preflight import check_model_file
 from .fake import fake_mode, faking, on_meta, to_fake
 
-__all__ = ["Batch", "ModelFile", "load_model_file", "check_forward", "default_loss", "describe_error"]
+__all__ = ["Batch", "ModelFile", "load_model_file", "check_forward", "default_loss", "describe_error", "batch_norms"]
 
 Batch = tuple[tuple[torch.Tensor, ...], Any]
 
@@ -86,6 +86,13 @@ class ModelFile:
     def error(self, message: str) -> ModelFileError:
         """A ModelFileError that names this file."""
         return ModelFileError(f"{self.path}: {message}")
+
+
+def batch_norms(model: nn.Module) -> list[str]:
+    """The qualified names of `model`'s BatchNorm modules (any `_BatchNorm`: BatchNorm1d/2d/3d, SyncBatchNorm), which
+    normalize by the statistics of the batch they are given: a microbatch under pipelining (profiles record them,
+    plans say so, `autopp run` refuses to validate them; autopp.run.steps.batch_norm_refusal)."""
+    return [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
 def describe_error(exc: BaseException) -> str:

@@ -29,10 +29,9 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..data.plan import Plan
-from ..model.contract import ModelFile
+from ..model.contract import ModelFile, batch_norms
 from .collect import StageTensors
 from .report import ParamDiff
 from .tied import aliases
@@ -149,7 +148,7 @@ def batch_norm_refusal(model: nn.Module, plan: Plan) -> str | None:
     the global batch by design, not by rounding (a BatchNorm ResNet-style CNN: 6.9e-1 relative on a norm's bias).
     GroupNorm and LayerNorm normalize each sample on its own, and agree. None when the model has none, or one
     microbatch of the whole batch."""
-    norms = [name for name, m in model.named_modules() if isinstance(m, _BatchNorm)]
+    norms = batch_norms(model)
     if not norms or plan.microbatch_size == plan.global_batch:
         return None
     return (f"the model normalizes with BatchNorm ({norms[0]}{f' and {len(norms) - 1} more' if len(norms) > 1 else ''})"

@@ -130,3 +130,11 @@ def test_default_loss_takes_the_logits_of_an_hf_output_structure() -> None:
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 5), target.reshape(-1))
     torch.testing.assert_close(default_loss(Output(logits), target), expected)
     torch.testing.assert_close(default_loss(logits, target), expected)
+
+
+def test_batch_norms_names_every_batch_norm_module_and_none_elsewhere() -> None:
+    """What profiles record in `extra.batch_norm` (issue 26 item 11): the BatchNorm CNN's norms, none of GroupNorm's."""
+    from autopp.model.contract import batch_norms
+    bn = batch_norms(load_model_file(MODELS / "bncnn.py").build(0))
+    assert bn[:3] == ["stem.1", "blocks.0.bn1", "blocks.0.bn2"]
+    assert batch_norms(load_model_file(MODELS / "gncnn.py").build(0)) == []

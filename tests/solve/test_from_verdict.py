@@ -59,3 +59,25 @@ def test_a_baseline_that_does_not_fit_is_marked_in_json_and_table(tmp_path: Path
     at = rows["split"].index(" fits") + 1
     assert rows["time"][at - 2:at + 4].split() == ["NO"] and rows["even"][at:at + 4].split() == ["yes"]
     assert "does not fit (a rank's simulated peak exceeds its device's memory): time" in format_plan(plan)
+
+
+def test_a_batch_norm_model_is_said_at_plan_time() -> None:
+    """Issue 26 item 11: the profile records the model's BatchNorm modules (`extra.batch_norm`) and a plan with
+    several microbatches says, in one note, why a pipelined step differs from one process and what to use; one
+    microbatch of the whole batch says nothing."""
+    from dataclasses import replace
+
+    from autopp.data.synthetic_profile import synthetic_profile
+    p = synthetic_profile(6)
+    bn = replace(p, meta=replace(p.meta, extra={**p.meta.extra, "batch_norm": ["blocks.0.bn1", "blocks.1.bn1"]}))
+    cluster = Cluster(num_devices=2, memory_bytes=80 * 2**30)
+    plan = make_plan(bn, PlanRequest(cluster=cluster, global_batch=8, num_microbatches=4))
+    said = [n for n in plan.notes if "BatchNorm" in n]
+    assert said == ["the model normalizes with BatchNorm (blocks.0.bn1 and 1 more), whose statistics are per "
+                    "microbatch (2 samples here, not the global batch), so a pipelined step differs from the "
+                    "single-process one by design: `autopp run` measures it only with --no-validate; GroupNorm or "
+                    "LayerNorm normalize each sample and validate"]
+    one = make_plan(bn, PlanRequest(cluster=cluster, global_batch=1, num_microbatches=1,
+                                    schedule=ScheduleName.GPIPE))
+    assert not [n for n in one.notes if "BatchNorm" in n]
+    assert not [n for n in make_plan(p, PlanRequest(cluster=cluster, global_batch=8)).notes if "BatchNorm" in n]

@@ -158,6 +158,19 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
     return out
 
 
+def _batch_norm_note(profile: Profile, c: Candidate) -> list[str]:
+    """Issue 26: a model that normalizes with BatchNorm (the profile's `extra.batch_norm`), said at plan time: its
+    statistics are per microbatch under pipelining (autopp.run.steps.batch_norm_refusal)."""
+    norms = profile.meta.extra.get("batch_norm") or []
+    if not norms or c.microbatches == 1:
+        return []
+    more = f" and {len(norms) - 1} more" if len(norms) > 1 else ""
+    return [f"the model normalizes with BatchNorm ({norms[0]}{more}), whose statistics are per microbatch "
+            f"({c.microbatch_size} samples here, not the global batch), so a pipelined step differs from the "
+            "single-process one by design: `autopp run` measures it only with --no-validate; GroupNorm or LayerNorm "
+            "normalize each sample and validate"]
+
+
 def _unoffered(request: PlanRequest, a: UnitArrays) -> list[str]:
     """Why the policies whose figures depend on the devices (`ActivationPolicy.derive`: offload) were not offered
     there, on a catalog device or when asked for by name (`activations`)."""
@@ -226,6 +239,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c))
+    notes.extend(_batch_norm_note(profile, c))
     notes.extend(_overlap_notes(request, a, c))
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
         / layout.group
