@@ -7,6 +7,7 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -35,7 +36,7 @@ from .pipeline import check_schedule_runs
 from .collect import StageTensors
 from .resolve import Chosen, resolve_options
 from .steps import Checks, ReferenceModel, batch_norm_refusal, validate_steps
-from .vocab_run import run_vocab_plan
+from .vocab_run import VOCAB_NOTE, run_vocab_ranks, vocab_job, vocab_reference
 from .validate import GRAD_RTOL, LOSS_RTOL, check_coverage, compare_losses, tolerances
 
 __all__ = ["run_plan", "check_fingerprint", "choose_backend", "read_results", "host_share"]
@@ -223,6 +224,16 @@ def _ranks(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, opti
     return read_results(run_dir)
 
 
+def _vocab_ranks(plan: Plan, run_dir: Path, options: RunOptions, say: Progress) -> list[dict[str, Any]]:
+    """A vocabulary-parallel plan's ranks (autopp.run.vocab_run), started here; their results."""
+    start = time.perf_counter()
+    run_vocab_ranks(plan, options, run_dir)
+    say(f"ranks finished in {time.perf_counter() - start:.1f} s" + (
+        "; comparing every step with the single-process reference" if options.validate else
+        "; measured only, not validated"))
+    return read_results(run_dir)
+
+
 def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progress | None = None,
              plan_path: str | None = None) -> RunReport:
     """Run `options.steps` steps of `plan` on one process per rank with the plan's optimizer, then time them and
@@ -252,7 +263,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
     nodes = options.nodes
     report = replace(_blank_report(plan, plan_path, options), backend_reason=chosen.backend_reason)
     if plan.vocab is not None:  # its passes run beside torch's schedule: autopp.run.vocab_run
-        return run_vocab_plan(plan, options, report, say)
+        vocab_job(plan, options)  # what it does not run: refused in one line before any rank starts
+        report = replace(report, notes=(*report.notes, VOCAB_NOTE))
     if report.oversubscribed:  # one line on stderr through the CLI's logging; the report keeps the figures
         logger.warning("%s; measured step times will exceed the prediction (docs/accuracy.md)",
                        report.oversubscribed)
@@ -260,7 +272,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
         say(f"starting {plan.num_ranks} ranks ({chosen.backend_reason}; {plan.schedule.value}, "
             f"{format_grid(plan.layout)}, {options.steps} steps of {options.optimizer}) in {run_dir}")
         try:
-            results = _ranks(plan, plan_path, mf, run_dir, options, say)
+            results = _ranks(plan, plan_path, mf, run_dir, options, say) if plan.vocab is None else \
+                _vocab_ranks(plan, run_dir, options, say)
         except RunError as exc:  # _run_dir keeps the directory: the error names it (the CLI prints it)
             message = (worker_errors(run_dir) or str(exc)) if nodes is not None else str(exc)
             raise RunFailedError(message, replace(report, error=message), logs=run_dir) from exc
@@ -271,7 +284,9 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
             return replace(report, losses=_losses(results))
         broken: RunFailedError | None = None
         try:
-            report = _validation(report, results, _checks(run_dir), ReferenceModel(mf, plan.seed, plan.global_batch))
+            reference = ReferenceModel(mf, plan.seed, plan.global_batch) if plan.vocab is None else \
+                vocab_reference(plan, mf, options)
+            report = _validation(report, results, _checks(run_dir), reference)
         except RunError as exc:  # raised once the run directory is gone, as a failed validation
             broken = RunFailedError(str(exc), replace(report, error=str(exc)))
     if broken is not None:

@@ -18,6 +18,14 @@ step where it happens: a microbatch missed, a tied copy's gradient on one rank o
 tests/run/test_real_models.py), a wrong scale. The optimizer's update itself is torch's, over each rank's
 parameters; the parameters it produces are the next step's shared starting point.
 
+With an optimizer (`ReferenceModel(..., optimizer=, lr=)`) the reference also steps the same way: after step k it
+takes its own optimizer step (torch's, its state fed every step) with the ranks' gradients of step k from the
+ranks' parameters before it, and the ranks' parameters before step k + 1 must equal the result (each element within
+UPDATE_RTOL of the update's largest element, plus a few roundoffs of the parameter): an optimizer step skipped, taken
+twice or with another learning rate on either side fails on that step, which gradients from shared parameters
+alone cannot show. A parameter the ranks hold in row shards (vocabulary parallelism: `shards`) is compared shard by
+shard under the name `name[lo:hi]`.
+
 The failure names the first failing step and its reason (one line: one parameter or one pair of losses), then at
 most five further failing steps by number.
 """
@@ -31,6 +39,7 @@ import torch
 from torch import nn
 
 from ..data.plan import Plan
+from ..measure.options import make_optimizer
 from ..model.contract import ModelFile, batch_norms
 from .collect import StageTensors
 from .report import ParamDiff
@@ -38,41 +47,88 @@ from .tied import aliases
 from .validate import Reference, compare_grads, failure, model_dtype, model_grads, stage_atols, \
     tolerances
 
-__all__ = ["ReferenceModel", "StepsVerdict", "validate_steps", "batch_norm_refusal", "MAX_LISTED_STEPS"]
+__all__ = ["ReferenceModel", "StepsVerdict", "validate_steps", "batch_norm_refusal", "update_failure", "shard_name",
+           "MAX_LISTED_STEPS", "UPDATE_RTOL"]
 
 #: Failing steps listed by number after the first one's reason.
 MAX_LISTED_STEPS = 5
+
+#: An optimizer update agrees when every element is within this share of the update's largest element (plus
+#: UPDATE_ULPS roundoffs of the parameter's largest element: the ranks' and the reference's additions round alike,
+#: but not always identically).
+UPDATE_RTOL = 1e-4
+UPDATE_ULPS = 8
 
 Checks = Callable[[int], tuple[StageTensors, StageTensors]]
 """Step (from 0) -> (replica 0's parameters before it, its gradients), by stage, under the stages' names."""
 
 
+def shard_name(name: str, lo: int, hi: int) -> str:
+    """The name of rows [lo, hi) of parameter `name`, as the ranks and the reference report them."""
+    return f"{name}[{lo}:{hi}]"
+
+
+def _rows(name: str) -> tuple[str, slice | None]:
+    """'w[2:5]' -> ('w', rows 2..4); 'w' -> ('w', None)."""
+    base, _, rows = name.partition("[")
+    if not rows:
+        return name, None
+    lo, hi = (int(x) for x in rows.rstrip("]").split(":"))
+    return base, slice(lo, hi)
+
+
 class ReferenceModel:
     """The whole model in this process: one step's loss and gradients from given parameters, on the batch the ranks
-    used for that step (`sample_batch(global_batch, seed + step)`)."""
+    used for that step (`sample_batch(global_batch, seed + step)`); with `optimizer`, its update from the ranks'
+    gradients (`update`). `shards`: parameters (canonical names) the ranks hold in row shards, reported as
+    `shard_name(name, lo, hi)` for each (lo, hi) given."""
 
-    def __init__(self, mf: ModelFile, seed: int, global_batch: int) -> None:
+    def __init__(self, mf: ModelFile, seed: int, global_batch: int, *, optimizer: str | None = None,
+                 lr: float = 0.0, shards: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> None:
         self.mf, self.seed, self.global_batch = mf, seed, global_batch
         self.model = mf.build(seed)
         self.aliases = aliases(self.model)
         self.dtype = model_dtype(self.model)
         self._params = dict(self.model.named_parameters())
+        self.shards = {n: tuple(rows) for n, rows in (shards or {}).items()}
+        self.optimizer_name = optimizer
+        self.optimizer = make_optimizer(optimizer, list(self._params.values()), lr=lr) if optimizer else None
 
     @property
     def names(self) -> list[str]:
-        """The model's parameter names, each tensor once (a tied weight under its first name)."""
-        return list(self._params)
+        """The model's parameter names, each tensor once (a tied weight under its first name; a sharded one as its
+        shards)."""
+        return list(self._split({n: p for n, p in self._params.items()}))
+
+    def _split(self, named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`named` (canonical names) with each sharded parameter replaced by its row shards."""
+        out: dict[str, torch.Tensor] = {}
+        for name, value in named.items():
+            for lo, hi in self.shards.get(name, ()):
+                out[shard_name(name, lo, hi)] = value[lo:hi]
+            if name not in self.shards:
+                out[name] = value
+        return out
+
+    def _assign(self, tensors: Mapping[int, Mapping[str, torch.Tensor]], target: Callable[[str], torch.Tensor]
+                ) -> None:
+        """Copy each named tensor (the first stage's copy of a tied one; a shard into its rows) into
+        `target(canonical name)`."""
+        done: set[str] = set()
+        with torch.no_grad():
+            for _, named in sorted(tensors.items()):
+                for name, value in named.items():
+                    base, rows = _rows(name)
+                    canonical = self.aliases.get(base, base)
+                    key = canonical if rows is None else shard_name(canonical, rows.start, rows.stop)
+                    if canonical in self._params and key not in done:
+                        whole = target(canonical)
+                        (whole if rows is None else whole[rows]).copy_(value)
+                        done.add(key)
 
     def load(self, params: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
         """Set every parameter to the pipeline's (a tied weight: the first stage's copy)."""
-        done: set[str] = set()
-        with torch.no_grad():
-            for _, named in sorted(params.items()):
-                for name, value in named.items():
-                    canonical = self.aliases.get(name, name)
-                    if canonical in self._params and canonical not in done:
-                        self._params[canonical].copy_(value)
-                        done.add(canonical)
+        self._assign(params, lambda n: self._params[n])
 
     def step(self, step: int, params: Mapping[int, Mapping[str, torch.Tensor]] | None = None) -> Reference:
         """Loss and gradients of step `step` (from 0) from `params` (None: the parameters it holds)."""
@@ -82,7 +138,48 @@ class ReferenceModel:
         inputs, target = self.mf.sample_batch(self.global_batch, seed=self.seed + step)
         loss = self.mf.loss_fn(self.model(*inputs), target)
         loss.backward()
-        return Reference((float(loss.detach()),), model_grads(self.model), self.dtype, self.aliases, step + 1)
+        return Reference((float(loss.detach()),), self._split(model_grads(self.model)), self.dtype, self.aliases,
+                         step + 1)
+
+    def update(self, grads: Mapping[int, Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The optimizer's step from the parameters it holds with the ranks' gradients `grads` (by stage); returns
+        the parameters after it (reference names, shards split). A RuntimeError without an optimizer."""
+        if self.optimizer is None:
+            raise RuntimeError("ReferenceModel.update needs an optimizer")
+        for p in self._params.values():
+            p.grad = torch.zeros_like(p)
+        self._assign(grads, lambda n: self._grad(n))
+        self.optimizer.step()
+        return self._split({n: p.detach().clone() for n, p in self._params.items()})
+
+    def _grad(self, name: str) -> torch.Tensor:
+        grad = self._params[name].grad
+        assert grad is not None  # set by update
+        return grad
+
+
+def update_failure(expected: Mapping[str, torch.Tensor], before: Mapping[int, Mapping[str, torch.Tensor]],
+                   after: Mapping[int, Mapping[str, torch.Tensor]], aliases_: Mapping[str, str], optimizer: str
+                   ) -> str | None:
+    """Why the ranks' parameters `after` an optimizer step differ from the reference's `expected` (both from
+    `before`), naming the parameter with the largest difference relative to its update; None when all agree."""
+    worst: tuple[float, str, int, float, float] | None = None
+    for stage, named in sorted(after.items()):
+        for name, got in named.items():
+            base, rows = _rows(name)
+            canonical = aliases_.get(base, base)
+            key = canonical if rows is None else shard_name(canonical, rows.start, rows.stop)
+            want, prev = expected[key].to(got.dtype), before[stage][name]
+            err, step = float((got - want).abs().max()), float((want - prev).abs().max())
+            allowed = UPDATE_RTOL * step + UPDATE_ULPS * torch.finfo(got.dtype).eps * float(prev.abs().max())
+            share = err / max(step, 1e-30)
+            if err > allowed and (worst is None or share > worst[0]):
+                worst = (share, name, stage, err, step)
+    if worst is None:
+        return None
+    _, name, stage, err, step = worst
+    return (f"parameters of {name} (stage {stage}) after the optimizer step differ from one process's {optimizer} "
+            f"step by {err:.2e}, for an update of {step:.2e} (tolerance {UPDATE_RTOL:g} of the update)")
 
 
 @dataclass(frozen=True)
@@ -107,14 +204,21 @@ def validate_steps(reference: ReferenceModel, checks: Checks, losses: Sequence[f
     failing: list[tuple[int, str]] = []
     atol = 0.0
     grad_rtol, _ = tolerances(reference.dtype)
+    following = checks(0) if losses else None
     for k, loss in enumerate(losses):
-        params, grads = checks(k)
+        assert following is not None
+        params, grads = following
+        following = checks(k + 1) if k + 1 < len(losses) else None
         ref = reference.step(k, params)
         stage_grads = {s: {reference.aliases.get(n, n): g for n, g in gs.items()} for s, gs in grads.items()}
         atols = stage_atols(ref.grads, stage_grads, ref.dtype)
         floors = {s: a / grad_rtol for s, a in atols.items()}
         diffs = compare_grads(ref.grads, stage_grads, floors)
         error = failure(diffs, [loss], ref, stage_grads, floors)
+        if reference.optimizer is not None and following is not None:
+            moved = update_failure(reference.update(stage_grads), params, following[0], reference.aliases,
+                                   reference.optimizer_name or "")
+            error = error or moved
         ref_losses.append(ref.losses[0])
         atol = max(atol, *atols.values(), 0.0)
         for d in diffs:

@@ -24,6 +24,7 @@ from ..model.split import split_model
 from ..schedule import ScheduleName, describe
 from ..spawn import spawn_local
 from .chain import ChainPiece, chain_io, constant_values, example_io
+from .collect import stage_grads
 from .pipeline import contiguous_sends, torch_schedule_class
 from .validate import tensor_diff, tolerances
 from .vocab import (VocabModules, VocabRuntime, VocabShard, body_model, check_cross_entropy, find_vocab_modules,
@@ -96,11 +97,14 @@ class VocabRank:
     target: torch.Tensor
     is_last: bool
 
-    def step(self) -> None:
-        """One step: the input passes, torch's schedule (with the output passes inside it), the input backward."""
+    def step(self, tokens: torch.Tensor | None = None, target: torch.Tensor | None = None) -> None:
+        """One step of `tokens` and `target` (None: the job's batch): the input passes, torch's schedule (with the
+        output passes inside it), the input backward."""
         m = self.runtime.m
-        fed = self.runtime.begin(list(self.tokens.chunk(m)), list(self.target.chunk(m)))
-        kwargs: dict[str, Any] = {"target": self.target} if self.is_last else {}
+        tokens = self.tokens if tokens is None else tokens
+        target = self.target if target is None else target
+        fed = self.runtime.begin(list(tokens.chunk(m)), list(target.chunk(m)))
+        kwargs: dict[str, Any] = {"target": target} if self.is_last else {}
         if fed:
             self.schedule.step(torch.cat(fed), **kwargs)
         else:
@@ -111,6 +115,23 @@ class VocabRank:
         for stage in self.stages:
             stage.submod.zero_grad(set_to_none=True)
         self.runtime.shard.zero_grad(set_to_none=True)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The rank's parameters, each once: its body stages' and its vocabulary shard (one when tied)."""
+        params = [p for s in self.stages for p in s.submod.parameters()] + list(self.runtime.shard.parameters())
+        return list({id(p): p for p in params}.values())
+
+    def shard_tensors(self, grads: bool) -> dict[str, torch.Tensor]:
+        """The vocabulary shard's parameters (or their gradients, zeros for none) under `name[lo:hi]` (tied: the
+        embedding's name only)."""
+        shard, mods = self.runtime.shard, self.mods
+        out: dict[str, torch.Tensor] = {}
+        for name, p in ((mods.embedding, shard.embedding), (mods.head, shard.head)):
+            if mods.tied and name == mods.head:
+                continue
+            value = (p.grad if p.grad is not None else torch.zeros_like(p)) if grads else p
+            out[_shard_name(f"{name}.weight", shard.lo, shard.hi)] = value.detach().clone()
+        return out
 
 
 def build_vocab_rank(job: VocabJob, rank: int) -> VocabRank:
@@ -144,18 +165,13 @@ def vocab_step(job: VocabJob, rank: int) -> VocabResult:
     """Build this rank's pieces and run one step: its losses and gradients."""
     built = build_vocab_rank(job, rank)
     built.step()
-    return VocabResult(built.runtime.losses, _grads(built.stages, built.runtime.shard, built.mods))
+    return VocabResult(built.runtime.losses, _grads(built))
 
 
-def _grads(stages: Sequence[Stage], shard: VocabShard, mods: VocabModules) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for stage in stages:
-        for name, p in stage.submod.named_parameters():
-            out[name] = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-    for name, p in ((mods.embedding, shard.embedding), (mods.head, shard.head)):
-        if p.grad is not None and not (mods.tied and name == mods.head):
-            out[_shard_name(f"{name}.weight", shard.lo, shard.hi)] = p.grad.detach().clone()
-    return out
+def _grads(built: VocabRank) -> dict[str, torch.Tensor]:
+    """The rank's gradients: its body stages' by parameter name, its vocabulary shard's as `name[lo:hi]`."""
+    body = {n: g for named in stage_grads(built.stages).values() for n, g in named.items()}
+    return {**body, **built.shard_tensors(grads=True)}
 
 
 def _worker(rank: int, world: int, port: int, job: VocabJob, queue: Any) -> None:

@@ -129,6 +129,7 @@ class _Reference:
     """A ReferenceModel's face with fixed figures: per step, the loss of `losses` and the gradients `grads`."""
 
     dtype, aliases, names = "float32", {"a": "a", "b": "b"}, ["a", "b"]
+    optimizer = None  # no update check (autopp.run.steps)
 
     def __init__(self, losses: tuple[float, ...], grads: dict[str, torch.Tensor]) -> None:
         self.losses, self.grads = losses, grads

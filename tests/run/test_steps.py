@@ -4,15 +4,18 @@ gradient accumulation over microbatches, which rounds as a pipeline does."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 import torch
 
 from autopp.data.layout import Layout
+from autopp.measure.options import make_optimizer
 from autopp.model.contract import ModelFile, load_model_file
 from autopp.run.collect import StageTensors
-from autopp.run.steps import MAX_LISTED_STEPS, ReferenceModel, batch_norm_refusal, validate_steps
+from autopp.run.steps import MAX_LISTED_STEPS, UPDATE_RTOL, ReferenceModel, batch_norm_refusal, shard_name, \
+    validate_steps
 from autopp.run.validate import LOSS_RTOL
 
 from .conftest import ROOT, pipeline_plan
@@ -30,12 +33,14 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def _accumulated(mf: ModelFile, steps: int, lr: float, microbatches: int = 4, batch: int = 8
+def _accumulated(mf: ModelFile, steps: int, lr: float, microbatches: int = 4, batch: int = 8,
+                 optimizer_name: str = "sgd", skip: int | None = None
                  ) -> tuple[list[tuple[StageTensors, StageTensors]], list[float]]:
-    """Per step, the parameters before it and its gradients (stage 0 holds all), and its loss, of SGD whose
-    gradients are accumulated over `microbatches` (the mean of the microbatch losses, as scale_grads does)."""
+    """Per step, the parameters before it and its gradients (stage 0 holds all), and its loss, of the optimizer
+    (SGD unless named; its step skipped after step `skip`, from 1) whose gradients are accumulated over
+    `microbatches` (the mean of the microbatch losses, as scale_grads does)."""
     model = mf.build(0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = make_optimizer(optimizer_name, list(model.parameters()), lr=lr)
     checks, losses = [], []
     size = batch // microbatches
     for k in range(steps):
@@ -49,7 +54,8 @@ def _accumulated(mf: ModelFile, steps: int, lr: float, microbatches: int = 4, ba
             total += float(loss.detach())
         losses.append(total)
         checks.append(({0: before}, {0: {n: p.grad.detach().clone() for n, p in model.named_parameters()}}))
-        optimizer.step()
+        if k + 1 != skip:
+            optimizer.step()
         optimizer.zero_grad()
     return checks, losses
 
@@ -118,6 +124,67 @@ def test_the_reference_starts_each_step_from_the_parameters_given_and_does_not_s
     other = ref.step(3, moved)
     assert other.first_step == 4 and other.losses != first.losses
     assert all(torch.equal(p, moved[0][n]) for n, p in ref.model.named_parameters())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_reference_with_the_optimizer_checks_each_update_and_passes_a_correct_run(optimizer: str) -> None:
+    mf = load_model_file(GNCNN)
+    checks, losses = _accumulated(mf, 4, lr=0.01, optimizer_name=optimizer)
+    verdict = validate_steps(ReferenceModel(mf, 0, 8, optimizer=optimizer, lr=0.01), lambda k: checks[k], losses)
+    assert verdict.error is None and verdict.failed_steps == ()
+
+
+def test_an_optimizer_step_skipped_by_the_ranks_fails_on_that_step() -> None:
+    mf = load_model_file(GNCNN)
+    checks, losses = _accumulated(mf, 4, lr=0.01, skip=2)  # the ranks skip step 2's update
+    # gradients from shared parameters alone do not see it; the reference stepping its optimizer does
+    blind = validate_steps(ReferenceModel(mf, 0, 8), lambda k: checks[k], losses)
+    seeing = validate_steps(ReferenceModel(mf, 0, 8, optimizer="sgd", lr=0.01), lambda k: checks[k], losses)
+    assert blind.failed_steps == ()
+    assert seeing.failed_steps == (2,) and seeing.error is not None
+    assert seeing.error.startswith("step 2 of 4: parameters of ")
+    assert "after the optimizer step differ from one process's sgd step by" in seeing.error
+    assert seeing.error.endswith(f"(tolerance {UPDATE_RTOL:g} of the update)")
+
+
+def test_an_optimizer_step_skipped_by_the_reference_fails() -> None:
+    """lr 0 on the reference's side: it does not move where the ranks did."""
+    mf = load_model_file(GNCNN)
+    checks, losses = _accumulated(mf, 2, lr=0.01)
+    verdict = validate_steps(ReferenceModel(mf, 0, 8, optimizer="sgd", lr=0.0), lambda k: checks[k], losses)
+    assert verdict.failed_steps == (1,)
+    assert verdict.error is not None and "after the optimizer step differ from one process's sgd step by" in \
+        verdict.error
+
+
+def _sharded(checks: list[tuple[StageTensors, StageTensors]], name: str, rows: list[tuple[int, int]]
+             ) -> list[tuple[StageTensors, StageTensors]]:
+    """`checks` with parameter `name` held by stages 1, 2, ... in row shards `rows` (as vocabulary parallelism)."""
+    def split(tensors: StageTensors) -> StageTensors:
+        whole = dict(tensors[0])
+        value = whole.pop(name)
+        return {0: whole, **{i + 1: {shard_name(name, lo, hi): value[lo:hi]} for i, (lo, hi) in enumerate(rows)}}
+    return [(split(p), split(g)) for p, g in checks]
+
+
+@pytest.mark.parametrize("model,name", [(GNCNN, "head.weight"), (MODELS / "tiedlm.py", "embed.weight")])
+def test_a_parameter_in_row_shards_is_compared_and_updated_shard_by_shard(model: Path, name: str) -> None:
+    """As vocabulary parallelism holds the head (tiedlm: the embedding tied to the head, one shard serving both)."""
+    mf = load_model_file(model)
+    checks, losses = _accumulated(mf, 3, lr=0.01, optimizer_name="adam")
+    rows = [(0, 3), (3, mf.build(0).get_parameter(name).shape[0])]
+    sharded = _sharded(checks, name, rows)
+    ref = ReferenceModel(mf, 0, 8, optimizer="adam", lr=0.01, shards={name: rows})
+    assert [n for n in ref.names if n.startswith(name)] == [shard_name(name, lo, hi) for lo, hi in rows]
+    verdict = validate_steps(ref, lambda k: sharded[k], losses)
+    assert verdict.error is None
+    assert {(d.name, d.stage) for d in verdict.grad_diffs if d.name.startswith(name)} == {
+        (shard_name(name, lo, hi), i + 1) for i, (lo, hi) in enumerate(rows)}
+    sharded[1][1][2][shard_name(name, *rows[1])] *= 0.5  # the second shard's gradient of step 2 halved
+    bad = validate_steps(ReferenceModel(mf, 0, 8, optimizer="adam", lr=0.01, shards={name: rows}),
+                         lambda k: sharded[k], losses)
+    assert bad.failed_steps[0] == 2 and bad.error is not None and bad.error.startswith(
+        f"step 2 of 3: gradient of {shard_name(name, *rows[1])} (stage 2) differs")
 
 
 def test_batch_norm_is_refused_over_microbatches_and_named() -> None:

@@ -1,7 +1,8 @@
 """`autopp run` of a plan with vocabulary parallelism (autopp.run.vocab_run): planned with `--vocab auto` on a
-head-heavy model (examples/gpt_big_vocab.py) it is chosen, and it runs validated (the loss and every gradient, the
-vocabulary shards included, against one process) under 1F1B and GPipe on 2 ranks, and pinned (`--vocab 2`) on 4
-ranks; what it does not run is refused in one line before any rank starts."""
+head-heavy model (examples/gpt_big_vocab.py) it is chosen, and it runs 3 steps of the plan's optimizer validated
+(every step's loss and gradients, the vocabulary shards included, and its optimizer update, against one process from
+the same parameters) under 1F1B and GPipe on 2 ranks, and pinned (`--vocab 2`) on 4 ranks; a reference that skips
+the optimizer step fails it; what it does not run is refused in one line before any rank starts."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ from autopp.data.layout import Layout
 from autopp.data.plan import Plan, Prediction, StagePlan
 from autopp.data.vocab import VocabVariant
 from autopp.errors import RunError
+from autopp.model.contract import ModelFile
+from autopp.data.plan import load_plan
+from autopp.run import runner
 from autopp.run.options import Nodes, RunOptions
-from autopp.run.vocab_run import vocab_job
+from autopp.run.steps import ReferenceModel
+from autopp.run.vocab_run import VOCAB_NOTE, vocab_job, vocab_reference
 from autopp.schedule import ScheduleName
 
 ROOT = Path(__file__).parent.parent.parent
@@ -51,8 +56,20 @@ def test_what_it_does_not_run_is_refused_in_one_line(options: RunOptions, plan: 
         vocab_job(plan, options)
 
 
+def _validated(path: Path, shards: set[str], optimizer: str = "sgd") -> None:
+    """`autopp run PATH --steps 3 --optimizer OPTIMIZER`: every step validated, the shards among the gradients
+    compared, measured vs predicted reported."""
+    assert main(["run", str(path), "--steps", "3", "--optimizer", optimizer, "--timeout", "600"]) == 0
+    report = json.loads(path.with_suffix(".report.json").read_text())
+    assert report["passed"] and report["failed_steps"] == [] and report["grad_max_rel_diff"] < 1e-4
+    assert len(report["losses"]) == len(report["reference_losses"]) == len(report["step_times_s"]) == 3
+    assert report["optimizer"] == optimizer and VOCAB_NOTE in report["notes"]
+    assert report["measured_step_time_s"] > 0 and report["step_time_ratio"] is not None
+    assert shards <= {d["name"] for d in report["grad_diffs"]}
+
+
 @pytest.mark.integration
-def test_planned_on_a_head_heavy_model_and_run_validated(tmp_path: Path) -> None:
+def test_planned_on_a_head_heavy_model_and_run_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     prof = tmp_path / "prof"
     assert main(["profile", str(BIG_VOCAB), "--microbatch-sizes", "1", "--repeats", "2", "--warmup", "1",
                  "-o", str(prof)]) == 0
@@ -64,12 +81,15 @@ def test_planned_on_a_head_heavy_model_and_run_validated(tmp_path: Path) -> None
     for schedule, path in plans.items():
         data = json.loads(path.read_text())
         assert data["vocab"] == "vocab-2" and data["schedule"] == schedule
-        assert main(["run", str(path), "--steps", "2", "--timeout", "600"]) == 0
-        report = json.loads(path.with_suffix(".report.json").read_text())
-        assert report["passed"] and report["grad_max_rel_diff"] < 1e-4
-        names = {d["name"] for d in report["grad_diffs"]}
-        assert {"head.weight[0:16384]", "head.weight[16384:32768]", "tok_emb.weight[0:16384]"} <= names
+        _validated(path, {"head.weight[0:16384]", "head.weight[16384:32768]", "tok_emb.weight[0:16384]"})
     assert main(["export", str(plans["1F1B"]), "--to", "megatron"]) == 2
+
+    def lazy(plan: Plan, mf: ModelFile, options: RunOptions) -> ReferenceModel:  # the reference skips its step
+        return vocab_reference(plan, mf, replace(options, lr=0.0))
+    monkeypatch.setattr(runner, "vocab_reference", lazy)
+    report = runner.run_plan(load_plan(plans["GPipe"]), RunOptions(steps=2, timeout_s=600, check=False))
+    assert not report.passed and report.failed_steps == (1,) and report.error is not None
+    assert "after the optimizer step differ from one process's sgd step" in report.error
 
 
 @pytest.mark.integration
@@ -80,7 +100,5 @@ def test_pinned_on_four_ranks_and_run_validated(tmp_path: Path) -> None:
     assert main(["plan", "--profile", str(prof), "--devices", "4", "--memory", "4GiB", "--pp", "4", "--global-batch",
                  "4", "--vocab", "2", "-o", str(plan)]) == 0
     assert json.loads(plan.read_text())["vocab"] == "vocab-2"
-    assert main(["run", str(plan), "--steps", "1", "--timeout", "600"]) == 0
-    report = json.loads(plan.with_suffix(".report.json").read_text())
-    assert report["passed"] and {f"head.weight[{64 * r}:{64 * (r + 1)}]" for r in range(4)} <= {
-        d["name"] for d in report["grad_diffs"]}
+    _validated(plan, {f"head.weight[{64 * r}:{64 * (r + 1)}]" for r in range(4)}, optimizer="adam")
+
