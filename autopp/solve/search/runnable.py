@@ -79,14 +79,21 @@ def schedule_refusal(live_values: Sequence[LiveValue], schedule: ScheduleName, b
 def parallel_refusal(tied: Sequence[TiedGroup], layout: Layout, bounds: Bounds) -> str | None:
     """Why the runner would refuse `layout`'s tensor parallelism or ZeRO on this split (a weight tied between two of
     its stages), or None."""
-    if not uses_mesh(layout):
+    split = _split_tie(tied, bounds) if uses_mesh(layout) else None
+    if split is None:
         return None
+    group, stages = split
+    return (f"{PARALLEL_KEY} excluded where {group.names[0]!r}, tied between units {list(group.units)}, lands "
+            f"in two stages ({stages[0]} and {stages[1]}): the runner sums tied weights only on whole "
+            f"tensors; plan with `tp` 1 and `zero` 0, or untie the weight")
+
+
+def _split_tie(tied: Sequence[TiedGroup], bounds: Bounds) -> tuple[TiedGroup, list[int]] | None:
+    """The first tied group whose units land in more than one stage of `bounds`, with those stages; else None."""
     for group in tied:
         stages = sorted({s for s, (i, j) in enumerate(bounds) for u in group.units if i <= u < j})
         if len(stages) > 1:
-            return (f"{PARALLEL_KEY} excluded where {group.names[0]!r}, tied between units {list(group.units)}, lands "
-                    f"in two stages ({stages[0]} and {stages[1]}): the runner sums tied weights only on whole "
-                    f"tensors; plan with `tp` 1 and `zero` 0, or untie the weight")
+            return group, stages
     return None
 
 
@@ -94,12 +101,10 @@ def mirror_refusal(tied: Sequence[TiedGroup], schedule: ScheduleName, layout: La
     """Why the runner would refuse Chimera's two replicas per rank on this split (autopp.run.bidirectional: no weight
     tied between two stages), or None (also for every other schedule). Its pipeline-only rule (no dp, tp or ZeRO)
     is `request.configs`'s."""
-    if not describe(schedule).mirrored:
+    split = _split_tie(tied, bounds) if describe(schedule).mirrored else None
+    if split is None:
         return None
-    for group in tied:
-        stages = sorted({s for s, (i, j) in enumerate(bounds) for u in group.units if i <= u < j})
-        if len(stages) > 1:
-            return (f"{schedule.value} excluded where {group.names[0]!r}, tied between units {list(group.units)}, "
-                    f"lands in two stages ({stages[0]} and {stages[1]}): the runner does not sum tied weights "
-                    f"across its two replicas")
-    return None
+    group, stages = split
+    return (f"{schedule.value} excluded where {group.names[0]!r}, tied between units {list(group.units)}, "
+            f"lands in two stages ({stages[0]} and {stages[1]}): the runner does not sum tied weights "
+            f"across its two replicas")
