@@ -286,3 +286,12 @@ def test_selective_columns_are_optional_and_checked(tmp_path: Path) -> None:
     bad = with_them.units.assign(selective_recompute_s=-1.0)
     with pytest.raises(ProfileError, match="selective_recompute_s"):
         replace(with_them, units=bad)
+
+
+def test_shipped_profiles_name_their_model_relative_to_themselves() -> None:
+    """A profile committed under profiles/ must load on any clone: its model_path is stored relative to the profile
+    (autopp.relpaths), never a path of the machine that made it (one held a helper's worktree path)."""
+    root = Path(__file__).resolve().parents[1] / "profiles"
+    absolute = [m.parent.name for m in sorted(root.glob("*/meta.json"))
+                if Path(json.loads(m.read_text())["model_path"]).is_absolute()]
+    assert absolute == []
