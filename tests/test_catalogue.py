@@ -354,6 +354,13 @@ CASES += [
                      "checkpoint; a whole stage needs an interval of a stage's layers, which autopp does not export; "
                      "re-plan with `activations` keep or recompute-units (or `autopp plan --for deepspeed`)",
          _plan_edit(_every_stage(activation="recompute"))),
+    Case("export:whole-stage-selective", lambda env: ["export", str(env.bad_plan), "--to", "torchtitan", "-o",
+                                                      str(env.tmp / "t.args"), "--profile", str(env.prof)],
+         lambda env: f"{env.bad_plan}: activation policy selective: torchtitan's activation_checkpoint:selective wraps "
+                     "each transformer block (per-unit selective recomputation, `selective-units`); it has no "
+                     "whole-stage checkpoint; re-plan with `activations` keep or recompute-units or selective-units "
+                     "(or `autopp plan --for torchtitan`)",
+         _plan_edit(_every_stage(activation="selective"))),
     Case("run:batch-norm-over-microbatches", lambda env: ["run", str(env.bad_plan)],
          lambda env: "the model normalizes with BatchNorm (stem.1 and 8 more), whose statistics are per microbatch (2 "
                      "samples, not the global batch of 8), so a pipelined step cannot equal the single-process one: "

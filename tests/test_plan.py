@@ -98,8 +98,8 @@ def test_version_1_recompute_flags_load_as_activation_policies(tmp_path: Path) -
     with pytest.raises(PlanError, match=r"p\.json: stage 1: field 'recompute' must be true or false, got 'yes'"):
         load_plan(_write(tmp_path, data))
     with pytest.raises(PlanError, match=r"p\.json: stage 0: field 'activation' must be an activation policy, one "
-                                        r"of \['keep', 'recompute', 'selective', 'offload', 'recompute-units'\], "
-                                        r"got 'full'"):
+                                        r"of \['keep', 'recompute', 'selective', 'offload', 'recompute-units', "
+                                        r"'selective-units'\], got 'full'"):
         load_plan(_write(tmp_path, _plan().to_json() | {"stages": [
             {**_plan().to_json()["stages"][0], "activation": "full"}, _plan().to_json()["stages"][1]]}))
 

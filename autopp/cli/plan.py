@@ -15,7 +15,7 @@ from ..data.overlap import NO_OVERLAP, Overlap
 from ..data.zero import ZERO, ZeroStage
 from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
-from ..schedule import ScheduleName
+from ..schedule import POLICIES, ScheduleName
 from ..sizes import SIZE_UNITS_HELP
 from .common import POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_flags, memory_size, number, progress
 from .plan_cluster import plan_cluster
@@ -104,10 +104,10 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help="stages per rank for interleaved schedules (default: searched, 2 and 4)")
     p.add_argument("--recompute", choices=["none", "all", "auto"],
                    help="activation recomputation: none; all: whole-stage recomputation on every stage; auto "
-                        "(default, unless --recompute-stages): per stage, keep, selective (when the profile has its "
-                        "figures), offload to host memory (when the devices have a host link), whole-stage or "
-                        "per-unit recomputation (each unit checkpointed, as the trainers' full recomputation), "
-                        "saving memory only where it is needed (with --for, one policy for every stage)")
+                        "(default, unless --recompute-stages): per stage, one of the activation policies "
+                        f"{', '.join(a.value for a in POLICIES)} (docs/plan-format.md) that the profile has figures "
+                        "for and the devices allow (offload: a host link), saving memory only "
+                        "where it is needed (with --for, one policy for every stage, one the trainer applies)")
     p.add_argument("--split", type=_indices, metavar="I,J,...",
                    help="evaluate this split instead of searching one: the unit indices where stages 1.. begin "
                         "(stages = pp x stages per rank); printed beside autopp's own choice")

@@ -69,10 +69,13 @@ def unit_segments(gm: fx.GraphModule, units: Sequence[str]) -> list[list[fx.Node
     return segments
 
 
-def checkpoint_units(gm: fx.GraphModule, segments: Sequence[Sequence[fx.Node]], *args: Any) -> Any:
+def checkpoint_units(gm: fx.GraphModule, segments: Sequence[Sequence[fx.Node]], *args: Any,
+                     ops: frozenset[str] = frozenset()) -> Any:
     """`gm`'s forward with each segment (`unit_segments`) under its own `torch.utils.checkpoint` (non-reentrant), as
     torchtitan's full activation checkpointing wraps each transformer block: the backward keeps each segment's
-    inputs and reruns one segment's forward at a time."""
+    inputs and reruns one segment's forward at a time. With `ops`, each checkpoint keeps their outputs too
+    (`selective_context`), as torchtitan's op-level selective checkpointing wraps each block."""
+    context: dict[str, Any] = {"context_fn": selective_context(ops)} if ops else {}
     interp = fx.Interpreter(gm, garbage_collect_values=False)
     nodes = list(gm.graph.nodes)
     env: dict[fx.Node, Any] = dict(zip((n for n in nodes if n.op == "placeholder"), args))
@@ -87,7 +90,7 @@ def checkpoint_units(gm: fx.GraphModule, segments: Sequence[Sequence[fx.Node]], 
             for n in seg:
                 interp.env[n] = interp.run_node(n)
             return tuple(interp.env[n] for n in produced)
-        env.update(zip(produced, checkpoint(run, *(env[n] for n in needed), use_reentrant=False)))
+        env.update(zip(produced, checkpoint(run, *(env[n] for n in needed), use_reentrant=False, **context)))
     return fx.node.map_arg(nodes[-1].args[0], lambda n: env[n])
 
 
@@ -221,11 +224,13 @@ class ChainPiece(nn.Module):
         self.saved_ops = p.saves_ops
         """Under that checkpoint, the ops whose outputs are kept (selective recomputation; empty: none)."""
         self.segments: list[list[fx.Node]] = []
-        """Per-unit recomputation: the piece's nodes of each of its `units` (`unit_names`), each checkpointed on its
-        own by the piece's forward (`checkpoint_units`, called through the piece so that its hooks still run)."""
+        """Per-unit recomputation (selective too): the piece's nodes of each of its `units` (`unit_names`), each
+        checkpointed on its own by the piece's forward (`checkpoint_units`, called through the piece so that its
+        hooks still run)."""
         if p.per_unit and isinstance(piece, fx.GraphModule):
             self.segments = unit_segments(piece, units)
-            piece.forward = functools.partial(checkpoint_units, piece, self.segments)  # type: ignore[method-assign]
+            piece.forward = functools.partial(  # type: ignore[method-assign]
+                checkpoint_units, piece, self.segments, ops=p.saves_ops)
         self.to_host = p.to_host
         """The stage's forward runs under `torch.autograd.graph.save_on_cpu` (its activation policy offloads)."""
         self.constants = dict(constants)

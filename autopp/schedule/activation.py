@@ -34,6 +34,13 @@ full --recompute-method uniform --recompute-num-layers 1` each layer and DeepSpe
 `UnitArrays.cut`: a value crossing several cuts is counted at each, an upper bound), and its backward redoes one
 unit's forward at a time, holding one unit's activations (the stage's largest, `UnitArrays.activation`) beside
 them; it redoes the whole forward, as whole-stage recomputation does (`_unit_figures`).
+
+Per-unit selective recomputation (`Activation.SELECTIVE_UNITS`, "selective-units") checkpoints each unit on its own
+with the selective policy, as torchtitan's `activation_checkpoint.mode = "selective"`, `selective_ac_option = "op"`
+wraps each transformer block and Megatron-LM's `--recompute-granularity selective` recomputes within each layer: a
+microbatch keeps, per unit, its input (`UnitArrays.cut`) and its saved ops' outputs (`selective_activation_bytes`);
+the backward re-materialises one unit's other activations at a time and redoes the units' `selective_recompute_s`
+(`_selective_unit_figures`). No trainer re-materialises a whole stage at once: they refuse whole-stage selective.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class Activation(Enum):
     SELECTIVE = "selective"
     OFFLOAD = "offload"
     BLOCKS = "recompute-units"
+    SELECTIVE_UNITS = "selective-units"
 
 
 #: The ops whose outputs selective recomputation keeps (`str(op.overloadpacket)`: "aten.mm"), the one list the runner's
@@ -196,9 +204,13 @@ class ActivationPolicy:
         return self.checkpoint
 
 
+def _selective_kept(a: UnitFigures) -> np.ndarray:
+    """Per unit, what selective recomputation keeps; without the figures (not offered), everything, as keeping."""
+    return a.own[Activation.SELECTIVE][0] if Activation.SELECTIVE in a.own else a.activation
+
+
 def _selective_units(a: UnitFigures, inflight: int) -> np.ndarray:
-    """Without the figures (not offered), as keeping: the stage's figures are then 0 bytes saved, 0 s redone."""
-    kept = a.own[Activation.SELECTIVE][0] if Activation.SELECTIVE in a.own else a.activation
+    kept = _selective_kept(a)
     return inflight * kept + np.maximum(a.activation - kept, 0.0)
 
 
@@ -210,10 +222,29 @@ def _selective(c: StageFigures) -> Figures:
     return c.figures(Activation.SELECTIVE)
 
 
+def _selective_unit_figures(a: UnitFigures, i: int, j: int) -> Figures:
+    """Per-unit selective recomputation of the stage of units [i, j): kept, each unit's input (`cut[i:j]`) and its
+    saved ops' outputs; redone, the largest unit's other activations; redo, the units' selective recompute."""
+    kept, redo = _selective_kept(a)[i:j], _selective_redo(a)[i:j]
+    rest = np.maximum(a.activation[i:j] - kept, 0.0).max(initial=0.0)
+    return Figures(int(kept.sum() + a.cut[i:j].sum()), float(redo.sum()), int(rest))
+
+
+def _selective_per_unit(c: StageFigures) -> Figures:
+    return c.figures(Activation.SELECTIVE_UNITS)
+
+
 _SELECTIVE_NOTE = ("torchtitan's op-level policy also recomputes every second matmul, and Megatron's selective "
                    "recomputation recomputes the core attention (QK^T, softmax, dropout, attention over V) and keeps "
                    "the rest; autopp counted the outputs of every matmul and attention kernel kept and the other ops "
                    "recomputed, so both trainers keep different bytes and recompute different time than planned")
+_SELECTIVE_REFUSALS = {
+    "torchtitan": "torchtitan's activation_checkpoint:selective wraps each transformer block (per-unit selective "
+                  "recomputation, `selective-units`); it has no whole-stage checkpoint",
+    "megatron": "Megatron-LM's --recompute-granularity selective recomputes within each layer (per-unit selective "
+                "recomputation, `selective-units`), not a whole stage as one checkpoint",
+    "deepspeed": "DeepSpeed's PipelineModule checkpoints whole layers (activation_checkpoint_interval); it has no "
+                 "op-level selective recomputation"}
 _FULL_NOTE = ("the trainer's full recomputation covers the transformer blocks only; the embedding and the output "
               "part keep their activations, which autopp counted as recomputed")
 
@@ -277,7 +308,7 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      unit_bytes=lambda a, inflight: inflight * a.activation,
                      checkpoint=False, torchtitan="none", megatron=(), deepspeed_interval=0),
     ActivationPolicy(name=Activation.RECOMPUTE, summary="keep the stage input; recompute the forward in the backward",
-                     saving=3, redo_s=lambda c: c.forward_s, kept=lambda c: c.input_bytes,
+                     saving=4, redo_s=lambda c: c.forward_s, kept=lambda c: c.input_bytes,
                      redone=lambda c: c.activation_bytes, unit_redo=lambda a: a.recompute,
                      unit_bytes=lambda a, inflight: a.activation,
                      checkpoint=True, torchtitan="none", megatron=(), deepspeed_interval=None,
@@ -290,20 +321,17 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      columns=("selective_activation_bytes", "selective_recompute_s"),
                      offered=lambda a, host: Activation.SELECTIVE in a.own,
                      unoffered="the profile has no figures for it: profile again",
-                     checkpoint=True, saves_ops=SAVED_OPS, torchtitan="selective",
-                     megatron=("--recompute-granularity selective",), deepspeed_interval=None,
-                     refusals={"deepspeed": "DeepSpeed's PipelineModule checkpoints whole layers "
-                               "(activation_checkpoint_interval); it has no op-level selective recomputation"},
-                     trainer_note=_SELECTIVE_NOTE),
+                     checkpoint=True, saves_ops=SAVED_OPS, torchtitan="none", megatron=(), deepspeed_interval=None,
+                     refusals=_SELECTIVE_REFUSALS),
     ActivationPolicy(name=Activation.OFFLOAD, summary="move the saved activations to host memory after the forward "
-                     "and back before the backward", saving=2,
+                     "and back before the backward", saving=3,
                      redo_s=_offloaded, kept=lambda c: c.input_bytes, redone=lambda c: 2 * c.activation_bytes,
                      unit_redo=_none, unit_bytes=lambda a, inflight: 2 * a.activation, derive=_offload_figures,
                      offered=_host_link, unoffered="the devices have no host link to offload over (a "
                      "CPU rank's memory is the host's: offloading would save nothing)", checkpoint=False, to_host=True,
                      torchtitan="none", megatron=(), deepspeed_interval=None, refusals=_OFFLOAD_REFUSALS),
     ActivationPolicy(name=Activation.BLOCKS, summary="keep each unit's input; recompute one unit's forward at a time "
-                     "in the backward", saving=4,
+                     "in the backward", saving=5,
                      redo_s=lambda c: c.forward_s, kept=lambda c: _units(c).kept_bytes,
                      redone=lambda c: _units(c).redone_bytes, unit_redo=lambda a: a.recompute,
                      unit_bytes=lambda a, inflight: inflight * a.cut[:-1], from_units=_unit_figures,
@@ -311,6 +339,17 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      megatron=("--recompute-granularity full", "--recompute-method uniform",
                                "--recompute-num-layers 1"),
                      deepspeed_interval=1, trainer_note=_FULL_NOTE),
+    ActivationPolicy(name=Activation.SELECTIVE_UNITS, summary="keep each unit's input and its matmul and attention "
+                     "outputs; recompute one unit's other ops at a time in the backward", saving=2,
+                     redo_s=lambda c: _selective_per_unit(c).redo_s, kept=lambda c: _selective_per_unit(c).kept_bytes,
+                     redone=lambda c: _selective_per_unit(c).redone_bytes, unit_redo=_selective_redo,
+                     unit_bytes=lambda a, inflight: inflight * (_selective_kept(a) + a.cut[:-1]),
+                     from_units=_selective_unit_figures,
+                     offered=lambda a, host: Activation.SELECTIVE in a.own,
+                     unoffered="the profile has no figures for selective recomputation: profile again",
+                     checkpoint=True, per_unit=True, saves_ops=SAVED_OPS, torchtitan="selective",
+                     megatron=("--recompute-granularity selective",), deepspeed_interval=None,
+                     refusals={"deepspeed": _SELECTIVE_REFUSALS["deepspeed"]}, trainer_note=_SELECTIVE_NOTE),
 )}
 
 

@@ -81,8 +81,8 @@ def test_torchtitan_dp_is_replicate_and_recompute_full(gpt: Profile) -> None:
     assert text.endswith("activation_checkpoint:full\n")
     whole = plan_for(gpt, devices=4, pins=LayoutPins(pp=2, dp=2), recompute=RecomputeMode.ALL)
     with pytest.raises(ExportError, match=r"activation policy recompute: torchtitan's activation_checkpoint:full wraps "
-                                          r"each transformer block .*re-plan with `activations` keep or selective or "
-                                          r"recompute-units"):
+                                          r"each transformer block .*re-plan with `activations` keep or recompute-units or "
+                                          r"selective-units"):
         export_plan(whole, Target.TORCHTITAN, "x.args", unit_modules(gpt))
 
 
@@ -150,8 +150,11 @@ def test_some_stages_recomputing_is_refused(llama_plans: dict[str, Plan]) -> Non
 
 
 def test_selective_recomputation_as_each_trainer_spells_it(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """The trainers' selective recomputation checkpoints block by block (`selective-units`): torchtitan's op-level
+    `activation_checkpoint:selective` and Megatron's `--recompute-granularity selective`; DeepSpeed has none. A whole
+    stage under one selective checkpoint (`selective`) is what no trainer runs: each export refuses it."""
     plan = llama_plans["1f1b"]
-    selective = replace(plan, stages=tuple(replace(s, activation=Activation.SELECTIVE) for s in plan.stages))
+    selective = replace(plan, stages=tuple(replace(s, activation=Activation.SELECTIVE_UNITS) for s in plan.stages))
     modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
     titan = export_plan(selective, Target.TORCHTITAN, "x.args", modules)
     assert titan.text.endswith("activation_checkpoint:selective\n")  # op-level: torchtitan 0.3's only selective mode
@@ -160,15 +163,26 @@ def test_selective_recomputation_as_each_trainer_spells_it(llama: Profile, llama
     megatron = export_plan(selective, Target.MEGATRON, "x")
     assert "--recompute-granularity selective\n" in megatron.text and "--recompute-method" not in megatron.text
     assert any("recomputes the core attention" in n for n in megatron.notes)
-    with pytest.raises(ExportError, match=r"^plan: activation policy selective: DeepSpeed's PipelineModule checkpoints "
-                                          r"whole layers \(activation_checkpoint_interval\); it has no op-level "
-                                          r"selective recomputation; re-plan with `activations` keep or recompute"):
+    with pytest.raises(ExportError, match=r"^plan: activation policy selective-units: DeepSpeed's PipelineModule "
+                                          r"checkpoints whole layers \(activation_checkpoint_interval\); it has no "
+                                          r"op-level selective recomputation; re-plan with `activations` keep or "
+                                          r"recompute-units"):
         export_plan(selective, Target.DEEPSPEED, "x")
     mixed = replace(selective, stages=(replace(selective.stages[0], activation=Activation.KEEP),
                                        *selective.stages[1:]))
     for target in (Target.MEGATRON, Target.DEEPSPEED):
-        with pytest.raises(ExportError, match=r"policies differ \(keep: stages \[0\]; selective: stages \[1\]\)"):
+        with pytest.raises(ExportError, match=r"policies differ \(keep: stages \[0\]; selective-units: stages "
+                                              r"\[1\]\)"):
             export_plan(mixed, target, "x")
+    whole = replace(plan, stages=tuple(replace(s, activation=Activation.SELECTIVE) for s in plan.stages))
+    for target, why in ((Target.TORCHTITAN, r"torchtitan's activation_checkpoint:selective wraps each transformer "
+                                            r"block \(per-unit selective recomputation, `selective-units`\)"),
+                        (Target.MEGATRON, r"Megatron-LM's --recompute-granularity selective recomputes within each "
+                                          r"layer"),
+                        (Target.DEEPSPEED, r"DeepSpeed's PipelineModule checkpoints whole layers")):
+        with pytest.raises(ExportError, match=rf"^plan: activation policy selective: {why}.*; re-plan with "
+                                              r"`activations` keep or recompute-units"):
+            export_plan(whole, target, "x.args", modules if target is Target.TORCHTITAN else None)
 
 
 def test_offload_is_refused_by_every_trainer_with_its_reason(llama: Profile, llama_plans: dict[str, Plan]) -> None:

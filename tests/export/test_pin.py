@@ -62,9 +62,10 @@ def test_hand_written_torchtitan_overrides_and_toml(tmp_path: Path, llama: Profi
     pinned = pin.candidate
     # torchtitan's default: 2 stages per rank, embedding and output weighing one layer each: 4 + 2 = 6 over 4 stages
     assert pinned.bounds == ((0, 2), (2, 4), (4, 5), (5, 6))
-    # torchtitan 0.3's default AC is selective, read as such (judged so where the profile has its figures)
+    # torchtitan 0.3's default AC is selective, block by block: read as such (judged so where the profile has its
+    # figures)
     assert pinned.schedule is ScheduleName.INTERLEAVED_1F1B and notes == []
-    assert pinned.activations == (Activation.SELECTIVE,) * 4
+    assert pinned.activations == (Activation.SELECTIVE_UNITS,) * 4
     toml = tmp_path / "llama.toml"
     toml.write_text('[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 2\n'
                     'module_fqns_per_model_part = [["tok_embeddings", "layers.0"], '
@@ -229,7 +230,7 @@ def _read(tmp_path: Path, llama: Profile, text: str, devices: int,  # type: igno
 @pytest.mark.parametrize("text, tp, sp, dp, zero, policy", [
     # torchtitan: SP on by default; FSDP over the devices left over, kept whole under PP ("default" -> never: ZeRO 1)
     ("--parallelism.pipeline_parallel_degree=2\n--parallelism.tensor_parallel_degree=2\n", 2, True, 2, 1,
-     Activation.SELECTIVE),
+     Activation.SELECTIVE_UNITS),
     ("--parallelism.pipeline_parallel_degree=2\n--parallelism.tensor_parallel_degree=2\n"
      "--parallelism.no_enable_sequence_parallel\n--parallelism.fsdp_reshard_after_forward=always\n"
      "activation_checkpoint:full\n", 2, False, 2, 3, Activation.BLOCKS),
@@ -238,7 +239,7 @@ def _read(tmp_path: Path, llama: Profile, text: str, devices: int,  # type: igno
     # Megatron: dp = world / (pp x tp); --use-distributed-optimizer is ZeRO 1, Megatron-FSDP's strategy ZeRO 3
     ("--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 --num-layers 4 "
      "--micro-batch-size 1 --global-batch-size 16 --use-distributed-optimizer --recompute-activations\n",
-     2, True, 2, 1, Activation.SELECTIVE),
+     2, True, 2, 1, Activation.SELECTIVE_UNITS),
     ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 8 "
      "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --recompute-granularity full "
      "--recompute-method uniform --recompute-num-layers 1\n", 4, False, 1, 0, Activation.BLOCKS),
@@ -339,7 +340,7 @@ def test_hand_written_tp8_torchtitan_config_for_llama_3_8b_on_2x8_h100(capsys: p
     assert [x for x in labels[:end + 1] if x != "data-parallel sync"] == \
         ["step time", "compute and sends", "pipeline bubble", "optimizer step", "bubble", "peak memory", "fits"]
     assert lines[5 + end].strip().startswith(("autopp's plan is predicted", "your configuration is predicted"))
-    assert any("activation policy selective evaluated as keep" in line for line in lines)  # no SP figures at tp 8
+    assert any("activation policy selective-units evaluated as keep" in line for line in lines)  # none at tp 8
     assert out.index("autopp's plan in full:") < out.index("wrote plan")
     from autopp.data.plan import load_plan
     from autopp.export.compare import time_terms

@@ -24,7 +24,7 @@ from .conftest import GPT, ROOT, pipeline_plan, two_stage_plan
 MASKED = ROOT / "tests" / "models" / "masked.py"
 MASKED_CUTS = ["blocks.1", "blocks.2", "head"]
 KEEP, RECOMPUTE, SELECTIVE, OFFLOAD = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE, Activation.OFFLOAD
-BLOCKS = Activation.BLOCKS
+BLOCKS, SELECTIVE_UNITS = Activation.BLOCKS, Activation.SELECTIVE_UNITS
 
 
 def test_a_residual_is_relayed_and_a_mask_held_by_its_readers() -> None:
@@ -63,7 +63,8 @@ def test_a_value_computed_between_stages_is_refused() -> None:
 
 
 @pytest.mark.parametrize("policies", [None, chosen(4, {1, 3}), (SELECTIVE, KEEP, SELECTIVE, RECOMPUTE),
-                                      (OFFLOAD, RECOMPUTE, OFFLOAD, KEEP), (BLOCKS, RECOMPUTE, BLOCKS, BLOCKS)])
+                                      (OFFLOAD, RECOMPUTE, OFFLOAD, KEEP), (BLOCKS, RECOMPUTE, BLOCKS, BLOCKS),
+                                      (SELECTIVE_UNITS, SELECTIVE, SELECTIVE_UNITS, KEEP)])
 def test_relayed_stages_match_one_process(one_rank_group: None, tmp_path: Path,
                                           policies: tuple[Activation, ...] | None) -> None:
     order = build_schedule(ScheduleName.LOOPED_BFS, 1, 2, 4)  # one rank holding four stages, 2 microbatches
@@ -188,25 +189,31 @@ def test_selective_checkpoint_keeps_the_saved_ops_outputs_and_recomputes_the_res
 
 def test_per_unit_recomputation_checkpoints_each_unit_of_the_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     """A `recompute-units` stage runs one checkpoint per unit (stage 0 of the masked model: its embedding, then its
-    first block, which also reads the mask made between them), a `recompute` stage one for the whole stage; both give
-    the stage's own outputs and input gradients."""
+    first block, which also reads the mask made between them), a `recompute` stage one for the whole stage; a
+    `selective-units` stage one per unit under the selective policy, whose backward reruns the block's softmax but
+    none of its matmuls (as keeping), where per-unit recomputation reruns them; all give the stage's own outputs and
+    input gradients."""
     from typing import Any
 
     from autopp.run import chain
+    from autopp.schedule.activation import SAVED_OPS
+
+    from ..opcount import OpCount
 
     plan = pipeline_plan(MASKED, ["blocks.1"], "GPipe", Layout(pp=2))
     mf = load_model_file(MASKED)
     example = mf.sample_batch(2, seed=0)[0]
-    calls: list[int] = []
+    calls: list[bool] = []
     real = chain.checkpoint
 
     def counted(fn: Any, *args: Any, **kw: Any) -> Any:
-        calls.append(len(args))
+        calls.append("context_fn" in kw)
         return real(fn, *args, **kw)
 
     monkeypatch.setattr(chain, "checkpoint", counted)
-    results = {}
-    for a in (KEEP, RECOMPUTE, BLOCKS):
+    results, backward = {}, {}
+    policies = (KEEP, RECOMPUTE, BLOCKS, SELECTIVE_UNITS)
+    for a in policies:
         pipe = split_model(mf.build(0), example, ["blocks.1"])
         io, sources = chain_io(pipe)
         piece = chain.ChainPiece(pipe.get_stage_module(0), 0, io[0], sources, {}, last=False, activation=a,
@@ -214,11 +221,16 @@ def test_per_unit_recomputation_checkpoints_each_unit_of_the_stage(monkeypatch: 
         calls.clear()
         x = example[0].clone().requires_grad_()
         out = piece(x)
-        sum(o.sum() for o in out if isinstance(o, torch.Tensor) and o.requires_grad).backward()
-        results[a] = (out, x.grad, len(calls))
+        with OpCount() as count:
+            sum(o.sum() for o in out if isinstance(o, torch.Tensor) and o.requires_grad).backward()
+        results[a], backward[a] = (out, x.grad, list(calls)), count.ops
     assert plan.stages[0].unit_names == ("emb", "blocks.0")
-    assert [results[a][2] for a in (KEEP, RECOMPUTE, BLOCKS)] == [0, 1, 2]
-    for a in (RECOMPUTE, BLOCKS):
+    assert [results[a][2] for a in policies] == [[], [False], [False, False], [True, True]]
+    matmuls = {a: sum(n for op, n in backward[a].items() if op in SAVED_OPS) for a in policies}
+    softmax = {a: backward[a]["aten._softmax"] for a in policies}
+    assert matmuls[SELECTIVE_UNITS] == matmuls[KEEP] < matmuls[BLOCKS]
+    assert softmax[KEEP] == 0 < softmax[SELECTIVE_UNITS] == softmax[BLOCKS]
+    for a in policies[1:]:
         for got, want in zip(results[a][0], results[KEEP][0]):
             torch.testing.assert_close(got, want)
         torch.testing.assert_close(results[a][1], results[KEEP][1])
@@ -254,11 +266,14 @@ def test_an_offloaded_stage_saves_its_activations_in_host_memory(one_rank_group:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("pp, policies", [(2, (OFFLOAD, OFFLOAD)), (4, (OFFLOAD, RECOMPUTE, OFFLOAD, KEEP)),
-                                          (2, (BLOCKS, BLOCKS)), (4, (BLOCKS, KEEP, RECOMPUTE, BLOCKS))])
+                                          (2, (BLOCKS, BLOCKS)), (4, (BLOCKS, KEEP, RECOMPUTE, BLOCKS)),
+                                          (2, (SELECTIVE_UNITS, SELECTIVE_UNITS)),
+                                          (4, (SELECTIVE_UNITS, KEEP, SELECTIVE, SELECTIVE_UNITS))])
 def test_offloaded_stages_on_cpu_ranks_match_one_process(pp: int, policies: tuple[Activation, ...]) -> None:
     """Issue 27: offload runs on gloo CPU ranks and its gradients and losses match one process (the mechanism: on
     CPU the host link is a memory copy and saves nothing; the planner does not choose it there); so does per-unit
-    recomputation (`recompute-units`: each unit of a stage under its own checkpoint)."""
+    recomputation (`recompute-units`: each unit of a stage under its own checkpoint), and per-unit selective
+    recomputation (`selective-units`: each unit under its own checkpoint with the selective policy)."""
     from dataclasses import replace
 
     from autopp.run import GRAD_RTOL, RunOptions, run_plan

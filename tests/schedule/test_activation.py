@@ -14,7 +14,7 @@ from autopp.schedule.activation import Figures
 from autopp.schedule import POLICIES, Activation, StageCost, by_saving, chosen, order_key, parse_activation, policy
 
 KEEP, RECOMPUTE, SELECTIVE, OFFLOAD = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE, Activation.OFFLOAD
-BLOCKS = Activation.BLOCKS
+BLOCKS, SELECTIVE_UNITS = Activation.BLOCKS, Activation.SELECTIVE_UNITS
 COST = StageCost(forward_s=2.5, backward_input_s=1.0, backward_weight_s=1.0, activation_bytes=100, input_bytes=7,
                  own=((Activation.SELECTIVE, Figures(40, 0.25)),))
 
@@ -37,15 +37,17 @@ def test_selective_keeps_the_saved_ops_outputs_and_redoes_the_rest() -> None:
     assert list(sel.unit_bytes(a, 3)) == [3 * 4 + 6, 3 * 8 + 12]  # in flight: the kept; one microbatch: the redone
     assert sel.offered(a, 0.0) and not sel.offered(_units([1.0], [1.0], [1]), 1e9)
     assert sel.checkpoint and sel.saves_ops >= {"aten.mm", "aten._scaled_dot_product_flash_attention"}
-    assert (sel.saving, by_saving(tuple(Activation))) == (1, (KEEP, SELECTIVE, OFFLOAD, RECOMPUTE, BLOCKS))
-    assert sel.torchtitan == "selective"
-    assert sel.megatron == ("--recompute-granularity selective",) and sel.deepspeed_interval is None
-    assert "core attention" in sel.trainer_note and "activation_checkpoint_interval" in str(sel.refusal("deepspeed"))
-    assert sel.refusal("torchtitan") is None and sel.refusal("megatron") is None
+    assert (sel.saving, by_saving(tuple(Activation))) == (1, (KEEP, SELECTIVE, SELECTIVE_UNITS, OFFLOAD, RECOMPUTE,
+                                                              BLOCKS))
+    # the trainers' selective recomputation is per block (`selective-units`): whole-stage is what none exports
+    assert (sel.torchtitan, sel.megatron, sel.deepspeed_interval, sel.trainer_note) == ("none", (), None, "")
+    assert "activation_checkpoint_interval" in str(sel.refusal("deepspeed"))
+    assert "`selective-units`" in str(sel.refusal("torchtitan")) and "`selective-units`" in str(sel.refusal("megatron"))
 
 
 def test_one_descriptor_per_policy_spelled_by_its_value() -> None:
-    assert [a.value for a in Activation] == ["keep", "recompute", "selective", "offload", "recompute-units"]
+    assert [a.value for a in Activation] == ["keep", "recompute", "selective", "offload", "recompute-units",
+                                          "selective-units"]
     assert list(POLICIES) == list(Activation) and all(policy(a).name is a for a in Activation)
     assert Activation("recompute") is RECOMPUTE
 
@@ -108,10 +110,32 @@ def test_per_unit_recomputation_keeps_each_units_input_and_redoes_one_unit_at_a_
     assert p.offered(a, 0.0) and policy(RECOMPUTE).saving < p.saving and not policy(RECOMPUTE).per_unit
 
 
+def test_per_unit_selective_keeps_each_units_input_and_saved_ops_and_redoes_one_unit_at_a_time() -> None:
+    """Per microbatch each unit's input (the cuts) and its saved ops' outputs; in the backward the largest of the
+    units' other activations; the units' selective recompute redone. Against whole-stage selective: more kept per
+    microbatch (the inputs), far less re-materialised at once."""
+    p, a = policy(SELECTIVE_UNITS), _chain([1.0, 2.0, 3.0], [10, 40, 20], [0, 3, 5, 0])
+    a = replace(a, own={SELECTIVE: (np.array([4.0, 16.0, 8.0]), np.array([0.1, 0.2, 0.4]))})
+    assert p.from_units is not None
+    assert p.from_units(a, 1, 3) == Figures(16 + 8 + 3 + 5, 0.2 + 0.4, max(40 - 16, 20 - 8))
+    assert p.from_units(a, 0, 1) == Figures(4, 0.1, 6)
+    c = replace(COST, own=((SELECTIVE_UNITS, p.from_units(a, 1, 3)),))
+    assert (p.kept(c), p.redone(c), p.redo_s(c)) == (32, 24, 0.6000000000000001)
+    assert list(p.unit_redo(a)) == [0.1, 0.2, 0.4]
+    assert [list(p.unit_bytes(a, n)) for n in (1, 2)] == [[4, 19, 13], [8, 38, 26]]  # in flight; the redone: walks
+    assert (p.checkpoint, p.per_unit, p.saves_ops, p.to_host) == (True, True, policy(SELECTIVE).saves_ops, False)
+    assert p.offered(a, 0.0) and not p.offered(_chain([1.0], [1], [0, 0]), 1e9)  # the profile's columns, as selective
+    assert policy(SELECTIVE).saving < p.saving < policy(OFFLOAD).saving
+    assert (p.torchtitan, p.megatron) == ("selective", ("--recompute-granularity selective",))
+    assert "core attention" in p.trainer_note and p.refusal("torchtitan") is None and p.refusal("megatron") is None
+    assert p.deepspeed_interval is None and "activation_checkpoint_interval" in str(p.refusal("deepspeed"))
+
+
 def test_parse_a_policy_at_the_boundary() -> None:
     assert parse_activation("keep") is KEEP and parse_activation("recompute", where="stage 1") is RECOMPUTE
     with pytest.raises(ScheduleError, match=r"^activation: activation policy 'RECOMPUTE' does not exist; give one of "
-                                            r"\['keep', 'recompute', 'selective', 'offload', 'recompute-units'\]$"):
+                                            r"\['keep', 'recompute', 'selective', 'offload', 'recompute-units', "
+                                            r"'selective-units'\]$"):
         parse_activation("RECOMPUTE")
     with pytest.raises(ScheduleError, match=r"^plan\.json stage 2: activation policy True does not exist"):
         parse_activation(True, where="plan.json stage 2")  # the bool of plans before version 2 is not a policy

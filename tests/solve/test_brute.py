@@ -164,3 +164,43 @@ def test_the_plan_recomputes_unit_by_unit_where_whole_stage_recomputation_does_n
     assert best.candidate.bounds == tuple(s.units for s in plan.stages)
     assert best.candidate.activations == tuple(s.activation for s in plan.stages)
     assert best.step_s == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("memory, want", [(5.5, (Activation.SELECTIVE_UNITS, KEEP)),
+                                          (4.0, (Activation.BLOCKS, Activation.SELECTIVE_UNITS))])
+def test_the_plan_recomputes_selectively_unit_by_unit_where_whole_stage_selective_does_not_fit(
+        memory: float, want: tuple[Activation, ...]) -> None:
+    """Issue 25 item 2 as the trainers run it: the profile of the test above with its selective columns, two CPU
+    ranks, 1F1B with 4 microbatches. Stage-level selective recomputation re-materialises all of a stage's
+    non-matmul activations at once in its backward, so no split fits with keep and selective; checkpointing each
+    unit under the selective policy (each unit's input and saved ops' outputs kept, one unit re-materialised at a
+    time) fits, at selective recomputation's time, faster than any full recomputation; tighter, a stage recomputes
+    unit by unit and the other selectively unit by unit. The brute force over every split and every per-stage choice
+    of every offered policy (keep, recompute, selective, recompute-units, selective-units) finds the same plan."""
+    profile = synthetic_profile(8, hidden=2048, seq=8192, selective=True)
+    cluster = Cluster(num_devices=2, memory_bytes=int(memory * 2**30))
+
+    def request(**kw: object) -> PlanRequest:
+        return PlanRequest(cluster=cluster, global_batch=4, num_microbatches=4, schedule=ONE_F_ONE_B,
+                           pins=LayoutPins(pp=2, dp=1, tp=1), **kw)  # type: ignore[arg-type]
+    with pytest.raises(InfeasibleError, match=rf"^no split of 8 units fits in {memory:g} GiB per device on 2 devices"):
+        make_plan(profile, request(activations=(KEEP, Activation.SELECTIVE)))
+    plan = make_plan(profile, request(recompute=RecomputeMode.AUTO))
+    assert tuple(s.activation for s in plan.stages) == want and plan.predicted.fits
+    a = unit_arrays(profile, 1)
+    s = next(s for s in plan.stages if s.activation is Activation.SELECTIVE_UNITS)
+    kept, redo = a.own[Activation.SELECTIVE]
+    i, j = s.units
+    figures = dict(s.own)[Activation.SELECTIVE_UNITS]  # inputs and saved outputs; the largest unit's rest
+    assert figures.kept_bytes == int(kept[i:j].sum() + a.cut[i:j].sum())
+    assert figures.redone_bytes == int((a.activation[i:j] - kept[i:j]).max())
+    assert figures.redo_s == pytest.approx(float(redo[i:j].sum()), rel=1e-12)
+    best = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4)
+    assert best.judged == 7 * 5**2 and best.best is not None and best.best.fits
+    assert best.best.candidate.bounds == tuple(s.units for s in plan.stages)
+    assert best.best.candidate.activations == want
+    assert best.best.step_s == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
+    without = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4,
+                          activations=tuple(p for p in Activation if p not in (Activation.SELECTIVE_UNITS,
+                                                                               Activation.OFFLOAD))).best
+    assert without is None or without.step_s > best.best.step_s

@@ -192,13 +192,13 @@ def test_a_selective_plan_carries_its_figures_and_resimulates_as_predicted() -> 
     assert "selective_bytes" not in _synth(global_batch=16).to_json()["stages"][0]  # no figures: not written
 
 
-@pytest.mark.integration  # two brute forces over every split x 4^4 policy choices (~10 s)
+@pytest.mark.integration  # two brute forces over every split x 5^4 policy choices (~15 s)
 @pytest.mark.parametrize("memory, want", [(7.4, [KEEP, SELECTIVE, KEEP, KEEP]),
                                           (6.9, [KEEP, RECOMPUTE, SELECTIVE, KEEP])])
 def test_selective_where_fastest_equals_the_brute_force(memory: float, want: list[Activation]) -> None:
     """Under a memory limit the planner picks selective recomputation per stage beside keep and full recomputation
-    (whole-stage and per-unit), and its plan is the simulator's optimum over every split and every per-stage choice
-    of the four."""
+    (whole-stage and per-unit, selective and full), and its plan is the simulator's optimum over every split and
+    every per-stage choice of the five."""
     from autopp.solve.partition.brute import brute_force
     profile = synthetic_profile(8, selective=True)
     cluster = Cluster(num_devices=4, memory_bytes=int(memory * GiB))
@@ -206,9 +206,11 @@ def test_selective_where_fastest_equals_the_brute_force(memory: float, want: lis
     assert [s.activation for s in plan.stages] == want
     best = brute_force(unit_arrays(profile, plan.microbatch_size), cluster, plan.schedule, layout=plan.layout,
                        m=plan.num_microbatches, microbatch_size=plan.microbatch_size)
-    assert best.best is not None and best.judged == 35 * 4**4
-    # whole-stage and per-unit recomputation redo the same forward: where both fit they tie, either may be found
-    same = [Activation.RECOMPUTE if a is Activation.BLOCKS else a for a in best.best.candidate.activations]
+    assert best.best is not None and best.judged == 35 * 5**4
+    # whole-stage and per-unit recomputation (selective or full) redo the same: where both fit they tie, either may
+    # be found
+    tie = {Activation.BLOCKS: Activation.RECOMPUTE, Activation.SELECTIVE_UNITS: Activation.SELECTIVE}
+    same = [tie.get(a, a) for a in best.best.candidate.activations]
     assert plan.predicted.step_time_s == best.best.step_s and same == want
 
 
