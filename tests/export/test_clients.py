@@ -445,11 +445,11 @@ def test_context_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # 
 
 def test_torchtitan_parses_selective_recomputation(titan, llama: Profile,  # type: ignore[no-untyped-def]
                                                   llama_plans: dict[str, Plan]) -> None:
-    """Every stage selective: torchtitan's `activation_checkpoint:selective` subcommand, read by its parser as
-    SelectiveAC.Config (op-level, torchtitan 0.3's only selective mode: an `--activation_checkpoint.selective_ac_option`
+    """Every stage selective unit by unit: torchtitan's `activation_checkpoint:selective` subcommand, read by its parser
+    as SelectiveAC.Config (op-level, torchtitan 0.3's only selective mode: an `--activation_checkpoint.selective_ac_option`
     override, as older torchtitan had, is an unrecognized option there)."""
     base = llama_plans["1f1b"]
-    plan = dataclasses.replace(base, stages=tuple(dataclasses.replace(s, activation=Activation.SELECTIVE)
+    plan = dataclasses.replace(base, stages=tuple(dataclasses.replace(s, activation=Activation.SELECTIVE_UNITS)
                                                   for s in base.stages))
     text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
     ac = titan(text).activation_checkpoint
@@ -469,7 +469,7 @@ def _llama_8b_like(plan: Plan, activation: Activation) -> Plan:
                                stages=tuple(dataclasses.replace(s, activation=activation) for s in plan.stages))
 
 
-@pytest.mark.parametrize("activation", [Activation.BLOCKS, Activation.SELECTIVE])
+@pytest.mark.parametrize("activation", [Activation.BLOCKS, Activation.SELECTIVE_UNITS])
 def test_torchtitan_takes_sequence_length_precision_sp_and_recomputation(  # type: ignore[no-untyped-def]
         activation: Activation, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """torchtitan's own config classes read what the plan was made for, with HF names mapped by the export itself."""
@@ -482,10 +482,10 @@ def test_torchtitan_takes_sequence_length_precision_sp_and_recomputation(  # typ
     assert par.module_fqns_per_model_part[0][0] == "tok_embeddings"
     assert par.module_fqns_per_model_part[-1][-2:] == ["norm", "output"]
     assert type(cfg.activation_checkpoint).__qualname__ == \
-        {Activation.BLOCKS: "FullAC.Config", Activation.SELECTIVE: "SelectiveAC.Config"}[activation]
+        {Activation.BLOCKS: "FullAC.Config", Activation.SELECTIVE_UNITS: "SelectiveAC.Config"}[activation]
 
 
-@pytest.mark.parametrize("activation", [Activation.BLOCKS, Activation.SELECTIVE])
+@pytest.mark.parametrize("activation", [Activation.BLOCKS, Activation.SELECTIVE_UNITS])
 def test_megatron_core_takes_sequence_length_precision_sp_and_recomputation(  # type: ignore[no-untyped-def]
         activation: Activation, megatron, llama_plans: dict[str, Plan]) -> None:
     import torch
@@ -536,13 +536,13 @@ def test_llama_3_8b_on_2x8_h100_for_each_trainer_is_taken_by_its_config_classes(
         assert cfg.parallelism.module_fqns_per_model_part[0][0] == "tok_embeddings"
         assert type(cfg.activation_checkpoint).__qualname__ == {
             Activation.KEEP: "NoneType", Activation.BLOCKS: "FullAC.Config",
-            Activation.SELECTIVE: "SelectiveAC.Config"}[recompute]
+            Activation.SELECTIVE_UNITS: "SelectiveAC.Config"}[recompute]
     else:
         cfg, batch, calculator = _megatron_config(text)
         assert batch["seq_length"] == 8192 and cfg.bf16 is True
         assert (cfg.tensor_model_parallel_size, cfg.sequence_parallel) == (plan.layout.tp, plan.layout.sp)
         assert cfg.recompute_granularity == {Activation.KEEP: None, Activation.BLOCKS: "full",
-                                             Activation.SELECTIVE: "selective"}[recompute]
+                                             Activation.SELECTIVE_UNITS: "selective"}[recompute]
         assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0).get() == \
             plan.num_microbatches
 

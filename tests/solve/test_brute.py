@@ -4,6 +4,7 @@ the planner's mix of offload and recomputation against it."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -21,6 +22,8 @@ from autopp.solve.partition.dp import PipeSpec, pipeline_bounds
 from autopp.errors import InfeasibleError
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.solve.search.judge import Candidate, judge
+from autopp.data.plan import Plan
+from autopp.predict import simulate_plan
 
 LINK = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e6)
 ONE_F_ONE_B = ScheduleName.ONE_F_ONE_B
@@ -195,6 +198,11 @@ def test_the_plan_recomputes_selectively_unit_by_unit_where_whole_stage_selectiv
     assert figures.kept_bytes == int(kept[i:j].sum() + a.cut[i:j].sum())
     assert figures.redone_bytes == int((a.activation[i:j] - kept[i:j]).max())
     assert figures.redo_s == pytest.approx(float(redo[i:j].sum()), rel=1e-12)
+    written = plan.to_json()["stages"][plan.stages.index(s)]  # the plan JSON's fields, read back as planned
+    assert (written["selective-units_bytes"], written["selective-units_redone_bytes"]) == (figures.kept_bytes,
+                                                                                         figures.redone_bytes)
+    back = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert back == plan and simulate_plan(back).peak_memory_bytes == list(plan.predicted.peak_memory_bytes)
     best = brute_force(a, cluster, ONE_F_ONE_B, layout=Layout(pp=2), m=4)
     assert best.judged == 7 * 5**2 and best.best is not None and best.best.fits
     assert best.best.candidate.bounds == tuple(s.units for s in plan.stages)
