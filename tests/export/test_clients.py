@@ -446,8 +446,8 @@ def test_context_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # 
 def test_torchtitan_parses_selective_recomputation(titan, llama: Profile,  # type: ignore[no-untyped-def]
                                                   llama_plans: dict[str, Plan]) -> None:
     """Every stage selective unit by unit: torchtitan's `activation_checkpoint:selective` subcommand, read by its parser
-    as SelectiveAC.Config (op-level, torchtitan 0.3's only selective mode: an `--activation_checkpoint.selective_ac_option`
-    override, as older torchtitan had, is an unrecognized option there)."""
+    as SelectiveAC.Config (op-level, torchtitan 0.3's only selective mode: an
+    `--activation_checkpoint.selective_ac_option` override, as older torchtitan had, is an unrecognized option there)."""
     base = llama_plans["1f1b"]
     plan = dataclasses.replace(base, stages=tuple(dataclasses.replace(s, activation=Activation.SELECTIVE_UNITS)
                                                   for s in base.stages))

@@ -81,8 +81,8 @@ def test_torchtitan_dp_is_replicate_and_recompute_full(gpt: Profile) -> None:
     assert text.endswith("activation_checkpoint:full\n")
     whole = plan_for(gpt, devices=4, pins=LayoutPins(pp=2, dp=2), recompute=RecomputeMode.ALL)
     with pytest.raises(ExportError, match=r"activation policy recompute: torchtitan's activation_checkpoint:full wraps "
-                                          r"each transformer block .*re-plan with `activations` keep or recompute-units or "
-                                          r"selective-units"):
+                                          r"each transformer block .*re-plan with `activations` keep or "
+                                          r"recompute-units or selective-units"):
         export_plan(whole, Target.TORCHTITAN, "x.args", unit_modules(gpt))
 
 
