@@ -127,12 +127,14 @@ def pinned_config(name: ScheduleName, degrees: Degrees, v: int, dp: int, zero: Z
                   bounds: tuple[tuple[int, int], ...], activation: Activation, where: str,
                   dp_replicate: int = 1) -> Pinned:
     """The trainer's configuration as autopp judges it: every stage under the trainer's one activation policy; the
-    ZeRO stage only where dp > 1 shards something, sequence parallelism only with tensor parallelism (as the
-    trainers apply them); `dp_replicate`: HSDP's replicas (`Layout.dp_replicate`). A layout the degrees do not
-    make (ep not dividing dp x cp x tp) is one line naming `where`."""
+    ZeRO stage only where dp x cp > 1 shards something (`Layout.sync`: both trainers shard over the data-parallel
+    ranks with cp), sequence parallelism only with tensor parallelism (as the trainers apply them); `dp_replicate`:
+    HSDP's replicas (`Layout.dp_replicate`). A layout the degrees do not make (ep not dividing dp x cp x tp) is one
+    line naming `where`."""
     others = {a: d for a, d in degrees.items() if a != "pp"}
+    sharded = dp * others.get("cp", 1) > 1
     try:
-        layout = Layout(pp=degrees["pp"], v=v, dp=dp, **others, zero=zero if dp > 1 else NO_ZERO,
+        layout = Layout(pp=degrees["pp"], v=v, dp=dp, **others, zero=zero if sharded else NO_ZERO,
                         sp=sp and others.get("tp", 1) > 1, dp_replicate=dp_replicate)
     except LayoutError as exc:
         raise ExportError(f"{where}: {exc}") from None

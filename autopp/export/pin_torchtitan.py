@@ -111,7 +111,8 @@ def _counts(o: dict[str, Any], layers: ModelLayers, pp: int, single: bool, where
 def _data_parallel(o: dict[str, Any], degrees: Degrees, devices: int, where: str, notes: list[str]
                    ) -> tuple[int, ZeroStage, int]:
     """dp = replicate x shard (a shard degree of -1 taking the devices left over; refused unless pp x dp x cp x tp =
-    devices), and the ZeRO stage of its FSDP: none for replicas, stage 1 for `fsdp_reshard_after_forward` never,
+    devices), and the ZeRO stage of its FSDP (torchtitan's FSDP runs over dp_shard x cp whenever that is above 1,
+    `ParallelDims.fsdp_enabled`): none for replicas alone, stage 1 for `fsdp_reshard_after_forward` never,
     3 for always ("default": never under pipeline parallelism, always without; `ZeroStage.fsdp_reshard_after_forward`).
     With replicate and shard both above 1, HSDP: that stage sharded over the shard ranks, replicated `replicate`
     times (`Layout.dp_replicate`, the third value returned; 1 otherwise); beside expert parallelism, which autopp
@@ -129,13 +130,17 @@ def _data_parallel(o: dict[str, Any], degrees: Degrees, devices: int, where: str
     if group * replicate * shard != devices:
         raise ExportError(f"{where}: {shown} x dp {replicate * shard} (replicate {replicate} x shard {shard}) != "
                           f"{devices} devices; plan with --devices {group * replicate * shard}")
-    if shard == 1:
+    if shard == 1 and degrees.get("cp", 1) == 1:  # FSDP runs over dp_shard x cp (`ParallelDims.fsdp_enabled`)
         return replicate, ZERO[0], 1
     mode = str(o.get("parallelism.fsdp_reshard_after_forward", "default"))
     if mode not in ("default", "always", "never"):
         raise ExportError(f"{where}: fsdp_reshard_after_forward must be default, always or never, got {mode!r}")
     reshard = mode == "always" or mode == "default" and degrees["pp"] == 1
     zero = next(z for z in ZERO.values() if z.fsdp_reshard_after_forward is reshard and z.not_runnable is None)
+    if replicate > 1 and shard == 1:  # HSDP whose shard group is the cp ranks alone: no `Layout.dp_replicate`
+        notes.append(f"HSDP (replicate {replicate} x shard 1 x cp {degrees['cp']}) is evaluated as {zero} over all "
+                     f"{replicate} x {degrees['cp']} data-parallel and cp ranks: autopp's HSDP shards over dp ranks")
+        return replicate, zero, 1
     if replicate > 1 and degrees.get("ep", 1) > 1:  # autopp plans HSDP without expert parallelism
         notes.append(f"HSDP (replicate {replicate} x shard {shard}) with expert parallelism is evaluated as {zero} "
                      f"over all {replicate * shard} data-parallel ranks: autopp plans HSDP without ep")

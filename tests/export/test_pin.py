@@ -374,3 +374,29 @@ def test_the_profile_made_for_pin_from_has_rows_of_its_tp(tmp_path: Path, monkey
                      "--pin-from", str(pin)]) == 2
         assert "stopped before profiling" in capsys.readouterr().err
     assert asked == [2, 1, 2, None]
+
+
+@pytest.mark.parametrize("text", [
+    # torchtitan: FSDP is on whenever dp_shard > 1 or cp > 1 (ParallelDims.fsdp_enabled), over dp_shard x cp
+    "--parallelism.pipeline_parallel_degree=2\n--parallelism.context_parallel_degree=2\n"
+    "--parallelism.data_parallel_shard_degree=1\n",
+    # Megatron: the distributed optimizer shards over the data-parallel group with cp (dp x cp ranks)
+    "--pipeline-model-parallel-size 2 --context-parallel-size 2 --num-layers 4 --global-batch-size 8 "
+    "--use-distributed-optimizer\n"])
+def test_zero_over_cp_alone_is_read(text: str, tmp_path: Path, llama: Profile) -> None:
+    """Review: with dp 1 and cp 2 the trainers shard over the 2 cp ranks (`Layout.sync`), which --pin-from read as
+    ZeRO 0 (it kept a ZeRO stage only for dp > 1), so the pinned plan was costed with whole replicas."""
+    pinned, _ = _read(tmp_path, llama, text, 4)
+    layout = pinned.candidate.layout
+    assert (layout.dp, layout.cp, layout.sync, layout.zero.stage) == (1, 2, 2, 1)
+
+
+def test_hsdp_over_cp_alone_is_read_as_fsdp_over_dp_and_cp(tmp_path: Path, llama: Profile) -> None:
+    """torchtitan's HSDP whose shard group is the cp ranks alone (shard 1): FSDP over all dp x cp ranks, said."""
+    pinned, notes = _read(tmp_path, llama, "--parallelism.pipeline_parallel_degree=2\n"
+                          "--parallelism.context_parallel_degree=2\n--parallelism.data_parallel_replicate_degree=2\n"
+                          "--parallelism.data_parallel_shard_degree=1\n--training.local_batch_size=4\n", 8)
+    layout = pinned.candidate.layout
+    assert (layout.dp, layout.cp, layout.dp_replicate, layout.zero.stage) == (2, 2, 1, 1)
+    assert notes == ["HSDP (replicate 2 x shard 1 x cp 2) is evaluated as ZeRO 1 over all 2 x 2 data-parallel and "
+                     "cp ranks: autopp's HSDP shards over dp ranks"]
