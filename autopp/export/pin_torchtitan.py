@@ -18,8 +18,8 @@ from ..data.zero import ZERO, ZeroStage
 from ..schedule import POLICIES, Activation, ScheduleName, describe
 from ..solve.assemble.pinned import Pinned
 from .layers import ExportError, ModelLayers
-from .pin_fields import (Degrees, bounds_from_counts, config_flag, config_int, config_tokens, multiple_near, pinned_config,
-                  read_config_text, read_degrees, schedule_named)
+from .pin_fields import (Degrees, bounds_from_counts, config_flag, config_int, config_tokens, multiple_near,
+                         pinned_config, read_config_text, read_degrees, schedule_named)
 
 __all__ = ["read_torchtitan", "torchtitan_options", "torchtitan_default_parts"]
 
