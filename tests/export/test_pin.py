@@ -291,16 +291,6 @@ def test_an_axis_autopp_does_not_plan_is_refused_naming_key_and_value(text: str,
         _read(tmp_path, llama, text, 4)
 
 
-def test_context_parallelism_while_unplanned(tmp_path: Path, llama: Profile) -> None:
-    from autopp.data.axes import unplanned
-    if "cp" not in unplanned():
-        pytest.skip("context parallelism is planned: --pin-from reads it like tp")
-    with pytest.raises(ExportError, match=r"parallelism.context_parallel_degree 2: autopp does not plan context "
-                                          r"parallelism"):
-        _read(tmp_path, llama, "--parallelism.pipeline_parallel_degree=2\n"
-                               "--parallelism.context_parallel_degree=2\n", 4)
-
-
 @pytest.mark.parametrize("name", ["1f1b", "dp"])
 @pytest.mark.parametrize("target", [Target.TORCHTITAN, Target.MEGATRON])
 def test_a_3d_export_reads_back_as_the_plan(name: str, target: Target, tmp_path: Path, llama: Profile,
