@@ -96,7 +96,7 @@ def _resimulate(plan: Plan, report: RunReport, hop_s: float | None = None) -> fl
     """The simulator's step time with the per-stage F, I, W measured in this run and the plan's message overheads,
     transfer times (or `hop_s` per transfer) and progress delays, plus the plan's optimizer step: what the prediction
     would be if the profile had matched the run's action times. B-only schedules get I = W = B / 2. (The run's
-    last-stage F leaves out the loss, which the profile counts in it.)"""
+    last-stage F includes its loss since issue 29, as the profile's does.)"""
     costs = []
     for st, planned in zip(report.stage_times, plan.stages):
         f, b = st.forward_s or 0.0, st.backward_s or 0.0

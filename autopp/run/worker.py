@@ -202,17 +202,17 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
     built = build_stages(mf, plan, ranks.pp_rank, device, pp_group, mesh, ring)
     if mesh is not None:
         _check_untied(plan, built)
-    stages = built.stages
+    stages, recorder = built.stages, StepRecorder()
     ties = tie_groups(built.shared, plan.layout, ranks.replica, ranks.pp_rank)
-    schedule = make_schedule(plan, stages, built.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv",
-                             built.mirror)
+    schedule = make_schedule(plan, stages, recorder.timed_loss(built.loss_fn),
+                             Path(args.run_dir) / f"order{ranks.rank}.csv", built.mirror)
     params = _params(stages)
     experts = expert_params([s.submod for s in stages])
     optimizer = make_optimizer(args.optimizer, params, lr=args.lr)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     # memory counts the rank's shards; ZeRO: FSDP2's gathered parameters are registered on the stages while used
     sharded = [s.submod for s in stages] if not plan.layout.zero.replicated else []
-    recorder, saved = StepRecorder(), SavedBytes(params, sharded)
+    saved = SavedBytes(params, sharded)
     recorder.wrap_stages(stages)
     run = _Run([], [], [], [], 0, [])
     checked = args.validate and (mesh is not None or ranks.replica == 0)  # mesh: gathering is collective
