@@ -58,7 +58,7 @@ from .expert_parallel import average_expert_grads, ep_meshes, expert_params
 from .parallel import local, make_mesh
 from .context import RingConfig, ring_attention
 from .context_run import shard_batch
-from .pipeline import RankStages, build_stages, make_schedule
+from .pipeline import RankStages, build_stages, last_stage_kwargs, make_schedule
 from .tied import sum_tied_grads, tie_groups
 
 __all__ = ["Ranks", "ranks_of", "check_world_size", "replica_slice", "describe_error", "main"]
@@ -234,7 +234,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         mb_losses: list[torch.Tensor] = []
         weights = stage_weights(stages) if checked else {}
         step_args = tuple(_to(t, device) for t in inputs) if first else ()
-        step_kwargs: dict[str, Any] = {"target": _to(target, device), "losses": mb_losses} if last else {}
+        step_kwargs = last_stage_kwargs(_to(target, device), mb_losses) if last else {}
         _sync(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -295,7 +295,7 @@ def _probe_memory(schedule: Any, step_args: tuple[Any, ...], last: bool, target:
     """
     _sync(device)
     saved.reset_peak()
-    step_kwargs: dict[str, Any] = {"target": _to(target, device), "losses": []} if last else {}
+    step_kwargs = last_stage_kwargs(_to(target, device), []) if last else {}
     with saved.hooks():
         schedule.step(*step_args, **step_kwargs)
     optimizer.zero_grad()
