@@ -19,7 +19,7 @@ profile's stage times are what is off, near the predicted one when the error lie
 the measured gain, the median over rounds of that round's baseline / autopp step - 1 (paired within a round), with
 its min-max. "ok" when the measured gain is >= 0 (autopp at least as fast) and within 5 points of the predicted one.
 
-    .venv/bin/python scripts/bench_split_runtime.py --reprofile     # 3 models, 2 ranks, 5 rounds: ~20 min quiet
+    .venv/bin/python scripts/bench_split_runtime.py --reprofile     # 3 models, 2 ranks, 5 rounds: 10-20 min quiet
     .venv/bin/python scripts/bench_split_runtime.py --models gpt --rounds 1 --steps 4      # a quick check
 
 Profiles: profiles/<model> where shipped (gpt, mlp), the model profiled now otherwise (hf_llama, resnet); --reprofile
