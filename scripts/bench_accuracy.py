@@ -81,7 +81,7 @@ def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile
     b_ratio = _ratio([st.backward_s for st in report.stage_times],
                      [st.predicted_backward_s for st in report.stage_times])
     compute = max(sum(e - s for _, s, e in r.actions) for r in report.ranks)
-    resim = _resimulate(plan, report, args.hop_latency)
+    resim = resimulate(plan, report, args.hop_latency)
     return {"model": model.stem, "schedule": schedule, "m": m, "predicted": predicted, "measured": measured,
             "spread": max(steady) - min(steady), "error": (measured - predicted) / predicted,
             "f_ratio": f_ratio, "b_ratio": b_ratio, "compute": compute,
@@ -92,11 +92,11 @@ def _bench(model: Path, schedule: str, m: int, args: argparse.Namespace, profile
             "memory": "/".join(f"{m.memory_error:+.0%}" if m.memory_error is not None else "-" for m in report.ranks)}
 
 
-def _resimulate(plan: Plan, report: RunReport, hop_s: float | None = None) -> float:
+def resimulate(plan: Plan, report: RunReport, hop_s: float | None = None) -> float:
     """The simulator's step time with the per-stage F, I, W measured in this run and the plan's message overheads,
     transfer times (or `hop_s` per transfer) and progress delays, plus the plan's optimizer step: what the prediction
     would be if the profile had matched the run's action times. B-only schedules get I = W = B / 2. (The run's
-    last-stage F leaves out the loss, which the profile counts in it.)"""
+    last-stage F includes its loss since issue 29, as the profile's does.)"""
     costs = []
     for st, planned in zip(report.stage_times, plan.stages):
         f, b = st.forward_s or 0.0, st.backward_s or 0.0

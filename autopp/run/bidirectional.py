@@ -67,9 +67,13 @@ class BidirectionalSchedule:
         self._m, self._half, self._order, self._pair = n_microbatches, n_microbatches // 2, list(order), pair
         self._stages = (down[0], up[0])
         self._chains = tuple(ScheduleGPipe(s, n_microbatches, loss_fn=loss_fn) for s in self._stages)
+        self._keep = True
 
-    def step(self, *args: Any, target: Any = None, losses: list[Any] | None = None) -> None:
-        """Run the order over the whole batch `args` (split into m microbatches), then sum the replicas."""
+    def step(self, *args: Any, target: Any = None, losses: list[Any] | None = None, return_outputs: bool = True
+             ) -> None:
+        """Run the order over the whole batch `args` (split into m microbatches), then sum the replicas; the last
+        stages keep their outputs (`output_chunks`, never merged here) only with `return_outputs`."""
+        self._keep = return_outputs
         arg_mbs, kwarg_mbs = split_args_kwargs_into_chunks(args, {}, self._m)
         targets = [t[0] for t in split_args_kwargs_into_chunks((target,), {}, self._m)[0]] \
             if target is not None else None
@@ -103,7 +107,7 @@ class BidirectionalSchedule:
                            f"{'up' if up else 'down'} stage is {stage.stage_index}")
         if action.kind is Kind.F:
             _wait(stage.get_fwd_recv_ops(k))
-            output = stage.forward_one_chunk(k, arg_mbs[k], kwarg_mbs[k])
+            output = stage.forward_one_chunk(k, arg_mbs[k], kwarg_mbs[k], save_forward_output=self._keep)
             if stage.is_last:
                 assert targets is not None  # the runner passes the target to every rank holding a last stage
                 mb_losses[k] = chain._compute_loss(output, targets[k])

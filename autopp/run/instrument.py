@@ -1,8 +1,8 @@
 """Per-rank measurement inside a step: when each F/I/W/B ran, time spent waiting for communication, peak memory.
 
-Action timing wraps each stage's `forward_one_chunk` (F), `backward_one_chunk` (B, or I when
-`full_backward=False`) and `backward_weight_one_chunk` (W); waits wrap torch's private
-`schedules._wait_batch_p2p`, through which every schedule waits for its sends and receives. Peak memory is
+Action timing wraps each stage's `forward_one_chunk` (F, with the last stage's loss: `StepRecorder.timed_loss`),
+`backward_one_chunk` (B, or I when `full_backward=False`) and `backward_weight_one_chunk` (W); waits wrap torch's
+private `schedules._wait_batch_p2p`, through which every schedule waits for its sends and receives. Peak memory is
 `torch.cuda.max_memory_allocated` on a GPU; on CPU it is estimated as parameters + gradients + optimizer state
 plus the peak of the bytes autograd keeps saved for backward (saved-tensor hooks, each storage counted once,
 parameters excluded), the quantity the profiler measures per unit. With ZeRO 1/3 the static part follows the
@@ -72,6 +72,20 @@ class StepRecorder:
                 return fn(*args, **kwargs)
             finally:
                 self.actions.append(ActionRecord(name(args, kwargs), start, self.now()))
+        return timed
+
+    def timed_loss(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`loss_fn` with its time counted in the F action it follows. torch's schedules compute a last stage's loss
+        after `forward_one_chunk` returns (`_maybe_compute_loss`), outside the timed F, while the profile times the
+        last unit's forward with the loss in it (autopp.measure.timing, `Piece.finish`): examples/gpt.py's loss (a
+        softmax over 8192 logits per token) is about as long as its head's matmul, so a last stage's F read 0.6-0.9x
+        its prediction. Extending that F to the loss's end measures like with like (docs/splits.md)."""
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return loss_fn(*args, **kwargs)
+            finally:
+                if self.actions and "F" in self.actions[-1].action:
+                    self.actions[-1].end_s = self.now()
         return timed
 
     @property

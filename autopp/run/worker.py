@@ -58,7 +58,7 @@ from .expert_parallel import average_expert_grads, ep_meshes, expert_params
 from .parallel import local, make_mesh
 from .context import RingConfig, ring_attention
 from .context_run import shard_batch
-from .pipeline import RankStages, build_stages, make_schedule
+from .pipeline import RankStages, build_stages, last_stage_kwargs, make_schedule
 from .tied import sum_tied_grads, tie_groups
 
 __all__ = ["Ranks", "ranks_of", "check_world_size", "replica_slice", "describe_error", "main"]
@@ -202,17 +202,17 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
     built = build_stages(mf, plan, ranks.pp_rank, device, pp_group, mesh, ring)
     if mesh is not None:
         _check_untied(plan, built)
-    stages = built.stages
+    stages, recorder = built.stages, StepRecorder()
     ties = tie_groups(built.shared, plan.layout, ranks.replica, ranks.pp_rank)
-    schedule = make_schedule(plan, stages, built.loss_fn, Path(args.run_dir) / f"order{ranks.rank}.csv",
-                             built.mirror)
+    schedule = make_schedule(plan, stages, recorder.timed_loss(built.loss_fn),
+                             Path(args.run_dir) / f"order{ranks.rank}.csv", built.mirror)
     params = _params(stages)
     experts = expert_params([s.submod for s in stages])
     optimizer = make_optimizer(args.optimizer, params, lr=args.lr)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     # memory counts the rank's shards; ZeRO: FSDP2's gathered parameters are registered on the stages while used
     sharded = [s.submod for s in stages] if not plan.layout.zero.replicated else []
-    recorder, saved = StepRecorder(), SavedBytes(params, sharded)
+    saved = SavedBytes(params, sharded)
     recorder.wrap_stages(stages)
     run = _Run([], [], [], [], 0, [])
     checked = args.validate and (mesh is not None or ranks.replica == 0)  # mesh: gathering is collective
@@ -234,7 +234,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         mb_losses: list[torch.Tensor] = []
         weights = stage_weights(stages) if checked else {}
         step_args = tuple(_to(t, device) for t in inputs) if first else ()
-        step_kwargs: dict[str, Any] = {"target": _to(target, device), "losses": mb_losses} if last else {}
+        step_kwargs = last_stage_kwargs(_to(target, device), mb_losses) if last else {}
         _sync(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -295,7 +295,7 @@ def _probe_memory(schedule: Any, step_args: tuple[Any, ...], last: bool, target:
     """
     _sync(device)
     saved.reset_peak()
-    step_kwargs: dict[str, Any] = {"target": _to(target, device), "losses": []} if last else {}
+    step_kwargs = last_stage_kwargs(_to(target, device), []) if last else {}
     with saved.hooks():
         schedule.step(*step_args, **step_kwargs)
     optimizer.zero_grad()

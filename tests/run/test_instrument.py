@@ -11,7 +11,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from autopp.data.zero import ZERO, ZeroStage
-from autopp.run.instrument import SavedBytes, static_bytes
+from autopp.run.instrument import SavedBytes, StepRecorder, static_bytes
 
 #: nn.Linear(8, 16) in float32: weight 16 x 8 + bias 16.
 P = (16 * 8 + 16) * 4
@@ -55,3 +55,43 @@ def test_gathered_parameters_are_not_saved_activations(fake_world: Callable[[int
         y = model(x)
     assert unaware.peak > 4 * 8 * 4  # without the modules, the gathered weight's storage counts as saved
     del y
+
+
+class _Stage:
+    """A stage whose F and B advance a fake clock by 3 and 4 seconds."""
+
+    stage_index = 1
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+
+    def forward_one_chunk(self, mb: int) -> float:
+        self.clock[0] += 3.0
+        return 10.0 * mb
+
+    def backward_one_chunk(self, mb: int, full_backward: bool = True) -> None:
+        self.clock[0] += 4.0
+
+    def backward_weight_one_chunk(self, mb: int) -> None:
+        self.clock[0] += 1.0
+
+
+def test_the_last_stages_loss_is_timed_in_its_forward() -> None:
+    """Issue 29 item 1: torch computes a last stage's loss after `forward_one_chunk`, outside the timed F, while the
+    profile's last unit counts it in its forward: the run's F of gpt's head stage read 0.6-0.9x its prediction. The
+    loss now extends the F it follows; after a backward it extends nothing."""
+    clock = [0.0]
+    recorder = StepRecorder()
+    recorder.now = lambda: clock[0]  # type: ignore[method-assign]
+    stage = _Stage(clock)
+    recorder.wrap_stages([stage])
+
+    def loss(out: float, target: float) -> float:
+        clock[0] += 2.0
+        return out - target
+
+    timed = recorder.timed_loss(loss)
+    assert timed(stage.forward_one_chunk(2), 5.0) == 15.0
+    stage.backward_one_chunk(2)
+    assert timed(1.0, 1.0) == 0.0  # not after a forward: the B keeps its end
+    assert [(a.action, a.start_s, a.end_s) for a in recorder.actions] == [("1F2", 0.0, 5.0), ("1B2", 5.0, 9.0)]

@@ -15,7 +15,8 @@ from autopp.errors import RunError
 from autopp.data.layout import Layout
 from autopp.model.contract import load_model_file
 from autopp.model.split import split_model
-from autopp.run.pipeline import custom_schedule, placement, torch_schedule_class, write_order_csv
+from autopp.run.pipeline import (custom_schedule, last_stage_kwargs, placement, torch_schedule_class,
+                                  write_order_csv)
 from autopp.schedule import ScheduleName, build_schedule, describe, parse_action
 
 from .conftest import LINRELU, ROOT, pipeline_plan
@@ -81,6 +82,24 @@ def test_custom_order_runs_through_torchs_runtime_and_matches_one_process(
         for pname, p in stage.submod.named_parameters():
             torch.testing.assert_close(p.grad, expected[pname].grad, rtol=1e-5, atol=1e-7)
     assert len(losses) == 2
+
+
+def test_the_last_stage_keeps_no_outputs(one_rank_group: None, tmp_path: Path) -> None:
+    """Issue 29 item 1: by default torch's step keeps every microbatch's output on the last stage and concatenates
+    them at the end (gpt's logits: 8 MiB per microbatch of 4), unprofiled and unplanned work the runner never reads;
+    the runner's keywords turn it off and still collect the losses."""
+    mf = load_model_file(LINRELU)
+    inputs, target = mf.sample_batch(4, seed=1)
+    pipe = split_model(mf.build(0), inputs, ["2"])
+    order = build_schedule(ScheduleName.LOOPED_BFS, 1, 2, 2)
+    for keep in (True, False):
+        stages = [PipelineStage(pipe.get_stage_module(i), i, 2, torch.device("cpu")) for i in range(2)]
+        schedule = custom_schedule(stages, [order[0]], 2, mf.loss_fn, tmp_path / "order.csv")
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": target, "losses": losses} if keep else last_stage_kwargs(target, losses)
+        merged = schedule.step(*inputs, **kwargs)
+        assert (merged is not None, len(stages[1].output_chunks)) == ((True, 2) if keep else (False, 0))
+        assert len(losses) == 2
 
 
 def test_a_bad_custom_order_is_a_run_error(one_rank_group: None, tmp_path: Path) -> None:
