@@ -10,7 +10,8 @@ Per microbatch and rank:
   dh back (2 x the bytes across the cut before the head); the softmax statistics (three floats per token, against
   4h bytes of hidden state per token) are counted by their latency: one collective per microbatch for Vocab-2,
   two for Vocab-1 (max, then sum of exponentials); each collective spans ceil(log2 p) link latencies (a tree);
-- memory: the vocabulary layers' parameters, gradients and optimizer state / p on every rank; the logits shard is
+- memory: the vocabulary layers' parameters, gradients and optimizer state / p on every rank (a tied embedding and
+  head once); the logits shard is
   working memory of the pass (the head's activation bytes / p as a transient); the variant's extra in-flight
   microbatches of hidden states (the paper: Vocab-1 holds activations of p + 2 microbatches, Vocab-2 of p + 1,
   against 1F1B's p), held all step.
@@ -62,9 +63,12 @@ def _collective(link: Link, nbytes: float, ranks: int) -> float:
     return transfer_time(link, nbytes) + link.latency_s * max(0, math.ceil(math.log2(ranks)) - 1)
 
 
-def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = VocabVariant.VOCAB_2) -> VocabPasses:
+def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = VocabVariant.VOCAB_2,
+                 tied: bool = False) -> VocabPasses:
     """The passes of `a`'s first unit (the embedding) and last unit (the head) split over `pp` ranks joined by
-    `link`."""
+    `link`. `tied`: the head is the embedding's tensor (autopp.data.vocab.vocab_tied), one shard of rows per rank
+    serves both, so its bytes count once: the head unit's (a bias-free linear layer: the tensor, its gradient and
+    optimizer state alone; the profile gives every unit using a tied weight a copy)."""
     last = a.n - 1
     embedded, hidden = float(a.cut[1]), float(a.cut[last])
     stats = variant.collectives * link.latency_s * max(1, math.ceil(math.log2(pp)))
@@ -76,7 +80,7 @@ def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = Voc
         input_s=float(a.forward[0] + a.backward[0]) / pp + input_comm,
         output_s=float(a.forward[last] + a.backward[last]) / pp + output_comm,
         comm_s=input_comm + output_comm, link_bytes=int(2 * embedded + 2 * hidden),
-        static_bytes=int(math.ceil((a.static[0] + a.static[last]) / pp)) + held,
+        static_bytes=int(math.ceil(((0 if tied else a.static[0]) + a.static[last]) / pp)) + held,
         transient_bytes=int(math.ceil(a.activation[last] / pp)))
 
 

@@ -70,9 +70,53 @@ def test_not_chosen_with_a_light_head_or_slow_links() -> None:
     assert all(o.verdict.step_s > slow.without.verdict.step_s for o in slow.options if o.variant)
 
 
-def test_refuses_one_rank() -> None:
-    with pytest.raises(PlanError, match=r"needs `pp` >= 2 and an embedding, a body and a head \(pp 1, 8 units\)"):
+def test_refuses_one_rank_or_a_body_of_fewer_units_than_ranks() -> None:
+    with pytest.raises(PlanError, match=r"needs `pp` >= 2 and an embedding, a body of `pp` units or more and a head "
+                                        r"\(pp 1, 8 units\)$"):
         choose_vocab(_lm(head=4.0), _cluster(FAST, pp=1), pp=1, microbatches=2, microbatch_size=1)
+    with pytest.raises(PlanError, match=r"\(pp 4, 5 units\)$"):
+        choose_vocab(_lm(head=4.0, blocks=3), _cluster(FAST), pp=4, microbatches=2, microbatch_size=1)
+
+
+def _holds_body(bounds: tuple[tuple[int, int], ...], n: int) -> bool:
+    """Every stage holds a unit of the body (not only the embedding, unit 0, or the head, unit n - 1)."""
+    return all(any(0 < u < n - 1 for u in range(i, j)) for i, j in bounds)
+
+
+@pytest.mark.parametrize("pp,microbatches", [(2, 1), (2, 2), (3, 1), (4, 1), (4, 8)])
+def test_every_stage_holds_some_of_the_body(pp: int, microbatches: int) -> None:
+    """Regression: `autopp plan tests/models/tiedlm.py --pp 2 --vocab 2 --global-batch 4` gave stage 0 the
+    embedding alone (units 0-0: free once its work moved to the passes; with one microbatch every split ties), and
+    `autopp run` then failed: "splitting at 1 points gave 1 pieces, expected 2" (the body has nothing before its
+    first block)."""
+    a = _lm(head=4.0, blocks=pp + 1)
+    options = choose_vocab(a, _cluster(FAST, pp=pp), pp, microbatches, 1, ScheduleName.GPIPE).options
+    assert [o.variant for o in options] == [None, *VocabVariant]
+    for option in options[1:]:
+        assert _holds_body(option.verdict.candidate.bounds, a.n)
+
+
+def test_planned_with_one_microbatch_every_stage_holds_some_of_the_body() -> None:
+    """The same through make_plan (`vocab_verdicts`), pinned to one microbatch as the regression's plan was, the
+    cut after the embedding the cheapest to send (half the others' bytes), so the empty first stage was the DP's
+    strict optimum."""
+    prof = _profile(1.0)
+    edges = prof.edges.copy()
+    edges.loc[edges.src == 0, "bytes"] //= 2
+    link = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e9)
+    req = PlanRequest(cluster=_cluster(link, pp=2), global_batch=2, num_microbatches=1, pins=LayoutPins(dp=1, pp=2),
+                      schedule=ScheduleName.GPIPE, vocab=(VocabVariant.VOCAB_2,))
+    plan = make_plan(replace(prof, edges=edges), req)
+    assert plan.vocab is VocabVariant.VOCAB_2 and plan.num_microbatches == 1
+    assert _holds_body(tuple(s.units for s in plan.stages), 8)
+
+
+def test_a_tied_head_counts_once() -> None:
+    """Tied embedding and head (one tensor; the profile gives each unit a copy): the head's bytes once / p."""
+    a = _lm(head=4.0)
+    tied = vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2, tied=True)
+    assert tied.static_bytes == 800 // 4 + 1000
+    assert vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2).static_bytes == tied.static_bytes + 800 // 4
 
 
 def _profile(head_scale: float, facts: dict[str, object] | None = FACTS) -> Profile:
