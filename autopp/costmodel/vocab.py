@@ -17,9 +17,14 @@ Per microbatch and rank:
   against 1F1B's p), held all step.
 
 The passes are placed where the runner runs them: the input pass counted with each forward (the runner runs them
-all at the step's start; the same busy time per rank), the output pass at the start of each backward (B, or I
-with a split backward): on the last stage's rank inside its backward, elsewhere just before the receive of that
-microbatch's gradient. The body's stages keep their own costs.
+all at the step's start; the same busy time per rank), the output pass at the start of each rank's first backward
+of the microbatch (B, or I with a split backward; of the last stage the rank holds): on the last stage's rank inside
+its backward, elsewhere just before the receive of that microbatch's gradient. It is one collective: every rank runs
+pass k together, once the last of them reaches it (`StageCost.sync_s`). Charged one rank after the other (rank 0's
+pass after the last stage's whole backward), a step of m microbatches dominated by the passes took about m + 1
+passes instead of m: with examples/gpt_big_vocab.py on 2 ranks, 4 microbatches, the simulator predicted 2.88 s
+for vocabulary parallelism where the collective's placement gives 2.35 s (scripts/bench_vocab.py,
+docs/vocabulary-parallelism.md). The body's stages keep their own costs.
 """
 
 from __future__ import annotations
@@ -101,17 +106,24 @@ def body_arrays(a: UnitArrays) -> UnitArrays:
 
 
 def with_vocab_passes(costs: Sequence[StageCost], owner: Sequence[int], passes: VocabPasses) -> list[StageCost]:
-    """The body's stage costs with the passes added to the first stage each rank holds (busy time of its forward
-    and backward, its static and transient bytes)."""
+    """The body's stage costs with the passes added where the runner runs them: the input pass to the forward of
+    the first stage each rank holds (with its static and transient bytes), the output pass to the backward (B and
+    I) of the last stage each rank holds, whose first backward of a microbatch is where the runner runs it (inside
+    the last stage's B; elsewhere just before the receive of that microbatch's gradient), marked as the collective
+    all ranks run together (`StageCost.sync_s`): the simulator starts it when the last rank reaches it, on every
+    rank at once, not one rank after another. With several stages per rank it stays charged rank by rank: there
+    the runner runs a pass when torch's runtime posts the gradient's receive, ahead of the action (and the
+    compute order alone can deadlock: Interleaved1F1B on 4 ranks)."""
     first = {r: owner.index(r) for r in set(owner)}
+    last = {r: len(owner) - 1 - owner[::-1].index(r) for r in set(owner)}
     out = list(costs)
     for s in first.values():
-        c = costs[s]
-        full = c.backward_s if c.backward_s is not None else c.backward_input_s + c.backward_weight_s
-        split_pass = passes.output_s if c.backward_input_s > 0 else 0.0
-        out[s] = replace(c, forward_s=c.forward_s + passes.input_s, backward_s=full + passes.output_s,
-                         backward_input_s=c.backward_input_s + split_pass,
-                         backward_weight_s=c.backward_weight_s + passes.output_s - split_pass,
-                         static_bytes=c.static_bytes + passes.static_bytes,
+        c = out[s]
+        out[s] = replace(c, forward_s=c.forward_s + passes.input_s, static_bytes=c.static_bytes + passes.static_bytes,
                          transient_bytes=max(c.transient_bytes, passes.transient_bytes))
+    for s in last.values():
+        c = out[s]
+        full = c.backward_s if c.backward_s is not None else c.backward_input_s + c.backward_weight_s
+        out[s] = replace(c, backward_s=full + passes.output_s, backward_input_s=c.backward_input_s + passes.output_s,
+                         sync_s=passes.output_s if len(owner) == len(first) else 0.0)
     return out

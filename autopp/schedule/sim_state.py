@@ -66,6 +66,12 @@ class SimState:
     """The first microbatch of the up pipeline (Chimera: it runs stage s on `owner_up[s]`); inf: none."""
     owner_up: Sequence[int] = ()
     """Per stage, the rank of its up replica (`mirror`): p - 1 - owner."""
+    sync: list[float] = field(default_factory=list)
+    """Per stage, `StageCost.sync_s` (empty: none has one)."""
+    sync_ranks: int = 0
+    """Ranks that join each microbatch's collective (those holding a stage with `sync`)."""
+    joined: dict[int, dict[int, float]] = field(default_factory=dict)
+    """Per microbatch, when each rank reached its collective (`sync`)."""
 
     def rank_of(self, stage: int, microbatch: int) -> int:
         """The rank that runs `stage` for `microbatch` (its up replica's from `mirror` on)."""
@@ -90,9 +96,11 @@ def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequ
     def table() -> list[dict[int, float]]:
         return [{} for _ in range(n)]
 
+    sync = [c.sync_s for c in costs] if any(c.sync_s for c in costs) else []
     return SimState(order, costs, owner, activations, hop_in, hop_back, delay_in, delay_back, busy, table(), table(),
                     table(), table(), [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)],
-                    mirror=math.inf if mirror is None else mirror, owner_up=mirrored(owner))
+                    mirror=math.inf if mirror is None else mirror, owner_up=mirrored(owner), sync=sync,
+                    sync_ranks=len({owner[s] for s, t in enumerate(sync) if t}))
 
 
 def mirrored(owner: Sequence[int]) -> list[int]:
