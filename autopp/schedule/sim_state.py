@@ -12,7 +12,7 @@ from autopp.schedule.actions import Action, Kind
 from autopp.schedule.activation import Activation
 from autopp.schedule.effects import StageCost, durations
 
-__all__ = ["Event", "SimState", "new_state", "producer", "build_positions", "pairs", "hidden_s", "mirrored"]
+__all__ = ["Event", "SimState", "new_state", "at_join", "producer", "build_positions", "pairs", "hidden_s", "mirrored"]
 
 
 class Event(NamedTuple):
@@ -116,8 +116,18 @@ def build_positions(sim: SimState) -> None:
         sim.index = [{a: i for i, a in enumerate(acts)} for acts in sim.order]
 
 
+def at_join(sim: SimState, rank: int) -> bool:
+    """Whether `rank` waits at a collective (`sync`) for the ranks that have not reached it yet."""
+    if not sim.sync or sim.position[rank] == len(sim.order[rank]):
+        return False
+    a = sim.order[rank][sim.position[rank]]
+    return (a.kind in (Kind.B, Kind.I) and bool(sim.sync[a.stage]) and a.microbatch in sim.fwd_end[a.stage]
+            and len(sim.joined.get(a.microbatch, {})) < sim.sync_ranks)
+
+
 def producer(a: Action, sim: SimState) -> Action:
-    """The first unfinished action that ``a`` waits for."""
+    """The first unfinished action that ``a`` waits for (at a collective: the next action of the first rank that
+    has not reached it)."""
     s, mb = a.stage, a.microbatch
     if a.kind is Kind.F:
         return Action(s - 1, Kind.F, mb)
@@ -125,6 +135,9 @@ def producer(a: Action, sim: SimState) -> Action:
         return Action(s, Kind.I, mb)
     if mb not in sim.fwd_end[s]:
         return Action(s, Kind.F, mb)
+    if sim.sync and sim.sync[s] and len(sim.joined.get(mb, {})) < sim.sync_ranks:
+        late = min(sim.owner[t] for t, x in enumerate(sim.sync) if x and sim.owner[t] not in sim.joined.get(mb, {}))
+        return sim.order[late][sim.position[late]] if sim.position[late] < len(sim.order[late]) else a
     build_positions(sim)
     where = sim.index[sim.rank_of(s + 1, mb)]
     found = [(where[x], x) for x in (Action(s + 1, Kind.B, mb), Action(s + 1, Kind.I, mb)) if x in where]
