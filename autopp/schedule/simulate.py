@@ -238,9 +238,9 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     vocabulary parallelism's output pass) runs it for microbatch i on every rank with such a stage at once, from
     when the last of them reaches its action (its forward done), before the action waits for its gradient: the
     action ends at max(its start + sync_s, gradient arrived) + the rest. With ``overlap_f_b`` (a schedule whose
-    descriptor `overlaps_f_b`: DualPipeV) a full backward listed right after a forward of another stage runs overlapped with
-    it (`sim_state.pairs`): it is shortened by what the pair hides (`sim_state.hidden_s`) less any wait between the
-    two, so the pair ends max(Fc + Bc, Fm + Bm) after the forward started. With ``mirror`` (Chimera,
+    descriptor `overlaps_f_b`: DualPipeV) a full backward listed right after a forward of another stage runs
+    overlapped with it (`sim_state.pairs`): it is shortened by what the pair hides (`sim_state.hidden_s`) less any
+    wait between the two, so the pair ends max(Fc + Bc, Fm + Bm) after the forward started. With ``mirror`` (Chimera,
     `Descriptor.mirror`), microbatches from ``mirror`` on run the up pipeline: stage s on rank
     p - 1 - stage_to_rank[s], with the same transfer times, and each rank holds both of its replicas' static bytes.
     Raises ScheduleError on a malformed order or a deadlock.
