@@ -10,15 +10,21 @@ Per microbatch and rank:
   dh back (2 x the bytes across the cut before the head); the softmax statistics (three floats per token, against
   4h bytes of hidden state per token) are counted by their latency: one collective per microbatch for Vocab-2,
   two for Vocab-1 (max, then sum of exponentials); each collective spans ceil(log2 p) link latencies (a tree);
-- memory: the vocabulary layers' parameters, gradients and optimizer state / p on every rank; the logits shard is
+- memory: the vocabulary layers' parameters, gradients and optimizer state / p on every rank (a tied embedding and
+  head once); the logits shard is
   working memory of the pass (the head's activation bytes / p as a transient); the variant's extra in-flight
   microbatches of hidden states (the paper: Vocab-1 holds activations of p + 2 microbatches, Vocab-2 of p + 1,
   against 1F1B's p), held all step.
 
 The passes are placed where the runner runs them: the input pass counted with each forward (the runner runs them
-all at the step's start; the same busy time per rank), the output pass at the start of each backward (B, or I
-with a split backward): on the last stage's rank inside its backward, elsewhere just before the receive of that
-microbatch's gradient. The body's stages keep their own costs.
+all at the step's start; the same busy time per rank), the output pass at the start of each rank's first backward
+of the microbatch (B, or I with a split backward; of the last stage the rank holds): on the last stage's rank inside
+its backward, elsewhere just before the receive of that microbatch's gradient. It is one collective: every rank runs
+pass k together, once the last of them reaches it (`StageCost.sync_s`). Charged one rank after the other (rank 0's
+pass after the last stage's whole backward), a step of m microbatches dominated by the passes took about m + 1
+passes instead of m: with examples/gpt_big_vocab.py on 2 ranks, 4 microbatches, the simulator predicted 2.88 s
+for vocabulary parallelism where the collective's placement gives 2.35 s (scripts/bench_vocab.py,
+docs/vocabulary-parallelism.md). The body's stages keep their own costs.
 """
 
 from __future__ import annotations
@@ -62,9 +68,12 @@ def _collective(link: Link, nbytes: float, ranks: int) -> float:
     return transfer_time(link, nbytes) + link.latency_s * max(0, math.ceil(math.log2(ranks)) - 1)
 
 
-def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = VocabVariant.VOCAB_2) -> VocabPasses:
+def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = VocabVariant.VOCAB_2,
+                 tied: bool = False) -> VocabPasses:
     """The passes of `a`'s first unit (the embedding) and last unit (the head) split over `pp` ranks joined by
-    `link`."""
+    `link`. `tied`: the head is the embedding's tensor (autopp.data.vocab.vocab_tied), one shard of rows per rank
+    serves both, so its bytes count once: the head unit's (a bias-free linear layer: the tensor, its gradient and
+    optimizer state alone; the profile gives every unit using a tied weight a copy)."""
     last = a.n - 1
     embedded, hidden = float(a.cut[1]), float(a.cut[last])
     stats = variant.collectives * link.latency_s * max(1, math.ceil(math.log2(pp)))
@@ -76,7 +85,7 @@ def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = Voc
         input_s=float(a.forward[0] + a.backward[0]) / pp + input_comm,
         output_s=float(a.forward[last] + a.backward[last]) / pp + output_comm,
         comm_s=input_comm + output_comm, link_bytes=int(2 * embedded + 2 * hidden),
-        static_bytes=int(math.ceil((a.static[0] + a.static[last]) / pp)) + held,
+        static_bytes=int(math.ceil(((0 if tied else a.static[0]) + a.static[last]) / pp)) + held,
         transient_bytes=int(math.ceil(a.activation[last] / pp)))
 
 
@@ -97,17 +106,24 @@ def body_arrays(a: UnitArrays) -> UnitArrays:
 
 
 def with_vocab_passes(costs: Sequence[StageCost], owner: Sequence[int], passes: VocabPasses) -> list[StageCost]:
-    """The body's stage costs with the passes added to the first stage each rank holds (busy time of its forward
-    and backward, its static and transient bytes)."""
+    """The body's stage costs with the passes added where the runner runs them: the input pass to the forward of
+    the first stage each rank holds (with its static and transient bytes), the output pass to the backward (B and
+    I) of the last stage each rank holds, whose first backward of a microbatch is where the runner runs it (inside
+    the last stage's B; elsewhere just before the receive of that microbatch's gradient), marked as the collective
+    all ranks run together (`StageCost.sync_s`): the simulator starts it when the last rank reaches it, on every
+    rank at once, not one rank after another. With several stages per rank it stays charged rank by rank: there
+    the runner runs a pass when torch's runtime posts the gradient's receive, ahead of the action (and the
+    compute order alone can deadlock: Interleaved1F1B on 4 ranks)."""
     first = {r: owner.index(r) for r in set(owner)}
+    last = {r: len(owner) - 1 - owner[::-1].index(r) for r in set(owner)}
     out = list(costs)
     for s in first.values():
-        c = costs[s]
-        full = c.backward_s if c.backward_s is not None else c.backward_input_s + c.backward_weight_s
-        split_pass = passes.output_s if c.backward_input_s > 0 else 0.0
-        out[s] = replace(c, forward_s=c.forward_s + passes.input_s, backward_s=full + passes.output_s,
-                         backward_input_s=c.backward_input_s + split_pass,
-                         backward_weight_s=c.backward_weight_s + passes.output_s - split_pass,
-                         static_bytes=c.static_bytes + passes.static_bytes,
+        c = out[s]
+        out[s] = replace(c, forward_s=c.forward_s + passes.input_s, static_bytes=c.static_bytes + passes.static_bytes,
                          transient_bytes=max(c.transient_bytes, passes.transient_bytes))
+    for s in last.values():
+        c = out[s]
+        full = c.backward_s if c.backward_s is not None else c.backward_input_s + c.backward_weight_s
+        out[s] = replace(c, backward_s=full + passes.output_s, backward_input_s=c.backward_input_s + passes.output_s,
+                         sync_s=passes.output_s if len(owner) == len(first) else 0.0)
     return out

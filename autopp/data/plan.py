@@ -73,6 +73,10 @@ class StagePlan:
     """Communication inside the stage in each F and each full backward (expert parallelism's all-to-alls, already in
     forward_s and backward_s), which an overlapping schedule hides (`StageCost.forward_comm_s`); 0 and not
     written without it."""
+    sync_s: float = 0.0
+    """The part of each backward that is a collective every rank runs at once for the same microbatch (vocabulary
+    parallelism's output pass, already in backward_s and backward_input_s; `StageCost.sync_s`); 0 and not written
+    without it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name

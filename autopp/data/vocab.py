@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-__all__ = ["VocabVariant", "vocab_refusal"]
+__all__ = ["VocabVariant", "vocab_refusal", "vocab_tied"]
 
 
 class VocabVariant(Enum):
@@ -43,3 +43,10 @@ def vocab_refusal(extra: dict[str, Any]) -> str | None:
     if extra.get("hf_config"):
         return "vocabulary parallelism: `autopp run` does not run it for a model built from an HF config yet"
     return None
+
+
+def vocab_tied(extra: dict[str, Any]) -> bool:
+    """Whether the profile's model ties its head to its token embedding (`meta.extra["vocab"]["tied"]`): one
+    tensor, of which each rank holds one shard of rows serving both."""
+    facts = extra.get("vocab")
+    return isinstance(facts, dict) and bool(facts.get("tied"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 
-from autopp.schedule.sim_state import Event, SimState, build_positions, producer
+from autopp.schedule.sim_state import Event, SimState, at_join, build_positions, producer
 
 __all__ = ["delivered", "next_to_force"]
 
@@ -93,6 +93,9 @@ def _earliest_start(sim: SimState, rank: int, memo: dict[int, float]) -> float:
             break
         if r in sim.pending:
             bound = sim.pending[r][0]
+            break
+        if at_join(sim, r):  # waits for other ranks to reach a collective: no later than its clock, at least
+            bound = sim.clock[r]
             break
         seen.add(r)
         need = producer(sim.order[r][sim.position[r]], sim)

@@ -86,6 +86,11 @@ class StageCost:
     own: tuple[tuple[Activation, Figures], ...] = ()
     """The activation policies' own figures for this stage (`activation.Figures`: selective recomputation's bytes
     kept and time redone), each policy at most once; a policy not listed has none (0 bytes, 0 s)."""
+    sync_s: float = 0.0
+    """The part of each B (or I) of the stage, already in backward_s and backward_input_s, that is a collective
+    every rank with such a stage joins for the same microbatch (vocabulary parallelism's output pass,
+    autopp.costmodel.vocab): it runs once the last rank has reached its action (forward done), before the action
+    waits for its gradient; the simulator runs it on all of them at once (`simulate`)."""
 
     def figures(self, a: Activation) -> Figures:
         """Policy `a`'s own figures for this stage (`own`; zeros when it has none)."""

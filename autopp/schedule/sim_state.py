@@ -12,7 +12,7 @@ from autopp.schedule.actions import Action, Kind
 from autopp.schedule.activation import Activation
 from autopp.schedule.effects import StageCost, durations
 
-__all__ = ["Event", "SimState", "new_state", "producer", "build_positions", "pairs", "hidden_s", "mirrored"]
+__all__ = ["Event", "SimState", "new_state", "at_join", "producer", "build_positions", "pairs", "hidden_s", "mirrored"]
 
 
 class Event(NamedTuple):
@@ -66,6 +66,12 @@ class SimState:
     """The first microbatch of the up pipeline (Chimera: it runs stage s on `owner_up[s]`); inf: none."""
     owner_up: Sequence[int] = ()
     """Per stage, the rank of its up replica (`mirror`): p - 1 - owner."""
+    sync: list[float] = field(default_factory=list)
+    """Per stage, `StageCost.sync_s` (empty: none has one)."""
+    sync_ranks: int = 0
+    """Ranks that join each microbatch's collective (those holding a stage with `sync`)."""
+    joined: dict[int, dict[int, float]] = field(default_factory=dict)
+    """Per microbatch, when each rank reached its collective (`sync`)."""
 
     def rank_of(self, stage: int, microbatch: int) -> int:
         """The rank that runs `stage` for `microbatch` (its up replica's from `mirror` on)."""
@@ -90,9 +96,11 @@ def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequ
     def table() -> list[dict[int, float]]:
         return [{} for _ in range(n)]
 
+    sync = [c.sync_s for c in costs] if any(c.sync_s for c in costs) else []
     return SimState(order, costs, owner, activations, hop_in, hop_back, delay_in, delay_back, busy, table(), table(),
                     table(), table(), [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)],
-                    mirror=math.inf if mirror is None else mirror, owner_up=mirrored(owner))
+                    mirror=math.inf if mirror is None else mirror, owner_up=mirrored(owner), sync=sync,
+                    sync_ranks=len({owner[s] for s, t in enumerate(sync) if t}))
 
 
 def mirrored(owner: Sequence[int]) -> list[int]:
@@ -108,8 +116,18 @@ def build_positions(sim: SimState) -> None:
         sim.index = [{a: i for i, a in enumerate(acts)} for acts in sim.order]
 
 
+def at_join(sim: SimState, rank: int) -> bool:
+    """Whether `rank` waits at a collective (`sync`) for the ranks that have not reached it yet."""
+    if not sim.sync or sim.position[rank] == len(sim.order[rank]):
+        return False
+    a = sim.order[rank][sim.position[rank]]
+    return (a.kind in (Kind.B, Kind.I) and bool(sim.sync[a.stage]) and a.microbatch in sim.fwd_end[a.stage]
+            and len(sim.joined.get(a.microbatch, {})) < sim.sync_ranks)
+
+
 def producer(a: Action, sim: SimState) -> Action:
-    """The first unfinished action that ``a`` waits for."""
+    """The first unfinished action that ``a`` waits for (at a collective: the next action of the first rank that
+    has not reached it)."""
     s, mb = a.stage, a.microbatch
     if a.kind is Kind.F:
         return Action(s - 1, Kind.F, mb)
@@ -117,6 +135,9 @@ def producer(a: Action, sim: SimState) -> Action:
         return Action(s, Kind.I, mb)
     if mb not in sim.fwd_end[s]:
         return Action(s, Kind.F, mb)
+    if sim.sync and sim.sync[s] and len(sim.joined.get(mb, {})) < sim.sync_ranks:
+        late = min(sim.owner[t] for t, x in enumerate(sim.sync) if x and sim.owner[t] not in sim.joined.get(mb, {}))
+        return sim.order[late][sim.position[late]] if sim.position[late] < len(sim.order[late]) else a
     build_positions(sim)
     where = sim.index[sim.rank_of(s + 1, mb)]
     found = [(where[x], x) for x in (Action(s + 1, Kind.B, mb), Action(s + 1, Kind.I, mb)) if x in where]

@@ -88,6 +88,7 @@ def _advance(sim: SimState, rank: int) -> bool:
     fwd, grad, inputs, weights = sim.fwd_end, sim.grad_end, sim.input_end, sim.weight_end
     hop_in, hop_back, durations, last = sim.hop_in, sim.hop_back, sim.durations, len(sim.costs) - 1
     delay_in, delay_back, owner, owner_up, mirror = sim.delay_in, sim.delay_back, sim.owner, sim.owner_up, sim.mirror
+    sync = sim.sync
     forward, weight, backward_input, end = Kind.F, Kind.W, Kind.I, len(acts)
     while pos < end:
         a = acts[pos]
@@ -112,8 +113,13 @@ def _advance(sim: SimState, rank: int) -> bool:
             table = weights[s]
         else:
             ready = fwd[s].get(mb)
+            if ready is None:
+                break
+            joined_at = _join(sim, rank, s, mb, clock if clock > ready else ready) if sync else 0.0
+            if joined_at is None:
+                break
             grad_in = 0.0 if s == last else grad[s + 1].get(mb)
-            if ready is None or grad_in is None:
+            if grad_in is None:
                 break
             grad_in += hop_back[s]
             if delay_back[s]:
@@ -123,6 +129,8 @@ def _advance(sim: SimState, rank: int) -> bool:
                     sim.pending[rank] = (grad_in, owner[s + 1])
                     break
                 grad_in = moved_at
+            if sync and sync[s]:  # the collective [joined_at, + sync) runs before the gradient is waited for;
+                grad_in = max(grad_in - sync[s], joined_at)  # the action ends at max(its end, grad_in) + the rest
             if grad_in > ready:
                 ready = grad_in
             table = grad[s]
@@ -144,6 +152,16 @@ def _advance(sim: SimState, rank: int) -> bool:
     return moved
 
 
+def _join(sim: SimState, rank: int, stage: int, mb: int, at: float) -> float | None:
+    """`rank` reaches the collective of microbatch `mb` (`StageCost.sync_s`) at `at` when its stage has one: when
+    every rank has (the last to join starts it), else None (the rank waits); 0.0 when the stage has none."""
+    if not sim.sync[stage]:
+        return 0.0
+    joined = sim.joined.setdefault(mb, {})
+    joined[rank] = at
+    return max(joined.values()) if len(joined) == sim.sync_ranks else None
+
+
 _new_tuple = tuple.__new__
 """Builds Event tuples without NamedTuple's Python-level __new__ (hot loop)."""
 
@@ -160,7 +178,8 @@ def _run(sim: SimState) -> None:
     With progress delays a rank may wait on a delivery whose sender is not simulated far enough to say whether it
     computes at that moment. When no rank can move, one such delivery is decided with its sender taken as idle from
     its clock on (`delivery.next_to_force`), and the run goes on."""
-    near = [_neighbours(sim, r) for r in range(len(sim.order))]
+    ranks = range(len(sim.order))
+    near = [set(ranks) - {r} if sim.sync else _neighbours(sim, r) for r in ranks]  # a collective joins every rank
     work = list(range(len(sim.order)))
     queued = set(work)
     while True:
@@ -215,10 +234,13 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     ranks; B/I(s, i) needs F(s, i) and B/I(s+1, i) plus ``comm_s[s]``; W(s, i) needs I(s, i). Transfers do not
     occupy either rank and links have no contention. With ``progress_s`` (one per stage boundary, default 0) a
     message that could move while its sender computes moves when the sender's back-to-back actions end, at most
-    ``progress_s`` later (see `delivery.delivered`). With ``overlap_f_b`` (a schedule whose descriptor
-    `overlaps_f_b`: DualPipeV) a full backward listed right after a forward of another stage runs overlapped with
-    it (`sim_state.pairs`): it is shortened by what the pair hides (`sim_state.hidden_s`) less any wait between the
-    two, so the pair ends max(Fc + Bc, Fm + Bm) after the forward started. With ``mirror`` (Chimera,
+    ``progress_s`` later (see `delivery.delivered`). A stage whose B (or I) holds a collective (`StageCost.sync_s`,
+    vocabulary parallelism's output pass) runs it for microbatch i on every rank with such a stage at once, from
+    when the last of them reaches its action (its forward done), before the action waits for its gradient: the
+    action ends at max(its start + sync_s, gradient arrived) + the rest. With ``overlap_f_b`` (a schedule whose
+    descriptor `overlaps_f_b`: DualPipeV) a full backward listed right after a forward of another stage runs
+    overlapped with it (`sim_state.pairs`): it is shortened by what the pair hides (`sim_state.hidden_s`) less any
+    wait between the two, so the pair ends max(Fc + Bc, Fm + Bm) after the forward started. With ``mirror`` (Chimera,
     `Descriptor.mirror`), microbatches from ``mirror`` on run the up pipeline: stage s on rank
     p - 1 - stage_to_rank[s], with the same transfer times, and each rank holds both of its replicas' static bytes.
     Raises ScheduleError on a malformed order or a deadlock.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autopp.data.vocab import vocab_refusal
+from autopp.data.vocab import vocab_refusal, vocab_tied
 from autopp.model.contract import load_model_file
 from autopp.model.meta import build_units
 from autopp.model.vocab import vocab_facts
@@ -19,6 +19,7 @@ def test_a_gpt_records_its_embedding_and_head() -> None:
     facts = vocab_facts(mf, ["tok_emb", "pos_emb"], ["ln_f", "head"])
     assert facts == {"embedding": "tok_emb", "head": "head", "vocab": 256, "hidden": 16, "tied": False}
     assert vocab_refusal({"vocab": facts}) is None
+    assert not vocab_tied({"vocab": facts}) and vocab_tied({"vocab": {**facts, "tied": True}}) and not vocab_tied({})
     hf = vocab_refusal({"vocab": facts, "hf_config": {"seq_len": 8, "task": "causal-lm"}})
     assert hf == "vocabulary parallelism: `autopp run` does not run it for a model built from an HF config yet"
 

@@ -12,7 +12,7 @@ from autopp.errors import RunError
 from autopp.model.contract import load_model_file
 from autopp.run.vocab import (VocabShard, body_model, check_cross_entropy, combine_stats, find_vocab_modules,
                               hidden_states, local_stats, shard_loss_grad, vocab_bounds)
-from autopp.run.vocab_step import VocabJob, validate_vocab
+from autopp.run.vocab_step import VocabJob, VocabResult, gradient_diffs, validate_vocab
 from autopp.schedule import ScheduleName
 
 from .conftest import ROOT
@@ -143,3 +143,14 @@ def test_matches_one_process_with_tied_weights() -> None:
 def test_matches_one_process_with_two_stages_per_rank(schedule: str) -> None:
     _check(VocabJob(VOCAB_GPT, ("h.1", "h.2", "h.3"), ScheduleName(schedule), 2, num_microbatches=4,
                     microbatch_size=2, v=2))
+
+
+def test_a_gradient_zero_in_exact_arithmetic_is_judged_at_the_house_floor() -> None:
+    """gradient_diffs divides by max(max |ref|, eps(float32) x G / rtol) as autopp.run.validate does: rounding noise
+    on a gradient that is zero in exact arithmetic (2.2e-10 at G = 1, a ViT's key bias) passes, a real error of
+    1e-3 G does not."""
+    ref = {"w": torch.tensor([1.0, -0.5]), "k_bias": torch.zeros(2)}
+    noisy = VocabResult([], {"w": ref["w"].clone(), "k_bias": torch.tensor([2.2e-10, 0.0])})
+    assert gradient_diffs({0: noisy}, ref)["k_bias"][2] < 1e-4
+    wrong = VocabResult([], {"w": ref["w"].clone(), "k_bias": torch.tensor([1e-3, 0.0])})
+    assert gradient_diffs({0: wrong}, ref)["k_bias"][2] > 0.5

@@ -102,3 +102,20 @@ def test_pinned_on_four_ranks_and_run_validated(tmp_path: Path) -> None:
     assert json.loads(plan.read_text())["vocab"] == "vocab-2"
     _validated(plan, {f"head.weight[{64 * r}:{64 * (r + 1)}]" for r in range(4)}, optimizer="adam")
 
+
+
+@pytest.mark.integration
+def test_tied_model_on_one_microbatch_keeps_a_body_stage_and_runs(tmp_path: Path) -> None:
+    """Regression: `autopp plan tests/models/tiedlm.py --pp 2 --vocab 2 --global-batch 4` gave stage 0 the tied
+    embedding alone (GPipe, one microbatch: every split of the body ties, and the empty one was taken), and
+    `autopp run` of it failed on both ranks: "splitting at 1 points gave 1 pieces, expected 2". Every stage now
+    holds a block, and the run is validated, the tied shard (one tensor for the embedding and the head) included."""
+    prof, plan = tmp_path / "prof", tmp_path / "p.json"
+    assert main(["profile", str(ROOT / "tests" / "models" / "tiedlm.py"), "--microbatch-sizes", "4", "--repeats", "1",
+                 "--warmup", "0", "-o", str(prof)]) == 0
+    assert main(["plan", "--profile", str(prof), "--devices", "2", "--memory", "4GiB", "--pp", "2", "--global-batch",
+                 "4", "--microbatches", "1", "--schedule", "GPipe", "--vocab", "2", "-o", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    assert data["vocab"] == "vocab-2" and data["num_microbatches"] == 1
+    assert all(any(n.startswith("blocks.") for n in s["unit_names"]) for s in data["stages"])
+    _validated(plan, {"embed.weight[0:8]", "embed.weight[8:16]"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -316,3 +317,48 @@ def test_dual_pipe_v_hides_the_all_to_alls_only_where_there_are_some(comm: float
         assert dual < plain and dual < zbv
     else:
         assert dual == pytest.approx(plain) and zbv <= dual + 1e-9
+
+
+def _synced(sync: float) -> list[StageCost]:
+    """Two stages, F 1 and B 3, of which `sync` is the collective both ranks run for each microbatch."""
+    return [StageCost(forward_s=1.0, backward_input_s=3.0, backward_weight_s=0.0, backward_s=3.0, sync_s=sync)] * 2
+
+
+def test_a_collective_in_the_backward_runs_on_every_rank_at_once() -> None:
+    """GPipe, 2 ranks, one microbatch: rank 0 joins the collective when its forward ends (1), rank 1 when it starts
+    its B (2); the collective runs [2, 4] on both, rank 1 finishes its B at 5, rank 0 its B at max(4, 5) + 1 = 6.
+    Charged one rank after the other (no sync_s), rank 0's B would run [5, 8]."""
+    order = build_schedule(ScheduleName.GPIPE, 2, 1)
+    assert simulate(order, _synced(2.0), [0, 1], [0.0]).step_time_s == pytest.approx(6.0)
+    assert simulate(order, _synced(0.0), [0, 1], [0.0]).step_time_s == pytest.approx(8.0)
+
+
+def test_a_late_rank_holds_the_collective_back() -> None:
+    """GPipe, 2 ranks, 2 microbatches: rank 0's B0(1) (joining collective 1) waits for its B0(0), which ends at 7,
+    while rank 1 is ready at 6: collective 1 runs [7, 9], rank 1 ends at 10, rank 0 at max(9, 10) + 1 = 11."""
+    order = build_schedule(ScheduleName.GPIPE, 2, 2)
+    sim = simulate(order, _synced(2.0), [0, 1], [0.0])
+    assert sim.step_time_s == pytest.approx(11.0)
+    ends = {(e.action.stage, e.action.microbatch): e.end_s for e in sim.events if e.action.kind is Kind.B}
+    assert ends == pytest.approx({(1, 0): 6.0, (0, 0): 7.0, (1, 1): 10.0, (0, 1): 11.0})
+
+
+@pytest.mark.parametrize("progress", [0.0, 0.5])
+@pytest.mark.parametrize("name,v", [(ScheduleName.ONE_F_ONE_B, 1), (ScheduleName.GPIPE, 1)])
+def test_collectives_on_every_rank_never_deadlock(name: ScheduleName, v: int, progress: float) -> None:
+    """A collective in the backward of every rank's stage (where vocabulary parallelism's output pass runs; the cost
+    model marks it so with one stage per rank only), 2 and 4 ranks, with and without progress delays (a rank
+    waiting at the collective is no sender to wait on: `delivery.next_to_force` once raised IndexError there, as
+    `autopp plan examples/gpt_big_vocab.py --pp 2 --schedule GPipe --vocab 2` did): the step completes, no faster
+    than m collectives nor than without them."""
+    for p, m in ((2, 1), (2, 4), (4, 2), (4, 8)):
+        owner = stage_to_rank(name, p, v)
+        last = {len(owner) - 1 - owner[::-1].index(r) for r in range(p)}
+        costs = [StageCost(forward_s=1.0, backward_input_s=2.0, backward_weight_s=1.0, sync_s=1.0 if s in last
+                           else 0.0) for s in range(len(owner))]
+        if m < p and name is ScheduleName.ONE_F_ONE_B:
+            continue
+        order, hops, delays = build_schedule(name, p, m, v), [0.1] * (len(owner) - 1), [progress] * (len(owner) - 1)
+        synced = simulate(order, costs, owner, hops, progress_s=delays)
+        lighter = [replace(c, backward_input_s=c.backward_input_s - c.sync_s, sync_s=0.0) for c in costs]
+        assert synced.step_time_s >= max(m * 1.0, simulate(order, lighter, owner, hops).step_time_s) - 1e-9

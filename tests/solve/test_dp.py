@@ -91,6 +91,35 @@ def test_dp_equals_brute_force(seed: int, working: bool) -> None:
     assert _objective(a, spec, got) == pytest.approx(min(_objective(a, spec, b) for b in feasible), rel=1e-12)
 
 
+@pytest.mark.parametrize("seed", seeds(20))
+def test_uncut_boundaries_equal_brute_force_without_them(seed: int) -> None:
+    """`PipeSpec.uncut` (no stage ends there; 0 and n ignored): the DP's optimum is the brute force's over the
+    splits that avoid them, or None when none does."""
+    rng = random.Random(2000 + seed)
+    n = rng.randint(2, 9)
+    a, spec = _random_arrays(rng, n), _spec(rng, n)
+    uncut = tuple(rng.sample(range(0, n + 1), rng.randint(1, n)))
+    allowed = [b for b in _all_bounds(n, spec.num_stages) if not {j for _, j in b[:-1]} & set(uncut)]
+    got = pipeline_bounds(a, replace(spec, uncut=uncut))
+    if not allowed:
+        assert got is None
+        return
+    assert got is not None and not {j for _, j in got[:-1]} & set(uncut)
+    assert _objective(a, spec, got) == pytest.approx(min(_objective(a, spec, b) for b in allowed), rel=1e-12)
+
+
+def test_uncut_keeps_a_free_end_unit_from_being_a_stage() -> None:
+    """A free first unit (the embedding under vocabulary parallelism) is the best first stage of one microbatch
+    on two stages; with its boundary uncut the first stage takes it and the next unit."""
+    rng = random.Random(7)
+    a = _random_arrays(rng, 5)
+    a = replace(a, forward=np.array([0.0, *a.forward[1:]]), backward=np.array([0.0, *a.backward[1:]]),
+                backward_input=np.array([0.0, *a.backward_input[1:]]), cut=np.zeros(6))
+    spec = PipeSpec(num_stages=2, microbatches=1)
+    assert pipeline_bounds(a, spec) == ((0, 1), (1, 5))
+    assert pipeline_bounds(a, replace(spec, uncut=(1,))) == ((0, 2), (2, 5))
+
+
 @pytest.mark.parametrize("working", [False, True], ids=["held", "transient"])
 @pytest.mark.parametrize("seed", seeds(20))
 def test_min_memory_equals_brute_force(seed: int, working: bool) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from autopp.costmodel import UnitArrays
-from autopp.costmodel.vocab import VocabVariant, body_arrays, vocab_passes
+from autopp.costmodel.vocab import VocabVariant, body_arrays, vocab_passes, with_vocab_passes
 from autopp.data.cluster import Cluster, Link
 from autopp.data.layout import Layout, LayoutPins
 from autopp.data.plan import Plan
@@ -20,7 +20,7 @@ from autopp.data.profile import Profile
 from autopp.data.synthetic_profile import synthetic_profile
 from autopp.errors import LayoutError, PlanError
 from autopp.predict import simulate_plan
-from autopp.schedule import ScheduleName
+from autopp.schedule import ScheduleName, StageCost
 from autopp.solve import PlanRequest, make_plan
 from autopp.solve.search.request import Config
 from autopp.solve.search.vocab import choose_vocab, vocab_runs
@@ -56,23 +56,81 @@ def test_passes_divide_the_vocabulary_layers_by_p() -> None:
 
 
 def test_chosen_on_a_head_heavy_model() -> None:
-    choice = choose_vocab(_lm(head=4.0), _cluster(FAST), pp=4, microbatches=8, microbatch_size=1)
+    choice = choose_vocab(_lm(head=16.0, blocks=4), _cluster(FAST), pp=4, microbatches=8, microbatch_size=1)
     assert choice.chosen.variant is VocabVariant.VOCAB_2  # one collective beats two at equal bytes
     assert choice.chosen.verdict.step_s < choice.without.verdict.step_s
     assert choice.gain > 0.15
 
 
 def test_not_chosen_with_a_light_head_or_slow_links() -> None:
-    light = choose_vocab(_lm(head=0.1), _cluster(FAST), pp=4, microbatches=8, microbatch_size=1)
+    light = choose_vocab(_lm(head=0.1, blocks=4), _cluster(FAST), pp=4, microbatches=8, microbatch_size=1)
     assert light.chosen.variant is None and light.gain == 0.0
-    slow = choose_vocab(_lm(head=4.0), _cluster(SLOW), pp=4, microbatches=8, microbatch_size=1)
+    slowest = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e2)
+    slow = choose_vocab(_lm(head=16.0, blocks=4), _cluster(slowest), pp=4, microbatches=8, microbatch_size=1)
     assert slow.chosen.variant is None
     assert all(o.verdict.step_s > slow.without.verdict.step_s for o in slow.options if o.variant)
 
 
-def test_refuses_one_rank() -> None:
-    with pytest.raises(PlanError, match=r"needs `pp` >= 2 and an embedding, a body and a head \(pp 1, 8 units\)"):
+def test_the_output_passes_couple_the_ranks() -> None:
+    """Every rank runs output pass k together (`StageCost.sync_s`): rank 0 reaches pass k + 1 only after its
+    backward of k, which waits for the gradient through every stage, so a heavy body makes the ranks wait for each
+    other every microbatch. 2 ranks, 1F1B, 6 blocks (F 1, B 2 each), a head of 4 (F + B 12; 6 per rank and pass):
+    the body split 3 | 3, pass k + 1 starts 6 (pass k) + 6 (the rest of B1) + 6 (B0) + 3 (F0 of k + 2) after pass
+    k, 21 a microbatch; charged one rank after the other (as before), the passes hid in each other's waits."""
+    choice = choose_vocab(_lm(head=4.0), _cluster(FAST, pp=2), pp=2, microbatches=8, microbatch_size=1)
+    vocab = choice.options[2].verdict
+    assert vocab.candidate.bounds == ((0, 4), (4, 8)) and choice.chosen.variant is None
+    assert vocab.pipeline_s == pytest.approx(8 * 21, rel=0.01)
+    assert [c.sync_s for c in vocab.costs] == pytest.approx([6.0, 6.0], rel=1e-5)
+
+
+def test_refuses_one_rank_or_a_body_of_fewer_units_than_ranks() -> None:
+    with pytest.raises(PlanError, match=r"needs `pp` >= 2 and an embedding, a body of `pp` units or more and a head "
+                                        r"\(pp 1, 8 units\)$"):
         choose_vocab(_lm(head=4.0), _cluster(FAST, pp=1), pp=1, microbatches=2, microbatch_size=1)
+    with pytest.raises(PlanError, match=r"\(pp 4, 5 units\)$"):
+        choose_vocab(_lm(head=4.0, blocks=3), _cluster(FAST), pp=4, microbatches=2, microbatch_size=1)
+
+
+def _holds_body(bounds: tuple[tuple[int, int], ...], n: int) -> bool:
+    """Every stage holds a unit of the body (not only the embedding, unit 0, or the head, unit n - 1)."""
+    return all(any(0 < u < n - 1 for u in range(i, j)) for i, j in bounds)
+
+
+@pytest.mark.parametrize("pp,microbatches", [(2, 1), (2, 2), (3, 1), (4, 1), (4, 8)])
+def test_every_stage_holds_some_of_the_body(pp: int, microbatches: int) -> None:
+    """Regression: `autopp plan tests/models/tiedlm.py --pp 2 --vocab 2 --global-batch 4` gave stage 0 the
+    embedding alone (units 0-0: free once its work moved to the passes; with one microbatch every split ties), and
+    `autopp run` then failed: "splitting at 1 points gave 1 pieces, expected 2" (the body has nothing before its
+    first block)."""
+    a = _lm(head=4.0, blocks=pp + 1)
+    options = choose_vocab(a, _cluster(FAST, pp=pp), pp, microbatches, 1, ScheduleName.GPIPE).options
+    assert [o.variant for o in options] == [None, *VocabVariant]
+    for option in options[1:]:
+        assert _holds_body(option.verdict.candidate.bounds, a.n)
+
+
+def test_planned_with_one_microbatch_every_stage_holds_some_of_the_body() -> None:
+    """The same through make_plan (`vocab_verdicts`), pinned to one microbatch as the regression's plan was, the
+    cut after the embedding the cheapest to send (half the others' bytes), so the empty first stage was the DP's
+    strict optimum."""
+    prof = _profile(1.0)
+    edges = prof.edges.copy()
+    edges.loc[edges.src == 0, "bytes"] //= 2
+    link = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e9)
+    req = PlanRequest(cluster=_cluster(link, pp=2), global_batch=2, num_microbatches=1, pins=LayoutPins(dp=1, pp=2),
+                      schedule=ScheduleName.GPIPE, vocab=(VocabVariant.VOCAB_2,))
+    plan = make_plan(replace(prof, edges=edges), req)
+    assert plan.vocab is VocabVariant.VOCAB_2 and plan.num_microbatches == 1
+    assert _holds_body(tuple(s.units for s in plan.stages), 8)
+
+
+def test_a_tied_head_counts_once() -> None:
+    """Tied embedding and head (one tensor; the profile gives each unit a copy): the head's bytes once / p."""
+    a = _lm(head=4.0)
+    tied = vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2, tied=True)
+    assert tied.static_bytes == 800 // 4 + 1000
+    assert vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2).static_bytes == tied.static_bytes + 800 // 4
 
 
 def _profile(head_scale: float, facts: dict[str, object] | None = FACTS) -> Profile:
@@ -134,3 +192,18 @@ def test_never_offered_for_a_trainer() -> None:
 ])
 def test_only_what_the_runner_runs_is_searched(schedule: ScheduleName, pp: int, v: int, dp: int, runs: bool) -> None:
     assert vocab_runs(Config(schedule, Layout(pp=pp, v=v, dp=dp), 4, 1)) is runs
+
+
+def test_passes_go_where_the_runner_runs_them() -> None:
+    """The input pass with the forward of each rank's first stage, the output pass with the backward of its last
+    (its first backward of a microbatch), marked as the collective every rank runs at once only with one stage
+    per rank (with several, the runner runs it when torch posts the gradient's receive, ahead of the action)."""
+    p = vocab_passes(_lm(head=4.0), 2, FAST, VocabVariant.VOCAB_2)
+    base = StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, backward_s=2.0)
+    one = with_vocab_passes([base] * 2, [0, 1], p)
+    assert [c.sync_s for c in one] == [p.output_s] * 2 and all(c.forward_s == 1.0 + p.input_s for c in one)
+    assert all(c.backward_s == pytest.approx(2.0 + p.output_s) for c in one)
+    two = with_vocab_passes([base] * 4, [0, 1, 1, 0], p)  # ZBV's V: rank 0 holds stages 0 and 3
+    assert [c.forward_s for c in two] == [1.0 + p.input_s, 1.0 + p.input_s, 1.0, 1.0]
+    assert [c.backward_input_s for c in two] == [1.0, 1.0, 1.0 + p.output_s, 1.0 + p.output_s]
+    assert [c.sync_s for c in two] == [0.0] * 4

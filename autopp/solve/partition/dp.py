@@ -62,6 +62,9 @@ class PipeSpec:
     """Microbatches of activations each stage holds at its peak (empty: 1)."""
     links: tuple[Link | None, ...] = ()
     """Link after each stage but the last (None: same device, free; empty: all free)."""
+    uncut: tuple[int, ...] = ()
+    """Unit boundaries where no stage may end (the model's ends, 0 and n, are ignored): a cut the runner cannot
+    make, e.g. right after the embedding under vocabulary parallelism, where the first stage would be empty."""
 
     def __post_init__(self) -> None:
         s = self.num_stages
@@ -83,6 +86,7 @@ class _Tables:
     budget: list[float]
     comm: list[np.ndarray]  # comm[k][j]: send time after stage k ending at j
     m: int
+    uncut: np.ndarray  # unit boundaries no stage may end at (spec.uncut inside 1..n-1)
     mem_left: list[np.ndarray | None] = field(default_factory=list)  # per stage: first start within the budget
     transient: np.ndarray | None = None  # sparse max table of the units' transients (None: all 0)
 
@@ -94,7 +98,9 @@ def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> 
     mem = [memory_prefix(a, inflight[k], spec.activation) for k in range(s)]
     comm = [send_times(a, lk) for lk in spec.links or (None,) * (s - 1)]
     comm.append(send_times(a, None))  # the last stage sends nothing
-    tb = _Tables(work, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm, spec.microbatches)
+    uncut = np.array(sorted({b for b in spec.uncut if 0 < b < a.n}), dtype=np.int64)
+    tb = _Tables(work, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm, spec.microbatches,
+                 uncut)
     transient = a.transient_bytes()
     tb.transient = _max_table(transient) if transient.any() else None
     _set_budgets(tb, tb.budget)
@@ -183,6 +189,7 @@ def _additive(tb: _Tables, t: float) -> tuple[float, list[np.ndarray], list[np.n
         arr = prev - tb.work / tb.speed[k]
         lo = _left(tb, k, t)
         prev = tb.work / tb.speed[k] + 2 * tb.comm[k] + _range_min(arr, lo)
+        prev[tb.uncut] = INF
         shifted.append(arr)
         lefts.append(lo)
     best = float(prev[-1])
@@ -208,6 +215,7 @@ def _reachable(tb: _Tables, t: float) -> bool:
         lo = _left(tb, k, t)
         j = np.arange(len(reach))
         reach = ((count[j] - count[np.minimum(lo, j)]) > 0).astype(np.int64)
+        reach[tb.uncut] = 0
     return bool(reach[-1])
 
 

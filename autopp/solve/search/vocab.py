@@ -14,17 +14,17 @@ from ...costmodel.vocab import VocabVariant, body_arrays, vocab_passes
 from ...data.cluster import Cluster
 from ...data.layout import Layout
 from ...data.profile import Profile
-from ...data.vocab import vocab_refusal
+from ...data.vocab import vocab_refusal, vocab_tied
 from ...errors import InfeasibleError, PlanError
 from ...schedule import Activation, Kind, ScheduleName, describe
-from ..partition.dp import PipeSpec, pipeline_bounds
+from ..partition.dp import Bounds, PipeSpec, pipeline_bounds
 from .judge import Candidate, Verdict, judge, named_order
 from .request import Config, PlanRequest, configs
 from .runnable import schedule_refusal
 from .search import pipe_spec
 from .views import Views
 
-__all__ = ["VocabOption", "VocabChoice", "choose_vocab", "vocab_runs", "vocab_verdicts"]
+__all__ = ["VocabOption", "VocabChoice", "body_bounds", "choose_vocab", "vocab_runs", "vocab_verdicts"]
 
 log = logging.getLogger(__name__)
 
@@ -54,28 +54,39 @@ class VocabChoice:
         return self.without.verdict.step_s / self.chosen.verdict.step_s - 1.0
 
 
-def _option(a: UnitArrays, cluster: Cluster, c: Candidate, variant: VocabVariant | None) -> VocabOption | None:
+def body_bounds(body: UnitArrays, spec: PipeSpec) -> Bounds | None:
+    """The DP's split of the body (`body_arrays`) with every stage holding some of it: no cut right after the
+    embedding or right before the head, whose work moved to the passes. Without this rule the DP may leave a
+    stage only the (free) embedding or head, which the runner cannot cut off (the body has nothing before its
+    first block: tests/models/tiedlm.py, pp 2, one microbatch)."""
+    return pipeline_bounds(body, replace(spec, uncut=(1, body.n - 1)))
+
+
+def _option(a: UnitArrays, cluster: Cluster, c: Candidate, variant: VocabVariant | None,
+            tied: bool) -> VocabOption | None:
+    spec = PipeSpec(num_stages=c.layout.pp, microbatches=c.microbatches)
     arrays = a if variant is None else body_arrays(a)
-    bounds = pipeline_bounds(arrays, PipeSpec(num_stages=c.layout.pp, microbatches=c.microbatches))
+    bounds = pipeline_bounds(arrays, spec) if variant is None else body_bounds(arrays, spec)
     if bounds is None:
         return None
     cand = Candidate(schedule=c.schedule, layout=c.layout, microbatches=c.microbatches,
                      microbatch_size=c.microbatch_size, bounds=bounds, activations=c.activations)
     link = cluster.placed(c.layout).link_between(0, 1)
-    passes = None if variant is None else vocab_passes(a, c.layout.pp, link, variant)
+    passes = None if variant is None else vocab_passes(a, c.layout.pp, link, variant, tied)
     return VocabOption(variant, judge(arrays, cluster, cand, passes))
 
 
 def choose_vocab(a: UnitArrays, cluster: Cluster, pp: int, microbatches: int, microbatch_size: int,
-                 schedule: ScheduleName = ScheduleName.ONE_F_ONE_B) -> VocabChoice:
+                 schedule: ScheduleName = ScheduleName.ONE_F_ONE_B, tied: bool = False) -> VocabChoice:
     """Judge the plain split and each variant of vocabulary parallelism for `pp` ranks running `schedule` (one stage
-    per rank); the fastest option that fits every device's memory is chosen (without, unless a variant is faster)."""
-    if pp < 2 or a.n < 3:
-        raise PlanError(f"vocabulary parallelism needs `pp` >= 2 and an embedding, a body and a head "
-                        f"(pp {pp}, {a.n} units)")
+    per rank); the fastest option that fits every device's memory is chosen (without, unless a variant is faster).
+    `tied`: the head is the embedding's tensor (`vocab_passes`)."""
+    if pp < 2 or a.n < pp + 2:
+        raise PlanError(f"vocabulary parallelism needs `pp` >= 2 and an embedding, a body of `pp` units or more "
+                        f"and a head (pp {pp}, {a.n} units)")
     base = Candidate(schedule=schedule, layout=Layout(pp=pp), microbatches=microbatches,
                      microbatch_size=microbatch_size, bounds=(), activations=(Activation.KEEP,) * pp)
-    options = [o for v in (None, *VocabVariant) if (o := _option(a, cluster, base, v)) is not None]
+    options = [o for v in (None, *VocabVariant) if (o := _option(a, cluster, base, v, tied)) is not None]
     if not options or options[0].variant is not None:
         raise PlanError(f"no split of {a.n} units into {pp} stages")
     fitting = [o for o in options if o.verdict.fits] or options[:1]
@@ -123,10 +134,10 @@ def vocab_verdicts(profile: Profile, req: PlanRequest, views: Views) -> list[Ver
         link = view.cluster.placed(c.layout).link_between(0, 1)
         body = body_arrays(a)
         for variant in variants:
-            passes = vocab_passes(a, c.layout.pp, link, variant)
+            passes = vocab_passes(a, c.layout.pp, link, variant, vocab_tied(profile.meta.extra))
             spec = pipe_spec(view, c, Activation.KEEP)
             room = passes.static_bytes + passes.transient_bytes
-            bounds = pipeline_bounds(body, replace(spec, memory=tuple(max(0.0, m - room) for m in spec.memory)))
+            bounds = body_bounds(body, replace(spec, memory=tuple(max(0.0, m - room) for m in spec.memory)))
             if bounds is None or schedule_refusal(profile.meta.live_values, c.schedule, bounds) is not None:
                 continue
             verdict = judge(body, view.cluster, c.candidate(bounds, (Activation.KEEP,) * len(bounds)), passes)
