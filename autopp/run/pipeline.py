@@ -21,12 +21,14 @@ from ..model.contract import ModelFile
 from ..model.split import split_model
 from ..data.plan import Plan
 from ..schedule import Action, Kind, StagePlacement, ScheduleName, describe, listed, to_csv_rows
+from ..schedule.seqpipe import chunked_order
 from .bidirectional import BidirectionalSchedule, mirror_groups, mirror_stage
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .context import RingConfig, shard_sequence
 from .context_run import own_positions, shard_batch
 from .outputs import model_loss
 from .parallel import Sharding, shard_stage
+from .seq_chunks import SeqChunks, chunk_example, chunked_steps
 from .tensor_parallel import local_shapes, planned_modules, sequence_planned
 from .tied import aliases, canonical_names, shared_params
 
@@ -96,6 +98,8 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
     model = mf.build(plan.seed)
     resolved = planned_modules(mf, model, plan) if mesh is not None else {}
     example, _ = mf.sample_batch(plan.microbatch_size, seed=plan.seed)
+    if plan.seq_chunks is not None:  # pieces exported and stages built at one chunk's length (autopp.run.seq_chunks)
+        example = chunk_example(example, len(plan.seq_chunks.lengths))
     if context is not None:
         seq = example[0].shape[1]
         own_positions(model, shard_sequence(torch.arange(seq), 0, context))
@@ -230,6 +234,12 @@ def make_schedule(plan: Plan, stages: Sequence[Stage], loss_fn: Any, csv_path: P
         rank = min(s.stage_index for s in stages if s.stage_index_to_group_rank[s.stage_index] == s.stage_index)
         order = d.build(plan.layout.pp, plan.num_microbatches)[rank]
         return BidirectionalSchedule(stages, order, plan.num_microbatches, loss_fn, mirror)
+    if plan.seq_chunks is not None:  # m x k units in the chunked 1F1B order, on torch's CSV runtime
+        k = len(plan.seq_chunks.lengths)
+        units = chunked_order(plan.layout.pp, plan.num_microbatches, k)
+        schedule = custom_schedule(stages, [units[r] for r in sorted(units)], plan.num_microbatches * k, loss_fn,
+                                   csv_path)
+        return chunked_steps(schedule, SeqChunks([s.submod for s in stages], k), plan.microbatch_size)
     if d.given_order:
         if not plan.custom_order:
             raise RunError(f"plan schedule is {plan.schedule.value} but it has no custom_order")
