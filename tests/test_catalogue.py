@@ -353,6 +353,14 @@ CASES += [
     Case("plan:seq1f1b-not-a-causal-lm", lambda env: _plan_args(env, "--schedule", "Seq1F1B"),
          lambda env: "--schedule Seq1F1B splits each sequence of a causal LM by the attention's cost, and the profile "
                      "of "),
+    Case("plan:seq1f1b-sequence-too-short",
+         lambda env: ["plan", "--profile", str(env.bad_prof), "--devices", "2", "--memory", "1GiB", "--schedule",
+                      "Seq1F1B", "-o", str(env.tmp / "out.json")],
+         lambda env: "--schedule Seq1F1B cuts sequences into 2 or more chunks on multiples of 128 tokens, and the "
+                     "profile's are 8: plan with --seq-len a multiple of 128 from 256, or --schedule auto",
+         _meta(lambda d: d["extra"].update(hf_config={
+             "seq_len": 8, "task": "causal-lm", "model_type": "llama",
+             "attention": {"heads": 2, "kv_heads": 2, "head_dim": 2, "causal": True}}))),
     Case("export:seq1f1b-no-trainer", lambda env: ["export", str(env.bad_plan), "--to", "deepspeed", "-o",
                                                    str(env.tmp / "d.json")],
          lambda env: f"{env.bad_plan}: the plan's schedule is Seq1F1B, but DeepSpeed's PipelineEngine runs only 1F1B "

@@ -18,7 +18,7 @@ from autopp.schedule import Activation, ScheduleName
 from autopp.solve import PlanRequest, make_plan
 from autopp.solve.partition.brute import brute_force
 from autopp.solve.search.request import RecomputeMode
-from autopp.solve.search.seqpipe import CHUNK_COUNTS, seq_chunkings, seq_offered, seq_verdicts
+from autopp.solve.search.seqpipe import CHUNK_COUNTS, CHUNK_MULTIPLE, seq_chunkings, seq_offered, seq_verdicts
 from autopp.solve.search.views import Views
 
 UNITS = 10
@@ -99,6 +99,12 @@ def test_offered_only_for_causal_lms_searched_or_pinned() -> None:
     with pytest.raises(ProfileError, match=r"`schedule` Seq1F1B splits each sequence of a causal LM"):
         seq_offered(plain, replace(req, schedule=ScheduleName.SEQ_1F1B))
     assert [len(c.lengths) for c in seq_chunkings(p)] == list(CHUNK_COUNTS)
+    assert all(n % CHUNK_MULTIPLE == 0 for c in seq_chunkings(p) for n in c.lengths)
+    short = _profile(64, 3 * CHUNK_MULTIPLE)  # 384 tokens: 2 chunks only; 200 tokens: none
+    assert [len(c.lengths) for c in seq_chunkings(short)] == [2] and not seq_offered(_profile(64, 200), req)
+    with pytest.raises(ProfileError, match=r"`schedule` Seq1F1B cuts sequences into 2 or more chunks on multiples "
+                                           r"of 128 tokens, and the profile's are 200"):
+        seq_offered(_profile(64, 200), replace(req, schedule=ScheduleName.SEQ_1F1B))
 
 
 def test_pinned_chunks_that_fit_nowhere_say_so() -> None:

@@ -141,7 +141,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     view = views.request(c.layout)
     unsynthesizable = split_backward_refusal(profile.meta.live_values, best.candidate.bounds, "a synthesized order")
     custom = synthesized(a, view.cluster, best, request.synth_time_limit_s) \
-        if request.synthesize and unsynthesizable is None and best.passes is None else None
+        if request.synthesize and unsynthesizable is None and best.passes is None and c.seq is None else None
     notes = [note] if note else []
     notes += [vocab_note] if vocab_note else []
     notes += [seq_note] if seq_note and best.candidate.seq is not None else []

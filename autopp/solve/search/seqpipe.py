@@ -35,10 +35,14 @@ from .runnable import parallel_refusal
 from .search import pipe_spec
 from .views import Views, arrays_key
 
-__all__ = ["CHUNK_COUNTS", "seq_offered", "seq_chunkings", "seq_verdicts", "with_seq"]
+__all__ = ["CHUNK_COUNTS", "CHUNK_MULTIPLE", "seq_offered", "seq_chunkings", "seq_verdicts", "with_seq"]
 
 #: The chunk counts searched, as `seqpipe.choose_chunks` tries them (1 is 1F1B).
 CHUNK_COUNTS = (2, 4, 8)
+#: Chunk boundaries fall on multiples of this many tokens (the tile of FlashAttention's and cuBLAS's GPU kernels; a
+#: shorter chunk's lower efficiency is not modelled), so sequences under 256 tokens, or not a multiple of 128, are
+#: not chunked.
+CHUNK_MULTIPLE = 128
 
 
 def seq_offered(profile: Profile, req: PlanRequest) -> bool:
@@ -53,21 +57,30 @@ def seq_offered(profile: Profile, req: PlanRequest) -> bool:
                                "attention (profiles of HF causal-lm configs do): profile the HF config, or search "
                                "`schedule`")
         return False
+    if not seq_chunkings(profile):
+        if req.schedule is not None:
+            shape = attention_shape(profile)
+            raise ProfileError(f"`schedule` {ScheduleName.SEQ_1F1B.value} cuts sequences into 2 or more chunks on "
+                               f"multiples of {CHUNK_MULTIPLE} tokens, and the profile's are "
+                               f"{shape.seq_len if shape else 0}: plan with `seq_len` a multiple of "
+                               f"{CHUNK_MULTIPLE} from {2 * CHUNK_MULTIPLE}, or search `schedule`")
+        return False
     keeps = Activation.KEEP in req.allowed() and req.recompute_stages is None
     return keeps and req.trainer is None and None in req.vocab
 
 
 def seq_chunkings(profile: Profile) -> list[ChunkCosts]:
-    """Each chunk count's chunks of the profile's sequence, boundaries at equal cost (`seqpipe.chunk_lengths`);
-    counts longer than the sequence are left out."""
+    """Each chunk count's chunks of the profile's sequence, boundaries at equal cost on multiples of
+    `CHUNK_MULTIPLE` tokens (`seqpipe.chunk_lengths`); counts the sequence cannot take are left out."""
     shape, share = attention_shape(profile), causal_share(profile)
     assert shape is not None and share is not None  # seq_offered
     kv = kv_share_of(shape.heads, shape.kv_heads)
     out = []
     for k in CHUNK_COUNTS:
         try:
-            out.append(chunk_costs(chunk_lengths(shape.seq_len, k, min(share, 0.999)), min(share, 0.999), kv))
-        except ScheduleError:  # fewer tokens than chunks
+            lengths = chunk_lengths(shape.seq_len, k, min(share, 0.999), CHUNK_MULTIPLE)
+            out.append(chunk_costs(lengths, min(share, 0.999), kv))
+        except ScheduleError:  # fewer tokens than k chunks of CHUNK_MULTIPLE, or not a multiple of it
             continue
     return out
 
