@@ -10,8 +10,8 @@ from .data.plan import Plan, Prediction
 from .data.profile import Profile
 from .sizes import format_in, format_size, format_time, size_unit, time_unit
 
-__all__ = ["unit_span", "stage_sizes", "format_profile", "sync_name", "format_grid", "format_plan", "format_chunks", "format_breakdown",
-           "format_predicted_step"]
+__all__ = ["unit_span", "stage_sizes", "format_profile", "sync_name", "format_grid", "format_plan", "format_chunks",
+           "format_breakdown", "format_predicted_step"]
 
 
 def _table(header: list[str], rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:

@@ -345,8 +345,9 @@ CASES += [
                      "adamw); give --optimizer to run another", _plan_edit(lambda d: d.update(optimizer="lamb"))),
     Case("run:seq1f1b-model-without-chunks", lambda env: ["run", str(env.bad_plan)],
          lambda env: f"{ROOT / 'examples' / 'mlp.py'}: Seq1F1B runs model files that declare SEQUENCE_CHUNKS = True "
-                     "(causal SDPA attention, positions given as inputs; e.g. tests/models/seqlm.py, "
-                     "docs/sequence-pipelining.md); re-plan with --schedule 1F1B", _plan_edit(_seq1f1b)),
+                     "(causal SDPA attention, positions given as inputs; e.g. tests/models/seqlm.py) and HF causal LMs "
+                     "of llama, qwen2, qwen3 (docs/sequence-pipelining.md); re-plan with --schedule 1F1B",
+         _plan_edit(_seq1f1b)),
     Case("run:seq1f1b-without-chunks", lambda env: ["run", str(env.bad_plan)],
          lambda env: f"{env.bad_plan}: field 'seq_chunks' is missing under schedule 'Seq1F1B': it is set exactly for "
                      "sequence chunks; re-plan with `autopp plan`", _plan_edit(lambda d: d.update(schedule="Seq1F1B"))),

@@ -28,7 +28,7 @@ from .context import RingConfig, shard_sequence
 from .context_run import own_positions, shard_batch
 from .outputs import model_loss
 from .parallel import Sharding, shard_stage
-from .seq_chunks import SeqChunks, chunk_example, chunked_steps
+from .seq_chunks import ROPE, SeqChunks, chunk_example, chunked_steps, rope_of
 from .tensor_parallel import local_shapes, planned_modules, sequence_planned
 from .tied import aliases, canonical_names, shared_params
 
@@ -137,6 +137,10 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
         raise RunError(f"the model ties {sorted(shared or params)[0]!r} between stages, which the runner does not sum "
                        f"under {plan.schedule.value} (its two replicas hold both copies): untie it or use another "
                        f"schedule")
+    if plan.seq_chunks is not None:  # an HF model's rotary frequencies, which its chunks' K/V are turned by
+        rope = rope_of(model, mf.sequence_chunks)
+        for stage in stages:
+            setattr(stage.submod, ROPE, rope)
     return RankStages(stages, loss, params, shared, relayed, groups[1] if groups is not None else None)
 
 
@@ -239,7 +243,8 @@ def make_schedule(plan: Plan, stages: Sequence[Stage], loss_fn: Any, csv_path: P
         units = chunked_order(plan.layout.pp, plan.num_microbatches, k)
         schedule = custom_schedule(stages, [units[r] for r in sorted(units)], plan.num_microbatches * k, loss_fn,
                                    csv_path)
-        return chunked_steps(schedule, SeqChunks([s.submod for s in stages], k), plan.microbatch_size)
+        caches = SeqChunks([s.submod for s in stages], k, getattr(stages[0].submod, ROPE, None))
+        return chunked_steps(schedule, caches, plan.microbatch_size)
     if d.given_order:
         if not plan.custom_order:
             raise RunError(f"plan schedule is {plan.schedule.value} but it has no custom_order")

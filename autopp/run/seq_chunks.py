@@ -22,7 +22,9 @@ its inputs (e.g. position ids given by `sample_batch`), every input and the targ
 1. Its pieces are exported at s / k tokens (`chunk_example`), the batch becomes units (`unit_rows`), and around each
 step a `TorchFunctionMode` (public, as `autopp.run.context` uses it for ring attention) sends every causal SDPA call
 of a stage's forward to the `ChunkedAttention` of that call's place in the forward (the i-th attention of the
-stage), so the exported graphs need no change.
+stage), so the exported graphs need no change. HF causal LMs of `CP_MODEL_TYPES` need no declaration: their rotary
+tables, computed inside the model, are baked for positions 0..n-1 into every piece, so each earlier chunk's cached
+key is turned to its true position relative to the current chunk (`rotated`) before it is attended.
 """
 
 from __future__ import annotations
@@ -34,15 +36,19 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from ..data.plan import Plan
 from ..errors import RunError
+from ..model.hf import CAUSAL_ATTENTION
 from ..schedule import ScheduleName
+from .context import SdpaMode
+from .context_run import CP_MODEL_TYPES, rotary_modules
 
-__all__ = ["ChunkedAttention", "SeqChunks", "check_seq_plan", "chunk_example", "chunked_steps", "unit_rows"]
+__all__ = ["ROPE", "ChunkedAttention", "SeqChunks", "check_seq_plan", "chunk_example", "chunked_steps",
+           "chunks_supported", "rope_of", "rotated", "unit_rows"]
 
-_SDPA_FUNCS = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+#: The stage-module attribute `build_stages` sets to the model's rotary frequencies (`rope_of`) for `SeqChunks`.
+ROPE = "autopp_rope"
 
 
 class _FeedBack(torch.autograd.Function):
@@ -66,8 +72,11 @@ class ChunkedAttention:
     causal attention). One per attention layer; calls without grad or on the meta device (torch's shape inference)
     neither read nor advance the cache."""
 
-    def __init__(self, chunks: int) -> None:
+    def __init__(self, chunks: int, rope: torch.Tensor | None = None) -> None:
         self.chunks = chunks
+        # a rotary embedding's inverse frequencies when every chunk's K and Q arrive rotated for the chunk's own
+        # positions 0..n-1 (`rotated`); None: rotated for their true positions, or not at all
+        self.rope = rope
         self.calls = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -84,7 +93,9 @@ class ChunkedAttention:
             self.keys, self.values = [], []
         self.calls += 1
         prefix = sum(x.shape[-2] for x in self.keys)
-        keys, values = torch.cat([*self.keys, k], dim=-2), torch.cat([*self.values, v], dim=-2)
+        earlier = self.keys if self.rope is None else \
+            [rotated(x, -sum(y.shape[-2] for y in self.keys[j:]), self.rope) for j, x in enumerate(self.keys)]
+        keys, values = torch.cat([*earlier, k], dim=-2), torch.cat([*self.values, v], dim=-2)
         n = q.shape[-2]
         allowed = torch.ones(n, prefix + n, dtype=torch.bool, device=q.device).tril(prefix)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=scale)
@@ -93,6 +104,19 @@ class ChunkedAttention:
         self.values.append(leaf_v)
         result: torch.Tensor = _FeedBack.apply(out, k, v, leaf_k, leaf_v)
         return result
+
+
+def rotated(x: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``x`` (..., len, dim) turned by ``delta`` positions of a rotary embedding with ``inv_freq`` (dim / 2), in the
+    half-split layout of HF's `rotate_half`. Rotations compose, R(a) R(b) = R(a + b), and a score depends on the
+    positions of query and key only through their difference: an earlier chunk's key rotated for its own positions
+    0..n-1 and turned by -(tokens from it to the current chunk) scores against the current chunk's query (also
+    rotated for 0..n-1) as both would at their true positions."""
+    angles = delta * inv_freq.to(torch.float32)
+    emb = torch.cat([angles, angles])
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def unit_rows(batch: torch.Tensor, chunks: int, microbatch_size: int = 1) -> torch.Tensor:
@@ -124,8 +148,8 @@ def check_seq_plan(plan: Plan, declared: bool) -> None:
     name, plain = plan.schedule.value, ScheduleName.ONE_F_ONE_B.value
     if not declared:
         raise RunError(f"{plan.model_path}: {name} runs model files that declare SEQUENCE_CHUNKS = True (causal "
-                       f"SDPA attention, positions given as inputs; e.g. tests/models/seqlm.py, "
-                       f"docs/sequence-pipelining.md); re-plan with --schedule {plain}")
+                       f"SDPA attention, positions given as inputs; e.g. tests/models/seqlm.py) and HF causal LMs of "
+                       f"{', '.join(CP_MODEL_TYPES)} (docs/sequence-pipelining.md); re-plan with --schedule {plain}")
     layout = plan.layout
     if layout.tp > 1 or layout.cp > 1 or layout.ep > 1 or not layout.zero.replicated or plan.vocab is not None:
         raise RunError(f"{name}: autopp run runs sequence chunks with pipeline and data parallelism only (plan has "
@@ -135,12 +159,34 @@ def check_seq_plan(plan: Plan, declared: bool) -> None:
                        f"({tokens} % {k} = {tokens % k}); re-plan with --seq-len a multiple of {k}")
 
 
+def chunks_supported(declared: bool, model: nn.Module) -> bool:
+    """Whether the runner may run `model` in sequence chunks: its model file declares SEQUENCE_CHUNKS, or it is an
+    HF causal LM whose positions enter through its one rotary embedding (`CP_MODEL_TYPES`, as context parallelism
+    checks them), whose chunks are rotated for positions 0..n-1 and turned to their true ones (`rotated`)."""
+    if declared:
+        return True
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", None) in CP_MODEL_TYPES and \
+        getattr(config, "_attn_implementation", None) == CAUSAL_ATTENTION and len(rotary_modules(model)) == 1
+
+
+def rope_of(model: nn.Module, declared: bool) -> torch.Tensor | None:
+    """The inverse frequencies of an HF causal LM's rotary embedding (`chunks_supported`); None for a model file
+    that declares SEQUENCE_CHUNKS (its positions are inputs, so every chunk is rotated for its true positions)."""
+    if declared:
+        return None
+    (name,) = rotary_modules(model)
+    inv_freq = model.get_submodule(name).inv_freq
+    assert isinstance(inv_freq, torch.Tensor)  # rotary_modules: the modules holding an inv_freq buffer
+    return inv_freq.detach().clone()
+
+
 class SeqChunks:
     """The K/V caches of one rank's stages: per stage, one `ChunkedAttention` per causal SDPA call of its forward, in
     call order (a forward pre-hook on each stage module restarts the count)."""
 
-    def __init__(self, modules: Sequence[nn.Module], chunks: int) -> None:
-        self.chunks = chunks
+    def __init__(self, modules: Sequence[nn.Module], chunks: int, rope: torch.Tensor | None = None) -> None:
+        self.chunks, self.rope = chunks, rope
         self.caches: dict[tuple[int, int], ChunkedAttention] = {}
         self.place: tuple[int, int] | None = None
         for i, module in enumerate(modules):
@@ -164,28 +210,14 @@ class SeqChunks:
             key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
         stage, call = self.place
         self.place = (stage, call + 1)
-        cache = self.caches.setdefault((stage, call), ChunkedAttention(self.chunks))
+        cache = self.caches.setdefault((stage, call), ChunkedAttention(self.chunks, self.rope))
         return cache.attend(query, key, value, scale)
 
     @contextlib.contextmanager
     def attention(self) -> Iterator[None]:
         """Inside, every causal scaled_dot_product_attention call of a stage's forward runs over its chunks."""
-        with _ChunkMode(self):
+        with SdpaMode(self.sdpa):
             yield
-
-
-class _ChunkMode(TorchFunctionMode):
-    """Sends scaled_dot_product_attention (the Python function or the aten op) to `SeqChunks.sdpa`."""
-
-    def __init__(self, chunks: SeqChunks) -> None:
-        super().__init__()
-        self.chunks = chunks
-
-    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        if func in _SDPA_FUNCS:
-            return self.chunks.sdpa(*args, **(kwargs or {}))
-        return func(*args, **(kwargs or {}))
 
 
 def chunked_steps(schedule: Any, chunks: SeqChunks, microbatch_size: int) -> Any:

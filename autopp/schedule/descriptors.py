@@ -226,8 +226,7 @@ class Descriptor:
     sequence_chunks: bool = False
     """Splits each microbatch along the sequence into chunks run as units (`autopp.schedule.seqpipe`): `build` gives
     its one-chunk order, `seqpipe.chunked_order` the k-chunk one; its estimate and bound apply to unit costs and
-    m x k units. Not in `NAMED`: the search tries it with its chunk counts where offered
-    (`autopp.solve.search.seqpipe`)."""
+    m x k units. Not in `NAMED`: the search tries it with its chunk counts (`autopp.solve.search.seqpipe`)."""
 
     @property
     def runnable(self) -> bool:
@@ -354,8 +353,9 @@ _CHIMERA = Descriptor(name=ScheduleName.CHIMERA, placement=StagePlacement.BIDIRE
                       splits_backward=False, torch_class="", builder=named.chimera, estimate=_estimate_chimera,
                       pipe_bound=_bound_chimera, estimate_bound=_estimate_bound_chimera)
 _SEQ_1F1B = Descriptor(name=ScheduleName.SEQ_1F1B, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
-                       torch_class="_PipelineScheduleRuntime", builder=named.seq_1f1b, estimate=_estimate_1f1b, pipe_bound=_bound_single,
-                       estimate_bound=_estimate_bound_single, min_microbatches_per_rank=0, sequence_chunks=True)
+                       torch_class="_PipelineScheduleRuntime", builder=named.seq_1f1b, estimate=_estimate_1f1b,
+                       pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, min_microbatches_per_rank=0,
+                       sequence_chunks=True)
 _CUSTOM = Descriptor(name=ScheduleName.CUSTOM, placement=StagePlacement.GIVEN, fixed_v=None, splits_backward=False,
                      torch_class="_PipelineScheduleRuntime")
 

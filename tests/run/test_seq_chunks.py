@@ -19,7 +19,7 @@ from autopp.data.plan import Plan
 from autopp.errors import RunError
 from autopp.run import RunOptions, run_plan
 from autopp.run.pipeline import custom_schedule
-from autopp.run.seq_chunks import SeqChunks, check_seq_plan, unit_rows
+from autopp.run.seq_chunks import SeqChunks, check_seq_plan, rotated, unit_rows
 from autopp.schedule.seqpipe import ChunkCosts, chunked_order
 from tests.models import chunklm, seqlm
 from tests.run.conftest import ROOT, pipeline_plan
@@ -86,8 +86,8 @@ def test_the_chunk_mode_gives_the_whole_sequence_gradients_in_one_process() -> N
 
 def test_the_runner_refuses_what_it_does_not_chunk_in_one_line() -> None:
     plan = _seq_plan(2, 2, 2)
-    with pytest.raises(RunError, match=r"seqlm.py: Seq1F1B runs model files that declare SEQUENCE_CHUNKS = True "
-                                       r".*; re-plan with --schedule 1F1B$"):
+    with pytest.raises(RunError, match=r"seqlm.py: Seq1F1B runs model files that declare SEQUENCE_CHUNKS = True .* "
+                                       r"and HF causal LMs of llama, qwen2, qwen3 .*; re-plan with --schedule 1F1B$"):
         check_seq_plan(plan, declared=False)
     check_seq_plan(plan, declared=True)
     odd = replace(plan, seq_chunks=ChunkCosts((7, 6), (0.5, 0.5), (0.5, 0.5)))
@@ -165,3 +165,34 @@ def test_seq1f1b_on_cpu_ranks_matches_one_process(tmp_path: Path, world: int, m:
     assert set(got) == set(grads)
     for name, grad in grads.items():
         torch.testing.assert_close(got[name], grad, msg=name)
+
+
+def test_rotated_keys_score_as_at_their_true_positions() -> None:
+    """RoPE in HF's half-split layout: a key rotated for position j and turned by -d scores against a query rotated
+    for position i as a key at j and a query at i + d would."""
+    torch.manual_seed(0)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    q, k = torch.randn(8), torch.randn(8)
+
+    def at(x: torch.Tensor, pos: int) -> torch.Tensor:
+        return rotated(x.reshape(1, 8), pos, inv_freq).reshape(8)
+
+    i, j, d = 3, 1, 12
+    torch.testing.assert_close(at(q, i) @ rotated(at(k, j).reshape(1, 8), -d, inv_freq).reshape(8),
+                               at(q, i + d) @ at(k, j))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("pp, k", [(2, 2), (4, 4)])
+def test_an_hf_llama_runs_seq1f1b_validated(pp: int, k: int) -> None:
+    """The tiny HF Llama (rotary positions computed inside the model, baked as 0..n-1 into the exported pieces):
+    every earlier chunk's key turned to its true positions, validated against one process on whole sequences."""
+    from tests.run.test_context_run import TINY_LLAMA, llama_plan
+
+    pytest.importorskip("transformers")
+    splits = [f"model.layers.{4 // pp * i}" for i in range(1, pp)]
+    plan = replace(llama_plan(Layout(pp=pp), splits, "Seq1F1B", microbatch_size=1),
+                   seq_chunks=ChunkCosts((16 // k,) * k, (1 / k,) * k, (1 / k,) * k))
+    assert plan.model_path == str(TINY_LLAMA)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=400))
+    assert report.passed and report.validated

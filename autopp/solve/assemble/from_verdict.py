@@ -179,7 +179,7 @@ def _seq_note(c: Candidate) -> list[str]:
     return [f"sequence pipelining: each sequence in {k} chunks of {', '.join(map(str, c.seq.lengths))} tokens "
             "(equal cost: the attention's share from the profile's attention shape), run as units, every stage "
             "keeping its activations; autopp run runs it, in chunks of equal length, for model files that declare "
-            "SEQUENCE_CHUNKS; no exporter does (docs/sequence-pipelining.md)"]
+            "SEQUENCE_CHUNKS and HF Llama-family causal LMs; no exporter does (docs/sequence-pipelining.md)"]
 
 
 def _unoffered(request: PlanRequest, a: UnitArrays) -> list[str]:
