@@ -10,8 +10,8 @@ from .data.plan import Plan, Prediction
 from .data.profile import Profile
 from .sizes import format_in, format_size, format_time, size_unit, time_unit
 
-__all__ = ["unit_span", "stage_sizes", "format_profile", "sync_name", "format_grid", "format_plan", "format_breakdown",
-           "format_predicted_step"]
+__all__ = ["unit_span", "stage_sizes", "format_profile", "sync_name", "format_grid", "format_plan", "format_chunks",
+           "format_breakdown", "format_predicted_step"]
 
 
 def _table(header: list[str], rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
@@ -151,6 +151,12 @@ def format_grid(layout: Layout) -> str:
         + (f" HSDP {layout.dp_replicate} x {layout.dp // layout.dp_replicate}" if layout.dp_replicate > 1 else "")
 
 
+def format_chunks(plan: Plan) -> str:
+    """A sequence-chunked plan's chunks in words ("each sequence in 4 chunks of 10704, 8453, 7213, 6398 tokens")."""
+    lengths = plan.seq_chunks.lengths if plan.seq_chunks is not None else ()
+    return f"each sequence in {len(lengths)} chunks of {', '.join(map(str, lengths))} tokens"
+
+
 def format_plan(plan: Plan) -> str:
     """The stage table, then the plan's predicted figures next to each baseline's and the ideal bound."""
     st = plan.stages
@@ -166,6 +172,8 @@ def format_plan(plan: Plan) -> str:
             f"{_count(plan.layout.v, 'stage')} "
             f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
+    if plan.seq_chunks is not None:
+        head += f"\nsequence pipelining: {format_chunks(plan)} run one after another as units"
     if plan.vocab is not None:
         head += (f"\nvocabulary parallelism {plan.vocab.value}: embedding and head split along the vocabulary over "
                  f"all {plan.layout.pp} ranks (their passes in the stages' times and memory)")

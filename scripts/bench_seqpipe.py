@@ -16,6 +16,13 @@ is not modelled, so the time gain is an upper bound. Simulator figures are exact
 
     .venv/bin/python scripts/bench_seqpipe.py
     .venv/bin/python scripts/bench_seqpipe.py --seq-len 65536 --pp 8 --microbatches 16
+
+With --profile DIR (a profile of a causal LM with its attention shape, e.g. the shipped
+profiles/llama-3.1-8b-h100-sxm-s32768) the planner instead: `make_plan` on --pp devices of --device with
+--microbatches sequences per step, searched (Seq1F1B offered), the named schedules alone (its note's figures), and
+1F1B pinned with recomputation searched and with every stage keeping its activations.
+
+    .venv/bin/python scripts/bench_seqpipe.py --profile profiles/llama-3.1-8b-h100-sxm-s32768 --pp 8
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import json
 from pathlib import Path
 
 from autopp.data.catalog import load_device
-from autopp.schedule import StageCost
+from autopp.schedule import ScheduleName, StageCost
 from autopp.schedule.seqpipe import LayerShape, attention_share, chunk_costs, chunk_lengths, kv_share, simulate_chunks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +72,11 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--mfu", type=float, default=0.5, help="achieved share of the bf16 peak (assumed)")
     ap.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--profile", help="plan this profile instead (module docstring)")
+    ap.add_argument("--device", default="h100-sxm", help="with --profile: the catalog device of every rank")
     args = ap.parse_args()
+    if args.profile:
+        return planned(args.profile, args.device, args.pp, args.microbatches)
     config = json.loads(Path(args.config).read_text())
     shape = _shape(config, args.seq_len)
     costs = stage_costs(config, shape, args.pp, args.mfu)
@@ -84,6 +95,37 @@ def main() -> None:
         shown = ",".join(map(str, lengths)) if k <= 4 else f"{lengths[0]}..{lengths[-1]}"
         print(f"{name:<14} {shown:<44} {run.step_time_s:8.3f} {base.step_time_s / run.step_time_s:7.2f}x "
               f"{run.peak_bytes / 1e9:8.1f} {run.peak_bytes / base.peak_bytes:6.0%}")
+
+
+def planned(profile_dir: str, device: str, pp: int, microbatches: int) -> None:
+    """The planner's choice on `pp` devices against the named schedules and 1F1B (module docstring)."""
+    from dataclasses import replace
+
+    from autopp.data.catalog import cluster_from_catalog
+    from autopp.data.layout import LayoutPins
+    from autopp.data.profile import load_profile
+    from autopp.errors import InfeasibleError
+    from autopp.solve import PlanRequest, RecomputeMode, make_plan
+
+    profile = load_profile(profile_dir)
+    base = PlanRequest(cluster=cluster_from_catalog(load_device(device), pp), global_batch=microbatches, schedule=None,
+                       pins=LayoutPins(pp=pp), recompute=RecomputeMode.AUTO)
+    rows = [("searched", base), ("1F1B, recompute searched", replace(base, schedule=ScheduleName.ONE_F_ONE_B)),
+            ("1F1B, keep", replace(base, schedule=ScheduleName.ONE_F_ONE_B, recompute=RecomputeMode.NONE))]
+    print(f"{Path(profile_dir).name}: pp {pp} x {device}, {microbatches} sequences per step")
+    print(f"{'request':<26} {'schedule':<28} {'step s':>8} {'peak GiB':>9}  note")
+    for name, req in rows:
+        try:
+            plan = make_plan(profile, req)
+        except InfeasibleError as exc:
+            print(f"{name:<26} {'(none fits)':<28} {'':>8} {'':>9}  {str(exc).split(';')[0]}")
+            continue
+        what = plan.schedule.value + (f" k={len(plan.seq_chunks.lengths)}" if plan.seq_chunks else "")
+        what += f" m={plan.num_microbatches}" + (" +recompute" if any(s.activation.value != "keep"
+                                                                          for s in plan.stages) else "")
+        note = next((n for n in plan.notes if n.startswith("sequence pipelining chosen")), "")
+        print(f"{name:<26} {what:<28} {plan.predicted.step_time_s:8.3f} "
+              f"{max(plan.predicted.peak_memory_bytes) / 2**30:9.1f}  {note}")
 
 
 if __name__ == "__main__":

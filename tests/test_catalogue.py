@@ -237,6 +237,11 @@ for _name, (_setup, _file) in PROFILES.items():
 
 
 # ---- plans: `autopp run PLAN` and `autopp show PLAN` ----
+def _seq1f1b(d: dict[str, Any]) -> None:
+    """The plan under Seq1F1B in 2 chunks."""
+    d.update(schedule="Seq1F1B", seq_chunks={"lengths": [2, 2], "time_share": [0.5, 0.5], "memory_share": [0.5, 0.5]})
+
+
 def _plan_edit(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Env], None]:
     def setup(env: Env) -> None:
         data = json.loads(env.plan.read_text())
@@ -338,15 +343,31 @@ CASES += [
     Case("run:optimizer-unknown-wording", lambda env: ["run", str(env.bad_plan)],
          lambda env: f"{env.bad_plan}: field 'optimizer' is 'lamb', which autopp does not run (sgd, momentum, adam, "
                      "adamw); give --optimizer to run another", _plan_edit(lambda d: d.update(optimizer="lamb"))),
-    Case("run:seq1f1b-planned-only", lambda env: ["run", str(env.bad_plan)],
-         lambda env: "Seq1F1B is planned and simulated only: no torch schedule runs it here; re-plan with --schedule "
-                     "1F1B", _plan_edit(lambda d: d.update(schedule="Seq1F1B"))),
+    Case("run:seq1f1b-model-without-chunks", lambda env: ["run", str(env.bad_plan)],
+         lambda env: f"{ROOT / 'examples' / 'mlp.py'}: Seq1F1B runs model files that declare SEQUENCE_CHUNKS = True "
+                     "(causal SDPA attention, positions given as inputs; e.g. tests/models/seqlm.py) and HF causal LMs "
+                     "of llama, qwen2, qwen3 (docs/sequence-pipelining.md); re-plan with --schedule 1F1B",
+         _plan_edit(_seq1f1b)),
+    Case("run:seq1f1b-without-chunks", lambda env: ["run", str(env.bad_plan)],
+         lambda env: f"{env.bad_plan}: field 'seq_chunks' is missing under schedule 'Seq1F1B': it is set exactly for "
+                     "sequence chunks; re-plan with `autopp plan`", _plan_edit(lambda d: d.update(schedule="Seq1F1B"))),
+    Case("plan:seq1f1b-not-a-causal-lm", lambda env: _plan_args(env, "--schedule", "Seq1F1B"),
+         lambda env: "--schedule Seq1F1B splits each sequence of a causal LM by the attention's cost, and the profile "
+                     "of "),
+    Case("plan:seq1f1b-sequence-too-short",
+         lambda env: ["plan", "--profile", str(env.bad_prof), "--devices", "2", "--memory", "1GiB", "--schedule",
+                      "Seq1F1B", "-o", str(env.tmp / "out.json")],
+         lambda env: "--schedule Seq1F1B cuts sequences into 2 or more chunks on multiples of 128 tokens, and the "
+                     "profile's are 8: plan with --seq-len a multiple of 128 from 256, or --schedule auto",
+         _meta(lambda d: d["extra"].update(hf_config={
+             "seq_len": 8, "task": "causal-lm", "model_type": "llama",
+             "attention": {"heads": 2, "kv_heads": 2, "head_dim": 2, "causal": True}}))),
     Case("export:seq1f1b-no-trainer", lambda env: ["export", str(env.bad_plan), "--to", "deepspeed", "-o",
                                                    str(env.tmp / "d.json")],
          lambda env: f"{env.bad_plan}: the plan's schedule is Seq1F1B, but DeepSpeed's PipelineEngine runs only 1F1B "
                      "(its own TrainSchedule, one stage per rank); re-plan with --schedule 1F1B (and no --synthesize), "
                      "or plan with `autopp plan --for deepspeed`, which searches only what deepspeed runs",
-         _plan_edit(lambda d: d.update(schedule="Seq1F1B"))),
+         _plan_edit(_seq1f1b)),
     Case("export:whole-stage-recompute", lambda env: ["export", str(env.bad_plan), "--to", "deepspeed", "-o",
                                                       str(env.tmp / "d.json")],
          lambda env: f"{env.bad_plan}: activation policy recompute: DeepSpeed's activation_checkpoint_interval 1 "

@@ -377,3 +377,28 @@ def test_step_band_and_ties_round_trip_and_stay_out_when_unknown(tmp_path: Path)
 def test_a_bad_step_band_is_refused(tmp_path: Path, band: object, message: str) -> None:
     with pytest.raises(PlanError, match=r"p\.json: " + message):
         load_plan(_write(tmp_path, _plan().to_json() | {"step_band_s": band}))
+
+
+def test_seq_chunks_round_trip_only_under_seq1f1b(tmp_path: Path) -> None:
+    """Sequence pipelining's chunks (docs/plan-format.md): written only when set, set exactly under Seq1F1B, each
+    list one entry per chunk."""
+    from autopp.schedule.seqpipe import ChunkCosts
+
+    chunks = ChunkCosts((6, 4), (0.5, 0.5), (0.6, 0.46))
+    plan = replace(_plan(), schedule=ScheduleName.SEQ_1F1B, seq_chunks=chunks)
+    path = plan.save(tmp_path / "p.json")
+    assert load_plan(path) == plan
+    assert json.loads(path.read_text())["seq_chunks"] == {"lengths": [6, 4], "time_share": [0.5, 0.5],
+                                                          "memory_share": [0.6, 0.46]}
+    assert "seq_chunks" not in _plan().to_json()
+    for data, message in [
+        (_plan().to_json() | {"schedule": "Seq1F1B"}, r"field 'seq_chunks' is missing under schedule 'Seq1F1B'"),
+        (_plan().to_json() | {"seq_chunks": plan.to_json()["seq_chunks"]},
+         r"field 'seq_chunks' is set under schedule '1F1B'"),
+        (plan.to_json() | {"seq_chunks": {"lengths": [6], "time_share": [0.5, 0.5], "memory_share": [1, 1]}},
+         r"field 'seq_chunks' must be \{\"lengths\", \"time_share\", \"memory_share\"\}"),
+        (plan.to_json() | {"seq_chunks": {"lengths": [6, 0], "time_share": [0.5, 0.5], "memory_share": [1, 1]}},
+         r"positive token lengths and shares in \(0, 1\]")]:
+        (tmp_path / "bad.json").write_text(json.dumps(data))
+        with pytest.raises(PlanError, match=message):
+            load_plan(tmp_path / "bad.json")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from ..data.axes import AXES
-from ..schedule import NAMED
+from ..schedule import DESCRIPTORS, NAMED
 from ..sizes import parse_size
 
 __all__ = ["FLAG_TERMS", "in_flags", "DEFAULT_PROFILE_DIR", "SCHEDULE_NAMES", "TARGET_NAMES", "Parser", "progress",
@@ -52,8 +52,9 @@ def in_flags(message: str) -> str:
         message = pattern.sub(flag, message)
     return message
 
-#: The named schedules' values (the schedule package loads neither torch, pandas nor OR-Tools: ~0.1 s).
-SCHEDULE_NAMES = tuple(n.value for n in NAMED)
+#: The schedules `--schedule` pins: the named ones and sequence pipelining's (offered for causal LMs,
+#: autopp.solve.search.seqpipe), by value (the schedule package loads neither torch, pandas nor OR-Tools: ~0.1 s).
+SCHEDULE_NAMES = tuple(n.value for n in DESCRIPTORS if n in NAMED or DESCRIPTORS[n].sequence_chunks)
 
 #: The values of autopp.export.Target, spelt out for the same reason; tests/export/test_export.py checks they agree.
 TARGET_NAMES = ("torchtitan", "megatron", "deepspeed", "torch-csv")

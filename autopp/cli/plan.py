@@ -73,8 +73,9 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         "with: it sets the microbatches, and so the bubble")
     p.add_argument("--microbatches", type=POSITIVE, help="pin the microbatch count per replica (default: searched)")
     p.add_argument("--schedule", default="auto", choices=["auto", *SCHEDULE_NAMES],
-                   help="pipeline schedule, or auto (default): every named schedule, and a CP-SAT-synthesized order "
-                        "for the best split unless the trainer of --for runs none")
+                   help="pipeline schedule, or auto (default): every named schedule, sequence pipelining for causal "
+                        "LMs (docs/sequence-pipelining.md), and a CP-SAT-synthesized order for the best split unless "
+                        "the trainer of --for runs none")
     for axis in _flag_axes():  # --pp, --dp, --tp: each axis's flag as its descriptor gives it (autopp.data.axes)
         assert axis.flag is not None
         p.add_argument(f"--{axis.name}", type=_auto_int if axis.flag.auto else POSITIVE, default=axis.flag.default,

@@ -10,7 +10,7 @@ judge, the CP-SAT models, the bounds and the explanations read these; nothing el
 
 from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,
                     unit_memory)
-from .context import AttentionShape, ContextTable, attention_shape, check_sequence, context_parallel
+from .context import AttentionShape, ContextTable, attention_shape, causal_share, check_sequence, context_parallel
 from .parallel import (ExpertTable, check_expert_zero, data_sharded, expert_parallel, fsdp_outside_pipeline,
                        group_table, group_terms, replica_terms, sp_offered, tensor_parallel)
 from .terms import (allreduce_time, allreduce_times, comm_times, exposed_sync_time, gradient_allreduce_time,
@@ -21,7 +21,7 @@ from .units import ProfileTable, TpComm, UnitArrays, unit_arrays
 __all__ = ["UnitArrays", "TpComm", "ProfileTable", "unit_arrays", "group_table", "group_terms", "replica_terms",
            "tensor_parallel", "data_sharded", "fsdp_outside_pipeline", "exposed_sync_time", "rank_sync_times",
            "ExpertTable", "expert_parallel", "sp_offered", "check_expert_zero",
-           "AttentionShape", "ContextTable", "attention_shape", "check_sequence", "context_parallel",
+           "AttentionShape", "ContextTable", "attention_shape", "causal_share", "check_sequence", "context_parallel",
            "allreduce_times", "sync_time", "stage_speeds", "stage_costs",
            "memory_prefix", "unit_memory", "stage_transient", "ideal_step_time", "transfer_time", "send_times",
            "comm_times",

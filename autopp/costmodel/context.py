@@ -49,8 +49,8 @@ from ..data.profile import Profile
 from ..errors import ProfileError
 from .units import ProfileTable, UnitArrays
 
-__all__ = ["AttentionShape", "attention_shape", "attention_layers", "check_sequence", "ContextTable",
-           "context_parallel"]
+__all__ = ["AttentionShape", "attention_shape", "attention_layers", "attention_flops", "causal_share",
+           "check_sequence", "ContextTable", "context_parallel"]
 
 #: Bytes per element of a profile's dtype (its activations').
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -90,6 +90,28 @@ def attention_layers(profile: Profile) -> np.ndarray:
                     dtype=np.float64)
 
 
+def attention_flops(profile: Profile, shape: AttentionShape) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit and sample, the attention's FLOPs (QK^T and PV: 4 s^2 x heads x head size, halved when causal) and
+    all its FLOPs (those plus 2 x parameters x s of its matmuls; embeddings' parameters count as matmuls, which only
+    lowers the attention's share)."""
+    rows = profile.units[profile.units.microbatch_size == profile.units.microbatch_size.min()].sort_values("unit")
+    params = rows.param_bytes.to_numpy(dtype=np.float64) / shape.dtype_bytes
+    s = float(shape.seq_len)
+    attention = attention_layers(profile) * 4 * s * s * shape.heads * shape.head_dim * (0.5 if shape.causal else 1.0)
+    return attention, attention + 2 * params * s
+
+
+def causal_share(profile: Profile) -> float | None:
+    """The causal attention's share of the model's FLOPs (`attention_flops` summed over units), which sequence
+    pipelining's chunk costs read (autopp.schedule.seqpipe, COST); None when the profile records no attention shape
+    or a non-causal one (not a causal LM: no sequence pipelining)."""
+    shape = attention_shape(profile)
+    if shape is None or not shape.causal:
+        return None
+    attention, total = attention_flops(profile, shape)
+    return float(attention.sum() / total.sum()) if total.sum() > 0 else None
+
+
 def _required(profile: Profile, cp: int) -> AttentionShape:
     shape = attention_shape(profile)
     if shape is None:
@@ -119,13 +141,9 @@ class ContextTable(ProfileTable):
         shape = _required(profile, cp)
         self.cp, self.shape = cp, shape
         self.layers = attention_layers(profile)
-        rows = profile.units[profile.units.microbatch_size == self.sizes[0]].sort_values("unit")
-        params = rows.param_bytes.to_numpy(dtype=np.float64) / shape.dtype_bytes
-        s = float(shape.seq_len)
-        # per sample: the attention's FLOPs (QK^T and PV, halved when causal) against the unit's matmuls'
-        attention = self.layers * 4 * s * s * shape.heads * shape.head_dim * (0.5 if shape.causal else 1.0)
-        total = attention + 2 * params * s
+        attention, total = attention_flops(profile, shape)
         self.share = np.divide(attention, total, out=np.zeros(self.n), where=total > 0)
+        s = float(shape.seq_len)
         kv_local = -(-shape.kv_heads // tp)
         self.shard_per_sample = 2 * (s / cp) * kv_local * shape.head_dim * shape.dtype_bytes
 

@@ -13,10 +13,12 @@ from ..relpaths import resolved_path, stored_path
 from ..schedule.actions import Action
 from ..schedule.activation import FIGURED, Activation, Figures, figure_keys
 from ..schedule.descriptors import ScheduleName, describe
+from ..schedule.seqpipe import ChunkCosts
 from .breakdown import TimeBreakdown, breakdown_of
 from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
-from .plan_fields import FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order
+from .plan_fields import (FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order, seq_chunks,
+                          seq_chunks_json)
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 from .vocab import VocabVariant
 
@@ -179,6 +181,9 @@ class Plan:
     (the last unit) split along the vocabulary over every pipeline rank, with this variant ("vocab-1", "vocab-2" in
     JSON); the stages' units and split points are then the body's split, their times and bytes include the passes.
     None: the first and last stages hold them whole; written to JSON only when set."""
+    seq_chunks: ChunkCosts | None = None
+    """Sequence pipelining (Seq1F1B; docs/sequence-pipelining.md): the chunks of each microbatch's sequence (JSON:
+    `plan_fields.seq_chunks`); set exactly when the schedule splits sequences, written to JSON only when set."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -229,13 +234,14 @@ class Plan:
         data["schedule"] = self.schedule.value
         data["vocab"] = self.vocab.value if self.vocab is not None else None
         data["custom_order"] = tuple(tuple(str(a) for a in row) for row in self.custom_order)
+        data["seq_chunks"] = seq_chunks_json(self.seq_chunks)
         if not self.device_order:
             del data["device_order"]  # plans without one stay as they were written before the field existed
         # fields a plan may not know (a model file's hf_config, the API's profile_path, older plans' device and
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items()
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
-                                  "step_band_s", "tied", "precision", "vocab")}
+                                  "step_band_s", "tied", "precision", "vocab", "seq_chunks")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:
@@ -286,7 +292,7 @@ class Plan:
                            "step_band_s": band,
                            "tied": tuple(data.get("tied", ())),
                            "vocab": VocabVariant(data["vocab"]) if data.get("vocab") is not None else None,
-                           "custom_order": order,
+                           "custom_order": order, "seq_chunks": seq_chunks(data.get("seq_chunks"), f),
                            "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown})
             _check_consistent(plan)
             return plan
@@ -328,6 +334,9 @@ def _check_consistent(plan: Plan) -> None:
         except ScheduleError as exc:
             raise PlanError(f"field 'num_microbatches': {exc}; re-plan with `autopp plan ... --microbatches M`") \
                 from None
+    if (plan.seq_chunks is not None) != d.sequence_chunks:
+        raise PlanError(f"field 'seq_chunks' is {'set' if plan.seq_chunks else 'missing'} under schedule "
+                        f"{plan.schedule.value!r}: it is set exactly for sequence chunks; re-plan with `autopp plan`")
     if plan.vocab is not None and (pp < 2 or plan.layout.world != pp):
         raise PlanError(f"field 'vocab' {plan.vocab.value!r} splits the vocabulary over pp >= 2 pipeline ranks "
                         f"and no other axis (pp {pp}, {plan.layout.world} ranks)")

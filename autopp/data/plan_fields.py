@@ -9,11 +9,13 @@ from ..errors import ScheduleError
 from ..schedule.actions import Action, parse_action
 from ..schedule.activation import FIGURED, Activation, figure_keys
 from ..schedule.descriptors import ScheduleName
+from ..schedule.seqpipe import ChunkCosts
 from .fields import Fields, is_int, is_span
 from .layout import LAYOUT_FIELDS
 from .vocab import VocabVariant
 
-__all__ = ["FIGURE_FIELDS", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order"]
+__all__ = ["FIGURE_FIELDS", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order", "seq_chunks",
+           "seq_chunks_json"]
 
 
 #: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
@@ -118,3 +120,30 @@ def _action(cell: Any, rank: int, position: int, f: Fields) -> Action:
         return parse_action(cell)
     except ScheduleError as exc:
         f.fail(f"{at}: {exc}")
+
+
+def seq_chunks_json(seq: ChunkCosts | None) -> dict[str, list[Any]] | None:
+    """`seq_chunks`' JSON form (None: not set)."""
+    if seq is None:
+        return None
+    return {"lengths": list(seq.lengths), "time_share": list(seq.time), "memory_share": list(seq.memory)}
+
+
+def seq_chunks(value: Any, f: Fields) -> ChunkCosts | None:
+    """A plan's `seq_chunks` (Seq1F1B's chunks, `autopp.schedule.seqpipe.ChunkCosts`) from JSON: {"lengths",
+    "time_share", "memory_share"}, one entry per chunk (token lengths; shares of a microbatch's time and kept
+    bytes)."""
+    if value is None:
+        return None
+    keys = ("lengths", "time_share", "memory_share")
+    if not isinstance(value, dict) or sorted(value) != sorted(keys) or not value["lengths"] \
+            or any(not isinstance(value[k], list) or len(value[k]) != len(value["lengths"]) for k in keys):
+        f.fail("field 'seq_chunks' must be {\"lengths\", \"time_share\", \"memory_share\"}: lists of one entry "
+               "per chunk")
+    lengths = value["lengths"]
+    shares = [x for k in keys[1:] for x in value[k]]
+    if not all(isinstance(n, int) and n > 0 for n in lengths) \
+            or not all(isinstance(x, (int, float)) and 0 < x <= 1 for x in shares):
+        f.fail(f"field 'seq_chunks' needs positive token lengths and shares in (0, 1], got {value}")
+    return ChunkCosts(tuple(lengths), tuple(float(x) for x in value["time_share"]),
+                      tuple(float(x) for x in value["memory_share"]))

@@ -125,7 +125,8 @@ HF_DECODER_TO_TORCHTITAN = (("model.embed_tokens", "tok_embeddings"), ("model.ro
 #: Every trainer autopp exports to, by name.
 TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
     Trainer(name="torchtitan", title="torchtitan", runs="torch's named schedules",
-            schedules=tuple(s for s in ScheduleName if not describe(s).given_order and describe(s).torch_class),
+            schedules=tuple(s for s in ScheduleName if not describe(s).given_order and describe(s).torch_class
+                            and not describe(s).sequence_chunks),
             synthesized=True,
             seq_len="--training.seq_len={}", module_names=HF_DECODER_TO_TORCHTITAN,
             vocab="torchtitan keeps the embedding and the output layer whole in the first and last stages (it splits "

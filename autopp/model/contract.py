@@ -51,6 +51,9 @@ class ModelFile:
     split_points: tuple[str, ...] | None
     tp_plan: dict[str, str] | None = None
     """TP_PLAN of the model file: module-name pattern -> tensor-parallel style (autopp.model.tp); None: not given."""
+    sequence_chunks: bool = False
+    """SEQUENCE_CHUNKS of the model file: its attention is causal SDPA without a mask and positions come from its
+    inputs, so `autopp run` may split its sequences into chunks (Seq1F1B, autopp.run.seq_chunks)."""
 
     def sample_batch(self, batch_size: int, seed: int = 0) -> Batch:
         """Return (inputs as a tuple, target) for `batch_size` samples, reproducibly for `seed`."""
@@ -131,7 +134,7 @@ def _function(module: ModuleType, path: Path, name: str, required: bool) -> Call
 
 def load_model_file(path: str | Path) -> ModelFile:
     """Import `path` and check it defines build_model() and sample_batch(), and optionally loss_fn, SPLIT_POINTS,
-    TP_PLAN."""
+    TP_PLAN, SEQUENCE_CHUNKS."""
     path = check_model_file(path)
     module = _import(path)
     build = _function(module, path, "build_model", True)
@@ -140,9 +143,12 @@ def load_model_file(path: str | Path) -> ModelFile:
     points = getattr(module, "SPLIT_POINTS", None)
     if points is not None and not (isinstance(points, (list, tuple)) and all(isinstance(p, str) for p in points)):
         raise ModelFileError(f"{path}: SPLIT_POINTS must be a list of module names (strings)")
+    chunks = getattr(module, "SEQUENCE_CHUNKS", False)
+    if not isinstance(chunks, bool):
+        raise ModelFileError(f"{path}: SEQUENCE_CHUNKS must be True or False, got {chunks!r}")
     assert build is not None and sample is not None
     return ModelFile(path, build, sample, loss, tuple(points) if points is not None else None,
-                     _tp_plan(module, path))
+                     _tp_plan(module, path), chunks)
 
 
 def _tp_plan(module: ModuleType, path: Path) -> dict[str, str] | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator, Literal, Sequence
 
 import torch
@@ -32,8 +33,8 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import ContextParallelError
 
-__all__ = ["RotateMethod", "RingConfig", "check_sequence", "check_attention", "shard_sequence", "ring_attention",
-           "context_parallel_backward"]
+__all__ = ["RotateMethod", "RingConfig", "SdpaMode", "check_sequence", "check_attention", "shard_sequence",
+           "ring_attention", "context_parallel_backward"]
 
 #: How K/V shards travel: "allgather" (one all-gather per attention, torch's default) or "alltoall" (a ring step).
 RotateMethod = Literal["allgather", "alltoall"]
@@ -165,17 +166,18 @@ def _ring_sdpa(config: RingConfig, query: torch.Tensor, key: torch.Tensor, value
     return out
 
 
-class _RingMode(TorchFunctionMode):
-    """Sends scaled_dot_product_attention (the Python function or the aten op) to ring attention."""
+class SdpaMode(TorchFunctionMode):
+    """Sends scaled_dot_product_attention (the Python function or the aten op) to `route`, which takes SDPA's
+    arguments: ring attention here, sequence chunks' cache in autopp.run.seq_chunks."""
 
-    def __init__(self, config: RingConfig) -> None:
+    def __init__(self, route: Callable[..., torch.Tensor]) -> None:
         super().__init__()
-        self.config = config
+        self.route = route
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         if func in _SDPA_FUNCS:
-            return _ring_sdpa(self.config, *args, **(kwargs or {}))
+            return self.route(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 
@@ -184,7 +186,7 @@ def ring_attention(config: RingConfig) -> Iterator[None]:
     """Inside, every scaled_dot_product_attention call on this thread computes attention of this rank's query shard
     against the whole sequence's K/V over `config.group` (its backward too, whenever it runs). Inputs must already be
     sharded with `shard_sequence` under the same config."""
-    with _RingMode(config):
+    with SdpaMode(partial(_ring_sdpa, config)):
         yield
 
 

@@ -21,12 +21,14 @@ from ..model.contract import ModelFile
 from ..model.split import split_model
 from ..data.plan import Plan
 from ..schedule import Action, Kind, StagePlacement, ScheduleName, describe, listed, to_csv_rows
+from ..schedule.seqpipe import chunked_order
 from .bidirectional import BidirectionalSchedule, mirror_groups, mirror_stage
 from .chain import ChainPiece, chain_io, constant_values, example_io
 from .context import RingConfig, shard_sequence
 from .context_run import own_positions, shard_batch
 from .outputs import model_loss
 from .parallel import Sharding, shard_stage
+from .seq_chunks import ROPE, SeqChunks, chunk_example, chunked_steps, rope_of
 from .tensor_parallel import local_shapes, planned_modules, sequence_planned
 from .tied import aliases, canonical_names, shared_params
 
@@ -97,6 +99,8 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
     model = mf.build(plan.seed)
     resolved = planned_modules(mf, model, plan) if mesh is not None else {}
     example, _ = mf.sample_batch(plan.microbatch_size, seed=plan.seed)
+    if plan.seq_chunks is not None:  # pieces exported and stages built at one chunk's length (autopp.run.seq_chunks)
+        example = chunk_example(example, len(plan.seq_chunks.lengths))
     if context is not None:
         seq = example[0].shape[1]
         own_positions(model, shard_sequence(torch.arange(seq), 0, context))
@@ -134,6 +138,10 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
         raise RunError(f"the model ties {sorted(shared or params)[0]!r} between stages, which the runner does not sum "
                        f"under {plan.schedule.value} (its two replicas hold both copies): untie it or use another "
                        f"schedule")
+    if plan.seq_chunks is not None:  # an HF model's rotary frequencies, which its chunks' K/V are turned by
+        rope = rope_of(model, mf.sequence_chunks)
+        for stage in stages:
+            setattr(stage.submod, ROPE, rope)
     return RankStages(stages, loss, params, shared, relayed, groups[1] if groups is not None else None)
 
 
@@ -231,6 +239,13 @@ def make_schedule(plan: Plan, stages: Sequence[Stage], loss_fn: Any, csv_path: P
         rank = min(s.stage_index for s in stages if s.stage_index_to_group_rank[s.stage_index] == s.stage_index)
         order = d.build(plan.layout.pp, plan.num_microbatches)[rank]
         return BidirectionalSchedule(stages, order, plan.num_microbatches, loss_fn, mirror)
+    if plan.seq_chunks is not None:  # m x k units in the chunked 1F1B order, on torch's CSV runtime
+        k = len(plan.seq_chunks.lengths)
+        units = chunked_order(plan.layout.pp, plan.num_microbatches, k)
+        schedule = custom_schedule(stages, [units[r] for r in sorted(units)], plan.num_microbatches * k, loss_fn,
+                                   csv_path)
+        caches = SeqChunks([s.submod for s in stages], k, getattr(stages[0].submod, ROPE, None))
+        return chunked_steps(schedule, caches, plan.microbatch_size)
     if d.given_order:
         if not plan.custom_order:
             raise RunError(f"plan schedule is {plan.schedule.value} but it has no custom_order")

@@ -32,6 +32,7 @@ from .options import Backend, RunOptions
 from .torchrun import launch_torchrun, torchrun_command, worker_errors
 from .context_run import check_context_model
 from .data_parallel import check_runnable
+from .seq_chunks import check_seq_plan, chunks_supported
 from .pipeline import check_schedule_runs
 from .collect import StageTensors
 from .resolve import Chosen, resolve_options
@@ -253,6 +254,7 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
     check_schedule_runs(plan.schedule)  # a schedule no torch class runs: refused in one line before anything starts
     check_runnable(plan)
     mf, model = _fingerprinted(plan)
+    check_seq_plan(plan, chunks_supported(mf.sequence_chunks, model))  # sequence chunks: a model that takes them
     check_context_model(model, plan)  # cp > 1: a model whose positions the ranks can place (one line)
     chosen = _chosen(plan, options, plan_path)
     options = chosen.options

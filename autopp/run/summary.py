@@ -44,9 +44,11 @@ def _median(values: list[float] | None) -> float | None:
 
 
 def stage_times(plan: Plan, results: Sequence[dict[str, Any]]) -> tuple[StageTimes, ...]:
-    """Median F, B (or I + W) per stage, with the relative error against the plan's forward_s and backward_s."""
+    """Median F, B (or I + W) per stage, with the relative error against the plan's forward_s and backward_s (a
+    sequence-chunked plan's actions are chunks: against 1/k of them)."""
     d = _durations(results)
     out = []
+    unit = 1 / len(plan.seq_chunks.lengths) if plan.seq_chunks else 1.0  # Seq1F1B's actions: chunks, 1/k on average
     for s in plan.stages:
         fwd, full = _median(d.get((s.index, Kind.F))), _median(d.get((s.index, Kind.B)))
         i_s, w_s = _median(d.get((s.index, Kind.I))), _median(d.get((s.index, Kind.W)))
@@ -54,9 +56,10 @@ def stage_times(plan: Plan, results: Sequence[dict[str, Any]]) -> tuple[StageTim
         predicted = s.backward_s
         if full is None and back is not None and s.backward_input_s is not None and s.backward_weight_s is not None:
             predicted = s.backward_input_s + s.backward_weight_s  # split passes run: compare with their prediction
+        forward, predicted = s.forward_s * unit, predicted * unit
         out.append(StageTimes(stage=s.index, rank=s.rank, forward_s=fwd, backward_s=back, input_s=i_s, weight_s=w_s,
-                              predicted_forward_s=s.forward_s, predicted_backward_s=predicted,
-                              forward_error=relative_error(fwd, s.forward_s)[1],
+                              predicted_forward_s=forward, predicted_backward_s=predicted,
+                              forward_error=relative_error(fwd, forward)[1],
                               backward_error=relative_error(back, predicted)[1]))
     return tuple(out)
 

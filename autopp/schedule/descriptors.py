@@ -34,8 +34,8 @@ class ScheduleName(Enum):
     CHIMERA = "Chimera"
     """Two pipelines in opposite directions over the same ranks (Li and Hoefler, SC'21); torch ships no class."""
     SEQ_1F1B = "Seq1F1B"
-    """1F1B over (microbatch, sequence chunk) units (`autopp.schedule.seqpipe`); `autopp run` refuses it (no torch
-    class; `autopp.run.seq_chunks` runs it for models written with its cache)."""
+    """1F1B over (microbatch, sequence chunk) units (`autopp.schedule.seqpipe`): torch's CSV schedule runtime runs
+    it, `autopp.run.seq_chunks` adds the K/V cache, for model files that declare SEQUENCE_CHUNKS."""
     CUSTOM = "Custom"
     """A per-rank order given in the plan (CP-SAT synthesis), run by torch's CSV schedule runtime."""
 
@@ -204,7 +204,7 @@ class Descriptor:
     """Runs each backward as an input pass I and a weight pass W (False for CUSTOM: its order says)."""
     torch_class: str
     """The class in torch.distributed.pipelining.schedules that runs it ("": none; Chimera runs on autopp's own
-    runtime, autopp.run.bidirectional; the runner cannot run Seq1F1B plans)."""
+    runtime, autopp.run.bidirectional; Seq1F1B on the CSV runtime with autopp.run.seq_chunks' K/V cache)."""
     builder: Builder | None = None
     """Rank r's compute actions for (r, p, m, v); None: the plan gives the order."""
     estimate: Estimate | None = None
@@ -226,12 +226,12 @@ class Descriptor:
     sequence_chunks: bool = False
     """Splits each microbatch along the sequence into chunks run as units (`autopp.schedule.seqpipe`): `build` gives
     its one-chunk order, `seqpipe.chunked_order` the k-chunk one; its estimate and bound apply to unit costs and
-    m x k units. Not in `NAMED`: the default search does not try it (`seqpipe.choose_chunks` does)."""
+    m x k units. Not in `NAMED`: the search tries it with its chunk counts (`autopp.solve.search.seqpipe`)."""
 
     @property
     def runnable(self) -> bool:
-        """The runner runs it: with a torch class, or on its own bidirectional runtime (Chimera); it refuses the
-        rest (Seq1F1B) before anything starts."""
+        """The runner runs it: with a torch class (Seq1F1B: the CSV runtime), or on its own bidirectional runtime
+        (Chimera)."""
         return bool(self.torch_class) or self.mirrored
 
     @property
@@ -353,8 +353,9 @@ _CHIMERA = Descriptor(name=ScheduleName.CHIMERA, placement=StagePlacement.BIDIRE
                       splits_backward=False, torch_class="", builder=named.chimera, estimate=_estimate_chimera,
                       pipe_bound=_bound_chimera, estimate_bound=_estimate_bound_chimera)
 _SEQ_1F1B = Descriptor(name=ScheduleName.SEQ_1F1B, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
-                       torch_class="", builder=named.seq_1f1b, estimate=_estimate_1f1b, pipe_bound=_bound_single,
-                       estimate_bound=_estimate_bound_single, min_microbatches_per_rank=0, sequence_chunks=True)
+                       torch_class="_PipelineScheduleRuntime", builder=named.seq_1f1b, estimate=_estimate_1f1b,
+                       pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, min_microbatches_per_rank=0,
+                       sequence_chunks=True)
 _CUSTOM = Descriptor(name=ScheduleName.CUSTOM, placement=StagePlacement.GIVEN, fixed_v=None, splits_backward=False,
                      torch_class="_PipelineScheduleRuntime")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import NamedTuple
 
 from autopp.errors import ScheduleError
@@ -29,10 +30,11 @@ from autopp.schedule.actions import Action, Kind
 from autopp.schedule.descriptors import ScheduleName, describe
 from autopp.schedule.effects import StageCost, rank_static_bytes
 from autopp.schedule.named import seq_1f1b
-from autopp.schedule.simulate import simulate
+from autopp.schedule.simulate import SimResult, simulate
 
-__all__ = ["LayerShape", "ChunkCosts", "Candidate", "SeqChoice", "attention_share", "kv_share", "chunk_lengths",
-           "chunk_costs", "unit_costs", "chunked_order", "chunk_peaks", "simulate_chunks", "choose_chunks"]
+__all__ = ["LayerShape", "ChunkCosts", "Candidate", "SeqChoice", "attention_share", "kv_share", "kv_share_of",
+           "chunk_lengths", "chunk_costs", "unit_costs", "chunked_order", "chunk_peaks", "simulate_units",
+           "simulate_chunks", "choose_chunks"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +65,12 @@ def attention_share(shape: LayerShape) -> float:
 def kv_share(shape: LayerShape) -> float:
     """Share of a layer's kept activation bytes that are K and V: 4 s b h_kv of the 34 s b h bytes of Korthikanti et
     al. 2022, Table 2 (16-bit values, no s x s scores: flash attention)."""
-    return 4 * shape.hidden * shape.kv_heads / shape.heads / (34 * shape.hidden)
+    return kv_share_of(shape.heads, shape.kv_heads)
+
+
+def kv_share_of(heads: int, kv_heads: int) -> float:
+    """`kv_share` from the head counts alone: 4 h kv_heads / heads of 34 h."""
+    return 4 * kv_heads / heads / 34
 
 
 def _prefix_cost(y: float, share: float) -> float:
@@ -134,6 +141,12 @@ def chunked_order(num_ranks: int, num_microbatches: int, chunks: int) -> dict[in
     return {r: seq_1f1b(r, num_ranks, num_microbatches, 1, chunks) for r in range(num_ranks)}
 
 
+@lru_cache(maxsize=16)
+def _order(num_ranks: int, num_microbatches: int, chunks: int) -> dict[int, list[Action]]:
+    """`chunked_order`, memoised for the search's many simulations of one configuration (callers do not mutate it)."""
+    return chunked_order(num_ranks, num_microbatches, chunks)
+
+
 def chunk_peaks(order: dict[int, list[Action]], costs: Sequence[StageCost], chunks: ChunkCosts) -> list[int]:
     """Per rank, the most bytes held running its order: static bytes, plus each unit's own share of its stage's
     activation bytes from its F until its B ends (one stage per rank: allocations happen in list order), plus the
@@ -170,14 +183,24 @@ class SeqChoice:
     candidates: tuple[Candidate, ...]
 
 
+def simulate_units(costs: Sequence[StageCost], comm_s: Sequence[float], num_microbatches: int, chunks: ChunkCosts,
+                   progress_s: Sequence[float] | None = None) -> SimResult:
+    """Simulate one step of Seq1F1B with one stage per rank (``costs``: each stage's per-microbatch figures): units
+    at `unit_costs`, each transfer and progress delay x the longest chunk's token share, every rank's peak from
+    `chunk_peaks` (each unit's own bytes) rather than the simulator's (every unit at the largest share). A link's
+    progress delay (`simulate`'s ``progress_s``) is its own, whatever the message size."""
+    k, longest = len(chunks.lengths), max(chunks.lengths) / sum(chunks.lengths)
+    order = _order(len(costs), num_microbatches, k)
+    units = [unit_costs(c, chunks) for c in costs]
+    result = simulate(order, units, list(range(len(costs))), [c * longest for c in comm_s], None, progress_s)
+    return replace(result, peak_memory_bytes=chunk_peaks(order, costs, chunks))
+
+
 def simulate_chunks(costs: Sequence[StageCost], comm_s: Sequence[float], num_microbatches: int, chunks: ChunkCosts
                     ) -> Candidate:
-    """Simulate one step of Seq1F1B with one stage per rank; comm per boundary x the longest chunk's token share."""
-    k, longest = len(chunks.lengths), max(chunks.lengths) / sum(chunks.lengths)
-    order = chunked_order(len(costs), num_microbatches, k)
-    units = [unit_costs(c, chunks) for c in costs]
-    result = simulate(order, units, list(range(len(costs))), [c * longest for c in comm_s])
-    return Candidate(k, chunks.lengths, result.step_time_s, max(chunk_peaks(order, costs, chunks)))
+    """Simulate one step of Seq1F1B with one stage per rank (`simulate_units`): its step time and largest peak."""
+    result = simulate_units(costs, comm_s, num_microbatches, chunks)
+    return Candidate(len(chunks.lengths), chunks.lengths, result.step_time_s, max(result.peak_memory_bytes))
 
 
 def choose_chunks(costs: Sequence[StageCost], comm_s: Sequence[float], num_microbatches: int, shape: LayerShape,

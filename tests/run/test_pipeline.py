@@ -30,15 +30,14 @@ def test_every_simulated_schedule_has_a_torch_class() -> None:
     from autopp.schedule import describe
     # Chimera: torch ships no class; autopp's runtime runs it (tests/run/test_bidirectional.py)
     classes = [torch_schedule_class(name) for name in ScheduleName
-               if describe(name).runnable and not describe(name).mirrored]
+               if describe(name).runnable and not describe(name).mirrored and not describe(name).sequence_chunks]
     assert all(issubclass(c, _PipelineSchedule) for c in classes) and len(set(classes)) == len(classes)
     assert torch_schedule_class(ScheduleName.ONE_F_ONE_B).__name__ == "Schedule1F1B"
 
 
-def test_a_schedule_no_torch_class_runs_is_refused_in_one_line() -> None:
-    with pytest.raises(RunError, match=r"^Seq1F1B is planned and simulated only: no torch schedule runs it here; "
-                                       r"re-plan with --schedule 1F1B$"):
-        torch_schedule_class(ScheduleName.SEQ_1F1B)
+def test_sequence_chunks_run_on_the_csv_runtime() -> None:
+    """Seq1F1B's units run in its order through torch's CSV schedule runtime (autopp.run.seq_chunks)."""
+    assert torch_schedule_class(ScheduleName.SEQ_1F1B) is torch_schedule_class(ScheduleName.CUSTOM)
 
 
 def test_placement_follows_the_schedule_layout() -> None:

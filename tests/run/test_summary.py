@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from autopp.data.layout import Layout
 from autopp.run.summary import rank_measures
 
@@ -21,3 +23,16 @@ def test_rank_measures_keep_the_tp_rank() -> None:
     assert [(m.rank, m.pp_rank, m.tp_rank) for m in measures] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     old = {k: v for k, v in _result(0, 0).items() if k != "tp_rank"}  # results of a run before tensor parallelism
     assert rank_measures(plan, [old], step=None)[0].tp_rank == 0
+
+
+def test_seq1f1b_actions_are_compared_with_a_chunk_of_the_stage() -> None:
+    """A Seq1F1B plan's F and B actions are chunks: each stage's prediction is 1/k of its per-microbatch time."""
+    from autopp.run.summary import stage_times
+    from autopp.schedule.seqpipe import ChunkCosts
+    from tests.run.test_seq_chunks import SEQLM
+
+    plan = pipeline_plan(SEQLM, ["blocks.2"], "Seq1F1B", seq_chunks=ChunkCosts((6, 6), (0.5, 0.5), (0.5, 0.5)))
+    result = {**_result(0, 0), "stages": [0], "actions": [[], [["0F0", 0.0, 0.005], ["0B0", 0.005, 0.015]]]}
+    (times,) = [t for t in stage_times(plan, [result]) if t.stage == 0]
+    assert (times.predicted_forward_s, times.predicted_backward_s) == (0.005, 0.01)
+    assert times.forward_error == pytest.approx(0.0) and times.backward_error == pytest.approx(0.0)

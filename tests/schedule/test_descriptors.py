@@ -19,7 +19,7 @@ def test_registry_covers_every_schedule_and_named_ones_have_an_order() -> None:
     assert ScheduleName.CUSTOM not in NAMED and ScheduleName.SEQ_1F1B not in NAMED
     assert len(NAMED) == len(ScheduleName) - 2
     seq = describe(ScheduleName.SEQ_1F1B)
-    assert seq.sequence_chunks and not seq.runnable and seq.builder is not None
+    assert seq.sequence_chunks and seq.runnable and seq.builder is not None
     for name in NAMED:
         d = describe(name)
         assert d.name is name and d.builder is not None and d.estimate is not None and d.pipe_bound is not None

@@ -57,7 +57,7 @@ def judge_baselines(a: UnitArrays, request: PlanRequest, best: Verdict) -> dict[
     policies (`judge_recompute`), judged by the simulator; a baseline that does not fit is kept (its verdict says
     so)."""
     fixed = request.pinned_activations(len(best.candidate.bounds))
-    ladder = request.ladder(a)
+    ladder = (Activation.KEEP,) if best.candidate.seq is not None else request.ladder(a)  # seqpipe: keep only
     return {name: judge_recompute(a, request.cluster, replace(best.candidate, bounds=bounds), ladder, fixed)
             for name, bounds in baseline_bounds(a, len(best.candidate.bounds)).items()}
 
@@ -171,6 +171,17 @@ def _batch_norm_note(profile: Profile, c: Candidate) -> list[str]:
             "normalize each sample and validate"]
 
 
+def _seq_note(c: Candidate) -> list[str]:
+    """Sequence pipelining's chunks, what the prediction assumes of them, and what runs them."""
+    if c.seq is None:
+        return []
+    k = len(c.seq.lengths)
+    return [f"sequence pipelining: each sequence in {k} chunks of {', '.join(map(str, c.seq.lengths))} tokens "
+            "(equal cost: the attention's share from the profile's attention shape), run as units, every stage "
+            "keeping its activations; autopp run runs it, in chunks of equal length, for model files that declare "
+            "SEQUENCE_CHUNKS and HF Llama-family causal LMs; no exporter does (docs/sequence-pipelining.md)"]
+
+
 def _unoffered(request: PlanRequest, a: UnitArrays) -> list[str]:
     """Why the policies whose figures depend on the devices (`ActivationPolicy.derive`: offload) were not offered
     there, on a catalog device or when asked for by name (`activations`)."""
@@ -241,6 +252,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c))
     notes.extend(_batch_norm_note(profile, c))
+    notes.extend(_seq_note(c))
     notes.extend(_overlap_notes(request, a, c))
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
         / layout.group
@@ -255,7 +267,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 optimizer=profile.meta.optimizer, dtype=profile.meta.dtype,
                 time_breakdown=_breakdown(a, placed, best),
                 precision=profile.meta.extra.get("precision"),
-                vocab=best.passes.variant if best.passes is not None else None)
+                vocab=best.passes.variant if best.passes is not None else None, seq_chunks=c.seq)
 
 
 def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:

@@ -21,6 +21,7 @@ from ..cpsat.placement import place_devices
 from ..search.request import Config, PlanRequest, RecomputeMode, configs, with_sp
 from ..search.runnable import PARALLEL_KEY, split_backward_refusal
 from ..search.search import inflight, links_hold_messages, search
+from ..search.seqpipe import with_seq
 from ..search.views import Views
 from ..search.vocab import vocab_verdicts
 
@@ -131,6 +132,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     sharded = pins.zero is not None and not pins.zero.replicated
     if best is None and PARALLEL_KEY in excluded and (pins.tp not in (None, 1) or sharded):
         raise InfeasibleError(excluded[PARALLEL_KEY])
+    best, seq_note = with_seq(profile, views, best)
     best, vocab_note = _with_vocab(profile, request, views, best)
     if best is None:
         raise explain_infeasible(profile, request, n_cfg)
@@ -139,9 +141,10 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     view = views.request(c.layout)
     unsynthesizable = split_backward_refusal(profile.meta.live_values, best.candidate.bounds, "a synthesized order")
     custom = synthesized(a, view.cluster, best, request.synth_time_limit_s) \
-        if request.synthesize and unsynthesizable is None and best.passes is None else None
+        if request.synthesize and unsynthesizable is None and best.passes is None and c.seq is None else None
     notes = [note] if note else []
     notes += [vocab_note] if vocab_note else []
+    notes += [seq_note] if seq_note and best.candidate.seq is not None else []
     chosen = best.candidate.schedule.value  # only some of its splits were left out: not worth a note
     notes += [why for name, why in excluded.items() if name != chosen]
     notes += [unsynthesizable] if request.synthesize and unsynthesizable else []

@@ -13,6 +13,7 @@ from ...costmodel.vocab import VocabPasses, with_vocab_passes
 from ...data.layout import Layout
 from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, describe, policy, simulate,
                          stage_to_rank)
+from ...schedule.seqpipe import ChunkCosts, simulate_units
 from ..partition.dp import Bounds
 
 __all__ = ["Candidate", "Verdict", "step_time", "named_order", "judge"]
@@ -31,6 +32,9 @@ class Candidate:
     bounds: Bounds
     activations: tuple[Activation, ...]
     """Each stage's activation policy."""
+    seq: ChunkCosts | None = None
+    """Sequence pipelining (Seq1F1B, `autopp.schedule.seqpipe`): each microbatch's chunks with their shares of its
+    time and kept bytes; None: microbatches run whole."""
 
     @property
     def owner(self) -> list[int]:
@@ -86,7 +90,8 @@ def named_order(name: ScheduleName, pp: int, m: int, v: int) -> dict[int, list[A
 
 def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | None = None) -> Verdict:
     """Simulate the candidate's named schedule and add what the step does after the pipeline drains (the gradient
-    all-reduce, the optimizer step), on the links its pp x dp layout crosses (`Cluster.placed`). With `passes`
+    all-reduce, the optimizer step), on the links its pp x dp layout crosses (`Cluster.placed`); a sequence-chunked
+    candidate (`Candidate.seq`) as its units (`seqpipe.simulate_units`). With `passes`
     (vocabulary parallelism; `a` then the body's arrays, `costmodel.vocab.body_arrays`), every rank also runs them."""
     cluster = cluster.placed(c.layout)
     owner = c.owner
@@ -94,9 +99,12 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | N
     costs = stage_costs(a, c.bounds, speeds, message_overheads(cluster, owner), cluster.host_bandwidth)
     if passes is not None:
         costs = with_vocab_passes(costs, owner, passes)
-    order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
-    sim = simulate(order, costs, owner, comm_times(a, cluster, c.bounds, owner), c.activations,
-                   progress_delays(cluster, owner), describe(c.schedule).overlaps_f_b, c.mirror)
+    comm, delays = comm_times(a, cluster, c.bounds, owner), progress_delays(cluster, owner)
+    if c.seq is not None:  # units of a sequence's chunks, every stage keeping its activations (`seqpipe`)
+        sim = simulate_units(costs, comm, c.microbatches, c.seq, delays)
+    else:
+        order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
+        sim = simulate(order, costs, owner, comm, c.activations, delays, describe(c.schedule).overlaps_f_b, c.mirror)
     ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout, speeds, c.mirror is not None)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))

@@ -15,6 +15,7 @@ from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
 from ...costmodel import UnitArrays, check_expert_zero, check_sequence
 from ...errors import LayoutError, ProfileError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, by_saving, chosen, describe, listed, policy
+from ...schedule.seqpipe import ChunkCosts
 from .judge import Candidate
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "Group", "replica_counts", "microbatch_counts", "zero_stages",
@@ -236,16 +237,18 @@ class Config:
     """Microbatches per replica per step."""
     b: int
     """Microbatch size."""
+    seq: ChunkCosts | None = None
+    """Sequence pipelining's chunks (`Candidate.seq`); None: microbatches run whole."""
 
     def candidate(self, bounds: tuple[tuple[int, int], ...], activations: tuple[Activation, ...]) -> Candidate:
         """This configuration with a split and each stage's activation policy."""
         return Candidate(schedule=self.schedule, layout=self.layout, microbatches=self.m, microbatch_size=self.b,
-                         bounds=bounds, activations=activations)
+                         bounds=bounds, activations=activations, seq=self.seq)
 
     @staticmethod
     def of(c: Candidate) -> Config:
         """The configuration of a candidate (without its split and policies)."""
-        return Config(c.schedule, c.layout, c.microbatches, c.microbatch_size)
+        return Config(c.schedule, c.layout, c.microbatches, c.microbatch_size, c.seq)
 
 
 def replica_counts(req: PlanRequest) -> list[int]:

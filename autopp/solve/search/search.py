@@ -267,7 +267,7 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
 
     # searched ep divides the routed experts per layer (1 for a dense profile: only ep 1 is searched)
     cfgs = configs(req, profile.num_units, views.degrees(), int((profile.meta.extra.get("moe") or {}).get(
-        "num_experts") or 1))
+        "num_experts") or 1)) if req.schedule is not ScheduleName.SEQ_1F1B else []  # seqpipe.py plans it
     opts = _options(views, cfgs, refuse)
     fitting: list[Verdict] = []
     for opt in opts:
