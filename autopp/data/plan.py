@@ -72,13 +72,11 @@ class StagePlan:
     as written); in JSON as three fields (`figure_keys`: "selective_bytes", "selective_redo_s",
     "selective_redone_bytes"), not written when 0."""
     comm_s: float = 0.0
-    """Communication inside the stage in each F and each full backward (expert parallelism's all-to-alls, already in
-    forward_s and backward_s), which an overlapping schedule hides (`StageCost.forward_comm_s`); 0 and not
-    written without it."""
+    """Communication in each F and full backward (expert parallelism's all-to-alls, in forward_s and backward_s)
+    that an overlapping schedule hides (`StageCost.forward_comm_s`); 0 and not written without it."""
     sync_s: float = 0.0
-    """The part of each backward that is a collective every rank runs at once for the same microbatch (vocabulary
-    parallelism's output pass, already in backward_s and backward_input_s; `StageCost.sync_s`); 0 and not written
-    without it."""
+    """The part of each backward that every rank runs at once as one collective (the vocabulary output pass, in
+    backward_s and backward_input_s; `StageCost.sync_s`); 0 and not written without it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
@@ -101,12 +99,9 @@ class Prediction:
     """One per rank."""
     bubble_fraction: float
     """Idle fraction of the pipeline: 1 - busy time / (ranks * step time)."""
-    stage_units: tuple[tuple[int, int], ...] = ()
-    """The split these figures belong to (used by baselines)."""
-    allreduce_s: float = 0.0
-    """Data-parallel gradient all-reduce time included in step_time_s (0 when dp = 1)."""
-    efficiency: float = 0.0
-    """Ideal step time (total work / devices) / step_time_s."""
+    stage_units: tuple[tuple[int, int], ...] = ()  #: the split these figures belong to (used by baselines)
+    allreduce_s: float = 0.0  #: data-parallel gradient all-reduce time included in step_time_s (0 when dp = 1)
+    efficiency: float = 0.0  #: ideal step time (total work / devices) / step_time_s
     optimizer_s: float = 0.0
     """The slowest rank's optimizer step (gradient scaling, step, zero_grad) included in step_time_s."""
     fits: bool = True
