@@ -262,6 +262,11 @@ def _recomputing(plan: Plan) -> int:
     return sum(s.activation in (Activation.RECOMPUTE, Activation.BLOCKS) for s in plan.stages)
 
 
+def _figure(value: float) -> str:
+    """A published figure: four significant digits, whole numbers from 10,000 (12040, not 1.204e+04)."""
+    return f"{value:.4g}" if value < 1e4 else f"{value:.0f}"
+
+
 def describe_config(plan: Plan) -> str:
     n, stages = _recomputing(plan), len(plan.stages)
     rc = "all" if n == stages else "none" if n == 0 else f"{n} stages"
@@ -337,7 +342,7 @@ def row(run: Published, shortlist: int, precision: str | None = None) -> list[st
     else:
         predicted = f"no plan: {why}" + _at_memory_that_works(profile, run, cluster, why, flops)
     cells = [run.model, run.cluster, published_config(run),
-             f"{run.per_gpu:.4g} {run.unit} per GPU ({run.measured}) = {tokens / 1e6:.3g} M tokens/s; {run.source}",
+             f"{_figure(run.per_gpu)} {run.unit} per GPU ({run.measured}) = {tokens / 1e6:.3g} M tokens/s; {run.source}",
              predicted]
     if shortlist:
         own, why, s2 = _plan(profile, own_request(run, cluster, shortlist))
