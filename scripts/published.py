@@ -5,7 +5,7 @@ markdown table (quoted in docs/published.md).
 The models are HF configs under examples/configs/; their analytic profiles (counted on the meta device, timed by the
 catalog's roofline of the run's GPU, with the run's tensor-parallel rows: 2, 4 and 8 for the Llama runs) are cached
 under profiles/ and counted when missing (Llama 3.1 405B: 15 minutes on the 2-core development machine beside other
-work; 2 without the TP rows; DeepSeek-V3: 4 minutes).
+work; 2 without the TP rows; DeepSeek-V3: 17 minutes per recipe and Qwen3-30B-A3B 12, three counts at once).
 
     .venv/bin/python scripts/published.py                  # every run
     .venv/bin/python scripts/published.py --runs llama3-8k  # one of them
