@@ -61,6 +61,7 @@ def test_attention_with_a_value_head_of_its_own_saves_no_scores_on_a_gpu(tmp_pat
     assert _saved(tmp_path, 16, seq, True) == same
 
 
+@pytest.mark.integration  # over 2 s: a model counted three times
 def test_an_analytic_profile_of_a_gpu_counts_fused_attention(tmp_path: Path) -> None:
     path = tmp_path / "attention.py"
     path.write_text(ATTENTION.format(qk=24, seq=64))
