@@ -5,12 +5,12 @@ markdown table (quoted in docs/published.md).
 The models are HF configs under examples/configs/; their analytic profiles (counted on the meta device, timed by the
 catalog's roofline of the run's GPU, with the run's tensor-parallel rows: 2, 4 and 8 for the Llama runs) are cached
 under profiles/ and counted when missing (Llama 3.1 405B: 15 minutes on the 2-core development machine beside other
-work; 2 without the TP rows; DeepSeek-V3: 4 minutes).
+work; 2 without the TP rows; DeepSeek-V3: 17 minutes per recipe and Qwen3-30B-A3B 12, three counts at once).
 
     .venv/bin/python scripts/published.py                  # every run
     .venv/bin/python scripts/published.py --runs llama3-8k  # one of them
     .venv/bin/python scripts/published.py --no-search      # the pinned configurations only (fast)
-    .venv/bin/python scripts/published.py --runs deepseek-v3 --precision fp8  # FP8 GEMMs (its own profile)
+    .venv/bin/python scripts/published.py --runs deepseek-v3 --precision bf16  # another recipe than the run's
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from autopp.data.profile import Profile, load_profile  # noqa: E402
 from autopp.data.zero import ZERO  # noqa: E402
 from autopp.errors import AutoppError  # noqa: E402
 from autopp.schedule import Activation, ScheduleName  # noqa: E402
+from autopp.sizes import parse_size  # noqa: E402
 from autopp.solve import PlanRequest, RecomputeMode, make_plan  # noqa: E402
 
 DEVICE = "h100-sxm"
@@ -55,6 +56,8 @@ class Published:
     tp_degrees: tuple[int, ...] = TP_DEGREES
     """The tensor-parallel degrees its profile counts and autopp's own choice may take."""
     microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES
+    precision: str = "bf16"
+    """The recipe the run trained in as autopp counts it (autopp.data.precision: bf16, fp8)."""
     seq_len: int
     gpus: int
     cluster: str
@@ -66,6 +69,8 @@ class Published:
     microbatches: int
     microbatch_size: int
     recompute: RecomputeMode
+    activations: tuple[Activation, ...] | None = None
+    """The policies the run's stages may take where the source names one (recompute then `NONE`); None: `recompute`."""
     global_batch: int
     """Sequences per step."""
     per_gpu: float
@@ -99,7 +104,7 @@ TITAN_1F1B = Published(
 #: tokens on 2,048 GPUs, as the report says).
 DEEPSEEK_V3 = Published(
     key="deepseek-v3", model="DeepSeek-V3 (671B, 37B active)", config="examples/configs/deepseek-v3.json",
-    device="h800", tp_degrees=(), microbatch_sizes=(1, 4), seq_len=4096, gpus=2048,
+    device="h800", tp_degrees=(), microbatch_sizes=(1, 4), precision="fp8", seq_len=4096, gpus=2048,
     cluster="2,048 H800 80GB, 8 per node on NVLink (400 GB/s), InfiniBand 400 Gb/s per GPU",
     layout=LayoutPins(tp=1, pp=16, dp=128, ep=64, zero=ZERO[1], v=2), schedule=ScheduleName.DUAL_PIPE_V,
     microbatches=120, microbatch_size=1, recompute=RecomputeMode.AUTO, global_batch=15360,
@@ -107,7 +112,8 @@ DEEPSEEK_V3 = Published(
     measured="180K H800 GPU-hours per trillion tokens, FP8 mixed precision",
     source="DeepSeek-V3 Technical Report (arXiv:2412.19437v2), s.1 (GPU-hours), s.3.2 (PP16 DualPipe, EP64 over 8 "
            "nodes, ZeRO-1 DP), s.4.2 (batch 15,360 sequences of 4,096 tokens)",
-    assumed="bf16 roofline (the run computes its GEMMs in FP8, about twice the bf16 peak); DualPipe (bidirectional, "
+    assumed="fp8 recipe (s.3.3: its GEMMs in FP8; autopp's linear and expert GEMMs at the FP8 peak, the rest in "
+            "bf16, bf16 weights with fp32 master, gradients and Adam states); DualPipe (bidirectional, "
             "two copies of each stage) as DualPipeV, its V-shaped half; microbatch size 1 (120 per DP group; not "
             "stated); recomputation chosen by autopp (the report recomputes RMSNorm and the MLA up-projections); the "
             "multi-token-prediction module (one more MoE layer, 14 B parameters) and node-limited routing not "
@@ -127,6 +133,24 @@ TITAN_8B_FSDP = Published(
             "34-unit stage needs 138 GiB at microbatch 2, where torchtitan checkpoints block by block), activations "
             "chosen by autopp (it keeps them: they fit at microbatch 1), so torchtitan's selective AC recompute is "
             "not charged; the catalog's h100-sxm (80 GB less the 3 GiB reserve, 700 W, 3.35 TB/s)")
+
+#: NeMo AutoModel's Qwen3-30B-A3B pre-training benchmark on one DGX-H100 (examples/configs/qwen3-30b-a3b.json,
+#: Qwen/Qwen3-30B-A3B's config.json): FSDP2 over the 8 GPUs with the experts over ep 8, every block checkpointed.
+QWEN3_30B = Published(
+    key="automodel-qwen3-30b", model="Qwen3-30B-A3B (30.5B, 3.3B active)", config="examples/configs/qwen3-30b-a3b.json",
+    tp_degrees=(), microbatch_sizes=(1, 4), seq_len=4096, gpus=8,
+    cluster="8 H100 80GB (DGX-H100), NVLink",
+    layout=LayoutPins(tp=1, pp=1, dp=8, ep=8, zero=ZERO[2], v=1), schedule=ScheduleName.ONE_F_ONE_B,
+    microbatches=16, microbatch_size=4, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
+    global_batch=512, per_gpu=12040.0, unit="tokens/s",
+    measured="BF16, 277 model TFLOP/s per GPU (28% MFU), 21.773 s per step of 512 x 4,096 tokens",
+    source="NVIDIA-NeMo/Automodel docs/performance-summary.md (commit 01926a5, 2025-10-02), Pre-Training Performance, "
+           "DGX-H100 BF16, row Qwen3 MoE 30B (GBS 512, MBS 4, GA 16, TP1 PP1 CP1 EP8 FSDP8, TE + DeepEP)",
+    assumed="FSDP2 (ZeRO 3) as ZeRO 2: autopp refuses ZeRO 3 beside ep (docs/parallelism.md); with ep = dp = 8 the "
+            "expert weights are not sharded further either way, and the dense ones (1.5 B parameters) are gathered "
+            "under compute; every block checkpointed (examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml, "
+            "activation_checkpointing: true) = per-unit recomputation; its 'fake balanced gate' = autopp's balanced "
+            "routing; TE kernels and DeepEP's all-to-all as the roofline and the ep all-to-all cost them")
 
 RUNS = (
     Published(
@@ -156,6 +180,7 @@ RUNS = (
             assumed="as the 1F1B row; 2 stages per rank (torchtitan's default for multi-stage schedules)"),
     DEEPSEEK_V3,
     TITAN_8B_FSDP,
+    QWEN3_30B,
 )
 
 
@@ -209,7 +234,7 @@ def cluster_of(run: Published) -> Cluster:
 def pinned_request(run: Published, cluster: Cluster) -> PlanRequest:
     """The published configuration, pinned: only the split (and v where not stated) is autopp's."""
     return PlanRequest(cluster=cluster, global_batch=run.global_batch, pins=run.layout, schedule=run.schedule,
-                       num_microbatches=run.microbatches, recompute=run.recompute)
+                       num_microbatches=run.microbatches, recompute=run.recompute, activations=run.activations)
 
 
 def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest:
@@ -235,6 +260,11 @@ def _plan(profile: Profile, request: PlanRequest) -> tuple[Plan | None, str, flo
 
 def _recomputing(plan: Plan) -> int:
     return sum(s.activation in (Activation.RECOMPUTE, Activation.BLOCKS) for s in plan.stages)
+
+
+def _figure(value: float) -> str:
+    """A published figure: four significant digits, whole numbers from 10,000 (12040, not 1.204e+04)."""
+    return f"{value:.4g}" if value < 1e4 else f"{value:.0f}"
 
 
 def describe_config(plan: Plan) -> str:
@@ -269,8 +299,9 @@ def published_config(run: Published) -> str:
     v = "v ?" if pins.v is None else f"v{pins.v}"
     ep = f" EP{pins.ep}" if pins.ep and pins.ep > 1 else ""
     cp = f" CP{pins.cp}" if pins.cp not in (None, 1) else ""
+    recompute = ",".join(a.value for a in run.activations) if run.activations else run.recompute.value
     return (f"TP{pins.tp}{cp} PP{pins.pp} DP{pins.dp}{ep} {pins.zero}, {run.schedule.value} {v}, {run.microbatches} x "
-            f"{run.microbatch_size} of {run.seq_len} tokens, recompute {run.recompute.value}")
+            f"{run.microbatch_size} of {run.seq_len} tokens, recompute {recompute}")
 
 
 def _chosen_v(plan: Plan, run: Published) -> str:
@@ -278,9 +309,20 @@ def _chosen_v(plan: Plan, run: Published) -> str:
     return f", v {plan.layout.v} (autopp's)" if run.layout.v is None else ""
 
 
-def row(run: Published, shortlist: int, precision: str = "bf16") -> list[str]:
-    """The table's cells for `run` counted in recipe `precision`; autopp's own choice searched with `shortlist` (0:
-    not searched)."""
+def _at_memory_that_works(profile: Profile, run: Published, cluster: Cluster, why: str, flops: float) -> str:
+    """Where the planner's reason names a memory that works (`memory_bytes` X or more), the pinned configuration's
+    prediction with that much memory per GPU: its time, apart from autopp's count of its memory."""
+    if "`memory_bytes` " not in why or " or more" not in why:
+        return ""
+    need = parse_size(why.split("`memory_bytes` ")[1].split()[0])
+    plan, _, _ = _plan(profile, replace(pinned_request(run, cluster), cluster=replace(cluster, memory_bytes=need)))
+    return f"; with {need / GIB:.1f} GiB per GPU: {describe_prediction(plan, run, flops)}" if plan else ""
+
+
+def row(run: Published, shortlist: int, precision: str | None = None) -> list[str]:
+    """The table's cells for `run` counted in recipe `precision` (None: the run's); autopp's own choice searched with
+    `shortlist` (0: not searched)."""
+    precision = precision or run.precision
     flops = palm_flops_per_token(run.config, run.seq_len)[0] if run.unit == "TFLOP/s" else 0.0
     tokens = run.per_gpu * run.gpus * (1e12 / flops if run.unit == "TFLOP/s" else 1)
     profile = profile_for(run, run.tp_degrees, precision)
@@ -289,7 +331,8 @@ def row(run: Published, shortlist: int, precision: str = "bf16") -> list[str]:
     print(f"{run.key}: pinned plan {s1:.0f} s", file=sys.stderr, flush=True)
     if pinned:
         predicted = describe_prediction(pinned, run, flops) + _chosen_v(pinned, run)
-    elif run.recompute is RecomputeMode.NONE:  # autopp's count needs recomputation: say so, and predict with it
+    elif run.recompute is RecomputeMode.NONE and run.activations is None:
+        # autopp's count needs recomputation: say so, and predict with it
         auto, _, _ = _plan(profile, replace(pinned_request(run, cluster), recompute=RecomputeMode.AUTO))
         predicted = f"does not fit without recomputation in autopp's count ({why.split(';')[0]})"
         if auto:
@@ -297,9 +340,9 @@ def row(run: Published, shortlist: int, precision: str = "bf16") -> list[str]:
                           f"{_chosen_v(auto, run)}: "
                           f"{describe_prediction(auto, run, flops)}")
     else:
-        predicted = f"no plan: {why}"
+        predicted = f"no plan: {why}" + _at_memory_that_works(profile, run, cluster, why, flops)
     cells = [run.model, run.cluster, published_config(run),
-             f"{run.per_gpu:.4g} {run.unit} per GPU ({run.measured}) = {tokens / 1e6:.3g} M tokens/s; {run.source}",
+             f"{_figure(run.per_gpu)} {run.unit} per GPU ({run.measured}) = {tokens / 1e6:.3g} M tokens/s; {run.source}",
              predicted]
     if shortlist:
         own, why, s2 = _plan(profile, own_request(run, cluster, shortlist))
@@ -316,9 +359,10 @@ def main() -> None:
     parser.add_argument("--shortlist", type=int, default=4,
                         help="configurations that must simulate as fitting before autopp's search stops (default 4, "
                              "the planner's; 3 times as many with several tp or ZeRO choices)")
-    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp8"],
-                        help="count the models in this recipe (default bf16; fp8: linear and expert GEMMs at the FP8 "
-                             "peak, docs/analytic.md; profiles under their own -fp8 directory)")
+    parser.add_argument("--precision", default=None, choices=["bf16", "fp8"],
+                        help="count every model in this recipe (default: each run's own, bf16 but DeepSeek-V3's fp8; "
+                             "fp8: linear and expert GEMMs at the FP8 peak, docs/analytic.md; profiles under their own "
+                             "-fp8 directory)")
     args = parser.parse_args()
     keys = args.runs.split(",")
     unknown = sorted(set(keys) - {r.key for r in RUNS})

@@ -80,6 +80,9 @@ class ModelCounts:
     """The model's routing (autopp.model.experts.moe_facts; {}: no stacked experts), meta.extra["moe"]."""
     batch_norm: list[str] = field(default_factory=list)
     """The model's BatchNorm modules (autopp.model.contract.batch_norms), meta.extra["batch_norm"]."""
+    fused_attention: bool = False
+    """Attention counted as a GPU's fused kernels run it (`autopp.model.fake_cpu.fused_attention`), not as the CPU
+    dispatches it."""
 
 
 def _edges_into(node: fx.Node, i: int, b: int, env: dict[fx.Node, Any], piece_index: dict[str, int]
@@ -118,7 +121,7 @@ def _meta_split(c: ModelCounts, meta: MetaModel, b: int) -> tuple[Pipe, Any, Any
     with _naming(c.mf, f"splitting at microbatch {b}"):
         pipe, spec, inputs, target = meta_pieces(c.mf, meta, points, b, c.options.torch_dtype)
     mode = fake_mode()
-    fake_on_cpu(pipe, mode)
+    fake_on_cpu(pipe, mode, c.fused_attention)
     return pipe, spec, as_fake_cpu(mode, inputs), as_fake_cpu(mode, target), mode
 
 
@@ -168,15 +171,16 @@ def _merge_edges(c: ModelCounts, b: int) -> None:
 
 
 def count_model(model: str | Path | ModelFile, options: ProfileOptions = ProfileOptions(),
-                progress: Progress = lambda _msg: None) -> ModelCounts:
-    """Count every unit of the model at each of `options`' microbatch sizes, on meta and fake tensors only."""
+                progress: Progress = lambda _msg: None, *, fused_attention: bool = False) -> ModelCounts:
+    """Count every unit of the model at each of `options`' microbatch sizes, on meta and fake tensors only;
+    `fused_attention`: attention as a GPU runs it (`autopp.model.fake_cpu.fused_attention`), else as the CPU."""
     mf = model if isinstance(model, ModelFile) else load_model_file(model)
     meta, units, model_fingerprint = build_units(mf, options.torch_dtype)  # as the profiler does
     params = [p for p in meta.model.parameters() if p.requires_grad]
     c = ModelCounts(mf, units, model_fingerprint, replace(options, tp_degrees=()),
                     tied=tied_groups(meta.model, [u.modules for u in units]),
                     optimizer_numel=sum(p.numel() for p in params), param_tensors=len(params),
-                    moe=moe_facts(meta.model), batch_norm=batch_norms(meta.model))
+                    moe=moe_facts(meta.model), batch_norm=batch_norms(meta.model), fused_attention=fused_attention)
     for b in options.microbatch_sizes:
         _count_size(c, meta, b, progress)
     return c
@@ -222,7 +226,10 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     eff = calibration.efficiency if calibration is not None else default_efficiency(spec.name)
     if counts is not None and counts.options != replace(options, tp_degrees=()):
         raise ValueError(f"counts were made for {counts.options}, not for {options}")
-    c = counts or count_model(model, options, progress)
+    fused = not spec.memory_shared  # a GPU runs fused attention kernels; the catalog's CPU (its memory the host's)
+    if counts is not None and counts.fused_attention != fused:
+        raise ValueError(f"counts were made with fused_attention={counts.fused_attention}, not for {spec.name}")
+    c = counts or count_model(model, options, progress, fused_attention=fused)
     tp_skipped = None
     try:
         tp_units, tp_fields = counted_tp_rows(c, spec, eff, options.tp_degrees, progress)
@@ -279,7 +286,8 @@ def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, degrees: 
     rows = []
     for t in setup.degrees:
         local = count_model(local_model_file(c.mf, setup.resolved, t), c.options,
-                            lambda msg: progress(f"{msg} (tp {t})"))  # called before the next degree
+                            lambda msg: progress(f"{msg} (tp {t})"),  # called before the next degree
+                            fused_attention=c.fused_attention)
         check_same_units(c.mf, t, local.units, c.units)
         rows += [tp_row({**unit_times(r.counts, spec, c.options.recipe, eff), **r.static, "unit": r.unit,
                          "microbatch_size": r.microbatch_size, "activation_bytes": r.counts.activation_bytes},

@@ -93,9 +93,10 @@ def expert_weight_bytes_unread(name: str, args: tuple[Any, ...]) -> int:
 #: these). Attention's kernels and batched matmuls stay at the compute dtype.
 LINEAR_MATMULS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten._grouped_mm})
 
-#: Ops that move no data: metadata queries and aliasing (views are recognised by their schema).
+#: Ops that move no data: metadata queries and checks (torch.export's `_assert_tensor_metadata`, which asserts a
+#: tensor's dtype and device) and aliasing (views are recognised by their schema).
 _FREE = {torch.ops.aten.detach.default, torch.ops.prim.device.default, torch.ops.aten.lift_fresh.default,
-         torch.ops.aten.alias.default}
+         torch.ops.aten.alias.default, torch.ops.aten._assert_tensor_metadata.default}
 
 
 class OpCounter(TorchDispatchMode):

@@ -59,3 +59,39 @@ def test_chimera_says_which_of_its_rules_failed(devices: int, batch: int, uneven
     with pytest.raises(InfeasibleError) as err:
         make_plan(synthetic_profile(12), req)
     assert str(err.value) == message
+
+
+def _short_of_memory(schedule: ScheduleName, memory: int = 2**30) -> PlanRequest:
+    from autopp.solve import RecomputeMode
+    return PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=memory), global_batch=8, schedule=schedule,
+                       pins=LayoutPins(dp=1), recompute=RecomputeMode.AUTO)
+
+
+def test_memory_hint_of_a_split_backward_is_the_orders_peak_and_works() -> None:
+    # was (DeepSeek-V3 pinned, DualPipeV, docs/published.md): "no split of 63 units fits in 71.5 GiB ...; the smallest
+    # that works is 44.7 GiB (120 microbatches, 0 B more per device)": the split's count (the DP's floor) is below
+    # what the order holds once the backward is split, so that memory did not work
+    from autopp.sizes import parse_size
+    profile = synthetic_profile(10, hidden=1024, seq=32768)  # activations dominate
+    with pytest.raises(InfeasibleError, match=r"its split that needs least \(2\.31 GiB per device in the split's "
+                                              r"count, recompute-units\) peaks at 4\.67 GiB in ZBVZeroBubble's order "
+                                              r"\(v 2; a split backward holds recomputed activations from I to W\), "
+                                              r"which works \(8 microbatches, .*\); use `memory_bytes` (\S+) or more"
+                       ) as info:
+        make_plan(profile, _short_of_memory(ScheduleName.ZBV_ZERO_BUBBLE))
+    suggested = parse_size(info.value.args[0].split("`memory_bytes` ")[1].split()[0])
+    plan = make_plan(profile, _short_of_memory(ScheduleName.ZBV_ZERO_BUBBLE, suggested))
+    assert max(plan.predicted.peak_memory_bytes) <= suggested
+    with pytest.raises(InfeasibleError):  # the split's count alone
+        make_plan(profile, _short_of_memory(ScheduleName.ZBV_ZERO_BUBBLE, parse_size("2.32GiB")))
+
+
+def test_memory_hint_says_what_does_not_fit_when_the_orders_peak_does_not_work() -> None:
+    from autopp.sizes import parse_size
+    profile = synthetic_profile(10, hidden=1024, seq=32768)
+    with pytest.raises(InfeasibleError, match=r"peaks at 3\.43 GiB in DualPipeV's order \(v 2; a split backward "
+                                              r"holds recomputed activations from I to W\), and no plan fits in "
+                                              r"3\.43 GiB either$"):
+        make_plan(profile, _short_of_memory(ScheduleName.DUAL_PIPE_V))
+    with pytest.raises(InfeasibleError):
+        make_plan(profile, _short_of_memory(ScheduleName.DUAL_PIPE_V, parse_size("3.43GiB")))

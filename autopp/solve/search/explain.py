@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from ...costmodel import ProfileTable
 from ...data.profile import Profile
 from ...errors import InfeasibleError, ScheduleError
-from ...schedule import NAMED, Activation, ScheduleName, describe, listed
+from ...costmodel import stage_costs
+from ...schedule import NAMED, Activation, ScheduleName, describe, listed, stage_to_rank
+from ...schedule.effects import order_peaks
 from ...sizes import format_size, size_argument
-from ..partition.dp import min_memory
+from ..partition.dp import min_memory, pipeline_bounds
 
-from .request import PlanRequest, RecomputeMode, configs, microbatch_counts, replica_counts
+from .judge import named_order
+from .request import Config, PlanRequest, RecomputeMode, configs, microbatch_counts, replica_counts
 from .search import pipe_spec, search
 from .views import Views
 
@@ -106,24 +110,59 @@ def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName]
                            f"{hint}{single}{finer}")
 
 
-def smallest_memory(profile: Profile, req: PlanRequest, activation: Activation = Activation.KEEP
-                    ) -> tuple[int, int] | None:
-    """(bytes per device, microbatches) of the least memory any configuration of the request needs, every stage
-    under `activation`."""
-    best: tuple[int, int] | None = None
+class _Lightest(NamedTuple):
+    """The configuration whose split needs the least memory per device in the DP's count, and that memory."""
+
+    need: int
+    microbatches: int
+    config: Config
+    activation: Activation
+
+
+def _lightest(profile: Profile, req: PlanRequest, activation: Activation, views: Views) -> _Lightest | None:
+    best: _Lightest | None = None
     seen: set[tuple[object, ...]] = set()
-    views = Views(profile, req)
     for c in configs(req, profile.num_units, views.degrees()):
         spec = pipe_spec(views.request(c.layout), c, activation)
         key = (c.b, c.layout.unit_view(), spec.num_stages, spec.inflight, c.layout.v)
         if key in seen:
             continue
         seen.add(key)
-        share = c.layout.v * (2 if describe(c.schedule).mirrored else 1)  # Chimera: two replicas per device
-        need = min_memory(views.arrays(c.b, c.layout), replace(spec, memory=())) * share
-        if best is None or (need, c.m) < best:
-            best = (need, c.m)
+        need = min_memory(views.arrays(c.b, c.layout), replace(spec, memory=())) * _share(c)
+        if best is None or (need, c.m) < best[:2]:
+            best = _Lightest(need, c.m, c, activation)
     return best
+
+
+def _share(c: Config) -> int:
+    """Stages per device: v, twice as many for Chimera (two replicas per device)."""
+    return c.layout.v * (2 if describe(c.schedule).mirrored else 1)
+
+
+def smallest_memory(profile: Profile, req: PlanRequest, activation: Activation = Activation.KEEP
+                    ) -> tuple[int, int] | None:
+    """(bytes per device, microbatches) of the least memory any configuration of the request needs in the split's
+    count (the DP's: `min_memory`), every stage under `activation`."""
+    found = _lightest(profile, req, activation, Views(profile, req))
+    return None if found is None else (found.need, found.microbatches)
+
+
+def order_peak(views: Views, light: _Lightest) -> int:
+    """The most bytes a device of `light`'s configuration holds when its schedule's order is walked (the simulator's
+    peak without timing, `order_peaks`) on the DP's split at `light.need`. Above `light.need` where the DP's count
+    is a relaxation: under recomputation the DP charges each stage one microbatch's activations and no kept input,
+    while an order that splits the backward (ZBV, DualPipeV) holds a microbatch's recomputed activations from its
+    I to its W, queued behind other microbatches' I's, and every microbatch in flight keeps its stage input."""
+    c, rc = light.config, light.activation
+    req, a = views.request(c.layout), views.arrays(c.b, c.layout)
+    spec = pipe_spec(req, c, rc)
+    bounds = pipeline_bounds(a, replace(spec, memory=(light.need / _share(c),) * spec.num_stages))
+    if bounds is None:  # the floor is found on the DP's own tables: not expected
+        return light.need
+    owner = stage_to_rank(c.schedule, c.layout.pp, c.layout.v)
+    costs = stage_costs(a, bounds, [1.0] * len(owner))
+    order = named_order(c.schedule, c.layout.pp, c.m, c.layout.v)
+    return max(order_peaks(order, costs, owner, (rc,) * len(bounds), describe(c.schedule).mirrored))
 
 
 def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
@@ -165,14 +204,37 @@ def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> 
         tp = req.pins.tp or 1
         return _no_config(profile, req.view(tp), tp)
     ladder = req.ladder(ProfileTable(profile).arrays(profile.meta.microbatch_sizes[0]))
-    needs = [smallest_memory(profile, req, rc) for rc in ladder]
-    need = min((x for x in needs if x is not None), default=None)
+    views = Views(profile, req)
+    needs = [_lightest(profile, req, rc, views) for rc in ladder]
+    need = min((x for x in needs if x is not None), default=None, key=lambda x: (x.need, x.microbatches))
     head = (f"no split of {profile.num_units} units fits in {format_size(req.cluster.memory_bytes)} per device "
             f"on {req.cluster.num_devices} devices")
     if need is None:
         return InfeasibleError(head)
-    more = max(0, need[0] - req.cluster.memory_bytes)
-    text = (f"{head}; the smallest that works is {format_size(need[0])} ({need[1]} microbatches, "
-            f"{format_size(more)} more per device); use `memory_bytes` {size_argument(need[0])} or more")
+    text = f"{head}; {_memory_hint(profile, req, views, need)}"
     alternatives = _alternatives(profile, req)
     return InfeasibleError(text + ("; or: " + "; ".join(alternatives) if alternatives else ""))
+
+
+def _memory_hint(profile: Profile, req: PlanRequest, views: Views, light: _Lightest) -> str:
+    """What memory works: the DP's floor where the order's walk agrees with it; else the order's peak on that split
+    (`order_peak`), said to work only where a plan is found at that memory, and otherwise said as what does not
+    fit."""
+    def works(need: int) -> str:
+        more = max(0, need - req.cluster.memory_bytes)
+        return (f"({light.microbatches} microbatches, {format_size(more)} more per device); use `memory_bytes` "
+                f"{size_argument(need)} or more")
+
+    peak = order_peak(views, light) if not req.cluster.devices else light.need
+    if peak <= light.need:
+        return f"the smallest that works is {format_size(light.need)} {works(light.need)}"
+    c = light.config
+    held = ("a split backward holds recomputed activations from I to W" if describe(c.schedule).splits_backward
+            else "the order holds more than the split's count")
+    order = (f"its split that needs least ({format_size(light.need)} per device in the split's count, "
+             f"{light.activation.value}) peaks at {format_size(peak)} in {c.schedule.value}'s order (v {c.layout.v}; "
+             f"{held})")
+    trial = replace(req, cluster=replace(req.cluster, memory_bytes=peak), shortlist=1)
+    if search(profile, trial)[0] is not None:
+        return f"{order}, which works {works(peak)}"
+    return f"{order}, and no plan fits in {format_size(peak)} either"
