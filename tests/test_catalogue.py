@@ -674,6 +674,36 @@ CASES += [
               "recomputes each layer or whole stages"),
     _pin_case("ep-does-not-divide", "--pipeline-model-parallel-size 2 --num-layers 4 --expert-model-parallel-size 2 "
               "--global-batch-size 8\n", "ep(2) must divide dp(1) * cp(1) * tp(1) = 1"),
+    _pin_case("seq-len-not-a-number", "--parallelism.pipeline_parallel_degree=2\n--training.seq_len=long\n",
+              "training.seq_len is 'long', not a positive whole number of tokens"),
+]
+
+
+def _llama_profile_at(env: Env, seq: int) -> None:
+    """The tiny HF Llama's profile at env.bad_prof, recording that it was made from an HF config at `seq` tokens."""
+    shutil.copytree(ROOT / "tests" / "export" / "data" / "hf_llama", env.bad_prof)
+    meta = json.loads((env.bad_prof / "meta.json").read_text())
+    meta["extra"]["hf_config"] = {"seq_len": seq, "task": "causal-lm", "model_type": "llama"}
+    (env.bad_prof / "meta.json").write_text(json.dumps(meta))
+    (env.tmp / "c.args").write_text("--parallelism.pipeline_parallel_degree=2\n--training.seq_len=32\n")
+
+
+# ---- --pin-from's sequence length (issue 26: a TOML of 8192 tokens was judged on a 512-token profile) ----
+CASES += [
+    Case("pin-from:seq-len-differs",
+         lambda env: ["plan", "--hf-config", str(ROOT / "examples" / "configs" / "tiny-llama.json"), "--seq-len", "16",
+                      "--devices", "2", "--memory", "4GiB", "--pin-from", str(env.tmp / "c.args")],
+         lambda env: f"{env.tmp / 'c.args'}: its sequence length is 32 tokens, --seq-len is 16; give --seq-len 32 "
+                     "so both plans train the same sequences",
+         lambda env: (env.tmp / "c.args").write_text("--parallelism.pipeline_parallel_degree=2\n"
+                                                     "--training.seq_len=32\n")),
+    Case("pin-from:profile-seq-len-differs",
+         lambda env: ["plan", "--profile", str(env.bad_prof), "--devices", "2", "--memory", "4GiB", "--pin-from",
+                      str(env.tmp / "c.args"), "-o", str(env.tmp / "out.json")],
+         lambda env: f"{env.tmp / 'c.args'}: its sequence length is 32 tokens, the profile {env.bad_prof} was made "
+                     "for 8; profile at 32 (`autopp profile --hf-config C.json --seq-len 32`) or plan with "
+                     "--hf-config C.json, which profiles at the configuration's length",
+         lambda env: _llama_profile_at(env, 8)),
 ]
 
 def _with_attention(env: Env, seq: int) -> None:

@@ -18,6 +18,7 @@ from ..preflight import check_output_dir, check_output_file
 from ..schedule import POLICIES, ScheduleName
 from ..sizes import SIZE_UNITS_HELP
 from .common import POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_flags, memory_size, number, progress
+from .pin_from import batch_of, pinned_seq_len, read_pin
 from .plan_cluster import plan_cluster
 from .profile import add_hf_arguments, add_precision_argument, default_profile_dir, hf_source_of, profile_for
 
@@ -269,6 +270,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.pin_from:  # before a profile is loaded or measured
         from ..export import config_degrees
         pinned_tp = config_degrees(args.pin_from).get("tp", 1)
+    seq_said = pinned_seq_len(args)  # its sequence length profiled, before the default batch is derived from it
     from ..display import format_plan
     from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
@@ -311,9 +313,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     profile = given or profile_for(args, tp if pinned_tp in (1, tp) else pinned_tp if tp == 1 else None)
     if args.device:
         _warn_device(args, profile.meta)
-    pinned = _read_pin(args, profile, request) if args.pin_from else None
+    pinned = read_pin(args, profile, request) if args.pin_from else None
     if pinned is not None and not args.global_batch:  # the batch of the configuration judged beside autopp's
-        batch = _batch_of(pinned[0])
+        batch = batch_of(pinned[0])
         request, said = replace(request, global_batch=batch), f"autopp: note: global batch {batch} samples per " \
             f"step, that of {args.pin_from} (the default with --pin-from); give --global-batch N to plan another"
     _say_search(request)
@@ -323,8 +325,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     else:
         plan = make_plan(profile, request)
     end_progress()
-    if said:  # issue 26: a default that changes the answer is said (after the search: an error stays one line)
-        print(said, file=sys.stderr)
+    for line in (seq_said, said):  # issue 26: a default that changes the answer is said (after the search)
+        if line:
+            print(line, file=sys.stderr)
     plan = _note_cores(args, profile, request.cluster, replace(plan, profile_path=str(profile_dir)))
     plan.save(out)
     if pinned is not None:  # issue 26: the first screen is yours beside autopp's, the plan's table after it
@@ -354,26 +357,6 @@ def _say_search(request) -> None:  # type: ignore[no-untyped-def]
     synth = f"; then CP-SAT synthesizes an order for at most {request.synth_time_limit_s:g} s (--synth-time)" \
         if request.synthesize else ""
     progress("planning")(f"searching {', '.join(free) or 'the split only'} (a flag pins each){synth}")
-
-
-def _read_pin(args: argparse.Namespace, profile, request):  # type: ignore[no-untyped-def]
-    """--pin-from: the user's trainer configuration (checked before the search and before anything is written) and
-    notes on how it is judged."""
-    from ..export import read_pinned
-    from ..solve.assemble.pinned import check_pinned
-    pinned, notes = read_pinned(args.pin_from, profile.meta.unit_names, request.cluster.num_devices)
-    check_pinned(pinned, profile.num_units, request.cluster.num_devices)
-    batch = _batch_of(pinned)
-    if args.global_batch and batch != request.global_batch:
-        raise AutoppError(f"{args.pin_from}: its global batch is {batch}, --global-batch is {request.global_batch}; "
-                          f"give --global-batch {batch} so both plans train the same batch")
-    return pinned, notes
-
-
-def _batch_of(pinned) -> int:  # type: ignore[no-untyped-def]
-    """The global batch of a pinned configuration."""
-    c = pinned.candidate
-    return int(c.microbatches * c.microbatch_size * c.layout.dp)
 
 
 def _synthesizes(trainer: str | None) -> bool:

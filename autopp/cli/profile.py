@@ -351,7 +351,8 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
         profile = _profiled(mf if source else args.model, source, options)
     else:
         model = f"--hf-config {args.hf_config}" if source else args.model
-        flags = (f" --tp {tp}" if tp not in (1, None) else "") + (f" --precision {chosen}" if args.precision else "")
+        flags = (f" --seq-len {args.seq_len}" if source and args.seq_len else "") + \
+            (f" --tp {tp}" if tp not in (1, None) else "") + (f" --precision {chosen}" if args.precision else "")
         print(f"profiling {model} analytically for {device} ({chosen.what}; this machine is not a {device}), as "
               f"`autopp profile {model} --analytic {device}{flags}` would", file=sys.stderr)
         from ..measure.analytic import analytic_profile

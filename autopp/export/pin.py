@@ -15,7 +15,7 @@ from .pin_fields import Degrees, read_config_text, read_degrees
 from .pin_megatron import megatron_options, read_megatron
 from .pin_torchtitan import read_torchtitan, torchtitan_options
 
-__all__ = ["read_pinned", "config_degrees"]
+__all__ = ["read_pinned", "config_degrees", "config_seq_len"]
 
 
 def _trainer(p: Path) -> str:
@@ -36,6 +36,20 @@ def config_degrees(path: str | Path) -> Degrees:
     if _trainer(p) == "torchtitan":
         return read_degrees(torchtitan_options(p), "torchtitan", str(p))
     return read_degrees(megatron_options(p), "megatron", str(p), key_of=lambda flag: flag.removeprefix("--"))
+
+
+def config_seq_len(path: str | Path) -> int | None:
+    """The sequence length the configuration in `path` trains: torchtitan's `training.seq_len`, Megatron-LM's
+    `--seq-length`; None where the file sets none (each trainer's default is then its own: not guessed here)."""
+    p = Path(path)
+    torchtitan = _trainer(p) == "torchtitan"
+    key = "training.seq_len" if torchtitan else "--seq-length"
+    value = (torchtitan_options(p) if torchtitan else megatron_options(p)).get(key.removeprefix("--"))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not str(value).isdigit() or int(value) < 1:
+        raise ExportError(f"{p}: {key} is {value!r}, not a positive whole number of tokens")
+    return int(value)
 
 
 def read_pinned(path: str | Path, unit_names: Sequence[str], devices: int) -> tuple[Pinned, list[str]]:

@@ -23,7 +23,7 @@ from ..model.units import Unit
 from .allocator import return_freed_memory
 from .memory import SavedOps, peak_bytes, saved_bytes, static_bytes, storage_key, value_bytes
 from .options import make_optimizer
-from .settings import Settings, progress_bar
+from .settings import Settings
 from .timing import Budget, Piece, summarize, time_pieces
 
 __all__ = ["OPTIMIZER_SLICE_NUMEL", "SizeResult", "measure_pieces", "optimizer_step_s", "piece_key", "windows"]
@@ -165,6 +165,8 @@ def measure_pieces(mf: ModelFile, meta: MetaModel, units: list[Unit], b: int, se
     gradients are materialized at once (a window), besides a piece kept for the shared units after it; with
     `settings.measuring.measure_every_unit`, no piece shares another's measurement. Whatever is materialized is freed
     on return, also when a measurement raises."""
+    if settings.overall is not None:
+        settings.overall.next_phase()
     walk = _Walk(mf, meta, units, b, settings, limit_bytes, optimizer_per_piece)
     try:
         for _ in walk_split_graph(walk.gm, walk.inputs, walk.env, walk.measure):
@@ -181,6 +183,7 @@ class _Walk:
     def __init__(self, mf: ModelFile, meta: MetaModel, units: list[Unit], b: int, settings: Settings,
                  limit_bytes: int, optimizer_per_piece: bool) -> None:
         self.mf, self.meta, self.b, self.settings = mf, meta, b, settings
+        self.names = [u.name for u in units]
         self.optimizer_per_piece = optimizer_per_piece
         self.inputs, self.target = settings.batch(mf, b)
         dtype = settings.options.torch_dtype
@@ -196,9 +199,11 @@ class _Walk:
                                settings.measuring.measure_every_unit)
         retarget(self.pipe, settings.timer.device)
         self.measured = [i for i in range(len(calls)) if self.same_as[i] is None]
+        params = {i: static_bytes(self.modules[i], settings.options.optimizer, settings.options.recipe)["param_bytes"]
+                  for i in self.measured}
         self.windows = [[self.measured[j] for j in group] for group in windows(
-            [2 * static_bytes(self.modules[i], settings.options.optimizer, settings.options.recipe)["param_bytes"]
-             for i in self.measured], limit_bytes)]
+            [2 * params[i] for i in self.measured], limit_bytes)]
+        self.weight = {i: params[i] + 1 for i in self.measured}  # the overall line's measure of a piece's work
         self.last_use = {r: max(i for i, s in enumerate(self.same_as) if s == r) for r in set(self.same_as)
                          if r is not None}
         self.tied = {u: g.bytes for g in tied_groups(meta.model, [u.modules for u in units]) for u in g.units
@@ -210,6 +215,16 @@ class _Walk:
         self.loaded: set[int] = set()
         self.pending: dict[int, Piece] = {}
         self.opt: dict[int, float] = {}
+
+    def span(self, i: int) -> tuple[float, float]:
+        """Where the window of piece `i` begins in the walk, and its share of it, both by weight (`self.weight`); a
+        shared piece's is that of the next measured piece (windows hold measured pieces in model order)."""
+        total = sum(self.weight.values())
+        group = next((w for w in self.windows if w[-1] >= i), None)
+        if group is None:
+            return 1.0, 0.0
+        start = sum(n for j, n in self.weight.items() if j < group[0])
+        return start / total, sum(self.weight[j] for j in group) / total
 
     def unload(self, pieces: list[int]) -> None:
         for j in pieces:
@@ -231,7 +246,8 @@ class _Walk:
         """Run piece `node` on `args` (walk_split_graph's callback), measuring it when it is not shared."""
         i = self.index[str(node.target)]
         n = len(self.modules)
-        self.settings.progress(progress_bar(i, n, f"microbatch {self.b}: sizes of unit {i + 1}/{n}"))
+        start, _ = self.span(i)
+        self.settings.say(start, f"microbatch {self.b}: sizes of unit {i} of 0-{n - 1} ({self.names[i]})", i, n)
         for arg in node.all_input_nodes:
             src = source_piece(arg, self.index)
             if src is not None:
@@ -258,7 +274,7 @@ class _Walk:
         self.pending[i] = piece
         if i != next(w for w in self.windows if i in w)[-1]:
             return
-        _time_window(self.pending, self.rows, self.b, self.settings)
+        _time_window(self.pending, self.rows, self.b, self.settings, self.span(i), self.names)
         if self.optimizer_per_piece:
             self.opt.update({j: optimizer_step_s(list(self.modules[j].parameters()), self.settings, restore=False)
                              for j in self.pending})
@@ -322,16 +338,19 @@ def _sizes(piece: Piece, out: Any, last: bool, settings: Settings) -> dict[str, 
     return row
 
 
-def _time_window(pending: dict[int, Piece], rows: dict[int, dict[str, Any]], b: int, settings: Settings) -> None:
-    """Time the pieces of one window together, in model order (autopp.measure.timing.time_pieces)."""
+def _time_window(pending: dict[int, Piece], rows: dict[int, dict[str, Any]], b: int, settings: Settings,
+                 span: tuple[float, float], names: list[str]) -> None:
+    """Time the pieces of one window together, in model order (autopp.measure.timing.time_pieces); `span`: where the
+    window begins in the walk and its share of it (`_Walk.span`), for the progress line."""
     budget = settings.budget
     runs = budget.warmup + budget.repeats
     # The time budget is per unit; a run times every unit of the window.
     per_run = Budget(budget.warmup, budget.repeats,
                      None if budget.seconds is None else budget.seconds * len(pending), budget.now)
     order = sorted(pending)
-    span = f"units {order[0] + 1}-{order[-1] + 1}" if len(order) > 1 else f"unit {order[0] + 1}"
-    samples = time_pieces([pending[i] for i in order], per_run, settings.timer, lambda r: settings.progress(
-        progress_bar(r, runs, f"microbatch {b}: {span}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)")))
+    what = f"units {order[0]}-{order[-1]}" if len(order) > 1 else f"unit {order[0]} ({names[order[0]]})"
+    samples = time_pieces([pending[i] for i in order], per_run, settings.timer, lambda r: settings.say(
+        span[0] + span[1] * r / runs, f"microbatch {b}: {what}: timing run {r + 1}/{runs} ({budget.warmup} warm-up)",
+        r, runs))
     for i, piece_samples in zip(order, samples):
         rows[i].update(summarize(piece_samples))

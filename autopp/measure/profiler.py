@@ -28,7 +28,7 @@ from .memory import PEAK_HOW
 from .options import MeasureOptions, ProfileOptions
 from .pieces import SizeResult, measure_pieces
 from .pieces import optimizer_step_s as optimizer_step_s_of
-from .settings import Progress, Settings, progress_bar
+from .settings import Overall, Progress, Settings
 from .tp_rows import measured_tp_rows, tp_meta, tp_setup
 
 __all__ = ["profile_model", "physical_memory_bytes", "default_memory_limit"]
@@ -114,7 +114,9 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
         raise mf.error(f"--co-runners {measuring.co_runners} needs the whole model in each co-runner, but its "
                        f"parameters and gradients take {whole_bytes} bytes > the limit of {limit} bytes (a quarter "
                        f"of the device's memory): profile with --co-runners 0")
-    settings = Settings(options, measuring, progress)
+    # one progress line for every walk of the model: each size, then each size per TP degree (a shard's 1/t work)
+    walks = [b / t for t in (1, *tp.degrees) for b in options.microbatch_sizes]
+    settings = Settings(options, measuring, progress, Overall(progress, walks))
     found = _Found({"allocator": allocator})
     if not fits and measuring.compare_whole:
         found.extra["whole_model_skipped"] = (f"parameters and gradients {whole_bytes} bytes > limit {limit} bytes "
@@ -195,13 +197,13 @@ def _on_the_whole_model(mf: ModelFile, meta: MetaModel, at_b: SizeResult, b: int
     meta.load(meta.model, settings.timer.device, settings.options.torch_dtype)
     try:
         if compare_whole:
-            settings.progress(progress_bar(1, 1, f"microbatch {b}: whole model"))
+            settings.say(1.0, f"microbatch {b}: whole model", 1, 1)
             units_s = sum(row["forward_s"] + row["backward_s"] for row in at_b.rows)
             whole_s = _whole_model(mf, meta.model, b, settings)
             found.whole.append({"microbatch_size": b, "whole_s": whole_s, "units_s": units_s,
                                 "gap": units_s / whole_s - 1})
         if step:
-            settings.progress(progress_bar(1, 1, "optimizer step"))
+            settings.say(1.0, "optimizer step", 1, 1)
             found.optimizer_step_s = optimizer_step_s_of(list(meta.model.parameters()), settings)
     finally:
         meta.unload(meta.model)

@@ -11,16 +11,15 @@ from autopp.schedule.actions import Kind
 from autopp.schedule.simulate import SimResult
 from autopp.sizes import format_size, size_unit
 
-__all__ = ["KIND_COLOURS", "CHUNK_HATCHES", "rank_colours", "memory_steps", "memory_axis_unit", "timeline_figure",
+__all__ = ["KIND_COLOURS", "stage_lane", "rank_colours", "memory_steps", "memory_axis_unit", "timeline_figure",
            "draw_timeline", "write_chrome_trace", "chrome_trace"]
 
 KIND_COLOURS: dict[Kind, str] = {Kind.F: "#4c72b0", Kind.I: "#dd8452", Kind.W: "#55a868", Kind.B: "#c44e52"}
 """Box colour per compute kind."""
 _KIND_NAMES = {Kind.F: "F forward", Kind.I: "I input gradient", Kind.W: "W weight gradient", Kind.B: "B backward"}
 
-CHUNK_HATCHES = ("", "////", "....", "xxxx")
-"""Box hatch by which of its rank's stages (in model order) an action runs: a V schedule's rank r holds stages r and
-2p - 1 - r, an interleaved one r, r + p, ...; the first is plain, the second hatched."""
+_ROW = 0.8
+"""The height of a rank's row of boxes (1 between rank centres)."""
 
 _LABEL_PT = 6.0
 """Largest microbatch-number font (points); smaller where rows are low, none below `_SMALLEST_PT`."""
@@ -41,6 +40,15 @@ def _chunks(result: SimResult) -> list[list[int]]:
     return [sorted(s) for s in held]
 
 
+def stage_lane(rank: int, chunk: int, chunks: int) -> tuple[float, float]:
+    """(bottom, height) on the y axis of the boxes that the `chunk`-th of a rank's `chunks` stages runs (in model
+    order: a V schedule's rank r holds stages r and 2p - 1 - r, an interleaved one r, r + p, ...): the rank's row
+    split into one lane per stage, the first on top (the y axis points down). A lane tells a box's stage at any
+    width, where a hatch vanished on the boxes a pixel wide of 128 microbatches and crossed out their numbers."""
+    height = _ROW / max(chunks, 1)
+    return rank - _ROW / 2 + chunk * height, height
+
+
 def _axes_points(ax: Any) -> tuple[float, float]:
     """The axes' width and height in points, from its place in the figure (before or after layout)."""
     fig = ax.get_figure()
@@ -51,25 +59,30 @@ def _axes_points(ax: Any) -> tuple[float, float]:
 
 def _labels(ax: Any, result: SimResult) -> int:
     """Microbatch numbers on the boxes wide and tall enough for the longest number (so that boxes of one width are
-    all numbered or none is, and no number leaves its box: a rank's boxes do not overlap); returns how many."""
+    all numbered or none is, and no number leaves its box: a rank's boxes do not overlap), centred in their stage's
+    lane (`stage_lane`); returns how many."""
     width_pt, height_pt = _axes_points(ax)
     ranks, span = max(_num_ranks(result), 1), max(result.step_time_s, 1e-12)
-    size = min(_LABEL_PT, 0.8 * 0.7 * height_pt / ranks)  # boxes are 0.8 of a row; the digits about 0.7 of the font
+    chunks = _chunks(result)
+    most = max(map(len, chunks), default=1)
+    size = min(_LABEL_PT, _ROW * 0.7 * height_pt / ranks / most)  # the digits are about 0.7 of the font
     digits = max((len(str(e.action.microbatch)) for e in result.events), default=1)
     room = (0.62 * size * digits + 1.5) / width_pt * span  # the shortest box a number fits in, in seconds
     if size < _SMALLEST_PT:
         return 0
     fits = [e for e in result.events if e.end_s - e.start_s >= room]
     for e in fits:
-        ax.text((e.start_s + e.end_s) / 2, e.rank, str(e.action.microbatch), ha="center", va="center", fontsize=size,
-                color="white", clip_on=True)
+        bottom, height = stage_lane(e.rank, chunks[e.rank].index(e.action.stage), most)
+        ax.text((e.start_s + e.end_s) / 2, bottom + height / 2, str(e.action.microbatch), ha="center", va="center",
+                fontsize=size, color="white", clip_on=True)
     return len(fits)
 
 
 def _draw_boxes(ax: Any, result: SimResult) -> None:
-    """F/I/W/B boxes per rank, coloured by kind and hatched by which of the rank's stages runs them, numbered by
-    microbatch where a number fits."""
+    """F/I/W/B boxes per rank, coloured by kind, in the lane of the rank's stage that runs them (`stage_lane`),
+    numbered by microbatch where a number fits."""
     chunks = _chunks(result)
+    most = max(map(len, chunks), default=1)
     durations = sorted(e.end_s - e.start_s for e in result.events)
     median_pt = durations[len(durations) // 2] / max(result.step_time_s, 1e-12) * _axes_points(ax)[0] \
         if durations else 0.0
@@ -80,17 +93,13 @@ def _draw_boxes(ax: Any, result: SimResult) -> None:
                 spans = [(e.start_s, e.end_s - e.start_s) for e in result.events
                          if e.rank == rank and e.action.kind is kind and e.action.stage == stage]
                 if spans:
-                    ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=colour, edgecolor="white", linewidth=edge,
-                                   hatch=CHUNK_HATCHES[c % len(CHUNK_HATCHES)])
+                    ax.broken_barh(spans, stage_lane(rank, c, most), facecolors=colour, edgecolor="white",
+                                   linewidth=edge)
     _labels(ax, result)
 
 
 def _rank_label(rank: int, stages: Sequence[int]) -> str:
     return f"rank {rank}" if len(stages) <= 1 else f"rank {rank}: stages {', '.join(map(str, stages))}"
-
-
-def _ordinal(c: int) -> str:
-    return ("first", "second", "third", "fourth")[c] if c < 4 else f"{c + 1}th"
 
 
 def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None = None) -> None:
@@ -114,9 +123,9 @@ def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None
     kinds = {e.action.kind for e in result.events} or set(KIND_COLOURS)
     handles = [Patch(color=c, label=_KIND_NAMES[k]) for k, c in KIND_COLOURS.items() if k in kinds]
     most = max(map(len, chunks), default=1)
-    if most > 1:
-        handles += [Patch(facecolor="#888888", edgecolor="white", hatch=CHUNK_HATCHES[c % len(CHUNK_HATCHES)],
-                          label=f"{_ordinal(c)} stage of its rank") for c in range(most)]
+    if most > 1:  # what the lanes are, said once
+        handles.append(Patch(color="none",
+                             label="a rank's stages: one lane\neach, top to bottom as\nnamed on the left"))
     labels = len(ax.texts)  # the microbatch numbers _draw_boxes placed
     numbers = ("numbers: microbatch" if labels == len(result.events) else
                "numbers: microbatch,\nwhere a box has room" if labels else "boxes too narrow\nfor microbatch numbers")

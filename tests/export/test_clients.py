@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from autopp.export import Target, export_plan, rename_modules
+from autopp.data.layout import LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
 from autopp.data.zero import ZERO
 from autopp.schedule import Activation
 
-from .conftest import unit_modules
+from .conftest import plan_for, unit_modules
 
 pytestmark = pytest.mark.integration
 
@@ -168,16 +169,18 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     kw = {_MEGATRON_RENAMED.get(k[2:], k[2:].replace("-", "_")): v for k, v in args.items()}
     # batch sizes go to megatron-core's microbatch calculator, the sequence length to its data loader and schedules
     batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size", "seq_length") if k in kw}
+    # the data-parallel flags (Megatron-LM copies them into DistributedDataParallelConfig by name too): bare flags
+    # and strategies such as --data-parallel-sharding-strategy optim_grads_params (Megatron-FSDP, ZeRO 3 at pp 1)
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
-    ddp = {k: kw.pop(k) == "true" for k in ("use_distributed_optimizer", "use_megatron_fsdp") if k in kw}
+    ddp = {k: True if v == "true" else v for k, v in kw.items() if k in ddp_names}
+    kw = {k: v for k, v in kw.items() if k not in ddp_names}
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     assert set(kw) <= names, f"not megatron-core config fields: {set(kw) - names}"
-    assert set(ddp) <= ddp_names
     kw = {k: int(v) if v.isdigit() else True if v == "true" else v for k, v in kw.items()}
     # Megatron-LM's --bf16 sets params_dtype to bfloat16, which it passes on as the pipeline's dtype
     dtype = torch.bfloat16 if kw.get("bf16") else torch.float32
     cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, params_dtype=dtype, pipeline_dtype=dtype, **kw)
-    cfg.ddp = DistributedDataParallelConfig(**ddp)  # the data-parallel flags (Megatron-LM copies them by name too)
+    cfg.ddp = DistributedDataParallelConfig(**ddp)
     return cfg, batch, ConstantNumMicroBatchesCalculator
 
 
@@ -196,6 +199,17 @@ def test_megatron_core_parses_the_export(name: str, megatron, llama_plans: dict[
     calc = calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0)
     assert calc.get() == plan.num_microbatches
     assert (cfg.recompute_granularity == "full") == (plan.stages[0].activation is Activation.BLOCKS)
+
+
+def test_megatron_core_parses_a_megatron_fsdp_export(megatron, llama: Profile) -> None:  # type: ignore[no-untyped-def]
+    """Issue 26: the newcomer's 2 x 8 H100 plan is ZeRO 3 at pp 1, exported as Megatron-FSDP; its sharding strategy
+    is a DistributedDataParallelConfig field, which this check once took for an unknown flag."""
+    plan = plan_for(llama, devices=2, pins=LayoutPins(pp=1, dp=2, zero=ZERO[3]))
+    cfg, batch, calculator = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
+    assert cfg.ddp.use_megatron_fsdp and cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params"
+    assert cfg.pipeline_model_parallel_size == 1
+    assert calculator(batch["global_batch_size"], batch["micro_batch_size"], 2, False, 0).get() == \
+        plan.num_microbatches
 
 
 def test_megatron_layout_grammar_matches_megatron_core(megatron) -> None:  # type: ignore[no-untyped-def]

@@ -390,3 +390,44 @@ def test_hsdp_over_cp_alone_is_read_as_fsdp_over_dp_and_cp(tmp_path: Path, llama
     assert (layout.dp, layout.cp, layout.dp_replicate, layout.zero.stage) == (2, 2, 1, 1)
     assert notes == ["HSDP (replicate 2 x shard 1 x cp 2) is evaluated as ZeRO 1 over all 2 x 2 data-parallel and "
                      "cp ranks: autopp's HSDP shards over dp ranks"]
+
+
+@pytest.mark.parametrize("text, suffix, seq", [
+    ("[training]\nseq_len = 8192\n[parallelism]\npipeline_parallel_degree = 2\n", ".toml", 8192),
+    ("--parallelism.pipeline_parallel_degree=2\n--training.seq_len=4096\n", ".args", 4096),
+    ("--pipeline-model-parallel-size 2 --num-layers 4 --seq-length 2048\n", ".args", 2048),
+    ("--pipeline-model-parallel-size 2 --num-layers 4\n", ".args", None)])
+def test_the_configuration_s_sequence_length_is_read(text: str, suffix: str, seq: int | None,
+                                                     tmp_path: Path) -> None:
+    from autopp.export import config_seq_len
+    pin = tmp_path / f"c{suffix}"
+    pin.write_text(text)
+    assert config_seq_len(pin) == seq
+
+
+def test_pin_from_profiles_at_the_configuration_s_sequence_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26: `plan --hf-config C --pin-from TOML` profiled at the 512-token default a TOML of 8192 tokens; the
+    file's length is now the profile's, said in one line (and in the profile command it stands for), and another
+    --seq-len is refused before any work."""
+    from autopp.cli import plan as cli_plan
+    from autopp.errors import AutoppError
+    from .conftest import ROOT
+    seen: list[int | None] = []
+
+    def stop(args: object, tp: int | None = 1) -> None:
+        seen.append(getattr(args, "seq_len"))
+        raise AutoppError("stopped before profiling")
+    monkeypatch.setattr(cli_plan, "profile_for", stop)
+    monkeypatch.chdir(tmp_path)
+    pin = tmp_path / "t.args"
+    pin.write_text("--parallelism.pipeline_parallel_degree=2\n--training.seq_len=16\n")
+    tiny = ["plan", "--hf-config", str(ROOT / "examples" / "configs" / "tiny-llama.json"), "--devices", "2",
+            "--memory", "4GiB", "--pin-from", str(pin)]
+    assert main(tiny) == 2 and main([*tiny, "--seq-len", "16"]) == 2
+    assert seen == [16, 16]
+    capsys.readouterr()
+    assert main([*tiny, "--seq-len", "8"]) == 2
+    assert capsys.readouterr().err.strip() == (f"autopp: error: {pin}: its sequence length is 16 tokens, --seq-len "
+                                               "is 8; give --seq-len 16 so both plans train the same sequences")
+    assert seen == [16, 16] and not list(tmp_path.glob("*.json"))

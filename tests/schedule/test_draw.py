@@ -9,7 +9,7 @@ from typing import Any
 
 from matplotlib import pyplot as plt
 
-from autopp.schedule.draw import draw_timeline, memory_steps, timeline_figure, write_chrome_trace
+from autopp.schedule.draw import draw_timeline, memory_steps, stage_lane, timeline_figure, write_chrome_trace
 from autopp.schedule import ScheduleName
 from autopp.schedule.effects import StageCost
 from autopp.schedule.simulate import SimResult, simulate_named
@@ -107,10 +107,24 @@ def test_v_placed_stages_are_told_apart() -> None:
     result = _big(ScheduleName.ZBV_ZERO_BUBBLE, 8, 32, v=2)
     fig, top = _boxes_panel(result)
     assert [t.get_text() for t in top.get_yticklabels()][:2] == ["rank 0: stages 0, 15", "rank 1: stages 1, 14"]
-    hatches = {c.get_hatch() for c in top.collections}
-    assert hatches == {"", "////"}
+    lanes: dict[tuple[int, int], set[float]] = {}  # (rank, stage) -> the bottoms of its boxes
+    for kind_boxes in top.collections:
+        for path in kind_boxes.get_paths():
+            x0, y0 = path.vertices.min(axis=0)
+            e = next(e for e in result.events if abs(e.start_s - x0) < 1e-9 and abs(e.rank - 0.4 - y0) < 0.41)
+            lanes.setdefault((e.rank, e.action.stage), set()).add(round(float(y0), 9))
+    assert lanes[(0, 0)] == {-0.4} and lanes[(0, 15)] == {0.0}  # rank 0: stage 0 in the top lane, 15 below it
+    assert all(len(bottoms) == 1 for bottoms in lanes.values())  # each stage keeps to its lane
     legend = [x.get_text() for x in top.get_legend().get_texts()]
-    assert "first stage of its rank" in legend and "second stage of its rank" in legend
+    assert "a rank's stages: one lane\neach, top to bottom as\nnamed on the left" in legend
+
+
+def test_stage_lanes_split_the_row() -> None:
+    """A rank's row (0.8 high, centred on the rank) split into one lane per stage, the first on top."""
+    assert stage_lane(3, 0, 1) == (2.6, 0.8)
+    assert stage_lane(3, 0, 2) == (2.6, 0.4) and stage_lane(3, 1, 2) == (3.0, 0.4)
+    bottoms = [stage_lane(0, c, 4)[0] for c in range(4)]
+    assert bottoms == sorted(bottoms) and abs(bottoms[-1] + stage_lane(0, 3, 4)[1] - 0.4) < 1e-12
 
 
 def test_memory_axis_in_the_legends_unit() -> None:
