@@ -1,6 +1,6 @@
 """Expert parallelism in the runner (autopp.run.expert_parallel): the experts module wrapped on one rank gives the
 model's own output and gradients, the layouts it does not run are refused before any rank starts, and tiny HF
-Mixtral and Qwen3-MoE run pp x dp with ep = dp, and with ep < dp (pp 2 x ep 2 x dp 2 on 8 ranks), on gloo ranks,
+Mixtral and Qwen3-MoE run pp x dp with ep = dp, and Mixtral with ep < dp (pp 2 x ep 2 x dp 2 on 8 ranks), on gloo ranks,
 loss and every gradient (the expert shards gathered) validated against one process."""
 
 from __future__ import annotations
@@ -93,12 +93,12 @@ def test_experts_sharded_over_dp_match_one_process(path: Path, pp: int, tmp_path
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("path", [MIXTRAL, QWEN3], ids=["mixtral", "qwen3_moe"])
-def test_experts_sharded_over_part_of_dp_match_one_process(path: Path, tmp_path: Path) -> None:
+def test_experts_sharded_over_part_of_dp_match_one_process(tmp_path: Path) -> None:
     """pp 2 x ep 2 x dp 2 (8 ranks; the layout's dp 4 = 2 ep groups of 2): each stage's 4 replicas form 2 ep groups
     of 2 ranks, each rank holding 2 of the 4 experts; an expert shard's gradient is summed over the 2
-    ranks holding it and divided by dp; the loss and every gradient match one process."""
-    plan = pipeline_plan(path, ["model.layers.2"], schedule="1F1B", layout=Layout(pp=2, dp=4, ep=2))
+    ranks holding it and divided by dp; the loss and every gradient match one process. The ep groups and the
+    gradient sums are the model's no more than ep = dp's: Mixtral here, Qwen3-MoE's experts on 2 and 4 ranks."""
+    plan = pipeline_plan(MIXTRAL, ["model.layers.2"], schedule="1F1B", layout=Layout(pp=2, dp=4, ep=2))
     report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
     assert report.passed and report.layout.ep == 2 and report.num_ranks == 8
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
