@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .data.layout import Layout
 from .data.plan import Plan, Prediction
-from .data.profile import Profile
 from .sizes import format_in, format_size, format_time, size_unit, time_unit
+
+if TYPE_CHECKING:  # pandas and networkx stay out of a rank's imports (autopp.run.worker)
+    from .data.profile import Profile
 
 __all__ = ["unit_span", "stage_sizes", "format_profile", "sync_name", "format_grid", "format_plan", "format_chunks",
            "format_breakdown", "format_predicted_step"]

@@ -21,7 +21,7 @@ from torch.export.unflatten import InterpreterModule, _disable_interpreter
 from torch.utils import _pytree as pytree
 
 from ..errors import ModelFileError
-from ..data.profile import LiveValue, TiedGroup, ValueAction
+from ..data.profile_values import LiveValue, TiedGroup, ValueAction
 from .fake import grouped_mm_on_fake
 
 log = logging.getLogger(__name__)

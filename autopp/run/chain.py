@@ -25,7 +25,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from ..errors import RunError
 from ..model.split import live_values, walk_split_graph
-from ..data.profile import ValueAction
+from ..data.profile_values import ValueAction
 from ..schedule import Activation, policy
 
 __all__ = ["Source", "StageIO", "chain_io", "value_path", "pick", "constant_values", "ChainPiece", "example_io",

@@ -1,7 +1,8 @@
 """autopp.run.context_run: what `autopp run` refuses under context parallelism (one line each), the rotary positions
 a cp rank's pieces are given, and (integration) a tiny HF Llama (examples/configs/tiny-llama.json) whose sequences
 are sharded over cp ranks (head-tail chunks, their own rotary positions, attention as torch's ring), pp x cp, dp x
-cp and ZeRO over cp on 2 and 4 gloo ranks, validated against one process in the loss and every gradient."""
+cp and ZeRO over cp on 2 and 4 gloo ranks (the last two as Qwen2 and Qwen3, the other listed families), validated
+against one process in the loss and every gradient."""
 
 from __future__ import annotations
 
@@ -115,12 +116,6 @@ def _check(report: RunReport) -> None:
 
 
 @pytest.mark.integration
-def test_one_stage_with_cp_2_on_two_ranks_matches_one_process() -> None:
-    report = run_plan(llama_plan(Layout(pp=1, cp=2), [], schedule="GPipe"), RunOptions(steps=2, timeout_s=240))
-    _check(report)
-
-
-@pytest.mark.integration
 def test_two_stages_with_cp_2_on_four_ranks_match_one_process() -> None:
     # pp 2 x cp 2 under 1F1B: the rotary tables (buffers only) are held by each stage that reads them, for its own
     # cp rank's positions; stage 1's cp ranks ring among themselves while the pipeline sends between cp peers.
@@ -138,42 +133,48 @@ def test_a_v_schedule_with_split_backward_and_cp_2_on_four_ranks_matches_one_pro
     _check(run_plan(plan, RunOptions(steps=2, timeout_s=300)))
 
 
-@pytest.mark.integration
-def test_dp_2_by_cp_2_averages_gradients_over_the_four_sync_ranks() -> None:
-    # Each replica's half of the batch, each cp rank's half of every sequence: gradients averaged over dp x cp = 4.
-    plan = llama_plan(Layout(pp=1, dp=2, cp=2), [], schedule="GPipe", num_microbatches=2, microbatch_size=1)
-    _check(run_plan(plan, RunOptions(steps=2, timeout_s=300)))
-
-
-@pytest.mark.integration
-def test_cp_2_with_zero_1_shards_over_the_cp_ranks() -> None:
-    # ZeRO 1 without dp: FSDP2 shards the optimizer state over the cp ranks, which are the synchronisation group.
-    plan = llama_plan(Layout(pp=1, cp=2, zero=zero_stage(1)), [], schedule="GPipe")
-    _check(run_plan(plan, RunOptions(steps=2, timeout_s=300)))
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_other_listed_families_run_validated_with_cp_2(tmp_path: Path, family: str) -> None:
-    # The tiny Llama's sizes as Qwen2 (q/k/v biases) and Qwen3 (q/k norms): the same one rotary embedding module.
+def _family(tmp_path: Path, family: str) -> Path:
+    """The tiny Llama's sizes as another listed family: Qwen2 (q/k/v biases) or Qwen3 (q/k norms), the same one
+    rotary embedding module."""
     config = tmp_path / f"tiny-{family}.json"
     config.write_text(json.dumps({**json.loads(TINY_LLAMA.read_text()), "model_type": family, "architectures": None}))
-    plan = llama_plan(Layout(pp=1, cp=2), [], schedule="GPipe", config=config)
-    _check(run_plan(plan, RunOptions(steps=1, timeout_s=240)))
+    return config
+
+
+@pytest.mark.integration
+def test_dp_2_by_cp_2_averages_gradients_over_the_four_sync_ranks(tmp_path: Path) -> None:
+    # Each replica's half of the batch, each cp rank's half of every sequence: gradients averaged over dp x cp = 4.
+    # The model is the tiny Llama as Qwen2: this run is also that family's with cp 2.
+    plan = llama_plan(Layout(pp=1, dp=2, cp=2), [], schedule="GPipe", num_microbatches=2, microbatch_size=1,
+                      config=_family(tmp_path, "qwen2"))
+    _check(run_plan(plan, RunOptions(steps=2, timeout_s=300)))
+
+
+@pytest.mark.integration
+def test_cp_2_with_zero_1_shards_over_the_cp_ranks(tmp_path: Path) -> None:
+    # ZeRO 1 without dp: FSDP2 shards the optimizer state over the cp ranks, which are the synchronisation group.
+    # The model is the tiny Llama as Qwen3: this run is also that family's with cp 2.
+    plan = llama_plan(Layout(pp=1, cp=2, zero=zero_stage(1)), [], schedule="GPipe", config=_family(tmp_path, "qwen3"))
+    _check(run_plan(plan, RunOptions(steps=2, timeout_s=300)))
 
 
 @pytest.mark.integration
 def test_a_plan_made_with_cp_2_by_the_cli_runs_validated_on_two_ranks(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    # profile -> plan --cp 2 -> run, as a user does: the plan is pp 1 x cp 2 on 2 devices, its report passes.
+    # profile -> plan --cp 2 -> run, as a user does: the plan is pp 1 x cp 2 on 2 devices (one stage, ZeRO 0: the
+    # plain cp 2 run on two ranks), its loss and every gradient match one process.
     from autopp.cli import main
 
     monkeypatch.chdir(tmp_path)
     quick = ["--microbatch-sizes", "1,2", "--repeats", "1", "--warmup", "0"]
     assert main(["profile", "--hf-config", str(TINY_LLAMA), "--seq-len", str(SEQ), *quick]) == 0
     assert main(["plan", "--hf-config", str(TINY_LLAMA), "--seq-len", str(SEQ), "--devices", "2", "--cp", "2",
-                 "--memory", "1GiB", "--global-batch", "4", "-o", "plan.json"]) == 0
-    assert json.loads((tmp_path / "plan.json").read_text())["cp"] == 2
+                 "--pp", "1", "--schedule", "GPipe", "--zero", "0", "--recompute", "none", "--memory", "1GiB",
+                 "--global-batch", "4", "-o", "plan.json"]) == 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert (plan["pp"], plan["cp"], plan["dp"], plan.get("zero", 0)) == (1, 2, 1, 0)  # zero: written when > 0
     assert main(["run", "plan.json", "--steps", "2"]) == 0
     report = json.loads((tmp_path / "plan.report.json").read_text())
-    assert report["passed"] is True and report["cp"] == 2
+    assert report["passed"] is True and report["complete"] is True and report["cp"] == 2
+    assert report["grad_max_rel_diff"] <= GRAD_RTOL
+    assert report["losses"] == pytest.approx(report["reference_losses"], rel=1e-5)

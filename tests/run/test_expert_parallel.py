@@ -1,6 +1,6 @@
 """Expert parallelism in the runner (autopp.run.expert_parallel): the experts module wrapped on one rank gives the
 model's own output and gradients, the layouts it does not run are refused before any rank starts, and tiny HF
-Mixtral and Qwen3-MoE run pp x dp with ep = dp, and with ep < dp (pp 2 x ep 2 x dp 2 on 8 ranks), on gloo ranks,
+Mixtral and Qwen3-MoE run pp x dp with ep = dp, and Mixtral with ep < dp (pp 2 x ep 2 x dp 2 on 8 ranks), on gloo ranks,
 loss and every gradient (the expert shards gathered) validated against one process."""
 
 from __future__ import annotations
@@ -77,12 +77,12 @@ def test_on_one_rank_the_wrapped_experts_give_the_models_output_and_gradients(pa
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("path", [MIXTRAL, QWEN3], ids=["mixtral", "qwen3_moe"])
-@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("path, pp", [(MIXTRAL, 1), (MIXTRAL, 2), (QWEN3, 1)], ids=["mixtral-1", "mixtral-2",
+                                                                                 "qwen3_moe-1"])
 def test_experts_sharded_over_dp_match_one_process(path: Path, pp: int, tmp_path: Path) -> None:
     """pp 1 x dp 2 (2 ranks) and pp 2 x dp 2 (4 ranks) with ep 2: each rank holds 2 of the 4 experts of its
     stage's layers, tokens go to their experts and back by all-to-all, and the loss and every gradient match one
-    process."""
+    process. Qwen3-MoE's pp 2 x dp 2 run is the CLI's (test_a_plan_with_ep_from_the_cli_runs_validated)."""
     plan = pipeline_plan(path, ["model.layers.2"] if pp == 2 else [], schedule="GPipe" if pp == 1 else "1F1B",
                          layout=Layout(pp=pp, dp=2, ep=2))
     report = run_plan(plan, RunOptions(steps=2, timeout_s=600, work_dir=tmp_path))
@@ -93,12 +93,12 @@ def test_experts_sharded_over_dp_match_one_process(path: Path, pp: int, tmp_path
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("path", [MIXTRAL, QWEN3], ids=["mixtral", "qwen3_moe"])
-def test_experts_sharded_over_part_of_dp_match_one_process(path: Path, tmp_path: Path) -> None:
+def test_experts_sharded_over_part_of_dp_match_one_process(tmp_path: Path) -> None:
     """pp 2 x ep 2 x dp 2 (8 ranks; the layout's dp 4 = 2 ep groups of 2): each stage's 4 replicas form 2 ep groups
     of 2 ranks, each rank holding 2 of the 4 experts; an expert shard's gradient is summed over the 2
-    ranks holding it and divided by dp; the loss and every gradient match one process."""
-    plan = pipeline_plan(path, ["model.layers.2"], schedule="1F1B", layout=Layout(pp=2, dp=4, ep=2))
+    ranks holding it and divided by dp; the loss and every gradient match one process. The ep groups and the
+    gradient sums are the model's no more than ep = dp's: Mixtral here, Qwen3-MoE's experts on 2 and 4 ranks."""
+    plan = pipeline_plan(MIXTRAL, ["model.layers.2"], schedule="1F1B", layout=Layout(pp=2, dp=4, ep=2))
     report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
     assert report.passed and report.layout.ep == 2 and report.num_ranks == 8
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
@@ -109,16 +109,21 @@ def test_experts_sharded_over_part_of_dp_match_one_process(path: Path, tmp_path:
 @pytest.mark.integration
 def test_a_plan_with_ep_from_the_cli_runs_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`autopp plan --ep 2` (dp follows: 2) prints a plan that `autopp run` runs validated on 4 ranks (pp 2 x dp 2,
-    each stage's experts over its 2 dp ranks)."""
+    each stage's experts over its 2 dp ranks, 2 of the 4 experts on each rank): the loss, every gradient and the
+    optimizer step match one process."""
     import json
 
     from autopp.cli import main
     monkeypatch.chdir(tmp_path)  # the default profile directory is ./profiles/MODEL
-    plan, report = tmp_path / "plan.json", tmp_path / "report.json"
+    plan, report, ranks = tmp_path / "plan.json", tmp_path / "report.json", tmp_path / "ranks"
     assert main(["plan", str(QWEN3), "--devices", "4", "--pp", "2", "--ep", "2", "--memory", "4GiB",
                  "--global-batch", "8", "--schedule", "1F1B", "--tp", "1", "--zero", "0", "--recompute", "none",
                  "-o", str(plan)]) == 0
     data = json.loads(plan.read_text())
     assert (data["pp"], data["dp"], data["ep"]) == (2, 2, 2)
-    assert main(["run", str(plan), "--steps", "1", "--report", str(report)]) == 0
-    assert json.loads(report.read_text())["passed"] is True
+    assert main(["run", str(plan), "--steps", "2", "--report", str(report), "--run-dir", str(ranks)]) == 0
+    got = json.loads(report.read_text())
+    assert got["passed"] is True and got["num_ranks"] == 4 and got["grad_max_rel_diff"] <= GRAD_RTOL
+    lines = [line for f in sorted(ranks.glob("rank*.out")) for line in f.read_text().splitlines()]
+    modules = [int(line.split(" on ")[1].split()[0]) for line in lines if "expert parallelism over 2 ranks on" in line]
+    assert len(modules) == 4 and sum(modules) == 2 * 4  # each stage's dp ranks: its share of the 4 layers

@@ -2,11 +2,13 @@
 head-heavy model (examples/gpt_big_vocab.py) it is chosen, and it runs 3 steps of the plan's optimizer validated
 (every step's loss and gradients, the vocabulary shards included, and its optimizer update, against one process from
 the same parameters) under 1F1B and GPipe on 2 ranks, and pinned (`--vocab 2`) on 4 ranks; a reference that skips
-the optimizer step fails it; what it does not run is refused in one line before any rank starts."""
+the optimizer step fails the GPipe run's ranks (replayed); what it does not run is refused in one line before any
+rank starts."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,10 +58,11 @@ def test_what_it_does_not_run_is_refused_in_one_line(options: RunOptions, plan: 
         vocab_job(plan, options)
 
 
-def _validated(path: Path, shards: set[str], optimizer: str = "sgd") -> None:
-    """`autopp run PATH --steps 3 --optimizer OPTIMIZER`: every step validated, the shards among the gradients
-    compared, measured vs predicted reported."""
-    assert main(["run", str(path), "--steps", "3", "--optimizer", optimizer, "--timeout", "600"]) == 0
+def _validated(path: Path, shards: set[str], optimizer: str = "sgd", run_dir: Path | None = None) -> None:
+    """`autopp run PATH --steps 3 --optimizer OPTIMIZER` (the ranks' files kept in `run_dir`, if given): every step
+    validated, the shards among the gradients compared, measured vs predicted reported."""
+    kept = ["--run-dir", str(run_dir)] if run_dir else []
+    assert main(["run", str(path), "--steps", "3", "--optimizer", optimizer, "--timeout", "600", *kept]) == 0
     report = json.loads(path.with_suffix(".report.json").read_text())
     assert report["passed"] and report["failed_steps"] == [] and report["grad_max_rel_diff"] < 1e-4
     assert len(report["losses"]) == len(report["reference_losses"]) == len(report["step_times_s"]) == 3
@@ -78,17 +81,26 @@ def test_planned_on_a_head_heavy_model_and_run_validated(tmp_path: Path, monkeyp
     common = ["--profile", str(prof), "--devices", "2", "--memory", "4GiB", "--pp", "2", "--global-batch", "4"]
     assert main(["plan", *common, "--schedule", "1F1B", "-o", str(plans["1F1B"])]) == 0  # --vocab auto, the default
     assert main(["plan", *common, "--schedule", "GPipe", "--vocab", "2", "-o", str(plans["GPipe"])]) == 0
+    ranks = tmp_path / "ranks"
     for schedule, path in plans.items():
         data = json.loads(path.read_text())
         assert data["vocab"] == "vocab-2" and data["schedule"] == schedule
-        _validated(path, {"head.weight[0:16384]", "head.weight[16384:32768]", "tok_emb.weight[0:16384]"})
+        _validated(path, {"head.weight[0:16384]", "head.weight[16384:32768]", "tok_emb.weight[0:16384]"},
+                   run_dir=ranks if schedule == "GPipe" else None)
     assert main(["export", str(plans["1F1B"]), "--to", "megatron"]) == 2
+
+    # The GPipe run's ranks replayed (their results and parameters, no new launch) against a reference that skips
+    # its optimizer step: the parameters after steps 1 and 2 no longer match it.
+    def replay(plan: Plan, options: RunOptions, run_dir: Path) -> None:
+        for kept in [ranks / "results.json", *ranks.glob("check*.pt")]:
+            shutil.copy(kept, run_dir / kept.name)
 
     def lazy(plan: Plan, mf: ModelFile, options: RunOptions) -> ReferenceModel:  # the reference skips its step
         return vocab_reference(plan, mf, replace(options, lr=0.0))
+    monkeypatch.setattr(runner, "run_vocab_ranks", replay)
     monkeypatch.setattr(runner, "vocab_reference", lazy)
-    report = runner.run_plan(load_plan(plans["GPipe"]), RunOptions(steps=2, timeout_s=600, check=False))
-    assert not report.passed and report.failed_steps == (1,) and report.error is not None
+    report = runner.run_plan(load_plan(plans["GPipe"]), RunOptions(steps=3, timeout_s=600, check=False))
+    assert not report.passed and report.failed_steps == (1, 2) and report.error is not None
     assert "after the optimizer step differ from one process's sgd step" in report.error
 
 
