@@ -361,6 +361,13 @@ CASES += [
                      "whole-stage checkpoint; re-plan with `activations` keep or recompute-units or selective-units "
                      "(or `autopp plan --for torchtitan`)",
          _plan_edit(_every_stage(activation="selective"))),
+    # review: torchtitan shards over dp_shard x cp whenever cp > 1, so it keeps no whole replicas beside cp
+    Case("export:torchtitan-zero-0-beside-cp", lambda env: ["export", str(env.bad_plan), "--to", "torchtitan", "-o",
+                                                           str(env.tmp / "t.args"), "--profile", str(env.prof)],
+         lambda env: f"{env.bad_plan}: zero 0 with cp 2: torchtitan shards over dp_shard x cp whenever cp > 1 "
+                     "(ParallelDims.fsdp_enabled: dp_shard > 1 or cp > 1), so it never keeps whole replicas beside "
+                     "cp; re-plan with --zero 1 or 3",
+         _plan_edit(lambda d: d.update(cp=2, num_ranks=2 * d["num_ranks"]))),
     Case("run:batch-norm-over-microbatches", lambda env: ["run", str(env.bad_plan)],
          lambda env: "the model normalizes with BatchNorm (stem.1 and 8 more), whose statistics are per microbatch (2 "
                      "samples, not the global batch of 8), so a pipelined step cannot equal the single-process one: "
