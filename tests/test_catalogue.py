@@ -526,6 +526,16 @@ CASES += [
          lambda env: (env.tmp / "c.json").write_text(json.dumps(
              {k: v for k, v in json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()).items()
               if k != "num_hidden_layers"}))),
+    # review: a causal LM's sliding window shorter than the sequence would be dropped by autopp's is_causal SDPA
+    Case("hf-config:sliding-window-below-seq-len",
+         lambda env: ["plan", "--hf-config", str(env.tmp / "m.json"), "--seq-len", "16", "--devices", "2",
+                      "--memory", "1GiB"],
+         lambda env: f'{env.tmp / "m.json"}: "sliding_window" 8 is shorter than --seq-len 16, and autopp builds '
+                     "causal LMs with full causal attention (SDPA is_causal, no mask), which would drop the window; "
+                     'give --seq-len 8 or less, or "sliding_window": null for full attention',
+         lambda env: (env.tmp / "m.json").write_text(json.dumps(
+             {**json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()), "model_type": "mistral",
+              "sliding_window": 8}))),
     # issue 27: context parallelism needs the attention's shape (an HF config's profile) and a sequence it shards
     Case("flag:plan-cp-without-attention-shape", lambda env: _plan_args(env, "--cp", "2", "--global-batch", "8"),
          lambda env: "--cp 2: the profile of"),
