@@ -16,7 +16,8 @@ from ..schedule.descriptors import ScheduleName, describe
 from .breakdown import TimeBreakdown, breakdown_of
 from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
-from .plan_fields import FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order
+from .overlap import Overlap, default_overlap, overlap_of
+from .plan_fields import FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order, step_band
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 from .vocab import VocabVariant
 
@@ -175,6 +176,11 @@ class Plan:
     (the last unit) split along the vocabulary over every pipeline rank, with this variant ("vocab-1", "vocab-2" in
     JSON); the stages' units and split points are then the body's split, their times and bytes include the passes.
     None: the first and last stages hold them whole; written to JSON only when set."""
+    overlap: Overlap | None = None
+    """The collectives the prediction assumed hidden under compute (autopp.data.overlap: `PlanRequest.overlap`, else
+    its default for the devices), which the exports ask the trainer for (docs/export.md); in JSON an object of the
+    switches, each true or false. None (not written): not recorded (plans before the field, plans built by hand),
+    read as the planner's default then (`assumed_overlap`)."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -214,6 +220,12 @@ class Plan:
     def split_points(self) -> list[str]:
         return [s.split_point for s in self.stages[1:] if s.split_point is not None]
 
+    @property
+    def assumed_overlap(self) -> Overlap:
+        """`overlap`, or for plans that do not record it the planner's default for their `device` at the time
+        (`default_overlap`: the trainers' overlap on a catalog GPU, none on CPU or an unknown device)."""
+        return self.overlap if self.overlap is not None else default_overlap(self.device)
+
     def rank_on(self, device: int) -> int:
         """The global rank that runs on device (launcher slot) `device`."""
         return self.device_order.index(device) if self.device_order else device
@@ -231,7 +243,7 @@ class Plan:
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items()
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
-                                  "step_band_s", "tied", "precision", "vocab")}
+                                  "step_band_s", "tied", "precision", "vocab", "overlap")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:
@@ -267,7 +279,8 @@ class Plan:
         order = custom_order(data.get("custom_order", []), f)
         given = data.get("time_breakdown")
         breakdown = None if given is None else breakdown_of(given, f.at("time_breakdown"))
-        band = _band(data.get("step_band_s"), f)
+        band = step_band(data.get("step_band_s"), f)
+        overlap = overlap_of(data.get("overlap"), f.at("overlap"))
         try:
             stages = tuple(StagePlan(**{**{k: v for k, v in s.items() if k not in FIGURE_FIELDS},
                                         "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
@@ -282,6 +295,7 @@ class Plan:
                            "step_band_s": band,
                            "tied": tuple(data.get("tied", ())),
                            "vocab": VocabVariant(data["vocab"]) if data.get("vocab") is not None else None,
+                           "overlap": overlap,
                            "custom_order": order,
                            "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown})
             _check_consistent(plan)
@@ -361,18 +375,6 @@ def _record(data: dict[str, Any], f: Fields) -> None:
     `Plan.layout`."""
     f.keys(f.obj(data), None, ("num_ranks",))
     f.record({k: v for k, v in data.items() if k not in LAYOUT_KEYS} | {"layout": None}, Plan)
-
-
-def _band(band: Any, f: Fields) -> tuple[float, float] | None:
-    """Field `step_band_s`: None, or [low, high] seconds with low <= high."""
-    if band is None:
-        return None
-    if not isinstance(band, (list, tuple)) or len(band) != 2:
-        f.bad("step_band_s", "[low, high] seconds", band)
-    low, high = f.number(band[0], "step_band_s"), f.number(band[1], "step_band_s")
-    if low > high:
-        f.bad("step_band_s", "[low, high] seconds with low <= high", band)
-    return (float(low), float(high))
 
 
 def _prediction(d: dict[str, Any]) -> Prediction:

@@ -13,7 +13,7 @@ from .fields import Fields, is_int, is_span
 from .layout import LAYOUT_FIELDS
 from .vocab import VocabVariant
 
-__all__ = ["FIGURE_FIELDS", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order"]
+__all__ = ["FIGURE_FIELDS", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order", "step_band"]
 
 
 #: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
@@ -118,3 +118,15 @@ def _action(cell: Any, rank: int, position: int, f: Fields) -> Action:
         return parse_action(cell)
     except ScheduleError as exc:
         f.fail(f"{at}: {exc}")
+
+
+def step_band(band: Any, f: Fields) -> tuple[float, float] | None:
+    """Field `step_band_s`: None, or [low, high] seconds with low <= high."""
+    if band is None:
+        return None
+    if not isinstance(band, (list, tuple)) or len(band) != 2:
+        f.bad("step_band_s", "[low, high] seconds", band)
+    low, high = f.number(band[0], "step_band_s"), f.number(band[1], "step_band_s")
+    if low > high:
+        f.bad("step_band_s", "[low, high] seconds with low <= high", band)
+    return (float(low), float(high))

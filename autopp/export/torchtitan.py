@@ -14,6 +14,7 @@ from ..schedule import StagePlacement, ScheduleName, describe
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
                      refuse_schedule, stage_placement, trainer_axes, uniform_policy)
 from .layers import ExportError
+from .overlap import torchtitan_overlap
 from .torchcsv import csv_text
 
 __all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel", "trainer_names"]
@@ -133,7 +134,8 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={local * plan.layout.dp}"]
     settings, setting_notes = made_for(plan, "torchtitan")
-    lines += settings
+    overlap, overlap_notes = torchtitan_overlap(plan)
+    lines += settings + overlap
     if plan.layout.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
         lines.append("--training.disable_cuda_graphs")
     extra = {}
@@ -149,7 +151,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
     if via_csv:
         notes.append(f"the schedule CSV is named relative to the export ({csv_path.name}): launch torchtitan from "
                      "the export's directory, or give its path from where you launch")
-    notes += axis_notes(plan, "torchtitan")
+    notes += axis_notes(plan, "torchtitan") + overlap_notes
     if activations.trainer_note:
         notes.append(f"torchtitan's {activations.torchtitan} AC: {activations.trainer_note}")
     return Exported("\n".join(lines) + "\n", extra, tuple(notes))

@@ -169,7 +169,11 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     # batch sizes go to megatron-core's microbatch calculator, the sequence length to its data loader and schedules
     batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size", "seq_length") if k in kw}
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
-    ddp = {k: kw.pop(k) == "true" for k in ("use_distributed_optimizer", "use_megatron_fsdp") if k in kw}
+    ddp = {k: kw.pop(k) == "true" for k in ("use_distributed_optimizer", "use_megatron_fsdp", "overlap_grad_reduce",
+                                            "overlap_param_gather") if k in kw}
+    if ddp.get("overlap_param_gather"):  # Megatron-LM's arguments.py asserts both (megatron-core does not check)
+        assert ddp.get("use_distributed_optimizer") or ddp.get("use_megatron_fsdp")
+        assert ddp.get("overlap_grad_reduce")
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     assert set(kw) <= names, f"not megatron-core config fields: {set(kw) - names}"
     assert set(ddp) <= ddp_names
@@ -545,6 +549,26 @@ def test_llama_3_8b_on_2x8_h100_for_each_trainer_is_taken_by_its_config_classes(
                                              Activation.SELECTIVE_UNITS: "selective"}[recompute]
         assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0).get() == \
             plan.num_microbatches
+        # the gradient reduction the plan hid (a catalog GPU: the trainers' overlap) is overlapped by Megatron too
+        assert plan.overlap is not None and plan.overlap.grad_reduce
+        assert cfg.ddp.overlap_grad_reduce == (plan.layout.sync > 1)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_overlap_a_plan_assumed_is_taken_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]
+        zero: int, titan, megatron, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """Review: the Megatron export writes --overlap-grad-reduce (and with the distributed optimizer
+    --overlap-param-gather) where the plan hid the gradient reduction, and --tp-comm-overlap for async TP;
+    torchtitan's async TP is its compile switch; each read by the trainer's own config classes."""
+    from autopp.data.overlap import Overlap
+    plan = dataclasses.replace(_llama_8b_like(llama_plans["dp"], Activation.BLOCKS), device="h100-sxm",
+                               overlap=Overlap(async_tp=True))
+    plan = dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=ZERO[zero]))
+    cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
+    assert (cfg.ddp.overlap_grad_reduce, cfg.ddp.overlap_param_gather) == (True, zero == 1)
+    assert cfg.tp_comm_overlap is True and cfg.sequence_parallel is True
+    titan_cfg = titan(export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama)).text)
+    assert titan_cfg.compile.enable and titan_cfg.compile.enable_async_tensor_parallel
 
 
 # ---- FP8 (issue 25, point 5) --------------------------------------------------------------------------------------
