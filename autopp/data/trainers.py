@@ -133,7 +133,8 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
             synthesized=True,
             seq_len="--training.seq_len={}",
             shards_beside_cp="torchtitan shards over dp_shard x cp whenever cp > 1 (ParallelDims.fsdp_enabled: "
-                             "dp_shard > 1 or cp > 1), so it never keeps whole replicas beside cp", module_names=HF_DECODER_TO_TORCHTITAN,
+                             "dp_shard > 1 or cp > 1), so it never keeps whole replicas beside cp",
+            module_names=HF_DECODER_TO_TORCHTITAN,
             vocab="torchtitan keeps the embedding and the output layer whole in the first and last stages (it splits "
                   "them only by tensor parallelism), never along the vocabulary over the pipeline ranks"),
     Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",

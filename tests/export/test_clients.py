@@ -442,7 +442,8 @@ def test_context_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # 
     plan = dataclasses.replace(llama_plans["dp"], layout=dataclasses.replace(llama_plans["dp"].layout, cp=2))
     cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
     assert cfg.context_parallel_size == 2
-    text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
+    sharded = dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=ZERO[1]))  # torchtitan's FSDP
+    text = export_plan(sharded, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
     par = titan(text).parallelism
     assert par.context_parallel_degree == 2 and par.context_parallel_load_balancer == "headtail"
 
