@@ -271,7 +271,8 @@ class Plan:
             f.fail("field 'stages' must be a non-empty list")
         for i, s in enumerate(data["stages"]):
             if isinstance(s, dict) and "recompute" in s:  # version 2 with version 1's field
-                f.at(f"stage {i}").fail("field 'recompute' is version 1's; version 2 has 'activation' (keep, recompute)")
+                f.at(f"stage {i}").fail("field 'recompute' is version 1's; version 2 has 'activation' (keep, "
+                                        "recompute)")
             f.at(f"stage {i}").keys(s, [*(x.name for x in fields(StagePlan) if x.name != "own"), *FIGURE_FIELDS],
                                     [x.name for x in fields(StagePlan) if x.default is MISSING])
         f.at("predicted").record(data["predicted"], Prediction)
