@@ -20,7 +20,8 @@ __all__ = [
 _WHERE = {
     "profile_model": "autopp.measure.profiler", "ProfileOptions": "autopp.measure.options",
     "MeasureOptions": "autopp.measure.options", "load_profile": "autopp.data.profile", "Profile": "autopp.data.profile",
-    "PlanRequest": "autopp.solve", "make_plan": "autopp.solve", "Plan": "autopp.data.plan", "load_plan": "autopp.data.plan",
+    "PlanRequest": "autopp.solve", "make_plan": "autopp.solve", "Plan": "autopp.data.plan",
+    "load_plan": "autopp.data.plan",
     "simulate_plan": "autopp.predict",
     "Layout": "autopp.data.layout", "LayoutPins": "autopp.data.layout", "ZERO": "autopp.data.zero",
     "Activation": "autopp.schedule", "Cluster": "autopp.data.cluster", "Link": "autopp.data.cluster",

@@ -172,7 +172,8 @@ def format_plan(plan: Plan) -> str:
     summary = _summary(plan, own)
     head = (f"{plan.schedule.value} on {plan.num_ranks} ranks ({format_grid(plan.layout)}, "
             f"{_count(plan.layout.v, 'stage')} "
-            f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} per replica (global batch "
+            f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} "
+            "per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
     if plan.seq_chunks is not None:
         head += f"\nsequence pipelining: {format_chunks(plan)} run one after another as units"

@@ -382,6 +382,13 @@ CASES += [
                      "whole-stage checkpoint; re-plan with `activations` keep or recompute-units or selective-units "
                      "(or `autopp plan --for torchtitan`)",
          _plan_edit(_every_stage(activation="selective"))),
+    # review: torchtitan shards over dp_shard x cp whenever cp > 1, so it keeps no whole replicas beside cp
+    Case("export:torchtitan-zero-0-beside-cp", lambda env: ["export", str(env.bad_plan), "--to", "torchtitan", "-o",
+                                                           str(env.tmp / "t.args"), "--profile", str(env.prof)],
+         lambda env: f"{env.bad_plan}: zero 0 with cp 2: torchtitan shards over dp_shard x cp whenever cp > 1 "
+                     "(ParallelDims.fsdp_enabled: dp_shard > 1 or cp > 1), so it never keeps whole replicas beside "
+                     "cp; re-plan with --zero 1 or 3",
+         _plan_edit(lambda d: d.update(cp=2, num_ranks=2 * d["num_ranks"]))),
     Case("run:batch-norm-over-microbatches", lambda env: ["run", str(env.bad_plan)],
          lambda env: "the model normalizes with BatchNorm (stem.1 and 8 more), whose statistics are per microbatch (2 "
                      "samples, not the global batch of 8), so a pipelined step cannot equal the single-process one: "
@@ -540,6 +547,16 @@ CASES += [
          lambda env: (env.tmp / "c.json").write_text(json.dumps(
              {k: v for k, v in json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()).items()
               if k != "num_hidden_layers"}))),
+    # review: a causal LM's sliding window shorter than the sequence would be dropped by autopp's is_causal SDPA
+    Case("hf-config:sliding-window-below-seq-len",
+         lambda env: ["plan", "--hf-config", str(env.tmp / "m.json"), "--seq-len", "16", "--devices", "2",
+                      "--memory", "1GiB"],
+         lambda env: f'{env.tmp / "m.json"}: "sliding_window" 8 is shorter than --seq-len 16, and autopp builds '
+                     "causal LMs with full causal attention (SDPA is_causal, no mask), which would drop the window; "
+                     'give --seq-len 8 or less, or "sliding_window": null for full attention',
+         lambda env: (env.tmp / "m.json").write_text(json.dumps(
+             {**json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()), "model_type": "mistral",
+              "sliding_window": 8}))),
     # issue 27: context parallelism needs the attention's shape (an HF config's profile) and a sequence it shards
     Case("flag:plan-cp-without-attention-shape", lambda env: _plan_args(env, "--cp", "2", "--global-batch", "8"),
          lambda env: "--cp 2: the profile of"),

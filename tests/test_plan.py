@@ -402,3 +402,36 @@ def test_seq_chunks_round_trip_only_under_seq1f1b(tmp_path: Path) -> None:
         (tmp_path / "bad.json").write_text(json.dumps(data))
         with pytest.raises(PlanError, match=message):
             load_plan(tmp_path / "bad.json")
+
+
+def test_overlap_round_trips_and_older_plans_read_the_default_of_their_device(tmp_path: Path) -> None:
+    """Review: the exports must ask the trainer for what the prediction hid (autopp.export.overlap), so the plan
+    records its overlap switches; a plan without them (written before the field) reads as the planner's default
+    was then: the trainers' overlap on a catalog GPU, nothing on CPU or an unknown device."""
+    from autopp.data.overlap import NO_OVERLAP, TRAINER_OVERLAP, Overlap
+    old = _plan()
+    assert "overlap" not in old.to_json() and old.overlap is None
+    assert old.assumed_overlap == NO_OVERLAP and replace(old, device="cpu").assumed_overlap == NO_OVERLAP
+    assert replace(old, device="h100-sxm").assumed_overlap == TRAINER_OVERLAP
+    plan = replace(old, device="h100-sxm", overlap=Overlap(grad_reduce=False, async_tp=True))
+    path = plan.save(tmp_path / "p.json")
+    assert json.loads(path.read_text())["overlap"] == {"fsdp_prefetch": True, "grad_reduce": False, "async_tp": True}
+    assert load_plan(path) == plan and load_plan(path).assumed_overlap == plan.overlap
+    nothing = replace(old, device="h100-sxm", overlap=NO_OVERLAP)
+    assert load_plan(nothing.save(tmp_path / "n.json")).assumed_overlap == NO_OVERLAP  # recorded: not the default
+    with pytest.raises(PlanError, match=r"p\.json: overlap: field 'grad_reduce' must be true or false, got 1$"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "overlap": {"grad_reduce": 1}}))
+    with pytest.raises(PlanError, match=r"p\.json: overlap: unknown field 'prefetch'; expected fields"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "overlap": {"prefetch": True}}))
+
+
+def test_the_planner_records_the_overlap_it_assumed() -> None:
+    from autopp.data.cluster import Cluster
+    from autopp.data.overlap import NO_OVERLAP, Overlap
+    from autopp.data.profile import load_profile
+    from autopp.solve import PlanRequest, make_plan
+    profile = load_profile(Path(__file__).resolve().parent.parent / "profiles" / "gpt")
+    request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**32), global_batch=8)
+    assert make_plan(profile, request).overlap == NO_OVERLAP  # no device kind: nothing overlapped
+    asked = Overlap(fsdp_prefetch=False, grad_reduce=True)
+    assert make_plan(profile, replace(request, overlap=asked)).overlap == asked

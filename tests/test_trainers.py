@@ -69,3 +69,15 @@ def test_no_trainer_runs_chimera_and_each_says_so_in_one_line(trainer: str) -> N
     why = rules.schedule_refusal(S.CHIMERA, Layout(pp=2), 4)
     assert why is not None and why.startswith(f"{rules.title} runs no bidirectional pipelines (Chimera's two "
                                               "replicas of every stage per rank), only ") and "\n" not in why
+
+
+def test_torchtitan_keeps_no_whole_replicas_beside_cp() -> None:
+    """Review: torchtitan shards over dp_shard x cp whenever cp > 1 (`ParallelDims.fsdp_enabled`), so ZeRO 0 beside
+    cp is refused for it (and `--for torchtitan` never chooses it); Megatron-LM runs DDP beside cp."""
+    titan = trainer_rules("torchtitan")
+    why = titan.layout_refusal(Layout(pp=2, dp=2, cp=2))
+    assert str(why).startswith("zero 0 with cp 2: torchtitan shards over dp_shard x cp whenever cp > 1")
+    assert str(why).endswith("; re-plan with `zero` 1 or 3") and "\n" not in str(why)
+    assert titan.layout_refusal(Layout(pp=2, dp=1, cp=2, zero=ZERO[1])) is None
+    assert titan.layout_refusal(Layout(pp=2, dp=2)) is None
+    assert trainer_rules("megatron").layout_refusal(Layout(pp=2, dp=2, cp=2)) is None

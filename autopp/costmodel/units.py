@@ -162,7 +162,8 @@ class ProfileTable:
         self.params = first.param_bytes.to_numpy(dtype=np.float64)
         self.grads = first.grad_bytes.to_numpy(dtype=np.float64)
         self.static = (first.param_bytes + first.grad_bytes + first.optimizer_bytes).to_numpy(dtype=np.float64)
-        self.cuts = np.array([_cuts(profile, b) for b in self.sizes], dtype=np.float64).reshape(len(self.sizes), n - 1).T
+        self.cuts = np.array([_cuts(profile, b) for b in self.sizes],
+                             dtype=np.float64).reshape(len(self.sizes), n - 1).T
         self.n = n
         # The optimizer step was timed on the whole model, where a tied weight is one tensor; each unit holding a
         # copy steps its own, so a unit's share is its trainable bytes at the model's time per trainable byte.

@@ -197,7 +197,8 @@ class Cluster:
         if self.devices and len(self.devices) != self.num_devices:
             raise ValueError(f"{len(self.devices)} devices listed for num_devices={self.num_devices}")
         if self.links and len(self.links) != self.num_devices - 1:
-            raise ValueError(f"need {self.num_devices - 1} links between {self.num_devices} devices, got {len(self.links)}")
+            raise ValueError(f"need {self.num_devices - 1} links between {self.num_devices} devices, "
+                             f"got {len(self.links)}")
         if self.order and sorted(self.order) != list(range(self.num_devices)):
             raise ValueError(f"order must be a permutation of 0..{self.num_devices - 1}, got {list(self.order)}")
 

@@ -22,7 +22,11 @@ Each switch is an assumption about the trainer that runs the plan, with its sour
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-__all__ = ["Overlap", "NO_OVERLAP", "TRAINER_OVERLAP"]
+from typing import Any
+
+from .fields import Fields
+
+__all__ = ["Overlap", "NO_OVERLAP", "TRAINER_OVERLAP", "default_overlap", "overlap_of"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,3 +51,20 @@ NO_OVERLAP = Overlap(fsdp_prefetch=False, grad_reduce=False, async_tp=False)
 #: What torchtitan and Megatron-LM (with `--overlap-grad-reduce`) do by default: the planner's default.
 TRAINER_OVERLAP = Overlap()
 
+
+def default_overlap(device: str | None) -> Overlap:
+    """What the planner assumes unless asked (`PlanRequest.overlap` None): what torchtitan and Megatron-LM (with
+    `--overlap-grad-reduce`, which the Megatron export writes) overlap on a catalog GPU, `TRAINER_OVERLAP`; nothing on
+    CPU ranks and unnamed devices (`device` "cpu" or None), whose plans autopp's own runner checks: it all-reduces
+    the gradients once after the step (autopp.run.worker). Plans written before `Plan.overlap` are read with it."""
+    return TRAINER_OVERLAP if device not in (None, "cpu") else NO_OVERLAP
+
+
+def overlap_of(value: Any, f: Fields) -> Overlap | None:
+    """Plan field `overlap` (docs/plan-format.md): null, or an object of the switches' names, each true or false (a
+    switch left out: off)."""
+    if value is None:
+        return None
+    names = [x.name for x in fields(Overlap)]
+    f.keys(value, names, listed=True)
+    return Overlap(**{name: f.flag(value.get(name, False), name) for name in names})

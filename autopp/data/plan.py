@@ -17,8 +17,9 @@ from ..schedule.seqpipe import ChunkCosts
 from .breakdown import TimeBreakdown, breakdown_of
 from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
+from .overlap import Overlap, default_overlap, overlap_of
 from .plan_fields import (FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order, seq_chunks,
-                          seq_chunks_json)
+                          seq_chunks_json, step_band)
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 from .vocab import VocabVariant
 
@@ -179,6 +180,10 @@ class Plan:
     seq_chunks: ChunkCosts | None = None
     """Sequence pipelining (Seq1F1B; docs/sequence-pipelining.md): the chunks of each microbatch's sequence (JSON:
     `plan_fields.seq_chunks`); set exactly when the schedule splits sequences, written to JSON only when set."""
+    overlap: Overlap | None = None
+    """The collectives the prediction assumed hidden under compute (autopp.data.overlap), which the exports ask the
+    trainer for (docs/export.md); in JSON an object of the switches. None (not written: plans before the field,
+    plans built by hand): read as the planner's default (`assumed_overlap`)."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -218,6 +223,11 @@ class Plan:
     def split_points(self) -> list[str]:
         return [s.split_point for s in self.stages[1:] if s.split_point is not None]
 
+    @property
+    def assumed_overlap(self) -> Overlap:
+        """`overlap`, else the planner's default for `device` (the trainers' overlap on a catalog GPU, else none)."""
+        return self.overlap if self.overlap is not None else default_overlap(self.device)
+
     def rank_on(self, device: int) -> int:
         """The global rank that runs on device (launcher slot) `device`."""
         return self.device_order.index(device) if self.device_order else device
@@ -236,7 +246,7 @@ class Plan:
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items()
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
-                                  "step_band_s", "tied", "precision", "vocab", "seq_chunks")}
+                                  "step_band_s", "tied", "precision", "vocab", "seq_chunks", "overlap")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:
@@ -264,7 +274,8 @@ class Plan:
             f.fail("field 'stages' must be a non-empty list")
         for i, s in enumerate(data["stages"]):
             if isinstance(s, dict) and "recompute" in s:  # version 2 with version 1's field
-                f.at(f"stage {i}").fail("field 'recompute' is version 1's; version 2 has 'activation' (keep, recompute)")
+                f.at(f"stage {i}").fail("field 'recompute' is version 1's; version 2 has 'activation' (keep, "
+                                        "recompute)")
             f.at(f"stage {i}").keys(s, [*(x.name for x in fields(StagePlan) if x.name != "own"), *FIGURE_FIELDS],
                                     [x.name for x in fields(StagePlan) if x.default is MISSING])
         f.at("predicted").record(data["predicted"], Prediction)
@@ -272,7 +283,8 @@ class Plan:
         order = custom_order(data.get("custom_order", []), f)
         given = data.get("time_breakdown")
         breakdown = None if given is None else breakdown_of(given, f.at("time_breakdown"))
-        band = _band(data.get("step_band_s"), f)
+        band = step_band(data.get("step_band_s"), f)
+        overlap = overlap_of(data.get("overlap"), f.at("overlap"))
         try:
             stages = tuple(StagePlan(**{**{k: v for k, v in s.items() if k not in FIGURE_FIELDS},
                                         "units": tuple(s["units"]), "unit_names": tuple(s["unit_names"]),
@@ -287,6 +299,7 @@ class Plan:
                            "step_band_s": band,
                            "tied": tuple(data.get("tied", ())),
                            "vocab": VocabVariant(data["vocab"]) if data.get("vocab") is not None else None,
+                           "overlap": overlap,
                            "custom_order": order, "seq_chunks": seq_chunks(data.get("seq_chunks"), f),
                            "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown})
             _check_consistent(plan)
@@ -369,18 +382,6 @@ def _record(data: dict[str, Any], f: Fields) -> None:
     `Plan.layout`."""
     f.keys(f.obj(data), None, ("num_ranks",))
     f.record({k: v for k, v in data.items() if k not in LAYOUT_KEYS} | {"layout": None}, Plan)
-
-
-def _band(band: Any, f: Fields) -> tuple[float, float] | None:
-    """Field `step_band_s`: None, or [low, high] seconds with low <= high."""
-    if band is None:
-        return None
-    if not isinstance(band, (list, tuple)) or len(band) != 2:
-        f.bad("step_band_s", "[low, high] seconds", band)
-    low, high = f.number(band[0], "step_band_s"), f.number(band[1], "step_band_s")
-    if low > high:
-        f.bad("step_band_s", "[low, high] seconds with low <= high", band)
-    return (float(low), float(high))
 
 
 def _prediction(d: dict[str, Any]) -> Prediction:

@@ -15,7 +15,7 @@ from .layout import LAYOUT_FIELDS
 from .vocab import VocabVariant
 
 __all__ = ["FIGURE_FIELDS", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order", "seq_chunks",
-           "seq_chunks_json"]
+           "seq_chunks_json", "step_band"]
 
 
 #: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
@@ -147,3 +147,15 @@ def seq_chunks(value: Any, f: Fields) -> ChunkCosts | None:
         f.fail(f"field 'seq_chunks' needs positive token lengths and shares in (0, 1], got {value}")
     return ChunkCosts(tuple(lengths), tuple(float(x) for x in value["time_share"]),
                       tuple(float(x) for x in value["memory_share"]))
+
+
+def step_band(band: Any, f: Fields) -> tuple[float, float] | None:
+    """Field `step_band_s`: None, or [low, high] seconds with low <= high."""
+    if band is None:
+        return None
+    if not isinstance(band, (list, tuple)) or len(band) != 2:
+        f.bad("step_band_s", "[low, high] seconds", band)
+    low, high = f.number(band[0], "step_band_s"), f.number(band[1], "step_band_s")
+    if low > high:
+        f.bad("step_band_s", "[low, high] seconds with low <= high", band)
+    return (float(low), float(high))

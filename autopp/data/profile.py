@@ -231,7 +231,8 @@ class Profile:
             if self.tp_units is not None:
                 self.tp_units.to_csv(tmp / TP_FILE, index=False)
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-            (tmp / "graph.json").write_text(json.dumps(nx.node_link_data(self.graph(), edges="edges"), sort_keys=True) + "\n")
+            graph = nx.node_link_data(self.graph(), edges="edges")
+            (tmp / "graph.json").write_text(json.dumps(graph, sort_keys=True) + "\n")
             _swap_in(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -47,6 +47,8 @@ class Trainer:
     runs with it)."""
     seq_len: str | None = None
     """Its setting of the sequence length, `{}` for the value (None: the model's own, not a trainer setting)."""
+    shards_beside_cp: str | None = None
+    """Why it never keeps whole data-parallel replicas (ZeRO 0) beside context parallelism (None: it can)."""
     vocab: str = ""
     """Why it cannot run vocabulary parallelism (Yeung et al., MLSys 2025; `Plan.vocab`): none of the three splits
     the vocabulary layers over the pipeline ranks, so `--for` never offers it and the exporters refuse it."""
@@ -73,6 +75,8 @@ class Trainer:
         why = layout.zero.refusal(self.name)
         if why is not None:
             return f"zero {layout.zero.stage}: {why}"
+        if self.shards_beside_cp and layout.cp > 1 and layout.zero.replicated:
+            return f"zero {layout.zero.stage} with cp {layout.cp}: {self.shards_beside_cp}; re-plan with `zero` 1 or 3"
         hsdp = HSDP_REFUSALS.get(self.name)
         if layout.dp_replicate > 1 and hsdp is not None:
             return f"dp_replicate {layout.dp_replicate} (HSDP): {hsdp}"
@@ -128,7 +132,10 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
             schedules=tuple(s for s in ScheduleName if not describe(s).given_order and describe(s).torch_class
                             and not describe(s).sequence_chunks),
             synthesized=True,
-            seq_len="--training.seq_len={}", module_names=HF_DECODER_TO_TORCHTITAN,
+            seq_len="--training.seq_len={}",
+            shards_beside_cp="torchtitan shards over dp_shard x cp whenever cp > 1 (ParallelDims.fsdp_enabled: "
+                             "dp_shard > 1 or cp > 1), so it never keeps whole replicas beside cp",
+            module_names=HF_DECODER_TO_TORCHTITAN,
             vocab="torchtitan keeps the embedding and the output layer whole in the first and last stages (it splits "
                   "them only by tensor parallelism), never along the vocabulary over the pipeline ranks"),
     Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",

@@ -10,6 +10,7 @@ from ..data.profile_values import LiveValue
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
                      refuse_schedule, uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers, skip_problem
+from .overlap import megatron_overlap
 
 __all__ = ["to_megatron", "layout_string", "data_parallel_flags", "refuse_model"]
 
@@ -65,6 +66,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
     lines = [*group_lines(plan, "megatron", "{key} {degree}"),
              *carved_lines(plan, "megatron", "{key} {degree}", moe or {}, where),
              *data_parallel_flags(plan),
+             *megatron_overlap(plan),
              f"{AXES['pp'].spelling('megatron').degree} {plan.layout.pp}",
              f"--num-layers {len(layers.blocks)}",
              f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",

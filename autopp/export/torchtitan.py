@@ -14,6 +14,7 @@ from ..schedule import StagePlacement, ScheduleName, describe
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
                      refuse_schedule, stage_placement, trainer_axes, uniform_policy)
 from .layers import ExportError
+from .overlap import torchtitan_overlap
 from .torchcsv import csv_text
 
 __all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel", "trainer_names"]
@@ -103,19 +104,6 @@ def data_parallel(plan: Plan) -> list[str]:
             f"--parallelism.fsdp_reshard_after_forward={'always' if zero.fsdp_reshard_after_forward else 'never'}"]
 
 
-def _fsdp_over_cp(plan: Plan) -> list[str]:
-    """A note when torchtitan shards what the plan replicates: it turns FSDP on whenever cp > 1
-    (torchtitan/distributed/parallel_dims.py, `fsdp_enabled`: dp_shard > 1 or cp > 1) and shards over dp_shard x cp,
-    with its default resharding (kept whole under pipeline parallelism, resharded after each forward without)."""
-    layout = plan.layout
-    if layout.cp == 1 or not layout.zero.replicated:
-        return []
-    runs_as = "kept whole through the step (ZeRO 1)" if layout.pp > 1 else "resharded after each forward (ZeRO 3)"
-    return [f"torchtitan shards over dp_shard x cp whenever cp > 1 (ParallelDims.fsdp_enabled): the plan's ZeRO 0 "
-            f"beside cp {layout.cp} runs as FSDP over the {layout.cp} cp ranks of each of the {layout.dp} replicas, "
-            f"{runs_as}, not as the whole replicas autopp costed; re-plan with `zero` 1 or 3 to cost what it runs"]
-
-
 def group_parallel(plan: Plan) -> list[str]:
     """The degrees of the axes inside a pipeline rank (autopp.data.axes: `tensor_parallel_degree`, with tp > 1
     sequence parallelism as the plan has it: left on, torchtitan's default, or turned off, `SWITCHES`)."""
@@ -146,7 +134,8 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={local * plan.layout.dp}"]
     settings, setting_notes = made_for(plan, "torchtitan")
-    lines += settings
+    overlap, overlap_notes = torchtitan_overlap(plan)
+    lines += settings + overlap
     if plan.layout.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
         lines.append("--training.disable_cuda_graphs")
     extra = {}
@@ -158,11 +147,11 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
     notes = [f"torchtitan: launch {plan.num_ranks} ranks ({launch_grid(plan, 'torchtitan')}, dp as "
              f"{_dp_as(plan.layout.zero, plan.layout.dp_replicate)}; torchtitan's mesh [{mesh}] numbers them as autopp "
              "does)",
-             *_fsdp_over_cp(plan), *setting_notes, _names_note(fqns, mapped is not None)]
+             *setting_notes, _names_note(fqns, mapped is not None)]
     if via_csv:
         notes.append(f"the schedule CSV is named relative to the export ({csv_path.name}): launch torchtitan from "
                      "the export's directory, or give its path from where you launch")
-    notes += axis_notes(plan, "torchtitan")
+    notes += axis_notes(plan, "torchtitan") + overlap_notes
     if activations.trainer_note:
         notes.append(f"torchtitan's {activations.torchtitan} AC: {activations.trainer_note}")
     return Exported("\n".join(lines) + "\n", extra, tuple(notes))

@@ -86,7 +86,28 @@ def hf_config(source: HfSource) -> Any:
     if source.task == "seq-cls" and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0
     check_seq_len(source.config_path, source.seq_len, max_positions(config.to_dict()))
+    if source.task == DEFAULT_TASK:
+        _check_sliding_window(source, config)
     return config
+
+
+def _check_sliding_window(source: HfSource, config: Any) -> None:
+    """A ModelFileError when a causal LM's attention is windowed (Mistral's `sliding_window`; Qwen2's with
+    `use_sliding_window`; any layer of `layer_types` "sliding_attention", as Gemma 2 and 3 alternate them) and the
+    window is shorter than the sequence: `CAUSAL_ATTENTION` runs SDPA with is_causal and no mask, which would attend
+    over the whole prefix and drop the window. transformers keeps it only through a (seq x seq) mask
+    (`create_sliding_window_causal_mask`), the mask `_causal_attention` leaves out, so autopp refuses instead. Token i
+    attends to j when i - j < window (transformers' `sliding_window_overlay`): a window of at least the sequence
+    length changes nothing and is accepted."""
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    if not is_int(window, 1) or source.seq_len <= window or kinds is not None and "sliding_attention" not in kinds:
+        return
+    given = "" if "sliding_window" in source.values else f" ({type(config).__name__}'s default: the file leaves it out)"
+    raise ModelFileError(f"{source.config_path}: \"sliding_window\" {window}{given} is shorter than `seq_len` "
+                         f"{source.seq_len}, and autopp builds causal LMs with full causal attention (SDPA is_causal, "
+                         f"no mask), which would drop the window; give `seq_len` {window} or less, or "
+                         "\"sliding_window\": null for full attention")
 
 
 #: The attention implementation a causal LM is built with (`_causal_attention`).

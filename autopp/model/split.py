@@ -26,8 +26,8 @@ from .fake import grouped_mm_on_fake
 
 log = logging.getLogger(__name__)
 
-__all__ = ["split_model", "piece_names", "walk_split_graph", "LiveValue", "live_values", "source_piece", "TiedGroup", "tied_groups",
-           "output_spec", "rebuild_output", "model_output"]
+__all__ = ["split_model", "piece_names", "walk_split_graph", "LiveValue", "live_values", "source_piece", "TiedGroup",
+           "tied_groups", "output_spec", "rebuild_output", "model_output"]
 
 
 @contextlib.contextmanager
@@ -77,7 +77,8 @@ def split_model(model: nn.Module, example_inputs: tuple[torch.Tensor, ...], spli
         raise _export_error(exc, split_points) from exc
     if pipe.num_stages != len(split_points) + 1:
         raise ModelFileError(f"splitting at {len(split_points)} points gave {pipe.num_stages} pieces, "
-                             f"expected {len(split_points) + 1}; a split point may be called inside a loop or not at all")
+                             f"expected {len(split_points) + 1}; a split point may be called inside a loop or not at "
+                             "all")
     _unview_outputs(pipe.split_gm)
     buffers = [(b, b.detach().clone()) for b in pipe.split_gm.buffers()]
     try:

@@ -14,7 +14,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 
 from .parallel import full
 
-__all__ = ["StageTensors", "stage_grads", "stage_weights", "gather_check", "gather_results"]
+__all__ = ["StageTensors", "stage_grads", "stage_weights", "gather_check", "gather_final", "gather_results"]
 
 StageTensors = dict[int, dict[str, torch.Tensor]]
 """Stage index -> parameter name (the stage's) -> a whole tensor on the CPU."""
@@ -42,6 +42,14 @@ def gather_check(run_dir: str, rank: int, step: int, mine: tuple[StageTensors, S
         torch.save({"params": {s: p for ps, _ in everything for s, p in ps.items()},
                     "grads": {s: g for _, gs in everything for s, g in gs.items()}},
                    Path(run_dir) / f"check{step}.pt")
+
+
+def gather_final(run_dir: str, rank: int, steps: int, stages: Sequence[Stage], mine: bool) -> None:
+    """Global rank 0 collects replica 0's parameters after the last step into check{steps}.pt (no gradients), so that
+    the last step's update is checked like every other (autopp.run.steps). `stages`: the rank's stages where it
+    gathers them (empty where it takes no part); `mine`: whether it is one of replica 0's ranks that report."""
+    final = stage_weights(stages)
+    gather_check(run_dir, rank, steps, (final, {}) if mine else ({}, {}))
 
 
 def gather_results(run_dir: str, rank: int, result: dict[str, Any]) -> None:

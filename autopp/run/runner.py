@@ -286,8 +286,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
             return replace(report, losses=_losses(results))
         broken: RunFailedError | None = None
         try:
-            reference = ReferenceModel(mf, plan.seed, plan.global_batch) if plan.vocab is None else \
-                vocab_reference(plan, mf, options)
+            reference = ReferenceModel(mf, plan.seed, plan.global_batch, optimizer=options.optimizer or "sgd",
+                                       lr=options.lr) if plan.vocab is None else vocab_reference(plan, mf, options)
             report = _validation(report, results, _checks(run_dir), reference)
         except RunError as exc:  # raised once the run directory is gone, as a failed validation
             broken = RunFailedError(str(exc), replace(report, error=str(exc)))

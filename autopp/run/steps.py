@@ -23,8 +23,9 @@ takes its own optimizer step (torch's, its state fed every step) with the ranks'
 ranks' parameters before it, and the ranks' parameters before step k + 1 must equal the result (each element within
 UPDATE_RTOL of the update's largest element, plus a few roundoffs of the parameter): an optimizer step skipped, taken
 twice or with another learning rate on either side fails on that step, which gradients from shared parameters
-alone cannot show. A parameter the ranks hold in row shards (vocabulary parallelism: `shards`) is compared shard by
-shard under the name `name[lo:hi]`.
+alone cannot show. The last step's update is checked against the ranks' parameters after it (`checks(steps)`: the
+worker's check{STEPS}.pt, parameters without gradients), so a one-step run checks its update too. A parameter the
+ranks hold in row shards (vocabulary parallelism: `shards`) is compared shard by shard under the name `name[lo:hi]`.
 
 The failure names the first failing step and its reason (one line: one parameter or one pair of losses), then at
 most five further failing steps by number.
@@ -60,7 +61,8 @@ UPDATE_RTOL = 1e-4
 UPDATE_ULPS = 8
 
 Checks = Callable[[int], tuple[StageTensors, StageTensors]]
-"""Step (from 0) -> (replica 0's parameters before it, its gradients), by stage, under the stages' names."""
+"""Step (from 0) -> (replica 0's parameters before it, its gradients), by stage, under the stages' names; step
+`steps` (one past the last): the parameters after the last step, and no gradients."""
 
 
 def shard_name(name: str, lo: int, hi: int) -> str:
@@ -208,14 +210,16 @@ def validate_steps(reference: ReferenceModel, checks: Checks, losses: Sequence[f
     for k, loss in enumerate(losses):
         assert following is not None
         params, grads = following
-        following = checks(k + 1) if k + 1 < len(losses) else None
+        # the parameters after step k: the next step's, or after the last step the ranks' final ones (checks(steps))
+        following = checks(k + 1) if k + 1 < len(losses) or reference.optimizer is not None else None
         ref = reference.step(k, params)
         stage_grads = {s: {reference.aliases.get(n, n): g for n, g in gs.items()} for s, gs in grads.items()}
         atols = stage_atols(ref.grads, stage_grads, ref.dtype)
         floors = {s: a / grad_rtol for s, a in atols.items()}
         diffs = compare_grads(ref.grads, stage_grads, floors)
         error = failure(diffs, [loss], ref, stage_grads, floors)
-        if reference.optimizer is not None and following is not None:
+        if reference.optimizer is not None:
+            assert following is not None
             moved = update_failure(reference.update(stage_grads), params, following[0], reference.aliases,
                                    reference.optimizer_name or "")
             error = error or moved

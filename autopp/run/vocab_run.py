@@ -79,6 +79,8 @@ def _train(job: VocabJob, rank: int, run_dir: str, options: RunOptions) -> None:
         losses.append(list(built.runtime.losses))
         if options.validate:  # untimed: the step's gradients, which its update kept
             gather_check(run_dir, rank, step, (weights, _tensors(built, grads=True)))
+    if options.validate:  # the parameters after the last step: its update is checked too (autopp.run.steps)
+        gather_check(run_dir, rank, options.steps, (_tensors(built, grads=False), {}))
     names = {str(i): list(t) for i, t in _tensors(built, grads=False).items()}
     gather_results(run_dir, rank, {"rank": rank, "replica": 0, "pp_rank": rank, "tp_rank": 0, "device": rank,
                                    "stages": [s.stage_index for s in built.stages], "step_times_s": times,

@@ -15,11 +15,11 @@ same way).
 
 The rank builds the model (same seed everywhere), splits it into the plan's stages, builds the stages placed on its
 pipeline rank, runs the plan's schedule for a few steps of the plan's optimizer, timing each step, each action and
-each wait, and estimating its peak memory. After each step (untimed; not with --no-validate: measuring only),
-global rank 0 gathers replica 0's
+each wait, and estimating its peak memory. After each step (untimed; not with --no-validate), global rank 0 gathers
   check{K}.pt     {"params": {stage: {name: parameter before step K}}, "grads": {stage: {name: its gradient}}} (after
                   the dp average and the tied sum; whole tensors: a sharded one is gathered with DTensor.full_tensor)
-for the parent's shared-parameter validation (autopp.run.steps), and at the end every rank's results:
+of replica 0, and check{STEPS}.pt, its parameters after the last step (`gather_final`), for the parent's
+shared-parameter validation (autopp.run.steps), and at the end every rank's results:
   results.json    one object per global rank: step times, actions, waits, peak memory, losses, parameter names
 A rank that fails writes rank{r}.error (one line naming the exception, the model file's own when torch wrapped it,
 and where it was raised) into its own run dir before exiting 1.
@@ -51,7 +51,7 @@ from ..model.contract import ModelFile
 from ..model.hf import load_model
 from ..data.plan import Plan, load_plan
 from ..data.layout import Coords, Layout, uses_mesh
-from .collect import gather_check, gather_results, stage_grads, stage_weights
+from .collect import gather_check, gather_final, gather_results, stage_grads, stage_weights
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .data_parallel import check_runnable, sync_mesh
 from .expert_parallel import average_expert_grads, ep_meshes, expert_params
@@ -269,12 +269,12 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
                                                                      saved, static, optimizer))
         if args.validate:
             gather_check(args.run_dir, ranks.rank, step, (weights, grads) if mine else ({}, {}))
+    if args.validate:
+        gather_final(args.run_dir, ranks.rank, args.steps, stages if checked else (), mine)
     run_result = {"rank": ranks.rank, "replica": ranks.replica, "pp_rank": ranks.pp_rank, "tp_rank": ranks.tp_rank,
-                  "device": slot,
-                  "stages": [s.stage_index for s in stages], "step_times_s": run.step_times,
+                  "device": slot, "stages": [s.stage_index for s in stages], "step_times_s": run.step_times,
                   "losses": run.losses if last else [], "actions": run.actions, "wait_s": run.waits,
-                  "phases": run.phases,
-                  "peak_memory_bytes": run.peak_memory,
+                  "phases": run.phases, "peak_memory_bytes": run.peak_memory,
                   "memory_method": "cuda.max_memory_allocated" if device.type == "cuda" else "estimate",
                   "params": {str(s.stage_index): [n for n, _ in s.submod.named_parameters()] for s in stages}}
     gather_results(args.run_dir, ranks.rank, run_result)

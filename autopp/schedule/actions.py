@@ -100,7 +100,8 @@ def format_grid(order: Order) -> str:
     labels = ["Step " + str(i).zfill(width) for i in range(num_steps)]
     columns = [[_cell(a) for a in order[r]] + [""] * (num_steps - len(order[r])) for r in range(num_ranks)]
     headers = [f"Rank {r}" for r in range(num_ranks)]
-    widths = [max([len(labels[0]) if labels else 0, len(h)] + [len(c) for c in col]) for h, col in zip(headers, columns)]
+    widths = [max([len(labels[0]) if labels else 0, len(h)] + [len(c) for c in col])
+              for h, col in zip(headers, columns)]
     pad = len(labels[0]) + 2 if labels else len("Step 0") + 2
     lines = [" " * pad + " ".join(f"{h:<{w}}" for h, w in zip(headers, widths))]
     for i, label in enumerate(labels):

@@ -174,6 +174,9 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     ddp = {k: True if v == "true" else v for k, v in kw.items() if k in ddp_names}
     kw = {k: v for k, v in kw.items() if k not in ddp_names}
+    if ddp.get("overlap_param_gather"):  # Megatron-LM's arguments.py asserts both (megatron-core does not check)
+        assert ddp.get("use_distributed_optimizer") or ddp.get("use_megatron_fsdp")
+        assert ddp.get("overlap_grad_reduce")
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     assert set(kw) <= names, f"not megatron-core config fields: {set(kw) - names}"
     kw = {k: int(v) if v.isdigit() else True if v == "true" else v for k, v in kw.items()}
@@ -452,7 +455,8 @@ def test_context_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # 
     plan = dataclasses.replace(llama_plans["dp"], layout=dataclasses.replace(llama_plans["dp"].layout, cp=2))
     cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
     assert cfg.context_parallel_size == 2
-    text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
+    sharded = dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=ZERO[1]))  # torchtitan's FSDP
+    text = export_plan(sharded, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES)).text
     par = titan(text).parallelism
     assert par.context_parallel_degree == 2 and par.context_parallel_load_balancer == "headtail"
 
@@ -559,6 +563,26 @@ def test_llama_3_8b_on_2x8_h100_for_each_trainer_is_taken_by_its_config_classes(
                                              Activation.SELECTIVE_UNITS: "selective"}[recompute]
         assert calculator(batch["global_batch_size"], batch["micro_batch_size"], plan.layout.dp, False, 0).get() == \
             plan.num_microbatches
+        # the gradient reduction the plan hid (a catalog GPU: the trainers' overlap) is overlapped by Megatron too
+        assert plan.overlap is not None and plan.overlap.grad_reduce
+        assert cfg.ddp.overlap_grad_reduce == (plan.layout.sync > 1)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_overlap_a_plan_assumed_is_taken_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]
+        zero: int, titan, megatron, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """Review: the Megatron export writes --overlap-grad-reduce (and with the distributed optimizer
+    --overlap-param-gather) where the plan hid the gradient reduction, and --tp-comm-overlap for async TP;
+    torchtitan's async TP is its compile switch; each read by the trainer's own config classes."""
+    from autopp.data.overlap import Overlap
+    plan = dataclasses.replace(_llama_8b_like(llama_plans["dp"], Activation.BLOCKS), device="h100-sxm",
+                               overlap=Overlap(async_tp=True))
+    plan = dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=ZERO[zero]))
+    cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
+    assert (cfg.ddp.overlap_grad_reduce, cfg.ddp.overlap_param_gather) == (True, zero == 1)
+    assert cfg.tp_comm_overlap is True and cfg.sequence_parallel is True
+    titan_cfg = titan(export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama)).text)
+    assert titan_cfg.compile.enable and titan_cfg.compile.enable_async_tensor_parallel
 
 
 # ---- FP8 (issue 25, point 5) --------------------------------------------------------------------------------------

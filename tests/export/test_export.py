@@ -20,7 +20,7 @@ from autopp.data.vocab import VocabVariant
 from autopp.data.zero import ZERO
 from autopp.schedule import Action, Activation, ScheduleName
 
-from .conftest import plan_for, unit_modules
+from .conftest import unit_modules
 
 
 @pytest.mark.integration
@@ -352,7 +352,7 @@ def test_an_axis_planned_in_its_descriptor_reaches_every_exporter(monkeypatch: p
     DeepSpeed, and no exporter names it."""
     from autopp.data import axes
     plan = replace(llama_plans["dp"], layout=replace(llama_plans["dp"].layout, cp=2))
-    titan = _titan(plan, llama)
+    titan = _titan(replace(plan, layout=replace(plan.layout, zero=ZERO[1])), llama)  # torchtitan shards beside cp
     assert "--parallelism.context_parallel_degree=2" in titan and "--parallelism.tensor_parallel_degree=1" in titan
     megatron = export_plan(plan, Target.MEGATRON, "x")
     assert megatron.text.splitlines()[:2] == ["--context-parallel-size 2", "--tensor-model-parallel-size 1"]
@@ -583,18 +583,13 @@ def test_a_cnn_with_a_long_skip_is_refused_by_megatron(tmp_path: Path, capsys: p
     assert not (tmp_path / "skipcnn.megatron.args").exists()
 
 
-@pytest.mark.parametrize("pp, runs_as", [(2, "kept whole through the step (ZeRO 1)"),
-                                         (1, "resharded after each forward (ZeRO 3)")])
-def test_torchtitan_says_it_shards_over_cp_where_the_plan_replicates(pp: int, runs_as: str, llama: Profile,
-                                                                      llama_plans: dict[str, Plan]) -> None:
+def test_torchtitan_refuses_whole_replicas_beside_cp(llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """Review: torchtitan turns FSDP on whenever cp > 1 (`ParallelDims.fsdp_enabled`: dp_shard > 1 or cp > 1),
-    sharding over dp_shard x cp; a plan of ZeRO 0 beside cp was exported as DDP replicas, said as such."""
-    base = llama_plans["dp"] if pp == 2 else plan_for(llama, pins=LayoutPins(pp=1, dp=2),
-                                                      activations=(Activation.BLOCKS,))
+    sharding over dp_shard x cp, so a plan of ZeRO 0 beside cp (whole replicas, as autopp costed them) is refused
+    in one line; Megatron-LM runs it (its DDP beside --context-parallel-size)."""
+    base = llama_plans["dp"]
     plan = replace(base, layout=replace(base.layout, cp=2))
-    notes = export_plan(plan, Target.TORCHTITAN, "x", [[m.replace("model.", "") for m in ms]
-                                                        for ms in unit_modules(llama)]).notes
-    said = [n for n in notes if "fsdp_enabled" in n]
-    assert said == [f"torchtitan shards over dp_shard x cp whenever cp > 1 (ParallelDims.fsdp_enabled): the plan's "
-                    f"ZeRO 0 beside cp 2 runs as FSDP over the 2 cp ranks of each of the 2 replicas, {runs_as}, "
-                    "not as the whole replicas autopp costed; re-plan with `zero` 1 or 3 to cost what it runs"]
+    with pytest.raises(ExportError, match=r"^plan: zero 0 with cp 2: torchtitan shards over dp_shard x cp whenever "
+                                          r"cp > 1 \(ParallelDims.fsdp_enabled: .*; re-plan with `zero` 1 or 3$"):
+        export_plan(plan, Target.TORCHTITAN, "x", [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)])
+    assert export_plan(plan, Target.MEGATRON, "x").text.startswith("--context-parallel-size 2\n")

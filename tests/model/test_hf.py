@@ -197,6 +197,40 @@ def test_seq_len_checked_against_the_class_default(tmp_path: Path) -> None:
     _one_line(lambda: hf_model_file(config, seq_len=2048), r"`seq_len` 2048 is above .* \(1024\)")
 
 
+def _mistral(tmp_path: Path, **values: object) -> Path:
+    """The tiny Llama config as a Mistral (a sliding-window family), with `values`; a window left out is
+    MistralConfig's default 4096."""
+    config = tmp_path / "mistral.json"
+    config.write_text(json.dumps({**json.loads(TINY.read_text()), "model_type": "mistral", **values}))
+    return config
+
+
+def test_a_sliding_window_shorter_than_the_sequence_is_refused(tmp_path: Path) -> None:
+    """Review: causal LMs are built with SDPA is_causal and no mask (`_causal_attention`), which attends over the
+    whole prefix: a Mistral window of 8 tokens under 16-token samples was dropped without a word."""
+    config = _mistral(tmp_path, sliding_window=8)
+    _one_line(lambda: hf_model_file(config, seq_len=16),
+              rf'^{config}: "sliding_window" 8 is shorter than `seq_len` 16, and autopp builds causal LMs with full '
+              r'causal attention \(SDPA is_causal, no mask\), which would drop the window; give `seq_len` 8 or less, '
+              r'or "sliding_window": null for full attention$')
+    assert hf_model_file(config, seq_len=8).build() is not None  # i - j < 8 for every pair: no window to drop
+    assert hf_model_file(_mistral(tmp_path, sliding_window=None), seq_len=16).build() is not None
+    assert hf_model_file(_mistral(tmp_path), seq_len=16).build() is not None  # the default 4096 covers 16 tokens
+    # the seq-cls model keeps transformers' own attention (and mask), window included
+    assert hf_model_file(config, seq_len=16, task="seq-cls").build() is not None
+
+
+def test_a_window_the_config_turns_off_is_accepted(tmp_path: Path) -> None:
+    """Qwen2 carries a `sliding_window` that applies only with `use_sliding_window` (transformers then sets it)."""
+    config = tmp_path / "qwen2.json"
+    config.write_text(json.dumps({**json.loads(TINY.read_text()), "model_type": "qwen2", "sliding_window": 4,
+                                  "use_sliding_window": False}))
+    assert hf_model_file(config, seq_len=16).build() is not None
+    config.write_text(json.dumps({**json.loads(config.read_text()), "use_sliding_window": True,
+                                  "max_window_layers": 0}))
+    _one_line(lambda: hf_model_file(config, seq_len=16), r'"sliding_window" 4 is shorter than `seq_len` 16')
+
+
 def test_load_model_routes_json_to_the_config() -> None:
     mf = load_model(TINY, {"seq_len": 4, "task": "causal-lm", "model_type": "llama"})
     assert mf.sample_batch(2)[0][0].shape == (2, 4)

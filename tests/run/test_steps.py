@@ -38,7 +38,8 @@ def _accumulated(mf: ModelFile, steps: int, lr: float, microbatches: int = 4, ba
                  ) -> tuple[list[tuple[StageTensors, StageTensors]], list[float]]:
     """Per step, the parameters before it and its gradients (stage 0 holds all), and its loss, of the optimizer
     (SGD unless named; its step skipped after step `skip`, from 1) whose gradients are accumulated over
-    `microbatches` (the mean of the microbatch losses, as scale_grads does)."""
+    `microbatches` (the mean of the microbatch losses, as scale_grads does); then, as the worker's last check file,
+    the parameters after the last step without gradients."""
     model = mf.build(0)
     optimizer = make_optimizer(optimizer_name, list(model.parameters()), lr=lr)
     checks, losses = [], []
@@ -57,6 +58,7 @@ def _accumulated(mf: ModelFile, steps: int, lr: float, microbatches: int = 4, ba
         if k + 1 != skip:
             optimizer.step()
         optimizer.zero_grad()
+    checks.append(({0: {n: p.detach().clone() for n, p in model.named_parameters()}}, {}))
     return checks, losses
 
 
@@ -152,9 +154,24 @@ def test_an_optimizer_step_skipped_by_the_reference_fails() -> None:
     mf = load_model_file(GNCNN)
     checks, losses = _accumulated(mf, 2, lr=0.01)
     verdict = validate_steps(ReferenceModel(mf, 0, 8, optimizer="sgd", lr=0.0), lambda k: checks[k], losses)
-    assert verdict.failed_steps == (1,)
+    assert verdict.failed_steps == (1, 2)  # the last step's update too, against the parameters after it
     assert verdict.error is not None and "after the optimizer step differ from one process's sgd step by" in \
         verdict.error
+
+
+def test_the_last_steps_update_is_checked_so_one_step_checks_one() -> None:
+    """Review: the update was compared only with the next step's parameters, so `--steps 1` (and the last step of
+    any run) checked none; the ranks' parameters after the last step (the worker's last check file) are compared
+    with the reference's update as every other step's are."""
+    mf = load_model_file(GNCNN)
+    for steps in (1, 3):
+        checks, losses = _accumulated(mf, steps, lr=0.01, skip=steps)  # the ranks skip the last step's update
+        verdict = validate_steps(ReferenceModel(mf, 0, 8, optimizer="sgd", lr=0.01), lambda k: checks[k], losses)
+        assert verdict.failed_steps == (steps,) and verdict.error is not None
+        assert verdict.error.startswith(f"step {steps} of {steps}: parameters of ")
+    checks, losses = _accumulated(mf, 1, lr=0.01)
+    verdict = validate_steps(ReferenceModel(mf, 0, 8, optimizer="sgd", lr=0.01), lambda k: checks[k], losses)
+    assert verdict.error is None and verdict.failed_steps == ()
 
 
 def _sharded(checks: list[tuple[StageTensors, StageTensors]], name: str, rows: list[tuple[int, int]]
@@ -164,7 +181,7 @@ def _sharded(checks: list[tuple[StageTensors, StageTensors]], name: str, rows: l
         whole = dict(tensors[0])
         value = whole.pop(name)
         return {0: whole, **{i + 1: {shard_name(name, lo, hi): value[lo:hi]} for i, (lo, hi) in enumerate(rows)}}
-    return [(split(p), split(g)) for p, g in checks]
+    return [(split(p), split(g) if g else g) for p, g in checks]
 
 
 @pytest.mark.parametrize("model,name", [(GNCNN, "head.weight"), (MODELS / "tiedlm.py", "embed.weight")])

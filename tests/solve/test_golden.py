@@ -77,8 +77,9 @@ def _text(data: dict[str, object]) -> str:
 
 #: Fields that record what a plan was made for, not what it chose (issue 26: `device`, `optimizer`, `dtype`; checked
 #: in tests/test_plan.py), and what is derived from its prediction (issue 25: `time_breakdown`, checked in
-#: tests/costmodel/test_breakdown.py), left out so that adding them did not rewrite the stored plans.
-CONTEXT_FIELDS = ("device", "optimizer", "dtype", "time_breakdown")
+#: tests/costmodel/test_breakdown.py), left out so that adding them did not rewrite the stored plans; so is the overlap
+#: the prediction assumed (review: `overlap`, which the exports ask of the trainer; checked in tests/test_plan.py).
+CONTEXT_FIELDS = ("device", "optimizer", "dtype", "time_breakdown", "overlap")
 
 #: Fields that say how sure the choice is, not what it is (issue 29, item 4: the step's band from the profile's
 #: spreads and the configurations inside it; checked in tests/solve/test_band.py), left out for the same reason: the

@@ -14,7 +14,7 @@ from autopp.errors import LayoutError
 from autopp.export import Target, export_plan
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
-from autopp.solve.search.request import configs
+from autopp.solve.search.request import Group, configs
 
 
 def _request(**kw: object) -> PlanRequest:
@@ -85,3 +85,14 @@ def test_offload_is_offered_only_without_a_trainer(trainer: str) -> None:
     plan = make_plan(profile, _request(**ask, trainer=trainer))
     used = {s.activation for s in plan.stages}
     assert len(used) == 1 and Activation.OFFLOAD not in used
+
+
+def test_torchtitan_search_beside_cp_never_replicates(shipped_gpt: Profile) -> None:
+    """Review: `--for torchtitan` with cp 2 searched ZeRO 0, which torchtitan runs as FSDP over dp_shard x cp; it
+    keeps only the ZeRO stages that shard, where the unrestricted search has ZeRO 0 too."""
+    from autopp.data.layout import LayoutPins
+    pins = LayoutPins(pp=2, dp=None, cp=2, zero=None)
+    free = configs(_request(pins=pins), shipped_gpt.num_units, (Group(2, 1),))
+    kept = configs(_request(pins=pins, trainer="torchtitan"), shipped_gpt.num_units, (Group(2, 1),))
+    assert all(c.layout.cp == 2 for c in free) and any(c.layout.zero.replicated for c in free)
+    assert kept and not any(c.layout.zero.replicated for c in kept)

@@ -267,7 +267,8 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 optimizer=profile.meta.optimizer, dtype=profile.meta.dtype,
                 time_breakdown=_breakdown(a, placed, best),
                 precision=profile.meta.extra.get("precision"),
-                vocab=best.passes.variant if best.passes is not None else None, seq_chunks=c.seq)
+                vocab=best.passes.variant if best.passes is not None else None, seq_chunks=c.seq,
+                overlap=request.assumed_overlap)
 
 
 def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:

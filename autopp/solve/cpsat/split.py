@@ -75,7 +75,8 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     # Report: every non-optimal outcome is said.
     name = solver.status_name(status)
     if status == cp_model.INFEASIBLE:
-        raise InfeasibleError(f"CP-SAT proved that no split of {n} units into {s_count} stages fits the devices' memory")
+        raise InfeasibleError(f"CP-SAT proved that no split of {n} units into {s_count} stages fits the devices' "
+                              "memory")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise InfeasibleError(f"CP-SAT found no split within {time_limit_s} s (status {name}); raise the time limit")
     stage_of = [next(k for k in range(s_count) if solver.value(x[u, k])) for u in range(n)]

@@ -58,7 +58,8 @@ class SynthStatus(Enum):
     FEASIBLE = "feasible"
     """CP-SAT stopped at the time limit; ``gap`` says how far the objective may be from optimal."""
     HINT = "hint"
-    """The solver's order did not simulate faster than the warm start (or none was found); the warm start is returned."""
+    """The solver's order did not simulate faster than the warm start (or none was found); the warm start is
+    returned."""
 
 
 @dataclass(frozen=True, kw_only=True)

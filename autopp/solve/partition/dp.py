@@ -154,7 +154,8 @@ def _left(tb: _Tables, k: int, t: float) -> np.ndarray:
     """L[j] for j = 0..n: the first start i with stage time and memory of [i, j) within t and budget."""
     slack = t * tb.speed[k]
     slack = slack * (1 + 1e-12) + 1e-15 if np.isfinite(slack) else slack
-    lo = np.searchsorted(tb.work, tb.work - slack, side="left") if np.isfinite(slack) else np.zeros(len(tb.work), np.int64)
+    lo = np.searchsorted(tb.work, tb.work - slack, side="left") if np.isfinite(slack) \
+        else np.zeros(len(tb.work), np.int64)
     mem = tb.mem_left[k]
     return lo if mem is None else np.maximum(lo, mem)
 

@@ -121,7 +121,8 @@ def action_counts(actions: dict[int, list[Action]]) -> dict[int, Counter[tuple[i
 
 
 def split_floor(costs: Sequence[StageCost], owner: Sequence[int], comm: Sequence[float],
-                counts: dict[int, Counter[tuple[int, Kind]]], one_stage_per_rank: bool, mirrored: bool = False) -> float:
+                counts: dict[int, Counter[tuple[int, Kind]]], one_stage_per_rank: bool, mirrored: bool = False
+                ) -> float:
     """A lower bound of the simulated pipeline for these stage costs (no recomputation: it only adds time): over
     ranks, the rank's compute actions back to back (it runs one at a time), after the first microbatch's forwards
     through the stages before its first one (it has nothing to do earlier); with one stage per rank and full

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ...data.cluster import Cluster
 from ...data.layout import Layout, LayoutPins, check_planned, uses_mesh
-from ...data.overlap import NO_OVERLAP, TRAINER_OVERLAP, Overlap
+from ...data.overlap import Overlap, default_overlap
 from ...data.trainers import TRAINER_RULES, refusal
 from ...data.vocab import VocabVariant
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
@@ -179,11 +179,8 @@ class PlanRequest:
     @property
     def assumed_overlap(self) -> Overlap:
         """`overlap`, or by default what torchtitan and Megatron-LM (`--overlap-grad-reduce`) overlap on a catalog
-        GPU (`TRAINER_OVERLAP`), and nothing on CPU ranks and unnamed devices: autopp's own runner all-reduces the
-        gradients once after the step (autopp.run.worker), which is what those plans are run and checked with."""
-        if self.overlap is not None:
-            return self.overlap
-        return TRAINER_OVERLAP if self.cluster.device_kind not in (None, "cpu") else NO_OVERLAP
+        GPU, and nothing on CPU ranks and unnamed devices (`default_overlap`); the plan records it (`Plan.overlap`)."""
+        return self.overlap if self.overlap is not None else default_overlap(self.cluster.device_kind)
 
     def pinned_activations(self, num_stages: int) -> tuple[Activation, ...] | None:
         """The per-stage policies `recompute_stages` pins for `num_stages` stages (None: not pinned)."""
