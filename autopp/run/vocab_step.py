@@ -214,11 +214,22 @@ def reference(job: VocabJob) -> tuple[float, dict[str, torch.Tensor]]:
 def vocab_diffs(results: dict[int, VocabResult], ref_loss: float, ref: dict[str, torch.Tensor]) -> dict[str, float]:
     """The relative difference from one process (`reference`) of the ranks' mean loss (`loss`) and of every
     gradient (`gradient_diffs`)."""
-    losses = results[0].losses
-    if any(r.losses != losses for r in results.values()):
-        raise RunError("vocabulary parallelism: the ranks disagree on the losses")
+    first = min(results)
+    losses = results[first].losses
+    for rank in sorted(results):
+        other = results[rank].losses
+        if other != losses:
+            k = next((i for i, (a, b) in enumerate(zip(losses, other)) if a != b), min(len(losses), len(other)))
+            mine, theirs = (_loss_at(x, k) for x in (losses, other))
+            raise RunError(f"vocabulary parallelism: rank {rank} disagrees with rank {first} on the loss of "
+                           f"microbatch {k}: {theirs} against {mine} ({len(other)} and {len(losses)} losses)")
     diffs = {"loss": abs(sum(losses) / len(losses) - ref_loss) / max(abs(ref_loss), 1e-12)}
     return {**diffs, **{n: rel for n, (_, _, rel) in gradient_diffs(results, ref).items()}}
+
+
+def _loss_at(losses: list[float], k: int) -> str:
+    """Loss k in full precision, or `none` when the rank reported fewer."""
+    return repr(losses[k]) if k < len(losses) else "none"
 
 
 def gradient_diffs(results: dict[int, VocabResult], ref: dict[str, torch.Tensor]

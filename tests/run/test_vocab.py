@@ -12,7 +12,7 @@ from autopp.errors import RunError
 from autopp.model.contract import load_model_file
 from autopp.run.vocab import (VocabShard, body_model, check_cross_entropy, combine_stats, find_vocab_modules,
                               hidden_states, local_stats, shard_loss_grad, vocab_bounds)
-from autopp.run.vocab_step import VocabJob, VocabResult, gradient_diffs, validate_vocab
+from autopp.run.vocab_step import VocabJob, VocabResult, gradient_diffs, validate_vocab, vocab_diffs
 from autopp.schedule import ScheduleName
 
 from .conftest import ROOT
@@ -154,3 +154,16 @@ def test_a_gradient_zero_in_exact_arithmetic_is_judged_at_the_house_floor() -> N
     assert gradient_diffs({0: noisy}, ref)["k_bias"][2] < 1e-4
     wrong = VocabResult([], {"w": ref["w"].clone(), "k_bias": torch.tensor([1e-3, 0.0])})
     assert gradient_diffs({0: wrong}, ref)["k_bias"][2] > 0.5
+
+
+def test_disagreeing_losses_name_the_rank_the_microbatch_and_both_values() -> None:
+    ref = {"w": torch.ones(2)}
+    same = {r: VocabResult([0.5, 0.25], {"w": torch.ones(2)}) for r in range(3)}
+    assert vocab_diffs(same, 0.375, ref)["loss"] == 0.0
+    same[2] = VocabResult([0.5, 0.75], {"w": torch.ones(2)})
+    with pytest.raises(RunError, match=r"^vocabulary parallelism: rank 2 disagrees with rank 0 on the loss of "
+                                       r"microbatch 1: 0\.75 against 0\.25 \(2 and 2 losses\)$"):
+        vocab_diffs(same, 0.375, ref)
+    same[2] = VocabResult([0.5], {"w": torch.ones(2)})
+    with pytest.raises(RunError, match=r"rank 2 disagrees with rank 0 on the loss of microbatch 1: none against 0\.25"):
+        vocab_diffs(same, 0.375, ref)
