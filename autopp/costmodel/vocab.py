@@ -35,13 +35,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..data.cluster import Link
+from ..data.cluster import Cluster, Link
 from ..data.vocab import VocabVariant
 from ..schedule import StageCost
 from .terms import transfer_time
 from .units import UnitArrays
 
-__all__ = ["VocabVariant", "VocabPasses", "vocab_passes", "body_arrays", "with_vocab_passes"]
+__all__ = ["VocabVariant", "VocabPasses", "vocab_link", "vocab_passes", "body_arrays", "with_vocab_passes"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,15 @@ class VocabPasses:
 def _collective(link: Link, nbytes: float, ranks: int) -> float:
     """A broadcast or reduce of `nbytes` over `ranks` ranks: the bytes once (pipelined) and a tree's latencies."""
     return transfer_time(link, nbytes) + link.latency_s * max(0, math.ceil(math.log2(ranks)) - 1)
+
+
+def vocab_link(cluster: Cluster, pp: int, nbytes: float) -> Link:
+    """The link the passes' collectives run on: they span all `pp` pipeline ranks (reduce, broadcast, all-gather),
+    so the slowest link between any two of them paces them (`cluster` `placed` for the layout; on a cluster of
+    nodes the inter-node or WAN link once the ranks span nodes), the slowest being the one that moves `nbytes` (a
+    pass's hidden states) the slowest. Ranks 0 and 1 alone (as until 2026-12-05) saw the intra-node link."""
+    links = {cluster.link_between(a, b) for a in range(pp) for b in range(a + 1, pp)}
+    return max(links, key=lambda link: (transfer_time(link, nbytes), link.latency_s))
 
 
 def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = VocabVariant.VOCAB_2,

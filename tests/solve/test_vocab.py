@@ -13,7 +13,7 @@ import pytest
 
 from autopp.costmodel import UnitArrays
 from autopp.costmodel.vocab import VocabVariant, body_arrays, vocab_passes, with_vocab_passes
-from autopp.data.cluster import Cluster, Link
+from autopp.data.cluster import Cluster, Link, Nodes, hierarchical_cluster
 from autopp.data.layout import Layout, LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
@@ -207,3 +207,22 @@ def test_passes_go_where_the_runner_runs_them() -> None:
     assert [c.forward_s for c in two] == [1.0 + p.input_s, 1.0 + p.input_s, 1.0, 1.0]
     assert [c.backward_input_s for c in two] == [1.0, 1.0, 1.0 + p.output_s, 1.0 + p.output_s]
     assert [c.sync_s for c in two] == [0.0] * 4
+
+
+def test_the_passes_are_costed_on_the_link_across_nodes() -> None:
+    """pp 4 on two nodes of two devices: the passes' collectives span both nodes, so both searches (`choose_vocab`
+    and make_plan's `vocab_verdicts`) charge them as on a flat cluster of the inter-node link, not as on the link
+    between ranks 0 and 1 (inside a node)."""
+    inter = Link(latency_s=1e-5, bandwidth_bytes_per_s=1e8)
+    two_nodes = hierarchical_cluster(Nodes(count=2, devices_per_node=2, intra=FAST, inter=inter), 2**40)
+    a = _lm(head=4.0)
+    want = vocab_passes(a, 4, inter, VocabVariant.VOCAB_2).output_s
+    assert want > vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2).output_s
+    options = choose_vocab(a, two_nodes, pp=4, microbatches=8, microbatch_size=1).options
+    assert options[2].variant is VocabVariant.VOCAB_2
+    assert [c.sync_s for c in options[2].verdict.costs] == pytest.approx([want] * 4, rel=1e-9)
+    req = PlanRequest(cluster=two_nodes, global_batch=8, pins=LayoutPins(dp=1, pp=4), vocab=(VocabVariant.VOCAB_2,))
+    flat = replace(req, cluster=_cluster(inter, pp=4))
+    planned, on_inter = (make_plan(_profile(16.0), r) for r in (req, flat))
+    assert planned.vocab is on_inter.vocab is VocabVariant.VOCAB_2
+    assert [s.sync_s for s in planned.stages] == pytest.approx([s.sync_s for s in on_inter.stages], rel=1e-9)

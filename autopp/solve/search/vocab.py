@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from ...costmodel import UnitArrays
-from ...costmodel.vocab import VocabVariant, body_arrays, vocab_passes
+from ...costmodel.vocab import VocabVariant, body_arrays, vocab_link, vocab_passes
 from ...data.cluster import Cluster
 from ...data.layout import Layout
 from ...data.profile import Profile
@@ -71,7 +71,7 @@ def _option(a: UnitArrays, cluster: Cluster, c: Candidate, variant: VocabVariant
         return None
     cand = Candidate(schedule=c.schedule, layout=c.layout, microbatches=c.microbatches,
                      microbatch_size=c.microbatch_size, bounds=bounds, activations=c.activations)
-    link = cluster.placed(c.layout).link_between(0, 1)
+    link = vocab_link(cluster.placed(c.layout), c.layout.pp, float(a.cut[a.n - 1]))
     passes = None if variant is None else vocab_passes(a, c.layout.pp, link, variant, tied)
     return VocabOption(variant, judge(arrays, cluster, cand, passes))
 
@@ -131,7 +131,7 @@ def vocab_verdicts(profile: Profile, req: PlanRequest, views: Views) -> list[Ver
     out = []
     for c in (c for c in configs(req, profile.num_units) if vocab_runs(c)):
         a, view = views.arrays(c.b, c.layout), views.request(c.layout)
-        link = view.cluster.placed(c.layout).link_between(0, 1)
+        link = vocab_link(view.cluster.placed(c.layout), c.layout.pp, float(a.cut[a.n - 1]))
         body = body_arrays(a)
         for variant in variants:
             passes = vocab_passes(a, c.layout.pp, link, variant, vocab_tied(profile.meta.extra))
