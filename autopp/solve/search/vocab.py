@@ -72,7 +72,8 @@ def _option(a: UnitArrays, cluster: Cluster, c: Candidate, variant: VocabVariant
     cand = Candidate(schedule=c.schedule, layout=c.layout, microbatches=c.microbatches,
                      microbatch_size=c.microbatch_size, bounds=bounds, activations=c.activations)
     link = vocab_link(cluster.placed(c.layout), c.layout.pp, float(a.cut[a.n - 1]))
-    passes = None if variant is None else vocab_passes(a, c.layout.pp, link, variant, tied)
+    passes = None if variant is None else vocab_passes(a, c.layout.pp, link, variant, tied,
+                                                      microbatches=c.microbatches)
     return VocabOption(variant, judge(arrays, cluster, cand, passes))
 
 
@@ -134,10 +135,11 @@ def vocab_verdicts(profile: Profile, req: PlanRequest, views: Views) -> list[Ver
         link = vocab_link(view.cluster.placed(c.layout), c.layout.pp, float(a.cut[a.n - 1]))
         body = body_arrays(a)
         for variant in variants:
-            passes = vocab_passes(a, c.layout.pp, link, variant, vocab_tied(profile.meta.extra))
+            passes = vocab_passes(a, c.layout.pp, link, variant, vocab_tied(profile.meta.extra), microbatches=c.m)
             spec = pipe_spec(view, c, Activation.KEEP)
-            room = passes.static_bytes + passes.transient_bytes
-            bounds = body_bounds(body, replace(spec, memory=tuple(max(0.0, m - room) for m in spec.memory)))
+            room = [passes.static_bytes + passes.transient_bytes + (passes.fed_bytes if s == 0 else 0)
+                    for s in range(len(spec.memory))]
+            bounds = body_bounds(body, replace(spec, memory=tuple(max(0.0, m - r) for m, r in zip(spec.memory, room))))
             if bounds is None or schedule_refusal(profile.meta.live_values, c.schedule, bounds) is not None:
                 continue
             verdict = judge(body, view.cluster, c.candidate(bounds, (Activation.KEEP,) * len(bounds)), passes)
