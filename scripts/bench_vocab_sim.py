@@ -23,7 +23,7 @@ import argparse
 import sys
 
 from autopp.costmodel import unit_arrays
-from autopp.costmodel.vocab import body_arrays, vocab_passes
+from autopp.costmodel.vocab import body_arrays, vocab_link, vocab_passes
 from autopp.data.catalog import cluster_from_catalog, load_device
 from autopp.data.layout import Layout
 from autopp.data.profile import load_profile
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [j - i for i, j in v.candidate.bounds]
         print(f"{name:<10}{v.step_s:>9.3f}{100 * flops / (v.step_s * peak):>8.1f}{max(v.peak_memory) / 1e9:>9.1f}"
               f"{100 * v.bubble:>10.1f}  {sizes}")
-    passes = vocab_passes(a, RANKS, cluster.placed(base.layout).link_between(0, 1))
+    passes = vocab_passes(a, RANKS, vocab_link(cluster.placed(base.layout), RANKS, float(a.cut[a.n - 1])),
+                          microbatches=args.microbatches)
     print(f"vocabulary passes per microbatch and rank: input {passes.input_s * 1e3:.2f} ms, output "
           f"{passes.output_s * 1e3:.2f} ms (collectives {passes.comm_s * 1e3:.2f} ms, {passes.link_bytes / 1e6:.1f} "
           f"MB); body units {body_arrays(a).n - 2}; chosen: "

@@ -14,7 +14,12 @@ Per microbatch and rank:
   head once); the logits shard is
   working memory of the pass (the head's activation bytes / p as a transient); the variant's extra in-flight
   microbatches of hidden states (the paper: Vocab-1 holds activations of p + 2 microbatches, Vocab-2 of p + 1,
-  against 1F1B's p), held all step.
+  against 1F1B's p), held all step; and the input pass's outputs of every microbatch, held all step as the runner
+  runs it (autopp.run.vocab: all m input passes at the step's start, their backward at its end, since torch's
+  schedule takes the whole batch at `step`): each rank's m partial embeddings, and on rank 0 also the m summed
+  embeddings it feeds stage 0 and their concatenation handed to the schedule (`fed_bytes`), m x the embedded
+  tokens' bytes each. (The paper's schedules also run the input layer outside the pipeline's passes; charging
+  them 1-2 microbatches of hidden states, as until 2026-12-05, undercounted the runner by m embeddings a rank.)
 
 The passes are placed where the runner runs them: the input pass counted with each forward (the runner runs them
 all at the step's start; the same busy time per rank), the output pass at the start of each rank's first backward
@@ -35,13 +40,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..data.cluster import Link
+from ..data.cluster import Cluster, Link
 from ..data.vocab import VocabVariant
 from ..schedule import StageCost
 from .terms import transfer_time
 from .units import UnitArrays
 
-__all__ = ["VocabVariant", "VocabPasses", "vocab_passes", "body_arrays", "with_vocab_passes"]
+__all__ = ["VocabVariant", "VocabPasses", "vocab_link", "vocab_passes", "body_arrays", "with_vocab_passes"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,10 @@ class VocabPasses:
     link_bytes: int
     """Bytes per microbatch each rank moves on its link (hidden states and their gradients)."""
     static_bytes: int
-    """The vocabulary layers' parameters, gradients, optimizer state / p, plus the variant's held hidden states."""
+    """The vocabulary layers' parameters, gradients, optimizer state / p, plus the variant's held hidden states and
+    the rank's m partial embeddings (every rank)."""
+    fed_bytes: int
+    """What rank 0 holds besides: the m summed embeddings it feeds stage 0 and their concatenation."""
     transient_bytes: int
     """The logits shard of one microbatch (the head's activation bytes / p)."""
 
@@ -68,25 +76,35 @@ def _collective(link: Link, nbytes: float, ranks: int) -> float:
     return transfer_time(link, nbytes) + link.latency_s * max(0, math.ceil(math.log2(ranks)) - 1)
 
 
+def vocab_link(cluster: Cluster, pp: int, nbytes: float) -> Link:
+    """The link the passes' collectives run on: they span all `pp` pipeline ranks (reduce, broadcast, all-gather),
+    so the slowest link between any two of them paces them (`cluster` `placed` for the layout; on a cluster of
+    nodes the inter-node or WAN link once the ranks span nodes), the slowest being the one that moves `nbytes` (a
+    pass's hidden states) the slowest. Ranks 0 and 1 alone (as until 2026-12-05) saw the intra-node link."""
+    links = {cluster.link_between(a, b) for a in range(pp) for b in range(a + 1, pp)}
+    return max(links, key=lambda link: (transfer_time(link, nbytes), link.latency_s))
+
+
 def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = VocabVariant.VOCAB_2,
-                 tied: bool = False) -> VocabPasses:
+                 tied: bool = False, *, microbatches: int) -> VocabPasses:
     """The passes of `a`'s first unit (the embedding) and last unit (the head) split over `pp` ranks joined by
-    `link`. `tied`: the head is the embedding's tensor (autopp.data.vocab.vocab_tied), one shard of rows per rank
-    serves both, so its bytes count once: the head unit's (a bias-free linear layer: the tensor, its gradient and
+    `link`, for a step of `microbatches` (the input passes' outputs of all of them are held). `tied`: the head is
+    the embedding's tensor (autopp.data.vocab.vocab_tied), one shard of rows per rank serves both, so its bytes
+    count once: the head unit's (a bias-free linear layer: the tensor, its gradient and
     optimizer state alone; the profile gives every unit using a tied weight a copy)."""
     last = a.n - 1
     embedded, hidden = float(a.cut[1]), float(a.cut[last])
     stats = variant.collectives * link.latency_s * max(1, math.ceil(math.log2(pp)))
     input_comm = 2 * _collective(link, embedded, pp)
     output_comm = 2 * _collective(link, hidden, pp) + stats
-    held = variant.extra_inflight * int(hidden)
+    held = variant.extra_inflight * int(hidden) + microbatches * int(embedded)
     return VocabPasses(
         variant=variant,
         input_s=float(a.forward[0] + a.backward[0]) / pp + input_comm,
         output_s=float(a.forward[last] + a.backward[last]) / pp + output_comm,
         comm_s=input_comm + output_comm, link_bytes=int(2 * embedded + 2 * hidden),
         static_bytes=int(math.ceil(((0 if tied else a.static[0]) + a.static[last]) / pp)) + held,
-        transient_bytes=int(math.ceil(a.activation[last] / pp)))
+        transient_bytes=int(math.ceil(a.activation[last] / pp)), fed_bytes=2 * microbatches * int(embedded))
 
 
 def body_arrays(a: UnitArrays) -> UnitArrays:
@@ -107,9 +125,10 @@ def body_arrays(a: UnitArrays) -> UnitArrays:
 
 def with_vocab_passes(costs: Sequence[StageCost], owner: Sequence[int], passes: VocabPasses) -> list[StageCost]:
     """The body's stage costs with the passes added where the runner runs them: the input pass to the forward of
-    the first stage each rank holds (with its static and transient bytes), the output pass to the backward (B and
-    I) of the last stage each rank holds, whose first backward of a microbatch is where the runner runs it (inside
-    the last stage's B; elsewhere just before the receive of that microbatch's gradient), marked as the collective
+    the first stage each rank holds (with its static and transient bytes; stage 0 also `fed_bytes`), the output
+    pass to the backward (B and I) of the last stage each rank holds, whose first backward of a microbatch is
+    where the runner runs it (inside the last stage's B; elsewhere just before the receive of that microbatch's
+    gradient), marked as the collective
     all ranks run together (`StageCost.sync_s`): the simulator starts it when the last rank reaches it, on every
     rank at once, not one rank after another. With several stages per rank it stays charged rank by rank: there
     the runner runs a pass when torch's runtime posts the gradient's receive, ahead of the action (and the
@@ -119,7 +138,8 @@ def with_vocab_passes(costs: Sequence[StageCost], owner: Sequence[int], passes: 
     out = list(costs)
     for s in first.values():
         c = out[s]
-        out[s] = replace(c, forward_s=c.forward_s + passes.input_s, static_bytes=c.static_bytes + passes.static_bytes,
+        held = passes.static_bytes + (passes.fed_bytes if s == 0 else 0)
+        out[s] = replace(c, forward_s=c.forward_s + passes.input_s, static_bytes=c.static_bytes + held,
                          transient_bytes=max(c.transient_bytes, passes.transient_bytes))
     for s in last.values():
         c = out[s]

@@ -16,7 +16,7 @@ class VocabVariant(Enum):
     VOCAB_1 = "vocab-1"
     """Two collectives per microbatch (the maximum, then the sum of exponentials); activations of p + 2."""
     VOCAB_2 = "vocab-2"
-    """One collective with online-softmax rescaling (what autopp.run.vocab runs); activations of p + 1."""
+    """One collective with online-softmax rescaling; activations of p + 1 (autopp.run.vocab runs either)."""
 
     @property
     def collectives(self) -> int:

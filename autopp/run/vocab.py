@@ -8,8 +8,10 @@ Per microbatch k the ranks run, on a gloo group of their own (never the pipeline
 - the output pass (the paper's S and T passes, fused): the last stage's hidden states are broadcast to every rank;
   rank r computes its logits shard h W_r^T and, per token, its local maximum, sum of exponentials and target logit;
   one all-gather of these three numbers per token gives every rank the log-normaliser (online-softmax rescaling,
-  as the paper's Vocab-2 variant: one collective for the softmax); rank r then forms its softmax gradient shard,
-  its weight gradient dW_r locally, and a partial dh, summed back onto the last stage (`reduce`);
+  as the paper's Vocab-2 variant: one collective for the softmax; Vocab-1, as the plan says: an all-reduce of the
+  maximum, then one of the sums of exponentials relative to it and the target logit); rank r then forms its
+  softmax gradient shard, its weight gradient dW_r locally, and a partial dh, summed back onto the last stage
+  (`reduce`);
 - the input backward, at the end of the step: stage 0's input gradients are broadcast, and each rank scatters them
   into its embedding rows.
 
@@ -34,11 +36,12 @@ from torch import nn
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 from torch.nn import functional as F
 
+from ..data.vocab import VocabVariant
 from ..errors import RunError
 from ..model.vocab import VocabModules, check_cross_entropy, find_vocab_modules
 
 __all__ = ["VocabModules", "find_vocab_modules", "vocab_bounds", "VocabShard", "body_model", "local_stats",
-           "combine_stats", "shard_loss_grad", "hidden_states", "check_cross_entropy", "VocabRuntime"]
+           "combine_stats", "global_sums", "shard_loss_grad", "hidden_states", "check_cross_entropy", "VocabRuntime"]
 
 
 def vocab_bounds(vocab: int, ranks: int) -> list[tuple[int, int]]:
@@ -89,9 +92,21 @@ def local_stats(logits: torch.Tensor, target: torch.Tensor, lo: int, hi: int) ->
     exponentials relative to it, and the target's logit (0 when the target is another rank's), as (N, 3)."""
     peak = logits.max(dim=1).values
     sum_exp = torch.exp(logits - peak.unsqueeze(1)).sum(dim=1)
+    return torch.stack([peak, sum_exp, _picked(logits, target, lo, hi)], dim=1)
+
+
+def _picked(logits: torch.Tensor, target: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Per token, the target's logit when it is in this rank's columns [lo, hi), else 0."""
     here = (target >= lo) & (target < hi)
     picked = logits.gather(1, torch.where(here, target - lo, torch.zeros_like(target)).unsqueeze(1)).squeeze(1)
-    return torch.stack([peak, sum_exp, picked * here.to(logits.dtype)], dim=1)
+    return picked * here.to(logits.dtype)
+
+
+def global_sums(logits: torch.Tensor, target: torch.Tensor, lo: int, hi: int, peak: torch.Tensor) -> torch.Tensor:
+    """Vocab-1's second collective's operand, per token: this rank's sum of exponentials relative to the maximum
+    over every rank's logits (`peak`, the first collective's) and its target logit, as (N, 2); summed over the ranks
+    they give the log-normaliser peak + log(sum) and the target logit."""
+    return torch.stack([torch.exp(logits - peak.unsqueeze(1)).sum(dim=1), _picked(logits, target, lo, hi)], dim=1)
 
 
 def combine_stats(stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,8 +161,9 @@ class VocabRuntime:
     `loss_fn` on the last stage and every stage `watch`ed, then `finish`)."""
 
     def __init__(self, shard: VocabShard, group: dist.ProcessGroup, rank: int, ranks: int,
-                 n_microbatches: int, last_rank: int) -> None:
+                 n_microbatches: int, last_rank: int, variant: VocabVariant = VocabVariant.VOCAB_2) -> None:
         self.shard, self.group, self.rank, self.ranks = shard, group, rank, ranks
+        self.variant = variant
         self.m, self.last_rank = n_microbatches, last_rank
         self.losses: list[float] = []
         self._targets: list[torch.Tensor] = []
@@ -211,16 +227,29 @@ class VocabRuntime:
         target = self._targets[k]
         with torch.no_grad():
             logits = x @ self.shard.head.t()
-            stats = local_stats(logits, target, self.shard.lo, self.shard.hi)
-            gathered = [torch.empty_like(stats) for _ in range(self.ranks)]
-            dist.all_gather(gathered, stats, group=self.group)
-            log_z, target_logit = combine_stats(torch.stack(gathered))
+            log_z, target_logit = self._normaliser(logits, target)
             loss, grad = shard_loss_grad(logits, target, self.shard.lo, self.shard.hi, log_z, target_logit)
             self.losses.append(float(loss))
             self._head_grad += grad.t() @ x
             dh = (grad @ self.shard.head).reshape(shape).contiguous()
         dist.reduce(dh, dst=dist.get_global_rank(self.group, self.last_rank), group=self.group)
         return dh
+
+    def _normaliser(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per token, the log-normaliser over the whole vocabulary and the target logit: Vocab-2 with one
+        all-gather of every rank's (max, sum of exponentials, target logit); Vocab-1 with two all-reduces, the
+        maximum, then the sums relative to it."""
+        lo, hi = self.shard.lo, self.shard.hi
+        if self.variant is VocabVariant.VOCAB_1:
+            peak = logits.max(dim=1).values
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.group)
+            sums = global_sums(logits, target, lo, hi, peak)
+            dist.all_reduce(sums, group=self.group)
+            return peak + torch.log(sums[:, 0]), sums[:, 1]
+        stats = local_stats(logits, target, lo, hi)
+        gathered = [torch.empty_like(stats) for _ in range(self.ranks)]
+        dist.all_gather(gathered, stats, group=self.group)
+        return combine_stats(torch.stack(gathered))
 
     def finish(self) -> None:
         """The input backward (stage 0's input gradients broadcast, scattered into each rank's rows) and the

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.plan import Plan
+from ..data.vocab import VocabVariant
 from ..errors import AutoppError, RunError
 from ..measure.options import make_optimizer
 from ..model.contract import ModelFile, load_model_file
@@ -48,7 +49,7 @@ def vocab_job(plan: Plan, options: RunOptions) -> VocabJob:
         raise RunError(f"vocabulary parallelism ({plan.vocab.value if plan.vocab else '-'}) runs a model file on "
                        "local gloo ranks only: drop --nnodes and --backend nccl (plans of an HF config: not yet)")
     return VocabJob(plan.model_path, tuple(plan.split_points), plan.schedule, plan.layout.pp, plan.num_microbatches,
-                    plan.microbatch_size, v=plan.layout.v, seed=plan.seed)
+                    plan.microbatch_size, v=plan.layout.v, seed=plan.seed, variant=plan.vocab or VocabVariant.VOCAB_2)
 
 
 def _tensors(built: VocabRank, grads: bool) -> StageTensors:

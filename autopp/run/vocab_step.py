@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 
+from ..data.vocab import VocabVariant
 from ..errors import RunError
 from ..model.contract import load_model_file
 from ..model.split import split_model
@@ -36,7 +37,8 @@ __all__ = ["VocabJob", "VocabResult", "body_stages", "VocabRank", "build_vocab_r
 
 @dataclass(frozen=True)
 class VocabJob:
-    """What to run: a model file, its body's split points (one stage per gap), the schedule and the batch."""
+    """What to run: a model file, its body's split points (one stage per gap), the schedule, the batch and the
+    variant (the plan's `vocab`: how the softmax is combined across the ranks)."""
 
     model_path: str
     split_points: tuple[str, ...]
@@ -46,6 +48,7 @@ class VocabJob:
     microbatch_size: int
     v: int = 1
     seed: int = 0
+    variant: VocabVariant = VocabVariant.VOCAB_2
 
 
 @dataclass
@@ -152,7 +155,7 @@ def build_vocab_rank(job: VocabJob, rank: int) -> VocabRank:
     example = (torch.zeros(job.microbatch_size, *inputs[0].shape[1:], mods.hidden),)
     stages = body_stages(body, example, job.split_points, owner, rank, None)
     group = dist.new_group(list(range(job.pp)), backend="gloo")
-    runtime = VocabRuntime(shard, group, rank, job.pp, job.num_microbatches, owner[-1])
+    runtime = VocabRuntime(shard, group, rank, job.pp, job.num_microbatches, owner[-1], job.variant)
     if rank != owner[-1]:
         for stage in stages:
             runtime.watch(stage)
@@ -214,11 +217,22 @@ def reference(job: VocabJob) -> tuple[float, dict[str, torch.Tensor]]:
 def vocab_diffs(results: dict[int, VocabResult], ref_loss: float, ref: dict[str, torch.Tensor]) -> dict[str, float]:
     """The relative difference from one process (`reference`) of the ranks' mean loss (`loss`) and of every
     gradient (`gradient_diffs`)."""
-    losses = results[0].losses
-    if any(r.losses != losses for r in results.values()):
-        raise RunError("vocabulary parallelism: the ranks disagree on the losses")
+    first = min(results)
+    losses = results[first].losses
+    for rank in sorted(results):
+        other = results[rank].losses
+        if other != losses:
+            k = next((i for i, (a, b) in enumerate(zip(losses, other)) if a != b), min(len(losses), len(other)))
+            mine, theirs = (_loss_at(x, k) for x in (losses, other))
+            raise RunError(f"vocabulary parallelism: rank {rank} disagrees with rank {first} on the loss of "
+                           f"microbatch {k}: {theirs} against {mine} ({len(other)} and {len(losses)} losses)")
     diffs = {"loss": abs(sum(losses) / len(losses) - ref_loss) / max(abs(ref_loss), 1e-12)}
     return {**diffs, **{n: rel for n, (_, _, rel) in gradient_diffs(results, ref).items()}}
+
+
+def _loss_at(losses: list[float], k: int) -> str:
+    """Loss k in full precision, or `none` when the rank reported fewer."""
+    return repr(losses[k]) if k < len(losses) else "none"
 
 
 def gradient_diffs(results: dict[int, VocabResult], ref: dict[str, torch.Tensor]

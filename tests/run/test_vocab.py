@@ -8,11 +8,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from autopp.data.vocab import VocabVariant
 from autopp.errors import RunError
 from autopp.model.contract import load_model_file
-from autopp.run.vocab import (VocabShard, body_model, check_cross_entropy, combine_stats, find_vocab_modules,
-                              hidden_states, local_stats, shard_loss_grad, vocab_bounds)
-from autopp.run.vocab_step import VocabJob, VocabResult, gradient_diffs, validate_vocab
+from autopp.run import vocab as vocab_module
+from autopp.run.vocab import (VocabRuntime, VocabShard, body_model, check_cross_entropy, combine_stats,
+                              find_vocab_modules, global_sums, hidden_states, local_stats, shard_loss_grad,
+                              vocab_bounds)
+from autopp.run.vocab_step import VocabJob, VocabResult, gradient_diffs, validate_vocab, vocab_diffs
 from autopp.schedule import ScheduleName
 
 from .conftest import ROOT
@@ -43,6 +46,45 @@ def test_sharded_cross_entropy_matches_torch(ranks: int) -> None:
         loss, grad = shard_loss_grad(logits.detach()[:, lo:hi], target, lo, hi, log_z, picked)
         torch.testing.assert_close(loss, ref.detach())
         torch.testing.assert_close(grad, ref_grad[:, lo:hi])
+
+
+@pytest.mark.parametrize("ranks", [1, 3, 4])
+def test_vocab_1_s_two_collectives_give_torch_s_cross_entropy(ranks: int) -> None:
+    """Vocab-1: the maximum over every rank's logits (the first all-reduce), then the sums relative to it (the
+    second), the collectives done here by hand."""
+    torch.manual_seed(1)
+    logits = torch.randn(12, 10) * 4
+    target = torch.randint(0, 10, (12,))
+    bounds = vocab_bounds(10, ranks)
+    peak = torch.stack([logits[:, lo:hi].max(dim=1).values for lo, hi in bounds]).max(dim=0).values
+    sums = sum(global_sums(logits[:, lo:hi], target, lo, hi, peak) for lo, hi in bounds)
+    assert isinstance(sums, torch.Tensor)
+    loss, _ = shard_loss_grad(logits[:, :bounds[0][1]], target, 0, bounds[0][1], peak + torch.log(sums[:, 0]),
+                              sums[:, 1])
+    torch.testing.assert_close(loss, F.cross_entropy(logits, target))
+
+
+@pytest.mark.parametrize("variant,calls", [(VocabVariant.VOCAB_1, ["all_reduce", "all_reduce"]),
+                                           (VocabVariant.VOCAB_2, ["all_gather"])])
+def test_the_runtime_runs_the_planned_variant_s_collectives(monkeypatch: pytest.MonkeyPatch, variant: VocabVariant,
+                                                           calls: list[str]) -> None:
+    """One rank holding the whole vocabulary, the collectives recorded (on one rank they change nothing): Vocab-1
+    runs two all-reduces, Vocab-2 one all-gather, each giving torch's cross-entropy."""
+    seen: list[str] = []
+
+    def all_gather(out: list[torch.Tensor], t: torch.Tensor, group: object = None) -> None:
+        seen.append("all_gather")
+        out[0].copy_(t)
+    monkeypatch.setattr(vocab_module.dist, "all_reduce", lambda *a, **k: seen.append("all_reduce"))
+    monkeypatch.setattr(vocab_module.dist, "all_gather", all_gather)
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    mods = find_vocab_modules(model, (torch.zeros(2, 3, dtype=torch.long),))
+    runtime = VocabRuntime(VocabShard(model, mods, 0, 10), None, 0, 1, 1, 0, variant)  # type: ignore[arg-type]
+    torch.manual_seed(2)
+    logits, target = torch.randn(6, 10) * 4, torch.randint(0, 10, (6,))
+    log_z, picked = runtime._normaliser(logits, target)
+    assert seen == calls
+    torch.testing.assert_close((log_z - picked).mean(), F.cross_entropy(logits, target))
 
 
 def test_finds_the_embedding_and_head_and_sees_ties() -> None:
@@ -128,6 +170,13 @@ def test_matches_one_process(pp: int, schedule: str, points: tuple[str, ...]) ->
 
 
 @pytest.mark.integration
+def test_vocab_1_matches_one_process() -> None:
+    """A Vocab-1 job runs its two collectives (not Vocab-2's one, as before 2026-12-05) and matches one process."""
+    _check(VocabJob(VOCAB_GPT, ("h.2",), ScheduleName.ONE_F_ONE_B, 2, num_microbatches=4, microbatch_size=2,
+                    variant=VocabVariant.VOCAB_1))
+
+
+@pytest.mark.integration
 def test_matches_one_process_on_a_hugging_face_llama() -> None:
     _check(VocabJob(HF_LLAMA, ("model.layers.2",), ScheduleName.ONE_F_ONE_B, 2, num_microbatches=4,
                     microbatch_size=2))
@@ -154,3 +203,16 @@ def test_a_gradient_zero_in_exact_arithmetic_is_judged_at_the_house_floor() -> N
     assert gradient_diffs({0: noisy}, ref)["k_bias"][2] < 1e-4
     wrong = VocabResult([], {"w": ref["w"].clone(), "k_bias": torch.tensor([1e-3, 0.0])})
     assert gradient_diffs({0: wrong}, ref)["k_bias"][2] > 0.5
+
+
+def test_disagreeing_losses_name_the_rank_the_microbatch_and_both_values() -> None:
+    ref = {"w": torch.ones(2)}
+    same = {r: VocabResult([0.5, 0.25], {"w": torch.ones(2)}) for r in range(3)}
+    assert vocab_diffs(same, 0.375, ref)["loss"] == 0.0
+    same[2] = VocabResult([0.5, 0.75], {"w": torch.ones(2)})
+    with pytest.raises(RunError, match=r"^vocabulary parallelism: rank 2 disagrees with rank 0 on the loss of "
+                                       r"microbatch 1: 0\.75 against 0\.25 \(2 and 2 losses\)$"):
+        vocab_diffs(same, 0.375, ref)
+    same[2] = VocabResult([0.5], {"w": torch.ones(2)})
+    with pytest.raises(RunError, match=r"rank 2 disagrees with rank 0 on the loss of microbatch 1: none against 0\.25"):
+        vocab_diffs(same, 0.375, ref)

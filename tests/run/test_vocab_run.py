@@ -45,6 +45,8 @@ def test_the_plan_becomes_the_vocabulary_job() -> None:
     job = vocab_job(_plan(), RunOptions())
     assert (job.split_points, job.schedule, job.pp, job.num_microbatches, job.microbatch_size, job.v, job.seed) == \
         (("h.1",), ScheduleName.GPIPE, 2, 4, 1, 1, 3)
+    assert job.variant is VocabVariant.VOCAB_2
+    assert vocab_job(replace(_plan(), vocab=VocabVariant.VOCAB_1), RunOptions()).variant is VocabVariant.VOCAB_1
 
 
 @pytest.mark.parametrize("options,plan", [

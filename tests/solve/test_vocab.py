@@ -13,7 +13,7 @@ import pytest
 
 from autopp.costmodel import UnitArrays
 from autopp.costmodel.vocab import VocabVariant, body_arrays, vocab_passes, with_vocab_passes
-from autopp.data.cluster import Cluster, Link
+from autopp.data.cluster import Cluster, Link, Nodes, hierarchical_cluster
 from autopp.data.layout import Layout, LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
@@ -46,11 +46,11 @@ def _cluster(link: Link, pp: int = 4, memory: int = 2**40) -> Cluster:
 
 def test_passes_divide_the_vocabulary_layers_by_p() -> None:
     a = _lm(head=4.0)
-    p = vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2)
+    p = vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2, microbatches=1)
     assert p.input_s + p.output_s == pytest.approx(3 * (0.1 + 4.0) / 4 + p.comm_s, rel=1e-9)  # F + B = 3 F
     assert p.link_bytes == 4 * 1000
-    assert p.static_bytes == (800 + 800) // 4 + 1 * 1000
-    assert vocab_passes(a, 4, FAST, VocabVariant.VOCAB_1).static_bytes == p.static_bytes + 1000
+    assert p.static_bytes == (800 + 800) // 4 + 1 * 1000 + 1 * 1000  # Vocab-2's p + 1, one partial embedding
+    assert vocab_passes(a, 4, FAST, VocabVariant.VOCAB_1, microbatches=1).static_bytes == p.static_bytes + 1000
     body = body_arrays(a)
     assert body.forward[0] == body.forward[-1] == 0 and body.forward[1] == 1.0 and a.forward[-1] == 4.0
 
@@ -128,9 +128,9 @@ def test_planned_with_one_microbatch_every_stage_holds_some_of_the_body() -> Non
 def test_a_tied_head_counts_once() -> None:
     """Tied embedding and head (one tensor; the profile gives each unit a copy): the head's bytes once / p."""
     a = _lm(head=4.0)
-    tied = vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2, tied=True)
-    assert tied.static_bytes == 800 // 4 + 1000
-    assert vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2).static_bytes == tied.static_bytes + 800 // 4
+    tied = vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2, tied=True, microbatches=1)
+    assert tied.static_bytes == 800 // 4 + 1000 + 1000
+    assert vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2, microbatches=1).static_bytes == tied.static_bytes + 800 // 4
 
 
 def _profile(head_scale: float, facts: dict[str, object] | None = FACTS) -> Profile:
@@ -198,7 +198,7 @@ def test_passes_go_where_the_runner_runs_them() -> None:
     """The input pass with the forward of each rank's first stage, the output pass with the backward of its last
     (its first backward of a microbatch), marked as the collective every rank runs at once only with one stage
     per rank (with several, the runner runs it when torch posts the gradient's receive, ahead of the action)."""
-    p = vocab_passes(_lm(head=4.0), 2, FAST, VocabVariant.VOCAB_2)
+    p = vocab_passes(_lm(head=4.0), 2, FAST, VocabVariant.VOCAB_2, microbatches=8)
     base = StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, backward_s=2.0)
     one = with_vocab_passes([base] * 2, [0, 1], p)
     assert [c.sync_s for c in one] == [p.output_s] * 2 and all(c.forward_s == 1.0 + p.input_s for c in one)
@@ -207,3 +207,22 @@ def test_passes_go_where_the_runner_runs_them() -> None:
     assert [c.forward_s for c in two] == [1.0 + p.input_s, 1.0 + p.input_s, 1.0, 1.0]
     assert [c.backward_input_s for c in two] == [1.0, 1.0, 1.0 + p.output_s, 1.0 + p.output_s]
     assert [c.sync_s for c in two] == [0.0] * 4
+
+
+def test_the_passes_are_costed_on_the_link_across_nodes() -> None:
+    """pp 4 on two nodes of two devices: the passes' collectives span both nodes, so both searches (`choose_vocab`
+    and make_plan's `vocab_verdicts`) charge them as on a flat cluster of the inter-node link, not as on the link
+    between ranks 0 and 1 (inside a node)."""
+    inter = Link(latency_s=1e-5, bandwidth_bytes_per_s=1e8)
+    two_nodes = hierarchical_cluster(Nodes(count=2, devices_per_node=2, intra=FAST, inter=inter), 2**40)
+    a = _lm(head=4.0)
+    want = vocab_passes(a, 4, inter, VocabVariant.VOCAB_2, microbatches=8).output_s
+    assert want > vocab_passes(a, 4, FAST, VocabVariant.VOCAB_2, microbatches=8).output_s
+    options = choose_vocab(a, two_nodes, pp=4, microbatches=8, microbatch_size=1).options
+    assert options[2].variant is VocabVariant.VOCAB_2
+    assert [c.sync_s for c in options[2].verdict.costs] == pytest.approx([want] * 4, rel=1e-9)
+    req = PlanRequest(cluster=two_nodes, global_batch=8, pins=LayoutPins(dp=1, pp=4), vocab=(VocabVariant.VOCAB_2,))
+    flat = replace(req, cluster=_cluster(inter, pp=4))
+    planned, on_inter = (make_plan(_profile(16.0), r) for r in (req, flat))
+    assert planned.vocab is on_inter.vocab is VocabVariant.VOCAB_2
+    assert [s.sync_s for s in planned.stages] == pytest.approx([s.sync_s for s in on_inter.stages], rel=1e-9)

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from ...costmodel import UnitArrays
-from ...costmodel.vocab import VocabVariant, body_arrays, vocab_passes
+from ...costmodel.vocab import VocabVariant, body_arrays, vocab_link, vocab_passes
 from ...data.cluster import Cluster
 from ...data.layout import Layout
 from ...data.profile import Profile
@@ -71,8 +71,9 @@ def _option(a: UnitArrays, cluster: Cluster, c: Candidate, variant: VocabVariant
         return None
     cand = Candidate(schedule=c.schedule, layout=c.layout, microbatches=c.microbatches,
                      microbatch_size=c.microbatch_size, bounds=bounds, activations=c.activations)
-    link = cluster.placed(c.layout).link_between(0, 1)
-    passes = None if variant is None else vocab_passes(a, c.layout.pp, link, variant, tied)
+    link = vocab_link(cluster.placed(c.layout), c.layout.pp, float(a.cut[a.n - 1]))
+    passes = None if variant is None else vocab_passes(a, c.layout.pp, link, variant, tied,
+                                                      microbatches=c.microbatches)
     return VocabOption(variant, judge(arrays, cluster, cand, passes))
 
 
@@ -131,13 +132,14 @@ def vocab_verdicts(profile: Profile, req: PlanRequest, views: Views) -> list[Ver
     out = []
     for c in (c for c in configs(req, profile.num_units) if vocab_runs(c)):
         a, view = views.arrays(c.b, c.layout), views.request(c.layout)
-        link = view.cluster.placed(c.layout).link_between(0, 1)
+        link = vocab_link(view.cluster.placed(c.layout), c.layout.pp, float(a.cut[a.n - 1]))
         body = body_arrays(a)
         for variant in variants:
-            passes = vocab_passes(a, c.layout.pp, link, variant, vocab_tied(profile.meta.extra))
+            passes = vocab_passes(a, c.layout.pp, link, variant, vocab_tied(profile.meta.extra), microbatches=c.m)
             spec = pipe_spec(view, c, Activation.KEEP)
-            room = passes.static_bytes + passes.transient_bytes
-            bounds = body_bounds(body, replace(spec, memory=tuple(max(0.0, m - room) for m in spec.memory)))
+            room = [passes.static_bytes + passes.transient_bytes + (passes.fed_bytes if s == 0 else 0)
+                    for s in range(len(spec.memory))]
+            bounds = body_bounds(body, replace(spec, memory=tuple(max(0.0, m - r) for m, r in zip(spec.memory, room))))
             if bounds is None or schedule_refusal(profile.meta.live_values, c.schedule, bounds) is not None:
                 continue
             verdict = judge(body, view.cluster, c.candidate(bounds, (Activation.KEEP,) * len(bounds)), passes)
