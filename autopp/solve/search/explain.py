@@ -7,7 +7,7 @@ from dataclasses import replace
 from ...costmodel import ProfileTable
 from ...data.profile import Profile
 from ...errors import InfeasibleError, ScheduleError
-from ...schedule import NAMED, Activation, ScheduleName, describe, listed
+from ...schedule import NAMED, Activation, ScheduleName, describe, listed, tally
 from ...sizes import format_size, size_argument
 from ..partition.dp import min_memory
 
@@ -147,7 +147,7 @@ def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
     if req.recompute is not RecomputeMode.AUTO or req.activations is not None:
         found = search(profile, replace(req, recompute=RecomputeMode.AUTO, activations=None, shortlist=1))[0]
         if found is not None:
-            out.append(f"`recompute` auto fits ({found.candidate.recomputing} stages recompute)")
+            out.append(f"`recompute` auto fits (stages: {tally(found.candidate.activations)})")
     if req.num_microbatches is not None:
         found = search(profile, replace(req, num_microbatches=None, shortlist=1))[0]
         if found is not None:
