@@ -206,8 +206,8 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
     """The run's model's analytic profile on its device at its sequence length (AdamW) in recipe `precision`
     (autopp.data.precision; other than bf16: a directory of its own), with rows of the TP degrees `tp`: loaded from
     profiles/ when it is current as `autopp plan` judges a cached profile (the same model fingerprint, HF source,
-    recipe, device and TP rows: autopp.cli.profile) and its TP rows count sequence parallelism, else counted and
-    saved there."""
+    recipe, device and TP rows: autopp.cli.profile), its TP rows count sequence parallelism and it records its
+    recipe (profiles counted before autopp.data.precision kept 2-byte bf16 gradients), else counted and saved there."""
     from autopp.cli.profile import _current
     from autopp.costmodel.parallel import sp_offered
     from autopp.data.catalog import load_device
@@ -221,7 +221,8 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
     if (out / "meta.json").is_file():
         cached = load_profile(out)
         why = _current(cached, build_units(model)[2], source.to_json(), load_device(_device(run)).name, tp,
-                       precision) or (None if not tp or sp_offered(cached) else "its TP rows have no SP bytes")
+                       precision) or (None if not tp or sp_offered(cached) else "its TP rows have no SP bytes") \
+            or (None if "precision" in cached.meta.extra else "counted before the recipes' bytes per parameter")
         if why is None:
             return cached
         print(f"{out.relative_to(ROOT)}/ is not current ({why})", file=sys.stderr, flush=True)
