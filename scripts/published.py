@@ -335,6 +335,8 @@ def row(run: Published, shortlist: int, precision: str | None = None) -> tuple[l
     plans = {"pinned": pinned} if pinned else {}
     if pinned:
         predicted = describe_prediction(pinned, run, flops) + _chosen_v(pinned, run)
+        if (precision or run.precision) != run.precision:
+            predicted += f", counted in {precision}, not the run's {run.precision}"
     elif run.activations is None and run.recompute is RecomputeMode.NONE:  # it needs another policy: say which
         auto, _, _ = _plan(profile, replace(pinned_request(run, cluster), recompute=RecomputeMode.AUTO))
         predicted = f"does not fit keeping every activation in autopp's count ({why.split(';')[0]})"
