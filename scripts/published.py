@@ -27,11 +27,12 @@ sys.path.insert(0, str(ROOT))
 from autopp.data.catalog import cluster_from_catalog, load_device  # noqa: E402
 from autopp.data.cluster import Cluster  # noqa: E402
 from autopp.data.layout import LayoutPins  # noqa: E402
+from autopp.data.overlap import Overlap  # noqa: E402
 from autopp.data.plan import Plan  # noqa: E402
 from autopp.data.profile import Profile, load_profile  # noqa: E402
 from autopp.data.zero import ZERO  # noqa: E402
 from autopp.errors import AutoppError  # noqa: E402
-from autopp.schedule import Activation, ScheduleName  # noqa: E402
+from autopp.schedule import Activation, ScheduleName, tally  # noqa: E402
 from autopp.sizes import parse_size  # noqa: E402
 from autopp.solve import PlanRequest, RecomputeMode, make_plan  # noqa: E402
 
@@ -52,12 +53,12 @@ class Published:
     config: str
     """The HF config.json of the model (examples/configs/)."""
     device: str = DEVICE
-    """The catalog's device the run's GPUs are (autopp/data/devices/)."""
+    """The catalog's device the run's GPUs are (autopp/data/devices/), or a device file (examples/devices/*.json)."""
+    precision: str = "bf16"
+    """The mixed-precision recipe its profile is counted in (autopp.data.precision; not bf16: a profile of its own)."""
     tp_degrees: tuple[int, ...] = TP_DEGREES
     """The tensor-parallel degrees its profile counts and autopp's own choice may take."""
     microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES
-    precision: str = "bf16"
-    """The recipe the run trained in as autopp counts it (autopp.data.precision: bf16, fp8)."""
     seq_len: int
     gpus: int
     cluster: str
@@ -69,8 +70,12 @@ class Published:
     microbatches: int
     microbatch_size: int
     recompute: RecomputeMode
+    """The stages' activations as run (NONE: kept, where `activations` is None)."""
     activations: tuple[Activation, ...] | None = None
-    """The policies the run's stages may take where the source names one (recompute then `NONE`); None: `recompute`."""
+    """The activation policy the run used where autopp has it (per-unit recomputation for block-by-block
+    checkpointing), in place of `recompute`'s."""
+    overlap: Overlap | None = None
+    """The collectives the run hides (None: the planner's default, autopp.data.overlap)."""
     global_batch: int
     """Sequences per step."""
     per_gpu: float
@@ -91,13 +96,17 @@ CONFIG_405B = "examples/configs/llama-3.1-405b.json"
 TITAN_1F1B = Published(
     key="titan-1f1b", model="Llama 3.1 405B", config=CONFIG_405B, seq_len=8192, gpus=512,
     cluster="512 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
-    layout=LayoutPins(tp=8, pp=8, dp=8, zero=ZERO[1], v=1), schedule=ScheduleName.ONE_F_ONE_B,
-    microbatches=32, microbatch_size=1, recompute=RecomputeMode.ALL, global_batch=256,
+    precision="fp8", layout=LayoutPins(tp=8, pp=8, dp=8, zero=ZERO[1], v=1, sp=True),
+    schedule=ScheduleName.ONE_F_ONE_B, microbatches=32, microbatch_size=1, recompute=RecomputeMode.NONE,
+    activations=(Activation.BLOCKS,), overlap=Overlap(async_tp=True), global_batch=256,
     per_gpu=100.0, unit="tokens/s", measured="1F1B; 82.5 GiB peak",
     source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 5",
     assumed="seq 8192 (torchtitan's llama3_405b.toml; the table does not state it), microbatch size 1 "
             "(torchtitan's default: 32 microbatches); FSDP under PP keeps parameters (torchtitan's default) = "
-            "ZeRO 1; torch.compile, Float8 and AsyncTP not modelled (bf16)")
+            "ZeRO 1; pinned as the table ran it where autopp has it: Float8 = the fp8 recipe (linear matmuls at the "
+            "FP8 peak), AsyncTP = SP with `async_tp` overlap (torchtitan's TP plan shards the norms along the "
+            "sequence), full AC (block by block) = per-unit recomputation (recompute-units); torch.compile not "
+            "modelled; the catalog's h100-sxm (700 W, 3.35 TB/s) with the run's 96 GB, not its 500 W HBM2e GPU")
 
 #: DeepSeek-V3's pre-training (examples/configs/deepseek-v3.json, deepseek-ai/DeepSeek-V3's config.json): 180K H800
 #: GPU-hours per trillion tokens, i.e. 1e12 / (180e3 x 3600 s) = 1,543 tokens/s per GPU (3.7 days per trillion
@@ -124,15 +133,19 @@ DEEPSEEK_V3 = Published(
 TITAN_8B_FSDP = Published(
     key="titan-8b-fsdp", model="Llama 3.1 8B", config="examples/configs/llama-3-8b.json", seq_len=8192, gpus=128,
     cluster="128 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU",
+    device="examples/devices/h100-96gb-500w-sxm-peak.json",
     layout=LayoutPins(tp=1, pp=1, dp=128, zero=ZERO[3], v=1), schedule=ScheduleName.ONE_F_ONE_B,
-    microbatches=2, microbatch_size=1, recompute=RecomputeMode.AUTO, global_batch=256,
-    per_gpu=5605.0, unit="tokens/s", measured="FSDP, no torch.compile, bf16; 67.0 GiB peak",
+    microbatches=1, microbatch_size=2, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
+    global_batch=256, per_gpu=5605.0, unit="tokens/s", measured="FSDP, no torch.compile, bf16; 67.0 GiB peak",
     source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 3",
-    assumed="seq 8192 (torchtitan's llama3_8b.toml; the table does not state it); its local batch 2 as 2 "
-            "microbatches of 1 (the same tokens per step: autopp's stage-level selective recomputation of a "
-            "34-unit stage needs 138 GiB at microbatch 2, where torchtitan checkpoints block by block), activations "
-            "chosen by autopp (it keeps them: they fit at microbatch 1), so torchtitan's selective AC recompute is "
-            "not charged; the catalog's h100-sxm (80 GB less the 3 GiB reserve, 700 W, 3.35 TB/s)")
+    assumed="seq 8192 (torchtitan's llama3_8b.toml; the table does not state it); its local batch 2 as one "
+            "microbatch of 2, its block-by-block selective AC as per-unit full recomputation (recompute-units: "
+            "autopp's stage-level keep, selective and whole-stage policies do not fit at microbatch 2 and pp 1, where "
+            "the stage is the whole model; "
+            "per-unit full recomputation redoes the whole forward, more than torchtitan's op-level policy); its "
+            "GPU (96GB HBM2e at 2.4 TB/s, 500 W, peak 'between SXM and NVL', their footnote 2) at the SXM end of "
+            "that bracket: H100 SXM's 989.5 TFLOP/s bf16 at 2.4 TB/s (examples/devices/h100-96gb-500w-sxm-peak.json, "
+            "less the catalog's 3 GiB reserve)")
 
 #: NeMo AutoModel's Qwen3-30B-A3B pre-training benchmark on one DGX-H100 (examples/configs/qwen3-30b-a3b.json,
 #: Qwen/Qwen3-30B-A3B's config.json): FSDP2 over the 8 GPUs with the experts over ep 8, every block checkpointed.
@@ -156,23 +169,26 @@ RUNS = (
     Published(
         key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=8192,
         cluster="8,192 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
-        layout=LayoutPins(tp=8, pp=16, dp=64, zero=ZERO[2], v=None), schedule=ScheduleName.INTERLEAVED_1F1B,
+        layout=LayoutPins(tp=8, pp=16, dp=64, zero=ZERO[2], v=None, sp=True), schedule=ScheduleName.INTERLEAVED_1F1B,
         microbatches=32, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=64 * 32,
         per_gpu=430.0, unit="TFLOP/s", measured="43% BF16 MFU",
         source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 1 and §3.3.2",
         assumed="microbatch size 1 (32 microbatches per DP group; not stated), v chosen by autopp (not stated); "
-                "FSDP that shards optimizer state and gradients, parameters not resharded after forward = ZeRO 2"),
+                "FSDP that shards optimizer state and gradients, parameters not resharded after forward = ZeRO 2; "
+                "TP with sequence parallelism (not stated; taken as Megatron-style TP runs it at this scale, "
+                "Korthikanti et al. 2022), its collectives not overlapped (no async TP stated)"),
     Published(
         key="llama3-131k", model="Llama 3 405B", config=CONFIG_405B, seq_len=131072, gpus=16384,
         cluster="16,384 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
-        layout=LayoutPins(tp=8, cp=16, pp=16, dp=8, zero=ZERO[2], v=None), schedule=ScheduleName.INTERLEAVED_1F1B,
+        layout=LayoutPins(tp=8, cp=16, pp=16, dp=8, zero=ZERO[2], v=None, sp=True),
+        schedule=ScheduleName.INTERLEAVED_1F1B,
         microbatches=16, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=8 * 16,
         per_gpu=380.0, unit="TFLOP/s", measured="38% BF16 MFU",
         source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 3 and §3.3.2",
         assumed="DP 8 where the table prints DP 4: TP8 x CP16 x PP16 x DP4 is 8,192 GPUs, and its 16,384 GPUs need "
                 "DP 8; its 16M tokens per batch are then 128 sequences of 131,072, 16 per DP group; microbatch size 1 "
-                "(16 microbatches per DP group; not stated), v chosen by autopp, ZeRO 2 as row 1; cp's K/V ring as "
-                "autopp costs it (docs/parallelism.md#context-parallelism)"),
+                "(16 microbatches per DP group; not stated), v chosen by autopp, ZeRO 2 and SP as row 1; cp's K/V ring "
+                "as autopp costs it (docs/parallelism.md#context-parallelism)"),
     TITAN_1F1B,
     replace(TITAN_1F1B, key="titan-interleaved", schedule=ScheduleName.INTERLEAVED_1F1B,
             layout=replace(TITAN_1F1B.layout, v=2),
@@ -181,6 +197,9 @@ RUNS = (
     DEEPSEEK_V3,
     TITAN_8B_FSDP,
     QWEN3_30B,
+    replace(TITAN_8B_FSDP, key="titan-8b-fsdp-nvl", device="examples/devices/h100-96gb-500w-nvl-peak.json",
+            assumed="as the row above, at the NVL end of the GPU bracket: H100 NVL's 835.5 TFLOP/s bf16 at 2.4 TB/s "
+                    "(examples/devices/h100-96gb-500w-nvl-peak.json)"),
 )
 
 
@@ -199,26 +218,42 @@ def palm_flops_per_token(config: str, seq_len: int) -> tuple[float, int]:
     return 6 * n + 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq_len, n
 
 
+def _device(run: Published) -> str:
+    """The run's device as `load_device` and `analytic_profile` take it: a catalog name, or a device file's path."""
+    return str(ROOT / run.device) if run.device.endswith(".json") else run.device
+
+
 def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") -> Profile:
     """The run's model's analytic profile on its device at its sequence length (AdamW) in recipe `precision`
     (autopp.data.precision; other than bf16: a directory of its own), with rows of the TP degrees `tp`: loaded from
-    profiles/ when it has them, else counted and saved there."""
-    suffix = "" if precision == "bf16" else f"-{precision}"
-    out = ROOT / "profiles" / f"{Path(run.config).stem}-{run.device}-s{run.seq_len}{suffix}"
-    if (out / "meta.json").is_file():
-        cached = load_profile(out)
-        if set(tp) <= set(cached.meta.tp_degrees):
-            return cached
-    from autopp.measure import ProfileOptions
-    from autopp.measure.analytic import analytic_profile
+    profiles/ when it is current as `autopp plan` judges a cached profile (the same model fingerprint, HF source,
+    recipe, device and TP rows: autopp.cli.profile), its TP rows count sequence parallelism and it records its
+    recipe (profiles counted before autopp.data.precision kept 2-byte bf16 gradients), else counted and saved there."""
+    from autopp.cli.profile import _current
+    from autopp.costmodel.parallel import sp_offered
+    from autopp.data.catalog import load_device
     from autopp.data.hf_config import hf_source
     from autopp.model.hf import load_model
+    from autopp.model.meta import build_units
+    suffix = "" if precision == "bf16" else f"-{precision}"
+    out = ROOT / "profiles" / f"{Path(run.config).stem}-{Path(run.device).stem}-s{run.seq_len}{suffix}"
     source = hf_source(ROOT / run.config, run.seq_len, "causal-lm")
+    model = load_model(source.config_path, source.to_json())
+    if (out / "meta.json").is_file():
+        cached = load_profile(out)
+        why = _current(cached, build_units(model)[2], source.to_json(), load_device(_device(run)).name, tp,
+                       precision) or (None if not tp or sp_offered(cached) else "its TP rows have no SP bytes") \
+            or (None if "precision" in cached.meta.extra else "counted before the recipes' bytes per parameter")
+        if why is None:
+            return cached
+        print(f"{out.relative_to(ROOT)}/ is not current ({why})", file=sys.stderr, flush=True)
+    from autopp.measure import ProfileOptions
+    from autopp.measure.analytic import analytic_profile
     print(f"counting {run.config} at seq {run.seq_len} (TP {list(tp)}) ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     options = ProfileOptions(microbatch_sizes=run.microbatch_sizes, dtype="bfloat16", optimizer="adamw",
                              precision=precision, tp_degrees=tp)
-    profile = analytic_profile(load_model(source.config_path, source.to_json()), run.device, options)
+    profile = analytic_profile(model, _device(run), options)
     profile = replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "hf_config": source.to_json()}))
     profile.save(out)
     print(f"  {time.perf_counter() - start:.0f} s, saved {out.relative_to(ROOT)}/", file=sys.stderr, flush=True)
@@ -228,24 +263,25 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
 def cluster_of(run: Published) -> Cluster:
     """The run's GPUs as whole nodes of the catalog's device (NVLink inside, 400 Gb/s per GPU between nodes: the
     catalog's links), with the run's memory per GPU."""
-    return cluster_from_catalog(load_device(run.device), run.gpus, memory_bytes=run.memory_bytes)
+    return cluster_from_catalog(load_device(_device(run)), run.gpus, memory_bytes=run.memory_bytes)
 
 
 def pinned_request(run: Published, cluster: Cluster) -> PlanRequest:
     """The published configuration, pinned: only the split (and v where not stated) is autopp's."""
     return PlanRequest(cluster=cluster, global_batch=run.global_batch, pins=run.layout, schedule=run.schedule,
-                       num_microbatches=run.microbatches, recompute=run.recompute, activations=run.activations)
+                       num_microbatches=run.microbatches, recompute=run.recompute, activations=run.activations,
+                       overlap=run.overlap)
 
 
 def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest:
-    """autopp's own choice for the same cluster and global batch: pp, dp, tp (the profiled degrees), ep (mixtures of
-    experts), ZeRO, schedule, microbatches and recomputation searched, and cp where the published run used it, until
-    `shortlist` configurations simulate as fitting."""
+    """autopp's own choice for the same cluster and global batch: pp, dp, tp (the profiled degrees) with SP, ep
+    (mixtures of experts), ZeRO, schedule, microbatches and every activation policy searched, and cp where the
+    published run used it, until `shortlist` configurations simulate as fitting; the run's overlap assumed."""
     cp = None if run.layout.cp not in (None, 1) else 1
     return PlanRequest(cluster=cluster, global_batch=run.global_batch,
-                       pins=LayoutPins(pp=None, dp=None, cp=cp, tp=None, zero=None,
+                       pins=LayoutPins(pp=None, dp=None, cp=cp, tp=None, zero=None, sp=None,
                                        ep=None if (run.layout.ep or 1) > 1 else 1),
-                       schedule=None,
+                       schedule=None, overlap=run.overlap,
                        recompute=RecomputeMode.AUTO, shortlist=shortlist)
 
 
@@ -258,8 +294,10 @@ def _plan(profile: Profile, request: PlanRequest) -> tuple[Plan | None, str, flo
         return None, str(exc), time.perf_counter() - start
 
 
-def _recomputing(plan: Plan) -> int:
-    return sum(s.activation in (Activation.RECOMPUTE, Activation.BLOCKS) for s in plan.stages)
+def _activations(plan: Plan) -> str:
+    """The stages' activation policies by name ("keep", "recompute-units", "4 keep, 60 offload")."""
+    used = {s.activation for s in plan.stages}
+    return next(iter(used)).value if len(used) == 1 else tally([s.activation for s in plan.stages])
 
 
 def _figure(value: float) -> str:
@@ -268,13 +306,12 @@ def _figure(value: float) -> str:
 
 
 def describe_config(plan: Plan) -> str:
-    n, stages = _recomputing(plan), len(plan.stages)
-    rc = "all" if n == stages else "none" if n == 0 else f"{n} stages"
     layout = plan.layout
     ep = f" EP{layout.ep}" if layout.ep > 1 else ""
     cp = f" CP{layout.cp}" if layout.cp > 1 else ""
-    return (f"TP{layout.tp}{cp} PP{layout.pp} DP{layout.dp}{ep} {layout.zero}, {plan.schedule.value} v{layout.v}, "
-            f"{plan.num_microbatches} x {plan.microbatch_size}, recompute {rc}")
+    sp = "+SP" if layout.sp else ""
+    return (f"TP{layout.tp}{sp}{cp} PP{layout.pp} DP{layout.dp}{ep} {layout.zero}, {plan.schedule.value} "
+            f"v{layout.v}, {plan.num_microbatches} x {plan.microbatch_size}, activations {_activations(plan)}")
 
 
 def per_gpu(tokens_per_s: float, run: Published, flops_per_token: float) -> float:
@@ -299,9 +336,12 @@ def published_config(run: Published) -> str:
     v = "v ?" if pins.v is None else f"v{pins.v}"
     ep = f" EP{pins.ep}" if pins.ep and pins.ep > 1 else ""
     cp = f" CP{pins.cp}" if pins.cp not in (None, 1) else ""
-    recompute = ",".join(a.value for a in run.activations) if run.activations else run.recompute.value
-    return (f"TP{pins.tp}{cp} PP{pins.pp} DP{pins.dp}{ep} {pins.zero}, {run.schedule.value} {v}, {run.microbatches} x "
-            f"{run.microbatch_size} of {run.seq_len} tokens, recompute {recompute}")
+    sp = "+SP" if pins.sp else ""
+    acts = ",".join(a.value for a in run.activations) if run.activations else f"recompute {run.recompute.value}"
+    extra = "".join(f", {x}" for x in (run.precision if run.precision != "bf16" else "",
+                                        "async TP" if run.overlap and run.overlap.async_tp else "") if x)
+    return (f"TP{pins.tp}{sp}{cp} PP{pins.pp} DP{pins.dp}{ep} {pins.zero}, {run.schedule.value} {v}, "
+            f"{run.microbatches} x {run.microbatch_size} of {run.seq_len} tokens, {acts}{extra}")
 
 
 def _chosen_v(plan: Plan, run: Published) -> str:
@@ -319,25 +359,27 @@ def _at_memory_that_works(profile: Profile, run: Published, cluster: Cluster, wh
     return f"; with {need / GIB:.1f} GiB per GPU: {describe_prediction(plan, run, flops)}" if plan else ""
 
 
-def row(run: Published, shortlist: int, precision: str | None = None) -> list[str]:
-    """The table's cells for `run` counted in recipe `precision` (None: the run's); autopp's own choice searched with
-    `shortlist` (0: not searched)."""
-    precision = precision or run.precision
+def row(run: Published, shortlist: int, precision: str | None = None) -> tuple[list[str], dict[str, Plan]]:
+    """The table's cells for `run` counted in recipe `precision` (None: the run's), and its plans by column
+    ("pinned", "own"); autopp's own choice searched with `shortlist` (0: not searched)."""
     flops = palm_flops_per_token(run.config, run.seq_len)[0] if run.unit == "TFLOP/s" else 0.0
     tokens = run.per_gpu * run.gpus * (1e12 / flops if run.unit == "TFLOP/s" else 1)
-    profile = profile_for(run, run.tp_degrees, precision)
+    profile = profile_for(run, run.tp_degrees, precision or run.precision)
     cluster = cluster_of(run)
     pinned, why, s1 = _plan(profile, pinned_request(run, cluster))
     print(f"{run.key}: pinned plan {s1:.0f} s", file=sys.stderr, flush=True)
+    plans = {"pinned": pinned} if pinned else {}
     if pinned:
         predicted = describe_prediction(pinned, run, flops) + _chosen_v(pinned, run)
-    elif run.recompute is RecomputeMode.NONE and run.activations is None:
-        # autopp's count needs recomputation: say so, and predict with it
+        if (precision or run.precision) != run.precision:
+            predicted += f", counted in {precision}, not the run's {run.precision}"
+    elif run.activations is None and run.recompute is RecomputeMode.NONE:  # it needs another policy: say which
         auto, _, _ = _plan(profile, replace(pinned_request(run, cluster), recompute=RecomputeMode.AUTO))
-        predicted = f"does not fit without recomputation in autopp's count ({why.split(';')[0]})"
+        predicted = f"does not fit keeping every activation in autopp's count ({why.split(';')[0]})"
         if auto:
-            predicted += (f"; with {_recomputing(auto)} of {len(auto.stages)} stages recomputing"
-                          f"{_chosen_v(auto, run)}: "
+            plans["pinned"] = auto
+            predicted += (f"; with the activation policies autopp chooses per stage (stages: "
+                          f"{tally([s.activation for s in auto.stages])}){_chosen_v(auto, run)}: "
                           f"{describe_prediction(auto, run, flops)}")
     else:
         predicted = f"no plan: {why}" + _at_memory_that_works(profile, run, cluster, why, flops)
@@ -348,7 +390,34 @@ def row(run: Published, shortlist: int, precision: str | None = None) -> list[st
         own, why, s2 = _plan(profile, own_request(run, cluster, shortlist))
         print(f"{run.key}: own plan {s2:.0f} s", file=sys.stderr, flush=True)
         cells += [describe_config(own) if own else "no plan", describe_prediction(own, run, flops) if own else why]
-    return cells
+        if own:
+            plans["own"] = own
+    return cells, plans
+
+
+def at_published_tp(run: Published, precision: str | None, shortlist: int) -> Plan | None:
+    """autopp's own search with tp pinned to the published run's degree (SP searched), for comparing its choice term
+    by term with the best it finds at that degree."""
+    request = own_request(run, cluster_of(run), shortlist)
+    request = replace(request, pins=replace(request.pins, tp=run.layout.tp))
+    return _plan(profile_for(run, run.tp_degrees, precision or run.precision), request)[0]
+
+
+def breakdown(plans: dict[str, Plan]) -> list[str]:
+    """A markdown table of where each plan's step goes (`TimeBreakdown.rows`: exposed seconds, hidden in brackets),
+    one column per plan."""
+    names = list(plans)
+    lines = ["| term | " + " | ".join(f"{n}: {describe_config(plans[n])}" for n in names) + " |",
+             "|---|" + "---:|" * len(names)]
+    terms = {n: p.time_breakdown.rows(p.layout.pp) for n, p in plans.items() if p.time_breakdown is not None}
+    if len(terms) < len(names):
+        return []
+    for i, (term, _, _) in enumerate(terms[names[0]]):
+        cells = [f"{terms[n][i][1]:.2f}" + (f" ({terms[n][i][2]:.2f} hidden)" if terms[n][i][2] else "")
+                 for n in names]
+        lines.append(f"| {term} | " + " | ".join(cells) + " |")
+    lines.append("| step | " + " | ".join(f"{plans[n].predicted.step_time_s:.2f}" for n in names) + " |")
+    return lines
 
 
 def main() -> None:
@@ -359,10 +428,13 @@ def main() -> None:
     parser.add_argument("--shortlist", type=int, default=4,
                         help="configurations that must simulate as fitting before autopp's search stops (default 4, "
                              "the planner's; 3 times as many with several tp or ZeRO choices)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="after the table, where each plan's step goes (seconds per term), with autopp's own "
+                             "search at the published tensor-parallel degree beside its choice")
     parser.add_argument("--precision", default=None, choices=["bf16", "fp8"],
-                        help="count every model in this recipe (default: each run's own, bf16 but DeepSeek-V3's fp8; "
-                             "fp8: linear and expert GEMMs at the FP8 peak, docs/analytic.md; profiles under their own "
-                             "-fp8 directory)")
+                        help="count the models in this recipe (default each run's own: fp8 for torchtitan's 405B "
+                             "rows and DeepSeek-V3, which ran FP8, bf16 for the others; fp8: linear and expert GEMMs at the FP8 "
+                             "peak, docs/analytic.md; profiles under their own -fp8 directory)")
     args = parser.parse_args()
     keys = args.runs.split(",")
     unknown = sorted(set(keys) - {r.key for r in RUNS})
@@ -375,11 +447,20 @@ def main() -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     chosen = [run for run in RUNS if run.key in keys]
+    plans = {}
     for run in chosen:
-        print("| " + " | ".join(row(run, 0 if args.no_search else args.shortlist, args.precision)) + " |", flush=True)
+        cells, plans[run.key] = row(run, 0 if args.no_search else args.shortlist, args.precision)
+        print("| " + " | ".join(cells) + " |", flush=True)
     print("\nNot stated by the sources, taken as:\n")
     for run in chosen:
         print(f"- {run.model}, {run.gpus} GPUs, {run.schedule.value}: {run.assumed}")
+    for run in chosen if args.breakdown else ():
+        own = plans[run.key].get("own")
+        if own is not None and run.layout.tp is not None and own.layout.tp != run.layout.tp:
+            at_tp = at_published_tp(run, args.precision, args.shortlist)
+            if at_tp is not None:
+                plans[run.key][f"own at TP{run.layout.tp}"] = at_tp
+        print(f"\n{run.key}, seconds per step:\n", *breakdown(plans[run.key]), sep="\n", flush=True)
 
 
 if __name__ == "__main__":

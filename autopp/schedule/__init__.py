@@ -13,7 +13,7 @@ from autopp.schedule.actions import (
     to_csv_rows,
 )
 from autopp.schedule.activation import (POLICIES, Activation, ActivationPolicy, by_saving, chosen, order_key,
-                                       parse_activation, policy)
+                                       parse_activation, policy, tally)
 from autopp.schedule.descriptors import (
     DESCRIPTORS,
     NAMED,
@@ -42,6 +42,7 @@ __all__ = [
     "order_key",
     "chosen",
     "by_saving",
+    "tally",
     "COMPUTE_KINDS",
     "DESCRIPTORS",
     "NAMED",

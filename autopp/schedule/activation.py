@@ -56,7 +56,7 @@ from autopp.errors import ScheduleError
 
 __all__ = ["Activation", "SAVED_OPS", "Figures", "ActivationPolicy", "StageFigures", "UnitFigures", "POLICIES",
            "POLICY_COLUMNS", "FIGURED", "figure_keys", "policy", "parse_activation", "order_key", "chosen",
-           "by_saving"]
+           "by_saving", "tally"]
 
 
 class Activation(Enum):
@@ -397,3 +397,10 @@ def by_saving(activations: tuple[Activation, ...] | list[Activation] | set[Activ
     """`activations` without repeats, least memory saved first (`ActivationPolicy.saving`): the order the search
     climbs when a rank does not fit."""
     return tuple(sorted(set(activations), key=lambda a: POLICIES[a].saving))
+
+
+def tally(activations: Sequence[Activation]) -> str:
+    """Per-stage policies counted, in registry order ("4 keep, 60 offload"): what a fallback chose, said by name, so
+    that stages which offload or recompute per unit are not reported as keeping."""
+    return ", ".join(f"{n} {a.value}" for a in Activation if (n := sum(x is a for x in activations)))
+

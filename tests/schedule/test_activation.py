@@ -11,7 +11,8 @@ import pytest
 from autopp.costmodel import UnitArrays
 from autopp.errors import ScheduleError
 from autopp.schedule.activation import Figures
-from autopp.schedule import POLICIES, Activation, StageCost, by_saving, chosen, order_key, parse_activation, policy
+from autopp.schedule import (POLICIES, Activation, StageCost, by_saving, chosen, order_key, parse_activation, policy,
+                             tally)
 
 KEEP, RECOMPUTE, SELECTIVE, OFFLOAD = Activation.KEEP, Activation.RECOMPUTE, Activation.SELECTIVE, Activation.OFFLOAD
 BLOCKS, SELECTIVE_UNITS = Activation.BLOCKS, Activation.SELECTIVE_UNITS
@@ -152,6 +153,13 @@ def test_chosen_gives_one_policy_per_stage() -> None:
     assert chosen(3, ()) == (KEEP,) * 3 and chosen(2, frozenset({0, 1})) == (RECOMPUTE,) * 2
     assert chosen(2, (1, 5)) == (KEEP, RECOMPUTE)  # a stage the configuration lacks changes nothing
     assert chosen(0, {0}) == ()
+
+
+def test_tally_names_each_policy_a_fallback_chose() -> None:
+    """Stages that offload are not reported as keeping (the published 405B row once printed "0 of 64 stages
+    recomputing" for a plan whose stages offloaded: a count of recomputing stages only)."""
+    assert tally((OFFLOAD, KEEP, OFFLOAD, Activation.BLOCKS)) == "1 keep, 2 offload, 1 recompute-units"
+    assert tally((RECOMPUTE,) * 3) == "3 recompute" and tally(()) == ""
 
 
 def _offload_stages(host: float) -> list[StageCost]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
-from ...costmodel import ProfileTable
+from ...costmodel import ProfileTable, stage_costs
 from ...data.profile import Profile
 from ...errors import InfeasibleError, ScheduleError
-from ...costmodel import stage_costs
-from ...schedule import NAMED, Activation, ScheduleName, describe, listed, stage_to_rank
+from ...schedule import NAMED, Activation, ScheduleName, describe, listed, stage_to_rank, tally
 from ...schedule.effects import order_peaks
 from ...sizes import format_size, size_argument
 from ..partition.dp import min_memory, pipeline_bounds
@@ -186,7 +185,7 @@ def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
     if req.recompute is not RecomputeMode.AUTO or req.activations is not None:
         found = search(profile, replace(req, recompute=RecomputeMode.AUTO, activations=None, shortlist=1))[0]
         if found is not None:
-            out.append(f"`recompute` auto fits ({found.candidate.recomputing} stages recompute)")
+            out.append(f"`recompute` auto fits (stages: {tally(found.candidate.activations)})")
     if req.num_microbatches is not None:
         found = search(profile, replace(req, num_microbatches=None, shortlist=1))[0]
         if found is not None:
