@@ -30,6 +30,12 @@ class Overall:
         self.progress, self.phases, self.now = progress, phases, now
         self.start, self.phase = now(), -1
 
+    @classmethod
+    def counting(cls, progress: Progress, walks: int, now: Callable[[], float] = time.monotonic) -> Overall:
+        """The analytic profile's line over `walks` walks of the model (each size, then each size again per TP
+        degree), weighed the same: counting on fake tensors costs per op, whatever the size or the shard."""
+        return cls(progress, [1.0] * max(walks, 1), now)
+
     def next_phase(self) -> None:
         """A walk of the model begins."""
         self.phase += 1
