@@ -31,11 +31,11 @@ from ..model.tp import local_model_file
 from ..model.split import (LiveValue, live_values, model_output, rebuild_output, source_piece, tied_groups,
                            walk_split_graph)
 from ..model.units import Unit
+from ..progress import Overall, Progress
 from .counting import PieceCounts, count_piece
 from .memory import PEAK_HOW, static_bytes, value_bytes
 from .options import OPTIMIZER_STATES, ProfileOptions
 from .pieces import piece_key
-from .settings import Overall, Progress
 from .timing import Piece
 from .tp_rows import TpSetup, check_same_units, tp_collectives, tp_meta, tp_row, tp_setup
 
