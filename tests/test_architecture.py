@@ -21,7 +21,7 @@ MAX_LINES = 400
 LAYERS: dict[str, int] = {
     # 0 leaf utilities
     "autopp.errors": 0, "autopp.jsonio": 0, "autopp.sizes": 0, "autopp.relpaths": 0,
-    "autopp.preflight": 0, "autopp.spawn": 0, "autopp.cores": 0,
+    "autopp.preflight": 0, "autopp.spawn": 0, "autopp.cores": 0, "autopp.progress": 0,
     # 1 schedule IR, descriptors, simulator (below data: the typed Plan holds the ScheduleName enum)
     "autopp.schedule": 1,
     # 2 torch-free data types

@@ -351,6 +351,10 @@ CASES += [
     Case("run:seq1f1b-without-chunks", lambda env: ["run", str(env.bad_plan)],
          lambda env: f"{env.bad_plan}: field 'seq_chunks' is missing under schedule 'Seq1F1B': it is set exactly for "
                      "sequence chunks; re-plan with `autopp plan`", _plan_edit(lambda d: d.update(schedule="Seq1F1B"))),
+    Case("plan:several-stages-on-one-pipeline-rank",  # issue 26: a looped single rank, which no trainer runs
+         lambda env: _plan_args(env, "--dp", "2", "--schedule", "Interleaved1F1B"),
+         lambda env: "Interleaved1F1B runs 2 stages per rank, which needs 2 pipeline ranks or more, and --dp 2 on 2 "
+                     "devices leaves 1: use a smaller --dp, or a --schedule of 1 stage per rank"),
     Case("plan:seq1f1b-not-a-causal-lm", lambda env: _plan_args(env, "--schedule", "Seq1F1B"),
          lambda env: "--schedule Seq1F1B splits each sequence of a causal LM by the attention's cost, and the profile "
                      "of "),

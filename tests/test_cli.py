@@ -409,3 +409,22 @@ def test_plan_writes_its_step_band_and_keeps_ties_by_the_rule(tmp_path: Path,
     assert low < data["predicted"]["step_time_s"] < high and data["tied"] and TIE_NOTE in data["notes"]
     assert "; the margin is inside it: " in out and f"note: {TIE_NOTE}" in out
     assert all(int(t.split(" m=")[1].split(":")[0]) >= data["num_microbatches"] for t in data["tied"])
+
+
+def test_the_planning_cores_progress_lines_show_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """CP-SAT's solves report on the `autopp.progress` logger (issue 26: a time left for CP-SAT); `autopp plan`
+    shows them on its progress line while it plans, on a terminal, and leaves the logger as it found it."""
+    import logging
+    import sys
+    from autopp.cli.common import shown_progress
+    from autopp.progress import PROGRESS_LOG
+    logger = logging.getLogger(PROGRESS_LOG)
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    with shown_progress("planning"):  # not a terminal: nothing switched on here
+        assert (logger.level, logger.propagate, logger.handlers) == before
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with shown_progress("planning"):
+        logger.info("[##########..........] 50%%, about %d s left: CP-SAT", 5)
+    assert capsys.readouterr().err == "\r\033[Kplanning: [##########..........] 50%, about 5 s left: CP-SAT"
+    assert (logger.level, logger.propagate, logger.handlers) == before

@@ -4,17 +4,21 @@ default profile directory and the choices."""
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Callable, Iterator, NoReturn
 
 from ..data.axes import AXES
+from ..progress import PROGRESS_LOG
 from ..schedule import DESCRIPTORS, NAMED
 from ..sizes import parse_size
 
 __all__ = ["FLAG_TERMS", "in_flags", "DEFAULT_PROFILE_DIR", "SCHEDULE_NAMES", "TARGET_NAMES", "Parser", "progress",
-           "end_progress", "comma_sizes", "memory_size", "integer", "number", "POSITIVE", "COUNT", "SECONDS"]
+           "end_progress", "shown_progress", "comma_sizes", "memory_size", "integer", "number", "POSITIVE", "COUNT",
+           "SECONDS"]
 
 DEFAULT_PROFILE_DIR = Path("profiles")
 
@@ -76,6 +80,37 @@ def progress(prefix: str) -> Callable[[str], None]:
 def end_progress() -> None:
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
+
+
+class _Shown(logging.Handler):
+    """A progress line of the planning core (`PROGRESS_LOG`), on the command's progress line."""
+
+    def __init__(self, show: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.show = show
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.show(record.getMessage())
+
+
+@contextmanager
+def shown_progress(prefix: str) -> Iterator[None]:
+    """On a terminal, the planning core's progress lines (CP-SAT's solves: autopp.progress) on the `prefix` line
+    while inside; elsewhere nothing (the core then skips its progress callbacks)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    logger, handler = logging.getLogger(PROGRESS_LOG), _Shown(progress(prefix))
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def comma_sizes(text: str) -> list[int]:

@@ -17,7 +17,8 @@ from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
 from ..schedule import POLICIES, ScheduleName
 from ..sizes import SIZE_UNITS_HELP
-from .common import POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_flags, memory_size, number, progress
+from .common import (POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_flags, memory_size, number, progress,
+                     shown_progress)
 from .pin_from import batch_of, pinned_seq_len, read_pin
 from .plan_cluster import plan_cluster
 from .profile import add_hf_arguments, add_precision_argument, default_profile_dir, hf_source_of, profile_for
@@ -323,7 +324,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from ..solve.assemble.pinned import plan_split
         plan = plan_split(profile, request, args.split)
     else:
-        plan = make_plan(profile, request)
+        with shown_progress("planning"):  # CP-SAT's solves, each with the time left of its limit
+            plan = make_plan(profile, request)
     end_progress()
     for line in (seq_said, said):  # issue 26: a default that changes the answer is said (after the search)
         if line:

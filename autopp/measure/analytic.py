@@ -31,16 +31,16 @@ from ..model.tp import local_model_file
 from ..model.split import (LiveValue, live_values, model_output, rebuild_output, source_piece, tied_groups,
                            walk_split_graph)
 from ..model.units import Unit
+from ..progress import Overall, Progress
 from .counting import PieceCounts, count_piece
 from .memory import PEAK_HOW, static_bytes, value_bytes
 from .options import OPTIMIZER_STATES, ProfileOptions
 from .pieces import piece_key
-from .settings import Progress, progress_bar
 from .timing import Piece
-from .tp_rows import check_same_units, tp_collectives, tp_meta, tp_row, tp_setup
+from .tp_rows import TpSetup, check_same_units, tp_collectives, tp_meta, tp_row, tp_setup
 
-__all__ = ["UnitCount", "ModelCounts", "count_model", "unit_times", "analytic_profile", "counted_tp_rows", "fit_rows",
-           "fit_measured", "unit_errors", "calibrate"]
+__all__ = ["UnitCount", "ModelCounts", "count_model", "unit_times", "analytic_profile", "counted_tp_rows",
+           "fit_rows", "fit_measured", "unit_errors", "calibrate"]
 #: An analytic profile runs no loss on real values, so vocabulary parallelism is not checked (profile.extra.vocab).
 _NO_VOCAB = "vocabulary parallelism: not checked on an analytic profile (the loss needs values): profile it measured"
 
@@ -125,8 +125,10 @@ def _meta_split(c: ModelCounts, meta: MetaModel, b: int) -> tuple[Pipe, Any, Any
     return pipe, spec, as_fake_cpu(mode, inputs), as_fake_cpu(mode, target), mode
 
 
-def _count_size(c: ModelCounts, meta: MetaModel, b: int, progress: Progress) -> None:
-    """Split the meta model at microbatch `b` and count every piece (once per signature) into `c`."""
+def _count_size(c: ModelCounts, meta: MetaModel, b: int, overall: Overall, tag: str) -> None:
+    """Split the meta model at microbatch `b` and count every piece (once per signature) into `c`, as the next walk
+    of the `overall` progress line (`tag`: which model, e.g. a TP degree's shard)."""
+    overall.next_phase()
     pipe, spec, fake_inputs, fake_target, mode = _meta_split(c, meta, b)
     gm = pipe.split_gm
     calls = [n for n in gm.graph.nodes if n.op == "call_module"]
@@ -144,8 +146,8 @@ def _count_size(c: ModelCounts, meta: MetaModel, b: int, progress: Progress) -> 
             finish = ((lambda out: c.mf.loss_fn(rebuild_output(spec, model_output(gm, env, node, out)), fake_target))
                       if last else (lambda out: out))
             same = seen.setdefault(piece_key(module, args, named, (last, grad)), i)
-            progress(progress_bar(i, len(calls), f"microbatch {b}: unit {i + 1}/{len(calls)}"
-                                  + (f" (as unit {same + 1})" if same != i else " counting")))
+            overall(i / len(calls), f"microbatch {b}{tag}: unit {i + 1}/{len(calls)}"
+                    + (f" (as unit {same + 1})" if same != i else " counting"))
             with _naming(c.mf, f"unit {i} ({c.units[i].name}) at microbatch {b}"):
                 _counted_unit(c, b, i, module, args, same,
                               lambda: count_piece(Piece(module, args, finish, i == 0, grad), mode, last))
@@ -171,9 +173,11 @@ def _merge_edges(c: ModelCounts, b: int) -> None:
 
 
 def count_model(model: str | Path | ModelFile, options: ProfileOptions = ProfileOptions(),
-                progress: Progress = lambda _msg: None, *, fused_attention: bool = False) -> ModelCounts:
+                progress: Progress | Overall = lambda _msg: None, *, fused_attention: bool = False,
+                tag: str = "") -> ModelCounts:
     """Count every unit of the model at each of `options`' microbatch sizes, on meta and fake tensors only;
-    `fused_attention`: attention as a GPU runs it (`autopp.model.fake_cpu.fused_attention`), else as the CPU."""
+    `fused_attention`: attention as a GPU runs it (`autopp.model.fake_cpu.fused_attention`), else as the CPU.
+    `progress`: a callback (its own line, one walk per size) or the `Overall` line of a larger count."""
     mf = model if isinstance(model, ModelFile) else load_model_file(model)
     meta, units, model_fingerprint = build_units(mf, options.torch_dtype)  # as the profiler does
     params = [p for p in meta.model.parameters() if p.requires_grad]
@@ -181,8 +185,9 @@ def count_model(model: str | Path | ModelFile, options: ProfileOptions = Profile
                     tied=tied_groups(meta.model, [u.modules for u in units]),
                     optimizer_numel=sum(p.numel() for p in params), param_tensors=len(params),
                     moe=moe_facts(meta.model), batch_norm=batch_norms(meta.model), fused_attention=fused_attention)
+    overall = progress if isinstance(progress, Overall) else Overall.counting(progress, len(options.microbatch_sizes))
     for b in options.microbatch_sizes:
-        _count_size(c, meta, b, progress)
+        _count_size(c, meta, b, overall, tag)
     return c
 
 
@@ -229,11 +234,19 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     fused = not spec.memory_shared  # a GPU runs fused attention kernels; the catalog's CPU (its memory the host's)
     if counts is not None and counts.fused_attention != fused:
         raise ValueError(f"counts were made with fused_attention={counts.fused_attention}, not for {spec.name}")
-    c = counts or count_model(model, options, progress, fused_attention=fused)
-    tp_skipped = None
-    try:
-        tp_units, tp_fields = counted_tp_rows(c, spec, eff, options.tp_degrees, progress)
+    mf = counts.mf if counts is not None else model if isinstance(model, ModelFile) else load_model_file(model)
+    setup, tp_skipped = TpSetup(None, {}, ()), None
+    try:  # the degrees first: the progress line spans every walk of the count (issue 26)
+        setup = tp_setup(mf, build_meta(mf).model, options.tp_degrees, limit=spec.devices_per_node)
     except AutoppError as exc:  # degrees not asked for: the profile without TP rows, and why
+        if options.tp_degrees is not None:
+            raise
+        tp_skipped = str(exc)
+    overall = Overall.counting(progress, len(options.microbatch_sizes) * ((counts is None) + len(setup.degrees)))
+    c = counts or count_model(mf, options, overall, fused_attention=fused)
+    try:
+        tp_units, tp_fields = counted_tp_rows(c, spec, eff, setup, overall)
+    except AutoppError as exc:
         if options.tp_degrees is not None:
             raise
         tp_units, tp_fields, tp_skipped = None, {}, str(exc)
@@ -271,23 +284,21 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     return Profile(meta, table[columns], pd.DataFrame(c.edges, columns=list(EDGE_COLUMNS)), tp_units)
 
 
-def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, degrees: tuple[int, ...] | None,
-                    progress: Progress = lambda _msg: None) -> tuple[pd.DataFrame | None, dict[str, Any]]:
-    """tp.csv's rows counted (autopp.measure.tp_rows.tp_setup says which degrees; none without a TP plan) and
-    ProfileMeta's TP fields: each degree's local shard counted like the model (`count_model`), its times from
-    `unit_times`, the collectives counted on the full model."""
-    meta = build_meta(c.mf)
-    meta.model.to(c.options.torch_dtype)
-    setup = tp_setup(c.mf, meta.model, degrees, limit=spec.devices_per_node)
+def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, setup: TpSetup,
+                    overall: Overall) -> tuple[pd.DataFrame | None, dict[str, Any]]:
+    """tp.csv's rows counted for `setup`'s degrees (autopp.measure.tp_rows.tp_setup) and ProfileMeta's TP fields:
+    each degree's local shard counted like the model (`count_model`, more walks on the `overall` line), its times
+    from `unit_times`, the collectives counted on the full model."""
     if not setup.degrees:
         return None, {}
+    meta = build_meta(c.mf)
+    meta.model.to(c.options.torch_dtype)
     comms = {b: tp_collectives(c.mf, meta.model, setup.resolved, c.units, b, c.options.torch_dtype, setup.sequence)
              for b in c.options.microbatch_sizes}
     rows = []
     for t in setup.degrees:
-        local = count_model(local_model_file(c.mf, setup.resolved, t), c.options,
-                            lambda msg: progress(f"{msg} (tp {t})"),  # called before the next degree
-                            fused_attention=c.fused_attention)
+        local = count_model(local_model_file(c.mf, setup.resolved, t), c.options, overall,
+                            fused_attention=c.fused_attention, tag=f" (tp {t})")
         check_same_units(c.mf, t, local.units, c.units)
         rows += [tp_row({**unit_times(r.counts, spec, c.options.recipe, eff), **r.static, "unit": r.unit,
                          "microbatch_size": r.microbatch_size, "activation_bytes": r.counts.activation_bytes},

@@ -23,12 +23,13 @@ from ..model.units import Unit
 from ..model.vocab import vocab_facts
 from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..schedule.activation import POLICY_COLUMNS
+from ..progress import Overall, Progress
 from .allocator import keep_freed_memory, release_large_allocations
 from .memory import PEAK_HOW
 from .options import MeasureOptions, ProfileOptions
 from .pieces import SizeResult, measure_pieces
 from .pieces import optimizer_step_s as optimizer_step_s_of
-from .settings import Overall, Progress, Settings
+from .settings import Settings
 from .tp_rows import measured_tp_rows, tp_meta, tp_setup
 
 __all__ = ["profile_model", "physical_memory_bytes", "default_memory_limit"]

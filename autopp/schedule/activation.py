@@ -358,19 +358,17 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
 POLICY_COLUMNS: dict[str, str] = {c: t for p in POLICIES.values() if p.columns
                                   for c, t in zip(p.columns, ("int", "float"))}
 
-#: The policies with figures of their own (`Figures`: from profile columns, or derived), in registry order.
+#: The policies with figures of their own (`Figures`: from profile columns, or derived).
 FIGURED: tuple[Activation, ...] = tuple(p.name for p in POLICIES.values() if p.columns or p.derive or p.from_units)
 
 
 def figure_keys(a: Activation) -> tuple[str, str, str]:
-    """The plan JSON's stage fields of policy `a`'s own figures ("selective_bytes", "selective_redo_s",
-    "selective_redone_bytes"; `Figures`' fields in order), written only when not 0."""
+    """The plan JSON's stage fields of `a`'s own figures ("selective_bytes", ...: `Figures`' fields in order)."""
     return f"{a.value}_bytes", f"{a.value}_redo_s", f"{a.value}_redone_bytes"
 
 
 def policy(a: Activation) -> ActivationPolicy:
-    """The descriptor of activation policy `a`."""
-    return POLICIES[a]
+    return POLICIES[a]  # the descriptor of activation policy `a`
 
 
 def parse_activation(text: object, where: str = "activation") -> Activation:
@@ -382,10 +380,8 @@ def parse_activation(text: object, where: str = "activation") -> Activation:
 
 
 def order_key(activations: tuple[Activation, ...]) -> tuple[int, ...]:
-    """A sort key of per-stage policies: each by its place in `Activation` (KEEP first), so ties between plans break
-    the same way on every run."""
-    order = list(Activation)
-    return tuple(order.index(a) for a in activations)
+    """A sort key of per-stage policies, each by its place in `Activation` (KEEP first): ties break the same way."""
+    return tuple(list(Activation).index(a) for a in activations)
 
 
 def chosen(stages: int, recomputed: set[int] | frozenset[int] | tuple[int, ...]) -> tuple[Activation, ...]:
@@ -394,13 +390,11 @@ def chosen(stages: int, recomputed: set[int] | frozenset[int] | tuple[int, ...])
 
 
 def by_saving(activations: tuple[Activation, ...] | list[Activation] | set[Activation]) -> tuple[Activation, ...]:
-    """`activations` without repeats, least memory saved first (`ActivationPolicy.saving`): the order the search
-    climbs when a rank does not fit."""
+    """`activations` without repeats, least memory saved first (`ActivationPolicy.saving`): the search's ladder."""
     return tuple(sorted(set(activations), key=lambda a: POLICIES[a].saving))
 
 
 def tally(activations: Sequence[Activation]) -> str:
-    """Per-stage policies counted, in registry order ("4 keep, 60 offload"): what a fallback chose, said by name, so
-    that stages which offload or recompute per unit are not reported as keeping."""
+    """Per-stage policies counted by name, in registry order ("4 keep, 60 offload")."""
     return ", ".join(f"{n} {a.value}" for a in Activation if (n := sum(x is a for x in activations)))
 

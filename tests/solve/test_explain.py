@@ -95,3 +95,15 @@ def test_memory_hint_says_what_does_not_fit_when_the_orders_peak_does_not_work()
         make_plan(profile, _short_of_memory(ScheduleName.DUAL_PIPE_V))
     with pytest.raises(InfeasibleError):
         make_plan(profile, _short_of_memory(ScheduleName.DUAL_PIPE_V, parse_size("3.43GiB")))
+
+
+@pytest.mark.parametrize("devices, dp, fix", [(4, 4, "a smaller `dp`"), (1, 1, "more `devices`")])
+def test_several_stages_on_one_pipeline_rank_are_refused_with_what_works(devices: int, dp: int, fix: str) -> None:
+    """A schedule of two stages per rank pinned where the layout leaves one pipeline rank (the search offers it
+    nowhere there: a looped single rank that no trainer runs)."""
+    for schedule in (ScheduleName.INTERLEAVED_1F1B, ScheduleName.ZBV_ZERO_BUBBLE):
+        with pytest.raises(InfeasibleError, match=rf"^{schedule.value} runs 2 stages per rank, which needs 2 pipeline "
+                                                  rf"ranks or more, and `dp` {dp} on {devices} devices leaves 1: use "
+                                                  rf"{fix}, or a `schedule` of 1 stage per rank$"):
+            make_plan(synthetic_profile(12), PlanRequest(cluster=Cluster(num_devices=devices, memory_bytes=2**40),
+                                                         global_batch=8, schedule=schedule, pins=LayoutPins(dp=dp)))

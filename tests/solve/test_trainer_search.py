@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from autopp.data.cluster import Cluster
+from autopp.data.layout import LayoutPins
 from autopp.data.profile import Profile
 from autopp.data.trainers import trainer_rules
 from autopp.errors import LayoutError
@@ -96,3 +97,14 @@ def test_torchtitan_search_beside_cp_never_replicates(shipped_gpt: Profile) -> N
     kept = configs(_request(pins=pins, trainer="torchtitan"), shipped_gpt.num_units, (Group(2, 1),))
     assert all(c.layout.cp == 2 for c in free) and any(c.layout.zero.replicated for c in free)
     assert kept and not any(c.layout.zero.replicated for c in kept)
+
+
+def test_no_search_puts_several_stages_on_one_pipeline_rank(shipped_gpt: Profile) -> None:
+    """Issue 26: without `trainer`, a `--pin-from` run picked Interleaved1F1B at pp 1 x dp 16 with v 2, a looped
+    single rank that no trainer runs (Megatron-Core's parallel_state refuses it); pp 1 is still searched, with one
+    stage per rank, and several stages per rank still where pp > 1."""
+    found = configs(_request(pins=LayoutPins(dp=None)), shipped_gpt.num_units)
+    assert {c.layout.dp for c in found} == {1, 2, 4}
+    assert not [c for c in found if c.layout.pp == 1 and c.layout.v > 1]
+    assert {c.schedule for c in found if c.layout.pp == 1} == {ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B}
+    assert {c.layout.v for c in found if c.layout.pp > 1} >= {1, 2}

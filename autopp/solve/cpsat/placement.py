@@ -19,6 +19,7 @@ from ...data.cluster import Cluster, Link
 from ...costmodel import UnitArrays, transfer_time, unit_memory
 from ...schedule import Activation
 from ...errors import InfeasibleError
+from .report import solve_progress
 from .split import contiguous_split, stage_transient_var
 from ..partition.dp import Bounds
 
@@ -92,7 +93,7 @@ def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: 
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
-    status = solver.solve(model)
+    status = solver.solve(model, solve_progress("CP-SAT placing the devices", time_limit_s))
     # Report: every non-optimal outcome is said.
     name = solver.status_name(status)
     if status == cp_model.INFEASIBLE:

@@ -17,6 +17,7 @@ from autopp.errors import AutoppError, InfeasibleError, ScheduleError
 from autopp.schedule.actions import Action, Kind, Order, to_csv_rows
 from autopp.schedule.effects import StageCost, rank_static_bytes, transient_peak
 from autopp.schedule.simulate import SimResult, simulate
+from autopp.solve.cpsat.report import solve_progress
 from autopp.solve.cpsat.warmstart import (
     GREEDY_PRIORITIES,
     SPLIT_KINDS,
@@ -260,7 +261,7 @@ def _solve(built: _Model, time_limit_s: float, num_workers: int
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = num_workers
     began = time.perf_counter()
-    status = solver.solve(built.model)
+    status = solver.solve(built.model, solve_progress("CP-SAT synthesizing an order", time_limit_s))
     return solver, status, time.perf_counter() - began
 
 

@@ -32,6 +32,8 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
     v = min(describe(name).stages_per_rank(x) for name in names for x in describe(name).v_choices(req.pins.v))
     if min(pps) * v > n:
         return _too_few_units(profile, req, names, min(pps), v, tp)
+    if max(pps) == 1 and v > 1:
+        return _looped_single_rank(req, names[0], v, dps[0], tp)
     if all(describe(name).mirrored for name in names):
         return _no_mirror(req, names[0], pps, tp)
     counts = [m for dp in dps for m in microbatch_counts(req, dp)]
@@ -78,6 +80,18 @@ def _no_mirror(req: PlanRequest, name: ScheduleName, pps: list[int], tp: int) ->
     return InfeasibleError(f"{name.value} needs rank r and rank pp - 1 - r to have the same device and links (its "
                            f"two replicas of a stage run alike), which these {req.cluster.num_devices * tp} devices "
                            f"do not: use another `schedule`")
+
+
+def _looped_single_rank(req: PlanRequest, name: ScheduleName, v: int, dp: int, tp: int) -> InfeasibleError:
+    """A schedule of several stages per rank on one pipeline rank, which the search does not offer: no trainer runs
+    it (Megatron-Core's parallel_state: "pipeline-model-parallel size should be greater than 1 with interleaved
+    schedule"), and it beats one stage only through per-stage activation policies, which a single stage could apply
+    per layer (issue 26: Llama-3-8B on 16 H100, dp 16: Interleaved1F1B v 4 at 4412 ms against 1F1B at 4765 ms,
+    by offloading its first stage's activations alone)."""
+    fix = "a smaller `dp`" if dp > 1 else "more `devices`"
+    return InfeasibleError(f"{name.value} runs {v} stages per rank, which needs 2 pipeline ranks or more, and "
+                           f"`dp` {dp} on {req.cluster.num_devices * tp} devices leaves 1: use {fix}, or a "
+                           f"`schedule` of 1 stage per rank")
 
 
 def _fewest_microbatches(names: list[ScheduleName], req: PlanRequest, pp: int) -> int:

@@ -383,8 +383,8 @@ def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:
             d = describe(name)
             if d.mirrored and not mirror_symmetric(req.cluster.placed(Layout(pp=pp, dp=dp)), pp):
                 continue
-            for v in d.v_choices(req.pins.v):
-                if pp * d.stages_per_rank(v) > n:
+            for v in d.v_choices(req.pins.v):  # not several stages on one rank (explain.py `_looped_single_rank`)
+                if pp * d.stages_per_rank(v) > n or pp == 1 and d.stages_per_rank(v) > 1:
                     continue
                 for m in microbatch_counts(req, dp):
                     try:
