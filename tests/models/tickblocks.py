@@ -3,7 +3,8 @@ an output layer: the blocks are units of one structure and input shape, measured
 import torch
 from torch import nn
 
-from tests.models.ticking import WIDTH, tick
+from tests.models.tick_op import tick
+from tests.models.ticking import WIDTH
 
 BLOCKS = 3
 BLOCK_FORWARD_S = 0.010

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from tests.models import tickblocks
-from tests.models.ticking import tick
+from tests.models.tick_op import tick
 
 WIDTH = 8
 HIDDEN = 32
