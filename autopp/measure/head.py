@@ -1,16 +1,17 @@
 """Measuring a large vocabulary head on slices of its vocabulary (issue 26, point 12): Llama-3-8B's LM head is
 128,256 x 4,096, and timing it with its loss kept about 12 logits-sized tensors alive at once (0.79 GiB per 128 tokens
 on top of its 3.9 GiB of weight and gradient). The last piece is measured on its head's weight cut to its first
-`rows[0]` and then `rows[1]` rows instead (the logits and loss on that slice of the vocabulary, the targets taken
-modulo the slice). Its byte counts are extrapolated to the whole vocabulary as affine functions of the rows through
-the two: the head's weight, its GEMMs, softmax and loss and the tensors they keep are linear in the vocabulary at a
-fixed number of tokens, and what precedes the head in the piece (the final norm) does not depend on it; they come out
-the full model's exactly (tests/measure/test_head.py). Its times are measured at the larger slice only and scaled by
-k = vocab / rows, the optimizer step's assumption (autopp.measure.pieces.optimizer_step_s: time linear in the
-elements): an affine fit through two noisy times would multiply their noise by about 2k, and the part of the piece
-that does not grow with the vocabulary (the norm) is counted k times, small beside the slice's GEMMs.
-Megatron's and torchtitan's loss-parallel heads rest on the same linearity: each rank computes the logits and softmax
-statistics of its slice of the vocabulary (Megatron `VocabParallelCrossEntropy`)."""
+r/8, r/2 and r rows instead (r = `rows[2]`; the logits and loss on that slice of the vocabulary, the targets taken
+modulo the slice), and each number extrapolated to the whole vocabulary as an affine function of the rows: the head's
+weight, its GEMMs, softmax and loss and the tensors they keep are linear in the vocabulary at a fixed number of
+tokens, and the rest of the piece (the final norm, or a whole MLP when the last unit holds one) does not depend on it.
+That is the optimizer step's assumption (autopp.measure.pieces.optimizer_step_s: time linear in the elements) with an
+intercept for the rest of the piece. Bytes go through r/2 and r: they come out the full model's exactly
+(tests/measure/test_head.py; the peak, a maximum over moments, nearly). Times go through r/8 and r, timed only
+there: through two close points the noise of the times would be multiplied by about 2k (k = vocab / r); through
+these, by about 1.3 k, as in scaling one time by k. Megatron's and torchtitan's loss-parallel heads rest on the same
+linearity: each rank computes the logits and softmax statistics of its slice of the vocabulary (Megatron
+`VocabParallelCrossEntropy`)."""
 
 from __future__ import annotations
 
@@ -30,19 +31,21 @@ __all__ = ["HeadSlice", "find_head", "sliced_head", "sliced_target", "extrapolat
 @dataclass(frozen=True)
 class HeadSlice:
     """The head measured on slices: its qualified name, vocabulary (rows of its weight) and hidden size, and the
-    two row counts its bytes are measured at (the larger bounds the weight slice's elements; times: the larger)."""
+    row counts it is measured at, r/8, r/2 and r (r bounds the weight slice's elements): times at the first and
+    last, bytes at the last two."""
 
     name: str
     vocab: int
     hidden: int
-    rows: tuple[int, int]
+    rows: tuple[int, int, int]
 
     def describe(self, unit: int) -> dict[str, Any]:
         """What a profile records (`meta.extra["head_slice"]`)."""
         return {"unit": unit, "module": self.name, "vocab": self.vocab, "rows": list(self.rows),
-                "k": round(self.vocab / self.rows[1], 3),
-                "how": "bytes measured at both `rows` rows of the head's weight, extrapolated to `vocab` as affine "
-                       "functions of the rows; times measured at the larger and scaled by `k`"}
+                "k": round(self.vocab / self.rows[2], 3),
+                "how": "measured with the head's weight cut to `rows` rows, each number extrapolated to `vocab` "
+                       "rows as an affine function of the rows: bytes through the last two, times through the "
+                       "first and last"}
 
 
 def find_head(piece: nn.Module, model: nn.Module, target: Any, slice_numel: int) -> HeadSlice | None:
@@ -60,10 +63,10 @@ def find_head(piece: nn.Module, model: nn.Module, target: Any, slice_numel: int)
     if sum(p is head.weight for _, p in model.named_parameters(remove_duplicate=False)) > 1:
         return None  # tied to the embedding: the slice would cut both
     vocab, hidden = head.weight.shape
-    top = max(2, slice_numel // hidden)
+    top = max(8, slice_numel // hidden)
     if top >= vocab:
         return None
-    return HeadSlice(name, vocab, hidden, (max(1, top // 2), top))
+    return HeadSlice(name, vocab, hidden, (max(1, top // 8), max(1, top // 2), top))
 
 
 @contextmanager
@@ -97,18 +100,20 @@ def sliced_target(target: torch.Tensor, rows: int) -> torch.Tensor:
     return target % rows
 
 
-def extrapolate(at: tuple[dict[str, Any], dict[str, Any]], head: HeadSlice) -> dict[str, Any]:
-    """A piece's row at the whole vocabulary from its rows at `head.rows`: a time (`*_s`, spreads too) measured at
-    the larger slice only and scaled by vocab / rows, as the optimizer step is; any other number an affine function
-    of the rows through the two (integers rounded); everything else as measured at the larger slice."""
-    (r1, r2), vocab = head.rows, head.vocab
+def extrapolate(at: tuple[dict[str, Any], dict[str, Any], dict[str, Any]], head: HeadSlice) -> dict[str, Any]:
+    """A piece's row at the whole vocabulary from its rows at `head.rows` (module docstring): a time (`*_s`) an
+    affine function of the rows through the first and last (at least 0), a spread the last's scaled by k, any other
+    number an affine function through the last two (integers rounded); anything else as at the last."""
+    rows, vocab = head.rows, head.vocab
     out: dict[str, Any] = {}
-    for key, high in at[1].items():
+    for key, high in at[2].items():
         if isinstance(high, bool) or not isinstance(high, (int, float)):
             out[key] = high
+        elif key.endswith("_spread_s"):
+            out[key] = high * vocab / rows[2]
         elif key.endswith("_s"):
-            out[key] = high * vocab / r2
+            out[key] = max(high + (high - at[0][key]) * (vocab - rows[2]) / (rows[2] - rows[0]), 0.0)
         else:
-            value = high + (high - at[0][key]) * (vocab - r2) / (r2 - r1)
+            value = high + (high - at[1][key]) * (vocab - rows[2]) / (rows[2] - rows[1])
             out[key] = round(value) if isinstance(high, int) else value
     return out

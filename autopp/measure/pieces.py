@@ -277,8 +277,8 @@ class _Walk:
 
     def _measure_head(self, i: int, node: fx.Node, args: tuple[Any, ...], head: HeadSlice) -> Any:
         """The last piece measured at each row count of `head` (its weight and targets sliced, autopp.measure.head;
-        timed at the larger only), its row, peak and step extrapolated to the whole vocabulary; returns the output
-        on the larger slice."""
+        not timed at the middle one), its row, peak and step extrapolated to the whole vocabulary; returns the
+        output on the largest slice."""
         found: list[dict[str, Any]] = []
         out = None
         for rows in head.rows:
@@ -291,14 +291,15 @@ class _Walk:
                         self.grads[i])
                     with torch.no_grad():
                         out = piece.module(*piece.args)
-                    self._measure_own(i, piece, out, True, timed=rows == head.rows[1])
+                    self._measure_own(i, piece, out, True, timed=rows != head.rows[1])
                     found.append(dict(self.rows[i], peak=self.peaks[i], optimizer_step_s=self.opt.get(i, 0.0)))
+                    self.opt.pop(i, None)
                 finally:
                     self.unload([i])
             return_freed_memory()
-        whole = extrapolate((found[0], found[1]), head)
+        whole = extrapolate((found[0], found[1], found[2]), head)
         self.peaks[i], opt = whole.pop("peak"), whole.pop("optimizer_step_s")
-        if i in self.opt:
+        if self.optimizer_per_piece:
             self.opt[i] = opt
         self.rows[i] = whole
         return out
