@@ -21,6 +21,7 @@ from ..model.split import (LiveValue, live_values, model_output, rebuild_output,
                            walk_split_graph)
 from ..model.units import Unit
 from .allocator import return_freed_memory
+from .head import HeadSlice, extrapolate, find_head, sliced_head, sliced_target
 from .memory import SavedOps, peak_bytes, saved_bytes, static_bytes, storage_key, value_bytes
 from .options import make_optimizer
 from .settings import Settings
@@ -40,6 +41,8 @@ class SizeResult:
     value_bytes: dict[str, int]
     peaks: dict[int, int] = field(default_factory=dict)
     optimizer_step_s: float = 0.0
+    head_slice: dict[str, Any] | None = None
+    """How the last piece's head was measured on slices of its vocabulary (autopp.measure.head), if it was."""
 
 
 #: The most elements an optimizer step is measured on; a larger set of parameters is timed on a slice this large
@@ -160,14 +163,16 @@ def windows(sizes: list[int], limit: int) -> list[list[int]]:
 
 
 def measure_pieces(mf: ModelFile, meta: MetaModel, units: list[Unit], b: int, settings: Settings, *,
-                   limit_bytes: int, optimizer_per_piece: bool = False) -> SizeResult:
+                   limit_bytes: int, optimizer_per_piece: bool = False, head_slice_numel: int | None = None
+                   ) -> SizeResult:
     """Measure every unit at microbatch size `b` (module docstring). At most `limit_bytes` of parameters and
     gradients are materialized at once (a window), besides a piece kept for the shared units after it; with
-    `settings.measuring.measure_every_unit`, no piece shares another's measurement. Whatever is materialized is freed
-    on return, also when a measurement raises."""
+    `settings.measuring.measure_every_unit`, no piece shares another's measurement. With `head_slice_numel`, a head
+    whose weight has more elements than that is measured on slices of its vocabulary (autopp.measure.head). Whatever
+    is materialized is freed on return, also when a measurement raises."""
     if settings.overall is not None:
         settings.overall.next_phase()
-    walk = _Walk(mf, meta, units, b, settings, limit_bytes, optimizer_per_piece)
+    walk = _Walk(mf, meta, units, b, settings, limit_bytes, optimizer_per_piece, head_slice_numel)
     try:
         for _ in walk_split_graph(walk.gm, walk.inputs, walk.env, walk.measure):
             pass
@@ -181,7 +186,7 @@ class _Walk:
     it, runs shared pieces through their measured piece, and frees what no later piece needs."""
 
     def __init__(self, mf: ModelFile, meta: MetaModel, units: list[Unit], b: int, settings: Settings,
-                 limit_bytes: int, optimizer_per_piece: bool) -> None:
+                 limit_bytes: int, optimizer_per_piece: bool, head_slice_numel: int | None = None) -> None:
         self.mf, self.meta, self.b, self.settings = mf, meta, b, settings
         self.names = [u.name for u in units]
         self.optimizer_per_piece = optimizer_per_piece
@@ -215,6 +220,8 @@ class _Walk:
         self.loaded: set[int] = set()
         self.pending: dict[int, Piece] = {}
         self.opt: dict[int, float] = {}
+        self.head: HeadSlice | None = None if head_slice_numel is None or self.same_as[-1] is not None else \
+            find_head(self.modules[-1], meta.model, self.target, head_slice_numel)
 
     def span(self, i: int) -> tuple[float, float]:
         """Where the window of piece `i` begins in the walk, and its share of it, both by weight (`self.weight`); a
@@ -253,9 +260,11 @@ class _Walk:
             if src is not None:
                 self.edges[(src, i)] += value_bytes(self.env[arg])
         rep = self.same_as[i]
+        last = i == n - 1
+        if last and self.head is not None:
+            return self._measure_head(i, node, args, self.head)
         if rep is None and i not in self.loaded:
             self.load_window(i)
-        last = i == n - 1
         finish = (lambda out: self.mf.loss_fn(
             rebuild_output(self.spec, model_output(self.gm, self.env, node, out)), self.target)) \
             if last else (lambda out: out)
@@ -266,16 +275,47 @@ class _Walk:
             self._measure_own(i, piece, out, last)
         return out
 
-    def _measure_own(self, i: int, piece: Piece, out: Any, last: bool) -> None:
-        """Sizes and peak of a measured piece; once its window is complete, the window's times (and steps)."""
+    def _measure_head(self, i: int, node: fx.Node, args: tuple[Any, ...], head: HeadSlice) -> Any:
+        """The last piece measured at each row count of `head` (its weight and targets sliced, autopp.measure.head;
+        not timed at the middle one), its row, peak and step extrapolated to the whole vocabulary; returns the
+        output on the largest slice."""
+        found: list[dict[str, Any]] = []
+        out = None
+        for rows in head.rows:
+            target = sliced_target(self.target, rows)
+            with sliced_head(self.meta, self.modules[i], head, rows):
+                self.load_window(i)
+                try:
+                    piece = Piece(self.modules[i], args, lambda o: self.mf.loss_fn(
+                        rebuild_output(self.spec, model_output(self.gm, self.env, node, o)), target), i == 0,
+                        self.grads[i])
+                    with torch.no_grad():
+                        out = piece.module(*piece.args)
+                    self._measure_own(i, piece, out, True, timed=rows != head.rows[1])
+                    found.append(dict(self.rows[i], peak=self.peaks[i], optimizer_step_s=self.opt.get(i, 0.0)))
+                    self.opt.pop(i, None)
+                finally:
+                    self.unload([i])
+            return_freed_memory()
+        whole = extrapolate((found[0], found[1], found[2]), head)
+        self.peaks[i], opt = whole.pop("peak"), whole.pop("optimizer_step_s")
+        if self.optimizer_per_piece:
+            self.opt[i] = opt
+        self.rows[i] = whole
+        return out
+
+    def _measure_own(self, i: int, piece: Piece, out: Any, last: bool, timed: bool = True) -> None:
+        """Sizes and peak of a measured piece; once its window is complete, the window's times (and steps) when
+        `timed`."""
         self.rows[i] = _sizes(piece, out, last, self.settings)
         self.rows[i].update(unit=i, microbatch_size=self.b, tied_param_bytes=self.tied.get(i, 0))
         self.peaks[i] = peak_bytes(self.settings.timer.device, piece.forward_backward)
         self.pending[i] = piece
         if i != next(w for w in self.windows if i in w)[-1]:
             return
-        _time_window(self.pending, self.rows, self.b, self.settings, self.span(i), self.names)
-        if self.optimizer_per_piece:
+        if timed:
+            _time_window(self.pending, self.rows, self.b, self.settings, self.span(i), self.names)
+        if self.optimizer_per_piece and timed:
             self.opt.update({j: optimizer_step_s(list(self.modules[j].parameters()), self.settings, restore=False)
                              for j in self.pending})
         for j in self.pending:  # measured: a piece kept for the shared ones after it needs no gradients
@@ -296,7 +336,8 @@ class _Walk:
             [rows[i] for i in range(len(self.modules))],
             [{"src": s, "dst": d, "microbatch_size": self.b, "bytes": n} for (s, d), n in sorted(self.edges.items())],
             live, {v.name: value_bytes(self.env[by_name[v.name]]) for v in live}, self.peaks,
-            sum(self.opt[i if rep is None else rep] for i, rep in enumerate(self.same_as)) if self.opt else 0.0)
+            sum(self.opt[i if rep is None else rep] for i, rep in enumerate(self.same_as)) if self.opt else 0.0,
+            None if self.head is None else self.head.describe(len(self.modules) - 1))
 
 
 def _shared(meta: MetaModel, gm: fx.GraphModule, calls: list[fx.Node], modules: list[nn.Module],

@@ -27,7 +27,7 @@ from ..progress import Overall, Progress
 from .allocator import keep_freed_memory, release_large_allocations
 from .memory import PEAK_HOW
 from .options import MeasureOptions, ProfileOptions
-from .pieces import SizeResult, measure_pieces
+from .pieces import OPTIMIZER_SLICE_NUMEL, SizeResult, measure_pieces
 from .pieces import optimizer_step_s as optimizer_step_s_of
 from .settings import Settings
 from .tp_rows import measured_tp_rows, tp_meta, tp_setup
@@ -95,7 +95,9 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
     the whole-model optimizer step and co-runners need the whole model: without it the comparison is skipped
     (logged and recorded in `extra.whole_model_skipped`), the optimizer step is the sum of the pieces' steps, and
     co-runners are refused. An optimizer step over more than `OPTIMIZER_SLICE_NUMEL` elements is timed on a slice
-    and scaled (autopp.measure.pieces.optimizer_step_s). Units of one structure and input shapes are measured once
+    and scaled (autopp.measure.pieces.optimizer_step_s); likewise, without the whole model, a head whose weight has
+    more elements is measured on two slices of its vocabulary and extrapolated (autopp.measure.head; recorded in
+    `extra.head_slice`). Units of one structure and input shapes are measured once
     (`source` "shared", `same_as`) unless `measure_every_unit`. With `options.tp_degrees` (each >= 2), the profile
     gets tp.csv rows too (autopp.measure.tp_rows): per degree, tensor-parallel rank 0's local shard measured like
     the units, and each unit's TP collectives counted; the model needs a TP plan (autopp.model.tp)."""
@@ -154,7 +156,8 @@ def _measure_sizes(mf: ModelFile, meta: MetaModel, units: list[Unit], settings: 
         first = b == sizes[0]
         with settings.beside(mf, b):  # one start of the co-runners per size, for everything timed at that size
             at_b = measure_pieces(mf, meta, units, b, settings, limit_bytes=limit or 0,
-                                  optimizer_per_piece=limit is None and first)
+                                  optimizer_per_piece=limit is None and first,
+                                  head_slice_numel=OPTIMIZER_SLICE_NUMEL if limit is None else None)
             if limit is None and first:
                 found.optimizer_step_s = at_b.optimizer_step_s
             if limit is not None and (compare_whole or first):
@@ -182,6 +185,8 @@ class _Found:
         self.value_bytes[b] = at_b.value_bytes
         for u, n in at_b.peaks.items():
             self.peaks.setdefault(str(u), {})[str(b)] = n
+        if at_b.head_slice is not None:
+            self.extra["head_slice"] = at_b.head_slice
 
     def table(self, units: list[Unit]) -> pd.DataFrame:
         """The unit rows with the units' names and modules, in the profile's column order."""
