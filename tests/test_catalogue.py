@@ -795,7 +795,7 @@ def _interleaved_on_one_pipeline_rank(d: dict[str, Any]) -> None:
         stage["rank"] = 0
 
 
-# ---- issue 26 (points 1, 2 and 4): the messages it quotes, as they read now ----
+# ---- issue 26 (points 1, 2, 4 and 9): the messages it quotes, as they read now ----
 CASES += [
     # point 1: the old defaults (1F1B, dp 1, tp 1, ZeRO 0, no recomputation), pinned, still refuse with the way out
     Case("plan:one-pipeline-microbatches-below-stages", lambda env: _plan_args(env, "--global-batch", "1",
@@ -834,6 +834,15 @@ CASES += [
                      "interleaved schedule\"); re-plan with --pp above 1 or --schedule 1F1B, or plan with `autopp "
                      "plan --for megatron`",
          _llama_plan(_interleaved_on_one_pipeline_rank)),
+    # point 9: a size without a unit, or with a one-letter one, is refused wherever autopp reads a size
+    Case("flag:plan-memory-reserve-bare-number", lambda env: _plan_args(env, "--memory-reserve", "3"),
+         lambda env: "--memory-reserve: size '3' has no unit; write 3GiB or 3GB (a bare number would be 3 bytes)"),
+    Case("flag:plan-memory-reserve-one-letter-unit", lambda env: _plan_args(env, "--memory-reserve", "3G"),
+         lambda env: "--memory-reserve: size '3G' is ambiguous; write 3GiB (= 3.22 GB) or 3GB (= 2.79 GiB)"),
+    Case("cluster:device-memory-one-letter-unit",
+         lambda env: ["plan", "--profile", str(env.prof), "--cluster", str(env.cluster), "-o", str(env.tmp / "o.json")],
+         lambda env: f"{env.cluster}: devices[0]: field 'memory': size '80G' is ambiguous; write 80GiB (= 85.9 GB) or "
+                     "80GB (= 74.5 GiB)", _json_file("cluster", {"devices": [{"memory": "80G"}, {"memory": "1GiB"}]})),
 ]
 
 
