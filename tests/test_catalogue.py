@@ -765,6 +765,87 @@ CASES += [
 ]
 
 
+def _llama_plan(edit: Callable[[dict[str, Any]], None]) -> Callable[[Env], None]:
+    """A 2-device 1F1B plan of the tiny HF Llama's profile (numbered blocks, which Megatron's export needs), edited
+    by `edit`, at env.bad_plan."""
+    def setup(env: Env) -> None:
+        from autopp.data.cluster import Cluster
+        from autopp.data.profile import load_profile
+        from autopp.solve import PlanRequest, make_plan
+        profile = load_profile(ROOT / "tests" / "export" / "data" / "hf_llama")
+        request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=4 * 2**30), global_batch=8)
+        make_plan(profile, request).save(env.bad_plan)
+        data = json.loads(env.bad_plan.read_text())
+        edit(data)
+        env.bad_plan.write_text(json.dumps(data))
+    return setup
+
+
+def _synthesized(d: dict[str, Any]) -> None:
+    """The plan under a synthesized order (Custom): GPipe's order on rank 0, 1F1B's on rank 1."""
+    m = d["num_microbatches"]
+    d.update(schedule="Custom", custom_order=[[f"0F{i}" for i in range(m)] + [f"0B{i}" for i in range(m)],
+                                              [a for i in range(m) for a in (f"1F{i}", f"1B{i}")]])
+
+
+def _interleaved_on_one_pipeline_rank(d: dict[str, Any]) -> None:
+    """Both stages on rank 0 of each of 2 replicas (pp 1 x dp 2, v 2): what the issue's third re-plan was."""
+    d.update(schedule="Interleaved1F1B", pp=1, dp=2, virtual_stages=2, num_microbatches=2)
+    for stage in d["stages"]:
+        stage["rank"] = 0
+
+
+# ---- issue 26 (points 1, 2, 4 and 9): the messages it quotes, as they read now ----
+CASES += [
+    # point 1: the old defaults (1F1B, dp 1, tp 1, ZeRO 0, no recomputation), pinned, still refuse with the way out
+    Case("plan:one-pipeline-microbatches-below-stages", lambda env: _plan_args(env, "--global-batch", "1",
+                                                                               *ONE_PIPELINE),
+         lambda env: "1F1B needs microbatches >= stages (1 < 2): use a global batch of at least 2 (it is 1), fewer "
+                     "devices, or another --schedule"),
+    Case("plan:one-pipeline-more-stages-than-units",
+         lambda env: ["plan", "--profile", str(env.prof), "--devices", "16", "--memory", "1GiB", "--global-batch", "16",
+                      *ONE_PIPELINE, "-o", str(env.tmp / "out.json")],
+         lambda env: "cannot split 8 units into 16 stages: use at most 8 devices; or --dp auto to use the rest for "
+                     "data parallelism; or finer units: SPLIT_POINTS in the model file"),
+    # point 2: `plan MODEL.py --tp 2` makes the rows itself, and denies a TP plan only to a model that has none
+    Case("plan-model:tp-without-a-tp-plan",
+         lambda env: ["plan", str(env.model), "--tp", "2", "--devices", "2", "--memory", "1GiB"],
+         lambda env: f"{env.model}: tensor parallelism (tp 2) needs a TP plan, and the model has none (no TP_PLAN in "
+                     "the model file, no Hugging Face base_model_tp_plan); define TP_PLAN (README.md) or leave out "
+                     "--tp",
+         _writer(GOOD_MODEL)),
+    # point 4: what Megatron-Core cannot run, refused by its export with the re-plan that it can
+    Case("export:megatron-synthesized-order",
+         lambda env: ["export", str(env.bad_plan), "--to", "megatron", "-o", str(env.tmp / "m.args")],
+         lambda env: f"{env.bad_plan}: the plan's schedule is a synthesized order (Custom), but Megatron-Core runs no "
+                     "synthesized order, only 1F1B or Interleaved1F1B; re-plan with --schedule 1F1B (and no "
+                     "--synthesize), or plan with `autopp plan --for megatron`, which searches only what megatron runs",
+         _llama_plan(_synthesized)),
+    Case("export:megatron-some-stages-recompute",
+         lambda env: ["export", str(env.bad_plan), "--to", "megatron", "-o", str(env.tmp / "m.args")],
+         lambda env: f"{env.bad_plan}: the stages' activation policies differ (keep: stages [1]; recompute: stages "
+                     "[0]); Megatron-Core applies one activation-checkpointing policy to every stage; re-plan with "
+                     "--recompute all or none, or with `autopp plan --for megatron`",
+         _llama_plan(_stage(0, activation="recompute"))),
+    Case("export:megatron-interleaved-on-one-pipeline-rank",
+         lambda env: ["export", str(env.bad_plan), "--to", "megatron", "-o", str(env.tmp / "m.args")],
+         lambda env: f"{env.bad_plan}: the plan's schedule is Interleaved1F1B, but Megatron-Core's interleaved 1F1B "
+                     "needs more than one pipeline rank (\"pipeline-model-parallel size should be greater than 1 with "
+                     "interleaved schedule\"); re-plan with --pp above 1 or --schedule 1F1B, or plan with `autopp "
+                     "plan --for megatron`",
+         _llama_plan(_interleaved_on_one_pipeline_rank)),
+    # point 9: a size without a unit, or with a one-letter one, is refused wherever autopp reads a size
+    Case("flag:plan-memory-reserve-bare-number", lambda env: _plan_args(env, "--memory-reserve", "3"),
+         lambda env: "--memory-reserve: size '3' has no unit; write 3GiB or 3GB (a bare number would be 3 bytes)"),
+    Case("flag:plan-memory-reserve-one-letter-unit", lambda env: _plan_args(env, "--memory-reserve", "3G"),
+         lambda env: "--memory-reserve: size '3G' is ambiguous; write 3GiB (= 3.22 GB) or 3GB (= 2.79 GiB)"),
+    Case("cluster:device-memory-one-letter-unit",
+         lambda env: ["plan", "--profile", str(env.prof), "--cluster", str(env.cluster), "-o", str(env.tmp / "o.json")],
+         lambda env: f"{env.cluster}: devices[0]: field 'memory': size '80G' is ambiguous; write 80GiB (= 85.9 GB) or "
+                     "80GB (= 74.5 GiB)", _json_file("cluster", {"devices": [{"memory": "80G"}, {"memory": "1GiB"}]})),
+]
+
+
 # ---- output paths ----
 OUTPUTS: list[tuple[str, Callable[[Env], list[str]], Callable[[Env], str], Callable[[Env], None]]] = [
     ("profile:-o-in-proc", lambda env: ["profile", str(env.model), "-o", "/proc/autopp-p"], lambda env: "/proc/autopp-p",
