@@ -9,13 +9,14 @@ import importlib.util
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 from autopp.schedule.activation import Activation
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script():  # type: ignore[no-untyped-def]
+def _script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("published", ROOT / "scripts" / "published.py")
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
