@@ -135,14 +135,13 @@ TITAN_8B_FSDP = Published(
     cluster="128 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU",
     device="examples/devices/h100-96gb-500w-sxm-peak.json",
     layout=LayoutPins(tp=1, pp=1, dp=128, zero=ZERO[3], v=1), schedule=ScheduleName.ONE_F_ONE_B,
-    microbatches=1, microbatch_size=2, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
+    microbatches=1, microbatch_size=2, recompute=RecomputeMode.NONE, activations=(Activation.SELECTIVE_UNITS,),
     global_batch=256, per_gpu=5605.0, unit="tokens/s", measured="FSDP, no torch.compile, bf16; 67.0 GiB peak",
     source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 3",
     assumed="seq 8192 (torchtitan's llama3_8b.toml; the table does not state it); its local batch 2 as one "
-            "microbatch of 2, its block-by-block selective AC as per-unit full recomputation (recompute-units: "
-            "autopp's stage-level keep, selective and whole-stage policies do not fit at microbatch 2 and pp 1, where "
-            "the stage is the whole model; "
-            "per-unit full recomputation redoes the whole forward, more than torchtitan's op-level policy); its "
+            "microbatch of 2, its selective AC (llama3_8b.toml: mode 'selective', option 'op', each block wrapped) "
+            "as per-unit selective recomputation (selective-units: each block keeps its input and its matmul and "
+            "attention outputs and redoes the rest); its "
             "GPU (96GB HBM2e at 2.4 TB/s, 500 W, peak 'between SXM and NVL', their footnote 2) at the SXM end of "
             "that bracket: H100 SXM's 989.5 TFLOP/s bf16 at 2.4 TB/s (examples/devices/h100-96gb-500w-sxm-peak.json, "
             "less the catalog's 3 GiB reserve)")

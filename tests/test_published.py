@@ -1,0 +1,46 @@
+"""scripts/published.py (issue 25, item 8): torchtitan's Llama 3.1 8B FSDP row pins its op-level selective
+activation checkpointing of each block as autopp's per-unit selective recomputation (`selective-units`), which fits
+the run's 96 GB GPU on the shipped profile (profiles/llama-3-8b-h100-96gb-500w-sxm-peak-s8192/) and redoes less than
+per-unit full recomputation (`recompute-units`), the policy the row pinned before."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+from autopp.schedule.activation import Activation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("published", ROOT / "scripts" / "published.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script  # its dataclasses look their module up while being defined
+    try:
+        spec.loader.exec_module(script)
+    finally:
+        del sys.modules[spec.name]
+    return script
+
+
+def test_published_8b_fsdp_row_pins_selective_units_and_fits() -> None:
+    script = _script()
+    run = script.TITAN_8B_FSDP
+    assert run.activations == (Activation.SELECTIVE_UNITS,)
+    profile = script.profile_for(run, run.tp_degrees, run.precision)
+    cluster = script.cluster_of(run)
+    plan, why, _ = script._plan(profile, script.pinned_request(run, cluster))
+    assert plan is not None, why
+    assert plan.predicted.fits
+    assert {s.activation for s in plan.stages} == {Activation.SELECTIVE_UNITS}
+    assert max(plan.predicted.peak_memory_bytes) <= cluster.memory_bytes
+    full, why, _ = script._plan(profile, replace(script.pinned_request(run, cluster),
+                                                 activations=(Activation.BLOCKS,)))
+    assert full is not None, why
+    assert plan.predicted.step_time_s < full.predicted.step_time_s
+    assert max(plan.predicted.peak_memory_bytes) > max(full.predicted.peak_memory_bytes)
