@@ -110,5 +110,24 @@ def test_offered_only_for_causal_lms_searched_or_pinned() -> None:
 def test_pinned_chunks_that_fit_nowhere_say_so() -> None:
     p = _profile(64, 4096)
     with pytest.raises(InfeasibleError, match=r"`schedule` Seq1F1B: in none of 2, 4, 8 chunks does a configuration "
-                                              r"fit"):
+                                              r"of pipeline and data parallelism \(`tp`, `cp`, `ep` 1, `zero` 0: "
+                                              r"what the runner runs it with\) fit"):
         make_plan(p, replace(_request(10**6, recompute=RecomputeMode.NONE), schedule=ScheduleName.SEQ_1F1B))
+
+
+def test_only_layouts_the_runner_runs_are_chunked() -> None:
+    """The runner runs Seq1F1B with pipeline and data parallelism and whole replicas only (run.seq_chunks), so the
+    search offers it nowhere else: with ZeRO searched beside dp 2 every Seq1F1B verdict keeps ZeRO 0, and pinned to
+    ZeRO 1 it is not offered (the search keeps the named schedules)."""
+    from autopp.data.zero import ZERO
+    from autopp.solve.search.runnable import parallel_refusal
+    p = _profile(1024, 8192)
+    req = replace(_request(10**12), pins=LayoutPins(pp=2, dp=2, zero=None))
+    views = Views(p, req)
+    found = seq_verdicts(p, views, views.degrees(), 1,
+                         lambda c, b: parallel_refusal(p.meta.tied_parameters, c.layout, b), float("inf"))
+    assert found and all(v.candidate.layout.zero.replicated and v.candidate.layout.dp == 2 for v in found)
+    pinned = replace(req, pins=LayoutPins(pp=2, dp=2, zero=ZERO[1]))
+    assert make_plan(p, pinned).schedule is not ScheduleName.SEQ_1F1B
+    with pytest.raises(InfeasibleError, match=r"what the runner runs it with"):
+        make_plan(p, replace(pinned, schedule=ScheduleName.SEQ_1F1B))

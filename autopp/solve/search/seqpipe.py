@@ -4,8 +4,10 @@ simulator as units (`autopp.schedule.seqpipe`; Seq1F1B, Sun et al., NAACL 2025; 
 Offered (`seq_offered`) for causal LMs whose profile records the attention's shape (HF configs:
 `meta.extra["hf_config"]["attention"]` with `causal`), where the attention's share of the FLOPs (`causal_share`)
 sets the chunks' equal-cost boundaries; with the schedule searched (or pinned to it), no trainer (none ships it),
-the plain vocabulary split, and every stage keeping its activations (the chunk costs are those of keep). Context
-parallelism already splits each sequence, so configurations with cp > 1 are left out.
+the plain vocabulary split, and every stage keeping its activations (the chunk costs are those of keep). Only
+pipeline and data parallelism with whole replicas (tp, cp, ep 1, ZeRO 0) are searched, the layouts the runner runs
+it on (`autopp.run.seq_chunks.check_seq_plan`), as Chimera's are (`request.configs`): context parallelism already
+splits each sequence, and no trainer runs the others beside it.
 
 1. Configurations: those of the request under Seq1F1B (one stage per rank, any microbatch count), each with each
    chunk count of `CHUNK_COUNTS` (1 chunk is 1F1B itself, searched among the named schedules).
@@ -24,6 +26,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ...costmodel import attention_shape, causal_share, stage_speeds, step_end_floor
+from ...data.layout import Layout
 from ...data.profile import Profile
 from ...errors import InfeasibleError, ProfileError, ScheduleError
 from ...schedule import Activation, Kind, ScheduleName
@@ -100,6 +103,11 @@ def _inflight(pp: int, m: int, seq: ChunkCosts) -> list[tuple[int, ...]]:
     return [up] if up == down else [up, down]
 
 
+def _runs(layout: Layout) -> bool:
+    """Whether the runner runs sequence chunks on `layout`: pipeline and data parallelism, whole replicas."""
+    return layout.tp == layout.cp == layout.ep == 1 and layout.zero.replicated
+
+
 def _floor(views: Views, c: Config) -> float:
     """A lower bound of the configuration's simulated step for every split (module docstring, 2)."""
     a, view = views.arrays(c.b, c.layout), views.request(c.layout)
@@ -113,7 +121,7 @@ def seq_verdicts(profile: Profile, views: Views, degrees: tuple[Group, ...], exp
     judged once; `best_s`: the fastest step found so far (inf: none)."""
     req = views.req
     base = configs(replace(req, schedule=ScheduleName.SEQ_1F1B), profile.num_units, degrees, experts)
-    cfgs = [replace(c, seq=seq) for c in base if c.layout.cp == 1 for seq in seq_chunkings(profile)]
+    cfgs = [replace(c, seq=seq) for c in base if _runs(c.layout) for seq in seq_chunkings(profile)]
     memos: dict[object, DpMemo] = {}
     out: list[Verdict] = []
     for floor, _, c in sorted((_floor(views, c), i, c) for i, c in enumerate(cfgs)):
@@ -144,8 +152,9 @@ def with_seq(profile: Profile, views: Views, best: Verdict | None) -> tuple[Verd
     found = seq_verdicts(profile, views, views.degrees(), experts, refuse, math.inf if best is None else best.step_s)
     if not found and views.req.schedule is ScheduleName.SEQ_1F1B:
         raise InfeasibleError(f"`schedule` {views.req.schedule.value}: in none of {', '.join(map(str, CHUNK_COUNTS))} "
-                              "chunks does a configuration fit the devices' memory with every stage keeping its "
-                              "activations; give more devices or memory, or search `schedule`")
+                              "chunks does a configuration of pipeline and data parallelism (`tp`, `cp`, `ep` 1, "
+                              "`zero` 0: what the runner runs it with) fit the devices' memory with every stage "
+                              "keeping its activations; give more devices or memory, or search `schedule`")
     if not found:
         return best, None
     chosen = min(found, key=lambda v: v.key)
