@@ -3,10 +3,12 @@ session (a test using one of those is in the integration tier: measuring takes s
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing.process
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,6 +20,22 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"
 SHIPPED = ROOT / "profiles"
+
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/NAME.py imported as a module (registered in sys.modules while it runs: dataclasses look their module
+    up while being defined)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
 
 #: Fixtures that measure a model: every test using one is marked `integration` (the unit tier stays under a minute).
 MEASURING_FIXTURES = frozenset({"gpt_profile"})

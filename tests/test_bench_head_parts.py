@@ -3,18 +3,13 @@ on the clock it is given (a fake one here: each reading advances it by one secon
 
 from __future__ import annotations
 
-import importlib.util
 from itertools import count
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import load_script
 
 
 def test_each_part_is_timed_once_per_repeat_on_the_given_clock() -> None:
-    spec = importlib.util.spec_from_file_location("bench_head_parts", ROOT / "scripts" / "bench_head_parts.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_head_parts")
     ticks = count()
     parts = bench.time_parts(1, 3, 2, lambda: float(next(ticks)))
     assert list(parts) == ["head forward", "loss forward", "backward (loss + head)", "concatenate 3 outputs",

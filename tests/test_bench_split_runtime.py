@@ -3,27 +3,19 @@ splits with the same stages run once, the rotated order. No run starts here."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from autopp.data.profile import load_profile
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import ROOT, load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_split_runtime", ROOT / "scripts" / "bench_split_runtime.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_split_runtime")
 
 
 def test_gains_are_paired_by_round(bench: ModuleType) -> None:

@@ -3,7 +3,6 @@ scripts/device_check.py on a prepared folder. No GPU has run the CUDA path (docs
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, load_script
 
 SCRIPT = ROOT / "scripts" / "device_check.sh"
 
@@ -24,11 +23,7 @@ def _check(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _helper() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("device_check")
 
 
 @pytest.mark.integration

@@ -5,27 +5,16 @@ per-unit full recomputation (`recompute-units`), the policy the row pinned befor
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 from autopp.schedule.activation import Activation
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import load_script
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("published", ROOT / "scripts" / "published.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = script  # its dataclasses look their module up while being defined
-    try:
-        spec.loader.exec_module(script)
-    finally:
-        del sys.modules[spec.name]
-    return script
+    return load_script("published")
 
 
 def test_published_8b_fsdp_row_pins_selective_units_and_fits() -> None:
