@@ -13,14 +13,15 @@ from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_speeds, s
                     unit_memory)
 from .context import AttentionShape, ContextTable, attention_shape, causal_share, check_sequence, context_parallel
 from .parallel import (ExpertTable, check_expert_zero, data_sharded, expert_parallel, fsdp_outside_pipeline,
-                       group_table, group_terms, replica_terms, sp_offered, tensor_parallel)
+                       group_table, group_terms, replica_terms, scatter_in_backward, sp_offered, tensor_parallel)
 from .terms import (allreduce_time, allreduce_times, comm_times, exposed_sync_time, gradient_allreduce_time,
                     message_overheads, optimizer_time, progress_delays, rank_sync_times, send_times, step_end_floor,
                     step_end_time, sync_time, transfer_time)
 from .units import ProfileTable, TpComm, UnitArrays, unit_arrays
 
 __all__ = ["UnitArrays", "TpComm", "ProfileTable", "unit_arrays", "group_table", "group_terms", "replica_terms",
-           "tensor_parallel", "data_sharded", "fsdp_outside_pipeline", "exposed_sync_time", "rank_sync_times",
+           "tensor_parallel", "data_sharded", "fsdp_outside_pipeline", "scatter_in_backward",
+           "exposed_sync_time", "rank_sync_times",
            "ExpertTable", "expert_parallel", "sp_offered", "check_expert_zero",
            "AttentionShape", "ContextTable", "attention_shape", "causal_share", "check_sequence", "context_parallel",
            "allreduce_times", "sync_time", "stage_speeds", "stage_costs",

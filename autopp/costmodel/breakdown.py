@@ -37,7 +37,9 @@ def time_breakdown(a: UnitArrays, costs: Sequence[StageCost], bounds: Sequence[t
         back = cost.backward_input_s + cost.backward_weight_s if splits_backward or cost.backward_s is None \
             else cost.backward_s
         tp, tp_hidden = (x / sp for x in _split(a.tp_seconds, i, j))
-        zero, zero_hidden = (x / sp for x in _split(a.zero_seconds, i, j))
+        zero, zero_hidden = _split(a.zero_seconds, i, j)
+        start = min(a.start_s(i), zero_hidden)  # the first unit's scatter, hidden in the units' sums (stage_start)
+        zero, zero_hidden = (zero + start) / sp, (zero_hidden - start) / sp
         busy = cost.forward_s + back + 2 * cost.overhead_s
         m = microbatches
         stages.append(StageTime(compute_s=m * max(0.0, busy - tp - zero), tp_s=m * tp, tp_hidden_s=m * tp_hidden,

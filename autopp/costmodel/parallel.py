@@ -30,8 +30,9 @@ facts checked in docs/parallelism.md). Per unit with parameter, gradient and opt
   stage 0: P + G + O; all-reduce of G after the step's last backward (`terms.sync_time`).
   stage 1: P + P / d + G + O / d (FSDP2 without resharding after forward keeps its sharded copy beside the
            gathered one); reduce-scatter of G + all-gather of P per step.
-  stage 2: P + P / d + G / d + O / d; a reduce-scatter of the microbatch's G after each backward (charged to W);
-           all-gather of P per step. Plan-only: torch's stage cannot run it.
+  stage 2: P + P / d + G / d + O / d; a reduce-scatter of the microbatch's G after each backward (charged to W),
+           unit by unit under the stage's backward with `Overlap.fsdp_prefetch` (`scatter_in_backward`); all-gather
+           of P per step. Plan-only: torch's stage cannot run it.
   stage 3: as stage 1 at the peak (after a backward every unit of the stage stays gathered until its next forward
            resharding it), and an all-gather of P before each forward (charged to F, not to the recomputed forward,
            whose gather is the one the backward needs anyway: m + 1 per step, counted on gloo), reduce-scatter of G +
@@ -90,7 +91,8 @@ from .terms import allreduce_times, half_collective, hsdp_allreduce_time
 from .units import ExpertBytes, ProfileTable, UnitArrays
 
 __all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded", "ExpertTable",
-           "expert_parallel", "sp_offered", "check_expert_zero", "fsdp_outside_pipeline"]
+           "expert_parallel", "sp_offered", "check_expert_zero", "fsdp_outside_pipeline",
+           "scatter_in_backward"]
 
 
 def sp_offered(profile: Profile) -> bool:
@@ -243,19 +245,46 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
         dense = _shard(p - e.params, g - e.sync_weight * e.grads, o - e.optimizer - (1 - e.sync_weight) * e.grads, d,
                        zero)
         static = dense + _shard(e.params, e.grads, e.optimizer, e.replicas, zero)
-    comm = np.zeros(a.n)
+    comm = exposed = np.zeros(a.n)
     if zero.gathers_each_forward:
         gather = half_collective(reduce_time(p))
-        a, comm = replace(a, forward=a.forward + gather), comm + gather
+        a, comm, exposed = replace(a, forward=a.forward + gather), comm + gather, exposed + gather
     if zero.scatters_each_microbatch:
         scatter = half_collective(reduce_time(g))
-        a = replace(a, backward_weight=a.backward_weight + scatter, backward=a.backward + scatter)
-        comm = comm + scatter
+        a, shown = scatter_in_backward(a, scatter)
+        comm, exposed = comm + scatter, exposed + shown
     if e is not None and a.optimizer is not None:  # the step's share of the experts: over their replicas
         mine = g + (1 - e.sync_weight) * e.grads
         part = np.divide(e.grads, mine, out=np.zeros(len(mine)), where=mine > 0)
         optimizer = a.optimizer * ((1 - part) / d + part / e.replicas)
-    return replace(a, static=np.round(static), optimizer=optimizer, zero=zero, zero_seconds=(comm, comm))
+    return replace(a, static=np.round(static), optimizer=optimizer, zero=zero, zero_seconds=(comm, exposed))
+
+
+def scatter_in_backward(a: UnitArrays, scatter: np.ndarray) -> tuple[UnitArrays, np.ndarray]:
+    """`a` with ZeRO 2's reduce-scatter of each unit's gradients after every microbatch's backward (`scatter`, per
+    unit) charged to W and B, and the part of it on the critical path per unit.
+
+    With `a.overlap.fsdp_prefetch`, FSDP's per-module reduce-scatter: FSDP2 (`fully_shard` on each unit, torch docs
+    "torch.distributed.fsdp.fully_shard") issues a module's reduce-scatter on its own stream as soon as that module's
+    backward has produced its gradients (its post-backward hook), beside the backward of the modules before it, as
+    `fsdp_outside_pipeline` costs it at pp 1 (torchtitan docs/fsdp.md; Llama 3, arXiv:2407.21783, s.3.3.2: FSDP
+    sharding "optimizer states and gradients" inside each pipeline stage). Inside a stage a microbatch's backward runs
+    its units in reverse, so unit u's scatter hides under unit u - 1's backward H_{u-1} (the cheaper of B and I + W,
+    as `UnitArrays.work` counts it: the same microbatch, the same stage): min(RS_u, H_{u-1}) hidden, the rest
+    exposed. The stage's first unit i finishes last: its scatter is all exposed (assumed: nothing of the rank's next
+    action, another microbatch's forward or backward, hides it). The per-unit times hide unit u's share under
+    unit u - 1 for every u > 0; a stage starting at i adds back min(RS_i, H_{i-1}) (`UnitArrays.stage_start`), so no
+    scatter hides under another stage's compute. No queueing on the one reduce-scatter stream (as at pp 1); the
+    bytes are those without the overlap (G / d; the unsharded gradients awaiting their scatter are not charged, as
+    before). Without the switch every scatter is on the critical path."""
+    exposed = scatter
+    hidden = np.zeros(a.n)
+    if a.overlap.fsdp_prefetch and a.n > 1:
+        hider = np.minimum(a.backward, a.backward_input + a.backward_weight)
+        hidden[1:] = np.minimum(scatter[1:], hider[:-1])
+        exposed = scatter - hidden
+    return replace(a, backward_weight=a.backward_weight + exposed, backward=a.backward + exposed,
+                   stage_start=hidden if hidden.any() else None), exposed
 
 
 def _shard(p: np.ndarray, g: np.ndarray, o: np.ndarray, d: int, zero: ZeroStage) -> np.ndarray:

@@ -26,17 +26,19 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
     """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input;
     `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none); the
     expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`) as the communication an overlapping schedule
-    hides. Like torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward. The
+    hides; a stage's `UnitArrays.start_s` in B and W. Like torch's first stage, stage 0 has no input-gradient pass:
+    its I is 0 and its W one full backward. The
     activation policies' own figures: summed over the units from the profile's columns, from the units' arrays
     (`from_units`), or, with the devices' host
     link (`host_bandwidth`, bytes/s per direction; `Cluster.host_bandwidth`), derived from the stages (`derive`)."""
     out = []
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
-        full = float(a.backward[i:j].sum()) / sp
+        start = a.start_s(i) / sp  # what a stage starting at i adds (ZeRO 2's overlapped scatters)
+        full = float(a.backward[i:j].sum()) / sp + start
         comm = 0.0 if a.ep_time is None else float(a.ep_time[i:j].sum()) / sp
         out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
                              backward_input_s=0.0 if s == 0 else float(a.backward_input[i:j].sum()) / sp,
-                             backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp,
+                             backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp + start,
                              backward_s=full,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
                              input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0,

@@ -115,7 +115,14 @@ class UnitArrays:
     path (all of it unless async TP hides some), already in the times: the plan's time breakdown reads them."""
     zero_seconds: tuple[np.ndarray, np.ndarray] | None = None
     """Per unit, one microbatch's ZeRO collective seconds inside F and B (stage 3's gathers, stage 2's scatters,
-    FSDP2's at pp 1) and the part of them on the critical path, already in the times."""
+    FSDP2's at pp 1) and the part of them on the critical path, already in the times (stage 2's overlapped
+    scatters: a stage's exposed part is its units' plus `stage_start` at its first unit)."""
+    stage_start: np.ndarray | None = None
+    """Per unit i, the backward seconds a stage whose first unit is i adds beyond its units' sums (None: 0 each):
+    what the per-unit times assume unit i - 1's backward hides, which is in another stage then (ZeRO 2's overlapped
+    reduce-scatter, `autopp.costmodel.parallel.scatter_in_backward`); 0 for unit 0, and never more than unit i - 1's
+    `work`, so a stage's time grows with the stage (`starts`). Every stage time from these arrays adds it:
+    `stage_costs` (the simulator's), the split's DP and CP-SAT, the breakdown's exposed ZeRO seconds."""
     cp_ring: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
     """Per unit, one microbatch's context-parallel ring (None: cp 1; `autopp.costmodel.context.ContextTable`): a
     rank's K/V shard bytes per layer, its attention layers, and one ring step's attention compute per layer in the
@@ -128,6 +135,18 @@ class UnitArrays:
     @property
     def n(self) -> int:
         return len(self.forward)
+
+    def start_s(self, i: int) -> float:
+        """`stage_start` of a stage whose first unit is i (0 without it)."""
+        return 0.0 if self.stage_start is None or i >= self.n else float(self.stage_start[i])
+
+    def starts(self, values: np.ndarray) -> np.ndarray:
+        """Prefix sums of per-unit times `values` as a stage's start sees them: s[i] = prefix[i] - `start_s(i)`, so
+        a stage [i, j) takes prefix(values)[j] - s[i] (non-decreasing in i when `values` hold each unit's work)."""
+        p = self.prefix(values)
+        if self.stage_start is not None:
+            p[:-1] -= self.stage_start
+        return p
 
     def prefix(self, values: np.ndarray) -> np.ndarray:
         """Prefix sums with a leading 0: sum over units [i, j) is p[j] - p[i]."""

@@ -5,10 +5,13 @@ Each switch is an assumption about the trainer that runs the plan, with its sour
   module computes, in the forward and (in reverse order) in the backward, and runs each module's gradient
   reduce-scatter beside the next module's backward (torch docs, "torch.distributed.fsdp.fully_shard": implicit
   prefetching with `reshard_after_forward`; torchtitan docs/fsdp.md: "FSDP2 ... overlaps communication with
-  computation" and explicit prefetching, `set_modules_to_forward_prefetch`). autopp costs it only where FSDP2 runs
-  outside a pipeline (pp 1, a ZeRO stage that reshards after forward; `autopp.costmodel.parallel`): under
-  torch.distributed.pipelining the stage keeps parameters gathered and gradients unsharded until the last
-  microbatch, so there is nothing per layer to overlap.
+  computation" and explicit prefetching, `set_modules_to_forward_prefetch`). autopp costs it where FSDP2 runs
+  outside a pipeline (pp 1, a ZeRO stage that reshards after forward; `autopp.costmodel.parallel`) and for ZeRO 2's
+  reduce-scatter after every microbatch inside a pipeline stage (pp > 1; plan-only, as Meta's FSDP ran it for
+  Llama 3, arXiv:2407.21783 s.3.3.2): each unit's scatter under the backward of the unit before it in the same
+  stage, the stage's first unit's exposed (`autopp.costmodel.parallel.scatter_in_backward`). Under
+  torch.distributed.pipelining's ZeRO 1 and 3 the stage keeps parameters gathered and gradients unsharded until
+  the last microbatch, so there is nothing per layer to overlap.
 - `grad_reduce`: the data-parallel gradient reduction (all-reduce, or ZeRO's reduce-scatter) runs bucket by bucket
   while the step's last backward still computes (torch DDP's bucketed all-reduce, FSDP2's per-module
   reduce-scatter, Megatron-LM's `--overlap-grad-reduce`); what exceeds the rank's last backward is exposed
@@ -34,7 +37,8 @@ class Overlap:
     """The collectives hidden under compute (module docstring); each False: on the critical path."""
 
     fsdp_prefetch: bool = True
-    """FSDP2's per-module all-gathers and reduce-scatters under the neighbouring modules' compute (pp 1)."""
+    """FSDP2's per-module all-gathers and reduce-scatters under the neighbouring modules' compute (pp 1), and ZeRO
+    2's per-microbatch reduce-scatters under the stage's backward (pp > 1)."""
     grad_reduce: bool = True
     """The data-parallel gradient reduction under the step's last backward."""
     async_tp: bool = False

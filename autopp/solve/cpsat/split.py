@@ -1,7 +1,8 @@
 """OR-Tools CP-SAT model of the contiguous split on heterogeneous devices (speeds, memories, links differ).
 
 Same objective as dp.py: sum_s (T_s + 2 c_s) + (m - 1) max_s T_s, T_s = work of stage s / speed of device s, in
-integer time units of `resolution` seconds; memory of stage s = static + inflight[s] x activations + the largest
+integer time units of `resolution` seconds (what a stage adds at its first unit, `UnitArrays.stage_start`,
+included); memory of stage s = static + inflight[s] x activations + the largest
 transient of its units (`stage_transient`) <= its budget.
 Layout: Data -> Model -> Variables -> Constraints -> Objective -> Solve -> Report.
 """
@@ -17,7 +18,7 @@ from ...costmodel import UnitArrays, transfer_time, unit_memory
 from ...errors import InfeasibleError
 from ..partition.dp import Bounds, PipeSpec
 
-__all__ = ["CpSatResult", "solve_cpsat", "contiguous_split", "stage_transient_var"]
+__all__ = ["CpSatResult", "solve_cpsat", "contiguous_split", "stage_transient_var", "start_load"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     t_max = model.new_int_var(0, horizon, "Tmax")
     # Stage time: scaled by the device speed (rounded up so the integer model never flatters a stage).
     for k in range(s_count):
-        model.add(stage_t[k] * int(round(speed[k] * 1000)) >= sum(int(work[u]) * 1000 * x[u, k] for u in range(n)))
+        load = sum(int(work[u]) * 1000 * x[u, k] for u in range(n)) + 1000 * start_load(a, end, k, resolution)
+        model.add(stage_t[k] * int(round(speed[k] * 1000)) >= load)
         model.add(t_max >= stage_t[k])
     # Memory: each stage within its device's budget.
     if spec.memory:
@@ -87,6 +89,15 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
 
 
 Assign = dict[tuple[int, int], cp_model.IntVar]
+
+
+def start_load(a: UnitArrays, end: Assign, k: int, resolution: float) -> cp_model.LinearExpr | int:
+    """What stage k adds at its first unit (`UnitArrays.stage_start`, in units of `resolution`), from the boundary
+    where stage k - 1 ends: 0 for stage 0 and without it."""
+    if a.stage_start is None or k == 0:
+        return 0
+    start = np.round(a.stage_start / resolution).astype(np.int64)
+    return sum(int(start[j]) * end[j, k - 1] for j in range(1, a.n) if start[j])
 
 
 def stage_transient_var(model: cp_model.CpModel, x: Assign, a: UnitArrays, k: int) -> cp_model.IntVar | int:

@@ -10,7 +10,8 @@ bottleneck is one of the candidates. Speed-ups (results unchanged):
      stage), so each DP layer is a range minimum, vectorised with a sparse table: O(S n log n) numpy work per t.
   2. t starts at the min-max bottleneck (binary search with a reachability DP) and stops once
      g(inf) + (m - 1) t >= the best objective found, since g(t) >= g(inf).
-Every cost comes from the cost model (autopp.costmodel): per-unit work (`UnitArrays.work`), a stage's memory
+Every cost comes from the cost model (autopp.costmodel): per-unit work (`UnitArrays.work`, and what a stage adds
+at its first unit, `UnitArrays.starts`: non-decreasing, so the feasible starts stay an interval), a stage's memory
 (`memory_prefix`: static bytes + the activation bytes its policy charges for its in-flight count from the
 schedule's order (`ActivationPolicy.unit_bytes`), + `stage_transient`, its units' largest working memory), and
 the send time of each cut (`send_times`), under a per-stage budget.
@@ -81,6 +82,7 @@ class _Tables:
     """Per-stage vectors over unit boundaries 0..n derived from a PipeSpec."""
 
     work: np.ndarray  # prefix sums of per-unit work
+    start: np.ndarray  # as a stage's start sees them (`UnitArrays.starts`): T of [i, j) = work[j] - start[i]
     speed: list[float]
     mem: list[np.ndarray]  # prefix sums of per-unit memory at each stage
     budget: list[float]
@@ -93,14 +95,17 @@ class _Tables:
 
 def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> _Tables:
     s = spec.num_stages
-    work = a.prefix(values if values is not None else a.work(spec.activation))
+    unit = values if values is not None else a.work(spec.activation)
+    work = a.prefix(unit)
+    # non-decreasing (UnitArrays.stage_start); the running max only irons out rounding
+    start = work if values is not None else np.maximum.accumulate(a.starts(unit))
     inflight = spec.inflight or (1,) * s
     mem = [memory_prefix(a, inflight[k], spec.activation) for k in range(s)]
     comm = [send_times(a, lk) for lk in spec.links or (None,) * (s - 1)]
     comm.append(send_times(a, None))  # the last stage sends nothing
     uncut = np.array(sorted({b for b in spec.uncut if 0 < b < a.n}), dtype=np.int64)
-    tb = _Tables(work, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm, spec.microbatches,
-                 uncut)
+    tb = _Tables(work, start, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm,
+                 spec.microbatches, uncut)
     transient = a.transient_bytes()
     tb.transient = _max_table(transient) if transient.any() else None
     _set_budgets(tb, tb.budget)
@@ -154,7 +159,7 @@ def _left(tb: _Tables, k: int, t: float) -> np.ndarray:
     """L[j] for j = 0..n: the first start i with stage time and memory of [i, j) within t and budget."""
     slack = t * tb.speed[k]
     slack = slack * (1 + 1e-12) + 1e-15 if np.isfinite(slack) else slack
-    lo = np.searchsorted(tb.work, tb.work - slack, side="left") if np.isfinite(slack) \
+    lo = np.searchsorted(tb.start, tb.work - slack, side="left") if np.isfinite(slack) \
         else np.zeros(len(tb.work), np.int64)
     mem = tb.mem_left[k]
     return lo if mem is None else np.maximum(lo, mem)
@@ -186,8 +191,8 @@ def _additive(tb: _Tables, t: float) -> tuple[float, list[np.ndarray], list[np.n
     prev[0] = 0.0
     shifted, lefts = [], []
     for k in range(len(tb.speed)):
-        # Stage k covers [i, j): T = (work[j] - work[i]) / speed, so the best i minimises prev[i] - work[i] / speed.
-        arr = prev - tb.work / tb.speed[k]
+        # Stage k covers [i, j): T = (work[j] - start[i]) / speed, so the best i minimises prev[i] - start[i] / speed.
+        arr = prev - tb.start / tb.speed[k]
         lo = _left(tb, k, t)
         prev = tb.work / tb.speed[k] + 2 * tb.comm[k] + _range_min(arr, lo)
         prev[tb.uncut] = INF
@@ -221,9 +226,9 @@ def _reachable(tb: _Tables, t: float) -> bool:
 
 
 def _candidates(tb: _Tables) -> np.ndarray:
-    """Every possible stage time: (work[j] - work[i]) / speed, ascending."""
+    """Every possible stage time: (work[j] - start[i]) / speed, ascending."""
     w = tb.work
-    diffs = (w[None, :] - w[:, None])[np.triu_indices(len(w), 1)]
+    diffs = (w[None, :] - tb.start[:, None])[np.triu_indices(len(w), 1)]
     return np.unique(np.concatenate([diffs / sp for sp in sorted(set(tb.speed))]))
 
 
@@ -312,7 +317,7 @@ def pipeline_bounds(a: UnitArrays, spec: PipeSpec, memo: DpMemo | None = None) -
 def pipeline_objective(a: UnitArrays, spec: PipeSpec, bounds: Sequence[tuple[int, int]]) -> float:
     """sum_s (T_s + 2 c_s) + (m - 1) max_s T_s of `bounds` (the DP's objective, for checks and baselines)."""
     tb = _tables(a, spec)
-    times = [(tb.work[j] - tb.work[i]) / tb.speed[k] for k, (i, j) in enumerate(bounds)]
+    times = [(tb.work[j] - tb.start[i]) / tb.speed[k] for k, (i, j) in enumerate(bounds)]
     comm = sum(tb.comm[k][j] for k, (_, j) in enumerate(bounds))
     return float(sum(times) + 2 * comm + (tb.m - 1) * max(times))
 
