@@ -27,15 +27,19 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
     `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none); the
     expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`) as the communication an overlapping schedule
     hides. Like torch's first stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward. The
-    activation policies' own figures: summed over the units from the profile's columns, from the units' arrays
-    (`from_units`), or, with the devices' host
+    pipelining runtime's own time per action (`UnitArrays.runtime_forward_s` / `runtime_backward_s`, measured once
+    per profile: autopp.measure.runtime) is added once to every stage's F and to its B, and to its I where the
+    backward splits (stage 0: to its W), however many units the stage has: host time, not scaled by the device's
+    speed. The activation policies' own figures: summed over the units from the profile's columns, from the units'
+    arrays (`from_units`), or, with the devices' host
     link (`host_bandwidth`, bytes/s per direction; `Cluster.host_bandwidth`), derived from the stages (`derive`)."""
     out = []
+    rf, rb = a.runtime_forward_s, a.runtime_backward_s
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
-        full = float(a.backward[i:j].sum()) / sp
+        full = float(a.backward[i:j].sum()) / sp + rb
         comm = 0.0 if a.ep_time is None else float(a.ep_time[i:j].sum()) / sp
-        out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
-                             backward_input_s=0.0 if s == 0 else float(a.backward_input[i:j].sum()) / sp,
+        out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp + rf,
+                             backward_input_s=0.0 if s == 0 else float(a.backward_input[i:j].sum()) / sp + rb,
                              backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp,
                              backward_s=full,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
