@@ -20,9 +20,10 @@ thread's CPU clock (time.thread_time: the time the code computed, without the ti
 - `idle`: `bare` with a sleep of --idle-ms before each action, as a rank waits for its neighbour.
 
 It prints per split, stage and way the median F and B in context against the plan's (the profile's per-unit sums,
-plus the profile's runtime cost per action when it has one; `--no-runtime-cost` plans without it, as before the
-profile carried it), and the step re-simulated with the in-context times (the plan's links and schedule) next to the
-predicted step; then the gains over autopp's split both ways. What is absent: the other rank's process (one
+plus the profile's runtime cost per action when it has one; its resume cost after a wait is in the predicted step;
+`--no-runtime-cost` plans without both, as before the profile carried them), and the step re-simulated with the
+in-context times (the plan's links and schedule, no resume cost) next to the predicted step; then the gains over
+autopp's split both ways. What is absent: the other rank's process (one
 co-runner slowed gpt's head 5-7 % and a block not measurably on the CPU clock, docs/splits.md) and the messages.
 
     .venv/bin/python scripts/bench_stage_context.py                  # gpt, 3 splits, 10 rounds: ~1 min
@@ -240,8 +241,9 @@ def resimulated(plan: Plan, times: list[tuple[float, float]]) -> float:
 
 
 def without_runtime_cost(profile: Profile) -> Profile:
-    """`profile` with no runtime cost per action (as profiles were before they carried one)."""
-    meta = dataclasses.replace(profile.meta, runtime_forward_s=0.0, runtime_backward_s=0.0)
+    """`profile` without the runtime's time per action and the resume cost (as profiles were before they carried
+    them)."""
+    meta = dataclasses.replace(profile.meta, runtime_forward_s=0.0, runtime_backward_s=0.0, resume_s=0.0)
     return dataclasses.replace(profile, meta=meta)
 
 
@@ -289,7 +291,8 @@ def _report(args: argparse.Namespace, profile: Profile, mf: ModelFile, names: li
     """Time every plan's stages in every way and print the table and the gains (the module docstring)."""
     print(f"{args.model}, 2 ranks, {args.rounds} rounds, {'wall' if args.wall else 'CPU'} clock, load average "
           f"{os.getloadavg()[0]:.2f}; the plans' runtime cost per action (autopp.measure.runtime) F "
-          f"{1e3 * profile.meta.runtime_forward_s:.3f} ms, B {1e3 * profile.meta.runtime_backward_s:.3f} ms")
+          f"{1e3 * profile.meta.runtime_forward_s:.3f} ms, B {1e3 * profile.meta.runtime_backward_s:.3f} ms (in the "
+          f"plan's F and B), resume {1e3 * profile.meta.resume_s:.3f} ms (in the predicted step, after waits)")
     print("| split | stage | units | way | F in context / plan ms | B in context / plan ms | F+B ratio | "
           "bookkeeping F / B ms | step predicted | step re-simulated in context |\n|---|---|---|---|---|---|---|---|"
           "---|---|")

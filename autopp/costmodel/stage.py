@@ -30,8 +30,9 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
     pipelining runtime's own time per action (`UnitArrays.runtime_forward_s` / `runtime_backward_s`, measured once
     per profile: autopp.measure.runtime) is added once to every stage's F and to its B, and to its I where the
     backward splits (stage 0: to its W), however many units the stage has: host time, not scaled by the device's
-    speed. The activation policies' own figures: summed over the units from the profile's columns, from the units'
-    arrays (`from_units`), or, with the devices' host
+    speed; so is the extra time of an action that starts after its rank waited (`UnitArrays.resume_s`, which the
+    simulator adds to such actions only). The activation policies' own figures: summed over the units from the
+    profile's columns, from the units' arrays (`from_units`), or, with the devices' host
     link (`host_bandwidth`, bytes/s per direction; `Cluster.host_bandwidth`), derived from the stages (`derive`)."""
     out = []
     rf, rb = a.runtime_forward_s, a.runtime_backward_s
@@ -47,7 +48,7 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              transient_bytes=stage_transient(a, i, j),
                              own=(*((p, Figures(int(kept[i:j].sum()), float(redo[i:j].sum()) / sp))
                                     for p, (kept, redo) in a.own.items()), *_from_units(a, i, j, sp)),
-                             forward_comm_s=comm, backward_comm_s=comm))
+                             forward_comm_s=comm, backward_comm_s=comm, resume_s=a.resume_s))
     derived = [p for p in POLICIES.values() if p.derive is not None] if host_bandwidth > 0 else []
     return [replace(c, own=c.own + tuple((p.name, p.derive(out, s, host_bandwidth)) for p in derived if p.derive))
             for s, c in enumerate(out)] if derived else out

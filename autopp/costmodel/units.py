@@ -121,6 +121,9 @@ class UnitArrays:
     many units it has (the profile's `runtime_forward_s`; `autopp.costmodel.stage.stage_costs` adds it)."""
     runtime_backward_s: float = 0.0
     """The same in each backward action (the profile's `runtime_backward_s`)."""
+    resume_s: float = 0.0
+    """Not per unit: the extra time of an action that starts after its rank waited (the profile's `resume_s`;
+    `StageCost.resume_s`)."""
     cp_ring: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
     """Per unit, one microbatch's context-parallel ring (None: cp 1; `autopp.costmodel.context.ContextTable`): a
     rank's K/V shard bytes per layer, its attention layers, and one ring step's attention compute per layer in the
@@ -177,7 +180,7 @@ class ProfileTable:
         total = float(whole.sum()) - copies
         self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
         self.transient = _transients(profile, base, self.sizes)
-        self.runtime = (profile.meta.runtime_forward_s, profile.meta.runtime_backward_s)
+        self.runtime = (profile.meta.runtime_forward_s, profile.meta.runtime_backward_s, profile.meta.resume_s)
 
     def _at(self, values: np.ndarray, x: float) -> np.ndarray:
         """The profile's interpolation (profile._interp) of every row of `values` (columns = profiled sizes)."""
@@ -203,7 +206,8 @@ class ProfileTable:
                for p in FIGURED for c in [policy(p).columns] if c and all(x in self.cols for x in c)}
         return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
                        optimizer=self.optimizer, transient=transient, tp_comm=comm, own=own,
-                       runtime_forward_s=self.runtime[0], runtime_backward_s=self.runtime[1])
+                       runtime_forward_s=self.runtime[0], runtime_backward_s=self.runtime[1],
+                       resume_s=self.runtime[2])
 
 
     def _comm(self, column: str, b: float) -> np.ndarray:

@@ -102,8 +102,9 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
     (`source` "shared", `same_as`) unless `measure_every_unit`. With `options.tp_degrees` (each >= 2), the profile
     gets tp.csv rows too (autopp.measure.tp_rows): per degree, tensor-parallel rank 0's local shard measured like
     the units, and each unit's TP collectives counted; the model needs a TP plan (autopp.model.tp). On CPU,
-    torch's pipelining runtime's own time per F and B action is measured once (autopp.measure.runtime) into the
-    meta's `runtime_forward_s` and `runtime_backward_s`, which the cost model adds to every stage's actions."""
+    torch's pipelining runtime's own time per F and B action and the extra time of an action after a wait are
+    measured once (autopp.measure.runtime) into the meta's `runtime_forward_s`, `runtime_backward_s` and
+    `resume_s`, which the cost model adds to every stage's actions (the last: to those that follow a wait)."""
     _check_device(measuring.device)
     torch.set_num_threads(measuring.threads)
     allocator = keep_freed_memory()
@@ -150,7 +151,7 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
         time_budget_s=measuring.time_budget_s, whole_model=tuple(found.whole), optimizer_step_s=found.optimizer_step_s,
         co_runners=measuring.co_runners, live_values=tuple(_live_meta(found.live, found.value_bytes)),
         runtime_forward_s=runtime.forward_s if runtime else 0.0,
-        runtime_backward_s=runtime.backward_s if runtime else 0.0,
+        runtime_backward_s=runtime.backward_s if runtime else 0.0, resume_s=runtime.resume_s if runtime else 0.0,
         tied_parameters=tuple(tied_groups(meta.model, [u.modules for u in units])), **tp_meta(tp))
     return Profile(meta_info, found.table(units), pd.DataFrame(found.edges, columns=list(EDGE_COLUMNS)), tp_units)
 

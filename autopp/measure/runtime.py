@@ -1,19 +1,31 @@
-"""torch's pipelining runtime's own time per action, which a unit timed alone does not have: what `forward_one_chunk`
-(with the last stage's loss call after it) and `backward_one_chunk` spend around a stage's compute.
+"""What a stage's actions cost in a run beyond its units' profiled times: torch's pipelining runtime's own time per
+action, and the extra time of an action that starts after its rank waited.
+
+The runtime's time: what `forward_one_chunk` (with the last stage's loss call after it) and `backward_one_chunk`
+spend around a stage's compute.
 
 A run times each action as torch's schedules call it (autopp.run.instrument), so every F and B of a stage carries
 this bookkeeping once, however short the stage: flattening and caching the inputs and outputs, the debug-info
-formatting, the loss call through the schedule, collecting the input gradients, detaching the outputs. It weighs
-most on short stages: examples/resnet.py's last residual block with the classifier ran at 1.4x its profiled F + B
-in the runs of docs/splits.md (issue 29), a stage of 8 blocks at 1.0-1.1x. It is measured once per profile on a
-stage of almost no compute (a Linear(8, 8)), in a pipeline of one rank (gloo): the median action under torch's
-Schedule1F1B against the median of the same forward, loss and backward called directly. Cf. the per-message overhead between actions, which the
-link carries (`Link.overhead_s`, docs/accuracy.md): that one is outside the actions, this one inside.
+formatting, the loss call through the schedule, collecting the input gradients, detaching the outputs: 35-130 us
+per action on examples/resnet.py's stages in context (scripts/bench_stage_context.py --ways runtime), which weighs
+most on short stages. It is measured once per profile on a stage of almost no compute (a Linear(8, 8)), in a
+pipeline of one rank (gloo): the median action under torch's Schedule1F1B against the median of the same forward,
+loss and backward called directly. Cf. the per-message overhead between actions, which the link carries
+(`Link.overhead_s`, docs/accuracy.md): that one is outside the actions, this one inside.
+
+The resume cost: an action that starts after its rank idled (blocked in a receive, its core asleep) runs slower
+than one right after another: the core wakes up and refills its caches. The profile times units back to back, so
+its times are the hot ones; a short stage beside a long one waits before nearly every forward. Measured on the
+development machine (2-core VM, CPU clock) after sleeps of 0.5-5 ms: +90-190 us per action whether the action
+computes 60 us (a Linear(8, 8)) or 2 ms (six 16-channel convolutions), so it is a cost per action, measured here
+on the same Linear after sleeps of RESUME_WAIT_S (scripts/bench_stage_context.py --ways idle shows it on a model's
+own stages). The simulator adds it to actions that start after a wait (`StageCost.resume_s`).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -25,10 +37,12 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from .timing import Budget, Timer
 
-__all__ = ["RuntimeCost", "runtime_cost", "MICROBATCHES"]
+__all__ = ["RuntimeCost", "runtime_cost", "MICROBATCHES", "RESUME_WAIT_S"]
 
 MICROBATCHES = 4
 """Microbatches per timed step of the one-rank pipeline."""
+RESUME_WAIT_S = 2e-3
+"""How long the rank sleeps before each resumed action: about one wait of a 2-rank CPU pipeline step here."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,8 @@ class RuntimeCost:
 
     forward_s: float
     backward_s: float
+    resume_s: float = 0.0
+    """Extra time of an action after a wait of RESUME_WAIT_S, against the same action right after another."""
 
 
 def runtime_cost(timer: Timer, budget: Budget) -> RuntimeCost | None:
@@ -54,8 +70,14 @@ def runtime_cost(timer: Timer, budget: Budget) -> RuntimeCost | None:
                               output_args=(module(example).detach(),))
         actions = _actions(stage, timer, batch, budget)
         bare = _bare(module, batch, timer, budget)
-    return RuntimeCost(forward_s=max(0.0, statistics.median(actions[0]) - statistics.median(bare[0])),
-                       backward_s=max(0.0, statistics.median(actions[1]) - statistics.median(bare[1])))
+    hot, resumed = _resumed(module, batch, timer, budget)
+    return RuntimeCost(forward_s=_excess(actions[0], bare[0]), backward_s=_excess(actions[1], bare[1]),
+                       resume_s=_excess(resumed, hot))
+
+
+def _excess(slow: list[float], fast: list[float]) -> float:
+    """Median of `slow` - median of `fast`, at least 0."""
+    return max(0.0, statistics.median(slow) - statistics.median(fast))
 
 
 def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -105,6 +127,24 @@ def _bare(module: nn.Module, batch: torch.Tensor, timer: Timer, budget: Budget) 
             if run:
                 times[0].append(f)
                 times[1].append(b)
+        module.zero_grad(set_to_none=True)
+    return times
+
+
+def _resumed(module: nn.Module, batch: torch.Tensor, timer: Timer, budget: Budget
+             ) -> tuple[list[float], list[float]]:
+    """A forward, loss and backward right after another, and the same after a sleep of RESUME_WAIT_S, MICROBATCHES
+    of each per run of `budget`."""
+    times: tuple[list[float], list[float]] = ([], [])
+    target = torch.zeros(1, 8)
+    for run in budget.runs():
+        for chunk in batch.tensor_split(MICROBATCHES):
+            for after in (0, 1):
+                if after:
+                    time.sleep(RESUME_WAIT_S)
+                _, t = timer.time(lambda: _loss(module(chunk), target).backward())
+                if run:
+                    times[after].append(t)
         module.zero_grad(set_to_none=True)
     return times
 

@@ -75,10 +75,11 @@ def test_optimizer_step_shared_by_trainable_bytes_counting_tied_copies_once() ->
 def test_the_profiles_runtime_cost_per_action_reaches_the_arrays_unscaled_by_the_microbatch() -> None:
     plain = tiny_profile()
     assert (unit_arrays(plain, 2).runtime_forward_s, unit_arrays(plain, 2).runtime_backward_s) == (0.0, 0.0)
-    costly = Profile(replace(plain.meta, runtime_forward_s=0.1, runtime_backward_s=0.2), plain.units, plain.edges)
+    costly = Profile(replace(plain.meta, runtime_forward_s=0.1, runtime_backward_s=0.2, resume_s=0.3), plain.units,
+                     plain.edges)
     for b in (1, 2, 5):
         a = unit_arrays(costly, b)
-        assert (a.runtime_forward_s, a.runtime_backward_s) == (0.1, 0.2)
+        assert (a.runtime_forward_s, a.runtime_backward_s, a.resume_s) == (0.1, 0.2, 0.3)
         assert list(a.forward) == list(unit_arrays(plain, b).forward)  # the units' own times stay as profiled
 
 
