@@ -21,7 +21,8 @@ def plan_stage_costs(plan: Plan) -> list[StageCost]:
                              backward_s=None if s.backward_weight_s is None else s.backward_s,
                              static_bytes=s.static_bytes, activation_bytes=s.activation_bytes,
                              input_bytes=s.input_bytes, overhead_s=s.overhead_s, transient_bytes=s.transient_bytes,
-                             own=s.own, forward_comm_s=s.comm_s, backward_comm_s=s.comm_s, sync_s=s.sync_s))
+                             own=s.own, forward_comm_s=s.comm_s, backward_comm_s=s.comm_s, sync_s=s.sync_s,
+                             resume_s=s.resume_s))
     return out
 
 

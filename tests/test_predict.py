@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,23 @@ def test_simulating_the_saved_plan_gives_its_prediction(shipped: Profile, schedu
     assert result.step_time_s + pred.allreduce_s + pred.optimizer_s == pytest.approx(pred.step_time_s, rel=1e-9)
     assert pred.optimizer_s > 0
     assert tuple(result.peak_memory_bytes) == plan.predicted.peak_memory_bytes
+
+
+def test_a_plan_with_the_runtime_costs_simulates_to_its_prediction_and_writes_resume_s(shipped: Profile,
+                                                                                      tmp_path: Path) -> None:
+    # issue 29: the profile's per-action runtime time and resume cost (autopp.measure.runtime) reach the plan
+    costly = replace(shipped, meta=replace(shipped.meta, runtime_forward_s=1e-4, runtime_backward_s=1e-4,
+                                           resume_s=2e-3))
+    request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=8,
+                          schedule=ScheduleName.ONE_F_ONE_B, num_microbatches=4)
+    path = make_plan(costly, request).save(tmp_path / "p.json")
+    plan, plain = load_plan(path), make_plan(shipped, request)
+    assert all(s.resume_s == 2e-3 for s in plan.stages) and '"resume_s": 0.002' in path.read_text()
+    pred = plan.predicted
+    assert simulate_plan(plan).step_time_s + pred.allreduce_s + pred.optimizer_s == pytest.approx(pred.step_time_s,
+                                                                                                   rel=1e-9)
+    assert pred.step_time_s > plain.predicted.step_time_s  # every candidate's actions only grew
+    assert all("resume_s" not in s for s in plain.to_json()["stages"])  # 0: not written (golden plans unchanged)
 
 
 def test_synthesized_plan_is_custom_and_faster(shipped: Profile) -> None:

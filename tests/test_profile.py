@@ -51,6 +51,19 @@ def test_damaged_profiles_are_rejected(gpt_profile: Profile, tmp_path: Path, edi
         load_profile(_damage(tmp_path / "src", tmp_path / "bad", edit))
 
 
+def test_the_runtime_cost_per_action_round_trips_and_is_0_in_profiles_before_it(tmp_path: Path) -> None:
+    shipped = load_profile(SHIPPED / "gpt")
+    assert (shipped.meta.runtime_forward_s, shipped.meta.runtime_backward_s) == (0.0, 0.0)
+    costly = replace(shipped, meta=replace(shipped.meta, runtime_forward_s=1e-4, runtime_backward_s=2e-4))
+    costly.save(tmp_path / "p")
+    back = load_profile(tmp_path / "p")
+    assert (back.meta.runtime_forward_s, back.meta.runtime_backward_s) == (1e-4, 2e-4)
+    meta = json.loads((tmp_path / "p" / "meta.json").read_text())
+    (tmp_path / "p" / "meta.json").write_text(json.dumps({**meta, "runtime_backward_s": "fast"}))
+    with pytest.raises(ProfileError, match="runtime_backward_s"):
+        load_profile(tmp_path / "p")
+
+
 def test_foreign_fingerprint_rejected(gpt_profile: Profile, tmp_path: Path) -> None:
     gpt_profile.save(tmp_path / "p")
     with pytest.raises(ProfileError, match="does not match the model"):

@@ -222,6 +222,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         unit = time_unit((whole["units_s"], whole["whole_s"]))
         print(f"microbatch {whole['microbatch_size']}: units sum to {format_in(whole['units_s'], unit)}, one "
               f"whole-model step takes {format_in(whole['whole_s'], unit)} (gap {whole['gap']:+.1%})")
+    meta = profile.meta
+    if meta.runtime_forward_s or meta.runtime_backward_s:
+        unit = time_unit((meta.runtime_forward_s, meta.runtime_backward_s))
+        print(f"torch's pipelining runtime per action: F {format_in(meta.runtime_forward_s, unit)}, B "
+              f"{format_in(meta.runtime_backward_s, unit)} (added once to each action of every stage); an action "
+              f"after a wait: {format_in(meta.resume_s, time_unit((meta.resume_s,)))} more")
     from ..data.profile import ValueAction
     relayed = [v for v in profile.meta.live_values if v.action is not ValueAction.SEND]
     for v in relayed:

@@ -26,18 +26,23 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
     """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input;
     `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none); the
     expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`) as the communication an overlapping schedule
-    hides; a stage's `UnitArrays.start_s` in B and W. Like torch's first stage, stage 0 has no input-gradient pass:
-    its I is 0 and its W one full backward. The
-    activation policies' own figures: summed over the units from the profile's columns, from the units' arrays
-    (`from_units`), or, with the devices' host
+    hides; a stage's `UnitArrays.start_s` in B and W. Like torch's first stage, stage 0 has no input-gradient
+    pass: its I is 0 and its W one full backward. The
+    pipelining runtime's own time per action (`UnitArrays.runtime_forward_s` / `runtime_backward_s`, measured once
+    per profile: autopp.measure.runtime) is added once to every stage's F and to its B, and to its I where the
+    backward splits (stage 0: to its W), however many units the stage has: host time, not scaled by the device's
+    speed; so is the extra time of an action that starts after its rank waited (`UnitArrays.resume_s`, which the
+    simulator adds to such actions only). The activation policies' own figures: summed over the units from the
+    profile's columns, from the units' arrays (`from_units`), or, with the devices' host
     link (`host_bandwidth`, bytes/s per direction; `Cluster.host_bandwidth`), derived from the stages (`derive`)."""
     out = []
+    rf, rb = a.runtime_forward_s, a.runtime_backward_s
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
         start = a.start_s(i) / sp  # what a stage starting at i adds (ZeRO 2's overlapped scatters)
-        full = float(a.backward[i:j].sum()) / sp + start
+        full = float(a.backward[i:j].sum()) / sp + start + rb
         comm = 0.0 if a.ep_time is None else float(a.ep_time[i:j].sum()) / sp
-        out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp,
-                             backward_input_s=0.0 if s == 0 else float(a.backward_input[i:j].sum()) / sp,
+        out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp + rf,
+                             backward_input_s=0.0 if s == 0 else float(a.backward_input[i:j].sum()) / sp + rb,
                              backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp + start,
                              backward_s=full,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
@@ -45,7 +50,7 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              transient_bytes=stage_transient(a, i, j),
                              own=(*((p, Figures(int(kept[i:j].sum()), float(redo[i:j].sum()) / sp))
                                     for p, (kept, redo) in a.own.items()), *_from_units(a, i, j, sp)),
-                             forward_comm_s=comm, backward_comm_s=comm))
+                             forward_comm_s=comm, backward_comm_s=comm, resume_s=a.resume_s))
     derived = [p for p in POLICIES.values() if p.derive is not None] if host_bandwidth > 0 else []
     return [replace(c, own=c.own + tuple((p.name, p.derive(out, s, host_bandwidth)) for p in derived if p.derive))
             for s, c in enumerate(out)] if derived else out

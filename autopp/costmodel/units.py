@@ -123,6 +123,14 @@ class UnitArrays:
     reduce-scatter, `autopp.costmodel.parallel.scatter_in_backward`); 0 for unit 0, and never more than unit i - 1's
     `work`, so a stage's time grows with the stage (`starts`). Every stage time from these arrays adds it:
     `stage_costs` (the simulator's), the split's DP and CP-SAT, the breakdown's exposed ZeRO seconds."""
+    runtime_forward_s: float = 0.0
+    """Not per unit: the pipelining runtime's own time in each forward action of a stage, once per stage however
+    many units it has (the profile's `runtime_forward_s`; `autopp.costmodel.stage.stage_costs` adds it)."""
+    runtime_backward_s: float = 0.0
+    """The same in each backward action (the profile's `runtime_backward_s`)."""
+    resume_s: float = 0.0
+    """Not per unit: the extra time of an action that starts after its rank waited (the profile's `resume_s`;
+    `StageCost.resume_s`)."""
     cp_ring: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
     """Per unit, one microbatch's context-parallel ring (None: cp 1; `autopp.costmodel.context.ContextTable`): a
     rank's K/V shard bytes per layer, its attention layers, and one ring step's attention compute per layer in the
@@ -191,6 +199,7 @@ class ProfileTable:
         total = float(whole.sum()) - copies
         self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
         self.transient = _transients(profile, base, self.sizes)
+        self.runtime = (profile.meta.runtime_forward_s, profile.meta.runtime_backward_s, profile.meta.resume_s)
 
     def _at(self, values: np.ndarray, x: float) -> np.ndarray:
         """The profile's interpolation (profile._interp) of every row of `values` (columns = profiled sizes)."""
@@ -215,7 +224,9 @@ class ProfileTable:
         own = {p: (np.round(self._at(self.cols[c[0]], b)), self._at(self.cols[c[1]], b))
                for p in FIGURED for c in [policy(p).columns] if c and all(x in self.cols for x in c)}
         return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
-                       optimizer=self.optimizer, transient=transient, tp_comm=comm, own=own)
+                       optimizer=self.optimizer, transient=transient, tp_comm=comm, own=own,
+                       runtime_forward_s=self.runtime[0], runtime_backward_s=self.runtime[1],
+                       resume_s=self.runtime[2])
 
 
     def _comm(self, column: str, b: float) -> np.ndarray:

@@ -78,6 +78,7 @@ class StagePlan:
     sync_s: float = 0.0
     """The part of each backward that every rank runs at once as one collective (the vocabulary output pass, in
     backward_s and backward_input_s; `StageCost.sync_s`); 0 and not written without it."""
+    resume_s: float = 0.0  #: extra time of an action after its rank waited (`StageCost.resume_s`); 0: not written
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
@@ -292,8 +293,7 @@ class Plan:
                            for s in data["stages"])
             rest = {k: v for k, v in data.items() if k not in LAYOUT_KEYS}
             plan = Plan(**{**rest, "layout": layout_of(data), "schedule": ScheduleName(data["schedule"]),
-                           "stages": stages,
-                           "predicted": _prediction(data["predicted"]),
+                           "stages": stages, "predicted": _prediction(data["predicted"]),
                            "baselines": {k: _prediction(v) for k, v in data.get("baselines", {}).items()},
                            "notes": tuple(data.get("notes", ())),
                            "step_band_s": band,

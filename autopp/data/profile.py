@@ -107,6 +107,16 @@ class ProfileMeta:
     """One step's work on the whole model's parameters after the backward: torch's gradient scaling by the
     microbatch count, the optimizer's step and zero_grad (median; 0 in profiles that predate it). A rank takes the
     share of its parameter bytes."""
+    runtime_forward_s: float = 0.0
+    """torch's pipelining runtime's own time in each forward action of a stage, around its compute (with the last
+    stage's loss call; autopp.measure.runtime): once per F of every stage, however many units it has (0 in profiles
+    that predate it, analytic ones and GPU ones)."""
+    runtime_backward_s: float = 0.0
+    """The same in each backward action (B, or I where the backward is split)."""
+    resume_s: float = 0.0
+    """Extra time of an action that starts after its rank waited (idle) for its input, against one run back to
+    back as the units were timed (autopp.measure.runtime; `StageCost.resume_s`): 0 in profiles that predate it,
+    analytic ones and GPU ones."""
     tp_plan: dict[str, str] = field(default_factory=dict)
     """The tensor-parallel plan the TP rows were made with: module-name pattern -> style ({}: none)."""
     tp_plan_source: str = ""
@@ -143,6 +153,9 @@ def _check_meta_types(data: dict[str, Any], f: Fields) -> None:
     for name in ("unit_names", "split_points"):
         f.strings(data[name], name, noun="module names")
     f.integers(data["microbatch_sizes"], "microbatch_sizes", 1, non_empty=True)
+    for name in ("runtime_forward_s", "runtime_backward_s", "resume_s"):
+        if name in data:
+            f.number(data[name], name)
 
 
 @dataclass(frozen=True)

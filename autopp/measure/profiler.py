@@ -29,6 +29,7 @@ from .memory import PEAK_HOW
 from .options import MeasureOptions, ProfileOptions
 from .pieces import OPTIMIZER_SLICE_NUMEL, SizeResult, measure_pieces
 from .pieces import optimizer_step_s as optimizer_step_s_of
+from .runtime import runtime_cost
 from .settings import Settings
 from .tp_rows import measured_tp_rows, tp_meta, tp_setup
 
@@ -100,7 +101,10 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
     `extra.head_slice`). Units of one structure and input shapes are measured once
     (`source` "shared", `same_as`) unless `measure_every_unit`. With `options.tp_degrees` (each >= 2), the profile
     gets tp.csv rows too (autopp.measure.tp_rows): per degree, tensor-parallel rank 0's local shard measured like
-    the units, and each unit's TP collectives counted; the model needs a TP plan (autopp.model.tp)."""
+    the units, and each unit's TP collectives counted; the model needs a TP plan (autopp.model.tp). On CPU,
+    torch's pipelining runtime's own time per F and B action and the extra time of an action after a wait are
+    measured once (autopp.measure.runtime) into the meta's `runtime_forward_s`, `runtime_backward_s` and
+    `resume_s`, which the cost model adds to every stage's actions (the last: to those that follow a wait)."""
     _check_device(measuring.device)
     torch.set_num_threads(measuring.threads)
     allocator = keep_freed_memory()
@@ -126,6 +130,9 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
                                               f"(a quarter of the device's memory): not materialized whole")
         log.info("whole-model comparison skipped: %s", found.extra["whole_model_skipped"])
     _measure_sizes(mf, meta, units, settings, found, limit if fits else None)
+    runtime = runtime_cost(settings.timer, settings.budget)
+    if runtime is None:
+        found.extra["runtime_cost_skipped"] = "on a GPU, or inside a process group of several ranks"
     tp_units = measured_tp_rows(mf, meta, units, tp, settings, limit if fits else 0)
     found.extra["vocab"] = vocab_facts(mf, units[0].modules, units[-1].modules, on_meta=meta.model) \
         if fits and len(units) > 2 else {"refused": f"vocabulary parallelism needs an embedding, a body and a head "
@@ -143,6 +150,8 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
         repeats=measuring.repeats, warmup=measuring.warmup, extra=found.extra, dtype=options.dtype,
         time_budget_s=measuring.time_budget_s, whole_model=tuple(found.whole), optimizer_step_s=found.optimizer_step_s,
         co_runners=measuring.co_runners, live_values=tuple(_live_meta(found.live, found.value_bytes)),
+        runtime_forward_s=runtime.forward_s if runtime else 0.0,
+        runtime_backward_s=runtime.backward_s if runtime else 0.0, resume_s=runtime.resume_s if runtime else 0.0,
         tied_parameters=tuple(tied_groups(meta.model, [u.modules for u in units])), **tp_meta(tp))
     return Profile(meta_info, found.table(units), pd.DataFrame(found.edges, columns=list(EDGE_COLUMNS)), tp_units)
 

@@ -6,6 +6,7 @@ import statistics
 from typing import Any, Sequence
 
 from ..data.plan import Plan
+from ..predict import simulate_plan
 from ..schedule import Kind, parse_action
 from .report import RankMeasure, StageTimes, relative_error
 
@@ -43,10 +44,25 @@ def _median(values: list[float] | None) -> float | None:
     return float(statistics.median(values)) if values else None
 
 
+def _waited(plan: Plan) -> dict[tuple[int, Kind], float]:
+    """Per (stage, kind), the median over the plan's simulated actions of whether each starts after its rank waited
+    (1) or right after its rank's previous action (0): such an action takes the stage's `resume_s` more
+    (`StageCost.resume_s`). Empty when no stage has a resume cost."""
+    if not any(s.resume_s for s in plan.stages):
+        return {}
+    waited: dict[tuple[int, Kind], list[float]] = {}
+    ends: dict[int, float] = {}
+    for e in simulate_plan(plan).events:  # grouped by rank, in execution order
+        waited.setdefault((e.action.stage, e.action.kind), []).append(float(e.start_s > ends.get(e.rank, 0.0)))
+        ends[e.rank] = e.end_s
+    return {k: statistics.median(v) for k, v in waited.items()}
+
+
 def stage_times(plan: Plan, results: Sequence[dict[str, Any]]) -> tuple[StageTimes, ...]:
     """Median F, B (or I + W) per stage, with the relative error against the plan's forward_s and backward_s (a
-    sequence-chunked plan's actions are chunks: against 1/k of them)."""
-    d = _durations(results)
+    sequence-chunked plan's actions are chunks: against 1/k of them), each plus the stage's `resume_s` where the
+    median of its simulated actions starts after a wait (`_waited`)."""
+    d, waited = _durations(results), _waited(plan)
     out = []
     unit = 1 / len(plan.seq_chunks.lengths) if plan.seq_chunks else 1.0  # Seq1F1B's actions: chunks, 1/k on average
     for s in plan.stages:
@@ -56,7 +72,9 @@ def stage_times(plan: Plan, results: Sequence[dict[str, Any]]) -> tuple[StageTim
         predicted = s.backward_s
         if full is None and back is not None and s.backward_input_s is not None and s.backward_weight_s is not None:
             predicted = s.backward_input_s + s.backward_weight_s  # split passes run: compare with their prediction
-        forward, predicted = s.forward_s * unit, predicted * unit
+        resumed = waited.get((s.index, Kind.B), waited.get((s.index, Kind.I), 0.0)) * s.resume_s  # per action
+        forward = s.forward_s * unit + waited.get((s.index, Kind.F), 0.0) * s.resume_s
+        predicted = predicted * unit + resumed
         out.append(StageTimes(stage=s.index, rank=s.rank, forward_s=fwd, backward_s=back, input_s=i_s, weight_s=w_s,
                               predicted_forward_s=forward, predicted_backward_s=predicted,
                               forward_error=relative_error(fwd, forward)[1],

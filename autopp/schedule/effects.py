@@ -91,13 +91,19 @@ class StageCost:
     every rank with such a stage joins for the same microbatch (vocabulary parallelism's output pass,
     autopp.costmodel.vocab): it runs once the last rank has reached its action (forward done), before the action
     waits for its gradient; the simulator runs it on all of them at once (`simulate`)."""
+    resume_s: float = 0.0
+    """Extra time of an action that starts after its rank waited for it (idle: its input had not arrived when the
+    rank was free): the core wakes up and its caches are refilled, which back-to-back actions (and a profile's
+    units, timed back to back) do not pay. The simulator adds it to such actions only (`simulate`); a short stage
+    beside a long one waits before nearly every action (issue 29: examples/resnet.py's last block with the
+    classifier ran at 1.4x its profiled F + B)."""
 
     def figures(self, a: Activation) -> Figures:
         """Policy `a`'s own figures for this stage (`own`; zeros when it has none)."""
         return next((f for p, f in self.own if p is a), _NO_FIGURES)
 
     def __post_init__(self) -> None:
-        times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s,
+        times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s, self.resume_s,
                  0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s,
                  *(f.redo_s for _, f in self.own))
         sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes,

@@ -72,6 +72,8 @@ class SimState:
     """Ranks that join each microbatch's collective (those holding a stage with `sync`)."""
     joined: dict[int, dict[int, float]] = field(default_factory=dict)
     """Per microbatch, when each rank reached its collective (`sync`)."""
+    resume: list[float] = field(default_factory=list)
+    """Per stage, `StageCost.resume_s`, added to an action that starts after its rank waited (empty: none has one)."""
 
     def rank_of(self, stage: int, microbatch: int) -> int:
         """The rank that runs `stage` for `microbatch` (its up replica's from `mirror` on)."""
@@ -100,7 +102,8 @@ def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequ
     return SimState(order, costs, owner, activations, hop_in, hop_back, delay_in, delay_back, busy, table(), table(),
                     table(), table(), [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)],
                     mirror=math.inf if mirror is None else mirror, owner_up=mirrored(owner), sync=sync,
-                    sync_ranks=len({owner[s] for s, t in enumerate(sync) if t}))
+                    sync_ranks=len({owner[s] for s, t in enumerate(sync) if t}),
+                    resume=[c.resume_s for c in costs] if any(c.resume_s for c in costs) else [])
 
 
 def mirrored(owner: Sequence[int]) -> list[int]:

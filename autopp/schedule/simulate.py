@@ -88,7 +88,7 @@ def _advance(sim: SimState, rank: int) -> bool:
     fwd, grad, inputs, weights = sim.fwd_end, sim.grad_end, sim.input_end, sim.weight_end
     hop_in, hop_back, durations, last = sim.hop_in, sim.hop_back, sim.durations, len(sim.costs) - 1
     delay_in, delay_back, owner, owner_up, mirror = sim.delay_in, sim.delay_back, sim.owner, sim.owner_up, sim.mirror
-    sync = sim.sync
+    sync, resume = sim.sync, sim.resume
     forward, weight, backward_input, end = Kind.F, Kind.W, Kind.I, len(acts)
     while pos < end:
         a = acts[pos]
@@ -134,6 +134,7 @@ def _advance(sim: SimState, rank: int) -> bool:
             if grad_in > ready:
                 ready = grad_in
             table = grad[s]
+        waited = ready > clock
         start = clock if clock > ready else ready
         if sim.paired and pos in sim.paired[rank]:  # an overlapped F + B pair (`sim_state.hidden_s`)
             before = out[-1]
@@ -141,6 +142,8 @@ def _advance(sim: SimState, rank: int) -> bool:
             clock = start + max(0.0, durations[s][kind] - max(0.0, saved))
         else:
             clock = start + durations[s][kind]
+        if waited and resume:  # the rank idled until `ready`: the action runs cold (`StageCost.resume_s`)
+            clock += resume[s]
         if mb in table:
             raise ScheduleError(f"{a} is scheduled twice (or both B and I/W run for it)")
         table[mb] = clock
@@ -234,8 +237,10 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     ranks; B/I(s, i) needs F(s, i) and B/I(s+1, i) plus ``comm_s[s]``; W(s, i) needs I(s, i). Transfers do not
     occupy either rank and links have no contention. With ``progress_s`` (one per stage boundary, default 0) a
     message that could move while its sender computes moves when the sender's back-to-back actions end, at most
-    ``progress_s`` later (see `delivery.delivered`). A stage whose B (or I) holds a collective (`StageCost.sync_s`,
-    vocabulary parallelism's output pass) runs it for microbatch i on every rank with such a stage at once, from
+    ``progress_s`` later (see `delivery.delivered`). An action that starts after its rank waited for its input
+    takes `StageCost.resume_s` longer (back-to-back actions do not). A stage whose B (or I) holds a collective
+    (`StageCost.sync_s`, vocabulary parallelism's output pass) runs it for microbatch i on every rank with such a
+    stage at once, from
     when the last of them reaches its action (its forward done), before the action waits for its gradient: the
     action ends at max(its start + sync_s, gradient arrived) + the rest. With ``overlap_f_b`` (a schedule whose
     descriptor `overlaps_f_b`: DualPipeV) a full backward listed right after a forward of another stage runs

@@ -30,6 +30,20 @@ def test_stage_costs_sum_units_scale_by_speed_and_keep_the_input_for_recompute()
     assert (first.input_bytes, first.overhead_s, second.overhead_s) == (0, 0.25, 0.5)
 
 
+def test_the_runtime_cost_is_charged_once_per_action_of_every_stage_however_many_units() -> None:
+    # Issue 29: torch's forward_one_chunk / backward_one_chunk cost a fixed time per action, and an action after a
+    # wait runs slower, which the per-unit sums lacked (docs/splits.md, "Why resnet's short last stage ran 1.4x").
+    a = replace(arrays([1.0, 1.0, 1.0], backward=[2.0, 2.0, 2.0], backward_input=[1.5, 1.5, 1.5],
+                       backward_weight=[1.0, 1.0, 1.0]), runtime_forward_s=0.25, runtime_backward_s=0.5, resume_s=0.125)
+    first, second = stage_costs(a, [(0, 2), (2, 3)], [1.0, 2.0])
+    assert (first.resume_s, second.resume_s) == (0.125, 0.125)  # the simulator adds it after a wait only
+    assert (first.forward_s, second.forward_s) == (2.25, 0.75)  # not scaled by the device's speed
+    assert (second.backward_input_s, second.backward_weight_s, second.backward_s) == (1.25, 0.5, 1.5)
+    assert (first.backward_input_s, first.backward_weight_s, first.backward_s) == (0.0, 4.5, 4.5)
+    plain = stage_costs(replace(a, runtime_forward_s=0.0, runtime_backward_s=0.0), [(0, 2), (2, 3)], [1.0, 2.0])
+    assert [c.forward_s for c in plain] == [2.0, 0.5] and plain[1].backward_s == 1.0
+
+
 def test_stage_speeds_follow_the_rank_of_each_stage() -> None:
     cluster = Cluster(num_devices=2, memory_bytes=1, devices=(Device(memory_bytes=1, speed=1.0),
                                                               Device(memory_bytes=1, speed=3.0)))

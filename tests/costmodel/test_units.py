@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -68,6 +70,17 @@ def test_optimizer_step_shared_by_trainable_bytes_counting_tied_copies_once() ->
     # An 8-byte weight tied between the units was stepped once in the timed model: 0.8 / 32 per trainable byte.
     tied = tiny_profile(tied=(TiedGroup(names=("u0.w", "u1.w"), units=(0, 1), bytes=8),))
     assert list(unit_arrays(tied, 1).optimizer) == pytest.approx([0.25, 0.75])
+
+
+def test_the_profiles_runtime_cost_per_action_reaches_the_arrays_unscaled_by_the_microbatch() -> None:
+    plain = tiny_profile()
+    assert (unit_arrays(plain, 2).runtime_forward_s, unit_arrays(plain, 2).runtime_backward_s) == (0.0, 0.0)
+    costly = Profile(replace(plain.meta, runtime_forward_s=0.1, runtime_backward_s=0.2, resume_s=0.3), plain.units,
+                     plain.edges)
+    for b in (1, 2, 5):
+        a = unit_arrays(costly, b)
+        assert (a.runtime_forward_s, a.runtime_backward_s, a.resume_s) == (0.1, 0.2, 0.3)
+        assert list(a.forward) == list(unit_arrays(plain, b).forward)  # the units' own times stay as profiled
 
 
 def test_work_is_forward_plus_the_cheaper_backward_plus_recompute() -> None:

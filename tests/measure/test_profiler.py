@@ -130,6 +130,13 @@ def test_optimizer_state_counted() -> None:
     assert profile.meta.dtype == "float32"
 
 
+def test_the_pipelining_runtimes_time_per_action_is_measured_into_the_meta_on_cpu() -> None:
+    profile = profile_model(MODELS / "linrelu.py", ProfileOptions(microbatch_sizes=(1,)),
+                            MeasureOptions(warmup=0, repeats=3, compare_whole=False))
+    assert profile.meta.runtime_forward_s > 0 and profile.meta.runtime_backward_s > 0  # autopp.measure.runtime
+    assert "runtime_cost_skipped" not in profile.meta.extra
+
+
 def test_bfloat16_parameters_and_fp32_optimizer_state() -> None:
     options = ProfileOptions(microbatch_sizes=(1,), optimizer="adam", dtype="bfloat16")
     profile = profile_model(MODELS / "linrelu.py", options, MeasureOptions(warmup=0, repeats=1, compare_whole=False))

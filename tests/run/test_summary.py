@@ -36,3 +36,20 @@ def test_seq1f1b_actions_are_compared_with_a_chunk_of_the_stage() -> None:
     (times,) = [t for t in stage_times(plan, [result]) if t.stage == 0]
     assert (times.predicted_forward_s, times.predicted_backward_s) == (0.005, 0.01)
     assert times.forward_error == pytest.approx(0.0) and times.backward_error == pytest.approx(0.0)
+
+
+def test_an_action_that_follows_a_wait_is_compared_with_its_prediction_plus_the_resume_cost() -> None:
+    """Issue 29: an action that starts after its rank waited takes the stage's resume_s more (the simulator's rule).
+    1F1B on 2 ranks, F 10 ms, B 20 ms, resume 5 ms: rank 1 waits for its first forward only (median over 1F0, 1F1:
+    half a resume), rank 0 for both its gradients; the others run right after their rank's previous action."""
+    from dataclasses import replace
+
+    from autopp.run.summary import stage_times
+
+    plan = pipeline_plan(LINRELU, ["2"])
+    plan = replace(plan, stages=tuple(replace(s, resume_s=0.005) for s in plan.stages))
+    times = {t.stage: (t.predicted_forward_s, t.predicted_backward_s) for t in stage_times(plan, [_result(0, 0)])}
+    assert times == {0: pytest.approx((0.01, 0.025)), 1: pytest.approx((0.0125, 0.02))}
+    plain = pipeline_plan(LINRELU, ["2"])
+    assert {t.stage: (t.predicted_forward_s, t.predicted_backward_s) for t in stage_times(plain, [])} == \
+        {0: (0.01, 0.02), 1: (0.01, 0.02)}

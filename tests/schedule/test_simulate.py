@@ -192,6 +192,23 @@ def test_message_overhead_keeps_the_rank_busy_on_f_and_b_not_w_nor_the_recompute
         StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, overhead_s=-1.0)
 
 
+def test_an_action_after_a_wait_takes_resume_s_longer_and_back_to_back_ones_do_not() -> None:
+    # 1F1B, 2 ranks, 2 microbatches; stage 0 short (F 1, B 1), stage 1 long (F 3, B 4), resume 0.5. Rank 1 waits
+    # for 0F0 (1F0 ends at 1 + 3 + 0.5), then runs back to back; rank 0 waits for each gradient (0B0 at 8.5, 0B1 at
+    # 15.5), so each of its backwards takes 1.5; its forwards start at once.
+    short = StageCost(forward_s=1.0, backward_input_s=0.5, backward_weight_s=0.5, resume_s=0.5)
+    long = StageCost(forward_s=3.0, backward_input_s=2.0, backward_weight_s=2.0, resume_s=0.5)
+    order = build_schedule(ScheduleName.ONE_F_ONE_B, 2, 2)
+    result = simulate(order, [short, long], [0, 1], [0.0])
+    spans = {(str(e.action)): (e.start_s, e.end_s) for e in result.events}
+    assert spans == {"0F0": (0.0, 1.0), "0F1": (1.0, 2.0), "1F0": (1.0, 4.5), "1B0": (4.5, 8.5),
+                     "1F1": (8.5, 11.5), "1B1": (11.5, 15.5), "0B0": (8.5, 10.0), "0B1": (15.5, 17.0)}
+    plain = simulate(order, [replace(short, resume_s=0.0), replace(long, resume_s=0.0)], [0, 1], [0.0])
+    assert (plain.step_time_s, result.step_time_s) == (16.0, 17.0)
+    with pytest.raises(ScheduleError, match="finite and >= 0"):
+        replace(short, resume_s=-1.0)
+
+
 def test_full_backward_time_apart_from_the_split_passes() -> None:
     """B actions take `backward_s` when given; I and W their own times (torch's two passes cost more than one B)."""
     cost = StageCost(forward_s=1.0, backward_input_s=1.5, backward_weight_s=1.5, backward_s=2.0)

@@ -247,7 +247,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
                   progress_s=delays[s], overhead_s=cost.overhead_s, transient_bytes=cost.transient_bytes,
                   own=tuple(f for f in cost.own if f[0] is c.activations[s]), comm_s=cost.forward_comm_s,
-                  sync_s=cost.sync_s)
+                  sync_s=cost.sync_s, resume_s=cost.resume_s)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c))

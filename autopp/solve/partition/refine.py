@@ -175,10 +175,10 @@ class _Search:
     def stage(self, s: int, i: int, j: int) -> StageCost:
         """Stage s's times over units [i, j) from prefix sums: `stage_costs`'s figures up to rounding (a floor of
         them, with `_SLACK`), at a fraction of its cost; bytes are left 0 (the floor needs none)."""
-        p, sp, start = self.prefix, self.speeds[s], self.a.start_s(i)
-        full = (p["b"][j] - p["b"][i] + start) / sp
-        return StageCost(forward_s=(p["f"][j] - p["f"][i]) / sp,
-                         backward_input_s=0.0 if s == 0 else (p["i"][j] - p["i"][i]) / sp,
+        p, sp, start, rb = self.prefix, self.speeds[s], self.a.start_s(i), self.a.runtime_backward_s
+        full = (p["b"][j] - p["b"][i] + start) / sp + rb
+        return StageCost(forward_s=(p["f"][j] - p["f"][i]) / sp + self.a.runtime_forward_s,
+                         backward_input_s=0.0 if s == 0 else (p["i"][j] - p["i"][i]) / sp + rb,
                          backward_weight_s=full if s == 0 else (p["w"][j] - p["w"][i] + start) / sp, backward_s=full,
                          overhead_s=self.overheads[s])
 
