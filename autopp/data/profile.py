@@ -68,16 +68,16 @@ OPTIONAL_UNIT_COLUMNS: dict[str, tuple[str, Any]] = {"source": ("str", "measured
                                                      "expert_param_bytes": ("int", 0), "moe_layers": ("int", 0)}
 #: The passes whose expert GEMMs an analytic profile of a mixture of experts times apart (the recomputed forward runs
 #: the forward's), and the three parts of each (docs/profile-format.md): `flop`, their FLOPs at the roofline's
-#: compute peak; `weight`, the bytes of the stacked expert weights (or their gradients) they read or write at its
+#: compute peak; `weights`, the bytes of the stacked expert weights (or their gradients) they read or write at its
 #: bandwidth; `other`, their other bytes (routed rows in and out). What expert parallelism re-times
 #: (autopp.costmodel.experts): optional, absent from measured profiles and from analytic ones counted before them.
 EXPERT_PASSES = ("forward", "backward", "backward_input", "backward_weight", "selective_recompute")
-EXPERT_PARTS = ("flop", "weight", "other")
+EXPERT_PARTS = ("flop", "weights", "other")
 
 
 def expert_column(phase: str, part: str) -> str:
     """The units.csv column of the expert GEMMs' `part` (EXPERT_PARTS) in pass `phase` (EXPERT_PASSES)."""
-    return f"expert_{phase}_{part}_s"
+    return f"expert_{part}_{phase}_s"
 
 
 EXPERT_COLUMNS: dict[str, str] = {expert_column(p, part): "float" for p in EXPERT_PASSES for part in EXPERT_PARTS}

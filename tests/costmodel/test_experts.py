@@ -65,7 +65,7 @@ def _moe_profile(timed: bool) -> Profile:
                            moe_layers=np.where(blocks, 1, 0))
     if timed:
         b = units.microbatch_size.to_numpy(dtype=float)
-        per_part = {"flop": 1e-3 * b, "weight": 4e-3 + 0 * b, "other": 1e-3 * b}
+        per_part = {"flop": 1e-3 * b, "weights": 4e-3 + 0 * b, "other": 1e-3 * b}
         units = units.assign(**{expert_column(phase, part): np.where(blocks, values, 0.0)
                                 for phase in EXPERT_PASSES for part, values in per_part.items()})
     return Profile(replace(p.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}), units, p.edges)
@@ -108,7 +108,7 @@ def test_the_expert_columns_load_all_or_none(tmp_path: object) -> None:
     out = Path(str(tmp_path))
     profile.save(out / "p")
     loaded = load_profile(out / "p")
-    column = expert_column("forward", "weight")
+    column = expert_column("forward", "weights")
     assert np.allclose(loaded.units[column], profile.units[column]) and not loaded.experts_untimed
-    with pytest.raises(ProfileError, match=r"lacks column\(s\) \['expert_forward_flop_s'\]"):
+    with pytest.raises(ProfileError, match=r"lacks column\(s\) \['expert_flop_forward_s'\]"):
         Profile(profile.meta, profile.units.drop(columns=[expert_column("forward", "flop")]), profile.edges)

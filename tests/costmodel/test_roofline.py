@@ -44,7 +44,7 @@ def test_expert_gemms_are_timed_apart_on_the_roofline() -> None:
                            PEAK, BW, eff, 2.0)
     assert set(times) == set(EXPERT_COLUMNS)
     assert times[expert_column("forward", "flop")] == pytest.approx(5e11 / (PEAK * 0.5))
-    assert times[expert_column("forward", "weight")] == pytest.approx(4e9 / (BW * 0.25))
+    assert times[expert_column("forward", "weights")] == pytest.approx(4e9 / (BW * 0.25))
     assert times[expert_column("forward", "other")] == pytest.approx(1e9 / (BW * 0.25))
     assert times[expert_column("backward", "flop")] == 0.0
 

@@ -420,11 +420,11 @@ def test_moe_expert_gemms_are_timed_apart_per_pass(tmp_path: Path) -> None:
     assert block[expert_column("forward", "flop")] == pytest.approx(flops / peak)
     for phase, reads in (("forward", 1), ("backward", 2), ("backward_input", 1), ("backward_weight", 1),
                          ("selective_recompute", 1)):
-        assert block[expert_column(phase, "weight")] == pytest.approx(reads * weights / bw), phase
+        assert block[expert_column(phase, "weights")] == pytest.approx(reads * weights / bw), phase
         assert block[expert_column(phase, "other")] > 0, phase
     assert block[expert_column("backward", "flop")] == pytest.approx(2 * flops / peak)
     assert block.forward_s >= max(block[expert_column("forward", "flop")],
-                                  block[expert_column("forward", "weight")] + block[expert_column("forward", "other")])
+                                  block[expert_column("forward", "weights")] + block[expert_column("forward", "other")])
     assert (units.iloc[[0, 3]][list(EXPERT_COLUMNS)] == 0).all().all()
 
 

@@ -206,7 +206,7 @@ def test_a_plan_with_ep_says_how_it_times_the_expert_gemms(profile) -> None:  # 
                       profile.units.assign(expert_param_bytes=np.where(blocks, profile.units.param_bytes // 2, 0),
                                            moe_layers=np.where(blocks, 1, 0)), profile.edges, profile.tp_units)
     # per pass, a tenth of the forward's time is expert weights read, a hundredth FLOPs and a hundredth other bytes
-    share = {"flop": 0.01, "weight": 0.1, "other": 0.01}
+    share = {"flop": 0.01, "weights": 0.1, "other": 0.01}
     timed = Profile(untimed.meta, untimed.units.assign(**{
         expert_column(phase, part): np.where(blocks, untimed.units.forward_s * share[part], 0.0)
         for phase in EXPERT_PASSES for part in EXPERT_PARTS}), untimed.edges, untimed.tp_units)
