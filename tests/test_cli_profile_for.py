@@ -62,6 +62,23 @@ def test_a_profile_without_the_pinned_rows_is_not_current(tmp_path: Path) -> Non
     assert _current(profile, fp, None, None, (), "fp8") == "it was counted for precision fp32, the plan needs fp8"
 
 
+def test_an_analytic_moe_profile_without_the_expert_columns_is_not_current() -> None:
+    """Issue 30 (expert GEMMs under ep): `autopp plan` counts again a cached analytic profile of a mixture of experts
+    that does not time its expert GEMMs apart; a measured one (which cannot) and a dense one stay current."""
+    from dataclasses import replace
+
+    from autopp.cli.profile import _current
+    from autopp.data.profile import Profile
+    measured = load_profile(ROOT / "profiles" / "mlp")
+    moe = Profile(measured.meta, measured.units.assign(moe_layers=1), measured.edges)
+    fp = moe.meta.fingerprint
+    assert _current(moe, fp, None, None, (), "fp32") is None
+    analytic = replace(moe.meta, extra={**moe.meta.extra, "analytic_device": "h100-sxm"})
+    assert _current(Profile(analytic, moe.units, moe.edges), fp, None, "h100-sxm", (), "fp32") == \
+        "it was counted before the expert GEMMs' columns"
+    assert _current(Profile(analytic, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") is None
+
+
 @pytest.mark.integration
 def test_profile_dtype_defaults_to_bfloat16_for_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`autopp profile --analytic h100-sxm` without --dtype counts bfloat16 mixed precision and says so; for the

@@ -305,7 +305,8 @@ def default_dtype(gpu: bool) -> DType:
 def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None, device: str | None,
              degrees: tuple[int, ...] | None, precision: str) -> str | None:
     """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
-    precision recipe, device, or without the tensor-parallel rows the request pins."""
+    precision recipe, device, without the tensor-parallel rows the request pins, or an analytic mixture of experts
+    counted before its expert GEMMs' columns (docs/profile-format.md)."""
     if profile.meta.fingerprint != fingerprint:
         return "the model changed"
     if profile.meta.extra.get("hf_config") != recorded:
@@ -320,6 +321,8 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
     missing = sorted(set(degrees or ()) - set(profile.meta.tp_degrees))
     if missing:
         return f"it has no tensor-parallel rows of degree {', '.join(map(str, missing))}"
+    if made_for and profile.experts_untimed:  # a MoE profile that expert parallelism cannot re-time
+        return "it was counted before the expert GEMMs' columns"
     return None
 
 

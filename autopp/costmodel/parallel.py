@@ -57,7 +57,9 @@ experts. Per unit, the stacked expert weights (`expert_param_bytes`) and their g
 experts (none when ep = dp). That second all-reduce is charged as part of the step's dp-wide one (`grads`): an
 expert gradient byte weighs ((r - 1) / r) / ((d - 1) / d), its ring time over r ranks against d (`ExpertBytes`; on
 the dp group's link, which the strided replicas cross as well). Under balanced routing (docs/analytic.md: every
-expert gets tokens x top-k / E rows) a rank computes as many expert rows as without ep, so compute is unchanged.
+expert gets tokens x top-k / E rows) a rank computes as many expert rows as without ep, so the FLOPs are unchanged,
+but its expert GEMMs read 1 / ep of the expert weights: re-timed per pass from the profile's expert columns
+(autopp.costmodel.experts; a profile without them keeps the ep-1 times).
 Each MoE layer adds per microbatch a dispatch and a combine all-to-all in the forward and two in the backward; each
 sends tokens x hidden x dtype x top-k x (ep - 1) / ep bytes (tokens x hidden x dtype: the unit's output bytes, its
 input bytes for the last unit), at bytes / bandwidth + (ep - 1) latencies on the link the ep group crosses (inside
@@ -81,12 +83,13 @@ import numpy as np
 
 from ..data.cluster import Cluster, Link
 from ..data.layout import UnitView
-from ..data.profile import Profile
+from ..data.profile import EXPERT_COLUMNS, EXPERT_PARTS, EXPERT_PASSES, Profile, expert_column
 from ..data.profile_tp import SP_COLUMNS
 from ..data.zero import NO_ZERO
 from ..data.zero import ZeroStage
 from ..errors import LayoutError, ProfileError
 from .context import ContextTable, context_parallel
+from .experts import ExpertParts, expert_gemms
 from .terms import allreduce_times, half_collective, hsdp_allreduce_time
 from .units import ExpertBytes, ProfileTable, UnitArrays
 
@@ -124,7 +127,8 @@ def group_table(profile: Profile, view: UnitView) -> ProfileTable:
 
 class ExpertTable(ProfileTable):
     """A `ProfileTable` (tp 1) whose units hold 1 / ep of their stacked experts (module docstring), with the bytes
-    of their all-to-alls per microbatch (`UnitArrays.ep_comm`); `replicas` (dp / ep) ranks hold the same experts."""
+    of their all-to-alls per microbatch (`UnitArrays.ep_comm`) and their expert GEMMs re-timed for 1 / ep of the
+    weights (`expert_gemms`, when the profile has the columns); `replicas` (dp / ep) ranks hold the same experts."""
 
     def __init__(self, profile: Profile, ep: int, replicas: int = 1) -> None:
         super().__init__(profile, 1)
@@ -141,9 +145,17 @@ class ExpertTable(ProfileTable):
         tokens = rows.output_bytes.where(rows.output_bytes > 0, rows.recompute_keep_bytes)
         self.routed = float(top_k) * np.array([tokens[rows.microbatch_size == b].to_numpy(dtype=np.float64)
                                                for b in self.sizes]).T
+        self.gemms = all(c in rows.columns for c in EXPERT_COLUMNS)
+        self.cols.update({c: np.array([rows[rows.microbatch_size == b][c].to_numpy(dtype=np.float64)
+                                       for b in self.sizes]).T for c in EXPERT_COLUMNS if self.gemms})
+
+    def expert_parts(self, b: float) -> ExpertParts:
+        """The expert GEMMs' FLOP, weight and other seconds per pass at microbatch size `b` ({}: not profiled)."""
+        return {phase: tuple(self._at(self.cols[expert_column(phase, part)], b) for part in EXPERT_PARTS)
+                for phase in EXPERT_PASSES} if self.gemms else {}
 
     def arrays(self, b: float) -> UnitArrays:
-        a = super().arrays(b)
+        a = expert_gemms(super().arrays(b), self.expert_parts(b), self.ep)
         kept = 1 - self.share * (1 - 1 / self.ep)
         sent = self.layers * self._at(self.routed, b) * (self.ep - 1) / self.ep
         mine = self.share / self.ep  # a rank's expert bytes per byte of the unit's whole

@@ -9,15 +9,16 @@ import itertools
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..data.profile import EXPERT_PARTS, EXPERT_PASSES, expert_column
 from ..errors import AutoppError
 from ..jsonio import read_json, write_json
 
 __all__ = ["CALIBRATION_VERSION", "CalibrationError", "OpCounts", "PhaseLoad", "Efficiency", "default_efficiency",
-           "phase_time", "FitRow", "fit_efficiency", "UnitError", "Calibration", "load_calibration"]
+           "phase_time", "expert_seconds", "FitRow", "fit_efficiency", "UnitError", "Calibration", "load_calibration"]
 
 CALIBRATION_VERSION = 1
 
@@ -52,6 +53,9 @@ class OpCounts:
     """Per op: it is a matmul of a linear layer (`aten.mm`/`aten.addmm`, forward and both gradients; MoE experts'
     `aten._grouped_mm`), what an FP8
     recipe runs in FP8 (autopp.data.precision); () for counts made before the flag (none is)."""
+    expert_weight: tuple[int, ...] = ()
+    """Per op: the bytes of stacked expert weights (or their gradients) it reads or writes, part of its `bytes`: > 0
+    marks a grouped GEMM of a mixture of experts (autopp.measure.counting.expert_weight_bytes); () for none."""
 
     def load(self, ridge_flops_per_byte: float, linear_speedup: float = 1.0) -> PhaseLoad:
         """Ops whose arithmetic intensity (FLOPs / bytes) is above the ridge point count their FLOPs, the rest their
@@ -66,6 +70,16 @@ class OpCounts:
             else:
                 memory += b
         return PhaseLoad(compute, memory, len(self.flops), 1 if self.flops else 0)
+
+    def experts(self, linear_speedup: float = 1.0) -> tuple[float, float, float]:
+        """The expert GEMMs' part (ops with `expert_weight` > 0): their FLOPs, linear ones / `linear_speedup` as
+        `load` counts them, their expert-weight bytes, and their other bytes."""
+        flops = weight = other = 0.0
+        linear = self.linear or (False,) * len(self.flops)
+        for f, b, fast, w in zip(self.flops, self.bytes, linear, self.expert_weight):
+            if w > 0:
+                flops, weight, other = flops + f / (linear_speedup if fast else 1.0), weight + w, other + b - w
+        return flops, weight, other
 
     @property
     def total_flops(self) -> int:
@@ -123,6 +137,21 @@ def phase_time(load: PhaseLoad, peak_flops: float, bandwidth: float, eff: Effici
     """Seconds of one phase: C / (peak e_c) + M / (bandwidth e_m) + ops t_op + calls t_call."""
     return (load.compute_flops / (peak_flops * eff.compute) + load.memory_bytes / (bandwidth * eff.memory)
             + load.ops * eff.op_overhead_s + load.calls * eff.call_overhead_s)
+
+
+def expert_seconds(passes: Mapping[str, OpCounts], peak_flops: float, bandwidth: float, eff: Efficiency,
+                   linear_speedup: float = 1.0) -> dict[str, float]:
+    """The profile's expert columns (autopp.data.profile.EXPERT_COLUMNS) of one unit's counted `passes` (by name,
+    EXPERT_PASSES): per pass its expert GEMMs (`OpCounts.experts`) on the roofline, their FLOPs at peak x e_c,
+    their expert weights' bytes and their other bytes at bandwidth x e_m, apart, for the cost model to re-time under
+    expert parallelism (autopp.costmodel.experts)."""
+    out: dict[str, float] = {}
+    for phase in EXPERT_PASSES:
+        flops, weight, other = passes[phase].experts(linear_speedup)
+        memory = bandwidth * eff.memory
+        seconds = (flops / (peak_flops * eff.compute), weight / memory, other / memory)
+        out.update({expert_column(phase, part): s for part, s in zip(EXPERT_PARTS, seconds)})
+    return out
 
 
 @dataclass(frozen=True)

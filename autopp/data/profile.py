@@ -29,9 +29,9 @@ from .profile_tp import TP_COLUMNS, TP_FILE, check_numbers, check_tp_meta, valid
 from ..relpaths import resolved_path, stored_path
 from ..schedule.activation import POLICY_COLUMNS
 
-__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "OPTIONAL_UNIT_COLUMNS", "UNIT_SOURCES",
-           "EDGE_COLUMNS", "TP_COLUMNS", "ValueAction", "LiveValue", "TiedGroup", "ProfileMeta",
-           "Profile", "load_profile"]
+__all__ = ["PROFILE_VERSION", "UNIT_COLUMNS", "OPTIONAL_UNIT_COLUMNS", "UNIT_SOURCES", "EXPERT_PASSES",
+           "EXPERT_PARTS", "EXPERT_COLUMNS", "expert_column", "EDGE_COLUMNS", "TP_COLUMNS", "ValueAction", "LiveValue",
+           "TiedGroup", "ProfileMeta", "Profile", "load_profile"]
 
 PROFILE_VERSION = 1
 
@@ -66,6 +66,21 @@ UNIT_COLUMNS: dict[str, str] = {
 #: (autopp.model.experts.expert_bytes; 0 in profiles before them).
 OPTIONAL_UNIT_COLUMNS: dict[str, tuple[str, Any]] = {"source": ("str", "measured"), "same_as": ("int", -1),
                                                      "expert_param_bytes": ("int", 0), "moe_layers": ("int", 0)}
+#: The passes whose expert GEMMs an analytic profile of a mixture of experts times apart (the recomputed forward runs
+#: the forward's), and the three parts of each (docs/profile-format.md): `flop`, their FLOPs at the roofline's
+#: compute peak; `weights`, the bytes of the stacked expert weights (or their gradients) they read or write at its
+#: bandwidth; `other`, their other bytes (routed rows in and out). What expert parallelism re-times
+#: (autopp.costmodel.experts): optional, absent from measured profiles and from analytic ones counted before them.
+EXPERT_PASSES = ("forward", "backward", "backward_input", "backward_weight", "selective_recompute")
+EXPERT_PARTS = ("flop", "weights", "other")
+
+
+def expert_column(phase: str, part: str) -> str:
+    """The units.csv column of the expert GEMMs' `part` (EXPERT_PARTS) in pass `phase` (EXPERT_PASSES)."""
+    return f"expert_{part}_{phase}_s"
+
+
+EXPERT_COLUMNS: dict[str, str] = {expert_column(p, part): "float" for p in EXPERT_PASSES for part in EXPERT_PARTS}
 #: Values of the `source` column: measured on the unit itself; copied from the measured unit `same_as` of the same
 #: structure and input shapes; computed by the analytic cost model (autopp.measure.analytic).
 UNIT_SOURCES = ("measured", "shared", "analytic")
@@ -186,6 +201,12 @@ class Profile:
     @property
     def num_units(self) -> int:
         return len(self.meta.unit_names)
+
+    @property
+    def experts_untimed(self) -> bool:
+        """A mixture of experts (a unit with `moe_layers`) whose profile does not time its expert GEMMs apart
+        (EXPERT_COLUMNS absent: measured, or counted before them): expert parallelism keeps their ep-1 times."""
+        return bool((self.units.moe_layers > 0).any()) and not all(c in self.units.columns for c in EXPERT_COLUMNS)
 
     def unit_modules(self) -> list[list[str]]:
         """Each unit's module names, in unit order (the `modules` column, one entry per unit)."""
@@ -308,6 +329,8 @@ def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where
         check_numbers(table, columns, where, name)
     if any(c in units.columns for c in POLICY_COLUMNS):  # the activation policies' own figures (optional)
         check_numbers(units, POLICY_COLUMNS, where, "units.csv")
+    if any(c in units.columns for c in EXPERT_COLUMNS):  # the expert GEMMs' parts (optional, all or none)
+        check_numbers(units, EXPERT_COLUMNS, where, "units.csv")
     n = len(meta.unit_names)
     expected = {(u, b) for u in range(n) for b in meta.microbatch_sizes}
     got = [(int(u), int(b)) for u, b in zip(units.unit, units.microbatch_size)]

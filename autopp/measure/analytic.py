@@ -15,10 +15,10 @@ from torch import fx, nn
 from torch.distributed.pipelining import Pipe
 
 from ..costmodel.roofline import (Calibration, Efficiency, FitRow, OpCounts, UnitError, default_efficiency,
-                                 fit_efficiency, phase_time)
+                                 expert_seconds, fit_efficiency, phase_time)
 from ..data.catalog import DeviceSpec, identify_device, load_device
 from ..data.precision import Recipe
-from ..data.profile import EDGE_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
+from ..data.profile import EDGE_COLUMNS, EXPERT_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..schedule.activation import POLICY_COLUMNS
 from ..errors import AutoppError, ProfileError
 from ..model.contract import ModelFile, batch_norms, describe_error, load_model_file
@@ -193,7 +193,7 @@ def count_model(model: str | Path | ModelFile, options: ProfileOptions = Profile
 
 def unit_times(counts: PieceCounts, spec: DeviceSpec, recipe: Recipe, eff: Efficiency) -> dict[str, float]:
     """The profile's time columns of one counted unit on `spec` under `recipe`: every op at its compute peak, the
-    linear layers' matmuls at theirs (FP8: the float8 peak, `OpCounts.load`)."""
+    linear layers' matmuls at theirs (FP8: the float8 peak, `OpCounts.load`); its expert GEMMs' parts apart."""
     (peak, linear_peak), bw = recipe.peaks(spec), spec.memory_bandwidth_bytes_per_s
     ridge = eff.ridge(peak, bw)
 
@@ -202,7 +202,8 @@ def unit_times(counts: PieceCounts, spec: DeviceSpec, recipe: Recipe, eff: Effic
     times = {"forward": t(counts.forward), "backward": t(counts.backward), "backward_input": t(counts.backward_input),
              "backward_weight": t(counts.backward_weight), "recompute": t(counts.forward),
              "selective_recompute": t(counts.selective_recompute)}
-    return {col: v for kind, value in times.items() for col, v in ((f"{kind}_s", value), (f"{kind}_spread_s", 0.0))}
+    return {**{col: v for kind, value in times.items() for col, v in ((f"{kind}_s", value), (f"{kind}_spread_s", 0.0))},
+            **expert_seconds(counts.passes(), peak, bw, eff, linear_peak / peak)}
 
 
 def _optimizer_step_s(c: ModelCounts, spec: DeviceSpec, eff: Efficiency) -> float:
@@ -258,7 +259,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
                      "selective_activation_bytes": r.counts.selective_bytes, "source": "analytic",
                      "same_as": -1 if r.same_as is None else r.same_as})
     table = pd.DataFrame(rows).sort_values(["microbatch_size", "unit"], kind="stable").reset_index(drop=True)
-    columns = list(UNIT_COLUMNS) + list(OPTIONAL_UNIT_COLUMNS) + list(POLICY_COLUMNS)
+    columns = [*UNIT_COLUMNS, *OPTIONAL_UNIT_COLUMNS, *POLICY_COLUMNS, *(EXPERT_COLUMNS if c.moe else ())]
     live = [replace(v, bytes={b: c.value_bytes[b].get(v.name, 0) for b in c.options.microbatch_sizes})
             for v in c.live]
     peaks: dict[str, dict[str, int]] = {str(r.unit): {} for r in c.rows}

@@ -20,7 +20,7 @@ from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, v
 from .timing import Piece, run_phases
 
 __all__ = ["FLOP_FORMULAS", "LINEAR_MATMULS", "NAMED_FLOP_FORMULAS", "grouped_mm_flops", "expert_weight_bytes_unread",
-           "PieceCounts", "OpCounter", "count_piece"]
+           "expert_weight_bytes", "PieceCounts", "OpCounter", "count_piece"]
 
 #: torch's FLOP formulas, plus its CPU attention kernels under the formulas of the GPU ones (same arguments first:
 #: query, key, value; and grad_out before them for the backward), which torch.utils.flop_counter leaves out.
@@ -87,6 +87,18 @@ def expert_weight_bytes_unread(name: str, args: tuple[Any, ...]) -> int:
     return _moved_bytes(weight) * idle // experts
 
 
+def expert_weight_bytes(name: str, args: tuple[Any, ...], out: Any) -> int:
+    """Bytes of stacked expert weights that a grouped GEMM of routed rows (its first argument 2-d, (S, K)) reads or
+    writes: its 3-d operand (G, K, N), the weights of the forward and the input gradient, and its 3-d outputs, the
+    weights' gradient (2-d x 2-d, the contraction grouped), less the experts no row reaches
+    (`expert_weight_bytes_unread`): what expert parallelism divides among the ranks (autopp.costmodel.experts);
+    0 for every other op."""
+    if name not in _EXPERT_WEIGHT_READS or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 2:
+        return 0
+    stacked = [t for t in tree_leaves((args[1:2], out)) if isinstance(t, torch.Tensor) and t.dim() == 3]
+    return sum(_moved_bytes(t) for t in stacked) - expert_weight_bytes_unread(name, args)
+
+
 #: The matmuls a linear layer dispatches to (`F.linear` folds a batch into `aten.mm`/`aten.addmm`; both gradients
 #: are `aten.mm`), and the grouped GEMMs of MoE experts (`aten._grouped_mm`): what an FP8 recipe runs in FP8
 #: (torchao's Float8Linear and float8 grouped GEMMs, Transformer Engine's Linear and GroupedLinear replace exactly
@@ -100,15 +112,17 @@ _FREE = {torch.ops.aten.detach.default, torch.ops.prim.device.default, torch.ops
 
 
 class OpCounter(TorchDispatchMode):
-    """Records, per aten op that reaches dispatch, its FLOPs (FLOP_FORMULAS; 0 without one) and the bytes of its
-    tensor inputs and outputs. Unlike FlopCounterMode, an op without a formula is not decomposed: the kernel that
-    runs is counted (a fused `silu_backward` is one op that allocates one output, not seven)."""
+    """Records, per aten op that reaches dispatch, its FLOPs (FLOP_FORMULAS; 0 without one), the bytes of its
+    tensor inputs and outputs and, of those, the stacked expert weights' (`expert_weight_bytes`). Unlike
+    FlopCounterMode, an op without a formula is not decomposed: the kernel that runs is counted (a fused
+    `silu_backward` is one op that allocates one output, not seven)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.flops: list[int] = []
         self.bytes: list[int] = []
         self.linear: list[bool] = []
+        self.expert_weight: list[int] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -123,10 +137,11 @@ class OpCounter(TorchDispatchMode):
         self.flops.append(int(f))
         self.bytes.append(int(moved))
         self.linear.append(func._overloadpacket in LINEAR_MATMULS)
+        self.expert_weight.append(expert_weight_bytes(name, args, out))
         return out
 
     def counts(self) -> OpCounts:
-        return OpCounts(tuple(self.flops), tuple(self.bytes), tuple(self.linear))
+        return OpCounts(tuple(self.flops), tuple(self.bytes), tuple(self.linear), tuple(self.expert_weight))
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,12 @@ class PieceCounts:
     """What selective recomputation reruns: the forward's ops outside `SAVED_OPS` (autopp.schedule.activation)."""
     selective_bytes: int = 0
     """What selective recomputation keeps: the outputs of the forward's ops in `SAVED_OPS` (`memory.SavedOps`)."""
+
+    def passes(self) -> dict[str, OpCounts]:
+        """The counted passes by name: forward, the full backward, its input and weight parts, and selective
+        recomputation's rerun (the recomputed forward is the forward)."""
+        return {"forward": self.forward, "backward": self.backward, "backward_input": self.backward_input,
+                "backward_weight": self.backward_weight, "selective_recompute": self.selective_recompute}
 
 
 def _counted(run: Callable[[], Any]) -> tuple[Any, OpCounts]:

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from autopp.costmodel.roofline import (Calibration, CalibrationError, Efficiency, FitRow, OpCounts, PhaseLoad,
-                                       UnitError, default_efficiency, fit_efficiency, load_calibration, phase_time)
+                                       UnitError, default_efficiency, expert_seconds, fit_efficiency,
+                                       load_calibration, phase_time)
+from autopp.data.profile import EXPERT_COLUMNS, EXPERT_PASSES, expert_column
 
 PEAK, BW = 100e12, 2e12  # ridge 50 FLOP/byte
 
@@ -28,6 +30,23 @@ def test_linear_matmuls_run_at_their_own_peak() -> None:
     assert counts.load(40.0) == PhaseLoad(compute_flops=2000, memory_bytes=10, ops=3, calls=1)
     assert counts.load(60.0, 2.0) == PhaseLoad(compute_flops=1000, memory_bytes=20, ops=3, calls=1)
     assert OpCounts(flops=(1000,), bytes=(10,)).load(50.0, 2.0) == PhaseLoad(1000, 0, 1, 1)
+
+
+def test_expert_gemms_are_timed_apart_on_the_roofline() -> None:
+    """Issue 30: the ops with expert-weight bytes (an expert GEMM of 1e12 FLOPs moving 4e9 weight and 1e9 other
+    bytes, a linear one: at twice the peak under FP8) beside a dense op that is left out: FLOPs at peak x e_c, weight
+    and other bytes at bandwidth x e_m, per pass, in the profile's columns."""
+    eff = Efficiency(compute=0.5, memory=0.25, op_overhead_s=1e-6)
+    ops = OpCounts(flops=(10**12, 10**9), bytes=(5 * 10**9, 10**6), linear=(True, True), expert_weight=(4 * 10**9, 0))
+    assert ops.experts() == (1e12, 4e9, 1e9) and ops.experts(2.0) == (5e11, 4e9, 1e9)
+    assert OpCounts(flops=(1,), bytes=(1,)).experts() == (0.0, 0.0, 0.0)  # counts without the field: none
+    times = expert_seconds({phase: ops if phase == "forward" else OpCounts() for phase in EXPERT_PASSES},
+                           PEAK, BW, eff, 2.0)
+    assert set(times) == set(EXPERT_COLUMNS)
+    assert times[expert_column("forward", "flop")] == pytest.approx(5e11 / (PEAK * 0.5))
+    assert times[expert_column("forward", "weights")] == pytest.approx(4e9 / (BW * 0.25))
+    assert times[expert_column("forward", "other")] == pytest.approx(1e9 / (BW * 0.25))
+    assert times[expert_column("backward", "flop")] == 0.0
 
 
 def test_phase_time_is_the_sum_of_the_four_terms() -> None:

@@ -175,6 +175,7 @@ def test_calibration_recovers_the_efficiencies_of_a_profile(tmp_path: Path) -> N
     with pytest.raises(ValueError, match=r"counts were made for .*\(2, 4\).*, not for .*\(4,\)"):
         analytic_profile(MODELS / "linrelu.py", "cpu", ProfileOptions(microbatch_sizes=(4,)), counts=counts)
     assert len(cal.units) == len(counts.rows)
+    assert not any(c.startswith("expert_") and c != "expert_param_bytes" for c in profile.units.columns)  # dense
 
 
 def test_cli_analytic_profile_then_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -393,6 +394,38 @@ def test_moe_expert_flops_follow_top_k_from_the_config(tmp_path: Path) -> None:
     per_pair = 2 * (h * 2 * i + i * h)
     assert counts[1][0] - counts[0][0] == tokens * per_pair
     assert counts[1][1] - counts[0][1] == 2 * tokens * per_pair
+
+
+@pytest.mark.integration  # over 2 s: transformers' MoE import and a count
+def test_moe_expert_gemms_are_timed_apart_per_pass(tmp_path: Path) -> None:
+    """Issue 30 (expert GEMMs under ep): a MoE's analytic profile times each unit's expert GEMMs apart, per pass:
+    at 8 tokens x top-2 (16 rows, 4 experts: every expert read) a block's forward does 2 x 16 x (16 x 64 + 32 x 16)
+    FLOPs and reads the 4 experts' bf16 weights; the input gradient reads them again, the weight gradient writes
+    their gradients (bf16, as the parameters); selective recomputation reruns the forward's (grouped GEMMs are not
+    among the ops it saves); the embedding and the head have none. The columns survive saving."""
+    from autopp.data.profile import EXPERT_COLUMNS, expert_column
+    from autopp.model.hf import hf_model_file
+    config = tmp_path / "tiny-mixtral.json"
+    config.write_text(json.dumps({**TINY_MIXTRAL, "num_local_experts": 4, "num_experts_per_tok": 2}))
+    spec = load_device("h100-sxm")
+    profile = analytic_profile(hf_model_file(config, seq_len=8), spec,
+                               ProfileOptions(microbatch_sizes=(1,), dtype="bfloat16"))
+    profile.save(tmp_path / "p")
+    units = load_profile(tmp_path / "p").units
+    assert set(EXPERT_COLUMNS) <= set(units.columns) and not load_profile(tmp_path / "p").experts_untimed
+    peak, bw = spec.peak("bfloat16") * 0.6, spec.memory_bandwidth_bytes_per_s * 0.8  # the GPU defaults
+    h, i = TINY_MIXTRAL["hidden_size"], TINY_MIXTRAL["intermediate_size"]
+    flops, weights = 2 * 8 * 2 * (h * 2 * i + i * h), 4 * (h * 2 * i + i * h) * 2
+    block = units.iloc[1]
+    assert block[expert_column("forward", "flop")] == pytest.approx(flops / peak)
+    for phase, reads in (("forward", 1), ("backward", 2), ("backward_input", 1), ("backward_weight", 1),
+                         ("selective_recompute", 1)):
+        assert block[expert_column(phase, "weights")] == pytest.approx(reads * weights / bw), phase
+        assert block[expert_column(phase, "other")] > 0, phase
+    assert block[expert_column("backward", "flop")] == pytest.approx(2 * flops / peak)
+    assert block.forward_s >= max(block[expert_column("forward", "flop")],
+                                  block[expert_column("forward", "weights")] + block[expert_column("forward", "other")])
+    assert (units.iloc[[0, 3]][list(EXPERT_COLUMNS)] == 0).all().all()
 
 
 @pytest.mark.integration  # over 2 s: transformers' MoE import

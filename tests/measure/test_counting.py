@@ -101,3 +101,34 @@ def test_metadata_checks_move_nothing() -> None:
             torch.ops.aten._assert_tensor_metadata(x, dtype=torch.float32, device=x.device)
             x + x
     assert counter.bytes == [3 * 64 * 64 * 4]  # the addition's two inputs and output only
+
+
+def test_expert_gemms_record_the_expert_weight_bytes_they_move() -> None:
+    """Issue 30 (expert GEMMs under ep): per op, the stacked weights' bytes an expert GEMM reads (forward, input
+    gradient) or writes (the weights' gradient), part of its bytes; 0 for every other op. `OpCounts.experts` sums
+    the expert GEMMs' FLOPs, weight bytes and other bytes apart."""
+    mode = fake_mode()
+    with faking(mode):
+        a, b = torch.randn(16, 8, requires_grad=True), torch.randn(4, 8, 12, requires_grad=True)
+        offs = torch.tensor(OFFS, dtype=torch.int32)
+        with OpCounter() as forward:
+            out = torch._grouped_mm(a, b, offs=offs)
+            scaled = out * 2
+        with OpCounter() as backward:
+            scaled.backward(torch.ones_like(scaled))
+    weight = 4 * 8 * 12 * 4  # float32 (G, K, N)
+    assert forward.expert_weight == [weight, 0]
+    assert forward.bytes[0] == weight + (16 * 8 + 16 * 12) * 4 + 4 * 4  # rows in, rows out, the offsets
+    assert sorted(w for w in backward.expert_weight if w) == [weight, weight]  # reads W (d input), writes dW
+    flops, weight_bytes, other = forward.counts().experts()
+    assert (flops, weight_bytes, other) == (2 * 16 * 8 * 12, weight, forward.bytes[0] - weight)
+    assert forward.counts().experts(2.0)[0] == flops / 2  # FP8: a linear matmul at twice the phase's peak
+
+
+def test_few_routed_rows_leave_expert_weights_out_of_the_expert_bytes() -> None:
+    mode = fake_mode()
+    with faking(mode):
+        a, b = torch.randn(2, 8), torch.randn(4, 8, 12)  # 2 routed rows: 2 of the 4 experts' weights read
+        with OpCounter() as counter:
+            torch._grouped_mm(a, b, offs=torch.tensor((1, 2, 2, 2), dtype=torch.int32))
+    assert counter.expert_weight == [2 * 8 * 12 * 4]

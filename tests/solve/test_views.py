@@ -188,12 +188,36 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
     half = make_plan(moe, replace(req, pins=LayoutPins(pp=2, dp=4, ep=2)))
     assert half.layout == Layout(pp=2, dp=4, ep=2)
     assert any(n.startswith("expert parallelism 2: each stage's 4 replicas form 2 groups of 2 that each hold 1/2 of "
-                            "its experts") and n.endswith("all-reduced over the 2 ranks holding the same")
+                            "its experts") and "all-reduced over the 2 ranks holding the same; expert GEMMs" in n
                for n in half.notes)
     dense = make_plan(profile, req)
     assert any("the profile records no stacked experts" in n for n in dense.notes)
     assert dense.predicted.step_time_s == pytest.approx(
         make_plan(profile, replace(req, pins=LayoutPins(pp=4, dp=2))).predicted.step_time_s)
+
+
+def test_a_plan_with_ep_says_how_it_times_the_expert_gemms(profile) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30: with the profile's expert columns the expert GEMMs are re-timed for 1/ep of the weights (a
+    memory-bound share of each block's time, so the step is shorter than with the ep-1 times); without them (a
+    measured profile) the note says they keep the ep-1 times, an upper bound."""
+    from autopp.data.profile import EXPERT_PARTS, EXPERT_PASSES, Profile, expert_column
+    blocks = profile.units.unit.between(1, 16).to_numpy()
+    untimed = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
+                      profile.units.assign(expert_param_bytes=np.where(blocks, profile.units.param_bytes // 2, 0),
+                                           moe_layers=np.where(blocks, 1, 0)), profile.edges, profile.tp_units)
+    # per pass, a tenth of the forward's time is expert weights read, a hundredth FLOPs and a hundredth other bytes
+    share = {"flop": 0.01, "weights": 0.1, "other": 0.01}
+    timed = Profile(untimed.meta, untimed.units.assign(**{
+        expert_column(phase, part): np.where(blocks, untimed.units.forward_s * share[part], 0.0)
+        for phase in EXPERT_PASSES for part in EXPERT_PARTS}), untimed.edges, untimed.tp_units)
+    req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(pp=4, dp=2, ep=2))
+    before, after = make_plan(untimed, req), make_plan(timed, req)
+    assert any(n.endswith("expert GEMMs timed as at ep 1, every expert's weights read on each rank (its times were "
+                          "measured on one device running every expert): an upper bound; an analytic profile "
+                          "(`autopp profile --analytic DEVICE`) re-times them") for n in before.notes)
+    assert any(n.endswith("expert GEMMs re-timed for a rank reading 1/2 of the expert weights at the same FLOPs (per "
+                          "pass max(FLOP time, weight time / ep + other bytes' time))") for n in after.notes)
+    assert after.predicted.step_time_s < before.predicted.step_time_s
 
 
 def _attention_profile(seq: int = 512):  # type: ignore[no-untyped-def]

@@ -153,9 +153,22 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
                    f"({moe.get('num_experts')} per layer, top-{moe.get('top_k')}) and exchange the routed tokens by "
                    "all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)"
                    + ("" if ep == dp else f"; expert gradients all-reduced over the {dp // ep} ranks holding the same")
+                   + _expert_gemms_note(profile, ep)
                    if layers else f"expert parallelism {c.layout.ep}: the profile records no stacked experts "
                    "(expert_param_bytes 0), so it changes nothing; plan with `ep` 1")
     return out
+
+
+def _expert_gemms_note(profile: Profile, ep: int) -> str:
+    """How the expert GEMMs are timed at `ep` (autopp.costmodel.experts): re-timed for 1/ep of the expert weights,
+    or, for a profile without the columns, at ep 1, and why."""
+    if not profile.experts_untimed:
+        return (f"; expert GEMMs re-timed for a rank reading 1/{ep} of the expert weights at the same FLOPs "
+                "(per pass max(FLOP time, weight time / ep + other bytes' time))")
+    why = ("its times were measured on one device running every expert" if profile.meta.extra.get("analytic_device")
+           is None else "it was counted before the expert GEMMs' columns")
+    return (f"; expert GEMMs timed as at ep 1, every expert's weights read on each rank ({why}): an upper bound; "
+            "an analytic profile (`autopp profile --analytic DEVICE`) re-times them")
 
 
 def _batch_norm_note(profile: Profile, c: Candidate) -> list[str]:
