@@ -15,7 +15,10 @@ reduce-scatter + an all-gather of the same S, (t - 1) / t x S / B and t - 1 late
 the collectives' terms do not change (a vocabulary-parallel embedding's all-reduce in F becomes a reduce-scatter in F
 and an all-gather in B: costed as before, in F). The sequence-wise modules (the norms) then hold 1/t of the sequence:
 their saved inputs, which the profile's tp rows count per unit (`sp_sequence_bytes`, autopp.model.tp.sequence_modules),
-shrink by t, so a rank's activation bytes are tp.csv's minus (1 - 1/t) x those (`group_table`). Not counted: the norms'
+shrink by t, so a rank's activation bytes are tp.csv's minus (1 - 1/t) x those (`group_table`). Between two units of
+a stage that both hold such modules the residual stream stays a rank's local shard (autopp.run.tensor_parallel), so
+a value one makes for the other counts 1/t of its bytes (`UnitArrays.born`: what per-unit recomputation keeps of it);
+a stage's input stays whole. Not counted: the norms'
 compute divided by t (elementwise, kept whole: an upper bound) and the all-gather of a stage's output at each pipeline
 boundary (the runner keeps tensors whole between stages, as torchtitan's PP x TP does). The inputs the colwise
 projections read are saved gathered (as DTensor runs them), so the figure is Korthikanti's TP-only count sbh(10 + 24/t +
@@ -37,10 +40,16 @@ facts checked in docs/parallelism.md). Per unit with parameter, gradient and opt
            resharding it), and an all-gather of P before each forward (charged to F, not to the recomputed forward,
            whose gather is the one the backward needs anyway: m + 1 per step, counted on gloo), reduce-scatter of G +
            all-gather of P per step. Under torch's pipelining it only adds communication.
-  stage 3 at pp 1 (`UnitView.fsdp`): FSDP2 without a pipeline, as torchtitan runs pure FSDP: (P + G + O) / d, each
+  stage 3 at pp 1 (`UnitView.fsdp`): FSDP2 without a pipeline, as torchtitan runs pure FSDP: (P' + G + O) / d, each
            unit gathered for its forward and its backward and reduce-scattered after its backward, every microbatch,
            under the neighbouring units' compute with FSDP2's prefetch (`fsdp_outside_pipeline`); nothing at the
            step's end.
+P / d above (P' / d at pp 1) is FSDP2's sharded parameter. Where O holds an fp32 master copy (the bf16 and fp8
+recipes: `UnitArrays.master`), that sharded parameter is the master: FSDP2's MixedPrecisionPolicy keeps the sharded
+parameter in its own dtype (fp32), the optimizer steps it, and gathers param_dtype copies for compute
+(torch/distributed/fsdp/_fully_shard/_fsdp_param.py); it is counted once, in O / d (P' = 0; Megatron's distributed
+optimizer likewise keeps 6 + 12 / d bytes per parameter, docs/source/api-guide/dist_optimizer.md). Without a master
+copy (fp32) the sharded parameter is a copy of its own (P' = P).
 The optimizer steps only its shard when stage >= 1: its time is divided by d. A reduce-scatter or all-gather costs
 half the all-reduce of the same bytes (`terms.half_collective`).
 HSDP (`UnitView.replicate` r > 1, `Layout.dp_replicate`; torchtitan's dp_replicate x dp_shard, FSDP2 on a 2-D mesh
@@ -91,11 +100,11 @@ from ..errors import LayoutError, ProfileError
 from .context import ContextTable, context_parallel
 from .experts import ExpertParts, expert_gemms
 from .terms import allreduce_times, half_collective, hsdp_allreduce_time
-from .units import ExpertBytes, ProfileTable, UnitArrays
+from .units import ExpertBytes, ProfileTable, UnitArrays, born_table
 
 __all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded", "ExpertTable",
-           "expert_parallel", "sp_offered", "check_expert_zero", "fsdp_outside_pipeline",
-           "scatter_in_backward"]
+           "expert_parallel", "sp_offered", "check_expert_zero", "fsdp_outside_pipeline", "static_terms",
+           "STATIC_TERMS", "scatter_in_backward"]
 
 
 def sp_offered(profile: Profile) -> bool:
@@ -122,6 +131,9 @@ def group_table(profile: Profile, view: UnitView) -> ProfileTable:
         seq = np.array([rows[rows.microbatch_size == b].sp_sequence_bytes.to_numpy(dtype=np.float64)
                         for b in table.sizes]).T
         table.cols["activation_bytes"] = np.maximum(0.0, table.cols["activation_bytes"] - (1 - 1 / view.tp) * seq)
+        stream = born_table(profile, table.sizes, within=seq.max(axis=1, initial=0.0) > 0)
+        if table.born is not None and stream is not None:  # the residual stream between a stage's norm-holding units
+            table.born = table.born - (1 - 1 / view.tp) * stream
     return table
 
 
@@ -242,21 +254,15 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
     zero, d = view.zero, view.sync
     if zero.replicated or d == 1:
         return replace(a, zero=NO_ZERO)
-    check_expert_zero(zero, view.ep)
     p, g, e = a.params, a.grads, a.expert
-    o = a.static - p - g
+    static = np.round(sum(static_terms(a, view).values(), np.zeros(a.n)))
     optimizer = None if a.optimizer is None else a.optimizer / d
     if view.fsdp:
         scatter = half_collective(reduce_time(g))
         if across is not None and view.replicate > 1:
             scatter = scatter + across(g / d)
-        return replace(fsdp_outside_pipeline(a, half_collective(reduce_time(p)), scatter),
-                       static=np.round((p + g + o) / d), optimizer=optimizer, zero=zero)
-    static = _shard(p, g, o, d, zero)
-    if e is not None:  # the expert bytes: out of the dense shard, into their own replicas' one
-        dense = _shard(p - e.params, g - e.sync_weight * e.grads, o - e.optimizer - (1 - e.sync_weight) * e.grads, d,
-                       zero)
-        static = dense + _shard(e.params, e.grads, e.optimizer, e.replicas, zero)
+        return replace(fsdp_outside_pipeline(a, half_collective(reduce_time(p)), scatter), static=static,
+                       optimizer=optimizer, zero=zero)
     comm = exposed = np.zeros(a.n)
     if zero.gathers_each_forward:
         gather = half_collective(reduce_time(p))
@@ -269,7 +275,7 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
         mine = g + (1 - e.sync_weight) * e.grads
         part = np.divide(e.grads, mine, out=np.zeros(len(mine)), where=mine > 0)
         optimizer = a.optimizer * ((1 - part) / d + part / e.replicas)
-    return replace(a, static=np.round(static), optimizer=optimizer, zero=zero, zero_seconds=(comm, exposed))
+    return replace(a, static=static, optimizer=optimizer, zero=zero, zero_seconds=(comm, exposed))
 
 
 def scatter_in_backward(a: UnitArrays, scatter: np.ndarray) -> tuple[UnitArrays, np.ndarray]:
@@ -299,9 +305,38 @@ def scatter_in_backward(a: UnitArrays, scatter: np.ndarray) -> tuple[UnitArrays,
                    stage_start=hidden if hidden.any() else None), exposed
 
 
-def _shard(p: np.ndarray, g: np.ndarray, o: np.ndarray, d: int, zero: ZeroStage) -> np.ndarray:
-    """Parameter, gradient and optimizer bytes on one of d ranks under `zero` (module docstring)."""
-    return p + p / d + (g / d if zero.scatters_each_microbatch else g) + o / d
+#: The terms of a rank's static bytes (`static_terms`), in order.
+STATIC_TERMS = ("weights", "sharded parameters", "gradients", "optimizer state")
+
+
+def static_terms(a: UnitArrays, view: UnitView) -> dict[str, np.ndarray]:
+    """Per unit, a rank's static bytes under the view's ZeRO stage by term (`STATIC_TERMS`, module docstring): the
+    weights it computes with (whole; none between uses under FSDP2 at pp 1, where they are working memory), FSDP2's
+    sharded parameters beside them (none where the optimizer state holds the master copy: `UnitArrays.master`), the
+    gradients and the optimizer state (with the master copy); the expert bytes over their own replicas. They sum
+    to `data_sharded`'s static bytes."""
+    zero, d = view.zero, view.sync
+    p, g, e = a.params, a.grads, a.expert
+    o, none = a.static - p - g, np.zeros(a.n)
+    if zero.replicated or d == 1:
+        return dict(zip(STATIC_TERMS, (p, none, g, o)))
+    check_expert_zero(zero, view.ep)
+    if view.fsdp:
+        return dict(zip(STATIC_TERMS, (none, none if a.master else p / d, g / d, o / d)))
+    terms = _shard(p, g, o, d, zero, a.master)
+    if e is not None:  # the expert bytes: out of the dense shard, into their own replicas' one
+        dense = _shard(p - e.params, g - e.sync_weight * e.grads, o - e.optimizer - (1 - e.sync_weight) * e.grads, d,
+                       zero, a.master)
+        terms = tuple(x + y for x, y in zip(dense, _shard(e.params, e.grads, e.optimizer, e.replicas, zero, a.master)))
+    return dict(zip(STATIC_TERMS, terms))
+
+
+def _shard(p: np.ndarray, g: np.ndarray, o: np.ndarray, d: int, zero: ZeroStage,
+           master: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Parameter, gradient and optimizer bytes on one of d ranks under `zero` (module docstring), by term: the
+    gathered parameters, FSDP2's sharded ones unless they are the master copy in `o` (`master`), the gradients
+    (sharded by stage 2) and the optimizer state's shard."""
+    return p, np.zeros(len(p)) if master else p / d, g / d if zero.scatters_each_microbatch else g, o / d
 
 
 def check_expert_zero(zero: ZeroStage, ep: int) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..data.overlap import NO_OVERLAP, Overlap
+from ..data.precision import RECIPES
 from ..data.profile import Profile, ValueAction
 from ..data.zero import NO_ZERO, ZeroStage
 from ..errors import ProfileError
@@ -16,7 +17,7 @@ from ..schedule.activation import FIGURED, POLICY_COLUMNS, Activation, policy
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["UnitArrays", "TpComm", "ExpertBytes", "TP_COMM_COLUMNS", "ProfileTable", "unit_arrays"]
+__all__ = ["UnitArrays", "TpComm", "ExpertBytes", "TP_COMM_COLUMNS", "ProfileTable", "unit_arrays", "born_table"]
 
 #: tp.csv's collective columns (docs/profile-format.md), per microbatch, and the TpComm field each fills.
 TP_COMM_COLUMNS = {"tp_forward_allreduce_bytes": "forward_allreduce", "tp_backward_allreduce_bytes":
@@ -136,6 +137,32 @@ class UnitArrays:
     rank's K/V shard bytes per layer, its attention layers, and one ring step's attention compute per layer in the
     forward and the backward, timed by `autopp.costmodel.context.context_parallel`."""
 
+    born: np.ndarray | None = None
+    """Per unit k, the bytes of the values unit k makes that later units read, each value once whatever cuts it
+    crosses (a rank's sequence shard of the residual stream under sequence parallelism: `autopp.costmodel.parallel.
+    group_table`); what per-unit checkpoints keep of them (`checkpoint_inputs`). None: cut[k + 1], each value
+    counted at every cut it crosses (arrays made without the profile's live values)."""
+    master: bool = False
+    """The optimizer bytes hold an fp32 master copy (the recipe the profile records, autopp.data.precision), which
+    is what FSDP2 keeps as the sharded parameter under its MixedPrecisionPolicy (`autopp.costmodel.parallel`)."""
+
+    def checkpoint_inputs(self, i: int, j: int) -> float:
+        """Bytes one microbatch of the stage of units [i, j) keeps when each unit runs under its own checkpoint: the
+        units' inputs, each value once. torch's non-reentrant `checkpoint` keeps a reference to the tensors it is
+        given for the recomputation, so a value several units read is one tensor held once: the values entering
+        the stage (cut[i], as received) and those its units make for its later units (`born`)."""
+        return float(self.cut[i] + self.born_bytes()[i:j - 1].sum()) if j > i else 0.0
+
+    def checkpoint_charge(self) -> np.ndarray:
+        """Per unit k, the bytes unit k - 1 makes for later units (`born`; 0 for unit 0): summed over a stage [i, j),
+        at most `checkpoint_inputs(i, j)` (what unit i - 1 makes for later units is part of cut[i]), the additive
+        charge of the split's memory check; the order walks charge the exact figure."""
+        return np.concatenate(([0.0], self.born_bytes()[:-1]))
+
+    def born_bytes(self) -> np.ndarray:
+        """`born`, or cut[k + 1] per unit k when the arrays have none."""
+        return self.born if self.born is not None else self.cut[1:]
+
     def transient_bytes(self) -> np.ndarray:
         """`transient`, zeros when the profile had no peak data."""
         return self.transient if self.transient is not None else np.zeros(self.n)
@@ -200,6 +227,10 @@ class ProfileTable:
         self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
         self.transient = _transients(profile, base, self.sizes)
         self.runtime = (profile.meta.runtime_forward_s, profile.meta.runtime_backward_s, profile.meta.resume_s)
+        self.born = born_table(profile, self.sizes)
+        # profiles made before the recipes (none recorded) counted no master copy in their optimizer bytes
+        made = RECIPES.get(str(profile.meta.extra.get("precision")))
+        self.master = made is not None and made.master_bytes > 0
 
     def _at(self, values: np.ndarray, x: float) -> np.ndarray:
         """The profile's interpolation (profile._interp) of every row of `values` (columns = profiled sizes)."""
@@ -223,10 +254,11 @@ class ProfileTable:
         comm = None if self.tp == 1 else TpComm(**{field: self._comm(c, b) for c, field in TP_COMM_COLUMNS.items()})
         own = {p: (np.round(self._at(self.cols[c[0]], b)), self._at(self.cols[c[1]], b))
                for p in FIGURED for c in [policy(p).columns] if c and all(x in self.cols for x in c)}
+        born = None if self.born is None else np.round(self._at(self.born, b))
         return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
-                       optimizer=self.optimizer, transient=transient, tp_comm=comm, own=own,
-                       runtime_forward_s=self.runtime[0], runtime_backward_s=self.runtime[1],
-                       resume_s=self.runtime[2])
+                       optimizer=self.optimizer, transient=transient, tp_comm=comm, own=own, born=born,
+                       master=self.master, runtime_forward_s=self.runtime[0],
+                       runtime_backward_s=self.runtime[1], resume_s=self.runtime[2])
 
 
     def _comm(self, column: str, b: float) -> np.ndarray:
@@ -290,6 +322,22 @@ def _cuts(profile: Profile, b: int) -> np.ndarray:
             diff[src + 1] += nbytes
             diff[last + 1] -= nbytes
     return np.cumsum(diff)[1:n]
+
+
+def born_table(profile: Profile, sizes: list[int], within: np.ndarray | None = None) -> np.ndarray | None:
+    """(unit x profiled size) bytes of the live values each unit makes that a later unit reads (`UnitArrays.born`),
+    each value once; values marked `recompute` are made by every stage that reads them and cross no cut (`_cuts`).
+    `within` (per unit, bool): only the values whose producer and readers all are such units. None when the profile
+    has no live values (its edges may repeat a value per reader)."""
+    if not profile.meta.live_values:
+        return None
+    out = np.zeros((profile.num_units, len(sizes)))
+    for v in profile.meta.live_values:
+        if v.action is ValueAction.RECOMPUTE or v.src < 0 or max(v.dsts) <= v.src:
+            continue
+        if within is None or (within[v.src] and all(within[d] for d in v.dsts)):
+            out[v.src] += [float(v.bytes[b]) for b in sizes]
+    return out
 
 
 def _assemble(f: np.ndarray, b: np.ndarray, i: np.ndarray, w: np.ndarray, redo: np.ndarray, static: np.ndarray,

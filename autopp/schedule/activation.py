@@ -30,15 +30,15 @@ there: offloading would move bytes within the same memory and save nothing.
 Per-unit full recomputation (`Activation.BLOCKS`, "recompute-units") checkpoints each unit of the stage on its own,
 as torchtitan's full activation checkpointing wraps each transformer block, Megatron-LM's `--recompute-granularity
 full --recompute-method uniform --recompute-num-layers 1` each layer and DeepSpeed's `activation_checkpoint_interval`
-1 each layer: a microbatch keeps the input of every unit of the stage (the profile's cut bytes before each unit,
-`UnitArrays.cut`: a value crossing several cuts is counted at each, an upper bound), and its backward redoes one
+1 each layer: a microbatch keeps the inputs of the stage's units, each value once (`UnitArrays.checkpoint_inputs`:
+torch's checkpoint holds the tensors it is given, one tensor however many units read it), and its backward redoes one
 unit's forward at a time, holding one unit's activations (the stage's largest, `UnitArrays.activation`) beside
 them; it redoes the whole forward, as whole-stage recomputation does (`_unit_figures`).
 
 Per-unit selective recomputation (`Activation.SELECTIVE_UNITS`, "selective-units") checkpoints each unit on its own
 with the selective policy, as torchtitan's `activation_checkpoint.mode = "selective"`, `selective_ac_option = "op"`
 wraps each transformer block and Megatron-LM's `--recompute-granularity selective` recomputes within each layer: a
-microbatch keeps, per unit, its input (`UnitArrays.cut`) and its saved ops' outputs (`selective_activation_bytes`);
+microbatch keeps the units' inputs (`checkpoint_inputs`) and their saved ops' outputs (`selective_activation_bytes`);
 the backward re-materialises one unit's other activations at a time and redoes the units' `selective_recompute_s`
 (`_selective_unit_figures`). No trainer re-materialises a whole stage at once: they refuse whole-stage selective.
 """
@@ -121,8 +121,8 @@ class UnitFigures(Protocol):
     def recompute(self) -> np.ndarray: ...
     @property
     def activation(self) -> np.ndarray: ...
-    @property
-    def cut(self) -> np.ndarray: ...
+    def checkpoint_inputs(self, i: int, j: int) -> float: ...
+    def checkpoint_charge(self) -> np.ndarray: ...
     @property
     def own(self) -> Mapping[Activation, tuple[np.ndarray, np.ndarray]]: ...
 
@@ -223,11 +223,11 @@ def _selective(c: StageFigures) -> Figures:
 
 
 def _selective_unit_figures(a: UnitFigures, i: int, j: int) -> Figures:
-    """Per-unit selective recomputation of the stage of units [i, j): kept, each unit's input (`cut[i:j]`) and its
-    saved ops' outputs; redone, the largest unit's other activations; redo, the units' selective recompute."""
+    """Per-unit selective recomputation of the stage of units [i, j): kept, the units' inputs (`checkpoint_inputs`)
+    and saved ops' outputs; redone, the largest unit's other activations; redo, the units' selective recompute."""
     kept, redo = _selective_kept(a)[i:j], _selective_redo(a)[i:j]
     rest = np.maximum(a.activation[i:j] - kept, 0.0).max(initial=0.0)
-    return Figures(int(kept.sum() + a.cut[i:j].sum()), float(redo.sum()), int(rest))
+    return Figures(int(kept.sum() + a.checkpoint_inputs(i, j)), float(redo.sum()), int(rest))
 
 
 def _selective_per_unit(c: StageFigures) -> Figures:
@@ -264,9 +264,9 @@ def _offload_figures(stages: Sequence[StageFigures], s: int, host_bandwidth: flo
 
 
 def _unit_figures(a: UnitFigures, i: int, j: int) -> Figures:
-    """Per-unit recomputation of the stage of units [i, j): kept, the input of each of its units (`cut[i:j]`);
-    redone, its largest unit's activations; the forward's time is the stage's own (`redo_s`)."""
-    return Figures(int(a.cut[i:j].sum()), 0.0, int(a.activation[i:j].max(initial=0.0)))
+    """Per-unit recomputation of the stage of units [i, j): kept, its units' inputs (`checkpoint_inputs`); redone,
+    its largest unit's activations; the forward's time is the stage's own (`redo_s`)."""
+    return Figures(int(a.checkpoint_inputs(i, j)), 0.0, int(a.activation[i:j].max(initial=0.0)))
 
 
 def _units(c: StageFigures) -> Figures:
@@ -334,7 +334,7 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      "in the backward", saving=5,
                      redo_s=lambda c: c.forward_s, kept=lambda c: _units(c).kept_bytes,
                      redone=lambda c: _units(c).redone_bytes, unit_redo=lambda a: a.recompute,
-                     unit_bytes=lambda a, inflight: inflight * a.cut[:-1], from_units=_unit_figures,
+                     unit_bytes=lambda a, inflight: inflight * a.checkpoint_charge(), from_units=_unit_figures,
                      checkpoint=True, per_unit=True, torchtitan="full",
                      megatron=("--recompute-granularity full", "--recompute-method uniform",
                                "--recompute-num-layers 1"),
@@ -343,7 +343,7 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      "outputs; recompute one unit's other ops at a time in the backward", saving=2,
                      redo_s=lambda c: _selective_per_unit(c).redo_s, kept=lambda c: _selective_per_unit(c).kept_bytes,
                      redone=lambda c: _selective_per_unit(c).redone_bytes, unit_redo=_selective_redo,
-                     unit_bytes=lambda a, inflight: inflight * (_selective_kept(a) + a.cut[:-1]),
+                     unit_bytes=lambda a, inflight: inflight * (_selective_kept(a) + a.checkpoint_charge()),
                      from_units=_selective_unit_figures,
                      offered=lambda a, host: Activation.SELECTIVE in a.own,
                      unoffered="the profile has no figures for selective recomputation: profile again",

@@ -83,6 +83,22 @@ def test_zero_static_bytes_follow_the_stage(zero: int) -> None:
         assert np.array_equal(out.forward, a.forward) and np.array_equal(out.backward, a.backward)
 
 
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_with_a_master_copy_fsdp2s_sharded_parameter_is_that_copy(zero: int) -> None:
+    """The bf16 recipe's optimizer bytes O hold the fp32 master copy (autopp.data.precision); FSDP2's
+    MixedPrecisionPolicy keeps the sharded parameter in fp32 and steps it, gathering bf16 copies to compute, so the
+    sharded parameter is the master: P + G + O / d at ZeRO 1 (Megatron's distributed optimizer: 6 + 12 / d bytes
+    per parameter), not P + P / d + G + O / d. Here P = G = (4, 8), O = (8, 16), d = 4."""
+    a, p, g, o = _zero_arrays()
+    out = data_sharded(replace(a, master=True), Layout(pp=2, dp=4, zero=ZERO[zero]).unit_view(), lambda s: s * 0.0)
+    assert list(out.static) == {1: [4 + 4 + 2, 8 + 8 + 4], 2: [4 + 1 + 2, 8 + 2 + 4], 3: [10, 20]}[zero]
+    plain = data_sharded(a, Layout(pp=2, dp=4, zero=ZERO[zero]).unit_view(), lambda s: s * 0.0)
+    assert list(plain.static - out.static) == list(p / 4)  # fp32 (no master): the sharded copy is one of its own
+    # at pp 1 FSDP2 holds (P' + G + O) / d, P' = 0 with a master copy
+    fsdp = data_sharded(replace(a, master=True), Layout(pp=1, dp=4, zero=ZERO[3]).unit_view(), lambda s: s * 0.0)
+    assert list(fsdp.static) == list(np.round((g + o) / 4))
+
+
 def test_zero_without_replicas_changes_nothing() -> None:
     a, *_ = _zero_arrays()
     out = data_sharded(a, UnitView(tp=1, cp=1, ep=1, sync=1, zero=ZERO[3]), lambda s: s)
@@ -206,6 +222,26 @@ def test_sequence_parallelism_divides_the_norms_inputs_by_t_and_keeps_the_collec
     with pytest.raises(ProfileError, match=r"has no sequence-parallel bytes \(tp.csv column sp_sequence_bytes, "
                                            r"profiles made before it\): profile it again, or plan with `sp` off$"):
         group_table(synthetic_profile(6, tp_degrees=(2,)), Layout(tp=2, sp=True).unit_view())
+
+
+def test_sequence_parallelism_keeps_the_residual_stream_between_a_stages_blocks_sharded() -> None:
+    """Inside a stage the residual stream between two norm-holding units stays each rank's sequence shard (the
+    runner's SequenceParallel, as torchtitan's blocks receive it), so per-unit recomputation keeps 1/t of each
+    block's input but the stage's first (received whole); what the embedding makes for block 1 and the last block
+    for the head (units without a norm in the profile's tp rows) stays whole."""
+    from autopp.costmodel import group_table
+    from autopp.data.profile_values import LiveValue, ValueAction
+    from autopp.data.synthetic_profile import synthetic_profile
+    profile = synthetic_profile(6, tp_degrees=(4,), sp=True)
+    x = 4 * 2048 * 4096  # one hidden state of the synthetic profile, float32, per sample
+    chain = tuple(LiveValue(name=f"h{u}", src=u, dsts=(u + 1,), action=ValueAction.SEND, bytes={1: x, 8: 8 * x})
+                  for u in range(5))
+    profile = replace(profile, meta=replace(profile.meta, live_values=chain))
+    off, on = (group_table(profile, Layout(tp=4, sp=sp).unit_view()).arrays(1) for sp in (False, True))
+    assert off.born is not None and list(off.born) == [x] * 5 + [0]
+    assert on.born is not None and list(on.born) == [x, x / 4, x / 4, x / 4, x, 0]
+    assert on.checkpoint_inputs(1, 5) == x + 3 * x / 4 and off.checkpoint_inputs(1, 5) == 4 * x
+    assert on.checkpoint_inputs(0, 6) == x + 3 * x / 4 + x and np.array_equal(on.cut, off.cut)
 
 
 def test_with_ep_below_dp_the_expert_gradients_are_all_reduced_over_their_replicas() -> None:

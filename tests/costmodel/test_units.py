@@ -1,4 +1,5 @@
-"""A profile as per-unit arrays: interpolation between and beyond profiled sizes, cut bytes, optimizer shares, work."""
+"""A profile as per-unit arrays: interpolation between and beyond profiled sizes, cut bytes, the inputs per-unit
+checkpoints keep, optimizer shares, work, the master copy."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pandas as pd
 import pytest
 
 from autopp.costmodel import unit_arrays
-from autopp.data.profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta, TiedGroup
+from autopp.data.profile import EDGE_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta, TiedGroup, ValueAction
+from autopp.data.profile_values import LiveValue
 from autopp.schedule import Activation
 
 #: (unit, size) -> F, B, I, W, recompute, activation bytes. Unit 0 has no I (torch's first stage); unit 1 was
@@ -103,3 +105,47 @@ def test_transient_is_the_peak_beyond_activation_output_and_gradients_interpolat
         assert list(unit_arrays(plain, 1).transient_bytes()) == [500.0, 0.0]
         assert list(unit_arrays(plain, 3).transient_bytes()) == [1100.0, 0.0]
         assert list(unit_arrays(plain, 2).transient_bytes()) == [800.0, 0.0]
+
+
+def _valued(values: list[tuple[int, tuple[int, ...], int, ValueAction]], units: int = 4) -> Profile:
+    """`units` units profiled at sizes 1 and 3, with live values (src, dsts, bytes at size 1, action), 3 x those
+    bytes at size 3."""
+    base = tiny_profile()
+    rows = pd.concat([base.units[base.units.unit == 0].assign(unit=u, name=f"u{u}") for u in range(units)])
+    live = tuple(LiveValue(name=f"v{k}", src=s, dsts=d, action=act, bytes={1: n, 3: 3 * n})
+                 for k, (s, d, n, act) in enumerate(values))
+    names = tuple(f"u{u}" for u in range(units))
+    meta = replace(base.meta, unit_names=names, split_points=names[1:], live_values=live)
+    return Profile(meta, rows.reset_index(drop=True), base.edges)
+
+
+SEND, RELAY, RECOMPUTE = ValueAction.SEND, ValueAction.RELAY, ValueAction.RECOMPUTE
+
+
+def test_per_unit_checkpoints_keep_a_value_read_by_several_units_once() -> None:
+    """A chain of 10-byte hidden states and a 5-byte value unit 0 makes for units 1-3 (crossing three cuts): torch's
+    checkpoint keeps a reference to each unit's inputs, so the 5 bytes are one tensor held once per microbatch, not
+    once per cut (15 + 10 + 10 = 35 bytes for units 1-3, where the cuts sum to 45). A value every stage recomputes
+    crosses no cut."""
+    p = _valued([(0, (1,), 10, SEND), (0, (1, 2, 3), 5, RELAY), (1, (2,), 10, SEND), (2, (3,), 10, SEND),
+                 (0, (1, 2, 3), 7, RECOMPUTE)])
+    a = unit_arrays(p, 1)
+    assert list(a.cut) == [0.0, 15.0, 15.0, 15.0, 0.0] and a.born is not None and list(a.born) == [15, 10, 10, 0]
+    assert a.checkpoint_inputs(1, 4) == 15 + 10 + 10 and a.checkpoint_inputs(0, 4) == 35
+    assert a.checkpoint_inputs(2, 4) == 15 + 10 and a.checkpoint_inputs(3, 4) == 15 and a.checkpoint_inputs(2, 2) == 0
+    assert list(a.checkpoint_charge()) == [0, 15, 10, 10]  # summed over a stage: at most checkpoint_inputs
+    assert unit_arrays(p, 3).checkpoint_inputs(1, 4) == 3 * 35
+    # without live values (the edges alone) every value counts at each cut it crosses, as before
+    old = unit_arrays(tiny_profile(), 1)
+    assert old.born is None and old.checkpoint_inputs(0, 2) == 40 and list(old.checkpoint_charge()) == [0, 40]
+
+
+def test_a_recipe_with_a_master_copy_is_marked() -> None:
+    """The bf16 and fp8 recipes count an fp32 master copy in the optimizer bytes (autopp.data.precision), which ZeRO's
+    sharding reads (autopp.costmodel.parallel); fp32 has none, nor do profiles that record no recipe (made before
+    the recipes, whose optimizer bytes held none), whatever their dtype."""
+    p = tiny_profile()
+    assert not unit_arrays(p, 1).master
+    assert not unit_arrays(replace(p, meta=replace(p.meta, dtype="bfloat16")), 1).master
+    for name, master in (("fp8", True), ("bf16", True), ("fp32", False)):
+        assert unit_arrays(replace(p, meta=replace(p.meta, extra={"precision": name})), 1).master is master

@@ -111,6 +111,21 @@ def test_per_unit_recomputation_keeps_each_units_input_and_redoes_one_unit_at_a_
     assert p.offered(a, 0.0) and policy(RECOMPUTE).saving < p.saving and not policy(RECOMPUTE).per_unit
 
 
+def test_per_unit_checkpoints_keep_each_value_once_and_the_split_charges_a_lower_bound() -> None:
+    """With the values each unit makes for later ones (`UnitArrays.born`: a 2-byte value unit 0 makes for units 1
+    and 2 beside 3-byte hidden states, so cut = 0, 5, 5, 0), a stage keeps the values entering it and those its units
+    make for its later units, each once: units 1-2 keep 5 + 3 (not 5 + 5). The split's additive charge per unit
+    (what the unit before made for later units) sums to at most that; the order walks charge the exact figure."""
+    a = replace(_chain([1.0, 2.0, 3.0], [10, 40, 20], [0, 5, 5, 0]), born=np.array([5.0, 3.0, 0.0]))
+    units, selective = policy(BLOCKS), policy(SELECTIVE_UNITS)
+    assert units.from_units is not None and selective.from_units is not None
+    assert units.from_units(a, 1, 3) == Figures(5 + 3, 0.0, 40) and units.from_units(a, 0, 3) == Figures(8, 0.0, 40)
+    assert [list(units.unit_bytes(a, n)) for n in (1, 2)] == [[0, 5, 3], [0, 10, 6]]
+    a = replace(a, own={SELECTIVE: (np.array([4.0, 16.0, 8.0]), np.array([0.1, 0.2, 0.4]))})
+    assert selective.from_units(a, 1, 3) == Figures(16 + 8 + 5 + 3, 0.2 + 0.4, 24)
+    assert list(selective.unit_bytes(a, 1)) == [4, 21, 11]
+
+
 def test_per_unit_selective_keeps_each_units_input_and_saved_ops_and_redoes_one_unit_at_a_time() -> None:
     """Per microbatch each unit's input (the cuts) and its saved ops' outputs; in the backward the largest of the
     units' other activations; the units' selective recompute redone. Against whole-stage selective: more kept per

@@ -1,0 +1,37 @@
+"""scripts/memory_terms.py (issues 25 and 30): a plan's peak rank split into the terms autopp counts, which add up
+to the peak its order walk gives (autopp.schedule.effects.order_peaks)."""
+
+from __future__ import annotations
+
+from autopp.data.cluster import Cluster
+from autopp.data.layout import LayoutPins
+from autopp.data.synthetic_profile import synthetic_profile
+from autopp.data.zero import ZERO
+from autopp.predict import plan_order, plan_stage_costs
+from autopp.schedule import Activation, ScheduleName
+from autopp.schedule.effects import order_peaks
+from autopp.solve import PlanRequest, make_plan
+
+from .conftest import load_script
+
+
+def test_the_terms_add_up_to_the_walked_peak_of_the_peak_rank() -> None:
+    """Two pipeline ranks x dp 2 (ZeRO 1), 1F1B with 4 microbatches, every stage recomputing unit by unit: the static
+    terms (weights, FSDP2's sharded parameters, fp32 profile: a copy of their own, gradients, optimizer state), the
+    in-flight microbatches' kept inputs, the backward re-materialising one unit and the working memory sum to the
+    order walk's peak of the rank the simulator names."""
+    script = load_script("memory_terms")
+    profile = synthetic_profile(8, hidden=2048, seq=8192)
+    request = PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=64 * 2**30), global_batch=8,
+                          num_microbatches=4, schedule=ScheduleName.ONE_F_ONE_B,
+                          pins=LayoutPins(pp=2, dp=2, tp=1, zero=ZERO[1]), activations=(Activation.BLOCKS,))
+    plan = make_plan(profile, request)
+    rows, notes = script.terms(plan, profile)
+    walked = order_peaks(plan_order(plan), plan_stage_costs(plan), [s.rank for s in plan.stages],
+                         [s.activation for s in plan.stages])
+    rank = max(range(2), key=lambda r: plan.predicted.peak_memory_bytes[r])
+    assert abs(sum(b for _, b in rows) - walked[rank]) <= 2  # rounding of the static terms
+    names = [n for n, _ in rows]
+    assert names[:4] == [f"{t} (1 stage)" for t in ("weights", "sharded parameters", "gradients", "optimizer state")]
+    assert dict(rows)[names[1]] > 0 and "a copy of their own" in notes[0]
+    assert any("in flight x" in n for n in names) and any("re-materialising" in n for n in names)
