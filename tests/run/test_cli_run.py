@@ -63,9 +63,12 @@ def _start_node(plan: Path, node_rank: int, port: int, report: Path) -> subproce
 
 # Issue 13, point 16: multi-node for real. Two `autopp run --nnodes 2` processes on this machine, one torchrun each,
 # rendezvous at 127.0.0.1: node 0 validates (PASSED) and writes the report, node 1 exits 0, nothing left behind.
+# dp 2 x pp 2 = 4 ranks, 2 a node: the replicas average their gradients before SGD, ranks numbered replica-first
+# (what a one-node torchrun launch of the same plan in tests/run/test_runner.py checked on a launch of its own).
 @pytest.mark.integration
 def test_two_node_torchrun_launch_on_this_machine(tmp_path: Path) -> None:
-    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2), num_microbatches=2).save(tmp_path / "p.json")
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2), num_microbatches=2,
+                         microbatch_size=2).save(tmp_path / "p.json")
     port = free_port()
     nodes = [_start_node(plan, r, port, tmp_path / f"node{r}.report.json") for r in (0, 1)]
     try:
@@ -78,8 +81,12 @@ def test_two_node_torchrun_launch_on_this_machine(tmp_path: Path) -> None:
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert "verdict     PASSED" in outputs[0] and "launcher" not in outputs[0]
     assert "node 1: its ranks finished" in outputs[1]
+    assert "pp 2 x dp 2" in outputs[0]
     report = json.loads((tmp_path / "node0.report.json").read_text())
-    assert report["passed"] is True and report["launcher"] == "torchrun" and report["num_ranks"] == 2
+    assert report["passed"] is True and report["launcher"] == "torchrun" and report["num_ranks"] == 4
+    assert [(r["rank"], r["replica"], r["pp_rank"]) for r in report["ranks"]] == [(0, 0, 0), (1, 1, 0), (2, 0, 1),
+                                                                                  (3, 1, 1)]
+    assert report["losses"] == pytest.approx(report["reference_losses"], rel=1e-5)
     assert not (tmp_path / "node1.report.json").exists()
     assert processes_mentioning(str(plan)) == []
 

@@ -19,7 +19,6 @@ from torch import nn
 
 from autopp.data.layout import Layout
 from autopp.data.plan import Plan, Prediction, StagePlan
-from autopp.data.zero import zero_stage
 from autopp.model.hf import load_model
 from autopp.model.units import discover_units, fingerprint
 from autopp.run import GRAD_RTOL, RunOptions, RunReport, run_plan
@@ -151,29 +150,28 @@ def test_dp_2_by_cp_2_averages_gradients_over_the_four_sync_ranks(tmp_path: Path
 
 
 @pytest.mark.integration
-def test_cp_2_with_zero_1_shards_over_the_cp_ranks(tmp_path: Path) -> None:
-    # ZeRO 1 without dp: FSDP2 shards the optimizer state over the cp ranks, which are the synchronisation group.
-    # The model is the tiny Llama as Qwen3: this run is also that family's with cp 2.
-    plan = llama_plan(Layout(pp=1, cp=2, zero=zero_stage(1)), [], schedule="GPipe", config=_family(tmp_path, "qwen3"))
-    _check(run_plan(plan, RunOptions(steps=2, timeout_s=300)))
-
-
-@pytest.mark.integration
-def test_a_plan_made_with_cp_2_by_the_cli_runs_validated_on_two_ranks(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    # profile -> plan --cp 2 -> run, as a user does: the plan is pp 1 x cp 2 on 2 devices (one stage, ZeRO 0: the
-    # plain cp 2 run on two ranks), its loss and every gradient match one process.
+def test_a_plan_made_with_cp_2_and_zero_1_by_the_cli_runs_validated_on_two_ranks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # profile -> plan --cp 2 --zero 1 -> run, as a user does: the plan is pp 1 x cp 2 on 2 devices (one stage), its
+    # loss and every gradient match one process. ZeRO 1 without dp: FSDP2 shards the optimizer state over the cp
+    # ranks, which are the synchronisation group. The model is the tiny Llama as Qwen3: this run is also that
+    # family's with cp 2. (Without ZeRO, cp runs in the pp x cp and dp x cp tests above.)
     from autopp.cli import main
 
     monkeypatch.chdir(tmp_path)
+    config = str(_family(tmp_path, "qwen3"))
     quick = ["--microbatch-sizes", "1,2", "--repeats", "1", "--warmup", "0"]
-    assert main(["profile", "--hf-config", str(TINY_LLAMA), "--seq-len", str(SEQ), *quick]) == 0
-    assert main(["plan", "--hf-config", str(TINY_LLAMA), "--seq-len", str(SEQ), "--devices", "2", "--cp", "2",
-                 "--pp", "1", "--schedule", "GPipe", "--zero", "0", "--recompute", "none", "--memory", "1GiB",
+    assert main(["profile", "--hf-config", config, "--seq-len", str(SEQ), *quick]) == 0
+    assert main(["plan", "--hf-config", config, "--seq-len", str(SEQ), "--devices", "2", "--cp", "2",
+                 "--pp", "1", "--schedule", "GPipe", "--zero", "1", "--recompute", "none", "--memory", "1GiB",
                  "--global-batch", "4", "-o", "plan.json"]) == 0
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert (plan["pp"], plan["cp"], plan["dp"], plan.get("zero", 0)) == (1, 2, 1, 0)  # zero: written when > 0
-    assert main(["run", "plan.json", "--steps", "2"]) == 0
+    assert (plan["pp"], plan["cp"], plan["dp"], plan["zero"]) == (1, 2, 1, 1)
+    assert plan["hf_config"]["model_type"] == "qwen3"
+    capsys.readouterr()
+    assert main(["run", "plan.json", "--steps", "2", "--run-dir", "ranks"]) == 0
+    lines = [line for f in sorted((tmp_path / "ranks").glob("rank*.out")) for line in f.read_text().splitlines()]
+    assert sum("ZeRO 1 over 2 ranks" in line for line in lines) == 2
     report = json.loads((tmp_path / "plan.report.json").read_text())
     assert report["passed"] is True and report["complete"] is True and report["cp"] == 2
     assert report["grad_max_rel_diff"] <= GRAD_RTOL

@@ -21,62 +21,48 @@ def _rank_lines(run_dir: Path, text: str) -> list[str]:
 
 
 @pytest.mark.integration
-def test_llama_pp2_tp2_dp2_zero1_on_8_ranks_matches_one_process(tmp_path: Path) -> None:
-    plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, dp=2, tp=2, zero=ZERO[1]))
+def test_llama_pp2_dp2_tp2_zero1_with_sequence_parallelism_on_8_ranks_matches_one_process(tmp_path: Path) -> None:
+    """Issue 25 item 1 on 8 ranks, every axis of the mesh at once: tensor parallelism (its 15 modules per stage), the
+    norms on half the sequence with reduce-scatter + all-gather in place of the all-reduces, whole tensors between the
+    two stages, and ZeRO 1 over the 2 replicas; the loss, every gradient and the sharded SGD step against one
+    process. (One launch for what two 8-rank tests, with and without sequence parallelism, checked apart; tensor
+    parallelism without it runs on 4 ranks below.)"""
+    plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, dp=2, tp=2, zero=ZERO[1], sp=True))
     report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
-    assert report.passed and report.layout == plan.layout == Layout(pp=2, dp=2, tp=2, zero=ZERO[1])
+    assert report.passed and report.layout == plan.layout == Layout(pp=2, dp=2, tp=2, zero=ZERO[1], sp=True)
     assert report.num_ranks == 8
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     assert len(report.grad_diffs) == 39 and len(report.losses) == 2  # every parameter; the sharded SGD step too
-    assert len(_rank_lines(tmp_path, "tensor-parallel over 2 ranks: 15 modules (4 shared inputs)")) == 8
+    assert len(_rank_lines(tmp_path, "tensor-parallel over 2 ranks: 15 modules (4 shared inputs); ")) == 8
     assert len(_rank_lines(tmp_path, "ZeRO 1 over 2 ranks: fully_shard(reshard_after_forward=False)")) == 8
+    assert len(_rank_lines(tmp_path, "sequence-parallel: 4 norms, 0 stage inputs split, 1 outputs gathered")) == 4
+    assert len(_rank_lines(tmp_path, "sequence-parallel: 5 norms, 1 stage inputs split, 1 outputs gathered")) == 4
 
 
 @pytest.mark.integration
-def test_llama_pp2_tp2_with_sequence_parallelism_on_4_ranks_matches_one_process(tmp_path: Path) -> None:
-    """Issue 25 item 1: the norms on half the sequence, reduce-scatter + all-gather in place of the all-reduces,
-    whole tensors between the two stages; the loss and every gradient against one process."""
-    plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, tp=2, sp=True))
+def test_llama_pp2_tp2_on_4_ranks_matches_one_process(tmp_path: Path) -> None:
+    """Tensor parallelism without sequence parallelism: the row-parallel linears' all-reduces, the loss and every
+    gradient against one process."""
+    plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, tp=2))
     report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
     assert report.passed and report.layout == plan.layout and report.num_ranks == 4
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     assert len(report.grad_diffs) == 39 and len(report.losses) == 2
-    assert len(_rank_lines(tmp_path, "sequence-parallel: 4 norms, 0 stage inputs split, 1 outputs gathered")) == 2
-    assert len(_rank_lines(tmp_path, "sequence-parallel: 5 norms, 1 stage inputs split, 1 outputs gathered")) == 2
+    assert len(_rank_lines(tmp_path, "tensor-parallel over 2 ranks: 15 modules (4 shared inputs)")) == 4
+    assert _rank_lines(tmp_path, "sequence-parallel") == []
 
 
 @pytest.mark.integration
-def test_llama_pp2_dp2_tp2_zero1_with_sequence_parallelism_on_8_ranks_matches_one_process(tmp_path: Path) -> None:
-    plan = pipeline_plan(LLAMA, ["model.layers.2"], layout=Layout(pp=2, dp=2, tp=2, zero=ZERO[1], sp=True))
-    report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
-    assert report.passed and report.layout == plan.layout and report.num_ranks == 8
-    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
-    assert len(report.grad_diffs) == 39 and len(report.losses) == 2
-    assert len(_rank_lines(tmp_path, "sequence-parallel: ")) == 8
-
-
-@pytest.mark.integration
-def test_sequence_parallel_stages_of_an_embedding_and_of_a_norm_alone_on_6_ranks(tmp_path: Path) -> None:
-    """Stage boundaries anywhere: stage 0 the embedding alone (no norm: nothing sequence-parallel), stage 2 the
-    final norm and head alone (its whole input split, its output gathered for the head)."""
-    plan = pipeline_plan(LLAMA, ["model.layers.0", "model.norm"], layout=Layout(pp=3, tp=2, sp=True),
-                         num_microbatches=3, microbatch_size=1)
-    report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
-    assert report.passed and report.num_ranks == 6 and len(report.grad_diffs) == 39
-    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
-    assert len(_rank_lines(tmp_path, "sequence-parallel: 0 norms, 0 stage inputs split, 0 outputs gathered")) == 2
-    assert len(_rank_lines(tmp_path, "sequence-parallel: 8 norms, 1 stage inputs split, 1 outputs gathered")) == 2
-    assert len(_rank_lines(tmp_path, "sequence-parallel: 1 norms, 1 stage inputs split, 1 outputs gathered")) == 2
-
-
-@pytest.mark.integration
-def test_interleaved_stages_with_sequence_parallelism_on_4_ranks_match_one_process(tmp_path: Path) -> None:
-    """Two stages per rank (Interleaved1F1B, v 2), each sequence-parallel on its own: split input, gathered output."""
-    plan = pipeline_plan(LLAMA, ["model.layers.1", "model.layers.2", "model.layers.3"], schedule="Interleaved1F1B",
+def test_interleaved_sequence_parallel_stages_of_an_embedding_and_of_a_norm_alone_on_4_ranks(tmp_path: Path) -> None:
+    """Two stages per rank (Interleaved1F1B, v 2), each sequence-parallel on its own, with stage boundaries anywhere:
+    stage 0 the embedding alone (no norm: nothing sequence-parallel), stages 1 and 2 two blocks each (split input,
+    gathered output), stage 3 the final norm and head alone (its whole input split, its output gathered for the
+    head)."""
+    plan = pipeline_plan(LLAMA, ["model.layers.0", "model.layers.2", "model.norm"], schedule="Interleaved1F1B",
                          layout=Layout(pp=2, v=2, tp=2, sp=True))
     report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
     assert report.passed and report.num_ranks == 4 and len(report.grad_diffs) == 39
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
-    # 2 stages x 4 ranks, each gathering its output; stage 0's blocks read the sequence-sharded embedding
-    assert len(_rank_lines(tmp_path, "stage inputs split, 1 outputs gathered")) == 8
-    assert len(_rank_lines(tmp_path, "1 stage inputs split, 1 outputs gathered")) == 6
+    assert len(_rank_lines(tmp_path, "sequence-parallel: 0 norms, 0 stage inputs split, 0 outputs gathered")) == 2
+    assert len(_rank_lines(tmp_path, "sequence-parallel: 4 norms, 1 stage inputs split, 1 outputs gathered")) == 4
+    assert len(_rank_lines(tmp_path, "sequence-parallel: 1 norms, 1 stage inputs split, 1 outputs gathered")) == 2

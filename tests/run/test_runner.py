@@ -15,7 +15,6 @@ from autopp.data.layout import Layout
 from autopp.errors import PlanError, RunError
 from autopp.run import (GRAD_RTOL, Nodes, RunFailedError, RunOptions, RunReport, format_report, measured_timeline,
                         run_plan)
-from autopp.run.launch import free_port
 from autopp.run.runner import _timing, _validation
 from autopp.run.validate import Reference
 
@@ -61,17 +60,6 @@ def test_two_stages_per_rank_match_reference_and_are_timed(schedule: str, kinds:
     assert all(0 <= e.start_s <= e.end_s <= timeline.step_time_s + 1e-3 for e in timeline.events)
     assert report.memory_method == "estimate" and all(m.peak_memory_bytes > 0 for m in report.ranks)
     assert report.ranks[0].memory_error == pytest.approx(report.ranks[0].peak_memory_bytes / 1000 - 1)
-
-
-@pytest.mark.integration
-def test_two_replicas_of_a_two_rank_pipeline_through_torchrun(tmp_path: Path) -> None:
-    # dp 2 x pp 2 = 4 ranks started by torchrun (one node): replicas average their gradients before SGD.
-    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2), num_microbatches=2, microbatch_size=2)
-    report = run_plan(plan, RunOptions(steps=2, timeout_s=90, work_dir=tmp_path, nodes=Nodes(master_port=free_port())))
-    assert report.passed and report.launcher == "torchrun" and report.layout == Layout(pp=2, dp=2)
-    assert report.losses == pytest.approx(report.reference_losses, rel=1e-5)
-    assert [(m.rank, m.replica, m.pp_rank) for m in report.ranks] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
-    assert "pp 2 x dp 2" in format_report(report)
 
 
 def test_stale_fingerprint_is_refused() -> None:

@@ -1,5 +1,7 @@
 """Vocabulary parallelism on the torch side: the sharded softmax cross-entropy against torch's, the layers found and
-refused, the body model, and (integration) one step on 2 and 4 CPU ranks against one process."""
+refused, the body model, and (integration) one step on 2 CPU ranks against one process (on 4 ranks:
+tests/run/test_vocab_run.py's plan pinned to vocab-2, 1F1B and 4 microbatches, cut where this file's 4-rank case
+was)."""
 
 from __future__ import annotations
 
@@ -163,8 +165,7 @@ def _check(job: VocabJob) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("pp,schedule,points", [(2, "1F1B", ("h.2",)), (4, "1F1B", ("h.1", "h.2", "h.3")),
-                                                (2, "GPipe", ("h.2",))])
+@pytest.mark.parametrize("pp,schedule,points", [(2, "1F1B", ("h.2",)), (2, "GPipe", ("h.2",))])
 def test_matches_one_process(pp: int, schedule: str, points: tuple[str, ...]) -> None:
     _check(VocabJob(VOCAB_GPT, points, ScheduleName(schedule), pp, num_microbatches=4, microbatch_size=2))
 

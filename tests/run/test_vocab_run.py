@@ -108,13 +108,17 @@ def test_planned_on_a_head_heavy_model_and_run_validated(tmp_path: Path, monkeyp
 
 @pytest.mark.integration
 def test_pinned_on_four_ranks_and_run_validated(tmp_path: Path) -> None:
+    """Vocab-2 pinned on 4 ranks under 1F1B with 4 microbatches (the planner alone takes GPipe with one): every
+    rank's embedding and head shards validated, the adam step too (tests/run/test_vocab.py runs 2 ranks alone)."""
     prof, plan = tmp_path / "prof", tmp_path / "p.json"
     assert main(["profile", str(ROOT / "tests" / "models" / "vocabgpt.py"), "--microbatch-sizes", "1", "--repeats",
                  "1", "--warmup", "0", "-o", str(prof)]) == 0
     assert main(["plan", "--profile", str(prof), "--devices", "4", "--memory", "4GiB", "--pp", "4", "--global-batch",
-                 "4", "--vocab", "2", "-o", str(plan)]) == 0
-    assert json.loads(plan.read_text())["vocab"] == "vocab-2"
-    _validated(plan, {f"head.weight[{64 * r}:{64 * (r + 1)}]" for r in range(4)}, optimizer="adam")
+                 "4", "--vocab", "2", "--schedule", "1F1B", "--microbatches", "4", "-o", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    assert (data["vocab"], data["schedule"], data["num_microbatches"]) == ("vocab-2", "1F1B", 4)
+    _validated(plan, {f"{w}.weight[{64 * r}:{64 * (r + 1)}]" for w in ("head", "tok_emb") for r in range(4)},
+               optimizer="adam")
 
 
 
