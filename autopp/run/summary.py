@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from ..data.plan import Plan
 from ..predict import simulate_plan
-from ..schedule import Kind, parse_action
+from ..schedule import Kind, parse_action, waited
 from .report import RankMeasure, StageTimes, relative_error
 
 __all__ = ["timed_steps", "median_step_index", "stage_times", "rank_measures"]
@@ -50,12 +50,11 @@ def _waited(plan: Plan) -> dict[tuple[int, Kind], float]:
     (`StageCost.resume_s`). Empty when no stage has a resume cost."""
     if not any(s.resume_s for s in plan.stages):
         return {}
-    waited: dict[tuple[int, Kind], list[float]] = {}
-    ends: dict[int, float] = {}
-    for e in simulate_plan(plan).events:  # grouped by rank, in execution order
-        waited.setdefault((e.action.stage, e.action.kind), []).append(float(e.start_s > ends.get(e.rank, 0.0)))
-        ends[e.rank] = e.end_s
-    return {k: statistics.median(v) for k, v in waited.items()}
+    out: dict[tuple[int, Kind], list[float]] = {}
+    events = simulate_plan(plan).events
+    for e, cold in zip(events, waited(events)):
+        out.setdefault((e.action.stage, e.action.kind), []).append(float(cold))
+    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def stage_times(plan: Plan, results: Sequence[dict[str, Any]]) -> tuple[StageTimes, ...]:

@@ -31,7 +31,7 @@ from autopp.schedule.descriptors import (
 from autopp.schedule.draw import chrome_trace, draw_timeline, write_chrome_trace
 from autopp.schedule.effects import StageCost
 from autopp.schedule.sim_state import Event
-from autopp.schedule.simulate import SimResult, simulate, simulate_named
+from autopp.schedule.simulate import SimResult, resumed_s, simulate, simulate_named, waited
 
 __all__ = [
     "POLICIES",
@@ -67,6 +67,8 @@ __all__ = [
     "parse_grid",
     "simulate",
     "simulate_named",
+    "resumed_s",
+    "waited",
     "stage_to_rank",
     "stages_per_rank",
     "to_csv_rows",

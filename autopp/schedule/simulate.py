@@ -20,7 +20,7 @@ from autopp.schedule.descriptors import DESCRIPTORS, ScheduleName, build_schedul
 from autopp.schedule.effects import StageCost, memory_timeline, rank_static_bytes, transient_peak
 from autopp.schedule.sim_state import Event, SimState, hidden_s, mirrored, new_state, pairs
 
-__all__ = ["SimResult", "simulate", "simulate_named"]
+__all__ = ["SimResult", "simulate", "simulate_named", "waited", "resumed_s"]
 
 
 @dataclass(frozen=True)
@@ -274,6 +274,27 @@ def _result(sim: SimState) -> SimResult:
              for r, timeline in zip(ranks, memory)]
     events = [e for r in ranks for e in sim.events[r]]
     return SimResult(events, step, bubble, peaks, memory)
+
+
+def waited(events: Sequence[Event]) -> list[bool]:
+    """Per event (grouped by rank in execution order, as `SimResult.events`), whether its action started after its
+    rank waited for it (later than the rank's previous action ended, or than 0): the actions `simulate` charges their
+    stage's `StageCost.resume_s`."""
+    ends: dict[int, float] = {}
+    out = []
+    for e in events:
+        out.append(e.start_s > ends.get(e.rank, 0.0))
+        ends[e.rank] = e.end_s
+    return out
+
+
+def resumed_s(result: SimResult, stage_costs: Sequence[StageCost]) -> tuple[float, ...]:
+    """Per stage, the resume time (`StageCost.resume_s`) the simulated step charged it, over all its actions."""
+    out = [0.0] * len(stage_costs)
+    if any(c.resume_s for c in stage_costs):
+        for e, cold in zip(result.events, waited(result.events)):
+            out[e.action.stage] += stage_costs[e.action.stage].resume_s if cold else 0.0
+    return tuple(out)
 
 
 def simulate_named(name: ScheduleName, num_ranks: int, num_microbatches: int, stage_costs: Sequence[StageCost],

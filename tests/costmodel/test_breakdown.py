@@ -71,3 +71,16 @@ def test_tensor_parallel_collectives_are_shown_and_async_tp_hides_some() -> None
     total = lambda p, f: sum(getattr(s, f) for s in p.time_breakdown.stages)  # noqa: E731
     assert total(plain, "tp_s") > 0 and total(plain, "tp_hidden_s") == 0
     assert total(fast, "tp_hidden_s") > 0 and total(fast, "tp_s") < total(plain, "tp_s")
+
+
+def test_the_resume_cost_is_counted_where_the_simulator_charges_it() -> None:
+    """A profile with a resume cost (stagefix): the simulator adds it to every action that starts after its rank
+    waited, and the breakdown's rows still add up to the predicted step (it was in neither compute nor bubble)."""
+    from dataclasses import replace
+    base = synthetic_profile(10)
+    profile = replace(base, meta=replace(base.meta, resume_s=0.05, runtime_forward_s=0.01, runtime_backward_s=0.02))
+    cluster = Cluster(num_devices=4, memory_bytes=80 * GiB, link=QUIET)
+    plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=16, pins=LayoutPins(pp=4, dp=1),
+                                          overlap=NO_OVERLAP))
+    assert all(s.resume_s == 0.05 for s in plan.stages)
+    _adds_up(plan)

@@ -379,3 +379,20 @@ def test_collectives_on_every_rank_never_deadlock(name: ScheduleName, v: int, pr
         synced = simulate(order, costs, owner, hops, progress_s=delays)
         lighter = [replace(c, backward_input_s=c.backward_input_s - c.sync_s, sync_s=0.0) for c in costs]
         assert synced.step_time_s >= max(m * 1.0, simulate(order, lighter, owner, hops).step_time_s) - 1e-9
+
+
+def test_waited_and_resumed_name_the_actions_the_simulator_charged() -> None:
+    """`waited` marks the actions that start after their rank idled, and `resumed_s` sums their stages' resume
+    cost: the simulated ranks' busy time is exactly their actions' durations plus that."""
+    from autopp.schedule import resumed_s, waited
+    costs = [StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, backward_s=2.0, resume_s=0.25),
+             StageCost(forward_s=0.5, backward_input_s=0.5, backward_weight_s=0.5, backward_s=1.0, resume_s=0.5)]
+    r = simulate_named(ScheduleName.ONE_F_ONE_B, 2, 4, costs, [0.0])
+    cold = waited(r.events)
+    assert cold[0] is False and any(cold)  # rank 0's first forward starts at 0
+    plain = [c.forward_s if e.action.kind is Kind.F else c.backward_s
+             for e in r.events for c in [costs[e.action.stage]]]
+    charged = resumed_s(r, costs)
+    assert sum(e.end_s - e.start_s for e in r.events) == pytest.approx(sum(plain) + sum(charged))
+    assert charged[1] > 0 and charged[1] == pytest.approx(0.5 * sum(c for e, c in zip(r.events, cold)
+                                                                    if e.action.stage == 1))

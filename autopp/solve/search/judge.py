@@ -11,8 +11,8 @@ from ...costmodel import (UnitArrays, comm_times, message_overheads, progress_de
                          step_end_time)
 from ...costmodel.vocab import VocabPasses, with_vocab_passes
 from ...data.layout import Layout
-from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, describe, policy, simulate,
-                         stage_to_rank)
+from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, describe, policy, resumed_s,
+                         simulate, stage_to_rank)
 from ...schedule.seqpipe import ChunkCosts, simulate_units
 from ..partition.dp import Bounds
 
@@ -74,6 +74,9 @@ class Verdict:
     """The slowest pipeline rank's optimizer step (included in step_s)."""
     passes: VocabPasses | None = None
     """Vocabulary parallelism's passes on every rank (None: the plain split); `costs` include them."""
+    resumed_s: tuple[float, ...] = ()
+    """Per stage, the resume time the simulated step charged its actions that started after a wait
+    (`schedule.resumed_s`; () or zeros without a resume cost): part of its ranks' busy time."""
 
     @property
     def key(self) -> tuple[float, int]:
@@ -109,4 +112,5 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | N
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
     return Verdict(c, step_time(sim.step_time_s, ar, opt), sim.step_time_s, ar, peaks,
-                   sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs), opt, passes)
+                   sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs), opt, passes,
+                   resumed_s(sim, costs))
