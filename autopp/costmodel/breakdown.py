@@ -26,17 +26,21 @@ def _split(pair: tuple[np.ndarray, np.ndarray] | None, i: int, j: int) -> tuple[
 def time_breakdown(a: UnitArrays, costs: Sequence[StageCost], bounds: Sequence[tuple[int, int]],
                    activations: Sequence[Activation], microbatches: int, speeds: Sequence[float], *,
                    splits_backward: bool, pipeline_s: float, bubble: float, sync_s: float, sync_total_s: float,
-                   optimizer_s: float, resumed_s: Sequence[float] = ()) -> TimeBreakdown:
+                   optimizer_s: float, resumed_s: Sequence[float] = (),
+                   overlapped_s: Sequence[float] = ()) -> TimeBreakdown:
     """Per stage (`costs`: the simulator's, of `bounds` at `speeds`, under `activations`), its time over
     `microbatches`: F and B (I + W where the schedule splits the backward) less the exposed collectives they contain,
     those collectives, and what the policy redoes as the simulator charges it; per step the bubble (`pipeline_s` x
     the ranks' mean idle fraction `bubble`), the synchronisation after the pipeline (`sync_s` exposed of
     `sync_total_s`) and the optimizer step. `resumed_s` (per stage; () for none): the resume time the simulated
     step charged the stage's actions that started after a wait (`StageCost.resume_s`, `schedule.resumed_s`), part
-    of their compute as the simulator counts its ranks' busy time."""
+    of their compute as the simulator counts its ranks' busy time. The expert-parallel all-to-alls inside F and B
+    (`StageCost.forward_comm_s` / `backward_comm_s`) are their own term: `overlapped_s` (per stage; () for none) of
+    them hidden in overlapped F + B pairs (`SimResult.overlapped_s`), the rest exposed."""
     stages = []
     resumed = list(resumed_s) or [0.0] * len(costs)
-    for cost, (i, j), sp, act, cold in zip(costs, bounds, speeds, activations, resumed):
+    overlapped = list(overlapped_s) or [0.0] * len(costs)
+    for cost, (i, j), sp, act, cold, hid in zip(costs, bounds, speeds, activations, resumed, overlapped):
         back = cost.backward_input_s + cost.backward_weight_s if splits_backward or cost.backward_s is None \
             else cost.backward_s
         tp, tp_hidden = (x / sp for x in _split(a.tp_seconds, i, j))
@@ -44,9 +48,10 @@ def time_breakdown(a: UnitArrays, costs: Sequence[StageCost], bounds: Sequence[t
         start = min(a.start_s(i), zero_hidden)  # the first unit's scatter, hidden in the units' sums (stage_start)
         zero, zero_hidden = (zero + start) / sp, (zero_hidden - start) / sp
         busy = cost.forward_s + back + 2 * cost.overhead_s
-        m = microbatches
-        stages.append(StageTime(compute_s=m * max(0.0, busy - tp - zero) + cold, tp_s=m * tp, tp_hidden_s=m * tp_hidden,
-                                zero_s=m * zero, zero_hidden_s=m * zero_hidden,
+        m, ep = microbatches, cost.forward_comm_s + cost.backward_comm_s
+        stages.append(StageTime(compute_s=m * max(0.0, busy - tp - zero - ep) + cold, tp_s=m * tp,
+                                tp_hidden_s=m * tp_hidden, zero_s=m * zero, zero_hidden_s=m * zero_hidden,
+                                ep_s=max(0.0, m * ep - hid), ep_hidden_s=hid,
                                 recompute_s=m * policy(act).redo_s(cost)))
     return TimeBreakdown(stages=tuple(stages), bubble_s=pipeline_s * bubble, sync_s=sync_s,
                          sync_hidden_s=max(0.0, sync_total_s - sync_s), optimizer_s=optimizer_s)

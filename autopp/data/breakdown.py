@@ -34,11 +34,15 @@ class StageTime:
     """ZeRO collectives hidden under the neighbouring layers' compute (FSDP2's prefetch)."""
     recompute_s: float = 0.0
     """What the stage's activation policy redoes (the forward again, or the selective part)."""
+    ep_s: float = 0.0
+    """Expert parallelism's dispatch and combine all-to-alls inside F and B on the critical path."""
+    ep_hidden_s: float = 0.0
+    """Those hidden under another microbatch's compute (DualPipeV's overlapped forward-backward pairs)."""
 
     @property
     def busy_s(self) -> float:
         """The stage's time on its rank: everything but the hidden collectives."""
-        return self.compute_s + self.tp_s + self.zero_s + self.recompute_s
+        return self.compute_s + self.tp_s + self.zero_s + self.recompute_s + self.ep_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +67,12 @@ class TimeBreakdown:
     def rows(self, ranks: int = 1) -> list[tuple[str, float, float]]:
         """(term, exposed seconds, hidden seconds): the stages' terms summed and averaged over the `ranks` pipeline
         ranks that run them, then the step's terms; the exposed seconds add up to the predicted step. What the plan
-        table and `autopp show` print."""
+        table and `autopp show` print; the expert-parallel row only where a stage has all-to-alls."""
         total = {f.name: sum(getattr(s, f.name) for s in self.stages) / ranks for f in fields(StageTime)}
+        ep = [("EP all-to-alls", total["ep_s"], total["ep_hidden_s"])] if total["ep_s"] + total["ep_hidden_s"] else []
         return [("compute", total["compute_s"], 0.0), ("recomputation", total["recompute_s"], 0.0),
                 ("TP/SP collectives", total["tp_s"], total["tp_hidden_s"]),
-                ("ZeRO collectives in F/B", total["zero_s"], total["zero_hidden_s"]),
+                ("ZeRO collectives in F/B", total["zero_s"], total["zero_hidden_s"]), *ep,
                 ("pipeline bubble", self.bubble_s, 0.0), ("DP/ZeRO at the step's end", self.sync_s,
                                                             self.sync_hidden_s),
                 ("optimizer step", self.optimizer_s, 0.0)]

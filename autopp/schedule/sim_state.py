@@ -74,6 +74,9 @@ class SimState:
     """Per microbatch, when each rank reached its collective (`sync`)."""
     resume: list[float] = field(default_factory=list)
     """Per stage, `StageCost.resume_s`, added to an action that starts after its rank waited (empty: none has one)."""
+    overlapped: list[float] = field(default_factory=list)
+    """Per stage, the communication seconds its actions hid in overlapped F + B pairs (`hidden_s`), each pair's
+    saving shared between its forward's and its backward's stage in proportion to their communication."""
 
     def rank_of(self, stage: int, microbatch: int) -> int:
         """The rank that runs `stage` for `microbatch` (its up replica's from `mirror` on)."""
@@ -103,7 +106,8 @@ def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequ
                     table(), table(), [0] * ranks, [0.0] * ranks, [[] for _ in range(ranks)],
                     mirror=math.inf if mirror is None else mirror, owner_up=mirrored(owner), sync=sync,
                     sync_ranks=len({owner[s] for s, t in enumerate(sync) if t}),
-                    resume=[c.resume_s for c in costs] if any(c.resume_s for c in costs) else [])
+                    resume=[c.resume_s for c in costs] if any(c.resume_s for c in costs) else [],
+                    overlapped=[0.0] * len(costs))
 
 
 def mirrored(owner: Sequence[int]) -> list[int]:

@@ -37,6 +37,9 @@ class SimResult:
     """Per rank: the highest point of ``memory_timeline`` + the largest transient of its stages (effects, TRANSIENT)."""
     memory_timeline: list[list[tuple[float, int]]]
     """Per rank: (time, bytes held from that time on); first point at time 0, static bytes plus what starts then."""
+    overlapped_s: tuple[float, ...] = ()
+    """Per stage, the communication its actions hid in overlapped F + B pairs (DualPipeV; zeros otherwise): time in
+    its `StageCost`s that the step did not spend (`SimState.overlapped`)."""
 
 
 def _compute_only(order: Order, num_stages: int, owner: Sequence[int], mirror: int | None) -> list[list[Action]]:
@@ -140,6 +143,7 @@ def _advance(sim: SimState, rank: int) -> bool:
             before = out[-1]
             saved = hidden_s(sim.costs[before[1][0]], sim.costs[s]) - (start - before[3])
             clock = start + max(0.0, durations[s][kind] - max(0.0, saved))
+            _share_overlap(sim, before[1][0], s, durations[s][kind] - (clock - start))
         else:
             clock = start + durations[s][kind]
         if waited and resume:  # the rank idled until `ready`: the action runs cold (`StageCost.resume_s`)
@@ -265,6 +269,15 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
         return _result(sim)
 
 
+def _share_overlap(sim: SimState, forward_stage: int, stage: int, hid: float) -> None:
+    """Book `hid` seconds a pair saved (F of `forward_stage`, then B of `stage`) to the two stages, in proportion
+    to the communication each brought to the pair (`SimState.overlapped`)."""
+    f, b = sim.costs[forward_stage].forward_comm_s, sim.costs[stage].backward_comm_s
+    if hid > 0 and f + b > 0:
+        sim.overlapped[forward_stage] += hid * f / (f + b)
+        sim.overlapped[stage] += hid * b / (f + b)
+
+
 def _result(sim: SimState) -> SimResult:
     ranks = range(len(sim.order))
     step = max((sim.clock[r] for r in ranks), default=0.0)
@@ -273,7 +286,7 @@ def _result(sim: SimState) -> SimResult:
     peaks = [max(h for _, h in timeline) + transient_peak((e[1][0] for e in sim.events[r]), sim.costs)
              for r, timeline in zip(ranks, memory)]
     events = [e for r in ranks for e in sim.events[r]]
-    return SimResult(events, step, bubble, peaks, memory)
+    return SimResult(events, step, bubble, peaks, memory, tuple(sim.overlapped))
 
 
 def waited(events: Sequence[Event]) -> list[bool]:

@@ -292,4 +292,4 @@ def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:
                           splits_backward=describe(c.schedule).splits_backward, pipeline_s=v.pipeline_s,
                           bubble=v.bubble, sync_s=v.allreduce_s,
                           sync_total_s=gradient_allreduce_time(a, c.bounds, owner, c.layout, placed),
-                          optimizer_s=v.optimizer_s, resumed_s=v.resumed_s)
+                          optimizer_s=v.optimizer_s, resumed_s=v.resumed_s, overlapped_s=v.overlapped_s)

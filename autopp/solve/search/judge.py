@@ -77,6 +77,8 @@ class Verdict:
     resumed_s: tuple[float, ...] = ()
     """Per stage, the resume time the simulated step charged its actions that started after a wait
     (`schedule.resumed_s`; () or zeros without a resume cost): part of its ranks' busy time."""
+    overlapped_s: tuple[float, ...] = ()
+    """Per stage, the communication its actions hid in overlapped F + B pairs (`SimResult.overlapped_s`)."""
 
     @property
     def key(self) -> tuple[float, int]:
@@ -113,4 +115,4 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | N
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
     return Verdict(c, step_time(sim.step_time_s, ar, opt), sim.step_time_s, ar, peaks,
                    sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs), opt, passes,
-                   resumed_s(sim, costs))
+                   resumed_s(sim, costs), sim.overlapped_s)
