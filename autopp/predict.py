@@ -22,7 +22,7 @@ def plan_stage_costs(plan: Plan) -> list[StageCost]:
                              static_bytes=s.static_bytes, activation_bytes=s.activation_bytes,
                              input_bytes=s.input_bytes, overhead_s=s.overhead_s, transient_bytes=s.transient_bytes,
                              own=s.own, forward_comm_s=s.comm_s, backward_comm_s=s.comm_s, sync_s=s.sync_s,
-                             resume_s=s.resume_s))
+                             resume_s=s.resume_s, scatter_s=s.scatter_s))
     return out
 
 

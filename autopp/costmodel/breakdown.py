@@ -27,7 +27,7 @@ def time_breakdown(a: UnitArrays, costs: Sequence[StageCost], bounds: Sequence[t
                    activations: Sequence[Activation], microbatches: int, speeds: Sequence[float], *,
                    splits_backward: bool, pipeline_s: float, bubble: float, sync_s: float, sync_total_s: float,
                    optimizer_s: float, resumed_s: Sequence[float] = (),
-                   overlapped_s: Sequence[float] = ()) -> TimeBreakdown:
+                   overlapped_s: Sequence[float] = (), scatter_tail_s: Sequence[float] = ()) -> TimeBreakdown:
     """Per stage (`costs`: the simulator's, of `bounds` at `speeds`, under `activations`), its time over
     `microbatches`: F and B (I + W where the schedule splits the backward) less the exposed collectives they contain,
     those collectives, and what the policy redoes as the simulator charges it; per step the bubble (`pipeline_s` x
@@ -36,22 +36,32 @@ def time_breakdown(a: UnitArrays, costs: Sequence[StageCost], bounds: Sequence[t
     step charged the stage's actions that started after a wait (`StageCost.resume_s`, `schedule.resumed_s`), part
     of their compute as the simulator counts its ranks' busy time. The expert-parallel all-to-alls inside F and B
     (`StageCost.forward_comm_s` / `backward_comm_s`) are their own term: `overlapped_s` (per stage; () for none) of
-    them hidden in overlapped F + B pairs (`SimResult.overlapped_s`), the rest exposed."""
+    them hidden in overlapped F + B pairs (`SimResult.overlapped_s`), the rest exposed. ZeRO 2's first-unit
+    scatters on the ranks' reduce-scatter streams (`StageCost.scatter_s`, m per stage): hidden, but for what the
+    streams ran past their ranks' last actions (`scatter_tail_s`, per rank; `SimResult.scatter_tail_s`), which is
+    exposed ZeRO time in place of bubble, shared among the stages in proportion to their scatters."""
     stages = []
     resumed = list(resumed_s) or [0.0] * len(costs)
     overlapped = list(overlapped_s) or [0.0] * len(costs)
-    for cost, (i, j), sp, act, cold, hid in zip(costs, bounds, speeds, activations, resumed, overlapped):
+    streamed = [microbatches * c.scatter_s for c in costs]
+    tail = sum(scatter_tail_s)
+    for cost, (i, j), sp, act, cold, hid, rs in zip(costs, bounds, speeds, activations, resumed, overlapped, streamed):
         back = cost.backward_input_s + cost.backward_weight_s if splits_backward or cost.backward_s is None \
             else cost.backward_s
         tp, tp_hidden = (x / sp for x in _split(a.tp_seconds, i, j))
         zero, zero_hidden = _split(a.zero_seconds, i, j)
-        start = min(a.start_s(i), zero_hidden)  # the first unit's scatter, hidden in the units' sums (stage_start)
-        zero, zero_hidden = (zero + start) / sp, (zero_hidden - start) / sp
+        # what a stage starting at i adds to its units' exposed sums (`UnitArrays.stage_start`, <= 0), and the first
+        # unit's scatter on the stream (`UnitArrays.stage_scatter`): the rest of its units' scatters hid in-stage
+        start, first = a.start_s(i), a.scatter_s(i)
+        zero, zero_hidden = (zero + start) / sp, (zero_hidden - start - first) / sp
         busy = cost.forward_s + back + 2 * cost.overhead_s
         m, ep = microbatches, cost.forward_comm_s + cost.backward_comm_s
+        shown = tail * rs / sum(streamed) if rs else 0.0
         stages.append(StageTime(compute_s=m * max(0.0, busy - tp - zero - ep) + cold, tp_s=m * tp,
-                                tp_hidden_s=m * tp_hidden, zero_s=m * zero, zero_hidden_s=m * zero_hidden,
+                                tp_hidden_s=m * tp_hidden, zero_s=m * zero + shown,
+                                zero_hidden_s=m * max(0.0, zero_hidden) + rs - shown,
                                 ep_s=max(0.0, m * ep - hid), ep_hidden_s=hid,
                                 recompute_s=m * policy(act).redo_s(cost)))
-    return TimeBreakdown(stages=tuple(stages), bubble_s=pipeline_s * bubble, sync_s=sync_s,
+    waited = tail / len(scatter_tail_s) if scatter_tail_s else 0.0  # the ranks' mean wait for their streams
+    return TimeBreakdown(stages=tuple(stages), bubble_s=max(0.0, pipeline_s * bubble - waited), sync_s=sync_s,
                          sync_hidden_s=max(0.0, sync_total_s - sync_s), optimizer_s=optimizer_s)

@@ -34,8 +34,9 @@ facts checked in docs/parallelism.md). Per unit with parameter, gradient and opt
   stage 1: P + P / d + G + O / d (FSDP2 without resharding after forward keeps its sharded copy beside the
            gathered one); reduce-scatter of G + all-gather of P per step.
   stage 2: P + P / d + G / d + O / d; a reduce-scatter of the microbatch's G after each backward (charged to W),
-           unit by unit under the stage's backward with `Overlap.fsdp_prefetch` (`scatter_in_backward`); all-gather
-           of P per step. Plan-only: torch's stage cannot run it.
+           unit by unit under the stage's backward with `Overlap.fsdp_prefetch`, the stage's first unit's on the
+           rank's reduce-scatter stream beside its next actions (`scatter_in_backward`); all-gather of P per step.
+           Plan-only: torch's stage cannot run it.
   stage 3: as stage 1 at the peak (after a backward every unit of the stage stays gathered until its next forward
            resharding it), and an all-gather of P before each forward (charged to F, not to the recomputed forward,
            whose gather is the one the backward needs anyway: m + 1 per step, counted on gloo), reduce-scatter of G +
@@ -280,29 +281,36 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
 
 def scatter_in_backward(a: UnitArrays, scatter: np.ndarray) -> tuple[UnitArrays, np.ndarray]:
     """`a` with ZeRO 2's reduce-scatter of each unit's gradients after every microbatch's backward (`scatter`, per
-    unit) charged to W and B, and the part of it on the critical path per unit.
+    unit) charged to W and B, and the part of it on the critical path per unit (a stage's first unit's: see below).
 
-    With `a.overlap.fsdp_prefetch`, FSDP's per-module reduce-scatter: FSDP2 (`fully_shard` on each unit, torch docs
-    "torch.distributed.fsdp.fully_shard") issues a module's reduce-scatter on its own stream as soon as that module's
-    backward has produced its gradients (its post-backward hook), beside the backward of the modules before it, as
-    `fsdp_outside_pipeline` costs it at pp 1 (torchtitan docs/fsdp.md; Llama 3, arXiv:2407.21783, s.3.3.2: FSDP
-    sharding "optimizer states and gradients" inside each pipeline stage). Inside a stage a microbatch's backward runs
-    its units in reverse, so unit u's scatter hides under unit u - 1's backward H_{u-1} (the cheaper of B and I + W,
-    as `UnitArrays.work` counts it: the same microbatch, the same stage): min(RS_u, H_{u-1}) hidden, the rest
-    exposed. The stage's first unit i finishes last: its scatter is all exposed (assumed: nothing of the rank's next
-    action, another microbatch's forward or backward, hides it). The per-unit times hide unit u's share under
-    unit u - 1 for every u > 0; a stage starting at i adds back min(RS_i, H_{i-1}) (`UnitArrays.stage_start`), so no
-    scatter hides under another stage's compute. No queueing on the one reduce-scatter stream (as at pp 1); the
-    bytes are those without the overlap (G / d; the unsharded gradients awaiting their scatter are not charged, as
-    before). Without the switch every scatter is on the critical path."""
-    exposed = scatter
+    With `a.overlap.fsdp_prefetch`, FSDP's per-module reduce-scatter on its own stream: FSDP2 (`fully_shard` on each
+    unit, torch docs "torch.distributed.fsdp.fully_shard") issues a module's reduce-scatter on a separate CUDA stream
+    in its post-backward hook, as soon as that module's backward has produced its gradients, and the compute stream
+    goes on at once; only the next use of that stream's result (the next reduce-scatter, the optimizer step at the
+    step's end) waits for it (torchtitan docs/fsdp.md; `fsdp_outside_pipeline` costs the same streams at pp 1;
+    Llama 3, arXiv:2407.21783, s.3.3.2: FSDP sharding "optimizer states and gradients" inside each pipeline stage).
+    Inside a stage a microbatch's backward runs its units in reverse, so unit u's scatter hides under unit u - 1's
+    backward H_{u-1} (the cheaper of B and I + W, as `UnitArrays.work` counts it: the same microbatch, the same
+    stage): min(RS_u, H_{u-1}) hidden, the rest charged to the backward (exposed). The stage's first unit i finishes
+    last: its whole scatter RS_i runs on the rank's reduce-scatter stream after the backward action ends, beside the
+    rank's next actions (another microbatch's forward or backward): `UnitArrays.stage_scatter`, queued by the
+    simulator (`StageCost.scatter_s`, autopp.schedule.simulate) at max(backward end, stream free), the step's end
+    on that rank (its DP/ZeRO collectives, the optimizer) after the stream. The per-unit times charge unit u its
+    RS_u - min(RS_u, H_{u-1}) (unit 0 all of RS_0); a stage starting at i takes unit i's charge off
+    (`UnitArrays.stage_start`, <= 0), so no scatter hides under another stage's compute and none is counted twice.
+    Not modelled: the in-stage scatters queueing behind a previous microbatch's first-unit scatter still on the
+    stream (each backward's own scatters are taken to find it free), the stream's contention with the pipeline's
+    point-to-point sends on the same link, and the memory of the unsharded gradients awaiting their scatter (one
+    unit's G beside the next action's activations: not charged, as before). Without the switch every scatter is on
+    the critical path, in W and B."""
+    if not a.overlap.fsdp_prefetch:
+        return replace(a, backward_weight=a.backward_weight + scatter, backward=a.backward + scatter), scatter
+    hider = np.minimum(a.backward, a.backward_input + a.backward_weight)
     hidden = np.zeros(a.n)
-    if a.overlap.fsdp_prefetch and a.n > 1:
-        hider = np.minimum(a.backward, a.backward_input + a.backward_weight)
-        hidden[1:] = np.minimum(scatter[1:], hider[:-1])
-        exposed = scatter - hidden
+    hidden[1:] = np.minimum(scatter[1:], hider[:-1])
+    exposed = scatter - hidden
     return replace(a, backward_weight=a.backward_weight + exposed, backward=a.backward + exposed,
-                   stage_start=hidden if hidden.any() else None), exposed
+                   stage_start=-exposed if exposed.any() else None, stage_scatter=scatter), exposed
 
 
 #: The terms of a rank's static bytes (`static_terms`), in order.

@@ -26,8 +26,9 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
     """Simulator costs of each stage: times scaled by its device's speed; a recomputing stage keeps its input;
     `overheads`: per stage, the message overhead of each F and B/I (`message_overheads`; default none); the
     expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`) as the communication an overlapping schedule
-    hides; a stage's `UnitArrays.start_s` in B and W. Like torch's first stage, stage 0 has no input-gradient
-    pass: its I is 0 and its W one full backward. The
+    hides; a stage's `UnitArrays.start_s` in B and W, and its `UnitArrays.scatter_s` on the rank's reduce-scatter
+    stream (`StageCost.scatter_s`; scaled by the speed as the scatters charged to B and W are). Like torch's first
+    stage, stage 0 has no input-gradient pass: its I is 0 and its W one full backward. The
     pipelining runtime's own time per action (`UnitArrays.runtime_forward_s` / `runtime_backward_s`, measured once
     per profile: autopp.measure.runtime) is added once to every stage's F and to its B, and to its I where the
     backward splits (stage 0: to its W), however many units the stage has: host time, not scaled by the device's
@@ -38,7 +39,7 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
     out = []
     rf, rb = a.runtime_forward_s, a.runtime_backward_s
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
-        start = a.start_s(i) / sp  # what a stage starting at i adds (ZeRO 2's overlapped scatters)
+        start = a.start_s(i) / sp  # what a stage starting at i adds (<= 0: first unit's scatter on the stream)
         full = float(a.backward[i:j].sum()) / sp + start + rb
         comm = 0.0 if a.ep_time is None else float(a.ep_time[i:j].sum()) / sp
         out.append(StageCost(forward_s=float(a.forward[i:j].sum()) / sp + rf,
@@ -50,7 +51,8 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              transient_bytes=stage_transient(a, i, j),
                              own=(*((p, Figures(int(kept[i:j].sum()), float(redo[i:j].sum()) / sp))
                                     for p, (kept, redo) in a.own.items()), *_from_units(a, i, j, sp)),
-                             forward_comm_s=comm, backward_comm_s=comm, resume_s=a.resume_s))
+                             forward_comm_s=comm, backward_comm_s=comm, resume_s=a.resume_s,
+                             scatter_s=a.scatter_s(i) / sp))
     derived = [p for p in POLICIES.values() if p.derive is not None] if host_bandwidth > 0 else []
     return [replace(c, own=c.own + tuple((p.name, p.derive(out, s, host_bandwidth)) for p in derived if p.derive))
             for s, c in enumerate(out)] if derived else out

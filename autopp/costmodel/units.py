@@ -117,13 +117,22 @@ class UnitArrays:
     zero_seconds: tuple[np.ndarray, np.ndarray] | None = None
     """Per unit, one microbatch's ZeRO collective seconds inside F and B (stage 3's gathers, stage 2's scatters,
     FSDP2's at pp 1) and the part of them on the critical path, already in the times (stage 2's overlapped
-    scatters: a stage's exposed part is its units' plus `stage_start` at its first unit)."""
+    scatters: a stage's exposed part is its units' plus `stage_start` at its first unit, and its first unit's
+    scatter runs on the rank's reduce-scatter stream, `stage_scatter`)."""
     stage_start: np.ndarray | None = None
-    """Per unit i, the backward seconds a stage whose first unit is i adds beyond its units' sums (None: 0 each):
-    what the per-unit times assume unit i - 1's backward hides, which is in another stage then (ZeRO 2's overlapped
-    reduce-scatter, `autopp.costmodel.parallel.scatter_in_backward`); 0 for unit 0, and never more than unit i - 1's
-    `work`, so a stage's time grows with the stage (`starts`). Every stage time from these arrays adds it:
-    `stage_costs` (the simulator's), the split's DP and CP-SAT, the breakdown's exposed ZeRO seconds."""
+    """Per unit i, the backward seconds a stage whose first unit is i adds beyond its units' sums (None: 0 each; <= 0
+    now): ZeRO 2's overlapped reduce-scatter charges each unit what its scatter exceeds the backward of the unit
+    before it, and a stage's first unit's scatter runs on the rank's reduce-scatter stream instead
+    (`stage_scatter`), so a stage starting at i takes unit i's charge off
+    (`autopp.costmodel.parallel.scatter_in_backward`). Never more than unit i's own charge, which is part of its
+    `work`, so a stage's time still grows with the stage (`starts`). Every stage time from these arrays adds it:
+    `stage_costs` (the simulator's), the split's DP and CP-SAT, the breakdown's exposed ZeRO seconds, the search's
+    bounds."""
+    stage_scatter: np.ndarray | None = None
+    """Per unit i, the seconds of one microbatch's reduce-scatter a stage whose first unit is i queues on its rank's
+    reduce-scatter stream when the microbatch's backward ends (None: none; ZeRO 2 with `Overlap.fsdp_prefetch`,
+    `autopp.costmodel.parallel.scatter_in_backward`): `StageCost.scatter_s`, which the simulator runs beside the
+    rank's next actions (autopp.schedule.simulate)."""
     runtime_forward_s: float = 0.0
     """Not per unit: the pipelining runtime's own time in each forward action of a stage, once per stage however
     many units it has (the profile's `runtime_forward_s`; `autopp.costmodel.stage.stage_costs` adds it)."""
@@ -174,6 +183,10 @@ class UnitArrays:
     def start_s(self, i: int) -> float:
         """`stage_start` of a stage whose first unit is i (0 without it)."""
         return 0.0 if self.stage_start is None or i >= self.n else float(self.stage_start[i])
+
+    def scatter_s(self, i: int) -> float:
+        """`stage_scatter` of a stage whose first unit is i (0 without it)."""
+        return 0.0 if self.stage_scatter is None or i >= self.n else float(self.stage_scatter[i])
 
     def starts(self, values: np.ndarray) -> np.ndarray:
         """Prefix sums of per-unit times `values` as a stage's start sees them: s[i] = prefix[i] - `start_s(i)`, so

@@ -9,7 +9,13 @@ Each switch is an assumption about the trainer that runs the plan, with its sour
   outside a pipeline (pp 1, a ZeRO stage that reshards after forward; `autopp.costmodel.parallel`) and for ZeRO 2's
   reduce-scatter after every microbatch inside a pipeline stage (pp > 1; plan-only, as Meta's FSDP ran it for
   Llama 3, arXiv:2407.21783 s.3.3.2): each unit's scatter under the backward of the unit before it in the same
-  stage, the stage's first unit's exposed (`autopp.costmodel.parallel.scatter_in_backward`). Under
+  stage, and the stage's first unit's (the last to finish) on the rank's reduce-scatter stream: FSDP2 issues it in
+  the post-backward hook on its own stream and the compute stream goes on with the rank's next action (another
+  microbatch's forward or backward) at once; the simulator queues it there at max(backward end, stream free), and
+  only the step's end on that rank (its DP/ZeRO collectives, the optimizer) waits for the stream
+  (`autopp.costmodel.parallel.scatter_in_backward`, autopp.schedule.simulate). Not modelled: the stream's
+  contention with the pipeline's point-to-point sends on the same link, and the memory of the unsharded gradients
+  awaiting their scatter (not charged). Under
   torch.distributed.pipelining's ZeRO 1 and 3 the stage keeps parameters gathered and gradients unsharded until
   the last microbatch, so there is nothing per layer to overlap.
 - `grad_reduce`: the data-parallel gradient reduction (all-reduce, or ZeRO's reduce-scatter) runs bucket by bucket
@@ -38,7 +44,8 @@ class Overlap:
 
     fsdp_prefetch: bool = True
     """FSDP2's per-module all-gathers and reduce-scatters under the neighbouring modules' compute (pp 1), and ZeRO
-    2's per-microbatch reduce-scatters under the stage's backward (pp > 1)."""
+    2's per-microbatch reduce-scatters under the stage's backward and, the stage's first unit's, on the rank's
+    reduce-scatter stream beside its next actions (pp > 1)."""
     grad_reduce: bool = True
     """The data-parallel gradient reduction under the step's last backward."""
     async_tp: bool = False

@@ -79,6 +79,7 @@ class StagePlan:
     """The part of each backward that every rank runs at once as one collective (the vocabulary output pass, in
     backward_s and backward_input_s; `StageCost.sync_s`); 0 and not written without it."""
     resume_s: float = 0.0  #: extra time of an action after its rank waited (`StageCost.resume_s`); 0: not written
+    scatter_s: float = 0.0  #: ZeRO 2's first-unit scatter on the rank's stream (`StageCost.scatter_s`); 0: not written
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
@@ -97,8 +98,7 @@ class Prediction:
     """Predicted figures of a whole plan (or of a baseline split)."""
 
     step_time_s: float
-    peak_memory_bytes: tuple[int, ...]
-    """One per rank."""
+    peak_memory_bytes: tuple[int, ...]  #: one per rank
     bubble_fraction: float
     """Idle fraction of the pipeline: 1 - busy time / (ranks * step time)."""
     stage_units: tuple[tuple[int, int], ...] = ()  #: the split these figures belong to (used by baselines)

@@ -24,10 +24,10 @@ _STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "act
 #: The stage fields of the activation policies' own figures (`figure_keys`: "selective_bytes", "selective_redo_s").
 FIGURE_FIELDS = tuple(k for a in FIGURED for k in figure_keys(a))
 #: Stage fields not written when 0 (plans without peak data, profiles without a policy's figures).
-OMITTED_WHEN_0 = ("transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s")
+OMITTED_WHEN_0 = ("transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s", "scatter_s")
 #: Number fields of a stage (finite, >= 0; the backward's I and W may be null, in plans that predate them).
 STAGE_NUMBERS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "progress_s",
-                 "overhead_s", "transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s")
+                 "overhead_s", "transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s", "scatter_s")
 _PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
 #: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
 _SEED_LIMIT = 2**63

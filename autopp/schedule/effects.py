@@ -98,12 +98,19 @@ class StageCost:
     beside a long one waits before nearly every action (issue 29: examples/resnet.py's last block with the
     classifier ran at 1.4x its profiled F + B)."""
 
+    scatter_s: float = 0.0
+    """Per microbatch, the collective the stage's rank runs on its own stream after the microbatch's B (or W, where
+    the backward splits) ends, not in its busy time: ZeRO 2's reduce-scatter of the stage's first unit's gradients,
+    FSDP2's post-backward hook (autopp.costmodel.parallel.scatter_in_backward). The simulator queues it on the
+    rank's reduce-scatter stream (`simulate`); the rank's compute goes on, and the step's end waits for it."""
+
     def figures(self, a: Activation) -> Figures:
         """Policy `a`'s own figures for this stage (`own`; zeros when it has none)."""
         return next((f for p, f in self.own if p is a), _NO_FIGURES)
 
     def __post_init__(self) -> None:
         times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s, self.resume_s,
+                 self.scatter_s,
                  0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s,
                  *(f.redo_s for _, f in self.own))
         sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes,

@@ -124,12 +124,14 @@ def unit_costs(cost: StageCost, chunks: ChunkCosts) -> StageCost:
     """One unit's cost on a stage, for the simulator's timing: times x the largest chunk time share (equal-cost
     chunks differ only by rounding, so this is their common time to within one ``multiple`` of tokens); bytes x
     the largest memory share (`chunk_peaks` counts each chunk's own). The per-message overhead is per unit, unscaled:
-    this is where many short chunks lose. Under keep only: the policies' own figures are dropped."""
+    this is where many short chunks lose. Under keep only: the policies' own figures are dropped. ZeRO 2's streamed
+    scatter (`StageCost.scatter_s`) x the share too: the microbatch's one scatter spread over its chunks' backwards."""
     t, b = max(chunks.time), max(chunks.memory)
     scaled = None if cost.backward_s is None else cost.backward_s * t
     return replace(cost, forward_s=cost.forward_s * t, backward_input_s=cost.backward_input_s * t,
                    backward_weight_s=cost.backward_weight_s * t, backward_s=scaled,
                    forward_comm_s=cost.forward_comm_s * t, backward_comm_s=cost.backward_comm_s * t,
+                   scatter_s=cost.scatter_s * t,
                    activation_bytes=math.ceil(cost.activation_bytes * b),
                    input_bytes=math.ceil(cost.input_bytes * b), transient_bytes=math.ceil(cost.transient_bytes * b),
                    own=())

@@ -74,6 +74,11 @@ class SimState:
     """Per microbatch, when each rank reached its collective (`sync`)."""
     resume: list[float] = field(default_factory=list)
     """Per stage, `StageCost.resume_s`, added to an action that starts after its rank waited (empty: none has one)."""
+    scatter: list[float] = field(default_factory=list)
+    """Per stage, `StageCost.scatter_s`, queued on the rank's reduce-scatter stream after each B or W (empty: none
+    has one)."""
+    stream: list[float] = field(default_factory=list)
+    """Per rank, when its reduce-scatter stream is free (`scatter`; 0 until a scatter is queued)."""
     overlapped: list[float] = field(default_factory=list)
     """Per stage, the communication seconds its actions hid in overlapped F + B pairs (`hidden_s`), each pair's
     saving shared between its forward's and its backward's stage in proportion to their communication."""
@@ -107,7 +112,8 @@ def new_state(order: list[list[Action]], costs: Sequence[StageCost], owner: Sequ
                     mirror=math.inf if mirror is None else mirror, owner_up=mirrored(owner), sync=sync,
                     sync_ranks=len({owner[s] for s, t in enumerate(sync) if t}),
                     resume=[c.resume_s for c in costs] if any(c.resume_s for c in costs) else [],
-                    overlapped=[0.0] * len(costs))
+                    scatter=[c.scatter_s for c in costs] if any(c.scatter_s for c in costs) else [],
+                    stream=[0.0] * ranks, overlapped=[0.0] * len(costs))
 
 
 def mirrored(owner: Sequence[int]) -> list[int]:

@@ -30,7 +30,7 @@ class SimResult:
     events: list[Event]
     """Every compute action with its start and end, grouped by rank in execution order."""
     step_time_s: float
-    """Time from 0 until the last action ends."""
+    """Time from 0 until the last action ends, or a rank's reduce-scatter stream after it (`scatter_tail_s`)."""
     bubble_fraction: list[float]
     """Per rank: (step time - busy time) / step time."""
     peak_memory_bytes: list[int]
@@ -40,6 +40,10 @@ class SimResult:
     overlapped_s: tuple[float, ...] = ()
     """Per stage, the communication its actions hid in overlapped F + B pairs (DualPipeV; zeros otherwise): time in
     its `StageCost`s that the step did not spend (`SimState.overlapped`)."""
+    scatter_tail_s: tuple[float, ...] = ()
+    """Per rank, how long its reduce-scatter stream (`StageCost.scatter_s`) runs past the rank's last action, which
+    the step's end on that rank waits for (empty: no stage has such a scatter); the rest of the scatters ran beside
+    the rank's actions or in its idle time."""
 
 
 def _compute_only(order: Order, num_stages: int, owner: Sequence[int], mirror: int | None) -> list[list[Action]]:
@@ -91,7 +95,7 @@ def _advance(sim: SimState, rank: int) -> bool:
     fwd, grad, inputs, weights = sim.fwd_end, sim.grad_end, sim.input_end, sim.weight_end
     hop_in, hop_back, durations, last = sim.hop_in, sim.hop_back, sim.durations, len(sim.costs) - 1
     delay_in, delay_back, owner, owner_up, mirror = sim.delay_in, sim.delay_back, sim.owner, sim.owner_up, sim.mirror
-    sync, resume = sim.sync, sim.resume
+    sync, resume, scatter, stream = sim.sync, sim.resume, sim.scatter, sim.stream
     forward, weight, backward_input, end = Kind.F, Kind.W, Kind.I, len(acts)
     while pos < end:
         a = acts[pos]
@@ -148,6 +152,8 @@ def _advance(sim: SimState, rank: int) -> bool:
             clock = start + durations[s][kind]
         if waited and resume:  # the rank idled until `ready`: the action runs cold (`StageCost.resume_s`)
             clock += resume[s]
+        if scatter and scatter[s] and kind is not forward and kind is not backward_input:  # on the rank's stream
+            stream[rank] = (clock if clock > stream[rank] else stream[rank]) + scatter[s]
         if mb in table:
             raise ScheduleError(f"{a} is scheduled twice (or both B and I/W run for it)")
         table[mb] = clock
@@ -252,6 +258,12 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     wait between the two, so the pair ends max(Fc + Bc, Fm + Bm) after the forward started. With ``mirror`` (Chimera,
     `Descriptor.mirror`), microbatches from ``mirror`` on run the up pipeline: stage s on rank
     p - 1 - stage_to_rank[s], with the same transfer times, and each rank holds both of its replicas' static bytes.
+    A stage with `StageCost.scatter_s` (ZeRO 2's first-unit reduce-scatter under FSDP2,
+    autopp.costmodel.parallel.scatter_in_backward) queues it on its rank's reduce-scatter stream when each of its B
+    (or W) actions ends: it starts at max(that end, the stream free) and takes its time, while the rank goes on
+    with its next action at once; the step ends on each rank when both its actions and its stream are done
+    (`SimResult.scatter_tail_s`), and what the step does after the pipeline (the DP/ZeRO collectives, the
+    optimizer: autopp.costmodel.terms) comes after that.
     Raises ScheduleError on a malformed order or a deadlock.
     """
     n = len(stage_costs)
@@ -280,13 +292,14 @@ def _share_overlap(sim: SimState, forward_stage: int, stage: int, hid: float) ->
 
 def _result(sim: SimState) -> SimResult:
     ranks = range(len(sim.order))
-    step = max((sim.clock[r] for r in ranks), default=0.0)
+    tails = tuple(max(0.0, sim.stream[r] - sim.clock[r]) for r in ranks) if sim.scatter else ()
+    step = max((sim.clock[r] + (tails[r] if tails else 0.0) for r in ranks), default=0.0)
     bubble = [max(0.0, (step - _busy(sim.events[r])) / step) if step > 0 else 0.0 for r in ranks]  # no -1e-16
     memory = [memory_timeline(sim.events[r], sim.costs, sim.activations, _static(sim, r)) for r in ranks]
     peaks = [max(h for _, h in timeline) + transient_peak((e[1][0] for e in sim.events[r]), sim.costs)
              for r, timeline in zip(ranks, memory)]
     events = [e for r in ranks for e in sim.events[r]]
-    return SimResult(events, step, bubble, peaks, memory, tuple(sim.overlapped))
+    return SimResult(events, step, bubble, peaks, memory, tuple(sim.overlapped), tails)
 
 
 def waited(events: Sequence[Event]) -> list[bool]:

@@ -113,3 +113,34 @@ def test_expert_all_to_alls_are_their_own_row_and_the_rows_still_add_up(schedule
     assert rows["EP all-to-alls"][0] > 0
     assert (rows["EP all-to-alls"][1] > 0) == (schedule == "DualPipeV")
     _adds_up(plan)
+
+
+def test_zero_2s_streamed_scatters_count_hidden_but_for_what_outlasts_each_ranks_actions() -> None:
+    """ZeRO 2 under a pipeline with fsdp_prefetch: each stage's first unit's reduce-scatter runs on the rank's
+    stream (`StagePlan.scatter_s`, not in its backward); the breakdown counts the same collectives as without the
+    overlap, split into exposed and hidden, what the streams run past the ranks' last actions exposed, and its rows
+    add up to the step. The plan's JSON keeps the streamed scatters, so `autopp show` simulates the same step."""
+    from autopp.data.plan import Plan
+    from autopp.predict import simulate_plan
+    slow = Link(latency_s=1e-5, bandwidth_bytes_per_s=2e8)
+    plans = {}
+    for overlap in (Overlap(fsdp_prefetch=True, grad_reduce=False), NO_OVERLAP):
+        cluster = Cluster(num_devices=4, memory_bytes=80 * GiB, link=slow)
+        plans[overlap.fsdp_prefetch] = make_plan(synthetic_profile(10), PlanRequest(
+            cluster=cluster, global_batch=16, num_microbatches=8, pins=LayoutPins(pp=2, dp=2, zero=ZERO[2]),
+            overlap=overlap))
+    on, off = plans[True], plans[False]
+    for plan in (on, off):
+        _adds_up(plan)
+    assert all(s.scatter_s > 0 for s in on.stages) and all(s.scatter_s == 0 for s in off.stages)
+    b_on, b_off = on.time_breakdown, off.time_breakdown
+    assert b_on is not None and b_off is not None and on.stages[0].units == off.stages[0].units
+    total = lambda b: sum(s.zero_s + s.zero_hidden_s for s in b.stages)  # noqa: E731
+    assert total(b_on) == pytest.approx(total(b_off), rel=1e-9)  # the same scatters, split differently
+    assert all(s.zero_hidden_s == 0 for s in b_off.stages) and all(s.zero_hidden_s > 0 for s in b_on.stages)
+    sim = simulate_plan(Plan.from_json(on.to_json()))
+    assert sum(sim.scatter_tail_s) > 0 and sim.step_time_s + on.predicted.allreduce_s + on.predicted.optimizer_s \
+        == pytest.approx(on.predicted.step_time_s, rel=1e-9)
+    # the streams' tails are exposed ZeRO time: at least their mean over the ranks
+    assert sum(s.zero_s for s in b_on.stages) / on.layout.pp >= sum(sim.scatter_tail_s) / on.layout.pp
+    assert on.predicted.step_time_s < off.predicted.step_time_s

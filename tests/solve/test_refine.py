@@ -89,3 +89,24 @@ def test_recompute_choices_are_minimal_per_rank() -> None:
     assert recompute_choices(costs, cand.owner, actions, lambda r: 1500, (KEEP,)) == []
     assert recompute_choices(costs, cand.owner, actions, lambda r: 10**6, (KEEP, RECOMPUTE)) \
         == [(KEEP,) * 4]
+
+
+@pytest.mark.parametrize("name", [ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B,
+                                  ScheduleName.ZBV_ZERO_BUBBLE], ids=lambda n: n.value)
+def test_exact_mode_equals_the_brute_force_with_zero_2s_scatters_on_the_stream(name: ScheduleName) -> None:
+    """ZeRO 2 + fsdp_prefetch (`scatter_in_backward`): each stage's first unit's scatter on its rank's stream, which
+    the simulator runs beside the rank's next actions and the step's end waits for. The refinement's floor (the
+    stages' busy times alone) stays a lower bound of such a step, so exact mode still finds the brute force's best."""
+    from dataclasses import replace
+
+    from autopp.costmodel import scatter_in_backward
+    from autopp.data.overlap import TRAINER_OVERLAP
+    a, cluster, seed_cand = _case(name, 1)
+    rng = random.Random(name.value)
+    a, _ = scatter_in_backward(replace(a, overlap=TRAINER_OVERLAP),
+                               a.backward * np.array([rng.uniform(0.0, 2.5) for _ in range(a.n)]))
+    got = refine(a, cluster, seed_cand, (KEEP, RECOMPUTE))
+    want = brute_force(a, cluster, name, layout=seed_cand.layout, m=seed_cand.microbatches,
+                       activations=(KEEP, RECOMPUTE)).best
+    assert got.exact and want is not None and got.best is not None
+    assert got.best.step_s == want.step_s and sum(got.best.scatter_tail_s) > 0

@@ -260,7 +260,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
                   progress_s=delays[s], overhead_s=cost.overhead_s, transient_bytes=cost.transient_bytes,
                   own=tuple(f for f in cost.own if f[0] is c.activations[s]), comm_s=cost.forward_comm_s,
-                  sync_s=cost.sync_s, resume_s=cost.resume_s)
+                  sync_s=cost.sync_s, resume_s=cost.resume_s, scatter_s=cost.scatter_s)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c))
@@ -292,4 +292,5 @@ def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:
                           splits_backward=describe(c.schedule).splits_backward, pipeline_s=v.pipeline_s,
                           bubble=v.bubble, sync_s=v.allreduce_s,
                           sync_total_s=gradient_allreduce_time(a, c.bounds, owner, c.layout, placed),
-                          optimizer_s=v.optimizer_s, resumed_s=v.resumed_s, overlapped_s=v.overlapped_s)
+                          optimizer_s=v.optimizer_s, resumed_s=v.resumed_s, overlapped_s=v.overlapped_s,
+                          scatter_tail_s=v.scatter_tail_s)

@@ -93,10 +93,12 @@ Assign = dict[tuple[int, int], cp_model.IntVar]
 
 def start_load(a: UnitArrays, end: Assign, k: int, resolution: float) -> cp_model.LinearExpr | int:
     """What stage k adds at its first unit (`UnitArrays.stage_start`, in units of `resolution`), from the boundary
-    where stage k - 1 ends: 0 for stage 0 and without it."""
-    if a.stage_start is None or k == 0:
+    where stage k - 1 ends (stage 0's first unit is unit 0's); 0 without it."""
+    if a.stage_start is None:
         return 0
     start = np.round(a.stage_start / resolution).astype(np.int64)
+    if k == 0:
+        return int(start[0])
     return sum(int(start[j]) * end[j, k - 1] for j in range(1, a.n) if start[j])
 
 

@@ -236,8 +236,12 @@ def _min_max_index(tb: _Tables, cands: np.ndarray) -> int | None:
     """Index in `cands` of the least feasible bottleneck (binary search), or None when nothing fits."""
     if not _reachable(tb, INF):
         return None
-    # No bottleneck is below the largest unit on the fastest device, nor below the total work over all speeds.
-    floor = max(float(np.max(np.diff(tb.work))) / max(tb.speed), float(tb.work[-1]) / sum(tb.speed))
+    # No bottleneck is below the largest one-unit stage on the fastest device, nor below the total over all speeds.
+    # (A stage of one unit i takes work[i + 1] - start[i]; the stages together at least the total less the most
+    # that S first units take off, `UnitArrays.stage_start` <= 0.)
+    off = np.sort(np.maximum(tb.start - tb.work, 0.0)[:-1])[::-1][:len(tb.speed)].sum()
+    floor = max(float(np.max(tb.work[1:] - tb.start[:-1])) / max(tb.speed),
+                float(tb.work[-1] - off) / sum(tb.speed))
     lo, hi = int(np.searchsorted(cands, floor * (1 - 1e-9))), len(cands) - 1
     while lo < hi:
         mid = (lo + hi) // 2

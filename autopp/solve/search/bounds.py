@@ -8,8 +8,11 @@ included when every stage recomputes):
   2. sum_s T_s >= W / max_r sp_r           (all of W at the fastest speed)
   3. max_s T_s >= max(max_r R_r / v, the largest unit / max_r sp_r)
   4. max_s (F + I - W)_s^+ >= the mean over the S stages (for speed 1; / max sp_r otherwise); stage 0 has I = 0
-     and W = B, so each unit counts the smaller of F + I - W and F - B; less every unit's `UnitArrays.stage_start`
-     (the W a stage adds at its first unit: at most all of them)
+     and W = B, so each unit counts the smaller of F + I - W and F - B; less every unit's positive
+     `UnitArrays.stage_start` (the W a stage adds at its first unit: at most all of them; one that takes W off only
+     raises F + I - W)
+  W above is less the S largest amounts a stage's first unit sheds (a negative `UnitArrays.stage_start`: ZeRO 2's
+  first-unit reduce-scatter, on the rank's stream instead of in the stage), and in (3) each unit's work less its own.
   5. sum of the p - 1 (x v for multi-stage layouts) rank-crossing transfers >= their count x the cheapest transfer
      of any interior cut over any link
   6. the step's end (costmodel.step_end_floor): some rank holds >= all gradients / p, and the ring all-reduce grows
@@ -68,12 +71,13 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activati
     # the estimate charges a stage what its policy redoes, at most the forward again
     redo = np.minimum(policy(activation).unit_redo(a), a.forward)
     unit = a.work() + redo
-    total, sum_sp, max_sp = float(unit.sum()), *_speeds(req, c)
+    off = np.maximum(-a.stage_start, 0.0) if a.stage_start is not None else np.zeros(a.n)  # what a first unit sheds
+    total, sum_sp, max_sp = float(unit.sum() - np.sort(off)[::-1][:c.layout.stages].sum()), *_speeds(req, c)
     rank = total / sum_sp  # (1)
-    stage = max(rank / c.layout.v, float(unit.max()) / max_sp)  # (3)
+    stage = max(rank / c.layout.v, float((unit - off).max()) / max_sp)  # (3)
     # (4); per unit the smaller of F + I - W and F - B, as stage 0 has I = 0 and W = B
     per_unit = np.minimum(a.forward + a.backward_input - a.backward_weight, a.forward - a.backward) + redo
-    starts = 0.0 if a.stage_start is None else float(a.stage_start.sum())  # what stages' first units add to W, at most
+    starts = 0.0 if a.stage_start is None else float(np.maximum(a.stage_start, 0.0).sum())  # added to W, at most
     gap = (float(per_unit.sum()) - starts) / c.layout.stages / max_sp
     bound = d.pipe_bound if simulated else d.estimate_bound or d.pipe_bound
     assert bound is not None  # configurations are named schedules

@@ -79,6 +79,9 @@ class Verdict:
     (`schedule.resumed_s`; () or zeros without a resume cost): part of its ranks' busy time."""
     overlapped_s: tuple[float, ...] = ()
     """Per stage, the communication its actions hid in overlapped F + B pairs (`SimResult.overlapped_s`)."""
+    scatter_tail_s: tuple[float, ...] = ()
+    """Per pipeline rank, how long its reduce-scatter stream ran past its last action (`SimResult.scatter_tail_s`;
+    () without ZeRO 2's first-unit scatters on the stream): part of `pipeline_s`."""
 
     @property
     def key(self) -> tuple[float, int]:
@@ -115,4 +118,4 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | N
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))
     return Verdict(c, step_time(sim.step_time_s, ar, opt), sim.step_time_s, ar, peaks,
                    sum(sim.bubble_fraction) / len(sim.bubble_fraction), fits, tuple(costs), opt, passes,
-                   resumed_s(sim, costs), sim.overlapped_s)
+                   resumed_s(sim, costs), sim.overlapped_s, sim.scatter_tail_s)

@@ -115,7 +115,8 @@ def links_hold_messages(cluster: Cluster) -> bool:
 
 def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
               activations: tuple[Activation, ...]) -> float:
-    """The schedule descriptor's closed form for the split under each stage's policy, plus the step's end."""
+    """The schedule descriptor's closed form for the split under each stage's policy, plus stage 0's last scatter on
+    its rank's reduce-scatter stream (`StageCost.scatter_s`: ZeRO 2 under FSDP2's streams) and the step's end."""
     owner = stage_to_rank(c.schedule, c.layout.pp, c.layout.v)
     cluster = req.cluster.placed(c.layout)
     speeds = stage_speeds(cluster, owner)
@@ -131,7 +132,8 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
                          [max(0.0, i - h) + x.overhead_s + r for (i, _), x, r, h in zip(backward, costs, redo, hide)],
                          [w for _, w in backward],
                          owner, comm_times(a, cluster, bounds, owner), c.m)
-    return est + sum(step_end_time(a, cluster, bounds, owner, c.layout, speeds, d.mirror(c.m) is not None))
+    tail = costs[0].scatter_s  # stage 0's last backward ends the pipeline; its scatter on the stream then ends it
+    return est + tail + sum(step_end_time(a, cluster, bounds, owner, c.layout, speeds, d.mirror(c.m) is not None))
 
 
 def _hidden(x: StageCost, c: Config) -> float:
