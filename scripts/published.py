@@ -226,12 +226,14 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
     """The run's model's analytic profile on its device at its sequence length (AdamW) in recipe `precision`
     (autopp.data.precision; other than bf16: a directory of its own), with rows of the TP degrees `tp`: loaded from
     profiles/ when it is current as `autopp plan` judges a cached profile (the same model fingerprint, HF source,
-    recipe, device and TP rows: autopp.cli.profile), its TP rows count sequence parallelism and it records its
-    recipe (profiles counted before autopp.data.precision kept 2-byte bf16 gradients), else counted and saved there."""
+    recipe, device, TP rows and routing facts: autopp.cli.profile), its TP rows count sequence parallelism and it
+    records its recipe (profiles counted before autopp.data.precision kept 2-byte bf16 gradients), else counted and
+    saved there."""
     from autopp.cli.profile import _current
     from autopp.costmodel.parallel import sp_offered
     from autopp.data.catalog import load_device
     from autopp.data.hf_config import hf_source
+    from autopp.model.experts import moe_facts
     from autopp.model.hf import load_model
     from autopp.model.meta import build_units
     suffix = "" if precision == "bf16" else f"-{precision}"
@@ -240,8 +242,10 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
     model = load_model(source.config_path, source.to_json())
     if (out / "meta.json").is_file():
         cached = load_profile(out)
-        why = _current(cached, build_units(model)[2], source.to_json(), load_device(_device(run)).name, tp,
-                       precision) or (None if not tp or sp_offered(cached) else "its TP rows have no SP bytes") \
+        built, _, fingerprint = build_units(model)
+        why = _current(cached, fingerprint, source.to_json(), load_device(_device(run)).name, tp, precision,
+                       moe_facts(built.model)) \
+            or (None if not tp or sp_offered(cached) else "its TP rows have no SP bytes") \
             or (None if "precision" in cached.meta.extra else "counted before the recipes' bytes per parameter")
         if why is None:
             return cached
