@@ -125,8 +125,9 @@ DEEPSEEK_V3 = Published(
             "bf16, bf16 weights with fp32 master, gradients and Adam states); DualPipe (bidirectional, "
             "two copies of each stage) as DualPipeV, its V-shaped half; microbatch size 1 (120 per DP group; not "
             "stated); recomputation chosen by autopp (the report recomputes RMSNorm and the MLA up-projections); the "
-            "multi-token-prediction module (one more MoE layer, 14 B parameters) and node-limited routing not "
-            "modelled; balanced routing")
+            "multi-token-prediction module (one more MoE layer, 14 B parameters) not modelled; balanced routing; "
+            "its all-to-alls as s.3.2.2 and s.3.3.4 run them: node-limited (each token across nodes once per "
+            "target node, at most 4, forwarded over NVLink) with the dispatch in FP8 (autopp.costmodel.alltoall)")
 
 #: torchtitan's Llama 3.1 8B with FSDP alone on 128 H100 (examples/configs/llama-3-8b.json: Llama 3 and 3.1 8B share
 #: their shapes; 3.1 differs in RoPE scaling and context length, neither of which changes a step's cost at 8,192).
