@@ -29,8 +29,11 @@ expert outputs inside each node first and sends one vector per node back. So per
 DeepSeek's kernels run the two legs at once, chunk by chunk (IB sends, NVLink forwarding and the arrivals
 pipelined; "each token can efficiently select an average of 3.2 experts per node without incurring additional
 overhead from NVLink", s.3.2.2, from its 160 GB/s NVLink against 50 GB/s IB): an all-to-all takes the slower leg's
-time, max(inter, intra). DeepSeek-V3 pinned (k 8, EP64 over 8 nodes, M 4, FP8 dispatch): a dispatch's IB bytes are
-4 x 7/8 x 0.52 = 1.80 T against the flat count's 8 x 63/64 = 7.88 T, a combine's 3.5 T.
+time, max(inter, intra). DeepEP's kernels send once per node whatever the routing; autopp counts it only where the
+routing is group-limited, as the report states it for DeepSeek-V3 (Qwen3's and Mixtral's counts stay flat: an upper
+bound for a trainer running DeepEP across nodes). DeepSeek-V3 pinned (k 8, EP64 over 8 nodes, M 4, FP8
+dispatch): a dispatch's IB bytes are 4 x 7/8 x 0.52 = 1.80 T against the flat count's 8 x 63/64 = 7.88 T, a
+combine's 3.5 T.
 
 Both are assumptions about the trainer, said in the plan's notes (`routing_note`): the node-limited count assumes
 DeepEP's normal kernels (DeepSeek's; Megatron-Core's flex dispatcher with `--moe-flex-dispatcher-backend deepep`,
@@ -157,8 +160,8 @@ def routing_note(routing: Routing, ep: int, group: int, cluster: Cluster) -> str
         n, g = placed
         out += (f"; node-limited routing (top-{routing.top_k} within {routing.group_top_k} of {routing.num_groups} "
                 f"expert groups, DeepSeek-V3 s.2.1.2): each token sent across nodes once per target node, to at most "
-                f"{target_nodes(routing, ep, n)} of the ep group's {n}, and forwarded to its experts inside the node "
-                f"({g} ranks), the two legs pipelined (the slower one costed), as DeepEP's kernels run it "
+                f"{target_nodes(routing, ep, n)} of the ep group's {n} nodes, and forwarded to its experts inside "
+                f"the node ({g} ranks), the two legs pipelined (the slower one costed), as DeepEP's kernels run it "
                 "(Megatron's flex dispatcher with DeepEP; its alltoall dispatcher sends every copy)")
     elif placed is not None and not routing.recorded:
         out += ("; every routed copy costed across nodes: the profile was counted before the routing groups were "
