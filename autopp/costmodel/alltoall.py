@@ -165,7 +165,7 @@ def routing_note(routing: Routing, ep: int, group: int, cluster: Cluster) -> str
                 "(Megatron's flex dispatcher with DeepEP; its alltoall dispatcher sends every copy)")
     elif placed is not None and not routing.recorded:
         out += ("; every routed copy costed across nodes: the profile was counted before the routing groups were "
-                "recorded (a group-limited model, DeepSeek-V3's, sends less); profile the model again to count them")
+                "recorded; if the model's routing is group-limited (DeepSeek-V3's), profile it again to count them")
     if routing.dispatch_scale != 1.0:
         out += (f"; dispatch in FP8 ({routing.dispatch_scale:.2f} of the activations' bytes with one fp32 scale per "
                 "128 elements, DeepSeek-V3 s.3.3.4), combine in the activations' dtype")

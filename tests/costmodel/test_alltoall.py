@@ -101,7 +101,7 @@ def test_the_routing_comes_from_the_profile_and_its_recipe() -> None:
     none = routing_of(_moe({"moe": {**facts, "num_groups": None, "group_top_k": None}}))
     assert none.recorded and not none.group_limited
     cluster = _nodes(8)
-    assert "profile the model again to count them" in routing_note(old, 64, 1, cluster)
+    assert "group-limited (DeepSeek-V3's), profile it again to count them" in routing_note(old, 64, 1, cluster)
     assert routing_note(old, 8, 1, cluster) == routing_note(none, 64, 1, cluster) == ""
     note = routing_note(replace(DEEPSEEK, dispatch_scale=FP8), 64, 1, cluster)
     assert "top-8 within 4 of 8 expert groups" in note and "to at most 4 of the ep group's 8" in note
