@@ -125,8 +125,9 @@ DEEPSEEK_V3 = Published(
             "bf16, bf16 weights with fp32 master, gradients and Adam states); DualPipe (bidirectional, "
             "two copies of each stage) as DualPipeV, its V-shaped half; microbatch size 1 (120 per DP group; not "
             "stated); recomputation chosen by autopp (the report recomputes RMSNorm and the MLA up-projections); the "
-            "multi-token-prediction module (one more MoE layer, 14 B parameters) and node-limited routing not "
-            "modelled; balanced routing")
+            "multi-token-prediction module (one more MoE layer, 14 B parameters) not modelled; balanced routing; "
+            "its all-to-alls as s.3.2.2 and s.3.3.4 run them: node-limited (each token across nodes once per "
+            "target node, at most 4, forwarded over NVLink) with the dispatch in FP8 (autopp.costmodel.alltoall)")
 
 #: torchtitan's Llama 3.1 8B with FSDP alone on 128 H100 (examples/configs/llama-3-8b.json: Llama 3 and 3.1 8B share
 #: their shapes; 3.1 differs in RoPE scaling and context length, neither of which changes a step's cost at 8,192).
@@ -226,12 +227,14 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
     """The run's model's analytic profile on its device at its sequence length (AdamW) in recipe `precision`
     (autopp.data.precision; other than bf16: a directory of its own), with rows of the TP degrees `tp`: loaded from
     profiles/ when it is current as `autopp plan` judges a cached profile (the same model fingerprint, HF source,
-    recipe, device and TP rows: autopp.cli.profile), its TP rows count sequence parallelism and it records its
-    recipe (profiles counted before autopp.data.precision kept 2-byte bf16 gradients), else counted and saved there."""
+    recipe, device, TP rows and routing facts: autopp.cli.profile), its TP rows count sequence parallelism and it
+    records its recipe (profiles counted before autopp.data.precision kept 2-byte bf16 gradients), else counted and
+    saved there."""
     from autopp.cli.profile import _current
     from autopp.costmodel.parallel import sp_offered
     from autopp.data.catalog import load_device
     from autopp.data.hf_config import hf_source
+    from autopp.model.experts import moe_facts
     from autopp.model.hf import load_model
     from autopp.model.meta import build_units
     suffix = "" if precision == "bf16" else f"-{precision}"
@@ -240,8 +243,10 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
     model = load_model(source.config_path, source.to_json())
     if (out / "meta.json").is_file():
         cached = load_profile(out)
-        why = _current(cached, build_units(model)[2], source.to_json(), load_device(_device(run)).name, tp,
-                       precision) or (None if not tp or sp_offered(cached) else "its TP rows have no SP bytes") \
+        built, _, fingerprint = build_units(model)
+        why = _current(cached, fingerprint, source.to_json(), load_device(_device(run)).name, tp, precision,
+                       moe_facts(built.model)) \
+            or (None if not tp or sp_offered(cached) else "its TP rows have no SP bytes") \
             or (None if "precision" in cached.meta.extra else "counted before the recipes' bytes per parameter")
         if why is None:
             return cached

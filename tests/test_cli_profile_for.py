@@ -89,3 +89,21 @@ def test_profile_dtype_defaults_to_bfloat16_for_a_gpu(tmp_path: Path, capsys: py
     assert main(["profile", str(MODELS / "linrelu.py"), "--analytic", "cpu", "-o", str(tmp_path / "c")]) == 0
     assert "dtype" not in capsys.readouterr().err
     assert load_profile(tmp_path / "c").meta.dtype == "float32"
+
+
+def test_a_moe_profile_without_the_models_routing_groups_is_not_current() -> None:
+    """A cached profile of a group-limited mixture of experts (DeepSeek-V3) counted before `extra.moe` recorded the
+    groups is counted again, so its all-to-alls are costed node-limited (autopp.costmodel.alltoall); a model without
+    groups (None) does not ask for them."""
+    from dataclasses import replace
+
+    from autopp.cli.profile import _current
+    from autopp.data.profile import Profile
+    measured = load_profile(ROOT / "profiles" / "mlp")
+    old = Profile(replace(measured.meta, extra={**measured.meta.extra, "moe": {"num_experts": 8, "top_k": 2}}),
+                  measured.units, measured.edges)
+    fp = old.meta.fingerprint
+    facts = {"num_experts": 8, "top_k": 2, "num_groups": 4, "group_top_k": 2}
+    assert _current(old, fp, None, None, (), "fp32", facts) == "it was counted before the routing fact num_groups"
+    assert _current(old, fp, None, None, (), "fp32", {**facts, "num_groups": None, "group_top_k": None}) is None
+    assert _current(old, fp, None, None, (), "fp32") is None

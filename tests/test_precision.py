@@ -54,3 +54,11 @@ def test_only_deepspeed_refuses_fp8() -> None:
     assert fp8.refusal("deepspeed") is not None and "`precision` bf16" in str(fp8.refusal("deepspeed"))
     assert fp8.refusal("megatron") is None and fp8.refusal("torchtitan") is None
     assert all(r.refusal(t) is None for r in (RECIPES["bf16"], RECIPES["fp32"]) for t in ("deepspeed", "megatron"))
+
+
+def test_the_fp8_recipe_dispatches_fp8_values_with_a_scale_per_128_and_the_others_as_they_compute() -> None:
+    """DeepSeek-V3 s.3.3.4: under fp8 the expert-parallel dispatch sends e4m3 values and one fp32 scale per 128
+    elements, 1.03 bytes per bf16 activation element of 2; the combine, and every other recipe, as computed."""
+    assert RECIPES["fp8"].dispatch_bytes == 1 + 4 / 128
+    assert RECIPES["fp8"].dispatch_scale() == pytest.approx(0.515625)
+    assert RECIPES["bf16"].dispatch_scale() == RECIPES["fp32"].dispatch_scale() == 1.0

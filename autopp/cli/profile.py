@@ -303,10 +303,11 @@ def default_dtype(gpu: bool) -> DType:
 
 
 def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None, device: str | None,
-             degrees: tuple[int, ...] | None, precision: str) -> str | None:
+             degrees: tuple[int, ...] | None, precision: str, routing: dict[str, Any] | None = None) -> str | None:
     """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
-    precision recipe, device, without the tensor-parallel rows the request pins, or an analytic mixture of experts
-    counted before its expert GEMMs' columns (docs/profile-format.md)."""
+    precision recipe, device, without the tensor-parallel rows the request pins, an analytic mixture of experts
+    counted before its expert GEMMs' columns (docs/profile-format.md), or one whose `extra.moe` lacks a routing fact
+    the model has (`routing`: autopp.model.experts.moe_facts of the model; a group-limited routing's groups)."""
     if profile.meta.fingerprint != fingerprint:
         return "the model changed"
     if profile.meta.extra.get("hf_config") != recorded:
@@ -323,6 +324,10 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
         return f"it has no tensor-parallel rows of degree {', '.join(map(str, missing))}"
     if made_for and profile.experts_untimed:  # a MoE profile that expert parallelism cannot re-time
         return "it was counted before the expert GEMMs' columns"
+    recorded_moe = profile.meta.extra.get("moe") or {}
+    lacking = [k for k, v in (routing or {}).items() if v is not None and k not in recorded_moe]
+    if lacking:
+        return f"it was counted before the routing fact {lacking[0]}"
     return None
 
 
@@ -336,11 +341,12 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
     from ..data.profile import load_profile
     from ..measure import ProfileOptions
     from ..model.hf import load_model
+    from ..model.experts import moe_facts
     from ..model.meta import build_units
     source = hf_source_of(args, ("--profile", "DIR"))
     recorded = source.to_json() if source else None
     mf = load_model(source.config_path, recorded) if source else load_model(args.model)
-    _, _, fingerprint = build_units(mf)  # on meta: the model may be larger than this machine
+    built, _, fingerprint = build_units(mf)  # on meta: the model may be larger than this machine
     device = analytic_target(getattr(args, "device", None))
     degrees = () if tp == 1 else (None if tp is None else (tp,))
     chosen = precision_of(args, device is not None)
@@ -349,7 +355,7 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
     default = default_profile_dir(args)
     if (default / "meta.json").is_file():
         profile = load_profile(default)
-        why = _current(profile, fingerprint, recorded, device, degrees, chosen.name)
+        why = _current(profile, fingerprint, recorded, device, degrees, chosen.name, moe_facts(built.model))
         if why is None:
             print(f"using profile {default}/", file=sys.stderr)
             say_seq_len(args, source)

@@ -70,12 +70,14 @@ the dp group's link, which the strided replicas cross as well). Under balanced r
 expert gets tokens x top-k / E rows) a rank computes as many expert rows as without ep, so the FLOPs are unchanged,
 but its expert GEMMs read 1 / ep of the expert weights: re-timed per pass from the profile's expert columns
 (autopp.costmodel.experts; a profile without them keeps the ep-1 times).
-Each MoE layer adds per microbatch a dispatch and a combine all-to-all in the forward and two in the backward; each
-sends tokens x hidden x dtype x top-k x (ep - 1) / ep bytes (tokens x hidden x dtype: the unit's output bytes, its
-input bytes for the last unit), at bytes / bandwidth + (ep - 1) latencies on the link the ep group crosses (inside
-a node when ep x group devices fit one, else across nodes: `Cluster.tp_link`, as tensor parallelism's
-collectives), on the critical path (`UnitArrays.ep_time`: what DualPipeV's overlapped forward-backward pairs hide,
-autopp.schedule.simulate).
+Each MoE layer adds per microbatch a dispatch and a combine all-to-all in the forward and two in the backward
+(autopp.costmodel.alltoall): each sends tokens x hidden x dtype x top-k x (ep - 1) / ep bytes (tokens x hidden x
+dtype: the unit's output bytes, its input bytes for the last unit; the dispatch in FP8 under the fp8 recipe), at
+bytes / bandwidth + (ep - 1) latencies on the link the ep group crosses (inside a node when ep x group devices fit
+one, else across nodes: `Cluster.tp_link`, as tensor parallelism's collectives); a group-limited routing
+(DeepSeek-V3's) over an ep group of whole nodes sends each token across nodes once per target node and forwards it
+inside the node. They are on the critical path (`UnitArrays.ep_time`: what DualPipeV's overlapped forward-backward
+pairs hide, autopp.schedule.simulate).
 ZeRO beside ep (torchtitan's FSDP of the experts over dp_shard / ep, Megatron's expert data-parallel group): the
 dense bytes shard over d ranks as above, the expert ones over their r replicas (`data_sharded`), and so does the
 optimizer's step; stages 1 and 2. The per-step all-gather of the parameters stays charged over d (an upper bound
@@ -98,6 +100,7 @@ from ..data.profile_tp import SP_COLUMNS
 from ..data.zero import NO_ZERO
 from ..data.zero import ZeroStage
 from ..errors import LayoutError, ProfileError
+from .alltoall import AllToAll, alltoall_time, routing_of
 from .context import ContextTable, context_parallel
 from .experts import ExpertParts, expert_gemms
 from .terms import allreduce_times, half_collective, hsdp_allreduce_time
@@ -153,11 +156,9 @@ class ExpertTable(ProfileTable):
         expert = first.expert_param_bytes.to_numpy(dtype=np.float64)
         # the share of each unit's parameter (gradient, optimizer) bytes that ep divides
         self.ep, self.share = ep, np.divide(expert, self.params, out=np.zeros(self.n), where=self.params > 0)
-        self.layers = first.moe_layers.to_numpy(dtype=np.float64)
-        top_k = (profile.meta.extra.get("moe") or {}).get("top_k") or 1
+        self.layers, self.routing = first.moe_layers.to_numpy(dtype=np.float64), routing_of(profile)
         tokens = rows.output_bytes.where(rows.output_bytes > 0, rows.recompute_keep_bytes)
-        self.routed = float(top_k) * np.array([tokens[rows.microbatch_size == b].to_numpy(dtype=np.float64)
-                                               for b in self.sizes]).T
+        self.tokens = np.array([tokens[rows.microbatch_size == b].to_numpy(dtype=np.float64) for b in self.sizes]).T
         self.gemms = all(c in rows.columns for c in EXPERT_COLUMNS)
         self.cols.update({c: np.array([rows[rows.microbatch_size == b][c].to_numpy(dtype=np.float64)
                                        for b in self.sizes]).T for c in EXPERT_COLUMNS if self.gemms})
@@ -170,13 +171,13 @@ class ExpertTable(ProfileTable):
     def arrays(self, b: float) -> UnitArrays:
         a = expert_gemms(super().arrays(b), self.expert_parts(b), self.ep)
         kept = 1 - self.share * (1 - 1 / self.ep)
-        sent = self.layers * self._at(self.routed, b) * (self.ep - 1) / self.ep
         mine = self.share / self.ep  # a rank's expert bytes per byte of the unit's whole
         expert = ExpertBytes(params=a.params * mine, grads=a.grads * mine, optimizer=(a.static - a.params - a.grads)
                              * mine, replicas=self.replicas, sync_weight=self.weight)
         return replace(a, static=np.round(a.static * kept), params=np.round(a.params * kept),
                        grads=np.round(a.grads * (1 - self.share) + self.weight * expert.grads),
-                       optimizer=None if a.optimizer is None else a.optimizer * kept, ep_comm=(sent, self.layers),
+                       optimizer=None if a.optimizer is None else a.optimizer * kept,
+                       ep_comm=AllToAll(self.layers * self._at(self.tokens, b), self.layers, self.routing),
                        expert=expert)
 
 
@@ -188,7 +189,7 @@ def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
     not name it."""
     a = tensor_parallel(a, view, cluster.tp_link(view.tp))
     a = context_parallel(a, view, cluster.tp_link(view.group))
-    return expert_parallel(a, view, cluster.tp_link(view.ep * view.group))
+    return expert_parallel(a, view, cluster)
 
 
 def replica_terms(a: UnitArrays, view: UnitView, groups: Cluster) -> UnitArrays:
@@ -232,14 +233,13 @@ def _async_tp(comm: np.ndarray, compute: np.ndarray, tp: int) -> np.ndarray:
     return first + np.maximum(0.0, comm - first - compute)
 
 
-def expert_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
+def expert_parallel(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
     """`a` with its expert-parallel all-to-alls' times added (`a.ep_comm`, module docstring): a dispatch and a
     combine per MoE layer in the forward (and the recomputed forward) and in the backward (input gradients and the
-    full backward), each bytes / bandwidth + (ep - 1) latencies on `link`."""
+    full backward), each on the links its ep group crosses on `cluster` (autopp.costmodel.alltoall)."""
     if view.ep == 1 or a.ep_comm is None:
         return a
-    sent, layers = a.ep_comm
-    both = 2 * (sent / link.bandwidth_bytes_per_s + layers * (view.ep - 1) * link.latency_s)
+    both = alltoall_time(a.ep_comm, view.ep, view.group, cluster)
     return replace(a, forward=a.forward + both, recompute=a.recompute + both,
                    backward_input=a.backward_input + both, backward=a.backward + both, ep_time=both)
 

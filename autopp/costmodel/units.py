@@ -17,6 +17,8 @@ from ..schedule.activation import FIGURED, POLICY_COLUMNS, Activation, policy
 if TYPE_CHECKING:
     import pandas as pd
 
+    from .alltoall import AllToAll
+
 __all__ = ["UnitArrays", "TpComm", "ExpertBytes", "TP_COMM_COLUMNS", "ProfileTable", "unit_arrays", "born_table"]
 
 #: tp.csv's collective columns (docs/profile-format.md), per microbatch, and the TpComm field each fills.
@@ -93,10 +95,10 @@ class UnitArrays:
     """Per activation policy with figures of its own (`activation.Figures`) whose columns the profile has
     (`ActivationPolicy.columns`: selective recomputation's), per unit: the bytes one microbatch keeps and the time
     the policy adds to its backward. A policy missing here is not offered."""
-    ep_comm: tuple[np.ndarray, np.ndarray] | None = None
-    """Per unit, one microbatch's expert-parallel all-to-all (None: ep 1; `autopp.costmodel.parallel.ExpertTable`):
-    the bytes a rank sends in one all-to-all summed over the unit's MoE layers, and how many MoE layers it has (each
-    runs 2 all-to-alls forward, 2 backward), timed by `autopp.costmodel.parallel.expert_parallel`."""
+    ep_comm: AllToAll | None = None
+    """Per unit, one microbatch's expert-parallel all-to-alls (None: ep 1; `autopp.costmodel.parallel.ExpertTable`):
+    the tokens' bytes summed over the unit's MoE layers, how many MoE layers it has (each runs 2 all-to-alls
+    forward, 2 backward) and the routing, timed by `autopp.costmodel.alltoall.alltoall_time`."""
     ep_time: np.ndarray | None = None
     """Per unit, the time of one microbatch's expert-parallel all-to-alls in one pass (a dispatch and a combine per
     MoE layer), already in `forward`, `recompute`, `backward_input` and `backward`: what DualPipe can hide (None:

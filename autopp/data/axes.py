@@ -39,6 +39,8 @@ class Spelling:
     facts: tuple[tuple[str, str], ...] = ()
     """The model's facts the trainer needs beside the degree when it is above 1, and its key for each: (a key of
     the profile's `meta.extra["moe"]` (autopp.model.experts.moe_facts), the trainer's key)."""
+    facts_if_any: tuple[tuple[str, str], ...] = ()
+    """As `facts`, written only where the profile records the fact (not None): a group-limited routing's groups."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,13 +144,23 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                        degree="parallelism.expert_parallel_degree",
                        note="torchtitan's ExpertParallel shards each MoE layer's experts over ep ranks carved from "
                             "dp_shard x cp (x tp) and routes tokens by all-to-all, as autopp costed and runs it (ep "
-                            "divides dp); its model's config gives the experts and top-k"),
+                            "divides dp); its model's config gives the experts and top-k (and a group-limited "
+                            "routing's `num_expert_groups` / `num_limited_groups`, TokenChoiceTopKRouter); for such "
+                            "a routing over several nodes autopp costed DeepEP's node-limited sends: "
+                            "`--parallelism.expert_parallel_comm_backend=deepep` runs them"),
                    "megatron": Spelling(
                        degree="--expert-model-parallel-size", extra=("--moe-token-dispatcher-type alltoall",),
                        facts=(("num_experts", "--num-experts"), ("top_k", "--moe-router-topk")),
+                       facts_if_any=(("num_groups", "--moe-router-num-groups"),
+                                     ("group_top_k", "--moe-router-group-topk")),
                        note="Megatron-Core shards the experts over ep ranks carved from dp x cp and dispatches with "
                             "its all-to-all dispatcher, the pattern autopp costed (balanced routing; no capacity "
-                            "factor, no token dropping)"),
+                            "factor, no token dropping); for a group-limited routing (DeepSeek-V3's, its groups "
+                            "written) over an ep group of several nodes autopp costed DeepEP's node-limited sends "
+                            "(each token across nodes once per target node): `--moe-token-dispatcher-type flex "
+                            "--moe-flex-dispatcher-backend deepep` runs them, the alltoall dispatcher sends every "
+                            "copy; under fp8 autopp costed DeepSeek's FP8 dispatch, which megatron-core's DeepEP "
+                            "path does not do (it dispatches BF16: slower than the plan by the dispatch's bytes)"),
                    "deepspeed": Spelling(refusal="the exported stage file builds no expert parallelism (DeepSpeed's "
                                                  f"MoE layers take their own ep_size); {_RE_PLAN.format(axis='ep')}")}),
 )}

@@ -10,8 +10,13 @@ copy is what the layers compute with, gradients are reduced and kept in fp32. FP
 Float8LinearConverter, torchao's float8 rowwise/tensorwise recipes; Megatron-Core's `--fp8-format hybrid` with
 Transformer Engine, Micikevicius et al. 2022, "FP8 Formats for Deep Learning", arXiv:2209.05433) runs only the
 matmuls of linear layers in FP8, casting their operands with a per-tensor (or per-row) scale; weights, gradients,
-master copy and optimizer state stay as in bf16, as do attention, norms and activations. Every other module reads a
-recipe's properties from its descriptor here; the recipe name appears only at the JSON and command-line boundaries.
+master copy and optimizer state stay as in bf16, as do attention, norms and activations. Under expert parallelism
+the fp8 recipe dispatches the routed tokens in FP8, as DeepSeek-V3 trains (arXiv:2412.19437v2 s.3.3.4: the
+activations before the MoE up-projections are quantized to FP8 and dispatched so, as are the activation gradients
+before the down-projections in the backward; the combines stay in BF16), with one fp32 scale per 128 elements (its
+1 x 128 tile-wise activation scales, s.3.3.1; DeepEP's FP8 dispatch sends the values and those scales): 1 + 4 / 128
+bytes per element (`Recipe.dispatch_bytes`). Every other module reads a recipe's properties from its descriptor
+here; the recipe name appears only at the JSON and command-line boundaries.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ class Recipe:
     """Bytes of each optimizer state per parameter (fp32: Adam's moments)."""
     activations: str
     """What is saved for the backward, in words (as the trainers save it)."""
+    dispatch_bytes: float | None = None
+    """Bytes per element of the routed tokens an expert-parallel dispatch sends, and of the activation gradients
+    the backward's all-to-all sends toward the experts (None: the activations' own, `weight_bytes`, as every
+    combine sends them); module docstring."""
     torchtitan: tuple[str, ...]
     """torchtitan's overrides (torchtitan/config/configs.py: `training.dtype` is the master weights' and the
     optimizer's, `mixed_precision_param` the compute's under its FSDP wrapping, `mixed_precision_reduce` the gradient
@@ -90,6 +99,10 @@ class Recipe:
                                f"`precision` {'bf16' if self.name == 'fp8' else 'fp32'}")
         return spec.peak(self.peak), spec.peak(self.matmul_peak)
 
+    def dispatch_scale(self) -> float:
+        """Bytes a dispatch sends per byte of the activations it dispatches (1: as they are; fp8: 0.52)."""
+        return 1.0 if self.dispatch_bytes is None else self.dispatch_bytes / self.weight_bytes
+
     def __str__(self) -> str:
         return self.name
 
@@ -112,7 +125,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            activations=f"{_BF16_SAVED}, as torchao's Float8Linear saves the bf16 input and weight and casts them "
                        "again in the backward (Transformer Engine may keep a linear input's FP8 cast instead, smaller: "
                        "not modelled)",
-           torchtitan=_BF16_TITAN,
+           dispatch_bytes=1 + 4 / 128, torchtitan=_BF16_TITAN,
            torchtitan_note="torchtitan 0.3 sets FP8 in Python, not on its command line: give the model spec "
                            "`converters=[Float8LinearConverter.Config(recipe_name=\"rowwise\")]` "
                            "(torchtitan/models/llama3/config_registry.py, llama3_debugmodel_float8)",

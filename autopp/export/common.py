@@ -95,7 +95,8 @@ def group_lines(plan: Plan, trainer: str, line: str) -> list[str]:
 def carved_lines(plan: Plan, trainer: str, line: str, facts: Mapping[str, Any], where: str) -> list[str]:
     """Per axis carved from the mesh's ranks (outside `MESH_AXES`: ep) above degree 1 that `trainer` runs, its degree
     as `line` formats it, its `extra` lines and the model's facts it needs (`Spelling.facts`, read from `facts`: the
-    profile's meta.extra["moe"]); an ExportError naming the first fact `facts` lacks."""
+    profile's meta.extra["moe"]; `Spelling.facts_if_any` where `facts` has them); an ExportError naming the first
+    fact `facts` lacks."""
     out: list[str] = []
     for axis, degree in trainer_axes(plan, trainer):
         spelling = axis.spelling(trainer)
@@ -108,6 +109,8 @@ def carved_lines(plan: Plan, trainer: str, line: str, facts: Mapping[str, Any], 
                                   f"was made from records no {fact}: profile the model again (autopp profile) and "
                                   "export with it")
             out.append(line.format(key=key, degree=facts[fact]))
+        out.extend(line.format(key=key, degree=facts[fact]) for fact, key in spelling.facts_if_any
+                   if facts.get(fact) is not None)
         out.extend(spelling.extra)
     return out
 

@@ -44,8 +44,11 @@ def expert_bytes(module: nn.Module) -> dict[str, int]:
 def moe_facts(model: nn.Module) -> dict[str, Any]:
     """The routing of a mixture of experts, as a profile's `meta.extra["moe"]` records it: `num_experts` (routed
     experts per layer: the HF config's `num_local_experts`, `num_experts` or `n_routed_experts`, else the stacked
-    weights' first dimension) and `top_k` (the config's `num_experts_per_tok`, else a router's `top_k`); {} for a
-    model without stacked experts."""
+    weights' first dimension), `top_k` (the config's `num_experts_per_tok`, else a router's `top_k`), and the
+    group-limited routing (DeepSeek-V3, arXiv:2412.19437 s.2.1.2: the experts in `num_groups` equal groups, each
+    token's top-k taken from its best `group_top_k` groups; the config's `n_group` and `topk_group`, as Megatron's
+    `--moe-router-num-groups` / `--moe-router-group-topk`), both None where the routing is not group-limited (no such
+    fields, or `topk_group` >= `n_group`); {} for a model without stacked experts."""
     found = experts_modules(model)
     if not found:
         return {}
@@ -56,5 +59,8 @@ def moe_facts(model: nn.Module) -> dict[str, Any]:
     if top_k is None:
         top_k = next((m.top_k for m in model.modules() if isinstance(getattr(m, "top_k", None), int)), None)
     stacked = next(iter(found.values())).get_parameter(_DOWN)
+    groups, chosen = getattr(config, "n_group", None), getattr(config, "topk_group", None)
+    limited = isinstance(groups, int) and isinstance(chosen, int) and 0 < chosen < groups
     return {"num_experts": int(experts if experts is not None else stacked.shape[0]),
-            "top_k": None if not isinstance(top_k, int) else top_k}
+            "top_k": None if not isinstance(top_k, int) else top_k,
+            "num_groups": groups if limited else None, "group_top_k": chosen if limited else None}

@@ -176,9 +176,9 @@ def test_expert_parallelism_divides_the_expert_bytes_and_keeps_the_dense_gradien
     assert np.allclose(sharded.optimizer, whole.optimizer * kept)
     assert np.array_equal(sharded.forward, whole.forward) and np.array_equal(sharded.backward, whole.backward)
     assert sharded.ep_comm is not None
-    sent, layers = sharded.ep_comm
     tokens = 4 * 16 * 64 * 2  # float32 x seq x hidden x microbatch: the block's output bytes
-    assert np.allclose(sent, [0, tokens * 2 / 2, tokens * 2 / 2, 0]) and list(layers) == [0, 1, 1, 0]
+    assert np.allclose(sharded.ep_comm.tokens, [0, tokens, tokens, 0]) and list(sharded.ep_comm.layers) == [0, 1, 1, 0]
+    assert sharded.ep_comm.routing.top_k == 2 and sharded.ep_comm.routing.dispatch_scale == 1.0  # fp32: as computed
     assert np.allclose(table.arrays(2).params, np.round(whole.params * kept), atol=1)
 
 
@@ -194,7 +194,7 @@ def test_expert_all_to_alls_run_on_the_link_the_ep_group_crosses() -> None:
         a = group_table(profile, view).arrays(2)
         out = group_terms(a, view, nodes)
         assert a.ep_comm is not None
-        sent, layers = a.ep_comm
+        sent, layers = a.ep_comm.tokens * 2 * (ep - 1) / ep, a.ep_comm.layers  # top-2
         both = 2 * (sent / link.bandwidth_bytes_per_s + layers * (ep - 1) * link.latency_s)
         assert np.allclose(out.forward - a.forward, both) and np.allclose(out.backward_input - a.backward_input, both)
         assert np.allclose(out.backward - a.backward, both) and np.allclose(out.recompute - a.recompute, both)

@@ -443,6 +443,9 @@ def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # t
     cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x", moe=moe).text)
     assert (cfg.expert_model_parallel_size, cfg.num_moe_experts, cfg.moe_router_topk) == (2, 8, 2)
     assert cfg.moe_token_dispatcher_type == "alltoall"
+    limited = {"num_experts": 8, "top_k": 2, "num_groups": 4, "group_top_k": 2}  # group-limited routing's groups
+    cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x", moe=limited).text)
+    assert (cfg.moe_router_num_groups, cfg.moe_router_group_topk) == (4, 2)  # megatron-core checks them
     text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES),
                        moe=moe).text
     assert titan(text).parallelism.expert_parallel_degree == 2

@@ -486,6 +486,21 @@ def test_expert_parallelism_exports_with_the_profiles_routing(llama: Profile, ll
     assert "expert" not in export_plan(llama_plans["dp"], Target.MEGATRON, "x", moe=moe).text  # ep 1: nothing
 
 
+def test_a_group_limited_routing_exports_its_groups_to_megatron(llama_plans: dict[str, Plan]) -> None:
+    """DeepSeek-V3's routing (top-k within `group_top_k` of `num_groups` expert groups, the profile's extra.moe from
+    its config's n_group / topk_group) is Megatron's --moe-router-num-groups / --moe-router-group-topk; a routing
+    that is not group-limited (None) or a profile from before the facts writes neither; the note names DeepEP."""
+    plan = replace(llama_plans["dp"], layout=replace(llama_plans["dp"].layout, ep=2))
+    facts = {"num_experts": 8, "top_k": 2, "num_groups": 4, "group_top_k": 2}
+    megatron = export_plan(plan, Target.MEGATRON, "x", moe=facts)
+    assert megatron.text.splitlines()[2:8] == [
+        "--expert-model-parallel-size 2", "--num-experts 8", "--moe-router-topk 2", "--moe-router-num-groups 4",
+        "--moe-router-group-topk 2", "--moe-token-dispatcher-type alltoall"]
+    assert any("--moe-flex-dispatcher-backend deepep" in n for n in megatron.notes)
+    for moe in ({**facts, "num_groups": None, "group_top_k": None}, {"num_experts": 8, "top_k": 2}):
+        assert "groups" not in export_plan(plan, Target.MEGATRON, "x", moe=moe).text
+
+
 # ---- what the plan was made for (issue 26, point 5) ---------------------------------------------------------------
 
 HF_LLAMA = {"seq_len": 64, "task": "causal-lm", "model_type": "llama"}

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from ...costmodel import (UnitArrays, attention_shape, comm_times, gradient_allreduce_time, ideal_step_time,
                           progress_delays, sp_offered, stage_costs, stage_speeds)
+from ...costmodel.alltoall import routing_of, routing_note
 from ...costmodel.breakdown import time_breakdown
 from ...data.breakdown import TimeBreakdown
 from ...data.overlap import NO_OVERLAP
@@ -108,9 +109,9 @@ def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
             f"{sync}: {reduce} (docs/cluster-format.md)"]
 
 
-def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
-    """What the tensor- and context-parallel degrees and the ZeRO stage mean for this plan (none for tp 1, cp 1 and
-    ZeRO 0)."""
+def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[str]:
+    """What the tensor-, context- and expert-parallel degrees and the ZeRO stage mean for this plan on `cluster` (the
+    request's devices: the links the ep group's all-to-alls cross); none for tp 1, cp 1, ep 1 and ZeRO 0."""
     out = []
     tp, zero = c.layout.tp, c.layout.zero
     if tp > 1:
@@ -154,6 +155,7 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
                    "all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)"
                    + ("" if ep == dp else f"; expert gradients all-reduced over the {dp // ep} ranks holding the same")
                    + _expert_gemms_note(profile, ep)
+                   + routing_note(routing_of(profile), ep, c.layout.group, cluster)
                    if layers else f"expert parallelism {c.layout.ep}: the profile records no stacked experts "
                    "(expert_param_bytes 0), so it changes nothing; plan with `ep` 1")
     return out
@@ -263,7 +265,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                   sync_s=cost.sync_s, resume_s=cost.resume_s, scatter_s=cost.scatter_s)
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
-    notes.extend(_parallel_notes(profile, c))
+    notes.extend(_parallel_notes(profile, c, request.cluster))
     notes.extend(_batch_norm_note(profile, c))
     notes.extend(_seq_note(c))
     notes.extend(_overlap_notes(request, a, c))
