@@ -147,14 +147,15 @@ def test_collective_counts_do_not_grow_with_the_microbatch(profile) -> None:  # 
 
 def test_ep_is_searched_among_the_divisors_of_dp() -> None:
     """Expert parallelism (issue 30): ep groups are carved from a stage's dp ranks (torchtitan: ep divides dp_shard)
-    with tp 1 and ZeRO 0 to 2, so the search tries 1 and every divisor of dp, a pinned ep with any dp it divides,
-    searched ep only dividing the experts per layer where known, and the request refuses other pins in one line."""
+    with tp 1 and ZeRO 0 to 2 (3 at pp 1, as FSDP2), so the search tries 1 and every divisor of dp, a pinned ep with
+    any dp it divides, searched ep only dividing the experts per layer where known, and the request refuses other
+    pins in one line."""
     from autopp.solve.search.request import ep_choices
     cluster = Cluster(num_devices=8, memory_bytes=2**34)
     auto = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=None))
     assert ep_choices(auto, 4, 1, NO_ZERO) == (1, 2, 4) and ep_choices(auto, 1, 1, NO_ZERO) == (1,)
-    assert ep_choices(auto, 6, 1, ZERO[1]) == (1, 2, 3, 6) and ep_choices(auto, 4, 1, ZERO[3]) == (1,)
-    assert ep_choices(auto, 4, 2, NO_ZERO) == (1,)
+    assert ep_choices(auto, 6, 1, ZERO[1]) == (1, 2, 3, 6) and ep_choices(auto, 4, 1, ZERO[3], 2) == (1,)
+    assert ep_choices(auto, 4, 2, NO_ZERO) == (1,) and ep_choices(auto, 4, 1, ZERO[3], 1) == (1, 2, 4)
     pinned = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=2))
     assert ep_choices(pinned, 2, 1, NO_ZERO) == (2,) and ep_choices(pinned, 4, 1, NO_ZERO) == (2,)
     assert ep_choices(pinned, 3, 1, NO_ZERO) == ()
@@ -166,9 +167,13 @@ def test_ep_is_searched_among_the_divisors_of_dp() -> None:
         PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, tp=2, ep=2))
     with pytest.raises(LayoutError, match=r"^ep\(4\) must divide dp\(6\)"):
         PlanRequest(cluster=cluster, global_batch=12, pins=LayoutPins(dp=6, ep=4))
-    with pytest.raises(LayoutError, match=r"^`zero` 3 with `ep` 2: autopp plans expert parallelism with ZeRO 0, 1 or "
-                                          r"2 .*re-plan with `zero` 1$"):
-        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, ep=2, zero=ZERO[3]))
+    with pytest.raises(LayoutError, match=r"^`zero` 3 with `ep` 2 and `pp` above 1: autopp plans ZeRO 3 beside "
+                                          r"expert parallelism only without a pipeline .*re-plan with `pp` 1 or "
+                                          r"`zero` 1$"):
+        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(pp=2, dp=4, ep=2, zero=ZERO[3]))
+    fsdp = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=2, zero=ZERO[3]))
+    layouts = {c.layout for c in configs(fsdp, 8)}  # pp searched: only pp 1 keeps ZeRO 3 beside ep
+    assert layouts and all(l.pp == 1 and l.ep == 2 and l.fsdp for l in layouts)
 
 
 def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile) -> None:  # type: ignore[no-untyped-def]
