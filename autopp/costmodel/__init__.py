@@ -5,8 +5,8 @@ cut bytes, the optimizer step's shares, working memory), `stage` (a stage's time
 device speeds), `terms` (point-to-point transfers, message overheads, progress delays, ring all-reduce, the step's
 data-parallel synchronisation, optimizer step), `parallel` (tensor-parallel collectives, ZeRO sharding, experts
 sharded over ep and their all-to-alls), `fsdp` (FSDP2 at pp 1, beside ep too), `experts` (the expert GEMMs re-timed
-at ep), `context` (context parallelism: a rank's share of the sequence, its K/V ring). The DP, the judge, the CP-SAT models, the bounds and
-the explanations read these; nothing else computes a cost term.
+at ep), `context` (context parallelism: a rank's share of the sequence, its K/V ring). The DP, the judge, the CP-SAT
+models, the bounds and the explanations read these; nothing else computes a cost term.
 """
 
 from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,

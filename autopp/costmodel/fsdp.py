@@ -18,8 +18,9 @@ and a rank's expert bytes (1 / ep of the stacked experts, `ExpertBytes`) over th
           collective of their bytes weighted by `ExpertBytes.sync_weight` (ring ((r - 1) / r) / ((d - 1) / d), on
           the dp group's link, which the strided replicas cross as well; their latencies counted as the dp group's:
           an upper bound), all under the neighbouring units' compute with FSDP2's prefetch.
-Under torch.distributed.pipelining (pp > 1) ZeRO 3 beside ep stays refused (`check_expert_zero`): no trainer autopp
-exports to runs it there.
+Under torch.distributed.pipelining (pp > 1) ZeRO 3 beside ep stays refused (`check_expert_zero`): torch's stage keeps
+its units gathered after each backward, and torchtitan's FSDP under a pipeline does not reshard after forward by
+default (`fsdp_reshard_after_forward` "default": `not pp_enabled`), so nothing would run it as costed here.
 """
 
 from __future__ import annotations

@@ -201,6 +201,28 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
         make_plan(profile, replace(req, pins=LayoutPins(pp=4, dp=2))).predicted.step_time_s)
 
 
+def test_fsdp_beside_ep_at_pp_1_plans_and_notes_the_experts(profile) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30: ZeRO 3 beside ep at pp 1 (FSDP2, as NeMo AutoModel's EP8 x FSDP8) plans; its notes say the experts
+    are sharded over the ranks holding the same (dp 8, ep 2: 4) or, with ep = dp, not sharded further; it holds
+    fewer static bytes than ZeRO 1 beside the same ep."""
+    from autopp.data.profile import Profile
+    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
+                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
+                                                                   profile.units.param_bytes // 2, 0),
+                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
+                  profile.edges, profile.tp_units)
+    notes = {}
+    for ep in (2, 8):
+        req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[3]))
+        plan = make_plan(moe, req)
+        assert plan.layout == Layout(pp=1, dp=8, ep=ep, zero=ZERO[3]) and plan.layout.fsdp
+        notes[ep] = next(n for n in plan.notes if n.startswith("ZeRO stage 3 over 8 replicas as FSDP2"))
+        one = make_plan(moe, replace(req, pins=LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[1])))
+        assert sum(s.static_bytes for s in plan.stages) < sum(s.static_bytes for s in one.stages)
+    assert notes[2].endswith("; the experts sharded, gathered and reduce-scattered over the 4 ranks holding the same")
+    assert notes[8].endswith("; the experts (ep = dp) are not sharded further: whole on their rank, never gathered")
+
+
 def test_a_plan_with_ep_says_how_it_times_the_expert_gemms(profile) -> None:  # type: ignore[no-untyped-def]
     """Issue 30: with the profile's expert columns the expert GEMMs are re-timed for 1/ep of the weights (a
     memory-bound share of each block's time, so the step is shorter than with the ep-1 times); without them (a
