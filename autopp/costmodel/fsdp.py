@@ -36,7 +36,7 @@ from ..errors import LayoutError
 from .terms import half_collective
 from .units import UnitArrays
 
-__all__ = ["check_expert_zero", "fsdp_outside_pipeline", "fsdp_sharded", "fsdp_static"]
+__all__ = ["check_expert_zero", "dense_bytes", "fsdp_outside_pipeline", "fsdp_sharded", "fsdp_static"]
 
 _Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -50,7 +50,7 @@ def check_expert_zero(zero: ZeroStage, ep: int, pipelined: bool) -> None:
                           "with `pp` 1 or `zero` 1")
 
 
-def _dense(a: UnitArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def dense_bytes(a: UnitArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per unit, the dense parameter, gradient and optimizer bytes of a rank: `a`'s less its experts' (`a.grads`
     carries the expert gradients at their sync weight, the optimizer bytes the rest of them)."""
     p, g, e = a.params, a.grads, a.expert
@@ -64,7 +64,7 @@ def fsdp_static(a: UnitArrays, view: UnitView) -> _Terms:
     """Per unit, a rank's static bytes under FSDP2 at pp 1 by term (`parallel.STATIC_TERMS`: weights, sharded
     parameters, gradients, optimizer state; module docstring): the dense bytes over d, the experts' over r."""
     d, e = view.sync, a.expert
-    p, g, o = _dense(a)
+    p, g, o = dense_bytes(a)
     none = np.zeros(a.n)
     terms = (none, none if a.master else p / d, g / d, o / d)
     if e is None:
@@ -81,7 +81,7 @@ def fsdp_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
     """`a` under FSDP2 at pp 1 over d = `view.sync` ranks (module docstring): `reduce_time(bytes)` an all-reduce of
     those bytes per unit over the synchronisation group, `across` HSDP's all-reduce of a gradient shard over the
     replicas; `static`, `optimizer` the rank's static bytes and optimizer step (`parallel.data_sharded`)."""
-    p, g, _ = _dense(a)
+    p, g, _ = dense_bytes(a)
     gathered, unsharded = p, g
     gather, scatter = half_collective(reduce_time(p)), half_collective(reduce_time(g))
     e = a.expert

@@ -98,7 +98,7 @@ from ..data.zero import ZeroStage
 from ..errors import ProfileError
 from .context import ContextTable, context_parallel
 from .experts import ExpertParts, expert_gemms
-from .fsdp import check_expert_zero, fsdp_sharded, fsdp_static
+from .fsdp import check_expert_zero, dense_bytes, fsdp_sharded, fsdp_static
 from .terms import allreduce_times, half_collective, hsdp_allreduce_time
 from .units import ExpertBytes, ProfileTable, UnitArrays, born_table
 
@@ -321,8 +321,7 @@ def static_terms(a: UnitArrays, view: UnitView) -> dict[str, np.ndarray]:
         return dict(zip(STATIC_TERMS, fsdp_static(a, view)))
     terms = _shard(p, g, o, d, zero, a.master)
     if e is not None:  # the expert bytes: out of the dense shard, into their own replicas' one
-        dense = _shard(p - e.params, g - e.sync_weight * e.grads, o - e.optimizer - (1 - e.sync_weight) * e.grads, d,
-                       zero, a.master)
+        dense = _shard(*dense_bytes(a), d, zero, a.master)
         terms = tuple(x + y for x, y in zip(dense, _shard(e.params, e.grads, e.optimizer, e.replicas, zero, a.master)))
     return dict(zip(STATIC_TERMS, terms))
 

@@ -154,7 +154,8 @@ def _parallel_notes(profile: Profile, c: Candidate) -> list[str]:
         out.append(f"expert parallelism {ep}: each stage's {dp} replicas{groups} hold 1/{ep} of its experts "
                    f"({moe.get('num_experts')} per layer, top-{moe.get('top_k')}) and exchange the routed tokens by "
                    "all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)"
-                   + ("" if ep == dp else f"; expert gradients all-reduced over the {dp // ep} ranks holding the same")
+                   + ("" if ep == dp or c.layout.fsdp else
+                      f"; expert gradients all-reduced over the {dp // ep} ranks holding the same")
                    + _expert_gemms_note(profile, ep)
                    if layers else f"expert parallelism {c.layout.ep}: the profile records no stacked experts "
                    "(expert_param_bytes 0), so it changes nothing; plan with `ep` 1")
