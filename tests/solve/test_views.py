@@ -223,6 +223,30 @@ def test_fsdp_beside_ep_at_pp_1_plans_and_notes_the_experts(profile) -> None:  #
     assert notes[8].endswith("; the experts (ep = dp) are not sharded further: whole on their rank, never gathered")
 
 
+def test_the_search_takes_fsdp_beside_ep_where_only_it_fits(profile) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30: with zero and ep searched at pp 1 x dp 8, a memory that only ZeRO 3 beside ep 2 fits (its working
+    memory gathers half the experts that ZeRO 3 without ep gathers; ZeRO 1 keeps the weights whole) makes the search
+    take it; with more memory it takes what is faster."""
+    from autopp.data.profile import Profile
+    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
+                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
+                                                                   profile.units.param_bytes // 2, 0),
+                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
+                  profile.edges, profile.tp_units)
+    peaks = {}
+    for zero, ep in ((1, 2), (3, 1), (3, 2)):
+        pins = LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[zero])
+        peaks[zero, ep] = max(make_plan(moe, PlanRequest(cluster=_nodes(), global_batch=16,
+                                                         pins=pins)).predicted.peak_memory_bytes)
+    assert peaks[3, 2] < peaks[3, 1] < peaks[1, 2]
+    searched = LayoutPins(pp=1, dp=8, ep=None, zero=None)
+    memory = (peaks[3, 2] + peaks[3, 1]) // 2
+    tight = make_plan(moe, PlanRequest(cluster=_nodes(memory=memory), global_batch=16, pins=searched))
+    assert tight.layout == Layout(pp=1, dp=8, ep=2, zero=ZERO[3])
+    roomy = make_plan(moe, PlanRequest(cluster=_nodes(), global_batch=16, pins=searched))
+    assert roomy.predicted.step_time_s < tight.predicted.step_time_s
+
+
 def test_a_plan_with_ep_says_how_it_times_the_expert_gemms(profile) -> None:  # type: ignore[no-untyped-def]
     """Issue 30: with the profile's expert columns the expert GEMMs are re-timed for 1/ep of the weights (a
     memory-bound share of each block's time, so the step is shorter than with the ep-1 times); without them (a
