@@ -14,10 +14,10 @@ and a rank's expert bytes (1 / ep of the stacked experts, `ExpertBytes`) over th
   working memory: the gathered units (`fsdp_outside_pipeline`): the dense weights and, with r > 1, the experts'
           gathered over r; their unsharded gradients likewise.
   time: per microbatch and unit, the dense all-gather (before the forward and again before the backward) and
-          reduce-scatter over d on the synchronisation group's link, and the experts' over r, charged as the dp-wide
-          collective of their bytes weighted by `ExpertBytes.sync_weight` (ring ((r - 1) / r) / ((d - 1) / d), on
-          the dp group's link, which the strided replicas cross as well; their latencies counted as the dp group's:
-          an upper bound), all under the neighbouring units' compute with FSDP2's prefetch.
+          reduce-scatter over d on the synchronisation group's link, and the experts' over r (`replica_ring`: a ring
+          of r ranks strided by ep, on the intra-node link when pipeline rank 0's dp ranks share a node, else on the
+          inter-node one, an upper bound when some replicas share a node, as HSDP's replicas are costed), all under
+          the neighbouring units' compute with FSDP2's prefetch.
 Under torch.distributed.pipelining (pp > 1) ZeRO 3 beside ep stays refused (`check_expert_zero`): torch's stage keeps
 its units gathered after each backward, and torchtitan's FSDP under a pipeline does not reshard after forward by
 default (`fsdp_reshard_after_forward` "default": `not pp_enabled`), so nothing would run it as costed here.
@@ -30,15 +30,17 @@ from typing import Callable
 
 import numpy as np
 
+from ..data.cluster import Cluster
 from ..data.layout import UnitView
 from ..data.zero import ZeroStage
 from ..errors import LayoutError
-from .terms import half_collective
+from .terms import half_collective, hsdp_allreduce_time
 from .units import UnitArrays
 
-__all__ = ["check_expert_zero", "dense_bytes", "fsdp_outside_pipeline", "fsdp_sharded", "fsdp_static"]
+__all__ = ["check_expert_zero", "dense_bytes", "fsdp_outside_pipeline", "fsdp_sharded", "fsdp_static", "replica_ring"]
 
 _Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+_Time = Callable[[np.ndarray], np.ndarray]
 
 
 def check_expert_zero(zero: ZeroStage, ep: int, pipelined: bool) -> None:
@@ -75,20 +77,33 @@ def fsdp_static(a: UnitArrays, view: UnitView) -> _Terms:
     return tuple(x + y for x, y in zip(terms, mine))  # type: ignore[return-value]
 
 
-def fsdp_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarray], np.ndarray],
-                 across: Callable[[np.ndarray], np.ndarray] | None, static: np.ndarray,
-                 optimizer: np.ndarray | None) -> UnitArrays:
-    """`a` under FSDP2 at pp 1 over d = `view.sync` ranks (module docstring): `reduce_time(bytes)` an all-reduce of
-    those bytes per unit over the synchronisation group, `across` HSDP's all-reduce of a gradient shard over the
-    replicas; `static`, `optimizer` the rank's static bytes and optimizer step (`parallel.data_sharded`)."""
+def replica_ring(r: int, dp: int, groups: Cluster) -> _Time:
+    """Per unit, a ring all-reduce of its bytes over `r` replicas strided across pipeline rank 0's `dp`
+    data-parallel ranks of `groups` (HSDP's replicas of a shard group, the experts' replicas beside ep: the ring on
+    the link they cross, `terms.hsdp_allreduce_time`; 0 with r = 1), vectorised (affine in the bytes)."""
+    one = hsdp_allreduce_time(1.0, r, dp, groups)
+    slope = hsdp_allreduce_time(2.0, r, dp, groups) - one
+    return lambda s: np.where(s > 0, one - slope + slope * s, 0.0)
+
+
+def fsdp_sharded(a: UnitArrays, view: UnitView, times: tuple[_Time, _Time | None, _Time | None],
+                 static: np.ndarray, optimizer: np.ndarray | None) -> UnitArrays:
+    """`a` under FSDP2 at pp 1 over d = `view.sync` ranks (module docstring); `times`, per unit and as functions of
+    bytes: an all-reduce over the synchronisation group, HSDP's over the replicas of a shard group (None: no HSDP),
+    and one over the experts' replicas (`replica_ring`; None: the synchronisation group's, their bytes weighted by
+    `ExpertBytes.sync_weight`); `static`, `optimizer` the rank's static bytes and optimizer step
+    (`parallel.data_sharded`)."""
+    reduce_time, across, experts = times
     p, g, _ = dense_bytes(a)
     gathered, unsharded = p, g
     gather, scatter = half_collective(reduce_time(p)), half_collective(reduce_time(g))
     e = a.expert
     if e is not None and e.replicas > 1:  # the experts' own FSDP over their replicas
+        weight = e.sync_weight
+        over: _Time = experts if experts is not None else lambda s: reduce_time(weight * s)
         gathered, unsharded = p + e.params, g + e.grads
-        gather = gather + half_collective(reduce_time(e.sync_weight * e.params))
-        scatter = scatter + half_collective(reduce_time(e.sync_weight * e.grads))
+        gather = gather + half_collective(over(e.params))
+        scatter = scatter + half_collective(over(e.grads))
     if across is not None and view.replicate > 1:
         scatter = scatter + across(g / view.sync)
     held = (gathered, unsharded) if e is not None else None

@@ -98,8 +98,8 @@ from ..data.zero import ZeroStage
 from ..errors import ProfileError
 from .context import ContextTable, context_parallel
 from .experts import ExpertParts, expert_gemms
-from .fsdp import check_expert_zero, dense_bytes, fsdp_sharded, fsdp_static
-from .terms import allreduce_times, half_collective, hsdp_allreduce_time
+from .fsdp import check_expert_zero, dense_bytes, fsdp_sharded, fsdp_static, replica_ring
+from .terms import allreduce_times, half_collective
 from .units import ExpertBytes, ProfileTable, UnitArrays, born_table
 
 __all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded", "ExpertTable",
@@ -195,12 +195,11 @@ def replica_terms(a: UnitArrays, view: UnitView, groups: Cluster) -> UnitArrays:
     reduce-scatters on the synchronisation group of pipeline rank 0 of `groups` (the cluster of groups,
     `PlanRequest.view`; `Cluster.dp_group`); with HSDP (`view.replicate` > 1) the shard group is the first
     dp / replicate of pipeline rank 0's data-parallel ranks and FSDP2's all-reduce of each microbatch's gradient
-    shards across the replicas (`hsdp_allreduce_time`) joins the reduce-scatter."""
+    shards across the replicas (`hsdp_allreduce_time`) joins the reduce-scatter; beside ep under FSDP2, the experts'
+    collectives run over their replicas, strided by ep as HSDP's by the shard group (`replica_ring`)."""
     dp = view.sync // view.sync_per_group * view.replicate if view.sharded else 1
-    one = hsdp_allreduce_time(1.0, view.replicate, dp, groups)
-    slope = hsdp_allreduce_time(2.0, view.replicate, dp, groups) - one
     return data_sharded(a, view, lambda s: allreduce_times(s, view.sync, groups, 0, view.sync_per_group),
-                        lambda s: np.where(s > 0, one - slope + slope * s, 0.0))
+                        replica_ring(view.replicate, dp, groups), replica_ring(view.ep_replicas, dp, groups))
 
 
 def tensor_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
@@ -244,13 +243,15 @@ def expert_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
 
 
 def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarray], np.ndarray],
-                 across: Callable[[np.ndarray], np.ndarray] | None = None) -> UnitArrays:
+                 across: Callable[[np.ndarray], np.ndarray] | None = None,
+                 experts: Callable[[np.ndarray], np.ndarray] | None = None) -> UnitArrays:
     """`a` with the view's ZeRO stage over its d = `view.sync` ranks (module docstring): static bytes, the
     all-gather before each forward (stage 3), the reduce-scatter after each backward (stage 2), the optimizer's
     shard; expert bytes (`a.expert`) over their own dp / ep ranks. `reduce_time(bytes)`: per unit, an all-reduce of
     those bytes over the synchronisation (shard) group; `across(bytes)`: HSDP's all-reduce of a gradient shard over
     the replicas (`view.replicate`), charged here per microbatch where FSDP2 runs outside a pipeline (else at the
-    step's end, autopp.costmodel.terms)."""
+    step's end, autopp.costmodel.terms); `experts(bytes)`: an all-reduce over the experts' replicas, under FSDP2
+    (autopp.costmodel.fsdp)."""
     zero, d = view.zero, view.sync
     if zero.replicated or d == 1:
         return replace(a, zero=NO_ZERO)
@@ -262,7 +263,7 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
         part = np.divide(e.grads, mine, out=np.zeros(len(mine)), where=mine > 0)
         optimizer = a.optimizer * ((1 - part) / d + part / e.replicas)
     if view.fsdp:
-        return fsdp_sharded(a, view, reduce_time, across, static, optimizer)
+        return fsdp_sharded(a, view, (reduce_time, across, experts), static, optimizer)
     comm = exposed = np.zeros(a.n)
     if zero.gathers_each_forward:
         gather = half_collective(reduce_time(p))

@@ -99,3 +99,25 @@ def test_zero_3_beside_ep_is_refused_under_a_pipeline_in_one_line() -> None:
     view = Layout(pp=2, dp=4, ep=2, zero=ZERO[3]).unit_view()
     with pytest.raises(LayoutError, match="`pp` above 1"):
         static_terms(group_table(_moe_profile(), view).arrays(2), view)
+
+
+def test_the_experts_collectives_run_over_their_replicas_on_the_link_they_cross() -> None:
+    """dp 8 over 2 nodes of 4, ep 2: each expert shard's 4 replicas (ranks 2 apart) span both nodes, so its gathers
+    and reduce-scatters are a ring of 4 on the inter-node link (half an all-reduce each: 2 (r - 1) / r x bytes /
+    bandwidth + 2 (r - 1) latencies, halved), beside the dense ones over the 8 ranks as without ep."""
+    from autopp.costmodel import allreduce_times, replica_terms
+    from autopp.costmodel.fsdp import dense_bytes
+    from autopp.data.cluster import Link, Nodes, hierarchical_cluster
+    intra, inter = Link(latency_s=1e-5, bandwidth_bytes_per_s=1e9), Link(latency_s=5e-6, bandwidth_bytes_per_s=1e8)
+    groups = hierarchical_cluster(Nodes(count=2, devices_per_node=4, intra=intra, inter=inter), 2**30)
+    view = Layout(pp=1, dp=8, ep=2, zero=ZERO[3]).unit_view()
+    a = group_table(_moe_profile(), view).arrays(2)
+    e = a.expert
+    assert e is not None and e.replicas == 4
+    out = replica_terms(a, view, groups)
+    ring = lambda x: np.where(x > 0, 2 * 3 / 4 * x / 1e8 + 2 * 3 * 5e-6, 0.0)  # noqa: E731
+    p, g, _ = dense_bytes(a)
+    dense = lambda x: allreduce_times(x, 8, groups)  # noqa: E731
+    want = 2 * (dense(p) + ring(e.params)) / 2 + (dense(g) + ring(e.grads)) / 2
+    total, _ = out.zero_seconds  # type: ignore[misc]
+    assert np.allclose(total, want, rtol=1e-9) and ring(e.params)[1] > 0 and ring(e.params)[0] == 0

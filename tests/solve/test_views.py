@@ -224,9 +224,9 @@ def test_fsdp_beside_ep_at_pp_1_plans_and_notes_the_experts(profile) -> None:  #
 
 
 def test_the_search_takes_fsdp_beside_ep_where_only_it_fits(profile) -> None:  # type: ignore[no-untyped-def]
-    """Issue 30: with zero and ep searched at pp 1 x dp 8, a memory that only ZeRO 3 beside ep 2 fits (its working
-    memory gathers half the experts that ZeRO 3 without ep gathers; ZeRO 1 keeps the weights whole) makes the search
-    take it; with more memory it takes what is faster."""
+    """Issue 30: with zero and ep searched at pp 1 x dp 8, a memory that only ZeRO 3 beside ep fits (with ep 2 its
+    working memory gathers half the experts that ZeRO 3 without ep gathers; ZeRO 1 keeps the weights whole) makes
+    the search take it; with more memory it takes what is faster."""
     from autopp.data.profile import Profile
     moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
                   profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
@@ -242,7 +242,7 @@ def test_the_search_takes_fsdp_beside_ep_where_only_it_fits(profile) -> None:  #
     searched = LayoutPins(pp=1, dp=8, ep=None, zero=None)
     memory = (peaks[3, 2] + peaks[3, 1]) // 2
     tight = make_plan(moe, PlanRequest(cluster=_nodes(memory=memory), global_batch=16, pins=searched))
-    assert tight.layout == Layout(pp=1, dp=8, ep=2, zero=ZERO[3])
+    assert tight.layout.zero == ZERO[3] and tight.layout.ep > 1 and tight.layout.fsdp
     roomy = make_plan(moe, PlanRequest(cluster=_nodes(), global_batch=16, pins=searched))
     assert roomy.predicted.step_time_s < tight.predicted.step_time_s
 
