@@ -153,17 +153,18 @@ QWEN3_30B = Published(
     key="automodel-qwen3-30b", model="Qwen3-30B-A3B (30.5B, 3.3B active)", config="examples/configs/qwen3-30b-a3b.json",
     tp_degrees=(), microbatch_sizes=(1, 4), seq_len=4096, gpus=8,
     cluster="8 H100 80GB (DGX-H100), NVLink",
-    layout=LayoutPins(tp=1, pp=1, dp=8, ep=8, zero=ZERO[2], v=1), schedule=ScheduleName.ONE_F_ONE_B,
+    layout=LayoutPins(tp=1, pp=1, dp=8, ep=8, zero=ZERO[3], v=1), schedule=ScheduleName.ONE_F_ONE_B,
     microbatches=16, microbatch_size=4, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
     global_batch=512, per_gpu=12040.0, unit="tokens/s",
     measured="BF16, 277 model TFLOP/s per GPU (28% MFU), 21.773 s per step of 512 x 4,096 tokens",
     source="NVIDIA-NeMo/Automodel docs/performance-summary.md (commit 01926a5, 2025-10-02), Pre-Training Performance, "
            "DGX-H100 BF16, row Qwen3 MoE 30B (GBS 512, MBS 4, GA 16, TP1 PP1 CP1 EP8 FSDP8, TE + DeepEP)",
-    assumed="FSDP2 (ZeRO 3) as ZeRO 2: autopp refuses ZeRO 3 beside ep (docs/parallelism.md); with ep = dp = 8 the "
-            "expert weights are not sharded further either way, and the dense ones (1.5 B parameters) are gathered "
-            "under compute; every block checkpointed (examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml, "
-            "activation_checkpointing: true) = per-unit recomputation; its 'fake balanced gate' = autopp's balanced "
-            "routing; TE kernels and DeepEP's all-to-all as the roofline and the ep all-to-all cost them")
+    assumed="FSDP8 beside EP8 as ZeRO 3 at pp 1 (FSDP2 without a pipeline, autopp.costmodel.fsdp): the dense "
+            "weights (1.5 B parameters) sharded over the 8 ranks and gathered per block under compute; with ep = dp "
+            "= 8 the experts are not sharded further (whole on their rank, never gathered); every block checkpointed "
+            "(examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml, activation_checkpointing: true) = per-unit "
+            "recomputation; its 'fake balanced gate' = autopp's balanced routing; TE kernels and DeepEP's all-to-all "
+            "as the roofline and the ep all-to-all cost them")
 
 RUNS = (
     Published(

@@ -602,9 +602,13 @@ CASES += [
     Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
                                                       "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
          lambda env: "dp(3)"),
-    # issue 30: expert parallelism beside ZeRO 3, or tensor parallelism, is refused in one line naming the flags
-    Case("flag:plan-ep-with-zero-3", lambda env: _plan_args(env, "--dp", "2", "--ep", "2", "--zero", "3"),
-         lambda env: "--zero 3 with --ep 2: autopp plans expert parallelism with ZeRO 0, 1 or 2"),
+    # issue 30: expert parallelism beside ZeRO 3 under a pipeline, or tensor parallelism, is refused in one line
+    # naming the flags (ZeRO 3 beside ep at pp 1 is FSDP2)
+    Case("flag:plan-ep-with-zero-3", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4", "--memory",
+                                                  "1GiB", "--pp", "2", "--dp", "2", "--ep", "2", "--zero", "3",
+                                                  "-o", str(env.tmp / "out.json")],
+         lambda env: "--zero 3 with --ep 2 and --pp above 1: autopp plans ZeRO 3 beside expert parallelism only "
+                     "without a pipeline"),
     Case("flag:plan-ep-with-tp", lambda env: _plan_args(env, "--dp", "1", "--tp", "2", "--ep", "2"),
          lambda env: "--ep 2 runs with --tp 1 and a --dp it divides"),
     # issue 30: a mixture of experts that picks its tokens by value (DBRX) says MoE and what works, in one line

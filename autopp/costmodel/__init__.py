@@ -4,16 +4,17 @@ Modules: `units` (the profile as per-unit arrays at a microbatch size: F, I, W, 
 cut bytes, the optimizer step's shares, working memory), `stage` (a stage's times for the simulator, its memory,
 device speeds), `terms` (point-to-point transfers, message overheads, progress delays, ring all-reduce, the step's
 data-parallel synchronisation, optimizer step), `parallel` (tensor-parallel collectives, ZeRO sharding, experts
-sharded over ep and their all-to-alls), `experts` (the expert GEMMs re-timed at ep), `context` (context
-parallelism: a rank's share of the sequence, its K/V ring). The DP, the judge, the CP-SAT models, the bounds and
-the explanations read these; nothing else computes a cost term.
+sharded over ep and their all-to-alls), `fsdp` (FSDP2 at pp 1, beside ep too), `experts` (the expert GEMMs re-timed
+at ep), `context` (context parallelism: a rank's share of the sequence, its K/V ring). The DP, the judge, the CP-SAT
+models, the bounds and the explanations read these; nothing else computes a cost term.
 """
 
 from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,
                     unit_memory)
 from .context import AttentionShape, ContextTable, attention_shape, causal_share, check_sequence, context_parallel
-from .parallel import (ExpertTable, check_expert_zero, data_sharded, expert_parallel, fsdp_outside_pipeline,
-                       group_table, group_terms, replica_terms, scatter_in_backward, sp_offered, tensor_parallel)
+from .fsdp import check_expert_zero, fsdp_outside_pipeline
+from .parallel import (ExpertTable, data_sharded, expert_parallel, group_table, group_terms, replica_terms,
+                       scatter_in_backward, sp_offered, tensor_parallel)
 from .terms import (allreduce_time, allreduce_times, comm_times, exposed_sync_time, gradient_allreduce_time,
                     message_overheads, optimizer_time, progress_delays, rank_sync_times, send_times, step_end_floor,
                     step_end_time, sync_time, transfer_time)

@@ -81,9 +81,8 @@ pairs hide, autopp.schedule.simulate).
 ZeRO beside ep (torchtitan's FSDP of the experts over dp_shard / ep, Megatron's expert data-parallel group): the
 dense bytes shard over d ranks as above, the expert ones over their r replicas (`data_sharded`), and so does the
 optimizer's step; stages 1 and 2. The per-step all-gather of the parameters stays charged over d (an upper bound
-for the expert ones, gathered over r).
-Stage 3 is refused (`check_expert_zero`): it would gather the expert weights over r before every forward, which
-no trainer autopp exports to runs beside expert parallelism under pipelining.
+for the expert ones, gathered over r). Stage 3 at pp 1 is FSDP2 beside ep (autopp.costmodel.fsdp); under a
+pipeline it is refused (`check_expert_zero`): no trainer autopp exports to runs it there.
 """
 
 from __future__ import annotations
@@ -99,15 +98,16 @@ from ..data.profile import EXPERT_COLUMNS, EXPERT_PARTS, EXPERT_PASSES, Profile,
 from ..data.profile_tp import SP_COLUMNS
 from ..data.zero import NO_ZERO
 from ..data.zero import ZeroStage
-from ..errors import LayoutError, ProfileError
+from ..errors import ProfileError
 from .alltoall import AllToAll, alltoall_time, routing_of
 from .context import ContextTable, context_parallel
 from .experts import ExpertParts, expert_gemms
-from .terms import allreduce_times, half_collective, hsdp_allreduce_time
+from .fsdp import check_expert_zero, dense_bytes, fsdp_sharded, fsdp_static, replica_ring
+from .terms import allreduce_times, half_collective
 from .units import ExpertBytes, ProfileTable, UnitArrays, born_table
 
 __all__ = ["group_table", "group_terms", "replica_terms", "tensor_parallel", "data_sharded", "ExpertTable",
-           "expert_parallel", "sp_offered", "check_expert_zero", "fsdp_outside_pipeline", "static_terms",
+           "expert_parallel", "sp_offered", "static_terms",
            "STATIC_TERMS", "scatter_in_backward"]
 
 
@@ -197,12 +197,11 @@ def replica_terms(a: UnitArrays, view: UnitView, groups: Cluster) -> UnitArrays:
     reduce-scatters on the synchronisation group of pipeline rank 0 of `groups` (the cluster of groups,
     `PlanRequest.view`; `Cluster.dp_group`); with HSDP (`view.replicate` > 1) the shard group is the first
     dp / replicate of pipeline rank 0's data-parallel ranks and FSDP2's all-reduce of each microbatch's gradient
-    shards across the replicas (`hsdp_allreduce_time`) joins the reduce-scatter."""
+    shards across the replicas (`hsdp_allreduce_time`) joins the reduce-scatter; beside ep under FSDP2, the experts'
+    collectives run over their replicas, strided by ep as HSDP's by the shard group (`replica_ring`)."""
     dp = view.sync // view.sync_per_group * view.replicate if view.sharded else 1
-    one = hsdp_allreduce_time(1.0, view.replicate, dp, groups)
-    slope = hsdp_allreduce_time(2.0, view.replicate, dp, groups) - one
     return data_sharded(a, view, lambda s: allreduce_times(s, view.sync, groups, 0, view.sync_per_group),
-                        lambda s: np.where(s > 0, one - slope + slope * s, 0.0))
+                        replica_ring(view.replicate, dp, groups), replica_ring(view.ep_replicas, dp, groups))
 
 
 def tensor_parallel(a: UnitArrays, view: UnitView, link: Link) -> UnitArrays:
@@ -245,25 +244,27 @@ def expert_parallel(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArra
 
 
 def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarray], np.ndarray],
-                 across: Callable[[np.ndarray], np.ndarray] | None = None) -> UnitArrays:
+                 across: Callable[[np.ndarray], np.ndarray] | None = None,
+                 experts: Callable[[np.ndarray], np.ndarray] | None = None) -> UnitArrays:
     """`a` with the view's ZeRO stage over its d = `view.sync` ranks (module docstring): static bytes, the
     all-gather before each forward (stage 3), the reduce-scatter after each backward (stage 2), the optimizer's
     shard; expert bytes (`a.expert`) over their own dp / ep ranks. `reduce_time(bytes)`: per unit, an all-reduce of
     those bytes over the synchronisation (shard) group; `across(bytes)`: HSDP's all-reduce of a gradient shard over
     the replicas (`view.replicate`), charged here per microbatch where FSDP2 runs outside a pipeline (else at the
-    step's end, autopp.costmodel.terms)."""
+    step's end, autopp.costmodel.terms); `experts(bytes)`: an all-reduce over the experts' replicas, under FSDP2
+    (autopp.costmodel.fsdp)."""
     zero, d = view.zero, view.sync
     if zero.replicated or d == 1:
         return replace(a, zero=NO_ZERO)
     p, g, e = a.params, a.grads, a.expert
     static = np.round(sum(static_terms(a, view).values(), np.zeros(a.n)))
     optimizer = None if a.optimizer is None else a.optimizer / d
+    if e is not None and a.optimizer is not None:  # the step's share of the experts: over their replicas
+        mine = g + (1 - e.sync_weight) * e.grads
+        part = np.divide(e.grads, mine, out=np.zeros(len(mine)), where=mine > 0)
+        optimizer = a.optimizer * ((1 - part) / d + part / e.replicas)
     if view.fsdp:
-        scatter = half_collective(reduce_time(g))
-        if across is not None and view.replicate > 1:
-            scatter = scatter + across(g / d)
-        return replace(fsdp_outside_pipeline(a, half_collective(reduce_time(p)), scatter), static=static,
-                       optimizer=optimizer, zero=zero)
+        return fsdp_sharded(a, view, (reduce_time, across, experts), static, optimizer)
     comm = exposed = np.zeros(a.n)
     if zero.gathers_each_forward:
         gather = half_collective(reduce_time(p))
@@ -272,10 +273,6 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
         scatter = half_collective(reduce_time(g))
         a, shown = scatter_in_backward(a, scatter)
         comm, exposed = comm + scatter, exposed + shown
-    if e is not None and a.optimizer is not None:  # the step's share of the experts: over their replicas
-        mine = g + (1 - e.sync_weight) * e.grads
-        part = np.divide(e.grads, mine, out=np.zeros(len(mine)), where=mine > 0)
-        optimizer = a.optimizer * ((1 - part) / d + part / e.replicas)
     return replace(a, static=static, optimizer=optimizer, zero=zero, zero_seconds=(comm, exposed))
 
 
@@ -328,13 +325,12 @@ def static_terms(a: UnitArrays, view: UnitView) -> dict[str, np.ndarray]:
     o, none = a.static - p - g, np.zeros(a.n)
     if zero.replicated or d == 1:
         return dict(zip(STATIC_TERMS, (p, none, g, o)))
-    check_expert_zero(zero, view.ep)
+    check_expert_zero(zero, view.ep, pipelined=not view.fsdp)
     if view.fsdp:
-        return dict(zip(STATIC_TERMS, (none, none if a.master else p / d, g / d, o / d)))
+        return dict(zip(STATIC_TERMS, fsdp_static(a, view)))
     terms = _shard(p, g, o, d, zero, a.master)
     if e is not None:  # the expert bytes: out of the dense shard, into their own replicas' one
-        dense = _shard(p - e.params, g - e.sync_weight * e.grads, o - e.optimizer - (1 - e.sync_weight) * e.grads, d,
-                       zero, a.master)
+        dense = _shard(*dense_bytes(a), d, zero, a.master)
         terms = tuple(x + y for x, y in zip(dense, _shard(e.params, e.grads, e.optimizer, e.replicas, zero, a.master)))
     return dict(zip(STATIC_TERMS, terms))
 
@@ -345,48 +341,3 @@ def _shard(p: np.ndarray, g: np.ndarray, o: np.ndarray, d: int, zero: ZeroStage,
     gathered parameters, FSDP2's sharded ones unless they are the master copy in `o` (`master`), the gradients
     (sharded by stage 2) and the optimizer state's shard."""
     return p, np.zeros(len(p)) if master else p / d, g / d if zero.scatters_each_microbatch else g, o / d
-
-
-def check_expert_zero(zero: ZeroStage, ep: int) -> None:
-    """Refuse ZeRO 3 beside expert parallelism (module docstring) with one line."""
-    if ep > 1 and zero.gathers_each_forward:
-        raise LayoutError(f"`zero` {zero.stage} with `ep` {ep}: autopp plans expert parallelism with ZeRO 0, 1 or 2 "
-                          "(the dense and the expert bytes each sharded over their own data-parallel ranks); "
-                          "re-plan with `zero` 1")
-
-
-def fsdp_outside_pipeline(a: UnitArrays, gather: np.ndarray, scatter: np.ndarray) -> UnitArrays:
-    """`a` run by FSDP2 with one module per unit outside a pipeline (pp 1, `UnitView.fsdp`; module docstring's
-    stage 3 is the pipelined case): `gather`, `scatter` are each unit's all-gather of its parameters and
-    reduce-scatter of its gradients, per microbatch. Unit u's parameters are gathered before its forward and again
-    before its backward (resharded after the forward), its gradients reduce-scattered after its backward, every
-    microbatch (FSDP2 reduces each backward unless told not to; torchtitan does not).
-
-    Memory: beside the shards (static / d, set by the caller), a unit's working memory holds its gathered
-    parameters and the prefetched neighbour's, its unsharded gradients and the previous unit's still being
-    reduce-scattered: p_u + max(p_u-1, p_u+1) + g_u + g_u+1 on top of its own transient.
-
-    Time, with `a.overlap.fsdp_prefetch` (FSDP2's implicit prefetch; torchtitan docs/fsdp.md): the forward of unit
-    u runs while unit u + 1's parameters are gathered, max(F_u, AG_u+1), the first gather exposed; the backward (units
-    in reverse) of unit u runs while unit u - 1's parameters are gathered and unit u + 1's gradients are
-    reduce-scattered, max(B_u, AG_u-1 + RS_u+1), the last unit's gather and the first unit's scatter exposed. One
-    collective stream per direction, as NCCL runs FSDP2's all-gather and reduce-scatter streams. The recomputed
-    forward of a recomputing unit runs on the backward's gathered parameters: no gather of its own. Without the
-    prefetch every collective is on the critical path."""
-    zeros = np.zeros(1)
-    if a.overlap.fsdp_prefetch:
-        forward = np.maximum(a.forward, np.concatenate((gather[1:], zeros)))
-        forward[0] += gather[0]
-        behind = np.concatenate((zeros, gather[:-1])) + np.concatenate((scatter[1:], zeros))
-        backward = np.maximum(a.backward, behind)
-        backward[-1] += gather[-1]
-        backward[0] += scatter[0]
-    else:
-        forward, backward = a.forward + gather, a.backward + gather + scatter
-    extra = backward - a.backward  # charged to W, where the gradients are made
-    neighbour = np.maximum(np.concatenate((zeros, a.params[:-1])), np.concatenate((a.params[1:], zeros)))
-    held = a.params + neighbour + a.grads + np.concatenate((a.grads[1:], zeros))
-    exposed = forward - a.forward + extra
-    return replace(a, forward=forward, backward=backward, backward_weight=a.backward_weight + extra,
-                   transient=np.round(a.transient_bytes() + held), fsdp=True,
-                   zero_seconds=(2 * gather + scatter, exposed))

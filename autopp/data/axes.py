@@ -138,13 +138,15 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                                            "exported stage file builds none; " + _RE_PLAN.format(axis="tp"))}),
     Axis(name="ep", what="expert parallelism",
          flag=Flag(help="expert-parallel degree: ep groups carved from a stage's dp ranks each hold its experts, "
-                        "1 / ep per rank (tp 1; ZeRO 0-2; the runner runs ZeRO 0), or auto: 1 and every divisor of "
+                        "1 / ep per rank (tp 1; ZeRO 0-2, or 3 at pp 1 as FSDP2; the runner runs ZeRO 0, and 3 at pp "
+                        "1), or auto: 1 and every divisor of "
                         "dp that divides the experts (default 1; --ep N alone sets dp N)"),
          trainers={"torchtitan": Spelling(
                        degree="parallelism.expert_parallel_degree",
                        note="torchtitan's ExpertParallel shards each MoE layer's experts over ep ranks carved from "
                             "dp_shard x cp (x tp) and routes tokens by all-to-all, as autopp costed and runs it (ep "
-                            "divides dp); its model's config gives the experts and top-k (and a group-limited "
+                            "divides dp), and with FSDP shards the experts over dp_shard / ep (its dp_shard_mod_ep); "
+                            "its model's config gives the experts and top-k (and a group-limited "
                             "routing's `num_expert_groups` / `num_limited_groups`, TokenChoiceTopKRouter); for such "
                             "a routing over several nodes autopp costed DeepEP's node-limited sends: "
                             "`--parallelism.expert_parallel_comm_backend=deepep` runs them"),

@@ -50,16 +50,19 @@ def sync_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
     return flat._unflatten(0, (layout.dp_replicate, layout.shard), ("dp_replicate", "dp_shard"))
 
 
-def shard_replicas(piece: nn.Module, mesh: DeviceMesh, zero: ZeroStage, units: Sequence[str]) -> None:
+def shard_replicas(piece: nn.Module, mesh: DeviceMesh, zero: ZeroStage, units: Sequence[str],
+                   ignored: set[nn.Parameter] | None = None) -> None:
     """ZeRO 1/3: `fully_shard` each of the piece's units with parameters, then the piece itself, over `mesh` (the
-    synchronisation ranks), resharding after forward as the stage's descriptor says; nothing for ZeRO 0."""
+    synchronisation ranks), resharding after forward as the stage's descriptor says, leaving the `ignored`
+    parameters alone (experts not sharded further beside ep: autopp.run.expert_parallel.shard_experts); nothing for
+    ZeRO 0."""
     reshard = zero.fsdp_reshard_after_forward
     if reshard is None:
         return
     held = dict(piece.named_modules())
     sharded = [n for n in units if n in held and held[n] is not piece and any(True for _ in held[n].parameters())]
     for name in sharded:
-        fully_shard(held[name], mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(piece, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(held[name], mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored or None)
+    fully_shard(piece, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored or None)
     logger.info("%s over %d ranks: fully_shard(reshard_after_forward=%s) on %d units and the stage", zero,
                 mesh.size(), reshard, len(sharded))

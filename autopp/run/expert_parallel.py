@@ -16,7 +16,10 @@ expert count set to the local one; the routing weights are applied after the com
 from the mesh's "dp" dimension (torchtitan's ep over dp_shard; ep fastest, Megatron's "tp-cp-ep-dp-pp" order):
 with ep = dp it is the whole dimension, with ep < dp it is split (dp / ep, ep) by `DeviceMesh._unflatten`
 (`ep_meshes`). The expert weights' gradients are summed over the dp / ep ranks holding the same experts and scaled
-by 1 / dp, the dense gradients' average (`average_expert_grads`; nothing to sum with ep = dp).
+by 1 / dp, the dense gradients' average (`average_expert_grads`; nothing to sum with ep = dp). With ZeRO 3 at pp 1
+(FSDP2 without a pipeline) the experts are `fully_shard`-ed over those dp / ep ranks instead, their gradients
+reduce-scattered over them and divided by dp, as torchtitan's `apply_fsdp` shards its MoE models' experts over
+dp_shard_mod_ep (`shard_experts`; not sharded further with ep = dp), the dense units over dp as before.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd, wait_tensor
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
@@ -38,8 +42,8 @@ from ..data.layout import Layout
 from ..errors import RunError
 from ..model.experts import is_experts
 
-__all__ = ["ExpertParallel", "check_expert_parallel", "ep_meshes", "parallelize_experts", "expert_params",
-           "average_expert_grads"]
+__all__ = ["ExpertParallel", "check_expert_parallel", "ep_meshes", "parallelize_experts", "shard_experts",
+           "expert_params", "average_expert_grads"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,13 +121,15 @@ class _EpForward:
 
 def check_expert_parallel(layout: Layout) -> None:
     """Refuse the layouts the runner cannot run expert-parallel: ep must divide dp (the ep groups are carved from a
-    stage's data-parallel ranks), without tensor or context parallelism and with ZeRO 0."""
+    stage's data-parallel ranks), without tensor or context parallelism, with ZeRO 0, or ZeRO 3 at pp 1 (FSDP2
+    without a pipeline, `Layout.fsdp`: `shard_experts`)."""
     if layout.ep == 1:
         return
-    if layout.dp % layout.ep or layout.group > 1 or not layout.zero.replicated:
-        raise RunError(f"plan field 'ep' is {layout.ep} with dp {layout.dp}, cp {layout.cp}, tp {layout.tp}, zero "
-                       f"{layout.zero.stage}: autopp runs expert parallelism with ep dividing dp, cp 1, tp 1 and zero "
-                       "0 (ZeRO beside ep is planned and exported, not run); re-plan with `--ep 1` or those")
+    if layout.dp % layout.ep or layout.group > 1 or not (layout.zero.replicated or layout.fsdp):
+        raise RunError(f"plan field 'ep' is {layout.ep} with pp {layout.pp}, dp {layout.dp}, cp {layout.cp}, tp "
+                       f"{layout.tp}, zero {layout.zero.stage}: autopp runs expert parallelism with ep dividing dp, "
+                       "cp 1, tp 1 and zero 0, or zero 3 at pp 1 (ZeRO 1 and 2 beside ep are planned and exported, "
+                       "not run); re-plan with `--ep 1` or those")
 
 
 @functools.lru_cache(maxsize=8)
@@ -155,6 +161,28 @@ def parallelize_experts(piece: nn.Module, mesh: DeviceMesh, full_model: nn.Modul
     return len(names)
 
 
+def shard_experts(piece: nn.Module, layout: Layout, replicas: DeviceMesh | None) -> set[nn.Parameter]:
+    """ZeRO 3 at pp 1 beside ep (`Layout.fsdp`), as torchtitan's `apply_fsdp` runs its MoE models: each of the
+    piece's expert-parallel modules `fully_shard`-ed over the `replicas` holding the same experts (its
+    dp_shard_mod_ep; `ep_meshes`), its gradients divided by dp as the dense ones are averaged
+    (`set_gradient_divide_factor`); with ep = dp (`replicas` None) they are not sharded further. The expert weights
+    the dense units' FSDP2 must leave alone (`fully_shard`'s `ignored_params`); none without ZeRO 3 at pp 1."""
+    if not layout.fsdp:
+        return set()
+    modules = [m for m in piece.modules() if isinstance(m.forward, _EpForward)]
+    if replicas is None:
+        return {p for m in modules for p in m.parameters(recurse=False)}
+    for module in modules:
+        sharded = fully_shard(module, mesh=replicas, reshard_after_forward=True)
+        sharded.set_gradient_divide_factor(float(layout.dp))
+        if replicas.device_type == "cpu":  # gloo has no PREMUL_SUM: a sum, then the division
+            sharded.set_force_sum_reduction_for_comms(True)
+    if modules:
+        logger.info("ZeRO 3 of %d experts modules over the %d ranks holding the same experts", len(modules),
+                    replicas.size())
+    return set()
+
+
 def expert_params(pieces: Sequence[nn.Module]) -> list[nn.Parameter]:
     """The expert weights `ExpertParallel` sharded in `pieces`, each once."""
     found = {id(p): p for piece in pieces for m in piece.modules() if isinstance(m.forward, _EpForward)
@@ -167,7 +195,7 @@ def average_expert_grads(params: Sequence[torch.Tensor], layout: Layout, replica
     routed to it (the combine's backward brings them back); summed over the `replicas` holding the same experts
     (`ep_meshes`; None: ep = dp, nothing to sum), it is divided by dp, as the dense gradients are averaged over dp."""
     grads = [g.to_local() if isinstance(g, DTensor) else g for g in (p.grad for p in params) if g is not None]
-    if not grads or layout.dp == 1:
+    if not grads or layout.dp == 1 or layout.fsdp and replicas is not None:  # FSDP2 reduced them (`shard_experts`)
         return
     if replicas is not None:
         flat = torch.cat([g.reshape(-1) for g in grads])

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from ..data.layout import Layout
 from ..data.plan import Plan
 from .data_parallel import shard_replicas, sync_mesh
-from .expert_parallel import ep_meshes, parallelize_experts
+from .expert_parallel import ep_meshes, parallelize_experts, shard_experts
 from .tensor_parallel import parallelize_stage
 
 __all__ = ["make_mesh", "Sharding", "shard_stage", "local", "full"]
@@ -47,14 +47,18 @@ class Sharding:
 
 def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], device: torch.device) -> None:
     """Tensor-parallelise the piece's planned modules over mesh["tp"], shard its experts over the ep ranks (carved
-    from the stage's dp ranks: autopp.run.expert_parallel), then (ZeRO 1/3) fully_shard each of its units with
-    parameters and the piece itself over the synchronisation ranks (TP first, then FSDP, as torchtitan)."""
+    from the stage's dp ranks: autopp.run.expert_parallel; with ZeRO 3 at pp 1 fully_shard them over the ranks
+    holding the same experts), then (ZeRO 1/3) fully_shard each of its units with parameters and the piece itself
+    over the synchronisation ranks (TP first, then FSDP, as torchtitan)."""
     if sharding.resolved and sharding.full_model is not None:
         parallelize_stage(piece, sharding.mesh["tp"], sharding.resolved, sharding.full_model, device,
                           sharding.sequence, units)
+    ignored: set[nn.Parameter] = set()
     if sharding.layout.ep > 1 and sharding.full_model is not None:
-        parallelize_experts(piece, ep_meshes(sharding.mesh, sharding.layout.ep)[0], sharding.full_model, device)
-    shard_replicas(piece, sync_mesh(sharding.mesh, sharding.layout), sharding.layout.zero, units)
+        ep, replicas = ep_meshes(sharding.mesh, sharding.layout.ep)
+        parallelize_experts(piece, ep, sharding.full_model, device)
+        ignored = shard_experts(piece, sharding.layout, replicas)
+    shard_replicas(piece, sync_mesh(sharding.mesh, sharding.layout), sharding.layout.zero, units, ignored)
 
 
 def local(value: torch.Tensor) -> torch.Tensor:

@@ -451,6 +451,26 @@ def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # t
     assert titan(text).parallelism.expert_parallel_degree == 2
 
 
+def test_fsdp_beside_expert_parallelism_at_pp_1_is_read_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]
+        megatron, titan, llama: Profile) -> None:
+    """Issue 30: ZeRO 3 beside ep at pp 1 (NeMo AutoModel's EP8 x FSDP8): torchtitan's config takes FSDP over the 4
+    dp ranks and expert_parallel_degree 2 (its experts' FSDP over dp_shard / ep), megatron-core Megatron-FSDP beside
+    --expert-model-parallel-size (MCore 0.15: FSDP with EP); DeepSpeed refuses ZeRO 3 in one line."""
+    from autopp.export import ExportError
+    plan = plan_for(llama, devices=4, pins=LayoutPins(pp=1, dp=4, ep=2, zero=ZERO[3]))
+    assert plan.layout.fsdp and plan.layout.ep == 2
+    moe = {"num_experts": 8, "top_k": 2}
+    cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x", moe=moe).text)
+    assert cfg.ddp.use_megatron_fsdp and cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params"
+    assert (cfg.expert_model_parallel_size, cfg.pipeline_model_parallel_size) == (2, 1)
+    text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES),
+                       moe=moe).text
+    par = titan(text).parallelism
+    assert (par.data_parallel_shard_degree, par.expert_parallel_degree, par.pipeline_parallel_degree) == (4, 2, 1)
+    with pytest.raises(ExportError, match=r"^plan: zero 3: DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only"):
+        export_plan(plan, Target.DEEPSPEED, "x.json")
+
+
 def test_context_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]
         megatron, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """Issue 27: cp 2: megatron-core's TransformerConfig takes --context-parallel-size, torchtitan's config its

@@ -268,6 +268,11 @@ def test_hsdp_and_expert_parallelism_are_read(tmp_path: Path, llama: Profile) ->
     layout = pinned.candidate.layout  # issue 25: torchtitan's HSDP read as HSDP, resharded after forward at pp 1
     assert (layout.dp, layout.dp_replicate, layout.shard, layout.zero.stage, layout.fsdp) == (8, 2, 4, 3, True)
     assert notes == []
+    pinned, notes = _read(tmp_path, llama, "--parallelism.data_parallel_shard_degree=8\n"
+                          "--parallelism.expert_parallel_degree=2\n--training.local_batch_size=4\n", 8)
+    layout = pinned.candidate.layout  # issue 30: FSDP beside ep at pp 1, as torchtitan runs its MoE models
+    assert (layout.pp, layout.dp, layout.ep, layout.zero.stage, layout.fsdp) == (1, 8, 2, 3, True)
+    assert notes == []
     pinned, _ = _read(tmp_path, llama, "--expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
                       "--num-layers 4 --global-batch-size 8\n", 4)
     assert (pinned.candidate.layout.dp, pinned.candidate.layout.ep) == (2, 2)

@@ -1,8 +1,8 @@
 """Expert parallelism in the runner (autopp.run.expert_parallel): the experts module wrapped on one rank gives the
 model's own output and gradients, the layouts it does not run are refused before any rank starts, and tiny HF
-Mixtral and Qwen3-MoE run pp x dp with ep = dp (Mixtral at pp 1, Qwen3-MoE's pp 2 x dp 2 planned by the CLI), and
-Mixtral with ep < dp (pp 2 x ep 2 x dp 2 on 8 ranks), on gloo ranks, loss and every gradient (the expert shards
-gathered) validated against one process."""
+Mixtral and Qwen3-MoE run pp x dp with ep = dp (Mixtral at pp 1 beside ZeRO 3, Qwen3-MoE's pp 2 x dp 2 planned by
+the CLI), and Mixtral with ep < dp (pp 1 x dp 4 x ep 2 beside ZeRO 3, pp 2 x ep 2 x dp 2 on 8 ranks), on gloo ranks,
+loss and every gradient (the expert shards gathered) validated against one process."""
 
 from __future__ import annotations
 
@@ -44,14 +44,17 @@ def test_the_experts_modules_are_found_by_their_stacked_weights() -> None:
     (Layout(pp=1, dp=1, cp=2, ep=2), "cp 2"),
     (Layout(pp=1, dp=1, tp=2, ep=2), "tp 2"),
     (Layout(pp=1, dp=2, ep=2, zero=ZERO[1]), "zero 1"),
+    (Layout(pp=2, dp=2, ep=2, zero=ZERO[3]), "zero 3"),
 ])
 def test_layouts_the_runner_does_not_run_expert_parallel_are_refused(layout: Layout, why: str) -> None:
-    with pytest.raises(RunError, match=r"^plan field 'ep' is \d .*ep dividing dp, cp 1, tp 1 and zero 0 \(ZeRO beside "
-                                       r"ep is planned and exported, not run\); re-plan"):
+    with pytest.raises(RunError, match=r"^plan field 'ep' is \d with pp \d, .*" + why + r".*: autopp runs expert "
+                                       r"parallelism with ep dividing dp, cp 1, tp 1 and zero 0, or zero 3 at pp 1 "
+                                       r"\(ZeRO 1 and 2 beside ep are planned and exported, not run\); re-plan"):
         check_expert_parallel(layout)
     check_expert_parallel(Layout(pp=2, dp=2, ep=2))
     check_expert_parallel(Layout(pp=2, dp=4, ep=2))
     check_expert_parallel(Layout(pp=2, dp=4))
+    check_expert_parallel(Layout(pp=1, dp=4, ep=2, zero=ZERO[3]))
 
 
 @pytest.mark.parametrize("path", [MIXTRAL, QWEN3])
@@ -78,19 +81,26 @@ def test_on_one_rank_the_wrapped_experts_give_the_models_output_and_gradients(pa
 
 
 @pytest.mark.integration
-def test_experts_sharded_over_dp_match_one_process(tmp_path: Path) -> None:
-    """Mixtral at pp 1 x dp 2 (2 ranks) with ep 2: each rank holds 2 of the 4 experts of every layer, tokens go to
-    their experts and back by all-to-all, and the loss and every gradient match one process. Qwen3-MoE's experts run
-    the same wrapping per stage in its pp 2 x dp 2 plan from the CLI (test_a_plan_with_ep_from_the_cli_runs_validated,
-    4 ranks), and Mixtral's at pp 2 as the ep groups of its pp 2 x ep 2 x dp 2 run
-    (test_experts_sharded_over_part_of_dp_match_one_process, 8 ranks): launches of their own at pp 2 x dp 2 (Mixtral)
-    and pp 1 x dp 2 (Qwen3-MoE) checked nothing those do not."""
-    plan = pipeline_plan(MIXTRAL, [], schedule="GPipe", layout=Layout(pp=1, dp=2, ep=2))
-    report = run_plan(plan, RunOptions(steps=2, timeout_s=600, work_dir=tmp_path))
-    assert report.passed and report.layout.ep == 2 and report.num_ranks == 2
+@pytest.mark.parametrize("dp", [2, 4])
+def test_experts_beside_fsdp_at_pp_1_match_one_process(tmp_path: Path, dp: int) -> None:
+    """Mixtral at pp 1 x dp `dp` with ep 2 and ZeRO 3 (FSDP2 without a pipeline, as torchtitan and NeMo AutoModel run
+    MoE models; issue 30): each rank holds 2 of the 4 experts of every layer, tokens go to their experts and back by
+    all-to-all, the dense units are fully_shard-ed over the dp ranks; with dp 2 (ep = dp) the experts are not sharded
+    further (FSDP2's ignored parameters), with dp 4 they are fully_shard-ed over the 2 ranks holding the same
+    experts, their gradients divided by dp (without that division the check fails: `gradient of
+    model.layers.2.mlp.experts.down_proj (stage 0) differs ... by 1.00e+00 relative`). The loss and every gradient
+    match one process. Qwen3-MoE's experts run the same wrapping per stage in its pp 2 x dp 2 plan from the CLI
+    (test_a_plan_with_ep_from_the_cli_runs_validated, 4 ranks), and Mixtral's at pp 2 as the ep groups of its pp 2 x
+    ep 2 x dp 2 run (test_experts_sharded_over_part_of_dp_match_one_process, 8 ranks), both with ZeRO 0."""
+    plan = pipeline_plan(MIXTRAL, [], schedule="GPipe", layout=Layout(pp=1, dp=dp, ep=2, zero=ZERO[3]))
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
+    assert report.passed and report.layout.ep == 2 and report.num_ranks == dp
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     lines = [line for f in sorted(tmp_path.glob("rank*.out")) for line in f.read_text().splitlines()]
-    assert sum("expert parallelism over 2 ranks on 4 experts modules" in line for line in lines) == 2
+    assert sum("expert parallelism over 2 ranks on 4 experts modules" in line for line in lines) == dp
+    assert sum("ZeRO 3 over %d ranks: fully_shard(reshard_after_forward=True)" % dp in line for line in lines) == dp
+    experts = sum("ZeRO 3 of 4 experts modules over the 2 ranks holding the same experts" in line for line in lines)
+    assert experts == (dp if dp > 2 else 0)
 
 
 @pytest.mark.integration

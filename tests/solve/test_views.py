@@ -147,14 +147,15 @@ def test_collective_counts_do_not_grow_with_the_microbatch(profile) -> None:  # 
 
 def test_ep_is_searched_among_the_divisors_of_dp() -> None:
     """Expert parallelism (issue 30): ep groups are carved from a stage's dp ranks (torchtitan: ep divides dp_shard)
-    with tp 1 and ZeRO 0 to 2, so the search tries 1 and every divisor of dp, a pinned ep with any dp it divides,
-    searched ep only dividing the experts per layer where known, and the request refuses other pins in one line."""
+    with tp 1 and ZeRO 0 to 2 (3 at pp 1, as FSDP2), so the search tries 1 and every divisor of dp, a pinned ep with
+    any dp it divides, searched ep only dividing the experts per layer where known, and the request refuses other
+    pins in one line."""
     from autopp.solve.search.request import ep_choices
     cluster = Cluster(num_devices=8, memory_bytes=2**34)
     auto = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=None))
     assert ep_choices(auto, 4, 1, NO_ZERO) == (1, 2, 4) and ep_choices(auto, 1, 1, NO_ZERO) == (1,)
-    assert ep_choices(auto, 6, 1, ZERO[1]) == (1, 2, 3, 6) and ep_choices(auto, 4, 1, ZERO[3]) == (1,)
-    assert ep_choices(auto, 4, 2, NO_ZERO) == (1,)
+    assert ep_choices(auto, 6, 1, ZERO[1]) == (1, 2, 3, 6) and ep_choices(auto, 4, 1, ZERO[3], 2) == (1,)
+    assert ep_choices(auto, 4, 2, NO_ZERO) == (1,) and ep_choices(auto, 4, 1, ZERO[3], 1) == (1, 2, 4)
     pinned = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=2))
     assert ep_choices(pinned, 2, 1, NO_ZERO) == (2,) and ep_choices(pinned, 4, 1, NO_ZERO) == (2,)
     assert ep_choices(pinned, 3, 1, NO_ZERO) == ()
@@ -166,9 +167,13 @@ def test_ep_is_searched_among_the_divisors_of_dp() -> None:
         PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, tp=2, ep=2))
     with pytest.raises(LayoutError, match=r"^ep\(4\) must divide dp\(6\)"):
         PlanRequest(cluster=cluster, global_batch=12, pins=LayoutPins(dp=6, ep=4))
-    with pytest.raises(LayoutError, match=r"^`zero` 3 with `ep` 2: autopp plans expert parallelism with ZeRO 0, 1 or "
-                                          r"2 .*re-plan with `zero` 1$"):
-        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, ep=2, zero=ZERO[3]))
+    with pytest.raises(LayoutError, match=r"^`zero` 3 with `ep` 2 and `pp` above 1: autopp plans ZeRO 3 beside "
+                                          r"expert parallelism only without a pipeline .*re-plan with `pp` 1 or "
+                                          r"`zero` 1$"):
+        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(pp=2, dp=4, ep=2, zero=ZERO[3]))
+    fsdp = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=2, zero=ZERO[3]))
+    layouts = {c.layout for c in configs(fsdp, 8)}  # pp searched: only pp 1 keeps ZeRO 3 beside ep
+    assert layouts and all(l.pp == 1 and l.ep == 2 and l.fsdp for l in layouts)
 
 
 def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile) -> None:  # type: ignore[no-untyped-def]
@@ -194,6 +199,52 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
     assert any("the profile records no stacked experts" in n for n in dense.notes)
     assert dense.predicted.step_time_s == pytest.approx(
         make_plan(profile, replace(req, pins=LayoutPins(pp=4, dp=2))).predicted.step_time_s)
+
+
+def test_fsdp_beside_ep_at_pp_1_plans_and_notes_the_experts(profile) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30: ZeRO 3 beside ep at pp 1 (FSDP2, as NeMo AutoModel's EP8 x FSDP8) plans; its notes say the experts
+    are sharded over the ranks holding the same (dp 8, ep 2: 4) or, with ep = dp, not sharded further; it holds
+    fewer static bytes than ZeRO 1 beside the same ep."""
+    from autopp.data.profile import Profile
+    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
+                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
+                                                                   profile.units.param_bytes // 2, 0),
+                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
+                  profile.edges, profile.tp_units)
+    notes = {}
+    for ep in (2, 8):
+        req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[3]))
+        plan = make_plan(moe, req)
+        assert plan.layout == Layout(pp=1, dp=8, ep=ep, zero=ZERO[3]) and plan.layout.fsdp
+        notes[ep] = next(n for n in plan.notes if n.startswith("ZeRO stage 3 over 8 replicas as FSDP2"))
+        one = make_plan(moe, replace(req, pins=LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[1])))
+        assert sum(s.static_bytes for s in plan.stages) < sum(s.static_bytes for s in one.stages)
+    assert notes[2].endswith("; the experts sharded, gathered and reduce-scattered over the 4 ranks holding the same")
+    assert notes[8].endswith("; the experts (ep = dp) are not sharded further: whole on their rank, never gathered")
+
+
+def test_the_search_takes_fsdp_beside_ep_where_only_it_fits(profile) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30: with zero and ep searched at pp 1 x dp 8, a memory that only ZeRO 3 beside ep fits (with ep 2 its
+    working memory gathers half the experts that ZeRO 3 without ep gathers; ZeRO 1 keeps the weights whole) makes
+    the search take it; with more memory it takes what is faster."""
+    from autopp.data.profile import Profile
+    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
+                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
+                                                                   profile.units.param_bytes // 2, 0),
+                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
+                  profile.edges, profile.tp_units)
+    peaks = {}
+    for zero, ep in ((1, 2), (3, 1), (3, 2)):
+        pins = LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[zero])
+        peaks[zero, ep] = max(make_plan(moe, PlanRequest(cluster=_nodes(), global_batch=16,
+                                                         pins=pins)).predicted.peak_memory_bytes)
+    assert peaks[3, 2] < peaks[3, 1] < peaks[1, 2]
+    searched = LayoutPins(pp=1, dp=8, ep=None, zero=None)
+    memory = (peaks[3, 2] + peaks[3, 1]) // 2
+    tight = make_plan(moe, PlanRequest(cluster=_nodes(memory=memory), global_batch=16, pins=searched))
+    assert tight.layout.zero == ZERO[3] and tight.layout.ep > 1 and tight.layout.fsdp
+    roomy = make_plan(moe, PlanRequest(cluster=_nodes(), global_batch=16, pins=searched))
+    assert roomy.predicted.step_time_s < tight.predicted.step_time_s
 
 
 def test_a_plan_with_ep_says_how_it_times_the_expert_gemms(profile) -> None:  # type: ignore[no-untyped-def]

@@ -16,6 +16,7 @@ from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
 from ...data.catalog import planned_device
 from ...data.cluster import Cluster
+from ...data.layout import Layout
 from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, describe, policy
 from ..partition.baselines import baseline_bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
@@ -138,7 +139,8 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
     if c.layout.fsdp:
         out.append(f"ZeRO stage {zero.stage} over {over} as FSDP2 without a pipeline: parameters, "
                    "gradients and optimizer state sharded, each unit gathered for its forward and again for its "
-                   "backward, its gradients reduce-scattered every microbatch (docs/parallelism.md#zero-stages)")
+                   "backward, its gradients reduce-scattered every microbatch (docs/parallelism.md#zero-stages)"
+                   + _fsdp_experts_note(c.layout))
     elif not zero.replicated:
         out.append(f"ZeRO stage {zero.stage} over {over}: {zero.sharded} sharded"
                    + (" (costed only: torch.distributed.pipelining cannot run it)" if zero.not_runnable else ""))
@@ -153,12 +155,24 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
         out.append(f"expert parallelism {ep}: each stage's {dp} replicas{groups} hold 1/{ep} of its experts "
                    f"({moe.get('num_experts')} per layer, top-{moe.get('top_k')}) and exchange the routed tokens by "
                    "all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)"
-                   + ("" if ep == dp else f"; expert gradients all-reduced over the {dp // ep} ranks holding the same")
+                   + ("" if ep == dp or c.layout.fsdp else
+                      f"; expert gradients all-reduced over the {dp // ep} ranks holding the same")
                    + _expert_gemms_note(profile, ep)
                    + routing_note(routing_of(profile), ep, c.layout.group, cluster)
                    if layers else f"expert parallelism {c.layout.ep}: the profile records no stacked experts "
                    "(expert_param_bytes 0), so it changes nothing; plan with `ep` 1")
     return out
+
+
+def _fsdp_experts_note(layout: Layout) -> str:
+    """What FSDP2 at pp 1 does with the experts beside ep (autopp.costmodel.fsdp): nothing further with ep = dp,
+    else sharded over their dp / ep replicas (torchtitan's dp_shard_mod_ep)."""
+    if layout.ep == 1:
+        return ""
+    r = layout.dp // layout.ep
+    if r == 1:
+        return "; the experts (ep = dp) are not sharded further: whole on their rank, never gathered"
+    return f"; the experts sharded, gathered and reduce-scattered over the {r} ranks holding the same"
 
 
 def _expert_gemms_note(profile: Profile, ep: int) -> str:

@@ -165,8 +165,8 @@ class PlanRequest:
         if self.pins.tp not in (None, 1) or dp is not None and dp % ep:
             raise LayoutError(f"`ep` {ep} runs with `tp` 1 and a `dp` it divides (its ep ranks are carved from a "
                               f"stage's dp ranks); got dp {dp}, tp {self.pins.tp}")
-        if zero is not None:
-            check_expert_zero(zero, ep)
+        if zero is not None and self.pins.pp not in (None, 1):
+            check_expert_zero(zero, ep, pipelined=True)
 
     def view(self, group: int) -> PlanRequest:
         """The request as groups of `group` devices (a layout's `group`: cp x tp) see it: each group is one pipeline
@@ -307,10 +307,11 @@ def cp_choices(req: PlanRequest, tp: int, seq_len: int | None) -> list[int]:
                  and check_sequence(seq_len, c, tp) is None)]
 
 
-def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage) -> tuple[int, ...]:
-    """Expert-parallel degrees to try (autopp.costmodel.parallel: ep carved from dp, tp 1, ZeRO 0 to 2): the pinned
-    one or, searched (`pins.ep` None), 1 and every divisor of dp above 1 (torchtitan: ep divides dp_shard)."""
-    fits = dp > 1 and tp == 1 and not zero.gathers_each_forward
+def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage, pp: int = 1) -> tuple[int, ...]:
+    """Expert-parallel degrees to try (autopp.costmodel.parallel: ep carved from dp, tp 1, ZeRO 0 to 2, or 3 at
+    pp 1 as FSDP2, autopp.costmodel.fsdp): the pinned one or, searched (`pins.ep` None), 1 and every divisor of dp
+    above 1 (torchtitan: ep divides dp_shard)."""
+    fits = dp > 1 and tp == 1 and (not zero.gathers_each_forward or pp == 1)
     if req.pins.ep is not None:
         return (req.pins.ep,) if req.pins.ep == 1 or fits and dp % req.pins.ep == 0 else ()
     return (1, *(e for e in range(2, dp + 1) if dp % e == 0)) if fits else (1,)
@@ -355,7 +356,8 @@ def configs(req: PlanRequest, n: int, degrees: tuple[Group, ...] = (Group(1, 1),
     out = [replace(c, layout=replace(c.layout, cp=cp, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp),
                                      dp_replicate=r))
            for cp, tp in degrees for c in _pipeline_configs(req.view(cp * tp), n)
-           for zero in zero_stages(req, c.layout.dp * cp) for ep in ep_choices(req, c.layout.dp, cp * tp, zero)
+           for zero in zero_stages(req, c.layout.dp * cp)
+           for ep in ep_choices(req, c.layout.dp, cp * tp, zero, c.layout.pp)
            if not experts or experts % ep == 0 or req.pins.ep
            for r in replicate_choices(req, c.layout.dp, zero, ep)]
     # the runner runs Chimera's two pipelines on pipeline ranks alone (autopp.run.bidirectional)
