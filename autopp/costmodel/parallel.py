@@ -98,7 +98,7 @@ from ..data.zero import NO_ZERO
 from ..data.zero import ZeroStage
 from ..errors import LayoutError, ProfileError
 from .context import ContextTable, context_parallel
-from .experts import ExpertParts, expert_gemms
+from .experts import ExpertParts, expert_gemms, expert_tensor_rows
 from .terms import allreduce_times, half_collective, hsdp_allreduce_time
 from .units import ExpertBytes, ProfileTable, UnitArrays, born_table
 
@@ -120,7 +120,7 @@ def group_table(profile: Profile, view: UnitView) -> ProfileTable:
     sequence (autopp.costmodel.context.ContextTable). An axis whose rows are measured at
     its sharded shapes selects them here."""
     if view.ep > 1:
-        return ExpertTable(profile, view.ep, view.ep_replicas)
+        return ExpertTable(profile, view.ep, view.ep_replicas, view.etp)
     table = ProfileTable(profile, view.tp) if view.cp == 1 else ContextTable(profile, view.tp, view.cp)
     if view.sp and view.tp > 1:
         if not sp_offered(profile) or profile.tp_units is None:
@@ -142,10 +142,10 @@ class ExpertTable(ProfileTable):
     of their all-to-alls per microbatch (`UnitArrays.ep_comm`) and their expert GEMMs re-timed for 1 / ep of the
     weights (`expert_gemms`, when the profile has the columns); `replicas` (dp / ep) ranks hold the same experts."""
 
-    def __init__(self, profile: Profile, ep: int, replicas: int = 1) -> None:
+    def __init__(self, profile: Profile, ep: int, replicas: int = 1, etp: int = 1) -> None:
         super().__init__(profile, 1)
-        d = ep * replicas
-        self.replicas = replicas
+        d = ep * etp * replicas  # etp: each expert's GEMMs over etp ranks beside ep (autopp.costmodel.experts)
+        self.replicas, self.etp = replicas, etp
         self.weight = 0.0 if replicas == 1 else ((replicas - 1) / replicas) / ((d - 1) / d)
         rows = profile.units.sort_values(["microbatch_size", "unit"])
         first = rows[rows.microbatch_size == self.sizes[0]]
@@ -167,27 +167,30 @@ class ExpertTable(ProfileTable):
                 for phase in EXPERT_PASSES} if self.gemms else {}
 
     def arrays(self, b: float) -> UnitArrays:
-        a = expert_gemms(super().arrays(b), self.expert_parts(b), self.ep)
-        kept = 1 - self.share * (1 - 1 / self.ep)
+        a = expert_gemms(super().arrays(b), self.expert_parts(b), self.ep, self.etp)
+        kept = 1 - self.share * (1 - 1 / (self.ep * self.etp))
         sent = self.layers * self._at(self.routed, b) * (self.ep - 1) / self.ep
-        mine = self.share / self.ep  # a rank's expert bytes per byte of the unit's whole
+        mine = self.share / (self.ep * self.etp)  # a rank's expert bytes per byte of the unit's whole
         expert = ExpertBytes(params=a.params * mine, grads=a.grads * mine, optimizer=(a.static - a.params - a.grads)
                              * mine, replicas=self.replicas, sync_weight=self.weight)
-        return replace(a, static=np.round(a.static * kept), params=np.round(a.params * kept),
-                       grads=np.round(a.grads * (1 - self.share) + self.weight * expert.grads),
-                       optimizer=None if a.optimizer is None else a.optimizer * kept, ep_comm=(sent, self.layers),
-                       expert=expert)
+        a = replace(a, static=np.round(a.static * kept), params=np.round(a.params * kept),
+                    grads=np.round(a.grads * (1 - self.share) + self.weight * expert.grads),
+                    optimizer=None if a.optimizer is None else a.optimizer * kept, ep_comm=(sent, self.layers),
+                    expert=expert)
+        return expert_tensor_rows(a, self._at(self.routed, b), self.layers, self.etp)
 
 
 def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
     """`a` (one device's compute in a group of `view.group` devices acting as one pipeline rank, `ProfileTable`) with
     the terms of the axes inside the group on `cluster` (the request's devices): tensor parallelism's collectives on
     its group's link, and context parallelism's K/V ring on the link its cp x tp devices cross (autopp.costmodel.
-    context). An axis inside the group adds its terms here, so the search's views (autopp.solve.search.views) need
-    not name it."""
+    context); the carved axes' too: ep's all-to-alls on the link its ep x etp devices cross, and etp's collectives
+    (tensor parallelism on the experts, autopp.costmodel.experts) on its etp devices'. An axis inside the group adds
+    its terms here, so the search's views (autopp.solve.search.views) need not name it."""
     a = tensor_parallel(a, view, cluster.tp_link(view.tp))
     a = context_parallel(a, view, cluster.tp_link(view.group))
-    return expert_parallel(a, view, cluster.tp_link(view.ep * view.group))
+    a = expert_parallel(a, view, cluster.tp_link(view.ep * view.etp * view.group))
+    return tensor_parallel(a, view._replace(tp=view.etp, sp=False), cluster.tp_link(view.etp * view.group))
 
 
 def replica_terms(a: UnitArrays, view: UnitView, groups: Cluster) -> UnitArrays:
