@@ -170,8 +170,8 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                                                  f"MoE layers take their own ep_size); {_RE_PLAN.format(axis='ep')}")}),
     Axis(name="etp", what="expert tensor parallelism",
          flag=Flag(help="expert-tensor-parallel degree: each expert's GEMMs sharded over etp ranks carved beside ep "
-                        "from a stage's dp ranks (gate/up column-wise, down row-wise; ep x etp divides dp, ep > 1), "
-                        "or auto: 1 and every divisor of dp / ep (default 1)"),
+                        "from a stage's dp ranks (gate/up column-wise, down row-wise; needs ep > 1 and a --dp that ep "
+                        "x etp divides), or auto: 1 and every divisor of dp / ep (default 1)"),
          trainers={"torchtitan": Spelling(
                        refusal="torchtitan's expert_tensor_parallel_degree takes only 1 or the tensor-parallel degree "
                                "(torchtitan/config/job_config.py; 0.3 has no such key), and autopp's etp is carved "

@@ -53,7 +53,7 @@ def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], devi
         parallelize_stage(piece, sharding.mesh["tp"], sharding.resolved, sharding.full_model, device,
                           sharding.sequence, units)
     if sharding.layout.ep > 1 and sharding.full_model is not None:
-        parallelize_experts(piece, ep_meshes(sharding.mesh, sharding.layout.ep)[0], sharding.full_model, device)
+        parallelize_experts(piece, ep_meshes(sharding.mesh, sharding.layout)[0], sharding.full_model, device)
     shard_replicas(piece, sync_mesh(sharding.mesh, sharding.layout), sharding.layout.zero, units)
 
 
