@@ -177,10 +177,13 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                                "(torchtitan/config/job_config.py; 0.3 has no such key), and autopp's etp is carved "
                                "from dp at tp 1; re-plan with `etp` 1, or export to megatron"),
                    "megatron": Spelling(
-                       degree="--expert-tensor-parallel-size",
+                       degree="--expert-tensor-parallel-size", extra=("--disable-bias-linear",),
                        note="Megatron-Core folds the expert layers onto their own etp x ep x edp grid (MoE Parallel "
                             "Folding) and its all-to-all dispatcher all-gathers the received rows over the etp group "
-                            "and reduce-scatters the partial outputs, as autopp costed and runs it"),
+                            "and reduce-scatters the partial outputs, as autopp costed and runs it; it runs etp only "
+                            "without linear biases (megatron-core's TransformerConfig: \"Bias in Moe is only "
+                            "supported when ETP==1\"), hence --disable-bias-linear: the experts autopp runs etp for "
+                            "have none"),
                    "deepspeed": Spelling(refusal="the exported stage file builds no expert layers (DeepSpeed's MoE "
                                                  "layer shards experts over Megatron-DeepSpeed's tensor-parallel "
                                                  "group, not over data-parallel ranks); re-plan with `etp` 1, or "

@@ -488,15 +488,16 @@ def test_expert_parallelism_exports_with_the_profiles_routing(llama: Profile, ll
 
 def test_expert_tensor_parallelism_exports_to_megatron_alone(llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """Issue 24's proof axis: etp above 1 is written by its descriptor with no exporter change: Megatron-Core's
-    --expert-tensor-parallel-size after ep's lines, with its note; torchtitan (whose key took only 1 or tp) and
+    --expert-tensor-parallel-size after ep's lines (and --disable-bias-linear), with its note; torchtitan (whose key took only 1 or tp) and
     DeepSpeed refuse it in one line; a plan without it writes nothing of it."""
     dp4 = replace(llama_plans["dp"], layout=Layout(pp=2, dp=4))
     plan = replace(dp4, layout=replace(dp4.layout, ep=2, etp=2))
     moe = {"num_experts": 8, "top_k": 2}
     megatron = export_plan(plan, Target.MEGATRON, "x", moe=moe)
     lines = megatron.text.splitlines()
-    assert lines[2:7] == ["--expert-model-parallel-size 2", "--num-experts 8", "--moe-router-topk 2",
-                          "--moe-token-dispatcher-type alltoall", "--expert-tensor-parallel-size 2"]
+    assert lines[2:8] == ["--expert-model-parallel-size 2", "--num-experts 8", "--moe-router-topk 2",
+                          "--moe-token-dispatcher-type alltoall", "--expert-tensor-parallel-size 2",
+                          "--disable-bias-linear"]  # megatron-core runs etp > 1 only without linear biases
     assert any("MoE Parallel Folding" in n for n in megatron.notes)
     modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
     with pytest.raises(ExportError, match=r"^plan: etp 2: torchtitan's expert_tensor_parallel_degree takes only 1 or "
