@@ -120,7 +120,7 @@ class _EpForward:
         self.module, self.original, self.group, self.experts = module, original, ep_mesh.get_group(), experts
         self.ep = ep_mesh.size()
         self.etp = mesh["etp"].size() if mesh.ndim == 2 else 1
-        self.etp_group = mesh["etp"].get_group() if mesh.ndim == 2 else None
+        self.etp_group = (mesh["etp"] if mesh.ndim == 2 else ep_mesh).get_group()  # used only with etp > 1
 
     def __call__(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                  *args: Any, **kwargs: Any) -> torch.Tensor:
