@@ -15,7 +15,7 @@ from autopp.errors import LayoutError
 
 
 def test_one_descriptor_per_degree_of_the_layout_in_mesh_order() -> None:
-    assert list(AXES) == ["pp", "dp", "cp", "tp", "ep"]
+    assert list(AXES) == ["pp", "dp", "cp", "tp", "ep", "etp"]
     # dp_replicate (HSDP) splits dp's ranks for the ZeRO stage's sharding: no devices, no mesh dimension of its own
     assert set(AXES) == {f.name for f in fields(Layout)} - {"v", "zero", "dp_replicate", *SWITCHES}
     assert [a for a in AXES if a in MESH_AXES] == list(MESH_AXES) and all(a.name == n for n, a in AXES.items())
@@ -36,7 +36,7 @@ def test_each_switch_is_a_layout_field_of_an_axis_with_every_trainers_spelling()
 
 def test_unplanned_axes_are_the_descriptors_and_say_their_issue(monkeypatch: pytest.MonkeyPatch) -> None:
     assert unplanned() == UNPLANNED == {}  # ep: planned since issue 30, cp since issue 27
-    assert all(AXES[a].flag is not None for a in ("cp", "ep"))
+    assert all(AXES[a].flag is not None for a in ("cp", "ep", "etp"))
     monkeypatch.setitem(axes.AXES, "cp", replace(AXES["cp"], unplanned="issue 27"))
     assert unplanned() == {"cp": "context parallelism (issue 27)"}
 
@@ -66,3 +66,18 @@ def test_check_planned_reads_the_descriptors(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(LayoutError, match=r"^`cp` 2: context parallelism \(issue 27\) is not planned"):
         check_planned(LayoutPins(dp=2, cp=2))
     check_planned(Layout(dp=2, ep=2))  # planned
+
+
+def test_expert_tensor_parallelism_is_carved_from_dp_and_spelt_by_megatron_alone() -> None:
+    """Issue 24's proof axis (issue 30): etp is neither inside a group nor a synchronising axis (its ranks are carved
+    from dp beside ep), Megatron writes `--expert-tensor-parallel-size`, torchtitan (whose key took only 1 or tp)
+    and DeepSpeed refuse it in one line, and `check_planned` takes it as planned."""
+    etp = AXES["etp"]
+    assert not etp.in_group and not etp.syncs and etp.unplanned is None and etp.flag is not None and etp.flag.auto
+    assert etp.spelling("megatron").degree == "--expert-tensor-parallel-size" and "Folding" in etp.spelling(
+        "megatron").note
+    for trainer in ("torchtitan", "deepspeed"):
+        why = etp.spelling(trainer).refusal
+        assert why is not None and "\n" not in why and "re-plan with `etp` 1" in why
+    assert "1 or the tensor-parallel degree" in (etp.spelling("torchtitan").refusal or "")
+    check_planned(Layout(dp=4, ep=2, etp=2))

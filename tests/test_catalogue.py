@@ -611,6 +611,21 @@ CASES += [
                      "without a pipeline"),
     Case("flag:plan-ep-with-tp", lambda env: _plan_args(env, "--dp", "1", "--tp", "2", "--ep", "2"),
          lambda env: "--ep 2 runs with --tp 1 and a --dp it divides"),
+    # issue 24's proof axis: expert tensor parallelism is carved beside ep from dp
+    Case("flag:plan-etp-without-ep", lambda env: _plan_args(env, "--dp", "2", "--etp", "2"),
+         lambda env: "--etp 2 shards the experts of an ep group, and ep is 1: give --ep > 1, or --etp 1"),
+    Case("flag:plan-etp-does-not-divide-dp", lambda env: _plan_args(env, "--dp", "2", "--ep", "2", "--etp", "2"),
+         lambda env: "ep(2) x etp(2) must divide dp(2) * cp(1) * tp(1) = 2"),
+    Case("flag:plan-etp-with-zero-3", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4", "--memory",
+                                                   "1GiB", "--pp", "1", "--dp", "4", "--ep", "2", "--etp", "2",
+                                                   "--zero", "3", "-o", str(env.tmp / "out.json")],
+         lambda env: "--zero 3 with --etp 2: autopp plans expert tensor parallelism with ZeRO 0, 1 or 2"),
+    Case("export:torchtitan-etp", lambda env: ["export", str(env.bad_plan), "--to", "torchtitan", "-o",
+                                               str(env.tmp / "t.args"), "--profile", str(env.prof)],
+         lambda env: f"{env.bad_plan}: etp 2: torchtitan's expert_tensor_parallel_degree takes only 1 or the "
+                     "tensor-parallel degree (torchtitan/config/job_config.py; 0.3 has no such key), and autopp's etp "
+                     "is carved from dp at tp 1; re-plan with --etp 1, or export to megatron",
+         _plan_edit(lambda d: d.update(dp=4, ep=2, etp=2, num_ranks=4 * d["num_ranks"]))),
     # issue 30: a mixture of experts that picks its tokens by value (DBRX) says MoE and what works, in one line
     Case("hf-config:moe-routing-by-value",
          lambda env: ["profile", "--hf-config", str(env.tmp / "dbrx.json"), "--analytic", "cpu",

@@ -272,19 +272,39 @@ def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.M
 
     from autopp.cli import plan as cli_plan
     from autopp.data import axes
-    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "cp", "tp", "ep"]  # cp: planned since issue 27
+    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "cp", "tp", "ep", "etp"]  # cp: since issue 27
     monkeypatch.setitem(axes.AXES, "cp", replace(axes.AXES["cp"], unplanned="issue 27"))  # as before it: no flag
-    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "tp", "ep"]
+    assert [a.name for a in cli_plan._flag_axes()] == ["pp", "dp", "tp", "ep", "etp"]
     monkeypatch.undo()
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
-    assert "--cp CP" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--cp CP" in out and "--etp ETP" in out  # etp (issue 24's proof axis): its descriptor's Flag alone
     import argparse
-    args = argparse.Namespace(pp=None, dp=None, cp=0, tp=2, ep=1)
-    assert [cli_plan._pin(args, a) for a in cli_plan._flag_axes()] == [None, None, None, 2, 1]
+    args = argparse.Namespace(pp=None, dp=None, cp=0, tp=2, ep=1, etp=0)
+    assert [cli_plan._pin(args, a) for a in cli_plan._flag_axes()] == [None, None, None, 2, 1, None]
     # --ep N without --dp: dp N (the runner's ep = dp); --ep auto: dp searched as well
     assert cli_plan._dp(argparse.Namespace(pp=None, dp=None, ep=2)) == 2
     assert cli_plan._dp(argparse.Namespace(pp=None, dp=None, ep=0)) is None
+
+
+def test_plan_with_etp_from_the_command_line_and_its_megatron_export(tmp_path: Path) -> None:
+    """Issue 24's proof axis through the CLI: `autopp plan --ep 4 --etp 2` on Qwen3-30B-A3B's shipped profile writes
+    the plan's `etp`, its note says the experts' GEMMs sharded, and `autopp export --to megatron` writes
+    --expert-tensor-parallel-size beside --expert-model-parallel-size; --etp auto searches it."""
+    from .conftest import ROOT
+    profile, out = ROOT / "profiles" / "qwen3-30b-a3b-h100-sxm-s4096", tmp_path / "p.json"
+    assert main(["plan", "--profile", str(profile), "--devices", "16", "--device", "h100-sxm", "--pp", "2", "--dp", "8",
+                 "--ep", "4", "--etp", "2", "--zero", "1", "--for", "megatron", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert (data["pp"], data["dp"], data["ep"], data["etp"]) == (2, 8, 4, 2)
+    assert any("expert tensor parallelism 2" in n for n in data["notes"])
+    assert main(["export", str(out), "--to", "megatron", "-o", str(tmp_path / "m.args")]) == 0
+    text = (tmp_path / "m.args").read_text()
+    assert "--expert-model-parallel-size 4" in text and "--expert-tensor-parallel-size 2" in text
+    assert main(["plan", "--profile", str(profile), "--devices", "16", "--device", "h100-sxm", "--pp", "2", "--dp", "8",
+                 "--ep", "auto", "--etp", "auto", "--zero", "1", "-o", str(out)]) == 0
+    assert json.loads(out.read_text()).get("etp", 1) in (1, 2, 4, 8)
 
 
 def test_in_flags_names_the_core_fields_as_flags() -> None:

@@ -16,7 +16,7 @@ from autopp.errors import AutoppError, LayoutError
 #: with ZeRO, interleaved, with context parallelism (and expert parallelism carved out of it).
 LAYOUTS = [Layout(), Layout(pp=4), Layout(pp=4, dp=2), Layout(pp=2, dp=2, tp=2), Layout(pp=3, tp=4),
            Layout(pp=2, dp=2, tp=2, zero=ZERO[1]), Layout(pp=2, v=2, dp=3, zero=ZERO[3]),
-           Layout(pp=2, dp=3, cp=2, tp=2, ep=4)]
+           Layout(pp=2, dp=3, cp=2, tp=2, ep=4), Layout(pp=2, dp=8, ep=2, etp=2)]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x.describe("x"))
@@ -118,6 +118,8 @@ def test_a_sharded_views_local_view_drops_only_the_sharding() -> None:
     ({"zero": ZERO[1]}, r"^ZeRO 1 shards over data-parallel replicas, and dp is 1: give "),
     ({"dp": 2, "tp": 3, "ep": 4}, r"^ep\(4\) must divide dp\(2\) \* cp\(1\) \* tp\(3\) = 6$"),
     ({"dp": 2, "cp": 2, "ep": 3}, r"^ep\(3\) must divide dp\(2\) \* cp\(2\) \* tp\(1\) = 4$"),
+    ({"dp": 4, "ep": 4, "etp": 2}, r"^ep\(4\) x etp\(2\) must divide dp\(4\) \* cp\(1\) \* tp\(1\) = 4$"),
+    ({"dp": 4, "etp": 2}, r"^`etp` 2 shards the experts of an ep group, and ep is 1: give `ep` > 1, or `etp` 1$"),
 ])
 def test_an_invalid_layout_is_a_layout_error_with_the_numbers(fields: dict[str, object], match: str) -> None:
     with pytest.raises(LayoutError, match=match):
@@ -233,3 +235,20 @@ def test_sequence_parallelism_needs_tp_and_is_written_only_when_on() -> None:
     assert on.unit_view() != replace(on, sp=False).unit_view()  # a different cost-cache key
     assert LayoutPins(tp=None, sp=None).per_group() == LayoutPins(tp=1, sp=False)
     assert LayoutPins.of(on).sp is True
+
+
+def test_expert_tensor_parallelism_is_carved_beside_ep_and_written_only_above_1() -> None:
+    """Issue 24's proof axis: etp adds no devices (the world and the mesh are dp's), its JSON field is written only
+    above 1 (plans without it read and write as before), and the unit view carries it with the dp / (ep x etp)
+    ranks holding the same expert shard."""
+    layout = Layout(pp=2, dp=8, ep=2, etp=2)
+    assert layout.world == 16 and layout.mesh_axes == ("pp", "dp", "tp") and layout.describe() == (
+        "pp(2) x dp(8) x ep(2) x etp(2)")
+    assert layout_fields(layout) == {"num_ranks": 16, "pp": 2, "dp": 8, "virtual_stages": 1, "ep": 2, "etp": 2}
+    assert "etp" not in layout_fields(Layout(pp=2, dp=8, ep=2)) and layout_of(layout_fields(layout)) == layout
+    view = layout.unit_view()
+    assert (view.ep, view.etp, view.ep_replicas) == (2, 2, 2) and Layout(dp=4, ep=2, etp=2).unit_view().ep_replicas == 1
+    assert Layout(dp=8, ep=2).unit_view().ep_replicas == 4 and Layout(dp=8, ep=2).unit_view().etp == 1
+    assert LayoutPins.of(layout).etp == 2 and LayoutPins(dp=None, ep=2, etp=None).etp is None
+    with pytest.raises(LayoutError, match=r"^ep\(2\) x etp\(2\) must divide dp\(2\)"):
+        LayoutPins(dp=2, ep=2, etp=2)

@@ -43,9 +43,14 @@ _Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 _Time = Callable[[np.ndarray], np.ndarray]
 
 
-def check_expert_zero(zero: ZeroStage, ep: int, pipelined: bool) -> None:
+def check_expert_zero(zero: ZeroStage, ep: int, pipelined: bool, etp: int = 1) -> None:
     """Refuse ZeRO 3 beside expert parallelism under a pipeline (`pipelined`: pp > 1) with one line; at pp 1 it runs
-    as FSDP2 (module docstring)."""
+    as FSDP2 (module docstring), without expert tensor parallelism (`etp`: FSDP2 of the experts' etp shards is
+    neither costed nor run)."""
+    if etp > 1 and zero.gathers_each_forward:
+        raise LayoutError(f"`zero` {zero.stage} with `etp` {etp}: autopp plans expert tensor parallelism with ZeRO 0, "
+                          "1 or 2 (FSDP2 of the experts' tensor-parallel shards is not modelled); re-plan with `etp` 1 "
+                          "or `zero` 1")
     if ep > 1 and zero.gathers_each_forward and pipelined:
         raise LayoutError(f"`zero` {zero.stage} with `ep` {ep} and `pp` above 1: autopp plans ZeRO 3 beside expert "
                           "parallelism only without a pipeline (FSDP2, as torchtitan runs its MoE models); re-plan "

@@ -101,7 +101,7 @@ from ..data.zero import ZeroStage
 from ..errors import ProfileError
 from .alltoall import AllToAll, alltoall_time, routing_of
 from .context import ContextTable, context_parallel
-from .experts import ExpertParts, expert_gemms
+from .experts import ExpertParts, expert_gemms, expert_tensor_rows
 from .fsdp import check_expert_zero, dense_bytes, fsdp_sharded, fsdp_static, replica_ring
 from .terms import allreduce_times, half_collective
 from .units import ExpertBytes, ProfileTable, UnitArrays, born_table
@@ -124,7 +124,7 @@ def group_table(profile: Profile, view: UnitView) -> ProfileTable:
     sequence (autopp.costmodel.context.ContextTable). An axis whose rows are measured at
     its sharded shapes selects them here."""
     if view.ep > 1:
-        return ExpertTable(profile, view.ep, view.ep_replicas)
+        return ExpertTable(profile, view.ep, view.ep_replicas, view.etp)
     table = ProfileTable(profile, view.tp) if view.cp == 1 else ContextTable(profile, view.tp, view.cp)
     if view.sp and view.tp > 1:
         if not sp_offered(profile) or profile.tp_units is None:
@@ -146,10 +146,10 @@ class ExpertTable(ProfileTable):
     of their all-to-alls per microbatch (`UnitArrays.ep_comm`) and their expert GEMMs re-timed for 1 / ep of the
     weights (`expert_gemms`, when the profile has the columns); `replicas` (dp / ep) ranks hold the same experts."""
 
-    def __init__(self, profile: Profile, ep: int, replicas: int = 1) -> None:
+    def __init__(self, profile: Profile, ep: int, replicas: int = 1, etp: int = 1) -> None:
         super().__init__(profile, 1)
-        d = ep * replicas
-        self.replicas = replicas
+        d = ep * etp * replicas  # etp: each expert's GEMMs over etp ranks beside ep (autopp.costmodel.experts)
+        self.replicas, self.etp = replicas, etp
         self.weight = 0.0 if replicas == 1 else ((replicas - 1) / replicas) / ((d - 1) / d)
         rows = profile.units.sort_values(["microbatch_size", "unit"])
         first = rows[rows.microbatch_size == self.sizes[0]]
@@ -169,27 +169,30 @@ class ExpertTable(ProfileTable):
                 for phase in EXPERT_PASSES} if self.gemms else {}
 
     def arrays(self, b: float) -> UnitArrays:
-        a = expert_gemms(super().arrays(b), self.expert_parts(b), self.ep)
-        kept = 1 - self.share * (1 - 1 / self.ep)
-        mine = self.share / self.ep  # a rank's expert bytes per byte of the unit's whole
+        a = expert_gemms(super().arrays(b), self.expert_parts(b), self.ep, self.etp)
+        kept = 1 - self.share * (1 - 1 / (self.ep * self.etp))
+        mine = self.share / (self.ep * self.etp)  # a rank's expert bytes per byte of the unit's whole
         expert = ExpertBytes(params=a.params * mine, grads=a.grads * mine, optimizer=(a.static - a.params - a.grads)
                              * mine, replicas=self.replicas, sync_weight=self.weight)
-        return replace(a, static=np.round(a.static * kept), params=np.round(a.params * kept),
-                       grads=np.round(a.grads * (1 - self.share) + self.weight * expert.grads),
-                       optimizer=None if a.optimizer is None else a.optimizer * kept,
-                       ep_comm=AllToAll(self.layers * self._at(self.tokens, b), self.layers, self.routing),
-                       expert=expert)
+        a = replace(a, static=np.round(a.static * kept), params=np.round(a.params * kept),
+                    grads=np.round(a.grads * (1 - self.share) + self.weight * expert.grads),
+                    optimizer=None if a.optimizer is None else a.optimizer * kept,
+                    ep_comm=AllToAll(self.layers * self._at(self.tokens, b), self.layers, self.routing),
+                    expert=expert)
+        return expert_tensor_rows(a, self.routing.top_k * self._at(self.tokens, b), self.layers, self.etp)
 
 
 def group_terms(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArrays:
     """`a` (one device's compute in a group of `view.group` devices acting as one pipeline rank, `ProfileTable`) with
     the terms of the axes inside the group on `cluster` (the request's devices): tensor parallelism's collectives on
     its group's link, and context parallelism's K/V ring on the link its cp x tp devices cross (autopp.costmodel.
-    context). An axis inside the group adds its terms here, so the search's views (autopp.solve.search.views) need
-    not name it."""
+    context); the carved axes' too: ep's all-to-alls on the link its ep x etp devices cross, and etp's collectives
+    (tensor parallelism on the experts, autopp.costmodel.experts) on its etp devices'. An axis inside the group adds
+    its terms here, so the search's views (autopp.solve.search.views) need not name it."""
     a = tensor_parallel(a, view, cluster.tp_link(view.tp))
     a = context_parallel(a, view, cluster.tp_link(view.group))
-    return expert_parallel(a, view, cluster)
+    a = expert_parallel(a, view, cluster)
+    return tensor_parallel(a, view._replace(tp=view.etp, sp=False), cluster.tp_link(view.etp * view.group))
 
 
 def replica_terms(a: UnitArrays, view: UnitView, groups: Cluster) -> UnitArrays:
@@ -238,7 +241,7 @@ def expert_parallel(a: UnitArrays, view: UnitView, cluster: Cluster) -> UnitArra
     full backward), each on the links its ep group crosses on `cluster` (autopp.costmodel.alltoall)."""
     if view.ep == 1 or a.ep_comm is None:
         return a
-    both = alltoall_time(a.ep_comm, view.ep, view.group, cluster)
+    both = alltoall_time(a.ep_comm, view.ep, view.etp * view.group, cluster)  # ep's ranks etp apart
     return replace(a, forward=a.forward + both, recompute=a.recompute + both,
                    backward_input=a.backward_input + both, backward=a.backward + both, ep_time=both)
 
@@ -325,7 +328,7 @@ def static_terms(a: UnitArrays, view: UnitView) -> dict[str, np.ndarray]:
     o, none = a.static - p - g, np.zeros(a.n)
     if zero.replicated or d == 1:
         return dict(zip(STATIC_TERMS, (p, none, g, o)))
-    check_expert_zero(zero, view.ep, pipelined=not view.fsdp)
+    check_expert_zero(zero, view.ep, pipelined=not view.fsdp, etp=view.etp)
     if view.fsdp:
         return dict(zip(STATIC_TERMS, fsdp_static(a, view)))
     terms = _shard(p, g, o, d, zero, a.master)

@@ -11,13 +11,29 @@ documentation's: torchtitan's `[parallelism]` section (torchtitan/config/job_con
 `--tensor-model-parallel-size`, `--expert-model-parallel-size`, with `--num-experts`, `--moe-router-topk` and
 `--moe-token-dispatcher-type`; dp is the world size left over) and DeepSpeed's
 `PipelineModule(num_stages=...)` (deepspeed/runtime/pipe/module.py; dp is the world size left over).
+
+Expert tensor parallelism (`etp`) as autopp defines it: each expert's GEMMs sharded over etp ranks, gate and up
+projections column-wise, down row-wise, as Megatron-Core's `--expert-tensor-parallel-size` (MoE Parallel Folding, Liu
+et al. 2025, arXiv:2504.14960: the expert layers get their own grid etp x ep x edp over the devices of the
+attention's tp x cp x dp). Its ranks are carved, like ep's, from a stage's data-parallel ranks: an MoE layer's
+grid is etp (fastest) x ep x edp = dp (tp 1, cp 1, as autopp runs ep), so ep x etp divides dp, and etp > 1 needs
+ep > 1 (torchtitan: "no effect ... when ep = 1"). The etp ranks hold different tokens: after the ep dispatch the rows
+an etp group received are all-gathered over it, each rank runs its 1 / etp of its E / ep experts on all of them,
+and the partial outputs are reduce-scattered back before the combine (Megatron-Core's all-to-all dispatcher:
+all-to-all over ep, then all-gather over the expert-TP group, megatron/core/transformer/moe/token_dispatcher.py).
+A rank then does the FLOPs of etp 1 on etp times the rows, reads 1 / (ep x etp) of the expert weights and holds 1 /
+(ep x etp) of their bytes (autopp.costmodel.experts); the expert gradients are summed over the dp / (ep x etp) edp
+ranks holding the same shard (autopp.run.expert_parallel).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Spelling", "Flag", "Axis", "AXES", "TRAINERS", "unplanned", "group_axes", "Switch", "SWITCHES"]
+from ..errors import LayoutError
+
+__all__ = ["Spelling", "Flag", "Axis", "AXES", "TRAINERS", "unplanned", "UNPLANNED", "check_planned", "group_axes",
+           "Switch", "SWITCHES"]
 
 #: The trainers autopp exports to, by the name their descriptors use.
 TRAINERS = ("torchtitan", "megatron", "deepspeed")
@@ -86,7 +102,8 @@ class Axis:
 
 _RE_PLAN = "re-plan with `{axis}` 1, or export to torchtitan or megatron"
 
-#: Every axis of the Layout (but v, the stages per pipeline rank), in the order of its mesh (`MESH_AXES`), then ep.
+#: Every axis of the Layout (but v, the stages per pipeline rank), in the order of its mesh (`MESH_AXES`), then the
+#: axes carved from its dp ranks: ep, etp.
 AXES: dict[str, Axis] = {a.name: a for a in (
     Axis(name="pp", what="pipeline parallelism",
          flag=Flag(help="pin the pipeline ranks (default: devices / (dp x tp), searched with them)", auto=False,
@@ -165,12 +182,46 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                             "path does not do (it dispatches BF16: slower than the plan by the dispatch's bytes)"),
                    "deepspeed": Spelling(refusal="the exported stage file builds no expert parallelism (DeepSpeed's "
                                                  f"MoE layers take their own ep_size); {_RE_PLAN.format(axis='ep')}")}),
+    Axis(name="etp", what="expert tensor parallelism",
+         flag=Flag(help="expert-tensor-parallel degree: each expert's GEMMs sharded over etp ranks carved beside ep "
+                        "from a stage's dp ranks (gate/up column-wise, down row-wise; needs ep > 1 and a --dp that ep "
+                        "x etp divides), or auto: 1 and every divisor of dp / ep (default 1)"),
+         trainers={"torchtitan": Spelling(
+                       refusal="torchtitan's expert_tensor_parallel_degree takes only 1 or the tensor-parallel degree "
+                               "(torchtitan/config/job_config.py; 0.3 has no such key), and autopp's etp is carved "
+                               "from dp at tp 1; re-plan with `etp` 1, or export to megatron"),
+                   "megatron": Spelling(
+                       degree="--expert-tensor-parallel-size", extra=("--disable-bias-linear",),
+                       note="Megatron-Core folds the expert layers onto their own etp x ep x edp grid (MoE Parallel "
+                            "Folding) and its all-to-all dispatcher all-gathers the received rows over the etp group "
+                            "and reduce-scatters the partial outputs, as autopp costed and runs it; it runs etp only "
+                            "without linear biases (megatron-core's TransformerConfig: \"Bias in Moe is only "
+                            "supported when ETP==1\"), hence --disable-bias-linear: the experts autopp runs etp for "
+                            "have none"),
+                   "deepspeed": Spelling(refusal="the exported stage file builds no expert layers (DeepSpeed's MoE "
+                                                 "layer shards experts over Megatron-DeepSpeed's tensor-parallel "
+                                                 "group, not over data-parallel ranks); re-plan with `etp` 1, or "
+                                                 "export to megatron")}),
 )}
 
 
 def unplanned() -> dict[str, str]:
     """Axis name -> what it is and the issue that adds it, for the axes autopp does not plan, run or export yet."""
     return {a.name: f"{a.what} ({a.unplanned})" for a in AXES.values() if a.unplanned is not None}
+
+
+#: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each (their
+#: descriptors' `unplanned`).
+UNPLANNED = unplanned()
+
+
+def check_planned(layout: object, where: str = "") -> None:
+    """A LayoutError when `layout` (a Layout or LayoutPins, autopp.data.layout) asks for an axis autopp does not
+    plan, run or export yet (`UNPLANNED`): the planner, the runner and the exporters would treat it as 1."""
+    for axis, what in unplanned().items():
+        value = getattr(layout, axis)
+        if value not in (1, None):
+            raise LayoutError(f"{where}`{axis}` {value}: {what} is not planned, run or exported yet; give `{axis}` 1")
 
 
 def group_axes() -> tuple[Axis, ...]:

@@ -10,7 +10,8 @@ is consecutive devices, and a stage's replicas are neighbours. The planner costs
 it; nothing else spells it out.
 
 Expert parallelism does not add devices: as in torchtitan, its groups are carved out of the data-parallel, context
-and tensor-parallel ranks of a pipeline rank (ep divides dp x cp x tp).
+and tensor-parallel ranks of a pipeline rank (ep divides dp x cp x tp); so are expert tensor parallelism's, beside
+ep's (ep x etp divides them; autopp.data.axes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from ..errors import LayoutError
-from .axes import AXES, group_axes, unplanned
+from .axes import AXES, UNPLANNED, check_planned, group_axes  # UNPLANNED, check_planned: re-exported
 from .fields import is_int
 from .zero import NO_ZERO, ZeroStage, zero_stage
 
@@ -65,7 +66,9 @@ class Layout:
     tp: int = 1
     """Tensor-parallel degree: each pipeline rank of each replica is a group of tp devices sharding its modules."""
     ep: int = 1
-    """Expert-parallel degree, carved out of dp x cp x tp (1 until expert parallelism lands)."""
+    """Expert-parallel degree, carved out of dp x cp x tp."""
+    etp: int = 1
+    """Expert-tensor-parallel degree, carved beside ep: each expert's GEMMs sharded over etp ranks (ep > 1)."""
     zero: ZeroStage = NO_ZERO
     """How the data parallelism shards parameters, gradients and optimizer state (autopp.data.zero)."""
     sp: bool = False
@@ -84,7 +87,7 @@ class Layout:
             raise TypeError(f"Layout.zero must be a ZeroStage, got {self.zero!r}")
         _check_zero(self.zero, self.sync)
         _check_replicate(self.dp_replicate, self.dp, self.zero, self.ep)
-        _check_ep(self.ep, self.dp, self.cp, self.tp)
+        _check_ep(self.ep, self.etp, self.dp, self.cp, self.tp)
         _check_sp(self.sp, self.tp)
 
     @property
@@ -173,8 +176,8 @@ class Layout:
         """The part of the layout a unit's costs depend on (the planner's cache key beside the microbatch size)."""
         sync = self.shard if not self.zero.replicated else 1
         return UnitView(tp=self.tp, cp=self.cp, ep=self.ep, sync=sync, zero=self.zero if self.sync > 1 else NO_ZERO,
-                        sp=self.sp, fsdp=self.fsdp,
-                        ep_replicas=self.dp // self.ep if self.ep > 1 else 1, replicate=self.dp_replicate)
+                        sp=self.sp, fsdp=self.fsdp, ep_replicas=self.dp // (self.ep * self.etp) if self.ep > 1 else 1,
+                        replicate=self.dp_replicate, etp=self.etp)
 
     @property
     def fsdp(self) -> bool:
@@ -205,6 +208,7 @@ class LayoutPins:
     cp: int | None = 1
     tp: int | None = 1
     ep: int | None = 1
+    etp: int | None = 1
     zero: ZeroStage | None = NO_ZERO
     sp: bool | None = False
     """Sequence parallelism pinned on or off; None: searched where tp > 1 and the profile has its rows."""
@@ -220,7 +224,7 @@ class LayoutPins:
         if self.zero is not None and self.dp is not None and self.cp is not None:
             _check_zero(self.zero, self.dp * self.cp)
         if None not in (self.ep, self.dp, self.cp, self.tp):
-            _check_ep(self.ep, self.dp, self.cp, self.tp)  # type: ignore[arg-type]
+            _check_ep(self.ep, self.etp or 1, self.dp, self.cp, self.tp)  # type: ignore[arg-type]
         if self.sp and self.tp is not None:
             _check_sp(self.sp, self.tp)
         if self.dp_replicate not in (1, None) and self.dp is not None:
@@ -273,12 +277,13 @@ class UnitView(NamedTuple):
     sp: bool = False
     """Sequence parallelism with the tensor parallelism (`Layout.sp`)."""
     ep_replicas: int = 1
-    """With ep > 1, the data-parallel ranks holding the same experts (dp / ep), over which their gradients are
-    averaged; 1 without expert parallelism."""
+    """With ep > 1, the data-parallel ranks holding the same experts (dp / (ep x etp)), over which their gradients
+    are averaged; 1 without expert parallelism."""
     fsdp: bool = False
     """ZeRO as FSDP2 outside a pipeline (`Layout.fsdp`)."""
     replicate: int = 1
     """HSDP's replicas of each shard group (`Layout.dp_replicate`): they all-reduce the shards' gradients."""
+    etp: int = 1
 
     @property
     def group(self) -> int:
@@ -298,20 +303,6 @@ class UnitView(NamedTuple):
     def local(self) -> UnitView:
         """The view of one group of devices alone (no ZeRO sharding): what `sharded` views are computed from."""
         return self._replace(sync=1, zero=NO_ZERO, fsdp=False, replicate=1)
-
-
-#: Axes with a slot in the Layout that autopp does not plan, run or export yet, and the issue that adds each (their
-#: descriptors' `unplanned`, autopp.data.axes).
-UNPLANNED = unplanned()
-
-
-def check_planned(layout: Layout | LayoutPins, where: str = "") -> None:
-    """A LayoutError when `layout` asks for an axis autopp does not plan, run or export yet (`UNPLANNED`): the
-    planner, the runner and the exporters would treat it as 1."""
-    for axis, what in unplanned().items():
-        value = getattr(layout, axis)
-        if value not in (1, None):
-            raise LayoutError(f"{where}`{axis}` {value}: {what} is not planned, run or exported yet; give `{axis}` 1")
 
 
 def _check_degree(name: str, value: object) -> None:
@@ -347,9 +338,12 @@ def _check_sp(sp: object, tp: int) -> None:
                           "1: give `tp` > 1, or `sp` off")
 
 
-def _check_ep(ep: int, dp: int, cp: int, tp: int) -> None:
-    if (dp * cp * tp) % ep:
-        raise LayoutError(f"ep({ep}) must divide dp({dp}) * cp({cp}) * tp({tp}) = {dp * cp * tp}")
+def _check_ep(ep: int, etp: int, dp: int, cp: int, tp: int) -> None:
+    if (dp * cp * tp) % (ep * etp):
+        carved = f"ep({ep})" + (f" x etp({etp})" if etp > 1 else "")
+        raise LayoutError(f"{carved} must divide dp({dp}) * cp({cp}) * tp({tp}) = {dp * cp * tp}")
+    if etp > 1 and ep == 1:
+        raise LayoutError(f"`etp` {etp} shards the experts of an ep group, and ep is 1: give `ep` > 1, or `etp` 1")
 
 
 def uses_mesh(layout: Layout) -> bool:
@@ -361,9 +355,9 @@ def uses_mesh(layout: Layout) -> bool:
 
 #: A layout's fields in plan and run-report JSON, with their least values: `num_ranks` (its world size), `pp` (0:
 #: num_ranks // (dp x cp x tp), in files that predate the field), `dp`, `virtual_stages` (its v), `tp` and `zero`
-#: (written when tp > 1 or ZeRO > 0), `cp`, `ep` and `dp_replicate` (HSDP; written when above 1).
+#: (written when tp > 1 or ZeRO > 0), `cp`, `ep`, `etp` and `dp_replicate` (HSDP; written when above 1).
 LAYOUT_FIELDS = {"num_ranks": 1, "pp": 0, "dp": 1, "virtual_stages": 1, "cp": 1, "tp": 1, "ep": 1, "zero": 0,
-                 "dp_replicate": 1}
+                 "dp_replicate": 1, "etp": 1}
 #: Every JSON key of a layout: `LAYOUT_FIELDS` and the flag `sp` (true or false; written only when true, so plans
 #: without sequence parallelism read and write as before it existed).
 LAYOUT_KEYS = (*LAYOUT_FIELDS, "sp")
@@ -374,7 +368,8 @@ def layout_fields(layout: Layout) -> dict[str, int | bool]:
     out = {"num_ranks": layout.world, "pp": layout.pp, "dp": layout.dp, "virtual_stages": layout.v}
     if layout.tp > 1 or not layout.zero.replicated:
         out.update(tp=layout.tp, zero=layout.zero.stage)
-    out.update({axis: getattr(layout, axis) for axis in ("cp", "ep", "dp_replicate") if getattr(layout, axis) > 1})
+    out.update({axis: getattr(layout, axis) for axis in ("cp", "ep", "dp_replicate", "etp")
+                if getattr(layout, axis) > 1})
     return out | ({"sp": True} if layout.sp else {})
 
 
@@ -390,7 +385,7 @@ def layout_of(data: Mapping[str, Any]) -> Layout:
     if not isinstance(data.get("sp", False), bool):
         raise LayoutError(f"field 'sp' must be true or false, got {data['sp']!r}")
     layout = Layout(pp=pp, v=data.get("virtual_stages", 1), dp=dp, cp=cp, tp=tp, ep=data.get("ep", 1), zero=zero,
-                    sp=data.get("sp", False), dp_replicate=data.get("dp_replicate", 1))
+                    sp=data.get("sp", False), dp_replicate=data.get("dp_replicate", 1), etp=data.get("etp", 1))
     if layout.world != data["num_ranks"]:
         raise LayoutError(f"{layout.describe(' * ')} != num_ranks ({data['num_ranks']})")
     return layout

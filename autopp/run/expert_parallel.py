@@ -20,6 +20,18 @@ by 1 / dp, the dense gradients' average (`average_expert_grads`; nothing to sum 
 (FSDP2 without a pipeline) the experts are `fully_shard`-ed over those dp / ep ranks instead, their gradients
 reduce-scattered over them and divided by dp, as torchtitan's `apply_fsdp` shards its MoE models' experts over
 dp_shard_mod_ep (`shard_experts`; not sharded further with ep = dp), the dense units over dp as before.
+
+Expert tensor parallelism (`Layout.etp`, autopp.data.axes; Megatron-Core's `--expert-tensor-parallel-size` and its
+all-to-all dispatcher's all-gather / reduce-scatter over the expert-TP group, MoE Parallel Folding, arXiv:2504.14960):
+the "dp" dimension is split (dp / (ep x etp), ep, etp), etp fastest, and each experts module is sharded over the
+(ep, etp) mesh: along the experts by ep, and by etp gate/up column-wise (each of the two halves of `gate_up_proj`
+split, `_StridedShard(1, split_factor=2)`, so that a rank's local rows are its gate and up columns, which the model's
+`chunk(2)` separates) and down row-wise (`Shard(2)`). After the ep dispatch, the rows of the etp group are
+all-gathered over it (an all-to-all of the rows repeated etp times, the split sizes exchanged first, since the
+groups' ranks receive different counts), the model's own expert computation runs on them with the rank's shards,
+and the partial outputs go back to their ranks and are summed (a reduce-scatter, as an all-to-all and a sum), both
+through torch's autograd-aware `all_to_all_single_autograd`. The gradients of an expert shard are then summed over
+the dp / (ep x etp) ranks holding the same shard (ZeRO 3 beside etp is not run: autopp does not plan it).
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from ..data.layout import Layout
 from ..errors import RunError
@@ -61,20 +74,39 @@ def _local_weights(module: nn.Module) -> Iterator[None]:
         module._parameters.update(held)  # type: ignore[arg-type]
 
 
+#: With etp, how each stacked weight of an experts module is split beyond its experts (module docstring).
+_ETP_PLACEMENTS: dict[str, Placement] = {"gate_up_proj": _StridedShard(1, split_factor=2), "down_proj": Shard(2)}
+
+
+def _check_etp(module: nn.Module, experts: int, etp: int) -> None:
+    """Refuse an experts module whose weights the etp split does not fit: a RunError of one line."""
+    stacked = {n: p.shape for n, p in module.named_parameters(recurse=False) if p.dim() >= 1 and p.shape[0] == experts}
+    if set(stacked) != set(_ETP_PLACEMENTS) or getattr(module, "is_transposed", False) \
+            or getattr(module, "has_bias", False) or stacked["down_proj"][2] % etp:
+        held = ", ".join(f"{n} {tuple(s)}" for n, s in stacked.items())
+        raise RunError(f"etp({etp}) shards gate_up_proj (E, 2 x I, H) and down_proj (E, H, I) with I divisible by "
+                       f"etp, and {type(module).__name__} holds {held}; re-plan with `--etp 1`")
+
+
 class ExpertParallel(ParallelStyle):
-    """Shard a stacked-experts module over a one-dimensional ep mesh and route its token-expert pairs to the owners
-    by all-to-all (torchtitan's `ExpertParallel`; Megatron-Core's `MoEAlltoAllTokenDispatcher`)."""
+    """Shard a stacked-experts module over a one-dimensional ep mesh, or a two-dimensional (ep, etp) one, and route
+    its token-expert pairs to the owners by all-to-all (torchtitan's `ExpertParallel`; Megatron-Core's
+    `MoEAlltoAllTokenDispatcher`), with etp gathering the rows over the etp ranks (module docstring)."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        experts, ep = int(getattr(module, "num_experts")), device_mesh.size()
+        etp = device_mesh["etp"].size() if device_mesh.ndim == 2 else 1
+        experts, ep = int(getattr(module, "num_experts")), device_mesh.size() // etp
         if experts % ep:
             raise RunError(f"ep({ep}) does not divide the {experts} experts of {type(module).__name__}: plan an ep "
                            "that divides the experts")
+        if etp > 1:
+            _check_etp(module, experts, etp)
 
         def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
             for pname, param in list(mod.named_parameters(recurse=False)):  # stacked: dim 0 the expert
                 if param.dim() >= 1 and param.shape[0] == experts:
-                    mod.register_parameter(pname, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)])))
+                    placements = [Shard(0), _ETP_PLACEMENTS[pname]] if etp > 1 else [Shard(0)]
+                    mod.register_parameter(pname, nn.Parameter(distribute_tensor(param, mesh, placements)))
 
         distribute_module(module, device_mesh, partition)
         original = module.forward
@@ -88,8 +120,11 @@ class _EpForward:
 
     def __init__(self, module: nn.Module, original: Callable[..., torch.Tensor], mesh: DeviceMesh,
                  experts: int) -> None:
-        self.module, self.original, self.group, self.experts = module, original, mesh.get_group(), experts
-        self.ep = mesh.size()
+        ep_mesh = mesh["ep"] if mesh.ndim == 2 else mesh
+        self.module, self.original, self.group, self.experts = module, original, ep_mesh.get_group(), experts
+        self.ep = ep_mesh.size()
+        self.etp = mesh["etp"].size() if mesh.ndim == 2 else 1
+        self.etp_group = (mesh["etp"] if mesh.ndim == 2 else ep_mesh).get_group()  # used only with etp > 1
 
     def __call__(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                  *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -108,9 +143,18 @@ class _EpForward:
         rows = all_to_all_single_autograd(rows, splits_out, splits_in, group=self.group)
         # 3. the model's own expert computation on the received rows: one local expert per row, weight 1
         ids = torch.arange(local, device=flat.device).repeat(self.ep).repeat_interleave(received)
+        mine = rows.shape[0]
+        if self.etp > 1:  # the etp group's rows, for the rank's columns of gate/up and rows of down
+            counts = self._counts(mine)
+            rows = all_to_all_single_autograd(rows.repeat(self.etp, 1), counts, [mine] * self.etp,
+                                              group=self.etp_group)
+            ids = wait_tensor(all_to_all_single(ids.repeat(self.etp), counts, [mine] * self.etp, group=self.etp_group))
         with _local_weights(self.module):
             out = self.original(rows, ids.unsqueeze(1), torch.ones(ids.shape + (1,), dtype=hidden.dtype,
                                                                    device=hidden.device), *args, **kwargs)
+        if self.etp > 1:  # each rank's rows' partial outputs back to it, summed: a reduce-scatter
+            out = all_to_all_single_autograd(out, [mine] * self.etp, counts, group=self.etp_group)
+            out = out.view(self.etp, mine, -1).sum(0)
         # 4. combine: back to the senders, unsorted, weighted by the router and summed over the top-k
         out = all_to_all_single_autograd(out, splits_in, splits_out, group=self.group)
         unsorted = torch.empty_like(order)
@@ -118,30 +162,41 @@ class _EpForward:
         out = out[unsorted].view(tokens, top_k, -1) * top_k_weights.unsqueeze(-1).to(out.dtype)
         return out.sum(1).to(hidden.dtype)
 
+    def _counts(self, rows: int) -> list[int]:
+        """The rows each rank of the etp group holds after the dispatch (this rank's `rows` sent to every one)."""
+        mine = torch.full((self.etp,), rows, dtype=torch.int64)
+        counts: list[int] = wait_tensor(all_to_all_single(mine, None, None, group=self.etp_group)).tolist()
+        return counts
+
 
 def check_expert_parallel(layout: Layout) -> None:
-    """Refuse the layouts the runner cannot run expert-parallel: ep must divide dp (the ep groups are carved from a
-    stage's data-parallel ranks), without tensor or context parallelism, with ZeRO 0, or ZeRO 3 at pp 1 (FSDP2
-    without a pipeline, `Layout.fsdp`: `shard_experts`)."""
+    """Refuse the layouts the runner cannot run expert-parallel: ep (x etp) must divide dp (the ep groups are carved
+    from a stage's data-parallel ranks), without tensor or context parallelism, with ZeRO 0, or ZeRO 3 at pp 1
+    (FSDP2 without a pipeline, `Layout.fsdp`: `shard_experts`) and etp 1."""
     if layout.ep == 1:
         return
-    if layout.dp % layout.ep or layout.group > 1 or not (layout.zero.replicated or layout.fsdp):
-        raise RunError(f"plan field 'ep' is {layout.ep} with pp {layout.pp}, dp {layout.dp}, cp {layout.cp}, tp "
-                       f"{layout.tp}, zero {layout.zero.stage}: autopp runs expert parallelism with ep dividing dp, "
-                       "cp 1, tp 1 and zero 0, or zero 3 at pp 1 (ZeRO 1 and 2 beside ep are planned and exported, "
-                       "not run); re-plan with `--ep 1` or those")
+    carved = "ep" if layout.etp == 1 else "ep x etp"
+    if layout.dp % (layout.ep * layout.etp) or layout.group > 1 or not (
+            layout.zero.replicated or layout.fsdp and layout.etp == 1):
+        raise RunError(f"plan field 'ep' is {layout.ep}" + (f" (etp {layout.etp})" if layout.etp > 1 else "")
+                       + f" with pp {layout.pp}, dp {layout.dp}, cp {layout.cp}, tp {layout.tp}, zero "
+                       f"{layout.zero.stage}: autopp runs expert parallelism with {carved} dividing dp, cp 1, tp 1 "
+                       "and zero 0, or zero 3 at pp 1" + (" with etp 1" if layout.etp > 1 else "")
+                       + " (ZeRO 1 and 2 beside ep are planned and exported, not run); re-plan with `--ep 1` or those")
 
 
 @functools.lru_cache(maxsize=8)
-def ep_meshes(mesh: DeviceMesh, ep: int) -> tuple[DeviceMesh, DeviceMesh | None]:
-    """This rank's ep ranks (a one-dimensional mesh) and the dp / ep ranks holding the same experts (None when ep
-    is the whole "dp" dimension), from the world mesh: its "dp" dimension split (dp / ep, ep), ep fastest. Cached:
-    the split creates process groups, once per mesh (every rank asks in the same order)."""
-    dp = mesh["dp"].size()
+def ep_meshes(mesh: DeviceMesh, layout: Layout) -> tuple[DeviceMesh, DeviceMesh | None]:
+    """This rank's expert mesh, its ep ranks (one dimension) or with etp its (ep, etp) ranks, and the dp / (ep x etp)
+    ranks holding the same expert shards (None when ep x etp is the whole "dp" dimension), from the world mesh: its
+    "dp" dimension split (dp / ep, ep), ep fastest, or (dp / (ep x etp), ep, etp), etp fastest (Megatron-Core's
+    expert order, etp where tp is). Cached: the split creates process groups, once per mesh (every rank asks in the
+    same order)."""
+    dp, ep, etp = mesh["dp"].size(), layout.ep, layout.etp
     if ep == dp:
         return mesh["dp"], None
-    split = mesh._unflatten("dp", (dp // ep, ep), ("ep_replica", "ep"))
-    return split["ep"], split["ep_replica"]
+    split = mesh._unflatten("dp", (dp // (ep * etp), ep, etp), ("ep_replica", "ep", "etp"))
+    return split["ep", "etp"] if etp > 1 else split["ep"], split["ep_replica"] if dp > ep * etp else None
 
 
 def parallelize_experts(piece: nn.Module, mesh: DeviceMesh, full_model: nn.Module, device: torch.device) -> int:
@@ -157,7 +212,9 @@ def parallelize_experts(piece: nn.Module, mesh: DeviceMesh, full_model: nn.Modul
         setattr(piece.get_submodule(parent) if parent else piece, leaf, module)
         parallelize_module(module, mesh, ExpertParallel())
     if names:
-        logger.info("expert parallelism over %d ranks on %d experts modules", mesh.size(), len(names))
+        etp = mesh["etp"].size() if mesh.ndim == 2 else 1
+        logger.info("expert parallelism over %d ranks%s on %d experts modules", mesh.size() // etp,
+                    f" x expert tensor parallelism over {etp}" if etp > 1 else "", len(names))
     return len(names)
 
 

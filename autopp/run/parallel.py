@@ -55,7 +55,7 @@ def shard_stage(piece: nn.Module, sharding: Sharding, units: Sequence[str], devi
                           sharding.sequence, units)
     ignored: set[nn.Parameter] = set()
     if sharding.layout.ep > 1 and sharding.full_model is not None:
-        ep, replicas = ep_meshes(sharding.mesh, sharding.layout.ep)
+        ep, replicas = ep_meshes(sharding.mesh, sharding.layout)
         parallelize_experts(piece, ep, sharding.full_model, device)
         ignored = shard_experts(piece, sharding.layout, replicas)
     shard_replicas(piece, sync_mesh(sharding.mesh, sharding.layout), sharding.layout.zero, units, ignored)

@@ -245,7 +245,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         t_schedule = recorder.now()
         sum_tied_grads(ties, built.params)
         _average_grads([p for p in params if all(p is not e for e in experts)], dp_group, plan.layout.sync)
-        average_expert_grads(experts, plan.layout, ep_meshes(mesh, plan.layout.ep)[1] if experts and mesh else None)
+        average_expert_grads(experts, plan.layout, ep_meshes(mesh, plan.layout)[1] if experts and mesh else None)
         t_allreduce = t_optimizer = recorder.now()
         optimizer.step()
         if not checked:

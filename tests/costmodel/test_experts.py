@@ -1,6 +1,7 @@
 """Expert GEMMs re-timed under expert parallelism (autopp.costmodel.experts): each pass's max(F, W + O) becomes
 max(F, W / ep + O), by hand at ep 2 and 4; ExpertTable reads the profile's expert columns, and a profile without
-them keeps its ep-1 times."""
+them keeps its ep-1 times. Expert tensor parallelism beside ep: max(F, W / (ep x etp) + etp x O), the expert bytes
+over ep x etp ranks, and its all-gather + reduce-scatter pairs as the experts' tensor-parallel collectives."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autopp.costmodel.experts import expert_gemms, retimed
+from autopp.costmodel.experts import expert_gemms, expert_tensor_rows, retimed
+from autopp.data.cluster import Cluster, Link
 from autopp.data.layout import Layout
 from autopp.data.profile import EXPERT_COLUMNS, EXPERT_PASSES, Profile, expert_column
 from autopp.schedule.activation import Activation
@@ -27,6 +29,16 @@ def test_a_memory_bound_expert_gemm_reads_1_over_ep_of_the_weights() -> None:
     # compute-bound already at ep 1: nothing to gain; turning compute-bound at ep 4: the FLOPs are the floor
     assert retimed(np.array([10.0]), weight, other, 4) == pytest.approx([0.0])
     assert retimed(np.array([2.5]), weight, other, 4) == pytest.approx([2.5 - 5.0])
+
+
+def test_etp_reads_its_share_of_the_weights_and_moves_etp_times_the_rows() -> None:
+    # the same F 1, W 4, O 1 s: ep 2 x etp 2 reads 1 s of weights and moves 2 s of rows: max(1, 1 + 2) = 3 s
+    flop, weight, other = np.array([1.0]), np.array([4.0]), np.array([1.0])
+    assert retimed(flop, weight, other, 2, 2) == pytest.approx([3.0 - 5.0])
+    assert retimed(flop, np.array([16.0]), other, 2, 2) == pytest.approx([6.0 - 17.0])  # max(1, 4 + 2)
+    assert retimed(np.array([10.0]), weight, other, 2, 2) == pytest.approx([0.0])  # compute-bound: the FLOPs stay
+    a = arrays([10.0, 10.0])
+    assert expert_tensor_rows(a, np.ones(2), np.ones(2), 1) is a
 
 
 def _parts(flop: float, weight: float, other: float, n: int = 2) -> dict[str, tuple[np.ndarray, ...]]:
@@ -112,3 +124,32 @@ def test_the_expert_columns_load_all_or_none(tmp_path: object) -> None:
     assert np.allclose(loaded.units[column], profile.units[column]) and not loaded.experts_untimed
     with pytest.raises(ProfileError, match=r"lacks column\(s\) \['expert_flop_forward_s'\]"):
         Profile(profile.meta, profile.units.drop(columns=[expert_column("forward", "flop")]), profile.edges)
+
+
+def test_etp_shards_the_expert_bytes_and_adds_the_experts_tensor_parallel_collectives() -> None:
+    """ep 2 x etp 2 holds the expert bytes of ep 4 and sums its expert gradients over dp / 4 ranks; each MoE layer
+    all-gathers and reduce-scatters etp x its routed rows in the forward and again in the backward: per pass an
+    all-reduce of S = 2 x routed on a ring of 2, 2 x (1/2) x S / B + 2 x latency, on the critical path, counted as
+    tensor-parallel seconds; the gathered rows kept for the backward, 1 x routed per layer, join the activations."""
+    from autopp.costmodel import group_table, group_terms
+    profile = _moe_profile(timed=True)
+    ep2, both, ep4 = Layout(dp=8, ep=2), Layout(dp=8, ep=2, etp=2), Layout(dp=8, ep=4)
+    a2, a22, a4 = (group_table(profile, layout.unit_view()).arrays(1) for layout in (ep2, both, ep4))
+    assert np.allclose(a22.static, a4.static) and np.allclose(a22.params, a4.params) and a22.static[1] < a2.static[1]
+    assert a22.expert is not None and a2.expert is not None and (a22.expert.replicas, a2.expert.replicas) == (2, 4)
+    assert a2.ep_comm is not None and a2.tp_comm is None and a22.tp_comm is not None
+    layers = np.array([0.0, 1.0, 1.0, 0.0])
+    routed = a2.ep_comm.routing.top_k * a2.ep_comm.tokens  # a layer's routed rows: top-k copies of its tokens
+    assert np.allclose(a22.tp_comm.forward_allreduce, layers * 2 * routed)
+    assert np.allclose(a22.tp_comm.backward_allreduce, layers * 2 * routed)
+    assert np.allclose(a22.tp_comm.forward_count, layers) and not a22.tp_comm.forward_allgather.any()
+    assert np.allclose(a22.activation - a2.activation, layers * routed)
+    assert np.allclose(a22.forward, a2.forward)  # the GEMMs: max(1, 1 + 2) = max(1, 2 + 1) = 3 ms
+    link = Link(latency_s=1e-5, bandwidth_bytes_per_s=1e9)
+    cluster = Cluster(num_devices=8, memory_bytes=2**34, link=link)
+    t2, t22 = group_terms(a2, ep2.unit_view(), cluster), group_terms(a22, both.unit_view(), cluster)
+    pair = 2 * 0.5 * layers * 2 * routed / 1e9 + 2 * 1 * 1e-5 * layers
+    for field in ("forward", "recompute", "backward_input", "backward"):
+        assert np.allclose(getattr(t22, field) - getattr(t2, field), pair), field
+    assert np.allclose(t22.backward_weight, t2.backward_weight)
+    assert t22.tp_seconds is not None and np.allclose(t22.tp_seconds[0], 2 * pair)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autopp.export import Target, export_plan, rename_modules
-from autopp.data.layout import LayoutPins
+from autopp.data.layout import Layout, LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
 from autopp.data.zero import ZERO
@@ -167,6 +167,8 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     # Megatron-LM copies its args into TransformerConfig by name, but for --num-experts (num_moe_experts; its
     # arguments.py core_transformer_config_from_args) and --fp8-format (its argparse dest is fp8)
     kw = {_MEGATRON_RENAMED.get(k[2:], k[2:].replace("-", "_")): v for k, v in args.items()}
+    if kw.pop("disable_bias_linear", None):  # Megatron-LM: store_false into add_bias_linear (arguments.py)
+        kw["add_bias_linear"] = "false"
     # batch sizes go to megatron-core's microbatch calculator, the sequence length to its data loader and schedules
     batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size", "seq_length") if k in kw}
     # the data-parallel flags (Megatron-LM copies them into DistributedDataParallelConfig by name too): bare flags
@@ -179,7 +181,7 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
         assert ddp.get("overlap_grad_reduce")
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     assert set(kw) <= names, f"not megatron-core config fields: {set(kw) - names}"
-    kw = {k: int(v) if v.isdigit() else True if v == "true" else v for k, v in kw.items()}
+    kw = {k: int(v) if v.isdigit() else True if v == "true" else False if v == "false" else v for k, v in kw.items()}
     # Megatron-LM's --bf16 sets params_dtype to bfloat16, which it passes on as the pipeline's dtype
     dtype = torch.bfloat16 if kw.get("bf16") else torch.float32
     cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, params_dtype=dtype, pipeline_dtype=dtype, **kw)
@@ -469,6 +471,22 @@ def test_fsdp_beside_expert_parallelism_at_pp_1_is_read_by_megatron_core_and_tor
     assert (par.data_parallel_shard_degree, par.expert_parallel_degree, par.pipeline_parallel_degree) == (4, 2, 1)
     with pytest.raises(ExportError, match=r"^plan: zero 3: DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only"):
         export_plan(plan, Target.DEEPSPEED, "x.json")
+
+
+def test_megatron_core_reads_the_etp_export_and_torchtitan_has_no_key(  # type: ignore[no-untyped-def]
+        megatron, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """Issue 24's proof axis: ep 2 x etp 2 on dp 4: megatron-core's TransformerConfig takes
+    --expert-tensor-parallel-size (its default is tp, so the export writes it); torchtitan 0.3's parallelism config
+    has no expert_tensor_parallel_degree, which the export's refusal says. Without --disable-bias-linear megatron-core
+    refuses etp > 1 ("Bias in Moe is only supported when ETP==1"): the descriptor's extra line."""
+    dp4 = dataclasses.replace(llama_plans["dp"], layout=Layout(pp=2, dp=4))
+    plan = dataclasses.replace(dp4, layout=dataclasses.replace(dp4.layout, ep=2, etp=2))
+    cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x", moe={"num_experts": 8, "top_k": 2}).text)
+    assert (cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size) == (2, 2) and not cfg.add_bias_linear
+    text = export_plan(llama_plans["dp"], Target.TORCHTITAN, "x.args",
+                       rename_modules(unit_modules(llama), TITAN_NAMES)).text
+    parallelism = titan(text).parallelism
+    assert hasattr(parallelism, "expert_parallel_degree") and not hasattr(parallelism, "expert_tensor_parallel_degree")
 
 
 def test_context_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]

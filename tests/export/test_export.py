@@ -13,7 +13,7 @@ import pytest
 
 from autopp.cli import main
 from autopp.export import ExportError, Target, default_output, export_plan, model_layers, rename_modules
-from autopp.data.layout import LayoutPins
+from autopp.data.layout import Layout, LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
 from autopp.data.vocab import VocabVariant
@@ -499,6 +499,29 @@ def test_a_group_limited_routing_exports_its_groups_to_megatron(llama_plans: dic
     assert any("--moe-flex-dispatcher-backend deepep" in n for n in megatron.notes)
     for moe in ({**facts, "num_groups": None, "group_top_k": None}, {"num_experts": 8, "top_k": 2}):
         assert "groups" not in export_plan(plan, Target.MEGATRON, "x", moe=moe).text
+
+
+def test_expert_tensor_parallelism_exports_to_megatron_alone(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """Issue 24's proof axis: etp above 1 is written by its descriptor with no exporter change: Megatron-Core's
+    --expert-tensor-parallel-size after ep's lines (and --disable-bias-linear), with its note; torchtitan (whose key took only 1 or tp) and
+    DeepSpeed refuse it in one line; a plan without it writes nothing of it."""
+    dp4 = replace(llama_plans["dp"], layout=Layout(pp=2, dp=4))
+    plan = replace(dp4, layout=replace(dp4.layout, ep=2, etp=2))
+    moe = {"num_experts": 8, "top_k": 2}
+    megatron = export_plan(plan, Target.MEGATRON, "x", moe=moe)
+    lines = megatron.text.splitlines()
+    assert lines[2:8] == ["--expert-model-parallel-size 2", "--num-experts 8", "--moe-router-topk 2",
+                          "--moe-token-dispatcher-type alltoall", "--expert-tensor-parallel-size 2",
+                          "--disable-bias-linear"]  # megatron-core runs etp > 1 only without linear biases
+    assert any("MoE Parallel Folding" in n for n in megatron.notes)
+    modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
+    with pytest.raises(ExportError, match=r"^plan: etp 2: torchtitan's expert_tensor_parallel_degree takes only 1 or "
+                                          r"the tensor-parallel degree .*re-plan with `etp` 1, or export to megatron$"):
+        export_plan(plan, Target.TORCHTITAN, "x", modules, moe=moe)
+    with pytest.raises(ExportError, match=r"^plan: ep 2: .*re-plan with `ep` 1"):  # ep's refusal first: etp needs ep
+        export_plan(plan, Target.DEEPSPEED, "x.json")
+    assert "expert-tensor" not in export_plan(replace(dp4, layout=replace(dp4.layout, ep=2)), Target.MEGATRON, "x",
+                                              moe=moe).text
 
 
 # ---- what the plan was made for (issue 26, point 5) ---------------------------------------------------------------

@@ -279,6 +279,13 @@ def test_hsdp_and_expert_parallelism_are_read(tmp_path: Path, llama: Profile) ->
     with pytest.raises(ExportError, match=r"cfg.args: .*ep\(3\).*"):
         _read(tmp_path, llama, "--expert-model-parallel-size 3 --pipeline-model-parallel-size 2 --num-layers 4 "
                                "--global-batch-size 8\n", 4)
+    # issue 24's proof axis: Megatron's --expert-tensor-parallel-size read back through etp's descriptor alone
+    pinned, _ = _read(tmp_path, llama, "--expert-model-parallel-size 2 --expert-tensor-parallel-size 2 "
+                      "--pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 8\n", 8)
+    assert (pinned.candidate.layout.dp, pinned.candidate.layout.ep, pinned.candidate.layout.etp) == (4, 2, 2)
+    with pytest.raises(ExportError, match=r"cfg.args: ep\(2\) x etp\(2\) must divide dp\(2\)"):
+        _read(tmp_path, llama, "--expert-model-parallel-size 2 --expert-tensor-parallel-size 2 "
+                               "--pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 8\n", 4)
 
 
 @pytest.mark.parametrize("text", ["--parallelism.pipeline_parallel_degree=2\n--parallelism.tensor_parallel_degree=2\n",

@@ -1,8 +1,9 @@
 """Expert parallelism in the runner (autopp.run.expert_parallel): the experts module wrapped on one rank gives the
 model's own output and gradients, the layouts it does not run are refused before any rank starts, and tiny HF
 Mixtral and Qwen3-MoE run pp x dp with ep = dp (Mixtral at pp 1 beside ZeRO 3, Qwen3-MoE's pp 2 x dp 2 planned by
-the CLI), and Mixtral with ep < dp (pp 1 x dp 4 x ep 2 beside ZeRO 3, pp 2 x ep 2 x dp 2 on 8 ranks), on gloo ranks,
-loss and every gradient (the expert shards gathered) validated against one process."""
+the CLI), and Mixtral with ep < dp (pp 1 x dp 4 x ep 2 beside ZeRO 3) and ep x etp < dp (ep 2 x etp 2 x edp 2 on
+8 ranks: expert tensor parallelism, issue 24's proof axis), on gloo ranks, loss and every gradient (the expert
+shards gathered) validated against one process."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from autopp.errors import RunError
 from autopp.model import load_model_file
 from autopp.run import GRAD_RTOL, RunOptions, run_plan
 from autopp.model.experts import experts_modules
-from autopp.run.expert_parallel import average_expert_grads, check_expert_parallel, expert_params, parallelize_experts
+from autopp.run.expert_parallel import (_check_etp, average_expert_grads, check_expert_parallel, expert_params,
+                                        parallelize_experts)
 
 from ..conftest import MODELS
 from .conftest import pipeline_plan
@@ -55,6 +57,30 @@ def test_layouts_the_runner_does_not_run_expert_parallel_are_refused(layout: Lay
     check_expert_parallel(Layout(pp=2, dp=4, ep=2))
     check_expert_parallel(Layout(pp=2, dp=4))
     check_expert_parallel(Layout(pp=1, dp=4, ep=2, zero=ZERO[3]))
+    check_expert_parallel(Layout(pp=2, dp=4, ep=2, etp=2))
+
+
+def test_etp_beside_zero_is_refused_naming_it() -> None:
+    with pytest.raises(RunError, match=r"^plan field 'ep' is 2 \(etp 2\) with pp 2, dp 4, cp 1, tp 1, zero 1: autopp runs "
+                                       r"expert parallelism with ep x etp dividing dp, cp 1, tp 1 and zero 0"):
+        check_expert_parallel(Layout(pp=2, dp=4, ep=2, etp=2, zero=ZERO[1]))
+
+
+def test_etp_refuses_experts_whose_weights_it_cannot_split() -> None:
+    """Gate/up column-wise and down row-wise need the stacked (E, 2I, H) gate_up_proj and (E, H, I) down_proj with I
+    divisible by etp, neither transposed nor with biases (GPT-OSS keeps both): anything else is one line."""
+    class Experts(torch.nn.Module):
+        def __init__(self, inner: int, bias: bool = False) -> None:
+            super().__init__()
+            self.gate_up_proj = torch.nn.Parameter(torch.zeros(4, 2 * inner, 6))
+            self.down_proj = torch.nn.Parameter(torch.zeros(4, 6, inner))
+            self.has_bias = bias
+    _check_etp(Experts(4), 4, 2)
+    for module in (Experts(3), Experts(4, bias=True)):
+        with pytest.raises(RunError, match=r"^etp\(2\) shards gate_up_proj \(E, 2 x I, H\) and down_proj \(E, H, I\) "
+                                           r"with I divisible by etp, and Experts holds gate_up_proj \(4, \d+, 6\), "
+                                           r"down_proj \(4, 6, \d\); re-plan with `--etp 1`$"):
+            _check_etp(module, 4, 2)
 
 
 @pytest.mark.parametrize("path", [MIXTRAL, QWEN3])
@@ -105,16 +131,19 @@ def test_experts_beside_fsdp_at_pp_1_match_one_process(tmp_path: Path, dp: int) 
 
 @pytest.mark.integration
 def test_experts_sharded_over_part_of_dp_match_one_process(tmp_path: Path) -> None:
-    """pp 2 x ep 2 x dp 2 (8 ranks; the layout's dp 4 = 2 ep groups of 2): each stage's 4 replicas form 2 ep groups
-    of 2 ranks, each rank holding 2 of the 4 experts; an expert shard's gradient is summed over the 2
-    ranks holding it and divided by dp; the loss and every gradient match one process. The ep groups and the
-    gradient sums are the model's no more than ep = dp's: Mixtral here, Qwen3-MoE's experts on 2 and 4 ranks."""
-    plan = pipeline_plan(MIXTRAL, ["model.layers.2"], schedule="1F1B", layout=Layout(pp=2, dp=4, ep=2))
+    """ep 2 x etp 2 x edp 2 (pp 1 x dp 8, 8 ranks): the 8 replicas' expert grid, etp fastest; each rank holds 2 of
+    the 4 experts of every layer, and of each its half of gate/up's columns and of down's rows; the rows an ep rank
+    receives are all-gathered over its etp pair and the partial outputs reduce-scattered back; an expert shard's
+    gradient is summed over the 2 ranks holding it and divided by dp; the loss and every gradient (the shards
+    gathered with DTensor's full_tensor) match one process. (With ep 2 alone on these ranks the same grid holds an
+    etp of 1: one split of the dp dimension, `ep_meshes`, serves both; ep at pp 2 runs in the CLI test below.)"""
+    plan = pipeline_plan(MIXTRAL, [], schedule="GPipe", layout=Layout(pp=1, dp=8, ep=2, etp=2))
     report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path))
-    assert report.passed and report.layout.ep == 2 and report.num_ranks == 8
+    assert report.passed and (report.layout.ep, report.layout.etp) == (2, 2) and report.num_ranks == 8
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     lines = [line for f in sorted(tmp_path.glob("rank*.out")) for line in f.read_text().splitlines()]
-    assert sum("expert parallelism over 2 ranks on 2 experts modules" in line for line in lines) == 8
+    assert sum("expert parallelism over 2 ranks x expert tensor parallelism over 2 on 4 experts modules" in line
+               for line in lines) == 8
 
 
 @pytest.mark.integration

@@ -346,6 +346,32 @@ def test_dual_pipe_v_wins_where_its_pairs_hide_the_expert_all_to_alls(bandwidth:
         assert plain.step_time_s > simulate_plan(plan).step_time_s
 
 
+@pytest.mark.parametrize("memory_gib, etp", [(1.2, 2), (80, 1)])
+def test_the_search_takes_etp_where_ep_cannot_shard_the_experts_further(memory_gib: float, etp: int) -> None:
+    """Issue 24's proof axis (issue 30): 2 experts per layer cap ep at 2 on a stage's 4 replicas. With ep and etp
+    searched, where the expert weights at 1/2 per rank do not fit (1.2 GiB), etp 2 shards each expert over 2 more
+    ranks and the plan fits; where they fit (80 GiB), etp's all-gathers and reduce-scatters only cost, and the search
+    keeps etp 1 (and here ep 1). Pinning etp 1 in the tight case finds nothing."""
+    import numpy as np
+
+    from autopp.data.cluster import Link
+    p = synthetic_profile(18, hidden=1024, seq=512)
+    blocks = p.units.unit.between(1, 16)
+    moe = Profile(replace(p.meta, extra={"moe": {"num_experts": 2, "top_k": 1}}),
+                  p.units.assign(expert_param_bytes=np.where(blocks, p.units.param_bytes * 7 // 8, 0),
+                                 moe_layers=np.where(blocks, 1, 0)), p.edges)
+    cluster = Cluster(num_devices=8, memory_bytes=int(memory_gib * GiB),
+                      link=Link(latency_s=1e-5, bandwidth_bytes_per_s=100e9))
+    plan = make_plan(moe, PlanRequest(cluster=cluster, global_batch=32, pins=LayoutPins(pp=2, dp=4, ep=None,
+                                                                                         etp=None)))
+    assert plan.layout.etp == etp and (etp == 1 or plan.layout.ep == 2)
+    assert any("expert tensor parallelism 2: each expert's GEMMs sharded over 2 ranks" in n for n in plan.notes) is (
+        etp == 2)
+    if etp == 2:
+        with pytest.raises(InfeasibleError):
+            make_plan(moe, PlanRequest(cluster=cluster, global_batch=32, pins=LayoutPins(pp=2, dp=4, ep=None)))
+
+
 _NVLINK = Link(latency_s=1e-5, bandwidth_bytes_per_s=200e9, overhead_s=1e-5, progress_s=0.0)
 
 

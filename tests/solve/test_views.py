@@ -12,7 +12,7 @@ from autopp.costmodel import ProfileTable
 from autopp.data.catalog import cluster_from_catalog, load_device
 from autopp.data.cluster import Cluster
 from autopp.data.layout import Layout, LayoutPins
-from autopp.data.zero import NO_ZERO, ZERO, zero_stage
+from autopp.data.zero import NO_ZERO, ZERO, ZeroStage, zero_stage
 from autopp.errors import InfeasibleError, LayoutError, ProfileError
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.solve.search.request import Group, configs, tp_choices
@@ -151,14 +151,20 @@ def test_ep_is_searched_among_the_divisors_of_dp() -> None:
     any dp it divides, searched ep only dividing the experts per layer where known, and the request refuses other
     pins in one line."""
     from autopp.solve.search.request import ep_choices
+
+    def ep_choices_of(req: PlanRequest, dp: int, tp: int, zero: ZeroStage) -> tuple[int, ...]:
+        pairs = ep_choices(req, dp, tp, zero)
+        assert all(etp == 1 for _, etp in pairs)  # etp pinned 1 (its default)
+        return tuple(ep for ep, _ in pairs)
     cluster = Cluster(num_devices=8, memory_bytes=2**34)
     auto = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=None))
-    assert ep_choices(auto, 4, 1, NO_ZERO) == (1, 2, 4) and ep_choices(auto, 1, 1, NO_ZERO) == (1,)
-    assert ep_choices(auto, 6, 1, ZERO[1]) == (1, 2, 3, 6) and ep_choices(auto, 4, 1, ZERO[3], 2) == (1,)
-    assert ep_choices(auto, 4, 2, NO_ZERO) == (1,) and ep_choices(auto, 4, 1, ZERO[3], 1) == (1, 2, 4)
+    assert ep_choices_of(auto, 4, 1, NO_ZERO) == (1, 2, 4) and ep_choices_of(auto, 1, 1, NO_ZERO) == (1,)
+    assert ep_choices_of(auto, 6, 1, ZERO[1]) == (1, 2, 3, 6) and ep_choices(auto, 4, 1, ZERO[3], 2) == ((1, 1),)
+    assert ep_choices_of(auto, 4, 2, NO_ZERO) == (1,) and ep_choices(auto, 4, 1, ZERO[3], 1) == (
+        (1, 1), (2, 1), (4, 1))  # ZeRO 3 beside ep at pp 1 (FSDP2), without etp
     pinned = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=2))
-    assert ep_choices(pinned, 2, 1, NO_ZERO) == (2,) and ep_choices(pinned, 4, 1, NO_ZERO) == (2,)
-    assert ep_choices(pinned, 3, 1, NO_ZERO) == ()
+    assert ep_choices_of(pinned, 2, 1, NO_ZERO) == (2,) and ep_choices_of(pinned, 4, 1, NO_ZERO) == (2,)
+    assert ep_choices_of(pinned, 3, 1, NO_ZERO) == ()
     layouts = {c.layout for c in configs(pinned, 8)}
     assert layouts and all(l.ep == 2 and l.dp % 2 == 0 and l.zero.replicated for l in layouts)
     assert {(c.layout.dp, c.layout.ep) for c in configs(auto, 8)} >= {(1, 1), (2, 1), (2, 2), (8, 2), (8, 4), (8, 8)}
@@ -174,6 +180,30 @@ def test_ep_is_searched_among_the_divisors_of_dp() -> None:
     fsdp = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=2, zero=ZERO[3]))
     layouts = {c.layout for c in configs(fsdp, 8)}  # pp searched: only pp 1 keeps ZeRO 3 beside ep
     assert layouts and all(l.pp == 1 and l.ep == 2 and l.fsdp for l in layouts)
+
+
+def test_etp_is_searched_beside_each_ep_among_the_divisors_of_dp_over_ep() -> None:
+    """Expert tensor parallelism (issue 24's proof axis): carved beside ep from dp, so searched etp is 1 and every
+    divisor of dp / ep beside each ep > 1 (none beside ep 1, nor with tp > 1), a pinned etp only with an ep it fits
+    beside; searched ep still divides the experts, and etp then shards further where ep cannot; the layout refuses
+    ep x etp not dividing dp, and etp with ep 1, in one line each."""
+    from autopp.solve.search.request import ep_choices
+    cluster = Cluster(num_devices=8, memory_bytes=2**34)
+    auto = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=None, etp=None))
+    assert ep_choices(auto, 4, 1, NO_ZERO) == ((1, 1), (2, 1), (2, 2), (4, 1))
+    assert ep_choices(auto, 8, 1, NO_ZERO) == ((1, 1), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1))
+    assert ep_choices(auto, 4, 2, NO_ZERO) == ((1, 1),) and ep_choices(auto, 1, 1, NO_ZERO) == ((1, 1),)
+    pinned = PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=None, etp=2))
+    assert ep_choices(pinned, 8, 1, NO_ZERO) == ((2, 2), (4, 2)) and ep_choices(pinned, 2, 1, NO_ZERO) == ()
+    layouts = {c.layout for c in configs(pinned, 8)}
+    assert layouts and all(l.etp == 2 and l.ep > 1 and l.dp % (2 * l.ep) == 0 for l in layouts)
+    assert {(c.layout.ep, c.layout.etp) for c in configs(auto, 8, experts=2) if c.layout.dp == 8} == {
+        (1, 1), (2, 1), (2, 2), (2, 4)}
+    with pytest.raises(LayoutError, match=r"^ep\(2\) x etp\(2\) must divide dp\(2\) \* cp\(1\) \* tp\(1\) = 2$"):
+        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, ep=2, etp=2))
+    with pytest.raises(LayoutError, match=r"^`etp` 2 shards the experts of an ep group, and ep is 1: give `ep` > 1, "
+                                          r"or `etp` 1$"):
+        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=4, etp=2))
 
 
 def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile) -> None:  # type: ignore[no-untyped-def]

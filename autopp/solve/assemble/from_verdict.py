@@ -150,15 +150,18 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
     if c.layout.ep > 1:
         moe, layers = profile.meta.extra.get("moe") or {}, int(profile.units.moe_layers.sum()) // len(
             profile.meta.microbatch_sizes)
-        ep, dp = c.layout.ep, c.layout.dp
+        ep, dp, etp, same = c.layout.ep, c.layout.dp, c.layout.etp, c.layout.unit_view().ep_replicas
         groups = "" if ep == dp else f" form {dp // ep} groups of {ep} that each"
+        tensor = "" if etp == 1 else (f"; expert tensor parallelism {etp}: each expert's GEMMs sharded over {etp} "
+                                      "ranks beside them, the rows they receive all-gathered and the partial outputs "
+                                      "reduce-scattered, 2 + 2 per MoE layer and microbatch")
         out.append(f"expert parallelism {ep}: each stage's {dp} replicas{groups} hold 1/{ep} of its experts "
                    f"({moe.get('num_experts')} per layer, top-{moe.get('top_k')}) and exchange the routed tokens by "
-                   "all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)"
-                   + ("" if ep == dp or c.layout.fsdp else
-                      f"; expert gradients all-reduced over the {dp // ep} ranks holding the same")
-                   + _expert_gemms_note(profile, ep)
-                   + routing_note(routing_of(profile), ep, c.layout.group, cluster)
+                   "all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)" + tensor
+                   + ("" if same == 1 or c.layout.fsdp else
+                      f"; expert gradients all-reduced over the {same} ranks holding the same")
+                   + _expert_gemms_note(profile, ep, etp)
+                   + routing_note(routing_of(profile), ep, etp * c.layout.group, cluster)
                    if layers else f"expert parallelism {c.layout.ep}: the profile records no stacked experts "
                    "(expert_param_bytes 0), so it changes nothing; plan with `ep` 1")
     return out
@@ -175,12 +178,14 @@ def _fsdp_experts_note(layout: Layout) -> str:
     return f"; the experts sharded, gathered and reduce-scattered over the {r} ranks holding the same"
 
 
-def _expert_gemms_note(profile: Profile, ep: int) -> str:
-    """How the expert GEMMs are timed at `ep` (autopp.costmodel.experts): re-timed for 1/ep of the expert weights,
-    or, for a profile without the columns, at ep 1, and why."""
+def _expert_gemms_note(profile: Profile, ep: int, etp: int = 1) -> str:
+    """How the expert GEMMs are timed at `ep` (and `etp`; autopp.costmodel.experts): re-timed for 1/(ep x etp) of
+    the expert weights, or, for a profile without the columns, at ep 1, and why."""
     if not profile.experts_untimed:
-        return (f"; expert GEMMs re-timed for a rank reading 1/{ep} of the expert weights at the same FLOPs "
-                "(per pass max(FLOP time, weight time / ep + other bytes' time))")
+        shards, formula = (ep, "/ ep + other bytes' time") if etp == 1 else (ep * etp, "/ (ep x etp) + etp x other "
+                                                                                       "bytes' time")
+        return (f"; expert GEMMs re-timed for a rank reading 1/{shards} of the expert weights at the same FLOPs "
+                f"(per pass max(FLOP time, weight time {formula}))")
     why = ("its times were measured on one device running every expert" if profile.meta.extra.get("analytic_device")
            is None else "it was counted before the expert GEMMs' columns")
     return (f"; expert GEMMs timed as at ep 1, every expert's weights read on each rank ({why}): an upper bound; "

@@ -165,8 +165,8 @@ class PlanRequest:
         if self.pins.tp not in (None, 1) or dp is not None and dp % ep:
             raise LayoutError(f"`ep` {ep} runs with `tp` 1 and a `dp` it divides (its ep ranks are carved from a "
                               f"stage's dp ranks); got dp {dp}, tp {self.pins.tp}")
-        if zero is not None and self.pins.pp not in (None, 1):
-            check_expert_zero(zero, ep, pipelined=True)
+        if zero is not None and (self.pins.pp not in (None, 1) or self.pins.etp not in (None, 1)):
+            check_expert_zero(zero, ep, pipelined=self.pins.pp not in (None, 1), etp=self.pins.etp or 1)
 
     def view(self, group: int) -> PlanRequest:
         """The request as groups of `group` devices (a layout's `group`: cp x tp) see it: each group is one pipeline
@@ -307,14 +307,16 @@ def cp_choices(req: PlanRequest, tp: int, seq_len: int | None) -> list[int]:
                  and check_sequence(seq_len, c, tp) is None)]
 
 
-def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage, pp: int = 1) -> tuple[int, ...]:
-    """Expert-parallel degrees to try (autopp.costmodel.parallel: ep carved from dp, tp 1, ZeRO 0 to 2, or 3 at
-    pp 1 as FSDP2, autopp.costmodel.fsdp): the pinned one or, searched (`pins.ep` None), 1 and every divisor of dp
-    above 1 (torchtitan: ep divides dp_shard)."""
-    fits = dp > 1 and tp == 1 and (not zero.gathers_each_forward or pp == 1)
+def ep_choices(req: PlanRequest, dp: int, tp: int, zero: ZeroStage, pp: int = 1) -> tuple[tuple[int, int], ...]:
+    """(ep, etp) pairs to try (autopp.costmodel.parallel: both carved from dp, tp 1, ZeRO 0 to 2, or 3 at pp 1 as
+    FSDP2 with etp 1, autopp.costmodel.fsdp): ep pinned or, searched (`pins.ep` None), 1 and every divisor of dp
+    (torchtitan: ep divides dp_shard); beside each ep > 1, etp pinned or every divisor of dp / ep (etp 1 alone)."""
+    fits, etp = dp > 1 and tp == 1 and (not zero.gathers_each_forward or pp == 1), req.pins.etp
+    eps = (1, *(e for e in range(2, dp + 1) if dp % e == 0)) if fits else (1,)
     if req.pins.ep is not None:
-        return (req.pins.ep,) if req.pins.ep == 1 or fits and dp % req.pins.ep == 0 else ()
-    return (1, *(e for e in range(2, dp + 1) if dp % e == 0)) if fits else (1,)
+        eps = (req.pins.ep,) if req.pins.ep == 1 or fits and dp % req.pins.ep == 0 else ()
+    return tuple((e, t) for e in eps for t in ((etp,) if etp is not None else range(1, dp // e + 1))
+                 if t == 1 or not zero.gathers_each_forward and e > 1 and dp % (e * t) == 0)
 
 
 def replicate_choices(req: PlanRequest, dp: int, zero: ZeroStage, ep: int) -> tuple[int, ...]:
@@ -350,14 +352,14 @@ class Group(NamedTuple):
 def configs(req: PlanRequest, n: int, degrees: tuple[Group, ...] = (Group(1, 1),), experts: int = 0) -> list[Config]:
     """Every valid configuration of the request for a model of `n` units, for each group's context- and
     tensor-parallel degrees in `degrees` (pp and dp count groups of cp x tp devices: `PlanRequest.view`),
-    expert-parallel degree (`ep_choices`; searched ep dividing `experts`, the routed experts per MoE layer, where
-    known) and sequence parallelism where tp > 1 and `sp` is on (`with_sp`); with a `trainer`, only those it runs
-    (autopp.data.trainers)."""
+    expert- and expert-tensor-parallel degrees (`ep_choices`; searched ep dividing `experts`, the routed experts per
+    MoE layer, where known) and sequence parallelism where tp > 1 and `sp` is on (`with_sp`); with a `trainer`, only
+    those it runs (autopp.data.trainers)."""
     out = [replace(c, layout=replace(c.layout, cp=cp, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp),
-                                     dp_replicate=r))
+                                     dp_replicate=r, etp=etp))
            for cp, tp in degrees for c in _pipeline_configs(req.view(cp * tp), n)
            for zero in zero_stages(req, c.layout.dp * cp)
-           for ep in ep_choices(req, c.layout.dp, cp * tp, zero, c.layout.pp)
+           for ep, etp in ep_choices(req, c.layout.dp, cp * tp, zero, c.layout.pp)
            if not experts or experts % ep == 0 or req.pins.ep
            for r in replicate_choices(req, c.layout.dp, zero, ep)]
     # the runner runs Chimera's two pipelines on pipeline ranks alone (autopp.run.bidirectional)
