@@ -58,6 +58,9 @@ class PlanRequest:
     interleaved schedules) over 2 and 4 (V schedules always use 2)."""
     tp_across_nodes: bool = False
     """Allow a tensor-parallel group to span nodes (its collectives then run on the inter-node link)."""
+    tied_across_stages: bool = False
+    """Plan tp or ZeRO with a weight tied between stages, as Megatron sums each shard of its tied embedding between
+    the first and last stages (plan only: autopp's runner refuses it, `runnable.parallel_refusal`)."""
     recompute: RecomputeMode = RecomputeMode.NONE
     """Which activation policies the search gives the stages, unless `activations` names them."""
     activations: tuple[Activation, ...] | None = None
