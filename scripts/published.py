@@ -223,7 +223,8 @@ BLOOM = Published(
     cluster="384 A100 SXM4 80GB (48 nodes of 8), NVLink inside, 4 x 100 Gb/s Omni-Path per node",
     layout=LayoutPins(tp=4, pp=12, dp=8, zero=ZERO[1], v=1, sp=False), schedule=ScheduleName.ONE_F_ONE_B,
     microbatches=128, microbatch_size=2, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
-    tied_across_stages=True, global_batch=2048, per_gpu=150e12 / megatron_flops_per_token(70, 14336, 250880, 2048), unit="tokens/s",
+    tied_across_stages=True, global_batch=2048, unit="tokens/s",
+    per_gpu=150e12 / megatron_flops_per_token(70, 14336, 250880, 2048),
     measured="about 150 TFLOP/s per GPU by Megatron-DeepSpeed's count with recomputation (156 in the fastest "
              "configuration, the paper), bf16",
     source="BigScience: bigscience-workshop/bigscience train/tr11-176B-ml/README.md (TP4 PP12 DP8, MBS 2, GBS 2048, "
@@ -234,12 +235,13 @@ BLOOM = Published(
             "(Narayanan et al. 2021 eq. 3 with the recomputation factor 4, as BLOOM's logs count: their 8.04 TFLOPs "
             "at 16 x 2,048 tokens in 15.23 s on 384 GPUs); DeepSpeed's pipeline engine = 1F1B, 128 microbatches of "
             "2 per DP group; the BF16 optimizer's ZeRO-1 = ZeRO 1; activation checkpointing of every layer = "
-            "per-unit recomputation (recompute-units); Megatron TP without sequence parallelism (not in "
-            "Megatron-DeepSpeed then); the split autopp's (the run put the tied embedding on the first and last "
+            "per-unit recomputation (recompute-units); Megatron TP without sequence parallelism (the README names "
+            "none; Korthikanti et al. published it in May 2022, after the run began); the split autopp's (the run put the tied embedding on the first and last "
             "stages with 5 blocks each, 6 on the others); attention as transformers' BloomAttention (eager: "
             "baddbmm with the ALiBi bias, softmax, bmm; the run used Megatron's fused softmax); the TP plan "
             "Megatron's (autopp.model.hf_plans), the tied embedding's gradient summed shard by shard between the "
-            "first and last stages as Megatron does (plan only: `tied_across_stages`; that sum is not costed); links: examples/devices/a100-80gb-jean-zay.json (50 Gb/s per GPU "
+            "first and last stages as Megatron does (plan only: `tied_across_stages`; that sum is not costed); "
+            "links: examples/devices/a100-80gb-jean-zay.json (50 Gb/s per GPU "
             "between nodes)")
 
 RUNS = (
