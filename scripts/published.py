@@ -529,9 +529,10 @@ def main() -> None:
                         help="after the table, where each plan's step goes (seconds per term), with autopp's own "
                              "search at the published tensor-parallel degree beside its choice")
     parser.add_argument("--precision", default=None, choices=["bf16", "fp8"],
-                        help="count the models in this recipe (default each run's own: fp8 for torchtitan's 405B "
-                             "rows and DeepSeek-V3, which ran FP8, bf16 for the others; fp8: linear and expert GEMMs at the FP8 "
-                             "peak, docs/analytic.md; profiles under their own -fp8 directory)")
+                        help="count the models in this recipe (default each run's own: fp8 for the runs that ran "
+                             "FP8: torchtitan's 405B and 70B rows, Megatron-Bridge's 70B and DeepSeek-V3; bf16 for "
+                             "the others; fp8: linear and expert GEMMs at the FP8 peak, docs/analytic.md; profiles "
+                             "under their own -fp8 directory)")
     args = parser.parse_args()
     keys = args.runs.split(",")
     unknown = sorted(set(keys) - {r.key for r in RUNS})
