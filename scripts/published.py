@@ -5,7 +5,8 @@ markdown table (quoted in docs/published.md).
 The models are HF configs under examples/configs/; their analytic profiles (counted on the meta device, timed by the
 catalog's roofline of the run's GPU, with the run's tensor-parallel rows: 2, 4 and 8 for the Llama runs) are cached
 under profiles/ and counted when missing (Llama 3.1 405B: 15 minutes on the 2-core development machine beside other
-work; 2 without the TP rows; DeepSeek-V3: 17 minutes per recipe and Qwen3-30B-A3B 12, three counts at once).
+work; 2 without the TP rows; DeepSeek-V3: 17 minutes per recipe and Qwen3-30B-A3B 12, three counts at once; BLOOM-176B
+7 minutes and Llama 3 70B in fp8 3, with TP rows 2, 4 and 8, beside other work).
 
     .venv/bin/python scripts/published.py                  # every run
     .venv/bin/python scripts/published.py --runs llama3-8k  # one of them
@@ -76,6 +77,9 @@ class Published:
     checkpointing), in place of `recompute`'s."""
     overlap: Overlap | None = None
     """The collectives the run hides (None: the planner's default, autopp.data.overlap)."""
+    tied_across_stages: bool = False
+    """The run's trainer sums a weight tied between stages shard by shard under tp and ZeRO (Megatron's embedding
+    group): planned so (`PlanRequest.tied_across_stages`), pinned and in autopp's own search."""
     global_batch: int
     """Sequences per step."""
     per_gpu: float
@@ -106,6 +110,24 @@ TITAN_1F1B = Published(
             "ZeRO 1; pinned as the table ran it where autopp has it: Float8 = the fp8 recipe (linear matmuls at the "
             "FP8 peak), AsyncTP = SP with `async_tp` overlap (torchtitan's TP plan shards the norms along the "
             "sequence), full AC (block by block) = per-unit recomputation (recompute-units); torch.compile not "
+            "modelled; the catalog's h100-sxm (700 W, 3.35 TB/s) with the run's 96 GB, not its 500 W HBM2e GPU")
+
+#: torchtitan's Llama 3.1 70B on 256 H100 (examples/configs/llama-3-70b.json: Llama 3 and 3.1 70B share their shapes;
+#: 3.1 differs in RoPE scaling and context length, neither of which changes a step's cost at 8,192): FSDP 32 x TP 8,
+#: no pipeline; its AsyncTP row differs only in the overlap.
+TITAN_70B = Published(
+    key="titan-70b", model="Llama 3.1 70B", config="examples/configs/llama-3-70b.json", seq_len=8192, gpus=256,
+    cluster="256 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
+    precision="fp8", microbatch_sizes=(1, 16), layout=LayoutPins(tp=8, pp=1, dp=32, zero=ZERO[3], v=1, sp=True),
+    schedule=ScheduleName.ONE_F_ONE_B, microbatches=1, microbatch_size=16, recompute=RecomputeMode.NONE,
+    activations=(Activation.BLOCKS,), global_batch=512, per_gpu=829.0, unit="tokens/s",
+    measured="2D (FSDP + TP), torch.compile, Float8; 71.9 GiB peak",
+    source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 4",
+    assumed="seq 8192 (torchtitan's llama3_70b.toml; the table does not state it); its local batch 16 as one "
+            "microbatch of 16 (pp 1: nothing to interleave); FSDP with pp 1 = ZeRO 3 (parameters resharded after "
+            "forward); Float8 = the fp8 recipe (linear matmuls at the FP8 peak); TP with SP (torchtitan's Llama TP "
+            "plan shards the norms along the sequence), its collectives not overlapped (the AsyncTP row overlaps "
+            "them); full AC (block by block) = per-unit recomputation (recompute-units); torch.compile not "
             "modelled; the catalog's h100-sxm (700 W, 3.35 TB/s) with the run's 96 GB, not its 500 W HBM2e GPU")
 
 #: DeepSeek-V3's pre-training (examples/configs/deepseek-v3.json, deepseek-ai/DeepSeek-V3's config.json): 180K H800
@@ -166,6 +188,66 @@ QWEN3_30B = Published(
             "recomputation; its 'fake balanced gate' = autopp's balanced routing; TE kernels and DeepEP's all-to-all "
             "as the roofline and the ep all-to-all cost them")
 
+#: Megatron-Bridge's Llama 3 70B pre-training benchmark on 64 H100 (DGX-H100), FP8 with current scaling: TP 4 x PP 8
+#: (5 virtual stages per rank) x DP 2; the profile of torchtitan's 70B rows (same config, device, recipe, sequence).
+BRIDGE_70B = replace(
+    TITAN_70B, key="bridge-70b", model="Llama 3 70B", gpus=64, memory_bytes=None,
+    cluster="64 H100 80GB (8 DGX-H100), NVLink, InfiniBand 400 Gb/s per GPU",
+    layout=LayoutPins(tp=4, pp=8, dp=2, zero=ZERO[1], v=5, sp=True), schedule=ScheduleName.INTERLEAVED_1F1B,
+    microbatches=64, microbatch_size=1, recompute=RecomputeMode.NONE, activations=None,
+    overlap=Overlap(async_tp=True), global_batch=128, per_gpu=1602.0, unit="tokens/s",
+    measured="FP8-CS, 719 model TFLOP/s per GPU",
+    source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md (commit 00b7660), 25.11 NeMo container, "
+           "DGX-H100, row LLAMA3_70B (64 GPUs, GBS 128, MBS 1, seq 8192, FSDP 0, TP4 PP8 CP1 VP5, GA 64); "
+           "scripts/performance/configs/llama/llama3_workload_base_configs.py "
+           "(LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS_V1)",
+    assumed="no activation recomputation (the preset sets none; the 8B H100 FP8 preset names its "
+            "recompute_num_layers); "
+            "Megatron's distributed optimizer (ZeRO 1) and sequence parallelism with TP (not in the table; "
+            "Megatron-Bridge's performance recipes' defaults), its TP communication overlap (TE userbuffers) as "
+            "`async_tp` overlap, its DP gradient reduction overlapped (the planner's default); FP8 current scaling "
+            "= the fp8 recipe (linear matmuls at the FP8 peak); CUDA graphs and TE's fused kernels not modelled")
+
+
+#: Megatron-DeepSpeed's "TFLOPs" per GPU, as BLOOM's logs print it: Narayanan et al. 2021 (arXiv:2104.04473), eq. 3,
+#: 24 f b s l h^2 (1 + s / 6h + V / 16lh) per step, with f = 4 under activation checkpointing (the recomputed forward
+#: counted): its README's "15.23 s/iteration, 16 x 2,048 tokens, TFLOPs: 8.04" on 384 GPUs is this count with f = 4.
+def megatron_flops_per_token(layers: int, hidden: int, vocab: int, seq_len: int, factor: int = 4) -> float:
+    return 24 * factor * layers * hidden ** 2 * (1 + seq_len / (6 * hidden) + vocab / (16 * layers * hidden))
+
+
+#: BLOOM-176B (examples/configs/bloom-176b.json, bigscience/bloom's config.json) on Jean Zay: 48 nodes of 8 A100 80GB,
+#: TP 4 x PP 12 x DP 8, about 150 TFLOP/s per GPU as Megatron-DeepSpeed counts it (recomputation included), i.e.
+#: 150e12 / megatron_flops_per_token(70, 14336, 250880, 2048) = 104.5 tokens/s per GPU.
+BLOOM = Published(
+    key="bloom-176b", model="BLOOM-176B", config="examples/configs/bloom-176b.json",
+    device="examples/devices/a100-80gb-jean-zay.json", seq_len=2048, gpus=384,
+    cluster="384 A100 SXM4 80GB (48 nodes of 8), NVLink inside, 4 x 100 Gb/s Omni-Path per node",
+    layout=LayoutPins(tp=4, pp=12, dp=8, zero=ZERO[1], v=1, sp=False), schedule=ScheduleName.ONE_F_ONE_B,
+    microbatches=128, microbatch_size=2, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
+    tied_across_stages=True, global_batch=2048, unit="tokens/s",
+    per_gpu=150e12 / megatron_flops_per_token(70, 14336, 250880, 2048),
+    measured="about 150 TFLOP/s per GPU by Megatron-DeepSpeed's count with recomputation (156 'sustained', "
+             "GENCI), bf16",
+    source="BigScience: bigscience-workshop/bigscience train/tr11-176B-ml/README.md (TP4 PP12 DP8, MBS 2, GBS 2048, "
+           "seq 2048, ZeRO-1 in the BF16 optimizer, DeepSpeed activation checkpointing); bigscience.notion.site "
+           "'BigScience 176B Model' ('training throughput: about 150 TFLOPs'); genci.fr, BLOOM's HPCwire award "
+           "('sustained performance of 156 TFlops/GPU (50% of FP32/BF16 peak performance)'); BLOOM paper "
+           "(arXiv:2211.05100), s.3.4",
+    assumed="the published ~150 TFLOP/s converted to 104.5 tokens/s per GPU by Megatron-DeepSpeed's own formula "
+            "(Narayanan et al. 2021 eq. 3 with the recomputation factor 4, as BLOOM's logs count: their 8.04 TFLOPs "
+            "at 16 x 2,048 tokens in 15.23 s on 384 GPUs); DeepSpeed's pipeline engine = 1F1B, 128 microbatches of "
+            "2 per DP group; the BF16 optimizer's ZeRO-1 = ZeRO 1; activation checkpointing of every layer = "
+            "per-unit recomputation (recompute-units); Megatron TP without sequence parallelism (the README names "
+            "none; Korthikanti et al. published it in May 2022, after the run began); the split autopp's (the run "
+            "put the tied embedding on the first and last "
+            "stages with 5 blocks each, 6 on the others); attention as transformers' BloomAttention (eager: "
+            "baddbmm with the ALiBi bias, softmax, bmm; the run used Megatron's fused softmax); the TP plan "
+            "Megatron's (autopp.model.hf_plans), the tied embedding's gradient summed shard by shard between the "
+            "first and last stages as Megatron does (plan only: `tied_across_stages`; that sum is not costed); "
+            "links: examples/devices/a100-80gb-jean-zay.json (50 Gb/s per GPU "
+            "between nodes)")
+
 RUNS = (
     Published(
         key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=8192,
@@ -178,6 +260,15 @@ RUNS = (
                 "FSDP that shards optimizer state and gradients, parameters not resharded after forward = ZeRO 2; "
                 "TP with sequence parallelism (not stated; taken as Megatron-style TP runs it at this scale, "
                 "Korthikanti et al. 2022), its collectives not overlapped (no async TP stated)"),
+    Published(
+        key="llama3-8k-16k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=16384,
+        cluster="16,384 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
+        layout=LayoutPins(tp=8, pp=16, dp=128, zero=ZERO[2], v=None, sp=True), schedule=ScheduleName.INTERLEAVED_1F1B,
+        microbatches=16, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=128 * 16,
+        per_gpu=400.0, unit="TFLOP/s", measured="41% BF16 MFU",
+        source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 2 and §3.3.2",
+        assumed="its batch size per DP 16 as 16 microbatches of 1 (not stated), v chosen by autopp (not stated); "
+                "ZeRO 2 and SP as row 1 (the 8,192-GPU row)"),
     Published(
         key="llama3-131k", model="Llama 3 405B", config=CONFIG_405B, seq_len=131072, gpus=16384,
         cluster="16,384 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
@@ -198,6 +289,12 @@ RUNS = (
     DEEPSEEK_V3,
     TITAN_8B_FSDP,
     QWEN3_30B,
+    TITAN_70B,
+    replace(TITAN_70B, key="titan-70b-async-tp", overlap=Overlap(async_tp=True), per_gpu=876.0,
+            measured="2D + AsyncTP, torch.compile, Float8; 67.6 GiB peak",
+            assumed="as the row above, with AsyncTP = SP with `async_tp` overlap"),
+    BLOOM,
+    BRIDGE_70B,
     replace(TITAN_8B_FSDP, key="titan-8b-fsdp-nvl", device="examples/devices/h100-96gb-500w-nvl-peak.json",
             assumed="as the row above, at the NVL end of the GPU bracket: H100 NVL's 835.5 TFLOP/s bf16 at 2.4 TB/s "
                     "(examples/devices/h100-96gb-500w-nvl-peak.json)"),
@@ -272,10 +369,11 @@ def cluster_of(run: Published) -> Cluster:
 
 
 def pinned_request(run: Published, cluster: Cluster) -> PlanRequest:
-    """The published configuration, pinned: only the split (and v where not stated) is autopp's."""
+    """The published configuration, pinned: only the split (and v where not stated) is autopp's; a weight tied
+    between stages planned as the run's trainer sums it where the run says so (`tied_across_stages`)."""
     return PlanRequest(cluster=cluster, global_batch=run.global_batch, pins=run.layout, schedule=run.schedule,
                        num_microbatches=run.microbatches, recompute=run.recompute, activations=run.activations,
-                       overlap=run.overlap)
+                       overlap=run.overlap, tied_across_stages=run.tied_across_stages)
 
 
 def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest:
@@ -286,7 +384,7 @@ def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest
     return PlanRequest(cluster=cluster, global_batch=run.global_batch,
                        pins=LayoutPins(pp=None, dp=None, cp=cp, tp=None, zero=None, sp=None,
                                        ep=None if (run.layout.ep or 1) > 1 else 1),
-                       schedule=None, overlap=run.overlap,
+                       schedule=None, overlap=run.overlap, tied_across_stages=run.tied_across_stages,
                        recompute=RecomputeMode.AUTO, shortlist=shortlist)
 
 
@@ -415,7 +513,7 @@ def breakdown(plans: dict[str, Plan]) -> list[str]:
     lines = ["| term | " + " | ".join(f"{n}: {describe_config(plans[n])}" for n in names) + " |",
              "|---|" + "---:|" * len(names)]
     terms = {n: p.time_breakdown.rows(p.layout.pp) for n, p in plans.items() if p.time_breakdown is not None}
-    if len(terms) < len(names):
+    if not names or len(terms) < len(names):  # no plan at all (both refused), or one without a breakdown
         return []
     for i, (term, _, _) in enumerate(terms[names[0]]):
         cells = [f"{terms[n][i][1]:.2f}" + (f" ({terms[n][i][2]:.2f} hidden)" if terms[n][i][2] else "")
@@ -437,9 +535,10 @@ def main() -> None:
                         help="after the table, where each plan's step goes (seconds per term), with autopp's own "
                              "search at the published tensor-parallel degree beside its choice")
     parser.add_argument("--precision", default=None, choices=["bf16", "fp8"],
-                        help="count the models in this recipe (default each run's own: fp8 for torchtitan's 405B "
-                             "rows and DeepSeek-V3, which ran FP8, bf16 for the others; fp8: linear and expert GEMMs at the FP8 "
-                             "peak, docs/analytic.md; profiles under their own -fp8 directory)")
+                        help="count the models in this recipe (default each run's own: fp8 for the runs that ran "
+                             "FP8: torchtitan's 405B and 70B rows, Megatron-Bridge's 70B and DeepSeek-V3; bf16 for "
+                             "the others; fp8: linear and expert GEMMs at the FP8 peak, docs/analytic.md; profiles "
+                             "under their own -fp8 directory)")
     args = parser.parse_args()
     keys = args.runs.split(",")
     unknown = sorted(set(keys) - {r.key for r in RUNS})

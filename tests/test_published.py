@@ -54,3 +54,46 @@ def test_published_qwen3_row_pins_fsdp_beside_ep_and_holds_less_than_zero_2() ->
         plans[stage] = plan
     assert plans[3].layout.fsdp and not plans[2].layout.fsdp
     assert plans[3].stages[0].static_bytes < plans[2].stages[0].static_bytes
+
+
+def test_every_row_multiplies_out() -> None:
+    """Each row's degrees give its GPUs (tp x cp x pp x dp; ep lies inside dp) and its microbatches its global
+    batch per step (dp x microbatches x microbatch size): a transcription check of the published configurations."""
+    for run in _script().RUNS:
+        pins = run.layout
+        assert (pins.tp or 1) * (pins.cp or 1) * (pins.pp or 1) * (pins.dp or 1) == run.gpus, run.key
+        assert (pins.dp or 1) * run.microbatches * run.microbatch_size == run.global_batch, run.key
+    keys = [run.key for run in _script().RUNS]
+    assert len(keys) == len(set(keys))
+
+
+def test_bloom_figure_is_megatron_deepspeeds_count() -> None:
+    """BLOOM's ~150 TFLOP/s per GPU is Megatron-DeepSpeed's count with the recomputed forward (factor 4): the same
+    formula gives back the 8.04 TFLOPs its tr11-176B-ml README quotes from a log line (16 x 2,048 tokens in 15.23 s
+    on 384 GPUs), and the row's tokens/s per GPU are 150 TFLOP/s in that count."""
+    script = _script()
+    per_token = script.megatron_flops_per_token(70, 14336, 250880, 2048)
+    assert abs(16 * 2048 / 15.23 / 384 * per_token / 1e12 - 8.04) < 0.01
+    assert abs(16 * 2048 / 15.23 / 384 * script.megatron_flops_per_token(70, 14336, 250880, 2048, 3) / 1e12
+               - 8.04) > 1.5  # without the recomputation the log's figure is not reproduced
+    assert script.BLOOM.unit == "tokens/s"
+    assert abs(script.BLOOM.per_gpu * per_token / 1e12 - 150.0) < 1e-9
+
+
+def test_bloom_row_plans_as_megatron_ran_it() -> None:
+    """BLOOM-176B pinned (TP4 PP12 DP8 ZeRO 1, 1F1B, 128 x 2, every block checkpointed) on the shipped profile
+    (profiles/bloom-176b-a100-80gb-jean-zay-s2048/, Megatron's TP plan from autopp.model.hf_plans): its tied
+    embedding lands in the first and last stages, which the runner refuses with tp and ZeRO and Megatron runs; the
+    row plans it so and it fits the 80 GB A100s, while the default request still refuses it."""
+    script = _script()
+    run = script.BLOOM
+    profile = script.profile_for(run, run.tp_degrees, run.precision)
+    assert profile.meta.tp_degrees == (2, 4, 8) and "hf_plans" in profile.meta.tp_plan_source
+    cluster = script.cluster_of(run)
+    assert cluster.nodes is not None and cluster.nodes.inter.bandwidth_bytes_per_s == 6.25e9  # 4 x 100 Gb/s per node
+    plan, why, _ = script._plan(profile, script.pinned_request(run, cluster))
+    assert plan is not None, why
+    assert (plan.layout.tp, plan.layout.pp, plan.layout.dp, plan.layout.zero) == (4, 12, 8, run.layout.zero)
+    assert plan.predicted.fits and {s.activation for s in plan.stages} == {Activation.BLOCKS}
+    refused, why, _ = script._plan(profile, replace(script.pinned_request(run, cluster), tied_across_stages=False))
+    assert refused is None and "tied between units" in why

@@ -47,7 +47,7 @@ def tp_setup(mf: ModelFile, model: nn.Module, degrees: Iterable[int] | None, lim
     asked = None if degrees is None else sorted({int(t) for t in degrees} - {1})
     if asked == []:  # no degree >= 2 asked for: no rows, and the plan is not even looked at
         return TpSetup(None, {}, ())
-    plan = find_tp_plan(mf, model)
+    plan = find_tp_plan(mf, model, counting=True)
     if plan is None:
         if asked:
             raise TpPlanError(f"{mf.path}: tensor parallelism (tp {', '.join(map(str, asked))}) needs a TP plan, and "

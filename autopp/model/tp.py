@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import TpPlanError
 from .contract import ModelFile
+from .hf_plans import divide_heads, extra_plan
 
 __all__ = ["TP_STYLES", "STYLE_ALIASES", "TpPlan", "TpCollectives", "find_tp_plan", "resolve", "tp_degrees",
            "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_model_file", "unit_collectives",
@@ -80,21 +81,28 @@ def _hf_source(hf: nn.Module, prefix: str) -> str:
     return text
 
 
-def find_tp_plan(mf: ModelFile, model: nn.Module) -> TpPlan | None:
+def find_tp_plan(mf: ModelFile, model: nn.Module, counting: bool = False) -> TpPlan | None:
     """The model's plan: TP_PLAN of the model file (an empty one: no plan), else the merged HF plan of the first
     PreTrainedModel in `model` (config.base_model_tp_plan, the model class's `_tp_plan`, `embed_tokens` vocabulary
-    parallel), its names prefixed with its path under a wrapper; None when there is none (GPT-2)."""
+    parallel), its names prefixed with its path under a wrapper; with `counting` (profiling, not running), else the
+    plan autopp keeps for the model type (autopp.model.hf_plans: BLOOM); None when there is none (GPT-2)."""
     if mf.tp_plan is not None:
         return TpPlan(dict(mf.tp_plan), f"TP_PLAN in {mf.path}") if mf.tp_plan else None
     found = _hf_model(model)
     if found is None:
         return None
     name, hf = found
-    plan = getattr(hf, "tp_plan", None)
-    if not isinstance(plan, dict) or not plan:
-        return None
     prefix = f"{name}." if name else ""
-    return TpPlan({prefix + k: str(v) for k, v in plan.items()}, _hf_source(hf, prefix))
+    plan = getattr(hf, "tp_plan", None)
+    if isinstance(plan, dict) and plan:
+        return TpPlan({prefix + k: str(v) for k, v in plan.items()}, _hf_source(hf, prefix))
+    extra = extra_plan(hf) if counting else None
+    if extra is None:
+        return None
+    base = getattr(hf, "base_model", hf)
+    under = prefix + next((f"{n}." for n, m in hf.named_modules() if m is base and n), "")
+    return TpPlan({**{prefix + k: v for k, v in extra.head.items()}, **{under + k: v for k, v in extra.base.items()}},
+                  extra.source)
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -266,9 +274,13 @@ def narrow_planned(model: nn.Module, resolved: Mapping[str, str], t: int, styles
 def local_shard(model: nn.Module, resolved: dict[str, str], t: int) -> nn.Module:
     """Make `model` (in place; returned) compute what TP rank 0 computes at degree `t`, without the collectives
     (`narrow_planned` with every style and its hooks): colwise_gather_output gives its output back at full width
-    (its shard repeated), an embedding looks up ids modulo its kept rows. Parameters on meta stay on meta (nothing
-    is materialized). TpPlanError when `t` does not divide a sharded dimension."""
+    (its shard repeated), an embedding looks up ids modulo its kept rows, an HF model's head counts kept as module
+    attributes are divided (autopp.model.hf_plans.divide_heads). Parameters on meta stay on meta (nothing is
+    materialized). TpPlanError when `t` does not divide a sharded dimension."""
     check_degree(model, resolved, t)
+    found = _hf_model(model)
+    if found is not None:
+        divide_heads(found[1], t)
     return narrow_planned(model, resolved, t)
 
 

@@ -114,11 +114,12 @@ def test_masked_lm_on_bert(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name,params", [("llama-3-8b", 8_030_261_248), ("llama-3-70b", 70_553_706_496),
                                          ("qwen2.5-7b", 7_615_616_512), ("deepseek-v3", 671_026_404_352),
                                          ("qwen3-30b-a3b", 30_532_122_624), ("llama-1b", 1_235_814_400),
-                                         ("llama-3.1-8b", 8_030_261_248)])
+                                         ("llama-3.1-8b", 8_030_261_248), ("bloom-176b", 176_247_271_424)])
 def test_public_shapes_build_on_meta(name: str, params: int) -> None:
     """The published sizes (Llama-3-8B 8.03 B, 70B 70.6 B, Qwen2.5-7B 7.62 B; the mixtures of experts DeepSeek-V3
     671 B without its multi-token-prediction layer, which transformers does not build, Qwen3-30B-A3B 30.5 B, and
-    the Llama-3.2-1B-shaped config of scripts/device_check.sh, 1.24 B with its tied embedding), nothing allocated."""
+    the Llama-3.2-1B-shaped config of scripts/device_check.sh, 1.24 B with its tied embedding; BLOOM 176,247 M as
+    its paper gives it), nothing allocated."""
     mf = hf_model_file(CONFIGS / f"{name}.json")
     with torch.device("meta"):
         model = mf.build()

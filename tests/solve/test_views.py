@@ -136,6 +136,10 @@ def test_weights_tied_between_stages_rule_out_tp_and_zero(profile) -> None:  # t
                                        pins=LayoutPins(pp=2, dp=None, tp=None, zero=None)))
     assert (plan.layout.tp, plan.layout.zero) == (1, NO_ZERO)
     assert any("tensor parallelism or ZeRO excluded" in n for n in plan.notes)
+    # plan only, as Megatron runs it (each shard of the tied weight summed between the stages holding it)
+    megatron = make_plan(tied, PlanRequest(cluster=_nodes(), global_batch=16, tied_across_stages=True,
+                                           pins=LayoutPins(pp=2, dp=2, tp=2, zero=ZERO[1])))
+    assert (megatron.layout.pp, megatron.layout.tp, megatron.layout.zero) == (2, 2, ZERO[1])
 
 
 def test_collective_counts_do_not_grow_with_the_microbatch(profile) -> None:  # type: ignore[no-untyped-def]

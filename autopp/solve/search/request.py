@@ -53,16 +53,16 @@ class PlanRequest:
     """None: every named schedule."""
     pins: LayoutPins = LayoutPins()
     """The layout's fixed degrees and ZeRO stage; each None is searched: pp as devices / (dp x tp); dp over every
-    divisor of the devices; tp over 1 and every degree the profile has rows for that fits the cluster
-    (`tp_choices`); ZeRO over the stages the runner runs (`SEARCHED_ZERO`) where dp > 1; v (stages per rank of
-    interleaved schedules) over 2 and 4 (V schedules always use 2)."""
+    divisor of the devices; tp over 1 and every degree with profile rows that fits (`tp_choices`); ZeRO over the
+    runner's stages (`SEARCHED_ZERO`) where dp > 1; v over 2 and 4 (V schedules always use 2)."""
     tp_across_nodes: bool = False
     """Allow a tensor-parallel group to span nodes (its collectives then run on the inter-node link)."""
+    tied_across_stages: bool = False
+    """Plan tp or ZeRO with a weight tied between stages (Megatron sums its tied embedding's shards; plan only)."""
     recompute: RecomputeMode = RecomputeMode.NONE
     """Which activation policies the search gives the stages, unless `activations` names them."""
     activations: tuple[Activation, ...] | None = None
-    """The activation policies the search may give a stage (None: `recompute`'s, `RecomputeMode.policies`); one
-    policy applies to every stage, several are chosen per stage (least memory saved where the rank fits)."""
+    """The policies a stage may get (None: `recompute`'s); several are chosen per stage (least saving that fits)."""
     recompute_stages: tuple[int, ...] | None = None
     """Stages that recompute, pinned (None: chosen by `recompute`)."""
     shortlist: int = 4

@@ -261,7 +261,7 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
         key = c.schedule.value
         if why is None:
             why = mirror_refusal(profile.meta.tied_parameters, c.schedule, c.layout, bounds)
-        if why is None:
+        if why is None and not req.tied_across_stages:
             why, key = parallel_refusal(profile.meta.tied_parameters, c.layout, bounds), PARALLEL_KEY
         if why is not None and excluded is not None:
             excluded.setdefault(key, why)
