@@ -248,6 +248,24 @@ BLOOM = Published(
             "links: examples/devices/a100-80gb-jean-zay.json (50 Gb/s per GPU "
             "between nodes)")
 
+#: torchtitan's context-parallel Llama 3.1 8B at 131,072 tokens on one host of 8 H100, FSDP 2 x CP 4
+#: (examples/configs/llama-3.1-8b.json, meta-llama/Llama-3.1-8B's config.json: 131,072 positions, llama3 RoPE scaling).
+TITAN_8B_CP = Published(
+    key="titan-8b-cp", model="Llama 3.1 8B", config="examples/configs/llama-3.1-8b.json", seq_len=131072, gpus=8,
+    cluster="8 H100 96GB HBM2e (500 W), one host on NVLink", device="examples/devices/h100-96gb-500w-sxm-peak.json",
+    precision="fp8", microbatch_sizes=(1,),
+    layout=LayoutPins(tp=1, cp=4, pp=1, dp=2, zero=ZERO[3], v=1), schedule=ScheduleName.ONE_F_ONE_B,
+    microbatches=1, microbatch_size=1, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
+    global_batch=2, per_gpu=1071.0, unit="tokens/s",
+    measured="FSDP 2, CP 4, torch.compile + Float8, full AC; 84.0 GiB peak",
+    source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Table 2 row 3",
+    assumed="local batch size 1 per FSDP rank = global batch 2 sequences of 131,072 tokens, one microbatch each; "
+            "FSDP with pp 1 (parameters resharded after forward, torchtitan's default) = ZeRO 3 over dp x cp = 8; "
+            "full AC (each block wrapped) = per-unit recomputation (recompute-units); Float8 = the fp8 recipe; "
+            "torch.compile not modelled; CP's K/V exchange as autopp's ring costs it (torchtitan's default "
+            "all-gather rotation not modelled); its GPU at the SXM end of the bracket of the pure-FSDP 8B row "
+            "(examples/devices/h100-96gb-500w-sxm-peak.json); microbatch size 1 only counted")
+
 RUNS = (
     Published(
         key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=8192,
@@ -281,6 +299,7 @@ RUNS = (
                 "DP 8; its 16M tokens per batch are then 128 sequences of 131,072, 16 per DP group; microbatch size 1 "
                 "(16 microbatches per DP group; not stated), v chosen by autopp, ZeRO 2 and SP as row 1; cp's K/V ring "
                 "as autopp costs it (docs/parallelism.md#context-parallelism)"),
+    TITAN_8B_CP,
     TITAN_1F1B,
     replace(TITAN_1F1B, key="titan-interleaved", schedule=ScheduleName.INTERLEAVED_1F1B,
             layout=replace(TITAN_1F1B.layout, v=2),
