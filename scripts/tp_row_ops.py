@@ -8,8 +8,8 @@ aten op name, the largest first. A column `t x tp t / tp 1` of 1.00 marks an op 
     PYTHONPATH=$PWD python scripts/tp_row_ops.py examples/configs/llama-3-70b.json --seq-len 8192 --precision fp8 \
         --device h100-sxm --tp 8 --microbatch 1
 
-The config is counted with two hidden layers (the block is the same at any depth, and the unit the shipped profiles'
-tp rows copy for every layer). Quoted in docs/analytic.md ("Why a block's TP row is more than 1/t of it")."""
+The config is counted with three hidden layers (the middle block is the one the shipped profiles'
+tp rows copy for every later layer). Quoted in docs/analytic.md ("Why a block's TP row is more than 1/t of it")."""
 
 from __future__ import annotations
 
@@ -18,28 +18,27 @@ import json
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+from typing import cast
 
-from autopp.costmodel.roofline import OpCounts, default_efficiency
+from autopp.costmodel.roofline import OpCounts, default_efficiency, phase_time
 from autopp.data.catalog import load_device
 from autopp.measure.analytic import count_model
-from autopp.measure.options import ProfileOptions
+from autopp.measure.options import DType, ProfileOptions
 from autopp.measure.tp_rows import tp_setup
 from autopp.model.hf import hf_model_file
 from autopp.model.meta import build_meta
 from autopp.model.tp import local_model_file
+from autopp.model.tp_sequence import sequence_model_file
 from autopp.data.precision import recipe
 
 
 def op_seconds(ops: OpCounts, peak: float, linear_peak: float, bw: float, device: str) -> list[float]:
-    """Each op's roofline seconds as `OpCounts.load` and `phase_time` split and time it (its overhead included)."""
+    """Each op's roofline seconds, as `OpCounts.load` and `phase_time` time it alone (its op overhead included, the
+    phase's call overhead not)."""
     eff = default_efficiency(device)
     ridge = eff.ridge(peak, bw)
-    out = []
-    for f, b, fast in zip(ops.flops, ops.bytes, ops.linear or (False,) * len(ops.flops)):
-        f = f / (linear_peak / peak) if fast else f
-        work = f / (peak * eff.compute) if f > ridge * b else b / (bw * eff.memory)
-        out.append(work + eff.op_overhead_s)
-    return out
+    return [phase_time(OpCounts((f,), (b,), (fast,)).load(ridge, linear_peak / peak), peak, bw, eff)
+            - eff.call_overhead_s for f, b, fast in zip(ops.flops, ops.bytes, ops.linear or (False,) * len(ops.flops))]
 
 
 def by_name(ops: OpCounts, seconds: list[float]) -> dict[str, list[float]]:
@@ -51,14 +50,17 @@ def by_name(ops: OpCounts, seconds: list[float]) -> dict[str, list[float]]:
     return table
 
 
-def block_counts(config: Path, seq_len: int, options: ProfileOptions, t: int, fused: bool) -> dict[str, OpCounts]:
-    """The passes of the model's first block (unit `*.layers.0`) counted at tp 1 (`t` 1) or as rank 0's shard."""
+def block_counts(config: Path, seq_len: int, options: ProfileOptions, t: int, fused: bool, sp: bool = False
+                 ) -> dict[str, OpCounts]:
+    """The passes of the model's second block (unit `*.layers.1`, inside the residual stream) counted at tp 1 (`t`
+    1) or as rank 0's shard, with `sp` under sequence parallelism (autopp.model.tp_sequence)."""
     mf = hf_model_file(config, seq_len)
     if t > 1:
         setup = tp_setup(mf, build_meta(mf).model, (t,))
-        mf = local_model_file(mf, setup.resolved, t)
+        mf = (sequence_model_file(mf, setup.resolved, setup.sequence, t) if sp
+              else local_model_file(mf, setup.resolved, t))
     c = count_model(mf, options, fused_attention=fused)
-    unit = next(i for i, u in enumerate(c.units) if u.name.endswith("layers.0"))
+    unit = next(i for i, u in enumerate(c.units) if u.name.endswith("layers.1"))
     row = next(r for r in c.rows if r.unit == unit)
     return row.counts.passes()
 
@@ -82,29 +84,36 @@ def main() -> None:
     data = json.loads(args.config.read_text())
     with tempfile.TemporaryDirectory() as tmp:
         one = Path(tmp) / args.config.name
-        one.write_text(json.dumps({**data, "num_hidden_layers": 2}))
-        options = ProfileOptions(microbatch_sizes=(args.microbatch,), dtype=rec.dtype, precision=rec.name)
-        counts = {t: block_counts(one, args.seq_len, options, t, not spec.memory_shared)[args.phase]
-                  for t in (1, args.tp)}
+        one.write_text(json.dumps({**data, "num_hidden_layers": 3}))
+        options = ProfileOptions(microbatch_sizes=(args.microbatch,), dtype=cast(DType, rec.dtype), precision=rec.name)
+        fused = not spec.memory_shared
+        counts = {t: block_counts(one, args.seq_len, options, t, fused)[args.phase] for t in (1, args.tp)}
+        counts[0] = block_counts(one, args.seq_len, options, args.tp, fused, sp=True)[args.phase]
     t = args.tp
     tables = {k: by_name(v, op_seconds(v, peak, linear_peak, bw, spec.name)) for k, v in counts.items()}
     total = {k: sum(r[0] for r in v.values()) for k, v in tables.items()}
     print(f"{args.config.name}, one block, {args.phase}, microbatch {args.microbatch} x {args.seq_len} tokens, "
           f"{rec.name} on {spec.name}: tp 1 {total[1] * 1e3:.2f} ms, tp {t} {total[t] * 1e3:.2f} ms; "
-          f"{t} x tp {t} / tp 1 = {t * total[t] / total[1]:.2f}")
-    print(f"{'op':44} {'ms tp1':>8} {'ms tp' + str(t):>8} {'t*tpt/tp1':>9} {'GFLOP tp1':>10} {'GB tp1':>8} "
-          f"{'GB tp' + str(t):>8} {'calls':>5} {'share of excess':>15}")
+          f"{t} x tp {t} / tp 1 = {t * total[t] / total[1]:.2f}; with SP tp {t} {total[0] * 1e3:.2f} ms, "
+          f"{t} x / tp 1 = {t * total[0] / total[1]:.2f}")
+    print(f"{'op':44} {'calls':>5} {'GFLOP':>8} {'GB tp1':>7} {'GB tpt':>7} {'GB SP':>7} {'ms tp1':>7} "
+          f"{'ms tpt':>7} {'t*tpt/tp1':>9} {'ms SP':>7} {'t*SP/tp1':>8} {'excess':>7}")
     excess = t * total[t] - total[1]
-    names = sorted(tables[1], key=lambda n: -tables[1][n][0])
+    names = sorted(set(tables[1]) | set(tables[0]), key=lambda n: -max(tables[1].get(n, [0.0])[0],
+                                                                        t * tables[0].get(n, [0.0])[0]))
     for name in names[:args.top]:
-        one_, at_t = tables[1][name], tables[t].get(name, [0.0, 0.0, 0.0, 0.0])
+        one_, at_t, sp = (tables[k].get(name, [0.0, 0.0, 0.0, 0.0]) for k in (1, t, 0))
         share = (t * at_t[0] - one_[0]) / excess if excess else 0.0
-        print(f"{name:44} {one_[0] * 1e3:8.3f} {at_t[0] * 1e3:8.3f} {t * at_t[0] / one_[0]:9.2f} "
-              f"{one_[1] / 1e9:10.1f} {one_[2] / 1e9:8.3f} {at_t[2] / 1e9:8.3f} {int(one_[3]):5d} {share:15.1%}")
-    rest = [n for n in names[args.top:]]
-    print(f"{'(' + str(len(rest)) + ' other op names)':44} {sum(tables[1][n][0] for n in rest) * 1e3:8.3f} "
-          f"{sum(tables[t].get(n, [0.0])[0] for n in rest) * 1e3:8.3f}")
 
+        def ratio(x: float) -> str:
+            return f"{t * x / one_[0]:.2f}" if one_[0] else "-"
+        print(f"{name[6:] if name.startswith('aten::') else name:44} {int(one_[3]):5d} {one_[1] / 1e9:8.0f} "
+              f"{one_[2] / 1e9:7.3f} {at_t[2] / 1e9:7.3f} {sp[2] / 1e9:7.3f} {one_[0] * 1e3:7.3f} "
+              f"{at_t[0] * 1e3:7.3f} {ratio(at_t[0]):>9} {sp[0] * 1e3:7.3f} {ratio(sp[0]):>8} {share:7.1%}")
+    rest = names[args.top:]
+    if rest:
+        print(f"{'(' + str(len(rest)) + ' other op names)':44} {'':5} {'':8} {'':7} {'':7} {'':7} "
+              + " ".join(f"{sum(tables[k].get(n, [0.0])[0] for n in rest) * 1e3:7.3f}" for k in (1, t, 0)))
 
 if __name__ == "__main__":
     main()
