@@ -5,8 +5,8 @@ FakeTensorMode (autopp.measure.counting) and its counts turned into times by the
 from __future__ import annotations
 
 import contextlib
-from functools import partial
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 

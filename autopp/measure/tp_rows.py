@@ -5,8 +5,8 @@ and each unit's TP collectives per microbatch counted from one forward of the fu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
 import pandas as pd
