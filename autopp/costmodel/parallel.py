@@ -18,9 +18,12 @@ their saved inputs, which the profile's tp rows count per unit (`sp_sequence_byt
 shrink by t, so a rank's activation bytes are tp.csv's minus (1 - 1/t) x those (`group_table`). Between two units of
 a stage that both hold such modules the residual stream stays a rank's local shard (autopp.run.tensor_parallel), so
 a value one makes for the other counts 1/t of its bytes (`UnitArrays.born`: what per-unit recomputation keeps of it);
-a stage's input stays whole. Not counted: the norms'
-compute divided by t (elementwise, kept whole: an upper bound) and the all-gather of a stage's output at each pipeline
-boundary (the runner keeps tensors whole between stages, as torchtitan's PP x TP does). The inputs the colwise
+a stage's input stays whole. A rank's compute is its tp rows' SP times where the profile has them
+(`SP_TIME_COLUMNS`: the shard counted with the norms and residual adds on 1/t of the sequence, autopp.model.
+tp_sequence; the plain rows run them whole on every rank, as DTensor TP without SP does: docs/analytic.md, "Why a
+block's TP row is more than 1/t of it"); without them (measured profiles, older ones) the plain times, an upper
+bound. Not counted: the all-gather of a stage's output at each pipeline boundary (the runner keeps tensors whole
+between stages, as torchtitan's PP x TP does). The inputs the colwise
 projections read are saved gathered (as DTensor runs them), so the figure is Korthikanti's TP-only count sbh(10 + 24/t +
 5as/(ht)) less (1 - 1/t) of the norms' inputs, above Megatron's sbh/t (34 + 5as/h), which also keeps those inputs and
 the dropout masks sharded.
@@ -95,7 +98,7 @@ import numpy as np
 from ..data.cluster import Cluster, Link
 from ..data.layout import UnitView
 from ..data.profile import EXPERT_COLUMNS, EXPERT_PARTS, EXPERT_PASSES, Profile, expert_column
-from ..data.profile_tp import SP_COLUMNS
+from ..data.profile_tp import SP_COLUMNS, SP_TIME_COLUMNS
 from ..data.zero import NO_ZERO
 from ..data.zero import ZeroStage
 from ..errors import ProfileError
@@ -135,6 +138,9 @@ def group_table(profile: Profile, view: UnitView) -> ProfileTable:
         seq = np.array([rows[rows.microbatch_size == b].sp_sequence_bytes.to_numpy(dtype=np.float64)
                         for b in table.sizes]).T
         table.cols["activation_bytes"] = np.maximum(0.0, table.cols["activation_bytes"] - (1 - 1 / view.tp) * seq)
+        if all(c in rows.columns for c in SP_TIME_COLUMNS):  # the rank's compute with the stream sharded, counted
+            table.cols.update({c.removeprefix("sp_"): np.array([rows[rows.microbatch_size == b][c].to_numpy(
+                dtype=np.float64) for b in table.sizes]).T for c in SP_TIME_COLUMNS})
         stream = born_table(profile, table.sizes, within=seq.max(axis=1, initial=0.0) > 0)
         if table.born is not None and stream is not None:  # the residual stream between a stage's norm-holding units
             table.born = table.born - (1 - 1 / view.tp) * stream

@@ -56,6 +56,9 @@ class OpCounts:
     expert_weight: tuple[int, ...] = ()
     """Per op: the bytes of stacked expert weights (or their gradients) it reads or writes, part of its `bytes`: > 0
     marks a grouped GEMM of a mixture of experts (autopp.measure.counting.expert_weight_bytes); () for none."""
+    names: tuple[str, ...] = ()
+    """Per op: its aten name (`aten::add.Tensor`), for tables of where a phase's time goes (scripts/tp_row_ops.py);
+    () for counts made without them."""
 
     def load(self, ridge_flops_per_byte: float, linear_speedup: float = 1.0) -> PhaseLoad:
         """Ops whose arithmetic intensity (FLOPs / bytes) is above the ridge point count their FLOPs, the rest their

@@ -13,7 +13,7 @@ from ..errors import ProfileError
 from .fields import Fields
 from .profile_values import REPROFILE
 
-__all__ = ["TP_FILE", "TP_COLUMNS", "SP_COLUMNS", "check_numbers", "check_tp_meta", "validate_tp"]
+__all__ = ["TP_FILE", "TP_COLUMNS", "SP_COLUMNS", "SP_TIME_COLUMNS", "check_numbers", "check_tp_meta", "validate_tp"]
 
 #: The file name of the tensor-parallel rows in a profile directory.
 TP_FILE = "tp.csv"
@@ -35,6 +35,12 @@ TP_COLUMNS: dict[str, str] = {
 #: offered): the bytes of the inputs of the unit's sequence-wise modules (the norms between the sharded projections,
 #: autopp.model.tp.sequence_modules), per rank at tp without SP; SP keeps 1/tp of them (Korthikanti et al. 2022).
 SP_COLUMNS: dict[str, str] = {"sp_sequence_bytes": "int"}
+#: Optional columns of tp.csv: the rank's compute times under sequence parallelism, its local shard counted with the
+#: residual stream (norms, residual adds) on 1/tp of the sequence (autopp.model.tp_sequence); the plain time columns
+#: count that stream whole on every rank, as DTensor TP without SP runs it. Without them (measured profiles, profiles
+#: made before them) SP keeps the plain times, an upper bound.
+SP_TIME_COLUMNS: dict[str, str] = {f"sp_{c}": "float" for c in ("forward_s", "backward_s", "backward_input_s",
+                                                                  "backward_weight_s", "recompute_s")}
 
 
 def check_numbers(table: pd.DataFrame, columns: dict[str, str], where: str, name: str) -> None:
@@ -76,8 +82,8 @@ def validate_tp(tp_units: pd.DataFrame | None, units: int, sizes: tuple[int, ...
             raise ProfileError(f"{where}/{TP_FILE}: missing, but meta.json lists tp_degrees {list(degrees)}: "
                                f"{REPROFILE}")
         return
-    check_numbers(tp_units, TP_COLUMNS | {c: k for c, k in SP_COLUMNS.items() if c in tp_units.columns}, where,
-                  TP_FILE)
+    check_numbers(tp_units, TP_COLUMNS | {c: k for c, k in (SP_COLUMNS | SP_TIME_COLUMNS).items()
+                                          if c in tp_units.columns}, where, TP_FILE)
     expected = sorted((u, b, t) for u in range(units) for b in sizes for t in degrees)
     got = sorted((int(u), int(b), int(t)) for u, b, t in zip(tp_units.unit, tp_units.microbatch_size, tp_units.tp))
     if got != expected:

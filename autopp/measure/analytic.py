@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -37,7 +38,7 @@ from .memory import PEAK_HOW, static_bytes, value_bytes
 from .options import OPTIMIZER_STATES, ProfileOptions
 from .pieces import piece_key
 from .timing import Piece
-from .tp_rows import TpSetup, check_same_units, tp_collectives, tp_meta, tp_row, tp_setup
+from .tp_rows import TpSetup, check_same_units, counted_rows, sp_counted, tp_collectives, tp_meta, tp_setup, tp_table
 
 __all__ = ["UnitCount", "ModelCounts", "count_model", "unit_times", "analytic_profile", "counted_tp_rows",
            "fit_rows", "fit_measured", "unit_errors", "calibrate"]
@@ -243,7 +244,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
         if options.tp_degrees is not None:
             raise
         tp_skipped = str(exc)
-    overall = Overall.counting(progress, len(options.microbatch_sizes) * ((counts is None) + len(setup.degrees)))
+    walks = (counts is None) + len(setup.degrees) * (1 + bool(setup.sequence))  # each degree with SP: twice
+    overall = Overall.counting(progress, len(options.microbatch_sizes) * walks)
     c = counts or count_model(mf, options, overall, fused_attention=fused)
     try:
         tp_units, tp_fields = counted_tp_rows(c, spec, eff, setup, overall)
@@ -288,24 +290,22 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
 def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, setup: TpSetup,
                     overall: Overall) -> tuple[pd.DataFrame | None, dict[str, Any]]:
     """tp.csv's rows counted for `setup`'s degrees (autopp.measure.tp_rows.tp_setup) and ProfileMeta's TP fields:
-    each degree's local shard counted like the model (`count_model`, more walks on the `overall` line), its times
-    from `unit_times`, the collectives counted on the full model."""
+    each degree's local shard counted like the model (`count_model`, more walks on the `overall` line), and again
+    under sequence parallelism (`sp_counted`), times from `unit_times`, the collectives counted on the full model."""
     if not setup.degrees:
         return None, {}
     meta = build_meta(c.mf)
     meta.model.to(c.options.torch_dtype)
     comms = {b: tp_collectives(c.mf, meta.model, setup.resolved, c.units, b, c.options.torch_dtype, setup.sequence)
              for b in c.options.microbatch_sizes}
-    rows = []
+    rows: list[dict[str, Any]] = []
+    count = partial(count_model, options=c.options, progress=overall, fused_attention=c.fused_attention)
     for t in setup.degrees:
-        local = count_model(local_model_file(c.mf, setup.resolved, t), c.options, overall,
-                            fused_attention=c.fused_attention, tag=f" (tp {t})")
+        local = count(local_model_file(c.mf, setup.resolved, t), tag=f" (tp {t})")
         check_same_units(c.mf, t, local.units, c.units)
-        rows += [tp_row({**unit_times(r.counts, spec, c.options.recipe, eff), **r.static, "unit": r.unit,
-                         "microbatch_size": r.microbatch_size, "activation_bytes": r.counts.activation_bytes},
-                        t, comms[r.microbatch_size][r.unit]) for r in local.rows]
-    table = pd.DataFrame(rows).sort_values(["tp", "microbatch_size", "unit"], kind="stable").reset_index(drop=True)
-    return table, tp_meta(setup)
+        rows += counted_rows(local, sp_counted(count, c.mf, setup, t), t, comms,
+                             partial(unit_times, spec=spec, recipe=c.options.recipe, eff=eff))
+    return tp_table(rows), tp_meta(setup)
 
 
 #: Measured phases fitted against counted ones: (profile column, PieceCounts field).

@@ -106,9 +106,12 @@ def expert_weight_bytes(name: str, args: tuple[Any, ...], out: Any) -> int:
 LINEAR_MATMULS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten._grouped_mm})
 
 #: Ops that move no data: metadata queries and checks (torch.export's `_assert_tensor_metadata`, which asserts a
-#: tensor's dtype and device) and aliasing (views are recognised by their schema).
+#: tensor's dtype and device) and aliasing (views are recognised by their schema; `_unsafe_view`, the view `reshape`
+#: and `matmul` take of a fresh result, e.g. a linear layer's `mm` output back to (batch, seq, features), has no
+#: view schema but is one: ATen's `_unsafe_view` is `view` without the alias bookkeeping, no kernel runs).
 _FREE = {torch.ops.aten.detach.default, torch.ops.prim.device.default, torch.ops.aten.lift_fresh.default,
-         torch.ops.aten.alias.default, torch.ops.aten._assert_tensor_metadata.default}
+         torch.ops.aten.alias.default, torch.ops.aten._assert_tensor_metadata.default,
+         torch.ops.aten._unsafe_view.default}
 
 
 class OpCounter(TorchDispatchMode):
@@ -123,6 +126,7 @@ class OpCounter(TorchDispatchMode):
         self.bytes: list[int] = []
         self.linear: list[bool] = []
         self.expert_weight: list[int] = []
+        self.names: list[str] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -138,10 +142,12 @@ class OpCounter(TorchDispatchMode):
         self.bytes.append(int(moved))
         self.linear.append(func._overloadpacket in LINEAR_MATMULS)
         self.expert_weight.append(expert_weight_bytes(name, args, out))
+        self.names.append(name)
         return out
 
     def counts(self) -> OpCounts:
-        return OpCounts(tuple(self.flops), tuple(self.bytes), tuple(self.linear), tuple(self.expert_weight))
+        return OpCounts(tuple(self.flops), tuple(self.bytes), tuple(self.linear), tuple(self.expert_weight),
+                        tuple(self.names))
 
 
 @dataclass(frozen=True)

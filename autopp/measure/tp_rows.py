@@ -1,31 +1,37 @@
 """A profile's tensor-parallel rows (tp.csv), measured or counted: the model's plan (autopp.model.tp) resolved and
 checked against the degrees asked for, each degree's local shard measured (autopp.measure.pieces) or counted
-(autopp.measure.analytic) as a model of its own, and each unit's TP collectives per microbatch counted from one
-forward of the full model on fake tensors."""
+(autopp.measure.analytic) as a model of its own (counted also under sequence parallelism, autopp.model.tp_sequence),
+and each unit's TP collectives per microbatch counted from one forward of the full model on fake tensors."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import pandas as pd
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..data.profile_tp import SP_COLUMNS, TP_COLUMNS
-from ..errors import TpPlanError
+from ..data.profile_tp import SP_COLUMNS, SP_TIME_COLUMNS, TP_COLUMNS
+from ..errors import AutoppError, TpPlanError
 from ..model.contract import ModelFile
 from ..model.fake import run_fake
 from ..model.meta import MetaModel, build_units
 from ..model.tp import (TpCollectives, TpPlan, check_degree, find_tp_plan, local_model_file, resolve,
                         sequence_modules, tp_degrees, unit_collectives)
+from ..model.tp_sequence import sequence_model_file
 from ..model.units import Unit
+from .counting import PieceCounts
 from .pieces import measure_pieces
 from .settings import Settings
 
-__all__ = ["TpSetup", "tp_setup", "tp_meta", "tp_collectives", "tp_row", "local_units", "check_same_units",
-           "measured_tp_rows"]
+__all__ = ["TpSetup", "tp_setup", "tp_meta", "tp_collectives", "tp_row", "tp_table", "sp_counted", "counted_rows",
+           "local_units", "check_same_units", "measured_tp_rows"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -82,10 +88,44 @@ def tp_collectives(mf: ModelFile, model: nn.Module, resolved: dict[str, str], un
                                 lambda: run_fake(lambda *i: model(*i), *inputs), sequence)
 
 
-def tp_row(row: dict[str, Any], t: int, comm: TpCollectives) -> dict[str, Any]:
-    """A tp.csv row from a unit's row of the local shard (measured or counted) at degree `t`."""
-    values = {**row, "tp": t, **comm.columns()}
-    return {c: values[c] for c in (*TP_COLUMNS, *SP_COLUMNS)}
+def tp_row(row: dict[str, Any], t: int, comm: TpCollectives, sp: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A tp.csv row from a unit's row of the local shard (measured or counted) at degree `t`; with `sp`, the same
+    unit's row of the shard under sequence parallelism, whose times fill `SP_TIME_COLUMNS`."""
+    values = {**row, "tp": t, **comm.columns(), **{f"sp_{k}": v for k, v in (sp or {}).items()}}
+    return {c: values[c] for c in (*TP_COLUMNS, *SP_COLUMNS, *(SP_TIME_COLUMNS if sp is not None else ()))}
+
+
+def tp_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """tp.csv's table of `rows`, sorted; the `SP_TIME_COLUMNS` only when every row has them (a degree whose shard
+    under SP could not be counted leaves them out for all: plans with SP then keep the times without it)."""
+    sp = bool(rows) and all(c in r for r in rows for c in SP_TIME_COLUMNS)
+    table = pd.DataFrame(rows, columns=[*TP_COLUMNS, *SP_COLUMNS, *(SP_TIME_COLUMNS if sp else ())])
+    return table.sort_values(["tp", "microbatch_size", "unit"], kind="stable").reset_index(drop=True)
+
+
+def sp_counted(count: Callable[..., T], mf: ModelFile, setup: TpSetup, t: int) -> T | None:
+    """`count(the local shard at degree t under sequence parallelism, tag=its progress tag)`: None without sequence-wise
+    modules, or when torch fails on that shard (logged; the rows then lack the SP times, `tp_table`)."""
+    if not setup.sequence:
+        return None
+    try:
+        return count(sequence_model_file(mf, setup.resolved, setup.sequence, t), tag=f" (tp {t}, sp)")
+    except AutoppError as exc:
+        log.warning("tp %d under sequence parallelism not counted (plans with sp keep the times without it): %s",
+                    t, exc)
+        return None
+
+
+def counted_rows(local: Any, sp: Any | None, t: int, comms: dict[int, list[TpCollectives]],
+                 times: Callable[[PieceCounts], dict[str, float]]) -> list[dict[str, Any]]:
+    """tp.csv's rows of degree `t` counted: each unit of the `local` shard's counts (autopp.measure.analytic.
+    ModelCounts, not imported: it imports this module), its times (`times`, the roofline's), its collectives (`comms`
+    by microbatch size, by unit), and its times under SP from `sp` (the shard counted under sequence parallelism,
+    `sp_counted`; None: not counted)."""
+    under_sp = {(r.unit, r.microbatch_size): times(r.counts) for r in (sp.rows if sp is not None else ())}
+    return [tp_row({**times(r.counts), **r.static, "unit": r.unit, "microbatch_size": r.microbatch_size,
+                    "activation_bytes": r.counts.activation_bytes}, t, comms[r.microbatch_size][r.unit],
+                   under_sp.get((r.unit, r.microbatch_size))) for r in local.rows]
 
 
 def local_units(mf: ModelFile, resolved: dict[str, str], t: int, units: list[Unit], dtype: torch.dtype

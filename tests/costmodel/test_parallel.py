@@ -224,6 +224,24 @@ def test_sequence_parallelism_divides_the_norms_inputs_by_t_and_keeps_the_collec
         group_table(synthetic_profile(6, tp_degrees=(2,)), Layout(tp=2, sp=True).unit_view())
 
 
+def test_sequence_parallelism_computes_with_the_tp_rows_sp_times_where_the_profile_has_them() -> None:
+    """Issue 25: the plain tp rows count the norms and residual adds whole on every rank (DTensor TP without SP), so
+    a Llama 3 70B block at tp 8 cost 1.84x 1/8 of itself; with SP a rank's compute is the rows' SP times (the shard
+    counted with the stream on 1/t of the sequence). A profile without them keeps the plain times (an upper bound)."""
+    from autopp.costmodel import group_table
+    from autopp.data.profile_tp import SP_TIME_COLUMNS
+    from autopp.data.synthetic_profile import synthetic_profile
+    plain = synthetic_profile(6, tp_degrees=(4,), sp=True)
+    assert plain.tp_units is not None
+    rows = plain.tp_units.assign(**{c: plain.tp_units[c.removeprefix("sp_")] * 0.75 for c in SP_TIME_COLUMNS})
+    timed = replace(plain, tp_units=rows)
+    for profile, share in ((plain, 1.0), (timed, 0.75)):
+        on, off = (group_table(profile, Layout(tp=4, sp=sp).unit_view()).arrays(1) for sp in (True, False))
+        for field in ("forward", "backward", "backward_input", "backward_weight", "recompute"):
+            assert np.allclose(getattr(on, field), share * getattr(off, field), rtol=1e-9), field
+        assert np.array_equal(on.static, off.static)
+
+
 def test_sequence_parallelism_keeps_the_residual_stream_between_a_stages_blocks_sharded() -> None:
     """Inside a stage the residual stream between two norm-holding units stays each rank's sequence shard (the
     runner's SequenceParallel, as torchtitan's blocks receive it), so per-unit recomputation keeps 1/t of each

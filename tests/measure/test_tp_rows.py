@@ -93,3 +93,24 @@ def test_a_failing_plan_leaves_the_default_analytic_rows_out(tmp_path: Path) -> 
     assert "pattern 'blocks.*.fc9' matches no module of Model" in profile.meta.extra["tp_skipped"]
     with pytest.raises(TpPlanError, match="matches no module"):
         analytic_profile(path, "h100-sxm", ProfileOptions(microbatch_sizes=(1,), tp_degrees=(2,)))
+
+
+def test_sp_times_are_kept_only_when_every_row_has_them() -> None:
+    """A degree whose shard under SP could not be counted leaves the SP time columns out of every row (a plan with SP
+    then keeps the plain times), and a shard under SP that torch fails on is logged, not raised."""
+    from autopp.data.profile_tp import SP_TIME_COLUMNS
+    from autopp.errors import ProfileError
+    from autopp.measure.tp_rows import TpSetup, sp_counted, tp_table
+    base = {c: 1 for c in (*TP_COLUMNS, *SP_COLUMNS)}
+    timed = {**base, **{c: 0.5 for c in SP_TIME_COLUMNS}}
+    assert list(tp_table([timed, {**timed, "tp": 4}]).columns) == [*TP_COLUMNS, *SP_COLUMNS, *SP_TIME_COLUMNS]
+    assert list(tp_table([timed, {**base, "tp": 4}]).columns) == [*TP_COLUMNS, *SP_COLUMNS]
+    mf = load_model_file(TPTICKS)
+    setup = tp_setup(mf, mf.build(), (2,))
+    assert sp_counted(lambda f, tag: tag, mf, setup, 2) is None  # tpticks has no norm: nothing to count
+
+    def fails(_mf: object, tag: str) -> str:
+        raise ProfileError(f"torch failed{tag}")
+    with_norms = TpSetup(setup.plan, setup.resolved, setup.degrees, ("blocks.0",))
+    assert sp_counted(lambda f, tag: tag, mf, with_norms, 2) == " (tp 2, sp)"
+    assert sp_counted(fails, mf, with_norms, 2) is None
