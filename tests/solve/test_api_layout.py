@@ -96,6 +96,7 @@ def test_sequence_parallelism_is_searched_where_the_profile_counts_it() -> None:
     """`sp` searched (None) is on for tp > 1 when the profile's tp rows count the norms' inputs, off with an older
     profile; pinned on with an older profile is refused in one line; the plan records it (JSON `sp`: true only)."""
     from autopp.display import format_grid
+    from autopp.data.profile_tp import SP_TIME_COLUMNS
     from autopp.solve import make_plan
     new = synthetic_profile(8, hidden=1024, seq=512, tp_degrees=(2,), sp=True)
     old = synthetic_profile(8, hidden=1024, seq=512, tp_degrees=(2,))
@@ -106,6 +107,13 @@ def test_sequence_parallelism_is_searched_where_the_profile_counts_it() -> None:
     assert off.layout == LAYOUT and "sp" not in off.to_json()
     assert max(auto.predicted.peak_memory_bytes) < max(off.predicted.peak_memory_bytes)  # the norms' inputs / 2
     assert any(n.startswith("sequence parallelism (tp 2 + SP): the norms on 1/2 of the sequence") for n in auto.notes)
+    # the synthetic profile's tp rows have no SP times (sp_forward_s ...): the plan says its SP compute is the plain
+    # rows' (an upper bound); with them (analytic profiles since 2026-12-05) it does not
+    assert any(n.startswith("SP's compute timed as the plain tp rows'") for n in auto.notes)
+    assert new.tp_units is not None
+    timed = replace(new, tp_units=new.tp_units.assign(**{c: new.tp_units[c.removeprefix("sp_")]
+                                                         for c in SP_TIME_COLUMNS}))
+    assert not any(n.startswith("SP's compute") for n in make_plan(timed, _request(replace(PINS, sp=True))).notes)
     before = make_plan(old, _request(replace(PINS, sp=None)))
     assert before.layout == LAYOUT and "no sequence parallelism: the profile's tp rows predate sp_sequence_bytes; " \
         "profile again to let the planner use it" in before.notes

@@ -14,6 +14,7 @@ from ...data.breakdown import TimeBreakdown
 from ...data.overlap import NO_OVERLAP
 from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
+from ...data.profile_tp import SP_TIME_COLUMNS
 from ...data.catalog import planned_device
 from ...data.cluster import Cluster
 from ...data.layout import Layout
@@ -123,6 +124,10 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
         out.append(f"sequence parallelism (tp {tp} + SP): the norms on 1/{tp} of the sequence, each all-reduce a "
                    "reduce-scatter + all-gather (the same time), activations less their inputs' (tp - 1)/tp "
                    "(docs/parallelism.md#sequence-parallelism)")
+        if profile.tp_units is not None and not all(col in profile.tp_units.columns for col in SP_TIME_COLUMNS):
+            out.append("SP's compute timed as the plain tp rows' (the norms and residual adds whole on every rank: "
+                       "an upper bound): the profile has no SP times (sp_forward_s; measured, or counted before "
+                       "2026-12-05); count it again for them (docs/analytic.md)")
     elif tp > 1 and not sp_offered(profile):
         out.append("no sequence parallelism: the profile's tp rows predate sp_sequence_bytes; profile again to "
                    "let the planner use it")
