@@ -69,12 +69,15 @@ class Floors(NamedTuple):
     """max_s (F + I - W)_s^+: the zero-bubble schedules' warm-up excess."""
     comm: float
     """2 x the sum of the rank-crossing transfers of one microbatch (forward and back)."""
+    path: float = 0.0
+    """sum_s (F + the smaller of B and I)_s at the fastest speed: one microbatch's round trip, its weight gradients
+    left out (zero-bubble schedules may run them last)."""
 
 
 #: (forward, input backward, weight backward, stage -> rank, transfer after each stage, microbatches) -> seconds.
 Estimate = Callable[[Sequence[float], Sequence[float], Sequence[float], Sequence[int], Sequence[float], int], float]
-#: (floors, microbatches, pipeline ranks, stages per rank) -> a lower bound of both the estimate and the simulated
-#: pipeline time (tests/solve/test_bounds.py checks both on random profiles).
+#: (floors, microbatches, pipeline ranks, stages per rank) -> a lower bound of the simulated pipeline time or of the
+#: estimate (`Descriptor.pipe_bound`, `estimate_bound`; tests/solve/test_bounds.py checks each on random profiles).
 PipeBound = Callable[[Floors, int, int, int], float]
 Builder = Callable[[int, int, int, int], list[Action]]
 
@@ -146,17 +149,32 @@ def _bound_single(f: Floors, m: int, p: int, v: int) -> float:
     return min(_estimate_bound_single(f, m, p, v), max(m * f.stage, f.total + f.comm))
 
 
+def _bound_flush(f: Floors, m: int, p: int, v: int) -> float:
+    """GPipe and 1F1B, the simulated step: the busiest rank's m microbatches, one microbatch's round trip, and
+    every rank k's m T_k after the first microbatch's forwards reach it and before its last backward's return
+    through the stages before it, P_k = sum_(s<k) T_s: the step X >= P_k + m T_k for every k gives X - P_(k+1) >=
+    (X - P_k)(1 - 1/m), so sum T = P_p <= X (1 - (1 - 1/m)^p), i.e. X >= sum T / (1 - (1 - 1/m)^p), about
+    (m + (p - 1) / 2) sum T / p for m >> p: half of the estimate's bubble, for every split."""
+    return max(m * f.stage, f.total + f.comm, f.total / (1 - (1 - 1 / m) ** p))
+
+
 def _bound_megatron(f: Floors, m: int, p: int, v: int) -> float:
-    """Interleaved 1F1B, looped BFS: the estimate's (m + (p - 1) / v) max R + 2 sum c bounds the estimate but not
-    the simulation, which overlaps the transfers with other microbatches' compute (LoopedBFS, p 4, v 2, m 8, 33.5 MB
-    cuts on 1 GB/s: 0.966 s against 0.941 s simulated). The larger of its throughput term and one microbatch's round
-    trip sum T + 2 sum c bounds the simulation; the smaller of the two forms bounds both."""
-    return min(_estimate_bound_megatron(f, m, p, v), max((m + (p - 1) / v) * f.rank, f.total + f.comm))
+    """Interleaved 1F1B, looped BFS, the simulated step: the busiest rank's m microbatches, m max R, and one
+    microbatch's round trip, sum T + 2 sum c. The estimate's bubble, (p - 1) / v max R, is not a bound of the
+    simulation: a light first stage shortens the fill (LoopedBFS, p 2, v 4, m 4, one jittered unit per stage: 0.394 s
+    against 0.388 s simulated; tests/solve/test_prove.py)."""
+    return max(m * f.rank, f.total + f.comm)
 
 
 def _bound_zero_bubble(f: Floors, m: int, p: int, v: int) -> float:
-    """Zero bubble: m max R + (p - 1) / v max (F + I - W)^+ + 2 sum c / v. A bound of the estimate; below the
-    simulated step in every random case of tests/solve/test_bounds.py, but not proven for it."""
+    """The zero-bubble schedules and DualPipeV, the simulated step: the busiest rank's m microbatches, m max R, and
+    one microbatch's forwards and input gradients through every stage, `Floors.path` + 2 sum c (its weight gradients
+    may wait)."""
+    return max(m * f.rank, f.path + f.comm)
+
+
+def _estimate_bound_zero_bubble(f: Floors, m: int, p: int, v: int) -> float:
+    """Zero bubble: m max R + (p - 1) / v max (F + I - W)^+ + 2 sum c / v bounds its estimate."""
     return m * f.rank + (p - 1) / v * max(0.0, f.gap) + f.comm / v
 
 
@@ -209,10 +227,11 @@ class Descriptor:
     """Rank r's compute actions for (r, p, m, v); None: the plan gives the order."""
     estimate: Estimate | None = None
     pipe_bound: PipeBound | None = None
-    """A lower bound of both the estimate and the simulated pipeline (tests/solve/test_bounds.py checks both)."""
+    """A lower bound of the simulated pipeline for every split (tests/solve/test_bounds.py checks it): the branch and
+    bound over configurations prunes with it (autopp.solve.search.prove)."""
     estimate_bound: PipeBound | None = None
-    """A lower bound of the estimate only, at least `pipe_bound`: the search prunes with it, as it ranks by the
-    estimate (None: `pipe_bound`)."""
+    """A lower bound of the estimate for every split: the short-list prunes with it, as it ranks by the estimate
+    (None: `pipe_bound`)."""
     min_microbatches_per_rank: int = 0
     """m must be >= this x p, i.e. at least one per stage (1F1B: 1; DualPipeV, 2 stages per rank: 2)."""
     rounded: bool = False
@@ -324,11 +343,11 @@ def _check_bidirectional(name: str, num_ranks: int, num_microbatches: int) -> No
 
 _GPIPE = Descriptor(name=ScheduleName.GPIPE, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
                     torch_class="ScheduleGPipe", builder=named.gpipe, estimate=_estimate_gpipe,
-                    pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, exact_inflight=_exact_gpipe)
+                    pipe_bound=_bound_flush, estimate_bound=_estimate_bound_single, exact_inflight=_exact_gpipe)
 _ONE_F_ONE_B = Descriptor(name=ScheduleName.ONE_F_ONE_B, placement=StagePlacement.LOOP, fixed_v=1,
                           splits_backward=False, torch_class="Schedule1F1B", builder=named.one_f_one_b,
                           estimate=_estimate_1f1b,
-                          pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, min_microbatches_per_rank=1,
+                          pipe_bound=_bound_flush, estimate_bound=_estimate_bound_single, min_microbatches_per_rank=1,
                           exact_inflight=_exact_1f1b)
 _INTERLEAVED = Descriptor(name=ScheduleName.INTERLEAVED_1F1B, placement=StagePlacement.LOOP, fixed_v=None,
                           splits_backward=False, torch_class="ScheduleInterleaved1F1B",
@@ -342,13 +361,14 @@ _LOOPED_BFS = Descriptor(name=ScheduleName.LOOPED_BFS, placement=StagePlacement.
 _INTERLEAVED_ZB = Descriptor(name=ScheduleName.INTERLEAVED_ZERO_BUBBLE, placement=StagePlacement.LOOP, fixed_v=None,
                              splits_backward=True, torch_class="ScheduleInterleavedZeroBubble",
                              builder=named.interleaved_zero_bubble, estimate=_estimate_zero_bubble,
-                             pipe_bound=_bound_zero_bubble, rounded=True)
+                             pipe_bound=_bound_zero_bubble, estimate_bound=_estimate_bound_zero_bubble, rounded=True)
 _ZBV = Descriptor(name=ScheduleName.ZBV_ZERO_BUBBLE, placement=StagePlacement.V, fixed_v=2, splits_backward=True,
                   torch_class="ScheduleZBVZeroBubble", builder=named.zbv, estimate=_estimate_zero_bubble,
-                  pipe_bound=_bound_zero_bubble)
+                  pipe_bound=_bound_zero_bubble, estimate_bound=_estimate_bound_zero_bubble)
 _DUAL_PIPE_V = Descriptor(name=ScheduleName.DUAL_PIPE_V, placement=StagePlacement.V, fixed_v=2, splits_backward=True,
                           torch_class="ScheduleDualPipeV", builder=named.dual_pipe_v, estimate=_estimate_zero_bubble,
-                          pipe_bound=_bound_zero_bubble, min_microbatches_per_rank=2, overlaps_f_b=True)
+                          pipe_bound=_bound_zero_bubble, estimate_bound=_estimate_bound_zero_bubble,
+                          min_microbatches_per_rank=2, overlaps_f_b=True)
 _CHIMERA = Descriptor(name=ScheduleName.CHIMERA, placement=StagePlacement.BIDIRECTIONAL, fixed_v=1,
                       splits_backward=False, torch_class="", builder=named.chimera, estimate=_estimate_chimera,
                       pipe_bound=_bound_chimera, estimate_bound=_estimate_bound_chimera)
