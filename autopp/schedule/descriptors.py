@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
 
 from autopp.errors import ScheduleError
 from autopp.schedule import named
 from autopp.schedule.actions import Action
+from autopp.schedule.floors import (Floors, PipeBound, bound_chimera, bound_flush, bound_megatron, bound_single,
+                                    bound_zero_bubble, estimate_bound_chimera, estimate_bound_megatron,
+                                    estimate_bound_single, estimate_bound_zero_bubble)
 
 __all__ = ["ScheduleName", "StagePlacement", "Floors", "Descriptor", "DESCRIPTORS", "NAMED", "describe", "listed",
            "stage_to_rank", "stages_per_rank", "validate", "build_schedule"]
@@ -55,27 +57,8 @@ class StagePlacement(Enum):
     """The plan lists each stage's rank (custom orders)."""
 
 
-class Floors(NamedTuple):
-    """Lower bounds, valid for every contiguous split, of the terms a closed-form estimate is made of
-    (derivations in `autopp/solve/search/bounds.py`)."""
-
-    rank: float
-    """max_r R_r: the busiest rank's work per microbatch."""
-    total: float
-    """sum_s T_s: the replica's work per microbatch at the fastest speed."""
-    stage: float
-    """max_s T_s: the slowest stage's work per microbatch."""
-    gap: float
-    """max_s (F + I - W)_s^+: the zero-bubble schedules' warm-up excess."""
-    comm: float
-    """2 x the sum of the rank-crossing transfers of one microbatch (forward and back)."""
-
-
 #: (forward, input backward, weight backward, stage -> rank, transfer after each stage, microbatches) -> seconds.
 Estimate = Callable[[Sequence[float], Sequence[float], Sequence[float], Sequence[int], Sequence[float], int], float]
-#: (floors, microbatches, pipeline ranks, stages per rank) -> a lower bound of both the estimate and the simulated
-#: pipeline time (tests/solve/test_bounds.py checks both on random profiles).
-PipeBound = Callable[[Floors, int, int, int], float]
 Builder = Callable[[int, int, int, int], list[Action]]
 
 
@@ -126,40 +109,6 @@ def _estimate_zero_bubble(forward: Sequence[float], backward_input: Sequence[flo
     return m * max(_rank_times(times, owner)) + (p - 1) / v * gap + 2 * sum(comm) / v
 
 
-def _estimate_bound_single(f: Floors, m: int, p: int, v: int) -> float:
-    """GPipe and 1F1B: sum T + (m - 1) max T + 2 sum c bounds their estimate (GPipe's (m - 1)(max F + max B) >=
-    (m - 1) max T)."""
-    return f.total + (m - 1) * f.stage + f.comm
-
-
-def _estimate_bound_megatron(f: Floors, m: int, p: int, v: int) -> float:
-    """Interleaved 1F1B and looped BFS: (m + (p - 1) / v) max R + 2 sum c bounds their estimate."""
-    return (m + (p - 1) / v) * f.rank + f.comm
-
-
-def _bound_single(f: Floors, m: int, p: int, v: int) -> float:
-    """GPipe and 1F1B: the estimate's sum T + (m - 1) max T + 2 sum c bounds the estimate (GPipe's (m - 1)(max F +
-    max B) >= (m - 1) max T) but not the simulation when m is small: a slow first stage runs its m forwards while
-    the first microbatch makes its round trip (1F1B, p 2, m 2: 0.4706 s against 0.4691 s simulated). The
-    simulation is bounded by the larger of the bottleneck's m microbatches and one round trip; the smaller of the two
-    forms bounds both."""
-    return min(_estimate_bound_single(f, m, p, v), max(m * f.stage, f.total + f.comm))
-
-
-def _bound_megatron(f: Floors, m: int, p: int, v: int) -> float:
-    """Interleaved 1F1B, looped BFS: the estimate's (m + (p - 1) / v) max R + 2 sum c bounds the estimate but not
-    the simulation, which overlaps the transfers with other microbatches' compute (LoopedBFS, p 4, v 2, m 8, 33.5 MB
-    cuts on 1 GB/s: 0.966 s against 0.941 s simulated). The larger of its throughput term and one microbatch's round
-    trip sum T + 2 sum c bounds the simulation; the smaller of the two forms bounds both."""
-    return min(_estimate_bound_megatron(f, m, p, v), max((m + (p - 1) / v) * f.rank, f.total + f.comm))
-
-
-def _bound_zero_bubble(f: Floors, m: int, p: int, v: int) -> float:
-    """Zero bubble: m max R + (p - 1) / v max (F + I - W)^+ + 2 sum c / v. A bound of the estimate; below the
-    simulated step in every random case of tests/solve/test_bounds.py, but not proven for it."""
-    return m * f.rank + (p - 1) / v * max(0.0, f.gap) + f.comm / v
-
-
 def _estimate_chimera(forward: Sequence[float], backward_input: Sequence[float], backward_weight: Sequence[float],
                       owner: Sequence[int], comm: Sequence[float], m: int) -> float:
     """Chimera (Li and Hoefler, SC'21, section 3.2: p - 2 idle slots per rank against 1F1B's 2(p - 1)): each rank
@@ -169,19 +118,6 @@ def _estimate_chimera(forward: Sequence[float], backward_input: Sequence[float],
     p = len(times)
     pair = max(times[r] + times[p - 1 - r] for r in range(p))
     return m / 2 * pair + (p - 2) / 2 * max(times) + 2 * sum(comm)
-
-
-def _estimate_bound_chimera(f: Floors, m: int, p: int, v: int) -> float:
-    """Chimera: max_r (T_r + T_(p-1-r)) >= 2 sum T / p, so m sum T / p + (p - 2) / 2 max T + 2 sum c bounds its
-    estimate."""
-    return m * f.total / p + (p - 2) / 2 * f.stage + f.comm
-
-
-def _bound_chimera(f: Floors, m: int, p: int, v: int) -> float:
-    """Chimera: the busiest rank does at least the average work, m sum T / p, and one microbatch's round trip takes
-    sum T + 2 sum c; the larger bounds the simulation, and the smaller of that and the estimate's bound bounds
-    both."""
-    return min(_estimate_bound_chimera(f, m, p, v), max(m * f.total / p, f.total + f.comm))
 
 
 def _exact_gpipe(p: int, m: int) -> tuple[int, ...]:
@@ -209,10 +145,11 @@ class Descriptor:
     """Rank r's compute actions for (r, p, m, v); None: the plan gives the order."""
     estimate: Estimate | None = None
     pipe_bound: PipeBound | None = None
-    """A lower bound of both the estimate and the simulated pipeline (tests/solve/test_bounds.py checks both)."""
+    """A lower bound of the simulated pipeline for every split (tests/solve/test_bounds.py checks it): the branch and
+    bound over configurations prunes with it (autopp.solve.search.prove)."""
     estimate_bound: PipeBound | None = None
-    """A lower bound of the estimate only, at least `pipe_bound`: the search prunes with it, as it ranks by the
-    estimate (None: `pipe_bound`)."""
+    """A lower bound of the estimate for every split: the short-list prunes with it, as it ranks by the estimate
+    (None: `pipe_bound`)."""
     min_microbatches_per_rank: int = 0
     """m must be >= this x p, i.e. at least one per stage (1F1B: 1; DualPipeV, 2 stages per rank: 2)."""
     rounded: bool = False
@@ -324,37 +261,38 @@ def _check_bidirectional(name: str, num_ranks: int, num_microbatches: int) -> No
 
 _GPIPE = Descriptor(name=ScheduleName.GPIPE, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
                     torch_class="ScheduleGPipe", builder=named.gpipe, estimate=_estimate_gpipe,
-                    pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, exact_inflight=_exact_gpipe)
+                    pipe_bound=bound_flush, estimate_bound=estimate_bound_single, exact_inflight=_exact_gpipe)
 _ONE_F_ONE_B = Descriptor(name=ScheduleName.ONE_F_ONE_B, placement=StagePlacement.LOOP, fixed_v=1,
                           splits_backward=False, torch_class="Schedule1F1B", builder=named.one_f_one_b,
                           estimate=_estimate_1f1b,
-                          pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, min_microbatches_per_rank=1,
+                          pipe_bound=bound_flush, estimate_bound=estimate_bound_single, min_microbatches_per_rank=1,
                           exact_inflight=_exact_1f1b)
 _INTERLEAVED = Descriptor(name=ScheduleName.INTERLEAVED_1F1B, placement=StagePlacement.LOOP, fixed_v=None,
                           splits_backward=False, torch_class="ScheduleInterleaved1F1B",
-                          builder=named.interleaved_1f1b, estimate=_estimate_megatron, pipe_bound=_bound_megatron,
-                          estimate_bound=_estimate_bound_megatron,
+                          builder=named.interleaved_1f1b, estimate=_estimate_megatron, pipe_bound=bound_megatron,
+                          estimate_bound=estimate_bound_megatron,
                           rounded=True)
 _LOOPED_BFS = Descriptor(name=ScheduleName.LOOPED_BFS, placement=StagePlacement.LOOP, fixed_v=None,
                          splits_backward=False, torch_class="ScheduleLoopedBFS", builder=named.looped_bfs,
                          estimate=_estimate_megatron,
-                         pipe_bound=_bound_megatron, estimate_bound=_estimate_bound_megatron)
+                         pipe_bound=bound_megatron, estimate_bound=estimate_bound_megatron)
 _INTERLEAVED_ZB = Descriptor(name=ScheduleName.INTERLEAVED_ZERO_BUBBLE, placement=StagePlacement.LOOP, fixed_v=None,
                              splits_backward=True, torch_class="ScheduleInterleavedZeroBubble",
                              builder=named.interleaved_zero_bubble, estimate=_estimate_zero_bubble,
-                             pipe_bound=_bound_zero_bubble, rounded=True)
+                             pipe_bound=bound_zero_bubble, estimate_bound=estimate_bound_zero_bubble, rounded=True)
 _ZBV = Descriptor(name=ScheduleName.ZBV_ZERO_BUBBLE, placement=StagePlacement.V, fixed_v=2, splits_backward=True,
                   torch_class="ScheduleZBVZeroBubble", builder=named.zbv, estimate=_estimate_zero_bubble,
-                  pipe_bound=_bound_zero_bubble)
+                  pipe_bound=bound_zero_bubble, estimate_bound=estimate_bound_zero_bubble)
 _DUAL_PIPE_V = Descriptor(name=ScheduleName.DUAL_PIPE_V, placement=StagePlacement.V, fixed_v=2, splits_backward=True,
                           torch_class="ScheduleDualPipeV", builder=named.dual_pipe_v, estimate=_estimate_zero_bubble,
-                          pipe_bound=_bound_zero_bubble, min_microbatches_per_rank=2, overlaps_f_b=True)
+                          pipe_bound=bound_zero_bubble, estimate_bound=estimate_bound_zero_bubble,
+                          min_microbatches_per_rank=2, overlaps_f_b=True)
 _CHIMERA = Descriptor(name=ScheduleName.CHIMERA, placement=StagePlacement.BIDIRECTIONAL, fixed_v=1,
                       splits_backward=False, torch_class="", builder=named.chimera, estimate=_estimate_chimera,
-                      pipe_bound=_bound_chimera, estimate_bound=_estimate_bound_chimera)
+                      pipe_bound=bound_chimera, estimate_bound=estimate_bound_chimera)
 _SEQ_1F1B = Descriptor(name=ScheduleName.SEQ_1F1B, placement=StagePlacement.LOOP, fixed_v=1, splits_backward=False,
                        torch_class="_PipelineScheduleRuntime", builder=named.seq_1f1b, estimate=_estimate_1f1b,
-                       pipe_bound=_bound_single, estimate_bound=_estimate_bound_single, min_microbatches_per_rank=0,
+                       pipe_bound=bound_single, estimate_bound=estimate_bound_single, min_microbatches_per_rank=0,
                        sequence_chunks=True)
 _CUSTOM = Descriptor(name=ScheduleName.CUSTOM, placement=StagePlacement.GIVEN, fixed_v=None, splits_backward=False,
                      torch_class="_PipelineScheduleRuntime")

@@ -86,17 +86,19 @@ def _bound(name: ScheduleName, floors: Floors, m: int, p: int, v: int, estimate_
 
 
 def test_pipe_bounds_by_hand() -> None:
-    floors = Floors(rank=8.0, total=10.0, stage=4.0, gap=-1.0, comm=2.0)
-    # min(sum T + (m - 1) max T + 2 sum c, max(m max T, sum T + 2 sum c)) = min(24, max(16, 12))
-    assert _bound(ScheduleName.GPIPE, floors, 4, 2, 1) == 16
-    assert _bound(ScheduleName.GPIPE, floors, 4, 2, 1, estimate_only=True) == 24
-    assert _bound(ScheduleName.ONE_F_ONE_B, floors, 8, 2, 1) == 8 * 4  # min(40, max(32, 12))
-    assert _bound(ScheduleName.ONE_F_ONE_B, floors._replace(total=30.0), 2, 2, 1) == 30 + 2  # min(36, 32)
-    # min((m + (p - 1) / v) R + 2 sum c, max((m + (p - 1) / v) R, sum T + 2 sum c)) = min(38, max(36, 12))
-    assert _bound(ScheduleName.LOOPED_BFS, floors, 4, 2, 2) == (4 + 1 / 2) * 8
+    floors = Floors(rank=8.0, total=10.0, stage=4.0, gap=-1.0, comm=2.0, path=7.0)
+    # simulated: max(m max T, sum T + 2 sum c, sum T / (1 - (1 - 1/m)^p)) = max(16, 12, 10 / (1 - 9/16))
+    assert _bound(ScheduleName.GPIPE, floors, 4, 2, 1) == pytest.approx(10 / (7 / 16))
+    assert _bound(ScheduleName.GPIPE, floors, 4, 2, 1, estimate_only=True) == 24  # sum T + (m - 1) max T + 2 sum c
+    assert _bound(ScheduleName.ONE_F_ONE_B, floors, 8, 2, 1) == pytest.approx(10 / (15 / 64))  # max(32, 12, 42.7)
+    assert _bound(ScheduleName.ONE_F_ONE_B, floors._replace(total=30.0, stage=1.0), 1, 2, 1) == 32  # the round trip
+    # simulated: max(m R, sum T + 2 sum c) = max(32, 12); the estimate's (m + (p - 1) / v) R + 2 sum c = 38
+    assert _bound(ScheduleName.LOOPED_BFS, floors, 4, 2, 2) == 4 * 8
+    assert _bound(ScheduleName.LOOPED_BFS, floors._replace(total=40.0), 4, 2, 2) == 42
     assert _bound(ScheduleName.LOOPED_BFS, floors, 4, 2, 2, estimate_only=True) == 38
-    # m R + (p - 1) / v max(0, gap) + 2 sum c / v, the gap clipped at 0; the same form for both
-    assert _bound(ScheduleName.ZBV_ZERO_BUBBLE, floors, 4, 2, 2) == 4 * 8 + 1
+    # simulated: max(m R, path + 2 sum c); the estimate's m R + (p - 1) / v max(0, gap) + 2 sum c / v, gap clipped
+    assert _bound(ScheduleName.ZBV_ZERO_BUBBLE, floors, 4, 2, 2) == 4 * 8
+    assert _bound(ScheduleName.ZBV_ZERO_BUBBLE, floors, 1, 2, 2) == 7 + 2
     assert _bound(ScheduleName.ZBV_ZERO_BUBBLE, floors, 4, 2, 2, estimate_only=True) == 4 * 8 + 1
 
 

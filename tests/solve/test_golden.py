@@ -4,7 +4,10 @@ The stored files were written before the architecture issue (14: schedule descri
 around, and it kept them byte for byte except `device_order`, which heterogeneous plans gained as a field. Issue 15
 then rewrote them on purpose: every plan equal or faster under the simulator (its split refined, recompute chosen per
 stage), and a `fits` field on every prediction. When a change is meant to alter plans, regenerate them with
-`python -m tests.solve.test_golden --write` and say why in the commit.
+`python -m tests.solve.test_golden --write` and say why in the commit. Issue 25's branch and bound over the
+configurations (autopp.solve.search.prove) rewrote two on purpose, each now the simulator's faster choice that the
+short-list had missed: mlp-d4-auto-dp (43.6 ms to 40.5 ms) and syn24-d8-auto-recompute (GPipe, every stage
+recomputing, 4.442 s, to 1F1B with two stages recomputing, 4.324 s); they were written in version 1 as the others.
 
 The files are plan format version 1. The layout issue (24: one Layout value, activation policies) moved to version
 2, whose only differences are the version number and each stage's `recompute` flag spelled as its `activation`

@@ -17,6 +17,7 @@ from .reorder import synthesized
 from ..search.band import Band, band
 from ..search.explain import explain_infeasible
 from ..search.judge import Verdict
+from ..search.prove import Proof
 from ..cpsat.placement import place_devices
 from ..search.request import Config, PlanRequest, RecomputeMode, configs, with_sp
 from ..search.runnable import PARALLEL_KEY, split_backward_refusal
@@ -121,7 +122,8 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     views = Views(profile, request, table)
     excluded: dict[str, str] = {}
     tied: list[Verdict] = []
-    best, n_cfg, n_sim = search(profile, request, table, excluded, views, tied)
+    proofs: list[Proof] = []
+    best, n_cfg, n_sim = search(profile, request, table, excluded, views, tied, proofs)
     note = None
     if not request.cluster.homogeneous and not request.cluster.order:
         request, best, note = _place(profile, request, table, best)
@@ -149,6 +151,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     notes += [why for name, why in excluded.items() if name != chosen]
     notes += [unsynthesizable] if request.synthesize and unsynthesizable else []
     notes += _tp_note(profile, request)
+    notes += [p.words() for p in proofs if not p.exact]
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
     if request.ties and tied and best.passes is None:

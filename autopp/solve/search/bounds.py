@@ -17,14 +17,17 @@ included when every stage recomputes):
      of any interior cut over any link
   6. the step's end (costmodel.step_end_floor): some rank holds >= all gradients / p, and the ring all-reduce grows
      with bytes.
+  7. one microbatch's round trip without its weight gradients >= sum over units of F + the smaller of B and I (+
+     what the policy redoes), less the shed amounts of (1), at the fastest speed (`Floors.path`).
 A schedule that overlaps forward-backward pairs (DualPipeV: `Descriptor.overlaps_f_b`) hides at most all of the
 expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`): (1)-(4) are taken without them.
-Hence, per formula (each descriptor's `pipe_bound`, fed `schedule.Floors` of (1)-(5)): GPipe and 1F1B >=
-min((2) + (m - 1) (3) + 2 (5), max(m (3), (2) + 2 (5))); Interleaved1F1B and LoopedBFS >= min((m + (p - 1) / v) (1) +
-2 (5), max((m + (p - 1) / v) (1), (2) + 2 (5))); the zero-bubble schedules >= m (1) + (p - 1) / v (4) + 2 (5) / v;
-and each adds (6). GPipe's (m - 1)(max F + max B) >= (m - 1) max T, so 1F1B's bound serves it. The first form of each
-minimum bounds the estimate, the second the simulated step (the descriptors' docstrings say why);
-tests/solve/test_bounds.py checks the bounds against both on random profiles and every schedule.
+Hence, per formula (each descriptor's `estimate_bound`, fed `schedule.Floors` of (1)-(7)), the estimate: GPipe and
+1F1B >= (2) + (m - 1) (3) + 2 (5); Interleaved1F1B and LoopedBFS >= (m + (p - 1) / v) (1) + 2 (5); the zero-bubble
+schedules >= m (1) + (p - 1) / v (4) + 2 (5) / v (GPipe's (m - 1)(max F + max B) >= (m - 1) max T, so 1F1B's bound
+serves it). The simulated step (`pipe_bound`): GPipe and 1F1B >= max(m (3), (2) + 2 (5), (2) / (1 - (1 - 1 / m)^p));
+Interleaved1F1B and LoopedBFS >= max(m (1), (2) + 2 (5)); the zero-bubble schedules and DualPipeV >= max(m (1), (7) +
+2 (5)) (the descriptors' docstrings say why). Each adds (6). tests/solve/test_bounds.py checks the bounds against the
+estimate and the simulated step on random profiles and every schedule.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _speeds(req: PlanRequest, c: Config) -> tuple[float, float]:
 
 def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activation, simulated: bool = False) -> float:
     """A lower bound of `c`'s estimate for every split, every stage under `activation` (module docstring); with
-    `simulated`, of the simulated step too (the descriptor's `pipe_bound` instead of its `estimate_bound`)."""
+    `simulated`, of its simulated step instead (the descriptor's `pipe_bound`, not its `estimate_bound`)."""
     d = describe(c.schedule)
     if d.overlaps_f_b and a.ep_time is not None:  # what the overlapped pairs can hide, at most
         a = without_comm(a)
@@ -72,7 +75,8 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activati
     redo = np.minimum(policy(activation).unit_redo(a), a.forward)
     unit = a.work() + redo
     off = np.maximum(-a.stage_start, 0.0) if a.stage_start is not None else np.zeros(a.n)  # what a first unit sheds
-    total, sum_sp, max_sp = float(unit.sum() - np.sort(off)[::-1][:c.layout.stages].sum()), *_speeds(req, c)
+    shed = float(np.sort(off)[::-1][:c.layout.stages].sum())
+    total, sum_sp, max_sp = float(unit.sum()) - shed, *_speeds(req, c)
     rank = total / sum_sp  # (1)
     stage = max(rank / c.layout.v, float((unit - off).max()) / max_sp)  # (3)
     # (4); per unit the smaller of F + I - W and F - B, as stage 0 has I = 0 and W = B
@@ -81,5 +85,7 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activati
     gap = (float(per_unit.sum()) - starts) / c.layout.stages / max_sp
     bound = d.pipe_bound if simulated else d.estimate_bound or d.pipe_bound
     assert bound is not None  # configurations are named schedules
-    floors = Floors(rank=rank, total=total / max_sp, stage=stage, gap=gap, comm=comm_floor(a, req, c))
+    trip = float((a.forward + np.minimum(a.backward, a.backward_input) + redo).sum()) - shed  # (7)
+    floors = Floors(rank=rank, total=total / max_sp, stage=stage, gap=gap, comm=comm_floor(a, req, c),
+                    path=trip / max_sp)
     return bound(floors, c.m, c.layout.pp, c.layout.v) + step_end_floor(a, req.cluster, c.layout)

@@ -67,6 +67,9 @@ class PlanRequest:
     """Stages that recompute, pinned (None: chosen by `recompute`)."""
     shortlist: int = 4
     """Configurations the simulator must find fitting before the search stops."""
+    judge_budget: int = 2000
+    """Configurations beyond the short-list the search may judge while bounding (autopp.solve.search.prove: in order
+    of a lower bound of their simulated step, until it reaches the best step found); 0: the short-list alone."""
     synthesize: bool = False
     """Also try a CP-SAT-synthesized order for the best candidate's split (autopp.solve.assemble.reorder)."""
     synth_time_limit_s: float = 10.0

@@ -29,6 +29,7 @@ from ...schedule.sim_state import hidden_s
 from ...schedule.effects import inflight_peaks, rank_peak, rank_static_bytes
 from .band import band, choose
 from .bounds import lower_bound
+from .prove import Proof, prove
 from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import EXACT_LIMIT, refine
@@ -249,21 +250,22 @@ def _named(c: Config) -> str:
 
 def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None,
            excluded: dict[str, str] | None = None, views: Views | None = None,
-           tied: list[Verdict] | None = None) -> tuple[Verdict | None, int, int]:
+           tied: list[Verdict] | None = None, proofs: list[Proof] | None = None) -> tuple[Verdict | None, int, int]:
     """The best fitting verdict (or None), the number of configurations and the number simulated. Schedules left
     out because the runner would refuse them for this model go into `excluded` (name -> why). `views` (of `req`)
     shares unit arrays with the caller. The fitting verdicts whose steps lie within the fastest's band (band.py)
-    besides the one kept go into `tied`; with `req.ties` the kept one is chosen among them by the tie rule."""
+    besides the one kept go into `tied`; with `req.ties` the kept one is chosen among them by the tie rule. How the
+    branch and bound beyond the short-list ended (prove.py) goes into `proofs`."""
     views = views or Views(profile, req, table)
 
-    def refuse(c: Config, bounds: Bounds) -> str | None:
+    def refuse(c: Config, bounds: Bounds, quiet: bool = False) -> str | None:
         why = schedule_refusal(profile.meta.live_values, c.schedule, bounds)
         key = c.schedule.value
         if why is None:
             why = mirror_refusal(profile.meta.tied_parameters, c.schedule, c.layout, bounds)
         if why is None and not req.tied_across_stages:
             why, key = parallel_refusal(profile.meta.tied_parameters, c.layout, bounds), PARALLEL_KEY
-        if why is not None and excluded is not None:
+        if why is not None and excluded is not None and not quiet:
             excluded.setdefault(key, why)
         return why
 
@@ -272,16 +274,26 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
         "num_experts") or 1)) if req.schedule is not ScheduleName.SEQ_1F1B else []  # seqpipe.py plans it
     opts = _options(views, cfgs, refuse)
     fitting: list[Verdict] = []
+    known: dict[int, Verdict | None] = {}
     for opt in opts:
         c = opt.config
         verdict = judge(views.arrays(c.b, c.layout), views.request(c.layout).cluster, opt.candidate)
         log.info("%s: estimate %.6g s, simulated %.6g s%s", _named(c), opt.estimate, verdict.step_s,
                  "" if verdict.fits else " (too big)")
+        known[opt.index] = verdict if verdict.fits else None
         if verdict.fits:
             fitting.append(verdict)
     runs = lambda c: lambda b: schedule_refusal(profile.meta.live_values, c.schedule, b) is None and \
         mirror_refusal(profile.meta.tied_parameters, c.schedule, c.layout, b) is None  # noqa: E731
-    fitting = _refined(profile.num_units, views, fitting, runs)
+    if fitting and req.judge_budget > 0:  # every configuration whose bound is below the best step, refined
+        found, proof = _bounded(views, cfgs, known, min(v.step_s for v in fitting),
+                                lambda c, b: refuse(c, b, quiet=True), runs)
+        left = [v for idx, v in known.items() if v is not None and idx not in found]  # bounds at the best or above
+        fitting = list(found.values()) + (left if proof.exact else _refined(profile.num_units, views, left, runs))
+        if proofs is not None:
+            proofs.append(proof)
+    else:
+        fitting = _refined(profile.num_units, views, fitting, runs)
     if not fitting:
         return None, len(cfgs), len(opts)
     fastest = min(fitting, key=lambda v: v.key)
@@ -289,6 +301,45 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
     if tied is not None:
         tied.extend(sorted(inside, key=lambda v: v.key))
     return best, len(cfgs), len(opts)
+
+
+def _bounded(views: Views, cfgs: list[Config], known: dict[int, Verdict | None], best_s: float,
+             refuse: Callable[[Config, Bounds], str | None],
+             runs: Callable[[Candidate], Callable[[Bounds], bool]]) -> tuple[dict[int, Verdict], Proof]:
+    """By configuration index, the fitting verdicts of the configurations whose lower bound of the simulated step,
+    under any activation policies (the least saving policy's: every other redoes more), is below the best step
+    found, judged in order of that bound (prove.py), with How it ended. Each is the DP's split under the first policy
+    of its ladder whose DP finds one in memory, its memory walked as the short-list's (the short-list's verdicts,
+    `known`, as they are), then refined (refine.py) against the best step found."""
+    splits = _Splits()
+
+    def attempt(idx: int, best: float) -> Verdict | None:
+        c = cfgs[idx]
+        if idx in known:
+            v = known[idx]
+            return None if v is None else _refine_one(views, v, runs(v.candidate), best)
+        a, view = views.arrays(c.b, c.layout), views.request(c.layout)
+        for rc in view.offered(a):
+            bounds = _bounds(a, view, c, rc, splits)
+            if bounds is None:
+                continue
+            cand = None if refuse(c, bounds) is not None else _fitted(a, view, c.candidate(bounds, (rc,) * len(bounds)))
+            verdict = None if cand is None else judge(a, view.cluster, cand)
+            if verdict is not None and verdict.fits:  # its split and policies again, judged by the simulator
+                verdict = _refine_one(views, verdict, runs(verdict.candidate), best)
+            log.info("%s: bounded, %s", _named(c), "does not fit" if verdict is None or not verdict.fits
+                     else f"simulated {verdict.step_s:.6g} s")
+            return verdict
+        return None
+
+    bounds = []
+    for idx, c in enumerate(cfgs):
+        a, view = views.arrays(c.b, c.layout), views.request(c.layout)
+        ladder = view.offered(a)
+        if ladder:  # keeping redoes nothing: its bound is the least (bounds grow with redo)
+            least = (Activation.KEEP,) if Activation.KEEP in ladder else ladder
+            bounds.append((min(lower_bound(a, view, c, p, simulated=True) for p in least), idx))
+    return prove(bounds, attempt, best_s, views.req.judge_budget)
 
 
 #: The short-list is this many times longer when several (tensor-parallel degree, ZeRO stage) pairs are searched:
@@ -316,15 +367,20 @@ def _refined(n: int, views: Views, fitting: list[Verdict],
         if k and (not exact or v.step_s > _REFINE_WITHIN * min(x.step_s for x in out)):
             out.append(v)
             continue
-        budget = min(32, _REFINE_ACTIONS // (3 * len(c.bounds) * c.microbatches))
-        if budget < 1:  # one simulation costs more than the whole allowance: the DP's split stands
-            out.append(v)
-            continue
         beat = min((x.step_s for x in out), default=math.inf)  # splits that cannot beat it need no simulation
-        req = views.request(c.layout)
-        a = views.arrays(c.microbatch_size, c.layout)
-        found = refine(a, req.cluster, c, req.ladder(a),
-                       admissible=runs(c), budget=budget, fixed=req.pinned_activations(len(c.bounds)),
-                       beat=beat).best
-        out.append(found if found is not None and found.key < v.key else v)
+        out.append(_refine_one(views, v, runs(c), beat))
     return out
+
+
+def _refine_one(views: Views, v: Verdict, runs: Callable[[Bounds], bool], beat: float) -> Verdict:
+    """`v`, or the simulator's better split and recompute choice for its configuration (refine.py; splits that
+    cannot beat `beat` are not simulated); as it is when one simulation costs more than `_REFINE_ACTIONS`."""
+    c = v.candidate
+    budget = min(32, _REFINE_ACTIONS // (3 * len(c.bounds) * c.microbatches))
+    if budget < 1:  # one simulation costs more than the whole allowance: the DP's split stands
+        return v
+    req = views.request(c.layout)
+    a = views.arrays(c.microbatch_size, c.layout)
+    found = refine(a, req.cluster, c, req.ladder(a), admissible=runs, budget=budget,
+                   fixed=req.pinned_activations(len(c.bounds)), beat=beat).best
+    return found if found is not None and found.key < v.key else v
