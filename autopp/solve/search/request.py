@@ -30,8 +30,7 @@ class RecomputeMode(enum.Enum):
     ALL = "all"
     """Every stage recomputes."""
     AUTO = "auto"
-    """Every policy the profile has figures for, chosen per stage: a stage saves more memory (at more time) only
-    where its rank would not fit otherwise."""
+    """Every policy the profile has figures for, chosen per stage: more saving (and time) only where needed."""
 
     def policies(self) -> tuple[Activation, ...]:
         """The activation policies this mode lets the search give a stage, least memory saved first."""
@@ -68,8 +67,7 @@ class PlanRequest:
     shortlist: int = 4
     """Configurations the simulator must find fitting before the search stops."""
     judge_budget: int = 2000
-    """Configurations beyond the short-list the search may judge while bounding (autopp.solve.search.prove: in order
-    of a lower bound of their simulated step, until it reaches the best step found); 0: the short-list alone."""
+    """Configurations judged beyond the short-list, by lower bound (autopp.solve.search.prove); 0: the short-list."""
     synthesize: bool = False
     """Also try a CP-SAT-synthesized order for the best candidate's split (autopp.solve.assemble.reorder)."""
     synth_time_limit_s: float = 10.0
@@ -77,8 +75,7 @@ class PlanRequest:
     placement_time_limit_s: float = 10.0
     """CP-SAT time limit for choosing the device order of a heterogeneous cluster (autopp.solve.cpsat.placement)."""
     ties: bool = False
-    """Compare candidates within the band of the profile's spreads as ties, kept by a stated rule (fewer
-    microbatches, then less peak memory; autopp.solve.search.band); False: the fastest (then less memory)."""
+    """Candidates within the profile's spreads' band tie, kept by fewer microbatches, then less memory (search.band)."""
     trainer: str | None = None
     """Search only what this trainer runs (autopp.data.trainers: "torchtitan", "megatron", "deepspeed"): its
     schedules and synthesized orders, ZeRO stages and axes, and one activation policy for every stage (`recompute`
