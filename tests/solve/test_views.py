@@ -140,6 +140,13 @@ def test_weights_tied_between_stages_rule_out_tp_and_zero(profile) -> None:  # t
     megatron = make_plan(tied, PlanRequest(cluster=_nodes(), global_batch=16, tied_across_stages=True,
                                            pins=LayoutPins(pp=2, dp=2, tp=2, zero=ZERO[1])))
     assert (megatron.layout.pp, megatron.layout.tp, megatron.layout.zero) == (2, 2, ZERO[1])
+    # and says so: the runner refuses it (autopp.run.worker), and the shards' sum is not costed
+    said = [n for n in megatron.notes if "`tied_across_stages`" in n]
+    assert len(said) == 1 and "'emb.weight', tied between units" in said[0] and "stages 0 and 1" in said[0]
+    assert "autopp run refuses" in said[0]
+    untied = make_plan(tied, PlanRequest(cluster=_nodes(), global_batch=16, tied_across_stages=True,
+                                         pins=LayoutPins(pp=2, dp=4, tp=1, zero=NO_ZERO)))
+    assert not any("`tied_across_stages`" in n for n in untied.notes)  # no mesh: nothing left to the trainer
 
 
 def test_collective_counts_do_not_grow_with_the_microbatch(profile) -> None:  # type: ignore[no-untyped-def]

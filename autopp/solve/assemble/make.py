@@ -20,7 +20,7 @@ from ..search.judge import Verdict
 from ..search.prove import Proof
 from ..cpsat.placement import place_devices
 from ..search.request import Config, PlanRequest, RecomputeMode, configs, with_sp
-from ..search.runnable import PARALLEL_KEY, split_backward_refusal
+from ..search.runnable import PARALLEL_KEY, split_backward_refusal, tied_across_note
 from ..search.search import inflight, links_hold_messages, search
 from ..search.seqpipe import with_seq
 from ..search.views import Views
@@ -161,6 +161,9 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
                              whole=views.whole(c.microbatch_size))
     if plan.vocab is None and vocab_note:  # a plain baseline split simulated faster and replaced it
         plan = replace(plan, notes=tuple(n for n in plan.notes if n != vocab_note))
+    tie = tied_across_note(profile.meta.tied_parameters, plan.layout, tuple(s.units for s in plan.stages)) \
+        if request.tied_across_stages else None
+    plan = replace(plan, notes=plan.notes + (tie,)) if tie else plan
     if best.passes is not None:  # the band simulates plain configurations: a vocabulary-parallel plan has none
         return plan
     return _banded(plan, band(profile, request, best), best.step_s, tied)
