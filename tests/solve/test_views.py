@@ -215,6 +215,11 @@ def test_etp_is_searched_beside_each_ep_among_the_divisors_of_dp_over_ep() -> No
     with pytest.raises(LayoutError, match=r"^`etp` 2 shards the experts of an ep group, and ep is 1: give `ep` > 1, "
                                           r"or `etp` 1$"):
         PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=4, etp=2))
+    # etp pinned beside ZeRO 3 is refused in one line with ep searched too (it left no configuration, and the
+    # search blamed the global batch)
+    for ep in (None, 2):
+        with pytest.raises(LayoutError, match=r"^`zero` 3 with `etp` 2: autopp plans expert tensor parallelism"):
+            PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=ep, etp=2, zero=ZERO[3]))
 
 
 def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile) -> None:  # type: ignore[no-untyped-def]
