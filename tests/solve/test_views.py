@@ -243,6 +243,13 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
                for n in half.notes)
     dense = make_plan(profile, req)
     assert any("the profile records no stacked experts" in n for n in dense.notes)
+    # a pinned ep must divide the experts (no trainer, nor the runner, gives a rank 6 / 4 of them): refused in
+    # one line where it was planned; the dense profile takes any ep
+    six = Profile(replace(moe.meta, extra={"moe": {"num_experts": 6, "top_k": 2}}), moe.units, moe.edges, moe.tp_units)
+    with pytest.raises(LayoutError, match=r"^`ep` 4 does not divide the model's 6 routed experts per layer \(each "
+                                          r"ep rank holds experts / ep of them\): give a divisor of 6$"):
+        make_plan(six, replace(req, pins=LayoutPins(pp=2, dp=4, ep=4)))
+    assert make_plan(six, replace(req, pins=LayoutPins(pp=2, dp=4, ep=2))).layout.ep == 2
     assert dense.predicted.step_time_s == pytest.approx(
         make_plan(profile, replace(req, pins=LayoutPins(pp=4, dp=2))).predicted.step_time_s)
 
