@@ -142,7 +142,7 @@ def test_weights_tied_between_stages_rule_out_tp_and_zero(profile) -> None:  # t
     assert (megatron.layout.pp, megatron.layout.tp, megatron.layout.zero) == (2, 2, ZERO[1])
     # and says so: the runner refuses it (autopp.run.worker), and the shards' sum is not costed
     said = [n for n in megatron.notes if "`tied_across_stages`" in n]
-    assert len(said) == 1 and "'emb.weight', tied between units" in said[0] and "stages 0 and 1" in said[0]
+    assert len(said) == 1 and "'emb.weight', tied between units" in said[0] and "two stages (0 and 1)" in said[0]
     assert "autopp run refuses" in said[0]
     untied = make_plan(tied, PlanRequest(cluster=_nodes(), global_batch=16, tied_across_stages=True,
                                          pins=LayoutPins(pp=2, dp=4, tp=1, zero=NO_ZERO)))
@@ -222,15 +222,19 @@ def test_etp_is_searched_beside_each_ep_among_the_divisors_of_dp_over_ep() -> No
             PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=ep, etp=2, zero=ZERO[3]))
 
 
+def _moe(profile, experts: int = 8):  # type: ignore[no-untyped-def]
+    """`profile` with units 1 to 16 holding one MoE layer each of `experts` experts (top-2), half their bytes."""
+    from autopp.data.profile import Profile
+    blocks = profile.units.unit.between(1, 16)
+    return Profile(replace(profile.meta, extra={"moe": {"num_experts": experts, "top_k": 2}}),
+                   profile.units.assign(expert_param_bytes=np.where(blocks, profile.units.param_bytes // 2, 0),
+                                        moe_layers=np.where(blocks, 1, 0)), profile.edges, profile.tp_units)
+
+
 def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile) -> None:  # type: ignore[no-untyped-def]
     """The plan of a pinned ep 2 records it, its notes say the experts and routing sharded, and with a profile that
     has no stacked experts that ep changes nothing (the same step as ep 1)."""
-    from autopp.data.profile import Profile
-    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
-                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
-                                                                   profile.units.param_bytes // 2, 0),
-                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
-                  profile.edges, profile.tp_units)
+    moe = _moe(profile)
     req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(pp=4, dp=2, ep=2))
     plan = make_plan(moe, req)
     assert plan.layout == Layout(pp=4, dp=2, ep=2)
@@ -245,7 +249,7 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
     assert any("the profile records no stacked experts" in n for n in dense.notes)
     # a pinned ep must divide the experts (no trainer, nor the runner, gives a rank 6 / 4 of them): refused in
     # one line where it was planned; the dense profile takes any ep
-    six = Profile(replace(moe.meta, extra={"moe": {"num_experts": 6, "top_k": 2}}), moe.units, moe.edges, moe.tp_units)
+    six = _moe(profile, experts=6)
     with pytest.raises(LayoutError, match=r"^`ep` 4 does not divide the model's 6 routed experts per layer \(each "
                                           r"ep rank holds experts / ep of them\): give a divisor of 6$"):
         make_plan(six, replace(req, pins=LayoutPins(pp=2, dp=4, ep=4)))
@@ -258,12 +262,7 @@ def test_fsdp_beside_ep_at_pp_1_plans_and_notes_the_experts(profile) -> None:  #
     """Issue 30: ZeRO 3 beside ep at pp 1 (FSDP2, as NeMo AutoModel's EP8 x FSDP8) plans; its notes say the experts
     are sharded over the ranks holding the same (dp 8, ep 2: 4) or, with ep = dp, not sharded further; it holds
     fewer static bytes than ZeRO 1 beside the same ep."""
-    from autopp.data.profile import Profile
-    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
-                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
-                                                                   profile.units.param_bytes // 2, 0),
-                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
-                  profile.edges, profile.tp_units)
+    moe = _moe(profile)
     notes = {}
     for ep in (2, 8):
         req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[3]))
@@ -280,12 +279,7 @@ def test_the_search_takes_fsdp_beside_ep_where_only_it_fits(profile) -> None:  #
     """Issue 30: with zero and ep searched at pp 1 x dp 8, a memory that only ZeRO 3 beside ep fits (with ep 2 its
     working memory gathers half the experts that ZeRO 3 without ep gathers; ZeRO 1 keeps the weights whole) makes
     the search take it; with more memory it takes what is faster."""
-    from autopp.data.profile import Profile
-    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
-                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
-                                                                   profile.units.param_bytes // 2, 0),
-                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
-                  profile.edges, profile.tp_units)
+    moe = _moe(profile)
     peaks = {}
     for zero, ep in ((1, 2), (3, 1), (3, 2)):
         pins = LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[zero])
