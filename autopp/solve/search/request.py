@@ -67,7 +67,7 @@ class PlanRequest:
     shortlist: int = 4
     """Configurations the simulator must find fitting before the search stops."""
     judge_budget: int = 2000
-    """Configurations the branch and bound judges by lower bound, short-listed ones included (prove.py); 0: the short-list."""
+    """Configurations the branch and bound judges by bound, short-listed ones included (prove.py); 0: the short-list."""
     synthesize: bool = False
     """Also try a CP-SAT-synthesized order for the best candidate's split (autopp.solve.assemble.reorder)."""
     synth_time_limit_s: float = 10.0
