@@ -611,6 +611,12 @@ CASES += [
                      "without a pipeline"),
     Case("flag:plan-ep-with-tp", lambda env: _plan_args(env, "--dp", "1", "--tp", "2", "--ep", "2"),
          lambda env: "--ep 2 runs with --tp 1 and a --dp it divides"),
+    # a pinned ep that does not divide the routed experts (Qwen3-30B-A3B's 128) is refused before planning
+    Case("flag:plan-ep-does-not-divide-experts",
+         lambda env: ["plan", "--profile", str(ROOT / "profiles" / "qwen3-30b-a3b-h100-sxm-s4096"), "--devices", "3",
+                      "--memory", "80GiB",
+                      "--dp", "3", "--ep", "3", "-o", str(env.tmp / "out.json")],
+         lambda env: "--ep 3 does not divide the model's 128 routed experts per layer"),
     # issue 24's proof axis: expert tensor parallelism is carved beside ep from dp
     Case("flag:plan-etp-without-ep", lambda env: _plan_args(env, "--dp", "2", "--etp", "2"),
          lambda env: "--etp 2 shards the experts of an ep group, and ep is 1: give --ep > 1, or --etp 1"),

@@ -66,10 +66,11 @@ Expert parallelism (`ExpertTable`, `expert_parallel`; torchtitan/distributed/exp
 MoE all-to-all dispatcher, DeepSeek-V3 arXiv:2412.19437 s.3.2): a stage's dp replicas form dp / ep groups of ep
 ranks (ep fastest, Megatron's "tp-cp-ep-dp-pp" order); each rank of an ep group holds E / ep of every MoE layer's
 experts. Per unit, the stacked expert weights (`expert_param_bytes`) and their gradient and optimizer state count
-1 / ep; the dense gradients are all-reduced over dp, the expert ones over the r = dp / ep ranks holding the same
-experts (none when ep = dp). That second all-reduce is charged as part of the step's dp-wide one (`grads`): an
-expert gradient byte weighs ((r - 1) / r) / ((d - 1) / d), its ring time over r ranks against d (`ExpertBytes`; on
-the dp group's link, which the strided replicas cross as well). Under balanced routing (docs/analytic.md: every
+1 / ep (1 / (ep x etp) with expert tensor parallelism, autopp.costmodel.experts); the dense gradients are
+all-reduced over dp, the expert ones over the r = dp / (ep x etp) ranks holding the same shard (none when r = 1).
+That second all-reduce is charged as part of the step's dp-wide one (`grads`): an expert gradient byte weighs
+((r - 1) / r) / ((d - 1) / d), its ring time over r ranks against d (`ExpertBytes`; on the dp group's link, which
+the strided replicas cross as well). Under balanced routing (docs/analytic.md: every
 expert gets tokens x top-k / E rows) a rank computes as many expert rows as without ep, so the FLOPs are unchanged,
 but its expert GEMMs read 1 / ep of the expert weights: re-timed per pass from the profile's expert columns
 (autopp.costmodel.experts; a profile without them keeps the ep-1 times).
@@ -150,7 +151,8 @@ def group_table(profile: Profile, view: UnitView) -> ProfileTable:
 class ExpertTable(ProfileTable):
     """A `ProfileTable` (tp 1) whose units hold 1 / ep of their stacked experts (module docstring), with the bytes
     of their all-to-alls per microbatch (`UnitArrays.ep_comm`) and their expert GEMMs re-timed for 1 / ep of the
-    weights (`expert_gemms`, when the profile has the columns); `replicas` (dp / ep) ranks hold the same experts."""
+    weights (`expert_gemms`, when the profile has the columns); `replicas` (dp / (ep x etp)) ranks hold the same
+    expert shard; with `etp`, each expert's GEMMs and bytes over etp ranks too (`expert_tensor_rows`)."""
 
     def __init__(self, profile: Profile, ep: int, replicas: int = 1, etp: int = 1) -> None:
         super().__init__(profile, 1)
@@ -257,11 +259,11 @@ def data_sharded(a: UnitArrays, view: UnitView, reduce_time: Callable[[np.ndarra
                  experts: Callable[[np.ndarray], np.ndarray] | None = None) -> UnitArrays:
     """`a` with the view's ZeRO stage over its d = `view.sync` ranks (module docstring): static bytes, the
     all-gather before each forward (stage 3), the reduce-scatter after each backward (stage 2), the optimizer's
-    shard; expert bytes (`a.expert`) over their own dp / ep ranks. `reduce_time(bytes)`: per unit, an all-reduce of
-    those bytes over the synchronisation (shard) group; `across(bytes)`: HSDP's all-reduce of a gradient shard over
-    the replicas (`view.replicate`), charged here per microbatch where FSDP2 runs outside a pipeline (else at the
-    step's end, autopp.costmodel.terms); `experts(bytes)`: an all-reduce over the experts' replicas, under FSDP2
-    (autopp.costmodel.fsdp)."""
+    shard; expert bytes (`a.expert`) over their own dp / (ep x etp) ranks. `reduce_time(bytes)`: per unit, an
+    all-reduce of those bytes over the synchronisation (shard) group; `across(bytes)`: HSDP's all-reduce of a
+    gradient shard over the replicas (`view.replicate`), charged here per microbatch where FSDP2 runs outside a
+    pipeline (else at the step's end, autopp.costmodel.terms); `experts(bytes)`: an all-reduce over the experts'
+    replicas, under FSDP2 (autopp.costmodel.fsdp)."""
     zero, d = view.zero, view.sync
     if zero.replicated or d == 1:
         return replace(a, zero=NO_ZERO)

@@ -43,15 +43,16 @@ class TpComm:
 @dataclass(frozen=True, eq=False)
 class ExpertBytes:
     """Per unit, a rank's share of the stacked experts' static bytes under expert parallelism (already divided by
-    ep; autopp.costmodel.parallel.ExpertTable), which ZeRO shards over the dp / ep ranks holding the same experts,
-    and the weight their gradient bytes carry in `UnitArrays.grads` (the step's synchronisation)."""
+    ep x etp; autopp.costmodel.parallel.ExpertTable), which ZeRO shards over the dp / (ep x etp) ranks holding the
+    same expert shard, and the weight their gradient bytes carry in `UnitArrays.grads` (the step's
+    synchronisation)."""
 
     params: np.ndarray
     grads: np.ndarray
     optimizer: np.ndarray
     """Optimizer-state bytes."""
     replicas: int
-    """The data-parallel ranks holding the same experts (dp / ep)."""
+    """The data-parallel ranks holding the same expert shard (dp / (ep x etp))."""
     sync_weight: float
     """How many bytes of a dp-wide all-reduce one byte of expert gradient costs over the `replicas`: ring
     ((r - 1) / r) / ((d - 1) / d), 0 when r = 1."""

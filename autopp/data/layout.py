@@ -284,6 +284,7 @@ class UnitView(NamedTuple):
     replicate: int = 1
     """HSDP's replicas of each shard group (`Layout.dp_replicate`): they all-reduce the shards' gradients."""
     etp: int = 1
+    """Expert tensor parallelism beside ep (`Layout.etp`): each expert's GEMMs and bytes over etp more ranks."""
 
     @property
     def group(self) -> int:

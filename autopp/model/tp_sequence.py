@@ -21,6 +21,7 @@ copy into the whole gradient (an all-gather's)."""
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from typing import Any, Mapping, Sequence
 
@@ -31,6 +32,10 @@ from .contract import ModelFile
 from .tp import local_shard
 
 __all__ = ["sequence_shard", "sequence_model_file"]
+
+#: The residual stream's shards the blocks made, by id: weak, so a shard's id freed when it dies and recycled for a
+#: whole tensor (the next forward's embedding output) is not taken for a shard (`_is_shard`).
+_Marks = weakref.WeakValueDictionary[int, torch.Tensor]
 
 
 def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | str, torch.Tensor] | None:
@@ -52,22 +57,27 @@ def _replaced(args: tuple[Any, ...], kwargs: dict[str, Any], where: int | str, v
     return args, {**kwargs, where: value}
 
 
-def _shard_input(t: int, sharded: set[int], _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+def _is_shard(sharded: _Marks, x: torch.Tensor) -> bool:
+    """Whether `x` is itself a shard a block made (its id alone may be a dead shard's, recycled)."""
+    return sharded.get(id(x)) is x
+
+
+def _shard_input(t: int, sharded: _Marks, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                  ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """A block's pre-hook: its first input narrowed to 1/t of the sequence unless a block already sharded it."""
     found = _first_tensor(args, kwargs)
-    if found is None or id(found[1]) in sharded or found[1].dim() < 3:
+    if found is None or _is_shard(sharded, found[1]) or found[1].dim() < 3:
         return None
     where, x = found
     return _replaced(args, kwargs, where, x.narrow(1, 0, x.shape[1] // t))
 
 
-def _mark(sharded: set[int], _module: nn.Module, _args: Any, out: Any) -> None:
+def _mark(sharded: _Marks, _module: nn.Module, _args: Any, out: Any) -> None:
     """A block's hook: its output (or the first tensor of it) is the residual stream's shard."""
     first = out if isinstance(out, torch.Tensor) else next(
         (o for o in (out if isinstance(out, (tuple, list)) else ()) if isinstance(o, torch.Tensor)), None)
     if first is not None:
-        sharded.add(id(first))
+        sharded[id(first)] = first
 
 
 def _gather_input(t: int, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -96,7 +106,7 @@ def sequence_shard(model: nn.Module, resolved: Mapping[str, str], sequence: Sequ
     local_shard(model, dict(resolved), t)
     regions = {_parent(n) for n, s in resolved.items() if s == "colwise"}
     blocks = {b for b in (_parent(n) for n in sequence) if any(r.startswith(b + ".") for r in regions)}
-    sharded: set[int] = set()
+    sharded: _Marks = _Marks()
     for name in blocks:
         block = model.get_submodule(name)
         block.register_forward_pre_hook(partial(_shard_input, t, sharded), with_kwargs=True)

@@ -41,6 +41,18 @@ def _shapes(model: nn.Module, names: list[str]) -> dict[str, list[tuple[int, ...
     return seen
 
 
+def _llama_plan() -> tuple[Any, nn.Module, dict[str, str], list[str]]:
+    """examples/hf_llama.py (4 blocks, width 64, 4 heads, 32 tokens) on meta: its model file, model, resolved TP
+    plan and sequence-wise modules."""
+    pytest.importorskip("transformers")
+    mf = load_model_file(EXAMPLES / "hf_llama.py")
+    model = build_meta(mf).model
+    plan = find_tp_plan(mf, model)
+    assert plan is not None
+    resolved = resolve(plan, model)
+    return mf, model, resolved, sequence_modules(plan, model, resolved)
+
+
 def test_the_stream_holds_a_share_of_the_sequence_and_attention_all_of_it() -> None:
     pytest.importorskip("transformers")
     mf = load_model_file(EXAMPLES / "hf_llama.py")  # 4 blocks, width 64, 4 heads, 32 tokens
@@ -62,14 +74,24 @@ def test_the_stream_holds_a_share_of_the_sequence_and_attention_all_of_it() -> N
     assert seen["model.layers.1.mlp.down_proj"] == [(2, 32, 128)]  # 256 / 2 features, all 32 tokens
 
 
+def test_a_recycled_id_is_not_taken_for_a_shard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The blocks remember the shards they made by id; a later whole tensor with a dead shard's id (CPython recycles
+    them) must still be narrowed. Every tensor given one id: the second forward's first block still takes its share
+    (with a set of ids it read the embedding's whole output as the previous forward's last shard)."""
+    import autopp.model.tp_sequence as tp_sequence
+    mf, model, resolved, sequence = _llama_plan()
+    sequence_shard(model, resolved, sequence, 2)
+    seen = _shapes(model, ["model.layers.0.input_layernorm", "model.layers.1.input_layernorm"])
+    monkeypatch.setattr(tp_sequence, "id", lambda _x: 0, raising=False)
+    inputs, _ = mf.sample_batch(2)
+    for _ in range(2):
+        run_fake(lambda *i: model(*i), *inputs)
+    assert seen["model.layers.0.input_layernorm"] == seen["model.layers.1.input_layernorm"] == [(2, 16, 64)] * 2
+
+
 def test_the_model_file_builds_the_shard_with_the_models_modules() -> None:
-    pytest.importorskip("transformers")
-    mf = load_model_file(EXAMPLES / "hf_llama.py")
-    model = build_meta(mf).model
-    plan = find_tp_plan(mf, model)
-    assert plan is not None
-    resolved = resolve(plan, model)
-    local = sequence_model_file(mf, resolved, sequence_modules(plan, model, resolved), 2)
+    mf, model, resolved, sequence = _llama_plan()
+    local = sequence_model_file(mf, resolved, sequence, 2)
     built = local.build_model()
     assert built.get_submodule("model.layers.0.self_attn.q_proj").out_features == 64 // 2
     assert [n for n, _ in built.named_modules()] == [n for n, _ in model.named_modules()]

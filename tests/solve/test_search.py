@@ -374,6 +374,12 @@ def test_the_search_takes_etp_where_ep_cannot_shard_the_experts_further(memory_g
     assert plan.layout.etp == etp and (etp == 1 or plan.layout.ep == 2)
     assert any("expert tensor parallelism 2: each expert's GEMMs sharded over 2 ranks" in n for n in plan.notes) is (
         etp == 2)
+    # at tp 1, etp's pairs are what the breakdown's TP/SP row times, as its note says
+    assert plan.time_breakdown is not None
+    tp_row = next((exposed, hidden) for name, exposed, hidden in plan.time_breakdown.rows(plan.layout.pp)
+                  if name == "TP/SP collectives")
+    assert (sum(tp_row) > 0) is (etp == 2) and any("the time breakdown's TP/SP collectives" in n
+                                                   for n in plan.notes) is (etp == 2)
     if etp == 2:
         with pytest.raises(InfeasibleError):
             make_plan(moe, PlanRequest(cluster=cluster, global_batch=32, pins=LayoutPins(pp=2, dp=4, ep=None)))

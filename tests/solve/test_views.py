@@ -140,6 +140,13 @@ def test_weights_tied_between_stages_rule_out_tp_and_zero(profile) -> None:  # t
     megatron = make_plan(tied, PlanRequest(cluster=_nodes(), global_batch=16, tied_across_stages=True,
                                            pins=LayoutPins(pp=2, dp=2, tp=2, zero=ZERO[1])))
     assert (megatron.layout.pp, megatron.layout.tp, megatron.layout.zero) == (2, 2, ZERO[1])
+    # and says so: the runner refuses it (autopp.run.worker), and the shards' sum is not costed
+    said = [n for n in megatron.notes if "`tied_across_stages`" in n]
+    assert len(said) == 1 and "'emb.weight', tied between units" in said[0] and "two stages (0 and 1)" in said[0]
+    assert "autopp run refuses" in said[0]
+    untied = make_plan(tied, PlanRequest(cluster=_nodes(), global_batch=16, tied_across_stages=True,
+                                         pins=LayoutPins(pp=2, dp=4, tp=1, zero=NO_ZERO)))
+    assert not any("`tied_across_stages`" in n for n in untied.notes)  # no mesh: nothing left to the trainer
 
 
 def test_collective_counts_do_not_grow_with_the_microbatch(profile) -> None:  # type: ignore[no-untyped-def]
@@ -208,17 +215,26 @@ def test_etp_is_searched_beside_each_ep_among_the_divisors_of_dp_over_ep() -> No
     with pytest.raises(LayoutError, match=r"^`etp` 2 shards the experts of an ep group, and ep is 1: give `ep` > 1, "
                                           r"or `etp` 1$"):
         PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=4, etp=2))
+    # etp pinned beside ZeRO 3 is refused in one line with ep searched too (it left no configuration, and the
+    # search blamed the global batch)
+    for ep in (None, 2):
+        with pytest.raises(LayoutError, match=r"^`zero` 3 with `etp` 2: autopp plans expert tensor parallelism"):
+            PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=None, ep=ep, etp=2, zero=ZERO[3]))
+
+
+def _moe(profile, experts: int = 8):  # type: ignore[no-untyped-def]
+    """`profile` with units 1 to 16 holding one MoE layer each of `experts` experts (top-2), half their bytes."""
+    from autopp.data.profile import Profile
+    blocks = profile.units.unit.between(1, 16)
+    return Profile(replace(profile.meta, extra={"moe": {"num_experts": experts, "top_k": 2}}),
+                   profile.units.assign(expert_param_bytes=np.where(blocks, profile.units.param_bytes // 2, 0),
+                                        moe_layers=np.where(blocks, 1, 0)), profile.edges, profile.tp_units)
 
 
 def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile) -> None:  # type: ignore[no-untyped-def]
     """The plan of a pinned ep 2 records it, its notes say the experts and routing sharded, and with a profile that
     has no stacked experts that ep changes nothing (the same step as ep 1)."""
-    from autopp.data.profile import Profile
-    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
-                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
-                                                                   profile.units.param_bytes // 2, 0),
-                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
-                  profile.edges, profile.tp_units)
+    moe = _moe(profile)
     req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(pp=4, dp=2, ep=2))
     plan = make_plan(moe, req)
     assert plan.layout == Layout(pp=4, dp=2, ep=2)
@@ -231,6 +247,13 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
                for n in half.notes)
     dense = make_plan(profile, req)
     assert any("the profile records no stacked experts" in n for n in dense.notes)
+    # a pinned ep must divide the experts (no trainer, nor the runner, gives a rank 6 / 4 of them): refused in
+    # one line where it was planned; the dense profile takes any ep
+    six = _moe(profile, experts=6)
+    with pytest.raises(LayoutError, match=r"^`ep` 4 does not divide the model's 6 routed experts per layer \(each "
+                                          r"ep rank holds experts / ep of them\): give a divisor of 6$"):
+        make_plan(six, replace(req, pins=LayoutPins(pp=2, dp=4, ep=4)))
+    assert make_plan(six, replace(req, pins=LayoutPins(pp=2, dp=4, ep=2))).layout.ep == 2
     assert dense.predicted.step_time_s == pytest.approx(
         make_plan(profile, replace(req, pins=LayoutPins(pp=4, dp=2))).predicted.step_time_s)
 
@@ -239,12 +262,7 @@ def test_fsdp_beside_ep_at_pp_1_plans_and_notes_the_experts(profile) -> None:  #
     """Issue 30: ZeRO 3 beside ep at pp 1 (FSDP2, as NeMo AutoModel's EP8 x FSDP8) plans; its notes say the experts
     are sharded over the ranks holding the same (dp 8, ep 2: 4) or, with ep = dp, not sharded further; it holds
     fewer static bytes than ZeRO 1 beside the same ep."""
-    from autopp.data.profile import Profile
-    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
-                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
-                                                                   profile.units.param_bytes // 2, 0),
-                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
-                  profile.edges, profile.tp_units)
+    moe = _moe(profile)
     notes = {}
     for ep in (2, 8):
         req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[3]))
@@ -261,12 +279,7 @@ def test_the_search_takes_fsdp_beside_ep_where_only_it_fits(profile) -> None:  #
     """Issue 30: with zero and ep searched at pp 1 x dp 8, a memory that only ZeRO 3 beside ep fits (with ep 2 its
     working memory gathers half the experts that ZeRO 3 without ep gathers; ZeRO 1 keeps the weights whole) makes
     the search take it; with more memory it takes what is faster."""
-    from autopp.data.profile import Profile
-    moe = Profile(replace(profile.meta, extra={"moe": {"num_experts": 8, "top_k": 2}}),
-                  profile.units.assign(expert_param_bytes=np.where(profile.units.unit.between(1, 16),
-                                                                   profile.units.param_bytes // 2, 0),
-                                       moe_layers=np.where(profile.units.unit.between(1, 16), 1, 0)),
-                  profile.edges, profile.tp_units)
+    moe = _moe(profile)
     peaks = {}
     for zero, ep in ((1, 2), (3, 1), (3, 2)):
         pins = LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[zero])

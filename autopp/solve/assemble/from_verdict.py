@@ -159,7 +159,8 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
         groups = "" if ep == dp else f" form {dp // ep} groups of {ep} that each"
         tensor = "" if etp == 1 else (f"; expert tensor parallelism {etp}: each expert's GEMMs sharded over {etp} "
                                       "ranks beside them, the rows they receive all-gathered and the partial outputs "
-                                      "reduce-scattered, 2 + 2 per MoE layer and microbatch")
+                                      "reduce-scattered, 2 + 2 per MoE layer and microbatch (the time breakdown's "
+                                      "TP/SP collectives)")
         out.append(f"expert parallelism {ep}: each stage's {dp} replicas{groups} hold 1/{ep} of its experts "
                    f"({moe.get('num_experts')} per layer, top-{moe.get('top_k')}) and exchange the routed tokens by "
                    "all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)" + tensor

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ...costmodel import ProfileTable, sp_offered
 from ...schedule import Activation, policy
-from ...errors import AutoppError, InfeasibleError, ProfileError
+from ...errors import AutoppError, InfeasibleError, LayoutError, ProfileError
 from ...data.plan import Plan
 from ...data.profile import Profile
 from ...sizes import format_time
@@ -20,7 +20,7 @@ from ..search.judge import Verdict
 from ..search.prove import Proof
 from ..cpsat.placement import place_devices
 from ..search.request import Config, PlanRequest, RecomputeMode, configs, with_sp
-from ..search.runnable import PARALLEL_KEY, split_backward_refusal
+from ..search.runnable import PARALLEL_KEY, split_backward_refusal, tied_across_note
 from ..search.search import inflight, links_hold_messages, search
 from ..search.seqpipe import with_seq
 from ..search.views import Views
@@ -90,10 +90,21 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     heterogeneous cluster CP-SAT also chooses the device order (the plan's notes say which and how sure). For a
     `trainer`, which applies one activation policy to every stage, each allowed policy is planned for every stage
     and the fastest kept (`_uniform`). Sequence parallelism searched is decided first (`with_sp`)."""
+    _check_experts(profile, request)
     request = with_sp(request, sp_offered(profile))
     if request.trainer is not None and len(request.allowed()) > 1:
         return _uniform(profile, request)
     return _make_plan(profile, request)
+
+
+def _check_experts(profile: Profile, request: PlanRequest) -> None:
+    """A pinned ep must divide the routed experts per layer (searched ones do, `configs`): each rank holds E / ep of
+    them, and Megatron-Core, torchtitan and the runner refuse any other ep. A dense profile (no experts recorded)
+    takes any ep, which changes nothing (the plan says so)."""
+    ep, experts = request.pins.ep, int((profile.meta.extra.get("moe") or {}).get("num_experts") or 1)
+    if ep not in (None, 1) and experts > 1 and experts % ep:
+        raise LayoutError(f"`ep` {ep} does not divide the model's {experts} routed experts per layer (each ep rank "
+                          f"holds experts / ep of them): give a divisor of {experts}")
 
 
 def _uniform(profile: Profile, request: PlanRequest) -> Plan:
@@ -161,6 +172,9 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
                              whole=views.whole(c.microbatch_size))
     if plan.vocab is None and vocab_note:  # a plain baseline split simulated faster and replaced it
         plan = replace(plan, notes=tuple(n for n in plan.notes if n != vocab_note))
+    tie = tied_across_note(profile.meta.tied_parameters, plan.layout, tuple(s.units for s in plan.stages)) \
+        if request.tied_across_stages else None
+    plan = replace(plan, notes=plan.notes + (tie,)) if tie else plan
     if best.passes is not None:  # the band simulates plain configurations: a vocabulary-parallel plan has none
         return plan
     return _banded(plan, band(profile, request, best), best.step_s, tied)

@@ -67,7 +67,7 @@ class PlanRequest:
     shortlist: int = 4
     """Configurations the simulator must find fitting before the search stops."""
     judge_budget: int = 2000
-    """Configurations judged beyond the short-list, by lower bound (autopp.solve.search.prove); 0: the short-list."""
+    """Configurations the branch and bound judges by bound, short-listed ones included (prove.py); 0: the short-list."""
     synthesize: bool = False
     """Also try a CP-SAT-synthesized order for the best candidate's split (autopp.solve.assemble.reorder)."""
     synth_time_limit_s: float = 10.0
@@ -159,14 +159,14 @@ class PlanRequest:
                               f"{self.trainer}: {rules.vocab}; give `vocab` off")
 
     def _check_ep(self) -> None:
-        ep, zero, dp = self.pins.ep, self.pins.zero, self.pins.dp
+        ep, zero, dp, pp = self.pins.ep, self.pins.zero, self.pins.dp, self.pins.pp  # etp's ZeRO: ep pinned or not
+        if zero is not None and (pp not in (None, 1) and ep not in (None, 1) or self.pins.etp not in (None, 1)):
+            check_expert_zero(zero, ep or 1, pipelined=pp not in (None, 1), etp=self.pins.etp or 1)
         if ep in (None, 1):
             return
         if self.pins.tp not in (None, 1) or dp is not None and dp % ep:
             raise LayoutError(f"`ep` {ep} runs with `tp` 1 and a `dp` it divides (its ep ranks are carved from a "
                               f"stage's dp ranks); got dp {dp}, tp {self.pins.tp}")
-        if zero is not None and (self.pins.pp not in (None, 1) or self.pins.etp not in (None, 1)):
-            check_expert_zero(zero, ep, pipelined=self.pins.pp not in (None, 1), etp=self.pins.etp or 1)
 
     def view(self, group: int) -> PlanRequest:
         """The request as groups of `group` devices (a layout's `group`: cp x tp) see it: each group is one pipeline

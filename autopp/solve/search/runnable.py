@@ -20,7 +20,7 @@ from ...schedule import ScheduleName, describe, listed
 from ..partition.dp import Bounds
 
 __all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal",
-           "PARALLEL_KEY", "parallel_refusal", "mirror_refusal"]
+           "PARALLEL_KEY", "parallel_refusal", "tied_across_note", "mirror_refusal"]
 
 #: The key of `parallel_refusal`'s reasons among a search's exclusions (the others are schedule names).
 PARALLEL_KEY = "tensor parallelism or ZeRO"
@@ -79,13 +79,30 @@ def schedule_refusal(live_values: Sequence[LiveValue], schedule: ScheduleName, b
 def parallel_refusal(tied: Sequence[TiedGroup], layout: Layout, bounds: Bounds) -> str | None:
     """Why the runner would refuse `layout`'s tensor parallelism or ZeRO on this split (a weight tied between two of
     its stages), or None."""
+    found = _mesh_tie(tied, layout, bounds)
+    return None if found is None else (
+        f"{PARALLEL_KEY} excluded where {found[0]} two stages ({found[1]}): the runner sums tied weights only on "
+        "whole tensors; plan with `tp` 1 and `zero` 0, or untie the weight")
+
+
+def tied_across_note(tied: Sequence[TiedGroup], layout: Layout, bounds: Bounds) -> str | None:
+    """What a plan made with `PlanRequest.tied_across_stages` leaves to its trainer where `layout`'s tensor
+    parallelism or ZeRO meets a weight tied between two of its stages (`parallel_refusal`'s case), or None."""
+    found = _mesh_tie(tied, layout, bounds)
+    return None if found is None else (
+        f"{found[0]} two stages ({found[1]}) under {PARALLEL_KEY} (`tied_across_stages`): planned for a trainer "
+        "that sums its shards between them, as Megatron does its embedding group (that sum is not costed); autopp "
+        "run refuses the plan: it sums tied weights on whole tensors only")
+
+
+def _mesh_tie(tied: Sequence[TiedGroup], layout: Layout, bounds: Bounds) -> tuple[str, str] | None:
+    """With `layout`'s mesh (tp, cp or ZeRO), the first weight tied between two stages of `bounds` in words
+    ("'w', tied between units [0, 5], lands in") and those stages ("0 and 1"); else None."""
     split = _split_tie(tied, bounds) if uses_mesh(layout) else None
     if split is None:
         return None
     group, stages = split
-    return (f"{PARALLEL_KEY} excluded where {group.names[0]!r}, tied between units {list(group.units)}, lands "
-            f"in two stages ({stages[0]} and {stages[1]}): the runner sums tied weights only on whole "
-            f"tensors; plan with `tp` 1 and `zero` 0, or untie the weight")
+    return f"{group.names[0]!r}, tied between units {list(group.units)}, lands in", f"{stages[0]} and {stages[1]}"
 
 
 def _split_tie(tied: Sequence[TiedGroup], bounds: Bounds) -> tuple[TiedGroup, list[int]] | None:
