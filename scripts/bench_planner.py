@@ -34,11 +34,13 @@ CASES = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cases", default=None, help="comma-separated row numbers of CASES to run, from 0 (all)")
     args = parser.parse_args()
+    picked = range(len(CASES)) if args.cases is None else [int(k) for k in args.cases.split(",")]
     print("| units | devices | batch | schedule | dp | tp | zero | recompute | chosen | step s | efficiency | "
           "plan s median (min-max) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for n, d, batch, mem, sched, dp, rc, tp, zero in CASES:
+    for n, d, batch, mem, sched, dp, rc, tp, zero in (CASES[k] for k in picked):
         profile = synthetic_profile(n, tp_degrees=(2, 4, 8) if tp is None else ())
         cluster = Cluster(num_devices=d, memory_bytes=mem * GiB, link=FAST) if tp is not None else \
             cluster_from_catalog(load_device("h100-sxm"), None, nodes=d // 8, devices_per_node=8)

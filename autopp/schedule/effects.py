@@ -41,13 +41,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind
 from autopp.schedule.activation import Activation, Figures, policy
 
 __all__ = ["StageCost", "Footprint", "FREES", "durations", "footprint", "added_at_start", "freed_at_end",
-           "live_change", "inflight_peaks", "rank_static_bytes", "transient_peak", "rank_peak", "order_peaks",
-           "memory_timeline"]
+           "live_change", "inflight_peaks", "rank_static_bytes", "transient_peak", "rank_peak", "RankWalk",
+           "order_peaks", "memory_timeline"]
 
 
 _NO_FIGURES = Figures()
@@ -221,6 +223,35 @@ def rank_peak(actions: Sequence[Action], costs: Sequence[StageCost], activations
         peak = max(peak, held)
         held -= freed
     return peak + transient_peak((a[0] for a in actions), costs)
+
+
+_KINDS = tuple(sorted(COMPUTE_KINDS, key=lambda k: k.value))
+
+
+class RankWalk:
+    """One rank's compute actions, kept as arrays to take `rank_peak` under many policy choices (the memory walks of
+    the search and the refinement try one policy after another on the same order): the same peak, in integers, with
+    numpy's cumulative sums instead of a Python loop over the actions."""
+
+    def __init__(self, actions: Sequence[Action]) -> None:
+        self.actions = actions
+        self.stages = np.fromiter((a[0] for a in actions), dtype=np.int64, count=len(actions))
+        self.used = sorted(set(self.stages.tolist()))
+        slot = {s: k for k, s in enumerate(self.used)}
+        self.rows = np.fromiter((slot[a[0]] * len(_KINDS) + _KINDS.index(a[1]) for a in actions), dtype=np.int64,
+                                count=len(actions))
+
+    def peak(self, costs: Sequence[StageCost], activations: Sequence[Activation], static: int) -> int:
+        """`rank_peak(actions, costs, activations, static)`."""
+        if not self.used:
+            return static
+        table = _ByteTable(costs, activations)
+        pairs = [table[s][k] for s in self.used for k in _KINDS]
+        if not all(type(x) is int for pair in pairs for x in pair):
+            return rank_peak(self.actions, costs, activations, static)  # exact integers only
+        added, freed = np.array(pairs, dtype=np.int64)[self.rows].T
+        held = np.cumsum(added) - np.cumsum(freed) + freed  # after each action's allocation, before its free
+        return max(static, static + int(held.max())) + transient_peak(self.used, costs)
 
 
 def order_peaks(order: Mapping[int, Sequence[Action | None]], costs: Sequence[StageCost], owner: Sequence[int],

@@ -243,10 +243,15 @@ def _chimera_orders(p: int, m: int) -> tuple[tuple[Action, ...], ...]:
     inflight = {(s, up): 0 for s in range(p) for up in (False, True)}
     busy_until = [0] * p
     orders: list[list[Action]] = [[] for _ in range(p)]
-    todo = {(s, k, i) for s in range(p) for k in (Kind.F, Kind.B) for i in range(m)}
 
     def rank_of(s: int, i: int) -> int:
         return s if i < half else p - 1 - s
+
+    # each rank's actions not yet run (the rule's key picks one action per rank whatever the iteration order)
+    todo: list[set[tuple[int, Kind, int]]] = [set() for _ in range(p)]
+    for s in range(p):
+        for i in range(m):
+            todo[rank_of(s, i)].update({(s, Kind.F, i), (s, Kind.B, i)})
 
     def ready(s: int, k: Kind, i: int, t: int) -> bool:
         if k is Kind.F:
@@ -254,15 +259,15 @@ def _chimera_orders(p: int, m: int) -> tuple[tuple[Action, ...], ...]:
         return done.get((s, Kind.F, i), t + 1) <= t and (s == p - 1 or done.get((s + 1, Kind.B, i), t + 1) <= t)
 
     t = 0
-    while todo:
+    while any(todo):
         for r in range(p):
             if busy_until[r] > t:
                 continue
-            mine = [x for x in todo if rank_of(x[0], x[2]) == r and ready(*x, t)]
+            mine = [x for x in todo[r] if ready(*x, t)]
             if not mine:
                 continue
             s, k, i = min(mine, key=lambda x: (x[1] is Kind.F, x[2] % half, x[2] >= half))
-            todo.discard((s, k, i))
+            todo[r].discard((s, k, i))
             busy_until[r] = t + cost[k]
             done[(s, k, i)] = t + cost[k]
             inflight[(s, i >= half)] += 1 if k is Kind.F else -1

@@ -12,8 +12,8 @@ from autopp.errors import ScheduleError
 from autopp.schedule import (NAMED, Action, Activation, Kind, ScheduleName, build_schedule, describe, policy,
                              simulate, stage_to_rank)
 from autopp.schedule.effects import (FREES, Footprint, StageCost, added_at_start, durations, footprint, freed_at_end,
-                                     inflight_peaks, live_change, memory_timeline, order_peaks, rank_peak,
-                                     transient_peak)
+                                     RankWalk, inflight_peaks, live_change, memory_timeline, order_peaks,
+                                     rank_peak, transient_peak)
 
 KEEP, RECOMPUTE = Activation.KEEP, Activation.RECOMPUTE
 
@@ -80,6 +80,19 @@ def test_memory_walks_equal_the_simulated_timeline(name: ScheduleName) -> None:
         timeline = memory_timeline([e for e in sim.events if e.rank == r], costs, activations, static)
         assert timeline == sim.memory_timeline[r] and timeline[-1] == (timeline[-1][0], static)
         assert rank_peak(order[r], costs, activations, static) == peaks[r] == sim.peak_memory_bytes[r]
+
+
+@pytest.mark.parametrize("name", ONE_OWNER, ids=lambda n: n.value)
+def test_a_rank_walk_gives_rank_peak_under_every_policy_choice(name: ScheduleName) -> None:
+    order, costs, owner, _ = _case(name, 5)
+    rng = random.Random(name.value)
+    working = [replace(c, transient_bytes=rng.randint(0, 40)) for c in costs]
+    for r in sorted(order):
+        walk = RankWalk(order[r])
+        for _ in range(6):
+            activations = [rng.choice(list(Activation)) for _ in owner]
+            assert walk.peak(working, activations, 17) == rank_peak(order[r], working, activations, 17)
+    assert RankWalk([]).peak(working, [KEEP] * len(owner), 17) == rank_peak([], working, [KEEP] * len(owner), 17)
 
 
 @pytest.mark.parametrize("name", ONE_OWNER, ids=lambda n: n.value)

@@ -4,6 +4,7 @@ cases of every named schedule; the local search never returns worse than its see
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from autopp.data.layout import Layout
 from autopp.schedule import NAMED, Activation, ScheduleName, describe
 from autopp.solve.partition.brute import brute_force
 from autopp.solve.search.judge import Candidate, judge
-from autopp.solve.partition.refine import _rank_actions, recompute_choices, refine
+from autopp.solve.partition.refine import _rank_actions, candidate_floor, recompute_choices, refine
 
 from ..conftest import seeds
 
@@ -63,6 +64,19 @@ def test_exact_mode_equals_the_brute_force(name: ScheduleName, seed: int) -> Non
         if want is not None and got.best is not None:
             assert got.best.step_s == want.step_s, (ladder, got.best.candidate, want.candidate)
             assert got.best.fits and judge(a, cluster, got.best.candidate).step_s == got.best.step_s
+
+
+@pytest.mark.parametrize("name", NAMED, ids=lambda n: n.value)
+@pytest.mark.parametrize("seed", seeds(3, unit=(0,)))
+def test_a_candidates_floor_is_below_its_simulated_step_under_its_policies(name: ScheduleName, seed: int) -> None:
+    # the search leaves a configuration unjudged when this floor is above the best step (search/refining.py)
+    a, cluster, seed_cand = _case(name, seed)
+    rng = random.Random(seed)
+    for _ in range(4):
+        ends = [0, *sorted(rng.sample(range(1, a.n), len(seed_cand.bounds) - 1)), a.n]
+        acts = tuple(rng.choice((KEEP, RECOMPUTE)) for _ in seed_cand.bounds)
+        c = replace(seed_cand, bounds=tuple(zip(ends, ends[1:])), activations=acts)
+        assert candidate_floor(a, cluster, c) <= judge(a, cluster, c).step_s * (1 + 1e-9), c
 
 
 @pytest.mark.parametrize("seed", range(3))

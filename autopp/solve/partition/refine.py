@@ -29,19 +29,21 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from ...costmodel import UnitArrays, message_overheads, send_times, stage_costs, stage_speeds
+from ...costmodel import (UnitArrays, comm_times, message_overheads, send_times, stage_costs, stage_speeds,
+                         step_end_time)
 from ...data.cluster import Cluster
 from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost, policy
-from ...schedule.effects import durations, rank_peak, rank_static_bytes
+from ...schedule.effects import RankWalk, durations, rank_static_bytes
 from .baselines import baseline_bounds
 from .dp import Bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
 
-__all__ = ["Refined", "EXACT_LIMIT", "recompute_choices", "action_counts", "split_floor", "refine"]
+__all__ = ["Refined", "EXACT_LIMIT", "SLACK", "recompute_choices", "action_counts", "split_floor", "candidate_floor",
+           "refine"]
 
 EXACT_LIMIT = 1000
 """Most contiguous splits a configuration may have for `refine` to visit them all (exact mode)."""
-_SLACK = 1 + 1e-9
+SLACK = 1 + 1e-9
 """A floor from prefix sums may exceed the summed stage times by rounding: prune only beyond this factor."""
 _MAX_CHOICES = 16
 """Most recompute choices judged per split (the product of the ranks' minimal sets can grow as 2^p)."""
@@ -76,16 +78,17 @@ def _steps(stages: int, top: int) -> list[tuple[int, ...]]:
 
 def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions: dict[int, list[Action]],
                       memory: Callable[[int], int], ladder: tuple[Activation, ...],
-                      fixed: tuple[Activation, ...] | None = None, mirrored: bool = False
-                      ) -> list[tuple[Activation, ...]]:
+                      fixed: tuple[Activation, ...] | None = None, mirrored: bool = False,
+                      walks: dict[int, RankWalk] | None = None) -> list[tuple[Activation, ...]]:
     """Per-stage activation policies worth judging for one split: `fixed` (pinned policies), or a one-policy
     `ladder`, gives its one choice if it fits; a longer ladder (least memory saved first) gives the product over
     ranks of each rank's minimal fitting assignments of ladder steps to its stages (fewest steps first; at most
     `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device memory; `mirrored`: each rank
-    also holds its up replicas (Chimera, `effects.rank_static_bytes`)."""
+    also holds its up replicas (Chimera, `effects.rank_static_bytes`). `walks`: `actions` as `RankWalk`s (faster)."""
     n = len(costs)
+    walks = walks or {r: RankWalk(acts) for r, acts in actions.items()}
     if fixed is not None:
-        fits = all(rank_peak(actions[r], costs, fixed, rank_static_bytes(costs, owner, r, mirrored)) <= memory(r)
+        fits = all(walks[r].peak(costs, fixed, rank_static_bytes(costs, owner, r, mirrored)) <= memory(r)
                    for r in actions)
         return [fixed] if fits else []
     per_rank: list[list[dict[int, Activation]]] = []
@@ -103,7 +106,7 @@ def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions:
             policies = [ladder[0]] * n
             for s, k in zip(mine, steps):
                 policies[s] = ladder[k]
-            if rank_peak(actions[r], costs, policies, static) <= memory(r):
+            if walks[r].peak(costs, policies, static) <= memory(r):
                 minimal.append(steps)
         if not minimal:
             return []
@@ -121,15 +124,15 @@ def action_counts(actions: dict[int, list[Action]]) -> dict[int, Counter[tuple[i
 
 
 def split_floor(costs: Sequence[StageCost], owner: Sequence[int], comm: Sequence[float],
-                counts: dict[int, Counter[tuple[int, Kind]]], one_stage_per_rank: bool, mirrored: bool = False
-                ) -> float:
+                counts: dict[int, Counter[tuple[int, Kind]]], one_stage_per_rank: bool, mirrored: bool = False,
+                activations: Sequence[Activation] | None = None) -> float:
     """A lower bound of the simulated pipeline for these stage costs (no recomputation: it only adds time): over
     ranks, the rank's compute actions back to back (it runs one at a time), after the first microbatch's forwards
     through the stages before its first one (it has nothing to do earlier); with one stage per rank and full
     backwards also before that microbatch's backwards back through them (the rank's last action is its last B).
     `mirrored` (Chimera): the rank's first stage is the nearer to the head of its two replicas' chains, and its last
-    action is not known, so no tail."""
-    table = [durations(c, Activation.KEEP) for c in costs]
+    action is not known, so no tail. `activations`: each stage's policy, its redone work counted (default: keep)."""
+    table = [durations(c, p) for c, p in zip(costs, activations or [Activation.KEEP] * len(costs))]
     hop = [0.0, *[0.0 if owner[s - 1] == owner[s] else comm[s - 1] for s in range(1, len(costs))]]
     best = 0.0
     for r, count in counts.items():
@@ -139,6 +142,22 @@ def split_floor(costs: Sequence[StageCost], owner: Sequence[int], comm: Sequence
         tail = sum(table[s][Kind.B] + hop[s + 1] for s in range(first)) if one_stage_per_rank and not mirrored else 0.0
         best = max(best, head + busy + tail)
     return best
+
+
+def candidate_floor(a: UnitArrays, cluster: Cluster, c: Candidate) -> float:
+    """A lower bound of `judge(a, cluster, c).step_s`: `split_floor` of `c`'s split under its activation policies
+    on the judge's own stage costs and transfers, plus the step's end (`step_end_time`, which the judge adds as it
+    is). Not for schedules that overlap forward-backward pairs (`Descriptor.overlaps_f_b`: they hide part of F + B)."""
+    cluster = cluster.placed(c.layout)
+    owner = c.owner
+    speeds = stage_speeds(cluster, owner)
+    costs = stage_costs(a, c.bounds, speeds, message_overheads(cluster, owner), cluster.host_bandwidth)
+    counts = action_counts(_rank_actions(c))
+    split = any(kind in (Kind.I, Kind.W) for count in counts.values() for _, kind in count)
+    mirrored = c.mirror is not None
+    pipe = split_floor(costs, owner, comm_times(a, cluster, c.bounds, owner), counts,
+                       len(c.bounds) == c.layout.pp and not split, mirrored, c.activations)
+    return pipe + sum(step_end_time(a, cluster, c.bounds, owner, c.layout, speeds, mirrored))
 
 
 class _Search:
@@ -154,6 +173,7 @@ class _Search:
         self.speeds = stage_speeds(cluster, self.owner)
         self.overheads = message_overheads(cluster, self.owner)
         self.actions = _rank_actions(template)
+        self.walks = {r: RankWalk(acts) for r, acts in self.actions.items()}
         self.counts = action_counts(self.actions)
         split = any(kind in (Kind.I, Kind.W) for count in self.counts.values() for _, kind in count)
         self.one_stage_per_rank = len(template.bounds) == template.layout.pp and not split
@@ -174,7 +194,7 @@ class _Search:
 
     def stage(self, s: int, i: int, j: int) -> StageCost:
         """Stage s's times over units [i, j) from prefix sums: `stage_costs`'s figures up to rounding (a floor of
-        them, with `_SLACK`), at a fraction of its cost; bytes are left 0 (the floor needs none)."""
+        them, with `SLACK`), at a fraction of its cost; bytes are left 0 (the floor needs none)."""
         p, sp, start, rb = self.prefix, self.speeds[s], self.a.start_s(i), self.a.runtime_backward_s
         full = (p["b"][j] - p["b"][i] + start) / sp + rb
         return StageCost(forward_s=(p["f"][j] - p["f"][i]) / sp + self.a.runtime_forward_s,
@@ -188,14 +208,14 @@ class _Search:
         if bounds in self.seen or not self.admissible(bounds):
             return None
         self.seen.add(bounds)
-        if self.best is not None and self.floor(bounds) > self.best.step_s * _SLACK:
+        if self.best is not None and self.floor(bounds) > self.best.step_s * SLACK:
             return None
         # memory does not depend on speed; the policies' added times are compared per stage (`recompute_choices`)
         costs = stage_costs(self.a, bounds, [1.0] * len(bounds), host_bandwidth=self.cluster.host_bandwidth)
         memory = lambda r: self.cluster.device(r).memory_bytes  # noqa: E731
         found: Verdict | None = None
         for policies in recompute_choices(costs, self.owner, self.actions, memory, self.ladder, self.fixed,
-                                          self.mirrored):
+                                          self.mirrored, self.walks):
             verdict = judge(self.a, self.cluster, replace(self.template, bounds=bounds, activations=policies))
             self.judged += 1
             if verdict.fits and (found is None or _key(verdict) < _key(found)):
@@ -244,7 +264,7 @@ def refine(a: UnitArrays, cluster: Cluster, seed: Candidate, ladder: tuple[Activ
     if exact:
         # most promising first, so the best is found early and the rest is cut off by its floor
         for floor, bounds in sorted((search.floor(b), b) for b in _splits(a.n, stages)):
-            if floor > min(beat, search.best.step_s if search.best is not None else math.inf) * _SLACK:
+            if floor > min(beat, search.best.step_s if search.best is not None else math.inf) * SLACK:
                 break
             search.visit(bounds)
         return Refined(search.best, True, search.judged)

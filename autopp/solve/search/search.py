@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable
@@ -26,13 +25,13 @@ from ...costmodel import (ProfileTable, UnitArrays, comm_times, message_overhead
 from ...data.profile import Profile
 from ...schedule import COMPUTE_KINDS, Activation, ScheduleName, StageCost, describe, policy, stage_to_rank
 from ...schedule.sim_state import hidden_s
-from ...schedule.effects import inflight_peaks, rank_peak, rank_static_bytes
-from .band import band, choose
+from ...schedule.effects import RankWalk, inflight_peaks, rank_static_bytes
+from .band import band, choose, has_spread
 from .bounds import lower_bound
 from .prove import Proof, prove
 from ..partition.dp import Bounds, DpMemo, PipeSpec, feasible, fits, pipeline_bounds
 from .judge import Candidate, Verdict, judge, named_order
-from ..partition.refine import EXACT_LIMIT, refine
+from .refining import beyond, refine_one, refined
 from .request import Config, PlanRequest, configs
 from .runnable import PARALLEL_KEY, mirror_refusal, parallel_refusal, schedule_refusal
 from .views import ArraysKey, Views, arrays_key
@@ -79,11 +78,18 @@ def pipe_spec(req: PlanRequest, c: Config, activation: Activation, walk: bool = 
 
 class _Splits:
     """The DP's splits of one search, memoised per (unit arrays, PipeSpec): configurations that differ only in the
-    schedule's name often pose the same DP (ZBV and DualPipeV; GPipe and 1F1B when memory does not bind)."""
+    schedule's name often pose the same DP (ZBV and DualPipeV; GPipe and 1F1B when memory does not bind), and the
+    branch and bound poses again the DPs the short-list solved. Its reachability checks are memoised alike."""
 
     def __init__(self) -> None:
         self.found: dict[tuple[ArraysKey, PipeSpec], Bounds | None] = {}
         self.memos: dict[ArraysKey, DpMemo] = {}
+        self.reach: dict[tuple[ArraysKey, PipeSpec], bool] = {}
+
+    def feasible(self, a: UnitArrays, key: ArraysKey, spec: PipeSpec) -> bool:
+        if (key, spec) not in self.reach:
+            self.reach[key, spec] = feasible(a, spec)
+        return self.reach[key, spec]
 
     def bounds(self, a: UnitArrays, key: ArraysKey, spec: PipeSpec) -> Bounds | None:
         if (key, spec) not in self.found:
@@ -95,15 +101,15 @@ def _bounds(a: UnitArrays, req: PlanRequest, c: Config, activation: Activation, 
     """The DP's split. A reachability check first rules out configurations whose memory no split fits (cheap);
     when the memory-free split already fits with every stage holding all m microbatches, memory does not bind and
     the schedule's order need not be walked."""
-    spec = pipe_spec(req, c, activation)
-    if not feasible(a, spec):
+    spec, key = pipe_spec(req, c, activation), arrays_key(c.b, c.layout)
+    if not splits.feasible(a, key, spec):
         return None
     if not describe(c.schedule).single_stage:
         loose = pipe_spec(req, c, activation, walk=False)
-        free = splits.bounds(a, arrays_key(c.b, c.layout), replace(loose, memory=(), inflight=()))
+        free = splits.bounds(a, key, replace(loose, memory=(), inflight=()))
         if free is not None and fits(a, loose, free):
             return free
-    return splits.bounds(a, arrays_key(c.b, c.layout), spec)
+    return splits.bounds(a, key, spec)
 
 
 def links_hold_messages(cluster: Cluster) -> bool:
@@ -155,7 +161,8 @@ class _Option:
 
 
 def _options(views: Views, cfgs: list[Config],
-             refuse: Callable[[Config, Bounds], str | None] = lambda c, b: None) -> list[_Option]:
+             refuse: Callable[[Config, Bounds], str | None] = lambda c, b: None,
+             splits: _Splits | None = None) -> list[_Option]:
     """The short-list: the `shortlist` configurations of least estimate among those whose split fits in memory
     (checked by walking the schedule's order, exact peaks, recomputation switched on per stage under "auto"), best
     first (`_GROUPS_FACTOR` times as many when several tensor-parallel degrees or ZeRO stages are searched). A
@@ -164,11 +171,11 @@ def _options(views: Views, cfgs: list[Config],
     visited lazily in order of a lower bound of their estimate (bounds.py) until the bound reaches the short-list's
     worst estimate: nothing left could enter it. With --recompute auto a configuration whose plain split does not
     fit the DP re-enters the queue under its all-recompute bound. A configuration whose split the runner would
-    refuse (`refuse` says why) is left out."""
+    refuse (`refuse` says why) is left out. `splits` memoises the DP's splits (shared with the branch and bound)."""
     req = views.req
     groups = len({(c.layout.cp, c.layout.tp, c.layout.zero) for c in cfgs})
     keep = req.shortlist * (2 if links_hold_messages(req.cluster) else 1) * (_GROUPS_FACTOR if groups > 1 else 1)
-    splits = _Splits()
+    splits = splits or _Splits()
     arrays = lambda c: views.arrays(c.b, c.layout)  # noqa: E731
     # each configuration's all-stages policies for the DP, least memory saved first; the next when one does not fit
     # (none: the unit arrays of its tensor-parallel degree lack the figures of every allowed policy)
@@ -234,7 +241,8 @@ def _fitted(a: UnitArrays, req: PlanRequest, cand: Candidate) -> Candidate | Non
     for r in sorted(order):
         acts = [x for x in order[r] if x is not None and x.kind in COMPUTE_KINDS]
         static = rank_static_bytes(costs, owner, r, cand.mirror is not None)
-        while rank_peak(acts, costs, chosen, static) > req.cluster.device(r).memory_bytes:
+        walk = RankWalk(acts)
+        while walk.peak(costs, chosen, static) > req.cluster.device(r).memory_bytes:
             choices = [s for s in sorted({x.stage for x in acts}) if chosen[s] in ladder[:-1]]
             if not auto or not choices:
                 return None
@@ -272,7 +280,8 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
     # searched ep divides the routed experts per layer (1 for a dense profile: only ep 1 is searched)
     cfgs = configs(req, profile.num_units, views.degrees(), int((profile.meta.extra.get("moe") or {}).get(
         "num_experts") or 1)) if req.schedule is not ScheduleName.SEQ_1F1B else []  # seqpipe.py plans it
-    opts = _options(views, cfgs, refuse)
+    splits = _Splits()  # the short-list's DPs, posed again by the branch and bound
+    opts = _options(views, cfgs, refuse, splits)
     fitting: list[Verdict] = []
     known: dict[int, Verdict | None] = {}
     for opt in opts:
@@ -287,13 +296,13 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
         mirror_refusal(profile.meta.tied_parameters, c.schedule, c.layout, b) is None  # noqa: E731
     if fitting and req.judge_budget > 0:  # every configuration whose bound is below the best step, refined
         found, proof = _bounded(views, cfgs, known, min(v.step_s for v in fitting),
-                                lambda c, b: refuse(c, b, quiet=True), runs)
+                                lambda c, b: refuse(c, b, quiet=True), runs, splits, not has_spread(profile))
         left = [v for idx, v in known.items() if v is not None and idx not in found]  # bounds at the best or above
-        fitting = list(found.values()) + (left if proof.exact else _refined(profile.num_units, views, left, runs))
+        fitting = list(found.values()) + (left if proof.exact else refined(profile.num_units, views, left, runs))
         if proofs is not None:
             proofs.append(proof)
     else:
-        fitting = _refined(profile.num_units, views, fitting, runs)
+        fitting = refined(profile.num_units, views, fitting, runs)
     if not fitting:
         return None, len(cfgs), len(opts)
     fastest = min(fitting, key=lambda v: v.key)
@@ -305,28 +314,35 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
 
 def _bounded(views: Views, cfgs: list[Config], known: dict[int, Verdict | None], best_s: float,
              refuse: Callable[[Config, Bounds], str | None],
-             runs: Callable[[Candidate], Callable[[Bounds], bool]]) -> tuple[dict[int, Verdict], Proof]:
+             runs: Callable[[Candidate], Callable[[Bounds], bool]],
+             splits: _Splits | None = None, strict: bool = False) -> tuple[dict[int, Verdict], Proof]:
     """By configuration index, the fitting verdicts of the configurations whose lower bound of the simulated step,
     under any activation policies (the least saving policy's: every other redoes more), is below the best step
     found, judged in order of that bound (prove.py), with How it ended. Each is the DP's split under the first policy
     of its ladder whose DP finds one in memory, its memory walked as the short-list's (the short-list's verdicts,
-    `known`, as they are), then refined (refine.py) against the best step found."""
-    splits = _Splits()
+    `known`, as they are), then refined (refine.py) against the best step found. `splits`: the short-list's DPs.
+    `strict` (no verdict above the best step can matter: the profile has no spread, so the band is the fastest
+    step): a configuration the refinement would not search further whose DP split's floor is above the best step
+    found is left unjudged, as it cannot beat it (`refining.beyond`)."""
+    splits = splits or _Splits()
 
     def attempt(idx: int, best: float) -> Verdict | None:
         c = cfgs[idx]
         if idx in known:
             v = known[idx]
-            return None if v is None else _refine_one(views, v, runs(v.candidate), best)
+            return None if v is None else refine_one(views, v, runs(v.candidate), best)
         a, view = views.arrays(c.b, c.layout), views.request(c.layout)
         for rc in view.offered(a):
             bounds = _bounds(a, view, c, rc, splits)
             if bounds is None:
                 continue
             cand = None if refuse(c, bounds) is not None else _fitted(a, view, c.candidate(bounds, (rc,) * len(bounds)))
+            if cand is not None and strict and beyond(a, view, cand, best):
+                log.info("%s: bounded, its split's floor is above the best step %.6g s", _named(c), best)
+                return None
             verdict = None if cand is None else judge(a, view.cluster, cand)
             if verdict is not None and verdict.fits:  # its split and policies again, judged by the simulator
-                verdict = _refine_one(views, verdict, runs(verdict.candidate), best)
+                verdict = refine_one(views, verdict, runs(verdict.candidate), best)
             log.info("%s: bounded, %s", _named(c), "does not fit" if verdict is None or not verdict.fits
                      else f"simulated {verdict.step_s:.6g} s")
             return verdict
@@ -346,41 +362,3 @@ def _bounded(views: Views, cfgs: list[Config], known: dict[int, Verdict | None],
 #: the estimate's error differs between them (collectives on the critical path, recomputation), and on Llama 3.1
 #: 405B over 512 H100s (docs/published.md) a list of 4 missed the configuration a list of 12 or 64 finds.
 _GROUPS_FACTOR = 3
-
-#: Simulated actions the local search may spend per configuration (about 0.3 s on the development machine): its budget
-#: of simulations is this over one simulation's actions, at most 32; below one, the configuration is not refined.
-_REFINE_ACTIONS = 25_000
-#: Other short-listed configurations are refined when their DP split is within this factor of the best step found.
-_REFINE_WITHIN = 1.02
-
-
-def _refined(n: int, views: Views, fitting: list[Verdict],
-             runs: Callable[[Candidate], Callable[[Bounds], bool]]) -> list[Verdict]:
-    """Short-listed verdicts replaced by the simulator's best split and recompute choice for their configuration
-    (refine.py), fastest first: always the fastest (so the chosen configuration's split is the simulator's optimum
-    where refine is exact, and never worse than the DP's elsewhere), then each other one whose splits are few enough
-    to visit all and whose DP split is within `_REFINE_WITHIN` of the best found so far."""
-    out: list[Verdict] = []
-    for k, v in enumerate(sorted(fitting, key=lambda x: x.key)):
-        c = v.candidate
-        exact = math.comb(n - 1, len(c.bounds) - 1) <= EXACT_LIMIT
-        if k and (not exact or v.step_s > _REFINE_WITHIN * min(x.step_s for x in out)):
-            out.append(v)
-            continue
-        beat = min((x.step_s for x in out), default=math.inf)  # splits that cannot beat it need no simulation
-        out.append(_refine_one(views, v, runs(c), beat))
-    return out
-
-
-def _refine_one(views: Views, v: Verdict, runs: Callable[[Bounds], bool], beat: float) -> Verdict:
-    """`v`, or the simulator's better split and recompute choice for its configuration (refine.py; splits that
-    cannot beat `beat` are not simulated); as it is when one simulation costs more than `_REFINE_ACTIONS`."""
-    c = v.candidate
-    budget = min(32, _REFINE_ACTIONS // (3 * len(c.bounds) * c.microbatches))
-    if budget < 1:  # one simulation costs more than the whole allowance: the DP's split stands
-        return v
-    req = views.request(c.layout)
-    a = views.arrays(c.microbatch_size, c.layout)
-    found = refine(a, req.cluster, c, req.ladder(a), admissible=runs, budget=budget,
-                   fixed=req.pinned_activations(len(c.bounds)), beat=beat).best
-    return found if found is not None and found.key < v.key else v
