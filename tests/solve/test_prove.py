@@ -105,7 +105,7 @@ def test_prove_says_what_its_budget_left() -> None:
     found, proof = prove([(1.0, 0), (2.0, 1), (3.0, 2)], lambda idx, best: None, 2.5, budget=1)
     assert found == {} and not proof.exact
     assert (proof.judged, proof.left, proof.least_s, proof.best_s) == (1, 1, 2.0, 2.5)
-    assert "1 left whose bound (least 2 s) is below the best step judged, 2.5 s" in proof.words()
+    assert "1 left whose bound (least 2 s) is more than 1 % below the best step judged, 2.5 s" in proof.words()
 
 
 def test_short_list_alone_is_unchanged() -> None:
