@@ -64,8 +64,9 @@ class Proof:
     def words(self) -> str:
         """One line for the plan's notes when the budget stopped it."""
         return (f"search stopped early: {self.judged} configurations judged in order of their lower bounds "
-                f"(`judge_budget`), {self.left} left whose bound (least {self.least_s:.4g} s) is more than 1 % below "
-                f"the best step judged, {self.best_s:.4g} s: one of them may be faster (docs/planner.md, outer search)")
+                f"(`judge_budget`), {self.left} left whose bound (least {self.least_s:.4g} s) is more than "
+                f"{GAP * 100:g} % below the best step judged, {self.best_s:.4g} s: one of them may be faster "
+                "(docs/planner.md, outer search)")
 
 
 def prove(bounds: list[tuple[float, int]], attempt: Attempt, best_s: float,
