@@ -233,16 +233,22 @@ def step_end_time(a: UnitArrays, cluster: Cluster, bounds: Sequence[tuple[int, i
             optimizer_time(a, both, up, [*speeds, *speeds]))
 
 
-def step_end_floor(a: UnitArrays, cluster: Cluster, layout: Layout) -> float:
+def step_end_floor(a: UnitArrays, cluster: Cluster, layout: Layout, mirrored: bool = False) -> float:
     """A lower bound of `sum(step_end_time(...))` valid for every split into stages on the layout's pp ranks: some
     rank holds at least 1 / pp of the gradients, and the all-reduce grows with bytes (the optimizer step is bounded
-    by 0); on a cluster of nodes, with the cheapest rank's group. (Chimera's replica terms only add to it.)"""
+    by 0); on a cluster of nodes, with the cheapest rank's group. `mirrored` (Chimera) adds the replicas' sum
+    (`replica_allreduce_time`): its pp / 2 pairs of ranks hold all the gradients, so some pair holds at least 2 / pp
+    of them, summed on the cheapest link a pipeline transfer may take (an odd pp: none, as the middle rank, its own
+    pair, may hold them all)."""
     if a.fsdp:
         return 0.0
     floor = _sync_floor(a, cluster, layout)
     if a.overlap.grad_reduce:  # no rank's last backward hides more than one microbatch's whole backward
         floor -= float(a.backward.sum()) / min(cluster.device(r).speed for r in range(layout.pp))
-    return max(0.0, floor)
+    pairs = 0.0
+    if mirrored and layout.pp % 2 == 0:
+        pairs = min(_ring(2 * float(a.grads.sum()) / layout.pp, 2, link) for link in cluster.pipeline_links)
+    return max(0.0, floor) + pairs
 
 
 def _sync_floor(a: UnitArrays, cluster: Cluster, layout: Layout) -> float:

@@ -68,6 +68,22 @@ def test_exact_mode_equals_the_brute_force(name: ScheduleName, seed: int) -> Non
 
 @pytest.mark.parametrize("name", NAMED, ids=lambda n: n.value)
 @pytest.mark.parametrize("seed", seeds(3, unit=(0,)))
+def test_a_step_to_beat_prunes_only_what_cannot_beat_it(name: ScheduleName, seed: int) -> None:
+    # the branch and bound refines against the best step found (`beat`): the floors, with the recomputation memory
+    # forces (`recompute_choices`' `affordable`), leave the optimum where it beats that step, and nothing below it
+    a, cluster, seed_cand = _case(name, seed)
+    want = brute_force(a, cluster, name, layout=seed_cand.layout, m=seed_cand.microbatches,
+                       activations=(KEEP, RECOMPUTE)).best
+    if want is None:
+        return
+    above = refine(a, cluster, seed_cand, (KEEP, RECOMPUTE), beat=want.step_s * 1.001).best
+    assert above is not None and above.step_s == want.step_s
+    below = refine(a, cluster, seed_cand, (KEEP, RECOMPUTE), beat=want.step_s * 0.999).best
+    assert below is None or below.step_s >= want.step_s
+
+
+@pytest.mark.parametrize("name", NAMED, ids=lambda n: n.value)
+@pytest.mark.parametrize("seed", seeds(3, unit=(0,)))
 def test_a_candidates_floor_is_below_its_simulated_step_under_its_policies(name: ScheduleName, seed: int) -> None:
     # the search leaves a configuration unjudged when this floor is above the best step (search/refining.py)
     a, cluster, seed_cand = _case(name, seed)
@@ -103,6 +119,10 @@ def test_recompute_choices_are_minimal_per_rank() -> None:
     assert recompute_choices(costs, cand.owner, actions, lambda r: 1500, (KEEP,)) == []
     assert recompute_choices(costs, cand.owner, actions, lambda r: 10**6, (KEEP, RECOMPUTE)) \
         == [(KEEP,) * 4]
+    # an assignment known to be too slow is left out as if it did not fit: rank 0 then has none
+    too_slow = lambda r, policies: not (r == 0 and policies[0] is RECOMPUTE)  # noqa: E731
+    assert recompute_choices(costs, cand.owner, actions, lambda r: 1500, (KEEP, RECOMPUTE),
+                             affordable=too_slow) == []
 
 
 @pytest.mark.parametrize("name", [ScheduleName.ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B,

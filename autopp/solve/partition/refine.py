@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from ...costmodel import (UnitArrays, comm_times, message_overheads, send_times, stage_costs, stage_speeds,
-                         step_end_time)
+                         step_end_floor, step_end_time)
 from ...data.cluster import Cluster
 from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost, policy
 from ...schedule.effects import RankWalk, durations, rank_static_bytes
@@ -79,17 +79,23 @@ def _steps(stages: int, top: int) -> list[tuple[int, ...]]:
 def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions: dict[int, list[Action]],
                       memory: Callable[[int], int], ladder: tuple[Activation, ...],
                       fixed: tuple[Activation, ...] | None = None, mirrored: bool = False,
-                      walks: dict[int, RankWalk] | None = None) -> list[tuple[Activation, ...]]:
+                      walks: dict[int, RankWalk] | None = None,
+                      affordable: Callable[[int, Sequence[Activation]], bool] | None = None
+                      ) -> list[tuple[Activation, ...]]:
     """Per-stage activation policies worth judging for one split: `fixed` (pinned policies), or a one-policy
     `ladder`, gives its one choice if it fits; a longer ladder (least memory saved first) gives the product over
     ranks of each rank's minimal fitting assignments of ladder steps to its stages (fewest steps first; at most
     `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device memory; `mirrored`: each rank
-    also holds its up replicas (Chimera, `effects.rank_static_bytes`). `walks`: `actions` as `RankWalk`s (faster)."""
+    also holds its up replicas (Chimera, `effects.rank_static_bytes`). `walks`: `actions` as `RankWalk`s (faster).
+    `affordable(r, policies)`: False where rank r under `policies` is known to be slower than a step already found
+    (its `rank_floor`): such an assignment is left out before its memory is walked, as if it did not fit (one that
+    steps up further yet redoes less is still tried, as the minimality rule above keeps it anyway)."""
     n = len(costs)
     walks = walks or {r: RankWalk(acts) for r, acts in actions.items()}
+    ok = affordable or (lambda r, p: True)
     if fixed is not None:
-        fits = all(walks[r].peak(costs, fixed, rank_static_bytes(costs, owner, r, mirrored)) <= memory(r)
-                   for r in actions)
+        fits = all(ok(r, fixed) and walks[r].peak(costs, fixed, rank_static_bytes(costs, owner, r, mirrored))
+                   <= memory(r) for r in actions)
         return [fixed] if fits else []
     per_rank: list[list[dict[int, Activation]]] = []
     for r in sorted(actions):
@@ -106,7 +112,7 @@ def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions:
             policies = [ladder[0]] * n
             for s, k in zip(mine, steps):
                 policies[s] = ladder[k]
-            if walks[r].peak(costs, policies, static) <= memory(r):
+            if ok(r, policies) and walks[r].peak(costs, policies, static) <= memory(r):
                 minimal.append(steps)
         if not minimal:
             return []
@@ -133,15 +139,22 @@ def split_floor(costs: Sequence[StageCost], owner: Sequence[int], comm: Sequence
     `mirrored` (Chimera): the rank's first stage is the nearer to the head of its two replicas' chains, and its last
     action is not known, so no tail. `activations`: each stage's policy, its redone work counted (default: keep)."""
     table = [durations(c, p) for c, p in zip(costs, activations or [Activation.KEEP] * len(costs))]
-    hop = [0.0, *[0.0 if owner[s - 1] == owner[s] else comm[s - 1] for s in range(1, len(costs))]]
-    best = 0.0
+    return max(_rank_floors(table, owner, comm, counts, one_stage_per_rank, mirrored).values(), default=0.0)
+
+
+def _rank_floors(table: Sequence[dict[Kind, float]], owner: Sequence[int], comm: Sequence[float],
+                 counts: dict[int, Counter[tuple[int, Kind]]], one_stage_per_rank: bool,
+                 mirrored: bool) -> dict[int, float]:
+    """Per rank, its part of `split_floor` given each stage's busy time per kind (`durations`)."""
+    hop = [0.0, *[0.0 if owner[s - 1] == owner[s] else comm[s - 1] for s in range(1, len(table))]]
+    out = {}
     for r, count in counts.items():
         first = min(owner.index(r), len(owner) - 1 - owner.index(r)) if mirrored else owner.index(r)
         busy = sum(n * table[s][kind] for (s, kind), n in count.items())
         head = sum(table[s][Kind.F] + hop[s + 1] for s in range(first))
         tail = sum(table[s][Kind.B] + hop[s + 1] for s in range(first)) if one_stage_per_rank and not mirrored else 0.0
-        best = max(best, head + busy + tail)
-    return best
+        out[r] = head + busy + tail
+    return out
 
 
 def candidate_floor(a: UnitArrays, cluster: Cluster, c: Candidate) -> float:
@@ -164,10 +177,11 @@ class _Search:
     """One configuration's refinement: the cluster, the candidate template and the best verdict so far."""
 
     def __init__(self, a: UnitArrays, cluster: Cluster, template: Candidate, ladder: tuple[Activation, ...],
-                 admissible: Callable[[Bounds], bool], fixed: tuple[Activation, ...] | None) -> None:
+                 admissible: Callable[[Bounds], bool], fixed: tuple[Activation, ...] | None, beat: float) -> None:
+        self.end = step_end_floor(a, cluster, template.layout, template.mirror is not None)  # every split's
         cluster = cluster.placed(template.layout)
         self.a, self.cluster, self.template, self.ladder, self.admissible = a, cluster, template, ladder, admissible
-        self.fixed = fixed
+        self.fixed, self.beat = fixed, beat
         self.owner = template.owner
         self.mirrored = template.mirror is not None
         self.speeds = stage_speeds(cluster, self.owner)
@@ -187,20 +201,39 @@ class _Search:
         self.seen: set[Bounds] = set()
 
     def floor(self, bounds: Bounds) -> float:
-        """`split_floor` of `bounds` (the step's end, >= 0, is left out: the bound stays valid and costs less)."""
-        costs = [self.stage(s, i, j) for s, (i, j) in enumerate(bounds)]
+        """`split_floor` of `bounds` plus `step_end_floor` (every split's step end is at least that)."""
+        table = [self.kept(s, i, j) for s, (i, j) in enumerate(bounds)]
         comm = [self.sends[k][j] for k, (_, j) in enumerate(bounds[:-1])]
-        return split_floor(costs, self.owner, comm, self.counts, self.one_stage_per_rank, self.mirrored)
+        return max(_rank_floors(table, self.owner, comm, self.counts, self.one_stage_per_rank,
+                                self.mirrored).values(), default=0.0) + self.end
 
-    def stage(self, s: int, i: int, j: int) -> StageCost:
-        """Stage s's times over units [i, j) from prefix sums: `stage_costs`'s figures up to rounding (a floor of
-        them, with `SLACK`), at a fraction of its cost; bytes are left 0 (the floor needs none)."""
-        p, sp, start, rb = self.prefix, self.speeds[s], self.a.start_s(i), self.a.runtime_backward_s
+    def kept(self, s: int, i: int, j: int) -> dict[Kind, float]:
+        """Stage s's `durations` under keep over units [i, j) from prefix sums: `stage_costs`'s figures up to
+        rounding (a floor of them, with `SLACK`), at a fraction of its cost."""
+        p, sp, start, rb, o = self.prefix, self.speeds[s], self.a.start_s(i), self.a.runtime_backward_s, \
+            self.overheads[s]
         full = (p["b"][j] - p["b"][i] + start) / sp + rb
-        return StageCost(forward_s=(p["f"][j] - p["f"][i]) / sp + self.a.runtime_forward_s,
-                         backward_input_s=0.0 if s == 0 else (p["i"][j] - p["i"][i]) / sp + rb,
-                         backward_weight_s=full if s == 0 else (p["w"][j] - p["w"][i] + start) / sp, backward_s=full,
-                         overhead_s=self.overheads[s])
+        return {Kind.F: (p["f"][j] - p["f"][i]) / sp + self.a.runtime_forward_s + o,
+                Kind.I: (0.0 if s == 0 else (p["i"][j] - p["i"][i]) / sp + rb) + o,
+                Kind.W: full if s == 0 else (p["w"][j] - p["w"][i] + start) / sp, Kind.B: full + o}
+
+    def _affordable(self, bounds: Bounds, timed: list[StageCost],
+                    limit: float) -> Callable[[int, Sequence[Activation]], bool] | None:
+        """`recompute_choices`'s test: rank r's part of `split_floor` (its busy time between the head it waits for
+        and the tail it waits on) under its own stages' policies, the others' kept (a policy redoes >= 0), plus
+        the step's end floor, is within `limit`; None when nothing is to beat. A policy adds its redone time to each
+        B and I of a stage. `timed`: the split's stage costs."""
+        if math.isinf(limit):
+            return None
+        comm = [self.sends[k][j] for k, (_, j) in enumerate(bounds[:-1])]
+        base = _rank_floors([durations(c, Activation.KEEP) for c in timed], self.owner, comm, self.counts,
+                            self.one_stage_per_rank, self.mirrored)
+        redos = {r: Counter({s: n for (s, kind), n in count.items() if kind in (Kind.B, Kind.I)})
+                 for r, count in self.counts.items()}
+        redo = {(s, p): policy(p).redo_s(timed[s]) for s in range(len(timed))
+                for p in {*self.ladder, *(self.fixed or ())}}
+        return lambda r, policies: base[r] + sum(n * redo[s, policies[s]] for s, n in redos[r].items()) + \
+            self.end <= limit
 
     def visit(self, bounds: Bounds) -> Verdict | None:
         """Judge `bounds` under each worthwhile recompute choice (unless its floor cannot beat the best); the best
@@ -208,14 +241,15 @@ class _Search:
         if bounds in self.seen or not self.admissible(bounds):
             return None
         self.seen.add(bounds)
-        if self.best is not None and self.floor(bounds) > self.best.step_s * SLACK:
+        limit = min(self.beat, math.inf if self.best is None else self.best.step_s) * SLACK
+        if self.floor(bounds) > limit:
             return None
-        # memory does not depend on speed; the policies' added times are compared per stage (`recompute_choices`)
-        costs = stage_costs(self.a, bounds, [1.0] * len(bounds), host_bandwidth=self.cluster.host_bandwidth)
+        # the judge's stage costs: their bytes for memory, their times for the policies' added times
+        costs = stage_costs(self.a, bounds, self.speeds, self.overheads, self.cluster.host_bandwidth)
         memory = lambda r: self.cluster.device(r).memory_bytes  # noqa: E731
         found: Verdict | None = None
         for policies in recompute_choices(costs, self.owner, self.actions, memory, self.ladder, self.fixed,
-                                          self.mirrored, self.walks):
+                                          self.mirrored, self.walks, self._affordable(bounds, costs, limit)):
             verdict = judge(self.a, self.cluster, replace(self.template, bounds=bounds, activations=policies))
             self.judged += 1
             if verdict.fits and (found is None or _key(verdict) < _key(found)):
@@ -254,7 +288,7 @@ def refine(a: UnitArrays, cluster: Cluster, seed: Candidate, ladder: tuple[Activ
     `admissible` leaves out splits the runner would refuse; `fixed` pins the policies. In
     exact mode, splits whose floor exceeds `beat` (another configuration's step) are not simulated: then `best` is
     the optimum only if it is below `beat`."""
-    search = _Search(a, cluster, seed, ladder, admissible, fixed)
+    search = _Search(a, cluster, seed, ladder, admissible, fixed, beat)
     stages = len(seed.bounds)
     exact = math.comb(a.n - 1, stages - 1) <= exact_limit
     for bounds in [seed.bounds, *baseline_bounds(a, stages).values()]:

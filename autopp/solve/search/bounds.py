@@ -88,4 +88,4 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activati
     trip = float((a.forward + np.minimum(a.backward, a.backward_input) + redo).sum()) - shed  # (7)
     floors = Floors(rank=rank, total=total / max_sp, stage=stage, gap=gap, comm=comm_floor(a, req, c),
                     path=trip / max_sp)
-    return bound(floors, c.m, c.layout.pp, c.layout.v) + step_end_floor(a, req.cluster, c.layout)
+    return bound(floors, c.m, c.layout.pp, c.layout.v) + step_end_floor(a, req.cluster, c.layout, d.mirrored)
