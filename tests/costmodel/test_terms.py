@@ -169,6 +169,27 @@ def test_step_end_floor_bounds_step_end_time_for_every_split(seed: int) -> None:
         assert allreduce == gradient_allreduce_time(a, bounds, list(range(pp)), layout, cluster)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_step_end_floor_bounds_chimeras_step_end_with_its_replicas_sum(seed: int) -> None:
+    # Chimera (mirrored): each rank r also holds the up replica of rank p - 1 - r's stages; the pairs sum their
+    # gradients first. The floor with `mirrored` holds for every split and exceeds the one without (grads > 0).
+    import itertools
+    import random
+
+    from autopp.costmodel import step_end_floor, step_end_time
+    rng = random.Random(seed)
+    n, pp, dp = 7, 4, rng.choice([1, 2])
+    a = arrays([1.0] * n, grads=[float(rng.randint(1, 1000)) for _ in range(n)])
+    cluster = Cluster(num_devices=pp * dp, memory_bytes=1, link=LINK)
+    layout = Layout(pp=pp, dp=dp)
+    floor = step_end_floor(a, cluster, layout, mirrored=True)
+    assert floor > step_end_floor(a, cluster, layout)
+    for cuts in itertools.combinations(range(1, n), pp - 1):
+        ends = (0, *cuts, n)
+        bounds = tuple(zip(ends, ends[1:]))
+        assert floor <= sum(step_end_time(a, cluster, bounds, list(range(pp)), layout, [1.0] * pp, mirrored=True))
+
+
 def test_overlapped_gradient_reduction_exposes_only_what_outlasts_the_ranks_last_backward() -> None:
     """Issue 25 item 4: with `grad_reduce` a rank's reduction runs under its last microbatch's backward (its stages'
     B); the step's end is what exceeds it, never below 0, and `step_end_floor` stays a bound."""
