@@ -183,7 +183,10 @@ QWEN3_30B = Published(
            "DGX-H100 BF16, row Qwen3 MoE 30B (GBS 512, MBS 4, GA 16, TP1 PP1 CP1 EP8 FSDP8, TE + DeepEP)",
     assumed="FSDP8 beside EP8 as ZeRO 3 at pp 1 (FSDP2 without a pipeline, autopp.costmodel.fsdp): the dense "
             "weights (1.5 B parameters) sharded over the 8 ranks and gathered per block under compute; with ep = dp "
-            "= 8 the experts are not sharded further (whole on their rank, never gathered); every block checkpointed "
+            "= 8 each rank's experts FSDP2 over that one rank (torchtitan's dp_shard_mod_ep of size 1: the fp32 "
+            "shard the master, the bf16 copy gathered per block without a collective; AutoModel itself leaves them "
+            "unwrapped and keeps bf16 weights and Adam state with no fp32 master, a recipe autopp does not have, "
+            "docs/published.md); every block checkpointed "
             "(examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml, activation_checkpointing: true) = per-unit "
             "recomputation; its 'fake balanced gate' = autopp's balanced routing; TE kernels and DeepEP's all-to-all "
             "as the roofline and the ep all-to-all cost them")

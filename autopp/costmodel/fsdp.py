@@ -8,11 +8,23 @@ Expert parallelism beside it is how torchtitan runs its MoE models (torchtitan/m
 AutoModel ran Qwen3-30B-A3B (EP8 beside FSDP8). Per unit with dense bytes P, G, O over the d synchronisation ranks
 and a rank's expert bytes (1 / ep of the stacked experts, `ExpertBytes`) over their r = d / ep replicas:
   static: (P' + G + O) / d of the dense bytes, (E_P' + E_G + E_O) / r of the expert ones (P' the sharded parameter,
-          none where the optimizer state holds the master copy, `UnitArrays.master`); with r = 1 (ep = d) the
-          experts are not sharded further and nothing of them is gathered: their weights stay whole beside their
-          gradients and optimizer state.
-  working memory: the gathered units (`fsdp_outside_pipeline`): the dense weights and, with r > 1, the experts'
-          gathered over r; their unsharded gradients likewise.
+          none where the optimizer state holds the master copy, `UnitArrays.master`), r = 1 (ep = d) included.
+  working memory: the gathered units (`fsdp_outside_pipeline`): the dense weights and the experts' gathered over
+          r; their unsharded gradients likewise.
+With r = 1 the experts are still `fully_shard`-ed, over a mesh of one rank: torchtitan builds dp_shard_mod_ep "even if
+it's 1, whose FSDP wrapping helps the MoE layers do mixed precision training" (torchtitan/distributed/
+parallel_dims.py, `build_mesh`) and its `apply_fsdp` wraps the experts whenever ep > 1; torch's FSDP2 at world size 1
+(torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, `FSDPParamGroup.unshard` / `wait_for_unshard`) runs no
+collective but still makes the unsharded parameter in `param_dtype` from the sharded one and frees it at reshard. So
+the fp32 sharded parameter is the master, and the bf16 copy lives only around each unit's forward and backward, as
+for r > 1: no persistent bf16 expert weights beside the master (counted until 2026-12-05, 6.75 GiB a rank on NeMo
+AutoModel's Qwen3-30B-A3B row), and no time for their gathers and reduce-scatters (a local copy). NeMo AutoModel
+does otherwise at ep = dp (nemo_automodel/components/moe/parallelizer.py, `parallelize_model`: `ep_shard_enabled`
+only for an ep_shard mesh above 1 rank, and `apply_fsdp` then leaves the experts to the block's `ignored_params`),
+but it trains its MoE models in bf16 without a master copy (the model cast to bf16 by `initialize_weights`, Adam's
+moments in bf16), a recipe autopp.data.precision does not have; autopp's runner, which runs without a
+MixedPrecisionPolicy (the weights are their own master), leaves them unwrapped too (autopp.run.expert_parallel,
+`shard_experts`).
   time: per microbatch and unit, the dense all-gather (before the forward and again before the backward) and
           reduce-scatter over d on the synchronisation group's link, and the experts' over r (`replica_ring`: a ring
           of r ranks strided by ep, on the intra-node link when pipeline rank 0's dp ranks share a node, else on the
@@ -76,9 +88,8 @@ def fsdp_static(a: UnitArrays, view: UnitView) -> _Terms:
     terms = (none, none if a.master else p / d, g / d, o / d)
     if e is None:
         return terms
-    r = e.replicas
-    mine = (e.params, none, e.grads, e.optimizer) if r == 1 else \
-        (none, none if a.master else e.params / r, e.grads / r, e.optimizer / r)
+    r = e.replicas  # r = 1 too: FSDP2 over one rank (module docstring)
+    mine = (none, none if a.master else e.params / r, e.grads / r, e.optimizer / r)
     return tuple(x + y for x, y in zip(terms, mine))  # type: ignore[return-value]
 
 
@@ -103,10 +114,11 @@ def fsdp_sharded(a: UnitArrays, view: UnitView, times: tuple[_Time, _Time | None
     gathered, unsharded = p, g
     gather, scatter = half_collective(reduce_time(p)), half_collective(reduce_time(g))
     e = a.expert
-    if e is not None and e.replicas > 1:  # the experts' own FSDP over their replicas
+    if e is not None:  # the experts' own FSDP over their replicas (one rank: gathered without a collective)
+        gathered, unsharded = p + e.params, g + e.grads
+    if e is not None and e.replicas > 1:
         weight = e.sync_weight
         over: _Time = experts if experts is not None else lambda s: reduce_time(weight * s)
-        gathered, unsharded = p + e.params, g + e.grads
         gather = gather + half_collective(over(e.params))
         scatter = scatter + half_collective(over(e.grads))
     if across is not None and view.replicate > 1:
@@ -121,7 +133,7 @@ def fsdp_outside_pipeline(a: UnitArrays, gather: np.ndarray, scatter: np.ndarray
     """`a` run by FSDP2 with one module per unit outside a pipeline (pp 1, `UnitView.fsdp`; autopp.costmodel.
     parallel's stage 3 is the pipelined case): `gather`, `scatter` are each unit's all-gather of its parameters and
     reduce-scatter of its gradients, per microbatch; `held` the bytes per unit FSDP2 gathers and the unsharded
-    gradients it reduce-scatters (None: `a.params`, `a.grads`; with experts not sharded further, less theirs).
+    gradients it reduce-scatters (None: `a.params`, `a.grads`).
     Unit u's parameters are gathered before its forward and again before its backward (resharded after the
     forward), its gradients reduce-scattered after its backward, every microbatch (FSDP2 reduces each backward
     unless told not to; torchtitan does not).

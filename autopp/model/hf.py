@@ -210,7 +210,10 @@ def _sample(source: HfSource, s: _Shape, batch_size: int) -> tuple[torch.Tensor,
 
 
 def _loss(output: Any, target: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the logits (class dimension last) against integer targets, averaged."""
+    """Cross-entropy of the logits (class dimension last) against integer targets, averaged, in the logits' own
+    dtype: no float32 upcast, as NeMo AutoModel's `MaskedCrossEntropy(fp32_upcast=False)` (nemo_automodel/components/
+    loss/masked_ce.py); transformers' `ForCausalLMLoss` and torchtitan's `cross_entropy_loss` (torchtitan/components/
+    loss.py) upcast to float32, which doubles the bytes of the loss's logits-sized tensors in a bf16 profile."""
     logits = getattr(output, "logits", output)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 

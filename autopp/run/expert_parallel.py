@@ -222,7 +222,9 @@ def shard_experts(piece: nn.Module, layout: Layout, replicas: DeviceMesh | None)
     """ZeRO 3 at pp 1 beside ep (`Layout.fsdp`), as torchtitan's `apply_fsdp` runs its MoE models: each of the
     piece's expert-parallel modules `fully_shard`-ed over the `replicas` holding the same experts (its
     dp_shard_mod_ep; `ep_meshes`), its gradients divided by dp as the dense ones are averaged
-    (`set_gradient_divide_factor`); with ep = dp (`replicas` None) they are not sharded further. The expert weights
+    (`set_gradient_divide_factor`); with ep = dp (`replicas` None) they are not sharded further (torchtitan wraps
+    them over its one-rank dp_shard_mod_ep for mixed precision, as autopp.costmodel.fsdp counts; this runner has no
+    MixedPrecisionPolicy, its weights are their own master, so that would only add a copy). The expert weights
     the dense units' FSDP2 must leave alone (`fully_shard`'s `ignored_params`); none without ZeRO 3 at pp 1."""
     if not layout.fsdp:
         return set()

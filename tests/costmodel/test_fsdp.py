@@ -3,6 +3,8 @@ synchronisation ranks, the experts' over their r = d / ep replicas, term by term
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -30,28 +32,48 @@ def _sharded(dp: int, ep: int):  # type: ignore[no-untyped-def]
     return view, a, data_sharded(a, view, lambda s: s / 1e9)
 
 
-def test_with_ep_equal_to_dp_the_dense_bytes_shard_over_d_and_the_experts_stay_whole_and_ungathered() -> None:
-    """dp 4, ep 4 (r = 1): the dense parameters, gradients and optimizer state over the 4 ranks, FSDP2's shard of the
-    parameters beside them (no master copy in the profile), the weights gathered only as working memory; a rank's
-    experts (1/4 of the stacked ones) are not sharded further: their weights, gradients and optimizer state whole,
-    nothing of them gathered or reduce-scattered."""
+def test_with_ep_equal_to_dp_the_experts_are_fsdp2_over_one_rank_gathered_for_each_use() -> None:
+    """dp 4, ep 4 (r = 1): the dense parameters, gradients and optimizer state over the 4 ranks; a rank's experts
+    (1/4 of the stacked ones) `fully_shard`-ed over their one rank, as torchtitan wraps them (dp_shard_mod_ep of size
+    1): no persistent weights, their sharded parameter (the whole of them; no master copy in the profile), gradients
+    and optimizer state whole; the unit's experts gathered (copied, no collective) into its working memory beside the
+    dense weights, nothing of them reduce-scattered. Until 2026-12-05 their weights were persistent and not
+    gathered."""
     p, g, o, _ = _whole()
     view, a, out = _sharded(4, 4)
     dense, mine = 1 - SHARE, SHARE / 4
     terms = static_terms(a, view)
     assert list(terms) == list(STATIC_TERMS)
-    assert np.allclose(terms["weights"], p * mine, atol=1)
-    assert np.allclose(terms["sharded parameters"], p * dense / 4, atol=1)
+    assert np.allclose(terms["weights"], 0)
+    assert np.allclose(terms["sharded parameters"], p * dense / 4 + p * mine, atol=1)
     assert np.allclose(terms["gradients"], g * dense / 4 + g * mine, atol=1)
     assert np.allclose(terms["optimizer state"], o * dense / 4 + o * mine, atol=1)
     assert np.allclose(out.static, np.round(sum(terms.values())), atol=1) and out.fsdp
-    # working memory: the dense unit gathered, its prefetched neighbour, its unsharded gradients and the next one's
-    held, grads = p * dense, g * dense
+    # working memory: the unit gathered (dense and experts), its prefetched neighbour, its unsharded gradients and the
+    # next one's
+    held, grads = p * (dense + mine), g * (dense + mine)
     neighbour = np.maximum(np.r_[0, held[:-1]], np.r_[held[1:], 0])
     assert np.allclose(out.transient_bytes() - a.transient_bytes(), held + neighbour + grads + np.r_[grads[1:], 0],
                        atol=2)
     total, _ = out.zero_seconds  # type: ignore[misc]
-    assert np.allclose(total, 2 * held / 2e9 + grads / 2e9, rtol=1e-6)  # the dense collectives alone
+    assert np.allclose(total, 2 * p * dense / 2e9 + g * dense / 2e9, rtol=1e-6)  # the dense collectives alone
+
+
+def test_with_ep_equal_to_dp_and_a_master_copy_no_bf16_expert_weights_persist() -> None:
+    """The bf16 recipe (`UnitArrays.master`: the optimizer bytes hold the fp32 master) at dp 4 = ep 4: FSDP2's
+    sharded expert parameter is that master, so a rank keeps no weights of its experts between uses, only their
+    gradients and optimizer state (with the master). By hand, block 1 (1/4 dense, 3/4 experts): (G + O) x (1/4 / 4 +
+    3/4 / 4) = (G + O) / 4, its parameter bytes P nowhere."""
+    view = Layout(pp=1, dp=4, ep=4, zero=ZERO[3]).unit_view()
+    a = replace(group_table(_moe_profile(), view).arrays(2), master=True)
+    p, g, o, _ = _whole()
+    terms = static_terms(a, view)
+    dense, mine = 1 - SHARE, SHARE / 4
+    assert np.allclose(terms["weights"], 0) and np.allclose(terms["sharded parameters"], 0)
+    assert np.allclose(terms["gradients"] + terms["optimizer state"], (g + o) * (dense / 4 + mine), atol=2)
+    out = data_sharded(a, view, lambda s: s / 1e9)
+    assert np.allclose(out.static, np.round(sum(terms.values())), atol=1)
+    assert out.static[1] == pytest.approx((g[1] + o[1]) / 4, abs=2)
 
 
 def test_with_ep_below_dp_the_experts_shard_and_gather_over_their_replicas() -> None:

@@ -59,6 +59,28 @@ def test_causal_lm_batch_and_loss() -> None:
     check_forward(mf, model)
 
 
+def test_the_causal_lm_loss_keeps_the_logits_dtype_as_a_bf16_trainer_without_fp32_upcast() -> None:
+    """The loss an HF model's profile is counted with (autopp.model.hf `_loss`) takes the cross-entropy of the
+    logits in their own dtype, as NeMo AutoModel's `MaskedCrossEntropy(fp32_upcast=False)` does (its Qwen3-30B-A3B
+    benchmark), not transformers' `ForCausalLMLoss`, which upcasts them to float32: on bf16 logits of 2 x 3 tokens x
+    5 classes, by hand, the backward keeps one bf16 tensor of 30 log-probabilities (60 bytes; saved by log_softmax
+    and nll_loss, one storage), nothing in float32, and the logits' gradient is bf16."""
+    mf = hf_model_file(TINY, seq_len=8)
+    logits = torch.randn(2, 3, 5, dtype=torch.bfloat16, requires_grad=True)
+    saved: list[torch.Tensor] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        loss = mf.loss_fn(logits, torch.tensor([[0, 1, 2], [3, 4, 0]]))
+    floats = {t.untyped_storage().data_ptr(): t for t in saved if t.is_floating_point() and t.numel() > 1}
+    assert [(t.dtype, t.numel() * t.element_size()) for t in floats.values()] == [(torch.bfloat16, 60)]
+    loss.backward()
+    assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+
+
 def test_causal_lm_attention_is_sdpa_with_is_causal_and_no_mask() -> None:
     """Issue 27: a causal LM is built with autopp's attention (autopp.model.hf.CAUSAL_ATTENTION): SDPA with
     is_causal=True and no mask, so no (seq x seq) mask crosses the units or is saved under torch.export; its output

@@ -260,7 +260,7 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
 
 def test_fsdp_beside_ep_at_pp_1_plans_and_notes_the_experts(profile) -> None:  # type: ignore[no-untyped-def]
     """Issue 30: ZeRO 3 beside ep at pp 1 (FSDP2, as NeMo AutoModel's EP8 x FSDP8) plans; its notes say the experts
-    are sharded over the ranks holding the same (dp 8, ep 2: 4) or, with ep = dp, not sharded further; it holds
+    are sharded over the ranks holding the same (dp 8, ep 2: 4) or, with ep = dp, over their one rank; it holds
     fewer static bytes than ZeRO 1 beside the same ep."""
     moe = _moe(profile)
     notes = {}
@@ -272,7 +272,8 @@ def test_fsdp_beside_ep_at_pp_1_plans_and_notes_the_experts(profile) -> None:  #
         one = make_plan(moe, replace(req, pins=LayoutPins(pp=1, dp=8, ep=ep, zero=ZERO[1])))
         assert sum(s.static_bytes for s in plan.stages) < sum(s.static_bytes for s in one.stages)
     assert notes[2].endswith("; the experts sharded, gathered and reduce-scattered over the 4 ranks holding the same")
-    assert notes[8].endswith("; the experts (ep = dp) are not sharded further: whole on their rank, never gathered")
+    assert notes[8].endswith("; the experts (ep = dp) FSDP2 over their one rank: gathered for each use without a "
+                             "collective")
 
 
 def test_the_search_takes_fsdp_beside_ep_where_only_it_fits(profile) -> None:  # type: ignore[no-untyped-def]

@@ -174,13 +174,14 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
 
 
 def _fsdp_experts_note(layout: Layout) -> str:
-    """What FSDP2 at pp 1 does with the experts beside ep (autopp.costmodel.fsdp): nothing further with ep = dp,
-    else sharded over their dp / ep replicas (torchtitan's dp_shard_mod_ep)."""
+    """What FSDP2 at pp 1 does with the experts beside ep (autopp.costmodel.fsdp): sharded over their dp / ep
+    replicas (torchtitan's dp_shard_mod_ep), with ep = dp over one rank (gathered for each use without a
+    collective)."""
     if layout.ep == 1:
         return ""
     r = layout.dp // layout.ep
     if r == 1:
-        return "; the experts (ep = dp) are not sharded further: whole on their rank, never gathered"
+        return "; the experts (ep = dp) FSDP2 over their one rank: gathered for each use without a collective"
     return f"; the experts sharded, gathered and reduce-scattered over the {r} ranks holding the same"
 
 
