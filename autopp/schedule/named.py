@@ -243,15 +243,12 @@ def _chimera_orders(p: int, m: int) -> tuple[tuple[Action, ...], ...]:
     inflight = {(s, up): 0 for s in range(p) for up in (False, True)}
     busy_until = [0] * p
     orders: list[list[Action]] = [[] for _ in range(p)]
-
-    def rank_of(s: int, i: int) -> int:
-        return s if i < half else p - 1 - s
-
-    # each rank's actions not yet run (the rule's key picks one action per rank whatever the iteration order)
-    todo: list[set[tuple[int, Kind, int]]] = [set() for _ in range(p)]
-    for s in range(p):
-        for i in range(m):
-            todo[rank_of(s, i)].update({(s, Kind.F, i), (s, Kind.B, i)})
+    # Each (stage, kind, direction) runs its microbatches in order (by induction over the stages: a later one is
+    # ready only once the earlier one is, and the rule prefers the earlier), so a rank's candidates are the next
+    # microbatch of each of its two stages' F and B: `following` holds it (the end of the direction: none left).
+    following = {(s, k, up): half if up else 0 for s in range(p) for k in (Kind.F, Kind.B) for up in (False, True)}
+    stop = {False: half, True: m}
+    left = 2 * p * m
 
     def ready(s: int, k: Kind, i: int, t: int) -> bool:
         if k is Kind.F:
@@ -259,15 +256,17 @@ def _chimera_orders(p: int, m: int) -> tuple[tuple[Action, ...], ...]:
         return done.get((s, Kind.F, i), t + 1) <= t and (s == p - 1 or done.get((s + 1, Kind.B, i), t + 1) <= t)
 
     t = 0
-    while any(todo):
+    while left:
         for r in range(p):
             if busy_until[r] > t:
                 continue
-            mine = [x for x in todo[r] if ready(*x, t)]
+            mine = [(s, k, i) for s, up in ((r, False), (p - 1 - r, True)) for k in (Kind.F, Kind.B)
+                    for i in [following[(s, k, up)]] if i < stop[up] and ready(s, k, i, t)]
             if not mine:
                 continue
             s, k, i = min(mine, key=lambda x: (x[1] is Kind.F, x[2] % half, x[2] >= half))
-            todo[r].discard((s, k, i))
+            following[(s, k, i >= half)] += 1
+            left -= 1
             busy_until[r] = t + cost[k]
             done[(s, k, i)] = t + cost[k]
             inflight[(s, i >= half)] += 1 if k is Kind.F else -1
