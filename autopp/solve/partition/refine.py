@@ -88,8 +88,9 @@ def recompute_choices(costs: Sequence[StageCost], owner: Sequence[int], actions:
     `_MAX_CHOICES`). Empty when some rank cannot fit. `memory(r)`: rank r's device memory; `mirrored`: each rank
     also holds its up replicas (Chimera, `effects.rank_static_bytes`). `walks`: `actions` as `RankWalk`s (faster).
     `affordable(r, policies)`: False where rank r under `policies` is known to be slower than a step already found
-    (its `rank_floor`): such an assignment is left out before its memory is walked, as if it did not fit (one that
-    steps up further yet redoes less is still tried, as the minimality rule above keeps it anyway)."""
+    (its part of `split_floor` with what its stages' policies redo): such an assignment is left out before its
+    memory is walked, as if it did not fit (one that steps up further yet redoes less is still tried, as the
+    minimality rule above keeps it anyway)."""
     n = len(costs)
     walks = walks or {r: RankWalk(acts) for r, acts in actions.items()}
     ok = affordable or (lambda r, p: True)
