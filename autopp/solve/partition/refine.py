@@ -32,10 +32,11 @@ from dataclasses import dataclass, replace
 from ...costmodel import (UnitArrays, comm_times, message_overheads, send_times, stage_costs, stage_speeds,
                          step_end_floor, step_end_time)
 from ...data.cluster import Cluster
-from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost, policy
+from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost, describe, policy
 from ...schedule.effects import RankWalk, durations, rank_static_bytes
 from .baselines import baseline_bounds
 from .dp import Bounds
+from ..search.bounds import without_comm
 from ..search.judge import Candidate, Verdict, judge, named_order
 
 __all__ = ["Refined", "EXACT_LIMIT", "SLACK", "recompute_choices", "action_counts", "split_floor", "candidate_floor",
@@ -180,6 +181,8 @@ class _Search:
     def __init__(self, a: UnitArrays, cluster: Cluster, template: Candidate, ladder: tuple[Activation, ...],
                  admissible: Callable[[Bounds], bool], fixed: tuple[Activation, ...] | None, beat: float) -> None:
         self.end = step_end_floor(a, cluster, template.layout, template.mirror is not None)  # every split's
+        # what a schedule that overlaps forward-backward pairs may hide: the floors are taken without it (bounds.py)
+        self.bare = without_comm(a) if describe(template.schedule).overlaps_f_b and a.ep_time is not None else a
         cluster = cluster.placed(template.layout)
         self.a, self.cluster, self.template, self.ladder, self.admissible = a, cluster, template, ladder, admissible
         self.fixed, self.beat = fixed, beat
@@ -192,8 +195,9 @@ class _Search:
         self.counts = action_counts(self.actions)
         split = any(kind in (Kind.I, Kind.W) for count in self.counts.values() for _, kind in count)
         self.one_stage_per_rank = len(template.bounds) == template.layout.pp and not split
-        self.prefix = {k: a.prefix(x).tolist() for k, x in (("f", a.forward), ("i", a.backward_input),
-                                                            ("w", a.backward_weight), ("b", a.backward))}
+        b = self.bare
+        self.prefix = {k: b.prefix(x).tolist() for k, x in (("f", b.forward), ("i", b.backward_input),
+                                                            ("w", b.backward_weight), ("b", b.backward))}
         links = [cluster.link_between(self.owner[k], self.owner[k + 1]) for k in range(len(self.owner) - 1)]
         self.sends = [[0.0] * (a.n + 1) if self.owner[k] == self.owner[k + 1] else send_times(a, lk).tolist()
                       for k, lk in enumerate(links)]
@@ -218,14 +222,14 @@ class _Search:
                 Kind.I: (0.0 if s == 0 else (p["i"][j] - p["i"][i]) / sp + rb) + o,
                 Kind.W: full if s == 0 else (p["w"][j] - p["w"][i] + start) / sp, Kind.B: full + o}
 
-    def _affordable(self, bounds: Bounds, timed: list[StageCost],
-                    limit: float) -> Callable[[int, Sequence[Activation]], bool] | None:
+    def _affordable(self, bounds: Bounds, limit: float) -> Callable[[int, Sequence[Activation]], bool] | None:
         """`recompute_choices`'s test: rank r's part of `split_floor` (its busy time between the head it waits for
         and the tail it waits on) under its own stages' policies, the others' kept (a policy redoes >= 0), plus
         the step's end floor, is within `limit`; None when nothing is to beat. A policy adds its redone time to each
-        B and I of a stage. `timed`: the split's stage costs."""
+        B and I of a stage."""
         if math.isinf(limit):
             return None
+        timed = stage_costs(self.bare, bounds, self.speeds, self.overheads, self.cluster.host_bandwidth)
         comm = [self.sends[k][j] for k, (_, j) in enumerate(bounds[:-1])]
         base = _rank_floors([durations(c, Activation.KEEP) for c in timed], self.owner, comm, self.counts,
                             self.one_stage_per_rank, self.mirrored)
@@ -245,12 +249,12 @@ class _Search:
         limit = min(self.beat, math.inf if self.best is None else self.best.step_s) * SLACK
         if self.floor(bounds) > limit:
             return None
-        # the judge's stage costs: their bytes for memory, their times for the policies' added times
-        costs = stage_costs(self.a, bounds, self.speeds, self.overheads, self.cluster.host_bandwidth)
+        # memory does not depend on speed; the policies' added times are compared per stage (`recompute_choices`)
+        costs = stage_costs(self.a, bounds, [1.0] * len(bounds), host_bandwidth=self.cluster.host_bandwidth)
         memory = lambda r: self.cluster.device(r).memory_bytes  # noqa: E731
         found: Verdict | None = None
         for policies in recompute_choices(costs, self.owner, self.actions, memory, self.ladder, self.fixed,
-                                          self.mirrored, self.walks, self._affordable(bounds, costs, limit)):
+                                          self.mirrored, self.walks, self._affordable(bounds, limit)):
             verdict = judge(self.a, self.cluster, replace(self.template, bounds=bounds, activations=policies))
             self.judged += 1
             if verdict.fits and (found is None or _key(verdict) < _key(found)):
