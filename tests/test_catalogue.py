@@ -470,6 +470,8 @@ FLAGS: dict[str, tuple[list[str], str]] = {
     "plan-overhead-negative": (["plan", "--profile", "P", "--message-overhead", "-0.1"], "--message-overhead"),
     "plan-progress-delay-inf": (["plan", "--profile", "P", "--progress-delay", "inf"], "--progress-delay"),
     "plan-synth-time-zero": (["plan", "--profile", "P", "--synth-time", "0"], "--synth-time"),
+    "plan-judge-budget-negative": (["plan", "--profile", "P", "--judge-budget", "-1"],
+                                   "--judge-budget: expected an integer >= 0, got '-1'"),
     "plan-recompute-unknown": (["plan", "--profile", "P", "--recompute", "some"], "--recompute"),
     "profile-repeats-zero": (["profile", "m.py", "--repeats", "0"], "--repeats"),
     "profile-warmup-negative": (["profile", "m.py", "--warmup", "-1"], "--warmup"),

@@ -125,6 +125,27 @@ def test_plan_flags_and_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert not (tmp_path / "q.json").exists()
 
 
+@pytest.mark.integration  # two plans through the CLI (~3 s)
+def test_plan_judge_budget_0_plans_from_the_short_list_alone(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # --judge-budget reaches the request; 0 skips the branch and bound (the plan says nothing of stopping early)
+    from autopp.data.synthetic_profile import synthetic_profile
+    from autopp.solve import PlanRequest
+    prof, plan = tmp_path / "prof", tmp_path / "p.json"
+    synthetic_profile(12).save(prof)
+    for budget in ("0", "1"):
+        assert main(["plan", "--profile", str(prof), "--devices", "8", "--memory", "80GiB", "--global-batch", "32",
+                     "--schedule", "auto", "--dp", "auto", "--judge-budget", budget, "-o", str(plan)]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert json.loads(plan.read_text())["num_ranks"] == 8
+        # 1: it judges one configuration and says how many it left; 0: no branch and bound, so nothing to say
+        assert ("search stopped early: 1 configurations judged" in out) == (budget == "1"), out[-600:]
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert f"(default {PlanRequest.judge_budget}, `PlanRequest.judge_budget`" in \
+        " ".join(capsys.readouterr().out.split())
+
+
 def test_plan_bad_dp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _fails(["plan", "--profile", str(tmp_path), "--devices", "4", "--memory", "1GiB", "--dp", "3"], capsys,
            "dp(3) does not divide the 4 devices")

@@ -17,8 +17,8 @@ from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
 from ..schedule import POLICIES, ScheduleName
 from ..sizes import SIZE_UNITS_HELP
-from .common import (POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_flags, memory_size, number, progress,
-                     shown_progress)
+from .common import (COUNT, POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_flags, memory_size, number,
+                     progress, shown_progress)
 from .pin_from import batch_of, pinned_seq_len, read_pin
 from .plan_cluster import plan_cluster
 from .profile import add_hf_arguments, add_precision_argument, default_profile_dir, hf_source_of, profile_for
@@ -102,6 +102,10 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--synthesize", action="store_true",
                    help="also try a CP-SAT-synthesized F/I/W order for the chosen split (always on with auto)")
     p.add_argument("--synth-time", type=SECONDS, default=10.0, metavar="S", help="CP-SAT time limit (default 10 s)")
+    p.add_argument("--judge-budget", type=COUNT, metavar="N",
+                   help="configurations the branch and bound after the short-list may judge in order of their lower "
+                        "bounds (default 2000, `PlanRequest.judge_budget`; 0: the short-list alone, faster, without "
+                        "the proof that no other configuration is more than 1 %% faster; docs/planner.md, Algorithms)")
     p.add_argument("--links", help="links JSON from `autopp profile-links` (default: assumed loopback gloo)")
     p.add_argument("--virtual-stages", type=POSITIVE,
                    help="stages per rank for interleaved schedules (default: searched, 2 and 4)")
@@ -287,7 +291,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                           recompute_stages=args.recompute_stages,
                           synthesize=args.synthesize or args.schedule == "auto" and _synthesizes(args.trainer),
                           synth_time_limit_s=args.synth_time, trainer=args.trainer, overlap=args.overlap,
-                          ties=True, vocab=_vocab(args))
+                          ties=True, vocab=_vocab(args),
+                          **({} if args.judge_budget is None else {"judge_budget": args.judge_budget}))
     given = None
     if args.profile:  # after the request's checks: a bad flag costs no profile load
         from ..data.profile import load_profile
