@@ -193,6 +193,9 @@ class _Search:
         self.actions = _rank_actions(template)
         self.walks = {r: RankWalk(acts) for r, acts in self.actions.items()}
         self.counts = action_counts(self.actions)
+        # per rank, how many actions of each stage redo its policy's forward (B and I)
+        self.redos = {r: Counter({s: n for (s, kind), n in count.items() if kind in (Kind.B, Kind.I)})
+                      for r, count in self.counts.items()}
         split = any(kind in (Kind.I, Kind.W) for count in self.counts.values() for _, kind in count)
         self.one_stage_per_rank = len(template.bounds) == template.layout.pp and not split
         b = self.bare
@@ -233,11 +236,9 @@ class _Search:
         comm = [self.sends[k][j] for k, (_, j) in enumerate(bounds[:-1])]
         base = _rank_floors([durations(c, Activation.KEEP) for c in timed], self.owner, comm, self.counts,
                             self.one_stage_per_rank, self.mirrored)
-        redos = {r: Counter({s: n for (s, kind), n in count.items() if kind in (Kind.B, Kind.I)})
-                 for r, count in self.counts.items()}
         redo = {(s, p): policy(p).redo_s(timed[s]) for s in range(len(timed))
                 for p in {*self.ladder, *(self.fixed or ())}}
-        return lambda r, policies: base[r] + sum(n * redo[s, policies[s]] for s, n in redos[r].items()) + \
+        return lambda r, policies: base[r] + sum(n * redo[s, policies[s]] for s, n in self.redos[r].items()) + \
             self.end <= limit
 
     def visit(self, bounds: Bounds) -> Verdict | None:
@@ -290,9 +291,9 @@ def refine(a: UnitArrays, cluster: Cluster, seed: Candidate, ladder: tuple[Activ
     """The simulator's best split and recompute choice for `seed`'s configuration (module docstring): exact when it
     has at most `exact_limit` splits, else a local search of at most `budget` simulations from `seed`'s split and
     the baselines'. `ladder`: the policies a stage may take, least memory saved first (`PlanRequest.ladder`).
-    `admissible` leaves out splits the runner would refuse; `fixed` pins the policies. In
-    exact mode, splits whose floor exceeds `beat` (another configuration's step) are not simulated: then `best` is
-    the optimum only if it is below `beat`."""
+    `admissible` leaves out splits the runner would refuse; `fixed` pins the policies. Splits and per-rank
+    recompute choices whose floor exceeds `beat` (another configuration's step) are not simulated, the seeds'
+    included: then `best` (None when nothing was simulated) is the optimum only if it is below `beat`."""
     search = _Search(a, cluster, seed, ladder, admissible, fixed, beat)
     stages = len(seed.bounds)
     exact = math.comb(a.n - 1, stages - 1) <= exact_limit
