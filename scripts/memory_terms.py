@@ -123,8 +123,10 @@ def terms(plan: Plan, profile: object) -> tuple[list[tuple[str, float]], list[st
     copy = static_terms(replace(a, master=False), view)["sharded parameters"] - whole
     before = float(sum(copy[s.units[0]:s.units[1]].sum() for s in mine))
     notes = [f"FSDP2's sharded parameters beside the master copy, as counted before 2026-12-05: {before / GIB:.2f} GiB"
-             if a.master else "no master copy in the recipe: the sharded parameters are a copy of their own"]
-    if experts:
+             if a.master else "no master copy in the recipe: the sharded parameters are the weights the optimizer "
+                              "steps (of which the experts' with ep = dp, whole on their rank: "
+                              f"{experts / GIB:.2f} GiB)"]
+    if experts and a.master:
         notes.append(f"the experts' weights with ep = dp under FSDP2, counted whole and persistent until 2026-12-05 "
                      f"(now FSDP2 over one rank, gathered per unit as working memory): {experts / GIB:.2f} GiB")
     return out, notes

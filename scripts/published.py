@@ -5,8 +5,8 @@ markdown table (quoted in docs/published.md).
 The models are HF configs under examples/configs/; their analytic profiles (counted on the meta device, timed by the
 catalog's roofline of the run's GPU, with the run's tensor-parallel rows: 2, 4 and 8 for the Llama runs) are cached
 under profiles/ and counted when missing (Llama 3.1 405B: 15 minutes on the 2-core development machine beside other
-work; 2 without the TP rows; DeepSeek-V3: 17 minutes per recipe and Qwen3-30B-A3B 12, three counts at once; BLOOM-176B
-7 minutes and Llama 3 70B in fp8 3, with TP rows 2, 4 and 8, beside other work).
+work; 2 without the TP rows; DeepSeek-V3: 17 minutes per recipe and Qwen3-30B-A3B 12, three counts at once, and 35 s
+alone in bf16-pure; BLOOM-176B 7 minutes and Llama 3 70B in fp8 3, with TP rows 2, 4 and 8, beside other work).
 
     .venv/bin/python scripts/published.py                  # every run
     .venv/bin/python scripts/published.py --runs llama3-8k  # one of them
@@ -30,6 +30,7 @@ from autopp.data.cluster import Cluster  # noqa: E402
 from autopp.data.layout import LayoutPins  # noqa: E402
 from autopp.data.overlap import Overlap  # noqa: E402
 from autopp.data.plan import Plan  # noqa: E402
+from autopp.data.precision import RECIPES  # noqa: E402
 from autopp.data.profile import Profile, load_profile  # noqa: E402
 from autopp.data.zero import ZERO  # noqa: E402
 from autopp.errors import AutoppError  # noqa: E402
@@ -173,7 +174,7 @@ TITAN_8B_FSDP = Published(
 #: Qwen/Qwen3-30B-A3B's config.json): FSDP2 over the 8 GPUs with the experts over ep 8, every block checkpointed.
 QWEN3_30B = Published(
     key="automodel-qwen3-30b", model="Qwen3-30B-A3B (30.5B, 3.3B active)", config="examples/configs/qwen3-30b-a3b.json",
-    tp_degrees=(), microbatch_sizes=(1, 4), seq_len=4096, gpus=8,
+    tp_degrees=(), microbatch_sizes=(1, 4), seq_len=4096, gpus=8, precision="bf16-pure",
     cluster="8 H100 80GB (DGX-H100), NVLink",
     layout=LayoutPins(tp=1, pp=1, dp=8, ep=8, zero=ZERO[3], v=1), schedule=ScheduleName.ONE_F_ONE_B,
     microbatches=16, microbatch_size=4, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
@@ -181,12 +182,17 @@ QWEN3_30B = Published(
     measured="BF16, 277 model TFLOP/s per GPU (28% MFU), 21.773 s per step of 512 x 4,096 tokens",
     source="NVIDIA-NeMo/Automodel docs/performance-summary.md (commit 01926a5, 2025-10-02), Pre-Training Performance, "
            "DGX-H100 BF16, row Qwen3 MoE 30B (GBS 512, MBS 4, GA 16, TP1 PP1 CP1 EP8 FSDP8, TE + DeepEP)",
-    assumed="FSDP8 beside EP8 as ZeRO 3 at pp 1 (FSDP2 without a pipeline, autopp.costmodel.fsdp): the dense "
-            "weights (1.5 B parameters) sharded over the 8 ranks and gathered per block under compute; with ep = dp "
-            "= 8 each rank's experts FSDP2 over that one rank (torchtitan's dp_shard_mod_ep of size 1: the fp32 "
-            "shard the master, the bf16 copy gathered per block without a collective; AutoModel itself leaves them "
-            "unwrapped and keeps bf16 weights and Adam state with no fp32 master, a recipe autopp does not have, "
-            "docs/published.md); every block checkpointed "
+    assumed="pure bf16 (bf16-pure: bf16 weights, gradients and Adam moments, no fp32 master; at commit 01926a5 "
+            "`initialize_weights` in nemo_automodel/components/models/qwen3_moe/model.py casts the model to bf16, "
+            "the config's optimizer is torch.optim.Adam, whose moments take the parameters' dtype, and apply_fsdp's "
+            "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) in nemo_automodel/components/moe/"
+            "parallelizer.py keeps bf16 shards); FSDP8 beside EP8 as ZeRO 3 at pp 1 (FSDP2 without a pipeline, "
+            "autopp.costmodel.fsdp): the dense weights (1.5 B parameters) sharded over the 8 ranks and gathered per "
+            "block under compute (AutoModel's parallelize_model leaves reshard_after_forward False, which keeps them "
+            "gathered from a microbatch's forward to its backward: not modelled); with ep = dp = 8 each rank's "
+            "experts whole on their rank, FSDP2 over that one rank as torchtitan wraps them (dp_shard_mod_ep of size "
+            "1: the bf16 copy gathered per block without a collective; AutoModel leaves them unwrapped, to the "
+            "block's ignored_params, and makes no copy); every block checkpointed "
             "(examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml, activation_checkpointing: true) = per-unit "
             "recomputation; its 'fake balanced gate' = autopp's balanced routing; TE kernels and DeepEP's all-to-all "
             "as the roofline and the ep all-to-all cost them")
@@ -537,9 +543,11 @@ def breakdown(plans: dict[str, Plan]) -> list[str]:
     terms = {n: p.time_breakdown.rows(p.layout.pp) for n, p in plans.items() if p.time_breakdown is not None}
     if not names or len(terms) < len(names):  # no plan at all (both refused), or one without a breakdown
         return []
-    for i, (term, _, _) in enumerate(terms[names[0]]):
-        cells = [f"{terms[n][i][1]:.2f}" + (f" ({terms[n][i][2]:.2f} hidden)" if terms[n][i][2] else "")
-                 for n in names]
+    by_term = {n: {term: (exposed, hidden) for term, exposed, hidden in rows} for n, rows in terms.items()}
+    # the plans' terms in order of first appearance (a plan without a pipeline has no bubble or stage terms)
+    for term in dict.fromkeys(t for n in names for t, _, _ in terms[n]):
+        cells = ["" if term not in by_term[n] else f"{by_term[n][term][0]:.2f}" +
+                 (f" ({by_term[n][term][1]:.2f} hidden)" if by_term[n][term][1] else "") for n in names]
         lines.append(f"| {term} | " + " | ".join(cells) + " |")
     lines.append("| step | " + " | ".join(f"{plans[n].predicted.step_time_s:.2f}" for n in names) + " |")
     return lines
@@ -556,11 +564,12 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true",
                         help="after the table, where each plan's step goes (seconds per term), with autopp's own "
                              "search at the published tensor-parallel degree beside its choice")
-    parser.add_argument("--precision", default=None, choices=["bf16", "fp8"],
+    parser.add_argument("--precision", default=None, choices=[n for n, r in RECIPES.items() if r.dtype == "bfloat16"],
                         help="count the models in this recipe (default each run's own: fp8 for the runs that ran "
-                             "FP8: torchtitan's 405B and 70B rows, Megatron-Bridge's 70B and DeepSeek-V3; bf16 for "
-                             "the others; fp8: linear and expert GEMMs at the FP8 peak, docs/analytic.md; profiles "
-                             "under their own -fp8 directory)")
+                             "FP8: torchtitan's 405B and 70B rows, Megatron-Bridge's 70B and DeepSeek-V3; bf16-pure "
+                             "for NeMo AutoModel's Qwen3 row; bf16 for the others; fp8: linear and expert GEMMs at "
+                             "the FP8 peak, docs/analytic.md; bf16-pure: bf16 weights, gradients and Adam state "
+                             "without a master copy; profiles other than bf16 under a directory of their own)")
     args = parser.parse_args()
     keys = args.runs.split(",")
     unknown = sorted(set(keys) - {r.key for r in RUNS})

@@ -379,6 +379,18 @@ CASES += [
                      "checkpoint; a whole stage needs an interval of a stage's layers, which autopp does not export; "
                      "re-plan with `activations` keep or recompute-units (or `autopp plan --for deepspeed`)",
          _plan_edit(_every_stage(activation="recompute"))),
+    Case("export:bf16-pure-megatron", lambda env: ["export", str(env.bad_plan), "--to", "megatron", "-o",
+                                                   str(env.tmp / "m.args")],
+         lambda env: f"{env.bad_plan}: precision bf16-pure: Megatron-LM keeps a master copy beside bf16 weights "
+                     "(its --main-params-dtype takes fp32 or fp16 only, megatron/training/arguments.py); re-plan "
+                     "with --precision bf16", _plan_edit(lambda d: d.update(precision="bf16-pure"))),
+    Case("plan:for-megatron-bf16-pure-profile",
+         lambda env: ["plan", "--profile", str(env.bad_prof), "--devices", "2", "--memory", "1GiB", "--for", "megatron",
+                      "-o", str(env.tmp / "out.json")],
+         lambda env: "--for megatron: the profile's precision bf16-pure: Megatron-LM keeps a master copy beside bf16 "
+                     "weights (its --main-params-dtype takes fp32 or fp16 only, megatron/training/arguments.py); "
+                     "re-plan with --precision bf16",
+         _meta(lambda d: d["extra"].update(precision="bf16-pure"))),
     Case("export:whole-stage-selective", lambda env: ["export", str(env.bad_plan), "--to", "torchtitan", "-o",
                                                       str(env.tmp / "t.args"), "--profile", str(env.prof)],
          lambda env: f"{env.bad_plan}: activation policy selective: torchtitan's activation_checkpoint:selective wraps "

@@ -45,7 +45,7 @@ def test_a_plans_recipe_is_its_own_else_its_dtypes() -> None:
     assert plan_recipe(None, "bfloat16") is RECIPES["bf16"]
     assert plan_recipe(None, "float32") is RECIPES["fp32"]
     assert plan_recipe(None, None) is None and recipe_of_dtype("float16") is None
-    with pytest.raises(ProfileError, match="precision 'fp16' does not exist; give one of fp32, bf16, fp8"):
+    with pytest.raises(ProfileError, match="precision 'fp16' does not exist; give one of fp32, bf16, fp8, bf16-pure"):
         recipe("fp16")
 
 
@@ -62,3 +62,35 @@ def test_the_fp8_recipe_dispatches_fp8_values_with_a_scale_per_128_and_the_other
     assert RECIPES["fp8"].dispatch_bytes == 1 + 4 / 128
     assert RECIPES["fp8"].dispatch_scale() == pytest.approx(0.515625)
     assert RECIPES["bf16"].dispatch_scale() == RECIPES["fp32"].dispatch_scale() == 1.0
+
+
+def test_pure_bf16_keeps_8_bytes_per_parameter_and_no_master() -> None:
+    """NeMo AutoModel's recipe (the model cast to bf16 by `initialize_weights`, torch.optim.Adam's moments in the
+    parameters' dtype, bf16 gradients): 2 + 2 + 0 + 2 x 2 = 8 bytes per parameter with Adam, against bf16's 18;
+    the step reads and writes the bf16 weights (the master) and moments: 3 x 2 + 2 x 2 + 2 x 2 x 2 = 18 bytes."""
+    pure = recipe("bf16-pure")
+    assert (pure.weight_bytes, pure.grad_bytes, pure.master_bytes, pure.state_bytes) == (2, 2, 0, 2)
+    assert (pure.bytes_per_param(2), pure.step_bytes(2), pure.bytes_per_param(0)) == (8, 18, 4)
+    assert (pure.dtype, pure.peak, pure.matmul_peak) == ("bfloat16", "bfloat16", "bfloat16")
+    assert pure.peaks(load_device("h100-sxm")) == RECIPES["bf16"].peaks(load_device("h100-sxm"))
+    assert pure.dispatch_scale() == 1.0 and "no fp32 master" in pure.what
+
+
+def test_bfloat16_still_means_bf16_mixed_precision() -> None:
+    """A profile or plan in bfloat16 that records no recipe was counted before the recipes, in bf16 mixed precision:
+    pure bf16 and fp8 are recorded by name, never implied by the dtype."""
+    assert recipe_of_dtype("bfloat16") is RECIPES["bf16"] is DEFAULT_RECIPE
+    assert [r.name for r in RECIPES.values() if r.implied] == ["fp32", "bf16"]
+    assert plan_recipe("bf16-pure", "bfloat16") is RECIPES["bf16-pure"]
+
+
+def test_pure_bf16_is_torchtitans_training_dtype_and_refused_by_megatron_and_deepspeed() -> None:
+    """torchtitan's `training.dtype=bfloat16` puts parameters, gradients and optimizer state in bf16 with no fp32
+    copy (torchtitan/config/configs.py); Megatron-LM's `--main-params-dtype` takes fp32 or fp16 and DeepSpeed's
+    `bf16_master_weights_and_grads` clones a bf16 master partition: each keeps a master copy, so both refuse."""
+    pure = RECIPES["bf16-pure"]
+    assert pure.torchtitan == ("--training.dtype=bfloat16", "--training.mixed_precision_param=bfloat16")
+    assert pure.refusal("torchtitan") is None
+    for trainer, says in (("megatron", "--main-params-dtype"), ("deepspeed", "bf16_master_weights_and_grads")):
+        why = pure.refusal(trainer)
+        assert why is not None and says in why and why.endswith("re-plan with `precision` bf16")

@@ -56,6 +56,25 @@ def test_published_qwen3_row_pins_fsdp_beside_ep_and_holds_less_than_zero_2() ->
     assert plans[3].stages[0].static_bytes < plans[2].stages[0].static_bytes
 
 
+def test_published_qwen3_row_is_pure_bf16_and_fits_in_half_the_static_bytes() -> None:
+    """NeMo AutoModel trains Qwen3-30B-A3B in bf16 without a master copy (the row's `assumed`): pinned in bf16-pure
+    (profiles/qwen3-30b-a3b-h100-sxm-s4096-bf16-pure/) it fits the run's 80 GB. By hand, FSDP2 at ep = dp keeps
+    (P' + G + O) / d of the dense bytes and the experts' whole: 2 + 2 + 4 = 8 bytes a parameter in bf16-pure where bf16
+    keeps 0 + 4 + 12 = 16 (its sharded parameter is the fp32 master in O), so half the static bytes."""
+    script = _script()
+    run = script.QWEN3_30B
+    assert run.precision == "bf16-pure"
+    cluster = script.cluster_of(run)
+    plan, why, _ = script._plan(script.profile_for(run, run.tp_degrees, run.precision),
+                                script.pinned_request(run, cluster))
+    assert plan is not None and plan.predicted.fits, why
+    assert max(plan.predicted.peak_memory_bytes) <= cluster.memory_bytes and plan.precision == "bf16-pure"
+    roomy = replace(cluster, memory_bytes=200 << 30)
+    mixed, why, _ = script._plan(script.profile_for(run, run.tp_degrees, "bf16"), script.pinned_request(run, roomy))
+    assert mixed is not None, why
+    assert abs(2 * plan.stages[0].static_bytes - mixed.stages[0].static_bytes) <= 64
+
+
 def test_every_row_multiplies_out() -> None:
     """Each row's degrees give its GPUs (tp x cp x pp x dp; ep lies inside dp) and its microbatches its global
     batch per step (dp x microbatches x microbatch size): a transcription check of the published configurations."""

@@ -77,7 +77,8 @@ def add_precision_argument(p: argparse.ArgumentParser) -> None:
     """--precision RECIPE: the mixed-precision recipe a GPU profile is counted for (autopp.data.precision)."""
     p.add_argument("--precision", choices=list(RECIPES), metavar="RECIPE",
                    help=f"mixed-precision recipe ({', '.join(RECIPES)}; docs/analytic.md): its peaks (fp8: linear "
-                        "layers' matmuls at the FP8 peak) and bytes per parameter. Default: bf16 for a GPU, fp32 on "
+                        "layers' matmuls at the FP8 peak) and bytes per parameter (bf16-pure: bf16 weights, gradients "
+                        "and optimizer state, no master copy). Default: bf16 for a GPU, fp32 on "
                         "the CPU; fp8 is counted (--analytic DEVICE) only")
 
 
@@ -183,10 +184,10 @@ def _model_of(args: argparse.Namespace, source: HfSource | None) -> ModelFile:
 def _resolve_dtype(args: argparse.Namespace) -> None:
     """--precision and --dtype: the recipe (`precision_of`) and the dtype it computes in; both left out for a GPU
     (--analytic of a catalog GPU, or --device cuda): bf16, said in one line on stderr. A recipe other than its
-    dtype's (fp8) is counted only."""
+    dtype's peaks (fp8) is counted only."""
     gpu = (analytic_target(args.analytic) is not None) if args.analytic else args.device == "cuda"
     chosen, said = precision_of(args, gpu), args.dtype is None and args.precision is None
-    if chosen is not recipe_of_dtype(chosen.dtype) and not args.analytic:
+    if chosen.matmul_peak != chosen.peak and not args.analytic:
         raise AutoppError(f"--precision {chosen} is counted, not measured: give --analytic DEVICE (the profiler runs "
                           "the model's own layers, no FP8 matmuls)")
     args.dtype, args.precision = chosen.dtype, chosen.name
@@ -350,7 +351,7 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
     device = analytic_target(getattr(args, "device", None))
     degrees = () if tp == 1 else (None if tp is None else (tp,))
     chosen = precision_of(args, device is not None)
-    if device is None and chosen is not recipe_of_dtype(chosen.dtype):
+    if device is None and chosen.matmul_peak != chosen.peak:
         raise AutoppError(f"--precision {chosen} is counted, not measured: give --device of a GPU that has it")
     default = default_profile_dir(args)
     if (default / "meta.json").is_file():

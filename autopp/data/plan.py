@@ -171,8 +171,8 @@ class Plan:
     """The other configurations whose predicted steps lie inside that band, each in words with its step: ties with
     the plan, which a tie rule chose among (`PlanRequest.ties`). Written to JSON only when not empty."""
     precision: str | None = None
-    """The mixed-precision recipe the profile was counted for (autopp.data.precision: "fp32", "bf16", "fp8"), which
-    the exports spell. None: the recipe of `dtype` (profiles made before recipes); written to JSON only when known."""
+    """The mixed-precision recipe the profile was counted for (autopp.data.precision's names), which the exports
+    spell. None: the recipe of `dtype` (profiles made before recipes); written to JSON only when known."""
     vocab: VocabVariant | None = None
     """Vocabulary parallelism (docs/vocabulary-parallelism.md): the embedding (unit 0) and the head with its loss
     (the last unit) split along the vocabulary over every pipeline rank, with this variant ("vocab-1", "vocab-2" in

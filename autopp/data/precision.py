@@ -53,7 +53,7 @@ class Recipe:
     master_bytes: int
     """Bytes per parameter of the fp32 master copy the optimizer updates (0: the weights are the master)."""
     state_bytes: int = 4
-    """Bytes of each optimizer state per parameter (fp32: Adam's moments)."""
+    """Bytes of each optimizer state per parameter (fp32: Adam's moments; 2 in pure bf16)."""
     activations: str
     """What is saved for the backward, in words (as the trainers save it)."""
     dispatch_bytes: float | None = None
@@ -72,9 +72,13 @@ class Recipe:
     """DeepSpeed config keys (`bf16.enabled`: bf16 with fp32 master weights in its optimizer)."""
     trainer_refusals: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     """Trainer ("torchtitan", "megatron", "deepspeed") -> why it cannot train with this recipe."""
+    implied: bool = True
+    """Whether a profile in `dtype` that records no recipe (one counted before the recipes) was counted in this one:
+    fp32 and bf16, the dtypes' own; the others are recorded by name always."""
 
     def bytes_per_param(self, optimizer_states: int) -> int:
-        """Weights, gradients, master copy and `optimizer_states` fp32 states, per parameter (bf16 with Adam: 18)."""
+        """Weights, gradients, master copy and `optimizer_states` states, per parameter (bf16 with Adam: 18, pure bf16:
+        8)."""
         return self.weight_bytes + self.grad_bytes + self.master_bytes + optimizer_states * self.state_bytes
 
     def refusal(self, trainer: str) -> str | None:
@@ -84,7 +88,7 @@ class Recipe:
     def step_bytes(self, optimizer_states: int) -> int:
         """Bytes the optimizer step moves per parameter: gradients scaled (read + write), then read once; the master
         copy (else the weights) and each state read and written; with a master copy, the weights written from it
-        (fp32 with Adam: 36, bf16 with Adam: 38)."""
+        (fp32 with Adam: 36, bf16 with Adam: 38, pure bf16: 18)."""
         updated = self.master_bytes or self.weight_bytes
         return 3 * self.grad_bytes + 2 * updated + 2 * optimizer_states * self.state_bytes + \
             (self.weight_bytes if self.master_bytes else 0)
@@ -125,7 +129,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            activations=f"{_BF16_SAVED}, as torchao's Float8Linear saves the bf16 input and weight and casts them "
                        "again in the backward (Transformer Engine may keep a linear input's FP8 cast instead, smaller: "
                        "not modelled)",
-           dispatch_bytes=1 + 4 / 128, torchtitan=_BF16_TITAN,
+           dispatch_bytes=1 + 4 / 128, torchtitan=_BF16_TITAN, implied=False,
            torchtitan_note="torchtitan 0.3 sets FP8 in Python, not on its command line: give the model spec "
                            "`converters=[Float8LinearConverter.Config(recipe_name=\"rowwise\")]` "
                            "(torchtitan/models/llama3/config_registry.py, llama3_debugmodel_float8)",
@@ -133,6 +137,17 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            trainer_refusals={"deepspeed": "DeepSpeed's config has no FP8 training (only its `bf16` and `fp16` "
                                           "sections; FP8 needs Transformer Engine layers in the model code); re-plan "
                                           "with `precision` bf16"}),
+    Recipe(name="bf16-pure", what="pure bf16 (bf16 weights, gradients and optimizer state, no fp32 master copy: "
+                                  "updates below bf16's resolution of the weight are lost)",
+           dtype="bfloat16", peak="bfloat16", matmul_peak="bfloat16", weight_bytes=2, grad_bytes=2, master_bytes=0,
+           state_bytes=2, activations=_BF16_SAVED, implied=False,
+           torchtitan=("--training.dtype=bfloat16", "--training.mixed_precision_param=bfloat16"), megatron=(),
+           trainer_refusals={
+               "megatron": "Megatron-LM keeps a master copy beside bf16 weights (its --main-params-dtype takes fp32 "
+                           "or fp16 only, megatron/training/arguments.py); re-plan with `precision` bf16",
+               "deepspeed": "DeepSpeed keeps a master copy beside bf16 weights (its bf16_master_weights_and_grads "
+                            "clones the partition in bf16, runtime/zero/stage_1_and_2.py); re-plan with `precision` "
+                            "bf16"}),
 )}
 #: The recipe of a GPU profile when none is asked for.
 DEFAULT_RECIPE = RECIPES["bf16"]
@@ -148,7 +163,7 @@ def recipe(name: str) -> Recipe:
 def recipe_of_dtype(dtype: str) -> Recipe | None:
     """The recipe a profile made in `dtype` without a recorded recipe was counted for: fp32 or bf16 (None: a dtype
     no recipe has)."""
-    return next((r for r in RECIPES.values() if r.dtype == dtype and r.matmul_peak == r.peak), None)
+    return next((r for r in RECIPES.values() if r.dtype == dtype and r.implied), None)
 
 
 def plan_recipe(precision: str | None, dtype: str | None) -> Recipe | None:

@@ -46,7 +46,7 @@ class ProfileOptions:
     """Parameter and activation dtype; bfloat16: mixed precision, the fp32 master copy counted with the optimizer."""
     precision: str | None = None
     """The mixed-precision recipe counted (autopp.data.precision: its times and bytes per parameter); it computes
-    in `dtype`. None (filled in): the recipe of `dtype` (fp32 or bf16)."""
+    in `dtype`. None (filled in): the recipe of `dtype` (fp32 or bf16, `Recipe.implied`)."""
     tp_degrees: tuple[int, ...] | None = ()
     """Tensor-parallel degrees to make tp.csv rows for (1 is dropped; the model needs a TP plan, autopp.model.tp);
     (): none; None: every degree the plan allows, up to the catalog device's devices per node when counted (a plan

@@ -142,6 +142,8 @@ def profile_model(path: str | Path | ModelFile, options: ProfileOptions = Profil
                        materialized_peak_bytes=meta.peak_materialized_bytes,
                        **{k: v for k, v in {"moe": moe_facts(meta.model), "batch_norm": batch_norms(meta.model)}.items()
                           if v})
+    if not options.recipe.implied:  # a recipe its dtype does not imply (bf16-pure) is recorded, as analytic ones are
+        found.extra["precision"] = options.recipe.name
     meta_info = ProfileMeta(
         model_path=str(mf.path), fingerprint=model_fingerprint,
         unit_names=tuple(u.name for u in units), split_points=tuple(u.split_point or "" for u in units[1:]),

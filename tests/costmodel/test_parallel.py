@@ -364,3 +364,26 @@ def test_async_tp_leaves_the_first_chunk_and_what_the_compute_cannot_cover() -> 
     # without sequence parallelism there is nothing for it to decompose
     no_sp = tensor_parallel(replace(a, overlap=Overlap(async_tp=True)), Layout(tp=4).unit_view(), LINK)
     assert np.array_equal(no_sp.forward, plain.forward)
+
+
+def test_pure_bf16_shards_the_weights_themselves() -> None:
+    """The bf16-pure recipe keeps 2 + 2 + 4 bytes per parameter (bf16 weights, gradients and two Adam moments, no
+    master: autopp.data.precision), the synthetic profile's P : G : O = 1 : 1 : 2. Without a master copy the weights
+    are what the optimizer steps, so FSDP2's sharded parameter is a bf16 shard of them: at pp 1 over 8 ranks
+    (P + G + O) / 8 = 1 byte per parameter; at ZeRO 1 under a pipeline over 4, P + P / 4 + G + O / 4 = 5.5 bytes
+    (bf16 mixed precision: 2 + 4 + 12 / 4 = 9)."""
+    from autopp.costmodel import ProfileTable
+    from autopp.costmodel.parallel import static_terms
+    from autopp.data.profile import Profile
+    from autopp.data.synthetic_profile import synthetic_profile
+    p = synthetic_profile(4, hidden=64, seq=16)
+    p = Profile(replace(p.meta, dtype="bfloat16", extra={"precision": "bf16-pure"}), p.units, p.edges)
+    a = ProfileTable(p).arrays(2)
+    numel = a.params / 2
+    assert not a.master and np.allclose(a.grads, 2 * numel) and np.allclose(a.static, 8 * numel)
+    fsdp = Layout(pp=1, dp=8, zero=ZERO[3]).unit_view()
+    terms = static_terms(a, fsdp)
+    assert np.allclose(terms["sharded parameters"], 2 * numel / 8) and np.allclose(terms["weights"], 0)
+    assert np.allclose(data_sharded(a, fsdp, lambda s: s * 0.0).static, np.round(numel), atol=1)
+    zero1 = data_sharded(a, Layout(pp=2, dp=4, zero=ZERO[1]).unit_view(), lambda s: s * 0.0)
+    assert np.allclose(zero1.static, np.round(5.5 * numel), atol=1)

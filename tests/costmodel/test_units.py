@@ -142,10 +142,11 @@ def test_per_unit_checkpoints_keep_a_value_read_by_several_units_once() -> None:
 
 def test_a_recipe_with_a_master_copy_is_marked() -> None:
     """The bf16 and fp8 recipes count an fp32 master copy in the optimizer bytes (autopp.data.precision), which ZeRO's
-    sharding reads (autopp.costmodel.parallel); fp32 has none, nor do profiles that record no recipe (made before
-    the recipes, whose optimizer bytes held none), whatever their dtype."""
+    sharding reads (autopp.costmodel.parallel); fp32 and pure bf16 have none (the weights are the master), nor do
+    profiles that record no recipe (made before the recipes, whose optimizer bytes held none), whatever their
+    dtype."""
     p = tiny_profile()
     assert not unit_arrays(p, 1).master
     assert not unit_arrays(replace(p, meta=replace(p.meta, dtype="bfloat16")), 1).master
-    for name, master in (("fp8", True), ("bf16", True), ("fp32", False)):
+    for name, master in (("fp8", True), ("bf16", True), ("fp32", False), ("bf16-pure", False)):
         assert unit_arrays(replace(p, meta=replace(p.meta, extra={"precision": name})), 1).master is master

@@ -662,6 +662,27 @@ def test_torchtitan_takes_the_fp8_export_and_sets_float8_in_python(titan, llama:
     assert any('Float8LinearConverter.Config(recipe_name="rowwise")' in n for n in exported.notes)
 
 
+def test_torchtitan_takes_the_pure_bf16_export(titan, llama: Profile,  # type: ignore[no-untyped-def]
+                                               llama_plans: dict[str, Plan]) -> None:
+    """torchtitan's config reads a bf16-pure plan's overrides: `training.dtype` bfloat16, which its docstring says
+    puts parameters, gradients and optimizer state in bf16 without an fp32 copy, and bf16 compute."""
+    plan = dataclasses.replace(_llama_8b_like(llama_plans["dp"], Activation.KEEP), precision="bf16-pure")
+    cfg = titan(export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama)).text)
+    assert (cfg.training.dtype, cfg.training.mixed_precision_param) == ("bfloat16", "bfloat16")
+    source = Path(pytest.importorskip("torchtitan").__file__).parent / "config" / "configs.py"
+    assert "without an extra copy of fp32 weights" in source.read_text()
+
+
+def test_the_refusals_premises_megatron_and_deepspeed_keep_a_master_copy(  # type: ignore[no-untyped-def]
+        megatron, deepspeed) -> None:
+    """Megatron-Core's OptimizerConfig keeps `main_params_dtype` (fp32 unless its precision-aware optimizer takes
+    fp16; Megatron-LM's `--main-params-dtype` offers fp32 and fp16); DeepSpeed's bf16 master weights are a setting of
+    their dtype (`bf16_master_weights_and_grads`), not their absence."""
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+    assert "main_params_dtype" in {f.name for f in dataclasses.fields(OptimizerConfig)}
+    assert "bf16_master_weights_and_grads" in DeepSpeedBF16Config.model_fields
+
 def test_deepspeed_config_has_no_fp8(deepspeed) -> None:  # type: ignore[no-untyped-def]
     """The refusal's premise: DeepSpeed's config classes know bf16 and fp16, no FP8."""
     from deepspeed.runtime import config

@@ -570,6 +570,20 @@ def test_fp8_plans_spell_the_recipe_and_deepspeed_refuses_it(llama: Profile, lla
     assert "--fp8-format hybrid" not in export_plan(_as_hf(llama_plans["1f1b"]), Target.MEGATRON, "x").text
 
 
+def test_pure_bf16_plans_are_torchtitans_bf16_training_dtype_and_refused_elsewhere(
+        llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """A bf16-pure plan (bf16 weights, gradients and Adam state, no master copy): torchtitan's `training.dtype`
+    bfloat16 with bf16 compute; Megatron-LM and DeepSpeed keep a master copy whatever their flags, so one line each
+    (autopp.data.precision)."""
+    plan = replace(_as_hf(llama_plans["1f1b"]), precision="bf16-pure")
+    titan = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama)).text.split()
+    assert {"--training.dtype=bfloat16", "--training.mixed_precision_param=bfloat16"} <= set(titan)
+    assert "--training.dtype=float32" not in titan
+    for target, says in ((Target.MEGATRON, r"Megatron-LM keeps a master copy beside bf16 weights \(its --main-params"),
+                         (Target.DEEPSPEED, r"DeepSpeed keeps a master copy beside bf16 weights")):
+        with pytest.raises(ExportError, match=rf"^plan: precision bf16-pure: {says}.*re-plan with `precision` bf16$"):
+            export_plan(plan, target, "x.json")
+
 def test_what_the_plan_does_not_know_is_said(llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """A model file's plan has no sequence length; a plan of the Python API no dtype: each is said in a note, and
     nothing is made up."""

@@ -96,3 +96,5 @@ def test_static_bytes_follow_the_recipe() -> None:
     half = static_bytes(layer.to(torch.bfloat16), "adam", RECIPES["bf16"])
     assert (half["param_bytes"], half["grad_bytes"], half["optimizer_bytes"]) == (2 * numel, 4 * numel, 12 * numel)
     assert static_bytes(layer, "adam", RECIPES["fp8"]) == half
+    pure = static_bytes(layer.to(torch.bfloat16), "adam", RECIPES["bf16-pure"])  # no master: 2 + 2 + 2 x 2
+    assert (pure["param_bytes"], pure["grad_bytes"], pure["optimizer_bytes"]) == (2 * numel, 2 * numel, 4 * numel)

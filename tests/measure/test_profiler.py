@@ -145,7 +145,17 @@ def test_bfloat16_parameters_and_fp32_optimizer_state() -> None:
     # the bf16 recipe's fp32 gradients (autopp.data.precision: Megatron's main_grad, FSDP2's reduce_dtype)
     assert rows.loc[0].param_bytes == 2 * numel and rows.loc[0].grad_bytes == 4 * numel
     assert rows.loc[0].optimizer_bytes == (2 + 1) * 4 * numel  # two fp32 states and an fp32 master copy
-    assert profile.meta.dtype == "bfloat16"
+    assert profile.meta.dtype == "bfloat16" and "precision" not in profile.meta.extra  # bfloat16 implies bf16
+
+
+def test_pure_bf16_is_measured_with_its_bytes_and_recorded() -> None:
+    """bf16-pure: bf16 gradients and two bf16 Adam moments, no master (2 + 2 + 4 bytes a parameter); the recipe is
+    recorded in the metadata, as bfloat16 alone means bf16 mixed precision (autopp.data.precision)."""
+    options = ProfileOptions(microbatch_sizes=(1,), optimizer="adam", dtype="bfloat16", precision="bf16-pure")
+    profile = profile_model(MODELS / "linrelu.py", options, MeasureOptions(warmup=0, repeats=1, compare_whole=False))
+    row, numel = profile.units.set_index("unit").loc[0], 8 * 32 + 32
+    assert (row.param_bytes, row.grad_bytes, row.optimizer_bytes) == (2 * numel, 2 * numel, 4 * numel)
+    assert profile.meta.extra["precision"] == "bf16-pure"
 
 
 def test_non_chain_model_live_values_per_cut() -> None:

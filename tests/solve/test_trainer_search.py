@@ -11,7 +11,7 @@ from autopp.data.cluster import Cluster
 from autopp.data.layout import LayoutPins
 from autopp.data.profile import Profile
 from autopp.data.trainers import trainer_rules
-from autopp.errors import LayoutError
+from autopp.errors import LayoutError, ProfileError
 from autopp.export import Target, export_plan
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
@@ -108,3 +108,20 @@ def test_no_search_puts_several_stages_on_one_pipeline_rank(shipped_gpt: Profile
     assert not [c for c in found if c.layout.pp == 1 and c.layout.v > 1]
     assert {c.schedule for c in found if c.layout.pp == 1} == {ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B}
     assert {c.layout.v for c in found if c.layout.pp > 1} >= {1, 2}
+
+
+@pytest.mark.parametrize("precision, refused", [("bf16-pure", {"megatron", "deepspeed"}), ("fp8", {"deepspeed"}),
+                                               ("bf16", set())])
+def test_a_profile_in_a_recipe_the_trainer_cannot_train_is_refused_before_the_search(
+        shipped_gpt: Profile, precision: str, refused: set[str]) -> None:
+    """A bf16-pure profile keeps no master copy, which Megatron-LM and DeepSpeed always keep; DeepSpeed has no FP8:
+    `trainer` refuses either in one line before searching, as the export would refuse its plan (autopp.data.
+    precision); torchtitan trains all three."""
+    made = Profile(replace(shipped_gpt.meta, dtype="bfloat16", extra={**shipped_gpt.meta.extra,
+                                                                      "precision": precision}),
+                   shipped_gpt.units, shipped_gpt.edges)
+    for trainer in sorted(refused):
+        with pytest.raises(ProfileError, match=rf"^`trainer` {trainer}: the profile's precision {precision}: .*"
+                                               r"re-plan with `precision` bf16$"):
+            make_plan(made, _request(trainer=trainer))
+    assert make_plan(made, _request(trainer="torchtitan", schedule=ScheduleName.ONE_F_ONE_B)).precision == precision

@@ -10,6 +10,7 @@ from ...costmodel import ProfileTable, sp_offered
 from ...schedule import Activation, policy
 from ...errors import AutoppError, InfeasibleError, LayoutError, ProfileError
 from ...data.plan import Plan
+from ...data.precision import plan_recipe
 from ...data.profile import Profile
 from ...sizes import format_time
 from .from_verdict import plan_from_verdict
@@ -91,6 +92,7 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     `trainer`, which applies one activation policy to every stage, each allowed policy is planned for every stage
     and the fastest kept (`_uniform`). Sequence parallelism searched is decided first (`with_sp`)."""
     _check_experts(profile, request)
+    _check_recipe(profile, request)
     request = with_sp(request, sp_offered(profile))
     if request.trainer is not None and len(request.allowed()) > 1:
         return _uniform(profile, request)
@@ -105,6 +107,15 @@ def _check_experts(profile: Profile, request: PlanRequest) -> None:
     if ep not in (None, 1) and experts > 1 and experts % ep:
         raise LayoutError(f"`ep` {ep} does not divide the model's {experts} routed experts per layer (each ep rank "
                           f"holds experts / ep of them): give a divisor of {experts}")
+
+
+def _check_recipe(profile: Profile, request: PlanRequest) -> None:
+    """For a `trainer`, refuse before any search a profile counted in a recipe that trainer cannot train (bf16-pure
+    for Megatron-LM and DeepSpeed, fp8 for DeepSpeed: autopp.data.precision), whose plan its export would refuse."""
+    made = plan_recipe(profile.meta.extra.get("precision"), profile.meta.dtype)
+    why = made.refusal(request.trainer) if made is not None and request.trainer is not None else None
+    if why is not None:
+        raise ProfileError(f"`trainer` {request.trainer}: the profile's precision {made}: {why}")
 
 
 def _uniform(profile: Profile, request: PlanRequest) -> Plan:
