@@ -44,6 +44,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     ("`device`", "--device"), ("`analytic`", "--analytic"), ("`dtype`", "--dtype"), ("`seq_len`", "--seq-len"),
     ("`precision`", "--precision"),
     ("`task`", "--task"), ("`trainer`", "--for"), ("`synthesize`", "--synthesize"),
+    ("`judge_budget`", "--judge-budget"),
     ("`progress_s` 0 on every link", "--progress-delay 0 (with --cluster: progress_s 0 on every link)"),
     *((f"`{f}`", f"--{f}") for f in (*(a.name for a in _AXIS_FLAGS), "zero")),
 )

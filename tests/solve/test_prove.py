@@ -119,3 +119,11 @@ def test_progress_line_says_the_share_judged_and_the_time_left() -> None:
     line = _line(11, 100, 2000, 10.0, 15.47)  # 10 of 100 judged in 10 s: 90 s left at that rate
     assert line.endswith("10%, about 2 min left: bounding configurations: 11 of 100 whose bound is below 15.47 s")
     assert "50%" in _line(11, 100, 20, 10.0, 15.47)  # the budget, when smaller, is the whole
+
+
+def test_a_negative_judge_budget_is_refused_through_the_api_as_through_the_cli() -> None:
+    from autopp.errors import LayoutError
+    cluster = Cluster(num_devices=2, memory_bytes=GiB)
+    assert PlanRequest(cluster=cluster, global_batch=4, judge_budget=0).judge_budget == 0
+    with pytest.raises(LayoutError, match=r"^`judge_budget` must be >= 0, got -1$"):
+        PlanRequest(cluster=cluster, global_batch=4, judge_budget=-1)

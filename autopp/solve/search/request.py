@@ -88,8 +88,9 @@ class PlanRequest:
     one searched, or one variant pinned. None of the trainers runs it: with `trainer`, only the plain split."""
 
     def __post_init__(self) -> None:
-        if self.global_batch < 1:
-            raise LayoutError(f"`global_batch` must be >= 1, got {self.global_batch}")
+        for name, least in (("global_batch", 1), ("judge_budget", 0)):  # judge_budget 0: the short-list alone
+            if getattr(self, name) < least:
+                raise LayoutError(f"`{name}` must be >= {least}, got {getattr(self, name)}")
         check_planned(self.pins)
         self.pins.check_devices(self.cluster.num_devices)
         self._check_tp()
@@ -268,8 +269,7 @@ def microbatch_counts(req: PlanRequest, dp: int) -> list[int]:
 
 
 def zero_stages(req: PlanRequest, dp: int) -> tuple[ZeroStage, ...]:
-    """The ZeRO stages to try over `dp` synchronising ranks (dp x cp, `Layout.sync`): none without, else the pinned
-    one or SEARCHED_ZERO."""
+    """ZeRO stages over `dp` synchronising ranks (dp x cp): none without, else the pinned one or SEARCHED_ZERO."""
     if dp == 1:
         return (NO_ZERO,)
     return SEARCHED_ZERO if req.pins.zero is None else (req.pins.zero,)
