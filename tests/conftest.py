@@ -7,6 +7,7 @@ import importlib.util
 import multiprocessing.process
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MEASURING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+#: The command tests/test_typing.py checks, run from the root (mypy reads pyproject.toml, caches in .mypy_cache/).
+MYPY = (sys.executable, "-m", "mypy", "autopp")
+#: The mypy started when the session's tests were chosen, and the file it writes to (tests/test_typing.py waits).
+MYPY_RUN = pytest.StashKey[tuple[subprocess.Popen[bytes], Path]]()
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start mypy as soon as the session's tests are known, if tests/test_typing.py is among them: a cold run takes
+    about 30 s of one core, which it then spends beside the single-threaded tests before it instead of after."""
+    if not any(item.nodeid.startswith("tests/test_typing.py::") for item in session.items):
+        return
+    with tempfile.NamedTemporaryFile(prefix="autopp-mypy-", suffix=".out", delete=False) as f:
+        proc = subprocess.Popen(MYPY, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    session.config.stash[MYPY_RUN] = (proc, Path(f.name))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A mypy the session started and did not wait for (stopped early by -x, interrupted) does not outlive it, nor
+    does its output."""
+    run = config.stash.get(MYPY_RUN, None)
+    if run is None:
+        return
+    if run[0].poll() is None:
+        run[0].kill()
+        run[0].wait()
+    run[1].unlink(missing_ok=True)
 
 
 def seeds(count: int, unit: tuple[int, ...] = (0, 1, 2, 3)) -> list[Any]:
