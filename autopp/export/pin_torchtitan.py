@@ -189,9 +189,12 @@ def read_torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinn
     if local % b:
         raise ExportError(f"{where}: training.local_batch_size {local} is not divisible by microbatch size {b}")
     glob = config_int(o, "training.global_batch_size", -1, where, also=(-1,))
-    if glob not in (-1, local * dp):
-        raise ExportError(f"{where}: training.global_batch_size {glob} != local {local} x dp {dp}: gradient "
-                          "accumulation is not modelled")
+    steps = 1 if glob == -1 else glob // (local * dp)  # torchtitan's gradient_accumulation_steps
+    if glob != -1 and (glob % (local * dp) or pp > 1 and steps > 1):
+        raise ExportError(f"{where}: training.global_batch_size {glob} != local {local} x dp {dp}"
+                          + (": gradient accumulation under pipeline parallelism is not modelled" if pp > 1 and not
+                             glob % (local * dp) else " x a whole number of gradient-accumulation steps"))
     policy = _activation(o, notes)
-    return pinned_config(name, degrees, len(counts) // pp, dp, zero, _sequence_parallel(o, where), local // b, b,
+    # without pp, the accumulation steps are autopp's microbatches (of the local batch each)
+    return pinned_config(name, degrees, len(counts) // pp, dp, zero, _sequence_parallel(o, where), local // b * steps, b,
                          bounds_from_counts(layers, counts), policy, where, dp_replicate=replicate), notes

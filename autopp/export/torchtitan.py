@@ -121,7 +121,10 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
     mapped = trainer_names(unit_modules)
     fqns = stage_fqns(plan, unit_modules if mapped is None else mapped, where)
     parts = " ".join(",".join(stage) for stage in fqns)
-    local = plan.num_microbatches * plan.microbatch_size
+    # torchtitan's trainer (train.py: gradient_accumulation_steps, the data loader's batch): with pp > 1 the pipeline
+    # schedule splits local_batch_size into microbatches; without pp, each forward and backward takes local_batch_size
+    # and the microbatches are gradient-accumulation steps (global / (local x dp))
+    local = plan.microbatch_size * (plan.num_microbatches if plan.layout.pp > 1 else 1)
     refuse_schedule(plan, "torchtitan", where)
     refuse_layout(plan, "torchtitan", where)
     lines = [f"--{AXES['pp'].spelling('torchtitan').degree}={plan.layout.pp}",
@@ -132,7 +135,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
              *group_parallel(plan),
              *carved_lines(plan, "torchtitan", "--{key}={degree}", moe or {}, where),
              f"--training.local_batch_size={local}",
-             f"--training.global_batch_size={local * plan.layout.dp}"]
+             f"--training.global_batch_size={plan.num_microbatches * plan.microbatch_size * plan.layout.dp}"]
     settings, setting_notes = made_for(plan, "torchtitan")
     overlap, overlap_notes = torchtitan_overlap(plan)
     lines += settings + overlap

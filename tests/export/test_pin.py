@@ -443,3 +443,19 @@ def test_pin_from_profiles_at_the_configuration_s_sequence_length(tmp_path: Path
     assert capsys.readouterr().err.strip() == (f"autopp: error: {pin}: its sequence length is 16 tokens, --seq-len "
                                                "is 8; give --seq-len 16 so both plans train the same sequences")
     assert seen == [16, 16] and not list(tmp_path.glob("*.json"))
+
+
+def test_torchtitan_without_pp_runs_the_microbatches_as_accumulation_steps(tmp_path: Path, llama: Profile) -> None:
+    """At pp 1 torchtitan's forward takes `local_batch_size` samples and repeats global / (local x dp) times
+    (trainer.py: gradient_accumulation_steps); the export writes the plan's microbatches that way, not as one local
+    batch of m x b, and --pin-from reads them back."""
+    from autopp.data.layout import LayoutPins
+    from autopp.data.zero import ZERO
+    from .conftest import plan_for
+    plan = plan_for(llama, devices=2, pins=LayoutPins(pp=1, dp=2, zero=ZERO[3]), num_microbatches=4)
+    assert (plan.layout.pp, plan.num_microbatches, plan.microbatch_size) == (1, 4, 1)
+    lines = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama)).text.splitlines()
+    assert "--training.local_batch_size=1" in lines and "--training.global_batch_size=8" in lines
+    pinned, _ = _read(tmp_path, llama, "\n".join(lines[:-1]) + "\n", 2)  # without the activation subcommand
+    c = pinned.candidate
+    assert (c.microbatches, c.microbatch_size, c.layout.pp, c.layout.dp) == (4, 1, 1, 2)
