@@ -200,7 +200,8 @@ class Layout:
 @dataclass(frozen=True, kw_only=True)
 class LayoutPins:
     """A partial Layout: the degrees and ZeRO stage a planning request fixes; None leaves one to the search. The
-    defaults are the planner's: dp, cp, tp and ep 1 and ZeRO 0 unless asked for, pp and v searched."""
+    defaults are the planner's: dp, cp, tp and ep 1 and ZeRO 0 unless asked for, pp and v searched (v over 2 and 4;
+    V schedules always use 2)."""
 
     pp: int | None = None
     v: int | None = None

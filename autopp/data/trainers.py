@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..schedule import ScheduleName, describe
 from .axes import AXES, SWITCHES
 from .layout import Layout
+from .overlap import TRAINER_OVERLAP, Overlap
 from .zero import HSDP_REFUSALS
 
 __all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem",
@@ -52,6 +53,9 @@ class Trainer:
     vocab: str = ""
     """Why it cannot run vocabulary parallelism (Yeung et al., MLSys 2025; `Plan.vocab`): none of the three splits
     the vocabulary layers over the pipeline ranks, so `--for` never offers it and the exporters refuse it."""
+    overlap: Overlap = TRAINER_OVERLAP
+    """What it hides under compute on a GPU (autopp.data.overlap): the plan's default for `--for` it
+    (`PlanRequest.assumed_overlap`), so that the search costs the run the export writes."""
     module_names: tuple[tuple[str, str], ...] = ()
     """How the models it ships name the modules of a Hugging Face decoder: (HF prefix, its name; "" where its model
     has no such module), applied by the export when every profiled name is one of these prefixes (empty: it splits
@@ -148,6 +152,9 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
                                     "pipeline parallelism (--use-torch-fsdp2 asserts a pipeline size of 1)"),
     Trainer(name="deepspeed", title="DeepSpeed's PipelineEngine",
             runs="1F1B (its own TrainSchedule, one stage per rank)", schedules=(_ONE_F_ONE_B,),
+            # its TrainSchedule reduces gradients only after the last backward (ReduceGrads; autopp.export.overlap),
+            # and it runs no ZeRO stage that scatters per microbatch (ZeRO 0 and 1 under pipelining)
+            overlap=Overlap(fsdp_prefetch=False, grad_reduce=False),
             vocab="DeepSpeed's PipelineModule places the embedding and the head as layers of the first and last "
                   "stages; it does not split the vocabulary over the pipeline ranks"),
 )}

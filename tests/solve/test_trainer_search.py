@@ -125,3 +125,18 @@ def test_a_profile_in_a_recipe_the_trainer_cannot_train_is_refused_before_the_se
                                                r"re-plan with `precision` bf16$"):
             make_plan(made, _request(trainer=trainer))
     assert make_plan(made, _request(trainer="torchtitan", schedule=ScheduleName.ONE_F_ONE_B)).precision == precision
+
+
+def test_the_trainers_overlap_is_the_default_on_a_gpu() -> None:
+    """DeepSpeed's PipelineEngine reduces gradients only after the last backward (autopp.export.overlap): planned
+    `--for deepspeed` on a GPU the default overlap hides none of it; torchtitan and Megatron keep the planner's
+    default; an overlap asked for is kept, and CPU ranks overlap nothing whatever the trainer."""
+    from autopp.data.overlap import NO_OVERLAP, TRAINER_OVERLAP, Overlap
+    gpu = Cluster(num_devices=4, memory_bytes=2 << 30, device_kind="h100-sxm")
+    assert _request(cluster=gpu).assumed_overlap == TRAINER_OVERLAP
+    assert _request(cluster=gpu, trainer="megatron").assumed_overlap == TRAINER_OVERLAP
+    assert _request(cluster=gpu, trainer="torchtitan").assumed_overlap == TRAINER_OVERLAP
+    assert _request(cluster=gpu, trainer="deepspeed").assumed_overlap == Overlap(fsdp_prefetch=False,
+                                                                                 grad_reduce=False)
+    assert _request(cluster=gpu, trainer="deepspeed", overlap=TRAINER_OVERLAP).assumed_overlap == TRAINER_OVERLAP
+    assert _request(trainer="deepspeed").assumed_overlap == NO_OVERLAP  # CPU ranks

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ...data.cluster import Cluster
 from ...data.layout import Layout, LayoutPins, check_planned, uses_mesh
-from ...data.overlap import Overlap, default_overlap
+from ...data.overlap import TRAINER_OVERLAP, Overlap, default_overlap
 from ...data.trainers import TRAINER_RULES, refusal
 from ...data.vocab import VocabVariant
 from ...data.zero import NO_ZERO, SEARCHED_ZERO, ZeroStage
@@ -34,9 +34,8 @@ class RecomputeMode(enum.Enum):
 
     def policies(self) -> tuple[Activation, ...]:
         """The activation policies this mode lets the search give a stage, least memory saved first."""
-        if self is RecomputeMode.NONE:
-            return (Activation.KEEP,)
-        return (Activation.RECOMPUTE,) if self is RecomputeMode.ALL else by_saving(list(Activation))
+        fixed = {RecomputeMode.NONE: (Activation.KEEP,), RecomputeMode.ALL: (Activation.RECOMPUTE,)}
+        return fixed.get(self) or by_saving(list(Activation))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,9 +50,8 @@ class PlanRequest:
     schedule: ScheduleName | None = ScheduleName.ONE_F_ONE_B
     """None: every named schedule."""
     pins: LayoutPins = LayoutPins()
-    """The layout's fixed degrees and ZeRO stage; each None is searched: pp as devices / (dp x tp); dp over every
-    divisor of the devices; tp over 1 and every degree with profile rows that fits (`tp_choices`); ZeRO over the
-    runner's stages (`SEARCHED_ZERO`) where dp > 1; v over 2 and 4 (V schedules always use 2)."""
+    """The fixed degrees and ZeRO stage; each None searched: pp as devices / (dp x tp); dp over the devices' divisors;
+    tp over 1 and each degree with profile rows that fits (`tp_choices`); ZeRO over `SEARCHED_ZERO` where dp > 1."""
     tp_across_nodes: bool = False
     """Allow a tensor-parallel group to span nodes (its collectives then run on the inter-node link)."""
     tied_across_stages: bool = False
@@ -179,9 +177,11 @@ class PlanRequest:
 
     @property
     def assumed_overlap(self) -> Overlap:
-        """`overlap`, or by default what torchtitan and Megatron-LM (`--overlap-grad-reduce`) overlap on a catalog
-        GPU, and nothing on CPU ranks and unnamed devices (`default_overlap`); the plan records it (`Plan.overlap`)."""
-        return self.overlap if self.overlap is not None else default_overlap(self.cluster.device_kind)
+        """`overlap`, or what the `trainer` overlaps on a catalog GPU (`Trainer.overlap`; without one, torchtitan's and
+        Megatron-LM's) and nothing on CPU ranks and unnamed devices (`default_overlap`); the plan records it."""
+        default = default_overlap(self.cluster.device_kind)
+        trainer = TRAINER_RULES[self.trainer].overlap if self.trainer and default is TRAINER_OVERLAP else default
+        return self.overlap if self.overlap is not None else trainer
 
     def pinned_activations(self, num_stages: int) -> tuple[Activation, ...] | None:
         """The per-stage policies `recompute_stages` pins for `num_stages` stages (None: not pinned)."""
