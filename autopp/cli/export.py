@@ -44,6 +44,16 @@ def _profile(args: argparse.Namespace, plan):  # type: ignore[no-untyped-def]
     return profile
 
 
+def _moe(profile):  # type: ignore[no-untyped-def]
+    """The profile's routing facts (`meta.extra["moe"]`) and, for a mixture of experts, each unit's MoE layers
+    (`moe_units`, the `moe_layers` column: Megatron's `--moe-layer-freq`); None for a dense model."""
+    moe = profile.meta.extra.get("moe")
+    if not moe:
+        return moe
+    units = profile.units[profile.units.microbatch_size == profile.units.microbatch_size.min()].sort_values("unit")
+    return {**moe, "moe_units": [int(n) for n in units.moe_layers]}
+
+
 #: The targets that read the plan's profile: torchtitan (module names), Megatron (the model's live values).
 _READ_PROFILE = ("torchtitan", "megatron")
 
@@ -67,7 +77,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     modules = None if profile is None or target is not Target.TORCHTITAN else \
         rename_modules(profile.unit_modules(), renames)  # type: ignore[arg-type]
     exported = export_plan(plan, target, out, modules, where=args.plan,
-                           moe=None if profile is None else profile.meta.extra.get("moe"),
+                           moe=None if profile is None else _moe(profile),
                            values=None if profile is None else profile.meta.live_values)
     for extra in exported.extra:  # every file, before any is written
         check_output_file(extra)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Mapping, Sequence
 
 from ..data.axes import AXES
@@ -51,6 +52,21 @@ def refuse_model(plan: Plan, values: Sequence[LiveValue] | None, where: str) -> 
                           f"each to the next, but {why}; run it with autopp run, which relays such values")
 
 
+def _moe_layer_freq(plan: Plan, layers: ModelLayers, moe: Mapping[str, Any]) -> list[str]:
+    """`--moe-layer-freq` where expert parallelism writes the experts and some blocks are dense (DeepSeek-V3's first
+    three: its config's `first_k_dense_replace`): the blocks' pattern, 1 for a block with experts, as Megatron-LM's
+    `moe_freq_type` reads a Python list expression ("([0]*3+[1]*58)"); without it Megatron-Core makes every layer
+    an MoE layer. `moe["moe_units"]`: each unit's MoE layers (the profile's `moe_layers`)."""
+    units = moe.get("moe_units")
+    if plan.layout.ep == 1 or units is None:
+        return []
+    pattern = [1 if units[k] else 0 for k in layers.blocks]
+    if all(pattern):
+        return []
+    runs = [(bit, len(list(group))) for bit, group in itertools.groupby(pattern)]
+    return ["--moe-layer-freq (" + "+".join(f"[{bit}]*{n}" for bit, n in runs) + ")"]
+
+
 def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
                 values: Sequence[LiveValue] | None = None) -> Exported:
     """Arguments for `pretrain_gpt.py` (one flag and its value per line, for `$(cat FILE)`); `moe`: the profile's
@@ -65,6 +81,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
                           "after them (E first, L last); this model's units start or end with a block")
     lines = [*group_lines(plan, "megatron", "{key} {degree}"),
              *carved_lines(plan, "megatron", "{key} {degree}", moe or {}, where),
+             *_moe_layer_freq(plan, layers, moe or {}),
              *data_parallel_flags(plan),
              *megatron_overlap(plan),
              f"{AXES['pp'].spelling('megatron').degree} {plan.layout.pp}",

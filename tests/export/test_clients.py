@@ -448,6 +448,15 @@ def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # t
     limited = {"num_experts": 8, "top_k": 2, "num_groups": 4, "group_top_k": 2}  # group-limited routing's groups
     cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x", moe=limited).text)
     assert (cfg.moe_router_num_groups, cfg.moe_router_group_topk) == (4, 2)  # megatron-core checks them
+    assert not any(line.startswith("--moe-layer-freq") for line in export_plan(plan, Target.MEGATRON, "x", moe={
+        **moe, "moe_units": [0, 1, 1, 1, 1, 0]}).text.splitlines())  # every block has experts: Megatron's default
+    dense_first = export_plan(plan, Target.MEGATRON, "x", moe={**moe, "moe_units": [0, 0, 1, 1, 1, 0]}).text
+    freq = next(line for line in dense_first.splitlines() if line.startswith("--moe-layer-freq "))
+    assert freq == "--moe-layer-freq ([0]*1+[1]*3)"  # the first block dense, as DeepSeek-V3's first three
+    cfg, _, _ = _megatron_config(dense_first.replace(freq + "\n", ""))
+    cfg.moe_layer_freq = eval(freq.split(" ", 1)[1])  # Megatron-LM's moe_freq_type evaluates the list expression
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import get_moe_layer_pattern
+    assert get_moe_layer_pattern(cfg) == [0, 1, 1, 1]  # megatron-core checks its length against --num-layers
     text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES),
                        moe=moe).text
     assert titan(text).parallelism.expert_parallel_degree == 2
