@@ -545,6 +545,8 @@ CASES += [
          lambda env: env.model.write_text(GOOD_MODEL)),
     Case("flag:plan-precision-with-profile", lambda env: _plan_args(env, "--precision", "fp8"),
          lambda env: "--precision goes with a profile that plan makes"),
+    Case("flag:plan-optimizer-with-profile", lambda env: _plan_args(env, "--optimizer", "adamw"),
+         lambda env: "--optimizer goes with a profile that plan makes"),
     Case("flag:plan-model-and-profile", lambda env: ["plan", str(env.model), "--profile", str(env.prof),
                                                      "--devices", "2", "--memory", "1GiB"], lambda env: "--profile"),
     Case("flag:plan-neither-model-nor-profile", lambda env: ["plan", "--devices", "2", "--memory", "1GiB"],

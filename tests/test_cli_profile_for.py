@@ -46,6 +46,10 @@ def test_plan_for_a_gpu_counts_analytically_with_its_tp_rows(tmp_path: Path, mon
     assert not (tmp_path / "profiles" / "tiny-llama").exists()
     assert main([*plan, "--tp", "2", "--pp", "4"]) == 0
     assert "using profile profiles/tiny-llama-h100-sxm/" in capsys.readouterr().err
+    assert profile.meta.optimizer == "adamw" and "; optimizer adamw;" in first  # a GPU's default, said
+    assert main([*plan, "--tp", "2", "--optimizer", "sgd"]) == 0  # another optimizer: counted again
+    assert "(it counts optimizer adamw's state, the plan needs sgd's): profiling again" in capsys.readouterr().err
+    assert load_profile(tmp_path / "profiles" / "tiny-llama-h100-sxm").meta.optimizer == "sgd"
 
 
 def test_a_profile_without_the_pinned_rows_is_not_current(tmp_path: Path) -> None:
@@ -55,6 +59,9 @@ def test_a_profile_without_the_pinned_rows_is_not_current(tmp_path: Path) -> Non
     profile = load_profile(ROOT / "profiles" / "mlp")
     fp = profile.meta.fingerprint
     assert _current(profile, fp, None, None, (), "fp32") is None
+    assert _current(profile, fp, None, None, (), "fp32", optimizer=profile.meta.optimizer) is None
+    assert _current(profile, fp, None, None, (), "fp32", optimizer="adamw") == \
+        f"it counts optimizer {profile.meta.optimizer}'s state, the plan needs adamw's"
     assert _current(profile, fp, None, None, (2,), "fp32") == "it has no tensor-parallel rows of degree 2"
     assert _current(profile, fp, None, "h100-sxm", (), "fp32") == \
         "it is measured, the plan needs one analytic for h100-sxm"

@@ -21,7 +21,8 @@ from .common import (COUNT, POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_
                      progress, shown_progress)
 from .pin_from import batch_of, pinned_seq_len, read_pin
 from .plan_cluster import plan_cluster
-from .profile import add_hf_arguments, add_precision_argument, default_profile_dir, hf_source_of, profile_for
+from .profile import (add_hf_arguments, add_optimizer_argument, add_precision_argument, default_profile_dir,
+                      hf_source_of, profile_for)
 
 __all__ = ["add_parser"]
 
@@ -59,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         "--device, as torchtitan and Megatron-LM run; none on CPU ranks, as autopp run does; "
                         "docs/parallelism.md#overlap)")
     add_precision_argument(p)  # the recipe of the profile plan makes (--device NAME: counted for NAME)
+    add_optimizer_argument(p)  # and the optimizer whose state it counts
     p.add_argument("--nodes", type=POSITIVE, help="with --device: nodes, so devices = nodes x devices per node")
     p.add_argument("--devices-per-node", type=POSITIVE, metavar="K",
                    help="with --device: devices per node (default: the catalog's, 8 for the GPUs)")
@@ -300,6 +302,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.precision:
             raise AutoppError(f"--precision goes with a profile that plan makes; {args.profile} was made for "
                               f"{given.meta.extra.get('precision') or given.meta.dtype}: drop --precision")
+        if args.optimizer:
+            raise AutoppError(f"--optimizer goes with a profile that plan makes; {args.profile} counts "
+                              f"{given.meta.optimizer}'s state: drop --optimizer")
     batch, said = _global_batch(args, cluster, given)  # a --profile's sequence length known now
     request = replace(request, global_batch=batch)
     if given is not None:

@@ -18,12 +18,12 @@ from .common import COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, comma_sizes, 
 
 if TYPE_CHECKING:
     from ..data.profile import Profile
-    from ..measure.options import DType
-    from ..measure.options import MeasureOptions, ProfileOptions
+    from ..measure.options import DType, MeasureOptions, ProfileOptions
     from ..model.contract import ModelFile
 
 __all__ = ["say_seq_len", "add_parsers", "profile_for", "default_profile_dir", "analytic_target", "default_dtype",
-           "add_hf_arguments", "hf_source_of", "model_stem", "add_precision_argument", "precision_of"]
+           "add_hf_arguments", "hf_source_of", "model_stem", "add_precision_argument", "precision_of",
+           "add_optimizer_argument"]
 
 
 def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
@@ -34,9 +34,9 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--microbatch-sizes", type=comma_sizes, default=[1, 4], metavar="B,B,...",
                    help="microbatch sizes to measure (default 1,4); the cost model interpolates between them")
     p.add_argument("--microbatch-size", type=POSITIVE, help="measure this one size only")
-    p.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default="sgd")
-    p.add_argument("--repeats", type=POSITIVE, default=5, help="timed runs per unit (median is kept)")
-    p.add_argument("--warmup", type=COUNT, default=2, help="untimed runs first")
+    add_optimizer_argument(p)
+    p.add_argument("--repeats", type=POSITIVE, default=5, help="timed runs per unit, the median kept (default 5)")
+    p.add_argument("--warmup", type=COUNT, default=2, help="untimed runs first (default 2)")
     p.add_argument("--threads", type=POSITIVE, default=1, help="torch threads while measuring (default 1)")
     p.add_argument("--time-budget", type=SECONDS, metavar="S",
                    help="stop timing after S seconds per unit even if fewer than --repeats runs were made")
@@ -80,6 +80,18 @@ def add_precision_argument(p: argparse.ArgumentParser) -> None:
                         "layers' matmuls at the FP8 peak) and bytes per parameter (bf16-pure: bf16 weights, gradients "
                         "and optimizer state, no master copy). Default: bf16 for a GPU, fp32 on "
                         "the CPU; fp8 is counted (--analytic DEVICE) only")
+
+
+def add_optimizer_argument(p: argparse.ArgumentParser) -> None:
+    """--optimizer NAME: the optimizer whose state the profile counts (`optimizer_of`)."""
+    p.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"],
+                   help="the optimizer whose state the profile counts and whose step it times (sgd none, momentum "
+                        "one, adam(w) two fp32 values a parameter). Default: adamw for a GPU, sgd on the CPU")
+
+
+def optimizer_of(args: argparse.Namespace, gpu: bool) -> str:
+    """--optimizer, else adamw for a GPU and sgd on the CPU (`add_optimizer_argument`)."""
+    return str(args.optimizer or ("adamw" if gpu else "sgd"))
 
 
 def precision_of(args: argparse.Namespace, gpu: bool) -> Recipe:
@@ -194,6 +206,7 @@ def _resolve_dtype(args: argparse.Namespace) -> None:
     if gpu and said:
         print(f"dtype {args.dtype} (mixed precision, the default for a GPU: fp32 master weights and optimizer state "
               "counted); --dtype float32 to change", file=sys.stderr)
+    args.optimizer = optimizer_of(args, gpu)  # said with the profile written
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -240,7 +253,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               f"{profile.meta.tp_plan_source}")
     if profile.meta.extra.get("tp_skipped"):
         print(f"no tensor-parallel rows: {profile.meta.extra['tp_skipped']}")
-    print(f"\nwrote profile {out}/ ({profile.num_units} units, microbatch sizes {list(profile.meta.microbatch_sizes)})")
+    print(f"\nwrote profile {out}/ ({profile.num_units} units, microbatch sizes {list(profile.meta.microbatch_sizes)}, "
+          f"optimizer {profile.meta.optimizer}'s state: --optimizer)")
     return 0
 
 
@@ -289,10 +303,8 @@ def analytic_target(device: str | None) -> str | None:
     """The catalog device `autopp plan --device NAME` profiles analytically for: NAME unless it is this machine (the
     `cpu` entry, which is measured here); None without --device. A device given as a JSON file is a catalog entry
     too (`load_device`)."""
-    if device is None:
-        return None
     from ..data.catalog import load_device
-    name = load_device(device).name
+    name = None if device is None else load_device(device).name
     return None if name == "cpu" else name  # the catalog's entry for this machine (docs/devices.md)
 
 
@@ -304,9 +316,10 @@ def default_dtype(gpu: bool) -> DType:
 
 
 def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None, device: str | None,
-             degrees: tuple[int, ...] | None, precision: str, routing: dict[str, Any] | None = None) -> str | None:
+             degrees: tuple[int, ...] | None, precision: str, routing: dict[str, Any] | None = None,
+             optimizer: str | None = None) -> str | None:
     """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
-    precision recipe, device, without the tensor-parallel rows the request pins, an analytic mixture of experts
+    precision recipe, optimizer (when given), device, without the tensor-parallel rows the request pins, an analytic mixture of experts
     counted before its expert GEMMs' columns (docs/profile-format.md), or one whose `extra.moe` lacks a routing fact
     the model has (`routing`: autopp.model.experts.moe_facts of the model; a group-limited routing's groups)."""
     if profile.meta.fingerprint != fingerprint:
@@ -316,6 +329,8 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
     counted = profile.meta.extra.get("precision") or getattr(recipe_of_dtype(profile.meta.dtype), "name", None)
     if counted != precision:
         return f"it was counted for precision {counted}, the plan needs {precision}"
+    if optimizer is not None and profile.meta.optimizer != optimizer:
+        return f"it counts optimizer {profile.meta.optimizer}'s state, the plan needs {optimizer}'s"
     made_for = profile.meta.extra.get("analytic_device")
     if made_for != device:
         return f"it is {f'analytic for {made_for}' if made_for else 'measured'}, the plan needs one " + (
@@ -350,27 +365,30 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
     built, _, fingerprint = build_units(mf)  # on meta: the model may be larger than this machine
     device = analytic_target(getattr(args, "device", None))
     degrees = () if tp == 1 else (None if tp is None else (tp,))
-    chosen = precision_of(args, device is not None)
+    chosen, optimizer = precision_of(args, device is not None), optimizer_of(args, device is not None)
     if device is None and chosen.matmul_peak != chosen.peak:
         raise AutoppError(f"--precision {chosen} is counted, not measured: give --device of a GPU that has it")
     default = default_profile_dir(args)
     if (default / "meta.json").is_file():
         profile = load_profile(default)
-        why = _current(profile, fingerprint, recorded, device, degrees, chosen.name, moe_facts(built.model))
+        why = _current(profile, fingerprint, recorded, device, degrees, chosen.name, moe_facts(built.model),
+                       optimizer)
         if why is None:
             print(f"using profile {default}/", file=sys.stderr)
             say_seq_len(args, source)
             return profile
         print(f"profile {default}/ is not current ({why}): profiling again", file=sys.stderr)
-    options = ProfileOptions(dtype=chosen.dtype, precision=chosen.name, tp_degrees=degrees)
+    options = ProfileOptions(dtype=chosen.dtype, precision=chosen.name, tp_degrees=degrees,
+                             optimizer=optimizer)  # type: ignore[arg-type]
     if device is None:
         profile = _profiled(mf if source else args.model, source, options)
     else:
         model = f"--hf-config {args.hf_config}" if source else args.model
         flags = (f" --seq-len {args.seq_len}" if source and args.seq_len else "") + \
             (f" --tp {tp}" if tp not in (1, None) else "") + (f" --precision {chosen}" if args.precision else "")
-        print(f"profiling {model} analytically for {device} ({chosen.what}; this machine is not a {device}), as "
-              f"`autopp profile {model} --analytic {device}{flags}` would", file=sys.stderr)
+        flags += f" --optimizer {optimizer}" if args.optimizer else ""
+        print(f"profiling {model} analytically for {device} ({chosen.what}; optimizer {optimizer}; this machine is "
+              f"not a {device}), as `autopp profile {model} --analytic {device}{flags}` would", file=sys.stderr)
         from ..measure.analytic import analytic_profile
         profile = _with_source(analytic_profile(mf, device, options, progress=progress("counting")), source)
     end_progress()
