@@ -232,4 +232,5 @@ def _forward_progress(procs: Sequence[RankProcess], progress: Progress | None, s
                 continue
             steps_seen.add(int(step.group(1)))
             if progress is not None:
-                progress(f"step {step.group(1)}/{step.group(2)} {float(step.group(3)):.4f} s")
+                progress(f"step {step.group(1)}/{step.group(2)} {float(step.group(3)):.4f} s on rank {rank} (the "
+                         "report takes each step's slowest rank)")
