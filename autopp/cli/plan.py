@@ -139,8 +139,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         "(docs/export.md)")
     p.add_argument("--pin-from", metavar="FILE",
                    help="also judge the configuration you run today (torchtitan overrides or .toml, Megatron-LM "
-                        "arguments; docs/export.md) and print it beside autopp's plan, which then searches pp x dp "
-                        "(tp 1, ZeRO 0) for its global batch (unless --global-batch)")
+                        "arguments; docs/export.md) and print it beside autopp's plan, searched for its global batch "
+                        "(unless --global-batch) and its trainer (unless --for)")
     p.set_defaults(func=_cmd_plan)
 
 
@@ -273,10 +273,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     hf_source_of(args, ("--profile", "DIR"))  # one model source, checked before anything is loaded
     if args.output:
         check_output_file(args.output, "-o")
-    pinned_tp = 1
+    pinned_tp, implied = 1, ""
     if args.pin_from:  # before a profile is loaded or measured
-        from ..export import config_degrees
+        from ..export import config_degrees, config_trainer
         pinned_tp = config_degrees(args.pin_from).get("tp", 1)
+        if args.trainer is None:  # judged beside a plan its own trainer runs
+            args.trainer = config_trainer(args.pin_from)
+            implied = f"autopp: note: autopp's plan searched for {args.trainer} (--for {args.trainer}: the " \
+                      f"trainer of {args.pin_from}); give --for TRAINER to search for another"
     seq_said = pinned_seq_len(args)  # its sequence length profiled, before the default batch is derived from it
     from ..display import format_plan
     from ..data.layout import LayoutPins
@@ -337,7 +341,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         with shown_progress("planning"):  # CP-SAT's solves, each with the time left of its limit
             plan = make_plan(profile, request)
     end_progress()
-    for line in (seq_said, said):  # issue 26: a default that changes the answer is said (after the search)
+    for line in (seq_said, said, implied):  # issue 26: a default that changes the answer is said (after the search)
         if line:
             print(line, file=sys.stderr)
     plan = _note_cores(args, profile, request.cluster, replace(plan, profile_path=str(profile_dir)))

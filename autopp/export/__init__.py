@@ -12,12 +12,12 @@ from ..data.plan import Plan
 from ..data.profile_values import LiveValue
 from .common import Exported
 from .layers import ExportError, ModelLayers, model_layers
-from .pin import config_degrees, config_seq_len, read_pinned
+from .pin import config_degrees, config_seq_len, config_trainer, read_pinned
 from .pin_fields import read_config_text
 
 __all__ = ["Target", "ExportError", "Exported", "ModelLayers", "model_layers", "export_plan", "write_export",
            "default_output", "rename_modules", "read_pinned", "read_config_text", "config_degrees",
-           "config_seq_len"]
+           "config_seq_len", "config_trainer"]
 
 
 class Target(enum.Enum):

@@ -15,11 +15,12 @@ from .pin_fields import Degrees, read_config_text, read_degrees
 from .pin_megatron import megatron_options, read_megatron
 from .pin_torchtitan import read_torchtitan, torchtitan_options
 
-__all__ = ["read_pinned", "config_degrees", "config_seq_len"]
+__all__ = ["read_pinned", "config_degrees", "config_seq_len", "config_trainer"]
 
 
-def _trainer(p: Path) -> str:
-    """Which trainer's configuration `p` holds: "torchtitan" or "megatron"; an ExportError for neither."""
+def config_trainer(path: str | Path) -> str:
+    """Which trainer's configuration `path` holds: "torchtitan" or "megatron"; an ExportError for neither."""
+    p = Path(path)
     text = read_config_text(p)
     if p.suffix == ".toml" or "--parallelism." in text or "--training." in text:
         return "torchtitan"
@@ -33,7 +34,7 @@ def config_degrees(path: str | Path) -> Degrees:
     """The parallel degrees the configuration in `path` sets (before any profile is read: `autopp plan` makes the
     profile's tensor-parallel rows of its tp)."""
     p = Path(path)
-    if _trainer(p) == "torchtitan":
+    if config_trainer(p) == "torchtitan":
         return read_degrees(torchtitan_options(p), "torchtitan", str(p))
     return read_degrees(megatron_options(p), "megatron", str(p), key_of=lambda flag: flag.removeprefix("--"))
 
@@ -42,7 +43,7 @@ def config_seq_len(path: str | Path) -> int | None:
     """The sequence length the configuration in `path` trains: torchtitan's `training.seq_len`, Megatron-LM's
     `--seq-length`; None where the file sets none (each trainer's default is then its own: not guessed here)."""
     p = Path(path)
-    torchtitan = _trainer(p) == "torchtitan"
+    torchtitan = config_trainer(p) == "torchtitan"
     key = "training.seq_len" if torchtitan else "--seq-length"
     value = (torchtitan_options(p) if torchtitan else megatron_options(p)).get(key.removeprefix("--"))
     if value is None:
@@ -56,6 +57,6 @@ def read_pinned(path: str | Path, unit_names: Sequence[str], devices: int) -> tu
     """The configuration in `path` (a torchtitan .toml or overrides file, or Megatron-LM arguments) for a model with
     these units on `devices` devices, and notes on what was evaluated differently from how the trainer runs it."""
     p = Path(path)
-    trainer = _trainer(p)
+    trainer = config_trainer(p)
     layers = model_layers(unit_names, str(p))
     return (read_torchtitan if trainer == "torchtitan" else read_megatron)(p, layers, devices)

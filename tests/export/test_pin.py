@@ -331,7 +331,7 @@ def test_hand_written_tp8_torchtitan_config_for_llama_3_8b_on_2x8_h100(capsys: p
     toml = ROOT / "examples" / "torchtitan" / "llama-3-8b-tp8-2x8-h100.toml"
     code = main(["plan", "--profile", str(ROOT / "profiles" / "llama-3-8b-h100-sxm-s8192"), "--device", "h100-sxm",
                  "--nodes", "2", "--global-batch", "16", "--pin-from", str(toml), "-o", str(tmp_path / "p.plan.json")])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith(f"your configuration ({toml}) beside autopp's plan")  # the first screen
@@ -348,6 +348,13 @@ def test_hand_written_tp8_torchtitan_config_for_llama_3_8b_on_2x8_h100(capsys: p
     from autopp.export.compare import time_terms
     plan = load_plan(tmp_path / "p.plan.json")
     assert sum(s for _, s in time_terms(plan)) == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
+    # autopp's plan is searched for the file's trainer (a plan torchtitan runs, so "yours vs autopp's" compares two
+    # configurations both run), said after the search, with the unrestricted optimum beside it
+    assert "searched for torchtitan (--for torchtitan: the trainer of" in err
+    assert "without --for torchtitan" in out
+    from autopp.data.profile import load_profile
+    names = load_profile(ROOT / "profiles" / "llama-3-8b-h100-sxm-s8192").unit_modules()
+    assert export_plan(plan, Target.TORCHTITAN, "x.args", names).text  # torchtitan runs it: no refusal
 
 
 def test_the_profile_made_for_pin_from_has_rows_of_its_tp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
