@@ -81,3 +81,19 @@ def test_a_batch_norm_model_is_said_at_plan_time() -> None:
                                     schedule=ScheduleName.GPIPE))
     assert not [n for n in one.notes if "BatchNorm" in n]
     assert not [n for n in make_plan(p, PlanRequest(cluster=cluster, global_batch=8)).notes if "BatchNorm" in n]
+
+
+def test_a_bf16_profile_without_a_recipe_is_said_to_lack_the_fp32_gradients() -> None:
+    """profiles/llama-3-8b-h100-sxm-s8192 was counted before the precision recipes (its gradients 2 bytes a
+    parameter): its plans say what their memory lacks; a profile that records its recipe gets no such note."""
+    from dataclasses import replace
+    from autopp.data.catalog import cluster_from_catalog, load_device
+    from autopp.data.layout import LayoutPins
+    old = load_profile(GPT.parent / "llama-3-8b-h100-sxm-s8192")
+    assert "precision" not in old.meta.extra and old.meta.dtype == "bfloat16"
+    request = PlanRequest(cluster=cluster_from_catalog(load_device("h100-sxm"), 16, devices_per_node=8),
+                          global_batch=16, pins=LayoutPins(pp=2, dp=1, tp=8), num_microbatches=16)
+    note = "the profile records no precision recipe (counted before autopp's recipes)"
+    assert any(n.startswith(note) for n in make_plan(old, request).notes)
+    current = replace(old, meta=replace(old.meta, extra={**old.meta.extra, "precision": "bf16"}))
+    assert not any(n.startswith(note) for n in make_plan(current, request).notes)

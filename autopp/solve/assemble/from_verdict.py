@@ -199,6 +199,17 @@ def _expert_gemms_note(profile: Profile, ep: int, etp: int = 1) -> str:
             "an analytic profile (`autopp profile --analytic DEVICE`) re-times them")
 
 
+def _recipe_note(profile: Profile) -> list[str]:
+    """A bf16 profile that records no precision recipe was counted before them (autopp.data.precision), with its
+    gradients at the weights' 2 bytes: said, as what the plan's memory lacks."""
+    if profile.meta.dtype != "bfloat16" or "precision" in profile.meta.extra:
+        return []
+    return ["the profile records no precision recipe (counted before autopp's recipes): its gradients are counted "
+            "at the weights' 2 bytes a parameter, where the bf16 recipe keeps them in fp32 (4 bytes, as Megatron-LM's "
+            "--bf16 and torchtitan's float32 reduction do), so the plan's memory lacks 2 bytes a parameter; count "
+            "the profile again (`autopp profile --analytic DEVICE`) for the recipe's bytes"]
+
+
 def _batch_norm_note(profile: Profile, c: Candidate) -> list[str]:
     """Issue 26: a model that normalizes with BatchNorm (the profile's `extra.batch_norm`), said at plan time: its
     statistics are per microbatch under pipelining (autopp.run.steps.batch_norm_refusal)."""
@@ -293,6 +304,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c, request.cluster))
     notes.extend(_batch_norm_note(profile, c))
+    notes.extend(_recipe_note(profile))
     notes.extend(_seq_note(c))
     notes.extend(_overlap_notes(request, a, c))
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
