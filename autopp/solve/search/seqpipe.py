@@ -57,8 +57,8 @@ def seq_offered(profile: Profile, req: PlanRequest) -> bool:
         if req.schedule is not None:
             raise ProfileError(f"`schedule` {ScheduleName.SEQ_1F1B.value} splits each sequence of a causal LM by the "
                                f"attention's cost, and the profile of {profile.meta.model_path} records no causal "
-                               "attention (profiles of HF causal-lm configs do): profile the HF config, or search "
-                               "`schedule`")
+                               "attention (profiles of HF causal-lm configs do, but for ones counted before the "
+                               "attention record): profile the HF config (again), or search `schedule`")
         return False
     if not seq_chunkings(profile):
         if req.schedule is not None:
