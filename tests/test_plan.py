@@ -43,6 +43,18 @@ def test_bad_version(tmp_path: Path) -> None:
         load_plan(tmp_path / "p.json")
 
 
+@pytest.mark.parametrize("data, why", [
+    ({"version": 1, "measured_step_time_s": 0.1, "passed": True}, r"not a plan \(a run report, which `autopp run`"),
+    ({"architectures": ["LlamaForCausalLM"]}, r"not a plan \(no field 'stages'\)"),
+    ([1, 2], r"not a plan \(no field 'stages'\)")])
+def test_a_file_that_is_not_a_plan_is_said_to_be_none(tmp_path: Path, data: object, why: str) -> None:
+    """A run report or an HF config.json given where a plan goes: one line that says what it is, not a field of a
+    plan it lacks."""
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(PlanError, match=rf"p\.json: {why}.*give the plan JSON that `autopp plan` wrote"):
+        load_plan(tmp_path / "p.json")
+
+
 def test_not_json(tmp_path: Path) -> None:
     (tmp_path / "p.json").write_text("{\n oops")
     with pytest.raises(PlanError, match=r"p\.json:2: not valid JSON"):

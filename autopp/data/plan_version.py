@@ -16,9 +16,16 @@ PLAN_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
 
-def upgraded(data: dict[str, Any], f: Fields = Fields("plan", PlanError)) -> dict[str, Any]:
+def upgraded(data: Any, f: Fields = Fields("plan", PlanError)) -> dict[str, Any]:
     """Plan JSON of a readable version as the current version writes it: version 1's per-stage `recompute` flag
-    becomes the `activation` policy's name. Fields are checked afterwards, by `Plan.from_json`."""
+    becomes the `activation` policy's name. Fields are checked afterwards, by `Plan.from_json`; a file that is no
+    plan (a run report, a trainer's config) or of a version it cannot read fails here, saying so."""
+    if not isinstance(data, dict) or "stages" not in data:
+        report = isinstance(data, dict) and "measured_step_time_s" in data
+        f.fail("not a plan (" + ("a run report, which `autopp run` writes" if report else "no field 'stages'")
+               + "): give the plan JSON that `autopp plan` wrote")
+    if data.get("version") not in READABLE_VERSIONS:
+        f.fail(f"plan version {data.get('version')!r} is not supported (expected one of {list(READABLE_VERSIONS)})")
     if data.get("version") == PLAN_VERSION:
         return data
     stages = data.get("stages")
