@@ -207,11 +207,12 @@ def _pin(args: argparse.Namespace, axis: Axis) -> int | None:
 
 
 def _dp(args: argparse.Namespace) -> int | None:
-    """--dp N, auto (None), or unset: --ep N's N (the runner's ep = dp), else searched."""
-    if args.dp is None:
+    """--dp N, auto (None), or unset: --ep N's N without --pp (ep = dp), else searched (with --pp: what the devices
+    leave, which ep must divide)."""
+    if args.dp is None and args.pp is None:
         ep = getattr(args, "ep", 1)
         return (ep or None) if ep != 1 else None
-    return args.dp or None
+    return args.dp or None  # None: --dp auto, or unset beside --pp
 
 
 def _profiled_tp(args: argparse.Namespace, pins) -> int | None:  # type: ignore[no-untyped-def]
