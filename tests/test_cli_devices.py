@@ -97,7 +97,10 @@ def test_plan_on_cpu_device_no_warning(tmp_path: Path, monkeypatch: pytest.Monke
 @pytest.mark.parametrize("flags, message", [
     (["--device", "h100-sxm", "--devices", "8", "--nodes", "2"], "--devices 8 != --nodes 2 x 8 devices per node (16)"),
     (["--device", "h100-sxm"], "give --devices N or --nodes N with --device h100-sxm"),
-    (["--device", "h100-sxm", "--devices", "2", "--cluster", "c.json"], "give --device or --cluster, not both"),
+    (["--device", "h100-sxm", "--devices", "2", "--cluster", "c.json"], "give --device or --cluster, not both (the "
+                                                                         "cluster file names its devices and links)"),
+    (["--device", "h100-sxm", "--devices", "2", "--links", "l.json"], "give --device or --links, not both (the "
+                                                                       "device's catalog entry gives its links;"),
     (["--devices", "2", "--memory", "1GiB", "--nodes", "2"], "--nodes and --devices-per-node go with --device"),
     (["--device", "v100", "--devices", "2"], "unknown device 'v100'; the catalog has a100-40gb"),
     (["--device", "h100-sxm", "--nodes", "2", "--bandwidth", "1e9"],

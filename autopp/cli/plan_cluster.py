@@ -54,7 +54,10 @@ def _device_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from ..data.catalog import LinkOverrides, cluster_from_catalog, load_device
     for flag, value in (("--cluster", args.cluster), ("--links", args.links)):
         if value:
-            raise AutoppError(f"give --device or {flag}, not both (--latency/--bandwidth override the device's link)")
+            why = "the cluster file names its devices and links" if flag == "--cluster" else \
+                "the device's catalog entry gives its links; --intra-node-bandwidth, --inter-node-bandwidth, " \
+                "--latency or --bandwidth override them"
+            raise AutoppError(f"give --device or {flag}, not both ({why})")
     overrides = LinkOverrides(intra_bandwidth=args.intra_node_bandwidth, inter_bandwidth=args.inter_node_bandwidth,
                               latency_s=args.latency, bandwidth=args.bandwidth, overhead_s=args.message_overhead,
                               progress_s=args.progress_delay)
