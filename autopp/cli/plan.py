@@ -110,7 +110,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--virtual-stages", type=POSITIVE,
                    help="stages per rank for interleaved schedules (default: searched, 2 and 4)")
     p.add_argument("--recompute", choices=["none", "all", "auto"],
-                   help="activation recomputation: none; all: whole-stage recomputation on every stage; auto "
+                   help="activation recomputation: none; all: whole-stage recomputation on every stage (no trainer of "
+                        "--for applies it); auto "
                         "(default, unless --recompute-stages): per stage, one of the activation policies "
                         f"{', '.join(a.value for a in POLICIES)} (docs/plan-format.md) that the profile has figures "
                         "for and the devices allow (offload: a host link), saving memory only "
