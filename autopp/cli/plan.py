@@ -375,7 +375,7 @@ def _synthesizes(trainer: str | None) -> bool:
 
 def _unrestricted(profile, request, plan) -> str:  # type: ignore[no-untyped-def]
     """--for TRAINER: the step of the plan without the restriction, and the price of it."""
-    from ..display import format_grid
+    from ..display import format_grid, format_microbatches
     from ..errors import InfeasibleError
     from ..sizes import format_time
     from ..solve import make_plan
@@ -386,5 +386,5 @@ def _unrestricted(profile, request, plan) -> str:  # type: ignore[no-untyped-def
         return f"\nwithout --for {request.trainer}: no plan fits either"
     mine, theirs = plan.predicted.step_time_s, other.predicted.step_time_s
     return (f"\nwithout --for {request.trainer}: {other.schedule.value} {format_grid(other.layout)}, "
-            f"{other.num_microbatches} microbatches of {other.microbatch_size}: step {format_time(theirs)}; "
+            f"{format_microbatches(other.num_microbatches, other.microbatch_size)}: step {format_time(theirs)}; "
             f"the restriction to {request.trainer} costs {mine / theirs - 1:+.1%}")

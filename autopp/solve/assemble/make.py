@@ -83,7 +83,7 @@ def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
     if request.pins.tp is not None or profile.meta.tp_degrees:
         return []
     why = profile.meta.extra.get("tp_skipped")
-    return [f"with `tp` searched, only tp 1 was: the profile has no tensor-parallel rows (tp.csv)"
+    return [f"tensor parallelism: only tp 1 was searched, as the profile has no tensor-parallel rows (tp.csv)"
             f"{': ' + why if why else ''}; profile with `tp_degrees` T, T a degree the model's TP plan allows"]
 
 
