@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pandas and networkx stay out of a rank's imports (autopp.ru
     from .data.profile import Profile
 
 __all__ = ["unit_span", "stage_sizes", "format_profile", "sync_name", "format_grid", "format_plan", "format_chunks",
-           "format_breakdown", "format_predicted_step"]
+           "format_breakdown", "format_predicted_step", "format_microbatches"]
 
 
 def _table(header: list[str], rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
@@ -109,6 +109,12 @@ def _count(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
+def format_microbatches(count: int, size: int) -> str:
+    """"1 microbatch of 8", "4 microbatches of 2": a plan's microbatches per replica and their size, as every view
+    says them."""
+    return f"{_count(count, 'microbatch', 'microbatches')} of {size}"
+
+
 def format_predicted_step(plan: Plan, pipeline_s: float | None = None) -> str:
     """The plan's stored prediction as every view prints it (the plan table, `autopp show` and its PNG): step time
     and bubble. With `pipeline_s` (the simulated pipeline a timeline draws), also what the step adds to it."""
@@ -172,8 +178,7 @@ def format_plan(plan: Plan) -> str:
     summary = _summary(plan, own)
     head = (f"{plan.schedule.value} on {plan.num_ranks} ranks ({format_grid(plan.layout)}, "
             f"{_count(plan.layout.v, 'stage')} "
-            f"per rank), {_count(plan.num_microbatches, 'microbatch', 'microbatches')} of {plan.microbatch_size} "
-            "per replica (global batch "
+            f"per rank), {format_microbatches(plan.num_microbatches, plan.microbatch_size)} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
     if plan.seq_chunks is not None:
         head += f"\nsequence pipelining: {format_chunks(plan)} run one after another as units"

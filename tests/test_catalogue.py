@@ -377,7 +377,8 @@ CASES += [
          lambda env: f"{env.bad_plan}: activation policy recompute: DeepSpeed's activation_checkpoint_interval 1 "
                      "checkpoints each layer (per-unit recomputation, `recompute-units`), not a whole stage as one "
                      "checkpoint; a whole stage needs an interval of a stage's layers, which autopp does not export; "
-                     "re-plan with `activations` keep or recompute-units (or `autopp plan --for deepspeed`)",
+                     "re-plan with --recompute none, or with `autopp plan --for deepspeed`, whose --recompute auto "
+                     "gives every stage one of the policies DeepSpeed's PipelineEngine applies (keep, recompute-units)",
          _plan_edit(_every_stage(activation="recompute"))),
     Case("export:bf16-pure-megatron", lambda env: ["export", str(env.bad_plan), "--to", "megatron", "-o",
                                                    str(env.tmp / "m.args")],
@@ -395,8 +396,9 @@ CASES += [
                                                       str(env.tmp / "t.args"), "--profile", str(env.prof)],
          lambda env: f"{env.bad_plan}: activation policy selective: torchtitan's activation_checkpoint:selective wraps "
                      "each transformer block (per-unit selective recomputation, `selective-units`); it has no "
-                     "whole-stage checkpoint; re-plan with `activations` keep or recompute-units or selective-units "
-                     "(or `autopp plan --for torchtitan`)",
+                     "whole-stage checkpoint; re-plan with --recompute none, or with `autopp plan --for torchtitan`, "
+                     "whose --recompute auto gives every stage one of the policies torchtitan applies (keep, "
+                     "recompute-units, selective-units)",
          _plan_edit(_every_stage(activation="selective"))),
     # review: torchtitan shards over dp_shard x cp whenever cp > 1, so it keeps no whole replicas beside cp
     Case("export:torchtitan-zero-0-beside-cp", lambda env: ["export", str(env.bad_plan), "--to", "torchtitan", "-o",
@@ -517,6 +519,23 @@ CASES += [
     Case("flag:plan-for-recompute-stages", lambda env: _plan_args(env, "--for", "torchtitan", "--recompute-stages",
                                                                   "1"), lambda env: "--recompute-stages"),
     Case("flag:plan-for-unknown", lambda env: _plan_args(env, "--for", "nemo"), lambda env: "--for"),
+    # a pin the trainer refuses, refused before the search (it planned dp 1, where the pin no longer matters)
+    Case("flag:plan-for-torchtitan-zero-2", lambda env: _plan_args(env, "--zero", "2", "--for", "torchtitan"),
+         lambda env: "--for torchtitan cannot run --zero 2: torchtitan has no ZeRO stage 2 (its FSDP keeps gradients "
+                     "whole under pipeline parallelism); re-plan with --zero 1 or 3"),
+    Case("flag:plan-for-deepspeed-recompute-all", lambda env: _plan_args(env, "--recompute", "all", "--for",
+                                                                         "deepspeed"),
+         lambda env: "--recompute all (activation policy recompute) with --for deepspeed: DeepSpeed's "
+                     "activation_checkpoint_interval 1 checkpoints each layer (per-unit recomputation, "
+                     "`recompute-units`), not a whole stage as one checkpoint; a whole stage needs an interval of a "
+                     "stage's layers, which autopp does not export; give --recompute auto (with --for, each policy it "
+                     "applies on every stage) or none"),
+    Case("flag:plan-for-megatron-no-configuration",
+         lambda env: _plan_args(env, "--for", "megatron", "--pp", "2", "--schedule", "Interleaved1F1B",
+                                "--microbatches", "3", "--global-batch", "6"),
+         lambda env: "--for megatron runs none of the 2 configurations the request leaves (Megatron-Core's interleaved "
+                     "1F1B runs microbatches in groups of pp (2) and needs their count to be a multiple of it, but it "
+                     "is 3; re-plan with --microbatches 4 (or another multiple of 2))"),
     Case("flag:plan-overlap-unknown", lambda env: _plan_args(env, "--overlap", "fsdp-prefetch,pipelining"),
          lambda env: "--overlap"),
     Case("flag:plan-memory-reserve-all-of-it", lambda env: _plan_args(env, "--memory-reserve", "1GiB"),
@@ -866,7 +885,8 @@ CASES += [
          lambda env: ["export", str(env.bad_plan), "--to", "megatron", "-o", str(env.tmp / "m.args")],
          lambda env: f"{env.bad_plan}: the stages' activation policies differ (keep: stages [1]; recompute: stages "
                      "[0]); Megatron-Core applies one activation-checkpointing policy to every stage; re-plan with "
-                     "--recompute all or none, or with `autopp plan --for megatron`",
+                     "--recompute none, or with `autopp plan --for megatron`, whose --recompute auto gives every stage "
+                     "one of the policies Megatron-Core applies (keep, recompute-units, selective-units)",
          _llama_plan(_stage(0, activation="recompute"))),
     Case("export:megatron-interleaved-on-one-pipeline-rank",
          lambda env: ["export", str(env.bad_plan), "--to", "megatron", "-o", str(env.tmp / "m.args")],

@@ -337,6 +337,7 @@ def test_in_flags_names_the_core_fields_as_flags() -> None:
         "--recompute-stages 1 needs --microbatches >= 2; --tp auto"
     assert in_flags("`recompute` all, `memory_bytes` and `v`") == "--recompute all, --memory and --virtual-stages"
     assert in_flags("dp is 1 and 'dp' too") == "dp is 1 and 'dp' too"  # only backquoted names are fields
+    assert in_flags("`activations` keep") == "the activation policies (--recompute) keep"  # no flag of its own
     terms = [term for term, _ in FLAG_TERMS]
     assert len(terms) == len(set(terms))
     for i, term in enumerate(terms):  # a phrase is rewritten before any field it contains

@@ -114,3 +114,11 @@ def test_a_vocabulary_parallel_plan_says_so_under_its_heading() -> None:
     text = format_plan(replace(plan, vocab=VocabVariant.VOCAB_1))
     assert text.splitlines()[1] == ("vocabulary parallelism vocab-1: embedding and head split along the vocabulary "
                                     "over all 2 ranks (their passes in the stages' times and memory)")
+
+
+def test_one_microbatch_is_singular() -> None:
+    """The tester's "without --for deepspeed: GPipe pp 1 x dp 64, ZeRO 3, 1 microbatches of 8": every view says the
+    microbatches through one function, singular for one."""
+    from autopp.display import format_microbatches
+    assert format_microbatches(1, 8) == "1 microbatch of 8"
+    assert format_microbatches(4, 2) == "4 microbatches of 2"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopp.data.layout import Layout
+from autopp.data.layout import Layout, LayoutPins
 from autopp.data.trainers import TRAINER_RULES, interleaving_problem, trainer_rules
 from autopp.data.zero import ZERO
 from autopp.schedule import ScheduleName
@@ -81,3 +81,31 @@ def test_torchtitan_keeps_no_whole_replicas_beside_cp() -> None:
     assert titan.layout_refusal(Layout(pp=2, dp=1, cp=2, zero=ZERO[1])) is None
     assert titan.layout_refusal(Layout(pp=2, dp=2)) is None
     assert trainer_rules("megatron").layout_refusal(Layout(pp=2, dp=2, cp=2)) is None
+
+
+@pytest.mark.parametrize("trainer, pins, said", [
+    ("torchtitan", LayoutPins(zero=ZERO[2], dp=None, tp=None), "`trainer` torchtitan cannot run `zero` 2: torchtitan "
+                                                                "has no ZeRO stage 2"),
+    ("deepspeed", LayoutPins(zero=ZERO[3], dp=None, tp=None), "`trainer` deepspeed cannot run `zero` 3: DeepSpeed's "
+                                                               "PipelineEngine runs ZeRO stage 0 or 1 only"),
+    ("megatron", LayoutPins(zero=ZERO[3], pp=2, dp=None, tp=None),
+     "`trainer` megatron cannot run `zero` 3 with `pp` 2: Megatron-LM shards parameters only through FSDP"),
+    ("megatron", LayoutPins(zero=ZERO[3], dp=2, tp=2), "`zero` 3 with `pp` 4:"),  # pp 16 / (dp 2 x tp 2), not pinned
+    ("deepspeed", LayoutPins(tp=2, dp=None, zero=None), "`trainer` deepspeed cannot run `tp` 2: DeepSpeed's"),
+    ("megatron", LayoutPins(dp=4, dp_replicate=2, zero=ZERO[1]), "`trainer` megatron cannot run `dp_replicate` 2 "
+                                                                  "(HSDP):"),
+])
+def test_pins_the_trainer_refuses_are_refused_in_the_layouts_words(trainer: str, pins: LayoutPins, said: str) -> None:
+    """The tester's `--zero 2 --for torchtitan` (planned pp 8 x dp 1, where ZeRO no longer matters), `--zero 3 --for
+    deepspeed` (pp 16 x dp 1) and `--zero 3 --pp 2 --for megatron` (dp 1): refused, the exporter's reason given."""
+    assert said in str(trainer_rules(trainer).pins_refusal(pins, 16))
+
+
+@pytest.mark.parametrize("trainer, pins", [
+    ("megatron", LayoutPins(zero=ZERO[3], dp=None, tp=None)),  # pp 1 left to the search: Megatron-FSDP runs it
+    ("torchtitan", LayoutPins(zero=ZERO[3], pp=2, dp=None, tp=None)),
+    ("deepspeed", LayoutPins(zero=None, dp=None, tp=None)),  # searched: the search keeps to what it runs
+    ("torchtitan", LayoutPins(zero=None, cp=2, dp=None, tp=None)),  # ZeRO 0 beside cp refused only when pinned
+])
+def test_pins_the_trainer_runs_or_leaves_to_the_search_are_not_refused(trainer: str, pins: LayoutPins) -> None:
+    assert trainer_rules(trainer).pins_refusal(pins, 16) is None

@@ -31,6 +31,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     *((f"search `{f}`", f"--{f} auto") for f in _SEARCHED),
     *((f"`{f}` searched", f"--{f} auto") for f in _SEARCHED),
     ("`recompute_stages`", "--recompute-stages"), ("`recompute`", "--recompute"),
+    ("`activations`", "the activation policies (--recompute)"),
     ("`num_microbatches`", "--microbatches"), ("`global_batch`", "--global-batch"),
     ("search `dp_replicate`", "--dp-replicate auto"), ("`dp_replicate`", "--dp-replicate"),
     ("`sp` on", "--sp on"), ("`sp` off", "--sp off"), ("`sp`", "--sp"),

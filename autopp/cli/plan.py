@@ -112,7 +112,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--virtual-stages", type=POSITIVE,
                    help="stages per rank for interleaved schedules (default: searched, 2 and 4)")
     p.add_argument("--recompute", choices=["none", "all", "auto"],
-                   help="activation recomputation: none; all: whole-stage recomputation on every stage; auto "
+                   help="activation recomputation: none; all: whole-stage recomputation on every stage (no trainer of "
+                        "--for applies it); auto "
                         "(default, unless --recompute-stages): per stage, one of the activation policies "
                         f"{', '.join(a.value for a in POLICIES)} (docs/plan-format.md) that the profile has figures "
                         "for and the devices allow (offload: a host link), saving memory only "
@@ -384,7 +385,7 @@ def _synthesizes(trainer: str | None) -> bool:
 
 def _unrestricted(profile, request, plan) -> str:  # type: ignore[no-untyped-def]
     """--for TRAINER: the step of the plan without the restriction, and the price of it."""
-    from ..display import format_grid
+    from ..display import format_grid, format_microbatches
     from ..errors import InfeasibleError
     from ..sizes import format_time
     from ..solve import make_plan
@@ -395,5 +396,5 @@ def _unrestricted(profile, request, plan) -> str:  # type: ignore[no-untyped-def
         return f"\nwithout --for {request.trainer}: no plan fits either"
     mine, theirs = plan.predicted.step_time_s, other.predicted.step_time_s
     return (f"\nwithout --for {request.trainer}: {other.schedule.value} {format_grid(other.layout)}, "
-            f"{other.num_microbatches} microbatches of {other.microbatch_size}: step {format_time(theirs)}; "
+            f"{format_microbatches(other.num_microbatches, other.microbatch_size)}: step {format_time(theirs)}; "
             f"the restriction to {request.trainer} costs {mine / theirs - 1:+.1%}")

@@ -58,12 +58,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if isinstance(data, dict) and "grad_rtol" in data:
         return _show_report(path, out)
     plan = load_plan(path)
-    from ..display import format_breakdown, format_chunks, format_grid, format_predicted_step
+    from ..display import format_breakdown, format_chunks, format_grid, format_microbatches, format_predicted_step
     from ..predict import simulate_plan
     from ..schedule import draw_timeline, write_chrome_trace
     result = simulate_plan(plan)
     title = (f"{Path(plan.model_path).name}: {plan.schedule.value}, {format_grid(plan.layout)}, "
-             f"{plan.num_microbatches} microbatches of {plan.microbatch_size}"
+             f"{format_microbatches(plan.num_microbatches, plan.microbatch_size)}"
              f"{', vocabulary parallelism ' + plan.vocab.value if plan.vocab else ''}"
              f"{', ' + format_chunks(plan) if plan.seq_chunks else ''} (simulated)")
     headline = format_predicted_step(plan, result.step_time_s)  # the plan's stored figures, as `autopp plan` prints

@@ -14,13 +14,15 @@ those descriptors (`ZeroStage.refusal`, `Axis.spelling(...).refusal`), which the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
-from ..schedule import ScheduleName, describe
+from ..schedule import Activation, ScheduleName, describe, policy
 from .axes import AXES, SWITCHES
-from .layout import Layout
+from .layout import MESH_AXES, Layout, LayoutPins
 from .overlap import TRAINER_OVERLAP, Overlap
-from .zero import HSDP_REFUSALS
+from .zero import HSDP_REFUSALS, ZeroStage
 
 __all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem",
            "HF_DECODER_TO_TORCHTITAN"]
@@ -76,27 +78,59 @@ class Trainer:
 
     def layout_refusal(self, layout: Layout) -> str | None:
         """Why it cannot run `layout`'s ZeRO stage or parallel axes beside pipeline parallelism (None: it can)."""
-        why = layout.zero.refusal(self.name)
-        if why is not None:
-            return f"zero {layout.zero.stage}: {why}"
-        if self.shards_beside_cp and layout.cp > 1 and layout.zero.replicated:
-            return f"zero {layout.zero.stage} with cp {layout.cp}: {self.shards_beside_cp}; re-plan with `zero` 1 or 3"
+        found = self._refused(layout.zero, layout.pp, layout.dp_replicate, {a: getattr(layout, a) for a in AXES},
+                              {s: bool(getattr(layout, s)) for s in SWITCHES}, str)
+        return None if found is None else f"{found[0]}: {found[1]}"
+
+    def pins_refusal(self, pins: LayoutPins, devices: int) -> str | None:
+        """Why it cannot run what `pins` fix on `devices` devices, whatever the search chooses for the rest, in the
+        words of `layout_refusal` with the pinned field in backquotes (None: it may). pp counts as pinned where every
+        other degree of the mesh is (`devices` over their product)."""
+        mesh = {a: getattr(pins, a) for a in MESH_AXES if a != "pp"}
+        pp = pins.pp if pins.pp is not None or None in mesh.values() else devices // math.prod(mesh.values())
+        found = self._refused(pins.zero, pp, pins.dp_replicate, {a: getattr(pins, a) for a in AXES},
+                              {s: pins.sp for s in SWITCHES}, lambda field: f"`{field}`")
+        return None if found is None else f"`trainer` {self.name} cannot run {found[0]}: {found[1]}"
+
+    def policies_refusal(self, allowed: tuple[Activation, ...], asked: str) -> str | None:
+        """Why it applies none of the activation policies `allowed` (`asked`: the request's field that allowed them),
+        as `recompute` all asks a whole-stage checkpoint, which none of the trainers applies (None: it applies one)."""
+        if not allowed or any(policy(a).refusal(self.name) is None for a in allowed):
+            return None
+        return (f"{asked} (activation policy {allowed[0].value}) with `trainer` {self.name}: "
+                f"{policy(allowed[0]).refusal(self.name)}; give `recompute` auto (with `trainer`, each policy it "
+                "applies on every stage) or none")
+
+    def _refused(self, zero: ZeroStage | None, pp: int | None, dp_replicate: int | None,
+                 degrees: Mapping[str, int | None], switches: Mapping[str, bool | None],
+                 field: Callable[[str], str]) -> tuple[str, str] | None:
+        """(what, why) of the first of these values it cannot run beside pipeline parallelism, `what` naming the
+        fields as `field` spells them (a None value is left to the search: never refused); None: it runs them all."""
+        why = zero.refusal(self.name) if zero is not None else None
+        if zero is not None and why is not None:
+            return f"{field('zero')} {zero.stage}", why
+        cp = degrees.get("cp")
+        if self.shards_beside_cp and zero is not None and zero.replicated and cp is not None and cp > 1:
+            return (f"{field('zero')} {zero.stage} with {field('cp')} {cp}",
+                    f"{self.shards_beside_cp}; re-plan with `zero` 1 or 3")
         hsdp = HSDP_REFUSALS.get(self.name)
-        if layout.dp_replicate > 1 and hsdp is not None:
-            return f"dp_replicate {layout.dp_replicate} (HSDP): {hsdp}"
-        if self.gathers_only_without_pp and layout.zero.gathers_each_forward and layout.pp > 1:
-            return (f"zero {layout.zero.stage} with pp {layout.pp}: {self.gathers_only_without_pp}; re-plan with "
-                    "`zero` 1")
+        if dp_replicate is not None and dp_replicate > 1 and hsdp is not None:
+            return f"{field('dp_replicate')} {dp_replicate} (HSDP)", hsdp
+        if self.gathers_only_without_pp and zero is not None and zero.gathers_each_forward and pp is not None \
+                and pp > 1:
+            return (f"{field('zero')} {zero.stage} with {field('pp')} {pp}",
+                    f"{self.gathers_only_without_pp}; re-plan with `zero` 1")
         for axis in AXES.values():
-            degree = getattr(layout, axis.name)
+            degree = degrees.get(axis.name)
             why = axis.spelling(self.name).refusal
-            if degree > 1 and why is not None:
-                return f"{axis.name} {degree}: {why}"
+            if degree is not None and degree > 1 and why is not None:
+                return f"{field(axis.name)} {degree}", why
         for switch in SWITCHES.values():  # a switch of an axis above 1 (sp of tp), as set
-            value = bool(getattr(layout, switch.name))
-            why = switch.spelling(self.name, value).refusal if getattr(layout, switch.axis) > 1 else None
+            value, above = switches.get(switch.name), degrees.get(switch.axis)
+            why = switch.spelling(self.name, bool(value)).refusal if value is not None and above is not None \
+                and above > 1 else None
             if why is not None:
-                return f"{switch.name} {'on' if value else 'off'}: {why}"
+                return f"{field(switch.name)} {'on' if value else 'off'}", why
         return None
 
 

@@ -36,15 +36,21 @@ def uniform_policy(plan: Plan, trainer: str, where: str) -> ActivationPolicy:
     if len(used) > 1:
         which = "; ".join(f"{a.value}: stages {[s.index for s in plan.stages if s.activation is a]}" for a in used)
         raise ExportError(f"{where}: the stages' activation policies differ ({which}); {trainer_rules(trainer).title} "
-                          "applies one activation-checkpointing policy to every stage; re-plan with `recompute` all or "
-                          f"none, or with `autopp plan --for {trainer}`")
+                          f"applies one activation-checkpointing policy to every stage; {_replan_policies(trainer)}")
     chosen = policy(used[0])
     why = chosen.refusal(trainer)
     if why is not None:
-        applied = " or ".join(a.value for a in Activation if policy(a).refusal(trainer) is None)
-        raise ExportError(f"{where}: activation policy {chosen.name.value}: {why}; re-plan with `activations` "
-                          f"{applied} (or `autopp plan --for {trainer}`)")
+        raise ExportError(f"{where}: activation policy {chosen.name.value}: {why}; {_replan_policies(trainer)}")
     return chosen
+
+
+def _replan_policies(trainer: str) -> str:
+    """How to plan again with one activation policy `trainer` applies on every stage: `recompute` none (keep), or
+    `--for`, whose `recompute` auto plans each policy it applies (`recompute` all, one whole-stage checkpoint, is one
+    none of the trainers applies: its `--for` refuses it)."""
+    applied = ", ".join(a.value for a in Activation if policy(a).refusal(trainer) is None)
+    return (f"re-plan with `recompute` none, or with `autopp plan --for {trainer}`, whose `recompute` auto gives every "
+            f"stage one of the policies {trainer_rules(trainer).title} applies ({applied})")
 
 
 def refuse_layout(plan: Plan, trainer: str, where: str) -> None:

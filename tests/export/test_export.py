@@ -81,8 +81,10 @@ def test_torchtitan_dp_is_replicate_and_recompute_full(gpt: Profile) -> None:
     assert text.endswith("activation_checkpoint:full\n")
     whole = plan_for(gpt, devices=4, pins=LayoutPins(pp=2, dp=2), recompute=RecomputeMode.ALL)
     with pytest.raises(ExportError, match=r"activation policy recompute: torchtitan's activation_checkpoint:full wraps "
-                                          r"each transformer block .*re-plan with `activations` keep or "
-                                          r"recompute-units or selective-units"):
+                                          r"each transformer block .*re-plan with `recompute` none, or with `autopp "
+                                          r"plan --for torchtitan`, whose `recompute` auto gives every stage one of "
+                                          r"the policies torchtitan applies \(keep, recompute-units, "
+                                          r"selective-units\)"):
         export_plan(whole, Target.TORCHTITAN, "x.args", unit_modules(gpt))
 
 
@@ -145,7 +147,7 @@ def test_some_stages_recomputing_is_refused(llama_plans: dict[str, Plan]) -> Non
     mixed = replace(plan, stages=(replace(plan.stages[0], activation=Activation.RECOMPUTE), *plan.stages[1:]))
     for target in (Target.MEGATRON, Target.DEEPSPEED):
         with pytest.raises(ExportError, match=r"policies differ \(keep: stages \[1\]; recompute: stages \[0\]\).*"
-                                              r"re-plan with `recompute` all or none"):
+                                              r"re-plan with `recompute` none, or with `autopp plan --for"):
             export_plan(mixed, target, "x")
 
 
@@ -165,8 +167,8 @@ def test_selective_recomputation_as_each_trainer_spells_it(llama: Profile, llama
     assert any("recomputes the core attention" in n for n in megatron.notes)
     with pytest.raises(ExportError, match=r"^plan: activation policy selective-units: DeepSpeed's PipelineModule "
                                           r"checkpoints whole layers \(activation_checkpoint_interval\); it has no "
-                                          r"op-level selective recomputation; re-plan with `activations` keep or "
-                                          r"recompute-units"):
+                                          r"op-level selective recomputation; re-plan with `recompute` none, or with "
+                                          r"`autopp plan --for deepspeed`, .* \(keep, recompute-units\)"):
         export_plan(selective, Target.DEEPSPEED, "x")
     mixed = replace(selective, stages=(replace(selective.stages[0], activation=Activation.KEEP),
                                        *selective.stages[1:]))
@@ -181,7 +183,7 @@ def test_selective_recomputation_as_each_trainer_spells_it(llama: Profile, llama
                                           r"layer"),
                         (Target.DEEPSPEED, r"DeepSpeed's PipelineModule checkpoints whole layers")):
         with pytest.raises(ExportError, match=rf"^plan: activation policy selective: {why}.*; re-plan with "
-                                              r"`activations` keep or recompute-units"):
+                                              r"`recompute` none, or with `autopp plan --for .*recompute-units"):
             export_plan(whole, target, "x.args", modules if target is Target.TORCHTITAN else None)
 
 
@@ -194,7 +196,7 @@ def test_offload_is_refused_by_every_trainer_with_its_reason(llama: Profile, lla
                         (Target.MEGATRON, "Megatron-Core's --cpu-offloading refuses pipeline parallelism"),
                         (Target.DEEPSPEED, "DeepSpeed's cpu_checkpointing moves the inputs")):
         with pytest.raises(ExportError, match=rf"^plan: activation policy offload: {re.escape(why)}.*; re-plan with "
-                                              r"`activations` keep or .*`autopp plan --for"):
+                                              r"`recompute` none, or with `autopp plan --for"):
             export_plan(offloaded, target, "x", [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)])
 
 

@@ -107,3 +107,17 @@ def test_several_stages_on_one_pipeline_rank_are_refused_with_what_works(devices
                                                   rf"{fix}, or a `schedule` of 1 stage per rank$"):
             make_plan(synthetic_profile(12), PlanRequest(cluster=Cluster(num_devices=devices, memory_bytes=2**40),
                                                          global_batch=8, schedule=schedule, pins=LayoutPins(dp=dp)))
+
+
+def test_the_global_batch_hint_keeps_the_pinned_microbatches() -> None:
+    """The hint said "a global batch of 16 has one" with 6 microbatches pinned (16 is not divisible by 6: following
+    it gave "global batch 16 is not divisible by 6 microbatches"); the batch it gives now plans as it is."""
+    profile = synthetic_profile(4)
+
+    def request(batch: int) -> PlanRequest:
+        return PlanRequest(cluster=Cluster(num_devices=8, memory_bytes=2**40), global_batch=batch, num_microbatches=6,
+                           schedule=ScheduleName.INTERLEAVED_1F1B, pins=LayoutPins(dp=None))
+    with pytest.raises(InfeasibleError, match=r"no valid configuration for Interleaved1F1B .*: a global batch of 24 "
+                                              r"has one$"):
+        make_plan(profile, request(12))
+    assert make_plan(profile, request(24)).num_microbatches == 6

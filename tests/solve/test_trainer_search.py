@@ -11,7 +11,8 @@ from autopp.data.cluster import Cluster
 from autopp.data.layout import LayoutPins
 from autopp.data.profile import Profile
 from autopp.data.trainers import trainer_rules
-from autopp.errors import LayoutError, ProfileError
+from autopp.data.zero import ZERO
+from autopp.errors import InfeasibleError, LayoutError, ProfileError
 from autopp.export import Target, export_plan
 from autopp.schedule import ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
@@ -69,6 +70,25 @@ def test_a_uniform_policy_is_chosen_under_a_tight_memory(shipped_gpt: Profile) -
 def test_requests_a_trainer_cannot_run_are_refused(kw: dict[str, object], message: str) -> None:
     with pytest.raises(LayoutError, match=message.replace("(", r"\(")):
         _request(**kw)
+
+
+@pytest.mark.parametrize("kw, message", [
+    # the tester's --zero 2 --for torchtitan, planned pp 8 x dp 1 (where ZeRO no longer matters) instead of refused
+    ({"trainer": "torchtitan", "pins": LayoutPins(zero=ZERO[2], dp=None)}, "`trainer` torchtitan cannot run `zero` 2: "
+                                                                           "torchtitan has no ZeRO stage 2"),
+    ({"trainer": "megatron", "pins": LayoutPins(zero=ZERO[3], pp=2, dp=None)}, "`trainer` megatron cannot run `zero` "
+                                                                               "3 with `pp` 2: Megatron-LM shards"),
+    # planned a whole-stage checkpoint, which the export refused ("re-plan with `activations` keep or ...")
+    ({"trainer": "torchtitan", "recompute": RecomputeMode.ALL},
+     "`recompute` all .activation policy recompute. with `trainer` torchtitan: torchtitan's activation_checkpoint"),
+])
+def test_what_the_trainer_cannot_run_is_refused_before_the_search(monkeypatch: pytest.MonkeyPatch,
+                                                                  shipped_gpt: Profile, kw: dict[str, object],
+                                                                  message: str) -> None:
+    import autopp.solve.assemble.make as make
+    monkeypatch.setattr(make, "_make_plan", lambda *a: pytest.fail("searched"))
+    with pytest.raises(LayoutError, match=message):
+        make_plan(shipped_gpt, _request(**kw))
 
 
 @pytest.mark.parametrize("trainer", ["torchtitan", "megatron", "deepspeed"])
@@ -140,3 +160,27 @@ def test_the_trainers_overlap_is_the_default_on_a_gpu() -> None:
                                                                                  grad_reduce=False)
     assert _request(cluster=gpu, trainer="deepspeed", overlap=TRAINER_OVERLAP).assumed_overlap == TRAINER_OVERLAP
     assert _request(trainer="deepspeed").assumed_overlap == NO_OVERLAP  # CPU ranks
+
+
+def test_a_search_the_trainer_empties_says_the_trainers_reason(shipped_gpt: Profile) -> None:
+    """The tester's `--pp 4 --schedule Interleaved1F1B --microbatches 6 --for megatron --global-batch 48` said "a
+    global batch of 64 has one" (not divisible by the 6 microbatches); the reason is Megatron-Core's groups of pp."""
+    req = _request(trainer="megatron", pins=LayoutPins(pp=4), schedule=ScheduleName.INTERLEAVED_1F1B,
+                   num_microbatches=6, global_batch=12)
+    with pytest.raises(InfeasibleError, match=r"^`trainer` megatron runs none of the 1 configuration the request "
+                                              r"leaves \(Megatron-Core's interleaved 1F1B runs microbatches in groups "
+                                              r"of pp \(4\) .* but it is 6; re-plan with `num_microbatches` 8"):
+        make_plan(shipped_gpt, req)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"pins": LayoutPins(pp=4), "num_microbatches": 2, "global_batch": 4}, "use `num_microbatches` 4 or more"),
+    ({"pins": LayoutPins(dp=1), "global_batch": 2}, r"use a global batch of at least 4 \(it is 2\)"),
+])
+def test_the_schedule_rule_said_is_one_of_the_trainers_schedules(shipped_gpt: Profile, kw: dict[str, object],
+                                                                  message: str) -> None:
+    """With the schedule searched, the microbatch rule said is DeepSpeed's 1F1B's, with its count (it said
+    "`num_microbatches` 1 or more", GPipe's, which DeepSpeed does not run; and the tester's `--tp 2 --for deepspeed`
+    ended with Chimera's rule)."""
+    with pytest.raises(InfeasibleError, match=r"^1F1B needs microbatches >= stages \(2 < 4\): " + message):
+        make_plan(shipped_gpt, _request(trainer="deepspeed", **kw))

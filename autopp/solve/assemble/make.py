@@ -11,6 +11,7 @@ from ...schedule import Activation, policy
 from ...errors import AutoppError, InfeasibleError, LayoutError, ProfileError
 from ...data.plan import Plan
 from ...data.precision import plan_recipe
+from ...data.trainers import TRAINER_RULES
 from ...data.profile import Profile
 from ...sizes import format_time
 from .from_verdict import plan_from_verdict
@@ -82,7 +83,7 @@ def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
     if request.pins.tp is not None or profile.meta.tp_degrees:
         return []
     why = profile.meta.extra.get("tp_skipped")
-    return [f"with `tp` searched, only tp 1 was: the profile has no tensor-parallel rows (tp.csv)"
+    return [f"tensor parallelism: only tp 1 was searched, as the profile has no tensor-parallel rows (tp.csv)"
             f"{': ' + why if why else ''}; profile with `tp_degrees` T, T a degree the model's TP plan allows"]
 
 
@@ -93,6 +94,7 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     and the fastest kept (`_uniform`). Sequence parallelism searched is decided first (`with_sp`)."""
     _check_experts(profile, request)
     _check_recipe(profile, request)
+    _check_trainer(request)
     request = with_sp(request, sp_offered(profile))
     if request.trainer is not None and len(request.allowed()) > 1:
         return _uniform(profile, request)
@@ -116,6 +118,20 @@ def _check_recipe(profile: Profile, request: PlanRequest) -> None:
     why = made.refusal(request.trainer) if made is not None and request.trainer is not None else None
     if why is not None:
         raise ProfileError(f"`trainer` {request.trainer}: the profile's precision {made}: {why}")
+
+
+def _check_trainer(request: PlanRequest) -> None:
+    """For a `trainer`, refuse before any search a pinned ZeRO stage, degree or switch it cannot run, which the search
+    would otherwise work around (at dp 1 a pinned ZeRO stage no longer matters), and activation policies of which it
+    applies none (`recompute` all: one whole-stage checkpoint), in the words of its export (autopp.data.trainers)."""
+    if request.trainer is None:
+        return
+    rules = TRAINER_RULES[request.trainer]
+    asked = f"`recompute` {request.recompute.value}" if request.activations is None else "`activations`"
+    why = rules.pins_refusal(request.pins, request.cluster.num_devices) or rules.policies_refusal(request.allowed(),
+                                                                                                  asked)
+    if why is not None:
+        raise LayoutError(why)
 
 
 def _uniform(profile: Profile, request: PlanRequest) -> Plan:

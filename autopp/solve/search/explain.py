@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import NamedTuple
 
 from ...costmodel import ProfileTable, stage_costs
 from ...data.profile import Profile
+from ...data.trainers import TRAINER_RULES, refusal
 from ...errors import InfeasibleError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, describe, listed, stage_to_rank, tally
 from ...schedule.effects import order_peaks
@@ -26,7 +28,11 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
     schedule's microbatch rule), with the numbers and what would work; `req` a tensor-parallel degree's view
     (`tp` devices per pipeline rank), whose counts are multiplied back into devices."""
     n = profile.num_units
-    names = [req.schedule] if req.schedule else list(NAMED)
+    restricted = _trainer_refusal(req, n)
+    if restricted is not None:
+        return restricted
+    names = [req.schedule] if req.schedule else [s for s in NAMED if req.trainer is None or
+                                                  s in TRAINER_RULES[req.trainer].schedules]
     dps = replica_counts(req)
     pps = [req.cluster.num_devices // dp for dp in dps]
     v = min(describe(name).stages_per_rank(x) for name in names for x in describe(name).v_choices(req.pins.v))
@@ -42,28 +48,46 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
         return InfeasibleError(f"global batch {req.global_batch} cannot be split over dp={dps[0]} replicas into "
                                f"{per}: use a global batch divisible by dp x microbatches "
                                f"({dps[0] * (req.num_microbatches or 1)})")
-    failed = []
+    failed, valid = [], False  # a schedule's complaint is the reason only when every schedule asked for has one
     for name in names:
         for x in describe(name).v_choices(req.pins.v):
             try:
                 describe(name).validate(min(pps), max(counts), x)
-                continue
+                valid = True
             except ScheduleError as exc:
                 failed.append(str(exc))
-    if failed:
+    if failed and not valid:
         need = _fewest_microbatches(names, req, min(pps))
         more = (f"`num_microbatches` {need} or more" if req.num_microbatches is not None
                 else f"a global batch of at least {need * dps[-1]} (it is {req.global_batch})")
         return InfeasibleError(f"{failed[0]}: use {more}, fewer devices, or another `schedule`")
     which = names[0].value if len(names) == 1 else "any schedule"
     g = req.global_batch  # the next few batches, then multiples: a bounded number of tries on any cluster
-    tries = sorted({*range(g + 1, g + 64), *(g * k for k in range(2, 65))})
-    batch = next((b for b in tries if configs(replace(req, global_batch=b, num_microbatches=None), n)), None)
+    tries = sorted({*range(g + 1, g + 64), *(g * k for k in range(2, 65))})  # the pinned microbatches divide it
+    batch = next((b for b in tries if b % (req.num_microbatches or 1) == 0 and configs(replace(req, global_batch=b),
+                                                                                         n)), None)
     hint = f": a global batch of {batch} has one" if batch else ""
     return InfeasibleError(f"no valid configuration for {which} on {req.cluster.num_devices * tp} devices "
                            f"({n} units, global batch {req.global_batch}, microbatch counts {sorted(set(counts))}: "
                            f"the global batch does not split into dp replicas x enough microbatches for the "
                            f"schedule's stages){hint}")
+
+
+def _trainer_refusal(req: PlanRequest, n: int) -> InfeasibleError | None:
+    """Why no configuration is left where the request's `trainer` refuses every one it would have without it
+    (autopp.data.trainers) among those of its schedules, with the reason most of them share; None where the trainer
+    is not why (its schedules have no configuration either: `_no_config` says why, for them)."""
+    if req.trainer is None:
+        return None
+    rules = TRAINER_RULES[req.trainer]
+    free = [c for c in configs(replace(req, trainer=None), n) if c.schedule in rules.schedules]
+    whys = [refusal(rules, c.schedule, c.layout, c.m) for c in free]
+    if not free or None in whys:
+        return None
+    why, count = Counter(whys).most_common(1)[0]
+    share = "" if count == len(free) else f"{count} of them: "
+    return InfeasibleError(f"`trainer` {req.trainer} runs none of the {len(free)} configuration"
+                           f"{'s' if len(free) > 1 else ''} the request leaves ({share}{why})")
 
 
 def _no_mirror(req: PlanRequest, name: ScheduleName, pps: list[int], tp: int) -> InfeasibleError:
