@@ -483,3 +483,15 @@ def test_a_fresh_dualpipev_moe_plan_exports_and_shows(tmp_path: Path) -> None:
     assert load_plan(out).schedule is _DPV and any(s.comm_s for s in load_plan(out).stages)
     assert main(["export", str(out), "--to", "torchtitan", "-o", str(tmp_path / "q.args")]) == 0
     assert main(["show", str(out), "-o", str(tmp_path / "q.png")]) == 0
+
+
+def test_nodes_round_trip_stay_out_when_unknown_and_must_hold_the_ranks(tmp_path: Path) -> None:
+    plan = _plan()
+    assert "nodes" not in plan.to_json() and load_plan(plan.save(tmp_path / "a.json")).nodes is None
+    two = replace(plan, nodes=(2, 1))
+    assert two.to_json()["nodes"] == (2, 1) and load_plan(two.save(tmp_path / "b.json")).nodes == (2, 1)
+    with pytest.raises(PlanError, match=r"p\.json: field 'nodes' is 2 nodes x 8 devices \(= 16\), but the plan has 2 "
+                                        r"ranks$"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "nodes": [2, 8]}))
+    with pytest.raises(PlanError, match=r"p\.json: field 'nodes' must be \[nodes, devices per node\], got 2"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "nodes": 2}))

@@ -17,7 +17,7 @@ from .breakdown import TimeBreakdown, breakdown_of
 from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
 from .overlap import Overlap, default_overlap, overlap_of
-from .plan_fields import (FIGURE_FIELDS, OMITTED_WHEN_0, check_fields, custom_order, seq_chunks,
+from .plan_fields import (FIGURE_FIELDS, OMITTED_WHEN_0, check_fields, custom_order, nodes_of, seq_chunks,
                           seq_chunks_json, step_band)
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 from .stage_plan import StagePlan, busiest_rank, figure_fields
@@ -118,6 +118,10 @@ class Plan:
     """The collectives the prediction assumed hidden under compute (autopp.data.overlap), which the exports ask the
     trainer for (docs/export.md); in JSON an object of the switches. None (not written: plans before the field,
     plans built by hand): read as the planner's default (`assumed_overlap`)."""
+    nodes: tuple[int, int] | None = None
+    """The cluster of nodes planned for: (nodes, devices per node), one rank per device; `autopp run` launches that
+    many nodes of that many ranks by default. None: one node, or not known (older plans, plans of a flat cluster);
+    written to JSON, as [nodes, devices per node], only when known."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -180,7 +184,8 @@ class Plan:
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items()
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
-                                  "step_band_s", "tied", "precision", "vocab", "seq_chunks", "overlap")}
+                                  "step_band_s", "tied", "precision", "vocab", "seq_chunks", "overlap",
+                                  "nodes")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:
@@ -234,7 +239,8 @@ class Plan:
                            "vocab": VocabVariant(data["vocab"]) if data.get("vocab") is not None else None,
                            "overlap": overlap,
                            "custom_order": order, "seq_chunks": seq_chunks(data.get("seq_chunks"), f),
-                           "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown})
+                           "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown,
+                           "nodes": nodes_of(data.get("nodes"), layout_of(data).world, f)})
             _check_consistent(plan)
             return plan
         except (PlanError, LayoutError) as exc:  # LayoutError: the layout's fields do not add up

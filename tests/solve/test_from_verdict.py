@@ -81,3 +81,12 @@ def test_a_batch_norm_model_is_said_at_plan_time() -> None:
                                     schedule=ScheduleName.GPIPE))
     assert not [n for n in one.notes if "BatchNorm" in n]
     assert not [n for n in make_plan(p, PlanRequest(cluster=cluster, global_batch=8)).notes if "BatchNorm" in n]
+
+
+def test_a_plan_records_the_nodes_of_its_cluster() -> None:
+    from autopp.data.catalog import cluster_from_catalog, load_device
+    profile = load_profile(Path(__file__).resolve().parents[2] / "profiles" / "gpt")
+    h100 = load_device("h100-sxm")
+    for devices, nodes in ((4, (2, 2)), (2, None)):  # 2 per node: a cluster of nodes; all on one: flat
+        cluster = cluster_from_catalog(h100, devices, devices_per_node=2, memory_bytes=2**32)
+        assert make_plan(profile, PlanRequest(cluster=cluster, global_batch=8)).nodes == nodes
