@@ -11,19 +11,8 @@ __all__ = ["plan_order", "plan_stage_costs", "simulate_plan"]
 
 
 def plan_stage_costs(plan: Plan) -> list[StageCost]:
-    """The simulator's costs of each stage (I = W = B / 2 for plans written before the split was stored, and
-    W = B - I for plans written before W was)."""
-    out = []
-    for s in plan.stages:
-        i = s.backward_input_s if s.backward_input_s is not None else s.backward_s / 2
-        w = s.backward_weight_s if s.backward_weight_s is not None else s.backward_s - i
-        out.append(StageCost(forward_s=s.forward_s, backward_input_s=i, backward_weight_s=w,
-                             backward_s=None if s.backward_weight_s is None else s.backward_s,
-                             static_bytes=s.static_bytes, activation_bytes=s.activation_bytes,
-                             input_bytes=s.input_bytes, overhead_s=s.overhead_s, transient_bytes=s.transient_bytes,
-                             own=s.own, forward_comm_s=s.comm_s, backward_comm_s=s.comm_s, sync_s=s.sync_s,
-                             resume_s=s.resume_s, scatter_s=s.scatter_s))
-    return out
+    """The simulator's costs of each stage (`StagePlan.cost`)."""
+    return [s.cost() for s in plan.stages]
 
 
 def plan_order(plan: Plan) -> dict[int, list[Action]]:

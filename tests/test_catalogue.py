@@ -340,6 +340,10 @@ CASES += [
          lambda env: "the plan is for h100-sxm (one GPU per rank) but this node has 0 CUDA devices for its 2 ranks: "
                      "run it on those machines, or give --backend gloo to run it on CPU here",
          _plan_edit(lambda d: d.update(device="h100-sxm"))),
+    Case("run:backend-nccl-without-cuda-devices", lambda env: ["run", str(env.bad_plan), "--backend", "nccl"],
+         lambda env: "--backend nccl needs a CUDA device per rank, but this node has 0 CUDA devices for its 2 ranks: "
+                     "run it on GPU machines, or give --backend gloo to run it on CPU here",
+         _plan_edit(lambda d: None)),  # a copy here: its default report (PLAN.report.json) must not appear
     Case("run:optimizer-unknown-wording", lambda env: ["run", str(env.bad_plan)],
          lambda env: f"{env.bad_plan}: field 'optimizer' is 'lamb', which autopp does not run (sgd, momentum, adam, "
                      "adamw); give --optimizer to run another", _plan_edit(lambda d: d.update(optimizer="lamb"))),

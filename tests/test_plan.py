@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from autopp.data.layout import Layout
+from autopp.data.layout import Layout, LayoutPins
+from autopp.data.overlap import Overlap
 from autopp.data.plan import PLAN_VERSION, Plan, Prediction, StagePlan, load_plan
 from autopp.data.vocab import VocabVariant
 from autopp.data.zero import ZERO
@@ -447,3 +449,61 @@ def test_the_planner_records_the_overlap_it_assumed() -> None:
     assert make_plan(profile, request).overlap == NO_OVERLAP  # no device kind: nothing overlapped
     asked = Overlap(fsdp_prefetch=False, grad_reduce=True)
     assert make_plan(profile, replace(request, overlap=asked)).overlap == asked
+
+
+
+_Q3, _L8, _L32 = "qwen3-30b-a3b-h100-sxm-s4096", "llama-3-8b-h100-sxm-s8192", "llama-3.1-8b-h100-sxm-s32768"
+_DPV, _ZBV = ScheduleName.DUAL_PIPE_V, ScheduleName.ZBV_ZERO_BUBBLE
+
+
+@pytest.mark.parametrize("profile, devices, fields", [
+    (_Q3, 16, {"schedule": _DPV, "pins": LayoutPins(pp=2, dp=8, ep=8)}),  # all-to-alls hidden in F + B pairs
+    (_Q3, 8, {"schedule": _DPV, "pins": LayoutPins(pp=2, dp=4, ep=4)}),
+    (_Q3, 16, {"schedule": _ZBV, "pins": LayoutPins(pp=2, dp=8, ep=8)}),
+    (_Q3, 16, {"pins": LayoutPins(pp=2, dp=8, ep=8, zero=ZERO[1])}),
+    (_L8, 16, {"pins": LayoutPins(pp=2, dp=8, zero=ZERO[2])}),  # reduce-scatters hidden under the backward
+    (_L8, 16, {"pins": LayoutPins(pp=2, dp=8, zero=ZERO[3])}),  # all-gathers prefetched
+    (_L32, 8, {"pins": LayoutPins(pp=2, cp=4)}),  # the cp ring under attention
+    (_L32, 8, {"pins": LayoutPins(pp=2, tp=4), "overlap": Overlap(async_tp=True)}),
+    (_L8, 4, {"pins": LayoutPins(pp=4), "activations": (Activation.OFFLOAD,)}),  # transfers under compute
+], ids=["dualpipev-ep8", "dualpipev-ep4", "zbv-ep8", "1f1b-ep8", "zero2", "zero3", "cp4", "async-tp4", "offload"])
+def test_plans_with_hidden_time_load_back(tmp_path: Path, profile: str, devices: int, fields: dict[str, Any]) -> None:
+    # Planner-made DualPipeV MoE plans were refused by every command that loads a plan ("field 'num_microbatches'
+    # is 16, but 16 microbatches of rank 1's stages take at least 4.06 s, and the plan predicts a 3.75 s step ...
+    # the file was edited after planning"): the load check still counted the all-to-alls that DualPipeV's F + B
+    # pairs hide. A plan with any kind of hidden time must load back as the planner made it.
+    from autopp.data.catalog import cluster_from_catalog, load_device
+    from autopp.data.profile import load_profile
+    from autopp.solve import PlanRequest, make_plan
+    offload = "activations" in fields  # at the device's own memory, so that offloading is what fits
+    cluster = cluster_from_catalog(load_device("h100-sxm"), devices, memory_bytes=None if offload else 2**38)
+    prof = load_profile(Path(__file__).resolve().parent.parent / "profiles" / profile)
+    plan = make_plan(prof, PlanRequest(cluster=cluster, global_batch=8 * (fields["pins"].dp or 1),
+                                       num_microbatches=8, **fields))
+    assert not offload or Activation.OFFLOAD in {s.activation for s in plan.stages}
+    assert load_plan(plan.save(tmp_path / "p.json")).to_json() == plan.to_json()  # the same file again
+
+
+def test_a_fresh_dualpipev_moe_plan_exports_and_shows(tmp_path: Path) -> None:
+    # The tester's reproduction, on 2 nodes: `autopp plan --profile qwen3-30b-a3b... --ep auto` chose DualPipeV with
+    # the all-to-alls hidden, then `autopp export`/`show` refused the plan it had just written.
+    from autopp.cli import main
+    prof = Path(__file__).resolve().parent.parent / "profiles" / _Q3
+    out = tmp_path / "q.plan.json"
+    assert main(["plan", "--profile", str(prof), "--device", "h100-sxm", "--nodes", "2", "--memory", "256GiB",
+                 "--global-batch", "64", "--schedule", "DualPipeV", "--ep", "8", "-o", str(out)]) == 0
+    assert load_plan(out).schedule is _DPV and any(s.comm_s for s in load_plan(out).stages)
+    assert main(["export", str(out), "--to", "torchtitan", "-o", str(tmp_path / "q.args")]) == 0
+    assert main(["show", str(out), "-o", str(tmp_path / "q.png")]) == 0
+
+
+def test_nodes_round_trip_stay_out_when_unknown_and_must_hold_the_ranks(tmp_path: Path) -> None:
+    plan = _plan()
+    assert "nodes" not in plan.to_json() and load_plan(plan.save(tmp_path / "a.json")).nodes is None
+    two = replace(plan, nodes=(2, 1))
+    assert two.to_json()["nodes"] == (2, 1) and load_plan(two.save(tmp_path / "b.json")).nodes == (2, 1)
+    with pytest.raises(PlanError, match=r"p\.json: field 'nodes' is 2 nodes x 8 devices \(= 16\), but the plan has 2 "
+                                        r"ranks$"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "nodes": [2, 8]}))
+    with pytest.raises(PlanError, match=r"p\.json: field 'nodes' must be \[nodes, devices per node\], got 2"):
+        load_plan(_write(tmp_path, {**plan.to_json(), "nodes": 2}))

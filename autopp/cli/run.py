@@ -47,14 +47,14 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_cmd_run)
 
 
-def _options(args: argparse.Namespace) -> RunOptions:
-    """What `autopp run` asked for: torchrun's nodes with --nnodes or --print-torchrun, and `check` off (a failed
-    validation is the report's verdict, and exit status 1)."""
+def _options(args: argparse.Namespace, nnodes: int) -> RunOptions:
+    """What `autopp run` asked for: torchrun's `nnodes` nodes with --nnodes or --print-torchrun, and `check` off (a
+    failed validation is the report's verdict, and exit status 1)."""
     from ..run.options import Nodes, RunOptions
     try:
         nodes = None
         if args.nnodes is not None or args.print_torchrun:
-            nodes = Nodes(nnodes=args.nnodes or 1, node_rank=args.node_rank, master_addr=args.master_addr,
+            nodes = Nodes(nnodes=nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                           master_port=args.master_port)
         return RunOptions(steps=args.steps, timeout_s=args.timeout, nodes=nodes, work_dir=args.run_dir, check=False,
                           backend=args.backend, optimizer=args.optimizer, lr=args.lr, validate=args.validate)
@@ -71,11 +71,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     from ..run import RunFailedError, format_report, run_plan  # torch: only once the plan is known to be good
     from ..run.resolve import resolve_options
-    from ..run.torchrun import format_commands
-    options = _options(args)
+    from ..run.torchrun import format_commands, plan_nnodes
+    nnodes, nodes_reason, not_the_plans = plan_nnodes(plan, args.nnodes)
+    options = _options(args, nnodes)
+    if not_the_plans and not args.print_torchrun:  # a given --nnodes not the plan's cluster: run as asked, said
+        print(f"autopp: note: nodes {nodes_reason}", file=sys.stderr)
     if args.print_torchrun:
         chosen = resolve_options(plan, options, cuda_devices=None)
         print(f"# backend {chosen.backend_reason}")
+        print(f"# nodes {nodes_reason}")
         print(format_commands(Path(args.plan).resolve(), chosen.options, num_ranks=plan.num_ranks,
                               run_dir=args.run_dir or "autopp-run"))
         return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -18,79 +17,13 @@ from .breakdown import TimeBreakdown, breakdown_of
 from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
 from .overlap import Overlap, default_overlap, overlap_of
-from .plan_fields import (FIGURE_FIELDS, OMITTED_WHEN_0, STAGE_NUMBERS, check_fields, custom_order, seq_chunks,
+from .plan_fields import (FIGURE_FIELDS, OMITTED_WHEN_0, check_fields, custom_order, nodes_of, seq_chunks,
                           seq_chunks_json, step_band)
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
+from .stage_plan import StagePlan, busiest_rank, figure_fields
 from .vocab import VocabVariant
 
 __all__ = ["PLAN_VERSION", "READABLE_VERSIONS", "StagePlan", "Prediction", "Plan", "load_plan", "upgraded"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class StagePlan:
-    """One pipeline stage: the units [first, end) of the profile, placed on `rank`."""
-
-    index: int
-    rank: int
-    units: tuple[int, int]
-    """Half-open range of unit indices."""
-    unit_names: tuple[str, ...]
-    split_point: str | None
-    """Module before which this stage begins (None for stage 0)."""
-    forward_s: float
-    """Predicted forward time of one microbatch."""
-    backward_s: float
-    """Predicted backward time of one microbatch."""
-    memory_bytes: int
-    """Predicted peak memory of the rank that runs this stage (all its stages together), from the simulator."""
-    activation: Activation = Activation.KEEP
-    """What this stage keeps of a microbatch's forward for its backward (autopp.schedule.activation); stored in JSON
-    as its name ("keep", "recompute", "selective")."""
-    backward_input_s: float | None = None
-    """Input-gradient pass (I) of split-backward schedules; None in plans that predate it (then I = W =
-    backward_s / 2)."""
-    backward_weight_s: float | None = None
-    """Weight-gradient pass (W); I + W usually exceeds the full backward. None in plans that predate it (then
-    W = backward_s - I)."""
-    static_bytes: int = 0
-    """Parameters + gradients + optimizer state of this stage."""
-    activation_bytes: int = 0
-    """Bytes saved for backward by one microbatch's forward."""
-    input_bytes: int = 0
-    """Bytes of this stage's input per microbatch (kept instead of activations when recomputing)."""
-    send_s: float = 0.0
-    """Predicted time to send one microbatch's output to the next stage (0 on the same rank or for the last)."""
-    progress_s: float = 0.0
-    """Longest this stage's output (and the gradient coming back to it) waits for its sender to stop computing
-    (the link's `progress_s`; 0 on the same rank or for the last stage)."""
-    overhead_s: float = 0.0
-    """Time the rank spends on this stage's messages to and from other ranks per F and per B (or I) action, besides
-    compute and waiting (the links' `overhead_s`, once per message); the simulator adds it to both."""
-    transient_bytes: int = 0
-    """Largest working memory of the stage's units (effects.TRANSIENT); 0 and not written without peak data."""
-    own: tuple[tuple[Activation, Figures], ...] = ()
-    """The own figures of the stage's activation policy (`StageCost.own`, that policy's only: the plan is simulated
-    as written); in JSON as three fields (`figure_keys`: "selective_bytes", "selective_redo_s",
-    "selective_redone_bytes"), not written when 0."""
-    comm_s: float = 0.0
-    """Communication in each F and full backward (expert parallelism's all-to-alls, in forward_s and backward_s)
-    that an overlapping schedule hides (`StageCost.forward_comm_s`); 0 and not written without it."""
-    sync_s: float = 0.0
-    """The part of each backward that every rank runs at once as one collective (the vocabulary output pass, in
-    backward_s and backward_input_s; `StageCost.sync_s`); 0 and not written without it."""
-    resume_s: float = 0.0  #: extra time of an action after its rank waited (`StageCost.resume_s`); 0: not written
-    scatter_s: float = 0.0  #: ZeRO 2's first-unit scatter on the rank's stream (`StageCost.scatter_s`); 0: not written
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
-            raise TypeError(f"StagePlan.activation must be an Activation, got {self.activation!r}")
-        numbers = {**{name: getattr(self, name) for name in STAGE_NUMBERS if name not in FIGURE_FIELDS},
-                   **_figure_fields(self.own)}
-        for name, value in numbers.items():
-            if value is None and name in ("backward_input_s", "backward_weight_s"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise PlanError(f"stage {self.index}: {name} must be a finite number >= 0, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,6 +118,10 @@ class Plan:
     """The collectives the prediction assumed hidden under compute (autopp.data.overlap), which the exports ask the
     trainer for (docs/export.md); in JSON an object of the switches. None (not written: plans before the field,
     plans built by hand): read as the planner's default (`assumed_overlap`)."""
+    nodes: tuple[int, int] | None = None
+    """The cluster of nodes planned for: (nodes, devices per node), one rank per device; `autopp run` launches that
+    many nodes of that many ranks by default. None: one node, or not known (older plans, plans of a flat cluster);
+    written to JSON, as [nodes, devices per node], only when known."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -247,12 +184,13 @@ class Plan:
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items()
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
-                                  "step_band_s", "tied", "precision", "vocab", "seq_chunks", "overlap")}
+                                  "step_band_s", "tied", "precision", "vocab", "seq_chunks", "overlap",
+                                  "nodes")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
-        data["stages"] = [{**{k: v for k, v in {**st, **_figure_fields(s.own)}.items()
+        data["stages"] = [{**{k: v for k, v in {**st, **figure_fields(s.own)}.items()
                               if k != "own" and (v or k not in OMITTED_WHEN_0)},
                            "activation": s.activation.value} for st, s in zip(data["stages"], self.stages)]
         return {"version": data.pop("version"), **data}
@@ -298,19 +236,14 @@ class Plan:
                            "vocab": VocabVariant(data["vocab"]) if data.get("vocab") is not None else None,
                            "overlap": overlap,
                            "custom_order": order, "seq_chunks": seq_chunks(data.get("seq_chunks"), f),
-                           "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown})
+                           "device_order": tuple(data.get("device_order", ())), "time_breakdown": breakdown,
+                           "nodes": nodes_of(data.get("nodes"), layout_of(data).world, f)})
             _check_consistent(plan)
             return plan
         except (PlanError, LayoutError) as exc:  # LayoutError: the layout's fields do not add up
             raise PlanError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"{where}: malformed plan: {type(exc).__name__}: {exc}") from exc
-
-
-def _figure_fields(own: tuple[tuple[Activation, Figures], ...]) -> dict[str, float]:
-    """A stage's policy figures as its JSON fields (`figure_keys`), every figured policy's (0 when it has none)."""
-    given = dict(own)
-    return {k: v for a in FIGURED for k, v in zip(figure_keys(a), given.get(a, Figures()))}
 
 
 def _own(stage: dict[str, Any]) -> tuple[tuple[Activation, Figures], ...]:
@@ -349,22 +282,14 @@ def _check_consistent(plan: Plan) -> None:
 
 
 def _check_step_time(plan: Plan) -> None:
-    """Every rank runs each of its stages' forward and backward once per microbatch (Chimera: half of them through
-    each of its two replicas), so the predicted step cannot be shorter than num_microbatches x the busiest rank's
-    per-microbatch work. A file edited by hand (a microbatch
-    count changed after planning) breaks that; its ranks would run for as long as the count says. Checked on plans
-    the planner made (ideal_step_time_s > 0); hand-built plans without one are taken as they are."""
+    """Every rank runs each of its stages' forward and backward once per microbatch, so the predicted step cannot be
+    shorter than num_microbatches x the busiest rank's least per-microbatch work (`stage_plan.busiest_rank`, with
+    what an overlapping schedule hides). A file edited by hand (a microbatch count changed after planning) breaks
+    that; its ranks would run for as long as the count says. Checked on plans the planner made
+    (ideal_step_time_s > 0); hand-built plans without one are taken as they are."""
     if plan.ideal_step_time_s <= 0:
         return
-    work: dict[int, float] = {}
-    for s in plan.stages:
-        split = (s.backward_input_s or 0.0) + (s.backward_weight_s or 0.0)
-        backward = min(s.backward_s, split) if s.backward_input_s is not None else s.backward_s
-        work[s.rank] = work.get(s.rank, 0.0) + s.forward_s + backward
-    if describe(plan.schedule).mirrored:  # Chimera: half of the microbatches through each of a rank's two replicas
-        p = plan.layout.pp
-        work = {r: (w + work.get(p - 1 - r, 0.0)) / 2 for r, w in work.items()}
-    rank, per_mb = max(work.items(), key=lambda kv: kv[1])
+    rank, per_mb = busiest_rank(plan.stages, plan.schedule, plan.layout.pp)
     least = plan.num_microbatches * per_mb
     if least > plan.predicted.step_time_s * (1 + 1e-6) + 1e-12:
         raise PlanError(f"field 'num_microbatches' is {plan.num_microbatches}, but {plan.num_microbatches} "

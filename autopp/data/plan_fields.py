@@ -15,7 +15,7 @@ from .layout import LAYOUT_FIELDS
 from .vocab import VocabVariant
 
 __all__ = ["FIGURE_FIELDS", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order", "seq_chunks",
-           "seq_chunks_json", "step_band"]
+           "seq_chunks_json", "step_band", "nodes_of"]
 
 
 #: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
@@ -159,3 +159,16 @@ def step_band(band: Any, f: Fields) -> tuple[float, float] | None:
     if low > high:
         f.bad("step_band_s", "[low, high] seconds with low <= high", band)
     return (float(low), float(high))
+
+
+def nodes_of(nodes: Any, num_ranks: int, f: Fields) -> tuple[int, int] | None:
+    """Field `nodes`: None, or [nodes, devices per node] of the cluster planned for, holding its `num_ranks`."""
+    if nodes is None:
+        return None
+    if not isinstance(nodes, (list, tuple)) or len(nodes) != 2:
+        f.bad("nodes", "[nodes, devices per node]", nodes)
+    count, per_node = f.integer(nodes[0], "nodes", 1), f.integer(nodes[1], "nodes", 1)
+    if count * per_node != num_ranks:
+        f.fail(f"field 'nodes' is {count} nodes x {per_node} devices (= {count * per_node}), but the plan has "
+               f"{num_ranks} ranks")
+    return (count, per_node)

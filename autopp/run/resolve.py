@@ -44,12 +44,17 @@ def plan_backend(plan: Plan) -> tuple[Backend | None, str]:
 def resolve_options(plan: Plan, options: RunOptions, *, cuda_devices: int | None) -> Chosen:
     """`options` with the backend and optimizer set. `cuda_devices`: CUDA devices on this node, when the ranks run
     here (a plan without a device kind then gets NCCL only with one per rank); None for commands printed for other
-    machines. Raises RunError when a GPU plan is to run here without a CUDA device per rank."""
+    machines. Raises RunError when a GPU plan, or a given --backend nccl, is to run here without a CUDA device per
+    rank (each NCCL rank drives its own device: `torch.cuda.set_device(local_rank)`)."""
     options = replace(options, optimizer=options.optimizer or plan.optimizer or "sgd")
+    per_node = plan.num_ranks // (options.nodes.nnodes if options.nodes else 1)
+    if options.backend == "nccl" and cuda_devices is not None and cuda_devices < per_node:
+        raise RunError(f"--backend nccl needs a CUDA device per rank, but this node has {cuda_devices} CUDA devices "
+                       f"for its {per_node} ranks: run it on GPU machines, or give --backend gloo to run it on CPU "
+                       "here")
     if options.backend is not None:
         return Chosen(options, f"{options.backend}: given")
     backend, why = plan_backend(plan)
-    per_node = plan.num_ranks // (options.nodes.nnodes if options.nodes else 1)
     if backend is None:
         if cuda_devices is None:
             return Chosen(replace(options, backend="gloo"), f"gloo: {why} (give --backend nccl for GPUs)")

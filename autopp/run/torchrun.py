@@ -11,14 +11,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+from ..data.plan import Plan
 from ..errors import RunError
 from .launch import RankProcess
 from .options import Nodes, RunOptions
 
-__all__ = ["torchrun_command", "format_commands", "launch_torchrun", "worker_errors", "TERM_GRACE_S"]
+__all__ = ["plan_nnodes", "torchrun_command", "format_commands", "launch_torchrun", "worker_errors", "TERM_GRACE_S"]
 
 #: Seconds torchrun gets after SIGTERM to stop its workers before everything is SIGKILLed.
 TERM_GRACE_S = 10.0
+
+
+def plan_nnodes(plan: Plan, nnodes: int | None) -> tuple[int, str, bool]:
+    """The nodes torchrun starts for `plan`, why, and whether that is not the plan's own count: `nnodes` when given,
+    else the plan's own (`Plan.nodes`, the cluster it was planned for; one node when it records none). A given count
+    that is not the plan's runs (the ranks compute the same), said so: the prediction assumed the plan's nodes."""
+    if plan.nodes is None:
+        n = nnodes or 1
+        return n, f"{n}: " + ("given" if nnodes else "the plan records no nodes (give --nnodes to use several)"), False
+    own, per_node = plan.nodes
+    if nnodes is None or nnodes == own:
+        return own, f"{own} of {per_node} ranks each: the plan's cluster", False
+    return nnodes, (f"{nnodes}: given, but the plan is for {own} nodes x {per_node} devices, whose links its "
+                    f"prediction assumed (without --nnodes: {own})"), True
 
 
 def torchrun_command(plan_path: str | Path, options: RunOptions, *, num_ranks: int, run_dir: str | Path,

@@ -47,6 +47,19 @@ def test_print_torchrun_follows_the_plans_device_and_says_why(tmp_path: Path, ca
     assert out.count("--optimizer sgd") == 2
 
 
+def test_print_torchrun_defaults_to_the_plans_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dataclasses import replace
+    plan = replace(pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2)), nodes=(2, 2)).save(tmp_path / "p.json")
+    assert main(["run", str(plan), "--print-torchrun"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1] == "# nodes 2 of 2 ranks each: the plan's cluster"
+    assert out.count("--nnodes=2") == 2 and out.count("--nproc-per-node=2") == 2 and "--node-rank=1" in out
+    assert main(["run", str(plan), "--print-torchrun", "--nnodes", "1"]) == 0  # as asked, noted
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("# nodes 1: given, but the plan is for 2 nodes x 2 devices")
+    assert out.count("torch.distributed.run") == 1 and "--nproc-per-node=4" in out
+
+
 def test_bad_node_rank_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = pipeline_plan(LINRELU, ["2"], "1F1B").save(tmp_path / "p.json")
     assert main(["run", str(plan), "--nnodes", "2", "--node-rank", "5", "--print-torchrun"]) == 2

@@ -62,6 +62,22 @@ def test_running_here_a_gpu_plan_needs_a_cuda_device_per_rank() -> None:
     assert resolve_options(_plan("cpu"), RunOptions(), cuda_devices=8).options.backend == "gloo"
 
 
+def test_a_given_nccl_backend_needs_a_cuda_device_per_rank_here() -> None:
+    # The tester's `autopp run PLAN --backend nccl` on a host without a GPU started the ranks, which failed with
+    # "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'", and wrote a report.
+    for plan in (_plan("cpu"), _plan(None), _plan("h100-sxm")):
+        with pytest.raises(RunError, match=r"^--backend nccl needs a CUDA device per rank, but this node has 0 CUDA "
+                                           r"devices for its 2 ranks: run it on GPU machines, or give --backend gloo "
+                                           r"to run it on CPU here$"):
+            resolve_options(plan, RunOptions(backend="nccl"), cuda_devices=0)
+    two_nodes = RunOptions(backend="nccl", nodes=Nodes(nnodes=2))
+    assert resolve_options(_plan(None, pp=4), two_nodes, cuda_devices=2).backend_reason == "nccl: given"
+    with pytest.raises(RunError, match=r"has 1 CUDA devices for its 2 ranks"):
+        resolve_options(_plan(None, pp=4), two_nodes, cuda_devices=1)
+    printed = resolve_options(_plan("cpu"), RunOptions(backend="nccl"), cuda_devices=None)  # for other machines
+    assert printed.options.backend == "nccl"
+
+
 def test_a_plan_without_a_device_kind_gets_nccl_only_with_a_cuda_device_per_rank_here() -> None:
     four = _plan(None, pp=4)
     assert resolve_options(four, RunOptions(), cuda_devices=4).options.backend == "nccl"

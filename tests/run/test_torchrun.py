@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from autopp.data.layout import Layout
+from autopp.data.plan import Plan, Prediction, StagePlan
 from autopp.errors import RunError
 from autopp.run.options import Nodes, RunOptions
-from autopp.run.torchrun import format_commands, torchrun_command, worker_errors
+from autopp.run.torchrun import format_commands, plan_nnodes, torchrun_command, worker_errors
+from autopp.schedule import ScheduleName
 
 
 def test_command_for_node_one_of_two() -> None:
@@ -69,3 +72,24 @@ def test_a_killed_worker_beats_a_peer_that_lost_it(tmp_path: Path) -> None:
     assert worker_errors(tmp_path) == "rank 1 died from signal SIGKILL (reported by torchrun)"
     (tmp_path / "rank1.error").write_text("ValueError: injected\n")
     assert worker_errors(tmp_path) == "rank 0 failed: RuntimeError: Connection closed by peer"
+
+
+def _plan(nodes: tuple[int, int] | None) -> Plan:
+    """Four ranks (pp 2 x dp 2), planned for `nodes`."""
+    stages = tuple(StagePlan(index=i, rank=i, units=(i, i + 1), unit_names=(f"u{i}",),
+                             split_point=None if i == 0 else f"u{i}", forward_s=0.01, backward_s=0.02,
+                             memory_bytes=1000) for i in range(2))
+    return Plan(model_path="m.py", fingerprint="f", schedule=ScheduleName.GPIPE, layout=Layout(pp=2, dp=2),
+                num_microbatches=2, microbatch_size=1, memory_limit_bytes=2**30, stages=stages,
+                predicted=Prediction(step_time_s=0.1, peak_memory_bytes=(1000,) * 2, bubble_fraction=0.0),
+                nodes=nodes)
+
+
+def test_torchrun_starts_the_plans_own_nodes_unless_told_otherwise() -> None:
+    # The tester's plan for 2 nodes x 8 GPUs printed one node with --nproc-per-node=16 unless --nnodes 2 was given.
+    assert plan_nnodes(_plan((2, 2)), None) == (2, "2 of 2 ranks each: the plan's cluster", False)
+    assert plan_nnodes(_plan((2, 2)), 2) == (2, "2 of 2 ranks each: the plan's cluster", False)
+    assert plan_nnodes(_plan((2, 2)), 1) == (1, "1: given, but the plan is for 2 nodes x 2 devices, whose links its "
+                                                "prediction assumed (without --nnodes: 2)", True)
+    assert plan_nnodes(_plan(None), None) == (1, "1: the plan records no nodes (give --nnodes to use several)", False)
+    assert plan_nnodes(_plan(None), 4) == (4, "4: given", False)

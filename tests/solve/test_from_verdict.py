@@ -97,3 +97,12 @@ def test_a_bf16_profile_without_a_recipe_is_said_to_lack_the_fp32_gradients() ->
     assert any(n.startswith(note) for n in make_plan(old, request).notes)
     current = replace(old, meta=replace(old.meta, extra={**old.meta.extra, "precision": "bf16"}))
     assert not any(n.startswith(note) for n in make_plan(current, request).notes)
+
+
+def test_a_plan_records_the_nodes_of_its_cluster() -> None:
+    from autopp.data.catalog import cluster_from_catalog, load_device
+    profile = load_profile(Path(__file__).resolve().parents[2] / "profiles" / "gpt")
+    h100 = load_device("h100-sxm")
+    for devices, nodes in ((4, (2, 2)), (2, None)):  # 2 per node: a cluster of nodes; all on one: flat
+        cluster = cluster_from_catalog(h100, devices, devices_per_node=2, memory_bytes=2**32)
+        assert make_plan(profile, PlanRequest(cluster=cluster, global_batch=8)).nodes == nodes

@@ -321,7 +321,13 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 time_breakdown=_breakdown(a, placed, best),
                 precision=profile.meta.extra.get("precision"),
                 vocab=best.passes.variant if best.passes is not None else None, seq_chunks=c.seq,
-                overlap=request.assumed_overlap)
+                overlap=request.assumed_overlap, nodes=_nodes(request.cluster, layout.world))
+
+
+def _nodes(cluster: Cluster, world: int) -> tuple[int, int] | None:
+    """The plan's `nodes`: the cluster's nodes and devices per node, when it has them and the plan uses them all."""
+    n = cluster.nodes
+    return None if n is None or n.count * n.devices_per_node != world else (n.count, n.devices_per_node)
 
 
 def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:
