@@ -106,3 +106,17 @@ def test_a_plan_records_the_nodes_of_its_cluster() -> None:
     for devices, nodes in ((4, (2, 2)), (2, None)):  # 2 per node: a cluster of nodes; all on one: flat
         cluster = cluster_from_catalog(h100, devices, devices_per_node=2, memory_bytes=2**32)
         assert make_plan(profile, PlanRequest(cluster=cluster, global_batch=8)).nodes == nodes
+
+
+def test_a_microbatch_size_outside_the_profiled_ones_is_said_to_be_extrapolated() -> None:
+    profile = load_profile(GPT)
+    sizes = sorted(profile.meta.microbatch_sizes)
+    cluster = Cluster(num_devices=1, memory_bytes=8 << 30)
+    big = sizes[-1] * 2
+    plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=big, num_microbatches=1))
+    assert plan.microbatch_size == big
+    assert f"microbatch size {big} is outside the profiled sizes {sizes}: its times and bytes are extrapolated along " \
+           f"the line through {sizes[-2:]}; profile it (--microbatch-sizes {','.join(map(str, [*sizes, big]))})" \
+           in " ".join(plan.notes)
+    inside = make_plan(profile, PlanRequest(cluster=cluster, global_batch=sizes[-1], num_microbatches=1))
+    assert not any("outside the profiled sizes" in n for n in inside.notes)

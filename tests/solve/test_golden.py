@@ -8,6 +8,8 @@ stage), and a `fits` field on every prediction. When a change is meant to alter 
 configurations (autopp.solve.search.prove) rewrote two on purpose, each now the simulator's faster choice that the
 short-list had missed: mlp-d4-auto-dp (43.6 ms to 40.5 ms) and syn24-d8-auto-recompute (GPipe, every stage
 recomputing, 4.442 s, to 1F1B with two stages recomputing, 4.324 s); they were written in version 1 as the others.
+On 2026-12-05 mlp-d4-auto-dp gained one note by hand (its microbatch size 8 lies outside the profiled 1 and 4, which
+plans now say); nothing else in it changed.
 
 The files are plan format version 1. The layout issue (24: one Layout value, activation policies) moved to version
 2, whose only differences are the version number and each stage's `recompute` flag spelled as its `activation`

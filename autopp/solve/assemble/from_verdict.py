@@ -199,6 +199,17 @@ def _expert_gemms_note(profile: Profile, ep: int, etp: int = 1) -> str:
             "an analytic profile (`autopp profile --analytic DEVICE`) re-times them")
 
 
+def _size_note(profile: Profile, size: int) -> list[str]:
+    """A microbatch size outside the profiled ones is extrapolated (autopp.costmodel.units.ProfileTable): said."""
+    sizes = sorted(profile.meta.microbatch_sizes)
+    if sizes[0] <= size <= sizes[-1]:
+        return []
+    how = "in proportion to the one profiled" if len(sizes) == 1 else \
+        f"along the line through {sizes[:2] if size < sizes[0] else sizes[-2:]}"
+    return [f"microbatch size {size} is outside the profiled sizes {sizes}: its times and bytes are extrapolated {how}; "
+            f"profile it (--microbatch-sizes {','.join(map(str, sorted({*sizes, size})))}) to measure them"]
+
+
 def _recipe_note(profile: Profile) -> list[str]:
     """A bf16 profile that records no precision recipe was counted before them (autopp.data.precision), with its
     gradients at the weights' 2 bytes: said, as what the plan's memory lacks."""
@@ -305,6 +316,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     notes.extend(_parallel_notes(profile, c, request.cluster))
     notes.extend(_batch_norm_note(profile, c))
     notes.extend(_recipe_note(profile))
+    notes.extend(_size_note(profile, c.microbatch_size))
     notes.extend(_seq_note(c))
     notes.extend(_overlap_notes(request, a, c))
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
