@@ -91,3 +91,15 @@ def test_profiling_again_within_the_spreads_gives_the_same_configuration(seed: i
     assert first.tied and first.step_band_s is not None
     low, high = first.step_band_s
     assert low < first.predicted.step_time_s < high
+
+
+def test_the_tied_configurations_are_told_apart() -> None:
+    """Each tie names what sets it apart (the ZeRO stage where dp > 1, the microbatch size, a uniform policy other
+    than keep): before, three configurations that differ in their ZeRO stage read alike ("GPipe pp(1) x dp(2) v=1
+    m=1") at three times."""
+    plan = make_plan(load_profile(GPT), _request(schedule=None, ties=True))
+    assert plan.tied and len(set(plan.tied)) == len(plan.tied)
+    labels = [t.rsplit(": ", 1)[0] for t in plan.tied]
+    assert len(set(labels)) == len(labels), labels
+    assert all(" m=" in t and "x" in t.split(" m=")[1] for t in plan.tied)
+    assert all(("ZeRO " in t) == ("dp(1)" not in t) for t in plan.tied)

@@ -211,8 +211,12 @@ def _banded(plan: Plan, b: Band, named_s: float, tied: list[Verdict]) -> Plan:
     """`plan` with its step's band (band.py; a synthesized order's is the named schedule's `named_s` band, scaled to
     its step) and the configurations tied with it, in words."""
     scale = plan.predicted.step_time_s / named_s if named_s > 0 else 1.0
-    words = tuple(f"{v.candidate.schedule.value} {v.candidate.layout.describe()} v={v.candidate.layout.v} "
-                  f"m={v.candidate.microbatches}: {format_time(v.step_s)}" for v in tied)
+    words = tuple(f"{c.schedule.value} {c.layout.describe()}" + (f" ZeRO {c.layout.zero.stage}" if c.layout.sync > 1
+                                                                 else "")
+                  + f" v={c.layout.v} m={c.microbatches}x{c.microbatch_size}"
+                  + ("" if len(set(c.activations)) > 1 or c.activations[0] is Activation.KEEP else
+                     f" {c.activations[0].value}") + f": {format_time(v.step_s)}"
+                  for v in tied for c in (v.candidate,))
     return replace(plan, step_band_s=(b.low_s * scale, b.high_s * scale), tied=words)
 
 
