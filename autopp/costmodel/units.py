@@ -42,9 +42,9 @@ class TpComm:
 
 @dataclass(frozen=True, eq=False)
 class ExpertBytes:
-    """Per unit, a rank's share of the stacked experts' static bytes under expert parallelism (already divided by
-    ep x etp; autopp.costmodel.parallel.ExpertTable), which ZeRO shards over the dp / (ep x etp) ranks holding the
-    same expert shard, and the weight their gradient bytes carry in `UnitArrays.grads` (the step's
+    """Per unit, a rank's share of the stacked experts' static bytes under expert parallelism (already divided over
+    the ranks that shard the experts; autopp.costmodel.parallel.ExpertTable), which ZeRO shards over the `replicas`
+    holding the same expert shard, and the weight their gradient bytes carry in `UnitArrays.grads` (the step's
     synchronisation)."""
 
     params: np.ndarray
@@ -52,7 +52,7 @@ class ExpertBytes:
     optimizer: np.ndarray
     """Optimizer-state bytes."""
     replicas: int
-    """The data-parallel ranks holding the same expert shard (dp / (ep x etp))."""
+    """The data-parallel ranks holding the same expert shard (`UnitView.ep_replicas`)."""
     sync_weight: float
     """How many bytes of a dp-wide all-reduce one byte of expert gradient costs over the `replicas`: ring
     ((r - 1) / r) / ((d - 1) / d), 0 when r = 1."""
