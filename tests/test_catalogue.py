@@ -659,8 +659,10 @@ CASES += [
     # issue 24's proof axis: expert tensor parallelism is carved beside ep from dp
     Case("flag:plan-etp-without-ep", lambda env: _plan_args(env, "--dp", "2", "--etp", "2"),
          lambda env: "--etp 2 shards the experts of an ep group, and ep is 1: give --ep > 1, or --etp 1"),
-    Case("flag:plan-etp-does-not-divide-dp", lambda env: _plan_args(env, "--dp", "2", "--ep", "2", "--etp", "2"),
-         lambda env: "ep(2) x etp(2) must divide dp(2) * cp(1) * tp(1) = 2"),
+    # the dense profile is refused ep before etp's divisibility is checked (tests/test_layout.py checks that one)
+    Case("flag:plan-ep-on-a-dense-profile", lambda env: _plan_args(env, "--dp", "2", "--ep", "2", "--etp", "2"),
+         lambda env: "--ep 2: the profile records no stacked experts (a dense model, or one profiled before autopp "
+                     "recorded them), so expert parallelism has nothing to shard: plan with --ep 1"),
     Case("flag:plan-etp-with-zero-3", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4", "--memory",
                                                    "1GiB", "--pp", "1", "--dp", "4", "--ep", "2", "--etp", "2",
                                                    "--zero", "3", "-o", str(env.tmp / "out.json")],

@@ -450,7 +450,7 @@ def test_plan_writes_its_step_band_and_keeps_ties_by_the_rule(tmp_path: Path,
     low, high = data["step_band_s"]
     assert low < data["predicted"]["step_time_s"] < high and data["tied"] and TIE_NOTE in data["notes"]
     assert "; the margin is inside it: " in out and f"note: {TIE_NOTE}" in out
-    assert all(int(t.split(" m=")[1].split(":")[0]) >= data["num_microbatches"] for t in data["tied"])
+    assert all(int(t.split(" m=")[1].split("x")[0]) >= data["num_microbatches"] for t in data["tied"])
 
 
 def test_the_planning_cores_progress_lines_show_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch,

@@ -232,8 +232,8 @@ def _moe(profile, experts: int = 8):  # type: ignore[no-untyped-def]
 
 
 def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile) -> None:  # type: ignore[no-untyped-def]
-    """The plan of a pinned ep 2 records it, its notes say the experts and routing sharded, and with a profile that
-    has no stacked experts that ep changes nothing (the same step as ep 1)."""
+    """The plan of a pinned ep 2 records it, its notes say the experts and routing sharded; a profile that has no
+    stacked experts is refused a pinned ep (it would shard nothing)."""
     moe = _moe(profile)
     req = PlanRequest(cluster=_nodes(), global_batch=16, pins=LayoutPins(pp=4, dp=2, ep=2))
     plan = make_plan(moe, req)
@@ -245,17 +245,15 @@ def test_a_plan_with_ep_says_what_it_shards_and_when_it_changes_nothing(profile)
     assert any(n.startswith("expert parallelism 2: each stage's 4 replicas form 2 groups of 2 that each hold 1/2 of "
                             "its experts") and "all-reduced over the 2 ranks holding the same; expert GEMMs" in n
                for n in half.notes)
-    dense = make_plan(profile, req)
-    assert any("the profile records no stacked experts" in n for n in dense.notes)
+    with pytest.raises(ProfileError, match=r"^`ep` 2: the profile records no stacked experts"):  # nothing to shard
+        make_plan(profile, req)
     # a pinned ep must divide the experts (no trainer, nor the runner, gives a rank 6 / 4 of them): refused in
-    # one line where it was planned; the dense profile takes any ep
+    # one line where it was planned
     six = _moe(profile, experts=6)
     with pytest.raises(LayoutError, match=r"^`ep` 4 does not divide the model's 6 routed experts per layer \(each "
                                           r"ep rank holds experts / ep of them\): give a divisor of 6$"):
         make_plan(six, replace(req, pins=LayoutPins(pp=2, dp=4, ep=4)))
     assert make_plan(six, replace(req, pins=LayoutPins(pp=2, dp=4, ep=2))).layout.ep == 2
-    assert dense.predicted.step_time_s == pytest.approx(
-        make_plan(profile, replace(req, pins=LayoutPins(pp=4, dp=2))).predicted.step_time_s)
 
 
 def test_fsdp_beside_ep_at_pp_1_plans_and_notes_the_experts(profile) -> None:  # type: ignore[no-untyped-def]

@@ -103,9 +103,12 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
 
 def _check_experts(profile: Profile, request: PlanRequest) -> None:
     """A pinned ep must divide the routed experts per layer (searched ones do, `configs`): each rank holds E / ep of
-    them, and Megatron-Core, torchtitan and the runner refuse any other ep. A dense profile (no experts recorded)
-    takes any ep, which changes nothing (the plan says so)."""
+    them, and Megatron-Core, torchtitan and the runner refuse any other ep. A dense profile (no stacked experts
+    recorded) is refused a pinned ep > 1, which would shard nothing."""
     ep, experts = request.pins.ep, int((profile.meta.extra.get("moe") or {}).get("num_experts") or 1)
+    if ep not in (None, 1) and not int(profile.units.moe_layers.sum()):
+        raise ProfileError(f"`ep` {ep}: the profile records no stacked experts (a dense model, or one profiled before "
+                           "autopp recorded them), so expert parallelism has nothing to shard: plan with `ep` 1")
     if ep not in (None, 1) and experts > 1 and experts % ep:
         raise LayoutError(f"`ep` {ep} does not divide the model's {experts} routed experts per layer (each ep rank "
                           f"holds experts / ep of them): give a divisor of {experts}")
