@@ -481,3 +481,15 @@ def test_ep_sets_dp_only_when_neither_dp_nor_pp_is_given(flags: dict[str, int], 
     from autopp.cli.plan import _dp
     args = argparse.Namespace(**{"ep": 1, "pp": None, "dp": None, **flags})
     assert _dp(args) == dp
+
+
+def test_a_restricted_plan_faster_than_the_unrestricted_tie_says_why(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The tester's gpt on 2 CPU ranks `--for deepspeed`: the unrestricted search keeps ZeRO 3 inside its step band by
+    the tie rule (less memory), predicted slower than DeepSpeed's plan; the price line says so, not a bare -3.8 %."""
+    from .conftest import SHIPPED
+    assert main(["plan", "--profile", str(SHIPPED / "gpt"), "--devices", "2", "--memory", "1GiB", "--global-batch",
+                 "8", "--for", "deepspeed", "-o", str(tmp_path / "p.json")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("without --for deepspeed: "))
+    assert "the restriction to deepspeed costs -" in line
+    assert line.endswith("(the unrestricted choice is a tie inside its step band, kept by the tie rule)")

@@ -281,8 +281,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         pinned_tp = config_degrees(args.pin_from).get("tp", 1)
         if args.trainer is None:  # judged beside a plan its own trainer runs
             args.trainer = config_trainer(args.pin_from)
-            implied = f"autopp: note: autopp's plan searched for {args.trainer} (--for {args.trainer}: the " \
-                      f"trainer of {args.pin_from}); give --for TRAINER to search for another"
+            implied = f"autopp: note: --for {args.trainer}, the trainer of {args.pin_from} (--for TRAINER: another)"
     seq_said = pinned_seq_len(args)  # its sequence length profiled, before the default batch is derived from it
     from ..display import format_plan
     from ..data.layout import LayoutPins
@@ -394,7 +393,8 @@ def _unrestricted(profile, request, plan) -> str:  # type: ignore[no-untyped-def
         other = make_plan(profile, free)
     except InfeasibleError:  # cannot happen for a superset of a feasible search; said, not hidden
         return f"\nwithout --for {request.trainer}: no plan fits either"
-    mine, theirs = plan.predicted.step_time_s, other.predicted.step_time_s
+    mine, theirs = plan.predicted.step_time_s, other.predicted.step_time_s  # a faster restricted plan: other is a tie
+    cost = f"the restriction to {request.trainer} costs {mine / theirs - 1:+.1%}" + (
+        " (the unrestricted choice is a tie inside its step band, kept by the tie rule)" if mine < theirs else "")
     return (f"\nwithout --for {request.trainer}: {other.schedule.value} {format_grid(other.layout)}, "
-            f"{format_microbatches(other.num_microbatches, other.microbatch_size)}: step {format_time(theirs)}; "
-            f"the restriction to {request.trainer} costs {mine / theirs - 1:+.1%}")
+            f"{format_microbatches(other.num_microbatches, other.microbatch_size)}: step {format_time(theirs)}; {cost}")

@@ -350,7 +350,7 @@ def test_hand_written_tp8_torchtitan_config_for_llama_3_8b_on_2x8_h100(capsys: p
     assert sum(s for _, s in time_terms(plan)) == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
     # autopp's plan is searched for the file's trainer (a plan torchtitan runs, so "yours vs autopp's" compares two
     # configurations both run), said after the search, with the unrestricted optimum beside it
-    assert "searched for torchtitan (--for torchtitan: the trainer of" in err
+    assert "autopp: note: --for torchtitan, the trainer of " in err
     assert "without --for torchtitan" in out
     from autopp.data.profile import load_profile
     names = load_profile(ROOT / "profiles" / "llama-3-8b-h100-sxm-s8192").unit_modules()
