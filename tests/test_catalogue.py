@@ -344,6 +344,9 @@ CASES += [
          lambda env: "--backend nccl needs a CUDA device per rank, but this node has 0 CUDA devices for its 2 ranks: "
                      "run it on GPU machines, or give --backend gloo to run it on CPU here",
          _plan_edit(lambda d: None)),  # a copy here: its default report (PLAN.report.json) must not appear
+    Case("run:nodes-without-master-addr", lambda env: ["run", str(env.bad_plan), "--nnodes", "2"],
+         lambda env: "--nnodes 2 runs across machines: give --master-addr, node 0's address reachable from every node",
+         _plan_edit(lambda d: None)),  # a copy here: its default report (PLAN.report.json) must not appear
     Case("run:optimizer-unknown-wording", lambda env: ["run", str(env.bad_plan)],
          lambda env: f"{env.bad_plan}: field 'optimizer' is 'lamb', which autopp does not run (sgd, momentum, adam, "
                      "adamw); give --optimizer to run another", _plan_edit(lambda d: d.update(optimizer="lamb"))),

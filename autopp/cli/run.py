@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 __all__ = ["add_parser"]
 
 
+#: What --print-torchrun writes for --master-addr when several nodes were asked for without one.
+NODE0 = "NODE0_ADDRESS"
+
+
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     """The `run` command."""
     p = sub.add_parser("run", help="execute a plan with torch.distributed.pipelining and validate it")
@@ -29,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help="also log every rank's own lines (stages built, relays, each rank's steps)")
     p.add_argument("--nnodes", type=POSITIVE, help="run through torchrun on this many machines (docs/launch.md)")
     p.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nnodes-1 (default 0)")
-    p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0, reachable from every node")
+    p.add_argument("--master-addr", help="address of node 0, reachable from every node (default 127.0.0.1 on one "
+                   f"node; several need it: --print-torchrun writes {NODE0} in its place)")
     p.add_argument("--master-port", type=int, default=29500, help="free TCP port on node 0 (default 29500)")
     p.add_argument("--run-dir", help="keep the ranks' logs and results here (default: a temporary directory)")
     p.add_argument("--print-torchrun", action="store_true",
@@ -51,11 +56,14 @@ def _options(args: argparse.Namespace, nnodes: int) -> RunOptions:
     """What `autopp run` asked for: torchrun's `nnodes` nodes with --nnodes or --print-torchrun, and `check` off (a
     failed validation is the report's verdict, and exit status 1)."""
     from ..run.options import Nodes, RunOptions
+    addr = args.master_addr or ("127.0.0.1" if nnodes == 1 else NODE0 if args.print_torchrun else None)
+    if addr is None:
+        raise AutoppError(f"--nnodes {nnodes} runs across machines: give --master-addr, node 0's address reachable "
+                          "from every node")
     try:
         nodes = None
         if args.nnodes is not None or args.print_torchrun:
-            nodes = Nodes(nnodes=nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                          master_port=args.master_port)
+            nodes = Nodes(nnodes=nnodes, node_rank=args.node_rank, master_addr=addr, master_port=args.master_port)
         return RunOptions(steps=args.steps, timeout_s=args.timeout, nodes=nodes, work_dir=args.run_dir, check=False,
                           backend=args.backend, optimizer=args.optimizer, lr=args.lr, validate=args.validate)
     except ValueError as exc:
@@ -79,7 +87,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.print_torchrun:
         chosen = resolve_options(plan, options, cuda_devices=None)
         print(f"# backend {chosen.backend_reason}")
-        print(f"# nodes {nodes_reason}")
+        print(f"# nodes {nodes_reason}" + (f"; {NODE0}: node 0's address, reachable from every node (--master-addr)"
+                                            if options.nodes and options.nodes.master_addr == NODE0 else ""))
         print(format_commands(Path(args.plan).resolve(), chosen.options, num_ranks=plan.num_ranks,
                               run_dir=args.run_dir or "autopp-run"))
         return 0

@@ -30,6 +30,18 @@ def test_print_torchrun_prints_one_command_per_node(tmp_path: Path, capsys: pyte
     assert f"--plan {plan.resolve()}" in out
 
 
+def test_print_torchrun_for_several_nodes_without_an_address_writes_a_placeholder(tmp_path: Path,
+                                                                                   capsys: pytest.CaptureFixture[str]
+                                                                                   ) -> None:
+    """Without --master-addr, 127.0.0.1 on every node would make nodes 1 and up wait on themselves: the commands
+    carry NODE0_ADDRESS, and the header says to replace it."""
+    plan = pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2)).save(tmp_path / "p.json")
+    assert main(["run", str(plan), "--nnodes", "2", "--print-torchrun"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--master-addr=NODE0_ADDRESS") == 2 and "127.0.0.1" not in out
+    assert "NODE0_ADDRESS: node 0's address, reachable from every node (--master-addr)" in out.splitlines()[1]
+
+
 # Issue 26, point 10: `--print-torchrun --nnodes 2` printed `--backend gloo` for an H100 plan.
 def test_print_torchrun_follows_the_plans_device_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                                ) -> None:
@@ -52,7 +64,8 @@ def test_print_torchrun_defaults_to_the_plans_nodes(tmp_path: Path, capsys: pyte
     plan = replace(pipeline_plan(LINRELU, ["2"], "1F1B", Layout(pp=2, dp=2)), nodes=(2, 2)).save(tmp_path / "p.json")
     assert main(["run", str(plan), "--print-torchrun"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[1] == "# nodes 2 of 2 ranks each: the plan's cluster"
+    assert out.splitlines()[1] == "# nodes 2 of 2 ranks each: the plan's cluster; NODE0_ADDRESS: node 0's address, " \
+                                  "reachable from every node (--master-addr)"
     assert out.count("--nnodes=2") == 2 and out.count("--nproc-per-node=2") == 2 and "--node-rank=1" in out
     assert main(["run", str(plan), "--print-torchrun", "--nnodes", "1"]) == 0  # as asked, noted
     out = capsys.readouterr().out
