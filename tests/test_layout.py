@@ -137,7 +137,7 @@ def test_valid_edges_of_the_rules_and_the_error_type() -> None:
 def test_pins_check_the_devices_with_the_numbers() -> None:
     LayoutPins(pp=None, dp=2, tp=4).check_devices(8)
     LayoutPins(pp=2, dp=2, tp=2).check_devices(8)
-    with pytest.raises(LayoutError, match=r"^tp\(3\) does not divide the 8 devices$"):
+    with pytest.raises(LayoutError, match=r"^tp\(3\) does not divide the 8 devices: give `tp` one of \[1, 2, 4, 8\]$"):
         LayoutPins(tp=3).check_devices(8)
     with pytest.raises(LayoutError, match=r"^pp\(2\) \* dp\(2\) \* tp\(4\) = 16 != devices \(8\)$"):
         LayoutPins(pp=2, dp=2, tp=4).check_devices(8)

@@ -237,7 +237,8 @@ class LayoutPins:
         pinned = {a: getattr(self, a) for a in MESH_AXES if getattr(self, a) is not None}
         for axis, value in pinned.items():
             if devices % value:
-                raise LayoutError(f"{axis}({value}) does not divide the {devices} devices")
+                raise LayoutError(f"{axis}({value}) does not divide the {devices} devices: give `{axis}` one of "
+                                  f"{[d for d in range(1, devices + 1) if devices % d == 0]}")
         product = math.prod(pinned.values())
         shown = " * ".join(f"{a}({v})" for a, v in pinned.items() if a in ("pp", "dp", "tp") or v > 1)
         if len(pinned) == len(MESH_AXES) and product != devices:
