@@ -143,7 +143,8 @@ def _checks(run_dir: Path) -> Checks:
     return load
 
 
-def _timing(report: RunReport, results: list[dict[str, Any]], plan: Plan | None = None) -> RunReport:
+def _timing(report: RunReport, results: list[dict[str, Any]], plan: Plan | None = None, one_host: bool = False
+            ) -> RunReport:
     """Per step, the slowest rank's wall time (the barriers make them nearly equal); median and prediction error;
     per-rank waits, peak memory and the median step's actions; per-stage action times."""
     per_step = tuple(max(times) for times in zip(*(r["step_times_s"] for r in results)))
@@ -154,7 +155,7 @@ def _timing(report: RunReport, results: list[dict[str, Any]], plan: Plan | None 
     if plan is None or "actions" not in results[0]:
         return report
     step = median_step_index(per_step)
-    return replace(report, ranks=rank_measures(plan, results, step), stage_times=stage_times(plan, results),
+    return replace(report, ranks=rank_measures(plan, results, step, one_host), stage_times=stage_times(plan, results),
                    memory_method=results[0].get("memory_method"), timeline_step=step)
 
 
@@ -281,7 +282,7 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
             raise RunFailedError(message, replace(report, error=message), logs=run_dir) from exc
         if results is None:
             return replace(report, complete=True)
-        report = _timing(report, results, plan)
+        report = _timing(report, results, plan, one_host=options.nodes is None or options.nodes.nnodes == 1)
         if not options.validate:
             return replace(report, losses=_losses(results))
         broken: RunFailedError | None = None

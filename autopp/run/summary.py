@@ -81,14 +81,23 @@ def stage_times(plan: Plan, results: Sequence[dict[str, Any]]) -> tuple[StageTim
     return tuple(out)
 
 
-def rank_measures(plan: Plan, results: Sequence[dict[str, Any]], step: int | None) -> tuple[RankMeasure, ...]:
-    """One entry per global rank, with the predicted peak memory of its pipeline rank and the error."""
+def rank_measures(plan: Plan, results: Sequence[dict[str, Any]], step: int | None, one_host: bool = False
+                  ) -> tuple[RankMeasure, ...]:
+    """One entry per global rank, with the predicted peak memory of its pipeline rank and the error. Each rank's
+    actions are timed from its own start of the step, after a barrier that releases the ranks up to a few ms apart
+    when they outnumber the cores; on `one_host` they share the clock (`time.perf_counter`, the system's monotonic
+    clock), so each rank's actions are shifted by its start's lag behind the earliest rank's (`origin_s`)."""
     out = []
     predicted = plan.predicted.peak_memory_bytes
+    origins = {r["rank"]: r["phases"][step].get("origin_s") for r in results} if step is not None and one_host \
+        and all(len(r.get("phases", [])) > step for r in results) else {}
+    first = min(origins.values()) if origins and None not in origins.values() else None
     for r in sorted(results, key=lambda r: r["rank"]):
         pred = int(predicted[r["pp_rank"]]) if r["pp_rank"] < len(predicted) else None
         waits = [r["wait_s"][i] for i in timed_steps(len(r["wait_s"]))]
-        actions = tuple((str(t), float(a), float(b)) for t, a, b in r["actions"][step]) if step is not None else ()
+        lag = origins[r["rank"]] - first if first is not None else 0.0
+        actions = tuple((str(t), float(a) + lag, float(b) + lag) for t, a, b in r["actions"][step]) \
+            if step is not None else ()
         phases = [r["phases"][i] for i in timed_steps(len(r.get("phases", [])))]
         out.append(RankMeasure(rank=r["rank"], replica=r["replica"], pp_rank=r["pp_rank"],
                                tp_rank=int(r.get("tp_rank", 0)), stages=tuple(r["stages"]),

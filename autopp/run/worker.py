@@ -251,7 +251,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         if not checked:
             optimizer.zero_grad()
         run.phases.append({"schedule_s": t_schedule, "allreduce_s": t_allreduce - t_schedule,
-                           "optimizer_s": recorder.now() - t_optimizer})
+                           "optimizer_s": recorder.now() - t_optimizer, "origin_s": recorder.t0})
         _sync(device)
         run.step_times.append(recorder.now())
         grads = stage_grads(stages) if checked else {}  # untimed: the step's gradients, which its update kept

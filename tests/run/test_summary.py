@@ -53,3 +53,21 @@ def test_an_action_that_follows_a_wait_is_compared_with_its_prediction_plus_the_
     plain = pipeline_plan(LINRELU, ["2"])
     assert {t.stage: (t.predicted_forward_s, t.predicted_backward_s) for t in stage_times(plain, [])} == \
         {0: (0.01, 0.02), 1: (0.01, 0.02)}
+
+
+def test_on_one_host_each_ranks_actions_are_put_on_the_shared_clock() -> None:
+    """The tester's 4 ranks on 2 cores: stage 3's first forward was drawn before stage 2's, each rank's times being
+    from its own release from the step's barrier (a few ms apart). On one host the ranks share the monotonic clock:
+    each rank's actions are shifted by its start's lag (`origin_s`) behind the earliest; across hosts they are not."""
+    plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2))
+    early, late = _result(0, 0), _result(2, 0)
+    early["phases"] = [{"schedule_s": 0.1, "allreduce_s": 0.0, "optimizer_s": 0.0, "origin_s": 100.0 + i}
+                       for i in range(2)]
+    late["phases"] = [{**ph, "origin_s": ph["origin_s"] + 0.004} for ph in early["phases"]]
+    late["actions"] = [[], [["1F0", 0.001, 0.011]]]
+    shifted = {m.rank: m.actions for m in rank_measures(plan, [early, late], step=1, one_host=True)}
+    assert shifted[0] == (("0F0", 0.0, 0.01),)
+    assert shifted[2] == (("1F0", pytest.approx(0.005), pytest.approx(0.015)),)  # after rank 0's forward began
+    apart = {m.rank: m.actions for m in rank_measures(plan, [early, late], step=1)}  # several hosts: as measured
+    assert apart[2] == (("1F0", 0.001, 0.011),)
+    assert rank_measures(plan, [_result(0, 0)], step=1, one_host=True)[0].actions == (("0F0", 0.0, 0.01),)
