@@ -704,6 +704,11 @@ CASES += [
     Case("export:profile-for-deepspeed", lambda env: ["export", str(env.plan), "--to", "deepspeed", "--profile",
                                                       str(env.prof)],
          lambda env: "--profile applies to --to torchtitan and megatron only; deepspeed exports read the plan alone"),
+    # the tester's report: an OLD that matches no profiled module was ignored without a word
+    Case("export:rename-matching-nothing", lambda env: ["export", str(env.plan), "--to", "torchtitan", "--profile",
+                                                        str(env.prof), "--rename", "layers.3=blocks.3",
+                                                        "-o", str(env.tmp / "t.args")],
+         lambda env: "--rename layers.3=blocks.3: OLD 'layers.3' matches no profiled module (their names: "),
     Case("export:megatron-long-skip", lambda env: ["export", str(env.plan), "--to", "megatron", "--profile",
                                                    str(env.tmp / "skip"), "-o", str(env.tmp / "m.args")],
          lambda env: f"{env.plan}: Megatron-LM's pretrain_gpt.py builds a GPT whose layers pass one hidden state "
