@@ -55,10 +55,10 @@ def export_plan(plan: Plan, target: Target, out: str | Path,
     """The files of `plan` for `target` (not written); `out`: the main file's path, which names the files beside
     it (torchtitan's schedule CSV is named relative to it). `unit_modules`: each unit's module names (the
     profile's; torchtitan needs them), `renames`: (OLD, NEW) prefixes applied to them on top of torchtitan's own
-    mapping of HF names (`rename_modules`, `trainer_names`). `moe`: the profile's routing facts (`meta.extra["moe"]`; Megatron's expert
-    parallelism needs them). `values`: the profile's live values (Megatron's GPT checks that layers pass one hidden
-    state; None: not checked). An ExportError (one line, naming `where` and why) for what the trainer cannot
-    express."""
+    mapping of HF names (`rename_modules`, `trainer_names`). `moe`: the profile's routing facts
+    (`meta.extra["moe"]`; Megatron's expert parallelism needs them). `values`: the profile's live values
+    (Megatron's GPT checks that layers pass one hidden state; None: not checked). An ExportError (one line, naming
+    `where` and why) for what the trainer cannot express."""
     from .deepspeed import to_deepspeed
     from .megatron import to_megatron
     from .torchcsv import to_torch_csv

@@ -154,7 +154,8 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
     """Overrides for `torchtitan.train --module M --config C`; `csv_path`: where the schedule CSV of a synthesized
     order is written, beside the export, which names it by its file name (a path relative to the export: launch
     torchtitan from the export's directory). HF decoder names are mapped to torchtitan's (`trainer_names`), those
-    `renames` matches renamed instead; other names are written as renamed or given. The AC subcommand comes last, as tyro requires."""
+    `renames` matches renamed instead; other names are written as renamed or given. The AC subcommand comes last,
+    as tyro requires."""
     name, via_csv = _schedule(plan, where)
     activations = uniform_policy(plan, "torchtitan", where)
     names, mapped = trainer_names(unit_modules, renames)

@@ -4,7 +4,8 @@ measuring and counting its compute), and each unit's TP collectives per microbat
 docs/parallelism.md): rowwise and embedding_rowwise all-reduce their output in the forward; colwise all-reduces the
 gradient of its input in the backward, once per distinct input tensor of a unit (q/k/v read one tensor: one);
 colwise_gather_output all-gathers its output in the forward and all-reduces its input gradient in the backward;
-replicated_with_grad_allreduce (Qwen3's per-head q_norm/k_norm) all-reduces its parameters' gradients in the backward."""
+replicated_with_grad_allreduce (Qwen3's per-head q_norm/k_norm) all-reduces its parameters' gradients in the
+backward."""
 
 from __future__ import annotations
 
@@ -134,7 +135,8 @@ def _style(style: str, pattern: str, source: str) -> str:
 
 def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
     """Concrete module name -> canonical style, in model order. TpPlanError on a pattern that matches no module (in
-    a plan not `partial`; in one: when none matches), a style not supported, a module of the wrong type for its style, or two styles for one module."""
+    a plan not `partial`; in one: when none matches), a style not supported, a module of the wrong type for its
+    style, or two styles for one module."""
     modules = dict(model.named_modules())
     out: dict[str, str] = {}
     for pattern, style in plan.patterns.items():

@@ -438,6 +438,20 @@ def test_deepspeed_writes_zero1_and_refuses_what_its_pipeline_engine_cannot_run(
         assert "\n" not in str(info.value)
 
 
+def test_deepspeed_refuses_zero3_at_pp1_for_its_true_reason(llama: Profile) -> None:
+    """The tester's report: a pp 1 ZeRO 3 plan was refused for pipeline parallelism it does not have; the true
+    reason is that the export builds a one-stage PipelineModule, which deepspeed.initialize runs with its
+    PipelineEngine."""
+    from .conftest import plan_for
+    plan = plan_for(llama, devices=2, pins=LayoutPins(pp=1, dp=2, tp=1, zero=ZERO[3]))
+    assert plan.layout.pp == 1
+    with pytest.raises(ExportError, match=r"^plan: zero 3: autopp's DeepSpeed export builds the model as a "
+                                          r"PipelineModule at pp 1 too \(one stage\), and deepspeed.initialize runs "
+                                          r"a PipelineModule with its PipelineEngine, which runs ZeRO stage 0 or 1 "
+                                          r"only .*; re-plan with `zero` 1$"):
+        export_plan(plan, Target.DEEPSPEED, "x.json")
+
+
 @pytest.mark.parametrize("target", [Target.TORCHTITAN, Target.MEGATRON, Target.DEEPSPEED])
 def test_zero2_is_refused_by_every_trainer(target: Target, llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """ZeRO 2 is plan-only (docs/parallelism.md): no trainer runs it beside pipeline parallelism."""
