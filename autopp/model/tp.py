@@ -145,8 +145,7 @@ def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
         canonical = _style(style, pattern, plan.source)
         hits = [n for n in modules if n and _matches(pattern, n)]
         if not hits and plan.partial:
-            log.info("%s: pattern %r matches no module of %s; left unused", plan.source, pattern,
-                     type(model).__name__)
+            log.info("%s: pattern %r matches no module of %s; left unused", plan.source, pattern, type(model).__name__)
             continue
         if not hits:
             example = next((n for n, m in modules.items() if isinstance(m, (nn.Linear, nn.Embedding))), "")
