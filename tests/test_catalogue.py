@@ -698,6 +698,18 @@ def _skip_profile(env: Env) -> None:
     (env.tmp / "skip" / "meta.json").write_text(json.dumps(meta))
 
 
+def _one_stage_zero3(env: Env) -> None:
+    """A pp 1 ZeRO 3 plan of the shared profile (dp 2), at env.bad_plan."""
+    from autopp.data.cluster import Cluster
+    from autopp.data.layout import LayoutPins
+    from autopp.data.profile import load_profile
+    from autopp.data.zero import ZERO
+    from autopp.solve import PlanRequest, make_plan
+    request = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**30), global_batch=8,
+                          pins=LayoutPins(pp=1, dp=2, tp=1, zero=ZERO[3]))
+    make_plan(load_profile(env.prof), request).save(env.bad_plan)
+
+
 def _llama_args(env: Env, pin: str) -> list[str]:
     """`autopp plan` of the tiny HF Llama's profile (numbered blocks, which --pin-from needs) with --pin-from PIN."""
     return ["plan", "--profile", str(ROOT / "tests" / "export" / "data" / "hf_llama"), "--devices", "2", "--memory",
@@ -709,6 +721,17 @@ CASES += [
     Case("export:profile-for-deepspeed", lambda env: ["export", str(env.plan), "--to", "deepspeed", "--profile",
                                                       str(env.prof)],
          lambda env: "--profile applies to --to torchtitan and megatron only; deepspeed exports read the plan alone"),
+    # the tester's report: an OLD that matches no profiled module was ignored without a word
+    Case("export:rename-matching-nothing", lambda env: ["export", str(env.plan), "--to", "torchtitan", "--profile",
+                                                        str(env.prof), "--rename", "layers.3=blocks.3",
+                                                        "-o", str(env.tmp / "t.args")],
+         lambda env: "--rename layers.3=blocks.3: OLD 'layers.3' matches no profiled module (their names: "),
+    # the tester's report: a pp 1 plan was refused for pipeline parallelism it does not have
+    Case("export:deepspeed-zero3-at-pp1", lambda env: ["export", str(env.bad_plan), "--to", "deepspeed",
+                                                       "-o", str(env.tmp / "d.json")],
+         lambda env: f"{env.bad_plan}: zero 3: autopp's DeepSpeed export builds the model as a PipelineModule at pp 1 "
+                     "too (one stage), and deepspeed.initialize runs a PipelineModule with its PipelineEngine",
+         _one_stage_zero3),
     Case("export:megatron-long-skip", lambda env: ["export", str(env.plan), "--to", "megatron", "--profile",
                                                    str(env.tmp / "skip"), "-o", str(env.tmp / "m.args")],
          lambda env: f"{env.plan}: Megatron-LM's pretrain_gpt.py builds a GPT whose layers pass one hidden state "

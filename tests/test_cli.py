@@ -285,6 +285,20 @@ def test_split_keeps_tp_and_zero_and_pin_from_takes_them(tmp_path: Path,
     assert out.exists()
 
 
+def test_pin_from_comparison_notes_name_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tester's report: the --pin-from comparison's notes printed the planning core's `memory_reserve` where the
+    command line says --memory-reserve (the plan's own notes were routed through in_flags, these were not)."""
+    from autopp.data.synthetic_profile import synthetic_profile
+    profile = synthetic_profile(10, hidden=256, seq=64).save(tmp_path / "prof")
+    pin = tmp_path / "megatron.args"
+    pin.write_text("--pipeline-model-parallel-size 2 --num-layers 8 --micro-batch-size 1 --global-batch-size 8\n")
+    assert main(["plan", "--profile", str(profile), "--device", "h100-sxm", "--devices", "8", "--pin-from", str(pin),
+                 "-o", str(tmp_path / "p.json")]) == 0
+    comparison = capsys.readouterr().out.split("autopp's plan in full:")[0]
+    assert "reserve (CUDA context, NCCL buffers, allocator fragmentation; --memory-reserve, docs/devices.md)" \
+        in comparison and "`" not in comparison
+
+
 def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 24: `autopp plan` makes a flag for each planned axis that has one (autopp.data.axes): an axis filled in

@@ -62,6 +62,10 @@ def test_the_refusals_say_what_the_trainer_lacks() -> None:
     assert titan is not None and titan.startswith("torchtitan has no ZeRO stage 2")
     assert ds is not None and ds.startswith("DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only")
     assert ZERO[2].refusal("colossalai") is None  # a trainer it knows nothing about: no refusal
+    one_stage = ZERO[3].refusal("deepspeed", pp=1)  # no pipeline: the export's one-stage PipelineModule is why
+    assert one_stage is not None and one_stage.startswith("autopp's DeepSpeed export builds the model as a "
+                                                          "PipelineModule at pp 1 too")
+    assert ZERO[3].refusal("deepspeed", pp=2) == ds and ZERO[2].refusal("torchtitan", pp=1) == titan
 
 
 def test_refusals_do_not_change_identity() -> None:

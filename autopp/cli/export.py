@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                                      "Megatron checks the model's layers with it; default: the one the plan names, "
                                      "else profiles/MODEL if its fingerprint matches)")
     p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
-                   help="rename profiled modules to the trainer's (prefix; empty NEW drops the module), repeatable")
+                   help="rename profiled modules to the trainer's (prefix; empty NEW drops the module), on top of the "
+                        "built-in HF -> torchtitan mapping; repeatable")
     p.add_argument("-o", "--output", help="output file (default PLAN.torchtitan.args, .megatron.args, "
                                           ".deepspeed.json or .schedule.csv beside the plan)")
     p.set_defaults(func=_cmd_export)
@@ -59,7 +60,7 @@ _READ_PROFILE = ("torchtitan", "megatron")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ..export import Target, default_output, export_plan, rename_modules, write_export
+    from ..export import Target, default_output, export_plan, write_export
     from ..data.plan import load_plan
     renames = [tuple(r.split("=", 1)) for r in args.rename]
     if any(len(r) != 2 or not r[0] for r in renames):
@@ -74,9 +75,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     out = check_output_file(args.output or default_output(args.plan, target), "-o" if args.output else None)
     plan = load_plan(args.plan)
     profile = _profile(args, plan) if args.to in _READ_PROFILE else None
-    modules = None if profile is None or target is not Target.TORCHTITAN else \
-        rename_modules(profile.unit_modules(), renames)  # type: ignore[arg-type]
-    exported = export_plan(plan, target, out, modules, where=args.plan,
+    modules = None if profile is None or target is not Target.TORCHTITAN else profile.unit_modules()
+    exported = export_plan(plan, target, out, modules, where=args.plan, renames=renames,  # type: ignore[arg-type]
                            moe=None if profile is None else _moe(profile),
                            values=None if profile is None else profile.meta.live_values)
     for extra in exported.extra:  # every file, before any is written

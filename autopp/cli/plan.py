@@ -350,8 +350,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if pinned is not None:  # issue 26: the first screen is yours beside autopp's, the plan's table after it
         from ..export.compare import format_comparison
         from ..solve import evaluate_pinned
-        print(format_comparison(evaluate_pinned(profile, request.cluster, pinned[0]), plan, args.pin_from,
-                                pinned[1]).lstrip("\n") + "\n\nautopp's plan in full:")
+        print(in_flags(format_comparison(evaluate_pinned(profile, request.cluster, pinned[0]), plan, args.pin_from,
+                                         pinned[1])).lstrip("\n") + "\n\nautopp's plan in full:")  # notes: flags
     print(format_plan(replace(plan, notes=tuple(map(in_flags, plan.notes)))))  # the file's notes name fields
     print(f"\nwrote plan {out}")
     if args.trainer and not args.split:

@@ -106,7 +106,7 @@ class Trainer:
                  field: Callable[[str], str]) -> tuple[str, str] | None:
         """(what, why) of the first of these values it cannot run beside pipeline parallelism, `what` naming the
         fields as `field` spells them (a None value is left to the search: never refused); None: it runs them all."""
-        why = zero.refusal(self.name) if zero is not None else None
+        why = zero.refusal(self.name, pp) if zero is not None else None
         if zero is not None and why is not None:
             return f"{field('zero')} {zero.stage}", why
         cp = degrees.get("cp")

@@ -39,15 +39,18 @@ class ZeroStage:
     """Megatron-LM's arguments for it (where it runs: `refusal("megatron")` is None)."""
     trainer_refusals: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     """Trainer ("torchtitan", "megatron", "deepspeed") -> why it has no such stage beside pipeline parallelism."""
+    one_stage_refusals: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    """Trainer -> why it cannot run this stage at pp 1 either, where the reason is not pipeline parallelism's."""
 
     @property
     def replicated(self) -> bool:
         """Nothing is sharded: every replica holds everything and gradients are all-reduced after the step."""
         return not self.shards_optimizer
 
-    def refusal(self, trainer: str) -> str | None:
-        """Why `trainer` cannot run this stage beside pipeline parallelism (None: it can)."""
-        return self.trainer_refusals.get(trainer)
+    def refusal(self, trainer: str, pp: int | None = None) -> str | None:
+        """Why `trainer` cannot run this stage beside pipeline parallelism (None: it can); at `pp` 1, the reason that
+        holds without a pipeline where it differs (`one_stage_refusals`)."""
+        return (self.one_stage_refusals.get(trainer) if pp == 1 else None) or self.trainer_refusals.get(trainer)
 
     def __str__(self) -> str:
         return f"ZeRO {self.stage}"
@@ -59,6 +62,12 @@ class ZeroStage:
 _NO_STAGE_2 = "re-plan with `zero` 1 or 3"
 _DEEPSPEED = ("DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only (\"ZeRO-2 and ZeRO-3 are incompatible with "
               "pipeline parallelism\", runtime/pipe/engine.py); re-plan with `zero` 1")
+#: At pp 1 the plan has no pipeline, but autopp's DeepSpeed export still builds a PipelineModule (one stage:
+#: autopp.export.deepspeed.pipe_snippet), and deepspeed.initialize runs any PipelineModule with its PipelineEngine.
+_DEEPSPEED_ONE_STAGE = ("autopp's DeepSpeed export builds the model as a PipelineModule at pp 1 too (one stage), "
+                        "and deepspeed.initialize runs a PipelineModule with its PipelineEngine, which runs ZeRO "
+                        "stage 0 or 1 only (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\", "
+                        "runtime/pipe/engine.py); re-plan with `zero` 1")
 
 #: Every ZeRO stage by number.
 ZERO: dict[int, ZeroStage] = {z.stage: z for z in (
@@ -73,11 +82,11 @@ ZERO: dict[int, ZeroStage] = {z.stage: z for z in (
                                 f"parallelism); {_NO_STAGE_2}",
                   "megatron": "Megatron-LM has no ZeRO stage 2 beside pipeline parallelism (its distributed "
                               "optimizer is ZeRO 1; gradient sharding needs its FSDP); re-plan with `zero` 1",
-                  "deepspeed": _DEEPSPEED}),
+                  "deepspeed": _DEEPSPEED}, one_stage_refusals={"deepspeed": _DEEPSPEED_ONE_STAGE}),
     ZeroStage(stage=3, sharded="optimizer state, and parameters and gradients between steps", shards_optimizer=True,
               gathers_each_forward=True, fsdp_reshard_after_forward=True,
               megatron=("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"),
-              trainer_refusals={"deepspeed": _DEEPSPEED}),
+              trainer_refusals={"deepspeed": _DEEPSPEED}, one_stage_refusals={"deepspeed": _DEEPSPEED_ONE_STAGE}),
 )}
 NO_ZERO = ZERO[0]
 #: The stages the search tries when the request leaves ZeRO open: those `autopp run` can run.

@@ -12,11 +12,12 @@ from ..data.plan import Plan
 from ..data.profile_values import LiveValue
 from .common import Exported
 from .layers import ExportError, ModelLayers, model_layers
+from .torchtitan import check_renames, rename_modules
 from .pin import config_degrees, config_seq_len, config_trainer, read_pinned
 from .pin_fields import read_config_text
 
 __all__ = ["Target", "ExportError", "Exported", "ModelLayers", "model_layers", "export_plan", "write_export",
-           "default_output", "rename_modules", "read_pinned", "read_config_text", "config_degrees",
+           "default_output", "check_renames", "rename_modules", "read_pinned", "read_config_text", "config_degrees",
            "config_seq_len", "config_trainer"]
 
 
@@ -40,24 +41,6 @@ def default_output(plan_path: str | Path, target: Target) -> Path:
     return p.with_name(stem + _SUFFIX[target])
 
 
-def rename_modules(unit_modules: Sequence[Sequence[str]], renames: Sequence[tuple[str, str]]
-                   ) -> list[list[str]]:
-    """Module names with each `old` prefix (a whole dotted component path) replaced by `new`; an empty `new`
-    drops the module (e.g. a parameter-free rotary table the trainer's model does not have)."""
-    out = []
-    for mods in unit_modules:
-        names = []
-        for m in mods:
-            for old, new in renames:
-                if m == old or m.startswith(old + "."):
-                    m = new + m[len(old):] if new else ""
-                    break
-            if m:
-                names.append(m)
-        out.append(names)
-    return out
-
-
 def _module_name(stem: str) -> str:
     """`STEM_deepspeed_pipe`, an importable Python module name: other characters become `_`, a leading digit gets
     one before it (`my-model` -> `my_model_deepspeed_pipe`)."""
@@ -67,13 +50,15 @@ def _module_name(stem: str) -> str:
 
 def export_plan(plan: Plan, target: Target, out: str | Path,
                 unit_modules: Sequence[Sequence[str]] | None = None, where: str = "plan",
-                moe: Mapping[str, Any] | None = None, values: Sequence[LiveValue] | None = None) -> Exported:
+                moe: Mapping[str, Any] | None = None, values: Sequence[LiveValue] | None = None,
+                renames: Sequence[tuple[str, str]] = ()) -> Exported:
     """The files of `plan` for `target` (not written); `out`: the main file's path, which names the files beside
     it (torchtitan's schedule CSV is named relative to it). `unit_modules`: each unit's module names (the
-    profile's; torchtitan needs them). `moe`: the profile's routing facts (`meta.extra["moe"]`; Megatron's expert
-    parallelism needs them). `values`: the profile's live values (Megatron's GPT checks that layers pass one hidden
-    state; None: not checked). An ExportError (one line, naming `where` and why) for what the trainer cannot
-    express."""
+    profile's; torchtitan needs them), `renames`: (OLD, NEW) prefixes applied to them on top of torchtitan's own
+    mapping of HF names (`rename_modules`, `trainer_names`). `moe`: the profile's routing facts
+    (`meta.extra["moe"]`; Megatron's expert parallelism needs them). `values`: the profile's live values
+    (Megatron's GPT checks that layers pass one hidden state; None: not checked). An ExportError (one line, naming
+    `where` and why) for what the trainer cannot express."""
     from .deepspeed import to_deepspeed
     from .megatron import to_megatron
     from .torchcsv import to_torch_csv
@@ -83,7 +68,7 @@ def export_plan(plan: Plan, target: Target, out: str | Path,
         if unit_modules is None:
             raise ExportError(f"{where}: torchtitan needs each unit's module names: give --profile DIR (the profile "
                               "the plan was made from)")
-        return to_torchtitan(plan, unit_modules, base.with_suffix(".csv"), where, moe)
+        return to_torchtitan(plan, unit_modules, base.with_suffix(".csv"), where, moe, renames)
     if target is Target.MEGATRON:
         return to_megatron(plan, where, moe, values)
     if target is Target.DEEPSPEED:

@@ -17,25 +17,64 @@ from .layers import ExportError
 from .overlap import torchtitan_overlap
 from .torchcsv import csv_text
 
-__all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel", "trainer_names"]
+__all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel", "trainer_names", "check_renames",
+           "rename_modules"]
 
 
-def trainer_names(unit_modules: Sequence[Sequence[str]]) -> list[list[str]] | None:
-    """The units' module names as torchtitan's shipped decoders name them (`Trainer.module_names`: HF Llama / Qwen
-    names -> `tok_embeddings`, `layers.N`, `norm`, `output`), when every name is one of the mapped prefixes; None
-    otherwise (another model: its names are written as given)."""
+def _renamed(name: str, renames: Sequence[tuple[str, str]]) -> str | None:
+    """`name` with the first matching `old` prefix (a whole dotted component path) replaced by `new` ("" drops it);
+    None when no `old` matches."""
+    for old, new in renames:
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old):] if new else ""
+    return None
+
+
+def check_renames(unit_modules: Sequence[Sequence[str]], renames: Sequence[tuple[str, str]]) -> None:
+    """ExportError naming the first `old` that matches no module name (it would be ignored without a word)."""
+    names = [m for mods in unit_modules for m in mods]
+    for old, new in renames:
+        if not any(_renamed(m, [(old, new)]) is not None for m in names):
+            ends = f"{names[0]!r} ... {names[-1]!r}" if names else "none"
+            raise ExportError(f"--rename {old}={new}: OLD {old!r} matches no profiled module (their names: {ends}); "
+                              "OLD is a profiled name or a prefix of whole dotted parts of one")
+
+
+def rename_modules(unit_modules: Sequence[Sequence[str]], renames: Sequence[tuple[str, str]]
+                   ) -> list[list[str]]:
+    """Module names with each `old` prefix (a whole dotted component path) replaced by `new`; an empty `new`
+    drops the module (e.g. a parameter-free rotary table the trainer's model does not have). ExportError when an
+    `old` matches no module (`check_renames`)."""
+    check_renames(unit_modules, renames)
+    out = []
+    for mods in unit_modules:
+        names = [m if r is None else r for m, r in ((m, _renamed(m, renames)) for m in mods)]
+        out.append([m for m in names if m])
+    return out
+
+
+def trainer_names(unit_modules: Sequence[Sequence[str]], renames: Sequence[tuple[str, str]] = ()
+                  ) -> tuple[list[list[str]], bool]:
+    """The units' module names for torchtitan, and whether its mapping applied: each name `renames` matches
+    (`rename_modules`) as renamed, the others as torchtitan's shipped decoders name them (`Trainer.module_names`: HF
+    Llama / Qwen names -> `tok_embeddings`, `layers.N`, `norm`, `output`) when every one of them is one of the
+    mapped prefixes; otherwise (another model) as renamed or given. The user's renames thus apply on top of the
+    mapping (`--rename model.layers.3=blocks.3` keeps `tok_embeddings`, `layers.0`, ...)."""
+    given = rename_modules(unit_modules, renames)
     table = trainer_rules("torchtitan").module_names
     out: list[list[str]] = []
     for mods in unit_modules:
         names = []
         for m in mods:
-            hit = next(((old, new) for old, new in table if m == old or m.startswith(old + ".")), None)
-            if hit is None:
-                return None
-            if hit[1]:
-                names.append(hit[1] + m[len(hit[0]):])
+            name = _renamed(m, renames)
+            if name is None:
+                name = _renamed(m, table)
+            if name is None:
+                return given, False
+            if name:
+                names.append(name)
         out.append(names)
-    return out
+    return out, True
 
 
 def stage_fqns(plan: Plan, unit_modules: Sequence[Sequence[str]], where: str) -> list[list[str]]:
@@ -62,7 +101,7 @@ def _names_note(fqns: Sequence[Sequence[str]], mapped: bool) -> str:
     ends = ", ..., ".join(_ends(fqns))
     if mapped:
         return (f"module names: the HF decoder's mapped to torchtitan's llama3 / qwen3 names ({ends}; "
-                "model.rotary_emb dropped, a buffer there); --rename OLD=NEW overrides the mapping")
+                "model.rotary_emb dropped, a buffer there); --rename OLD=NEW renames profiled names on top of it")
     return (f"module names are written as given ({ends}): they must be the names of the model torchtitan builds, "
             "whose splitter (_split_module) drops names it lacks without a word; rename with --rename OLD=NEW")
 
@@ -111,15 +150,16 @@ def group_parallel(plan: Plan) -> list[str]:
 
 
 def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: Path, where: str,
-                  moe: Mapping[str, Any] | None = None) -> Exported:
+                  moe: Mapping[str, Any] | None = None, renames: Sequence[tuple[str, str]] = ()) -> Exported:
     """Overrides for `torchtitan.train --module M --config C`; `csv_path`: where the schedule CSV of a synthesized
     order is written, beside the export, which names it by its file name (a path relative to the export: launch
-    torchtitan from the export's directory). HF decoder names are mapped to torchtitan's (`trainer_names`); other
-    names are written as given. The AC subcommand comes last, as tyro requires."""
+    torchtitan from the export's directory). HF decoder names are mapped to torchtitan's (`trainer_names`), those
+    `renames` matches renamed instead; other names are written as renamed or given. The AC subcommand comes last,
+    as tyro requires."""
     name, via_csv = _schedule(plan, where)
     activations = uniform_policy(plan, "torchtitan", where)
-    mapped = trainer_names(unit_modules)
-    fqns = stage_fqns(plan, unit_modules if mapped is None else mapped, where)
+    names, mapped = trainer_names(unit_modules, renames)
+    fqns = stage_fqns(plan, names, where)
     parts = " ".join(",".join(stage) for stage in fqns)
     # torchtitan's trainer (train.py: gradient_accumulation_steps, the data loader's batch): with pp > 1 the pipeline
     # schedule splits local_batch_size into microbatches; without pp, each forward and backward takes local_batch_size
@@ -150,7 +190,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
     notes = [f"torchtitan: launch {plan.num_ranks} ranks ({launch_grid(plan, 'torchtitan')}, dp as "
              f"{_dp_as(plan.layout.zero, plan.layout.dp_replicate)}; torchtitan's mesh [{mesh}] numbers them as autopp "
              "does)",
-             *setting_notes, _names_note(fqns, mapped is not None)]
+             *setting_notes, _names_note(fqns, mapped)]
     if via_csv:
         notes.append(f"the schedule CSV is named relative to the export ({csv_path.name}): launch torchtitan from "
                      "the export's directory, or give its path from where you launch")

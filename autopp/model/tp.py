@@ -3,7 +3,9 @@ to modules, the degrees it allows, torch's ParallelStyle per module, one rank's 
 measuring and counting its compute), and each unit's TP collectives per microbatch (Megatron's f/g operators,
 docs/parallelism.md): rowwise and embedding_rowwise all-reduce their output in the forward; colwise all-reduces the
 gradient of its input in the backward, once per distinct input tensor of a unit (q/k/v read one tensor: one);
-colwise_gather_output all-gathers its output in the forward and all-reduces its input gradient in the backward."""
+colwise_gather_output all-gathers its output in the forward and all-reduces its input gradient in the backward;
+replicated_with_grad_allreduce (Qwen3's per-head q_norm/k_norm) all-reduces its parameters' gradients in the
+backward."""
 
 from __future__ import annotations
 
@@ -20,12 +22,15 @@ from ..errors import TpPlanError
 from .contract import ModelFile
 from .hf_plans import divide_heads, extra_plan
 
-__all__ = ["TP_STYLES", "STYLE_ALIASES", "TpPlan", "TpCollectives", "find_tp_plan", "resolve", "tp_degrees",
-           "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_model_file", "unit_collectives",
-           "SEQUENCE_STYLE", "sequence_modules"]
+__all__ = ["GRAD_ALLREDUCE", "TP_STYLES", "STYLE_ALIASES", "TpPlan", "TpCollectives", "find_tp_plan", "resolve",
+           "tp_degrees", "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_model_file",
+           "unit_collectives", "SEQUENCE_STYLE", "sequence_modules"]
 
 log = logging.getLogger(__name__)
 
+#: Hugging Face's style for a norm between colwise and rowwise layers that normalizes along the sharded heads
+#: (transformers/distributed/tensor_parallel.py, ReplicatedWithGradAllReduce: Qwen3's q_norm and k_norm).
+GRAD_ALLREDUCE = "replicated_with_grad_allreduce"
 #: The styles autopp supports, each with its meaning (HF's names; torch's equivalent in `torch_styles`).
 TP_STYLES: dict[str, str] = {
     "colwise": "nn.Linear split on its output features: input replicated, output sharded "
@@ -36,15 +41,19 @@ TP_STYLES: dict[str, str] = {
                              "backward: all-reduce of the input gradient)",
     "embedding_rowwise": "nn.Embedding split on the vocabulary: partial lookups summed (forward: all-reduce of the "
                          "output)",
+    GRAD_ALLREDUCE: "module replicated on every TP rank, fed only this rank's heads, so its parameter gradients are "
+                    "partial (backward: all-reduce of its parameter gradients, per microbatch, as transformers' "
+                    "ReplicatedWithGradAllReduce hooks them; no forward collective)",
 }
 #: The style a TP_PLAN gives a module that sequence parallelism shards along the sequence (torch's `SequenceParallel`;
 #: HF's plans name none, so `sequence_modules` derives them). `resolve` leaves these entries to `sequence_modules`.
 SEQUENCE_STYLE = "sequence_parallel"
 #: Other names of the supported styles (Hugging Face's older spelling).
 STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output"}
-#: The module type each style shards.
+#: The module type each style shards (GRAD_ALLREDUCE shards nothing: any module).
 _MODULE_TYPES: dict[str, type[nn.Module]] = {"colwise": nn.Linear, "rowwise": nn.Linear,
-                                             "colwise_gather_output": nn.Linear, "embedding_rowwise": nn.Embedding}
+                                             "colwise_gather_output": nn.Linear, "embedding_rowwise": nn.Embedding,
+                                             GRAD_ALLREDUCE: nn.Module}
 #: Per style, the parameter dimension split across the TP ranks, and the module attribute holding its size.
 _SHARDED: dict[str, tuple[int, str]] = {"colwise": (0, "out_features"), "rowwise": (1, "in_features"),
                                         "colwise_gather_output": (0, "out_features"),
@@ -60,6 +69,10 @@ class TpPlan:
 
     patterns: dict[str, str]
     source: str
+    partial: bool = False
+    """A Hugging Face plan: a pattern that matches no module is left unused, as transformers applies its plan (by
+    module name; Qwen3-MoE's plan names the dense-MLP projections that layers with routed experts lack), not refused
+    as in a TP_PLAN the user wrote."""
 
 
 def _hf_model(model: nn.Module) -> tuple[str, nn.Module] | None:
@@ -95,7 +108,7 @@ def find_tp_plan(mf: ModelFile, model: nn.Module, counting: bool = False) -> TpP
     prefix = f"{name}." if name else ""
     plan = getattr(hf, "tp_plan", None)
     if isinstance(plan, dict) and plan:
-        return TpPlan({prefix + k: str(v) for k, v in plan.items()}, _hf_source(hf, prefix))
+        return TpPlan({prefix + k: str(v) for k, v in plan.items()}, _hf_source(hf, prefix), partial=True)
     extra = extra_plan(hf) if counting else None
     if extra is None:
         return None
@@ -121,8 +134,9 @@ def _style(style: str, pattern: str, source: str) -> str:
 
 
 def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
-    """Concrete module name -> canonical style, in model order. TpPlanError on a pattern that matches no module, a
-    style not supported, a module of the wrong type for its style, or two styles for one module."""
+    """Concrete module name -> canonical style, in model order. TpPlanError on a pattern that matches no module (in
+    a plan not `partial`; in one: when none matches), a style not supported, a module of the wrong type for its
+    style, or two styles for one module."""
     modules = dict(model.named_modules())
     out: dict[str, str] = {}
     for pattern, style in plan.patterns.items():
@@ -130,6 +144,9 @@ def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
             continue
         canonical = _style(style, pattern, plan.source)
         hits = [n for n in modules if n and _matches(pattern, n)]
+        if not hits and plan.partial:
+            log.info("%s: pattern %r matches no module of %s; left unused", plan.source, pattern, type(model).__name__)
+            continue
         if not hits:
             example = next((n for n, m in modules.items() if isinstance(m, (nn.Linear, nn.Embedding))), "")
             raise TpPlanError(f"{plan.source}: pattern {pattern!r} matches no module of {type(model).__name__}; "
@@ -142,6 +159,9 @@ def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
                                   f"torch.nn.{kind.__name__}")
             if out.setdefault(name, canonical) != canonical:
                 raise TpPlanError(f"{plan.source}: {name} is given two styles, {out[name]!r} and {canonical!r}")
+    if plan.partial and not out and any(s != SEQUENCE_STYLE for s in plan.patterns.values()):
+        raise TpPlanError(f"{plan.source}: none of its {len(plan.patterns)} patterns matches a module of "
+                          f"{type(model).__name__}")
     return {n: out[n] for n in modules if n in out}
 
 
@@ -174,7 +194,7 @@ def sequence_modules(plan: TpPlan, model: nn.Module, resolved: Mapping[str, str]
 def _divided(model: nn.Module, resolved: dict[str, str]) -> list[tuple[str, int]]:
     """What TP at degree t divides by t: each sharded dimension (`name.attr`, size), and the HF config's heads."""
     dims = [(f"{n}.{_SHARDED[s][1]}", int(getattr(model.get_submodule(n), _SHARDED[s][1])))
-            for n, s in resolved.items()]
+            for n, s in resolved.items() if s in _SHARDED]
     found = _hf_model(model) if resolved else None
     config = getattr(found[1], "config", None) if found else None
     dims += [(f"config.{k}", int(getattr(config, k))) for k in _HF_DIVIDED
@@ -203,7 +223,14 @@ def check_degree(model: nn.Module, resolved: dict[str, str], t: int) -> None:
 def torch_styles(resolved: dict[str, str], present: Iterable[str]) -> dict[str, Any]:
     """torch ParallelStyles for the planned modules among `present` (module names, e.g. a stage's), for
     `parallelize_module`: colwise ColwiseParallel(), rowwise RowwiseParallel(), colwise_gather_output
-    ColwiseParallel(output_layouts=Replicate()), embedding_rowwise RowwiseParallel(input_layouts=Replicate())."""
+    ColwiseParallel(output_layouts=Replicate()), embedding_rowwise RowwiseParallel(input_layouts=Replicate()).
+    TpPlanError on a GRAD_ALLREDUCE module: torch has no ParallelStyle for it and the runner does not hook its
+    gradients (the planner counts it)."""
+    names = set(present)
+    refused = next((n for n, s in resolved.items() if n in names and s == GRAD_ALLREDUCE), None)
+    if refused is not None:
+        raise TpPlanError(f"{refused}: style {GRAD_ALLREDUCE!r} is planned but not run: autopp's runner does not "
+                          "all-reduce its gradients over the TP ranks; run a plan with tp 1")
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -211,7 +238,6 @@ def torch_styles(resolved: dict[str, str], present: Iterable[str]) -> dict[str, 
         "colwise": ColwiseParallel, "rowwise": RowwiseParallel,
         "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
         "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate())}
-    names = set(present)
     return {n: make[STYLE_ALIASES.get(s, s)]() for n, s in resolved.items() if n in names}
 
 
@@ -247,7 +273,7 @@ def narrow_planned(model: nn.Module, resolved: Mapping[str, str], t: int, styles
     autopp.run.parallel.local_shapes). TpPlanError when `t` does not divide a narrowed dimension."""
     if t == 1:
         return model
-    wanted = set(TP_STYLES if styles is None else styles)
+    wanted = set(_SHARDED if styles is None else styles)
     done: dict[tuple[int, int], nn.Parameter] = {}
     for name, style in resolved.items():
         if style not in wanted:
@@ -323,10 +349,13 @@ def _unit_of(name: str, unit_modules: Sequence[Sequence[str]]) -> int | None:
                  if any(name == m or name.startswith(m + ".") for m in mods)), None)
 
 
-def _record(calls: list[tuple[int, str, Any, Any]], unit: int, style: str, _module: nn.Module, args: Any,
+def _record(calls: list[tuple[int, str, Any, Any]], unit: int, style: str, module: nn.Module, args: Any,
             kwargs: dict[str, Any], out: Any) -> None:
-    """Keep one call of a planned module: its unit, style, input tensor (first positional, else keyword) and output."""
+    """Keep one call of a planned module: its unit, style, input tensor (first positional, else keyword) and output
+    (for GRAD_ALLREDUCE: the bytes of its parameters, whose gradients it all-reduces)."""
     x = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+    if style == GRAD_ALLREDUCE:
+        out = sum(_bytes(p) for p in module.parameters(recurse=False) if p.requires_grad)
     calls.append((unit, style, x, out))
 
 
@@ -341,6 +370,8 @@ def _fold(calls: list[tuple[int, str, Any, Any]]) -> TpCollectives:
             f_ar, f_n = f_ar + _bytes(out), f_n + 1
         if style == "colwise_gather_output":
             f_ag, f_n = f_ag + _bytes(out), f_n + 1
+        if style == GRAD_ALLREDUCE and out:
+            b_ar, b_n = b_ar + int(out), b_n + 1
         if style in ("colwise", "colwise_gather_output") and id(x) not in seen:
             seen.add(id(x))
             b_ar, b_n = b_ar + _bytes(x), b_n + 1

@@ -64,9 +64,25 @@ def test_torchtitan_maps_hf_decoder_names_itself(llama: Profile, llama_plans: di
     parts = [line for line in out.text.splitlines() if "module_fqns_per_model_part" in line][0].split()[1:]
     assert parts == ["tok_embeddings,layers.0", "layers.1,layers.2", "layers.3", "norm,output"]
     assert any(n.startswith("module names: the HF decoder's mapped to torchtitan's") for n in out.notes)
-    renamed = rename_modules(unit_modules(llama), [("model.layers", "blocks")])  # --rename overrides the mapping
+    renamed = rename_modules(unit_modules(llama), [("model.layers", "blocks")])  # renamed first: written as renamed
     text = export_plan(llama_plans["interleaved"], Target.TORCHTITAN, "x.args", renamed).text
     assert "--parallelism.module_fqns_per_model_part model.embed_tokens,model.rotary_emb,blocks.0 " in text
+
+
+def test_torchtitan_renames_apply_on_top_of_the_mapping(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """The tester's report: `--rename model.layers.3=blocks.3` turned the HF -> torchtitan mapping off (then
+    refused the nested names, suggesting --rename model.layers=layers), and `--rename layers.3=blocks.3` (no such
+    profiled module) was ignored without a word."""
+    out = export_plan(llama_plans["interleaved"], Target.TORCHTITAN, "x.args", unit_modules(llama),
+                      renames=[("model.layers.3", "blocks.3")])
+    parts = [line for line in out.text.splitlines() if "module_fqns_per_model_part" in line][0].split()[1:]
+    assert parts == ["tok_embeddings,layers.0", "layers.1,layers.2", "blocks.3", "norm,output"]
+    assert any("--rename OLD=NEW renames profiled names on top of it" in n for n in out.notes)
+    with pytest.raises(ExportError, match=r"^--rename layers.3=blocks.3: OLD 'layers.3' matches no profiled module "
+                                          r"\(their names: 'model.embed_tokens' ... 'lm_head'\); OLD is a profiled "
+                                          r"name or a prefix of whole dotted parts of one$"):
+        export_plan(llama_plans["interleaved"], Target.TORCHTITAN, "x.args", unit_modules(llama),
+                    renames=[("layers.3", "blocks.3")])
 
 
 def test_torchtitan_dp_is_replicate_and_recompute_full(gpt: Profile) -> None:
@@ -420,6 +436,20 @@ def test_deepspeed_writes_zero1_and_refuses_what_its_pipeline_engine_cannot_run(
         with pytest.raises(ExportError, match=match) as info:
             export_plan(bad, Target.DEEPSPEED, "x.json")
         assert "\n" not in str(info.value)
+
+
+def test_deepspeed_refuses_zero3_at_pp1_for_its_true_reason(llama: Profile) -> None:
+    """The tester's report: a pp 1 ZeRO 3 plan was refused for pipeline parallelism it does not have; the true
+    reason is that the export builds a one-stage PipelineModule, which deepspeed.initialize runs with its
+    PipelineEngine."""
+    from .conftest import plan_for
+    plan = plan_for(llama, devices=2, pins=LayoutPins(pp=1, dp=2, tp=1, zero=ZERO[3]))
+    assert plan.layout.pp == 1
+    with pytest.raises(ExportError, match=r"^plan: zero 3: autopp's DeepSpeed export builds the model as a "
+                                          r"PipelineModule at pp 1 too \(one stage\), and deepspeed.initialize runs "
+                                          r"a PipelineModule with its PipelineEngine, which runs ZeRO stage 0 or 1 "
+                                          r"only .*; re-plan with `zero` 1$"):
+        export_plan(plan, Target.DEEPSPEED, "x.json")
 
 
 @pytest.mark.parametrize("target", [Target.TORCHTITAN, Target.MEGATRON, Target.DEEPSPEED])

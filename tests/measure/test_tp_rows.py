@@ -114,3 +114,33 @@ def test_sp_times_are_kept_only_when_every_row_has_them() -> None:
     with_norms = TpSetup(setup.plan, setup.resolved, setup.degrees, ("blocks.0",))
     assert sp_counted(lambda f, tag: tag, mf, with_norms, 2) == " (tp 2, sp)"
     assert sp_counted(fails, mf, with_norms, 2) is None
+
+
+@pytest.mark.integration
+def test_qwen3_moe_gets_tp_rows_with_its_norms_gradient_allreduce(tmp_path: Path) -> None:
+    """The tester's report: `profile --hf-config qwen3-30b-a3b.json --analytic h100-sxm` wrote no TP rows ("style
+    'replicated_with_grad_allreduce' is not supported", HF's style for Qwen3's q_norm/k_norm). A tiny Qwen3-MoE gets
+    its rows, and each block's backward all-reduces the two norms' weight gradients (head_dim floats each) besides
+    q/k/v's input gradient; the plan's dense-MLP patterns, which no layer with routed experts has, are left unused."""
+    pytest.importorskip("transformers")
+    import json
+
+    from autopp.model.hf import hf_model_file
+
+    config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 8, "hidden_size": 32,
+              "intermediate_size": 64, "moe_intermediate_size": 16, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+              "vocab_size": 256, "max_position_embeddings": 16, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    mf = hf_model_file(tmp_path / "config.json", seq_len=16)
+    profile = analytic_profile(mf, "h100-sxm", ProfileOptions(microbatch_sizes=(1,), tp_degrees=(2,)))
+    assert profile.meta.tp_degrees == (2,)
+    assert profile.meta.tp_plan["model.layers.*.self_attn.q_norm"] == "replicated_with_grad_allreduce"
+    rows = profile.tp_units
+    assert rows is not None
+    blocks = rows[rows.unit.between(1, 2)]  # the two decoder layers
+    assert set(blocks.tp_forward_collectives) == {1}  # o_proj (the routed experts are not in HF's TP plan)
+    dense = 16 * 32 * 4  # q/k/v's one input gradient: sequence x hidden floats
+    norms = 2 * 8 * 4  # q_norm and k_norm: head_dim floats each, one all-reduce each
+    assert set(blocks.tp_backward_collectives) == {1 + 2}
+    assert set(blocks.tp_backward_allreduce_bytes) == {dense + norms}

@@ -128,6 +128,35 @@ def test_colwise_rep_is_colwise_gather_output(tmp_path: Path) -> None:
     assert resolve(TpPlan({"1.fc2": "colwise_rep"}, "x"), model) == {"1.fc2": "colwise_gather_output"}
 
 
+def test_grad_allreduce_style_shards_nothing_counts_its_gradients_and_is_not_run(tmp_path: Path) -> None:
+    """HF's replicated_with_grad_allreduce (Qwen3's q_norm/k_norm): any module, nothing narrowed or divided, one
+    backward all-reduce of its parameters' gradients per call; the runner refuses it in one line."""
+    model = _mlp_file(tmp_path).build()
+    plan = TpPlan({"*.fc2": "replicated_with_grad_allreduce"}, "x")
+    resolved = resolve(plan, model)
+    assert resolved == {"0.fc2": "replicated_with_grad_allreduce", "1.fc2": "replicated_with_grad_allreduce"}
+    assert tp_degrees(model, resolved, 3) == [1, 2, 3]  # it divides nothing
+    local_shard(model, resolved, 2)
+    assert model[0].fc2.weight.shape == (8, 32) and model[0].fc2.bias.shape == (8,)  # nothing narrowed
+    counts = unit_collectives(model, resolved, [["0"], ["1"]], lambda: model(torch.randn(3, 8)))
+    assert (counts[0].forward_collectives, counts[0].backward_collectives) == (0, 1)
+    assert counts[0].backward_allreduce_bytes == (8 * 32 + 8) * 4  # fc2's weight and bias gradients
+    with pytest.raises(TpPlanError, match=r"^0.fc2: style 'replicated_with_grad_allreduce' is planned but not run: "
+                                          r"autopp's runner does not all-reduce its gradients over the TP ranks; "
+                                          r"run a plan with tp 1$"):
+        torch_styles(resolved, ["0.fc2"])
+
+
+def test_hf_plans_leave_patterns_matching_nothing_unused(tmp_path: Path) -> None:
+    """transformers applies its plan by module name, so Qwen3-MoE's dense-MLP patterns go unused on layers with
+    routed experts; a TP_PLAN the user wrote is still refused (test_bad_plans_fail_in_one_line)."""
+    model = _mlp_file(tmp_path).build()
+    assert resolve(TpPlan({"*.fc1": "colwise", "*.gate_proj": "colwise"}, "hf", partial=True), model) == \
+        {"0.fc1": "colwise", "1.fc1": "colwise"}
+    with pytest.raises(TpPlanError, match=r"^hf: none of its 1 patterns matches a module of Sequential$"):
+        resolve(TpPlan({"*.gate_proj": "colwise"}, "hf", partial=True), model)
+
+
 def test_degrees_divide_heads_and_sharded_dims(llama: tuple[ModelFile, nn.Module]) -> None:
     mf, model = llama
     resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
