@@ -468,7 +468,8 @@ def test_fsdp_beside_expert_parallelism_at_pp_1_is_read_by_megatron_core_and_tor
     dp ranks and expert_parallel_degree 2 (its experts' FSDP over dp_shard / ep), megatron-core Megatron-FSDP beside
     --expert-model-parallel-size (MCore 0.15: FSDP with EP); DeepSpeed refuses ZeRO 3 in one line."""
     from autopp.export import ExportError
-    plan = plan_for(llama, devices=4, pins=LayoutPins(pp=1, dp=4, ep=2, zero=ZERO[3]))
+    fsdp = plan_for(llama, devices=4, pins=LayoutPins(pp=1, dp=4, zero=ZERO[3]))  # llama is dense: ep set after
+    plan = dataclasses.replace(fsdp, layout=dataclasses.replace(fsdp.layout, ep=2))
     assert plan.layout.fsdp and plan.layout.ep == 2
     moe = {"num_experts": 8, "top_k": 2}
     cfg, _, _ = _megatron_config(export_plan(plan, Target.MEGATRON, "x", moe=moe).text)
