@@ -197,17 +197,19 @@ def format_plan(plan: Plan) -> str:
 
 
 def _band_line(plan: Plan) -> str:
-    """The step's band from the profile's spreads, and whether the plan's margin over the others lies inside it."""
+    """The step's band from the profile's spreads, and whether the plan's margin over the others lies inside it
+    (without a band, which others predict the very same step)."""
     if plan.step_band_s is None:
         return ""
     low, high = plan.step_band_s
+    many = len(plan.tied) > 1
+    others = f"{len(plan.tied)} other configuration{'s' if many else ''} predict{'' if many else 's'}"
     if high <= low:
-        return "\nstep band: none (the profile has no spreads: counted analytically, or timed once)"
+        same = f"; {others} the same step ({'; '.join(plan.tied)})" if plan.tied else ""
+        return f"\nstep band: none (the profile has no spreads: counted analytically, or timed once){same}"
     unit = time_unit([low, high])
     line = f"\nstep band {format_in(low, unit)} to {format_in(high, unit)} (every unit at the low or high end of its " \
         "profiled spread)"
     if not plan.tied:
         return line + ": no other configuration predicts inside it"
-    many = len(plan.tied) > 1
-    return (line + f"; the margin is inside it: {len(plan.tied)} other configuration{'s' if many else ''} "
-            f"predict{'' if many else 's'} inside it ({'; '.join(plan.tied)})")
+    return line + f"; the margin is inside it: {others} inside it ({'; '.join(plan.tied)})"
