@@ -132,11 +132,13 @@ def format_breakdown(plan: Plan) -> str:
     b = plan.time_breakdown
     if b is None:
         return ""
-    rows = [(name, exposed, hidden) for name, exposed, hidden in b.rows(plan.layout.pp) if exposed > 0 or hidden > 0]
+    rows = [(name, exposed, hidden) for name, exposed, hidden in b.rows(plan.layout.pp)
+            if exposed > 0 or hidden > 0 or name == "pipeline bubble"]  # a bubble of 0 is worth saying
     total = sum(exposed for _, exposed, _ in rows) or 1.0
+    times, hiddens = _times([e for _, e, _ in rows]), _times([h for _, _, h in rows])  # each column in one unit
     table = _table(["where the step goes", "time", "share", "hidden by overlap"],
-                   [[name, format_time(exposed), f"{exposed / total:.1%}", format_time(hidden) if hidden else ""]
-                    for name, exposed, hidden in rows])
+                   [[name, times[i], f"{exposed / total:.1%}", hiddens[i] if hidden else ""]
+                    for i, (name, exposed, hidden) in enumerate(rows)])
     return f"{table}\n(per pipeline rank on average: the times add up to the predicted step)"
 
 
@@ -186,7 +188,7 @@ def format_plan(plan: Plan) -> str:
         head += (f"\nvocabulary parallelism {plan.vocab.value}: embedding and head split along the vocabulary over "
                  f"all {plan.layout.pp} ranks (their passes in the stages' times and memory)")
     extra = f"\n{sync_name(plan)} {format_time(plan.predicted.allreduce_s)} at the step's end included" \
-        if plan.layout.dp > 1 else ""
+        if plan.layout.dp > 1 and plan.predicted.allreduce_s > 0 else ""  # none exposed: nothing to include
     unfit = [k for k, v in [(own, plan.predicted), *plan.baselines.items()] if not v.fits]
     notes = "".join(f"\nnote: {n}" for n in plan.notes)
     notes += f"\nnote: does not fit (a rank's simulated peak exceeds its device's memory): {', '.join(unfit)}" \
@@ -197,17 +199,19 @@ def format_plan(plan: Plan) -> str:
 
 
 def _band_line(plan: Plan) -> str:
-    """The step's band from the profile's spreads, and whether the plan's margin over the others lies inside it."""
+    """The step's band from the profile's spreads, and whether the plan's margin over the others lies inside it
+    (without a band, which others predict the very same step)."""
     if plan.step_band_s is None:
         return ""
     low, high = plan.step_band_s
+    many = len(plan.tied) > 1
+    others = f"{len(plan.tied)} other configuration{'s' if many else ''} predict{'' if many else 's'}"
     if high <= low:
-        return "\nstep band: none (the profile has no spreads: counted analytically, or timed once)"
+        same = f"; {others} the same step ({'; '.join(plan.tied)})" if plan.tied else ""
+        return f"\nstep band: none (the profile has no spreads: counted analytically, or timed once){same}"
     unit = time_unit([low, high])
     line = f"\nstep band {format_in(low, unit)} to {format_in(high, unit)} (every unit at the low or high end of its " \
         "profiled spread)"
     if not plan.tied:
         return line + ": no other configuration predicts inside it"
-    many = len(plan.tied) > 1
-    return (line + f"; the margin is inside it: {len(plan.tied)} other configuration{'s' if many else ''} "
-            f"predict{'' if many else 's'} inside it ({'; '.join(plan.tied)})")
+    return line + f"; the margin is inside it: {others} inside it ({'; '.join(plan.tied)})"

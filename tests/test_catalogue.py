@@ -583,6 +583,14 @@ CASES += [
                                                                                 *ONE_PIPELINE, "-o",
                                                                                 str(env.tmp / "o.json")],
          lambda env: "use --memory 33MiB or more"),  # issue 26: was `use --memory 34288435 or more`
+    # tester: a stage pin past the last stage was dropped (every stage kept), and --recompute none beside it taken
+    Case("plan:recompute-stage-past-the-last",
+         lambda env: _plan_args(env, "--pp", "2", "--schedule", "1F1B", "--recompute-stages", "5"),
+         lambda env: "--recompute-stages 5: the configurations searched have 2 stages, none a stage 5; pin stages "
+                     "below 2"),
+    Case("flag:plan-recompute-with-recompute-stages",
+         lambda env: _plan_args(env, "--recompute", "none", "--recompute-stages", "0"),
+         lambda env: "argument --recompute-stages: not allowed with argument --recompute"),
     Case("plan:chimera-odd-microbatches", lambda env: _plan_args(env, "--schedule", "Chimera", "--global-batch", "6",
                                                                  "--microbatches", "3"),
          lambda env: "Chimera needs an even number of microbatches, half per direction (global batch 6 gives [3])"),

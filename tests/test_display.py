@@ -122,3 +122,22 @@ def test_one_microbatch_is_singular() -> None:
     from autopp.display import format_microbatches
     assert format_microbatches(1, 8) == "1 microbatch of 8"
     assert format_microbatches(4, 2) == "4 microbatches of 2"
+
+
+def test_a_pp_1_plan_prints_no_zero_sync_line_a_bubble_of_0_and_one_unit_per_breakdown_column() -> None:
+    """Tester, at pp 1: "ZeRO 3 reduce-scatter + all-gather 0 ms at the step's end included", "pipeline bubble
+    < 0.01 us" (float rounding in the simulator's idle fraction) and "optimizer step 425 us" under ms rows."""
+    from autopp.data.zero import ZERO
+    from autopp.display import format_breakdown
+    plan = make_plan(synthetic_profile(8), PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=80 * 2**30),
+                                                      global_batch=8, pins=LayoutPins(pp=1, dp=2)))
+    b = plan.time_breakdown
+    assert b is not None and b.bubble_s == 0.0
+    text = format_breakdown(plan)
+    rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line.strip()) for line in text.splitlines()[2:-1])}
+    assert rows["pipeline bubble"][0] == "0 ms"
+    assert len(_one_unit([r[0] for r in rows.values()])) == 1, rows
+    unsynced = replace(plan, layout=replace(plan.layout, zero=ZERO[3]),
+                       predicted=replace(plan.predicted, allreduce_s=0.0))
+    assert "at the step's end included" not in format_plan(unsynced)
+    assert "at the step's end included" in format_plan(plan)

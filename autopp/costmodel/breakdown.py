@@ -14,6 +14,9 @@ from .units import UnitArrays
 
 __all__ = ["time_breakdown"]
 
+#: Idle time below this fraction of the pipeline's is rounding in `pipeline_s x bubble`, not a bubble.
+_ROUNDING = 1e-9
+
 
 def _split(pair: tuple[np.ndarray, np.ndarray] | None, i: int, j: int) -> tuple[float, float]:
     """(exposed, hidden) seconds of one microbatch over units [i, j) of a (total, exposed) pair."""
@@ -63,5 +66,6 @@ def time_breakdown(a: UnitArrays, costs: Sequence[StageCost], bounds: Sequence[t
                                 ep_s=max(0.0, m * ep - hid), ep_hidden_s=hid,
                                 recompute_s=m * policy(act).redo_s(cost)))
     waited = tail / len(scatter_tail_s) if scatter_tail_s else 0.0  # the ranks' mean wait for their streams
-    return TimeBreakdown(stages=tuple(stages), bubble_s=max(0.0, pipeline_s * bubble - waited), sync_s=sync_s,
+    idle = pipeline_s * bubble - waited  # a rank never idle leaves float rounding (2e-16 s at pp 1): no bubble
+    return TimeBreakdown(stages=tuple(stages), bubble_s=idle if idle > _ROUNDING * pipeline_s else 0.0, sync_s=sync_s,
                          sync_hidden_s=max(0.0, sync_total_s - sync_s), optimizer_s=optimizer_s)

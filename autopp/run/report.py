@@ -11,7 +11,7 @@ from typing import Any
 from ..cores import Oversubscribed, oversubscribed
 from ..data.fields import Fields, is_number
 from ..data.layout import Layout, layout_fields
-from ..display import format_grid
+from ..display import format_grid, format_microbatches
 from ..errors import RunError
 from ..jsonio import read_json, write_json
 from ..sizes import format_size
@@ -319,8 +319,8 @@ def format_report(report: RunReport) -> str:
     r = report
     lines = [
         f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks = {format_grid(r.layout)}, "
-        f"{r.num_microbatches} x {r.microbatch_size} "
-        f"microbatches, {r.steps} steps, {r.optimizer} lr {r.lr:g}, {r.backend})",
+        f"{format_microbatches(r.num_microbatches, r.microbatch_size)}, {r.steps} steps, {r.optimizer} lr {r.lr:g}, "
+        f"{r.backend})",
         f"  step time   measured {_fmt(r.measured_step_time_s, '.4f')} s   predicted {r.predicted_step_time_s:.4f} s"
         f"   ratio {_fmt(r.step_time_ratio, '.2f')}" + (f"   ({r.oversubscribed})" if r.oversubscribed else ""),
         f"  per step    {_series(r.step_times_s, '.4f')} s",

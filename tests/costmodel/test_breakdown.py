@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from autopp.costmodel import ProfileTable
 from autopp.data.cluster import Cluster, Link
 from autopp.data.layout import LayoutPins
 from autopp.data.overlap import NO_OVERLAP, TRAINER_OVERLAP, Overlap
@@ -144,3 +145,19 @@ def test_zero_2s_streamed_scatters_count_hidden_but_for_what_outlasts_each_ranks
     # the streams' tails are exposed ZeRO time: at least their mean over the ranks
     assert sum(s.zero_s for s in b_on.stages) / on.layout.pp >= sum(sim.scatter_tail_s) / on.layout.pp
     assert on.predicted.step_time_s < off.predicted.step_time_s
+
+
+def test_rounding_in_a_never_idle_ranks_bubble_is_no_bubble() -> None:
+    """Tester: a pp 1 plan (one stage, never idle) printed "pipeline bubble < 0.01 us": the simulator's idle
+    fraction was 1.2e-16, not 0. Rounding that small is no bubble; a real one is kept."""
+    from dataclasses import replace
+
+    from autopp.solve.assemble.from_verdict import _breakdown
+    from autopp.solve.search.search import search
+    cluster = Cluster(num_devices=2, memory_bytes=80 * GiB, link=QUIET)
+    profile = synthetic_profile(10)
+    v = search(profile, PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(pp=1, dp=2)))[0]
+    assert v is not None
+    a = ProfileTable(profile).arrays(v.candidate.microbatch_size)
+    assert _breakdown(a, cluster, replace(v, bubble=1.2e-16)).bubble_s == 0.0
+    assert _breakdown(a, cluster, replace(v, bubble=0.01)).bubble_s == pytest.approx(0.01 * v.pipeline_s)

@@ -53,6 +53,13 @@ def test_format_report_shows_verdict_and_numbers() -> None:
     assert format_report(_report(error="rank 1 failed: boom")).endswith("FAILED: rank 1 failed: boom")
 
 
+def test_the_header_says_the_microbatches_as_the_plan_does() -> None:
+    """Tester: "1 x 16 microbatches" and "2 x 4 microbatches" read as counts; the plan says "1 microbatch of 16"."""
+    assert ", 2 microbatches of 2, 3 steps, " in format_report(_report()).splitlines()[0]
+    one = format_report(_report(num_microbatches=1, microbatch_size=16)).splitlines()[0]
+    assert ", 1 microbatch of 16, 3 steps, " in one and " x 16" not in one
+
+
 # Issue 26, point 10: a measuring run (`--no-validate`) must never read PASSED.
 def test_a_run_that_was_not_validated_says_so_and_never_passes() -> None:
     text = format_report(_report(validated=False, losses=(2.0, 1.9), optimizer="adam"))

@@ -103,3 +103,36 @@ def test_the_tied_configurations_are_told_apart() -> None:
     assert len(set(labels)) == len(labels), labels
     assert all(" m=" in t and "x" in t.split(" m=")[1] for t in plan.tied)
     assert all(("ZeRO " in t) == ("dp(1)" not in t) for t in plan.tied)
+
+
+@pytest.mark.parametrize("global_batch", [64, 256])
+def test_an_extrapolated_microbatch_size_has_a_band_as_wide_as_at_the_profiled_ones(global_batch: int) -> None:
+    """Tester: a measured profile planned at a microbatch size past the profiled ones printed "step band: none (the
+    profile has no spreads ...)": the line through both sizes' shifted times tilted the other way (profiles/gpt's
+    spreads at size 4 are smaller than at 1), so the band was ~0 at 32 and none at 128. The end size's spreads, as
+    fractions of its times, now carry the band there."""
+    gpt = load_profile(GPT)
+    widths = []
+    for batch in (8, global_batch):  # microbatch size 4 (profiled), then 32 or 128 (extrapolated)
+        req = PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=16 * GiB), global_batch=batch,
+                          num_microbatches=2)
+        best = search(gpt, req)[0]
+        assert best is not None
+        b = band(gpt, req, best)
+        assert b.low_s < best.step_s < b.high_s
+        widths.append(b.width_s / best.step_s)
+    assert widths[1] > widths[0] / 2
+
+
+def test_without_a_band_only_the_same_step_ties_and_the_note_says_so() -> None:
+    """Tester: an analytic plan printed "step band: none" beside the note that configurations inside the band are
+    ties. GPipe and 1F1B at pp 1 predict the very same step: they tie, and the note and the band line say that."""
+    from autopp.data.layout import LayoutPins
+    from autopp.display import format_plan
+    from autopp.solve.assemble.make import SAME_STEP_NOTE, TIE_NOTE
+    syn = synthetic_profile(8)
+    plan = make_plan(syn, PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=80 * GiB), global_batch=8,
+                                      schedule=None, pins=LayoutPins(pp=1, dp=2), ties=True))
+    assert plan.tied and plan.step_band_s == (plan.predicted.step_time_s, plan.predicted.step_time_s)
+    assert SAME_STEP_NOTE in plan.notes and TIE_NOTE not in plan.notes
+    assert "predict the same step (" in format_plan(plan) or "predicts the same step (" in format_plan(plan)

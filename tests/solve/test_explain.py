@@ -121,3 +121,16 @@ def test_the_global_batch_hint_keeps_the_pinned_microbatches() -> None:
                                               r"has one$"):
         make_plan(profile, request(12))
     assert make_plan(profile, request(24)).num_microbatches == 6
+
+
+def test_a_pinned_stage_no_configuration_has_is_refused_with_the_stage_count() -> None:
+    # tester: `--pp 2 --schedule 1F1B --recompute-stages 5` wrote a 2-stage plan in which every stage kept
+    with pytest.raises(InfeasibleError, match=r"^`recompute_stages` 5: the configurations searched have 2 stages, "
+                                              r"none a stage 5; pin stages below 2$"):
+        make_plan(synthetic_profile(8), _request(2, ScheduleName.ONE_F_ONE_B, recompute_stages=(5,)))
+
+
+def test_a_pinned_stage_keeps_the_configurations_that_have_it() -> None:
+    """With the schedule searched, only configurations with a stage 5 (here 2 ranks x 4 stages) are planned."""
+    plan = make_plan(synthetic_profile(8), _request(2, None, recompute_stages=(5,)))
+    assert len(plan.stages) > 5 and [s.index for s in plan.stages if s.activation.value == "recompute"] == [5]

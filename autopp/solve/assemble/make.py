@@ -28,12 +28,15 @@ from ..search.seqpipe import with_seq
 from ..search.views import Views
 from ..search.vocab import vocab_verdicts
 
-__all__ = ["GPU_PROGRESS_NOTE", "TIE_NOTE", "make_plan"]
+__all__ = ["GPU_PROGRESS_NOTE", "TIE_NOTE", "SAME_STEP_NOTE", "make_plan"]
 
 log = logging.getLogger(__name__)
 
 TIE_NOTE = ("configurations predicting inside the step band are ties, kept by fewer microbatches, then less peak "
             "memory, then the faster step (autopp.solve.search.band; docs/planner.md)")
+#: TIE_NOTE's rule where the profile gives no band (no spreads): only configurations predicting the very same step tie.
+SAME_STEP_NOTE = ("configurations predicting the same step are ties (the profile gives no step band), kept by fewer "
+                  "microbatches, then less peak memory (autopp.solve.search.band; docs/planner.md)")
 
 GPU_PROGRESS_NOTE = ("the links hold each message up to progress_s while its sender computes, as gloo does on a CPU "
                      "host (the default link); NCCL between GPUs does not: plan with `progress_s` 0 on every link "
@@ -195,8 +198,9 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     notes += [p.words() for p in proofs if not p.exact]
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
-    if request.ties and tied and best.passes is None:
-        notes.append(TIE_NOTE)
+    b = band(profile, request, best) if best.passes is None else None  # a vocabulary-parallel plan has none
+    if request.ties and tied and b is not None:
+        notes.append(TIE_NOTE if b.width_s > 0 else SAME_STEP_NOTE)
     pinned_vocab = best.passes is not None and None not in request.vocab  # no plain baseline replaces it
     plan = plan_from_verdict(profile, view, best, a, custom, extra=tuple(notes), keep_split=pinned_vocab,
                              whole=views.whole(c.microbatch_size))
@@ -205,9 +209,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     tie = tied_across_note(profile.meta.tied_parameters, plan.layout, tuple(s.units for s in plan.stages)) \
         if request.tied_across_stages else None
     plan = replace(plan, notes=plan.notes + (tie,)) if tie else plan
-    if best.passes is not None:  # the band simulates plain configurations: a vocabulary-parallel plan has none
-        return plan
-    return _banded(plan, band(profile, request, best), best.step_s, tied)
+    return plan if b is None else _banded(plan, b, best.step_s, tied)  # the band simulates plain configurations
 
 
 def _banded(plan: Plan, b: Band, named_s: float, tied: list[Verdict]) -> Plan:

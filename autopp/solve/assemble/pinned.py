@@ -119,7 +119,11 @@ def _split_configs(request: PlanRequest, num_units: int, starts: tuple[int, ...]
     if any(s < 1 or s > num_units - 1 for s in starts):
         raise PlanError(f"`split` {text}: stages begin at unit indices 1..{num_units - 1} (the model has "
                         f"{num_units} units)")
-    every = configs(request, num_units, degrees)
+    stages = request.recompute_stages or ()
+    if any(s > len(starts) for s in stages):
+        raise PlanError(f"`recompute_stages` {','.join(map(str, stages))}: `split` {text} has stages "
+                        f"0..{len(starts)}")
+    every = configs(request, num_units, degrees)  # the pin checked first: configs keeps only its stage counts
     mine = [c for c in every if c.layout.stages == len(starts) + 1]
     if not mine:
         counts = sorted({c.layout.stages for c in every})
@@ -127,10 +131,6 @@ def _split_configs(request: PlanRequest, num_units: int, starts: tuple[int, ...]
         raise PlanError(f"`split` {text} gives {len(starts) + 1} stages, but this request's configurations have "
                         f"{' or '.join(map(str, counts)) or 'none'} (pp x stages per rank): give {allowed or 'no'} "
                         "start indices (one fewer than the stages)")
-    stages = request.recompute_stages or ()
-    if any(s > len(starts) for s in stages):
-        raise PlanError(f"`recompute_stages` {','.join(map(str, stages))}: `split` {text} has stages "
-                        f"0..{len(starts)}")
     return mine
 
 

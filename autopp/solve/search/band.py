@@ -37,15 +37,22 @@ class Band:
         return self.high_s - self.low_s
 
 
-def shifted(profile: Profile, sign: float) -> Profile:
+def shifted(profile: Profile, sign: float, end: int | None = None) -> Profile:
     """`profile` with each unit's times moved by `sign` x half its spread (at least 0); itself when it has no
-    spread columns."""
+    spread columns. With `end`, a profiled size nearest an extrapolated one, every size's times move by the same
+    fraction of themselves as at `end` (spread / time there): both ends of a line moved by their own spreads can
+    tilt it so far that past the profiled sizes `sign` moves the step the other way, or not at all."""
     cols = [k for k in SPREAD_KINDS if f"{k}_s" in profile.units and f"{k}_spread_s" in profile.units]
     if not cols:
         return profile
     units = profile.units.copy()
     for k in cols:
-        units[f"{k}_s"] = (units[f"{k}_s"] + sign * units[f"{k}_spread_s"] / 2).clip(lower=0.0)
+        spread = units[f"{k}_spread_s"]
+        if end is not None:
+            at = units[units.microbatch_size == end].set_index("unit")
+            ratio = (at[f"{k}_spread_s"] / at[f"{k}_s"].where(at[f"{k}_s"] > 0)).fillna(0.0)
+            spread = units[f"{k}_s"] * units["unit"].map(ratio).fillna(0.0)
+        units[f"{k}_s"] = (units[f"{k}_s"] + sign * spread / 2).clip(lower=0.0)
     return replace(profile, units=units)
 
 
@@ -56,16 +63,19 @@ def has_spread(profile: Profile) -> bool:
 
 
 def band(profile: Profile, req: PlanRequest, v: Verdict) -> Band:
-    """The band of `v`'s step (module docstring): its candidate judged on the profile shifted down and up; the step
-    itself when the profile has no spread."""
+    """The band of `v`'s step (module docstring): its candidate judged on the profile shifted down and up (at a
+    microbatch size outside the profiled ones, by the nearest profiled size's spreads as fractions: `shifted`); the
+    step itself when the profile has no spread."""
     if not has_spread(profile):
         return Band(v.step_s, v.step_s)
     c = v.candidate
-    steps = []
+    sizes = profile.meta.microbatch_sizes
+    end = min(sizes) if c.microbatch_size < min(sizes) else max(sizes) if c.microbatch_size > max(sizes) else None
+    steps = [v.step_s]
     for sign in (-1.0, 1.0):
-        views = Views(shifted(profile, sign), req)
+        views = Views(shifted(profile, sign, end), req)
         steps.append(judge(views.arrays(c.microbatch_size, c.layout), views.request(c.layout).cluster, c).step_s)
-    return Band(min(steps[0], v.step_s), max(steps[1], v.step_s))
+    return Band(min(steps), max(steps))
 
 
 def _tie_key(v: Verdict) -> tuple[int, int, float]:

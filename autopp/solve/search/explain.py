@@ -28,7 +28,7 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
     schedule's microbatch rule), with the numbers and what would work; `req` a tensor-parallel degree's view
     (`tp` devices per pipeline rank), whose counts are multiplied back into devices."""
     n = profile.num_units
-    restricted = _trainer_refusal(req, n)
+    restricted = _trainer_refusal(req, n) or _missing_stage(req, n)
     if restricted is not None:
         return restricted
     names = [req.schedule] if req.schedule else [s for s in NAMED if req.trainer is None or
@@ -71,6 +71,20 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
                            f"({n} units, global batch {req.global_batch}, microbatch counts {sorted(set(counts))}: "
                            f"the global batch does not split into dp replicas x enough microbatches for the "
                            f"schedule's stages){hint}")
+
+
+def _missing_stage(req: PlanRequest, n: int) -> InfeasibleError | None:
+    """Why no configuration is left where `recompute_stages` names a stage past the last of every configuration it
+    would have without the pin (`configs` offers only those with the pinned stages); None where the pin is not why."""
+    if req.recompute_stages is None:
+        return None
+    counts = sorted({c.layout.stages for c in configs(replace(req, recompute_stages=None), n)})
+    if not counts:
+        return None
+    said = " or ".join(map(str, counts))
+    return InfeasibleError(f"`recompute_stages` {','.join(map(str, req.recompute_stages))}: the configurations "
+                           f"searched have {said} stages, none a stage {max(req.recompute_stages)}; pin stages "
+                           f"below {counts[-1]}")
 
 
 def _trainer_refusal(req: PlanRequest, n: int) -> InfeasibleError | None:
@@ -220,7 +234,7 @@ def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
 
 def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
     out = []
-    if req.recompute is not RecomputeMode.AUTO or req.activations is not None:
+    if (req.recompute is not RecomputeMode.AUTO or req.activations is not None) and req.recompute_stages is None:
         found = search(profile, replace(req, recompute=RecomputeMode.AUTO, activations=None, shortlist=1))[0]
         if found is not None:
             out.append(f"`recompute` auto fits (stages: {tally(found.candidate.activations)})")

@@ -350,11 +350,10 @@ class Group(NamedTuple):
 
 
 def configs(req: PlanRequest, n: int, degrees: tuple[Group, ...] = (Group(1, 1),), experts: int = 0) -> list[Config]:
-    """Every valid configuration of the request for a model of `n` units, for each group's context- and
-    tensor-parallel degrees in `degrees` (pp and dp count groups of cp x tp devices: `PlanRequest.view`),
-    expert- and expert-tensor-parallel degrees (`ep_choices`; searched ep dividing `experts`, the routed experts per
-    MoE layer, where known) and sequence parallelism where tp > 1 and `sp` is on (`with_sp`); with a `trainer`, only
-    those it runs (autopp.data.trainers)."""
+    """Every valid configuration of the request for a model of `n` units, per group's cp and tp in `degrees` (pp and
+    dp count groups of cp x tp devices: `PlanRequest.view`), ep and etp (`ep_choices`; searched ep dividing `experts`,
+    the routed experts per MoE layer, where known) and sp where tp > 1 and `sp` is on (`with_sp`); with a `trainer`,
+    only those it runs (autopp.data.trainers); each has the stages `recompute_stages` pins."""
     out = [replace(c, layout=replace(c.layout, cp=cp, tp=tp, zero=zero, ep=ep, sp=tp > 1 and bool(req.pins.sp),
                                      dp_replicate=r, etp=etp))
            for cp, tp in degrees for c in _pipeline_configs(req.view(cp * tp), n)
@@ -378,7 +377,7 @@ def mirror_symmetric(cluster: Cluster, pp: int) -> bool:
 
 
 def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:
-    """The pipeline x data-parallel configurations of a request (tp 1 or a `view`)."""
+    """The pipeline x data-parallel configurations of a request (tp 1 or a `view`) that have its pinned stages."""
     names = [req.schedule] if req.schedule else list(NAMED)
     out = []
     for dp in replica_counts(req):
@@ -388,7 +387,8 @@ def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:
             if d.mirrored and not mirror_symmetric(req.cluster.placed(Layout(pp=pp, dp=dp)), pp):
                 continue
             for v in d.v_choices(req.pins.v):  # not several stages on one rank (explain.py `_looped_single_rank`)
-                if pp * d.stages_per_rank(v) > n or pp == 1 and d.stages_per_rank(v) > 1:
+                stages = pp * d.stages_per_rank(v)
+                if not max(req.recompute_stages or (0,)) < stages <= n or pp == 1 < stages:
                     continue
                 for m in microbatch_counts(req, dp):
                     try:
