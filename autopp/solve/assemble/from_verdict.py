@@ -206,8 +206,8 @@ def _size_note(profile: Profile, size: int) -> list[str]:
         return []
     how = "in proportion to the one profiled" if len(sizes) == 1 else \
         f"along the line through {sizes[:2] if size < sizes[0] else sizes[-2:]}"
-    return [f"microbatch size {size} is outside the profiled sizes {sizes}: its times and bytes are extrapolated {how}; "
-            f"profile it (--microbatch-sizes {','.join(map(str, sorted({*sizes, size})))}) to measure them"]
+    return [f"microbatch size {size} is outside the profiled sizes {sizes}: its times and bytes are extrapolated "
+            f"{how}; profile it (--microbatch-sizes {','.join(map(str, sorted({*sizes, size})))}) to measure them"]
 
 
 def _recipe_note(profile: Profile) -> list[str]:
