@@ -588,9 +588,9 @@ CASES += [
          lambda env: _plan_args(env, "--pp", "2", "--schedule", "1F1B", "--recompute-stages", "5"),
          lambda env: "--recompute-stages 5: the configurations searched have 2 stages, none a stage 5; pin stages "
                      "below 2"),
-    Case("flag:plan-recompute-with-recompute-stages",
-         lambda env: _plan_args(env, "--recompute", "none", "--recompute-stages", "0"),
-         lambda env: "argument --recompute-stages: not allowed with argument --recompute"),
+    Case("flag:plan-recompute-with-recompute-stages",  # none goes with it: the stages not listed keep
+         lambda env: _plan_args(env, "--recompute", "all", "--recompute-stages", "0"),
+         lambda env: "--recompute-stages pins each stage's recomputation; drop --recompute all"),
     Case("plan:chimera-odd-microbatches", lambda env: _plan_args(env, "--schedule", "Chimera", "--global-batch", "6",
                                                                  "--microbatches", "3"),
          lambda env: "Chimera needs an even number of microbatches, half per direction (global batch 6 gives [3])"),

@@ -111,18 +111,18 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--links", help="links JSON from `autopp profile-links` (default: assumed loopback gloo)")
     p.add_argument("--virtual-stages", type=POSITIVE,
                    help="stages per rank for interleaved schedules (default: searched, 2 and 4)")
-    pinned = p.add_mutually_exclusive_group()  # --recompute-stages pins every stage: --recompute would contradict it
-    pinned.add_argument("--recompute", choices=["none", "all", "auto"],
-                        help="activation recomputation: none; all: whole-stage recomputation on every stage (no "
-                        "trainer of --for applies it); auto (default, unless --recompute-stages): per stage, one of "
-                        f"the activation policies {', '.join(a.value for a in POLICIES)} (docs/plan-format.md) that "
-                        "the profile has figures for and the devices allow (offload: a host link), saving memory only "
-                        "where it is needed (with --for, one policy for every stage, one the trainer applies)")
+    p.add_argument("--recompute", choices=["none", "all", "auto"],
+                   help="activation recomputation: none; all: whole-stage recomputation on every stage (no "
+                   "trainer of --for applies it); auto (default, unless --recompute-stages): per stage, one of "
+                   f"the activation policies {', '.join(a.value for a in POLICIES)} (docs/plan-format.md) that "
+                   "the profile has figures for and the devices allow (offload: a host link), saving memory only "
+                   "where it is needed (with --for, one policy for every stage, one the trainer applies)")
     p.add_argument("--split", type=_indices, metavar="I,J,...",
                    help="evaluate this split instead of searching one: the unit indices where stages 1.. begin "
                         "(stages = pp x stages per rank); printed beside autopp's own choice")
-    pinned.add_argument("--recompute-stages", type=_indices, metavar="S,...",
-                        help="pin which stages recompute their activations (stage indices; the others keep theirs)")
+    p.add_argument("--recompute-stages", type=_indices, metavar="S,...",
+                   help="pin which stages recompute their activations (stage indices; the others keep theirs: "
+                        "--recompute none, or no --recompute)")
     p.add_argument("--latency", type=number(0, inclusive=True), help="link latency in seconds (default: assumed loopback gloo)")
     p.add_argument("--bandwidth", type=number(0, inclusive=False), help="link bandwidth in bytes/s")
     p.add_argument("--message-overhead", type=number(0, inclusive=True), metavar="S",
