@@ -91,7 +91,7 @@ def add_optimizer_argument(p: argparse.ArgumentParser) -> None:
 
 def optimizer_of(args: argparse.Namespace, gpu: bool) -> str:
     """--optimizer, else adamw for a GPU and sgd on the CPU (`add_optimizer_argument`)."""
-    return str(args.optimizer or ("adamw" if gpu else "sgd"))
+    return str(getattr(args, "optimizer", None) or ("adamw" if gpu else "sgd"))
 
 
 def precision_of(args: argparse.Namespace, gpu: bool) -> Recipe:
@@ -386,7 +386,7 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
         model = f"--hf-config {args.hf_config}" if source else args.model
         flags = (f" --seq-len {args.seq_len}" if source and args.seq_len else "") + \
             (f" --tp {tp}" if tp not in (1, None) else "") + (f" --precision {chosen}" if args.precision else "")
-        flags += f" --optimizer {optimizer}" if args.optimizer else ""
+        flags += f" --optimizer {optimizer}" if getattr(args, "optimizer", None) else ""
         print(f"profiling {model} analytically for {device} ({chosen.what}; optimizer {optimizer}; this machine is "
               f"not a {device}), as `autopp profile {model} --analytic {device}{flags}` would", file=sys.stderr)
         from ..measure.analytic import analytic_profile
