@@ -218,6 +218,7 @@ def test_bad_paths_are_reported_before_torch_is_imported(tmp_path: Path) -> None
     assert len(done.stderr.strip().splitlines()) == len(argvs) and "nope.py: no such file" in done.stderr
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_plan_tp_and_zero_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from autopp.data.synthetic_profile import synthetic_profile
     profile = synthetic_profile(10, hidden=256, seq=64, tp_degrees=(2,)).save(tmp_path / "prof")
@@ -238,6 +239,7 @@ def test_plan_tp_and_zero_flags(tmp_path: Path, capsys: pytest.CaptureFixture[st
             str(out)], capsys, "no tensor-parallel rows of degree 4 (it has: 2); profile again with --tp 2,4")
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_plan_sp_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--sp auto (the default) turns sequence parallelism on where the profile counts it; off leaves the plan as
     before; on with a profile that does not count it is one error line naming the flag."""
@@ -259,6 +261,7 @@ def test_plan_sp_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
            "sp_sequence_bytes; profiles made before it): profile again, or --sp off")
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_split_keeps_tp_and_zero_and_pin_from_takes_them(tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """--split is judged on every axis of the request (plan_split keeps tp and ZeRO); --pin-from, which refused them
@@ -285,6 +288,7 @@ def test_split_keeps_tp_and_zero_and_pin_from_takes_them(tmp_path: Path,
     assert out.exists()
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_pin_from_comparison_notes_name_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The tester's report: the --pin-from comparison's notes printed the planning core's `memory_reserve` where the
     command line says --memory-reserve (the plan's own notes were routed through in_flags, these were not)."""
@@ -323,6 +327,7 @@ def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.M
     assert cli_plan._dp(argparse.Namespace(pp=None, dp=None, ep=0)) is None
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_plan_with_etp_from_the_command_line_and_its_megatron_export(tmp_path: Path) -> None:
     """Issue 24's proof axis through the CLI: `autopp plan --ep 4 --etp 2` on Qwen3-30B-A3B's shipped profile writes
     the plan's `etp`, its note says the experts' GEMMs sharded, and `autopp export --to megatron` writes
@@ -402,6 +407,7 @@ def test_plan_of_more_cpu_ranks_than_cores_notes_it_and_warns(tmp_path: Path, ca
     assert main(args) == 0 and "warning" not in capsys.readouterr().err
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_plan_on_a_gpu_says_its_memory_reserve_and_overlap_and_both_switch(tmp_path: Path,
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 25 items 4, 6: on a catalog GPU the plan keeps the reserve and assumes the trainers' overlap, and says
@@ -421,6 +427,7 @@ def test_plan_on_a_gpu_says_its_memory_reserve_and_overlap_and_both_switch(tmp_p
     assert whole["predicted"]["allreduce_s"] >= plan["predicted"]["allreduce_s"]
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_plan_cp_is_pinned_or_searched_and_written_to_the_plan(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 27: `autopp plan --cp 2` on a profile that records an attention shape writes `cp` 2 into the plan and a

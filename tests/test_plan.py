@@ -192,6 +192,7 @@ def test_microbatch_count_must_fit_the_predicted_step(tmp_path: Path) -> None:
     assert load_plan(_write(tmp_path, good | {"num_microbatches": 4, "ideal_step_time_s": 0.0}))  # hand-made: as is
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_plans_the_planner_makes_pass_every_check(tmp_path: Path) -> None:
     from autopp.data.cluster import Cluster
     from autopp.data.profile import load_profile

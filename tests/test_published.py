@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from types import ModuleType
 
+import pytest
+
 from autopp.schedule.activation import Activation
 
 from .conftest import load_script
@@ -18,6 +20,7 @@ def _script() -> ModuleType:
     return load_script("published")
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_published_8b_fsdp_row_pins_selective_units_and_fits() -> None:
     script = _script()
     run = script.TITAN_8B_FSDP
@@ -36,6 +39,7 @@ def test_published_8b_fsdp_row_pins_selective_units_and_fits() -> None:
     assert max(plan.predicted.peak_memory_bytes) > max(full.predicted.peak_memory_bytes)
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_published_qwen3_row_pins_fsdp_beside_ep_and_holds_less_than_zero_2() -> None:
     """Issue 30: NeMo AutoModel's Qwen3-30B-A3B row (EP8 x FSDP8 at pp 1) is pinned as it ran, ZeRO 3 beside ep as
     FSDP2, no longer as ZeRO 2; with memory enough for either, its static bytes are below ZeRO 2's (the dense weights
@@ -56,6 +60,7 @@ def test_published_qwen3_row_pins_fsdp_beside_ep_and_holds_less_than_zero_2() ->
     assert plans[3].stages[0].static_bytes < plans[2].stages[0].static_bytes
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_published_qwen3_row_is_pure_bf16_and_fits_in_half_the_static_bytes() -> None:
     """NeMo AutoModel trains Qwen3-30B-A3B in bf16 without a master copy (the row's `assumed`): pinned in bf16-pure
     (profiles/qwen3-30b-a3b-h100-sxm-s4096-bf16-pure/) it fits the run's 80 GB. By hand, FSDP2 at ep = dp keeps
@@ -99,6 +104,7 @@ def test_bloom_figure_is_megatron_deepspeeds_count() -> None:
     assert abs(script.BLOOM.per_gpu * per_token / 1e12 - 150.0) < 1e-9
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_bloom_row_plans_as_megatron_ran_it() -> None:
     """BLOOM-176B pinned (TP4 PP12 DP8 ZeRO 1, 1F1B, 128 x 2, every block checkpointed) on the shipped profile
     (profiles/bloom-176b-a100-80gb-jean-zay-s2048/, Megatron's TP plan from autopp.model.hf_plans): its tied
@@ -118,6 +124,7 @@ def test_bloom_row_plans_as_megatron_ran_it() -> None:
     assert refused is None and "tied between units" in why
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_published_8b_cp_row_pins_torchtitans_context_parallel_run() -> None:
     """Issue 27, item 4: torchtitan's Llama 3.1 8B at 131,072 tokens (Table 2, FSDP 2 x CP 4 on 8 H100, full AC)
     plans pinned as it ran on the shipped profile (profiles/llama-3.1-8b-h100-96gb-500w-sxm-peak-s131072-fp8/): cp 4

@@ -322,6 +322,7 @@ def test_a_3d_export_reads_back_as_the_plan(name: str, target: Target, tmp_path:
 
 # ---- the newcomer's comparison (issue 26, done-when) --------------------------------------------------------------
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_hand_written_tp8_torchtitan_config_for_llama_3_8b_on_2x8_h100(capsys: pytest.CaptureFixture[str],
                                                                       tmp_path: Path) -> None:
     """examples/torchtitan/llama-3-8b-tp8-2x8-h100.toml (TP 8 x PP 2 with SP, selective AC) compared with autopp's plan

@@ -178,6 +178,7 @@ def test_calibration_recovers_the_efficiencies_of_a_profile(tmp_path: Path) -> N
     assert not any(c.startswith("expert_") and c != "expert_param_bytes" for c in profile.units.columns)  # dense
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_cli_analytic_profile_then_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cal = _with_calibration(tmp_path, Efficiency(compute=0.25, memory=0.5, op_overhead_s=2e-6))
     out = tmp_path / "linrelu-cpu"

@@ -34,6 +34,7 @@ def _measure(head_slice_numel: int | None) -> tuple[SizeResult, Any]:
                           head_slice_numel=head_slice_numel), meta
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_sliced_head_records_the_full_heads_bytes_exactly() -> None:
     whole, _ = _measure(None)
     sliced, meta = _measure(64 * 256)  # tiny-llama's head: 2048 x 64, measured at 32, 128 and 256 rows
@@ -55,6 +56,7 @@ def test_sliced_head_records_the_full_heads_bytes_exactly() -> None:
     assert tuple(meta.model.lm_head.weight.shape) == (2048, 64) and meta.materialized_bytes == 0  # restored
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_find_head_skips_small_tied_and_non_linear_heads() -> None:
     mf = hf_model_file(CONFIG, seq_len=16)
     meta, units, _ = build_units(mf, torch.float32)

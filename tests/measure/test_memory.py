@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 import torch
 
 from autopp.data.precision import RECIPES
@@ -39,6 +40,7 @@ def test_cpu_peak_of_a_forward_and_backward() -> None:
     assert output + weight_grad + input_grad <= peak <= 2 * output + weight_grad + input_grad + 64 * 32 * 4
 
 
+@pytest.mark.integration  # about half a second: the unit tier stays under a minute
 def test_saved_bytes_holds_no_tensor_after_counting() -> None:
     """A saved output kept with its grad_fn would be a cycle through autograd's C++ graph that gc cannot free."""
     def graphs() -> int:

@@ -73,6 +73,7 @@ def test_backward_splits_into_input_and_weight_times() -> None:
     assert table.recompute_keep_bytes.iloc[1] == 2 * ticking.WIDTH * 4  # the unit's input
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_time_budget_stops_repeats_early() -> None:
     ticking = _module("ticking")
     said: list[str] = []
@@ -158,6 +159,7 @@ def test_pure_bf16_is_measured_with_its_bytes_and_recorded() -> None:
     assert profile.meta.extra["precision"] == "bf16-pure"
 
 
+@pytest.mark.integration  # about half a second: the unit tier stays under a minute
 def test_non_chain_model_live_values_per_cut() -> None:
     """masked.py: a mask made before the blocks is read by every block; the embedding output is read again by the
     last block (its residual add runs in that piece, before the head). Each value crosses each cut it spans once."""
@@ -363,6 +365,7 @@ def _wide_model_file() -> Any:
                      None)
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_the_whole_model_is_never_materialized(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a limit below the model's parameters and gradients, every piece (each measured: no sharing) is materialized
     alone (a hook on materialization refuses more than one unit at once), the whole-model comparison is skipped and

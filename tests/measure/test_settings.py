@@ -62,6 +62,7 @@ def sample_batch(b):
 """
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_an_analytic_profile_reports_one_line_over_sizes_and_tp_degrees(tmp_path: Path) -> None:
     """Issue 26: the counting bar restarted for each microbatch size and TP degree; now one line rises over all of
     them (2 sizes x (the model + its tp 2 shard) = 4 walks of 5 units: the shard's walks start at half)."""

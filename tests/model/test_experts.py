@@ -24,6 +24,7 @@ def _needs_transformers() -> None:
     pytest.importorskip("transformers")
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 @pytest.mark.parametrize("model, experts, top_k", [("hf_mixtral.py", 4, 2), ("hf_qwen3_moe.py", 4, 2),
                                                    ("hf_qwen2_moe.py", 4, 2)])
 def test_stacked_experts_their_bytes_and_routing(model: str, experts: int, top_k: int) -> None:

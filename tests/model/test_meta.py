@@ -112,6 +112,7 @@ def test_a_model_built_on_meta_is_accepted() -> None:
     assert torch.equal(values["table.steps"], torch.zeros(BIG))  # no value to keep: the buffer fallback
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_check_forward_and_units_on_meta_as_on_the_real_model() -> None:
     for path in (MODELS / "masked.py", EXAMPLES / "gpt.py"):
         mf = load_model_file(path)

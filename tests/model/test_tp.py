@@ -221,6 +221,7 @@ def test_local_model_file_builds_the_shard(tmp_path: Path) -> None:
     assert built(*inputs).shape == target.shape
 
 
+@pytest.mark.integration  # about half a second: the unit tier stays under a minute
 def test_llama_collectives_per_block(llama: tuple[ModelFile, nn.Module]) -> None:
     """2 all-reduces in F (o_proj, down_proj) and 2 in B (the q/k/v input, the gate/up input) per block, each of
     b*s*h elements; the embedding's output all-reduce; lm_head's all-gather (b*s*vocab) and input-grad all-reduce."""

@@ -187,6 +187,7 @@ def test_selective_checkpoint_keeps_the_saved_ops_outputs_and_recomputes_the_res
     assert full["aten.cos"] == selective["aten.cos"] == 1  # the sine's backward, on the kept or rerun output
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_per_unit_recomputation_checkpoints_each_unit_of_the_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     """A `recompute-units` stage runs one checkpoint per unit (stage 0 of the masked model: its embedding, then its
     first block, which also reads the mask made between them), a `recompute` stage one for the whole stage; a

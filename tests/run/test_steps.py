@@ -79,6 +79,7 @@ def _free_running(mf: ModelFile, steps: int, lr: float, batch: int = 8) -> list[
 
 # Issue 26, point 11: a GroupNorm CNN failed at step 7 of 30 ("losses differ ... by 1.44e-04 relative ... above the
 # tolerance 1e-05") while its gradients agreed to 3.7e-6: the free-running reference drifts by rounding alone.
+@pytest.mark.integration  # about half a second: the unit tier stays under a minute
 def test_a_long_correct_run_passes_where_a_free_running_reference_drifts() -> None:
     mf = load_model_file(GNCNN)
     checks, losses = _accumulated(mf, 30, lr=2.0)

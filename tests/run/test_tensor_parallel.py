@@ -72,6 +72,7 @@ def test_local_shapes_and_local_shard_narrow_with_one_function() -> None:
     assert [p.shape for p in same.parameters()] == [p.shape for p in exported.parameters()]
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_pieces_exported_at_local_shapes_get_the_full_modules_back() -> None:
     """The route that works (autopp/run/tensor_parallel.py): export at local shapes, put the full nn.Linears back, and give
     the parents of siblings reading one tensor (q/k/v, gate/up) a PrepareModuleInput on that input."""

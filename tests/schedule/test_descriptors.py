@@ -108,6 +108,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_no_schedule_name_strings_past_the_json_edge() -> None:
     """Only the registry spells schedule names, in code and in messages (a message naming a family of schedules
     builds the list from the registry: `listed`); docstrings may cite them, and export/ and the trainers' rules

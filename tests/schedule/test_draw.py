@@ -9,6 +9,8 @@ from typing import Any
 
 from matplotlib import pyplot as plt
 
+import pytest
+
 from autopp.schedule.draw import draw_timeline, memory_steps, stage_lane, timeline_figure, write_chrome_trace
 from autopp.schedule import ScheduleName
 from autopp.schedule.effects import StageCost
@@ -82,6 +84,7 @@ def test_title_is_wrapped_inside_the_figure() -> None:
     assert top.get_title().splitlines()[-1].startswith("bubble per rank: ")
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_microbatch_numbers_stay_inside_their_boxes() -> None:
     """Issue 26: numbers overlapped into noise; now a box too narrow for the longest number carries none, and each
     number drawn lies inside its own box."""
@@ -139,6 +142,7 @@ def test_memory_axis_in_the_legends_unit() -> None:
         t.get_text() for t in memory.get_legend().get_texts())
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_many_ranks_keep_a_short_memory_legend() -> None:
     result = _big(ScheduleName.ONE_F_ONE_B, 32, 32)
     fig, top = _boxes_panel(result)

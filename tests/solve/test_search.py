@@ -137,6 +137,7 @@ def test_recompute_auto_rescues_a_tight_memory() -> None:
     assert any(s.activation is RECOMPUTE for s in plan.stages) and max(plan.predicted.peak_memory_bytes) <= 10.5 * GiB
 
 
+@pytest.mark.integration  # about half a second: the unit tier stays under a minute
 def test_a_request_names_the_policies_the_search_may_use() -> None:
     """`PlanRequest.activations` (the Python user's say) gives what `recompute` gives from the command line."""
     assert RecomputeMode.NONE.policies() == (KEEP,) and RecomputeMode.ALL.policies() == (RECOMPUTE,)
@@ -241,6 +242,7 @@ def test_recompute_stages_pins_which_stages_recompute() -> None:
     assert plan.predicted.step_time_s > _synth(global_batch=16).predicted.step_time_s  # recomputing costs time
 
 
+@pytest.mark.integration  # about half a second: the unit tier stays under a minute
 def test_infeasible_says_memory_and_devices() -> None:
     with pytest.raises(InfeasibleError, match=r"more per device\); use `memory_bytes` \d+(\.\d)?(GiB|MiB) or more"
                                               r".*devices fit"):  # issue 26: a size to paste, not 41465200640
@@ -319,6 +321,7 @@ def test_offload_is_not_offered_where_device_memory_is_host_memory() -> None:
                                                     activations=(Activation.OFFLOAD,)))
 
 
+@pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 @pytest.mark.parametrize("bandwidth, overlapping", [(1e9, True), (1e12, False)])
 def test_dual_pipe_v_wins_where_its_pairs_hide_the_expert_all_to_alls(bandwidth: float, overlapping: bool) -> None:
     """Issue 30: a mixture of experts at pp 4 x dp 2 x ep 2, schedule searched. On a slow link the all-to-alls fill
@@ -420,6 +423,7 @@ def test_chimera_is_not_offered_where_rank_r_and_its_mirror_differ() -> None:
     assert _chimera_case(None, devices=uneven).schedule is not ScheduleName.CHIMERA
 
 
+@pytest.mark.integration  # about half a second: the unit tier stays under a minute
 def test_a_plan_for_a_trainer_never_offers_chimera() -> None:
     cluster = Cluster(num_devices=2, memory_bytes=80 * GiB, link=_NVLINK)
     for trainer in ("torchtitan", "megatron", "deepspeed"):
