@@ -319,9 +319,10 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
              degrees: tuple[int, ...] | None, precision: str, routing: dict[str, Any] | None = None,
              optimizer: str | None = None) -> str | None:
     """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
-    precision recipe, optimizer (when given), device, without the tensor-parallel rows the request pins, an analytic mixture of experts
-    counted before its expert GEMMs' columns (docs/profile-format.md), or one whose `extra.moe` lacks a routing fact
-    the model has (`routing`: autopp.model.experts.moe_facts of the model; a group-limited routing's groups)."""
+    precision recipe, optimizer (when given), device, without the tensor-parallel rows the request pins, an analytic
+    mixture of experts counted before its expert GEMMs' columns (docs/profile-format.md), or one whose `extra.moe`
+    lacks a routing fact the model has (`routing`: autopp.model.experts.moe_facts of the model; a group-limited
+    routing's groups)."""
     if profile.meta.fingerprint != fingerprint:
         return "the model changed"
     if profile.meta.extra.get("hf_config") != recorded:

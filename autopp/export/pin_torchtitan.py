@@ -196,5 +196,6 @@ def read_torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinn
                              glob % (local * dp) else " x a whole number of gradient-accumulation steps"))
     policy = _activation(o, notes)
     # without pp, the accumulation steps are autopp's microbatches (of the local batch each)
-    return pinned_config(name, degrees, len(counts) // pp, dp, zero, _sequence_parallel(o, where), local // b * steps, b,
+    m = local // b * steps
+    return pinned_config(name, degrees, len(counts) // pp, dp, zero, _sequence_parallel(o, where), m, b,
                          bounds_from_counts(layers, counts), policy, where, dp_replicate=replicate), notes
