@@ -226,9 +226,9 @@ class ProfileTable:
         cols = ["forward_s", "backward_s", "activation_bytes",
                 *(c for c in ("backward_input_s", "backward_weight_s", "recompute_s", *TP_COMM_COLUMNS,
                               *POLICY_COLUMNS) if c in t.columns)]
-        self.cols = {c: np.array([t[t.microbatch_size == b][c].to_numpy(dtype=np.float64) for b in self.sizes]).T
-                     for c in cols}
-        first = t[t.microbatch_size == self.sizes[0]]
+        at_size = [t[t.microbatch_size == b] for b in self.sizes]
+        self.cols = {c: np.array([rows[c].to_numpy(dtype=np.float64) for rows in at_size]).T for c in cols}
+        first = at_size[0]
         self.params = first.param_bytes.to_numpy(dtype=np.float64)
         self.grads = first.grad_bytes.to_numpy(dtype=np.float64)
         self.static = (first.param_bytes + first.grad_bytes + first.optimizer_bytes).to_numpy(dtype=np.float64)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
+import numpy as np
 import pandas as pd
 
 from ..errors import AutoppError, ProfileError
@@ -347,16 +348,18 @@ def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where
 def _validate_sources(units: pd.DataFrame, where: str) -> None:
     """`source` is one of UNIT_SOURCES; a "shared" row's `same_as` names a measured unit, an "analytic" row's is -1
     or names an analytic unit that was counted itself (`same_as` -1); a "measured" row's is -1."""
-    bad = units[~units.source.isin(UNIT_SOURCES)]
-    if len(bad):
-        raise ProfileError(f"{where}/units.csv: line {int(bad.index[0]) + 2}, column source: "
-                           f"{bad.source.iloc[0]!r} is not one of {list(UNIT_SOURCES)}: {_REPROFILE}")
-    same = pd.to_numeric(units.same_as, errors="coerce")
-    copy = (units.source == "shared") | (units.source == "analytic") & (same != -1)
-    originals = set(units.unit[(units.source != "shared") & (same == -1)].astype(int))
-    wrong = copy & ~same.isin(originals) | (units.source == "measured") & (same != -1)
+    source = units.source.to_numpy()
+    bad = ~np.isin(source, UNIT_SOURCES)
+    if bad.any():
+        row = int(bad.nonzero()[0][0])
+        raise ProfileError(f"{where}/units.csv: line {int(units.index[row]) + 2}, column source: "
+                           f"{source[row]!r} is not one of {list(UNIT_SOURCES)}: {_REPROFILE}")
+    same = pd.to_numeric(units.same_as, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    copy = (source == "shared") | (source == "analytic") & (same != -1)
+    originals = units.unit.to_numpy()[(source != "shared") & (same == -1)].astype(int)
+    wrong = copy & ~np.isin(same, originals) | (source == "measured") & (same != -1)
     if wrong.any():
-        row = int(wrong.to_numpy().nonzero()[0][0])
+        row = int(wrong.nonzero()[0][0])
         raise ProfileError(f"{where}/units.csv: line {row + 2}, column same_as: {units.same_as.iloc[row]} must be "
                            f"a unit that is no copy itself when source is 'shared' (or 'analytic', where -1 is "
                            f"also allowed), else -1: {_REPROFILE}")

@@ -50,17 +50,20 @@ def check_numbers(table: pd.DataFrame, columns: dict[str, str], where: str, name
     if missing:
         raise ProfileError(f"{where}/{name}: lacks column(s) {missing}")
     for c in (c for c, t in columns.items() if t != "str"):
-        values = pd.to_numeric(table[c], errors="coerce")
-        bad = values.isna() | ~np.isfinite(values.fillna(0.0).to_numpy(dtype=float))
+        column = table[c]
+        # A column read as numbers (the common case) is checked on its array; any other is coerced first.
+        numeric = column if pd.api.types.is_numeric_dtype(column) else pd.to_numeric(column, errors="coerce")
+        values = numeric.to_numpy(dtype=float, na_value=np.nan)
+        bad = ~np.isfinite(values)
         if bad.any():
-            row = int(bad.to_numpy().nonzero()[0][0])
-            raw = table[c].iloc[row]
+            row = int(bad.nonzero()[0][0])
+            raw = column.iloc[row]
             shown = "an empty cell" if pd.isna(raw) else repr(str(raw))
             raise ProfileError(f"{where}/{name}: line {row + 2}, column {c}: {shown} is not a finite number; the "
                                f"file is damaged or cut short: {REPROFILE}")
         if c != "src" and (values < 0).any():
-            row = int((values < 0).to_numpy().nonzero()[0][0])
-            raise ProfileError(f"{where}/{name}: line {row + 2}, column {c}: {table[c].iloc[row]} is negative; "
+            row = int((values < 0).nonzero()[0][0])
+            raise ProfileError(f"{where}/{name}: line {row + 2}, column {c}: {column.iloc[row]} is negative; "
                                f"{REPROFILE}")
 
 
