@@ -77,7 +77,7 @@ def test_torchtitan_keeps_no_whole_replicas_beside_cp() -> None:
     titan = trainer_rules("torchtitan")
     why = titan.layout_refusal(Layout(pp=2, dp=2, cp=2))
     assert str(why).startswith("zero 0 with cp 2: torchtitan shards over dp_shard x cp whenever cp > 1")
-    assert str(why).endswith("; re-plan with `zero` 1 or 3") and "\n" not in str(why)
+    assert str(why).endswith("; re-plan with `zero` 1 or 3, or `cp` 1") and "\n" not in str(why)
     assert titan.layout_refusal(Layout(pp=2, dp=1, cp=2, zero=ZERO[1])) is None
     assert titan.layout_refusal(Layout(pp=2, dp=2)) is None
     assert trainer_rules("megatron").layout_refusal(Layout(pp=2, dp=2, cp=2)) is None
@@ -109,3 +109,19 @@ def test_pins_the_trainer_refuses_are_refused_in_the_layouts_words(trainer: str,
 ])
 def test_pins_the_trainer_runs_or_leaves_to_the_search_are_not_refused(trainer: str, pins: LayoutPins) -> None:
     assert trainer_rules(trainer).pins_refusal(pins, 16) is None
+
+
+def test_torchtitan_carves_ep_from_its_shard_group() -> None:
+    """A new user's export: torchtitan builds its expert mesh from dp_shard x cp x tp / ep, so an ep plan at ZeRO 0
+    (dp written as data_parallel_replicate_degree, dp_shard 1) builds no mesh there: refused for it, in the layout's
+    words and the pins'; Megatron-LM carves ep from dp x cp."""
+    titan = trainer_rules("torchtitan")
+    why = titan.layout_refusal(Layout(pp=2, dp=2, ep=2))
+    assert str(why).startswith("zero 0 with ep 2: torchtitan carves the ep ranks from dp_shard x cp x tp")
+    assert str(why).endswith("re-plan with `zero` 1 or 3, or `ep` 1") and "\n" not in str(why)
+    assert titan.layout_refusal(Layout(pp=2, dp=2, ep=2, zero=ZERO[1])) is None
+    assert titan.layout_refusal(Layout(pp=1, dp=4, ep=4, zero=ZERO[3])) is None
+    assert trainer_rules("megatron").layout_refusal(Layout(pp=2, dp=2, ep=2)) is None
+    pinned = titan.pins_refusal(LayoutPins(pp=2, dp=2, ep=2, zero=ZERO[0]), 4)
+    assert str(pinned).startswith("`trainer` torchtitan cannot run `zero` 0 with `ep` 2: ")
+    assert titan.pins_refusal(LayoutPins(pp=2, dp=2, ep=2, zero=None), 4) is None

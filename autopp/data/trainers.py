@@ -50,8 +50,8 @@ class Trainer:
     runs with it)."""
     seq_len: str | None = None
     """Its setting of the sequence length, `{}` for the value (None: the model's own, not a trainer setting)."""
-    shards_beside_cp: str | None = None
-    """Why it never keeps whole data-parallel replicas (ZeRO 0) beside context parallelism (None: it can)."""
+    shards_beside: tuple[tuple[str, str], ...] = ()
+    """(axis, why) for each axis beside which it never keeps whole data-parallel replicas (ZeRO 0)."""
     vocab: str = ""
     """Why it cannot run vocabulary parallelism (Yeung et al., MLSys 2025; `Plan.vocab`): none of the three splits
     the vocabulary layers over the pipeline ranks, so `--for` never offers it and the exporters refuse it."""
@@ -109,10 +109,6 @@ class Trainer:
         why = zero.refusal(self.name, pp) if zero is not None else None
         if zero is not None and why is not None:
             return f"{field('zero')} {zero.stage}", why
-        cp = degrees.get("cp")
-        if self.shards_beside_cp and zero is not None and zero.replicated and cp is not None and cp > 1:
-            return (f"{field('zero')} {zero.stage} with {field('cp')} {cp}",
-                    f"{self.shards_beside_cp}; re-plan with `zero` 1 or 3")
         hsdp = HSDP_REFUSALS.get(self.name)
         if dp_replicate is not None and dp_replicate > 1 and hsdp is not None:
             return f"{field('dp_replicate')} {dp_replicate} (HSDP)", hsdp
@@ -125,6 +121,11 @@ class Trainer:
             why = axis.spelling(self.name).refusal
             if degree is not None and degree > 1 and why is not None:
                 return f"{field(axis.name)} {degree}", why
+        for name, rule in self.shards_beside:  # (HSDP beside ep is no layout: autopp.data.layout)
+            degree = degrees.get(name)
+            if degree is not None and degree > 1 and zero is not None and zero.replicated:
+                return (f"{field('zero')} {zero.stage} with {field(name)} {degree}",
+                        f"{rule}; re-plan with `zero` 1 or 3, or `{name}` 1")
         for switch in SWITCHES.values():  # a switch of an axis above 1 (sp of tp), as set
             value, above = switches.get(switch.name), degrees.get(switch.axis)
             why = switch.spelling(self.name, bool(value)).refusal if value is not None and above is not None \
@@ -171,8 +172,12 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
                             and not describe(s).sequence_chunks),
             synthesized=True,
             seq_len="--training.seq_len={}",
-            shards_beside_cp="torchtitan shards over dp_shard x cp whenever cp > 1 (ParallelDims.fsdp_enabled: "
-                             "dp_shard > 1 or cp > 1), so it never keeps whole replicas beside cp",
+            shards_beside=(("cp", "torchtitan shards over dp_shard x cp whenever cp > 1 (ParallelDims.fsdp_enabled: "
+                                  "dp_shard > 1 or cp > 1), so it never keeps whole replicas beside cp"),
+                           ("ep", "torchtitan carves the ep ranks from dp_shard x cp x tp (ParallelDims: its expert "
+                                  "mesh's efsdp = dp_shard x cp x tp / ep), and autopp's ep runs at tp 1 and cp 1, "
+                                  "so dp_shard (1 without sharding: ZeRO 0 writes dp as data_parallel_replicate_degree) "
+                                  "must hold the ep ranks")),
             module_names=HF_DECODER_TO_TORCHTITAN,
             vocab="torchtitan keeps the embedding and the output layer whole in the first and last stages (it splits "
                   "them only by tensor parallelism), never along the vocabulary over the pipeline ranks"),

@@ -102,13 +102,15 @@ def carved_lines(plan: Plan, trainer: str, line: str, facts: Mapping[str, Any], 
     """Per axis carved from the mesh's ranks (outside `MESH_AXES`: ep) above degree 1 that `trainer` runs, its degree
     as `line` formats it, its `extra` lines and the model's facts it needs (`Spelling.facts`, read from `facts`: the
     profile's meta.extra["moe"]; `Spelling.facts_if_any` where `facts` has them); an ExportError naming the first
-    fact `facts` lacks."""
+    fact `facts` lacks. At degree 1 the facts alone, where `facts` has them: the trainer builds the model from them
+    (Megatron's --num-experts makes its layers MoE layers), whatever the degree."""
     out: list[str] = []
     for axis, degree in trainer_axes(plan, trainer):
         spelling = axis.spelling(trainer)
-        if axis.name in MESH_AXES or degree == 1 or spelling.degree is None:
+        if axis.name in MESH_AXES or spelling.degree is None or \
+                degree == 1 and all(facts.get(fact) is None for fact, _ in spelling.facts):
             continue
-        out.append(line.format(key=spelling.degree, degree=degree))
+        out.extend([line.format(key=spelling.degree, degree=degree)] if degree > 1 else [])
         for fact, key in spelling.facts:
             if facts.get(fact) is None:
                 raise ExportError(f"{where}: {axis.name} {degree}: {trainer} needs {key}, and the profile the plan "
@@ -117,7 +119,7 @@ def carved_lines(plan: Plan, trainer: str, line: str, facts: Mapping[str, Any], 
             out.append(line.format(key=key, degree=facts[fact]))
         out.extend(line.format(key=key, degree=facts[fact]) for fact, key in spelling.facts_if_any
                    if facts.get(fact) is not None)
-        out.extend(spelling.extra)
+        out.extend(spelling.extra if degree > 1 else ())
     return out
 
 

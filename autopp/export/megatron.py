@@ -53,12 +53,13 @@ def refuse_model(plan: Plan, values: Sequence[LiveValue] | None, where: str) -> 
 
 
 def _moe_layer_freq(plan: Plan, layers: ModelLayers, moe: Mapping[str, Any]) -> list[str]:
-    """`--moe-layer-freq` where expert parallelism writes the experts and some blocks are dense (DeepSeek-V3's first
-    three: its config's `first_k_dense_replace`): the blocks' pattern, 1 for a block with experts, as Megatron-LM's
-    `moe_freq_type` reads a Python list expression ("([0]*3+[1]*58)"); without it Megatron-Core makes every layer
-    an MoE layer. `moe["moe_units"]`: each unit's MoE layers (the profile's `moe_layers`)."""
+    """`--moe-layer-freq` where the experts are written (`carved_lines`: an MoE model, at any ep) and some blocks are
+    dense (DeepSeek-V3's first three: its config's `first_k_dense_replace`): the blocks' pattern, 1 for a block with
+    experts, as Megatron-LM's `moe_freq_type` reads a Python list expression ("([0]*3+[1]*58)"); without it
+    Megatron-Core makes every layer an MoE layer. `moe["moe_units"]`: each unit's MoE layers (the profile's
+    `moe_layers`)."""
     units = moe.get("moe_units")
-    if plan.layout.ep == 1 or units is None:
+    if units is None or moe.get("num_experts") is None:
         return []
     pattern = [1 if units[k] else 0 for k in layers.blocks]
     if all(pattern):

@@ -510,12 +510,19 @@ def test_expert_parallelism_exports_with_the_profiles_routing(llama: Profile, ll
                                           r"made from records no num_experts: profile the model again"):
         export_plan(plan, Target.MEGATRON, "x")
     modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
-    titan = export_plan(plan, Target.TORCHTITAN, "x", modules, moe=moe).text.splitlines()
+    sharded = replace(plan, layout=replace(plan.layout, zero=ZERO[1]))  # torchtitan carves ep from dp_shard
+    titan = export_plan(sharded, Target.TORCHTITAN, "x", modules, moe=moe).text.splitlines()
     assert "--parallelism.expert_parallel_degree=2" in titan
+    with pytest.raises(ExportError, match=r"^plan: zero 0 with ep 2: torchtitan carves the ep ranks from dp_shard "):
+        export_plan(plan, Target.TORCHTITAN, "x", modules, moe=moe)
     with pytest.raises(ExportError, match=r"^plan: ep 2: the exported stage file builds no expert parallelism "
                                           r"\(DeepSpeed's MoE layers take their own ep_size\); re-plan with `ep` 1"):
         export_plan(plan, Target.DEEPSPEED, "x.json")
-    assert "expert" not in export_plan(llama_plans["dp"], Target.MEGATRON, "x", moe=moe).text  # ep 1: nothing
+    # ep 1: the model's facts alone (Megatron builds MoE layers from --num-experts), nothing for a dense model
+    assert export_plan(llama_plans["dp"], Target.MEGATRON, "x", moe=moe).text.splitlines()[2:4] == [
+        "--num-experts 8", "--moe-router-topk 2"]
+    assert "expert" not in export_plan(llama_plans["dp"], Target.MEGATRON, "x").text
+    assert "dispatcher" not in export_plan(llama_plans["dp"], Target.MEGATRON, "x", moe=moe).text
 
 
 def test_a_group_limited_routing_exports_its_groups_to_megatron(llama_plans: dict[str, Plan]) -> None:
@@ -674,6 +681,6 @@ def test_torchtitan_refuses_whole_replicas_beside_cp(llama: Profile, llama_plans
     base = llama_plans["dp"]
     plan = replace(base, layout=replace(base.layout, cp=2))
     with pytest.raises(ExportError, match=r"^plan: zero 0 with cp 2: torchtitan shards over dp_shard x cp whenever "
-                                          r"cp > 1 \(ParallelDims.fsdp_enabled: .*; re-plan with `zero` 1 or 3$"):
+                                          r"cp > 1 \(ParallelDims.fsdp_enabled: .*; re-plan with `zero` 1 or 3, or `cp` 1$"):
         export_plan(plan, Target.TORCHTITAN, "x", [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)])
     assert export_plan(plan, Target.MEGATRON, "x").text.startswith("--context-parallel-size 2\n")

@@ -65,7 +65,8 @@ def test_a_uniform_policy_is_chosen_under_a_tight_memory(shipped_gpt: Profile) -
     ({"trainer": "nemo"}, "`trainer` 'nemo' is not one autopp exports to"),
     ({"trainer": "megatron", "synthesize": True}, "`synthesize` with `trainer` megatron: Megatron-Core runs no"),
     ({"trainer": "deepspeed", "schedule": ScheduleName.GPIPE}, "`schedule` GPipe with `trainer` deepspeed"),
-    ({"trainer": "torchtitan", "recompute": RecomputeMode.NONE, "recompute_stages": (1,)}, "`recompute_stages` pins"),
+    ({"trainer": "torchtitan", "recompute": RecomputeMode.NONE, "recompute_stages": (1,)},
+     "`recompute_stages` pins a policy per stage, and torchtitan applies one to every stage: give `recompute` auto"),
 ])
 def test_requests_a_trainer_cannot_run_are_refused(kw: dict[str, object], message: str) -> None:
     with pytest.raises(LayoutError, match=message.replace("(", r"\(")):
@@ -108,14 +109,17 @@ def test_offload_is_offered_only_without_a_trainer(trainer: str) -> None:
     assert len(used) == 1 and Activation.OFFLOAD not in used
 
 
-def test_torchtitan_search_beside_cp_never_replicates(shipped_gpt: Profile) -> None:
-    """Review: `--for torchtitan` with cp 2 searched ZeRO 0, which torchtitan runs as FSDP over dp_shard x cp; it
-    keeps only the ZeRO stages that shard, where the unrestricted search has ZeRO 0 too."""
+@pytest.mark.parametrize("axis", ["cp", "ep"])
+def test_torchtitan_search_beside_cp_or_ep_never_replicates(shipped_gpt: Profile, axis: str) -> None:
+    """Review: `--for torchtitan` with cp 2 searched ZeRO 0, which torchtitan runs as FSDP over dp_shard x cp; a new
+    user's: with ep 2 it kept ZeRO 0, whose export (dp_shard 1) builds no expert mesh in torchtitan. It keeps only
+    the ZeRO stages that shard, where the unrestricted search has ZeRO 0 too."""
     from autopp.data.layout import LayoutPins
-    pins = LayoutPins(pp=2, dp=None, cp=2, zero=None)
-    free = configs(_request(pins=pins), shipped_gpt.num_units, (Group(2, 1),))
-    kept = configs(_request(pins=pins, trainer="torchtitan"), shipped_gpt.num_units, (Group(2, 1),))
-    assert all(c.layout.cp == 2 for c in free) and any(c.layout.zero.replicated for c in free)
+    pins = LayoutPins(pp=2, dp=None if axis == "cp" else 2, zero=None, **{axis: 2})
+    groups = (Group(2, 1),) if axis == "cp" else (Group(1, 1),)
+    free = configs(_request(pins=pins), shipped_gpt.num_units, groups)
+    kept = configs(_request(pins=pins, trainer="torchtitan"), shipped_gpt.num_units, groups)
+    assert all(getattr(c.layout, axis) == 2 for c in free) and any(c.layout.zero.replicated for c in free)
     assert kept and not any(c.layout.zero.replicated for c in kept)
 
 

@@ -152,7 +152,7 @@ class PlanRequest:
                               f"only {rules.runs}; pin one of those or search `schedule`")
         if self.recompute_stages is not None:
             raise LayoutError(f"`recompute_stages` pins a policy per stage, and {rules.title} applies one to every "
-                              "stage: give `recompute` none, all or auto")
+                              "stage: give `recompute` auto (each policy it applies on every stage) or none")
         if None not in self.vocab:
             raise LayoutError(f"`vocab` {'/'.join(v.value for v in self.vocab if v)} with `trainer` "
                               f"{self.trainer}: {rules.vocab}; give `vocab` off")
