@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Sequence
 
+from .data.axes import AXES
 from .data.layout import Layout
 from .data.plan import Plan, Prediction
 from .sizes import format_in, format_size, format_time, size_unit, time_unit
@@ -153,8 +154,8 @@ def sync_name(plan: Plan) -> str:
 def format_grid(layout: Layout) -> str:
     """A parallel layout (a plan's, a run report's) as every view prints it: "pp 4 x dp 2", "pp 2 x dp 2 x tp 2,
     ZeRO 3", "pp 1 x dp 16, ZeRO 3 HSDP 2 x 8" (replicate x shard), "pp 2 x tp 2 + SP" (sequence parallelism); the
-    axes of degree 1 beyond pp and dp left out."""
-    axes = [a for a in ("cp", "tp", "ep") if getattr(layout, a) > 1]
+    axes of degree 1 beyond pp and dp left out (every axis of `AXES`: "pp 1 x dp 4 x ep 2 x etp 2")."""
+    axes = [a for a in AXES if a not in ("pp", "dp") and getattr(layout, a) > 1]
     return f"pp {layout.pp} x dp {layout.dp}" + "".join(
         f" x {a} {getattr(layout, a)}" + (" + SP" if a == "tp" and layout.sp else "") for a in axes) \
         + (f", {layout.zero}" if not layout.zero.replicated else "") \

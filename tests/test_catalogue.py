@@ -670,6 +670,9 @@ CASES += [
     # issue 24's proof axis: expert tensor parallelism is carved beside ep from dp
     Case("flag:plan-etp-without-ep", lambda env: _plan_args(env, "--dp", "2", "--etp", "2"),
          lambda env: "--etp 2 shards the experts of an ep group, and ep is 1: give --ep > 1, or --etp 1"),
+    # a new user's: without --dp the search found no configuration and said the global batch was the reason
+    Case("flag:plan-etp-alone", lambda env: _plan_args(env, "--etp", "2"),
+         lambda env: "--etp 2 shards the experts of an ep group, and ep is 1: give --ep > 1, or --etp 1"),
     # the dense profile is refused ep before etp's divisibility is checked (tests/test_layout.py checks that one)
     Case("flag:plan-ep-on-a-dense-profile", lambda env: _plan_args(env, "--dp", "2", "--ep", "2", "--etp", "2"),
          lambda env: "--ep 2: the profile records no stacked experts (a dense model, or one profiled before autopp "

@@ -494,10 +494,12 @@ def test_the_planning_cores_progress_lines_show_on_a_terminal_only(monkeypatch: 
 
 
 @pytest.mark.parametrize("flags, dp", [({"ep": 8}, 8), ({"ep": 8, "pp": 2}, None), ({"ep": 8, "dp": 16}, 16),
-                                       ({"ep": 8, "dp": 0}, None), ({}, None), ({"pp": 2}, None)])
+                                       ({"ep": 8, "dp": 0}, None), ({}, None), ({"pp": 2}, None),
+                                       ({"ep": 2, "etp": 2}, 4), ({"ep": 2, "etp": 0}, 2)])
 def test_ep_sets_dp_only_when_neither_dp_nor_pp_is_given(flags: dict[str, int], dp: int | None) -> None:
     """`--ep 8` alone pins dp 8 (ep = dp); beside `--pp 2` dp is what the devices leave (searched; ep divides it),
-    where pinning it to 8 refused 64 devices as "pp(2) * dp(8) != devices (64)", a dp the user never typed."""
+    where pinning it to 8 refused 64 devices as "pp(2) * dp(8) != devices (64)", a dp the user never typed. With
+    `--etp 2`, dp 2 x 2 (a new user's `--ep 2 --etp 2` was told ep x etp must divide dp 2)."""
     import argparse
     from autopp.cli.plan import _dp
     args = argparse.Namespace(**{"ep": 1, "pp": None, "dp": None, **flags})

@@ -141,3 +141,14 @@ def test_a_pp_1_plan_prints_no_zero_sync_line_a_bubble_of_0_and_one_unit_per_bre
                        predicted=replace(plan.predicted, allreduce_s=0.0))
     assert "at the step's end included" not in format_plan(unsynced)
     assert "at the step's end included" in format_plan(plan)
+
+
+def test_the_grid_names_every_axis_above_one() -> None:
+    """A new user's: a plan with `--ep 2 --etp 2` was headed "pp 2 x dp 4 x ep 2" (the axes were listed by name,
+    etp missing) while its notes spoke of etp; every axis of the registry above degree 1 is named, in mesh order."""
+    from autopp.data.layout import Layout
+    from autopp.data.zero import ZERO
+    from autopp.display import format_grid
+    assert format_grid(Layout(pp=2, dp=4, ep=2, etp=2)) == "pp 2 x dp 4 x ep 2 x etp 2"
+    assert format_grid(Layout(pp=2, dp=2, cp=2, tp=2, sp=True, zero=ZERO[1])) == "pp 2 x dp 2 x cp 2 x tp 2 + SP, ZeRO 1"
+    assert format_grid(Layout(pp=4, dp=1)) == "pp 4 x dp 1"

@@ -208,11 +208,11 @@ def _pin(args: argparse.Namespace, axis: Axis) -> int | None:
 
 
 def _dp(args: argparse.Namespace) -> int | None:
-    """--dp N, auto (None), or unset: --ep N's N without --pp (ep = dp), else searched (with --pp: what the devices
-    leave, which ep must divide)."""
+    """--dp N, auto (None), or unset: --ep N's N (times --etp E's E) without --pp (ep x etp = dp), else searched
+    (with --pp: what the devices leave, which ep must divide)."""
     if args.dp is None and args.pp is None:
         ep = getattr(args, "ep", 1)
-        return (ep or None) if ep != 1 else None
+        return ep * (getattr(args, "etp", 1) or 1) if ep not in (0, 1) else None
     return args.dp or None  # None: --dp auto, or unset beside --pp
 
 

@@ -224,8 +224,8 @@ class LayoutPins:
                 _check_degree(f.name, value)
         if self.zero is not None and self.dp is not None and self.cp is not None:
             _check_zero(self.zero, self.dp * self.cp)
-        if None not in (self.ep, self.dp, self.cp, self.tp):
-            _check_ep(self.ep, self.etp or 1, self.dp, self.cp, self.tp)  # type: ignore[arg-type]
+        if self.ep is not None:  # etp beside ep 1 at once; the divisibility once dp, cp and tp are pinned
+            _check_ep(self.ep, self.etp or 1, self.dp, self.cp, self.tp)
         if self.sp and self.tp is not None:
             _check_sp(self.sp, self.tp)
         if self.dp_replicate not in (1, None) and self.dp is not None:
@@ -341,12 +341,12 @@ def _check_sp(sp: object, tp: int) -> None:
                           "1: give `tp` > 1, or `sp` off")
 
 
-def _check_ep(ep: int, etp: int, dp: int, cp: int, tp: int) -> None:
-    if (dp * cp * tp) % (ep * etp):
-        carved = f"ep({ep})" + (f" x etp({etp})" if etp > 1 else "")
-        raise LayoutError(f"{carved} must divide dp({dp}) * cp({cp}) * tp({tp}) = {dp * cp * tp}")
+def _check_ep(ep: int, etp: int, dp: int | None, cp: int | None, tp: int | None) -> None:
     if etp > 1 and ep == 1:
         raise LayoutError(f"`etp` {etp} shards the experts of an ep group, and ep is 1: give `ep` > 1, or `etp` 1")
+    if dp is not None and cp is not None and tp is not None and (dp * cp * tp) % (ep * etp):
+        carved = f"ep({ep})" + (f" x etp({etp})" if etp > 1 else "")
+        raise LayoutError(f"{carved} must divide dp({dp}) * cp({cp}) * tp({tp}) = {dp * cp * tp}")
 
 
 def uses_mesh(layout: Layout) -> bool:

@@ -48,7 +48,8 @@ def check_numbers(table: pd.DataFrame, columns: dict[str, str], where: str, name
     file `name`, the line and the column."""
     missing = [c for c in columns if c not in table.columns]
     if missing:
-        raise ProfileError(f"{where}/{name}: lacks column(s) {missing}")
+        raise ProfileError(f"{where}/{name}: lacks column(s) {missing}; the file is damaged, cut short or from "
+                           f"another version: {REPROFILE}")
     for c in (c for c, t in columns.items() if t != "str"):
         column = table[c]
         # A column read as numbers (the common case) is checked on its array; any other is coerced first.

@@ -180,7 +180,7 @@ def test_ep_is_searched_among_the_divisors_of_dp() -> None:
     assert layouts and all(l.ep == 2 and l.dp % 2 == 0 and l.zero.replicated for l in layouts)
     assert {(c.layout.dp, c.layout.ep) for c in configs(auto, 8)} >= {(1, 1), (2, 1), (2, 2), (8, 2), (8, 4), (8, 8)}
     assert {c.layout.ep for c in configs(auto, 8, experts=4)} == {1, 2, 4}
-    with pytest.raises(LayoutError, match=r"^`ep` 2 runs with `tp` 1 and a `dp` it divides .*got dp 2, tp 2$"):
+    with pytest.raises(LayoutError, match=r"^`ep` 2 runs with `tp` 1 and a `dp` it divides .*got `dp` 2, `tp` 2$"):
         PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(dp=2, tp=2, ep=2))
     with pytest.raises(LayoutError, match=r"^ep\(4\) must divide dp\(6\)"):
         PlanRequest(cluster=cluster, global_batch=12, pins=LayoutPins(dp=6, ep=4))

@@ -164,8 +164,8 @@ class PlanRequest:
         if ep in (None, 1):
             return
         if self.pins.tp not in (None, 1) or dp is not None and dp % ep:
-            raise LayoutError(f"`ep` {ep} runs with `tp` 1 and a `dp` it divides (its ep ranks are carved from a "
-                              f"stage's dp ranks); got dp {dp}, tp {self.pins.tp}")
+            got = ", ".join(f"`{k}` {v}" for k, v in (("dp", dp), ("tp", self.pins.tp)) if v is not None)
+            raise LayoutError(f"`ep` {ep} runs with `tp` 1 and a `dp` it divides (carved from dp ranks): got {got}")
 
     def view(self, group: int) -> PlanRequest:
         """The request as groups of `group` devices (a layout's `group`: cp x tp) see it: each group is one pipeline
