@@ -175,7 +175,7 @@ def format_plan(plan: Plan) -> str:
             [_stage_units(s.units, s.unit_names) for s in st],
             _times([s.forward_s for s in st]), _times([s.backward_s for s in st]), [s.activation.value for s in st],
             _sizes([s.memory_bytes for s in st])]
-    stages = _table(["stage", "rank", "units", "forward/mb", "backward/mb", "activations", "rank peak memory"],
+    stages = _table(["stage", "pp rank", "units", "forward/mb", "backward/mb", "activations", "rank peak memory"],
                     _columns(*cols), left=(0, 2))
     own = "pinned" if "autopp" in plan.baselines else "autopp"  # --split: autopp's choice is a baseline
     summary = _summary(plan, own)

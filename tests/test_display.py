@@ -55,6 +55,7 @@ def test_a_32_stage_plan_reads_at_terminal_width() -> None:
     assert max(len(line) for t in tables for line in t.splitlines()) <= 100, tables
     assert re.search(r"^0 +0 +0-\d+ \(emb, h\.0-\d+\) ", text, re.M)
     assert "units per stage" in text and " x" in text  # 32 ranges would not fit: counted instead
+    assert text.split("\n\n")[1].startswith("stage  pp rank  units")  # the pipeline rank (a report's: global)
     for header in ("forward/mb", "backward/mb", "rank peak memory"):
         assert len(_one_unit(_column(text, header))) == 1, header
     summary = text.split("\n\n")[2].split("\n(")[0].splitlines()  # the rows, up to "(simulated; ..."

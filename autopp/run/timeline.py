@@ -65,15 +65,26 @@ def predicted_headline(report: RunReport | dict[str, Any], predicted: SimResult)
                                    f"{rest:.4f} s)" if rest > 1e-9 else "")
 
 
-def _draw_memory(ax: Any, measured: SimResult, predicted: SimResult | None, method: str | None) -> None:
-    """Each rank's measured peak (a flat dashed line: the runner measures the peak, not its course) over the
-    predicted memory over the step, in the rank's colour."""
+def drawn_ranks(report: RunReport | dict[str, Any], replica: int = 0) -> list[str]:
+    """Per pipeline rank drawn (`measured_timeline`'s lanes, named by pipeline rank as the plan's table names them),
+    with the process its measurements are from where that differs (dp or tp above 1): "rank 1 (global rank 2)"."""
+    data = _as_dict(report)
+    ranks = sorted((r for r in data.get("ranks", []) if r["replica"] == replica and r.get("tp_rank", 0) == 0),
+                   key=lambda r: r["pp_rank"])
+    return [f"rank {r['pp_rank']}" + (f" (global rank {r['rank']})" if r["rank"] != r["pp_rank"] else "")
+            for r in ranks]
+
+
+def _draw_memory(ax: Any, measured: SimResult, predicted: SimResult | None, method: str | None,
+                 names: list[str]) -> None:
+    """Each rank's measured peak (a flat dashed line: the runner measures the peak, not its course; `names`: the
+    process it is from, `drawn_ranks`) over the predicted memory over the step, in the rank's colour."""
     colours = [f"C{r % 10}" for r in range(len(measured.peak_memory_bytes))]
     how = f", {method}" if method else ""
     unit = memory_axis_unit([*measured.peak_memory_bytes, *(predicted.peak_memory_bytes if predicted else [])])
     for rank, peak in enumerate(measured.peak_memory_bytes):
         ax.axhline(peak / unit[1], color=colours[rank], linestyle="--",
-                   label=f"rank {rank} measured peak {format_size(peak)}{how}")
+                   label=f"{names[rank]} measured peak {format_size(peak)}{how}")
     if predicted is not None:
         memory_steps(ax, predicted, " predicted", colours, unit)
     ax.set_ylabel(f"memory ({unit[0]})")
@@ -92,7 +103,8 @@ def report_figure(report: RunReport | dict[str, Any], predicted: SimResult | Non
     from ..schedule.draw import _draw_boxes, _style_timeline
 
     measured = measured_timeline(report)
-    results = [(measured, "measured", measured_headline(report))]
+    dp = int(_as_dict(report).get("dp", 1))  # the lanes are pipeline ranks: of which replica, where several
+    results = [(measured, "measured" + (f" (replica 0 of {dp})" if dp > 1 else ""), measured_headline(report))]
     if predicted is not None:
         results.append((predicted, "predicted", predicted_headline(report, predicted)))
     ranks = len(measured.peak_memory_bytes)
@@ -103,7 +115,7 @@ def report_figure(report: RunReport | dict[str, Any], predicted: SimResult | Non
     for ax, (result, title, headline) in zip(axes, results):
         _draw_boxes(ax, result)
         _style_timeline(ax, result, title, headline)
-    _draw_memory(axes[-1], measured, predicted, _as_dict(report).get("memory_method"))
+    _draw_memory(axes[-1], measured, predicted, _as_dict(report).get("memory_method"), drawn_ranks(report))
     axes[-1].set_xlim(0, max(r.step_time_s for r, _, _ in results) or 1e-12)
     axes[-1].set_xlabel("time (s)")
     fig.tight_layout()

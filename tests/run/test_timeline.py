@@ -12,7 +12,7 @@ from autopp.data.layout import Layout
 from autopp.run import draw_report, measured_timeline
 from autopp.run.report import RankMeasure, RunReport, format_report, median_step_time
 from autopp.run.summary import median_step_index
-from autopp.run.timeline import report_figure
+from autopp.run.timeline import drawn_ranks, report_figure
 from autopp.schedule import Kind, ScheduleName, StageCost, simulate_named
 
 
@@ -46,6 +46,22 @@ def test_measured_timeline_draws_one_row_per_pipeline_rank_with_tensor_paralleli
     assert [(e.rank, str(e.action)) for e in result.events] == [(0, "0F0"), (0, "0B0"), (1, "1F0"), (1, "1B0")]
 
 
+def _grid_report() -> dict[str, Any]:
+    """pp 2 x dp 2 as autopp places it (a new user's 4-rank run): replica 0 on global ranks 0 and 2."""
+    return {"timeline_step": 0, "dp": 2, "ranks": [
+        {"rank": g, "replica": g % 2, "pp_rank": g // 2, "stages": [g // 2], "step_times_s": [0.2], "wait_s": 0.0,
+         "peak_memory_bytes": 2**20 * (g + 1), "actions": [[f"{g // 2}F0", 0.05 * (g // 2), 0.05 * (g // 2 + 1)]]}
+        for g in range(4)]}
+
+
+def test_the_drawn_lanes_say_which_process_they_are_from() -> None:
+    """A new user's: `autopp show` of a pp 2 x dp 2 run labelled global rank 2's peak "rank 1" (the lane's pipeline
+    rank) with nothing saying so; each lane's figure now names its process where it is not the pipeline rank."""
+    assert drawn_ranks(_grid_report()) == ["rank 0", "rank 1 (global rank 2)"]
+    assert measured_timeline(_grid_report()).peak_memory_bytes == [2**20, 3 * 2**20]
+    assert drawn_ranks(_report()) == ["rank 0", "rank 1"]
+
+
 def test_incomplete_report_has_no_timeline() -> None:
     with pytest.raises(ValueError, match="no per-rank measurements"):
         measured_timeline({"ranks": []})
@@ -57,6 +73,10 @@ def test_draw_measured_above_predicted(tmp_path: Path) -> None:
     predicted = simulate_named(ScheduleName.GPIPE, 2, 1, [cost, cost], [0.0])
     path = draw_report(_report(), predicted, tmp_path / "t.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+    fig = report_figure(_grid_report(), predicted)
+    assert fig.axes[0].get_title().startswith("measured (replica 0 of 2): step")
+    labels = [line.get_label() for line in fig.axes[2].get_lines() if "measured peak" in line.get_label()]
+    assert labels == ["rank 0 measured peak 1 MiB", "rank 1 (global rank 2) measured peak 3 MiB"]
 
 
 def _three_step_report(plan_path: str | None, predicted_s: float) -> RunReport:
