@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from autopp.costmodel import ProfileTable
 from autopp.data.cluster import Cluster
 from autopp.data.plan import load_plan
@@ -120,3 +122,24 @@ def test_a_microbatch_size_outside_the_profiled_ones_is_said_to_be_extrapolated(
            in " ".join(plan.notes)
     inside = make_plan(profile, PlanRequest(cluster=cluster, global_batch=sizes[-1], num_microbatches=1))
     assert not any("outside the profiled sizes" in n for n in inside.notes)
+
+
+def test_a_warm_start_order_is_said_as_such_not_with_a_gap_of_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new user's plan said "order synthesized by CP-SAT (hint, gap nan%)" when CP-SAT found no order in its time
+    limit and its warm start won (SynthStatus.HINT, gap NaN): said in words."""
+    from dataclasses import replace
+
+    from autopp.solve.assemble import make
+
+    real = make.synthesized
+
+    def as_hint(*args: object, **kw: object) -> object:
+        found = real(*args, **kw)  # type: ignore[arg-type]
+        return None if found is None else replace(found, status="hint", gap=float("nan"))
+    monkeypatch.setattr(make, "synthesized", as_hint)
+    plan = make_plan(load_profile(GPT), PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2 << 30),
+                                                    global_batch=8, schedule=ScheduleName.GPIPE,
+                                                    synthesize=True))
+    said = [n for n in plan.notes if n.startswith("order synthesized by CP-SAT")]
+    assert said and "(its warm start: the solver found no faster order in its time limit)" in said[0]
+    assert "nan" not in format_plan(plan)

@@ -290,7 +290,9 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     if custom is not None and custom.verdict.key < best.key:
         best = custom.verdict
         order = tuple(tuple(custom.order[r]) for r in sorted(custom.order))
-        notes.append(f"order synthesized by CP-SAT ({custom.status}, gap {custom.gap:.1%}) on the layout of "
+        how = f"{custom.status}, gap {custom.gap:.1%}" if custom.status != "hint" else \
+            "its warm start: the solver found no faster order in its time limit"
+        notes.append(f"order synthesized by CP-SAT ({how}) on the layout of "
                      f"{best.candidate.schedule.value}; it runs through torch's schedule runtime")
     c = best.candidate
     names, points = profile.meta.unit_names, profile.meta.split_points
