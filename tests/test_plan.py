@@ -508,3 +508,16 @@ def test_nodes_round_trip_stay_out_when_unknown_and_must_hold_the_ranks(tmp_path
         load_plan(_write(tmp_path, {**plan.to_json(), "nodes": [2, 8]}))
     with pytest.raises(PlanError, match=r"p\.json: field 'nodes' must be \[nodes, devices per node\], got 2"):
         load_plan(_write(tmp_path, {**plan.to_json(), "nodes": 2}))
+
+
+def test_a_moe_plan_with_ep_left_at_1_says_it_was_not_searched(tmp_path: Path) -> None:
+    """A new user's Qwen3-30B-A3B plan held all 128 experts on every rank and nothing said that ep (pinned 1 by
+    default) was never tried; a plan with ep says nothing of it."""
+    from autopp.cli import main
+    prof = Path(__file__).resolve().parent.parent / "profiles" / _Q3
+    said = "expert parallelism not searched (--ep 1, the default): each rank holds all 128 experts"
+    for flags, expected in (([], True), (["--ep", "8"], False)):
+        out = tmp_path / f"q{len(flags)}.plan.json"
+        assert main(["plan", "--profile", str(prof), "--device", "h100-sxm", "--nodes", "2", "--memory", "256GiB",
+                     "--global-batch", "64", "--schedule", "1F1B", *flags, "-o", str(out)]) == 0
+        assert any(n.startswith(said.replace("--ep", "`ep`")) for n in load_plan(out).notes) is expected

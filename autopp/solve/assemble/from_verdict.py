@@ -173,6 +173,16 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
     return out
 
 
+def _experts_unsearched(profile: Profile, request: PlanRequest, c: Candidate) -> list[str]:
+    """A mixture of experts planned with `ep` pinned at 1 (the request's default): said, with how to search it (a
+    new user's Qwen3-30B-A3B plan kept every expert on every rank, and nothing said ep was never tried)."""
+    experts = int((profile.meta.extra.get("moe") or {}).get("num_experts") or 1)
+    if c.layout.ep > 1 or request.pins.ep != 1 or experts == 1 or not int(profile.units.moe_layers.sum()):
+        return []
+    return [f"expert parallelism not searched (`ep` 1, the default): each rank holds all {experts} experts of its "
+            "stages' MoE layers; `ep` auto searches it (docs/parallelism.md)"]
+
+
 def _fsdp_experts_note(layout: Layout) -> str:
     """What FSDP2 at pp 1 does with the experts beside ep (autopp.costmodel.fsdp): sharded over their dp / ep
     replicas (torchtitan's dp_shard_mod_ep), with ep = dp over one rank (gathered for each use without a
@@ -316,6 +326,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c, request.cluster))
+    notes.extend(_experts_unsearched(profile, request, c))
     notes.extend(_batch_norm_note(profile, c))
     notes.extend(_recipe_note(profile))
     notes.extend(_size_note(profile, c.microbatch_size))
