@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -516,3 +517,19 @@ def test_a_restricted_plan_faster_than_the_unrestricted_tie_says_why(tmp_path: P
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("without --for deepspeed: "))
     assert "the restriction to deepspeed costs -" in line
     assert line.endswith("(the unrestricted choice is a tie inside its step band, kept by the tie rule)")
+
+
+def test_the_readmes_command_synopsis_lists_every_flag() -> None:
+    """A new user's: the README's synopsis lacked --dp-replicate, --latency, --bandwidth, --master-port and --run-dir,
+    which `--help` shows; every long flag of every command is in it."""
+    import argparse
+    from autopp.cli import _parser
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    synopsis = readme.split("## The commands", 1)[1].split("\n- **profile**", 1)[0]
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    def listed(flag: str) -> bool:
+        return re.search(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])", synopsis) is not None
+    missing = [f"{name} {action.option_strings}" for name, p in sub.choices.items() for action in p._actions
+               if action.option_strings and "--help" not in action.option_strings
+               and not any(listed(flag) for flag in action.option_strings)]
+    assert not missing, missing
