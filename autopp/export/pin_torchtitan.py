@@ -175,7 +175,10 @@ def read_torchtitan(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinn
     notes: list[str] = []
     degrees = read_degrees(o, "torchtitan", where)
     if o.get("parallelism.pipeline_parallel_schedule_csv"):
-        raise ExportError(f"{where}: pipeline_parallel_schedule_csv: --pin-from does not read schedule CSVs yet")
+        named = o.get("parallelism.pipeline_parallel_schedule")
+        raise ExportError(f"{where}: pipeline_parallel_schedule_csv: --pin-from does not read schedule CSVs yet; "
+                          "remove that line to compare the named schedule " + (f"it was made on ({named})" if named
+                                                                                else "the file names"))
     pp = degrees["pp"]
     name = schedule_named(str(o.get("parallelism.pipeline_parallel_schedule", ScheduleName.ONE_F_ONE_B.value)), where)
     counts = _counts(o, layers, pp, describe(name).single_stage, where)

@@ -123,6 +123,11 @@ _MEGATRON_2_4 = "--pipeline-model-parallel-size 2 --num-layers 4 "
     ("--parallelism.pipeline_parallel_degree=2\n--parallelism.module_fqns_per_model_part "
      "tok_embeddings,layers.0,layers.2 layers.1,layers.3,norm\n", "blocks 0..3 once"),
     ("--something-else 3\n", "neither torchtitan"),
+    # a new user's: autopp's own export of a synthesized order; the refusal now says what to do
+    ("--parallelism.pipeline_parallel_degree=2\n--parallelism.pipeline_parallel_schedule=ZBVZeroBubble\n"
+     "--parallelism.pipeline_parallel_schedule_csv=p.torchtitan.csv\n",
+     "does not read schedule CSVs yet; remove that line to compare the named schedule it was made on "
+     "\\(ZBVZeroBubble\\)$"),
 ])
 def test_what_cannot_be_read_is_one_line(text: str, match: str, tmp_path: Path, llama: Profile) -> None:
     path = tmp_path / "cfg.args"
