@@ -24,7 +24,7 @@ from autopp.cli import main
 from .conftest import ONE_PIPELINE, ROOT
 
 SHIPPED = ROOT / "profiles" / "mlp"
-PROGRESS = ("profiling: ", "running: ")
+PROGRESS = ("profiling: ", "running: ", "planning: ")
 
 GOOD_MODEL = '''
 import torch

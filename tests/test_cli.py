@@ -475,18 +475,28 @@ def test_plan_writes_its_step_band_and_keeps_ties_by_the_rule(tmp_path: Path,
     assert all(int(t.split(" m=")[1].split("x")[0]) >= data["num_microbatches"] for t in data["tied"])
 
 
-def test_the_planning_cores_progress_lines_show_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_planning_cores_progress_lines_show_on_a_terminal_and_in_a_log(monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """CP-SAT's solves report on the `autopp.progress` logger (issue 26: a time left for CP-SAT); `autopp plan`
-    shows them on its progress line while it plans, on a terminal, and leaves the logger as it found it."""
+    shows them on its progress line while it plans, on a terminal, and leaves the logger as it found it. Into a
+    log (a new user's 405B plan sat silent for 100 s there), one line per `LOG_EVERY_S`, not one per message."""
     import logging
     import sys
+    from autopp.cli import common
     from autopp.cli.common import shown_progress
     from autopp.progress import PROGRESS_LOG
     logger = logging.getLogger(PROGRESS_LOG)
     before = (logger.level, logger.propagate, list(logger.handlers))
-    with shown_progress("planning"):  # not a terminal: nothing switched on here
-        assert (logger.level, logger.propagate, logger.handlers) == before
+    clock = iter([100.0, 105.0, 111.0])
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock))
+    with shown_progress("planning"):  # not a terminal: a bar's line now, none 5 s later, one 11 s later
+        logger.info("short-listing 9 configurations")  # a phase's line: always
+        for n in (1, 2, 3):
+            logger.info("[#...] %d0%%: bounding configurations: %d of 9", n, n)
+    assert capsys.readouterr().err.splitlines() == ["planning: short-listing 9 configurations",
+                                                     "planning: [#...] 10%: bounding configurations: 1 of 9",
+                                                     "planning: [#...] 30%: bounding configurations: 3 of 9"]
+    assert (logger.level, logger.propagate, logger.handlers) == before
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     with shown_progress("planning"):
         logger.info("[##########..........] 50%%, about %d s left: CP-SAT", 5)

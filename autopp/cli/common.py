@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import re
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
@@ -95,14 +97,33 @@ class _Shown(logging.Handler):
         self.show(record.getMessage())
 
 
+#: Seconds between the planning core's progress lines where stderr is no terminal (a job's log): one line per
+#: interval, not one per message.
+LOG_EVERY_S = 10.0
+
+
+def _every(show: Callable[[str], None], seconds: float) -> Callable[[str], None]:
+    """`show`, passing on every phase's first line (one without a progress bar) and of the bars' lines the first
+    and then at most one every `seconds`."""
+    last = [-math.inf]
+
+    def shown(msg: str) -> None:
+        if msg.startswith("["):  # a bar's line: at most one per `seconds`
+            now = time.monotonic()
+            if now - last[0] < seconds:
+                return
+            last[0] = now
+        show(msg)
+    return shown
+
+
 @contextmanager
 def shown_progress(prefix: str) -> Iterator[None]:
-    """On a terminal, the planning core's progress lines (CP-SAT's solves: autopp.progress) on the `prefix` line
-    while inside; elsewhere nothing (the core then skips its progress callbacks)."""
-    if not sys.stderr.isatty():
-        yield
-        return
-    logger, handler = logging.getLogger(PROGRESS_LOG), _Shown(progress(prefix))
+    """The planning core's progress lines (the search's bounds, CP-SAT's solves: autopp.progress) while inside: on a
+    terminal on the `prefix` line, elsewhere (a job's log) one line every `LOG_EVERY_S` seconds, so that a search of
+    minutes is never silent."""
+    show = progress(prefix) if sys.stderr.isatty() else _every(progress(prefix), LOG_EVERY_S)
+    logger, handler = logging.getLogger(PROGRESS_LOG), _Shown(show)
     level, propagate = logger.level, logger.propagate
     logger.setLevel(logging.INFO)
     logger.propagate = False

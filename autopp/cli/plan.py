@@ -360,10 +360,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _say_search(request) -> None:  # type: ignore[no-untyped-def]
-    """On a terminal, a progress line while the search runs (cleared with the plan): what it searches (the choices
-    no flag pinned) and CP-SAT's time bound."""
-    if not sys.stderr.isatty():
-        return
+    """A progress line while the search runs (on a terminal cleared with the plan; in a log a line): what it searches
+    (the choices no flag pinned) and CP-SAT's time bound."""
     pins = request.pins
     free = [name for name, free in (
         ("schedule", request.schedule is None), ("microbatches", request.num_microbatches is None),

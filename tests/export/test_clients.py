@@ -457,9 +457,14 @@ def test_expert_parallelism_export_is_read_by_megatron_core_and_torchtitan(  # t
     cfg.moe_layer_freq = eval(freq.split(" ", 1)[1])  # Megatron-LM's moe_freq_type evaluates the list expression
     from megatron.core.models.gpt.experimental_attention_variant_module_specs import get_moe_layer_pattern
     assert get_moe_layer_pattern(cfg) == [0, 1, 1, 1]  # megatron-core checks its length against --num-layers
-    text = export_plan(plan, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES),
+    sharded = dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=ZERO[1]))  # ZeRO 0 refused
+    text = export_plan(sharded, Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES),
                        moe=moe).text
-    assert titan(text).parallelism.expert_parallel_degree == 2
+    parallelism = titan(text).parallelism
+    assert parallelism.expert_parallel_degree == 2
+    # torchtitan's expert mesh: efsdp = dp_shard x cp x tp / ep ranks hold the same experts (ParallelDims)
+    assert parallelism.data_parallel_shard_degree * parallelism.context_parallel_degree \
+        * parallelism.tensor_parallel_degree // 2 >= 1
 
 
 def test_fsdp_beside_expert_parallelism_at_pp_1_is_read_by_megatron_core_and_torchtitan(  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ from ...data.plan import Plan
 from ...data.precision import plan_recipe
 from ...data.trainers import TRAINER_RULES
 from ...data.profile import Profile
+from ...progress import PROGRESS_LOG
 from ...sizes import format_time
 from .from_verdict import plan_from_verdict
 from .reorder import synthesized
@@ -198,6 +199,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     notes += [p.words() for p in proofs if not p.exact]
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
+    logging.getLogger(PROGRESS_LOG).info("the plan: its baselines, memory walks and time breakdown")
     b = band(profile, request, best) if best.passes is None else None  # a vocabulary-parallel plan has none
     if request.ties and tied and b is not None:
         notes.append(TIE_NOTE if b.width_s > 0 else SAME_STEP_NOTE)

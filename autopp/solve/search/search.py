@@ -23,6 +23,7 @@ from ...data.cluster import Cluster
 from ...costmodel import (ProfileTable, UnitArrays, comm_times, message_overheads, stage_costs, stage_speeds,
                          step_end_time)
 from ...data.profile import Profile
+from ...progress import PROGRESS_LOG
 from ...schedule import COMPUTE_KINDS, Activation, ScheduleName, StageCost, describe, policy, stage_to_rank
 from ...schedule.sim_state import hidden_s
 from ...schedule.effects import RankWalk, inflight_peaks, rank_static_bytes
@@ -39,6 +40,7 @@ from .views import ArraysKey, Views, arrays_key
 __all__ = ["inflight", "pipe_spec", "links_hold_messages", "search"]
 
 log = logging.getLogger(__name__)
+_progress = logging.getLogger(PROGRESS_LOG)
 
 
 
@@ -281,6 +283,7 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
     cfgs = configs(req, profile.num_units, views.degrees(), int((profile.meta.extra.get("moe") or {}).get(
         "num_experts") or 1)) if req.schedule is not ScheduleName.SEQ_1F1B else []  # seqpipe.py plans it
     splits = _Splits()  # the short-list's DPs, posed again by the branch and bound
+    _progress.info("short-listing %d configurations: the DP's split of each, its lower bound", len(cfgs))
     opts = _options(views, cfgs, refuse, splits)
     fitting: list[Verdict] = []
     known: dict[int, Verdict | None] = {}
@@ -305,6 +308,7 @@ def search(profile: Profile, req: PlanRequest, table: ProfileTable | None = None
         fitting = refined(profile.num_units, views, fitting, runs)
     if not fitting:
         return None, len(cfgs), len(opts)
+    _progress.info("the step band of the fastest of %d fitting configurations", len(fitting))
     fastest = min(fitting, key=lambda v: v.key)
     best, inside = choose(fitting, band(profile, req, fastest).high_s, req.ties)
     if tied is not None:
