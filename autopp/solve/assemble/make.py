@@ -169,6 +169,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     tied: list[Verdict] = []
     proofs: list[Proof] = []
     best, n_cfg, n_sim = search(profile, request, table, excluded, views, tied, proofs)
+    logging.getLogger(PROGRESS_LOG).info("the plan: its sequence and vocabulary variants, baselines and figures")
     note = None
     if not request.cluster.homogeneous and not request.cluster.order:
         request, best, note = _place(profile, request, table, best)
@@ -199,7 +200,6 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     notes += [p.words() for p in proofs if not p.exact]
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
-    logging.getLogger(PROGRESS_LOG).info("the plan: its baselines, memory walks and time breakdown")
     b = band(profile, request, best) if best.passes is None else None  # a vocabulary-parallel plan has none
     if request.ties and tied and b is not None:
         notes.append(TIE_NOTE if b.width_s > 0 else SAME_STEP_NOTE)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable
@@ -23,7 +24,7 @@ from ...data.cluster import Cluster
 from ...costmodel import (ProfileTable, UnitArrays, comm_times, message_overheads, stage_costs, stage_speeds,
                          step_end_time)
 from ...data.profile import Profile
-from ...progress import PROGRESS_LOG
+from ...progress import PROGRESS_LOG, share_line
 from ...schedule import COMPUTE_KINDS, Activation, ScheduleName, StageCost, describe, policy, stage_to_rank
 from ...schedule.sim_state import hidden_s
 from ...schedule.effects import RankWalk, inflight_peaks, rank_static_bytes
@@ -186,8 +187,14 @@ def _options(views: Views, cfgs: list[Config],
              for idx, c in enumerate(cfgs) if ladders[idx]]
     heapq.heapify(queue)
     short: list[tuple[float, int, _Option]] = []  # (-estimate, -index, option): the worst on top
+    visited, shown = set(), time.monotonic()
     while queue:
         bound, idx, mode = heapq.heappop(queue)
+        visited.add(idx)
+        if time.monotonic() - shown >= 1.0:  # no time left said: the walk ends when no bound can enter
+            shown = time.monotonic()
+            _progress.info(share_line(len(visited) / len(cfgs), None, f"short-listing: {len(visited)} of at most "
+                                      f"{len(cfgs)} configurations walked in order of their bounds"))
         if len(short) >= keep and bound >= -short[0][0]:
             break
         c, modes = cfgs[idx], ladders[idx]
