@@ -351,7 +351,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from ..export.compare import format_comparison
         from ..solve import evaluate_pinned
         print(in_flags(format_comparison(evaluate_pinned(profile, request.cluster, pinned[0]), plan, args.pin_from,
-                                         pinned[1])).lstrip("\n") + "\n\nautopp's plan in full:")  # notes: flags
+                                         pinned[1], request.pins)).lstrip("\n") + "\n\nautopp's plan in full:")
     print(format_plan(replace(plan, notes=tuple(map(in_flags, plan.notes)))))  # the file's notes name fields
     print(f"\nwrote plan {out}")
     if args.trainer and not args.split:

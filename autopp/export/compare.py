@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..data.layout import LayoutPins
 from ..data.plan import Plan
 from ..display import format_grid, stage_sizes
 from ..schedule import policy
@@ -41,9 +42,23 @@ def _time_rows(yours: Plan, ours: Plan, unit: tuple[str, float]) -> list[tuple[s
             for (label, a), (_, b) in zip(time_terms(yours), time_terms(ours)) if a > 0 or b > 0]
 
 
-def format_comparison(yours: Plan, ours: Plan, source: str, notes: Sequence[str] = ()) -> str:
+def _held(yours: Plan, pins: LayoutPins | None) -> str:
+    """The pins of autopp's search that your configuration does not keep ("`pp` 4 (yours 8)"); "" for none."""
+    if pins is None:
+        return ""
+    axes = ("pp", "v", "dp", "cp", "tp", "ep", "etp")
+    held = [f"`{a}` {getattr(pins, a)} (yours {getattr(yours.layout, a)})" for a in axes
+            if getattr(pins, a) is not None and getattr(pins, a) != getattr(yours.layout, a)]
+    if pins.zero is not None and pins.zero != yours.layout.zero:
+        held.append(f"`zero` {pins.zero.stage} (yours {yours.layout.zero.stage})")
+    return ", ".join(held)
+
+
+def format_comparison(yours: Plan, ours: Plan, source: str, notes: Sequence[str] = (),
+                      pins: LayoutPins | None = None) -> str:
     """A table of both plans' predicted figures (the same simulator), where each one's step goes, and the speed-up
-    of autopp's."""
+    of autopp's; where yours is faster, why autopp's search did not find it: the `pins` it was held to that yours
+    does not keep, else that it lies outside the search."""
     lines = [f"\nyour configuration ({source}) beside autopp's plan, both predicted by the same simulator:",
              f"  yours:  {_describe(yours)}", f"  autopp: {_describe(ours)}",
              f"  {'':<20} {'yours':>16} {'autopp':>16}"]
@@ -59,8 +74,9 @@ def format_comparison(yours: Plan, ours: Plan, source: str, notes: Sequence[str]
     verdict = (f"autopp's plan is predicted {speedup:.2f}x as fast as yours "
                f"({(1 - 1 / speedup):.0%} less time per step)" if speedup > 1.0005 else
                "your configuration is predicted as fast as autopp's plan" if speedup > 0.9995 else
-               f"your configuration is predicted {1 / speedup:.2f}x as fast as autopp's plan (it lies outside "
-               "autopp's search, e.g. more memory than --memory allows)")
+               f"your configuration is predicted {1 / speedup:.2f}x as fast as autopp's plan ("
+               + (f"autopp's search was held to {held}" if (held := _held(yours, pins)) else
+                  "it lies outside autopp's search, e.g. more memory than `memory_bytes` allows") + ")")
     lines.append(f"  {verdict}")
     lines += [f"  note: {n}" for n in (*notes, *yours.notes[1:])]
     return "\n".join(lines)

@@ -472,3 +472,22 @@ def test_torchtitan_without_pp_runs_the_microbatches_as_accumulation_steps(tmp_p
     pinned, _ = _read(tmp_path, llama, "\n".join(lines[:-1]) + "\n", 2)  # without the activation subcommand
     c = pinned.candidate
     assert (c.microbatches, c.microbatch_size, c.layout.pp, c.layout.dp) == (4, 1, 1, 2)
+
+
+def test_a_faster_configuration_of_yours_says_which_pin_held_autopps_search() -> None:
+    """A new user's `--pin-from l70m.args --pp 4`: theirs (pp 8) was faster and the table said it lay outside
+    autopp's search "e.g. more memory than --memory allows"; it names the pins autopp's search kept that theirs
+    does not, and says the generic reason only where there is none."""
+    from dataclasses import replace
+
+    from autopp.data.layout import LayoutPins
+    from autopp.data.plan import load_plan
+    from autopp.export.compare import format_comparison
+    ours = load_plan(Path(__file__).resolve().parents[1] / "solve" / "golden" / "gpt-pp2-1f1b.json")
+    yours = replace(ours, layout=replace(ours.layout, dp=2),
+                    predicted=replace(ours.predicted, step_time_s=ours.predicted.step_time_s / 2))
+    held = format_comparison(yours, ours, "cfg.args", pins=LayoutPins(pp=2, dp=1))
+    assert "your configuration is predicted 2.00x as fast as autopp's plan (autopp's search was held to `dp` 1 " \
+           "(yours 2))" in held
+    free = format_comparison(yours, ours, "cfg.args", pins=LayoutPins(pp=2, dp=None))
+    assert "(it lies outside autopp's search, e.g. more memory than `memory_bytes` allows)" in free
