@@ -151,5 +151,6 @@ def test_the_grid_names_every_axis_above_one() -> None:
     from autopp.data.zero import ZERO
     from autopp.display import format_grid
     assert format_grid(Layout(pp=2, dp=4, ep=2, etp=2)) == "pp 2 x dp 4 x ep 2 x etp 2"
-    assert format_grid(Layout(pp=2, dp=2, cp=2, tp=2, sp=True, zero=ZERO[1])) == "pp 2 x dp 2 x cp 2 x tp 2 + SP, ZeRO 1"
+    sp = Layout(pp=2, dp=2, cp=2, tp=2, sp=True, zero=ZERO[1])
+    assert format_grid(sp) == "pp 2 x dp 2 x cp 2 x tp 2 + SP, ZeRO 1"
     assert format_grid(Layout(pp=4, dp=1)) == "pp 4 x dp 1"

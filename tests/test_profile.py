@@ -37,8 +37,9 @@ def _damage(src: Path, dst: Path, edit) -> Path:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda t: t.drop(columns=["backward_s"]), r"bad/units\.csv: lacks column\(s\) \['backward_s'\]; the file is damaged, cut short or from another version: "
-                                        r"re-profile"),
+    (lambda t: t.drop(columns=["backward_s"]),
+     r"bad/units\.csv: lacks column\(s\) \['backward_s'\]; the file is damaged, cut short or from another version: "
+     r"re-profile"),
     (lambda t: t.assign(forward_s=float("nan")),
      r"bad/units\.csv: line 2, column forward_s: an empty cell is not a finite number; .* re-profile"),
     (lambda t: t.assign(forward_s="abc"), r"line 2, column forward_s: 'abc' is not a finite number"),

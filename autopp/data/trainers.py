@@ -176,8 +176,8 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
                                   "dp_shard > 1 or cp > 1), so it never keeps whole replicas beside cp"),
                            ("ep", "torchtitan carves the ep ranks from dp_shard x cp x tp (ParallelDims: its expert "
                                   "mesh's efsdp = dp_shard x cp x tp / ep), and autopp's ep runs at tp 1 and cp 1, "
-                                  "so dp_shard (1 without sharding: ZeRO 0 writes dp as data_parallel_replicate_degree) "
-                                  "must hold the ep ranks")),
+                                  "so dp_shard (1 without sharding: ZeRO 0 writes dp as "
+                                  "data_parallel_replicate_degree) must hold the ep ranks")),
             module_names=HF_DECODER_TO_TORCHTITAN,
             vocab="torchtitan keeps the embedding and the output layer whole in the first and last stages (it splits "
                   "them only by tensor parallelism), never along the vocabulary over the pipeline ranks"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..data.axes import AXES
 from ..data.layout import LayoutPins
 from ..data.plan import Plan
 from ..display import format_grid, stage_sizes
@@ -46,8 +47,7 @@ def _held(yours: Plan, pins: LayoutPins | None) -> str:
     """The pins of autopp's search that your configuration does not keep ("`pp` 4 (yours 8)"); "" for none."""
     if pins is None:
         return ""
-    axes = ("pp", "v", "dp", "cp", "tp", "ep", "etp")
-    held = [f"`{a}` {getattr(pins, a)} (yours {getattr(yours.layout, a)})" for a in axes
+    held = [f"`{a}` {getattr(pins, a)} (yours {getattr(yours.layout, a)})" for a in ("v", *AXES)
             if getattr(pins, a) is not None and getattr(pins, a) != getattr(yours.layout, a)]
     if pins.zero is not None and pins.zero != yours.layout.zero:
         held.append(f"`zero` {pins.zero.stage} (yours {yours.layout.zero.stage})")

@@ -18,14 +18,19 @@ def _as_dict(report: RunReport | dict[str, Any]) -> dict[str, Any]:
     return report.to_json() if isinstance(report, RunReport) else report
 
 
+def _drawn(data: dict[str, Any], replica: int) -> list[dict[str, Any]]:
+    """The report's ranks a timeline draws: replica `replica`'s, tp rank 0 of each group, by pipeline rank."""
+    return sorted((r for r in data.get("ranks", []) if r["replica"] == replica and r.get("tp_rank", 0) == 0),
+                  key=lambda r: r["pp_rank"])
+
+
 def measured_timeline(report: RunReport | dict[str, Any], replica: int = 0) -> SimResult:
     """The median step of one replica as a SimResult: events per pipeline rank (start/end from that rank's step
     start, after a barrier; with tensor parallelism, tp rank 0 of each group, which runs the same actions as its
     peers), that step's time, busy-time bubbles, and each rank's measured peak memory (a flat memory line: the
     runner measures the peak, not its timeline)."""
     data = _as_dict(report)
-    ranks = sorted((r for r in data.get("ranks", []) if r["replica"] == replica and r.get("tp_rank", 0) == 0),
-                   key=lambda r: r["pp_rank"])
+    ranks = _drawn(data, replica)
     if not ranks:
         raise ValueError("the report has no per-rank measurements (an incomplete run, or a version-1 report)")
     step = data.get("timeline_step") or 0
@@ -68,11 +73,8 @@ def predicted_headline(report: RunReport | dict[str, Any], predicted: SimResult)
 def drawn_ranks(report: RunReport | dict[str, Any], replica: int = 0) -> list[str]:
     """Per pipeline rank drawn (`measured_timeline`'s lanes, named by pipeline rank as the plan's table names them),
     with the process its measurements are from where that differs (dp or tp above 1): "rank 1 (global rank 2)"."""
-    data = _as_dict(report)
-    ranks = sorted((r for r in data.get("ranks", []) if r["replica"] == replica and r.get("tp_rank", 0) == 0),
-                   key=lambda r: r["pp_rank"])
     return [f"rank {r['pp_rank']}" + (f" (global rank {r['rank']})" if r["rank"] != r["pp_rank"] else "")
-            for r in ranks]
+            for r in _drawn(_as_dict(report), replica)]
 
 
 def _draw_memory(ax: Any, measured: SimResult, predicted: SimResult | None, method: str | None,

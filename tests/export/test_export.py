@@ -681,6 +681,7 @@ def test_torchtitan_refuses_whole_replicas_beside_cp(llama: Profile, llama_plans
     base = llama_plans["dp"]
     plan = replace(base, layout=replace(base.layout, cp=2))
     with pytest.raises(ExportError, match=r"^plan: zero 0 with cp 2: torchtitan shards over dp_shard x cp whenever "
-                                          r"cp > 1 \(ParallelDims.fsdp_enabled: .*; re-plan with `zero` 1 or 3, or `cp` 1$"):
+                                          r"cp > 1 \(ParallelDims.fsdp_enabled: .*; re-plan with `zero` 1 or 3, or "
+                                          r"`cp` 1$"):
         export_plan(plan, Target.TORCHTITAN, "x", [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)])
     assert export_plan(plan, Target.MEGATRON, "x").text.startswith("--context-parallel-size 2\n")

@@ -334,7 +334,7 @@ def _report(solver: cp_model.CpSolver, status: cp_model.CpSolverStatus, took: fl
     common = dict(solve_time_s=took, hint_name=best.name, hint_step_s=best.sim.step_time_s, tick_s=d.tick_s)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         log.info("CP-SAT found no schedule in the time limit (%s); returning the warm start %s",
-                    solver.status_name(status), best.name)
+                 solver.status_name(status), best.name)
         return SynthResult(order=best.order, sim=best.sim, status=SynthStatus.HINT, objective_s=math.nan,
                            bound_s=math.nan, gap=math.nan, **common)  # type: ignore[arg-type]
     tick = d.tick_s
