@@ -439,8 +439,11 @@ def test_cpu_peak_bytes_per_unit() -> None:
 @pytest.mark.integration
 def test_shared_and_every_unit_agree_within_the_spread() -> None:
     """Real timing (the only way to see it on a real model): examples/gpt.py's blocks, shared from block 0 and each
-    measured. The tolerance is the profiles' own: two medians agree when their max - min ranges, widened to cover
-    the machine's drift between the two profiles (twice each spread), overlap; no speed is asserted."""
+    measured. Two medians agree when their max - min ranges, widened to cover the machine's drift between the two
+    profiles (twice each spread), overlap, or when they are within 35 % of each other: a loaded CI machine drifted
+    20 % between two profiles taken seconds apart (stop 39). The embedding and the head take 5x less and 4x more
+    than a block here, so that widening alone would not pass a time shared from the wrong unit (the spreads grow
+    under load, so only the widening is checked for that); no speed is asserted."""
     from ..conftest import EXAMPLES
     options, measuring = ProfileOptions(microbatch_sizes=(2,)), MeasureOptions(warmup=2, repeats=7, compare_whole=False)
     shared = profile_model(EXAMPLES / "gpt.py", options, measuring).units.set_index("unit")
@@ -448,11 +451,17 @@ def test_shared_and_every_unit_agree_within_the_spread() -> None:
     every = every.units.set_index("unit")
     blocks = [u for u in shared.index if shared.source[u] == "shared"]
     assert blocks == [2, 3, 4, 5, 6] and set(shared.same_as[blocks]) == {1}
-    for u in blocks:
-        for kind in ("forward", "backward"):
-            a, b = shared[f"{kind}_s"][u], every[f"{kind}_s"][u]
-            tolerance = 2 * (shared[f"{kind}_spread_s"][u] + every[f"{kind}_spread_s"][u])
-            assert abs(a - b) <= tolerance, (u, kind, a, b, tolerance)
+
+    def near(a: float, b: float) -> bool:
+        return abs(a - b) <= 0.35 * max(a, b)
+
+    for kind in ("forward", "backward"):
+        times, spreads = f"{kind}_s", f"{kind}_spread_s"
+        for u in blocks:
+            a, b = shared[times][u], every[times][u]
+            assert near(a, b) or abs(a - b) <= 2 * (shared[spreads][u] + every[spreads][u]), (u, kind, a, b)
+        for other in (0, 7):  # the widening tells a block from the embedding and from the head
+            assert not near(shared[times][2], every[times][other]), (other, kind, shared[times][2])
 
 
 def test_plan_checks_its_profile_on_the_meta_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
