@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import multiprocessing.process
+import os
 import subprocess
 import sys
 import tempfile
@@ -42,10 +43,19 @@ def load_script(name: str) -> ModuleType:
 MEASURING_FIXTURES = frozenset({"gpt_profile"})
 
 
+#: Set in a pytest-xdist worker (scripts/test.sh runs two): each worker collects every test, the controller hands
+#: them out in collection order.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use a measuring fixture are marked `integration`; under xdist, tests/test_typing.py goes first (its
+    mypy, ~30 s of one core, then runs beside the other worker's tests, as the serial early start does below)."""
     for item in items:
         if MEASURING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    if XDIST_WORKER:
+        items.sort(key=lambda item: not item.nodeid.startswith("tests/test_typing.py::"))  # stable: the rest keep order
 
 
 #: The command tests/test_typing.py checks, run from the root (mypy reads pyproject.toml, caches in .mypy_cache/).
@@ -57,12 +67,18 @@ MYPY_RUN = pytest.StashKey[tuple[subprocess.Popen[bytes], Path]]()
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start mypy as soon as the session's tests are known, if tests/test_typing.py is among them: a cold run takes
-    about 30 s of one core, which it then spends beside the single-threaded tests before it instead of after."""
-    if not any(item.nodeid.startswith("tests/test_typing.py::") for item in session.items):
-        return
+    about 30 s of one core, which it then spends beside the single-threaded tests before it instead of after. Not
+    in an xdist worker (each collects every test; the test starts its own, first in its worker's order)."""
+    if not XDIST_WORKER and any(item.nodeid.startswith("tests/test_typing.py::") for item in session.items):
+        start_mypy(session.config)
+
+
+def start_mypy(config: pytest.Config) -> tuple[subprocess.Popen[bytes], Path]:
+    """mypy started in the background, its output going to a temporary file; kept in the session's stash."""
     with tempfile.NamedTemporaryFile(prefix="autopp-mypy-", suffix=".out", delete=False) as f:
         proc = subprocess.Popen(MYPY, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    session.config.stash[MYPY_RUN] = (proc, Path(f.name))
+    config.stash[MYPY_RUN] = (proc, Path(f.name))
+    return proc, Path(f.name)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
