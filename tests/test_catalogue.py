@@ -667,6 +667,9 @@ CASES += [
                       "--memory", "80GiB",
                       "--dp", "3", "--ep", "3", "-o", str(env.tmp / "out.json")],
          lambda env: "--ep 3 does not divide the model's 128 routed experts per layer"),
+    # a new user's: --ep N without --dp or --pp sets dp N, and the error said only "dp(3) does not divide"
+    Case("flag:plan-ep-sets-a-dp-that-does-not-divide", lambda env: _plan_args(env, "--ep", "3"),
+         lambda env: "--ep 3 sets dp 3 (without --pp), which does not divide the 2 devices: give --ep one of [2]"),
     # issue 24's proof axis: expert tensor parallelism is carved beside ep from dp
     Case("flag:plan-etp-without-ep", lambda env: _plan_args(env, "--dp", "2", "--etp", "2"),
          lambda env: "--etp 2 shards the experts of an ep group, and ep is 1: give --ep > 1, or --etp 1"),

@@ -54,6 +54,25 @@ def test_memory_too_small(shipped_gpt, tmp_path: Path, capsys: pytest.CaptureFix
     assert not (tmp_path / "p.json").exists()
 
 
+def test_memory_too_small_beside_a_reserve_names_the_memory_that_works_with_it(
+        shipped_gpt, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """The tester's report: beside --memory-reserve, the remedy named a --memory that still did not fit (the reserve
+    is taken from it); now also the memory that works with the reserve kept, and both plan."""
+    prof = tmp_path / "prof"
+    shipped_gpt.save(prof)
+    base = ["plan", "--profile", str(prof), "--devices", "2", *ONE_PIPELINE, "--global-batch", "8"]
+    _fails([*base, "--memory", "40MiB", "--memory-reserve", "39MiB", "-o", str(tmp_path / "p.json")], capsys,
+           "the smallest that works is")
+    assert main([*base, "--memory", "40MiB", "--memory-reserve", "39MiB", "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    found = re.search(r"use --memory (\S+) or more \((\S+) or more beside --memory-reserve 39MiB, or a smaller "
+                      r"reserve\)", err)
+    assert found is not None, err
+    alone, kept = found.groups()
+    assert main([*base, "--memory", alone, "-o", str(tmp_path / "a.json")]) == 0
+    assert main([*base, "--memory", kept, "--memory-reserve", "39MiB", "-o", str(tmp_path / "k.json")]) == 0
+
+
 def test_plan_needs_model_or_profile(capsys: pytest.CaptureFixture[str]) -> None:
     _fails(["plan", "--devices", "2", "--memory", "1GiB"], capsys, "give either MODEL.py or --profile")
 

@@ -202,18 +202,19 @@ def _flag_axes() -> tuple[Axis, ...]:
     return tuple(a for a in AXES.values() if a.flag is not None and a.unplanned is None)
 
 
-def _pin(args: argparse.Namespace, axis: Axis) -> int | None:
-    """The pin of `axis`'s flag: its degree, or None for auto or a flag left out whose default is searched."""
-    return _dp(args) if axis.name == "dp" else getattr(args, axis.name) or None
-
-
-def _dp(args: argparse.Namespace) -> int | None:
-    """--dp N, auto (None), or unset: --ep N's N (times --etp E's E) without --pp (ep x etp = dp), else searched
+def _pin(args: argparse.Namespace, axis: Axis, devices: int) -> int | None:
+    """The pin of `axis`'s flag: its degree, or None for auto or a flag left out whose default is searched. dp left
+    out without --pp: --ep N's N (times --etp E's E; ep x etp = dp), which must divide the devices; else searched
     (with --pp: what the devices leave, which ep must divide)."""
-    if args.dp is None and args.pp is None:
-        ep = getattr(args, "ep", 1)
-        return ep * (getattr(args, "etp", 1) or 1) if ep not in (0, 1) else None
-    return args.dp or None  # None: --dp auto, or unset beside --pp
+    if axis.name != "dp" or args.dp is not None or args.pp is not None or getattr(args, "ep", 1) in (0, 1):
+        return getattr(args, axis.name) or None  # None: --dp auto, or unset beside --pp
+    ep, etp = args.ep, getattr(args, "etp", 1) or 1
+    if devices % (ep * etp):
+        fits = [e for e in range(2, devices + 1) if devices % (e * etp) == 0]
+        raise AutoppError(f"--ep {ep}{f' --etp {etp}' if etp > 1 else ''} sets dp {ep * etp} (without --pp), which "
+                          f"does not divide the {devices} devices: " + (f"give --ep one of {fits}" if fits else
+                          f"no --ep above 1 does beside --etp {etp}: give a smaller --etp"))
+    return ep * etp
 
 
 def _profiled_tp(args: argparse.Namespace, pins) -> int | None:  # type: ignore[no-untyped-def]
@@ -286,10 +287,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..display import format_plan
     from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
+    cluster = plan_cluster(args)
     pins = LayoutPins(v=args.virtual_stages, zero=args.zero, sp={"on": True, "off": False}.get(args.sp),
                       dp_replicate=args.dp_replicate or None,
-                      **{a.name: _pin(args, a) for a in _flag_axes()})
-    cluster = plan_cluster(args)
+                      **{a.name: _pin(args, a, cluster.num_devices) for a in _flag_axes()})
     request = PlanRequest(cluster=cluster, global_batch=_global_batch(args, cluster, None)[0],
                           num_microbatches=args.microbatches,
                           schedule=None if args.schedule == "auto" else ScheduleName(args.schedule),

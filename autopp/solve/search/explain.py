@@ -272,9 +272,11 @@ def _memory_hint(profile: Profile, req: PlanRequest, views: Views, light: _Light
     (`order_peak`), said to work only where a plan is found at that memory, and otherwise said as what does not
     fit."""
     def works(need: int) -> str:
-        more = max(0, need - req.cluster.memory_bytes)
+        more, reserve = max(0, need - req.cluster.memory_bytes), req.cluster.memory_reserve_bytes
+        kept = (f" ({size_argument(need + reserve)} or more beside `memory_reserve` {size_argument(reserve)}, or "
+                "a smaller reserve)") if reserve else ""
         return (f"({light.microbatches} microbatches, {format_size(more)} more per device); use `memory_bytes` "
-                f"{size_argument(need)} or more")
+                f"{size_argument(need)} or more{kept}")
 
     peak = order_peak(views, light) if not req.cluster.devices else light.need
     if peak <= light.need:
