@@ -1,8 +1,8 @@
 """The package type-checks: mypy with pyproject's [tool.mypy] settings reports no error.
 
-Integration tier: a cold run takes about 30 s (under 2 s warm from .mypy_cache/ at the repository root); tests/conftest.py
-starts it when the session's tests are chosen, so that it runs beside the tests before this one (under xdist, this
-test runs first in its worker and starts it, beside the other worker's tests). Alone:
+Integration tier: a cold run takes about 30 s (under 2 s warm from .mypy_cache/ at the repository root);
+tests/conftest.py starts it when the session's tests are chosen, so that it runs beside the tests before this one
+(under xdist, this test runs first in its worker and starts it, beside the other worker's tests). Alone:
 `.venv/bin/python -m mypy autopp`, or `./scripts/test.sh tests/test_typing.py`.
 """
 
