@@ -230,6 +230,8 @@ PROFILES: dict[str, tuple[Callable[[Env], None], str]] = {
     "units-lacks-column": (_damaged("units.csv", _drop_column("forward_s")), "units.csv"),
     "units-row-missing": (_damaged("units.csv", lambda t: "\n".join(t.splitlines()[:-1]) + "\n"), "units.csv"),
     "edges-text": (_damaged("edges.csv", lambda t: t.splitlines()[0] + "\nx,y,z,w\n"), "edges.csv"),
+    # a new user's: MoE layers counted, the routing (extra.moe) gone: planned with "None per layer" until export
+    "units-moe-without-routing": (_damaged("units.csv", _replace_cell("moe_layers", "1")), "meta.json"),
 }
 for _name, (_setup, _file) in PROFILES.items():
     CASES.append(Case(f"profile:{_name}", lambda env: _plan_args(env)[:2] + [str(env.bad_prof)] + _plan_args(env)[3:],

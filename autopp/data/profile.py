@@ -343,6 +343,10 @@ def _validate(meta: ProfileMeta, units: pd.DataFrame, edges: pd.DataFrame, where
         raise ProfileError(f"{where}/meta.json: {len(meta.split_points)} split points for {n} units")
     if all(c in units.columns for c in ("source", "same_as")):  # absent: a profile before them (filled in)
         _validate_sources(units, where)
+    if "moe_layers" in units.columns and units.moe_layers.any() and not isinstance(
+            (meta.extra.get("moe") or {}).get("num_experts"), int):  # autopp.model.experts.moe_facts
+        raise ProfileError(f"{where}/meta.json: units.csv counts MoE layers but extra.moe records no num_experts "
+                           f"(the file is damaged): {_REPROFILE}")
 
 
 def _validate_sources(units: pd.DataFrame, where: str) -> None:

@@ -161,8 +161,9 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
                                       "ranks beside them, the rows they receive all-gathered and the partial outputs "
                                       "reduce-scattered, 2 + 2 per MoE layer and microbatch (the time breakdown's "
                                       "TP/SP collectives)")
+        top = "" if moe.get("top_k") is None else f", top-{moe['top_k']}"  # a router without top_k: not said
         out.append(f"expert parallelism {ep}: each stage's {dp} replicas{groups} hold 1/{ep} of its experts "
-                   f"({moe.get('num_experts')} per layer, top-{moe.get('top_k')}) and exchange the routed tokens by "
+                   f"({moe['num_experts']} per layer{top}) and exchange the routed tokens by "
                    "all-to-all, 2 + 2 per MoE layer and microbatch, in the stage times (docs/parallelism.md)" + tensor
                    + ("" if same == 1 or c.layout.fsdp else
                       f"; expert gradients all-reduced over the {same} ranks holding the same")
