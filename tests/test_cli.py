@@ -341,10 +341,11 @@ def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.M
     assert "--cp CP" in out and "--etp ETP" in out  # etp (issue 24's proof axis): its descriptor's Flag alone
     import argparse
     args = argparse.Namespace(pp=None, dp=None, cp=0, tp=2, ep=1, etp=0)
-    assert [cli_plan._pin(args, a) for a in cli_plan._flag_axes()] == [None, None, None, 2, 1, None]
+    assert [cli_plan._pin(args, a, 8) for a in cli_plan._flag_axes()] == [None, None, None, 2, 1, None]
     # --ep N without --dp: dp N (the runner's ep = dp); --ep auto: dp searched as well
-    assert cli_plan._dp(argparse.Namespace(pp=None, dp=None, ep=2)) == 2
-    assert cli_plan._dp(argparse.Namespace(pp=None, dp=None, ep=0)) is None
+    dp = cli_plan.AXES["dp"]
+    assert cli_plan._pin(argparse.Namespace(pp=None, dp=None, ep=2), dp, 8) == 2
+    assert cli_plan._pin(argparse.Namespace(pp=None, dp=None, ep=0), dp, 8) is None
 
 
 @pytest.mark.integration  # about a second or more: the unit tier stays under a minute
@@ -531,9 +532,9 @@ def test_ep_sets_dp_only_when_neither_dp_nor_pp_is_given(flags: dict[str, int], 
     where pinning it to 8 refused 64 devices as "pp(2) * dp(8) != devices (64)", a dp the user never typed. With
     `--etp 2`, dp 2 x 2 (a new user's `--ep 2 --etp 2` was told ep x etp must divide dp 2)."""
     import argparse
-    from autopp.cli.plan import _dp
+    from autopp.cli.plan import AXES, _pin
     args = argparse.Namespace(**{"ep": 1, "pp": None, "dp": None, **flags})
-    assert _dp(args) == dp
+    assert _pin(args, AXES["dp"], 64) == dp
 
 
 def test_a_restricted_plan_faster_than_the_unrestricted_tie_says_why(tmp_path: Path,
