@@ -475,6 +475,23 @@ for _name, _data in LINKS.items():
                       lambda env: str(env.links), (lambda env: None) if _data is None else _json_file("links", _data)))
 
 
+def _split_backward_zero3(env: Env) -> None:
+    """A ZBVZeroBubble plan of the shared profile at pp 2 x dp 2 made with ZeRO 1, its `zero` set to 3 (the planner
+    no longer makes one), at env.bad_plan."""
+    from autopp.data.cluster import Cluster
+    from autopp.data.layout import LayoutPins
+    from autopp.data.profile import load_profile
+    from autopp.data.zero import ZERO
+    from autopp.schedule import ScheduleName
+    from autopp.solve import PlanRequest, make_plan
+    request = PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2**30), global_batch=8,
+                          schedule=ScheduleName.ZBV_ZERO_BUBBLE,
+                          pins=LayoutPins(pp=2, dp=2, tp=1, zero=ZERO[1]))
+    make_plan(load_profile(env.prof), request).save(env.bad_plan)
+    data = json.loads(env.bad_plan.read_text())
+    env.bad_plan.write_text(json.dumps({**data, "zero": 3}))
+
+
 # ---- flags ----
 FLAGS: dict[str, tuple[list[str], str]] = {
     "plan-memory-text": (["plan", "--profile", "P", "--devices", "2", "--memory", "lots"], "--memory"),
@@ -651,6 +668,16 @@ CASES += [
          _plan_edit(lambda d: d.update(cp=2, tp=2, model_path=str(ROOT / "examples" / "configs" / "tiny-llama.json"),
                                        hf_config={"seq_len": 16, "task": "causal-lm"},
                                        num_ranks=4 * d["num_ranks"]))),
+    # a tester's: ZeRO 3 beside a split backward ran and failed validation (gradients 100 % off)
+    Case("flag:plan-zero-3-with-a-split-backward", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
+                                                               "--memory", "1GiB", "--pp", "2", "--dp", "2", "--zero",
+                                                               "3", "--schedule", "ZBVZeroBubble", "-o",
+                                                               str(env.tmp / "o.json")],
+         lambda env: "--zero 3 with ZBVZeroBubble: torch.distributed.pipelining's split backward (input pass, then "
+                     "weight pass) beside FSDP2's resharding gives wrong parameter gradients"),
+    Case("run:zero-3-with-a-split-backward", lambda env: ["run", str(env.bad_plan)],
+         lambda env: "plan field 'zero' is 3 beside ZBVZeroBubble's split backward: torch.distributed.pipelining's "
+                     "split backward", _split_backward_zero3),
     Case("flag:plan-dp-does-not-divide", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4",
                                                       "--memory", "1GiB", "--dp", "3", "-o", str(env.tmp / "o.json")],
          lambda env: "dp(3)"),

@@ -75,7 +75,8 @@ def test_an_analytic_moe_profile_without_the_expert_columns_is_not_current() -> 
     from autopp.cli.profile import _current
     from autopp.data.profile import Profile
     measured = load_profile(ROOT / "profiles" / "mlp")
-    moe = Profile(measured.meta, measured.units.assign(moe_layers=1), measured.edges)
+    routed = replace(measured.meta, extra={**measured.meta.extra, "moe": {"num_experts": 4, "top_k": 2}})
+    moe = Profile(routed, measured.units.assign(moe_layers=1), measured.edges)
     fp = moe.meta.fingerprint
     assert _current(moe, fp, None, None, (), "fp32") is None
     analytic = replace(moe.meta, extra={**moe.meta.extra, "analytic_device": "h100-sxm"})

@@ -255,6 +255,12 @@ class Cluster:
         """Index in `devices` (the file's order) of the device running pipeline rank `rank`."""
         return self.order[rank] if self.order else rank
 
+    def mirror_symmetric(self, pp: int) -> bool:
+        """Whether rank r and rank pp - 1 - r have the same device and links (Chimera's up replica of a stage is then
+        as fast as its down replica, which the simulator assumes: `simulate`'s `mirror`)."""
+        return all(self.device(r) == self.device(pp - 1 - r) for r in range(pp)) and all(
+            self.link_between(r, r + 1) == self.link_between(pp - 1 - r, pp - 2 - r) for r in range(pp - 1))
+
     def link_between(self, a: int, b: int) -> Link:
         """The link carrying a transfer between ranks a and b (links join devices adjacent in the file). On a
         cluster of nodes `placed` for (pp, dp): the link of the highest level any replica's transfer climbs

@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import LayoutError, PlanError, ScheduleError
 from ..jsonio import read_json, write_json
 from ..relpaths import resolved_path, stored_path
-from ..schedule.actions import Action
+from ..schedule.actions import Action, Kind
 from ..schedule.activation import FIGURED, Activation, Figures, figure_keys
 from ..schedule.descriptors import ScheduleName, describe
 from ..schedule.seqpipe import ChunkCosts
@@ -160,6 +160,14 @@ class Plan:
     @property
     def split_points(self) -> list[str]:
         return [s.split_point for s in self.stages[1:] if s.split_point is not None]
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the plan runs I and W actions (its schedule's descriptor says; a given order: whether it has
+        them)."""
+        d = describe(self.schedule)
+        return d.splits_backward if not d.given_order else any(
+            a.kind in (Kind.I, Kind.W) for row in self.custom_order for a in row)
 
     @property
     def assumed_overlap(self) -> Overlap:

@@ -35,6 +35,9 @@ class ZeroStage:
     not_runnable: str | None = None
     """Why `autopp run` (torch.distributed.pipelining) cannot run it; None: it runs. A stage that cannot run is costed
     only when asked for, never searched."""
+    split_backward_refusal: str | None = None
+    """Why `autopp run` does not run this stage beside a split I/W backward (the zero-bubble schedules, synthesized
+    orders); None: it does. The planner leaves those configurations out and refuses them pinned."""
     megatron: tuple[str, ...] = field(default=(), compare=False, hash=False)
     """Megatron-LM's arguments for it (where it runs: `refusal("megatron")` is None)."""
     trainer_refusals: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -85,6 +88,11 @@ ZERO: dict[int, ZeroStage] = {z.stage: z for z in (
                   "deepspeed": _DEEPSPEED}, one_stage_refusals={"deepspeed": _DEEPSPEED_ONE_STAGE}),
     ZeroStage(stage=3, sharded="optimizer state, and parameters and gradients between steps", shards_optimizer=True,
               gathers_each_forward=True, fsdp_reshard_after_forward=True,
+              split_backward_refusal="torch.distributed.pipelining's split backward (input pass, then weight pass) "
+                                     "beside FSDP2's resharding gives wrong parameter gradients (measured: "
+                                     "examples/gpt.py under the V-shaped zero-bubble schedule, pp 2 x dp 2, a "
+                                     "block's norm weight 100 % off; the same split with ZeRO 1, or with full "
+                                     "backwards, matches one process)",
               megatron=("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"),
               trainer_refusals={"deepspeed": _DEEPSPEED}, one_stage_refusals={"deepspeed": _DEEPSPEED_ONE_STAGE}),
 )}

@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 
 def check_runnable(plan: Plan) -> None:
-    """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`), the expert-parallel
+    """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`, or its
+    `split_backward_refusal` under a schedule or order that splits backward), the expert-parallel
     layouts the runner does not run (`check_expert_parallel`), and the context-parallel plans it does not run
     (`check_context_plan`)."""
     check_expert_parallel(plan.layout)
@@ -35,6 +36,9 @@ def check_runnable(plan: Plan) -> None:
     if zero.not_runnable is not None:
         raise RunError(f"plan field 'zero' is {zero.stage}: {zero.not_runnable}; plan with `zero` "
                        f"{' or '.join(str(z.stage) for z in SEARCHED_ZERO if not z.replicated)}")
+    if zero.split_backward_refusal and plan.splits_backward:
+        raise RunError(f"plan field 'zero' is {zero.stage} beside {plan.schedule.value}'s split backward: "
+                       f"{zero.split_backward_refusal}; plan with `zero` 1 or a schedule with full backwards")
 
 
 def sync_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:

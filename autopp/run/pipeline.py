@@ -32,7 +32,7 @@ from .seq_chunks import ROPE, SeqChunks, chunk_example, chunked_steps, rope_of
 from .tensor_parallel import local_shapes, planned_modules, sequence_planned
 from .tied import aliases, canonical_names, shared_params
 
-__all__ = ["check_schedule_runs", "torch_schedule_class", "splits_backward", "check_split_backward", "placement",
+__all__ = ["check_schedule_runs", "torch_schedule_class", "check_split_backward", "placement",
            "RankStages", "build_stages", "contiguous_sends", "make_schedule", "custom_schedule", "write_order_csv",
            "last_stage_kwargs"]
 
@@ -177,14 +177,6 @@ def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.d
     return stages, {i: r for i, r in relayed.items() if r}
 
 
-def splits_backward(plan: Plan) -> bool:
-    """Whether the plan's schedule runs I and W actions (its descriptor says; a given order: whether it has them)."""
-    d = describe(plan.schedule)
-    if not d.given_order:
-        return d.splits_backward
-    return any(a.kind in (Kind.I, Kind.W) for row in plan.custom_order for a in row)
-
-
 def check_split_backward(plan: Plan, pieces: Sequence[ChainPiece]) -> None:
     """Refuse a split-backward schedule when a stage after the first sends on a value that depends on parameters
     only. torch's input pass differentiates the stage outputs with respect to the stage inputs and keeps, for the
@@ -192,7 +184,7 @@ def check_split_backward(plan: Plan, pieces: Sequence[ChainPiece]) -> None:
     made of weights alone is in neither, so the weight pass drops it (measured on T5 under ZBVZeroBubble, one
     decoder block per stage: the first decoder block's relative-attention-bias gradient was 88% off), or fails
     ("Trying to backward through the graph a second time", two decoder blocks on a stage)."""
-    if not splits_backward(plan):
+    if not plan.splits_backward:
         return
     for piece in pieces:
         if piece.weight_only:

@@ -121,16 +121,14 @@ def test_an_output_made_from_weights_only_is_found() -> None:
 
 
 def test_split_backward_schedules_are_told_apart() -> None:
-    from autopp.run.pipeline import splits_backward
-
-    assert splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "ZBVZeroBubble", Layout(pp=2, v=2)))
-    assert not splits_backward(pipeline_plan(MASKED, MASKED_CUTS, "Interleaved1F1B", Layout(pp=2, v=2)))
+    assert pipeline_plan(MASKED, MASKED_CUTS, "ZBVZeroBubble", Layout(pp=2, v=2)).splits_backward
+    assert not pipeline_plan(MASKED, MASKED_CUTS, "Interleaved1F1B", Layout(pp=2, v=2)).splits_backward
     def custom(*rows: str) -> Plan:
         order = tuple(tuple(parse_action(t) for t in row.split()) for row in rows)
         return pipeline_plan(MASKED, ["blocks.1"], "Custom", ranks=[0, 1], custom_order=order)
 
     full, split = custom("0F0 0B0", "1F0 1B0"), custom("0F0 0I0 0W0", "1F0 1I0 1W0")
-    assert not splits_backward(full) and splits_backward(split)
+    assert not full.splits_backward and split.splits_backward
 
 
 @pytest.mark.integration

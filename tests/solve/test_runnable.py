@@ -9,7 +9,7 @@ import pytest
 
 from autopp.data.cluster import Cluster
 from autopp.data.layout import Layout, LayoutPins
-from autopp.errors import InfeasibleError
+from autopp.errors import InfeasibleError, LayoutError
 from autopp.data.profile import LiveValue, Profile
 from autopp.schedule import Activation, ScheduleName, describe
 from autopp.solve import PlanRequest, make_plan
@@ -156,3 +156,26 @@ def test_the_chosen_schedule_is_not_noted_as_excluded() -> None:
     plan = make_plan(profile, request)
     assert plan.schedule is ScheduleName.ZBV_ZERO_BUBBLE and (plan.layout.pp, plan.layout.dp) == (2, 2)
     assert not any("excluded" in n for n in plan.notes)
+
+
+def _zero_request(zero: int, schedule: ScheduleName | None = None, synthesize: bool = False) -> PlanRequest:
+    from autopp.data.zero import ZERO
+    return PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2**40), global_batch=8, schedule=schedule,
+                       pins=LayoutPins(pp=2, dp=2, zero=ZERO[zero]), synthesize=synthesize, synth_time_limit_s=2.0)
+
+
+def test_zero_3_is_not_offered_beside_a_split_backward_and_is_refused_pinned() -> None:
+    """A tester's run: ZeRO 3 under ZBVZeroBubble, InterleavedZeroBubble or a synthesized order (pp 2 x dp 2) failed
+    validation (gradients 100 % off); ZeRO 1 and full backwards matched. The search leaves that out, a pin is
+    refused with the reason, and ZeRO 1 keeps every schedule."""
+    from autopp.solve.search.request import configs
+    searched = {c.schedule for c in configs(_zero_request(3), 8)}
+    assert searched and not any(describe(s).splits_backward for s in searched)
+    split = {s for s in ScheduleName if describe(s).splits_backward}
+    assert split <= {c.schedule for c in configs(_zero_request(1), 8)}
+    plan = make_plan(synthetic_profile(8), _zero_request(3, synthesize=True))
+    assert plan.layout.zero.stage == 3 and plan.schedule is not ScheduleName.CUSTOM
+    assert not describe(plan.schedule).splits_backward
+    with pytest.raises(LayoutError, match=r"^`zero` 3 with ZBVZeroBubble: torch.distributed.pipelining's split "
+                                          r"backward .* plan with `zero` 1, or one of GPipe, 1F1B, Interleaved1F1B"):
+        _zero_request(3, ScheduleName.ZBV_ZERO_BUBBLE)

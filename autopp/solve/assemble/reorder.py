@@ -37,10 +37,13 @@ def synthesized(a: UnitArrays, cluster: Cluster, best: Verdict, time_limit_s: fl
     """The synthesized order for `best`'s split if it simulates faster than `best`, else None.
 
     Recomputing stages and Chimera's two replicas per rank are left to the named schedules (the synthesis model keeps
-    activations from F to W and gives each stage one rank). The
+    activations from F to W and gives each stage one rank), and so is a ZeRO stage with a `split_backward_refusal`
+    (the synthesized orders split every backward). The
     synthesis does not model the links' progress delays; its order is re-simulated with them before it is compared."""
     c = best.candidate
     if c.recomputing or c.mirror is not None:  # Chimera: the synthesis gives each stage one rank
+        return None
+    if c.layout.zero.split_backward_refusal:  # its orders split every backward into I and W
         return None
     owner = c.owner
     cluster = cluster.placed(c.layout)

@@ -106,7 +106,7 @@ def _trainer_refusal(req: PlanRequest, n: int) -> InfeasibleError | None:
 
 def _no_mirror(req: PlanRequest, name: ScheduleName, pps: list[int], tp: int) -> InfeasibleError:
     """Why Chimera has no configuration: an odd pipeline, no even microbatch count, or rank r and rank pp - 1 - r
-    that differ (`request.mirror_symmetric`)."""
+    that differ (`Cluster.mirror_symmetric`)."""
     if all(pp % 2 for pp in pps):
         return InfeasibleError(f"{name.value} needs an even number of pipeline ranks ({min(pps)} % 2 = 1): use an "
                                f"even `pp` or number of `devices`, or another `schedule`")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from ...data.cluster import Cluster
-from ...data.layout import Layout, LayoutPins, check_planned, uses_mesh
+from ...data.layout import Layout, LayoutPins, check_planned
 from ...data.overlap import TRAINER_OVERLAP, Overlap, default_overlap
 from ...data.trainers import TRAINER_RULES, refusal
 from ...data.vocab import VocabVariant
@@ -17,6 +17,7 @@ from ...errors import LayoutError, ProfileError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, by_saving, chosen, describe, listed, policy
 from ...schedule.seqpipe import ChunkCosts
 from .judge import Candidate
+from .runnable import check_pinned_zero, runs_beside
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "Group", "replica_counts", "microbatch_counts", "zero_stages",
            "ep_choices", "tp_choices", "cp_choices", "configs", "with_sp"]
@@ -103,6 +104,7 @@ class PlanRequest:
         if self.schedule is not None and describe(self.schedule).given_order:
             raise LayoutError(f"{self.schedule.value} is a plan's own order, not a schedule to plan for; use one of "
                               f"{listed(lambda d: True)} or search `schedule`")
+        check_pinned_zero(self.schedule, self.pins.zero)
         self._check_recompute_stages()
         self._check_trainer()
         if not self.cluster.homogeneous and self.pins.dp not in (1, None):
@@ -361,19 +363,11 @@ def configs(req: PlanRequest, n: int, degrees: tuple[Group, ...] = (Group(1, 1),
            for ep, etp in ep_choices(req, c.layout.dp, cp * tp, zero, c.layout.pp)
            if not experts or experts % ep == 0 or req.pins.ep
            for r in replicate_choices(req, c.layout.dp, zero, ep)]
-    # the runner runs Chimera's two pipelines on pipeline ranks alone (autopp.run.bidirectional)
-    out = [c for c in out if not describe(c.schedule).mirrored or (c.layout.dp == 1 and not uses_mesh(c.layout))]
+    out = [c for c in out if runs_beside(c.schedule, c.layout)]  # what the runner runs whatever the model
     if req.trainer is None:
         return out
     rules = TRAINER_RULES[req.trainer]
     return [c for c in out if refusal(rules, c.schedule, c.layout, c.m) is None]
-
-
-def mirror_symmetric(cluster: Cluster, pp: int) -> bool:
-    """Whether rank r and rank pp - 1 - r have the same device and links (Chimera's up replica of a stage is then
-    as fast as its down replica, which the simulator assumes: `simulate`'s `mirror`)."""
-    return all(cluster.device(r) == cluster.device(pp - 1 - r) for r in range(pp)) and all(
-        cluster.link_between(r, r + 1) == cluster.link_between(pp - 1 - r, pp - 2 - r) for r in range(pp - 1))
 
 
 def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:
@@ -384,7 +378,7 @@ def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:
         pp = req.cluster.num_devices // dp
         for name in names:
             d = describe(name)
-            if d.mirrored and not mirror_symmetric(req.cluster.placed(Layout(pp=pp, dp=dp)), pp):
+            if d.mirrored and not req.cluster.placed(Layout(pp=pp, dp=dp)).mirror_symmetric(pp):
                 continue
             for v in d.v_choices(req.pins.v):  # not several stages on one rank (explain.py `_looped_single_rank`)
                 stages = pp * d.stages_per_rank(v)

@@ -15,12 +15,14 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from ...data.layout import Layout, uses_mesh
+from ...data.zero import ZeroStage
+from ...errors import LayoutError
 from ...data.profile import LiveValue, TiedGroup, ValueAction
 from ...schedule import ScheduleName, describe, listed
 from ..partition.dp import Bounds
 
 __all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal",
-           "PARALLEL_KEY", "parallel_refusal", "tied_across_note", "mirror_refusal"]
+           "PARALLEL_KEY", "parallel_refusal", "tied_across_note", "mirror_refusal", "runs_beside", "check_pinned_zero"]
 
 #: The key of `parallel_refusal`'s reasons among a search's exclusions (the others are schedule names).
 PARALLEL_KEY = "tensor parallelism or ZeRO"
@@ -125,3 +127,20 @@ def mirror_refusal(tied: Sequence[TiedGroup], schedule: ScheduleName, layout: La
     return (f"{schedule.value} excluded where {group.names[0]!r}, tied between units {list(group.units)}, "
             f"lands in two stages ({stages[0]} and {stages[1]}): the runner does not sum tied weights "
             f"across its two replicas")
+
+
+def runs_beside(schedule: ScheduleName, layout: Layout) -> bool:
+    """Whether the runner runs `schedule` on `layout` whatever the model: Chimera's two pipelines on pipeline ranks
+    alone (autopp.run.bidirectional), a split I/W backward only beside a ZeRO stage without a
+    `split_backward_refusal` (`request.configs` keeps these)."""
+    d = describe(schedule)
+    return (not d.mirrored or (layout.dp == 1 and not uses_mesh(layout))) and not (
+        d.splits_backward and layout.zero.split_backward_refusal)
+
+
+def check_pinned_zero(schedule: ScheduleName | None, zero: ZeroStage | None) -> None:
+    """A LayoutError for a pinned schedule with a split I/W backward beside a pinned ZeRO stage that refuses it."""
+    if schedule is not None and describe(schedule).splits_backward and zero and zero.split_backward_refusal:
+        full = listed(lambda d: not (d.splits_backward or d.given_order or d.mirrored))
+        raise LayoutError(f"`zero` {zero.stage} with {schedule.value}: {zero.split_backward_refusal}; plan with "
+                          f"`zero` 1, or one of {full}")
