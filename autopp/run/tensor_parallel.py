@@ -242,7 +242,7 @@ def sequence_styles(piece: nn.Module, resolved: Mapping[str, str], sequence: Seq
             if node.op != "call_module":
                 continue
             name = prefix + str(node.target)
-            if name in norms:
+            if name in norms and name not in steps:  # a step's own output: made whole at its boundary
                 for reader in _readers(node):
                     if reader.op == "call_module" and prefix + str(reader.target) not in steps:
                         fed.setdefault(prefix + str(reader.target), []).extend(

@@ -66,3 +66,16 @@ def test_interleaved_sequence_parallel_stages_of_an_embedding_and_of_a_norm_alon
     assert len(_rank_lines(tmp_path, "sequence-parallel: 0 norms, 0 stage inputs split, 0 outputs gathered")) == 2
     assert len(_rank_lines(tmp_path, "sequence-parallel: 4 norms, 1 stage inputs split, 1 outputs gathered")) == 4
     assert len(_rank_lines(tmp_path, "sequence-parallel: 1 norms, 1 stage inputs split, 1 outputs gathered")) == 2
+
+
+@pytest.mark.integration
+def test_sequence_parallel_final_norm_read_by_a_plain_head_in_the_same_unit_on_2_ranks(tmp_path: Path) -> None:
+    """A new user's model file (tests/models/plainlm.py): the final norm and a head outside the TP_PLAN in one unit
+    whose forward calls both. The norm's output, gathered at the unit's boundary for the head, was also prepared as
+    a sequence shard for it (a DTensor into a plain Linear: "aten.mm.default got mixed torch.Tensor and DTensor")."""
+    plan = pipeline_plan(ROOT / "tests" / "models" / "plainlm.py", [], schedule="GPipe",
+                         layout=Layout(pp=1, tp=2, sp=True), num_microbatches=1)
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=600, work_dir=tmp_path))
+    assert report.passed and report.num_ranks == 2
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    assert len(_rank_lines(tmp_path, "sequence-parallel: 1 norms, 1 stage inputs split, 1 outputs gathered")) == 2
