@@ -74,6 +74,18 @@ def test_views_are_the_cost_models_group_then_replica_terms(profile) -> None:  #
         assert np.array_equal(getattr(got, name), getattr(expected, name)), name
 
 
+def test_tp_choices_leave_room_for_a_pinned_cp() -> None:
+    """A new user's `--pp 1 --cp 2` on 2 devices with tp searched: tp 2 made groups of 4 of the 2 devices and a
+    ValueError traceback (`Cluster.tp_groups`); on 4 devices with `--pp 2`, "pp(2) does not divide the 1 devices"."""
+    two, four = Cluster(num_devices=2, memory_bytes=2**30), Cluster(num_devices=4, memory_bytes=2**30)
+
+    def pins(pp: int) -> LayoutPins:
+        return LayoutPins(pp=pp, cp=2, dp=None, tp=None)
+    assert tp_choices(PlanRequest(cluster=two, global_batch=8, pins=pins(1)), (2,)) == [1]
+    assert tp_choices(PlanRequest(cluster=four, global_batch=8, pins=pins(2)), (2,)) == [1]
+    assert tp_choices(PlanRequest(cluster=four, global_batch=8, pins=pins(1)), (2,)) == [1, 2]
+
+
 def test_tp_choices_stay_inside_a_node_unless_allowed(profile) -> None:  # type: ignore[no-untyped-def]
     small = _nodes(count=4, per=2)
     assert tp_choices(PlanRequest(cluster=small, global_batch=8, pins=LayoutPins(tp=None)), (2, 4)) == [1, 2]

@@ -279,11 +279,12 @@ def zero_stages(req: PlanRequest, dp: int) -> tuple[ZeroStage, ...]:
 
 def tp_choices(req: PlanRequest, profiled: tuple[int, ...]) -> list[int]:
     """Tensor-parallel degrees to search: the pinned one, else 1 and each degree in `profiled` (the profile's
-    `tp_degrees`) that divides the devices and, unless `tp_across_nodes`, the devices per node."""
+    `tp_degrees`) that divides the devices with the pinned pp, dp and cp and, unless `tp_across_nodes`, the devices
+    per node."""
     if req.pins.tp is not None:
         return [req.pins.tp]
     nodes, d = req.cluster.nodes, req.cluster.num_devices
-    pinned = (req.pins.pp or 1) * (req.pins.dp or 1)
+    pinned = (req.pins.pp or 1) * (req.pins.dp or 1) * (req.pins.cp or 1)
     fits = lambda t: d % (pinned * t) == 0 and (nodes is None or nodes.devices_per_node % t == 0  # noqa: E731
                                                 or req.tp_across_nodes and t % nodes.devices_per_node == 0)
     return [1, *(t for t in sorted(profiled) if t > 1 and fits(t) and req.cluster.homogeneous)]
