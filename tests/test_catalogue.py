@@ -328,6 +328,14 @@ for _name, _setup in PLANS.items():
                           lambda env: str(env.bad_plan), _setup))
 
 
+def _partial_report(env: Env) -> None:
+    """What `autopp run` writes when a rank fails before any measurement came back (no per-rank entries)."""
+    from autopp.data.layout import Layout
+    from autopp.run.report import RunReport
+    RunReport(plan_path=str(env.plan), model_path="examples/mlp.py", fingerprint="abc", schedule="1F1B",
+              layout=Layout(pp=2), num_microbatches=2, microbatch_size=2, steps=1, lr=0.01, backend="gloo",
+              grad_rtol=1e-4, loss_rtol=1e-5, predicted_step_time_s=0.1,
+              error="rank 0 failed: RuntimeError: boom\n(also rank 1 failed)").save(env.tmp / "r.json")
 
 
 def _batch_norm_plan(env: Env) -> None:
@@ -338,6 +346,11 @@ def _batch_norm_plan(env: Env) -> None:
 
 # Issue 26, points 10 and 11: refused before any rank starts, with the way out.
 CASES += [
+    # a tester's: the partial report a failed run writes and names was a 21-line traceback under `autopp show`
+    Case("show:a-partial-report", lambda env: ["show", str(env.tmp / "r.json"), "-o", str(env.tmp / "t.png")],
+         lambda env: f"{env.tmp / 'r.json'}: the report has no per-rank measurements, so there is no timeline to "
+                     "draw (the run stopped early: rank 0 failed: RuntimeError: boom); `autopp run` the plan again",
+         _partial_report),
     Case("run:gpu-plan-without-cuda-devices", lambda env: ["run", str(env.bad_plan)],
          lambda env: "the plan is for h100-sxm (one GPU per rank) but this node has 0 CUDA devices for its 2 ranks: "
                      "run it on those machines, or give --backend gloo to run it on CPU here",

@@ -29,8 +29,12 @@ def _show_report(path: Path, out: Path) -> int:
     from ..data.plan import load_plan
     from ..predict import simulate_plan
     from ..run import draw_report, load_report
-    from ..run.timeline import measured_headline, predicted_headline
+    from ..run.timeline import drawn_ranks, measured_headline, predicted_headline
     report = load_report(path)
+    if not drawn_ranks(report):  # a partial report: the run stopped before a rank's measurements came back
+        error = str(report.get("error") or "").splitlines()
+        raise AutoppError(f"{path}: the report has no per-rank measurements, so there is no timeline to draw (the "
+                          f"run stopped early{': ' + error[0] if error else ''}); `autopp run` the plan again")
     plan_path = report.get("plan_path")
     predicted = simulate_plan(load_plan(plan_path)) if plan_path and Path(plan_path).is_file() else None
     draw_report(report, predicted, out)
