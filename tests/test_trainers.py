@@ -32,6 +32,16 @@ def test_no_trainer_runs_sequence_pipelining() -> None:
         assert rules.schedule_refusal(S.SEQ_1F1B, Layout(pp=2), 4) == f"{rules.title} runs only {rules.runs}"
 
 
+def test_one_stage_on_one_pipeline_rank_is_no_pipeline_to_refuse() -> None:
+    """A new user's pp 1 x tp 2 plan (named GPipe by the search) was refused by the Megatron and DeepSpeed exports
+    for its schedule's name, although without a pipeline each runs it (no schedule at all); sequence chunks still
+    need Seq1F1B, which none runs."""
+    for rules in TRAINER_RULES.values():
+        assert rules.schedule_refusal(S.GPIPE, Layout(pp=1, tp=2), 1) is None
+        assert rules.schedule_refusal(S.SEQ_1F1B, Layout(pp=1), 4) == f"{rules.title} runs only {rules.runs}"
+    assert trainer_rules("megatron").schedule_refusal(S.GPIPE, Layout(pp=2), 4) is not None
+
+
 def test_megatron_interleaving_needs_pp_above_1_and_groups_of_pp() -> None:
     """The plan that megatron-core's parallel_state rejected (issue 26: Interleaved1F1B on one pipeline rank) is
     refused; microbatches that are not a multiple of pp are refused with the count to use."""

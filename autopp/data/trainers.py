@@ -70,7 +70,8 @@ class Trainer:
         if describe(schedule).mirrored:  # no trainer ships Chimera (Li and Hoefler, SC'21)
             return (f"{self.title} runs no bidirectional pipelines ({schedule.value}'s two replicas of every stage "
                     f"per rank), only {self.runs}")
-        if schedule not in self.schedules:
+        alone = (layout.pp, layout.v) == (1, 1) and not describe(schedule).sequence_chunks  # no pipeline to schedule
+        if schedule not in self.schedules and not alone:
             return f"{self.title} runs only {self.runs}"
         if layout.v > 1 and self.groups_microbatches:
             return interleaving_problem(layout.pp, microbatches)
