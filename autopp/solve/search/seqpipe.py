@@ -158,6 +158,8 @@ def with_seq(profile: Profile, views: Views, best: Verdict | None) -> tuple[Verd
     if not found:
         return best, None
     chosen = min(found, key=lambda v: v.key)
+    if views.req.schedule is ScheduleName.SEQ_1F1B:  # pinned: nothing else was searched, so nothing to compare
+        return chosen, None
     if best is not None and chosen.key >= best.key:
         return best, None
     than = "nothing else fits" if best is None else \
