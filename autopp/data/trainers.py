@@ -55,6 +55,9 @@ class Trainer:
     vocab: str = ""
     """Why it cannot run vocabulary parallelism (Yeung et al., MLSys 2025; `Plan.vocab`): none of the three splits
     the vocabulary layers over the pipeline ranks, so `--for` never offers it and the exporters refuse it."""
+    optimizer: str = ""
+    """What it trains with when its config names no optimizer, in words (the exports' optimizer note; none of them
+    writes an optimizer)."""
     overlap: Overlap = TRAINER_OVERLAP
     """What it hides under compute on a GPU (autopp.data.overlap): the plan's default for `--for` it
     (`PlanRequest.assumed_overlap`), so that the search costs the run the export writes."""
@@ -169,6 +172,7 @@ HF_DECODER_TO_TORCHTITAN = (("model.embed_tokens", "tok_embeddings"), ("model.ro
 #: Every trainer autopp exports to, by name.
 TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
     Trainer(name="torchtitan", title="torchtitan", runs="torch's named schedules",
+            optimizer="AdamW unless its [optimizer] section names another (torchtitan/config/job_config.py)",
             schedules=tuple(s for s in ScheduleName if not describe(s).given_order and describe(s).torch_class
                             and not describe(s).sequence_chunks),
             synthesized=True,
@@ -183,6 +187,7 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
             vocab="torchtitan keeps the embedding and the output layer whole in the first and last stages (it splits "
                   "them only by tensor parallelism), never along the vocabulary over the pipeline ranks"),
     Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",
+            optimizer="Adam with decoupled weight decay unless --optimizer sgd (megatron/training/arguments.py)",
             schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,
             seq_len="--seq-length {}",
             vocab="Megatron-LM's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split "
@@ -191,6 +196,7 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
             gathers_only_without_pp="Megatron-LM shards parameters only through FSDP, which it does not run beside "
                                     "pipeline parallelism (--use-torch-fsdp2 asserts a pipeline size of 1)"),
     Trainer(name="deepspeed", title="DeepSpeed's PipelineEngine",
+            optimizer="the optimizer given to deepspeed.initialize, or an \"optimizer\" block added to the JSON",
             runs="1F1B (its own TrainSchedule, one stage per rank)", schedules=(_ONE_F_ONE_B,),
             # its TrainSchedule reduces gradients only after the last backward (ReduceGrads; autopp.export.overlap),
             # and it runs no ZeRO stage that scatters per microbatch (ZeRO 0 and 1 under pipelining)

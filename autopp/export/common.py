@@ -17,7 +17,7 @@ from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement
 from .layers import ExportError
 
 __all__ = ["Exported", "uniform_policy", "refuse_layout", "trainer_axes", "launch_grid", "group_lines",
-           "carved_lines", "axis_notes", "stage_placement", "refuse_schedule", "made_for"]
+           "carved_lines", "axis_notes", "stage_placement", "refuse_schedule", "made_for", "optimizer_note"]
 
 
 @dataclass(frozen=True)
@@ -177,3 +177,14 @@ def made_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
         lines += getattr(recipe, trainer)
         notes += [recipe.torchtitan_note] if trainer == "torchtitan" and recipe.torchtitan_note else []
     return lines, notes
+
+
+def optimizer_note(plan: Plan, trainer: str) -> str:
+    """What the plan's memory counts of the optimizer (`Plan.optimizer`, the profile's), which no export writes, and
+    what `trainer` trains with unless told (`Trainer.optimizer`)."""
+    rules, name = trainer_rules(trainer), plan.optimizer
+    counted = f"{name}'s state" if name else "the state of an optimizer the plan does not record"
+    again = "" if name in ("adam", "adamw") else \
+        "; to plan for Adam(W), profile again with --optimizer adamw (2 fp32 states per parameter) and plan again"
+    return f"optimizer not written: the plan's memory counts {counted} (the profile's); {rules.title} trains with " \
+        f"{rules.optimizer}{again}"

@@ -9,7 +9,7 @@ from ..data.axes import AXES
 from ..data.plan import Plan
 from ..data.precision import plan_recipe
 from ..schedule import ActivationPolicy
-from .common import Exported, launch_grid, refuse_layout, refuse_schedule, uniform_policy
+from .common import Exported, launch_grid, optimizer_note, refuse_layout, refuse_schedule, uniform_policy
 from .overlap import deepspeed_overlap
 
 __all__ = ["to_deepspeed", "deepspeed_config", "pipe_snippet"]
@@ -62,6 +62,6 @@ def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     refuse_layout(plan, "deepspeed", where)
     activations = uniform_policy(plan, "deepspeed", where)
     notes = [f"DeepSpeed: launch {plan.num_ranks} ranks ({launch_grid(plan, 'deepspeed')}); build the model with "
-             f"pipeline_module() from {snippet_path}", *deepspeed_overlap(plan)]
+             f"pipeline_module() from {snippet_path}", optimizer_note(plan, "deepspeed"), *deepspeed_overlap(plan)]
     return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n",
                     {snippet_path: pipe_snippet(plan, activations)}, tuple(notes))

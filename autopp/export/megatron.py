@@ -9,7 +9,7 @@ from ..data.axes import AXES
 from ..data.plan import Plan
 from ..data.profile_values import LiveValue
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
-                     refuse_schedule, uniform_policy)
+                     optimizer_note, refuse_schedule, uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers, skip_problem
 from .overlap import megatron_overlap
 
@@ -94,7 +94,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
     lines += settings
     notes = [f"Megatron: launch {plan.num_ranks} ranks (world size {launch_grid(plan, 'megatron')}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
-             "does)", *setting_notes, *axis_notes(plan, "megatron")]
+             "does)", *setting_notes, optimizer_note(plan, "megatron"), *axis_notes(plan, "megatron")]
     if values is None:
         notes.append("the model's layer-to-layer values were not checked (no profile of the plan found): "
                      "pretrain_gpt.py's layers pass one hidden state each to the next")

@@ -12,7 +12,7 @@ from ..data.trainers import trainer_rules
 from ..data.zero import ZeroStage
 from ..schedule import StagePlacement, ScheduleName, describe
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
-                     refuse_schedule, stage_placement, trainer_axes, uniform_policy)
+                     optimizer_note, refuse_schedule, stage_placement, trainer_axes, uniform_policy)
 from .layers import ExportError
 from .overlap import torchtitan_overlap
 from .torchcsv import csv_text
@@ -190,7 +190,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
     notes = [f"torchtitan: launch {plan.num_ranks} ranks ({launch_grid(plan, 'torchtitan')}, dp as "
              f"{_dp_as(plan.layout.zero, plan.layout.dp_replicate)}; torchtitan's mesh [{mesh}] numbers them as autopp "
              "does)",
-             *setting_notes, _names_note(fqns, mapped)]
+             *setting_notes, optimizer_note(plan, "torchtitan"), _names_note(fqns, mapped)]
     if via_csv:
         notes.append(f"the schedule CSV is named relative to the export ({csv_path.name}): launch torchtitan from "
                      "the export's directory, or give its path from where you launch")

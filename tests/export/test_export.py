@@ -685,3 +685,20 @@ def test_torchtitan_refuses_whole_replicas_beside_cp(llama: Profile, llama_plans
                                           r"`cp` 1$"):
         export_plan(plan, Target.TORCHTITAN, "x", [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)])
     assert export_plan(plan, Target.MEGATRON, "x").text.startswith("--context-parallel-size 2\n")
+
+
+def test_every_export_says_which_optimizer_the_plans_memory_counts(llama: Profile, llama_plans: dict[str, Plan]
+                                                                   ) -> None:
+    """A new user's: the plan counted SGD's state (a CPU profile) while the trainers default to Adam(W), and no
+    export said so. Each says what the memory counts and what the trainer trains with; where the two differ, how to
+    plan for Adam(W)."""
+    plan = llama_plans["1f1b"]
+    for target, modules, trains in ((Target.TORCHTITAN, unit_modules(llama), "torchtitan trains with AdamW"),
+                                    (Target.MEGATRON, None, "Megatron-Core trains with Adam with decoupled"),
+                                    (Target.DEEPSPEED, None, "trains with the optimizer given to deepspeed.initialize")):
+        for name, again in (("sgd", True), ("adamw", False), (None, True)):
+            notes = export_plan(replace(plan, optimizer=name), target, "x.out", modules).notes
+            said = [n for n in notes if n.startswith("optimizer not written: the plan's memory counts ")]
+            assert len(said) == 1 and trains in said[0], (target, name, notes)
+            assert (f"{name}'s state" if name else "an optimizer the plan does not record") in said[0]
+            assert ("profile again with --optimizer adamw" in said[0]) is again
