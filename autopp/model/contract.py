@@ -54,6 +54,9 @@ class ModelFile:
     sequence_chunks: bool = False
     """SEQUENCE_CHUNKS of the model file: its attention is causal SDPA without a mask and positions come from its
     inputs, so `autopp run` may split its sequences into chunks (Seq1F1B, autopp.run.seq_chunks)."""
+    shard: str = ""
+    """What build_model() gives when it is not the whole model (a tensor-parallel rank's shard, autopp.model.tp), and
+    what that asks of forward(): said in this file's errors; "" for the model itself."""
 
     def sample_batch(self, batch_size: int, seed: int = 0) -> Batch:
         """Return (inputs as a tuple, target) for `batch_size` samples, reproducibly for `seed`."""
@@ -87,8 +90,8 @@ class ModelFile:
         return model
 
     def error(self, message: str) -> ModelFileError:
-        """A ModelFileError that names this file."""
-        return ModelFileError(f"{self.path}: {message}")
+        """A ModelFileError that names this file (and the shard it builds, if any)."""
+        return ModelFileError(f"{self.path}{f' ({self.shard})' if self.shard else ''}: {message}")
 
 
 def batch_norms(model: nn.Module) -> list[str]:

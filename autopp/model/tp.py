@@ -315,10 +315,10 @@ def _build_local(mf: ModelFile, resolved: dict[str, str], t: int) -> nn.Module:
 
 
 def local_model_file(mf: ModelFile, resolved: dict[str, str], t: int) -> ModelFile:
-    """`mf` whose build_model() gives TP rank 0's local shard at degree `t` (`local_shard`): measured or counted
-    like any model file, its units are the model's units at sharded shapes."""
+    """`mf` whose build_model() gives TP rank 0's shard at degree `t` (`local_shard`): the units at sharded shapes."""
     return ModelFile(mf.path, partial(_build_local, mf, resolved, t), mf.sample_batch_fn, mf.loss_fn,
-                     mf.split_points, mf.tp_plan)
+                     mf.split_points, mf.tp_plan, shard=f"TP rank 0's shard at tp {t}, whose colwise outputs hold "
+                     f"1/{t} of their features: take head counts from the tensor, e.g. reshape(b, s, -1, head_dim)")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import RunError
+from ..sizes import format_time
 from ..spawn import free_port
 
 __all__ = ["RankProcess", "free_port", "worker_env", "launch_ranks", "wait_ranks", "kill_ranks", "tail", "rank_failure",
@@ -232,5 +233,5 @@ def _forward_progress(procs: Sequence[RankProcess], progress: Progress | None, s
                 continue
             steps_seen.add(int(step.group(1)))
             if progress is not None:
-                progress(f"step {step.group(1)}/{step.group(2)} {float(step.group(3)):.4f} s on rank {rank} (the "
-                         "report takes each step's slowest rank)")
+                progress(f"step {step.group(1)}/{step.group(2)} {format_time(float(step.group(3)))} on rank {rank} "
+                         "(the report takes each step's slowest rank)")

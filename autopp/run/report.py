@@ -6,7 +6,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..cores import Oversubscribed, oversubscribed
 from ..data.fields import Fields, is_number
@@ -14,7 +14,7 @@ from ..data.layout import Layout, layout_fields
 from ..display import format_grid, format_microbatches
 from ..errors import RunError
 from ..jsonio import read_json, write_json
-from ..sizes import format_size
+from ..sizes import format_in, format_size, time_unit
 
 __all__ = [
     "REPORT_VERSION",
@@ -28,6 +28,7 @@ __all__ = [
     "load_report",
     "RankMeasure",
     "host_oversubscribed",
+    "step_time_unit",
 ]
 
 REPORT_VERSION = 1
@@ -67,6 +68,9 @@ class StageTimes:
     forward_error: float | None
     """(measured - predicted) / predicted; null when the prediction is not positive."""
     backward_error: float | None
+    activation: str | None = None
+    """The stage's activation policy in the plan (`StagePlan.activation`'s name: "keep", "recompute", ...), which
+    its F and B ran under; None in reports written before it was recorded."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,21 +283,42 @@ def _err(value: float | None) -> str:
     return "-" if value is None else f"{value:+.0%}"
 
 
+def step_time_unit(measured: float | None, predicted: float, steps: Sequence[float]) -> tuple[str, float]:
+    """The one unit (autopp.sizes.time_unit) of a report's step times, measured, predicted and per step: its text
+    and `autopp show`'s titles write them all in it."""
+    return time_unit([measured or 0.0, predicted, *steps])
+
+
+def _in(value: float | None, unit: tuple[str, float]) -> str:
+    """A duration in its column's `unit` (autopp.sizes.time_unit), as the plan's tables write them; "-" for none."""
+    return "-" if value is None else format_in(value, unit)
+
+
 def _measure_lines(r: RunReport) -> list[str]:
-    """Per stage measured vs predicted F and B; per rank waits and peak memory vs predicted."""
+    """Per stage measured vs predicted F and B under its activation policy; per rank its step's parts and peak
+    memory vs predicted. Each kind of figure in one unit (ms, or s from 10 s), as the plan writes them."""
     lines = []
+    stage_unit = time_unit([t or 0.0 for st in r.stage_times for t in (st.forward_s, st.backward_s,
+                                                                       st.predicted_forward_s,
+                                                                       st.predicted_backward_s)])
     for st in r.stage_times:
-        split = f" (I {_fmt(st.input_s, '.2e')} + W {_fmt(st.weight_s, '.2e')})" if st.input_s is not None else ""
-        lines.append(f"  stage {st.stage:<3d}   F {_fmt(st.forward_s, '.2e')} s ({_err(st.forward_error)})   "
-                     f"B {_fmt(st.backward_s, '.2e')} s ({_err(st.backward_error)}){split}   vs predicted")
+        split = f" (I {_in(st.input_s, stage_unit)} + W {_in(st.weight_s, stage_unit)})" \
+            if st.input_s is not None else ""
+        policy = f"   activations {st.activation}" if st.activation else ""
+        lines.append(f"  stage {st.stage:<3d}   F {_in(st.forward_s, stage_unit)} ({_err(st.forward_error)})   "
+                     f"B {_in(st.backward_s, stage_unit)} ({_err(st.backward_error)}){split}   vs predicted "
+                     f"{_in(st.predicted_forward_s, stage_unit)} / {_in(st.predicted_backward_s, stage_unit)}"
+                     f"{policy}")
+    rank_unit = time_unit([t or 0.0 for m in r.ranks for t in (m.schedule_s, m.wait_s, m.allreduce_s,
+                                                               m.optimizer_s)])
     for m in r.ranks:
         pred = "-" if m.predicted_peak_memory_bytes is None else format_size(m.predicted_peak_memory_bytes)
         on = "" if m.device in (None, m.rank) else f" on device {m.device}"
         on += f" (tp rank {m.tp_rank})" if r.layout.tp > 1 else ""
         sync = "all-reduce" if r.layout.zero.replicated else "after step (ZeRO reduce-scatter is in step)"
-        lines.append(f"  rank {m.rank:<4d}{on}   stages {list(m.stages)}   in step {_fmt(m.schedule_s, '.4f')} s "
-                     f"(waits {m.wait_s:.4f} s)   {sync} {_fmt(m.allreduce_s, '.4f')} s   optimizer "
-                     f"{_fmt(m.optimizer_s, '.4f')} s")
+        lines.append(f"  rank {m.rank:<4d}{on}   stages {list(m.stages)}   in step {_in(m.schedule_s, rank_unit)} "
+                     f"(waits {_in(m.wait_s, rank_unit)})   {sync} {_in(m.allreduce_s, rank_unit)}   optimizer "
+                     f"{_in(m.optimizer_s, rank_unit)}")
         lines.append(f"  {'':<9}   peak memory "
                      f"{format_size(m.peak_memory_bytes)} vs predicted {pred} ({_err(m.memory_error)}, "
                      f"{r.memory_method})")
@@ -304,26 +329,33 @@ def _measure_lines(r: RunReport) -> list[str]:
 _SERIES = 10
 
 
-def _series(values: tuple[float, ...], spec: str) -> str:
-    """Values side by side; a long series (a 300-step run) as its first 6 and last 3, with how many are left out."""
+def _series(values: tuple[float, ...], spec: str | tuple[str, float]) -> str:
+    """Values side by side, each `format(v, spec)` or, given a time unit, in it without repeating the unit's name
+    (the caller writes it once); a long series (a 300-step run) as its first 6 and last 3, with how many are left
+    out."""
+    def one(v: float) -> str:
+        return format(v, spec) if isinstance(spec, str) else format_in(v, spec).removesuffix(f" {spec[0]}")
+
     if not values:
         return "-"
     if len(values) <= _SERIES:
-        return " ".join(format(v, spec) for v in values)
-    head, tail = " ".join(format(v, spec) for v in values[:6]), " ".join(format(v, spec) for v in values[-3:])
+        return " ".join(one(v) for v in values)
+    head, tail = " ".join(one(v) for v in values[:6]), " ".join(one(v) for v in values[-3:])
     return f"{head} ... ({len(values) - 9} more) ... {tail}"
 
 
 def format_report(report: RunReport) -> str:
     """A short human-readable table: timing, loss and gradient differences, verdict."""
     r = report
+    step_unit = step_time_unit(r.measured_step_time_s, r.predicted_step_time_s, r.step_times_s)
     lines = [
         f"run of {r.model_path} ({r.schedule}, {r.num_ranks} ranks = {format_grid(r.layout)}, "
         f"{format_microbatches(r.num_microbatches, r.microbatch_size)}, {r.steps} steps, {r.optimizer} lr {r.lr:g}, "
         f"{r.backend})",
-        f"  step time   measured {_fmt(r.measured_step_time_s, '.4f')} s   predicted {r.predicted_step_time_s:.4f} s"
+        f"  step time   measured {_in(r.measured_step_time_s, step_unit)}   predicted "
+        f"{format_in(r.predicted_step_time_s, step_unit)}"
         f"   ratio {_fmt(r.step_time_ratio, '.2f')}" + (f"   ({r.oversubscribed})" if r.oversubscribed else ""),
-        f"  per step    {_series(r.step_times_s, '.4f')} s",
+        f"  per step    {_series(r.step_times_s, step_unit)} {step_unit[0]}",
         f"  loss        pipelined {_series(r.losses, '.6f')}",
     ]
     if r.validated:

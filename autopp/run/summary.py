@@ -77,7 +77,7 @@ def stage_times(plan: Plan, results: Sequence[dict[str, Any]]) -> tuple[StageTim
         out.append(StageTimes(stage=s.index, rank=s.rank, forward_s=fwd, backward_s=back, input_s=i_s, weight_s=w_s,
                               predicted_forward_s=forward, predicted_backward_s=predicted,
                               forward_error=relative_error(fwd, forward)[1],
-                              backward_error=relative_error(back, predicted)[1]))
+                              backward_error=relative_error(back, predicted)[1], activation=s.activation.value))
     return tuple(out)
 
 

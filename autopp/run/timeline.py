@@ -8,8 +8,8 @@ from typing import Any
 from ..data.zero import zero_stage
 from ..schedule import Event, SimResult, parse_action
 from ..schedule.draw import memory_axis_unit, memory_steps
-from ..sizes import format_size
-from .report import RunReport, host_oversubscribed
+from ..sizes import format_in, format_size
+from .report import RunReport, host_oversubscribed, step_time_unit
 
 __all__ = ["measured_timeline", "measured_headline", "predicted_headline", "report_figure", "draw_report"]
 
@@ -51,9 +51,11 @@ def measured_headline(report: RunReport | dict[str, Any]) -> str:
     data = _as_dict(report)
     median, times = data.get("measured_step_time_s"), data.get("step_times_s") or []
     step = data.get("timeline_step") or 0
-    drawn = f"drawn: step {step + 1} of {len(times)}, {times[step]:.4f} s" if step < len(times) else "drawn: one step"
+    unit = _step_unit(data)
+    drawn = f"drawn: step {step + 1} of {len(times)}, {format_in(times[step], unit)}" if step < len(times) \
+        else "drawn: one step"
     timed = f"median of steps 2-{len(times)}" if len(times) > 2 else ("step 2" if len(times) == 2 else "one step")
-    figure = "-" if median is None else f"{float(median):.4f} s"
+    figure = "-" if median is None else format_in(float(median), unit)
     over = host_oversubscribed(data)
     return f"step {figure} ({timed}; {drawn})" + (f"; {over}" if over else "")
 
@@ -66,8 +68,15 @@ def predicted_headline(report: RunReport | dict[str, Any], predicted: SimResult)
     rest = step - predicted.step_time_s
     zero = zero_stage(data.get("zero", 0))
     sync = "all-reduce" if zero.replicated else f"{zero} collectives"
-    return f"step {step:.4f} s" + (f" (pipeline {predicted.step_time_s:.4f} s + optimizer and {sync} "
-                                   f"{rest:.4f} s)" if rest > 1e-9 else "")
+    unit = _step_unit(data)
+    return f"step {format_in(step, unit)}" + (f" (pipeline {format_in(predicted.step_time_s, unit)} + optimizer and "
+                                              f"{sync} {format_in(rest, unit)})" if rest > 1e-9 else "")
+
+
+def _step_unit(data: dict[str, Any]) -> tuple[str, float]:
+    """The unit the report's text writes its step times in (`step_time_unit`)."""
+    return step_time_unit(data.get("measured_step_time_s"), float(data.get("predicted_step_time_s") or 0.0),
+                          [float(t) for t in data.get("step_times_s") or []])
 
 
 def drawn_ranks(report: RunReport | dict[str, Any], replica: int = 0) -> list[str]:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from autopp.errors import ModelFileError, TpPlanError
-from autopp.model.contract import ModelFile, load_model_file
+from autopp.model.contract import ModelFile, check_forward, load_model_file
 from autopp.model.fake import run_fake
 from autopp.model.meta import build_meta
 from autopp.model.tp import (TpPlan, check_degree, find_tp_plan, local_model_file, local_shard, resolve,
@@ -219,6 +219,26 @@ def test_local_model_file_builds_the_shard(tmp_path: Path) -> None:
     assert (built[0].fc1.weight.shape, built[0].fc2.weight.shape, built[0].fc2.bias.shape) == ((8, 8), (8, 8), (8,))
     inputs, target = local.sample_batch(3)
     assert built(*inputs).shape == target.shape
+
+
+def test_a_shard_that_breaks_the_models_forward_is_named_with_what_to_do(tmp_path: Path) -> None:
+    """Tester: a model reshaping q to its config's head count failed under `autopp profile --tp 2` with a bare
+    "shape '[2, 8, 4, 4]' is invalid" that did not say it was TP rank 0's shard that ran, nor what to change."""
+    from ..models import plainlm
+    good = Path(plainlm.__file__).read_text()
+    bad = good.replace("reshape(b, n, -1, HEAD_DIM)", "reshape(b, n, WIDTH // HEAD_DIM, HEAD_DIM)")
+    assert bad != good
+    for text, fails in ((good, False), (bad, True)):
+        (tmp_path / "lm.py").write_text(text)
+        mf = load_model_file(tmp_path / "lm.py")
+        local = local_model_file(mf, resolve(find_tp_plan(mf, mf.build()), mf.build()), 2)  # type: ignore[arg-type]
+        if not fails:
+            check_forward(local, local.build())
+            continue
+        with pytest.raises(ModelFileError, match=r"lm\.py \(TP rank 0's shard at tp 2, whose colwise outputs hold 1/2 "
+                           r"of their features: take head counts from the tensor, e\.g\. reshape\(b, s, -1, "
+                           r"head_dim\)\): forward\(\) on sample_batch\(2\) raised RuntimeError: shape"):
+            check_forward(local, local.build())
 
 
 @pytest.mark.integration  # about half a second: the unit tier stays under a minute

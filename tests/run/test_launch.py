@@ -43,8 +43,8 @@ def test_all_ranks_succeed_and_progress_is_forwarded(tmp_path: Path, caplog: pyt
         assert wait_ranks(procs, timeout_s=60, progress=seen.append) > 0
     assert all(p.popen.returncode == 0 for p in procs)
     told = [re.sub(r" on rank [01] ", " on rank R ", line) for line in seen]  # whichever rank told it first
-    assert told == [f"step {n}/2 {t} s on rank R (the report takes each step's slowest rank)"
-                    for n, t in ((1, "0.2500"), (2, "0.5000"))]
+    assert told == [f"step {n}/2 {t} ms on rank R (the report takes each step's slowest rank)"
+                    for n, t in ((1, "250"), (2, "500"))]
     logged = sorted(r.getMessage() for r in caplog.records if r.getMessage().startswith("rank "))
     assert logged == sorted(f"rank {r}: {line.format(r=r).removeprefix(f'[rank {r}] ')}"
                             for r in range(2) for line in lines)

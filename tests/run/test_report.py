@@ -11,8 +11,8 @@ import pytest
 from autopp.data.layout import Layout
 from autopp.data.zero import ZERO
 from autopp.errors import RunError
-from autopp.run.report import (ParamDiff, RankMeasure, RunFailedError, RunReport, format_report, load_report,
-                               median_step_time, relative_error)
+from autopp.run.report import (ParamDiff, RankMeasure, RunFailedError, RunReport, StageTimes, format_report,
+                               load_report, median_step_time, relative_error)
 
 
 def _report(**changes: object) -> RunReport:
@@ -48,9 +48,24 @@ def test_format_report_shows_verdict_and_numbers() -> None:
     passed = _report(passed=True, measured_step_time_s=0.2, step_time_ratio=2.0, step_times_s=(0.3, 0.2),
                      losses=(9.1,), reference_losses=(9.1,), grad_max_rel_diff=1e-6, worst_param="h.0.w")
     text = format_report(passed)
-    assert "measured 0.2000 s   predicted 0.1000 s   ratio 2.00" in text
+    assert "measured 200 ms   predicted 100 ms   ratio 2.00" in text and "per step    300 200 ms" in text
     assert "worst h.0.w" in text and text.endswith("PASSED")
     assert format_report(_report(error="rank 1 failed: boom")).endswith("FAILED: rank 1 failed: boom")
+
+
+def test_times_read_in_the_plans_units_and_each_stage_says_its_activation_policy() -> None:
+    """Tester: the plan said 108 ms and 34 ms per microbatch, its run report 0.1388 s and 4.08e-02 s; and the
+    report did not say which activation policy each stage's F and B ran under."""
+    stage = StageTimes(stage=1, rank=1, forward_s=0.0408, backward_s=0.0558, input_s=None, weight_s=None,
+                       predicted_forward_s=0.034, predicted_backward_s=0.0594, forward_error=0.2,
+                       backward_error=-0.06, activation="recompute")
+    text = format_report(_report(measured_step_time_s=0.1388, predicted_step_time_s=0.1077,
+                                 step_times_s=(0.1871, 0.1525, 0.1251), stage_times=(stage,)))
+    assert "step time   measured 139 ms   predicted 108 ms" in text and "per step    187 152 125 ms" in text
+    assert "stage 1     F 40.8 ms (+20%)   B 55.8 ms (-6%)   vs predicted 34 ms / 59.4 ms   activations recompute" \
+        in text
+    long = format_report(_report(measured_step_time_s=12.0, predicted_step_time_s=9.0, step_times_s=(13.0, 12.0)))
+    assert "measured 12 s   predicted 9 s" in long and "per step    13 12 s" in long  # one unit for the three
 
 
 def test_the_header_says_the_microbatches_as_the_plan_does() -> None:
@@ -99,10 +114,10 @@ def test_tp_ranks_and_the_zero_sync_column_are_told_apart(tmp_path: Path) -> Non
     assert (data["num_ranks"], data["pp"], data["dp"], data["tp"], data["zero"]) == (4, 1, 2, 2, 1)
     text = format_report(report)
     assert "4 ranks = pp 1 x dp 2 x tp 2, ZeRO 1," in text
-    assert "rank 1    (tp rank 1)" in text and "after step (ZeRO reduce-scatter is in step) 0.0000 s" in text
+    assert "rank 1    (tp rank 1)" in text and "after step (ZeRO reduce-scatter is in step) 0 ms" in text
     assert "all-reduce" not in text
     plain = format_report(replace(report, layout=Layout(pp=1), ranks=(_rank(0, 0),)))
-    assert "all-reduce 0.0000 s" in plain and "tp rank" not in plain
+    assert "all-reduce 0 ms" in plain and "tp rank" not in plain
 
 
 @pytest.mark.parametrize("change, message", [

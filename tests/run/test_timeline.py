@@ -10,10 +10,11 @@ import pytest
 
 from autopp.data.layout import Layout
 from autopp.run import draw_report, measured_timeline
-from autopp.run.report import RankMeasure, RunReport, format_report, median_step_time
+from autopp.run.report import RankMeasure, RunReport, format_report, median_step_time, step_time_unit
 from autopp.run.summary import median_step_index
 from autopp.run.timeline import drawn_ranks, report_figure
 from autopp.schedule import Kind, ScheduleName, StageCost, simulate_named
+from autopp.sizes import format_in
 
 
 def _report() -> dict[str, Any]:
@@ -114,13 +115,14 @@ def test_report_text_json_png_and_show_agree(tmp_path: Path, capsys: pytest.Capt
     data = json.loads(report.save(tmp_path / "r.json").read_text())
     assert data["measured_step_time_s"] == pytest.approx(0.346) and data["timeline_step"] == 2
     text = format_report(report)
-    measured, predicted = f"{data['measured_step_time_s']:.4f} s", f"{data['predicted_step_time_s']:.4f} s"
-    assert f"measured {measured}   predicted {predicted}" in text
+    unit = step_time_unit(data["measured_step_time_s"], data["predicted_step_time_s"], data["step_times_s"])
+    measured, predicted = (format_in(data[k], unit) for k in ("measured_step_time_s", "predicted_step_time_s"))
+    assert measured == "346 ms" and f"measured {measured}   predicted {predicted}" in text
 
     fig = report_figure(data, simulate_plan(load_plan(plan_path)))
     top, middle, memory = fig.axes[:3]
     assert top.get_title().startswith(f"measured: step {measured} (median of steps 2-3; drawn: step 3 of 3, "
-                                      "0.3160 s)")
+                                      "316 ms)")
     assert middle.get_title().startswith(f"predicted: step {predicted} (pipeline ")
     labels = [line.get_label() for line in memory.get_lines()]
     assert [lb for lb in labels if "measured peak" in lb] == ["rank 0 measured peak 20 MiB, estimate",
