@@ -688,6 +688,12 @@ CASES += [
                                                                str(env.tmp / "o.json")],
          lambda env: "--zero 3 with ZBVZeroBubble: torch.distributed.pipelining's split backward (input pass, then "
                      "weight pass) beside FSDP2's resharding gives wrong parameter gradients"),
+    # a tester's: `--pp 4 --dp 2 --schedule Chimera` on one node was told rank r and pp - 1 - r have other links
+    Case("flag:plan-chimera-with-dp", lambda env: ["plan", "--profile", str(env.prof), "--devices", "4", "--memory",
+                                                   "1GiB", "--dp", "2", "--schedule", "Chimera", "-o",
+                                                   str(env.tmp / "o.json")],
+         lambda env: "Chimera runs its two pipelines on pipeline ranks alone (dp 1, no cp, tp, ep or ZeRO: autopp's "
+                     "bidirectional runner), and --dp 2 is asked for: give --dp 1"),
     Case("run:zero-3-with-a-split-backward", lambda env: ["run", str(env.bad_plan)],
          lambda env: "plan field 'zero' is 3 beside ZBVZeroBubble's split backward: torch.distributed.pipelining's "
                      "split backward", _split_backward_zero3),

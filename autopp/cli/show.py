@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AutoppError
 from ..preflight import check_output_file
+
+if TYPE_CHECKING:
+    from ..data.plan import Plan
 
 __all__ = ["add_parser", "PICTURE_SUFFIXES"]
 
@@ -31,12 +34,18 @@ def _show_report(path: Path, out: Path) -> int:
     from ..run import draw_report, load_report
     from ..run.timeline import drawn_ranks, measured_headline, predicted_headline
     report = load_report(path)
-    if not drawn_ranks(report):  # a partial report: the run stopped before a rank's measurements came back
+    plan_path = report.get("plan_path")
+    plan = load_plan(plan_path) if plan_path and Path(plan_path).is_file() else None
+    if not drawn_ranks(report) and not report.get("complete"):  # the run stopped before measurements came back
         error = str(report.get("error") or "").splitlines()
         raise AutoppError(f"{path}: the report has no per-rank measurements, so there is no timeline to draw (the "
                           f"run stopped early{': ' + error[0] if error else ''}); `autopp run` the plan again")
-    plan_path = report.get("plan_path")
-    predicted = simulate_plan(load_plan(plan_path)) if plan_path and Path(plan_path).is_file() else None
+    if not drawn_ranks(report):  # a complete run that times no action (vocabulary parallelism's: its note says)
+        if plan is None:
+            raise AutoppError(f"{path}: the run recorded no per-rank actions (the report's notes say why) and its "
+                              f"plan {plan_path} is not found: there is no timeline to draw")
+        return _show_predicted_only(report, plan, out)
+    predicted = simulate_plan(plan) if plan is not None else None
     draw_report(report, predicted, out)
     figures = f"measured {measured_headline(report)}" + (
         f"; predicted {predicted_headline(report, predicted)}" if predicted else "")
@@ -44,6 +53,29 @@ def _show_report(path: Path, out: Path) -> int:
     if predicted is None:
         print(f"(plan {plan_path} not found: measured timeline only)", file=sys.stderr)
     return 0
+
+
+def _show_predicted_only(report: dict[str, Any], plan: Plan, out: Path) -> int:
+    """A complete run whose ranks timed no action: the plan's simulated timeline, titled with the measured step."""
+    from ..display import format_predicted_step
+    from ..predict import simulate_plan
+    from ..run.timeline import measured_headline
+    from ..schedule import draw_timeline
+    result = simulate_plan(plan)
+    measured = f"measured {measured_headline(report, drawn_step=False)}, no per-rank actions recorded"
+    predicted = f"predicted {format_predicted_step(plan, result.step_time_s)}"
+    draw_timeline(result, out, title=f"{_plan_title(plan)}: {measured}", headline=predicted)
+    print(f"wrote the predicted timeline {out} ({measured}: the report's notes say why; {predicted})")
+    return 0
+
+
+def _plan_title(plan: Plan) -> str:
+    """What a plan's picture draws: the model, its schedule, layout and microbatches (simulated)."""
+    from ..display import format_chunks, format_grid, format_microbatches
+    return (f"{Path(plan.model_path).name}: {plan.schedule.value}, {format_grid(plan.layout)}, "
+            f"{format_microbatches(plan.num_microbatches, plan.microbatch_size)}"
+            f"{', vocabulary parallelism ' + plan.vocab.value if plan.vocab else ''}"
+            f"{', ' + format_chunks(plan) if plan.seq_chunks else ''} (simulated)")
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -62,14 +94,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if isinstance(data, dict) and "grad_rtol" in data:
         return _show_report(path, out)
     plan = load_plan(path)
-    from ..display import format_breakdown, format_chunks, format_grid, format_microbatches, format_predicted_step
+    from ..display import format_breakdown, format_predicted_step
     from ..predict import simulate_plan
     from ..schedule import draw_timeline, write_chrome_trace
     result = simulate_plan(plan)
-    title = (f"{Path(plan.model_path).name}: {plan.schedule.value}, {format_grid(plan.layout)}, "
-             f"{format_microbatches(plan.num_microbatches, plan.microbatch_size)}"
-             f"{', vocabulary parallelism ' + plan.vocab.value if plan.vocab else ''}"
-             f"{', ' + format_chunks(plan) if plan.seq_chunks else ''} (simulated)")
+    title = _plan_title(plan)
     headline = format_predicted_step(plan, result.step_time_s)  # the plan's stored figures, as `autopp plan` prints
     draw_timeline(result, out, title=title, headline=headline)
     print(f"wrote timeline {out} ({headline})")

@@ -44,10 +44,10 @@ def measured_timeline(report: RunReport | dict[str, Any], replica: int = 0) -> S
                      peak_memory_bytes=peaks, memory_timeline=[[(0.0, p)] for p in peaks])
 
 
-def measured_headline(report: RunReport | dict[str, Any]) -> str:
+def measured_headline(report: RunReport | dict[str, Any], drawn_step: bool = True) -> str:
     """The report's measured step time as its text prints it (the median of the timed steps), which step the
-    timeline draws (the median step; with an even count, the faster of the two middle ones), and whether the host's
-    ranks outnumbered its cores."""
+    timeline draws (the median step; with an even count, the faster of the two middle ones; not said when
+    `drawn_step` is False: no measured timeline is drawn), and whether the host's ranks outnumbered its cores."""
     data = _as_dict(report)
     median, times = data.get("measured_step_time_s"), data.get("step_times_s") or []
     step = data.get("timeline_step") or 0
@@ -57,7 +57,7 @@ def measured_headline(report: RunReport | dict[str, Any]) -> str:
     timed = f"median of steps 2-{len(times)}" if len(times) > 2 else ("step 2" if len(times) == 2 else "one step")
     figure = "-" if median is None else format_in(float(median), unit)
     over = host_oversubscribed(data)
-    return f"step {figure} ({timed}; {drawn})" + (f"; {over}" if over else "")
+    return f"step {figure} ({timed}{'; ' + drawn if drawn_step else ''})" + (f"; {over}" if over else "")
 
 
 def predicted_headline(report: RunReport | dict[str, Any], predicted: SimResult) -> str:

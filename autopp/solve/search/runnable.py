@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ...data.layout import Layout, uses_mesh
+from ...data.layout import Layout, LayoutPins, uses_mesh
 from ...data.zero import ZeroStage
 from ...errors import LayoutError
 from ...data.profile import LiveValue, TiedGroup, ValueAction
@@ -22,7 +22,8 @@ from ...schedule import ScheduleName, describe, listed
 from ..partition.dp import Bounds
 
 __all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal",
-           "PARALLEL_KEY", "parallel_refusal", "tied_across_note", "mirror_refusal", "runs_beside", "check_pinned_zero"]
+           "PARALLEL_KEY", "parallel_refusal", "tied_across_note", "mirror_refusal", "runs_beside", "check_pinned_zero",
+           "check_pinned_mirror"]
 
 #: The key of `parallel_refusal`'s reasons among a search's exclusions (the others are schedule names).
 PARALLEL_KEY = "tensor parallelism or ZeRO"
@@ -144,3 +145,20 @@ def check_pinned_zero(schedule: ScheduleName | None, zero: ZeroStage | None) -> 
         full = listed(lambda d: not (d.splits_backward or d.given_order or d.mirrored))
         raise LayoutError(f"`zero` {zero.stage} with {schedule.value}: {zero.split_backward_refusal}; plan with "
                           f"`zero` 1, or one of {full}")
+
+
+def check_pinned_mirror(schedule: ScheduleName | None, pins: LayoutPins) -> None:
+    """A LayoutError for a pinned bidirectional schedule (Chimera) beside a pinned axis `runs_beside` leaves it out:
+    its two pipelines run on pipeline ranks alone (autopp.run.bidirectional), with no data-parallel replicas, no
+    group inside a rank and no ZeRO (a tester's `--pp 4 --dp 2 --schedule Chimera` was told its ranks' links
+    differ)."""
+    if schedule is None or not describe(schedule).mirrored:
+        return
+    pinned = [f"`{axis}` {value}" for axis, value in (("dp", pins.dp), ("cp", pins.cp), ("tp", pins.tp),
+                                                      ("ep", pins.ep)) if value not in (None, 1)]
+    pinned += [f"`zero` {pins.zero.stage}"] if pins.zero is not None and not pins.zero.replicated else []
+    if pinned:
+        raise LayoutError(f"{schedule.value} runs its two pipelines on pipeline ranks alone (dp 1, no cp, tp, ep "
+                          f"or ZeRO: autopp's bidirectional runner), and {' and '.join(pinned)} "
+                          f"{'is' if len(pinned) == 1 else 'are'} asked for: give `dp` 1 and leave the others at 1 "
+                          "(every device a pipeline rank), or use another `schedule`")
