@@ -125,6 +125,25 @@ def test_v_shape_two_stages_per_rank() -> None:
     assert result.status is SynthStatus.OPTIMAL
 
 
+def test_the_same_inputs_give_the_same_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tester: a cluster file planned three times gave three CP-SAT orders (305.3, 306.9, 303.0 ms), each
+    "optimal" in ticks: two workers race to one of several optimal orders. One worker and seed 0 (docs/planner.md,
+    "byte-identical plan JSON"): the solver is asked for them, and a V layout with ties gives one order thrice."""
+    import autopp.solve.cpsat.synthesis as synthesis
+    asked: list[tuple[int, int]] = []
+    solve = synthesis._solve
+
+    def spy(built: object, time_limit_s: float, num_workers: int) -> object:
+        solver, status, took = solve(built, time_limit_s, num_workers)  # type: ignore[arg-type]
+        asked.append((solver.parameters.num_workers, solver.parameters.random_seed))
+        return solver, status, took
+    monkeypatch.setattr(synthesis, "_solve", spy)
+    owner = stage_to_rank(ScheduleName.ZBV_ZERO_BUBBLE, 2, 2)
+    costs = _costs([(0.3, 0.3, 0.2), (0.5, 0.5, 0.3), (0.5, 0.5, 0.3), (0.8, 0.8, 0.5)])
+    orders = {repr(synthesize(costs, owner, 4, [0.1] * 3, [1e12] * 2).order) for _ in range(3)}
+    assert asked == [(1, 0)] * 3 and len(orders) == 1
+
+
 def test_memory_limit_respected_in_simulator() -> None:
     owner, m = [0, 1, 2], 4
     unlimited = _synth(UNEVEN, owner, m)

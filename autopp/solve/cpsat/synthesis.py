@@ -260,6 +260,7 @@ def _solve(built: _Model, time_limit_s: float, num_workers: int
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = num_workers
+    solver.parameters.random_seed = 0
     began = time.perf_counter()
     status = solver.solve(built.model, solve_progress("CP-SAT synthesizing an order", time_limit_s))
     return solver, status, time.perf_counter() - began
@@ -292,7 +293,7 @@ def _check_limits(costs: Sequence[StageCost], owner: Sequence[int], limits: Sequ
 
 def synthesize(stage_costs: Sequence[StageCost], stage_to_rank: Sequence[int], num_microbatches: int,
                comm_s: Sequence[float], memory_limits: Sequence[float], time_limit_s: float = 10.0,
-               num_workers: int = 2, hint: Order | None = None, *, tick_s: float | None = None,
+               num_workers: int = 1, hint: Order | None = None, *, tick_s: float | None = None,
                in_order: bool = True) -> SynthResult:
     """The fastest F/I/W order CP-SAT finds for these stage costs under per-rank memory limits (bytes).
 
