@@ -101,7 +101,7 @@ def _summary(plan: Plan, own: str) -> str:
     peaks = _sizes([max(p.peak_memory_bytes) for _, p in rows])
     body = [[name, times[i], f"{p.bubble_fraction:.1%}", peaks[i], "yes" if p.fits else "NO", f"{p.efficiency:.1%}",
              splits[i]] for i, (name, p) in enumerate(rows)]
-    body.append(["ideal", times[-1], "0.0%", "", "", "100.0%", "total work / devices"])
+    body.append(["ideal", times[-1], "0.0%", "", "", "100.0%", "unsharded work / devices"])
     return _table(["split", "step time", "bubble", "max memory", "fits", "efficiency",
                    "stages (units)" if short else "units per stage"], body, left=(0, 6))
 
@@ -126,6 +126,11 @@ def format_predicted_step(plan: Plan, pipeline_s: float | None = None) -> str:
     return f"step {format_time(p.step_time_s)}{split}, bubble {p.bubble_fraction:.1%}"
 
 
+#: The step's end under a bidirectional schedule: each rank sums its two replicas' gradients (autopp.run.bidirectional),
+#: then data parallelism's collectives, if any.
+_MIRRORED_SYNC = "replicas' gradient sum (+ DP) at the step's end"
+
+
 def format_breakdown(plan: Plan) -> str:
     """Where the predicted step goes (`Plan.time_breakdown`): each term's time on the critical path (the stages'
     averaged over the pipeline ranks, so that the rows add up to the step), its share of the step, and what overlap
@@ -133,7 +138,8 @@ def format_breakdown(plan: Plan) -> str:
     b = plan.time_breakdown
     if b is None:
         return ""
-    rows = [(name, exposed, hidden) for name, exposed, hidden in b.rows(plan.layout.pp)
+    rows = [(_MIRRORED_SYNC if plan.mirrored and name == b.SYNC else name, exposed, hidden)
+            for name, exposed, hidden in b.rows(plan.layout.pp)
             if exposed > 0 or hidden > 0 or name == "pipeline bubble"]  # a bubble of 0 is worth saying
     total = sum(exposed for _, exposed, _ in rows) or 1.0
     times, hiddens = _times([e for _, e, _ in rows]), _times([h for _, _, h in rows])  # each column in one unit
@@ -168,20 +174,31 @@ def format_chunks(plan: Plan) -> str:
     return f"each sequence in {len(lengths)} chunks of {', '.join(map(str, lengths))} tokens"
 
 
+#: What the plan table's bubble and efficiency are, under it.
+_LEGEND = ("(simulated; bubble: the ranks' idle share of the pipeline (the breakdown's: of the whole step);\n"
+           " efficiency = ideal / predicted step; ideal = unsharded work / devices, so tensor parallelism's\n"
+           " extra work and collectives count against it)")
+
+
 def format_plan(plan: Plan) -> str:
     """The stage table, then the plan's predicted figures next to each baseline's and the ideal bound."""
-    st = plan.stages
-    cols = [[str(s.index) for s in st], [str(s.rank) for s in st],
+    st, last = plan.stages, plan.layout.pp - 1
+    split = plan.splits_backward and all(s.backward_input_s is not None and s.backward_weight_s is not None
+                                         for s in st)
+    backward = [(s.backward_input_s or 0.0) + (s.backward_weight_s or 0.0) if split else s.backward_s for s in st]
+    cols = [[str(s.index) for s in st], [f"{s.rank} and {last - s.rank}" if plan.mirrored else str(s.rank) for s in st],
             [_stage_units(s.units, s.unit_names) for s in st],
-            _times([s.forward_s for s in st]), _times([s.backward_s for s in st]), [s.activation.value for s in st],
+            _times([s.forward_s for s in st]), _times(backward), [s.activation.value for s in st],
             _sizes([s.memory_bytes for s in st])]
-    stages = _table(["stage", "pp rank", "units", "forward/mb", "backward/mb", "activations", "rank peak memory"],
+    stages = _table(["stage", "pp ranks (down and up)" if plan.mirrored else "pp rank", "units", "forward/mb",
+                     "backward/mb (I + W)" if split else "backward/mb", "activations", "rank peak memory"],
                     _columns(*cols), left=(0, 2))
     own = "pinned" if "autopp" in plan.baselines else "autopp"  # --split: autopp's choice is a baseline
     summary = _summary(plan, own)
+    ways = " in each of 2 pipelines running opposite ways" if plan.mirrored else ""
     head = (f"{plan.schedule.value} on {plan.num_ranks} ranks ({format_grid(plan.layout)}, "
-            f"{_count(plan.layout.v, 'stage')} "
-            f"per rank), {format_microbatches(plan.num_microbatches, plan.microbatch_size)} per replica (global batch "
+            f"{_count(plan.layout.v, 'stage')} per rank{ways}), "
+            f"{format_microbatches(plan.num_microbatches, plan.microbatch_size)} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
     if plan.seq_chunks is not None:
         head += f"\nsequence pipelining: {format_chunks(plan)} run one after another as units"
@@ -195,7 +212,7 @@ def format_plan(plan: Plan) -> str:
     notes += f"\nnote: does not fit (a rank's simulated peak exceeds its device's memory): {', '.join(unfit)}" \
         if unfit else ""
     breakdown = format_breakdown(plan)
-    return (f"{head}\n\n{stages}\n\n{summary}\n(simulated; efficiency = ideal step time / predicted step time)"
+    return (f"{head}\n\n{stages}\n\n{summary}\n{_LEGEND}"
             f"{extra}{_band_line(plan)}" + (f"\n\n{breakdown}" if breakdown else "") + notes)
 
 

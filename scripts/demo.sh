@@ -24,9 +24,10 @@ Next steps:
 Reading the plan table ("autopp plan" above): each row is a split of the model into stages, judged by the same
 simulator. "autopp" is the chosen split; "even", "params" and "time" are naive splits (equal unit counts,
 balanced parameters, balanced measured time) for comparison. "step time" is the predicted time of one training
-step, "bubble" the share of it that ranks sit idle, "efficiency" = ideal / step time, and "ideal" = total work /
-devices, a bound no schedule can beat. In the run report, "step time measured vs predicted" says how close the
-prediction came on this machine, and the verdict compares every loss and gradient with a one-process run.
+step, "bubble" the share of the pipeline's time that ranks sit idle, "efficiency" = ideal / step time, and
+"ideal" = the model's work / devices, a bound no schedule can beat. In the run report, "step time measured vs
+predicted" says how close the prediction came on this machine, and the verdict compares every loss and gradient
+with a one-process run.
 Let autopp choose data parallelism too (and pin any other choice with its flag, e.g. --schedule 1F1B):
   $root/.venv/bin/autopp plan --profile $out/gpt-profile --devices 2 --memory 1GiB --global-batch 8
 NEXT

@@ -64,6 +64,9 @@ class TimeBreakdown:
         return {**{k: v for k, v in asdict(self).items() if k != "stages"},
                 "stages": [asdict(s) for s in self.stages]}
 
+    SYNC = "DP/ZeRO at the step's end"
+    """The name of the step's-end term in `rows`."""
+
     def rows(self, ranks: int = 1) -> list[tuple[str, float, float]]:
         """(term, exposed seconds, hidden seconds): the stages' terms summed and averaged over the `ranks` pipeline
         ranks that run them, then the step's terms; the exposed seconds add up to the predicted step. What the plan
@@ -73,7 +76,7 @@ class TimeBreakdown:
         return [("compute", total["compute_s"], 0.0), ("recomputation", total["recompute_s"], 0.0),
                 ("TP/SP collectives", total["tp_s"], total["tp_hidden_s"]),
                 ("ZeRO collectives in F/B", total["zero_s"], total["zero_hidden_s"]), *ep,
-                ("pipeline bubble", self.bubble_s, 0.0), ("DP/ZeRO at the step's end", self.sync_s,
+                ("pipeline bubble", self.bubble_s, 0.0), (self.SYNC, self.sync_s,
                                                             self.sync_hidden_s),
                 ("optimizer step", self.optimizer_s, 0.0)]
 

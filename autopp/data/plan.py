@@ -162,6 +162,12 @@ class Plan:
         return [s.split_point for s in self.stages[1:] if s.split_point is not None]
 
     @property
+    def mirrored(self) -> bool:
+        """Whether each rank also runs another stage's replica of a second pipeline (Chimera: stage s on rank r
+        down and on rank pp - 1 - r up)."""
+        return describe(self.schedule).mirrored
+
+    @property
     def splits_backward(self) -> bool:
         """Whether the plan runs I and W actions (its schedule's descriptor says; a given order: whether it has
         them)."""
