@@ -9,7 +9,8 @@ import pytest
 
 from autopp.data.cluster import Cluster, Device, Link
 from autopp.errors import InfeasibleError
-from autopp.schedule import Activation
+from autopp.data.layout import LayoutPins
+from autopp.schedule import Activation, ScheduleName
 from autopp.solve import PlanRequest, make_plan
 from autopp.solve.partition.dp import PipeSpec, pipeline_bounds, pipeline_objective
 from autopp.solve.cpsat.placement import place_devices
@@ -74,3 +75,18 @@ def test_planner_reorders_devices_the_file_order_cannot_fit() -> None:
     assert order.index(1) in (0, 3)  # the small device runs the embedding or the head
     placed = cluster.reordered(order)
     assert all(pk <= placed.device(r).memory_bytes for r, pk in enumerate(plan.predicted.peak_memory_bytes))
+
+
+def test_a_plan_of_several_stages_per_rank_says_it_kept_the_files_order() -> None:
+    """A tester: on a mixed cluster the search chose 2 stages per rank, CP-SAT's placement (one stage per rank) was
+    skipped, and the plan said nothing of its device order, where docs/planner.md promises a note."""
+    cluster = Cluster(num_devices=4, memory_bytes=80 * GiB,
+                      devices=(Device(memory_bytes=80 * GiB), Device(memory_bytes=40 * GiB, speed=0.5),
+                               Device(memory_bytes=80 * GiB), Device(memory_bytes=80 * GiB)),
+                      link=Link(latency_s=1e-5, bandwidth_bytes_per_s=5e10))
+    plan = make_plan(synthetic_profile(12), PlanRequest(cluster=cluster, global_batch=16, num_microbatches=8,
+                                                        schedule=ScheduleName.INTERLEAVED_1F1B,
+                                                        pins=LayoutPins(v=2)))
+    assert plan.layout.v == 2
+    assert "device order: the cluster file's, kept (CP-SAT places devices for one stage per rank, and the plan " \
+        "runs 2 per rank)" in plan.notes

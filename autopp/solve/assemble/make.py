@@ -58,8 +58,10 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
     """For a heterogeneous cluster, let CP-SAT choose which device runs which pipeline position (placement.py),
     re-run the search on that order (the DP is exact for a fixed order) and keep the order the simulator prefers."""
     c = _placement_config(req, profile.num_units, best)
-    if c is None:
-        return req, best, None
+    if c is None:  # said: the docs promise a device-order note on every plan for such a cluster
+        return req, best, None if best is None else (
+            "device order: the cluster file's, kept (CP-SAT places devices for one stage per rank, and the plan "
+            f"runs {best.candidate.layout.v} per rank)")
     a = table.arrays(c.b)  # the winner's policy saving most, else the first the request allows
     activation = max(best.candidate.activations, key=lambda x: policy(x).saving) if best is not None \
         else req.ladder(a)[0]
@@ -67,8 +69,7 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
         placed = place_devices(a, req.cluster, c.m, inflight(c.schedule, c.layout.pp, c.m, 1),
                                activation, req.placement_time_limit_s)
     except InfeasibleError as exc:
-        log.info("device placement: %s", exc)
-        return req, best, None
+        return req, best, f"device order: the cluster file's, kept (CP-SAT's placement found none: {exc})"
     how = f"CP-SAT {placed.status}, gap {placed.gap:.1%}, limit {req.placement_time_limit_s:g} s"
     if list(placed.order) == list(range(req.cluster.num_devices)):
         return req, best, f"device order: the cluster file's order is CP-SAT's choice ({how})"
