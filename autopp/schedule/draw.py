@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 from typing import Any, Sequence
@@ -11,7 +12,7 @@ from autopp.schedule.actions import Kind
 from autopp.schedule.simulate import SimResult
 from autopp.sizes import format_size, size_unit
 
-__all__ = ["KIND_COLOURS", "stage_lane", "rank_colours", "memory_steps", "memory_axis_unit", "timeline_figure",
+__all__ = ["KIND_COLOURS", "stage_lane", "memory_steps", "memory_axis_unit", "timeline_figure",
            "draw_timeline", "write_chrome_trace", "chrome_trace"]
 
 KIND_COLOURS: dict[Kind, str] = {Kind.F: "#4c72b0", Kind.I: "#dd8452", Kind.W: "#55a868", Kind.B: "#c44e52"}
@@ -95,7 +96,44 @@ def _draw_boxes(ax: Any, result: SimResult) -> None:
                 if spans:
                     ax.broken_barh(spans, stage_lane(rank, c, most), facecolors=colour, edgecolor="white",
                                    linewidth=edge)
+    _draw_sync(ax, result, chunks, most)
     _labels(ax, result)
+
+
+#: How a B's (or I's) leading collective is drawn over its box (`SimResult.sync_s`), and its legend entry.
+_SYNC_HATCH, _SYNC_EDGE = "////", "#7a1f22"
+_SYNC_NAME = "hatched: vocabulary output\npass (a collective of every\nrank), then the stage's own\nbackward"
+
+
+def _draw_sync(ax: Any, result: SimResult, chunks: list[list[int]], most: int) -> None:
+    """The collective part of each B or I of a stage with one (vocabulary parallelism's output pass, run on every
+    rank before the action waits for its gradient), hatched over the start of its box: a tester read rank 0's B
+    starting before rank 1's B ended as a broken dependency."""
+    if not any(result.sync_s):
+        return
+    for rank, stages in enumerate(chunks):
+        for c, stage in enumerate(stages):
+            sync = result.sync_s[stage]
+            spans = [(e.start_s, min(sync, e.end_s - e.start_s)) for e in result.events if sync and e.rank == rank
+                     and e.action.stage == stage and e.action.kind in (Kind.B, Kind.I)]
+            if spans:
+                ax.broken_barh(spans, stage_lane(rank, c, most), facecolors="none", edgecolor=_SYNC_EDGE,
+                               hatch=_SYNC_HATCH, linewidth=0)
+
+
+#: The spaces a title is not wrapped at: between a figure and its unit (11.3 ms) and between a word and its
+#: figure (bubble 22.5%), so that a wrapped line never parts them (a tester's "bubble" / "22.5%").
+_GLUED = re.compile(r"(?<=\d) (?=[a-zA-Z%])|(?<=[a-z]) (?=\d)")
+
+
+def _bubbles(fractions: Sequence[float]) -> str:
+    """Each rank's bubble, or beyond 8 ranks the lowest and the highest with their ranks (a tester: the first 8 and
+    "..." hid the worst ranks)."""
+    if len(fractions) <= 8:
+        return "bubble per rank: " + ", ".join(f"{b:.0%}" for b in fractions)
+    low, high = (f(range(len(fractions)), key=lambda r: fractions[r]) for f in (min, max))
+    return (f"bubble per rank: lowest {fractions[low]:.0%} (rank {low}), highest {fractions[high]:.0%} (rank {high}),"
+            f" of {len(fractions)} ranks")
 
 
 def _rank_label(rank: int, stages: Sequence[int]) -> str:
@@ -114,15 +152,16 @@ def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None
     ax.set_ylim(ranks - 0.5, -0.5)
     ax.set_xlim(0, max(result.step_time_s, 1e-12))
     mean = sum(result.bubble_fraction) / max(len(result.bubble_fraction), 1)
-    per_rank = ", ".join(f"{b:.0%}" for b in result.bubble_fraction[:8])
     if headline is None:
         headline = f"step {result.step_time_s:.4g} s, bubble {mean:.0%}"
-    lines = [f"{title + ': ' if title else ''}{headline}",
-             f"bubble per rank: {per_rank}{', ...' if len(result.bubble_fraction) > 8 else ''}"]
-    ax.set_title("\n".join(w for line in lines for w in textwrap.wrap(line, _TITLE_CHARS)), fontsize=10)
+    lines = [f"{title + ': ' if title else ''}{headline}", _bubbles(result.bubble_fraction)]
+    ax.set_title("\n".join(w for line in lines for w in textwrap.wrap(_GLUED.sub("\u00a0", line), _TITLE_CHARS)),
+                 fontsize=10)
     kinds = {e.action.kind for e in result.events} or set(KIND_COLOURS)
     handles = [Patch(color=c, label=_KIND_NAMES[k]) for k, c in KIND_COLOURS.items() if k in kinds]
     most = max(map(len, chunks), default=1)
+    if any(result.sync_s):
+        handles.append(Patch(facecolor=KIND_COLOURS[Kind.B], edgecolor=_SYNC_EDGE, hatch=_SYNC_HATCH, label=_SYNC_NAME))
     if most > 1:  # what the lanes are, said once
         handles.append(Patch(color="none",
                              label="a rank's stages: one lane\neach, top to bottom as\nnamed on the left"))
@@ -140,22 +179,25 @@ def memory_axis_unit(peaks: Sequence[float]) -> tuple[str, float]:
 
 
 def memory_steps(ax: Any, result: SimResult, what: str = "", colours: Sequence[str] | None = None,
-                 unit: tuple[str, float] | None = None) -> None:
-    """Each rank's memory over the step as a step curve of the bytes it holds, in `unit` (default
-    `memory_axis_unit` of its peaks; the axis label says it), labelled `rank R{what} (peak ...)`; where the peak also
-    counts an action's working memory (schedule.effects, TRANSIENT), a dotted line of the same colour marks it, the
-    label says how much of it that is, and one legend entry says what the dotted lines are."""
+                 unit: tuple[str, float] | None = None, ranks: Sequence[int] | None = None) -> None:
+    """Each rank's memory (of `ranks`, default all; `colours` by position in them) over the step as a step curve of
+    the bytes it holds, in `unit` (default `memory_axis_unit` of its peaks; the axis label says it), labelled
+    `rank R{what} (peak ...)`; where the peak also counts an action's working memory (schedule.effects, TRANSIENT),
+    a dotted line of the same colour marks it, the label says how much of it that is, and one legend entry says what
+    the dotted lines are."""
     from matplotlib.lines import Line2D
 
     name, scale = unit or memory_axis_unit(result.peak_memory_bytes)
     dotted = False
-    for rank, timeline in enumerate(result.memory_timeline):
+    drawn = range(len(result.memory_timeline)) if ranks is None else ranks
+    for i, rank in enumerate(drawn):
+        timeline = result.memory_timeline[rank]
         times = [t for t, _ in timeline] + [result.step_time_s]
         held = [b / scale for _, b in timeline]
         held.append(held[-1])
         peak, top = result.peak_memory_bytes[rank], max(b for _, b in timeline)
         extra = f": held {format_size(top)} + working {format_size(peak - top)}" if peak > top else ""
-        (line,) = ax.step(times, held, where="post", color=None if colours is None else colours[rank % len(colours)],
+        (line,) = ax.step(times, held, where="post", color=None if colours is None else colours[i % len(colours)],
                           label=f"rank {rank}{what} (peak {format_size(peak)}{extra})")
         if peak > top:
             ax.hlines(peak / scale, 0, result.step_time_s, colors=line.get_color(), linestyles="dotted")
@@ -166,31 +208,35 @@ def memory_steps(ax: Any, result: SimResult, what: str = "", colours: Sequence[s
                            label=f"dotted: a rank's peak{what} with one action's working memory"))
 
 
-def rank_colours(ranks: int) -> list[str]:
-    """One colour per rank, none repeated: matplotlib's default cycle up to 10 ranks, tab20 up to 20, else viridis
-    from rank 0 (dark) to the last (yellow)."""
-    from matplotlib import colormaps
-    from matplotlib.colors import to_hex
+#: Ranks whose memory a plan's picture draws one curve each; beyond, only `_memory_ranks`' few.
+_MEMORY_CURVES = 8
 
-    if ranks <= 10:
-        return [f"C{r}" for r in range(ranks)]
-    cmap = colormaps["tab20" if ranks <= 20 else "viridis"]
-    return [to_hex(cmap(r if ranks <= 20 else r / max(ranks - 1, 1))) for r in range(ranks)]
+
+def _memory_ranks(result: SimResult) -> list[int]:
+    """The ranks whose memory is drawn: every one up to `_MEMORY_CURVES`, else the highest and the lowest peak and
+    the first and the last rank (a tester: 16 and more overlapping curves, offloading ones filling whole areas, hid
+    all but the last drawn)."""
+    n = _num_ranks(result)
+    if n <= _MEMORY_CURVES:
+        return list(range(n))
+    peaks = result.peak_memory_bytes
+    picked = [max(range(n), key=lambda r: peaks[r]), min(range(n), key=lambda r: peaks[r]), 0, n - 1]
+    return sorted(set(picked))
 
 
 def _draw_memory(ax: Any, result: SimResult) -> None:
-    memory_steps(ax, result, colours=rank_colours(_num_ranks(result)))
+    ranks = _memory_ranks(result)
+    memory_steps(ax, result, colours=[f"C{i}" for i in range(len(ranks))], ranks=ranks)
     ax.set_xlabel("time (s)")
     ax.set_xlim(0, max(result.step_time_s, 1e-12))
     from matplotlib.patches import Patch
 
     handles, labels = ax.get_legend_handles_labels()
-    if _num_ranks(result) > 20:  # one entry per rank would not fit: the highest peak and what the dotted lines are
-        top = max(range(_num_ranks(result)), key=lambda r: result.peak_memory_bytes[r])
-        keep = [i for i, lb in enumerate(labels) if lb.startswith(f"rank {top} ") or lb.startswith("dotted")]
-        labels = [f"highest: {labels[i]}" if i == keep[0] else labels[i] for i in keep] + [
-            f"ranks 0 to {_num_ranks(result) - 1}: dark to light"]
-        handles = [handles[i] for i in keep] + [Patch(color="none")]
+    if len(ranks) < _num_ranks(result):  # what is left out, said
+        top, low = (f(range(_num_ranks(result)), key=lambda r: result.peak_memory_bytes[r]) for f in (max, min))
+        handles.append(Patch(color="none"))
+        labels.append(f"{len(ranks)} of {_num_ranks(result)} ranks drawn: the highest peak (rank {top}),\n"
+                      f"the lowest (rank {low}), the first and the last;\nevery rank's peak: the plan table")
     ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
 

@@ -44,6 +44,9 @@ class SimResult:
     """Per rank, how long its reduce-scatter stream (`StageCost.scatter_s`) runs past the rank's last action, which
     the step's end on that rank waits for (empty: no stage has such a scatter); the rest of the scatters ran beside
     the rank's actions or in its idle time."""
+    sync_s: tuple[float, ...] = ()
+    """Per stage, the collective each of its B (or I) actions begins with (`StageCost.sync_s`: vocabulary
+    parallelism's output pass), for pictures to tell it apart; empty when no stage has one."""
 
 
 def _compute_only(order: Order, num_stages: int, owner: Sequence[int], mirror: int | None) -> list[list[Action]]:
@@ -299,7 +302,7 @@ def _result(sim: SimState) -> SimResult:
     peaks = [max(h for _, h in timeline) + transient_peak((e[1][0] for e in sim.events[r]), sim.costs)
              for r, timeline in zip(ranks, memory)]
     events = [e for r in ranks for e in sim.events[r]]
-    return SimResult(events, step, bubble, peaks, memory, tuple(sim.overlapped), tails)
+    return SimResult(events, step, bubble, peaks, memory, tuple(sim.overlapped), tails, tuple(sim.sync))
 
 
 def waited(events: Sequence[Event]) -> list[bool]:

@@ -84,6 +84,19 @@ def test_title_is_wrapped_inside_the_figure() -> None:
     assert top.get_title().splitlines()[-1].startswith("bubble per rank: ")
 
 
+def test_a_wrapped_title_keeps_figures_with_their_names_and_units() -> None:
+    """A tester: "bubble⏎22.5%" and "optimizer 11.3⏎ms" at a wrap; and beyond 8 ranks the bubbles of ranks 0-7 and
+    "...", hiding the worst ranks."""
+    from autopp.schedule.draw import _GLUED, _bubbles
+    text = _GLUED.sub("\u00a0", "step 49 s (pipeline 49 s + optimizer 11.3 ms), bubble 22.5%, pp 16 x dp 4")
+    assert text == ("step\u00a049\u00a0s (pipeline\u00a049\u00a0s + optimizer\u00a011.3\u00a0ms), bubble\u00a022.5%, "
+                    "pp\u00a016\u00a0x dp\u00a04")
+    assert _bubbles([0.1, 0.2]) == "bubble per rank: 10%, 20%"
+    many = [0.04] * 16
+    many[15], many[3] = 0.29, 0.01
+    assert _bubbles(many) == "bubble per rank: lowest 1% (rank 3), highest 29% (rank 15), of 16 ranks"
+
+
 @pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_microbatch_numbers_stay_inside_their_boxes() -> None:
     """Issue 26: numbers overlapped into noise; now a box too narrow for the longest number carries none, and each
@@ -143,10 +156,35 @@ def test_memory_axis_in_the_legends_unit() -> None:
 
 
 @pytest.mark.integration  # about a second or more: the unit tier stays under a minute
-def test_many_ranks_keep_a_short_memory_legend() -> None:
+def test_many_ranks_draw_a_few_memory_curves_and_say_which() -> None:
+    """A tester: from 16 ranks the memory panel was solid areas of overlapping curves (offloading ranks switching
+    fast), with ranks 13-15 drawn over the rest; now 4 ranks are drawn, each named, and the legend says which."""
     result = _big(ScheduleName.ONE_F_ONE_B, 32, 32)
     fig, top = _boxes_panel(result)
     legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
-    top_rank = max(range(32), key=lambda r: result.peak_memory_bytes[r])
-    assert legend[0].startswith(f"highest: rank {top_rank} (peak") and len(legend) == 3
-    assert legend[-1] == "ranks 0 to 31: dark to light"
+    peaks = result.peak_memory_bytes
+    high, low = max(range(32), key=lambda r: peaks[r]), min(range(32), key=lambda r: peaks[r])
+    drawn = sorted({0, 31, high, low})
+    assert [lb.split(" (")[0] for lb in legend if lb.startswith("rank ")] == [f"rank {r}" for r in drawn]
+    assert len(fig.axes[1].get_lines()) <= 2 * len(drawn) + 1  # a curve and a dotted peak each, one legend line
+    assert legend[-1] == (f"{len(drawn)} of 32 ranks drawn: the highest peak (rank {high}),\nthe lowest (rank {low}), "
+                          "the first and the last;\nevery rank's peak: the plan table")
+
+
+def test_a_vocabulary_output_pass_is_hatched_at_the_start_of_its_backward() -> None:
+    """A tester read rank 0's B starting before rank 1's B ended as a broken dependency: the first part of each B of
+    a vocabulary-parallel stage is the output pass every rank joins (`StageCost.sync_s`), drawn hatched now."""
+    costs = [StageCost(forward_s=1e-3, backward_input_s=2e-3, backward_weight_s=1e-3, backward_s=3e-3, sync_s=1e-3,
+                       static_bytes=2**20, activation_bytes=2**18, input_bytes=2**10)] * 2
+    result = simulate_named(ScheduleName.ONE_F_ONE_B, 2, 2, costs, [1e-4])
+    assert result.sync_s == (1e-3, 1e-3)
+    fig, top = _boxes_panel(result)
+    hatched = [c for c in top.collections if c.get_hatch()]
+    assert len(hatched) == 2  # one broken bar per rank's stage, each over its 2 backwards
+    starts = sorted(e.start_s for e in result.events if e.action.kind.value == "B")
+    drawn = sorted(v[0][0] for c in hatched for v in (p.vertices for p in c.get_paths()))
+    assert drawn == pytest.approx(starts)
+    assert any("vocabulary output" in t.get_text() for t in top.get_legend().get_texts())
+    plain = _boxes_panel(_result())[1]
+    assert not [c for c in plain.collections if c.get_hatch()]
+    assert not any("vocabulary" in t.get_text() for t in plain.get_legend().get_texts())
