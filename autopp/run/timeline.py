@@ -100,8 +100,18 @@ def _draw_memory(ax: Any, measured: SimResult, predicted: SimResult | None, meth
         memory_steps(ax, predicted, " predicted", colours, unit)
     ax.set_ylabel(f"memory ({unit[0]})")
     ax.set_ylim(bottom=0)
-    if len(colours) <= 16:
-        ax.legend(fontsize=7, loc="lower right")
+    if len(colours) <= 16:  # beside the panel, as a plan's picture has it: over the lines it hid them (a tester)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+
+
+def _what(data: dict[str, Any]) -> str:
+    """What the run was, for its picture's titles (the plan's picture says as much): "gpt.py: 1F1B, 2 microbatches
+    of 4, "; "" for a report without those fields."""
+    from ..display import format_microbatches
+    if not all(data.get(k) for k in ("model_path", "schedule", "num_microbatches", "microbatch_size")):
+        return ""
+    return (f"{Path(str(data['model_path'])).name}: {data['schedule']}, "
+            f"{format_microbatches(int(data['num_microbatches']), int(data['microbatch_size']))}, ")
 
 
 def report_figure(report: RunReport | dict[str, Any], predicted: SimResult | None) -> Any:
@@ -111,13 +121,15 @@ def report_figure(report: RunReport | dict[str, Any], predicted: SimResult | Non
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from ..schedule.draw import _draw_boxes, _style_timeline
+    from ..schedule.draw import _draw_boxes, _style_timeline, lay_out
 
     measured = measured_timeline(report)
-    dp = int(_as_dict(report).get("dp", 1))  # the lanes are pipeline ranks: of which replica, where several
-    results = [(measured, "measured" + (f" (replica 0 of {dp})" if dp > 1 else ""), measured_headline(report))]
+    data = _as_dict(report)
+    dp = int(data.get("dp", 1))  # the lanes are pipeline ranks: of which replica, where several
+    results = [(measured, f"{_what(data)}measured" + (f" (replica 0 of {dp})" if dp > 1 else ""),
+                measured_headline(report))]
     if predicted is not None:
-        results.append((predicted, "predicted", predicted_headline(report, predicted)))
+        results.append((predicted, f"{_what(data)}predicted (simulated)", predicted_headline(report, predicted)))
     ranks = len(measured.peak_memory_bytes)
     fig = Figure(figsize=(14, 4 + 0.5 * ranks * len(results)))
     FigureCanvasAgg(fig)
@@ -126,10 +138,10 @@ def report_figure(report: RunReport | dict[str, Any], predicted: SimResult | Non
     for ax, (result, title, headline) in zip(axes, results):
         _draw_boxes(ax, result)
         _style_timeline(ax, result, title, headline)
-    _draw_memory(axes[-1], measured, predicted, _as_dict(report).get("memory_method"), drawn_ranks(report))
-    axes[-1].set_xlim(0, max(r.step_time_s for r, _, _ in results) or 1e-12)
+    _draw_memory(axes[-1], measured, predicted, data.get("memory_method"), drawn_ranks(report))
     axes[-1].set_xlabel("time (s)")
-    fig.tight_layout()
+    span = max(r.step_time_s for r, _, _ in results) or 1e-12
+    lay_out(fig, [(ax, *r) for ax, r in zip(axes, results)], span)
     return fig
 
 

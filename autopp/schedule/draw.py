@@ -58,12 +58,12 @@ def _axes_points(ax: Any) -> tuple[float, float]:
     return box.width * width * 72, box.height * height * 72
 
 
-def _labels(ax: Any, result: SimResult) -> int:
+def _labels(ax: Any, result: SimResult, span_s: float | None = None) -> int:
     """Microbatch numbers on the boxes wide and tall enough for the longest number (so that boxes of one width are
     all numbered or none is, and no number leaves its box: a rank's boxes do not overlap), centred in their stage's
     lane (`stage_lane`); returns how many."""
     width_pt, height_pt = _axes_points(ax)
-    ranks, span = max(_num_ranks(result), 1), max(result.step_time_s, 1e-12)
+    ranks, span = max(_num_ranks(result), 1), max(span_s or result.step_time_s, 1e-12)  # the axis's seconds
     chunks = _chunks(result)
     most = max(map(len, chunks), default=1)
     size = min(_LABEL_PT, _ROW * 0.7 * height_pt / ranks / most)  # the digits are about 0.7 of the font
@@ -80,8 +80,8 @@ def _labels(ax: Any, result: SimResult) -> int:
 
 
 def _draw_boxes(ax: Any, result: SimResult) -> None:
-    """F/I/W/B boxes per rank, coloured by kind, in the lane of the rank's stage that runs them (`stage_lane`),
-    numbered by microbatch where a number fits."""
+    """F/I/W/B boxes per rank, coloured by kind, in the lane of the rank's stage that runs them (`stage_lane`); the
+    microbatch numbers come once the figure is laid out (`lay_out`)."""
     chunks = _chunks(result)
     most = max(map(len, chunks), default=1)
     durations = sorted(e.end_s - e.start_s for e in result.events)
@@ -97,7 +97,6 @@ def _draw_boxes(ax: Any, result: SimResult) -> None:
                     ax.broken_barh(spans, stage_lane(rank, c, most), facecolors=colour, edgecolor="white",
                                    linewidth=edge)
     _draw_sync(ax, result, chunks, most)
-    _labels(ax, result)
 
 
 #: How a B's (or I's) leading collective is drawn over its box (`SimResult.sync_s`), and its legend entry.
@@ -240,6 +239,20 @@ def _draw_memory(ax: Any, result: SimResult) -> None:
     ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
 
+def lay_out(fig: Any, panels: Sequence[tuple[Any, SimResult, str, str | None]], span_s: float | None = None) -> None:
+    """Lay `fig` out, then number each timeline panel's boxes (`_labels`) at its final width and style it
+    (`_style_timeline`: its legend says whether every box is numbered), and lay it out again: numbers placed before
+    the layout shrank the axes for the legends spilled out of their boxes (a tester's three-panel run picture).
+    `span_s`: the shared time axis's end where the panels' steps differ (each panel's step otherwise)."""
+    fig.tight_layout()
+    for ax, result, title, headline in panels:
+        _labels(ax, result, span_s)
+        _style_timeline(ax, result, title, headline)  # again: its legend counts the numbers placed
+        if span_s is not None:
+            ax.set_xlim(0, span_s)
+    fig.tight_layout()
+
+
 def timeline_figure(result: SimResult, title: str = "", headline: str | None = None) -> Any:
     """A matplotlib Figure: one row per rank with F/I/W/B boxes numbered by microbatch, and each rank's memory
     below; the title carries `headline` (see `_style_timeline`).
@@ -256,7 +269,7 @@ def timeline_figure(result: SimResult, title: str = "", headline: str | None = N
     _draw_boxes(top, result)
     _style_timeline(top, result, title, headline)
     _draw_memory(bottom, result)
-    fig.tight_layout()
+    lay_out(fig, [(top, result, title, headline)])
     return fig
 
 

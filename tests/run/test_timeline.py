@@ -75,7 +75,7 @@ def test_draw_measured_above_predicted(tmp_path: Path) -> None:
     path = draw_report(_report(), predicted, tmp_path / "t.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
     fig = report_figure(_grid_report(), predicted)
-    assert fig.axes[0].get_title().startswith("measured (replica 0 of 2): step")
+    assert "measured (replica 0 of 2): step" in fig.axes[0].get_title().replace("\u00a0", " ")
     labels = [line.get_label() for line in fig.axes[2].get_lines() if "measured peak" in line.get_label()]
     assert labels == ["rank 0 measured peak 1 MiB", "rank 1 (global rank 2) measured peak 3 MiB"]
 
@@ -121,9 +121,14 @@ def test_report_text_json_png_and_show_agree(tmp_path: Path, capsys: pytest.Capt
 
     fig = report_figure(data, simulate_plan(load_plan(plan_path)))
     top, middle, memory = fig.axes[:3]
-    assert top.get_title().startswith(f"measured: step {measured} (median of steps 2-3; drawn: step 3 of 3, "
-                                      "316 ms)")
-    assert middle.get_title().startswith(f"predicted: step {predicted} (pipeline ")
+    title = top.get_title().replace("\u00a0", " ")  # a wrap never parts a figure from its unit: no-break spaces
+    assert title.startswith(f"m.py: 1F1B, 4 microbatches of 2, measured: step {measured} (median of steps 2-3; drawn: "
+                            "step 3 of 3, 316 ms)")  # a tester: the titles did not say what ran
+    assert middle.get_title().replace("\u00a0", " ").startswith(
+        f"m.py: 1F1B, 4 microbatches of 2, predicted (simulated): step {predicted} (pipeline ")
+    drawn = max(r["step_times_s"][data["timeline_step"]] for r in data["ranks"])  # the measured panel's step
+    predicted_s = simulate_plan(load_plan(plan_path)).step_time_s
+    assert memory.get_xlim()[1] == pytest.approx(max(drawn, predicted_s))  # one axis for both, to the longer
     labels = [line.get_label() for line in memory.get_lines()]
     assert [lb for lb in labels if "measured peak" in lb] == ["rank 0 measured peak 20 MiB, estimate",
                                                               "rank 1 measured peak 30 MiB, estimate"]
