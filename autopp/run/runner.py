@@ -22,6 +22,7 @@ from ..model.contract import ModelFile
 from ..model.hf import load_model
 from ..model.meta import build_meta
 from ..model.units import discover_units, fingerprint
+from ..data.layout import uses_mesh
 from ..data.plan import Plan
 from ..measure.options import OPTIMIZER_STATES
 from .launch import RankProcess, launch_ranks, wait_ranks
@@ -75,11 +76,13 @@ def choose_backend(num_ranks: int) -> Backend:
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= num_ranks else "gloo"
 
 
-#: What a tensor-parallel run's step on CPU ranks measures beyond its prediction (docs/accuracy.md).
-TP_ON_CPU_NOTE = ("tensor parallelism on gloo CPU ranks: each sharded op dispatches through DTensor in Python and "
-                  "each collective through gloo, which the profile (a rank's shard timed as plain tensors) and the "
-                  "plan's link figures leave out; such steps measured 6-14x their prediction on 2 cores (docs/"
-                  "accuracy.md): this run checks the layout's gradients, its time says little")
+#: What a run through the device mesh (tensor, context or expert parallelism, ZeRO's FSDP2) measures on CPU ranks
+#: beyond its prediction (docs/accuracy.md, "Sharded layouts on CPU ranks").
+MESH_ON_CPU_NOTE = ("a sharded layout on gloo CPU ranks (tensor, context or expert parallelism, ZeRO's FSDP2): each "
+                    "sharded op dispatches through DTensor in Python and each collective through gloo, which the "
+                    "profile (plain tensors) and the plan's link figures leave out; measured on 2 cores: tp 2 at "
+                    "6-14x its prediction, ZeRO 3 at 1.5x where plain dp ran at 0.8x (docs/accuracy.md): this run "
+                    "checks the layout's gradients, its time says little")
 
 
 def _chosen(plan: Plan, options: RunOptions, plan_path: str | None) -> Chosen:
@@ -275,8 +278,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
     if plan.vocab is not None:  # its passes run beside torch's schedule: autopp.run.vocab_run
         vocab_job(plan, options)  # what it does not run: refused in one line before any rank starts
         report = replace(report, notes=(*report.notes, VOCAB_NOTE))
-    if plan.layout.tp > 1 and options.backend == "gloo":
-        report = replace(report, notes=(*report.notes, TP_ON_CPU_NOTE))
+    if uses_mesh(plan.layout) and options.backend == "gloo":
+        report = replace(report, notes=(*report.notes, MESH_ON_CPU_NOTE))
     if report.oversubscribed:  # one line on stderr through the CLI's logging; the report keeps the figures
         logger.warning("%s; measured step times will exceed the prediction (docs/accuracy.md)",
                        report.oversubscribed)

@@ -10,7 +10,7 @@ import pytest
 from autopp.data.layout import Layout
 from autopp.data.zero import ZERO
 from autopp.run import GRAD_RTOL, RunOptions, run_plan
-from autopp.run.runner import TP_ON_CPU_NOTE
+from autopp.run.runner import MESH_ON_CPU_NOTE
 
 from .conftest import ROOT, pipeline_plan
 
@@ -49,7 +49,7 @@ def test_llama_pp2_tp2_on_4_ranks_matches_one_process(tmp_path: Path) -> None:
     assert report.passed and report.layout == plan.layout and report.num_ranks == 4
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     assert len(report.grad_diffs) == 39 and len(report.losses) == 2
-    assert report.notes == (TP_ON_CPU_NOTE,)  # tester: 6-14x the prediction, and nothing said why
+    assert report.notes == (MESH_ON_CPU_NOTE,)  # tester: 6-14x the prediction, and nothing said why
     assert len(_rank_lines(tmp_path, "tensor-parallel over 2 ranks: 15 modules (4 shared inputs)")) == 4
     assert _rank_lines(tmp_path, "sequence-parallel") == []
 
