@@ -12,6 +12,7 @@ from ..cores import Oversubscribed, oversubscribed
 from ..data.fields import Fields, is_number
 from ..data.layout import Layout, layout_fields
 from ..display import format_grid, format_microbatches
+from ..schedule.descriptors import ScheduleName, describe
 from ..errors import RunError
 from ..jsonio import read_json, write_json
 from ..sizes import format_in, format_size, time_unit
@@ -294,6 +295,13 @@ def _in(value: float | None, unit: tuple[str, float]) -> str:
     return "-" if value is None else format_in(value, unit)
 
 
+def _mirrored(schedule: str) -> bool:
+    """Whether the run's schedule runs two pipelines whose replicas' gradients each rank sums inside the schedule's
+    step (Chimera: autopp.run.bidirectional), so the per-rank time after the step holds no gradient sum (a tester
+    compared it with the plan's all-reduce)."""
+    return schedule in {m.value for m in ScheduleName} and describe(ScheduleName(schedule)).mirrored
+
+
 def _measure_lines(r: RunReport) -> list[str]:
     """Per stage measured vs predicted F and B under its activation policy; per rank its step's parts and peak
     memory vs predicted. Each kind of figure in one unit (ms, or s from 10 s), as the plan writes them."""
@@ -315,7 +323,8 @@ def _measure_lines(r: RunReport) -> list[str]:
         pred = "-" if m.predicted_peak_memory_bytes is None else format_size(m.predicted_peak_memory_bytes)
         on = "" if m.device in (None, m.rank) else f" on device {m.device}"
         on += f" (tp rank {m.tp_rank})" if r.layout.tp > 1 else ""
-        sync = "all-reduce" if r.layout.zero.replicated else "after step (ZeRO reduce-scatter is in step)"
+        sync = "after step (the replicas' gradient sum is in step)" if _mirrored(r.schedule) else \
+            "all-reduce" if r.layout.zero.replicated else "after step (ZeRO reduce-scatter is in step)"
         lines.append(f"  rank {m.rank:<4d}{on}   stages {list(m.stages)}   in step {_in(m.schedule_s, rank_unit)} "
                      f"(waits {_in(m.wait_s, rank_unit)})   {sync} {_in(m.allreduce_s, rank_unit)}   optimizer "
                      f"{_in(m.optimizer_s, rank_unit)}")

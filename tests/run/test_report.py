@@ -118,6 +118,8 @@ def test_tp_ranks_and_the_zero_sync_column_are_told_apart(tmp_path: Path) -> Non
     assert "all-reduce" not in text
     plain = format_report(replace(report, layout=Layout(pp=1), ranks=(_rank(0, 0),)))
     assert "all-reduce 0 ms" in plain and "tp rank" not in plain
+    chimera = format_report(replace(report, schedule="Chimera", layout=Layout(pp=2), ranks=(_rank(0, 0),)))
+    assert "after step (the replicas' gradient sum is in step) 0 ms" in chimera  # a tester read it as the sum's time
 
 
 @pytest.mark.parametrize("change, message", [
