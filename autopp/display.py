@@ -232,4 +232,5 @@ def _band_line(plan: Plan) -> str:
         "profiled spread)"
     if not plan.tied:
         return line + ": no other configuration predicts inside it"
-    return line + f"; the margin is inside it: {others} inside it ({'; '.join(plan.tied)})"
+    return line + (f"; the margin is inside it: {others} inside it ({'; '.join(plan.tied)}), the plan kept by the "
+                   "tie rule in the notes, even over one that predicts faster")
