@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Iterable
 
@@ -73,12 +74,17 @@ def time_unit(seconds: Iterable[float]) -> tuple[str, float]:
 
 def format_in(value: float, unit: tuple[str, float]) -> str:
     """`value` in `unit` (from `size_unit` or `time_unit`) with 3 significant digits, never in exponent notation
-    (a value too small for its column's unit reads `< 0.01 s`)."""
+    (below 0.01 of its column's unit, to 3 significant digits down to 0.001, `0.00567 s`, as a single figure of it
+    reads `5.67 ms` elsewhere: a tester met `< 0.01 s` beside a title's 5.67 ms; below that `< 0.001 s`)."""
     name, scale = unit
     x = value / scale
     if scale == 1 and name == "B":
         return f"{int(x)} B"
-    return f"< 0.01 {name}" if 0 < abs(x) < 0.01 else f"{_digits(x)} {name}"
+    if 0 < abs(x) < 0.001:
+        return f"< 0.001 {name}"
+    if 0 < abs(x) < 0.01:
+        return f"{x:.{2 - math.floor(math.log10(abs(x)))}f}".rstrip("0") + f" {name}"  # 0.00400 -> 0.004
+    return f"{_digits(x)} {name}"
 
 
 def format_size(n: float) -> str:

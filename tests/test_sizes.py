@@ -44,11 +44,12 @@ def test_format_never_uses_exponents() -> None:
 def test_one_unit_per_column() -> None:
     """Issue 26: a column read `9595 ms` beside `11.2 s`; its unit now comes from its largest value."""
     unit = time_unit([9.595, 11.2, 0.004])
-    assert [format_in(x, unit) for x in (9.595, 11.2, 0.004, 0.0)] == ["9.6 s", "11.2 s", "< 0.01 s", "0 s"]
+    assert [format_in(x, unit) for x in (9.595, 11.2, 0.004, 0.00567, 0.0004, 0.0)] == [
+        "9.6 s", "11.2 s", "0.004 s", "0.00567 s", "< 0.001 s", "0 s"]  # a tester: `< 0.01 s` beside 5.67 ms
     unit = time_unit([9.595, 0.5])
     assert [format_in(x, unit) for x in (9.595, 0.5)] == ["9595 ms", "500 ms"]
     assert time_unit([2e-4]) == ("us", 1e-6) and time_unit([]) == ("ms", 1e-3)
-    assert format_in(5 * 2**20, size_unit(45.6 * 2**30)) == "< 0.01 GiB" and size_unit(12) == ("B", 1)
+    assert format_in(5 * 2**20, size_unit(45.6 * 2**30)) == "0.00488 GiB" and size_unit(12) == ("B", 1)
     assert format_in(12, size_unit(12)) == "12 B"
 
 
