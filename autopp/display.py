@@ -97,6 +97,8 @@ def _summary(plan: Plan, own: str) -> str:
     ranges = [" | ".join(f"{a}-{b - 1}" for a, b in p.stage_units) for _, p in rows]
     short = max(map(len, ranges)) <= _RANGES_WIDTH
     splits = ranges if short else [stage_sizes(p.stage_units) for _, p in rows]
+    if plan.vocab is not None:  # the baselines split the plain model: a tester saw one split at two step times
+        splits[0] += f" + {plan.vocab.value} (the baselines without)"
     times = _times([p.step_time_s for _, p in rows] + [plan.ideal_step_time_s])
     peaks = _sizes([max(p.peak_memory_bytes) for _, p in rows])
     body = [[name, times[i], f"{p.bubble_fraction:.1%}", peaks[i], "yes" if p.fits else "NO", f"{p.efficiency:.1%}",

@@ -115,6 +115,8 @@ def test_a_vocabulary_parallel_plan_says_so_under_its_heading() -> None:
     text = format_plan(replace(plan, vocab=VocabVariant.VOCAB_1))
     assert text.splitlines()[1] == ("vocabulary parallelism vocab-1: embedding and head split along the vocabulary "
                                     "over all 2 ranks (their passes in the stages' times and memory)")
+    own = next(line for line in text.splitlines() if line.startswith("autopp "))
+    assert own.endswith(" + vocab-1 (the baselines without)")  # a tester: one split at two step times, unexplained
 
 
 def test_one_microbatch_is_singular() -> None:
