@@ -79,15 +79,23 @@ def _labels(ax: Any, result: SimResult, span_s: float | None = None) -> int:
     return len(fits)
 
 
+#: Boxes narrower than this (points: 3 pixels at the pictures' 120 dpi) blend into each other's colours.
+_BLEND_PT = 3 * 72 / 120
+
+
+def _median_box_points(ax: Any, result: SimResult) -> float:
+    """The median action's width in points on `ax` (0 without actions)."""
+    durations = sorted(e.end_s - e.start_s for e in result.events)
+    return durations[len(durations) // 2] / max(result.step_time_s, 1e-12) * _axes_points(ax)[0] \
+        if durations else 0.0
+
+
 def _draw_boxes(ax: Any, result: SimResult) -> None:
     """F/I/W/B boxes per rank, coloured by kind, in the lane of the rank's stage that runs them (`stage_lane`); the
     microbatch numbers come once the figure is laid out (`lay_out`)."""
     chunks = _chunks(result)
     most = max(map(len, chunks), default=1)
-    durations = sorted(e.end_s - e.start_s for e in result.events)
-    median_pt = durations[len(durations) // 2] / max(result.step_time_s, 1e-12) * _axes_points(ax)[0] \
-        if durations else 0.0
-    edge = 0.3 if median_pt >= 3 else 0.0  # a white edge would wash out boxes a few points wide
+    edge = 0.3 if _median_box_points(ax, result) >= 3 else 0.0  # a white edge would wash out boxes a few points wide
     for kind, colour in KIND_COLOURS.items():
         for rank, stages in enumerate(chunks):
             for c, stage in enumerate(stages):
@@ -164,10 +172,13 @@ def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None
     if most > 1:  # what the lanes are, said once
         handles.append(Patch(color="none",
                              label="a rank's stages: one lane\neach, top to bottom as\nnamed on the left"))
-    labels = len(ax.texts)  # the microbatch numbers _draw_boxes placed
+    labels = len(ax.texts)  # the microbatch numbers _labels placed
     numbers = ("numbers: microbatch" if labels == len(result.events) else
                "numbers: microbatch,\nwhere a box has room" if labels else "boxes too narrow\nfor microbatch numbers")
     handles.append(Patch(color="none", label=numbers))
+    if _median_box_points(ax, result) < _BLEND_PT:  # a tester saw maroon and lavender boxes the legend did not name
+        handles.append(Patch(color="none", label="boxes a few pixels wide:\ntheir colours mix; every action:\n"
+                                                 "autopp show --trace (Perfetto)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncol=1, frameon=False)
 
 

@@ -188,3 +188,15 @@ def test_a_vocabulary_output_pass_is_hatched_at_the_start_of_its_backward() -> N
     plain = _boxes_panel(_result())[1]
     assert not [c for c in plain.collections if c.get_hatch()]
     assert not any("vocabulary" in t.get_text() for t in plain.get_legend().get_texts())
+
+
+@pytest.mark.integration  # draws 4,000 boxes (~2 s)
+def test_boxes_under_a_pixel_say_their_colours_mix() -> None:
+    """A tester: at 256-512 microbatches F and B boxes blended into maroon, purple and lavender that the legend did
+    not name; the legend now says so and where every action can be seen."""
+    def said(result: SimResult) -> bool:
+        fig, top = _boxes_panel(result)
+        texts = [t.get_text() for t in top.get_legend().get_texts()]
+        plt.close(fig)
+        return any(t.startswith("boxes a few pixels wide") for t in texts)
+    assert said(_big(ScheduleName.ONE_F_ONE_B, 4, 512)) and not said(_big(ScheduleName.ONE_F_ONE_B, 4, 16))
