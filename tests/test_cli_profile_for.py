@@ -113,17 +113,3 @@ def test_a_moe_profile_without_the_models_routing_groups_is_not_current() -> Non
     assert _current(old, fp, None, None, (), "fp32", facts) == "it was counted before the routing fact num_groups"
     assert _current(old, fp, None, None, (), "fp32", {**facts, "num_groups": None, "group_top_k": None}) is None
     assert _current(old, fp, None, None, (), "fp32") is None
-
-
-def test_profile_links_names_its_calibration_schedules_as_the_json_does() -> None:
-    """A tester: `profile-links` printed `ScheduleName.GPIPE` (Python 3.12 formats a str enum by its name), and the
-    columns no longer lined up; the JSON says `GPipe`."""
-    from autopp.cli.profile import format_calibration_rows
-    from autopp.measure.calibration import CalibrationRow
-    from autopp.schedule import ScheduleName
-    rows = [CalibrationRow(schedule=name, microbatches=4, layers=2, message_bytes=1024, forward_s=(0.001,),
-                           backward_s=(0.002,), measured_s=0.012, predicted_s=0.010)
-            for name in (ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B)]
-    lines = format_calibration_rows(rows).splitlines()
-    assert lines[1:] == ["GPipe     4      2     12.00     10.00   +20%", "1F1B      4      2     12.00     10.00   +20%"]
-    assert len({len(line) for line in lines}) == 1  # the columns line up with the header

@@ -6,7 +6,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..data.precision import RECIPES, Recipe, recipe, recipe_of_dtype
 from ..data.hf_config import DEFAULT_SEQ_LEN, DEFAULT_TASK, HF_TASKS, HfSource, hf_source
@@ -18,11 +18,10 @@ from .common import COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, comma_sizes, 
 
 if TYPE_CHECKING:
     from ..data.profile import Profile
-    from ..measure.calibration import CalibrationRow
     from ..measure.options import DType, MeasureOptions, ProfileOptions
     from ..model.contract import ModelFile
 
-__all__ = ["format_calibration_rows", "say_seq_len", "add_parsers", "profile_for", "default_profile_dir", "analytic_target", "default_dtype",
+__all__ = ["say_seq_len", "add_parsers", "profile_for", "default_profile_dir", "analytic_target", "default_dtype",
            "add_hf_arguments", "hf_source_of", "model_stem", "add_precision_argument", "precision_of",
            "add_optimizer_argument"]
 
@@ -259,16 +258,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_calibration_rows(rows: Sequence[CalibrationRow]) -> str:
-    """The links' calibration rows as `profile-links` prints them: one per synthetic pipeline, its schedule by name."""
-    lines = [f"{'schedule':<8} {'m':>2} {'layers':>6} {'measured':>9} {'predicted':>9} {'error':>6}"]
-    lines += [f"{r.schedule.value:<8} {r.microbatches:>2} {r.layers:>6} {r.measured_s * 1e3:>9.2f} "
-              f"{r.predicted_s * 1e3:>9.2f} {(r.measured_s - r.predicted_s) / r.predicted_s:>+6.0%}" for r in rows]
-    return "\n".join(lines)
-
-
 def _cmd_profile_links(args: argparse.Namespace) -> int:
     check_output_file(args.output, "-o")
+    from ..measure.calibration import format_link_calibration
     from ..measure.links import DEFAULT_MESSAGE_BYTES, measure_links
     from ..run.calibrate import calibrate_links  # torch: only once the arguments are known to be good
     sizes = args.message_bytes or list(DEFAULT_MESSAGE_BYTES)
@@ -288,7 +280,7 @@ def _cmd_profile_links(args: argparse.Namespace) -> int:
           f"bandwidth {links.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
     if links.calibration:
         print("\ncalibration (torch schedules on synthetic stages; step times in ms)")
-        print(format_calibration_rows(links.calibration))
+        print(format_link_calibration(links.calibration))
     link = links.link()
     fitted = "default, not calibrated" if links.overhead_s is None else "calibrated"
     print(f"per-message overhead {link.overhead_s * 1e6:.3g} us ({fitted}), progress delay "

@@ -12,7 +12,7 @@ from ..data.cluster import Cluster, Link
 from ..costmodel import message_overheads, progress_delays, transfer_time
 from ..schedule import ScheduleName, StageCost, simulate_named
 
-__all__ = ["CalibrationRow", "CalibrationFit", "simulate_row", "fit_calibration"]
+__all__ = ["CalibrationRow", "CalibrationFit", "simulate_row", "fit_calibration", "format_link_calibration"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,12 @@ def fit_calibration(rows: Sequence[CalibrationRow], latency_s: float, bandwidth_
     fitted = tuple(replace(r, predicted_s=simulate_row(r, latency_s, bandwidth_bytes_per_s, o, d)) for r in rows)
     rms = (sum(((r.measured_s - r.predicted_s) / r.predicted_s) ** 2 for r in fitted) / len(fitted)) ** 0.5
     return CalibrationFit(overhead_s=o, progress_s=d, rms_error=rms, rows=fitted)
+
+
+def format_link_calibration(rows: Sequence[CalibrationRow]) -> str:
+    """The calibration rows as `autopp profile-links` prints them: one per synthetic pipeline, its schedule by its
+    name (`GPipe`, as the links JSON writes it), step times in ms."""
+    lines = [f"{'schedule':<8} {'m':>2} {'layers':>6} {'measured':>9} {'predicted':>9} {'error':>6}"]
+    lines += [f"{r.schedule.value:<8} {r.microbatches:>2} {r.layers:>6} {r.measured_s * 1e3:>9.2f} "
+              f"{r.predicted_s * 1e3:>9.2f} {(r.measured_s - r.predicted_s) / r.predicted_s:>+6.0%}" for r in rows]
+    return "\n".join(lines)

@@ -35,3 +35,17 @@ def test_calibration_fit_without_delays_finds_none() -> None:
     assert fit.overhead_s < 5e-6 and fit.rms_error < 0.01
     with pytest.raises(ValueError, match="at least one calibration row"):
         fit_calibration([], 50e-6, 3e9)
+
+
+def test_profile_links_names_its_calibration_schedules_as_the_json_does() -> None:
+    """A tester: `profile-links` printed `ScheduleName.GPIPE` (Python 3.12 formats a str enum by its name), and the
+    columns no longer lined up; the JSON says `GPipe`."""
+    from autopp.measure.calibration import CalibrationRow, format_link_calibration
+    from autopp.schedule import ScheduleName
+    rows = [CalibrationRow(schedule=name, microbatches=4, layers=2, message_bytes=1024, forward_s=(0.001,),
+                           backward_s=(0.002,), measured_s=0.012, predicted_s=0.010)
+            for name in (ScheduleName.GPIPE, ScheduleName.ONE_F_ONE_B)]
+    lines = format_link_calibration(rows).splitlines()
+    assert lines[1:] == ["GPipe     4      2     12.00     10.00   +20%",
+                         "1F1B      4      2     12.00     10.00   +20%"]
+    assert len({len(line) for line in lines}) == 1  # the columns line up with the header
