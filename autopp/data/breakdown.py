@@ -76,8 +76,7 @@ class TimeBreakdown:
         return [("compute", total["compute_s"], 0.0), ("recomputation", total["recompute_s"], 0.0),
                 ("TP/SP collectives", total["tp_s"], total["tp_hidden_s"]),
                 ("ZeRO collectives in F/B", total["zero_s"], total["zero_hidden_s"]), *ep,
-                ("pipeline bubble", self.bubble_s, 0.0), (self.SYNC, self.sync_s,
-                                                            self.sync_hidden_s),
+                ("pipeline bubble", self.bubble_s, 0.0), (self.SYNC, self.sync_s, self.sync_hidden_s),
                 ("optimizer step", self.optimizer_s, 0.0)]
 
 

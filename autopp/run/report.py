@@ -12,9 +12,9 @@ from ..cores import Oversubscribed, oversubscribed
 from ..data.fields import Fields, is_number
 from ..data.layout import Layout, layout_fields
 from ..display import format_grid, format_microbatches
-from ..schedule.descriptors import ScheduleName, describe
 from ..errors import RunError
 from ..jsonio import read_json, write_json
+from ..schedule.descriptors import ScheduleName, describe
 from ..sizes import format_in, format_size, time_unit
 
 __all__ = [
