@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["usable_cores", "Oversubscribed", "oversubscribed"]
+__all__ = ["usable_cores", "Oversubscribed", "oversubscribed", "MESH_ON_CPU"]
 
 
 def usable_cores() -> int:
@@ -48,3 +48,11 @@ def oversubscribed(ranks: int, cores: int) -> Oversubscribed | None:
     if cores < 1:
         raise ValueError(f"a host has at least 1 core, got {cores}")
     return Oversubscribed(ranks, cores) if ranks > cores else None
+
+
+#: What a layout that uses the mesh (autopp.data.layout.uses_mesh) costs on gloo CPU ranks beyond its prediction
+#: (docs/accuracy.md, "Sharded layouts on CPU ranks"): said in such a plan's notes and such a run's report.
+MESH_ON_CPU = ("a sharded layout on gloo CPU ranks (tensor, context or expert parallelism, ZeRO's FSDP2): each sharded "
+               "op dispatches through DTensor in Python and each collective through gloo, which the profile (plain "
+               "tensors) and the plan's link figures leave out; measured on 2 cores: tp 2 at 6-14x its prediction, "
+               "ZeRO 3 at 1.5x where plain dp ran at 0.8x (docs/accuracy.md)")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ..cores import usable_cores
+from ..cores import MESH_ON_CPU, usable_cores
 from ..display import format_grid
 from ..errors import PlanError, RunError
 from ..model.contract import ModelFile
@@ -76,13 +76,8 @@ def choose_backend(num_ranks: int) -> Backend:
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= num_ranks else "gloo"
 
 
-#: What a run through the device mesh (tensor, context or expert parallelism, ZeRO's FSDP2) measures on CPU ranks
-#: beyond its prediction (docs/accuracy.md, "Sharded layouts on CPU ranks").
-MESH_ON_CPU_NOTE = ("a sharded layout on gloo CPU ranks (tensor, context or expert parallelism, ZeRO's FSDP2): each "
-                    "sharded op dispatches through DTensor in Python and each collective through gloo, which the "
-                    "profile (plain tensors) and the plan's link figures leave out; measured on 2 cores: tp 2 at "
-                    "6-14x its prediction, ZeRO 3 at 1.5x where plain dp ran at 0.8x (docs/accuracy.md): this run "
-                    "checks the layout's gradients, its time says little")
+#: The note of a run through the device mesh on CPU ranks (`MESH_ON_CPU`).
+MESH_ON_CPU_NOTE = f"{MESH_ON_CPU}: this run checks the layout's gradients, its time says little"
 
 
 def _chosen(plan: Plan, options: RunOptions, plan_path: str | None) -> Chosen:

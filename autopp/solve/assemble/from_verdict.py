@@ -17,7 +17,8 @@ from ...data.profile import Profile
 from ...data.profile_tp import SP_TIME_COLUMNS
 from ...data.catalog import planned_device
 from ...data.cluster import Cluster
-from ...data.layout import Layout
+from ...cores import MESH_ON_CPU
+from ...data.layout import Layout, uses_mesh
 from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, describe, policy
 from ..partition.baselines import baseline_bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
@@ -171,7 +172,15 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
                    + routing_note(routing_of(profile), ep, etp * c.layout.group, cluster)
                    if layers else f"expert parallelism {c.layout.ep}: the profile records no stacked experts "
                    "(expert_param_bytes 0), so it changes nothing; plan with `ep` 1")
+    if uses_mesh(c.layout) and _device(profile, cluster) == "cpu":  # a tester's ZeRO 3 ran 1.75x its near-tie
+        out.append(f"{MESH_ON_CPU}: the step above leaves it out, so a layout without it (ZeRO 0, tp 1) may run "
+                   "faster on CPU ranks")
     return out
+
+
+def _device(profile: Profile, cluster: Cluster) -> str | None:
+    """The catalog name of the device kind the plan is for (`planned_device`)."""
+    return planned_device(cluster, profile.meta.device, profile.meta.extra.get("analytic_device"))
 
 
 def _experts_unsearched(profile: Profile, request: PlanRequest, c: Candidate) -> list[str]:
@@ -342,7 +351,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 microbatch_size=c.microbatch_size, memory_limit_bytes=request.cluster.memory_bytes, stages=stages,
                 predicted=prediction(best, ideal), baselines={k: prediction(v, ideal) for k, v in baselines.items()},
                 ideal_step_time_s=ideal, notes=tuple(notes), hf_config=dict(profile.meta.extra.get("hf_config", {})),
-                device=planned_device(request.cluster, profile.meta.device, profile.meta.extra.get("analytic_device")),
+                device=_device(profile, request.cluster),
                 optimizer=profile.meta.optimizer, dtype=profile.meta.dtype,
                 time_breakdown=_breakdown(a, placed, best),
                 precision=profile.meta.extra.get("precision"),
