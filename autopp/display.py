@@ -128,11 +128,6 @@ def format_predicted_step(plan: Plan, pipeline_s: float | None = None) -> str:
     return f"step {format_time(p.step_time_s)}{split}, bubble {p.bubble_fraction:.1%}"
 
 
-#: The step's end under a bidirectional schedule: each rank sums its two replicas' gradients (autopp.run.bidirectional),
-#: then data parallelism's collectives, if any.
-_MIRRORED_SYNC = "replicas' gradient sum (+ DP) at the step's end"
-
-
 def format_breakdown(plan: Plan) -> str:
     """Where the predicted step goes (`Plan.time_breakdown`): each term's time on the critical path (the stages'
     averaged over the pipeline ranks, so that the rows add up to the step), its share of the step, and what overlap
@@ -140,7 +135,7 @@ def format_breakdown(plan: Plan) -> str:
     b = plan.time_breakdown
     if b is None:
         return ""
-    rows = [(_MIRRORED_SYNC if plan.mirrored and name == b.SYNC else name, exposed, hidden)
+    rows = [(f"{sync_name(plan)} at the step's end" if plan.mirrored and name == b.SYNC else name, exposed, hidden)
             for name, exposed, hidden in b.rows(plan.layout.pp)
             if exposed > 0 or hidden > 0 or name == "pipeline bubble"]  # a bubble of 0 is worth saying
     total = sum(exposed for _, exposed, _ in rows) or 1.0
@@ -152,7 +147,10 @@ def format_breakdown(plan: Plan) -> str:
 
 
 def sync_name(plan: Plan) -> str:
-    """What the plan's data-parallel collectives after the last backward are (`Prediction.allreduce_s`)."""
+    """What the plan's data-parallel collectives after the last backward are (`Prediction.allreduce_s`); under a
+    bidirectional schedule (Chimera: dp 1), each rank's sum of its two replicas' gradients."""
+    if plan.mirrored:
+        return "replicas' gradient sum"
     zero = plan.layout.zero
     if zero.replicated:
         return "all-reduce"

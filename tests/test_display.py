@@ -156,3 +156,18 @@ def test_the_grid_names_every_axis_above_one() -> None:
     sp = Layout(pp=2, dp=2, cp=2, tp=2, sp=True, zero=ZERO[1])
     assert format_grid(sp) == "pp 2 x dp 2 x cp 2 x tp 2 + SP, ZeRO 1"
     assert format_grid(Layout(pp=4, dp=1)) == "pp 4 x dp 1"
+
+
+def test_chimeras_step_end_is_named_as_its_replicas_gradient_sum_everywhere() -> None:
+    """A tester: Chimera at dp 1 showed "DP/ZeRO at the step's end" in its breakdown and "all-reduce" in its title;
+    that term is each rank's sum of its two replicas' gradients. Its table names both ranks of each stage."""
+    from autopp.display import format_breakdown, format_predicted_step
+    plan = make_plan(synthetic_profile(8), PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=80 * 2**30),
+                                                      global_batch=8, schedule=ScheduleName.CHIMERA,
+                                                      pins=LayoutPins(pp=2, dp=1)))
+    assert plan.mirrored and "replicas' gradient sum at the step's end" in format_breakdown(plan)
+    headline = format_predicted_step(plan, plan.predicted.step_time_s - plan.predicted.allreduce_s)
+    assert "replicas' gradient sum" in headline and "all-reduce" not in headline
+    text = format_plan(plan)
+    assert "1 stage per rank in each of 2 pipelines running opposite ways" in text
+    assert re.search(r"^0 +0 and 1 ", text.split("\n\n")[1].splitlines()[2])

@@ -30,6 +30,7 @@ __all__ = [
     "RankMeasure",
     "host_oversubscribed",
     "step_time_unit",
+    "mirrored",
 ]
 
 REPORT_VERSION = 1
@@ -295,7 +296,7 @@ def _in(value: float | None, unit: tuple[str, float]) -> str:
     return "-" if value is None else format_in(value, unit)
 
 
-def _mirrored(schedule: str) -> bool:
+def mirrored(schedule: str) -> bool:
     """Whether the run's schedule runs two pipelines whose replicas' gradients each rank sums inside the schedule's
     step (Chimera: autopp.run.bidirectional), so the per-rank time after the step holds no gradient sum (a tester
     compared it with the plan's all-reduce)."""
@@ -323,7 +324,7 @@ def _measure_lines(r: RunReport) -> list[str]:
         pred = "-" if m.predicted_peak_memory_bytes is None else format_size(m.predicted_peak_memory_bytes)
         on = "" if m.device in (None, m.rank) else f" on device {m.device}"
         on += f" (tp rank {m.tp_rank})" if r.layout.tp > 1 else ""
-        sync = "after step (the replicas' gradient sum is in step)" if _mirrored(r.schedule) else \
+        sync = "after step (the replicas' gradient sum is in step)" if mirrored(r.schedule) else \
             "all-reduce" if r.layout.zero.replicated else "after step (ZeRO reduce-scatter is in step)"
         lines.append(f"  rank {m.rank:<4d}{on}   stages {list(m.stages)}   in step {_in(m.schedule_s, rank_unit)} "
                      f"(waits {_in(m.wait_s, rank_unit)})   {sync} {_in(m.allreduce_s, rank_unit)}   optimizer "

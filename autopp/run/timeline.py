@@ -9,7 +9,7 @@ from ..data.zero import zero_stage
 from ..schedule import Event, SimResult, parse_action
 from ..schedule.draw import memory_axis_unit, memory_steps
 from ..sizes import format_in, format_size
-from .report import RunReport, host_oversubscribed, step_time_unit
+from .report import RunReport, host_oversubscribed, mirrored, step_time_unit
 
 __all__ = ["measured_timeline", "measured_headline", "predicted_headline", "report_figure", "draw_report"]
 
@@ -67,7 +67,8 @@ def predicted_headline(report: RunReport | dict[str, Any], predicted: SimResult)
     step = float(data.get("predicted_step_time_s", predicted.step_time_s))
     rest = step - predicted.step_time_s
     zero = zero_stage(data.get("zero", 0))
-    sync = "all-reduce" if zero.replicated else f"{zero} collectives"
+    sync = "replicas' gradient sum" if mirrored(str(data.get("schedule"))) else \
+        "all-reduce" if zero.replicated else f"{zero} collectives"
     unit = _step_unit(data)
     return f"step {format_in(step, unit)}" + (f" (pipeline {format_in(predicted.step_time_s, unit)} + optimizer and "
                                               f"{sync} {format_in(rest, unit)})" if rest > 1e-9 else "")
