@@ -31,6 +31,7 @@ __all__ = [
     "host_oversubscribed",
     "step_time_unit",
     "mirrored",
+    "first_up_microbatch",
 ]
 
 REPORT_VERSION = 1
@@ -301,6 +302,11 @@ def mirrored(schedule: str) -> bool:
     step (Chimera: autopp.run.bidirectional), so the per-rank time after the step holds no gradient sum (a tester
     compared it with the plan's all-reduce)."""
     return schedule in {m.value for m in ScheduleName} and describe(ScheduleName(schedule)).mirrored
+
+
+def first_up_microbatch(schedule: str, num_microbatches: int) -> int | None:
+    """The first microbatch of a `mirrored` schedule's up pipeline (`Descriptor.mirror`); None for one pipeline."""
+    return describe(ScheduleName(schedule)).mirror(num_microbatches) if mirrored(schedule) else None
 
 
 def _measure_lines(r: RunReport) -> list[str]:

@@ -9,7 +9,7 @@ from ..data.zero import zero_stage
 from ..schedule import Event, SimResult, parse_action
 from ..schedule.draw import memory_axis_unit, memory_steps
 from ..sizes import format_in, format_size
-from .report import RunReport, host_oversubscribed, mirrored, step_time_unit
+from .report import RunReport, first_up_microbatch, host_oversubscribed, mirrored, step_time_unit
 
 __all__ = ["measured_timeline", "measured_headline", "predicted_headline", "report_figure", "draw_report"]
 
@@ -41,7 +41,8 @@ def measured_timeline(report: RunReport | dict[str, Any], replica: int = 0) -> S
     peaks = [int(r["peak_memory_bytes"]) for r in ranks]
     return SimResult(events=events, step_time_s=step_time,
                      bubble_fraction=[max(0.0, 1 - b / step_time) if step_time > 0 else 0.0 for b in busy],
-                     peak_memory_bytes=peaks, memory_timeline=[[(0.0, p)] for p in peaks])
+                     peak_memory_bytes=peaks, memory_timeline=[[(0.0, p)] for p in peaks],
+                     mirror=first_up_microbatch(str(data.get("schedule")), int(data.get("num_microbatches", 0))))
 
 
 def measured_headline(report: RunReport | dict[str, Any], drawn_step: bool = True) -> str:

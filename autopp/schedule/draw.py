@@ -143,8 +143,26 @@ def _bubbles(fractions: Sequence[float]) -> str:
             f" of {len(fractions)} ranks")
 
 
-def _rank_label(rank: int, stages: Sequence[int]) -> str:
+def _ways(result: SimResult) -> dict[tuple[int, int], str]:
+    """Per (rank, stage) lane of two pipelines running opposite ways (`SimResult.mirror`: Chimera), "down" or "up"
+    (each lane runs one of the two); {} for one pipeline. A tester could not tell the two apart."""
+    if result.mirror is None:
+        return {}
+    return {(e.rank, e.action.stage): "down" if e.action.microbatch < result.mirror else "up" for e in result.events}
+
+
+def _rank_label(rank: int, stages: Sequence[int], ways: dict[tuple[int, int], str]) -> str:
+    if ways:
+        return f"rank {rank}: " + ", ".join(f"stage {s} {ways.get((rank, s), '')}".rstrip() for s in stages)
     return f"rank {rank}" if len(stages) <= 1 else f"rank {rank}: stages {', '.join(map(str, stages))}"
+
+
+def _ways_legend(result: SimResult) -> str:
+    """What the two pipelines' microbatch numbers mean (`_ways`)."""
+    assert result.mirror is not None
+    last, ranks = max(e.action.microbatch for e in result.events), _num_ranks(result)
+    return (f"two pipelines:\nmicrobatches 0-{result.mirror - 1} down\n(stage 0 on rank 0),\n"
+            f"{result.mirror}-{last} up (stage 0 on rank {ranks - 1})")
 
 
 def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None = None) -> None:
@@ -153,8 +171,8 @@ def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None
     and mean bubble), then each rank's bubble; wrapped, never cut off."""
     from matplotlib.patches import Patch
 
-    ranks, chunks = _num_ranks(result), _chunks(result)
-    ax.set_yticks(range(ranks), [_rank_label(r, s) for r, s in enumerate(chunks)],
+    ranks, chunks, ways = _num_ranks(result), _chunks(result), _ways(result)
+    ax.set_yticks(range(ranks), [_rank_label(r, s, ways) for r, s in enumerate(chunks)],
                   fontsize=8 if ranks <= 32 else 6)
     ax.set_ylim(ranks - 0.5, -0.5)
     ax.set_xlim(0, max(result.step_time_s, 1e-12))
@@ -172,6 +190,8 @@ def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None
     if most > 1:  # what the lanes are, said once
         handles.append(Patch(color="none",
                              label="a rank's stages: one lane\neach, top to bottom as\nnamed on the left"))
+    if ways:
+        handles.append(Patch(color="none", label=_ways_legend(result)))
     labels = len(ax.texts)  # the microbatch numbers _labels placed
     numbers = ("numbers: microbatch" if labels == len(result.events) else
                "numbers: microbatch,\nwhere a box has room" if labels else "boxes too narrow\nfor microbatch numbers")

@@ -47,6 +47,9 @@ class SimResult:
     sync_s: tuple[float, ...] = ()
     """Per stage, the collective each of its B (or I) actions begins with (`StageCost.sync_s`: vocabulary
     parallelism's output pass), for pictures to tell it apart; empty when no stage has one."""
+    mirror: int | None = None
+    """The first microbatch of the up pipeline (Chimera: microbatches from it on run stage s on rank p - 1 - s's
+    owner), for pictures to say which way each runs; None: one pipeline."""
 
 
 def _compute_only(order: Order, num_stages: int, owner: Sequence[int], mirror: int | None) -> list[list[Action]]:
@@ -302,7 +305,8 @@ def _result(sim: SimState) -> SimResult:
     peaks = [max(h for _, h in timeline) + transient_peak((e[1][0] for e in sim.events[r]), sim.costs)
              for r, timeline in zip(ranks, memory)]
     events = [e for r in ranks for e in sim.events[r]]
-    return SimResult(events, step, bubble, peaks, memory, tuple(sim.overlapped), tails, tuple(sim.sync))
+    mirror = None if sim.mirror == math.inf else int(sim.mirror)
+    return SimResult(events, step, bubble, peaks, memory, tuple(sim.overlapped), tails, tuple(sim.sync), mirror)
 
 
 def waited(events: Sequence[Event]) -> list[bool]:

@@ -34,6 +34,7 @@ def test_chimera_matches_one_process_on_2_and_4_ranks(pp: int, model: Path, spli
     runs = {(e.rank, e.action.stage, e.action.microbatch >= m // 2) for e in timeline.events}
     assert runs == {(s if not up else pp - 1 - s, s, up) for s in range(pp) for up in (False, True)}
     assert len(timeline.events) == 2 * pp * m
+    assert timeline.mirror == m // 2  # its picture says which lanes run down and which up (tests/schedule/test_draw)
 
 
 def test_chimera_with_data_parallelism_is_refused_before_any_rank_starts() -> None:

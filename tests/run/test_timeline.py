@@ -96,6 +96,15 @@ def _three_step_report(plan_path: str | None, predicted_s: float) -> RunReport:
                      memory_method="estimate", complete=True)
 
 
+def test_a_chimera_runs_timeline_says_where_its_up_pipeline_starts() -> None:
+    """The measured panel of a Chimera run tells its two pipelines apart as the plan's does (`SimResult.mirror`:
+    the first up microbatch, m / 2); one pipeline has none."""
+    from dataclasses import replace
+    report = _three_step_report(None, 0.3)
+    assert measured_timeline(report).mirror is None
+    assert measured_timeline(replace(report, schedule="Chimera")).mirror == 2
+
+
 @pytest.mark.integration  # draws PNGs with matplotlib (~1-2 s)
 def test_report_text_json_png_and_show_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 13, point 9: the report PNG's title showed the drawn step (0.316 s) where the text gave the median

@@ -135,6 +135,27 @@ def test_v_placed_stages_are_told_apart() -> None:
     assert "a rank's stages: one lane\neach, top to bottom as\nnamed on the left" in legend
 
 
+def test_chimeras_two_pipelines_are_told_apart() -> None:
+    """A tester: Chimera's picture numbered both pipelines' microbatches with nothing to say which way each runs.
+    Each lane is one pipeline's (its microbatches all below or all from `mirror`), its rank label says which, and
+    the legend says which microbatches run down and which up."""
+    result = _big(ScheduleName.CHIMERA, 4, 8)
+    assert result.mirror == 4
+    fig, top = _boxes_panel(result)
+    labels = [t.get_text() for t in top.get_yticklabels()]
+    assert labels == ["rank 0: stage 0 down, stage 3 up", "rank 1: stage 1 down, stage 2 up",
+                      "rank 2: stage 1 up, stage 2 down", "rank 3: stage 0 up, stage 3 down"]
+    for rank, stage, way in [(0, 0, "down"), (0, 3, "up"), (2, 1, "up"), (3, 3, "down")]:
+        mbs = {e.action.microbatch for e in result.events if e.rank == rank and e.action.stage == stage}
+        assert mbs == (set(range(4)) if way == "down" else set(range(4, 8)))
+    legend = [x.get_text() for x in top.get_legend().get_texts()]
+    assert "two pipelines:\nmicrobatches 0-3 down\n(stage 0 on rank 0),\n4-7 up (stage 0 on rank 3)" in legend
+    one = _boxes_panel(_big(ScheduleName.ONE_F_ONE_B, 4, 8))[1]
+    assert _big(ScheduleName.ONE_F_ONE_B, 4, 8).mirror is None
+    assert not any("two pipelines" in x.get_text() for x in one.get_legend().get_texts())
+    plt.close("all")
+
+
 def test_stage_lanes_split_the_row() -> None:
     """A rank's row (0.8 high, centred on the rank) split into one lane per stage, the first on top."""
     assert stage_lane(3, 0, 1) == (2.6, 0.8)
