@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -9,16 +10,17 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import RunError
 from ..sizes import format_time
-from ..spawn import free_port
+from ..spawn import free_port, rank_context
 
-__all__ = ["RankProcess", "free_port", "worker_env", "launch_ranks", "wait_ranks", "kill_ranks", "tail", "rank_failure",
-           "split_line"]
+__all__ = ["RankProcess", "Process", "ForkedProcess", "WORKER_ENTRY", "fork_rank", "free_port", "worker_env",
+           "launch_ranks", "wait_ranks", "kill_ranks", "tail", "rank_failure", "split_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +32,53 @@ POLL_S = 0.05
 TAIL_LINES = 6
 
 
+class Process(Protocol):
+    """What the launcher reads of a rank's process: `subprocess.Popen`'s, or a forked rank's (`ForkedProcess`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class ForkedProcess:
+    """A rank forked from the rank server (autopp.spawn.rank_context) as `Process`: its exit code as Popen gives
+    it (-N for signal N), `wait` raising subprocess.TimeoutExpired when it outlives `timeout`."""
+
+    def __init__(self, process: Any, args: Sequence[str]) -> None:
+        self._process, self._args = process, list(args)
+
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        code = self._process.exitcode
+        return None if code is None else int(code)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        code = self.returncode
+        if code is None:
+            raise subprocess.TimeoutExpired(self._args, timeout or 0.0)
+        return code
+
+
 @dataclass
 class RankProcess:
     """One rank's worker process and the files it writes into the run directory."""
 
     rank: int
-    popen: subprocess.Popen[bytes]
+    popen: Process
     run_dir: Path
     _read: int = field(default=0)
     graceful_s: float = 0.0
@@ -75,22 +118,70 @@ def worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     return env
 
 
-def launch_ranks(args: Sequence[str], world_size: int, run_dir: Path) -> list[RankProcess]:
-    """Start `python -m autopp.run.worker ARGS` once per rank, each in its own session (process group)."""
+#: What a forked rank runs (`fork_rank`): the worker's `main(ARGS)`, as `python -m autopp.run.worker ARGS` does.
+WORKER_ENTRY = "autopp.run.worker:main"
+
+
+def launch_ranks(args: Sequence[str], world_size: int, run_dir: Path, fork: bool = False) -> list[RankProcess]:
+    """Run the worker with ARGS once per rank, each in its own session (process group), its stdout and stderr in the
+    run directory: with `fork`, forked from the rank server (`fork_rank`), else in a new interpreter (`python -m
+    autopp.run.worker ARGS`, which imports torch again: about 3 s of a core per rank)."""
     port = free_port()
     procs: list[RankProcess] = []
     try:
         for rank in range(world_size):
+            env = worker_env(rank, world_size, port)
+            if fork:
+                procs.append(fork_rank(rank, WORKER_ENTRY, args, env, run_dir))
+                continue
             with (run_dir / f"rank{rank}.out").open("wb") as out, (run_dir / f"rank{rank}.err").open("wb") as err:
-                popen = subprocess.Popen([sys.executable, "-m", "autopp.run.worker", *args],
-                                         env=worker_env(rank, world_size, port), stdout=out, stderr=err,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                popen = subprocess.Popen([sys.executable, "-m", "autopp.run.worker", *args], env=env, stdout=out,
+                                         stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
             procs.append(RankProcess(rank, popen, run_dir))
     except BaseException:
         kill_ranks(procs)
         raise
     logger.info("started %d ranks (pids %s, port %d)", world_size, [p.popen.pid for p in procs], port)
     return procs
+
+
+def fork_rank(rank: int, entry: str, args: Sequence[str], env: dict[str, str], run_dir: Path) -> RankProcess:
+    """Rank `rank` forked from the rank server (autopp.spawn.rank_context), running `entry` ("module:function", the
+    function given ARGS and returning the exit code) as `_forked_rank` sets it up."""
+    out, err = run_dir / f"rank{rank}.out", run_dir / f"rank{rank}.err"
+    child = rank_context().Process(target=_forked_rank, args=(entry, list(args), env, os.getcwd(), out, err),
+                                   name=f"autopp rank {rank}")
+    child.start()
+    return RankProcess(rank, ForkedProcess(child, args), run_dir)
+
+
+def _forked_rank(entry: str, args: list[str], env: dict[str, str], cwd: str, stdout: Path, stderr: Path) -> None:
+    """A forked rank: in a session of its own (so that `kill_ranks` reaches whatever it starts), its stdout and
+    stderr to the run directory's files (stdout line by line: the parent forwards progress), stdin from /dev/null,
+    the launcher's environment and directory in place of the server's; then `entry`, and `os._exit` with its code
+    (1 and the traceback on stderr if it raised), as `python -m autopp.run.worker` ends."""
+    os.setsid()
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                            (2, stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        opened = os.open(path, flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    code = 1
+    try:
+        module, function = entry.split(":")
+        code = int(getattr(importlib.import_module(module), function)(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - told on stderr, as an interpreter would, and the exit code says it
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def kill_ranks(procs: Sequence[RankProcess]) -> None:
@@ -109,8 +200,11 @@ def kill_ranks(procs: Sequence[RankProcess]) -> None:
         if p.popen.poll() is None:
             try:
                 os.killpg(p.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            except ProcessLookupError:  # gone, or a forked rank not yet in its own session: the process alone
+                try:
+                    os.kill(p.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     for p in procs:
         p.popen.wait()
 
@@ -127,8 +221,8 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
 def rank_failure(p: RankProcess) -> str:
     """Why rank `p` failed: the exception its worker recorded, else how it died and the end of its stderr."""
     code = p.popen.returncode
-    died = code is not None and code < 0
-    how = f"died from signal {signal.Signals(-code).name}" if died else f"exited with code {code}"
+    how = f"died from signal {signal.Signals(-code).name}" if code is not None and code < 0 else \
+        f"exited with code {code}"
     recorded = p.error_path.read_text(errors="replace").strip() if p.error_path.is_file() else ""
     if recorded:
         return f"rank {p.rank} failed: {recorded}"

@@ -206,13 +206,14 @@ def _validation(report: RunReport, results: list[dict[str, Any]], checks: Checks
 
 def _launch(plan: Plan, plan_path: str | None, mf: ModelFile, run_dir: Path, options: RunOptions
             ) -> list[RankProcess]:
-    """Local: one process per rank. With `options.nodes`: this node's torchrun (the plan file must be at the same
-    path on every node)."""
+    """Local: one process per rank, gloo's forked from the rank server (autopp.spawn.rank_context: torch imported
+    once), NCCL's each a new interpreter (a forked CUDA rank has not been run on a GPU here). With `options.nodes`:
+    this node's torchrun (the plan file must be at the same path on every node)."""
     nodes = options.nodes
     if nodes is None:
         plan_file = plan.save(run_dir / "plan.json")
         args = ["--plan", str(plan_file), "--model", str(mf.path), "--run-dir", str(run_dir), *options.worker_args()]
-        return launch_ranks(args, plan.num_ranks, run_dir)
+        return launch_ranks(args, plan.num_ranks, run_dir, fork=options.backend == "gloo")
     plan_file = Path(plan_path) if plan_path and nodes.nnodes > 1 else plan.save(run_dir / "plan.json")
     cmd = torchrun_command(plan_file, options, num_ranks=plan.num_ranks, run_dir=run_dir)
     return [launch_torchrun(cmd, run_dir)]

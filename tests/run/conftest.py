@@ -136,6 +136,20 @@ def children_of(pid: int) -> set[int]:
     return kids
 
 
+def rank_servers(pid: int) -> set[int]:
+    """`pid`'s children that multiprocessing keeps for the rest of the process: the rank server
+    (autopp.spawn.rank_context's forkserver) and its resource tracker."""
+    kept = set()
+    for child in children_of(pid):
+        try:
+            cmdline = (Path("/proc") / str(child) / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"multiprocessing.forkserver" in cmdline or b"multiprocessing.resource_tracker" in cmdline:
+            kept.add(child)
+    return kept
+
+
 @pytest.fixture
 def one_rank_group() -> Iterator[None]:
     """A one-process gloo group, for stages built and run in the test process."""

@@ -1,4 +1,5 @@
-"""Unit tests of the launcher with stand-in processes (plain `python -c`), so no torch start-up is paid."""
+"""Tests of the launcher with stand-in ranks (plain `python -c`, or the same code in a rank forked from the rank
+server: tests/run/standins.py), so no rank pays torch's start-up."""
 
 from __future__ import annotations
 
@@ -14,29 +15,50 @@ from pathlib import Path
 import pytest
 
 from autopp.errors import RunError
-from autopp.run.launch import (RankProcess, free_port, kill_ranks, rank_failure, split_line, tail, wait_ranks,
-                               worker_env)
+from autopp.run.launch import (RankProcess, fork_rank, free_port, kill_ranks, rank_failure, split_line, tail,
+                               wait_ranks, worker_env)
 
 from .conftest import processes_mentioning
 
+#: Each launcher test runs its ranks both ways: a new interpreter (`python -c`) and forked from the rank server.
+WAYS = pytest.mark.parametrize("fork", [False, True], ids=["interpreter", "forked"])
 
-def _fake_rank(rank: int, run_dir: Path, code: str) -> RankProcess:
-    """A rank running `code` with the run dir on its command line, so /proc can find it."""
+
+def _fake_rank(rank: int, run_dir: Path, code: str, fork: bool = False) -> RankProcess:
+    """A rank running `code` with the run dir as its argument (on its command line when not forked, so /proc can
+    find it; a forked rank's is the rank server's: `_left` finds it by its pid)."""
+    if fork:
+        return fork_rank(rank, "tests.run.standins:run_code", [code, str(run_dir)], dict(os.environ), run_dir)
     with (run_dir / f"rank{rank}.out").open("wb") as out, (run_dir / f"rank{rank}.err").open("wb") as err:
         popen = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=out, stderr=err,
                                  start_new_session=True)
     return RankProcess(rank, popen, run_dir)
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _left(procs: list[RankProcess], run_dir: Path) -> list[int]:
+    """Live processes of these ranks: the ranks themselves and whatever mentions the run dir (their children)."""
+    return sorted({p.popen.pid for p in procs if _alive(p.popen.pid)} | set(processes_mentioning(str(run_dir))))
+
+
 SLEEPER = "import time; print('waiting', flush=True); time.sleep(60)"
 
 
+@WAYS
 @pytest.mark.integration
-def test_all_ranks_succeed_and_progress_is_forwarded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_all_ranks_succeed_and_progress_is_forwarded(fork: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # Issue 13, point 15: one line per rank per step (79 lines for 40 steps of the demo) was noise. Progress gets one
     # line per step; every rank's own lines are logged at INFO (`autopp run --verbose`), "[rank R] " prefix or not.
     lines = ["[rank {r}] stages [{r}] built", "[rank {r}] step 1/2 0.25 s", "step 2/2 0.5 s"]
-    procs = [_fake_rank(r, tmp_path, "; ".join(f"print({line.format(r=r)!r})" for line in lines)) for r in range(2)]
+    procs = [_fake_rank(r, tmp_path, "; ".join(f"print({line.format(r=r)!r})" for line in lines), fork)
+             for r in range(2)]
     seen: list[str] = []
     with caplog.at_level(logging.INFO, logger="autopp.run.launch"):
         # The wall time it returns is not bounded (the machine may be loaded): the ranks ended well, not by timeout.
@@ -55,32 +77,35 @@ def test_split_line_reads_the_rank_prefix() -> None:
     assert split_line("plain", 5) == (5, "plain") and split_line("", 1) == (1, "")
 
 
+@WAYS
 @pytest.mark.integration
-def test_recorded_exception_is_reported_and_peer_is_killed(tmp_path: Path) -> None:
+def test_recorded_exception_is_reported_and_peer_is_killed(fork: bool, tmp_path: Path) -> None:
     fail = ("import sys, pathlib; pathlib.Path(sys.argv[1], 'rank1.error').write_text('ValueError: boom (at m.py:3)');"
             "sys.exit(1)")
-    procs = [_fake_rank(0, tmp_path, SLEEPER), _fake_rank(1, tmp_path, fail)]
+    procs = [_fake_rank(0, tmp_path, SLEEPER, fork), _fake_rank(1, tmp_path, fail, fork)]
     with pytest.raises(RunError, match=r"^rank 1 failed: ValueError: boom \(at m.py:3\)$"):
         wait_ranks(procs, timeout_s=30)
     # Not by wall clock (the machine may be loaded): the message is not the timeout's, and the sleeping peer was
     # killed rather than left to finish.
     assert procs[0].popen.returncode == -signal.SIGKILL
     assert all(p.popen.returncode is not None for p in procs)
-    assert processes_mentioning(str(tmp_path)) == []
+    assert _left(procs, tmp_path) == []
 
 
+@WAYS
 @pytest.mark.integration
-def test_crash_without_record_quotes_stderr(tmp_path: Path) -> None:
+def test_crash_without_record_quotes_stderr(fork: bool, tmp_path: Path) -> None:
     crash = "import sys; sys.stderr.write('first\\nSegmentation-ish fault\\n'); sys.exit(3)"
     with pytest.raises(RunError, match=r"rank 0 exited with code 3; last lines of its stderr:\nfirst\nSegmentation"):
-        wait_ranks([_fake_rank(0, tmp_path, crash), _fake_rank(1, tmp_path, SLEEPER)], timeout_s=30)
+        wait_ranks([_fake_rank(0, tmp_path, crash, fork), _fake_rank(1, tmp_path, SLEEPER, fork)], timeout_s=30)
 
 
+@WAYS
 @pytest.mark.integration
-def test_abrupt_death_beats_a_peer_that_recorded_losing_it(tmp_path: Path) -> None:
+def test_abrupt_death_beats_a_peer_that_recorded_losing_it(fork: bool, tmp_path: Path) -> None:
     peer = "import sys, pathlib; pathlib.Path(sys.argv[1], 'rank0.error').write_text('RuntimeError: peer reset')"
     die = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
-    procs = [_fake_rank(0, tmp_path, peer + "; sys.exit(1)"), _fake_rank(1, tmp_path, die)]
+    procs = [_fake_rank(0, tmp_path, peer + "; sys.exit(1)", fork), _fake_rank(1, tmp_path, die, fork)]
     for p in procs:
         p.popen.wait()
     with pytest.raises(RunError, match=r"^rank 1 died from signal SIGKILL \(no stderr\)\n\(also rank 0 failed"):
@@ -94,32 +119,34 @@ def _wait_for_output(path: Path, text: str, limit_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+@WAYS
 @pytest.mark.integration
-def test_timeout_kills_everything(tmp_path: Path) -> None:
-    procs = [_fake_rank(r, tmp_path, SLEEPER) for r in range(2)]
+def test_timeout_kills_everything(fork: bool, tmp_path: Path) -> None:
+    procs = [_fake_rank(r, tmp_path, SLEEPER, fork) for r in range(2)]
     # The 1 s clock must start after rank 0 has said "waiting": under two CPU-bound processes, Python's start-up took
     # over 1 s and the message said "(no progress printed)".
     _wait_for_output(tmp_path / "rank0.out", "waiting")
     with pytest.raises(RunError, match=r"ranks \[0, 1\] had not finished after 1 s .*\nrank 0 last said: waiting"):
         wait_ranks(procs, timeout_s=1)
     assert all(p.popen.returncode == -signal.SIGKILL for p in procs)  # killed, not waited for (they sleep 60 s)
-    assert processes_mentioning(str(tmp_path)) == []
+    assert _left(procs, tmp_path) == []
 
 
+@WAYS
 @pytest.mark.integration
-def test_kill_ranks_reaps_grandchildren_in_the_group(tmp_path: Path) -> None:
+def test_kill_ranks_reaps_grandchildren_in_the_group(fork: bool, tmp_path: Path) -> None:
     spawner = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)',"
                " sys.argv[1]]); time.sleep(60)")
-    procs = [_fake_rank(0, tmp_path, spawner)]
+    procs = [_fake_rank(0, tmp_path, spawner, fork)]
     deadline = time.monotonic() + 120  # generous: start-up is slow on a loaded machine; the loop ends when both run
-    while len(processes_mentioning(str(tmp_path))) < 2 and time.monotonic() < deadline:
+    while len(_left(procs, tmp_path)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(processes_mentioning(str(tmp_path))) == 2  # else the test below would prove nothing
+    assert len(_left(procs, tmp_path)) == 2  # the rank and its child, else the test below would prove nothing
     kill_ranks(procs)
     deadline = time.monotonic() + 60  # the orphaned grandchild is reaped by init, asynchronously
-    while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+    while _left(procs, tmp_path) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert processes_mentioning(str(tmp_path)) == []
+    assert _left(procs, tmp_path) == []
 
 
 def test_helpers(tmp_path: Path) -> None:
@@ -131,19 +158,21 @@ def test_helpers(tmp_path: Path) -> None:
     assert tail(tmp_path / "log", 2) == "b\nc" and tail(tmp_path / "missing") == ""
 
 
+@WAYS
 @pytest.mark.integration
-def test_rank_failure_prefers_the_record(tmp_path: Path) -> None:
-    proc = _fake_rank(2, tmp_path, "import sys; sys.stderr.write('noise'); sys.exit(1)")
+def test_rank_failure_prefers_the_record(fork: bool, tmp_path: Path) -> None:
+    proc = _fake_rank(2, tmp_path, "import sys; sys.stderr.write('noise'); sys.exit(1)", fork)
     proc.popen.wait()
     assert rank_failure(proc) == "rank 2 exited with code 1; last lines of its stderr:\nnoise"
     proc.error_path.write_text("KeyError: 'x'\n")
     assert rank_failure(proc) == "rank 2 failed: KeyError: 'x'"
 
 
+@WAYS
 @pytest.mark.integration
-def test_keyboard_interrupt_kills_every_rank(tmp_path: Path) -> None:
+def test_keyboard_interrupt_kills_every_rank(fork: bool, tmp_path: Path) -> None:
     stepper = SLEEPER.replace("'waiting'", "'step 1/2 0.1 s'")  # the progress callback is called (and interrupts)
-    procs = [_fake_rank(r, tmp_path, stepper) for r in range(2)]
+    procs = [_fake_rank(r, tmp_path, stepper, fork) for r in range(2)]
 
     def interrupt(_line: str) -> None:
         raise KeyboardInterrupt
@@ -151,7 +180,7 @@ def test_keyboard_interrupt_kills_every_rank(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         wait_ranks(procs, timeout_s=30, progress=interrupt)
     assert all(p.popen.returncode is not None for p in procs)
-    assert processes_mentioning(str(tmp_path)) == []
+    assert _left(procs, tmp_path) == []
 
 
 @pytest.mark.integration
@@ -171,3 +200,26 @@ def test_sigterm_to_the_parent_kills_every_rank(tmp_path: Path) -> None:
     _, err = parent.communicate(timeout=30)
     assert parent.returncode != 0 and b"stopped by signal SIGTERM" in err
     assert processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.integration
+def test_a_forked_rank_runs_in_the_launchers_environment_and_directory(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank forked from the rank server (started by an earlier launch, with that moment's environment and
+    directory) runs with exactly the environment and directory its launcher gives it, and what it prints reaches
+    its stdout file line by line while it runs (the parent forwards progress from it), without a flush."""
+    started = _fake_rank(0, tmp_path, "pass", fork=True)
+    assert started.popen.wait(120) == 0  # the server runs from here on
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    code = ("import os, pathlib, sys, time; pathlib.Path(sys.argv[1], 'seen').write_text(repr((sorted(os.environ), "
+            "os.getcwd()))); print('waiting'); time.sleep(60)")
+    env = {"PATH": os.environ.get("PATH", ""), "AUTOPP_ONLY_HERE": "1"}
+    rank = fork_rank(1, "tests.run.standins:run_code", [code, str(tmp_path)], env, tmp_path)
+    try:
+        _wait_for_output(tmp_path / "rank1.out", "waiting")
+        assert (tmp_path / "rank1.out").read_text() == "waiting\n" and rank.popen.poll() is None
+        assert (tmp_path / "seen").read_text() == repr((["AUTOPP_ONLY_HERE", "PATH"], str(tmp_path / "here")))
+    finally:
+        kill_ranks([rank])
+    assert rank.popen.returncode == -signal.SIGKILL and _left([rank], tmp_path) == []
