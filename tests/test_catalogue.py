@@ -377,6 +377,14 @@ CASES += [
          lambda env: _plan_args(env, "--dp", "2", "--schedule", "Interleaved1F1B"),
          lambda env: "Interleaved1F1B runs 2 stages per rank, which needs 2 pipeline ranks or more, and --dp 2 on 2 "
                      "devices leaves 1: use a smaller --dp, or a --schedule of 1 stage per rank"),
+    Case("plan:v-schedule-another-v",  # a tester: ZBVZeroBubble with --virtual-stages 3 ran 2, silently
+         lambda env: _plan_args(env, "--schedule", "ZBVZeroBubble", "--virtual-stages", "3"),
+         lambda env: "ZBVZeroBubble runs exactly 2 stages per rank, so --virtual-stages 3 does not apply: give "
+                     "--virtual-stages 2, drop --virtual-stages, or use Interleaved1F1B"),
+    Case("plan:for-deepspeed-virtual-stages",  # a tester: ignored, a plan of 1 stage per rank
+         lambda env: _plan_args(env, "--for", "deepspeed", "--virtual-stages", "2"),
+         lambda env: "--virtual-stages 2 with --for deepspeed: none of the schedules it runs (1F1B (its own "
+                     "TrainSchedule, one stage per rank)) runs 2 stages per rank; drop --virtual-stages"),
     Case("plan:seq1f1b-not-a-causal-lm", lambda env: _plan_args(env, "--schedule", "Seq1F1B"),
          lambda env: "--schedule Seq1F1B splits each sequence of a causal LM by the attention's cost, and the profile "
                      "of "),
@@ -405,14 +413,15 @@ CASES += [
     Case("export:bf16-pure-megatron", lambda env: ["export", str(env.bad_plan), "--to", "megatron", "-o",
                                                    str(env.tmp / "m.args")],
          lambda env: f"{env.bad_plan}: precision bf16-pure: Megatron-LM keeps a master copy beside bf16 weights "
-                     "(its --main-params-dtype takes fp32 or fp16 only, megatron/training/arguments.py); re-plan "
-                     "with --precision bf16", _plan_edit(lambda d: d.update(precision="bf16-pure"))),
+                     "(its --main-params-dtype takes fp32 or fp16 only, megatron/training/arguments.py); count the "
+                     "profile again with --precision bf16 (the recipe is the profile's), then re-plan",
+         _plan_edit(lambda d: d.update(precision="bf16-pure"))),
     Case("plan:for-megatron-bf16-pure-profile",
          lambda env: ["plan", "--profile", str(env.bad_prof), "--devices", "2", "--memory", "1GiB", "--for", "megatron",
                       "-o", str(env.tmp / "out.json")],
          lambda env: "--for megatron: the profile's precision bf16-pure: Megatron-LM keeps a master copy beside bf16 "
                      "weights (its --main-params-dtype takes fp32 or fp16 only, megatron/training/arguments.py); "
-                     "re-plan with --precision bf16",
+                     "count the profile again with --precision bf16 (the recipe is the profile's), then re-plan",
          _meta(lambda d: d["extra"].update(precision="bf16-pure"))),
     Case("export:whole-stage-selective", lambda env: ["export", str(env.bad_plan), "--to", "torchtitan", "-o",
                                                       str(env.tmp / "t.args"), "--profile", str(env.prof)],

@@ -93,4 +93,5 @@ def test_pure_bf16_is_torchtitans_training_dtype_and_refused_by_megatron_and_dee
     assert pure.refusal("torchtitan") is None
     for trainer, says in (("megatron", "--main-params-dtype"), ("deepspeed", "bf16_master_weights_and_grads")):
         why = pure.refusal(trainer)
-        assert why is not None and says in why and why.endswith("re-plan with `precision` bf16")
+        assert why is not None and says in why and why.endswith(
+            "count the profile again with `precision` bf16 (the recipe is the profile's), then re-plan")

@@ -114,6 +114,9 @@ class Recipe:
 _BF16_TITAN = ("--training.dtype=float32", "--training.mixed_precision_param=bfloat16",
                "--training.mixed_precision_reduce=float32")
 _BF16_SAVED = "bf16, as the layers compute them"
+#: What a trainer's refusal of a recipe says to do: the recipe is the profile's, fixed when it is counted (a tester
+#: told to "re-plan with --precision bf16" was then told that --precision goes only with a profile plan makes).
+_AGAIN = "count the profile again with `precision` bf16 (the recipe is the profile's), then re-plan"
 
 #: Every recipe by name.
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
@@ -135,8 +138,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
                            "(torchtitan/models/llama3/config_registry.py, llama3_debugmodel_float8)",
            megatron=("--bf16", "--fp8-format hybrid", "--fp8-recipe tensorwise"),
            trainer_refusals={"deepspeed": "DeepSpeed's config has no FP8 training (only its `bf16` and `fp16` "
-                                          "sections; FP8 needs Transformer Engine layers in the model code); re-plan "
-                                          "with `precision` bf16"}),
+                                          "sections; FP8 needs Transformer Engine layers in the model code); "
+                                          f"{_AGAIN}"}),
     Recipe(name="bf16-pure", what="pure bf16 (bf16 weights, gradients and optimizer state, no fp32 master copy: "
                                   "updates below bf16's resolution of the weight are lost)",
            dtype="bfloat16", peak="bfloat16", matmul_peak="bfloat16", weight_bytes=2, grad_bytes=2, master_bytes=0,
@@ -144,10 +147,11 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            torchtitan=("--training.dtype=bfloat16", "--training.mixed_precision_param=bfloat16"), megatron=(),
            trainer_refusals={
                "megatron": "Megatron-LM keeps a master copy beside bf16 weights (its --main-params-dtype takes fp32 "
-                           "or fp16 only, megatron/training/arguments.py); re-plan with `precision` bf16",
+                           "or fp16 only, megatron/training/arguments.py); "
+                           f"{_AGAIN}",
                "deepspeed": "DeepSpeed keeps a master copy beside bf16 weights (its bf16_master_weights_and_grads "
-                            "clones the partition in bf16, runtime/zero/stage_1_and_2.py); re-plan with `precision` "
-                            "bf16"}),
+                            "clones the partition in bf16, runtime/zero/stage_1_and_2.py); "
+                            f"{_AGAIN}"}),
 )}
 #: The recipe of a GPU profile when none is asked for.
 DEFAULT_RECIPE = RECIPES["bf16"]

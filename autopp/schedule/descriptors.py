@@ -205,9 +205,10 @@ class Descriptor:
         return requested_v
 
     def v_choices(self, requested: int | None) -> list[int]:
-        """Stages per rank the search tries: the fixed count, else the request, else 2 and 4."""
+        """Stages per rank the search tries: the fixed count (none where a request asks for another: a tester's
+        pinned v was ignored by the schedules that run a fixed count), else the request, else 2 and 4."""
         if self.fixed_v is not None:
-            return [self.fixed_v]
+            return [self.fixed_v] if requested in (None, self.fixed_v) else []
         return [requested] if requested else [2, 4]
 
     def stage_to_rank(self, num_ranks: int, v: int = 1) -> list[int]:

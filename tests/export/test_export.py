@@ -604,7 +604,7 @@ def test_fp8_plans_spell_the_recipe_and_deepspeed_refuses_it(llama: Profile, lla
     assert not any("Float8" in n for n in export_plan(_as_hf(llama_plans["1f1b"]), Target.TORCHTITAN, "x.args",
                                                       unit_modules(llama)).notes)
     with pytest.raises(ExportError, match=r"^plan: precision fp8: DeepSpeed's config has no FP8 training .*"
-                                          r"re-plan with `precision` bf16$"):
+                                          r"count the profile again with `precision` bf16 .*then re-plan$"):
         export_plan(plan, Target.DEEPSPEED, "x.json")
     assert "--fp8-format hybrid" not in export_plan(_as_hf(llama_plans["1f1b"]), Target.MEGATRON, "x").text
 
@@ -620,7 +620,8 @@ def test_pure_bf16_plans_are_torchtitans_bf16_training_dtype_and_refused_elsewhe
     assert "--training.dtype=float32" not in titan
     for target, says in ((Target.MEGATRON, r"Megatron-LM keeps a master copy beside bf16 weights \(its --main-params"),
                          (Target.DEEPSPEED, r"DeepSpeed keeps a master copy beside bf16 weights")):
-        with pytest.raises(ExportError, match=rf"^plan: precision bf16-pure: {says}.*re-plan with `precision` bf16$"):
+        with pytest.raises(ExportError, match=rf"^plan: precision bf16-pure: {says}.*count the profile again with "
+                                              r"`precision` bf16 .*then re-plan$"):
             export_plan(plan, target, "x.json")
 
 def test_what_the_plan_does_not_know_is_said(llama: Profile, llama_plans: dict[str, Plan]) -> None:

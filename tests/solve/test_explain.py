@@ -41,6 +41,9 @@ def test_microbatch_rule_gives_the_count_that_works() -> None:
     with pytest.raises(InfeasibleError, match=r"1F1B needs microbatches >= stages \(2 < 4\): use `num_microbatches` 4 "
                                               r"or more"):
         make_plan(synthetic_profile(6), _request(4, ScheduleName.ONE_F_ONE_B, num_microbatches=2))
+    # A tester pinned 9 where the rule wants a multiple of 2 (9 // 4 rounds) and was told "1 or more"
+    with pytest.raises(InfeasibleError, match=r"\(9 % 2 = 1\): use `num_microbatches` 8 or 10, fewer devices"):
+        make_plan(synthetic_profile(8), _request(4, ScheduleName.INTERLEAVED_1F1B, num_microbatches=9, global_batch=9))
 
 
 @pytest.mark.parametrize(("devices", "batch", "uneven", "message"), [
@@ -134,3 +137,15 @@ def test_a_pinned_stage_keeps_the_configurations_that_have_it() -> None:
     """With the schedule searched, only configurations with a stage 5 (here 2 ranks x 4 stages) are planned."""
     plan = make_plan(synthetic_profile(8), _request(2, None, recompute_stages=(5,)))
     assert len(plan.stages) > 5 and [s.index for s in plan.stages if s.activation.value == "recompute"] == [5]
+
+
+def test_a_pinned_v_is_never_ignored() -> None:
+    """A tester's pinned `v` was dropped by the schedules that run a fixed count (ZBVZeroBubble ran 2 for 3; a
+    trainer's 1F1B ran 1 for 2): searched, only the schedules that run it are tried."""
+    from autopp.schedule import describe
+    plan = make_plan(synthetic_profile(8), PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=2**40),
+                                                       global_batch=8, schedule=None, pins=LayoutPins(dp=1, v=3)))
+    assert plan.layout.v == 3 and describe(plan.schedule).fixed_v is None
+    assert describe(ScheduleName.ZBV_ZERO_BUBBLE).v_choices(3) == [] == describe(ScheduleName.GPIPE).v_choices(2)
+    assert describe(ScheduleName.ZBV_ZERO_BUBBLE).v_choices(None) == [2]
+    assert describe(ScheduleName.ZBV_ZERO_BUBBLE).v_choices(2) == [2]

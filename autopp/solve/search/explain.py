@@ -58,7 +58,7 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
                 failed.append(str(exc))
     if failed and not valid:
         need = _fewest_microbatches(names, req, min(pps))
-        more = (f"`num_microbatches` {need} or more" if req.num_microbatches is not None
+        more = (_nearest_microbatches(names, req, min(pps), req.num_microbatches) if req.num_microbatches is not None
                 else f"a global batch of at least {need * dps[-1]} (it is {req.global_batch})")
         return InfeasibleError(f"{failed[0]}: use {more}, fewer devices, or another `schedule`")
     which = names[0].value if len(names) == 1 else "any schedule"
@@ -132,17 +132,32 @@ def _looped_single_rank(req: PlanRequest, name: ScheduleName, v: int, dp: int, t
                            f"`schedule` of 1 stage per rank")
 
 
+def _accepts(names: list[ScheduleName], req: PlanRequest, pp: int, m: int) -> bool:
+    """Whether one of the schedules runs `m` microbatches per replica on `pp` ranks (with a v it allows)."""
+    for name in names:
+        for x in describe(name).v_choices(req.pins.v):
+            try:
+                describe(name).validate(pp, m, x)
+                return True
+            except ScheduleError:
+                pass
+    return False
+
+
 def _fewest_microbatches(names: list[ScheduleName], req: PlanRequest, pp: int) -> int:
     """The fewest microbatches per replica that one of the schedules accepts on `pp` ranks."""
-    for m in range(1, 8 * pp + 1):
-        for name in names:
-            for x in describe(name).v_choices(req.pins.v):
-                try:
-                    describe(name).validate(pp, m, x)
-                    return m
-                except ScheduleError:
-                    pass
-    return pp
+    return next((m for m in range(1, 8 * pp + 1) if _accepts(names, req, pp, m)), pp)
+
+
+def _nearest_microbatches(names: list[ScheduleName], req: PlanRequest, pp: int, pinned: int) -> str:
+    """The microbatch counts nearest the pinned one, below and above, that one of the schedules accepts on `pp`
+    ranks (a tester was told "1 or more" of 9 where 8 or 10 work)."""
+    below = next((m for m in range(pinned - 1, 0, -1) if _accepts(names, req, pp, m)), None)
+    above = next((m for m in range(pinned + 1, 8 * (pinned + pp)) if _accepts(names, req, pp, m)), None)
+    if above is not None and below is None and _accepts(names, req, pp, above + 1):
+        return f"`num_microbatches` {above} or more"  # nothing fewer works: a floor
+    found = [str(m) for m in (below, above) if m is not None]
+    return f"`num_microbatches` {' or '.join(found)}" if found else "another `num_microbatches`"
 
 
 def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName], pp: int, v: int,

@@ -17,7 +17,7 @@ from ...errors import LayoutError, ProfileError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, by_saving, chosen, describe, listed, policy
 from ...schedule.seqpipe import ChunkCosts
 from .judge import Candidate
-from .runnable import check_pinned_mirror, check_pinned_zero, runs_beside
+from .runnable import check_pinned_mirror, check_pinned_v, check_pinned_zero, runs_beside
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "Group", "replica_counts", "microbatch_counts", "zero_stages",
            "ep_choices", "tp_choices", "cp_choices", "configs", "with_sp"]
@@ -97,10 +97,7 @@ class PlanRequest:
         if self.num_microbatches is not None and self.global_batch % self.num_microbatches:
             raise LayoutError(f"global batch {self.global_batch} is not divisible by {self.num_microbatches} "
                               "microbatches")
-        v = self.pins.v
-        if v not in (None, 1) and self.schedule is not None and describe(self.schedule).single_stage:
-            raise LayoutError(f"{self.schedule.value} runs one stage per rank, so `v` {v} does not apply; use "
-                              f"{listed(lambda d: d.fixed_v is None and not d.given_order)} or search `schedule`")
+        check_pinned_v(self.schedule, self.pins.v)
         if self.schedule is not None and describe(self.schedule).given_order:
             raise LayoutError(f"{self.schedule.value} is a plan's own order, not a schedule to plan for; use one of "
                               f"{listed(lambda d: True)} or search `schedule`")
@@ -153,6 +150,10 @@ class PlanRequest:
         if pinned is not None and not describe(pinned).given_order and pinned not in rules.schedules:
             raise LayoutError(f"`schedule` {pinned.value} with `trainer` {self.trainer}: {rules.title} runs "
                               f"only {rules.runs}; pin one of those or search `schedule`")
+        if pinned is None and self.pins.v is not None and not any(describe(s).v_choices(self.pins.v)
+                                                                   for s in rules.schedules):
+            raise LayoutError(f"`v` {self.pins.v} with `trainer` {self.trainer}: none of the schedules it runs "
+                              f"({rules.runs}) runs {self.pins.v} stages per rank; drop `v`")
         if self.recompute_stages is not None:
             raise LayoutError(f"`recompute_stages` pins a policy per stage, and {rules.title} applies one to every "
                               "stage: give `recompute` auto (each policy it applies on every stage) or none")

@@ -23,7 +23,7 @@ from ..partition.dp import Bounds
 
 __all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal",
            "PARALLEL_KEY", "parallel_refusal", "tied_across_note", "mirror_refusal", "runs_beside", "check_pinned_zero",
-           "check_pinned_mirror"]
+           "check_pinned_mirror", "check_pinned_v"]
 
 #: The key of `parallel_refusal`'s reasons among a search's exclusions (the others are schedule names).
 PARALLEL_KEY = "tensor parallelism or ZeRO"
@@ -137,6 +137,21 @@ def runs_beside(schedule: ScheduleName, layout: Layout) -> bool:
     d = describe(schedule)
     return (not d.mirrored or (layout.dp == 1 and not uses_mesh(layout))) and not (
         d.splits_backward and layout.zero.split_backward_refusal)
+
+
+def check_pinned_v(schedule: ScheduleName | None, v: int | None) -> None:
+    """A LayoutError for a pinned `v` that a pinned schedule does not run: one stage per rank, or a fixed count that
+    is another (a tester's ZBVZeroBubble with `v` 3 ran 2, silently). A searched schedule keeps only the schedules
+    that run it (`Descriptor.v_choices`)."""
+    fixed = describe(schedule).fixed_v if schedule is not None else None
+    if schedule is None or v is None or fixed in (None, v):
+        return
+    free = listed(lambda d: d.fixed_v is None and not d.given_order)
+    if fixed == 1:
+        raise LayoutError(f"{schedule.value} runs one stage per rank, so `v` {v} does not apply; use {free} or "
+                          "search `schedule`")
+    raise LayoutError(f"{schedule.value} runs exactly {fixed} stages per rank, so `v` {v} does not apply: give `v` "
+                      f"{fixed}, drop `v`, or use {free}")
 
 
 def check_pinned_zero(schedule: ScheduleName | None, zero: ZeroStage | None) -> None:
