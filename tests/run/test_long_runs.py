@@ -39,8 +39,12 @@ def test_a_long_correct_run_of_a_groupnorm_cnn_passes() -> None:
 
 
 def test_unsummed_tied_copies_still_fail_on_the_first_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autopp.run import launch, runner
     (tmp_path / "sitecustomize.py").write_text(UNTIED)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
+    # Each rank a new interpreter, which loads the sitecustomize above (a rank forked from the rank server has the
+    # server's modules, imported before this test).
+    monkeypatch.setattr(runner, "launch_ranks", lambda args, n, run_dir, fork: launch.launch_ranks(args, n, run_dir))
     plan = pipeline_plan(MODELS / "tiedlm.py", ["blocks.2"], num_microbatches=2, microbatch_size=2)
     report = run_plan(plan, RunOptions(steps=3, timeout_s=300, check=False))
     assert not report.passed and report.failed_steps == (1, 2, 3)
