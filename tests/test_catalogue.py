@@ -989,7 +989,7 @@ CASES += [
          lambda env: f"{env.bad_plan}: the stages' activation policies differ (keep: stages [1]; recompute: stages "
                      "[0]); Megatron-Core applies one activation-checkpointing policy to every stage; re-plan with "
                      "--recompute none, or with `autopp plan --for megatron`, whose --recompute auto gives every stage "
-                     "one of the policies Megatron-Core applies (keep, recompute-units, selective-units)",
+                     "one of the policies Megatron-Core applies (keep, recompute-units)",
          _llama_plan(_stage(0, activation="recompute"))),
     Case("export:megatron-interleaved-on-one-pipeline-rank",
          lambda env: ["export", str(env.bad_plan), "--to", "megatron", "-o", str(env.tmp / "m.args")],

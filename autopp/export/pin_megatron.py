@@ -44,7 +44,7 @@ def _layout_counts(text: str, where: str) -> list[int]:
 
 
 def megatron_options(path: Path) -> dict[str, str]:
-    """{flag: its first value, or "true"}; further values of a flag (e.g. --recompute-modules a b) are skipped."""
+    """{flag: its values joined by spaces (--recompute-modules a b: "a b"), or "true"}."""
     out: dict[str, str] = {}
     key, fresh = None, False
     for tok in config_tokens(path):
@@ -53,8 +53,8 @@ def megatron_options(path: Path) -> dict[str, str]:
             out[key], fresh = value or "true", not value
         elif key is None:
             raise ExportError(f"{path}: unexpected {tok!r} before the first --flag")
-        elif fresh:
-            out[key], fresh = tok, False
+        else:
+            out[key], fresh = tok if fresh else f"{out[key]} {tok}", False
     return out
 
 
@@ -95,14 +95,30 @@ def _zero(o: dict[str, str]) -> ZeroStage:
     return next((z for z in most_first if z.megatron and all(map(given, z.megatron))), ZERO[0])
 
 
-def _activation(o: dict[str, str], counts: list[int], where: str) -> Activation:
+#: What `--recompute-granularity selective` (or `--recompute-activations`) is read as: megatron-core recomputes the
+#: submodules of `--recompute-modules`, by default the core attention alone, which fused attention (TE's, the
+#: default) saves nearly nothing of (megatron/core/transformer/transformer_config.py, 0.16.1, warns "no need").
+SELECTIVE_READ = ("Megatron's selective recomputation (--recompute-modules core_attn, its default) is read as keep: "
+                  "with fused attention the core attention saves nearly nothing, and autopp costs no attention "
+                  "recomputation")
+
+
+def _activation(o: dict[str, str], counts: list[int], where: str, notes: list[str]) -> Activation:
     """Megatron's recomputation as the policy autopp costs: full recomputation checkpoints each layer
     (`recompute-units`: `--recompute-method uniform --recompute-num-layers 1`, or `block` with at least a stage's
     layers) or each stage's layers as one chunk (`recompute`: `uniform` with at least a stage's layers); selective
-    (`--recompute-granularity selective`, `--recompute-activations`), by the policies' own Megatron spellings
-    (`ActivationPolicy.megatron`)."""
+    (`--recompute-granularity selective`, `--recompute-activations`) with the default core_attn as keep
+    (`SELECTIVE_READ`, said in `notes`), with other modules refused (not modelled)."""
     granularity = "selective" if "recompute-activations" in o else o.get("recompute-granularity")
     if granularity is None:
+        return Activation.KEEP
+    if granularity == "selective":
+        modules = o.get("recompute-modules", "core_attn").split()
+        if modules != ["core_attn"]:
+            raise ExportError(f"{where}: --recompute-modules {' '.join(modules)} is not modelled (autopp reads "
+                              "selective recomputation of core_attn alone, as keep); pin from a config with "
+                              "--recompute-granularity full, or none")
+        notes.append(SELECTIVE_READ)
         return Activation.KEEP
     if granularity == "full":
         method, layers = o.get("recompute-method"), config_int(o, "recompute-num-layers", 1, where, least=0)
@@ -149,7 +165,7 @@ def read_megatron(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned
         raise ExportError(f"{where}: global batch {glob} is not divisible by micro batch {b} x dp {dp}")
     if v > 1 and (problem := interleaving_problem(pp, glob // (b * dp))):
         raise ExportError(f"{where}: {problem}")
-    policy = _activation(o, counts, where)
+    policy = _activation(o, counts, where, notes)
     sp_flag = SWITCHES["sp"].spelling("megatron", True).extra[0].removeprefix("--")
     name = ScheduleName.INTERLEAVED_1F1B if v > 1 else ScheduleName.ONE_F_ONE_B
     return pinned_config(name, degrees, v, dp, _zero(o), sp_flag in o, glob // (b * dp), b,

@@ -37,7 +37,7 @@ them; it redoes the whole forward, as whole-stage recomputation does (`_unit_fig
 
 Per-unit selective recomputation (`Activation.SELECTIVE_UNITS`, "selective-units") checkpoints each unit on its own
 with the selective policy, as torchtitan's `activation_checkpoint.mode = "selective"`, `selective_ac_option = "op"`
-wraps each transformer block and Megatron-LM's `--recompute-granularity selective` recomputes within each layer: a
+wraps each transformer block (Megatron-LM's `--recompute-granularity selective` is another policy: refused): a
 microbatch keeps the units' inputs (`checkpoint_inputs`) and their saved ops' outputs (`selective_activation_bytes`);
 the backward re-materialises one unit's other activations at a time and redoes the units' `selective_recompute_s`
 (`_selective_unit_figures`). No trainer re-materialises a whole stage at once: they refuse whole-stage selective.
@@ -234,15 +234,15 @@ def _selective_per_unit(c: StageFigures) -> Figures:
     return c.figures(Activation.SELECTIVE_UNITS)
 
 
-_SELECTIVE_NOTE = ("torchtitan's op-level policy also recomputes every second matmul, and Megatron's selective "
-                   "recomputation recomputes the core attention (QK^T, softmax, dropout, attention over V) and keeps "
-                   "the rest; autopp counted the outputs of every matmul and attention kernel kept and the other ops "
-                   "recomputed, so both trainers keep different bytes and recompute different time than planned")
+_SELECTIVE_NOTE = ("torchtitan's op-level policy also recomputes every second matmul; autopp counted every matmul "
+                   "and attention output kept, so it keeps fewer bytes and recomputes more time than planned")
+_MEGATRON_SELECTIVE = ("Megatron-LM's --recompute-granularity selective recomputes whole submodules (megatron-core's "
+                       "recompute_modules, default core_attn, which fused attention makes nearly free: "
+                       "transformer_config.py), not autopp's selective policy, so the plan's memory would not hold")
 _SELECTIVE_REFUSALS = {
     "torchtitan": "torchtitan's activation_checkpoint:selective wraps each transformer block (per-unit selective "
                   "recomputation, `selective-units`); it has no whole-stage checkpoint",
-    "megatron": "Megatron-LM's --recompute-granularity selective recomputes within each layer (per-unit selective "
-                "recomputation, `selective-units`), not a whole stage as one checkpoint",
+    "megatron": _MEGATRON_SELECTIVE,
     "deepspeed": "DeepSpeed's PipelineModule checkpoints whole layers (activation_checkpoint_interval); it has no "
                  "op-level selective recomputation"}
 _FULL_NOTE = ("the trainer's full recomputation covers the transformer blocks only; the embedding and the output "
@@ -348,8 +348,8 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      offered=lambda a, host: Activation.SELECTIVE in a.own,
                      unoffered="the profile has no figures for selective recomputation: profile again",
                      checkpoint=True, per_unit=True, saves_ops=SAVED_OPS, torchtitan="selective",
-                     megatron=("--recompute-granularity selective",), deepspeed_interval=None,
-                     refusals={"deepspeed": _SELECTIVE_REFUSALS["deepspeed"]}, trainer_note=_SELECTIVE_NOTE),
+                     megatron=(), deepspeed_interval=None, trainer_note=_SELECTIVE_NOTE,
+                     refusals={t: _SELECTIVE_REFUSALS[t] for t in ("megatron", "deepspeed")}),
 )}
 
 

@@ -11,6 +11,7 @@ from autopp.export import ExportError, Target, export_plan, read_pinned, write_e
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
 from autopp.schedule import Activation, ScheduleName
+from autopp.export.pin_megatron import SELECTIVE_READ
 
 from .conftest import LLAMA, unit_modules
 
@@ -244,7 +245,7 @@ def _read(tmp_path: Path, llama: Profile, text: str, devices: int,  # type: igno
     # Megatron: dp = world / (pp x tp); --use-distributed-optimizer is ZeRO 1, Megatron-FSDP's strategy ZeRO 3
     ("--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 --num-layers 4 "
      "--micro-batch-size 1 --global-batch-size 16 --use-distributed-optimizer --recompute-activations\n",
-     2, True, 2, 1, Activation.SELECTIVE_UNITS),
+     2, True, 2, 1, Activation.KEEP),  # Megatron's selective: core_attn, nearly nothing under fused attention
     ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 8 "
      "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --recompute-granularity full "
      "--recompute-method uniform --recompute-num-layers 1\n", 4, False, 1, 0, Activation.BLOCKS),
@@ -257,7 +258,17 @@ def test_tp_sp_zero_and_recomputation_are_read(text: str, tp: int, sp: bool, dp:
     layout = pinned.candidate.layout
     assert (layout.tp, layout.sp, layout.dp, layout.zero.stage) == (tp, sp, dp, zero)
     assert layout.world == 8 and pinned.candidate.activations == (policy,) * len(pinned.candidate.bounds)
-    assert notes == []
+    assert notes == ([SELECTIVE_READ] if "--recompute-activations" in text else [])
+
+
+def test_megatrons_selective_recomputation_of_other_modules_is_refused(tmp_path: Path, llama: Profile) -> None:
+    """Megatron's selective recomputation recomputes whole submodules (`--recompute-modules`), not autopp's
+    selective policy: core_attn alone (its default) is read as keep, any other module is refused, not guessed."""
+    base = ("--pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 8 --recompute-granularity selective")
+    assert _read(tmp_path, llama, base + " --recompute-modules core_attn\n", 8)[1] == [SELECTIVE_READ]
+    with pytest.raises(ExportError, match=r"--recompute-modules core_attn mlp is not modelled .*; pin from a config "
+                                          r"with --recompute-granularity full, or none$"):
+        _read(tmp_path, llama, base + " --recompute-modules core_attn mlp\n", 8)
 
 
 def test_hsdp_and_expert_parallelism_are_read(tmp_path: Path, llama: Profile) -> None:
