@@ -23,8 +23,9 @@ def data_parallel_flags(plan: Plan) -> list[str]:
     sharded over dp, gradients reduce-scattered once per step). ZeRO 2 and, with pipeline parallelism, ZeRO 3 are
     refused by the trainer's rules (autopp.data.trainers): Megatron-LM shards gradients and parameters only through
     its FSDP paths, and `--use-torch-fsdp2` asserts a pipeline size of 1 (megatron/training/arguments.py). ZeRO 3
-    without pipeline parallelism is Megatron-FSDP's `optim_grads_params` strategy."""
-    return list(plan.layout.zero.megatron)
+    without pipeline parallelism is Megatron-FSDP's `optim_grads_params` strategy, with what Megatron-LM requires
+    beside it (`ZeroStage.megatron_with`: `--ckpt-format fsdp_dtensor`, `--use-distributed-optimizer`)."""
+    return [*plan.layout.zero.megatron, *plan.layout.zero.megatron_with]
 
 
 def layout_string(plan: Plan, layers: ModelLayers) -> str:

@@ -153,6 +153,10 @@ def megatron():  # type: ignore[no-untyped-def]
     return pytest.importorskip("megatron.core", reason="megatron-core is not installed (scripts/setup.sh installs it)")
 
 
+#: Megatron-LM arguments that are no megatron-core config field (megatron/training/arguments.py, NVIDIA/Megatron-LM
+#: d98e8a64): the checkpoint format Megatron-FSDP asserts, the untied output layer (its GPTModel's
+#: share_embeddings_and_output_weights).
+_MEGATRON_LM_ONLY = ("ckpt_format", "untie_embeddings_and_output_weights")
 _MEGATRON_RENAMED = {"num-experts": "num_moe_experts", "fp8-format": "fp8"}  # --fp8-format's dest is fp8
 
 
@@ -173,6 +177,8 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size", "seq_length") if k in kw}
     # the data-parallel flags (Megatron-LM copies them into DistributedDataParallelConfig by name too): bare flags
     # and strategies such as --data-parallel-sharding-strategy optim_grads_params (Megatron-FSDP, ZeRO 3 at pp 1)
+    # Megatron-LM's own arguments that no megatron-core config holds (megatron/training/arguments.py): kept aside
+    lm = {k: kw.pop(k) for k in _MEGATRON_LM_ONLY if k in kw}
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     ddp = {k: True if v == "true" else v for k, v in kw.items() if k in ddp_names}
     kw = {k: v for k, v in kw.items() if k not in ddp_names}
@@ -186,6 +192,7 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     dtype = torch.bfloat16 if kw.get("bf16") else torch.float32
     cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, params_dtype=dtype, pipeline_dtype=dtype, **kw)
     cfg.ddp = DistributedDataParallelConfig(**ddp)
+    cfg.lm = lm
     return cfg, batch, ConstantNumMicroBatchesCalculator
 
 
@@ -212,6 +219,9 @@ def test_megatron_core_parses_a_megatron_fsdp_export(megatron, llama: Profile) -
     plan = plan_for(llama, devices=2, pins=LayoutPins(pp=1, dp=2, zero=ZERO[3]))
     cfg, batch, calculator = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
     assert cfg.ddp.use_megatron_fsdp and cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params"
+    # what Megatron-LM's validate_args requires beside Megatron-FSDP (v1: the distributed optimizer; the format:
+    # "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format")
+    assert cfg.ddp.use_distributed_optimizer and cfg.lm["ckpt_format"] == "fsdp_dtensor"
     assert cfg.pipeline_model_parallel_size == 1
     assert calculator(batch["global_batch_size"], batch["micro_batch_size"], 2, False, 0).get() == \
         plan.num_microbatches

@@ -425,7 +425,8 @@ def test_megatron_zero3_only_without_pipeline(llama_plans: dict[str, Plan]) -> N
     sharded = _3d(llama_plans["dp"], zero=3)
     flat = replace(sharded, layout=replace(sharded.layout, pp=1),
                    stages=(replace(llama_plans["dp"].stages[0], units=(0, 6)),))
-    assert data_parallel_flags(flat) == ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
+    assert data_parallel_flags(flat) == ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+                                         "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]
 
 
 def test_deepspeed_writes_zero1_and_refuses_what_its_pipeline_engine_cannot_run(llama_plans: dict[str, Plan]) -> None:
