@@ -76,9 +76,9 @@ _DEEPSPEED_ONE_STAGE = ("autopp's DeepSpeed export builds the model as a Pipelin
                         "stage 0 or 1 only (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\", "
                         "runtime/pipe/engine.py); re-plan with `zero` 1")
 
-#: What Megatron-FSDP's ZeRO 3 needs beside its flags in Megatron-LM's validate_args (megatron/training/arguments.py, NVIDIA/Megatron-LM
-#: d98e8a64): it asserts `args.ckpt_format == "fsdp_dtensor"` ("Megatron-FSDP requires the `fsdp_dtensor`
-#: checkpointing format") and, under Megatron-FSDP v1 (`--megatron-fsdp-version` default 1), sets
+#: What Megatron-FSDP's ZeRO 3 needs beside its flags in Megatron-LM's validate_args (megatron/training/arguments.py,
+#: NVIDIA/Megatron-LM d98e8a64): it asserts `args.ckpt_format == "fsdp_dtensor"` ("Megatron-FSDP requires the
+#: `fsdp_dtensor` checkpointing format") and, under Megatron-FSDP v1 (`--megatron-fsdp-version` default 1), sets
 #: `--use-distributed-optimizer` with a warning when it is not given (docs/user-guide/features/megatron_fsdp.md: "Uses
 #: Megatron-Core's DistributedOptimizer"). Its `--no-gradient-accumulation-fusion` is optional (the guide: fusion "used
 #: by default and can be deactivated"; validate_args only warns to verify TE's support), so it is not written.
