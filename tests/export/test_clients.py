@@ -595,6 +595,34 @@ def test_deepspeed_config_takes_the_precision(deepspeed,  # type: ignore[no-unty
     assert cfg.bfloat16_config.enabled and not cfg.float16_config.enabled
 
 
+@pytest.mark.parametrize("zero", [0, 1])
+def test_deepspeed_accumulates_bf16_gradients_in_fp32(zero: int, deepspeed,  # type: ignore[no-untyped-def]
+                                                      llama_plans: dict[str, Plan]) -> None:
+    """autopp's bf16 recipe counts fp32 gradients: DeepSpeed's engine, given the export's config, picks its
+    BF16_Optimizer (fp32 accumulation of each microbatch's gradient) at ZeRO 1, where the config says
+    `grad_accum_dtype` fp32 (without it, its ZeRO optimizer kept bf16 gradients), and at ZeRO 0, where the key would
+    raise "unsupported mix"."""
+    import torch
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.constants import BFLOAT16
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    plan = dataclasses.replace(llama_plans["dp"], dtype="bfloat16")  # dp 2
+    plan = dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=ZERO[zero]))
+    data = json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)
+    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.layout.dp,
+                                get_model_parallel_world_size=lambda: 1)
+    cfg = DeepSpeedConfig(data, mpu=mpu)
+    assert cfg.grad_accum_dtype == ("fp32" if zero else None)
+    engine = types.SimpleNamespace(  # what DeepSpeedEngine's check reads of itself
+        _config=cfg, pipeline_parallelism=True, global_rank=0, fp16_enabled=lambda: cfg.float16_config.enabled,
+        bfloat16_enabled=lambda: cfg.bfloat16_config.enabled, zero_optimization=lambda: cfg.zero_enabled,
+        zero_optimization_stage=lambda: cfg.zero_optimization_stage, zero_cpu_offload=lambda: False,
+        zero_compute_grad_norm=lambda: cfg.zero_config.compute_grad_norm, zero_allow_untested_optimizer=lambda: False)
+    engine.get_data_types = lambda: DeepSpeedEngine.get_data_types(engine)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+    assert DeepSpeedEngine._do_optimizer_sanity_check(engine, optimizer) == BFLOAT16
+
+
 @pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])
 def test_llama_3_8b_on_2x8_h100_for_each_trainer_is_taken_by_its_config_classes(  # type: ignore[no-untyped-def]
         trainer: str, titan, megatron, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
