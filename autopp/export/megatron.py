@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shlex
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -67,7 +68,8 @@ def connections_note(plan: Plan) -> str | None:
 def layout_string(plan: Plan, layers: ModelLayers) -> str:
     """Megatron's layout in stage order (stage k on pp rank k % pp, virtual stage k // pp): `E` the embedding,
     one `t` per block, `L` the output part and loss; `|` between stages. Written out, without `t*N`, so the
-    argument survives a shell's word splitting and globbing."""
+    argument survives a shell's word splitting and globbing; unquoted, as the file is read by `$(cat FILE)`, which
+    keeps quotes (the export's notes give the quoted form for pasting: `|` is a pipe in a script's own text)."""
     def stage(first: int, end: int) -> str:
         return "".join("E" if u == layers.pre else "L" if u == layers.post else "t" for u in range(first, end))
     return "|".join(stage(*s.units) for s in plan.stages)
@@ -117,6 +119,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
     if layers.pre is None or layers.post is None:
         raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "
                           "after them (E first, L last); this model's units start or end with a block")
+    layout = layout_string(plan, layers)
     lines = [*group_lines(plan, "megatron", "{key} {degree}"),
              *carved_lines(plan, "megatron", "{key} {degree}", moe or {}, where),
              *_moe_layer_freq(plan, layers, moe or {}),
@@ -124,7 +127,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
              *megatron_overlap(plan),
              f"{AXES['pp'].spelling('megatron').degree} {plan.layout.pp}",
              f"--num-layers {len(layers.blocks)}",
-             f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",
+             f"--pipeline-model-parallel-layout {layout}",
              f"--micro-batch-size {plan.microbatch_size}",
              f"--global-batch-size {plan.global_batch}"]
     settings, setting_notes = made_for(plan, "megatron")
@@ -135,6 +138,10 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
              "does)", *([connections] if connections else []), *setting_notes, *untie_notes,
              optimizer_note(plan, "megatron"), *axis_notes(plan, "megatron")]
+    if "|" in layout:
+        notes.append(f"the file is for $(cat FILE), where the shell takes the layout's `|` as part of the word; "
+                     "pasting the lines into a script instead, quote the layout: --pipeline-model-parallel-layout "
+                     f"{shlex.quote(layout)}")
     if values is None:
         notes.append("the model's layer-to-layer values were not checked (no profile of the plan found): "
                      "pretrain_gpt.py's layers pass one hidden state each to the next")

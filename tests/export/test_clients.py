@@ -87,6 +87,18 @@ def titan():  # type: ignore[no-untyped-def]
     return parse
 
 
+def test_torchtitan_takes_overrides_before_the_export_only(titan, llama: Profile,  # type: ignore[no-untyped-def]
+                                                            llama_plans: dict[str, Plan]) -> None:
+    """The export's last line is a tyro subcommand (activation_checkpoint:MODE): torchtitan's parser takes a user's
+    override before `$(cat FILE)` and refuses it after, as the export's note says; the file ends in a newline."""
+    out = export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES))
+    assert out.text.endswith("\n") and out.text.splitlines()[-1].startswith("activation_checkpoint:")
+    assert any(n.startswith("overrides of your own go before $(cat FILE)") for n in out.notes)
+    assert titan("--training.steps=7\n" + out.text).training.steps == 7
+    with pytest.raises(SystemExit):
+        titan(out.text + "--training.steps=7\n")
+
+
 def test_trainer_config_has_the_sections_we_parse() -> None:
     """The sections the export writes and the checks read are Trainer.Config's fields of these types (read from
     torchtitan's source, as importing its trainer needs triton, datasets and wandb)."""

@@ -370,6 +370,24 @@ def test_megatron_says_what_cuda_device_max_connections_must_be(llama_plans: dic
     assert "CUDA_DEVICE_MAX_CONNECTIONS unset or above 1" in notes(flat)
 
 
+def test_megatron_layout_works_from_the_file_and_pasted(llama_plans: dict[str, Plan], tmp_path: Path) -> None:
+    """The file is read by `$(cat FILE)`, which keeps quotes, so the layout stays unquoted there (the shell does
+    not take an expanded `|` for a pipe); the notes give the quoted line to paste, which bash reads as the same one
+    word (unquoted, pasted, it was a pipe)."""
+    out = export_plan(llama_plans["interleaved"], Target.MEGATRON, "x")
+    layout = next(line.split(" ", 1)[1] for line in out.text.splitlines()
+                  if line.startswith("--pipeline-model-parallel-layout "))
+    assert "|" in layout and out.text.endswith("\n")
+    (tmp_path / "x.args").write_text(out.text)
+    via_cat = subprocess.run(["bash", "-c", "printf '%s\\n' $(cat x.args)"], cwd=tmp_path, capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    assert via_cat[via_cat.index("--pipeline-model-parallel-layout") + 1] == layout
+    pasted = next(n.split(": ", 1)[1] for n in out.notes if "quote the layout" in n)
+    assert pasted == f"--pipeline-model-parallel-layout '{layout}'"
+    run = subprocess.run(["bash", "-c", f"printf '%s\\n' {pasted}"], capture_output=True, text=True, check=True)
+    assert run.stdout.splitlines() == ["--pipeline-model-parallel-layout", layout]
+
+
 def _titan(plan: Plan, llama: Profile) -> list[str]:
     modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
     return export_plan(plan, Target.TORCHTITAN, "x", modules).text.splitlines()
