@@ -91,7 +91,8 @@ def test_torchtitan_takes_overrides_before_the_export_only(titan, llama: Profile
                                                             llama_plans: dict[str, Plan]) -> None:
     """The export's last line is a tyro subcommand (activation_checkpoint:MODE): torchtitan's parser takes a user's
     override before `$(cat FILE)` and refuses it after, as the export's note says; the file ends in a newline."""
-    out = export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x.args", rename_modules(unit_modules(llama), TITAN_NAMES))
+    modules = rename_modules(unit_modules(llama), TITAN_NAMES)
+    out = export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x.args", modules)
     assert out.text.endswith("\n") and out.text.splitlines()[-1].startswith("activation_checkpoint:")
     assert any(n.startswith("overrides of your own go before $(cat FILE)") for n in out.notes)
     assert titan("--training.steps=7\n" + out.text).training.steps == 7
