@@ -43,15 +43,20 @@ def grad_accum(plan: Plan) -> dict[str, object]:
 def pipe_snippet(plan: Plan, activations: ActivationPolicy) -> str:
     """Python that builds a PipelineModule whose stage s holds layers parts[s]:parts[s + 1] of the user's list (one
     layer per autopp unit). DeepSpeed's partition methods (uniform, parameters, type:) cannot take explicit bounds,
-    so `_partition_layers` is overridden to set them; it is private DeepSpeed API, checked by autopp's tests."""
+    so `_partition_layers` is overridden to set them; it is private DeepSpeed API, checked by autopp's tests. Its
+    docstring says what each unit holds (a unit is named by its first module: the last one, `model.norm` of an HF
+    decoder, holds the final norm and lm_head too)."""
     parts = [s.units[0] for s in plan.stages] + [plan.stages[-1].units[1]]
     names = [list(s.unit_names) for s in plan.stages]
-    stages = AXES["pp"].spelling("deepspeed").degree
+    stages, last = AXES["pp"].spelling("deepspeed").degree, plan.stages[-1].unit_names[-1]
     return f'''"""Stage boundaries chosen by autopp for {plan.model_path} (pp {plan.layout.pp}, dp {plan.layout.dp})."""
 from deepspeed.pipe import PipelineModule
 
 PARTS = {parts}
-"""Stage s holds layers PARTS[s]:PARTS[s + 1] of the layer list: one layer per autopp unit, in this order:
+"""Stage s holds layers PARTS[s]:PARTS[s + 1] of the layer list: one layer per autopp unit, in this order, each unit
+named by its first module and holding the modules up to the next unit's; the last, {last!r}, holds every module
+after the previous one, the output layer included, and the loss autopp timed with it is loss_fn, which DeepSpeed
+runs on the last stage after that layer:
 {names}"""
 
 

@@ -388,6 +388,16 @@ def test_megatron_layout_works_from_the_file_and_pasted(llama_plans: dict[str, P
     assert run.stdout.splitlines() == ["--pipeline-model-parallel-layout", layout]
 
 
+def test_deepspeed_stage_file_says_what_the_last_unit_holds(llama_plans: dict[str, Plan]) -> None:
+    """The stage file listed the HF decoder's last layer as 'model.norm' alone, where that unit also holds lm_head
+    and autopp timed the loss with it: its docstring says so."""
+    snippet = export_plan(llama_plans["1f1b"], Target.DEEPSPEED, "x.json").extra["x_deepspeed_pipe.py"]
+    assert llama_plans["1f1b"].stages[-1].unit_names[-1] == "model.norm"
+    assert "the last, 'model.norm', holds every module after the previous one, the output layer included" in \
+        " ".join(snippet.split())
+    compile(snippet, "x_deepspeed_pipe.py", "exec")
+
+
 def _titan(plan: Plan, llama: Profile) -> list[str]:
     modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
     return export_plan(plan, Target.TORCHTITAN, "x", modules).text.splitlines()
