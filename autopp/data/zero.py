@@ -39,7 +39,11 @@ class ZeroStage:
     """Why `autopp run` does not run this stage beside a split I/W backward (the zero-bubble schedules, synthesized
     orders); None: it does. The planner leaves those configurations out and refuses them pinned."""
     megatron: tuple[str, ...] = field(default=(), compare=False, hash=False)
-    """Megatron-LM's arguments for it (where it runs: `refusal("megatron")` is None)."""
+    """Megatron-LM's arguments for it (where it runs: `refusal("megatron")` is None): those that name the stage, which
+    `autopp plan --pin-from` looks for."""
+    megatron_with: tuple[str, ...] = field(default=(), compare=False, hash=False)
+    """Megatron-LM's arguments its validate_args requires or sets beside `megatron`, written after them by the export
+    but not needed to recognise the stage (Megatron-FSDP's checkpoint format)."""
     trainer_refusals: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     """Trainer ("torchtitan", "megatron", "deepspeed") -> why it has no such stage beside pipeline parallelism."""
     one_stage_refusals: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -72,6 +76,14 @@ _DEEPSPEED_ONE_STAGE = ("autopp's DeepSpeed export builds the model as a Pipelin
                         "stage 0 or 1 only (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\", "
                         "runtime/pipe/engine.py); re-plan with `zero` 1")
 
+#: What Megatron-FSDP's ZeRO 3 needs beside its flags in Megatron-LM's validate_args (megatron/training/arguments.py,
+#: NVIDIA/Megatron-LM d98e8a64): it asserts `args.ckpt_format == "fsdp_dtensor"` ("Megatron-FSDP requires the
+#: `fsdp_dtensor` checkpointing format") and, under Megatron-FSDP v1 (`--megatron-fsdp-version` default 1), sets
+#: `--use-distributed-optimizer` with a warning when it is not given (docs/user-guide/features/megatron_fsdp.md: "Uses
+#: Megatron-Core's DistributedOptimizer"). Its `--no-gradient-accumulation-fusion` is optional (the guide: fusion "used
+#: by default and can be deactivated"; validate_args only warns to verify TE's support), so it is not written.
+_MEGATRON_FSDP_WITH = ("--use-distributed-optimizer", "--ckpt-format fsdp_dtensor")
+
 #: Every ZeRO stage by number.
 ZERO: dict[int, ZeroStage] = {z.stage: z for z in (
     ZeroStage(stage=0, sharded="nothing (replicated)"),
@@ -94,6 +106,7 @@ ZERO: dict[int, ZeroStage] = {z.stage: z for z in (
                                      "block's norm weight 100 % off; the same split with ZeRO 1, or with full "
                                      "backwards, matches one process)",
               megatron=("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"),
+              megatron_with=_MEGATRON_FSDP_WITH,
               trainer_refusals={"deepspeed": _DEEPSPEED}, one_stage_refusals={"deepspeed": _DEEPSPEED_ONE_STAGE}),
 )}
 NO_ZERO = ZERO[0]

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import shlex
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..data.axes import AXES
+from ..data.hf_config import read_hf_config
 from ..data.plan import Plan
 from ..data.profile_values import LiveValue
+from ..errors import ModelFileError
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
                      optimizer_note, refuse_schedule, uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers, skip_problem
 from .overlap import megatron_overlap
 
-__all__ = ["to_megatron", "layout_string", "data_parallel_flags", "refuse_model"]
+__all__ = ["to_megatron", "layout_string", "data_parallel_flags", "refuse_model", "untie_flags",
+           "connections_note"]
 
 #: The HF tasks whose model Megatron-LM's pretrain_gpt.py trains (a decoder with a causal language-model loss).
 _GPT_TASKS = ("causal-lm",)
@@ -23,14 +28,48 @@ def data_parallel_flags(plan: Plan) -> list[str]:
     sharded over dp, gradients reduce-scattered once per step). ZeRO 2 and, with pipeline parallelism, ZeRO 3 are
     refused by the trainer's rules (autopp.data.trainers): Megatron-LM shards gradients and parameters only through
     its FSDP paths, and `--use-torch-fsdp2` asserts a pipeline size of 1 (megatron/training/arguments.py). ZeRO 3
-    without pipeline parallelism is Megatron-FSDP's `optim_grads_params` strategy."""
-    return list(plan.layout.zero.megatron)
+    without pipeline parallelism is Megatron-FSDP's `optim_grads_params` strategy, with what Megatron-LM requires
+    beside it (`ZeroStage.megatron_with`: `--ckpt-format fsdp_dtensor`, `--use-distributed-optimizer`)."""
+    return [*plan.layout.zero.megatron, *plan.layout.zero.megatron_with]
+
+
+def untie_flags(plan: Plan) -> tuple[list[str], list[str]]:
+    """`--untie-embeddings-and-output-weights` when the plan's model is an HF config (`Plan.hf_config` recorded,
+    `Plan.model_path` its config.json) whose `tie_word_embeddings` is false: Megatron-LM ties the output layer to the
+    embedding unless given it (a store_true flag; its HF loader maps `untie_embeddings_and_output_weights` to `not
+    tie_word_embeddings`: megatron/training/arguments.py, NVIDIA/Megatron-LM d98e8a64). A missing key is transformers'
+    PretrainedConfig default, tied. (lines, notes): a note where the config cannot be read."""
+    if not plan.hf_config or not plan.model_path.endswith(".json"):
+        return [], []
+    try:
+        values = read_hf_config(Path(plan.model_path))
+    except ModelFileError as e:
+        return [], [f"the plan's HF config could not be read ({e}): give --untie-embeddings-and-output-weights if its "
+                    "tie_word_embeddings is false (Megatron-LM ties the output layer to the embedding by default)"]
+    tied = {**(values.get("text_config") or {}), **values}.get("tie_word_embeddings", True)
+    return (["--untie-embeddings-and-output-weights"] if tied is False else []), []
+
+
+def connections_note(plan: Plan) -> str | None:
+    """What Megatron-LM's validate_args asks of CUDA_DEVICE_MAX_CONNECTIONS (megatron/training/arguments.py,
+    NVIDIA/Megatron-LM d98e8a64): with Megatron-FSDP it asserts the variable is not 1 ("FSDP requires
+    CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"); otherwise, with tp or cp above 1 on a GPU before Blackwell (compute
+    capability below 10), it asserts it is 1 (unless --overlap-moe-expert-parallel-comm, which the export does not
+    write). None: neither applies."""
+    if "--use-megatron-fsdp" in data_parallel_flags(plan):
+        return ("launch with CUDA_DEVICE_MAX_CONNECTIONS unset or above 1: Megatron-LM asserts it with Megatron-FSDP "
+                "(\"FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset\")")
+    if plan.layout.tp > 1 or plan.layout.cp > 1:
+        return ("launch with CUDA_DEVICE_MAX_CONNECTIONS=1 in the environment: Megatron-LM asserts it with tp or cp "
+                "above 1 on GPUs before Blackwell (compute capability below 10)")
+    return None
 
 
 def layout_string(plan: Plan, layers: ModelLayers) -> str:
     """Megatron's layout in stage order (stage k on pp rank k % pp, virtual stage k // pp): `E` the embedding,
     one `t` per block, `L` the output part and loss; `|` between stages. Written out, without `t*N`, so the
-    argument survives a shell's word splitting and globbing."""
+    argument survives a shell's word splitting and globbing; unquoted, as the file is read by `$(cat FILE)`, which
+    keeps quotes (the export's notes give the quoted form for pasting: `|` is a pipe in a script's own text)."""
     def stage(first: int, end: int) -> str:
         return "".join("E" if u == layers.pre else "L" if u == layers.post else "t" for u in range(first, end))
     return "|".join(stage(*s.units) for s in plan.stages)
@@ -80,6 +119,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
     if layers.pre is None or layers.post is None:
         raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "
                           "after them (E first, L last); this model's units start or end with a block")
+    layout = layout_string(plan, layers)
     lines = [*group_lines(plan, "megatron", "{key} {degree}"),
              *carved_lines(plan, "megatron", "{key} {degree}", moe or {}, where),
              *_moe_layer_freq(plan, layers, moe or {}),
@@ -87,14 +127,21 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
              *megatron_overlap(plan),
              f"{AXES['pp'].spelling('megatron').degree} {plan.layout.pp}",
              f"--num-layers {len(layers.blocks)}",
-             f"--pipeline-model-parallel-layout {layout_string(plan, layers)}",
+             f"--pipeline-model-parallel-layout {layout}",
              f"--micro-batch-size {plan.microbatch_size}",
              f"--global-batch-size {plan.global_batch}"]
     settings, setting_notes = made_for(plan, "megatron")
-    lines += settings
+    untie, untie_notes = untie_flags(plan)
+    lines += settings + untie
+    connections = connections_note(plan)
     notes = [f"Megatron: launch {plan.num_ranks} ranks (world size {launch_grid(plan, 'megatron')}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
-             "does)", *setting_notes, optimizer_note(plan, "megatron"), *axis_notes(plan, "megatron")]
+             "does)", *([connections] if connections else []), *setting_notes, *untie_notes,
+             optimizer_note(plan, "megatron"), *axis_notes(plan, "megatron")]
+    if "|" in layout:
+        notes.append(f"the file is for $(cat FILE), where the shell takes the layout's `|` as part of the word; "
+                     "pasting the lines into a script instead, quote the layout: --pipeline-model-parallel-layout "
+                     f"{shlex.quote(layout)}")
     if values is None:
         notes.append("the model's layer-to-layer values were not checked (no profile of the plan found): "
                      "pretrain_gpt.py's layers pass one hidden state each to the next")

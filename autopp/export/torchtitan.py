@@ -190,6 +190,9 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
     notes = [f"torchtitan: launch {plan.num_ranks} ranks ({launch_grid(plan, 'torchtitan')}, dp as "
              f"{_dp_as(plan.layout.zero, plan.layout.dp_replicate)}; torchtitan's mesh [{mesh}] numbers them as autopp "
              "does)",
+             f"overrides of your own go before $(cat FILE): its last line, activation_checkpoint:"
+             f"{activations.torchtitan}, is a tyro subcommand, after which torchtitan's parser takes only that "
+             "subcommand's options (others: \"Unrecognized options\")",
              *setting_notes, optimizer_note(plan, "torchtitan"), _names_note(fqns, mapped)]
     if via_csv:
         notes.append(f"the schedule CSV is named relative to the export ({csv_path.name}): launch torchtitan from "

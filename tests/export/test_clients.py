@@ -87,6 +87,19 @@ def titan():  # type: ignore[no-untyped-def]
     return parse
 
 
+def test_torchtitan_takes_overrides_before_the_export_only(titan, llama: Profile,  # type: ignore[no-untyped-def]
+                                                            llama_plans: dict[str, Plan]) -> None:
+    """The export's last line is a tyro subcommand (activation_checkpoint:MODE): torchtitan's parser takes a user's
+    override before `$(cat FILE)` and refuses it after, as the export's note says; the file ends in a newline."""
+    modules = rename_modules(unit_modules(llama), TITAN_NAMES)
+    out = export_plan(llama_plans["1f1b"], Target.TORCHTITAN, "x.args", modules)
+    assert out.text.endswith("\n") and out.text.splitlines()[-1].startswith("activation_checkpoint:")
+    assert any(n.startswith("overrides of your own go before $(cat FILE)") for n in out.notes)
+    assert titan("--training.steps=7\n" + out.text).training.steps == 7
+    with pytest.raises(SystemExit):
+        titan(out.text + "--training.steps=7\n")
+
+
 def test_trainer_config_has_the_sections_we_parse() -> None:
     """The sections the export writes and the checks read are Trainer.Config's fields of these types (read from
     torchtitan's source, as importing its trainer needs triton, datasets and wandb)."""
@@ -153,6 +166,10 @@ def megatron():  # type: ignore[no-untyped-def]
     return pytest.importorskip("megatron.core", reason="megatron-core is not installed (scripts/setup.sh installs it)")
 
 
+#: Megatron-LM arguments that are no megatron-core config field (megatron/training/arguments.py, NVIDIA/Megatron-LM
+#: d98e8a64): the checkpoint format Megatron-FSDP asserts, the untied output layer (its GPTModel's
+#: share_embeddings_and_output_weights).
+_MEGATRON_LM_ONLY = ("ckpt_format", "untie_embeddings_and_output_weights")
 _MEGATRON_RENAMED = {"num-experts": "num_moe_experts", "fp8-format": "fp8"}  # --fp8-format's dest is fp8
 
 
@@ -173,6 +190,8 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     batch = {k: int(kw.pop(k)) for k in ("micro_batch_size", "global_batch_size", "seq_length") if k in kw}
     # the data-parallel flags (Megatron-LM copies them into DistributedDataParallelConfig by name too): bare flags
     # and strategies such as --data-parallel-sharding-strategy optim_grads_params (Megatron-FSDP, ZeRO 3 at pp 1)
+    # Megatron-LM's own arguments that no megatron-core config holds (megatron/training/arguments.py): kept aside
+    lm = {k: kw.pop(k) for k in _MEGATRON_LM_ONLY if k in kw}
     ddp_names = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     ddp = {k: True if v == "true" else v for k, v in kw.items() if k in ddp_names}
     kw = {k: v for k, v in kw.items() if k not in ddp_names}
@@ -186,6 +205,7 @@ def _megatron_config(text: str):  # type: ignore[no-untyped-def]
     dtype = torch.bfloat16 if kw.get("bf16") else torch.float32
     cfg = TransformerConfig(hidden_size=64, num_attention_heads=4, params_dtype=dtype, pipeline_dtype=dtype, **kw)
     cfg.ddp = DistributedDataParallelConfig(**ddp)
+    cfg.lm = lm
     return cfg, batch, ConstantNumMicroBatchesCalculator
 
 
@@ -212,6 +232,9 @@ def test_megatron_core_parses_a_megatron_fsdp_export(megatron, llama: Profile) -
     plan = plan_for(llama, devices=2, pins=LayoutPins(pp=1, dp=2, zero=ZERO[3]))
     cfg, batch, calculator = _megatron_config(export_plan(plan, Target.MEGATRON, "x").text)
     assert cfg.ddp.use_megatron_fsdp and cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params"
+    # what Megatron-LM's validate_args requires beside Megatron-FSDP (v1: the distributed optimizer; the format:
+    # "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format")
+    assert cfg.ddp.use_distributed_optimizer and cfg.lm["ckpt_format"] == "fsdp_dtensor"
     assert cfg.pipeline_model_parallel_size == 1
     assert calculator(batch["global_batch_size"], batch["micro_batch_size"], 2, False, 0).get() == \
         plan.num_microbatches
@@ -581,6 +604,34 @@ def test_deepspeed_config_takes_the_precision(deepspeed,  # type: ignore[no-unty
     mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: 1, get_model_parallel_world_size=lambda: 1)
     cfg = DeepSpeedConfig(data, mpu=mpu)
     assert cfg.bfloat16_config.enabled and not cfg.float16_config.enabled
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_deepspeed_accumulates_bf16_gradients_in_fp32(zero: int, deepspeed,  # type: ignore[no-untyped-def]
+                                                      llama_plans: dict[str, Plan]) -> None:
+    """autopp's bf16 recipe counts fp32 gradients: DeepSpeed's engine, given the export's config, picks its
+    BF16_Optimizer (fp32 accumulation of each microbatch's gradient) at ZeRO 1, where the config says
+    `grad_accum_dtype` fp32 (without it, its ZeRO optimizer kept bf16 gradients), and at ZeRO 0, where the key would
+    raise "unsupported mix"."""
+    import torch
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.constants import BFLOAT16
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    plan = dataclasses.replace(llama_plans["dp"], dtype="bfloat16")  # dp 2
+    plan = dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=ZERO[zero]))
+    data = json.loads(export_plan(plan, Target.DEEPSPEED, "x.json").text)
+    mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: plan.layout.dp,
+                                get_model_parallel_world_size=lambda: 1)
+    cfg = DeepSpeedConfig(data, mpu=mpu)
+    assert cfg.grad_accum_dtype == ("fp32" if zero else None)
+    engine = types.SimpleNamespace(  # what DeepSpeedEngine's check reads of itself
+        _config=cfg, pipeline_parallelism=True, global_rank=0, fp16_enabled=lambda: cfg.float16_config.enabled,
+        bfloat16_enabled=lambda: cfg.bfloat16_config.enabled, zero_optimization=lambda: cfg.zero_enabled,
+        zero_optimization_stage=lambda: cfg.zero_optimization_stage, zero_cpu_offload=lambda: False,
+        zero_compute_grad_norm=lambda: cfg.zero_config.compute_grad_norm, zero_allow_untested_optimizer=lambda: False)
+    engine.get_data_types = lambda: DeepSpeedEngine.get_data_types(engine)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+    assert DeepSpeedEngine._do_optimizer_sanity_check(engine, optimizer) == BFLOAT16
 
 
 @pytest.mark.parametrize("trainer", ["torchtitan", "megatron"])

@@ -338,6 +338,69 @@ def _3d(plan: Plan, tp: int = 2, zero: int = 0) -> Plan:
     return replace(plan, layout=replace(plan.layout, tp=tp, zero=ZERO[zero]), tp_plan=LLAMA_TP_PLAN if tp > 1 else {})
 
 
+def test_megatron_unties_the_output_layer_where_the_hf_config_does(llama_plans: dict[str, Plan],
+                                                                    tmp_path: Path) -> None:
+    """Megatron-LM ties the output layer to the embedding unless given --untie-embeddings-and-output-weights
+    (megatron/training/arguments.py): written where the plan's HF config says tie_word_embeddings false, not where
+    it ties (or says nothing: transformers' default), a note where the config cannot be read."""
+    flag = "--untie-embeddings-and-output-weights"
+    configs = Path(__file__).resolve().parents[2] / "examples" / "configs"
+    hf = {"seq_len": 64, "task": "causal-lm"}
+
+    def export(path: Path, hf_config: dict[str, object]) -> tuple[list[str], str]:
+        plan = replace(llama_plans["1f1b"], model_path=str(path), hf_config=hf_config)
+        out = export_plan(plan, Target.MEGATRON, "x")
+        return out.text.splitlines(), " ".join(out.notes)
+    assert flag in export(configs / "llama-3-8b.json", hf)[0]  # "tie_word_embeddings": false
+    assert flag not in export(configs / "llama-1b.json", hf)[0]  # true
+    (tmp_path / "c.json").write_text('{"model_type": "llama"}')
+    assert flag not in export(tmp_path / "c.json", hf)[0]
+    assert flag not in export(configs / "llama-3-8b.json", {})[0]  # no HF config recorded: a model file's plan
+    lines, notes = export(tmp_path / "gone.json", hf)
+    assert flag not in lines and f"give {flag} if its tie_word_embeddings is false" in notes
+
+
+def test_megatron_says_what_cuda_device_max_connections_must_be(llama_plans: dict[str, Plan]) -> None:
+    """Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp above 1 (before Blackwell)
+    and not 1 with Megatron-FSDP; the export's notes say which, and nothing where neither applies."""
+    def notes(plan: Plan) -> str:
+        return " ".join(export_plan(plan, Target.MEGATRON, "x").notes)
+    assert "launch with CUDA_DEVICE_MAX_CONNECTIONS=1" in notes(_3d(llama_plans["dp"], tp=2))
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in notes(_3d(llama_plans["dp"], tp=1))
+    sharded, stages = _3d(llama_plans["dp"], tp=2, zero=3), llama_plans["dp"].stages
+    flat = replace(sharded, layout=replace(sharded.layout, pp=1), stages=(replace(
+        stages[0], units=(0, stages[-1].units[1]), unit_names=tuple(n for s in stages for n in s.unit_names)),))
+    assert "CUDA_DEVICE_MAX_CONNECTIONS unset or above 1" in notes(flat)
+
+
+def test_megatron_layout_works_from_the_file_and_pasted(llama_plans: dict[str, Plan], tmp_path: Path) -> None:
+    """The file is read by `$(cat FILE)`, which keeps quotes, so the layout stays unquoted there (the shell does
+    not take an expanded `|` for a pipe); the notes give the quoted line to paste, which bash reads as the same one
+    word (unquoted, pasted, it was a pipe)."""
+    out = export_plan(llama_plans["interleaved"], Target.MEGATRON, "x")
+    layout = next(line.split(" ", 1)[1] for line in out.text.splitlines()
+                  if line.startswith("--pipeline-model-parallel-layout "))
+    assert "|" in layout and out.text.endswith("\n")
+    (tmp_path / "x.args").write_text(out.text)
+    via_cat = subprocess.run(["bash", "-c", "printf '%s\\n' $(cat x.args)"], cwd=tmp_path, capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    assert via_cat[via_cat.index("--pipeline-model-parallel-layout") + 1] == layout
+    pasted = next(n.split(": ", 1)[1] for n in out.notes if "quote the layout" in n)
+    assert pasted == f"--pipeline-model-parallel-layout '{layout}'"
+    run = subprocess.run(["bash", "-c", f"printf '%s\\n' {pasted}"], capture_output=True, text=True, check=True)
+    assert run.stdout.splitlines() == ["--pipeline-model-parallel-layout", layout]
+
+
+def test_deepspeed_stage_file_says_what_the_last_unit_holds(llama_plans: dict[str, Plan]) -> None:
+    """The stage file listed the HF decoder's last layer as 'model.norm' alone, where that unit also holds lm_head
+    and autopp timed the loss with it: its docstring says so."""
+    snippet = export_plan(llama_plans["1f1b"], Target.DEEPSPEED, "x.json").extra["x_deepspeed_pipe.py"]
+    assert llama_plans["1f1b"].stages[-1].unit_names[-1] == "model.norm"
+    assert "the last, 'model.norm', holds every module after the previous one, the output layer included" in \
+        " ".join(snippet.split())
+    compile(snippet, "x_deepspeed_pipe.py", "exec")
+
+
 def _titan(plan: Plan, llama: Profile) -> list[str]:
     modules = [[m.replace("model.", "") for m in ms] for ms in unit_modules(llama)]
     return export_plan(plan, Target.TORCHTITAN, "x", modules).text.splitlines()
@@ -428,7 +491,8 @@ def test_megatron_zero3_only_without_pipeline(llama_plans: dict[str, Plan]) -> N
     sharded = _3d(llama_plans["dp"], zero=3)
     flat = replace(sharded, layout=replace(sharded.layout, pp=1),
                    stages=(replace(llama_plans["dp"].stages[0], units=(0, 6)),))
-    assert data_parallel_flags(flat) == ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
+    assert data_parallel_flags(flat) == ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+                                         "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"]
 
 
 def test_deepspeed_writes_zero1_and_refuses_what_its_pipeline_engine_cannot_run(llama_plans: dict[str, Plan]) -> None:

@@ -249,6 +249,11 @@ def _read(tmp_path: Path, llama: Profile, text: str, devices: int,  # type: igno
     ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 8 "
      "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --recompute-granularity full "
      "--recompute-method uniform --recompute-num-layers 1\n", 4, False, 1, 0, Activation.BLOCKS),
+    # Megatron-FSDP with what Megatron-LM requires beside it, and without --use-distributed-optimizer (which its v1
+    # sets itself): still ZeRO 3
+    ("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --num-layers 4 --global-batch-size 8 "
+     "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor\n",
+     2, False, 4, 3, Activation.KEEP),
 ])
 def test_tp_sp_zero_and_recomputation_are_read(text: str, tp: int, sp: bool, dp: int, zero: int,
                                                policy: Activation, tmp_path: Path, llama: Profile) -> None:
