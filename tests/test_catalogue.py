@@ -178,6 +178,14 @@ def _meta(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Env], None]:
     return _damaged("meta.json", change)
 
 
+def _megatron_shaped(meta: dict[str, Any], **extra: str) -> None:
+    """The shipped MLP's 8 units named as Megatron's layout reads a model (embedding, numbered blocks, output part),
+    for the cases that plan `--for megatron` past its check of the model (`trainer_model_problem`); `extra` in the
+    meta's `extra`."""
+    meta["unit_names"] = ["embed", *(f"layers.{k}" for k in range(len(meta["unit_names"]) - 2)), "head"]
+    meta["extra"].update(extra)
+
+
 def _removed(file: str) -> Callable[[Env], None]:
     def setup(env: Env) -> None:
         shutil.copytree(env.prof, env.bad_prof)
@@ -385,6 +393,9 @@ CASES += [
          lambda env: _plan_args(env, "--for", "deepspeed", "--virtual-stages", "2"),
          lambda env: "--virtual-stages 2 with --for deepspeed: none of the schedules it runs (1F1B (its own "
                      "TrainSchedule, one stage per rank)) runs 2 stages per rank; drop --virtual-stages"),
+    Case("plan:for-megatron-no-blocks",  # a tester: planned, then refused by the export
+         lambda env: _plan_args(env, "--for", "megatron"),
+         lambda env: "--for megatron: no unit is a numbered block (like layers.0); trainers count transformer layers"),
     Case("plan:seq1f1b-not-a-causal-lm", lambda env: _plan_args(env, "--schedule", "Seq1F1B"),
          lambda env: "--schedule Seq1F1B splits each sequence of a causal LM by the attention's cost, and the profile "
                      "of "),
@@ -422,7 +433,7 @@ CASES += [
          lambda env: "--for megatron: the profile's precision bf16-pure: Megatron-LM keeps a master copy beside bf16 "
                      "weights (its --main-params-dtype takes fp32 or fp16 only, megatron/training/arguments.py); "
                      "count the profile again with --precision bf16 (the recipe is the profile's), then re-plan",
-         _meta(lambda d: d["extra"].update(precision="bf16-pure"))),
+         _meta(lambda d: _megatron_shaped(d, precision="bf16-pure"))),
     Case("export:whole-stage-selective", lambda env: ["export", str(env.bad_plan), "--to", "torchtitan", "-o",
                                                       str(env.tmp / "t.args"), "--profile", str(env.prof)],
          lambda env: f"{env.bad_plan}: activation policy selective: torchtitan's activation_checkpoint:selective wraps "
@@ -579,11 +590,11 @@ CASES += [
                      "stage's layers, which autopp does not export; give --recompute auto (with --for, each policy it "
                      "applies on every stage) or none"),
     Case("flag:plan-for-megatron-no-configuration",
-         lambda env: _plan_args(env, "--for", "megatron", "--pp", "2", "--schedule", "Interleaved1F1B",
-                                "--microbatches", "3", "--global-batch", "6"),
+         lambda env: ["plan", "--profile", str(env.bad_prof), *_plan_args(env, "--for", "megatron", "--pp", "2",
+                      "--schedule", "Interleaved1F1B", "--microbatches", "3", "--global-batch", "6")[3:]],
          lambda env: "--for megatron runs none of the 2 configurations the request leaves (Megatron-Core's interleaved "
                      "1F1B runs microbatches in groups of pp (2) and needs their count to be a multiple of it, but it "
-                     "is 3; re-plan with --microbatches 4 (or another multiple of 2))"),
+                     "is 3; re-plan with --microbatches 4 (or another multiple of 2))", _meta(_megatron_shaped)),
     Case("flag:plan-overlap-unknown", lambda env: _plan_args(env, "--overlap", "fsdp-prefetch,pipelining"),
          lambda env: "--overlap"),
     Case("flag:plan-memory-reserve-all-of-it", lambda env: _plan_args(env, "--memory-reserve", "1GiB"),
@@ -842,7 +853,7 @@ def _pin_case(name: str, text: str, says: str, suffix: str = ".args") -> Case:
 CASES += [
     Case("export:megatron-not-a-causal-lm", lambda env: ["export", str(env.tmp / "cls.plan.json"), "--to", "megatron"],
          lambda env: f"{env.tmp / 'cls.plan.json'}: Megatron-LM's pretrain_gpt.py trains a GPT decoder with a causal "
-                     "language-model loss, and the plan's model is a seq-cls model (its HF config's task); export to "
+                     "language-model loss, and the model is a seq-cls model (its HF config's task); export to "
                      "torchtitan or deepspeed, or run it with autopp run", _seq_cls_plan),
     _pin_case("reshard-unknown", "--parallelism.pipeline_parallel_degree=1\n--parallelism.data_parallel_shard_degree=2"
               "\n--parallelism.fsdp_reshard_after_forward=sometimes\n",

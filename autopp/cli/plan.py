@@ -287,6 +287,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..display import format_plan
     from ..data.layout import LayoutPins
     from ..solve import PlanRequest, RecomputeMode, make_plan
+    from ..data.trainers import trainer_rules
     cluster = plan_cluster(args)
     pins = LayoutPins(v=args.virtual_stages, zero=args.zero, sp={"on": True, "off": False}.get(args.sp),
                       dp_replicate=args.dp_replicate or None,
@@ -297,7 +298,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                           pins=pins, tp_across_nodes=args.tp_across_nodes,
                           recompute=RecomputeMode(args.recompute or ("none" if args.recompute_stages else "auto")),
                           recompute_stages=args.recompute_stages,
-                          synthesize=args.synthesize or args.schedule == "auto" and _synthesizes(args.trainer),
+                          synthesize=args.synthesize or args.schedule == "auto" and (  # unless --for runs none
+                              args.trainer is None or trainer_rules(args.trainer).synthesized),
                           synth_time_limit_s=args.synth_time, trainer=args.trainer, overlap=args.overlap,
                           ties=True, vocab=_vocab(args),
                           **({} if args.judge_budget is None else {"judge_budget": args.judge_budget}))
@@ -330,6 +332,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     profile = given or profile_for(args, tp if pinned_tp in (1, tp) else pinned_tp if tp == 1 else None)
     if args.device:
         _warn_device(args, profile.meta)
+    from ..export import trainer_model_problem  # what the trainer's export would refuse, before the search
+    if args.trainer and (why := trainer_model_problem(args.trainer, profile)):
+        raise AutoppError(f"--for {args.trainer}: {why}")
     pinned = read_pin(args, profile, request) if args.pin_from else None
     if pinned is not None and not args.global_batch:  # the batch of the configuration judged beside autopp's
         batch = batch_of(pinned[0])
@@ -373,12 +378,6 @@ def _say_search(request) -> None:  # type: ignore[no-untyped-def]
     synth = f"; then CP-SAT synthesizes an order for at most {request.synth_time_limit_s:g} s (--synth-time)" \
         if request.synthesize else ""
     progress("planning")(f"searching {', '.join(free) or 'the split only'} (a flag pins each){synth}")
-
-
-def _synthesizes(trainer: str | None) -> bool:
-    """Whether `--schedule auto` tries a synthesized order: always, unless the trainer of --for runs none."""
-    from ..data.trainers import trainer_rules
-    return trainer is None or trainer_rules(trainer).synthesized
 
 
 def _unrestricted(profile, request, plan) -> str:  # type: ignore[no-untyped-def]

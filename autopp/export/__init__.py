@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..jsonio import write_text
 from ..data.plan import Plan
@@ -16,9 +16,12 @@ from .torchtitan import check_renames, rename_modules
 from .pin import config_degrees, config_seq_len, config_trainer, read_pinned
 from .pin_fields import read_config_text
 
+if TYPE_CHECKING:
+    from ..data.profile import Profile
+
 __all__ = ["Target", "ExportError", "Exported", "ModelLayers", "model_layers", "export_plan", "write_export",
            "default_output", "check_renames", "rename_modules", "read_pinned", "read_config_text", "config_degrees",
-           "config_seq_len", "config_trainer"]
+           "config_seq_len", "config_trainer", "trainer_model_problem"]
 
 
 class Target(enum.Enum):
@@ -74,6 +77,17 @@ def export_plan(plan: Plan, target: Target, out: str | Path,
     if target is Target.DEEPSPEED:
         return to_deepspeed(plan, str(base.with_name(_module_name(base.name.split(".")[0]) + ".py")), where)
     return to_torch_csv(plan, where)
+
+
+def trainer_model_problem(trainer: str, profile: Profile) -> str | None:
+    """Why `trainer`'s export would refuse any plan of `profile`'s model (None: it would not): Megatron-LM's
+    pretrain_gpt.py builds an embedding, numbered blocks and an output part of a causal LM (`model_problem`);
+    torchtitan and DeepSpeed take the units as they are."""
+    from .megatron import model_problem
+    if trainer != Target.MEGATRON.value:
+        return None
+    return model_problem(profile.meta.unit_names, (profile.meta.extra.get("hf_config") or {}).get("task"),
+                         profile.meta.live_values)
 
 
 def write_export(exported: Exported, out: str | Path) -> list[Path]:

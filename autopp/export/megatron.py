@@ -17,7 +17,7 @@ from .common import (Exported, axis_notes, carved_lines, group_lines, launch_gri
 from .layers import ExportError, ModelLayers, model_layers, skip_problem
 from .overlap import megatron_overlap
 
-__all__ = ["to_megatron", "layout_string", "data_parallel_flags", "refuse_model", "untie_flags",
+__all__ = ["to_megatron", "layout_string", "data_parallel_flags", "model_problem", "refuse_model", "untie_flags",
            "connections_note"]
 
 #: The HF tasks whose model Megatron-LM's pretrain_gpt.py trains (a decoder with a causal language-model loss).
@@ -75,20 +75,35 @@ def layout_string(plan: Plan, layers: ModelLayers) -> str:
     return "|".join(stage(*s.units) for s in plan.stages)
 
 
-def refuse_model(plan: Plan, values: Sequence[LiveValue] | None, where: str) -> None:
-    """An ExportError when pretrain_gpt.py cannot build the plan's model: an HF config of another task than a causal
-    language model, or a model whose units pass more than the hidden state from layer to layer (`skip_problem`, read
-    from the profile's live values `values`; None: no profile to check, said in a note by the caller)."""
-    task = plan.hf_config.get("task")
+def model_problem(unit_names: Sequence[str], task: str | None, values: Sequence[LiveValue] | None) -> str | None:
+    """Why pretrain_gpt.py cannot build a model of these units (None: it can): an HF task other than a causal
+    language model; units that are not an embedding, numbered blocks and an output part (`model_layers`); layers
+    that pass more than the hidden state on (`skip_problem`, from the profile's live values `values`; None: not
+    checked). `autopp plan --for megatron` asks it before planning, the export again (a tester's MLP was planned
+    for Megatron, then refused by its export)."""
     if task is not None and task not in _GPT_TASKS:
-        raise ExportError(f"{where}: Megatron-LM's pretrain_gpt.py trains a GPT decoder with a causal language-model "
-                          f"loss, and the plan's model is a {task} model (its HF config's task); export to torchtitan "
-                          "or deepspeed, or run it with autopp run")
-    names = [n for s in plan.stages for n in s.unit_names]
-    why = None if values is None else skip_problem(values, names)
+        return (f"Megatron-LM's pretrain_gpt.py trains a GPT decoder with a causal language-model loss, and the "
+                f"model is a {task} model (its HF config's task); export to torchtitan or deepspeed, or run it with "
+                "autopp run")
+    why = None if values is None else skip_problem(values, unit_names)
     if why is not None:
-        raise ExportError(f"{where}: Megatron-LM's pretrain_gpt.py builds a GPT whose layers pass one hidden state "
-                          f"each to the next, but {why}; run it with autopp run, which relays such values")
+        return (f"Megatron-LM's pretrain_gpt.py builds a GPT whose layers pass one hidden state each to the next, but "
+                f"{why}; run it with autopp run, which relays such values")
+    try:
+        layers = model_layers(unit_names, "the model")
+    except ExportError as e:
+        return str(e).removeprefix("the model: ")
+    if layers.pre is None or layers.post is None:
+        return ("Megatron's layout needs an embedding unit before the blocks and an output unit after them (E first, "
+                "L last); this model's units start or end with a block")
+    return None
+
+
+def refuse_model(plan: Plan, values: Sequence[LiveValue] | None, where: str) -> None:
+    """An ExportError naming `where` when pretrain_gpt.py cannot build the plan's model (`model_problem`)."""
+    why = model_problem([n for s in plan.stages for n in s.unit_names], plan.hf_config.get("task"), values)
+    if why is not None:
+        raise ExportError(f"{where}: {why}")
 
 
 def _moe_layer_freq(plan: Plan, layers: ModelLayers, moe: Mapping[str, Any]) -> list[str]:
@@ -116,9 +131,6 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
     refuse_layout(plan, "megatron", where)
     refuse_model(plan, values, where)
     layers = model_layers([n for s in plan.stages for n in s.unit_names], where)
-    if layers.pre is None or layers.post is None:
-        raise ExportError(f"{where}: Megatron's layout needs an embedding unit before the blocks and an output unit "
-                          "after them (E first, L last); this model's units start or end with a block")
     layout = layout_string(plan, layers)
     lines = [*group_lines(plan, "megatron", "{key} {degree}"),
              *carved_lines(plan, "megatron", "{key} {degree}", moe or {}, where),

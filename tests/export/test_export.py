@@ -717,7 +717,7 @@ def test_megatron_refuses_a_model_with_a_skip_and_says_which_check(llama: Profil
                                           r"the profile's live values\); run it with autopp run"):
         export_plan(plan, Target.MEGATRON, "x", values=(skip,))
     export_plan(plan, Target.MEGATRON, "x", values=llama.meta.live_values)  # its rotary tables are recomputed: fine
-    with pytest.raises(ExportError, match=r"^plan: Megatron-LM's pretrain_gpt.py trains a GPT decoder .* the plan's "
+    with pytest.raises(ExportError, match=r"^plan: Megatron-LM's pretrain_gpt.py trains a GPT decoder .* the "
                                           r"model is a seq-cls model"):
         export_plan(_as_hf(plan, task="seq-cls"), Target.MEGATRON, "x")
     assert any("were not checked (no profile of the plan found)" in n
@@ -770,3 +770,17 @@ def test_every_export_says_which_optimizer_the_plans_memory_counts(llama: Profil
             assert len(said) == 1 and trains in said[0], (target, name, notes)
             assert (f"{name}'s state" if name else "an optimizer the plan does not record") in said[0]
             assert ("profile again with --optimizer adamw" in said[0]) is again
+
+
+def test_for_megatron_refuses_before_planning_what_its_export_would(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A tester: `autopp plan --profile profiles/mlp --for megatron` wrote a plan (exit 0) that `autopp export --to
+    megatron` then refused (no numbered blocks); the plan refuses it first, one line, nothing written
+    (`trainer_model_problem`), and the other trainers, which take the units as they are, plan it."""
+    from autopp.cli import main
+    from .conftest import ROOT
+    common = ["plan", "--profile", str(ROOT / "profiles" / "mlp"), "--devices", "2", "--memory", "1GiB"]
+    assert main([*common, "--for", "megatron", "-o", str(tmp_path / "m.json")]) == 2
+    assert "--for megatron: no unit is a numbered block (like layers.0)" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+    assert main([*common, "--for", "deepspeed", "-o", str(tmp_path / "d.json")]) == 0
