@@ -149,3 +149,17 @@ def test_a_pinned_v_is_never_ignored() -> None:
     assert describe(ScheduleName.ZBV_ZERO_BUBBLE).v_choices(3) == [] == describe(ScheduleName.GPIPE).v_choices(2)
     assert describe(ScheduleName.ZBV_ZERO_BUBBLE).v_choices(None) == [2]
     assert describe(ScheduleName.ZBV_ZERO_BUBBLE).v_choices(2) == [2]
+
+
+def test_a_pinned_zero_stage_is_never_dropped_for_dp_1() -> None:
+    """A tester's `--zero 3` with dp searched came out as dp 1 without ZeRO: a sharding stage keeps the search to
+    dp > 1, and where the pinned degrees leave dp 1 it is refused in one line."""
+    from autopp.data.zero import ZERO
+    from autopp.errors import LayoutError
+    cluster = Cluster(num_devices=4, memory_bytes=2**40)
+    plan = make_plan(synthetic_profile(8), PlanRequest(cluster=cluster, global_batch=8, schedule=None,
+                                                       pins=LayoutPins(dp=None, zero=ZERO[1])))
+    assert plan.layout.dp > 1 and plan.layout.zero.stage == 1
+    with pytest.raises(LayoutError, match=r"^ZeRO 3 shards over data-parallel replicas, and 4 devices with `pp` 4 "
+                                          r"leave dp 1: give more devices, a smaller `pp`, or `zero` 0$"):
+        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(pp=4, dp=None, zero=ZERO[3]))

@@ -12,6 +12,7 @@ parallelism or ZeRO (`autopp.run.worker`); `parallel_refusal` leaves those confi
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 from ...data.layout import Layout, LayoutPins, uses_mesh
@@ -23,7 +24,7 @@ from ..partition.dp import Bounds
 
 __all__ = ["weight_only_sends", "weight_only_reason", "split_backward_refusal", "schedule_refusal",
            "PARALLEL_KEY", "parallel_refusal", "tied_across_note", "mirror_refusal", "runs_beside", "check_pinned_zero",
-           "check_pinned_mirror", "check_pinned_v"]
+           "check_pinned_mirror", "check_pinned_v", "check_zero_has_replicas"]
 
 #: The key of `parallel_refusal`'s reasons among a search's exclusions (the others are schedule names).
 PARALLEL_KEY = "tensor parallelism or ZeRO"
@@ -152,6 +153,20 @@ def check_pinned_v(schedule: ScheduleName | None, v: int | None) -> None:
                           "search `schedule`")
     raise LayoutError(f"{schedule.value} runs exactly {fixed} stages per rank, so `v` {v} does not apply: give `v` "
                       f"{fixed}, drop `v`, or use {free}")
+
+
+def check_zero_has_replicas(pins: LayoutPins, devices: int) -> None:
+    """A LayoutError for a pinned sharding ZeRO stage whose other pinned degrees leave every device busy (dp and cp
+    1): with dp searched the search would find nothing (a tester's `--pp 2 --zero 3` on 2 devices, which had come out
+    as dp 1 without ZeRO); `dp` pinned 1 says the same in `Layout`'s check."""
+    zero = pins.zero
+    if zero is None or zero.replicated or pins.dp is not None:
+        return
+    taken = math.prod(d for d in (pins.pp, pins.tp, pins.cp) if d is not None)
+    if devices // taken == 1 and (pins.cp or 1) == 1:
+        raise LayoutError(f"{zero} shards over data-parallel replicas, and {devices} devices with `pp` {pins.pp or 1}"
+                          f"{f' and `tp` {pins.tp}' if (pins.tp or 1) > 1 else ''} leave dp 1: give more devices, a "
+                          "smaller `pp`, or `zero` 0")
 
 
 def check_pinned_zero(schedule: ScheduleName | None, zero: ZeroStage | None) -> None:
