@@ -67,6 +67,10 @@ def export_plan(plan: Plan, target: Target, out: str | Path,
     from .torchcsv import to_torch_csv
     from .torchtitan import to_torchtitan
     base = Path(out)
+    if unit_modules is not None and plan.stages[-1].units[1] != len(unit_modules):  # a tester's IndexError
+        raise ExportError(f"{where}: the stages end at unit {plan.stages[-1].units[1] - 1}, and the profile has "
+                          f"{len(unit_modules)} units: the plan was edited by hand or made from another profile; "
+                          "re-plan from this one")
     if target is Target.TORCHTITAN:
         if unit_modules is None:
             raise ExportError(f"{where}: torchtitan needs each unit's module names: give --profile DIR (the profile "

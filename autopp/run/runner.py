@@ -59,7 +59,8 @@ def _fingerprinted(plan: Plan) -> tuple[ModelFile, nn.Module]:
     profiler builds it: the fingerprint is the structure's, so a model one process cannot hold is checked too)."""
     mf = load_model(plan.model_path, plan.hf_config)
     model = build_meta(mf, plan.seed).model
-    now = fingerprint(model, discover_units(mf, model))
+    units = discover_units(mf, model)
+    now = fingerprint(model, units)
     if now != plan.fingerprint:
         hf = plan.hf_config
         given = f"--hf-config {plan.model_path} --seq-len {hf['seq_len']}" if hf else plan.model_path
@@ -67,7 +68,26 @@ def _fingerprinted(plan: Plan) -> tuple[ModelFile, nn.Module]:
                         f"{now}: re-plan from a new profile (`autopp plan {given} ...` profiles the changed "
                         f"model; with --profile, run `autopp profile {given}` first: an old profile keeps "
                         "the old fingerprint)")
+    _check_units(plan, [(u.name, u.split_point) for u in units])
     return mf, model
+
+
+def _check_units(plan: Plan, units: list[tuple[str, str | None]]) -> None:
+    """A PlanError unless every stage's units, unit names and split point are the model's (name, split point) for
+    those units, and the stages end at its last unit: the runner cuts at the split points and the exports count the
+    units, so a plan edited in one field ran one split and exported another (a tester's)."""
+    for s in plan.stages:
+        i, j = s.units
+        mine = [(n, s.split_point if k == 0 else None) for k, n in enumerate(s.unit_names)]
+        theirs = [(n, p if k == 0 else None) for k, (n, p) in enumerate(units[i:j])]
+        if mine != theirs or j - i != len(s.unit_names):
+            raise PlanError(f"stage {s.index}: units {i}-{j - 1}, names {list(s.unit_names)} and split_point "
+                            f"{s.split_point!r} are not the model's ({len(units)} units; {i}-{j - 1}: "
+                            f"{[n for n, _ in units[i:j]]} from {units[i][1] if i < len(units) else None!r}): the plan "
+                            "was edited by hand; re-plan (`autopp plan --split` pins a split)")
+    if plan.stages[-1].units[1] != len(units):
+        raise PlanError(f"the stages end at unit {plan.stages[-1].units[1] - 1}, and the model has {len(units)} units "
+                        f"(0 to {len(units) - 1}): the plan was edited by hand; re-plan")
 
 
 def choose_backend(num_ranks: int) -> Backend:

@@ -784,3 +784,13 @@ def test_for_megatron_refuses_before_planning_what_its_export_would(tmp_path: Pa
     assert "--for megatron: no unit is a numbered block (like layers.0)" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
     assert main([*common, "--for", "deepspeed", "-o", str(tmp_path / "d.json")]) == 0
+
+
+def test_a_plan_past_its_profiles_units_is_refused(llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """A tester's hand-edited plan (a stage to unit 10 of 8) crashed torchtitan's export with an IndexError."""
+    plan = llama_plans["1f1b"]
+    last = plan.stages[-1]
+    edited = replace(plan, stages=(*plan.stages[:-1], replace(last, units=(last.units[0], last.units[1] + 2))))
+    with pytest.raises(ExportError, match=rf"^plan: the stages end at unit {last.units[1] + 1}, and the profile has "
+                                          rf"{last.units[1]} units: the plan was edited by hand"):
+        export_plan(edited, Target.TORCHTITAN, "x.args", unit_modules(llama))

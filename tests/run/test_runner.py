@@ -69,6 +69,21 @@ def test_stale_fingerprint_is_refused() -> None:
         run_plan(plan)
 
 
+def test_a_plan_whose_fields_disagree_about_the_split_is_refused() -> None:
+    """A tester moved stage 1's split_point by hand: the run cut there (and passed) while the export wrote the split
+    of `units`. Every stage's units, names and split point must be the model's."""
+    plan = two_stage_plan(GPT, "h.2")
+    moved = replace(plan, stages=(plan.stages[0], replace(plan.stages[1], split_point="h.1")))
+    with pytest.raises(PlanError, match=r"^stage 1: units 3-7, names \['h.2', .*\] and split_point 'h.1' are not "
+                                        r"the model's \(8 units; 3-7: \['h.2', .*\] from 'h.2'\): the plan was "
+                                        r"edited by hand; re-plan"):
+        run_plan(moved)
+    short = replace(plan, stages=(plan.stages[0], replace(plan.stages[1], units=(3, 7),
+                                                          unit_names=plan.stages[1].unit_names[:-1])))
+    with pytest.raises(PlanError, match=r"^the stages end at unit 6, and the model has 8 units \(0 to 7\)"):
+        run_plan(short)
+
+
 @pytest.mark.parametrize("mode, expected", [("raise", r"rank 1 failed: ValueError: injected failure in loss_fn"),
                                             ("die", r"rank 1 died from signal SIGKILL")])
 @pytest.mark.integration
