@@ -478,6 +478,7 @@ CLUSTERS: dict[str, Any] = {
     "device-memory-negative": {"devices": [{"memory": -1}, {"memory": "1GiB"}]},
     "device-speed-zero": {"devices": [{"memory": "1GiB", "speed": 0}, {"memory": "1GiB"}]},
     "device-speed-bool": {"devices": [{"memory": "1GiB", "speed": True}, {"memory": "1GiB"}]},
+    "device-speeds-apart": {"devices": [{"memory": "4GiB", "speed": 1e308}, {"memory": "1GiB"}]},  # an overflow
     "links-empty": {"devices": TWO, "links": []},
     "links-too-many": {"devices": TWO, "links": [LINK, LINK]},
     "link-not-number": {"devices": TWO, "link": {"latency_s": "fast", "bandwidth_bytes_per_s": 1e9}},

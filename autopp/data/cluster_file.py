@@ -32,6 +32,9 @@ def _device(d: Any, f: Fields) -> Device:
                   speed=float(f.number(d.get("speed", 1.0), "speed", positive=True)))
 
 
+#: The widest spread of device speeds a cluster file may give (fastest / slowest): a tester's 1e308 beside 1 overflowed
+#: the placement's integer model.
+MAX_SPEED_RATIO = 1e6
 #: What every error about a cluster file ends with.
 _ADVICE = "see docs/cluster-format.md"
 #: Keys of a flat cluster file (version 1, the default).
@@ -58,6 +61,10 @@ def load_cluster(path: str | Path) -> Cluster:
         f.fail("a cluster file needs a non-empty \"devices\" list")
     f.keys(data, _KEYS, listed=True)
     devices = tuple(_device(d, f.at(f"devices[{i}]")) for i, d in enumerate(data["devices"]))
+    speeds = [d.speed for d in devices]
+    if max(speeds) / min(speeds) > MAX_SPEED_RATIO:  # CP-SAT's placement times stages in integers of speed x 1000
+        f.fail(f"the devices' speeds span {max(speeds) / min(speeds):.3g}x (fastest / slowest), more than the "
+               f"{MAX_SPEED_RATIO:.0e}x autopp plans: give relative speeds (the slowest device 1, say)")
     link = _link(f, data["link"], "link") if "link" in data else DEFAULT_LINK
     if "links" in data and (not isinstance(data["links"], list) or len(data["links"]) != len(devices) - 1):
         given = len(data["links"]) if isinstance(data["links"], list) else type(data["links"]).__name__
