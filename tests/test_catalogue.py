@@ -370,6 +370,10 @@ CASES += [
     Case("run:nodes-without-master-addr", lambda env: ["run", str(env.bad_plan), "--nnodes", "2"],
          lambda env: "--nnodes 2 runs across machines: give --master-addr, node 0's address reachable from every node",
          _plan_edit(lambda d: None)),  # a copy here: its default report (PLAN.report.json) must not appear
+    Case("run:nodes-not-sharing-the-ranks",  # a tester: said "starting 2 ranks" and wrote a report first
+         lambda env: ["run", str(env.bad_plan), "--nnodes", "3", "--node-rank", "0", "--master-addr", "h0"],
+         lambda env: "plan needs 2 ranks, which 3 nodes cannot share evenly: give --nnodes 1 or 2",
+         _plan_edit(lambda d: None)),  # a copy here: its default report (PLAN.report.json) must not appear
     Case("run:optimizer-unknown-wording", lambda env: ["run", str(env.bad_plan)],
          lambda env: f"{env.bad_plan}: field 'optimizer' is 'lamb', which autopp does not run (sgd, momentum, adam, "
                      "adamw); give --optimizer to run another", _plan_edit(lambda d: d.update(optimizer="lamb"))),

@@ -30,7 +30,7 @@ from .report import RunFailedError, RunReport, median_step_time, relative_error
 from .summary import median_step_index, rank_measures, stage_times
 from .tied import canonical_names
 from .options import Backend, RunOptions
-from .torchrun import launch_torchrun, torchrun_command, worker_errors
+from .torchrun import check_node_share, launch_torchrun, torchrun_command, worker_errors
 from .context_run import check_context_model
 from .data_parallel import check_runnable
 from .seq_chunks import check_seq_plan, chunks_supported
@@ -108,6 +108,7 @@ def _chosen(plan: Plan, options: RunOptions, plan_path: str | None) -> Chosen:
     if options.optimizer is None and plan.optimizer is not None and plan.optimizer not in OPTIMIZER_STATES:
         raise RunError(f"{plan_path or 'plan'}: field 'optimizer' is {plan.optimizer!r}, which autopp does not run "
                        f"({known}); give --optimizer to run another")
+    check_node_share(plan.num_ranks, options.nodes)
     return resolve_options(plan, options, cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 

@@ -16,7 +16,7 @@ from ..errors import RunError
 from .launch import RankProcess
 from .options import Nodes, RunOptions
 
-__all__ = ["plan_nnodes", "torchrun_command", "format_commands", "launch_torchrun", "worker_errors", "TERM_GRACE_S"]
+__all__ = ["plan_nnodes", "check_node_share", "torchrun_command", "format_commands", "launch_torchrun", "worker_errors", "TERM_GRACE_S"]
 
 #: Seconds torchrun gets after SIGTERM to stop its workers before everything is SIGKILLed.
 TERM_GRACE_S = 10.0
@@ -36,14 +36,21 @@ def plan_nnodes(plan: Plan, nnodes: int | None) -> tuple[int, str, bool]:
                     f"prediction assumed (without --nnodes: {own})"), True
 
 
+def check_node_share(num_ranks: int, nodes: Nodes | None) -> None:
+    """A RunError unless the nodes share the plan's ranks evenly (checked before anything starts or is written)."""
+    if nodes is not None and num_ranks % nodes.nnodes:
+        divisors = [d for d in range(1, num_ranks + 1) if num_ranks % d == 0]
+        raise RunError(f"plan needs {num_ranks} ranks, which {nodes.nnodes} nodes cannot share evenly: give "
+                       f"--nnodes {' or '.join(map(str, divisors))}")
+
+
 def torchrun_command(plan_path: str | Path, options: RunOptions, *, num_ranks: int, run_dir: str | Path,
                      python: str = sys.executable) -> list[str]:
     """The torchrun command that node `options.nodes.node_rank` (no nodes: one node) runs: `num_ranks / nnodes`
     workers per node, global rank = node_rank * per_node + local rank (torchrun's numbering), so nodes hold whole
     replicas when pp divides per_node."""
     nodes = options.nodes or Nodes()
-    if num_ranks % nodes.nnodes:
-        raise RunError(f"plan needs {num_ranks} ranks, which {nodes.nnodes} nodes cannot share evenly")
+    check_node_share(num_ranks, nodes)
     return [python, "-m", "torch.distributed.run", f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}",
             f"--nproc-per-node={num_ranks // nodes.nnodes}", f"--master-addr={nodes.master_addr}",
             f"--master-port={nodes.master_port}", "--max-restarts=0", "-m", "autopp.run.worker",
