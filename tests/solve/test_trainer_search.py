@@ -47,6 +47,11 @@ def test_megatron_plan_exports_where_the_free_one_does_not(shipped_gpt: Profile)
     assert mine.predicted.step_time_s >= free.predicted.step_time_s
     assert any("`trainer` megatron applies one activation policy" in n for n in mine.notes)
     assert "--pipeline-model-parallel-size" in export_plan(mine, Target.MEGATRON, "x").text
+    # a tester: the plan "fit" counting the profile's sgd, which Megatron's Adam would exceed; the plan says so
+    said = [n for n in mine.notes if n.startswith("optimizer: the memory above counts sgd's state (the profile's), "
+                                                  "and Megatron-Core trains with Adam")]
+    assert len(said) == 1 and said[0].endswith("profile again with --optimizer adamw and plan again")
+    assert not any(n.startswith("optimizer:") for n in free.notes)  # no trainer, nothing to compare with
 
 
 def test_a_uniform_policy_is_chosen_under_a_tight_memory(shipped_gpt: Profile) -> None:

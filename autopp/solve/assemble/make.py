@@ -83,6 +83,19 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
                          f"cluster file: {order}"
 
 
+def _optimizer_note(profile: Profile, request: PlanRequest) -> list[str]:
+    """For a `trainer` whose default optimizer keeps more state than the profile's (sgd, momentum): the plan's
+    memory counts the profile's, which the trainer's Adam would exceed (a tester's plan "fit" at 70.2 of 71.5 GiB).
+    Said at plan time, as the export says it (autopp.export.common.optimizer_note)."""
+    name = profile.meta.optimizer
+    if request.trainer is None or name in ("adam", "adamw"):
+        return []
+    rules = TRAINER_RULES[request.trainer]
+    return [f"optimizer: the memory above counts {name}'s state (the profile's), and {rules.title} trains with "
+            f"{rules.optimizer}, which keeps 2 fp32 states per parameter; to plan for it, profile again with "
+            "--optimizer adamw and plan again"]
+
+
 def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
     """With `tp` searched and a profile without tensor-parallel rows: only tp 1 was searched, and why."""
     if request.pins.tp is not None or profile.meta.tp_degrees:
@@ -197,7 +210,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     chosen = best.candidate.schedule.value  # only some of its splits were left out: not worth a note
     notes += [why for name, why in excluded.items() if name != chosen]
     notes += [unsynthesizable] if request.synthesize and unsynthesizable else []
-    notes += _tp_note(profile, request)
+    notes += _tp_note(profile, request) + _optimizer_note(profile, request)
     notes += [p.words() for p in proofs if not p.exact]
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)
