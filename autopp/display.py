@@ -196,7 +196,7 @@ def format_plan(plan: Plan) -> str:
     own = "pinned" if "autopp" in plan.baselines else "autopp"  # --split: autopp's choice is a baseline
     summary = _summary(plan, own)
     ways = " in each of 2 pipelines running opposite ways" if plan.mirrored else ""
-    head = (f"{plan.schedule.value} on {plan.num_ranks} ranks ({format_grid(plan.layout)}, "
+    head = (f"{plan.schedule.value} on {_count(plan.num_ranks, 'rank')} ({format_grid(plan.layout)}, "
             f"{_count(plan.layout.v, 'stage')} per rank{ways}), "
             f"{format_microbatches(plan.num_microbatches, plan.microbatch_size)} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")

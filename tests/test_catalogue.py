@@ -925,9 +925,9 @@ def _vocab_plan(env: Env, value: str = "vocab-2") -> None:
 # ---- vocabulary parallelism (issue 28): refused at plan time, by the exporters and where the runner cannot ----
 CASES += [
     Case("vocab:plan-pinned-without-profile-facts", lambda env: _plan_args(env, "--vocab", "2"),
-         lambda env: "--vocab vocab-2: the profile does not record the model's vocabulary layers"),
+         lambda env: "--vocab 2: the profile does not record the model's vocabulary layers"),
     Case("vocab:plan-for-trainer", lambda env: _plan_args(env, "--for", "megatron", "--vocab", "1"),
-         lambda env: "--vocab vocab-1 with --for megatron: Megatron-LM's --account-for-embedding-in-pipeline-split "
+         lambda env: "--vocab 1 with --for megatron: Megatron-LM's --account-for-embedding-in-pipeline-split "
                      "and --account-for-loss-in-pipeline-split only count the embedding and the loss as a layer"),
     *(Case(f"vocab:export-{to}", lambda env, t=to: ["export", str(env.bad_plan), "--to", t, *(
         ["--profile", str(env.prof)] if t == "torchtitan" else [])],

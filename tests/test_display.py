@@ -171,3 +171,10 @@ def test_chimeras_step_end_is_named_as_its_replicas_gradient_sum_everywhere() ->
     text = format_plan(plan)
     assert "1 stage per rank in each of 2 pipelines running opposite ways" in text
     assert re.search(r"^0 +0 and 1 ", text.split("\n\n")[1].splitlines()[2])
+
+
+def test_one_rank_is_one_rank() -> None:
+    """A tester: "GPipe on 1 ranks"."""
+    plan = make_plan(synthetic_profile(4), PlanRequest(cluster=Cluster(num_devices=1, memory_bytes=2**40),
+                                                       global_batch=4, schedule=None))
+    assert " on 1 rank (pp 1 x dp 1, " in format_plan(plan)
