@@ -600,6 +600,9 @@ CASES += [
          lambda env: "--for megatron runs none of the 2 configurations the request leaves (Megatron-Core's interleaved "
                      "1F1B runs microbatches in groups of pp (2) and needs their count to be a multiple of it, but it "
                      "is 3; re-plan with --microbatches 4 (or another multiple of 2))", _meta(_megatron_shaped)),
+    Case("flag:plan-overlap-none-beside-others", lambda env: _plan_args(env, "--overlap", "none,grad-reduce"),
+         lambda env: "--overlap: 'none' is not one of fsdp-prefetch, grad-reduce, async-tp (comma-separated) or none "
+                     "alone"),
     Case("flag:plan-overlap-unknown", lambda env: _plan_args(env, "--overlap", "fsdp-prefetch,pipelining"),
          lambda env: "--overlap"),
     Case("flag:plan-memory-reserve-all-of-it", lambda env: _plan_args(env, "--memory-reserve", "1GiB"),

@@ -179,7 +179,9 @@ def _overlap(text: str) -> Overlap:
         return NO_OVERLAP
     bad = [w for w in words if w not in _OVERLAPS]
     if bad or not words:
-        raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {', '.join(_OVERLAPS)} or none")
+        alone = " alone" if bad and bad[0] == "none" else ""  # a tester's none,grad-reduce
+        raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {', '.join(_OVERLAPS)} "
+                                         f"(comma-separated) or none{alone}")
     return Overlap(**{field: word in words for word, field in _OVERLAPS.items()})
 
 
