@@ -43,7 +43,8 @@ def test_selective_keeps_the_saved_ops_outputs_and_redoes_the_rest() -> None:
     # the trainers' selective recomputation is per block (`selective-units`): whole-stage is what none exports
     assert (sel.torchtitan, sel.megatron, sel.deepspeed_interval, sel.trainer_note) == ("none", (), None, "")
     assert "activation_checkpoint_interval" in str(sel.refusal("deepspeed"))
-    assert "`selective-units`" in str(sel.refusal("torchtitan")) and "`selective-units`" in str(sel.refusal("megatron"))
+    assert "`selective-units`" in str(sel.refusal("torchtitan"))
+    assert "recomputes whole submodules" in str(sel.refusal("megatron"))  # another policy, per unit or whole
 
 
 def test_one_descriptor_per_policy_spelled_by_its_value() -> None:
@@ -142,8 +143,10 @@ def test_per_unit_selective_keeps_each_units_input_and_saved_ops_and_redoes_one_
     assert (p.checkpoint, p.per_unit, p.saves_ops, p.to_host) == (True, True, policy(SELECTIVE).saves_ops, False)
     assert p.offered(a, 0.0) and not p.offered(_chain([1.0], [1], [0, 0]), 1e9)  # the profile's columns, as selective
     assert policy(SELECTIVE).saving < p.saving < policy(OFFLOAD).saving
-    assert (p.torchtitan, p.megatron) == ("selective", ("--recompute-granularity selective",))
-    assert "core attention" in p.trainer_note and p.refusal("torchtitan") is None and p.refusal("megatron") is None
+    assert (p.torchtitan, p.megatron) == ("selective", ())
+    assert "every second matmul" in p.trainer_note and p.refusal("torchtitan") is None
+    assert "recomputes whole submodules (megatron-core's recompute_modules, default core_attn" in str(
+        p.refusal("megatron"))  # not autopp's selective policy: its memory would not hold
     assert p.deepspeed_interval is None and "activation_checkpoint_interval" in str(p.refusal("deepspeed"))
 
 

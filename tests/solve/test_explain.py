@@ -162,4 +162,5 @@ def test_a_pinned_zero_stage_is_never_dropped_for_dp_1() -> None:
     assert plan.layout.dp > 1 and plan.layout.zero.stage == 1
     with pytest.raises(LayoutError, match=r"^ZeRO 3 shards over data-parallel replicas, and 4 devices with `pp` 4 "
                                           r"leave dp 1: give more devices, a smaller `pp`, or `zero` 0$"):
-        PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(pp=4, dp=None, zero=ZERO[3]))
+        make_plan(synthetic_profile(8), PlanRequest(cluster=cluster, global_batch=8,
+                                                    pins=LayoutPins(pp=4, dp=None, zero=ZERO[3])))

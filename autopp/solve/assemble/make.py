@@ -23,7 +23,7 @@ from ..search.judge import Verdict
 from ..search.prove import Proof
 from ..cpsat.placement import place_devices
 from ..search.request import Config, PlanRequest, RecomputeMode, configs, with_sp
-from ..search.runnable import PARALLEL_KEY, split_backward_refusal, tied_across_note
+from ..search.runnable import PARALLEL_KEY, check_zero_has_replicas, split_backward_refusal, tied_across_note
 from ..search.search import inflight, links_hold_messages, search
 from ..search.seqpipe import with_seq
 from ..search.views import Views
@@ -111,6 +111,7 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     `trainer`, which applies one activation policy to every stage, each allowed policy is planned for every stage
     and the fastest kept (`_uniform`). Sequence parallelism searched is decided first (`with_sp`)."""
     _check_experts(profile, request)
+    check_zero_has_replicas(request.pins, request.cluster.num_devices)  # the user's request, not its group views
     _check_recipe(profile, request)
     _check_trainer(request)
     request = with_sp(request, sp_offered(profile))

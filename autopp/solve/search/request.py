@@ -17,7 +17,7 @@ from ...errors import LayoutError, ProfileError, ScheduleError
 from ...schedule import NAMED, Activation, ScheduleName, by_saving, chosen, describe, listed, policy
 from ...schedule.seqpipe import ChunkCosts
 from .judge import Candidate
-from .runnable import check_pinned_mirror, check_pinned_v, check_pinned_zero, check_zero_has_replicas, runs_beside
+from .runnable import check_pinned_mirror, check_pinned_v, check_pinned_zero, runs_beside
 
 __all__ = ["RecomputeMode", "PlanRequest", "Config", "Group", "replica_counts", "microbatch_counts", "zero_stages",
            "ep_choices", "tp_choices", "cp_choices", "configs", "with_sp"]
@@ -102,7 +102,6 @@ class PlanRequest:
             raise LayoutError(f"{self.schedule.value} is a plan's own order, not a schedule to plan for; use one of "
                               f"{listed(lambda d: True)} or search `schedule`")
         check_pinned_zero(self.schedule, self.pins.zero)
-        check_zero_has_replicas(self.pins, self.cluster.num_devices)
         check_pinned_mirror(self.schedule, self.pins)
         self._check_recompute_stages()
         self._check_trainer()
