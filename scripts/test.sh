@@ -3,7 +3,8 @@
 # shipped profiles, under a minute), `--integration` only the multi-process / real-model tier. Other arguments go to
 # pytest (`./scripts/test.sh --unit tests/solve`; `-n 0` runs in one process). Two pytest-xdist workers share the
 # tests (work stealing: a worker that runs out takes the other's), so single-threaded tests run beside each other and
-# beside the ranks of multi-process ones: 15.3 min in one process on this 2-core machine, under 12 min in two.
+# beside the ranks of multi-process ones: 15.3 min in one process on this 2-core machine (2026-12-05), 7.6 min in
+# two since CPU ranks are forked from a server that imported torch once (2026-12-06).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tier=()
