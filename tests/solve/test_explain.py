@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autopp.data.cluster import Cluster
@@ -164,3 +166,12 @@ def test_a_pinned_zero_stage_is_never_dropped_for_dp_1() -> None:
                                           r"leave dp 1: give more devices, a smaller `pp`, or `zero` 0$"):
         make_plan(synthetic_profile(8), PlanRequest(cluster=cluster, global_batch=8,
                                                     pins=LayoutPins(pp=4, dp=None, zero=ZERO[3])))
+
+
+def test_finer_units_of_an_hf_config_are_a_model_files() -> None:
+    """A tester: an HF config's plan was told to add SPLIT_POINTS "in the model file", which it has none of."""
+    profile = synthetic_profile(6)
+    hf = replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "hf_config": {"seq_len": 8}}))
+    with pytest.raises(InfeasibleError, match=r"use at most 6 devices; .*or finer units: an HF config's units are its "
+                                              r"layers, so a model file that builds the model and names SPLIT_POINTS"):
+        make_plan(hf, _request(8, ScheduleName.ONE_F_ONE_B))

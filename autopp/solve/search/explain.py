@@ -172,6 +172,9 @@ def _too_few_units(profile: Profile, req: PlanRequest, names: list[ScheduleName]
     finer = (f"; or finer units: SPLIT_POINTS in the model file may also name modules inside a block "
              f"(e.g. `{example}.<child>`, see model.named_modules())" if example else
              "; or finer units: add SPLIT_POINTS to the model file")
+    if profile.meta.extra.get("hf_config"):  # no model file of the user's to add them to (a tester)
+        finer = ("; or finer units: an HF config's units are its layers, so a model file that builds the model and "
+                 "names SPLIT_POINTS inside them (README, the model file contract)")
     return InfeasibleError(f"cannot split {n} units into {pp * v} stages{which}: use at most {n // v * tp} devices"
                            f"{hint}{single}{finer}")
 
