@@ -91,15 +91,17 @@ def test_memory_hint_of_a_split_backward_is_the_orders_peak_and_works() -> None:
         make_plan(profile, _short_of_memory(ScheduleName.ZBV_ZERO_BUBBLE, parse_size("2.32GiB")))
 
 
-def test_memory_hint_says_what_does_not_fit_when_the_orders_peak_does_not_work() -> None:
+def test_memory_hint_names_a_memory_that_works_above_the_orders_peak() -> None:
     from autopp.sizes import parse_size
     profile = synthetic_profile(10, hidden=1024, seq=32768)
     with pytest.raises(InfeasibleError, match=r"peaks at 3\.43 GiB in DualPipeV's order \(v 2; a split backward "
                                               r"holds recomputed activations from I to W\), and no plan fits in "
-                                              r"3\.43 GiB either$"):
+                                              r"3\.43 GiB: use `memory_bytes` 3\.5GiB or more \(a plan fits there\)$"):
         make_plan(profile, _short_of_memory(ScheduleName.DUAL_PIPE_V))
     with pytest.raises(InfeasibleError):
         make_plan(profile, _short_of_memory(ScheduleName.DUAL_PIPE_V, parse_size("3.43GiB")))
+    # a tester: the message named no memory that works; the one it names does
+    assert make_plan(profile, _short_of_memory(ScheduleName.DUAL_PIPE_V, parse_size("3.5GiB"))).stages
 
 
 @pytest.mark.parametrize("devices, dp, fix", [(4, 4, "a smaller `dp`"), (1, 1, "more `devices`")])

@@ -305,7 +305,14 @@ def _memory_hint(profile: Profile, req: PlanRequest, views: Views, light: _Light
     order = (f"its split that needs least ({format_size(light.need)} per device in the split's count, "
              f"{light.activation.value}) peaks at {format_size(peak)} in {c.schedule.value}'s order (v {c.layout.v}; "
              f"{held})")
-    trial = replace(req, cluster=replace(req.cluster, memory_bytes=peak), shortlist=1)
-    if search(profile, trial)[0] is not None:
-        return f"{order}, which works {works(peak)}"
-    return f"{order}, and no plan fits in {format_size(peak)} either"
+    for grown in (peak, *(int(peak * f) for f in _MORE_MEMORY)):  # a tester: 14.7 MiB did not fit, 15 MiB did
+        trial = replace(req, cluster=replace(req.cluster, memory_bytes=grown), shortlist=1)
+        if search(profile, trial)[0] is not None:
+            return f"{order}, which works {works(grown)}" if grown == peak else \
+                f"{order}, and no plan fits in {format_size(peak)}: use `memory_bytes` {size_argument(grown)} or " \
+                "more (a plan fits there)"
+    return f"{order}, and no plan fits in {format_size(peak)} nor in {_MORE_MEMORY[-1]:g} times it"
+
+
+#: Memories tried above the order's peak, as factors of it, for the smallest that a plan fits in (`_memory_hint`).
+_MORE_MEMORY = (1.02, 1.05, 1.1, 1.25, 1.5, 2.0)
