@@ -24,7 +24,7 @@ from .layout import MESH_AXES, Layout, LayoutPins
 from .overlap import TRAINER_OVERLAP, Overlap
 from .zero import HSDP_REFUSALS, ZeroStage
 
-__all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem",
+__all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem", "optimizer_words",
            "HF_DECODER_TO_TORCHTITAN"]
 
 
@@ -209,3 +209,14 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
 def trainer_rules(name: str) -> Trainer:
     """The rules of trainer `name` (one of `TRAINER_RULES`)."""
     return TRAINER_RULES[name]
+
+
+def optimizer_words(trainer: str, counted: str | None) -> str:
+    """What a plan's memory counts of the optimizer (`counted`: the profile's optimizer, None where the plan records
+    none), what `trainer` trains with unless told (`Trainer.optimizer`), and, where the count is not Adam(W)'s, how
+    to plan for it: the one sentence of `autopp plan --for`'s note and of every export's."""
+    what = f"{counted}'s state" if counted else "the state of an optimizer the plan does not record"
+    again = "" if counted in ("adam", "adamw") else \
+        "; to plan for Adam(W), profile again with --optimizer adamw (2 fp32 states per parameter) and plan again"
+    return f"the plan's memory counts {what} (the profile's); {trainer_rules(trainer).title} trains with " \
+        f"{trainer_rules(trainer).optimizer}{again}"

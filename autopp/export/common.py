@@ -11,7 +11,7 @@ from ..data.axes import AXES, SWITCHES, Axis, Switch
 from ..data.layout import MESH_AXES
 from ..data.plan import Plan
 from ..data.precision import plan_recipe
-from ..data.trainers import trainer_rules
+from ..data.trainers import optimizer_words, trainer_rules
 from ..errors import ScheduleError
 from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy
 from .layers import ExportError
@@ -181,10 +181,5 @@ def made_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
 
 def optimizer_note(plan: Plan, trainer: str) -> str:
     """What the plan's memory counts of the optimizer (`Plan.optimizer`, the profile's), which no export writes, and
-    what `trainer` trains with unless told (`Trainer.optimizer`)."""
-    rules, name = trainer_rules(trainer), plan.optimizer
-    counted = f"{name}'s state" if name else "the state of an optimizer the plan does not record"
-    again = "" if name in ("adam", "adamw") else \
-        "; to plan for Adam(W), profile again with --optimizer adamw (2 fp32 states per parameter) and plan again"
-    return f"optimizer not written: the plan's memory counts {counted} (the profile's); {rules.title} trains with " \
-        f"{rules.optimizer}{again}"
+    what `trainer` trains with unless told (autopp.data.trainers.optimizer_words)."""
+    return f"optimizer not written: {optimizer_words(trainer, plan.optimizer)}"

@@ -78,12 +78,12 @@ def _check_units(plan: Plan, units: list[tuple[str, str | None]]) -> None:
     units, so a plan edited in one field ran one split and exported another (a tester's)."""
     for s in plan.stages:
         i, j = s.units
-        mine = [(n, s.split_point if k == 0 else None) for k, n in enumerate(s.unit_names)]
-        theirs = [(n, p if k == 0 else None) for k, (n, p) in enumerate(units[i:j])]
-        if mine != theirs or j - i != len(s.unit_names):
+        model = units[i:j]
+        if not model or len(model) != j - i or list(s.unit_names) != [n for n, _ in model] \
+                or s.split_point != model[0][1]:
             raise PlanError(f"stage {s.index}: units {i}-{j - 1}, names {list(s.unit_names)} and split_point "
                             f"{s.split_point!r} are not the model's ({len(units)} units; {i}-{j - 1}: "
-                            f"{[n for n, _ in units[i:j]]} from {units[i][1] if i < len(units) else None!r}): the plan "
+                            f"{[n for n, _ in model]} from {model[0][1] if model else None!r}): the plan "
                             "was edited by hand; re-plan (`autopp plan --split` pins a split)")
     if plan.stages[-1].units[1] != len(units):
         raise PlanError(f"the stages end at unit {plan.stages[-1].units[1] - 1}, and the model has {len(units)} units "

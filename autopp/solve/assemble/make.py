@@ -11,7 +11,7 @@ from ...schedule import Activation, policy
 from ...errors import AutoppError, InfeasibleError, LayoutError, ProfileError
 from ...data.plan import Plan
 from ...data.precision import plan_recipe
-from ...data.trainers import TRAINER_RULES
+from ...data.trainers import TRAINER_RULES, optimizer_words
 from ...data.profile import Profile
 from ...progress import PROGRESS_LOG
 from ...sizes import format_time
@@ -84,16 +84,12 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
 
 
 def _optimizer_note(profile: Profile, request: PlanRequest) -> list[str]:
-    """For a `trainer` whose default optimizer keeps more state than the profile's (sgd, momentum): the plan's
-    memory counts the profile's, which the trainer's Adam would exceed (a tester's plan "fit" at 70.2 of 71.5 GiB).
-    Said at plan time, as the export says it (autopp.export.common.optimizer_note)."""
-    name = profile.meta.optimizer
-    if request.trainer is None or name in ("adam", "adamw"):
+    """For a `trainer`, where the profile counts another optimizer's state than Adam(W)'s: what the trainer trains
+    with and how to plan for Adam(W), as its export says it (a tester's plan "fit" at 70.2 of 71.5 GiB counting
+    SGD's, which Megatron's Adam would exceed)."""
+    if request.trainer is None or profile.meta.optimizer in ("adam", "adamw"):
         return []
-    rules = TRAINER_RULES[request.trainer]
-    return [f"optimizer: the memory above counts {name}'s state (the profile's), and {rules.title} trains with "
-            f"{rules.optimizer}, which keeps 2 fp32 states per parameter; to plan for it, profile again with "
-            "--optimizer adamw and plan again"]
+    return [f"optimizer: {optimizer_words(request.trainer, profile.meta.optimizer)}"]
 
 
 def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
