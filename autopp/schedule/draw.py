@@ -161,8 +161,10 @@ def _ways_legend(result: SimResult) -> str:
     """What the two pipelines' microbatch numbers mean (`_ways`)."""
     assert result.mirror is not None
     last, ranks = max(e.action.microbatch for e in result.events), _num_ranks(result)
-    return (f"two pipelines:\nmicrobatches 0-{result.mirror - 1} down\n(stage 0 on rank 0),\n"
-            f"{result.mirror}-{last} up (stage 0 on rank {ranks - 1})")
+    def span(first: int, end: int) -> str:
+        return str(first) if end == first else f"{first}-{end}"
+    return (f"two pipelines:\nmicrobatches {span(0, result.mirror - 1)} down\n(stage 0 on rank 0),\n"
+            f"{span(result.mirror, last)} up (stage 0 on rank {ranks - 1})")
 
 
 def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None = None) -> None:

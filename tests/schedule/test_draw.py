@@ -150,6 +150,9 @@ def test_chimeras_two_pipelines_are_told_apart() -> None:
         assert mbs == (set(range(4)) if way == "down" else set(range(4, 8)))
     legend = [x.get_text() for x in top.get_legend().get_texts()]
     assert "two pipelines:\nmicrobatches 0-3 down\n(stage 0 on rank 0),\n4-7 up (stage 0 on rank 3)" in legend
+    two = _boxes_panel(_big(ScheduleName.CHIMERA, 2, 2))[1]  # one microbatch each way: "0", not "0-0"
+    assert "two pipelines:\nmicrobatches 0 down\n(stage 0 on rank 0),\n1 up (stage 0 on rank 1)" in [
+        x.get_text() for x in two.get_legend().get_texts()]
     one = _boxes_panel(_big(ScheduleName.ONE_F_ONE_B, 4, 8))[1]
     assert _big(ScheduleName.ONE_F_ONE_B, 4, 8).mirror is None
     assert not any("two pipelines" in x.get_text() for x in one.get_legend().get_texts())
