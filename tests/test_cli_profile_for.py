@@ -4,13 +4,15 @@ is not, in bfloat16, with the tensor-parallel rows the request pins; and `autopp
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
 from autopp.cli import main
 from autopp.cli.profile import analytic_target, default_dtype
-from autopp.data.profile import load_profile
+from autopp.data.profile import Profile, load_profile
+from autopp.measure.counting import GPU_TILES
 
 from .conftest import ONE_PIPELINE, ROOT
 
@@ -42,6 +44,7 @@ def test_plan_for_a_gpu_counts_analytically_with_its_tp_rows(tmp_path: Path, mon
     profile = load_profile(tmp_path / "profiles" / "tiny-llama-h100-sxm")
     assert profile.meta.dtype == "bfloat16" and profile.meta.extra["analytic_device"] == "h100-sxm"
     assert 2 in profile.meta.tp_degrees
+    assert profile.meta.extra["analytic"]["attention_tiles"] == json.loads(json.dumps(asdict(GPU_TILES)))
     assert json.loads((tmp_path / "tiny-llama-h100-sxm.plan.json").read_text())["tp"] == 2
     assert not (tmp_path / "profiles" / "tiny-llama").exists()
     assert main([*plan, "--tp", "2", "--pp", "4"]) == 0
@@ -70,19 +73,31 @@ def test_a_profile_without_the_pinned_rows_is_not_current(tmp_path: Path) -> Non
 def test_an_analytic_moe_profile_without_the_expert_columns_is_not_current() -> None:
     """Issue 30 (expert GEMMs under ep): `autopp plan` counts again a cached analytic profile of a mixture of experts
     that does not time its expert GEMMs apart; a measured one (which cannot) and a dense one stay current."""
-    from dataclasses import replace
-
     from autopp.cli.profile import _current
-    from autopp.data.profile import Profile
     measured = load_profile(ROOT / "profiles" / "mlp")
     routed = replace(measured.meta, extra={**measured.meta.extra, "moe": {"num_experts": 4, "top_k": 2}})
     moe = Profile(routed, measured.units.assign(moe_layers=1), measured.edges)
     fp = moe.meta.fingerprint
     assert _current(moe, fp, None, None, (), "fp32") is None
-    analytic = replace(moe.meta, extra={**moe.meta.extra, "analytic_device": "h100-sxm"})
+    analytic = replace(moe.meta, extra={**moe.meta.extra, "analytic_device": "h100-sxm",
+                                        "analytic": {"attention_tiles": asdict(GPU_TILES)}})
     assert _current(Profile(analytic, moe.units, moe.edges), fp, None, "h100-sxm", (), "fp32") == \
         "it was counted before the expert GEMMs' columns"
     assert _current(Profile(analytic, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") is None
+
+
+def test_an_analytic_profile_that_counted_causal_attention_whole_is_not_current() -> None:
+    """An analytic profile counted before causal attention's skipped blocks (no `analytic.attention_tiles`: it
+    charged every query-key pair) is counted again; a measured one (timed, nothing counted) stays current."""
+    from autopp.cli.profile import _current
+    measured = load_profile(ROOT / "profiles" / "mlp")
+    fp = measured.meta.fingerprint
+    old = replace(measured.meta, extra={**measured.meta.extra, "analytic_device": "h100-sxm", "analytic": {}})
+    assert _current(Profile(old, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") == \
+        "it counted causal attention whole, before its kernel's skipped blocks"
+    new = replace(old, extra={**old.extra, "analytic": {"attention_tiles": asdict(GPU_TILES)}})
+    assert _current(Profile(new, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") is None
+    assert _current(measured, fp, None, None, (), "fp32") is None
 
 
 @pytest.mark.integration
@@ -101,10 +116,7 @@ def test_a_moe_profile_without_the_models_routing_groups_is_not_current() -> Non
     """A cached profile of a group-limited mixture of experts (DeepSeek-V3) counted before `extra.moe` recorded the
     groups is counted again, so its all-to-alls are costed node-limited (autopp.costmodel.alltoall); a model without
     groups (None) does not ask for them."""
-    from dataclasses import replace
-
     from autopp.cli.profile import _current
-    from autopp.data.profile import Profile
     measured = load_profile(ROOT / "profiles" / "mlp")
     old = Profile(replace(measured.meta, extra={**measured.meta.extra, "moe": {"num_experts": 8, "top_k": 2}}),
                   measured.units, measured.edges)

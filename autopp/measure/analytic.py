@@ -5,7 +5,7 @@ FakeTensorMode (autopp.measure.counting) and its counts turned into times by the
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -33,7 +33,7 @@ from ..model.split import (LiveValue, live_values, model_output, rebuild_output,
                            walk_split_graph)
 from ..model.units import Unit
 from ..progress import Overall, Progress
-from .counting import PieceCounts, count_piece
+from .counting import PieceCounts, attention_tiles, count_piece
 from .memory import PEAK_HOW, static_bytes, value_bytes
 from .options import OPTIMIZER_STATES, ProfileOptions
 from .pieces import piece_key
@@ -136,7 +136,7 @@ def _count_size(c: ModelCounts, meta: MetaModel, b: int, overall: Overall, tag: 
     piece_index = {str(n.target): i for i, n in enumerate(calls)}
     env: dict[fx.Node, Any] = {}
     seen: dict[str, int] = {}
-    named = dict(meta.model.named_modules())
+    named, tiles = dict(meta.model.named_modules()), attention_tiles(c.fused_attention)
     with faking(mode):
         def visit(node: fx.Node, args: tuple[Any, ...]) -> Any:
             i = piece_index[str(node.target)]
@@ -151,7 +151,7 @@ def _count_size(c: ModelCounts, meta: MetaModel, b: int, overall: Overall, tag: 
                     + (f" (as unit {same + 1})" if same != i else " counting"))
             with _naming(c.mf, f"unit {i} ({c.units[i].name}) at microbatch {b}"):
                 _counted_unit(c, b, i, module, args, same,
-                              lambda: count_piece(Piece(module, args, finish, i == 0, grad), mode, last))
+                              lambda: count_piece(Piece(module, args, finish, i == 0, grad), mode, last, tiles))
                 with torch.no_grad():
                     return module(*args)
 
@@ -270,8 +270,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     extra = {"analytic_device": spec.name, "precision": recipe.name,
              "analytic": {"device": spec.name, "model": spec.model, "device_source": spec.source,
                           "calibration": calibration_path, "compute_efficiency": eff.compute,
-                          "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s,
-                          "call_overhead_s": eff.call_overhead_s},
+                          "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s, "call_overhead_s":
+                          eff.call_overhead_s, "attention_tiles": asdict(attention_tiles(c.fused_attention))},
              "peak_bytes": peaks,
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
              **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {}),

@@ -20,7 +20,9 @@ from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, v
 from .timing import Piece, run_phases
 
 __all__ = ["FLOP_FORMULAS", "LINEAR_MATMULS", "NAMED_FLOP_FORMULAS", "grouped_mm_flops", "expert_weight_bytes_unread",
-           "expert_weight_bytes", "PieceCounts", "OpCounter", "count_piece"]
+           "expert_weight_bytes", "Tiles", "CPU_TILES", "GPU_TILES", "attention_tiles",
+           "causal_computed", "PieceCounts", "OpCounter",
+           "count_piece"]
 
 #: torch's FLOP formulas, plus its CPU attention kernels under the formulas of the GPU ones (same arguments first:
 #: query, key, value; and grad_out before them for the backward), which torch.utils.flop_counter leaves out.
@@ -29,6 +31,71 @@ FLOP_FORMULAS = {**flop_registry,
                      flop_registry[torch.ops.aten._scaled_dot_product_flash_attention],
                  torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
                      flop_registry[torch.ops.aten._scaled_dot_product_flash_attention_backward]}
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The blocks a fused attention kernel computes its scores in: `key` keys against `query(q_len)` queries. Under a
+    causal mask the kernel skips every block whose keys all lie after its queries, and computes the others whole
+    (the diagonal's masked half included), so its work is `causal_computed` of the q_len x k_len pairs."""
+
+    key: int
+    query_blocks: tuple[tuple[int, int], ...]
+    """(least query length, query block) pairs, longest first: the block of the first the query length reaches."""
+
+    def query(self, q_len: int) -> int:
+        return next(block for least, block in self.query_blocks if q_len >= least)
+
+
+#: torch's CPU flash kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, `flash_attention_kernel_impl` and its
+#: backward): 512 keys a block; 256 queries at 768 or more, 64 at 192 or more, else 32; causal: each query block
+#: runs its key blocks up to the last key its last query sees (`num_keys`). Measured on this machine's CPU, one
+#: thread, 8 heads of 64 (docs/analytic.md, "Causal attention"): causal / full 0.98, 0.75, 0.63, 0.56 at 512, 1,024,
+#: 2,048 and 4,096 tokens, where this count gives 1.0, 0.75, 0.625, 0.5625.
+CPU_TILES = Tiles(512, ((768, 256), (192, 64), (0, 32)))
+#: A GPU's fused kernels: FlashAttention-2's blocks of 128 x 128 (Dao 2023, arXiv:2307.08691, s.3.1: blocks of
+#: {64, 128} x {64, 128}, "for causal attention ... we skip the computation of blocks whose column indices are all
+#: more than the row indices", about 1.7-1.8x faster than without the skip), as FlashAttention-3 and cuDNN's fused
+#: attention tile at head size 128. At 4,096 tokens a block of 64 or of 128 leaves the work within 1 % of half.
+GPU_TILES = Tiles(128, ((0, 128),))
+
+
+def attention_tiles(fused: bool) -> Tiles:
+    """The blocks of the attention kernel counted: a GPU's (`fused`, autopp.model.fake_cpu.fused_attention) or the
+    CPU's."""
+    return GPU_TILES if fused else CPU_TILES
+
+
+def causal_computed(q_len: int, k_len: int, tiles: Tiles) -> float:
+    """The share of the q_len x k_len query-key pairs a kernel of `tiles` computes under torch's causal mask
+    (query i sees keys 0..i, the top-left alignment of `is_causal`): per block of queries, its key blocks up to
+    the one holding the last key its last query sees."""
+    q_block, computed = tiles.query(q_len), 0
+    for first in range(0, q_len, q_block):
+        rows = min(q_block, q_len - first)
+        seen = min(first + rows, k_len)
+        computed += rows * min(k_len, -(-seen // tiles.key) * tiles.key)
+    return computed / (q_len * k_len) if q_len * k_len else 1.0
+
+
+def _arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The op's arguments by their schema's names, defaults included."""
+    named = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
+    named.update(zip((a.name for a in func._schema.arguments), args))
+    return {**named, **kwargs}
+
+
+def causal_share_of_formula(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tiles: Tiles) -> float:
+    """The share of a fused attention op's FLOP formula (torch's: every query-key pair) that its kernel computes:
+    `causal_computed` when the op is a `scaled_dot_product` kernel called with is_causal, else 1. Its bytes are
+    left whole (a kernel reads every key block at least once per query block)."""
+    if not func.name().startswith("aten::_scaled_dot_product"):
+        return 1.0
+    named = _arguments(func, args, kwargs)
+    query, key = named.get("query"), named.get("key")
+    if not named.get("is_causal") or not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+        return 1.0
+    return causal_computed(query.shape[-2], key.shape[-2], tiles)
 
 
 def _moved_bytes(t: torch.Tensor) -> int:
@@ -118,10 +185,12 @@ class OpCounter(TorchDispatchMode):
     """Records, per aten op that reaches dispatch, its FLOPs (FLOP_FORMULAS; 0 without one), the bytes of its
     tensor inputs and outputs and, of those, the stacked expert weights' (`expert_weight_bytes`). Unlike
     FlopCounterMode, an op without a formula is not decomposed: the kernel that runs is counted (a fused
-    `silu_backward` is one op that allocates one output, not seven)."""
+    `silu_backward` is one op that allocates one output, not seven). A causal fused attention counts the share of
+    its formula its kernel computes with `tiles` (`causal_share_of_formula`; torch's formula has no causal term)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tiles: Tiles = CPU_TILES) -> None:
         super().__init__()
+        self.tiles = tiles
         self.flops: list[int] = []
         self.bytes: list[int] = []
         self.linear: list[bool] = []
@@ -136,6 +205,7 @@ class OpCounter(TorchDispatchMode):
         name = func.name()
         formula = FLOP_FORMULAS.get(func._overloadpacket) or NAMED_FLOP_FORMULAS.get(name)
         f = formula(*args, **kwargs, out_val=out) if formula is not None else 0
+        f = round(f * causal_share_of_formula(func, args, kwargs, self.tiles)) if f else 0
         moved = sum(_moved_bytes(t) for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
         moved -= expert_weight_bytes_unread(name, args)
         self.flops.append(int(f))
@@ -178,8 +248,8 @@ class PieceCounts:
                 "backward_weight": self.backward_weight, "selective_recompute": self.selective_recompute}
 
 
-def _counted(run: Callable[[], Any]) -> tuple[Any, OpCounts]:
-    with OpCounter() as counter:
+def _counted(run: Callable[[], Any], tiles: Tiles) -> tuple[Any, OpCounts]:
+    with OpCounter(tiles) as counter:
         result = run()
     return result, counter.counts()
 
@@ -192,11 +262,12 @@ def _static_storages(piece: Piece, fake: Any) -> tuple[set[int], list[torch.Tens
     return {storage_key(t) for t in tensors + converted}, converted
 
 
-def count_piece(piece: Piece, fake: Any, last: bool) -> PieceCounts:
+def count_piece(piece: Piece, fake: Any, last: bool, tiles: Tiles = CPU_TILES) -> PieceCounts:
     """Count `piece` (its args fake tensors of `fake`, a FakeTensorMode that is active) through the phases the
     profiler times (autopp.measure.timing.run_phases): forward and full backward (the live bytes, what autograd
     saves and what selective recomputation keeps counted across them), then input and weight gradients, then the
-    ops selective recomputation reruns; the recompute forward is not run (it counts the same ops as the forward)."""
+    ops selective recomputation reruns; the recompute forward is not run (it counts the same ops as the forward).
+    `tiles`: the fused attention kernel's blocks (`GPU_TILES` where a GPU is counted)."""
     static, _alive = _static_storages(piece, fake)
     counts: dict[str, OpCounts] = {"backward_input": OpCounts()}
     sizes: dict[str, int] = {}
@@ -209,11 +280,11 @@ def count_piece(piece: Piece, fake: Any, last: bool) -> PieceCounts:
             if kind == "forward":
                 across.enter_context(live)
                 with SavedOps(static) as kept:
-                    ((leaves, out), counts[kind]), sizes["saved"] = saved_bytes(lambda: _counted(run), static)
+                    ((leaves, out), counts[kind]), sizes["saved"] = saved_bytes(lambda: _counted(run, tiles), static)
                 sizes["selective"] = kept.bytes
                 sizes["output"] = 0 if last else value_bytes(out)
                 return leaves, out
-            result, counts[kind] = _counted(run)
+            result, counts[kind] = _counted(run, tiles)
             if kind == "backward":
                 across.close()
             return result

@@ -1,5 +1,6 @@
 """FLOPs and bytes of grouped matmuls (autopp.measure.counting): `aten._grouped_mm` counted on fake tensors equals
-the sum of its groups' matmuls counted by torch on real ones; the expert weights a few routed rows leave unread."""
+the sum of its groups' matmuls counted by torch on real ones; the expert weights a few routed rows leave unread; the
+share of a causal attention its kernel computes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from autopp.measure.counting import OpCounter, expert_weight_bytes_unread
+from autopp.measure.counting import (CPU_TILES, GPU_TILES, OpCounter, Tiles, causal_computed,
+                                     expert_weight_bytes_unread)
 from autopp.model.fake import fake_mode, faking
 
 from ..model.test_fake import CASES, OFFS, _operands
@@ -146,3 +148,46 @@ def test_a_linear_layers_reshape_of_its_result_moves_nothing() -> None:
             linear(x)
     assert counter.names == ["aten::mm"]
     assert counter.bytes == [(2 * 8 * 16 + 16 * 32 + 2 * 8 * 32) * 4]  # the matmul's operands and result only
+
+
+@pytest.mark.parametrize("tokens, share", [(512, 1.0), (1024, 0.75), (2048, 0.625), (4096, 0.5625)])
+def test_cpu_kernels_causal_work_is_its_key_blocks_up_to_the_diagonal(tokens: int, share: float) -> None:
+    # torch's CPU flash kernel: 256 queries x 512 keys a block at these lengths (768 and more), top-left causal.
+    assert causal_computed(tokens, tokens, CPU_TILES) == share
+
+
+@pytest.mark.parametrize("tokens", [4096, 8192, 131072])
+def test_gpu_kernels_causal_work_is_half_and_its_diagonal_blocks(tokens: int) -> None:
+    # 128 x 128 blocks: n (n + 1) / 2 of the n^2 blocks, n = tokens / 128.
+    n = tokens // 128
+    assert causal_computed(tokens, tokens, GPU_TILES) == pytest.approx((n + 1) / (2 * n))
+    assert causal_computed(tokens, tokens, GPU_TILES) > (tokens + 1) / (2 * tokens)  # never below the pairs kept
+
+
+def test_short_queries_and_uneven_blocks() -> None:
+    # 100 queries (blocks of 32: 0-31, 32-63, 64-95, 96-99) against 100 keys in blocks of 512: every block reaches
+    # the one key block, whole; 1000 keys for 100 queries: still one block of 512 per query block.
+    assert causal_computed(100, 100, CPU_TILES) == 1.0
+    assert causal_computed(100, 1000, CPU_TILES) == pytest.approx(512 / 1000)
+    assert causal_computed(0, 8, CPU_TILES) == 1.0
+
+
+@pytest.mark.parametrize("tiles", [CPU_TILES, GPU_TILES])
+def test_a_causal_attention_counts_the_share_its_kernel_computes(tiles: Tiles) -> None:
+    """scaled_dot_product_attention with is_causal: its forward and backward FLOPs are torch's formula (every pair)
+    times `causal_computed`; without is_causal, or with a mask (no causal skip), the formula whole."""
+    def flops(**kw: object) -> tuple[int, int]:
+        mode = fake_mode()
+        with faking(mode):
+            q, k, v = (torch.randn(1, 2, 2048, 16, requires_grad=True) for _ in range(3))
+            with OpCounter(tiles) as fwd:
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)  # type: ignore[arg-type]
+            with OpCounter(tiles) as bwd:
+                out.sum().backward()
+        return sum(fwd.flops), sum(bwd.flops)
+
+    full, causal = flops(), flops(is_causal=True)
+    share = causal_computed(2048, 2048, tiles)
+    assert share < 0.7
+    assert causal[0] == round(full[0] * share) and causal[1] == round(full[1] * share)
+    assert flops(attn_mask=torch.ones(2048, 2048, dtype=torch.bool).tril()) >= full

@@ -100,9 +100,9 @@ def test_the_model_file_builds_the_shard_with_the_models_modules() -> None:
 @pytest.mark.integration
 def test_a_llama_blocks_tp_row_is_a_tth_of_it_with_sp_and_not_without(tmp_path: Path) -> None:
     """Issue 25, on a small Llama (width 2,048, 16 heads, 8 K/V heads, 4,096 tokens, bf16, H100 roofline without
-    per-op overheads, which no degree divides): at tp 4 the plain row of a block costs 1.50x (forward) and 1.59x
+    per-op overheads, which no degree divides): at tp 4 the plain row of a block costs 1.54x (forward) and 1.64x
     (backward) 1/4 of the block, its RMSNorms (fp32, with their casts) and residual adds run whole per rank; with SP
-    1.04x and 1.09x, the rest the rowwise projections' outputs written at full size before their reduce-scatter and
+    1.05x and 1.10x (1.50x, 1.59x, 1.04x, 1.09x when causal attention was counted whole), the rest the rowwise projections' outputs written at full size before their reduce-scatter and
     the gathers' copies. Before the SP rows existed a plan with SP paid the plain row."""
     config = json.loads((CONFIGS / "tiny-llama.json").read_text())
     config.update(hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=8,
@@ -117,7 +117,7 @@ def test_a_llama_blocks_tp_row_is_a_tth_of_it_with_sp_and_not_without(tmp_path: 
     assert rows is not None
     whole = units[units.unit == 2].iloc[0]  # model.layers.1: inside the stream
     row = rows[(rows.tp == 4) & (rows.unit == 2)].iloc[0]
-    for phase, plain, sp in (("forward", 1.50, 1.04), ("backward", 1.59, 1.09)):
+    for phase, plain, sp in (("forward", 1.54, 1.05), ("backward", 1.64, 1.10)):
         assert 4 * row[f"{phase}_s"] / whole[f"{phase}_s"] == pytest.approx(plain, abs=0.02), phase
         assert 4 * row[f"sp_{phase}_s"] / whole[f"{phase}_s"] == pytest.approx(sp, abs=0.02), phase
     assert row.sp_backward_input_s + row.sp_backward_weight_s == pytest.approx(row.sp_backward_s, rel=0.25)
