@@ -17,10 +17,14 @@ from ..data.profile import EXPERT_PARTS, EXPERT_PASSES, expert_column
 from ..errors import AutoppError
 from ..jsonio import read_json, write_json
 
-__all__ = ["CALIBRATION_VERSION", "CalibrationError", "OpCounts", "PhaseLoad", "Efficiency", "default_efficiency",
-           "phase_time", "expert_seconds", "FitRow", "fit_efficiency", "UnitError", "Calibration", "load_calibration"]
+__all__ = ["CALIBRATION_VERSION", "ATTENTION_OPS", "CalibrationError", "OpCounts", "PhaseLoad", "Efficiency",
+           "default_efficiency", "phase_time", "expert_seconds", "FitRow", "fit_efficiency", "UnitError", "Calibration",
+           "load_calibration"]
 
 CALIBRATION_VERSION = 1
+#: The prefix of the fused attention kernels' aten names (`aten::_scaled_dot_product_flash_attention` and its CPU,
+#: memory-efficient and cuDNN siblings, forward and backward): the ops `Efficiency.attention` times.
+ATTENTION_OPS = "aten::_scaled_dot_product"
 
 
 class CalibrationError(AutoppError):
@@ -60,14 +64,19 @@ class OpCounts:
     """Per op: its aten name (`aten::add.Tensor`), for tables of where a phase's time goes (scripts/tp_row_ops.py);
     () for counts made without them."""
 
-    def load(self, ridge_flops_per_byte: float, linear_speedup: float = 1.0) -> PhaseLoad:
+    def load(self, ridge_flops_per_byte: float, linear_speedup: float = 1.0,
+             attention_slowdown: float = 1.0) -> PhaseLoad:
         """Ops whose arithmetic intensity (FLOPs / bytes) is above the ridge point count their FLOPs, the rest their
         bytes; every op counts once towards the overhead. A linear layer's matmul counts its FLOPs / `linear_speedup`
-        (its peak over the phase's: 2 for FP8 matmuls beside bf16), so the phase's peak times it at its own."""
+        (its peak over the phase's: 2 for FP8 matmuls beside bf16), so the phase's peak times it at its own; a fused
+        attention kernel (`ATTENTION_OPS`, by its name) its FLOPs x `attention_slowdown`
+        (`Efficiency.attention_slowdown`), so the compute efficiency times it at attention's own."""
         compute = memory = 0.0
         speeds = (linear_speedup if fast else 1.0 for fast in self.linear or (False,) * len(self.flops))
-        for flops, b, speed in zip(self.flops, self.bytes, speeds):
-            f = flops / speed
+        slowdowns = (attention_slowdown if n.startswith(ATTENTION_OPS) else 1.0
+                     for n in self.names or ("",) * len(self.flops))
+        for flops, b, speed, slowdown in zip(self.flops, self.bytes, speeds, slowdowns):
+            f = flops / speed * slowdown
             if f > ridge_flops_per_byte * b:
                 compute += f
             else:
@@ -105,6 +114,14 @@ class Efficiency:
     """Seconds per op on top: kernel launch on a GPU, eager dispatch on a CPU."""
     call_overhead_s: float = 0.0
     """Seconds per phase that runs, on top: calling the piece, starting autograd's engine (Python time)."""
+    attention: float | None = None
+    """Fraction of peak FLOP/s that fused attention kernels (`ATTENTION_OPS`) reach on the work they compute (a
+    causal one's blocks up to the diagonal: autopp.measure.counting.causal_computed), in (0, 1]; None: `compute`."""
+
+    @property
+    def attention_slowdown(self) -> float:
+        """How much longer attention's FLOPs take than other compute-bound FLOPs: compute / attention (1: None)."""
+        return 1.0 if self.attention is None else self.compute / self.attention
 
     def ridge(self, peak_flops: float, bandwidth: float) -> float:
         """The ridge point these efficiencies give (FLOP per byte): an op above it takes longer for its FLOPs at
@@ -113,7 +130,9 @@ class Efficiency:
 
     def check(self, where: str) -> None:
         """A CalibrationError naming `where` when an efficiency is outside (0, 1] or the overhead negative."""
-        for name, value in (("compute", self.compute), ("memory", self.memory)):
+        for name, value in (("compute", self.compute), ("memory", self.memory), ("attention", self.attention)):
+            if value is None:
+                continue
             if not 0.0 < value <= 1.0:
                 raise CalibrationError(f"{where}: {name} efficiency {value} is outside (0, 1]; recalibrate with "
                                        "`autopp calibrate PROFILE`")
@@ -126,8 +145,13 @@ class Efficiency:
 #: GEMMs commonly reach 60-80 % of the datasheet peak and streaming kernels ~80 % of HBM bandwidth; 5 us is the
 #: order of a CUDA kernel launch plus PyTorch's eager dispatch, and the Python time of a call runs ahead of the
 #: GPU's queue (0). The CPU figures are eager PyTorch's per-op dispatch (~10 us), a modest share of one core's peak,
-#: and 100 us per call (the order the fits on this CPU find, docs/analytic.md). `autopp calibrate` fits them.
-_DEFAULTS = {"gpu": Efficiency(compute=0.6, memory=0.8, op_overhead_s=5e-6),
+#: and 100 us per call (the order the fits on this CPU find, docs/analytic.md). `autopp calibrate` fits them, but
+#: attention's. A GPU's fused attention at 0.3 of the peak: FlashAttention-2, torch's flash SDPA kernel, reaches
+#: "only 35% utilization on the H100 GPU" (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract), where
+#: FlashAttention-3 and cuDNN's reach about 75 % (scripts/device_check.sh measures it; no GPU has run it yet). On the
+#: CPU the flash kernel is taken at the GEMMs' share (None): what it computes is counted by its blocks, measured
+#: (scripts/bench_causal_attention.py).
+_DEFAULTS = {"gpu": Efficiency(compute=0.6, memory=0.8, op_overhead_s=5e-6, attention=0.3),
              "cpu": Efficiency(compute=0.5, memory=0.7, op_overhead_s=1e-5, call_overhead_s=1e-4)}
 
 
@@ -245,6 +269,7 @@ class Calibration:
         return {"version": self.version, "device": self.device, "dtype": self.dtype,
                 "compute_efficiency": self.efficiency.compute, "memory_efficiency": self.efficiency.memory,
                 "op_overhead_s": self.efficiency.op_overhead_s, "call_overhead_s": self.efficiency.call_overhead_s,
+                "attention_efficiency": self.efficiency.attention,
                 "fitted_from": {"profile": self.profile, "fingerprint": self.fingerprint},
                 "median_error": self.median_error, "worst_error": self.worst_error,
                 "units": [{**asdict(u), "error": u.error} for u in self.units], "extra": self.extra}
@@ -273,7 +298,9 @@ def load_calibration(path: str | Path, device: str | None = None, dtype: str | N
     try:
         eff = Efficiency(compute=float(data["compute_efficiency"]), memory=float(data["memory_efficiency"]),
                          op_overhead_s=float(data["op_overhead_s"]),
-                         call_overhead_s=float(data.get("call_overhead_s", 0.0)))
+                         call_overhead_s=float(data.get("call_overhead_s", 0.0)),
+                         attention=None if data.get("attention_efficiency") is None
+                         else float(data["attention_efficiency"]))
         source = data.get("fitted_from", {})
         units = tuple(UnitError(int(u["unit"]), str(u["name"]), int(u["microbatch_size"]), float(u["measured_s"]),
                                 float(u["analytic_s"])) for u in data.get("units", []))

@@ -193,13 +193,12 @@ def count_model(model: str | Path | ModelFile, options: ProfileOptions = Profile
 
 
 def unit_times(counts: PieceCounts, spec: DeviceSpec, recipe: Recipe, eff: Efficiency) -> dict[str, float]:
-    """The profile's time columns of one counted unit on `spec` under `recipe`: every op at its compute peak, the
-    linear layers' matmuls at theirs (FP8: the float8 peak, `OpCounts.load`); its expert GEMMs' parts apart."""
+    """The profile's time columns of one counted unit on `spec` under `recipe`: every op at its compute peak, linear
+    matmuls at theirs (FP8's: `OpCounts.load`), attention at its own efficiency; its expert GEMMs' parts apart."""
     (peak, linear_peak), bw = recipe.peaks(spec), spec.memory_bandwidth_bytes_per_s
-    ridge = eff.ridge(peak, bw)
 
     def t(ops: OpCounts) -> float:
-        return phase_time(ops.load(ridge, linear_peak / peak), peak, bw, eff)
+        return phase_time(ops.load(eff.ridge(peak, bw), linear_peak / peak, eff.attention_slowdown), peak, bw, eff)
     times = {"forward": t(counts.forward), "backward": t(counts.backward), "backward_input": t(counts.backward_input),
              "backward_weight": t(counts.backward_weight), "recompute": t(counts.forward),
              "selective_recompute": t(counts.selective_recompute)}
@@ -271,7 +270,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
              "analytic": {"device": spec.name, "model": spec.model, "device_source": spec.source,
                           "calibration": calibration_path, "compute_efficiency": eff.compute,
                           "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s, "call_overhead_s":
-                          eff.call_overhead_s, "attention_tiles": asdict(attention_tiles(c.fused_attention))},
+                          eff.call_overhead_s, "attention_efficiency": eff.attention,
+                          "attention_tiles": asdict(attention_tiles(c.fused_attention))},
              "peak_bytes": peaks,
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
              **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {}),

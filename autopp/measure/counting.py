@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from ..costmodel.roofline import OpCounts
+from ..costmodel.roofline import ATTENTION_OPS, OpCounts
 from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, value_bytes
 from .timing import Piece, run_phases
 
@@ -89,7 +89,7 @@ def causal_share_of_formula(func: Any, args: tuple[Any, ...], kwargs: dict[str, 
     """The share of a fused attention op's FLOP formula (torch's: every query-key pair) that its kernel computes:
     `causal_computed` when the op is a `scaled_dot_product` kernel called with is_causal, else 1. Its bytes are
     left whole (a kernel reads every key block at least once per query block)."""
-    if not func.name().startswith("aten::_scaled_dot_product"):
+    if not func.name().startswith(ATTENTION_OPS):
         return 1.0
     named = _arguments(func, args, kwargs)
     query, key = named.get("query"), named.get("key")

@@ -32,6 +32,20 @@ def test_linear_matmuls_run_at_their_own_peak() -> None:
     assert OpCounts(flops=(1000,), bytes=(10,)).load(50.0, 2.0) == PhaseLoad(1000, 0, 1, 1)
 
 
+def test_fused_attention_runs_at_its_own_efficiency() -> None:
+    """A fused attention kernel (by its aten name) counts its FLOPs x compute / attention, so the compute efficiency
+    times it at attention's own; other ops, and counts without names, are untouched."""
+    names = ("aten::_scaled_dot_product_flash_attention", "aten::mm", "aten::_scaled_dot_product_efficient_attention"
+             "_backward")
+    counts = OpCounts(flops=(1000, 1000, 1000), bytes=(1, 1, 1), names=names)
+    eff = Efficiency(compute=0.6, memory=0.8, op_overhead_s=0.0, attention=0.3)
+    assert eff.attention_slowdown == 2.0
+    assert counts.load(50.0, 1.0, eff.attention_slowdown) == PhaseLoad(compute_flops=5000, ops=3, calls=1)
+    assert counts.load(50.0) == PhaseLoad(compute_flops=3000, ops=3, calls=1)
+    assert OpCounts(flops=(1000,), bytes=(1,)).load(50.0, 1.0, 2.0) == PhaseLoad(1000, 0, 1, 1)
+    assert Efficiency(compute=0.6, memory=0.8, op_overhead_s=0.0).attention_slowdown == 1.0
+
+
 def test_expert_gemms_are_timed_apart_on_the_roofline() -> None:
     """Issue 30: the ops with expert-weight bytes (an expert GEMM of 1e12 FLOPs moving 4e9 weight and 1e9 other
     bytes, a linear one: at twice the peak under FP8) beside a dense op that is left out: FLOPs at peak x e_c, weight
@@ -86,6 +100,8 @@ def test_fit_without_measurements_is_refused() -> None:
 def test_defaults_differ_by_device_kind() -> None:
     assert default_efficiency("cpu") != default_efficiency("h100-sxm")
     assert default_efficiency("h100-sxm") == default_efficiency("a100-80gb")
+    # A GPU's attention at FlashAttention-2's share of an H100 (about 0.3); the CPU's at its compute efficiency.
+    assert default_efficiency("h100-sxm").attention == 0.3 and default_efficiency("cpu").attention is None
 
 
 def _calibration() -> Calibration:
@@ -100,7 +116,14 @@ def test_calibration_round_trips_with_its_errors(tmp_path: Path) -> None:
     cal = _calibration()
     cal.save(tmp_path / "cal.json")
     back = load_calibration(tmp_path / "cal.json", device="cpu")
-    assert back == cal
+    assert back == cal and back.efficiency.attention is None
+    with_attention = Calibration(**{**cal.__dict__, "efficiency": Efficiency(**{**cal.efficiency.__dict__,
+                                                                                "attention": 0.45})})
+    with_attention.save(tmp_path / "att.json")
+    assert load_calibration(tmp_path / "att.json").efficiency.attention == 0.45
+    old = {k: v for k, v in cal.to_json().items() if k != "attention_efficiency"}  # written before the field
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert load_calibration(tmp_path / "old.json") == cal
     data = json.loads((tmp_path / "cal.json").read_text())
     assert data["median_error"] == pytest.approx(0.1) and data["worst_error"] == pytest.approx(0.5)
     assert data["fitted_from"] == {"profile": "profiles/gpt", "fingerprint": "0123456789abcdef"}
@@ -114,6 +137,7 @@ def test_calibration_for_another_device_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("change, message", [({"version": 9}, "version 9 is not 1"),
                                              ({"compute_efficiency": 1.5}, "compute efficiency 1.5 is outside"),
+                                             ({"attention_efficiency": 0}, "attention efficiency 0.0 is outside"),
                                              ({"op_overhead_s": "x"}, "bad calibration field")])
 def test_damaged_calibration_is_refused(tmp_path: Path, change: dict[str, object], message: str) -> None:
     data = {**_calibration().to_json(), **change}
