@@ -28,7 +28,8 @@ from autopp.costmodel.roofline import Efficiency, UnitError, default_efficiency
 from autopp.data.catalog import DeviceSpec, load_device
 from autopp.data.profile import Profile, load_profile
 from autopp.measure import MeasureOptions, ProfileOptions, profile_model
-from autopp.measure.analytic import ModelCounts, count_model, fit_measured, unit_errors
+from autopp.measure.analytic import ModelCounts, count_model
+from autopp.measure.fitting import fit_measured, unit_errors
 from autopp.model.hf import load_model
 
 ROOT = Path(__file__).resolve().parent.parent

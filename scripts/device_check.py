@@ -8,10 +8,11 @@ entry, and the check's summary table.
 
 The probe times each op as the profiler times a unit (autopp.measure.timing: CUDA events on a GPU, a warm-up first,
 the median of the timed runs) and divides its rate by the catalog's datasheet figure (docs/devices.md): the
-fraction reached is what the analytic roofline's efficiencies e_c (matmul, attention) and e_m (copy, GELU) stand
-for (docs/analytic.md), measured here op by op where `autopp calibrate` fits them to whole units.
-FLOP counts: matmul 2 n^3; causal attention forward 2 b h s^2 d (QK^T and PV, half of the s x s scores masked,
-as FlashAttention's papers count it, Dao 2022 / 2023); bytes: copy and GELU read and write each element once.
+fraction reached is what the analytic roofline's efficiencies e_c (matmul), e_a (attention) and e_m (copy, GELU)
+stand for (docs/analytic.md), measured here op by op where `autopp calibrate` fits e_c and e_m to whole units.
+FLOP counts: matmul 2 n^3; causal attention forward 4 b h s^2 d (QK^T and PV) x the share of the pairs its kernel
+computes, as the analytic count has it (autopp.measure.counting.causal_computed: a GPU's 128 x 128 blocks up to the
+diagonal, 0.531 at s 2,048; the CPU flash kernel's); bytes: copy and GELU read and write each element once.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.nn import functional as F
 
 from autopp.data.catalog import DeviceSpec, identify_device, load_device
 from autopp.jsonio import write_json
+from autopp.measure.counting import CPU_TILES, GPU_TILES, causal_computed
 from autopp.measure.timing import Budget, Timer
 
 #: Sizes per device kind: (matmul n, attention (b, h, s, d), elements of the memory-bound ops, timed runs).
@@ -113,8 +115,9 @@ def ops(out: Path, cpu: bool) -> dict[str, Any]:
     attn = "bfloat16" if device.type == "cuda" else "float32"
     q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtypes[attn]) for _ in range(3))
     seconds = _median_s(device, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), repeats)
-    rows.append(_row("attention fwd (causal)", attn, f"b{b} h{h} s{s} d{d}", seconds, 2 * b * h * s * s * d,
-                     "FLOP/s", _peak(spec, attn)))
+    tiles = GPU_TILES if device.type == "cuda" else CPU_TILES  # the blocks it computes, as the analytic count has them
+    rows.append(_row("attention fwd (causal)", attn, f"b{b} h{h} s{s} d{d}", seconds,
+                     4 * b * h * s * s * d * causal_computed(s, s, tiles), "FLOP/s", _peak(spec, attn)))
     src = torch.randn(elements, device=device)
     dst = torch.empty_like(src)
     bandwidth = spec.memory_bandwidth_bytes_per_s if spec else None

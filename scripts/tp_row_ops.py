@@ -34,11 +34,13 @@ from autopp.data.precision import recipe
 
 def op_seconds(ops: OpCounts, peak: float, linear_peak: float, bw: float, device: str) -> list[float]:
     """Each op's roofline seconds, as `OpCounts.load` and `phase_time` time it alone (its op overhead included, the
-    phase's call overhead not)."""
+    phase's call overhead not; fused attention at its own efficiency)."""
     eff = default_efficiency(device)
     ridge = eff.ridge(peak, bw)
-    return [phase_time(OpCounts((f,), (b,), (fast,)).load(ridge, linear_peak / peak), peak, bw, eff)
-            - eff.call_overhead_s for f, b, fast in zip(ops.flops, ops.bytes, ops.linear or (False,) * len(ops.flops))]
+    linear = ops.linear or (False,) * len(ops.flops)
+    return [phase_time(OpCounts((f,), (b,), (fast,), names=(n,)).load(ridge, linear_peak / peak,
+                                                                      eff.attention_slowdown), peak, bw, eff)
+            - eff.call_overhead_s for f, b, fast, n in zip(ops.flops, ops.bytes, linear, ops.names)]
 
 
 def by_name(ops: OpCounts, seconds: list[float]) -> dict[str, list[float]]:

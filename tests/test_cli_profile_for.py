@@ -12,7 +12,9 @@ import pytest
 from autopp.cli import main
 from autopp.cli.profile import analytic_target, default_dtype
 from autopp.data.profile import Profile, load_profile
-from autopp.measure.counting import GPU_TILES
+from autopp.measure.counting import CPU_TILES, GPU_TILES
+
+GPU_RECORD = json.loads(json.dumps(asdict(GPU_TILES)))  # as an analytic profile's meta.json holds them
 
 from .conftest import ONE_PIPELINE, ROOT
 
@@ -44,7 +46,7 @@ def test_plan_for_a_gpu_counts_analytically_with_its_tp_rows(tmp_path: Path, mon
     profile = load_profile(tmp_path / "profiles" / "tiny-llama-h100-sxm")
     assert profile.meta.dtype == "bfloat16" and profile.meta.extra["analytic_device"] == "h100-sxm"
     assert 2 in profile.meta.tp_degrees
-    assert profile.meta.extra["analytic"]["attention_tiles"] == json.loads(json.dumps(asdict(GPU_TILES)))
+    assert profile.meta.extra["analytic"]["attention_tiles"] == GPU_RECORD
     assert json.loads((tmp_path / "tiny-llama-h100-sxm.plan.json").read_text())["tp"] == 2
     assert not (tmp_path / "profiles" / "tiny-llama").exists()
     assert main([*plan, "--tp", "2", "--pp", "4"]) == 0
@@ -80,7 +82,7 @@ def test_an_analytic_moe_profile_without_the_expert_columns_is_not_current() -> 
     fp = moe.meta.fingerprint
     assert _current(moe, fp, None, None, (), "fp32") is None
     analytic = replace(moe.meta, extra={**moe.meta.extra, "analytic_device": "h100-sxm",
-                                        "analytic": {"attention_tiles": asdict(GPU_TILES)}})
+                                        "analytic": {"attention_tiles": GPU_RECORD}})
     assert _current(Profile(analytic, moe.units, moe.edges), fp, None, "h100-sxm", (), "fp32") == \
         "it was counted before the expert GEMMs' columns"
     assert _current(Profile(analytic, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") is None
@@ -88,14 +90,15 @@ def test_an_analytic_moe_profile_without_the_expert_columns_is_not_current() -> 
 
 def test_an_analytic_profile_that_counted_causal_attention_whole_is_not_current() -> None:
     """An analytic profile counted before causal attention's skipped blocks (no `analytic.attention_tiles`: it
-    charged every query-key pair) is counted again; a measured one (timed, nothing counted) stays current."""
+    charged every query-key pair), or with another kernel's blocks than its device's, is counted again; a measured
+    one (timed, nothing counted) stays current."""
     from autopp.cli.profile import _current
     measured = load_profile(ROOT / "profiles" / "mlp")
     fp = measured.meta.fingerprint
     old = replace(measured.meta, extra={**measured.meta.extra, "analytic_device": "h100-sxm", "analytic": {}})
     assert _current(Profile(old, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") == \
         "it counted causal attention whole, before its kernel's skipped blocks"
-    new = replace(old, extra={**old.extra, "analytic": {"attention_tiles": asdict(GPU_TILES)}})
+    new = replace(old, extra={**old.extra, "analytic": {"attention_tiles": GPU_RECORD}})
     assert _current(Profile(new, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") is None
     assert _current(measured, fp, None, None, (), "fp32") is None
 

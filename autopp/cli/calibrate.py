@@ -62,7 +62,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     where = Path(args.profile)
     output = args.output or str(where.parent / f"{where.name}.calibration-{spec.name}.json")
     check_output_file(output, "-o" if args.output else None)
-    from ..measure.analytic import calibrate  # torch: only once the arguments are known to be good
+    from ..measure.fitting import calibrate  # torch: only once the arguments are known to be good
     try:  # counting failures are ModelFileErrors naming the model file and unit already
         cal = calibrate(profile, spec, str(args.profile), progress=progress("counting"))
     except ValueError as exc:

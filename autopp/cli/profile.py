@@ -318,8 +318,7 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
              optimizer: str | None = None) -> str | None:
     """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
     precision recipe, optimizer (when given), device, without the tensor-parallel rows the request pins, an analytic
-    profile counted before causal attention's skipped blocks (no `analytic.attention_tiles`), an analytic mixture of
-    experts counted before its expert GEMMs' columns (docs/profile-format.md), or one whose `extra.moe`
+    profile counted otherwise than `analytic_profile` counts now (`count_outdated`), or one whose `extra.moe`
     lacks a routing fact the model has (`routing`: autopp.model.experts.moe_facts of the model; a group-limited
     routing's groups)."""
     if profile.meta.fingerprint != fingerprint:
@@ -338,10 +337,12 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
     missing = sorted(set(degrees or ()) - set(profile.meta.tp_degrees))
     if missing:
         return f"it has no tensor-parallel rows of degree {', '.join(map(str, missing))}"
-    if made_for and "attention_tiles" not in profile.meta.extra.get("analytic", {}):
-        return "it counted causal attention whole, before its kernel's skipped blocks"
-    if made_for and profile.experts_untimed:  # a MoE profile that expert parallelism cannot re-time
-        return "it was counted before the expert GEMMs' columns"
+    if made_for:
+        from ..data.catalog import load_device
+        from ..measure.analytic import count_outdated  # torch: a cached analytic profile is being judged
+        outdated = count_outdated(profile, load_device(made_for))
+        if outdated:
+            return outdated
     recorded_moe = profile.meta.extra.get("moe") or {}
     lacking = [k for k, v in (routing or {}).items() if v is not None and k not in recorded_moe]
     if lacking:

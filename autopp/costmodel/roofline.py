@@ -207,11 +207,13 @@ def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_efficiency(rows: Sequence[FitRow], peak_flops: float, bandwidth: float) -> Efficiency:
+def fit_efficiency(rows: Sequence[FitRow], peak_flops: float, bandwidth: float,
+                   attention_slowdown: float = 1.0) -> Efficiency:
     """e_c, e_m, t_op and t_call that minimise the squared relative error of `phase_time` over `rows`, with both
     efficiencies in (0, 1] and the overheads >= 0. The time is linear in x = (1/(peak e_c), 1/(bw e_m), t_op,
     t_call); writing x = (1/peak, 1/bw, 0, 0) + z with z >= 0 makes the bounds plain non-negativity, solved exactly
-    (`_nnls`) on the rows divided by their measured time."""
+    (`_nnls`) on the rows divided by their measured time. The rows' loads count attention's FLOPs x
+    `attention_slowdown` (`OpCounts.load`), so the fitted e_a is e_c / it (None at 1: attention at e_c)."""
     used = [r for r in rows if r.measured_s > 0]
     if not used:
         raise CalibrationError("no measured time above 0 to fit efficiencies to")
@@ -222,9 +224,10 @@ def fit_efficiency(rows: Sequence[FitRow], peak_flops: float, bandwidth: float) 
     weighted = a / t[:, None]
     z = _nnls(weighted / scale, 1.0 - weighted @ floor) / scale
     x = floor + z
-    return Efficiency(compute=min(1.0, float(1.0 / (x[0] * peak_flops))),
-                      memory=min(1.0, float(1.0 / (x[1] * bandwidth))), op_overhead_s=float(x[2]),
-                      call_overhead_s=float(x[3]))
+    compute = min(1.0, float(1.0 / (x[0] * peak_flops)))
+    return Efficiency(compute=compute, memory=min(1.0, float(1.0 / (x[1] * bandwidth))), op_overhead_s=float(x[2]),
+                      call_overhead_s=float(x[3]),
+                      attention=None if attention_slowdown == 1.0 else compute / attention_slowdown)
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,8 @@ from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, v
 from .timing import Piece, run_phases
 
 __all__ = ["FLOP_FORMULAS", "LINEAR_MATMULS", "NAMED_FLOP_FORMULAS", "grouped_mm_flops", "expert_weight_bytes_unread",
-           "expert_weight_bytes", "Tiles", "CPU_TILES", "GPU_TILES", "attention_tiles",
-           "causal_computed", "PieceCounts", "OpCounter",
-           "count_piece"]
+           "expert_weight_bytes", "Tiles", "CPU_TILES", "GPU_TILES", "attention_tiles", "causal_computed",
+           "causal_share_of_formula", "PieceCounts", "OpCounter", "count_piece"]
 
 #: torch's FLOP formulas, plus its CPU attention kernels under the formulas of the GPU ones (same arguments first:
 #: query, key, value; and grad_out before them for the backward), which torch.utils.flop_counter leaves out.
@@ -49,14 +48,12 @@ class Tiles:
 
 #: torch's CPU flash kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, `flash_attention_kernel_impl` and its
 #: backward): 512 keys a block; 256 queries at 768 or more, 64 at 192 or more, else 32; causal: each query block
-#: runs its key blocks up to the last key its last query sees (`num_keys`). Measured on this machine's CPU, one
-#: thread, 8 heads of 64 (docs/analytic.md, "Causal attention"): causal / full 0.98, 0.75, 0.63, 0.56 at 512, 1,024,
-#: 2,048 and 4,096 tokens, where this count gives 1.0, 0.75, 0.625, 0.5625.
+#: runs its key blocks up to the last key its last query sees (`num_keys`). Measured against the count on this
+#: machine: scripts/bench_causal_attention.py (docs/analytic.md, "Causal attention on this CPU").
 CPU_TILES = Tiles(512, ((768, 256), (192, 64), (0, 32)))
-#: A GPU's fused kernels: FlashAttention-2's blocks of 128 x 128 (Dao 2023, arXiv:2307.08691, s.3.1: blocks of
-#: {64, 128} x {64, 128}, "for causal attention ... we skip the computation of blocks whose column indices are all
-#: more than the row indices", about 1.7-1.8x faster than without the skip), as FlashAttention-3 and cuDNN's fused
-#: attention tile at head size 128. At 4,096 tokens a block of 64 or of 128 leaves the work within 1 % of half.
+#: A GPU's fused kernels: FlashAttention-2's blocks of 128 x 128 (Dao 2023, arXiv:2307.08691, s.3.1: blocks of 64 or
+#: 128 a side; under a causal mask the blocks whose keys all come after their queries, about half at long sequences,
+#: are skipped, for a 1.7-1.8x speed-up). Blocks of 64 or 256 would count -1.5 % or +3 % of this at 4,096 tokens.
 GPU_TILES = Tiles(128, ((0, 128),))
 
 

@@ -18,7 +18,8 @@ from autopp.costmodel.roofline import Calibration, Efficiency, OpCounts, load_ca
 from autopp.data.catalog import load_device
 from autopp.data.precision import RECIPES
 from autopp.data.profile import Profile, load_profile
-from autopp.measure.analytic import analytic_profile, calibrate, count_model, unit_times
+from autopp.measure.analytic import analytic_profile, count_model, unit_times
+from autopp.measure.fitting import calibrate
 from autopp.measure.counting import PieceCounts, count_piece
 from autopp.measure.options import ProfileOptions
 from autopp.measure.timing import Piece

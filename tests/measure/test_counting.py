@@ -4,6 +4,8 @@ share of a causal attention its kernel computes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -152,7 +154,7 @@ def test_a_linear_layers_reshape_of_its_result_moves_nothing() -> None:
 
 @pytest.mark.parametrize("tokens, share", [(512, 1.0), (1024, 0.75), (2048, 0.625), (4096, 0.5625)])
 def test_cpu_kernels_causal_work_is_its_key_blocks_up_to_the_diagonal(tokens: int, share: float) -> None:
-    # torch's CPU flash kernel: 256 queries x 512 keys a block at these lengths (768 and more), top-left causal.
+    # torch's CPU flash kernel: 512 keys a block (its query blocks, 64 or 256 here, divide 512), top-left causal.
     assert causal_computed(tokens, tokens, CPU_TILES) == share
 
 
@@ -190,4 +192,32 @@ def test_a_causal_attention_counts_the_share_its_kernel_computes(tiles: Tiles) -
     share = causal_computed(2048, 2048, tiles)
     assert share < 0.7
     assert causal[0] == round(full[0] * share) and causal[1] == round(full[1] * share)
-    assert flops(attn_mask=torch.ones(2048, 2048, dtype=torch.bool).tril()) >= full
+    assert flops(attn_mask=torch.ones(2048, 2048, dtype=torch.bool).tril()) == full
+
+
+def test_gpu_attention_with_its_own_value_head_size_counts_the_gpus_blocks() -> None:
+    """DeepSeek's attention (value head size other than the query's) runs the memory-efficient kernel under
+    `fused_attention` (a GPU's count): forward and backward are scaled by the GPU's blocks; on the CPU's math path
+    (batched matmuls, which compute every pair) nothing is scaled."""
+    from autopp.model.fake_cpu import fused_attention
+
+    def flops(attend: Any, causal: bool) -> tuple[list[str], int, int]:
+        mode = fake_mode()
+        with faking(mode):
+            q, k = (torch.randn(1, 2, 1024, 24, requires_grad=True) for _ in range(2))
+            v = torch.randn(1, 2, 1024, 16, requires_grad=True)
+            with OpCounter(GPU_TILES) as fwd:
+                out = attend(q, k, v, is_causal=causal)
+            with OpCounter(GPU_TILES) as bwd:
+                out.sum().backward()
+        return [n for n, f in zip(fwd.names + bwd.names, fwd.flops + bwd.flops) if f], sum(fwd.flops), sum(bwd.flops)
+
+    names, *full = flops(fused_attention, False)
+    assert names == ["aten::_scaled_dot_product_efficient_attention",
+                     "aten::_scaled_dot_product_efficient_attention_backward"]
+    _, *causal = flops(fused_attention, True)
+    share = causal_computed(1024, 1024, GPU_TILES)
+    assert share == 9 / 16 and causal == [round(f * share) for f in full]
+    math_names, *math_full = flops(torch.nn.functional.scaled_dot_product_attention, False)
+    assert all(n.startswith("aten::bmm") for n in math_names)  # the CPU's math path: no fused kernel
+    assert list(flops(torch.nn.functional.scaled_dot_product_attention, True)[1:]) == math_full
