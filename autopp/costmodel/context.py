@@ -21,8 +21,10 @@ The model, per attention layer and microbatch, on a rank of a cp group (b sample
   attention time / cp on this rank), so a step is hidden when its transfer fits under one block, and only the excess
   is exposed: forward (cp - 1) x max(0, t - c), backward (cp - 1) x max(0, 2 t - c_b). The attention time is the
   unit's forward (backward) time times the attention's share of its FLOPs: 4 s^2 x heads x head size (/ 2 causal)
-  against 2 x parameters x s of its matmuls, per sample; embeddings' parameters count as matmuls, which only lowers
-  the share (more exposure: an upper bound). The exposed time is added to F, the recomputed forward, I and B.
+  against 2 x parameters x s of its matmuls, per sample, the attention's weighted by how much slower it runs (an
+  analytic profile's e_c / e_a, `attention_slowdown`: its share of the time); embeddings' parameters count as
+  matmuls, which only lowers the share (more exposure: an upper bound). The exposed time is added to F, the
+  recomputed forward, I and B.
 - memory: beside the profile's working memory, a step holds the next K/V shard and, in the backward, the dK/dV
   shards in flight: 2 shards (`transient`). The gradient synchronisation over dp x cp ranks is `Layout.sync`'s.
 The ring is Megatron-Core's P2P exchange and torch's "alltoall" rotation; torch's default ("allgather", the only
@@ -49,8 +51,8 @@ from ..data.profile import Profile
 from ..errors import ProfileError
 from .units import ProfileTable, UnitArrays
 
-__all__ = ["AttentionShape", "attention_shape", "attention_layers", "attention_flops", "causal_share",
-           "check_sequence", "ContextTable", "context_parallel"]
+__all__ = ["AttentionShape", "attention_shape", "attention_layers", "attention_slowdown", "attention_flops",
+           "causal_share", "check_sequence", "ContextTable", "context_parallel"]
 
 #: Bytes per element of a profile's dtype (its activations').
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -90,19 +92,30 @@ def attention_layers(profile: Profile) -> np.ndarray:
                     dtype=np.float64)
 
 
+def attention_slowdown(profile: Profile) -> float:
+    """How much slower the profile's times run attention's FLOPs than its matmuls': an analytic profile's compute
+    over attention efficiency (`extra.analytic`, autopp.costmodel.roofline.Efficiency.attention: 2 on a GPU by
+    default), else 1 (measured, or attention at the compute efficiency)."""
+    counted = profile.meta.extra.get("analytic") or {}
+    attention, compute = counted.get("attention_efficiency"), counted.get("compute_efficiency")
+    return float(compute) / float(attention) if attention and compute else 1.0
+
+
 def attention_flops(profile: Profile, shape: AttentionShape) -> tuple[np.ndarray, np.ndarray]:
     """Per unit and sample, the attention's FLOPs (QK^T and PV: 4 s^2 x heads x head size, halved when causal) and
     all its FLOPs (those plus 2 x parameters x s of its matmuls; embeddings' parameters count as matmuls, which only
-    lowers the attention's share)."""
+    lowers the attention's share), the attention's x `attention_slowdown` in both: FLOPs at the matmuls' speed, so
+    that their ratio is the attention's share of the unit's time."""
     rows = profile.units[profile.units.microbatch_size == profile.units.microbatch_size.min()].sort_values("unit")
     params = rows.param_bytes.to_numpy(dtype=np.float64) / shape.dtype_bytes
     s = float(shape.seq_len)
-    attention = attention_layers(profile) * 4 * s * s * shape.heads * shape.head_dim * (0.5 if shape.causal else 1.0)
+    attention = (attention_layers(profile) * 4 * s * s * shape.heads * shape.head_dim * (0.5 if shape.causal else 1.0)
+                 * attention_slowdown(profile))
     return attention, attention + 2 * params * s
 
 
 def causal_share(profile: Profile) -> float | None:
-    """The causal attention's share of the model's FLOPs (`attention_flops` summed over units), which sequence
+    """The causal attention's share of the model's time (`attention_flops` summed over units), which sequence
     pipelining's chunk costs read (autopp.schedule.seqpipe, COST); None when the profile records no attention shape
     or a non-causal one (not a causal LM: no sequence pipelining)."""
     shape = attention_shape(profile)

@@ -10,7 +10,7 @@ import pytest
 
 from autopp.costmodel import (ContextTable, ProfileTable, attention_shape, check_sequence, context_parallel,
                               group_table, group_terms)
-from autopp.costmodel.context import attention_layers
+from autopp.costmodel.context import attention_layers, attention_slowdown
 from autopp.data.cluster import Link, Nodes, hierarchical_cluster
 from autopp.data.layout import Layout
 from autopp.data.profile import Profile
@@ -75,6 +75,24 @@ def test_one_block_of_attention_is_its_share_of_the_units_flops_over_cp() -> Non
     assert np.isclose(a.cp_ring[2][1], a.forward[1] * share / 2)
     bidirectional = ContextTable(_profile(causal=False), 1, 2).arrays(4)
     assert bidirectional.cp_ring is not None and bidirectional.cp_ring[2][1] > a.cp_ring[2][1]
+
+
+def test_on_an_analytic_profile_attentions_share_is_of_the_time() -> None:
+    """An analytic profile whose attention ran at half the compute efficiency (a GPU's default, 0.3 against 0.6)
+    weighs its attention FLOPs twice: a block of attention is that share of the unit's time; a measured profile (or
+    one without an attention efficiency) weighs them once."""
+    p = _profile()
+    counted = replace(p, meta=replace(p.meta, extra={**p.meta.extra, "analytic": {
+        "compute_efficiency": 0.6, "attention_efficiency": 0.3}}))
+    assert attention_slowdown(counted) == pytest.approx(2.0) and attention_slowdown(p) == 1.0
+    params = p.units[(p.units.microbatch_size == 1) & (p.units.unit == 1)].param_bytes.iloc[0] / 4
+    attention = 2 * 4 * SEQ * SEQ * 4 * 16 / 2
+    a = ContextTable(counted, 1, 2).arrays(4)
+    assert a.cp_ring is not None
+    assert np.isclose(a.cp_ring[2][1], a.forward[1] * attention / (attention + 2 * params * SEQ) / 2)
+    cpu = replace(counted, meta=replace(counted.meta, extra={**p.meta.extra, "analytic": {
+        "compute_efficiency": 0.5, "attention_efficiency": None}}))
+    assert attention_slowdown(cpu) == 1.0
 
 
 def test_the_exchange_is_hidden_under_a_block_and_only_its_excess_is_exposed() -> None:

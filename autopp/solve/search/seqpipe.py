@@ -2,8 +2,9 @@
 simulator as units (`autopp.schedule.seqpipe`; Seq1F1B, Sun et al., NAACL 2025; TeraPipe, Li et al., ICML 2021).
 
 Offered (`seq_offered`) for causal LMs whose profile records the attention's shape (HF configs:
-`meta.extra["hf_config"]["attention"]` with `causal`), where the attention's share of the FLOPs (`causal_share`)
-sets the chunks' equal-cost boundaries; with the schedule searched (or pinned to it), no trainer (none ships it),
+`meta.extra["hf_config"]["attention"]` with `causal`), where the attention's share of the time
+(`causal_share`: its FLOPs, weighted by its efficiency on an analytic profile) sets the chunks' equal-cost
+boundaries; with the schedule searched (or pinned to it), no trainer (none ships it),
 the plain vocabulary split, and every stage keeping its activations (the chunk costs are those of keep). Only
 pipeline and data parallelism with whole replicas (tp, cp, ep 1, ZeRO 0) are searched, the layouts the runner runs
 it on (`autopp.run.seq_chunks.check_seq_plan`), as Chimera's are (`request.configs`): context parallelism already
