@@ -12,7 +12,7 @@ import pytest
 from autopp.cli import main
 from autopp.cli.profile import analytic_target, default_dtype
 from autopp.data.profile import Profile, load_profile
-from autopp.measure.counting import CPU_TILES, GPU_TILES
+from autopp.measure.counting import GPU_TILES
 
 GPU_RECORD = json.loads(json.dumps(asdict(GPU_TILES)))  # as an analytic profile's meta.json holds them
 
@@ -90,7 +90,7 @@ def test_an_analytic_moe_profile_without_the_expert_columns_is_not_current() -> 
 
 def test_an_analytic_profile_that_counted_causal_attention_whole_is_not_current() -> None:
     """An analytic profile counted before causal attention's skipped blocks (no `analytic.attention_tiles`: it
-    charged every query-key pair), or with another kernel's blocks than its device's, is counted again; a measured
+    charged every query-key pair), or with blocks no kernel is counted with now, is counted again; a measured
     one (timed, nothing counted) stays current."""
     from autopp.cli.profile import _current
     measured = load_profile(ROOT / "profiles" / "mlp")
@@ -100,6 +100,9 @@ def test_an_analytic_profile_that_counted_causal_attention_whole_is_not_current(
         "it counted causal attention whole, before its kernel's skipped blocks"
     new = replace(old, extra={**old.extra, "analytic": {"attention_tiles": GPU_RECORD}})
     assert _current(Profile(new, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") is None
+    other = replace(old, extra={**old.extra, "analytic": {"attention_tiles": {"key": 64, "query_blocks": []}}})
+    assert _current(Profile(other, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") == \
+        "it counted causal attention whole, before its kernel's skipped blocks"  # blocks no kernel counts with now
     assert _current(measured, fp, None, None, (), "fp32") is None
 
 

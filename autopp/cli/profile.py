@@ -338,9 +338,8 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
     if missing:
         return f"it has no tensor-parallel rows of degree {', '.join(map(str, missing))}"
     if made_for:
-        from ..data.catalog import load_device
         from ..measure.analytic import count_outdated  # torch: a cached analytic profile is being judged
-        outdated = count_outdated(profile, load_device(made_for))
+        outdated = count_outdated(profile)
         if outdated:
             return outdated
     recorded_moe = profile.meta.extra.get("moe") or {}

@@ -148,7 +148,8 @@ class Efficiency:
 #: and 100 us per call (the order the fits on this CPU find, docs/analytic.md). `autopp calibrate` fits them, but
 #: attention's. A GPU's fused attention at 0.3 of the peak: FlashAttention-2, torch's flash SDPA kernel, reaches
 #: "only 35% utilization on the H100 GPU" (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract), where
-#: FlashAttention-3 and cuDNN's reach about 75 % (scripts/device_check.sh measures it; no GPU has run it yet). On the
+#: FlashAttention-3 and cuDNN's reach about 75 % (scripts/device_check.sh measures it; no GPU has run it yet); an H100
+#: figure taken for every GPU of the catalog (on an A100 FlashAttention-2 reaches 50-73 %, Dao 2023). On the
 #: CPU the flash kernel is taken at the GEMMs' share (None): what it computes is counted by its blocks, measured
 #: (scripts/bench_causal_attention.py).
 _DEFAULTS = {"gpu": Efficiency(compute=0.6, memory=0.8, op_overhead_s=5e-6, attention=0.3),

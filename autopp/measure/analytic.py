@@ -309,13 +309,13 @@ def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, setup: Tp
     return tp_table(rows), tp_meta(setup)
 
 
-def count_outdated(profile: Profile, spec: DeviceSpec) -> str | None:
-    """Why an analytic profile for `spec` was counted otherwise than `analytic_profile` counts now (None: it was
-    not): with other attention blocks than `spec`'s (`extra.analytic.attention_tiles`; none: causal attention
-    counted whole, before its skipped blocks), or a mixture of experts without its expert GEMMs' columns (expert
-    parallelism cannot re-time it; docs/profile-format.md)."""
-    tiles = json.loads(json.dumps(asdict(attention_tiles(not spec.memory_shared))))  # as meta.json holds them
-    if profile.meta.extra.get("analytic", {}).get("attention_tiles") != tiles:
+def count_outdated(profile: Profile) -> str | None:
+    """Why an analytic profile was counted otherwise than `analytic_profile` counts now (None: it was not): with
+    attention blocks that are neither kernel's of `attention_tiles` now (`extra.analytic.attention_tiles`; none:
+    causal attention counted whole, before its skipped blocks), or a mixture of experts without its expert GEMMs'
+    columns (expert parallelism cannot re-time it; docs/profile-format.md)."""
+    kernels = [json.loads(json.dumps(asdict(attention_tiles(fused)))) for fused in (False, True)]  # as meta.json
+    if profile.meta.extra.get("analytic", {}).get("attention_tiles") not in kernels:
         return "it counted causal attention whole, before its kernel's skipped blocks"
     if profile.experts_untimed:
         return "it was counted before the expert GEMMs' columns"
