@@ -22,7 +22,7 @@ from typing import cast
 
 from autopp.costmodel.roofline import OpCounts, default_efficiency, phase_time
 from autopp.data.catalog import load_device
-from autopp.measure.analytic import count_model
+from autopp.measure.analytic import count_model, runs_fused_attention
 from autopp.measure.options import DType, ProfileOptions
 from autopp.measure.tp_rows import tp_setup
 from autopp.model.hf import hf_model_file
@@ -88,7 +88,7 @@ def main() -> None:
         one = Path(tmp) / args.config.name
         one.write_text(json.dumps({**data, "num_hidden_layers": 3}))
         options = ProfileOptions(microbatch_sizes=(args.microbatch,), dtype=cast(DType, rec.dtype), precision=rec.name)
-        fused = not spec.memory_shared
+        fused = runs_fused_attention(spec)
         counts = {t: block_counts(one, args.seq_len, options, t, fused)[args.phase] for t in (1, args.tp)}
         counts[0] = block_counts(one, args.seq_len, options, args.tp, fused, sp=True)[args.phase]
     t = args.tp

@@ -16,17 +16,15 @@ import torch
 from torch import fx, nn
 from torch.distributed.pipelining import Pipe
 
-from ..costmodel.roofline import (Calibration, Efficiency, FitRow, OpCounts, UnitError, default_efficiency,
-                                 expert_seconds, fit_efficiency, phase_time)
-from ..data.catalog import DeviceSpec, identify_device, load_device
+from ..costmodel.roofline import Calibration, Efficiency, OpCounts, default_efficiency, expert_seconds, phase_time
+from ..data.catalog import DeviceSpec, load_device
 from ..data.precision import Recipe
 from ..data.profile import EDGE_COLUMNS, EXPERT_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..schedule.activation import POLICY_COLUMNS
-from ..errors import AutoppError, ProfileError
+from ..errors import AutoppError
 from ..model.contract import ModelFile, batch_norms, describe_error, load_model_file
 from ..model.experts import moe_facts
 from ..model.fake import fake_mode, faking
-from ..model.hf import load_model
 from ..model.fake_cpu import as_fake_cpu, fake_on_cpu
 from ..model.meta import MetaModel, build_meta, build_units, meta_pieces
 from ..model.tp import local_model_file
@@ -41,8 +39,8 @@ from .pieces import piece_key
 from .timing import Piece
 from .tp_rows import TpSetup, check_same_units, counted_rows, sp_counted, tp_collectives, tp_meta, tp_setup, tp_table
 
-__all__ = ["UnitCount", "ModelCounts", "count_model", "unit_times", "analytic_profile", "counted_tp_rows",
-           "count_outdated"]
+__all__ = ["UnitCount", "ModelCounts", "count_model", "unit_times", "runs_fused_attention", "analytic_profile",
+           "counted_tp_rows", "count_outdated"]
 #: An analytic profile runs no loss on real values, so vocabulary parallelism is not checked (profile.extra.vocab).
 _NO_VOCAB = "vocabulary parallelism: not checked on an analytic profile (the loss needs values): profile it measured"
 
@@ -197,9 +195,10 @@ def unit_times(counts: PieceCounts, spec: DeviceSpec, recipe: Recipe, eff: Effic
     """The profile's time columns of one counted unit on `spec` under `recipe`: every op at its compute peak, linear
     matmuls at theirs (FP8's: `OpCounts.load`), attention at its own efficiency; its expert GEMMs' parts apart."""
     (peak, linear_peak), bw = recipe.peaks(spec), spec.memory_bandwidth_bytes_per_s
+    ridge = eff.ridge(peak, bw)
 
     def t(ops: OpCounts) -> float:
-        return phase_time(ops.load(eff.ridge(peak, bw), linear_peak / peak, eff.attention_slowdown), peak, bw, eff)
+        return phase_time(ops.load(ridge, linear_peak / peak, eff.attention_slowdown), peak, bw, eff)
     times = {"forward": t(counts.forward), "backward": t(counts.backward), "backward_input": t(counts.backward_input),
              "backward_weight": t(counts.backward_weight), "recompute": t(counts.forward),
              "selective_recompute": t(counts.selective_recompute)}
@@ -214,6 +213,12 @@ def _optimizer_step_s(c: ModelCounts, spec: DeviceSpec, eff: Efficiency) -> floa
     per_element = c.options.recipe.step_bytes(states)
     ops = c.param_tensors * (2 + states)
     return c.optimizer_numel * per_element / (spec.memory_bandwidth_bytes_per_s * eff.memory) + ops * eff.op_overhead_s
+
+
+def runs_fused_attention(spec: DeviceSpec) -> bool:
+    """Whether `spec`'s attention is counted as a GPU's fused kernels run it (`count_model(fused_attention=...)`):
+    every device but the catalog's CPU, whose memory is the host's."""
+    return not spec.memory_shared
 
 
 def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
@@ -233,7 +238,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     eff = calibration.efficiency if calibration is not None else default_efficiency(spec.name)
     if counts is not None and counts.options != replace(options, tp_degrees=()):
         raise ValueError(f"counts were made for {counts.options}, not for {options}")
-    fused = not spec.memory_shared  # a GPU runs fused attention kernels; the catalog's CPU (its memory the host's)
+    fused = runs_fused_attention(spec)
     if counts is not None and counts.fused_attention != fused:
         raise ValueError(f"counts were made with fused_attention={counts.fused_attention}, not for {spec.name}")
     mf = counts.mf if counts is not None else model if isinstance(model, ModelFile) else load_model_file(model)
@@ -270,8 +275,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     extra = {"analytic_device": spec.name, "precision": recipe.name,
              "analytic": {"device": spec.name, "model": spec.model, "device_source": spec.source,
                           "calibration": calibration_path, "compute_efficiency": eff.compute,
-                          "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s, "call_overhead_s":
-                          eff.call_overhead_s, "attention_efficiency": eff.attention,
+                          "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s,
+                          "call_overhead_s": eff.call_overhead_s, "attention_efficiency": eff.attention,
                           "attention_tiles": asdict(attention_tiles(c.fused_attention))},
              "peak_bytes": peaks,
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",

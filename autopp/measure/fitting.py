@@ -14,7 +14,7 @@ from ..data.profile import Profile
 from ..errors import ProfileError
 from ..model.hf import load_model
 from ..progress import Progress
-from .analytic import ModelCounts, UnitCount, count_model, unit_times
+from .analytic import ModelCounts, UnitCount, count_model, runs_fused_attention, unit_times
 from .options import ProfileOptions
 
 __all__ = ["fit_rows", "FIT_ROUNDS", "fit_measured", "unit_errors", "calibrate"]
@@ -98,8 +98,9 @@ def _check_measured_on(measured: Profile, spec: DeviceSpec, where: str) -> None:
 def calibrate(measured: Profile, device: str | DeviceSpec, profile_path: str = "", counts: ModelCounts | None = None,
               progress: Progress = lambda _msg: None) -> Calibration:
     """Fit `device`'s efficiencies to a measured profile: its model counted at the profile's microbatch sizes, dtype
-    and optimizer (attention as `device` runs it: a GPU's fused kernels, the CPU's), then `fit_measured` over the forward, backward, input- and weight-gradient times of every unit
-    the profile measured itself (not the shared ones)."""
+    and optimizer (attention as `device` runs it: a GPU's fused kernels, the CPU's), then `fit_measured` over the
+    forward, backward, input- and weight-gradient times of every unit the profile measured itself (not the shared
+    ones)."""
     spec = device if isinstance(device, DeviceSpec) else load_device(device)
     where = profile_path or "profile"
     _check_measured_on(measured, spec, where)
@@ -108,7 +109,7 @@ def calibrate(measured: Profile, device: str | DeviceSpec, profile_path: str = "
                            "the model again")
     c = counts or count_model(load_model(measured.meta.model_path, measured.meta.extra.get("hf_config")),
                               ProfileOptions.recorded(measured.meta), progress,
-                              fused_attention=not spec.memory_shared)  # as analytic_profile counts for `spec`
+                              fused_attention=runs_fused_attention(spec))
     if c.fingerprint != measured.meta.fingerprint:
         raise ProfileError(f"{profile_path or measured.meta.model_path}: profile fingerprint "
                            f"{measured.meta.fingerprint} does not match the model ({c.fingerprint}); profile it again")
