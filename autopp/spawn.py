@@ -4,6 +4,7 @@ result from each (torch-free: the server imports torch, this module does not).""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
 import time
 from typing import Any
@@ -36,14 +37,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float, what: str) -> dict[int, Any]:
-    """Start `ranks` processes (`rank_context`) running `target(rank, ranks, port, *args, queue)`, each of which puts
-    (rank, result, error or None) on the queue, and return {rank: result}; raise AutoppError naming `what` if one
-    fails, dies or the whole takes over `timeout_s`. Every process is joined or killed before returning."""
-    ctx = rank_context()
+def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float, what: str,
+                fork: bool = True) -> dict[int, Any]:
+    """Start `ranks` processes running `target(rank, ranks, port, *args, queue)` in the caller's environment as it
+    is now, each of which puts (rank, result, error or None) on the queue, and return {rank: result}; raise
+    AutoppError naming `what` if one fails, dies or the whole takes over `timeout_s`. Every process is joined or
+    killed before returning. `fork`: forked from the rank server (`rank_context`), else new interpreters
+    (multiprocessing's spawn), as `autopp run` starts CUDA ranks (docs/launch.md)."""
+    ctx = rank_context() if fork else mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=target, args=(r, ranks, port, *args, queue)) for r in range(ranks)]
+    env = dict(os.environ)
+    procs = [ctx.Process(target=_in_env, args=(env, target, r, ranks, port, *args, queue)) for r in range(ranks)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -71,3 +76,10 @@ def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float
             if p.is_alive():
                 p.kill()
     return results
+
+
+def _in_env(env: dict[str, str], target: Any, *args: Any) -> None:
+    """`target(*args)` with `env` as the environment (a forked rank's is the rank server's, from when it started)."""
+    os.environ.clear()
+    os.environ.update(env)
+    target(*args)

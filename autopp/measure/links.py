@@ -166,8 +166,10 @@ def measure_links(ranks: int, message_bytes: Sequence[int] = DEFAULT_MESSAGE_BYT
     `autopp.run.calibrate.calibrate_links` to fit."""
     if ranks < 2:
         raise ValueError(f"need at least 2 ranks to measure a link, got {ranks}")
+    import torch  # only here: the module is read without torch (autopp.cli)
     sizes = sorted(set(int(n) for n in message_bytes))
-    results = spawn_local(_worker, ranks, (sizes, warmup, repeats), timeout_s, "measuring links")
+    results = spawn_local(_worker, ranks, (sizes, warmup, repeats), timeout_s, "measuring links",
+                          fork=not torch.cuda.is_available())  # NCCL ranks as new interpreters, as `autopp run`'s
     profile = _summarise(results, ranks, sizes, repeats)
     return profile if profile.backend == "gloo" else replace(profile, progress_s=0.0)
 

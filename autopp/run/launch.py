@@ -20,7 +20,7 @@ from ..sizes import format_time
 from ..spawn import free_port, rank_context
 
 __all__ = ["RankProcess", "Process", "ForkedProcess", "WORKER_ENTRY", "fork_rank", "free_port", "worker_env",
-           "launch_ranks", "wait_ranks", "kill_ranks", "tail", "rank_failure", "split_line"]
+           "launch_ranks", "wait_ranks", "exit_code", "kill_ranks", "tail", "rank_failure", "split_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,13 +175,24 @@ def _forked_rank(entry: str, args: list[str], env: dict[str, str], cwd: str, std
         module, function = entry.split(":")
         code = int(getattr(importlib.import_module(module), function)(args))
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exit_code(exc)
     except BaseException:  # noqa: BLE001 - told on stderr, as an interpreter would, and the exit code says it
         traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The exit status an interpreter gives `sys.exit(code)`: 0 for None, the integer, else 1 with the code printed on
+    stderr (`sys.exit("message")`)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
 
 
 def kill_ranks(procs: Sequence[RankProcess]) -> None:

@@ -16,7 +16,8 @@ from ..errors import RunError
 from .launch import RankProcess
 from .options import Nodes, RunOptions
 
-__all__ = ["plan_nnodes", "check_node_share", "torchrun_command", "format_commands", "launch_torchrun", "worker_errors", "TERM_GRACE_S"]
+__all__ = ["plan_nnodes", "check_node_share", "torchrun_command", "format_commands", "launch_torchrun", "worker_errors",
+           "TERM_GRACE_S"]
 
 #: Seconds torchrun gets after SIGTERM to stop its workers before everything is SIGKILLed.
 TERM_GRACE_S = 10.0

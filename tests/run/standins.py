@@ -3,7 +3,11 @@ rank server, which has the test session's sys.path."""
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Any
+
+from autopp.run.launch import exit_code
 
 
 def run_code(argv: list[str]) -> int:
@@ -12,5 +16,10 @@ def run_code(argv: list[str]) -> int:
     try:
         exec(compile(argv[0], "<string>", "exec"), {"__name__": "__main__"})
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
+        return exit_code(exc)
     return 0
+
+
+def report_env(rank: int, ranks: int, port: int, name: str, queue: Any) -> None:
+    """A `spawn_local` target: the value of environment variable `name` this rank sees."""
+    queue.put((rank, os.environ.get(name), None))

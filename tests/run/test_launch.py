@@ -149,6 +149,17 @@ def test_kill_ranks_reaps_grandchildren_in_the_group(fork: bool, tmp_path: Path)
     assert _left(procs, tmp_path) == []
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("code, status, said", [("sys.exit()", 0, ""), ("sys.exit(None)", 0, ""),
+                                                ("sys.exit(4)", 4, ""), ("sys.exit('no model')", 1, "no model\n")])
+def test_a_forked_rank_exits_as_an_interpreter_would(tmp_path: Path, code: str, status: int, said: str) -> None:
+    """sys.exit() and sys.exit(None) end a forked rank with 0, an integer with itself, a message with 1 and the
+    message on stderr, as `python -c` does."""
+    forked = _fake_rank(0, tmp_path, "import sys; " + code, fork=True)
+    assert forked.popen.wait(120) == status
+    assert (tmp_path / "rank0.err").read_text() == said
+
+
 def test_helpers(tmp_path: Path) -> None:
     assert 0 < free_port() < 65536
     env = worker_env(1, 2, 12345)
