@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.precision import RECIPES, Recipe, recipe, recipe_of_dtype
 from ..data.hf_config import DEFAULT_SEQ_LEN, DEFAULT_TASK, HF_TASKS, HfSource, hf_source
+from ..data.profile_tp import tp_outdated
 from ..errors import AutoppError
 from ..preflight import check_model_file, check_output_dir, check_output_file
 from ..sizes import format_in, time_unit
@@ -317,10 +318,10 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
              degrees: tuple[int, ...] | None, precision: str, routing: dict[str, Any] | None = None,
              optimizer: str | None = None) -> str | None:
     """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
-    precision recipe, optimizer (when given), device, without the tensor-parallel rows the request pins, an analytic
-    profile counted otherwise than `analytic_profile` counts now (`count_outdated`), or one whose `extra.moe`
-    lacks a routing fact the model has (`routing`: autopp.model.experts.moe_facts of the model; a group-limited
-    routing's groups)."""
+    precision recipe, optimizer (when given), device, TP rows not those needed (`tp_outdated`), an analytic profile
+    counted otherwise than `analytic_profile` counts now (`count_outdated`), or one whose `extra.moe` lacks a
+    routing fact the model has (`routing`: autopp.model.experts.moe_facts of the model; a group-limited routing's
+    groups)."""
     if profile.meta.fingerprint != fingerprint:
         return "the model changed"
     if profile.meta.extra.get("hf_config") != recorded:
@@ -334,9 +335,9 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
     if made_for != device:
         return f"it is {f'analytic for {made_for}' if made_for else 'measured'}, the plan needs one " + (
             f"analytic for {device}" if device else "measured here")
-    missing = sorted(set(degrees or ()) - set(profile.meta.tp_degrees))
-    if missing:
-        return f"it has no tensor-parallel rows of degree {', '.join(map(str, missing))}"
+    rows = tp_outdated(profile.meta.tp_plan, profile.meta.tp_degrees, degrees, recorded is not None)
+    if rows:
+        return rows
     if made_for:
         from ..measure.analytic import count_outdated  # torch: a cached analytic profile is being judged
         outdated = count_outdated(profile)

@@ -11,13 +11,15 @@ from ..data.axes import AXES, SWITCHES, Axis, Switch
 from ..data.layout import MESH_AXES
 from ..data.plan import Plan
 from ..data.precision import plan_recipe
+from ..data.profile_tp import LOSS_PARALLEL
 from ..data.trainers import optimizer_words, trainer_rules
 from ..errors import ScheduleError
 from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy
 from .layers import ExportError
 
 __all__ = ["Exported", "uniform_policy", "refuse_layout", "trainer_axes", "launch_grid", "group_lines",
-           "carved_lines", "axis_notes", "stage_placement", "refuse_schedule", "made_for", "optimizer_note"]
+           "carved_lines", "axis_notes", "stage_placement", "refuse_schedule", "made_for", "optimizer_note",
+           "loss_parallel_notes"]
 
 
 @dataclass(frozen=True)
@@ -183,3 +185,19 @@ def optimizer_note(plan: Plan, trainer: str) -> str:
     """What the plan's memory counts of the optimizer (`Plan.optimizer`, the profile's), which no export writes, and
     what `trainer` trains with unless told (autopp.data.trainers.optimizer_words)."""
     return f"optimizer not written: {optimizer_words(trainer, plan.optimizer)}"
+
+
+def loss_parallel_notes(plan: Plan, trainer: str) -> list[str]:
+    """With tp > 1, how the plan counted the head against what `trainer` runs: torchtitan (its lm_head's output
+    Shard(-1), torchtitan/models/common/decoder_sharding.py) and Megatron-LM (vocab-parallel cross-entropy) always
+    keep the logits sharded on the vocabulary into the loss; a plan whose head gathers them (a model file's own
+    loss, autopp.model.tp) holds more on its last stage than the trainer will."""
+    if plan.layout.tp == 1:
+        return []
+    title = trainer_rules(trainer).title
+    if LOSS_PARALLEL in plan.tp_plan.values():
+        return [f"loss parallelism: the head's logits stay sharded on the vocabulary into the loss, as the plan counts "
+                f"them and {title} runs them"]
+    return [f"loss parallelism: {title} keeps the head's logits sharded on the vocabulary into the loss, where the "
+            f"plan counts them gathered to full width on every TP rank (the model file's loss reads them whole): its "
+            f"last stage will hold less than predicted"]

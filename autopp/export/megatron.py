@@ -12,8 +12,8 @@ from ..data.hf_config import read_hf_config
 from ..data.plan import Plan
 from ..data.profile_values import LiveValue
 from ..errors import ModelFileError
-from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, made_for, refuse_layout,
-                     optimizer_note, refuse_schedule, uniform_policy)
+from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, loss_parallel_notes, made_for,
+                     refuse_layout, optimizer_note, refuse_schedule, uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers, skip_problem
 from .overlap import megatron_overlap
 
@@ -149,7 +149,7 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
     notes = [f"Megatron: launch {plan.num_ranks} ranks (world size {launch_grid(plan, 'megatron')}; "
              "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
              "does)", *([connections] if connections else []), *setting_notes, *untie_notes,
-             optimizer_note(plan, "megatron"), *axis_notes(plan, "megatron")]
+             optimizer_note(plan, "megatron"), *axis_notes(plan, "megatron"), *loss_parallel_notes(plan, "megatron")]
     if "|" in layout:
         notes.append(f"the file is for $(cat FILE), where the shell takes the layout's `|` as part of the word; "
                      "pasting the lines into a script instead, quote the layout: --pipeline-model-parallel-layout "

@@ -19,8 +19,8 @@ from ..errors import AutoppError, TpPlanError
 from ..model.contract import ModelFile
 from ..model.fake import run_fake
 from ..model.meta import MetaModel, build_units
-from ..model.tp import (TpCollectives, TpPlan, check_degree, find_tp_plan, local_model_file, resolve,
-                        sequence_modules, tp_degrees, unit_collectives)
+from ..model.tp import TpPlan, check_degree, find_tp_plan, local_model_file, resolve, sequence_modules, tp_degrees
+from ..model.tp_collectives import TpCollectives, unit_collectives
 from ..model.tp_sequence import sequence_model_file
 from ..model.units import Unit
 from .counting import PieceCounts

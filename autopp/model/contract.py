@@ -54,6 +54,9 @@ class ModelFile:
     sequence_chunks: bool = False
     """SEQUENCE_CHUNKS of the model file: its attention is causal SDPA without a mask and positions come from its
     inputs, so `autopp run` may split its sequences into chunks (Seq1F1B, autopp.run.seq_chunks)."""
+    cross_entropy: bool = False
+    """The loss is autopp's cross-entropy of the output logits (an HF config's model file, autopp.model.hf): a TP
+    plan's gathered head then keeps its logits sharded into the loss (autopp.model.tp.LOSS_PARALLEL)."""
     shard: str = ""
     """What build_model() gives when it is not the whole model (a tensor-parallel rank's shard, autopp.model.tp), and
     what that asks of forward(): said in this file's errors; "" for the model itself."""

@@ -225,7 +225,7 @@ def hf_model_file(config_path: str | Path, seq_len: int | None = None, task: str
     source = hf_source(config_path, seq_len, task)
     config = hf_config(source)
     return ModelFile(source.config_path, partial(_build, source.config_path, _auto_class(source, config), config),
-                     partial(_sample, source, _shape(source, config)), _loss, None)
+                     partial(_sample, source, _shape(source, config)), _loss, None, cross_entropy=True)
 
 
 def load_model(path: str | Path, hf: dict[str, Any] | None = None) -> ModelFile:

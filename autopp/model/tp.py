@@ -1,30 +1,28 @@
 """Tensor-parallel plans: find a model's plan (TP_PLAN in the model file, else Hugging Face's), resolve its patterns
-to modules, the degrees it allows, torch's ParallelStyle per module, one rank's local shard of the model (for
-measuring and counting its compute), and each unit's TP collectives per microbatch (Megatron's f/g operators,
-docs/parallelism.md): rowwise and embedding_rowwise all-reduce their output in the forward; colwise all-reduces the
-gradient of its input in the backward, once per distinct input tensor of a unit (q/k/v read one tensor: one);
-colwise_gather_output all-gathers its output in the forward and all-reduces its input gradient in the backward;
-replicated_with_grad_allreduce (Qwen3's per-head q_norm/k_norm) all-reduces its parameters' gradients in the
-backward."""
+to modules, the degrees it allows, torch's ParallelStyle per module, and one rank's local shard of the model (for
+measuring and counting its compute). Each unit's TP collectives: autopp.model.tp_collectives."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from functools import partial
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
+from ..data.profile_tp import LOSS_PARALLEL
 from ..errors import TpPlanError
 from .contract import ModelFile
 from .hf_plans import divide_heads, extra_plan
 
-__all__ = ["GRAD_ALLREDUCE", "TP_STYLES", "STYLE_ALIASES", "TpPlan", "TpCollectives", "find_tp_plan", "resolve",
-           "tp_degrees", "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_model_file",
-           "unit_collectives", "SEQUENCE_STYLE", "sequence_modules"]
+__all__ = ["GRAD_ALLREDUCE", "LOSS_PARALLEL", "TP_STYLES", "STYLE_ALIASES", "TpPlan", "find_tp_plan", "resolve",
+           "tp_degrees", "check_degree", "torch_styles", "narrow_planned", "local_shard", "LocalLoss", "local_shard_of",
+           "local_model_file",
+           "SEQUENCE_STYLE", "sequence_modules"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +37,9 @@ TP_STYLES: dict[str, str] = {
                "(forward: all-reduce of the output)",
     "colwise_gather_output": "colwise with the output gathered to full width (forward: all-gather of the output; "
                              "backward: all-reduce of the input gradient)",
+    LOSS_PARALLEL: "colwise output layer whose logits stay sharded on the vocabulary into the loss, a cross-entropy "
+                   "of them (torch's loss_parallel; forward: all-reduces of each token's maximum, sum of exponentials "
+                   "and target logit; backward: all-reduce of the input gradient)",
     "embedding_rowwise": "nn.Embedding split on the vocabulary: partial lookups summed (forward: all-reduce of the "
                          "output)",
     GRAD_ALLREDUCE: "module replicated on every TP rank, fed only this rank's heads, so its parameter gradients are "
@@ -52,12 +53,13 @@ SEQUENCE_STYLE = "sequence_parallel"
 STYLE_ALIASES: dict[str, str] = {"colwise_rep": "colwise_gather_output"}
 #: The module type each style shards (GRAD_ALLREDUCE shards nothing: any module).
 _MODULE_TYPES: dict[str, type[nn.Module]] = {"colwise": nn.Linear, "rowwise": nn.Linear,
-                                             "colwise_gather_output": nn.Linear, "embedding_rowwise": nn.Embedding,
+                                             "colwise_gather_output": nn.Linear, LOSS_PARALLEL: nn.Linear,
+                                             "embedding_rowwise": nn.Embedding,
                                              GRAD_ALLREDUCE: nn.Module}
 #: Per style, the parameter dimension split across the TP ranks, and the module attribute holding its size.
 _SHARDED: dict[str, tuple[int, str]] = {"colwise": (0, "out_features"), "rowwise": (1, "in_features"),
                                         "colwise_gather_output": (0, "out_features"),
-                                        "embedding_rowwise": (0, "num_embeddings")}
+                                        LOSS_PARALLEL: (0, "out_features"), "embedding_rowwise": (0, "num_embeddings")}
 #: Config fields of an HF model that TP divides among the ranks (attention heads).
 _HF_DIVIDED = ("num_attention_heads", "num_key_value_heads")
 
@@ -108,14 +110,28 @@ def find_tp_plan(mf: ModelFile, model: nn.Module, counting: bool = False) -> TpP
     prefix = f"{name}." if name else ""
     plan = getattr(hf, "tp_plan", None)
     if isinstance(plan, dict) and plan:
-        return TpPlan({prefix + k: str(v) for k, v in plan.items()}, _hf_source(hf, prefix), partial=True)
+        return _loss_parallel(mf, TpPlan({prefix + k: str(v) for k, v in plan.items()}, _hf_source(hf, prefix),
+                                         partial=True))
     extra = extra_plan(hf) if counting else None
     if extra is None:
         return None
     base = getattr(hf, "base_model", hf)
     under = prefix + next((f"{n}." for n, m in hf.named_modules() if m is base and n), "")
-    return TpPlan({**{prefix + k: v for k, v in extra.head.items()}, **{under + k: v for k, v in extra.base.items()}},
-                  extra.source)
+    return _loss_parallel(mf, TpPlan({**{prefix + k: v for k, v in extra.head.items()},
+                                      **{under + k: v for k, v in extra.base.items()}}, extra.source))
+
+
+def _loss_parallel(mf: ModelFile, plan: TpPlan) -> TpPlan:
+    """An HF plan's gathered head as `LOSS_PARALLEL` when the model file's loss is autopp's cross-entropy of the
+    logits (`ModelFile.cross_entropy`: an HF config's), as torchtitan and Megatron-LM run it; else the plan as is
+    (a model file's own loss may read whole logits)."""
+    if not mf.cross_entropy:
+        return plan
+    swapped = {k: LOSS_PARALLEL if STYLE_ALIASES.get(v, v) == "colwise_gather_output" else v
+               for k, v in plan.patterns.items()}
+    if swapped == plan.patterns:
+        return plan
+    return TpPlan(swapped, f"{plan.source}, its head's logits kept sharded into the loss (loss parallel)", plan.partial)
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -223,7 +239,9 @@ def check_degree(model: nn.Module, resolved: dict[str, str], t: int) -> None:
 def torch_styles(resolved: dict[str, str], present: Iterable[str]) -> dict[str, Any]:
     """torch ParallelStyles for the planned modules among `present` (module names, e.g. a stage's), for
     `parallelize_module`: colwise ColwiseParallel(), rowwise RowwiseParallel(), colwise_gather_output
-    ColwiseParallel(output_layouts=Replicate()), embedding_rowwise RowwiseParallel(input_layouts=Replicate()).
+    ColwiseParallel(output_layouts=Replicate()), LOSS_PARALLEL ColwiseParallel(output_layouts=Shard(-1),
+    use_local_output=False) (its loss runs under torch's `loss_parallel()`), embedding_rowwise
+    RowwiseParallel(input_layouts=Replicate()).
     TpPlanError on a GRAD_ALLREDUCE module: torch has no ParallelStyle for it and the runner does not hook its
     gradients (the planner counts it)."""
     names = set(present)
@@ -231,12 +249,13 @@ def torch_styles(resolved: dict[str, str], present: Iterable[str]) -> dict[str, 
     if refused is not None:
         raise TpPlanError(f"{refused}: style {GRAD_ALLREDUCE!r} is planned but not run: autopp's runner does not "
                           "all-reduce its gradients over the TP ranks; run a plan with tp 1")
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     make: dict[str, Callable[[], Any]] = {
         "colwise": ColwiseParallel, "rowwise": RowwiseParallel,
         "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        LOSS_PARALLEL: lambda: ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
         "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate())}
     return {n: make[STYLE_ALIASES.get(s, s)]() for n, s in resolved.items() if n in names}
 
@@ -310,91 +329,32 @@ def local_shard(model: nn.Module, resolved: dict[str, str], t: int) -> nn.Module
     return narrow_planned(model, resolved, t)
 
 
-def _build_local(mf: ModelFile, resolved: dict[str, str], t: int) -> nn.Module:
-    return local_shard(mf.build_model(), resolved, t)
+class LocalLoss:
+    """The model file's loss on TP rank 0's shard: with a `LOSS_PARALLEL` head, whose logits hold the shard's `rows`
+    of the vocabulary (set when the shard is built, `local_shard_of`), integer targets are taken modulo `rows`, as
+    the ids torch's loss_parallel keeps on a rank (the work is the shard's cross-entropy; the values do not matter)."""
+
+    def __init__(self, loss_fn: Callable[[Any, Any], torch.Tensor]) -> None:
+        self.loss_fn, self.rows = loss_fn, 0
+
+    def __call__(self, output: Any, target: Any) -> torch.Tensor:
+        if self.rows:
+            target = tree_map(lambda x: x.remainder(self.rows) if isinstance(x, torch.Tensor)
+                              and not x.is_floating_point() else x, target)
+        return self.loss_fn(output, target)
+
+
+def local_shard_of(mf: ModelFile, resolved: Mapping[str, str], t: int, loss: LocalLoss) -> nn.Module:
+    """`local_shard` of a model `mf` builds, telling `loss` the vocabulary rows of its `LOSS_PARALLEL` head."""
+    model = local_shard(mf.build_model(), dict(resolved), t)
+    heads = [n for n, s in resolved.items() if s == LOSS_PARALLEL]
+    loss.rows = int(getattr(model.get_submodule(heads[0]), "out_features")) if heads else 0
+    return model
 
 
 def local_model_file(mf: ModelFile, resolved: dict[str, str], t: int) -> ModelFile:
     """`mf` whose build_model() gives TP rank 0's shard at degree `t` (`local_shard`): the units at sharded shapes."""
-    return ModelFile(mf.path, partial(_build_local, mf, resolved, t), mf.sample_batch_fn, mf.loss_fn,
-                     mf.split_points, mf.tp_plan, shard=f"TP rank 0's shard at tp {t}, whose colwise outputs hold "
-                     f"1/{t} of their features: take head counts from the tensor, e.g. reshape(b, s, -1, head_dim)")
-
-
-@dataclass(frozen=True)
-class TpCollectives:
-    """One unit's TP collectives per microbatch: bytes are nccl-tests' S (the full tensor), summed over them."""
-
-    forward_allreduce_bytes: int = 0
-    backward_allreduce_bytes: int = 0
-    forward_allgather_bytes: int = 0
-    forward_collectives: int = 0
-    backward_collectives: int = 0
-    sequence_bytes: int = 0
-    """Bytes of the inputs of the unit's sequence-wise modules (`sequence_modules`: what a norm saves for its
-    backward, Korthikanti et al. 2022's LayerNorm-input term): the activation bytes sequence parallelism divides by
-    the degree."""
-
-    def columns(self) -> dict[str, int]:
-        """As the profile's tp.csv columns (`tp_` + field name; `sp_sequence_bytes`)."""
-        return {("sp_" if k == "sequence_bytes" else "tp_") + k: int(v) for k, v in self.__dict__.items()}
-
-
-def _bytes(t: Any) -> int:
-    return int(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0
-
-
-def _unit_of(name: str, unit_modules: Sequence[Sequence[str]]) -> int | None:
-    return next((i for i, mods in enumerate(unit_modules)
-                 if any(name == m or name.startswith(m + ".") for m in mods)), None)
-
-
-def _record(calls: list[tuple[int, str, Any, Any]], unit: int, style: str, module: nn.Module, args: Any,
-            kwargs: dict[str, Any], out: Any) -> None:
-    """Keep one call of a planned module: its unit, style, input tensor (first positional, else keyword) and output
-    (for GRAD_ALLREDUCE: the bytes of its parameters, whose gradients it all-reduces)."""
-    x = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
-    if style == GRAD_ALLREDUCE:
-        out = sum(_bytes(p) for p in module.parameters(recurse=False) if p.requires_grad)
-    calls.append((unit, style, x, out))
-
-
-def _fold(calls: list[tuple[int, str, Any, Any]]) -> TpCollectives:
-    """One unit's calls (unit, style, input, output) as its collectives (module docstring)."""
-    f_ar = b_ar = f_ag = f_n = b_n = seq = 0
-    seen: set[int] = set()
-    for _, style, x, out in calls:
-        if style == SEQUENCE_STYLE:
-            seq += _bytes(x)
-        if style in ("rowwise", "embedding_rowwise"):
-            f_ar, f_n = f_ar + _bytes(out), f_n + 1
-        if style == "colwise_gather_output":
-            f_ag, f_n = f_ag + _bytes(out), f_n + 1
-        if style == GRAD_ALLREDUCE and out:
-            b_ar, b_n = b_ar + int(out), b_n + 1
-        if style in ("colwise", "colwise_gather_output") and id(x) not in seen:
-            seen.add(id(x))
-            b_ar, b_n = b_ar + _bytes(x), b_n + 1
-    return TpCollectives(f_ar, b_ar, f_ag, f_n, b_n, seq)
-
-
-def unit_collectives(model: nn.Module, resolved: dict[str, str], unit_modules: Sequence[Sequence[str]],
-                     run: Callable[[], Any], sequence: Sequence[str] = ()) -> list[TpCollectives]:
-    """Per unit (`unit_modules`: each unit's module names), its TP collectives per microbatch, from hooks on the
-    planned modules while `run()` runs one forward of the full `model` (e.g. on fake tensors) at that microbatch;
-    with the `sequence` modules' input bytes (`TpCollectives.sequence_bytes`)."""
-    calls: list[tuple[int, str, Any, Any]] = []
-    handles = []
-    for name, style in [*resolved.items(), *((n, SEQUENCE_STYLE) for n in sequence)]:
-        unit = _unit_of(name, unit_modules)
-        if unit is None:
-            log.warning("TP-planned module %s lies in no unit; its collectives are not counted", name)
-            continue
-        handles.append(model.get_submodule(name).register_forward_hook(partial(_record, calls, unit, style),
-                                                                       with_kwargs=True))
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.remove()
-    return [_fold([c for c in calls if c[0] == u]) for u in range(len(unit_modules))]
+    loss = LocalLoss(mf.loss_fn)
+    return replace(mf, build_model=partial(local_shard_of, mf, resolved, t, loss), loss_fn=loss,
+                   shard=f"TP rank 0's shard at tp {t}, whose colwise outputs hold 1/{t} of their features: take "
+                   "head counts from the tensor, e.g. reshape(b, s, -1, head_dim)")

@@ -11,7 +11,8 @@ forward hooks standing in for the collectives (rank 0's share, no communication)
   sequence (`PrepareModuleInput` Shard(1) -> Replicate(), the all-gather: the shard repeated t times), and the
   rowwise projections inside them give their first 1/t of the sequence (`RowwiseParallel(output_layouts=Shard(1))`,
   the reduce-scatter);
-- a colwise_gather_output module (the LM head) gets its input gathered (the runner keeps the head's input whole).
+- a colwise_gather_output or colwise_loss_parallel module (the LM head) gets its input gathered (the runner keeps
+  the head's input whole).
 
 So the norms, the residual adds and whatever else a block runs between its sharded modules run on 1/t of the
 sequence, as they do under torch's `SequenceParallel`; the tensor-parallel rows without SP count them whole on
@@ -22,6 +23,7 @@ copy into the whole gradient (an all-gather's)."""
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 from functools import partial
 from typing import Any, Mapping, Sequence
 
@@ -29,7 +31,7 @@ import torch
 from torch import nn
 
 from .contract import ModelFile
-from .tp import local_shard
+from .tp import LOSS_PARALLEL, LocalLoss, local_shard, local_shard_of
 
 __all__ = ["sequence_shard", "sequence_model_file"]
 
@@ -103,7 +105,11 @@ def sequence_shard(model: nn.Module, resolved: Mapping[str, str], sequence: Sequ
     """`model` (in place; returned) as TP rank 0's local shard at degree `t` (`local_shard`) computing under sequence
     parallelism (module docstring): the hooks go on the blocks (parents of a `sequence` module that hold a module
     with colwise children), those modules, their rowwise projections, and the colwise_gather_output modules."""
-    local_shard(model, dict(resolved), t)
+    return _sequence_hooks(local_shard(model, dict(resolved), t), resolved, sequence, t)
+
+
+def _sequence_hooks(model: nn.Module, resolved: Mapping[str, str], sequence: Sequence[str], t: int) -> nn.Module:
+    """`sequence_shard`'s hooks on `model`, already TP rank 0's local shard."""
     regions = {_parent(n) for n, s in resolved.items() if s == "colwise"}
     blocks = {b for b in (_parent(n) for n in sequence) if any(r.startswith(b + ".") for r in regions)}
     sharded: _Marks = _Marks()
@@ -117,17 +123,18 @@ def sequence_shard(model: nn.Module, resolved: Mapping[str, str], sequence: Sequ
     for name, style in resolved.items():
         if style == "rowwise" and _parent(name) in inside:
             model.get_submodule(name).register_forward_hook(partial(_shard_output, t))
-        elif style == "colwise_gather_output":
+        elif style in ("colwise_gather_output", LOSS_PARALLEL):
             model.get_submodule(name).register_forward_pre_hook(partial(_gather_input, t), with_kwargs=True)
     return model
 
 
-def _build(mf: ModelFile, resolved: Mapping[str, str], sequence: Sequence[str], t: int) -> nn.Module:
-    return sequence_shard(mf.build_model(), resolved, sequence, t)
+def _build(mf: ModelFile, resolved: Mapping[str, str], sequence: Sequence[str], t: int, loss: LocalLoss
+           ) -> nn.Module:
+    return _sequence_hooks(local_shard_of(mf, resolved, t, loss), resolved, sequence, t)
 
 
 def sequence_model_file(mf: ModelFile, resolved: Mapping[str, str], sequence: Sequence[str], t: int) -> ModelFile:
     """`mf` whose build_model() gives the local shard at degree `t` under sequence parallelism (`sequence_shard`),
     counted like any model file; its units are the model's."""
-    return ModelFile(mf.path, partial(_build, mf, resolved, tuple(sequence), t), mf.sample_batch_fn, mf.loss_fn,
-                     mf.split_points, mf.tp_plan)
+    loss = LocalLoss(mf.loss_fn)
+    return replace(mf, build_model=partial(_build, mf, resolved, tuple(sequence), t, loss), loss_fn=loss)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 from dataclasses import dataclass, field
@@ -15,16 +16,18 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, schedules
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
+from torch.distributed.tensor.parallel import loss_parallel
 
 from ..errors import RunError
 from ..model.contract import ModelFile
 from ..model.split import split_model
+from ..model.tp import LOSS_PARALLEL
 from ..data.plan import Plan
 from ..schedule import Action, Kind, StagePlacement, ScheduleName, describe, listed, to_csv_rows
 from ..schedule.seqpipe import chunked_order
 from .bidirectional import BidirectionalSchedule, mirror_groups, mirror_stage
 from .chain import ChainPiece, chain_io, constant_values, example_io
-from .context import RingConfig, shard_sequence
+from .context import RingConfig, ring_attention, shard_sequence
 from .context_run import own_positions, shard_batch
 from .outputs import model_loss
 from .parallel import Sharding, shard_stage
@@ -86,6 +89,19 @@ class RankStages:
     mirror: Any = None
     """Chimera: this rank's pair group {r, p - 1 - r}, over which its two replicas' gradients are summed
     (autopp.run.bidirectional); None for other schedules."""
+    loss_parallel: bool = False
+    """The head keeps its logits sharded on the vocabulary (autopp.model.tp.LOSS_PARALLEL): the steps run under
+    torch's `loss_parallel()`, whose cross-entropy reads them so."""
+
+    def running(self, ring: RingConfig | None) -> contextlib.ExitStack:
+        """What a step of these stages runs under: with a cp `ring`, every attention as torch's ring over the cp group
+        (autopp.run.context); with `loss_parallel`, the loss under torch's `loss_parallel()`."""
+        stack = contextlib.ExitStack()
+        if ring is not None:
+            stack.enter_context(ring_attention(ring))
+        if self.loss_parallel:
+            stack.enter_context(loss_parallel())
+        return stack
 
 
 def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
@@ -142,7 +158,8 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
         rope = rope_of(model, mf.sequence_chunks)
         for stage in stages:
             setattr(stage.submod, ROPE, rope)
-    return RankStages(stages, loss, params, shared, relayed, groups[1] if groups is not None else None)
+    return RankStages(stages, loss, params, shared, relayed, groups[1] if groups is not None else None,
+                      LOSS_PARALLEL in resolved.values())
 
 
 def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.device,

@@ -25,8 +25,10 @@ inputs and outputs stay whole tensors between pipeline stages, as torchtitan's P
 sequence-wise unit of a stage takes its share of a whole input (`PrepareModuleInput` Replicate() -> Shard(1), no
 communication in F) and the last gives its output whole (`PrepareModuleOutput` Shard(1) -> Replicate(), an
 all-gather), so SP applies inside a stage. An embedding read only by the stream gives its output sequence-sharded
-(a reduce-scatter, as torchtitan's `tok_embeddings`); the head keeps its gathered input (no `loss_parallel`: the
-model file's loss reads whole logits).
+(a reduce-scatter, as torchtitan's `tok_embeddings`); the head keeps its gathered input. A `LOSS_PARALLEL` head
+(an HF config's, or one a TP_PLAN names) gives its logits as a DTensor sharded on the vocabulary, which the loss
+reads under torch's `loss_parallel()` (autopp.run.pipeline.RankStages.running), as torchtitan runs it; a
+colwise_gather_output head gathers them (a model file's own loss may read whole logits).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from torch.utils._pytree import tree_map
 from ..data.plan import Plan
 from ..errors import RunError
 from ..model.contract import ModelFile
-from ..model.tp import check_degree, find_tp_plan, narrow_planned, resolve, sequence_modules, torch_styles
+from ..model.tp import (LOSS_PARALLEL, check_degree, find_tp_plan, narrow_planned, resolve, sequence_modules,
+                        torch_styles)
 
 __all__ = ["planned_modules", "sequence_planned", "local_shapes", "restore_planned", "shared_input_styles",
            "sequence_styles", "parallelize_stage"]
@@ -335,7 +338,9 @@ def parallelize_stage(piece: nn.Module, mesh: DeviceMesh, resolved: dict[str, st
     for group in (split, styles, whole):
         if group:
             parallelize_module(piece, mesh, group)
-    logger.info("tensor-parallel over %d ranks: %d modules (%d shared inputs)%s", mesh.size(), len(present),
+    heads = [n for n in present if resolved[n] == LOSS_PARALLEL]
+    logger.info("tensor-parallel over %d ranks: %d modules (%d shared inputs)%s%s", mesh.size(), len(present),
                 sum(isinstance(s, PrepareModuleInput) for s in styles.values()),
                 f"; sequence-parallel: {sum(n in inner for n in sequence)} norms, {len(split)} stage inputs split, "
-                f"{len(whole)} outputs gathered" if sequence else "")
+                f"{len(whole)} outputs gathered" if sequence else "",
+                f"; loss parallel: {heads[0]}'s logits stay sharded into the loss" if heads else "")

@@ -56,7 +56,7 @@ from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .data_parallel import check_runnable, sync_mesh
 from .expert_parallel import average_expert_grads, ep_meshes, expert_params
 from .parallel import local, make_mesh
-from .context import RingConfig, ring_attention
+from .context import RingConfig
 from .context_run import shard_batch
 from .pipeline import RankStages, build_stages, last_stage_kwargs, make_schedule
 from .tied import sum_tied_grads, tie_groups
@@ -240,7 +240,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
             torch.cuda.reset_peak_memory_stats(device)
         saved.reset_peak()
         recorder.start()
-        with record_waits(recorder), _attention(ring):
+        with record_waits(recorder), built.running(ring):
             schedule.step(*step_args, **step_kwargs)
         t_schedule = recorder.now()
         sum_tied_grads(ties, built.params)
@@ -256,7 +256,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         run.step_times.append(recorder.now())
         grads = stage_grads(stages) if checked else {}  # untimed: the step's gradients, which its update kept
         optimizer.zero_grad()
-        run.losses.append([float(x.detach()) for x in mb_losses])
+        run.losses.append([float(local(x).detach()) for x in mb_losses])
         run.actions.append([[a.action, a.start_s, a.end_s] for a in recorder.actions])
         run.waits.append(recorder.wait_s)
         static = static_bytes(params, optimizer, plan.layout.zero)
@@ -264,7 +264,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         run.peak_memory = max(run.peak_memory, int(peak))
         logger.info("step %d/%d %.4f s", step + 1, args.steps, run.step_times[-1])
         if step == 0 and device.type != "cuda":
-            with _attention(ring):
+            with built.running(ring):
                 run.peak_memory = max(run.peak_memory, _probe_memory(schedule, step_args, last, target, device,
                                                                      saved, static, optimizer))
         if args.validate:
@@ -279,12 +279,6 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
                   "params": {str(s.stage_index): [n for n, _ in s.submod.named_parameters()] for s in stages}}
     gather_results(args.run_dir, ranks.rank, run_result)
     return run
-
-
-def _attention(ring: RingConfig | None) -> contextlib.AbstractContextManager[None]:
-    """Under context parallelism, every attention of the step as torch's ring over the cp group
-    (autopp.run.context); else nothing."""
-    return ring_attention(ring) if ring is not None else contextlib.nullcontext()
 
 
 def _probe_memory(schedule: Any, step_args: tuple[Any, ...], last: bool, target: Any, device: torch.device,

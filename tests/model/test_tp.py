@@ -4,7 +4,6 @@ the local shard (sharded parameters divided by t, the forward still runs) and th
 from __future__ import annotations
 
 import textwrap
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ from autopp.model.contract import ModelFile, check_forward, load_model_file
 from autopp.model.fake import run_fake
 from autopp.model.meta import build_meta
 from autopp.model.tp import (TpPlan, check_degree, find_tp_plan, local_model_file, local_shard, resolve,
-                             sequence_modules, torch_styles, tp_degrees, unit_collectives)
+                             sequence_modules, torch_styles, tp_degrees)
+from autopp.model.tp_collectives import unit_collectives
 from autopp.model.units import discover_units
 
 from ..conftest import EXAMPLES
@@ -239,30 +239,6 @@ def test_a_shard_that_breaks_the_models_forward_is_named_with_what_to_do(tmp_pat
                            r"of their features: take head counts from the tensor, e\.g\. reshape\(b, s, -1, "
                            r"head_dim\)\): forward\(\) on sample_batch\(2\) raised RuntimeError: shape"):
             check_forward(local, local.build())
-
-
-@pytest.mark.integration  # about half a second: the unit tier stays under a minute
-def test_llama_collectives_per_block(llama: tuple[ModelFile, nn.Module]) -> None:
-    """2 all-reduces in F (o_proj, down_proj) and 2 in B (the q/k/v input, the gate/up input) per block, each of
-    b*s*h elements; the embedding's output all-reduce; lm_head's all-gather (b*s*vocab) and input-grad all-reduce."""
-    mf, model = llama
-    resolved = resolve(find_tp_plan(mf, model), model)  # type: ignore[arg-type]
-    units = discover_units(mf, model)
-    inputs, _ = mf.sample_batch(2)
-    got = unit_collectives(model, resolved, [u.modules for u in units], lambda: run_fake(lambda *i: model(*i), *inputs))
-    bsh = 2 * 32 * 64 * 4
-    assert [c.columns() for c in got[1:5]] == [{
-        "tp_forward_allreduce_bytes": 2 * bsh, "tp_backward_allreduce_bytes": 2 * bsh, "tp_forward_allgather_bytes": 0,
-        "tp_forward_collectives": 2, "tp_backward_collectives": 2, "sp_sequence_bytes": 0}] * 4
-    assert (got[0].forward_allreduce_bytes, got[0].forward_collectives, got[0].backward_collectives) == (bsh, 1, 0)
-    assert (got[5].forward_allgather_bytes, got[5].backward_allreduce_bytes) == (2 * 32 * 2048 * 4, bsh)
-    assert (got[5].forward_collectives, got[5].backward_collectives) == (1, 1)
-    # with the sequence-wise modules: each block's two norm inputs, the final norm's (Korthikanti's 4 s b h of 34)
-    norms = sequence_modules(find_tp_plan(mf, model), model, resolved)  # type: ignore[arg-type]
-    seq = unit_collectives(model, resolved, [u.modules for u in units],
-                           lambda: run_fake(lambda *i: model(*i), *inputs), norms)
-    assert [c.sequence_bytes for c in seq] == [0, *[2 * bsh] * 4, bsh]
-    assert [replace(c, sequence_bytes=0) for c in seq] == got
 
 
 def test_sequence_modules_are_the_norms_beside_the_sharded_blocks(llama: tuple[ModelFile, nn.Module]) -> None:

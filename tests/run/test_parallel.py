@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from autopp.cli import main
 from autopp.data.layout import Layout
+from autopp.data.plan import load_plan
 from autopp.data.zero import ZERO
 from autopp.run import GRAD_RTOL, RunOptions, run_plan
 from autopp.run.runner import MESH_ON_CPU_NOTE
@@ -81,3 +83,19 @@ def test_sequence_parallel_final_norm_read_by_a_plain_head_in_the_same_unit_on_2
     assert report.passed and report.num_ranks == 2
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
     assert len(_rank_lines(tmp_path, "sequence-parallel: 1 norms, 1 stage inputs split, 1 outputs gathered")) == 2
+
+
+@pytest.mark.integration
+def test_an_hf_configs_head_runs_loss_parallel_on_4_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HF config planned at pp 2 x tp 2 with SP: its head's logits stay sharded on the vocabulary into the loss
+    (torch's loss_parallel, as the profile's TP rows count them); the loss and every gradient against one process."""
+    monkeypatch.chdir(tmp_path)
+    config = ROOT / "examples" / "configs" / "tiny-llama.json"
+    assert main(["plan", "--hf-config", str(config), "--seq-len", "16", "--devices", "4", "--memory", "4GiB",
+                 "--pp", "2", "--tp", "2", "--sp", "on", "--global-batch", "4", "-o", "plan.json"]) == 0
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan.tp_plan["lm_head"] == "colwise_loss_parallel" and plan.layout.sp
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=900, work_dir=tmp_path / "run"))
+    assert report.passed and report.num_ranks == 4 and len(report.losses) == 2
+    assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    assert len(_rank_lines(tmp_path / "run", "; loss parallel: lm_head's logits stay sharded into the loss")) == 2
