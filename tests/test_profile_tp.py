@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 from autopp.data.profile import TP_COLUMNS, Profile, load_profile
-from autopp.data.profile_tp import LOSS_PARALLEL, tp_outdated
 from autopp.errors import ProfileError
 
 PLAN = {"h.*.mlp.0": "colwise", "h.*.mlp.2": "rowwise"}
@@ -99,15 +98,3 @@ def test_missing_tp_csv_and_bad_meta_fields_are_refused(shipped_gpt: Profile, tm
     for i, (field, value, message) in enumerate(bad):
         (tmp_path / str(i)).mkdir()
         assert message in _damaged(shipped_gpt, tmp_path / str(i), None, **{field: value})
-
-
-def test_tp_rows_outdated_for_a_missing_degree_or_an_hf_configs_gathered_head() -> None:
-    """A plan's degree missing; an HF config's rows counting its head's logits gathered (before loss parallelism);
-    a model file's gathered head (its own loss reads whole logits) and rows with the head sharded are current."""
-    gathered, sharded = {"lm_head": "colwise_gather_output"}, {"lm_head": LOSS_PARALLEL}
-    assert tp_outdated(sharded, (2,), (2, 4), True) == "it has no tensor-parallel rows of degree 4"
-    assert tp_outdated(gathered, (2,), (2,), True) == ("its tensor-parallel rows gather the head's logits on every "
-                                                       "rank, counted before loss parallelism")
-    assert tp_outdated(gathered, (2,), (2,), False) is None
-    assert tp_outdated(sharded, (2, 4), (2,), True) is None
-    assert tp_outdated(gathered, (), None, True) is None  # no rows: nothing counted either way

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.precision import RECIPES, Recipe, recipe, recipe_of_dtype
 from ..data.hf_config import DEFAULT_SEQ_LEN, DEFAULT_TASK, HF_TASKS, HfSource, hf_source
-from ..data.profile_tp import tp_outdated
+from ..data.tp_plan import tp_outdated
 from ..errors import AutoppError
 from ..preflight import check_model_file, check_output_dir, check_output_file
 from ..sizes import format_in, time_unit

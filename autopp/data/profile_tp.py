@@ -13,14 +13,8 @@ from ..errors import ProfileError
 from .fields import Fields
 from .profile_values import REPROFILE
 
-__all__ = ["LOSS_PARALLEL", "tp_outdated", "TP_FILE", "TP_COLUMNS", "SP_COLUMNS", "SP_TIME_COLUMNS", "check_numbers", "check_tp_meta", "validate_tp"]
+__all__ = ["TP_FILE", "TP_COLUMNS", "SP_COLUMNS", "SP_TIME_COLUMNS", "check_numbers", "check_tp_meta", "validate_tp"]
 
-#: The TP style of an output layer whose logits stay sharded on the vocabulary into a vocabulary-parallel
-#: cross-entropy (torch's `loss_parallel`, torchtitan's default under TP; Megatron-LM's vocab-parallel cross-entropy),
-#: as a profile's (and a plan's) `tp_plan` records it: a model file names it in TP_PLAN; an HF config's
-#: colwise_gather_output head takes it (autopp.model.tp.find_tp_plan), its loss being autopp's cross-entropy of the
-#: logits. Its meaning and torch style: autopp.model.tp.
-LOSS_PARALLEL = "colwise_loss_parallel"
 #: The file name of the tensor-parallel rows in a profile directory.
 TP_FILE = "tp.csv"
 #: Columns of tp.csv, one row per (unit, microbatch size, tp) for tp >= 2: times of the rank's own compute at the
@@ -72,19 +66,6 @@ def check_numbers(table: pd.DataFrame, columns: dict[str, str], where: str, name
             row = int((values < 0).nonzero()[0][0])
             raise ProfileError(f"{where}/{name}: line {row + 2}, column {c}: {column.iloc[row]} is negative; "
                                f"{REPROFILE}")
-
-
-def tp_outdated(tp_plan: dict[str, str], has: tuple[int, ...], needs: tuple[int, ...] | None, hf: bool
-                ) -> str | None:
-    """Why a profile's tensor-parallel rows (its `tp_plan`, the degrees it `has`) are not those a plan `needs` (None:
-    they are): a degree missing, or, for an HF config (`hf`), rows that count the head's logits gathered
-    (colwise_gather_output, counted before an HF config's head took `LOSS_PARALLEL`)."""
-    missing = sorted(set(needs or ()) - set(has))
-    if missing:
-        return f"it has no tensor-parallel rows of degree {', '.join(map(str, missing))}"
-    if hf and has and "colwise_gather_output" in tp_plan.values():
-        return "its tensor-parallel rows gather the head's logits on every rank, counted before loss parallelism"
-    return None
 
 
 def check_tp_meta(data: dict[str, Any], f: Fields) -> None:

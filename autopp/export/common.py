@@ -11,7 +11,7 @@ from ..data.axes import AXES, SWITCHES, Axis, Switch
 from ..data.layout import MESH_AXES
 from ..data.plan import Plan
 from ..data.precision import plan_recipe
-from ..data.profile_tp import LOSS_PARALLEL
+from ..data.tp_plan import LOSS_PARALLEL
 from ..data.trainers import optimizer_words, trainer_rules
 from ..errors import ScheduleError
 from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ..data.profile_tp import LOSS_PARALLEL
+from ..data.tp_plan import LOSS_PARALLEL
 from ..errors import TpPlanError
 from .contract import ModelFile
 from .hf_plans import divide_heads, extra_plan
