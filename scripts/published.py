@@ -363,6 +363,7 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
     from autopp.model.experts import moe_facts
     from autopp.model.hf import load_model
     from autopp.model.meta import build_units
+    from autopp.model.tp import find_tp_plan
     suffix = "" if precision == "bf16" else f"-{precision}"
     out = ROOT / "profiles" / f"{Path(run.config).stem}-{Path(run.device).stem}-s{run.seq_len}{suffix}"
     source = hf_source(ROOT / run.config, run.seq_len, "causal-lm")
@@ -371,7 +372,8 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
         cached = load_profile(out)
         built, _, fingerprint = build_units(model)
         why = _current(cached, fingerprint, source.to_json(), load_device(_device(run)).name, tp, precision,
-                       moe_facts(built.model)) \
+                       moe_facts(built.model), tp_plan=getattr(find_tp_plan(model, built.model, counting=True),
+                                                               "patterns", None)) \
             or (None if not tp or sp_offered(cached) else "its TP rows have no SP bytes") \
             or (None if "precision" in cached.meta.extra else "counted before the recipes' bytes per parameter")
         if why is None:

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from autopp.data.tp_plan import LOSS_PARALLEL, tp_outdated
 
+GATHERED = {"model.layers.*.mlp.up_proj": "colwise", "lm_head": "colwise_gather_output"}
+SHARDED = {**GATHERED, "lm_head": LOSS_PARALLEL}
 
-def test_tp_rows_outdated_for_a_missing_degree_or_an_hf_configs_gathered_head() -> None:
-    """A plan's degree missing; an HF config's rows counting its head's logits gathered (before loss parallelism);
-    a model file's gathered head (its own loss reads whole logits) and rows with the head sharded are current."""
-    gathered, sharded = {"lm_head": "colwise_gather_output"}, {"lm_head": LOSS_PARALLEL}
-    assert tp_outdated(sharded, (2,), (2, 4), True) == "it has no tensor-parallel rows of degree 4"
-    assert tp_outdated(gathered, (2,), (2,), True) == ("its tensor-parallel rows gather the head's logits on every "
-                                                       "rank, counted before loss parallelism")
-    assert tp_outdated(gathered, (2,), (2,), False) is None
-    assert tp_outdated(sharded, (2, 4), (2,), True) is None
-    assert tp_outdated(gathered, (), None, True) is None  # no rows: nothing counted either way
+
+def test_tp_rows_outdated_for_a_missing_degree_or_another_plan() -> None:
+    """A degree the plan needs missing; rows counted with another TP plan than the model's now (an HF config's head
+    gathered, before loss parallelism), when the plan may use them (a degree needed, or any: None)."""
+    assert tp_outdated(SHARDED, (2,), (2, 4), SHARDED) == "it has no tensor-parallel rows of degree 4"
+    why = ("its tensor-parallel rows were counted with another TP plan (at 'lm_head': colwise_gather_output then, "
+           "colwise_loss_parallel now)")
+    assert tp_outdated(GATHERED, (2,), (2,), SHARDED) == why
+    assert tp_outdated(GATHERED, (2, 4), None, SHARDED) == why
+
+
+def test_tp_rows_current_when_the_plan_is_the_same_or_no_rows_are_used() -> None:
+    """The same plan (a model file's gathered head stays gathered), a plan pinned to tp 1 (`needs` ()), a profile
+    without rows, or a model without a plan now: current."""
+    assert tp_outdated(GATHERED, (2,), (2,), GATHERED) is None
+    assert tp_outdated(SHARDED, (2, 4), (2,), SHARDED) is None
+    assert tp_outdated(GATHERED, (2,), (), SHARDED) is None
+    assert tp_outdated({}, (), None, SHARDED) is None
+    assert tp_outdated(GATHERED, (2,), (2,), None) is None

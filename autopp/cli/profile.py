@@ -316,12 +316,12 @@ def default_dtype(gpu: bool) -> DType:
 
 def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None, device: str | None,
              degrees: tuple[int, ...] | None, precision: str, routing: dict[str, Any] | None = None,
-             optimizer: str | None = None) -> str | None:
+             optimizer: str | None = None, tp_plan: dict[str, str] | None = None) -> str | None:
     """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
-    precision recipe, optimizer (when given), device, TP rows not those needed (`tp_outdated`), an analytic profile
-    counted otherwise than `analytic_profile` counts now (`count_outdated`), or one whose `extra.moe` lacks a
-    routing fact the model has (`routing`: autopp.model.experts.moe_facts of the model; a group-limited routing's
-    groups)."""
+    recipe, optimizer (when given), device, TP rows not those needed (`tp_outdated`, `tp_plan` the model's now), an
+    analytic profile counted otherwise than `analytic_profile` counts now (`count_outdated`), or one whose
+    `extra.moe` lacks a routing fact the model has (`routing`: autopp.model.experts.moe_facts; a group-limited
+    routing's groups)."""
     if profile.meta.fingerprint != fingerprint:
         return "the model changed"
     if profile.meta.extra.get("hf_config") != recorded:
@@ -335,8 +335,7 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
     if made_for != device:
         return f"it is {f'analytic for {made_for}' if made_for else 'measured'}, the plan needs one " + (
             f"analytic for {device}" if device else "measured here")
-    rows = tp_outdated(profile.meta.tp_plan, profile.meta.tp_degrees, degrees, recorded is not None)
-    if rows:
+    if rows := tp_outdated(profile.meta.tp_plan, profile.meta.tp_degrees, degrees, tp_plan):
         return rows
     if made_for:
         from ..measure.analytic import count_outdated  # torch: a cached analytic profile is being judged
@@ -362,6 +361,7 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
     from ..model.hf import load_model
     from ..model.experts import moe_facts
     from ..model.meta import build_units
+    from ..model.tp import find_tp_plan
     source = hf_source_of(args, ("--profile", "DIR"))
     recorded = source.to_json() if source else None
     mf = load_model(source.config_path, recorded) if source else load_model(args.model)
@@ -375,7 +375,7 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
     if (default / "meta.json").is_file():
         profile = load_profile(default)
         why = _current(profile, fingerprint, recorded, device, degrees, chosen.name, moe_facts(built.model),
-                       optimizer)
+                       optimizer, getattr(find_tp_plan(mf, built.model, counting=True), "patterns", None))
         if why is None:
             print(f"using profile {default}/", file=sys.stderr)
             say_seq_len(args, source)

@@ -13,14 +13,17 @@ __all__ = ["LOSS_PARALLEL", "tp_outdated"]
 LOSS_PARALLEL = "colwise_loss_parallel"
 
 
-def tp_outdated(tp_plan: dict[str, str], has: tuple[int, ...], needs: tuple[int, ...] | None, hf: bool
-                ) -> str | None:
-    """Why a profile's tensor-parallel rows (its `tp_plan`, the degrees it `has`) are not those a plan `needs` (None:
-    they are): a degree missing, or, for an HF config (`hf`), rows that count the head's logits gathered
-    (colwise_gather_output, counted before an HF config's head took `LOSS_PARALLEL`)."""
+def tp_outdated(recorded: dict[str, str], has: tuple[int, ...], needs: tuple[int, ...] | None,
+                current: dict[str, str] | None) -> str | None:
+    """Why a profile's tensor-parallel rows (counted with the TP plan `recorded`, at the degrees it `has`) are not
+    those a plan needs (None: they are): a degree it `needs` missing (None: any it has, ()  none), or rows counted
+    with another plan than the model's `current` one (an HF config's gathered head, counted before it took
+    `LOSS_PARALLEL`; a transformers release that changed the plan)."""
     missing = sorted(set(needs or ()) - set(has))
     if missing:
         return f"it has no tensor-parallel rows of degree {', '.join(map(str, missing))}"
-    if hf and has and "colwise_gather_output" in tp_plan.values():
-        return "its tensor-parallel rows gather the head's logits on every rank, counted before loss parallelism"
+    if has and needs != () and current is not None and recorded != current:
+        key = sorted(set(recorded.items()) ^ set(current.items()))[0][0]
+        return (f"its tensor-parallel rows were counted with another TP plan (at {key!r}: "
+                f"{recorded.get(key, 'none')} then, {current.get(key, 'none')} now)")
     return None

@@ -199,5 +199,6 @@ def loss_parallel_notes(plan: Plan, trainer: str) -> list[str]:
         return [f"loss parallelism: the head's logits stay sharded on the vocabulary into the loss, as the plan counts "
                 f"them and {title} runs them"]
     return [f"loss parallelism: {title} keeps the head's logits sharded on the vocabulary into the loss, where the "
-            f"plan counts them gathered to full width on every TP rank (the model file's loss reads them whole): its "
-            f"last stage will hold less than predicted"]
+            f"plan counts them gathered to full width on every TP rank, as its profile did (a model file's loss may "
+            f"read them whole; an HF config's profile counted before loss parallelism): its last stage's memory and "
+            f"time will differ from the prediction"]

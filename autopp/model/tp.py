@@ -12,16 +12,15 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from ..data.tp_plan import LOSS_PARALLEL
 from ..errors import TpPlanError
 from .contract import ModelFile
 from .hf_plans import divide_heads, extra_plan
+from .tp_loss import LocalLoss
 
-__all__ = ["GRAD_ALLREDUCE", "LOSS_PARALLEL", "TP_STYLES", "STYLE_ALIASES", "TpPlan", "find_tp_plan", "resolve",
-           "tp_degrees", "check_degree", "torch_styles", "narrow_planned", "local_shard", "LocalLoss", "local_shard_of",
-           "local_model_file",
+__all__ = ["GRAD_ALLREDUCE", "TP_STYLES", "STYLE_ALIASES", "TpPlan", "find_tp_plan", "resolve", "tp_degrees",
+           "check_degree", "torch_styles", "narrow_planned", "local_shard", "local_shard_of", "local_model_file",
            "SEQUENCE_STYLE", "sequence_modules"]
 
 log = logging.getLogger(__name__)
@@ -109,26 +108,33 @@ def find_tp_plan(mf: ModelFile, model: nn.Module, counting: bool = False) -> TpP
     name, hf = found
     prefix = f"{name}." if name else ""
     plan = getattr(hf, "tp_plan", None)
+    head = _output_layer(hf, prefix) if mf.cross_entropy else None
     if isinstance(plan, dict) and plan:
-        return _loss_parallel(mf, TpPlan({prefix + k: str(v) for k, v in plan.items()}, _hf_source(hf, prefix),
-                                         partial=True))
+        return _loss_parallel(TpPlan({prefix + k: str(v) for k, v in plan.items()}, _hf_source(hf, prefix),
+                                     partial=True), head)
     extra = extra_plan(hf) if counting else None
     if extra is None:
         return None
     base = getattr(hf, "base_model", hf)
     under = prefix + next((f"{n}." for n, m in hf.named_modules() if m is base and n), "")
-    return _loss_parallel(mf, TpPlan({**{prefix + k: v for k, v in extra.head.items()},
-                                      **{under + k: v for k, v in extra.base.items()}}, extra.source))
+    return _loss_parallel(TpPlan({**{prefix + k: v for k, v in extra.head.items()},
+                                  **{under + k: v for k, v in extra.base.items()}}, extra.source), head)
 
 
-def _loss_parallel(mf: ModelFile, plan: TpPlan) -> TpPlan:
-    """An HF plan's gathered head as `LOSS_PARALLEL` when the model file's loss is autopp's cross-entropy of the
-    logits (`ModelFile.cross_entropy`: an HF config's), as torchtitan and Megatron-LM run it; else the plan as is
-    (a model file's own loss may read whole logits)."""
-    if not mf.cross_entropy:
-        return plan
-    swapped = {k: LOSS_PARALLEL if STYLE_ALIASES.get(v, v) == "colwise_gather_output" else v
-               for k, v in plan.patterns.items()}
+def _output_layer(hf: nn.Module, prefix: str) -> str | None:
+    """The name (from the model root) of the HF model's output layer, `get_output_embeddings()`; None without one."""
+    get = getattr(hf, "get_output_embeddings", None)
+    out = get() if callable(get) else None
+    return next((prefix + n for n, m in hf.named_modules() if m is out and n), None) if out is not None else None
+
+
+def _loss_parallel(plan: TpPlan, head: str | None) -> TpPlan:
+    """The plan with its gathered output layer `head` (an HF config's, whose loss is autopp's cross-entropy of the
+    logits: `ModelFile.cross_entropy`) as `LOSS_PARALLEL`, as torchtitan and Megatron-LM run it; other gathered
+    modules (inside Qwen3-Next's blocks) stay gathered; without `head` (a model file's own loss may read whole
+    logits), the plan as is."""
+    swapped = {k: LOSS_PARALLEL if head is not None and _matches(k, head)
+               and STYLE_ALIASES.get(v, v) == "colwise_gather_output" else v for k, v in plan.patterns.items()}
     if swapped == plan.patterns:
         return plan
     return TpPlan(swapped, f"{plan.source}, its head's logits kept sharded into the loss (loss parallel)", plan.partial)
@@ -175,6 +181,10 @@ def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
                                   f"torch.nn.{kind.__name__}")
             if out.setdefault(name, canonical) != canonical:
                 raise TpPlanError(f"{plan.source}: {name} is given two styles, {out[name]!r} and {canonical!r}")
+    heads = [n for n, s in out.items() if s == LOSS_PARALLEL]
+    if len(heads) > 1:
+        raise TpPlanError(f"{plan.source}: {LOSS_PARALLEL!r} is the output layer's style (its logits into the loss), "
+                          f"given to {len(heads)} modules: {heads[0]}, {heads[1]}")
     if plan.partial and not out and any(s != SEQUENCE_STYLE for s in plan.patterns.values()):
         raise TpPlanError(f"{plan.source}: none of its {len(plan.patterns)} patterns matches a module of "
                           f"{type(model).__name__}")
@@ -327,21 +337,6 @@ def local_shard(model: nn.Module, resolved: dict[str, str], t: int) -> nn.Module
     if found is not None:
         divide_heads(found[1], t)
     return narrow_planned(model, resolved, t)
-
-
-class LocalLoss:
-    """The model file's loss on TP rank 0's shard: with a `LOSS_PARALLEL` head, whose logits hold the shard's `rows`
-    of the vocabulary (set when the shard is built, `local_shard_of`), integer targets are taken modulo `rows`, as
-    the ids torch's loss_parallel keeps on a rank (the work is the shard's cross-entropy; the values do not matter)."""
-
-    def __init__(self, loss_fn: Callable[[Any, Any], torch.Tensor]) -> None:
-        self.loss_fn, self.rows = loss_fn, 0
-
-    def __call__(self, output: Any, target: Any) -> torch.Tensor:
-        if self.rows:
-            target = tree_map(lambda x: x.remainder(self.rows) if isinstance(x, torch.Tensor)
-                              and not x.is_floating_point() else x, target)
-        return self.loss_fn(output, target)
 
 
 def local_shard_of(mf: ModelFile, resolved: Mapping[str, str], t: int, loss: LocalLoss) -> nn.Module:

@@ -4,9 +4,9 @@ embedding_rowwise all-reduce their output in the forward; colwise all-reduces th
 backward, once per distinct input tensor of a unit (q/k/v read one tensor: one); colwise_gather_output all-gathers
 its output in the forward and all-reduces its input gradient in the backward; colwise_loss_parallel (`LOSS_PARALLEL`)
 all-reduces its input gradient in the backward and, in the forward, three numbers per token for the cross-entropy
-over the vocabulary shards (torch's `loss_parallel`: each token's maximum logit, its sum of exponentials, its target
-logit); replicated_with_grad_allreduce (Qwen3's per-head q_norm/k_norm) all-reduces its parameters' gradients in
-the backward."""
+over the vocabulary shards (torch's `loss_parallel`: each token's maximum logit and sum of exponentials, in float32,
+and its target's log-probability, in the logits' dtype); replicated_with_grad_allreduce (Qwen3's per-head
+q_norm/k_norm) all-reduces its parameters' gradients in the backward."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from .tp import GRAD_ALLREDUCE, LOSS_PARALLEL, SEQUENCE_STYLE
+from ..data.tp_plan import LOSS_PARALLEL
+from .tp import GRAD_ALLREDUCE, SEQUENCE_STYLE
 
 __all__ = ["TpCollectives", "unit_collectives"]
 
@@ -74,8 +75,10 @@ def _fold(calls: list[tuple[int, str, Any, Any]]) -> TpCollectives:
             f_ar, f_n = f_ar + _bytes(out), f_n + 1
         if style == "colwise_gather_output":
             f_ag, f_n = f_ag + _bytes(out), f_n + 1
-        if style == LOSS_PARALLEL and isinstance(out, torch.Tensor):  # per token: maximum, sum of exponentials, target
-            f_ar, f_n = f_ar + 3 * _bytes(out) // max(1, int(out.shape[-1])), f_n + 3
+        if style == LOSS_PARALLEL and isinstance(out, torch.Tensor):  # per token, as torch's loss_parallel sends them:
+            tokens, size = out.numel() // max(1, int(out.shape[-1])), out.element_size()  # the maximum and the sum of
+            f_ar, f_n = f_ar + tokens * (2 * max(4, size) + size), f_n + 3  # exponentials in float32, the target's
+            # log-probability in the logits' dtype (torch/distributed/tensor/parallel/loss.py)
         if style == GRAD_ALLREDUCE and out:
             b_ar, b_n = b_ar + int(out), b_n + 1
         if style in ("colwise", "colwise_gather_output", LOSS_PARALLEL) and id(x) not in seen:

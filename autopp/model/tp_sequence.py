@@ -31,7 +31,9 @@ import torch
 from torch import nn
 
 from .contract import ModelFile
-from .tp import LOSS_PARALLEL, LocalLoss, local_shard, local_shard_of
+from ..data.tp_plan import LOSS_PARALLEL
+from .tp import local_shard, local_shard_of
+from .tp_loss import LocalLoss
 
 __all__ = ["sequence_shard", "sequence_model_file"]
 

@@ -140,10 +140,11 @@ class SavedBytes:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: torch.Tensor) -> Any:
-        key = _storage_key(t)
+        own = local(t)  # a DTensor's rank-local shard: its wrapper reports the global tensor's bytes
+        key = _storage_key(own)
         if key is None or key in self.exclude or key in self._registered():
             return t
-        entry = self.live.setdefault(key, [0, t.untyped_storage().nbytes()])
+        entry = self.live.setdefault(key, [0, own.untyped_storage().nbytes()])
         if entry[0] == 0:
             self.current += entry[1]
             self.peak = max(self.peak, self.current)

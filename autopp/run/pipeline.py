@@ -21,7 +21,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from ..errors import RunError
 from ..model.contract import ModelFile
 from ..model.split import split_model
-from ..model.tp import LOSS_PARALLEL
+from ..data.tp_plan import LOSS_PARALLEL
 from ..data.plan import Plan
 from ..schedule import Action, Kind, StagePlacement, ScheduleName, describe, listed, to_csv_rows
 from ..schedule.seqpipe import chunked_order
@@ -90,8 +90,8 @@ class RankStages:
     """Chimera: this rank's pair group {r, p - 1 - r}, over which its two replicas' gradients are summed
     (autopp.run.bidirectional); None for other schedules."""
     loss_parallel: bool = False
-    """The head keeps its logits sharded on the vocabulary (autopp.model.tp.LOSS_PARALLEL): the steps run under
-    torch's `loss_parallel()`, whose cross-entropy reads them so."""
+    """This rank computes the loss of a head whose logits stay sharded on the vocabulary (autopp.data.tp_plan.
+    LOSS_PARALLEL): its steps run under torch's `loss_parallel()`, whose cross-entropy reads them so."""
 
     def running(self, ring: RingConfig | None) -> contextlib.ExitStack:
         """What a step of these stages runs under: with a cp `ring`, every attention as torch's ring over the cp group
@@ -159,7 +159,7 @@ def build_stages(mf: ModelFile, plan: Plan, pp_rank: int, device: torch.device,
         for stage in stages:
             setattr(stage.submod, ROPE, rope)
     return RankStages(stages, loss, params, shared, relayed, groups[1] if groups is not None else None,
-                      LOSS_PARALLEL in resolved.values())
+                      LOSS_PARALLEL in resolved.values() and len(owner) - 1 in mine)
 
 
 def _chain_stages(pipe: Any, mine: Sequence[int], n_stages: int, device: torch.device,

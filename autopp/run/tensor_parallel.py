@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import replace
 from typing import Iterable, Mapping, Sequence
 
 import torch
@@ -48,8 +49,8 @@ from torch.utils._pytree import tree_map
 from ..data.plan import Plan
 from ..errors import RunError
 from ..model.contract import ModelFile
-from ..model.tp import (LOSS_PARALLEL, check_degree, find_tp_plan, narrow_planned, resolve, sequence_modules,
-                        torch_styles)
+from ..data.tp_plan import LOSS_PARALLEL
+from ..model.tp import check_degree, find_tp_plan, narrow_planned, resolve, sequence_modules, torch_styles
 
 __all__ = ["planned_modules", "sequence_planned", "local_shapes", "restore_planned", "shared_input_styles",
            "sequence_styles", "parallelize_stage"]
@@ -65,7 +66,9 @@ _EXPORT_NARROWED = ("colwise", "rowwise")
 
 def planned_modules(mf: ModelFile, model: nn.Module, plan: Plan) -> dict[str, str]:
     """Concrete module name -> style from the model's TP plan (`find_tp_plan`: the model file's TP_PLAN or HF's),
-    checked against the plan's record `tp_plan` and the degree; {} when plan.layout.tp is 1."""
+    checked against the plan's record `tp_plan` and the degree; {} when plan.layout.tp is 1. A plan whose head is
+    gathered where the model's is loss-parallel now (or the reverse: a plan made from a profile counted before an
+    HF config's head took LOSS_PARALLEL) runs its own head, as its profile counted it (logged)."""
     if plan.layout.tp == 1:
         return {}
     found = find_tp_plan(mf, model)
@@ -73,9 +76,16 @@ def planned_modules(mf: ModelFile, model: nn.Module, plan: Plan) -> dict[str, st
         raise RunError(f"plan has tp {plan.layout.tp} but {mf.path} has no tensor-parallel plan (no TP_PLAN, no HF "
                        "base_model_tp_plan): plan with --tp 1")
     if plan.tp_plan and plan.tp_plan != found.patterns:
-        differ = sorted(set(plan.tp_plan.items()) ^ set(found.patterns.items()))[0]
-        raise RunError(f"plan field 'tp_plan' differs from the model's TP plan ({found.source}) at {differ[0]!r}: "
-                       "re-plan from a profile of this model")
+        differ = sorted(set(plan.tp_plan.items()) ^ set(found.patterns.items()))
+        head = {"colwise_gather_output", LOSS_PARALLEL}
+        if plan.tp_plan.keys() == found.patterns.keys() and all({plan.tp_plan[k], found.patterns[k]} == head
+                                                                 for k, _ in differ):
+            logger.info("%s as the plan has it (%s: %s), which its profile counted", found.source, differ[0][0],
+                        plan.tp_plan[differ[0][0]])
+            found = replace(found, patterns=dict(plan.tp_plan))
+        else:
+            raise RunError(f"plan field 'tp_plan' differs from the model's TP plan ({found.source}) at "
+                           f"{differ[0][0]!r}: re-plan from a profile of this model")
     resolved = resolve(found, model)
     check_degree(model, resolved, plan.layout.tp)
     return resolved

@@ -4,6 +4,7 @@ an HF config's head under loss parallelism (autopp.model.tp.LOSS_PARALLEL) in pl
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,3 +80,34 @@ def test_an_hf_configs_head_keeps_its_logits_sharded_into_the_loss() -> None:
     assert int(target.max()) >= logits.shape[-1]  # some ids lie outside the shard: taken modulo its rows
     loss = local.loss_fn(shard(*inputs), target)
     assert loss.isfinite() and loss.requires_grad
+
+
+def test_loss_parallel_sends_float32_maxima_and_sums_beside_the_logits_dtype() -> None:
+    """torch's loss_parallel all-reduces, per token, the maximum and the sum of exponentials in float32 (its
+    computation dtype) and the target's log-probability in the logits' dtype: 4 + 4 + 2 bytes a token in bfloat16;
+    its input's gradient is all-reduced once in B."""
+    head = nn.Sequential(nn.Linear(8, 32, bias=False)).to(torch.bfloat16)
+    x = torch.randn(3, 5, 8, dtype=torch.bfloat16)
+    (got,) = unit_collectives(head, {"0": LOSS_PARALLEL}, [["0"]], lambda: head(x))
+    assert (got.forward_allreduce_bytes, got.forward_collectives) == (3 * 5 * (4 + 4 + 2), 3)
+    assert (got.backward_allreduce_bytes, got.backward_collectives, got.forward_allgather_bytes) == (3 * 5 * 8 * 2, 1, 0)
+
+
+def test_only_the_output_layer_takes_loss_parallelism(tmp_path: Path) -> None:
+    """Qwen3-Next's HF plan gathers its linear attention's projections inside the blocks: those stay gathered, only
+    the output layer (`get_output_embeddings()`) keeps its logits sharded into the loss."""
+    pytest.importorskip("transformers")
+    from transformers import Qwen3NextConfig
+    config = Qwen3NextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                             linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                             moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+                             num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"])
+    path = tmp_path / "tiny-qwen3-next.json"
+    path.write_text(config.to_json_string())
+    mf = hf_model_file(path, seq_len=16)
+    model = build_meta(mf).model
+    plan = find_tp_plan(mf, model)
+    assert plan is not None and plan.patterns["lm_head"] == LOSS_PARALLEL
+    assert plan.patterns["model.layers.*.linear_attn.in_proj_qkvz"] == "colwise_gather_output"
+    assert [n for n, s in resolve(plan, model).items() if s == LOSS_PARALLEL] == ["lm_head"]

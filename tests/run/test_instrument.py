@@ -95,3 +95,18 @@ def test_the_last_stages_loss_is_timed_in_its_forward() -> None:
     stage.backward_one_chunk(2)
     assert timed(1.0, 1.0) == 0.0  # not after a forward: the B keeps its end
     assert [(a.action, a.start_s, a.end_s) for a in recorder.actions] == [("1F2", 0.0, 5.0), ("1B2", 5.0, 9.0)]
+
+
+def test_a_saved_dtensor_counts_its_ranks_shard(fake_world: Callable[[int], None]) -> None:
+    """A DTensor autograd saves (the sharded logits under loss parallelism) counts the rank's local shard, not the
+    global tensor its wrapper reports."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    fake_world(2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    x = distribute_tensor(torch.randn(8, 16, requires_grad=True), mesh, [Shard(1)])
+    saved = SavedBytes([])
+    with saved.hooks():
+        y = x.exp()  # saves its output: a DTensor whose shard is 8 x 8 float32
+    assert saved.peak == 8 * 8 * 4
+    del y

@@ -37,6 +37,9 @@ def test_the_plans_tp_plan_must_be_the_models() -> None:
     with pytest.raises(RunError, match=r"^plan field 'tp_plan' differs from the model's TP plan .* at "
                                        r"'model.layers.\*.mlp.down_proj': re-plan"):
         planned_modules(mf, mf.build(0), other)
+    # a plan counted with the head loss-parallel (or gathered) where the model's is the other runs its own head
+    sharded = replace(plan, tp_plan={**plan.tp_plan, "lm_head": "colwise_loss_parallel"})
+    assert planned_modules(mf, mf.build(0), sharded)["lm_head"] == "colwise_loss_parallel"
     gpt = pipeline_plan(GPT, ["h.2"], layout=Layout(pp=2, tp=2))
     with pytest.raises(RunError, match="has no tensor-parallel plan .*: plan with --tp 1$"):
         planned_modules(load_model_file(GPT), load_model_file(GPT).build(0), gpt)
@@ -221,3 +224,34 @@ def test_sequence_parallel_stages_reduce_scatter_and_all_gather(fake_world: Call
     counts, (split, inner, whole) = _stage_collectives(1, ["model.layers.2", "model.layers.3", "model.norm"])
     assert counts == {"all_reduce": 1, "all_gather_into_tensor": 2 * 4 + 3, "reduce_scatter_tensor": 2 * 4}
     assert split == {"model.layers.2": "PrepareModuleInput"} and whole == {"model.norm": "PrepareModuleOutput"}
+
+
+def test_loss_parallel_runs_the_collectives_its_rows_count(fake_world: Callable[[int], None]) -> None:
+    """torch's loss_parallel on a head of colwise_loss_parallel's style (tp 2, bfloat16): three all-reduces in the
+    forward, the input gradient's one in the backward, as autopp.model.tp_collectives counts them; the logits stay
+    a DTensor sharded on the vocabulary."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+    from torch.nn import functional as F
+
+    from autopp.model.tp_collectives import unit_collectives
+
+    head = nn.Sequential(nn.Linear(8, 32, bias=False)).to(torch.bfloat16)
+    x = torch.randn(3, 5, 8, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, 32, (3, 5))
+    (counted,) = unit_collectives(head, {"0": "colwise_loss_parallel"}, [["0"]], lambda: head(x))
+    fake_world(2)
+    parallelize_module(head, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)),
+                       torch_styles({"0": "colwise_loss_parallel"}, ["0"]))
+    with loss_parallel():
+        with CommDebugMode() as forward:
+            logits = head(x)
+            loss = F.cross_entropy(logits.reshape(-1, 32), target.reshape(-1))
+        with CommDebugMode() as backward:
+            loss.backward()
+    assert isinstance(logits, DTensor) and logits.placements == (Shard(2),)
+
+    def all_reduces(mode: CommDebugMode) -> int:
+        return int(sum(n for op, n in mode.get_comm_counts().items() if "all_reduce" in str(op)))
+    assert (all_reduces(forward), all_reduces(backward)) == (counted.forward_collectives, counted.backward_collectives)
+    assert (counted.forward_collectives, counted.backward_collectives) == (3, 1)
