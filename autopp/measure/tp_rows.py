@@ -78,8 +78,8 @@ def tp_meta(setup: TpSetup) -> dict[str, Any]:
 
 def tp_collectives(mf: ModelFile, model: nn.Module, resolved: dict[str, str], units: list[Unit], b: int,
                    dtype: torch.dtype, sequence: tuple[str, ...] = ()) -> list[TpCollectives]:
-    """Each unit's TP collectives per microbatch of `b` (autopp.model.tp.unit_collectives), and its `sequence`
-    modules' input bytes, from one forward of the full `model` (on meta, in `dtype`) on fake tensors."""
+    """Each unit's TP collectives per microbatch of `b` (autopp.model.tp_collectives.unit_collectives), and its
+    `sequence` modules' input bytes, from one forward of the full `model` (on meta, in `dtype`) on fake tensors."""
     inputs, _ = mf.sample_batch(b)
     inputs = pytree.tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
                              inputs)

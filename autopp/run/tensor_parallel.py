@@ -163,7 +163,7 @@ def shared_input_styles(piece: nn.Module, colwise: Iterable[str]) -> dict[str, P
 def _warn_unshared(parent: str, graph: fx.Graph, children: Sequence[str], shared: set[fx.Node]) -> None:
     """Log one line when two or more colwise children read one tensor that gets no PrepareModuleInput (another
     user reads it too, or the parent computes it): torch then all-reduces its gradient once per child, where the
-    profile's TP rows (autopp.model.tp.unit_collectives) count one all-reduce per distinct input tensor."""
+    profile's TP rows (autopp.model.tp_collectives.unit_collectives) count one all-reduce per distinct input tensor."""
     for node in graph.nodes:
         readers = [u.target for u in node.users
                    if u.op == "call_module" and u.target in children and u.args[:1] == (node,)]

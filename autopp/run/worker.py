@@ -29,7 +29,6 @@ Progress lines (`[rank R] message`; a step's end `step K/N T s`) are logged to s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import sys
