@@ -46,6 +46,8 @@ def test_plan_for_a_gpu_counts_analytically_with_its_tp_rows(tmp_path: Path, mon
     profile = load_profile(tmp_path / "profiles" / "tiny-llama-h100-sxm")
     assert profile.meta.dtype == "bfloat16" and profile.meta.extra["analytic_device"] == "h100-sxm"
     assert 2 in profile.meta.tp_degrees
+    peaks = profile.meta.extra["tp_peak_bytes"]["2"]  # a TP rank's working memory, counted on its shard
+    assert len(peaks) == profile.num_units and all(0 < peaks[u]["1"] for u in peaks)
     assert profile.meta.extra["analytic"]["attention_tiles"] == GPU_RECORD
     assert json.loads((tmp_path / "tiny-llama-h100-sxm.plan.json").read_text())["tp"] == 2
     assert not (tmp_path / "profiles" / "tiny-llama").exists()

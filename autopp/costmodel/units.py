@@ -241,7 +241,8 @@ class ProfileTable:
         whole = base[base.microbatch_size == self.sizes[0]].grad_bytes.to_numpy(dtype=np.float64)
         total = float(whole.sum()) - copies
         self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
-        self.transient = _transients(profile, base, self.sizes)
+        own = profile.unit_peak_bytes(tp) if tp > 1 else {}  # a TP rank's working memory, counted at its shapes
+        self.transient = _transients(own or profile.unit_peak_bytes(), t if own else base, base, self.sizes)
         self.runtime = (profile.meta.runtime_forward_s, profile.meta.runtime_backward_s, profile.meta.resume_s)
         self.born = born_table(profile, self.sizes)
         # profiles made before the recipes (none recorded) counted no master copy in their optimizer bytes
@@ -306,17 +307,20 @@ def _tp_rows(profile: Profile, tp: int) -> pd.DataFrame:
     return rows[rows.tp == tp].sort_values(["microbatch_size", "unit"])
 
 
-def _transients(profile: Profile, t: pd.DataFrame, sizes: list[int]) -> np.ndarray | None:
-    """(unit x profiled size) working memory: peak - activation - output - gradient bytes, at least 0; 0 where a
-    unit or size has no peak; None when the profile has no peak data at all (every plan as before it)."""
-    peaks = profile.unit_peak_bytes()
+def _transients(peaks: dict[int, dict[int, int]], t: pd.DataFrame, base: pd.DataFrame, sizes: list[int]
+                ) -> np.ndarray | None:
+    """(unit x profiled size) working memory: `peaks` (Profile.unit_peak_bytes, the whole model's or a TP rank's)
+    - activation and gradient bytes of the rows `t` they were counted with - output bytes (`base`'s), at least 0; 0
+    where a unit or size has no peak; None without peaks (every plan as before them). Without a TP rank's own peaks
+    (measured profiles, analytic ones before them) a TP plan takes the whole model's: an upper bound."""
     if not peaks:
         return None
-    out = np.zeros((profile.num_units, len(sizes)))
+    out = np.zeros((int(base.unit.max()) + 1, len(sizes)))
+    outputs = {(int(r.unit), int(r.microbatch_size)): int(r.output_bytes) for r in base.itertuples()}
     for row in t.itertuples():
         peak = peaks.get(int(row.unit), {}).get(int(row.microbatch_size))
         if peak is not None and int(row.microbatch_size) in sizes:
-            held = row.activation_bytes + row.output_bytes + row.grad_bytes
+            held = row.activation_bytes + outputs[int(row.unit), int(row.microbatch_size)] + row.grad_bytes
             out[int(row.unit), sizes.index(int(row.microbatch_size))] = max(0.0, float(peak - held))
     return out
 

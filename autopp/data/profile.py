@@ -182,8 +182,7 @@ class Profile:
     units: pd.DataFrame
     edges: pd.DataFrame
     tp_units: pd.DataFrame | None = None
-    """tp.csv's rows (autopp.data.profile_tp.TP_COLUMNS), one per (unit, microbatch size, degree of
-    `meta.tp_degrees`); None without tensor-parallel rows."""
+    """tp.csv's rows (autopp.data.profile_tp.TP_COLUMNS), one per (unit, size, degree of `meta.tp_degrees`)."""
 
     def __post_init__(self) -> None:
         missing = {c: default for c, (_, default) in OPTIONAL_UNIT_COLUMNS.items() if c not in self.units.columns}
@@ -193,10 +192,12 @@ class Profile:
         validate_tp(self.tp_units, self.num_units, self.meta.microbatch_sizes, self.meta.tp_degrees,
                     f"profile of {self.meta.model_path}")
 
-    def unit_peak_bytes(self) -> dict[int, dict[int, int]]:
+    def unit_peak_bytes(self, tp: int = 1) -> dict[int, dict[int, int]]:
         """The peak bytes allocated during each unit's forward and backward, {unit: {microbatch size: bytes}}, as
-        measured (`extra.peak_bytes`; `extra.cuda_peak_bytes` in profiles before it); empty when not measured."""
-        stored = self.meta.extra.get("peak_bytes", self.meta.extra.get("cuda_peak_bytes", {}))
+        measured (`extra.peak_bytes`; `extra.cuda_peak_bytes` before it), with `tp` > 1 on a TP rank's shard
+        (`extra.tp_peak_bytes`, counted with the tp.csv rows); empty when not measured or counted."""
+        stored = self.meta.extra.get("peak_bytes", self.meta.extra.get("cuda_peak_bytes", {})) if tp == 1 else \
+            self.meta.extra.get("tp_peak_bytes", {}).get(str(tp), {})
         return {int(u): {int(b): int(n) for b, n in per.items()} for u, per in stored.items()}
 
     @property

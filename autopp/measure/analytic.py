@@ -253,11 +253,11 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     overall = Overall.counting(progress, len(options.microbatch_sizes) * walks)
     c = counts or count_model(mf, options, overall, fused_attention=fused)
     try:
-        tp_units, tp_fields = counted_tp_rows(c, spec, eff, setup, overall)
+        tp_units, tp_fields, tp_peaks = counted_tp_rows(c, spec, eff, setup, overall)
     except AutoppError as exc:
         if options.tp_degrees is not None:
             raise
-        tp_units, tp_fields, tp_skipped = None, {}, str(exc)
+        tp_units, tp_fields, tp_peaks, tp_skipped = None, {}, {}, str(exc)
     rows = []
     for r in c.rows:
         rows.append({"unit": r.unit, "name": c.units[r.unit].name, "modules": " ".join(c.units[r.unit].modules),
@@ -278,7 +278,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
                           "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s,
                           "call_overhead_s": eff.call_overhead_s, "attention_efficiency": eff.attention,
                           "attention_tiles": asdict(attention_tiles(c.fused_attention))},
-             "peak_bytes": peaks,
+             "peak_bytes": peaks, **({"tp_peak_bytes": tp_peaks} if tp_peaks else {}),
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
              **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {}),
              **({"batch_norm": c.batch_norm} if c.batch_norm else {}),
@@ -293,35 +293,41 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     return Profile(meta, table[columns], pd.DataFrame(c.edges, columns=list(EDGE_COLUMNS)), tp_units)
 
 
-def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, setup: TpSetup,
-                    overall: Overall) -> tuple[pd.DataFrame | None, dict[str, Any]]:
-    """tp.csv's rows counted for `setup`'s degrees (autopp.measure.tp_rows.tp_setup) and ProfileMeta's TP fields:
-    each degree's local shard counted like the model (`count_model`, more walks on the `overall` line), and again
-    under sequence parallelism (`sp_counted`), times from `unit_times`, the collectives counted on the full model."""
+def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, setup: TpSetup, overall: Overall
+                    ) -> tuple[pd.DataFrame | None, dict[str, Any], dict[str, dict[str, dict[str, int]]]]:
+    """tp.csv's rows counted for `setup`'s degrees (autopp.measure.tp_rows.tp_setup), ProfileMeta's TP fields, and
+    each degree's units' peak bytes (`extra.tp_peak_bytes`, {tp: {unit: {size: bytes}}}): each degree's local shard
+    counted like the model (`count_model`, more walks on the `overall` line), and again under sequence parallelism
+    (`sp_counted`), times from `unit_times`, the collectives counted on the full model."""
     if not setup.degrees:
-        return None, {}
+        return None, {}, {}
     meta = build_meta(c.mf)
     meta.model.to(c.options.torch_dtype)
     comms = {b: tp_collectives(c.mf, meta.model, setup.resolved, c.units, b, c.options.torch_dtype, setup.sequence)
              for b in c.options.microbatch_sizes}
     rows: list[dict[str, Any]] = []
+    peaks: dict[str, dict[str, dict[str, int]]] = {}
     count = partial(count_model, options=c.options, progress=overall, fused_attention=c.fused_attention)
     for t in setup.degrees:
         local = count(local_model_file(c.mf, setup.resolved, t), tag=f" (tp {t})")
         check_same_units(c.mf, t, local.units, c.units)
         rows += counted_rows(local, sp_counted(count, c.mf, setup, t), t, comms,
                              partial(unit_times, spec=spec, recipe=c.options.recipe, eff=eff))
-    return tp_table(rows), tp_meta(setup)
+        for r in local.rows:
+            peaks.setdefault(str(t), {}).setdefault(str(r.unit), {})[str(r.microbatch_size)] = r.counts.peak_bytes
+    return tp_table(rows), tp_meta(setup), peaks
 
 
 def count_outdated(profile: Profile) -> str | None:
     """Why an analytic profile was counted otherwise than `analytic_profile` counts now (None: it was not): with
     attention blocks that are neither kernel's of `attention_tiles` now (`extra.analytic.attention_tiles`; none:
-    causal attention counted whole, before its skipped blocks), or a mixture of experts without its expert GEMMs'
-    columns (expert parallelism cannot re-time it; docs/profile-format.md)."""
+    causal attention counted whole, before its skipped blocks), a mixture of experts without its expert GEMMs'
+    columns (expert parallelism cannot re-time it; docs/profile-format.md), or TP rows without their peak bytes."""
     kernels = [json.loads(json.dumps(asdict(attention_tiles(fused)))) for fused in (False, True)]  # as meta.json
     if profile.meta.extra.get("analytic", {}).get("attention_tiles") not in kernels:
         return "it counted causal attention whole, before its kernel's skipped blocks"
     if profile.experts_untimed:
         return "it was counted before the expert GEMMs' columns"
+    if profile.meta.tp_degrees and "tp_peak_bytes" not in profile.meta.extra:
+        return "its tensor-parallel rows were counted before their working memory (peak bytes)"
     return None
