@@ -184,7 +184,8 @@ def resolve(plan: TpPlan, model: nn.Module) -> dict[str, str]:
     heads = [n for n, s in out.items() if s == LOSS_PARALLEL]
     if len(heads) > 1:
         raise TpPlanError(f"{plan.source}: {LOSS_PARALLEL!r} is the output layer's style (its logits into the loss), "
-                          f"given to {len(heads)} modules: {heads[0]}, {heads[1]}")
+                          f"given to {len(heads)} modules ({heads[0]}, {heads[1]}): give it to the output layer "
+                          "alone, 'colwise_gather_output' to the others")
     if plan.partial and not out and any(s != SEQUENCE_STYLE for s in plan.patterns.values()):
         raise TpPlanError(f"{plan.source}: none of its {len(plan.patterns)} patterns matches a module of "
                           f"{type(model).__name__}")

@@ -115,6 +115,9 @@ def test_gpt_has_no_plan() -> None:
     ({"*.fc1": "embedding_rowwise"}, r"0.fc1 .* is a Linear; style 'embedding_rowwise' shards only "
                                      r"torch.nn.Embedding"),
     ({"*.fc1": "colwise", "0.fc1": "rowwise"}, r"0.fc1 is given two styles, 'colwise' and 'rowwise'"),
+    ({"*.fc2": "colwise_loss_parallel"}, r"'colwise_loss_parallel' is the output layer's style \(its logits into the "
+                                         r"loss\), given to 2 modules \(0.fc2, 1.fc2\): give it to the output layer "
+                                         r"alone, 'colwise_gather_output' to the others$"),
 ])
 def test_bad_plans_fail_in_one_line(tmp_path: Path, patterns: dict[str, str], message: str) -> None:
     mf = _mlp_file(tmp_path)
