@@ -241,12 +241,13 @@ class ProfileTable:
         whole = base[base.microbatch_size == self.sizes[0]].grad_bytes.to_numpy(dtype=np.float64)
         total = float(whole.sum()) - copies
         self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
-        own = profile.unit_peak_bytes(tp) if tp > 1 else {}  # a TP rank's working memory, counted at its shapes
-        self.transient = _transients(own or profile.unit_peak_bytes(), t if own else base, base, self.sizes)
-        self.runtime = (profile.meta.runtime_forward_s, profile.meta.runtime_backward_s, profile.meta.resume_s)
-        self.born = born_table(profile, self.sizes)
         # profiles made before the recipes (none recorded) counted no master copy in their optimizer bytes
         made = RECIPES.get(str(profile.meta.extra.get("precision")))
+        own = profile.unit_peak_bytes(tp) if tp > 1 else {}  # a TP rank's working memory, counted at its shapes
+        self.transient = _transients(own or profile.unit_peak_bytes(), t if own else base, base, self.sizes,
+                                     made.weight_bytes / made.grad_bytes if made is not None else 1.0)
+        self.runtime = (profile.meta.runtime_forward_s, profile.meta.runtime_backward_s, profile.meta.resume_s)
+        self.born = born_table(profile, self.sizes)
         self.master = made is not None and made.master_bytes > 0
 
     def _at(self, values: np.ndarray, x: float) -> np.ndarray:
@@ -307,12 +308,15 @@ def _tp_rows(profile: Profile, tp: int) -> pd.DataFrame:
     return rows[rows.tp == tp].sort_values(["microbatch_size", "unit"])
 
 
-def _transients(peaks: dict[int, dict[int, int]], t: pd.DataFrame, base: pd.DataFrame, sizes: list[int]
-                ) -> np.ndarray | None:
+def _transients(peaks: dict[int, dict[int, int]], t: pd.DataFrame, base: pd.DataFrame, sizes: list[int],
+                grad_share: float = 1.0) -> np.ndarray | None:
     """(unit x profiled size) working memory: `peaks` (Profile.unit_peak_bytes, the whole model's or a TP rank's)
     - activation and gradient bytes of the rows `t` they were counted with - output bytes (`base`'s), at least 0; 0
     where a unit or size has no peak; None without peaks (every plan as before them). Without a TP rank's own peaks
-    (measured profiles, analytic ones before them) a TP plan takes the whole model's: an upper bound."""
+    (measured profiles, analytic ones before them) a TP plan takes the whole model's: an upper bound.
+    The gradients in a peak are autograd's, in the dtype the profile was made in: `grad_share` of the recipe's
+    `grad_bytes` (Recipe.weight_bytes / Recipe.grad_bytes: 1/2 under bf16 and fp8, whose kept gradients are fp32),
+    so the working memory is not the peak less gradients it never held."""
     if not peaks:
         return None
     out = np.zeros((int(base.unit.max()) + 1, len(sizes)))
@@ -320,7 +324,7 @@ def _transients(peaks: dict[int, dict[int, int]], t: pd.DataFrame, base: pd.Data
     for row in t.itertuples():
         peak = peaks.get(int(row.unit), {}).get(int(row.microbatch_size))
         if peak is not None and int(row.microbatch_size) in sizes:
-            held = row.activation_bytes + outputs[int(row.unit), int(row.microbatch_size)] + row.grad_bytes
+            held = row.activation_bytes + outputs[int(row.unit), int(row.microbatch_size)] + grad_share * row.grad_bytes
             out[int(row.unit), sizes.index(int(row.microbatch_size))] = max(0.0, float(peak - held))
     return out
 

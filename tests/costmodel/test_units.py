@@ -107,6 +107,18 @@ def test_transient_is_the_peak_beyond_activation_output_and_gradients_interpolat
         assert list(unit_arrays(plain, 2).transient_bytes()) == [800.0, 0.0]
 
 
+def test_a_peak_counted_in_bf16_held_its_gradients_in_bf16() -> None:
+    """Under the bf16 recipe the gradients kept are fp32 (`grad_bytes`, charged by the memory model), and the peak was
+    counted with autograd's gradients in bf16, half those bytes: the working memory is the peak less those halves."""
+    plain = tiny_profile()
+    plain.meta.extra.update(peak_bytes={"0": {"1": 610}})
+    assert list(unit_arrays(plain, 1).transient_bytes()) == [500.0, 0.0]  # 610 - 100 - 10
+    plain.meta.extra["precision"] = "bf16"
+    assert list(unit_arrays(plain, 1).transient_bytes()) == [505.0, 0.0]  # 610 - 100 - 10 / 2
+    plain.meta.extra["precision"] = "bf16-pure"  # gradients kept in bf16: as counted
+    assert list(unit_arrays(plain, 1).transient_bytes()) == [500.0, 0.0]
+
+
 def _valued(values: list[tuple[int, tuple[int, ...], int, ValueAction]], units: int = 4) -> Profile:
     """`units` units profiled at sizes 1 and 3, with live values (src, dsts, bytes at size 1, action), 3 x those
     bytes at size 3."""
