@@ -133,3 +133,30 @@ def test_a_moe_profile_without_the_models_routing_groups_is_not_current() -> Non
     assert _current(old, fp, None, None, (), "fp32", facts) == "it was counted before the routing fact num_groups"
     assert _current(old, fp, None, None, (), "fp32", {**facts, "num_groups": None, "group_top_k": None}) is None
     assert _current(old, fp, None, None, (), "fp32") is None
+
+
+@pytest.mark.integration
+def test_the_quick_starts_shipped_profile_is_current(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """README's Llama-3-8B command plans from profiles/llama-3-8b-h100-sxm/ as shipped (26 s on a fresh clone, where
+    counting it takes minutes): a change to counting that makes it stale fails here, saying why, until it is counted
+    again (`autopp profile --hf-config examples/configs/llama-3-8b.json --analytic h100-sxm -o
+    profiles/llama-3-8b-h100-sxm`)."""
+    import argparse
+
+    from autopp.cli import profile as cli_profile
+    from autopp.cli.plan import add_parser
+
+    monkeypatch.chdir(ROOT)
+    sub = argparse.ArgumentParser().add_subparsers(dest="command")
+    add_parser(sub)
+    args = sub.choices["plan"].parse_args(["--hf-config", "examples/configs/llama-3-8b.json", "--device", "h100-sxm",
+                                           "--nodes", "2"])
+
+    def counting(*_a: object, **_k: object) -> None:
+        raise AssertionError(capsys.readouterr().err)
+
+    monkeypatch.setattr("autopp.measure.analytic.analytic_profile", counting)
+    profile = cli_profile.profile_for(args, tp=None)
+    assert "using profile profiles/llama-3-8b-h100-sxm/" in capsys.readouterr().err
+    assert profile.meta.tp_degrees == (2, 4, 8)
