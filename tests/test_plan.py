@@ -27,6 +27,24 @@ def _plan() -> Plan:
                 predicted=pred, baselines={"even": pred})
 
 
+def test_a_stages_outputs_and_recomputed_forward_round_trip_into_its_costs(tmp_path: Path) -> None:
+    """`output_bytes` and `recompute_s` (2026-12-06) are written where they are not 0 and come back into the
+    simulator's costs (`StagePlan.cost`); a plan written before them reads as 0 and None (`forward_s` redone)."""
+    plan = _plan()
+    first = replace(plan.stages[0], activation=Activation.RECOMPUTE, output_bytes=64, recompute_s=0.75)
+    plan = replace(plan, stages=(first, plan.stages[1]))
+    data = json.loads(plan.save(tmp_path / "p.json").read_text())
+    assert (data["stages"][0]["output_bytes"], data["stages"][0]["recompute_s"]) == (64, 0.75)
+    assert "output_bytes" not in data["stages"][1] and "recompute_s" not in data["stages"][1]
+    cost = load_plan(tmp_path / "p.json").stages[0].cost()
+    assert (cost.output_bytes, cost.recompute_s, cost.redo_forward_s) == (64, 0.75, 0.75)
+    assert _plan().stages[0].cost().redo_forward_s == 1.0
+    data["stages"][0]["output_bytes"] = -1
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="output_bytes"):
+        load_plan(tmp_path / "bad.json")
+
+
 def test_round_trip(tmp_path: Path) -> None:
     plan = _plan()
     path = plan.save(tmp_path / "p.json")

@@ -9,7 +9,7 @@ at ep), `context` (context parallelism: a rank's share of the sequence, its K/V 
 models, the bounds and the explanations read these; nothing else computes a cost term.
 """
 
-from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_speeds, stage_transient,
+from .stage import (ideal_step_time, memory_prefix, stage_costs, stage_outputs, stage_speeds, stage_transient,
                     unit_memory)
 from .context import AttentionShape, ContextTable, attention_shape, causal_share, check_sequence, context_parallel
 from .fsdp import check_expert_zero, fsdp_outside_pipeline
@@ -26,7 +26,7 @@ __all__ = ["UnitArrays", "TpComm", "ProfileTable", "unit_arrays", "group_table",
            "ExpertTable", "expert_parallel", "sp_offered", "check_expert_zero",
            "AttentionShape", "ContextTable", "attention_shape", "causal_share", "check_sequence", "context_parallel",
            "allreduce_times", "sync_time", "stage_speeds", "stage_costs",
-           "memory_prefix", "unit_memory", "stage_transient", "ideal_step_time", "transfer_time", "send_times",
+           "memory_prefix", "unit_memory", "stage_transient", "stage_outputs", "ideal_step_time", "transfer_time", "send_times",
            "comm_times",
            "message_overheads", "progress_delays", "allreduce_time", "gradient_allreduce_time", "optimizer_time",
            "step_end_time", "step_end_floor"]

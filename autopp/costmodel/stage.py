@@ -12,7 +12,7 @@ from ..schedule import Activation, StageCost, policy
 from ..schedule.activation import POLICIES, Figures
 from .units import UnitArrays
 
-__all__ = ["stage_speeds", "stage_costs", "memory_prefix", "unit_memory", "stage_transient",
+__all__ = ["stage_speeds", "stage_costs", "memory_prefix", "unit_memory", "stage_transient", "stage_outputs",
            "ideal_step_time"]
 
 
@@ -47,7 +47,9 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp + start,
                              backward_s=full,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
-                             input_bytes=int(a.cut[i]), overhead_s=overheads[s] if overheads else 0.0,
+                             input_bytes=int(a.cut[i]), output_bytes=int(a.cut[j]),
+                             recompute_s=float(a.recompute[i:j].sum()) / sp,
+                             overhead_s=overheads[s] if overheads else 0.0,
                              transient_bytes=stage_transient(a, i, j),
                              own=(*((p, Figures(int(kept[i:j].sum()), float(redo[i:j].sum()) / sp))
                                     for p, (kept, redo) in a.own.items()), *_from_units(a, i, j, sp)),
@@ -69,6 +71,14 @@ def memory_prefix(a: UnitArrays, inflight: int, activation: Activation = Activat
     (parameters, gradients, optimizer state) + the activation bytes the policy charges (`ActivationPolicy.unit_bytes`:
     inflight x activations when keeping); the stage [i, j) needs p[j] - p[i] bytes."""
     return a.prefix(a.static) + a.prefix(policy(activation).unit_bytes(a, inflight))
+
+
+def stage_outputs(a: UnitArrays, inflight: int) -> np.ndarray:
+    """Per end j (0..n), what a stage ending there keeps of its outputs with `inflight` microbatches in flight:
+    torch's PipelineStage holds each microbatch's outputs from its forward until its backward
+    (`StageCost.output_bytes`), the values crossing cut j (`UnitArrays.cut`; 0 at n: the last stage's is the
+    loss)."""
+    return inflight * a.cut
 
 
 def stage_transient(a: UnitArrays, i: int, j: int) -> int:

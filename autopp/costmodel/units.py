@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..data.overlap import NO_OVERLAP, Overlap
-from ..data.precision import RECIPES
+from ..data.precision import plan_recipe
 from ..data.profile import Profile, ValueAction
 from ..data.zero import NO_ZERO, ZeroStage
 from ..errors import ProfileError
@@ -241,11 +241,12 @@ class ProfileTable:
         whole = base[base.microbatch_size == self.sizes[0]].grad_bytes.to_numpy(dtype=np.float64)
         total = float(whole.sum()) - copies
         self.optimizer = profile.meta.optimizer_step_s * self.grads / total if total > 0 else np.zeros(n)
-        # profiles made before the recipes (none recorded) counted no master copy in their optimizer bytes
-        made = RECIPES.get(str(profile.meta.extra.get("precision")))
+        # the recipe recorded, else its dtype's (a measured bf16 profile records none: bfloat16 alone means bf16;
+        # profiles made before the recipes counted an fp32 master copy below float32 too)
+        recorded = profile.meta.extra.get("precision")
+        made = plan_recipe(None if recorded is None else str(recorded), profile.meta.dtype)
         own = profile.unit_peak_bytes(tp) if tp > 1 else {}  # a TP rank's working memory, counted at its shapes
-        self.transient = _transients(own or profile.unit_peak_bytes(), t if own else base, base, self.sizes,
-                                     made.weight_bytes / made.grad_bytes if made is not None else 1.0)
+        self.transient = _transients(own or profile.unit_peak_bytes(), t if own else base, base, self.sizes)
         self.runtime = (profile.meta.runtime_forward_s, profile.meta.runtime_backward_s, profile.meta.resume_s)
         self.born = born_table(profile, self.sizes)
         self.master = made is not None and made.master_bytes > 0
@@ -308,15 +309,16 @@ def _tp_rows(profile: Profile, tp: int) -> pd.DataFrame:
     return rows[rows.tp == tp].sort_values(["microbatch_size", "unit"])
 
 
-def _transients(peaks: dict[int, dict[int, int]], t: pd.DataFrame, base: pd.DataFrame, sizes: list[int],
-                grad_share: float = 1.0) -> np.ndarray | None:
+def _transients(peaks: dict[int, dict[int, int]], t: pd.DataFrame, base: pd.DataFrame, sizes: list[int]
+                ) -> np.ndarray | None:
     """(unit x profiled size) working memory: `peaks` (Profile.unit_peak_bytes, the whole model's or a TP rank's)
     - activation and gradient bytes of the rows `t` they were counted with - output bytes (`base`'s), at least 0; 0
     where a unit or size has no peak; None without peaks (every plan as before them). Without a TP rank's own peaks
     (measured profiles, analytic ones before them) a TP plan takes the whole model's: an upper bound.
-    The gradients in a peak are autograd's, in the dtype the profile was made in: `grad_share` of the recipe's
-    `grad_bytes` (Recipe.weight_bytes / Recipe.grad_bytes: 1/2 under bf16 and fp8, whose kept gradients are fp32),
-    so the working memory is not the peak less gradients it never held."""
+    The gradients in a peak are autograd's, in the parameters' dtype: the smaller of the rows' `param_bytes` and
+    `grad_bytes` (the bf16 and fp8 recipes keep fp32 gradients, twice the bf16 ones the count made; profiles made
+    before the recipes, and the fp32 and pure bf16 recipes, keep them as made), so the working memory is not the
+    peak less gradients it never held."""
     if not peaks:
         return None
     out = np.zeros((int(base.unit.max()) + 1, len(sizes)))
@@ -324,7 +326,8 @@ def _transients(peaks: dict[int, dict[int, int]], t: pd.DataFrame, base: pd.Data
     for row in t.itertuples():
         peak = peaks.get(int(row.unit), {}).get(int(row.microbatch_size))
         if peak is not None and int(row.microbatch_size) in sizes:
-            held = row.activation_bytes + outputs[int(row.unit), int(row.microbatch_size)] + grad_share * row.grad_bytes
+            grads = min(row.param_bytes, row.grad_bytes)
+            held = row.activation_bytes + outputs[int(row.unit), int(row.microbatch_size)] + grads
             out[int(row.unit), sizes.index(int(row.microbatch_size))] = max(0.0, float(peak - held))
     return out
 

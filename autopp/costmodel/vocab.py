@@ -140,6 +140,7 @@ def with_vocab_passes(costs: Sequence[StageCost], owner: Sequence[int], passes: 
         c = out[s]
         held = passes.static_bytes + (passes.fed_bytes if s == 0 else 0)
         out[s] = replace(c, forward_s=c.forward_s + passes.input_s, static_bytes=c.static_bytes + held,
+                         recompute_s=None if c.recompute_s is None else c.recompute_s + passes.input_s,
                          transient_bytes=max(c.transient_bytes, passes.transient_bytes))
     for s in last.values():
         c = out[s]

@@ -14,20 +14,25 @@ from .fields import Fields, is_int, is_span
 from .layout import LAYOUT_FIELDS
 from .vocab import VocabVariant
 
-__all__ = ["FIGURE_FIELDS", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order", "seq_chunks",
+__all__ = ["FIGURE_FIELDS", "NULLABLE", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order", "seq_chunks",
            "seq_chunks_json", "step_band", "nodes_of"]
 
 
 #: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
 _PLAN_INTS = {"num_microbatches": 1, "microbatch_size": 1, "memory_limit_bytes": 1, "seed": 0, **LAYOUT_FIELDS}
-_STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0}
+_STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "activation_bytes": 0, "input_bytes": 0,
+               "output_bytes": 0}
 #: The stage fields of the activation policies' own figures (`figure_keys`: "selective_bytes", "selective_redo_s").
 FIGURE_FIELDS = tuple(k for a in FIGURED for k in figure_keys(a))
 #: Stage fields not written when 0 (plans without peak data, profiles without a policy's figures).
-OMITTED_WHEN_0 = ("transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s", "scatter_s")
+OMITTED_WHEN_0 = ("transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s", "scatter_s", "output_bytes",
+                  "recompute_s")
 #: Number fields of a stage (finite, >= 0; the backward's I and W may be null, in plans that predate them).
 STAGE_NUMBERS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "progress_s",
-                 "overhead_s", "transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s", "scatter_s")
+                 "overhead_s", "transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s", "scatter_s",
+                 "recompute_s")
+#: Stage numbers that may be null: I and W in plans that predate them, the recomputed forward where none is.
+NULLABLE = ("backward_input_s", "backward_weight_s", "recompute_s")
 _PREDICTION_NUMBERS = ("step_time_s", "allreduce_s", "efficiency", "optimizer_s")
 #: torch.manual_seed takes seeds below 2**63 (as signed 64-bit integers).
 _SEED_LIMIT = 2**63
@@ -53,7 +58,7 @@ def _check_stage(s: dict[str, Any], i: int, f: Fields) -> None:
         if name in s:
             f.integer(s[name], name, least)
     for name in STAGE_NUMBERS:
-        if s.get(name) is not None or name not in ("backward_input_s", "backward_weight_s"):
+        if s.get(name) is not None or name not in NULLABLE:
             f.number(s.get(name, 0.0), name)
     if s["index"] != i:
         f.fail(f"field 'index' is {s['index']!r}; stages must be listed in order, index 0, 1, ...")

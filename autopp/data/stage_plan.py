@@ -12,7 +12,7 @@ from ..schedule.activation import FIGURED, Activation, Figures, figure_keys
 from ..schedule.descriptors import ScheduleName, describe
 from ..schedule.effects import StageCost
 from ..schedule.sim_state import hidden_s
-from .plan_fields import FIGURE_FIELDS, STAGE_NUMBERS
+from .plan_fields import FIGURE_FIELDS, NULLABLE, STAGE_NUMBERS
 
 __all__ = ["StagePlan", "busiest_rank", "figure_fields"]
 
@@ -71,6 +71,13 @@ class StagePlan:
     backward_s and backward_input_s; `StageCost.sync_s`); 0 and not written without it."""
     resume_s: float = 0.0  #: extra time of an action after its rank waited (`StageCost.resume_s`); 0: not written
     scatter_s: float = 0.0  #: ZeRO 2's first-unit scatter on the rank's stream (`StageCost.scatter_s`); 0: not written
+    output_bytes: int = 0
+    """Bytes of this stage's outputs per microbatch, which torch's stage keeps from its forward until its backward
+    (`StageCost.output_bytes`); 0 (the last stage, plans written before 2026-12-06) and not written."""
+    recompute_s: float | None = None
+    """The recomputed forward's time where the stage's policy recomputes its forward (`StageCost.recompute_s`: the
+    units' `recompute_s`, without ZeRO 3's gather); None (not written) otherwise, and in plans written before
+    2026-12-06, whose recomputation took `forward_s`."""
 
     def cost(self) -> StageCost:
         """The simulator's costs of this stage (I = W = B / 2 for plans written before the split was stored, and
@@ -83,7 +90,7 @@ class StagePlan:
                          input_bytes=self.input_bytes, overhead_s=self.overhead_s,
                          transient_bytes=self.transient_bytes, own=self.own, forward_comm_s=self.comm_s,
                          backward_comm_s=self.comm_s, sync_s=self.sync_s, resume_s=self.resume_s,
-                         scatter_s=self.scatter_s)
+                         scatter_s=self.scatter_s, output_bytes=self.output_bytes, recompute_s=self.recompute_s)
 
     def __post_init__(self) -> None:
         if not isinstance(self.activation, Activation):  # a programming error: from_json parses the name
@@ -91,7 +98,7 @@ class StagePlan:
         numbers = {**{name: getattr(self, name) for name in STAGE_NUMBERS if name not in FIGURE_FIELDS},
                    **figure_fields(self.own)}
         for name, value in numbers.items():
-            if value is None and name in ("backward_input_s", "backward_weight_s"):
+            if value is None and name in NULLABLE:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise PlanError(f"stage {self.index}: {name} must be a finite number >= 0, got {value!r}")

@@ -102,6 +102,8 @@ class StageFigures(Protocol):
     @property
     def forward_s(self) -> float: ...
     @property
+    def redo_forward_s(self) -> float: ...
+    @property
     def activation_bytes(self) -> int: ...
     @property
     def input_bytes(self) -> int: ...
@@ -284,10 +286,6 @@ _RECOMPUTE_REFUSALS = {
                  + "; a whole stage needs an interval of a stage's layers, which autopp does not export"}
 
 
-def _host_link(a: UnitFigures, host_bandwidth: float) -> bool:
-    return host_bandwidth > 0
-
-
 def _offloaded(c: StageFigures) -> float:
     return c.figures(Activation.OFFLOAD).redo_s
 
@@ -308,7 +306,7 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      unit_bytes=lambda a, inflight: inflight * a.activation,
                      checkpoint=False, torchtitan="none", megatron=(), deepspeed_interval=0),
     ActivationPolicy(name=Activation.RECOMPUTE, summary="keep the stage input; recompute the forward in the backward",
-                     saving=4, redo_s=lambda c: c.forward_s, kept=lambda c: c.input_bytes,
+                     saving=4, redo_s=lambda c: c.redo_forward_s, kept=lambda c: c.input_bytes,
                      redone=lambda c: c.activation_bytes, unit_redo=lambda a: a.recompute,
                      unit_bytes=lambda a, inflight: a.activation,
                      checkpoint=True, torchtitan="none", megatron=(), deepspeed_interval=None,
@@ -327,12 +325,12 @@ POLICIES: dict[Activation, ActivationPolicy] = {p.name: p for p in (
                      "and back before the backward", saving=3,
                      redo_s=_offloaded, kept=lambda c: c.input_bytes, redone=lambda c: 2 * c.activation_bytes,
                      unit_redo=_none, unit_bytes=lambda a, inflight: 2 * a.activation, derive=_offload_figures,
-                     offered=_host_link, unoffered="the devices have no host link to offload over (a "
+                     offered=lambda a, host: host > 0, unoffered="the devices have no host link to offload over (a "
                      "CPU rank's memory is the host's: offloading would save nothing)", checkpoint=False, to_host=True,
                      torchtitan="none", megatron=(), deepspeed_interval=None, refusals=_OFFLOAD_REFUSALS),
     ActivationPolicy(name=Activation.BLOCKS, summary="keep each unit's input; recompute one unit's forward at a time "
                      "in the backward", saving=5,
-                     redo_s=lambda c: c.forward_s, kept=lambda c: _units(c).kept_bytes,
+                     redo_s=lambda c: c.redo_forward_s, kept=lambda c: _units(c).kept_bytes,
                      redone=lambda c: _units(c).redone_bytes, unit_redo=lambda a: a.recompute,
                      unit_bytes=lambda a, inflight: inflight * a.checkpoint_charge(), from_units=_unit_figures,
                      checkpoint=True, per_unit=True, torchtitan="full",

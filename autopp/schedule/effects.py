@@ -100,11 +100,26 @@ class StageCost:
     beside a long one waits before nearly every action (issue 29: examples/resnet.py's last block with the
     classifier ran at 1.4x its profiled F + B)."""
 
+    recompute_s: float | None = None
+    """Time of the forward a recomputing policy runs again in B (or I): the units' profiled `recompute_s` with the
+    collectives a forward repeats (tensor, context and expert parallelism's), not ZeRO 3's gather (the backward's
+    serves it) nor the pipelining runtime's per-action time (`redo_forward_s`); None: `forward_s` (stage costs made
+    without the units' figures)."""
+    output_bytes: int = 0
+    """Bytes of the stage's outputs, which torch's PipelineStage keeps (`fwd_cache`, torch/distributed/pipelining/
+    stage.py) from a microbatch's forward until its backward pops them: held per in-flight microbatch under every
+    activation policy (`footprint`); 0 on the last stage, whose output is the loss."""
+
     scatter_s: float = 0.0
     """Per microbatch, the collective the stage's rank runs on its own stream after the microbatch's B (or W, where
     the backward splits) ends, not in its busy time: ZeRO 2's reduce-scatter of the stage's first unit's gradients,
     FSDP2's post-backward hook (autopp.costmodel.parallel.scatter_in_backward). The simulator queues it on the
     rank's reduce-scatter stream (`simulate`); the rank's compute goes on, and the step's end waits for it."""
+
+    @property
+    def redo_forward_s(self) -> float:
+        """The recomputed forward's time (`recompute_s`, else `forward_s`)."""
+        return self.forward_s if self.recompute_s is None else self.recompute_s
 
     def figures(self, a: Activation) -> Figures:
         """Policy `a`'s own figures for this stage (`own`; zeros when it has none)."""
@@ -114,8 +129,8 @@ class StageCost:
         times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.overhead_s, self.resume_s,
                  self.scatter_s,
                  0.0 if self.backward_s is None else self.backward_s, self.forward_comm_s, self.backward_comm_s,
-                 *(f.redo_s for _, f in self.own))
-        sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes,
+                 self.redo_forward_s, *(f.redo_s for _, f in self.own))
+        sizes = (self.static_bytes, self.activation_bytes, self.input_bytes, self.transient_bytes, self.output_bytes,
                  *(b for _, f in self.own for b in (f.kept_bytes, f.redone_bytes)))
         if min(times) < 0 or min(sizes) < 0 or not all(math.isfinite(t) for t in times):
             raise ScheduleError(f"stage costs must be finite and >= 0, got times {times} and bytes {sizes}")
@@ -150,9 +165,10 @@ def durations(c: StageCost, activation: Activation) -> dict[Kind, float]:
 def footprint(c: StageCost, activation: Activation) -> Footprint:
     """What one microbatch holds: keeping activations, them from F start until the freeing backward ends;
     recomputing, only the stage input after F, and the full activations again from the start of B (or I) until B
-    (or W) ends, freed together with the kept input (`ActivationPolicy.kept` and `.redone`)."""
+    (or W) ends, freed together with the kept input (`ActivationPolicy.kept` and `.redone`); under every policy the
+    stage's outputs as well (`StageCost.output_bytes`), from F until the freeing backward."""
     p = policy(activation)
-    return Footprint(p.kept(c), p.redone(c))
+    return Footprint(p.kept(c) + c.output_bytes, p.redone(c))
 
 
 def added_at_start(kind: Kind, f: Footprint) -> int:

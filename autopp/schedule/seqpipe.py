@@ -132,7 +132,8 @@ def unit_costs(cost: StageCost, chunks: ChunkCosts) -> StageCost:
                    backward_weight_s=cost.backward_weight_s * t, backward_s=scaled,
                    forward_comm_s=cost.forward_comm_s * t, backward_comm_s=cost.backward_comm_s * t,
                    scatter_s=cost.scatter_s * t,
-                   activation_bytes=math.ceil(cost.activation_bytes * b),
+                   recompute_s=None if cost.recompute_s is None else cost.recompute_s * t,
+                   activation_bytes=math.ceil(cost.activation_bytes * b), output_bytes=math.ceil(cost.output_bytes * b),
                    input_bytes=math.ceil(cost.input_bytes * b), transient_bytes=math.ceil(cost.transient_bytes * b),
                    own=())
 

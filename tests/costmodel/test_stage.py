@@ -74,3 +74,21 @@ def test_a_stage_carries_its_units_largest_transient() -> None:
     a = replace(a, transient=np.array([5.0, 9.0, 2.0]))
     assert [stage_transient(a, i, j) for i, j in ((0, 1), (1, 3), (2, 3), (2, 2))] == [5, 9, 2, 0]
     assert [c.transient_bytes for c in stage_costs(a, [(0, 1), (1, 3)], [1.0, 2.0])] == [5, 9]
+
+
+def test_a_stage_keeps_its_outputs_and_recomputes_its_units_recompute_time() -> None:
+    """Review (2026-12-06): torch's PipelineStage holds each microbatch's outputs (fwd_cache) until its backward,
+    under every policy; and a recomputed forward is the units' `recompute_s` (with the collectives a forward
+    repeats), not `forward_s`, which also carries ZeRO 3's gather before each forward and the runtime's per-action
+    time (the backward's gather serves the recomputation)."""
+    from autopp.schedule.effects import Kind, durations, footprint
+    a = replace(arrays([1.0, 2.0, 3.0], activation=[1, 2, 3], cut=[7.0, 9.0]), runtime_forward_s=0.25)
+    a = replace(a, forward=a.forward + 0.5)  # as ZeRO 3's gather adds to F (autopp.costmodel.parallel.data_sharded)
+    first, second = stage_costs(a, [(0, 2), (2, 3)], [1.0, 2.0])
+    assert (first.output_bytes, second.output_bytes) == (9, 0)  # the last stage's output is the loss
+    assert (first.forward_s, first.recompute_s, second.recompute_s) == (4.25, 3.0, 1.5)
+    assert footprint(first, Activation.KEEP).kept == 3 + 9
+    assert footprint(first, Activation.RECOMPUTE) == (0 + 9, 3)  # the stage's input (none) and its output
+    assert durations(first, Activation.RECOMPUTE)[Kind.B] == 3.0 + first.backward_s
+    assert durations(first, Activation.KEEP)[Kind.B] == first.backward_s
+    assert replace(first, recompute_s=None).redo_forward_s == first.forward_s  # costs made without the units

@@ -116,14 +116,14 @@ def test_refuses_past_the_limit_and_too_many_stages() -> None:
 
 
 def test_the_plan_offloads_one_stage_and_recomputes_another_as_the_brute_force_does() -> None:
-    """Issue 27: four H100s (PCIe Gen5 host link, 64 GB/s each way) with 2.25 GiB each, a long-sequence profile.
+    """Issue 27: four H100s (PCIe Gen5 host link, 64 GB/s each way) with 2.35 GiB each, a long-sequence profile.
     Stage 0 (4 microbatches in flight under 1F1B) must save the most; offloading it would still hold two
     microbatches' activations in its backward (the one brought back and the next: PipeOffload's double buffer),
     which does not fit, so it recomputes; stage 1 offloads, its trip to host memory hidden under the later stages'
     compute; the last two keep. The brute force over every split and every per-stage choice of keep, offload and
     recompute finds the same plan, and without offload (keep or recompute only) the best step is slower."""
     profile = synthetic_profile(6, hidden=2048, seq=8192)
-    cluster = cluster_from_catalog(load_device("h100-sxm"), 4, memory_bytes=int(2.25 * 2**30))
+    cluster = cluster_from_catalog(load_device("h100-sxm"), 4, memory_bytes=int(2.35 * 2**30))
     assert cluster.host_bandwidth == 64e9
     request = PlanRequest(cluster=cluster, global_batch=8, num_microbatches=8, schedule=ONE_F_ONE_B,
                           pins=LayoutPins(pp=4, dp=1, tp=1), recompute=RecomputeMode.AUTO)

@@ -52,11 +52,12 @@ def _objective(a: UnitArrays, spec: PipeSpec, bounds: tuple[tuple[int, int], ...
 
 def _memory(a: UnitArrays, spec: PipeSpec, bounds: tuple[tuple[int, int], ...]) -> list[float]:
     """Per stage: static bytes + held microbatches x activation bytes (held = in-flight count, 1 if recomputing) +
-    the largest transient of its units."""
+    the largest transient of its units + in-flight count x its output (the bytes crossing its end)."""
     inflight = spec.inflight or (1,) * spec.num_stages
     redo = spec.activation is Activation.RECOMPUTE
     return [float(a.static[i:j].sum()) + (1 if redo else k) * float(a.activation[i:j].sum())
-            + float(a.transient_bytes()[i:j].max(initial=0.0)) for (i, j), k in zip(bounds, inflight)]
+            + float(a.transient_bytes()[i:j].max(initial=0.0)) + k * float(a.cut[j])
+            for (i, j), k in zip(bounds, inflight)]
 
 
 def _with_transients(a: UnitArrays, seed: int) -> UnitArrays:

@@ -26,7 +26,7 @@ def test_plan_records_the_overhead_and_the_prediction_includes_it() -> None:
 
 
 def test_dp_judge_simulator_and_plan_agree_on_peaks_with_a_transient() -> None:
-    from autopp.costmodel import memory_prefix, stage_transient, unit_arrays
+    from autopp.costmodel import memory_prefix, stage_outputs, stage_transient, unit_arrays
     from autopp.predict import plan_stage_costs, simulate_plan
     from autopp.data.layout import LayoutPins
     from autopp.schedule import Activation, ScheduleName, build_schedule
@@ -49,7 +49,8 @@ def test_dp_judge_simulator_and_plan_agree_on_peaks_with_a_transient() -> None:
     order = build_schedule(ScheduleName.ONE_F_ONE_B, 2, 4)
     inflight = {s: n for r in order for s, n in inflight_peaks(order[r]).items()}
     dp_bytes = [int(memory_prefix(a, inflight[k])[j] - memory_prefix(a, inflight[k])[i]) + stage_transient(a, i, j)
-                for k, (i, j) in enumerate(bounds)]
+                + int(stage_outputs(a, inflight[k])[j]) for k, (i, j) in enumerate(bounds)]
+    assert stage_outputs(a, inflight[0])[bounds[0][1]] > 0 == stage_outputs(a, inflight[1])[bounds[1][1]]
     simulated = simulate_plan(plan).peak_memory_bytes
     walked = order_peaks(order, plan_stage_costs(plan), [0, 1], [Activation.KEEP] * 2)
     assert list(plan.predicted.peak_memory_bytes) == simulated == walked == dp_bytes

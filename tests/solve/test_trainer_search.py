@@ -107,7 +107,7 @@ def test_offload_is_offered_only_without_a_trainer(trainer: str) -> None:
     from autopp.data.layout import LayoutPins
     from autopp.data.synthetic_profile import synthetic_profile
     from autopp.schedule import Activation
-    cluster = cluster_from_catalog(load_device("h100-sxm"), 4, memory_bytes=int(2.25 * 2**30))
+    cluster = cluster_from_catalog(load_device("h100-sxm"), 4, memory_bytes=int(2.35 * 2**30))
     profile, pins = synthetic_profile(6, hidden=2048, seq=8192), LayoutPins(pp=4, dp=1, tp=1)
     ask = dict(cluster=cluster, num_microbatches=8, schedule=ScheduleName.ONE_F_ONE_B, pins=pins)
     assert Activation.OFFLOAD in {s.activation for s in make_plan(profile, _request(**ask)).stages}

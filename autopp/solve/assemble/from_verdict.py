@@ -19,7 +19,7 @@ from ...data.catalog import planned_device
 from ...data.cluster import Cluster
 from ...cores import MESH_ON_CPU
 from ...data.layout import Layout, uses_mesh
-from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, describe, policy
+from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, StageCost, describe, policy
 from ..partition.baselines import baseline_bounds
 from ..search.judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import recompute_choices
@@ -332,7 +332,8 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                   activation_bytes=cost.activation_bytes, input_bytes=cost.input_bytes, send_s=sends[s],
                   progress_s=delays[s], overhead_s=cost.overhead_s, transient_bytes=cost.transient_bytes,
                   own=tuple(f for f in cost.own if f[0] is c.activations[s]), comm_s=cost.forward_comm_s,
-                  sync_s=cost.sync_s, resume_s=cost.resume_s, scatter_s=cost.scatter_s)
+                  sync_s=cost.sync_s, resume_s=cost.resume_s, scatter_s=cost.scatter_s, output_bytes=cost.output_bytes,
+                  recompute_s=_redone_forward(cost, c.activations[s]))
         for s, ((i, j), cost) in enumerate(zip(c.bounds, best.costs)))
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c, request.cluster))
@@ -375,3 +376,10 @@ def _breakdown(a: UnitArrays, placed: Cluster, v: Verdict) -> TimeBreakdown:
                           sync_total_s=gradient_allreduce_time(a, c.bounds, owner, c.layout, placed),
                           optimizer_s=v.optimizer_s, resumed_s=v.resumed_s, overlapped_s=v.overlapped_s,
                           scatter_tail_s=v.scatter_tail_s)
+
+
+def _redone_forward(cost: StageCost, activation: Activation) -> float | None:
+    """The stage's recomputed forward (`StageCost.recompute_s`) where its policy runs the whole forward again (whole
+    stage or per unit, not selective recomputation, whose own figure says what it redoes); else None."""
+    p = policy(activation)
+    return cost.recompute_s if p.redoes_forward and not p.saves_ops else None

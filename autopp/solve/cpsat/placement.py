@@ -20,7 +20,7 @@ from ...costmodel import UnitArrays, transfer_time, unit_memory
 from ...schedule import Activation
 from ...errors import InfeasibleError
 from .report import solve_progress
-from .split import contiguous_split, stage_transient_var, start_load
+from .split import contiguous_split, output_load, stage_transient_var, start_load
 from ..partition.dp import Bounds
 
 __all__ = ["Placement", "place_devices"]
@@ -71,7 +71,8 @@ def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: 
     # Stage time and memory on the chosen device (time rounded up so the integer model never flatters a stage).
     for k in range(p):
         load = sum(int(work[u]) * 1000 * x[u, k] for u in range(n)) + 1000 * start_load(a, end, k, resolution)
-        need = sum(int(mem[k][u]) * x[u, k] for u in range(n)) + stage_transient_var(model, x, a, k)
+        need = sum(int(mem[k][u]) * x[u, k] for u in range(n)) + stage_transient_var(model, x, a, k) \
+            + output_load(a, end, k, inflight[k])
         for d, dev in enumerate(devices):
             model.add(stage_t[k] * int(round(dev.speed * 1000)) >= load).only_enforce_if(y[k, d])
             model.add(need <= dev.memory_bytes).only_enforce_if(y[k, d])

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ...costmodel import UnitArrays, transfer_time, unit_memory
+from ...costmodel import UnitArrays, stage_outputs, transfer_time, unit_memory
 from ...errors import InfeasibleError
 from ..partition.dp import Bounds, PipeSpec
 
-__all__ = ["CpSatResult", "solve_cpsat", "contiguous_split", "stage_transient_var", "start_load"]
+__all__ = ["CpSatResult", "solve_cpsat", "contiguous_split", "stage_transient_var", "start_load", "output_load"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     if spec.memory:
         for k in range(s_count):
             model.add(sum(int(mem_unit[k][u]) * x[u, k] for u in range(n)) + stage_transient_var(model, x, a, k)
-                      <= int(spec.memory[k]))
+                      + output_load(a, end, k, inflight[k]) <= int(spec.memory[k]))
     # Objective: sum_s T_s + 2 sum_s c_s + (m - 1) Tmax.
     comm_term = sum(2 * comm[k][j] * end[j, k] for j in range(1, n) for k in range(s_count - 1))
     model.minimize(sum(stage_t) + comm_term + (spec.microbatches - 1) * t_max)
@@ -100,6 +100,13 @@ def start_load(a: UnitArrays, end: Assign, k: int, resolution: float) -> cp_mode
     if k == 0:
         return int(start[0])
     return sum(int(start[j]) * end[j, k - 1] for j in range(1, a.n) if start[j])
+
+
+def output_load(a: UnitArrays, end: Assign, k: int, inflight: int) -> cp_model.LinearExpr | int:
+    """Stage k's outputs held per in-flight microbatch (`costmodel.stage_outputs`): the cut where it ends, times
+    `inflight`; 0 for the last stage, whose end is the model's."""
+    out = np.round(stage_outputs(a, inflight)).astype(np.int64)
+    return sum(int(out[j]) * end[j, k] for j in range(1, a.n) if (j, k) in end and out[j])
 
 
 def stage_transient_var(model: cp_model.CpModel, x: Assign, a: UnitArrays, k: int) -> cp_model.IntVar | int:

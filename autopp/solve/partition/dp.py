@@ -13,7 +13,8 @@ bottleneck is one of the candidates. Speed-ups (results unchanged):
 Every cost comes from the cost model (autopp.costmodel): per-unit work (`UnitArrays.work`, and what a stage adds
 at its first unit, `UnitArrays.starts`: non-decreasing, so the feasible starts stay an interval), a stage's memory
 (`memory_prefix`: static bytes + the activation bytes its policy charges for its in-flight count from the
-schedule's order (`ActivationPolicy.unit_bytes`), + `stage_transient`, its units' largest working memory), and
+schedule's order (`ActivationPolicy.unit_bytes`), + `stage_transient`, its units' largest working memory, + its
+outputs per in-flight microbatch, `stage_outputs`, which depend on where it ends only), and
 the send time of each cut (`send_times`), under a per-stage budget.
 """
 
@@ -26,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ...data.cluster import Link
-from ...costmodel import UnitArrays, memory_prefix, send_times, stage_transient
+from ...costmodel import UnitArrays, memory_prefix, send_times, stage_outputs, stage_transient
 from ...schedule import Activation
 
 __all__ = ["Objective", "PipeSpec", "Bounds", "pipeline_bounds", "min_max_bounds", "pipeline_objective",
@@ -89,6 +90,7 @@ class _Tables:
     comm: list[np.ndarray]  # comm[k][j]: send time after stage k ending at j
     m: int
     uncut: np.ndarray  # unit boundaries no stage may end at (spec.uncut inside 1..n-1)
+    out: list[np.ndarray] = field(default_factory=list)  # out[k][j]: stage k ending at j keeps its outputs
     mem_left: list[np.ndarray | None] = field(default_factory=list)  # per stage: first start within the budget
     transient: np.ndarray | None = None  # sparse max table of the units' transients (None: all 0)
 
@@ -105,7 +107,7 @@ def _tables(a: UnitArrays, spec: PipeSpec, values: np.ndarray | None = None) -> 
     comm.append(send_times(a, None))  # the last stage sends nothing
     uncut = np.array(sorted({b for b in spec.uncut if 0 < b < a.n}), dtype=np.int64)
     tb = _Tables(work, start, list(spec.speed or (1.0,) * s), mem, list(spec.memory or (INF,) * s), comm,
-                 spec.microbatches, uncut)
+                 spec.microbatches, uncut, [stage_outputs(a, inflight[k]) for k in range(s)])
     transient = a.transient_bytes()
     tb.transient = _max_table(transient) if transient.any() else None
     _set_budgets(tb, tb.budget)
@@ -116,10 +118,11 @@ def _set_budgets(tb: _Tables, budget: list[float]) -> None:
     """Memory budgets do not depend on the bottleneck t: find each stage's first feasible start once."""
     tb.budget = budget
     tb.mem_left = [None if not np.isfinite(b) else
-                   np.searchsorted(m, m - b * (1 + 1e-12), side="left") for m, b in zip(tb.mem, budget)]
+                   np.searchsorted(m, m + out - b * (1 + 1e-12), side="left")
+                   for m, out, b in zip(tb.mem, tb.out, budget)]
     if tb.transient is not None:
-        tb.mem_left = [None if lo is None else _first_fit(m, tb.transient, b * (1 + 1e-12), lo)
-                       for m, b, lo in zip(tb.mem, budget, tb.mem_left)]
+        tb.mem_left = [None if lo is None else _first_fit(m, tb.transient, b * (1 + 1e-12) - out, lo)
+                       for m, out, b, lo in zip(tb.mem, tb.out, budget, tb.mem_left)]
 
 
 def _max_table(values: np.ndarray) -> np.ndarray:
@@ -142,14 +145,14 @@ def _range_max(table: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     return np.where(j > i, out, 0.0)
 
 
-def _first_fit(m: np.ndarray, table: np.ndarray, budget: float, lo: np.ndarray) -> np.ndarray:
-    """Per end j, the first start i >= lo[j] with m[j] - m[i] + the largest transient of [i, j) within `budget`
+def _first_fit(m: np.ndarray, table: np.ndarray, budget: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Per end j, the first start i >= lo[j] with m[j] - m[i] + the largest transient of [i, j) within `budget[j]`
     (a binary search for all j at once: both terms shrink as i grows)."""
     j = np.arange(len(m))
     lo, hi = lo.copy(), np.maximum(j, lo)
     while (open_ := lo < hi).any():
         mid = (lo + hi) // 2
-        ok = m[j] - m[mid] + _range_max(table, mid, j) <= budget
+        ok = m[j] - m[mid] + _range_max(table, mid, j) <= budget[j]
         hi = np.where(open_ & ok, mid, hi)
         lo = np.where(open_ & ~ok, mid + 1, lo)
     return lo
@@ -329,14 +332,14 @@ def pipeline_objective(a: UnitArrays, spec: PipeSpec, bounds: Sequence[tuple[int
 def fits(a: UnitArrays, spec: PipeSpec, bounds: Sequence[tuple[int, int]]) -> bool:
     """Does every stage of `bounds` fit its memory budget (as the DP models it)?"""
     tb = _tables(a, spec)
-    return all(tb.mem[k][j] - tb.mem[k][i] + stage_transient(a, i, j) <= tb.budget[k] * (1 + 1e-12)
+    return all(tb.mem[k][j] - tb.mem[k][i] + stage_transient(a, i, j) + tb.out[k][j] <= tb.budget[k] * (1 + 1e-12)
                for k, (i, j) in enumerate(bounds))
 
 
 def min_memory(a: UnitArrays, spec: PipeSpec) -> int:
     """The least per-device memory (the same budget for every stage) for which some split fits, in bytes."""
     tb = _tables(a, spec)
-    lo, hi = 0, int(max(m[-1] for m in tb.mem) + stage_transient(a, 0, a.n)) + 1
+    lo, hi = 0, int(max(m[-1] for m in tb.mem) + stage_transient(a, 0, a.n) + max(o.max() for o in tb.out)) + 1
     while lo < hi:
         mid = (lo + hi) // 2
         _set_budgets(tb, [float(mid)] * len(tb.speed))
