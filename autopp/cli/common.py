@@ -11,16 +11,20 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn
+from typing import TYPE_CHECKING, Callable, Iterator, NoReturn
 
 from ..data.axes import AXES
+from ..data.precision import recipe_of_dtype
 from ..progress import PROGRESS_LOG
 from ..schedule import DESCRIPTORS, NAMED
 from ..sizes import parse_size
 
+if TYPE_CHECKING:
+    from ..measure.options import DType
+
 __all__ = ["FLAG_TERMS", "in_flags", "DEFAULT_PROFILE_DIR", "SCHEDULE_NAMES", "TARGET_NAMES", "Parser", "progress",
            "end_progress", "shown_progress", "comma_sizes", "memory_size", "integer", "number", "POSITIVE", "COUNT",
-           "SECONDS"]
+           "SECONDS", "model_stem", "default_profile_dir", "profile_dir_name", "analytic_target", "default_dtype"]
 
 DEFAULT_PROFILE_DIR = Path("profiles")
 
@@ -194,3 +198,46 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def model_stem(args: argparse.Namespace) -> str:
+    """The name of the model's default profile directory under profiles/ (and of its plan): the model file's or
+    the config's file name without its suffix."""
+    return Path(args.hf_config or args.model).stem
+
+
+def default_profile_dir(args: argparse.Namespace) -> Path:
+    """Where `autopp plan` keeps the profile it plans from: profiles/MODEL (or profiles/CONFIG) when measured here,
+    profiles/MODEL-DEVICE when analytic for `--device` (`analytic_target`), with the length and recipe when given
+    (`profile_dir_name`), as `autopp profile --analytic` names it."""
+    device = analytic_target(getattr(args, "device", None))
+    return DEFAULT_PROFILE_DIR / profile_dir_name(args, device, device is not None)
+
+
+def profile_dir_name(args: argparse.Namespace, device: str | None, gpu: bool) -> str:
+    """A default profile directory's name: the model's stem (`model_stem`), `-DEVICE` when analytic for it, `-sS`
+    for an HF config's --seq-len S and `-P` for a --precision P other than the target's default (bf16 on a GPU,
+    fp32 here), as scripts/published.py names its profiles: each length and recipe has a directory of its own."""
+    name = model_stem(args) + (f"-{device}" if device else "")
+    if getattr(args, "hf_config", None) and getattr(args, "seq_len", None):
+        name += f"-s{args.seq_len}"
+    default = recipe_of_dtype(default_dtype(gpu))
+    if getattr(args, "precision", None) and args.precision != getattr(default, "name", None):
+        name += f"-{args.precision}"
+    return name
+
+
+def analytic_target(device: str | None) -> str | None:
+    """The catalog device `autopp plan --device NAME` profiles analytically for: NAME unless it is this machine (the
+    `cpu` entry, which is measured here); None without --device. A device given as a JSON file is a catalog entry
+    too (`load_device`)."""
+    from ..data.catalog import load_device
+    name = None if device is None else load_device(device).name
+    return None if name == "cpu" else name  # the catalog's entry for this machine (docs/devices.md)
+
+
+def default_dtype(gpu: bool) -> DType:
+    """The dtype a profile defaults to: bfloat16 mixed precision (bf16 weights and activations, fp32 master weights
+    and optimizer state, as every published large run trains) for a GPU, float32 on the CPU, whose bfloat16 matmuls
+    are slow (docs/devices.md)."""
+    return "bfloat16" if gpu else "float32"

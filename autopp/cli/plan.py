@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.axes import AXES, SWITCHES, TRAINERS, Axis
-from ..data.batch import SAMPLES_PER_DEVICE, TOKENS_PER_STEP, default_global_batch
+from ..data.batch import SAMPLES_PER_DEVICE, TOKENS_PER_STEP, default_global_batch_said
 from ..data.cluster import DEFAULT_LINK
 from ..data.overlap import NO_OVERLAP, Overlap
 from ..data.zero import ZERO, ZeroStage
@@ -236,10 +236,8 @@ def _global_batch(args: argparse.Namespace, cluster, given) -> tuple[int, str]: 
     source = hf_source_of(args, ("--profile", "DIR"))
     hf = given.meta.extra.get("hf_config") if given is not None else None
     seq = source.seq_len if source is not None else hf.get("seq_len") if isinstance(hf, dict) else None
-    batch = default_global_batch(cluster.num_devices, seq, args.microbatches or 1)
-    what = f"{batch} sequences of {seq} tokens per step (the default for a sequence model: 2^20 tokens / seq_len, " \
-           "rounded to a power of two)" if seq is not None else \
-        f"{batch} samples per step (the default: {SAMPLES_PER_DEVICE} per device)"
+    dp = args.dp if isinstance(args.dp, int) and args.dp > 0 else 1
+    batch, what = default_global_batch_said(cluster.num_devices, seq, args.microbatches or 1, dp)
     return batch, f"autopp: note: global batch {what}; give --global-batch N, the batch you train with (it sets " \
                   "the microbatches, and so the bubble)"
 

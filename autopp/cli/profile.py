@@ -15,7 +15,8 @@ from ..errors import AutoppError
 from ..preflight import check_model_file, check_output_dir, check_output_file
 from ..sizes import format_in, time_unit
 from .analytic import add_analytic_arguments, analytic_of, check_analytic
-from .common import COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, comma_sizes, end_progress, progress
+from .common import (COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, analytic_target, comma_sizes, default_dtype,
+                     default_profile_dir, end_progress, model_stem, profile_dir_name, progress)
 
 if TYPE_CHECKING:
     from ..data.profile import Profile
@@ -151,12 +152,6 @@ def say_seq_len(args: argparse.Namespace, source: HfSource | None) -> None:
               "length you train with (activation memory and time grow with it)", file=sys.stderr)
 
 
-def model_stem(args: argparse.Namespace) -> str:
-    """The name of the model's default profile directory under profiles/ (and of its plan): the model file's or
-    the config's file name without its suffix."""
-    return Path(args.hf_config or args.model).stem
-
-
 def _profiled(model: str | ModelFile, source: HfSource | None, *options: Any) -> Profile:
     """profile_model of the model file, or of the model built from the HF config `source`, whose profile records
     in `meta.extra["hf_config"]` the sequence length and task it was built for (its `model_path` is the config);
@@ -217,8 +212,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                           "file); profile without it")
     _resolve_dtype(args)
     check_analytic(args)
-    stem = f"{model_stem(args)}-{args.analytic}" if args.analytic else model_stem(args)
-    target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / stem,
+    gpu = bool(args.analytic) or getattr(args, "device", None) == "cuda"
+    target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / profile_dir_name(args, args.analytic, gpu),
                               "-o" if args.output else None, marker="meta.json", kind="profile")
     from ..display import format_profile
     try:
@@ -289,29 +284,6 @@ def _cmd_profile_links(args: argparse.Namespace) -> int:
           + (f"; calibration rms error {links.calibration_rms:.1%}" if links.calibration_rms is not None else ""))
     print(f"\nwrote links {links.save(args.output)}")
     return 0
-
-
-def default_profile_dir(args: argparse.Namespace) -> Path:
-    """Where `autopp plan` keeps the profile it plans from: profiles/MODEL (or profiles/CONFIG) when measured here,
-    profiles/MODEL-DEVICE when analytic for `--device` (`analytic_target`), as `autopp profile --analytic` names it."""
-    device = analytic_target(getattr(args, "device", None))
-    return DEFAULT_PROFILE_DIR / (f"{model_stem(args)}-{device}" if device else model_stem(args))
-
-
-def analytic_target(device: str | None) -> str | None:
-    """The catalog device `autopp plan --device NAME` profiles analytically for: NAME unless it is this machine (the
-    `cpu` entry, which is measured here); None without --device. A device given as a JSON file is a catalog entry
-    too (`load_device`)."""
-    from ..data.catalog import load_device
-    name = None if device is None else load_device(device).name
-    return None if name == "cpu" else name  # the catalog's entry for this machine (docs/devices.md)
-
-
-def default_dtype(gpu: bool) -> DType:
-    """The dtype a profile defaults to: bfloat16 mixed precision (bf16 weights and activations, fp32 master weights
-    and optimizer state, as every published large run trains) for a GPU, float32 on the CPU, whose bfloat16 matmuls
-    are slow (docs/devices.md)."""
-    return "bfloat16" if gpu else "float32"
 
 
 def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None, device: str | None,

@@ -102,7 +102,7 @@ from ..data.profile import EXPERT_COLUMNS, EXPERT_PARTS, EXPERT_PASSES, Profile,
 from ..data.profile_tp import SP_COLUMNS, SP_TIME_COLUMNS
 from ..data.zero import NO_ZERO
 from ..data.zero import ZeroStage
-from ..errors import ProfileError
+from ..errors import LayoutError, ProfileError
 from .alltoall import AllToAll, alltoall_time, routing_of
 from .context import ContextTable, context_parallel
 from .experts import ExpertParts, expert_gemms, expert_tensor_rows
@@ -128,6 +128,11 @@ def group_table(profile: Profile, view: UnitView) -> ProfileTable:
     sequence (autopp.costmodel.context.ContextTable). An axis whose rows are measured at
     its sharded shapes selects them here."""
     if view.ep > 1:
+        if view.tp > 1 or view.cp > 1 or view.ep_replicas < 1:
+            raise LayoutError(f"expert parallelism ep({view.ep}) x etp({view.etp}) beside tp({view.tp}) and "
+                              f"cp({view.cp}) is not costed: autopp carves the experts from the data-parallel "
+                              "ranks only (tp 1, cp 1, ep x etp dividing dp), as its runner runs them; plan with "
+                              "tp 1 and cp 1, or ep 1")
         return ExpertTable(profile, view.ep, view.ep_replicas, view.etp)
     table = ProfileTable(profile, view.tp) if view.cp == 1 else ContextTable(profile, view.tp, view.cp)
     if view.sp and view.tp > 1:

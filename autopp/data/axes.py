@@ -144,12 +144,13 @@ AXES: dict[str, Axis] = {a.name: a for a in (
                  degree="parallelism.tensor_parallel_degree",
                  note="torchtitan shards with its model's own TP plan (for Llama the Megatron pattern autopp costed: "
                       "colwise q/k/v and gate/up, rowwise o and down, vocab-parallel embedding; its output layer "
-                      "keeps vocab-sharded logits for a parallel loss, where autopp gathers them)"),
+                      "keeps vocab-sharded logits for a parallel loss: the loss-parallelism note says how the plan "
+                      "counted them)"),
              "megatron": Spelling(
                  degree="--tensor-model-parallel-size",
                  note="Megatron shards with its own layers (column-parallel QKV and fc1, row-parallel proj and fc2, "
                       "vocab-parallel embedding and output with a parallel loss), the pattern autopp costed for "
-                      "Llama-style blocks; autopp gathers the logits instead"),
+                      "Llama-style blocks (the loss-parallelism note says how the plan counted the logits)"),
              "deepspeed": Spelling(refusal="DeepSpeed's PipelineModule does not shard layers (tensor parallelism "
                                            "comes from the model's own layers, as in Megatron-DeepSpeed) and the "
                                            "exported stage file builds none; " + _RE_PLAN.format(axis="tp"))}),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["TOKENS_PER_STEP", "SAMPLES_PER_DEVICE", "default_global_batch"]
+__all__ = ["TOKENS_PER_STEP", "SAMPLES_PER_DEVICE", "default_global_batch", "default_global_batch_said"]
 
 #: The default token budget of a step for a sequence model: 2^20, about a million tokens. Published runs train with
 #: 0.5M tokens per step (GPT-3 125M-350M; Brown et al. 2020, Table 2.1), 1M (GPT-3 760M-2.7B), 2M (GPT-3 6.7B-13B)
@@ -28,3 +28,18 @@ def default_global_batch(num_devices: int, seq_len: int | None, multiple: int = 
     else:
         batch = SAMPLES_PER_DEVICE * num_devices
     return -(-batch // multiple) * multiple
+
+
+def default_global_batch_said(num_devices: int, seq_len: int | None, microbatches: int = 1, dp: int = 1
+                              ) -> tuple[int, str]:
+    """`default_global_batch` rounded up to a multiple of the pinned `microbatches` x `dp` replicas (each replica
+    streams its share in that many microbatches), and the words that say how it was made."""
+    batch, plain = default_global_batch(num_devices, seq_len, microbatches * dp), default_global_batch(num_devices,
+                                                                                                     seq_len)
+    what = (f"{batch} sequences of {seq_len} tokens per step (the default for a sequence model: 2^20 tokens / seq_len, "
+            "rounded to a power of two" if seq_len is not None else
+            f"{batch} samples per step (the default: {SAMPLES_PER_DEVICE} per device")
+    if batch != plain:
+        what += f", {plain}, then up to a multiple of " + (f"--dp {dp} x --microbatches {microbatches}" if dp > 1 else
+                                                          f"--microbatches {microbatches}")
+    return batch, what + ")"

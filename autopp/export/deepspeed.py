@@ -81,6 +81,8 @@ def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     refuse_layout(plan, "deepspeed", where)
     activations = uniform_policy(plan, "deepspeed", where)
     notes = [f"DeepSpeed: launch {plan.num_ranks} ranks ({launch_grid(plan, 'deepspeed')}); build the model with "
-             f"pipeline_module() from {snippet_path}", optimizer_note(plan, "deepspeed"), *deepspeed_overlap(plan)]
+             f"pipeline_module() from {snippet_path}", optimizer_note(plan, "deepspeed"), *deepspeed_overlap(plan),
+             "DeepSpeed hands each layer what the previous one returned: a value a unit reads from a unit further "
+             "back than the one before it (a skip connection) must be returned by the layers in between"]
     return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n",
                     {snippet_path: pipe_snippet(plan, activations)}, tuple(notes))

@@ -153,3 +153,16 @@ def test_etp_shards_the_expert_bytes_and_adds_the_experts_tensor_parallel_collec
         assert np.allclose(getattr(t22, field) - getattr(t2, field), pair), field
     assert np.allclose(t22.backward_weight, t2.backward_weight)
     assert t22.tp_seconds is not None and np.allclose(t22.tp_seconds[0], 2 * pair)
+
+
+def test_experts_carved_from_tp_or_cp_are_refused_not_costed() -> None:
+    """Review: a Layout may carve ep from dp x cp x tp (torchtitan's rule), but autopp costs and runs experts carved
+    from dp only; the search never pairs them (`ep_choices`), and a layout given directly was costed without its tp
+    or cp (or divided by 0 replicas): refused, saying what works."""
+    from autopp.costmodel import group_table
+    from autopp.errors import LayoutError
+    profile = _moe_profile(True)
+    for layout in (Layout(dp=1, tp=2, ep=2), Layout(dp=2, cp=2, ep=2)):
+        with pytest.raises(LayoutError, match=r"is not costed: autopp carves the experts from the data-parallel ranks"):
+            group_table(profile, layout.unit_view())
+    assert group_table(profile, Layout(dp=2, ep=2).unit_view()).arrays(1).n == profile.num_units

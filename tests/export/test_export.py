@@ -794,3 +794,14 @@ def test_a_plan_past_its_profiles_units_is_refused(llama: Profile, llama_plans: 
     with pytest.raises(ExportError, match=rf"^plan: the stages end at unit {last.units[1] + 1}, and the profile has "
                                           rf"{last.units[1]} units: the plan was edited by hand"):
         export_plan(edited, Target.TORCHTITAN, "x.args", unit_modules(llama))
+
+
+def test_torch_csv_refuses_sequence_chunks(llama_plans: dict[str, Plan]) -> None:
+    """A tester: a Seq1F1B plan's CSV numbered 32 chunk-microbatches where its note said n_microbatches=8 (8
+    microbatches x 4 chunks); torch's runtime splits the batch, not the sequence: refused, as every exporter does."""
+    from autopp.schedule.seqpipe import ChunkCosts
+    plan = replace(llama_plans["dp"], schedule=ScheduleName.SEQ_1F1B,
+                   seq_chunks=ChunkCosts((8, 8, 8, 8), (0.25,) * 4, (0.25,) * 4))
+    with pytest.raises(ExportError, match=r"in 4 sequence chunks each \(seq_chunks\), its CSV numbering chunks, "
+                                          r"not microbatches"):
+        export_plan(plan, Target.TORCH_CSV, "/tmp/x.schedule.csv")

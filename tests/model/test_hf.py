@@ -262,15 +262,16 @@ def test_load_model_routes_json_to_the_config() -> None:
 
 def test_cli_profile_then_plan_reuses_or_refreshes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """`autopp profile --hf-config` writes profiles/<config stem>/ recording the config, sequence length and task;
-    `autopp plan --hf-config` reuses it at the same sequence length and profiles again at another; the plan
+    """`autopp profile --hf-config --seq-len S` writes profiles/<config stem>-sS/ recording the config, sequence
+    length and task; `autopp plan --hf-config` reuses it at the same sequence length and profiles another length
+    into a directory of its own (a tester: alternating lengths counted the one directory again each time); the plan
     records both, and `autopp run` builds the model from the config at that length and validates it."""
     from autopp.cli import main
     from autopp.data.profile import load_profile
     monkeypatch.chdir(tmp_path)
     quick = ["--microbatch-sizes", "1", "--repeats", "1", "--warmup", "0"]
     assert main(["profile", "--hf-config", str(TINY), "--seq-len", "8", *quick]) == 0
-    profile = load_profile(tmp_path / "profiles" / "tiny-llama")
+    profile = load_profile(tmp_path / "profiles" / "tiny-llama-s8")
     assert Path(profile.meta.model_path) == TINY.resolve()
     assert profile.meta.extra["hf_config"] == {"seq_len": 8, "task": "causal-lm", "model_type": "llama",
                                                "attention": TINY_ATTENTION}
@@ -279,13 +280,14 @@ def test_cli_profile_then_plan_reuses_or_refreshes(tmp_path: Path, monkeypatch: 
     plan = ["plan", "--hf-config", str(TINY), "--devices", "2", "--memory", "1GiB", "--global-batch", "2",
             *ONE_PIPELINE]
     assert main([*plan, "--seq-len", "8"]) == 0
-    assert "using profile profiles/tiny-llama/" in capsys.readouterr().err
-    assert json.loads((tmp_path / "tiny-llama.plan.json").read_text())["fingerprint"] == profile.meta.fingerprint
+    assert "using profile profiles/tiny-llama-s8/" in capsys.readouterr().err
+    assert json.loads((tmp_path / "tiny-llama-s8.plan.json").read_text())["fingerprint"] == profile.meta.fingerprint
     assert main([*plan, "--seq-len", "4"]) == 0
-    assert "wrote profile profiles/tiny-llama/" in capsys.readouterr().err
-    assert load_profile(tmp_path / "profiles" / "tiny-llama").meta.extra["hf_config"]["seq_len"] == 4
-    plan_file = tmp_path / "tiny-llama.plan.json"
+    assert "wrote profile profiles/tiny-llama-s4/" in capsys.readouterr().err
+    assert load_profile(tmp_path / "profiles" / "tiny-llama-s4").meta.extra["hf_config"]["seq_len"] == 4
+    assert load_profile(tmp_path / "profiles" / "tiny-llama-s8").meta.extra["hf_config"]["seq_len"] == 8
+    plan_file = tmp_path / "tiny-llama-s4.plan.json"
     assert json.loads(plan_file.read_text())["hf_config"] == {"seq_len": 4, "task": "causal-lm", "model_type": "llama",
                                                               "attention": TINY_ATTENTION}
     assert main(["run", str(plan_file), "--steps", "2"]) == 0
-    assert json.loads((tmp_path / "tiny-llama.plan.report.json").read_text())["passed"] is True
+    assert json.loads((tmp_path / "tiny-llama-s4.plan.report.json").read_text())["passed"] is True
