@@ -496,6 +496,11 @@ for _name, _data in CLUSTERS.items():
                                    "-o", str(env.tmp / "out.json")],
                       lambda env: str(env.cluster),
                       (lambda env: None) if _data is None else _json_file("cluster", _data)))
+for _flag, _value in (("--devices", "4"), ("--memory", "4GiB"), ("--bandwidth", "1e9"), ("--latency", "1e-5")):
+    CASES.append(Case(f"cluster:with{_flag[1:]}",  # a tester: dropped without a word
+                      lambda env, f=_flag, v=_value: ["plan", "--profile", str(env.prof), "--cluster",
+                                                      str(env.cluster), f, v, "-o", str(env.tmp / "out.json")],
+                      lambda env, f=_flag: f"give --cluster or {f}, not both", _json_file("cluster", {"devices": TWO})))
 CASES.append(Case("cluster:with-message-overhead",
                   lambda env: ["plan", "--profile", str(env.prof), "--cluster", str(env.cluster),
                                "--message-overhead", "0.001", "-o", str(env.tmp / "out.json")],

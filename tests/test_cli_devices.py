@@ -126,3 +126,16 @@ def test_devices_imports_neither_torch_nor_pandas() -> None:
             "print(sorted(m for m in ('torch', 'pandas', 'ortools') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_a_memory_above_the_named_devices_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    """A tester: `--device h100-sxm --memory 200GiB` planned for 200 GiB without a word."""
+    from autopp.cli import _parser
+    from autopp.cli.plan_cluster import plan_cluster
+    base = ["plan", "--profile", "p", "--device", "h100-sxm", "--nodes", "1"]
+    cluster = plan_cluster(_parser().parse_args([*base, "--memory", "200GiB"]))
+    assert cluster.memory_bytes == 200 * 2**30
+    assert capsys.readouterr().err == ("autopp: warning: --memory 200 GiB is above h100-sxm's 74.51 GiB (its catalog "
+                                       "entry): the plan is for a device with more memory than the one named\n")
+    plan_cluster(_parser().parse_args([*base, "--memory", "70GiB"]))
+    assert capsys.readouterr().err == ""

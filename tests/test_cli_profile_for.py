@@ -160,3 +160,22 @@ def test_the_quick_starts_shipped_profile_is_current(monkeypatch: pytest.MonkeyP
     profile = cli_profile.profile_for(args, tp=None)
     assert "using profile profiles/llama-3-8b-h100-sxm/" in capsys.readouterr().err
     assert profile.meta.tp_degrees == (2, 4, 8)
+
+
+def test_default_profile_directories_name_the_length_recipe_and_optimizer() -> None:
+    """Testers: alternating --seq-len counted one directory again each time, a --seq-len 4096 request missed the
+    shipped profiles/qwen3-30b-a3b-h100-sxm-s4096/, and --optimizer adam overwrote the shipped profiles/gpt/: each
+    length, recipe and optimizer other than the target's default has a directory of its own, named as
+    scripts/published.py names its profiles."""
+    from autopp.cli import _parser
+    from autopp.cli.profile import default_profile_dir
+
+    def where(*flags: str) -> str:
+        return default_profile_dir(_parser().parse_args(["plan", *flags, "--devices", "2", "--memory", "1GiB"])).name
+
+    qwen = ["--hf-config", "examples/configs/qwen3-30b-a3b.json", "--device", "h100-sxm"]
+    assert where(*qwen) == "qwen3-30b-a3b-h100-sxm"
+    assert where(*qwen, "--seq-len", "4096") == "qwen3-30b-a3b-h100-sxm-s4096"
+    assert where(*qwen, "--seq-len", "4096", "--precision", "bf16-pure") == "qwen3-30b-a3b-h100-sxm-s4096-bf16-pure"
+    assert where(*qwen, "--precision", "bf16", "--optimizer", "adamw") == "qwen3-30b-a3b-h100-sxm"
+    assert where("examples/gpt.py") == "gpt" and where("examples/gpt.py", "--optimizer", "adam") == "gpt-adam"

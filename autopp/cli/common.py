@@ -216,14 +216,17 @@ def default_profile_dir(args: argparse.Namespace) -> Path:
 
 def profile_dir_name(args: argparse.Namespace, device: str | None, gpu: bool) -> str:
     """A default profile directory's name: the model's stem (`model_stem`), `-DEVICE` when analytic for it, `-sS`
-    for an HF config's --seq-len S and `-P` for a --precision P other than the target's default (bf16 on a GPU,
-    fp32 here), as scripts/published.py names its profiles: each length and recipe has a directory of its own."""
+    for an HF config's --seq-len S, `-P` for a --precision P and `-O` for an --optimizer O other than the target's
+    default (bf16 and adamw on a GPU, fp32 and sgd here), as scripts/published.py names its profiles: each length,
+    recipe and optimizer has a directory of its own (a tester: `--optimizer adam` overwrote the shipped profiles/gpt)."""
     name = model_stem(args) + (f"-{device}" if device else "")
     if getattr(args, "hf_config", None) and getattr(args, "seq_len", None):
         name += f"-s{args.seq_len}"
     default = recipe_of_dtype(default_dtype(gpu))
     if getattr(args, "precision", None) and args.precision != getattr(default, "name", None):
         name += f"-{args.precision}"
+    if getattr(args, "optimizer", None) and args.optimizer != ("adamw" if gpu else "sgd"):  # `optimizer_of`'s default
+        name += f"-{args.optimizer}"
     return name
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..errors import AutoppError
 
@@ -30,6 +31,11 @@ def plan_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         if args.memory_reserve is not None:
             raise AutoppError("--memory-reserve applies to --device and --devices; with --cluster give each device's "
                               "memory less its reserve in the file")
+        for flag, value in (("--devices", args.devices), ("--memory", args.memory), ("--latency", args.latency),
+                            ("--bandwidth", args.bandwidth), ("--links", args.links)):
+            if value is not None:  # a tester: they were dropped without a word
+                raise AutoppError(f"give --cluster or {flag}, not both: the cluster file gives its devices, their "
+                                  "memory and the links (docs/cluster-format.md)")
         return load_cluster(args.cluster)
     if args.devices is None or args.memory is None:
         raise AutoppError("give --devices N and --memory SIZE, --device NAME (`autopp devices`), or --cluster FILE")
@@ -58,9 +64,14 @@ def _device_cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 "the device's catalog entry gives its links; --intra-node-bandwidth, --inter-node-bandwidth, " \
                 "--latency or --bandwidth override them"
             raise AutoppError(f"give --device or {flag}, not both ({why})")
+    spec = load_device(args.device)
+    if args.memory is not None and args.memory > spec.memory_bytes:  # a tester: taken without a word
+        print(f"autopp: warning: --memory {args.memory / 2**30:.4g} GiB is above {spec.name}'s "
+              f"{spec.memory_bytes / 2**30:.4g} GiB (its catalog entry): the plan is for a device with more memory "
+              "than the one named", file=sys.stderr)
     overrides = LinkOverrides(intra_bandwidth=args.intra_node_bandwidth, inter_bandwidth=args.inter_node_bandwidth,
                               latency_s=args.latency, bandwidth=args.bandwidth, overhead_s=args.message_overhead,
                               progress_s=args.progress_delay)
-    return cluster_from_catalog(load_device(args.device), args.devices, nodes=args.nodes,
+    return cluster_from_catalog(spec, args.devices, nodes=args.nodes,
                                 devices_per_node=args.devices_per_node, memory_bytes=args.memory, overrides=overrides,
                                 memory_reserve=args.memory_reserve)

@@ -143,3 +143,23 @@ def test_a_warm_start_order_is_said_as_such_not_with_a_gap_of_nan(monkeypatch: p
     said = [n for n in plan.notes if n.startswith("order synthesized by CP-SAT")]
     assert said and "(its warm start: the solver found no faster order in its time limit)" in said[0]
     assert "nan" not in format_plan(plan)
+
+
+def test_context_parallelism_beside_tp_is_said_to_be_costed_only() -> None:
+    """A tester: a cp 2 x tp 2 plan was made without a word, then `autopp run` refused it (it runs cp with tp 1)."""
+    from dataclasses import replace
+
+    from autopp.data.cluster import Cluster
+    from autopp.data.layout import LayoutPins
+    from autopp.data.synthetic_profile import synthetic_profile
+    from autopp.solve import PlanRequest, make_plan
+    p = synthetic_profile(6, hidden=512, seq=64, tp_degrees=(2,))
+    attention = {"heads": 8, "kv_heads": 8, "head_dim": 64, "causal": True}
+    p = replace(p, meta=replace(p.meta, extra={**p.meta.extra, "hf_config": {
+        "seq_len": 64, "task": "causal-lm", "model_type": "llama", "attention": attention}}))
+    notes = {tp: [n for n in make_plan(p, PlanRequest(cluster=Cluster(num_devices=4 * tp, memory_bytes=2**40),
+                                                       global_batch=8, pins=LayoutPins(pp=2, dp=1, cp=2, tp=tp))).notes
+                  if n.startswith("context parallelism 2")] for tp in (1, 2)}
+    assert notes[2][0].endswith("(costed only beside tp 2: `autopp run` runs context parallelism with tp 1; a "
+                                "trainer runs it: `autopp export`)")
+    assert "costed only" not in notes[1][0]

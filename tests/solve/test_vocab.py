@@ -177,6 +177,20 @@ def test_pinned_variant_is_planned_or_refused_in_one_line() -> None:
     assert auto.vocab is None
 
 
+def test_not_searched_beside_other_pinned_axes_and_refused_when_pinned() -> None:
+    """A tester: `--pp 2 --tp 2 --dp 1` on 4 devices was refused ("pp(2) * dp(1) * tp(1) = 2 != devices (4)") with
+    --vocab auto, the vocabulary search checking the pins on a tensor-parallel group's view. It runs with pp alone:
+    not searched beside another pinned axis, and a pinned variant is refused saying so."""
+    base = synthetic_profile(8, hidden=1024, seq=512, tp_degrees=(2,))
+    profile = replace(base, meta=replace(base.meta, extra={"vocab": FACTS}))
+    request = PlanRequest(cluster=_cluster(FAST, pp=4), global_batch=8, pins=LayoutPins(pp=2, dp=1, tp=2))
+    plan = make_plan(profile, replace(request, vocab=(None, *VocabVariant)))
+    assert plan.vocab is None and (plan.layout.pp, plan.layout.tp) == (2, 2)
+    with pytest.raises(PlanError, match=r"^`vocab` vocab-2: vocabulary parallelism runs with pipeline parallelism "
+                                        r"alone, and the request pins tp 2$"):
+        make_plan(profile, replace(request, vocab=(VocabVariant.VOCAB_2,)))
+
+
 def test_never_offered_for_a_trainer() -> None:
     plan = make_plan(_profile(16.0), _request((None, *VocabVariant), trainer="megatron"))
     assert plan.vocab is None

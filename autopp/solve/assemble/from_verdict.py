@@ -138,7 +138,9 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
         out.append(f"context parallelism {c.layout.cp}: each sequence of {seq} sharded over {c.layout.cp} ranks "
                    "(2 x cp chunks, head-tail balanced), attention as ring attention; stage times include the K/V "
                    "ring's part not hidden under one block of attention, gradients averaged over dp x cp "
-                   "(docs/parallelism.md#context-parallelism)")
+                   "(docs/parallelism.md#context-parallelism)"
+                   + (f" (costed only beside tp {tp}: `autopp run` runs context parallelism with tp 1; a trainer "
+                      "runs it: `autopp export`)" if tp > 1 else ""))
     over = f"{c.layout.dp} replicas" if c.layout.cp == 1 else f"dp x cp = {c.layout.sync} ranks"
     if c.layout.dp_replicate > 1:
         over = f"each HSDP group of {c.layout.shard} ranks"

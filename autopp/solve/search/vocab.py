@@ -122,8 +122,11 @@ def vocab_verdicts(profile: Profile, req: PlanRequest, views: Views) -> list[Ver
     pinned = None not in req.vocab
     if not variants:
         return []
+    others = [f"{a} {v}" for a in ("dp", "tp", "cp", "ep") if (v := getattr(req.pins, a)) not in (None, 1)]
     why = vocab_refusal(profile.meta.extra) if req.cluster.homogeneous else \
         "vocabulary parallelism needs identical devices"
+    if why is None and others:  # a tester: pinned pp x dp x tp was refused, its pins checked on the groups' view
+        why = f"vocabulary parallelism runs with pipeline parallelism alone, and the request pins {', '.join(others)}"
     if why is not None:
         if pinned:
             raise PlanError(f"`vocab` {'/'.join(v.value for v in variants)}: {why}")
