@@ -152,3 +152,15 @@ def test_a_units_transient_makes_a_split_that_fits_without_it_infeasible() -> No
     assert not fits(working, spec, ((0, 2), (2, 4))) and not feasible(working, spec)
     assert pipeline_bounds(working, spec) is None and min_memory(working, spec) == 241
     assert fits(working, replace(spec, memory=(241.0, 241.0)), ((0, 2), (2, 4)))
+
+
+def test_a_stage_whose_outputs_alone_exceed_its_budget_ends_nowhere() -> None:
+    """The published script: with units' transients, a cut whose kept outputs (in-flight x its bytes) exceed the
+    budget made the first-fit search index past the prefix sums. Such an end is infeasible, and the split avoids it."""
+    f = np.ones(4)
+    a = UnitArrays(f, f, f, f, np.full(4, 10.0), np.full(4, 10.0), np.zeros(4), np.zeros(4),
+                   np.array([0.0, 500.0, 1.0, 1.0, 0.0]), False, 2 * f)
+    a = replace(a, transient=np.array([1.0, 0.0, 0.0, 0.0]))
+    spec = PipeSpec(num_stages=2, microbatches=4, inflight=(2, 1), memory=(100.0, 100.0))
+    assert feasible(a, spec) and pipeline_bounds(a, spec) in (((0, 2), (2, 4)), ((0, 3), (3, 4)))
+    assert not fits(a, spec, ((0, 1), (1, 4)))  # stage 0 ending at 1 keeps 2 x 500 bytes of outputs

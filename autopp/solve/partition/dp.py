@@ -149,9 +149,9 @@ def _first_fit(m: np.ndarray, table: np.ndarray, budget: np.ndarray, lo: np.ndar
     """Per end j, the first start i >= lo[j] with m[j] - m[i] + the largest transient of [i, j) within `budget[j]`
     (a binary search for all j at once: both terms shrink as i grows)."""
     j = np.arange(len(m))
-    lo, hi = lo.copy(), np.maximum(j, lo)
+    lo, hi = lo.copy(), np.maximum(j, lo)  # lo > j: no start fits (a stage ending at j keeps outputs over budget)
     while (open_ := lo < hi).any():
-        mid = (lo + hi) // 2
+        mid = np.minimum((lo + hi) // 2, len(m) - 1)  # closed entries' mid may lie past the end: never used
         ok = m[j] - m[mid] + _range_max(table, mid, j) <= budget[j]
         hi = np.where(open_ & ok, mid, hi)
         lo = np.where(open_ & ~ok, mid + 1, lo)
