@@ -29,6 +29,10 @@ def test_the_split_is_kept_and_autopps_choice_is_a_baseline() -> None:
     assert SPLIT_NOTE in plan.notes and plan.predicted.fits
     own = make_plan(profile, _request())
     assert plan.baselines["autopp"] == own.predicted
+    stages = " | ".join(f"{i}-{j - 1}" for i, j in (s.units for s in own.stages))
+    assert (f"the row 'autopp' is autopp's own plan for this request: {own.schedule.value}, "
+            f"{own.layout.describe(' x ')}, {own.num_microbatches} microbatches of {own.microbatch_size}, "
+            f"stages {stages}, activations keep") in plan.notes  # a tester: the row said nothing of what it was
     assert {"even", "params", "time"} <= set(plan.baselines)
     assert plan.predicted.step_time_s > own.predicted.step_time_s  # 2 units against 6 is not autopp's choice
 

@@ -176,4 +176,8 @@ def plan_split(profile: Profile, request: PlanRequest, starts: tuple[int, ...]) 
         own = make_plan(profile, replace(request, recompute_stages=None))
     except InfeasibleError as exc:
         return replace(plan, notes=(*plan.notes, f"autopp finds no plan for this request: {exc}"))
-    return replace(plan, baselines={**plan.baselines, "autopp": own.predicted})
+    stages = " | ".join(f"{i}-{j - 1}" for i, j in (st.units for st in own.stages))
+    said = (f"the row 'autopp' is autopp's own plan for this request: {own.schedule.value}, "
+            f"{own.layout.describe(' x ')}, {own.num_microbatches} microbatches of {own.microbatch_size}, stages "
+            f"{stages}, activations {', '.join(sorted({st.activation.value for st in own.stages}))}")
+    return replace(plan, baselines={**plan.baselines, "autopp": own.predicted}, notes=(*plan.notes, said))
