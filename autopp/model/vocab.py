@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from ..errors import AutoppError, RunError
 from .contract import ModelFile
 
-__all__ = ["VocabModules", "find_vocab_modules", "check_cross_entropy", "vocab_facts"]
+__all__ = ["VocabModules", "find_vocab_modules", "check_cross_entropy", "vocab_facts", "body_model", "hidden_states"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,31 @@ def check_cross_entropy(loss_fn: Any, model: nn.Module, mods: VocabModules, toke
                        f"on an example batch), but the model file's loss_fn gives {got:.6g}")
 
 
+class _Fed(nn.Module):
+    """Stands for the embedding in the body model: the body's input is already the embedded tokens."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def body_model(model: nn.Module, mods: VocabModules) -> nn.Module:
+    """`model` without its vocabulary layers (modified in place): it takes the embedded tokens, of the tokens'
+    shape plus the hidden size, and returns the hidden states the head reads."""
+    for name, repl in ((mods.embedding, _Fed()), (mods.head, nn.Identity())):
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, repl)
+    return model
+
+
+def hidden_states(output: Any) -> torch.Tensor:
+    """The one floating-point tensor of the body's output."""
+    found = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if len(found) != 1:
+        raise RunError(f"vocabulary parallelism: the body's last stage returns {len(found)} floating-point tensors, "
+                       "expected its hidden states alone")
+    return found[0]
+
+
 def vocab_facts(mf: ModelFile, first: Sequence[str], last: Sequence[str], seed: int = 0,
                 on_meta: nn.Module | None = None) -> dict[str, Any]:
     """What a profile records (`meta.extra["vocab"]`): the vocabulary layers, found on a model built with `seed` and
@@ -102,6 +127,7 @@ def vocab_facts(mf: ModelFile, first: Sequence[str], last: Sequence[str], seed: 
             raise RunError(f"vocabulary parallelism takes one input (the tokens), the model file gives {len(inputs)}")
         mods = find_vocab_modules(model, (inputs[0],))
         check_cross_entropy(mf.loss_fn, model, mods, inputs[0], target)
+        _check_body(model, mods, inputs[0])
     except AutoppError as exc:
         return {"refused": str(exc)}
     except Exception as exc:  # noqa: BLE001 - an optional check: the profile records why, the planner says it
@@ -112,3 +138,20 @@ def vocab_facts(mf: ModelFile, first: Sequence[str], last: Sequence[str], seed: 
                                f"{list(unit)}"}
     return {"embedding": mods.embedding, "head": mods.head, "vocab": mods.vocab, "hidden": mods.hidden,
             "tied": mods.tied}
+
+
+def _check_body(model: nn.Module, mods: VocabModules, tokens: torch.Tensor) -> None:
+    """A RunError unless the model without its vocabulary layers (`body_model`, in place) takes the embedded tokens
+    where it took their ids and gives the hidden states of each token, as vocabulary parallelism runs it (a tester:
+    GPT-2 reads the ids' shape before its embedding to make its position ids, and its plan failed at run time)."""
+    embedded = torch.zeros(*tokens.shape, mods.hidden)
+    try:
+        with torch.no_grad():
+            out = hidden_states(body_model(model, mods)(embedded))
+    except Exception as exc:  # noqa: BLE001 - the model's own code: any failure means the body cannot be fed so
+        raise RunError(f"vocabulary parallelism feeds the model the embedded tokens in place of their ids, and its "
+                       f"forward does not take them ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}): it "
+                       "reads the ids before its embedding (as GPT-2's position ids do)") from None
+    if tuple(out.shape) != (*tokens.shape, mods.hidden):
+        raise RunError(f"vocabulary parallelism: the model fed the embedded tokens {list(embedded.shape)} gave hidden "
+                       f"states {list(out.shape)}, not {[*tokens.shape, mods.hidden]}")

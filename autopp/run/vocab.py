@@ -31,14 +31,13 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 from torch import nn
 from torch.distributed.pipelining.stage import _PipelineStageBase as Stage
 from torch.nn import functional as F
 
 from ..data.vocab import VocabVariant
 from ..errors import RunError
-from ..model.vocab import VocabModules, check_cross_entropy, find_vocab_modules
+from ..model.vocab import VocabModules, body_model, check_cross_entropy, find_vocab_modules, hidden_states
 
 __all__ = ["VocabModules", "find_vocab_modules", "vocab_bounds", "VocabShard", "body_model", "local_stats",
            "combine_stats", "global_sums", "shard_loss_grad", "hidden_states", "check_cross_entropy", "VocabRuntime"]
@@ -69,22 +68,6 @@ class VocabShard(nn.Module):
         local = torch.where(here, tokens - self.lo, torch.zeros_like(tokens))
         rows = F.embedding(local, self.embedding, padding_idx=self.padding_idx)
         return rows * here.unsqueeze(-1).to(self.embedding.dtype)
-
-
-class _Fed(nn.Module):
-    """Stands for the embedding in the body model: the body's input is already the embedded tokens."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
-def body_model(model: nn.Module, mods: VocabModules) -> nn.Module:
-    """`model` without its vocabulary layers (modified in place): it takes the embedded tokens, of the tokens'
-    shape plus the hidden size, and returns the hidden states the head reads."""
-    for name, repl in ((mods.embedding, _Fed()), (mods.head, nn.Identity())):
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, repl)
-    return model
 
 
 def local_stats(logits: torch.Tensor, target: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
@@ -127,15 +110,6 @@ def shard_loss_grad(logits: torch.Tensor, target: torch.Tensor, lo: int, hi: int
     rows = torch.arange(n)[here]
     grad[rows, target[here] - lo] -= 1.0
     return (log_z - target_logit).mean(), grad / n
-
-
-def hidden_states(output: Any) -> torch.Tensor:
-    """The one floating-point tensor of the body's output."""
-    found = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if len(found) != 1:
-        raise RunError(f"vocabulary parallelism: the body's last stage returns {len(found)} floating-point tensors, "
-                       "expected its hidden states alone")
-    return found[0]
 
 
 class _VocabLoss(torch.autograd.Function):

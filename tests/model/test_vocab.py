@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from autopp.data.vocab import vocab_refusal, vocab_tied
 from autopp.model.contract import load_model_file
 from autopp.model.meta import build_units
@@ -38,3 +40,21 @@ def test_refusals_are_recorded_in_one_line() -> None:
     assert moved == {"refused": "vocabulary parallelism needs 'head' in the last unit, whose modules are ['h.3']"}
     assert vocab_refusal({}) == ("the profile does not record the model's vocabulary layers (made before autopp "
                                  "checked them): profile again")
+
+
+@pytest.mark.integration
+def test_a_model_that_reads_its_token_ids_before_the_embedding_is_refused() -> None:
+    """A tester: GPT-2 planned vocab-2 (--vocab auto), then its run failed tracing the body, whose input is the
+    embedded tokens: GPT-2 makes its position ids from the ids' shape before the embedding. The profile now records
+    why not, and the planner never offers it."""
+    from autopp.model.hf import load_model
+    examples = Path(__file__).parents[2] / "examples"
+    mf = load_model(examples / "hf_gpt2.py")
+    units = build_units(mf)[1]
+    why = vocab_refusal({"vocab": vocab_facts(mf, units[0].modules, units[-1].modules)})
+    assert why is not None and why.startswith("vocabulary parallelism feeds the model the embedded tokens in place "
+                                              "of their ids, and its forward does not take them (")
+    assert why.endswith("): it reads the ids before its embedding (as GPT-2's position ids do)")
+    llama = load_model(examples / "hf_llama.py")
+    units = build_units(llama)[1]
+    assert "embedding" in vocab_facts(llama, units[0].modules, units[-1].modules)
