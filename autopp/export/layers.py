@@ -43,13 +43,15 @@ def model_layers(unit_names: Sequence[str], where: str) -> ModelLayers:
     blocks = [k for k, m in enumerate(matches) if m]
     if not blocks:
         raise ExportError(f"{where}: no unit is a numbered block (like layers.0); trainers count transformer "
-                          f"layers, and the units are {list(unit_names)}")
+                          f"layers, and the units are {list(unit_names)} (DeepSpeed's export and torch-csv take any "
+                          "units)")
     containers = {matches[k].group("container") for k in blocks}  # type: ignore[union-attr]
     first, last = blocks[0], blocks[-1]
     indices = [int(matches[k].group("index")) for k in blocks]  # type: ignore[union-attr]
     if len(containers) > 1 or blocks != list(range(first, last + 1)) or indices != list(range(len(blocks))):
         raise ExportError(f"{where}: trainers need one stack of blocks numbered from 0 with the embedding before it "
-                          f"and the head after it; the units are {list(unit_names)}")
+                          f"and the head after it; the units are {list(unit_names)} (DeepSpeed's export and "
+                          "torch-csv take any units)")
     if first > 1 or len(unit_names) - 1 - last > 1:
         raise ExportError(f"{where}: more than one unit before or after the blocks ({list(unit_names)}); a trainer "
                           "has one embedding part and one output part")

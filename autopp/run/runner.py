@@ -297,12 +297,19 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
         report = replace(report, notes=(*report.notes, VOCAB_NOTE))
     if uses_mesh(plan.layout) and options.backend == "gloo":
         report = replace(report, notes=(*report.notes, MESH_ON_CPU_NOTE))
+    if plan.seq_chunks is not None and len(set(plan.seq_chunks.lengths)) > 1:  # a tester: said only in the plan
+        k, tokens = len(plan.seq_chunks.lengths), sum(plan.seq_chunks.lengths)
+        report = replace(report, notes=(*report.notes, (
+            f"sequence pipelining: the plan's chunks are {', '.join(map(str, plan.seq_chunks.lengths))} tokens "
+            f"(equal cost); autopp run ran {k} of {tokens // k} tokens each (torch's stages keep fixed buffers): "
+            "each stage's chunk times are compared with 1/k of its planned microbatch (docs/sequence-pipelining.md)")))
     if report.oversubscribed:  # one line on stderr through the CLI's logging; the report keeps the figures
         logger.warning("%s; measured step times will exceed the prediction (docs/accuracy.md)",
                        report.oversubscribed)
     with _run_dir(options.work_dir) as run_dir:
         say(f"starting {plan.num_ranks} ranks ({chosen.backend_reason}; {plan.schedule.value}, "
-            f"{format_grid(plan.layout)}, {options.steps} steps of {options.optimizer}) in {run_dir}")
+            f"{format_grid(plan.layout)}{f', {plan.vocab.value}' if plan.vocab else ''}, {options.steps} steps of "
+            f"{options.optimizer}) in {run_dir}")
         try:
             results = _ranks(plan, plan_path, mf, run_dir, options, say) if plan.vocab is None else \
                 _vocab_ranks(plan, run_dir, options, say)

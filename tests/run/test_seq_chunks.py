@@ -102,8 +102,13 @@ def test_the_runner_refuses_what_it_does_not_chunk_in_one_line() -> None:
 def test_autopp_run_runs_a_seq1f1b_plan_validated(pp: int, m: int, k: int, b: int, dp: int) -> None:
     """`run_plan` on pp x dp CPU ranks: pieces exported at one chunk's length, the batch as units, causal attention
     over the chunks; the runner validates loss and every gradient (and each step's update) against one process."""
-    report = run_plan(_seq_plan(pp, m, k, b, dp), RunOptions(steps=2, timeout_s=300))
+    plan = _seq_plan(pp, m, k, b, dp)
+    if k == 2:  # the planner's equal-cost chunks are unequal in length; the runner runs equal ones and says so
+        plan = replace(plan, seq_chunks=ChunkCosts((seqlm.SEQ // 2 + 2, seqlm.SEQ // 2 - 2), (0.5, 0.5), (0.5, 0.5)))
+    report = run_plan(plan, RunOptions(steps=2, timeout_s=300))
     assert report.passed and report.validated
+    said = [n for n in report.notes if n.startswith("sequence pipelining: the plan's chunks are")]
+    assert len(said) == (k == 2) and (k != 2 or f"autopp run ran 2 of {seqlm.SEQ // 2} tokens each" in said[0])
 
 
 def test_chunks_backward_in_reverse_order_give_the_whole_sequence_gradients() -> None:

@@ -81,7 +81,7 @@ def test_memory_hint_of_a_split_backward_is_the_orders_peak_and_works() -> None:
     with pytest.raises(InfeasibleError, match=r"its split that needs least \(2\.59 GiB per device in the split's "
                                               r"count, recompute-units\) peaks at 5\.05 GiB in ZBVZeroBubble's order "
                                               r"\(v 2; a split backward holds recomputed activations from I to W\), "
-                                              r"which works \(8 microbatches, .*\); use `memory_bytes` (\S+) or more"
+                                              r"which works \(with 8 microbatches: .*\); use `memory_bytes` (\S+) or more"
                        ) as info:
         make_plan(profile, _short_of_memory(ScheduleName.ZBV_ZERO_BUBBLE))
     suggested = parse_size(info.value.args[0].split("`memory_bytes` ")[1].split()[0])

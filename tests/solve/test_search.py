@@ -244,7 +244,7 @@ def test_recompute_stages_pins_which_stages_recompute() -> None:
 
 @pytest.mark.integration  # about half a second: the unit tier stays under a minute
 def test_infeasible_says_memory_and_devices() -> None:
-    with pytest.raises(InfeasibleError, match=r"more per device\); use `memory_bytes` \d+(\.\d)?(GiB|MiB) or more"
+    with pytest.raises(InfeasibleError, match=r"more per device than given\); use `memory_bytes` \d+(\.\d)?(GiB|MiB) or more"
                                               r".*devices fit"):  # issue 26: a size to paste, not 41465200640
         _synth(memory=8, global_batch=16, recompute=RecomputeMode.AUTO)
 

@@ -106,7 +106,8 @@ def _node_notes(cluster: Cluster, c: Candidate) -> list[str]:
     elif nodes.devices_per_node == 1 and nodes.intra == nodes.inter:  # groups spanning nodes (Cluster.tp_groups)
         where = f"{nodes.count} groups of {tp} {kind}{regions}, each spanning whole nodes"
     else:
-        where = f"{nodes.count} nodes{regions} x {nodes.devices_per_node} groups of {tp} {kind}"
+        per = nodes.devices_per_node
+        where = f"{nodes.count} nodes{regions} x {per} group{'s' if per != 1 else ''} of {tp} {kind}"
     sync = "gradient all-reduce" if layout.zero.replicated else f"{layout.zero} collectives"
     return [f"cluster: {where}, pipeline rank r of replica j {ranks}; pipeline hops across nodes: {cross}; "
             f"{sync}: {reduce} (docs/cluster-format.md)"]

@@ -293,7 +293,8 @@ def _memory_hint(profile: Profile, req: PlanRequest, views: Views, light: _Light
         more, reserve = max(0, need - req.cluster.memory_bytes), req.cluster.memory_reserve_bytes
         kept = (f" ({size_argument(need + reserve)} or more beside `memory_reserve` {size_argument(reserve)}, or "
                 "a smaller reserve)") if reserve else ""
-        return (f"({light.microbatches} microbatches, {format_size(more)} more per device); use `memory_bytes` "
+        mb = f"{light.microbatches} microbatch{'es' if light.microbatches != 1 else ''}"
+        return (f"(with {mb}: {format_size(more)} more per device than given); use `memory_bytes` "
                 f"{size_argument(need)} or more{kept}")
 
     peak = order_peak(views, light) if not req.cluster.devices else light.need
