@@ -86,19 +86,23 @@ def test_a_batch_norm_model_is_said_at_plan_time() -> None:
 
 
 def test_a_bf16_profile_without_a_recipe_is_said_to_lack_the_fp32_gradients() -> None:
-    """profiles/llama-3-8b-h100-sxm-s8192 was counted before the precision recipes (its gradients 2 bytes a
-    parameter): its plans say what their memory lacks; a profile that records its recipe gets no such note."""
+    """A bf16 profile counted before the precision recipes records none and counts its gradients at 2 bytes a
+    parameter: its plans say what their memory lacks. One that records its recipe gets no such note, nor does a
+    measured bf16 profile, which records none (bfloat16 implies bf16) but counts fp32 gradients (a reviewer)."""
     from dataclasses import replace
     from autopp.data.catalog import cluster_from_catalog, load_device
     from autopp.data.layout import LayoutPins
-    old = load_profile(GPT.parent / "llama-3-8b-h100-sxm-s8192")
-    assert "precision" not in old.meta.extra and old.meta.dtype == "bfloat16"
+    current = load_profile(GPT.parent / "llama-3-8b-h100-sxm-s8192")
+    assert current.meta.extra["precision"] == "bf16" and current.meta.dtype == "bfloat16"
+    unrecorded = {k: v for k, v in current.meta.extra.items() if k != "precision"}
+    measured = replace(current, meta=replace(current.meta, extra=unrecorded))
+    old = replace(measured, units=measured.units.assign(grad_bytes=measured.units.param_bytes))
     request = PlanRequest(cluster=cluster_from_catalog(load_device("h100-sxm"), 16, devices_per_node=8),
                           global_batch=16, pins=LayoutPins(pp=2, dp=1, tp=8), num_microbatches=16)
     note = "the profile records no precision recipe (counted before autopp's recipes)"
     assert any(n.startswith(note) for n in make_plan(old, request).notes)
-    current = replace(old, meta=replace(old.meta, extra={**old.meta.extra, "precision": "bf16"}))
-    assert not any(n.startswith(note) for n in make_plan(current, request).notes)
+    for fine in (current, measured):
+        assert not any(n.startswith(note) for n in make_plan(fine, request).notes)
 
 
 def test_a_plan_records_the_nodes_of_its_cluster() -> None:

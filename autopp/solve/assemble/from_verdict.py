@@ -234,9 +234,12 @@ def _size_note(profile: Profile, size: int) -> list[str]:
 
 
 def _recipe_note(profile: Profile) -> list[str]:
-    """A bf16 profile that records no precision recipe was counted before them (autopp.data.precision), with its
-    gradients at the weights' 2 bytes: said, as what the plan's memory lacks."""
-    if profile.meta.dtype != "bfloat16" or "precision" in profile.meta.extra:
+    """A bf16 profile that records no precision recipe and counts its gradients at the weights' 2 bytes was counted
+    before them (autopp.data.precision): said, as what the plan's memory lacks. A measured bf16 profile records no
+    recipe either (bfloat16 implies bf16) and counts fp32 gradients: no note."""
+    held = profile.units[profile.units.param_bytes > 0]
+    if profile.meta.dtype != "bfloat16" or "precision" in profile.meta.extra or held.empty or \
+            bool((held.grad_bytes > held.param_bytes).any()):
         return []
     return ["the profile records no precision recipe (counted before autopp's recipes): its gradients are counted "
             "at the weights' 2 bytes a parameter, where the bf16 recipe keeps them in fp32 (4 bytes, as Megatron-LM's "
