@@ -48,7 +48,8 @@ def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float
     queue = ctx.Queue()
     port = free_port()
     env = dict(os.environ)
-    procs = [ctx.Process(target=_in_env, args=(env, target, r, ranks, port, *args, queue)) for r in range(ranks)]
+    procs = [ctx.Process(target=_in_env, args=(env, _package(), target, r, ranks, port, *args, queue))
+             for r in range(ranks)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -78,8 +79,21 @@ def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float
     return results
 
 
-def _in_env(env: dict[str, str], target: Any, *args: Any) -> None:
-    """`target(*args)` with `env` as the environment (a forked rank's is the rank server's, from when it started)."""
+def _package() -> str:
+    """Where this process imported autopp from."""
+    return os.path.dirname(os.path.realpath(__file__))
+
+
+def _in_env(env: dict[str, str], origin: str, target: Any, *args: Any) -> None:
+    """`target(*args)` with `env` as the environment (a forked rank's is the rank server's, from when it started);
+    a rank that imported another autopp than the command's (`origin`: the rank server's working directory holds
+    another checkout, found before the installed one) puts that error on the queue (`args[-1]`) instead of
+    running mixed code (a tester's ranks ran a clone's autopp under /work/main's command)."""
     os.environ.clear()
     os.environ.update(env)
+    if _package() != origin:
+        args[-1].put((args[0], None, f"this rank imported autopp from {_package()}, the command from {origin} "
+                                     "(another checkout in the working directory comes first on the rank's path): "
+                                     "run from another directory, or run that checkout's own autopp"))
+        return
     target(*args)

@@ -18,3 +18,21 @@ def test_ranks_see_the_environment_of_the_call(fork: bool, monkeypatch: pytest.M
     assert spawn_local(report_env, 2, (name,), 120, "reading the environment", fork) == {0: None, 1: None}
     monkeypatch.setenv(name, "now")  # after the rank server started (forked: it has the old environment)
     assert spawn_local(report_env, 2, (name,), 120, "reading the environment", fork) == {0: "now", 1: "now"}
+
+
+def test_a_rank_that_imported_another_autopp_says_so_instead_of_running() -> None:
+    """A tester: a clone's ranks ran its autopp under /work/main's command (the rank server's working directory came
+    first on its path); each rank now checks it imported the command's autopp."""
+    import os
+    import queue
+
+    from autopp import spawn
+    ran: list[tuple[object, ...]] = []
+    q: queue.Queue[tuple[object, ...]] = queue.Queue()
+    env = dict(os.environ)
+    spawn._in_env(env, "/elsewhere/autopp", lambda *a: ran.append(a), 1, 2, 3, q)
+    rank, result, error = q.get_nowait()
+    assert (rank, result, ran) == (1, None, []) and isinstance(error, str)
+    assert error.startswith(f"this rank imported autopp from {spawn._package()}, the command from /elsewhere/autopp")
+    spawn._in_env(env, spawn._package(), lambda *a: ran.append(a), 1, 2, 3, q)
+    assert ran == [(1, 2, 3, q)] and os.environ == env

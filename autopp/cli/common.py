@@ -218,7 +218,8 @@ def profile_dir_name(args: argparse.Namespace, device: str | None, gpu: bool) ->
     """A default profile directory's name: the model's stem (`model_stem`), `-DEVICE` when analytic for it, `-sS`
     for an HF config's --seq-len S, `-P` for a --precision P and `-O` for an --optimizer O other than the target's
     default (bf16 and adamw on a GPU, fp32 and sgd here), as scripts/published.py names its profiles: each length,
-    recipe and optimizer has a directory of its own (a tester: `--optimizer adam` overwrote the shipped profiles/gpt)."""
+    recipe and optimizer has a directory of its own (a tester: `--optimizer adam` overwrote the shipped
+    profiles/gpt)."""
     name = model_stem(args) + (f"-{device}" if device else "")
     if getattr(args, "hf_config", None) and getattr(args, "seq_len", None):
         name += f"-s{args.seq_len}"
