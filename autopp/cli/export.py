@@ -72,6 +72,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.to not in _READ_PROFILE and args.profile:
         raise AutoppError(f"--profile applies to --to {' and '.join(_READ_PROFILE)} only; {args.to} exports read "
                           "the plan alone: leave it out")
+    if target is Target.DEEPSPEED and args.output and not args.output.endswith(".json"):  # a tester: JSON in x.yaml
+        raise AutoppError(f"-o {args.output}: --to deepspeed writes DeepSpeed's JSON config (ds_config.json); give -o "
+                          "a path ending in .json")
     out = check_output_file(args.output or default_output(args.plan, target), "-o" if args.output else None)
     plan = load_plan(args.plan)
     profile = _profile(args, plan) if args.to in _READ_PROFILE else None
