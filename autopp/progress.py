@@ -42,9 +42,13 @@ class Overall:
         return min(done / max(sum(self.phases), 1), 1.0)
 
     def line(self, within: float, text: str) -> str:
-        """`[####....] 37%, about 4 min left: text` (the time left once a share is done to extrapolate from)."""
+        """`[####....] 37%, about 4 min left: text`: the time left once there is a rate to extrapolate from, which
+        with several walks is once the first is done. Within a walk the pieces weigh the same, but repeats of a
+        piece already measured or counted cost next to nothing, so a first walk's rate says little (a tester: a
+        count said "about 19 min left" at 1 % and took 3.5 min); the walks cost alike."""
         f = self.fraction(within)
-        return share_line(f, (self.now() - self.start) * (1 - f) / f if f >= 0.01 else None, text)
+        rated = f >= 0.01 and (self.phase >= 1 or len(self.phases) == 1)
+        return share_line(f, (self.now() - self.start) * (1 - f) / f if rated else None, text)
 
     def __call__(self, within: float, text: str) -> None:
         self.progress(self.line(within, text))

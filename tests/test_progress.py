@@ -50,3 +50,16 @@ def test_a_time_limited_solve_has_the_rest_of_its_limit_left() -> None:
     assert timed_line(2.5, 10.0, "CP-SAT") == "[#####...............] 25%, about 8 s left: CP-SAT"
     assert timed_line(12.0, 10.0, "x") == "[####################] 100%, about 1 s left: x"  # past the limit: stopping
     assert timed_line(0.0, 0.0, "x").startswith("[####################] 100%")
+
+
+def test_several_walks_say_no_time_left_until_the_first_is_done() -> None:
+    """A first walk's rate says little (repeats of a counted piece are nearly free): with several walks the time
+    left is said once the first is done."""
+    now = [0.0]
+    line = Overall.counting(lambda _m: None, 4, now=lambda: now[0])
+    line.next_phase()
+    now[0] = 30.0
+    assert line.line(0.9, "x") == "[####................] 22%: x"
+    line.next_phase()
+    now[0] = 40.0
+    assert line.line(0.0, "x") == "[#####...............] 25%, about 2 min left: x"
