@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import AutoppError
 
-__all__ = ["free_port", "spawn_local", "rank_context", "RANK_PRELOAD"]
+__all__ = ["free_port", "spawn_local", "rank_context", "RANK_PRELOAD", "PACKAGE_ENV", "package_problem", "package_dir"]
 
 #: What the rank server imports once (torch, torch.distributed's pipelining, DTensor and FSDP2, autopp's runner):
 #: about 3 s of a core that each rank started as a fresh interpreter paid again (8 ranks on 2 cores: ~12 s of wall
@@ -48,7 +48,7 @@ def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float
     queue = ctx.Queue()
     port = free_port()
     env = dict(os.environ)
-    procs = [ctx.Process(target=_in_env, args=(env, _package(), target, r, ranks, port, *args, queue))
+    procs = [ctx.Process(target=_in_env, args=(env, package_dir(), target, r, ranks, port, *args, queue))
              for r in range(ranks)]
     for p in procs:
         p.start()
@@ -79,21 +79,33 @@ def spawn_local(target: Any, ranks: int, args: tuple[Any, ...], timeout_s: float
     return results
 
 
-def _package() -> str:
+def package_dir() -> str:
     """Where this process imported autopp from."""
     return os.path.dirname(os.path.realpath(__file__))
 
 
+#: The environment variable `autopp run`'s launcher sets to the autopp its command imported (`package_problem`).
+PACKAGE_ENV = "AUTOPP_PACKAGE"
+
+
+def package_problem(origin: str | None) -> str | None:
+    """Why this process (a rank) must not run: it imported another autopp than its command's (`origin`; None:
+    not known). A rank's path starts with its working directory, and a checkout there comes before the installed
+    autopp (a tester's ranks ran a clone's autopp under /work/main's command)."""
+    if origin is None or package_dir() == origin:
+        return None
+    return (f"this rank imported autopp from {package_dir()}, the command from {origin} (another checkout in the "
+            "working directory comes first on the rank's path): run from another directory, or run that checkout's "
+            "own autopp")
+
+
 def _in_env(env: dict[str, str], origin: str, target: Any, *args: Any) -> None:
     """`target(*args)` with `env` as the environment (a forked rank's is the rank server's, from when it started);
-    a rank that imported another autopp than the command's (`origin`: the rank server's working directory holds
-    another checkout, found before the installed one) puts that error on the queue (`args[-1]`) instead of
-    running mixed code (a tester's ranks ran a clone's autopp under /work/main's command)."""
+    a rank that imported another autopp than the command's (`origin`, `package_problem`) puts that error on the
+    queue (`args[-1]`) instead of running mixed code."""
     os.environ.clear()
     os.environ.update(env)
-    if _package() != origin:
-        args[-1].put((args[0], None, f"this rank imported autopp from {_package()}, the command from {origin} "
-                                     "(another checkout in the working directory comes first on the rank's path): "
-                                     "run from another directory, or run that checkout's own autopp"))
+    if why := package_problem(origin):
+        args[-1].put((args[0], None, why))
         return
     target(*args)

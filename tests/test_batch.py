@@ -37,3 +37,5 @@ def test_the_default_batch_divides_over_the_pinned_replicas_and_microbatches_and
     assert what.endswith("rounded to a power of two, 2048, then up to a multiple of --dp 2 x --microbatches 3)")
     assert default_global_batch_said(4, None, microbatches=3)[1] == (
         "33 samples per step (the default: 8 per device, 32, then up to a multiple of --microbatches 3)")
+    # a reviewer: --dp 3 alone named a --microbatches 1 never given
+    assert default_global_batch_said(6, 8192, dp=3)[1].endswith("128, then up to a multiple of --dp 3)")

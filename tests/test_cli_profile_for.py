@@ -176,6 +176,7 @@ def test_default_profile_directories_name_the_length_recipe_and_optimizer() -> N
     qwen = ["--hf-config", "examples/configs/qwen3-30b-a3b.json", "--device", "h100-sxm"]
     assert where(*qwen) == "qwen3-30b-a3b-h100-sxm"
     assert where(*qwen, "--seq-len", "4096") == "qwen3-30b-a3b-h100-sxm-s4096"
+    assert where(*qwen, "--seq-len", "512") == "qwen3-30b-a3b-h100-sxm"  # the default length names nothing
     assert where(*qwen, "--seq-len", "4096", "--precision", "bf16-pure") == "qwen3-30b-a3b-h100-sxm-s4096-bf16-pure"
     assert where(*qwen, "--precision", "bf16", "--optimizer", "adamw") == "qwen3-30b-a3b-h100-sxm"
     assert where("examples/gpt.py") == "gpt" and where("examples/gpt.py", "--optimizer", "adam") == "gpt-adam"

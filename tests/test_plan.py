@@ -39,6 +39,8 @@ def test_a_stages_outputs_and_recomputed_forward_round_trip_into_its_costs(tmp_p
     cost = load_plan(tmp_path / "p.json").stages[0].cost()
     assert (cost.output_bytes, cost.recompute_s, cost.redo_forward_s) == (64, 0.75, 0.75)
     assert _plan().stages[0].cost().redo_forward_s == 1.0
+    none = replace(plan, stages=(replace(first, recompute_s=0.0), plan.stages[1]))  # a reviewer: 0 read back as None
+    assert load_plan(none.save(tmp_path / "zero.json")).stages[0].recompute_s == 0.0
     data["stages"][0]["output_bytes"] = -1
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(PlanError, match="output_bytes"):

@@ -33,6 +33,17 @@ def test_a_rank_that_imported_another_autopp_says_so_instead_of_running() -> Non
     spawn._in_env(env, "/elsewhere/autopp", lambda *a: ran.append(a), 1, 2, 3, q)
     rank, result, error = q.get_nowait()
     assert (rank, result, ran) == (1, None, []) and isinstance(error, str)
-    assert error.startswith(f"this rank imported autopp from {spawn._package()}, the command from /elsewhere/autopp")
-    spawn._in_env(env, spawn._package(), lambda *a: ran.append(a), 1, 2, 3, q)
+    assert error.startswith(f"this rank imported autopp from {spawn.package_dir()}, the command from /elsewhere/autopp")
+    spawn._in_env(env, spawn.package_dir(), lambda *a: ran.append(a), 1, 2, 3, q)
     assert ran == [(1, 2, 3, q)] and os.environ == env
+
+
+def test_autopp_runs_ranks_are_told_which_autopp_their_command_imported() -> None:
+    """The reviewer: `autopp run`'s ranks (forked, or `python -m autopp.run.worker`) had no such check; the launcher
+    now names the command's autopp in each rank's environment and the worker refuses another."""
+    from autopp import spawn
+    from autopp.run.launch import worker_env
+    assert worker_env(0, 2, 1234)[spawn.PACKAGE_ENV] == spawn.package_dir()
+    assert spawn.package_problem(None) is None and spawn.package_problem(spawn.package_dir()) is None
+    assert (spawn.package_problem("/elsewhere/autopp") or "").startswith(
+        f"this rank imported autopp from {spawn.package_dir()}, the command from /elsewhere/autopp")

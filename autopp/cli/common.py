@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, NoReturn
 
 from ..data.axes import AXES
+from ..data.hf_config import DEFAULT_SEQ_LEN
 from ..data.precision import recipe_of_dtype
 from ..progress import PROGRESS_LOG
 from ..schedule import DESCRIPTORS, NAMED
@@ -215,13 +216,14 @@ def default_profile_dir(args: argparse.Namespace) -> Path:
 
 
 def profile_dir_name(args: argparse.Namespace, device: str | None, gpu: bool) -> str:
-    """A default profile directory's name: the model's stem (`model_stem`), `-DEVICE` when analytic for it, `-sS`
-    for an HF config's --seq-len S, `-P` for a --precision P and `-O` for an --optimizer O other than the target's
+    """A default profile directory's name: the model's stem (`model_stem`), `-DEVICE` when analytic for it (the
+    catalog's name), `-sS` for an HF config's --seq-len S other than the default (`DEFAULT_SEQ_LEN`, which names
+    nothing), `-P` for a --precision P and `-O` for an --optimizer O other than the target's
     default (bf16 and adamw on a GPU, fp32 and sgd here), as scripts/published.py names its profiles: each length,
     recipe and optimizer has a directory of its own (a tester: `--optimizer adam` overwrote the shipped
     profiles/gpt)."""
     name = model_stem(args) + (f"-{device}" if device else "")
-    if getattr(args, "hf_config", None) and getattr(args, "seq_len", None):
+    if getattr(args, "hf_config", None) and getattr(args, "seq_len", None) not in (None, DEFAULT_SEQ_LEN):
         name += f"-s{args.seq_len}"
     default = recipe_of_dtype(default_dtype(gpu))
     if getattr(args, "precision", None) and args.precision != getattr(default, "name", None):

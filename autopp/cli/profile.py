@@ -212,8 +212,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                           "file); profile without it")
     _resolve_dtype(args)
     check_analytic(args)
-    gpu = bool(args.analytic) or getattr(args, "device", None) == "cuda"
-    target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / profile_dir_name(args, args.analytic, gpu),
+    from ..data.catalog import load_device  # the catalog's name, as `autopp plan --device` names the directory
+    gpu = (analytic_target(args.analytic) is not None) if args.analytic else args.device == "cuda"
+    device = load_device(args.analytic).name if args.analytic else None
+    target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / profile_dir_name(args, device, gpu),
                               "-o" if args.output else None, marker="meta.json", kind="profile")
     from ..display import format_profile
     try:

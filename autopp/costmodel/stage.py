@@ -76,8 +76,8 @@ def memory_prefix(a: UnitArrays, inflight: int, activation: Activation = Activat
 def stage_outputs(a: UnitArrays, inflight: int) -> np.ndarray:
     """Per end j (0..n), what a stage ending there keeps of its outputs with `inflight` microbatches in flight:
     torch's PipelineStage holds each microbatch's outputs from its forward until its backward
-    (`StageCost.output_bytes`), the values crossing cut j (`UnitArrays.cut`; 0 at n: the last stage's is the
-    loss)."""
+    (`StageCost.output_bytes`), the values crossing cut j (`UnitArrays.cut`; 0 at n: the last stage's output, the
+    model's, is not recorded by profiles, a known gap, `StageCost.output_bytes`)."""
     return inflight * a.cut
 
 

@@ -39,7 +39,7 @@ def default_global_batch_said(num_devices: int, seq_len: int | None, microbatche
     what = (f"{batch} sequences of {seq_len} tokens per step (the default for a sequence model: 2^20 tokens / seq_len, "
             "rounded to a power of two" if seq_len is not None else
             f"{batch} samples per step (the default: {SAMPLES_PER_DEVICE} per device")
-    if batch != plain:
-        what += f", {plain}, then up to a multiple of " + (f"--dp {dp} x --microbatches {microbatches}" if dp > 1 else
-                                                          f"--microbatches {microbatches}")
+    if batch != plain:  # only the flags given (above 1) are named
+        named = " x ".join(f"{f} {v}" for f, v in (("--dp", dp), ("--microbatches", microbatches)) if v > 1)
+        what += f", {plain}, then up to a multiple of {named}"
     return batch, what + ")"

@@ -17,8 +17,8 @@ from .breakdown import TimeBreakdown, breakdown_of
 from .fields import Fields
 from .layout import LAYOUT_KEYS, Layout, check_planned, layout_fields, layout_of
 from .overlap import Overlap, default_overlap, overlap_of
-from .plan_fields import (FIGURE_FIELDS, OMITTED_WHEN_0, check_fields, custom_order, nodes_of, seq_chunks,
-                          seq_chunks_json, step_band)
+from .plan_fields import (FIGURE_FIELDS, OMITTED_WHEN_0, OMITTED_WHEN_NONE, check_fields, custom_order, nodes_of,
+                          seq_chunks, seq_chunks_json, step_band)
 from .plan_version import PLAN_VERSION, READABLE_VERSIONS, upgraded
 from .stage_plan import StagePlan, busiest_rank, figure_fields
 from .vocab import VocabVariant
@@ -205,7 +205,8 @@ class Plan:
         if self.layout.tp == 1:
             del data["tp_plan"]  # pipeline-only plans stay as they were written before 3D parallelism
         data["stages"] = [{**{k: v for k, v in {**st, **figure_fields(s.own)}.items()
-                              if k != "own" and (v or k not in OMITTED_WHEN_0)},
+                              if k != "own" and (v or k not in OMITTED_WHEN_0)
+                              and (v is not None or k not in OMITTED_WHEN_NONE)},
                            "activation": s.activation.value} for st, s in zip(data["stages"], self.stages)]
         return {"version": data.pop("version"), **data}
 

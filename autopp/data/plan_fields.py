@@ -14,8 +14,8 @@ from .fields import Fields, is_int, is_span
 from .layout import LAYOUT_FIELDS
 from .vocab import VocabVariant
 
-__all__ = ["FIGURE_FIELDS", "NULLABLE", "OMITTED_WHEN_0", "STAGE_NUMBERS", "check_fields", "custom_order", "seq_chunks",
-           "seq_chunks_json", "step_band", "nodes_of"]
+__all__ = ["FIGURE_FIELDS", "NULLABLE", "OMITTED_WHEN_0", "OMITTED_WHEN_NONE", "STAGE_NUMBERS", "check_fields",
+           "custom_order", "seq_chunks", "seq_chunks_json", "step_band", "nodes_of"]
 
 
 #: Integer fields of a plan and their least values (the layout's: `LAYOUT_FIELDS`).
@@ -25,8 +25,10 @@ _STAGE_INTS = {"index": 0, "rank": 0, "memory_bytes": 0, "static_bytes": 0, "act
 #: The stage fields of the activation policies' own figures (`figure_keys`: "selective_bytes", "selective_redo_s").
 FIGURE_FIELDS = tuple(k for a in FIGURED for k in figure_keys(a))
 #: Stage fields not written when 0 (plans without peak data, profiles without a policy's figures).
-OMITTED_WHEN_0 = ("transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s", "scatter_s", "output_bytes",
-                  "recompute_s")
+OMITTED_WHEN_0 = ("transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s", "scatter_s", "output_bytes")
+#: Stage fields not written when null (a stage whose policy recomputes no forward); a 0 is written (a reviewer: a
+#: recomputed forward of 0 s read back as none, `forward_s`).
+OMITTED_WHEN_NONE = ("recompute_s",)
 #: Number fields of a stage (finite, >= 0; the backward's I and W may be null, in plans that predate them).
 STAGE_NUMBERS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_s", "progress_s",
                  "overhead_s", "transient_bytes", *FIGURE_FIELDS, "comm_s", "sync_s", "resume_s", "scatter_s",

@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import RunError
 from ..sizes import format_time
-from ..spawn import free_port, rank_context
+from ..spawn import PACKAGE_ENV, free_port, package_dir, rank_context
 
 __all__ = ["RankProcess", "Process", "ForkedProcess", "WORKER_ENTRY", "fork_rank", "free_port", "worker_env",
            "launch_ranks", "wait_ranks", "exit_code", "kill_ranks", "tail", "rank_failure", "split_line"]
@@ -114,7 +114,8 @@ def worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     """The parent's environment plus torch.distributed's rendezvous variables and one thread per rank."""
     env = dict(os.environ)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               **{PACKAGE_ENV: package_dir()})  # the worker checks it imported this autopp (`package_problem`)
     return env
 
 

@@ -50,6 +50,7 @@ from ..model.contract import ModelFile
 from ..model.hf import load_model
 from ..data.plan import Plan, load_plan
 from ..data.layout import Coords, Layout, uses_mesh
+from ..spawn import PACKAGE_ENV, package_problem
 from .collect import gather_check, gather_final, gather_results, stage_grads, stage_weights
 from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
 from .data_parallel import check_runnable, sync_mesh
@@ -365,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("allocator %s", keep_freed_memory())
     user_files: list[str] = [args.model] if args.model else []
     try:
+        if why := package_problem(os.environ.get(PACKAGE_ENV)):
+            raise RunError(why)
         plan = load_plan(args.plan)
         user_files.append(plan.model_path)
         check_world_size(plan, int(os.environ["WORLD_SIZE"]))

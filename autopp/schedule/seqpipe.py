@@ -123,7 +123,8 @@ def chunk_costs(lengths: Sequence[int], share: float, kv: float) -> ChunkCosts:
 def unit_costs(cost: StageCost, chunks: ChunkCosts) -> StageCost:
     """One unit's cost on a stage, for the simulator's timing: times x the largest chunk time share (equal-cost
     chunks differ only by rounding, so this is their common time to within one ``multiple`` of tokens); bytes x
-    the largest memory share (`chunk_peaks` counts each chunk's own). The per-message overhead is per unit, unscaled:
+    the largest memory share, outputs x the largest chunk's share of the tokens (`chunk_peaks` counts each
+    chunk's own). The per-message overhead is per unit, unscaled:
     this is where many short chunks lose. Under keep only: the policies' own figures are dropped. ZeRO 2's streamed
     scatter (`StageCost.scatter_s`) x the share too: the microbatch's one scatter spread over its chunks' backwards."""
     t, b = max(chunks.time), max(chunks.memory)
@@ -133,7 +134,8 @@ def unit_costs(cost: StageCost, chunks: ChunkCosts) -> StageCost:
                    forward_comm_s=cost.forward_comm_s * t, backward_comm_s=cost.backward_comm_s * t,
                    scatter_s=cost.scatter_s * t,
                    recompute_s=None if cost.recompute_s is None else cost.recompute_s * t,
-                   activation_bytes=math.ceil(cost.activation_bytes * b), output_bytes=math.ceil(cost.output_bytes * b),
+                   activation_bytes=math.ceil(cost.activation_bytes * b),
+                   output_bytes=math.ceil(cost.output_bytes * max(chunks.lengths) / sum(chunks.lengths)),
                    input_bytes=math.ceil(cost.input_bytes * b), transient_bytes=math.ceil(cost.transient_bytes * b),
                    own=())
 
@@ -152,14 +154,18 @@ def _order(num_ranks: int, num_microbatches: int, chunks: int) -> dict[int, list
 
 def chunk_peaks(order: dict[int, list[Action]], costs: Sequence[StageCost], chunks: ChunkCosts) -> list[int]:
     """Per rank, the most bytes held running its order: static bytes, plus each unit's own share of its stage's
-    activation bytes from its F until its B ends (one stage per rank: allocations happen in list order), plus the
-    largest transient (`effects.transient_peak`, scaled as `unit_costs`)."""
+    activation bytes and its own part of the stage's outputs (a chunk's tokens' share: torch's stage keeps each
+    unit's outputs until its backward, `StageCost.output_bytes`) from its F until its B ends (one stage per rank:
+    allocations happen in list order), plus the largest transient (`effects.transient_peak`, scaled as
+    `unit_costs`)."""
     k, owner = len(chunks.lengths), list(range(len(costs)))
+    tokens = sum(chunks.lengths)
     peaks = []
     for r in sorted(order):
         held = peak = rank_static_bytes(costs, owner, r)
         for s, kind, unit in order[r]:
-            size = math.ceil(costs[s].activation_bytes * chunks.memory[unit % k])
+            size = math.ceil(costs[s].activation_bytes * chunks.memory[unit % k]) + \
+                math.ceil(costs[s].output_bytes * chunks.lengths[unit % k] / tokens)
             if kind is Kind.F:
                 held += size
                 peak = max(peak, held)

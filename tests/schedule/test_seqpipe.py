@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -76,6 +77,9 @@ def test_kv_of_earlier_chunks_is_held_until_their_own_backward() -> None:
     order = chunked_order(1, 1, 2)
     assert [str(a) for a in order[0]] == ["0F0", "0F1", "0B1", "0B0"]
     assert chunk_peaks(order, _costs(1, 1.0, 1000), chunks) == [10**9 + 600 + 460]
+    # a reviewer: each unit's outputs, its chunk's share of the tokens, are held too (torch's stage keeps them)
+    with_outputs = [replace(c, output_bytes=100) for c in _costs(1, 1.0, 1000)]
+    assert chunk_peaks(order, with_outputs, chunks) == [10**9 + 600 + 460 + 60 + 40]
 
 
 def test_seq1f1b_wins_at_32k_on_memory_and_time() -> None:
