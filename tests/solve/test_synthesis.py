@@ -164,6 +164,18 @@ def test_smallest_memory_is_enough_and_below_it_is_infeasible() -> None:
         _synth(costs, owner, 3, 22 * MB - 1)
 
 
+def test_the_smallest_memory_holds_the_stages_outputs_too() -> None:
+    """A reviewer: torch's stage keeps each microbatch's outputs until its backward (`StageCost.output_bytes`); the
+    floor left them out, and synthesizing at it found no warm start ("the sequential order should always fit")."""
+    from dataclasses import replace
+    owner = stage_to_rank(ScheduleName.ZBV_ZERO_BUBBLE, 2, 2)
+    costs = [replace(c, output_bytes=MB // 2 if s < 3 else 0) for s, c in enumerate(_costs([(0.3, 0.3, 0.2)] * 4))]
+    need = min_memory_bytes(costs, owner)
+    assert need == [22 * MB + MB // 2, 22 * MB + MB]  # rank 0: stages 0 and 3 (the last), rank 1: stages 1 and 2
+    result = _synth(costs, owner, 3, max(need))
+    assert max(result.sim.peak_memory_bytes) <= max(need)
+
+
 def test_dependencies_hold_in_every_event() -> None:
     result = _synth(UNEVEN, [0, 1, 2], 4)
     end = {e.action: e.end_s for e in result.sim.events}
