@@ -189,11 +189,16 @@ def _model_of(args: argparse.Namespace, source: HfSource | None) -> ModelFile:
     return load_model(source.config_path, source.to_json()) if source else load_model(args.model)
 
 
+def _for_gpu(args: argparse.Namespace) -> bool:
+    """Whether `autopp profile` profiles for a GPU: --analytic of a catalog GPU, or --device cuda."""
+    return (analytic_target(args.analytic) is not None) if args.analytic else args.device == "cuda"
+
+
 def _resolve_dtype(args: argparse.Namespace) -> None:
     """--precision and --dtype: the recipe (`precision_of`) and the dtype it computes in; both left out for a GPU
     (--analytic of a catalog GPU, or --device cuda): bf16, said in one line on stderr. A recipe other than its
     dtype's peaks (fp8) is counted only."""
-    gpu = (analytic_target(args.analytic) is not None) if args.analytic else args.device == "cuda"
+    gpu = _for_gpu(args)
     chosen, said = precision_of(args, gpu), args.dtype is None and args.precision is None
     if chosen.matmul_peak != chosen.peak and not args.analytic:
         raise AutoppError(f"--precision {chosen} is counted, not measured: give --analytic DEVICE (the profiler runs "
@@ -213,9 +218,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     _resolve_dtype(args)
     check_analytic(args)
     from ..data.catalog import load_device  # the catalog's name, as `autopp plan --device` names the directory
-    gpu = (analytic_target(args.analytic) is not None) if args.analytic else args.device == "cuda"
     device = load_device(args.analytic).name if args.analytic else None
-    target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / profile_dir_name(args, device, gpu),
+    target = check_output_dir(args.output or DEFAULT_PROFILE_DIR / profile_dir_name(args, device, _for_gpu(args)),
                               "-o" if args.output else None, marker="meta.json", kind="profile")
     from ..display import format_profile
     try:

@@ -119,6 +119,12 @@ class StageCost:
     rank's reduce-scatter stream (`simulate`); the rank's compute goes on, and the step's end waits for it."""
 
     @property
+    def microbatch_bytes(self) -> int:
+        """What one microbatch holds from its F until its backward when the stage keeps its activations: them and
+        the stage's outputs (`footprint` under keep; CP-SAT's synthesis and warm start count this)."""
+        return self.activation_bytes + self.output_bytes
+
+    @property
     def redo_forward_s(self) -> float:
         """The recomputed forward's time (`recompute_s`, else `forward_s`)."""
         return self.forward_s if self.recompute_s is None else self.recompute_s

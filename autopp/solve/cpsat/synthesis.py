@@ -128,7 +128,7 @@ def _tick_costs(costs: Sequence[StageCost], tick_s: float) -> list[StageCost]:
     return [StageCost(forward_s=_ticks(kind_time(c, Kind.F), tick_s),
                       backward_input_s=_ticks(kind_time(c, Kind.I), tick_s),
                       backward_weight_s=_ticks(kind_time(c, Kind.W), tick_s), static_bytes=c.static_bytes,
-                      activation_bytes=c.activation_bytes + c.output_bytes) for c in costs]  # what a microbatch holds
+                      activation_bytes=c.microbatch_bytes) for c in costs]
 
 
 def _data(costs: Sequence[StageCost], owner: Sequence[int], m: int, comm_s: Sequence[float],

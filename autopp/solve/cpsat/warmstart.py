@@ -46,7 +46,7 @@ def min_memory_bytes(stage_costs: Sequence[StageCost], owner: Sequence[int]) -> 
     """
     need = [0] * (max(owner, default=-1) + 1)
     for c, r in zip(stage_costs, owner):
-        need[r] += c.static_bytes + c.activation_bytes + c.output_bytes
+        need[r] += c.static_bytes + c.microbatch_bytes
     return [x + transient_peak((s for s, q in enumerate(owner) if q == r), stage_costs) for r, x in enumerate(need)]
 
 
@@ -92,8 +92,7 @@ def greedy_order(stage_costs: Sequence[StageCost], owner: Sequence[int], num_mic
            - transient_peak((s for s, q in enumerate(owner) if q == r), stage_costs) for r in range(ranks)]
     hop = [0.0 if owner[s] == owner[s + 1] else comm_s[s] for s in range(n - 1)]
     first = {r: owner.index(r) for r in range(ranks)}
-    footprint = [sum(c.activation_bytes + c.output_bytes for c, q in zip(stage_costs, owner) if q == r)
-                 for r in range(ranks)]
+    footprint = [sum(c.microbatch_bytes for c, q in zip(stage_costs, owner) if q == r) for r in range(ranks)]
     done: dict[Action, float] = {}
     nxt = {(s, k): 0 for s in range(n) for k in SPLIT_KINDS}
     free = [0.0] * ranks
@@ -123,7 +122,7 @@ def greedy_order(stage_costs: Sequence[StageCost], owner: Sequence[int], num_mic
         a, c = Action(s, k, nxt[(s, k)]), stage_costs[s]
         done[a] = free[owner[s]] = begin + kind_time(c, k)
         if k is Kind.W or (k is Kind.F and first[owner[s]] == s):
-            cap[owner[s]] += c.activation_bytes + c.output_bytes if k is Kind.W else -footprint[owner[s]]
+            cap[owner[s]] += c.microbatch_bytes if k is Kind.W else -footprint[owner[s]]
         nxt[(s, k)] += 1
         order[owner[s]].append(a)
     return order
