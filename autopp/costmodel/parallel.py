@@ -170,7 +170,8 @@ class ExpertTable(ProfileTable):
         # the share of each unit's parameter (gradient, optimizer) bytes that ep divides
         self.ep, self.share = ep, np.divide(expert, self.params, out=np.zeros(self.n), where=self.params > 0)
         self.layers, self.routing = first.moe_layers.to_numpy(dtype=np.float64), routing_of(profile)
-        tokens = rows.output_bytes.where(rows.output_bytes > 0, rows.recompute_keep_bytes)
+        # a unit's tokens by its hidden states: its output, or its input for the last unit (the model's output)
+        tokens = rows.output_bytes.where((rows.output_bytes > 0) & (rows.unit < self.n - 1), rows.recompute_keep_bytes)
         self.tokens = np.array([tokens[rows.microbatch_size == b].to_numpy(dtype=np.float64) for b in self.sizes]).T
         self.gemms = all(c in rows.columns for c in EXPERT_COLUMNS)
         self.cols.update({c: np.array([rows[rows.microbatch_size == b][c].to_numpy(dtype=np.float64)

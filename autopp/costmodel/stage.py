@@ -38,6 +38,7 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
     link (`host_bandwidth`, bytes/s per direction; `Cluster.host_bandwidth`), derived from the stages (`derive`)."""
     out = []
     rf, rb = a.runtime_forward_s, a.runtime_backward_s
+    held = a.held_outputs()
     for s, ((i, j), sp) in enumerate(zip(bounds, speeds)):
         start = a.start_s(i) / sp  # what a stage starting at i adds (<= 0: first unit's scatter on the stream)
         full = float(a.backward[i:j].sum()) / sp + start + rb
@@ -47,7 +48,7 @@ def stage_costs(a: UnitArrays, bounds: Sequence[tuple[int, int]], speeds: Sequen
                              backward_weight_s=full if s == 0 else float(a.backward_weight[i:j].sum()) / sp + start,
                              backward_s=full,
                              static_bytes=int(a.static[i:j].sum()), activation_bytes=int(a.activation[i:j].sum()),
-                             input_bytes=int(a.cut[i]), output_bytes=int(a.cut[j]),
+                             input_bytes=int(a.cut[i]), output_bytes=int(held[j]),
                              recompute_s=float(a.recompute[i:j].sum()) / sp,
                              overhead_s=overheads[s] if overheads else 0.0,
                              transient_bytes=stage_transient(a, i, j),
@@ -76,9 +77,8 @@ def memory_prefix(a: UnitArrays, inflight: int, activation: Activation = Activat
 def stage_outputs(a: UnitArrays, inflight: int) -> np.ndarray:
     """Per end j (0..n), what a stage ending there keeps of its outputs with `inflight` microbatches in flight:
     torch's PipelineStage holds each microbatch's outputs from its forward until its backward
-    (`StageCost.output_bytes`), the values crossing cut j (`UnitArrays.cut`; 0 at n: the last stage's output, the
-    model's, is not recorded by profiles, a known gap, `StageCost.output_bytes`)."""
-    return inflight * a.cut
+    (`StageCost.output_bytes`): the values crossing cut j, and at n the model's output (`UnitArrays.held_outputs`)."""
+    return inflight * a.held_outputs()
 
 
 def stage_transient(a: UnitArrays, i: int, j: int) -> int:

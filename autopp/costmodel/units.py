@@ -10,6 +10,7 @@ import numpy as np
 from ..data.overlap import NO_OVERLAP, Overlap
 from ..data.precision import plan_recipe
 from ..data.profile import Profile, ValueAction
+from ..data.tp_plan import LOSS_PARALLEL
 from ..data.zero import NO_ZERO, ZeroStage
 from ..errors import ProfileError
 from ..schedule.activation import FIGURED, POLICY_COLUMNS, Activation, policy
@@ -157,6 +158,17 @@ class UnitArrays:
     master: bool = False
     """The optimizer bytes hold an fp32 master copy (the recipe the profile records, autopp.data.precision), which
     is what FSDP2 keeps as the sharded parameter under its MixedPrecisionPolicy (`autopp.costmodel.parallel`)."""
+    model_output: float = 0.0
+    """The model's output of one microbatch as a rank's last stage holds it: torch's last stage hands it to the
+    schedule's loss and keeps it until its backward (`StageCost.output_bytes`). The last unit's `output_bytes` (a
+    TP rank's 1/tp of it under loss parallelism); 0 from a profile made before 2026-12-06, which recorded none."""
+
+    def held_outputs(self) -> np.ndarray:
+        """Per end j (0..n), one microbatch's outputs a stage ending there holds until its backward: the values
+        crossing cut j, and at n the model's output (`model_output`)."""
+        out = np.asarray(self.cut, dtype=np.float64).copy()
+        out[self.n] = self.model_output
+        return out
 
     def checkpoint_inputs(self, i: int, j: int) -> float:
         """Bytes one microbatch of the stage of units [i, j) keeps when each unit runs under its own checkpoint: the
@@ -250,6 +262,9 @@ class ProfileTable:
         self.runtime = (profile.meta.runtime_forward_s, profile.meta.runtime_backward_s, profile.meta.resume_s)
         self.born = born_table(profile, self.sizes)
         self.master = made is not None and made.master_bytes > 0
+        shard = tp if tp > 1 and LOSS_PARALLEL in profile.meta.tp_plan.values() else 1  # a TP rank's vocabulary
+        self.model_output = np.array([[float(base[base.microbatch_size == b].output_bytes.iloc[-1]) / shard
+                                       for b in self.sizes]])  # the last unit's output: the model's
 
     def _at(self, values: np.ndarray, x: float) -> np.ndarray:
         """The profile's interpolation (profile._interp) of every row of `values` (columns = profiled sizes)."""
@@ -276,7 +291,8 @@ class ProfileTable:
         born = None if self.born is None else np.round(self._at(self.born, b))
         return replace(_assemble(f, back, i, w, redo, self.static, act, self.params, self.grads, cut),
                        optimizer=self.optimizer, transient=transient, tp_comm=comm, own=own, born=born,
-                       master=self.master, runtime_forward_s=self.runtime[0],
+                       master=self.master, model_output=float(np.round(self._at(self.model_output, b)[0])),
+                       runtime_forward_s=self.runtime[0],
                        runtime_backward_s=self.runtime[1], resume_s=self.runtime[2])
 
 
@@ -318,11 +334,15 @@ def _transients(peaks: dict[int, dict[int, int]], t: pd.DataFrame, base: pd.Data
     The gradients in a peak are autograd's, in the parameters' dtype: the smaller of the rows' `param_bytes` and
     `grad_bytes` (the bf16 and fp8 recipes keep fp32 gradients, twice the bf16 ones the count made; profiles made
     before the recipes, and the fp32 and pure bf16 recipes, keep them as made), so the working memory is not the
-    peak less gradients it never held."""
+    peak less gradients it never held. The last unit's output (the model's) is not subtracted: the measured piece
+    hands it to the loss and drops it, where torch's last stage holds it until the backward, so the peak mostly
+    lacks it (where the forward's peak held it, the stage is over-counted by at most that output)."""
     if not peaks:
         return None
-    out = np.zeros((int(base.unit.max()) + 1, len(sizes)))
-    outputs = {(int(r.unit), int(r.microbatch_size)): int(r.output_bytes) for r in base.itertuples()}
+    last = int(base.unit.max())
+    out = np.zeros((last + 1, len(sizes)))
+    outputs = {(int(r.unit), int(r.microbatch_size)): 0 if int(r.unit) == last else int(r.output_bytes)
+               for r in base.itertuples()}
     for row in t.itertuples():
         peak = peaks.get(int(row.unit), {}).get(int(row.microbatch_size))
         if peak is not None and int(row.microbatch_size) in sizes:

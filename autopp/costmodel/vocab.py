@@ -109,7 +109,8 @@ def vocab_passes(a: UnitArrays, pp: int, link: Link, variant: VocabVariant = Voc
 
 def body_arrays(a: UnitArrays) -> UnitArrays:
     """`a` with the embedding and the head costing nothing (their work moves to the passes): what the split of the
-    body sees. The first and last stages still hold the (empty) units."""
+    body sees. The first and last stages still hold the (empty) units; the last stage's output, which torch's stage
+    holds per in-flight microbatch, is the hidden states it hands the output pass (autopp.run.vocab), not logits."""
     def ends(values: np.ndarray) -> np.ndarray:
         out = values.copy()
         out[[0, a.n - 1]] = 0
@@ -120,7 +121,8 @@ def body_arrays(a: UnitArrays) -> UnitArrays:
     names = ("forward", "backward_input", "backward_weight", "recompute", "static", "activation", "params",
              "grads", "backward", "optimizer", "transient", "ep_time")
     changes: dict[str, Any] = {n: zeroed(getattr(a, n)) for n in names}
-    return replace(a, own={p: (ends(kept), ends(redo)) for p, (kept, redo) in a.own.items()}, **changes)
+    return replace(a, own={p: (ends(kept), ends(redo)) for p, (kept, redo) in a.own.items()},
+                   model_output=float(a.cut[a.n - 1]), **changes)
 
 
 def with_vocab_passes(costs: Sequence[StageCost], owner: Sequence[int], passes: VocabPasses) -> list[StageCost]:

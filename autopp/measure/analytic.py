@@ -150,7 +150,7 @@ def _count_size(c: ModelCounts, meta: MetaModel, b: int, overall: Overall, tag: 
                     + (f" (as unit {same + 1})" if same != i else " counting"))
             with _naming(c.mf, f"unit {i} ({c.units[i].name}) at microbatch {b}"):
                 _counted_unit(c, b, i, module, args, same,
-                              lambda: count_piece(Piece(module, args, finish, i == 0, grad), mode, last, tiles))
+                              lambda: count_piece(Piece(module, args, finish, i == 0, grad), mode, tiles))
                 with torch.no_grad():
                     return module(*args)
 
@@ -322,7 +322,8 @@ def count_outdated(profile: Profile) -> str | None:
     """Why an analytic profile was counted otherwise than `analytic_profile` counts now (None: it was not): with
     attention blocks that are neither kernel's of `attention_tiles` now (`extra.analytic.attention_tiles`; none:
     causal attention counted whole, before its skipped blocks), a mixture of experts without its expert GEMMs'
-    columns (expert parallelism cannot re-time it; docs/profile-format.md), or TP rows without their peak bytes."""
+    columns (expert parallelism cannot re-time it; docs/profile-format.md), TP rows without their peak bytes, or no
+    bytes for the model's output (the last unit's `output_bytes`, recorded since 2026-12-06)."""
     kernels = [json.loads(json.dumps(asdict(attention_tiles(fused)))) for fused in (False, True)]  # as meta.json
     if profile.meta.extra.get("analytic", {}).get("attention_tiles") not in kernels:
         return "it counted causal attention whole, before its kernel's skipped blocks"
@@ -330,4 +331,6 @@ def count_outdated(profile: Profile) -> str | None:
         return "it was counted before the expert GEMMs' columns"
     if profile.meta.tp_degrees and "tp_peak_bytes" not in profile.meta.extra:
         return "its tensor-parallel rows were counted before their working memory (peak bytes)"
+    if not (profile.units[profile.units.unit == profile.num_units - 1].output_bytes > 0).any():
+        return "it was counted before the model's output bytes (what the last stage holds for the loss)"
     return None

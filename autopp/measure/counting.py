@@ -7,7 +7,7 @@ materialized."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -259,15 +259,23 @@ def _static_storages(piece: Piece, fake: Any) -> tuple[set[int], list[torch.Tens
     return {storage_key(t) for t in tensors + converted}, converted
 
 
-def count_piece(piece: Piece, fake: Any, last: bool, tiles: Tiles = CPU_TILES) -> PieceCounts:
+def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES) -> PieceCounts:
     """Count `piece` (its args fake tensors of `fake`, a FakeTensorMode that is active) through the phases the
     profiler times (autopp.measure.timing.run_phases): forward and full backward (the live bytes, what autograd
     saves and what selective recomputation keeps counted across them), then input and weight gradients, then the
     ops selective recomputation reruns; the recompute forward is not run (it counts the same ops as the forward).
-    `tiles`: the fused attention kernel's blocks (`GPU_TILES` where a GPU is counted)."""
+    `tiles`: the fused attention kernel's blocks (`GPU_TILES` where a GPU is counted). The output's bytes are those
+    of what the piece's module returns: for the last piece the model's output, before its `finish` (the loss), which
+    torch's last stage holds per in-flight microbatch (`StageCost.output_bytes`)."""
     static, _alive = _static_storages(piece, fake)
-    counts: dict[str, OpCounts] = {"backward_input": OpCounts()}
     sizes: dict[str, int] = {}
+    finish = piece.finish
+
+    def measured(out: Any) -> Any:  # the bytes only: holding `out` would change the live bytes counted
+        sizes["output"] = value_bytes(out)
+        return finish(out)
+    piece = replace(piece, finish=measured)
+    counts: dict[str, OpCounts] = {"backward_input": OpCounts()}
     live = LiveBytes(static | {storage_key(t) for t in tensors_in(piece.args)})
     with contextlib.ExitStack() as across:  # the live bytes: from the forward to the end of the full backward
 
@@ -279,7 +287,6 @@ def count_piece(piece: Piece, fake: Any, last: bool, tiles: Tiles = CPU_TILES) -
                 with SavedOps(static) as kept:
                     ((leaves, out), counts[kind]), sizes["saved"] = saved_bytes(lambda: _counted(run, tiles), static)
                 sizes["selective"] = kept.bytes
-                sizes["output"] = 0 if last else value_bytes(out)
                 return leaves, out
             result, counts[kind] = _counted(run, tiles)
             if kind == "backward":

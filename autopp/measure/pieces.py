@@ -272,7 +272,7 @@ class _Walk:
         with torch.no_grad():
             out = piece.module(*piece.args)
         if rep is None:
-            self._measure_own(i, piece, out, last)
+            self._measure_own(i, piece, out)
         return out
 
     def _measure_head(self, i: int, node: fx.Node, args: tuple[Any, ...], head: HeadSlice) -> Any:
@@ -291,7 +291,7 @@ class _Walk:
                         self.grads[i])
                     with torch.no_grad():
                         out = piece.module(*piece.args)
-                    self._measure_own(i, piece, out, True, timed=rows != head.rows[1])
+                    self._measure_own(i, piece, out, timed=rows != head.rows[1])
                     found.append(dict(self.rows[i], peak=self.peaks[i], optimizer_step_s=self.opt.get(i, 0.0)))
                     self.opt.pop(i, None)
                 finally:
@@ -304,10 +304,10 @@ class _Walk:
         self.rows[i] = whole
         return out
 
-    def _measure_own(self, i: int, piece: Piece, out: Any, last: bool, timed: bool = True) -> None:
+    def _measure_own(self, i: int, piece: Piece, out: Any, timed: bool = True) -> None:
         """Sizes and peak of a measured piece; once its window is complete, the window's times (and steps) when
         `timed`."""
-        self.rows[i] = _sizes(piece, out, last, self.settings)
+        self.rows[i] = _sizes(piece, out, self.settings)
         self.rows[i].update(unit=i, microbatch_size=self.b, tied_param_bytes=self.tied.get(i, 0))
         self.peaks[i] = peak_bytes(self.settings.timer.device, piece.forward_backward)
         self.pending[i] = piece
@@ -366,15 +366,16 @@ def _shared(meta: MetaModel, gm: fx.GraphModule, calls: list[fx.Node], modules: 
     return out
 
 
-def _sizes(piece: Piece, out: Any, last: bool, settings: Settings) -> dict[str, Any]:
+def _sizes(piece: Piece, out: Any, settings: Settings) -> dict[str, Any]:
     """Parameter, gradient, optimizer, saved-activation, output and recompute-keep bytes of one piece, and what it
-    keeps under selective recomputation (`SavedOps`)."""
+    keeps under selective recomputation (`SavedOps`). `out`: what the piece's module returned (for the last piece the
+    model's output, before the loss: what torch's last stage holds per in-flight microbatch)."""
     params = {storage_key(p) for p in piece.module.parameters()}
     row: dict[str, Any] = dict(static_bytes(piece.module, settings.options.optimizer, settings.options.recipe))
     _, saved = saved_bytes(lambda: piece.forward()[1], params)
     with SavedOps(params) as kept:
         piece.forward()
-    row.update(activation_bytes=saved, output_bytes=0 if last else value_bytes(out),
+    row.update(activation_bytes=saved, output_bytes=value_bytes(out),
                recompute_keep_bytes=value_bytes(piece.args), selective_activation_bytes=kept.bytes)
     return row
 

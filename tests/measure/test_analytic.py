@@ -34,7 +34,7 @@ def _count(module: nn.Module, *shapes: tuple[int, ...], first: bool = False, las
     with mode:
         args = tuple(mode.from_tensor(torch.empty(s, device="meta")) for s in shapes)
         finish = (lambda out: out.square().mean()) if last else (lambda out: out)
-        return count_piece(Piece(module, args, finish, first, (not first,) * len(args)), mode, last)
+        return count_piece(Piece(module, args, finish, first, (not first,) * len(args)), mode)
 
 
 def _meta_linear(bias: bool = True) -> nn.Module:
@@ -95,7 +95,7 @@ def test_cpu_attention_kernel_is_counted() -> None:
     with mode:
         convert = mode.fake_tensor_converter.from_meta_and_device
         q = convert(mode, torch.empty(shape, device="meta"), torch.device("cpu"))
-        on_cpu = count_piece(Piece(_Attention(), (q,), lambda out: out, False, (True,)), mode, False)
+        on_cpu = count_piece(Piece(_Attention(), (q,), lambda out: out, False, (True,)), mode)
     assert on_cpu.forward.total_flops == on_meta.forward.total_flops == 4 * 2 * 4 * 64 * 64 * 16
     assert on_cpu.backward.total_flops > 0
     assert on_meta.activation_bytes - on_cpu.activation_bytes >= 2 * 4 * 64 * 64 * 4

@@ -113,7 +113,7 @@ def test_linear_relu_saved_bytes_and_sizes() -> None:
         assert rows.loc[(0, b)].activation_bytes == b * 8 * f32
         assert rows.loc[(1, b)].activation_bytes == b * 32 * f32
         assert rows.loc[(0, b)].output_bytes == b * 32 * f32
-        assert rows.loc[(4, b)].output_bytes == 0  # the last unit feeds the loss, not another stage
+        assert rows.loc[(4, b)].output_bytes == b * 4 * f32  # the model's output: the last stage holds it
         # Selective recomputation keeps each Linear's output (its addmm) and nothing of a ReLU, which it reruns.
         assert [rows.loc[(u, b)].selective_activation_bytes for u in range(5)] == [b * w * f32 for w in
                                                                                   (32, 0, 16, 0, 4)]

@@ -170,7 +170,7 @@ def test_the_plan_recomputes_unit_by_unit_where_whole_stage_recomputation_does_n
 
 
 @pytest.mark.parametrize("memory, want", [(5.5, (Activation.SELECTIVE_UNITS, KEEP)),
-                                          (4.0, (Activation.BLOCKS, Activation.SELECTIVE_UNITS))])
+                                          (4.2, (Activation.BLOCKS, Activation.SELECTIVE_UNITS))])
 def test_the_plan_recomputes_selectively_unit_by_unit_where_whole_stage_selective_does_not_fit(
         memory: float, want: tuple[Activation, ...]) -> None:
     """Issue 25 item 2 as the trainers run it: the profile of the test above with its selective columns, two CPU

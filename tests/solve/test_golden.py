@@ -21,6 +21,10 @@ a single stage's rises), and a recomputed forward takes the units' `recompute_s`
 (`recompute_s`). No step time moved but syn24-d8-auto-recompute's, 4.324 s -> 4.442 s: its 1F1B plan peaked at
 13.81 of the 13.96 GB it may use and no longer fits with its stages' outputs (5 in flight x 33.5 MB on stage 3), so
 the search is back to GPipe with every stage recomputing, the plan it chose before issue 25's branch and bound.
+Later on 2026-12-06 they were rewritten again on purpose: the last stage holds the model's output too (the last
+unit's `output_bytes`, which profiles now record: `UnitArrays.model_output`), so the synthetic plans' last stages
+peak higher (the synthetic head's output is hidden-wide); no step time, split or largest peak moved. The plans of
+the shipped measured profiles (gpt, mlp), made before the model's output was recorded, gained the note saying so.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from ...cores import MESH_ON_CPU
 from ...data.layout import Layout, uses_mesh
 from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, StageCost, describe, policy
 from ..partition.baselines import baseline_bounds
+from .profile_notes import profile_notes
 from ..search.judge import Candidate, Verdict, judge, named_order
 from ..partition.refine import recompute_choices
 from ..search.request import PlanRequest
@@ -222,44 +223,6 @@ def _expert_gemms_note(profile: Profile, ep: int, etp: int = 1) -> str:
             "an analytic profile (`autopp profile --analytic DEVICE`) re-times them")
 
 
-def _size_note(profile: Profile, size: int) -> list[str]:
-    """A microbatch size outside the profiled ones is extrapolated (autopp.costmodel.units.ProfileTable): said."""
-    sizes = sorted(profile.meta.microbatch_sizes)
-    if sizes[0] <= size <= sizes[-1]:
-        return []
-    how = "in proportion to the one profiled" if len(sizes) == 1 else \
-        f"along the line through {sizes[:2] if size < sizes[0] else sizes[-2:]}"
-    return [f"microbatch size {size} is outside the profiled sizes {sizes}: its times and bytes are extrapolated "
-            f"{how}; profile it (--microbatch-sizes {','.join(map(str, sorted({*sizes, size})))}) to measure them"]
-
-
-def _recipe_note(profile: Profile) -> list[str]:
-    """A bf16 profile that records no precision recipe and counts its gradients at the weights' 2 bytes was counted
-    before them (autopp.data.precision): said, as what the plan's memory lacks. A measured bf16 profile records no
-    recipe either (bfloat16 implies bf16) and counts fp32 gradients: no note."""
-    held = profile.units[profile.units.param_bytes > 0]
-    if profile.meta.dtype != "bfloat16" or "precision" in profile.meta.extra or held.empty or \
-            bool((held.grad_bytes > held.param_bytes).any()):
-        return []
-    return ["the profile records no precision recipe (counted before autopp's recipes): its gradients are counted "
-            "at the weights' 2 bytes a parameter, where the bf16 recipe keeps them in fp32 (4 bytes, as Megatron-LM's "
-            "--bf16 and torchtitan's float32 reduction do), so the plan's memory lacks 2 bytes a parameter; count "
-            "the profile again (`autopp profile --analytic DEVICE`) for the recipe's bytes"]
-
-
-def _batch_norm_note(profile: Profile, c: Candidate) -> list[str]:
-    """Issue 26: a model that normalizes with BatchNorm (the profile's `extra.batch_norm`), said at plan time: its
-    statistics are per microbatch under pipelining (autopp.run.steps.batch_norm_refusal)."""
-    norms = profile.meta.extra.get("batch_norm") or []
-    if not norms or c.microbatches == 1:
-        return []
-    more = f" and {len(norms) - 1} more" if len(norms) > 1 else ""
-    return [f"the model normalizes with BatchNorm ({norms[0]}{more}), whose statistics are per microbatch "
-            f"({c.microbatch_size} samples here, not the global batch), so a pipelined step differs from the "
-            "single-process one by design: `autopp run` measures it only with --no-validate; GroupNorm or LayerNorm "
-            "normalize each sample and validate"]
-
-
 def _seq_note(c: Candidate) -> list[str]:
     """Sequence pipelining's chunks, what the prediction assumes of them, and what runs them."""
     if c.seq is None:
@@ -344,9 +307,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c, request.cluster))
     notes.extend(_experts_unsearched(profile, request, c))
-    notes.extend(_batch_norm_note(profile, c))
-    notes.extend(_recipe_note(profile))
-    notes.extend(_size_note(profile, c.microbatch_size))
+    notes.extend(profile_notes(profile, c.microbatches, c.microbatch_size))
     notes.extend(_seq_note(c))
     notes.extend(_overlap_notes(request, a, c))
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
