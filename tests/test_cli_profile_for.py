@@ -90,6 +90,24 @@ def test_an_analytic_moe_profile_without_the_expert_columns_is_not_current() -> 
     assert _current(Profile(analytic, measured.units, measured.edges), fp, None, "h100-sxm", (), "fp32") is None
 
 
+def test_an_analytic_profile_without_the_models_output_bytes_is_not_current() -> None:
+    """An analytic profile counted before the model's output was recorded (its last unit's `output_bytes` 0) is
+    counted again, so that its plans charge what torch's last stage holds; a measured one stays current (its plans
+    say what they lack: autopp.solve.assemble.profile_notes)."""
+    from autopp.cli.profile import _current
+    shipped = load_profile(ROOT / "profiles" / "llama-3-8b-h100-sxm")
+    last = shipped.units.unit == shipped.num_units - 1
+    assert (shipped.units[last].output_bytes > 0).all()
+    old = Profile(shipped.meta, shipped.units.assign(output_bytes=shipped.units.output_bytes.where(~last, 0)),
+                  shipped.edges, shipped.tp_units)
+    fp = shipped.meta.fingerprint
+    why = "it was counted before the model's output bytes (what the last stage holds for the loss)"
+    args = (fp, shipped.meta.extra.get("hf_config"), "h100-sxm", shipped.meta.tp_degrees, "bf16")
+    assert _current(shipped, *args) is None and _current(old, *args) == why
+    measured = load_profile(ROOT / "profiles" / "mlp")
+    assert _current(measured, measured.meta.fingerprint, None, None, (), "fp32") is None
+
+
 def test_an_analytic_profile_that_counted_causal_attention_whole_is_not_current() -> None:
     """An analytic profile counted before causal attention's skipped blocks (no `analytic.attention_tiles`: it
     charged every query-key pair), or with blocks no kernel is counted with now, is counted again; a measured

@@ -73,7 +73,8 @@ class StagePlan:
     scatter_s: float = 0.0  #: ZeRO 2's first-unit scatter on the rank's stream (`StageCost.scatter_s`); 0: not written
     output_bytes: int = 0
     """Bytes of this stage's outputs per microbatch, which torch's stage keeps from its forward until its backward
-    (`StageCost.output_bytes`); 0 (the last stage, plans written before 2026-12-06) and not written."""
+    (`StageCost.output_bytes`; the last stage's: the model's output); 0 (plans written before 2026-12-06, profiles
+    before the model's output was recorded) and not written."""
     recompute_s: float | None = None
     """The recomputed forward's time where the stage's policy recomputes its forward (`StageCost.recompute_s`: the
     units' `recompute_s`, without ZeRO 3's gather); None (not written) otherwise, and in plans written before

@@ -108,9 +108,8 @@ class StageCost:
     output_bytes: int = 0
     """Bytes of the stage's outputs, which torch's PipelineStage keeps (`fwd_cache`, torch/distributed/pipelining/
     stage.py) from a microbatch's forward until its backward pops them: held per in-flight microbatch under every
-    activation policy (`footprint`). 0 on the last stage: its output, the model's (an LM's logits, which the
-    schedule's loss reads), is kept as well, but profiles do not record its bytes (the last unit's `output_bytes`
-    is 0): not charged, a known gap (docs/planner.md, "Memory")."""
+    activation policy (`footprint`). On the last stage the model's output (an LM's logits, which the schedule's loss
+    reads: `autopp.costmodel.units.UnitArrays.model_output`; 0 from profiles made before 2026-12-06)."""
 
     scatter_s: float = 0.0
     """Per microbatch, the collective the stage's rank runs on its own stream after the microbatch's B (or W, where

@@ -187,3 +187,28 @@ def test_a_tp_rank_takes_its_own_working_memory_where_the_profile_counted_it() -
     own = ProfileTable(profile, tp=2).transient
     assert own is not None and list(own[:, 0]) == [100.0, 100.0, 100.0]
     assert list(ProfileTable(profile, tp=1).transient[:, 0]) == [1000.0] * 3  # type: ignore[index]
+
+
+def test_the_last_stage_holds_the_models_output_a_tp_rank_its_shard_under_loss_parallelism() -> None:
+    """The model's output (the last unit's `output_bytes`, an LM's logits) is what a stage ending at the last unit
+    holds per in-flight microbatch (`held_outputs`: the cuts elsewhere), interpolated between profiled sizes; a TP
+    rank holds all of it when the head gathers its logits and 1/tp of it under loss parallelism; the body of a
+    vocabulary-parallel plan hands the output pass its hidden states instead."""
+    import numpy as np
+
+    from autopp.costmodel import stage_costs
+    from autopp.costmodel.units import ProfileTable
+    from autopp.costmodel.vocab import body_arrays
+    from autopp.data.synthetic_profile import synthetic_profile
+    from autopp.data.tp_plan import LOSS_PARALLEL
+
+    profile = synthetic_profile(4, tp_degrees=(2,))
+    head = profile.units[profile.units.unit == 3].set_index("microbatch_size").output_bytes
+    a = unit_arrays(profile, 4)  # between the profiled sizes 1 and 8
+    assert a.model_output == pytest.approx(head[1] + (head[8] - head[1]) * 3 / 7) and a.model_output > 0
+    assert list(a.held_outputs()) == [*a.cut[:-1], a.model_output] and a.cut[-1] == 0
+    assert [c.output_bytes for c in stage_costs(a, [(0, 2), (2, 4)], [1.0, 1.0])] == [a.cut[2], a.model_output]
+    assert ProfileTable(profile, tp=2).arrays(4).model_output == a.model_output  # gathered logits, whole
+    sharded = replace(profile, meta=replace(profile.meta, tp_plan={**profile.meta.tp_plan, "head": LOSS_PARALLEL}))
+    assert ProfileTable(sharded, tp=2).arrays(4).model_output == a.model_output / 2
+    assert body_arrays(a).model_output == a.cut[3] and np.array_equal(body_arrays(a).cut, a.cut)

@@ -52,6 +52,14 @@ def test_linear_flops_per_phase() -> None:
     assert c.backward.total_flops == 2 * f
 
 
+def test_the_last_piece_records_the_models_output_before_the_loss() -> None:
+    """The last piece's output bytes are what its module returns (the model's output, which torch's last stage holds
+    per in-flight microbatch until its backward), not its loss's; another piece's are its output's too."""
+    assert _count(_meta_linear(), (B, IN), last=True).output_bytes == B * OUT * 4
+    assert _count(_meta_linear(), (B, IN)).output_bytes == B * OUT * 4
+    assert _count(_meta_linear(), (2 * B, IN), last=True).output_bytes == 2 * B * OUT * 4
+
+
 def test_selective_recomputation_keeps_the_matmul_and_reruns_the_rest() -> None:
     """Under selective recomputation a Linear + GELU piece keeps the matmul's output (b x out floats) and reruns the
     GELU alone: no FLOPs of a matmul, the GELU's bytes (its input and its output)."""
