@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--steps", type=POSITIVE, default=3, help="training steps (default 3)")
     p.add_argument("--timeout", type=SECONDS, default=300.0,
                    help="seconds before the run is stopped (default 300)")
-    p.add_argument("--report", help="run report JSON path (default PLAN.report.json)")
+    p.add_argument("--report", help="run report JSON path (default: the plan's, .json -> .report.json)")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="also log every rank's own lines (stages built, relays, each rank's steps)")
     p.add_argument("--nnodes", type=POSITIVE, help="run through torchrun on this many machines (docs/launch.md)")

@@ -3,16 +3,20 @@
 Action timing wraps each stage's `forward_one_chunk` (F, with the last stage's loss: `StepRecorder.timed_loss`),
 `backward_one_chunk` (B, or I when `full_backward=False`) and `backward_weight_one_chunk` (W); waits wrap torch's
 private `schedules._wait_batch_p2p`, through which every schedule waits for its sends and receives. Peak memory is
-`torch.cuda.max_memory_allocated` on a GPU; on CPU it is estimated as parameters + gradients + optimizer state
-plus the peak of the bytes autograd keeps saved for backward (saved-tensor hooks, each storage counted once,
-parameters excluded), the quantity the profiler measures per unit. With ZeRO 1/3 the static part follows the
-planner's terms per unit, P + P/d + G + O/d (docs/parallelism.md), and FSDP2's gathered parameters are parameters,
-not saved activations.
+`torch.cuda.max_memory_allocated` on a GPU. On CPU (`cpu_memory_method`), where no tensor of the step is a DTensor
+(tp 1, cp 1, ep 1, ZeRO 0), "live": parameters + optimizer state + the most bytes of live storages that torch's
+operators created during one step (`autopp.measure.memory.LiveBytes`, as the profiler measures a unit's peak:
+activations, the stage's outputs torch keeps, gradients, temporaries); otherwise "estimate": parameters + gradients +
+optimizer state plus the peak of the bytes autograd keeps saved for backward (saved-tensor hooks, each storage
+counted once, parameters excluded), the held model without outputs and temporaries. With ZeRO 1/3 the static part
+follows the planner's terms per unit, P + P/d + G + O/d (docs/parallelism.md), and FSDP2's gathered parameters are
+parameters, not saved activations.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -22,11 +26,13 @@ import torch
 from torch.distributed.pipelining import schedules as _torch_schedules
 from torch.distributed.tensor import DTensor
 
+from ..data.layout import Layout
 from ..data.zero import NO_ZERO, ZeroStage
-from ..measure.memory import storage_key
+from ..measure.memory import LiveBytes, storage_key
 from .parallel import local
 
-__all__ = ["ActionRecord", "StepRecorder", "SavedBytes", "static_bytes", "record_waits"]
+__all__ = ["ActionRecord", "StepRecorder", "SavedBytes", "static_bytes", "record_waits", "cpu_memory_method",
+           "probe_peak"]
 
 
 @dataclass
@@ -205,3 +211,36 @@ def _unsharded_bytes(p: torch.Tensor) -> int:
         if placement.is_shard() and i < len(names) and names[i] == "tp":
             tp *= p.device_mesh.size(i)
     return _nbytes(p) // tp
+
+
+def cpu_memory_method(layout: Layout) -> str:
+    """How a CPU rank's peak is found (the report's `memory_method`): "live" where the step's tensors are plain ones
+    (tp 1, cp 1, ep 1, ZeRO 0), which `LiveBytes` sees whole; "estimate" where DTensors (tensor, context and expert
+    parallelism, FSDP2) hide their storages from a dispatch mode."""
+    plain = layout.tp == 1 and layout.cp == 1 and layout.ep == 1 and layout.zero.replicated
+    return "live" if plain else "estimate"
+
+
+def probe_peak(step: Callable[[], None], method: str, saved: SavedBytes, params: Sequence[torch.nn.Parameter],
+               optimizer: torch.optim.Optimizer, zero: ZeroStage) -> int:
+    """A CPU rank's peak over one extra, untimed `step()` (its gradients made anew: none may exist before it) by
+    `method` (`cpu_memory_method`): "live", parameters + optimizer state + the most bytes of storages created during
+    it and alive at once (the gradients among them), Python's garbage collector held off as the profiler holds it
+    (`autopp.measure.memory.peak_bytes`); "estimate", `static_bytes` + the peak of the bytes saved for backward."""
+    saved.reset_peak()
+    if method == "live":
+        if any(p.grad is not None for p in params):
+            raise RuntimeError("a live memory probe needs the step's gradients made within it: zero_grad first")
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with LiveBytes() as live:
+                step()
+        finally:
+            if enabled:
+                gc.enable()
+        state = sum(_nbytes(v) for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+        return sum(_nbytes(p) for p in params) + state + live.peak
+    with saved.hooks():
+        step()
+    return static_bytes(params, optimizer, zero) + saved.peak

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import io
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -109,7 +110,9 @@ class VocabRank:
         fed = self.runtime.begin(list(tokens.chunk(m)), list(target.chunk(m)))
         kwargs: dict[str, Any] = {"target": target} if self.is_last else {}
         if fed:
-            self.schedule.step(torch.cat(fed), **kwargs)
+            with warnings.catch_warnings():  # torch's stage reads .grad of its inputs, here chunks of the fed leaves
+                warnings.filterwarnings("ignore", "The .grad attribute of a Tensor that is not a leaf", UserWarning)
+                self.schedule.step(torch.cat(fed), **kwargs)  # the leaves in self.runtime get the gradients
         else:
             self.schedule.step(**kwargs)
         self.runtime.finish()

@@ -52,7 +52,7 @@ from ..data.plan import Plan, load_plan
 from ..data.layout import Coords, Layout, uses_mesh
 from ..spawn import PACKAGE_ENV, package_problem
 from .collect import gather_check, gather_final, gather_results, stage_grads, stage_weights
-from .instrument import SavedBytes, StepRecorder, record_waits, static_bytes
+from .instrument import SavedBytes, StepRecorder, cpu_memory_method, probe_peak, record_waits, static_bytes
 from .data_parallel import check_runnable, sync_mesh
 from .expert_parallel import average_expert_grads, ep_meshes, expert_params
 from .parallel import local, make_mesh
@@ -266,7 +266,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
         if step == 0 and device.type != "cuda":
             with built.running(ring):
                 run.peak_memory = max(run.peak_memory, _probe_memory(schedule, step_args, last, target, device,
-                                                                     saved, static, optimizer))
+                                                                     saved, params, optimizer, plan.layout))
         if args.validate:
             gather_check(args.run_dir, ranks.rank, step, (weights, grads) if mine else ({}, {}))
     if args.validate:
@@ -275,26 +275,27 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, ranks: Ranks, de
                   "device": slot, "stages": [s.stage_index for s in stages], "step_times_s": run.step_times,
                   "losses": run.losses if last else [], "actions": run.actions, "wait_s": run.waits,
                   "phases": run.phases, "peak_memory_bytes": run.peak_memory,
-                  "memory_method": "cuda.max_memory_allocated" if device.type == "cuda" else "estimate",
+                  "memory_method": "cuda.max_memory_allocated" if device.type == "cuda" else
+                  cpu_memory_method(plan.layout),
                   "params": {str(s.stage_index): [n for n, _ in s.submod.named_parameters()] for s in stages}}
     gather_results(args.run_dir, ranks.rank, run_result)
     return run
 
 
 def _probe_memory(schedule: Any, step_args: tuple[Any, ...], last: bool, target: Any, device: torch.device,
-                  saved: SavedBytes, static: int, optimizer: torch.optim.Optimizer) -> int:
-    """CPU peak estimate from one extra, untimed forward and backward of the last step's batch whose gradients are
-    thrown away: saved-tensor hooks cost a few microseconds per saved tensor (~9% of a GPT step), so the timed
-    steps run without them, and the first step is avoided because its one-time shape inference saves tensors too.
-    """
+                  saved: SavedBytes, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                  layout: Layout) -> int:
+    """CPU peak from one extra, untimed forward and backward of the last step's batch whose gradients are thrown
+    away (`probe_peak`): the dispatch mode and the saved-tensor hooks cost time per op and per saved tensor (~9% of
+    a GPT step for the hooks), so the timed steps run without them, and the first step is avoided because its
+    one-time shape inference allocates and saves tensors too."""
     _sync(device)
-    saved.reset_peak()
     step_kwargs = last_stage_kwargs(_to(target, device), []) if last else {}
-    with saved.hooks():
-        schedule.step(*step_args, **step_kwargs)
+    peak = probe_peak(lambda: schedule.step(*step_args, **step_kwargs), cpu_memory_method(layout), saved, params,
+                      optimizer, layout.zero)
     optimizer.zero_grad()
     _sync(device)
-    return static + saved.peak
+    return peak
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

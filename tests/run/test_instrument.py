@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import pytest
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -110,3 +111,37 @@ def test_a_saved_dtensor_counts_its_ranks_shard(fake_world: Callable[[int], None
         y = x.exp()  # saves its output: a DTensor whose shard is 8 x 8 float32
     assert saved.peak == 8 * 8 * 4
     del y
+
+
+def test_a_live_probe_sees_what_the_step_holds_beyond_what_autograd_saves() -> None:
+    """On CPU a plain layout's peak is live: parameters + optimizer state + the most bytes created during the step
+    and alive at once (here the input autograd saves, the output the step keeps as torch's stage keeps its outputs,
+    and the weight's gradient); the estimate sees the saved input and the static bytes only, not the kept output.
+    A layout with DTensors (tp, cp, ep, FSDP2) is estimated."""
+    from autopp.data.layout import Layout
+    from autopp.data.zero import NO_ZERO
+    from autopp.run.instrument import cpu_memory_method, probe_peak
+
+    lin = nn.Linear(256, 256, bias=False)
+    params = list(lin.parameters())
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    kept: list[torch.Tensor] = []
+
+    def step() -> None:
+        x = torch.randn(64, 256)
+        out = lin(x)
+        kept.append(out)  # held until after the backward
+        out.sum().backward()
+        kept.clear()
+
+    kib = 1024
+    live = probe_peak(step, "live", SavedBytes(params), params, optimizer, NO_ZERO)
+    assert 256 * kib + (64 + 64 + 256) * kib <= live <= 256 * kib + (64 + 64 + 256) * kib + kib
+    with pytest.raises(RuntimeError, match="zero_grad first"):  # the gradient would not be counted
+        probe_peak(step, "live", SavedBytes(params), params, optimizer, NO_ZERO)
+    optimizer.zero_grad()
+    estimate = probe_peak(step, "estimate", SavedBytes(params), params, optimizer, NO_ZERO)
+    assert estimate == 2 * 256 * kib + 64 * kib  # parameters, gradient, the saved input
+    assert cpu_memory_method(Layout(pp=2, dp=2)) == "live"
+    assert {cpu_memory_method(Layout(pp=2, dp=2, tp=2)), cpu_memory_method(Layout(dp=2, zero=ZERO[3])),
+            cpu_memory_method(Layout(pp=2, dp=2, ep=2)), cpu_memory_method(Layout(pp=2, cp=2))} == {"estimate"}

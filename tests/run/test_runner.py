@@ -58,7 +58,7 @@ def test_two_stages_per_rank_match_reference_and_are_timed(schedule: str, kinds:
     assert {e.action.kind.value for e in timeline.events} == kinds
     assert len(timeline.events) == 4 * 4 * len(kinds) and report.timeline_step == 1
     assert all(0 <= e.start_s <= e.end_s <= timeline.step_time_s + 1e-3 for e in timeline.events)
-    assert report.memory_method == "estimate" and all(m.peak_memory_bytes > 0 for m in report.ranks)
+    assert report.memory_method == "live" and all(m.peak_memory_bytes > 0 for m in report.ranks)
     assert report.ranks[0].memory_error == pytest.approx(report.ranks[0].peak_memory_bytes / 1000 - 1)
 
 
