@@ -669,6 +669,21 @@ CASES += [
          lambda env: (env.tmp / "c.json").write_text(json.dumps(
              {k: v for k, v in json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()).items()
               if k != "num_hidden_layers"}))),
+    # a tester's Mixtral config without its expert count got transformers' 8 experts; top-k above the experts raised
+    Case("hf-config:moe-without-its-experts",
+         lambda env: ["plan", "--hf-config", str(env.tmp / "x.json"), "--devices", "2", "--memory", "1GiB"],
+         lambda env: f'{env.tmp / "x.json"}: no "num_local_experts" for this mixture of experts (mixtral): '
+                     "transformers would route with its default without a word",
+         lambda env: (env.tmp / "x.json").write_text(json.dumps(
+             {**json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()), "model_type": "mixtral",
+              "architectures": ["MixtralForCausalLM"], "num_experts_per_tok": 2}))),
+    Case("hf-config:moe-top-k-above-its-experts",
+         lambda env: ["plan", "--hf-config", str(env.tmp / "x.json"), "--devices", "2", "--memory", "1GiB"],
+         lambda env: f'{env.tmp / "x.json"}: "num_experts_per_tok" 8 is above "num_local_experts" 4: a token '
+                     "cannot reach more experts than there are",
+         lambda env: (env.tmp / "x.json").write_text(json.dumps(
+             {**json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()), "model_type": "mixtral",
+              "architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 8}))),
     # review: a causal LM's sliding window shorter than the sequence would be dropped by autopp's is_causal SDPA
     Case("hf-config:sliding-window-below-seq-len",
          lambda env: ["plan", "--hf-config", str(env.tmp / "m.json"), "--seq-len", "16", "--devices", "2",
@@ -751,9 +766,13 @@ CASES += [
                       "--memory", "80GiB",
                       "--dp", "3", "--ep", "3", "-o", str(env.tmp / "out.json")],
          lambda env: "--ep 3 does not divide the model's 128 routed experts per layer"),
-    # a new user's: --ep N without --dp or --pp sets dp N, and the error said only "dp(3) does not divide"
-    Case("flag:plan-ep-sets-a-dp-that-does-not-divide", lambda env: _plan_args(env, "--ep", "3"),
-         lambda env: "--ep 3 sets dp 3 (without --pp), which does not divide the 2 devices: give --ep one of [2]"),
+    # a new user's: --ep N whose dp cannot divide the devices; the error said only "dp(3) does not divide", then a
+    # tester's was told to give an --ep that did not divide the experts
+    Case("flag:plan-ep-sets-a-dp-that-does-not-divide",
+         lambda env: ["plan", "--profile", str(ROOT / "profiles" / "qwen3-30b-a3b-h100-sxm-s4096"), "--devices", "6",
+                      "--memory", "80GiB", "--ep", "4", "-o", str(env.tmp / "out.json")],
+         lambda env: "--ep 4 needs a --dp it divides, and dp divides the 6 devices, which 4 does not: give an --ep of "
+                     "[2]"),
     # issue 24's proof axis: expert tensor parallelism is carved beside ep from dp
     Case("flag:plan-etp-without-ep", lambda env: _plan_args(env, "--dp", "2", "--etp", "2"),
          lambda env: "--etp 2 shards the experts of an ep group, and ep is 1: give --ep > 1, or --etp 1"),

@@ -341,11 +341,10 @@ def test_plans_degree_flags_come_from_the_axes_descriptors(monkeypatch: pytest.M
     assert "--cp CP" in out and "--etp ETP" in out  # etp (issue 24's proof axis): its descriptor's Flag alone
     import argparse
     args = argparse.Namespace(pp=None, dp=None, cp=0, tp=2, ep=1, etp=0)
-    assert [cli_plan._pin(args, a, 8) for a in cli_plan._flag_axes()] == [None, None, None, 2, 1, None]
-    # --ep N without --dp: dp N (the runner's ep = dp); --ep auto: dp searched as well
+    assert [cli_plan._pin(args, a) for a in cli_plan._flag_axes()] == [None, None, None, 2, 1, None]
+    # --ep N without --dp: dp searched (test_ep_leaves_dp_searched_among_its_multiples), as with --ep auto
     dp = cli_plan.AXES["dp"]
-    assert cli_plan._pin(argparse.Namespace(pp=None, dp=None, ep=2), dp, 8) == 2
-    assert cli_plan._pin(argparse.Namespace(pp=None, dp=None, ep=0), dp, 8) is None
+    assert cli_plan._pin(argparse.Namespace(pp=None, dp=None, ep=2), dp) is None
 
 
 @pytest.mark.integration  # about a second or more: the unit tier stays under a minute
@@ -524,17 +523,19 @@ def test_the_planning_cores_progress_lines_show_on_a_terminal_and_in_a_log(monke
     assert (logger.level, logger.propagate, logger.handlers) == before
 
 
-@pytest.mark.parametrize("flags, dp", [({"ep": 8}, 8), ({"ep": 8, "pp": 2}, None), ({"ep": 8, "dp": 16}, 16),
-                                       ({"ep": 8, "dp": 0}, None), ({}, None), ({"pp": 2}, None),
-                                       ({"ep": 2, "etp": 2}, 4), ({"ep": 2, "etp": 0}, 2)])
-def test_ep_sets_dp_only_when_neither_dp_nor_pp_is_given(flags: dict[str, int], dp: int | None) -> None:
-    """`--ep 8` alone pins dp 8 (ep = dp); beside `--pp 2` dp is what the devices leave (searched; ep divides it),
-    where pinning it to 8 refused 64 devices as "pp(2) * dp(8) != devices (64)", a dp the user never typed. With
-    `--etp 2`, dp 2 x 2 (a new user's `--ep 2 --etp 2` was told ep x etp must divide dp 2)."""
-    import argparse
-    from autopp.cli.plan import AXES, _pin
-    args = argparse.Namespace(**{"ep": 1, "pp": None, "dp": None, **flags})
-    assert _pin(args, AXES["dp"], 64) == dp
+def test_ep_leaves_dp_searched_among_its_multiples(tmp_path: Path) -> None:
+    """A tester: `--ep 8` alone pinned dp 8 too (until 2026-12-06), and the pipeline that took the rest of the 64
+    devices was 12 % slower than the dp 32 that `--ep auto` found; dp is searched among ep's (x etp's) multiples, as
+    beside `--pp`. On 8 devices of a 4-unit MoE profile the search takes dp 4 with ep 2."""
+    import json
+
+    from .costmodel.test_parallel import _moe_profile
+    _moe_profile().save(tmp_path / "prof")
+    for extra in (["--ep", "2"], ["--ep", "2", "--etp", "2"]):
+        assert main(["plan", "--profile", str(tmp_path / "prof"), "--devices", "8", "--memory", "1GiB",
+                     "--global-batch", "16", *extra, "-o", str(tmp_path / "p.json")]) == 0
+        plan = json.loads((tmp_path / "p.json").read_text())
+        assert (plan["dp"], plan["ep"]) == (4, 2)
 
 
 def test_a_restricted_plan_faster_than_the_unrestricted_tie_says_why(tmp_path: Path,

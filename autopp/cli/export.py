@@ -78,6 +78,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     out = check_output_file(args.output or default_output(args.plan, target), "-o" if args.output else None)
     plan = load_plan(args.plan)
     profile = _profile(args, plan) if args.to in _READ_PROFILE else None
+    if profile is None and target is Target.MEGATRON and plan.layout.ep > 1:  # a tester was told to profile again
+        where = plan.profile_path or DEFAULT_PROFILE_DIR / Path(plan.model_path).stem
+        raise AutoppError(f"{args.plan}: ep {plan.layout.ep}: Megatron-LM needs the model's experts and top-k from "
+                          f"the profile the plan was made from, and {where} has no profile (the plan moved?): give "
+                          "--profile DIR")
     modules = None if profile is None or target is not Target.TORCHTITAN else profile.unit_modules()
     exported = export_plan(plan, target, out, modules, where=args.plan, renames=renames,  # type: ignore[arg-type]
                            moe=None if profile is None else _moe(profile),

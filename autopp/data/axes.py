@@ -157,8 +157,8 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis(name="ep", what="expert parallelism",
          flag=Flag(help="expert-parallel degree: ep groups carved from a stage's dp ranks each hold its experts, "
                         "1 / ep per rank (tp 1; ZeRO 0-2, or 3 at pp 1 as FSDP2; the runner runs ZeRO 0, and 3 at pp "
-                        "1), or auto: 1 and every divisor of dp that divides the experts (default 1; --ep N "
-                        "without --dp or --pp sets dp N, N x E with --etp E)"),
+                        "1), or auto: 1 and every divisor of dp that divides the experts (default 1; beside --ep N "
+                        "dp is searched among N's multiples, N x E's with --etp E)"),
          trainers={"torchtitan": Spelling(
                        degree="parallelism.expert_parallel_degree",
                        note="torchtitan's ExpertParallel shards each MoE layer's experts over ep ranks carved from "

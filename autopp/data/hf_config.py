@@ -33,6 +33,13 @@ SIZE_KEYS: dict[str, tuple[str, ...]] = {
     "vocab_size": (),
 }
 
+#: A mixture of experts' routing keys by model type (the experts per layer, then the experts per token): left out,
+#: transformers fills its class default (Mixtral: 8 experts, top-2) as silently as a size (a tester's config).
+MOE_KEYS: dict[str, tuple[str, str]] = {
+    "mixtral": ("num_local_experts", "num_experts_per_tok"), "gpt_oss": ("num_local_experts", "num_experts_per_tok"),
+    "qwen2_moe": ("num_experts", "num_experts_per_tok"), "qwen3_moe": ("num_experts", "num_experts_per_tok"),
+    "deepseek_v3": ("n_routed_experts", "num_experts_per_tok")}
+
 _WHAT = "Hugging Face config.json"
 _ADVICE = "give the config.json of a Hugging Face model (e.g. examples/configs/llama-3-8b.json)"
 
@@ -108,6 +115,19 @@ def check_size_keys(path: str | Path, values: dict[str, Any]) -> None:
             other = f" (or {', '.join(aliases)})" if aliases else ""
             raise ModelFileError(f"{path}: no \"{key}\"{other}: transformers would build its default size without a "
                                  "word; add the model's own value, as its config.json on the Hub has it")
+    experts_key, top_key = MOE_KEYS.get(str(values.get("model_type")), (None, None))
+    if experts_key is None or top_key is None:
+        return
+    for key in (experts_key, top_key):
+        if key not in given:
+            raise ModelFileError(f"{path}: no \"{key}\" for this mixture of experts ({values['model_type']}): "
+                                 "transformers would route with its default without a word; add the model's own "
+                                 "value, as its config.json on the Hub has it")
+    routed = {**(values.get("text_config") or {}), **values}
+    if isinstance(routed[top_key], int) and isinstance(routed[experts_key], int) and \
+            routed[top_key] > routed[experts_key]:
+        raise ModelFileError(f"{path}: \"{top_key}\" {routed[top_key]} is above \"{experts_key}\" "
+                             f"{routed[experts_key]}: a token cannot reach more experts than there are")
 
 
 def hf_source(path: str | Path, seq_len: int | None = None, task: str = DEFAULT_TASK) -> HfSource:

@@ -60,6 +60,9 @@ def check_context_plan(plan: Plan) -> None:
         what = f"task {hf['task']}" if hf else f"the model file {plan.model_path}"
         raise _refuse(plan, f"autopp run runs context parallelism for HF causal LMs given by --hf-config "
                             f"({', '.join(CP_MODEL_TYPES)}), not {what}")
+    if hf.get("model_type", CP_MODEL_TYPES[0]) not in CP_MODEL_TYPES:  # a plan without it: the model is checked
+        raise _refuse(plan, f"autopp run runs context parallelism for {', '.join(CP_MODEL_TYPES)} causal LMs, not "
+                            f"model_type {hf['model_type']}")
     if layout.tp > 1 or layout.ep > 1 or plan.vocab is not None:
         raise _refuse(plan, f"autopp run runs context parallelism with tp 1, ep 1 and no vocabulary parallelism "
                             f"(plan has tp {layout.tp}, ep {layout.ep}, vocab {'on' if plan.vocab else 'off'})")

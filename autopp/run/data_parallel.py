@@ -20,7 +20,7 @@ from ..errors import RunError
 from .context_run import check_context_plan
 from .expert_parallel import check_expert_parallel
 
-__all__ = ["check_runnable", "sync_mesh", "shard_replicas"]
+__all__ = ["check_runnable", "run_refusal", "sync_mesh", "shard_replicas"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,17 @@ def check_runnable(plan: Plan) -> None:
     if zero.split_backward_refusal and plan.splits_backward:
         raise RunError(f"plan field 'zero' is {zero.stage} beside {plan.schedule.value}'s split backward: "
                        f"{zero.split_backward_refusal}; plan with `zero` 1 or a schedule with full backwards")
+
+
+def run_refusal(plan: Plan) -> str | None:
+    """What `autopp run` refuses of `plan` from the plan alone (`check_runnable`) before any rank starts, or None:
+    `autopp plan` says it in a note (a tester planned ZeRO 1 beside ep on CPU devices and learnt only from the run
+    that it does not run). Every named schedule runs (`Descriptor.runnable`)."""
+    try:
+        check_runnable(plan)
+    except RunError as exc:
+        return str(exc)
+    return None
 
 
 def sync_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:

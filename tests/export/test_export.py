@@ -805,3 +805,17 @@ def test_torch_csv_refuses_sequence_chunks(llama_plans: dict[str, Plan]) -> None
     with pytest.raises(ExportError, match=r"in 4 sequence chunks each \(seq_chunks\), its CSV numbering chunks, "
                                           r"not microbatches"):
         export_plan(plan, Target.TORCH_CSV, "/tmp/x.schedule.csv")
+
+
+def test_an_ep_plan_whose_profile_is_gone_is_told_to_give_it(tmp_path: Path, llama_plans: dict[str, Plan],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A tester moved a plan away from its profile and was told the profile records no num_experts: Megatron's
+    export of an ep plan whose profile is not found asks for --profile, and writes nothing."""
+    from autopp.cli import main
+    plan = replace(llama_plans["dp"], layout=replace(llama_plans["dp"].layout, ep=2),
+                   profile_path=str(tmp_path / "gone"))
+    path = plan.save(tmp_path / "p.plan.json")
+    assert main(["export", str(path), "--to", "megatron"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("has no profile (the plan moved?): give --profile DIR") and "ep 2: Megatron-LM" in err
+    assert not list(tmp_path.glob("*.args"))

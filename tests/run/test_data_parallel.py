@@ -95,3 +95,18 @@ def test_gpt_pp1_dp2_zero3_the_pure_fsdp_layout_matches_one_process(tmp_path: Pa
     assert report.passed and (report.layout.pp, report.layout.zero, report.num_ranks) == (1, ZERO[3], 2)
     assert report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL and len(report.losses) == 2
     assert len(_rank_lines(tmp_path, "ZeRO 3 over 2 ranks: fully_shard(reshard_after_forward=True)")) == 2
+
+
+def test_what_the_runner_refuses_of_a_plan_is_said_from_the_plan_alone() -> None:
+    """`run_refusal`, which `autopp plan` notes: ZeRO 1 beside ep (a tester's CPU plan, refused only when run), a
+    context-parallel HF model type the ranks cannot place positions for (a tester's qwen3_moe); None for what
+    runs."""
+    from autopp.run.data_parallel import run_refusal
+    plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2, dp=2))
+    assert run_refusal(plan) is None
+    beside = replace(plan, layout=replace(plan.layout, ep=2, zero=ZERO[1]))
+    assert "ZeRO 1 and 2 beside ep are planned and exported, not run" in (run_refusal(beside) or "")
+    cp = replace(plan, layout=replace(plan.layout, dp=1, cp=2),
+                 hf_config={"task": "causal-lm", "model_type": "qwen3_moe", "seq_len": 64})
+    assert (run_refusal(cp) or "").endswith("not model_type qwen3_moe; export the plan to torchtitan or megatron, or "
+                                            "re-plan with `--cp 1`")

@@ -177,3 +177,20 @@ def test_finer_units_of_an_hf_config_are_a_model_files() -> None:
     with pytest.raises(InfeasibleError, match=r"use at most 6 devices; .*or finer units: an HF config's units are its "
                                               r"layers, so a model file that builds the model and names SPLIT_POINTS"):
         make_plan(hf, _request(8, ScheduleName.ONE_F_ONE_B))
+
+
+def test_a_mixture_of_experts_that_fits_only_with_expert_parallelism_is_told_so() -> None:
+    """A tester: DeepSeek-V3 on 2,048 H800 was told only to give more memory, where `ep` auto fits; a pinned ep
+    that divides no dp the devices leave is said as such, not as the global batch's fault."""
+    from autopp.data.layout import LayoutPins
+    from tests.costmodel.test_parallel import _moe_profile
+    profile = _moe_profile()
+    request = PlanRequest(cluster=Cluster(num_devices=4, memory_bytes=2_000_000), global_batch=8,
+                          pins=LayoutPins(ep=1, dp=4, pp=1))
+    with pytest.raises(InfeasibleError, match=r"; `ep` auto fits \(ep 2: each rank holds 1/ep of the experts\)$"):
+        make_plan(profile, request)
+    assert make_plan(profile, replace(request, pins=LayoutPins(ep=None, dp=4, pp=1))).layout.ep == 2
+    pinned = replace(request, cluster=Cluster(num_devices=8, memory_bytes=2**30), pins=LayoutPins(ep=4, pp=4, dp=None))
+    with pytest.raises(InfeasibleError, match=r"^`ep` 4 is carved from a stage's data-parallel ranks and divides none "
+                                              r"of the dp degrees \[2\] the 8 devices leave: give a `pp` that leaves"):
+        make_plan(profile, pinned)

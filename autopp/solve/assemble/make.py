@@ -127,6 +127,14 @@ def _check_experts(profile: Profile, request: PlanRequest) -> None:
     if ep not in (None, 1) and experts > 1 and experts % ep:
         raise LayoutError(f"`ep` {ep} does not divide the model's {experts} routed experts per layer (each ep rank "
                           f"holds experts / ep of them): give a divisor of {experts}")
+    devices, etp = request.cluster.num_devices, request.pins.etp or 1
+    if ep not in (None, 1) and request.pins.dp is None and devices % (ep * etp):  # dp is searched among ep's multiples
+        fits = [e for e in range(2, devices + 1) if devices % (e * etp) == 0 and experts % e == 0]
+        with_etp = f" x `etp` {etp}" if etp > 1 else ""
+        raise LayoutError(f"`ep` {ep}{with_etp} needs a `dp` it divides, and dp divides the {devices} devices, which "
+                          f"{ep * etp} does not: " + (f"give an `ep` of {fits}" if fits else
+                                                      f"no `ep` above 1{with_etp} divides both the devices and the "
+                                                      f"model's {experts} experts per layer: plan for other devices"))
 
 
 def _check_recipe(profile: Profile, request: PlanRequest) -> None:

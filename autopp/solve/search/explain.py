@@ -42,6 +42,12 @@ def _no_config(profile: Profile, req: PlanRequest, tp: int = 1) -> InfeasibleErr
         return _looped_single_rank(req, names[0], v, dps[0], tp)
     if all(describe(name).mirrored for name in names):
         return _no_mirror(req, names[0], pps, tp)
+    ep = (req.pins.ep or 1) * (req.pins.etp or 1)
+    if ep > 1 and dps and not any(dp % ep == 0 for dp in dps):  # a tester was told the global batch was the reason
+        which = "`ep`" if ep == (req.pins.ep or 1) else "`ep` x `etp`"
+        return InfeasibleError(f"{which} {ep} is carved from a stage's data-parallel ranks and divides none of the dp "
+                               f"degrees {sorted(set(dps))} the {req.cluster.num_devices * tp} devices leave: give a "
+                               f"`pp` that leaves a dp {ep} divides, or a smaller `ep`")
     counts = [m for dp in dps for m in microbatch_counts(req, dp)]
     if not counts:
         per = f"{req.num_microbatches} microbatches" if req.num_microbatches else "microbatches"
@@ -264,6 +270,11 @@ def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
     devices = _more_devices(profile, req)
     if devices is not None:
         out.append(f"{devices} devices fit")
+    if req.pins.ep == 1 and int(profile.units.moe_layers.sum()) and \
+            int((profile.meta.extra.get("moe") or {}).get("num_experts") or 1) > 1:  # a tester: DeepSeek-V3 said memory
+        found = search(profile, replace(req, pins=replace(req.pins, ep=None), shortlist=1))[0]
+        if found is not None:
+            out.append(f"`ep` auto fits (ep {found.candidate.layout.ep}: each rank holds 1/ep of the experts)")
     return out
 
 
