@@ -17,7 +17,7 @@ from .common import (Exported, axis_notes, carved_lines, group_lines, launch_gri
 from .layers import ExportError, ModelLayers, model_layers, skip_problem
 from .overlap import megatron_overlap
 
-__all__ = ["to_megatron", "layout_string", "data_parallel_flags", "model_problem", "refuse_model", "untie_flags",
+__all__ = ["to_megatron", "layout_string", "data_parallel_flags", "model_problem", "refuse_model", "config_flags",
            "connections_note"]
 
 #: The HF tasks whose model Megatron-LM's pretrain_gpt.py trains (a decoder with a causal language-model loss).
@@ -33,9 +33,10 @@ def data_parallel_flags(plan: Plan) -> list[str]:
     return [*plan.layout.zero.megatron, *plan.layout.zero.megatron_with]
 
 
-def untie_flags(plan: Plan) -> tuple[list[str], list[str]]:
-    """`--untie-embeddings-and-output-weights` when the plan's model is an HF config (`Plan.hf_config` recorded,
-    `Plan.model_path` its config.json) whose `tie_word_embeddings` is false: Megatron-LM ties the output layer to the
+def config_flags(plan: Plan) -> tuple[list[str], list[str]]:
+    """What the plan's HF config says beyond the layout (`Plan.hf_config` recorded, `Plan.model_path` its
+    config.json): its mixture of experts' architecture (`_expert_flags`), and `--untie-embeddings-and-output-weights`
+    where its `tie_word_embeddings` is false: Megatron-LM ties the output layer to the
     embedding unless given it (a store_true flag; its HF loader maps `untie_embeddings_and_output_weights` to `not
     tie_word_embeddings`: megatron/training/arguments.py, NVIDIA/Megatron-LM d98e8a64). A missing key is transformers'
     PretrainedConfig default, tied. (lines, notes): a note where the config cannot be read."""
@@ -46,8 +47,36 @@ def untie_flags(plan: Plan) -> tuple[list[str], list[str]]:
     except ModelFileError as e:
         return [], [f"the plan's HF config could not be read ({e}): give --untie-embeddings-and-output-weights if its "
                     "tie_word_embeddings is false (Megatron-LM ties the output layer to the embedding by default)"]
-    tied = {**(values.get("text_config") or {}), **values}.get("tie_word_embeddings", True)
-    return (["--untie-embeddings-and-output-weights"] if tied is False else []), []
+    config = {**(values.get("text_config") or {}), **values}
+    untie = ["--untie-embeddings-and-output-weights"] if config.get("tie_word_embeddings", True) is False else []
+    return untie + _expert_flags(config), []
+
+
+def _expert_flags(config: Mapping[str, Any]) -> list[str]:
+    """A mixture of experts' architecture beyond the routing the profile records, as Megatron-Core's arguments
+    (megatron/training/arguments.py; a tester's Qwen2-MoE and DeepSeek-V3 exports left their shared experts out):
+    the experts' FFN width (`moe_intermediate_size`, where it differs from the dense `intermediate_size`), shared
+    experts (Qwen2-MoE's gated `shared_expert_intermediate_size`; DeepSeek-V3's `n_shared_experts` of the experts'
+    width) and DeepSeek-V3's router (sigmoid scores, the auxiliary-loss-free bias of `topk_method` noaux_tc, and
+    `routed_scaling_factor`)."""
+    out = []
+    width = config.get("moe_intermediate_size")
+    if isinstance(width, int) and width != config.get("intermediate_size"):
+        out.append(f"--moe-ffn-hidden-size {width}")
+    shared = config.get("shared_expert_intermediate_size")
+    if isinstance(shared, int) and shared > 0:
+        out += [f"--moe-shared-expert-intermediate-size {shared}", "--moe-shared-expert-gate"]
+    count = config.get("n_shared_experts")
+    if isinstance(count, int) and count > 0 and isinstance(width, int):
+        out.append(f"--moe-shared-expert-intermediate-size {count * width}")
+    if config.get("scoring_func") == "sigmoid":
+        out.append("--moe-router-score-function sigmoid")
+    if config.get("topk_method") == "noaux_tc":
+        out.append("--moe-router-enable-expert-bias")
+    scale = config.get("routed_scaling_factor")
+    if isinstance(scale, (int, float)) and scale != 1:
+        out.append(f"--moe-router-topk-scaling-factor {scale}")
+    return out
 
 
 def connections_note(plan: Plan) -> str | None:
@@ -143,12 +172,12 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
              f"--micro-batch-size {plan.microbatch_size}",
              f"--global-batch-size {plan.global_batch}"]
     settings, setting_notes = made_for(plan, "megatron")
-    untie, untie_notes = untie_flags(plan)
-    lines += settings + untie
+    from_config, config_notes = config_flags(plan)
+    lines += settings + from_config
     connections = connections_note(plan)
     notes = [f"Megatron: launch {plan.num_ranks} ranks (world size {launch_grid(plan, 'megatron')}; "
-             "Megatron derives dp from the world size and orders ranks tp, dp, pp from the innermost, as autopp "
-             "does)", *([connections] if connections else []), *setting_notes, *untie_notes,
+             "Megatron derives dp from the world size and orders ranks tp, cp, dp, pp from the innermost, as autopp "
+             "does)", *([connections] if connections else []), *setting_notes, *config_notes,
              optimizer_note(plan, "megatron"), *axis_notes(plan, "megatron"), *loss_parallel_notes(plan, "megatron")]
     if "|" in layout:
         notes.append(f"the file is for $(cat FILE), where the shell takes the layout's `|` as part of the word; "

@@ -753,3 +753,33 @@ def test_deepspeed_config_has_no_fp8(deepspeed) -> None:  # type: ignore[no-unty
     from deepspeed.runtime import config
     source = Path(config.__file__).read_text()
     assert "bf16" in source and "fp8" not in source.lower()
+
+
+def test_a_mixture_of_experts_architecture_is_exported_from_its_config(  # type: ignore[no-untyped-def]
+        megatron, tmp_path: Path, llama_plans: dict[str, Plan]) -> None:
+    """A tester's Qwen2-MoE and DeepSeek-V3 exports left out their shared experts and DeepSeek's router: read from
+    the plan's HF config, the experts' width, the shared experts (gated for Qwen2-MoE) and DeepSeek-V3's sigmoid
+    scores, expert bias and scaling are written, as megatron-core's TransformerConfig fields."""
+    import json
+
+    from .conftest import ROOT
+    moe = {"num_experts": 8, "top_k": 2}
+    plan = dataclasses.replace(llama_plans["dp"], layout=dataclasses.replace(llama_plans["dp"].layout, ep=2),
+                               hf_config={"task": "causal-lm", "seq_len": 64, "model_type": "deepseek_v3"},
+                               model_path=str(ROOT / "examples" / "configs" / "deepseek-v3.json"))
+    text = export_plan(plan, Target.MEGATRON, "x", moe=moe).text
+    lines = text.splitlines()
+    assert lines[lines.index("--moe-ffn-hidden-size 2048"):][:5] == [
+        "--moe-ffn-hidden-size 2048", "--moe-shared-expert-intermediate-size 2048", "--moe-router-score-function sigmoid",
+        "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor 2.5"]
+    cfg, _, _ = _megatron_config(text.replace(" 2.5\n", " 2\n"))  # its parser takes floats; this test's, integers
+    assert (cfg.moe_ffn_hidden_size, cfg.moe_shared_expert_intermediate_size, cfg.moe_router_score_function) == \
+        (2048, 2048, "sigmoid") and cfg.moe_router_enable_expert_bias
+    qwen2 = tmp_path / "qwen2moe.json"
+    qwen2.write_text(json.dumps({"model_type": "qwen2_moe", "intermediate_size": 5632, "moe_intermediate_size": 1408,
+                                 "shared_expert_intermediate_size": 5632, "tie_word_embeddings": False}))
+    lines = export_plan(dataclasses.replace(plan, model_path=str(qwen2)), Target.MEGATRON, "x", moe=moe).text.split()
+    assert "--moe-shared-expert-gate" in lines and lines[lines.index("--moe-shared-expert-intermediate-size") + 1] == \
+        "5632" and lines[lines.index("--moe-ffn-hidden-size") + 1] == "1408"
+    dense = export_plan(llama_plans["dp"], Target.MEGATRON, "x").text
+    assert "--moe-" not in dense
