@@ -22,7 +22,7 @@ profiles/llama-3.1-8b-h100-sxm-s32768) the planner instead: `make_plan` on --pp 
 --microbatches sequences per step, searched (Seq1F1B offered), the named schedules alone (its note's figures), and
 1F1B pinned with recomputation searched and with every stage keeping its activations.
 
-    .venv/bin/python scripts/bench_seqpipe.py --profile profiles/llama-3.1-8b-h100-sxm-s32768 --pp 8
+    .venv/bin/python scripts/bench_seqpipe.py --profile profiles/llama-3.1-8b-h100-sxm-s32768 --pp 16 --microbatches 16
 """
 
 from __future__ import annotations
