@@ -139,7 +139,8 @@ def format_breakdown(plan: Plan) -> str:
             for name, exposed, hidden in b.rows(plan.layout.pp)
             if exposed > 0 or hidden > 0 or name == "pipeline bubble"]  # a bubble of 0 is worth saying
     total = sum(exposed for _, exposed, _ in rows) or 1.0
-    times, hiddens = _times([e for _, e, _ in rows]), _times([h for _, _, h in rows])  # each column in one unit
+    both = _times([*(e for _, e, _ in rows), *(h for _, _, h in rows)])  # one unit for the time and hidden columns
+    times, hiddens = both[:len(rows)], both[len(rows):]
     table = _table(["where the step goes", "time", "share", "hidden by overlap"],
                    [[name, times[i], f"{exposed / total:.1%}", hiddens[i] if hidden else ""]
                     for i, (name, exposed, hidden) in enumerate(rows)])
@@ -199,7 +200,8 @@ def format_plan(plan: Plan) -> str:
     head = (f"{plan.schedule.value} on {_count(plan.num_ranks, 'rank')} ({format_grid(plan.layout)}, "
             f"{_count(plan.layout.v, 'stage')} per rank{ways}), "
             f"{format_microbatches(plan.num_microbatches, plan.microbatch_size)} per replica (global batch "
-            f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device")
+            f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device"
+            + (f", {plan.precision} recipe" if plan.precision else ""))  # a tester: bf16, bf16-pure or fp8 unsaid
     if plan.seq_chunks is not None:
         head += f"\nsequence pipelining: {format_chunks(plan)} run one after another as units"
     if plan.vocab is not None:

@@ -72,7 +72,7 @@ def place_devices(a: UnitArrays, cluster: Cluster, microbatches: int, inflight: 
     for k in range(p):
         load = sum(int(work[u]) * 1000 * x[u, k] for u in range(n)) + 1000 * start_load(a, end, k, resolution)
         need = sum(int(mem[k][u]) * x[u, k] for u in range(n)) + stage_transient_var(model, x, a, k) \
-            + output_load(a, end, k, inflight[k])
+            + output_load(a, end, k, inflight[k], p)
         for d, dev in enumerate(devices):
             model.add(stage_t[k] * int(round(dev.speed * 1000)) >= load).only_enforce_if(y[k, d])
             model.add(need <= dev.memory_bytes).only_enforce_if(y[k, d])

@@ -64,7 +64,7 @@ def solve_cpsat(a: UnitArrays, spec: PipeSpec, time_limit_s: float = 10.0, resol
     if spec.memory:
         for k in range(s_count):
             model.add(sum(int(mem_unit[k][u]) * x[u, k] for u in range(n)) + stage_transient_var(model, x, a, k)
-                      + output_load(a, end, k, inflight[k]) <= int(spec.memory[k]))
+                      + output_load(a, end, k, inflight[k], s_count) <= int(spec.memory[k]))
     # Objective: sum_s T_s + 2 sum_s c_s + (m - 1) Tmax.
     comm_term = sum(2 * comm[k][j] * end[j, k] for j in range(1, n) for k in range(s_count - 1))
     model.minimize(sum(stage_t) + comm_term + (spec.microbatches - 1) * t_max)
@@ -102,10 +102,13 @@ def start_load(a: UnitArrays, end: Assign, k: int, resolution: float) -> cp_mode
     return sum(int(start[j]) * end[j, k - 1] for j in range(1, a.n) if start[j])
 
 
-def output_load(a: UnitArrays, end: Assign, k: int, inflight: int) -> cp_model.LinearExpr | int:
-    """Stage k's outputs held per in-flight microbatch (`costmodel.stage_outputs`): the cut where it ends, times
-    `inflight`; 0 for the last stage, whose end is the model's."""
+def output_load(a: UnitArrays, end: Assign, k: int, inflight: int, stages: int) -> cp_model.LinearExpr | int:
+    """Stage k of `stages`'s outputs held per in-flight microbatch (`costmodel.stage_outputs`): the cut where it
+    ends, times `inflight`; for the last stage, which ends at the model's end, the model's output (a reviewer: it
+    was left out, so CP-SAT placed splits the DP found too big)."""
     out = np.round(stage_outputs(a, inflight)).astype(np.int64)
+    if k == stages - 1:
+        return int(out[a.n])
     return sum(int(out[j]) * end[j, k] for j in range(1, a.n) if (j, k) in end and out[j])
 
 
