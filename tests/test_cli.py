@@ -564,3 +564,19 @@ def test_the_readmes_command_synopsis_lists_every_flag() -> None:
                if action.option_strings and "--help" not in action.option_strings
                and not any(listed(flag) for flag in action.option_strings)]
     assert not missing, missing
+
+
+@pytest.mark.integration
+def test_planning_from_a_profile_imports_no_torch(tmp_path: Path) -> None:
+    """A reviewer: the plan's note of what `autopp run` would refuse imported torch, FSDP2 and DTensor into every
+    `autopp plan --profile` (0.5 s -> 2.6 s); the runner's rules are torch-free (autopp.solve.search.runnable)."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+    script = ("import sys\nfrom autopp.cli import main\n"
+              f"assert main(['plan', '--profile', {str(ROOT / 'profiles' / 'gpt')!r}, '--devices', '2', '--memory', "
+              f"'1GiB', '--global-batch', '8', '-o', {str(tmp_path / 'p.json')!r}]) == 0\n"
+              "assert 'torch' not in sys.modules\nprint('torch-free')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "torch-free", done.stderr

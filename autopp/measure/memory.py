@@ -18,8 +18,8 @@ from ..schedule.activation import SAVED_OPS
 from ..model.experts import expert_bytes
 from .options import OPTIMIZER_STATES
 
-__all__ = ["tensors_in", "storage_bytes", "value_bytes", "saved_bytes", "static_bytes", "peak_bytes", "LiveBytes",
-           "storage_key", "PEAK_HOW", "SavedOps", "ReplaySaved"]
+__all__ = ["tensors_in", "storage_bytes", "value_bytes", "saved_bytes", "static_bytes", "peak_bytes", "live_peak",
+           "LiveBytes", "storage_key", "PEAK_HOW", "SavedOps", "ReplaySaved"]
 
 #: How `peak_bytes` measures, by device type (stored with the peaks in a profile's `extra.peak_bytes_how`).
 PEAK_HOW = {"cuda": "torch.cuda.max_memory_allocated - memory_allocated before",
@@ -125,6 +125,20 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+def live_peak(run: Callable[[], None]) -> int:
+    """The most bytes of storages created during `run()` and alive at once (`LiveBytes`), Python's garbage collector
+    held off while it runs (`peak_bytes` says why)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with LiveBytes() as live:
+            run()
+    finally:
+        if enabled:
+            gc.enable()
+    return live.peak
+
+
 def peak_bytes(device: torch.device, forward_backward: Callable[[], None]) -> int:
     """The most memory allocated during `forward_backward()`, above what was allocated before: on CUDA from the
     allocator's statistics, on CPU from `LiveBytes` (PEAK_HOW), with Python's garbage collector held off while it
@@ -133,15 +147,7 @@ def peak_bytes(device: torch.device, forward_backward: Callable[[], None]) -> in
     extrapolated k-fold, turned such a moment into a peak 21 % off; so a cycle is counted until the run ends, as a
     run without a collection holds it."""
     if device.type != "cuda":
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            with LiveBytes() as live:
-                forward_backward()
-        finally:
-            if enabled:
-                gc.enable()
-        return live.peak
+        return live_peak(forward_backward)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)

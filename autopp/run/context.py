@@ -32,6 +32,7 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..errors import ContextParallelError
+from ..solve.search.runnable import sequence_refusal
 
 __all__ = ["RotateMethod", "RingConfig", "SdpaMode", "check_sequence", "check_attention", "shard_sequence",
            "ring_attention", "context_parallel_backward"]
@@ -86,11 +87,8 @@ def _torch_ring(config: RingConfig) -> Iterator[_TorchRing]:
 def check_sequence(seq_len: int, cp: int, balance: bool) -> None:
     """Raise ContextParallelError unless a sequence of `seq_len` tokens splits evenly over `cp` ranks (into 2·cp
     chunks with causal load balancing, as torch's head-tail balancer and torchtitan require)."""
-    parts = 2 * cp if balance else cp
-    if cp < 1 or seq_len % parts:
-        rule = "2*cp" if balance else "cp"
-        raise ContextParallelError(f"context parallelism needs seq % ({rule}) == 0 (seq {seq_len}, cp {cp}"
-                                   f"{', causal load balancing' if balance else ''})")
+    if why := sequence_refusal(seq_len, cp, balance):
+        raise ContextParallelError(why)
 
 
 def shard_sequence(tensor: torch.Tensor, seq_dim: int, config: RingConfig) -> torch.Tensor:

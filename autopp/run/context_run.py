@@ -24,56 +24,27 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.hf_config import DEFAULT_TASK
 from ..data.plan import Plan
 from ..errors import RunError
 from ..model.hf import CAUSAL_ATTENTION
-from ..schedule import describe
-from .context import RingConfig, check_sequence, shard_sequence
+from ..solve.search.runnable import CP_MODEL_TYPES, context_refusal, cp_refusal
+from .context import RingConfig, shard_sequence
 
 __all__ = ["CP_MODEL_TYPES", "POSITIONS", "check_context_plan", "check_context_model", "rotary_modules",
            "own_positions", "shard_batch"]
 
-#: HF model types whose causal LM the runner runs under cp: decoders that read token positions only through their
-#: rotary embedding module (`forward(x, position_ids)`), checked on CPU ranks against one process
-#: (tests/run/test_context_run.py). Mistral ran validated too but is not listed: its sliding window is not applied by
-#: `CAUSAL_ATTENTION` (no mask), so beyond the window neither the reference nor the run is Mistral.
-CP_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 #: The buffer a rotary embedding module gets with the rank's positions (`own_positions`).
 POSITIONS = "autopp_positions"
 
 
 def _refuse(plan: Plan, why: str) -> RunError:
-    return RunError(f"plan field 'cp' is {plan.layout.cp}: {why}; export the plan to torchtitan or megatron, or "
-                    "re-plan with `--cp 1`")
+    return RunError(cp_refusal(plan, why))
 
 
 def check_context_plan(plan: Plan) -> None:
-    """Refuse, in one line, a plan with cp > 1 that the runner does not run (module docstring): a model file, a task
-    other than causal-lm, tp or ep above 1, vocabulary parallelism, a schedule that does not run whole microbatches,
-    or a sequence that does not split into 2 x cp chunks."""
-    layout = plan.layout
-    if layout.cp == 1:
-        return
-    hf = plan.hf_config
-    if not hf or hf.get("task", DEFAULT_TASK) != DEFAULT_TASK:
-        what = f"task {hf['task']}" if hf else f"the model file {plan.model_path}"
-        raise _refuse(plan, f"autopp run runs context parallelism for HF causal LMs given by --hf-config "
-                            f"({', '.join(CP_MODEL_TYPES)}), not {what}")
-    if hf.get("model_type", CP_MODEL_TYPES[0]) not in CP_MODEL_TYPES:  # a plan without it: the model is checked
-        raise _refuse(plan, f"autopp run runs context parallelism for {', '.join(CP_MODEL_TYPES)} causal LMs, not "
-                            f"model_type {hf['model_type']}")
-    if layout.tp > 1 or layout.ep > 1 or plan.vocab is not None:
-        raise _refuse(plan, f"autopp run runs context parallelism with tp 1, ep 1 and no vocabulary parallelism "
-                            f"(plan has tp {layout.tp}, ep {layout.ep}, vocab {'on' if plan.vocab else 'off'})")
-    d = describe(plan.schedule)
-    if d.mirrored or d.sequence_chunks:
-        raise _refuse(plan, f"autopp run runs context parallelism under schedules that run each microbatch whole, "
-                            f"not {plan.schedule.value}")
-    try:
-        check_sequence(int(hf["seq_len"]), layout.cp, balance=True)
-    except RunError as exc:
-        raise _refuse(plan, str(exc)) from None
+    """Refuse, in one line, a plan with cp > 1 that the runner does not run (module docstring; `context_refusal`)."""
+    if why := context_refusal(plan):
+        raise RunError(why)
 
 
 def rotary_modules(model: nn.Module) -> list[str]:

@@ -15,41 +15,20 @@ from torch.distributed.fsdp import fully_shard
 
 from ..data.layout import Layout
 from ..data.plan import Plan
-from ..data.zero import SEARCHED_ZERO, ZeroStage
+from ..data.zero import ZeroStage
 from ..errors import RunError
-from .context_run import check_context_plan
-from .expert_parallel import check_expert_parallel
+from ..solve.search.runnable import run_refusal
 
-__all__ = ["check_runnable", "run_refusal", "sync_mesh", "shard_replicas"]
+__all__ = ["check_runnable", "sync_mesh", "shard_replicas"]
 
 logger = logging.getLogger(__name__)
 
 
 def check_runnable(plan: Plan) -> None:
-    """Refuse what torch.distributed.pipelining cannot run (a ZeRO stage's `not_runnable`, or its
-    `split_backward_refusal` under a schedule or order that splits backward), the expert-parallel
-    layouts the runner does not run (`check_expert_parallel`), and the context-parallel plans it does not run
-    (`check_context_plan`)."""
-    check_expert_parallel(plan.layout)
-    check_context_plan(plan)
-    zero = plan.layout.zero
-    if zero.not_runnable is not None:
-        raise RunError(f"plan field 'zero' is {zero.stage}: {zero.not_runnable}; plan with `zero` "
-                       f"{' or '.join(str(z.stage) for z in SEARCHED_ZERO if not z.replicated)}")
-    if zero.split_backward_refusal and plan.splits_backward:
-        raise RunError(f"plan field 'zero' is {zero.stage} beside {plan.schedule.value}'s split backward: "
-                       f"{zero.split_backward_refusal}; plan with `zero` 1 or a schedule with full backwards")
-
-
-def run_refusal(plan: Plan) -> str | None:
-    """What `autopp run` refuses of `plan` from the plan alone (`check_runnable`) before any rank starts, or None:
-    `autopp plan` says it in a note (a tester planned ZeRO 1 beside ep on CPU devices and learnt only from the run
-    that it does not run). Every named schedule runs (`Descriptor.runnable`)."""
-    try:
-        check_runnable(plan)
-    except RunError as exc:
-        return str(exc)
-    return None
+    """Refuse in one line what the runner does not run of `plan`'s layout (`run_refusal`, torch-free: what torch's
+    pipelining cannot run of a ZeRO stage, expert and context parallelism beside what the runner runs them with)."""
+    if why := run_refusal(plan):
+        raise RunError(why)
 
 
 def sync_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:

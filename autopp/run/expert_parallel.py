@@ -53,6 +53,7 @@ from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from ..data.layout import Layout
 from ..errors import RunError
+from ..solve.search.runnable import expert_refusal
 from ..model.experts import is_experts
 
 __all__ = ["ExpertParallel", "check_expert_parallel", "ep_meshes", "parallelize_experts", "shard_experts",
@@ -170,19 +171,9 @@ class _EpForward:
 
 
 def check_expert_parallel(layout: Layout) -> None:
-    """Refuse the layouts the runner cannot run expert-parallel: ep (x etp) must divide dp (the ep groups are carved
-    from a stage's data-parallel ranks), without tensor or context parallelism, with ZeRO 0, or ZeRO 3 at pp 1
-    (FSDP2 without a pipeline, `Layout.fsdp`: `shard_experts`) and etp 1."""
-    if layout.ep == 1:
-        return
-    carved = "ep" if layout.etp == 1 else "ep x etp"
-    if layout.dp % (layout.ep * layout.etp) or layout.group > 1 or not (
-            layout.zero.replicated or layout.fsdp and layout.etp == 1):
-        raise RunError(f"plan field 'ep' is {layout.ep}" + (f" (etp {layout.etp})" if layout.etp > 1 else "")
-                       + f" with pp {layout.pp}, dp {layout.dp}, cp {layout.cp}, tp {layout.tp}, zero "
-                       f"{layout.zero.stage}: autopp runs expert parallelism with {carved} dividing dp, cp 1, tp 1 "
-                       "and zero 0, or zero 3 at pp 1" + (" with etp 1" if layout.etp > 1 else "")
-                       + " (ZeRO 1 and 2 beside ep are planned and exported, not run); re-plan with `--ep 1` or those")
+    """Refuse the layouts the runner cannot run expert-parallel (`expert_refusal`, torch-free), in one line."""
+    if why := expert_refusal(layout):
+        raise RunError(why)
 
 
 @functools.lru_cache(maxsize=8)

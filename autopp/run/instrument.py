@@ -16,7 +16,6 @@ parameters, not saved activations.
 from __future__ import annotations
 
 import contextlib
-import gc
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from ..data.layout import Layout
 from ..data.zero import NO_ZERO, ZeroStage
-from ..measure.memory import LiveBytes, storage_key
+from ..measure.memory import live_peak, storage_key
 from .parallel import local
 
 __all__ = ["ActionRecord", "StepRecorder", "SavedBytes", "static_bytes", "record_waits", "cpu_memory_method",
@@ -231,16 +230,9 @@ def probe_peak(step: Callable[[], None], method: str, saved: SavedBytes, params:
     if method == "live":
         if any(p.grad is not None for p in params):
             raise RuntimeError("a live memory probe needs the step's gradients made within it: zero_grad first")
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            with LiveBytes() as live:
-                step()
-        finally:
-            if enabled:
-                gc.enable()
+        peak = live_peak(step)
         state = sum(_nbytes(v) for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))
-        return sum(_nbytes(p) for p in params) + state + live.peak
+        return sum(_nbytes(p) for p in params) + state + peak
     with saved.hooks():
         step()
     return static_bytes(params, optimizer, zero) + saved.peak
