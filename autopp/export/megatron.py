@@ -55,7 +55,9 @@ def config_flags(plan: Plan) -> tuple[list[str], list[str]]:
 def _expert_flags(config: Mapping[str, Any]) -> list[str]:
     """A mixture of experts' architecture beyond the routing the profile records, as Megatron-Core's arguments
     (megatron/training/arguments.py; a tester's Qwen2-MoE and DeepSeek-V3 exports left their shared experts out):
-    the experts' FFN width (`moe_intermediate_size`, where it differs from the dense `intermediate_size`), shared
+    the experts' FFN width (`moe_intermediate_size`, where it differs from the dense `intermediate_size`), the
+    router's softmax over every expert where the top-k weights are not renormalized (`norm_topk_prob` false, as
+    Qwen2-MoE's; Megatron's softmax is over the top-k unless `--moe-router-pre-softmax`), shared
     experts (Qwen2-MoE's gated `shared_expert_intermediate_size`; DeepSeek-V3's `n_shared_experts` of the experts'
     width) and DeepSeek-V3's router (sigmoid scores, the auxiliary-loss-free bias of `topk_method` noaux_tc, and
     `routed_scaling_factor`)."""
@@ -63,6 +65,8 @@ def _expert_flags(config: Mapping[str, Any]) -> list[str]:
     width = config.get("moe_intermediate_size")
     if isinstance(width, int) and width != config.get("intermediate_size"):
         out.append(f"--moe-ffn-hidden-size {width}")
+    if config.get("norm_topk_prob") is False and config.get("scoring_func", "softmax") == "softmax":
+        out.append("--moe-router-pre-softmax")  # Qwen2-MoE: softmax over every expert, the top-k weights kept
     shared = config.get("shared_expert_intermediate_size")
     if isinstance(shared, int) and shared > 0:
         out += [f"--moe-shared-expert-intermediate-size {shared}", "--moe-shared-expert-gate"]

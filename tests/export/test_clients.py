@@ -777,9 +777,13 @@ def test_a_mixture_of_experts_architecture_is_exported_from_its_config(  # type:
         (2048, 2048, "sigmoid") and cfg.moe_router_enable_expert_bias
     qwen2 = tmp_path / "qwen2moe.json"
     qwen2.write_text(json.dumps({"model_type": "qwen2_moe", "intermediate_size": 5632, "moe_intermediate_size": 1408,
-                                 "shared_expert_intermediate_size": 5632, "tie_word_embeddings": False}))
-    lines = export_plan(dataclasses.replace(plan, model_path=str(qwen2)), Target.MEGATRON, "x", moe=moe).text.split()
+                                 "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
+                                 "tie_word_embeddings": False}))
+    text = export_plan(dataclasses.replace(plan, model_path=str(qwen2)), Target.MEGATRON, "x", moe=moe).text
+    lines = text.split()
     assert "--moe-shared-expert-gate" in lines and lines[lines.index("--moe-shared-expert-intermediate-size") + 1] == \
         "5632" and lines[lines.index("--moe-ffn-hidden-size") + 1] == "1408"
+    cfg, _, _ = _megatron_config(text)  # Qwen2-MoE's weights are a softmax over every expert, not renormalized
+    assert cfg.moe_router_pre_softmax and cfg.moe_shared_expert_gate and cfg.moe_shared_expert_intermediate_size == 5632
     dense = export_plan(llama_plans["dp"], Target.MEGATRON, "x").text
     assert "--moe-" not in dense

@@ -307,7 +307,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     notes.extend(_node_notes(request.cluster, c))
     notes.extend(_parallel_notes(profile, c, request.cluster))
     notes.extend(_experts_unsearched(profile, request, c))
-    notes.extend(profile_notes(profile, c.microbatches, c.microbatch_size))
+    notes.extend(profile_notes(profile, c.microbatches, c.microbatch_size, vocab=best.passes is not None))
     notes.extend(_seq_note(c))
     notes.extend(_overlap_notes(request, a, c))
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \

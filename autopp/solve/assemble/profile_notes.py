@@ -8,10 +8,12 @@ from ...data.profile import Profile
 __all__ = ["profile_notes"]
 
 
-def profile_notes(profile: Profile, microbatches: int, size: int) -> list[str]:
-    """The notes of a plan of `microbatches` microbatches of `size` samples made from `profile`."""
-    return [*_batch_norm_note(profile, microbatches, size), *_recipe_note(profile), *_output_note(profile),
-            *_size_note(profile, size)]
+def profile_notes(profile: Profile, microbatches: int, size: int, vocab: bool = False) -> list[str]:
+    """The notes of a plan of `microbatches` microbatches of `size` samples made from `profile` (`vocab`: with
+    vocabulary parallelism, whose last stage holds the hidden states it hands the output pass, not the model's
+    output: `autopp.costmodel.vocab.body_arrays`)."""
+    return [*_batch_norm_note(profile, microbatches, size), *_recipe_note(profile),
+            *([] if vocab else _output_note(profile)), *_size_note(profile, size)]
 
 
 def _size_note(profile: Profile, size: int) -> list[str]:
