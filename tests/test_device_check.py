@@ -44,7 +44,7 @@ def test_cpu_path_runs_every_step_and_keeps_the_results(tmp_path: Path) -> None:
         assert (out / "profiles" / name / "meta.json").is_file()
         assert json.loads((out / "calibration" / f"{name}.json").read_text())["device"] == "cpu"
     report = json.loads((out / "reports" / "gpt-1gpu.report.json").read_text())
-    assert report["passed"] and report["num_ranks"] == 1 and report["memory_method"] == "estimate"
+    assert report["passed"] and report["num_ranks"] == 1 and report["memory_method"] == "live"
     summary = (out / "summary.txt").read_text()
     assert "calibration:" in summary and "gpt-1gpu" in summary and "PASSED" in summary
     assert done.stdout.count(" ok (") == 7 and "done in " in done.stdout

@@ -343,7 +343,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if line:
             print(line, file=sys.stderr)
     plan = _note_cores(args, profile, request.cluster, replace(plan, profile_path=str(profile_dir)))
-    from ..solve.search.runnable import run_refusal  # torch-free: planning from a profile imports no torch
+    from ..runner_rules import run_refusal  # torch-free: planning from a profile imports no torch
     if refused := run_refusal(plan):  # said where it is planned, not first when it is run
         plan = replace(plan, notes=(*plan.notes, f"autopp run would refuse this plan ({refused}); a trainer runs it "
                                                  "(autopp export)"))
