@@ -31,7 +31,7 @@ LAYERS: dict[str, int] = {
     # 4 DP, CP-SAT partition / placement / synthesis, search
     "autopp.solve": 4,
     # 5 consumers of a plan
-    "autopp.predict": 5, "autopp.export": 5, "autopp.display": 5, "autopp.runner_rules": 5,
+    "autopp.predict": 5, "autopp.export": 5, "autopp.display": 5,
     # 6-8 the torch side: model-file contract and splitting, measuring, running
     "autopp.model": 6, "autopp.measure": 7, "autopp.run": 8,
     # 9 the command line (and `python -m autopp`)

@@ -569,7 +569,7 @@ def test_the_readmes_command_synopsis_lists_every_flag() -> None:
 @pytest.mark.integration
 def test_planning_from_a_profile_imports_no_torch(tmp_path: Path) -> None:
     """A reviewer: the plan's note of what `autopp run` would refuse imported torch, FSDP2 and DTensor into every
-    `autopp plan --profile` (0.5 s -> 2.6 s); the runner's rules are torch-free (autopp.runner_rules)."""
+    `autopp plan --profile` (0.5 s -> 2.6 s); the runner's rules are torch-free (autopp.data.runner_rules)."""
     import subprocess
     import sys
 

@@ -343,10 +343,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if line:
             print(line, file=sys.stderr)
     plan = _note_cores(args, profile, request.cluster, replace(plan, profile_path=str(profile_dir)))
-    from ..runner_rules import run_refusal  # torch-free: planning from a profile imports no torch
-    if refused := run_refusal(plan):  # said where it is planned, not first when it is run
-        plan = replace(plan, notes=(*plan.notes, f"autopp run would refuse this plan ({refused}); a trainer runs it "
-                                                 "(autopp export)"))
     plan.save(out)
     if pinned is not None:  # issue 26: the first screen is yours beside autopp's, the plan's table after it
         from ..export.compare import format_comparison

@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..errors import ContextParallelError
-from ..runner_rules import sequence_refusal
+from ..data.runner_rules import sequence_refusal
 
 __all__ = ["RotateMethod", "RingConfig", "SdpaMode", "check_sequence", "check_attention", "shard_sequence",
            "ring_attention", "context_parallel_backward"]

@@ -27,7 +27,7 @@ from torch import nn
 from ..data.plan import Plan
 from ..errors import RunError
 from ..model.hf import CAUSAL_ATTENTION
-from ..runner_rules import CP_MODEL_TYPES, context_refusal, cp_refusal
+from ..data.runner_rules import CP_MODEL_TYPES, context_refusal, cp_refusal
 from .context import RingConfig, shard_sequence
 
 __all__ = ["CP_MODEL_TYPES", "POSITIONS", "check_context_plan", "check_context_model", "rotary_modules",

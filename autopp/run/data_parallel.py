@@ -17,7 +17,7 @@ from ..data.layout import Layout
 from ..data.plan import Plan
 from ..data.zero import ZeroStage
 from ..errors import RunError
-from ..runner_rules import run_refusal
+from ..data.runner_rules import run_refusal
 
 __all__ = ["check_runnable", "sync_mesh", "shard_replicas"]
 

@@ -53,7 +53,7 @@ from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from ..data.layout import Layout
 from ..errors import RunError
-from ..runner_rules import expert_refusal
+from ..data.runner_rules import expert_refusal
 from ..model.experts import is_experts
 
 __all__ = ["ExpertParallel", "check_expert_parallel", "ep_meshes", "parallelize_experts", "shard_experts",

@@ -101,7 +101,7 @@ def test_what_the_runner_refuses_of_a_plan_is_said_from_the_plan_alone() -> None
     """`run_refusal`, which `autopp plan` notes: ZeRO 1 beside ep (a tester's CPU plan, refused only when run), a
     context-parallel HF model type the ranks cannot place positions for (a tester's qwen3_moe); None for what
     runs."""
-    from autopp.runner_rules import run_refusal
+    from autopp.data.runner_rules import run_refusal
     plan = pipeline_plan(LINRELU, ["2"], layout=Layout(pp=2, dp=2))
     assert run_refusal(plan) is None
     beside = replace(plan, layout=replace(plan.layout, ep=2, zero=ZERO[1]))

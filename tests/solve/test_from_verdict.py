@@ -111,3 +111,18 @@ def test_context_parallelism_beside_tp_is_said_to_be_costed_only() -> None:
     assert notes[2][0].endswith("(costed only beside tp 2: `autopp run` runs context parallelism with tp 1; a "
                                 "trainer runs it: `autopp export`)")
     assert "costed only" not in notes[1][0]
+
+
+def test_a_plan_the_runner_refuses_says_so_through_the_api_too() -> None:
+    """ZeRO 1 beside ep is costed and exported, not run (autopp.data.runner_rules): `make_plan` itself notes it, so a
+    Python user hears it as the CLI's user does; a plan it runs says nothing."""
+    from autopp.data.layout import LayoutPins
+    from autopp.data.zero import ZERO
+    from tests.costmodel.test_parallel import _moe_profile
+    cluster = Cluster(num_devices=4, memory_bytes=2**30)
+    refused = make_plan(_moe_profile(), PlanRequest(cluster=cluster, global_batch=8,
+                                                    pins=LayoutPins(pp=2, dp=2, ep=2, zero=ZERO[1])))
+    assert any(n.startswith("autopp run would refuse this plan (plan field 'ep' is 2 with pp 2, dp 2") and
+               n.endswith("; a trainer runs it (autopp export)") for n in refused.notes)
+    runs = make_plan(_moe_profile(), PlanRequest(cluster=cluster, global_batch=8, pins=LayoutPins(pp=2, dp=2, ep=2)))
+    assert not any(n.startswith("autopp run would refuse") for n in runs.notes)

@@ -14,6 +14,7 @@ from ...data.breakdown import TimeBreakdown
 from ...data.overlap import NO_OVERLAP
 from ...data.plan import Plan, Prediction, StagePlan
 from ...data.profile import Profile
+from ...data.runner_rules import run_refusal
 from ...data.profile_tp import SP_TIME_COLUMNS
 from ...data.catalog import planned_device
 from ...data.cluster import Cluster
@@ -312,7 +313,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     notes.extend(_overlap_notes(request, a, c))
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
         / layout.group
-    return Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,
+    plan = Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,
                 schedule=ScheduleName.CUSTOM if order else c.schedule, custom_order=order,
                 device_order=_device_order(request, layout.pp * layout.dp), layout=layout,
                 tp_plan=dict(profile.meta.tp_plan) if layout.tp > 1 else {}, num_microbatches=c.microbatches,
@@ -325,6 +326,9 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 precision=profile.meta.extra.get("precision"),
                 vocab=best.passes.variant if best.passes is not None else None, seq_chunks=c.seq,
                 overlap=request.assumed_overlap, nodes=_nodes(request.cluster, layout.world))
+    refused = run_refusal(plan)  # said where it is planned, not first when it is run
+    return plan if refused is None else replace(plan, notes=(
+        *plan.notes, f"autopp run would refuse this plan ({refused}); a trainer runs it (autopp export)"))
 
 
 def _nodes(cluster: Cluster, world: int) -> tuple[int, int] | None:

@@ -1,17 +1,18 @@
 """What `autopp run` refuses of a plan from the plan alone, before any rank starts: ZeRO stages torch's pipelining
 cannot run, and expert and context parallelism beside what the runner runs them with. One torch-free home (no
 pandas, no networkx either: every rank imports it), which the runner raises (autopp.run.data_parallel.
-check_runnable, autopp.run.expert_parallel, autopp.run.context_run) and `autopp plan` notes (a tester planned ZeRO 1
-beside ep on CPU devices and learnt only from the run that it does not run; importing the runner's modules for it
-put torch into every `autopp plan --profile`, a reviewer)."""
+check_runnable, autopp.run.expert_parallel, autopp.run.context_run) and every plan notes (`plan_from_verdict`, so a
+Python user of `make_plan` gets it too; a tester planned ZeRO 1 beside ep on CPU devices and learnt only from the run
+that it does not run; importing the runner's modules for it put torch into every `autopp plan --profile`, a
+reviewer)."""
 
 from __future__ import annotations
 
-from .data.hf_config import DEFAULT_TASK
-from .data.layout import Layout
-from .data.plan import Plan
-from .data.zero import SEARCHED_ZERO
-from .schedule import describe
+from ..schedule import describe
+from .hf_config import DEFAULT_TASK
+from .layout import Layout
+from .plan import Plan
+from .zero import SEARCHED_ZERO
 
 __all__ = ["CP_MODEL_TYPES", "sequence_refusal", "expert_refusal", "context_refusal", "cp_refusal", "run_refusal"]
 
