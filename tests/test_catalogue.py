@@ -84,6 +84,17 @@ def _plan_args(env: Env, *extra: str) -> list[str]:
             "-o", str(env.tmp / "out.json")]
 
 
+def _plan_hf(env: Env, name: str) -> list[str]:
+    return ["plan", "--hf-config", str(env.tmp / name), "--devices", "2", "--memory", "1GiB"]
+
+
+def _tiny_mixtral(env: Env, **routing: int) -> None:
+    """examples/configs/tiny-llama.json as a Mixtral with `routing`'s keys, written to x.json."""
+    (env.tmp / "x.json").write_text(json.dumps(
+        {**json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()), "model_type": "mixtral",
+         "architectures": ["MixtralForCausalLM"], **routing}))
+
+
 # ---- model files: `autopp profile MODEL` (and a few through `autopp plan MODEL`) ----
 MODEL_FILES: dict[str, str] = {
     "syntax-error": "def build_model(:\n",
@@ -670,20 +681,14 @@ CASES += [
              {k: v for k, v in json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()).items()
               if k != "num_hidden_layers"}))),
     # a tester's Mixtral config without its expert count got transformers' 8 experts; top-k above the experts raised
-    Case("hf-config:moe-without-its-experts",
-         lambda env: ["plan", "--hf-config", str(env.tmp / "x.json"), "--devices", "2", "--memory", "1GiB"],
+    Case("hf-config:moe-without-its-experts", lambda env: _plan_hf(env, "x.json"),
          lambda env: f'{env.tmp / "x.json"}: no "num_local_experts" for this mixture of experts (mixtral): '
                      "transformers would route with its default without a word",
-         lambda env: (env.tmp / "x.json").write_text(json.dumps(
-             {**json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()), "model_type": "mixtral",
-              "architectures": ["MixtralForCausalLM"], "num_experts_per_tok": 2}))),
-    Case("hf-config:moe-top-k-above-its-experts",
-         lambda env: ["plan", "--hf-config", str(env.tmp / "x.json"), "--devices", "2", "--memory", "1GiB"],
+         lambda env: _tiny_mixtral(env, num_experts_per_tok=2)),
+    Case("hf-config:moe-top-k-above-its-experts", lambda env: _plan_hf(env, "x.json"),
          lambda env: f'{env.tmp / "x.json"}: "num_experts_per_tok" 8 is above "num_local_experts" 4: a token '
                      "cannot reach more experts than there are",
-         lambda env: (env.tmp / "x.json").write_text(json.dumps(
-             {**json.loads((ROOT / "examples/configs/tiny-llama.json").read_text()), "model_type": "mixtral",
-              "architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 8}))),
+         lambda env: _tiny_mixtral(env, num_local_experts=4, num_experts_per_tok=8)),
     # review: a causal LM's sliding window shorter than the sequence would be dropped by autopp's is_causal SDPA
     Case("hf-config:sliding-window-below-seq-len",
          lambda env: ["plan", "--hf-config", str(env.tmp / "m.json"), "--seq-len", "16", "--devices", "2",
