@@ -58,6 +58,9 @@ class Published:
     """The catalog's device the run's GPUs are (autopp/data/devices/), or a device file (examples/devices/*.json)."""
     precision: str = "bf16"
     """The mixed-precision recipe its profile is counted in (autopp.data.precision; not bf16: a profile of its own)."""
+    kernels: str
+    """The elementwise kernels the run ran, as its profile counts them (autopp.measure.fusion): "fused" (torch.compile,
+    Transformer Engine, Megatron's or DeepSeek's fused kernels: a profile of its own) or "eager" (op by op)."""
     tp_degrees: tuple[int, ...] = TP_DEGREES
     """The tensor-parallel degrees its profile counts and autopp's own choice may take."""
     microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES
@@ -101,7 +104,7 @@ CONFIG_405B = "examples/configs/llama-3.1-405b.json"
 TITAN_1F1B = Published(
     key="titan-1f1b", model="Llama 3.1 405B", config=CONFIG_405B, seq_len=8192, gpus=512,
     cluster="512 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
-    precision="fp8", layout=LayoutPins(tp=8, pp=8, dp=8, zero=ZERO[1], v=1, sp=True),
+    precision="fp8", kernels="fused", layout=LayoutPins(tp=8, pp=8, dp=8, zero=ZERO[1], v=1, sp=True),
     schedule=ScheduleName.ONE_F_ONE_B, microbatches=32, microbatch_size=1, recompute=RecomputeMode.NONE,
     activations=(Activation.BLOCKS,), overlap=Overlap(async_tp=True), global_batch=256,
     per_gpu=100.0, unit="tokens/s", measured="1F1B; 82.5 GiB peak",
@@ -110,8 +113,9 @@ TITAN_1F1B = Published(
             "(torchtitan's default: 32 microbatches); FSDP under PP keeps parameters (torchtitan's default) = "
             "ZeRO 1; pinned as the table ran it where autopp has it: Float8 = the fp8 recipe (linear matmuls at the "
             "FP8 peak), AsyncTP = SP with `async_tp` overlap (torchtitan's TP plan shards the norms along the "
-            "sequence), full AC (block by block) = per-unit recomputation (recompute-units); torch.compile not "
-            "modelled; the catalog's h100-sxm (700 W, 3.35 TB/s) with the run's 96 GB, not its 500 W HBM2e GPU")
+            "sequence), full AC (block by block) = per-unit recomputation (recompute-units); torch.compile (the "
+            "table's runs use it) = fused elementwise kernels (`--kernels fused`); the catalog's h100-sxm (700 W, "
+            "3.35 TB/s) with the run's 96 GB, not its 500 W HBM2e GPU")
 
 #: torchtitan's Llama 3.1 70B on 256 H100 (examples/configs/llama-3-70b.json: Llama 3 and 3.1 70B share their shapes;
 #: 3.1 differs in RoPE scaling and context length, neither of which changes a step's cost at 8,192): FSDP 32 x TP 8,
@@ -119,7 +123,8 @@ TITAN_1F1B = Published(
 TITAN_70B = Published(
     key="titan-70b", model="Llama 3.1 70B", config="examples/configs/llama-3-70b.json", seq_len=8192, gpus=256,
     cluster="256 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU", memory_bytes=96 * 10**9,
-    precision="fp8", microbatch_sizes=(1, 16), layout=LayoutPins(tp=8, pp=1, dp=32, zero=ZERO[3], v=1, sp=True),
+    precision="fp8", kernels="fused", microbatch_sizes=(1, 16),
+    layout=LayoutPins(tp=8, pp=1, dp=32, zero=ZERO[3], v=1, sp=True),
     schedule=ScheduleName.ONE_F_ONE_B, microbatches=1, microbatch_size=16, recompute=RecomputeMode.NONE,
     activations=(Activation.BLOCKS,), global_batch=512, per_gpu=829.0, unit="tokens/s",
     measured="2D (FSDP + TP), torch.compile, Float8; 71.9 GiB peak",
@@ -128,15 +133,17 @@ TITAN_70B = Published(
             "microbatch of 16 (pp 1: nothing to interleave); FSDP with pp 1 = ZeRO 3 (parameters resharded after "
             "forward); Float8 = the fp8 recipe (linear matmuls at the FP8 peak); TP with SP (torchtitan's Llama TP "
             "plan shards the norms along the sequence), its collectives not overlapped (the AsyncTP row overlaps "
-            "them); full AC (block by block) = per-unit recomputation (recompute-units); torch.compile not "
-            "modelled; the catalog's h100-sxm (700 W, 3.35 TB/s) with the run's 96 GB, not its 500 W HBM2e GPU")
+            "them); full AC (block by block) = per-unit recomputation (recompute-units); torch.compile = fused "
+            "elementwise kernels (`--kernels fused`); the catalog's h100-sxm (700 W, 3.35 TB/s) with the run's "
+            "96 GB, not its 500 W HBM2e GPU")
 
 #: DeepSeek-V3's pre-training (examples/configs/deepseek-v3.json, deepseek-ai/DeepSeek-V3's config.json): 180K H800
 #: GPU-hours per trillion tokens, i.e. 1e12 / (180e3 x 3600 s) = 1,543 tokens/s per GPU (3.7 days per trillion
 #: tokens on 2,048 GPUs, as the report says).
 DEEPSEEK_V3 = Published(
     key="deepseek-v3", model="DeepSeek-V3 (671B, 37B active)", config="examples/configs/deepseek-v3.json",
-    device="h800", tp_degrees=(), microbatch_sizes=(1, 4), precision="fp8", seq_len=4096, gpus=2048,
+    device="h800", tp_degrees=(), microbatch_sizes=(1, 4), precision="fp8", kernels="fused", seq_len=4096,
+    gpus=2048,
     cluster="2,048 H800 80GB, 8 per node on NVLink (400 GB/s), InfiniBand 400 Gb/s per GPU",
     layout=LayoutPins(tp=1, pp=16, dp=128, ep=64, zero=ZERO[1], v=2), schedule=ScheduleName.DUAL_PIPE_V,
     microbatches=120, microbatch_size=1, recompute=RecomputeMode.AUTO, global_batch=15360,
@@ -150,14 +157,16 @@ DEEPSEEK_V3 = Published(
             "stated); recomputation chosen by autopp (the report recomputes RMSNorm and the MLA up-projections); the "
             "multi-token-prediction module (one more MoE layer, 14 B parameters) not modelled; balanced routing; "
             "its all-to-alls as s.3.2.2 and s.3.3.4 run them: node-limited (each token across nodes once per "
-            "target node, at most 4, forwarded over NVLink) with the dispatch in FP8 (autopp.costmodel.alltoall)")
+            "target node, at most 4, forwarded over NVLink) with the dispatch in FP8 (autopp.costmodel.alltoall); "
+            "its own fused kernels (s.3.3.4 names fusing the FP8 casts with the memory accesses) = fused elementwise "
+            "kernels (`--kernels fused`)")
 
 #: torchtitan's Llama 3.1 8B with FSDP alone on 128 H100 (examples/configs/llama-3-8b.json: Llama 3 and 3.1 8B share
 #: their shapes; 3.1 differs in RoPE scaling and context length, neither of which changes a step's cost at 8,192).
 TITAN_8B_FSDP = Published(
     key="titan-8b-fsdp", model="Llama 3.1 8B", config="examples/configs/llama-3-8b.json", seq_len=8192, gpus=128,
     cluster="128 H100 96GB HBM2e (500 W), 8 per host on NVLink, RDMA 400 Gb/s per GPU",
-    device="examples/devices/h100-96gb-500w-sxm-peak.json",
+    device="examples/devices/h100-96gb-500w-sxm-peak.json", kernels="eager",
     layout=LayoutPins(tp=1, pp=1, dp=128, zero=ZERO[3], v=1), schedule=ScheduleName.ONE_F_ONE_B,
     microbatches=1, microbatch_size=2, recompute=RecomputeMode.NONE, activations=(Activation.SELECTIVE_UNITS,),
     global_batch=256, per_gpu=5605.0, unit="tokens/s", measured="FSDP, no torch.compile, bf16; 67.0 GiB peak",
@@ -174,7 +183,7 @@ TITAN_8B_FSDP = Published(
 #: Qwen/Qwen3-30B-A3B's config.json): FSDP2 over the 8 GPUs with the experts over ep 8, every block checkpointed.
 QWEN3_30B = Published(
     key="automodel-qwen3-30b", model="Qwen3-30B-A3B (30.5B, 3.3B active)", config="examples/configs/qwen3-30b-a3b.json",
-    tp_degrees=(), microbatch_sizes=(1, 4), seq_len=4096, gpus=8, precision="bf16-pure",
+    tp_degrees=(), microbatch_sizes=(1, 4), seq_len=4096, gpus=8, precision="bf16-pure", kernels="fused",
     cluster="8 H100 80GB (DGX-H100), NVLink",
     layout=LayoutPins(tp=1, pp=1, dp=8, ep=8, zero=ZERO[3], v=1), schedule=ScheduleName.ONE_F_ONE_B,
     microbatches=16, microbatch_size=4, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
@@ -194,8 +203,10 @@ QWEN3_30B = Published(
             "1: the bf16 copy gathered per block without a collective; AutoModel leaves them unwrapped, to the "
             "block's ignored_params, and makes no copy); every block checkpointed "
             "(examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml, activation_checkpointing: true) = per-unit "
-            "recomputation; its 'fake balanced gate' = autopp's balanced routing; TE kernels and DeepEP's all-to-all "
-            "as the roofline and the ep all-to-all cost them")
+            "recomputation; its 'fake balanced gate' = autopp's balanced routing; TE's fused kernels = fused "
+            "elementwise kernels (`--kernels fused`; DeepEP's fused permutation is not: the gathers and scatters "
+            "around the grouped GEMMs are counted as transformers runs them); DeepEP's all-to-all as the ep "
+            "all-to-all costs it")
 
 #: Megatron-Bridge's Llama 3 70B pre-training benchmark on 64 H100 (DGX-H100), FP8 with current scaling: TP 4 x PP 8
 #: (5 virtual stages per rank) x DP 2; the profile of torchtitan's 70B rows (same config, device, recipe, sequence).
@@ -215,7 +226,8 @@ BRIDGE_70B = replace(
             "Megatron's distributed optimizer (ZeRO 1) and sequence parallelism with TP (not in the table; "
             "Megatron-Bridge's performance recipes' defaults), its TP communication overlap (TE userbuffers) as "
             "`async_tp` overlap, its DP gradient reduction overlapped (the planner's default); FP8 current scaling "
-            "= the fp8 recipe (linear matmuls at the FP8 peak); CUDA graphs and TE's fused kernels not modelled")
+            "= the fp8 recipe (linear matmuls at the FP8 peak); TE's fused kernels = fused elementwise kernels "
+            "(`--kernels fused`, the 70B profile of the torchtitan rows); CUDA graphs not modelled")
 
 
 #: Megatron-DeepSpeed's "TFLOPs" per GPU, as BLOOM's logs print it: Narayanan et al. 2021 (arXiv:2104.04473), eq. 3,
@@ -230,7 +242,7 @@ def megatron_flops_per_token(layers: int, hidden: int, vocab: int, seq_len: int,
 #: 150e12 / megatron_flops_per_token(70, 14336, 250880, 2048) = 104.5 tokens/s per GPU.
 BLOOM = Published(
     key="bloom-176b", model="BLOOM-176B", config="examples/configs/bloom-176b.json",
-    device="examples/devices/a100-80gb-jean-zay.json", seq_len=2048, gpus=384,
+    device="examples/devices/a100-80gb-jean-zay.json", seq_len=2048, gpus=384, kernels="fused",
     cluster="384 A100 SXM4 80GB (48 nodes of 8), NVLink inside, 4 x 100 Gb/s Omni-Path per node",
     layout=LayoutPins(tp=4, pp=12, dp=8, zero=ZERO[1], v=1, sp=False), schedule=ScheduleName.ONE_F_ONE_B,
     microbatches=128, microbatch_size=2, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
@@ -251,7 +263,9 @@ BLOOM = Published(
             "none; Korthikanti et al. published it in May 2022, after the run began); the split autopp's (the run "
             "put the tied embedding on the first and last "
             "stages with 5 blocks each, 6 on the others); attention as transformers' BloomAttention (eager: "
-            "baddbmm with the ALiBi bias, softmax, bmm; the run used Megatron's fused softmax); the TP plan "
+            "baddbmm with the ALiBi bias, softmax, bmm; the run used Megatron's fused softmax), Megatron-DeepSpeed's "
+            "fused kernels (its fused LayerNorm, bias-GeLU and masked softmax) = fused elementwise kernels "
+            "(`--kernels fused`); the TP plan "
             "Megatron's (autopp.model.hf_plans), the tied embedding's gradient summed shard by shard between the "
             "first and last stages as Megatron does (plan only: `tied_across_stages`; that sum is not costed); "
             "links: examples/devices/a100-80gb-jean-zay.json (50 Gb/s per GPU "
@@ -262,7 +276,7 @@ BLOOM = Published(
 TITAN_8B_CP = Published(
     key="titan-8b-cp", model="Llama 3.1 8B", config="examples/configs/llama-3.1-8b.json", seq_len=131072, gpus=8,
     cluster="8 H100 96GB HBM2e (500 W), one host on NVLink", device="examples/devices/h100-96gb-500w-sxm-peak.json",
-    precision="fp8", microbatch_sizes=(1,),
+    precision="fp8", kernels="fused", microbatch_sizes=(1,),
     layout=LayoutPins(tp=1, cp=4, pp=1, dp=2, zero=ZERO[3], v=1), schedule=ScheduleName.ONE_F_ONE_B,
     microbatches=1, microbatch_size=1, recompute=RecomputeMode.NONE, activations=(Activation.BLOCKS,),
     global_batch=2, per_gpu=1071.0, unit="tokens/s",
@@ -271,13 +285,13 @@ TITAN_8B_CP = Published(
     assumed="local batch size 1 per FSDP rank = global batch 2 sequences of 131,072 tokens, one microbatch each; "
             "FSDP with pp 1 (parameters resharded after forward, torchtitan's default) = ZeRO 3 over dp x cp = 8; "
             "full AC (each block wrapped) = per-unit recomputation (recompute-units); Float8 = the fp8 recipe; "
-            "torch.compile not modelled; CP's K/V exchange as autopp's ring costs it (torchtitan's default "
+            "torch.compile = fused elementwise kernels (`--kernels fused`); CP's K/V exchange as autopp's ring costs it (torchtitan's default "
             "all-gather rotation not modelled); its GPU at the SXM end of the bracket of the pure-FSDP 8B row "
             "(examples/devices/h100-96gb-500w-sxm-peak.json); microbatch size 1 only counted")
 
 RUNS = (
     Published(
-        key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=8192,
+        key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, kernels="fused", seq_len=8192, gpus=8192,
         cluster="8,192 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
         layout=LayoutPins(tp=8, pp=16, dp=64, zero=ZERO[2], v=None, sp=True), schedule=ScheduleName.INTERLEAVED_1F1B,
         microbatches=32, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=64 * 32,
@@ -286,9 +300,10 @@ RUNS = (
         assumed="microbatch size 1 (32 microbatches per DP group; not stated), v chosen by autopp (not stated); "
                 "FSDP that shards optimizer state and gradients, parameters not resharded after forward = ZeRO 2; "
                 "TP with sequence parallelism (not stated; taken as Megatron-style TP runs it at this scale, "
-                "Korthikanti et al. 2022), its collectives not overlapped (no async TP stated)"),
+                "Korthikanti et al. 2022), its collectives not overlapped (no async TP stated); fused elementwise "
+                "kernels (`--kernels fused`; not stated, as every trainer at this scale runs them)"),
     Published(
-        key="llama3-8k-16k", model="Llama 3 405B", config=CONFIG_405B, seq_len=8192, gpus=16384,
+        key="llama3-8k-16k", model="Llama 3 405B", config=CONFIG_405B, kernels="fused", seq_len=8192, gpus=16384,
         cluster="16,384 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
         layout=LayoutPins(tp=8, pp=16, dp=128, zero=ZERO[2], v=None, sp=True), schedule=ScheduleName.INTERLEAVED_1F1B,
         microbatches=16, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=128 * 16,
@@ -297,7 +312,7 @@ RUNS = (
         assumed="its batch size per DP 16 as 16 microbatches of 1 (not stated), v chosen by autopp (not stated); "
                 "ZeRO 2 and SP as row 1 (the 8,192-GPU row)"),
     Published(
-        key="llama3-131k", model="Llama 3 405B", config=CONFIG_405B, seq_len=131072, gpus=16384,
+        key="llama3-131k", model="Llama 3 405B", config=CONFIG_405B, kernels="fused", seq_len=131072, gpus=16384,
         cluster="16,384 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
         layout=LayoutPins(tp=8, cp=16, pp=16, dp=8, zero=ZERO[2], v=None, sp=True),
         schedule=ScheduleName.INTERLEAVED_1F1B,
@@ -349,9 +364,10 @@ def _device(run: Published) -> str:
     return str(ROOT / run.device) if run.device.endswith(".json") else run.device
 
 
-def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") -> Profile:
+def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16", kernels: str = "eager") -> Profile:
     """The run's model's analytic profile on its device at its sequence length (AdamW) in recipe `precision`
-    (autopp.data.precision; other than bf16: a directory of its own), with rows of the TP degrees `tp`: loaded from
+    (autopp.data.precision; other than bf16: a directory of its own) with elementwise `kernels`
+    (autopp.measure.fusion; fused: a directory of its own), with rows of the TP degrees `tp`: loaded from
     profiles/ when it is current as `autopp plan` judges a cached profile (the same model fingerprint, HF source,
     recipe, device, TP rows and routing facts: autopp.cli.profile), its TP rows count sequence parallelism and it
     records its recipe (profiles counted before autopp.data.precision kept 2-byte bf16 gradients), else counted and
@@ -364,7 +380,7 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
     from autopp.model.hf import load_model
     from autopp.model.meta import build_units
     from autopp.model.tp import find_tp_plan
-    suffix = "" if precision == "bf16" else f"-{precision}"
+    suffix = ("" if precision == "bf16" else f"-{precision}") + ("-fused" if kernels == "fused" else "")
     out = ROOT / "profiles" / f"{Path(run.config).stem}-{Path(run.device).stem}-s{run.seq_len}{suffix}"
     source = hf_source(ROOT / run.config, run.seq_len, "causal-lm")
     model = load_model(source.config_path, source.to_json())
@@ -373,7 +389,7 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
         built, _, fingerprint = build_units(model)
         why = _current(cached, fingerprint, source.to_json(), load_device(_device(run)).name, tp, precision,
                        moe_facts(built.model), tp_plan=getattr(find_tp_plan(model, built.model, counting=True),
-                                                               "patterns", None)) \
+                                                               "patterns", None), kernels=kernels) \
             or (None if not tp or sp_offered(cached) else "its TP rows have no SP bytes") \
             or (None if "precision" in cached.meta.extra else "counted before the recipes' bytes per parameter")
         if why is None:
@@ -381,11 +397,12 @@ def profile_for(run: Published, tp: tuple[int, ...], precision: str = "bf16") ->
         print(f"{out.relative_to(ROOT)}/ is not current ({why})", file=sys.stderr, flush=True)
     from autopp.measure import ProfileOptions
     from autopp.measure.analytic import analytic_profile
-    print(f"counting {run.config} at seq {run.seq_len} (TP {list(tp)}) ...", file=sys.stderr, flush=True)
+    print(f"counting {run.config} at seq {run.seq_len} (TP {list(tp)}, {kernels} kernels) ...", file=sys.stderr,
+          flush=True)
     start = time.perf_counter()
     options = ProfileOptions(microbatch_sizes=run.microbatch_sizes, dtype="bfloat16", optimizer="adamw",
                              precision=precision, tp_degrees=tp)
-    profile = analytic_profile(model, _device(run), options)
+    profile = analytic_profile(model, _device(run), options, kernels=kernels)
     profile = replace(profile, meta=replace(profile.meta, extra={**profile.meta.extra, "hf_config": source.to_json()}))
     profile.save(out)
     print(f"  {time.perf_counter() - start:.0f} s, saved {out.relative_to(ROOT)}/", file=sys.stderr, flush=True)
@@ -472,7 +489,8 @@ def published_config(run: Published) -> str:
     sp = "+SP" if pins.sp else ""
     acts = ",".join(a.value for a in run.activations) if run.activations else f"recompute {run.recompute.value}"
     extra = "".join(f", {x}" for x in (run.precision if run.precision != "bf16" else "",
-                                        "async TP" if run.overlap and run.overlap.async_tp else "") if x)
+                                        "async TP" if run.overlap and run.overlap.async_tp else "",
+                                        "fused kernels" if run.kernels == "fused" else "") if x)
     return (f"TP{pins.tp}{sp}{cp} PP{pins.pp} DP{pins.dp}{ep} {pins.zero}, {run.schedule.value} {v}, "
             f"{run.microbatches} x {run.microbatch_size} of {run.seq_len} tokens, {acts}{extra}")
 
@@ -492,12 +510,13 @@ def _at_memory_that_works(profile: Profile, run: Published, cluster: Cluster, wh
     return f"; with {need / GIB:.1f} GiB per GPU: {describe_prediction(plan, run, flops)}" if plan else ""
 
 
-def row(run: Published, shortlist: int, precision: str | None = None) -> tuple[list[str], dict[str, Plan]]:
-    """The table's cells for `run` counted in recipe `precision` (None: the run's), and its plans by column
-    ("pinned", "own"); autopp's own choice searched with `shortlist` (0: not searched)."""
+def row(run: Published, shortlist: int, precision: str | None = None, kernels: str | None = None
+        ) -> tuple[list[str], dict[str, Plan]]:
+    """The table's cells for `run` counted in recipe `precision` with elementwise `kernels` (None: the run's), and
+    its plans by column ("pinned", "own"); autopp's own choice searched with `shortlist` (0: not searched)."""
     flops = palm_flops_per_token(run.config, run.seq_len)[0] if run.unit == "TFLOP/s" else 0.0
     tokens = run.per_gpu * run.gpus * (1e12 / flops if run.unit == "TFLOP/s" else 1)
-    profile = profile_for(run, run.tp_degrees, precision or run.precision)
+    profile = profile_for(run, run.tp_degrees, precision or run.precision, kernels or run.kernels)
     cluster = cluster_of(run)
     pinned, why, s1 = _plan(profile, pinned_request(run, cluster))
     print(f"{run.key}: pinned plan {s1:.0f} s", file=sys.stderr, flush=True)
@@ -506,6 +525,8 @@ def row(run: Published, shortlist: int, precision: str | None = None) -> tuple[l
         predicted = describe_prediction(pinned, run, flops) + _chosen_v(pinned, run)
         if (precision or run.precision) != run.precision:
             predicted += f", counted in {precision}, not the run's {run.precision}"
+        if (kernels or run.kernels) != run.kernels:
+            predicted += f", counted with {kernels} kernels, not the run's {run.kernels}"
     elif run.activations is None and run.recompute is RecomputeMode.NONE:  # it needs another policy: say which
         auto, _, _ = _plan(profile, replace(pinned_request(run, cluster), recompute=RecomputeMode.AUTO))
         predicted = f"does not fit keeping every activation in autopp's count ({why.split(';')[0]})"
@@ -528,12 +549,14 @@ def row(run: Published, shortlist: int, precision: str | None = None) -> tuple[l
     return cells, plans
 
 
-def at_published_tp(run: Published, precision: str | None, shortlist: int) -> Plan | None:
+def at_published_tp(run: Published, precision: str | None, kernels: str | None, shortlist: int
+                    ) -> Plan | None:
     """autopp's own search with tp pinned to the published run's degree (SP searched), for comparing its choice term
     by term with the best it finds at that degree."""
     request = own_request(run, cluster_of(run), shortlist)
     request = replace(request, pins=replace(request.pins, tp=run.layout.tp))
-    return _plan(profile_for(run, run.tp_degrees, precision or run.precision), request)[0]
+    profile = profile_for(run, run.tp_degrees, precision or run.precision, kernels or run.kernels)
+    return _plan(profile, request)[0]
 
 
 def breakdown(plans: dict[str, Plan]) -> list[str]:
@@ -572,6 +595,10 @@ def main() -> None:
                              "for NeMo AutoModel's Qwen3 row; bf16 for the others; fp8: linear and expert GEMMs at "
                              "the FP8 peak, docs/analytic.md; bf16-pure: bf16 weights, gradients and Adam state "
                              "without a master copy; profiles other than bf16 under a directory of their own)")
+    parser.add_argument("--kernels", default=None, choices=["eager", "fused"],
+                        help="count the models' elementwise ops with these kernels (default each run's own: eager "
+                             "for torchtitan's 8B rows without torch.compile, fused for the others; docs/analytic.md; "
+                             "fused profiles under a directory of their own)")
     args = parser.parse_args()
     keys = args.runs.split(",")
     unknown = sorted(set(keys) - {r.key for r in RUNS})
@@ -586,7 +613,7 @@ def main() -> None:
     chosen = [run for run in RUNS if run.key in keys]
     plans = {}
     for run in chosen:
-        cells, plans[run.key] = row(run, 0 if args.no_search else args.shortlist, args.precision)
+        cells, plans[run.key] = row(run, 0 if args.no_search else args.shortlist, args.precision, args.kernels)
         print("| " + " | ".join(cells) + " |", flush=True)
     print("\nNot stated by the sources, taken as:\n")
     for run in chosen:
@@ -594,7 +621,7 @@ def main() -> None:
     for run in chosen if args.breakdown else ():
         own = plans[run.key].get("own")
         if own is not None and run.layout.tp is not None and own.layout.tp != run.layout.tp:
-            at_tp = at_published_tp(run, args.precision, args.shortlist)
+            at_tp = at_published_tp(run, args.precision, args.kernels, args.shortlist)
             if at_tp is not None:
                 plans[run.key][f"own at TP{run.layout.tp}"] = at_tp
         print(f"\n{run.key}, seconds per step:\n", *breakdown(plans[run.key]), sep="\n", flush=True)

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from ..measure.options import ProfileOptions
     from ..model.contract import ModelFile
 
-__all__ = ["MEASURING_FLAGS", "add_analytic_arguments", "check_analytic", "analytic_of"]
+__all__ = ["MEASURING_FLAGS", "add_analytic_arguments", "add_kernels_argument", "kernels_of", "check_analytic",
+           "analytic_of"]
 
 #: Flags of `autopp profile` that only a measurement uses (flag, argparse dest): refused with --analytic.
 MEASURING_FLAGS = (("--repeats", "repeats"), ("--warmup", "warmup"), ("--threads", "threads"),
@@ -31,7 +32,20 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
                         "with this catalog device's roofline (`autopp devices`); nothing is materialized")
     p.add_argument("--calibration", metavar="FILE",
                    help="with --analytic: efficiencies from `autopp calibrate` (default: the documented assumptions)")
+    add_kernels_argument(p)
     p.set_defaults(measuring_defaults={dest: p.get_default(dest) for _, dest in MEASURING_FLAGS})
+
+
+def add_kernels_argument(p: argparse.ArgumentParser) -> None:
+    """--kernels eager|fused: the elementwise kernels an analytic profile counts (autopp.measure.fusion)."""
+    p.add_argument("--kernels", choices=["eager", "fused"],
+                   help="analytic profiles: count elementwise ops as eager PyTorch runs them, one kernel each "
+                        "(default), or fused as torch.compile and Transformer Engine run them (docs/analytic.md)")
+
+
+def kernels_of(args: argparse.Namespace) -> str:
+    """The elementwise kernels asked for: --kernels, else eager (`analytic_profile`'s)."""
+    return getattr(args, "kernels", None) or "eager"
 
 
 def _measuring_flags_given(args: argparse.Namespace) -> list[str]:
@@ -53,6 +67,9 @@ def check_analytic(args: argparse.Namespace) -> None:
     peaks of --precision, or a calibration file for another device or dtype, before anything is counted."""
     if args.calibration and not args.analytic:
         raise AutoppError("--calibration goes with --analytic DEVICE")
+    if args.kernels and not args.analytic:
+        raise AutoppError(f"--kernels {args.kernels} is counted, not measured: give --analytic DEVICE (a measured "
+                          "profile times the kernels that ran)")
     if not args.analytic:
         return
     given = _measuring_flags_given(args)
@@ -73,4 +90,5 @@ def analytic_of(args: argparse.Namespace, model: str | ModelFile, options: Profi
     from ..measure.analytic import analytic_profile  # torch: only once the arguments are known to be good
     spec = load_device(args.analytic)
     return analytic_profile(model, spec, options, calibration=_calibration(args, spec.name),
-                            calibration_path=args.calibration, progress=progress("counting"))
+                            calibration_path=args.calibration, kernels=kernels_of(args),
+                            progress=progress("counting"))

@@ -219,9 +219,9 @@ def profile_dir_name(args: argparse.Namespace, device: str | None, gpu: bool) ->
     """A default profile directory's name: the model's stem (`model_stem`), `-DEVICE` when analytic for it (the
     catalog's name), `-sS` for an HF config's --seq-len S other than the default (`DEFAULT_SEQ_LEN`, which names
     nothing), `-P` for a --precision P and `-O` for an --optimizer O other than the target's
-    default (bf16 and adamw on a GPU, fp32 and sgd here), as scripts/published.py names its profiles: each length,
-    recipe and optimizer has a directory of its own (a tester: `--optimizer adam` overwrote the shipped
-    profiles/gpt)."""
+    default (bf16 and adamw on a GPU, fp32 and sgd here), `-fused` for --kernels fused, as scripts/published.py
+    names its profiles: each length, recipe, optimizer and kernels has a directory of its own (a tester:
+    `--optimizer adam` overwrote the shipped profiles/gpt)."""
     name = model_stem(args) + (f"-{device}" if device else "")
     if getattr(args, "hf_config", None) and getattr(args, "seq_len", None) not in (None, DEFAULT_SEQ_LEN):
         name += f"-s{args.seq_len}"
@@ -230,6 +230,8 @@ def profile_dir_name(args: argparse.Namespace, device: str | None, gpu: bool) ->
         name += f"-{args.precision}"
     if getattr(args, "optimizer", None) and args.optimizer != ("adamw" if gpu else "sgd"):  # `optimizer_of`'s default
         name += f"-{args.optimizer}"
+    if getattr(args, "kernels", None) == "fused":
+        name += "-fused"
     return name
 
 

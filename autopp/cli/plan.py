@@ -21,6 +21,7 @@ from .common import (COUNT, POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_
                      progress, shown_progress)
 from .pin_from import batch_of, pinned_seq_len, read_pin
 from .plan_cluster import plan_cluster
+from .analytic import add_kernels_argument
 from .profile import (add_hf_arguments, add_optimizer_argument, add_precision_argument, default_profile_dir,
                       hf_source_of, profile_for)
 
@@ -60,6 +61,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                         "--device, as torchtitan and Megatron-LM run; none on CPU ranks, as autopp run does; "
                         "docs/parallelism.md#overlap)")
     add_precision_argument(p)  # the recipe of the profile plan makes (--device NAME: counted for NAME)
+    add_kernels_argument(p)
     add_optimizer_argument(p)  # and the optimizer whose state it counts
     p.add_argument("--nodes", type=POSITIVE, help="with --device: nodes, so devices = nodes x devices per node")
     p.add_argument("--devices-per-node", type=POSITIVE, metavar="K",
@@ -304,6 +306,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.optimizer:
             raise AutoppError(f"--optimizer goes with a profile that plan makes; {args.profile} counts "
                               f"{given.meta.optimizer}'s state: drop --optimizer")
+        if args.kernels:
+            counted = given.meta.extra.get("analytic", {}).get("kernels", "eager")
+            raise AutoppError(f"--kernels goes with a profile that plan counts; {args.profile} times {counted} "
+                              "kernels: drop --kernels")
     batch, said = _global_batch(args, cluster, given)  # a --profile's sequence length known now
     request = replace(request, global_batch=batch)
     if given is not None:

@@ -14,7 +14,7 @@ from ..data.tp_plan import tp_outdated
 from ..errors import AutoppError
 from ..preflight import check_model_file, check_output_dir, check_output_file
 from ..sizes import format_in, time_unit
-from .analytic import add_analytic_arguments, analytic_of, check_analytic
+from .analytic import add_analytic_arguments, add_kernels_argument, analytic_of, check_analytic, kernels_of
 from .common import (COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, analytic_target, comma_sizes, default_dtype,
                      default_profile_dir, end_progress, model_stem, profile_dir_name, progress)
 
@@ -294,9 +294,11 @@ def _cmd_profile_links(args: argparse.Namespace) -> int:
 
 def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None, device: str | None,
              degrees: tuple[int, ...] | None, precision: str, routing: dict[str, Any] | None = None,
-             optimizer: str | None = None, tp_plan: dict[str, str] | None = None) -> str | None:
+             optimizer: str | None = None, tp_plan: dict[str, str] | None = None, kernels: str = "eager"
+             ) -> str | None:
     """Why `profile` is not the one `autopp plan` needs (None: it is): another model, sequence length or task,
-    recipe, optimizer (when given), device, TP rows not those needed (`tp_outdated`, `tp_plan` the model's now), an
+    recipe, optimizer (when given), device, elementwise `kernels` (an analytic profile's `extra.analytic.kernels`;
+    absent: counted before the choice, eager), TP rows not those needed (`tp_outdated`, `tp_plan` the model's now), an
     analytic profile counted otherwise than `analytic_profile` counts now (`count_outdated`), or one whose
     `extra.moe` lacks a routing fact the model has (`routing`: autopp.model.experts.moe_facts; a group-limited
     routing's groups)."""
@@ -313,6 +315,9 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
     if made_for != device:
         return f"it is {f'analytic for {made_for}' if made_for else 'measured'}, the plan needs one " + (
             f"analytic for {device}" if device else "measured here")
+    counted_kernels = profile.meta.extra.get("analytic", {}).get("kernels", "eager")
+    if made_for and counted_kernels != kernels:
+        return f"it counted {counted_kernels} kernels, the plan needs {kernels}"
     if rows := tp_outdated(profile.meta.tp_plan, profile.meta.tp_degrees, degrees, tp_plan):
         return rows
     if made_for:
@@ -349,11 +354,14 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
     chosen, optimizer = precision_of(args, device is not None), optimizer_of(args, device is not None)
     if device is None and chosen.matmul_peak != chosen.peak:
         raise AutoppError(f"--precision {chosen} is counted, not measured: give --device of a GPU that has it")
+    kernels = kernels_of(args)
+    if device is None and getattr(args, "kernels", None):
+        raise AutoppError(f"--kernels {kernels} is counted, not measured: give --device of a catalog device")
     default = default_profile_dir(args)
     if (default / "meta.json").is_file():
         profile = load_profile(default)
         why = _current(profile, fingerprint, recorded, device, degrees, chosen.name, moe_facts(built.model),
-                       optimizer, getattr(find_tp_plan(mf, built.model, counting=True), "patterns", None))
+                       optimizer, getattr(find_tp_plan(mf, built.model, counting=True), "patterns", None), kernels)
         if why is None:
             print(f"using profile {default}/", file=sys.stderr)
             say_seq_len(args, source)
@@ -367,11 +375,13 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
         model = f"--hf-config {args.hf_config}" if source else args.model
         flags = (f" --seq-len {args.seq_len}" if source and args.seq_len else "") + \
             (f" --tp {tp}" if tp not in (1, None) else "") + (f" --precision {chosen}" if args.precision else "")
-        flags += f" --optimizer {optimizer}" if getattr(args, "optimizer", None) else ""
+        flags += (f" --optimizer {optimizer}" if getattr(args, "optimizer", None) else "") + \
+            (f" --kernels {kernels}" if getattr(args, "kernels", None) else "")
         print(f"profiling {model} analytically for {device} ({chosen.what}; optimizer {optimizer}; this machine is "
               f"not a {device}), as `autopp profile {model} --analytic {device}{flags}` would", file=sys.stderr)
         from ..measure.analytic import analytic_profile
-        profile = _with_source(analytic_profile(mf, device, options, progress=progress("counting")), source)
+        profile = _with_source(analytic_profile(mf, device, options, kernels=kernels, progress=progress("counting")),
+                               source)
     end_progress()
     print(f"wrote profile {profile.save(default)}/", file=sys.stderr)
     say_seq_len(args, source)

@@ -33,6 +33,7 @@ from ..model.split import (LiveValue, live_values, model_output, rebuild_output,
 from ..model.units import Unit
 from ..progress import Overall, Progress
 from .counting import PieceCounts, attention_tiles, count_piece
+from .fusion import KERNELS
 from .memory import PEAK_HOW, static_bytes, value_bytes
 from .options import OPTIMIZER_STATES, ProfileOptions
 from .pieces import piece_key
@@ -83,6 +84,8 @@ class ModelCounts:
     fused_attention: bool = False
     """Attention counted as a GPU's fused kernels run it (`autopp.model.fake_cpu.fused_attention`), not as the CPU
     dispatches it."""
+    kernels: str = "eager"
+    """The elementwise kernels counted (autopp.measure.fusion.KERNELS): as eager PyTorch runs them, or fused."""
 
 
 def _edges_into(node: fx.Node, i: int, b: int, env: dict[fx.Node, Any], piece_index: dict[str, int]
@@ -150,7 +153,8 @@ def _count_size(c: ModelCounts, meta: MetaModel, b: int, overall: Overall, tag: 
                     + (f" (as unit {same + 1})" if same != i else " counting"))
             with _naming(c.mf, f"unit {i} ({c.units[i].name}) at microbatch {b}"):
                 _counted_unit(c, b, i, module, args, same,
-                              lambda: count_piece(Piece(module, args, finish, i == 0, grad), mode, tiles))
+                              lambda: count_piece(Piece(module, args, finish, i == 0, grad), mode, tiles,
+                                                  c.kernels == "fused"))
                 with torch.no_grad():
                     return module(*args)
 
@@ -174,9 +178,10 @@ def _merge_edges(c: ModelCounts, b: int) -> None:
 
 def count_model(model: str | Path | ModelFile, options: ProfileOptions = ProfileOptions(),
                 progress: Progress | Overall = lambda _msg: None, *, fused_attention: bool = False,
-                tag: str = "") -> ModelCounts:
+                kernels: str = "eager", tag: str = "") -> ModelCounts:
     """Count every unit of the model at each of `options`' microbatch sizes, on meta and fake tensors only;
-    `fused_attention`: attention as a GPU runs it (`autopp.model.fake_cpu.fused_attention`), else as the CPU.
+    `fused_attention`: attention as a GPU runs it (`autopp.model.fake_cpu.fused_attention`), else as the CPU;
+    `kernels`: "fused" counts elementwise chains as one kernel each (autopp.measure.fusion), "eager" op by op.
     `progress`: a callback (its own line, one walk per size) or the `Overall` line of a larger count."""
     mf = model if isinstance(model, ModelFile) else load_model_file(model)
     meta, units, model_fingerprint = build_units(mf, options.torch_dtype)  # as the profiler does
@@ -184,11 +189,18 @@ def count_model(model: str | Path | ModelFile, options: ProfileOptions = Profile
     c = ModelCounts(mf, units, model_fingerprint, replace(options, tp_degrees=()),
                     tied=tied_groups(meta.model, [u.modules for u in units]),
                     optimizer_numel=sum(p.numel() for p in params), param_tensors=len(params),
-                    moe=moe_facts(meta.model), batch_norm=batch_norms(meta.model), fused_attention=fused_attention)
+                    moe=moe_facts(meta.model), batch_norm=batch_norms(meta.model), fused_attention=fused_attention,
+                    kernels=_kernels(kernels))
     overall = progress if isinstance(progress, Overall) else Overall.counting(progress, len(options.microbatch_sizes))
     for b in options.microbatch_sizes:
         _count_size(c, meta, b, overall, tag)
     return c
+
+
+def _kernels(kernels: str) -> str:
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
+    return kernels
 
 
 def unit_times(counts: PieceCounts, spec: DeviceSpec, recipe: Recipe, eff: Efficiency) -> dict[str, float]:
@@ -224,12 +236,13 @@ def runs_fused_attention(spec: DeviceSpec) -> bool:
 def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
                      options: ProfileOptions = ProfileOptions(), *, calibration: Calibration | None = None,
                      calibration_path: str | None = None, counts: ModelCounts | None = None,
-                     progress: Progress = lambda _msg: None) -> Profile:
+                     kernels: str = "eager", progress: Progress = lambda _msg: None) -> Profile:
     """The profile of the model on catalog `device` (a name or spec) for `options`, from counts alone (`counts`:
     the model already counted for the same options): the same format as a measured profile, every unit's `source`
     "analytic", the device and `calibration` (read from `calibration_path`; None: the documented assumptions) in
-    `meta.extra`. With a TP plan (autopp.model.tp), tp.csv rows for `options.tp_degrees`, each degree's local shard
-    counted the same way (`counted_tp_rows`)."""
+    `meta.extra`; `kernels` the elementwise kernels counted (`count_model`; `extra.analytic.kernels`). With a TP plan
+    (autopp.model.tp), tp.csv rows for `options.tp_degrees`, each degree's local shard counted the same way
+    (`counted_tp_rows`)."""
     spec = device if isinstance(device, DeviceSpec) else load_device(device)
     dtype, recipe = options.dtype, options.recipe
     recipe.peaks(spec)  # a device without the recipe's peaks fails before any counting
@@ -241,6 +254,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
     fused = runs_fused_attention(spec)
     if counts is not None and counts.fused_attention != fused:
         raise ValueError(f"counts were made with fused_attention={counts.fused_attention}, not for {spec.name}")
+    if counts is not None and counts.kernels != kernels:
+        raise ValueError(f"counts were made with {counts.kernels} kernels, not {kernels}")
     mf = counts.mf if counts is not None else model if isinstance(model, ModelFile) else load_model_file(model)
     setup, tp_skipped = TpSetup(None, {}, ()), None
     try:  # the degrees first: the progress line spans every walk of the count (issue 26)
@@ -251,7 +266,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
         tp_skipped = str(exc)
     walks = (counts is None) + len(setup.degrees) * (1 + bool(setup.sequence))  # each degree with SP: twice
     overall = Overall.counting(progress, len(options.microbatch_sizes) * walks)
-    c = counts or count_model(mf, options, overall, fused_attention=fused)
+    c = counts or count_model(mf, options, overall, fused_attention=fused, kernels=kernels)
     try:
         tp_units, tp_fields, tp_peaks = counted_tp_rows(c, spec, eff, setup, overall)
     except AutoppError as exc:
@@ -277,7 +292,7 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
                           "calibration": calibration_path, "compute_efficiency": eff.compute,
                           "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s,
                           "call_overhead_s": eff.call_overhead_s, "attention_efficiency": eff.attention,
-                          "attention_tiles": asdict(attention_tiles(c.fused_attention))},
+                          "attention_tiles": asdict(attention_tiles(c.fused_attention)), "kernels": c.kernels},
              "peak_bytes": peaks, **({"tp_peak_bytes": tp_peaks} if tp_peaks else {}),
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
              **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {}),
@@ -307,7 +322,8 @@ def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, setup: Tp
              for b in c.options.microbatch_sizes}
     rows: list[dict[str, Any]] = []
     peaks: dict[str, dict[str, dict[str, int]]] = {}
-    count = partial(count_model, options=c.options, progress=overall, fused_attention=c.fused_attention)
+    count = partial(count_model, options=c.options, progress=overall, fused_attention=c.fused_attention,
+                    kernels=c.kernels)
     for t in setup.degrees:
         local = count(local_model_file(c.mf, setup.resolved, t), tag=f" (tp {t})")
         check_same_units(c.mf, t, local.units, c.units)

@@ -7,6 +7,7 @@ materialized."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -16,6 +17,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from ..costmodel.roofline import ATTENTION_OPS, OpCounts
+from .fusion import OpTouches, fuse_elementwise, fusible
 from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, value_bytes
 from .timing import Piece, run_phases
 
@@ -183,16 +185,55 @@ class OpCounter(TorchDispatchMode):
     tensor inputs and outputs and, of those, the stacked expert weights' (`expert_weight_bytes`). Unlike
     FlopCounterMode, an op without a formula is not decomposed: the kernel that runs is counted (a fused
     `silu_backward` is one op that allocates one output, not seven). A causal fused attention counts the share of
-    its formula its kernel computes with `tiles` (`causal_share_of_formula`; torch's formula has no causal term)."""
+    its formula its kernel computes with `tiles` (`causal_share_of_formula`; torch's formula has no causal term).
+    `fuse`: the counts as fused elementwise kernels run them (autopp.measure.fusion), from the storages each op
+    touched, which op made each, and which outlived the mode."""
 
-    def __init__(self, tiles: Tiles = CPU_TILES) -> None:
+    def __init__(self, tiles: Tiles = CPU_TILES, fuse: bool = False) -> None:
         super().__init__()
         self.tiles = tiles
+        self.fuse = fuse
         self.flops: list[int] = []
         self.bytes: list[int] = []
         self.linear: list[bool] = []
         self.expert_weight: list[int] = []
         self.names: list[str] = []
+        self._touched: list[tuple[tuple[int, int], ...]] = []
+        self._fusible: list[bool] = []
+        self._serials: dict[int, int] = {}  # storage_key -> serial, while the storage lives
+        self._made: dict[int, int] = {}
+        self._alive_or_gone: dict[int, bool] = {}  # serial -> whether its storage is alive
+        self._outlived: frozenset[int] = frozenset()
+
+    def _serial(self, t: torch.Tensor) -> tuple[int, bool]:
+        """The serial of `t`'s storage (its key may be reused once it is freed) and whether it was seen first now."""
+        key = storage_key(t)
+        if key in self._serials:
+            return self._serials[key], False
+        serial = self._serials[key] = len(self._alive_or_gone) + 1
+        self._alive_or_gone[serial] = True
+        weakref.finalize(t.untyped_storage(), self._freed, key, serial)
+        return serial, True
+
+    def _freed(self, key: int, serial: int) -> None:
+        if self._serials.get(key) == serial:
+            del self._serials[key]
+        self._alive_or_gone[serial] = False
+
+    def _touch(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        """Record the storages the op read and wrote, and those it made (autopp.measure.fusion.OpTouches)."""
+        touched = [(self._serial(t)[0], _moved_bytes(t)) for t in inputs]
+        for t in outputs:
+            serial, new = self._serial(t)
+            if new:
+                self._made[serial] = len(self._touched)
+            touched.append((serial, _moved_bytes(t)))
+        self._touched.append(tuple(touched))
+        self._fusible.append(fusible(func))
+
+    def __exit__(self, *exc: Any) -> None:
+        self._outlived = frozenset(s for s, alive in self._alive_or_gone.items() if alive)
+        super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -203,8 +244,11 @@ class OpCounter(TorchDispatchMode):
         formula = FLOP_FORMULAS.get(func._overloadpacket) or NAMED_FLOP_FORMULAS.get(name)
         f = formula(*args, **kwargs, out_val=out) if formula is not None else 0
         f = round(f * causal_share_of_formula(func, args, kwargs, self.tiles)) if f else 0
-        moved = sum(_moved_bytes(t) for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
-        moved -= expert_weight_bytes_unread(name, args)
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        moved = sum(_moved_bytes(t) for t in inputs + outputs) - expert_weight_bytes_unread(name, args)
+        if self.fuse:
+            self._touch(func, inputs, outputs)
         self.flops.append(int(f))
         self.bytes.append(int(moved))
         self.linear.append(func._overloadpacket in LINEAR_MATMULS)
@@ -213,8 +257,13 @@ class OpCounter(TorchDispatchMode):
         return out
 
     def counts(self) -> OpCounts:
-        return OpCounts(tuple(self.flops), tuple(self.bytes), tuple(self.linear), tuple(self.expert_weight),
-                        tuple(self.names))
+        """What was counted, as fused kernels run it under `fuse`."""
+        counted = OpCounts(tuple(self.flops), tuple(self.bytes), tuple(self.linear), tuple(self.expert_weight),
+                           tuple(self.names))
+        if not self.fuse:
+            return counted
+        return fuse_elementwise(counted, OpTouches(tuple(self._touched), tuple(self._fusible), dict(self._made),
+                                                   self._outlived))
 
 
 @dataclass(frozen=True)
@@ -245,8 +294,8 @@ class PieceCounts:
                 "backward_weight": self.backward_weight, "selective_recompute": self.selective_recompute}
 
 
-def _counted(run: Callable[[], Any], tiles: Tiles) -> tuple[Any, OpCounts]:
-    with OpCounter(tiles) as counter:
+def _counted(run: Callable[[], Any], tiles: Tiles, fuse: bool) -> tuple[Any, OpCounts]:
+    with OpCounter(tiles, fuse) as counter:
         result = run()
     return result, counter.counts()
 
@@ -259,14 +308,15 @@ def _static_storages(piece: Piece, fake: Any) -> tuple[set[int], list[torch.Tens
     return {storage_key(t) for t in tensors + converted}, converted
 
 
-def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES) -> PieceCounts:
+def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = False) -> PieceCounts:
     """Count `piece` (its args fake tensors of `fake`, a FakeTensorMode that is active) through the phases the
     profiler times (autopp.measure.timing.run_phases): forward and full backward (the live bytes, what autograd
     saves and what selective recomputation keeps counted across them), then input and weight gradients, then the
     ops selective recomputation reruns; the recompute forward is not run (it counts the same ops as the forward).
-    `tiles`: the fused attention kernel's blocks (`GPU_TILES` where a GPU is counted). The output's bytes are those
-    of what the piece's module returns: for the last piece the model's output, before its `finish` (the loss), which
-    torch's last stage holds per in-flight microbatch (`StageCost.output_bytes`)."""
+    `tiles`: the fused attention kernel's blocks (`GPU_TILES` where a GPU is counted); `fuse`: each pass's ops as
+    fused elementwise kernels run them (autopp.measure.fusion; the bytes saved and live are eager's). The output's
+    bytes are those of what the piece's module returns: for the last piece the model's output, before its `finish`
+    (the loss), which torch's last stage holds per in-flight microbatch (`StageCost.output_bytes`)."""
     static, _alive = _static_storages(piece, fake)
     sizes: dict[str, int] = {}
     finish = piece.finish
@@ -285,10 +335,11 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES) -> PieceCount
             if kind == "forward":
                 across.enter_context(live)
                 with SavedOps(static) as kept:
-                    ((leaves, out), counts[kind]), sizes["saved"] = saved_bytes(lambda: _counted(run, tiles), static)
+                    counted = saved_bytes(lambda: _counted(run, tiles, fuse), static)
+                    ((leaves, out), counts[kind]), sizes["saved"] = counted
                 sizes["selective"] = kept.bytes
                 return leaves, out
-            result, counts[kind] = _counted(run, tiles)
+            result, counts[kind] = _counted(run, tiles, fuse)
             if kind == "backward":
                 across.close()
             return result

@@ -1,5 +1,6 @@
 """What a plan says of the profile it was made from: a microbatch size outside the profiled ones, a profile counted
-before the precision recipes or before the model's output was recorded, a model normalizing with BatchNorm."""
+before the precision recipes or before the model's output was recorded, a model normalizing with BatchNorm, a
+profile counted with fused elementwise kernels."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ def profile_notes(profile: Profile, microbatches: int, size: int, vocab: bool = 
     vocabulary parallelism, whose last stage holds the hidden states it hands the output pass, not the model's
     output: `autopp.costmodel.vocab.body_arrays`)."""
     return [*_batch_norm_note(profile, microbatches, size), *_recipe_note(profile),
-            *([] if vocab else _output_note(profile)), *_size_note(profile, size)]
+            *([] if vocab else _output_note(profile)), *_size_note(profile, size), *_kernels_note(profile)]
+
+
+def _kernels_note(profile: Profile) -> list[str]:
+    """A profile counted with fused elementwise kernels (`extra.analytic.kernels`, autopp.measure.fusion) times what
+    a trainer that fuses them runs: said, since `autopp run` and an eager trainer run each op as its own kernel."""
+    if profile.meta.extra.get("analytic", {}).get("kernels") != "fused":
+        return []
+    return ["the profile counts fused elementwise kernels (`--kernels fused`: each chain of elementwise ops one "
+            "kernel, as torch.compile and Transformer Engine run them): a trainer running them eager, op by op, "
+            "takes longer than predicted"]
 
 
 def _size_note(profile: Profile, size: int) -> list[str]:
