@@ -182,7 +182,8 @@ TITAN_8B_FSDP = Published(
 #: NeMo AutoModel's Qwen3-30B-A3B pre-training benchmark on one DGX-H100 (examples/configs/qwen3-30b-a3b.json,
 #: Qwen/Qwen3-30B-A3B's config.json): FSDP2 over the 8 GPUs with the experts over ep 8, every block checkpointed.
 QWEN3_30B = Published(
-    key="automodel-qwen3-30b", model="Qwen3-30B-A3B (30.5B, 3.3B active)", config="examples/configs/qwen3-30b-a3b.json",
+    key="automodel-qwen3-30b", model="Qwen3-30B-A3B (30.5B, 3.3B active)",
+    config="examples/configs/qwen3-30b-a3b.json",
     tp_degrees=(), microbatch_sizes=(1, 4), seq_len=4096, gpus=8, precision="bf16-pure", kernels="fused",
     cluster="8 H100 80GB (DGX-H100), NVLink",
     layout=LayoutPins(tp=1, pp=1, dp=8, ep=8, zero=ZERO[3], v=1), schedule=ScheduleName.ONE_F_ONE_B,

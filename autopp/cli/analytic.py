@@ -68,8 +68,8 @@ def check_analytic(args: argparse.Namespace) -> None:
     if args.calibration and not args.analytic:
         raise AutoppError("--calibration goes with --analytic DEVICE")
     if args.kernels and not args.analytic:
-        raise AutoppError(f"--kernels {args.kernels} is counted, not measured: give --analytic DEVICE (a measured "
-                          "profile times the kernels that ran)")
+        raise AutoppError(f"--kernels {args.kernels} goes with --analytic DEVICE: a measured profile times the kernels "
+                          "that ran")
     if not args.analytic:
         return
     given = _measuring_flags_given(args)

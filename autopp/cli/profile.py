@@ -356,7 +356,8 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
         raise AutoppError(f"--precision {chosen} is counted, not measured: give --device of a GPU that has it")
     kernels = kernels_of(args)
     if device is None and getattr(args, "kernels", None):
-        raise AutoppError(f"--kernels {kernels} is counted, not measured: give --device of a catalog device")
+        raise AutoppError(f"--kernels {kernels} goes with --device NAME of a catalog device, whose profile plan "
+                          "counts: a measured profile times the kernels that ran")
     default = default_profile_dir(args)
     if (default / "meta.json").is_file():
         profile = load_profile(default)

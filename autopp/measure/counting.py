@@ -18,6 +18,7 @@ from torch.utils.flop_counter import flop_registry
 
 from ..costmodel.roofline import ATTENTION_OPS, OpCounts
 from .fusion import OpTouches, fuse_elementwise, fusible
+from ..schedule.activation import SAVED_OPS
 from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, value_bytes
 from .timing import Piece, run_phases
 
@@ -200,6 +201,7 @@ class OpCounter(TorchDispatchMode):
         self.names: list[str] = []
         self._touched: list[tuple[tuple[int, int], ...]] = []
         self._fusible: list[bool] = []
+        self._kept: list[bool] = []  # the op's output is one selective recomputation keeps (`SAVED_OPS`)
         self._serials: dict[int, int] = {}  # storage_key -> serial, while the storage lives
         self._made: dict[int, int] = {}
         self._alive_or_gone: dict[int, bool] = {}  # serial -> whether its storage is alive
@@ -229,7 +231,8 @@ class OpCounter(TorchDispatchMode):
                 self._made[serial] = len(self._touched)
             touched.append((serial, _moved_bytes(t)))
         self._touched.append(tuple(touched))
-        self._fusible.append(fusible(func))
+        self._fusible.append(fusible(func) and len({t.device for t in inputs + outputs}) <= 1)  # no offload copy
+        self._kept.append(str(func.overloadpacket) in SAVED_OPS)
 
     def __exit__(self, *exc: Any) -> None:
         self._outlived = frozenset(s for s, alive in self._alive_or_gone.items() if alive)
@@ -256,14 +259,18 @@ class OpCounter(TorchDispatchMode):
         self.names.append(name)
         return out
 
-    def counts(self) -> OpCounts:
-        """What was counted, as fused kernels run it under `fuse`."""
+    def counts(self, rerun: bool = False) -> OpCounts:
+        """What was counted, as fused kernels run it under `fuse`; `rerun` (under `fuse`, of a forward): what
+        selective recomputation reruns of it, its kernels less the ops whose outputs it keeps
+        (autopp.measure.fusion)."""
         counted = OpCounts(tuple(self.flops), tuple(self.bytes), tuple(self.linear), tuple(self.expert_weight),
                            tuple(self.names))
         if not self.fuse:
+            if rerun:
+                raise ValueError("a forward's rerun is derived under fuse only (eager counts run it)")
             return counted
         return fuse_elementwise(counted, OpTouches(tuple(self._touched), tuple(self._fusible), dict(self._made),
-                                                   self._outlived))
+                                                   self._outlived), self._kept if rerun else ())
 
 
 @dataclass(frozen=True)
@@ -294,9 +301,14 @@ class PieceCounts:
                 "backward_weight": self.backward_weight, "selective_recompute": self.selective_recompute}
 
 
-def _counted(run: Callable[[], Any], tiles: Tiles, fuse: bool) -> tuple[Any, OpCounts]:
+def _counted(run: Callable[[], Any], tiles: Tiles, fuse: bool, rerun: dict[str, OpCounts] | None = None
+             ) -> tuple[Any, OpCounts]:
+    """`run()`'s result and its counts; under `fuse` with `rerun` given, also its rerun's (`OpCounter.counts`)
+    there, as "selective_recompute"."""
     with OpCounter(tiles, fuse) as counter:
         result = run()
+    if fuse and rerun is not None:
+        rerun["selective_recompute"] = counter.counts(rerun=True)
     return result, counter.counts()
 
 
@@ -326,6 +338,7 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
         return finish(out)
     piece = replace(piece, finish=measured)
     counts: dict[str, OpCounts] = {"backward_input": OpCounts()}
+    rerun: dict[str, OpCounts] = {}  # fused: selective recomputation's rerun, from the forward's record
     live = LiveBytes(static | {storage_key(t) for t in tensors_in(piece.args)})
     with contextlib.ExitStack() as across:  # the live bytes: from the forward to the end of the full backward
 
@@ -335,7 +348,7 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
             if kind == "forward":
                 across.enter_context(live)
                 with SavedOps(static) as kept:
-                    counted = saved_bytes(lambda: _counted(run, tiles, fuse), static)
+                    counted = saved_bytes(lambda: _counted(run, tiles, fuse, rerun), static)
                     ((leaves, out), counts[kind]), sizes["saved"] = counted
                 sizes["selective"] = kept.bytes
                 return leaves, out
@@ -345,6 +358,7 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
             return result
 
         run_phases([piece], phase)
+    counts.update(rerun)
     return PieceCounts(forward=counts["forward"], backward=counts["backward"],
                        backward_input=counts["backward_input"], backward_weight=counts["backward_weight"],
                        activation_bytes=sizes["saved"], output_bytes=sizes["output"], peak_bytes=live.peak,

@@ -16,9 +16,15 @@ The model, applied to one counted pass (a forward, a backward, a selective recom
   and the loss are not: they run as they are counted (a conservative choice: Inductor fuses some indexing and `cat`
   into pointwise kernels, DeepEP fuses a mixture of experts' permutation with its dispatch).
 - **An intermediate stays on chip** when a fusible op of the pass makes it (a new storage), every op of the pass
-  that reads or writes it (through any view) is fusible, and it is freed before the pass ends: not saved for the
-  backward, not the pass's output, not a parameter's gradient. Its bytes are taken off the ops that write and read
-  it, and those ops become one kernel (one entry of the counts, one op's overhead: `OpCounts.load`).
+  that reads or writes it (through any view) is fusible, no other op runs between its making and its last use (a
+  value live across a matmul is written and read back, as a kernel boundary forces), and it is freed before the pass
+  ends: not saved for the backward, not the pass's output, not a parameter's gradient. Its bytes are taken off the
+  ops that write and read it, and those ops become one kernel (one entry of the counts, one op's overhead:
+  `OpCounts.load`).
+- **Selective recomputation's rerun** is the forward's kernels less those of the ops whose outputs it keeps
+  (`fuse_elementwise(..., drop=...)` on the forward's record): what the forward writes because the backward reads it,
+  the rerun writes too. Counted on its own, under no_grad with the kept ops replayed, nothing it recomputes would
+  look needed.
 - **What it leaves out:** the compiler's recomputation of cheap elementwise ops in the backward instead of saving
   them (torch.compile's min-cut partitioner), so what is saved, and the memory the profile records (activation,
   peak bytes), are eager's, an upper bound; fusion across a matmul's prologue or epilogue (a bias or a scale fused
@@ -70,22 +76,27 @@ class OpTouches:
 
 
 def _on_chip(t: OpTouches) -> set[int]:
-    """The intermediates that stay on chip: made by a fusible op here, touched by fusible ops only, freed."""
+    """The intermediates that stay on chip: touched by fusible ops only (its maker among them), no other op between
+    its making and its last use, freed."""
     users: dict[int, list[int]] = {}
     for i, touched in enumerate(t.storages):
         for serial, _ in touched:
             users.setdefault(serial, []).append(i)
-    return {s for s, maker in t.made.items()
-            if s not in t.alive and t.fusible[maker] and all(t.fusible[i] for i in users.get(s, ()))}
+    others = [0]  # others[i]: the ops before op i that are not fusible
+    for fuses in t.fusible:
+        others.append(others[-1] + (not fuses))
+    return {s for s, maker in t.made.items() if s not in t.alive and all(t.fusible[i] for i in users[s])
+            and others[max(users[s])] == others[maker]}
 
 
-def fuse_elementwise(counts: OpCounts, touches: OpTouches) -> OpCounts:
+def fuse_elementwise(counts: OpCounts, touches: OpTouches, drop: Sequence[bool] = ()) -> OpCounts:
     """`counts` of one pass as fused kernels run it: the ops joined by intermediates that stay on chip (`_on_chip`)
     are one entry, whose bytes are its ops' less those intermediates', FLOPs summed, named by its ops joined with
-    `+`; entries in the order of each kernel's first op. Other ops as counted."""
+    `+`; entries in the order of each kernel's first op. Other ops as counted. `drop`: per op, leave its kernel out
+    (selective recomputation's rerun of a forward leaves out the ops whose outputs it keeps)."""
     n = len(counts.flops)
-    if len(touches.storages) != n:
-        raise ValueError(f"{len(touches.storages)} ops touched storages, {n} were counted")
+    if len(touches.storages) != n or len(drop) not in (0, n):
+        raise ValueError(f"{len(touches.storages)} ops touched storages, {len(drop)} flagged, {n} were counted")
     chip = _on_chip(touches)
     root = list(range(n))
 
@@ -103,7 +114,9 @@ def fuse_elementwise(counts: OpCounts, touches: OpTouches) -> OpCounts:
     kernels: dict[int, list[int]] = {}
     for i in range(n):
         kernels.setdefault(find(i), []).append(i)
-    groups: Sequence[list[int]] = sorted(kernels.values(), key=lambda ops: ops[0])
+    dropped = drop or (False,) * n
+    groups: Sequence[list[int]] = sorted((ops for ops in kernels.values() if not any(dropped[i] for i in ops)),
+                                         key=lambda ops: ops[0])
     linear = counts.linear or (False,) * n
     experts = counts.expert_weight or (0,) * n
     names = counts.names or ("",) * n

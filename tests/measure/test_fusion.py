@@ -4,6 +4,7 @@ pass stay in memory; a model's counts keep their FLOPs and memory, and lose byte
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,9 @@ from torch import nn
 from autopp.cli import main
 from autopp.cli.common import profile_dir_name
 from autopp.cli.profile import _current
-from autopp.costmodel.roofline import OpCounts
+from autopp.costmodel.roofline import OpCounts, default_efficiency
 from autopp.data.catalog import load_device
 from autopp.data.precision import recipe
-from autopp.costmodel.roofline import default_efficiency
 from autopp.measure.analytic import analytic_profile, count_model, unit_times
 from autopp.measure.counting import OpCounter, count_piece
 from autopp.measure.fusion import OpTouches, fuse_elementwise, fusible
@@ -58,6 +58,19 @@ def test_a_matmul_between_splits_the_chain() -> None:
     assert fused.bytes[0] == 2 * FLOAT and fused.bytes[2] == 2 * FLOAT  # the matmul's output read once
 
 
+def test_a_value_live_across_a_matmul_is_written_and_read_back() -> None:
+    """`a` is used before and after a matmul: a kernel boundary lies between, so it is written and read again; `b`,
+    read by the matmul, is written by its kernel; the final add reads the matmul's output and `a`."""
+    def chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            a = x * 2
+            c = a.exp().unsqueeze(0) @ w
+            return a + c
+    fused = _counted(chain, True)
+    assert fused.names == ("aten::mul.Tensor", "aten::exp", "aten::mm", "aten::add.Tensor")
+    assert fused == _counted(chain, False)
+
+
 def test_what_the_backward_saves_stays_in_memory() -> None:
     """sin saves its input for the backward: x * 2 outlives the forward, so it is written and read as eager does."""
     def chain(x: torch.Tensor, _w: torch.Tensor) -> torch.Tensor:
@@ -74,7 +87,7 @@ def test_fuse_elementwise_joins_ops_through_intermediates_only() -> None:
                         fusible=(False, True, True), made={10: 0, 11: 1, 12: 2}, alive=frozenset({1, 2, 12}))
     fused = fuse_elementwise(counts, touches)
     assert fused == OpCounts((100, 0), (30, 20), (True, False), (0, 0), ("mm", "a+b"))
-    with pytest.raises(ValueError, match="2 ops touched storages, 3 were counted"):
+    with pytest.raises(ValueError, match="2 ops touched storages, 0 flagged, 3 were counted"):
         fuse_elementwise(counts, OpTouches(touches.storages[:2], (False, True), {}, frozenset()))
 
 
@@ -118,9 +131,14 @@ def test_a_norm_and_mlp_piece_loses_bytes_and_kernels_and_keeps_flops_and_memory
     assert len(fused.backward.flops) < len(eager.backward.flops)
     assert (fused.activation_bytes, fused.peak_bytes, fused.output_bytes) == \
         (eager.activation_bytes, eager.peak_bytes, eager.output_bytes)
+    # selective recomputation's rerun: the forward's kernels less the kept matmuls', what the backward reads written
+    # (the norm's output, which the gate and up projections saved), not left on chip as a no-grad rerun would have it
+    rerun = [(n, b) for n, b in zip(fused.forward.names, fused.forward.bytes) if n != "aten::addmm"]
+    assert list(zip(fused.selective_recompute.names, fused.selective_recompute.bytes)) == rerun
+    assert ("aten::mul.Tensor", 256 + 2 * 8 * 64 * 4) in rerun  # the norm's output h written, its weight read
 
 
-def test_a_llama_block_is_faster_fused_and_the_profile_says_so(tmp_path: Path) -> None:
+def test_a_llama_block_is_faster_fused_and_the_profile_says_so() -> None:
     """tiny-llama's config counted both ways for the H100: every unit's passes no slower fused, a block's backward
     faster; the profile records its kernels, and a plan that needs the other kind calls it not current."""
     from autopp.data.hf_config import hf_source
@@ -140,6 +158,12 @@ def test_a_llama_block_is_faster_fused_and_the_profile_says_so(tmp_path: Path) -
     assert why == "it counted fused kernels, the plan needs eager"
     with pytest.raises(ValueError, match="counts were made with fused kernels, not eager"):
         analytic_profile(mf, spec, options, counts=counts["fused"])
+    block = {}
+    for k in ("eager", "fused"):  # a TP rank's shard is counted with the same kernels
+        rows = analytic_profile(mf, spec, replace(options, tp_degrees=(2,)), counts=counts[k], kernels=k).tp_units
+        assert rows is not None
+        block[k] = rows[(rows.unit == 1) & (rows.tp == 2)].iloc[0]
+    assert block["fused"].backward_s < 0.95 * block["eager"].backward_s
 
 
 def test_fused_profiles_have_a_directory_of_their_own() -> None:
