@@ -61,6 +61,12 @@ def test_plan_for_a_gpu_counts_analytically_with_its_tp_rows(tmp_path: Path, mon
     assert main([*plan, "--tp", "2", "--pp", "4"]) == 0
     assert "using profile profiles/tiny-llama-h100-sxm/" in capsys.readouterr().err
     assert profile.meta.optimizer == "adamw" and "; optimizer adamw;" in first  # a GPU's default, said
+    assert main([*plan, "--tp", "2", "--kernels", "fused"]) == 0  # fused kernels: a directory of its own
+    err = capsys.readouterr().err
+    assert "profile profiles/tiny-llama-h100-sxm/" not in err and "--analytic h100-sxm --tp 2 --kernels fused`" in err
+    fused = load_profile(tmp_path / "profiles" / "tiny-llama-h100-sxm-fused")
+    assert fused.meta.extra["analytic"]["kernels"] == "fused"
+    assert load_profile(tmp_path / "profiles" / "tiny-llama-h100-sxm").meta.extra["analytic"]["kernels"] == "eager"
     # another --optimizer makes the cached profile not current: test_a_profile_without_the_pinned_rows_is_not_current
 
 
