@@ -106,6 +106,10 @@ class Plan:
     precision: str | None = None
     """The mixed-precision recipe the profile was counted for (autopp.data.precision's names), which the exports
     spell. None: the recipe of `dtype` (profiles made before recipes); written to JSON only when known."""
+    kernels: str | None = None
+    """The elementwise kernels an analytic profile counted (`KERNELS`: "eager" or "fused", its
+    `extra.analytic.kernels`), which the exports ask the trainer for or note. None: not known (measured profiles,
+    which time the kernels that ran; analytic ones counted before the choice); written to JSON only when known."""
     vocab: VocabVariant | None = None
     """Vocabulary parallelism (docs/vocabulary-parallelism.md): the embedding (unit 0) and the head with its loss
     (the last unit) split along the vocabulary over every pipeline rank, with this variant ("vocab-1", "vocab-2" in
@@ -198,8 +202,8 @@ class Plan:
         # optimizer) are written only when known: plans without them stay as they were written before them
         data = {k: v for k, v in data.items()
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
-                                  "step_band_s", "tied", "precision", "vocab", "seq_chunks", "overlap",
-                                  "nodes")}
+                                  "step_band_s", "tied", "precision", "kernels", "vocab", "seq_chunks",
+                                  "overlap", "nodes")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:

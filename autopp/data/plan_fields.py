@@ -12,6 +12,7 @@ from ..schedule.descriptors import ScheduleName
 from ..schedule.seqpipe import ChunkCosts
 from .fields import Fields, is_int, is_span
 from .layout import LAYOUT_FIELDS
+from .precision import KERNELS
 from .vocab import VocabVariant
 
 __all__ = ["FIGURE_FIELDS", "NULLABLE", "OMITTED_WHEN_0", "OMITTED_WHEN_NONE", "STAGE_NUMBERS", "check_fields",
@@ -99,6 +100,8 @@ def check_fields(data: dict[str, Any], f: Fields, prediction: type) -> None:
     if data.get("seed", 0) >= _SEED_LIMIT:
         f.bad("seed", "below 2**63", data["seed"])
     f.number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s")
+    if data.get("kernels") is not None and data["kernels"] not in KERNELS:
+        f.bad("kernels", f"null or one of {list(KERNELS)}", data["kernels"])
     variants = [v.value for v in VocabVariant]
     if data.get("vocab") is not None and data["vocab"] not in variants:
         f.bad("vocab", f"null or one of {variants}", data["vocab"])

@@ -29,7 +29,11 @@ from ..errors import ProfileError
 if TYPE_CHECKING:
     from .catalog import DeviceSpec
 
-__all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "recipe", "recipe_of_dtype", "plan_recipe"]
+__all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "recipe", "recipe_of_dtype", "plan_recipe", "KERNELS"]
+
+#: The elementwise kernels an analytic profile counts (autopp.measure.fusion; `extra.analytic.kernels`, a plan's
+#: `kernels`): as eager PyTorch runs them, each op its own kernel, or chains of them fused into one.
+KERNELS = ("eager", "fused")
 
 
 @dataclass(frozen=True, kw_only=True)

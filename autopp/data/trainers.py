@@ -61,6 +61,13 @@ class Trainer:
     overlap: Overlap = TRAINER_OVERLAP
     """What it hides under compute on a GPU (autopp.data.overlap): the plan's default for `--for` it
     (`PlanRequest.assumed_overlap`), so that the search costs the run the export writes."""
+    kernels: str = "eager"
+    """The elementwise kernels it runs unless told (autopp.data.precision.KERNELS): "fused" where its model code is
+    fused by default (Megatron-LM: Transformer Engine and its own fusions), else "eager"."""
+    fuse: tuple[str, ...] = ()
+    """Its lines that fuse them where it does not by default (torchtitan: torch.compile); () where it has none."""
+    fused_how: str = ""
+    """How it fuses them, in words, for the exports' notes."""
     module_names: tuple[tuple[str, str], ...] = ()
     """How the models it ships name the modules of a Hugging Face decoder: (HF prefix, its name; "" where its model
     has no such module), applied by the export when every profiled name is one of these prefixes (empty: it splits
@@ -184,12 +191,17 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
                                   "so dp_shard (1 without sharding: ZeRO 0 writes dp as "
                                   "data_parallel_replicate_degree) must hold the ep ranks")),
             module_names=HF_DECODER_TO_TORCHTITAN,
+            fuse=("--compile.enable",), fused_how="torch.compile of each block (`--compile.enable`; off by default)",
             vocab="torchtitan keeps the embedding and the output layer whole in the first and last stages (it splits "
                   "them only by tensor parallelism), never along the vocabulary over the pipeline ranks"),
     Trainer(name="megatron", title="Megatron-Core", runs="1F1B or Interleaved1F1B",
             optimizer="Adam with decoupled weight decay unless --optimizer sgd (megatron/training/arguments.py)",
             schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,
             seq_len="--seq-length {}",
+            kernels="fused",
+            fused_how="Transformer Engine's fused norms and attention (its default --transformer-impl "
+                      "transformer_engine) and Megatron-LM's bias-SwiGLU, bias-GeLU, masked-softmax and RoPE fusions, "
+                      "each on unless its --no-*-fusion flag is given (megatron/training/arguments.py)",
             vocab="Megatron-LM's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split "
                   "only count the embedding and the loss as a layer when dividing layers among stages; they do not "
                   "split the vocabulary over the pipeline ranks",
@@ -198,6 +210,7 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
     Trainer(name="deepspeed", title="DeepSpeed's PipelineEngine",
             optimizer="the optimizer given to deepspeed.initialize, or an \"optimizer\" block added to the JSON",
             runs="1F1B (its own TrainSchedule, one stage per rank)", schedules=(_ONE_F_ONE_B,),
+            fused_how="the kernels of the model's own code (PipelineModule runs its layers as written)",
             # its TrainSchedule reduces gradients only after the last backward (ReduceGrads; autopp.export.overlap),
             # and it runs no ZeRO stage that scatters per microbatch (ZeRO 0 and 1 under pipelining)
             overlap=Overlap(fsdp_prefetch=False, grad_reduce=False),

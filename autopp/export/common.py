@@ -18,8 +18,8 @@ from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement
 from .layers import ExportError
 
 __all__ = ["Exported", "uniform_policy", "refuse_layout", "trainer_axes", "launch_grid", "group_lines",
-           "carved_lines", "axis_notes", "stage_placement", "refuse_schedule", "made_for", "optimizer_note",
-           "loss_parallel_notes"]
+           "carved_lines", "axis_notes", "stage_placement", "refuse_schedule", "made_for", "kernels_for",
+           "optimizer_note", "loss_parallel_notes"]
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,28 @@ def made_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
     else:
         lines += getattr(recipe, trainer)
         notes += [recipe.torchtitan_note] if trainer == "torchtitan" and recipe.torchtitan_note else []
-    return lines, notes
+    kernel_lines, kernel_notes = kernels_for(plan, trainer)
+    return lines + kernel_lines, notes + kernel_notes
+
+
+def kernels_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
+    """`trainer`'s lines and notes for the elementwise kernels the plan's profile counted (`Plan.kernels`,
+    autopp.measure.fusion): fused where the trainer fuses only when told (torchtitan: torch.compile) is asked for;
+    fused where it cannot be told, or eager where it fuses by default, is said (its step longer, or shorter, than
+    predicted); nothing where they agree or the plan does not know."""
+    rules = trainer_rules(trainer)
+    if plan.kernels is None or plan.kernels == rules.kernels:
+        return [], []
+    if plan.kernels == "fused" and rules.fuse:
+        return list(rules.fuse), [f"the plan counted fused elementwise kernels (`--kernels fused`): {rules.title} "
+                                  f"runs them so with {rules.fused_how}, which the export turns on"]
+    if plan.kernels == "fused":
+        return [], [f"the plan counted fused elementwise kernels (`--kernels fused`); {rules.title} runs "
+                    f"{rules.fused_how}: unless that code fuses them (torch.compile), its step takes longer than "
+                    "predicted; plan from a profile counted with eager kernels to predict it"]
+    return [], [f"the plan counted eager elementwise kernels, each op its own; {rules.title} fuses them by default "
+                 f"({rules.fused_how}): its step may be shorter than predicted; count the profile with "
+                 "`--kernels fused` to predict it"]
 
 
 def optimizer_note(plan: Plan, trainer: str) -> str:

@@ -178,7 +178,7 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
              f"--training.global_batch_size={plan.num_microbatches * plan.microbatch_size * plan.layout.dp}"]
     settings, setting_notes = made_for(plan, "torchtitan")
     overlap, overlap_notes = torchtitan_overlap(plan)
-    lines += settings + overlap
+    lines += settings + [line for line in overlap if line not in settings]  # async TP compiles too
     if plan.layout.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
         lines.append("--training.disable_cuda_graphs")
     extra = {}

@@ -42,11 +42,10 @@ from typing import Any, Sequence
 import torch
 
 from ..costmodel.roofline import OpCounts
+from ..data.precision import KERNELS
 
 __all__ = ["KERNELS", "FUSIBLE_PACKETS", "fusible", "OpTouches", "fuse_elementwise"]
 
-#: The kernels a count assumes: as eager PyTorch dispatches them, or with elementwise chains fused (this module).
-KERNELS = ("eager", "fused")
 
 aten = torch.ops.aten
 #: Ops a fusing compiler puts in one kernel with their elementwise neighbours, beside those torch tags pointwise.

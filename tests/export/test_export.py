@@ -676,6 +676,29 @@ def test_fp8_plans_spell_the_recipe_and_deepspeed_refuses_it(llama: Profile, lla
     assert "--fp8-format hybrid" not in export_plan(_as_hf(llama_plans["1f1b"]), Target.MEGATRON, "x").text
 
 
+def test_a_plan_of_fused_kernels_asks_torchtitan_to_compile_and_says_what_the_others_run(
+        llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """`Plan.kernels` (the analytic profile's): fused asks torchtitan for torch.compile (once, with async TP too) and
+    tells DeepSpeed's user it runs the model's own kernels; eager tells Megatron-LM's user it fuses by default;
+    where the trainer runs what the plan counted, or the plan does not know, nothing is said."""
+    plan = _as_hf(llama_plans["1f1b"])
+    fused, eager = replace(plan, kernels="fused"), replace(plan, kernels="eager")
+    titan = export_plan(fused, Target.TORCHTITAN, "x.args", unit_modules(llama))
+    assert titan.text.splitlines().count("--compile.enable") == 1
+    assert any("counted fused elementwise kernels" in n and "torch.compile" in n for n in titan.notes)
+    for quiet, target in ((plan, Target.TORCHTITAN), (eager, Target.TORCHTITAN), (plan, Target.MEGATRON),
+                          (fused, Target.MEGATRON), (eager, Target.DEEPSPEED)):
+        exported = export_plan(quiet, target, "x.args" if target is Target.TORCHTITAN else "x",
+                               *((unit_modules(llama),) if target is Target.TORCHTITAN else ()))
+        assert "--compile.enable" not in exported.text and not any("elementwise kernels" in n
+                                                                   for n in exported.notes), (quiet.kernels, target)
+    megatron = export_plan(eager, Target.MEGATRON, "x")
+    assert any("fuses them by default" in n and "--transformer-impl transformer_engine" in n for n in megatron.notes)
+    deepspeed = export_plan(fused, Target.DEEPSPEED, "x.json")
+    assert any("its step takes longer than predicted" in n for n in deepspeed.notes)
+    assert Plan.from_json(fused.to_json()).kernels == "fused" and "kernels" not in plan.to_json()
+
+
 def test_pure_bf16_plans_are_torchtitans_bf16_training_dtype_and_refused_elsewhere(
         llama: Profile, llama_plans: dict[str, Plan]) -> None:
     """A bf16-pure plan (bf16 weights, gradients and Adam state, no master copy): torchtitan's `training.dtype`

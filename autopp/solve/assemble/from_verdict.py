@@ -324,6 +324,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 optimizer=profile.meta.optimizer, dtype=profile.meta.dtype,
                 time_breakdown=_breakdown(a, placed, best),
                 precision=profile.meta.extra.get("precision"),
+                kernels=profile.meta.extra.get("analytic", {}).get("kernels"),
                 vocab=best.passes.variant if best.passes is not None else None, seq_chunks=c.seq,
                 overlap=request.assumed_overlap, nodes=_nodes(request.cluster, layout.world))
     refused = run_refusal(plan)  # said where it is planned, not first when it is run
