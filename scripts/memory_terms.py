@@ -50,7 +50,7 @@ def _published() -> ModuleType:
 def pinned_plan(pub: ModuleType, run: object) -> tuple[Plan, str]:
     """The run's pinned plan as published.py makes it, and a note: at the run's memory, or at the memory autopp's
     reason says works when it does not fit."""
-    profile = pub.profile_for(run, run.tp_degrees, run.precision)  # type: ignore[attr-defined]
+    profile = pub.profile_for(run, run.tp_degrees, run.precision, run.kernels)  # type: ignore[attr-defined]
     cluster = pub.cluster_of(run)
     request = pub.pinned_request(run, cluster)
     plan, why, _ = pub._plan(profile, request)
@@ -141,7 +141,7 @@ def main() -> None:
     for key in args.runs.split(","):
         run = runs[key]
         plan, note = pinned_plan(pub, run)
-        rows, notes = terms(plan, pub.profile_for(run, run.tp_degrees, run.precision))
+        rows, notes = terms(plan, pub.profile_for(run, run.tp_degrees, run.precision, run.kernels))
         peak = max(plan.predicted.peak_memory_bytes)
         print(f"\n{key}: {pub.describe_config(plan)}, {note}; simulated peak {peak / GIB:.2f} GiB, rank "
               f"{int(np.argmax(plan.predicted.peak_memory_bytes))} of {plan.layout.pp}\n")

@@ -158,8 +158,8 @@ DEEPSEEK_V3 = Published(
             "multi-token-prediction module (one more MoE layer, 14 B parameters) not modelled; balanced routing; "
             "its all-to-alls as s.3.2.2 and s.3.3.4 run them: node-limited (each token across nodes once per "
             "target node, at most 4, forwarded over NVLink) with the dispatch in FP8 (autopp.costmodel.alltoall); "
-            "its own fused kernels (s.3.3.4 names fusing the FP8 casts with the memory accesses) = fused elementwise "
-            "kernels (`--kernels fused`)")
+            "fused elementwise kernels (`--kernels fused`: the report describes kernels of its own, for the all-to-alls "
+            "and the fine-grained FP8 quantization, and says nothing of elementwise fusion; an assumption)")
 
 #: torchtitan's Llama 3.1 8B with FSDP alone on 128 H100 (examples/configs/llama-3-8b.json: Llama 3 and 3.1 8B share
 #: their shapes; 3.1 differs in RoPE scaling and context length, neither of which changes a step's cost at 8,192).

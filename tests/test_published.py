@@ -25,7 +25,7 @@ def test_published_8b_fsdp_row_pins_selective_units_and_fits() -> None:
     script = _script()
     run = script.TITAN_8B_FSDP
     assert run.activations == (Activation.SELECTIVE_UNITS,)
-    profile = script.profile_for(run, run.tp_degrees, run.precision)
+    profile = script.profile_for(run, run.tp_degrees, run.precision, run.kernels)
     cluster = script.cluster_of(run)
     plan, why, _ = script._plan(profile, script.pinned_request(run, cluster))
     assert plan is not None, why
@@ -48,7 +48,7 @@ def test_published_qwen3_row_pins_fsdp_beside_ep_and_holds_less_than_zero_2() ->
     script = _script()
     run = script.QWEN3_30B
     assert run.layout.zero == ZERO[3] and (run.layout.pp, run.layout.dp, run.layout.ep) == (1, 8, 8)
-    profile = script.profile_for(run, run.tp_degrees, run.precision)
+    profile = script.profile_for(run, run.tp_degrees, run.precision, run.kernels)
     cluster = replace(script.cluster_of(run), memory_bytes=200 << 30)
     plans = {}
     for stage in (2, 3):
@@ -63,14 +63,14 @@ def test_published_qwen3_row_pins_fsdp_beside_ep_and_holds_less_than_zero_2() ->
 @pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_published_qwen3_row_is_pure_bf16_and_fits_in_half_the_static_bytes() -> None:
     """NeMo AutoModel trains Qwen3-30B-A3B in bf16 without a master copy (the row's `assumed`): pinned in bf16-pure
-    (profiles/qwen3-30b-a3b-h100-sxm-s4096-bf16-pure/) it fits the run's 80 GB. By hand, FSDP2 at ep = dp keeps
+    (profiles/qwen3-30b-a3b-h100-sxm-s4096-bf16-pure-fused/) it fits the run's 80 GB. By hand, FSDP2 at ep = dp keeps
     (P' + G + O) / d of the dense bytes and the experts' whole: 2 + 2 + 4 = 8 bytes a parameter in bf16-pure where bf16
     keeps 0 + 4 + 12 = 16 (its sharded parameter is the fp32 master in O), so half the static bytes."""
     script = _script()
     run = script.QWEN3_30B
     assert run.precision == "bf16-pure"
     cluster = script.cluster_of(run)
-    plan, why, _ = script._plan(script.profile_for(run, run.tp_degrees, run.precision),
+    plan, why, _ = script._plan(script.profile_for(run, run.tp_degrees, run.precision, run.kernels),
                                 script.pinned_request(run, cluster))
     assert plan is not None and plan.predicted.fits, why
     assert max(plan.predicted.peak_memory_bytes) <= cluster.memory_bytes and plan.precision == "bf16-pure"
@@ -107,12 +107,12 @@ def test_bloom_figure_is_megatron_deepspeeds_count() -> None:
 @pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_bloom_row_plans_as_megatron_ran_it() -> None:
     """BLOOM-176B pinned (TP4 PP12 DP8 ZeRO 1, 1F1B, 128 x 2, every block checkpointed) on the shipped profile
-    (profiles/bloom-176b-a100-80gb-jean-zay-s2048/, Megatron's TP plan from autopp.model.hf_plans): its tied
+    (profiles/bloom-176b-a100-80gb-jean-zay-s2048-fused/, Megatron's TP plan from autopp.model.hf_plans): its tied
     embedding lands in the first and last stages, which the runner refuses with tp and ZeRO and Megatron runs; the
     row plans it so and it fits the 80 GB A100s, while the default request still refuses it."""
     script = _script()
     run = script.BLOOM
-    profile = script.profile_for(run, run.tp_degrees, run.precision)
+    profile = script.profile_for(run, run.tp_degrees, run.precision, run.kernels)
     assert profile.meta.tp_degrees == (2, 4, 8) and "hf_plans" in profile.meta.tp_plan_source
     cluster = script.cluster_of(run)
     assert cluster.nodes is not None and cluster.nodes.inter.bandwidth_bytes_per_s == 6.25e9  # 4 x 100 Gb/s per node
@@ -127,12 +127,13 @@ def test_bloom_row_plans_as_megatron_ran_it() -> None:
 @pytest.mark.integration  # about a second or more: the unit tier stays under a minute
 def test_published_8b_cp_row_pins_torchtitans_context_parallel_run() -> None:
     """Issue 27, item 4: torchtitan's Llama 3.1 8B at 131,072 tokens (Table 2, FSDP 2 x CP 4 on 8 H100, full AC)
-    plans pinned as it ran on the shipped profile (profiles/llama-3.1-8b-h100-96gb-500w-sxm-peak-s131072-fp8/): cp 4
-    beside dp 2, ZeRO 3 over the 8 dp x cp ranks, each block recomputed; keeping the activations does not fit."""
+    plans pinned as it ran on the shipped profile (profiles/llama-3.1-8b-h100-96gb-500w-sxm-peak-s131072-fp8-fused/):
+    cp 4 beside dp 2, ZeRO 3 over the 8 dp x cp ranks, each block recomputed; keeping the activations does not
+    fit."""
     script = _script()
     run = script.TITAN_8B_CP
     assert run in script.RUNS and run.seq_len == 131072 and run.gpus == 8
-    profile = script.profile_for(run, run.tp_degrees, run.precision)
+    profile = script.profile_for(run, run.tp_degrees, run.precision, run.kernels)
     cluster = script.cluster_of(run)
     plan, why, _ = script._plan(profile, script.pinned_request(run, cluster))
     assert plan is not None, why
