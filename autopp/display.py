@@ -201,7 +201,8 @@ def format_plan(plan: Plan) -> str:
             f"{_count(plan.layout.v, 'stage')} per rank{ways}), "
             f"{format_microbatches(plan.num_microbatches, plan.microbatch_size)} per replica (global batch "
             f"{plan.global_batch}), memory limit {format_size(plan.memory_limit_bytes)} per device"
-            + (f", {plan.precision} recipe" if plan.precision else ""))  # a tester: bf16, bf16-pure or fp8 unsaid
+            + (f", {plan.precision} recipe" if plan.precision else "")  # a tester: bf16, bf16-pure or fp8 unsaid
+            + (", fused kernels" if plan.kernels == "fused" else ""))
     if plan.seq_chunks is not None:
         head += f"\nsequence pipelining: {format_chunks(plan)} run one after another as units"
     if plan.vocab is not None:

@@ -30,7 +30,7 @@ from autopp.data.cluster import Cluster  # noqa: E402
 from autopp.data.layout import LayoutPins  # noqa: E402
 from autopp.data.overlap import Overlap  # noqa: E402
 from autopp.data.plan import Plan  # noqa: E402
-from autopp.data.precision import RECIPES  # noqa: E402
+from autopp.data.precision import KERNELS, RECIPES  # noqa: E402
 from autopp.data.profile import Profile, load_profile  # noqa: E402
 from autopp.data.zero import ZERO  # noqa: E402
 from autopp.errors import AutoppError  # noqa: E402
@@ -158,8 +158,9 @@ DEEPSEEK_V3 = Published(
             "multi-token-prediction module (one more MoE layer, 14 B parameters) not modelled; balanced routing; "
             "its all-to-alls as s.3.2.2 and s.3.3.4 run them: node-limited (each token across nodes once per "
             "target node, at most 4, forwarded over NVLink) with the dispatch in FP8 (autopp.costmodel.alltoall); "
-            "fused elementwise kernels (`--kernels fused`: the report describes kernels of its own, for the all-to-alls "
-            "and the fine-grained FP8 quantization, and says nothing of elementwise fusion; an assumption)")
+            "fused elementwise kernels (`--kernels fused`: the report describes kernels of its own, for the "
+            "all-to-alls and the fine-grained FP8 quantization, and says nothing of elementwise fusion; an "
+            "assumption)")
 
 #: torchtitan's Llama 3.1 8B with FSDP alone on 128 H100 (examples/configs/llama-3-8b.json: Llama 3 and 3.1 8B share
 #: their shapes; 3.1 differs in RoPE scaling and context length, neither of which changes a step's cost at 8,192).
@@ -286,7 +287,8 @@ TITAN_8B_CP = Published(
     assumed="local batch size 1 per FSDP rank = global batch 2 sequences of 131,072 tokens, one microbatch each; "
             "FSDP with pp 1 (parameters resharded after forward, torchtitan's default) = ZeRO 3 over dp x cp = 8; "
             "full AC (each block wrapped) = per-unit recomputation (recompute-units); Float8 = the fp8 recipe; "
-            "torch.compile = fused elementwise kernels (`--kernels fused`); CP's K/V exchange as autopp's ring costs it (torchtitan's default "
+            "torch.compile = fused elementwise kernels (`--kernels fused`); CP's K/V exchange as autopp's ring costs "
+            "it (torchtitan's default "
             "all-gather rotation not modelled); its GPU at the SXM end of the bracket of the pure-FSDP 8B row "
             "(examples/devices/h100-96gb-500w-sxm-peak.json); microbatch size 1 only counted")
 
@@ -596,7 +598,7 @@ def main() -> None:
                              "for NeMo AutoModel's Qwen3 row; bf16 for the others; fp8: linear and expert GEMMs at "
                              "the FP8 peak, docs/analytic.md; bf16-pure: bf16 weights, gradients and Adam state "
                              "without a master copy; profiles other than bf16 under a directory of their own)")
-    parser.add_argument("--kernels", default=None, choices=["eager", "fused"],
+    parser.add_argument("--kernels", default=None, choices=KERNELS,
                         help="count the models' elementwise ops with these kernels (default each run's own: eager "
                              "for torchtitan's 8B rows without torch.compile, fused for the others; docs/analytic.md; "
                              "fused profiles under a directory of their own)")

@@ -653,10 +653,11 @@ CASES += [
          lambda env: "--kernels fused goes with --analytic DEVICE",
          lambda env: env.model.write_text(GOOD_MODEL)),
     Case("flag:plan-kernels-with-profile", lambda env: _plan_args(env, "--kernels", "fused"),
-         lambda env: "--kernels goes with a profile that plan counts"),
+         lambda env: "times the kernels that ran (measured); count a profile with `autopp profile ... --analytic "
+                     "DEVICE --kernels fused`"),
     Case("flag:plan-kernels-measured", lambda env: ["plan", str(env.model), "--kernels", "fused", "--devices", "2",
                                                     "--memory", "1GiB", "-o", str(env.tmp / "out.json")],
-         lambda env: "--kernels fused goes with --device NAME of a catalog device",
+         lambda env: "--kernels fused goes with a profile plan counts: give --device NAME of a catalog GPU",
          lambda env: env.model.write_text(GOOD_MODEL)),
     Case("flag:plan-precision-with-profile", lambda env: _plan_args(env, "--precision", "fp8"),
          lambda env: "--precision goes with a profile that plan makes"),

@@ -38,9 +38,11 @@ def add_analytic_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_kernels_argument(p: argparse.ArgumentParser) -> None:
     """--kernels eager|fused: the elementwise kernels an analytic profile counts (autopp.measure.fusion)."""
-    p.add_argument("--kernels", choices=["eager", "fused"],
+    from ..data.precision import KERNELS
+    p.add_argument("--kernels", choices=KERNELS,
                    help="analytic profiles: count elementwise ops as eager PyTorch runs them, one kernel each "
-                        "(default), or fused as torch.compile and Transformer Engine run them (docs/analytic.md)")
+                        "(default), or fused, each chain of them between matmuls one kernel, nearest torch.compile's "
+                        "fusion (docs/analytic.md, 'Fused elementwise kernels')")
 
 
 def kernels_of(args: argparse.Namespace) -> str:

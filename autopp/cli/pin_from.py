@@ -24,7 +24,21 @@ def read_pin(args: argparse.Namespace, profile: Any, request: Any) -> tuple[Any,
         raise AutoppError(f"{args.pin_from}: its global batch is {batch}, --global-batch is {request.global_batch}; "
                           f"give --global-batch {batch} so both plans train the same batch")
     _check_profile_seq_len(args, profile)
-    return pinned, notes
+    return pinned, notes + _kernels_note(args.pin_from, profile)
+
+
+def _kernels_note(path: str, profile: Any) -> list[str]:
+    """Where the configuration runs other elementwise kernels than the profile counted (a new user: a torchtitan
+    config without torch.compile was judged as fast as autopp's fused plan, whose export compiles)."""
+    from ..data.precision import recorded_kernels
+    from ..export import config_kernels
+    counted = recorded_kernels(profile.meta.extra) or ("eager" if "analytic" in profile.meta.extra else None)
+    runs, why = config_kernels(path)
+    if counted is None or runs == counted:
+        return []
+    return [f"{path} runs {runs} elementwise kernels ({why}), the profile counted {counted}: both configurations "
+            f"are predicted with {counted} kernels, so yours runs {'faster' if runs == 'fused' else 'slower'} than "
+            f"its prediction; count the profile with `--kernels {runs}` to judge it as it runs"]
 
 
 def batch_of(pinned: Any) -> int:

@@ -21,6 +21,7 @@ from .common import (COUNT, POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_
                      progress, shown_progress)
 from .pin_from import batch_of, pinned_seq_len, read_pin
 from .plan_cluster import plan_cluster
+from ..data.precision import recorded_kernels
 from .analytic import add_kernels_argument
 from .profile import (add_hf_arguments, add_optimizer_argument, add_precision_argument, default_profile_dir,
                       hf_source_of, profile_for)
@@ -306,10 +307,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.optimizer:
             raise AutoppError(f"--optimizer goes with a profile that plan makes; {args.profile} counts "
                               f"{given.meta.optimizer}'s state: drop --optimizer")
-        if args.kernels:
-            counted = given.meta.extra.get("analytic", {}).get("kernels", "eager")
-            raise AutoppError(f"--kernels goes with a profile that plan counts; {args.profile} times {counted} "
-                              "kernels: drop --kernels")
+        counted = recorded_kernels(given.meta.extra) or ("eager" if "analytic" in given.meta.extra else None)
+        if args.kernels and args.kernels != counted:
+            raise AutoppError(f"--kernels {args.kernels}: {args.profile} times "
+                              f"{f'{counted} kernels' if counted else 'the kernels that ran (measured)'}; count a "
+                              f"profile with `autopp profile ... --analytic DEVICE --kernels {args.kernels}` and plan "
+                              "from it, or drop --kernels")
     batch, said = _global_batch(args, cluster, given)  # a --profile's sequence length known now
     request = replace(request, global_batch=batch)
     if given is not None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..data.precision import RECIPES, Recipe, recipe, recipe_of_dtype
+from ..data.precision import RECIPES, Recipe, recipe, recipe_of_dtype, recorded_kernels
 from ..data.hf_config import DEFAULT_SEQ_LEN, DEFAULT_TASK, HF_TASKS, HfSource, hf_source
 from ..data.tp_plan import tp_outdated
 from ..errors import AutoppError
@@ -315,7 +315,7 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
     if made_for != device:
         return f"it is {f'analytic for {made_for}' if made_for else 'measured'}, the plan needs one " + (
             f"analytic for {device}" if device else "measured here")
-    counted_kernels = profile.meta.extra.get("analytic", {}).get("kernels", "eager")
+    counted_kernels = recorded_kernels(profile.meta.extra) or "eager"  # analytic ones before the choice: eager
     if made_for and counted_kernels != kernels:
         return f"it counted {counted_kernels} kernels, the plan needs {kernels}"
     if rows := tp_outdated(profile.meta.tp_plan, profile.meta.tp_degrees, degrees, tp_plan):
@@ -356,8 +356,8 @@ def profile_for(args: argparse.Namespace, tp: int | None = 1) -> Profile:
         raise AutoppError(f"--precision {chosen} is counted, not measured: give --device of a GPU that has it")
     kernels = kernels_of(args)
     if device is None and getattr(args, "kernels", None):
-        raise AutoppError(f"--kernels {kernels} goes with --device NAME of a catalog device, whose profile plan "
-                          "counts: a measured profile times the kernels that ran")
+        raise AutoppError(f"--kernels {kernels} goes with a profile plan counts: give --device NAME of a catalog GPU "
+                          "(without --device, or with --device cpu, plan measures here, the kernels that ran)")
     default = default_profile_dir(args)
     if (default / "meta.json").is_file():
         profile = load_profile(default)

@@ -22,18 +22,26 @@ here; the recipe name appears only at the JSON and command-line boundaries.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ProfileError
 
 if TYPE_CHECKING:
     from .catalog import DeviceSpec
 
-__all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "recipe", "recipe_of_dtype", "plan_recipe", "KERNELS"]
+__all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "recipe", "recipe_of_dtype", "plan_recipe", "KERNELS",
+           "recorded_kernels"]
 
 #: The elementwise kernels an analytic profile counts (autopp.measure.fusion; `extra.analytic.kernels`, a plan's
 #: `kernels`): as eager PyTorch runs them, each op its own kernel, or chains of them fused into one.
 KERNELS = ("eager", "fused")
+
+
+def recorded_kernels(extra: dict[str, Any]) -> str | None:
+    """The elementwise kernels a profile's `meta.extra` records (`extra.analytic.kernels`); None where it records
+    none: a measured profile (the kernels that ran) or an analytic one counted before the choice (eager)."""
+    kernels = (extra.get("analytic") or {}).get("kernels")
+    return None if kernels is None else str(kernels)
 
 
 @dataclass(frozen=True, kw_only=True)

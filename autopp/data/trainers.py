@@ -25,6 +25,7 @@ from .overlap import TRAINER_OVERLAP, Overlap
 from .zero import HSDP_REFUSALS, ZeroStage
 
 __all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem", "optimizer_words",
+           "kernels_words",
            "HF_DECODER_TO_TORCHTITAN"]
 
 
@@ -233,3 +234,24 @@ def optimizer_words(trainer: str, counted: str | None) -> str:
         "; to plan for Adam(W), profile again with --optimizer adamw (2 fp32 states per parameter) and plan again"
     return f"the plan's memory counts {what} (the profile's); {trainer_rules(trainer).title} trains with " \
         f"{trainer_rules(trainer).optimizer}{again}"
+
+
+def kernels_words(trainer: str, counted: str | None, compiles: bool = False) -> str | None:
+    """Where `trainer` runs other elementwise kernels than the plan's profile counted (`counted`: "eager", "fused"
+    or None, not known; `compiles`: its run is compiled for another reason, torchtitan's async TP), what that does to
+    its step, in one sentence (None: they agree, or the plan does not know): the note of `autopp plan --for` and of
+    every export (autopp.export.common.kernels_for, which also writes the lines that fuse where it can)."""
+    rules = trainer_rules(trainer)
+    runs = "fused" if compiles else rules.kernels
+    if counted is None or counted == runs:
+        return None
+    if counted == "eager":
+        how = rules.fused_how if rules.kernels == "fused" else "torch.compile, which the run turns on"
+        return (f"the plan counted eager elementwise kernels, each op its own; {rules.title} fuses them ({how}): its "
+                "step may be shorter than predicted; count the profile with `--kernels fused` to predict it")
+    if rules.fuse:
+        return (f"the plan counted fused elementwise kernels (`--kernels fused`): {rules.title} fuses them with "
+                f"{rules.fused_how}, which its export turns on")
+    return (f"the plan counted fused elementwise kernels (`--kernels fused`); {rules.title} runs {rules.fused_how}: "
+            "unless that code fuses them (torch.compile), its step takes longer than predicted; plan from a profile "
+            "counted with eager kernels to predict it")

@@ -13,7 +13,7 @@ from ..data.profile_values import LiveValue
 from .common import Exported
 from .layers import ExportError, ModelLayers, model_layers
 from .torchtitan import check_renames, rename_modules
-from .pin import config_degrees, config_seq_len, config_trainer, read_pinned
+from .pin import config_degrees, config_kernels, config_seq_len, config_trainer, read_pinned
 from .pin_fields import read_config_text
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Target", "ExportError", "Exported", "ModelLayers", "model_layers", "export_plan", "write_export",
            "default_output", "check_renames", "rename_modules", "read_pinned", "read_config_text", "config_degrees",
-           "config_seq_len", "config_trainer", "trainer_model_problem"]
+           "config_seq_len", "config_trainer", "config_kernels", "trainer_model_problem"]
 
 
 class Target(enum.Enum):

@@ -12,7 +12,7 @@ from ..data.layout import MESH_AXES
 from ..data.plan import Plan
 from ..data.precision import plan_recipe
 from ..data.tp_plan import LOSS_PARALLEL
-from ..data.trainers import optimizer_words, trainer_rules
+from ..data.trainers import kernels_words, optimizer_words, trainer_rules
 from ..errors import ScheduleError
 from ..schedule import DESCRIPTORS, Activation, ActivationPolicy, StagePlacement, describe, policy
 from .layers import ExportError
@@ -160,10 +160,11 @@ def refuse_schedule(plan: Plan, trainer: str, where: str) -> None:
                       f"{trainer}`, which searches only what {trainer} runs")
 
 
-def made_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
+def made_for(plan: Plan, trainer: str, compiles: bool = False) -> tuple[list[str], list[str]]:
     """`trainer`'s lines for what the plan was made for (autopp.data.trainers): the sequence length (`Trainer.seq_len`;
     a model built from an HF config records it, `Plan.hf_config`) and the precision recipe (`Plan.precision`, else
-    its dtype's: autopp.data.precision), with a note for each the plan does not know (nothing is made up)."""
+    its dtype's: autopp.data.precision), with a note for each the plan does not know (nothing is made up), and its
+    elementwise kernels (`kernels_for`; `compiles`: the export compiles for another reason)."""
     rules, lines, notes = trainer_rules(trainer), [], []
     seq = plan.hf_config.get("seq_len")
     if rules.seq_len is not None and seq:
@@ -178,28 +179,18 @@ def made_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
     else:
         lines += getattr(recipe, trainer)
         notes += [recipe.torchtitan_note] if trainer == "torchtitan" and recipe.torchtitan_note else []
-    kernel_lines, kernel_notes = kernels_for(plan, trainer)
+    kernel_lines, kernel_notes = kernels_for(plan, trainer, compiles)
     return lines + kernel_lines, notes + kernel_notes
 
 
-def kernels_for(plan: Plan, trainer: str) -> tuple[list[str], list[str]]:
+def kernels_for(plan: Plan, trainer: str, compiles: bool = False) -> tuple[list[str], list[str]]:
     """`trainer`'s lines and notes for the elementwise kernels the plan's profile counted (`Plan.kernels`,
-    autopp.measure.fusion): fused where the trainer fuses only when told (torchtitan: torch.compile) is asked for;
-    fused where it cannot be told, or eager where it fuses by default, is said (its step longer, or shorter, than
-    predicted); nothing where they agree or the plan does not know."""
-    rules = trainer_rules(trainer)
-    if plan.kernels is None or plan.kernels == rules.kernels:
-        return [], []
-    if plan.kernels == "fused" and rules.fuse:
-        return list(rules.fuse), [f"the plan counted fused elementwise kernels (`--kernels fused`): {rules.title} "
-                                  f"runs them so with {rules.fused_how}, which the export turns on"]
-    if plan.kernels == "fused":
-        return [], [f"the plan counted fused elementwise kernels (`--kernels fused`); {rules.title} runs "
-                    f"{rules.fused_how}: unless that code fuses them (torch.compile), its step takes longer than "
-                    "predicted; plan from a profile counted with eager kernels to predict it"]
-    return [], [f"the plan counted eager elementwise kernels, each op its own; {rules.title} fuses them by default "
-                 f"({rules.fused_how}): its step may be shorter than predicted; count the profile with "
-                 "`--kernels fused` to predict it"]
+    autopp.measure.fusion): fused where the trainer fuses when told (torchtitan: torch.compile) is asked for (unless
+    `compiles`: its lines compile already); where the trainer runs otherwise, what that does to its step
+    (`kernels_words`)."""
+    rules, note = trainer_rules(trainer), kernels_words(trainer, plan.kernels, compiles)
+    lines = list(rules.fuse) if plan.kernels == "fused" and not compiles else []
+    return lines, [note] if note else []
 
 
 def optimizer_note(plan: Plan, trainer: str) -> str:

@@ -22,6 +22,7 @@ what a switch hid in the prediction must be hidden in the exported run too, or t
 from __future__ import annotations
 
 from ..data.plan import Plan
+from ..data.trainers import trainer_rules
 
 __all__ = ["megatron_overlap", "torchtitan_overlap", "deepspeed_overlap"]
 
@@ -48,7 +49,8 @@ def torchtitan_overlap(plan: Plan) -> tuple[list[str], list[str]]:
     setting (module docstring): where the plan assumed it, that it matches; where the plan did not, that the run
     may be faster than predicted."""
     overlap, layout = plan.assumed_overlap, plan.layout
-    lines = ["--compile.enable", "--compile.enable_async_tensor_parallel"] if overlap.async_tp and layout.sp else []
+    compile_lines = [*trainer_rules("torchtitan").fuse, "--compile.enable_async_tensor_parallel"]
+    lines = compile_lines if overlap.async_tp and layout.sp else []
     reduces = layout.sync > 1
     if not reduces:
         return lines, []

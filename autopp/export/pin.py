@@ -15,7 +15,7 @@ from .pin_fields import Degrees, read_config_text, read_degrees
 from .pin_megatron import megatron_options, read_megatron
 from .pin_torchtitan import read_torchtitan, torchtitan_options
 
-__all__ = ["read_pinned", "config_degrees", "config_seq_len", "config_trainer"]
+__all__ = ["read_pinned", "config_degrees", "config_seq_len", "config_trainer", "config_kernels"]
 
 
 def config_trainer(path: str | Path) -> str:
@@ -51,6 +51,21 @@ def config_seq_len(path: str | Path) -> int | None:
     if isinstance(value, bool) or not str(value).isdigit() or int(value) < 1:
         raise ExportError(f"{p}: {key} is {value!r}, not a positive whole number of tokens")
     return int(value)
+
+
+def config_kernels(path: str | Path) -> tuple[str, str]:
+    """The elementwise kernels the configuration in `path` runs (autopp.data.precision.KERNELS) and why: torchtitan
+    compiles the model only with `compile.enable` (its CompileConfig, off by default; async TP needs it on),
+    Megatron-LM runs Transformer Engine and its fusions unless `--transformer-impl local` (arguments.py's default
+    transformer_engine)."""
+    p = Path(path)
+    if config_trainer(p) == "torchtitan":
+        enable = torchtitan_options(p).get("compile.enable")
+        on = enable is not None and str(enable).lower() not in ("false", "0")
+        return ("fused", "compile.enable") if on else ("eager", "no compile.enable")
+    if megatron_options(p).get("transformer-impl") == "local":
+        return "eager", "--transformer-impl local"
+    return "fused", "Transformer Engine and Megatron-LM's fusions, its defaults"
 
 
 def read_pinned(path: str | Path, unit_names: Sequence[str], devices: int) -> tuple[Pinned, list[str]]:

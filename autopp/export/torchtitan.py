@@ -176,9 +176,9 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
              *carved_lines(plan, "torchtitan", "--{key}={degree}", moe or {}, where),
              f"--training.local_batch_size={local}",
              f"--training.global_batch_size={plan.num_microbatches * plan.microbatch_size * plan.layout.dp}"]
-    settings, setting_notes = made_for(plan, "torchtitan")
     overlap, overlap_notes = torchtitan_overlap(plan)
-    lines += settings + [line for line in overlap if line not in settings]  # async TP compiles too
+    settings, setting_notes = made_for(plan, "torchtitan", compiles=bool(overlap))  # async TP compiles the model
+    lines += settings + overlap
     if plan.layout.pp > 1:  # Trainer.Config refuses pipeline parallelism with CUDA graphs, which are on by default
         lines.append("--training.disable_cuda_graphs")
     extra = {}

@@ -18,7 +18,7 @@ from torch.distributed.pipelining import Pipe
 
 from ..costmodel.roofline import Calibration, Efficiency, OpCounts, default_efficiency, expert_seconds, phase_time
 from ..data.catalog import DeviceSpec, load_device
-from ..data.precision import Recipe
+from ..data.precision import KERNELS, Recipe
 from ..data.profile import EDGE_COLUMNS, EXPERT_COLUMNS, OPTIONAL_UNIT_COLUMNS, UNIT_COLUMNS, Profile, ProfileMeta
 from ..schedule.activation import POLICY_COLUMNS
 from ..errors import AutoppError
@@ -33,7 +33,6 @@ from ..model.split import (LiveValue, live_values, model_output, rebuild_output,
 from ..model.units import Unit
 from ..progress import Overall, Progress
 from .counting import PieceCounts, attention_tiles, count_piece
-from .fusion import KERNELS
 from .memory import PEAK_HOW, static_bytes, value_bytes
 from .options import OPTIMIZER_STATES, ProfileOptions
 from .pieces import piece_key

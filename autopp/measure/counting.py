@@ -343,7 +343,7 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
     with contextlib.ExitStack() as across:  # the live bytes: from the forward to the end of the full backward
 
         def phase(_i: int, kind: str, run: Callable[[], Any] | None) -> Any:
-            if run is None or kind == "recompute":
+            if run is None or kind == "recompute" or kind == "selective_recompute" and fuse:  # fused: the forward's
                 return None
             if kind == "forward":
                 across.enter_context(live)

@@ -100,6 +100,11 @@ def choose_backend(num_ranks: int) -> Backend:
 MESH_ON_CPU_NOTE = f"{MESH_ON_CPU}: this run checks the layout's gradients, its time says little"
 
 
+FUSED_NOTE = ("the plan counted fused elementwise kernels (`--kernels fused`); autopp run runs the model's ops eager, "
+              "one kernel each, so its measured steps exceed the prediction by the elementwise work fusion saves "
+              "(docs/analytic.md, \"Fused elementwise kernels\")")
+
+
 def _chosen(plan: Plan, options: RunOptions, plan_path: str | None) -> Chosen:
     """`options` with the backend and optimizer chosen for this node's ranks (autopp.run.resolve), checked."""
     known = ", ".join(OPTIMIZER_STATES)
@@ -295,6 +300,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
     if plan.vocab is not None:  # its passes run beside torch's schedule: autopp.run.vocab_run
         vocab_job(plan, options)  # what it does not run: refused in one line before any rank starts
         report = replace(report, notes=(*report.notes, VOCAB_NOTE))
+    if plan.kernels == "fused":  # the prediction counted fused elementwise kernels; the ranks run them eager
+        report = replace(report, notes=(*report.notes, FUSED_NOTE))
     if uses_mesh(plan.layout) and options.backend == "gloo":
         report = replace(report, notes=(*report.notes, MESH_ON_CPU_NOTE))
     if plan.seq_chunks is not None and len(set(plan.seq_chunks.lengths)) > 1:  # a tester: said only in the plan

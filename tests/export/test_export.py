@@ -14,6 +14,7 @@ import pytest
 from autopp.cli import main
 from autopp.export import ExportError, Target, default_output, export_plan, model_layers, rename_modules
 from autopp.data.layout import Layout, LayoutPins
+from autopp.data.overlap import Overlap
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
 from autopp.data.vocab import VocabVariant
@@ -693,9 +694,17 @@ def test_a_plan_of_fused_kernels_asks_torchtitan_to_compile_and_says_what_the_ot
         assert "--compile.enable" not in exported.text and not any("elementwise kernels" in n
                                                                    for n in exported.notes), (quiet.kernels, target)
     megatron = export_plan(eager, Target.MEGATRON, "x")
-    assert any("fuses them by default" in n and "--transformer-impl transformer_engine" in n for n in megatron.notes)
+    assert any("Megatron-Core fuses them (" in n and "--transformer-impl transformer_engine" in n for n in megatron.notes)
     deepspeed = export_plan(fused, Target.DEEPSPEED, "x.json")
     assert any("its step takes longer than predicted" in n for n in deepspeed.notes)
+    tp = _as_hf(llama_plans["dp"])  # tp 2 with SP: async TP compiles the model, so eager kernels run fused
+    tp = replace(tp, layout=replace(tp.layout, tp=2, sp=True), tp_plan={"model.layers.*.mlp.up_proj": "colwise"})
+    async_tp = replace(tp, overlap=Overlap(async_tp=True))
+    for kernels, says in (("eager", "its step may be shorter than predicted"), ("fused", None)):
+        exported = export_plan(replace(async_tp, kernels=kernels), Target.TORCHTITAN, "x.args", unit_modules(llama))
+        assert exported.text.splitlines().count("--compile.enable") == 1, kernels
+        assert [n for n in exported.notes if "elementwise kernels" in n] == \
+            ([] if says is None else [next(n for n in exported.notes if says in n)]), kernels
     assert Plan.from_json(fused.to_json()).kernels == "fused" and "kernels" not in plan.to_json()
 
 

@@ -446,6 +446,31 @@ def test_the_configuration_s_sequence_length_is_read(text: str, suffix: str, seq
     assert config_seq_len(pin) == seq
 
 
+@pytest.mark.parametrize("text, suffix, kernels", [
+    ("[compile]\nenable = true\n[parallelism]\npipeline_parallel_degree = 2\n", ".toml", "fused"),
+    ("[compile]\nenable = false\n", ".toml", "eager"),
+    ("--parallelism.pipeline_parallel_degree=2\n--compile.enable\n", ".args", "fused"),
+    ("--parallelism.pipeline_parallel_degree=2\n", ".args", "eager"),
+    ("--pipeline-model-parallel-size 2 --num-layers 4\n", ".args", "fused"),
+    ("--pipeline-model-parallel-size 2 --num-layers 4 --transformer-impl local\n", ".args", "eager")])
+def test_the_configuration_s_kernels_are_read(text: str, suffix: str, kernels: str, tmp_path: Path) -> None:
+    """torchtitan fuses only with compile.enable; Megatron-LM unless --transformer-impl local (autopp.export.pin)."""
+    from autopp.cli.pin_from import _kernels_note
+    from autopp.export import config_kernels
+    pin = tmp_path / f"c{suffix}"
+    pin.write_text(text)
+    assert config_kernels(pin)[0] == kernels
+
+    class Counted:  # a profile's metadata, as `_kernels_note` reads it
+        class meta:
+            extra = {"analytic": {"kernels": "eager"}}
+    note = _kernels_note(str(pin), Counted())
+    assert note == ([] if kernels == "eager" else [f"{pin} runs fused elementwise kernels ({config_kernels(pin)[1]}), "
+                                                   "the profile counted eager: both configurations are predicted "
+                                                   "with eager kernels, so yours runs faster than its prediction; "
+                                                   "count the profile with `--kernels fused` to judge it as it runs"])
+
+
 def test_pin_from_profiles_at_the_configuration_s_sequence_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 26: `plan --hf-config C --pin-from TOML` profiled at the 512-token default a TOML of 8192 tokens; the

@@ -185,3 +185,10 @@ def test_cli_analytic_profile_with_fused_kernels(tmp_path: Path, capsys: pytest.
                  "-o", str(tmp_path / "plan.json")]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "the profile counts fused elementwise kernels (`--kernels fused`" in said
+    # --for a trainer that runs the model's own kernels (an MLP: no transformer layers for the others to count)
+    assert main(["plan", "--profile", str(out), "--devices", "2", "--memory", "80GiB", "--global-batch", "8",
+                 "--for", "deepspeed", "-o", str(tmp_path / "deepspeed.json")]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "kernels: the plan counted fused elementwise kernels" in said and "takes longer than predicted" in said
+    assert main(["plan", "--profile", str(out), "--devices", "2", "--memory", "80GiB", "--global-batch", "8",
+                 "--kernels", "fused", "-o", str(tmp_path / "same.json")]) == 0  # the profile's own: not refused

@@ -13,6 +13,7 @@ from ...costmodel.breakdown import time_breakdown
 from ...data.breakdown import TimeBreakdown
 from ...data.overlap import NO_OVERLAP
 from ...data.plan import Plan, Prediction, StagePlan
+from ...data.precision import recorded_kernels
 from ...data.profile import Profile
 from ...data.runner_rules import run_refusal
 from ...data.profile_tp import SP_TIME_COLUMNS
@@ -324,7 +325,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 optimizer=profile.meta.optimizer, dtype=profile.meta.dtype,
                 time_breakdown=_breakdown(a, placed, best),
                 precision=profile.meta.extra.get("precision"),
-                kernels=profile.meta.extra.get("analytic", {}).get("kernels"),
+                kernels=recorded_kernels(profile.meta.extra),
                 vocab=best.passes.variant if best.passes is not None else None, seq_chunks=c.seq,
                 overlap=request.assumed_overlap, nodes=_nodes(request.cluster, layout.world))
     refused = run_refusal(plan)  # said where it is planned, not first when it is run

@@ -11,7 +11,8 @@ from ...schedule import Activation, policy
 from ...errors import AutoppError, InfeasibleError, LayoutError, ProfileError
 from ...data.plan import Plan
 from ...data.precision import plan_recipe
-from ...data.trainers import TRAINER_RULES, optimizer_words
+from ...data.precision import recorded_kernels
+from ...data.trainers import TRAINER_RULES, kernels_words, optimizer_words
 from ...data.profile import Profile
 from ...progress import PROGRESS_LOG
 from ...sizes import format_time
@@ -90,6 +91,13 @@ def _optimizer_note(profile: Profile, request: PlanRequest) -> list[str]:
     if request.trainer is None or profile.meta.optimizer in ("adam", "adamw"):
         return []
     return [f"optimizer: {optimizer_words(request.trainer, profile.meta.optimizer)}"]
+
+
+def _kernels_note(profile: Profile, request: PlanRequest) -> list[str]:
+    """For a `trainer`, where it runs other elementwise kernels than the profile counted (`kernels_words`), as its
+    export says it (a reviewer: `--for megatron` from an eager profile said nothing of Megatron's fused kernels)."""
+    note = kernels_words(request.trainer, recorded_kernels(profile.meta.extra)) if request.trainer else None
+    return [f"kernels: {note}"] if note else []
 
 
 def _tp_note(profile: Profile, request: PlanRequest) -> list[str]:
@@ -215,7 +223,7 @@ def _make_plan(profile: Profile, request: PlanRequest) -> Plan:
     chosen = best.candidate.schedule.value  # only some of its splits were left out: not worth a note
     notes += [why for name, why in excluded.items() if name != chosen]
     notes += [unsynthesizable] if request.synthesize and unsynthesizable else []
-    notes += _tp_note(profile, request) + _optimizer_note(profile, request)
+    notes += _tp_note(profile, request) + _optimizer_note(profile, request) + _kernels_note(profile, request)
     notes += [p.words() for p in proofs if not p.exact]
     if profile.meta.device.startswith("cuda") and links_hold_messages(request.cluster):
         notes.append(GPU_PROGRESS_NOTE)

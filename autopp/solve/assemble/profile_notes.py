@@ -4,6 +4,7 @@ profile counted with fused elementwise kernels."""
 
 from __future__ import annotations
 
+from ...data.precision import recorded_kernels
 from ...data.profile import Profile
 
 __all__ = ["profile_notes"]
@@ -20,11 +21,12 @@ def profile_notes(profile: Profile, microbatches: int, size: int, vocab: bool = 
 def _kernels_note(profile: Profile) -> list[str]:
     """A profile counted with fused elementwise kernels (`extra.analytic.kernels`, autopp.measure.fusion) times what
     a trainer that fuses them runs: said, since `autopp run` and an eager trainer run each op as its own kernel."""
-    if profile.meta.extra.get("analytic", {}).get("kernels") != "fused":
+    if recorded_kernels(profile.meta.extra) != "fused":
         return []
-    return ["the profile counts fused elementwise kernels (`--kernels fused`: each chain of elementwise ops one "
-            "kernel, as torch.compile and Transformer Engine run them): a trainer running them eager, op by op, "
-            "takes longer than predicted"]
+    return ["the profile counts fused elementwise kernels (`--kernels fused`: a chain of elementwise ops between "
+            "matmuls one kernel, nearest torch.compile's fusion; memory counted as eager, an upper bound): a run of "
+            "eager kernels, op by op (autopp run's, a trainer's without torch.compile or fused kernels), takes "
+            "longer than predicted"]
 
 
 def _size_note(profile: Profile, size: int) -> list[str]:
