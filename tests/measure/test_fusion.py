@@ -138,6 +138,7 @@ def test_a_norm_and_mlp_piece_loses_bytes_and_kernels_and_keeps_flops_and_memory
     assert ("aten::mul.Tensor", 256 + 2 * 8 * 64 * 4) in rerun  # the norm's output h written, its weight read
 
 
+@pytest.mark.integration  # counts a model and its TP rows three times: seconds, more under load
 def test_a_llama_block_is_faster_fused_and_the_profile_says_so() -> None:
     """tiny-llama's config counted both ways for the H100: every unit's passes no slower fused, a block's backward
     faster; the profile records its kernels, and a plan that needs the other kind calls it not current."""
