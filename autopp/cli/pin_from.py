@@ -30,9 +30,9 @@ def read_pin(args: argparse.Namespace, profile: Any, request: Any) -> tuple[Any,
 def _kernels_note(path: str, profile: Any) -> list[str]:
     """Where the configuration runs other elementwise kernels than the profile counted (a new user: a torchtitan
     config without torch.compile was judged as fast as autopp's fused plan, whose export compiles)."""
-    from ..data.precision import recorded_kernels
+    from ..data.precision import counted_kernels
     from ..export import config_kernels
-    counted = recorded_kernels(profile.meta.extra) or ("eager" if "analytic" in profile.meta.extra else None)
+    counted = counted_kernels(profile.meta.extra)
     runs, why = config_kernels(path)
     if counted is None or runs == counted:
         return []

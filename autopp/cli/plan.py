@@ -21,7 +21,7 @@ from .common import (COUNT, POSITIVE, SCHEDULE_NAMES, SECONDS, end_progress, in_
                      progress, shown_progress)
 from .pin_from import batch_of, pinned_seq_len, read_pin
 from .plan_cluster import plan_cluster
-from ..data.precision import recorded_kernels
+from ..data.precision import counted_kernels
 from .analytic import add_kernels_argument
 from .profile import (add_hf_arguments, add_optimizer_argument, add_precision_argument, default_profile_dir,
                       hf_source_of, profile_for)
@@ -307,7 +307,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.optimizer:
             raise AutoppError(f"--optimizer goes with a profile that plan makes; {args.profile} counts "
                               f"{given.meta.optimizer}'s state: drop --optimizer")
-        counted = recorded_kernels(given.meta.extra) or ("eager" if "analytic" in given.meta.extra else None)
+        counted = counted_kernels(given.meta.extra)
         if args.kernels and args.kernels != counted:
             raise AutoppError(f"--kernels {args.kernels}: {args.profile} times "
                               f"{f'{counted} kernels' if counted else 'the kernels that ran (measured)'}; count a "

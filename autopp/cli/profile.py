@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..data.precision import RECIPES, Recipe, recipe, recipe_of_dtype, recorded_kernels
+from ..data.precision import RECIPES, Recipe, counted_kernels, recipe, recipe_of_dtype
 from ..data.hf_config import DEFAULT_SEQ_LEN, DEFAULT_TASK, HF_TASKS, HfSource, hf_source
 from ..data.tp_plan import tp_outdated
 from ..errors import AutoppError
@@ -315,9 +315,9 @@ def _current(profile: Profile, fingerprint: str, recorded: dict[str, Any] | None
     if made_for != device:
         return f"it is {f'analytic for {made_for}' if made_for else 'measured'}, the plan needs one " + (
             f"analytic for {device}" if device else "measured here")
-    counted_kernels = recorded_kernels(profile.meta.extra) or "eager"  # analytic ones before the choice: eager
-    if made_for and counted_kernels != kernels:
-        return f"it counted {counted_kernels} kernels, the plan needs {kernels}"
+    timed = counted_kernels(profile.meta.extra)
+    if made_for and timed != kernels:
+        return f"it counted {timed} kernels, the plan needs {kernels}"
     if rows := tp_outdated(profile.meta.tp_plan, profile.meta.tp_degrees, degrees, tp_plan):
         return rows
     if made_for:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .catalog import DeviceSpec
 
 __all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "recipe", "recipe_of_dtype", "plan_recipe", "KERNELS",
-           "recorded_kernels"]
+           "recorded_kernels", "counted_kernels"]
 
 #: The elementwise kernels an analytic profile counts (autopp.measure.fusion; `extra.analytic.kernels`, a plan's
 #: `kernels`): as eager PyTorch runs them, each op its own kernel, or chains of them fused into one.
@@ -42,6 +42,12 @@ def recorded_kernels(extra: dict[str, Any]) -> str | None:
     none: a measured profile (the kernels that ran) or an analytic one counted before the choice (eager)."""
     kernels = (extra.get("analytic") or {}).get("kernels")
     return None if kernels is None else str(kernels)
+
+
+def counted_kernels(extra: dict[str, Any]) -> str | None:
+    """The elementwise kernels a profile's times count: `recorded_kernels`, "eager" for an analytic profile counted
+    before the choice (which counted eager), None for a measured one (the kernels that ran)."""
+    return recorded_kernels(extra) or ("eager" if "analytic" in extra else None)
 
 
 @dataclass(frozen=True, kw_only=True)

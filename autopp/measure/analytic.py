@@ -84,7 +84,8 @@ class ModelCounts:
     """Attention counted as a GPU's fused kernels run it (`autopp.model.fake_cpu.fused_attention`), not as the CPU
     dispatches it."""
     kernels: str = "eager"
-    """The elementwise kernels counted (autopp.measure.fusion.KERNELS): as eager PyTorch runs them, or fused."""
+    """The elementwise kernels counted (autopp.data.precision.KERNELS): as eager PyTorch runs them, or fused
+    (autopp.measure.fusion)."""
 
 
 def _edges_into(node: fx.Node, i: int, b: int, env: dict[fx.Node, Any], piece_index: dict[str, int]

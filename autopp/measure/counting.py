@@ -17,8 +17,8 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from ..costmodel.roofline import ATTENTION_OPS, OpCounts
-from .fusion import OpTouches, fuse_elementwise, fusible
 from ..schedule.activation import SAVED_OPS
+from .fusion import OpTouches, fuse_elementwise, fusible
 from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, value_bytes
 from .timing import Piece, run_phases
 
