@@ -53,7 +53,8 @@ def main() -> None:
             continue
         te, tf = (unit_times(r.counts, spec, chosen, eff) for r in (eager, fused))
         cells = [f"{te[p] * 1e3:.2f} -> {tf[p] * 1e3:.2f} ({tf[p] / te[p]:.2f})" if te[p] else "-" for p in PASSES]
-        name = counts["eager"].units[eager.unit].name
+        modules = counts["eager"].units[eager.unit].modules
+        name = " ".join(modules) if len(modules) <= 3 else f"{' '.join(modules[:2])} ... {modules[-1]}"
         print(f"| {eager.unit} {name} | " + " | ".join(cells) +
               f" | {len(eager.counts.forward.flops)} -> {len(fused.counts.forward.flops)} |")
 

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from ..measure.options import ProfileOptions
     from ..model.contract import ModelFile
 
-__all__ = ["MEASURING_FLAGS", "add_analytic_arguments", "add_kernels_argument", "kernels_of", "check_analytic",
-           "analytic_of"]
+__all__ = ["MEASURING_FLAGS", "add_analytic_arguments", "add_kernels_argument", "kernels_of", "check_kernels",
+           "check_analytic", "analytic_of"]
 
 #: Flags of `autopp profile` that only a measurement uses (flag, argparse dest): refused with --analytic.
 MEASURING_FLAGS = (("--repeats", "repeats"), ("--warmup", "warmup"), ("--threads", "threads"),
@@ -64,14 +64,19 @@ def _calibration(args: argparse.Namespace, device: str) -> Calibration | None:
     return load_calibration(args.calibration, device=device, dtype=args.dtype)
 
 
+def check_kernels(args: argparse.Namespace) -> None:
+    """Refuse --kernels without --analytic (before anything is said or counted: a new user saw the dtype line
+    first)."""
+    if args.kernels and not args.analytic:
+        raise AutoppError(f"--kernels {args.kernels} goes with --analytic DEVICE: a measured profile times the kernels "
+                          "that ran")
+
+
 def check_analytic(args: argparse.Namespace) -> None:
     """Refuse --calibration without --analytic; with it, measuring flags, an unknown device, a device without the
     peaks of --precision, or a calibration file for another device or dtype, before anything is counted."""
     if args.calibration and not args.analytic:
         raise AutoppError("--calibration goes with --analytic DEVICE")
-    if args.kernels and not args.analytic:
-        raise AutoppError(f"--kernels {args.kernels} goes with --analytic DEVICE: a measured profile times the kernels "
-                          "that ran")
     if not args.analytic:
         return
     given = _measuring_flags_given(args)

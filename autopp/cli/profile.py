@@ -14,7 +14,8 @@ from ..data.tp_plan import tp_outdated
 from ..errors import AutoppError
 from ..preflight import check_model_file, check_output_dir, check_output_file
 from ..sizes import format_in, time_unit
-from .analytic import add_analytic_arguments, add_kernels_argument, analytic_of, check_analytic, kernels_of
+from .analytic import (add_analytic_arguments, add_kernels_argument, analytic_of, check_analytic, check_kernels,
+                       kernels_of)
 from .common import (COUNT, DEFAULT_PROFILE_DIR, POSITIVE, SECONDS, analytic_target, comma_sizes, default_dtype,
                      default_profile_dir, end_progress, model_stem, profile_dir_name, progress)
 
@@ -215,6 +216,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if source is not None and args.co_runners:
         raise AutoppError("--co-runners is not supported with --hf-config yet (co-runner processes load a model "
                           "file); profile without it")
+    check_kernels(args)
     _resolve_dtype(args)
     check_analytic(args)
     from ..data.catalog import load_device  # the catalog's name, as `autopp plan --device` names the directory
