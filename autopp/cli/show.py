@@ -70,12 +70,14 @@ def _show_predicted_only(report: dict[str, Any], plan: Plan, out: Path) -> int:
 
 
 def _plan_title(plan: Plan) -> str:
-    """What a plan's picture draws: the model, its schedule, layout and microbatches (simulated)."""
+    """What a plan's picture draws: the model, its schedule, layout and microbatches, fused kernels where its profile
+    counted them, as the plan's headline says (simulated)."""
     from ..display import format_chunks, format_grid, format_microbatches
     return (f"{Path(plan.model_path).name}: {plan.schedule.value}, {format_grid(plan.layout)}, "
             f"{format_microbatches(plan.num_microbatches, plan.microbatch_size)}"
             f"{', vocabulary parallelism ' + plan.vocab.value if plan.vocab else ''}"
-            f"{', ' + format_chunks(plan) if plan.seq_chunks else ''} (simulated)")
+            f"{', ' + format_chunks(plan) if plan.seq_chunks else ''}"
+            f"{', fused kernels' if plan.kernels == 'fused' else ''} (simulated)")
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

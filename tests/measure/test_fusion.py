@@ -186,6 +186,9 @@ def test_cli_analytic_profile_with_fused_kernels(tmp_path: Path, capsys: pytest.
                  "-o", str(tmp_path / "plan.json")]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "the profile counts fused elementwise kernels (`--kernels fused`" in said
+    from autopp.cli.show import _plan_title
+    from autopp.data.plan import load_plan
+    assert _plan_title(load_plan(tmp_path / "plan.json")).endswith(", fused kernels (simulated)")  # the picture too
     # --for a trainer that runs the model's own kernels (an MLP: no transformer layers for the others to count)
     assert main(["plan", "--profile", str(out), "--devices", "2", "--memory", "80GiB", "--global-batch", "8",
                  "--for", "deepspeed", "-o", str(tmp_path / "deepspeed.json")]) == 0
