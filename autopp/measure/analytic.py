@@ -292,7 +292,8 @@ def analytic_profile(model: str | Path | ModelFile, device: str | DeviceSpec,
                           "calibration": calibration_path, "compute_efficiency": eff.compute,
                           "memory_efficiency": eff.memory, "op_overhead_s": eff.op_overhead_s,
                           "call_overhead_s": eff.call_overhead_s, "attention_efficiency": eff.attention,
-                          "attention_tiles": asdict(attention_tiles(c.fused_attention)), "kernels": c.kernels},
+                          "attention_tiles": asdict(attention_tiles(c.fused_attention)), "kernels": c.kernels,
+                          **({"fused_saved": FUSED_SAVED} if c.kernels == "fused" else {})},
              "peak_bytes": peaks, **({"tp_peak_bytes": tp_peaks} if tp_peaks else {}),
              "peak_bytes_how": f"counted under FakeTensorMode, forward and full backward: {PEAK_HOW['cpu']}",
              **({"tp_skipped": tp_skipped} if tp_skipped else {}), **({"moe": c.moe} if c.moe else {}),
@@ -334,12 +335,18 @@ def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, setup: Tp
     return tp_table(rows), tp_meta(setup), peaks
 
 
+#: How a fused profile counts what its forward keeps for the backward (`extra.analytic.fused_saved`; absent in fused
+#: profiles counted before it, which kept eager's saved bytes): autopp.measure.fusion.kept_bytes.
+FUSED_SAVED = "min-cut"
+
+
 def count_outdated(profile: Profile) -> str | None:
     """Why an analytic profile was counted otherwise than `analytic_profile` counts now (None: it was not): with
     attention blocks that are neither kernel's of `attention_tiles` now (`extra.analytic.attention_tiles`; none:
     causal attention counted whole, before its skipped blocks), a mixture of experts without its expert GEMMs'
-    columns (expert parallelism cannot re-time it; docs/profile-format.md), TP rows without their peak bytes, or no
-    bytes for the model's output (the last unit's `output_bytes`, recorded since 2026-12-06)."""
+    columns (expert parallelism cannot re-time it; docs/profile-format.md), TP rows without their peak bytes, no
+    bytes for the model's output (the last unit's `output_bytes`, recorded since 2026-12-06), or fused kernels
+    counted with eager's saved bytes (`FUSED_SAVED`)."""
     kernels = [json.loads(json.dumps(asdict(attention_tiles(fused)))) for fused in (False, True)]  # as meta.json
     if profile.meta.extra.get("analytic", {}).get("attention_tiles") not in kernels:
         return "it counted causal attention whole, before its kernel's skipped blocks"
@@ -349,4 +356,7 @@ def count_outdated(profile: Profile) -> str | None:
         return "its tensor-parallel rows were counted before their working memory (peak bytes)"
     if not (profile.units[profile.units.unit == profile.num_units - 1].output_bytes > 0).any():
         return "it was counted before the model's output bytes (what the last stage holds for the loss)"
+    analytic = profile.meta.extra.get("analytic", {})
+    if analytic.get("kernels") == "fused" and analytic.get("fused_saved") != FUSED_SAVED:
+        return "its fused kernels kept eager's saved bytes, before the count kept what fused kernels keep"
     return None

@@ -18,8 +18,8 @@ from torch.utils.flop_counter import flop_registry
 
 from ..costmodel.roofline import ATTENTION_OPS, OpCounts
 from ..schedule.activation import SAVED_OPS
-from .fusion import OpTouches, fuse_elementwise, fusible
-from .memory import LiveBytes, SavedOps, saved_bytes, storage_key, tensors_in, value_bytes
+from .fusion import OpTouches, fuse_elementwise, fusible, kept_bytes
+from .memory import LiveBytes, SavedOps, saved_storages, storage_key, tensors_in, value_bytes
 from .timing import Piece, run_phases
 
 __all__ = ["FLOP_FORMULAS", "LINEAR_MATMULS", "NAMED_FLOP_FORMULAS", "grouped_mm_flops", "expert_weight_bytes_unread",
@@ -204,6 +204,7 @@ class OpCounter(TorchDispatchMode):
         self._kept: list[bool] = []  # the op's output is one selective recomputation keeps (`SAVED_OPS`)
         self._serials: dict[int, int] = {}  # storage_key -> serial, while the storage lives
         self._made: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}  # serial -> its storage's bytes
         self._alive_or_gone: dict[int, bool] = {}  # serial -> whether its storage is alive
         self._outlived: frozenset[int] = frozenset()
 
@@ -214,6 +215,7 @@ class OpCounter(TorchDispatchMode):
             return self._serials[key], False
         serial = self._serials[key] = len(self._alive_or_gone) + 1
         self._alive_or_gone[serial] = True
+        self._sizes[serial] = t.untyped_storage().nbytes()
         weakref.finalize(t.untyped_storage(), self._freed, key, serial)
         return serial, True
 
@@ -269,8 +271,23 @@ class OpCounter(TorchDispatchMode):
             if rerun:
                 raise ValueError("a forward's rerun is derived under fuse only (eager counts run it)")
             return counted
-        return fuse_elementwise(counted, OpTouches(tuple(self._touched), tuple(self._fusible), dict(self._made),
-                                                   self._outlived), self._kept if rerun else ())
+        return fuse_elementwise(counted, self._touches(), self._kept if rerun else ())
+
+    def _touches(self) -> OpTouches:
+        return OpTouches(tuple(self._touched), tuple(self._fusible), dict(self._made), self._outlived,
+                         dict(self._sizes))
+
+    def kept_bytes(self, saved: dict[int, int], static: set[int]) -> int:
+        """Under `fuse`, after a forward: the bytes fused kernels keep for its backward of what autograd `saved`
+        (`storage_key` -> bytes, `memory.saved_storages`), fusible ops' outputs recomputed where that keeps fewer
+        (autopp.measure.fusion.kept_bytes); `static`: the parameters' and buffers' storage keys. A saved storage
+        no op of the pass touched is kept as it is."""
+        if not self.fuse:
+            raise ValueError("what fused kernels keep is derived under fuse only")
+        tracked = {k: self._serials[k] for k in saved if k in self._serials}
+        untouched = sum(b for k, b in saved.items() if k not in tracked)
+        free = {self._serials[k] for k in static if k in self._serials}
+        return untouched + kept_bytes(self._touches(), set(tracked.values()), free)
 
 
 @dataclass(frozen=True)
@@ -301,14 +318,10 @@ class PieceCounts:
                 "backward_weight": self.backward_weight, "selective_recompute": self.selective_recompute}
 
 
-def _counted(run: Callable[[], Any], tiles: Tiles, fuse: bool, rerun: dict[str, OpCounts] | None = None
-             ) -> tuple[Any, OpCounts]:
-    """`run()`'s result and its counts; under `fuse` with `rerun` given, also its rerun's (`OpCounter.counts`)
-    there, as "selective_recompute"."""
+def _counted(run: Callable[[], Any], tiles: Tiles, fuse: bool) -> tuple[Any, OpCounts]:
+    """`run()`'s result and its counts (`OpCounter.counts`)."""
     with OpCounter(tiles, fuse) as counter:
         result = run()
-    if fuse and rerun is not None:
-        rerun["selective_recompute"] = counter.counts(rerun=True)
     return result, counter.counts()
 
 
@@ -326,7 +339,8 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
     saves and what selective recomputation keeps counted across them), then input and weight gradients, then the
     ops selective recomputation reruns; the recompute forward is not run (it counts the same ops as the forward).
     `tiles`: the fused attention kernel's blocks (`GPU_TILES` where a GPU is counted); `fuse`: each pass's ops as
-    fused elementwise kernels run them (autopp.measure.fusion; the bytes saved and live are eager's). The output's
+    fused elementwise kernels run them (autopp.measure.fusion), and what they keep for the backward
+    (`OpCounter.kept_bytes`; the peak less the eager saved bytes they do not keep). The output's
     bytes are those of what the piece's module returns: for the last piece the model's output, before its `finish`
     (the loss), which torch's last stage holds per in-flight microbatch (`StageCost.output_bytes`)."""
     static, _alive = _static_storages(piece, fake)
@@ -347,9 +361,18 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
                 return None
             if kind == "forward":
                 across.enter_context(live)
+                counter = OpCounter(tiles, fuse)
+
+                def forward() -> Any:
+                    with counter:
+                        return run()
                 with SavedOps(static) as kept:
-                    counted = saved_bytes(lambda: _counted(run, tiles, fuse, rerun), static)
-                    ((leaves, out), counts[kind]), sizes["saved"] = counted
+                    (leaves, out), saved = saved_storages(forward, static)
+                counts[kind] = counter.counts()
+                if fuse:
+                    rerun["selective_recompute"] = counter.counts(rerun=True)
+                sizes["eager_saved"] = sum(saved.values())
+                sizes["saved"] = counter.kept_bytes(saved, static) if fuse else sizes["eager_saved"]
                 sizes["selective"] = kept.bytes
                 return leaves, out
             result, counts[kind] = _counted(run, tiles, fuse)
@@ -359,7 +382,8 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
 
         run_phases([piece], phase)
     counts.update(rerun)
+    peak = max(sizes["saved"], live.peak - (sizes["eager_saved"] - sizes["saved"]))  # fused: what is not saved
     return PieceCounts(forward=counts["forward"], backward=counts["backward"],
                        backward_input=counts["backward_input"], backward_weight=counts["backward_weight"],
-                       activation_bytes=sizes["saved"], output_bytes=sizes["output"], peak_bytes=live.peak,
+                       activation_bytes=sizes["saved"], output_bytes=sizes["output"], peak_bytes=peak,
                        selective_recompute=counts["selective_recompute"], selective_bytes=sizes["selective"])

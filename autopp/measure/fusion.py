@@ -27,10 +27,22 @@ The model, applied to one counted pass (a forward, a backward, a selective recom
   (`fuse_elementwise(..., drop=...)` on the forward's record): what the forward writes because the backward reads it,
   the rerun writes too. Counted on its own, under no_grad with the kept ops replayed, nothing it recomputes would
   look needed.
-- **What it leaves out:** the compiler's recomputation of cheap elementwise ops in the backward instead of saving
-  them (torch.compile's min-cut partitioner), so what is saved, and the memory the profile records (activation,
-  peak bytes), are eager's, an upper bound; fusion across a matmul's prologue or epilogue (a bias or a scale fused
-  into the GEMM), which moves the elementwise op's bytes only once either way in this count's terms.
+- **What the backward reads** (`kept_bytes`): a fusing compiler does not keep an elementwise op's output for the
+  backward when it can recompute it there from what is kept anyway; torch.compile's partitioner
+  (`min_cut_rematerialization_partition`, torch/_functorch/partitioners.py) chooses the least bytes to save from
+  which the backward can recompute every fusible op it needs, and Transformer Engine's fused norms and Megatron's
+  fused SwiGLU save their inputs only. The count takes the same minimum over the pass's storages: a value a
+  non-fusible op made (a matmul's, attention's output) or the pass did not make (its input) is kept if the backward
+  needs it or anything recomputed from it; a fusible op's output is recomputed from its op's inputs, or kept, which
+  ever the minimum cut of bytes chooses (one maximum flow, networkx); parameters and buffers are there for free.
+  Hugging Face's float32 RMSNorm saves its float32 input and normalised copy for the backward (three times the
+  hidden state's bf16 bytes); fused, it keeps its bf16 input or output. The peak bytes fall by what is no longer
+  saved. The recomputation itself is not charged (the backward's fused kernels read the kept values in place of the
+  saved intermediates: about the same bytes).
+- **What it leaves out:** fusion across a matmul's prologue or epilogue (a bias or a scale fused into the GEMM),
+  which moves the elementwise op's bytes only once either way in this count's terms; Megatron-LM's sequence-parallel
+  linears, which save their input sharded and gather it again in the backward (the count saves it as DTensor's
+  torchtitan does: gathered).
 
 Sources: PyTorch 2 (Ansel et al., ASPLOS 2024, s.4: TorchInductor's loop-level IR fuses pointwise, reduction and
 scatter kernels "vertically" along producer-consumer edges); Transformer Engine's fused RMSNorm / LayerNorm kernels
@@ -38,14 +50,14 @@ and Megatron-LM's `--bias-swiglu-fusion`, `--masked-softmax-fusion` (arXiv:2205.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
 from ..costmodel.roofline import OpCounts
 
-__all__ = ["FUSIBLE_PACKETS", "fusible", "OpTouches", "fuse_elementwise"]
+__all__ = ["FUSIBLE_PACKETS", "fusible", "OpTouches", "fuse_elementwise", "kept_bytes"]
 
 
 aten = torch.ops.aten
@@ -73,6 +85,8 @@ class OpTouches:
     """Storage serial -> the op that made it (its first appearance, as an output that is none of the op's inputs)."""
     alive: frozenset[int]
     """The serials whose storage outlived the pass."""
+    sizes: dict[int, int] = field(default_factory=dict)
+    """Storage serial -> its bytes (`kept_bytes`)."""
 
 
 def _on_chip(t: OpTouches) -> set[int]:
@@ -126,3 +140,30 @@ def fuse_elementwise(counts: OpCounts, touches: OpTouches, drop: Sequence[bool] 
                     tuple(any(linear[i] for i in g) for g in groups),
                     tuple(sum(experts[i] for i in g) for g in groups),
                     tuple("+".join(names[i] for i in g) for g in groups) if counts.names else ())
+
+
+def kept_bytes(t: OpTouches, needed: set[int], free: set[int]) -> int:
+    """The fewest bytes a forward pass must keep (by storage serial: `t.sizes`) for its backward to have every
+    storage in `needed` (what autograd saved), fusible ops' outputs recomputed from their inputs where that keeps
+    fewer bytes (module docstring, "What the backward reads"); storages in `free` (parameters, buffers) cost nothing.
+    A minimum vertex cut between the values nothing cheap recomputes (non-fusible ops' outputs, the pass's inputs)
+    and `needed`, each storage a node of capacity its bytes."""
+    import networkx as nx  # the planning core and the ranks do not import it: only a count does
+
+    graph = nx.DiGraph()
+    for serial, size in t.sizes.items():
+        if serial in free:
+            continue
+        graph.add_edge(("in", serial), ("out", serial), capacity=size)
+        maker = t.made.get(serial)
+        if maker is None or not t.fusible[maker]:
+            graph.add_edge("source", ("in", serial))  # no capacity: unbounded
+            continue
+        for read, _ in t.storages[maker]:
+            if read != serial and read not in free and t.made.get(read) != maker:
+                graph.add_edge(("out", read), ("in", serial))
+    for serial in needed - free:
+        graph.add_edge(("out", serial), "sink")
+    if "sink" not in graph or "source" not in graph:
+        return 0
+    return int(nx.minimum_cut_value(graph, "source", "sink"))

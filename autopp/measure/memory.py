@@ -18,7 +18,7 @@ from ..schedule.activation import SAVED_OPS
 from ..model.experts import expert_bytes
 from .options import OPTIMIZER_STATES
 
-__all__ = ["tensors_in", "storage_bytes", "value_bytes", "saved_bytes", "static_bytes", "peak_bytes", "live_peak",
+__all__ = ["tensors_in", "storage_bytes", "value_bytes", "saved_bytes", "saved_storages", "static_bytes", "peak_bytes", "live_peak",
            "LiveBytes", "storage_key", "PEAK_HOW", "SavedOps", "ReplaySaved"]
 
 #: How `peak_bytes` measures, by device type (stored with the peaks in a profile's `extra.peak_bytes_how`).
@@ -54,10 +54,16 @@ def value_bytes(value: Any) -> int:
 
 
 def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> tuple[Any, int]:
-    """`run()`'s result and the bytes autograd saves for backward meanwhile, storages in `exclude` (`storage_key`s:
-    the parameters') left out, a shared storage once; real and fake tensors alike. What autograd keeps is a detached
-    alias (its backward must not run), and no tensor is held here, since a saved output kept with its own grad_fn
-    would form a cycle through autograd's C++ graph that Python's garbage collector cannot free (it kept every
+    """`run()`'s result and the bytes autograd saves for backward meanwhile (`saved_storages`), summed."""
+    out, saved = saved_storages(run, exclude)
+    return out, sum(saved.values())
+
+
+def saved_storages(run: Callable[[], Any], exclude: set[int]) -> tuple[Any, dict[int, int]]:
+    """`run()`'s result and the storages autograd saves for backward meanwhile (`storage_key` -> bytes), storages
+    in `exclude` (`storage_key`s: the parameters') left out; real and fake tensors alike. What autograd keeps is a
+    detached alias (its backward must not run), and no tensor is held here, since a saved output kept with its own
+    grad_fn would form a cycle through autograd's C++ graph that Python's garbage collector cannot free (it kept every
     measured unit's parameters alive)."""
     seen: dict[int, int] = {}
 
@@ -69,7 +75,7 @@ def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> tuple[Any, int]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = run()
-    return out, sum(seen.values())
+    return out, seen
 
 
 def static_bytes(module: nn.Module, optimizer: str, recipe: Recipe) -> dict[str, int]:

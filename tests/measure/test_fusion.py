@@ -1,6 +1,6 @@
 """Elementwise kernel fusion in the count (autopp.measure.fusion): chains of elementwise ops become one kernel that
 reads the chain's inputs and writes what leaves it; what the backward needs, a matmul between, and what outlives the
-pass stay in memory; a model's counts keep their FLOPs and memory, and lose bytes and kernels."""
+pass stay in memory; a model's counts keep their FLOPs, and lose bytes, kernels and what the backward must keep."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from autopp.data.catalog import load_device
 from autopp.data.precision import recipe
 from autopp.measure.analytic import analytic_profile, count_model, unit_times
 from autopp.measure.counting import OpCounter, count_piece
-from autopp.measure.fusion import OpTouches, fuse_elementwise, fusible
+from autopp.measure.fusion import OpTouches, fuse_elementwise, fusible, kept_bytes
 from autopp.measure.options import ProfileOptions
 from autopp.measure.timing import Piece
 from autopp.model.fake import fake_mode, faking
@@ -91,6 +91,20 @@ def test_fuse_elementwise_joins_ops_through_intermediates_only() -> None:
         fuse_elementwise(counts, OpTouches(touches.storages[:2], (False, True), {}, frozenset()))
 
 
+def test_kept_bytes_is_the_least_from_which_the_backward_recomputes_what_it_needs() -> None:
+    """x (1, 100 bytes) is the pass's input, w (2) a parameter. Op 0 (fusible) makes a (10, 400 bytes) from x and w;
+    op 1 (fusible) makes b (11, 10 bytes) from a; op 2, a matmul, makes c (12, 50 bytes) from a and w."""
+    touches = OpTouches(storages=(((1, 100), (2, 4), (10, 400)), ((10, 400), (11, 10)), ((10, 400), (2, 4), (12, 50))),
+                        fusible=(True, True, False), made={10: 0, 11: 1, 12: 2}, alive=frozenset({1, 2, 10, 11, 12}),
+                        sizes={1: 100, 2: 4, 10: 400, 11: 10, 12: 50})
+    assert kept_bytes(touches, {10}, {2}) == 100  # a recomputed from x (and the free parameter)
+    assert kept_bytes(touches, {11}, {2}) == 10  # b is smaller than what it is recomputed from
+    assert kept_bytes(touches, {10, 11}, {2}) == 100  # both from x
+    assert kept_bytes(touches, {12}, {2}) == 50  # a matmul's output is kept: nothing cheap recomputes it
+    assert kept_bytes(touches, {10}, set()) == 104  # a parameter not free is kept beside x
+    assert kept_bytes(touches, set(), {2}) == 0
+
+
 def test_fusible_ops_are_pointwise_casts_and_reductions_not_matmuls_or_indexing() -> None:
     aten = torch.ops.aten
     assert all(fusible(op) for op in (aten.mul.Tensor, aten._to_copy.default, aten.mean.dim, aten.rsqrt.default,
@@ -114,7 +128,7 @@ class _NormMlp(nn.Module):
         return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
 
 
-def test_a_norm_and_mlp_piece_loses_bytes_and_kernels_and_keeps_flops_and_memory() -> None:
+def test_a_norm_and_mlp_piece_loses_bytes_kernels_and_saved_bytes_and_keeps_flops() -> None:
     with torch.device("meta"):
         piece = _NormMlp()
 
@@ -129,8 +143,12 @@ def test_a_norm_and_mlp_piece_loses_bytes_and_kernels_and_keeps_flops_and_memory
         assert sum(fused.passes()[name].bytes) <= sum(ops.bytes), name
     assert sum(fused.backward.bytes) < sum(eager.backward.bytes)
     assert len(fused.backward.flops) < len(eager.backward.flops)
-    assert (fused.activation_bytes, fused.peak_bytes, fused.output_bytes) == \
-        (eager.activation_bytes, eager.peak_bytes, eager.output_bytes)
+    # eager saves x, the norm's rsqrt, normalised x and output, gate, up, silu and their product (8 x 64 and 8 x 256
+    # floats); fused keeps x and the two projections' outputs and recomputes the rest from them
+    assert eager.activation_bytes == 3 * 8 * 64 * 4 + 8 * 4 + 4 * 8 * 256 * 4
+    assert fused.activation_bytes == 8 * 64 * 4 + 2 * 8 * 256 * 4
+    assert fused.peak_bytes == eager.peak_bytes - (eager.activation_bytes - fused.activation_bytes)
+    assert fused.output_bytes == eager.output_bytes
     # selective recomputation's rerun: the forward's kernels less the kept matmuls', what the backward reads written
     # (the norm's output, which the gate and up projections saved), not left on chip as a no-grad rerun would have it
     rerun = [(n, b) for n, b in zip(fused.forward.names, fused.forward.bytes) if n != "aten::addmm"]
