@@ -1,5 +1,6 @@
 """Each distinct unit of an HF config counted with eager and with fused elementwise kernels (autopp.measure.fusion),
-timed on a catalog device's roofline: per pass, eager ms -> fused ms, and the kernels (entries) of the forward. A
+timed on a catalog device's roofline: per pass, eager ms -> fused ms, the kernels (entries) of the forward, and what
+the forward keeps for the backward (MiB per microbatch: eager's saved bytes -> fused kernels', `kept_bytes`). A
 markdown table (quoted in docs/analytic.md, "Fused elementwise kernels").
 
     .venv/bin/python scripts/fusion_table.py examples/configs/llama-3-8b.json --seq-len 8192 --microbatch-size 1
@@ -46,8 +47,8 @@ def main() -> None:
               for k in ("eager", "fused")}
     print(f"{args.config}, {args.microbatch_size} x {args.seq_len} tokens, {spec.name}, {chosen.name}: "
           "ms per pass, eager -> fused (ratio)\n")
-    print("| unit | " + " | ".join(p.removesuffix("_s") for p in PASSES) + " | forward kernels |")
-    print("|---|" + "---:|" * (len(PASSES) + 1))
+    print("| unit | " + " | ".join(p.removesuffix("_s") for p in PASSES) + " | forward kernels | kept, MiB |")
+    print("|---|" + "---:|" * (len(PASSES) + 2))
     for eager, fused in zip(counts["eager"].rows, counts["fused"].rows):
         if eager.same_as is not None:
             continue
@@ -55,8 +56,9 @@ def main() -> None:
         cells = [f"{te[p] * 1e3:.2f} -> {tf[p] * 1e3:.2f} ({tf[p] / te[p]:.2f})" if te[p] else "-" for p in PASSES]
         modules = counts["eager"].units[eager.unit].modules
         name = " ".join(modules) if len(modules) <= 3 else f"{' '.join(modules[:2])} ... {modules[-1]}"
+        kept = f"{eager.counts.activation_bytes / 2**20:.0f} -> {fused.counts.activation_bytes / 2**20:.0f}"
         print(f"| {eager.unit} {name} | " + " | ".join(cells) +
-              f" | {len(eager.counts.forward.flops)} -> {len(fused.counts.forward.flops)} |")
+              f" | {len(eager.counts.forward.flops)} -> {len(fused.counts.forward.flops)} | {kept} |")
 
 
 if __name__ == "__main__":

@@ -122,6 +122,26 @@ def test_an_analytic_profile_without_the_models_output_bytes_is_not_current() ->
     assert _current(measured, measured.meta.fingerprint, None, None, (), "fp32") is None
 
 
+def test_a_fused_profile_that_kept_eagers_saved_bytes_is_not_current() -> None:
+    """A fused analytic profile counted before fused kernels' saved bytes (no `analytic.fused_saved`: it charged
+    eager's) is counted again; an eager one needs no such record."""
+    from autopp.cli.profile import _current
+    from autopp.measure.analytic import FUSED_SAVED
+    shipped = load_profile(ROOT / "profiles" / "llama-3-8b-h100-sxm")
+    fp, recorded = shipped.meta.fingerprint, shipped.meta.extra.get("hf_config")
+    analytic = shipped.meta.extra["analytic"]
+    assert "fused_saved" not in analytic and _current(shipped, fp, recorded, "h100-sxm", shipped.meta.tp_degrees,
+                                                      "bf16") is None
+
+    def fused(**more: str) -> Profile:
+        meta = replace(shipped.meta, extra={**shipped.meta.extra, "analytic": {**analytic, "kernels": "fused", **more}})
+        return Profile(meta, shipped.units, shipped.edges, shipped.tp_units)
+    args = (fp, recorded, "h100-sxm", shipped.meta.tp_degrees, "bf16", None, None, None, "fused")
+    assert _current(fused(), *args) == \
+        "its fused kernels kept eager's saved bytes, before the count kept what fused kernels keep"
+    assert _current(fused(fused_saved=FUSED_SAVED), *args) is None
+
+
 def test_an_analytic_profile_that_counted_causal_attention_whole_is_not_current() -> None:
     """An analytic profile counted before causal attention's skipped blocks (no `analytic.attention_tiles`: it
     charged every query-key pair), or with blocks no kernel is counted with now, is counted again; a measured

@@ -253,5 +253,6 @@ def kernels_words(trainer: str, counted: str | None, compiles: bool = False) -> 
         return (f"the plan counted fused elementwise kernels (`--kernels fused`): {rules.title} fuses them with "
                 f"{rules.fused_how}, which its export turns on")
     return (f"the plan counted fused elementwise kernels (`--kernels fused`); {rules.title} runs {rules.fused_how}: "
-            "unless that code fuses them (torch.compile), its step takes longer than predicted; plan from a profile "
-            "counted with eager kernels to predict it")
+            "unless that code fuses them (torch.compile), its step takes longer and its activations take more "
+            "memory than predicted (eager kernels save what fused ones recompute); plan from a profile counted "
+            "with eager kernels to predict it")

@@ -150,7 +150,7 @@ def kept_bytes(t: OpTouches, needed: set[int], free: set[int]) -> int:
     and `needed`, each storage a node of capacity its bytes."""
     import networkx as nx  # the planning core and the ranks do not import it: only a count does
 
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[Any] = nx.DiGraph()
     for serial, size in t.sizes.items():
         if serial in free:
             continue

@@ -18,8 +18,8 @@ from ..schedule.activation import SAVED_OPS
 from ..model.experts import expert_bytes
 from .options import OPTIMIZER_STATES
 
-__all__ = ["tensors_in", "storage_bytes", "value_bytes", "saved_bytes", "saved_storages", "static_bytes", "peak_bytes", "live_peak",
-           "LiveBytes", "storage_key", "PEAK_HOW", "SavedOps", "ReplaySaved"]
+__all__ = ["tensors_in", "storage_bytes", "value_bytes", "saved_bytes", "saved_storages", "static_bytes", "peak_bytes",
+           "live_peak", "LiveBytes", "storage_key", "PEAK_HOW", "SavedOps", "ReplaySaved"]
 
 #: How `peak_bytes` measures, by device type (stored with the peaks in a profile's `extra.peak_bytes_how`).
 PEAK_HOW = {"cuda": "torch.cuda.max_memory_allocated - memory_allocated before",

@@ -204,6 +204,7 @@ def test_cli_analytic_profile_with_fused_kernels(tmp_path: Path, capsys: pytest.
                  "-o", str(tmp_path / "plan.json")]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "the profile counts fused elementwise kernels (`--kernels fused`" in said
+    assert "keeps more activation memory than predicted" in said
     from autopp.cli.show import _plan_title
     from autopp.data.plan import load_plan
     assert _plan_title(load_plan(tmp_path / "plan.json")).endswith(", fused kernels (simulated)")  # the picture too
@@ -211,6 +212,6 @@ def test_cli_analytic_profile_with_fused_kernels(tmp_path: Path, capsys: pytest.
     assert main(["plan", "--profile", str(out), "--devices", "2", "--memory", "80GiB", "--global-batch", "8",
                  "--for", "deepspeed", "-o", str(tmp_path / "deepspeed.json")]) == 0
     said = " ".join(capsys.readouterr().out.split())
-    assert "kernels: the plan counted fused elementwise kernels" in said and "takes longer than predicted" in said
+    assert "kernels: the plan counted fused elementwise kernels" in said and "takes longer and its activations" in said
     assert main(["plan", "--profile", str(out), "--devices", "2", "--memory", "80GiB", "--global-batch", "8",
                  "--kernels", "fused", "-o", str(tmp_path / "same.json")]) == 0  # the profile's own: not refused

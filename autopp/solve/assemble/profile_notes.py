@@ -24,9 +24,9 @@ def _kernels_note(profile: Profile) -> list[str]:
     if recorded_kernels(profile.meta.extra) != "fused":
         return []
     return ["the profile counts fused elementwise kernels (`--kernels fused`: a chain of elementwise ops between "
-            "matmuls one kernel, nearest torch.compile's fusion; memory counted as eager, an upper bound): a run of "
-            "eager kernels, op by op (autopp run's, a trainer's without torch.compile or fused kernels), takes "
-            "longer than predicted"]
+            "matmuls one kernel, nearest torch.compile's fusion, which also recomputes in the backward what they "
+            "need not keep): a run of eager kernels, op by op (autopp run's, a trainer's without torch.compile or "
+            "fused kernels), takes longer and keeps more activation memory than predicted"]
 
 
 def _size_note(profile: Profile, size: int) -> list[str]:
