@@ -40,9 +40,10 @@ The model, applied to one counted pass (a forward, a backward, a selective recom
   saved. The recomputation itself is not charged (the backward's fused kernels read the kept values in place of the
   saved intermediates: about the same bytes).
 - **What it leaves out:** fusion across a matmul's prologue or epilogue (a bias or a scale fused into the GEMM),
-  which moves the elementwise op's bytes only once either way in this count's terms; Megatron-LM's sequence-parallel
-  linears, which save their input sharded and gather it again in the backward (the count saves it as DTensor's
-  torchtitan does: gathered).
+  which moves the elementwise op's bytes only once either way in this count's terms; under sequence parallelism,
+  the gathered input that DTensor's (torchtitan's) column-parallel linears save: a TP rank's shard is counted
+  without the gather, so a norm's output is recomputed from its (sharded) input, as Megatron-LM's linears, which
+  save their input sharded and gather it again in the backward, do.
 
 Sources: PyTorch 2 (Ansel et al., ASPLOS 2024, s.4: TorchInductor's loop-level IR fuses pointwise, reduction and
 scatter kernels "vertically" along producer-consumer edges); Transformer Engine's fused RMSNorm / LayerNorm kernels
