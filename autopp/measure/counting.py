@@ -204,7 +204,11 @@ class OpCounter(TorchDispatchMode):
         self._kept: list[bool] = []  # the op's output is one selective recomputation keeps (`SAVED_OPS`)
         self._serials: dict[int, int] = {}  # storage_key -> serial, while the storage lives
         self._made: dict[int, int] = {}
+        self._rewritten: dict[int, list[int]] = {}  # serial -> the ops that wrote it after its maker (in place)
         self._sizes: dict[int, int] = {}  # serial -> its storage's bytes
+        self._keys: dict[int, int] = {}  # serial -> storage_key
+        self._saved: dict[int, int] = {}  # serial -> bytes, of what autograd saved (`saved`)
+        self._saved_untracked: dict[int, int] = {}  # storage_key -> bytes, saved but touched by no op counted
         self._alive_or_gone: dict[int, bool] = {}  # serial -> whether its storage is alive
         self._outlived: frozenset[int] = frozenset()
 
@@ -215,7 +219,7 @@ class OpCounter(TorchDispatchMode):
             return self._serials[key], False
         serial = self._serials[key] = len(self._alive_or_gone) + 1
         self._alive_or_gone[serial] = True
-        self._sizes[serial] = t.untyped_storage().nbytes()
+        self._sizes[serial], self._keys[serial] = t.untyped_storage().nbytes(), key
         weakref.finalize(t.untyped_storage(), self._freed, key, serial)
         return serial, True
 
@@ -231,6 +235,8 @@ class OpCounter(TorchDispatchMode):
             serial, new = self._serial(t)
             if new:
                 self._made[serial] = len(self._touched)
+            else:  # an in-place write (views never reach here): the storage's value is this op's too
+                self._rewritten.setdefault(serial, []).append(len(self._touched))
             touched.append((serial, _moved_bytes(t)))
         self._touched.append(tuple(touched))
         self._fusible.append(fusible(func) and len({t.device for t in inputs + outputs}) <= 1)  # no offload copy
@@ -275,19 +281,27 @@ class OpCounter(TorchDispatchMode):
 
     def _touches(self) -> OpTouches:
         return OpTouches(tuple(self._touched), tuple(self._fusible), dict(self._made), self._outlived,
-                         dict(self._sizes))
+                         dict(self._sizes), {s: tuple(ops) for s, ops in self._rewritten.items()})
 
-    def kept_bytes(self, saved: dict[int, int], static: set[int]) -> int:
-        """Under `fuse`, after a forward: the bytes fused kernels keep for its backward of what autograd `saved`
-        (`storage_key` -> bytes, `memory.saved_storages`), fusible ops' outputs recomputed where that keeps fewer
-        (autopp.measure.fusion.kept_bytes); `static`: the parameters' and buffers' storage keys. A saved storage
-        no op of the pass touched is kept as it is."""
+    def saved(self, t: torch.Tensor) -> None:
+        """Note that autograd saved `t` (a `memory.saved_storages` hook, called while its storage lives)."""
+        key = storage_key(t)
+        if key in self._serials:
+            self._saved[self._serials[key]] = t.untyped_storage().nbytes()
+        else:
+            self._saved_untracked[key] = t.untyped_storage().nbytes()
+
+    def kept(self, static: set[int]) -> dict[int, int]:
+        """Under `fuse`, after a forward whose saved tensors were noted (`saved`): what fused kernels keep for its
+        backward (`storage_key` -> bytes), fusible ops' outputs recomputed where that keeps fewer
+        (autopp.measure.fusion.kept_bytes); `static`: the parameters' and buffers' storage keys. A saved storage no
+        op of the pass touched is kept as it is; one freed before the forward ended is not."""
         if not self.fuse:
             raise ValueError("what fused kernels keep is derived under fuse only")
-        tracked = {k: self._serials[k] for k in saved if k in self._serials}
-        untouched = sum(b for k, b in saved.items() if k not in tracked)
+        needed = {s for s in self._saved if self._alive_or_gone[s]}
         free = {self._serials[k] for k in static if k in self._serials}
-        return untouched + kept_bytes(self._touches(), set(tracked.values()), free)
+        return {**{self._keys[s]: self._sizes[s] for s in kept_bytes(self._touches(), needed, free)},
+                **self._saved_untracked}
 
 
 @dataclass(frozen=True)
@@ -366,14 +380,17 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
                 def forward() -> Any:
                     with counter:
                         return run()
-                with SavedOps(static) as kept:
-                    (leaves, out), saved = saved_storages(forward, static)
+                with SavedOps(static) as selective:
+                    (leaves, out), saved = saved_storages(forward, static, counter.saved if fuse else None)
                 counts[kind] = counter.counts()
+                sizes["saved"] = sizes["eager_saved"] = sum(saved.values())
+                sizes["selective"] = selective.bytes
                 if fuse:
                     rerun["selective_recompute"] = counter.counts(rerun=True)
-                sizes["eager_saved"] = sum(saved.values())
-                sizes["saved"] = counter.kept_bytes(saved, static) if fuse else sizes["eager_saved"]
-                sizes["selective"] = kept.bytes
+                    kept = counter.kept(static)
+                    sizes["saved"] = sum(kept.values())  # the forward's peak as eager's less what is not kept,
+                    sizes["forward_peak"] = live.peak - (sizes["eager_saved"] - sizes["saved"])  # the backward's
+                    live.rebase(set(saved) - set(kept), kept)  # counted from what is kept
                 return leaves, out
             result, counts[kind] = _counted(run, tiles, fuse)
             if kind == "backward":
@@ -382,7 +399,7 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
 
         run_phases([piece], phase)
     counts.update(rerun)
-    peak = max(sizes["saved"], live.peak - (sizes["eager_saved"] - sizes["saved"]))  # fused: what is not saved
+    peak = max(sizes["saved"], live.peak, sizes.get("forward_peak", 0))
     return PieceCounts(forward=counts["forward"], backward=counts["backward"],
                        backward_input=counts["backward_input"], backward_weight=counts["backward_weight"],
                        activation_bytes=sizes["saved"], output_bytes=sizes["output"], peak_bytes=peak,

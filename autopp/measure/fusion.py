@@ -35,15 +35,17 @@ The model, applied to one counted pass (a forward, a backward, a selective recom
   non-fusible op made (a matmul's, attention's output) or the pass did not make (its input) is kept if the backward
   needs it or anything recomputed from it; a fusible op's output is recomputed from its op's inputs, or kept, which
   ever the minimum cut of bytes chooses (one maximum flow, networkx); parameters and buffers are there for free.
-  Hugging Face's float32 RMSNorm saves its float32 input and normalised copy for the backward (three times the
-  hidden state's bf16 bytes); fused, it keeps its bf16 input or output. The peak bytes fall by what is no longer
-  saved. The recomputation itself is not charged (the backward's fused kernels read the kept values in place of the
-  saved intermediates: about the same bytes).
+  Hugging Face's RMSNorm in bf16 saves its float32 input, the `rsqrt` and the bf16 result for the backward (three
+  times the hidden state's bf16 bytes); fused, it keeps its bf16 input. A value written in place depends on what
+  each op that wrote it read (a non-fusible writer makes it kept). The backward's peak is counted from what is kept
+  (autopp.measure.counting.count_piece). The recomputation itself is not charged (the backward's fused kernels read
+  the kept values in place of the saved intermediates: about the same bytes).
 - **What it leaves out:** fusion across a matmul's prologue or epilogue (a bias or a scale fused into the GEMM),
   which moves the elementwise op's bytes only once either way in this count's terms; under sequence parallelism,
   the gathered input that DTensor's (torchtitan's) column-parallel linears save: a TP rank's shard is counted
   without the gather, so a norm's output is recomputed from its (sharded) input, as Megatron-LM's linears, which
-  save their input sharded and gather it again in the backward, do.
+  save their input sharded and gather it again in the backward, do; the write of an intermediate the cut keeps
+  although eager freed it (a smaller cast in place of what eager saved), which the pass's kernels count on chip.
 
 Sources: PyTorch 2 (Ansel et al., ASPLOS 2024, s.4: TorchInductor's loop-level IR fuses pointwise, reduction and
 scatter kernels "vertically" along producer-consumer edges); Transformer Engine's fused RMSNorm / LayerNorm kernels
@@ -88,6 +90,8 @@ class OpTouches:
     """The serials whose storage outlived the pass."""
     sizes: dict[int, int] = field(default_factory=dict)
     """Storage serial -> its bytes (`kept_bytes`)."""
+    rewritten: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Storage serial -> the ops that wrote it in place after the one that made it."""
 
 
 def _on_chip(t: OpTouches) -> set[int]:
@@ -143,12 +147,13 @@ def fuse_elementwise(counts: OpCounts, touches: OpTouches, drop: Sequence[bool] 
                     tuple("+".join(names[i] for i in g) for g in groups) if counts.names else ())
 
 
-def kept_bytes(t: OpTouches, needed: set[int], free: set[int]) -> int:
-    """The fewest bytes a forward pass must keep (by storage serial: `t.sizes`) for its backward to have every
-    storage in `needed` (what autograd saved), fusible ops' outputs recomputed from their inputs where that keeps
-    fewer bytes (module docstring, "What the backward reads"); storages in `free` (parameters, buffers) cost nothing.
-    A minimum vertex cut between the values nothing cheap recomputes (non-fusible ops' outputs, the pass's inputs)
-    and `needed`, each storage a node of capacity its bytes."""
+def kept_bytes(t: OpTouches, needed: set[int], free: set[int]) -> set[int]:
+    """The storages (serials) holding the fewest bytes (`t.sizes`) that a forward pass must keep for its backward to
+    have every storage in `needed` (what autograd saved), fusible ops' outputs recomputed from their inputs where
+    that keeps fewer bytes (module docstring, "What the backward reads"); storages in `free` (parameters, buffers)
+    cost nothing. A minimum vertex cut between the values nothing cheap recomputes (non-fusible ops' outputs, the
+    pass's inputs, anything a non-fusible op wrote in place) and `needed`, each storage a node of capacity its
+    bytes; a storage written in place by fusible ops depends on what each of them read."""
     import networkx as nx  # the planning core and the ranks do not import it: only a count does
 
     graph: nx.DiGraph[Any] = nx.DiGraph()
@@ -157,14 +162,17 @@ def kept_bytes(t: OpTouches, needed: set[int], free: set[int]) -> int:
             continue
         graph.add_edge(("in", serial), ("out", serial), capacity=size)
         maker = t.made.get(serial)
-        if maker is None or not t.fusible[maker]:
+        writers = [] if maker is None else [maker, *t.rewritten.get(serial, ())]
+        if not writers or not all(t.fusible[w] for w in writers):
             graph.add_edge("source", ("in", serial))  # no capacity: unbounded
             continue
-        for read, _ in t.storages[maker]:
-            if read != serial and read not in free and t.made.get(read) != maker:
-                graph.add_edge(("out", read), ("in", serial))
+        for w in writers:
+            for read, _ in t.storages[w]:
+                if read != serial and read not in free and t.made.get(read) != w:
+                    graph.add_edge(("out", read), ("in", serial))
     for serial in needed - free:
         graph.add_edge(("out", serial), "sink")
     if "sink" not in graph or "source" not in graph:
-        return 0
-    return int(nx.minimum_cut_value(graph, "source", "sink"))
+        return set()
+    _, (near, _far) = nx.minimum_cut(graph, "source", "sink")
+    return {s for s in t.sizes if ("in", s) in near and ("out", s) not in near}

@@ -59,23 +59,26 @@ def saved_bytes(run: Callable[[], Any], exclude: set[int]) -> tuple[Any, int]:
     return out, sum(saved.values())
 
 
-def saved_storages(run: Callable[[], Any], exclude: set[int]) -> tuple[Any, dict[int, int]]:
+def saved_storages(run: Callable[[], Any], exclude: set[int], seen: Callable[[torch.Tensor], None] | None = None
+                   ) -> tuple[Any, dict[int, int]]:
     """`run()`'s result and the storages autograd saves for backward meanwhile (`storage_key` -> bytes), storages
-    in `exclude` (`storage_key`s: the parameters') left out; real and fake tensors alike. What autograd keeps is a
-    detached alias (its backward must not run), and no tensor is held here, since a saved output kept with its own
-    grad_fn would form a cycle through autograd's C++ graph that Python's garbage collector cannot free (it kept every
-    measured unit's parameters alive)."""
-    seen: dict[int, int] = {}
+    in `exclude` (`storage_key`s: the parameters') left out, each also handed to `seen` as it is saved; real and
+    fake tensors alike. What autograd keeps is a detached alias (its backward must not run), and no tensor is held
+    here, since a saved output kept with its own grad_fn would form a cycle through autograd's C++ graph that
+    Python's garbage collector cannot free (it kept every measured unit's parameters alive)."""
+    saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = storage_key(t)
         if key not in exclude:
-            seen[key] = t.untyped_storage().nbytes()
+            saved[key] = t.untyped_storage().nbytes()
+            if seen is not None:
+                seen(t)
         return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = run()
-    return out, seen
+    return out, saved
 
 
 def static_bytes(module: nn.Module, optimizer: str, recipe: Recipe) -> dict[str, int]:
@@ -113,6 +116,15 @@ class LiveBytes(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         self.now -= self._live.pop(key, 0)
+
+    def rebase(self, drop: set[int], keep: dict[int, int]) -> None:
+        """Count on as if the storages in `drop` were freed now and those of `keep` (`storage_key` -> bytes) were
+        alive, the peak restarting from here: a fused run's backward (autopp.measure.counting.count_piece), which
+        keeps what fused kernels keep (those in `exclude` stay uncounted)."""
+        for key in drop:
+            self._free(key)
+        self.now += sum(size for key, size in keep.items() if key not in self._live and key not in self._exclude)
+        self.peak = self.now  # what was added is held to the end: its storage (freed, its key reusable) is not watched
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))

@@ -97,12 +97,18 @@ def test_kept_bytes_is_the_least_from_which_the_backward_recomputes_what_it_need
     touches = OpTouches(storages=(((1, 100), (2, 4), (10, 400)), ((10, 400), (11, 10)), ((10, 400), (2, 4), (12, 50))),
                         fusible=(True, True, False), made={10: 0, 11: 1, 12: 2}, alive=frozenset({1, 2, 10, 11, 12}),
                         sizes={1: 100, 2: 4, 10: 400, 11: 10, 12: 50})
-    assert kept_bytes(touches, {10}, {2}) == 100  # a recomputed from x (and the free parameter)
-    assert kept_bytes(touches, {11}, {2}) == 10  # b is smaller than what it is recomputed from
-    assert kept_bytes(touches, {10, 11}, {2}) == 100  # both from x
-    assert kept_bytes(touches, {12}, {2}) == 50  # a matmul's output is kept: nothing cheap recomputes it
-    assert kept_bytes(touches, {10}, set()) == 104  # a parameter not free is kept beside x
-    assert kept_bytes(touches, set(), {2}) == 0
+    assert kept_bytes(touches, {10}, {2}) == {1}  # a recomputed from x (and the free parameter)
+    assert kept_bytes(touches, {11}, {2}) == {11}  # b is smaller than what it is recomputed from
+    assert kept_bytes(touches, {10, 11}, {2}) == {1}  # both from x
+    assert kept_bytes(touches, {12}, {2}) == {12}  # a matmul's output is kept: nothing cheap recomputes it
+    assert kept_bytes(touches, {10}, set()) == {1, 2}  # a parameter not free is kept beside x
+    assert kept_bytes(touches, set(), {2}) == set()
+    # op 3 writes the matmul's output c into a in place (a fusible add_): a depends on c too, so recomputing a takes
+    # x and c; a non-fusible write (an index_put_) leaves nothing to recompute a from
+    inplace = replace(touches, storages=(*touches.storages, ((10, 400), (12, 50))), fusible=(True, True, False, True),
+                      rewritten={10: (3,)})
+    assert kept_bytes(inplace, {10}, {2}) == {1, 12}
+    assert kept_bytes(replace(inplace, fusible=(True, True, False, False)), {10}, {2}) == {10}
 
 
 def test_fusible_ops_are_pointwise_casts_and_reductions_not_matmuls_or_indexing() -> None:
@@ -147,7 +153,8 @@ def test_a_norm_and_mlp_piece_loses_bytes_kernels_and_saved_bytes_and_keeps_flop
     # floats); fused keeps x and the two projections' outputs and recomputes the rest from them
     assert eager.activation_bytes == 3 * 8 * 64 * 4 + 8 * 4 + 4 * 8 * 256 * 4
     assert fused.activation_bytes == 8 * 64 * 4 + 2 * 8 * 256 * 4
-    assert fused.peak_bytes == eager.peak_bytes - (eager.activation_bytes - fused.activation_bytes)
+    # the peak falls in the backward, where eager has freed some of what it saved: by less than the saved bytes fall
+    assert eager.peak_bytes - (eager.activation_bytes - fused.activation_bytes) < fused.peak_bytes < eager.peak_bytes
     assert fused.output_bytes == eager.output_bytes
     # selective recomputation's rerun: the forward's kernels less the kept matmuls', what the backward reads written
     # (the norm's output, which the gate and up projections saved), not left on chip as a no-grad rerun would have it

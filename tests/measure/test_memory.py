@@ -122,3 +122,17 @@ def test_a_cpu_peak_does_not_depend_on_when_the_garbage_collector_runs() -> None
     finally:
         gc.set_threshold(*thresholds)
     assert eager == 4096 + 8192 and gc.isenabled()
+
+
+def test_rebase_counts_on_from_what_is_kept() -> None:
+    """A fused run's backward (autopp.measure.counting.count_piece): what is dropped stops counting (its later free
+    takes nothing off), what is kept and not live is added, and the peak restarts from there."""
+    with LiveBytes() as live:
+        a, b = torch.ones(100), torch.ones(50)
+        assert (live.now, live.peak) == (600, 600)
+        live.rebase({storage_key(a)}, {storage_key(b): 200, -1: 8})
+        assert (live.now, live.peak) == (208, 208)
+        del a
+        c = torch.ones(25)
+        assert (live.now, live.peak) == (308, 308)
+    assert c.numel() == 25 and b.numel() == 50
