@@ -248,7 +248,8 @@ def kernels_words(trainer: str, counted: str | None, compiles: bool = False) -> 
     if counted == "eager":
         how = rules.fused_how if rules.kernels == "fused" else "torch.compile, which the run turns on"
         return (f"the plan counted eager elementwise kernels, each op its own; {rules.title} fuses them ({how}): its "
-                "step may be shorter than predicted; count the profile with `--kernels fused` to predict it")
+                "step may be shorter and its activations smaller than predicted (fused kernels recompute what eager "
+                "ones save); count the profile with `--kernels fused` to predict them")
     if rules.fuse:
         return (f"the plan counted fused elementwise kernels (`--kernels fused`): {rules.title} fuses them with "
                 f"{rules.fused_how}, which its export turns on")

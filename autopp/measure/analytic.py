@@ -335,9 +335,11 @@ def counted_tp_rows(c: ModelCounts, spec: DeviceSpec, eff: Efficiency, setup: Tp
     return tp_table(rows), tp_meta(setup), peaks
 
 
-#: How a fused profile counts what its forward keeps for the backward (`extra.analytic.fused_saved`; absent in fused
-#: profiles counted before it, which kept eager's saved bytes): autopp.measure.fusion.kept_bytes.
-FUSED_SAVED = "min-cut"
+#: How a fused profile counts what its forward keeps for the backward (`extra.analytic.fused_saved`;
+#: autopp.measure.fusion.kept_bytes): absent in fused profiles counted before it, which kept eager's saved bytes;
+#: "min-cut" in those counted by its first rule (2026-12-06 17:08-17:30 UTC, before in-place writes and the peak's
+#: moment were taken into account).
+FUSED_SAVED = "min-cut-v2"
 
 
 def count_outdated(profile: Profile) -> str | None:
@@ -358,5 +360,7 @@ def count_outdated(profile: Profile) -> str | None:
         return "it was counted before the model's output bytes (what the last stage holds for the loss)"
     analytic = profile.meta.extra.get("analytic", {})
     if analytic.get("kernels") == "fused" and analytic.get("fused_saved") != FUSED_SAVED:
-        return "its fused kernels kept eager's saved bytes, before the count kept what fused kernels keep"
+        return ("its fused kernels kept eager's saved bytes, before the count kept what fused kernels keep" if
+                "fused_saved" not in analytic else f"it counted what fused kernels keep by an older rule "
+                f"({analytic['fused_saved']}; now {FUSED_SAVED})")
     return None

@@ -18,7 +18,7 @@ from torch.utils.flop_counter import flop_registry
 
 from ..costmodel.roofline import ATTENTION_OPS, OpCounts
 from ..schedule.activation import SAVED_OPS
-from .fusion import OpTouches, fuse_elementwise, fusible, kept_bytes
+from .fusion import Kept, OpTouches, fuse_elementwise, fusible, kept_of
 from .memory import LiveBytes, SavedOps, saved_storages, storage_key, tensors_in, value_bytes
 from .timing import Piece, run_phases
 
@@ -291,17 +291,12 @@ class OpCounter(TorchDispatchMode):
         else:
             self._saved_untracked[key] = t.untyped_storage().nbytes()
 
-    def kept(self, static: set[int]) -> dict[int, int]:
-        """Under `fuse`, after a forward whose saved tensors were noted (`saved`): what fused kernels keep for its
-        backward (`storage_key` -> bytes), fusible ops' outputs recomputed where that keeps fewer
-        (autopp.measure.fusion.kept_bytes); `static`: the parameters' and buffers' storage keys. A saved storage no
-        op of the pass touched is kept as it is; one freed before the forward ended is not."""
+    def kept(self, static: set[int]) -> Kept:
+        """After a forward under `fuse`: what fused kernels keep for its backward (`fusion.kept_of`), params free."""
         if not self.fuse:
             raise ValueError("what fused kernels keep is derived under fuse only")
-        needed = {s for s in self._saved if self._alive_or_gone[s]}
         free = {self._serials[k] for k in static if k in self._serials}
-        return {**{self._keys[s]: self._sizes[s] for s in kept_bytes(self._touches(), needed, free)},
-                **self._saved_untracked}
+        return kept_of(self._touches(), self._saved, self._keys, free, self._saved_untracked)
 
 
 @dataclass(frozen=True)
@@ -382,15 +377,14 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
                         return run()
                 with SavedOps(static) as selective:
                     (leaves, out), saved = saved_storages(forward, static, counter.saved if fuse else None)
-                counts[kind] = counter.counts()
-                sizes["saved"] = sizes["eager_saved"] = sum(saved.values())
-                sizes["selective"] = selective.bytes
-                if fuse:
-                    rerun["selective_recompute"] = counter.counts(rerun=True)
+                counts[kind], sizes["selective"] = counter.counts(), selective.bytes
+                sizes["saved"] = sum(saved.values())
+                if fuse:  # the forward's peak as eager's less what it held then and is not kept, the backward's
+                    rerun["selective_recompute"] = counter.counts(rerun=True)  # counted from what is kept
                     kept = counter.kept(static)
-                    sizes["saved"] = sum(kept.values())  # the forward's peak as eager's less what is not kept,
-                    sizes["forward_peak"] = live.peak - (sizes["eager_saved"] - sizes["saved"])  # the backward's
-                    live.rebase(set(saved) - set(kept), kept)  # counted from what is kept
+                    sizes["saved"] = sum(kept.kept.values())
+                    sizes["forward_peak"] = live.peak - live.held_at_peak(kept.dropped)
+                    live.rebase(set(kept.dropped), kept.kept)
                 return leaves, out
             result, counts[kind] = _counted(run, tiles, fuse)
             if kind == "backward":

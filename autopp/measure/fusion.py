@@ -60,7 +60,7 @@ import torch
 
 from ..costmodel.roofline import OpCounts
 
-__all__ = ["FUSIBLE_PACKETS", "fusible", "OpTouches", "fuse_elementwise", "kept_bytes"]
+__all__ = ["FUSIBLE_PACKETS", "fusible", "OpTouches", "fuse_elementwise", "kept_bytes", "Kept", "kept_of"]
 
 
 aten = torch.ops.aten
@@ -152,8 +152,9 @@ def kept_bytes(t: OpTouches, needed: set[int], free: set[int]) -> set[int]:
     have every storage in `needed` (what autograd saved), fusible ops' outputs recomputed from their inputs where
     that keeps fewer bytes (module docstring, "What the backward reads"); storages in `free` (parameters, buffers)
     cost nothing. A minimum vertex cut between the values nothing cheap recomputes (non-fusible ops' outputs, the
-    pass's inputs, anything a non-fusible op wrote in place) and `needed`, each storage a node of capacity its
-    bytes; a storage written in place by fusible ops depends on what each of them read."""
+    pass's inputs, anything a non-fusible op wrote in place, anything made from a value overwritten since) and
+    `needed`, each storage a node of capacity its bytes; a storage written in place by fusible ops depends on what
+    each of them read."""
     import networkx as nx  # the planning core and the ranks do not import it: only a count does
 
     graph: nx.DiGraph[Any] = nx.DiGraph()
@@ -166,13 +167,36 @@ def kept_bytes(t: OpTouches, needed: set[int], free: set[int]) -> set[int]:
         if not writers or not all(t.fusible[w] for w in writers):
             graph.add_edge("source", ("in", serial))  # no capacity: unbounded
             continue
-        for w in writers:
-            for read, _ in t.storages[w]:
-                if read != serial and read not in free and t.made.get(read) != w:
-                    graph.add_edge(("out", read), ("in", serial))
+        reads = [read for w in writers for read, _ in t.storages[w]
+                 if read != serial and read not in free and t.made.get(read) != w]
+        if any(later > min(writers) for read in reads for later in t.rewritten.get(read, ())):
+            graph.add_edge("source", ("in", serial))  # what it was made from was overwritten since: kept
+            continue
+        for read in reads:
+            graph.add_edge(("out", read), ("in", serial))
     for serial in needed - free:
         graph.add_edge(("out", serial), "sink")
     if "sink" not in graph or "source" not in graph:
         return set()
     _, (near, _far) = nx.minimum_cut(graph, "source", "sink")
     return {s for s in t.sizes if ("in", s) in near and ("out", s) not in near}
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What fused kernels keep of a forward for its backward, against what autograd saved (`kept_of`)."""
+
+    kept: dict[int, int]
+    """`storage_key` -> bytes of what they keep."""
+    dropped: dict[int, int]
+    """`storage_key` -> bytes of what autograd saved, alive at the forward's end, that they do not keep."""
+
+
+def kept_of(t: OpTouches, saved: dict[int, int], keys: dict[int, int], free: set[int], untracked: dict[int, int]
+            ) -> Kept:
+    """`kept_bytes` by storage key: `saved` the serials autograd saved (-> bytes), `keys` serial -> `storage_key`,
+    `free` the parameters' serials, `untracked` what autograd saved that no counted op touched (kept as it is)."""
+    needed = {s for s in saved if s in t.alive}  # one freed before the forward's end is not needed
+    chosen = kept_bytes(t, needed, free)
+    return Kept({**{keys[s]: t.sizes[s] for s in chosen}, **untracked},
+                {keys[s]: t.sizes[s] for s in needed - chosen - free})

@@ -113,9 +113,17 @@ class LiveBytes(TorchDispatchMode):
         self.peak = 0
         self._exclude = frozenset(exclude)
         self._live: dict[int, int] = {}
+        self._ids: dict[int, int] = {}  # storage_key -> a number of its own while it lives (keys are reused)
+        self._made = 0  # storages counted so far
+        self._at_peak: frozenset[int] = frozenset()  # the numbers of the storages live when `peak` was reached
 
     def _free(self, key: int) -> None:
         self.now -= self._live.pop(key, 0)
+        self._ids.pop(key, None)
+
+    def held_at_peak(self, keys: Iterable[int]) -> int:
+        """Bytes of the storages of `keys` (`storage_key`s, alive now) that were alive when `peak` was reached."""
+        return sum(self._live[k] for k in keys if k in self._live and self._ids[k] in self._at_peak)
 
     def rebase(self, drop: set[int], keep: dict[int, int]) -> None:
         """Count on as if the storages in `drop` were freed now and those of `keep` (`storage_key` -> bytes) were
@@ -124,7 +132,8 @@ class LiveBytes(TorchDispatchMode):
         for key in drop:
             self._free(key)
         self.now += sum(size for key, size in keep.items() if key not in self._live and key not in self._exclude)
-        self.peak = self.now  # what was added is held to the end: its storage (freed, its key reusable) is not watched
+        # what was added is held to the end (an upper bound): its storage (freed, its key reusable) is not watched
+        self.peak, self._at_peak = self.now, frozenset(self._ids.values())
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -136,10 +145,12 @@ class LiveBytes(TorchDispatchMode):
             key = storage_key(t)
             if key in inputs or key in self._live or key in self._exclude:
                 continue
-            self._live[key] = storage.nbytes()
+            self._made += 1
+            self._live[key], self._ids[key] = storage.nbytes(), self._made
             self.now += storage.nbytes()
             weakref.finalize(storage, self._free, key)
-            self.peak = max(self.peak, self.now)
+            if self.now > self.peak:
+                self.peak, self._at_peak = self.now, frozenset(self._ids.values())
         return out
 
 

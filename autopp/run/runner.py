@@ -102,8 +102,8 @@ MESH_ON_CPU_NOTE = f"{MESH_ON_CPU}: this run checks the layout's gradients, its 
 
 FUSED_NOTE = ("the plan counted fused elementwise kernels (`--kernels fused`); autopp run runs the model's ops eager, "
               "one kernel each, so its measured steps exceed the prediction by the elementwise work fusion saves, "
-              "and its activations by what fused kernels recompute instead of keeping (docs/analytic.md, \"Fused "
-              "elementwise kernels\")")
+              "and its activations by what fused kernels recompute instead of keeping: a plan that fits in the "
+              "fused count may not fit run eager (docs/analytic.md, \"Fused elementwise kernels\")")
 
 
 def _chosen(plan: Plan, options: RunOptions, plan_path: str | None) -> Chosen:

@@ -700,7 +700,8 @@ def test_a_plan_of_fused_kernels_asks_torchtitan_to_compile_and_says_what_the_ot
     tp = _as_hf(llama_plans["dp"])  # tp 2 with SP: async TP compiles the model, so eager kernels run fused
     tp = replace(tp, layout=replace(tp.layout, tp=2, sp=True), tp_plan={"model.layers.*.mlp.up_proj": "colwise"})
     async_tp = replace(tp, overlap=Overlap(async_tp=True))
-    for kernels, says in (("eager", "its step may be shorter than predicted"), ("fused", None)):
+    for kernels, says in (("eager", "its step may be shorter and its activations smaller than predicted"),
+                          ("fused", None)):
         exported = export_plan(replace(async_tp, kernels=kernels), Target.TORCHTITAN, "x.args", unit_modules(llama))
         assert exported.text.splitlines().count("--compile.enable") == 1, kernels
         assert [n for n in exported.notes if "elementwise kernels" in n] == \

@@ -109,6 +109,34 @@ def test_kept_bytes_is_the_least_from_which_the_backward_recomputes_what_it_need
                       rewritten={10: (3,)})
     assert kept_bytes(inplace, {10}, {2}) == {1, 12}
     assert kept_bytes(replace(inplace, fusible=(True, True, False, False)), {10}, {2}) == {10}
+    # b (now 1,000 bytes) was made from a (50 bytes), which a non-fusible op 3 then overwrote: b cannot be
+    # recomputed from a, so it is kept whole
+    over = replace(touches, storages=(*touches.storages, ((10, 50),)), fusible=(True, True, False, False),
+                   sizes={**touches.sizes, 10: 50, 11: 1000}, rewritten={10: (3,)})
+    assert kept_bytes(over, {11}, {2}) == {11}
+
+
+class _EarlyPeak(nn.Module):
+    """A temporary 256 times the input, made and freed first (a non-fusible `repeat`), then a chain of `sin`s, each
+    saving its input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        big = x.detach().repeat(1, 256).sum()
+        for _ in range(8):
+            x = x.sin()
+        return x + big
+
+
+def test_the_fused_forwards_peak_keeps_what_was_live_at_it() -> None:
+    """Fused, the sins keep only the input (recomputed from it); the forward's peak came at the temporary, before
+    any of them was saved: the fused peak stays the temporary's, not eager's less every byte no longer saved."""
+    mode = fake_mode()
+    with mode:
+        x = mode.from_tensor(torch.empty(8, 64, device="meta"))
+        eager, fused = (count_piece(Piece(_EarlyPeak(), (x,), lambda out: out, False, (True,)), mode, fuse=f)
+                        for f in (False, True))
+    assert eager.activation_bytes == 8 * 8 * 64 * 4 and fused.activation_bytes == 8 * 64 * 4
+    assert fused.peak_bytes >= 8 * 64 * 256 * 4 and fused.peak_bytes <= eager.peak_bytes
 
 
 def test_fusible_ops_are_pointwise_casts_and_reductions_not_matmuls_or_indexing() -> None:

@@ -129,6 +129,12 @@ def _parallel_notes(profile: Profile, c: Candidate, cluster: Cluster) -> list[st
         out.append(f"sequence parallelism (tp {tp} + SP): the norms on 1/{tp} of the sequence, each all-reduce a "
                    "reduce-scatter + all-gather (the same time), activations less their inputs' (tp - 1)/tp "
                    "(docs/parallelism.md#sequence-parallelism)")
+        if recorded_kernels(profile.meta.extra) == "fused":
+            out.append("with fused kernels each norm's output, which the column-parallel projections read, is "
+                       "recomputed from the norm's sharded input, as Megatron-LM's linears do (they save the input "
+                       "sharded and gather it again in the backward); torchtitan's and autopp run's DTensor linears "
+                       "keep the gathered input, the norm's full output per norm on every rank, more memory than "
+                       "counted (docs/analytic.md#fused-elementwise-kernels)")
         if profile.tp_units is not None and not all(col in profile.tp_units.columns for col in SP_TIME_COLUMNS):
             out.append("SP's compute timed as the plain tp rows' (the norms and residual adds whole on every rank: "
                        "an upper bound): the profile has no SP times (sp_forward_s; measured, or counted before "
