@@ -696,7 +696,8 @@ def test_a_plan_of_fused_kernels_asks_torchtitan_to_compile_and_says_what_the_ot
     megatron = export_plan(eager, Target.MEGATRON, "x")
     assert any("Megatron-Core fuses them (" in n and "--transformer-impl transformer_engine" in n for n in megatron.notes)
     deepspeed = export_plan(fused, Target.DEEPSPEED, "x.json")
-    assert any("its step takes longer and its activations take more memory than predicted" in n for n in deepspeed.notes)
+    assert any("its step takes longer and its activations take more memory than predicted" in n
+               for n in deepspeed.notes)
     tp = _as_hf(llama_plans["dp"])  # tp 2 with SP: async TP compiles the model, so eager kernels run fused
     tp = replace(tp, layout=replace(tp.layout, tp=2, sp=True), tp_plan={"model.layers.*.mlp.up_proj": "colwise"})
     async_tp = replace(tp, overlap=Overlap(async_tp=True))
