@@ -361,6 +361,6 @@ def count_outdated(profile: Profile) -> str | None:
     analytic = profile.meta.extra.get("analytic", {})
     if analytic.get("kernels") == "fused" and analytic.get("fused_saved") != FUSED_SAVED:
         return ("its fused kernels kept eager's saved bytes, before the count kept what fused kernels keep" if
-                "fused_saved" not in analytic else f"it counted what fused kernels keep by an older rule "
-                f"({analytic['fused_saved']}; now {FUSED_SAVED})")
+                "fused_saved" not in analytic else f"it counted what fused kernels keep by an older rule, "
+                f"{analytic['fused_saved']} (now {FUSED_SAVED})")
     return None

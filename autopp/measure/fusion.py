@@ -30,8 +30,9 @@ The model, applied to one counted pass (a forward, a backward, a selective recom
 - **What the backward reads** (`kept_bytes`): a fusing compiler does not keep an elementwise op's output for the
   backward when it can recompute it there from what is kept anyway; torch.compile's partitioner
   (`min_cut_rematerialization_partition`, torch/_functorch/partitioners.py) chooses the least bytes to save from
-  which the backward can recompute every fusible op it needs, and Transformer Engine's fused norms and Megatron's
-  fused SwiGLU save their inputs only. The count takes the same minimum over the pass's storages: a value a
+  which the backward can recompute every fusible op it needs; Transformer Engine's fused norm saves its input and
+  1/rms (its LayerNormLinear keeps the norm's output as well, for the projection's weight gradient) and Megatron's
+  fused SwiGLU its input. The count takes the same minimum over the pass's storages: a value a
   non-fusible op made (a matmul's, attention's output) or the pass did not make (its input) is kept if the backward
   needs it or anything recomputed from it; a fusible op's output is recomputed from its op's inputs, or kept, which
   ever the minimum cut of bytes chooses (one maximum flow, networkx); parameters and buffers are there for free.
