@@ -348,8 +348,8 @@ def count_piece(piece: Piece, fake: Any, tiles: Tiles = CPU_TILES, fuse: bool = 
     saves and what selective recomputation keeps counted across them), then input and weight gradients, then the
     ops selective recomputation reruns; the recompute forward is not run (it counts the same ops as the forward).
     `tiles`: the fused attention kernel's blocks (`GPU_TILES` where a GPU is counted); `fuse`: each pass's ops as
-    fused elementwise kernels run them (autopp.measure.fusion), and what they keep for the backward
-    (`OpCounter.kept_bytes`; the peak less the eager saved bytes they do not keep). The output's
+    fused elementwise kernels run them (autopp.measure.fusion), what they keep for the backward (`OpCounter.kept`)
+    and their peak (the backward's from what they keep, the forward's less what it held then, not kept). The output's
     bytes are those of what the piece's module returns: for the last piece the model's output, before its `finish`
     (the loss), which torch's last stage holds per in-flight microbatch (`StageCost.output_bytes`)."""
     static, _alive = _static_storages(piece, fake)
