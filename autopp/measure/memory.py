@@ -113,17 +113,18 @@ class LiveBytes(TorchDispatchMode):
         self.peak = 0
         self._exclude = frozenset(exclude)
         self._live: dict[int, int] = {}
-        self._ids: dict[int, int] = {}  # storage_key -> a number of its own while it lives (keys are reused)
+        self._ids: dict[int, int] = {}  # storage_key -> its number in the order counted, while it lives
         self._made = 0  # storages counted so far
-        self._at_peak: frozenset[int] = frozenset()  # the numbers of the storages live when `peak` was reached
+        self._made_at_peak = 0  # ... when `peak` was reached
 
     def _free(self, key: int) -> None:
         self.now -= self._live.pop(key, 0)
         self._ids.pop(key, None)
 
     def held_at_peak(self, keys: Iterable[int]) -> int:
-        """Bytes of the storages of `keys` (`storage_key`s, alive now) that were alive when `peak` was reached."""
-        return sum(self._live[k] for k in keys if k in self._live and self._ids[k] in self._at_peak)
+        """Bytes of the storages of `keys` (`storage_key`s) alive now that were alive when `peak` was reached: those
+        made by then (alive now, they were not freed since; a key reused since names a newer storage)."""
+        return sum(self._live[k] for k in keys if k in self._live and self._ids[k] <= self._made_at_peak)
 
     def rebase(self, drop: set[int], keep: dict[int, int]) -> None:
         """Count on as if the storages in `drop` were freed now and those of `keep` (`storage_key` -> bytes) were
@@ -133,7 +134,7 @@ class LiveBytes(TorchDispatchMode):
             self._free(key)
         self.now += sum(size for key, size in keep.items() if key not in self._live and key not in self._exclude)
         # what was added is held to the end (an upper bound): its storage (freed, its key reusable) is not watched
-        self.peak, self._at_peak = self.now, frozenset(self._ids.values())
+        self.peak, self._made_at_peak = self.now, self._made
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -150,7 +151,7 @@ class LiveBytes(TorchDispatchMode):
             self.now += storage.nbytes()
             weakref.finalize(storage, self._free, key)
             if self.now > self.peak:
-                self.peak, self._at_peak = self.now, frozenset(self._ids.values())
+                self.peak, self._made_at_peak = self.now, self._made
         return out
 
 
