@@ -81,6 +81,9 @@ class Published:
     checkpointing), in place of `recompute`'s."""
     overlap: Overlap | None = None
     """The collectives the run hides (None: the planner's default, autopp.data.overlap)."""
+    frees_outputs: bool = False
+    """The run's pipeline frees each stage's outputs once sent (`PlanRequest.frees_outputs`: Megatron-LM, DualPipe,
+    Llama 3's), pinned and in autopp's own choice; False: held until their backward, as torch's PipelineStage does."""
     tied_across_stages: bool = False
     """The run's trainer sums a weight tied between stages shard by shard under tp and ZeRO (Megatron's embedding
     group): planned so (`PlanRequest.tied_across_stages`), pinned and in autopp's own search."""
@@ -146,7 +149,7 @@ DEEPSEEK_V3 = Published(
     gpus=2048,
     cluster="2,048 H800 80GB, 8 per node on NVLink (400 GB/s), InfiniBand 400 Gb/s per GPU",
     layout=LayoutPins(tp=1, pp=16, dp=128, ep=64, zero=ZERO[1], v=2), schedule=ScheduleName.DUAL_PIPE_V,
-    microbatches=120, microbatch_size=1, recompute=RecomputeMode.AUTO, global_batch=15360,
+    microbatches=120, microbatch_size=1, recompute=RecomputeMode.AUTO, global_batch=15360, frees_outputs=True,
     per_gpu=1e12 / (180e3 * 3600), unit="tokens/s",
     measured="180K H800 GPU-hours per trillion tokens, FP8 mixed precision",
     source="DeepSeek-V3 Technical Report (arXiv:2412.19437v2), s.1 (GPU-hours), s.3.2 (PP16 DualPipe, EP64 over 8 "
@@ -160,7 +163,8 @@ DEEPSEEK_V3 = Published(
             "target node, at most 4, forwarded over NVLink) with the dispatch in FP8 (autopp.costmodel.alltoall); "
             "fused elementwise kernels (`--kernels fused`: the report describes kernels of its own, for the "
             "all-to-alls and the fine-grained FP8 quantization, and says nothing of elementwise fusion; an "
-            "assumption)")
+            "assumption); each stage's outputs freed once sent, as DualPipe's reference code frees them "
+            "(deepseek-ai/DualPipe, dualpipe.py: `_send_forward` queues them, `_free_tensors` empties them)")
 
 #: torchtitan's Llama 3.1 8B with FSDP alone on 128 H100 (examples/configs/llama-3-8b.json: Llama 3 and 3.1 8B share
 #: their shapes; 3.1 differs in RoPE scaling and context length, neither of which changes a step's cost at 8,192).
@@ -217,7 +221,7 @@ BRIDGE_70B = replace(
     cluster="64 H100 80GB (8 DGX-H100), NVLink, InfiniBand 400 Gb/s per GPU",
     layout=LayoutPins(tp=4, pp=8, dp=2, zero=ZERO[1], v=5, sp=True), schedule=ScheduleName.INTERLEAVED_1F1B,
     microbatches=64, microbatch_size=1, recompute=RecomputeMode.NONE, activations=None,
-    overlap=Overlap(async_tp=True), global_batch=128, per_gpu=1602.0, unit="tokens/s",
+    overlap=Overlap(async_tp=True), global_batch=128, per_gpu=1602.0, unit="tokens/s", frees_outputs=True,
     measured="FP8-CS, 719 model TFLOP/s per GPU",
     source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md (commit 00b7660), 25.11 NeMo container, "
            "DGX-H100, row LLAMA3_70B (64 GPUs, GBS 128, MBS 1, seq 8192, FSDP 0, TP4 PP8 CP1 VP5, GA 64); "
@@ -229,7 +233,9 @@ BRIDGE_70B = replace(
             "Megatron-Bridge's performance recipes' defaults), its TP communication overlap (TE userbuffers) as "
             "`async_tp` overlap, its DP gradient reduction overlapped (the planner's default); FP8 current scaling "
             "= the fp8 recipe (linear matmuls at the FP8 peak); TE's fused kernels = fused elementwise kernels "
-            "(`--kernels fused`, the 70B profile of the torchtitan rows); CUDA graphs not modelled")
+            "(`--kernels fused`, the 70B profile of the torchtitan rows); each stage's outputs freed once sent "
+            "(Megatron's deallocate_pipeline_outputs, on in Megatron-Bridge's GPTModelProvider); CUDA graphs not "
+            "modelled")
 
 
 #: Megatron-DeepSpeed's "TFLOPs" per GPU, as BLOOM's logs print it: Narayanan et al. 2021 (arXiv:2104.04473), eq. 3,
@@ -297,34 +303,37 @@ RUNS = (
         key="llama3-8k", model="Llama 3 405B", config=CONFIG_405B, kernels="fused", seq_len=8192, gpus=8192,
         cluster="8,192 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
         layout=LayoutPins(tp=8, pp=16, dp=64, zero=ZERO[2], v=None, sp=True), schedule=ScheduleName.INTERLEAVED_1F1B,
-        microbatches=32, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=64 * 32,
+        microbatches=32, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=64 * 32, frees_outputs=True,
         per_gpu=430.0, unit="TFLOP/s", measured="43% BF16 MFU",
         source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 1 and §3.3.2",
         assumed="microbatch size 1 (32 microbatches per DP group; not stated), v chosen by autopp (not stated); "
                 "FSDP that shards optimizer state and gradients, parameters not resharded after forward = ZeRO 2; "
                 "TP with sequence parallelism (not stated; taken as Megatron-style TP runs it at this scale, "
                 "Korthikanti et al. 2022), its collectives not overlapped (no async TP stated); fused elementwise "
-                "kernels (`--kernels fused`; not stated, as every trainer at this scale runs them)"),
+                "kernels (`--kernels fused`; not stated, as every trainer at this scale runs them); each stage's "
+                "outputs freed once sent (s.3.3.2: \"we proactively deallocate tensors that will not be used for "
+                "future computation, including the input and output tensors of each pipeline stage\")"),
     Published(
         key="llama3-8k-16k", model="Llama 3 405B", config=CONFIG_405B, kernels="fused", seq_len=8192, gpus=16384,
         cluster="16,384 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
         layout=LayoutPins(tp=8, pp=16, dp=128, zero=ZERO[2], v=None, sp=True), schedule=ScheduleName.INTERLEAVED_1F1B,
-        microbatches=16, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=128 * 16,
+        microbatches=16, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=128 * 16, frees_outputs=True,
         per_gpu=400.0, unit="TFLOP/s", measured="41% BF16 MFU",
         source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 2 and §3.3.2",
         assumed="its batch size per DP 16 as 16 microbatches of 1 (not stated), v chosen by autopp (not stated); "
-                "ZeRO 2 and SP as row 1 (the 8,192-GPU row)"),
+                "ZeRO 2, SP and the freed stage outputs as row 1 (the 8,192-GPU row)"),
     Published(
         key="llama3-131k", model="Llama 3 405B", config=CONFIG_405B, kernels="fused", seq_len=131072, gpus=16384,
         cluster="16,384 H100 80GB (700 W), 8 per server on NVLink, RoCE 400 Gb/s per GPU",
         layout=LayoutPins(tp=8, cp=16, pp=16, dp=8, zero=ZERO[2], v=None, sp=True),
         schedule=ScheduleName.INTERLEAVED_1F1B,
-        microbatches=16, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=8 * 16,
+        microbatches=16, microbatch_size=1, recompute=RecomputeMode.NONE, global_batch=8 * 16, frees_outputs=True,
         per_gpu=380.0, unit="TFLOP/s", measured="38% BF16 MFU",
         source="Llama 3 paper (arXiv:2407.21783v3), Table 4 row 3 and §3.3.2",
         assumed="DP 8 where the table prints DP 4: TP8 x CP16 x PP16 x DP4 is 8,192 GPUs, and its 16,384 GPUs need "
                 "DP 8; its 16M tokens per batch are then 128 sequences of 131,072, 16 per DP group; microbatch size 1 "
-                "(16 microbatches per DP group; not stated), v chosen by autopp, ZeRO 2 and SP as row 1; cp's K/V ring "
+                "(16 microbatches per DP group; not stated), v chosen by autopp, ZeRO 2, SP and the freed stage "
+                "outputs as row 1; cp's K/V ring "
                 "as autopp costs it (docs/parallelism.md#context-parallelism)"),
     TITAN_8B_CP,
     TITAN_1F1B,
@@ -423,7 +432,8 @@ def pinned_request(run: Published, cluster: Cluster) -> PlanRequest:
     between stages planned as the run's trainer sums it where the run says so (`tied_across_stages`)."""
     return PlanRequest(cluster=cluster, global_batch=run.global_batch, pins=run.layout, schedule=run.schedule,
                        num_microbatches=run.microbatches, recompute=run.recompute, activations=run.activations,
-                       overlap=run.overlap, tied_across_stages=run.tied_across_stages)
+                       overlap=run.overlap, tied_across_stages=run.tied_across_stages,
+                       frees_outputs=run.frees_outputs)
 
 
 def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest:
@@ -435,7 +445,7 @@ def own_request(run: Published, cluster: Cluster, shortlist: int) -> PlanRequest
                        pins=LayoutPins(pp=None, dp=None, cp=cp, tp=None, zero=None, sp=None,
                                        ep=None if (run.layout.ep or 1) > 1 else 1),
                        schedule=None, overlap=run.overlap, tied_across_stages=run.tied_across_stages,
-                       recompute=RecomputeMode.AUTO, shortlist=shortlist)
+                       recompute=RecomputeMode.AUTO, shortlist=shortlist, frees_outputs=run.frees_outputs)
 
 
 def _plan(profile: Profile, request: PlanRequest) -> tuple[Plan | None, str, float]:
@@ -493,7 +503,8 @@ def published_config(run: Published) -> str:
     acts = ",".join(a.value for a in run.activations) if run.activations else f"recompute {run.recompute.value}"
     extra = "".join(f", {x}" for x in (run.precision if run.precision != "bf16" else "",
                                         "async TP" if run.overlap and run.overlap.async_tp else "",
-                                        "fused kernels" if run.kernels == "fused" else "") if x)
+                                        "fused kernels" if run.kernels == "fused" else "",
+                                        "outputs freed once sent" if run.frees_outputs else "") if x)
     return (f"TP{pins.tp}{sp}{cp} PP{pins.pp} DP{pins.dp}{ep} {pins.zero}, {run.schedule.value} {v}, "
             f"{run.microbatches} x {run.microbatch_size} of {run.seq_len} tokens, {acts}{extra}")
 

@@ -135,3 +135,12 @@ def test_torchtitan_carves_ep_from_its_shard_group() -> None:
     pinned = titan.pins_refusal(LayoutPins(pp=2, dp=2, ep=2, zero=ZERO[0]), 4)
     assert str(pinned).startswith("`trainer` torchtitan cannot run `zero` 0 with `ep` 2: ")
     assert titan.pins_refusal(LayoutPins(pp=2, dp=2, ep=2, zero=None), 4) is None
+
+
+def test_megatron_frees_a_stages_outputs_once_sent_and_the_others_hold_them() -> None:
+    """Megatron-LM frees each stage's outputs once sent (`deallocate_pipeline_outputs`, which its arguments set);
+    torch's PipelineStage (torchtitan, autopp run) and DeepSpeed's engine hold them; what the request asks wins."""
+    from autopp.data.trainers import frees_outputs
+    assert [trainer_rules(t).frees_outputs for t in ("megatron", "torchtitan", "deepspeed")] == [True, False, False]
+    assert frees_outputs("megatron", None) and not frees_outputs("torchtitan", None) and not frees_outputs(None, None)
+    assert frees_outputs(None, True) and frees_outputs("torchtitan", True) and not frees_outputs("megatron", False)

@@ -159,14 +159,15 @@ class UnitArrays:
     """The optimizer bytes hold an fp32 master copy (the recipe the profile records, autopp.data.precision), which
     is what FSDP2 keeps as the sharded parameter under its MixedPrecisionPolicy (`autopp.costmodel.parallel`)."""
     model_output: float = 0.0
-    """The model's output of one microbatch as a rank's last stage holds it: torch's last stage hands it to the
-    schedule's loss and keeps it until its backward (`StageCost.output_bytes`). The last unit's `output_bytes` (a
-    TP rank's 1/tp of it under loss parallelism); 0 from a profile made before 2026-12-06, which recorded none."""
+    """The model's output of one microbatch, which a rank's last stage hands to the loss and holds until its backward
+    (`StageCost.output_bytes`): the last unit's `output_bytes` (1/tp under loss parallelism; 0: profiled before it)."""
+    frees_outputs: bool = False
+    """The runtime frees a stage's outputs once sent (`PlanRequest.frees_outputs`, autopp.data.trainers)."""
 
     def held_outputs(self) -> np.ndarray:
         """Per end j (0..n), one microbatch's outputs a stage ending there holds until its backward: the values
-        crossing cut j, and at n the model's output (`model_output`)."""
-        out = np.asarray(self.cut, dtype=np.float64).copy()
+        crossing cut j (none where the runtime frees them once sent), and at n the model's output (`model_output`)."""
+        out = np.zeros(self.n + 1) if self.frees_outputs else np.asarray(self.cut, dtype=np.float64).copy()
         out[self.n] = self.model_output
         return out
 
@@ -389,8 +390,7 @@ def born_table(profile: Profile, sizes: list[int], within: np.ndarray | None = N
 
 def _assemble(f: np.ndarray, b: np.ndarray, i: np.ndarray, w: np.ndarray, redo: np.ndarray, static: np.ndarray,
               act: np.ndarray, params: np.ndarray, grads: np.ndarray, cut: np.ndarray) -> UnitArrays:
-    assumed = bool(np.all(i + w <= 0))
-    if assumed:
+    if assumed := bool(np.all(i + w <= 0)):
         i, w = b / 2, b / 2
     return UnitArrays(f, i, w, np.where(redo > 0, redo, f), static, act, params, grads, cut, assumed, b)
 

@@ -126,6 +126,10 @@ class Plan:
     """The cluster of nodes planned for: (nodes, devices per node), one rank per device; `autopp run` launches that
     many nodes of that many ranks by default. None: one node, or not known (older plans, plans of a flat cluster);
     written to JSON, as [nodes, devices per node], only when known."""
+    frees_outputs: bool = False
+    """The prediction counted each stage's outputs freed once sent (`PlanRequest.frees_outputs`: Megatron-LM's
+    pipeline frees them), where torch's PipelineStage, which `autopp run` and torchtitan drive, holds them until their
+    backward (`StagePlan.output_bytes`). Written to JSON only when true."""
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -203,7 +207,7 @@ class Plan:
         data = {k: v for k, v in data.items()
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
                                   "step_band_s", "tied", "precision", "kernels", "vocab", "seq_chunks",
-                                  "overlap", "nodes")}
+                                  "overlap", "nodes", "frees_outputs")}
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:

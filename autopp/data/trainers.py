@@ -25,7 +25,7 @@ from .overlap import TRAINER_OVERLAP, Overlap
 from .zero import HSDP_REFUSALS, ZeroStage
 
 __all__ = ["Trainer", "TRAINER_RULES", "trainer_rules", "refusal", "interleaving_problem", "optimizer_words",
-           "kernels_words",
+           "kernels_words", "frees_outputs",
            "HF_DECODER_TO_TORCHTITAN"]
 
 
@@ -62,6 +62,12 @@ class Trainer:
     overlap: Overlap = TRAINER_OVERLAP
     """What it hides under compute on a GPU (autopp.data.overlap): the plan's default for `--for` it
     (`PlanRequest.assumed_overlap`), so that the search costs the run the export writes."""
+    frees_outputs: bool = False
+    """Its pipeline frees a stage's outputs once they are sent, keeping only their autograd node for the backward
+    (Megatron-LM: `deallocate_output_tensor` in megatron/core/pipeline_parallel/schedules.py, on since
+    megatron/training/arguments.py sets `deallocate_pipeline_outputs`; Megatron-Bridge's providers default it on);
+    False: it holds them until their backward (torch's PipelineStage, `fwd_cache`; DeepSpeed's PipelineEngine keeps
+    them, or 1/tp of them under its activation partitioning, which autopp does not count)."""
     kernels: str = "eager"
     """The elementwise kernels it runs unless told (autopp.data.precision.KERNELS): "fused" where its model code is
     fused by default (Megatron-LM: Transformer Engine and its own fusions), else "eager"."""
@@ -199,7 +205,7 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
             optimizer="Adam with decoupled weight decay unless --optimizer sgd (megatron/training/arguments.py)",
             schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,
             seq_len="--seq-length {}",
-            kernels="fused",
+            kernels="fused", frees_outputs=True,
             fused_how="Transformer Engine's fused norms and attention (its default --transformer-impl "
                       "transformer_engine) and Megatron-LM's bias-SwiGLU, bias-GeLU, masked-softmax and RoPE fusions, "
                       "each on unless its --no-*-fusion flag is given (megatron/training/arguments.py)",
@@ -223,6 +229,12 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
 def trainer_rules(name: str) -> Trainer:
     """The rules of trainer `name` (one of `TRAINER_RULES`)."""
     return TRAINER_RULES[name]
+
+
+def frees_outputs(trainer: str | None, asked: bool | None) -> bool:
+    """Whether a plan's pipeline frees each stage's outputs once sent (`PlanRequest.frees_outputs`): `asked`, else
+    what `trainer` does (`Trainer.frees_outputs`), else not (torch's PipelineStage, which `autopp run` drives)."""
+    return asked if asked is not None else trainer is not None and trainer_rules(trainer).frees_outputs
 
 
 def optimizer_words(trainer: str, counted: str | None) -> str:

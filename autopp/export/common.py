@@ -19,7 +19,7 @@ from .layers import ExportError
 
 __all__ = ["Exported", "uniform_policy", "refuse_layout", "trainer_axes", "launch_grid", "group_lines",
            "carved_lines", "axis_notes", "stage_placement", "refuse_schedule", "made_for", "kernels_for",
-           "optimizer_note", "loss_parallel_notes"]
+           "outputs_notes", "optimizer_note", "loss_parallel_notes"]
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,22 @@ def made_for(plan: Plan, trainer: str, compiles: bool = False) -> tuple[list[str
         lines += getattr(recipe, trainer)
         notes += [recipe.torchtitan_note] if trainer == "torchtitan" and recipe.torchtitan_note else []
     kernel_lines, kernel_notes = kernels_for(plan, trainer, compiles)
-    return lines + kernel_lines, notes + kernel_notes
+    return lines + kernel_lines, notes + kernel_notes + outputs_notes(plan, trainer)
+
+
+def outputs_notes(plan: Plan, trainer: str) -> list[str]:
+    """Where `trainer` keeps a pipeline stage's outputs otherwise than the plan counted them (`Plan.frees_outputs`,
+    `Trainer.frees_outputs`): what that does to its memory, and how to plan for it."""
+    rules = trainer_rules(trainer)
+    if len(plan.stages) < 2 or plan.frees_outputs == rules.frees_outputs:
+        return []
+    if plan.frees_outputs:
+        return [f"stage outputs: the plan counts each freed once sent (as Megatron-LM frees them); {rules.title} "
+                "holds each microbatch's until its backward, more memory than the plan counts: plan with `autopp "
+                f"plan --for {trainer}` to count it"]
+    return [f"stage outputs: the plan counts each held until its backward (torch's PipelineStage); {rules.title} "
+            "frees them once sent, so its ranks need less memory than the plan says: plan with `autopp plan --for "
+            f"{trainer}` to count that"]
 
 
 def kernels_for(plan: Plan, trainer: str, compiles: bool = False) -> tuple[list[str], list[str]]:

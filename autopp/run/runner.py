@@ -106,6 +106,11 @@ FUSED_NOTE = ("the plan counted fused elementwise kernels (`--kernels fused`); a
               "fused count may not fit run eager (docs/analytic.md, \"Fused elementwise kernels\")")
 
 
+FREED_RUN_NOTE = ("the plan counted each stage's outputs freed once sent (Megatron-LM's pipeline); torch's "
+                  "PipelineStage, which autopp run drives, holds each microbatch's until its backward: the ranks may "
+                  "use more memory than predicted")
+
+
 def _chosen(plan: Plan, options: RunOptions, plan_path: str | None) -> Chosen:
     """`options` with the backend and optimizer chosen for this node's ranks (autopp.run.resolve), checked."""
     known = ", ".join(OPTIMIZER_STATES)
@@ -303,6 +308,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
         report = replace(report, notes=(*report.notes, VOCAB_NOTE))
     if plan.kernels == "fused":  # the prediction counted fused elementwise kernels; the ranks run them eager
         report = replace(report, notes=(*report.notes, FUSED_NOTE))
+    if plan.frees_outputs:
+        report = replace(report, notes=(*report.notes, FREED_RUN_NOTE))
     if uses_mesh(plan.layout) and options.backend == "gloo":
         report = replace(report, notes=(*report.notes, MESH_ON_CPU_NOTE))
     if plan.seq_chunks is not None and len(set(plan.seq_chunks.lengths)) > 1:  # a tester: said only in the plan

@@ -195,3 +195,34 @@ def test_the_schedule_rule_said_is_one_of_the_trainers_schedules(shipped_gpt: Pr
     ended with Chimera's rule)."""
     with pytest.raises(InfeasibleError, match=r"^1F1B needs microbatches >= stages \(2 < 4\): " + message):
         make_plan(shipped_gpt, _request(trainer="deepspeed", **kw))
+
+
+def test_a_megatron_plan_counts_its_stages_outputs_freed_once_sent(shipped_gpt: Profile) -> None:
+    """Megatron-LM frees a stage's outputs once sent (`Trainer.frees_outputs`): `--for megatron` counts none of
+    them (the last stage's model output still held), peaks lower on the same split, says so in a note and in the
+    JSON, and the exports to a trainer that holds them (and to Megatron from a plan that held them) say what
+    differs; asked for (`frees_outputs`) it is counted for any trainer."""
+    from autopp.data.plan import Plan
+    from autopp.solve.assemble.from_verdict import FREED_NOTE
+    req = _request(trainer="megatron", pins=LayoutPins(pp=4), schedule=ScheduleName.ONE_F_ONE_B,
+                   num_microbatches=8, recompute=RecomputeMode.NONE,
+                   cluster=Cluster(num_devices=4, memory_bytes=64 << 30))
+    freed, held = make_plan(shipped_gpt, req), make_plan(shipped_gpt, replace(req, frees_outputs=False))
+    assert [s.units for s in freed.stages] == [s.units for s in held.stages]
+    assert all(s.output_bytes == 0 for s in freed.stages[:-1]) and all(s.output_bytes > 0 for s in held.stages[:-1])
+    assert freed.stages[-1].output_bytes == held.stages[-1].output_bytes
+    assert all(f < h for f, h in zip(freed.predicted.peak_memory_bytes[:-1], held.predicted.peak_memory_bytes))
+    assert freed.frees_outputs and not held.frees_outputs
+    assert FREED_NOTE in freed.notes and FREED_NOTE not in held.notes
+    assert freed.to_json()["frees_outputs"] is True and "frees_outputs" not in held.to_json()
+    assert Plan.from_json(freed.to_json()).frees_outputs
+    asked = make_plan(shipped_gpt, replace(req, trainer=None, frees_outputs=True))
+    assert asked.frees_outputs and [s.output_bytes for s in asked.stages] == [s.output_bytes for s in freed.stages]
+
+    def said(plan: Plan, target: Target) -> list[str]:
+        modules = [[shipped_gpt.meta.unit_names[u]] for u in range(shipped_gpt.num_units)]
+        return [n for n in export_plan(plan, target, "x", modules).notes if n.startswith("stage outputs:")]
+    assert said(freed, Target.MEGATRON) == [] == said(held, Target.TORCHTITAN)
+    assert "holds each microbatch's until its backward" in said(freed, Target.TORCHTITAN)[0]
+    assert "holds each microbatch's until its backward" in said(freed, Target.DEEPSPEED)[0]
+    assert "Megatron-Core frees them once sent" in said(held, Target.MEGATRON)[0]

@@ -253,6 +253,12 @@ def _unoffered(request: PlanRequest, a: UnitArrays) -> list[str]:
             if policy(p).derive is not None and not policy(p).offered(a, host)]
 
 
+#: A plan's note where its stages' outputs are counted freed once sent (`PlanRequest.frees_outputs`).
+FREED_NOTE = ("stage outputs: each freed once sent, its autograd node kept for the backward, as Megatron-LM frees "
+              "them (deallocate_pipeline_outputs); torch's PipelineStage (autopp run, torchtitan) and DeepSpeed hold "
+              "each microbatch's until its backward, which this plan's memory does not count")
+
+
 def _overlap_notes(request: PlanRequest, a: UnitArrays, c: Candidate) -> list[str]:
     """The memory reserve and the overlap assumptions, where they apply (autopp.data.overlap; nothing overlapped is
     the cost model as before the switches, and says nothing, so such plans read as before them)."""
@@ -266,6 +272,8 @@ def _overlap_notes(request: PlanRequest, a: UnitArrays, c: Candidate) -> list[st
         where = "FSDP2 outside a pipeline: per-layer all-gathers and reduce-scatters" if a.fsdp else \
             "ZeRO/data-parallel collectives"
         out.append(f"{request.assumed_overlap.describe()} ({where}; docs/parallelism.md#overlap)")
+    if a.frees_outputs and len(c.bounds) > 1:
+        out.append(FREED_NOTE)
     return out
 
 
@@ -333,7 +341,8 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
                 precision=profile.meta.extra.get("precision"),
                 kernels=recorded_kernels(profile.meta.extra),
                 vocab=best.passes.variant if best.passes is not None else None, seq_chunks=c.seq,
-                overlap=request.assumed_overlap, nodes=_nodes(request.cluster, layout.world))
+                overlap=request.assumed_overlap, nodes=_nodes(request.cluster, layout.world),
+                frees_outputs=a.frees_outputs and len(stages) > 1)
     refused = run_refusal(plan)  # said where it is planned, not first when it is run
     return plan if refused is None else replace(plan, notes=(
         *plan.notes, f"autopp run would refuse this plan ({refused}); a trainer runs it (autopp export)"))

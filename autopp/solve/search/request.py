@@ -81,6 +81,9 @@ class PlanRequest:
     auto then tries none and all, `make_plan`); None: everything autopp runs."""
     overlap: Overlap | None = None
     """The collectives assumed hidden under compute (autopp.data.overlap); None: `assumed_overlap`'s default."""
+    frees_outputs: bool | None = None
+    """The pipeline frees each stage's outputs once sent (Megatron-LM, DualPipe, Llama 3's runs); None: as `trainer`
+    does, else held until their backward as torch's PipelineStage does (autopp.data.trainers.frees_outputs)."""
     vocab: tuple[VocabVariant | None, ...] = (None,)
     """The layouts of the vocabulary layers the search may choose (autopp.solve.search.vocab): None the plain split
     (embedding and head whole in the first and last stages), a variant vocabulary parallelism; (None,) off, every
@@ -368,10 +371,8 @@ def configs(req: PlanRequest, n: int, degrees: tuple[Group, ...] = (Group(1, 1),
            if not experts or experts % ep == 0 or req.pins.ep
            for r in replicate_choices(req, c.layout.dp, zero, ep)]
     out = [c for c in out if runs_beside(c.schedule, c.layout)]  # what the runner runs whatever the model
-    if req.trainer is None:
-        return out
-    rules = TRAINER_RULES[req.trainer]
-    return [c for c in out if refusal(rules, c.schedule, c.layout, c.m) is None]
+    rules = TRAINER_RULES.get(req.trainer or "")
+    return out if rules is None else [c for c in out if refusal(rules, c.schedule, c.layout, c.m) is None]
 
 
 def _pipeline_configs(req: PlanRequest, n: int) -> list[Config]:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from ...costmodel import ProfileTable, UnitArrays, attention_shape, group_table, group_terms, replica_terms
 from ...data.layout import Layout, UnitView
 from ...data.profile import Profile
+from ...data.trainers import frees_outputs
 from .request import Group, PlanRequest, cp_choices, tp_choices
 
 __all__ = ["ArraysKey", "arrays_key", "Views"]
@@ -61,7 +62,8 @@ class Views:
             if not view.sharded:  # one group's own costs
                 if view not in self.tables:
                     self.tables[view] = group_table(self.profile, view)
-                own = replace(self.tables[view].arrays(b), overlap=self.req.assumed_overlap)
+                own = replace(self.tables[view].arrays(b), overlap=self.req.assumed_overlap,
+                              frees_outputs=frees_outputs(self.req.trainer, self.req.frees_outputs))
                 self._arrays[key] = group_terms(own, view, self.req.cluster)
             else:  # sharded from those, computed once per (b, group)
                 self._arrays[key] = replica_terms(self._arrays_of(b, view.local()), view, self.request(view).cluster)
