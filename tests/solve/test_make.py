@@ -43,3 +43,34 @@ def test_a_sharded_layout_for_cpu_ranks_says_what_its_prediction_leaves_out() ->
     gpu = replace(cpu, meta=replace(cpu.meta, device="cuda: NVIDIA H100 80GB HBM3", extra={
         **cpu.meta.extra, "analytic_device": "h100-sxm"}))
     assert not any(n.startswith(MESH_ON_CPU) for n in make_plan(gpu, zero3).notes)
+
+
+def test_keeping_every_activation_fits_where_the_splits_memory_check_alone_finds_no_split() -> None:
+    """`recompute` none said "no split fits" at memory where `recompute` auto planned every stage keeping (the
+    split's check gives each of a rank's v stages 1/v of its memory, each at its own peak in flight; Llama 3 405B on
+    8,192 GPUs): at the keep-all plan's own simulated peak it now plans that, said in a note; below it, the error
+    as before, and with other policies allowed nothing changes."""
+    import pytest
+
+    from autopp.errors import InfeasibleError
+    from autopp.schedule import Activation, ScheduleName
+    from autopp.solve import RecomputeMode
+    from autopp.solve.assemble.make import KEEPING_NOTE, _make_plan
+
+    profile = synthetic_profile(8)
+
+    def request(memory: int, recompute: RecomputeMode = RecomputeMode.NONE) -> PlanRequest:
+        return PlanRequest(cluster=Cluster(num_devices=2, memory_bytes=memory), global_batch=8, num_microbatches=8,
+                           pins=LayoutPins(pp=2, dp=1, v=2), schedule=ScheduleName.INTERLEAVED_1F1B,
+                           recompute=recompute)
+    roomy = make_plan(profile, request(2**40))
+    peak = max(roomy.predicted.peak_memory_bytes)
+    with pytest.raises(InfeasibleError, match="^no split of 8 units fits"):
+        _make_plan(profile, request(peak))  # the split's check alone
+    plan = make_plan(profile, request(peak))
+    assert all(s.activation is Activation.KEEP for s in plan.stages) and KEEPING_NOTE in plan.notes
+    assert max(plan.predicted.peak_memory_bytes) <= peak and [s.units for s in plan.stages] == \
+        [s.units for s in roomy.stages] and KEEPING_NOTE not in roomy.notes
+    with pytest.raises(InfeasibleError, match="^no split of 8 units fits"):
+        make_plan(profile, request(int(peak * 0.9)))
+    assert KEEPING_NOTE not in make_plan(profile, request(peak, RecomputeMode.AUTO)).notes
