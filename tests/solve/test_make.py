@@ -47,15 +47,19 @@ def test_a_sharded_layout_for_cpu_ranks_says_what_its_prediction_leaves_out() ->
 
 def test_keeping_every_activation_fits_where_the_splits_memory_check_alone_finds_no_split() -> None:
     """`recompute` none said "no split fits" at memory where `recompute` auto planned every stage keeping (the
-    split's check gives each of a rank's v stages 1/v of its memory, each at its own peak in flight; Llama 3 405B on
-    8,192 GPUs): at the keep-all plan's own simulated peak it now plans that, said in a note; below it, the error
-    as before, and with other policies allowed nothing changes."""
+    split's DP gives each of a rank's v stages 1/v of its memory, each at its own peak in flight; Llama 3 405B on
+    8,192 GPUs): at the keep-all plan's own simulated peak the search now walks the memory-free split exactly
+    (`search._loose`) and plans it; below that peak, no split fits, as before."""
     import pytest
 
     from autopp.errors import InfeasibleError
     from autopp.schedule import Activation, ScheduleName
     from autopp.solve import RecomputeMode
-    from autopp.solve.assemble.make import KEEPING_NOTE, _make_plan
+    from autopp.solve.search.search import pipe_spec
+    from autopp.solve.search.request import Config
+    from autopp.solve.partition.dp import feasible
+    from autopp.costmodel import unit_arrays
+    from autopp.data.layout import Layout
 
     profile = synthetic_profile(8)
 
@@ -65,12 +69,14 @@ def test_keeping_every_activation_fits_where_the_splits_memory_check_alone_finds
                            recompute=recompute)
     roomy = make_plan(profile, request(2**40))
     peak = max(roomy.predicted.peak_memory_bytes)
-    with pytest.raises(InfeasibleError, match="^no split of 8 units fits"):
-        _make_plan(profile, request(peak))  # the split's check alone
+    config = Config(ScheduleName.INTERLEAVED_1F1B, Layout(pp=2, v=2), 8, 1)
+    assert not feasible(unit_arrays(profile, 1), pipe_spec(request(peak), config, Activation.KEEP))  # the DP's budgets
     plan = make_plan(profile, request(peak))
-    assert all(s.activation is Activation.KEEP for s in plan.stages) and KEEPING_NOTE in plan.notes
+    assert all(s.activation is Activation.KEEP for s in plan.stages)
     assert max(plan.predicted.peak_memory_bytes) <= peak and [s.units for s in plan.stages] == \
-        [s.units for s in roomy.stages] and KEEPING_NOTE not in roomy.notes
-    with pytest.raises(InfeasibleError, match="^no split of 8 units fits"):
-        make_plan(profile, request(int(peak * 0.9)))
-    assert KEEPING_NOTE not in make_plan(profile, request(peak, RecomputeMode.AUTO)).notes
+        [s.units for s in roomy.stages] and plan.predicted.step_time_s == roomy.predicted.step_time_s
+    with pytest.raises(InfeasibleError, match=r"^no split of 8 units fits .*; a plan fits in [0-9.]+ GiB, its "
+                                              r"order's peak, where the split's count asks"):
+        make_plan(profile, request(int(peak * 0.9)))  # the memory said is what the plan above needs, not the DP's
+    auto = make_plan(profile, request(peak, RecomputeMode.AUTO))
+    assert [s.activation for s in auto.stages] == [s.activation for s in plan.stages]

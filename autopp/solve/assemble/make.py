@@ -121,7 +121,7 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     request = with_sp(request, sp_offered(profile))
     if request.trainer is not None and len(request.allowed()) > 1:
         return _uniform(profile, request)
-    return _keeping(profile, request)
+    return _make_plan(profile, request)
 
 
 def _check_experts(profile: Profile, request: PlanRequest) -> None:
@@ -177,7 +177,7 @@ def _uniform(profile: Profile, request: PlanRequest) -> Plan:
     tried = [a for a in request.allowed() if policy(a).refusal(trainer) is None]
     for a in tried:
         try:
-            plans[a] = _keeping(profile, replace(request, recompute=RecomputeMode.NONE, activations=(a,)))
+            plans[a] = _make_plan(profile, replace(request, recompute=RecomputeMode.NONE, activations=(a,)))
         except (InfeasibleError, ProfileError) as exc:  # ProfileError: no figures for the policy in this profile
             error = exc if isinstance(exc, InfeasibleError) or error is None else error
     if not plans:
@@ -187,34 +187,6 @@ def _uniform(profile: Profile, request: PlanRequest) -> Plan:
             f"{', '.join(a.value for a in tried)} was planned for all stages "
             f"({', '.join(a.value for a in plans)} fit), the fastest kept")
     return replace(best, notes=(*best.notes, note))
-
-
-#: The note of a plan keeping every activation that the split's memory check alone did not find (`_keeping`).
-KEEPING_NOTE = ("every stage keeps its activations: the split's memory check, which gives each of a rank's stages an "
-                "equal share of its memory and counts each at its own peak of microbatches in flight, found no split "
-                "that keeps them all; the search with every activation policy found this one, and its schedule, "
-                "simulated, fits")
-
-
-def _keeping(profile: Profile, request: PlanRequest) -> Plan:
-    """`_make_plan`; where only keeping is allowed and no split is found, the plan of the search with every policy
-    (`recompute` auto) if every stage of it keeps: the split's memory check (autopp.solve.search.search.pipe_spec:
-    each of a rank's v stages within 1/v of its memory, at its own peak in flight) is conservative where a rank runs
-    several stages, and the per-stage policies (`judge_recompute`) are chosen against the simulated schedule, so
-    `recompute` none said "does not fit" where `recompute` auto planned every stage keeping (Llama 3 405B on 8,192
-    GPUs, 2026-12-06). Otherwise the keep-only search's error."""
-    try:
-        return _make_plan(profile, request)
-    except InfeasibleError as exc:
-        if request.allowed() != (Activation.KEEP,) or request.recompute_stages is not None:
-            raise
-        try:
-            plan = _make_plan(profile, replace(request, recompute=RecomputeMode.AUTO, activations=None))
-        except AutoppError:
-            raise exc from None
-        if any(s.activation is not Activation.KEEP for s in plan.stages):
-            raise exc from None
-        return replace(plan, notes=(*plan.notes, KEEPING_NOTE))
 
 
 def _make_plan(profile: Profile, request: PlanRequest) -> Plan:

@@ -297,9 +297,10 @@ def explain_infeasible(profile: Profile, req: PlanRequest, num_configs: int) -> 
 
 
 def _memory_hint(profile: Profile, req: PlanRequest, views: Views, light: _Lightest) -> str:
-    """What memory works: the DP's floor where the order's walk agrees with it; else the order's peak on that split
-    (`order_peak`), said to work only where a plan is found at that memory, and otherwise said as what does not
-    fit."""
+    """What memory works: the order's peak on the DP's floor split (`order_peak`) where a plan fits there below the
+    floor (the DP's count is conservative where a rank runs several stages); the DP's floor where the walk agrees
+    with it; else that peak, said to work only where a plan is found at that memory, and otherwise said as what
+    does not fit."""
     def works(need: int) -> str:
         more, reserve = max(0, need - req.cluster.memory_bytes), req.cluster.memory_reserve_bytes
         kept = (f" ({size_argument(need + reserve)} or more beside `memory_reserve` {size_argument(reserve)}, or "
@@ -309,6 +310,10 @@ def _memory_hint(profile: Profile, req: PlanRequest, views: Views, light: _Light
                 f"{size_argument(need)} or more{kept}")
 
     peak = order_peak(views, light) if not req.cluster.devices else light.need
+    if peak < light.need and search(profile, replace(req, cluster=replace(req.cluster, memory_bytes=peak),
+                                                     shortlist=1))[0] is not None:  # the split's count over-asks
+        return (f"a plan fits in {format_size(peak)}, its order's peak, where the split's count asks "
+                f"{format_size(light.need)} {works(peak)}")
     if peak <= light.need:
         return f"the smallest that works is {format_size(light.need)} {works(light.need)}"
     c = light.config

@@ -115,6 +115,15 @@ def _bounds(a: UnitArrays, req: PlanRequest, c: Config, activation: Activation, 
     return splits.bounds(a, key, spec)
 
 
+def _loose(a: UnitArrays, req: PlanRequest, c: Config, activation: Activation, splits: _Splits) -> Bounds | None:
+    """The DP's split without memory budgets, for a configuration whose budgeted DP found none under its last
+    allowed policy: the budgets give each of a rank's v stages 1/v of its memory, each at its own peak in flight
+    (`pipe_spec`), so they refuse splits whose rank, walked exactly (`_fitted`), fits (`recompute` none said "no
+    split fits" where `recompute` auto planned every stage keeping: Llama 3 405B on 8,192 GPUs, 2026-12-06)."""
+    loose = pipe_spec(req, c, activation, walk=False)
+    return splits.bounds(a, arrays_key(c.b, c.layout), replace(loose, memory=(), inflight=()))
+
+
 def links_hold_messages(cluster: Cluster) -> bool:
     """Whether any pipeline link holds messages while their sender computes (`Link.progress_s`; `link` also joins
     ranks whose devices are not adjacent in a cluster file; the links of its nodes). The closed-form estimate leaves
@@ -201,9 +210,11 @@ def _options(views: Views, cfgs: list[Config],
         rc = modes[mode]
         a, view = arrays(c), views.request(c.layout)
         bounds = _bounds(a, view, c, rc, splits)
+        if bounds is None and mode + 1 < len(modes):  # AUTO: save more memory only when the plain split does not fit
+            heapq.heappush(queue, (max(bound, lower_bound(a, view, c, modes[mode + 1])), idx, mode + 1))
+            continue
+        bounds = bounds or _loose(a, view, c, rc, splits)  # the last policy: the split's check is conservative
         if bounds is None:
-            if mode + 1 < len(modes):  # AUTO: save more memory only when the plain split does not fit
-                heapq.heappush(queue, (max(bound, lower_bound(a, view, c, modes[mode + 1])), idx, mode + 1))
             continue
         why = refuse(c, bounds)
         if why is not None:
