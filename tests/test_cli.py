@@ -580,3 +580,17 @@ def test_planning_from_a_profile_imports_no_torch(tmp_path: Path) -> None:
               "assert 'torch' not in sys.modules\nprint('torch-free')\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "torch-free", done.stderr
+
+
+def test_the_price_of_for_megatron_is_counted_with_its_stages_outputs_freed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A reviewer: `--for megatron` counts each stage's outputs freed once sent, and the unrestricted plan it is
+    priced against counted them held, so at this memory it said the restriction "costs -0.7 % (... a tie ...)";
+    both now count Megatron's runtime, and the plan's JSON says so."""
+    from .conftest import SHIPPED
+    assert main(["plan", "--profile", str(SHIPPED / "gpt"), "--devices", "4", "--pp", "4", "--schedule", "1F1B",
+                 "--microbatches", "8", "--global-batch", "8", "--recompute", "none", "--for", "megatron",
+                 "--memory", "11.65MiB", "-o", str(tmp_path / "p.json")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("without --for megatron: "))
+    assert "the restriction to megatron costs +" in line and "tie" not in line
+    assert json.loads((tmp_path / "p.json").read_text())["frees_outputs"] is True

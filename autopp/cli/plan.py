@@ -12,6 +12,7 @@ from ..data.axes import AXES, SWITCHES, TRAINERS, Axis
 from ..data.batch import SAMPLES_PER_DEVICE, TOKENS_PER_STEP, default_global_batch_said
 from ..data.cluster import DEFAULT_LINK
 from ..data.overlap import NO_OVERLAP, Overlap
+from ..data.trainers import frees_outputs
 from ..data.zero import ZERO, ZeroStage
 from ..errors import AutoppError
 from ..preflight import check_output_dir, check_output_file
@@ -348,16 +349,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         with shown_progress("planning"):  # CP-SAT's solves, each with the time left of its limit
             plan = make_plan(profile, request)
     end_progress()
-    for line in (seq_said, said, implied):  # issue 26: a default that changes the answer is said (after the search)
-        if line:
-            print(line, file=sys.stderr)
+    for line in filter(None, (seq_said, said, implied)):  # issue 26: a default that changes the answer is said
+        print(line, file=sys.stderr)
     plan = _note_cores(args, profile, request.cluster, replace(plan, profile_path=str(profile_dir)))
     plan.save(out)
     if pinned is not None:  # issue 26: the first screen is yours beside autopp's, the plan's table after it
         from ..export.compare import format_comparison
         from ..solve import evaluate_pinned
-        print(in_flags(format_comparison(evaluate_pinned(profile, request.cluster, pinned[0]), plan, args.pin_from,
-                                         pinned[1], request.pins)).lstrip("\n") + "\n\nautopp's plan in full:")
+        yours = evaluate_pinned(profile, request.cluster, pinned[0], frees_outputs(args.trainer, None))
+        print(in_flags(format_comparison(yours, plan, args.pin_from, pinned[1], request.pins)).lstrip("\n")
+              + "\n\nautopp's plan in full:")
     print(format_plan(replace(plan, notes=tuple(map(in_flags, plan.notes)))))  # the file's notes name fields
     print(f"\nwrote plan {out}")
     if args.trainer and not args.split:
@@ -386,7 +387,8 @@ def _unrestricted(profile, request, plan) -> str:  # type: ignore[no-untyped-def
     from ..errors import InfeasibleError
     from ..sizes import format_time
     from ..solve import make_plan
-    free = replace(request, trainer=None, synthesize=request.synthesize or request.schedule is None)
+    free = replace(request, trainer=None, synthesize=request.synthesize or request.schedule is None,
+                   frees_outputs=frees_outputs(request.trainer, request.frees_outputs))
     try:
         other = make_plan(profile, free)
     except InfeasibleError:  # cannot happen for a superset of a feasible search; said, not hidden

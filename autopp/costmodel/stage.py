@@ -77,7 +77,8 @@ def memory_prefix(a: UnitArrays, inflight: int, activation: Activation = Activat
 def stage_outputs(a: UnitArrays, inflight: int) -> np.ndarray:
     """Per end j (0..n), what a stage ending there keeps of its outputs with `inflight` microbatches in flight:
     torch's PipelineStage holds each microbatch's outputs from its forward until its backward
-    (`StageCost.output_bytes`): the values crossing cut j, and at n the model's output (`UnitArrays.held_outputs`)."""
+    (`StageCost.output_bytes`): the values crossing cut j (none where the pipeline frees them once sent,
+    `UnitArrays.frees_outputs`), and at n the model's output (`UnitArrays.held_outputs`)."""
     return inflight * a.held_outputs()
 
 

@@ -74,7 +74,8 @@ class StagePlan:
     output_bytes: int = 0
     """Bytes of this stage's outputs per microbatch, which torch's stage keeps from its forward until its backward
     (`StageCost.output_bytes`; the last stage's: the model's output); 0 (plans written before 2026-12-06, profiles
-    before the model's output was recorded) and not written."""
+    before the model's output was recorded, and every stage but the last of a plan whose pipeline frees them once
+    sent, `Plan.frees_outputs`) and not written."""
     recompute_s: float | None = None
     """The recomputed forward's time where the stage's policy recomputes its forward (`StageCost.recompute_s`: the
     units' `recompute_s`, without ZeRO 3's gather); None (not written) otherwise, and in plans written before

@@ -64,8 +64,9 @@ class Trainer:
     (`PlanRequest.assumed_overlap`), so that the search costs the run the export writes."""
     frees_outputs: bool = False
     """Its pipeline frees a stage's outputs once they are sent, keeping only their autograd node for the backward
-    (Megatron-LM: `deallocate_output_tensor` in megatron/core/pipeline_parallel/schedules.py, on since
-    megatron/training/arguments.py sets `deallocate_pipeline_outputs`; Megatron-Bridge's providers default it on);
+    (Megatron-LM: `deallocate_output_tensor` in megatron/core/pipeline_parallel/schedules.py, on since its
+    `core_transformer_config_from_args` sets `deallocate_pipeline_outputs`, in megatron/training/arguments.py, in
+    argument_utils.py since 2026-05; Megatron-Bridge's providers default it on);
     False: it holds them until their backward (torch's PipelineStage, `fwd_cache`; DeepSpeed's PipelineEngine keeps
     them, or 1/tp of them under its activation partitioning, which autopp does not count)."""
     kernels: str = "eager"

@@ -183,17 +183,18 @@ def made_for(plan: Plan, trainer: str, compiles: bool = False) -> tuple[list[str
     return lines + kernel_lines, notes + kernel_notes + outputs_notes(plan, trainer)
 
 
-def outputs_notes(plan: Plan, trainer: str) -> list[str]:
-    """Where `trainer` keeps a pipeline stage's outputs otherwise than the plan counted them (`Plan.frees_outputs`,
-    `Trainer.frees_outputs`): what that does to its memory, and how to plan for it."""
+def outputs_notes(plan: Plan, trainer: str, title: str | None = None) -> list[str]:
+    """Where `trainer` (called `title`, else its own title) keeps a pipeline stage's outputs otherwise than the plan
+    counted them (`Plan.frees_outputs`, `Trainer.frees_outputs`): what that does to its memory, how to plan for it."""
     rules = trainer_rules(trainer)
+    title = title or rules.title
     if len(plan.stages) < 2 or plan.frees_outputs == rules.frees_outputs:
         return []
     if plan.frees_outputs:
-        return [f"stage outputs: the plan counts each freed once sent (as Megatron-LM frees them); {rules.title} "
-                "holds each microbatch's until its backward, more memory than the plan counts: plan with `autopp "
-                f"plan --for {trainer}` to count it"]
-    return [f"stage outputs: the plan counts each held until its backward (torch's PipelineStage); {rules.title} "
+        return [f"stage outputs: the plan counts each freed once sent (as Megatron-LM frees them); {title} holds "
+                "each microbatch's until its backward, more memory than the plan counts: plan with `autopp plan --for "
+                f"{trainer}` to count it"]
+    return [f"stage outputs: the plan counts each held until its backward (torch's PipelineStage); {title} "
             "frees them once sent, so its ranks need less memory than the plan says: plan with `autopp plan --for "
             f"{trainer}` to count that"]
 

@@ -9,7 +9,7 @@ from ..data.plan import Plan
 from ..predict import plan_order
 from .layers import ExportError
 from ..schedule import describe, to_csv_rows
-from .common import Exported
+from .common import Exported, outputs_notes
 
 __all__ = ["csv_text", "to_torch_csv"]
 
@@ -37,4 +37,4 @@ def to_torch_csv(plan: Plan, where: str = "plan") -> Exported:
                           "run`, or re-plan with --schedule 1F1B")
     note = (f"torch-csv: load with _PipelineScheduleRuntime(stages, n_microbatches={plan.num_microbatches}, ...)"
             "._load_csv(path, format='compute_only'); stages placed as in the plan")
-    return Exported(csv_text(plan), {}, (note,))
+    return Exported(csv_text(plan), {}, (note, *outputs_notes(plan, "torchtitan", "torch's PipelineStage")))

@@ -108,7 +108,8 @@ class StageCost:
     output_bytes: int = 0
     """Bytes of the stage's outputs, which torch's PipelineStage keeps (`fwd_cache`, torch/distributed/pipelining/
     stage.py) from a microbatch's forward until its backward pops them: held per in-flight microbatch under every
-    activation policy (`footprint`). On the last stage the model's output (an LM's logits, which the schedule's loss
+    activation policy (`footprint`); 0 where the pipeline frees them once sent (Megatron-LM's:
+    `UnitArrays.frees_outputs`). On the last stage the model's output (an LM's logits, which the schedule's loss
     reads: `autopp.costmodel.units.UnitArrays.model_output`; 0 from profiles made before 2026-12-06)."""
 
     scatter_s: float = 0.0

@@ -52,3 +52,18 @@ def test_bad_splits_are_refused(bounds: tuple[tuple[int, int], ...], match: str)
     pinned = _pinned(ScheduleName.ONE_F_ONE_B, 2, 4, 2, bounds)
     with pytest.raises(PlanError, match=match):
         evaluate_pinned(load_profile(GPT), Cluster(num_devices=2, memory_bytes=4 << 30), pinned)
+
+
+def test_a_pinned_megatron_configuration_counts_its_stages_outputs_freed() -> None:
+    """A reviewer: `--pin-from` a Megatron config judged "yours" with each stage's outputs held, where autopp's own
+    plan (`--for megatron`) counted them freed: `frees_outputs` judges it as the trainer runs it, equal to autopp's
+    plan of the same split."""
+    profile = load_profile(GPT)
+    cluster = Cluster(num_devices=4, memory_bytes=4 << 30)
+    plan = make_plan(profile, PlanRequest(cluster=cluster, global_batch=8, num_microbatches=8, trainer="megatron"))
+    assert plan.frees_outputs and plan.layout.pp == 4
+    pinned = _pinned(plan.schedule, 4, 8, 1, tuple(s.units for s in plan.stages))
+    freed, held = evaluate_pinned(profile, cluster, pinned, frees_outputs=True), \
+        evaluate_pinned(profile, cluster, pinned)
+    assert freed.predicted.peak_memory_bytes == plan.predicted.peak_memory_bytes and freed.frees_outputs
+    assert all(f < h for f, h in zip(freed.predicted.peak_memory_bytes[:-1], held.predicted.peak_memory_bytes))

@@ -225,4 +225,25 @@ def test_a_megatron_plan_counts_its_stages_outputs_freed_once_sent(shipped_gpt: 
     assert said(freed, Target.MEGATRON) == [] == said(held, Target.TORCHTITAN)
     assert "holds each microbatch's until its backward" in said(freed, Target.TORCHTITAN)[0]
     assert "holds each microbatch's until its backward" in said(freed, Target.DEEPSPEED)[0]
+    assert "torch's PipelineStage holds each microbatch's" in said(freed, Target.TORCH_CSV)[0]
     assert "Megatron-Core frees them once sent" in said(held, Target.MEGATRON)[0]
+
+
+def test_an_infeasible_trainer_request_suggests_a_policy_the_trainer_applies_to_every_stage() -> None:
+    """A tester: `--recompute none --for megatron` that did not fit was told "`recompute` auto fits (stages: 4 keep,
+    4 offload)", which Megatron-LM cannot run (one policy on every stage, no offload); it now names the one policy
+    it applies that fits, and the plan `recompute` auto makes for it is that."""
+    from autopp.data.synthetic_profile import synthetic_profile
+    from autopp.schedule import Activation
+    profile = synthetic_profile(10)
+
+    def request(memory: int, recompute: RecomputeMode = RecomputeMode.NONE) -> PlanRequest:
+        return _request(cluster=Cluster(num_devices=4, memory_bytes=memory), num_microbatches=8,
+                        pins=LayoutPins(pp=4, dp=1), schedule=ScheduleName.ONE_F_ONE_B, trainer="megatron",
+                        recompute=recompute)
+    peak = max(make_plan(profile, request(2**40)).predicted.peak_memory_bytes)
+    with pytest.raises(InfeasibleError, match=r"or: `recompute` auto fits \(every stage recompute-units, as "
+                                              r"Megatron-Core applies one policy to all\)"):
+        make_plan(profile, request(int(peak * 0.9)))
+    auto = make_plan(profile, request(int(peak * 0.9), recompute=RecomputeMode.AUTO))
+    assert {s.activation for s in auto.stages} == {Activation.BLOCKS}

@@ -272,8 +272,6 @@ def _overlap_notes(request: PlanRequest, a: UnitArrays, c: Candidate) -> list[st
         where = "FSDP2 outside a pipeline: per-layer all-gathers and reduce-scatters" if a.fsdp else \
             "ZeRO/data-parallel collectives"
         out.append(f"{request.assumed_overlap.describe()} ({where}; docs/parallelism.md#overlap)")
-    if a.frees_outputs and len(c.bounds) > 1:
-        out.append(FREED_NOTE)
     return out
 
 
@@ -326,6 +324,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     notes.extend(profile_notes(profile, c.microbatches, c.microbatch_size, vocab=best.passes is not None))
     notes.extend(_seq_note(c))
     notes.extend(_overlap_notes(request, a, c))
+    notes.extend([FREED_NOTE] if a.frees_outputs and len(c.bounds) > 1 else [])
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
         / layout.group
     plan = Plan(model_path=profile.meta.model_path, fingerprint=profile.meta.fingerprint,

@@ -12,7 +12,7 @@ from ...errors import AutoppError, InfeasibleError, LayoutError, ProfileError
 from ...data.plan import Plan
 from ...data.precision import plan_recipe
 from ...data.precision import recorded_kernels
-from ...data.trainers import TRAINER_RULES, kernels_words, optimizer_words
+from ...data.trainers import TRAINER_RULES, frees_outputs, kernels_words, optimizer_words
 from ...data.profile import Profile
 from ...progress import PROGRESS_LOG
 from ...sizes import format_time
@@ -63,7 +63,8 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
         return req, best, None if best is None else (
             "device order: the cluster file's, kept (CP-SAT places devices for one stage per rank, and the plan "
             f"runs {best.candidate.layout.v} per rank)")
-    a = table.arrays(c.b)  # the winner's policy saving most, else the first the request allows
+    a = replace(table.arrays(c.b), frees_outputs=frees_outputs(req.trainer, req.frees_outputs))  # as the search's
+    # the winner's policy saving most, else the first the request allows
     activation = max(best.candidate.activations, key=lambda x: policy(x).saving) if best is not None \
         else req.ladder(a)[0]
     try:

@@ -71,19 +71,21 @@ def check_pinned(p: Pinned, num_units: int, num_devices: int) -> None:
         raise PlanError(f"{p.source}: {exc}; plan for {layout.world} devices") from None
 
 
-def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned) -> Plan:
+def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned, frees_outputs: bool = False) -> Plan:
     """The Plan of exactly `pinned` on `cluster` (all of its devices), with the simulator's figures and the
     baselines beside it, as `make_plan` builds its own: nothing is searched or replaced. A configuration that does
     not fit the devices' memory is still returned; its notes say which rank overflows and by how much. A stage
     policy whose figures the profile lacks at the layout (selective recomputation without them, e.g. at a tp whose
-    rows do not count it) is judged as keeping its activations, and a note says so."""
+    rows do not count it) is judged as keeping its activations, and a note says so. `frees_outputs`: its trainer
+    frees each stage's outputs once sent (`PlanRequest.frees_outputs`: a Megatron-LM configuration)."""
     check_pinned(pinned, profile.num_units, cluster.num_devices)
     c, lacking = pinned.candidate, list[str]()
     for _ in range(2):  # once more when a policy is not offered: the request names the policies the stages use
         request = PlanRequest(cluster=cluster, global_batch=c.microbatches * c.microbatch_size * c.layout.dp,
                               num_microbatches=c.microbatches, schedule=c.schedule,
                               pins=LayoutPins.of(c.layout), tp_across_nodes=True,
-                              activations=(max(c.activations, key=lambda x: policy(x).saving),))
+                              activations=(max(c.activations, key=lambda x: policy(x).saving),),
+                              frees_outputs=frees_outputs)
         views = Views(profile, request)
         a, view = views.arrays(c.microbatch_size, c.layout), views.request(c.layout)
         host = view.cluster.host_bandwidth

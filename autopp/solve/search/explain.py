@@ -9,8 +9,8 @@ from typing import NamedTuple
 from ...costmodel import ProfileTable, stage_costs
 from ...data.profile import Profile
 from ...data.trainers import TRAINER_RULES, refusal
-from ...errors import InfeasibleError, ScheduleError
-from ...schedule import NAMED, Activation, ScheduleName, describe, listed, stage_to_rank, tally
+from ...errors import InfeasibleError, ProfileError, ScheduleError
+from ...schedule import NAMED, Activation, ScheduleName, describe, listed, policy, stage_to_rank, tally
 from ...schedule.effects import order_peaks
 from ...sizes import format_size, size_argument
 from ..partition.dp import min_memory, pipeline_bounds
@@ -256,12 +256,28 @@ def _more_devices(profile: Profile, req: PlanRequest) -> int | None:
     return None
 
 
+def _policy_alternative(profile: Profile, req: PlanRequest) -> list[str]:
+    """`recompute` auto where it fits: with a `trainer`, which applies one activation policy to every stage (a
+    tester: `--for megatron` was told "stages: 4 keep, 4 offload", which Megatron-LM cannot run), the policy saving
+    least that fits on every stage."""
+    if req.trainer is None:
+        found = search(profile, replace(req, recompute=RecomputeMode.AUTO, activations=None, shortlist=1))[0]
+        return [] if found is None else [f"`recompute` auto fits (stages: {tally(found.candidate.activations)})"]
+    for a in (x for x in RecomputeMode.AUTO.policies() if policy(x).refusal(req.trainer) is None):
+        try:
+            uniform = search(profile, replace(req, recompute=RecomputeMode.NONE, activations=(a,), shortlist=1))[0]
+        except ProfileError:  # no figures for the policy in this profile
+            continue
+        if uniform is not None:
+            return [f"`recompute` auto fits (every stage {a.value}, as {TRAINER_RULES[req.trainer].title} applies "
+                    "one policy to all)"]
+    return []
+
+
 def _alternatives(profile: Profile, req: PlanRequest) -> list[str]:
     out = []
     if (req.recompute is not RecomputeMode.AUTO or req.activations is not None) and req.recompute_stages is None:
-        found = search(profile, replace(req, recompute=RecomputeMode.AUTO, activations=None, shortlist=1))[0]
-        if found is not None:
-            out.append(f"`recompute` auto fits (stages: {tally(found.candidate.activations)})")
+        out += _policy_alternative(profile, req)
     if req.num_microbatches is not None:
         found = search(profile, replace(req, num_microbatches=None, shortlist=1))[0]
         if found is not None:
