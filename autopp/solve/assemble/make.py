@@ -63,10 +63,9 @@ def _place(profile: Profile, req: PlanRequest, table: ProfileTable,
         return req, best, None if best is None else (
             "device order: the cluster file's, kept (CP-SAT places devices for one stage per rank, and the plan "
             f"runs {best.candidate.layout.v} per rank)")
-    a = replace(table.arrays(c.b), frees_outputs=frees_outputs(req.trainer, req.frees_outputs))  # as the search's
-    # the winner's policy saving most, else the first the request allows
+    a = replace(table.arrays(c.b), frees_outputs=frees_outputs(req.trainer, req.frees_outputs))  # as `Views` does
     activation = max(best.candidate.activations, key=lambda x: policy(x).saving) if best is not None \
-        else req.ladder(a)[0]
+        else req.ladder(a)[0]  # the winner's policy saving most, else the first the request allows
     try:
         placed = place_devices(a, req.cluster, c.m, inflight(c.schedule, c.layout.pp, c.m, 1),
                                activation, req.placement_time_limit_s)
