@@ -15,6 +15,7 @@ import pytest
 from autopp.data.layout import Layout
 from autopp.data.plan import Plan
 from autopp.run import GRAD_RTOL, RunOptions, run_plan
+from autopp.run.runner import FREED_RUN_NOTE
 from autopp.schedule import Activation
 
 from .conftest import ROOT, pipeline_plan, two_stage_plan
@@ -53,9 +54,11 @@ def test_values_that_skip_stages_are_relayed_under_a_split_backward_v_schedule()
     plan = pipeline_plan(MASKED, ["blocks.1", "blocks.2", "head"], "ZBVZeroBubble", Layout(pp=2, v=2),
                          num_microbatches=4)
     policies = (Activation.SELECTIVE, Activation.RECOMPUTE, Activation.KEEP, Activation.SELECTIVE)
-    plan = replace(plan, stages=tuple(replace(s, activation=a) for s, a in zip(plan.stages, policies)))
+    plan = replace(plan, stages=tuple(replace(s, activation=a) for s, a in zip(plan.stages, policies)),
+                   frees_outputs=True)  # as `--for megatron` plans it: the run says torch's stages hold them
     report = run_plan(plan, RunOptions(steps=2, timeout_s=90))
     assert report.passed and report.grad_max_rel_diff is not None and report.grad_max_rel_diff <= GRAD_RTOL
+    assert FREED_RUN_NOTE in report.notes
 
 
 def test_t5_two_stages() -> None:
