@@ -336,6 +336,7 @@ PLANS: dict[str, Callable[[Env], None]] = {
     "device-number": _plan_edit(lambda d: d.update(device=7)),
     "optimizer-empty": _plan_edit(lambda d: d.update(optimizer="")),
     "optimizer-unknown": _plan_edit(lambda d: d.update(optimizer="lamb")),  # refused by the runner, naming the file
+    "frees-outputs-text": _plan_edit(lambda d: d.update(frees_outputs="yes")),  # a review: read as a string before
 }
 _SHOW_TOO = {"missing", "not-json", "microbatches-text", "microbatches-million", "microbatch-size-negative",
              "schedule-unknown", "stage-forward-negative", "predicted-step-nan"}

@@ -97,6 +97,7 @@ def check_fields(data: dict[str, Any], f: Fields, prediction: type) -> None:
         f.bad("hf_config", '{} or {"seq_len": S >= 1, "task": T}', hf)
     _ = [f.string(data[name], name) for name in ("device", "optimizer", "dtype", "precision")
          if data.get(name) is not None]
+    f.flag(data.get("frees_outputs", False), "frees_outputs")
     if data.get("seed", 0) >= _SEED_LIMIT:
         f.bad("seed", "below 2**63", data["seed"])
     f.number(data.get("ideal_step_time_s", 0.0), "ideal_step_time_s")
