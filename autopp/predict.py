@@ -36,5 +36,5 @@ def simulate_plan(plan: Plan) -> SimResult:
                               plan.seq_chunks, [s.progress_s for s in plan.stages[:-1]])
     return simulate(plan_order(plan), plan_stage_costs(plan), [s.rank for s in plan.stages],
                     [s.send_s for s in plan.stages[:-1]], [s.activation for s in plan.stages],
-                    [s.progress_s for s in plan.stages[:-1]], describe(plan.schedule).overlaps_f_b,
+                    [s.progress_s for s in plan.stages[:-1]], plan.pairing,
                     describe(plan.schedule).mirror(plan.num_microbatches))

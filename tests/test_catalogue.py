@@ -618,8 +618,14 @@ CASES += [
                      "1F1B runs microbatches in groups of pp (2) and needs their count to be a multiple of it, but it "
                      "is 3; re-plan with --microbatches 4 (or another multiple of 2))", _meta(_megatron_shaped)),
     Case("flag:plan-overlap-none-beside-others", lambda env: _plan_args(env, "--overlap", "none,grad-reduce"),
-         lambda env: "--overlap: 'none' is not one of fsdp-prefetch, grad-reduce, async-tp (comma-separated) or none "
-                     "alone"),
+         lambda env: "--overlap: 'none' is not one of fsdp-prefetch, grad-reduce, async-tp, ep-a2a (comma-separated) "
+                     "or none alone"),
+    # issue 30: Megatron-Core's combined 1F1B, which torchtitan does not run
+    Case("flag:plan-for-torchtitan-ep-a2a", lambda env: _plan_args(env, "--for", "torchtitan", "--overlap",
+                                                                   "grad-reduce,ep-a2a"),
+         lambda env: "--overlap ep-a2a with --for torchtitan: torch.distributed.pipelining's schedules run each "
+                     "forward and backward on its own, and torchtitan's expert parallelism waits for each all-to-all "
+                     "(no combined forward-backward step); drop ep-a2a"),
     Case("flag:plan-overlap-unknown", lambda env: _plan_args(env, "--overlap", "fsdp-prefetch,pipelining"),
          lambda env: "--overlap"),
     Case("flag:plan-memory-reserve-all-of-it", lambda env: _plan_args(env, "--memory-reserve", "1GiB"),

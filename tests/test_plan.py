@@ -452,6 +452,9 @@ def test_overlap_round_trips_and_older_plans_read_the_default_of_their_device(tm
     path = plan.save(tmp_path / "p.json")
     assert json.loads(path.read_text())["overlap"] == {"fsdp_prefetch": True, "grad_reduce": False, "async_tp": True}
     assert load_plan(path) == plan and load_plan(path).assumed_overlap == plan.overlap
+    combined = replace(plan, overlap=Overlap(ep_a2a=True))  # written only when on: older plans read as written
+    assert json.loads(combined.save(tmp_path / "c.json").read_text())["overlap"]["ep_a2a"] is True
+    assert load_plan(tmp_path / "c.json") == combined
     nothing = replace(old, device="h100-sxm", overlap=NO_OVERLAP)
     assert load_plan(nothing.save(tmp_path / "n.json")).assumed_overlap == NO_OVERLAP  # recorded: not the default
     with pytest.raises(PlanError, match=r"p\.json: overlap: field 'grad_reduce' must be true or false, got 1$"):

@@ -51,7 +51,7 @@ FLAG_TERMS: tuple[tuple[str, str], ...] = (
     ("`inter_bandwidth`", "--inter-node-bandwidth"), ("`bandwidth`", "--bandwidth"),
     ("`devices_per_node`", "--devices-per-node"), ("`devices`", "--devices"), ("`nodes`", "--nodes"),
     ("`device`", "--device"), ("`analytic`", "--analytic"), ("`dtype`", "--dtype"), ("`seq_len`", "--seq-len"),
-    ("`precision`", "--precision"),
+    ("`precision`", "--precision"), ("`overlap` ep_a2a", "--overlap ep-a2a"),
     ("`task`", "--task"), ("`trainer`", "--for"), ("`synthesize`", "--synthesize"),
     ("`judge_budget`", "--judge-budget"),
     ("`progress_s` 0 on every link", "--progress-delay 0 (with --cluster: progress_s 0 on every link)"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +55,13 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help="memory each device keeps beside the plan's tensors (CUDA context, NCCL buffers, allocator "
                         "fragmentation), taken from its memory, or 0 (default: 3GiB of a catalog GPU's own memory; none "
                         "of a --memory given, nor on CPU ranks; docs/devices.md)")
-    p.add_argument("--overlap", type=_overlap, metavar="WHAT,...",
-                   help="collectives assumed hidden under compute, as the trainers overlap them: fsdp-prefetch "
-                        "(FSDP2's per-layer all-gather and reduce-scatter at pp 1), grad-reduce (the data-parallel "
-                        "gradient reduction under the last backward), async-tp (sequence-parallel collectives "
-                        "pipelined with their matmuls), or none (default: fsdp-prefetch,grad-reduce with a GPU "
-                        "--device, as torchtitan and Megatron-LM run; none on CPU ranks, as autopp run does; "
-                        "docs/parallelism.md#overlap)")
+    p.add_argument("--overlap", type=_overlap, metavar="WHAT,...", help="collectives assumed hidden under compute, as "
+                   "the trainers overlap them: fsdp-prefetch (FSDP2's per-layer all-gather and reduce-scatter at pp "
+                   "1), grad-reduce (the data-parallel gradient reduction under the last backward), async-tp "
+                   "(sequence-parallel collectives pipelined with their matmuls), ep-a2a (expert all-to-alls under "
+                   "another microbatch's compute: Megatron's EP A2A overlap), or none (default: "
+                   "fsdp-prefetch,grad-reduce on a GPU --device, as torchtitan and Megatron-LM run; none on CPU "
+                   "ranks, as autopp run does; docs/parallelism.md#overlap)")
     add_precision_argument(p)  # the recipe of the profile plan makes (--device NAME: counted for NAME)
     add_kernels_argument(p)
     add_optimizer_argument(p)  # and the optimizer whose state it counts
@@ -174,7 +174,7 @@ def _auto_int(text: str) -> int:
 
 
 #: --overlap's words and the `Overlap` field each sets.
-_OVERLAPS = {"fsdp-prefetch": "fsdp_prefetch", "grad-reduce": "grad_reduce", "async-tp": "async_tp"}
+_OVERLAPS = {f.name.replace("_", "-"): f.name for f in fields(Overlap)}
 
 
 def _overlap(text: str) -> Overlap:

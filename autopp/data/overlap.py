@@ -26,6 +26,18 @@ Each switch is an assumption about the trainer that runs the plan, with its sour
   the matmuls they feed (torch's micro-pipeline TP, `torch._inductor.config._micro_pipeline_tp`; torchtitan's
   `enable_async_tensor_parallel`, which needs torch.compile): off by default, as in both trainers; costed only with
   sequence parallelism, whose collectives it decomposes.
+- `ep_a2a`: expert parallelism's all-to-alls of one microbatch under another's compute: Megatron-Core's
+  `overlap_moe_expert_parallel_comm` (`--overlap-moe-expert-parallel-comm`, with `--delay-wgrad-compute`) runs
+  each steady-state forward and backward of its interleaved schedule as one combined step, the dispatch and combine
+  of each on a communication stream beside the other's computation (megatron/core/pipeline_parallel/schedules.py,
+  `combined_1f1b_schedule_for_interleaved_pipelining`; DeepSeek-V3's DualPipe overlap, arXiv:2412.19437 s.3.2.1,
+  on 1F1B). autopp pairs each full backward listed right after a forward of another microbatch on Interleaved1F1B's
+  order (`autopp.schedule.pairing`, `Pairing.MICROBATCHES`) and the simulator runs each pair as DualPipeV's: max of
+  the two computations and the two communications. Off by default, as in Megatron-LM; Megatron-Core asserts it
+  with a virtual pipeline where pp > 1, without full recomputation; torchtitan and DeepSpeed do not run it.
+  Not modelled: Megatron's one more warm-up forward per rank (the memory of one more microbatch in flight, and the
+  pairs it makes on the last rank's last stage), and the overlap at pp 1 (its 1F1B order pairs each forward with
+  its own backward).
 """
 
 from __future__ import annotations
@@ -50,6 +62,9 @@ class Overlap:
     """The data-parallel gradient reduction under the step's last backward."""
     async_tp: bool = False
     """Sequence-parallel collectives pipelined with their matmuls (async TP)."""
+    ep_a2a: bool = False
+    """Expert parallelism's all-to-alls of a forward and a backward of different microbatches under each other's
+    compute (Megatron-Core's combined 1F1B), on Interleaved1F1B's order."""
 
     def describe(self) -> str:
         """"overlap: fsdp_prefetch, grad_reduce" (or "overlap: none"), as plan notes print it."""

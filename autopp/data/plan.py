@@ -11,7 +11,7 @@ from ..jsonio import read_json, write_json
 from ..relpaths import resolved_path, stored_path
 from ..schedule.actions import Action, Kind
 from ..schedule.activation import FIGURED, Activation, Figures, figure_keys
-from ..schedule.descriptors import ScheduleName, describe
+from ..schedule.descriptors import Pairing, ScheduleName, describe, pairing
 from ..schedule.seqpipe import ChunkCosts
 from .breakdown import TimeBreakdown, breakdown_of
 from .fields import Fields
@@ -188,6 +188,12 @@ class Plan:
         """`overlap`, else the planner's default for `device` (the trainers' overlap on a catalog GPU, else none)."""
         return self.overlap if self.overlap is not None else default_overlap(self.device)
 
+    @property
+    def pairing(self) -> Pairing | None:
+        """The forward-backward pairs its simulation overlaps (`schedule.pairing`: DualPipeV's own; Interleaved1F1B's
+        under the `ep_a2a` overlap, Megatron-Core's combined 1F1B, with ep > 1)."""
+        return pairing(self.schedule, self.assumed_overlap.ep_a2a and self.layout.ep > 1)
+
     def rank_on(self, device: int) -> int:
         """The global rank that runs on device (launcher slot) `device`."""
         return self.device_order.index(device) if self.device_order else device
@@ -208,6 +214,8 @@ class Plan:
                 if v or k not in ("hf_config", "profile_path", "device", "optimizer", "dtype", "time_breakdown",
                                   "step_band_s", "tied", "precision", "kernels", "vocab", "seq_chunks",
                                   "overlap", "nodes", "frees_outputs")}
+        if self.overlap is not None and not self.overlap.ep_a2a:
+            del data["overlap"]["ep_a2a"]  # plans without the combined 1F1B stay as they were written before it
         if self.time_breakdown is not None:
             data["time_breakdown"] = self.time_breakdown.to_json()
         if self.layout.tp == 1:
@@ -312,7 +320,7 @@ def _check_step_time(plan: Plan) -> None:
     (ideal_step_time_s > 0); hand-built plans without one are taken as they are."""
     if plan.ideal_step_time_s <= 0:
         return
-    rank, per_mb = busiest_rank(plan.stages, plan.schedule, plan.layout.pp)
+    rank, per_mb = busiest_rank(plan.stages, plan.schedule, plan.layout.pp, plan.pairing)
     least = plan.num_microbatches * per_mb
     if least > plan.predicted.step_time_s * (1 + 1e-6) + 1e-12:
         raise PlanError(f"field 'num_microbatches' is {plan.num_microbatches}, but {plan.num_microbatches} "

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..errors import PlanError
 from ..schedule.activation import FIGURED, Activation, Figures, figure_keys
-from ..schedule.descriptors import ScheduleName, describe
+from ..schedule.descriptors import Pairing, ScheduleName, describe
 from ..schedule.effects import StageCost
 from ..schedule.sim_state import hidden_s
 from .plan_fields import FIGURE_FIELDS, NULLABLE, STAGE_NUMBERS
@@ -112,10 +112,12 @@ def figure_fields(own: tuple[tuple[Activation, Figures], ...]) -> dict[str, floa
     return {k: v for a in FIGURED for k, v in zip(figure_keys(a), given.get(a, Figures()))}
 
 
-def busiest_rank(stages: Sequence[StagePlan], schedule: ScheduleName, pp: int) -> tuple[int, float]:
+def busiest_rank(stages: Sequence[StagePlan], schedule: ScheduleName, pp: int,
+                 rule: Pairing | None = None) -> tuple[int, float]:
     """The pipeline rank whose stages take longest per microbatch, and that time: each stage's forward and the
-    shorter of its full backward and I + W. Under a schedule that overlaps F + B pairs (DualPipeV), a backward run
-    right after another stage's forward on its rank is shortened by what the pair hides (the simulator's own
+    shorter of its full backward and I + W. Where the schedule overlaps F + B pairs (`rule`, `Plan.pairing`:
+    DualPipeV's; Interleaved1F1B's under Megatron-Core's combined 1F1B), a backward run right after a forward on its
+    rank (another stage's for DualPipeV) is shortened by what the pair hides (the simulator's own
     `sim_state.hidden_s`: the all-to-alls of one under the other's compute, DeepSeek-V3 s.3.2.1); each backward is
     taken at its most hidden, so the time stays a lower bound. Chimera: half of the microbatches through each of a
     rank's two replicas."""
@@ -124,8 +126,8 @@ def busiest_rank(stages: Sequence[StagePlan], schedule: ScheduleName, pp: int) -
     for s, (c, rank) in enumerate(zip(costs, ranks)):
         split = c.backward_input_s + c.backward_weight_s
         backward = split if c.backward_s is None else min(c.backward_s, split)
-        if d.overlaps_f_b:
-            partners = [costs[t] for t, r in enumerate(ranks) if r == rank and t != s]
+        if rule is not None:
+            partners = [costs[t] for t, r in enumerate(ranks) if r == rank and (t != s or rule is Pairing.MICROBATCHES)]
             backward = max(0.0, backward - max((hidden_s(f, c) for f in partners), default=0.0))
         work[rank] = work.get(rank, 0.0) + c.forward_s + backward
     if d.mirrored:

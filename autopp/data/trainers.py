@@ -62,6 +62,13 @@ class Trainer:
     overlap: Overlap = TRAINER_OVERLAP
     """What it hides under compute on a GPU (autopp.data.overlap): the plan's default for `--for` it
     (`PlanRequest.assumed_overlap`), so that the search costs the run the export writes."""
+    ep_a2a: str = ""
+    """Why it cannot run expert parallelism's all-to-alls of one microbatch under another's compute
+    (`Overlap.ep_a2a`: Megatron-Core's combined 1F1B); empty: it can."""
+    beside_ep_a2a: tuple[Activation, ...] = ()
+    """The activation policies it refuses beside `Overlap.ep_a2a` (Megatron-Core asserts that
+    overlap_moe_expert_parallel_comm runs without full recomputation: megatron/core/transformer/transformer_config.py,
+    "disable full recomputation when enabling overlap_moe_expert_parallel_comm")."""
     frees_outputs: bool = False
     """Its pipeline frees a stage's outputs once they are sent, keeping only their autograd node for the backward
     (Megatron-LM: `deallocate_output_tensor` in megatron/core/pipeline_parallel/schedules.py, on since its
@@ -110,6 +117,24 @@ class Trainer:
         found = self._refused(pins.zero, pp, pins.dp_replicate, {a: getattr(pins, a) for a in AXES},
                               {s: pins.sp for s in SWITCHES}, lambda field: f"`{field}`")
         return None if found is None else f"`trainer` {self.name} cannot run {found[0]}: {found[1]}"
+
+    def applies(self, activation: Activation, overlap: Overlap) -> bool:
+        """Whether it applies `activation` to a stage (`ActivationPolicy.refusal`) beside what `overlap` hides
+        (`beside_ep_a2a`)."""
+        return policy(activation).refusal(self.name) is None and not (overlap.ep_a2a and activation in
+                                                                      self.beside_ep_a2a)
+
+    def overlap_refusal(self, overlap: Overlap, allowed: tuple[Activation, ...], asked: str) -> str | None:
+        """Why it cannot hide what `overlap` assumes hidden, or apply any of the policies `allowed` (`asked`: the
+        request's field that allowed them) beside it (None: it can)."""
+        if not overlap.ep_a2a:
+            return None
+        if self.ep_a2a:
+            return f"`overlap` ep_a2a with `trainer` {self.name}: {self.ep_a2a}; drop ep-a2a"
+        if allowed and all(a in self.beside_ep_a2a for a in allowed):
+            return (f"{asked} with `overlap` ep_a2a and `trainer` {self.name}: {self.title} runs its EP A2A overlap "
+                    "without full recomputation (it asserts so); give `recompute` auto or none, or drop ep-a2a")
+        return None
 
     def policies_refusal(self, allowed: tuple[Activation, ...], asked: str) -> str | None:
         """Why it applies none of the activation policies `allowed` (`asked`: the request's field that allowed them),
@@ -192,6 +217,8 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
                             and not describe(s).sequence_chunks),
             synthesized=True,
             seq_len="--training.seq_len={}",
+            ep_a2a="torch.distributed.pipelining's schedules run each forward and backward on its own, and "
+                   "torchtitan's expert parallelism waits for each all-to-all (no combined forward-backward step)",
             shards_beside=(("cp", "torchtitan shards over dp_shard x cp whenever cp > 1 (ParallelDims.fsdp_enabled: "
                                   "dp_shard > 1 or cp > 1), so it never keeps whole replicas beside cp"),
                            ("ep", "torchtitan carves the ep ranks from dp_shard x cp x tp (ParallelDims: its expert "
@@ -206,7 +233,7 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
             optimizer="Adam with decoupled weight decay unless --optimizer sgd (megatron/training/arguments.py)",
             schedules=(_ONE_F_ONE_B, ScheduleName.INTERLEAVED_1F1B), groups_microbatches=True,
             seq_len="--seq-length {}",
-            kernels="fused", frees_outputs=True,
+            kernels="fused", frees_outputs=True, beside_ep_a2a=(Activation.BLOCKS, Activation.RECOMPUTE),
             fused_how="Transformer Engine's fused norms and attention (its default --transformer-impl "
                       "transformer_engine) and Megatron-LM's bias-SwiGLU, bias-GeLU, masked-softmax and RoPE fusions, "
                       "each on unless its --no-*-fusion flag is given (megatron/training/arguments.py)",
@@ -218,6 +245,7 @@ TRAINER_RULES: dict[str, Trainer] = {t.name: t for t in (
     Trainer(name="deepspeed", title="DeepSpeed's PipelineEngine",
             optimizer="the optimizer given to deepspeed.initialize, or an \"optimizer\" block added to the JSON",
             runs="1F1B (its own TrainSchedule, one stage per rank)", schedules=(_ONE_F_ONE_B,),
+            ep_a2a="its TrainSchedule runs each microbatch's forward and backward as instructions of their own",
             fused_how="the kernels of the model's own code (PipelineModule runs its layers as written)",
             # its TrainSchedule reduces gradients only after the last backward (ReduceGrads; autopp.export.overlap),
             # and it runs no ZeRO stage that scatters per microbatch (ZeRO 0 and 1 under pipelining)

@@ -15,7 +15,7 @@ from ..errors import ModelFileError
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, loss_parallel_notes, made_for,
                      refuse_layout, optimizer_note, refuse_schedule, uniform_policy)
 from .layers import ExportError, ModelLayers, model_layers, skip_problem
-from .overlap import megatron_overlap
+from .overlap import combined_1f1b, megatron_overlap
 
 __all__ = ["to_megatron", "layout_string", "data_parallel_flags", "model_problem", "refuse_model", "config_flags",
            "connections_note"]
@@ -87,11 +87,14 @@ def connections_note(plan: Plan) -> str | None:
     """What Megatron-LM's validate_args asks of CUDA_DEVICE_MAX_CONNECTIONS (megatron/training/arguments.py,
     NVIDIA/Megatron-LM d98e8a64): with Megatron-FSDP it asserts the variable is not 1 ("FSDP requires
     CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"); otherwise, with tp or cp above 1 on a GPU before Blackwell (compute
-    capability below 10), it asserts it is 1 (unless --overlap-moe-expert-parallel-comm, which the export does not
-    write). None: neither applies."""
+    capability below 10), it asserts it is 1 unless --overlap-moe-expert-parallel-comm is given (then it warns that
+    the overlap wants it larger, and that 1 favours tp and cp: `ep_a2a`). None: neither applies."""
     if "--use-megatron-fsdp" in data_parallel_flags(plan):
         return ("launch with CUDA_DEVICE_MAX_CONNECTIONS unset or above 1: Megatron-LM asserts it with Megatron-FSDP "
                 "(\"FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset\")")
+    if (plan.layout.tp > 1 or plan.layout.cp > 1) and "--overlap-moe-expert-parallel-comm" in megatron_overlap(plan):
+        return ("CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM warns that tp or cp above 1 on GPUs before Blackwell want it "
+                "1, and --overlap-moe-expert-parallel-comm wants it larger (it suggests 1 or 32)")
     if plan.layout.tp > 1 or plan.layout.cp > 1:
         return ("launch with CUDA_DEVICE_MAX_CONNECTIONS=1 in the environment: Megatron-LM asserts it with tp or cp "
                 "above 1 on GPUs before Blackwell (compute capability below 10)")
@@ -194,6 +197,9 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
     lines += activations.megatron
     if activations.trainer_note:
         notes.append(f"Megatron's {' '.join(activations.megatron[:1])}: {activations.trainer_note}")
+    if plan.assumed_overlap.ep_a2a and plan.layout.ep > 1 and not combined_1f1b(plan):
+        notes.append(f"no --overlap-moe-expert-parallel-comm: the plan's {plan.schedule.value} was costed with its "
+                     "expert all-to-alls exposed (autopp costs Megatron-Core's EP A2A overlap on Interleaved1F1B)")
     if plan.layout.v > 1:
         notes.append(f"Megatron runs its own interleaved 1F1B (microbatch groups of pp = {plan.layout.pp}); autopp "
                      "simulated torch's Interleaved1F1B, the same warm-up / steady / cool-down order")

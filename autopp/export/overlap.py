@@ -9,11 +9,15 @@ what a switch hid in the prediction must be hidden in the exported run too, or t
   and with `--overlap-grad-reduce`). Megatron-FSDP (ZeRO 3 at pp 1) prefetches its per-layer gathers and reduces per
   layer under the same two flags (`fsdp_prefetch`). `async_tp` is `--tp-comm-overlap` (TransformerConfig's
   `tp_comm_overlap`: Transformer Engine's userbuffers overlap of the sequence-parallel collectives with the GEMMs).
+  `ep_a2a` is `--overlap-moe-expert-parallel-comm --delay-wgrad-compute` (megatron/core/transformer/moe/README.md,
+  "EP A2A Overlap ... by merging FWD-BWD passes of adjacent microbatches").
 - torchtitan overlaps as the planner's defaults assume without a setting: FSDP2 prefetches the next module's
   all-gather and reduce-scatters each module's gradients under the next module's backward (torch docs,
   `fully_shard`; torchtitan docs/fsdp.md), and its replicate path all-reduces in buckets during the backward, as
   torch DDP does. `async_tp` is `--compile.enable --compile.enable_async_tensor_parallel` (torchtitan's
   CompileConfig: async TP needs torch.compile of the model).
+- torchtitan and DeepSpeed run no combined forward-backward step (`Trainer.ep_a2a`): the export of a plan that
+  assumed `ep_a2a` says what it hid, which their run adds.
 - DeepSpeed's PipelineEngine reduces gradients only after the pipeline's last backward (TrainSchedule's
   `ReduceGrads` instruction; `is_gradient_accumulation_boundary` is true only inside it, runtime/pipe/engine.py),
   so no setting (`zero_optimization.overlap_comm` included) hides it under the last backward.
@@ -22,9 +26,10 @@ what a switch hid in the prediction must be hidden in the exported run too, or t
 from __future__ import annotations
 
 from ..data.plan import Plan
+from ..schedule import Pairing
 from ..data.trainers import trainer_rules
 
-__all__ = ["megatron_overlap", "torchtitan_overlap", "deepspeed_overlap"]
+__all__ = ["megatron_overlap", "torchtitan_overlap", "deepspeed_overlap", "ep_a2a_note", "combined_1f1b"]
 
 
 def _reduces(plan: Plan) -> bool:
@@ -41,7 +46,31 @@ def megatron_overlap(plan: Plan) -> list[str]:
         out.append("--overlap-param-gather")
     if overlap.async_tp and layout.sp:
         out.append("--tp-comm-overlap")
+    if combined_1f1b(plan):
+        out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return out
+
+
+def combined_1f1b(plan: Plan) -> bool:
+    """Whether the plan hid expert all-to-alls under other microbatches' compute: `ep_a2a` on an Interleaved1F1B
+    plan with ep > 1 (`Plan.pairing`; Megatron-Core runs its combined 1F1B with a virtual pipeline where pp > 1, and
+    autopp does not cost it at pp 1)."""
+    return plan.pairing is Pairing.MICROBATCHES
+
+
+def ep_a2a_note(plan: Plan, trainer: str) -> list[str]:
+    """A note where the plan hid expert all-to-alls under another microbatch's compute (`Overlap.ep_a2a`) and
+    `trainer` runs none so (`Trainer.ep_a2a`), with the seconds a step hid (its time breakdown's row, where
+    recorded)."""
+    why = trainer_rules(trainer).ep_a2a
+    if not (combined_1f1b(plan) and why):
+        return []
+    rows = plan.time_breakdown.rows(plan.layout.pp) if plan.time_breakdown is not None else []
+    hidden = next((h for term, _, h in rows if term == "EP all-to-alls"), None)
+    much = f"the {hidden:.3g} s of expert all-to-alls" if hidden is not None else "the expert all-to-alls"
+    return [f"the plan hid {much} under other microbatches' compute (`overlap` ep_a2a, Megatron-Core's EP A2A "
+            f"overlap), and {trainer_rules(trainer).title} runs them exposed ({why}): its step is longer by up to that; "
+            "re-plan without ep-a2a to predict it"]
 
 
 def torchtitan_overlap(plan: Plan) -> tuple[list[str], list[str]]:

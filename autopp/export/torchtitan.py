@@ -14,7 +14,7 @@ from ..schedule import StagePlacement, ScheduleName, describe
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, loss_parallel_notes, made_for,
                      refuse_layout, optimizer_note, refuse_schedule, stage_placement, trainer_axes, uniform_policy)
 from .layers import ExportError
-from .overlap import torchtitan_overlap
+from .overlap import ep_a2a_note, torchtitan_overlap
 from .torchcsv import csv_text
 
 __all__ = ["to_torchtitan", "stage_fqns", "data_parallel", "group_parallel", "trainer_names", "check_renames",
@@ -197,7 +197,8 @@ def to_torchtitan(plan: Plan, unit_modules: Sequence[Sequence[str]], csv_path: P
     if via_csv:
         notes.append(f"the schedule CSV is named relative to the export ({csv_path.name}): launch torchtitan from "
                      "the export's directory, or give its path from where you launch")
-    notes += axis_notes(plan, "torchtitan") + overlap_notes + loss_parallel_notes(plan, "torchtitan")
+    notes += axis_notes(plan, "torchtitan") + overlap_notes + ep_a2a_note(plan, "torchtitan") \
+        + loss_parallel_notes(plan, "torchtitan")
     if activations.trainer_note:
         notes.append(f"torchtitan's {activations.torchtitan} AC: {activations.trainer_note}")
     return Exported("\n".join(lines) + "\n", extra, tuple(notes))

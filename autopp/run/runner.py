@@ -24,6 +24,7 @@ from ..model.meta import build_meta
 from ..model.units import discover_units, fingerprint
 from ..data.layout import uses_mesh
 from ..data.plan import Plan
+from ..schedule import Pairing
 from ..measure.options import OPTIMIZER_STATES
 from .launch import RankProcess, launch_ranks, wait_ranks
 from .report import RunFailedError, RunReport, median_step_time, relative_error
@@ -109,6 +110,10 @@ FUSED_NOTE = ("the plan counted fused elementwise kernels (`--kernels fused`); a
 FREED_RUN_NOTE = ("the plan counted each stage's outputs freed once sent (Megatron-LM's pipeline); torch's "
                   "PipelineStage, which autopp run drives, holds each microbatch's until its backward: the ranks may "
                   "use more memory than predicted")
+
+COMBINED_RUN_NOTE = ("the plan hid expert all-to-alls under other microbatches' compute (`overlap` ep_a2a, "
+                     "Megatron-Core's EP A2A overlap); torch's schedules, which autopp run drives, run each forward "
+                     "and backward on its own: the step may take longer than predicted")
 
 
 def _chosen(plan: Plan, options: RunOptions, plan_path: str | None) -> Chosen:
@@ -310,6 +315,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
         report = replace(report, notes=(*report.notes, FUSED_NOTE))
     if plan.frees_outputs:
         report = replace(report, notes=(*report.notes, FREED_RUN_NOTE))
+    if plan.pairing is Pairing.MICROBATCHES:
+        report = replace(report, notes=(*report.notes, COMBINED_RUN_NOTE))
     if uses_mesh(plan.layout) and options.backend == "gloo":
         report = replace(report, notes=(*report.notes, MESH_ON_CPU_NOTE))
     if plan.seq_chunks is not None and len(set(plan.seq_chunks.lengths)) > 1:  # a tester: said only in the plan

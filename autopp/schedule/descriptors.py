@@ -19,8 +19,8 @@ from autopp.schedule.floors import (Floors, PipeBound, bound_chimera, bound_flus
                                     bound_zero_bubble, estimate_bound_chimera, estimate_bound_megatron,
                                     estimate_bound_single, estimate_bound_zero_bubble)
 
-__all__ = ["ScheduleName", "StagePlacement", "Floors", "Descriptor", "DESCRIPTORS", "NAMED", "describe", "listed",
-           "stage_to_rank", "stages_per_rank", "validate", "build_schedule"]
+__all__ = ["ScheduleName", "StagePlacement", "Pairing", "Floors", "Descriptor", "DESCRIPTORS", "NAMED", "describe",
+           "listed", "pairing", "stage_to_rank", "stages_per_rank", "validate", "build_schedule"]
 
 
 class ScheduleName(Enum):
@@ -55,6 +55,21 @@ class StagePlacement(Enum):
     `Descriptor.mirror` says which microbatches go up."""
     GIVEN = "given"
     """The plan lists each stage's rank (custom orders)."""
+
+
+class Pairing(Enum):
+    """Which forward-backward neighbours in a rank's order run as one overlapped pair, each one's communication inside
+    its stage (expert parallelism's all-to-alls) under the other's compute (`autopp.schedule.sim_state.pairs`)."""
+
+    STAGES = "stages"
+    """A forward, then a full backward of another stage (DualPipeV: torch's OVERLAP_F_B, DeepSeek-V3 s.3.2.1)."""
+    MICROBATCHES = "microbatches"
+    """A forward, then a full backward of another microbatch: Megatron-Core's combined 1F1B
+    (`overlap_moe_expert_parallel_comm`, megatron/core/pipeline_parallel/schedules.py: each steady-state forward
+    and backward of the interleaved schedule run as one step, their all-to-alls under each other's compute), on the
+    interleaved order as autopp builds it; Megatron runs one more warm-up forward per rank so that no step pairs a
+    microbatch's forward with its own backward, autopp's order leaves such neighbours (the last rank's last stage)
+    unpaired."""
 
 
 #: (forward, input backward, weight backward, stage -> rank, transfer after each stage, microbatches) -> seconds.
@@ -317,6 +332,15 @@ def listed(keep: Callable[[Descriptor], bool], sep: str = ", ") -> str:
 def describe(name: ScheduleName) -> Descriptor:
     """The descriptor of `name`."""
     return DESCRIPTORS[name]
+
+
+def pairing(name: ScheduleName, ep_a2a: bool) -> Pairing | None:
+    """The forward-backward pairs `name` overlaps: DualPipeV's own (`Descriptor.overlaps_f_b`); with `ep_a2a` (the
+    trainer's combined 1F1B, `autopp.data.overlap.Overlap.ep_a2a`) Interleaved1F1B's steady-state neighbours; else
+    None."""
+    if DESCRIPTORS[name].overlaps_f_b:
+        return Pairing.STAGES
+    return Pairing.MICROBATCHES if ep_a2a and name is ScheduleName.INTERLEAVED_1F1B else None
 
 
 def stages_per_rank(name: ScheduleName, requested_v: int = 1) -> int:

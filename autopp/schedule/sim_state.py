@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from autopp.schedule.actions import Action, Kind
 from autopp.schedule.activation import Activation
+from autopp.schedule.descriptors import Pairing
 from autopp.schedule.effects import StageCost, durations
 
 __all__ = ["Event", "SimState", "new_state", "at_join", "producer", "build_positions", "pairs", "hidden_s", "mirrored"]
@@ -157,12 +158,15 @@ def producer(a: Action, sim: SimState) -> Action:
     return min(found)[1] if found else Action(s + 1, Kind.B, mb)
 
 
-def pairs(acts: Sequence[Action]) -> frozenset[int]:
-    """The positions in one rank's `acts` of each full backward B listed right after a forward F of another stage:
-    the overlapped forward-backward pairs of DualPipe (torch's OVERLAP_F_B, which DualPipeV's order lists as its F
-    then its B; autopp.schedule.named.dual_pipe_v)."""
+def pairs(acts: Sequence[Action], rule: Pairing) -> frozenset[int]:
+    """The positions in one rank's `acts` of each full backward B listed right after a forward F that `rule` pairs
+    it with: of another stage (`Pairing.STAGES`: DualPipe's overlapped pairs, torch's OVERLAP_F_B, which DualPipeV's
+    order lists as its F then its B; autopp.schedule.named.dual_pipe_v), or of another microbatch
+    (`Pairing.MICROBATCHES`: Megatron-Core's combined 1F1B)."""
+    def paired(f: Action, b: Action) -> bool:
+        return f.stage != b.stage if rule is Pairing.STAGES else f.microbatch != b.microbatch
     return frozenset(i for i in range(1, len(acts)) if acts[i].kind is Kind.B and acts[i - 1].kind is Kind.F
-                     and acts[i - 1].stage != acts[i].stage)
+                     and paired(acts[i - 1], acts[i]))
 
 
 def hidden_s(forward: StageCost, backward: StageCost) -> float:

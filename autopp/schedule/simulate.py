@@ -16,7 +16,8 @@ from autopp.schedule.actions import COMPUTE_KINDS, Action, Kind, Order
 from autopp.schedule.activation import Activation
 from autopp.schedule.deadlock import deadlock_message
 from autopp.schedule.delivery import delivered, next_to_force
-from autopp.schedule.descriptors import DESCRIPTORS, ScheduleName, build_schedule, describe, stage_to_rank
+from autopp.schedule.descriptors import (Pairing, ScheduleName, build_schedule, describe, pairing,
+                                        stage_to_rank)
 from autopp.schedule.effects import StageCost, memory_timeline, rank_static_bytes, transient_peak
 from autopp.schedule.sim_state import Event, SimState, hidden_s, mirrored, new_state, pairs
 
@@ -244,7 +245,7 @@ def _gc_paused() -> Iterator[None]:
 
 def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequence[int],
              comm_s: Sequence[float], activations: Sequence[Activation] | None = None,
-             progress_s: Sequence[float] | None = None, overlap_f_b: bool = False,
+             progress_s: Sequence[float] | None = None, pairing: Pairing | None = None,
              mirror: int | None = None) -> SimResult:
     """Simulate one training step of ``order`` (rank -> actions; idle slots and send/recv entries are ignored).
 
@@ -258,12 +259,13 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     (`StageCost.sync_s`, vocabulary parallelism's output pass) runs it for microbatch i on every rank with such a
     stage at once, from
     when the last of them reaches its action (its forward done), before the action waits for its gradient: the
-    action ends at max(its start + sync_s, gradient arrived) + the rest. With ``overlap_f_b`` (a schedule whose
-    descriptor `overlaps_f_b`: DualPipeV) a full backward listed right after a forward of another stage runs
-    overlapped with it (`sim_state.pairs`): it is shortened by what the pair hides (`sim_state.hidden_s`) less any
-    wait between the two, so the pair ends max(Fc + Bc, Fm + Bm) after the forward started. With ``mirror`` (Chimera,
-    `Descriptor.mirror`), microbatches from ``mirror`` on run the up pipeline: stage s on rank
-    p - 1 - stage_to_rank[s], with the same transfer times, and each rank holds both of its replicas' static bytes.
+    action ends at max(its start + sync_s, gradient arrived) + the rest. With ``pairing`` (`descriptors.pairing`:
+    DualPipeV's pairs, or Megatron's combined 1F1B on the interleaved order) a full backward listed right after a
+    forward that the rule pairs it with runs overlapped with it (`sim_state.pairs`): it is shortened by what the
+    pair hides (`sim_state.hidden_s`) less any wait between the two, so the pair ends max(Fc + Bc, Fm + Bm) after
+    the forward started. With ``mirror`` (Chimera, `Descriptor.mirror`), microbatches from ``mirror`` on run the up
+    pipeline: stage s on rank p - 1 - stage_to_rank[s], with the same transfer times, and each rank holds both of its
+    replicas' static bytes.
     A stage with `StageCost.scatter_s` (ZeRO 2's first-unit reduce-scatter under FSDP2,
     autopp.costmodel.parallel.scatter_in_backward) queues it on its rank's reduce-scatter stream when each of its B
     (or W) actions ends: it starts at max(that end, the stream free) and takes its time, while the rank goes on
@@ -279,8 +281,8 @@ def simulate(order: Order, stage_costs: Sequence[StageCost], stage_to_rank: Sequ
     acts = _compute_only(order, n, stage_to_rank, mirror)
     with _gc_paused():
         sim = new_state(acts, stage_costs, stage_to_rank, comm_s, policies, delays, mirror)
-        if overlap_f_b and any(c.forward_comm_s or c.backward_comm_s for c in stage_costs):
-            sim.paired = [pairs(a) for a in acts]
+        if pairing is not None and any(c.forward_comm_s or c.backward_comm_s for c in stage_costs):
+            sim.paired = [pairs(a, pairing) for a in acts]
         _run(sim)
         if any(sim.position[r] < len(a) for r, a in enumerate(acts)):
             raise ScheduleError(deadlock_message(sim))
@@ -339,5 +341,5 @@ def simulate_named(name: ScheduleName, num_ranks: int, num_microbatches: int, st
     if len(owner) != len(stage_costs):
         raise ScheduleError(f"{name.value} with {num_ranks} ranks x v={v} has {len(owner)} stages, "
                             f"but {len(stage_costs)} stage costs were given")
-    return simulate(order, stage_costs, owner, comm_s, activations, progress_s, DESCRIPTORS[name].overlaps_f_b,
+    return simulate(order, stage_costs, owner, comm_s, activations, progress_s, pairing(name, False),
                     describe(name).mirror(num_microbatches))

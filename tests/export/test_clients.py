@@ -19,7 +19,7 @@ from autopp.data.layout import Layout, LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
 from autopp.data.zero import ZERO
-from autopp.schedule import Activation
+from autopp.schedule import Activation, ScheduleName
 
 from .conftest import plan_for, unit_modules
 
@@ -787,3 +787,30 @@ def test_a_mixture_of_experts_architecture_is_exported_from_its_config(  # type:
     assert cfg.moe_router_pre_softmax and cfg.moe_shared_expert_gate and cfg.moe_shared_expert_intermediate_size == 5632
     dense = export_plan(llama_plans["dp"], Target.MEGATRON, "x").text
     assert "--moe-" not in dense
+
+
+def test_the_combined_1f1b_a_plan_assumed_is_taken_by_megatron_core(  # type: ignore[no-untyped-def]
+        megatron, titan, llama: Profile, llama_plans: dict[str, Plan]) -> None:
+    """Issue 30: an interleaved plan with ep 2 that hid its all-to-alls under other microbatches' compute
+    (`Overlap.ep_a2a`) asks Megatron for its combined 1F1B, which megatron-core's TransformerConfig takes (it
+    asserts a virtual pipeline where pp > 1, expert parallelism, an all-to-all dispatcher, bf16 and no full
+    recomputation); torchtitan, which runs none, gets a note and no flag; a 1F1B plan asks for nothing."""
+    from autopp.data.overlap import Overlap
+    interleaved = llama_plans["interleaved"]
+    base = _llama_8b_like(dataclasses.replace(interleaved, layout=dataclasses.replace(interleaved.layout, dp=2)),
+                          Activation.KEEP)
+    plan = dataclasses.replace(base, device="h100-sxm", overlap=Overlap(ep_a2a=True),
+                               layout=dataclasses.replace(base.layout, tp=1, sp=False, ep=2))
+    moe = {"num_experts": 8, "top_k": 2}
+    text = export_plan(plan, Target.MEGATRON, "x", moe=moe).text
+    cfg, _, _ = _megatron_config(text)
+    assert cfg.overlap_moe_expert_parallel_comm is True  # delay_wgrad_compute: Megatron-LM copies it to both configs
+    assert cfg.ddp.delay_wgrad_compute is True
+    assert cfg.virtual_pipeline_model_parallel_size == plan.layout.v and cfg.expert_model_parallel_size == 2
+    titan_export = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama), moe=moe)
+    assert "overlap" not in titan_export.text
+    assert sum("runs them exposed" in n for n in titan_export.notes) == 1
+    one = dataclasses.replace(plan, schedule=ScheduleName.ONE_F_ONE_B, layout=dataclasses.replace(plan.layout, v=1))
+    exported = export_plan(one, Target.MEGATRON, "x", moe=moe)
+    assert "--overlap-moe-expert-parallel-comm" not in exported.text
+    assert sum("no --overlap-moe-expert-parallel-comm" in n for n in exported.notes) == 1

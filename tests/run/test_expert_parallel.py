@@ -20,6 +20,7 @@ from autopp.data.zero import ZERO
 from autopp.errors import RunError
 from autopp.model import load_model_file
 from autopp.run import GRAD_RTOL, RunOptions, run_plan
+from autopp.run.runner import COMBINED_RUN_NOTE
 from autopp.model.experts import experts_modules
 from autopp.run.expert_parallel import (_check_etp, average_expert_grads, check_expert_parallel, expert_params,
                                         parallelize_experts)
@@ -150,20 +151,22 @@ def test_experts_sharded_over_part_of_dp_match_one_process(tmp_path: Path) -> No
 def test_a_plan_with_ep_from_the_cli_runs_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`autopp plan --ep 2` (dp follows: 2) prints a plan that `autopp run` runs validated on 4 ranks (pp 2 x dp 2,
     each stage's experts over its 2 dp ranks, 2 of the 4 experts on each rank): the loss, every gradient and the
-    optimizer step match one process."""
+    optimizer step match one process. Planned on Interleaved1F1B with Megatron-Core's combined 1F1B assumed
+    (`--overlap ep-a2a`), which the plan records and the run's report says torch's schedule does not run."""
     import json
 
     from autopp.cli import main
     monkeypatch.chdir(tmp_path)  # the default profile directory is ./profiles/MODEL
     plan, report, ranks = tmp_path / "plan.json", tmp_path / "report.json", tmp_path / "ranks"
     assert main(["plan", str(QWEN3), "--devices", "4", "--pp", "2", "--ep", "2", "--memory", "4GiB",
-                 "--global-batch", "8", "--schedule", "1F1B", "--tp", "1", "--zero", "0", "--recompute", "none",
-                 "-o", str(plan)]) == 0
+                 "--global-batch", "8", "--schedule", "Interleaved1F1B", "--virtual-stages", "2", "--tp", "1",
+                 "--zero", "0", "--recompute", "none", "--overlap", "ep-a2a", "-o", str(plan)]) == 0
     data = json.loads(plan.read_text())
-    assert (data["pp"], data["dp"], data["ep"]) == (2, 2, 2)
+    assert (data["pp"], data["dp"], data["ep"], data["overlap"]["ep_a2a"]) == (2, 2, 2, True)
     assert main(["run", str(plan), "--steps", "2", "--report", str(report), "--run-dir", str(ranks)]) == 0
     got = json.loads(report.read_text())
     assert got["passed"] is True and got["num_ranks"] == 4 and got["grad_max_rel_diff"] <= GRAD_RTOL
+    assert COMBINED_RUN_NOTE in got["notes"]
     lines = [line for f in sorted(ranks.glob("rank*.out")) for line in f.read_text().splitlines()]
     modules = [int(line.split(" on ")[1].split()[0]) for line in lines if "expert parallelism over 2 ranks on" in line]
-    assert len(modules) == 4 and sum(modules) == 2 * 4  # each stage's dp ranks: its share of the 4 layers
+    assert sum(modules) == 2 * 4  # each stage (2 per rank) on its 2 dp ranks: its share of the 4 layers

@@ -9,8 +9,8 @@ import pytest
 
 from autopp.errors import ScheduleError
 from autopp.schedule.actions import Action, Kind
-from autopp.schedule import (NAMED, Activation, ScheduleName, build_schedule, describe, stage_to_rank,
-                             stages_per_rank)
+from autopp.schedule import (NAMED, Activation, Pairing, ScheduleName, build_schedule, describe, pairing,
+                             stage_to_rank, stages_per_rank)
 from autopp.schedule.effects import StageCost
 from autopp.schedule.simulate import SimResult, simulate, simulate_named
 
@@ -312,7 +312,7 @@ def test_an_overlapped_pair_takes_the_longer_of_its_compute_and_its_communicatio
     for comm, pair in ((0.4, (1 - 0.4) + (2 - 0.4)), (1.0, 1.0 + 1.0), (0.0, 3.0)):
         costs = _with_comm(2, comm)
         plain = simulate(order, costs, [0, 0], [0.0]).step_time_s
-        overlapped = simulate(order, costs, [0, 0], [0.0], overlap_f_b=True)
+        overlapped = simulate(order, costs, [0, 0], [0.0], pairing=Pairing.STAGES)
         assert plain == pytest.approx(2 * 3 * 2)
         assert overlapped.step_time_s == pytest.approx(plain - 3.0 + pair)
         f, b = overlapped.events[2], overlapped.events[3]
@@ -334,6 +334,40 @@ def test_dual_pipe_v_hides_the_all_to_alls_only_where_there_are_some(comm: float
         assert dual < plain and dual < zbv
     else:
         assert dual == pytest.approx(plain) and zbv <= dual + 1e-9
+
+
+def test_the_combined_1f1b_pairs_a_forward_with_a_backward_of_another_microbatch_only() -> None:
+    """One rank, one stage: F0 F1 B0 F2 B1 B2. Megatron's combined 1F1B (`Pairing.MICROBATCHES`) runs F1 with B0 and
+    F2 with B1 as pairs; DualPipeV's rule (another stage) pairs none of them; F B of one microbatch is never a pair."""
+    order = {0: [Action(0, Kind.F, 0), Action(0, Kind.F, 1), Action(0, Kind.B, 0), Action(0, Kind.F, 2),
+                 Action(0, Kind.B, 1), Action(0, Kind.B, 2)]}
+    costs, comm = _with_comm(1, 0.4), 0.4
+    plain = simulate(order, costs, [0], []).step_time_s
+    assert plain == pytest.approx(3 * 3)
+    assert simulate(order, costs, [0], [], pairing=Pairing.STAGES).step_time_s == pytest.approx(plain)
+    combined = simulate(order, costs, [0], [], pairing=Pairing.MICROBATCHES)
+    pair = (1 - comm) + (2 - comm)  # compute of F and B, longer than their communication (2 x 0.4)
+    assert combined.step_time_s == pytest.approx(plain - 2 * (3 - pair))
+    assert sum(combined.overlapped_s) == pytest.approx(2 * (3 - pair))
+    same = {0: [Action(0, Kind.F, 0), Action(0, Kind.B, 0)]}
+    assert simulate(same, costs, [0], [], pairing=Pairing.MICROBATCHES).step_time_s == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("comm", [0.0, 0.3])
+def test_the_combined_1f1b_speeds_interleaved_1f1b_only_with_all_to_alls(comm: float) -> None:
+    """p 4, v 2, m 16 under Interleaved1F1B: paired by the combined 1F1B's rule, the step is shorter where F and B
+    hold all-to-alls and unchanged where they hold none; the pairing applies only with `ep_a2a` on that schedule."""
+    p, m, v = 4, 16, 2
+    costs = _with_comm(p * v, comm)
+    order = build_schedule(ScheduleName.INTERLEAVED_1F1B, p, m, v)
+    owner = stage_to_rank(ScheduleName.INTERLEAVED_1F1B, p, v)
+    plain = simulate(order, costs, owner, [0.0] * (p * v - 1)).step_time_s
+    combined = simulate(order, costs, owner, [0.0] * (p * v - 1),
+                        pairing=pairing(ScheduleName.INTERLEAVED_1F1B, True)).step_time_s
+    assert (combined < plain - 1.0) if comm else combined == pytest.approx(plain)
+    assert pairing(ScheduleName.INTERLEAVED_1F1B, False) is None
+    assert pairing(ScheduleName.ONE_F_ONE_B, True) is None
+    assert pairing(ScheduleName.DUAL_PIPE_V, False) is Pairing.STAGES
 
 
 def _synced(sync: float) -> list[StageCost]:

@@ -9,12 +9,13 @@ import pytest
 
 from autopp.data.cluster import Cluster
 from autopp.data.layout import LayoutPins
+from autopp.data.overlap import Overlap
 from autopp.data.profile import Profile
 from autopp.data.trainers import trainer_rules
 from autopp.data.zero import ZERO
 from autopp.errors import InfeasibleError, LayoutError, ProfileError
 from autopp.export import Target, export_plan
-from autopp.schedule import ScheduleName
+from autopp.schedule import Activation, ScheduleName
 from autopp.solve import PlanRequest, RecomputeMode, make_plan
 from autopp.solve.search.request import Group, configs
 
@@ -89,6 +90,11 @@ def test_requests_a_trainer_cannot_run_are_refused(kw: dict[str, object], messag
     # planned a whole-stage checkpoint, which the export refused ("re-plan with `activations` keep or ...")
     ({"trainer": "torchtitan", "recompute": RecomputeMode.ALL},
      "`recompute` all .activation policy recompute. with `trainer` torchtitan: torchtitan's activation_checkpoint"),
+    # issue 30: Megatron-Core's combined 1F1B, which neither torchtitan nor DeepSpeed runs
+    ({"trainer": "torchtitan", "overlap": Overlap(ep_a2a=True)}, "`overlap` ep_a2a with `trainer` torchtitan: "
+                                                                 "torch.distributed.pipelining's schedules run each"),
+    ({"trainer": "deepspeed", "overlap": Overlap(ep_a2a=True)}, "`overlap` ep_a2a with `trainer` deepspeed: its "
+                                                                "TrainSchedule runs each microbatch's forward"),
 ])
 def test_what_the_trainer_cannot_run_is_refused_before_the_search(monkeypatch: pytest.MonkeyPatch,
                                                                   shipped_gpt: Profile, kw: dict[str, object],
@@ -247,3 +253,18 @@ def test_an_infeasible_trainer_request_suggests_a_policy_the_trainer_applies_to_
         make_plan(profile, request(int(peak * 0.9)))
     auto = make_plan(profile, request(int(peak * 0.9), recompute=RecomputeMode.AUTO))
     assert {s.activation for s in auto.stages} == {Activation.BLOCKS}
+
+
+def test_megatron_applies_no_full_recomputation_beside_its_combined_1f1b(shipped_gpt: Profile) -> None:
+    """Megatron-Core asserts that overlap_moe_expert_parallel_comm runs without full recomputation: with
+    `Overlap.ep_a2a`, `--for megatron` plans every stage under each policy it applies but per-unit recomputation
+    (its note names those tried), and asked for that policy alone it says why, before any search."""
+    request = _request(trainer="megatron", activations=(Activation.KEEP, Activation.BLOCKS),
+                       recompute=RecomputeMode.NONE)
+    tried = "each of {} was planned for all stages"
+    assert any(tried.format("keep, recompute-units") in n for n in make_plan(shipped_gpt, request).notes)
+    combined = make_plan(shipped_gpt, replace(request, overlap=Overlap(ep_a2a=True)))
+    assert any(tried.format("keep") + " (keep fit)" in n for n in combined.notes)
+    with pytest.raises(LayoutError, match=r"^`activations` with `overlap` ep_a2a and `trainer` megatron: Megatron-Core "
+                                          r"runs its EP A2A overlap without full recomputation"):
+        make_plan(shipped_gpt, replace(request, overlap=Overlap(ep_a2a=True), activations=(Activation.BLOCKS,)))

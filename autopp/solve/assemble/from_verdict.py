@@ -21,7 +21,8 @@ from ...data.catalog import planned_device
 from ...data.cluster import Cluster
 from ...cores import MESH_ON_CPU
 from ...data.layout import Layout, uses_mesh
-from ...schedule import COMPUTE_KINDS, Action, Activation, ScheduleName, StageCost, describe, policy
+from ...schedule import (COMPUTE_KINDS, Action, Activation, Pairing, ScheduleName, StageCost, describe, pairing,
+                         policy)
 from ..partition.baselines import baseline_bounds
 from .profile_notes import profile_notes
 from ..search.judge import Candidate, Verdict, judge, named_order
@@ -272,6 +273,12 @@ def _overlap_notes(request: PlanRequest, a: UnitArrays, c: Candidate) -> list[st
         where = "FSDP2 outside a pipeline: per-layer all-gathers and reduce-scatters" if a.fsdp else \
             "ZeRO/data-parallel collectives"
         out.append(f"{request.assumed_overlap.describe()} ({where}; docs/parallelism.md#overlap)")
+    rule = pairing(c.schedule, True)
+    if request.assumed_overlap.ep_a2a and c.layout.ep > 1 and rule is not Pairing.STAGES:  # DualPipeV: its own
+        out.append("ep_a2a: each steady-state backward runs beside the forward before it, their expert all-to-alls "
+                   "under each other's compute (Megatron-Core's EP A2A overlap)" if rule is Pairing.MICROBATCHES
+                   else f"ep_a2a: not on {c.schedule.value}, which autopp costs with its all-to-alls exposed "
+                   f"(Megatron-Core's EP A2A overlap runs on {ScheduleName.INTERLEAVED_1F1B.value} where pp > 1)")
     return out
 
 

@@ -163,25 +163,30 @@ def _check_trainer(request: PlanRequest) -> None:
     rules = TRAINER_RULES[request.trainer]
     asked = f"`recompute` {request.recompute.value}" if request.activations is None else "`activations`"
     why = rules.pins_refusal(request.pins, request.cluster.num_devices) or rules.policies_refusal(request.allowed(),
-                                                                                                  asked)
+                                                                                                  asked) \
+        or rules.overlap_refusal(request.assumed_overlap, request.allowed(), asked)
     if why is not None:
         raise LayoutError(why)
 
 
 def _uniform(profile: Profile, request: PlanRequest) -> Plan:
-    """The fastest of the plans that give every stage one of the request's policies that its trainer applies (and
-    the profile has figures for); the error of the one that saves the most memory when none fits."""
+    """The fastest of the plans that give every stage one of the request's policies that its trainer applies (beside
+    the request's overlap: `Trainer.beside_ep_a2a`) and the profile has figures for; the error of the one that saves
+    the most memory when none fits."""
     trainer = str(request.trainer)
     plans: dict[Activation, Plan] = {}
     error: AutoppError | None = None
-    tried = [a for a in request.allowed() if policy(a).refusal(trainer) is None]
+    rules, overlap = TRAINER_RULES[trainer], request.assumed_overlap
+    beside = rules.beside_ep_a2a if overlap.ep_a2a else ()
+    tried = [a for a in request.allowed() if rules.applies(a, overlap)]
     for a in tried:
         try:
             plans[a] = _make_plan(profile, replace(request, recompute=RecomputeMode.NONE, activations=(a,)))
         except (InfeasibleError, ProfileError) as exc:  # ProfileError: no figures for the policy in this profile
             error = exc if isinstance(exc, InfeasibleError) or error is None else error
     if not plans:
-        raise error or InfeasibleError(f"`trainer` {trainer} applies none of the policies asked for")
+        beside_words = f" beside `overlap` ep_a2a (with it: not {', '.join(a.value for a in beside)})" if beside else ""
+        raise error or InfeasibleError(f"`trainer` {trainer} applies none of the policies asked for{beside_words}")
     best = min(plans.values(), key=lambda p: (p.predicted.step_time_s, max(p.predicted.peak_memory_bytes)))
     note = (f"`trainer` {trainer} applies one activation policy to every stage: each of "
             f"{', '.join(a.value for a in tried)} was planned for all stages "

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from ...costmodel import (UnitArrays, comm_times, message_overheads, send_times, stage_costs, stage_speeds,
                          step_end_floor, step_end_time)
 from ...data.cluster import Cluster
-from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost, describe, policy
+from ...schedule import COMPUTE_KINDS, Action, Activation, Kind, StageCost, describe, pairing, policy
 from ...schedule.effects import RankWalk, durations, rank_static_bytes
 from .baselines import baseline_bounds
 from .dp import Bounds
@@ -162,7 +162,7 @@ def _rank_floors(table: Sequence[dict[Kind, float]], owner: Sequence[int], comm:
 def candidate_floor(a: UnitArrays, cluster: Cluster, c: Candidate) -> float:
     """A lower bound of `judge(a, cluster, c).step_s`: `split_floor` of `c`'s split under its activation policies
     on the judge's own stage costs and transfers, plus the step's end (`step_end_time`, which the judge adds as it
-    is). Not for schedules that overlap forward-backward pairs (`Descriptor.overlaps_f_b`: they hide part of F + B)."""
+    is). Not for schedules that overlap forward-backward pairs (`schedule.pairing`: they hide part of F + B)."""
     cluster = cluster.placed(c.layout)
     owner = c.owner
     speeds = stage_speeds(cluster, owner)
@@ -182,7 +182,8 @@ class _Search:
                  admissible: Callable[[Bounds], bool], fixed: tuple[Activation, ...] | None, beat: float) -> None:
         self.end = step_end_floor(a, cluster, template.layout, template.mirror is not None)  # every split's
         # what a schedule that overlaps forward-backward pairs may hide: the floors are taken without it (bounds.py)
-        self.bare = without_comm(a) if describe(template.schedule).overlaps_f_b and a.ep_time is not None else a
+        paired = pairing(template.schedule, a.overlap.ep_a2a) is not None
+        self.bare = without_comm(a) if paired and a.ep_time is not None else a
         cluster = cluster.placed(template.layout)
         self.a, self.cluster, self.template, self.ladder, self.admissible = a, cluster, template, ladder, admissible
         self.fixed, self.beat = fixed, beat

@@ -19,8 +19,9 @@ included when every stage recomputes):
      with bytes.
   7. one microbatch's round trip without its weight gradients >= sum over units of F + the smaller of B and I (+
      what the policy redoes), less the shed amounts of (1), at the fastest speed (`Floors.path`).
-A schedule that overlaps forward-backward pairs (DualPipeV: `Descriptor.overlaps_f_b`) hides at most all of the
-expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`): (1)-(4) are taken without them.
+A schedule that overlaps forward-backward pairs (`schedule.pairing`: DualPipeV's own, Interleaved1F1B's under the
+trainer's combined 1F1B) hides at most all of the expert-parallel all-to-alls inside F and B (`UnitArrays.ep_time`):
+(1)-(4) are taken without them.
 Hence, per formula (each descriptor's `estimate_bound`, fed `schedule.Floors` of (1)-(7)), the estimate: GPipe and
 1F1B >= (2) + (m - 1) (3) + 2 (5); Interleaved1F1B and LoopedBFS >= (m + (p - 1) / v) (1) + 2 (5); the zero-bubble
 schedules >= m (1) + (p - 1) / v (4) + 2 (5) / v (GPipe's (m - 1)(max F + max B) >= (m - 1) max T, so 1F1B's bound
@@ -37,7 +38,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...costmodel import UnitArrays, stage_speeds, step_end_floor, transfer_time
-from ...schedule import Activation, Floors, describe, policy, stage_to_rank
+from ...schedule import Activation, Floors, describe, pairing, policy, stage_to_rank
 from .request import Config, PlanRequest
 
 __all__ = ["lower_bound", "comm_floor", "without_comm"]
@@ -69,7 +70,7 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activati
     """A lower bound of `c`'s estimate for every split, every stage under `activation` (module docstring); with
     `simulated`, of its simulated step instead (the descriptor's `pipe_bound`, not its `estimate_bound`)."""
     d = describe(c.schedule)
-    if d.overlaps_f_b and a.ep_time is not None:  # what the overlapped pairs can hide, at most
+    if pairing(c.schedule, a.overlap.ep_a2a) is not None and a.ep_time is not None:  # what the pairs can hide
         a = without_comm(a)
     # the estimate charges a stage what its policy redoes, at most the forward again
     redo = np.minimum(policy(activation).unit_redo(a), a.forward)

@@ -263,14 +263,14 @@ def _policy_alternative(profile: Profile, req: PlanRequest) -> list[str]:
     if req.trainer is None:
         found = search(profile, replace(req, recompute=RecomputeMode.AUTO, activations=None, shortlist=1))[0]
         return [] if found is None else [f"`recompute` auto fits (stages: {tally(found.candidate.activations)})"]
-    for a in (x for x in RecomputeMode.AUTO.policies() if policy(x).refusal(req.trainer) is None):
+    rules = TRAINER_RULES[req.trainer]
+    for a in (x for x in RecomputeMode.AUTO.policies() if rules.applies(x, req.assumed_overlap)):
         try:
             uniform = search(profile, replace(req, recompute=RecomputeMode.NONE, activations=(a,), shortlist=1))[0]
         except ProfileError:  # no figures for the policy in this profile
             continue
         if uniform is not None:
-            return [f"`recompute` auto fits (every stage {a.value}, as {TRAINER_RULES[req.trainer].title} applies "
-                    "one policy to all)"]
+            return [f"`recompute` auto fits (every stage {a.value}, as {rules.title} applies one policy to all)"]
     return []
 
 

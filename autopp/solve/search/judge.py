@@ -11,8 +11,8 @@ from ...costmodel import (UnitArrays, comm_times, message_overheads, progress_de
                          step_end_time)
 from ...costmodel.vocab import VocabPasses, with_vocab_passes
 from ...data.layout import Layout
-from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, describe, policy, resumed_s,
-                         simulate, stage_to_rank)
+from ...schedule import (Action, Activation, ScheduleName, StageCost, build_schedule, describe, pairing, policy,
+                         resumed_s, simulate, stage_to_rank)
 from ...schedule.seqpipe import ChunkCosts, simulate_units
 from ..partition.dp import Bounds
 
@@ -112,7 +112,8 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | N
         sim = simulate_units(costs, comm, c.microbatches, c.seq, delays)
     else:
         order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
-        sim = simulate(order, costs, owner, comm, c.activations, delays, describe(c.schedule).overlaps_f_b, c.mirror)
+        sim = simulate(order, costs, owner, comm, c.activations, delays, pairing(c.schedule, a.overlap.ep_a2a),
+                       c.mirror)
     ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout, speeds, c.mirror is not None)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))

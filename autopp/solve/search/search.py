@@ -25,7 +25,8 @@ from ...costmodel import (ProfileTable, UnitArrays, comm_times, message_overhead
                          step_end_time)
 from ...data.profile import Profile
 from ...progress import PROGRESS_LOG, share_line
-from ...schedule import COMPUTE_KINDS, Activation, ScheduleName, StageCost, describe, policy, stage_to_rank
+from ...schedule import (COMPUTE_KINDS, Activation, Pairing, ScheduleName, StageCost, describe, pairing, policy,
+                         stage_to_rank)
 from ...schedule.sim_state import hidden_s
 from ...schedule.effects import RankWalk, inflight_peaks, rank_static_bytes
 from .band import band, choose, has_spread
@@ -146,7 +147,8 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
     backward = [(x.backward_input_s, x.backward_weight_s) if split or x.backward_s is None else (x.backward_s, 0.0)
                 for x in costs]
     assert d.estimate is not None  # configurations are named schedules
-    hide = [_hidden(x, c) for x in costs] if d.overlaps_f_b else [0.0] * len(costs)
+    rule = pairing(c.schedule, a.overlap.ep_a2a)
+    hide = [_hidden(x, c, rule) for x in costs] if rule is not None else [0.0] * len(costs)
     est = d.estimate([x.forward_s + x.overhead_s - h for x, h in zip(costs, hide)],
                          [max(0.0, i - h) + x.overhead_s + r for (i, _), x, r, h in zip(backward, costs, redo, hide)],
                          [w for _, w in backward],
@@ -155,11 +157,14 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
     return est + tail + sum(step_end_time(a, cluster, bounds, owner, c.layout, speeds, d.mirror(c.m) is not None))
 
 
-def _hidden(x: StageCost, c: Config) -> float:
-    """Per microbatch, half of what DualPipeV's overlapped pairs hide on a stage (`sim_state.hidden_s`), charged
-    to its F and to its I alike, times the share of forwards overlapped: 2m - 3p + 1 of rank 0's 2m
-    (autopp.schedule.named.dual_pipe_v, phases 4 and 5)."""
-    share = max(0, 2 * c.m - 3 * c.layout.pp + 1) / (2 * c.m)
+def _hidden(x: StageCost, c: Config, rule: Pairing) -> float:
+    """Per microbatch, half of what overlapped pairs hide on a stage (`sim_state.hidden_s`), charged to its F and to
+    its I alike, times the share of forwards overlapped: DualPipeV's 2m - 3p + 1 of rank 0's 2m
+    (autopp.schedule.named.dual_pipe_v, phases 4 and 5); the combined 1F1B's v m less rank 0's warm-up forwards,
+    (v - 1) p + 2 (p - 1) (Megatron-LM's count), of its v m."""
+    p, v, m = c.layout.pp, c.layout.v, c.m
+    share = max(0, 2 * m - 3 * p + 1) / (2 * m) if rule is Pairing.STAGES \
+        else max(0, v * m - (v - 1) * p - 2 * (p - 1)) / (v * m)
     return min(x.forward_s, hidden_s(x, x) / 2) * share
 
 
