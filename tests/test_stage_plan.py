@@ -32,6 +32,17 @@ def test_dualpipev_takes_off_what_its_overlapped_pairs_hide() -> None:
     assert busiest_rank(_v(0.0), ScheduleName.DUAL_PIPE_V, 2) == (0, 6.0)  # nothing to hide
 
 
+def test_the_combined_1f1b_pairs_a_backward_with_any_forward_on_its_rank() -> None:
+    """Interleaved1F1B under `ep_a2a` (Megatron-Core's combined 1F1B): a backward may run beside a forward of its
+    own stage (another microbatch's), so each takes off the most any forward on its rank hides; without the switch,
+    nothing."""
+    stages = _v(0.25)
+    costs = [s.cost() for s in stages]
+    most = max(hidden_s(costs[t], costs[0]) for t in (0, 3))
+    assert busiest_rank(stages, ScheduleName.INTERLEAVED_1F1B, 2, 2, ep_a2a=True) == (0, 6.0 - 2 * most)
+    assert busiest_rank(stages, ScheduleName.INTERLEAVED_1F1B, 2, 2) == (0, 6.0)
+
+
 def test_chimera_ranks_share_their_mirrored_replicas_work() -> None:
     stages = tuple(StagePlan(index=i, rank=i, units=(i, i + 1), unit_names=("x",), split_point="x" if i else None,
                              forward_s=f, backward_s=2 * f, memory_bytes=10) for i, f in enumerate([1.0, 3.0]))

@@ -356,7 +356,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if pinned is not None:  # issue 26: the first screen is yours beside autopp's, the plan's table after it
         from ..export.compare import format_comparison
         from ..solve import evaluate_pinned
-        yours = evaluate_pinned(profile, request.cluster, pinned[0], frees_outputs(args.trainer, None))
+        yours = evaluate_pinned(profile, request.cluster, pinned[0], frees_outputs(args.trainer, None), request.overlap)
         print(in_flags(format_comparison(yours, plan, args.pin_from, pinned[1], request.pins)).lstrip("\n")
               + "\n\nautopp's plan in full:")
     print(format_plan(replace(plan, notes=tuple(map(in_flags, plan.notes)))))  # the file's notes name fields

@@ -192,7 +192,7 @@ class Plan:
     def pairing(self) -> Pairing | None:
         """The forward-backward pairs its simulation overlaps (`schedule.pairing`: DualPipeV's own; Interleaved1F1B's
         under the `ep_a2a` overlap, Megatron-Core's combined 1F1B, with ep > 1)."""
-        return pairing(self.schedule, self.assumed_overlap.ep_a2a and self.layout.ep > 1)
+        return pairing(self.schedule, self.assumed_overlap.ep_a2a and self.layout.ep > 1, self.layout.v)
 
     def rank_on(self, device: int) -> int:
         """The global rank that runs on device (launcher slot) `device`."""
@@ -320,7 +320,8 @@ def _check_step_time(plan: Plan) -> None:
     (ideal_step_time_s > 0); hand-built plans without one are taken as they are."""
     if plan.ideal_step_time_s <= 0:
         return
-    rank, per_mb = busiest_rank(plan.stages, plan.schedule, plan.layout.pp, plan.pairing)
+    rank, per_mb = busiest_rank(plan.stages, plan.schedule, plan.layout.pp, plan.layout.v,
+                                plan.assumed_overlap.ep_a2a and plan.layout.ep > 1)
     least = plan.num_microbatches * per_mb
     if least > plan.predicted.step_time_s * (1 + 1e-6) + 1e-12:
         raise PlanError(f"field 'num_microbatches' is {plan.num_microbatches}, but {plan.num_microbatches} "

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..errors import PlanError
 from ..schedule.activation import FIGURED, Activation, Figures, figure_keys
-from ..schedule.descriptors import Pairing, ScheduleName, describe
+from ..schedule.descriptors import Pairing, ScheduleName, describe, pairing
 from ..schedule.effects import StageCost
 from ..schedule.sim_state import hidden_s
 from .plan_fields import FIGURE_FIELDS, NULLABLE, STAGE_NUMBERS
@@ -112,16 +112,17 @@ def figure_fields(own: tuple[tuple[Activation, Figures], ...]) -> dict[str, floa
     return {k: v for a in FIGURED for k, v in zip(figure_keys(a), given.get(a, Figures()))}
 
 
-def busiest_rank(stages: Sequence[StagePlan], schedule: ScheduleName, pp: int,
-                 rule: Pairing | None = None) -> tuple[int, float]:
+def busiest_rank(stages: Sequence[StagePlan], schedule: ScheduleName, pp: int, v: int = 1,
+                 ep_a2a: bool = False) -> tuple[int, float]:
     """The pipeline rank whose stages take longest per microbatch, and that time: each stage's forward and the
-    shorter of its full backward and I + W. Where the schedule overlaps F + B pairs (`rule`, `Plan.pairing`:
-    DualPipeV's; Interleaved1F1B's under Megatron-Core's combined 1F1B), a backward run right after a forward on its
-    rank (another stage's for DualPipeV) is shortened by what the pair hides (the simulator's own
-    `sim_state.hidden_s`: the all-to-alls of one under the other's compute, DeepSeek-V3 s.3.2.1); each backward is
-    taken at its most hidden, so the time stays a lower bound. Chimera: half of the microbatches through each of a
-    rank's two replicas."""
+    shorter of its full backward and I + W. Where the schedule overlaps F + B pairs (`schedule.pairing`:
+    DualPipeV's; with `ep_a2a` and v > 1, Interleaved1F1B's under Megatron-Core's combined 1F1B), a backward run
+    right after a forward on its rank (another stage's for DualPipeV) is shortened by what the pair hides (the
+    simulator's own `sim_state.hidden_s`: the all-to-alls of one under the other's compute, DeepSeek-V3 s.3.2.1);
+    each backward is taken at its most hidden, so the time stays a lower bound. Chimera: half of the microbatches
+    through each of a rank's two replicas."""
     costs, ranks, d = [s.cost() for s in stages], [s.rank for s in stages], describe(schedule)
+    rule = pairing(schedule, ep_a2a, v)
     work: dict[int, float] = {}
     for s, (c, rank) in enumerate(zip(costs, ranks)):
         split = c.backward_input_s + c.backward_weight_s

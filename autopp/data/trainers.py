@@ -68,7 +68,7 @@ class Trainer:
     beside_ep_a2a: tuple[Activation, ...] = ()
     """The activation policies it refuses beside `Overlap.ep_a2a` (Megatron-Core asserts that
     overlap_moe_expert_parallel_comm runs without full recomputation: megatron/core/transformer/transformer_config.py,
-    "disable full recomputation when enabling overlap_moe_expert_parallel_comm")."""
+    "disable full recomputation when enabling overlap_moe_expert_parallel_comm"): `--for` plans them without it."""
     frees_outputs: bool = False
     """Its pipeline frees a stage's outputs once they are sent, keeping only their autograd node for the backward
     (Megatron-LM: `deallocate_output_tensor` in megatron/core/pipeline_parallel/schedules.py, on since its
@@ -118,22 +118,17 @@ class Trainer:
                               {s: pins.sp for s in SWITCHES}, lambda field: f"`{field}`")
         return None if found is None else f"`trainer` {self.name} cannot run {found[0]}: {found[1]}"
 
-    def applies(self, activation: Activation, overlap: Overlap) -> bool:
-        """Whether it applies `activation` to a stage (`ActivationPolicy.refusal`) beside what `overlap` hides
-        (`beside_ep_a2a`)."""
-        return policy(activation).refusal(self.name) is None and not (overlap.ep_a2a and activation in
-                                                                      self.beside_ep_a2a)
-
-    def overlap_refusal(self, overlap: Overlap, allowed: tuple[Activation, ...], asked: str) -> str | None:
-        """Why it cannot hide what `overlap` assumes hidden, or apply any of the policies `allowed` (`asked`: the
-        request's field that allowed them) beside it (None: it can)."""
+    def overlap_refusal(self, overlap: Overlap, dtype: str | None) -> str | None:
+        """Why it cannot hide what `overlap` assumes hidden on a model of `dtype` (None: it can; a dtype not known:
+        not refused). Megatron-Core runs its EP A2A overlap on a bf16 or fp16 model only (transformer_config.py:
+        "overlap_moe_expert_parallel_comm is only supported with bf16 or fp16 model")."""
         if not overlap.ep_a2a:
             return None
         if self.ep_a2a:
             return f"`overlap` ep_a2a with `trainer` {self.name}: {self.ep_a2a}; drop ep-a2a"
-        if allowed and all(a in self.beside_ep_a2a for a in allowed):
-            return (f"{asked} with `overlap` ep_a2a and `trainer` {self.name}: {self.title} runs its EP A2A overlap "
-                    "without full recomputation (it asserts so); give `recompute` auto or none, or drop ep-a2a")
+        if dtype not in (None, *EP_A2A_DTYPES):
+            return (f"`overlap` ep_a2a with `trainer` {self.name}: {self.title} runs its EP A2A overlap on a bf16 or "
+                    f"fp16 model only, and the model is {dtype}; profile it in bfloat16 or drop ep-a2a")
         return None
 
     def policies_refusal(self, allowed: tuple[Activation, ...], asked: str) -> str | None:
@@ -201,6 +196,10 @@ def interleaving_problem(pp: int, microbatches: int) -> str | None:
 
 
 _ONE_F_ONE_B = ScheduleName.ONE_F_ONE_B
+
+#: The model dtypes Megatron-Core runs its EP A2A overlap on (`Overlap.ep_a2a`; transformer_config.py asserts
+#: "overlap_moe_expert_parallel_comm is only supported with bf16 or fp16 model").
+EP_A2A_DTYPES = ("bfloat16", "float16")
 
 #: HF Llama / Qwen2 / Qwen3 / Mistral module names (LlamaForCausalLM's `model.embed_tokens`, `model.layers.N`,
 #: `model.norm`, `lm_head`) -> torchtitan's for the decoders it ships (torchtitan/models/llama3/model.py, and alike in

@@ -11,7 +11,7 @@ from ..data.precision import plan_recipe
 from ..schedule import ActivationPolicy
 from .common import (Exported, kernels_for, launch_grid, optimizer_note, outputs_notes, refuse_layout,
                      refuse_schedule, uniform_policy)
-from .overlap import deepspeed_overlap, ep_a2a_note
+from .overlap import deepspeed_overlap
 
 __all__ = ["to_deepspeed", "deepspeed_config", "grad_accum", "pipe_snippet"]
 
@@ -83,7 +83,7 @@ def to_deepspeed(plan: Plan, snippet_path: str, where: str) -> Exported:
     activations = uniform_policy(plan, "deepspeed", where)
     notes = [f"DeepSpeed: launch {plan.num_ranks} ranks ({launch_grid(plan, 'deepspeed')}); build the model with "
              f"pipeline_module() from {snippet_path}", optimizer_note(plan, "deepspeed"), *deepspeed_overlap(plan),
-             *ep_a2a_note(plan, "deepspeed"), *kernels_for(plan, "deepspeed")[1], *outputs_notes(plan, "deepspeed"),
+             *kernels_for(plan, "deepspeed")[1], *outputs_notes(plan, "deepspeed"),
              "DeepSpeed hands each layer what the previous one returned: a value a unit reads from a unit further "
              "back than the one before it (a skip connection) must be returned by the layers in between"]
     return Exported(json.dumps(deepspeed_config(plan), indent=2) + "\n",

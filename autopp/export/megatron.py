@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 from ..data.axes import AXES
 from ..data.hf_config import read_hf_config
 from ..data.plan import Plan
+from ..data.trainers import EP_A2A_DTYPES, trainer_rules
 from ..data.profile_values import LiveValue
 from ..errors import ModelFileError
 from .common import (Exported, axis_notes, carved_lines, group_lines, launch_grid, loss_parallel_notes, made_for,
@@ -88,13 +89,17 @@ def connections_note(plan: Plan) -> str | None:
     NVIDIA/Megatron-LM d98e8a64): with Megatron-FSDP it asserts the variable is not 1 ("FSDP requires
     CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"); otherwise, with tp or cp above 1 on a GPU before Blackwell (compute
     capability below 10), it asserts it is 1 unless --overlap-moe-expert-parallel-comm is given (then it warns that
-    the overlap wants it larger, and that 1 favours tp and cp: `ep_a2a`). None: neither applies."""
+    the overlap wants it larger, and that 1 favours tp and cp: `ep_a2a`), which without tp and cp wants it above 1
+    (megatron/core/transformer/moe/README.md, "Requirements for EP A2A Overlap"). None: none applies."""
     if "--use-megatron-fsdp" in data_parallel_flags(plan):
         return ("launch with CUDA_DEVICE_MAX_CONNECTIONS unset or above 1: Megatron-LM asserts it with Megatron-FSDP "
                 "(\"FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset\")")
-    if (plan.layout.tp > 1 or plan.layout.cp > 1) and "--overlap-moe-expert-parallel-comm" in megatron_overlap(plan):
+    if combined_1f1b(plan) and (plan.layout.tp > 1 or plan.layout.cp > 1):
         return ("CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM warns that tp or cp above 1 on GPUs before Blackwell want it "
                 "1, and --overlap-moe-expert-parallel-comm wants it larger (it suggests 1 or 32)")
+    if combined_1f1b(plan):
+        return ("launch with CUDA_DEVICE_MAX_CONNECTIONS unset or above 1: Megatron-Core's MoE README lists it among "
+                "the EP A2A overlap's requirements (--overlap-moe-expert-parallel-comm)")
     if plan.layout.tp > 1 or plan.layout.cp > 1:
         return ("launch with CUDA_DEVICE_MAX_CONNECTIONS=1 in the environment: Megatron-LM asserts it with tp or cp "
                 "above 1 on GPUs before Blackwell (compute capability below 10)")
@@ -166,6 +171,10 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
     refuse_schedule(plan, "megatron", where)
     refuse_layout(plan, "megatron", where)
     refuse_model(plan, values, where)
+    if combined_1f1b(plan) and plan.dtype not in (None, *EP_A2A_DTYPES):
+        raise ExportError(f"{where}: the plan hid expert all-to-alls (`overlap` ep_a2a), which Megatron-Core overlaps "
+                          f"on a bf16 or fp16 model only, and its model is {plan.dtype}; re-plan a bfloat16 profile, "
+                          "or without ep-a2a")
     layers = model_layers([n for s in plan.stages for n in s.unit_names], where)
     layout = layout_string(plan, layers)
     lines = [*group_lines(plan, "megatron", "{key} {degree}"),
@@ -194,6 +203,11 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
         notes.append("the model's layer-to-layer values were not checked (no profile of the plan found): "
                      "pretrain_gpt.py's layers pass one hidden state each to the next")
     activations = uniform_policy(plan, "megatron", where)
+    if combined_1f1b(plan) and activations.name in trainer_rules("megatron").beside_ep_a2a:
+        raise ExportError(f"{where}: the plan hid expert all-to-alls (`overlap` ep_a2a) and recomputes every stage "
+                          f"({activations.name.value}), which Megatron-Core refuses together (\"disable full "
+                          "recomputation when enabling overlap_moe_expert_parallel_comm\"); re-plan with `autopp plan "
+                          "--for megatron`, which plans full recomputation without the overlap")
     lines += activations.megatron
     if activations.trainer_note:
         notes.append(f"Megatron's {' '.join(activations.megatron[:1])}: {activations.trainer_note}")

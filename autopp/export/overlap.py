@@ -16,8 +16,8 @@ what a switch hid in the prediction must be hidden in the exported run too, or t
   `fully_shard`; torchtitan docs/fsdp.md), and its replicate path all-reduces in buckets during the backward, as
   torch DDP does. `async_tp` is `--compile.enable --compile.enable_async_tensor_parallel` (torchtitan's
   CompileConfig: async TP needs torch.compile of the model).
-- torchtitan and DeepSpeed run no combined forward-backward step (`Trainer.ep_a2a`): the export of a plan that
-  assumed `ep_a2a` says what it hid, which their run adds.
+- torchtitan runs no combined forward-backward step (`Trainer.ep_a2a`): its export of a plan that hid all-to-alls
+  under `ep_a2a` says how many seconds, which its run adds (DeepSpeed refuses such a plan's Interleaved1F1B).
 - DeepSpeed's PipelineEngine reduces gradients only after the pipeline's last backward (TrainSchedule's
   `ReduceGrads` instruction; `is_gradient_accumulation_boundary` is true only inside it, runtime/pipe/engine.py),
   so no setting (`zero_optimization.overlap_comm` included) hides it under the last backward.
@@ -69,8 +69,8 @@ def ep_a2a_note(plan: Plan, trainer: str) -> list[str]:
     hidden = next((h for term, _, h in rows if term == "EP all-to-alls"), None)
     much = f"the {hidden:.3g} s of expert all-to-alls" if hidden is not None else "the expert all-to-alls"
     return [f"the plan hid {much} under other microbatches' compute (`overlap` ep_a2a, Megatron-Core's EP A2A "
-            f"overlap), and {trainer_rules(trainer).title} runs them exposed ({why}): its step is longer by up to that; "
-            "re-plan without ep-a2a to predict it"]
+            f"overlap), and {trainer_rules(trainer).title} runs them exposed ({why}): its step is longer by up to "
+            "that; re-plan without ep-a2a to predict it"]
 
 
 def torchtitan_overlap(plan: Plan) -> tuple[list[str], list[str]]:

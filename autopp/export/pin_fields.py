@@ -125,12 +125,12 @@ def bounds_from_counts(layers: ModelLayers, counts: Sequence[int]) -> tuple[tupl
 
 def pinned_config(name: ScheduleName, degrees: Degrees, v: int, dp: int, zero: ZeroStage, sp: bool, m: int, b: int,
                   bounds: tuple[tuple[int, int], ...], activation: Activation, where: str,
-                  dp_replicate: int = 1) -> Pinned:
+                  dp_replicate: int = 1, ep_a2a: bool = False) -> Pinned:
     """The trainer's configuration as autopp judges it: every stage under the trainer's one activation policy; the
     ZeRO stage only where dp x cp > 1 shards something (`Layout.sync`: both trainers shard over the data-parallel
     ranks with cp), sequence parallelism only with tensor parallelism (as the trainers apply them); `dp_replicate`:
-    HSDP's replicas (`Layout.dp_replicate`). A layout the degrees do not make (ep not dividing dp x cp x tp) is one
-    line naming `where`."""
+    HSDP's replicas (`Layout.dp_replicate`); `ep_a2a`: it overlaps expert all-to-alls (`Pinned.ep_a2a`). A layout
+    the degrees do not make (ep not dividing dp x cp x tp) is one line naming `where`."""
     others = {a: d for a, d in degrees.items() if a != "pp"}
     sharded = dp * others.get("cp", 1) > 1
     try:
@@ -139,4 +139,4 @@ def pinned_config(name: ScheduleName, degrees: Degrees, v: int, dp: int, zero: Z
     except LayoutError as exc:
         raise ExportError(f"{where}: {exc}") from None
     return Pinned(candidate=Candidate(schedule=name, layout=layout, microbatches=m, microbatch_size=b, bounds=bounds,
-                                      activations=(activation,) * len(bounds)), source=where)
+                                      activations=(activation,) * len(bounds)), source=where, ep_a2a=ep_a2a)

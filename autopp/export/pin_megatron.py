@@ -169,4 +169,5 @@ def read_megatron(path: Path, layers: ModelLayers, devices: int) -> tuple[Pinned
     sp_flag = SWITCHES["sp"].spelling("megatron", True).extra[0].removeprefix("--")
     name = ScheduleName.INTERLEAVED_1F1B if v > 1 else ScheduleName.ONE_F_ONE_B
     return pinned_config(name, degrees, v, dp, _zero(o), sp_flag in o, glob // (b * dp), b,
-                         bounds_from_counts(layers, counts), policy, where), notes
+                         bounds_from_counts(layers, counts), policy, where,
+                         ep_a2a="overlap-moe-expert-parallel-comm" in o), notes

@@ -315,7 +315,8 @@ def run_plan(plan: Plan, options: RunOptions = RunOptions(), *, progress: Progre
         report = replace(report, notes=(*report.notes, FUSED_NOTE))
     if plan.frees_outputs:
         report = replace(report, notes=(*report.notes, FREED_RUN_NOTE))
-    if plan.pairing is Pairing.MICROBATCHES:
+    hid = sum(s.ep_hidden_s for s in plan.time_breakdown.stages) if plan.time_breakdown is not None else 0.0
+    if plan.pairing is Pairing.MICROBATCHES and hid > 1e-9:  # what the plan hid, which the ranks will not
         report = replace(report, notes=(*report.notes, COMBINED_RUN_NOTE))
     if uses_mesh(plan.layout) and options.backend == "gloo":
         report = replace(report, notes=(*report.notes, MESH_ON_CPU_NOTE))

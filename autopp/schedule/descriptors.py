@@ -334,13 +334,14 @@ def describe(name: ScheduleName) -> Descriptor:
     return DESCRIPTORS[name]
 
 
-def pairing(name: ScheduleName, ep_a2a: bool) -> Pairing | None:
-    """The forward-backward pairs `name` overlaps: DualPipeV's own (`Descriptor.overlaps_f_b`); with `ep_a2a` (the
-    trainer's combined 1F1B, `autopp.data.overlap.Overlap.ep_a2a`) Interleaved1F1B's steady-state neighbours; else
-    None."""
+def pairing(name: ScheduleName, ep_a2a: bool, v: int) -> Pairing | None:
+    """The forward-backward pairs `name` at `v` stages per rank overlaps: DualPipeV's own (`Descriptor.overlaps_f_b`);
+    with `ep_a2a` (the trainer's combined 1F1B, `autopp.data.overlap.Overlap.ep_a2a`) Interleaved1F1B's steady-state
+    neighbours where v > 1 (Megatron-Core asserts a virtual pipeline for it where pp > 1, and treats one stage per
+    rank as none); else None."""
     if DESCRIPTORS[name].overlaps_f_b:
         return Pairing.STAGES
-    return Pairing.MICROBATCHES if ep_a2a and name is ScheduleName.INTERLEAVED_1F1B else None
+    return Pairing.MICROBATCHES if ep_a2a and name is ScheduleName.INTERLEAVED_1F1B and v > 1 else None
 
 
 def stages_per_rank(name: ScheduleName, requested_v: int = 1) -> int:

@@ -341,5 +341,5 @@ def simulate_named(name: ScheduleName, num_ranks: int, num_microbatches: int, st
     if len(owner) != len(stage_costs):
         raise ScheduleError(f"{name.value} with {num_ranks} ranks x v={v} has {len(owner)} stages, "
                             f"but {len(stage_costs)} stage costs were given")
-    return simulate(order, stage_costs, owner, comm_s, activations, progress_s, pairing(name, False),
+    return simulate(order, stage_costs, owner, comm_s, activations, progress_s, pairing(name, False, v),
                     describe(name).mirror(num_microbatches))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autopp.export import Target, export_plan, rename_modules
+from autopp.export import ExportError, Target, export_plan, rename_modules
 from autopp.data.layout import Layout, LayoutPins
 from autopp.data.plan import Plan
 from autopp.data.profile import Profile
@@ -810,6 +810,13 @@ def test_the_combined_1f1b_a_plan_assumed_is_taken_by_megatron_core(  # type: ig
     titan_export = export_plan(plan, Target.TORCHTITAN, "x.args", unit_modules(llama), moe=moe)
     assert "overlap" not in titan_export.text
     assert sum("runs them exposed" in n for n in titan_export.notes) == 1
+    for bad, said in ((dataclasses.replace(plan, dtype="float32"), "on a bf16 or fp16 model only, and its model is "
+                                                                   "float32"),
+                      (dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, activation=Activation.BLOCKS)
+                                                              for s in plan.stages)),
+                       "recomputes every stage .recompute-units., which Megatron-Core refuses together")):
+        with pytest.raises(ExportError, match=r"^plan: the plan hid expert all-to-alls \(`overlap` ep_a2a\).*" + said):
+            export_plan(bad, Target.MEGATRON, "x", moe=moe)
     one = dataclasses.replace(plan, schedule=ScheduleName.ONE_F_ONE_B, layout=dataclasses.replace(plan.layout, v=1))
     exported = export_plan(one, Target.MEGATRON, "x", moe=moe)
     assert "--overlap-moe-expert-parallel-comm" not in exported.text

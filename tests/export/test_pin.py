@@ -296,7 +296,11 @@ def test_hsdp_and_expert_parallelism_are_read(tmp_path: Path, llama: Profile) ->
     assert notes == []
     pinned, _ = _read(tmp_path, llama, "--expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
                       "--num-layers 4 --global-batch-size 8\n", 4)
-    assert (pinned.candidate.layout.dp, pinned.candidate.layout.ep) == (2, 2)
+    assert (pinned.candidate.layout.dp, pinned.candidate.layout.ep, pinned.ep_a2a) == (2, 2, False)
+    pinned, _ = _read(tmp_path, llama, "--expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                      "--num-layers 4 --global-batch-size 8 --overlap-moe-expert-parallel-comm "
+                      "--delay-wgrad-compute\n", 4)
+    assert pinned.ep_a2a  # issue 30: the EP A2A overlap the file runs, evaluated with it (`evaluate_pinned`)
     with pytest.raises(ExportError, match=r"cfg.args: .*ep\(3\).*"):
         _read(tmp_path, llama, "--expert-model-parallel-size 3 --pipeline-model-parallel-size 2 --num-layers 4 "
                                "--global-batch-size 8\n", 4)

@@ -363,11 +363,12 @@ def test_the_combined_1f1b_speeds_interleaved_1f1b_only_with_all_to_alls(comm: f
     owner = stage_to_rank(ScheduleName.INTERLEAVED_1F1B, p, v)
     plain = simulate(order, costs, owner, [0.0] * (p * v - 1)).step_time_s
     combined = simulate(order, costs, owner, [0.0] * (p * v - 1),
-                        pairing=pairing(ScheduleName.INTERLEAVED_1F1B, True)).step_time_s
+                        pairing=pairing(ScheduleName.INTERLEAVED_1F1B, True, v)).step_time_s
     assert (combined < plain - 1.0) if comm else combined == pytest.approx(plain)
-    assert pairing(ScheduleName.INTERLEAVED_1F1B, False) is None
-    assert pairing(ScheduleName.ONE_F_ONE_B, True) is None
-    assert pairing(ScheduleName.DUAL_PIPE_V, False) is Pairing.STAGES
+    assert pairing(ScheduleName.INTERLEAVED_1F1B, False, v) is None
+    assert pairing(ScheduleName.INTERLEAVED_1F1B, True, 1) is None  # Megatron: no virtual pipeline, no overlap
+    assert pairing(ScheduleName.ONE_F_ONE_B, True, 1) is None
+    assert pairing(ScheduleName.DUAL_PIPE_V, False, 2) is Pairing.STAGES
 
 
 def _synced(sync: float) -> list[StageCost]:

@@ -495,3 +495,14 @@ def test_the_combined_1f1b_hides_interleaved_1f1bs_all_to_alls_where_the_request
     pipeline = pred.step_time_s - pred.allreduce_s - pred.optimizer_s
     assert simulate_plan(again).step_time_s == pytest.approx(pipeline, rel=1e-9)
     assert simulate_plan(replace(again, overlap=Overlap())).step_time_s > 1.2 * pipeline  # without the pairs
+    from autopp.solve import evaluate_pinned  # --pin-from: a configuration that runs the overlap is judged with it
+    from autopp.solve.assemble.pinned import Pinned
+    from autopp.solve.search.judge import Candidate
+    pinned = Pinned(candidate=Candidate(schedule=combined.schedule, layout=combined.layout,
+                              microbatches=combined.num_microbatches, microbatch_size=combined.microbatch_size,
+                              bounds=tuple(s.units for s in combined.stages),
+                              activations=tuple(s.activation for s in combined.stages)), ep_a2a=True)
+    yours = evaluate_pinned(moe, cluster, pinned, overlap=Overlap())
+    assert yours.predicted.step_time_s == pytest.approx(combined.predicted.step_time_s, rel=1e-9)
+    assert evaluate_pinned(moe, cluster, replace(pinned, ep_a2a=False)).predicted.step_time_s > \
+        1.2 * combined.predicted.step_time_s

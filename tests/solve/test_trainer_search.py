@@ -255,16 +255,23 @@ def test_an_infeasible_trainer_request_suggests_a_policy_the_trainer_applies_to_
     assert {s.activation for s in auto.stages} == {Activation.BLOCKS}
 
 
-def test_megatron_applies_no_full_recomputation_beside_its_combined_1f1b(shipped_gpt: Profile) -> None:
+def test_megatron_plans_full_recomputation_without_its_ep_a2a_overlap(shipped_gpt: Profile) -> None:
     """Megatron-Core asserts that overlap_moe_expert_parallel_comm runs without full recomputation: with
-    `Overlap.ep_a2a`, `--for megatron` plans every stage under each policy it applies but per-unit recomputation
-    (its note names those tried), and asked for that policy alone it says why, before any search."""
+    `Overlap.ep_a2a`, `--for megatron` plans per-unit recomputation without the overlap, as Megatron would have to
+    run it, and says so; the plan of that policy records the overlap off (its export then writes no such flag). It
+    runs the overlap on a bf16 or fp16 model only: a float32 profile is refused before any search."""
     request = _request(trainer="megatron", activations=(Activation.KEEP, Activation.BLOCKS),
-                       recompute=RecomputeMode.NONE)
-    tried = "each of {} was planned for all stages"
-    assert any(tried.format("keep, recompute-units") in n for n in make_plan(shipped_gpt, request).notes)
-    combined = make_plan(shipped_gpt, replace(request, overlap=Overlap(ep_a2a=True)))
-    assert any(tried.format("keep") + " (keep fit)" in n for n in combined.notes)
-    with pytest.raises(LayoutError, match=r"^`activations` with `overlap` ep_a2a and `trainer` megatron: Megatron-Core "
-                                          r"runs its EP A2A overlap without full recomputation"):
-        make_plan(shipped_gpt, replace(request, overlap=Overlap(ep_a2a=True), activations=(Activation.BLOCKS,)))
+                       recompute=RecomputeMode.NONE, overlap=Overlap(ep_a2a=True))
+    with pytest.raises(LayoutError, match=r"^`overlap` ep_a2a with `trainer` megatron: Megatron-Core runs its EP A2A "
+                                          r"overlap on a bf16 or fp16 model only, and the model is float32"):
+        make_plan(shipped_gpt, request)
+    shipped_gpt = replace(shipped_gpt, meta=replace(shipped_gpt.meta, dtype="bfloat16"))
+    said = ("each of keep, recompute-units was planned for all stages (keep, recompute-units fit), the fastest kept; "
+            "recompute-units without the ep_a2a overlap, as Megatron-Core refuses full recomputation beside its EP "
+            "A2A overlap")
+    assert any(said in n for n in make_plan(shipped_gpt, request).notes)
+    alone = make_plan(shipped_gpt, replace(request, activations=(Activation.BLOCKS,)))
+    assert {s.activation for s in alone.stages} == {Activation.BLOCKS} and alone.overlap == Overlap()
+    assert any("recompute-units without the ep_a2a overlap" in n for n in alone.notes)
+    kept = make_plan(shipped_gpt, replace(request, activations=(Activation.KEEP,)))
+    assert kept.overlap == Overlap(ep_a2a=True)

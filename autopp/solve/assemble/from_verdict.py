@@ -260,26 +260,45 @@ FREED_NOTE = ("stage outputs: each freed once sent, its autograd node kept for t
               "each microbatch's until its backward, which this plan's memory does not count")
 
 
-def _overlap_notes(request: PlanRequest, a: UnitArrays, c: Candidate) -> list[str]:
+def _overlap_notes(request: PlanRequest, a: UnitArrays, best: Verdict) -> list[str]:
     """The memory reserve and the overlap assumptions, where they apply (autopp.data.overlap; nothing overlapped is
     the cost model as before the switches, and says nothing, so such plans read as before them)."""
-    out = []
+    out, c, overlap = [], best.candidate, request.assumed_overlap
     reserve = request.cluster.memory_reserve_bytes
     if reserve:
         out.append(f"memory: {(request.cluster.memory_bytes + reserve) / 2**30:.1f} GiB per device less a "
                    f"{reserve / 2**30:.3g} GiB reserve (CUDA context, NCCL buffers, allocator fragmentation; "
                    "`memory_reserve`, docs/devices.md)")
-    if (c.layout.dp > 1 or c.layout.tp > 1) and request.assumed_overlap != NO_OVERLAP:
+    collectives = replace(overlap, ep_a2a=False)  # ep_a2a's own note below
+    if (c.layout.dp > 1 or c.layout.tp > 1) and collectives != NO_OVERLAP:
         where = "FSDP2 outside a pipeline: per-layer all-gathers and reduce-scatters" if a.fsdp else \
             "ZeRO/data-parallel collectives"
-        out.append(f"{request.assumed_overlap.describe()} ({where}; docs/parallelism.md#overlap)")
-    rule = pairing(c.schedule, True)
-    if request.assumed_overlap.ep_a2a and c.layout.ep > 1 and rule is not Pairing.STAGES:  # DualPipeV: its own
-        out.append("ep_a2a: each steady-state backward runs beside the forward before it, their expert all-to-alls "
-                   "under each other's compute (Megatron-Core's EP A2A overlap)" if rule is Pairing.MICROBATCHES
-                   else f"ep_a2a: not on {c.schedule.value}, which autopp costs with its all-to-alls exposed "
-                   f"(Megatron-Core's EP A2A overlap runs on {ScheduleName.INTERLEAVED_1F1B.value} where pp > 1)")
+        out.append(f"{collectives.describe()} ({where}; docs/parallelism.md#overlap)")
+    rule = pairing(c.schedule, True, c.layout.v)
+    if overlap.ep_a2a and rule is not Pairing.STAGES:  # DualPipeV pairs its own
+        out.append(_ep_a2a_note(a, best, rule))
     return out
+
+
+def _ep_a2a_note(a: UnitArrays, best: Verdict, rule: Pairing | None) -> str:
+    """What the `ep_a2a` overlap (Megatron-Core's EP A2A overlap) did in this plan, and the warm-up forward more
+    per rank that Megatron runs with it and autopp's order does not (docs/parallelism.md#overlap)."""
+    c, interleaved = best.candidate, ScheduleName.INTERLEAVED_1F1B
+    if c.layout.ep == 1:
+        return "ep_a2a: no expert parallelism in this plan (ep 1), no all-to-all to overlap"
+    if rule is None:
+        return (f"ep_a2a: not on {c.schedule.value} at v {c.layout.v}: autopp costs Megatron-Core's EP A2A overlap on "
+                f"{interleaved.value} with v > 1 only (Megatron runs it there and at pp 1), so this plan's all-to-alls "
+                "are exposed")
+    hidden = sum(best.overlapped_s) / c.layout.pp
+    if hidden <= 0:
+        return "ep_a2a: no steady-state pair of this plan hid any all-to-all (too few microbatches per rank)"
+    extra = max(float(a.activation[i:j].sum()) for i, j in c.bounds)
+    return (f"ep_a2a: each steady-state backward runs beside the forward before it, {hidden:.3g} s of all-to-alls a "
+            "step hidden under each other's compute (Megatron-Core's EP A2A overlap); Megatron runs one more warm-up "
+            f"forward per rank with it, which this plan's order does not: up to {extra / 2**30:.3g} GiB more "
+            "activations on a rank (its largest stage's per microbatch) than the peak above, and a step a few % "
+            "longer")
 
 
 def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: UnitArrays,
@@ -330,7 +349,7 @@ def plan_from_verdict(profile: Profile, request: PlanRequest, best: Verdict, a: 
     notes.extend(_experts_unsearched(profile, request, c))
     notes.extend(profile_notes(profile, c.microbatches, c.microbatch_size, vocab=best.passes is not None))
     notes.extend(_seq_note(c))
-    notes.extend(_overlap_notes(request, a, c))
+    notes.extend(_overlap_notes(request, a, best))
     notes.extend([FREED_NOTE] if a.frees_outputs and len(c.bounds) > 1 else [])
     ideal = ideal_step_time(whole if whole is not None else a, request.cluster, layout.pp, c.microbatches) \
         / layout.group

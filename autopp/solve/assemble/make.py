@@ -117,9 +117,9 @@ def make_plan(profile: Profile, request: PlanRequest) -> Plan:
     _check_experts(profile, request)
     check_zero_has_replicas(request.pins, request.cluster.num_devices)  # the user's request, not its group views
     _check_recipe(profile, request)
-    _check_trainer(request)
+    _check_trainer(request, profile.meta.dtype)
     request = with_sp(request, sp_offered(profile))
-    if request.trainer is not None and len(request.allowed()) > 1:
+    if request.trainer is not None and (len(request.allowed()) > 1 or request.assumed_overlap.ep_a2a):
         return _uniform(profile, request)
     return _make_plan(profile, request)
 
@@ -154,7 +154,7 @@ def _check_recipe(profile: Profile, request: PlanRequest) -> None:
         raise ProfileError(f"`trainer` {request.trainer}: the profile's precision {made}: {why}")
 
 
-def _check_trainer(request: PlanRequest) -> None:
+def _check_trainer(request: PlanRequest, dtype: str | None) -> None:
     """For a `trainer`, refuse before any search a pinned ZeRO stage, degree or switch it cannot run, which the search
     would otherwise work around (at dp 1 a pinned ZeRO stage no longer matters), and activation policies of which it
     applies none (`recompute` all: one whole-stage checkpoint), in the words of its export (autopp.data.trainers)."""
@@ -164,33 +164,38 @@ def _check_trainer(request: PlanRequest) -> None:
     asked = f"`recompute` {request.recompute.value}" if request.activations is None else "`activations`"
     why = rules.pins_refusal(request.pins, request.cluster.num_devices) or rules.policies_refusal(request.allowed(),
                                                                                                   asked) \
-        or rules.overlap_refusal(request.assumed_overlap, request.allowed(), asked)
+        or rules.overlap_refusal(request.assumed_overlap, dtype)
     if why is not None:
         raise LayoutError(why)
 
 
 def _uniform(profile: Profile, request: PlanRequest) -> Plan:
-    """The fastest of the plans that give every stage one of the request's policies that its trainer applies (beside
-    the request's overlap: `Trainer.beside_ep_a2a`) and the profile has figures for; the error of the one that saves
-    the most memory when none fits."""
+    """The fastest of the plans that give every stage one of the request's policies that its trainer applies and the
+    profile has figures for; the error of the one that saves the most memory when none fits. A policy the trainer
+    refuses beside the request's `ep_a2a` overlap (`Trainer.beside_ep_a2a`: Megatron-Core's full recomputation) is
+    planned without that overlap, as the trainer would have to run it, and the plan says so."""
     trainer = str(request.trainer)
     plans: dict[Activation, Plan] = {}
     error: AutoppError | None = None
     rules, overlap = TRAINER_RULES[trainer], request.assumed_overlap
     beside = rules.beside_ep_a2a if overlap.ep_a2a else ()
-    tried = [a for a in request.allowed() if rules.applies(a, overlap)]
+    tried = [a for a in request.allowed() if policy(a).refusal(trainer) is None]
     for a in tried:
+        alone = replace(request, recompute=RecomputeMode.NONE, activations=(a,))
         try:
-            plans[a] = _make_plan(profile, replace(request, recompute=RecomputeMode.NONE, activations=(a,)))
+            plans[a] = _make_plan(profile, replace(alone, overlap=replace(overlap, ep_a2a=False)) if a in beside
+                                  else alone)
         except (InfeasibleError, ProfileError) as exc:  # ProfileError: no figures for the policy in this profile
             error = exc if isinstance(exc, InfeasibleError) or error is None else error
     if not plans:
-        beside_words = f" beside `overlap` ep_a2a (with it: not {', '.join(a.value for a in beside)})" if beside else ""
-        raise error or InfeasibleError(f"`trainer` {trainer} applies none of the policies asked for{beside_words}")
+        raise error or InfeasibleError(f"`trainer` {trainer} applies none of the policies asked for")
     best = min(plans.values(), key=lambda p: (p.predicted.step_time_s, max(p.predicted.peak_memory_bytes)))
+    without = [a.value for a in tried if a in beside]
     note = (f"`trainer` {trainer} applies one activation policy to every stage: each of "
             f"{', '.join(a.value for a in tried)} was planned for all stages "
-            f"({', '.join(a.value for a in plans)} fit), the fastest kept")
+            f"({', '.join(a.value for a in plans)} fit), the fastest kept" + (
+                f"; {', '.join(without)} without the ep_a2a overlap, as {rules.title} refuses full recomputation "
+                "beside its EP A2A overlap" if without else ""))
     return replace(best, notes=(*best.notes, note))
 
 

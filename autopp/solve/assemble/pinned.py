@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from ...data.cluster import Cluster
 from ...data.layout import LayoutPins
+from ...data.overlap import Overlap
 from ...data.plan import Plan
 from ...data.profile import Profile
 from ...errors import InfeasibleError, LayoutError, PlanError, ScheduleError
@@ -33,6 +34,9 @@ class Pinned:
     half-open unit range, in stage order (stage s on the schedule's rank for s)."""
     source: str = "pinned configuration"
     """Where it came from, for messages and the plan's notes (e.g. the trainer's config file)."""
+    ep_a2a: bool = False
+    """It hides expert all-to-alls under other microbatches' compute (`Overlap.ep_a2a`: Megatron-LM's
+    `--overlap-moe-expert-parallel-comm` in the file)."""
 
 
 def _check(p: Pinned, num_units: int) -> None:
@@ -71,13 +75,15 @@ def check_pinned(p: Pinned, num_units: int, num_devices: int) -> None:
         raise PlanError(f"{p.source}: {exc}; plan for {layout.world} devices") from None
 
 
-def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned, frees_outputs: bool = False) -> Plan:
+def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned, frees_outputs: bool = False,
+                    overlap: Overlap | None = None) -> Plan:
     """The Plan of exactly `pinned` on `cluster` (all of its devices), with the simulator's figures and the
     baselines beside it, as `make_plan` builds its own: nothing is searched or replaced. A configuration that does
     not fit the devices' memory is still returned; its notes say which rank overflows and by how much. A stage
     policy whose figures the profile lacks at the layout (selective recomputation without them, e.g. at a tp whose
     rows do not count it) is judged as keeping its activations, and a note says so. `frees_outputs`: its trainer
-    frees each stage's outputs once sent (`PlanRequest.frees_outputs`: a Megatron-LM configuration)."""
+    frees each stage's outputs once sent (`PlanRequest.frees_outputs`: a Megatron-LM configuration); `overlap`: the
+    collectives assumed hidden (None: the default for the devices), with the configuration's own `ep_a2a`."""
     check_pinned(pinned, profile.num_units, cluster.num_devices)
     c, lacking = pinned.candidate, list[str]()
     for _ in range(2):  # once more when a policy is not offered: the request names the policies the stages use
@@ -86,6 +92,7 @@ def evaluate_pinned(profile: Profile, cluster: Cluster, pinned: Pinned, frees_ou
                               pins=LayoutPins.of(c.layout), tp_across_nodes=True,
                               activations=(max(c.activations, key=lambda x: policy(x).saving),),
                               frees_outputs=frees_outputs)
+        request = replace(request, overlap=replace(overlap or request.assumed_overlap, ep_a2a=pinned.ep_a2a))
         views = Views(profile, request)
         a, view = views.arrays(c.microbatch_size, c.layout), views.request(c.layout)
         host = view.cluster.host_bandwidth

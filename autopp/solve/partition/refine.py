@@ -182,7 +182,7 @@ class _Search:
                  admissible: Callable[[Bounds], bool], fixed: tuple[Activation, ...] | None, beat: float) -> None:
         self.end = step_end_floor(a, cluster, template.layout, template.mirror is not None)  # every split's
         # what a schedule that overlaps forward-backward pairs may hide: the floors are taken without it (bounds.py)
-        paired = pairing(template.schedule, a.overlap.ep_a2a) is not None
+        paired = pairing(template.schedule, a.overlap.ep_a2a, template.layout.v) is not None
         self.bare = without_comm(a) if paired and a.ep_time is not None else a
         cluster = cluster.placed(template.layout)
         self.a, self.cluster, self.template, self.ladder, self.admissible = a, cluster, template, ladder, admissible

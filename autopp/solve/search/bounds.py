@@ -70,7 +70,7 @@ def lower_bound(a: UnitArrays, req: PlanRequest, c: Config, activation: Activati
     """A lower bound of `c`'s estimate for every split, every stage under `activation` (module docstring); with
     `simulated`, of its simulated step instead (the descriptor's `pipe_bound`, not its `estimate_bound`)."""
     d = describe(c.schedule)
-    if pairing(c.schedule, a.overlap.ep_a2a) is not None and a.ep_time is not None:  # what the pairs can hide
+    if pairing(c.schedule, a.overlap.ep_a2a, c.layout.v) is not None and a.ep_time is not None:  # what pairs hide
         a = without_comm(a)
     # the estimate charges a stage what its policy redoes, at most the forward again
     redo = np.minimum(policy(activation).unit_redo(a), a.forward)

@@ -264,7 +264,7 @@ def _policy_alternative(profile: Profile, req: PlanRequest) -> list[str]:
         found = search(profile, replace(req, recompute=RecomputeMode.AUTO, activations=None, shortlist=1))[0]
         return [] if found is None else [f"`recompute` auto fits (stages: {tally(found.candidate.activations)})"]
     rules = TRAINER_RULES[req.trainer]
-    for a in (x for x in RecomputeMode.AUTO.policies() if rules.applies(x, req.assumed_overlap)):
+    for a in (x for x in RecomputeMode.AUTO.policies() if policy(x).refusal(req.trainer) is None):
         try:
             uniform = search(profile, replace(req, recompute=RecomputeMode.NONE, activations=(a,), shortlist=1))[0]
         except ProfileError:  # no figures for the policy in this profile

@@ -112,8 +112,8 @@ def judge(a: UnitArrays, cluster: Cluster, c: Candidate, passes: VocabPasses | N
         sim = simulate_units(costs, comm, c.microbatches, c.seq, delays)
     else:
         order = named_order(c.schedule, c.layout.pp, c.microbatches, c.layout.v)
-        sim = simulate(order, costs, owner, comm, c.activations, delays, pairing(c.schedule, a.overlap.ep_a2a),
-                       c.mirror)
+        sim = simulate(order, costs, owner, comm, c.activations, delays,
+                       pairing(c.schedule, a.overlap.ep_a2a, c.layout.v), c.mirror)
     ar, opt = step_end_time(a, cluster, c.bounds, owner, c.layout, speeds, c.mirror is not None)
     peaks = tuple(int(x) for x in sim.peak_memory_bytes)
     fits = all(p <= cluster.device(r).memory_bytes for r, p in enumerate(peaks))

@@ -64,6 +64,6 @@ def _refine_budget(c: Candidate) -> int:
 def beyond(a: UnitArrays, req: PlanRequest, cand: Candidate, best_s: float) -> bool:
     """Whether `cand`'s configuration is left as the DP split (no refinement: `_refine_budget` below 1) and that
     split's floor under its policies (refine.candidate_floor) is above `best_s`: its verdict is slower."""
-    if _refine_budget(cand) >= 1 or pairing(cand.schedule, a.overlap.ep_a2a) is not None:
+    if _refine_budget(cand) >= 1 or pairing(cand.schedule, a.overlap.ep_a2a, cand.layout.v) is not None:
         return False
     return candidate_floor(a, req.cluster, cand) > best_s * SLACK

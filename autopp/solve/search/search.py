@@ -147,7 +147,7 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
     backward = [(x.backward_input_s, x.backward_weight_s) if split or x.backward_s is None else (x.backward_s, 0.0)
                 for x in costs]
     assert d.estimate is not None  # configurations are named schedules
-    rule = pairing(c.schedule, a.overlap.ep_a2a)
+    rule = pairing(c.schedule, a.overlap.ep_a2a, c.layout.v)
     hide = [_hidden(x, c, rule) for x in costs] if rule is not None else [0.0] * len(costs)
     est = d.estimate([x.forward_s + x.overhead_s - h for x, h in zip(costs, hide)],
                          [max(0.0, i - h) + x.overhead_s + r for (i, _), x, r, h in zip(backward, costs, redo, hide)],
@@ -160,8 +160,9 @@ def _estimate(a: UnitArrays, req: PlanRequest, c: Config, bounds: Bounds,
 def _hidden(x: StageCost, c: Config, rule: Pairing) -> float:
     """Per microbatch, half of what overlapped pairs hide on a stage (`sim_state.hidden_s`), charged to its F and to
     its I alike, times the share of forwards overlapped: DualPipeV's 2m - 3p + 1 of rank 0's 2m
-    (autopp.schedule.named.dual_pipe_v, phases 4 and 5); the combined 1F1B's v m less rank 0's warm-up forwards,
-    (v - 1) p + 2 (p - 1) (Megatron-LM's count), of its v m."""
+    (autopp.schedule.named.dual_pipe_v, phases 4 and 5); the combined 1F1B's v m less rank 0's warm-up forwards on
+    autopp's interleaved order, (v - 1) p + 2 (p - 1) (Megatron-LM's count without the overlap's one more), of its
+    v m, for every rank (the last rank pairs fewer: an estimate, for ranking)."""
     p, v, m = c.layout.pp, c.layout.v, c.m
     share = max(0, 2 * m - 3 * p + 1) / (2 * m) if rule is Pairing.STAGES \
         else max(0, v * m - (v - 1) * p - 2 * (p - 1)) / (v * m)
