@@ -152,16 +152,18 @@ def test_a_plan_with_ep_from_the_cli_runs_validated(tmp_path: Path, monkeypatch:
     """`autopp plan --ep 2` (dp follows: 2) prints a plan that `autopp run` runs validated on 4 ranks (pp 2 x dp 2,
     each stage's experts over its 2 dp ranks, 2 of the 4 experts on each rank): the loss, every gradient and the
     optimizer step match one process. Planned on Interleaved1F1B with Megatron-Core's EP A2A overlap assumed
-    (`--overlap ep-a2a`) on a link slow enough (10 MB/s) for its steady-state pairs to hide some all-to-alls, which
-    the plan records and the run's report says torch's schedule does not hide."""
+    (`--overlap ep-a2a`) on a link slow enough (10 MB/s) for its steady-state pairs to hide some all-to-alls, 8
+    microbatches pinned (the profile is measured here: under load its spreads made the step band keep 1 microbatch,
+    with no steady state), which the plan records and the run's report says torch's schedule does not hide."""
     import json
 
     from autopp.cli import main
     monkeypatch.chdir(tmp_path)  # the default profile directory is ./profiles/MODEL
     plan, report, ranks = tmp_path / "plan.json", tmp_path / "report.json", tmp_path / "ranks"
     assert main(["plan", str(QWEN3), "--devices", "4", "--pp", "2", "--ep", "2", "--memory", "4GiB", "--bandwidth",
-                 "1e7", "--global-batch", "32", "--schedule", "Interleaved1F1B", "--virtual-stages", "2", "--tp", "1",
-                 "--zero", "0", "--recompute", "none", "--overlap", "ep-a2a", "-o", str(plan)]) == 0
+                 "1e7", "--global-batch", "32", "--microbatches", "8", "--schedule", "Interleaved1F1B",
+                 "--virtual-stages", "2", "--tp", "1", "--zero", "0", "--recompute", "none", "--overlap", "ep-a2a",
+                 "-o", str(plan)]) == 0
     data = json.loads(plan.read_text())
     assert (data["pp"], data["dp"], data["ep"], data["overlap"]["ep_a2a"]) == (2, 2, 2, True)
     assert sum(s["ep_hidden_s"] for s in data["time_breakdown"]["stages"]) > 0
