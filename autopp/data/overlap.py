@@ -32,12 +32,13 @@ Each switch is an assumption about the trainer that runs the plan, with its sour
   of each on a communication stream beside the other's computation (megatron/core/pipeline_parallel/schedules.py,
   `combined_1f1b_schedule_for_interleaved_pipelining`; DeepSeek-V3's DualPipe overlap, arXiv:2412.19437 s.3.2.1,
   on 1F1B). autopp pairs each full backward listed right after a forward of another microbatch on Interleaved1F1B's
-  order (`autopp.schedule.pairing`, `Pairing.MICROBATCHES`) and the simulator runs each pair as DualPipeV's: max of
-  the two computations and the two communications. Off by default, as in Megatron-LM; Megatron-Core asserts it
-  with a virtual pipeline where pp > 1, without full recomputation; torchtitan and DeepSpeed do not run it.
-  Not modelled: Megatron's one more warm-up forward per rank (the memory of one more microbatch in flight, and the
-  pairs it makes on the last rank's last stage), and the overlap at pp 1 (its 1F1B order pairs each forward with
-  its own backward).
+  order with v > 1 (`autopp.schedule.pairing`, `Pairing.MICROBATCHES`) and the simulator runs each pair as
+  DualPipeV's: max of the two computations and the two communications. Off by default, as in Megatron-LM;
+  Megatron-Core asserts it with a virtual pipeline where pp > 1, without full recomputation, on a bf16 or fp16
+  model; torchtitan and DeepSpeed do not run it (autopp.data.trainers). Not modelled: Megatron's one more warm-up
+  forward per rank (the memory of one more microbatch in flight, and the pairs it makes on the last rank's last
+  stage), its overlap layer by layer (a pair of chunks with different layer counts hides less than autopp's
+  whole-stage pair), and the overlap at pp 1 (autopp's 1F1B order pairs each forward with its own backward).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Overlap:
     """Sequence-parallel collectives pipelined with their matmuls (async TP)."""
     ep_a2a: bool = False
     """Expert parallelism's all-to-alls of a forward and a backward of different microbatches under each other's
-    compute (Megatron-Core's combined 1F1B), on Interleaved1F1B's order."""
+    compute (Megatron-Core's EP A2A overlap, its combined 1F1B), on Interleaved1F1B's order with v > 1."""
 
     def describe(self) -> str:
         """"overlap: fsdp_prefetch, grad_reduce" (or "overlap: none"), as plan notes print it."""

@@ -212,8 +212,9 @@ def to_megatron(plan: Plan, where: str, moe: Mapping[str, Any] | None = None,
     if activations.trainer_note:
         notes.append(f"Megatron's {' '.join(activations.megatron[:1])}: {activations.trainer_note}")
     if plan.assumed_overlap.ep_a2a and plan.layout.ep > 1 and not combined_1f1b(plan):
-        notes.append(f"no --overlap-moe-expert-parallel-comm: the plan's {plan.schedule.value} was costed with its "
-                     "expert all-to-alls exposed (autopp costs Megatron-Core's EP A2A overlap on Interleaved1F1B)")
+        notes.append(f"no --overlap-moe-expert-parallel-comm: the plan's {plan.schedule.value} at v {plan.layout.v} "
+                     "was costed with its expert all-to-alls exposed (autopp costs Megatron-Core's EP A2A overlap on "
+                     "Interleaved1F1B with v > 1)")
     if plan.layout.v > 1:
         notes.append(f"Megatron runs its own interleaved 1F1B (microbatch groups of pp = {plan.layout.pp}); autopp "
                      "simulated torch's Interleaved1F1B, the same warm-up / steady / cool-down order")
