@@ -189,6 +189,9 @@ def _style_timeline(ax: Any, result: SimResult, title: str, headline: str | None
     most = max(map(len, chunks), default=1)
     if any(result.sync_s):
         handles.append(Patch(facecolor=KIND_COLOURS[Kind.B], edgecolor=_SYNC_EDGE, hatch=_SYNC_HATCH, label=_SYNC_NAME))
+    if any(result.overlapped_s):  # a reader saw backwards shorter than their forwards, nothing said why
+        handles.append(Patch(color="none", label="a short B ran beside the F\nbefore it, each one's all-to-alls\n"
+                                                 "under the other's compute"))
     if most > 1:  # what the lanes are, said once
         handles.append(Patch(color="none",
                              label="a rank's stages: one lane\neach, top to bottom as\nnamed on the left"))

@@ -224,3 +224,19 @@ def test_boxes_under_a_pixel_say_their_colours_mix() -> None:
         plt.close(fig)
         return any(t.startswith("boxes a few pixels wide") for t in texts)
     assert said(_big(ScheduleName.ONE_F_ONE_B, 4, 512)) and not said(_big(ScheduleName.ONE_F_ONE_B, 4, 16))
+
+
+def test_overlapped_pairs_say_why_their_backwards_are_short() -> None:
+    """A reader of an `ep_a2a` plan's picture saw backwards shorter than their forwards and nothing said why: where
+    the step overlapped pairs (`SimResult.overlapped_s`), the legend says so; where it did not, nothing."""
+    from autopp.schedule import Pairing, build_schedule, simulate, stage_to_rank
+    name, p, m, v = ScheduleName.INTERLEAVED_1F1B, 2, 8, 2
+    costs = [StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, backward_s=2.0,
+                       forward_comm_s=0.4, backward_comm_s=0.4, activation_bytes=2**20)] * (p * v)
+    order, owner = build_schedule(name, p, m, v), stage_to_rank(name, p, v)
+    said = "a short B ran beside the F\nbefore it, each one's all-to-alls\nunder the other's compute"
+    for pairing, shown in ((Pairing.MICROBATCHES, True), (None, False)):
+        result = simulate(order, costs, owner, [0.0] * (p * v - 1), pairing=pairing)
+        assert any(result.overlapped_s) is shown
+        _, top = _boxes_panel(result)
+        assert (said in [t.get_text() for t in top.get_legend().get_texts()]) is shown
